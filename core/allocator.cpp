@@ -1,0 +1,135 @@
+#include "core/allocator.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <new>
+#include <vector>
+
+#include "core/error.h"
+
+namespace duet {
+namespace {
+
+// Size classes: multiples of 64 bytes up to 1 KiB, then four classes per power of two, so a
+// block is at most 25% larger than asked. Each class keeps a free list.
+constexpr int kSmallClasses = 16;  // 64 .. 1024
+constexpr int kMaxClass = kSmallClasses + 4 * 48;
+
+int size_class(size_t n, size_t* rounded) {
+  if (n <= 1024) {
+    size_t c = n == 0 ? 1 : (n + 63) / 64;
+    *rounded = c * 64;
+    return static_cast<int>(c - 1);
+  }
+  int log2 = 63 - __builtin_clzll(n - 1);  // 2^log2 < n <= 2^(log2+1)
+  size_t quarter = size_t(1) << (log2 - 2);
+  size_t k = (n - (size_t(1) << log2) + quarter - 1) / quarter;  // 1..4
+  *rounded = (size_t(1) << log2) + k * quarter;
+  return kSmallClasses + (log2 - 10) * 4 + static_cast<int>(k - 1);
+}
+
+class SpinLock {
+ public:
+  void lock() {
+    while (flag_.exchange(true, std::memory_order_acquire)) {
+      while (flag_.load(std::memory_order_relaxed)) __builtin_ia32_pause();
+    }
+  }
+  void unlock() { flag_.store(false, std::memory_order_release); }
+
+ private:
+  std::atomic<bool> flag_{false};
+};
+
+class CpuCachingAllocator final : public Allocator {
+ public:
+  void* allocate(size_t nbytes) override {
+    size_t rounded;
+    int c = size_class(nbytes, &rounded);
+    DUET_ASSERT(c < kMaxClass, "allocation of {} bytes is too large", nbytes);
+    void* p = nullptr;
+    lock_.lock();
+    auto& fl = free_[c];
+    if (!fl.empty()) {
+      p = fl.back();
+      fl.pop_back();
+    }
+    current_ += static_cast<int64_t>(rounded);
+    peak_ = std::max(peak_, current_);
+    if (!p) reserved_ += static_cast<int64_t>(rounded);
+    lock_.unlock();
+    if (!p) {
+      p = std::aligned_alloc(64, rounded);
+      if (!p) {
+        // Give the cache back and try once more before failing.
+        empty_cache();
+        p = std::aligned_alloc(64, rounded);
+        if (!p) {
+          lock_.lock();
+          current_ -= static_cast<int64_t>(rounded);
+          reserved_ -= static_cast<int64_t>(rounded);
+          lock_.unlock();
+          throw Error(fmt::format("[alloc] out of memory allocating {} bytes on cpu", nbytes));
+        }
+      }
+    }
+    return p;
+  }
+
+  void deallocate(void* p, size_t nbytes) override {
+    if (!p) return;
+    size_t rounded;
+    int c = size_class(nbytes, &rounded);
+    lock_.lock();
+    free_[c].push_back(p);
+    current_ -= static_cast<int64_t>(rounded);
+    lock_.unlock();
+  }
+
+  MemoryStats stats() const override {
+    lock_.lock();
+    MemoryStats s{current_, peak_, reserved_};
+    lock_.unlock();
+    return s;
+  }
+  void reset_peak() override {
+    lock_.lock();
+    peak_ = current_;
+    lock_.unlock();
+  }
+  void empty_cache() override {
+    lock_.lock();
+    for (int c = 0; c < kMaxClass; ++c) {
+      for (void* p : free_[c]) std::free(p);
+      reserved_ -= static_cast<int64_t>(free_[c].size()) * class_bytes(c);
+      free_[c].clear();
+    }
+    lock_.unlock();
+  }
+
+ private:
+  static int64_t class_bytes(int c) {
+    if (c < kSmallClasses) return (c + 1) * 64;
+    int j = c - kSmallClasses;
+    int log2 = 10 + j / 4;
+    int k = j % 4 + 1;
+    return (int64_t(1) << log2) + k * (int64_t(1) << (log2 - 2));
+  }
+
+  mutable SpinLock lock_;
+  std::vector<void*> free_[kMaxClass];
+  int64_t current_ = 0, peak_ = 0, reserved_ = 0;
+};
+
+}  // namespace
+
+Allocator& cpu_allocator() {
+  // Leaked on purpose: tensors held in static objects may be freed after main returns.
+  static auto* a = new CpuCachingAllocator();
+  return *a;
+}
+MemoryStats cpu_memory_stats() { return cpu_allocator().stats(); }
+void reset_peak_memory() { cpu_allocator().reset_peak(); }
+
+}  // namespace duet

@@ -1,0 +1,133 @@
+#include "core/dispatch.h"
+
+#include <cstring>
+
+namespace duet {
+namespace detail {
+namespace {
+
+constexpr int kMaxModes = 16;
+thread_local DispatchMode* tls_modes[kMaxModes];
+thread_local int tls_depth = 0;
+
+const char* device_type_name(DeviceType t) { return t == DeviceType::CPU ? "cpu" : "cuda"; }
+
+KernelFn kernel_for(const OpDef& def, Device device) {
+  KernelFn k = def.kernel[static_cast<int>(device.type)];
+  DUET_CHECK_DEVICE(k, "[{}] has no kernel for device {}", def.name,
+                    device_type_name(device.type));
+  return k;
+}
+
+// The default behaviour of a call below all modes: view, or allocate and run the kernel.
+Tensor execute(const OpDef& def, const OpCall& c, unsigned expiring) {
+  if (def.cls == OpClass::View && !c.inplace_out) {
+    Tensor v = def.view(c.inputs[0], c.attrs, c.meta);
+    if (v.defined()) return v;
+    // No view expresses it (reshape of a non-contiguous tensor): copy, then view.
+    Tensor src = c.inputs[0].contiguous();
+    v = def.view(src, c.attrs, c.meta);
+    DUET_ASSERT(v.defined(), "{} of a contiguous tensor must be a view", def.name);
+    return v;
+  }
+  if (c.inplace_out) {
+    const Tensor& self = *c.inplace_out;
+    kernel_for(def, self.device())(c.inputs, c.attrs, self);
+    self.impl()->storage->version_.fetch_add(1, std::memory_order_relaxed);
+    return self;
+  }
+  // Reuse the buffer of an expiring temporary (see DESIGN.md, W2): an rvalue input with the
+  // output's exact layout that nobody else holds.
+  for (unsigned m = expiring, i = 0; m; m >>= 1, ++i) {
+    if (!(m & 1)) continue;
+    const Tensor& t = c.inputs[i];
+    TensorImpl* ti = t.unsafe_impl();
+    if (t.is_unique() && ti->contiguous && ti->offset == 0 && !ti->wrapped_number &&
+        ti->dtype == c.meta.dtype && ti->device() == c.meta.device && ti->shape == c.meta.shape) {
+      kernel_for(def, c.meta.device)(c.inputs, c.attrs, t);
+      return t;
+    }
+  }
+  Tensor out = empty(c.meta.shape, c.meta.dtype, c.meta.device);
+  kernel_for(def, c.meta.device)(c.inputs, c.attrs, out);
+  return out;
+}
+
+Tensor run_from(int depth, const OpDef& def, const OpCall& c, unsigned expiring) {
+  if (depth > 0) return tls_modes[depth - 1]->handle(c);
+  return execute(def, c, expiring);
+}
+
+}  // namespace
+
+Tensor call(OpId op, TensorRefs inputs, const Attrs& attrs, unsigned expiring) {
+  const OpDef& def = op_def(op);
+  TensorMeta meta;
+  def.infer(def, inputs, attrs, meta);
+  OpCall c{op, inputs, attrs, meta, nullptr};
+  return run_from(tls_depth, def, c, tls_depth ? 0 : expiring);
+}
+
+Tensor call(OpId op, std::initializer_list<const Tensor*> inputs, const Attrs& attrs,
+            unsigned expiring) {
+  return call(op, TensorRefs(inputs.begin(), static_cast<int64_t>(inputs.size())), attrs,
+              expiring);
+}
+
+void call_inplace(OpId op, TensorRefs inputs, const Attrs& attrs, const Tensor& self) {
+  const OpDef& def = op_def(op);
+  TensorMeta meta;
+  def.infer(def, inputs, attrs, meta);
+  DUET_CHECK_SHAPE(meta.shape == self.sizes(),
+                   "[{}_] the result of shape {} cannot be written in place into a tensor of "
+                   "shape {}",
+                   def.name, meta.shape, self.sizes());
+  // Copy converts between any dtypes (copy_); arithmetic may not narrow the kind (an f32
+  // result cannot go into an i64 tensor), as in PyTorch.
+  const bool is_copy = op == OpId::Copy;
+  DUET_CHECK_DTYPE(is_copy || category(meta.dtype) <= category(self.dtype()),
+                   "[{}_] the result of dtype {} cannot be written in place into a tensor of "
+                   "dtype {}",
+                   def.name, meta.dtype, self.dtype());
+  DUET_CHECK_DEVICE(meta.device == self.device(),
+                    "[{}_] the result on {} cannot be written in place into a tensor on {}",
+                    def.name, meta.device, self.device());
+  // When the result dtype differs from self's, or an input overlaps self with another layout,
+  // compute out of place and copy: an element must never be read after it was overwritten.
+  bool direct = is_copy || meta.dtype == self.dtype();
+  for (int64_t i = 0; direct && i < inputs.size(); ++i) {
+    const TensorImpl* a = inputs[i].unsafe_impl();
+    const TensorImpl* s = self.unsafe_impl();
+    if (a->storage.get() == s->storage.get() &&
+        !(a->offset == s->offset && a->shape == s->shape && a->strides == s->strides))
+      direct = false;
+  }
+  if (!direct) {
+    Tensor tmp = call(op, inputs, attrs);
+    const Tensor* src[] = {&tmp};
+    call_inplace(OpId::Copy, TensorRefs(src, 1), Attrs{}, self);
+    return;
+  }
+  OpCall c{op, inputs, attrs, meta, &self};
+  run_from(tls_depth, def, c, 0);
+}
+
+Tensor redispatch(const DispatchMode* self, const OpCall& c) {
+  int depth = tls_depth;
+  while (depth > 0 && tls_modes[depth - 1] != self) --depth;
+  DUET_ASSERT(depth > 0, "redispatch from a mode that is not on the stack");
+  return run_from(depth - 1, op_def(c.op), c, 0);
+}
+
+int mode_depth() { return tls_depth; }
+
+}  // namespace detail
+
+ModeGuard::ModeGuard(DispatchMode* mode) {
+  DUET_CHECK(detail::tls_depth < detail::kMaxModes, "[dispatch] more than {} nested modes",
+             detail::kMaxModes);
+  detail::tls_modes[detail::tls_depth++] = mode;
+}
+ModeGuard::~ModeGuard() { --detail::tls_depth; }
+
+}  // namespace duet

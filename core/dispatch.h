@@ -1,0 +1,54 @@
+// duet: dispatch. Every op call goes: shape rule -> modes (tracer, ...) -> kernel.
+//
+// Note [Dispatch modes]
+// A thread-local stack of DispatchModes intercepts op calls, as JAX's interpreters do. With an
+// empty stack (plain eager) the call runs the device kernel directly. The tracer (trace/) pushes
+// a mode that records a graph node instead of running a kernel. A mode that wants the normal
+// behaviour calls redispatch(), which runs the modes below it and then the kernel.
+#pragma once
+
+#include "core/op_table.h"
+
+namespace duet {
+
+/// One op call as the modes see it.
+struct OpCall {
+  OpId op;
+  TensorRefs inputs;
+  const Attrs& attrs;
+  const TensorMeta& meta;    ///< output metadata from the op's shape rule
+  const Tensor* inplace_out;  ///< the tensor an in-place op writes into, else null
+};
+
+/// An interception point on the dispatch path (see Note [Dispatch modes]).
+class DispatchMode {
+ public:
+  virtual ~DispatchMode() = default;
+  /// Produces the result of `call`.
+  virtual Tensor handle(const OpCall& call) = 0;
+};
+
+/// Pushes a mode for the lifetime of the guard (RAII).
+class ModeGuard {
+ public:
+  explicit ModeGuard(DispatchMode* mode);
+  ~ModeGuard();
+  ModeGuard(const ModeGuard&) = delete;
+  ModeGuard& operator=(const ModeGuard&) = delete;
+};
+
+namespace detail {
+/// Calls op with its inputs. Bit i of `expiring` says input i is an rvalue the caller will drop:
+/// its buffer may be reused for the output when nothing else holds it.
+Tensor call(OpId op, TensorRefs inputs, const Attrs& attrs, unsigned expiring = 0);
+Tensor call(OpId op, std::initializer_list<const Tensor*> inputs, const Attrs& attrs = {},
+            unsigned expiring = 0);
+/// Calls op writing its result into `self` (in-place; the result must broadcast to self).
+void call_inplace(OpId op, TensorRefs inputs, const Attrs& attrs, const Tensor& self);
+/// Runs `call` as if `self` and every mode above it were not on the stack.
+Tensor redispatch(const DispatchMode* self, const OpCall& call);
+/// The number of modes on this thread's stack.
+int mode_depth();
+}  // namespace detail
+
+}  // namespace duet

@@ -1,0 +1,83 @@
+// duet: element types and PyTorch's type promotion.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+namespace duet {
+
+/// Element types. f32 is the default float dtype. f16 and bf16 are named for later backends;
+/// the CPU computes f32, f64, i32, i64 and b8.
+enum class DType : uint8_t { f32, f64, f16, bf16, i32, i64, b8 };
+inline constexpr int kNumDTypes = 7;
+
+/// "f32", "i64", ...
+std::string_view dtype_name(DType);
+/// Bytes per element.
+constexpr int64_t itemsize(DType d) {
+  switch (d) {
+    case DType::f64:
+    case DType::i64: return 8;
+    case DType::f32:
+    case DType::i32: return 4;
+    case DType::f16:
+    case DType::bf16: return 2;
+    case DType::b8: return 1;
+  }
+  return 0;
+}
+constexpr bool is_floating(DType d) {
+  return d == DType::f32 || d == DType::f64 || d == DType::f16 || d == DType::bf16;
+}
+constexpr bool is_integral(DType d) { return d == DType::i32 || d == DType::i64; }
+/// True for the dtypes the CPU kernels compute (not f16/bf16 yet).
+constexpr bool is_cpu_computed(DType d) { return d != DType::f16 && d != DType::bf16; }
+
+/// PyTorch's promote_types: the smallest dtype both convert to without losing kind.
+DType promote_types(DType a, DType b);
+
+namespace detail {
+/// 0 bool, 1 integer, 2 floating: the category order of PyTorch's promotion.
+constexpr int category(DType d) { return d == DType::b8 ? 0 : is_integral(d) ? 1 : 2; }
+
+template <class T>
+struct dtype_of;
+template <>
+struct dtype_of<float> {
+  static constexpr DType value = DType::f32;
+};
+template <>
+struct dtype_of<double> {
+  static constexpr DType value = DType::f64;
+};
+template <>
+struct dtype_of<int32_t> {
+  static constexpr DType value = DType::i32;
+};
+template <>
+struct dtype_of<int64_t> {
+  static constexpr DType value = DType::i64;
+};
+template <>
+struct dtype_of<bool> {
+  static constexpr DType value = DType::b8;
+};
+}  // namespace detail
+
+/// Calls f(T{}) with T the C++ type of a CPU-computed dtype; throws for f16/bf16.
+#define DUET_DISPATCH_DTYPE(dtype, op_name, ...)                                       \
+  [&] {                                                                                \
+    switch (dtype) {                                                                   \
+      case ::duet::DType::f32: { using scalar_t = float; return __VA_ARGS__(); }       \
+      case ::duet::DType::f64: { using scalar_t = double; return __VA_ARGS__(); }      \
+      case ::duet::DType::i32: { using scalar_t = int32_t; return __VA_ARGS__(); }     \
+      case ::duet::DType::i64: { using scalar_t = int64_t; return __VA_ARGS__(); }     \
+      case ::duet::DType::b8: { using scalar_t = bool; return __VA_ARGS__(); }         \
+      default:                                                                         \
+        throw ::duet::DTypeError(fmt::format("[{}] dtype {} is not computed on the CPU; " \
+                                             "convert with .to(DType::f32)",           \
+                                             op_name, ::duet::dtype_name(dtype)));     \
+    }                                                                                  \
+  }()
+
+}  // namespace duet

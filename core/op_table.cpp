@@ -1,0 +1,65 @@
+#include "core/op_table.h"
+
+#include <functional>
+
+namespace duet {
+namespace detail {
+namespace {
+
+OpDef* build_table() {
+  static OpDef table[] = {
+#define DUET_OP(Name, name, arity, cls) {OpId::Name, #name, arity, OpClass::cls},
+#include "core/ops.def"
+#undef DUET_OP
+  };
+  register_elementwise_rules(table);
+  register_reduction_rules(table);
+  register_linalg_rules(table);
+  register_view_rules(table);
+  register_source_rules(table);
+  register_backends(table);
+  for (const OpDef& d : table) {
+    DUET_ASSERT(d.infer, "op {} has no shape rule", d.name);
+    DUET_ASSERT(d.cls != OpClass::View || d.view, "view op {} has no view rule", d.name);
+  }
+  return table;
+}
+
+}  // namespace
+
+OpDef* op_table() {
+  static OpDef* t = build_table();
+  return t;
+}
+
+void register_kernel(OpDef* table, OpId id, DeviceType device, KernelFn fn) {
+  table[static_cast<int>(id)].kernel[static_cast<int>(device)] = fn;
+}
+
+}  // namespace detail
+
+std::string_view op_name(OpId id) { return detail::op_def(id).name; }
+OpClass op_class(OpId id) { return detail::op_def(id).cls; }
+
+bool operator==(const Attrs& a, const Attrs& b) {
+  return a.ints == b.ints && a.dim == b.dim && a.start == b.start && a.end == b.end &&
+         a.step == b.step && a.keepdim == b.keepdim && a.dtype == b.dtype && a.value == b.value;
+}
+
+size_t Attrs::hash() const {
+  size_t h = 0;
+  auto mix = [&](uint64_t v) { h ^= std::hash<uint64_t>{}(v) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
+  for (int64_t v : ints) mix(static_cast<uint64_t>(v));
+  mix(static_cast<uint64_t>(dim));
+  mix(static_cast<uint64_t>(start));
+  mix(static_cast<uint64_t>(end));
+  mix(static_cast<uint64_t>(step));
+  mix(keepdim);
+  mix(static_cast<uint64_t>(dtype));
+  mix(static_cast<uint64_t>(value.kind()));
+  mix(value.is_floating() ? std::hash<double>{}(value.to<double>())
+                          : static_cast<uint64_t>(value.to<int64_t>()));
+  return h;
+}
+
+}  // namespace duet

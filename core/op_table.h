@@ -1,0 +1,112 @@
+// duet: the one op table. Each primitive in core/ops.def has one OpDef: its name, arity, fusion
+// class, shape/dtype rule, gradient rule and one kernel per device. core/ops/ fills the rules,
+// kernels/ and cuda/ fill the kernels at initialisation (explicit registration).
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "core/tensor.h"
+
+namespace duet {
+
+enum class OpId : uint16_t {
+#define DUET_OP(Name, name, arity, cls) Name,
+#include "core/ops.def"
+#undef DUET_OP
+};
+inline constexpr int kNumOps = 0
+#define DUET_OP(Name, name, arity, cls) +1
+#include "core/ops.def"
+#undef DUET_OP
+    ;
+// ggml's trick: adding a row without looking at the table, the tests and the docs breaks here.
+static_assert(kNumOps == 37, "ops.def changed: update this count, the op sweep and docs/ops.md");
+
+/// How an op fuses: elementwise maps, reductions, views (no data movement), opaque (matmul),
+/// sources (no tensor inputs).
+enum class OpClass : uint8_t { Elementwise, Reduction, View, Opaque, Source };
+
+/// The attributes of one op call. One struct for every op keeps dispatch free of allocation
+/// and makes attributes hashable and comparable for the graph passes. Unused fields stay at
+/// their defaults; each op documents which fields it reads in core/ops/.
+struct Attrs {
+  detail::SmallVec<int64_t, 6> ints;  ///< shape (Reshape, Expand, Full), dims (reductions, Permute)
+  int64_t dim = 0, start = 0, end = 0, step = 1;  ///< Slice; Arange uses end
+  bool keepdim = false;                           ///< reductions
+  DType dtype = DType::f32;                       ///< Cast, Full, Arange
+  Scalar value;                                   ///< Full
+  friend bool operator==(const Attrs& a, const Attrs& b);
+  size_t hash() const;
+};
+
+/// Output metadata computed by an op's shape rule.
+struct TensorMeta {
+  Shape shape;
+  DType dtype = DType::f32;
+  Device device;
+};
+
+/// A non-owning list of input tensors (no reference-count traffic on the hot path).
+class TensorRefs {
+ public:
+  TensorRefs() = default;
+  TensorRefs(const Tensor* const* p, int64_t n) : p_(p), n_(n) {}
+  const Tensor& operator[](int64_t i) const { return *p_[i]; }
+  int64_t size() const { return n_; }
+
+ private:
+  const Tensor* const* p_ = nullptr;
+  int64_t n_ = 0;
+};
+
+/// Shape/dtype rule: validates the inputs (throwing duet::Error in the "[op] ..." form) and
+/// writes the output metadata.
+struct OpDef;
+using InferFn = void (*)(const OpDef& def, TensorRefs in, const Attrs& attrs, TensorMeta& out);
+/// Kernel: computes `out` (allocated by the caller, possibly strided, possibly one of the
+/// inputs) from the inputs.
+using KernelFn = void (*)(TensorRefs in, const Attrs& attrs, const Tensor& out);
+/// View rule: a view of in[0] with the output metadata, or an undefined tensor when the
+/// storage cannot express it (then dispatch copies).
+using ViewFn = Tensor (*)(const Tensor& in, const Attrs& attrs, const TensorMeta& out);
+/// Gradient rule slot, written in duet ops; filled by the autograd layer.
+using GradFn = void (*)();
+
+struct OpDef {
+  OpId id;
+  const char* name;
+  int arity;
+  OpClass cls;
+  InferFn infer = nullptr;
+  ViewFn view = nullptr;
+  GradFn grad = nullptr;
+  KernelFn kernel[kNumDeviceTypes] = {};
+};
+
+namespace detail {
+/// PyTorch's result_type: the dtype inputs promote to. Tensors with dims outrank 0-d tensors,
+/// which outrank wrapped numbers (Scalars), except when a lower rank brings a higher category.
+DType result_type(TensorRefs in);
+/// Checks that the inputs share a device (wrapped numbers go anywhere) and returns it.
+Device common_device(const OpDef& def, TensorRefs in);
+/// The table, built on first use: core's rules, then every backend's kernels.
+OpDef* op_table();
+inline const OpDef& op_def(OpId id) { return op_table()[static_cast<int>(id)]; }
+/// Registers one backend kernel (called from kernels/ and cuda/ during initialisation).
+void register_kernel(OpDef* table, OpId id, DeviceType device, KernelFn fn);
+/// Defined by the library's initialisation (duet.cpp): fills the kernel slots of every backend.
+void register_backends(OpDef* table);
+/// Filled by core/ops/*: shape rules and view rules.
+void register_elementwise_rules(OpDef* table);
+void register_reduction_rules(OpDef* table);
+void register_linalg_rules(OpDef* table);
+void register_view_rules(OpDef* table);
+void register_source_rules(OpDef* table);
+}  // namespace detail
+
+/// The op's name as in ops.def ("add").
+std::string_view op_name(OpId id);
+OpClass op_class(OpId id);
+
+}  // namespace duet

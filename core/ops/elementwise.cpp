@@ -1,0 +1,272 @@
+// Elementwise ops: shape/dtype rules and the public builders.
+#include <algorithm>
+
+#include "core/dispatch.h"
+#include "core/ops.h"
+
+namespace duet {
+namespace detail {
+
+DType result_type(TensorRefs in) {
+  // PyTorch's three-tier promotion: dimensioned tensors, then 0-d tensors, then wrapped numbers.
+  int dim_r = -1, zero_r = -1, wrap_r = -1;
+  auto up = [](int cur, DType d) {
+    return cur < 0 ? static_cast<int>(d) : static_cast<int>(promote_types(DType(cur), d));
+  };
+  for (int64_t i = 0; i < in.size(); ++i) {
+    const TensorImpl* t = in[i].impl();
+    if (t->wrapped_number) {
+      // A Python-like number only contributes its kind: float -> default float, int -> i64.
+      DType k = is_floating(t->dtype) ? DType::f32 : t->dtype;
+      wrap_r = up(wrap_r, k);
+    } else if (t->shape.size() == 0) {
+      zero_r = up(zero_r, t->dtype);
+    } else {
+      dim_r = up(dim_r, t->dtype);
+    }
+  }
+  auto combine = [](int higher, int lower) {
+    if (higher < 0) return lower;
+    if (lower < 0) return higher;
+    DType h = DType(higher), l = DType(lower);
+    if (category(l) > category(h)) return static_cast<int>(promote_types(h, l));
+    return higher;
+  };
+  int r = combine(dim_r, combine(zero_r, wrap_r));
+  return DType(r);
+}
+
+Device common_device(const OpDef& def, TensorRefs in) {
+  Device dev = Device::cpu();
+  bool found = false;
+  for (int64_t i = 0; i < in.size(); ++i) {
+    const TensorImpl* t = in[i].impl();
+    if (t->wrapped_number) continue;
+    Device d = t->device();
+    if (!found) {
+      dev = d;
+      found = true;
+    } else {
+      DUET_CHECK_DEVICE(d == dev, "[{}] expected all tensors on one device, got {} and {}",
+                        def.name, dev.str(), d.str());
+    }
+  }
+  return dev;
+}
+
+namespace {
+
+bool float_math(OpId op) {
+  switch (op) {
+    case OpId::Exp:
+    case OpId::Log:
+    case OpId::Sqrt:
+    case OpId::Rsqrt:
+    case OpId::Sin:
+    case OpId::Cos:
+    case OpId::Tanh:
+    case OpId::Sigmoid: return true;
+    default: return false;
+  }
+}
+
+void infer_unary(const OpDef& def, TensorRefs in, const Attrs&, TensorMeta& out) {
+  const TensorImpl* x = in[0].impl();
+  out.shape = x->shape;
+  out.device = x->device();
+  DType d = x->dtype;
+  if (float_math(def.id)) {
+    out.dtype = is_floating(d) ? d : DType::f32;
+    return;
+  }
+  DUET_CHECK_DTYPE(d != DType::b8, "[{}] is not defined for b8 tensors of shape {}", def.name,
+                   x->shape);
+  out.dtype = d;
+}
+
+bool is_compare(OpId op) { return op >= OpId::Lt && op <= OpId::Ne; }
+
+void infer_binary(const OpDef& def, TensorRefs in, const Attrs&, TensorMeta& out) {
+  const TensorImpl* a = in[0].impl();
+  const TensorImpl* b = in[1].impl();
+  // Fast path: the eager hot loop (same shape, same dtype, same device).
+  if (a->dtype == b->dtype && !a->wrapped_number && !b->wrapped_number && a->shape == b->shape &&
+      a->device() == b->device()) {
+    out.shape = a->shape;
+    out.dtype = a->dtype;
+    out.device = a->device();
+  } else {
+    out.shape = broadcast_shapes(def.name, a->shape, b->shape);
+    out.dtype = result_type(in);
+    out.device = common_device(def, in);
+  }
+  if (is_compare(def.id)) {
+    out.dtype = DType::b8;
+    return;
+  }
+  switch (def.id) {
+    case OpId::Div:
+      if (!is_floating(out.dtype)) out.dtype = DType::f32;
+      break;
+    case OpId::Sub:
+      DUET_CHECK_DTYPE(out.dtype != DType::b8,
+                       "[sub] subtraction of b8 tensors (shapes {} and {}) is not supported; use "
+                       "ne() or where() instead",
+                       a->shape, b->shape);
+      break;
+    case OpId::Pow:
+      DUET_CHECK_DTYPE(out.dtype != DType::b8,
+                       "[pow] is not defined for a b8 base and exponent (shapes {} and {})",
+                       a->shape, b->shape);
+      break;
+    default: break;
+  }
+}
+
+void infer_where(const OpDef& def, TensorRefs in, const Attrs&, TensorMeta& out) {
+  const TensorImpl* c = in[0].impl();
+  DUET_CHECK_DTYPE(c->dtype == DType::b8, "[where] condition must be b8, got {} of shape {}",
+                   c->dtype, c->shape);
+  out.shape = broadcast_shapes("where", broadcast_shapes("where", c->shape, in[1].sizes()),
+                               in[2].sizes());
+  const Tensor* ab[] = {&in[1], &in[2]};
+  out.dtype = result_type(TensorRefs(ab, 2));
+  out.device = common_device(def, in);
+}
+
+void infer_cast(const OpDef&, TensorRefs in, const Attrs& attrs, TensorMeta& out) {
+  out.shape = in[0].sizes();
+  out.dtype = attrs.dtype;
+  out.device = in[0].device();
+}
+
+void infer_copy(const OpDef&, TensorRefs in, const Attrs&, TensorMeta& out) {
+  out.shape = in[0].sizes();
+  out.dtype = in[0].dtype();
+  out.device = in[0].device();
+}
+
+}  // namespace
+
+void register_elementwise_rules(OpDef* t) {
+  for (OpId op : {OpId::Neg, OpId::Exp, OpId::Log, OpId::Sqrt, OpId::Rsqrt, OpId::Abs, OpId::Sin,
+                  OpId::Cos, OpId::Tanh, OpId::Sigmoid, OpId::Relu})
+    t[int(op)].infer = infer_unary;
+  for (int op = int(OpId::Add); op <= int(OpId::Ne); ++op) t[op].infer = infer_binary;
+  t[int(OpId::Where)].infer = infer_where;
+  t[int(OpId::Cast)].infer = infer_cast;
+  t[int(OpId::Copy)].infer = infer_copy;
+}
+
+}  // namespace detail
+
+// ---- builders -------------------------------------------------------------------------------
+
+namespace {
+
+const Attrs kNoAttrs{};
+
+Tensor unary(OpId op, const Tensor& x, unsigned expiring) {
+  const Tensor* in[] = {&x};
+  return detail::call(op, TensorRefs(in, 1), kNoAttrs, expiring);
+}
+Tensor binary(OpId op, const Tensor& a, const Tensor& b, unsigned expiring) {
+  const Tensor* in[] = {&a, &b};
+  return detail::call(op, TensorRefs(in, 2), kNoAttrs, expiring);
+}
+// A Scalar operand becomes a 0-d "wrapped number" on the tensor's device: it promotes like a
+// Scalar and a traced graph sees it as a constant.
+Tensor wrap(const Scalar& s, const Tensor& like) {
+  DType d = s.is_floating() ? DType::f64 : s.is_integral() ? DType::i64 : DType::b8;
+  return detail::wrap_scalar(s, d, like.device());
+}
+
+}  // namespace
+
+#define DUET_DEFINE_UNARY(name, Op)                                      \
+  Tensor name(const Tensor& x) { return unary(OpId::Op, x, 0); }        \
+  Tensor name(Tensor&& x) { return unary(OpId::Op, x, 1); }
+DUET_DEFINE_UNARY(neg, Neg)
+DUET_DEFINE_UNARY(exp, Exp)
+DUET_DEFINE_UNARY(log, Log)
+DUET_DEFINE_UNARY(sqrt, Sqrt)
+DUET_DEFINE_UNARY(rsqrt, Rsqrt)
+DUET_DEFINE_UNARY(abs, Abs)
+DUET_DEFINE_UNARY(sin, Sin)
+DUET_DEFINE_UNARY(cos, Cos)
+DUET_DEFINE_UNARY(tanh, Tanh)
+DUET_DEFINE_UNARY(sigmoid, Sigmoid)
+DUET_DEFINE_UNARY(relu, Relu)
+#undef DUET_DEFINE_UNARY
+
+#define DUET_DEFINE_BINARY(name, Op)                                                            \
+  Tensor name(const Tensor& a, const Tensor& b) { return binary(OpId::Op, a, b, 0); }          \
+  Tensor name(Tensor&& a, const Tensor& b) { return binary(OpId::Op, a, b, 1); }               \
+  Tensor name(const Tensor& a, Tensor&& b) { return binary(OpId::Op, a, b, 2); }               \
+  Tensor name(Tensor&& a, Tensor&& b) { return binary(OpId::Op, a, b, 3); }                    \
+  Tensor name(const Tensor& a, Scalar b) { return binary(OpId::Op, a, wrap(b, a), 0); }        \
+  Tensor name(Tensor&& a, Scalar b) { return binary(OpId::Op, a, wrap(b, a), 1); }             \
+  Tensor name(Scalar a, const Tensor& b) { return binary(OpId::Op, wrap(a, b), b, 0); }        \
+  Tensor name(Scalar a, Tensor&& b) { return binary(OpId::Op, wrap(a, b), b, 2); }
+DUET_DEFINE_BINARY(add, Add)
+DUET_DEFINE_BINARY(sub, Sub)
+DUET_DEFINE_BINARY(mul, Mul)
+DUET_DEFINE_BINARY(div, Div)
+DUET_DEFINE_BINARY(maximum, Maximum)
+DUET_DEFINE_BINARY(minimum, Minimum)
+DUET_DEFINE_BINARY(pow, Pow)
+#undef DUET_DEFINE_BINARY
+
+#define DUET_DEFINE_COMPARE(name, Op)                                                      \
+  Tensor name(const Tensor& a, const Tensor& b) { return binary(OpId::Op, a, b, 0); }     \
+  Tensor name(const Tensor& a, Scalar b) { return binary(OpId::Op, a, wrap(b, a), 0); }   \
+  Tensor name(Scalar a, const Tensor& b) { return binary(OpId::Op, wrap(a, b), b, 0); }
+DUET_DEFINE_COMPARE(lt, Lt)
+DUET_DEFINE_COMPARE(le, Le)
+DUET_DEFINE_COMPARE(gt, Gt)
+DUET_DEFINE_COMPARE(ge, Ge)
+DUET_DEFINE_COMPARE(eq, Eq)
+DUET_DEFINE_COMPARE(ne, Ne)
+#undef DUET_DEFINE_COMPARE
+
+#define DUET_DEFINE_OPERATOR(sym, fn)                                                   \
+  Tensor operator sym(const Tensor& a, const Tensor& b) { return fn(a, b); }            \
+  Tensor operator sym(Tensor&& a, const Tensor& b) { return fn(std::move(a), b); }      \
+  Tensor operator sym(const Tensor& a, Tensor&& b) { return fn(a, std::move(b)); }      \
+  Tensor operator sym(Tensor&& a, Tensor&& b) { return fn(std::move(a), std::move(b)); } \
+  Tensor operator sym(const Tensor& a, Scalar b) { return fn(a, b); }                   \
+  Tensor operator sym(Tensor&& a, Scalar b) { return fn(std::move(a), b); }             \
+  Tensor operator sym(Scalar a, const Tensor& b) { return fn(a, b); }                   \
+  Tensor operator sym(Scalar a, Tensor&& b) { return fn(a, std::move(b)); }
+DUET_DEFINE_OPERATOR(+, add)
+DUET_DEFINE_OPERATOR(-, sub)
+DUET_DEFINE_OPERATOR(*, mul)
+DUET_DEFINE_OPERATOR(/, div)
+#undef DUET_DEFINE_OPERATOR
+Tensor operator-(const Tensor& x) { return neg(x); }
+Tensor operator-(Tensor&& x) { return neg(std::move(x)); }
+#define DUET_DEFINE_CMP_OPERATOR(sym, fn)                                    \
+  Tensor operator sym(const Tensor& a, const Tensor& b) { return fn(a, b); } \
+  Tensor operator sym(const Tensor& a, Scalar b) { return fn(a, b); }        \
+  Tensor operator sym(Scalar a, const Tensor& b) { return fn(a, b); }
+DUET_DEFINE_CMP_OPERATOR(<, lt)
+DUET_DEFINE_CMP_OPERATOR(<=, le)
+DUET_DEFINE_CMP_OPERATOR(>, gt)
+DUET_DEFINE_CMP_OPERATOR(>=, ge)
+DUET_DEFINE_CMP_OPERATOR(==, eq)
+DUET_DEFINE_CMP_OPERATOR(!=, ne)
+#undef DUET_DEFINE_CMP_OPERATOR
+
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
+  const Tensor* in[] = {&cond, &a, &b};
+  return detail::call(OpId::Where, TensorRefs(in, 3), kNoAttrs);
+}
+Tensor where(const Tensor& cond, const Tensor& a, Scalar b) { return where(cond, a, wrap(b, a)); }
+Tensor where(const Tensor& cond, Scalar a, const Tensor& b) { return where(cond, wrap(a, b), b); }
+
+// With lo > hi every element becomes hi, as torch.clamp documents.
+Tensor clamp(const Tensor& x, Scalar lo, Scalar hi) {
+  return minimum(maximum(x, lo), hi);
+}
+
+}  // namespace duet

@@ -1,0 +1,59 @@
+// matmul: the MatMul primitive takes operands of rank >= 2 with broadcast batch dims; 1-D
+// operands (torch.matmul's rules) are composed around it with unsqueeze and squeeze.
+#include <algorithm>
+
+#include "core/dispatch.h"
+#include "core/ops.h"
+
+namespace duet {
+namespace detail {
+namespace {
+
+void infer_matmul(const OpDef& def, TensorRefs in, const Attrs&, TensorMeta& out) {
+  const Shape& a = in[0].sizes();
+  const Shape& b = in[1].sizes();
+  DUET_CHECK_SHAPE(a.size() >= 2 && b.size() >= 2,
+                   "[matmul] the primitive needs operands of rank >= 2, got {} and {}", a, b);
+  DUET_CHECK_DTYPE(in[0].dtype() == in[1].dtype(),
+                   "[matmul] operands must have the same dtype, got {} {} and {} {}",
+                   in[0].dtype(), a, in[1].dtype(), b);
+  DUET_CHECK_DTYPE(in[0].dtype() != DType::b8, "[matmul] is not defined for b8 operands {} and {}",
+                   a, b);
+  int64_t m = a[a.size() - 2], k = a[a.size() - 1];
+  int64_t k2 = b[b.size() - 2], n = b[b.size() - 1];
+  DUET_CHECK_SHAPE(k == k2, "[matmul] inner dimensions differ: {} @ {}", a, b);
+  Shape ba(a.data(), a.size() - 2), bb(b.data(), b.size() - 2);
+  out.shape = broadcast_shapes(def.name, ba, bb);
+  out.shape.push_back(m);
+  out.shape.push_back(n);
+  out.dtype = in[0].dtype();
+  out.device = common_device(def, in);
+}
+
+}  // namespace
+
+void register_linalg_rules(OpDef* t) { t[int(OpId::MatMul)].infer = infer_matmul; }
+
+}  // namespace detail
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  DUET_CHECK_SHAPE(a.dim() >= 1 && b.dim() >= 1,
+                   "[matmul] both operands need at least one dim, got {} and {}", a.sizes(),
+                   b.sizes());
+  if (a.dim() >= 2 && b.dim() >= 2) {
+    const Tensor* in[] = {&a, &b};
+    return detail::call(OpId::MatMul, TensorRefs(in, 2), {});
+  }
+  // 1-D operands: a vector on the left is a row, on the right a column; the added dim is
+  // removed from the result.
+  DUET_CHECK_SHAPE(a.sizes()[a.dim() - 1] == b.sizes()[std::max<int64_t>(b.dim() - 2, 0)],
+                   "[matmul] inner dimensions differ: {} @ {}", a.sizes(), b.sizes());
+  Tensor a2 = a.dim() == 1 ? unsqueeze(a, 0) : a;
+  Tensor b2 = b.dim() == 1 ? unsqueeze(b, 1) : b;
+  Tensor r = matmul(a2, b2);
+  if (b.dim() == 1) r = squeeze(r, -1);
+  if (a.dim() == 1) r = squeeze(r, -2 + (b.dim() == 1 ? 1 : 0));
+  return r;
+}
+
+}  // namespace duet

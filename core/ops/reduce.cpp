@@ -1,0 +1,100 @@
+// Reductions: sum, max, min over any dims with keepdim; mean composed from sum.
+#include <algorithm>
+
+#include "core/dispatch.h"
+#include "core/ops.h"
+
+namespace duet {
+namespace detail {
+namespace {
+
+// attrs.ints holds the dims, already wrapped and sorted by the builder; empty means all.
+void infer_reduce(const OpDef& def, TensorRefs in, const Attrs& attrs, TensorMeta& out) {
+  const TensorImpl* x = in[0].impl();
+  int64_t nd = x->ndim();
+  bool reduced[64] = {};
+  DUET_CHECK_VALUE(nd <= 64, "[{}] rank {} is above the maximum of 64", def.name, nd);
+  if (attrs.ints.empty()) {
+    for (int64_t i = 0; i < nd; ++i) reduced[i] = true;
+  } else {
+    for (int64_t d : attrs.ints) {
+      DUET_CHECK_VALUE(d >= 0 && d < std::max<int64_t>(nd, 1),
+                       "[{}] dim {} is out of range for a tensor of shape {}", def.name, d,
+                       x->shape);
+      if (nd) reduced[d] = true;
+    }
+  }
+  out.shape = Shape();
+  for (int64_t i = 0; i < nd; ++i) {
+    if (!reduced[i])
+      out.shape.push_back(x->shape[i]);
+    else if (attrs.keepdim)
+      out.shape.push_back(1);
+    if (reduced[i] && def.id != OpId::Sum)
+      DUET_CHECK_VALUE(x->shape[i] != 0,
+                       "[{}] cannot reduce over dim {} of size 0 (shape {}): the result has no "
+                       "identity",
+                       def.name, i, x->shape);
+  }
+  out.device = x->device();
+  out.dtype = x->dtype;
+  // Sums of integers and bools accumulate in i64, as in PyTorch.
+  if (def.id == OpId::Sum && !is_floating(x->dtype)) out.dtype = DType::i64;
+}
+
+}  // namespace
+
+void register_reduction_rules(OpDef* t) {
+  for (OpId op : {OpId::Sum, OpId::Max, OpId::Min}) t[int(op)].infer = infer_reduce;
+}
+
+/// Wraps, deduplicates and sorts user dims into attrs.ints.
+Attrs reduce_attrs(const char* op, const Tensor& x, const Dims& dims, bool keepdim) {
+  Attrs a;
+  a.keepdim = keepdim;
+  for (int64_t d : dims) {
+    int64_t w = wrap_dim(op, d, x.dim());
+    for (int64_t e : a.ints)
+      DUET_CHECK_VALUE(e != w, "[{}] dim {} appears more than once in {}", op, w, dims.str());
+    a.ints.push_back(w);
+  }
+  std::sort(a.ints.begin(), a.ints.end());
+  return a;
+}
+
+}  // namespace detail
+
+namespace {
+Tensor reduce(OpId op, const char* name, const Tensor& x, const Dims& dims, bool keepdim) {
+  Attrs a = detail::reduce_attrs(name, x, dims, keepdim);
+  const Tensor* in[] = {&x};
+  return detail::call(op, TensorRefs(in, 1), a);
+}
+}  // namespace
+
+Tensor sum(const Tensor& x, Dims dims, bool keepdim) {
+  return reduce(OpId::Sum, "sum", x, dims, keepdim);
+}
+Tensor max(const Tensor& x, Dims dims, bool keepdim) {
+  return reduce(OpId::Max, "max", x, dims, keepdim);
+}
+Tensor min(const Tensor& x, Dims dims, bool keepdim) {
+  return reduce(OpId::Min, "min", x, dims, keepdim);
+}
+
+Tensor mean(const Tensor& x, Dims dims, bool keepdim) {
+  DUET_CHECK_DTYPE(is_floating(x.dtype()),
+                   "[mean] needs a floating input, got {} of shape {}; convert with "
+                   ".to(DType::f32)",
+                   x.dtype(), x.sizes());
+  Attrs a = detail::reduce_attrs("mean", x, dims, keepdim);
+  int64_t count = 1;
+  if (a.ints.empty())
+    count = x.numel();
+  else
+    for (int64_t d : a.ints) count *= x.sizes()[d];
+  // The mean of nothing is NaN, as in PyTorch (0/0).
+  return div(reduce(OpId::Sum, "mean", x, dims, keepdim), static_cast<double>(count));
+}
+
+}  // namespace duet

@@ -1,0 +1,103 @@
+// Sources (Full, Arange) and the creation functions built on them.
+#include <cstring>
+
+#include "core/dispatch.h"
+#include "core/ops.h"
+
+namespace duet {
+namespace detail {
+namespace {
+
+void check_computable(const char* op, DType d, Device dev) {
+  DUET_CHECK_DTYPE(!dev.is_cpu() || is_cpu_computed(d),
+                   "[{}] dtype {} is not computed on the CPU; use f32, f64, i32, i64 or b8", op, d);
+}
+
+// attrs.ints: shape; attrs.value: fill; attrs.dtype.
+void infer_full(const OpDef&, TensorRefs, const Attrs& a, TensorMeta& out) {
+  out.shape = Shape(a.ints.data(), a.ints.size());
+  for (int64_t d : out.shape)
+    DUET_CHECK_VALUE(d >= 0, "[full] negative size {} in shape {}", d, out.shape);
+  out.dtype = a.dtype;
+  check_computable("full", a.dtype, out.device);
+}
+
+// attrs.end: n; attrs.dtype.
+void infer_arange(const OpDef&, TensorRefs, const Attrs& a, TensorMeta& out) {
+  DUET_CHECK_VALUE(a.end >= 0, "[arange] length must be non-negative, got {}", a.end);
+  DUET_CHECK_DTYPE(a.dtype != DType::b8, "[arange] cannot count in b8");
+  check_computable("arange", a.dtype, out.device);
+  out.shape = Shape{a.end};
+  out.dtype = a.dtype;
+}
+
+Tensor source(OpId op, const Attrs& a, const Options& o) {
+  DUET_CHECK(!o.requires_grad_,
+             "[{}] requires_grad needs the autograd layer (eager/), which this build lacks",
+             op_name(op));
+  // Sources have no inputs to take a device from, so the device travels in the call's meta;
+  // it is set here and checked by the shape rule.
+  DUET_CHECK_DEVICE(o.device_.is_cpu(), "[{}] device {} has no kernels in this build",
+                    op_name(op), o.device_);
+  return call(op, TensorRefs(), a);
+}
+
+}  // namespace
+
+void register_source_rules(OpDef* t) {
+  t[int(OpId::Full)].infer = infer_full;
+  t[int(OpId::Arange)].infer = infer_arange;
+}
+
+}  // namespace detail
+
+Tensor full(Shape shape, Scalar value, Options options) {
+  Attrs a;
+  a.ints = detail::SmallVec<int64_t, 6>(shape.data(), shape.size());
+  a.value = value;
+  a.dtype = options.dtype_.value_or(value.default_dtype());
+  return detail::source(OpId::Full, a, options);
+}
+Tensor zeros(Shape shape, Options options) {
+  if (!options.dtype_) options.dtype(DType::f32);
+  return full(shape, 0, options);
+}
+Tensor ones(Shape shape, Options options) {
+  if (!options.dtype_) options.dtype(DType::f32);
+  return full(shape, 1, options);
+}
+Tensor scalar(Scalar value, Options options) { return full(Shape{}, value, options); }
+
+Tensor arange(int64_t n, Options options) {
+  Attrs a;
+  a.end = n;
+  a.dtype = options.dtype_.value_or(DType::i64);
+  return detail::source(OpId::Arange, a, options);
+}
+
+Tensor eye(int64_t n, Options options) {
+  DUET_CHECK_VALUE(n >= 0, "[eye] size must be non-negative, got {}", n);
+  Tensor i = arange(n);
+  return eq(unsqueeze(i, 1), unsqueeze(i, 0)).to(options.dtype_.value_or(DType::f32));
+}
+
+Tensor tensor(std::vector<double> values, Options options) {
+  int64_t n = static_cast<int64_t>(values.size());
+  return tensor(std::move(values), Shape{n}, options);
+}
+
+Tensor tensor(std::vector<double> values, Shape shape, Options options) {
+  DUET_CHECK_SHAPE(shape.numel() == static_cast<int64_t>(values.size()),
+                   "[tensor] {} values do not fill shape {} ({} elements)", values.size(), shape,
+                   shape.numel());
+  DUET_CHECK(!options.requires_grad_,
+             "[tensor] requires_grad needs the autograd layer (eager/), which this build lacks");
+  DUET_CHECK_DEVICE(options.device_.is_cpu(), "[tensor] device {} has no kernels in this build",
+                    options.device_);
+  Tensor f64 = detail::empty(shape, DType::f64);
+  if (!values.empty())
+    std::memcpy(f64.raw_data(), values.data(), values.size() * sizeof(double));
+  return f64.to(options.dtype_.value_or(DType::f32));
+}
+
+}  // namespace duet

@@ -1,0 +1,243 @@
+// Views: reshape, permute, slice and expand are new metadata over the same storage. transpose,
+// squeeze and unsqueeze are composed from them. Reshape copies only when no strides express it.
+#include <algorithm>
+
+#include "core/dispatch.h"
+#include "core/ops.h"
+
+namespace duet {
+namespace detail {
+namespace {
+
+// attrs.ints: the target shape with -1 already resolved.
+void infer_reshape(const OpDef&, TensorRefs in, const Attrs& a, TensorMeta& out) {
+  out.shape = Shape(a.ints.data(), a.ints.size());
+  DUET_CHECK_SHAPE(out.shape.numel() == in[0].numel(),
+                   "[reshape] cannot reshape a tensor of shape {} ({} elements) to {}",
+                   in[0].sizes(), in[0].numel(), out.shape);
+  out.dtype = in[0].dtype();
+  out.device = in[0].device();
+}
+
+// PyTorch's computeStride: a view exists when each group of old dims that maps onto a group of
+// new dims is itself contiguous in memory.
+Tensor view_reshape(const Tensor& x, const Attrs&, const TensorMeta& out) {
+  const Shape& os = x.sizes();
+  const Strides& ost = x.strides();
+  const Shape& ns = out.shape;
+  if (x.is_contiguous() || x.numel() == 0 || os.size() == 0) {
+    return make_view(x, ns, contiguous_strides(ns), x.storage_offset());
+  }
+  Strides nst(ns.size());
+  int64_t view_d = ns.size() - 1;
+  int64_t chunk_base_stride = ost.back();
+  int64_t tensor_numel = 1, view_numel = 1;
+  for (int64_t td = os.size() - 1; td >= 0; --td) {
+    tensor_numel *= os[td];
+    if (td == 0 || (os[td - 1] != 1 && ost[td - 1] != tensor_numel * chunk_base_stride)) {
+      while (view_d >= 0 && (view_numel < tensor_numel || ns[view_d] == 1)) {
+        nst[view_d] = view_numel * chunk_base_stride;
+        view_numel *= ns[view_d];
+        --view_d;
+      }
+      if (view_numel != tensor_numel) return Tensor();
+      if (td > 0) {
+        chunk_base_stride = ost[td - 1];
+        tensor_numel = 1;
+        view_numel = 1;
+      }
+    }
+  }
+  if (view_d != -1) return Tensor();
+  return make_view(x, ns, nst, x.storage_offset());
+}
+
+// attrs.ints: the permutation, validated by the builder.
+void infer_permute(const OpDef&, TensorRefs in, const Attrs& a, TensorMeta& out) {
+  const Shape& s = in[0].sizes();
+  DUET_CHECK_VALUE(a.ints.size() == s.size(),
+                   "[permute] order has {} dims but the tensor has shape {}", a.ints.size(), s);
+  out.shape = Shape();
+  uint64_t seen = 0;
+  for (int64_t d : a.ints) {
+    DUET_CHECK_VALUE(d >= 0 && d < s.size() && !(seen >> d & 1),
+                     "[permute] order must be a permutation of 0..{}, got dim {}", s.size() - 1, d);
+    seen |= uint64_t(1) << d;
+    out.shape.push_back(s[d]);
+  }
+  out.dtype = in[0].dtype();
+  out.device = in[0].device();
+}
+
+Tensor view_permute(const Tensor& x, const Attrs& a, const TensorMeta& out) {
+  Strides st(a.ints.size());
+  for (int64_t i = 0; i < a.ints.size(); ++i) st[i] = x.strides()[a.ints[i]];
+  return make_view(x, out.shape, st, x.storage_offset());
+}
+
+// dim, start, end, step: normalized by the builder (0 <= start <= end <= size, step >= 1).
+void infer_slice(const OpDef&, TensorRefs in, const Attrs& a, TensorMeta& out) {
+  const Shape& s = in[0].sizes();
+  DUET_CHECK_VALUE(a.dim >= 0 && a.dim < s.size(), "[slice] dim {} is out of range for shape {}",
+                   a.dim, s);
+  DUET_CHECK_VALUE(a.step >= 1, "[slice] step must be positive, got {}", a.step);
+  DUET_CHECK_VALUE(0 <= a.start && a.start <= a.end && a.end <= s[a.dim],
+                   "[slice] range [{}, {}) is outside dim {} of shape {}", a.start, a.end, a.dim,
+                   s);
+  out.shape = s;
+  out.shape[a.dim] = (a.end - a.start + a.step - 1) / a.step;
+  out.dtype = in[0].dtype();
+  out.device = in[0].device();
+}
+
+Tensor view_slice(const Tensor& x, const Attrs& a, const TensorMeta& out) {
+  Strides st = x.strides();
+  int64_t off = x.storage_offset() + a.start * st[a.dim];
+  st[a.dim] *= a.step;
+  return make_view(x, out.shape, st, out.shape.numel() ? off : x.storage_offset());
+}
+
+// attrs.ints: the target shape, -1 already resolved.
+void infer_expand(const OpDef&, TensorRefs in, const Attrs& a, TensorMeta& out) {
+  const Shape& s = in[0].sizes();
+  Shape target(a.ints.data(), a.ints.size());
+  DUET_CHECK_SHAPE(target.size() >= s.size(),
+                   "[expand] cannot expand shape {} to {} with fewer dims", s, target);
+  int64_t lead = target.size() - s.size();
+  for (int64_t i = 0; i < s.size(); ++i)
+    DUET_CHECK_SHAPE(s[i] == target[lead + i] || s[i] == 1,
+                     "[expand] cannot expand shape {} to {}: dim {} has size {}, expected 1 or {}",
+                     s, target, i, s[i], target[lead + i]);
+  for (int64_t i = 0; i < lead; ++i)
+    DUET_CHECK_SHAPE(target[i] >= 0, "[expand] negative size {} in target {}", target[i], target);
+  out.shape = target;
+  out.dtype = in[0].dtype();
+  out.device = in[0].device();
+}
+
+Tensor view_expand(const Tensor& x, const Attrs&, const TensorMeta& out) {
+  const Shape& s = x.sizes();
+  int64_t lead = out.shape.size() - s.size();
+  Strides st(out.shape.size(), 0);
+  for (int64_t i = 0; i < s.size(); ++i)
+    st[lead + i] = s[i] == out.shape[lead + i] ? x.strides()[i] : 0;
+  return make_view(x, out.shape, st, x.storage_offset());
+}
+
+Tensor view_call(OpId op, const Tensor& x, const Attrs& a) {
+  const Tensor* in[] = {&x};
+  return call(op, TensorRefs(in, 1), a);
+}
+
+}  // namespace
+
+void register_view_rules(OpDef* t) {
+  t[int(OpId::Reshape)].infer = infer_reshape;
+  t[int(OpId::Reshape)].view = view_reshape;
+  t[int(OpId::Permute)].infer = infer_permute;
+  t[int(OpId::Permute)].view = view_permute;
+  t[int(OpId::Slice)].infer = infer_slice;
+  t[int(OpId::Slice)].view = view_slice;
+  t[int(OpId::Expand)].infer = infer_expand;
+  t[int(OpId::Expand)].view = view_expand;
+}
+
+}  // namespace detail
+
+Tensor reshape(const Tensor& x, Shape shape) {
+  int64_t infer_at = -1, known = 1;
+  for (int64_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] == -1) {
+      DUET_CHECK_SHAPE(infer_at < 0, "[reshape] only one dim may be -1, got {}", shape);
+      infer_at = i;
+    } else {
+      DUET_CHECK_SHAPE(shape[i] >= 0, "[reshape] invalid size {} in {}", shape[i], shape);
+      known *= shape[i];
+    }
+  }
+  if (infer_at >= 0) {
+    DUET_CHECK_SHAPE(known != 0 && x.numel() % known == 0,
+                     "[reshape] cannot reshape a tensor of shape {} ({} elements) to {}",
+                     x.sizes(), x.numel(), shape);
+    shape[infer_at] = x.numel() / known;
+  }
+  Attrs a;
+  a.ints = detail::SmallVec<int64_t, 6>(shape.data(), shape.size());
+  return detail::view_call(OpId::Reshape, x, a);
+}
+
+Tensor permute(const Tensor& x, Dims order) {
+  Attrs a;
+  DUET_CHECK_VALUE(order.size() == x.dim(), "[permute] order {} has {} dims but shape {} has {}",
+                   order.str(), order.size(), x.sizes(), x.dim());
+  for (int64_t d : order) a.ints.push_back(detail::wrap_dim("permute", d, x.dim()));
+  return detail::view_call(OpId::Permute, x, a);
+}
+
+Tensor transpose(const Tensor& x, int64_t d0, int64_t d1) {
+  int64_t nd = x.dim();
+  d0 = detail::wrap_dim("transpose", d0, nd);
+  d1 = detail::wrap_dim("transpose", d1, nd);
+  if (nd == 0) return x;
+  std::vector<int64_t> order(nd);
+  for (int64_t i = 0; i < nd; ++i) order[i] = i;
+  std::swap(order[d0], order[d1]);
+  return permute(x, Dims(order));
+}
+
+Tensor squeeze(const Tensor& x, int64_t dim) {
+  dim = detail::wrap_dim("squeeze", dim, x.dim());
+  if (x.dim() == 0 || x.sizes()[dim] != 1) return x;
+  Shape s = x.sizes();
+  s.erase(dim);
+  return reshape(x, s);
+}
+
+Tensor squeeze(const Tensor& x) {
+  Shape s;
+  for (int64_t d : x.sizes())
+    if (d != 1) s.push_back(d);
+  return s.size() == x.dim() ? x : reshape(x, s);
+}
+
+Tensor unsqueeze(const Tensor& x, int64_t dim) {
+  dim = detail::wrap_dim("unsqueeze", dim, x.dim() + 1);
+  Shape s = x.sizes();
+  s.insert(dim, 1);
+  return reshape(x, s);
+}
+
+Tensor expand(const Tensor& x, Shape shape) {
+  int64_t lead = shape.size() - x.dim();
+  DUET_CHECK_SHAPE(lead >= 0, "[expand] cannot expand shape {} to {} with fewer dims", x.sizes(),
+                   shape);
+  for (int64_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] != -1) continue;
+    DUET_CHECK_SHAPE(i >= lead, "[expand] -1 is not allowed for a new leading dim in {}", shape);
+    shape[i] = x.sizes()[i - lead];
+  }
+  if (shape == x.sizes()) return x;
+  Attrs a;
+  a.ints = detail::SmallVec<int64_t, 6>(shape.data(), shape.size());
+  return detail::view_call(OpId::Expand, x, a);
+}
+
+Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end, int64_t step) {
+  DUET_CHECK_VALUE(x.dim() > 0, "[slice] cannot slice a 0-d tensor");
+  dim = detail::wrap_dim("slice", dim, x.dim());
+  DUET_CHECK_VALUE(step >= 1, "[slice] step must be positive, got {}", step);
+  int64_t n = x.sizes()[dim];
+  // Python's rules: negative bounds count from the end, then clamp to [0, n].
+  if (start < 0) start += n;
+  if (end < 0) end += n;
+  start = std::clamp<int64_t>(start, 0, n);
+  end = std::clamp<int64_t>(end, start, n);
+  Attrs a;
+  a.dim = dim;
+  a.start = start;
+  a.end = end;
+  a.step = step;
+  return detail::view_call(OpId::Slice, x, a);
+}
+
+}  // namespace duet

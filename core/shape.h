@@ -1,0 +1,77 @@
+// duet: Shape (sizes of a tensor), Dims (dims to reduce or permute), and the helpers on them.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "core/small_vector.h"
+
+namespace duet {
+
+/// Sizes of a tensor, inline up to rank 6: Shape{2, 3}; Shape{} is 0-d.
+class Shape {
+ public:
+  Shape() = default;
+  Shape(std::initializer_list<int64_t> il) : v_(il) {}
+  Shape(const std::vector<int64_t>& v) : v_(v.data(), static_cast<int64_t>(v.size())) {}
+  Shape(const int64_t* p, int64_t n) : v_(p, n) {}
+
+  int64_t size() const { return v_.size(); }
+  int64_t operator[](int64_t i) const { return v_[i]; }
+  int64_t& operator[](int64_t i) { return v_[i]; }
+  const int64_t* begin() const { return v_.begin(); }
+  const int64_t* end() const { return v_.end(); }
+  const int64_t* data() const { return v_.data(); }
+  int64_t* data() { return v_.data(); }
+  void push_back(int64_t d) { v_.push_back(d); }
+  void insert(int64_t pos, int64_t d) { v_.insert(pos, d); }
+  void erase(int64_t pos) { v_.erase(pos); }
+  void resize(int64_t n, int64_t fill = 1) { v_.resize(n, fill); }
+  /// Product of the sizes (1 for 0-d).
+  int64_t numel() const;
+  std::vector<int64_t> vec() const { return {begin(), end()}; }
+  /// "(2, 3)"; "()" for 0-d.
+  std::string str() const;
+  friend bool operator==(const Shape& a, const Shape& b) { return a.v_ == b.v_; }
+  friend bool operator!=(const Shape& a, const Shape& b) { return !(a == b); }
+
+ private:
+  detail::SmallVec<int64_t, 6> v_;
+};
+
+/// Strides in elements, one per dim.
+using Strides = detail::SmallVec<int64_t, 6>;
+
+/// Dims to reduce over (or a permutation): Dims{} means all, Dims{0, 2}, or one int64_t.
+class Dims {
+ public:
+  Dims() = default;
+  Dims(std::initializer_list<int64_t> il) : v_(il) {}
+  Dims(int64_t d) : v_{d} {}
+  Dims(int d) : v_{d} {}
+  Dims(const std::vector<int64_t>& v) : v_(v.data(), static_cast<int64_t>(v.size())) {}
+  int64_t size() const { return v_.size(); }
+  bool empty() const { return v_.empty(); }
+  int64_t operator[](int64_t i) const { return v_[i]; }
+  const int64_t* begin() const { return v_.begin(); }
+  const int64_t* end() const { return v_.end(); }
+  void push_back(int64_t d) { v_.push_back(d); }
+  std::string str() const;
+  friend bool operator==(const Dims& a, const Dims& b) { return a.v_ == b.v_; }
+
+ private:
+  detail::SmallVec<int64_t, 6> v_;
+};
+
+namespace detail {
+/// Row-major strides of a contiguous tensor of this shape.
+Strides contiguous_strides(const Shape& shape);
+/// Wraps a possibly negative dim into [0, ndim); throws naming `op` if out of range.
+int64_t wrap_dim(const char* op, int64_t dim, int64_t ndim);
+/// Broadcasts two shapes (PyTorch rules); throws ShapeError naming `op`.
+Shape broadcast_shapes(const char* op, const Shape& a, const Shape& b);
+}  // namespace detail
+
+}  // namespace duet

@@ -1,0 +1,212 @@
+#include "core/tensor.h"
+
+#include <cstring>
+#include <ostream>
+
+#include "core/dispatch.h"
+#include "core/ops.h"
+
+namespace duet {
+namespace detail {
+
+StoragePtr new_storage(size_t nbytes, Device device) {
+  DUET_CHECK_DEVICE(device.is_cpu(), "[alloc] device {} has no allocator in this build",
+                    device.str());
+  Allocator& a = cpu_allocator();
+  void* p = a.allocate(nbytes);
+  return StoragePtr::adopt(new StorageImpl(p, nbytes, device, &a));
+}
+
+void TensorImpl::refresh_contiguous() {
+  int64_t expected = 1;
+  contiguous = true;
+  for (int64_t i = shape.size() - 1; i >= 0; --i) {
+    if (shape[i] == 1) continue;
+    if (strides[i] != expected) {
+      contiguous = shape.numel() == 0;
+      return;
+    }
+    expected *= shape[i];
+  }
+}
+
+Tensor empty(const Shape& shape, DType dtype, Device device) {
+  auto* t = new TensorImpl();
+  TensorImplPtr p = TensorImplPtr::adopt(t);
+  t->dtype = dtype;
+  t->shape = shape;
+  t->strides = contiguous_strides(shape);
+  int64_t n = shape.numel();
+  t->storage = new_storage(static_cast<size_t>(n) * itemsize(dtype), device);
+  return Tensor(std::move(p));
+}
+
+Tensor make_view(const Tensor& base, const Shape& shape, const Strides& strides, int64_t offset) {
+  auto* t = new TensorImpl();
+  TensorImplPtr p = TensorImplPtr::adopt(t);
+  const TensorImpl* b = base.impl();
+  t->dtype = b->dtype;
+  t->shape = shape;
+  t->strides = strides;
+  t->offset = offset;
+  t->storage = b->storage;
+  t->refresh_contiguous();
+  return Tensor(std::move(p));
+}
+
+Tensor wrap_scalar(const Scalar& s, DType dtype, Device device) {
+  Tensor t = empty(Shape{}, dtype, Device::cpu());
+  DUET_CHECK_DEVICE(device.is_cpu(), "[scalar] device {} has no kernels in this build",
+                    device.str());
+  switch (dtype) {
+    case DType::f64: *static_cast<double*>(t.raw_data()) = s.to<double>(); break;
+    case DType::i64: *static_cast<int64_t*>(t.raw_data()) = s.to<int64_t>(); break;
+    case DType::b8: *static_cast<bool*>(t.raw_data()) = s.to<bool>(); break;
+    default: DUET_ASSERT(false, "wrapped numbers are f64, i64 or b8");
+  }
+  t.impl()->wrapped_number = true;
+  return t;
+}
+
+double read_double(const Tensor& t, int64_t i) {
+  // Row-major index -> storage offset.
+  const TensorImpl* x = t.impl();
+  int64_t off = 0;
+  for (int64_t d = x->ndim() - 1; d >= 0; --d) {
+    int64_t n = x->shape[d];
+    off += (i % n) * x->strides[d];
+    i /= n;
+  }
+  const char* base = static_cast<const char*>(x->data());
+  return DUET_DISPATCH_DTYPE(x->dtype, "read", [&] {
+    return static_cast<double>(reinterpret_cast<const scalar_t*>(base)[off]);
+  });
+}
+
+}  // namespace detail
+
+int64_t Tensor::size(int64_t dim) const {
+  return sizes()[detail::wrap_dim("size", dim, this->dim())];
+}
+
+namespace {
+void check_readable(const char* op, const Tensor& t) {
+  DUET_CHECK_DEVICE(t.device().is_cpu(), "[{}] reading values needs a CPU tensor, got {}; call "
+                    ".to(Device::cpu()) first", op, t.device());
+}
+}  // namespace
+
+template <class T>
+T Tensor::item() const {
+  check_readable("item", *this);
+  DUET_CHECK_VALUE(numel() == 1, "[item] needs exactly one element, got shape {} ({} elements)",
+                   sizes(), numel());
+  Tensor c = to(detail::dtype_of<T>::value);
+  return *static_cast<const T*>(c.raw_data());
+}
+
+template <class T>
+std::vector<T> Tensor::to_vector() const {
+  check_readable("to_vector", *this);
+  Tensor c = to(detail::dtype_of<T>::value).contiguous();
+  std::vector<T> v(static_cast<size_t>(numel()));
+  if (!v.empty()) std::memcpy(v.data(), c.raw_data(), v.size() * sizeof(T));
+  return v;
+}
+
+// std::vector<bool> is packed, so it gets its own copy loop.
+template <>
+std::vector<bool> Tensor::to_vector<bool>() const {
+  check_readable("to_vector", *this);
+  Tensor c = to(DType::b8).contiguous();
+  const bool* p = static_cast<const bool*>(c.raw_data());
+  return std::vector<bool>(p, p + numel());
+}
+
+#define DUET_INSTANTIATE(T)              \
+  template T Tensor::item<T>() const; \
+  template std::vector<T> Tensor::to_vector<T>() const;
+DUET_INSTANTIATE(float)
+DUET_INSTANTIATE(double)
+DUET_INSTANTIATE(int32_t)
+DUET_INSTANTIATE(int64_t)
+template bool Tensor::item<bool>() const;
+#undef DUET_INSTANTIATE
+
+Tensor Tensor::to(Device device) const {
+  if (device == this->device()) return *this;
+  DUET_CHECK_DEVICE(false, "[to] device {} has no kernels in this build (tensor of shape {} on {})",
+                    device, sizes(), this->device());
+  return *this;
+}
+
+Tensor Tensor::to(DType dtype) const {
+  if (dtype == this->dtype()) return *this;
+  Attrs a;
+  a.dtype = dtype;
+  const Tensor* in[] = {this};
+  return detail::call(OpId::Cast, TensorRefs(in, 1), a);
+}
+
+Tensor Tensor::contiguous() const { return is_contiguous() ? *this : clone(); }
+
+Tensor Tensor::clone() const {
+  const Tensor* in[] = {this};
+  return detail::call(OpId::Copy, TensorRefs(in, 1), Attrs{});
+}
+
+Tensor Tensor::detach() const {
+  const detail::TensorImpl* x = impl();
+  Tensor v = detail::make_view(*this, x->shape, x->strides, x->offset);
+  v.impl()->wrapped_number = x->wrapped_number;
+  return v;
+}
+
+namespace {
+Tensor& inplace(OpId op, Tensor& self, const Tensor& other) {
+  const Tensor* in[] = {&self, &other};
+  detail::call_inplace(op, TensorRefs(in, 2), Attrs{}, self);
+  return self;
+}
+Tensor wrap_for(const Scalar& s) {
+  DType d = s.is_floating() ? DType::f64 : s.is_integral() ? DType::i64 : DType::b8;
+  return detail::wrap_scalar(s, d, Device::cpu());
+}
+}  // namespace
+
+Tensor& Tensor::add_(const Tensor& o) { return inplace(OpId::Add, *this, o); }
+Tensor& Tensor::add_(Scalar o) { return inplace(OpId::Add, *this, wrap_for(o)); }
+Tensor& Tensor::sub_(const Tensor& o) { return inplace(OpId::Sub, *this, o); }
+Tensor& Tensor::sub_(Scalar o) { return inplace(OpId::Sub, *this, wrap_for(o)); }
+Tensor& Tensor::mul_(const Tensor& o) { return inplace(OpId::Mul, *this, o); }
+Tensor& Tensor::mul_(Scalar o) { return inplace(OpId::Mul, *this, wrap_for(o)); }
+Tensor& Tensor::div_(const Tensor& o) { return inplace(OpId::Div, *this, o); }
+Tensor& Tensor::div_(Scalar o) { return inplace(OpId::Div, *this, wrap_for(o)); }
+
+Tensor& Tensor::copy_(const Tensor& src) {
+  Tensor s = expand(src, sizes());
+  const Tensor* in[] = {&s};
+  detail::call_inplace(OpId::Copy, TensorRefs(in, 1), Attrs{}, *this);
+  return *this;
+}
+
+Tensor& Tensor::zero_() {
+  return copy_(detail::wrap_scalar(Scalar(0), DType::i64, Device::cpu()));
+}
+
+template <class T>
+T* Tensor::data_ptr() const {
+  DUET_CHECK_DTYPE(dtype() == detail::dtype_of<T>::value,
+                   "[data_ptr] tensor has dtype {}, asked for {}", dtype(),
+                   detail::dtype_of<T>::value);
+  return static_cast<T*>(raw_data());
+}
+template float* Tensor::data_ptr<float>() const;
+template double* Tensor::data_ptr<double>() const;
+template int32_t* Tensor::data_ptr<int32_t>() const;
+template int64_t* Tensor::data_ptr<int64_t>() const;
+template bool* Tensor::data_ptr<bool>() const;
+
+std::ostream& operator<<(std::ostream& os, const Tensor& t) { return os << t.str(); }
+
+}  // namespace duet

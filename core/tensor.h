@@ -1,0 +1,142 @@
+// duet: Tensor, a reference-counted handle as in LibTorch. Copies share storage and metadata;
+// clone() makes an independent copy.
+#pragma once
+
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/options.h"
+#include "core/scalar.h"
+#include "core/tensor_impl.h"
+
+namespace duet {
+
+class Tensor {
+ public:
+  /// An undefined tensor (defined() is false).
+  Tensor() = default;
+  explicit Tensor(detail::TensorImplPtr impl) : impl_(std::move(impl)) {}
+
+  /// Sizes of each dim.
+  Shape shape() const { return impl()->shape; }
+  /// Sizes without a copy.
+  const Shape& sizes() const { return impl()->shape; }
+  /// Strides in elements.
+  const Strides& strides() const { return impl()->strides; }
+  /// Offset into the storage, in elements.
+  int64_t storage_offset() const { return impl()->offset; }
+  int64_t dim() const { return impl()->ndim(); }
+  int64_t numel() const { return impl()->numel(); }
+  DType dtype() const { return impl()->dtype; }
+  Device device() const { return impl()->device(); }
+  /// False for a default-constructed Tensor.
+  bool defined() const { return static_cast<bool>(impl_); }
+  /// True when the elements are dense and row-major from storage_offset().
+  bool is_contiguous() const { return impl()->contiguous; }
+  /// Size of one dim (negative counts from the end).
+  int64_t size(int64_t dim) const;
+
+  /// The single element converted to T; Error unless numel() == 1.
+  template <class T>
+  T item() const;
+  /// All elements in row-major order, converted to T.
+  template <class T>
+  std::vector<T> to_vector() const;
+
+  /// A copy on another device (this tensor itself when already there).
+  Tensor to(Device device) const;
+  /// A copy converted to another dtype (this tensor itself when already that dtype).
+  Tensor to(DType dtype) const;
+  /// This tensor if contiguous, else a contiguous copy.
+  Tensor contiguous() const;
+  /// An independent contiguous copy.
+  Tensor clone() const;
+  /// The same data, cut off from autograd history.
+  Tensor detach() const;
+
+  /// In-place arithmetic, with broadcasting of the argument to this tensor's shape.
+  Tensor& add_(const Tensor& other);
+  Tensor& add_(Scalar other);
+  Tensor& sub_(const Tensor& other);
+  Tensor& sub_(Scalar other);
+  Tensor& mul_(const Tensor& other);
+  Tensor& mul_(Scalar other);
+  Tensor& div_(const Tensor& other);
+  Tensor& div_(Scalar other);
+  /// Copies `src` (broadcast, converted) into this tensor's elements.
+  Tensor& copy_(const Tensor& src);
+  /// Sets every element to zero.
+  Tensor& zero_();
+
+  /// Typed pointer to the first element (CPU tensors); Error if T does not match dtype().
+  template <class T>
+  T* data_ptr() const;
+  /// Untyped pointer to the first element.
+  void* raw_data() const { return impl()->data(); }
+
+  /// PyTorch-style text of the values, shape, dtype and device.
+  std::string str() const;
+
+  /// The implementation object (internal).
+  detail::TensorImpl* impl() const {
+    DUET_CHECK(impl_, "[tensor] use of an undefined Tensor");
+    return impl_.get();
+  }
+  detail::TensorImpl* unsafe_impl() const { return impl_.get(); }
+  const detail::TensorImplPtr& impl_ptr() const { return impl_; }
+  /// True when this handle is the only reference to the tensor and to its storage.
+  bool is_unique() const {
+    return impl_.use_count() == 1 && impl_->storage.use_count() == 1;
+  }
+  /// Same underlying TensorImpl.
+  bool is_same(const Tensor& o) const { return impl_ == o.impl_; }
+
+ private:
+  detail::TensorImplPtr impl_;
+};
+
+std::ostream& operator<<(std::ostream& os, const Tensor& t);
+
+namespace detail {
+/// An uninitialised contiguous tensor.
+Tensor empty(const Shape& shape, DType dtype, Device device = Device::cpu());
+/// A view of `base`'s storage with new metadata.
+Tensor make_view(const Tensor& base, const Shape& shape, const Strides& strides, int64_t offset);
+/// A 0-d tensor holding a C++ number; promotes like a Scalar (PyTorch's wrapped numbers).
+Tensor wrap_scalar(const Scalar& s, DType dtype, Device device);
+/// Reads element `i` (row-major) of a CPU tensor as double / int64.
+double read_double(const Tensor& t, int64_t i);
+}  // namespace detail
+
+}  // namespace duet
+
+template <>
+struct fmt::formatter<duet::Tensor> : fmt::formatter<std::string> {
+  template <class Ctx>
+  auto format(const duet::Tensor& t, Ctx& ctx) const {
+    return fmt::formatter<std::string>::format(t.str(), ctx);
+  }
+};
+template <>
+struct fmt::formatter<duet::Shape> : fmt::formatter<std::string> {
+  template <class Ctx>
+  auto format(const duet::Shape& s, Ctx& ctx) const {
+    return fmt::formatter<std::string>::format(s.str(), ctx);
+  }
+};
+template <>
+struct fmt::formatter<duet::DType> : fmt::formatter<std::string_view> {
+  template <class Ctx>
+  auto format(duet::DType d, Ctx& ctx) const {
+    return fmt::formatter<std::string_view>::format(duet::dtype_name(d), ctx);
+  }
+};
+template <>
+struct fmt::formatter<duet::Device> : fmt::formatter<std::string> {
+  template <class Ctx>
+  auto format(duet::Device d, Ctx& ctx) const {
+    return fmt::formatter<std::string>::format(d.str(), ctx);
+  }
+};

@@ -1,0 +1,124 @@
+// duet: the objects behind a Tensor handle. Internal: users see duet::Tensor.
+//
+// Note [Tensor layout]
+// A tensor is (storage, offset, shape, strides, dtype). Shape and strides are inline up to rank
+// 6 and strides count elements, so views (reshape, permute, slice, expand) are new TensorImpls
+// over the same storage, without copies. One atomic reference count per object; a Tensor handle
+// is one pointer.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <utility>
+
+#include "core/allocator.h"
+#include "core/device.h"
+#include "core/dtype.h"
+#include "core/shape.h"
+
+namespace duet::detail {
+
+/// Intrusive reference-counted pointer: T has `std::atomic<int32_t> refcount_` and is freed
+/// with delete when it reaches zero.
+template <class T>
+class IntrusivePtr {
+ public:
+  IntrusivePtr() = default;
+  /// Adopts a pointer whose count is already 1 (a fresh object).
+  static IntrusivePtr adopt(T* p) {
+    IntrusivePtr r;
+    r.p_ = p;
+    return r;
+  }
+  IntrusivePtr(const IntrusivePtr& o) : p_(o.p_) { retain(); }
+  IntrusivePtr(IntrusivePtr&& o) noexcept : p_(std::exchange(o.p_, nullptr)) {}
+  IntrusivePtr& operator=(const IntrusivePtr& o) {
+    if (p_ != o.p_) {
+      o.retain();
+      release();
+      p_ = o.p_;
+    }
+    return *this;
+  }
+  IntrusivePtr& operator=(IntrusivePtr&& o) noexcept {
+    if (this != &o) {
+      release();
+      p_ = std::exchange(o.p_, nullptr);
+    }
+    return *this;
+  }
+  ~IntrusivePtr() { release(); }
+
+  T* get() const { return p_; }
+  T* operator->() const { return p_; }
+  T& operator*() const { return *p_; }
+  explicit operator bool() const { return p_ != nullptr; }
+  /// The number of handles to the object (1 means this is the only one).
+  int32_t use_count() const { return p_ ? p_->refcount_.load(std::memory_order_acquire) : 0; }
+  void reset() {
+    release();
+    p_ = nullptr;
+  }
+  friend bool operator==(const IntrusivePtr& a, const IntrusivePtr& b) { return a.p_ == b.p_; }
+
+ private:
+  void retain() const {
+    if (p_) p_->refcount_.fetch_add(1, std::memory_order_relaxed);
+  }
+  void release() {
+    if (p_ && p_->refcount_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete p_;
+  }
+  T* p_ = nullptr;
+};
+
+/// A block of device memory shared by a tensor and its views.
+struct StorageImpl {
+  std::atomic<int32_t> refcount_{1};
+  /// Bumped by every in-place write; autograd compares it with the version it saved.
+  std::atomic<uint32_t> version_{0};
+  void* data = nullptr;
+  size_t nbytes = 0;
+  Device device;
+  /// Frees `data` when the storage dies; null for memory duet does not own.
+  Allocator* allocator = nullptr;
+
+  StorageImpl(void* d, size_t n, Device dev, Allocator* a)
+      : data(d), nbytes(n), device(dev), allocator(a) {}
+  StorageImpl(const StorageImpl&) = delete;
+  StorageImpl& operator=(const StorageImpl&) = delete;
+  ~StorageImpl() {
+    if (allocator) allocator->deallocate(data, nbytes);
+  }
+};
+using StoragePtr = IntrusivePtr<StorageImpl>;
+
+/// Allocates storage for nbytes on a device through its caching allocator.
+StoragePtr new_storage(size_t nbytes, Device device);
+
+/// A tensor's metadata plus its storage. See Note [Tensor layout].
+struct TensorImpl {
+  std::atomic<int32_t> refcount_{1};
+  DType dtype = DType::f32;
+  bool contiguous = true;      ///< row-major dense, cached from shape and strides
+  bool wrapped_number = false; ///< a 0-d tensor made from a C++ Scalar: promotes like a Scalar
+  int64_t offset = 0;          ///< in elements, into storage
+  Shape shape;
+  Strides strides;
+  StoragePtr storage;
+
+  TensorImpl() = default;
+  TensorImpl(const TensorImpl&) = delete;
+  TensorImpl& operator=(const TensorImpl&) = delete;
+
+  int64_t numel() const { return shape.numel(); }
+  int64_t ndim() const { return shape.size(); }
+  Device device() const { return storage ? storage->device : Device::cpu(); }
+  void* data() const {
+    return static_cast<char*>(storage->data) + offset * itemsize(dtype);
+  }
+  /// Recomputes `contiguous` after shape or strides changed.
+  void refresh_contiguous();
+};
+using TensorImplPtr = IntrusivePtr<TensorImpl>;
+
+}  // namespace duet::detail

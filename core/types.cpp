@@ -1,0 +1,107 @@
+// duet: DType, Device, Shape, Dims helpers and errors.
+#include <algorithm>
+
+#include "core/device.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/shape.h"
+
+namespace duet {
+
+std::string_view dtype_name(DType d) {
+  switch (d) {
+    case DType::f32: return "f32";
+    case DType::f64: return "f64";
+    case DType::f16: return "f16";
+    case DType::bf16: return "bf16";
+    case DType::i32: return "i32";
+    case DType::i64: return "i64";
+    case DType::b8: return "b8";
+  }
+  return "?";
+}
+
+DType promote_types(DType a, DType b) {
+  if (a == b) return a;
+  // Order within a category by width; across categories the higher category wins, except that
+  // mixing f16 and bf16 gives f32 (PyTorch's table).
+  auto rank = [](DType d) {
+    switch (d) {
+      case DType::b8: return 0;
+      case DType::i32: return 1;
+      case DType::i64: return 2;
+      case DType::f16: return 3;
+      case DType::bf16: return 3;
+      case DType::f32: return 4;
+      case DType::f64: return 5;
+    }
+    return 0;
+  };
+  if ((a == DType::f16 && b == DType::bf16) || (a == DType::bf16 && b == DType::f16))
+    return DType::f32;
+  return rank(a) >= rank(b) ? a : b;
+}
+
+std::string Device::str() const {
+  return is_cuda() ? fmt::format("cuda:{}", static_cast<int>(index)) : std::string("cpu");
+}
+
+int64_t Shape::numel() const {
+  int64_t n = 1;
+  for (int64_t d : v_) n *= d;
+  return n;
+}
+
+static std::string join_dims(const int64_t* b, const int64_t* e) {
+  std::string s = "(";
+  for (const int64_t* p = b; p != e; ++p) {
+    if (p != b) s += ", ";
+    s += std::to_string(*p);
+  }
+  return s + ")";
+}
+std::string Shape::str() const { return join_dims(begin(), end()); }
+std::string Dims::str() const { return join_dims(begin(), end()); }
+
+namespace detail {
+
+void throw_internal(const char* cond, const char* file, int line, std::string msg) {
+  throw InternalError(fmt::format("[internal] duet bug: {} failed at {}:{}{}{}", cond, file, line,
+                                  msg.empty() ? "" : ": ", msg));
+}
+
+Strides contiguous_strides(const Shape& shape) {
+  Strides s(shape.size());
+  int64_t st = 1;
+  for (int64_t i = shape.size() - 1; i >= 0; --i) {
+    s[i] = st;
+    st *= std::max<int64_t>(shape[i], 1);
+  }
+  return s;
+}
+
+int64_t wrap_dim(const char* op, int64_t dim, int64_t ndim) {
+  int64_t n = std::max<int64_t>(ndim, 1);  // a 0-d tensor accepts dim 0 and -1, as in PyTorch
+  DUET_CHECK_VALUE(dim >= -n && dim < n,
+                   "[{}] dim {} is out of range for a tensor of rank {} (expected {} to {})", op,
+                   dim, ndim, -n, n - 1);
+  return dim < 0 ? dim + n : dim;
+}
+
+Shape broadcast_shapes(const char* op, const Shape& a, const Shape& b) {
+  if (a == b) return a;
+  int64_t n = std::max(a.size(), b.size());
+  Shape out;
+  out.resize(n);
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t da = i < n - a.size() ? 1 : a[i - (n - a.size())];
+    int64_t db = i < n - b.size() ? 1 : b[i - (n - b.size())];
+    DUET_CHECK_SHAPE(da == db || da == 1 || db == 1, "[{}] shapes {} and {} cannot broadcast",
+                     op, a.str(), b.str());
+    out[i] = da == 1 ? db : da;
+  }
+  return out;
+}
+
+}  // namespace detail
+}  // namespace duet

@@ -1,0 +1,10 @@
+// duet: a C++20 tensor framework with two faces over one op library.
+// Users include this one header and use namespace duet.
+#pragma once
+
+#include "core/allocator.h"
+#include "core/dispatch.h"
+#include "core/error.h"
+#include "core/ops.h"
+#include "core/tensor.h"
+#include "cuda/cuda.h"

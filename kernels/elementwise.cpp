@@ -1,0 +1,244 @@
+// CPU kernels of the elementwise ops, the conversions and the sources.
+#include <cstring>
+
+#include "kernels/cpu_kernels.h"
+#include "kernels/functors.h"
+#include "kernels/loops.h"
+
+namespace duet::kernels {
+namespace {
+
+// Calls body.template operator()<T>() for the floating dtypes only (the float-math ops).
+#define DUET_DISPATCH_FLOAT(dtype, op_name, ...)                                          \
+  [&] {                                                                                   \
+    switch (dtype) {                                                                      \
+      case DType::f32: { using scalar_t = float; return __VA_ARGS__(); }                  \
+      case DType::f64: { using scalar_t = double; return __VA_ARGS__(); }                 \
+      default:                                                                            \
+        throw DTypeError(fmt::format("[{}] has no CPU kernel for dtype {}", op_name, dtype)); \
+    }                                                                                     \
+  }()
+
+template <class T>
+T read_as(const Tensor& t) {
+  const void* p = t.raw_data();
+  return DUET_DISPATCH_DTYPE(t.dtype(), "read", [&] {
+    return static_cast<T>(*static_cast<const scalar_t*>(p));
+  });
+}
+
+bool dense_like(const Tensor& t, const Tensor& out) {
+  return t.is_contiguous() && t.sizes() == out.sizes();
+}
+
+// ---- unary ----------------------------------------------------------------------------------
+
+template <class F, class T>
+void unary_typed(const Tensor& x, const Tensor& out) {
+  const F f{};
+  if (dense_like(x, out) && out.is_contiguous()) {
+    const T* px = static_cast<const T*>(x.raw_data());
+    T* po = static_cast<T*>(out.raw_data());
+    parallel_for(out.numel(), kParallelGrain,
+                 [&](int64_t b, int64_t e) { unary_dense<T>(f, px + b, po + b, e - b); });
+    return;
+  }
+  for_each<2>(out.sizes(), {&out, &x}, [&](char** p, const int64_t* s, int64_t n) {
+    if (s[0] == sizeof(T) && s[1] == sizeof(T)) {
+      unary_dense<T>(f, reinterpret_cast<const T*>(p[1]), reinterpret_cast<T*>(p[0]), n);
+    } else {
+      for (int64_t i = 0; i < n; ++i)
+        *reinterpret_cast<T*>(p[0] + i * s[0]) = f(*reinterpret_cast<const T*>(p[1] + i * s[1]));
+    }
+  });
+}
+
+template <class F, bool FloatOnly>
+void unary_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
+  DType ct = out.dtype();
+  Tensor x = in[0].dtype() == ct ? in[0] : cast_to(in[0], ct);
+  if constexpr (FloatOnly) {
+    DUET_DISPATCH_FLOAT(ct, "unary", [&] { unary_typed<F, scalar_t>(x, out); });
+  } else {
+    DUET_DISPATCH_DTYPE(ct, "unary", [&] {
+      if constexpr (std::is_same_v<scalar_t, bool>)
+        throw DTypeError("[unary] has no CPU kernel for b8");
+      else
+        unary_typed<F, scalar_t>(x, out);
+    });
+  }
+}
+
+// ---- binary ---------------------------------------------------------------------------------
+
+template <class F, class T, class R>
+void binary_typed(const Tensor& a, const Tensor& b, const Tensor& out) {
+  const F f{};
+  constexpr bool same = std::is_same_v<T, R>;
+  const bool a_sc = a.dim() == 0, b_sc = b.dim() == 0;
+  if (out.is_contiguous() && (a_sc || dense_like(a, out)) && (b_sc || dense_like(b, out))) {
+    const T* pa = static_cast<const T*>(a.raw_data());
+    const T* pb = static_cast<const T*>(b.raw_data());
+    R* po = static_cast<R*>(out.raw_data());
+    parallel_for(out.numel(), kParallelGrain, [&](int64_t lo, int64_t hi) {
+      const T* qa = a_sc ? pa : pa + lo;
+      const T* qb = b_sc ? pb : pb + lo;
+      if constexpr (same) {
+        binary_dense<T>(f, qa, a_sc, qb, b_sc, po + lo, hi - lo);
+      } else {
+        const int64_t sa = a_sc ? 0 : 1, sb = b_sc ? 0 : 1;
+        for (int64_t i = 0; i < hi - lo; ++i) po[lo + i] = f(qa[i * sa], qb[i * sb]);
+      }
+    });
+    return;
+  }
+  for_each<3>(out.sizes(), {&out, &a, &b}, [&](char** p, const int64_t* s, int64_t n) {
+    const bool da = s[1] == sizeof(T) || s[1] == 0, db = s[2] == sizeof(T) || s[2] == 0;
+    if constexpr (same) {
+      if (s[0] == sizeof(R) && da && db) {
+        binary_dense<T>(f, reinterpret_cast<const T*>(p[1]), s[1] == 0,
+                        reinterpret_cast<const T*>(p[2]), s[2] == 0, reinterpret_cast<R*>(p[0]),
+                        n);
+        return;
+      }
+    }
+    for (int64_t i = 0; i < n; ++i)
+      *reinterpret_cast<R*>(p[0] + i * s[0]) = f(*reinterpret_cast<const T*>(p[1] + i * s[1]),
+                                                 *reinterpret_cast<const T*>(p[2] + i * s[2]));
+  });
+}
+
+// Inputs whose dtype differs from the compute dtype are converted first. A 0-d operand becomes a
+// 0-d tensor of the compute dtype (one element, so the conversion is negligible).
+template <class F, bool Compare>
+void binary_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
+  DType ct = Compare ? detail::result_type(in) : out.dtype();
+  Tensor a = in[0].dtype() == ct ? in[0] : cast_to(in[0], ct);
+  Tensor b = in[1].dtype() == ct ? in[1] : cast_to(in[1], ct);
+  DUET_DISPATCH_DTYPE(ct, "binary", [&] {
+    using R = std::conditional_t<Compare, bool, scalar_t>;
+    binary_typed<F, scalar_t, R>(a, b, out);
+  });
+}
+
+// ---- where, cast, copy, sources -------------------------------------------------------------
+
+void where_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
+  DType ct = out.dtype();
+  Tensor a = in[1].dtype() == ct ? in[1] : cast_to(in[1], ct);
+  Tensor b = in[2].dtype() == ct ? in[2] : cast_to(in[2], ct);
+  DUET_DISPATCH_DTYPE(ct, "where", [&] {
+    using T = scalar_t;
+    for_each<4>(out.sizes(), {&out, &in[0], &a, &b}, [&](char** p, const int64_t* s, int64_t n) {
+      for (int64_t i = 0; i < n; ++i)
+        *reinterpret_cast<T*>(p[0] + i * s[0]) =
+            *reinterpret_cast<const bool*>(p[1] + i * s[1])
+                ? *reinterpret_cast<const T*>(p[2] + i * s[2])
+                : *reinterpret_cast<const T*>(p[3] + i * s[3]);
+    });
+  });
+}
+
+template <class D, class S>
+D convert(S v) {
+  if constexpr (std::is_same_v<D, bool>)
+    return v != S(0);
+  else
+    return static_cast<D>(v);
+}
+
+// Cast and Copy share this kernel: out may have any dtype and layout, x any dtype and layout.
+void convert_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
+  const Tensor& x = in[0];
+  if (x.dtype() == out.dtype() && x.is_contiguous() && out.is_contiguous() &&
+      x.sizes() == out.sizes()) {
+    const char* src = static_cast<const char*>(x.raw_data());
+    char* dst = static_cast<char*>(out.raw_data());
+    const int64_t isz = itemsize(x.dtype());
+    if (src != dst)
+      parallel_for(x.numel() * isz, kParallelGrain * 4, [&](int64_t b, int64_t e) {
+        std::memcpy(dst + b, src + b, e - b);
+      });
+    return;
+  }
+  DUET_DISPATCH_DTYPE(out.dtype(), "copy", [&] {
+    using D = scalar_t;
+    DUET_DISPATCH_DTYPE(x.dtype(), "copy", [&] {
+      using S = scalar_t;
+      for_each<2>(out.sizes(), {&out, &x}, [&](char** p, const int64_t* s, int64_t n) {
+        if (s[0] == sizeof(D) && s[1] == sizeof(S)) {
+          D* o = reinterpret_cast<D*>(p[0]);
+          const S* v = reinterpret_cast<const S*>(p[1]);
+          for (int64_t i = 0; i < n; ++i) o[i] = convert<D>(v[i]);
+        } else {
+          for (int64_t i = 0; i < n; ++i)
+            *reinterpret_cast<D*>(p[0] + i * s[0]) =
+                convert<D>(*reinterpret_cast<const S*>(p[1] + i * s[1]));
+        }
+      });
+    });
+  });
+}
+
+void full_kernel(TensorRefs, const Attrs& a, const Tensor& out) {
+  DUET_DISPATCH_DTYPE(out.dtype(), "full", [&] {
+    using T = scalar_t;
+    const T v = a.value.to<T>();
+    T* o = static_cast<T*>(out.raw_data());
+    parallel_for(out.numel(), kParallelGrain, [&](int64_t b, int64_t e) {
+      std::fill(o + b, o + e, v);
+    });
+  });
+}
+
+void arange_kernel(TensorRefs, const Attrs&, const Tensor& out) {
+  DUET_DISPATCH_DTYPE(out.dtype(), "arange", [&] {
+    using T = scalar_t;
+    T* o = static_cast<T*>(out.raw_data());
+    for (int64_t i = 0; i < out.numel(); ++i) o[i] = static_cast<T>(i);
+  });
+}
+
+}  // namespace
+
+Tensor cast_to(const Tensor& t, DType dtype) {
+  Tensor out = detail::empty(t.sizes(), dtype, t.device());
+  const Tensor* in[] = {&t};
+  convert_kernel(TensorRefs(in, 1), Attrs{}, out);
+  return out;
+}
+
+void register_elementwise_kernels(OpDef* t) {
+  auto reg = [&](OpId op, KernelFn k) { detail::register_kernel(t, op, DeviceType::CPU, k); };
+  reg(OpId::Neg, unary_kernel<fn::Neg, false>);
+  reg(OpId::Exp, unary_kernel<fn::Exp, true>);
+  reg(OpId::Log, unary_kernel<fn::Log, true>);
+  reg(OpId::Sqrt, unary_kernel<fn::Sqrt, true>);
+  reg(OpId::Rsqrt, unary_kernel<fn::Rsqrt, true>);
+  reg(OpId::Abs, unary_kernel<fn::Abs, false>);
+  reg(OpId::Sin, unary_kernel<fn::Sin, true>);
+  reg(OpId::Cos, unary_kernel<fn::Cos, true>);
+  reg(OpId::Tanh, unary_kernel<fn::Tanh, true>);
+  reg(OpId::Sigmoid, unary_kernel<fn::Sigmoid, true>);
+  reg(OpId::Relu, unary_kernel<fn::Relu, false>);
+  reg(OpId::Add, binary_kernel<fn::Add, false>);
+  reg(OpId::Sub, binary_kernel<fn::Sub, false>);
+  reg(OpId::Mul, binary_kernel<fn::Mul, false>);
+  reg(OpId::Div, binary_kernel<fn::Div, false>);
+  reg(OpId::Pow, binary_kernel<fn::Pow, false>);
+  reg(OpId::Maximum, binary_kernel<fn::Maximum, false>);
+  reg(OpId::Minimum, binary_kernel<fn::Minimum, false>);
+  reg(OpId::Lt, binary_kernel<fn::Lt, true>);
+  reg(OpId::Le, binary_kernel<fn::Le, true>);
+  reg(OpId::Gt, binary_kernel<fn::Gt, true>);
+  reg(OpId::Ge, binary_kernel<fn::Ge, true>);
+  reg(OpId::Eq, binary_kernel<fn::Eq, true>);
+  reg(OpId::Ne, binary_kernel<fn::Ne, true>);
+  reg(OpId::Where, where_kernel);
+  reg(OpId::Cast, convert_kernel);
+  reg(OpId::Copy, convert_kernel);
+  reg(OpId::Full, full_kernel);
+  reg(OpId::Arange, arange_kernel);
+}
+
+}  // namespace duet::kernels

@@ -1,0 +1,268 @@
+// duet: the math of every elementwise op, once. Each functor has a scalar operator() that both
+// the C++ compiler and nvcc read, and (on the host) a packet() over Eigen's SIMD packets. The
+// same functor serves the eager CPU kernels, the CPU fused loop and the CUDA kernel generator.
+//
+// Note [Integer wraparound]
+// Signed overflow is undefined behaviour in C++, and PyTorch wraps. Integer add, sub, mul, neg
+// and abs therefore compute in the unsigned type and convert back, which wraps on every target.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#if defined(__CUDACC__)
+#define DUET_HD __host__ __device__ __forceinline__
+#else
+#define DUET_HD inline
+#include <Eigen/Core>
+#endif
+
+namespace duet::fn {
+
+template <class T>
+inline constexpr bool is_float_v = std::is_floating_point_v<T>;
+
+template <class T>
+DUET_HD T wrap_add(T a, T b) {
+  if constexpr (std::is_same_v<T, bool>) {
+    return a || b;
+  } else if constexpr (std::is_integral_v<T>) {
+    using U = std::make_unsigned_t<T>;
+    return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
+  } else {
+    return a + b;
+  }
+}
+template <class T>
+DUET_HD T wrap_sub(T a, T b) {
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    using U = std::make_unsigned_t<T>;
+    return static_cast<T>(static_cast<U>(a) - static_cast<U>(b));
+  } else {
+    return a - b;
+  }
+}
+template <class T>
+DUET_HD T wrap_mul(T a, T b) {
+  if constexpr (std::is_same_v<T, bool>) {
+    return a && b;
+  } else if constexpr (std::is_integral_v<T>) {
+    using U = std::make_unsigned_t<T>;
+    return static_cast<T>(static_cast<U>(a) * static_cast<U>(b));
+  } else {
+    return a * b;
+  }
+}
+
+#if !defined(__CUDACC__)
+namespace ei = Eigen::internal;
+#define DUET_PACKET(...) \
+  template <class P>     \
+  P packet(const P& x) const { return __VA_ARGS__; }
+#define DUET_PACKET2(...) \
+  template <class P>      \
+  P packet(const P& a, const P& b) const { return __VA_ARGS__; }
+#else
+#define DUET_PACKET(...)
+#define DUET_PACKET2(...)
+#endif
+
+// ---- unary ----------------------------------------------------------------------------------
+// has_packet<T>: whether packet() is vectorized for T (Eigen vectorizes some math only for f32).
+
+struct Neg {
+  template <class T>
+  static constexpr bool has_packet = is_float_v<T>;
+  template <class T>
+  DUET_HD T operator()(T x) const { return wrap_sub(T(0), x); }
+  DUET_PACKET(ei::pnegate(x))
+};
+struct Exp {
+  template <class T>
+  static constexpr bool has_packet = is_float_v<T>;
+  template <class T>
+  DUET_HD T operator()(T x) const { return std::exp(x); }
+  DUET_PACKET(ei::pexp(x))
+};
+struct Log {
+  template <class T>
+  static constexpr bool has_packet = is_float_v<T>;
+  template <class T>
+  DUET_HD T operator()(T x) const { return std::log(x); }
+  DUET_PACKET(ei::plog(x))
+};
+struct Sqrt {
+  template <class T>
+  static constexpr bool has_packet = is_float_v<T>;
+  template <class T>
+  DUET_HD T operator()(T x) const { return std::sqrt(x); }
+  DUET_PACKET(ei::psqrt(x))
+};
+struct Rsqrt {
+  template <class T>
+  static constexpr bool has_packet = is_float_v<T>;
+  template <class T>
+  DUET_HD T operator()(T x) const { return T(1) / std::sqrt(x); }
+  DUET_PACKET(ei::pdiv(ei::pset1<P>(1), ei::psqrt(x)))
+};
+struct Abs {
+  template <class T>
+  static constexpr bool has_packet = is_float_v<T>;
+  template <class T>
+  DUET_HD T operator()(T x) const {
+    if constexpr (std::is_integral_v<T>) {
+      return x < 0 ? wrap_sub(T(0), x) : x;
+    } else {
+      return std::fabs(x);
+    }
+  }
+  DUET_PACKET(ei::pabs(x))
+};
+struct Sin {
+  template <class T>
+  static constexpr bool has_packet = std::is_same_v<T, float>;
+  template <class T>
+  DUET_HD T operator()(T x) const { return std::sin(x); }
+  DUET_PACKET(ei::psin(x))
+};
+struct Cos {
+  template <class T>
+  static constexpr bool has_packet = std::is_same_v<T, float>;
+  template <class T>
+  DUET_HD T operator()(T x) const { return std::cos(x); }
+  DUET_PACKET(ei::pcos(x))
+};
+struct Tanh {
+  template <class T>
+  static constexpr bool has_packet = std::is_same_v<T, float>;
+  template <class T>
+  DUET_HD T operator()(T x) const { return std::tanh(x); }
+  DUET_PACKET(ei::ptanh(x))
+};
+struct Sigmoid {
+  template <class T>
+  static constexpr bool has_packet = is_float_v<T>;
+  template <class T>
+  DUET_HD T operator()(T x) const { return T(1) / (T(1) + std::exp(-x)); }
+#if !defined(__CUDACC__)
+  template <class P>
+  P packet(const P& x) const {
+    if constexpr (std::is_same_v<typename ei::unpacket_traits<P>::type, float>) {
+      return Eigen::internal::scalar_logistic_op<float>().packetOp(x);
+    } else {
+      const P one = ei::pset1<P>(1);
+      return ei::pdiv(one, ei::padd(one, ei::pexp(ei::pnegate(x))));
+    }
+  }
+#endif
+};
+struct Relu {
+  template <class T>
+  static constexpr bool has_packet = is_float_v<T>;
+  // NaN stays NaN, as in PyTorch.
+  template <class T>
+  DUET_HD T operator()(T x) const { return x < T(0) ? T(0) : x; }
+  DUET_PACKET(ei::pselect(ei::pcmp_lt(x, ei::pzero(x)), ei::pzero(x), x))
+};
+
+// ---- binary ---------------------------------------------------------------------------------
+
+struct Add {
+  template <class T>
+  static constexpr bool has_packet = is_float_v<T>;
+  template <class T>
+  DUET_HD T operator()(T a, T b) const { return wrap_add(a, b); }
+  DUET_PACKET2(ei::padd(a, b))
+};
+struct Sub {
+  template <class T>
+  static constexpr bool has_packet = is_float_v<T>;
+  template <class T>
+  DUET_HD T operator()(T a, T b) const { return wrap_sub(a, b); }
+  DUET_PACKET2(ei::psub(a, b))
+};
+struct Mul {
+  template <class T>
+  static constexpr bool has_packet = is_float_v<T>;
+  template <class T>
+  DUET_HD T operator()(T a, T b) const { return wrap_mul(a, b); }
+  DUET_PACKET2(ei::pmul(a, b))
+};
+struct Div {
+  template <class T>
+  static constexpr bool has_packet = is_float_v<T>;
+  template <class T>
+  DUET_HD T operator()(T a, T b) const { return a / b; }  // floats only: ints promote to f32
+  DUET_PACKET2(ei::pdiv(a, b))
+};
+struct Pow {
+  template <class T>
+  static constexpr bool has_packet = false;
+  template <class T>
+  DUET_HD T operator()(T a, T b) const {
+    if constexpr (std::is_same_v<T, bool>) {
+      return a || !b;  // 0^0 = 1, 0^1 = 0, 1^b = 1
+    } else if constexpr (std::is_integral_v<T>) {
+      // Negative exponents truncate 1/a^|b| toward zero, as PyTorch does for tensor exponents.
+      if (b < 0) return a == 1 ? T(1) : a == -1 ? ((b & 1) ? T(-1) : T(1)) : T(0);
+      T r = 1;
+      while (b) {
+        if (b & 1) r = wrap_mul(r, a);
+        a = wrap_mul(a, a);
+        b >>= 1;
+      }
+      return r;
+    } else {
+      return std::pow(a, b);
+    }
+  }
+};
+// maximum / minimum propagate NaN, as in PyTorch.
+struct Maximum {
+  template <class T>
+  static constexpr bool has_packet = is_float_v<T>;
+  template <class T>
+  DUET_HD T operator()(T a, T b) const {
+    if constexpr (is_float_v<T>) {
+      if (a != a) return a;
+      if (b != b) return b;
+    }
+    return a > b ? a : b;
+  }
+  DUET_PACKET2(ei::pmax<Eigen::PropagateNaN>(a, b))
+};
+struct Minimum {
+  template <class T>
+  static constexpr bool has_packet = is_float_v<T>;
+  template <class T>
+  DUET_HD T operator()(T a, T b) const {
+    if constexpr (is_float_v<T>) {
+      if (a != a) return a;
+      if (b != b) return b;
+    }
+    return a < b ? a : b;
+  }
+  DUET_PACKET2(ei::pmin<Eigen::PropagateNaN>(a, b))
+};
+
+// ---- comparisons (result bool; no packets, the compiler vectorizes the loops) -----------------
+#define DUET_COMPARE_FUNCTOR(Name, expr)                      \
+  struct Name {                                               \
+    template <class T>                                        \
+    static constexpr bool has_packet = false;                 \
+    template <class T>                                        \
+    DUET_HD bool operator()(T a, T b) const { return expr; } \
+  };
+DUET_COMPARE_FUNCTOR(Lt, a < b)
+DUET_COMPARE_FUNCTOR(Le, a <= b)
+DUET_COMPARE_FUNCTOR(Gt, a > b)
+DUET_COMPARE_FUNCTOR(Ge, a >= b)
+DUET_COMPARE_FUNCTOR(Eq, a == b)
+DUET_COMPARE_FUNCTOR(Ne, a != b)
+#undef DUET_COMPARE_FUNCTOR
+
+#undef DUET_PACKET
+#undef DUET_PACKET2
+
+}  // namespace duet::fn

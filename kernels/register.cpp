@@ -1,0 +1,11 @@
+#include "kernels/cpu_kernels.h"
+
+namespace duet::kernels {
+
+void register_cpu_kernels(OpDef* table) {
+  register_elementwise_kernels(table);
+  register_reduction_kernels(table);
+  register_matmul_kernels(table);
+}
+
+}  // namespace duet::kernels
