@@ -45,7 +45,9 @@ Tensor execute(const OpDef& def, const OpCall& c, unsigned expiring) {
     if (t.is_unique() && ti->contiguous && ti->offset == 0 && !ti->wrapped_number &&
         ti->dtype == c.meta.dtype && ti->device() == c.meta.device && ti->shape == c.meta.shape) {
       kernel_for(def, c.meta.device)(c.inputs, c.attrs, t);
-      return t;
+      // Steal the handle: the caller bound this input as Tensor&& and C++ keeps the temporary
+      // alive until the statement ends, so a copy would block reuse by the next op.
+      return std::move(const_cast<Tensor&>(t));
     }
   }
   Tensor out = empty(c.meta.shape, c.meta.dtype, c.meta.device);

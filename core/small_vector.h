@@ -56,7 +56,9 @@ class SmallVec {
     }
     return *this;
   }
-  ~SmallVec() { std::free(heap_); }
+  ~SmallVec() {
+    if (heap_) std::free(heap_);
+  }
 
   T* data() { return heap_ ? heap_ : inline_; }
   const T* data() const { return heap_ ? heap_ : inline_; }
@@ -107,7 +109,11 @@ class SmallVec {
   void clear() { size_ = 0; }
 
   friend bool operator==(const SmallVec& a, const SmallVec& b) {
-    return a.size_ == b.size_ && std::equal(a.begin(), a.end(), b.begin());
+    if (a.size_ != b.size_) return false;
+    const T *pa = a.data(), *pb = b.data();
+    for (int32_t i = 0; i < a.size_; ++i)
+      if (!(pa[i] == pb[i])) return false;
+    return true;
   }
 
  private:
@@ -119,7 +125,12 @@ class SmallVec {
       heap_ = q;
       cap_ = static_cast<int32_t>(n);
     }
-    if (n) std::memmove(data(), p, sizeof(T) * n);
+    T* d = data();
+    if (n <= N) {
+      for (int64_t i = 0; i < n; ++i) d[i] = p[i];  // short: inline, no libc call
+    } else {
+      std::memmove(d, p, sizeof(T) * n);
+    }
     size_ = static_cast<int32_t>(n);
   }
 

@@ -35,8 +35,14 @@ Tensor empty(const Shape& shape, DType dtype, Device device) {
   TensorImplPtr p = TensorImplPtr::adopt(t);
   t->dtype = dtype;
   t->shape = shape;
-  t->strides = contiguous_strides(shape);
-  int64_t n = shape.numel();
+  const int64_t nd = shape.size();
+  t->strides.resize(nd);
+  int64_t n = 1;
+  for (int64_t i = nd - 1; i >= 0; --i) {
+    t->strides[i] = n;
+    n *= shape[i];
+  }
+  if (n == 0) t->strides = contiguous_strides(shape);  // strides skip size-0 dims
   t->storage = new_storage(static_cast<size_t>(n) * itemsize(dtype), device);
   return Tensor(std::move(p));
 }

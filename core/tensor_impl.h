@@ -65,8 +65,12 @@ class IntrusivePtr {
   void retain() const {
     if (p_) p_->refcount_.fetch_add(1, std::memory_order_relaxed);
   }
+  // A count of 1 seen by a holder means no other handle exists, and none can appear (copies
+  // come from handles), so the object dies without a locked decrement (as c10's intrusive_ptr).
   void release() {
-    if (p_ && p_->refcount_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete p_;
+    if (p_ && (p_->refcount_.load(std::memory_order_acquire) == 1 ||
+               p_->refcount_.fetch_sub(1, std::memory_order_acq_rel) == 1))
+      delete p_;
   }
   T* p_ = nullptr;
 };

@@ -53,10 +53,19 @@ void unary_typed(const Tensor& x, const Tensor& out) {
   });
 }
 
+// The compute-dtype version of an input: the input itself, or a converted copy held in `tmp`.
+// (No handle copies on the hot path: each costs two atomic operations.)
+const Tensor& in_dtype(const Tensor& t, DType ct, Tensor& tmp) {
+  if (t.dtype() == ct) return t;
+  tmp = cast_to(t, ct);
+  return tmp;
+}
+
 template <class F, bool FloatOnly>
 void unary_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
   DType ct = out.dtype();
-  Tensor x = in[0].dtype() == ct ? in[0] : cast_to(in[0], ct);
+  Tensor tx;
+  const Tensor& x = in_dtype(in[0], ct, tx);
   if constexpr (FloatOnly) {
     DUET_DISPATCH_FLOAT(ct, "unary", [&] { unary_typed<F, scalar_t>(x, out); });
   } else {
@@ -113,8 +122,9 @@ void binary_typed(const Tensor& a, const Tensor& b, const Tensor& out) {
 template <class F, bool Compare>
 void binary_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
   DType ct = Compare ? detail::result_type(in) : out.dtype();
-  Tensor a = in[0].dtype() == ct ? in[0] : cast_to(in[0], ct);
-  Tensor b = in[1].dtype() == ct ? in[1] : cast_to(in[1], ct);
+  Tensor ta, tb;
+  const Tensor& a = in_dtype(in[0], ct, ta);
+  const Tensor& b = in_dtype(in[1], ct, tb);
   DUET_DISPATCH_DTYPE(ct, "binary", [&] {
     using R = std::conditional_t<Compare, bool, scalar_t>;
     binary_typed<F, scalar_t, R>(a, b, out);
@@ -125,8 +135,9 @@ void binary_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
 
 void where_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
   DType ct = out.dtype();
-  Tensor a = in[1].dtype() == ct ? in[1] : cast_to(in[1], ct);
-  Tensor b = in[2].dtype() == ct ? in[2] : cast_to(in[2], ct);
+  Tensor ta, tb;
+  const Tensor& a = in_dtype(in[1], ct, ta);
+  const Tensor& b = in_dtype(in[2], ct, tb);
   DUET_DISPATCH_DTYPE(ct, "where", [&] {
     using T = scalar_t;
     for_each<4>(out.sizes(), {&out, &in[0], &a, &b}, [&](char** p, const int64_t* s, int64_t n) {

@@ -23,8 +23,12 @@ inline constexpr int64_t kParallelGrain = 32768;
 /// `align`, or inline when n is small. f must not throw.
 template <class F>
 void parallel_for(int64_t n, int64_t grain, F&& f, int64_t align = 64) {
+  if (n < 2 * grain) {
+    f(int64_t(0), n);
+    return;
+  }
   int nt = omp_get_max_threads();
-  if (n < 2 * grain || nt <= 1 || omp_in_parallel()) {
+  if (nt <= 1 || omp_in_parallel()) {
     f(int64_t(0), n);
     return;
   }

@@ -46,13 +46,15 @@ void gemm(const T* a, MatLayout la, const T* b, MatLayout lb, T* c, int64_t m, i
 
 void matmul_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
   DUET_ASSERT(out.is_contiguous(), "matmul writes a fresh contiguous output");
-  Tensor a = in[0], b = in[1];
-  const int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
+  // Operands that no GEMM layout expresses are made contiguous; others are used in place
+  // (by reference: a handle copy costs two atomic operations per call).
   auto fits = [](const Tensor& t) {
     return layout(t.size(-2), t.size(-1), t.strides()[t.dim() - 2], t.strides()[t.dim() - 1]).ok;
   };
-  if (!fits(a)) a = cast_to(a, a.dtype());
-  if (!fits(b)) b = cast_to(b, b.dtype());
+  Tensor ta, tb;
+  const Tensor& a = fits(in[0]) ? in[0] : (ta = cast_to(in[0], in[0].dtype()));
+  const Tensor& b = fits(in[1]) ? in[1] : (tb = cast_to(in[1], in[1].dtype()));
+  const int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
   const MatLayout la = layout(m, k, a.strides()[a.dim() - 2], a.strides()[a.dim() - 1]);
   const MatLayout lb = layout(k, n, b.strides()[b.dim() - 2], b.strides()[b.dim() - 1]);
   // Batch offsets of a and b for each output batch (broadcast batch dims step by 0).

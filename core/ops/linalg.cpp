@@ -22,10 +22,14 @@ void infer_matmul(const OpDef& def, TensorRefs in, const Attrs&, TensorMeta& out
   int64_t m = a[a.size() - 2], k = a[a.size() - 1];
   int64_t k2 = b[b.size() - 2], n = b[b.size() - 1];
   DUET_CHECK_SHAPE(k == k2, "[matmul] inner dimensions differ: {} @ {}", a, b);
-  Shape ba(a.data(), a.size() - 2), bb(b.data(), b.size() - 2);
-  out.shape = broadcast_shapes(def.name, ba, bb);
-  out.shape.push_back(m);
-  out.shape.push_back(n);
+  if (a.size() == 2 && b.size() == 2) {
+    out.shape = Shape{m, n};
+  } else {
+    Shape ba(a.data(), a.size() - 2), bb(b.data(), b.size() - 2);
+    out.shape = broadcast_shapes(def.name, ba, bb);
+    out.shape.push_back(m);
+    out.shape.push_back(n);
+  }
   out.dtype = in[0].dtype();
   out.device = common_device(def, in);
 }

@@ -1,0 +1,73 @@
+// duet_bench: shared pieces of the benchmark program.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace bench {
+
+/// One figure: a median over repetitions, with min and max.
+struct Result {
+  std::string workload, mode, device = "cpu", metric, variant;
+  int threads = 1;
+  int64_t n = 0;  ///< W3 matrix size
+  double median = 0, min = 0, max = 0;
+};
+
+struct Config {
+  int threads = 2;
+  int reps = 7;
+  std::string device = "cpu";
+};
+
+/// Times `body` `reps` times after `warmup` calls; returns seconds per call of each rep.
+inline std::vector<double> time_reps(const std::function<void()>& body, int reps, int warmup = 2) {
+  for (int i = 0; i < warmup; ++i) body();
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    auto a = std::chrono::steady_clock::now();
+    body();
+    auto b = std::chrono::steady_clock::now();
+    t.push_back(std::chrono::duration<double>(b - a).count());
+  }
+  return t;
+}
+
+/// A Result whose figures are f(seconds) for each rep (f maps time to the metric).
+inline Result summarize(Result r, const std::vector<double>& secs,
+                        const std::function<double(double)>& f) {
+  std::vector<double> v;
+  for (double s : secs) v.push_back(f(s));
+  std::sort(v.begin(), v.end());
+  r.median = v[v.size() / 2];
+  r.min = v.front();
+  r.max = v.back();
+  return r;
+}
+
+/// A single measured value (memory, node counts).
+inline Result single(Result r, double value) {
+  r.median = r.min = r.max = value;
+  return r;
+}
+
+/// Process peak resident set size in bytes.
+double peak_rss_bytes();
+
+// Workloads (workloads.cpp) and floors (floors.cpp) append their figures.
+void run_w1(const Config&, std::vector<Result>&);
+void run_w2(const Config&, std::vector<Result>&);
+void run_w3(const Config&, std::vector<Result>&);
+
+/// W2 floors: memcpy of n floats, and the hand-fused Eigen loop on the configured threads.
+void w2_floor_memcpy(const float* x, float* y, int64_t n);
+void w2_floor_fused(const float* x, float* y, int64_t n);
+/// W3 floors: C = A B, row-major n x n, directly on oneDNN and on OpenBLAS.
+void sgemm_onednn(const float* a, const float* b, float* c, int64_t n);
+void sgemm_openblas(const float* a, const float* b, float* c, int64_t n);
+void set_blas_threads(int n);
+
+}  // namespace bench

@@ -1,0 +1,99 @@
+// duet_bench [--only W1,W4,...] [--threads N] [--device cpu|cuda|all] [--reps N] [--json]
+// Runs the BENCH.md workloads with their floors and prints a table, or one JSON array.
+#include <cstdio>
+#include <cstring>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "bench/bench.h"
+#include "duet.h"
+
+namespace {
+
+void usage() {
+  std::fprintf(stderr,
+               "usage: duet_bench [--only W1,W2,...] [--threads N] [--device cpu|cuda|all] "
+               "[--reps N] [--json]\n");
+}
+
+std::string json(const std::vector<bench::Result>& rs) {
+  std::string s = "[\n";
+  for (size_t i = 0; i < rs.size(); ++i) {
+    const auto& r = rs[i];
+    s += fmt::format(
+        "  {{\"workload\": \"{}\", \"mode\": \"{}\", \"device\": \"{}\", \"threads\": {}, "
+        "\"metric\": \"{}\", \"median\": {:.6g}, \"min\": {:.6g}, \"max\": {:.6g}",
+        r.workload, r.mode, r.device, r.threads, r.metric, r.median, r.min, r.max);
+    if (!r.variant.empty()) s += fmt::format(", \"variant\": \"{}\"", r.variant);
+    if (r.n) s += fmt::format(", \"n\": {}", r.n);
+    s += i + 1 < rs.size() ? "},\n" : "}\n";
+  }
+  return s + "]\n";
+}
+
+void table(const std::vector<bench::Result>& rs) {
+  std::printf("%-4s %-9s %-6s %-3s %-12s %-18s %12s %12s %12s\n", "id", "mode", "device", "thr",
+              "variant", "metric", "median", "min", "max");
+  for (const auto& r : rs) {
+    std::string var = r.variant + (r.n ? fmt::format("{}n={}", r.variant.empty() ? "" : " ", r.n)
+                                       : std::string());
+    std::printf("%-4s %-9s %-6s %-3d %-12s %-18s %12.4g %12.4g %12.4g\n", r.workload.c_str(),
+                r.mode.c_str(), r.device.c_str(), r.threads, var.c_str(), r.metric.c_str(),
+                r.median, r.min, r.max);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bench::Config cfg;
+  std::set<std::string> only;
+  bool as_json = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        usage();
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--only") {
+      std::stringstream ss(next());
+      for (std::string w; std::getline(ss, w, ',');) only.insert(w);
+    } else if (a == "--threads") {
+      cfg.threads = std::stoi(next());
+    } else if (a == "--device") {
+      cfg.device = next();
+    } else if (a == "--reps") {
+      cfg.reps = std::max(1, std::stoi(next()));
+    } else if (a == "--json") {
+      as_json = true;
+    } else {
+      usage();
+      return 2;
+    }
+  }
+  if (cfg.device != "cpu" && cfg.device != "cuda" && cfg.device != "all") {
+    usage();
+    return 2;
+  }
+  duet::set_num_threads(cfg.threads);
+  bench::set_blas_threads(cfg.threads);
+  auto want = [&](const char* w) { return only.empty() || only.count(w); };
+  std::vector<bench::Result> rs;
+  const bool cpu = cfg.device != "cuda";
+  if (cfg.device == "cuda" && !duet::cuda::is_available())
+    std::fprintf(stderr, "duet_bench: no CUDA device; nothing to run on cuda\n");
+  if (cpu && want("W1")) bench::run_w1(cfg, rs);
+  if (cpu && want("W2")) bench::run_w2(cfg, rs);
+  if (cpu && want("W3")) bench::run_w3(cfg, rs);
+  rs.push_back(bench::single({"all", "process", "cpu", "peak_rss_bytes", "", cfg.threads},
+                             bench::peak_rss_bytes()));
+  if (as_json)
+    std::fputs(json(rs).c_str(), stdout);
+  else
+    table(rs);
+  return 0;
+}
