@@ -37,9 +37,11 @@ void run_w1(const Config& c, std::vector<Result>& out) {
   constexpr int kOps = 100000;
   Tensor a = random_f32(8, 1), b = random_f32(8, 2);
   Tensor r;
-  auto secs = time_reps([&] {
-    for (int i = 0; i < kOps; ++i) r = a + b;
-  }, c.reps);
+  auto secs = time_reps(
+      [&] {
+        for (int i = 0; i < kOps; ++i) r = a + b;
+      },
+      c.reps);
   Result res = base("W1", "eager", c, "ns_per_op");
   res.variant = "no_grad";
   out.push_back(summarize(res, secs, [](double s) { return s / kOps * 1e9; }));
@@ -57,9 +59,8 @@ void run_w2(const Config& c, std::vector<Result>& out) {
   };
   duet::reset_peak_memory();
   Tensor y;
-  auto eager = time_reps([&] {
-    y = duet::tanh(x * 1.5 + 0.5) * duet::sigmoid(x) + duet::relu(x - 0.25);
-  }, c.reps);
+  auto eager = time_reps(
+      [&] { y = duet::tanh(x * 1.5 + 0.5) * duet::sigmoid(x) + duet::relu(x - 0.25); }, c.reps);
   report("eager", eager);
   out.push_back(single(base("W2", "eager", c, "peak_tensor_bytes"),
                        static_cast<double>(duet::cpu_memory_stats().peak)));
@@ -95,9 +96,11 @@ void run_w3(const Config& c, std::vector<Result>& out) {
     const int calls = std::max<int>(1, static_cast<int>(4e9 / flop));
     auto gflops = [&](double s) { return flop * calls / s / 1e9; };
     auto run = [&](const char* mode, const char* variant, const std::function<void()>& f) {
-      auto secs = time_reps([&] {
-        for (int i = 0; i < calls; ++i) f();
-      }, c.reps);
+      auto secs = time_reps(
+          [&] {
+            for (int i = 0; i < calls; ++i) f();
+          },
+          c.reps);
       Result r = base("W3", mode, c, "gflops");
       r.variant = variant;
       r.n = n;

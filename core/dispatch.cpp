@@ -14,8 +14,7 @@ const char* device_type_name(DeviceType t) { return t == DeviceType::CPU ? "cpu"
 
 KernelFn kernel_for(const OpDef& def, Device device) {
   KernelFn k = def.kernel[static_cast<int>(device.type)];
-  DUET_CHECK_DEVICE(k, "[{}] has no kernel for device {}", def.name,
-                    device_type_name(device.type));
+  DUET_CHECK_DEVICE(k, "[{}] has no kernel for device {}", def.name, device_type_name(device.type));
   return k;
 }
 
@@ -72,8 +71,7 @@ Tensor call(OpId op, TensorRefs inputs, const Attrs& attrs, unsigned expiring) {
 
 Tensor call(OpId op, std::initializer_list<const Tensor*> inputs, const Attrs& attrs,
             unsigned expiring) {
-  return call(op, TensorRefs(inputs.begin(), static_cast<int64_t>(inputs.size())), attrs,
-              expiring);
+  return call(op, TensorRefs(inputs.begin(), static_cast<int64_t>(inputs.size())), attrs, expiring);
 }
 
 void call_inplace(OpId op, TensorRefs inputs, const Attrs& attrs, const Tensor& self) {

@@ -16,7 +16,7 @@ struct OpCall {
   OpId op;
   TensorRefs inputs;
   const Attrs& attrs;
-  const TensorMeta& meta;    ///< output metadata from the op's shape rule
+  const TensorMeta& meta;     ///< output metadata from the op's shape rule
   const Tensor* inplace_out;  ///< the tensor an in-place op writes into, else null
 };
 

@@ -17,12 +17,16 @@ std::string_view dtype_name(DType);
 constexpr int64_t itemsize(DType d) {
   switch (d) {
     case DType::f64:
-    case DType::i64: return 8;
+    case DType::i64:
+      return 8;
     case DType::f32:
-    case DType::i32: return 4;
+    case DType::i32:
+      return 4;
     case DType::f16:
-    case DType::bf16: return 2;
-    case DType::b8: return 1;
+    case DType::bf16:
+      return 2;
+    case DType::b8:
+      return 1;
   }
   return 0;
 }
@@ -65,19 +69,35 @@ struct dtype_of<bool> {
 }  // namespace detail
 
 /// Calls f(T{}) with T the C++ type of a CPU-computed dtype; throws for f16/bf16.
-#define DUET_DISPATCH_DTYPE(dtype, op_name, ...)                                       \
-  [&] {                                                                                \
-    switch (dtype) {                                                                   \
-      case ::duet::DType::f32: { using scalar_t = float; return __VA_ARGS__(); }       \
-      case ::duet::DType::f64: { using scalar_t = double; return __VA_ARGS__(); }      \
-      case ::duet::DType::i32: { using scalar_t = int32_t; return __VA_ARGS__(); }     \
-      case ::duet::DType::i64: { using scalar_t = int64_t; return __VA_ARGS__(); }     \
-      case ::duet::DType::b8: { using scalar_t = bool; return __VA_ARGS__(); }         \
-      default:                                                                         \
-        throw ::duet::DTypeError(fmt::format("[{}] dtype {} is not computed on the CPU; " \
-                                             "convert with .to(DType::f32)",           \
-                                             op_name, ::duet::dtype_name(dtype)));     \
-    }                                                                                  \
+#define DUET_DISPATCH_DTYPE(dtype, op_name, ...)                     \
+  [&] {                                                              \
+    switch (dtype) {                                                 \
+      case ::duet::DType::f32: {                                     \
+        using scalar_t = float;                                      \
+        return __VA_ARGS__();                                        \
+      }                                                              \
+      case ::duet::DType::f64: {                                     \
+        using scalar_t = double;                                     \
+        return __VA_ARGS__();                                        \
+      }                                                              \
+      case ::duet::DType::i32: {                                     \
+        using scalar_t = int32_t;                                    \
+        return __VA_ARGS__();                                        \
+      }                                                              \
+      case ::duet::DType::i64: {                                     \
+        using scalar_t = int64_t;                                    \
+        return __VA_ARGS__();                                        \
+      }                                                              \
+      case ::duet::DType::b8: {                                      \
+        using scalar_t = bool;                                       \
+        return __VA_ARGS__();                                        \
+      }                                                              \
+      default:                                                       \
+        throw ::duet::DTypeError(                                    \
+            fmt::format("[{}] dtype {} is not computed on the CPU; " \
+                        "convert with .to(DType::f32)",              \
+                        op_name, ::duet::dtype_name(dtype)));        \
+    }                                                                \
   }()
 
 }  // namespace duet

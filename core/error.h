@@ -42,8 +42,8 @@ namespace detail {
 
 /// User error: throws `type` (a duet::Error subclass) with an fmt-formatted message if `cond`
 /// is false. The message must start with "[op]".
-#define DUET_CHECK_T(cond, type, ...)                                     \
-  do {                                                                    \
+#define DUET_CHECK_T(cond, type, ...)                                       \
+  do {                                                                      \
     if (__builtin_expect(!(cond), 0)) throw type(fmt::format(__VA_ARGS__)); \
   } while (0)
 #define DUET_CHECK(cond, ...) DUET_CHECK_T(cond, ::duet::Error, __VA_ARGS__)
@@ -53,8 +53,8 @@ namespace detail {
 #define DUET_CHECK_DEVICE(cond, ...) DUET_CHECK_T(cond, ::duet::DeviceError, __VA_ARGS__)
 
 /// Internal invariant (our bug, not the user's): throws duet::InternalError, never aborts.
-#define DUET_ASSERT(cond, ...)                                                               \
-  do {                                                                                       \
-    if (__builtin_expect(!(cond), 0))                                                        \
+#define DUET_ASSERT(cond, ...)                                                                \
+  do {                                                                                        \
+    if (__builtin_expect(!(cond), 0))                                                         \
       ::duet::detail::throw_internal(#cond, __FILE__, __LINE__, fmt::format("" __VA_ARGS__)); \
   } while (0)

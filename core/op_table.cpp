@@ -8,7 +8,7 @@ namespace {
 
 OpDef* build_table() {
   static OpDef table[] = {
-#define DUET_OP(Name, name, arity, cls) {OpId::Name, #name, arity, OpClass::cls},
+#define DUET_OP(Name, name, arity, cls, doc) {OpId::Name, #name, arity, OpClass::cls, doc},
 #include "core/ops.def"
 #undef DUET_OP
   };
@@ -48,7 +48,9 @@ bool operator==(const Attrs& a, const Attrs& b) {
 
 size_t Attrs::hash() const {
   size_t h = 0;
-  auto mix = [&](uint64_t v) { h ^= std::hash<uint64_t>{}(v) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
+  auto mix = [&](uint64_t v) {
+    h ^= std::hash<uint64_t>{}(v) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+  };
   for (int64_t v : ints) mix(static_cast<uint64_t>(v));
   mix(static_cast<uint64_t>(dim));
   mix(static_cast<uint64_t>(start));

@@ -11,12 +11,12 @@
 namespace duet {
 
 enum class OpId : uint16_t {
-#define DUET_OP(Name, name, arity, cls) Name,
+#define DUET_OP(Name, name, arity, cls, doc) Name,
 #include "core/ops.def"
 #undef DUET_OP
 };
 inline constexpr int kNumOps = 0
-#define DUET_OP(Name, name, arity, cls) +1
+#define DUET_OP(Name, name, arity, cls, doc) +1
 #include "core/ops.def"
 #undef DUET_OP
     ;
@@ -78,6 +78,7 @@ struct OpDef {
   const char* name;
   int arity;
   OpClass cls;
+  const char* doc;  ///< one line for the op reference (docs/ops.md)
   InferFn infer = nullptr;
   ViewFn view = nullptr;
   GradFn grad = nullptr;

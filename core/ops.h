@@ -29,7 +29,7 @@ DUET_DECLARE_UNARY(sigmoid)
 DUET_DECLARE_UNARY(relu)
 #undef DUET_DECLARE_UNARY
 
-#define DUET_DECLARE_BINARY(name)                 \
+#define DUET_DECLARE_BINARY(name)                \
   Tensor name(const Tensor& a, const Tensor& b); \
   Tensor name(Tensor&& a, const Tensor& b);      \
   Tensor name(const Tensor& a, Tensor&& b);      \
@@ -97,7 +97,7 @@ Tensor expand(const Tensor& x, Shape shape);
 Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end, int64_t step = 1);
 
 /// Operators: the ops add, sub, mul, div, neg, lt, le, gt, ge, eq, ne.
-#define DUET_DECLARE_OPERATOR(sym)                     \
+#define DUET_DECLARE_OPERATOR(sym)                       \
   Tensor operator sym(const Tensor& a, const Tensor& b); \
   Tensor operator sym(Tensor&& a, const Tensor& b);      \
   Tensor operator sym(const Tensor& a, Tensor&& b);      \

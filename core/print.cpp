@@ -28,9 +28,12 @@ struct Printer {
     if (std::isnan(v)) return "nan";
     if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
     switch (mode) {
-      case FloatMode::Integer: return fmt::format("{:.0f}.", v);
-      case FloatMode::Sci: return fmt::format("{:.4e}", v);
-      case FloatMode::Fixed: return fmt::format("{:.4f}", v);
+      case FloatMode::Integer:
+        return fmt::format("{:.0f}.", v);
+      case FloatMode::Sci:
+        return fmt::format("{:.4e}", v);
+      case FloatMode::Fixed:
+        return fmt::format("{:.4f}", v);
     }
     return "";
   }
@@ -40,7 +43,7 @@ struct Printer {
     const Shape& s = t.sizes();
     if (dim == s.size()) {
       std::string e = fmt_elem(base);
-      out.append(width - static_cast<int>(e.size()), ' ');
+      if (static_cast<int>(e.size()) < width) out.append(width - e.size(), ' ');
       out += e;
       return;
     }
@@ -50,7 +53,9 @@ struct Printer {
     bool last = dim + 1 == s.size();
     for (int64_t k = 0; k < n; ++k) {
       if (summarize && n > 2 * kEdge && k == kEdge) {
-        out += last ? "..., " : fmt::format("...,\n{}", std::string(indent + 1, ' '));
+        // As PyTorch: " ..." in a row; between blocks, "..." with the blocks' separator.
+        out += last ? " ..., "
+                    : "...," + std::string(s.size() - dim - 1, '\n') + std::string(indent + 1, ' ');
         k = n - kEdge - 1;
         continue;
       }
@@ -83,7 +88,8 @@ std::string Tensor::str() const {
   if (!defined()) return "tensor(undefined)";
   Printer p{*this, is_floating(dtype()), numel() > kSummarizeAbove, FloatMode::Fixed, {}, {}, 1};
   std::string suffix = fmt::format("shape={}, dtype={}, device={})", sizes(), dtype(), device());
-  if (!device().is_cpu() || !is_cpu_computed(dtype())) return "tensor(<values not shown>, " + suffix;
+  if (!device().is_cpu() || !is_cpu_computed(dtype()))
+    return "tensor(<values not shown>, " + suffix;
   if (p.floating)
     p.f = to_vector<double>();
   else
@@ -109,8 +115,10 @@ std::string Tensor::str() const {
       p.mode = sci ? FloatMode::Sci : FloatMode::Fixed;
     }
   }
+  // As PyTorch's _Formatter: the width of floats comes from the nonzero finite values only.
   for (int64_t k = 0; k < numel(); ++k)
-    if (p.shown(k)) p.width = std::max<int>(p.width, static_cast<int>(p.fmt_elem(k).size()));
+    if (p.shown(k) && (!p.floating || (std::isfinite(p.f[k]) && p.f[k] != 0)))
+      p.width = std::max<int>(p.width, static_cast<int>(p.fmt_elem(k).size()));
   std::string body;
   if (numel() == 0 && dim() > 0)
     body = "[]";

@@ -118,6 +118,11 @@ class SmallVec {
 
  private:
   void assign(const T* p, int64_t n) {
+    if (!heap_ && n <= N) {  // the common case: short, inline, no libc call
+      for (int64_t i = 0; i < n; ++i) inline_[i] = p[i];
+      size_ = static_cast<int32_t>(n);
+      return;
+    }
     if (n > cap_) {
       T* q = static_cast<T*>(std::malloc(sizeof(T) * n));
       if (!q) throw std::bad_alloc();
@@ -125,12 +130,13 @@ class SmallVec {
       heap_ = q;
       cap_ = static_cast<int32_t>(n);
     }
-    T* d = data();
-    if (n <= N) {
-      for (int64_t i = 0; i < n; ++i) d[i] = p[i];  // short: inline, no libc call
-    } else {
-      std::memmove(d, p, sizeof(T) * n);
-    }
+    // n > N here whenever p is another SmallVec's inline buffer is impossible, but GCC 12
+    // cannot relate the two and reports -Warray-bounds / -Wstringop-overread on the source.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Warray-bounds"
+#pragma GCC diagnostic ignored "-Wstringop-overread"
+    if (n) std::memmove(heap_, p, sizeof(T) * n);
+#pragma GCC diagnostic pop
     size_ = static_cast<int32_t>(n);
   }
 

@@ -65,10 +65,17 @@ Tensor wrap_scalar(const Scalar& s, DType dtype, Device device) {
   DUET_CHECK_DEVICE(device.is_cpu(), "[scalar] device {} has no kernels in this build",
                     device.str());
   switch (dtype) {
-    case DType::f64: *static_cast<double*>(t.raw_data()) = s.to<double>(); break;
-    case DType::i64: *static_cast<int64_t*>(t.raw_data()) = s.to<int64_t>(); break;
-    case DType::b8: *static_cast<bool*>(t.raw_data()) = s.to<bool>(); break;
-    default: DUET_ASSERT(false, "wrapped numbers are f64, i64 or b8");
+    case DType::f64:
+      *static_cast<double*>(t.raw_data()) = s.to<double>();
+      break;
+    case DType::i64:
+      *static_cast<int64_t*>(t.raw_data()) = s.to<int64_t>();
+      break;
+    case DType::b8:
+      *static_cast<bool*>(t.raw_data()) = s.to<bool>();
+      break;
+    default:
+      DUET_ASSERT(false, "wrapped numbers are f64, i64 or b8");
   }
   t.impl()->wrapped_number = true;
   return t;
@@ -97,8 +104,10 @@ int64_t Tensor::size(int64_t dim) const {
 
 namespace {
 void check_readable(const char* op, const Tensor& t) {
-  DUET_CHECK_DEVICE(t.device().is_cpu(), "[{}] reading values needs a CPU tensor, got {}; call "
-                    ".to(Device::cpu()) first", op, t.device());
+  DUET_CHECK_DEVICE(t.device().is_cpu(),
+                    "[{}] reading values needs a CPU tensor, got {}; call "
+                    ".to(Device::cpu()) first",
+                    op, t.device());
 }
 }  // namespace
 
@@ -129,7 +138,7 @@ std::vector<bool> Tensor::to_vector<bool>() const {
   return std::vector<bool>(p, p + numel());
 }
 
-#define DUET_INSTANTIATE(T)              \
+#define DUET_INSTANTIATE(T)           \
   template T Tensor::item<T>() const; \
   template std::vector<T> Tensor::to_vector<T>() const;
 DUET_INSTANTIATE(float)
@@ -190,15 +199,17 @@ Tensor& Tensor::div_(const Tensor& o) { return inplace(OpId::Div, *this, o); }
 Tensor& Tensor::div_(Scalar o) { return inplace(OpId::Div, *this, wrap_for(o)); }
 
 Tensor& Tensor::copy_(const Tensor& src) {
+  DUET_CHECK_SHAPE(detail::broadcast_shapes("copy_", src.sizes(), sizes()) == sizes(),
+                   "[copy_] a source of shape {} cannot be broadcast to the shape {} it is "
+                   "copied into",
+                   src.sizes(), sizes());
   Tensor s = expand(src, sizes());
   const Tensor* in[] = {&s};
   detail::call_inplace(OpId::Copy, TensorRefs(in, 1), Attrs{}, *this);
   return *this;
 }
 
-Tensor& Tensor::zero_() {
-  return copy_(detail::wrap_scalar(Scalar(0), DType::i64, Device::cpu()));
-}
+Tensor& Tensor::zero_() { return copy_(detail::wrap_scalar(Scalar(0), DType::i64, Device::cpu())); }
 
 template <class T>
 T* Tensor::data_ptr() const {

@@ -87,9 +87,7 @@ class Tensor {
   detail::TensorImpl* unsafe_impl() const { return impl_.get(); }
   const detail::TensorImplPtr& impl_ptr() const { return impl_; }
   /// True when this handle is the only reference to the tensor and to its storage.
-  bool is_unique() const {
-    return impl_.use_count() == 1 && impl_->storage.use_count() == 1;
-  }
+  bool is_unique() const { return impl_.use_count() == 1 && impl_->storage.use_count() == 1; }
   /// Same underlying TensorImpl.
   bool is_same(const Tensor& o) const { return impl_ == o.impl_; }
 

@@ -103,9 +103,9 @@ StoragePtr new_storage(size_t nbytes, Device device);
 struct TensorImpl {
   std::atomic<int32_t> refcount_{1};
   DType dtype = DType::f32;
-  bool contiguous = true;      ///< row-major dense, cached from shape and strides
-  bool wrapped_number = false; ///< a 0-d tensor made from a C++ Scalar: promotes like a Scalar
-  int64_t offset = 0;          ///< in elements, into storage
+  bool contiguous = true;       ///< row-major dense, cached from shape and strides
+  bool wrapped_number = false;  ///< a 0-d tensor made from a C++ Scalar: promotes like a Scalar
+  int64_t offset = 0;           ///< in elements, into storage
   Shape shape;
   Strides strides;
   StoragePtr storage;
@@ -117,9 +117,7 @@ struct TensorImpl {
   int64_t numel() const { return shape.numel(); }
   int64_t ndim() const { return shape.size(); }
   Device device() const { return storage ? storage->device : Device::cpu(); }
-  void* data() const {
-    return static_cast<char*>(storage->data) + offset * itemsize(dtype);
-  }
+  void* data() const { return static_cast<char*>(storage->data) + offset * itemsize(dtype); }
   /// Recomputes `contiguous` after shape or strides changed.
   void refresh_contiguous();
 };

@@ -10,13 +10,20 @@ namespace duet {
 
 std::string_view dtype_name(DType d) {
   switch (d) {
-    case DType::f32: return "f32";
-    case DType::f64: return "f64";
-    case DType::f16: return "f16";
-    case DType::bf16: return "bf16";
-    case DType::i32: return "i32";
-    case DType::i64: return "i64";
-    case DType::b8: return "b8";
+    case DType::f32:
+      return "f32";
+    case DType::f64:
+      return "f64";
+    case DType::f16:
+      return "f16";
+    case DType::bf16:
+      return "bf16";
+    case DType::i32:
+      return "i32";
+    case DType::i64:
+      return "i64";
+    case DType::b8:
+      return "b8";
   }
   return "?";
 }
@@ -27,13 +34,20 @@ DType promote_types(DType a, DType b) {
   // mixing f16 and bf16 gives f32 (PyTorch's table).
   auto rank = [](DType d) {
     switch (d) {
-      case DType::b8: return 0;
-      case DType::i32: return 1;
-      case DType::i64: return 2;
-      case DType::f16: return 3;
-      case DType::bf16: return 3;
-      case DType::f32: return 4;
-      case DType::f64: return 5;
+      case DType::b8:
+        return 0;
+      case DType::i32:
+        return 1;
+      case DType::i64:
+        return 2;
+      case DType::f16:
+        return 3;
+      case DType::bf16:
+        return 3;
+      case DType::f32:
+        return 4;
+      case DType::f64:
+        return 5;
     }
     return 0;
   };
@@ -96,8 +110,8 @@ Shape broadcast_shapes(const char* op, const Shape& a, const Shape& b) {
   for (int64_t i = 0; i < n; ++i) {
     int64_t da = i < n - a.size() ? 1 : a[i - (n - a.size())];
     int64_t db = i < n - b.size() ? 1 : b[i - (n - b.size())];
-    DUET_CHECK_SHAPE(da == db || da == 1 || db == 1, "[{}] shapes {} and {} cannot broadcast",
-                     op, a.str(), b.str());
+    DUET_CHECK_SHAPE(da == db || da == 1 || db == 1, "[{}] shapes {} and {} cannot broadcast", op,
+                     a.str(), b.str());
     out[i] = da == 1 ? db : da;
   }
   return out;

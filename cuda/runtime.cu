@@ -43,8 +43,10 @@ template __global__ void unary_check<fn::Tanh, float>(const float*, float*, int)
 template __global__ void unary_check<fn::Sigmoid, float>(const float*, float*, int);
 template __global__ void unary_check<fn::Relu, float>(const float*, float*, int);
 template __global__ void unary_check<fn::Abs, int>(const int*, int*, int);
-template __global__ void binary_check<fn::Add, int64_t>(const int64_t*, const int64_t*, int64_t*, int);
-template __global__ void binary_check<fn::Maximum, double>(const double*, const double*, double*, int);
+template __global__ void binary_check<fn::Add, int64_t>(const int64_t*, const int64_t*, int64_t*,
+                                                        int);
+template __global__ void binary_check<fn::Maximum, double>(const double*, const double*, double*,
+                                                           int);
 template __global__ void binary_check<fn::Pow, float>(const float*, const float*, float*, int);
 
 }  // namespace duet::cuda

@@ -9,22 +9,27 @@ namespace duet::kernels {
 namespace {
 
 // Calls body.template operator()<T>() for the floating dtypes only (the float-math ops).
-#define DUET_DISPATCH_FLOAT(dtype, op_name, ...)                                          \
-  [&] {                                                                                   \
-    switch (dtype) {                                                                      \
-      case DType::f32: { using scalar_t = float; return __VA_ARGS__(); }                  \
-      case DType::f64: { using scalar_t = double; return __VA_ARGS__(); }                 \
-      default:                                                                            \
+#define DUET_DISPATCH_FLOAT(dtype, op_name, ...)                                              \
+  [&] {                                                                                       \
+    switch (dtype) {                                                                          \
+      case DType::f32: {                                                                      \
+        using scalar_t = float;                                                               \
+        return __VA_ARGS__();                                                                 \
+      }                                                                                       \
+      case DType::f64: {                                                                      \
+        using scalar_t = double;                                                              \
+        return __VA_ARGS__();                                                                 \
+      }                                                                                       \
+      default:                                                                                \
         throw DTypeError(fmt::format("[{}] has no CPU kernel for dtype {}", op_name, dtype)); \
-    }                                                                                     \
+    }                                                                                         \
   }()
 
 template <class T>
 T read_as(const Tensor& t) {
   const void* p = t.raw_data();
-  return DUET_DISPATCH_DTYPE(t.dtype(), "read", [&] {
-    return static_cast<T>(*static_cast<const scalar_t*>(p));
-  });
+  return DUET_DISPATCH_DTYPE(t.dtype(), "read",
+                             [&] { return static_cast<T>(*static_cast<const scalar_t*>(p)); });
 }
 
 bool dense_like(const Tensor& t, const Tensor& out) {
@@ -106,8 +111,7 @@ void binary_typed(const Tensor& a, const Tensor& b, const Tensor& out) {
     if constexpr (same) {
       if (s[0] == sizeof(R) && da && db) {
         binary_dense<T>(f, reinterpret_cast<const T*>(p[1]), s[1] == 0,
-                        reinterpret_cast<const T*>(p[2]), s[2] == 0, reinterpret_cast<R*>(p[0]),
-                        n);
+                        reinterpret_cast<const T*>(p[2]), s[2] == 0, reinterpret_cast<R*>(p[0]), n);
         return;
       }
     }
@@ -142,10 +146,9 @@ void where_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
     using T = scalar_t;
     for_each<4>(out.sizes(), {&out, &in[0], &a, &b}, [&](char** p, const int64_t* s, int64_t n) {
       for (int64_t i = 0; i < n; ++i)
-        *reinterpret_cast<T*>(p[0] + i * s[0]) =
-            *reinterpret_cast<const bool*>(p[1] + i * s[1])
-                ? *reinterpret_cast<const T*>(p[2] + i * s[2])
-                : *reinterpret_cast<const T*>(p[3] + i * s[3]);
+        *reinterpret_cast<T*>(p[0] + i * s[0]) = *reinterpret_cast<const bool*>(p[1] + i * s[1])
+                                                     ? *reinterpret_cast<const T*>(p[2] + i * s[2])
+                                                     : *reinterpret_cast<const T*>(p[3] + i * s[3]);
     });
   });
 }
@@ -167,9 +170,8 @@ void convert_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
     char* dst = static_cast<char*>(out.raw_data());
     const int64_t isz = itemsize(x.dtype());
     if (src != dst)
-      parallel_for(x.numel() * isz, kParallelGrain * 4, [&](int64_t b, int64_t e) {
-        std::memcpy(dst + b, src + b, e - b);
-      });
+      parallel_for(x.numel() * isz, kParallelGrain * 4,
+                   [&](int64_t b, int64_t e) { std::memcpy(dst + b, src + b, e - b); });
     return;
   }
   DUET_DISPATCH_DTYPE(out.dtype(), "copy", [&] {
@@ -196,9 +198,8 @@ void full_kernel(TensorRefs, const Attrs& a, const Tensor& out) {
     using T = scalar_t;
     const T v = a.value.to<T>();
     T* o = static_cast<T*>(out.raw_data());
-    parallel_for(out.numel(), kParallelGrain, [&](int64_t b, int64_t e) {
-      std::fill(o + b, o + e, v);
-    });
+    parallel_for(out.numel(), kParallelGrain,
+                 [&](int64_t b, int64_t e) { std::fill(o + b, o + e, v); });
   });
 }
 

@@ -57,12 +57,16 @@ DUET_HD T wrap_mul(T a, T b) {
 
 #if !defined(__CUDACC__)
 namespace ei = Eigen::internal;
-#define DUET_PACKET(...) \
-  template <class P>     \
-  P packet(const P& x) const { return __VA_ARGS__; }
-#define DUET_PACKET2(...) \
-  template <class P>      \
-  P packet(const P& a, const P& b) const { return __VA_ARGS__; }
+#define DUET_PACKET(...)       \
+  template <class P>           \
+  P packet(const P& x) const { \
+    return __VA_ARGS__;        \
+  }
+#define DUET_PACKET2(...)                  \
+  template <class P>                       \
+  P packet(const P& a, const P& b) const { \
+    return __VA_ARGS__;                    \
+  }
 #else
 #define DUET_PACKET(...)
 #define DUET_PACKET2(...)
@@ -75,35 +79,45 @@ struct Neg {
   template <class T>
   static constexpr bool has_packet = is_float_v<T>;
   template <class T>
-  DUET_HD T operator()(T x) const { return wrap_sub(T(0), x); }
+  DUET_HD T operator()(T x) const {
+    return wrap_sub(T(0), x);
+  }
   DUET_PACKET(ei::pnegate(x))
 };
 struct Exp {
   template <class T>
   static constexpr bool has_packet = is_float_v<T>;
   template <class T>
-  DUET_HD T operator()(T x) const { return std::exp(x); }
+  DUET_HD T operator()(T x) const {
+    return std::exp(x);
+  }
   DUET_PACKET(ei::pexp(x))
 };
 struct Log {
   template <class T>
   static constexpr bool has_packet = is_float_v<T>;
   template <class T>
-  DUET_HD T operator()(T x) const { return std::log(x); }
+  DUET_HD T operator()(T x) const {
+    return std::log(x);
+  }
   DUET_PACKET(ei::plog(x))
 };
 struct Sqrt {
   template <class T>
   static constexpr bool has_packet = is_float_v<T>;
   template <class T>
-  DUET_HD T operator()(T x) const { return std::sqrt(x); }
+  DUET_HD T operator()(T x) const {
+    return std::sqrt(x);
+  }
   DUET_PACKET(ei::psqrt(x))
 };
 struct Rsqrt {
   template <class T>
   static constexpr bool has_packet = is_float_v<T>;
   template <class T>
-  DUET_HD T operator()(T x) const { return T(1) / std::sqrt(x); }
+  DUET_HD T operator()(T x) const {
+    return T(1) / std::sqrt(x);
+  }
   DUET_PACKET(ei::pdiv(ei::pset1<P>(1), ei::psqrt(x)))
 };
 struct Abs {
@@ -123,28 +137,36 @@ struct Sin {
   template <class T>
   static constexpr bool has_packet = std::is_same_v<T, float>;
   template <class T>
-  DUET_HD T operator()(T x) const { return std::sin(x); }
+  DUET_HD T operator()(T x) const {
+    return std::sin(x);
+  }
   DUET_PACKET(ei::psin(x))
 };
 struct Cos {
   template <class T>
   static constexpr bool has_packet = std::is_same_v<T, float>;
   template <class T>
-  DUET_HD T operator()(T x) const { return std::cos(x); }
+  DUET_HD T operator()(T x) const {
+    return std::cos(x);
+  }
   DUET_PACKET(ei::pcos(x))
 };
 struct Tanh {
   template <class T>
   static constexpr bool has_packet = std::is_same_v<T, float>;
   template <class T>
-  DUET_HD T operator()(T x) const { return std::tanh(x); }
+  DUET_HD T operator()(T x) const {
+    return std::tanh(x);
+  }
   DUET_PACKET(ei::ptanh(x))
 };
 struct Sigmoid {
   template <class T>
   static constexpr bool has_packet = is_float_v<T>;
   template <class T>
-  DUET_HD T operator()(T x) const { return T(1) / (T(1) + std::exp(-x)); }
+  DUET_HD T operator()(T x) const {
+    return T(1) / (T(1) + std::exp(-x));
+  }
 #if !defined(__CUDACC__)
   template <class P>
   P packet(const P& x) const {
@@ -162,7 +184,9 @@ struct Relu {
   static constexpr bool has_packet = is_float_v<T>;
   // NaN stays NaN, as in PyTorch.
   template <class T>
-  DUET_HD T operator()(T x) const { return x < T(0) ? T(0) : x; }
+  DUET_HD T operator()(T x) const {
+    return x < T(0) ? T(0) : x;
+  }
   DUET_PACKET(ei::pselect(ei::pcmp_lt(x, ei::pzero(x)), ei::pzero(x), x))
 };
 
@@ -172,28 +196,36 @@ struct Add {
   template <class T>
   static constexpr bool has_packet = is_float_v<T>;
   template <class T>
-  DUET_HD T operator()(T a, T b) const { return wrap_add(a, b); }
+  DUET_HD T operator()(T a, T b) const {
+    return wrap_add(a, b);
+  }
   DUET_PACKET2(ei::padd(a, b))
 };
 struct Sub {
   template <class T>
   static constexpr bool has_packet = is_float_v<T>;
   template <class T>
-  DUET_HD T operator()(T a, T b) const { return wrap_sub(a, b); }
+  DUET_HD T operator()(T a, T b) const {
+    return wrap_sub(a, b);
+  }
   DUET_PACKET2(ei::psub(a, b))
 };
 struct Mul {
   template <class T>
   static constexpr bool has_packet = is_float_v<T>;
   template <class T>
-  DUET_HD T operator()(T a, T b) const { return wrap_mul(a, b); }
+  DUET_HD T operator()(T a, T b) const {
+    return wrap_mul(a, b);
+  }
   DUET_PACKET2(ei::pmul(a, b))
 };
 struct Div {
   template <class T>
   static constexpr bool has_packet = is_float_v<T>;
   template <class T>
-  DUET_HD T operator()(T a, T b) const { return a / b; }  // floats only: ints promote to f32
+  DUET_HD T operator()(T a, T b) const {
+    return a / b;
+  }  // floats only: ints promote to f32
   DUET_PACKET2(ei::pdiv(a, b))
 };
 struct Pow {
@@ -247,12 +279,14 @@ struct Minimum {
 };
 
 // ---- comparisons (result bool; no packets, the compiler vectorizes the loops) -----------------
-#define DUET_COMPARE_FUNCTOR(Name, expr)                      \
-  struct Name {                                               \
-    template <class T>                                        \
-    static constexpr bool has_packet = false;                 \
-    template <class T>                                        \
-    DUET_HD bool operator()(T a, T b) const { return expr; } \
+#define DUET_COMPARE_FUNCTOR(Name, expr)      \
+  struct Name {                               \
+    template <class T>                        \
+    static constexpr bool has_packet = false; \
+    template <class T>                        \
+    DUET_HD bool operator()(T a, T b) const { \
+      return expr;                            \
+    }                                         \
   };
 DUET_COMPARE_FUNCTOR(Lt, a < b)
 DUET_COMPARE_FUNCTOR(Le, a <= b)

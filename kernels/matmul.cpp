@@ -30,7 +30,8 @@ template <class T>
 void gemm(const T* a, MatLayout la, const T* b, MatLayout lb, T* c, int64_t m, int64_t n,
           int64_t k) {
   if constexpr (std::is_same_v<T, float>) {
-    dnnl_status_t st = dnnl_sgemm(la.trans, lb.trans, m, n, k, 1.0f, a, la.ld, b, lb.ld, 0.0f, c, n);
+    dnnl_status_t st =
+        dnnl_sgemm(la.trans, lb.trans, m, n, k, 1.0f, a, la.ld, b, lb.ld, 0.0f, c, n);
     DUET_ASSERT(st == dnnl_success, "dnnl_sgemm failed with status {}", static_cast<int>(st));
   } else {
     using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;

@@ -65,8 +65,10 @@ bool float_math(OpId op) {
     case OpId::Sin:
     case OpId::Cos:
     case OpId::Tanh:
-    case OpId::Sigmoid: return true;
-    default: return false;
+    case OpId::Sigmoid:
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -119,7 +121,8 @@ void infer_binary(const OpDef& def, TensorRefs in, const Attrs&, TensorMeta& out
                        "[pow] is not defined for a b8 base and exponent (shapes {} and {})",
                        a->shape, b->shape);
       break;
-    default: break;
+    default:
+      break;
   }
 }
 
@@ -127,8 +130,8 @@ void infer_where(const OpDef& def, TensorRefs in, const Attrs&, TensorMeta& out)
   const TensorImpl* c = in[0].impl();
   DUET_CHECK_DTYPE(c->dtype == DType::b8, "[where] condition must be b8, got {} of shape {}",
                    c->dtype, c->shape);
-  out.shape = broadcast_shapes("where", broadcast_shapes("where", c->shape, in[1].sizes()),
-                               in[2].sizes());
+  out.shape =
+      broadcast_shapes("where", broadcast_shapes("where", c->shape, in[1].sizes()), in[2].sizes());
   const Tensor* ab[] = {&in[1], &in[2]};
   out.dtype = result_type(TensorRefs(ab, 2));
   out.device = common_device(def, in);
@@ -138,6 +141,9 @@ void infer_cast(const OpDef&, TensorRefs in, const Attrs& attrs, TensorMeta& out
   out.shape = in[0].sizes();
   out.dtype = attrs.dtype;
   out.device = in[0].device();
+  DUET_CHECK_DTYPE(!out.device.is_cpu() || is_cpu_computed(out.dtype),
+                   "[cast] dtype {} is not computed on the CPU; use f32, f64, i32, i64 or b8",
+                   out.dtype);
 }
 
 void infer_copy(const OpDef&, TensorRefs in, const Attrs&, TensorMeta& out) {
@@ -183,8 +189,8 @@ Tensor wrap(const Scalar& s, const Tensor& like) {
 
 }  // namespace
 
-#define DUET_DEFINE_UNARY(name, Op)                                      \
-  Tensor name(const Tensor& x) { return unary(OpId::Op, x, 0); }        \
+#define DUET_DEFINE_UNARY(name, Op)                              \
+  Tensor name(const Tensor& x) { return unary(OpId::Op, x, 0); } \
   Tensor name(Tensor&& x) { return unary(OpId::Op, x, 1); }
 DUET_DEFINE_UNARY(neg, Neg)
 DUET_DEFINE_UNARY(exp, Exp)
@@ -199,14 +205,14 @@ DUET_DEFINE_UNARY(sigmoid, Sigmoid)
 DUET_DEFINE_UNARY(relu, Relu)
 #undef DUET_DEFINE_UNARY
 
-#define DUET_DEFINE_BINARY(name, Op)                                                            \
-  Tensor name(const Tensor& a, const Tensor& b) { return binary(OpId::Op, a, b, 0); }          \
-  Tensor name(Tensor&& a, const Tensor& b) { return binary(OpId::Op, a, b, 1); }               \
-  Tensor name(const Tensor& a, Tensor&& b) { return binary(OpId::Op, a, b, 2); }               \
-  Tensor name(Tensor&& a, Tensor&& b) { return binary(OpId::Op, a, b, 3); }                    \
-  Tensor name(const Tensor& a, Scalar b) { return binary(OpId::Op, a, wrap(b, a), 0); }        \
-  Tensor name(Tensor&& a, Scalar b) { return binary(OpId::Op, a, wrap(b, a), 1); }             \
-  Tensor name(Scalar a, const Tensor& b) { return binary(OpId::Op, wrap(a, b), b, 0); }        \
+#define DUET_DEFINE_BINARY(name, Op)                                                    \
+  Tensor name(const Tensor& a, const Tensor& b) { return binary(OpId::Op, a, b, 0); }   \
+  Tensor name(Tensor&& a, const Tensor& b) { return binary(OpId::Op, a, b, 1); }        \
+  Tensor name(const Tensor& a, Tensor&& b) { return binary(OpId::Op, a, b, 2); }        \
+  Tensor name(Tensor&& a, Tensor&& b) { return binary(OpId::Op, a, b, 3); }             \
+  Tensor name(const Tensor& a, Scalar b) { return binary(OpId::Op, a, wrap(b, a), 0); } \
+  Tensor name(Tensor&& a, Scalar b) { return binary(OpId::Op, a, wrap(b, a), 1); }      \
+  Tensor name(Scalar a, const Tensor& b) { return binary(OpId::Op, wrap(a, b), b, 0); } \
   Tensor name(Scalar a, Tensor&& b) { return binary(OpId::Op, wrap(a, b), b, 2); }
 DUET_DEFINE_BINARY(add, Add)
 DUET_DEFINE_BINARY(sub, Sub)
@@ -217,9 +223,9 @@ DUET_DEFINE_BINARY(minimum, Minimum)
 DUET_DEFINE_BINARY(pow, Pow)
 #undef DUET_DEFINE_BINARY
 
-#define DUET_DEFINE_COMPARE(name, Op)                                                      \
-  Tensor name(const Tensor& a, const Tensor& b) { return binary(OpId::Op, a, b, 0); }     \
-  Tensor name(const Tensor& a, Scalar b) { return binary(OpId::Op, a, wrap(b, a), 0); }   \
+#define DUET_DEFINE_COMPARE(name, Op)                                                   \
+  Tensor name(const Tensor& a, const Tensor& b) { return binary(OpId::Op, a, b, 0); }   \
+  Tensor name(const Tensor& a, Scalar b) { return binary(OpId::Op, a, wrap(b, a), 0); } \
   Tensor name(Scalar a, const Tensor& b) { return binary(OpId::Op, wrap(a, b), b, 0); }
 DUET_DEFINE_COMPARE(lt, Lt)
 DUET_DEFINE_COMPARE(le, Le)
@@ -229,14 +235,14 @@ DUET_DEFINE_COMPARE(eq, Eq)
 DUET_DEFINE_COMPARE(ne, Ne)
 #undef DUET_DEFINE_COMPARE
 
-#define DUET_DEFINE_OPERATOR(sym, fn)                                                   \
-  Tensor operator sym(const Tensor& a, const Tensor& b) { return fn(a, b); }            \
-  Tensor operator sym(Tensor&& a, const Tensor& b) { return fn(std::move(a), b); }      \
-  Tensor operator sym(const Tensor& a, Tensor&& b) { return fn(a, std::move(b)); }      \
+#define DUET_DEFINE_OPERATOR(sym, fn)                                                    \
+  Tensor operator sym(const Tensor& a, const Tensor& b) { return fn(a, b); }             \
+  Tensor operator sym(Tensor&& a, const Tensor& b) { return fn(std::move(a), b); }       \
+  Tensor operator sym(const Tensor& a, Tensor&& b) { return fn(a, std::move(b)); }       \
   Tensor operator sym(Tensor&& a, Tensor&& b) { return fn(std::move(a), std::move(b)); } \
-  Tensor operator sym(const Tensor& a, Scalar b) { return fn(a, b); }                   \
-  Tensor operator sym(Tensor&& a, Scalar b) { return fn(std::move(a), b); }             \
-  Tensor operator sym(Scalar a, const Tensor& b) { return fn(a, b); }                   \
+  Tensor operator sym(const Tensor& a, Scalar b) { return fn(a, b); }                    \
+  Tensor operator sym(Tensor&& a, Scalar b) { return fn(std::move(a), b); }              \
+  Tensor operator sym(Scalar a, const Tensor& b) { return fn(a, b); }                    \
   Tensor operator sym(Scalar a, Tensor&& b) { return fn(a, std::move(b)); }
 DUET_DEFINE_OPERATOR(+, add)
 DUET_DEFINE_OPERATOR(-, sub)
@@ -265,8 +271,6 @@ Tensor where(const Tensor& cond, const Tensor& a, Scalar b) { return where(cond,
 Tensor where(const Tensor& cond, Scalar a, const Tensor& b) { return where(cond, wrap(a, b), b); }
 
 // With lo > hi every element becomes hi, as torch.clamp documents.
-Tensor clamp(const Tensor& x, Scalar lo, Scalar hi) {
-  return minimum(maximum(x, lo), hi);
-}
+Tensor clamp(const Tensor& x, Scalar lo, Scalar hi) { return minimum(maximum(x, lo), hi); }
 
 }  // namespace duet

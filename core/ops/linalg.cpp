@@ -15,8 +15,8 @@ void infer_matmul(const OpDef& def, TensorRefs in, const Attrs&, TensorMeta& out
   DUET_CHECK_SHAPE(a.size() >= 2 && b.size() >= 2,
                    "[matmul] the primitive needs operands of rank >= 2, got {} and {}", a, b);
   DUET_CHECK_DTYPE(in[0].dtype() == in[1].dtype(),
-                   "[matmul] operands must have the same dtype, got {} {} and {} {}",
-                   in[0].dtype(), a, in[1].dtype(), b);
+                   "[matmul] operands must have the same dtype, got {} {} and {} {}", in[0].dtype(),
+                   a, in[1].dtype(), b);
   DUET_CHECK_DTYPE(in[0].dtype() != DType::b8, "[matmul] is not defined for b8 operands {} and {}",
                    a, b);
   int64_t m = a[a.size() - 2], k = a[a.size() - 1];

@@ -89,7 +89,7 @@ Tensor mean(const Tensor& x, Dims dims, bool keepdim) {
                    x.dtype(), x.sizes());
   Attrs a = detail::reduce_attrs("mean", x, dims, keepdim);
   int64_t count = 1;
-  if (a.ints.empty())
+  if (a.ints.empty() || x.dim() == 0)  // a 0-d tensor accepts dim 0 and reduces one element
     count = x.numel();
   else
     for (int64_t d : a.ints) count *= x.sizes()[d];

@@ -37,8 +37,8 @@ Tensor source(OpId op, const Attrs& a, const Options& o) {
              op_name(op));
   // Sources have no inputs to take a device from, so the device travels in the call's meta;
   // it is set here and checked by the shape rule.
-  DUET_CHECK_DEVICE(o.device_.is_cpu(), "[{}] device {} has no kernels in this build",
-                    op_name(op), o.device_);
+  DUET_CHECK_DEVICE(o.device_.is_cpu(), "[{}] device {} has no kernels in this build", op_name(op),
+                    o.device_);
   return call(op, TensorRefs(), a);
 }
 
@@ -77,8 +77,10 @@ Tensor arange(int64_t n, Options options) {
 
 Tensor eye(int64_t n, Options options) {
   DUET_CHECK_VALUE(n >= 0, "[eye] size must be non-negative, got {}", n);
+  const DType dtype = options.dtype_.value_or(DType::f32);
+  detail::check_computable("eye", dtype, options.device_);
   Tensor i = arange(n);
-  return eq(unsqueeze(i, 1), unsqueeze(i, 0)).to(options.dtype_.value_or(DType::f32));
+  return eq(unsqueeze(i, 1), unsqueeze(i, 0)).to(dtype);
 }
 
 Tensor tensor(std::vector<double> values, Options options) {
@@ -94,10 +96,11 @@ Tensor tensor(std::vector<double> values, Shape shape, Options options) {
              "[tensor] requires_grad needs the autograd layer (eager/), which this build lacks");
   DUET_CHECK_DEVICE(options.device_.is_cpu(), "[tensor] device {} has no kernels in this build",
                     options.device_);
+  const DType dtype = options.dtype_.value_or(DType::f32);
+  detail::check_computable("tensor", dtype, options.device_);
   Tensor f64 = detail::empty(shape, DType::f64);
-  if (!values.empty())
-    std::memcpy(f64.raw_data(), values.data(), values.size() * sizeof(double));
-  return f64.to(options.dtype_.value_or(DType::f32));
+  if (!values.empty()) std::memcpy(f64.raw_data(), values.data(), values.size() * sizeof(double));
+  return f64.to(dtype);
 }
 
 }  // namespace duet

@@ -85,7 +85,8 @@ void infer_slice(const OpDef&, TensorRefs in, const Attrs& a, TensorMeta& out) {
                    "[slice] range [{}, {}) is outside dim {} of shape {}", a.start, a.end, a.dim,
                    s);
   out.shape = s;
-  out.shape[a.dim] = (a.end - a.start + a.step - 1) / a.step;
+  // Written so that a step near INT64_MAX (Python's x[::sys.maxsize]) cannot overflow.
+  out.shape[a.dim] = a.end == a.start ? 0 : (a.end - a.start - 1) / a.step + 1;
   out.dtype = in[0].dtype();
   out.device = in[0].device();
 }
@@ -93,7 +94,7 @@ void infer_slice(const OpDef&, TensorRefs in, const Attrs& a, TensorMeta& out) {
 Tensor view_slice(const Tensor& x, const Attrs& a, const TensorMeta& out) {
   Strides st = x.strides();
   int64_t off = x.storage_offset() + a.start * st[a.dim];
-  st[a.dim] *= a.step;
+  if (out.shape[a.dim] > 1) st[a.dim] *= a.step;  // with one element the step never applies
   return make_view(x, out.shape, st, out.shape.numel() ? off : x.storage_offset());
 }
 
@@ -108,7 +109,7 @@ void infer_expand(const OpDef&, TensorRefs in, const Attrs& a, TensorMeta& out) 
     DUET_CHECK_SHAPE(s[i] == target[lead + i] || s[i] == 1,
                      "[expand] cannot expand shape {} to {}: dim {} has size {}, expected 1 or {}",
                      s, target, i, s[i], target[lead + i]);
-  for (int64_t i = 0; i < lead; ++i)
+  for (int64_t i = 0; i < target.size(); ++i)
     DUET_CHECK_SHAPE(target[i] >= 0, "[expand] negative size {} in target {}", target[i], target);
   out.shape = target;
   out.dtype = in[0].dtype();
@@ -157,8 +158,8 @@ Tensor reshape(const Tensor& x, Shape shape) {
   }
   if (infer_at >= 0) {
     DUET_CHECK_SHAPE(known != 0 && x.numel() % known == 0,
-                     "[reshape] cannot reshape a tensor of shape {} ({} elements) to {}",
-                     x.sizes(), x.numel(), shape);
+                     "[reshape] cannot reshape a tensor of shape {} ({} elements) to {}", x.sizes(),
+                     x.numel(), shape);
     shape[infer_at] = x.numel() / known;
   }
   Attrs a;

@@ -1,0 +1,106 @@
+// duet tests: the op table as test rows (STYLE.md, "Tests"). One or more rows per primitive in
+// core/ops.def, plus the composites. Each row says how to call the op through the public API,
+// a float64 reference written independently on plain doubles, the input domain, the dtypes and
+// the tolerance; the runners in test_ops.cpp and test_reduce_matmul.cpp derive the samples
+// (0-d, empty, broadcast, non-contiguous, large) from the rows.
+#pragma once
+
+#include <vector>
+
+#include "util.h"
+
+namespace duet::test {
+
+/// The dtype of an elementwise result, given the (common) dtype of the inputs.
+enum class ResultKind {
+  Same,             ///< the input dtype
+  FloatIfNotFloat,  ///< f32 for integer and bool inputs (exp, div, ...)
+  Bool,             ///< b8 (comparisons)
+};
+DType result_dtype(ResultKind kind, DType in);
+
+/// An elementwise op (arity 1 to 3) with broadcasting.
+struct ElementwiseRow {
+  const char* name;
+  OpId op;         ///< the primitive the call must dispatch
+  bool composite;  ///< true: built from primitives (does not count as the primitive's row)
+  int arity;
+  Tensor (*fn)(const std::vector<Tensor>& in);
+  /// The same op with in[0] passed as an rvalue (buffer reuse); null when there is no overload.
+  Tensor (*fn_rvalue)(std::vector<Tensor> in);
+  /// The op with its last operand a Scalar; null when there is no overload.
+  Tensor (*fn_scalar)(const std::vector<Tensor>& in, Scalar last);
+  /// The op with its first operand a Scalar (binary ops); null when there is no overload.
+  Tensor (*fn_lscalar)(Scalar first, const std::vector<Tensor>& rest);
+  double (*ref)(const double* x);
+  std::vector<Domain> domains;  ///< one per input
+  std::vector<DType> dtypes;    ///< dtypes of the inputs (a where's condition is always b8)
+  ResultKind result;
+  double rtol32 = 1e-6, atol32 = 1e-6;  ///< for f32 results; f64 uses 1e-12, others exact
+  bool cond_first = false;              ///< input 0 is a b8 condition (where)
+};
+const std::vector<ElementwiseRow>& elementwise_rows();
+
+/// Cast and Copy: x converted to another dtype.
+struct ConversionRow {
+  const char* name;
+  OpId op;
+  bool keeps_dtype;  ///< ignores `to` (clone, contiguous)
+  Tensor (*fn)(const Tensor& x, DType to);
+};
+const std::vector<ConversionRow>& conversion_rows();
+
+enum class ReduceKind { Sum, Max, Min, Mean };
+/// A reduction over dims with keepdim.
+struct ReduceRow {
+  const char* name;
+  OpId op;
+  bool composite;
+  Tensor (*fn)(const Tensor& x, Dims dims, bool keepdim);
+  ReduceKind kind;
+  std::vector<DType> dtypes;
+};
+const std::vector<ReduceRow>& reduce_rows();
+
+/// A view op: the result reads input element offset + sum(index[d] * strides[d]), where the
+/// offset and strides count in the input's row-major (logical) order.
+struct ViewRow {
+  const char* name;
+  OpId op;
+  bool composite;
+  Tensor (*fn)(const Tensor& x);
+  Shape in, out;
+  int64_t offset;
+  std::vector<int64_t> strides;
+  bool always_view;  ///< a view for every input layout (reshape copies when no view exists)
+};
+const std::vector<ViewRow>& view_rows();
+
+/// A creation function (sources: Full, Arange).
+struct SourceRow {
+  const char* name;
+  OpId op;
+  Tensor (*fn)();
+  Shape shape;
+  DType dtype;
+  std::vector<double> want;
+};
+const std::vector<SourceRow>& source_rows();
+
+/// A matmul case: operand shapes and layouts (a transposed or strided layout where given).
+struct MatmulRow {
+  const char* name;
+  Shape a, b;
+  Layout la = Layout::Contiguous, lb = Layout::Contiguous;
+};
+const std::vector<MatmulRow>& matmul_rows();
+
+/// Reference matmul (torch.matmul's rules, 1-D operands included) on row-major doubles.
+std::vector<double> ref_matmul(const std::vector<double>& a, const Shape& as,
+                               const std::vector<double>& b, const Shape& bs, Shape* out);
+
+/// Reference reduction: dims already wrapped (empty: all).
+std::vector<double> ref_reduce(ReduceKind kind, const std::vector<double>& x, const Shape& s,
+                               const std::vector<int64_t>& dims, bool keepdim, Shape* out);
+
+}  // namespace duet::test

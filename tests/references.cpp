@@ -1,0 +1,84 @@
+// Float64 references for matmul and the reductions, on row-major doubles (see op_rows.h).
+#include <algorithm>
+#include <cmath>
+
+#include "op_rows.h"
+
+namespace duet::test {
+
+std::vector<double> ref_matmul(const std::vector<double>& a, const Shape& as,
+                               const std::vector<double>& b, const Shape& bs, Shape* out) {
+  // torch.matmul: a 1-D left operand is a row, a 1-D right operand a column; the added dims are
+  // dropped from the result. Batch dims broadcast.
+  Shape a2 = as, b2 = bs;
+  if (as.size() == 1) a2.insert(0, 1);
+  if (bs.size() == 1) b2.push_back(1);
+  const int64_t m = a2[a2.size() - 2], k = a2[a2.size() - 1], n = b2[b2.size() - 1];
+  Shape ba(a2.data(), a2.size() - 2), bb(b2.data(), b2.size() - 2);
+  const int64_t nb = std::max(ba.size(), bb.size());
+  Shape batch;
+  for (int64_t i = 0; i < nb; ++i) {
+    int64_t da = i < nb - ba.size() ? 1 : ba[i - (nb - ba.size())];
+    int64_t db = i < nb - bb.size() ? 1 : bb[i - (nb - bb.size())];
+    batch.push_back(da == 1 ? db : da);
+  }
+  // Expand each operand's batch to the common batch, then multiply matrix by matrix.
+  Shape afull = batch, bfull = batch;
+  afull.push_back(m), afull.push_back(k);
+  bfull.push_back(k), bfull.push_back(n);
+  std::vector<double> ae = broadcast_values(a, a2, afull), be = broadcast_values(b, b2, bfull);
+  const int64_t count = batch.numel();
+  std::vector<double> r(static_cast<size_t>(count * m * n), 0.0);
+  for (int64_t t = 0; t < count; ++t)
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        double s = 0;
+        for (int64_t p = 0; p < k; ++p) s += ae[t * m * k + i * k + p] * be[t * k * n + p * n + j];
+        r[t * m * n + i * n + j] = s;
+      }
+  *out = batch;
+  if (as.size() > 1) out->push_back(m);
+  if (bs.size() > 1) out->push_back(n);
+  return r;
+}
+
+std::vector<double> ref_reduce(ReduceKind kind, const std::vector<double>& x, const Shape& s,
+                               const std::vector<int64_t>& dims, bool keepdim, Shape* out) {
+  const int64_t nd = s.size();
+  std::vector<bool> red(static_cast<size_t>(nd), dims.empty());
+  for (int64_t d : dims) red[d] = true;
+  Shape kept;  // the output shape with keepdim (1 on reduced dims)
+  for (int64_t d = 0; d < nd; ++d) kept.push_back(red[d] ? 1 : s[d]);
+  const int64_t nout = kept.numel();
+  std::vector<double> acc(static_cast<size_t>(nout));
+  std::vector<int64_t> cnt(static_cast<size_t>(nout), 0);
+  for (int64_t i = 0; i < static_cast<int64_t>(x.size()); ++i) {
+    int64_t r = i, o = 0, mul = 1;
+    for (int64_t d = nd - 1; d >= 0; --d) {
+      int64_t c = r % s[d];
+      r /= s[d];
+      if (!red[d]) o += c * mul;
+      mul *= kept[d];
+    }
+    double v = x[i], &a = acc[o];
+    if (cnt[o]++ == 0) {
+      a = v;
+    } else if (kind == ReduceKind::Max) {
+      a = std::isnan(a) || std::isnan(v) ? NAN : std::max(a, v);
+    } else if (kind == ReduceKind::Min) {
+      a = std::isnan(a) || std::isnan(v) ? NAN : std::min(a, v);
+    } else {
+      a += v;
+    }
+  }
+  for (int64_t o = 0; o < nout; ++o) {
+    if (kind == ReduceKind::Mean) acc[o] = cnt[o] ? acc[o] / cnt[o] : NAN;
+    if (kind == ReduceKind::Sum && cnt[o] == 0) acc[o] = 0;
+  }
+  *out = Shape();
+  for (int64_t d = 0; d < nd; ++d)
+    if (!red[d] || keepdim) out->push_back(kept[d]);
+  return acc;
+}
+
+}  // namespace duet::test

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Builds duet and runs every test: the Release build (with the CUDA backend when nvcc is
+# present; CUDA tests skip without a GPU), then the CPU-only suite under ASan + UBSan.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash tests/setup_deps.sh
+jobs=$(nproc)
+export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/ccache}"
+
+echo "== Release build"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DDUET_BUILD_TESTS=ON >/dev/null
+cmake --build build -j "$jobs"
+ctest --test-dir build --output-on-failure -j "$jobs"
+
+echo "== ASan + UBSan build (CPU only)"
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DDUET_SANITIZE=ON \
+  -DDUET_BUILD_TESTS=ON -DDUET_BUILD_BENCH=OFF -DDUET_BUILD_SAMPLES=OFF >/dev/null
+cmake --build build-asan -j "$jobs"
+ctest --test-dir build-asan --output-on-failure -j "$jobs"

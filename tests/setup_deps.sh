@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs the Debian packages duet builds with, when any is missing (apt; needs root or sudo).
+# The CUDA toolkit is not installed here: the CUDA backend builds when nvcc is already present.
+set -euo pipefail
+pkgs=(g++ cmake ninja-build ccache libeigen3-dev libfmt-dev doctest-dev libdnnl-dev
+      libopenblas-openmp-dev zlib1g-dev)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+echo "setup_deps: installing ${missing[*]}"
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

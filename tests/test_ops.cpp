@@ -1,0 +1,503 @@
+// The op sweep: every row of op_rows.h run on samples derived from it (0-d, empty, broadcast,
+// non-contiguous, expanded, large), against its float64 reference. Reductions and matmul are in
+// test_reduce_matmul.cpp.
+#include <algorithm>
+#include <cmath>
+
+#include "op_rows.h"
+
+namespace duet::test {
+namespace {
+
+using L = Layout;
+
+Shape broadcast_shape(const Shape& a, const Shape& b) {
+  const int64_t n = std::max(a.size(), b.size());
+  Shape out;
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t da = i < n - a.size() ? 1 : a[i - (n - a.size())];
+    int64_t db = i < n - b.size() ? 1 : b[i - (n - b.size())];
+    out.push_back(da == 1 ? db : da);
+  }
+  return out;
+}
+
+double rtol_for(const ElementwiseRow& row, DType out) {
+  return out == DType::f32 ? row.rtol32 : out == DType::f64 ? 1e-12 : 0;
+}
+double atol_for(const ElementwiseRow& row, DType out) {
+  return out == DType::f32 ? row.atol32 : out == DType::f64 ? 1e-12 : 0;
+}
+
+// One way to build the inputs of an elementwise row. Shapes and layouts are per input (the
+// first `arity` are used); with `small`, inputs are made at those shapes and expanded.
+struct Sample {
+  const char* name;
+  int min_arity;
+  std::vector<Shape> shapes;
+  std::vector<Layout> layouts = {L::Contiguous, L::Contiguous, L::Contiguous};
+  std::vector<Shape> small = {};
+};
+
+const std::vector<Sample>& samples() {
+  // Large enough to cross the kernels' parallel threshold (2 x 32768 elements).
+  const Shape big{300, 257};
+  static const std::vector<Sample> s = {
+      {"0-d", 1, {{}, {}, {}}},
+      {"empty", 1, {{2, 0, 3}, {2, 0, 3}, {2, 0, 3}}},
+      {"normal", 1, {{3, 5}, {3, 5}, {3, 5}}},
+      {"rank 3", 1, {{2, 3, 4}, {2, 3, 4}, {2, 3, 4}}},
+      {"broadcast (3,1) (1,4) (4)", 2, {{3, 1}, {1, 4}, {4}}},
+      {"broadcast (4) (2,3,4) ()", 2, {{4}, {2, 3, 4}, {}}},
+      {"broadcast () (3,4) (1,4)", 2, {{}, {3, 4}, {1, 4}}},
+      {"broadcast (2,1,3) (4,1) (3)", 2, {{2, 1, 3}, {4, 1}, {3}}},
+      {"broadcast to empty", 2, {{5, 4}, {0, 1, 4}, {4}}},
+      {"0-d at an offset", 1, {{}, {}, {}}, {L::Offset, L::Offset, L::Offset}},
+      {"offset", 1, {{3, 5}, {3, 5}, {3, 5}}, {L::Offset, L::Contiguous, L::Offset}},
+      {"transposed", 1, {{4, 5}, {4, 5}, {4, 5}}, {L::Transposed, L::Transposed, L::Transposed}},
+      {"strided", 1, {{4, 5}, {4, 5}, {4, 5}}, {L::Strided, L::Strided, L::Strided}},
+      {"mixed layouts", 1, {{4, 5}, {4, 5}, {4, 5}}, {L::Transposed, L::Contiguous, L::Strided}},
+      {"expanded",
+       1,
+       {{4, 5}, {4, 5}, {4, 5}},
+       {L::Contiguous, L::Contiguous, L::Contiguous},
+       {{1, 5}, {4, 1}, {1, 1}}},
+      {"expanded transposed",
+       1,
+       {{3, 4, 5}, {3, 4, 5}, {3, 4, 5}},
+       {L::Transposed, L::Strided, L::Transposed},
+       {{4, 5}, {1, 4, 5}, {3, 4, 1}}},
+      {"big", 1, {big, big, big}},
+      {"big strided", 1, {big, big, big}, {L::Transposed, L::Strided, L::Transposed}},
+      {"big offset", 1, {big, big, big}, {L::Offset, L::Offset, L::Contiguous}},
+      {"big broadcast", 2, {big, {257}, {300, 1}}},
+      {"big row broadcast", 2, {{257}, big, big}, {L::Contiguous, L::Transposed, L::Contiguous}},
+  };
+  return s;
+}
+
+const Sample& sample(const std::string& name) {
+  for (const Sample& s : samples())
+    if (name == s.name) return s;
+  FAIL("no sample " << name);
+  return samples()[0];
+}
+
+struct Built {
+  std::vector<Tensor> in;
+  std::vector<std::vector<double>> vals;  // logical values, broadcast to the input's shape
+  std::vector<Shape> shapes;
+};
+
+// Inputs of `row` for sample `s`; dts holds the dtype of each value input (one for all, or one
+// per input), a where's condition is b8.
+Built build(const ElementwiseRow& row, std::vector<DType> dts, const Sample& s, Rng& rng) {
+  Built b;
+  for (int i = 0; i < row.arity; ++i) {
+    const size_t k = static_cast<size_t>(row.cond_first ? i - 1 : i);
+    DType di = row.cond_first && i == 0 ? DType::b8 : dts[std::min(k, dts.size() - 1)];
+    Shape logical = s.small.empty() ? s.shapes[i] : s.small[i];
+    std::vector<double> v = random_values(logical.numel(), row.domains[i], di, rng);
+    Tensor t = make_layout(v, logical, di, s.layouts[i]);
+    if (!s.small.empty()) {
+      t = expand(t, s.shapes[i]);
+      v = broadcast_values(v, logical, s.shapes[i]);
+      logical = s.shapes[i];
+    }
+    b.in.push_back(t);
+    b.vals.push_back(std::move(v));
+    b.shapes.push_back(logical);
+  }
+  return b;
+}
+
+// The reference result of `row` on logical inputs (scalars are inputs of shape ()).
+std::vector<double> reference(const ElementwiseRow& row, const std::vector<std::vector<double>>& v,
+                              const std::vector<Shape>& shapes, DType out_dtype, Shape* out) {
+  *out = shapes[0];
+  for (const Shape& s : shapes) *out = broadcast_shape(*out, s);
+  std::vector<std::vector<double>> bv;
+  for (size_t i = 0; i < v.size(); ++i) bv.push_back(broadcast_values(v[i], shapes[i], *out));
+  std::vector<double> r(static_cast<size_t>(out->numel()));
+  double args[3];
+  for (size_t e = 0; e < r.size(); ++e) {
+    for (size_t i = 0; i < v.size(); ++i) args[i] = bv[i][e];
+    r[e] = round_to(row.ref(args), out_dtype);
+  }
+  return r;
+}
+
+void check_result(const ElementwiseRow& row, const Tensor& got, const Built& b, DType out_dtype) {
+  Shape out;
+  std::vector<double> want = reference(row, b.vals, b.shapes, out_dtype, &out);
+  check_tensor(got, out, out_dtype, want, rtol_for(row, out_dtype), atol_for(row, out_dtype));
+}
+
+void check_unchanged(const Built& b) {
+  for (size_t i = 0; i < b.in.size(); ++i) {
+    std::string m = differences(values(b.in[i]), b.vals[i], 0, 0);
+    CHECK_MESSAGE(m.empty(), "input " << i << " was modified: " << m);
+  }
+}
+
+Scalar to_scalar(double v, DType dt) {
+  if (dt == DType::b8) return Scalar(v != 0);
+  if (is_integral(dt)) return Scalar(static_cast<int64_t>(v));
+  return Scalar(v);
+}
+
+}  // namespace
+
+TEST_CASE("elementwise rows: every sample, every dtype, against the float64 reference") {
+  Rng rng(1);
+  for (const ElementwiseRow& row : elementwise_rows()) {
+    for (DType dt : row.dtypes) {
+      const DType out_dtype = result_dtype(row.result, dt);
+      for (const Sample& s : samples()) {
+        if (row.arity < s.min_arity) continue;
+        INFO(std::string(row.name)
+             << " on " << dtype_name(dt) << ", sample " << std::string(s.name));
+        Built b = build(row, {dt}, s, rng);
+        check_result(row, row.fn(b.in), b, out_dtype);
+        check_unchanged(b);
+      }
+    }
+  }
+}
+
+TEST_CASE("elementwise rows: Scalar operands keep the tensor's dtype") {
+  Rng rng(2);
+  const Sample& normal = sample("normal");
+  for (const ElementwiseRow& row : elementwise_rows()) {
+    for (DType dt : row.dtypes) {
+      const DType out_dtype = result_dtype(row.result, dt);
+      INFO(std::string(row.name) << " on " << dtype_name(dt));
+      if (row.fn_scalar) {
+        // The last operand becomes a C++ number of the same kind as dt.
+        Built b = build(row, {dt}, normal, rng);
+        double v = random_values(1, row.domains[row.arity - 1], dt, rng)[0];
+        Tensor got =
+            row.fn_scalar(std::vector<Tensor>(b.in.begin(), b.in.end() - 1), to_scalar(v, dt));
+        b.vals.back() = {v};
+        b.shapes.back() = Shape{};
+        check_result(row, got, b, out_dtype);
+      }
+      if (row.fn_lscalar) {
+        Built b = build(row, {dt}, normal, rng);
+        double v = random_values(1, row.domains[0], dt, rng)[0];
+        Tensor got =
+            row.fn_lscalar(to_scalar(v, dt), std::vector<Tensor>(b.in.begin() + 1, b.in.end()));
+        b.vals.front() = {v};
+        b.shapes.front() = Shape{};
+        check_result(row, got, b, out_dtype);
+      }
+    }
+  }
+}
+
+TEST_CASE("elementwise rows on mixed dtypes promote like PyTorch") {
+  Rng rng(9);
+  for (const ElementwiseRow& row : elementwise_rows()) {
+    if (row.arity - (row.cond_first ? 1 : 0) != 2) continue;
+    for (DType da : row.dtypes) {
+      for (DType db : row.dtypes) {
+        if (da == db) continue;
+        const DType out_dtype = result_dtype(row.result, promote_types(da, db));
+        for (const char* name :
+             {"normal", "broadcast (3,1) (1,4) (4)", "mixed layouts", "offset", "big strided"}) {
+          INFO(std::string(row.name) << " on " << dtype_name(da) << " and " << dtype_name(db)
+                                     << ", sample " << std::string(name));
+          Built b = build(row, {da, db}, sample(name), rng);
+          check_result(row, row.fn(b.in), b, out_dtype);
+          check_unchanged(b);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("elementwise rows: rvalue operands reuse only buffers nobody else sees") {
+  Rng rng(3);
+  const Sample& normal = sample("normal");
+  const Sample& bcast = sample("broadcast (3,1) (1,4) (4)");
+  const Sample& big = sample("big");
+  for (const ElementwiseRow& row : elementwise_rows()) {
+    if (!row.fn_rvalue) continue;
+    for (DType dt : row.dtypes) {
+      const DType out_dtype = result_dtype(row.result, dt);
+      for (const Sample* s : {&normal, &bcast, &big}) {
+        if (row.arity < s->min_arity) continue;
+        INFO(std::string(row.name)
+             << " on " << dtype_name(dt) << ", sample " << std::string(s->name));
+        Built b = build(row, {dt}, *s, rng);
+        // A temporary that nobody else holds: its buffer may become the result.
+        std::vector<Tensor> in = b.in;
+        in[0] = b.in[0].clone();
+        check_result(row, row.fn_rvalue(std::move(in)), b, out_dtype);
+        // A fresh handle to storage that an lvalue still sees must not be written.
+        in = b.in;
+        in[0] = b.in[0].detach();
+        check_result(row, row.fn_rvalue(std::move(in)), b, out_dtype);
+        check_unchanged(b);
+      }
+    }
+  }
+}
+
+TEST_CASE("chains of temporaries: right values, one buffer, lvalues untouched") {
+  const int64_t n = int64_t(1) << 20;  // 4 MiB of f32: an exact size class
+  Rng rng(4);
+  std::vector<double> v = random_values(n, Domain{-2, 2}, DType::f32, rng);
+  Tensor x = make(v, {n});
+  std::vector<double> want(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    float t = static_cast<float>(static_cast<float>(v[i] * 1.5f) + 0.5f);
+    want[i] = std::tanh(static_cast<double>(t));
+  }
+  reset_peak_memory();
+  const int64_t before = cpu_memory_stats().current;
+  Tensor y = tanh(x * 1.5 + 0.5);
+  const int64_t peak = cpu_memory_stats().peak - before;
+  // x * 1.5 allocates; + 0.5 and tanh write into that temporary (wrapped numbers are 64 B).
+  CHECK(peak >= n * 4);
+  CHECK(peak <= n * 4 + 1024);
+  check_tensor(y, {n}, DType::f32, want, 1e-6, 1e-6);
+  CHECK(differences(values(x), v, 0, 0).empty());
+  // A Scalar on the left of a temporary: 2 - (x * 3) writes into the temporary too.
+  for (size_t i = 0; i < v.size(); ++i) want[i] = 2.0 - static_cast<float>(v[i] * 3.0f);
+  check_tensor(2.0 - x * 3, {n}, DType::f32, want, 1e-6, 1e-6);
+  CHECK(differences(values(x), v, 0, 0).empty());
+
+  // The same chain on a strided lvalue and with a second lvalue operand.
+  Tensor xt = transpose(reshape(x, {1024, 1024}), 0, 1);
+  Tensor z = relu(exp(-(xt * xt)) - xt);
+  std::vector<double> xv = values(xt), zw(xv.size());
+  for (size_t i = 0; i < xv.size(); ++i) {
+    float sq = static_cast<float>(xv[i] * xv[i]);
+    double e = std::exp(-static_cast<double>(sq));
+    zw[i] = std::max(0.0, e - xv[i]);
+  }
+  check_tensor(z, {1024, 1024}, DType::f32, zw, 1e-5, 1e-6);
+  CHECK(differences(values(x), v, 0, 0).empty());
+}
+
+TEST_CASE("elementwise ops on tensors of rank above the loop's 16 coalesced dims") {
+  // 17 dims of size 2, permuted so that no two dims merge: the kernels walk element by element.
+  Shape s;
+  std::vector<int64_t> order;
+  for (int i = 0; i < 17; ++i) {
+    s.push_back(2);
+    order.push_back(i % 2 == 0 ? i / 2 : 16 - i / 2);
+  }
+  Rng rng(5);
+  std::vector<double> va = random_values(s.numel(), Domain{}, DType::f64, rng);
+  std::vector<double> vb = random_values(s.numel(), Domain{}, DType::f64, rng);
+  Tensor a = permute(make(va, s, DType::f64), Dims(order));
+  Tensor b = permute(make(vb, s, DType::f64), Dims(order));
+  std::vector<double> xa = values(a), xb = values(b), want(xa.size());
+  for (size_t i = 0; i < xa.size(); ++i) want[i] = xa[i] * xb[i] + xa[i];
+  check_tensor(a * b + a, a.shape(), DType::f64, want, 1e-12, 1e-12);
+  Tensor c = zeros(a.shape(), Options().dtype(DType::f32));
+  c.copy_(a);
+  check_tensor(c, a.shape(), DType::f32, std::vector<double>(xa.begin(), xa.end()), 1e-6, 1e-6);
+  double total = 0;
+  for (double x : va) total += x;
+  check_tensor(sum(a), {}, DType::f64, {total}, 1e-12, 1e-12);
+  Shape out;
+  std::vector<double> want_sum = ref_reduce(ReduceKind::Sum, xa, a.shape(), {0, 16}, true, &out);
+  check_tensor(sum(a, {0, 16}, true), out, DType::f64, want_sum, 1e-12, 1e-12);
+}
+
+// ---- conversions ------------------------------------------------------------------------------
+
+TEST_CASE("conversion rows: every dtype pair and layout") {
+  Rng rng(6);
+  struct Case {
+    const char* name;
+    Shape shape;
+    Layout layout;
+    Shape small = {};
+  };
+  const std::vector<Case> cases = {
+      {"0-d", {}, L::Contiguous},
+      {"empty", {0, 3}, L::Contiguous},
+      {"normal", {3, 4}, L::Contiguous},
+      {"transposed", {3, 4}, L::Transposed},
+      {"strided", {3, 4}, L::Strided},
+      {"offset", {3, 4}, L::Offset},
+      {"expanded", {3, 4}, L::Contiguous, {1, 4}},
+      {"big transposed", {300, 257}, L::Transposed},
+  };
+  for (const ConversionRow& row : conversion_rows()) {
+    for (DType from : kAllDTypes) {
+      for (DType to : kAllDTypes) {
+        if (row.keeps_dtype && to != from) continue;
+        for (const Case& c : cases) {
+          INFO(std::string(row.name) << " " << dtype_name(from) << " -> " << dtype_name(to) << ", "
+                                     << std::string(c.name));
+          const Shape& made = c.small.size() ? c.small : c.shape;
+          std::vector<double> v = random_values(made.numel(), Domain{-50, 50, -50, 50}, from, rng);
+          Tensor x = make_layout(v, made, from, c.layout);
+          if (c.small.size()) {
+            x = expand(x, c.shape);
+            v = broadcast_values(v, made, c.shape);
+          }
+          std::vector<double> want(v.size());
+          for (size_t i = 0; i < v.size(); ++i) want[i] = round_to(v[i], to);
+          Tensor y = row.fn(x, to);
+          check_tensor(y, c.shape, to, want);
+          CHECK(differences(values(x), v, 0, 0).empty());
+          if (row.keeps_dtype) CHECK(y.is_contiguous());
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("clone is independent; contiguous copies only when needed") {
+  Tensor x = make({1, 2, 3, 4, 5, 6}, {2, 3});
+  Tensor c = x.clone();
+  CHECK(!same_storage(x, c));
+  c.add_(1);
+  CHECK(values(x) == std::vector<double>{1, 2, 3, 4, 5, 6});
+  CHECK(same_storage(x.contiguous(), x));
+  Tensor t = transpose(x, 0, 1);
+  Tensor tc = t.contiguous();
+  CHECK(!same_storage(t, tc));
+  CHECK(tc.is_contiguous());
+  CHECK(values(tc) == std::vector<double>{1, 4, 2, 5, 3, 6});
+  CHECK(x.to(DType::f32).is_same(x));  // no conversion, no copy
+}
+
+// ---- views ------------------------------------------------------------------------------------
+
+TEST_CASE("view rows: values, storage sharing and writes through the view") {
+  Rng rng(7);
+  for (const ViewRow& row : view_rows()) {
+    for (Layout layout : {L::Contiguous, L::Transposed, L::Strided, L::Offset}) {
+      INFO(std::string(row.name) << ", input " << std::string(layout_name(layout)));
+      std::vector<double> v = random_values(row.in.numel(), Domain{-9, 9}, DType::f32, rng);
+      Tensor x = make_layout(v, row.in, DType::f32, layout);
+      Tensor y = row.fn(x);
+      // Element j of y reads x at offset + sum(index_j[d] * strides[d]) (logical positions).
+      std::vector<int64_t> src(static_cast<size_t>(row.out.numel()));
+      std::vector<double> want(src.size());
+      for (int64_t j = 0; j < row.out.numel(); ++j) {
+        int64_t r = j, p = row.offset;
+        for (int64_t d = row.out.size() - 1; d >= 0; --d) {
+          p += (r % row.out[d]) * row.strides[d];
+          r /= row.out[d];
+        }
+        src[j] = p;
+        want[j] = v[p];
+      }
+      check_tensor(y, row.out, DType::f32, want);
+      const bool shared = same_storage(x, y);
+      if (row.always_view || x.is_contiguous()) CHECK(shared);
+      if (row.op == OpId::Expand) continue;  // an expanded view aliases its elements
+      // Writing through a view changes the base; writing into a copy does not.
+      y.add_(1000);
+      std::vector<double> after = v;
+      if (shared)
+        for (int64_t p : src) after[p] = round_to(after[p] + 1000, DType::f32);
+      CHECK(differences(values(x), after, 0, 0).empty());
+    }
+  }
+}
+
+TEST_CASE("views of views compose their strides and offsets") {
+  Tensor x = make(
+      [] {
+        std::vector<double> v(60);
+        for (int i = 0; i < 60; ++i) v[i] = i;
+        return v;
+      }(),
+      {3, 4, 5});
+  // y[a][b][c] = x[2c][b][1 + 2a]
+  Tensor y = slice(transpose(slice(x, 2, 1, 5, 2), 0, 2), 2, 0, 3, 2);  // (2, 4, 2)
+  CHECK(same_storage(x, y));
+  std::vector<double> want;
+  for (int a = 0; a < 2; ++a)
+    for (int b = 0; b < 4; ++b)
+      for (int c = 0; c < 2; ++c) want.push_back(2 * c * 20 + b * 5 + (1 + 2 * a));
+  check_tensor(y, {2, 4, 2}, DType::f32, want);
+  // The non-contiguous view through an elementwise op and a reduction.
+  check_tensor(sum(y * 2, {0, 2}), {4}, DType::f32, [&] {
+    std::vector<double> s(4, 0);
+    for (size_t i = 0; i < want.size(); ++i) s[(i / 2) % 4] += 2 * want[i];
+    return s;
+  }());
+}
+
+// ---- sources ----------------------------------------------------------------------------------
+
+TEST_CASE("source rows: creation functions") {
+  for (const SourceRow& row : source_rows()) {
+    INFO(std::string(row.name));
+    Tensor t = row.fn();
+    check_tensor(t, row.shape, row.dtype, row.want);
+    CHECK(t.is_contiguous());
+  }
+  // A long arange, past the parallel threshold of the fill kernels.
+  Tensor a = arange(100000, Options().dtype(DType::f32));
+  std::vector<double> want(100000);
+  for (int i = 0; i < 100000; ++i) want[i] = i;
+  check_tensor(a, {100000}, DType::f32, want);
+  Tensor f = full({70000}, -1.25, Options().dtype(DType::f64));
+  check_tensor(f, {70000}, DType::f64, std::vector<double>(70000, -1.25));
+}
+
+// ---- the table itself -------------------------------------------------------------------------
+
+TEST_CASE("every primitive in ops.def has a test row") {
+  std::vector<int> rows(kNumOps, 0);
+  for (const auto& r : elementwise_rows())
+    if (!r.composite) ++rows[int(r.op)];
+  for (const auto& r : conversion_rows())
+    if (!r.keeps_dtype) ++rows[int(r.op)];
+  for (const auto& r : reduce_rows())
+    if (!r.composite) ++rows[int(r.op)];
+  for (const auto& r : view_rows())
+    if (!r.composite) ++rows[int(r.op)];
+  for (const auto& r : source_rows()) ++rows[int(r.op)];
+  if (!matmul_rows().empty()) ++rows[int(OpId::MatMul)];
+  for (int i = 0; i < kNumOps; ++i) CHECK_MESSAGE(rows[i] > 0, op_name(OpId(i)) << " has no row");
+}
+
+TEST_CASE("every row dispatches the primitive it claims") {
+  Rng rng(8);
+  auto check_dispatch = [](OpId op, auto&& f) {
+    CountingMode mode;
+    {
+      ModeGuard guard(&mode);
+      f();
+    }
+    CHECK_MESSAGE(mode.count(std::string(op_name(op))) > 0, "expected a call of " << op_name(op));
+  };
+  for (const auto& r : elementwise_rows()) {
+    INFO(std::string(r.name));
+    Built b = build(r, {r.dtypes[0]}, sample("normal"), rng);
+    check_dispatch(r.op, [&] { r.fn(b.in); });
+  }
+  Tensor x = transpose(make({1, 2, 3, 4, 5, 6}, {2, 3}), 0, 1);
+  for (const auto& r : conversion_rows()) {
+    INFO(std::string(r.name));
+    check_dispatch(r.op, [&] { r.fn(x, DType::f64); });
+  }
+  for (const auto& r : reduce_rows()) {
+    INFO(std::string(r.name));
+    check_dispatch(r.op, [&] { r.fn(x, Dims{0}, false); });
+  }
+  for (const auto& r : view_rows()) {
+    INFO(std::string(r.name));
+    Tensor in = make(std::vector<double>(r.in.numel(), 1), r.in);
+    check_dispatch(r.op, [&] { r.fn(in); });
+  }
+  for (const auto& r : source_rows()) {
+    INFO(std::string(r.name));
+    check_dispatch(r.op, [&] { r.fn(); });
+  }
+  check_dispatch(OpId::MatMul, [&] { matmul(x, transpose(x, 0, 1)); });
+}
+
+}  // namespace duet::test

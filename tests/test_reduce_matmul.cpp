@@ -1,0 +1,210 @@
+// Reductions and matmul: the reduce and matmul rows of op_rows.h on many dims sets, layouts and
+// sizes (both sides of the parallel threshold, with one and two threads), against references.
+#include <cmath>
+
+#include "op_rows.h"
+
+namespace duet::test {
+namespace {
+
+using L = Layout;
+
+struct ReduceCase {
+  const char* name;
+  Shape shape;
+  Layout layout;
+  std::vector<std::vector<int64_t>> dims;
+  Shape small = {};  // made at this shape, then expanded to `shape`
+  bool big = false;  // run with 1 and with 2 threads
+};
+
+const std::vector<ReduceCase>& reduce_cases() {
+  const std::vector<std::vector<int64_t>> rank3 = {{},     {0},    {1},      {2},       {-1},
+                                                   {0, 2}, {2, 0}, {-1, -3}, {0, 1, 2}, {1, -1}};
+  static const std::vector<ReduceCase> c = {
+      {"0-d", {}, L::Contiguous, {{}, {0}, {-1}}},
+      {"rank 1", {7}, L::Contiguous, {{}, {0}, {-1}}},
+      {"rank 3", {2, 3, 4}, L::Contiguous, rank3},
+      {"rank 3 transposed", {2, 3, 4}, L::Transposed, rank3},
+      {"rank 3 strided", {2, 3, 4}, L::Strided, rank3},
+      {"size-1 dims", {1, 3, 1}, L::Contiguous, {{}, {0}, {1}, {0, 2}}},
+      {"empty", {2, 0, 3}, L::Contiguous, {{}, {0}, {1}, {2}, {0, 2}}},
+      {"expanded", {3, 4}, L::Contiguous, {{}, {0}, {1}}, {1, 4}},
+      {"expanded column", {5, 3}, L::Transposed, {{}, {0}, {1}}, {5, 1}},
+      {"big", {300, 500}, L::Contiguous, {{}, {0}, {1}, {-1, 0}}, {}, true},
+      {"big transposed", {300, 500}, L::Transposed, {{}, {0}, {1}}, {}, true},
+      {"big strided", {300, 500}, L::Strided, {{}, {0}, {1}}, {}, true},
+      {"big offset", {300, 500}, L::Offset, {{}, {0}, {1}}, {}, true},
+      {"offset 0-d", {}, L::Offset, {{}, {0}}},
+      {"big rank 3", {64, 40, 30}, L::Contiguous, {{1}, {0, 2}, {2}, {}}, {}, true},
+      {"big single row", {1, 70000}, L::Contiguous, {{1}, {0}}, {}, true},
+      {"big single column", {70000, 1}, L::Transposed, {{0}, {1}}, {}, true},
+  };
+  return c;
+}
+
+DType reduce_dtype(ReduceKind kind, DType in) {
+  return kind == ReduceKind::Sum && !is_floating(in) ? DType::i64 : in;
+}
+
+// Float sums are checked against a bound that scales with the magnitude summed.
+std::string differences_scaled(const std::vector<double>& got, const std::vector<double>& want,
+                               const std::vector<double>& scale, double rel) {
+  if (got.size() != want.size()) return differences(got, want, 0, 0);
+  for (size_t i = 0; i < got.size(); ++i) {
+    bool ok = (std::isnan(got[i]) && std::isnan(want[i])) ||
+              std::fabs(got[i] - want[i]) <= rel * scale[i] + 1e-6;
+    if (!ok) return differences({got[i]}, {want[i]}, 0, 0) + " at element " + std::to_string(i);
+  }
+  return "";
+}
+
+void run_reduce(const ReduceRow& row, DType dt, const ReduceCase& c, Rng& rng) {
+  const Shape& made = c.small.size() ? c.small : c.shape;
+  std::vector<double> v = random_values(made.numel(), Domain{-3, 3, -9, 9}, dt, rng);
+  Tensor x = make_layout(v, made, dt, c.layout);
+  if (c.small.size()) {
+    x = expand(x, c.shape);
+    v = broadcast_values(v, made, c.shape);
+  }
+  std::vector<double> absv(v.size());
+  for (size_t i = 0; i < v.size(); ++i) absv[i] = std::fabs(v[i]);
+  const int64_t nd = c.shape.size();
+  const DType out_dtype = reduce_dtype(row.kind, dt);
+  for (const auto& dims : c.dims) {
+    std::vector<int64_t> wrapped;
+    bool reduces_empty = dims.empty() && c.shape.numel() == 0;
+    for (int64_t d : dims) {
+      if (nd == 0) continue;  // a 0-d tensor accepts dim 0 and -1 and reduces nothing
+      int64_t w = d < 0 ? d + nd : d;
+      wrapped.push_back(w);
+      reduces_empty |= c.shape[w] == 0;
+    }
+    for (bool keepdim : {false, true}) {
+      INFO(std::string(row.name) << " on " << dtype_name(dt) << ", " << std::string(c.name)
+                                 << ", dims " << Dims(dims).str()
+                                 << std::string(keepdim ? ", keepdim" : ""));
+      if (reduces_empty && (row.kind == ReduceKind::Max || row.kind == ReduceKind::Min)) {
+        std::string msg = error_of<ValueError>([&] { row.fn(x, Dims(dims), keepdim); });
+        CHECK(msg.rfind(std::string("[") + row.name + "]", 0) == 0);
+        continue;
+      }
+      Shape out;
+      std::vector<double> want = ref_reduce(row.kind, v, c.shape, wrapped, keepdim, &out);
+      for (double& w : want) w = round_to(w, out_dtype);
+      Shape out2;
+      std::vector<double> scale =
+          ref_reduce(row.kind == ReduceKind::Mean ? ReduceKind::Mean : ReduceKind::Sum, absv,
+                     c.shape, wrapped, keepdim, &out2);
+      auto check = [&] {
+        Tensor got = row.fn(x, Dims(dims), keepdim);
+        CHECK(got.sizes().str() == out.str());
+        CHECK(dtype_name(got.dtype()) == dtype_name(out_dtype));
+        if (got.sizes() != out) return;
+        const bool exact =
+            !is_floating(dt) || row.kind == ReduceKind::Max || row.kind == ReduceKind::Min;
+        std::string m =
+            exact ? differences(values(got), want, 0, 0)
+                  : differences_scaled(values(got), want, scale, dt == DType::f32 ? 1e-5 : 1e-13);
+        CHECK_MESSAGE(m.empty(), m);
+      };
+      if (c.big) {
+        with_threads(1, check);
+        with_threads(2, check);
+      } else {
+        check();
+      }
+      CHECK(differences(values(x), v, 0, 0).empty());
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("reduce rows: dims sets, keepdim, layouts, sizes and thread counts") {
+  Rng rng(11);
+  for (const ReduceRow& row : reduce_rows())
+    for (DType dt : row.dtypes)
+      for (const ReduceCase& c : reduce_cases()) run_reduce(row, dt, c, rng);
+}
+
+TEST_CASE("reductions: NaN propagates through max, min and sum") {
+  const double nan = std::nan("");
+  for (DType dt : {DType::f32, DType::f64}) {
+    Tensor x = make({1, nan, 3, 4, 5, 6}, {2, 3}, dt);
+    CHECK(std::isnan(max(x).item<double>()));
+    CHECK(std::isnan(min(x).item<double>()));
+    CHECK(std::isnan(sum(x).item<double>()));
+    check_tensor(max(x, 1), {2}, dt, {nan, 6});
+    check_tensor(min(x, 0), {3}, dt, {1, nan, 3});
+    check_tensor(max(transpose(x, 0, 1), 0), {2}, dt, {nan, 6});
+  }
+}
+
+TEST_CASE("reductions: integer and bool sums accumulate in i64") {
+  Tensor big = make({2e9, 2e9, 2e9}, {3}, DType::i32);
+  check_tensor(sum(big), {}, DType::i64, {6e9});
+  Tensor b = make({1, 0, 1, 1, 0, 1}, {2, 3}, DType::b8);
+  check_tensor(sum(b), {}, DType::i64, {4});
+  check_tensor(sum(b, 0), {3}, DType::i64, {2, 0, 2});
+  check_tensor(max(b, 1), {2}, DType::b8, {1, 1});
+  check_tensor(min(b, 1), {2}, DType::b8, {0, 0});
+  check_tensor(mean(make({1, 2, 3, 4}, {2, 2}, DType::f64), {0, 1}, true), {1, 1}, DType::f64,
+               {2.5});
+}
+
+TEST_CASE("reductions: sums of empty tensors are zero; means are NaN") {
+  check_tensor(sum(zeros({0})), {}, DType::f32, {0});
+  check_tensor(sum(zeros({2, 0}), 1), {2}, DType::f32, {0, 0});
+  check_tensor(sum(zeros({2, 0}), 0), {0}, DType::f32, {});
+  CHECK(std::isnan(mean(zeros({0})).item<float>()));
+  check_tensor(max(zeros({0, 3}), 1), {0}, DType::f32, {});
+}
+
+// ---- matmul -----------------------------------------------------------------------------------
+
+TEST_CASE("matmul rows: shapes, layouts and dtypes against the reference") {
+  Rng rng(12);
+  for (const MatmulRow& row : matmul_rows()) {
+    for (DType dt : {DType::f32, DType::f64, DType::i32, DType::i64}) {
+      INFO("matmul " << std::string(row.name) << " on " << dtype_name(dt));
+      Domain dom{-1, 1, -3, 3};
+      std::vector<double> va = random_values(row.a.numel(), dom, dt, rng);
+      std::vector<double> vb = random_values(row.b.numel(), dom, dt, rng);
+      Tensor a = make_layout(va, row.a, dt, row.la);
+      Tensor b = make_layout(vb, row.b, dt, row.lb);
+      Shape out;
+      std::vector<double> want = ref_matmul(va, row.a, vb, row.b, &out);
+      const double tol = dt == DType::f32 ? 1e-5 : dt == DType::f64 ? 1e-12 : 0;
+      auto check = [&] { check_tensor(matmul(a, b), out, dt, want, tol, tol); };
+      if (row.a.numel() > 10000) {
+        with_threads(1, check);
+        with_threads(2, check);
+      } else {
+        check();
+      }
+      CHECK(differences(values(a), va, 0, 0).empty());
+      CHECK(differences(values(b), vb, 0, 0).empty());
+    }
+  }
+}
+
+TEST_CASE("matmul with expanded and offset operands") {
+  Rng rng(13);
+  std::vector<double> va = random_values(4, Domain{-1, 1}, DType::f64, rng);
+  std::vector<double> vb = random_values(20, Domain{-1, 1}, DType::f64, rng);
+  Tensor a = expand(make(va, {1, 4}, DType::f64), {3, 4});  // stride 0 rows
+  Tensor b = make(vb, {4, 5}, DType::f64);
+  Shape out;
+  std::vector<double> want =
+      ref_matmul(broadcast_values(va, {1, 4}, {3, 4}), {3, 4}, vb, {4, 5}, &out);
+  check_tensor(matmul(a, b), {3, 5}, DType::f64, want, 1e-12, 1e-12);
+  // A batch taken from the middle of a larger tensor (non-zero storage offset).
+  Tensor big = make(random_values(3 * 4 * 5, Domain{-1, 1}, DType::f32, rng), {3, 4, 5});
+  Tensor mid = slice(big, 0, 1, 2);  // (1, 4, 5)
+  std::vector<double> vm = values(mid), vt = values(transpose(mid, 1, 2));
+  want = ref_matmul(vt, {1, 5, 4}, vm, {1, 4, 5}, &out);
+  check_tensor(matmul(transpose(mid, 1, 2), mid), {1, 5, 5}, DType::f32, want, 1e-5, 1e-5);
+}
+
+}  // namespace duet::test

@@ -1,0 +1,249 @@
+#include "util.h"
+
+#include <cmath>
+#include <sstream>
+
+namespace duet::test {
+
+double round_to(double v, DType dtype) {
+  switch (dtype) {
+    case DType::f32:
+      return static_cast<double>(static_cast<float>(v));
+    case DType::f64:
+      return v;
+    case DType::i32:
+      return static_cast<double>(static_cast<int32_t>(v));
+    case DType::i64:
+      return static_cast<double>(static_cast<int64_t>(v));
+    case DType::b8:
+      return v != 0 ? 1.0 : 0.0;
+    default:
+      FAIL("round_to: dtype not computed on the CPU");
+  }
+  return 0;
+}
+
+namespace {
+
+void write_at(void* base, DType dtype, int64_t i, double v) {
+  switch (dtype) {
+    case DType::f32:
+      static_cast<float*>(base)[i] = static_cast<float>(v);
+      break;
+    case DType::f64:
+      static_cast<double*>(base)[i] = v;
+      break;
+    case DType::i32:
+      static_cast<int32_t*>(base)[i] = static_cast<int32_t>(v);
+      break;
+    case DType::i64:
+      static_cast<int64_t*>(base)[i] = static_cast<int64_t>(v);
+      break;
+    case DType::b8:
+      static_cast<bool*>(base)[i] = v != 0;
+      break;
+    default:
+      FAIL("write_at: dtype not computed on the CPU");
+  }
+}
+
+double read_at(const void* base, DType dtype, int64_t i) {
+  switch (dtype) {
+    case DType::f32:
+      return static_cast<const float*>(base)[i];
+    case DType::f64:
+      return static_cast<const double*>(base)[i];
+    case DType::i32:
+      return static_cast<const int32_t*>(base)[i];
+    case DType::i64:
+      return static_cast<double>(static_cast<const int64_t*>(base)[i]);
+    case DType::b8:
+      return static_cast<const bool*>(base)[i] ? 1.0 : 0.0;
+    default:
+      FAIL("read_at: dtype not computed on the CPU");
+  }
+  return 0;
+}
+
+}  // namespace
+
+Tensor make(const std::vector<double>& v, const Shape& shape, DType dtype) {
+  REQUIRE(static_cast<int64_t>(v.size()) == shape.numel());
+  Tensor t = detail::empty(shape, dtype);
+  for (size_t i = 0; i < v.size(); ++i)
+    write_at(t.raw_data(), dtype, static_cast<int64_t>(i), v[i]);
+  return t;
+}
+
+std::vector<double> values(const Tensor& t) {
+  const int64_t n = t.numel(), nd = t.dim();
+  std::vector<double> out(static_cast<size_t>(n));
+  const Shape& s = t.sizes();
+  const Strides& st = t.strides();
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t off = 0, r = i;
+    for (int64_t d = nd - 1; d >= 0; --d) {
+      off += (r % s[d]) * st[d];
+      r /= s[d];
+    }
+    out[static_cast<size_t>(i)] = read_at(t.raw_data(), t.dtype(), off);
+  }
+  return out;
+}
+
+bool same_storage(const Tensor& a, const Tensor& b) {
+  return a.impl()->storage.get() == b.impl()->storage.get();
+}
+
+uint64_t Rng::next() {
+  uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+double Rng::uniform(double lo, double hi) {
+  return lo + (hi - lo) * (static_cast<double>(next() >> 11) * 0x1.0p-53);
+}
+
+std::vector<double> random_values(int64_t n, const Domain& d, DType dtype, Rng& rng) {
+  std::vector<double> v(static_cast<size_t>(n));
+  for (double& x : v) {
+    if (dtype == DType::b8) {
+      x = static_cast<double>(rng.next() & 1);
+    } else if (is_integral(dtype)) {
+      x = std::floor(rng.uniform(d.ilo, d.ihi + 1));
+      if (x > d.ihi) x = d.ihi;
+    } else {
+      x = rng.uniform(d.lo, d.hi);
+      if (d.discrete) x = std::round(x * 2) / 2;
+      x = round_to(x, dtype);
+    }
+  }
+  return v;
+}
+
+const char* layout_name(Layout l) {
+  switch (l) {
+    case Layout::Contiguous:
+      return "contiguous";
+    case Layout::Transposed:
+      return "transposed";
+    case Layout::Strided:
+      return "strided";
+    case Layout::Offset:
+      return "offset";
+  }
+  return "?";
+}
+
+Tensor make_layout(const std::vector<double>& v, const Shape& shape, DType dtype, Layout layout) {
+  const int64_t nd = shape.size();
+  if (layout == Layout::Transposed && nd >= 2) {
+    // Store (..., b, a) so that the transpose of the stored tensor reads as (..., a, b).
+    Shape stored = shape;
+    std::swap(stored[nd - 1], stored[nd - 2]);
+    const int64_t a = shape[nd - 2], b = shape[nd - 1];
+    std::vector<double> w(v.size());
+    for (int64_t i = 0; i < shape.numel(); ++i) {
+      int64_t batch = i / (a * b), r = (i / b) % a, c = i % b;
+      w[static_cast<size_t>(batch * a * b + c * a + r)] = v[static_cast<size_t>(i)];
+    }
+    Tensor t = transpose(make(w, stored, dtype), -1, -2);
+    REQUIRE((!t.is_contiguous() || a <= 1 || b <= 1));
+    return t;
+  }
+  if (layout == Layout::Strided && nd >= 1) {
+    // Dim 0 of a larger buffer, every other element from index 1; the gaps hold junk.
+    Shape big = shape;
+    big[0] = 2 * shape[0] + 1;
+    const int64_t inner = shape.numel() / std::max<int64_t>(shape[0], 1);
+    const double junk = dtype == DType::b8 ? 1 : 99;
+    std::vector<double> w(static_cast<size_t>(big.numel()), junk);
+    for (int64_t i = 0; i < shape.numel(); ++i) {
+      int64_t k = i / inner, r = i % inner;
+      w[static_cast<size_t>((2 * k + 1) * inner + r)] = v[static_cast<size_t>(i)];
+    }
+    return slice(make(w, big, dtype), 0, 1, big[0], 2);
+  }
+  if (layout == Layout::Offset) {
+    // One junk row (or element) in front of the values; a 0-d result is reshaped from it.
+    int64_t row = 1;
+    for (int64_t d = 1; d < nd; ++d) row *= shape[d];
+    std::vector<double> w(static_cast<size_t>(row), dtype == DType::b8 ? 1 : 99);
+    w.insert(w.end(), v.begin(), v.end());
+    Shape big = nd == 0 ? Shape{2} : shape;
+    if (nd > 0) big[0] += 1;
+    Tensor t = slice(make(w, big, dtype), 0, 1, big[0]);
+    return nd == 0 ? reshape(t, {}) : t;
+  }
+  return make(v, shape, dtype);
+}
+
+std::vector<double> broadcast_values(const std::vector<double>& v, const Shape& from,
+                                     const Shape& to) {
+  const int64_t n = to.numel(), nd = to.size(), lead = to.size() - from.size();
+  std::vector<double> out(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t r = i, src = 0, mul = 1;
+    for (int64_t d = nd - 1; d >= 0; --d) {
+      int64_t c = r % to[d];
+      r /= to[d];
+      if (d < lead) continue;
+      int64_t fs = from[d - lead];
+      src += (fs == 1 ? 0 : c) * mul;
+      mul *= fs;
+    }
+    out[static_cast<size_t>(i)] = v[static_cast<size_t>(src)];
+  }
+  return out;
+}
+
+std::string differences(const std::vector<double>& got, const std::vector<double>& want,
+                        double rtol, double atol) {
+  if (got.size() != want.size())
+    return "size " + std::to_string(got.size()) + " != " + std::to_string(want.size());
+  int64_t bad = 0, first = -1;
+  for (size_t i = 0; i < got.size(); ++i) {
+    double g = got[i], w = want[i];
+    bool ok = (std::isnan(g) && std::isnan(w)) || g == w ||
+              (std::isfinite(w) && std::fabs(g - w) <= atol + rtol * std::fabs(w));
+    if (!ok) {
+      if (first < 0) first = static_cast<int64_t>(i);
+      ++bad;
+    }
+  }
+  if (bad == 0) return "";
+  std::ostringstream os;
+  os.precision(17);
+  os << bad << " of " << got.size() << " elements differ; first at " << first << ": got "
+     << got[first] << ", want " << want[first];
+  return os.str();
+}
+
+void check_tensor(const Tensor& got, const Shape& shape, DType dtype,
+                  const std::vector<double>& want, double rtol, double atol) {
+  CHECK(got.sizes().str() == shape.str());
+  CHECK(dtype_name(got.dtype()) == dtype_name(dtype));
+  if (got.sizes() != shape) return;
+  std::string m = differences(values(got), want, rtol, atol);
+  CHECK_MESSAGE(m.empty(), m);
+}
+
+Tensor CountingMode::handle(const OpCall& call) {
+  ++counts[std::string(op_name(call.op))];
+  return detail::redispatch(this, call);
+}
+
+int CountingMode::count(const std::string& op) const {
+  auto it = counts.find(op);
+  return it == counts.end() ? 0 : it->second;
+}
+
+int CountingMode::total() const {
+  int n = 0;
+  for (const auto& [k, v] : counts) n += v;
+  return n;
+}
+
+}  // namespace duet::test

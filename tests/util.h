@@ -1,0 +1,113 @@
+// duet tests: helpers shared by the test binaries. Values are written into and read out of
+// storage directly (with the strides), so the checks do not depend on the kernels under test.
+#pragma once
+
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "duet.h"
+
+namespace duet::test {
+
+/// The C++ types the CPU computes, as a list to loop over.
+inline const std::vector<DType> kAllDTypes = {DType::f32, DType::f64, DType::i32, DType::i64,
+                                              DType::b8};
+
+/// A double rounded as storing it in `dtype` rounds it (b8: nonzero is 1, ints truncate).
+double round_to(double v, DType dtype);
+
+/// A contiguous tensor holding `v` (row-major) converted to `dtype`, written without kernels.
+Tensor make(const std::vector<double>& v, const Shape& shape, DType dtype = DType::f32);
+
+/// The logical values of any tensor (strided, offset, expanded), row-major, read from storage.
+std::vector<double> values(const Tensor& t);
+
+/// True when the two tensors share one storage block.
+bool same_storage(const Tensor& a, const Tensor& b);
+
+/// A deterministic generator (splitmix64).
+struct Rng {
+  uint64_t state;
+  explicit Rng(uint64_t seed) : state(seed * 0x9e3779b97f4a7c15ull + 1) {}
+  uint64_t next();
+  /// Uniform in [lo, hi].
+  double uniform(double lo, double hi);
+};
+
+/// n values in [lo, hi] representable in `dtype`: integers for i32/i64 (in [ilo, ihi]), 0/1 for
+/// b8; `discrete` floats are multiples of 0.5 so that equality comparisons hit.
+struct Domain {
+  double lo = -3, hi = 3;
+  double ilo = -5, ihi = 5;
+  bool discrete = false;
+};
+std::vector<double> random_values(int64_t n, const Domain& d, DType dtype, Rng& rng);
+
+/// How a tensor with given logical values sits in memory.
+enum class Layout {
+  Contiguous,
+  Transposed,  ///< stored transposed (last two dims swapped), viewed back: non-contiguous
+  Strided,     ///< every other element of a larger buffer along dim 0, at an offset
+  Offset,      ///< contiguous, but at a nonzero offset into a larger buffer
+};
+const char* layout_name(Layout l);
+/// A tensor of `shape` holding the logical values `v`, laid out as asked.
+Tensor make_layout(const std::vector<double>& v, const Shape& shape, DType dtype, Layout layout);
+
+/// Broadcasts row-major values of shape `from` to shape `to` (plain index arithmetic).
+std::vector<double> broadcast_values(const std::vector<double>& v, const Shape& from,
+                                     const Shape& to);
+
+/// Empty when `got` matches `want` within atol + rtol * |want| (NaN equals NaN, infinities
+/// match exactly); otherwise a description of the first mismatch.
+std::string differences(const std::vector<double>& got, const std::vector<double>& want,
+                        double rtol, double atol);
+
+/// Checks shape, dtype and values of `got` in one assertion each.
+void check_tensor(const Tensor& got, const Shape& shape, DType dtype,
+                  const std::vector<double>& want, double rtol = 0, double atol = 0);
+
+/// Throws nothing and returns the message when `f` throws duet::Error of type E; fails the test
+/// (and returns "") when it throws something else or nothing.
+template <class E = Error, class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    FAIL_CHECK("threw the wrong exception type: " << e.what());
+    return "";
+  }
+  FAIL_CHECK("did not throw");
+  return "";
+}
+
+/// A dispatch mode that counts calls by op name and forwards them unchanged.
+class CountingMode : public DispatchMode {
+ public:
+  Tensor handle(const OpCall& call) override;
+  int count(const std::string& op) const;
+  int total() const;
+  std::map<std::string, int> counts;
+};
+
+/// Runs f with the OpenMP thread count set to n, then restores it.
+template <class F>
+void with_threads(int n, F&& f) {
+  int old = get_num_threads();
+  set_num_threads(n);
+  try {
+    f();
+  } catch (...) {
+    set_num_threads(old);
+    throw;
+  }
+  set_num_threads(old);
+}
+
+}  // namespace duet::test
