@@ -8,3 +8,4 @@
 #include "core/ops.h"
 #include "core/tensor.h"
 #include "cuda/cuda.h"
+#include "eager/autograd.h"

@@ -45,6 +45,16 @@ void run_w1(const Config& c, std::vector<Result>& out) {
   Result res = base("W1", "eager", c, "ns_per_op");
   res.variant = "no_grad";
   out.push_back(summarize(res, secs, [](double s) { return s / kOps * 1e9; }));
+
+  // (b) a and b require grad: every op records a tape node.
+  Tensor ga = random_f32(8, 1).requires_grad_(), gb = random_f32(8, 2).requires_grad_();
+  auto tape = time_reps(
+      [&] {
+        for (int i = 0; i < kOps; ++i) r = ga + gb;
+      },
+      c.reps);
+  res.variant = "tape";
+  out.push_back(summarize(res, tape, [](double s) { return s / kOps * 1e9; }));
 }
 
 // W2: y = tanh(x*1.5 + 0.5) * sigmoid(x) + relu(x - 0.25), n = 2^22.

@@ -9,6 +9,13 @@ namespace {
 constexpr int kMaxModes = 16;
 thread_local DispatchMode* tls_modes[kMaxModes];
 thread_local int tls_depth = 0;
+thread_local bool tls_grad = true;
+
+bool any_requires_grad(TensorRefs in) {
+  for (int64_t i = 0; i < in.size(); ++i)
+    if (in[i].unsafe_impl()->requires_grad) return true;
+  return false;
+}
 
 const char* device_type_name(DeviceType t) { return t == DeviceType::CPU ? "cpu" : "cuda"; }
 
@@ -42,7 +49,8 @@ Tensor execute(const OpDef& def, const OpCall& c, unsigned expiring) {
     const Tensor& t = c.inputs[i];
     TensorImpl* ti = t.unsafe_impl();
     if (t.is_unique() && ti->contiguous && ti->offset == 0 && !ti->wrapped_number &&
-        ti->dtype == c.meta.dtype && ti->device() == c.meta.device && ti->shape == c.meta.shape) {
+        !ti->requires_grad && ti->dtype == c.meta.dtype && ti->device() == c.meta.device &&
+        ti->shape == c.meta.shape) {
       kernel_for(def, c.meta.device)(c.inputs, c.attrs, t);
       // Steal the handle: the caller bound this input as Tensor&& and C++ keeps the temporary
       // alive until the statement ends, so a copy would block reuse by the next op.
@@ -66,7 +74,14 @@ Tensor call(OpId op, TensorRefs inputs, const Attrs& attrs, unsigned expiring) {
   TensorMeta meta;
   def.infer(def, inputs, attrs, meta);
   OpCall c{op, inputs, attrs, meta, nullptr};
-  return run_from(tls_depth, def, c, tls_depth ? 0 : expiring);
+  // Autograd records a tape node when grad mode is on and an input requires grad, unless the
+  // result cannot carry a gradient (a cast to an integer dtype, as in PyTorch). A recorded call
+  // never reuses an input's buffer: the node may have saved that input.
+  const bool record =
+      tls_grad && def.differentiable && is_floating(meta.dtype) && any_requires_grad(inputs);
+  Tensor out = run_from(tls_depth, def, c, (tls_depth || record) ? 0 : expiring);
+  if (record) autograd_finish(autograd_prepare(def, inputs, attrs, nullptr), out);
+  return out;
 }
 
 Tensor call(OpId op, std::initializer_list<const Tensor*> inputs, const Attrs& attrs,
@@ -92,6 +107,19 @@ void call_inplace(OpId op, TensorRefs inputs, const Attrs& attrs, const Tensor& 
   DUET_CHECK_DEVICE(meta.device == self.device(),
                     "[{}_] the result on {} cannot be written in place into a tensor on {}",
                     def.name, meta.device, self.device());
+  const TensorImpl* si = self.unsafe_impl();
+  const bool record = tls_grad && def.differentiable && is_floating(si->dtype) &&
+                      (si->requires_grad || any_requires_grad(inputs));
+  if (record) {
+    DUET_CHECK(!(si->requires_grad && (!si->autograd || !si->autograd->grad_fn)),
+               "[{}_] a leaf tensor that requires grad (shape {}) cannot be modified in place "
+               "while grad mode is on; wrap the update in NoGradGuard (as optimizers do)",
+               def.name, si->shape);
+    DUET_CHECK(!si->is_view,
+               "[{}_] autograd does not record in-place writes into a view (shape {}); use an "
+               "out-of-place op, or clone() the view first",
+               def.name, si->shape);
+  }
   // When the result dtype differs from self's, or an input overlaps self with another layout,
   // compute out of place and copy: an element must never be read after it was overwritten.
   bool direct = is_copy || meta.dtype == self.dtype();
@@ -103,14 +131,28 @@ void call_inplace(OpId op, TensorRefs inputs, const Attrs& attrs, const Tensor& 
       direct = false;
   }
   if (!direct) {
-    Tensor tmp = call(op, inputs, attrs);
+    // Self is read through an alias with its current autograd identity: the op's node may save
+    // it, and a handle to self would make a cycle once self gets the Copy node as its grad_fn
+    // (Note [Saved tensors]).
+    Tensor self_alias = record ? autograd_alias(self) : Tensor();
+    std::vector<const Tensor*> args(static_cast<size_t>(inputs.size()));
+    for (int64_t i = 0; i < inputs.size(); ++i)
+      args[i] = record && inputs[i].unsafe_impl() == si ? &self_alias : &inputs[i];
+    Tensor tmp = call(op, TensorRefs(args.data(), inputs.size()), attrs);
     const Tensor* src[] = {&tmp};
     call_inplace(OpId::Copy, TensorRefs(src, 1), Attrs{}, self);
     return;
   }
   OpCall c{op, inputs, attrs, meta, &self};
+  // The node is prepared before the write, so that it saves self's old autograd identity and
+  // version: a rule that needs self's overwritten value then fails loudly at backward time.
+  std::shared_ptr<Node> node = record ? autograd_prepare(def, inputs, attrs, &self) : nullptr;
   run_from(tls_depth, def, c, 0);
+  if (record) autograd_finish(std::move(node), self);
 }
+
+bool grad_mode() { return tls_grad; }
+void set_grad_mode(bool enabled) { tls_grad = enabled; }
 
 Tensor redispatch(const DispatchMode* self, const OpCall& c) {
   int depth = tls_depth;

@@ -21,6 +21,10 @@ OpDef* build_table() {
   for (const OpDef& d : table) {
     DUET_ASSERT(d.infer, "op {} has no shape rule", d.name);
     DUET_ASSERT(d.cls != OpClass::View || d.view, "view op {} has no view rule", d.name);
+    DUET_ASSERT(d.grad || !d.differentiable,
+                "op {} has no gradient rule and is not marked "
+                "as not differentiable",
+                d.name);
   }
   return table;
 }

@@ -21,7 +21,7 @@ inline constexpr int kNumOps = 0
 #undef DUET_OP
     ;
 // ggml's trick: adding a row without looking at the table, the tests and the docs breaks here.
-static_assert(kNumOps == 37, "ops.def changed: update this count, the op sweep and docs/ops.md");
+static_assert(kNumOps == 38, "ops.def changed: update this count, the op sweep and docs/ops.md");
 
 /// How an op fuses: elementwise maps, reductions, views (no data movement), opaque (matmul),
 /// sources (no tensor inputs).
@@ -70,8 +70,49 @@ using KernelFn = void (*)(TensorRefs in, const Attrs& attrs, const Tensor& out);
 /// View rule: a view of in[0] with the output metadata, or an undefined tensor when the
 /// storage cannot express it (then dispatch copies).
 using ViewFn = Tensor (*)(const Tensor& in, const Attrs& attrs, const TensorMeta& out);
-/// Gradient rule slot, written in duet ops; filled by the autograd layer.
-using GradFn = void (*)();
+
+namespace detail {
+/// Throws the error for a gradient rule reading input i of `node` after that input was modified
+/// in place (defined in eager/engine.cpp).
+[[noreturn]] void throw_stale_input(const Node& node, int64_t i);
+}  // namespace detail
+
+/// The inputs a gradient rule reads. One written in place after the op saved it is stale:
+/// reading it throws, naming the op, while a rule that does not read it still runs, so that
+/// y.mul_(2) stays differentiable (Note [Saved tensors] in eager/node.h). Rules read an input
+/// only in the branch that needs it.
+class SavedInputs {
+ public:
+  SavedInputs(TensorRefs values, uint32_t stale, const detail::Node* node)
+      : values_(values), stale_(stale), node_(node) {}
+  const Tensor& operator[](int64_t i) const {
+    if (i < 32 && (stale_ >> i & 1)) detail::throw_stale_input(*node_, i);
+    return values_[i];
+  }
+  int64_t size() const { return values_.size(); }
+
+ private:
+  TensorRefs values_;
+  uint32_t stale_;  ///< bit i: saved input i was written in place (only saved inputs, i < 7)
+  const detail::Node* node_;
+};
+
+/// What a gradient rule sees of one recorded call.
+struct GradCtx {
+  const Attrs& attrs;
+  SavedInputs inputs;            ///< the inputs the op saves (see OpDef::save); others undefined
+  const Tensor& output;          ///< the output, when the op saves it; else undefined
+  const TensorMeta* input_meta;  ///< shape, dtype and device of every input
+  const bool* needs;             ///< needs[i]: input i needs a gradient
+  bool needs_grad(int64_t i) const { return needs[i]; }
+};
+/// Gradient rule, written in duet ops (so it is taped with create_graph, and traced): writes
+/// the gradient of each input that needs one into grad_in[i]. It may leave a broadcast shape or
+/// another dtype: the engine sums a gradient back to its input's shape and converts the dtype.
+using GradFn = void (*)(const GradCtx& ctx, const Tensor& grad, Tensor* grad_in);
+
+/// OpDef::save bits: which values a gradient rule reads.
+inline constexpr uint8_t kSaveIn0 = 1, kSaveIn1 = 2, kSaveIn2 = 4, kSaveOut = 0x80;
 
 struct OpDef {
   OpId id;
@@ -82,6 +123,8 @@ struct OpDef {
   InferFn infer = nullptr;
   ViewFn view = nullptr;
   GradFn grad = nullptr;
+  uint8_t save = 0;            ///< kSave* bits: what the gradient rule reads
+  bool differentiable = true;  ///< false: outputs never require grad (comparisons, sources)
   KernelFn kernel[kNumDeviceTypes] = {};
 };
 
@@ -104,6 +147,15 @@ void register_reduction_rules(OpDef* table);
 void register_linalg_rules(OpDef* table);
 void register_view_rules(OpDef* table);
 void register_source_rules(OpDef* table);
+/// Registers a gradient rule and what it saves.
+inline void set_grad(OpDef* t, OpId id, GradFn fn, uint8_t save) {
+  t[static_cast<int>(id)].grad = fn;
+  t[static_cast<int>(id)].save = save;
+}
+/// Marks an op as not differentiable: its outputs never require grad.
+inline void set_not_differentiable(OpDef* t, OpId id) {
+  t[static_cast<int>(id)].differentiable = false;
+}
 }  // namespace detail
 
 /// The op's name as in ops.def ("add").

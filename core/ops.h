@@ -27,7 +27,6 @@ DUET_DECLARE_UNARY(cos)
 DUET_DECLARE_UNARY(tanh)
 DUET_DECLARE_UNARY(sigmoid)
 DUET_DECLARE_UNARY(relu)
-#undef DUET_DECLARE_UNARY
 
 #define DUET_DECLARE_BINARY(name)                \
   Tensor name(const Tensor& a, const Tensor& b); \
@@ -96,6 +95,76 @@ Tensor expand(const Tensor& x, Shape shape);
 /// Elements start, start+step, ... before end along dim (a view). Bounds clamp as in Python.
 Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end, int64_t step = 1);
 
+/// A copy of base with src written into base's slice (as slice() selects it); the gradient of
+/// slice. src must have the slice's shape and base's dtype.
+Tensor slice_scatter(const Tensor& base, const Tensor& src, int64_t dim, int64_t start, int64_t end,
+                     int64_t step = 1);
+
+// Indexing and joining
+/// out[p] = x[p with `dim` replaced by index[p]]; index is i64 of x's rank (torch.gather).
+Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);
+/// A copy of base with src[p] added at [p with `dim` replaced by index[p]] (the adjoint of
+/// gather; repeated indices accumulate).
+Tensor scatter_add(const Tensor& base, int64_t dim, const Tensor& index, const Tensor& src);
+/// The entries of x at a 1-D i64 index along dim.
+Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
+/// Rows of weight (num_embeddings, dim) for i64 indices of any shape: indices.shape + (dim).
+Tensor embedding(const Tensor& weight, const Tensor& indices);
+/// Joins tensors along an existing dim; dtypes promote.
+Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);
+/// Joins equal-shaped tensors along a new dim.
+Tensor stack(const std::vector<Tensor>& tensors, int64_t dim = 0);
+/// Index (i64) of the first largest / smallest value along dim; NaN counts as the extreme.
+Tensor argmax(const Tensor& x, int64_t dim, bool keepdim = false);
+Tensor argmin(const Tensor& x, int64_t dim, bool keepdim = false);
+
+// Math composites and special functions
+/// The error function, elementwise.
+DUET_DECLARE_UNARY(erf)
+/// log(sigmoid(x)), finite for any finite x.
+DUET_DECLARE_UNARY(log_sigmoid)
+/// Numerically stable softmax, log_softmax and logsumexp along dim.
+Tensor softmax(const Tensor& x, int64_t dim);
+Tensor log_softmax(const Tensor& x, int64_t dim);
+Tensor logsumexp(const Tensor& x, int64_t dim);
+/// x * Phi(x) with the exact erf (PyTorch's default gelu).
+Tensor gelu(const Tensor& x);
+/// x * sigmoid(x).
+Tensor silu(const Tensor& x);
+
+// Neural-network ops
+/// x @ weight^T + bias, with weight (out, in).
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
+/// 2-D convolution: x (N, C, H, W), w (O, C, k, k), bias (O); square stride and zero padding.
+Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b = {}, int64_t stride = 1,
+              int64_t padding = 0);
+/// Max / average over k x k windows; stride 0 means stride = kernel.
+Tensor max_pool2d(const Tensor& x, int64_t kernel, int64_t stride = 0);
+Tensor avg_pool2d(const Tensor& x, int64_t kernel, int64_t stride = 0);
+/// im2col: (N, C, H, W) -> (N, C*k*k, L), rows ordered (c, ki, kj) as torch's unfold.
+Tensor unfold(const Tensor& x, int64_t kernel, int64_t stride = 1, int64_t padding = 0);
+/// col2im, the adjoint of unfold: (N, C*k*k, L) -> (N, C, height, width), overlaps summed.
+Tensor fold(const Tensor& cols, int64_t height, int64_t width, int64_t kernel, int64_t stride = 1,
+            int64_t padding = 0);
+/// Normalizes over the trailing `normalized` dims, then scales and shifts.
+Tensor layer_norm(const Tensor& x, Shape normalized, const Tensor& weight = {},
+                  const Tensor& bias = {}, double eps = 1e-5);
+/// Zeroes elements with probability p and scales the rest by 1/(1-p) when training.
+Tensor dropout(const Tensor& x, double p, bool training);
+/// Losses reduce by the mean, as PyTorch's default.
+Tensor mse_loss(const Tensor& pred, const Tensor& target);
+/// Softmax cross-entropy of logits (N, C) against i64 class indices (N).
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets);
+Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& targets);
+
+// Randomness: Philox, with explicit state (see core/ops/random.cpp)
+/// Uniform [0, 1), standard normal, and integers in [0, high) (i64 unless Options say).
+Tensor rand(Shape shape, Options options = {});
+Tensor randn(Shape shape, Options options = {});
+Tensor randint(int64_t high, Shape shape, Options options = {});
+/// Resets the default generator: the same seed gives the same numbers.
+void manual_seed(uint64_t seed);
+
 /// Operators: the ops add, sub, mul, div, neg, lt, le, gt, ge, eq, ne.
 #define DUET_DECLARE_OPERATOR(sym)                       \
   Tensor operator sym(const Tensor& a, const Tensor& b); \
@@ -139,6 +208,8 @@ Tensor full(Shape shape, Scalar value, Options options = {});
 Tensor arange(int64_t n, Options options = {});
 /// The n x n identity.
 Tensor eye(int64_t n, Options options = {});
+
+#undef DUET_DECLARE_UNARY
 
 /// Threads used by CPU kernels (OpenMP) and by the BLAS.
 void set_num_threads(int n);

@@ -17,6 +17,9 @@ StoragePtr new_storage(size_t nbytes, Device device) {
   return StoragePtr::adopt(new StorageImpl(p, nbytes, device, &a));
 }
 
+TensorImpl::TensorImpl() = default;
+TensorImpl::~TensorImpl() = default;
+
 void TensorImpl::refresh_contiguous() {
   int64_t expected = 1;
   contiguous = true;
@@ -56,6 +59,7 @@ Tensor make_view(const Tensor& base, const Shape& shape, const Strides& strides,
   t->strides = strides;
   t->offset = offset;
   t->storage = b->storage;
+  t->is_view = true;
   t->refresh_contiguous();
   return Tensor(std::move(p));
 }
@@ -172,8 +176,10 @@ Tensor Tensor::clone() const {
 
 Tensor Tensor::detach() const {
   const detail::TensorImpl* x = impl();
+  // A new leaf over the same storage (and version counter), outside autograd.
   Tensor v = detail::make_view(*this, x->shape, x->strides, x->offset);
   v.impl()->wrapped_number = x->wrapped_number;
+  v.impl()->is_view = false;
   return v;
 }
 
@@ -223,6 +229,41 @@ template double* Tensor::data_ptr<double>() const;
 template int32_t* Tensor::data_ptr<int32_t>() const;
 template int64_t* Tensor::data_ptr<int64_t>() const;
 template bool* Tensor::data_ptr<bool>() const;
+
+bool Tensor::requires_grad() const { return impl()->requires_grad; }
+
+bool Tensor::is_leaf() const {
+  const detail::TensorImpl* t = impl();
+  return !t->autograd || !t->autograd->grad_fn;
+}
+
+Tensor& Tensor::requires_grad_(bool r) {
+  detail::TensorImpl* t = impl();
+  DUET_CHECK(is_leaf(),
+             "[requires_grad_] can only change the flag of a leaf tensor; this tensor of shape {} "
+             "was computed by an op (use detach() for a leaf)",
+             t->shape);
+  DUET_CHECK_DTYPE(!r || is_floating(t->dtype),
+                   "[requires_grad_] only floating tensors can require gradients, got {} of shape "
+                   "{}",
+                   t->dtype, t->shape);
+  t->requires_grad = r;
+  return *this;
+}
+
+Tensor Tensor::grad() const {
+  const detail::TensorImpl* t = impl();
+  return t->autograd ? Tensor(t->autograd->grad) : Tensor();
+}
+
+void Tensor::set_grad(const Tensor& g) {
+  detail::TensorImpl* t = impl();
+  if (g.defined())
+    DUET_CHECK_SHAPE(g.sizes() == t->shape && g.dtype() == t->dtype,
+                     "[set_grad] gradient of shape {} {} does not match the tensor's {} {}",
+                     g.sizes(), g.dtype(), t->shape, t->dtype);
+  detail::autograd_meta(*t).grad = g.impl_ptr();
+}
 
 std::ostream& operator<<(std::ostream& os, const Tensor& t) { return os << t.str(); }
 

@@ -56,6 +56,22 @@ class Tensor {
   /// The same data, cut off from autograd history.
   Tensor detach() const;
 
+  /// Whether autograd tracks this tensor (a leaf marked with requires_grad_, or a result of
+  /// ops on such tensors while grad mode is on).
+  bool requires_grad() const;
+  /// Marks a floating leaf as needing gradients (or not). Error on a non-leaf.
+  Tensor& requires_grad_(bool requires_grad = true);
+  /// True for tensors not produced by a recorded op (user-made tensors and parameters).
+  bool is_leaf() const;
+  /// The gradient accumulated by backward(); undefined until a backward reaches this leaf.
+  Tensor grad() const;
+  /// Replaces the gradient buffer (undefined to free it); shape and dtype must match.
+  void set_grad(const Tensor& grad);
+  /// Backpropagates from this tensor: accumulates d(this)/d(leaf) into every leaf's grad().
+  /// grad_output defaults to 1 for a one-element tensor. Without retain_graph the saved
+  /// tensors are freed, and a second backward through the same graph is an error.
+  void backward(Tensor grad_output = {}, bool retain_graph = false) const;
+
   /// In-place arithmetic, with broadcasting of the argument to this tensor's shape.
   Tensor& add_(const Tensor& other);
   Tensor& add_(Scalar other);

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <utility>
 
 #include "core/allocator.h"
@@ -99,18 +100,25 @@ using StoragePtr = IntrusivePtr<StorageImpl>;
 /// Allocates storage for nbytes on a device through its caching allocator.
 StoragePtr new_storage(size_t nbytes, Device device);
 
+struct Node;  // eager/node.h: one recorded op on the autograd tape
+struct AutogradMeta;
+
 /// A tensor's metadata plus its storage. See Note [Tensor layout].
 struct TensorImpl {
   std::atomic<int32_t> refcount_{1};
   DType dtype = DType::f32;
   bool contiguous = true;       ///< row-major dense, cached from shape and strides
   bool wrapped_number = false;  ///< a 0-d tensor made from a C++ Scalar: promotes like a Scalar
+  bool requires_grad = false;   ///< a leaf marked by requires_grad_(), or an output with grad_fn
+  bool is_view = false;         ///< made by a view op from another tensor's storage
   int64_t offset = 0;           ///< in elements, into storage
   Shape shape;
   Strides strides;
   StoragePtr storage;
+  std::unique_ptr<AutogradMeta> autograd;  ///< .grad and grad_fn; null until autograd needs it
 
-  TensorImpl() = default;
+  TensorImpl();
+  ~TensorImpl();
   TensorImpl(const TensorImpl&) = delete;
   TensorImpl& operator=(const TensorImpl&) = delete;
 
@@ -122,5 +130,18 @@ struct TensorImpl {
   void refresh_contiguous();
 };
 using TensorImplPtr = IntrusivePtr<TensorImpl>;
+
+/// Autograd state of a tensor: the accumulated gradient of a leaf, and the node that made a
+/// non-leaf.
+struct AutogradMeta {
+  TensorImplPtr grad;
+  std::shared_ptr<Node> grad_fn;
+};
+
+/// The tensor's AutogradMeta, created on first use.
+inline AutogradMeta& autograd_meta(TensorImpl& t) {
+  if (!t.autograd) t.autograd = std::make_unique<AutogradMeta>();
+  return *t.autograd;
+}
 
 }  // namespace duet::detail

@@ -11,6 +11,13 @@ void register_elementwise_kernels(OpDef* table);
 void register_reduction_kernels(OpDef* table);
 void register_matmul_kernels(OpDef* table);
 
+void register_index_kernels(OpDef* table);
+void register_image_kernels(OpDef* table);
+void register_random_kernels(OpDef* table);
+
+/// Copies src into dst (same shape; any dtypes and layouts) with the Copy kernel.
+void copy_into(const Tensor& src, const Tensor& dst);
+
 /// A contiguous copy of `t` converted to `dtype`, made by calling the Cast kernel directly
 /// (kernels never re-enter dispatch).
 Tensor cast_to(const Tensor& t, DType dtype);

@@ -16,6 +16,7 @@
 #else
 #define DUET_HD inline
 #include <Eigen/Core>
+#include <unsupported/Eigen/SpecialFunctions>
 #endif
 
 namespace duet::fn {
@@ -188,6 +189,26 @@ struct Relu {
     return x < T(0) ? T(0) : x;
   }
   DUET_PACKET(ei::pselect(ei::pcmp_lt(x, ei::pzero(x)), ei::pzero(x), x))
+};
+
+struct Erf {
+  template <class T>
+  static constexpr bool has_packet = std::is_same_v<T, float>;
+  template <class T>
+  DUET_HD T operator()(T x) const {
+    return std::erf(x);
+  }
+  DUET_PACKET(ei::generic_fast_erf_float(x))
+};
+// log(sigmoid(x)) = min(x, 0) - log1p(exp(-|x|)): finite for any finite x.
+struct LogSigmoid {
+  template <class T>
+  static constexpr bool has_packet = std::is_same_v<T, float>;  // Eigen's plog1p: f32 only
+  template <class T>
+  DUET_HD T operator()(T x) const {
+    return (x < T(0) ? x : T(0)) - std::log1p(std::exp(-std::fabs(x)));
+  }
+  DUET_PACKET(ei::psub(ei::pmin(x, ei::pzero(x)), ei::plog1p(ei::pexp(ei::pnegate(ei::pabs(x))))))
 };
 
 // ---- binary ---------------------------------------------------------------------------------

@@ -38,6 +38,10 @@ struct ElementwiseRow {
   ResultKind result;
   double rtol32 = 1e-6, atol32 = 1e-6;  ///< for f32 results; f64 uses 1e-12, others exact
   bool cond_first = false;              ///< input 0 is a b8 condition (where)
+  /// Where the gradient is checked, when `domains` reaches a point the op is not
+  /// differentiable at (sqrt at 0); empty: `domains`. The gradient sweep keeps values off 0
+  /// and off each other, so kinks and ties at 0 need no entry here (test_op_grads.cpp).
+  std::vector<Domain> grad_domains = {};
 };
 const std::vector<ElementwiseRow>& elementwise_rows();
 
@@ -76,6 +80,16 @@ struct ViewRow {
 };
 const std::vector<ViewRow>& view_rows();
 
+/// slice_scatter(base, src, dim, start, end, step): a copy of base with src written into the
+/// slice that slice(base, dim, start, end, step) selects; src has the slice's shape.
+struct ScatterRow {
+  const char* name;
+  Shape base;
+  int64_t dim, start, end, step;
+  Shape src;
+};
+const std::vector<ScatterRow>& scatter_rows();
+
 /// A creation function (sources: Full, Arange).
 struct SourceRow {
   const char* name;
@@ -98,6 +112,11 @@ const std::vector<MatmulRow>& matmul_rows();
 /// Reference matmul (torch.matmul's rules, 1-D operands included) on row-major doubles.
 std::vector<double> ref_matmul(const std::vector<double>& a, const Shape& as,
                                const std::vector<double>& b, const Shape& bs, Shape* out);
+
+/// Reference slice_scatter on row-major doubles: bounds as Python normalises them (negative
+/// counts from the end, then clamped), without duet's builders.
+std::vector<double> ref_slice_scatter(const std::vector<double>& base, const Shape& bs,
+                                      const std::vector<double>& src, const ScatterRow& row);
 
 /// Reference reduction: dims already wrapped (empty: all).
 std::vector<double> ref_reduce(ReduceKind kind, const std::vector<double>& x, const Shape& s,

@@ -109,7 +109,11 @@ const std::vector<ElementwiseRow>& elementwise_rows() {
        [](const double* x) { return std::sqrt(x[0]); },
        {kNonNegative},
        kAll,
-       R::FloatIfNotFloat},
+       R::FloatIfNotFloat,
+       1e-6,
+       1e-6,
+       false,
+       {Domain{0.1, 20}}},
       {"rsqrt",
        OpId::Rsqrt,
        false,
@@ -632,6 +636,21 @@ const std::vector<ViewRow>& view_rows() {
   return rows;
 }
 
+const std::vector<ScatterRow>& scatter_rows() {
+  static const std::vector<ScatterRow> rows = {
+      {"dim 0", {4, 3}, 0, 1, 3, 1, {2, 3}},
+      {"dim 1 step 2", {2, 5}, 1, 0, 5, 2, {2, 3}},
+      {"negative bounds", {3, 4}, -1, -3, 100, 2, {3, 2}},
+      {"whole dim", {2, 3}, 0, 0, 2, 1, {2, 3}},
+      {"rank 3, middle dim", {2, 3, 2}, 1, 1, 3, 1, {2, 2, 2}},
+      {"rank 1 step 3", {5}, 0, 0, 5, 3, {2}},
+      {"step past the end", {3, 2}, 0, 1, 100, std::numeric_limits<int64_t>::max(), {1, 2}},
+      {"empty slice", {2, 3}, 1, 2, 1, 1, {2, 0}},
+      {"empty base", {0, 3}, 1, 0, 3, 2, {0, 2}},
+  };
+  return rows;
+}
+
 const std::vector<SourceRow>& source_rows() {
   using O = Options;
   static const std::vector<SourceRow> rows = {
@@ -739,6 +758,11 @@ const std::vector<MatmulRow>& matmul_rows() {
       {"batched strided", {2, 3, 4}, {2, 4, 5}, L::Strided, L::Contiguous},
       {"broadcast batch", {2, 1, 3, 4}, {5, 4, 2}},
       {"broadcast batch transposed", {2, 1, 3, 4}, {5, 4, 2}, L::Transposed, L::Transposed},
+      // Small enough for gradcheck (test_op_grads.cpp): batch dims broadcast in both directions.
+      {"small broadcast batch", {2, 1, 2, 3}, {3, 3, 2}},
+      {"small broadcast batch transposed", {2, 1, 2, 3}, {3, 3, 2}, L::Transposed, L::Transposed},
+      {"matrix @ small batch", {2, 3}, {2, 3, 2}, L::Strided, L::Contiguous},
+      {"vector @ small batch", {3}, {2, 3, 2}},
       {"offset operands", {2, 3, 4}, {4, 5}, L::Offset, L::Offset},
       {"matrix @ batch", {3, 4}, {2, 4, 5}},
       {"vector @ vector", {4}, {4}},

@@ -81,4 +81,26 @@ std::vector<double> ref_reduce(ReduceKind kind, const std::vector<double>& x, co
   return acc;
 }
 
+std::vector<double> ref_slice_scatter(const std::vector<double>& base, const Shape& bs,
+                                      const std::vector<double>& src, const ScatterRow& row) {
+  const int64_t nd = bs.size(), dim = row.dim < 0 ? row.dim + nd : row.dim, n = bs[dim];
+  int64_t start = row.start < 0 ? row.start + n : row.start;
+  int64_t end = row.end < 0 ? row.end + n : row.end;
+  start = std::clamp<int64_t>(start, 0, n);
+  end = std::clamp<int64_t>(end, start, n);
+  // Walk the base row-major; an element whose index along dim is start + j * step (j >= 0,
+  // below end) takes src's element with index j there.
+  std::vector<double> out = base;
+  int64_t inner = 1;
+  for (int64_t d = dim + 1; d < nd; ++d) inner *= bs[d];
+  const int64_t taken = row.src[dim];
+  for (int64_t i = 0; i < bs.numel(); ++i) {
+    const int64_t outer = i / (inner * n), k = (i / inner) % n, r = i % inner;
+    if (k < start || k >= end || (k - start) % row.step != 0) continue;
+    const int64_t j = (k - start) / row.step;
+    out[static_cast<size_t>(i)] = src[static_cast<size_t>((outer * taken + j) * inner + r)];
+  }
+  return out;
+}
+
 }  // namespace duet::test

@@ -183,6 +183,29 @@ const std::vector<ErrorRow>& error_rows() {
       {"view", [] { slice(f32({4}), 0, 0, 4, -1); }, Kind::Value, "[slice]"},
       {"view", [] { slice(f32({}), 0, 0, 1); }, Kind::Value, "[slice] cannot slice a 0-d tensor"},
       {"view", [] { slice(f32({4}), 1, 0, 1); }, Kind::Value, "[slice]"},
+      // slice_scatter: the source must fit the slice exactly, in the base's dtype.
+      {"view",
+       [] {
+         slice_scatter(f32({4, 3}), f32({3, 3}), 0, 1, 3);
+       },
+       Kind::Shape, "[slice_scatter] source of shape (3, 3) does not fit the slice 1:3:1 of dim 0"},
+      {"view",
+       [] {
+         slice_scatter(f32({4, 3}), f32({2}), 0, 1, 3);
+       },
+       Kind::Shape, "[slice_scatter]"},
+      {"view",
+       [] {
+         slice_scatter(f32({2, 5}), f32({2, 5}), 1, 0, 5, 2);
+       },
+       Kind::Shape, "[slice_scatter] source of shape (2, 5)"},
+      {"view", [] { slice_scatter(f32({4}), of({2}, D::i64), 0, 0, 2); }, Kind::DType,
+       "[slice_scatter] base and source must share a dtype, got f32 and i64"},
+      {"view", [] { slice_scatter(f32({}), f32({}), 0, 0, 1); }, Kind::Value,
+       "[slice_scatter] cannot slice a 0-d tensor"},
+      {"view", [] { slice_scatter(f32({4}), f32({4}), 0, 0, 4, 0); }, Kind::Value,
+       "[slice_scatter] step must be positive, got 0"},
+      {"view", [] { slice_scatter(f32({4}), f32({4}), 1, 0, 4); }, Kind::Value, "[slice_scatter]"},
       {"view", [] { expand(f32({3}), {4}); }, Kind::Shape,
        "[expand] cannot expand shape (3) to (4)"},
       {"view",
@@ -232,8 +255,8 @@ const std::vector<ErrorRow>& error_rows() {
        Kind::Value, "[full] negative size -1"},
       {"creation", [] { eye(-2); }, Kind::Value, "[eye]"},
       {"creation", [] { eye(2, Options().dtype(DType::f16)); }, Kind::DType, "[eye]"},
-      {"creation", [] { ones({2}, Options().requires_grad()); }, Kind::Any,
-       "[full] requires_grad needs the autograd layer"},
+      {"creation", [] { ones({2}, Options().dtype(DType::i64).requires_grad()); }, Kind::DType,
+       "[requires_grad_] only floating tensors can require gradients"},
       // Reading values and conversions.
       {"tensor", [] { f32({2}).item<float>(); }, Kind::Value, "[item] needs exactly one element"},
       {"tensor", [] { f32({0}).item<float>(); }, Kind::Value, "[item]"},

@@ -429,6 +429,38 @@ TEST_CASE("views of views compose their strides and offsets") {
   }());
 }
 
+// ---- slice_scatter ----------------------------------------------------------------------------
+
+TEST_CASE("scatter rows: slice_scatter against the reference, every dtype and layout") {
+  Rng rng(10);
+  const std::vector<std::pair<Layout, Layout>> layouts = {{L::Contiguous, L::Contiguous},
+                                                          {L::Transposed, L::Strided},
+                                                          {L::Strided, L::Transposed},
+                                                          {L::Offset, L::Offset}};
+  for (const ScatterRow& row : scatter_rows()) {
+    for (DType dt : kAllDTypes) {
+      for (auto [lb, ls] : layouts) {
+        INFO(std::string(row.name)
+             << " on " << dtype_name(dt) << ", base " << std::string(layout_name(lb)) << ", source "
+             << std::string(layout_name(ls)));
+        std::vector<double> vb = random_values(row.base.numel(), Domain{-9, 9}, dt, rng);
+        std::vector<double> vs = random_values(row.src.numel(), Domain{-9, 9}, dt, rng);
+        Tensor base = make_layout(vb, row.base, dt, lb);
+        Tensor src = make_layout(vs, row.src, dt, ls);
+        Tensor got = slice_scatter(base, src, row.dim, row.start, row.end, row.step);
+        check_tensor(got, row.base, dt, ref_slice_scatter(vb, row.base, vs, row));
+        CHECK(got.is_contiguous());
+        CHECK(!same_storage(got, base));
+        CHECK(differences(values(base), vb, 0, 0).empty());
+        CHECK(differences(values(src), vs, 0, 0).empty());
+        // The slice of the result is the source.
+        Tensor back = slice(got, row.dim, row.start, row.end, row.step);
+        check_tensor(back, row.src, dt, vs);
+      }
+    }
+  }
+}
+
 // ---- sources ----------------------------------------------------------------------------------
 
 TEST_CASE("source rows: creation functions") {
@@ -449,7 +481,8 @@ TEST_CASE("source rows: creation functions") {
 
 // ---- the table itself -------------------------------------------------------------------------
 
-TEST_CASE("every primitive in ops.def has a test row") {
+// Completeness (STYLE.md, "Shape of the code"): adding an op without its rows and rules fails.
+TEST_CASE("every op in ops.def has a test row, a shape rule, a gradient rule and a CPU kernel") {
   std::vector<int> rows(kNumOps, 0);
   for (const auto& r : elementwise_rows())
     if (!r.composite) ++rows[int(r.op)];
@@ -461,7 +494,25 @@ TEST_CASE("every primitive in ops.def has a test row") {
     if (!r.composite) ++rows[int(r.op)];
   for (const auto& r : source_rows()) ++rows[int(r.op)];
   if (!matmul_rows().empty()) ++rows[int(OpId::MatMul)];
-  for (int i = 0; i < kNumOps; ++i) CHECK_MESSAGE(rows[i] > 0, op_name(OpId(i)) << " has no row");
+  if (!scatter_rows().empty()) ++rows[int(OpId::SliceScatter)];
+  for (int i = 0; i < kNumOps; ++i) {
+    const OpDef& def = detail::op_def(OpId(i));
+    INFO(std::string(def.name));
+    CHECK_MESSAGE(rows[i] > 0, "no test row");
+    CHECK_MESSAGE((def.infer != nullptr), "no shape rule");
+    // A gradient rule, or an explicit "not differentiable" (set_not_differentiable); a rule on
+    // an op marked not differentiable would never run.
+    CHECK_MESSAGE(!(def.differentiable && def.grad == nullptr), "no gradient rule");
+    CHECK_MESSAGE(!(!def.differentiable && def.grad != nullptr), "a rule that never runs");
+    // View ops make views (reshape of a non-contiguous tensor copies first); the others run a
+    // kernel.
+    if (def.cls == OpClass::View)
+      CHECK_MESSAGE((def.view != nullptr), "a view op without a view rule");
+    else
+      CHECK_MESSAGE((def.kernel[int(DeviceType::CPU)] != nullptr), "no CPU kernel");
+    // A rule saves only inputs that exist.
+    for (int k = std::max(def.arity, 0); k < 3; ++k) CHECK(!(def.save >> k & 1));
+  }
 }
 
 TEST_CASE("every row dispatches the primitive it claims") {
@@ -498,6 +549,13 @@ TEST_CASE("every row dispatches the primitive it claims") {
     check_dispatch(r.op, [&] { r.fn(); });
   }
   check_dispatch(OpId::MatMul, [&] { matmul(x, transpose(x, 0, 1)); });
+  for (const auto& r : scatter_rows()) {
+    INFO(std::string(r.name));
+    Tensor base = make(std::vector<double>(r.base.numel(), 1), r.base);
+    Tensor src = make(std::vector<double>(r.src.numel(), 2), r.src);
+    check_dispatch(OpId::SliceScatter,
+                   [&] { slice_scatter(base, src, r.dim, r.start, r.end, r.step); });
+  }
 }
 
 }  // namespace duet::test

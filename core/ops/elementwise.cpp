@@ -152,9 +152,96 @@ void infer_copy(const OpDef&, TensorRefs in, const Attrs&, TensorMeta& out) {
   out.device = in[0].device();
 }
 
+// ---- gradient rules (duet ops, so they are taped with create_graph and traced) --------------
+// Kinks follow PyTorch: relu'(0) = 0, abs'(0) = 0, and maximum/minimum split ties evenly.
+
+#define DUET_GRAD(name) void name(const GradCtx& c, const Tensor& g, Tensor* gi)
+DUET_GRAD(grad_neg) { gi[0] = neg(g); }
+DUET_GRAD(grad_exp) { gi[0] = g * c.output; }
+DUET_GRAD(grad_log) { gi[0] = g / c.inputs[0]; }
+DUET_GRAD(grad_sqrt) { gi[0] = g * 0.5 / c.output; }
+DUET_GRAD(grad_rsqrt) { gi[0] = g * (c.output * c.output * c.output) * -0.5; }
+DUET_GRAD(grad_abs) {
+  const Tensor& x = c.inputs[0];
+  gi[0] = g * (gt(x, 0).to(g.dtype()) - lt(x, 0).to(g.dtype()));
+}
+DUET_GRAD(grad_sin) { gi[0] = g * cos(c.inputs[0]); }
+DUET_GRAD(grad_cos) { gi[0] = neg(g * sin(c.inputs[0])); }
+DUET_GRAD(grad_tanh) { gi[0] = g * (1 - c.output * c.output); }
+DUET_GRAD(grad_sigmoid) { gi[0] = g * c.output * (1 - c.output); }
+DUET_GRAD(grad_relu) { gi[0] = g * gt(c.output, 0); }
+DUET_GRAD(grad_add) {
+  gi[0] = g;
+  gi[1] = g;
+}
+DUET_GRAD(grad_sub) {
+  gi[0] = g;
+  if (c.needs_grad(1)) gi[1] = neg(g);
+}
+DUET_GRAD(grad_mul) {
+  if (c.needs_grad(0)) gi[0] = g * c.inputs[1];
+  if (c.needs_grad(1)) gi[1] = g * c.inputs[0];
+}
+DUET_GRAD(grad_div) {  // a is read only for b's gradient: a.div_(2) stays differentiable
+  const Tensor& b = c.inputs[1];
+  if (c.needs_grad(0)) gi[0] = g / b;
+  if (c.needs_grad(1)) gi[1] = neg(g * c.inputs[0]) / (b * b);
+}
+DUET_GRAD(grad_pow) {
+  const Tensor &a = c.inputs[0], &b = c.inputs[1];
+  if (c.needs_grad(0)) {
+    // b - 1 against a 0-d one in the gradient's dtype: a wrapped number minus the Scalar 1 would
+    // promote to the default f32 and round pow(x, 1.0 / 3)'s exponent. x^0 is constant, so its
+    // gradient is 0 also at x = 0, where b * a^(b - 1) is 0 * inf (as PyTorch).
+    Tensor one = ones({}, Options().dtype(g.dtype()).device(g.device()));
+    gi[0] = where(eq(b, 0), 0, g * b * pow(a, b - one));
+  }
+  // d/db a^b = a^b log a, taken as 0 where a == 0 and b >= 0 (PyTorch's convention).
+  if (c.needs_grad(1)) gi[1] = where(eq(a, 0) * ge(b, 0), 0, g * pow(a, b) * log(a));
+}
+void grad_extremum(const GradCtx& c, const Tensor& g, Tensor* gi, bool is_max) {
+  const Tensor &a = c.inputs[0], &b = c.inputs[1];
+  Tensor half = eq(a, b).to(g.dtype()) * 0.5;
+  Tensor a_wins = (is_max ? gt(a, b) : lt(a, b)).to(g.dtype());
+  if (c.needs_grad(0)) gi[0] = g * (a_wins + half);
+  if (c.needs_grad(1)) gi[1] = g * ((is_max ? lt(a, b) : gt(a, b)).to(g.dtype()) + half);
+}
+DUET_GRAD(grad_maximum) { grad_extremum(c, g, gi, true); }
+DUET_GRAD(grad_minimum) { grad_extremum(c, g, gi, false); }
+DUET_GRAD(grad_where) {
+  const Tensor& cond = c.inputs[0];
+  if (c.needs_grad(1)) gi[1] = where(cond, g, 0);
+  if (c.needs_grad(2)) gi[2] = where(cond, 0, g);
+}
+DUET_GRAD(grad_identity) { gi[0] = g; }  // Cast and Copy: the engine converts the dtype back
+#undef DUET_GRAD
+
 }  // namespace
 
 void register_elementwise_rules(OpDef* t) {
+  set_grad(t, OpId::Neg, grad_neg, 0);
+  set_grad(t, OpId::Exp, grad_exp, kSaveOut);
+  set_grad(t, OpId::Log, grad_log, kSaveIn0);
+  set_grad(t, OpId::Sqrt, grad_sqrt, kSaveOut);
+  set_grad(t, OpId::Rsqrt, grad_rsqrt, kSaveOut);
+  set_grad(t, OpId::Abs, grad_abs, kSaveIn0);
+  set_grad(t, OpId::Sin, grad_sin, kSaveIn0);
+  set_grad(t, OpId::Cos, grad_cos, kSaveIn0);
+  set_grad(t, OpId::Tanh, grad_tanh, kSaveOut);
+  set_grad(t, OpId::Sigmoid, grad_sigmoid, kSaveOut);
+  set_grad(t, OpId::Relu, grad_relu, kSaveOut);
+  set_grad(t, OpId::Add, grad_add, 0);
+  set_grad(t, OpId::Sub, grad_sub, 0);
+  set_grad(t, OpId::Mul, grad_mul, kSaveIn0 | kSaveIn1);
+  set_grad(t, OpId::Div, grad_div, kSaveIn0 | kSaveIn1);
+  set_grad(t, OpId::Pow, grad_pow, kSaveIn0 | kSaveIn1);
+  set_grad(t, OpId::Maximum, grad_maximum, kSaveIn0 | kSaveIn1);
+  set_grad(t, OpId::Minimum, grad_minimum, kSaveIn0 | kSaveIn1);
+  for (OpId op : {OpId::Lt, OpId::Le, OpId::Gt, OpId::Ge, OpId::Eq, OpId::Ne})
+    set_not_differentiable(t, op);
+  set_grad(t, OpId::Where, grad_where, kSaveIn0);
+  set_grad(t, OpId::Cast, grad_identity, 0);
+  set_grad(t, OpId::Copy, grad_identity, 0);
   for (OpId op : {OpId::Neg, OpId::Exp, OpId::Log, OpId::Sqrt, OpId::Rsqrt, OpId::Abs, OpId::Sin,
                   OpId::Cos, OpId::Tanh, OpId::Sigmoid, OpId::Relu})
     t[int(op)].infer = infer_unary;

@@ -34,9 +34,18 @@ void infer_matmul(const OpDef& def, TensorRefs in, const Attrs&, TensorMeta& out
   out.device = common_device(def, in);
 }
 
+// Batch dims broadcast in the forward are summed back by the engine.
+void grad_matmul(const GradCtx& c, const Tensor& g, Tensor* gi) {
+  if (c.needs_grad(0)) gi[0] = matmul(g, transpose(c.inputs[1], -1, -2));
+  if (c.needs_grad(1)) gi[1] = matmul(transpose(c.inputs[0], -1, -2), g);
+}
+
 }  // namespace
 
-void register_linalg_rules(OpDef* t) { t[int(OpId::MatMul)].infer = infer_matmul; }
+void register_linalg_rules(OpDef* t) {
+  t[int(OpId::MatMul)].infer = infer_matmul;
+  set_grad(t, OpId::MatMul, grad_matmul, kSaveIn0 | kSaveIn1);
+}
 
 }  // namespace detail
 

@@ -42,10 +42,40 @@ void infer_reduce(const OpDef& def, TensorRefs in, const Attrs& attrs, TensorMet
   if (def.id == OpId::Sum && !is_floating(x->dtype)) out.dtype = DType::i64;
 }
 
+// The input's shape with the reduced dims set to 1: where keepdim=false outputs go back to.
+Shape keepdim_shape(const Shape& in, const Attrs& a) {
+  Shape s = in;
+  if (a.ints.empty())
+    for (int64_t i = 0; i < s.size(); ++i) s[i] = 1;
+  else
+    for (int64_t d : a.ints)
+      if (d < s.size()) s[d] = 1;
+  return s;
+}
+
+void grad_sum(const GradCtx& c, const Tensor& g, Tensor* gi) {
+  const Shape& in = c.input_meta[0].shape;
+  gi[0] = expand(reshape(g, keepdim_shape(in, c.attrs)), in);
+}
+
+// Max and min: the gradient goes to the elements equal to the result, split evenly among ties.
+void grad_extremum(const GradCtx& c, const Tensor& g, Tensor* gi) {
+  const Tensor& x = c.inputs[0];
+  Shape ks = keepdim_shape(x.sizes(), c.attrs);
+  Tensor mask = eq(x, reshape(c.output, ks));
+  Dims dims;  // the forward's dims (empty: all)
+  for (int64_t d : c.attrs.ints) dims.push_back(d);
+  Tensor count = sum(mask, dims, /*keepdim=*/true);
+  gi[0] = where(mask, reshape(g, ks) / count, 0);
+}
+
 }  // namespace
 
 void register_reduction_rules(OpDef* t) {
   for (OpId op : {OpId::Sum, OpId::Max, OpId::Min}) t[int(op)].infer = infer_reduce;
+  set_grad(t, OpId::Sum, grad_sum, 0);
+  set_grad(t, OpId::Max, grad_extremum, kSaveIn0 | kSaveOut);
+  set_grad(t, OpId::Min, grad_extremum, kSaveIn0 | kSaveOut);
 }
 
 /// Wraps, deduplicates and sorts user dims into attrs.ints.

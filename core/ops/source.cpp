@@ -32,14 +32,11 @@ void infer_arange(const OpDef&, TensorRefs, const Attrs& a, TensorMeta& out) {
 }
 
 Tensor source(OpId op, const Attrs& a, const Options& o) {
-  DUET_CHECK(!o.requires_grad_,
-             "[{}] requires_grad needs the autograd layer (eager/), which this build lacks",
-             op_name(op));
-  // Sources have no inputs to take a device from, so the device travels in the call's meta;
-  // it is set here and checked by the shape rule.
   DUET_CHECK_DEVICE(o.device_.is_cpu(), "[{}] device {} has no kernels in this build", op_name(op),
                     o.device_);
-  return call(op, TensorRefs(), a);
+  Tensor t = call(op, TensorRefs(), a);
+  if (o.requires_grad_) t.requires_grad_(true);
+  return t;
 }
 
 }  // namespace
@@ -47,6 +44,8 @@ Tensor source(OpId op, const Attrs& a, const Options& o) {
 void register_source_rules(OpDef* t) {
   t[int(OpId::Full)].infer = infer_full;
   t[int(OpId::Arange)].infer = infer_arange;
+  set_not_differentiable(t, OpId::Full);
+  set_not_differentiable(t, OpId::Arange);
 }
 
 }  // namespace detail
@@ -80,7 +79,9 @@ Tensor eye(int64_t n, Options options) {
   const DType dtype = options.dtype_.value_or(DType::f32);
   detail::check_computable("eye", dtype, options.device_);
   Tensor i = arange(n);
-  return eq(unsqueeze(i, 1), unsqueeze(i, 0)).to(dtype);
+  Tensor t = eq(unsqueeze(i, 1), unsqueeze(i, 0)).to(dtype);
+  if (options.requires_grad_) t.requires_grad_(true);
+  return t;
 }
 
 Tensor tensor(std::vector<double> values, Options options) {
@@ -92,15 +93,15 @@ Tensor tensor(std::vector<double> values, Shape shape, Options options) {
   DUET_CHECK_SHAPE(shape.numel() == static_cast<int64_t>(values.size()),
                    "[tensor] {} values do not fill shape {} ({} elements)", values.size(), shape,
                    shape.numel());
-  DUET_CHECK(!options.requires_grad_,
-             "[tensor] requires_grad needs the autograd layer (eager/), which this build lacks");
   DUET_CHECK_DEVICE(options.device_.is_cpu(), "[tensor] device {} has no kernels in this build",
                     options.device_);
   const DType dtype = options.dtype_.value_or(DType::f32);
   detail::check_computable("tensor", dtype, options.device_);
   Tensor f64 = detail::empty(shape, DType::f64);
   if (!values.empty()) std::memcpy(f64.raw_data(), values.data(), values.size() * sizeof(double));
-  return f64.to(dtype);
+  Tensor t = f64.to(dtype);
+  if (options.requires_grad_) t.requires_grad_(true);
+  return t;
 }
 
 }  // namespace duet

@@ -125,6 +125,49 @@ Tensor view_expand(const Tensor& x, const Attrs&, const TensorMeta& out) {
   return make_view(x, out.shape, st, x.storage_offset());
 }
 
+// in[0]: the base, in[1]: what goes into its slice (dim, start, end, step as for Slice).
+void infer_slice_scatter(const OpDef& def, TensorRefs in, const Attrs& a, TensorMeta& out) {
+  TensorMeta slice_meta;
+  const Tensor* base[] = {&in[0]};
+  infer_slice(def, TensorRefs(base, 1), a, slice_meta);
+  DUET_CHECK_SHAPE(in[1].sizes() == slice_meta.shape,
+                   "[slice_scatter] source of shape {} does not fit the slice {}:{}:{} of dim {} "
+                   "of shape {} (expected {})",
+                   in[1].sizes(), a.start, a.end, a.step, a.dim, in[0].sizes(), slice_meta.shape);
+  DUET_CHECK_DTYPE(in[0].dtype() == in[1].dtype(),
+                   "[slice_scatter] base and source must share a dtype, got {} and {}",
+                   in[0].dtype(), in[1].dtype());
+  out.shape = in[0].sizes();
+  out.dtype = in[0].dtype();
+  out.device = common_device(def, in);
+}
+
+// ---- gradient rules ---------------------------------------------------------------------------
+
+void grad_reshape(const GradCtx& c, const Tensor& g, Tensor* gi) {
+  gi[0] = reshape(g, c.input_meta[0].shape);
+}
+void grad_permute(const GradCtx& c, const Tensor& g, Tensor* gi) {
+  std::vector<int64_t> inv(c.attrs.ints.size());
+  for (int64_t i = 0; i < c.attrs.ints.size(); ++i) inv[c.attrs.ints[i]] = i;
+  gi[0] = permute(g, Dims(inv));
+}
+void grad_slice(const GradCtx& c, const Tensor& g, Tensor* gi) {
+  const TensorMeta& m = c.input_meta[0];
+  Tensor z = zeros(m.shape, Options().dtype(g.dtype()).device(m.device));
+  gi[0] = slice_scatter(z, g, c.attrs.dim, c.attrs.start, c.attrs.end, c.attrs.step);
+}
+void grad_expand(const GradCtx&, const Tensor& g, Tensor* gi) { gi[0] = g; }  // engine sums
+void grad_slice_scatter(const GradCtx& c, const Tensor& g, Tensor* gi) {
+  const Attrs& a = c.attrs;
+  if (c.needs_grad(0)) {
+    const TensorMeta& m = c.input_meta[1];
+    Tensor z = zeros(m.shape, Options().dtype(g.dtype()).device(m.device));
+    gi[0] = slice_scatter(g, z, a.dim, a.start, a.end, a.step);
+  }
+  if (c.needs_grad(1)) gi[1] = slice(g, a.dim, a.start, a.end, a.step);
+}
+
 Tensor view_call(OpId op, const Tensor& x, const Attrs& a) {
   const Tensor* in[] = {&x};
   return call(op, TensorRefs(in, 1), a);
@@ -141,6 +184,12 @@ void register_view_rules(OpDef* t) {
   t[int(OpId::Slice)].view = view_slice;
   t[int(OpId::Expand)].infer = infer_expand;
   t[int(OpId::Expand)].view = view_expand;
+  t[int(OpId::SliceScatter)].infer = infer_slice_scatter;
+  set_grad(t, OpId::Reshape, grad_reshape, 0);
+  set_grad(t, OpId::Permute, grad_permute, 0);
+  set_grad(t, OpId::Slice, grad_slice, 0);
+  set_grad(t, OpId::Expand, grad_expand, 0);
+  set_grad(t, OpId::SliceScatter, grad_slice_scatter, 0);
 }
 
 }  // namespace detail
@@ -223,12 +272,14 @@ Tensor expand(const Tensor& x, Shape shape) {
   return detail::view_call(OpId::Expand, x, a);
 }
 
-Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end, int64_t step) {
-  DUET_CHECK_VALUE(x.dim() > 0, "[slice] cannot slice a 0-d tensor");
-  dim = detail::wrap_dim("slice", dim, x.dim());
-  DUET_CHECK_VALUE(step >= 1, "[slice] step must be positive, got {}", step);
+namespace {
+// Python's rules: negative bounds count from the end, then clamp to [0, n].
+Attrs slice_attrs(const char* op, const Tensor& x, int64_t dim, int64_t start, int64_t end,
+                  int64_t step) {
+  DUET_CHECK_VALUE(x.dim() > 0, "[{}] cannot slice a 0-d tensor", op);
+  dim = detail::wrap_dim(op, dim, x.dim());
+  DUET_CHECK_VALUE(step >= 1, "[{}] step must be positive, got {}", op, step);
   int64_t n = x.sizes()[dim];
-  // Python's rules: negative bounds count from the end, then clamp to [0, n].
   if (start < 0) start += n;
   if (end < 0) end += n;
   start = std::clamp<int64_t>(start, 0, n);
@@ -238,7 +289,19 @@ Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end, int64_t s
   a.start = start;
   a.end = end;
   a.step = step;
-  return detail::view_call(OpId::Slice, x, a);
+  return a;
+}
+}  // namespace
+
+Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end, int64_t step) {
+  return detail::view_call(OpId::Slice, x, slice_attrs("slice", x, dim, start, end, step));
+}
+
+Tensor slice_scatter(const Tensor& base, const Tensor& src, int64_t dim, int64_t start, int64_t end,
+                     int64_t step) {
+  Attrs a = slice_attrs("slice_scatter", base, dim, start, end, step);
+  const Tensor* in[] = {&base, &src};
+  return detail::call(OpId::SliceScatter, TensorRefs(in, 2), a);
 }
 
 }  // namespace duet

@@ -1,0 +1,276 @@
+// duet: the backward engine. It walks the tape from the outputs in reverse creation order,
+// calls each node's gradient rule (duet ops), sums gradients back to each input's shape and
+// dtype, and accumulates into leaves' .grad, or captures them for grad().
+#include <queue>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "core/ops.h"
+#include "eager/autograd.h"
+#include "eager/node.h"
+
+namespace duet {
+
+NoGradGuard::NoGradGuard() : prev_(detail::grad_mode()) { detail::set_grad_mode(false); }
+NoGradGuard::~NoGradGuard() { detail::set_grad_mode(prev_); }
+bool grad_enabled() { return detail::grad_mode(); }
+
+namespace detail {
+namespace {
+
+struct GradModeScope {
+  explicit GradModeScope(bool on) : prev(grad_mode()) { set_grad_mode(on); }
+  ~GradModeScope() { set_grad_mode(prev); }
+  bool prev;
+};
+
+// Sums a gradient over the dims that broadcasting added or expanded, and converts its dtype.
+Tensor sum_to(Tensor g, const TensorMeta& m) {
+  if (g.sizes() != m.shape) {
+    const int64_t lead = g.dim() - m.shape.size();
+    DUET_ASSERT(lead >= 0, "gradient of shape {} for an input of shape {}", g.sizes(), m.shape);
+    Dims dims;
+    for (int64_t d = 0; d < g.dim(); ++d)
+      if (d < lead || (m.shape[d - lead] == 1 && g.sizes()[d] != 1)) dims.push_back(d);
+    if (dims.size()) g = sum(g, dims, /*keepdim=*/true);
+    g = reshape(g, m.shape);
+  }
+  if (g.dtype() != m.dtype) g = g.to(m.dtype);
+  return g;
+}
+
+uint32_t version_now(const SavedTensor& s) {
+  return s.value.unsafe_impl()->storage->version_.load(std::memory_order_relaxed);
+}
+bool is_stale(const SavedTensor& s) { return s.value.defined() && version_now(s) != s.version; }
+
+[[noreturn]] void throw_stale(const Node& n, const SavedTensor& s) {
+  throw Error(fmt::format(
+      "[backward] a tensor of shape {} saved by {} was modified in place after it was saved "
+      "(version {}, now {}); clone() it before the in-place op, or use an out-of-place op",
+      s.value.sizes(), n.def->name, s.version, version_now(s)));
+}
+
+// The saved output, checked here (every rule that saves it reads it); saved inputs are checked
+// when a rule reads them (SavedInputs).
+Tensor unpack_output(const Node& n, bool create_graph) {
+  const SavedTensor& s = n.saved_output;
+  if (!s.value.defined()) return s.value;
+  if (is_stale(s)) throw_stale(n, s);
+  if (!create_graph) return s.value;
+  // With create_graph, the saved output must lead back to this node, so that second-order
+  // gradients flow through it (Note [Saved tensors]).
+  const TensorImpl* x = s.value.unsafe_impl();
+  Tensor a = make_view(s.value, x->shape, x->strides, x->offset);
+  a.unsafe_impl()->is_view = false;
+  a.unsafe_impl()->requires_grad = true;
+  autograd_meta(*a.unsafe_impl()).grad_fn = std::const_pointer_cast<Node>(n.shared_from_this());
+  return a;
+}
+
+// A leaf's .grad keeps its buffer across steps (optimizers and compiled steps rely on it):
+// the first gradient is stored (copied unless nobody else holds it), later ones are added in
+// place. With create_graph the sum is out of place, so it stays differentiable.
+void accumulate(TensorImpl* leaf, Tensor g, bool create_graph) {
+  AutogradMeta& m = autograd_meta(*leaf);
+  if (!m.grad) {
+    if (!create_graph && !(g.is_unique() && g.is_contiguous() && !g.requires_grad()))
+      g = g.contiguous().is_same(g) ? g.clone() : g.contiguous();
+    m.grad = g.impl_ptr();
+    return;
+  }
+  Tensor cur(m.grad);
+  if (create_graph) {
+    m.grad = (cur + g).impl_ptr();
+  } else {
+    NoGradGuard ng;
+    cur.add_(g);
+  }
+}
+
+struct Capture {
+  std::unordered_map<const TensorImpl*, size_t> leaves;
+  std::unordered_map<const Node*, size_t> nodes;
+  std::vector<Tensor> results;
+};
+
+void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& root_grads,
+                  bool retain_graph, bool create_graph, Capture* capture) {
+  GradModeScope mode(create_graph);
+  std::unordered_map<Node*, Tensor> buffers;
+  auto add_to = [&](Tensor& slot, const Tensor& g) { slot = slot.defined() ? slot + g : g; };
+  std::vector<Node*> starts;
+  for (size_t i = 0; i < roots.size(); ++i) {
+    const TensorImpl* r = roots[i].unsafe_impl();
+    if (r->autograd && r->autograd->grad_fn) {
+      Node* n = r->autograd->grad_fn.get();
+      add_to(buffers[n], root_grads[i]);
+      starts.push_back(n);
+    } else if (capture) {
+      auto it = capture->leaves.find(r);
+      if (it != capture->leaves.end()) add_to(capture->results[it->second], root_grads[i]);
+    } else {
+      accumulate(const_cast<TensorImpl*>(r), root_grads[i], create_graph);
+    }
+  }
+  // Nodes that lead to something that wants a gradient, and their dependency counts.
+  std::unordered_map<Node*, int> deps;
+  std::unordered_map<Node*, bool> useful;
+  std::vector<std::pair<Node*, bool>> stack;
+  for (Node* s : starts) stack.push_back({s, false});
+  while (!stack.empty()) {
+    auto [n, expanded] = stack.back();
+    stack.pop_back();
+    if (expanded) {
+      bool u = !capture || capture->nodes.count(n);
+      for (const InputEdge& e : n->inputs) {
+        if (e.fn)
+          u |= useful[e.fn.get()];
+        else if (e.leaf)
+          u |= !capture || capture->leaves.count(e.leaf.get());
+      }
+      useful[n] = u;
+      continue;
+    }
+    if (useful.count(n)) continue;
+    useful[n] = false;  // visiting
+    stack.push_back({n, true});
+    for (const InputEdge& e : n->inputs)
+      if (e.fn && !useful.count(e.fn.get())) stack.push_back({e.fn.get(), false});
+  }
+  for (auto& [n, u] : useful)
+    if (u)
+      for (const InputEdge& e : n->inputs)
+        if (e.fn && useful[e.fn.get()]) ++deps[e.fn.get()];
+  auto later_first = [](Node* a, Node* b) { return a->sequence < b->sequence; };
+  std::priority_queue<Node*, std::vector<Node*>, decltype(later_first)> ready(later_first);
+  std::unordered_set<Node*> queued;
+  for (Node* s : starts)
+    if (useful[s] && deps[s] == 0 && queued.insert(s).second) ready.push(s);
+
+  while (!ready.empty()) {
+    Node* n = ready.top();
+    ready.pop();
+    Tensor g = std::move(buffers[n]);
+    buffers.erase(n);
+    if (capture) {
+      auto it = capture->nodes.find(n);
+      if (it != capture->nodes.end()) add_to(capture->results[it->second], g);
+    }
+    DUET_CHECK(!n->released,
+               "[backward] trying to backward through the graph a second time ({} already "
+               "freed its saved tensors); pass retain_graph=true to the first backward",
+               n->def->name);
+    const int64_t k = n->inputs.size();
+    std::vector<const Tensor*> ptrs(k);
+    std::unique_ptr<bool[]> needs(new bool[k]());
+    bool any_needed = false;
+    uint32_t stale = 0;
+    std::vector<TensorMeta> metas(k);
+    for (int64_t i = 0; i < k; ++i) {
+      ptrs[i] = &n->saved[i].value;
+      if (is_stale(n->saved[i])) stale |= 1u << i;  // only inputs 0..6 are ever saved
+      metas[i] = n->inputs[i].meta;
+      const InputEdge& e = n->inputs[i];
+      bool wanted =
+          e.fn ? useful[e.fn.get()] : e.leaf && (!capture || capture->leaves.count(e.leaf.get()));
+      needs[i] = e.needs && wanted;
+      any_needed |= needs[i];
+    }
+    std::vector<Tensor> gi(k);
+    if (any_needed) {
+      Tensor out = unpack_output(*n, create_graph);
+      GradCtx ctx{n->attrs, SavedInputs(TensorRefs(ptrs.data(), k), stale, n), out, metas.data(),
+                  needs.get()};
+      n->def->grad(ctx, g, gi.data());
+    }
+    if (!retain_graph) {
+      n->released = true;
+      for (SavedTensor& s : n->saved) s.value = Tensor();
+      n->saved_output.value = Tensor();
+    }
+    for (int64_t i = 0; i < k; ++i) {
+      if (!needs[i]) continue;
+      const InputEdge& e = n->inputs[i];
+      DUET_ASSERT(gi[i].defined(), "gradient rule of {} gave no gradient for input {}",
+                  n->def->name, i);
+      Tensor gin = sum_to(std::move(gi[i]), e.meta);
+      if (e.fn) {
+        Node* p = e.fn.get();
+        add_to(buffers[p], gin);
+        if (--deps[p] == 0 && queued.insert(p).second) ready.push(p);
+      } else if (capture) {
+        add_to(capture->results[capture->leaves.at(e.leaf.get())], gin);
+      } else {
+        accumulate(e.leaf.get(), std::move(gin), create_graph);
+      }
+    }
+  }
+}
+
+Tensor default_grad(const char* op, const Tensor& out, const Tensor& given, size_t i) {
+  if (given.defined()) {
+    DUET_CHECK_SHAPE(given.sizes() == out.sizes(),
+                     "[{}] grad_output {} has shape {} but the output has shape {}", op, i,
+                     given.sizes(), out.sizes());
+    // Rules expect the output's dtype (matmul needs equal dtypes); PyTorch converts too.
+    return given.dtype() == out.dtype() ? given : given.to(out.dtype());
+  }
+  DUET_CHECK_SHAPE(out.numel() == 1,
+                   "[{}] a gradient can be implied only for one-element outputs; output {} has "
+                   "shape {}, so pass grad_output",
+                   op, i, out.sizes());
+  return ones(out.sizes(), Options().dtype(out.dtype()).device(out.device()));
+}
+
+}  // namespace
+
+void throw_stale_input(const Node& n, int64_t i) { throw_stale(n, n.saved[i]); }
+
+}  // namespace detail
+
+void Tensor::backward(Tensor grad_output, bool retain_graph) const {
+  DUET_CHECK(requires_grad(),
+             "[backward] the tensor (shape {}) does not require grad: no input of the ops that "
+             "made it requires grad, or it was computed under NoGradGuard",
+             sizes());
+  Tensor g = detail::default_grad("backward", *this, grad_output, 0);
+  detail::run_backward({*this}, {g}, retain_graph, /*create_graph=*/false, nullptr);
+}
+
+std::vector<Tensor> grad(std::vector<Tensor> outputs, std::vector<Tensor> inputs,
+                         std::vector<Tensor> grad_outputs, bool create_graph) {
+  DUET_CHECK(grad_outputs.empty() || grad_outputs.size() == outputs.size(),
+             "[grad] {} grad_outputs for {} outputs", grad_outputs.size(), outputs.size());
+  detail::Capture cap;
+  cap.results.resize(inputs.size());
+  std::vector<size_t> first(inputs.size());  // an input passed twice gets the gradient twice
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const detail::TensorImpl* t = inputs[i].impl();
+    DUET_CHECK(t->requires_grad, "[grad] input {} (shape {}) does not require grad", i, t->shape);
+    if (t->autograd && t->autograd->grad_fn)
+      first[i] = cap.nodes.emplace(t->autograd->grad_fn.get(), i).first->second;
+    else
+      first[i] = cap.leaves.emplace(t, i).first->second;
+  }
+  std::vector<Tensor> roots, gs;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    DUET_CHECK(outputs[i].requires_grad(), "[grad] output {} (shape {}) does not require grad", i,
+               outputs[i].sizes());
+    roots.push_back(outputs[i]);
+    gs.push_back(detail::default_grad("grad", outputs[i],
+                                      grad_outputs.empty() ? Tensor() : grad_outputs[i], i));
+  }
+  detail::run_backward(roots, gs, /*retain_graph=*/create_graph, create_graph, &cap);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    Tensor& r = cap.results[i];
+    if (first[i] != i) r = cap.results[first[i]];
+    if (!r.defined())
+      r = zeros(inputs[i].sizes(), Options().dtype(inputs[i].dtype()).device(inputs[i].device()));
+    else if (r.dtype() != inputs[i].dtype())
+      r = r.to(inputs[i].dtype());
+  }
+  return std::move(cap.results);
+}
+
+}  // namespace duet

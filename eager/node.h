@@ -1,0 +1,47 @@
+// duet: the autograd tape. One Node per recorded op call: the op's gradient rule, its
+// attributes, edges to its inputs' history, and the values the rule saved.
+//
+// Note [Saved tensors]
+// A node saves inputs as handles (so with create_graph a rule's ops connect to their history)
+// and its output as an alias over the same storage without autograd state (a handle to the
+// output itself would make a cycle: output -> grad_fn -> output). Each saved value records its
+// storage version, checked at backward time: a rule reading a saved input that was written in
+// place after it was saved throws, naming the op (SavedInputs), and so does unpacking a saved
+// output; a rule that does not read the stale input still runs (y.mul_(2) needs only the 2).
+// In-place ops save an alias of the overwritten tensor with its old autograd identity
+// (autograd_alias); so do ops that read the target of an in-place op computed out of place
+// (call_inplace), since a handle to the target would make a cycle once it gets its new grad_fn.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "core/dispatch.h"
+
+namespace duet::detail {
+
+struct SavedTensor {
+  Tensor value;
+  uint32_t version = 0;
+};
+
+/// Where the gradient of one input goes.
+struct InputEdge {
+  std::shared_ptr<Node> fn;  ///< the node that produced the input (non-leaf)
+  TensorImplPtr leaf;        ///< the leaf that requires grad, whose .grad accumulates
+  TensorMeta meta;           ///< the input's shape, dtype and device
+  bool needs = false;        ///< the input requires grad
+};
+
+struct Node : std::enable_shared_from_this<Node> {
+  const OpDef* def = nullptr;
+  Attrs attrs;
+  std::vector<InputEdge> inputs;
+  std::vector<SavedTensor> saved;  ///< one per input (value undefined when not saved)
+  SavedTensor saved_output;
+  TensorMeta output_meta;
+  uint64_t sequence = 0;  ///< creation order: later nodes run first in backward
+  bool released = false;  ///< saved tensors freed by a backward without retain_graph
+};
+
+}  // namespace duet::detail

@@ -1,0 +1,606 @@
+// The op sweep's gradient half: from every row of op_rows.h, gradcheck in float64 on samples
+// derived from the row (0-d, broadcast, non-contiguous leaves, views taken inside the checked
+// function), two backwards that must agree bit for bit, and zero-size inputs that must get
+// gradients of the inputs' shapes. Rows of ops that are not differentiable check that their
+// results stay out of autograd. Inputs stay small (at most 24 elements): gradcheck runs one
+// backward per output element and two forwards per input element.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <set>
+
+#include "op_rows.h"
+
+namespace duet::test {
+namespace {
+
+using L = Layout;
+using Ins = std::vector<Tensor>;
+using Fn = std::function<Tensor(const Ins&)>;
+
+// What the sweep ran; each test case prints its part.
+struct Counts {
+  int gradchecks = 0, twice = 0, empty = 0, outside = 0;
+};
+
+void report(const char* what, const Counts& n) {
+  std::string s = what;
+  const std::pair<int, const char*> parts[] = {{n.gradchecks, "gradchecks"},
+                                               {n.twice, "double backwards"},
+                                               {n.empty, "zero-size backwards"},
+                                               {n.outside, "results outside autograd"}};
+  for (auto [count, name] : parts)
+    if (count) s += fmt::format(", {} {}", count, name);
+  MESSAGE(s);
+}
+
+bool differentiable(OpId op) { return detail::op_def(op).differentiable; }
+bool has(const std::vector<DType>& v, DType d) {
+  return std::find(v.begin(), v.end(), d) != v.end();
+}
+// Which rows the gradient sweep runs gradcheck on (the coverage test uses the same rules).
+bool gradchecked(const ElementwiseRow& r) {
+  return differentiable(r.op) && has(r.dtypes, DType::f64);
+}
+bool gradchecked(const ReduceRow& r) { return has(r.dtypes, DType::f64); }
+bool is_empty(const MatmulRow& r) { return r.a.numel() == 0 || r.b.numel() == 0; }
+bool gradchecked(const MatmulRow& r) {
+  return !is_empty(r) && r.a.numel() <= 24 && r.b.numel() <= 24;
+}
+bool is_empty(const ScatterRow& r) { return r.base.numel() == 0; }  // an empty src is fine
+
+// n distinct values of [d.lo, d.hi] on a grid of step 1/64, shifted by a fraction of the step
+// that depends on the input: values of different inputs never tie and none is 0, so abs, relu,
+// maximum, minimum, max and min are checked away from their kinks and ties.
+std::vector<double> smooth_values(int64_t n, const Domain& d, int input, Rng& rng) {
+  const double h = 1.0 / 64, shift = h * (0.2 + 0.25 * input);
+  const auto k0 = static_cast<int64_t>(std::ceil((d.lo - shift) / h));
+  const auto k1 = static_cast<int64_t>(std::floor((d.hi - shift) / h));
+  REQUIRE(k1 - k0 + 1 >= n);
+  std::set<int64_t> used;
+  std::vector<double> v;
+  while (static_cast<int64_t>(v.size()) < n) {
+    const int64_t k = k0 + static_cast<int64_t>(rng.next() % static_cast<uint64_t>(k1 - k0 + 1));
+    if (used.insert(k).second) v.push_back(static_cast<double>(k) * h + shift);
+  }
+  return v;
+}
+
+// n values in [-3, 3] that f32 holds exactly, as it does x +- 1/1024: a cast round trip through
+// f32 then has exact finite differences with that eps.
+constexpr double kExactEps = 1.0 / 1024;
+std::vector<double> exact_values(int64_t n, Rng& rng) {
+  std::vector<double> v(static_cast<size_t>(n));
+  for (double& x : v) x = (static_cast<double>(rng.next() % 384) - 192 + 0.5) / 64;
+  return v;
+}
+
+Tensor leaf(const std::vector<double>& v, const Shape& shape, DType dt, Layout layout) {
+  Tensor t = make_layout(v, shape, dt, layout);  // a view made outside autograd: still a leaf
+  REQUIRE(t.is_leaf());
+  t.requires_grad_();
+  return t;
+}
+
+void check_grad(Counts& n, const Fn& fn, const Ins& leaves, double eps = 1e-6) {
+  GradcheckResult r = gradcheck(fn, leaves, eps);
+  CHECK_MESSAGE(r.ok, r.message);
+  ++n.gradchecks;
+}
+
+void clear_grads(const Ins& leaves) {
+  for (Tensor l : leaves) l.set_grad(Tensor());
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  std::vector<double> x = a.to_vector<double>(), y = b.to_vector<double>();
+  return x.size() == y.size() &&
+         (x.empty() || std::memcmp(x.data(), y.data(), x.size() * sizeof(double)) == 0);
+}
+
+void check_grad_meta(const Tensor& g, const Tensor& l) {
+  REQUIRE(g.defined());
+  CHECK(g.sizes().str() == l.sizes().str());
+  CHECK(dtype_name(g.dtype()) == dtype_name(l.dtype()));
+}
+
+// Two fresh forward and backward runs give the same gradients, bit for bit; one graph kept with
+// retain_graph gives twice the gradient after two backwards (.grad accumulates).
+void check_twice(Counts& n, const Fn& fn, const Ins& leaves, Rng& rng) {
+  clear_grads(leaves);
+  Tensor out = fn(leaves);
+  // Random weights, not ones: a rule that ignores the incoming gradient is caught.
+  Tensor w =
+      make(random_values(out.numel(), Domain{-2, 2}, DType::f64, rng), out.sizes(), out.dtype());
+  out.backward(w);
+  Ins first;
+  for (const Tensor& l : leaves) first.push_back(l.grad());
+  clear_grads(leaves);
+  fn(leaves).backward(w);
+  for (size_t i = 0; i < leaves.size(); ++i) {
+    INFO("leaf " << i);
+    check_grad_meta(first[i], leaves[i]);
+    check_grad_meta(leaves[i].grad(), leaves[i]);
+    CHECK(same_bits(first[i], leaves[i].grad()));
+  }
+  clear_grads(leaves);
+  Tensor kept = fn(leaves);
+  kept.backward(w, /*retain_graph=*/true);
+  std::vector<std::vector<double>> once;
+  for (const Tensor& l : leaves) once.push_back(values(l.grad()));
+  kept.backward(w);
+  for (size_t i = 0; i < leaves.size(); ++i) {
+    for (double& v : once[i]) v *= 2;  // exact
+    CHECK(differences(values(leaves[i].grad()), once[i], 0, 0).empty());
+  }
+  ++n.twice;
+}
+
+// A zero-size result: backward still reaches every leaf, with zeros of the leaf's shape.
+void check_empty(Counts& n, const Fn& fn, const Ins& leaves) {
+  clear_grads(leaves);
+  Tensor out = fn(leaves);
+  CHECK(out.requires_grad());
+  sum(out).backward();
+  for (size_t i = 0; i < leaves.size(); ++i) {
+    INFO("leaf " << i);
+    const Tensor g = leaves[i].grad();
+    check_grad_meta(g, leaves[i]);
+    CHECK(differences(values(g), std::vector<double>(g.numel(), 0), 0, 0).empty());
+  }
+  ++n.empty;
+}
+
+// A result that autograd must not track: no grad_fn, no autograd state at all.
+void check_outside(Counts& n, const Tensor& out) {
+  CHECK(!out.requires_grad());
+  CHECK(out.is_leaf());
+  CHECK(out.unsafe_impl()->autograd == nullptr);
+  ++n.outside;
+}
+
+// ---- elementwise samples ------------------------------------------------------------------
+
+// How a leaf becomes the op's input inside the checked function (so the view is differentiated
+// too): expanded from a smaller shape, transposed, or every other row of a taller leaf.
+enum class Inside { None, Expand, Transpose, Slice };
+
+struct GradSample {
+  const char* name;
+  int min_arity;
+  std::vector<Shape> shapes;  ///< what the op sees
+  std::vector<Layout> layouts = {L::Contiguous, L::Contiguous, L::Contiguous};
+  std::vector<Inside> inside = {Inside::None, Inside::None, Inside::None};
+  std::vector<Shape> small = {{}, {}, {}};  ///< the leaves' shapes for Inside::Expand
+};
+
+const std::vector<Layout> kC3 = {L::Contiguous, L::Contiguous, L::Contiguous};
+constexpr Inside E = Inside::Expand, T = Inside::Transpose, S = Inside::Slice, N = Inside::None;
+
+const std::vector<GradSample>& grad_samples() {
+  static const std::vector<GradSample> s = {
+      {"0-d", 1, {{}, {}, {}}},
+      {"(3, 4)", 1, {{3, 4}, {3, 4}, {3, 4}}},
+      {"broadcast (3,1) (1,4) (4)", 2, {{3, 1}, {1, 4}, {4}}},
+      {"broadcast () (2,3) (1,3)", 2, {{}, {2, 3}, {1, 3}}},
+      {"transposed leaves",
+       1,
+       {{3, 4}, {3, 4}, {3, 4}},
+       {L::Transposed, L::Transposed, L::Transposed}},
+      {"strided and offset leaves",
+       1,
+       {{3, 4}, {3, 4}, {3, 4}},
+       {L::Strided, L::Offset, L::Strided}},
+      {"expanded inside", 1, {{3, 4}, {3, 4}, {3, 4}}, kC3, {E, E, E}, {{1, 4}, {3, 1}, {}}},
+      {"transposed and sliced inside", 1, {{2, 3}, {2, 3}, {2, 3}}, kC3, {T, S, T}},
+  };
+  return s;
+}
+
+const std::vector<GradSample>& empty_samples() {
+  static const std::vector<GradSample> s = {
+      {"empty", 1, {{2, 0, 3}, {2, 0, 3}, {2, 0, 3}}},
+      {"broadcast to empty", 2, {{5, 4}, {0, 1, 4}, {4}}},
+      {"expanded to empty inside", 1, {{0, 4}, {0, 4}, {0, 4}}, kC3, {E, E, N}, {{1, 4}, {0, 1}}},
+  };
+  return s;
+}
+
+Shape leaf_shape(const GradSample& s, int i) {
+  Shape sh = s.shapes[i];
+  if (s.inside[i] == Inside::Expand) return s.small[i];
+  if (s.inside[i] == Inside::Transpose) std::swap(sh[sh.size() - 1], sh[sh.size() - 2]);
+  if (s.inside[i] == Inside::Slice) sh[0] *= 2;
+  return sh;
+}
+
+Tensor take(const Tensor& t, const GradSample& s, int i) {
+  switch (s.inside[i]) {
+    case Inside::Expand:
+      return expand(t, s.shapes[i]);
+    case Inside::Transpose:
+      return transpose(t, -1, -2);
+    case Inside::Slice:
+      return slice(t, 0, 1, t.size(0), 2);
+    default:
+      return t;
+  }
+}
+
+// The leaves of one row on one sample, and how they become the op's inputs.
+struct Case {
+  const GradSample* s = nullptr;
+  int first = 0;  // the sample input of leaves[0]: 1 for where, whose input 0 is its condition
+  Tensor cond;    // where's condition, a constant
+  Ins leaves;
+  // The op's inputs made from x, whose first element is the leaf of sample input first + skip.
+  Ins args(const Ins& x, int skip = 0) const {
+    Ins in;
+    if (cond.defined()) in.push_back(cond);
+    for (size_t k = 0; k < x.size(); ++k) in.push_back(take(x[k], *s, first + skip + int(k)));
+    return in;
+  }
+};
+
+const std::vector<Domain>& grad_domains(const ElementwiseRow& row) {
+  return row.grad_domains.empty() ? row.domains : row.grad_domains;
+}
+
+Case make_case(const ElementwiseRow& row, const GradSample& s, DType dt, Rng& rng) {
+  Case c;
+  c.s = &s;
+  c.first = row.cond_first ? 1 : 0;
+  for (int i = 0; i < row.arity; ++i) {
+    const Shape ls = leaf_shape(s, i);
+    if (row.cond_first && i == 0) {
+      std::vector<double> v = random_values(ls.numel(), Domain{}, DType::b8, rng);
+      c.cond = take(make_layout(v, ls, DType::b8, s.layouts[i]), s, i);
+      continue;
+    }
+    c.leaves.push_back(
+        leaf(smooth_values(ls.numel(), grad_domains(row)[i], i, rng), ls, dt, s.layouts[i]));
+  }
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("elementwise rows: gradcheck in float64 on every gradient sample and call form") {
+  Counts n;
+  Rng rng(21);
+  for (const ElementwiseRow& row : elementwise_rows()) {
+    if (!gradchecked(row)) continue;
+    for (const GradSample& s : grad_samples()) {
+      if (row.arity < s.min_arity) continue;
+      INFO(std::string(row.name) << ", sample " << std::string(s.name));
+      Case c = make_case(row, s, DType::f64, rng);
+      check_grad(
+          n, [&](const Ins& x) { return row.fn(c.args(x)); }, c.leaves);
+    }
+    const GradSample& s = grad_samples()[1];  // (3, 4)
+    INFO(std::string(row.name) << ", sample " << std::string(s.name));
+    Case c = make_case(row, s, DType::f64, rng);
+    const int last = row.arity - 1;
+    if (row.fn_scalar) {
+      INFO("a Scalar last operand");
+      const Scalar v(smooth_values(1, grad_domains(row)[last], last, rng)[0]);
+      check_grad(
+          n, [&](const Ins& x) { return row.fn_scalar(c.args(x), v); },
+          Ins(c.leaves.begin(), c.leaves.end() - 1));
+    }
+    if (row.fn_lscalar) {
+      INFO("a Scalar first operand");
+      const Scalar v(smooth_values(1, grad_domains(row)[0], 0, rng)[0]);
+      check_grad(
+          n, [&](const Ins& x) { return row.fn_lscalar(v, c.args(x, 1)); },
+          Ins(c.leaves.begin() + 1, c.leaves.end()));
+    }
+    if (row.fn_rvalue) {
+      // Expiring operands: recording must not reuse their buffers, which a node may have saved.
+      INFO("an rvalue operand that requires grad");
+      check_grad(
+          n,
+          [&](const Ins& x) {
+            Ins in = c.args(x);
+            in[0] = in[0] * 1.0;
+            return row.fn_rvalue(std::move(in));
+          },
+          c.leaves);
+      if (c.leaves.size() == 2) {
+        INFO("an rvalue constant operand that nobody else holds");
+        const Tensor a = take(c.leaves[0], s, 0).detach();
+        check_grad(
+            n,
+            [&](const Ins& x) {
+              Ins in = {a.clone(), take(x[0], s, 1)};
+              return row.fn_rvalue(std::move(in));
+            },
+            Ins(c.leaves.begin() + 1, c.leaves.end()));
+      }
+    }
+  }
+  report("elementwise", n);
+}
+
+TEST_CASE("elementwise rows: two backwards agree bit for bit; zero-size inputs") {
+  Counts n;
+  Rng rng(22);
+  for (const ElementwiseRow& row : elementwise_rows()) {
+    if (!gradchecked(row)) continue;
+    for (DType dt : {DType::f32, DType::f64}) {
+      for (const GradSample& s : grad_samples()) {
+        if (row.arity < s.min_arity) continue;
+        INFO(std::string(row.name) << " on " << dtype_name(dt) << ", " << std::string(s.name));
+        Case c = make_case(row, s, dt, rng);
+        check_twice(
+            n, [&](const Ins& x) { return row.fn(c.args(x)); }, c.leaves, rng);
+      }
+      for (const GradSample& s : empty_samples()) {
+        if (row.arity < s.min_arity) continue;
+        INFO(std::string(row.name) << " on " << dtype_name(dt) << ", " << std::string(s.name));
+        Case c = make_case(row, s, dt, rng);
+        check_empty(
+            n, [&](const Ins& x) { return row.fn(c.args(x)); }, c.leaves);
+      }
+    }
+  }
+  report("elementwise", n);
+}
+
+TEST_CASE("rows of ops that are not differentiable: results stay out of autograd") {
+  Counts n;
+  Rng rng(23);
+  for (const ElementwiseRow& row : elementwise_rows()) {
+    if (differentiable(row.op)) continue;
+    INFO(std::string(row.name));
+    for (DType dt : {DType::f32, DType::f64}) {
+      Case c = make_case(row, grad_samples()[1], dt, rng);
+      check_outside(n, row.fn(c.args(c.leaves)));
+      if (row.fn_scalar) check_outside(n, row.fn_scalar(c.args({c.leaves[0]}), 0.5));
+      if (row.fn_lscalar) check_outside(n, row.fn_lscalar(0.5, c.args({c.leaves[1]}, 1)));
+    }
+  }
+  // Conversions to dtypes that cannot carry gradients end the graph, as in PyTorch.
+  for (const ConversionRow& row : conversion_rows()) {
+    if (row.keeps_dtype) continue;
+    Tensor x = leaf(exact_values(6, rng), {2, 3}, DType::f64, L::Transposed);
+    for (DType to : {DType::i32, DType::i64, DType::b8}) {
+      INFO(std::string(row.name) << " to " << dtype_name(to));
+      check_outside(n, row.fn(x, to));
+    }
+  }
+  for (const SourceRow& row : source_rows()) {
+    INFO(std::string(row.name));
+    check_outside(n, row.fn());
+  }
+  report("not differentiable", n);
+}
+
+// ---- conversions, reductions, views, matmul, slice_scatter -----------------------------------
+
+TEST_CASE("conversion rows: gradients through casts and copies") {
+  struct ConvCase {
+    const char* name;
+    Shape shape;
+    Layout layout;
+    Shape small = {};  // leaf shape, expanded inside the function
+  };
+  const std::vector<ConvCase> cases = {
+      {"0-d", {}, L::Contiguous},
+      {"(3, 4)", {3, 4}, L::Contiguous},
+      {"transposed", {3, 4}, L::Transposed},
+      {"strided", {3, 4}, L::Strided},
+      {"expanded", {3, 4}, L::Contiguous, {1, 4}},
+      {"empty", {0, 3}, L::Contiguous},
+  };
+  Counts n;
+  Rng rng(24);
+  for (const ConversionRow& row : conversion_rows()) {
+    for (const ConvCase& c : cases) {
+      const Shape& ls = c.small.size() ? c.small : c.shape;
+      for (DType dt : {DType::f64, DType::f32}) {
+        INFO(std::string(row.name) << " from " << dtype_name(dt) << ", " << std::string(c.name));
+        // Through f32 and back (Cast and Copy both ways); clone and contiguous keep the dtype.
+        const DType to = row.keeps_dtype ? dt : dt == DType::f64 ? DType::f32 : DType::f64;
+        Fn fn = [&](const Ins& x) {
+          Tensor y = row.fn(c.small.size() ? expand(x[0], c.shape) : x[0], to);
+          return y.to(dt);
+        };
+        Ins x = {leaf(exact_values(ls.numel(), rng), ls, dt, c.layout)};
+        if (c.shape.numel() == 0) {
+          check_empty(n, fn, x);
+          continue;
+        }
+        if (dt == DType::f64) check_grad(n, fn, x, kExactEps);
+        check_twice(n, fn, x, rng);
+      }
+    }
+  }
+  report("conversions", n);
+}
+
+TEST_CASE("reduce rows: gradcheck over dims sets and keepdim; ties across expanded copies") {
+  struct GradReduceCase {
+    const char* name;
+    Shape shape;
+    Layout layout;
+    std::vector<std::vector<int64_t>> dims;
+    Shape small = {};  // leaf shape, expanded inside (max and min then tie across the copies)
+  };
+  const std::vector<GradReduceCase> cases = {
+      {"0-d", {}, L::Contiguous, {{}, {0}, {-1}}},
+      {"rank 1", {5}, L::Contiguous, {{}, {0}}},
+      {"rank 3", {2, 3, 2}, L::Contiguous, {{}, {0}, {1}, {-1}, {0, 2}, {0, 1, 2}}},
+      {"transposed", {3, 4}, L::Transposed, {{}, {0}, {1}}},
+      {"strided", {3, 4}, L::Strided, {{0}, {1}}},
+      {"expanded rows", {3, 4}, L::Contiguous, {{}, {0}, {1}}, {1, 4}},
+      {"expanded columns", {3, 4}, L::Contiguous, {{0}, {1}}, {3, 1}},
+      {"empty", {2, 0, 3}, L::Contiguous, {{}, {0}, {1}, {2}, {0, 2}}},
+      {"expanded to empty", {0, 4}, L::Contiguous, {{}, {0}, {1}}, {1, 4}},
+  };
+  Counts n;
+  Rng rng(25);
+  for (const ReduceRow& row : reduce_rows()) {
+    REQUIRE(gradchecked(row));
+    const bool extremum = row.kind == ReduceKind::Max || row.kind == ReduceKind::Min;
+    for (const GradReduceCase& c : cases) {
+      const Shape& ls = c.small.size() ? c.small : c.shape;
+      for (const auto& dims : c.dims) {
+        bool reduces_empty = dims.empty() && c.shape.numel() == 0;
+        for (int64_t d : dims)
+          if (c.shape.size()) reduces_empty |= c.shape[d < 0 ? d + c.shape.size() : d] == 0;
+        if (extremum && reduces_empty) continue;  // an error (test_reduce_matmul.cpp)
+        for (bool keepdim : {false, true}) {
+          INFO(std::string(row.name) << ", " << std::string(c.name) << ", dims " << Dims(dims).str()
+                                     << std::string(keepdim ? ", keepdim" : ""));
+          Fn fn = [&](const Ins& x) {
+            return row.fn(c.small.size() ? expand(x[0], c.shape) : x[0], Dims(dims), keepdim);
+          };
+          for (DType dt : {DType::f64, DType::f32}) {
+            Ins x = {leaf(smooth_values(ls.numel(), Domain{-3, 3}, 0, rng), ls, dt, c.layout)};
+            if (c.shape.numel() == 0) {
+              check_empty(n, fn, x);
+              continue;
+            }
+            if (dt == DType::f64) check_grad(n, fn, x);
+            check_twice(n, fn, x, rng);
+          }
+        }
+      }
+    }
+  }
+  report("reductions", n);
+}
+
+TEST_CASE("view rows: gradcheck on contiguous, transposed and strided leaves") {
+  Counts n;
+  Rng rng(26);
+  for (const ViewRow& row : view_rows()) {
+    for (Layout layout : {L::Contiguous, L::Transposed, L::Strided}) {
+      if ((layout == L::Transposed && row.in.size() < 2) ||
+          (layout == L::Strided && row.in.size() < 1))
+        continue;
+      for (DType dt : {DType::f64, DType::f32}) {
+        INFO(std::string(row.name)
+             << " on " << dtype_name(dt) << ", " << std::string(layout_name(layout)));
+        Fn fn = [&](const Ins& x) { return row.fn(x[0]); };
+        Ins x = {leaf(smooth_values(row.in.numel(), Domain{-3, 3}, 0, rng), row.in, dt, layout)};
+        if (row.in.numel() == 0 || row.out.numel() == 0) {
+          check_empty(n, fn, x);
+          continue;
+        }
+        if (dt == DType::f64) check_grad(n, fn, x);
+        check_twice(n, fn, x, rng);
+      }
+    }
+  }
+  report("views", n);
+}
+
+TEST_CASE("matmul rows: gradcheck on small operands; zero-size operands") {
+  Counts n;
+  Rng rng(27);
+  for (const MatmulRow& row : matmul_rows()) {
+    if (!is_empty(row) && !gradchecked(row)) continue;  // too big for finite differences
+    for (DType dt : {DType::f64, DType::f32}) {
+      INFO("matmul " << std::string(row.name) << " on " << dtype_name(dt));
+      Ins x = {leaf(smooth_values(row.a.numel(), Domain{-1, 1}, 0, rng), row.a, dt, row.la),
+               leaf(smooth_values(row.b.numel(), Domain{-1, 1}, 1, rng), row.b, dt, row.lb)};
+      Fn fn = [](const Ins& x) { return matmul(x[0], x[1]); };
+      if (is_empty(row)) {
+        check_empty(n, fn, x);
+        continue;
+      }
+      if (dt == DType::f64) check_grad(n, fn, x);
+      check_twice(n, fn, x, rng);
+    }
+  }
+  report("matmul", n);
+}
+
+TEST_CASE("scatter rows: gradients of slice_scatter for the base and the source") {
+  Counts n;
+  Rng rng(28);
+  for (const ScatterRow& row : scatter_rows()) {
+    for (auto [lb, ls] : std::vector<std::pair<Layout, Layout>>{{L::Contiguous, L::Contiguous},
+                                                                {L::Transposed, L::Strided}}) {
+      for (DType dt : {DType::f64, DType::f32}) {
+        INFO(std::string(row.name)
+             << " on " << dtype_name(dt) << ", base " << std::string(layout_name(lb)));
+        Ins x = {leaf(smooth_values(row.base.numel(), Domain{-3, 3}, 0, rng), row.base, dt, lb),
+                 leaf(smooth_values(row.src.numel(), Domain{-3, 3}, 1, rng), row.src, dt, ls)};
+        Fn fn = [&](const Ins& x) {
+          return slice_scatter(x[0], x[1], row.dim, row.start, row.end, row.step);
+        };
+        if (is_empty(row)) {
+          check_empty(n, fn, x);
+          continue;
+        }
+        if (dt == DType::f64) check_grad(n, fn, x);
+        check_twice(n, fn, x, rng);
+      }
+    }
+  }
+  report("slice_scatter", n);
+}
+
+TEST_CASE("every differentiable op is gradchecked by some row of the sweep") {
+  std::vector<int> rows(kNumOps, 0);
+  for (const auto& r : elementwise_rows())
+    if (gradchecked(r)) ++rows[int(r.op)];
+  for (const auto& r : conversion_rows()) ++rows[int(r.op)];
+  for (const auto& r : reduce_rows())
+    if (gradchecked(r)) ++rows[int(r.op)];
+  for (const auto& r : view_rows())
+    if (r.in.numel() && r.out.numel()) ++rows[int(r.op)];
+  for (const auto& r : matmul_rows())
+    if (gradchecked(r)) ++rows[int(OpId::MatMul)];
+  for (const auto& r : scatter_rows())
+    if (!is_empty(r)) ++rows[int(OpId::SliceScatter)];
+  for (int i = 0; i < kNumOps; ++i)
+    if (differentiable(OpId(i)))
+      CHECK_MESSAGE(rows[i] > 0, op_name(OpId(i)) << " is differentiable but never gradchecked");
+}
+
+// ---- conventions where the derivative does not exist ----------------------------------------
+
+TEST_CASE("gradients at kinks and ties follow PyTorch") {
+  const Options f64 = Options().dtype(DType::f64).requires_grad();  // leaves
+  auto grad_of = [](const Tensor& y, const Tensor& x) {
+    return grad({y}, {x}, {ones(y.sizes(), Options().dtype(y.dtype()))})[0];
+  };
+  Tensor x = tensor({-1, 0, 2}, f64);
+  check_tensor(grad_of(relu(x), x), {3}, DType::f64, {0, 0, 1});  // relu'(0) = 0
+  check_tensor(grad_of(abs(x), x), {3}, DType::f64, {-1, 0, 1});  // abs'(0) = 0
+  // maximum and minimum split the gradient evenly between equal operands.
+  Tensor a = tensor({1, 2, 3}, f64), b = tensor({1, 0, 3}, f64);
+  auto both = [&](const Tensor& y) {
+    return grad({y}, {a, b}, {ones({3}, Options().dtype(DType::f64))});
+  };
+  std::vector<Tensor> g = both(maximum(a, b));
+  check_tensor(g[0], {3}, DType::f64, {0.5, 1, 0.5});
+  check_tensor(g[1], {3}, DType::f64, {0.5, 0, 0.5});
+  g = both(minimum(a, b));
+  check_tensor(g[0], {3}, DType::f64, {0.5, 0, 0.5});
+  check_tensor(g[1], {3}, DType::f64, {0.5, 1, 0.5});
+  g = both(maximum(a, a));
+  check_tensor(g[0], {3}, DType::f64, {1, 1, 1});
+  // max and min reductions split it evenly among the elements equal to the result.
+  Tensor r = tensor({1, 5, 5, 4, 4, 4}, Shape{2, 3}, f64);
+  check_tensor(grad_of(max(r), r), {2, 3}, DType::f64, {0, 0.5, 0.5, 0, 0, 0});
+  check_tensor(grad_of(max(r, 1), r), {2, 3}, DType::f64, {0, 0.5, 0.5, 1.0 / 3, 1.0 / 3, 1.0 / 3});
+  check_tensor(grad_of(min(r, 1, true), r), {2, 3}, DType::f64,
+               {1, 0, 0, 1.0 / 3, 1.0 / 3, 1.0 / 3});
+  check_tensor(grad_of(min(r, 0), r), {2, 3}, DType::f64, {1, 0, 0, 0, 1, 1});
+  // pow at 0: x^0 is constant (gradient 0), x^2 has gradient 0, and d/dy 0^y = 0 for y >= 0.
+  Tensor z = tensor({0, 0, 2}, f64), e = tensor({0, 2, 0}, f64);
+  g = grad({pow(z, e)}, {z, e}, {ones({3}, Options().dtype(DType::f64))});
+  check_tensor(g[0], {3}, DType::f64, {0, 0, 0});
+  check_tensor(g[1], {3}, DType::f64, {0, 0, std::log(2.0)});
+  check_tensor(grad_of(pow(z, 0), z), {3}, DType::f64, {0, 0, 0});
+  check_tensor(grad_of(pow(z, 0.0), z), {3}, DType::f64, {0, 0, 0});
+}
+
+}  // namespace duet::test
