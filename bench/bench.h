@@ -36,6 +36,24 @@ inline std::vector<double> time_reps(const std::function<void()>& body, int reps
   return t;
 }
 
+/// Times several bodies rep by rep, interleaved (A B C A B C ...), so that a workload and its
+/// floors see the same machine conditions on a shared, noisy host. Returns seconds per call
+/// of each rep, per body.
+inline std::vector<std::vector<double>> time_interleaved(
+    const std::vector<std::function<void()>>& bodies, int reps, int warmup = 2) {
+  for (int i = 0; i < warmup; ++i)
+    for (const auto& b : bodies) b();
+  std::vector<std::vector<double>> t(bodies.size());
+  for (int r = 0; r < reps; ++r)
+    for (size_t k = 0; k < bodies.size(); ++k) {
+      auto a = std::chrono::steady_clock::now();
+      bodies[k]();
+      auto e = std::chrono::steady_clock::now();
+      t[k].push_back(std::chrono::duration<double>(e - a).count());
+    }
+  return t;
+}
+
 /// A Result whose figures are f(seconds) for each rep (f maps time to the metric).
 inline Result summarize(Result r, const std::vector<double>& secs,
                         const std::function<double(double)>& f) {
@@ -61,6 +79,9 @@ double peak_rss_bytes();
 void run_w1(const Config&, std::vector<Result>&);
 void run_w2(const Config&, std::vector<Result>&);
 void run_w3(const Config&, std::vector<Result>&);
+/// C1 (not a BENCH.md workload): conv2d forward + backward, x (32, 16, 28, 28), 32 3x3
+/// filters, padding 1, against the same GEMMs called directly on oneDNN.
+void run_c1(const Config&, std::vector<Result>&);
 
 /// W2 floors: memcpy of n floats, and the hand-fused Eigen loop on the configured threads.
 void w2_floor_memcpy(const float* x, float* y, int64_t n);
@@ -68,6 +89,9 @@ void w2_floor_fused(const float* x, float* y, int64_t n);
 /// W3 floors: C = A B, row-major n x n, directly on oneDNN and on OpenBLAS.
 void sgemm_onednn(const float* a, const float* b, float* c, int64_t n);
 void sgemm_openblas(const float* a, const float* b, float* c, int64_t n);
+/// Row-major C = op(A) op(B) on oneDNN (trans 'N' or 'T').
+void sgemm_onednn_mnk(char ta, char tb, int64_t m, int64_t n, int64_t k, const float* a,
+                      const float* b, float* c);
 void set_blas_threads(int n);
 
 }  // namespace bench

@@ -48,6 +48,11 @@ void sgemm_onednn(const float* a, const float* b, float* c, int64_t n) {
   dnnl_sgemm('N', 'N', n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
 }
 
+void sgemm_onednn_mnk(char ta, char tb, int64_t m, int64_t n, int64_t k, const float* a,
+                      const float* b, float* c) {
+  dnnl_sgemm(ta, tb, m, n, k, 1.0f, a, ta == 'N' ? k : m, b, tb == 'N' ? n : k, 0.0f, c, n);
+}
+
 void sgemm_openblas(const float* a, const float* b, float* c, int64_t n) {
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
 }

@@ -89,6 +89,7 @@ int main(int argc, char** argv) {
   if (cpu && want("W1")) bench::run_w1(cfg, rs);
   if (cpu && want("W2")) bench::run_w2(cfg, rs);
   if (cpu && want("W3")) bench::run_w3(cfg, rs);
+  if (cpu && only.count("C1")) bench::run_c1(cfg, rs);  // on request: not a BENCH.md workload
   rs.push_back(bench::single({"all", "process", "cpu", "peak_rss_bytes", "", cfg.threads},
                              bench::peak_rss_bytes()));
   if (as_json)

@@ -17,6 +17,9 @@ OpDef* build_table() {
   register_linalg_rules(table);
   register_view_rules(table);
   register_source_rules(table);
+  register_index_rules(table);
+  register_image_rules(table);
+  register_random_rules(table);
   register_backends(table);
   for (const OpDef& d : table) {
     DUET_ASSERT(d.infer, "op {} has no shape rule", d.name);

@@ -21,7 +21,7 @@ inline constexpr int kNumOps = 0
 #undef DUET_OP
     ;
 // ggml's trick: adding a row without looking at the table, the tests and the docs breaks here.
-static_assert(kNumOps == 38, "ops.def changed: update this count, the op sweep and docs/ops.md");
+static_assert(kNumOps == 47, "ops.def changed: update this count, the op sweep and docs/ops.md");
 
 /// How an op fuses: elementwise maps, reductions, views (no data movement), opaque (matmul),
 /// sources (no tensor inputs).
@@ -147,6 +147,9 @@ void register_reduction_rules(OpDef* table);
 void register_linalg_rules(OpDef* table);
 void register_view_rules(OpDef* table);
 void register_source_rules(OpDef* table);
+void register_index_rules(OpDef* table);
+void register_image_rules(OpDef* table);
+void register_random_rules(OpDef* table);
 /// Registers a gradient rule and what it saves.
 inline void set_grad(OpDef* t, OpId id, GradFn fn, uint8_t save) {
   t[static_cast<int>(id)].grad = fn;

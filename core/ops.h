@@ -123,7 +123,8 @@ Tensor argmin(const Tensor& x, int64_t dim, bool keepdim = false);
 DUET_DECLARE_UNARY(erf)
 /// log(sigmoid(x)), finite for any finite x.
 DUET_DECLARE_UNARY(log_sigmoid)
-/// Numerically stable softmax, log_softmax and logsumexp along dim.
+/// Numerically stable softmax, log_softmax and logsumexp along dim (an empty dim gives an empty
+/// result, and logsumexp -inf, as in PyTorch).
 Tensor softmax(const Tensor& x, int64_t dim);
 Tensor log_softmax(const Tensor& x, int64_t dim);
 Tensor logsumexp(const Tensor& x, int64_t dim);
@@ -158,7 +159,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets);
 Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& targets);
 
 // Randomness: Philox, with explicit state (see core/ops/random.cpp)
-/// Uniform [0, 1), standard normal, and integers in [0, high) (i64 unless Options say).
+/// Uniform [0, 1), standard normal, and integers in [0, high) (i64 unless Options say; high
+/// must be exact in the dtype: at most 2^31 for i32, 2^24 for f32, 2^53 for f64).
 Tensor rand(Shape shape, Options options = {});
 Tensor randn(Shape shape, Options options = {});
 Tensor randint(int64_t high, Shape shape, Options options = {});

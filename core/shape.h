@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <iosfwd>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,9 @@ class Shape {
  private:
   detail::SmallVec<int64_t, 6> v_;
 };
+
+/// Prints "(2, 3)".
+std::ostream& operator<<(std::ostream& os, const Shape& s);
 
 /// Strides in elements, one per dim.
 using Strides = detail::SmallVec<int64_t, 6>;

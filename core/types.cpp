@@ -1,5 +1,6 @@
 // duet: DType, Device, Shape, Dims helpers and errors.
 #include <algorithm>
+#include <ostream>
 
 #include "core/device.h"
 #include "core/dtype.h"
@@ -76,6 +77,7 @@ static std::string join_dims(const int64_t* b, const int64_t* e) {
 }
 std::string Shape::str() const { return join_dims(begin(), end()); }
 std::string Dims::str() const { return join_dims(begin(), end()); }
+std::ostream& operator<<(std::ostream& os, const Shape& s) { return os << s.str(); }
 
 namespace detail {
 

@@ -98,6 +98,10 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& r
                   bool retain_graph, bool create_graph, Capture* capture) {
   GradModeScope mode(create_graph);
   std::unordered_map<Node*, Tensor> buffers;
+  // A leaf's gradient is summed over its uses, then accumulated into .grad once, as PyTorch's
+  // AccumulateGrad does (two backwards then add the same tensor twice, bit for bit).
+  std::unordered_map<TensorImpl*, Tensor> leaf_grads;
+  std::unordered_map<TensorImpl*, int> leaf_uses;
   auto add_to = [&](Tensor& slot, const Tensor& g) { slot = slot.defined() ? slot + g : g; };
   std::vector<Node*> starts;
   for (size_t i = 0; i < roots.size(); ++i) {
@@ -138,10 +142,15 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& r
     for (const InputEdge& e : n->inputs)
       if (e.fn && !useful.count(e.fn.get())) stack.push_back({e.fn.get(), false});
   }
-  for (auto& [n, u] : useful)
-    if (u)
-      for (const InputEdge& e : n->inputs)
-        if (e.fn && useful[e.fn.get()]) ++deps[e.fn.get()];
+  for (auto& [n, u] : useful) {
+    if (!u) continue;
+    for (const InputEdge& e : n->inputs) {
+      if (e.fn && useful[e.fn.get()])
+        ++deps[e.fn.get()];
+      else if (e.leaf && !capture)
+        ++leaf_uses[e.leaf.get()];
+    }
+  }
   auto later_first = [](Node* a, Node* b) { return a->sequence < b->sequence; };
   std::priority_queue<Node*, std::vector<Node*>, decltype(later_first)> ready(later_first);
   std::unordered_set<Node*> queued;
@@ -202,10 +211,16 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& r
       } else if (capture) {
         add_to(capture->results[capture->leaves.at(e.leaf.get())], gin);
       } else {
-        accumulate(e.leaf.get(), std::move(gin), create_graph);
+        TensorImpl* l = e.leaf.get();
+        add_to(leaf_grads[l], gin);
+        if (--leaf_uses[l] == 0) {  // its last use
+          accumulate(l, std::move(leaf_grads[l]), create_graph);
+          leaf_grads.erase(l);
+        }
       }
     }
   }
+  DUET_ASSERT(leaf_grads.empty(), "{} leaf gradients were never accumulated", leaf_grads.size());
 }
 
 Tensor default_grad(const char* op, const Tensor& out, const Tensor& given, size_t i) {

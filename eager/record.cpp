@@ -56,7 +56,8 @@ std::shared_ptr<Node> autograd_prepare(const OpDef& def, TensorRefs in, const At
     // Saving an in-place op's target by handle would make a cycle once it gets this node as
     // grad_fn; an alias keeps its old identity instead (Note [Saved tensors]).
     const bool is_self = inplace_self && inplace_self->unsafe_impl() == ti;
-    if (def.save >> i & 1) node->saved[i] = save(is_self ? autograd_alias(t) : t);
+    // Save bits 0..6 name inputs (bit 7 is the output); a variadic op's later inputs have none.
+    if (i < 7 && (def.save >> i & 1)) node->saved[i] = save(is_self ? autograd_alias(t) : t);
   }
   return node;
 }

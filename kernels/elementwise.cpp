@@ -253,6 +253,8 @@ void register_elementwise_kernels(OpDef* t) {
   reg(OpId::Tanh, unary_kernel<fn::Tanh, true>);
   reg(OpId::Sigmoid, unary_kernel<fn::Sigmoid, true>);
   reg(OpId::Relu, unary_kernel<fn::Relu, false>);
+  reg(OpId::Erf, unary_kernel<fn::Erf, true>);
+  reg(OpId::LogSigmoid, unary_kernel<fn::LogSigmoid, true>);
   reg(OpId::Add, binary_kernel<fn::Add, false>);
   reg(OpId::Sub, binary_kernel<fn::Sub, false>);
   reg(OpId::Mul, binary_kernel<fn::Mul, false>);

@@ -6,6 +6,9 @@ void register_cpu_kernels(OpDef* table) {
   register_elementwise_kernels(table);
   register_reduction_kernels(table);
   register_matmul_kernels(table);
+  register_index_kernels(table);
+  register_image_kernels(table);
+  register_random_kernels(table);
 }
 
 }  // namespace duet::kernels

@@ -5,6 +5,8 @@
 // (0-d, empty, broadcast, non-contiguous, large) from the rows.
 #pragma once
 
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "util.h"
@@ -44,6 +46,8 @@ struct ElementwiseRow {
   std::vector<Domain> grad_domains = {};
 };
 const std::vector<ElementwiseRow>& elementwise_rows();
+/// The rows of erf, log_sigmoid and the elementwise composites gelu and silu (op_rows_nn.cpp).
+const std::vector<ElementwiseRow>& special_function_rows();
 
 /// Cast and Copy: x converted to another dtype.
 struct ConversionRow {
@@ -108,6 +112,42 @@ struct MatmulRow {
   Layout la = Layout::Contiguous, lb = Layout::Contiguous;
 };
 const std::vector<MatmulRow>& matmul_rows();
+
+/// Row-major values of each input of an OpRow.
+using Values = std::vector<std::vector<double>>;
+
+/// An op that is not elementwise (indexing, joining, images, normalizations, losses, random
+/// draws): one call on inputs of fixed shapes, with index tensors and other constants built into
+/// the call, and a float64 reference on the inputs' row-major values. The runners derive the
+/// samples: every dtype, contiguous, transposed, strided, offset and expanded inputs, gradcheck
+/// in float64, two backwards that agree bit for bit, and zero-size gradients.
+struct OpRow {
+  std::string name;
+  OpId op;                    ///< the primitive the call must dispatch
+  bool composite;             ///< true: built from primitives (not the primitive's own row)
+  std::vector<Shape> shapes;  ///< the inputs that take random values (none for random draws)
+  std::function<Tensor(const std::vector<Tensor>&)> fn;
+  std::function<std::vector<double>(const Values&)> ref;  ///< the result, row-major
+  Shape out;
+  std::vector<DType> dtypes = {DType::f32, DType::f64};  ///< of every input, in turn
+  std::vector<Domain> domains = {Domain{}};              ///< per input; the last one repeats
+  bool index_result = false;  ///< the result is i64 (argmax); else the inputs' dtype
+  double tol32 = 1e-5;        ///< rtol and atol of f32 results; f64 1e-12; integers exact
+  bool grad = true;  ///< in the gradient sweep (inputs of at most 24 elements); false: forward only
+};
+const std::vector<OpRow>& index_rows();   ///< gather, scatter_add, cat, argmax and composites
+const std::vector<OpRow>& nn_rows();      ///< softmax family, linear, layer_norm, losses, dropout
+const std::vector<OpRow>& image_rows();   ///< unfold, fold, conv2d, pooling
+const std::vector<OpRow>& random_rows();  ///< rand, randn, randint
+/// All of the above.
+const std::vector<OpRow>& op_rows();
+
+/// Random draws as kernels/random.cpp documents them, from an independent Philox4x32-10: element
+/// i of a draw at generator state {seed, offset} (dist 0 uniform, 1 normal, 2 integers < high).
+double ref_draw(int dist, DType dtype, int64_t high, uint64_t seed, uint64_t offset, int64_t i);
+/// One Philox4x32-10 block: a 128-bit counter and a 64-bit key, as Random123 defines it.
+std::vector<uint32_t> ref_philox(const std::vector<uint32_t>& counter,
+                                 const std::vector<uint32_t>& key);
 
 /// Reference matmul (torch.matmul's rules, 1-D operands included) on row-major doubles.
 std::vector<double> ref_matmul(const std::vector<double>& a, const Shape& as,

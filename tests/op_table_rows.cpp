@@ -60,7 +60,7 @@ using R = ResultKind;
 }  // namespace
 
 const std::vector<ElementwiseRow>& elementwise_rows() {
-  static const std::vector<ElementwiseRow> rows = {
+  static const std::vector<ElementwiseRow> base = {
       // Unary. Float math on integers and bools gives f32.
       {"neg",
        OpId::Neg,
@@ -352,7 +352,7 @@ const std::vector<ElementwiseRow>& elementwise_rows() {
        true},
       // Composites.
       {"clamp",
-       OpId::Minimum,
+       OpId::Where,
        true,
        1,
        [](const Ins& in) { return clamp(in[0], -1, 2); },
@@ -364,6 +364,11 @@ const std::vector<ElementwiseRow>& elementwise_rows() {
        kNumeric,
        R::Same},
   };
+  static const std::vector<ElementwiseRow> rows = [] {
+    std::vector<ElementwiseRow> r = base;
+    r.insert(r.end(), special_function_rows().begin(), special_function_rows().end());
+    return r;
+  }();
   return rows;
 }
 

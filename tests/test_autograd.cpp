@@ -80,6 +80,19 @@ TEST_CASE(".grad accumulates across backwards, and zero_() resets it in place") 
   check_tensor(x.grad(), {3}, DType::f64, {3, 5, 7});
 }
 
+TEST_CASE("a leaf used twice: its uses are summed, then accumulated into .grad once") {
+  // Accumulated use by use, two backwards would give ((3.3 + 0.1) + 3.3) + 0.1, which is
+  // 6.799999999999999, not twice 3.4 (PyTorch's AccumulateGrad sums first, too).
+  Tensor x = scalar(2.0, f64_leaf());
+  Tensor a = x * 0.1;
+  Tensor b = x * 3.3;  // recorded later, so the engine reaches it first
+  Tensor y = a + b;
+  y.backward({}, /*retain_graph=*/true);
+  CHECK(x.grad().item<double>() == 0.1 + 3.3);
+  y.backward();
+  CHECK(x.grad().item<double>() == 2 * (0.1 + 3.3));
+}
+
 TEST_CASE("a second backward needs retain_graph") {
   Tensor a = scalar(15.0, Options().requires_grad());
   Tensor b = scalar(20.0, Options().requires_grad());

@@ -1,5 +1,6 @@
 // Error rows: bad inputs for every op family. Each must throw duet::Error of the expected kind
 // (ShapeError, DTypeError, ValueError) with a message that starts with "[op]".
+#include <cmath>
 #include <functional>
 
 #include "util.h"
@@ -18,6 +19,7 @@ struct ErrorRow {
 
 Tensor f32(Shape s) { return zeros(s); }
 Tensor of(Shape s, DType d) { return zeros(s, Options().dtype(d)); }
+Tensor i64s(std::vector<double> v) { return tensor(v, Options().dtype(DType::i64)); }
 
 const std::vector<ErrorRow>& error_rows() {
   using D = DType;
@@ -257,6 +259,331 @@ const std::vector<ErrorRow>& error_rows() {
       {"creation", [] { eye(2, Options().dtype(DType::f16)); }, Kind::DType, "[eye]"},
       {"creation", [] { ones({2}, Options().dtype(DType::i64).requires_grad()); }, Kind::DType,
        "[requires_grad_] only floating tensors can require gradients"},
+      // Indexing. Index values are data, checked by the gather and scatter_add kernels, so the
+      // composites' out-of-range errors name the primitive.
+      {"index",
+       [] {
+         gather(f32({3, 4}), 0, of({2, 4}, D::i32));
+       },
+       Kind::DType, "[gather] index must be i64, got i32 of shape (2, 4)"},
+      {"index",
+       [] {
+         gather(f32({3, 4}), 0, of({4}, D::i64));
+       },
+       Kind::Shape, "[gather] index of shape (4) must have the rank of the input (3, 4)"},
+      {"index",
+       [] {
+         gather(f32({2, 2}), 0, of({3, 3}, D::i64));
+       },
+       Kind::Shape, "[gather] index of shape (3, 3) is larger than the input (2, 2) in dim 1"},
+      {"index",
+       [] {
+         gather(f32({3, 4}), 1, reshape(i64s({0, 4}), {2, 1}));
+       },
+       Kind::Value, "[gather] index 4 is out of range for dim 1 of size 4"},
+      {"index", [] { gather(f32({3}), 0, i64s({-1})); }, Kind::Value, "[gather] index -1"},
+      {"index",
+       [] {
+         gather(f32({3, 4}), 2, of({3, 4}, D::i64));
+       },
+       Kind::Value, "[gather] dim 2 is out of range"},
+      {"index", [] { scatter_add(f32({3}), 0, of({2}, D::i32), f32({2})); }, Kind::DType,
+       "[scatter_add] index must be i64"},
+      {"index", [] { scatter_add(f32({3}), 0, of({2}, D::i64), f32({3})); }, Kind::Shape,
+       "[scatter_add] index (2) and source (3) must have one shape"},
+      {"index", [] { scatter_add(f32({3}), 0, of({2}, D::i64), of({2}, D::f64)); }, Kind::DType,
+       "[scatter_add] source dtype f64 differs from the base's f32"},
+      {"index", [] { scatter_add(f32({3}), 0, i64s({3}), f32({1})); }, Kind::Value,
+       "[scatter_add] index 3 is out of range for dim 0 of size 3"},
+      {"index",
+       [] {
+         index_select(f32({3, 4}), 0, of({2, 2}, D::i64));
+       },
+       Kind::Shape, "[index_select] index must be 1-D, got shape (2, 2)"},
+      {"index", [] { index_select(f32({3}), 0, of({2}, D::i32)); }, Kind::DType,
+       "[index_select] index must be i64"},
+      {"index", [] { index_select(f32({}), 0, of({1}, D::i64)); }, Kind::Shape,
+       "[index_select] input must have at least one dim"},
+      {"index",
+       [] {
+         index_select(f32({3, 4}), 0, i64s({1, 3}));
+       },
+       Kind::Value, "[gather] index 3 is out of range for dim 0 of size 3"},
+      {"index", [] { embedding(f32({4}), of({2}, D::i64)); }, Kind::Shape,
+       "[embedding] weight must be (num_embeddings, dim), got (4)"},
+      {"index",
+       [] {
+         embedding(f32({4, 2}), of({2}, D::f32));
+       },
+       Kind::DType, "[embedding] indices must be i64, got f32"},
+      {"index",
+       [] {
+         embedding(f32({4, 2}), i64s({4}));
+       },
+       Kind::Value, "[gather] index 4 is out of range for dim 0 of size 4"},
+      {"index", [] { argmax(of({3}, D::b8), 0); }, Kind::DType, "[argmax] is not defined for b8"},
+      {"index",
+       [] {
+         argmax(f32({2, 0}), 1);
+       },
+       Kind::Value, "[argmax] cannot reduce over dim 1 of size 0"},
+      {"index",
+       [] {
+         argmax(f32({2, 3}), 2);
+       },
+       Kind::Value, "[argmax] dim 2 is out of range"},
+      {"index", [] { argmin(of({3}, D::b8), 0); }, Kind::DType, "[argmin] is not defined for b8"},
+      {"index", [] { argmin(f32({0}), 0); }, Kind::Value,
+       "[argmin] cannot reduce over dim 0 of size 0"},
+      {"index",
+       [] {
+         argmin(f32({2, 3}), -3);
+       },
+       Kind::Value, "[argmin] dim -3 is out of range"},
+      // Joining.
+      {"join", [] { cat({}); }, Kind::Value, "[cat] needs at least one tensor"},
+      {"join",
+       [] {
+         cat({f32({2, 3}), f32({2, 4})}, 0);
+       },
+       Kind::Shape,
+       "[cat] tensor 1 has shape (2, 4) but tensor 0 has (2, 3): they may differ only in dim 0"},
+      {"join",
+       [] {
+         cat({f32({2, 3}), f32({3})});
+       },
+       Kind::Shape, "[cat] tensor 1 has shape (3), of another rank than tensor 0's (2, 3)"},
+      {"join",
+       [] {
+         cat({f32({}), f32({})});
+       },
+       Kind::Shape, "[cat] cannot join 0-d tensors"},
+      {"join", [] { cat({f32({2})}, 1); }, Kind::Value, "[cat] dim 1 is out of range"},
+      {"join",
+       [] {
+         stack({f32({2}), f32({3})});
+       },
+       Kind::Shape, "[stack] tensor 1 has shape (3) but tensor 0 has (2)"},
+      {"join", [] { stack({}); }, Kind::Value, "[stack] needs at least one tensor"},
+      {"join", [] { stack({f32({2})}, 2); }, Kind::Value, "[stack] dim 2 is out of range"},
+      // Images.
+      {"image",
+       [] {
+         conv2d(f32({1, 2, 5, 5}), f32({3, 3, 3, 3}));
+       },
+       Kind::Shape, "[conv2d] input has 2 channels but the weight (3, 3, 3, 3) expects 3"},
+      {"image",
+       [] {
+         conv2d(f32({2, 5, 5}), f32({3, 2, 3, 3}));
+       },
+       Kind::Shape, "[conv2d] input must be (N, C, H, W), got (2, 5, 5)"},
+      {"image",
+       [] {
+         conv2d(f32({1, 2, 5, 5}), f32({3, 2, 3, 2}));
+       },
+       Kind::Shape, "[conv2d] weight must be (out, in, k, k), got (3, 2, 3, 2)"},
+      {"image",
+       [] {
+         conv2d(f32({1, 1, 2, 2}), f32({1, 1, 3, 3}));
+       },
+       Kind::Shape, "[conv2d] kernel 3x3 is larger than the padded input 2x2"},
+      {"image",
+       [] {
+         conv2d(f32({1, 1, 4, 4}), f32({1, 1, 3, 3}), f32({2}));
+       },
+       Kind::Shape, "[conv2d] bias must be (1), got (2)"},
+      {"image",
+       [] {
+         conv2d(f32({1, 1, 4, 4}), f32({1, 1, 3, 3}), {}, 0);
+       },
+       Kind::Value, "[conv2d] kernel 3x3 and stride 0x0 must be positive"},
+      {"image",
+       [] {
+         conv2d(f32({1, 1, 4, 4}), f32({1, 1, 3, 3}), {}, 1, -1);
+       },
+       Kind::Value, "[conv2d]"},
+      {"image",
+       [] {
+         conv2d(f32({1, 1, 4, 4}), of({1, 1, 3, 3}, D::f64));
+       },
+       Kind::DType, "[conv2d] input (f32) and weight (f64) must share a dtype"},
+      {"image",
+       [] {
+         max_pool2d(f32({2, 4, 4}), 2);
+       },
+       Kind::Shape, "[max_pool2d] input must be (N, C, H, W), got (2, 4, 4)"},
+      {"image",
+       [] {
+         max_pool2d(f32({1, 1, 2, 2}), 3);
+       },
+       Kind::Shape, "[max_pool2d] kernel 3x3 is larger than the padded input 2x2"},
+      {"image",
+       [] {
+         max_pool2d(f32({1, 1, 4, 4}), 0);
+       },
+       Kind::Value, "[max_pool2d] kernel 0x0"},
+      {"image",
+       [] {
+         avg_pool2d(of({1, 1, 4, 4}, D::i64), 2);
+       },
+       Kind::DType, "[avg_pool2d] needs a floating input, got i64"},
+      {"image",
+       [] {
+         avg_pool2d(f32({1, 4, 4}), 2);
+       },
+       Kind::Shape, "[avg_pool2d]"},
+      {"image",
+       [] {
+         unfold(f32({1, 4, 4}), 2);
+       },
+       Kind::Shape, "[unfold] input must be (N, C, H, W)"},
+      {"image",
+       [] {
+         unfold(f32({1, 1, 2, 2}), 3);
+       },
+       Kind::Shape, "[unfold] kernel 3x3 is larger than the padded input 2x2"},
+      {"image",
+       [] {
+         unfold(of({1, 1, 2, 2}, D::b8), 2);
+       },
+       Kind::DType, "[unfold] is not defined for b8"},
+      {"image",
+       [] {
+         fold(f32({1, 4, 5}), 3, 3, 2);
+       },
+       Kind::Shape, "[fold] columns must be (N, C*2*2, 4), got (1, 4, 5)"},
+      {"image",
+       [] {
+         fold(f32({4, 4}), 3, 3, 2);
+       },
+       Kind::Shape, "[fold] columns must be"},
+      {"image",
+       [] {
+         fold(f32({1, 4, 4}), 1, 1, 2);
+       },
+       Kind::Shape, "[fold] kernel 2x2 is larger than the padded input 1x1"},
+      {"image",
+       [] {
+         fold(f32({1, 4, 4}), 3, 3, 2, 0);
+       },
+       Kind::Value, "[fold] kernel 2x2 and stride 0x0 must be positive"},
+      // Normalizations, linear and losses.
+      {"nn", [] { softmax(of({3}, D::i64), 0); }, Kind::DType,
+       "[softmax] needs a floating input, got i64"},
+      {"nn",
+       [] {
+         softmax(f32({2, 3}), 2);
+       },
+       Kind::Value, "[softmax] dim 2 is out of range"},
+      {"nn", [] { log_softmax(of({3}, D::i32), 0); }, Kind::DType, "[log_softmax]"},
+      {"nn", [] { log_softmax(f32({3}), -2); }, Kind::Value,
+       "[log_softmax] dim -2 is out of range"},
+      {"nn", [] { logsumexp(f32({3}), 1); }, Kind::Value, "[logsumexp] dim 1 is out of range"},
+      {"nn",
+       [] {
+         linear(f32({2, 3}), f32({4, 2}));
+       },
+       Kind::Shape, "[linear] input (2, 3) has 3 features but the weight (4, 2) expects 2"},
+      {"nn",
+       [] {
+         linear(f32({2, 3}), f32({3}));
+       },
+       Kind::Shape, "[linear] weight must be (out, in)"},
+      {"nn",
+       [] {
+         linear(f32({2, 3}), f32({4, 3}), f32({3}));
+       },
+       Kind::Shape, "[linear] bias must be (4), got (3)"},
+      {"nn",
+       [] {
+         linear(f32({2, 3}), of({4, 3}, D::f64));
+       },
+       Kind::DType, "[linear] input (f32) and weight (f64) must share a dtype"},
+      {"nn",
+       [] {
+         layer_norm(f32({2, 3}), {2});
+       },
+       Kind::Shape, "[layer_norm] normalized shape (2) does not match the last dims of (2, 3)"},
+      {"nn",
+       [] {
+         layer_norm(f32({3}), {2, 3});
+       },
+       Kind::Shape, "[layer_norm] normalized shape (2, 3) does not fit input (3)"},
+      {"nn",
+       [] {
+         layer_norm(f32({2, 3}), {3}, f32({2}));
+       },
+       Kind::Shape, "[layer_norm] weight (2) must have shape (3)"},
+      {"nn",
+       [] {
+         layer_norm(of({2, 3}, D::i64), {3});
+       },
+       Kind::DType, "[layer_norm] needs a floating input"},
+      {"nn", [] { mse_loss(f32({3}), f32({4})); }, Kind::Shape,
+       "[mse_loss] prediction (3) and target (4) must have the same shape"},
+      {"nn",
+       [] {
+         cross_entropy(f32({2, 3}), of({2}, D::f32));
+       },
+       Kind::DType, "[cross_entropy] targets must be i64 class indices, got f32 of shape (2)"},
+      {"nn",
+       [] {
+         cross_entropy(f32({2, 3}), of({2}, D::i32));
+       },
+       Kind::DType, "[cross_entropy]"},
+      {"nn",
+       [] {
+         cross_entropy(f32({2, 3}), of({3}, D::i64));
+       },
+       Kind::Shape, "[cross_entropy] expected logits (N, C) with targets (N)"},
+      {"nn",
+       [] {
+         cross_entropy(f32({2, 3, 4}), of({2}, D::i64));
+       },
+       Kind::Shape, "[cross_entropy]"},
+      {"nn",
+       [] {
+         cross_entropy(of({2, 3}, D::i64), of({2}, D::i64));
+       },
+       Kind::DType, "[cross_entropy] logits must be floating, got i64"},
+      {"nn",
+       [] {
+         cross_entropy(f32({2, 3}), i64s({0, 3}));
+       },
+       Kind::Value, "[gather] index 3 is out of range for dim 1 of size 3"},
+      {"nn",
+       [] {
+         cross_entropy(f32({2, 3}), i64s({-1, 0}));
+       },
+       Kind::Value, "[gather] index -1"},
+      {"nn", [] { binary_cross_entropy_with_logits(f32({3}), f32({4})); }, Kind::Shape,
+       "[binary_cross_entropy_with_logits] logits (3) and targets (4) must have the same shape"},
+      {"nn", [] { binary_cross_entropy_with_logits(f32({3}), of({3}, D::i64)); }, Kind::DType,
+       "[binary_cross_entropy_with_logits] targets must be floating"},
+      // Randomness.
+      {"random", [] { dropout(f32({3}), 1.5, true); }, Kind::Value,
+       "[dropout] probability must be in [0, 1], got 1.5"},
+      {"random", [] { dropout(f32({3}), -0.1, false); }, Kind::Value, "[dropout]"},
+      {"random", [] { dropout(f32({3}), std::nan(""), true); }, Kind::Value, "[dropout]"},
+      {"random", [] { dropout(of({3}, D::i64), 0.5, true); }, Kind::DType,
+       "[dropout] needs a floating input, got i64"},
+      {"random", [] { rand({2}, Options().dtype(D::i64)); }, Kind::DType,
+       "[rand] dtype must be floating, got i64"},
+      {"random", [] { randn({2}, Options().dtype(D::b8)); }, Kind::DType, "[randn]"},
+      {"random",
+       [] {
+         rand({2, -1});
+       },
+       Kind::Value, "[rand] negative size -1 in shape (2, -1)"},
+      {"random", [] { rand({2}, Options().dtype(D::f16)); }, Kind::DType,
+       "[rand] dtype f16 is not computed on the CPU"},
+      {"random", [] { randint(0, {2}); }, Kind::Value, "[randint] high must be positive, got 0"},
+      {"random", [] { randint(5, {2}, Options().dtype(D::b8)); }, Kind::DType,
+       "[randint] dtype must be numeric"},
+      {"random", [] { randint(int64_t(1) << 40, {2}, Options().dtype(D::i32)); }, Kind::Value,
+       "[randint] high 1099511627776 is out of range for i32"},
+      {"random", [] { randint((int64_t(1) << 24) + 1, {2}, Options().dtype(D::f32)); }, Kind::Value,
+       "[randint] high 16777217 is out of range for f32"},
       // Reading values and conversions.
       {"tensor", [] { f32({2}).item<float>(); }, Kind::Value, "[item] needs exactly one element"},
       {"tensor", [] { f32({0}).item<float>(); }, Kind::Value, "[item]"},
@@ -305,7 +632,7 @@ TEST_CASE("error rows: the right error type, and a message that starts with [op]
   }
   // At least three bad inputs per op family.
   for (const auto& [family, n] : per_family) CHECK_MESSAGE(n >= 3, family);
-  CHECK(per_family.size() == 7);
+  CHECK(per_family.size() == 12);
 }
 
 TEST_CASE("an error leaves the operands untouched and the library usable") {

@@ -546,6 +546,70 @@ TEST_CASE("scatter rows: gradients of slice_scatter for the base and the source"
   report("slice_scatter", n);
 }
 
+// ---- op rows: indexing, joining, images, normalizations, losses, dropout ----------------------
+
+namespace {
+bool gradchecked(const OpRow& r) {
+  return r.grad && !r.index_result && !r.shapes.empty() && r.out.numel() > 0;
+}
+// Leaves of rank >= 2 with dim 0 above 1 can be made with dim 0 of size 1 and expanded inside.
+bool expandable(const Shape& s) { return s.size() >= 2 && s[0] > 1; }
+}  // namespace
+
+TEST_CASE("op rows: gradcheck on contiguous, transposed, strided and expanded leaves") {
+  Counts n, outside;
+  Rng rng(29);
+  enum class V { Contiguous, Transposed, Strided, Expanded };
+  for (const OpRow& row : op_rows()) {
+    INFO(row.name);
+    auto leaves = [&](DType dt, V v) {
+      Ins x;
+      for (size_t i = 0; i < row.shapes.size(); ++i) {
+        Shape s = row.shapes[i];
+        if (v == V::Expanded && expandable(s)) s[0] = 1;
+        const Layout l = s.numel() == 0       ? L::Contiguous  // no layout to speak of
+                         : v == V::Transposed ? L::Transposed
+                         : v == V::Strided    ? L::Strided
+                                              : L::Contiguous;
+        const Domain& d = row.domains[std::min(i, row.domains.size() - 1)];
+        x.push_back(leaf(smooth_values(s.numel(), d, int(i), rng), s, dt, l));
+      }
+      return x;
+    };
+    if (!row.grad) continue;  // a large row, for the forward sweep only
+    if (row.index_result || row.shapes.empty()) {
+      check_outside(outside, row.fn(leaves(DType::f64, V::Contiguous)));
+      continue;
+    }
+    for (const Shape& s : row.shapes) REQUIRE(s.numel() <= 24);
+    for (V v : {V::Contiguous, V::Transposed, V::Strided, V::Expanded}) {
+      bool changes = v == V::Contiguous;
+      for (const Shape& s : row.shapes)
+        changes |= (v == V::Transposed && s.size() >= 2) || (v == V::Strided && s.size() >= 1) ||
+                   (v == V::Expanded && expandable(s));
+      if (!changes) continue;
+      INFO("variant " << int(v));
+      Fn fn = [&](const Ins& x) {
+        Ins in = x;
+        for (size_t i = 0; v == V::Expanded && i < in.size(); ++i)
+          if (expandable(row.shapes[i])) in[i] = expand(x[i], row.shapes[i]);
+        return row.fn(in);
+      };
+      for (DType dt : {DType::f64, DType::f32}) {
+        Ins x = leaves(dt, v);
+        if (row.out.numel() == 0) {
+          check_empty(n, fn, x);
+          continue;
+        }
+        if (dt == DType::f64) check_grad(n, fn, x);
+        check_twice(n, fn, x, rng);
+      }
+    }
+  }
+  report("op rows", n);
+  report("op rows not differentiable", outside);
+}
+
 TEST_CASE("every differentiable op is gradchecked by some row of the sweep") {
   std::vector<int> rows(kNumOps, 0);
   for (const auto& r : elementwise_rows())
@@ -559,6 +623,8 @@ TEST_CASE("every differentiable op is gradchecked by some row of the sweep") {
     if (gradchecked(r)) ++rows[int(OpId::MatMul)];
   for (const auto& r : scatter_rows())
     if (!is_empty(r)) ++rows[int(OpId::SliceScatter)];
+  for (const auto& r : op_rows())
+    if (!r.composite && gradchecked(r)) ++rows[int(r.op)];
   for (int i = 0; i < kNumOps; ++i)
     if (differentiable(OpId(i)))
       CHECK_MESSAGE(rows[i] > 0, op_name(OpId(i)) << " is differentiable but never gradchecked");
@@ -601,6 +667,10 @@ TEST_CASE("gradients at kinks and ties follow PyTorch") {
   check_tensor(g[1], {3}, DType::f64, {0, 0, std::log(2.0)});
   check_tensor(grad_of(pow(z, 0), z), {3}, DType::f64, {0, 0, 0});
   check_tensor(grad_of(pow(z, 0.0), z), {3}, DType::f64, {0, 0, 0});
+  // clamp passes the whole gradient on the closed interval [lo, hi], bounds included; NaN stays.
+  Tensor c = tensor({-2, -1, 0.5, 2, 3}, f64);
+  check_tensor(grad_of(clamp(c, -1, 2), c), {5}, DType::f64, {0, 1, 1, 1, 0});
+  check_tensor(clamp(tensor({NAN, 5}), -1, 2), {2}, DType::f32, {NAN, 2});
 }
 
 }  // namespace duet::test

@@ -479,6 +479,75 @@ TEST_CASE("source rows: creation functions") {
   check_tensor(f, {70000}, DType::f64, std::vector<double>(70000, -1.25));
 }
 
+// ---- op rows: indexing, joining, images, normalizations, losses, random draws ----------------
+
+namespace {
+
+// How the inputs of an op row sit in memory; Expanded inputs are made with dim 0 of size 1.
+enum class Variant { Contiguous, Transposed, Strided, Offset, Expanded };
+const char* variant_name(Variant v) {
+  static const char* names[] = {"contiguous", "transposed", "strided", "offset", "expanded"};
+  return names[int(v)];
+}
+
+// The inputs of `row` in dtype dt, laid out as `v`, and their logical values. False when the
+// variant would change no input (a transpose of 1-D inputs).
+bool build_inputs(const OpRow& row, DType dt, Variant v, Rng& rng, std::vector<Tensor>* in,
+                  Values* vals) {
+  bool changed = v == Variant::Contiguous || v == Variant::Offset;
+  for (size_t i = 0; i < row.shapes.size(); ++i) {
+    const Shape& s = row.shapes[i];
+    const Domain& d = row.domains[std::min(i, row.domains.size() - 1)];
+    if (v == Variant::Expanded && s.size() >= 1 && s[0] > 1) {
+      Shape small = s;
+      small[0] = 1;
+      std::vector<double> sv = random_values(small.numel(), d, dt, rng);
+      in->push_back(expand(make(sv, small, dt), s));
+      vals->push_back(broadcast_values(sv, small, s));
+      changed = true;
+      continue;
+    }
+    const Layout l = s.numel() == 0             ? L::Contiguous  // no layout to speak of
+                     : v == Variant::Transposed ? L::Transposed
+                     : v == Variant::Strided    ? L::Strided
+                     : v == Variant::Offset     ? L::Offset
+                                                : L::Contiguous;
+    changed |= (l == L::Transposed && s.size() >= 2) || (l == L::Strided && s.size() >= 1);
+    vals->push_back(random_values(s.numel(), d, dt, rng));
+    in->push_back(make_layout(vals->back(), s, dt, l));
+  }
+  return changed;
+}
+
+}  // namespace
+
+TEST_CASE("op rows: every dtype and input layout against the float64 reference") {
+  Rng rng(14);
+  int checks = 0;
+  for (const OpRow& row : op_rows()) {
+    for (DType dt : row.dtypes) {
+      const DType out_dtype = row.index_result ? DType::i64 : dt;
+      const double tol = out_dtype == DType::f32 ? row.tol32 : out_dtype == DType::f64 ? 1e-12 : 0;
+      for (Variant v : {Variant::Contiguous, Variant::Transposed, Variant::Strided, Variant::Offset,
+                        Variant::Expanded}) {
+        if (row.shapes.empty() && v != Variant::Contiguous) continue;
+        std::vector<Tensor> in;
+        Values vals;
+        if (!build_inputs(row, dt, v, rng, &in, &vals)) continue;
+        INFO(row.name << " on " << dtype_name(dt) << ", " << std::string(variant_name(v))
+                      << " inputs");
+        std::vector<double> want = row.ref(vals);
+        for (double& w : want) w = round_to(w, out_dtype);
+        check_tensor(row.fn(in), row.out, out_dtype, want, tol, tol);
+        for (size_t i = 0; i < in.size(); ++i)
+          CHECK_MESSAGE(differences(values(in[i]), vals[i], 0, 0).empty(), "input " << i);
+        ++checks;
+      }
+    }
+  }
+  MESSAGE(fmt::format("{} op rows, {} forward checks", op_rows().size(), checks));
+}
+
 // ---- the table itself -------------------------------------------------------------------------
 
 // Completeness (STYLE.md, "Shape of the code"): adding an op without its rows and rules fails.
@@ -495,6 +564,14 @@ TEST_CASE("every op in ops.def has a test row, a shape rule, a gradient rule and
   for (const auto& r : source_rows()) ++rows[int(r.op)];
   if (!matmul_rows().empty()) ++rows[int(OpId::MatMul)];
   if (!scatter_rows().empty()) ++rows[int(OpId::SliceScatter)];
+  for (const auto& r : op_rows())
+    if (!r.composite) ++rows[int(r.op)];
+  MESSAGE(
+      fmt::format("{} ops; {} elementwise, {} conversion, {} reduce, {} view, {} source, {} "
+                  "matmul, {} slice_scatter and {} other op rows",
+                  kNumOps, elementwise_rows().size(), conversion_rows().size(),
+                  reduce_rows().size(), view_rows().size(), source_rows().size(),
+                  matmul_rows().size(), scatter_rows().size(), op_rows().size()));
   for (int i = 0; i < kNumOps; ++i) {
     const OpDef& def = detail::op_def(OpId(i));
     INFO(std::string(def.name));
@@ -555,6 +632,13 @@ TEST_CASE("every row dispatches the primitive it claims") {
     Tensor src = make(std::vector<double>(r.src.numel(), 2), r.src);
     check_dispatch(OpId::SliceScatter,
                    [&] { slice_scatter(base, src, r.dim, r.start, r.end, r.step); });
+  }
+  for (const auto& r : op_rows()) {
+    INFO(r.name);
+    std::vector<Tensor> in;
+    Values vals;
+    build_inputs(r, r.dtypes[0], Variant::Contiguous, rng, &in, &vals);
+    check_dispatch(r.op, [&] { r.fn(in); });
   }
 }
 

@@ -66,6 +66,8 @@ bool float_math(OpId op) {
     case OpId::Cos:
     case OpId::Tanh:
     case OpId::Sigmoid:
+    case OpId::Erf:
+    case OpId::LogSigmoid:
       return true;
     default:
       return false;
@@ -170,6 +172,11 @@ DUET_GRAD(grad_cos) { gi[0] = neg(g * sin(c.inputs[0])); }
 DUET_GRAD(grad_tanh) { gi[0] = g * (1 - c.output * c.output); }
 DUET_GRAD(grad_sigmoid) { gi[0] = g * c.output * (1 - c.output); }
 DUET_GRAD(grad_relu) { gi[0] = g * gt(c.output, 0); }
+DUET_GRAD(grad_erf) {
+  const Tensor& x = c.inputs[0];
+  gi[0] = g * exp(neg(x * x)) * 1.12837916709551257390;  // 2 / sqrt(pi)
+}
+DUET_GRAD(grad_log_sigmoid) { gi[0] = g * sigmoid(neg(c.inputs[0])); }
 DUET_GRAD(grad_add) {
   gi[0] = g;
   gi[1] = g;
@@ -230,6 +237,8 @@ void register_elementwise_rules(OpDef* t) {
   set_grad(t, OpId::Tanh, grad_tanh, kSaveOut);
   set_grad(t, OpId::Sigmoid, grad_sigmoid, kSaveOut);
   set_grad(t, OpId::Relu, grad_relu, kSaveOut);
+  set_grad(t, OpId::Erf, grad_erf, kSaveIn0);
+  set_grad(t, OpId::LogSigmoid, grad_log_sigmoid, kSaveIn0);
   set_grad(t, OpId::Add, grad_add, 0);
   set_grad(t, OpId::Sub, grad_sub, 0);
   set_grad(t, OpId::Mul, grad_mul, kSaveIn0 | kSaveIn1);
@@ -243,7 +252,7 @@ void register_elementwise_rules(OpDef* t) {
   set_grad(t, OpId::Cast, grad_identity, 0);
   set_grad(t, OpId::Copy, grad_identity, 0);
   for (OpId op : {OpId::Neg, OpId::Exp, OpId::Log, OpId::Sqrt, OpId::Rsqrt, OpId::Abs, OpId::Sin,
-                  OpId::Cos, OpId::Tanh, OpId::Sigmoid, OpId::Relu})
+                  OpId::Cos, OpId::Tanh, OpId::Sigmoid, OpId::Relu, OpId::Erf, OpId::LogSigmoid})
     t[int(op)].infer = infer_unary;
   for (int op = int(OpId::Add); op <= int(OpId::Ne); ++op) t[op].infer = infer_binary;
   t[int(OpId::Where)].infer = infer_where;
@@ -290,6 +299,8 @@ DUET_DEFINE_UNARY(cos, Cos)
 DUET_DEFINE_UNARY(tanh, Tanh)
 DUET_DEFINE_UNARY(sigmoid, Sigmoid)
 DUET_DEFINE_UNARY(relu, Relu)
+DUET_DEFINE_UNARY(erf, Erf)
+DUET_DEFINE_UNARY(log_sigmoid, LogSigmoid)
 #undef DUET_DEFINE_UNARY
 
 #define DUET_DEFINE_BINARY(name, Op)                                                    \
@@ -358,6 +369,11 @@ Tensor where(const Tensor& cond, const Tensor& a, Scalar b) { return where(cond,
 Tensor where(const Tensor& cond, Scalar a, const Tensor& b) { return where(cond, wrap(a, b), b); }
 
 // With lo > hi every element becomes hi, as torch.clamp documents.
-Tensor clamp(const Tensor& x, Scalar lo, Scalar hi) { return minimum(maximum(x, lo), hi); }
+// With where rather than maximum/minimum, the gradient is 1 on the closed interval [lo, hi]
+// (maximum would split it at a boundary), and NaN passes through, as torch.clamp.
+Tensor clamp(const Tensor& x, Scalar lo, Scalar hi) {
+  Tensor r = where(lt(x, lo), lo, x);
+  return where(gt(r, hi), hi, r);
+}
 
 }  // namespace duet

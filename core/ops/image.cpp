@@ -1,0 +1,148 @@
+// Images: Unfold (im2col) and Fold (col2im), each the other's gradient, and conv2d,
+// max_pool2d and avg_pool2d composed of them with matmul and reductions.
+//
+// attrs.ints = {kh, kw, sh, sw, ph, pw, H, W} for both (see kernels/image.cpp).
+#include "core/dispatch.h"
+#include "core/ops.h"
+
+namespace duet {
+namespace detail {
+namespace {
+
+struct Window {
+  int64_t kh, kw, sh, sw, ph, pw, h, w, ho, wo;
+};
+
+Window window(const char* op, const Attrs& a) {
+  DUET_CHECK_VALUE(a.ints.size() == 8, "[{}] expects 8 window attributes", op);
+  Window g{a.ints[0], a.ints[1], a.ints[2], a.ints[3], a.ints[4],
+           a.ints[5], a.ints[6], a.ints[7], 0,         0};
+  DUET_CHECK_VALUE(g.kh > 0 && g.kw > 0 && g.sh > 0 && g.sw > 0 && g.ph >= 0 && g.pw >= 0,
+                   "[{}] kernel {}x{} and stride {}x{} must be positive and padding {}x{} "
+                   "non-negative",
+                   op, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw);
+  DUET_CHECK_SHAPE(g.h + 2 * g.ph >= g.kh && g.w + 2 * g.pw >= g.kw,
+                   "[{}] kernel {}x{} is larger than the padded input {}x{}", op, g.kh, g.kw,
+                   g.h + 2 * g.ph, g.w + 2 * g.pw);
+  g.ho = (g.h + 2 * g.ph - g.kh) / g.sh + 1;
+  g.wo = (g.w + 2 * g.pw - g.kw) / g.sw + 1;
+  return g;
+}
+
+void infer_unfold(const OpDef&, TensorRefs in, const Attrs& a, TensorMeta& out) {
+  const Shape& s = in[0].sizes();
+  DUET_CHECK_SHAPE(s.size() == 4, "[unfold] input must be (N, C, H, W), got {}", s);
+  DUET_CHECK_DTYPE(in[0].dtype() != DType::b8, "[unfold] is not defined for b8 input");
+  const Window g = window("unfold", a);
+  DUET_CHECK_SHAPE(s[2] == g.h && s[3] == g.w, "[unfold] input {} does not match size {}x{}", s,
+                   g.h, g.w);
+  out.shape = Shape{s[0], s[1] * g.kh * g.kw, g.ho * g.wo};
+  out.dtype = in[0].dtype();
+  out.device = in[0].device();
+}
+
+void infer_fold(const OpDef&, TensorRefs in, const Attrs& a, TensorMeta& out) {
+  const Shape& s = in[0].sizes();
+  const Window g = window("fold", a);
+  DUET_CHECK_SHAPE(s.size() == 3 && s[1] % (g.kh * g.kw) == 0 && s[2] == g.ho * g.wo,
+                   "[fold] columns must be (N, C*{}*{}, {}), got {}", g.kh, g.kw, g.ho * g.wo, s);
+  DUET_CHECK_DTYPE(in[0].dtype() != DType::b8, "[fold] is not defined for b8 input");
+  out.shape = Shape{s[0], s[1] / (g.kh * g.kw), g.h, g.w};
+  out.dtype = in[0].dtype();
+  out.device = in[0].device();
+}
+
+Tensor window_call(OpId op, const Tensor& x, const Attrs& a) {
+  const Tensor* in[] = {&x};
+  return call(op, TensorRefs(in, 1), a);
+}
+void grad_unfold(const GradCtx& c, const Tensor& g, Tensor* gi) {
+  gi[0] = window_call(OpId::Fold, g, c.attrs);
+}
+void grad_fold(const GradCtx& c, const Tensor& g, Tensor* gi) {
+  gi[0] = window_call(OpId::Unfold, g, c.attrs);
+}
+
+Attrs window_attrs(const char* op, const Tensor& x, int64_t k, int64_t s, int64_t p) {
+  DUET_CHECK_SHAPE(x.dim() == 4, "[{}] input must be (N, C, H, W), got {}", op, x.sizes());
+  Attrs a;
+  a.ints = {k, k, s, s, p, p, x.sizes()[2], x.sizes()[3]};
+  window(op, a);  // validates with the caller's op name
+  return a;
+}
+
+}  // namespace
+
+void register_image_rules(OpDef* t) {
+  t[int(OpId::Unfold)].infer = infer_unfold;
+  t[int(OpId::Fold)].infer = infer_fold;
+  set_grad(t, OpId::Unfold, grad_unfold, 0);
+  set_grad(t, OpId::Fold, grad_fold, 0);
+}
+
+}  // namespace detail
+
+Tensor unfold(const Tensor& x, int64_t kernel, int64_t stride, int64_t padding) {
+  return detail::window_call(OpId::Unfold, x,
+                             detail::window_attrs("unfold", x, kernel, stride, padding));
+}
+
+Tensor fold(const Tensor& cols, int64_t height, int64_t width, int64_t kernel, int64_t stride,
+            int64_t padding) {
+  Attrs a;
+  a.ints = {kernel, kernel, stride, stride, padding, padding, height, width};
+  return detail::window_call(OpId::Fold, cols, a);
+}
+
+// im2col + GEMM: (O, C*k*k) @ (N, C*k*k, L) -> (N, O, L).
+Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, int64_t stride, int64_t padding) {
+  DUET_CHECK_SHAPE(x.dim() == 4, "[conv2d] input must be (N, C, H, W), got {}", x.sizes());
+  DUET_CHECK_SHAPE(w.dim() == 4 && w.sizes()[2] == w.sizes()[3],
+                   "[conv2d] weight must be (out, in, k, k), got {}", w.sizes());
+  DUET_CHECK_SHAPE(x.sizes()[1] == w.sizes()[1],
+                   "[conv2d] input has {} channels but the weight {} expects {}", x.sizes()[1],
+                   w.sizes(), w.sizes()[1]);
+  DUET_CHECK_DTYPE(x.dtype() == w.dtype(), "[conv2d] input ({}) and weight ({}) must share a dtype",
+                   x.dtype(), w.dtype());
+  const int64_t o = w.sizes()[0], k = w.sizes()[2];
+  Attrs a = detail::window_attrs("conv2d", x, k, stride, padding);
+  const int64_t ho = (x.sizes()[2] + 2 * padding - k) / stride + 1;
+  const int64_t wo = (x.sizes()[3] + 2 * padding - k) / stride + 1;
+  Tensor cols = detail::window_call(OpId::Unfold, x, a);
+  // Sizes spelled out, not -1: a reshape cannot infer a dim of an empty tensor (N or O of 0).
+  Tensor y = reshape(matmul(reshape(w, {o, cols.sizes()[1]}), cols), {x.sizes()[0], o, ho, wo});
+  if (!b.defined()) return y;
+  DUET_CHECK_SHAPE(b.dim() == 1 && b.sizes()[0] == o, "[conv2d] bias must be ({}), got {}", o,
+                   b.sizes());
+  return y + reshape(b, {1, o, 1, 1});
+}
+
+namespace {
+// The windows of each channel: (N, C, k*k, Ho*Wo), reduced over dim 2 by the caller.
+Tensor pool_windows(const char* op, const Tensor& x, int64_t kernel, int64_t stride, int64_t* ho,
+                    int64_t* wo) {
+  if (stride == 0) stride = kernel;
+  Attrs a = detail::window_attrs(op, x, kernel, stride, 0);
+  *ho = (x.sizes()[2] - kernel) / stride + 1;
+  *wo = (x.sizes()[3] - kernel) / stride + 1;
+  Tensor cols = detail::window_call(OpId::Unfold, x, a);
+  return reshape(cols,
+                 {x.sizes()[0], x.sizes()[1], kernel * kernel, *ho * *wo});  // not -1: N may be 0
+}
+}  // namespace
+
+Tensor max_pool2d(const Tensor& x, int64_t kernel, int64_t stride) {
+  int64_t ho, wo;
+  Tensor win = pool_windows("max_pool2d", x, kernel, stride, &ho, &wo);
+  return reshape(max(win, 2), {x.sizes()[0], x.sizes()[1], ho, wo});
+}
+
+Tensor avg_pool2d(const Tensor& x, int64_t kernel, int64_t stride) {
+  DUET_CHECK_DTYPE(is_floating(x.dtype()), "[avg_pool2d] needs a floating input, got {}",
+                   x.dtype());
+  int64_t ho, wo;
+  Tensor win = pool_windows("avg_pool2d", x, kernel, stride, &ho, &wo);
+  return reshape(mean(win, 2), {x.sizes()[0], x.sizes()[1], ho, wo});
+}
+
+}  // namespace duet

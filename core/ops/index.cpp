@@ -1,0 +1,220 @@
+// Indexing and joining: Gather, ScatterAdd, Cat and Argmax, and the ops composed of them
+// (index_select, embedding, stack, argmin).
+#include <algorithm>
+
+#include "core/dispatch.h"
+#include "core/ops.h"
+
+namespace duet {
+namespace detail {
+namespace {
+
+void check_index(const char* op, const Tensor& index) {
+  DUET_CHECK_DTYPE(index.dtype() == DType::i64, "[{}] index must be i64, got {} of shape {}", op,
+                   index.dtype(), index.sizes());
+}
+
+// in[0]: x, in[1]: index with x's rank; attrs.dim (wrapped). out[p] = x[p with dim = index[p]].
+void infer_gather(const OpDef& def, TensorRefs in, const Attrs& a, TensorMeta& out) {
+  const Tensor &x = in[0], &index = in[1];
+  check_index("gather", index);
+  DUET_CHECK_SHAPE(index.dim() == x.dim(),
+                   "[gather] index of shape {} must have the rank of the input {}", index.sizes(),
+                   x.sizes());
+  DUET_CHECK_VALUE(a.dim >= 0 && a.dim < std::max<int64_t>(x.dim(), 1),
+                   "[gather] dim {} is out of range for shape {}", a.dim, x.sizes());
+  for (int64_t d = 0; d < x.dim(); ++d)
+    DUET_CHECK_SHAPE(d == a.dim || index.sizes()[d] <= x.sizes()[d],
+                     "[gather] index of shape {} is larger than the input {} in dim {}",
+                     index.sizes(), x.sizes(), d);
+  out.shape = index.sizes();
+  out.dtype = x.dtype();
+  out.device = common_device(def, in);
+}
+
+// in[0]: base, in[1]: index, in[2]: src (index's shape); attrs.dim.
+void infer_scatter_add(const OpDef& def, TensorRefs in, const Attrs& a, TensorMeta& out) {
+  const Tensor &base = in[0], &index = in[1], &src = in[2];
+  check_index("scatter_add", index);
+  DUET_CHECK_SHAPE(index.sizes() == src.sizes() && index.dim() == base.dim(),
+                   "[scatter_add] index {} and source {} must have one shape, of the base's "
+                   "rank {}",
+                   index.sizes(), src.sizes(), base.dim());
+  DUET_CHECK_DTYPE(src.dtype() == base.dtype(),
+                   "[scatter_add] source dtype {} differs from the base's {}", src.dtype(),
+                   base.dtype());
+  DUET_CHECK_VALUE(a.dim >= 0 && a.dim < std::max<int64_t>(base.dim(), 1),
+                   "[scatter_add] dim {} is out of range for shape {}", a.dim, base.sizes());
+  for (int64_t d = 0; d < base.dim(); ++d)
+    DUET_CHECK_SHAPE(d == a.dim || index.sizes()[d] <= base.sizes()[d],
+                     "[scatter_add] index of shape {} is larger than the base {} in dim {}",
+                     index.sizes(), base.sizes(), d);
+  out.shape = base.sizes();
+  out.dtype = base.dtype();
+  out.device = common_device(def, in);
+}
+
+// Variadic; attrs.dim (wrapped). Dtypes promote as in PyTorch.
+void infer_cat(const OpDef& def, TensorRefs in, const Attrs& a, TensorMeta& out) {
+  DUET_CHECK_VALUE(in.size() > 0, "[cat] needs at least one tensor");
+  const Shape& s0 = in[0].sizes();
+  DUET_CHECK_SHAPE(s0.size() > 0, "[cat] cannot join 0-d tensors; unsqueeze them or use stack");
+  DUET_CHECK_VALUE(a.dim >= 0 && a.dim < s0.size(), "[cat] dim {} is out of range for shape {}",
+                   a.dim, s0);
+  out.shape = s0;
+  out.shape[a.dim] = 0;
+  for (int64_t i = 0; i < in.size(); ++i) {
+    const Shape& s = in[i].sizes();
+    DUET_CHECK_SHAPE(s.size() == s0.size(),
+                     "[cat] tensor {} has shape {}, of another rank than tensor 0's {}", i, s, s0);
+    for (int64_t d = 0; d < s.size(); ++d)
+      DUET_CHECK_SHAPE(d == a.dim || s[d] == s0[d],
+                       "[cat] tensor {} has shape {} but tensor 0 has {}: they may differ only "
+                       "in dim {}",
+                       i, s, s0, a.dim);
+    out.shape[a.dim] += s[a.dim];
+  }
+  out.dtype = result_type(in);
+  out.device = common_device(def, in);
+}
+
+// attrs.dim (wrapped), attrs.keepdim. The index of the first largest value (i64).
+void infer_argmax(const OpDef&, TensorRefs in, const Attrs& a, TensorMeta& out) {
+  const Tensor& x = in[0];
+  DUET_CHECK_DTYPE(x.dtype() != DType::b8, "[argmax] is not defined for b8 input of shape {}",
+                   x.sizes());
+  out.shape = x.sizes();
+  if (x.dim()) {
+    DUET_CHECK_VALUE(x.sizes()[a.dim] > 0, "[argmax] cannot reduce over dim {} of size 0 ({})",
+                     a.dim, x.sizes());
+    if (a.keepdim)
+      out.shape[a.dim] = 1;
+    else
+      out.shape.erase(a.dim);
+  }
+  out.dtype = DType::i64;
+  out.device = x.device();
+}
+
+void grad_gather(const GradCtx& c, const Tensor& g, Tensor* gi) {
+  const TensorMeta& m = c.input_meta[0];
+  Tensor z = zeros(m.shape, Options().dtype(g.dtype()).device(m.device));
+  gi[0] = scatter_add(z, c.attrs.dim, c.inputs[1], g);
+}
+void grad_scatter_add(const GradCtx& c, const Tensor& g, Tensor* gi) {
+  if (c.needs_grad(0)) gi[0] = g;
+  if (c.needs_grad(2)) gi[2] = gather(g, c.attrs.dim, c.inputs[1]);
+}
+// attrs.ints holds each input's size along dim (set by the builder).
+void grad_cat(const GradCtx& c, const Tensor& g, Tensor* gi) {
+  const int64_t d = c.attrs.dim;
+  int64_t at = 0;
+  for (int64_t i = 0; i < c.attrs.ints.size(); ++i) {
+    const int64_t len = c.attrs.ints[i];
+    if (c.needs_grad(i)) gi[i] = slice(g, d, at, at + len);
+    at += len;
+  }
+}
+
+}  // namespace
+
+void register_index_rules(OpDef* t) {
+  t[int(OpId::Gather)].infer = infer_gather;
+  t[int(OpId::ScatterAdd)].infer = infer_scatter_add;
+  t[int(OpId::Cat)].infer = infer_cat;
+  t[int(OpId::Argmax)].infer = infer_argmax;
+  set_grad(t, OpId::Gather, grad_gather, kSaveIn1);
+  set_grad(t, OpId::ScatterAdd, grad_scatter_add, kSaveIn1);
+  set_grad(t, OpId::Cat, grad_cat, 0);
+  set_not_differentiable(t, OpId::Argmax);
+}
+
+}  // namespace detail
+
+Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
+  Attrs a;
+  a.dim = detail::wrap_dim("gather", dim, x.dim());
+  const Tensor* in[] = {&x, &index};
+  return detail::call(OpId::Gather, TensorRefs(in, 2), a);
+}
+
+Tensor scatter_add(const Tensor& base, int64_t dim, const Tensor& index, const Tensor& src) {
+  Attrs a;
+  a.dim = detail::wrap_dim("scatter_add", dim, base.dim());
+  const Tensor* in[] = {&base, &index, &src};
+  return detail::call(OpId::ScatterAdd, TensorRefs(in, 3), a);
+}
+
+Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
+  DUET_CHECK_DTYPE(index.dtype() == DType::i64,
+                   "[index_select] index must be i64, got {} of shape {}", index.dtype(),
+                   index.sizes());
+  DUET_CHECK_SHAPE(index.dim() <= 1, "[index_select] index must be 1-D, got shape {}",
+                   index.sizes());
+  DUET_CHECK_SHAPE(x.dim() >= 1, "[index_select] input must have at least one dim, got shape {}",
+                   x.sizes());
+  dim = detail::wrap_dim("index_select", dim, x.dim());
+  // As a gather whose index is the 1-D index broadcast along every other dim (a stride-0 view).
+  Shape along(std::vector<int64_t>(x.dim(), 1));
+  along[dim] = index.numel();
+  Shape target = x.sizes();
+  target[dim] = index.numel();
+  return gather(x, dim, expand(reshape(index, along), target));
+}
+
+Tensor embedding(const Tensor& weight, const Tensor& indices) {
+  DUET_CHECK_SHAPE(weight.dim() == 2, "[embedding] weight must be (num_embeddings, dim), got {}",
+                   weight.sizes());
+  DUET_CHECK_DTYPE(indices.dtype() == DType::i64,
+                   "[embedding] indices must be i64, got {} of shape {}", indices.dtype(),
+                   indices.sizes());
+  Tensor rows = index_select(weight, 0, reshape(indices, {-1}));
+  Shape out = indices.sizes();
+  out.push_back(weight.sizes()[1]);
+  return reshape(rows, out);
+}
+
+Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
+  DUET_CHECK_VALUE(!tensors.empty(), "[cat] needs at least one tensor");
+  Attrs a;
+  a.dim = detail::wrap_dim("cat", dim, std::max<int64_t>(tensors[0].dim(), 1));
+  std::vector<const Tensor*> in;
+  for (const Tensor& t : tensors) {
+    in.push_back(&t);
+    a.ints.push_back(t.dim() > a.dim ? t.sizes()[a.dim] : 0);  // sizes along dim, for the grad
+  }
+  return detail::call(OpId::Cat, TensorRefs(in.data(), static_cast<int64_t>(in.size())), a);
+}
+
+Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
+  DUET_CHECK_VALUE(!tensors.empty(), "[stack] needs at least one tensor");
+  dim = detail::wrap_dim("stack", dim, tensors[0].dim() + 1);
+  std::vector<Tensor> parts;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    DUET_CHECK_SHAPE(tensors[i].sizes() == tensors[0].sizes(),
+                     "[stack] tensor {} has shape {} but tensor 0 has {}", i, tensors[i].sizes(),
+                     tensors[0].sizes());
+    parts.push_back(unsqueeze(tensors[i], dim));
+  }
+  return cat(parts, dim);
+}
+
+Tensor argmax(const Tensor& x, int64_t dim, bool keepdim) {
+  Attrs a;
+  a.dim = detail::wrap_dim("argmax", dim, x.dim());
+  a.keepdim = keepdim;
+  const Tensor* in[] = {&x};
+  return detail::call(OpId::Argmax, TensorRefs(in, 1), a);
+}
+
+Tensor argmin(const Tensor& x, int64_t dim, bool keepdim) {
+  DUET_CHECK_DTYPE(x.dtype() != DType::b8, "[argmin] is not defined for b8 input of shape {}",
+                   x.sizes());
+  dim = detail::wrap_dim("argmin", dim, x.dim());
+  DUET_CHECK_VALUE(x.dim() == 0 || x.sizes()[dim] > 0,
+                   "[argmin] cannot reduce over dim {} of size 0 ({})", dim, x.sizes());
+  // Order-reversing and overflow-free for integers too: -x - 1 wraps INT_MIN to INT_MAX.
+  return argmax(is_floating(x.dtype()) ? neg(x) : neg(x) - 1, dim, keepdim);
+}
+
+}  // namespace duet

@@ -1,0 +1,134 @@
+// Composites for neural networks: no kernel or gradient of their own. Each is written so that
+// the gradient the tape derives is as accurate as a hand-written one: the max subtracted by
+// softmax, log_softmax and logsumexp is detached (the result does not depend on it), and the
+// logistic losses use the LogSigmoid primitive, whose gradient is exact at 0.
+#include <cmath>
+
+#include "core/ops.h"
+
+namespace duet {
+
+namespace {
+// Checks a floating input and wraps dim, so that errors name the op called.
+int64_t check_soft(const char* op, const Tensor& x, int64_t dim) {
+  DUET_CHECK_DTYPE(is_floating(x.dtype()), "[{}] needs a floating input, got {}", op, x.dtype());
+  return detail::wrap_dim(op, dim, x.dim());
+}
+Tensor stable_max(const Tensor& x, int64_t dim) {
+  // An empty dim has no maximum: its rows are empty, and their sums 0 (so logsumexp is -inf).
+  if (x.dim() && x.sizes()[dim] == 0) {
+    Shape s = x.sizes();
+    s[dim] = 1;
+    return zeros(s, Options().dtype(x.dtype()).device(x.device()));
+  }
+  // The row maximum, detached; +-inf rows use 0 so that x - m stays finite where x is.
+  Tensor m = max(x, dim, /*keepdim=*/true).detach();
+  return where(eq(abs(m), INFINITY), 0.0, m);
+}
+}  // namespace
+
+Tensor softmax(const Tensor& x, int64_t dim) {
+  dim = check_soft("softmax", x, dim);
+  Tensor e = exp(x - stable_max(x, dim));
+  return e / sum(e, dim, /*keepdim=*/true);
+}
+
+Tensor log_softmax(const Tensor& x, int64_t dim) {
+  dim = check_soft("log_softmax", x, dim);
+  Tensor z = x - stable_max(x, dim);
+  return z - log(sum(exp(z), dim, /*keepdim=*/true));
+}
+
+Tensor logsumexp(const Tensor& x, int64_t dim) {
+  dim = check_soft("logsumexp", x, dim);
+  Tensor m = stable_max(x, dim);
+  return squeeze(m + log(sum(exp(x - m), dim, /*keepdim=*/true)), dim);
+}
+
+Tensor gelu(const Tensor& x) { return x * 0.5 * (1 + erf(x * 0.70710678118654752440)); }
+
+Tensor silu(const Tensor& x) { return x * sigmoid(x); }
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  DUET_CHECK_SHAPE(weight.dim() == 2, "[linear] weight must be (out, in), got {}", weight.sizes());
+  DUET_CHECK_SHAPE(x.dim() >= 1 && x.sizes()[x.dim() - 1] == weight.sizes()[1],
+                   "[linear] input {} has {} features but the weight {} expects {}", x.sizes(),
+                   x.dim() ? x.sizes()[x.dim() - 1] : 0, weight.sizes(), weight.sizes()[1]);
+  DUET_CHECK_DTYPE(x.dtype() == weight.dtype(),
+                   "[linear] input ({}) and weight ({}) must share a dtype", x.dtype(),
+                   weight.dtype());
+  Tensor y = matmul(x, transpose(weight, 0, 1));
+  if (!bias.defined()) return y;
+  DUET_CHECK_SHAPE(bias.dim() == 1 && bias.sizes()[0] == weight.sizes()[0],
+                   "[linear] bias must be ({}), got {}", weight.sizes()[0], bias.sizes());
+  return y + bias;
+}
+
+Tensor layer_norm(const Tensor& x, Shape normalized, const Tensor& weight, const Tensor& bias,
+                  double eps) {
+  const int64_t k = normalized.size(), nd = x.dim();
+  DUET_CHECK_DTYPE(is_floating(x.dtype()), "[layer_norm] needs a floating input, got {}",
+                   x.dtype());
+  DUET_CHECK_SHAPE(k >= 1 && k <= nd, "[layer_norm] normalized shape {} does not fit input {}",
+                   normalized, x.sizes());
+  for (int64_t i = 0; i < k; ++i)
+    DUET_CHECK_SHAPE(x.sizes()[nd - k + i] == normalized[i],
+                     "[layer_norm] normalized shape {} does not match the last dims of {}",
+                     normalized, x.sizes());
+  Dims dims;
+  for (int64_t i = nd - k; i < nd; ++i) dims.push_back(i);
+  Tensor mu = mean(x, dims, /*keepdim=*/true);
+  Tensor xc = x - mu;
+  Tensor var = mean(xc * xc, dims, /*keepdim=*/true);
+  Tensor y = xc * rsqrt(var + eps);
+  if (weight.defined()) {
+    DUET_CHECK_SHAPE(weight.sizes() == normalized, "[layer_norm] weight {} must have shape {}",
+                     weight.sizes(), normalized);
+    y = y * weight;
+  }
+  if (bias.defined()) {
+    DUET_CHECK_SHAPE(bias.sizes() == normalized, "[layer_norm] bias {} must have shape {}",
+                     bias.sizes(), normalized);
+    y = y + bias;
+  }
+  return y;
+}
+
+Tensor mse_loss(const Tensor& pred, const Tensor& target) {
+  DUET_CHECK_SHAPE(pred.sizes() == target.sizes(),
+                   "[mse_loss] prediction {} and target {} must have the same shape", pred.sizes(),
+                   target.sizes());
+  Tensor d = pred - target;
+  return mean(d * d);
+}
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
+  DUET_CHECK_DTYPE(is_floating(logits.dtype()), "[cross_entropy] logits must be floating, got {}",
+                   logits.dtype());
+  DUET_CHECK_DTYPE(targets.dtype() == DType::i64,
+                   "[cross_entropy] targets must be i64 class indices, got {} of shape {}",
+                   targets.dtype(), targets.sizes());
+  DUET_CHECK_SHAPE(
+      (logits.dim() == 2 && targets.dim() == 1 && targets.sizes()[0] == logits.sizes()[0]) ||
+          (logits.dim() == 1 && targets.dim() == 0),
+      "[cross_entropy] expected logits (N, C) with targets (N), or (C) with a 0-d "
+      "target; got {} and {}",
+      logits.sizes(), targets.sizes());
+  const int64_t cdim = logits.dim() - 1;
+  Tensor lp = log_softmax(logits, cdim);
+  return neg(mean(gather(lp, cdim, unsqueeze(targets, cdim))));
+}
+
+Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& targets) {
+  DUET_CHECK_SHAPE(logits.sizes() == targets.sizes(),
+                   "[binary_cross_entropy_with_logits] logits {} and targets {} must have the "
+                   "same shape",
+                   logits.sizes(), targets.sizes());
+  DUET_CHECK_DTYPE(is_floating(targets.dtype()),
+                   "[binary_cross_entropy_with_logits] targets must be floating, got {}",
+                   targets.dtype());
+  // -(y log s(x) + (1 - y) log s(-x)): d/dx = s(x) - y exactly, finite for any logits.
+  return neg(mean(targets * log_sigmoid(logits) + (1 - targets) * log_sigmoid(neg(logits))));
+}
+
+}  // namespace duet

@@ -1,0 +1,122 @@
+// Randomness: the Random primitive draws from Philox at an explicit state, an i64 tensor
+// {seed, offset}. Eager draws read the default generator's state and advance its offset with
+// an ordinary in-place add, so a traced graph sees the state as a captured input that it
+// reads and updates: compiled code draws the same numbers as eager code and is never frozen.
+#include <mutex>
+
+#include "core/dispatch.h"
+#include "core/ops.h"
+
+namespace duet {
+namespace detail {
+namespace {
+
+constexpr uint64_t kDefaultSeed = 67280421310721ull;  // PyTorch's default seed
+
+// attrs: ints = shape, dtype, dim = distribution (0 uniform, 1 normal, 2 integers), end = high.
+void infer_random(const OpDef&, TensorRefs in, const Attrs& a, TensorMeta& out) {
+  const Tensor& st = in[0];
+  const char* op = a.dim == 0 ? "rand" : a.dim == 1 ? "randn" : "randint";  // the builder called
+  DUET_CHECK_DTYPE(st.dtype() == DType::i64 && st.sizes() == Shape{2},
+                   "[{}] generator state must be i64 of shape (2), got {} {}", op, st.dtype(),
+                   st.sizes());
+  out.shape = Shape(a.ints.data(), a.ints.size());
+  for (int64_t d : out.shape)
+    DUET_CHECK_VALUE(d >= 0, "[{}] negative size {} in shape {}", op, d, out.shape);
+  if (a.dim == 2) {
+    DUET_CHECK_DTYPE(is_integral(a.dtype) || is_floating(a.dtype),
+                     "[randint] dtype must be numeric, got {}", a.dtype);
+    DUET_CHECK_VALUE(a.end > 0, "[randint] high must be positive, got {}", a.end);
+    // Every value below high must be exact in the dtype (PyTorch's bound for floats too).
+    const int bits = a.dtype == DType::i32   ? 31
+                     : a.dtype == DType::f32 ? 24
+                     : a.dtype == DType::f64 ? 53
+                                             : 63;
+    DUET_CHECK_VALUE(bits == 63 || a.end <= (int64_t(1) << bits),
+                     "[randint] high {} is out of range for {} (at most 2^{})", a.end, a.dtype,
+                     bits);
+  } else {
+    DUET_CHECK_DTYPE(is_floating(a.dtype), "[{}] dtype must be floating, got {}", op, a.dtype);
+  }
+  DUET_CHECK_DTYPE(is_cpu_computed(a.dtype), "[{}] dtype {} is not computed on the CPU", op,
+                   a.dtype);
+  out.dtype = a.dtype;
+  out.device = st.device();
+}
+
+std::mutex& generator_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+}  // namespace
+
+Tensor& generator_state() {
+  static Tensor* state = [] {
+    auto* t = new Tensor(empty(Shape{2}, DType::i64));  // leaked: used until exit
+    int64_t* p = static_cast<int64_t*>(t->raw_data());
+    p[0] = static_cast<int64_t>(kDefaultSeed);
+    p[1] = 0;
+    return t;
+  }();
+  return *state;
+}
+
+void register_random_rules(OpDef* t) {
+  t[int(OpId::Random)].infer = infer_random;
+  set_not_differentiable(t, OpId::Random);
+}
+
+Tensor random(const char* op, Shape shape, DType dtype, int dist, int64_t high, const Options& o) {
+  DUET_CHECK_DEVICE(o.device_.is_cpu(), "[{}] device {} has no kernels in this build", op,
+                    o.device_);
+  Attrs a;
+  a.ints = SmallVec<int64_t, 6>(shape.data(), shape.size());
+  a.dtype = dtype;
+  a.dim = dist;
+  a.end = high;
+  // Two 32-bit words per element, four per Philox block.
+  const int64_t blocks = (shape.numel() + 1) / 2;
+  std::lock_guard<std::mutex> lock(generator_mutex());
+  Tensor& st = generator_state();
+  const Tensor* in[] = {&st};
+  Tensor out = call(OpId::Random, TensorRefs(in, 1), a);
+  Tensor step = empty(Shape{2}, DType::i64);
+  static_cast<int64_t*>(step.raw_data())[0] = 0;
+  static_cast<int64_t*>(step.raw_data())[1] = blocks;
+  st.add_(step);
+  if (o.requires_grad_) out.requires_grad_(true);
+  return out;
+}
+
+}  // namespace detail
+
+void manual_seed(uint64_t seed) {
+  std::lock_guard<std::mutex> lock(detail::generator_mutex());
+  Tensor& st = detail::generator_state();
+  Tensor v = detail::empty(Shape{2}, DType::i64);
+  static_cast<int64_t*>(v.raw_data())[0] = static_cast<int64_t>(seed);
+  static_cast<int64_t*>(v.raw_data())[1] = 0;
+  st.copy_(v);
+}
+
+Tensor rand(Shape shape, Options o) {
+  return detail::random("rand", shape, o.dtype_.value_or(DType::f32), 0, 0, o);
+}
+Tensor randn(Shape shape, Options o) {
+  return detail::random("randn", shape, o.dtype_.value_or(DType::f32), 1, 0, o);
+}
+Tensor randint(int64_t high, Shape shape, Options o) {
+  return detail::random("randint", shape, o.dtype_.value_or(DType::i64), 2, high, o);
+}
+
+Tensor dropout(const Tensor& x, double p, bool training) {
+  DUET_CHECK_VALUE(p >= 0 && p <= 1, "[dropout] probability must be in [0, 1], got {}", p);
+  DUET_CHECK_DTYPE(is_floating(x.dtype()), "[dropout] needs a floating input, got {}", x.dtype());
+  if (!training || p == 0) return x;
+  if (p == 1) return x * 0;
+  Tensor keep = ge(rand(x.sizes(), Options().dtype(x.dtype()).device(x.device())), p);
+  return x * keep * (1.0 / (1.0 - p));
+}
+
+}  // namespace duet

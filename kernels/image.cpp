@@ -1,0 +1,124 @@
+// CPU kernels of unfold (im2col) and fold (col2im), the primitives under conv2d and pooling.
+//
+// attrs.ints = {kh, kw, sh, sw, ph, pw, H, W}: kernel, stride, zero padding, and the spatial
+// size of the image side. Unfold: [N, C, H, W] -> [N, C*kh*kw, L] with L = Ho*Wo, rows ordered
+// (c, ki, kj) as PyTorch's unfold. Fold is its adjoint: it sums columns back into the image.
+#include <cstring>
+
+#include "kernels/cpu_kernels.h"
+#include "kernels/loops.h"
+
+namespace duet::kernels {
+namespace {
+
+struct Geometry {
+  int64_t n, c, h, w, kh, kw, sh, sw, ph, pw, ho, wo;
+};
+
+Geometry geometry(const Attrs& a, const Shape& image) {
+  Geometry g{image[0],  image[1],  a.ints[6], a.ints[7], a.ints[0], a.ints[1],
+             a.ints[2], a.ints[3], a.ints[4], a.ints[5], 0,         0};
+  g.ho = (g.h + 2 * g.ph - g.kh) / g.sh + 1;
+  g.wo = (g.w + 2 * g.pw - g.kw) / g.sw + 1;
+  return g;
+}
+
+// Output columns ow whose input column ow*sw - pw + kj lies in [0, w): [lo, hi).
+inline void valid_cols(const Geometry& g, int64_t kj, int64_t* lo, int64_t* hi) {
+  const int64_t first = g.pw - kj;  // iw >= 0  <=>  ow*sw >= pw - kj
+  *lo = first <= 0 ? 0 : (first + g.sw - 1) / g.sw;
+  const int64_t last = g.w - 1 + g.pw - kj;  // iw <= w-1  <=>  ow*sw <= w-1+pw-kj
+  *hi = last < 0 ? 0 : std::min(g.wo, last / g.sw + 1);
+  if (*hi < *lo) *hi = *lo;
+}
+
+template <class T>
+void unfold_plane(const Geometry& g, const T* x, T* cols) {
+  // One (n, c) plane into its kh*kw rows of L columns; in-bounds runs are plain copies.
+  for (int64_t ki = 0; ki < g.kh; ++ki)
+    for (int64_t kj = 0; kj < g.kw; ++kj) {
+      T* row = cols + (ki * g.kw + kj) * g.ho * g.wo;
+      int64_t lo, hi;
+      valid_cols(g, kj, &lo, &hi);
+      for (int64_t oh = 0; oh < g.ho; ++oh) {
+        const int64_t ih = oh * g.sh - g.ph + ki;
+        T* r = row + oh * g.wo;
+        if (ih < 0 || ih >= g.h) {
+          std::fill(r, r + g.wo, T(0));
+          continue;
+        }
+        std::fill(r, r + lo, T(0));
+        std::fill(r + hi, r + g.wo, T(0));
+        const T* src = x + ih * g.w + (lo * g.sw - g.pw + kj);
+        if (g.sw == 1)
+          std::copy(src, src + (hi - lo), r + lo);
+        else
+          for (int64_t ow = lo; ow < hi; ++ow) r[ow] = src[(ow - lo) * g.sw];
+      }
+    }
+}
+
+template <class T>
+void fold_plane(const Geometry& g, const T* cols, T* x) {
+  std::fill(x, x + g.h * g.w, T(0));
+  for (int64_t ki = 0; ki < g.kh; ++ki)
+    for (int64_t kj = 0; kj < g.kw; ++kj) {
+      const T* row = cols + (ki * g.kw + kj) * g.ho * g.wo;
+      int64_t lo, hi;
+      valid_cols(g, kj, &lo, &hi);
+      for (int64_t oh = 0; oh < g.ho; ++oh) {
+        const int64_t ih = oh * g.sh - g.ph + ki;
+        if (ih < 0 || ih >= g.h) continue;
+        T* dst = x + ih * g.w + (lo * g.sw - g.pw + kj);
+        const T* r = row + oh * g.wo;
+        if (g.sw == 1)
+          for (int64_t ow = lo; ow < hi; ++ow) dst[ow - lo] = fn::wrap_add(dst[ow - lo], r[ow]);
+        else
+          for (int64_t ow = lo; ow < hi; ++ow)
+            dst[(ow - lo) * g.sw] = fn::wrap_add(dst[(ow - lo) * g.sw], r[ow]);
+      }
+    }
+}
+
+void unfold_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
+  Tensor x = in[0].contiguous();
+  const Geometry g = geometry(a, x.sizes());
+  DUET_DISPATCH_DTYPE(out.dtype(), "unfold", [&] {
+    using T = scalar_t;
+    const T* px = static_cast<const T*>(x.raw_data());
+    T* po = static_cast<T*>(out.raw_data());
+    const int64_t plane = g.h * g.w, block = g.kh * g.kw * g.ho * g.wo;
+    parallel_for(
+        g.n * g.c, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(block, 1)),
+        [&](int64_t b, int64_t e) {
+          for (int64_t p = b; p < e; ++p) unfold_plane<T>(g, px + p * plane, po + p * block);
+        },
+        1);
+  });
+}
+
+void fold_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
+  Tensor cols = in[0].contiguous();
+  const Geometry g = geometry(a, out.sizes());
+  DUET_DISPATCH_DTYPE(out.dtype(), "fold", [&] {
+    using T = scalar_t;
+    const T* pc = static_cast<const T*>(cols.raw_data());
+    T* po = static_cast<T*>(out.raw_data());
+    const int64_t plane = g.h * g.w, block = g.kh * g.kw * g.ho * g.wo;
+    parallel_for(
+        g.n * g.c, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(block, 1)),
+        [&](int64_t b, int64_t e) {
+          for (int64_t p = b; p < e; ++p) fold_plane<T>(g, pc + p * block, po + p * plane);
+        },
+        1);
+  });
+}
+
+}  // namespace
+
+void register_image_kernels(OpDef* t) {
+  detail::register_kernel(t, OpId::Unfold, DeviceType::CPU, unfold_kernel);
+  detail::register_kernel(t, OpId::Fold, DeviceType::CPU, fold_kernel);
+}
+
+}  // namespace duet::kernels

@@ -1,0 +1,133 @@
+// CPU kernels of the indexing and joining ops: gather, scatter_add, cat, argmax.
+#include <cmath>
+
+#include "kernels/cpu_kernels.h"
+#include "kernels/loops.h"
+
+namespace duet::kernels {
+namespace {
+
+// Index values are data, so they are checked here (before any parallel region), not by the
+// shape rule.
+void check_indices(const char* op, const Tensor& index, int64_t size, int64_t dim) {
+  Tensor idx = index.contiguous();
+  const int64_t* p = static_cast<const int64_t*>(idx.raw_data());
+  for (int64_t i = 0; i < idx.numel(); ++i)
+    DUET_CHECK_T(p[i] >= 0 && p[i] < size, ValueError,
+                 "[{}] index {} is out of range for dim {} of size {}", op, p[i], dim, size);
+}
+
+// x viewed at the index's shape with stride 0 along `dim`: a walk over it lands on the row
+// that the index then moves along. A 0-d x is one row of one element.
+Tensor base_view(const Tensor& x, const Tensor& index, int64_t dim) {
+  Strides st = x.strides();
+  if (x.dim()) st[dim] = 0;
+  return detail::make_view(x, index.sizes(), st, x.storage_offset());
+}
+int64_t size_along(const Tensor& x, int64_t dim) { return x.dim() ? x.sizes()[dim] : 1; }
+int64_t stride_along(const Tensor& x, int64_t dim) { return x.dim() ? x.strides()[dim] : 0; }
+
+// in[0]: x, in[1]: index (i64, x's rank); attrs.dim. out has the index's shape.
+void gather_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
+  const Tensor &x = in[0], &index = in[1];
+  if (out.numel() == 0) return;
+  check_indices("gather", index, size_along(x, a.dim), a.dim);
+  Tensor xv = base_view(x, index, a.dim);
+  const int64_t step = stride_along(x, a.dim);
+  DUET_DISPATCH_DTYPE(out.dtype(), "gather", [&] {
+    using T = scalar_t;
+    for_each<3>(out.sizes(), {&out, &index, &xv}, [&](char** p, const int64_t* s, int64_t n) {
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t j = *reinterpret_cast<const int64_t*>(p[1] + i * s[1]);
+        *reinterpret_cast<T*>(p[0] + i * s[0]) =
+            reinterpret_cast<const T*>(p[2] + i * s[2])[j * step];
+      }
+    });
+  });
+}
+
+// in[0]: base, in[1]: index, in[2]: src (index's shape); attrs.dim. out = base, then
+// out[..., index[p], ...] += src[p]. Serial: two positions may hit the same row.
+void scatter_add_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
+  const Tensor &base = in[0], &index = in[1], &src = in[2];
+  copy_into(base, out);
+  if (index.numel() == 0) return;
+  check_indices("scatter_add", index, size_along(out, a.dim), a.dim);
+  Tensor ov = base_view(out, index, a.dim);
+  const int64_t step = stride_along(out, a.dim);
+  DUET_DISPATCH_DTYPE(out.dtype(), "scatter_add", [&] {
+    using T = scalar_t;
+    const std::array<const Tensor*, 3> ops{&ov, &index, &src};
+    run_slow<3>(index.sizes(), ops, [&](char** p, const int64_t*, int64_t) {
+      const int64_t j = *reinterpret_cast<const int64_t*>(p[1]);
+      T& o = reinterpret_cast<T*>(p[0])[j * step];
+      o = fn::wrap_add(o, *reinterpret_cast<const T*>(p[2]));
+    });
+  });
+}
+
+// Every input copied into its slice of the output along attrs.dim.
+void cat_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
+  int64_t at = 0;
+  for (int64_t i = 0; i < in.size(); ++i) {
+    const Tensor& t = in[i];
+    const int64_t len = t.sizes()[a.dim];
+    if (len && t.numel()) {
+      Shape s = out.sizes();
+      s[a.dim] = len;
+      Tensor dst = detail::make_view(out, s, out.strides(),
+                                     out.storage_offset() + at * out.strides()[a.dim]);
+      copy_into(t, dst);
+    }
+    at += len;
+  }
+}
+
+// The first index of the largest value along attrs.dim (NaN counts as largest, as PyTorch).
+void argmax_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
+  const Tensor& x = in[0];
+  const int64_t len = x.dim() ? x.sizes()[a.dim] : 1;
+  const int64_t step = x.dim() ? x.strides()[a.dim] : 0;
+  Shape s = x.sizes();
+  Strides st = x.strides();
+  if (x.dim()) {
+    s[a.dim] = 1;
+    st[a.dim] = 0;
+  }
+  Tensor xv = detail::make_view(x, s, st, x.storage_offset());
+  Tensor ov = detail::make_view(out, s, detail::contiguous_strides(s), out.storage_offset());
+  DUET_DISPATCH_DTYPE(x.dtype(), "argmax", [&] {
+    using T = scalar_t;
+    for_each<2>(s, {&ov, &xv}, [&](char** p, const int64_t* ps, int64_t n) {
+      for (int64_t i = 0; i < n; ++i) {
+        const T* v = reinterpret_cast<const T*>(p[1] + i * ps[1]);
+        int64_t best = 0;
+        T bv = v[0];
+        for (int64_t j = 1; j < len; ++j) {
+          const T c = v[j * step];
+          bool nan_c = false, nan_b = false;
+          if constexpr (std::is_floating_point_v<T>) {
+            nan_c = std::isnan(c);
+            nan_b = std::isnan(bv);
+          }
+          if (!nan_b && (c > bv || nan_c)) {
+            bv = c;
+            best = j;
+          }
+        }
+        *reinterpret_cast<int64_t*>(p[0] + i * ps[0]) = best;
+      }
+    });
+  });
+}
+
+}  // namespace
+
+void register_index_kernels(OpDef* t) {
+  detail::register_kernel(t, OpId::Gather, DeviceType::CPU, gather_kernel);
+  detail::register_kernel(t, OpId::ScatterAdd, DeviceType::CPU, scatter_add_kernel);
+  detail::register_kernel(t, OpId::Cat, DeviceType::CPU, cat_kernel);
+  detail::register_kernel(t, OpId::Argmax, DeviceType::CPU, argmax_kernel);
+}
+
+}  // namespace duet::kernels

@@ -1,0 +1,207 @@
+// Rows of Unfold and Fold and of their composites conv2d, max_pool2d and avg_pool2d, with direct
+// references on plain doubles (see op_rows.h): the convolution and the pooling read the padded
+// image window by window, without building columns.
+#include <cmath>
+
+#include "op_rows.h"
+
+namespace duet::test {
+namespace {
+
+using Ins = std::vector<Tensor>;
+
+const std::vector<DType> kNumeric = {DType::f32, DType::f64, DType::i32, DType::i64};
+
+struct Geom {
+  int64_t n, c, h, w, k, s, p, ho, wo;
+};
+Geom geom(const Shape& x, int64_t k, int64_t s, int64_t p) {
+  return {x[0], x[1], x[2], x[3], k, s, p, (x[2] + 2 * p - k) / s + 1, (x[3] + 2 * p - k) / s + 1};
+}
+
+// The zero-padded image: x[n][c][i][j], 0 outside.
+double pixel(const std::vector<double>& x, const Geom& g, int64_t n, int64_t c, int64_t i,
+             int64_t j) {
+  if (i < 0 || i >= g.h || j < 0 || j >= g.w) return 0;
+  return x[((n * g.c + c) * g.h + i) * g.w + j];
+}
+
+// cols[n][(c, ki, kj)][(oh, ow)] = padded x[n][c][oh*s - p + ki][ow*s - p + kj].
+std::vector<double> ref_unfold(const std::vector<double>& x, const Geom& g) {
+  std::vector<double> out;
+  for (int64_t n = 0; n < g.n; ++n)
+    for (int64_t c = 0; c < g.c; ++c)
+      for (int64_t ki = 0; ki < g.k; ++ki)
+        for (int64_t kj = 0; kj < g.k; ++kj)
+          for (int64_t oh = 0; oh < g.ho; ++oh)
+            for (int64_t ow = 0; ow < g.wo; ++ow)
+              out.push_back(pixel(x, g, n, c, oh * g.s - g.p + ki, ow * g.s - g.p + kj));
+  return out;
+}
+
+// Pixel (i, j) sums every column entry that reads it: the windows (oh, ow) and kernel offsets
+// (ki, kj) with oh*s - p + ki = i and ow*s - p + kj = j.
+std::vector<double> ref_fold(const std::vector<double>& cols, const Geom& g) {
+  std::vector<double> out;
+  const int64_t l = g.ho * g.wo;
+  for (int64_t n = 0; n < g.n; ++n)
+    for (int64_t c = 0; c < g.c; ++c)
+      for (int64_t i = 0; i < g.h; ++i)
+        for (int64_t j = 0; j < g.w; ++j) {
+          double acc = 0;
+          for (int64_t ki = 0; ki < g.k; ++ki)
+            for (int64_t kj = 0; kj < g.k; ++kj) {
+              const int64_t a = i + g.p - ki, b = j + g.p - kj;
+              if (a < 0 || b < 0 || a % g.s || b % g.s || a / g.s >= g.ho || b / g.s >= g.wo)
+                continue;
+              const int64_t row = (c * g.k + ki) * g.k + kj;
+              acc += cols[(n * g.c * g.k * g.k + row) * l + (a / g.s) * g.wo + b / g.s];
+            }
+          out.push_back(acc);
+        }
+  return out;
+}
+
+// y[n][o][oh][ow] = b[o] + sum over c, ki, kj of w[o][c][ki][kj] * padded x at the window.
+std::vector<double> ref_conv2d(const std::vector<double>& x, const std::vector<double>& w,
+                               const std::vector<double>* b, const Geom& g, int64_t o_ch) {
+  std::vector<double> out;
+  for (int64_t n = 0; n < g.n; ++n)
+    for (int64_t o = 0; o < o_ch; ++o)
+      for (int64_t oh = 0; oh < g.ho; ++oh)
+        for (int64_t ow = 0; ow < g.wo; ++ow) {
+          double acc = b ? (*b)[o] : 0;
+          for (int64_t c = 0; c < g.c; ++c)
+            for (int64_t ki = 0; ki < g.k; ++ki)
+              for (int64_t kj = 0; kj < g.k; ++kj)
+                acc += w[((o * g.c + c) * g.k + ki) * g.k + kj] *
+                       pixel(x, g, n, c, oh * g.s - g.p + ki, ow * g.s - g.p + kj);
+          out.push_back(acc);
+        }
+  return out;
+}
+
+std::vector<double> ref_pool(bool is_max, const std::vector<double>& x, const Geom& g) {
+  std::vector<double> out;
+  for (int64_t n = 0; n < g.n; ++n)
+    for (int64_t c = 0; c < g.c; ++c)
+      for (int64_t oh = 0; oh < g.ho; ++oh)
+        for (int64_t ow = 0; ow < g.wo; ++ow) {
+          double acc = is_max ? -INFINITY : 0;
+          for (int64_t ki = 0; ki < g.k; ++ki)
+            for (int64_t kj = 0; kj < g.k; ++kj) {
+              const double v = pixel(x, g, n, c, oh * g.s + ki, ow * g.s + kj);
+              acc = is_max ? std::max(acc, v) : acc + v / double(g.k * g.k);
+            }
+          out.push_back(acc);
+        }
+  return out;
+}
+
+OpRow unfold_row(Shape xs, int64_t k, int64_t s, int64_t p) {
+  const Geom g = geom(xs, k, s, p);
+  OpRow r{fmt::format("unfold {} k {} s {} p {}", xs.str(), k, s, p),
+          OpId::Unfold,
+          false,
+          {xs},
+          [=](const Ins& in) { return unfold(in[0], k, s, p); },
+          [=](const Values& v) { return ref_unfold(v[0], g); },
+          {g.n, g.c * k * k, g.ho * g.wo}};
+  r.dtypes = kNumeric;
+  return r;
+}
+
+OpRow fold_row(Shape image, int64_t k, int64_t s, int64_t p) {
+  const Geom g = geom(image, k, s, p);
+  OpRow r{fmt::format("fold to {} k {} s {} p {}", image.str(), k, s, p),
+          OpId::Fold,
+          false,
+          {{g.n, g.c * k * k, g.ho * g.wo}},
+          [=](const Ins& in) { return fold(in[0], g.h, g.w, k, s, p); },
+          [=](const Values& v) { return ref_fold(v[0], g); },
+          image};
+  r.dtypes = kNumeric;
+  return r;
+}
+
+OpRow conv_row(Shape xs, Shape ws, bool bias, int64_t s, int64_t p) {
+  const Geom g = geom(xs, ws[2], s, p);
+  const int64_t o = ws[0];
+  std::vector<Shape> shapes = {xs, ws};
+  if (bias) shapes.push_back({o});
+  OpRow r{
+      fmt::format("conv2d x {} w {}{} s {} p {}", xs.str(), ws.str(), bias ? " bias" : "", s, p),
+      OpId::Unfold,
+      true,
+      shapes,
+      [=](const Ins& in) { return conv2d(in[0], in[1], bias ? in[2] : Tensor(), s, p); },
+      [=](const Values& v) { return ref_conv2d(v[0], v[1], bias ? &v[2] : nullptr, g, o); },
+      {g.n, o, g.ho, g.wo}};
+  r.dtypes = {DType::f32, DType::f64, DType::i64};
+  r.tol32 = 1e-4;
+  return r;
+}
+
+// stride 0: the kernel size, as the builders default.
+OpRow pool_row(bool is_max, Shape xs, int64_t k, int64_t s) {
+  const Geom g = geom(xs, k, s ? s : k, 0);
+  OpRow r{fmt::format("{} {} k {} s {}", is_max ? "max_pool2d" : "avg_pool2d", xs.str(), k, s),
+          OpId::Unfold,
+          true,
+          {xs},
+          [=](const Ins& in) { return is_max ? max_pool2d(in[0], k, s) : avg_pool2d(in[0], k, s); },
+          [=](const Values& v) { return ref_pool(is_max, v[0], g); },
+          {g.n, g.c, g.ho, g.wo}};
+  if (is_max) r.dtypes = kNumeric;
+  return r;
+}
+
+}  // namespace
+
+const std::vector<OpRow>& image_rows() {
+  static const std::vector<OpRow> rows = [] {
+    std::vector<OpRow> r = {
+        unfold_row({1, 2, 2, 3}, 2, 1, 0),
+        unfold_row({2, 1, 4, 2}, 2, 2, 0),
+        unfold_row({1, 1, 3, 3}, 2, 2, 1),
+        unfold_row({1, 1, 2, 4}, 2, 1, 0),
+        unfold_row({2, 2, 2, 2}, 1, 1, 0),
+        unfold_row({0, 2, 3, 3}, 2, 1, 0),
+        fold_row({1, 2, 2, 3}, 2, 1, 0),
+        fold_row({2, 1, 4, 2}, 2, 2, 0),
+        fold_row({1, 1, 3, 3}, 2, 2, 1),
+        fold_row({1, 1, 2, 4}, 2, 1, 0),
+        fold_row({1, 1, 3, 3}, 3, 1, 0),
+        fold_row({0, 2, 3, 3}, 2, 1, 0),
+        conv_row({2, 1, 3, 3}, {2, 1, 2, 2}, true, 1, 0),
+        conv_row({1, 2, 3, 3}, {3, 2, 2, 2}, false, 2, 1),
+        conv_row({1, 1, 4, 4}, {2, 1, 3, 3}, true, 1, 1),
+        conv_row({2, 3, 2, 2}, {2, 3, 1, 1}, true, 1, 0),
+        conv_row({1, 1, 3, 3}, {1, 1, 3, 3}, false, 2, 2),
+        conv_row({1, 2, 2, 4}, {2, 2, 2, 2}, true, 1, 0),
+        conv_row({2, 2, 3, 2}, {1, 2, 2, 2}, true, 3, 1),
+        conv_row({0, 2, 3, 3}, {3, 2, 2, 2}, true, 1, 0),
+        conv_row({1, 2, 3, 3}, {0, 2, 2, 2}, false, 1, 0),
+        pool_row(true, {1, 1, 4, 4}, 2, 0),
+        pool_row(true, {2, 1, 3, 3}, 2, 1),
+        pool_row(true, {1, 1, 3, 5}, 3, 2),
+        pool_row(true, {1, 1, 3, 3}, 3, 0),
+        pool_row(true, {0, 2, 4, 4}, 2, 0),
+        pool_row(false, {1, 1, 4, 4}, 2, 0),
+        pool_row(false, {2, 1, 3, 3}, 2, 1),
+        pool_row(false, {1, 1, 3, 5}, 3, 2),
+        pool_row(false, {0, 2, 4, 4}, 2, 0),
+    };
+    // Larger images, forward only: many (n, c) planes, across the kernels' parallel grain.
+    for (OpRow big :
+         {unfold_row({4, 16, 20, 20}, 3, 1, 1), fold_row({4, 16, 20, 20}, 3, 2, 1),
+          conv_row({2, 3, 9, 9}, {4, 3, 3, 3}, true, 2, 1), pool_row(true, {2, 8, 16, 16}, 2, 0)}) {
+      big.grad = false;
+      r.push_back(big);
+    }
+    return r;
+  }();
+  return rows;
+}
+
+}  // namespace duet::test

@@ -1,0 +1,418 @@
+// Rows of erf, log_sigmoid, the math and neural-network composites (softmax, log_softmax,
+// logsumexp, gelu, silu, linear, layer_norm, losses, dropout) and of the random draws, with
+// references on plain doubles (see op_rows.h).
+#include <cmath>
+
+#include "op_rows.h"
+
+namespace duet::test {
+namespace {
+
+using Ins = std::vector<Tensor>;
+using R = ResultKind;
+
+const std::vector<DType> kAll = {DType::f32, DType::f64, DType::i32, DType::i64, DType::b8};
+const std::vector<DType> kFloat = {DType::f32, DType::f64};
+const Domain kWide{-10, 10, -5, 5};
+const Domain kUnit{0, 1, 0, 1};
+
+double sigmoid_ref(double x) { return 1 / (1 + std::exp(-x)); }
+// log(sigmoid(x)) without overflow for either sign.
+double log_sigmoid_ref(double x) {
+  return x < 0 ? x - std::log1p(std::exp(x)) : -std::log1p(std::exp(-x));
+}
+
+int64_t wrap(int64_t dim, int64_t rank) { return dim < 0 ? dim + std::max<int64_t>(rank, 1) : dim; }
+
+// Splits a shape around dim: element (o, j, i) sits at (o * n + j) * inner + i.
+struct Around {
+  int64_t outer = 1, n = 1, inner = 1;
+};
+Around around(const Shape& s, int64_t dim) {
+  Around a;
+  if (s.size() == 0) return a;
+  dim = wrap(dim, s.size());
+  for (int64_t d = 0; d < dim; ++d) a.outer *= s[d];
+  a.n = s[dim];
+  for (int64_t d = dim + 1; d < s.size(); ++d) a.inner *= s[d];
+  return a;
+}
+
+enum class Soft { Softmax, LogSoftmax, LogSumExp };
+
+std::vector<double> ref_soft(Soft kind, const std::vector<double>& x, const Shape& s, int64_t dim) {
+  const Around a = around(s, dim);
+  std::vector<double> out(kind == Soft::LogSumExp ? a.outer * a.inner : x.size());
+  for (int64_t o = 0; o < a.outer; ++o)
+    for (int64_t i = 0; i < a.inner; ++i) {
+      auto at = [&](int64_t j) { return (o * a.n + j) * a.inner + i; };
+      double m = -INFINITY, total = 0;
+      for (int64_t j = 0; j < a.n; ++j) m = std::max(m, x[at(j)]);
+      for (int64_t j = 0; j < a.n; ++j) total += std::exp(x[at(j)] - m);
+      const double lse = a.n ? m + std::log(total) : -INFINITY;
+      if (kind == Soft::LogSumExp) out[o * a.inner + i] = lse;
+      for (int64_t j = 0; kind != Soft::LogSumExp && j < a.n; ++j)
+        out[at(j)] = kind == Soft::Softmax ? std::exp(x[at(j)] - m) / total : x[at(j)] - lse;
+    }
+  return out;
+}
+
+OpRow soft_row(Soft kind, Shape xs, int64_t dim) {
+  static const char* names[] = {"softmax", "log_softmax", "logsumexp"};
+  static const OpId ops[] = {OpId::Exp, OpId::Log, OpId::Log};
+  Shape out = xs;
+  if (kind == Soft::LogSumExp && xs.size()) out.erase(wrap(dim, xs.size()));
+  OpRow r{fmt::format("{} {} dim {}", names[int(kind)], xs.str(), dim),
+          ops[int(kind)],
+          true,
+          {xs},
+          [=](const Ins& in) {
+            return kind == Soft::Softmax      ? softmax(in[0], dim)
+                   : kind == Soft::LogSoftmax ? log_softmax(in[0], dim)
+                                              : logsumexp(in[0], dim);
+          },
+          [=](const Values& v) { return ref_soft(kind, v[0], xs, dim); },
+          out};
+  r.domains = {kWide};
+  return r;
+}
+
+// x (..., in) @ w(out, in)^T + b.
+OpRow linear_row(std::string name, Shape xs, int64_t out_features, bool bias) {
+  const int64_t in_features = xs[xs.size() - 1],
+                rows = xs.numel() / std::max<int64_t>(in_features, 1);
+  Shape out = xs;
+  out[out.size() - 1] = out_features;
+  std::vector<Shape> shapes = {xs, {out_features, in_features}};
+  if (bias) shapes.push_back({out_features});
+  OpRow r{name,
+          OpId::MatMul,
+          true,
+          shapes,
+          [=](const Ins& in) { return bias ? linear(in[0], in[1], in[2]) : linear(in[0], in[1]); },
+          [=](const Values& v) {
+            std::vector<double> y;
+            for (int64_t n = 0; n < rows; ++n)
+              for (int64_t o = 0; o < out_features; ++o) {
+                double acc = bias ? v[2][o] : 0;
+                for (int64_t i = 0; i < in_features; ++i)
+                  acc += v[0][n * in_features + i] * v[1][o * in_features + i];
+                y.push_back(acc);
+              }
+            return y;
+          },
+          out};
+  return r;
+}
+
+// Normalizes over the trailing dims `norm`; weight and bias of shape norm.
+OpRow layer_norm_row(std::string name, Shape xs, Shape norm, bool weight, bool bias) {
+  std::vector<Shape> shapes = {xs};
+  if (weight) shapes.push_back(norm);
+  if (bias) shapes.push_back(norm);
+  OpRow r{name,
+          OpId::Rsqrt,
+          true,
+          shapes,
+          [=](const Ins& in) {
+            Tensor w = weight ? in[1] : Tensor(), b = bias ? in[weight ? 2 : 1] : Tensor();
+            return layer_norm(in[0], norm, w, b);
+          },
+          [=](const Values& v) {
+            const int64_t g = norm.numel(), groups = g ? xs.numel() / g : 0;
+            std::vector<double> y(v[0].size());
+            for (int64_t k = 0; k < groups; ++k) {
+              double mu = 0, var = 0;
+              for (int64_t i = 0; i < g; ++i) mu += v[0][k * g + i] / double(g);
+              for (int64_t i = 0; i < g; ++i) {
+                const double d = v[0][k * g + i] - mu;
+                var += d * d / double(g);
+              }
+              for (int64_t i = 0; i < g; ++i) {
+                double t = (v[0][k * g + i] - mu) / std::sqrt(var + 1e-5);
+                if (weight) t *= v[1][i];
+                if (bias) t += v[weight ? 2 : 1][i];
+                y[k * g + i] = t;
+              }
+            }
+            return y;
+          },
+          xs};
+  r.tol32 = 1e-4;  // (x - mean) / std loses digits in f32
+  return r;
+}
+
+OpRow mse_row(Shape s) {
+  return {"mse_loss " + s.str(),
+          OpId::Sum,
+          true,
+          {s, s},
+          [](const Ins& in) { return mse_loss(in[0], in[1]); },
+          [](const Values& v) {
+            double acc = 0;
+            for (size_t i = 0; i < v[0].size(); ++i)
+              acc += (v[0][i] - v[1][i]) * (v[0][i] - v[1][i]);
+            return std::vector<double>{acc / double(v[0].size())};
+          },
+          {}};
+}
+
+// logits (N, C) or (C); targets as class indices (a 0-d target for 1-D logits).
+OpRow cross_entropy_row(std::string name, Shape ls, std::vector<double> targets) {
+  const bool one = ls.size() == 1;
+  OpRow r{name,
+          OpId::Gather,
+          true,
+          {ls},
+          [=](const Ins& in) {
+            Shape ts = one ? Shape{} : Shape{ls[0]};
+            return cross_entropy(in[0], make(targets, ts, DType::i64));
+          },
+          [=](const Values& v) {
+            const int64_t c = ls[ls.size() - 1], n = one ? 1 : ls[0];
+            double acc = 0;
+            for (int64_t k = 0; k < n; ++k) {
+              double m = -INFINITY, total = 0;
+              for (int64_t j = 0; j < c; ++j) m = std::max(m, v[0][k * c + j]);
+              for (int64_t j = 0; j < c; ++j) total += std::exp(v[0][k * c + j] - m);
+              acc += m + std::log(total) - v[0][k * c + static_cast<int64_t>(targets[k])];
+            }
+            return std::vector<double>{acc / double(n)};
+          },
+          {}};
+  r.domains = {kWide};
+  return r;
+}
+
+OpRow bce_row(Shape s) {
+  OpRow r{"binary_cross_entropy_with_logits " + s.str(),
+          OpId::LogSigmoid,
+          true,
+          {s, s},
+          [](const Ins& in) { return binary_cross_entropy_with_logits(in[0], in[1]); },
+          [](const Values& v) {
+            double acc = 0;
+            for (size_t i = 0; i < v[0].size(); ++i) {
+              const double x = v[0][i], y = v[1][i];
+              acc -= y * log_sigmoid_ref(x) + (1 - y) * log_sigmoid_ref(-x);
+            }
+            return std::vector<double>{acc / double(v[0].size())};
+          },
+          {}};
+  r.domains = {kWide, kUnit};
+  return r;
+}
+
+// Seeded inside the call, so every call (and every gradcheck evaluation) draws the same mask;
+// p is a power of two so the f32 and f64 uniform draws give the same mask.
+OpRow dropout_row(Shape s, double p, uint64_t seed) {
+  return {fmt::format("dropout {} p {}", s.str(), p),
+          OpId::Random,
+          true,
+          {s},
+          [=](const Ins& in) {
+            manual_seed(seed);
+            return dropout(in[0], p, true);
+          },
+          [=](const Values& v) {
+            std::vector<double> y;
+            for (size_t i = 0; i < v[0].size(); ++i) {
+              const double u = ref_draw(0, DType::f64, 0, seed, 0, int64_t(i));
+              y.push_back(u >= p ? v[0][i] / (1 - p) : 0.0);
+            }
+            return y;
+          },
+          s};
+}
+
+OpRow draw_row(int dist, Shape s, DType dt, uint64_t seed, int64_t high = 0, int64_t before = 0) {
+  static const char* names[] = {"rand", "randn", "randint"};
+  OpRow r{fmt::format("{} {} {}{}", names[dist], s.str(), dtype_name(dt),
+                      before ? fmt::format(" after {} draws", before) : ""),
+          OpId::Random,
+          false,
+          {},
+          [=](const Ins&) {
+            manual_seed(seed);
+            const Options o = Options().dtype(dt);
+            if (before) rand({before}, o);  // advances the offset by ceil(before / 2) blocks
+            return dist == 0 ? rand(s, o) : dist == 1 ? randn(s, o) : randint(high, s, o);
+          },
+          [=](const Values&) {
+            std::vector<double> y;
+            for (int64_t i = 0; i < s.numel(); ++i)
+              y.push_back(ref_draw(dist, dt, high, seed, uint64_t(before + 1) / 2, i));
+            return y;
+          },
+          s};
+  r.dtypes = {dt};
+  r.grad = s.numel() <= 24;  // small enough for the gradient sweep (results outside autograd)
+  return r;
+}
+
+}  // namespace
+
+const std::vector<ElementwiseRow>& special_function_rows() {
+  static const std::vector<ElementwiseRow> rows = {
+      {"erf",
+       OpId::Erf,
+       false,
+       1,
+       [](const Ins& in) { return erf(in[0]); },
+       [](Ins in) { return erf(std::move(in[0])); },
+       nullptr,
+       nullptr,
+       [](const double* x) { return std::erf(x[0]); },
+       {Domain{-3, 3, -3, 3}},
+       kAll,
+       R::FloatIfNotFloat},
+      {"log_sigmoid",
+       OpId::LogSigmoid,
+       false,
+       1,
+       [](const Ins& in) { return log_sigmoid(in[0]); },
+       [](Ins in) { return log_sigmoid(std::move(in[0])); },
+       nullptr,
+       nullptr,
+       [](const double* x) { return log_sigmoid_ref(x[0]); },
+       {Domain{-20, 20, -30, 30}},
+       kAll,
+       R::FloatIfNotFloat},
+      {"gelu",
+       OpId::Erf,
+       true,
+       1,
+       [](const Ins& in) { return gelu(in[0]); },
+       nullptr,
+       nullptr,
+       nullptr,
+       [](const double* x) { return x[0] * 0.5 * (1 + std::erf(x[0] / std::sqrt(2.0))); },
+       {Domain{-4, 4}},
+       kFloat,
+       R::Same},
+      {"silu",
+       OpId::Sigmoid,
+       true,
+       1,
+       [](const Ins& in) { return silu(in[0]); },
+       nullptr,
+       nullptr,
+       nullptr,
+       [](const double* x) { return x[0] * sigmoid_ref(x[0]); },
+       {Domain{-8, 8}},
+       kFloat,
+       R::Same},
+  };
+  return rows;
+}
+
+const std::vector<OpRow>& nn_rows() {
+  static const std::vector<OpRow> rows = {
+      soft_row(Soft::Softmax, {3, 4}, 1),
+      soft_row(Soft::Softmax, {3, 4}, 0),
+      soft_row(Soft::Softmax, {2, 3, 4}, -2),
+      soft_row(Soft::Softmax, {5}, 0),
+      soft_row(Soft::Softmax, {}, 0),
+      soft_row(Soft::Softmax, {0, 3}, 1),
+      soft_row(Soft::Softmax, {2, 0}, 1),
+      soft_row(Soft::LogSoftmax, {3, 4}, -1),
+      soft_row(Soft::LogSoftmax, {4, 3}, 0),
+      soft_row(Soft::LogSoftmax, {2, 3, 2}, 1),
+      soft_row(Soft::LogSoftmax, {}, -1),
+      soft_row(Soft::LogSoftmax, {2, 0}, 1),
+      soft_row(Soft::LogSumExp, {3, 4}, 1),
+      soft_row(Soft::LogSumExp, {2, 3, 4}, 0),
+      soft_row(Soft::LogSumExp, {6}, 0),
+      soft_row(Soft::LogSumExp, {}, 0),
+      soft_row(Soft::LogSumExp, {2, 0}, 1),
+      soft_row(Soft::LogSumExp, {0, 3}, 1),
+      linear_row("linear (3, 4) -> 2, bias", {3, 4}, 2, true),
+      linear_row("linear (4) -> 3, no bias", {4}, 3, false),
+      linear_row("linear (2, 2, 3) -> 2, bias", {2, 2, 3}, 2, true),
+      linear_row("linear (0, 4) -> 3, bias", {0, 4}, 3, true),
+      layer_norm_row("layer_norm (3, 4) over (4), weight and bias", {3, 4}, {4}, true, true),
+      layer_norm_row("layer_norm (2, 3, 2) over (3, 2), weight", {2, 3, 2}, {3, 2}, true, false),
+      layer_norm_row("layer_norm (4, 3) over (3), bias", {4, 3}, {3}, false, true),
+      layer_norm_row("layer_norm (5) over (5)", {5}, {5}, false, false),
+      layer_norm_row("layer_norm (0, 4) over (4)", {0, 4}, {4}, true, true),
+      mse_row({3, 4}),
+      mse_row({5}),
+      mse_row({}),
+      cross_entropy_row("cross_entropy (4, 3)", {4, 3}, {2, 0, 1, 2}),
+      cross_entropy_row("cross_entropy (3, 5), repeated targets", {3, 5}, {4, 4, 0}),
+      cross_entropy_row("cross_entropy (4) with a 0-d target", {4}, {3}),
+      cross_entropy_row("cross_entropy (1, 1)", {1, 1}, {0}),
+      bce_row({3, 4}),
+      bce_row({5}),
+      bce_row({}),
+      dropout_row({3, 4}, 0.5, 11),
+      dropout_row({2, 3, 2}, 0.25, 12),
+      dropout_row({}, 0.5, 13),
+  };
+  return rows;
+}
+
+const std::vector<OpRow>& random_rows() {
+  using D = DType;
+  static const std::vector<OpRow> rows = {
+      draw_row(0, {3, 5}, D::f32, 1),
+      draw_row(0, {7}, D::f64, 2),
+      draw_row(0, {}, D::f32, 3),
+      draw_row(0, {0, 3}, D::f32, 4),
+      draw_row(0, {2, 3}, D::f32, 5, 0, 5),
+      draw_row(1, {3, 3}, D::f32, 6),
+      draw_row(1, {5}, D::f64, 7),
+      draw_row(1, {2, 2}, D::f64, 8, 0, 3),
+      draw_row(2, {4, 4}, D::i64, 9, 10),
+      draw_row(2, {9}, D::i32, 10, 3),
+      draw_row(2, {5}, D::f32, 11, 1000),
+      draw_row(2, {3}, D::i64, 12, int64_t(1) << 40),
+      draw_row(0, {300, 257}, D::f32, 13),
+      draw_row(1, {257, 300}, D::f64, 14),
+      draw_row(2, {300, 257}, D::i64, 15, 7),
+  };
+  return rows;
+}
+
+const std::vector<OpRow>& op_rows() {
+  static const std::vector<OpRow> rows = [] {
+    std::vector<OpRow> r;
+    for (const auto* part : {&index_rows(), &nn_rows(), &image_rows(), &random_rows()})
+      r.insert(r.end(), part->begin(), part->end());
+    return r;
+  }();
+  return rows;
+}
+
+// ---- Philox4x32-10 (Salmon et al., SC'11; the constants of Random123) -------------------------
+
+std::vector<uint32_t> ref_philox(const std::vector<uint32_t>& counter,
+                                 const std::vector<uint32_t>& key) {
+  uint32_t c[4] = {counter[0], counter[1], counter[2], counter[3]};
+  uint32_t k[2] = {key[0], key[1]};
+  for (int round = 0; round < 10; ++round) {
+    if (round) k[0] += 0x9E3779B9u, k[1] += 0xBB67AE85u;  // the key schedule (Weyl sequence)
+    const uint64_t p0 = uint64_t{0xD2511F53u} * c[0], p1 = uint64_t{0xCD9E8D57u} * c[2];
+    const uint32_t next[4] = {uint32_t(p1 >> 32) ^ c[1] ^ k[0], uint32_t(p1),
+                              uint32_t(p0 >> 32) ^ c[3] ^ k[1], uint32_t(p0)};
+    for (int j = 0; j < 4; ++j) c[j] = next[j];
+  }
+  return {c[0], c[1], c[2], c[3]};
+}
+
+double ref_draw(int dist, DType dtype, int64_t high, uint64_t seed, uint64_t offset, int64_t i) {
+  const uint64_t block = offset + uint64_t(i) / 2;
+  const std::vector<uint32_t> w = ref_philox({uint32_t(block), uint32_t(block >> 32), 0, 0},
+                                             {uint32_t(seed), uint32_t(seed >> 32)});
+  auto u53 = [](uint32_t hi, uint32_t lo) {
+    return (double(hi) * 2097152.0 + double(lo >> 11)) / 9007199254740992.0;  // 53 bits / 2^53
+  };
+  const uint32_t hi = w[2 * (i % 2)], lo = w[2 * (i % 2) + 1];
+  if (dist == 2) return round_to(double(((uint64_t(hi) << 32) | lo) % uint64_t(high)), dtype);
+  if (dist == 0) return dtype == DType::f32 ? double(hi >> 8) / 16777216.0 : u53(hi, lo);
+  const double r = std::sqrt(-2 * std::log(1 - u53(w[0], w[1])));
+  const double theta = 2 * M_PI * u53(w[2], w[3]);
+  return round_to(i % 2 ? r * std::sin(theta) : r * std::cos(theta), dtype);
+}
+
+}  // namespace duet::test
