@@ -80,35 +80,26 @@ void fold_plane(const Geometry& g, const T* cols, T* x) {
     }
 }
 
-void unfold_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
-  Tensor x = in[0].contiguous();
-  const Geometry g = geometry(a, x.sizes());
-  DUET_DISPATCH_DTYPE(out.dtype(), "unfold", [&] {
+// Unfold and Fold walk the same (n, c) planes; they differ only in which side is the image.
+template <bool kUnfold>
+void window_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
+  Tensor src = in[0].contiguous();
+  const Geometry g = geometry(a, kUnfold ? src.sizes() : out.sizes());
+  DUET_DISPATCH_DTYPE(out.dtype(), kUnfold ? "unfold" : "fold", [&] {
     using T = scalar_t;
-    const T* px = static_cast<const T*>(x.raw_data());
+    const T* ps = static_cast<const T*>(src.raw_data());
     T* po = static_cast<T*>(out.raw_data());
     const int64_t plane = g.h * g.w, block = g.kh * g.kw * g.ho * g.wo;
+    const int64_t grain = std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(block, 1));
     parallel_for(
-        g.n * g.c, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(block, 1)),
+        g.n * g.c, grain,
         [&](int64_t b, int64_t e) {
-          for (int64_t p = b; p < e; ++p) unfold_plane<T>(g, px + p * plane, po + p * block);
-        },
-        1);
-  });
-}
-
-void fold_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
-  Tensor cols = in[0].contiguous();
-  const Geometry g = geometry(a, out.sizes());
-  DUET_DISPATCH_DTYPE(out.dtype(), "fold", [&] {
-    using T = scalar_t;
-    const T* pc = static_cast<const T*>(cols.raw_data());
-    T* po = static_cast<T*>(out.raw_data());
-    const int64_t plane = g.h * g.w, block = g.kh * g.kw * g.ho * g.wo;
-    parallel_for(
-        g.n * g.c, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(block, 1)),
-        [&](int64_t b, int64_t e) {
-          for (int64_t p = b; p < e; ++p) fold_plane<T>(g, pc + p * block, po + p * plane);
+          for (int64_t p = b; p < e; ++p) {
+            if constexpr (kUnfold)
+              unfold_plane<T>(g, ps + p * plane, po + p * block);
+            else
+              fold_plane<T>(g, ps + p * block, po + p * plane);
+          }
         },
         1);
   });
@@ -117,8 +108,8 @@ void fold_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
 }  // namespace
 
 void register_image_kernels(OpDef* t) {
-  detail::register_kernel(t, OpId::Unfold, DeviceType::CPU, unfold_kernel);
-  detail::register_kernel(t, OpId::Fold, DeviceType::CPU, fold_kernel);
+  detail::register_kernel(t, OpId::Unfold, DeviceType::CPU, window_kernel<true>);
+  detail::register_kernel(t, OpId::Fold, DeviceType::CPU, window_kernel<false>);
 }
 
 }  // namespace duet::kernels
