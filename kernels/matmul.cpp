@@ -45,8 +45,29 @@ void gemm(const T* a, MatLayout la, const T* b, MatLayout lb, T* c, int64_t m, i
   }
 }
 
+// The last two dims of t as a GEMM operand, read straight from the impl (this runs once per
+// matmul call: small products are dominated by such overheads).
+MatLayout operand_layout(const Tensor& t) {
+  const detail::TensorImpl* x = t.unsafe_impl();
+  const int64_t d = x->shape.size();
+  return layout(x->shape[d - 2], x->shape[d - 1], x->strides[d - 2], x->strides[d - 1]);
+}
+
 void matmul_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
   DUET_ASSERT(out.is_contiguous(), "matmul writes a fresh contiguous output");
+  // The common case: two 2-D f32 operands that a GEMM reads in place, a non-empty product.
+  {
+    const detail::TensorImpl *a = in[0].unsafe_impl(), *b = in[1].unsafe_impl();
+    if (a->shape.size() == 2 && b->shape.size() == 2 && a->dtype == DType::f32) {
+      const MatLayout la = operand_layout(in[0]), lb = operand_layout(in[1]);
+      const int64_t m = a->shape[0], k = a->shape[1], n = b->shape[1];
+      if (la.ok && lb.ok && m > 0 && n > 0 && k > 0) {
+        gemm<float>(static_cast<const float*>(a->data()), la, static_cast<const float*>(b->data()),
+                    lb, static_cast<float*>(out.unsafe_impl()->data()), m, n, k);
+        return;
+      }
+    }
+  }
   // Operands that no GEMM layout expresses are made contiguous; others are used in place
   // (by reference: a handle copy costs two atomic operations per call).
   auto fits = [](const Tensor& t) {
