@@ -84,11 +84,6 @@ Tensor call(OpId op, TensorRefs inputs, const Attrs& attrs, unsigned expiring) {
   return out;
 }
 
-Tensor call(OpId op, std::initializer_list<const Tensor*> inputs, const Attrs& attrs,
-            unsigned expiring) {
-  return call(op, TensorRefs(inputs.begin(), static_cast<int64_t>(inputs.size())), attrs, expiring);
-}
-
 void call_inplace(OpId op, TensorRefs inputs, const Attrs& attrs, const Tensor& self) {
   const OpDef& def = op_def(op);
   TensorMeta meta;

@@ -41,8 +41,6 @@ namespace detail {
 /// Calls op with its inputs. Bit i of `expiring` says input i is an rvalue the caller will drop:
 /// its buffer may be reused for the output when nothing else holds it.
 Tensor call(OpId op, TensorRefs inputs, const Attrs& attrs, unsigned expiring = 0);
-Tensor call(OpId op, std::initializer_list<const Tensor*> inputs, const Attrs& attrs = {},
-            unsigned expiring = 0);
 /// Calls op writing its result into `self` (in-place; the result must broadcast to self).
 void call_inplace(OpId op, TensorRefs inputs, const Attrs& attrs, const Tensor& self);
 /// Runs `call` as if `self` and every mode above it were not on the stack.

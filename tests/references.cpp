@@ -15,13 +15,7 @@ std::vector<double> ref_matmul(const std::vector<double>& a, const Shape& as,
   if (bs.size() == 1) b2.push_back(1);
   const int64_t m = a2[a2.size() - 2], k = a2[a2.size() - 1], n = b2[b2.size() - 1];
   Shape ba(a2.data(), a2.size() - 2), bb(b2.data(), b2.size() - 2);
-  const int64_t nb = std::max(ba.size(), bb.size());
-  Shape batch;
-  for (int64_t i = 0; i < nb; ++i) {
-    int64_t da = i < nb - ba.size() ? 1 : ba[i - (nb - ba.size())];
-    int64_t db = i < nb - bb.size() ? 1 : bb[i - (nb - bb.size())];
-    batch.push_back(da == 1 ? db : da);
-  }
+  const Shape batch = broadcast_shape(ba, bb);
   // Expand each operand's batch to the common batch, then multiply matrix by matrix.
   Shape afull = batch, bfull = batch;
   afull.push_back(m), afull.push_back(k);

@@ -11,17 +11,6 @@ namespace {
 
 using L = Layout;
 
-Shape broadcast_shape(const Shape& a, const Shape& b) {
-  const int64_t n = std::max(a.size(), b.size());
-  Shape out;
-  for (int64_t i = 0; i < n; ++i) {
-    int64_t da = i < n - a.size() ? 1 : a[i - (n - a.size())];
-    int64_t db = i < n - b.size() ? 1 : b[i - (n - b.size())];
-    out.push_back(da == 1 ? db : da);
-  }
-  return out;
-}
-
 double rtol_for(const ElementwiseRow& row, DType out) {
   return out == DType::f32 ? row.rtol32 : out == DType::f64 ? 1e-12 : 0;
 }
@@ -337,11 +326,7 @@ TEST_CASE("conversion rows: every dtype pair and layout") {
                                      << std::string(c.name));
           const Shape& made = c.small.size() ? c.small : c.shape;
           std::vector<double> v = random_values(made.numel(), Domain{-50, 50, -50, 50}, from, rng);
-          Tensor x = make_layout(v, made, from, c.layout);
-          if (c.small.size()) {
-            x = expand(x, c.shape);
-            v = broadcast_values(v, made, c.shape);
-          }
+          Tensor x = make_sample(v, made, c.shape, from, c.layout);
           std::vector<double> want(v.size());
           for (size_t i = 0; i < v.size(); ++i) want[i] = round_to(v[i], to);
           Tensor y = row.fn(x, to);

@@ -62,11 +62,7 @@ std::string differences_scaled(const std::vector<double>& got, const std::vector
 void run_reduce(const ReduceRow& row, DType dt, const ReduceCase& c, Rng& rng) {
   const Shape& made = c.small.size() ? c.small : c.shape;
   std::vector<double> v = random_values(made.numel(), Domain{-3, 3, -9, 9}, dt, rng);
-  Tensor x = make_layout(v, made, dt, c.layout);
-  if (c.small.size()) {
-    x = expand(x, c.shape);
-    v = broadcast_values(v, made, c.shape);
-  }
+  Tensor x = make_sample(v, made, c.shape, dt, c.layout);
   std::vector<double> absv(v.size());
   for (size_t i = 0; i < v.size(); ++i) absv[i] = std::fabs(v[i]);
   const int64_t nd = c.shape.size();

@@ -180,6 +180,25 @@ Tensor make_layout(const std::vector<double>& v, const Shape& shape, DType dtype
   return make(v, shape, dtype);
 }
 
+Shape broadcast_shape(const Shape& a, const Shape& b) {
+  const int64_t n = std::max(a.size(), b.size());
+  Shape out;
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t da = i < n - a.size() ? 1 : a[i - (n - a.size())];
+    int64_t db = i < n - b.size() ? 1 : b[i - (n - b.size())];
+    out.push_back(da == 1 ? db : da);
+  }
+  return out;
+}
+
+Tensor make_sample(std::vector<double>& v, const Shape& made, const Shape& shape, DType dtype,
+                   Layout layout) {
+  Tensor x = make_layout(v, made, dtype, layout);
+  if (made == shape) return x;
+  v = broadcast_values(v, made, shape);
+  return expand(x, shape);
+}
+
 std::vector<double> broadcast_values(const std::vector<double>& v, const Shape& from,
                                      const Shape& to) {
   const int64_t n = to.numel(), nd = to.size(), lead = to.size() - from.size();

@@ -61,6 +61,12 @@ Tensor make_layout(const std::vector<double>& v, const Shape& shape, DType dtype
 /// Broadcasts row-major values of shape `from` to shape `to` (plain index arithmetic).
 std::vector<double> broadcast_values(const std::vector<double>& v, const Shape& from,
                                      const Shape& to);
+/// The broadcast of two shapes (PyTorch's rule, written independently of the library's).
+Shape broadcast_shape(const Shape& a, const Shape& b);
+/// A sample input: values `v` of shape `made` laid out as asked, then, when `shape` differs
+/// from `made`, expanded to it (a stride-0 view); `v` becomes the broadcast logical values.
+Tensor make_sample(std::vector<double>& v, const Shape& made, const Shape& shape, DType dtype,
+                   Layout layout);
 
 /// Empty when `got` matches `want` within atol + rtol * |want| (NaN equals NaN, infinities
 /// match exactly); otherwise a description of the first mismatch.
