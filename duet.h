@@ -9,3 +9,6 @@
 #include "core/tensor.h"
 #include "cuda/cuda.h"
 #include "eager/autograd.h"
+#include "trace/compile.h"
+#include "trace/graph.h"
+#include "trace/program.h"

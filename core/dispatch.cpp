@@ -17,6 +17,14 @@ bool any_requires_grad(TensorRefs in) {
   return false;
 }
 
+// With no mode on the stack, a symbolic input has escaped its trace (no tracer can give it a
+// value): say so, naming the compiled function, instead of running a kernel on no data.
+void check_concrete(const OpDef& def, TensorRefs in) {
+  for (int64_t i = 0; i < in.size(); ++i)
+    if (__builtin_expect(in[i].unsafe_impl()->trace.get() != nullptr, 0))
+      throw_symbolic_use(in[i], def.name);
+}
+
 const char* device_type_name(DeviceType t) { return t == DeviceType::CPU ? "cpu" : "cuda"; }
 
 KernelFn kernel_for(const OpDef& def, Device device) {
@@ -74,6 +82,7 @@ Tensor call(OpId op, TensorRefs inputs, const Attrs& attrs, unsigned expiring) {
   TensorMeta meta;
   def.infer(def, inputs, attrs, meta);
   OpCall c{op, inputs, attrs, meta, nullptr};
+  if (tls_depth == 0) check_concrete(def, inputs);
   // Autograd records a tape node when grad mode is on and an input requires grad, unless the
   // result cannot carry a gradient (a cast to an integer dtype, as in PyTorch). A recorded call
   // never reuses an input's buffer: the node may have saved that input.
@@ -102,6 +111,11 @@ void call_inplace(OpId op, TensorRefs inputs, const Attrs& attrs, const Tensor& 
   DUET_CHECK_DEVICE(meta.device == self.device(),
                     "[{}_] the result on {} cannot be written in place into a tensor on {}",
                     def.name, meta.device, self.device());
+  if (tls_depth == 0) {
+    check_concrete(def, inputs);
+    const Tensor* s[] = {&self};
+    check_concrete(def, TensorRefs(s, 1));
+  }
   const TensorImpl* si = self.unsafe_impl();
   const bool record = tls_grad && def.differentiable && is_floating(si->dtype) &&
                       (si->requires_grad || any_requires_grad(inputs));
@@ -157,6 +171,28 @@ Tensor redispatch(const DispatchMode* self, const OpCall& c) {
 }
 
 int mode_depth() { return tls_depth; }
+
+SuspendModes::SuspendModes() : saved_(tls_depth) { tls_depth = 0; }
+SuspendModes::~SuspendModes() { tls_depth = saved_; }
+
+void throw_symbolic_use(const Tensor& t, const char* what, const char* file, unsigned line) {
+  const TensorImpl* x = t.unsafe_impl();
+  const TraceTag& tag = *x->trace;
+  std::string site = file ? fmt::format(" at {}:{}", file, line) : std::string();
+  if (tag.alive)
+    throw Error(fmt::format(
+        "[{}] reads the values of a traced tensor (shape {}, {}) into C++{} while tracing {}. "
+        "A traced function runs no kernels, so its tensors have no values yet, and a branch on "
+        "data would be baked into the graph. Keep the computation in tensor ops; for "
+        "data-dependent control flow use duet::cond or duet::scan (or duet::while_loop), or run "
+        "this code eagerly",
+        what, x->shape, x->dtype, site, tag.name));
+  throw Error(fmt::format(
+      "[{}] a tensor (shape {}, {}) created while tracing {} was used after that trace ended{}. "
+      "Tensors computed inside a compiled function exist only inside it: return them as "
+      "outputs, and update captured tensors in place (w.sub_(lr * g), not w = w - lr * g)",
+      what, x->shape, x->dtype, tag.name, site));
+}
 
 }  // namespace detail
 

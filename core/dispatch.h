@@ -47,6 +47,25 @@ void call_inplace(OpId op, TensorRefs inputs, const Attrs& attrs, const Tensor& 
 Tensor redispatch(const DispatchMode* self, const OpCall& call);
 /// The number of modes on this thread's stack.
 int mode_depth();
+/// Takes every mode off this thread's stack for its lifetime, so that ops run eagerly on real
+/// data (the tracer makes real buffers with it, such as a missing .grad).
+class SuspendModes {
+ public:
+  SuspendModes();
+  ~SuspendModes();
+  SuspendModes(const SuspendModes&) = delete;
+  SuspendModes& operator=(const SuspendModes&) = delete;
+
+ private:
+  int saved_;
+};
+/// True for a tensor that stands for a traced value and has no data (see TraceTag).
+inline bool is_symbolic(const Tensor& t) { return t.unsafe_impl()->trace.get() != nullptr; }
+/// Throws the error for data being read from a symbolic tensor: during its trace (item(),
+/// to_vector() in a traced function), or after it (an escaped tensor). `what` names the reader;
+/// file and line name the caller's call site when known (file may be null).
+[[noreturn]] void throw_symbolic_use(const Tensor& t, const char* what, const char* file = nullptr,
+                                     unsigned line = 0);
 /// Grad mode of this thread (NoGradGuard turns it off).
 bool grad_mode();
 void set_grad_mode(bool enabled);

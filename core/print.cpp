@@ -3,6 +3,7 @@
 #include <cmath>
 #include <vector>
 
+#include "core/dispatch.h"
 #include "core/ops.h"
 
 namespace duet {
@@ -88,6 +89,12 @@ std::string Tensor::str() const {
   if (!defined()) return "tensor(undefined)";
   Printer p{*this, is_floating(dtype()), numel() > kSummarizeAbove, FloatMode::Fixed, {}, {}, 1};
   std::string suffix = fmt::format("shape={}, dtype={}, device={})", sizes(), dtype(), device());
+  // A traced tensor has no values yet: print what it stands for (printing while tracing is a
+  // normal way to look at shapes).
+  if (detail::is_symbolic(*this))
+    return fmt::format("tensor(<traced %{} of {}{}>, ", impl()->value, impl()->trace->name,
+                       impl()->trace->alive ? "" : ", trace ended") +
+           suffix;
   if (!device().is_cpu() || !is_cpu_computed(dtype()))
     return "tensor(<values not shown>, " + suffix;
   if (p.floating)

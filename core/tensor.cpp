@@ -60,6 +60,11 @@ Tensor make_view(const Tensor& base, const Shape& shape, const Strides& strides,
   t->offset = offset;
   t->storage = b->storage;
   t->is_view = true;
+  // A view of a symbolic tensor is symbolic: the tracer gives view ops their own value, and
+  // aliases (detach, autograd's saved tensors) keep the base's.
+  t->trace = b->trace;
+  t->value = b->value;
+  t->sym_version = b->sym_version;
   t->refresh_contiguous();
   return Tensor(std::move(p));
 }
@@ -107,7 +112,9 @@ int64_t Tensor::size(int64_t dim) const {
 }
 
 namespace {
-void check_readable(const char* op, const Tensor& t) {
+void check_readable(const char* op, const Tensor& t,
+                    std::source_location loc = std::source_location::current()) {
+  if (detail::is_symbolic(t)) detail::throw_symbolic_use(t, op, loc.file_name(), loc.line());
   DUET_CHECK_DEVICE(t.device().is_cpu(),
                     "[{}] reading values needs a CPU tensor, got {}; call "
                     ".to(Device::cpu()) first",
@@ -116,8 +123,8 @@ void check_readable(const char* op, const Tensor& t) {
 }  // namespace
 
 template <class T>
-T Tensor::item() const {
-  check_readable("item", *this);
+T Tensor::item(std::source_location loc) const {
+  check_readable("item", *this, loc);
   DUET_CHECK_VALUE(numel() == 1, "[item] needs exactly one element, got shape {} ({} elements)",
                    sizes(), numel());
   Tensor c = to(detail::dtype_of<T>::value);
@@ -125,8 +132,8 @@ T Tensor::item() const {
 }
 
 template <class T>
-std::vector<T> Tensor::to_vector() const {
-  check_readable("to_vector", *this);
+std::vector<T> Tensor::to_vector(std::source_location loc) const {
+  check_readable("to_vector", *this, loc);
   Tensor c = to(detail::dtype_of<T>::value).contiguous();
   std::vector<T> v(static_cast<size_t>(numel()));
   if (!v.empty()) std::memcpy(v.data(), c.raw_data(), v.size() * sizeof(T));
@@ -135,21 +142,21 @@ std::vector<T> Tensor::to_vector() const {
 
 // std::vector<bool> is packed, so it gets its own copy loop.
 template <>
-std::vector<bool> Tensor::to_vector<bool>() const {
-  check_readable("to_vector", *this);
+std::vector<bool> Tensor::to_vector<bool>(std::source_location loc) const {
+  check_readable("to_vector", *this, loc);
   Tensor c = to(DType::b8).contiguous();
   const bool* p = static_cast<const bool*>(c.raw_data());
   return std::vector<bool>(p, p + numel());
 }
 
-#define DUET_INSTANTIATE(T)           \
-  template T Tensor::item<T>() const; \
-  template std::vector<T> Tensor::to_vector<T>() const;
+#define DUET_INSTANTIATE(T)                                  \
+  template T Tensor::item<T>(std::source_location) const; \
+  template std::vector<T> Tensor::to_vector<T>(std::source_location) const;
 DUET_INSTANTIATE(float)
 DUET_INSTANTIATE(double)
 DUET_INSTANTIATE(int32_t)
 DUET_INSTANTIATE(int64_t)
-template bool Tensor::item<bool>() const;
+template bool Tensor::item<bool>(std::source_location) const;
 #undef DUET_INSTANTIATE
 
 Tensor Tensor::to(Device device) const {
@@ -219,6 +226,7 @@ Tensor& Tensor::zero_() { return copy_(detail::wrap_scalar(Scalar(0), DType::i64
 
 template <class T>
 T* Tensor::data_ptr() const {
+  if (detail::is_symbolic(*this)) detail::throw_symbolic_use(*this, "data_ptr");
   DUET_CHECK_DTYPE(dtype() == detail::dtype_of<T>::value,
                    "[data_ptr] tensor has dtype {}, asked for {}", dtype(),
                    detail::dtype_of<T>::value);
@@ -251,8 +259,26 @@ Tensor& Tensor::requires_grad_(bool r) {
   return *this;
 }
 
+namespace detail {
+void materialize_grad(TensorImpl* t) {
+  if (mode_depth() == 0 || t->trace || !t->requires_grad || (t->autograd && t->autograd->grad) ||
+      (t->autograd && t->autograd->grad_fn))
+    return;
+  // DESIGN.md, "Missing .grad": while tracing, a captured leaf's missing gradient is a real zero
+  // buffer, which the trace captures like any tensor. The graph then reads and writes the same
+  // buffer at every call, so the first call's trace serves every later call.
+  SuspendModes eager;
+  const bool prev = grad_mode();
+  set_grad_mode(false);
+  Tensor z = zeros(t->shape, Options().dtype(t->dtype).device(t->device()));
+  set_grad_mode(prev);
+  autograd_meta(*t).grad = z.impl_ptr();
+}
+}  // namespace detail
+
 Tensor Tensor::grad() const {
-  const detail::TensorImpl* t = impl();
+  detail::TensorImpl* t = impl();
+  detail::materialize_grad(t);
   return t->autograd ? Tensor(t->autograd->grad) : Tensor();
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <iosfwd>
+#include <source_location>
 #include <string>
 #include <vector>
 
@@ -38,12 +39,13 @@ class Tensor {
   /// Size of one dim (negative counts from the end).
   int64_t size(int64_t dim) const;
 
-  /// The single element converted to T; Error unless numel() == 1.
+  /// The single element converted to T; Error unless numel() == 1. Inside a traced function
+  /// it is an Error naming the call site (`loc`): use duet::cond for a branch on data.
   template <class T>
-  T item() const;
-  /// All elements in row-major order, converted to T.
+  T item(std::source_location loc = std::source_location::current()) const;
+  /// All elements in row-major order, converted to T. An Error inside a traced function.
   template <class T>
-  std::vector<T> to_vector() const;
+  std::vector<T> to_vector(std::source_location loc = std::source_location::current()) const;
 
   /// A copy on another device (this tensor itself when already there).
   Tensor to(Device device) const;
@@ -120,6 +122,9 @@ Tensor empty(const Shape& shape, DType dtype, Device device = Device::cpu());
 Tensor make_view(const Tensor& base, const Shape& shape, const Strides& strides, int64_t offset);
 /// A 0-d tensor holding a C++ number; promotes like a Scalar (PyTorch's wrapped numbers).
 Tensor wrap_scalar(const Scalar& s, DType dtype, Device device);
+/// While tracing, gives a captured leaf that requires grad and has no .grad a zero buffer (see
+/// DESIGN.md, "Missing .grad"); otherwise does nothing.
+void materialize_grad(TensorImpl* t);
 /// Reads element `i` (row-major) of a CPU tensor as double / int64.
 double read_double(const Tensor& t, int64_t i);
 }  // namespace detail

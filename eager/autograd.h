@@ -31,6 +31,13 @@ bool grad_enabled();
 std::vector<Tensor> grad(std::vector<Tensor> outputs, std::vector<Tensor> inputs,
                          std::vector<Tensor> grad_outputs = {}, bool create_graph = false);
 
+namespace detail {
+/// grad() with retain_graph chosen separately (the tracer differentiates one graph several
+/// times).
+std::vector<Tensor> grad(std::vector<Tensor> outputs, std::vector<Tensor> inputs,
+                         std::vector<Tensor> grad_outputs, bool create_graph, bool retain_graph);
+}  // namespace detail
+
 /// Result of gradcheck: true when analytical and numerical Jacobians agree; message says where
 /// they differ.
 struct GradcheckResult {

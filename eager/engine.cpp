@@ -73,6 +73,15 @@ Tensor unpack_output(const Node& n, bool create_graph) {
 // place. With create_graph the sum is out of place, so it stays differentiable.
 void accumulate(TensorImpl* leaf, Tensor g, bool create_graph) {
   AutogradMeta& m = autograd_meta(*leaf);
+  if (!m.grad && mode_depth() > 0 && !create_graph) {
+    DUET_CHECK(!leaf->trace,
+               "[backward] reached an argument of shape {} of {} that requires grad: a compiled "
+               "function writes .grad only of tensors it captures (parameters). Return "
+               "duet::grad(loss, {{x}}) from the function instead, or call backward() on its "
+               "output outside it",
+               leaf->shape, leaf->trace ? leaf->trace->name : std::string());
+    materialize_grad(leaf);
+  }
   if (!m.grad) {
     if (!create_graph && !(g.is_unique() && g.is_contiguous() && !g.requires_grad()))
       g = g.contiguous().is_same(g) ? g.clone() : g.contiguous();
@@ -187,7 +196,13 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& r
       any_needed |= needs[i];
     }
     std::vector<Tensor> gi(k);
-    if (any_needed) {
+    if (any_needed && n->backward_fn) {
+      DUET_CHECK(!create_graph,
+                 "[backward] {} has a compiled backward, which is not itself differentiable: "
+                 "create_graph (double backward) needs the function run eagerly",
+                 n->def->name);
+      n->backward_fn(g, needs.get(), gi.data());
+    } else if (any_needed) {
       Tensor out = unpack_output(*n, create_graph);
       GradCtx ctx{n->attrs, SavedInputs(TensorRefs(ptrs.data(), k), stale, n), out, metas.data(),
                   needs.get()};
@@ -197,6 +212,7 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& r
       n->released = true;
       for (SavedTensor& s : n->saved) s.value = Tensor();
       n->saved_output.value = Tensor();
+      n->backward_fn = nullptr;
     }
     for (int64_t i = 0; i < k; ++i) {
       if (!needs[i]) continue;
@@ -255,6 +271,13 @@ void Tensor::backward(Tensor grad_output, bool retain_graph) const {
 
 std::vector<Tensor> grad(std::vector<Tensor> outputs, std::vector<Tensor> inputs,
                          std::vector<Tensor> grad_outputs, bool create_graph) {
+  return detail::grad(std::move(outputs), std::move(inputs), std::move(grad_outputs),
+                      create_graph, /*retain_graph=*/create_graph);
+}
+
+std::vector<Tensor> detail::grad(std::vector<Tensor> outputs, std::vector<Tensor> inputs,
+                                 std::vector<Tensor> grad_outputs, bool create_graph,
+                                 bool retain_graph) {
   DUET_CHECK(grad_outputs.empty() || grad_outputs.size() == outputs.size(),
              "[grad] {} grad_outputs for {} outputs", grad_outputs.size(), outputs.size());
   detail::Capture cap;
@@ -276,7 +299,7 @@ std::vector<Tensor> grad(std::vector<Tensor> outputs, std::vector<Tensor> inputs
     gs.push_back(detail::default_grad("grad", outputs[i],
                                       grad_outputs.empty() ? Tensor() : grad_outputs[i], i));
   }
-  detail::run_backward(roots, gs, /*retain_graph=*/create_graph, create_graph, &cap);
+  detail::run_backward(roots, gs, retain_graph, create_graph, &cap);
   for (size_t i = 0; i < inputs.size(); ++i) {
     Tensor& r = cap.results[i];
     if (first[i] != i) r = cap.results[first[i]];

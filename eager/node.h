@@ -13,6 +13,7 @@
 // (call_inplace), since a handle to the target would make a cycle once it gets its new grad_fn.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -42,6 +43,10 @@ struct Node : std::enable_shared_from_this<Node> {
   TensorMeta output_meta;
   uint64_t sequence = 0;  ///< creation order: later nodes run first in backward
   bool released = false;  ///< saved tensors freed by a backward without retain_graph
+  /// Set for a call of a compiled function (trace/compile.cpp): runs its compiled backward
+  /// instead of def->grad. Arguments: the output's gradient, needs[i] per input, and the
+  /// input gradients to fill. Freed with the saved tensors.
+  std::function<void(const Tensor& grad, const bool* needs, Tensor* grad_in)> backward_fn;
 };
 
 }  // namespace duet::detail

@@ -1,0 +1,458 @@
+#include "trace/compile.h"
+
+#include <algorithm>
+#include <chrono>
+#include <set>
+
+#include "core/dispatch.h"
+#include "eager/autograd.h"
+#include "eager/node.h"
+#include "trace/executor.h"
+#include "trace/passes.h"
+#include "trace/tracer.h"
+
+namespace duet::detail {
+
+namespace {
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// What the guard compares for one tensor.
+struct TensorSig {
+  Shape shape;
+  Strides strides;  // only when not contiguous
+  DType dtype;
+  Device device;
+  bool requires_grad;
+  bool contiguous;
+  bool operator==(const TensorSig& o) const {
+    return shape == o.shape && dtype == o.dtype && device == o.device &&
+           requires_grad == o.requires_grad && contiguous == o.contiguous &&
+           (contiguous || strides == o.strides);
+  }
+};
+
+TensorSig sig_of(const Tensor& t) {
+  const TensorImpl* x = t.impl();
+  TensorSig s{x->shape, {}, x->dtype, x->device(), x->requires_grad, x->contiguous};
+  if (!x->contiguous) s.strides = x->strides;
+  return s;
+}
+
+// The tape node's op, for messages ("[backward] ... compiled function ...").
+const OpDef& compiled_def() {
+  static const OpDef def = [] {
+    OpDef d{};
+    d.id = OpId::Copy;
+    d.name = "compiled function";
+    d.arity = -1;
+    d.cls = OpClass::Opaque;
+    d.doc = "";
+    return d;
+  }();
+  return def;
+}
+
+bool is_same_as_arg(const Tensor& t, const std::vector<Tensor>& args) {
+  for (const Tensor& a : args)
+    if (a.is_same(t)) return true;
+  return false;
+}
+
+std::atomic<uint64_t>& sequence_counter() {
+  static std::atomic<uint64_t> c{uint64_t(1) << 62};
+  return c;
+}
+
+// The values a set of roots needs, stopping at (and reporting) values in `stop`.
+void ancestors(const Graph& g, const std::vector<int32_t>& roots, const std::vector<bool>& stop,
+               std::vector<bool>& in, std::set<int32_t>* boundary) {
+  std::vector<int32_t> stack;
+  for (int32_t r : roots) {
+    if (stop[r]) {
+      if (boundary) boundary->insert(r);
+    } else if (!in[r]) {
+      in[r] = true;
+      stack.push_back(r);
+    }
+  }
+  while (!stack.empty()) {
+    int32_t v = stack.back();
+    stack.pop_back();
+    for (int32_t i : g.nodes[v].inputs) {
+      if (stop[i]) {
+        if (boundary) boundary->insert(i);
+      } else if (!in[i]) {
+        in[i] = true;
+        stack.push_back(i);
+      }
+    }
+  }
+}
+
+// The part of `g` in `include`, with each value of `boundary` a Saved input (slots first, in
+// order) and the other runtime inputs renumbered after them.
+Graph extract(const Graph& g, const std::vector<bool>& include,
+              const std::vector<int32_t>& boundary, const std::vector<int32_t>& roots) {
+  Graph s;
+  s.label = g.label;
+  s.scopes = g.scopes;
+  std::vector<int32_t> map(g.nodes.size(), -1);
+  std::vector<int32_t> cap_map(g.captured.size(), -1);
+  for (int32_t b : boundary) {
+    GraphNode n;
+    n.kind = NodeKind::Input;
+    n.role = InputRole::Saved;
+    n.meta = g.nodes[b].meta;
+    n.index = s.num_runtime_inputs++;
+    map[b] = s.add(std::move(n));
+  }
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    if (!include[i] || map[i] >= 0) continue;
+    GraphNode n = g.nodes[i];
+    if (n.kind == NodeKind::Input) {
+      if (n.role == InputRole::Captured) {
+        if (cap_map[n.index] < 0) {
+          cap_map[n.index] = static_cast<int32_t>(s.captured.size());
+          s.captured.push_back(g.captured[n.index]);
+        }
+        n.index = cap_map[n.index];
+      } else {
+        n.index = s.num_runtime_inputs++;
+      }
+    }
+    for (int32_t& in : n.inputs) in = map[in];
+    map[i] = s.add(std::move(n));
+  }
+  for (int32_t r : roots) s.outputs.push_back(map[r]);
+  for (const WriteBack& w : g.writebacks) {
+    if (!include[w.value]) continue;
+    if (cap_map[w.target] < 0) {
+      cap_map[w.target] = static_cast<int32_t>(s.captured.size());
+      s.captured.push_back(g.captured[w.target]);
+    }
+    s.writebacks.push_back({map[w.value], cap_map[w.target]});
+  }
+  return s;
+}
+
+}  // namespace
+
+// One traced signature.
+struct CompiledCore::Entry {
+  std::vector<TensorSig> sig;
+  std::vector<std::string> statics;
+  bool grad_mode = true;
+  /// Captured tensors that require grad at trace time, and those that do not: the trace
+  /// depends on the flags.
+  std::vector<std::pair<Tensor, bool>> captured_flags;
+
+  std::unique_ptr<Plan> forward;  ///< outputs: the results, then the saved values
+  size_t num_outputs = 0;
+  /// Differentiation: the tensors gradients flow to (an argument index, or a captured tensor).
+  struct Source {
+    int arg = -1;
+    Tensor captured;
+  };
+  std::vector<Source> wrt;
+  struct Backward {
+    size_t output;               ///< the result it differentiates
+    std::shared_ptr<Plan> plan;  ///< inputs: saved values, then the output's gradient
+    std::vector<size_t> saved;   ///< indices into the forward plan's saved values
+  };
+  std::vector<Backward> backward;
+};
+
+CompiledCore::CompiledCore(CompileOptions options, std::string label)
+    : options_(std::move(options)), label_(std::move(label)) {
+  check_pass_names(options_.disable_passes);
+  DUET_CHECK_VALUE(options_.cache_limit >= 1, "[compile] cache_limit must be at least 1, got {}",
+                   options_.cache_limit);
+  DUET_CHECK_VALUE(options_.dynamic.empty(),
+                   "[compile] dynamic dims are not supported yet ({} given); each shape traces "
+                   "its own graph",
+                   options_.dynamic.size());
+}
+
+CompiledCore::~CompiledCore() = default;
+
+const Graph& CompiledCore::graph() const {
+  DUET_CHECK(last_, "[compile] {} has not been called yet, so it has no graph", label_);
+  return last_->forward->graph();
+}
+
+std::vector<Tensor> CompiledCore::call(const FlatArgs& args, const TraceFn& fn) {
+  // Inside another trace, a compiled function is inlined into it (as nested jit in JAX).
+  if (Tracer::current()) return fn(args.tensors);
+  for (const Tensor& t : args.tensors)
+    DUET_CHECK(t.defined(), "[compile] {} was called with an undefined tensor", label_);
+  std::vector<TensorSig> sig;
+  sig.reserve(args.tensors.size());
+  for (const Tensor& t : args.tensors) {
+    if (is_symbolic(t)) throw_symbolic_use(t, "compile");
+    sig.push_back(sig_of(t));
+  }
+  const bool gm = grad_mode();
+  auto matches = [&](const Entry& e) {
+    if (e.grad_mode != gm || e.sig != sig || e.statics != args.statics) return false;
+    for (const auto& [t, rg] : e.captured_flags)
+      if (t.requires_grad() != rg) return false;
+    return true;
+  };
+  if (last_ && matches(*last_)) {
+    ++stats_.hits;
+    return run(*last_, args);
+  }
+  for (auto& e : entries_)
+    if (matches(*e)) {
+      ++stats_.hits;
+      last_ = e.get();
+      return run(*e, args);
+    }
+  // A miss: say why, in words, against the most recent signature.
+  if (last_) {
+    std::string why;
+    const Entry& p = *last_;
+    if (p.grad_mode != gm)
+      why =
+          fmt::format("grad mode changed {} -> {}", p.grad_mode ? "on" : "off", gm ? "on" : "off");
+    for (size_t i = 0; why.empty() && i < std::max(p.statics.size(), args.statics.size()); ++i) {
+      std::string a = i < p.statics.size() ? p.statics[i] : "nothing";
+      std::string b = i < args.statics.size() ? args.statics[i] : "nothing";
+      if (a != b) why = fmt::format("static argument changed: {} -> {}", a, b);
+    }
+    for (size_t i = 0; why.empty() && i < sig.size() && i < p.sig.size(); ++i) {
+      const TensorSig& a = p.sig[i];
+      const TensorSig& b = sig[i];
+      const std::string& l = args.labels[i];
+      if (a.shape.size() != b.shape.size())
+        why = fmt::format("{} rank changed {} -> {} (shape {} -> {})", l, a.shape.size(),
+                          b.shape.size(), a.shape, b.shape);
+      for (int64_t d = 0; why.empty() && d < a.shape.size(); ++d)
+        if (a.shape[d] != b.shape[d])
+          why = fmt::format("{} dim {} changed {} -> {}", l, d, a.shape[d], b.shape[d]);
+      if (why.empty() && a.dtype != b.dtype)
+        why = fmt::format("{} dtype changed {} -> {}", l, a.dtype, b.dtype);
+      if (why.empty() && a.device != b.device)
+        why = fmt::format("{} device changed {} -> {}", l, a.device, b.device);
+      if (why.empty() && a.requires_grad != b.requires_grad)
+        why = fmt::format("{} requires_grad changed {} -> {}", l, a.requires_grad, b.requires_grad);
+      if (why.empty() && !(a == b))
+        why = fmt::format(
+            "{} layout changed ({} -> {})", l,
+            a.contiguous ? "contiguous"
+                         : fmt::format("strides {}", Shape(a.strides.data(), a.strides.size())),
+            b.contiguous ? "contiguous"
+                         : fmt::format("strides {}", Shape(b.strides.data(), b.strides.size())));
+    }
+    for (size_t i = 0; why.empty() && i < p.captured_flags.size(); ++i) {
+      const auto& [t, rg] = p.captured_flags[i];
+      if (t.requires_grad() != rg)
+        why = fmt::format("captured tensor {} (shape {}) requires_grad changed {} -> {}", i,
+                          t.sizes(), rg, !rg);
+    }
+    if (why.empty()) why = "a new combination of argument signatures seen before";
+    if (int(entries_.size()) >= options_.cache_limit) {
+      if (!warned_) {
+        fmt::print(stderr,
+                   "duet: warning: {} reached its cache_limit of {} signatures ({}); further "
+                   "new signatures run eagerly\n",
+                   label_, options_.cache_limit, why);
+        warned_ = true;
+      }
+      ++stats_.eager_calls;
+      return fn(args.tensors);
+    }
+    stats_.retrace_reasons.push_back(why);
+  }
+  Entry* e = trace(args, fn);
+  e->sig = std::move(sig);
+  e->statics = args.statics;
+  e->grad_mode = gm;
+  last_ = e;
+  return run(*e, args);
+}
+
+CompiledCore::Entry* CompiledCore::trace(const FlatArgs& args, const TraceFn& fn) {
+  ++stats_.traces;
+  auto t0 = std::chrono::steady_clock::now();
+  auto e = std::make_unique<Entry>();
+  Tracer tr(label_);
+  std::vector<Tensor> outs;
+  std::vector<std::vector<Tensor>> grads;  // per differentiated output
+  std::vector<size_t> diff_outputs;
+  {
+    std::vector<Tensor> sym;
+    for (const Tensor& t : args.tensors) sym.push_back(tr.input(InputRole::Argument, t));
+    ModeGuard mode(&tr);
+    outs = fn(sym);
+    for (size_t i = 0; i < outs.size(); ++i)
+      DUET_CHECK(outs[i].defined(), "[compile] {} returned an undefined tensor as output {}",
+                 label_, i);
+    bool any = false;
+    for (const Tensor& o : outs) any |= o.requires_grad();
+    if (grad_mode() && any) {
+      // The joint graph (DESIGN.md, "Backward through compiled outputs"): each output that
+      // requires grad is differentiated with respect to every argument and captured tensor
+      // that requires grad, with its gradient a graph input.
+      std::vector<Tensor> wrt;
+      for (size_t i = 0; i < sym.size(); ++i)
+        if (sym[i].requires_grad()) {
+          wrt.push_back(sym[i]);
+          e->wrt.push_back({int(i), Tensor()});
+        }
+      for (const Tensor& c : tr.graph().captured)
+        if (c.requires_grad()) {
+          wrt.push_back(c);
+          e->wrt.push_back({-1, c});
+        }
+      try {
+        for (size_t i = 0; i < outs.size(); ++i) {
+          if (!outs[i].requires_grad() || is_same_as_arg(outs[i], sym)) continue;
+          const TensorImpl* o = outs[i].unsafe_impl();
+          Tensor g =
+              tr.input(InputRole::GradOutput, TensorMeta{o->shape, o->dtype, o->device()}, false);
+          grads.push_back(detail::grad({outs[i]}, wrt, {g}, false, /*retain_graph=*/true));
+          diff_outputs.push_back(i);
+        }
+      } catch (const Error&) {
+        // The function already ran backward through its outputs (a training step): they are
+        // returned without a compiled backward.
+        grads.clear();
+        diff_outputs.clear();
+        e->wrt.clear();
+      }
+    }
+  }
+  std::vector<Tensor> all = outs;
+  for (const auto& gs : grads) all.insert(all.end(), gs.begin(), gs.end());
+  tr.finish(all);
+  Graph joint = std::move(tr.graph());
+  joint.verify();
+  stats_.trace_ms = ms_since(t0);
+  for (const Tensor& c : joint.captured) e->captured_flags.push_back({c, c.requires_grad()});
+  e->num_outputs = outs.size();
+
+  // Split: the forward part is what the results and write-backs need (and every input but the
+  // gradients); each backward reads the forward values it uses as saved inputs.
+  const size_t n = joint.nodes.size();
+  std::vector<bool> fwd(n, false), none(n, false);
+  std::vector<int32_t> fwd_roots(joint.outputs.begin(), joint.outputs.begin() + outs.size());
+  for (const WriteBack& w : joint.writebacks) fwd_roots.push_back(w.value);
+  for (size_t i = 0; i < n; ++i)
+    if (joint.nodes[i].kind == NodeKind::Input && joint.nodes[i].role != InputRole::GradOutput)
+      fwd_roots.push_back(int32_t(i));
+  ancestors(joint, fwd_roots, none, fwd, nullptr);
+  std::vector<std::set<int32_t>> saved_per(grads.size());
+  std::vector<std::vector<bool>> bwd_sets;
+  std::set<int32_t> saved_all;
+  size_t pos = outs.size();
+  std::vector<std::vector<int32_t>> bwd_roots(grads.size());
+  for (size_t k = 0; k < grads.size(); ++k) {
+    bwd_roots[k].assign(joint.outputs.begin() + pos, joint.outputs.begin() + pos + grads[k].size());
+    pos += grads[k].size();
+    std::vector<bool> in(n, false);
+    ancestors(joint, bwd_roots[k], fwd, in, &saved_per[k]);
+    saved_all.insert(saved_per[k].begin(), saved_per[k].end());
+    bwd_sets.push_back(std::move(in));
+  }
+  std::vector<int32_t> saved_vec(saved_all.begin(), saved_all.end());
+  std::vector<int32_t> fwd_out(joint.outputs.begin(), joint.outputs.begin() + outs.size());
+  fwd_out.insert(fwd_out.end(), saved_vec.begin(), saved_vec.end());
+
+  auto t1 = std::chrono::steady_clock::now();
+  Graph fg = extract(joint, fwd, {}, fwd_out);
+  stats_.nodes_before = fg.num_nodes();
+  fg = optimize(fg, options_.disable_passes);
+  fg.verify();
+  stats_.nodes_after = fg.num_nodes();
+  std::vector<Graph> bgs;
+  for (size_t k = 0; k < grads.size(); ++k) {
+    std::vector<int32_t> boundary(saved_per[k].begin(), saved_per[k].end());
+    Graph bg = extract(joint, bwd_sets[k], boundary, bwd_roots[k]);
+    stats_.nodes_before += bg.num_nodes();
+    bg = optimize(bg, options_.disable_passes);
+    bg.verify();
+    stats_.nodes_after += bg.num_nodes();
+    bgs.push_back(std::move(bg));
+    Entry::Backward b;
+    b.output = diff_outputs[k];
+    for (int32_t v : boundary)
+      b.saved.push_back(
+          size_t(std::lower_bound(saved_vec.begin(), saved_vec.end(), v) - saved_vec.begin()));
+    e->backward.push_back(std::move(b));
+  }
+  stats_.optimize_ms = ms_since(t1);
+  auto t2 = std::chrono::steady_clock::now();
+  e->forward = std::make_unique<Plan>(std::move(fg));
+  stats_.buffer_bytes = e->forward->buffer_bytes();
+  for (size_t k = 0; k < bgs.size(); ++k) {
+    e->backward[k].plan = std::make_shared<Plan>(std::move(bgs[k]));
+    stats_.buffer_bytes += e->backward[k].plan->buffer_bytes();
+  }
+  stats_.plan_ms = ms_since(t2);
+  entries_.push_back(std::move(e));
+  return entries_.back().get();
+}
+
+std::vector<Tensor> CompiledCore::run(Entry& e, const FlatArgs& args) {
+  std::vector<Tensor> res = e.forward->run(args.tensors);
+  std::vector<Tensor> outs(res.begin(), res.begin() + e.num_outputs);
+  if (e.backward.empty() || !grad_mode()) return outs;
+  auto saved = std::make_shared<std::vector<SavedTensor>>();
+  for (size_t i = e.num_outputs; i < res.size(); ++i)
+    saved->push_back({res[i], res[i].unsafe_impl()->storage->version_.load()});
+  std::vector<const Tensor*> sources;
+  for (const Entry::Source& s : e.wrt)
+    sources.push_back(s.arg >= 0 ? &args.tensors[s.arg] : &s.captured);
+  for (const Entry::Backward& b : e.backward) {
+    Tensor& out = outs[b.output];
+    for (size_t j = 0; j < outs.size(); ++j)  // the same tensor twice: a second handle
+      if (j != b.output && outs[j].is_same(out)) {
+        const TensorImpl* x = out.unsafe_impl();
+        out = make_view(out, x->shape, x->strides, x->offset);
+        out.unsafe_impl()->is_view = false;
+      }
+    auto node = std::make_shared<Node>();
+    node->def = &compiled_def();
+    node->sequence = sequence_counter().fetch_add(1, std::memory_order_relaxed);
+    node->inputs.resize(sources.size());
+    node->saved.resize(sources.size());
+    for (size_t j = 0; j < sources.size(); ++j) {
+      TensorImpl* t = sources[j]->unsafe_impl();
+      InputEdge& edge = node->inputs[j];
+      edge.meta = {t->shape, t->dtype, t->device()};
+      edge.needs = t->requires_grad;
+      if (t->autograd && t->autograd->grad_fn)
+        edge.fn = t->autograd->grad_fn;
+      else
+        edge.leaf = sources[j]->impl_ptr();
+    }
+    const TensorImpl* o = out.unsafe_impl();
+    node->output_meta = {o->shape, o->dtype, o->device()};
+    std::shared_ptr<Plan> plan = b.plan;
+    std::vector<size_t> idx = b.saved;
+    std::string label = label_;
+    node->backward_fn = [plan, idx, saved, label](const Tensor& g, const bool*, Tensor* gi) {
+      std::vector<Tensor> in;
+      for (size_t i : idx) {
+        const SavedTensor& s = (*saved)[i];
+        DUET_CHECK(s.value.unsafe_impl()->storage->version_.load() == s.version,
+                   "[backward] a tensor of shape {} saved by {} was modified in place after the "
+                   "call that saved it; clone() it first, or update it after backward()",
+                   s.value.sizes(), label);
+        in.push_back(s.value);
+      }
+      in.push_back(g);
+      std::vector<Tensor> r = plan->run(in);
+      for (size_t j = 0; j < r.size(); ++j) gi[j] = std::move(r[j]);
+    };
+    out.unsafe_impl()->requires_grad = true;
+    autograd_meta(*out.unsafe_impl()).grad_fn = std::move(node);
+  }
+  return outs;
+}
+
+}  // namespace duet::detail

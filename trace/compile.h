@@ -1,0 +1,229 @@
+// duet: compile(fn), the static face (API.md, "Compile"; DESIGN.md, "Data, walked").
+//
+// A call computes the guard key of its arguments (shapes, dtypes, devices, layouts,
+// requires_grad, static argument values, grad mode) and looks it up. A hit runs the cached plan;
+// a miss traces fn on symbolic tensors (no kernel runs), records why it retraced, optimizes the
+// graph and builds a plan. When outputs require grad, the trace also differentiates them (the
+// same gradient rules eager uses) and the joint graph is split into a forward plan, which
+// returns the outputs and the values the backward needs, and a backward plan per output, which
+// one tape node runs when an eager backward() reaches the output.
+#pragma once
+
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <source_location>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+#include "core/tensor.h"
+#include "trace/graph.h"
+
+namespace duet {
+
+struct CompileOptions {
+  std::vector<std::pair<int, int>> dynamic;  ///< {argument index, dim}: symbolic (issue 7)
+  std::vector<std::string> disable_passes;   ///< "dce", "cse", "fold", "simplify", ...
+  int cache_limit = 8;  ///< signatures kept before a warning and eager fallback
+};
+
+struct CompileStats {
+  int traces = 0;  ///< including the first
+  int hits = 0;
+  std::vector<std::string> retrace_reasons;  ///< one per retrace: "arg 0 dim 1 changed 31 -> 32"
+  int eager_calls = 0;                       ///< calls run eagerly because the cache was full
+  // The most recent trace, in milliseconds: tracing fn, the passes, and building the plans.
+  double trace_ms = 0, optimize_ms = 0, plan_ms = 0;
+  int64_t nodes_before = 0;  ///< op nodes of the most recent trace (forward and backward)
+  int64_t nodes_after = 0;   ///< after the passes
+  int64_t buffer_bytes = 0;  ///< intermediate buffers the most recent plans keep
+};
+
+namespace detail {
+
+/// The tensors of one call, flattened, with what guards the rest.
+struct FlatArgs {
+  std::vector<Tensor> tensors;
+  std::vector<std::string> labels;   ///< per tensor: "arg 0", "arg 1[2]"
+  std::vector<std::string> statics;  ///< per static argument: "arg 2 = 3"
+};
+using TraceFn = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
+
+class CompiledCore {
+ public:
+  CompiledCore(CompileOptions options, std::string label);
+  ~CompiledCore();
+  /// The outputs of fn for these arguments: from the cached plan, a new trace, or eagerly (fn
+  /// on the real tensors) when the cache is full or another trace is running (inlined there).
+  std::vector<Tensor> call(const FlatArgs& args, const TraceFn& fn);
+  const CompileStats& stats() const { return stats_; }
+  const Graph& graph() const;
+  const std::string& label() const { return label_; }
+
+ private:
+  struct Entry;
+  Entry* trace(const FlatArgs& args, const TraceFn& fn);
+  std::vector<Tensor> run(Entry& e, const FlatArgs& args);
+
+  CompileOptions options_;
+  std::string label_;
+  CompileStats stats_;
+  std::vector<std::unique_ptr<Entry>> entries_;
+  Entry* last_ = nullptr;
+  bool warned_ = false;
+};
+
+// ---- flattening of arguments and results ----
+
+template <class T>
+struct is_tuple : std::false_type {};
+template <class... T>
+struct is_tuple<std::tuple<T...>> : std::true_type {};
+
+template <class T>
+std::string static_key(const T& v) {
+  using U = std::decay_t<T>;
+  if constexpr (std::is_same_v<U, bool>) {
+    return v ? "true" : "false";
+  } else if constexpr (std::is_arithmetic_v<U>) {
+    return fmt::format("{}", v);
+  } else if constexpr (std::is_enum_v<U>) {
+    return fmt::format("{}", static_cast<std::underlying_type_t<U>>(v));
+  } else if constexpr (std::is_convertible_v<const U&, std::string>) {
+    return fmt::format("\"{}\"", std::string(v));
+  } else if constexpr (std::is_same_v<U, Shape>) {
+    return v.str();
+  } else {
+    static_assert(sizeof(U) == 0,
+                  "duet::compile: a non-Tensor argument must be a number, bool, enum, string or "
+                  "Shape (it is guarded by value); capture other objects in the lambda instead");
+    return {};
+  }
+}
+
+template <class T>
+void flatten_arg(FlatArgs& f, const T& a, const std::string& label) {
+  using U = std::decay_t<T>;
+  if constexpr (std::is_same_v<U, Tensor>) {
+    f.tensors.push_back(a);
+    f.labels.push_back(label);
+  } else if constexpr (std::is_same_v<U, std::vector<Tensor>>) {
+    f.statics.push_back(fmt::format("{} has {} tensors", label, a.size()));
+    for (size_t i = 0; i < a.size(); ++i) flatten_arg(f, a[i], fmt::format("{}[{}]", label, i));
+  } else if constexpr (is_tuple<U>::value) {
+    std::apply(
+        [&](const auto&... x) {
+          size_t i = 0;
+          (flatten_arg(f, x, fmt::format("{}[{}]", label, i++)), ...);
+        },
+        a);
+  } else {
+    f.statics.push_back(fmt::format("{} = {}", label, static_key(a)));
+  }
+}
+
+/// The argument rebuilt with tensors taken in order from ts.
+template <class T>
+decltype(auto) substitute(const T& a, const std::vector<Tensor>& ts, size_t& pos) {
+  using U = std::decay_t<T>;
+  if constexpr (std::is_same_v<U, Tensor>) {
+    return Tensor(ts[pos++]);
+  } else if constexpr (std::is_same_v<U, std::vector<Tensor>>) {
+    std::vector<Tensor> v;
+    for (size_t i = 0; i < a.size(); ++i) v.push_back(ts[pos++]);
+    return v;
+  } else if constexpr (is_tuple<U>::value) {
+    return std::apply([&](const auto&... x) { return U{substitute(x, ts, pos)...}; }, a);
+  } else {
+    return static_cast<const T&>(a);
+  }
+}
+
+template <class R>
+void flatten_result(const R& r, std::vector<Tensor>& out) {
+  if constexpr (std::is_same_v<R, Tensor>) {
+    out.push_back(r);
+  } else if constexpr (std::is_same_v<R, std::vector<Tensor>>) {
+    out.insert(out.end(), r.begin(), r.end());
+  } else if constexpr (is_tuple<R>::value) {
+    std::apply([&](const auto&... x) { (flatten_result(x, out), ...); }, r);
+  } else {
+    static_assert(sizeof(R) == 0,
+                  "duet::compile: fn must return a Tensor, a std::vector<Tensor>, a std::tuple of "
+                  "those, or nothing");
+  }
+}
+
+template <class R>
+R unflatten_result(const std::vector<Tensor>& v, size_t& pos) {
+  if constexpr (std::is_same_v<R, Tensor>) {
+    return v[pos++];
+  } else if constexpr (std::is_same_v<R, std::vector<Tensor>>) {
+    std::vector<Tensor> r(v.begin() + pos, v.end());
+    pos = v.size();
+    return r;
+  } else {
+    return std::apply([&](auto... x) { return R{unflatten_result<decltype(x)>(v, pos)...}; }, R{});
+  }
+}
+
+}  // namespace detail
+
+/// A compiled function: call it like fn. See API.md, "Compile".
+template <class F>
+class Compiled {
+ public:
+  Compiled(F fn, CompileOptions options, std::string label)
+      : fn_(std::move(fn)),
+        core_(std::make_shared<detail::CompiledCore>(std::move(options), std::move(label))) {}
+
+  template <class... A>
+  auto operator()(A&&... a) {
+    using R = std::invoke_result_t<F&, A&&...>;
+    detail::FlatArgs flat;
+    int i = 0;
+    (detail::flatten_arg(flat, a, fmt::format("arg {}", i++)), ...);
+    detail::TraceFn run = [&](const std::vector<Tensor>& ts) {
+      size_t pos = 0;
+      // Braced initialisation evaluates left to right, so tensors are taken in order.
+      std::tuple<decltype(detail::substitute(a, ts, pos))...> args{
+          detail::substitute(a, ts, pos)...};
+      std::vector<Tensor> out;
+      if constexpr (std::is_void_v<R>) {
+        std::apply(fn_, args);
+      } else {
+        detail::flatten_result(std::apply(fn_, args), out);
+      }
+      return out;
+    };
+    std::vector<Tensor> out = core_->call(flat, run);
+    if constexpr (!std::is_void_v<R>) {
+      size_t pos = 0;
+      return detail::unflatten_result<std::decay_t<R>>(out, pos);
+    }
+  }
+
+  /// Traces, hits and the reason for each retrace.
+  const CompileStats& stats() const { return core_->stats(); }
+  /// The optimized graph of the most recent signature; Error before the first call.
+  const Graph& graph() const { return core_->graph(); }
+
+ private:
+  F fn_;
+  std::shared_ptr<detail::CompiledCore> core_;
+};
+
+/// Compiles fn: traced once per input signature, optimized, and replayed (API.md, "Compile").
+template <class F>
+Compiled<F> compile(F fn, CompileOptions options = {},
+                    std::source_location loc = std::source_location::current()) {
+  std::string file = loc.file_name();
+  size_t slash = file.find_last_of('/');
+  if (slash != std::string::npos) file = file.substr(slash + 1);
+  return Compiled<F>(std::move(fn), std::move(options),
+                     fmt::format("compiled function at {}:{}", file, loc.line()));
+}
+
+}  // namespace duet

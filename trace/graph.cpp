@@ -1,0 +1,267 @@
+#include "trace/graph.h"
+
+#include <unordered_map>
+
+#include "core/dispatch.h"
+
+namespace duet {
+
+namespace {
+
+const char* role_name(InputRole r) {
+  switch (r) {
+    case InputRole::Argument:
+      return "arg";
+    case InputRole::Captured:
+      return "captured";
+    case InputRole::Placeholder:
+      return "placeholder";
+    case InputRole::GradOutput:
+      return "grad_output";
+    case InputRole::Saved:
+      return "saved";
+  }
+  return "?";
+}
+
+bool reads_dtype(OpId op) {
+  return op == OpId::Cast || op == OpId::Full || op == OpId::Arange || op == OpId::Random;
+}
+
+std::string meta_str(const TensorMeta& m) {
+  std::string s = fmt::format("{}[", dtype_name(m.dtype));
+  for (int64_t i = 0; i < m.shape.size(); ++i) s += fmt::format("{}{}", i ? ", " : "", m.shape[i]);
+  s += "]";
+  if (!m.device.is_cpu()) s += fmt::format(" {}", m.device);
+  return s;
+}
+
+std::string scalar_str(const Scalar& v) {
+  if (v.is_bool()) return v.to<bool>() ? "true" : "false";
+  if (v.is_integral()) return std::to_string(v.to<int64_t>());
+  return fmt::format("{}", v.to<double>());
+}
+
+std::string constant_str(const Tensor& t) {
+  if (t.numel() == 1) {
+    double v = detail::read_double(t, 0);
+    return is_floating(t.dtype()) ? fmt::format("{}", v) : fmt::format("{}", int64_t(v));
+  }
+  return fmt::format("<{} values>", t.numel());
+}
+
+}  // namespace
+
+std::string attrs_str(OpId op, const Attrs& a) {
+  std::vector<std::string> parts;
+  if (a.ints.size()) {
+    std::string s = "[";
+    for (int64_t i = 0; i < a.ints.size(); ++i) s += fmt::format("{}{}", i ? ", " : "", a.ints[i]);
+    const OpClass cls = op_class(op);
+    const char* key = cls == OpClass::Reduction || op == OpId::Permute ? "dims" : "shape";
+    parts.push_back(fmt::format("{}={}]", key, s));
+  }
+  const Attrs d{};
+  if (a.dim != d.dim) parts.push_back(fmt::format("dim={}", a.dim));
+  if (a.start != d.start) parts.push_back(fmt::format("start={}", a.start));
+  if (a.end != d.end) parts.push_back(fmt::format("end={}", a.end));
+  if (a.step != d.step) parts.push_back(fmt::format("step={}", a.step));
+  if (a.keepdim) parts.push_back("keepdim");
+  if (reads_dtype(op)) parts.push_back(fmt::format("dtype={}", dtype_name(a.dtype)));
+  if (op == OpId::Full) parts.push_back(fmt::format("value={}", scalar_str(a.value)));
+  std::string s;
+  for (size_t i = 0; i < parts.size(); ++i) s += (i ? " " : "") + parts[i];
+  return s;
+}
+
+int64_t Graph::num_nodes() const {
+  int64_t n = 0;
+  for (const GraphNode& g : nodes) n += g.kind == NodeKind::Op;
+  return n;
+}
+
+int32_t Graph::add(GraphNode n) {
+  nodes.push_back(std::move(n));
+  return static_cast<int32_t>(nodes.size() - 1);
+}
+
+bool Graph::scalar_value(int32_t v, double* out) const {
+  const GraphNode& n = nodes[v];
+  if (n.kind == NodeKind::Constant && n.constant.numel() == 1) {
+    *out = detail::read_double(n.constant, 0);
+    return true;
+  }
+  if (n.kind == NodeKind::Op && n.op == OpId::Full) {
+    *out = n.attrs.value.to<double>();
+    return true;
+  }
+  return false;
+}
+
+std::string Graph::str() const {
+  std::string s;
+  if (!label.empty()) s += fmt::format("# {}\n", label);
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const GraphNode& n = nodes[i];
+    std::string rhs;
+    switch (n.kind) {
+      case NodeKind::Input:
+        rhs = fmt::format("{} {}", role_name(n.role), n.index);
+        break;
+      case NodeKind::Constant:
+        rhs = fmt::format("constant {}", constant_str(n.constant));
+        break;
+      case NodeKind::Op: {
+        rhs = fmt::format("{}(", op_name(n.op));
+        for (size_t k = 0; k < n.inputs.size(); ++k)
+          rhs += fmt::format("{}%{}", k ? ", " : "", n.inputs[k]);
+        rhs += ")";
+        std::string a = attrs_str(n.op, n.attrs);
+        if (!a.empty()) rhs += " {" + a + "}";
+        break;
+      }
+    }
+    s += fmt::format("  %{} = {} : {}", i, rhs, meta_str(n.meta));
+    if (!n.name.empty()) s += fmt::format("  \"{}\"", n.name);
+    if (n.scope >= 0) s += fmt::format("  @{}", scopes[n.scope]);
+    s += "\n";
+  }
+  s += "  return";
+  for (size_t i = 0; i < outputs.size(); ++i) s += fmt::format("{} %{}", i ? "," : "", outputs[i]);
+  s += "\n";
+  for (const WriteBack& w : writebacks)
+    s += fmt::format("  write %{} -> captured {}\n", w.value, w.target);
+  return s;
+}
+
+std::string Graph::dot() const {
+  std::string s = "digraph duet {\n  rankdir=TB;\n  node [fontname=\"monospace\" fontsize=10];\n";
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const GraphNode& n = nodes[i];
+    std::string label, shape = "box", style;
+    switch (n.kind) {
+      case NodeKind::Input:
+        label = fmt::format("{} {}", role_name(n.role), n.index);
+        shape = "ellipse";
+        style = " style=filled fillcolor=\"#dde8f8\"";
+        break;
+      case NodeKind::Constant:
+        label = fmt::format("constant {}", constant_str(n.constant));
+        shape = "plaintext";
+        break;
+      case NodeKind::Op: {
+        label = std::string(op_name(n.op));
+        std::string a = attrs_str(n.op, n.attrs);
+        if (!a.empty()) label += "\\n" + a;
+        if (op_class(n.op) == OpClass::Opaque) style = " style=filled fillcolor=\"#f8e8c8\"";
+        break;
+      }
+    }
+    label = fmt::format("%{} {}\\n{}", i, label, meta_str(n.meta));
+    if (!n.name.empty()) label += fmt::format("\\n\\\"{}\\\"", n.name);
+    if (n.scope >= 0) label += fmt::format("\\n@{}", scopes[n.scope]);
+    s += fmt::format("  n{} [label=\"{}\" shape={}{}];\n", i, label, shape, style);
+    for (int32_t in : n.inputs) s += fmt::format("  n{} -> n{};\n", in, i);
+  }
+  for (size_t i = 0; i < outputs.size(); ++i)
+    s += fmt::format("  out{0} [label=\"out{0}\" shape=doubleoctagon];\n  n{1} -> out{0};\n", i,
+                     outputs[i]);
+  for (size_t i = 0; i < writebacks.size(); ++i)
+    s += fmt::format(
+        "  wb{0} [label=\"write captured {1}\" shape=house];\n  n{2} -> wb{0} [style=dashed];\n", i,
+        writebacks[i].target, writebacks[i].value);
+  return s + "}\n";
+}
+
+void Graph::verify() const {
+  const int32_t n = static_cast<int32_t>(nodes.size());
+  std::vector<bool> slot_seen(static_cast<size_t>(num_runtime_inputs), false);
+  for (int32_t i = 0; i < n; ++i) {
+    const GraphNode& g = nodes[i];
+    switch (g.kind) {
+      case NodeKind::Input:
+        if (g.role == InputRole::Captured) {
+          DUET_ASSERT(g.index >= 0 && g.index < int32_t(captured.size()),
+                      "graph %{}: captured index {} of {}", i, g.index, captured.size());
+          const Tensor& c = captured[g.index];
+          DUET_ASSERT(c.sizes() == g.meta.shape && c.dtype() == g.meta.dtype,
+                      "graph %{}: captured tensor {} {} but the node says {}", i, c.sizes(),
+                      c.dtype(), meta_str(g.meta));
+        } else {
+          DUET_ASSERT(g.index >= 0 && g.index < num_runtime_inputs && !slot_seen[g.index],
+                      "graph %{}: runtime input slot {} (of {}) out of range or repeated", i,
+                      g.index, num_runtime_inputs);
+          slot_seen[g.index] = true;
+        }
+        break;
+      case NodeKind::Constant:
+        DUET_ASSERT(g.constant.defined() && g.constant.sizes() == g.meta.shape &&
+                        g.constant.dtype() == g.meta.dtype,
+                    "graph %{}: constant does not match its metadata", i);
+        break;
+      case NodeKind::Op: {
+        const OpDef& def = detail::op_def(g.op);
+        DUET_ASSERT(def.arity < 0 || int(g.inputs.size()) == def.arity,
+                    "graph %{}: {} has {} inputs, its arity is {}", i, def.name, g.inputs.size(),
+                    def.arity);
+        // Re-run the shape rule on placeholder tensors of the inputs' metadata.
+        std::vector<Tensor> ins;
+        ins.reserve(g.inputs.size());
+        for (int32_t in : g.inputs) {
+          DUET_ASSERT(in >= 0 && in < i, "graph %{}: input %{} is not defined before it", i, in);
+          const GraphNode& src = nodes[in];
+          Tensor t =
+              src.kind == NodeKind::Constant ? src.constant : detail::make_meta_tensor(src.meta);
+          ins.push_back(t);
+        }
+        std::vector<const Tensor*> ptrs;
+        for (const Tensor& t : ins) ptrs.push_back(&t);
+        TensorMeta m;
+        def.infer(def, TensorRefs(ptrs.data(), int64_t(ptrs.size())), g.attrs, m);
+        DUET_ASSERT(m.shape == g.meta.shape && m.dtype == g.meta.dtype,
+                    "graph %{}: {} gives {} {} but the node says {}", i, def.name, m.shape, m.dtype,
+                    meta_str(g.meta));
+        break;
+      }
+    }
+  }
+  for (int32_t o : outputs) DUET_ASSERT(o >= 0 && o < n, "graph output %{} out of range", o);
+  for (const WriteBack& w : writebacks) {
+    DUET_ASSERT(w.value >= 0 && w.value < n && w.target >= 0 && w.target < int32_t(captured.size()),
+                "graph write-back %{} -> captured {} out of range", w.value, w.target);
+    DUET_ASSERT(nodes[w.value].meta.shape == captured[w.target].sizes() &&
+                    nodes[w.value].meta.dtype == captured[w.target].dtype(),
+                "graph write-back %{} does not match captured {}", w.value, w.target);
+  }
+}
+
+// ---- scopes ----
+
+namespace {
+thread_local std::string tls_scope;
+thread_local std::vector<size_t> tls_scope_marks;
+}  // namespace
+
+Scope::Scope(std::string name) {
+  tls_scope_marks.push_back(tls_scope.size());
+  tls_scope += (tls_scope.empty() ? "" : "/") + name;
+}
+Scope::~Scope() {
+  tls_scope.resize(tls_scope_marks.back());
+  tls_scope_marks.pop_back();
+}
+Scope scope(std::string name) { return Scope(std::move(name)); }
+
+const std::string& detail::current_scope() { return tls_scope; }
+
+Tensor detail::make_meta_tensor(const TensorMeta& m) {
+  auto* t = new TensorImpl();
+  TensorImplPtr p = TensorImplPtr::adopt(t);
+  t->dtype = m.dtype;
+  t->shape = m.shape;
+  t->strides = contiguous_strides(m.shape);
+  t->storage = StoragePtr::adopt(new StorageImpl(nullptr, 0, m.device, nullptr));
+  return Tensor(std::move(p));
+}
+
+}  // namespace duet

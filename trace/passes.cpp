@@ -1,0 +1,321 @@
+#include "trace/passes.h"
+
+#include <algorithm>
+#include <cmath>
+#include <unordered_map>
+
+#include "core/dispatch.h"
+
+namespace duet::detail {
+namespace {
+
+// A pass rebuilds the graph front to back: each old node becomes a new value (itself, rewritten,
+// or an existing value it equals). Inputs keep their slots, outputs and write-backs are remapped.
+struct Rebuild {
+  const Graph& old;
+  Graph g;
+  std::vector<int32_t> map;  // old value -> new value
+
+  explicit Rebuild(const Graph& o) : old(o), map(o.nodes.size(), -1) {
+    g.captured = o.captured;
+    g.scopes = o.scopes;
+    g.num_runtime_inputs = o.num_runtime_inputs;
+    g.label = o.label;
+  }
+  // The old node with its inputs remapped.
+  GraphNode remapped(int32_t i) const {
+    GraphNode n = old.nodes[i];
+    for (int32_t& in : n.inputs) in = map[in];
+    return n;
+  }
+  int32_t emit(GraphNode n) { return g.add(std::move(n)); }
+  Graph done() {
+    for (int32_t o : old.outputs) g.outputs.push_back(map[o]);
+    for (const WriteBack& w : old.writebacks) g.writebacks.push_back({map[w.value], w.target});
+    return std::move(g);
+  }
+};
+
+bool same_meta(const TensorMeta& a, const TensorMeta& b) {
+  return a.shape == b.shape && a.dtype == b.dtype && a.device == b.device;
+}
+
+// The scalar a value of dtype d holds when v is stored in it.
+Scalar stored_as(double v, DType d) {
+  switch (d) {
+    case DType::f32:
+      return Scalar(static_cast<double>(static_cast<float>(v)));
+    case DType::f64:
+      return Scalar(v);
+    case DType::b8:
+      return Scalar(v != 0);
+    default:
+      return Scalar(static_cast<int64_t>(v));
+  }
+}
+
+GraphNode full_node(const TensorMeta& m, Scalar value, int32_t scope) {
+  GraphNode n;
+  n.kind = NodeKind::Op;
+  n.op = OpId::Full;
+  n.attrs.ints = SmallVec<int64_t, 6>(m.shape.data(), m.shape.size());
+  n.attrs.value = value;
+  n.attrs.dtype = m.dtype;
+  n.meta = m;
+  n.scope = scope;
+  return n;
+}
+
+// Evaluates an op on constant inputs, below every mode.
+Tensor evaluate(const GraphNode& n, const std::vector<Tensor>& in) {
+  SuspendModes eager;
+  const OpDef& def = op_def(n.op);
+  std::vector<const Tensor*> ptrs;
+  for (const Tensor& t : in) ptrs.push_back(&t);
+  TensorRefs refs(ptrs.data(), int64_t(ptrs.size()));
+  if (def.cls == OpClass::View) {
+    Tensor v = def.view(in[0], n.attrs, n.meta);
+    if (!v.defined()) v = def.view(in[0].contiguous(), n.attrs, n.meta);
+    return v.clone();
+  }
+  Tensor out = empty(n.meta.shape, n.meta.dtype, n.meta.device);
+  def.kernel[static_cast<int>(n.meta.device.type)](refs, n.attrs, out);
+  return out;
+}
+
+}  // namespace
+
+Graph dce(const Graph& old) {
+  const size_t n = old.nodes.size();
+  std::vector<bool> live(n, false);
+  for (int32_t o : old.outputs) live[o] = true;
+  for (const WriteBack& w : old.writebacks) live[w.value] = true;
+  for (size_t i = n; i-- > 0;) {
+    const GraphNode& g = old.nodes[i];
+    if (g.kind == NodeKind::Input) live[i] = true;  // the calling convention
+    if (!live[i]) continue;
+    for (int32_t in : g.inputs) live[in] = true;
+  }
+  Rebuild r(old);
+  for (size_t i = 0; i < n; ++i)
+    if (live[i]) r.map[i] = r.emit(r.remapped(int32_t(i)));
+  return r.done();
+}
+
+Graph cse(const Graph& old) {
+  Rebuild r(old);
+  struct Key {
+    const GraphNode* n;
+    bool operator==(const Key& o) const {
+      const GraphNode& a = *n;
+      const GraphNode& b = *o.n;
+      if (a.kind != b.kind) return false;
+      if (a.kind == NodeKind::Constant)
+        return a.meta.dtype == b.meta.dtype && a.meta.shape == b.meta.shape &&
+               a.constant.unsafe_impl()->wrapped_number ==
+                   b.constant.unsafe_impl()->wrapped_number &&
+               read_double(a.constant, 0) == read_double(b.constant, 0);
+      return a.op == b.op && a.inputs == b.inputs && a.attrs == b.attrs &&
+             same_meta(a.meta, b.meta);
+    }
+  };
+  struct Hash {
+    size_t operator()(const Key& k) const {
+      const GraphNode& a = *k.n;
+      size_t h = std::hash<int>{}(int(a.kind)) * 31;
+      if (a.kind == NodeKind::Constant) return h ^ std::hash<double>{}(read_double(a.constant, 0));
+      h ^= a.attrs.hash() + 0x9e3779b9 + (h << 6) + (h >> 2);
+      h ^= std::hash<int>{}(int(a.op)) + 0x9e3779b9 + (h << 6) + (h >> 2);
+      for (int32_t in : a.inputs) h ^= std::hash<int32_t>{}(in) + 0x9e3779b9 + (h << 6) + (h >> 2);
+      return h;
+    }
+  };
+  std::unordered_map<Key, int32_t, Hash> seen;
+  std::vector<GraphNode> keep;  // stable addresses for the keys
+  keep.reserve(old.nodes.size());
+  for (size_t i = 0; i < old.nodes.size(); ++i) {
+    GraphNode n = r.remapped(int32_t(i));
+    const bool mergeable =
+        n.kind == NodeKind::Op || (n.kind == NodeKind::Constant && n.constant.numel() == 1);
+    if (!mergeable || !n.name.empty()) {
+      r.map[i] = r.emit(std::move(n));
+      continue;
+    }
+    keep.push_back(n);
+    auto it = seen.find(Key{&keep.back()});
+    if (it != seen.end()) {
+      r.map[i] = it->second;
+      continue;
+    }
+    int32_t v = r.emit(std::move(n));
+    seen.emplace(Key{&keep.back()}, v);
+    r.map[i] = v;
+  }
+  return r.done();
+}
+
+Graph fold(const Graph& old) {
+  constexpr int64_t kMaxFolded = 4096;  // elements: larger constants would bloat the graph
+  Rebuild r(old);
+  for (size_t i = 0; i < old.nodes.size(); ++i) {
+    GraphNode n = r.remapped(int32_t(i));
+    // Views and clones of constants cost nothing at run time (the plan makes views once), and
+    // simplify turns those of filled constants into Full nodes, which later rules recognise.
+    bool all_const = n.kind == NodeKind::Op && !n.inputs.empty() &&
+                     n.meta.shape.numel() <= kMaxFolded && n.name.empty() &&
+                     op_class(n.op) != OpClass::View && n.op != OpId::Copy;
+    bool all_wrapped = true;
+    for (int32_t in : n.inputs) {
+      const GraphNode& s = r.g.nodes[in];
+      all_const = all_const && s.kind == NodeKind::Constant;
+      all_wrapped =
+          all_wrapped && s.kind == NodeKind::Constant && s.constant.unsafe_impl()->wrapped_number;
+    }
+    if (!all_const) {
+      r.map[i] = r.emit(std::move(n));
+      continue;
+    }
+    std::vector<Tensor> in;
+    for (int32_t v : n.inputs) in.push_back(r.g.nodes[v].constant);
+    GraphNode c;
+    c.kind = NodeKind::Constant;
+    c.meta = n.meta;
+    c.scope = n.scope;
+    c.constant = evaluate(n, in);
+    // A result of numbers only still promotes like a number (x * (2 * 3) stays x's dtype).
+    if (all_wrapped && n.meta.shape.size() == 0) c.constant.unsafe_impl()->wrapped_number = true;
+    r.map[i] = r.emit(std::move(c));
+  }
+  return r.done();
+}
+
+Graph simplify(const Graph& old) {
+  Rebuild r(old);
+  auto node = [&](int32_t v) -> const GraphNode& { return r.g.nodes[v]; };
+  auto is_scalar = [&](int32_t v, double want) {
+    double x;
+    return r.g.scalar_value(v, &x) && x == want;
+  };
+  // permute(x, identity) = x; permute(permute(x, a), b) = permute(x, a[b]).
+  auto simplify_permute = [&](GraphNode& n) -> int32_t {
+    bool identity = true;
+    for (int64_t d = 0; d < n.attrs.ints.size(); ++d) identity &= n.attrs.ints[d] == d;
+    if (identity) return n.inputs[0];
+    const GraphNode& p = node(n.inputs[0]);
+    if (p.kind != NodeKind::Op || p.op != OpId::Permute) return -1;
+    SmallVec<int64_t, 6> q(n.attrs.ints.size());
+    bool id2 = true;
+    for (int64_t d = 0; d < q.size(); ++d) {
+      q[d] = p.attrs.ints[n.attrs.ints[d]];
+      id2 &= q[d] == d;
+    }
+    if (id2) return p.inputs[0];
+    n.attrs.ints = q;
+    n.inputs = {p.inputs[0]};
+    return -1;
+  };
+  // reshape(reshape(x)) = reshape(x); a reshape to x's own shape is x.
+  auto simplify_reshape = [&](GraphNode& n) -> int32_t {
+    const GraphNode& p = node(n.inputs[0]);
+    int32_t src = n.inputs[0];
+    if (p.kind == NodeKind::Op && p.op == OpId::Reshape) src = p.inputs[0];
+    if (same_meta(node(src).meta, n.meta)) return src;
+    n.inputs = {src};
+    return -1;
+  };
+  for (size_t i = 0; i < old.nodes.size(); ++i) {
+    GraphNode n = r.remapped(int32_t(i));
+    int32_t same = -1;  // an existing value equal to this node
+    if (n.kind == NodeKind::Op && n.name.empty()) {
+      const auto& in = n.inputs;
+      auto fits = [&](int32_t v) { return same_meta(node(v).meta, n.meta); };
+      switch (n.op) {
+        case OpId::Add:
+          if (is_scalar(in[1], 0) && fits(in[0]))
+            same = in[0];
+          else if (is_scalar(in[0], 0) && fits(in[1]))
+            same = in[1];
+          break;
+        case OpId::Sub:
+          if (is_scalar(in[1], 0) && fits(in[0])) same = in[0];
+          break;
+        case OpId::Mul:
+          if (is_scalar(in[1], 1) && fits(in[0]))
+            same = in[0];
+          else if (is_scalar(in[0], 1) && fits(in[1]))
+            same = in[1];
+          break;
+        case OpId::Div:
+          if (is_scalar(in[1], 1) && fits(in[0])) same = in[0];
+          break;
+        case OpId::Neg:
+          if (node(in[0]).kind == NodeKind::Op && node(in[0]).op == OpId::Neg)
+            same = node(in[0]).inputs[0];
+          break;
+        case OpId::Where:
+          if (in[1] == in[2] && fits(in[1])) same = in[1];
+          break;
+        case OpId::Cast:
+        case OpId::Copy:
+        case OpId::Reshape:
+        case OpId::Permute:
+        case OpId::Expand: {
+          double v;
+          if (r.g.scalar_value(in[0], &v) && n.meta.shape.numel() > 0) {
+            // A filled constant converted, cloned or reshaped is a filled constant.
+            const DType from = node(in[0]).meta.dtype;
+            n = full_node(n.meta, stored_as(stored_as(v, from).to<double>(), n.meta.dtype),
+                          n.scope);
+            break;
+          }
+          if (n.op == OpId::Permute) {
+            same = simplify_permute(n);
+            break;
+          }
+          if (n.op == OpId::Reshape) {
+            same = simplify_reshape(n);
+            break;
+          }
+          if (fits(in[0]) && n.op != OpId::Copy) same = in[0];
+          // A clone of a fresh op result is that result: values in the graph are immutable.
+          if (n.op == OpId::Copy && fits(in[0]) && node(in[0]).kind == NodeKind::Op &&
+              op_class(node(in[0]).op) != OpClass::View)
+            same = in[0];
+          break;
+        }
+        default:
+          break;
+      }
+    }
+    r.map[i] = same >= 0 ? same : r.emit(std::move(n));
+  }
+  return r.done();
+}
+
+void check_pass_names(const std::vector<std::string>& names) {
+  static const char* known[] = {"dce",  "cse",         "fold",    "simplify",
+                                "fuse", "plan_memory", "parallel"};
+  for (const std::string& s : names)
+    DUET_CHECK_VALUE(
+        std::any_of(std::begin(known), std::end(known), [&](const char* k) { return s == k; }),
+        "[compile] unknown pass \"{}\" in disable_passes; the passes are dce, cse, "
+        "fold, simplify, fuse, plan_memory and parallel",
+        s);
+}
+
+Graph optimize(const Graph& g, const std::vector<std::string>& disabled) {
+  auto on = [&](const char* p) {
+    return std::find(disabled.begin(), disabled.end(), p) == disabled.end();
+  };
+  Graph cur = g;
+  for (int round = 0; round < 2; ++round) {
+    if (on("fold")) cur = fold(cur);
+    if (on("simplify")) cur = simplify(cur);
+    if (on("cse")) cur = cse(cur);
+    // Dead nodes are dropped between rounds so later rounds see single uses.
+    if (on("dce")) cur = dce(cur);
+  }
+  return cur;
+}
+
+}  // namespace duet::detail

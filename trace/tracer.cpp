@@ -1,0 +1,230 @@
+#include "trace/tracer.h"
+
+#include <algorithm>
+
+namespace duet::detail {
+
+namespace {
+thread_local Tracer* tls_tracer = nullptr;
+
+template <class V>
+std::vector<int64_t> to_vec(const V& v) {
+  return std::vector<int64_t>(v.data(), v.data() + v.size());
+}
+}  // namespace
+
+Tracer::Tracer(std::string label)
+    : tag_(IntrusivePtr<TraceTag>::adopt(new TraceTag(label))), prev_(tls_tracer) {
+  g_.label = std::move(label);
+  tls_tracer = this;
+}
+
+Tracer::~Tracer() {
+  tag_->alive = false;
+  tls_tracer = prev_;
+}
+
+Tracer* Tracer::current() { return tls_tracer; }
+
+Tracer::Layout Tracer::layout_of(const TensorImpl* x) {
+  return {x->offset, x->shape, x->strides, x->dtype};
+}
+
+Tensor Tracer::symbolic(int32_t value, const TensorMeta& meta, bool requires_grad) {
+  auto* t = new TensorImpl();
+  TensorImplPtr p = TensorImplPtr::adopt(t);
+  t->dtype = meta.dtype;
+  t->shape = meta.shape;
+  t->strides = contiguous_strides(meta.shape);
+  t->storage = StoragePtr::adopt(new StorageImpl(nullptr, 0, meta.device, nullptr));
+  symbolic_storages_.push_back(t->storage);
+  t->trace = tag_;
+  t->value = value;
+  t->requires_grad = requires_grad;
+  return Tensor(std::move(p));
+}
+
+Tensor Tracer::input(InputRole role, const TensorMeta& meta, bool requires_grad, std::string name) {
+  GraphNode n;
+  n.kind = NodeKind::Input;
+  n.role = role;
+  n.meta = meta;
+  n.index = g_.num_runtime_inputs++;
+  n.name = std::move(name);
+  Tensor t = symbolic(g_.add(std::move(n)), meta, requires_grad);
+  input_storages_.push_back(t.unsafe_impl()->storage.get());
+  return t;
+}
+
+Tensor Tracer::input(InputRole role, const Tensor& like, std::string name) {
+  const TensorImpl* l = like.impl();
+  Tensor t =
+      input(role, TensorMeta{l->shape, l->dtype, l->device()}, l->requires_grad, std::move(name));
+  // The same layout as the real input, so that layout-dependent code (contiguous(), reshape of
+  // a transposed tensor) traces as it runs eagerly; the guard includes the layout.
+  TensorImpl* x = t.unsafe_impl();
+  x->strides = l->strides;
+  x->offset = l->offset;
+  x->refresh_contiguous();
+  return t;
+}
+
+int32_t Tracer::scope_index() {
+  const std::string& s = current_scope();
+  if (s.empty()) return -1;
+  if (s == last_scope_) return last_scope_index_;
+  auto it = std::find(g_.scopes.begin(), g_.scopes.end(), s);
+  int32_t i = static_cast<int32_t>(it - g_.scopes.begin());
+  if (it == g_.scopes.end()) g_.scopes.push_back(s);
+  last_scope_ = s;
+  last_scope_index_ = i;
+  return i;
+}
+
+int32_t Tracer::add_op(OpId op, const Attrs& attrs, std::vector<int32_t> inputs,
+                       const TensorMeta& m) {
+  GraphNode n;
+  n.kind = NodeKind::Op;
+  n.op = op;
+  n.attrs = attrs;
+  n.inputs = std::move(inputs);
+  n.meta = m;
+  n.scope = scope_index();
+  return g_.add(std::move(n));
+}
+
+int32_t Tracer::capture(const Tensor& t) {
+  const TensorImpl* x = t.unsafe_impl();
+  auto key = std::make_tuple(static_cast<const StorageImpl*>(x->storage.get()), x->offset,
+                             to_vec(x->shape), to_vec(x->strides), static_cast<int>(x->dtype));
+  auto it = captured_.find(key);
+  if (it != captured_.end()) return it->second;
+  GraphNode n;
+  n.kind = NodeKind::Input;
+  n.role = InputRole::Captured;
+  n.meta = {x->shape, x->dtype, x->device()};
+  n.index = static_cast<int32_t>(g_.captured.size());
+  n.scope = scope_index();
+  g_.captured.push_back(t);
+  int32_t v = g_.add(std::move(n));
+  captured_.emplace(std::move(key), v);
+  return v;
+}
+
+void Tracer::throw_stale_view(const char* what, const TensorImpl* x, const Layout& written) {
+  throw Error(fmt::format(
+      "[{}] while tracing {}: a tensor of shape {} (strides {}, offset {}) reads memory that was "
+      "written in place through another view (shape {}, strides {}, offset {}) after it was "
+      "made. A compiled function follows in-place writes through the written tensor itself; "
+      "use out-of-place ops for the other views, or clone() before writing",
+      what, g_.label, x->shape, Shape(x->strides.data(), x->strides.size()), x->offset,
+      written.shape, Shape(written.strides.data(), written.strides.size()), written.offset));
+}
+
+int32_t Tracer::value_of(const Tensor& t) {
+  const TensorImpl* x = t.unsafe_impl();
+  const StorageImpl* st = x->storage.get();
+  if (x->trace) {
+    if (x->trace.get() != tag_.get()) {
+      if (!x->trace->alive) throw_symbolic_use(t, "compile");
+      throw Error(fmt::format(
+          "[compile] a tensor (shape {}) traced by {} was used while tracing {}; pass it as an "
+          "argument instead",
+          x->shape, x->trace->name, g_.label));
+    }
+    if (x->sym_version == st->version_.load(std::memory_order_relaxed)) return x->value;
+    auto it = written_.find(st);
+    DUET_ASSERT(it != written_.end(), "traced storage changed version without a recorded write");
+    if (layout_of(x) == it->second.layout) return it->second.value;
+    throw_stale_view("compile", x, it->second.layout);
+  }
+  auto it = written_.find(st);
+  if (it != written_.end()) {
+    if (layout_of(x) == it->second.layout) return it->second.value;
+    throw_stale_view("compile", x, it->second.layout);
+  }
+  if (x->wrapped_number) {
+    GraphNode n;
+    n.kind = NodeKind::Constant;
+    n.meta = {x->shape, x->dtype, x->device()};
+    n.constant = t;
+    return g_.add(std::move(n));
+  }
+  return capture(t);
+}
+
+void Tracer::set_name(const Tensor& t, const std::string& name) {
+  g_.nodes[value_of(t)].name = name;
+}
+
+Tensor Tracer::handle(const OpCall& c) {
+  const OpDef& def = op_def(c.op);
+  std::vector<int32_t> ins(static_cast<size_t>(c.inputs.size()));
+  for (int64_t i = 0; i < c.inputs.size(); ++i) ins[i] = value_of(c.inputs[i]);
+
+  if (c.inplace_out) {
+    const Tensor& self = *c.inplace_out;
+    TensorImpl* x = self.unsafe_impl();
+    int32_t v = add_op(c.op, c.attrs, std::move(ins), c.meta);
+    if (c.meta.dtype != x->dtype) {
+      Attrs a;
+      a.dtype = x->dtype;
+      v = add_op(OpId::Cast, a, {v}, TensorMeta{c.meta.shape, x->dtype, c.meta.device});
+    }
+    StorageImpl* st = x->storage.get();
+    const Layout lay = layout_of(x);
+    auto it = written_.find(st);
+    if (it != written_.end() && !(it->second.layout == lay))
+      throw_stale_view(def.name, x, it->second.layout);
+    const bool symbolic_storage = st->data == nullptr && st->allocator == nullptr && x->trace;
+    DUET_CHECK(
+        std::find(input_storages_.begin(), input_storages_.end(), st) == input_storages_.end(),
+        "[{}_] while tracing {}: an argument (shape {}) is written in place. A compiled "
+        "function may update in place only tensors it captures (parameters, buffers); "
+        "clone() the argument first, or return the new value",
+        def.name, g_.label, x->shape);
+    int32_t target = -1;
+    if (!symbolic_storage) {
+      // A captured tensor (or a view of one) written in place: a write-back into its storage.
+      Tensor alias = make_view(self, x->shape, x->strides, x->offset);
+      TensorImpl* a = alias.unsafe_impl();
+      a->trace.reset();
+      a->value = -1;
+      a->is_view = x->is_view;
+      target = g_.nodes[capture(x->trace ? alias : self)].index;
+    }
+    const uint32_t version = st->version_.fetch_add(1, std::memory_order_relaxed) + 1;
+    written_[st] = Written{lay, v, target};
+    if (x->trace) {
+      x->value = v;
+      x->sym_version = version;
+    }
+    return self;
+  }
+
+  int32_t v = add_op(c.op, c.attrs, std::move(ins), c.meta);
+  if (def.cls == OpClass::View) {
+    Tensor out = def.view(c.inputs[0], c.attrs, c.meta);
+    if (out.defined()) {
+      TensorImpl* x = out.unsafe_impl();
+      x->trace = tag_;
+      x->value = v;
+      x->sym_version = x->storage->version_.load(std::memory_order_relaxed);
+      return out;
+    }
+    // No strides express it: eager copies, so the result is a fresh contiguous tensor.
+  }
+  return symbolic(v, c.meta, false);
+}
+
+void Tracer::finish(const std::vector<Tensor>& outputs) {
+  for (const Tensor& o : outputs) g_.outputs.push_back(value_of(o));
+  std::vector<WriteBack> wb;
+  for (auto& [st, w] : written_)
+    if (w.captured >= 0) wb.push_back({w.value, w.captured});
+  std::sort(wb.begin(), wb.end(),
+            [](const WriteBack& a, const WriteBack& b) { return a.target < b.target; });
+  g_.writebacks = std::move(wb);
+}
+
+}  // namespace duet::detail

@@ -1,0 +1,93 @@
+// duet: the tracer. A dispatch mode that records every op call into a Graph and runs no kernel.
+//
+// Note [Functionalization]
+// (DESIGN.md, "Captured state and compiled backward".) Symbolic tensors stand for graph values:
+// a TensorImpl with a TraceTag, the value id, and a storage with no data; views share their
+// base's symbolic storage, as in eager. A concrete tensor the traced code reads is captured:
+// wrapped numbers become constants, anything else becomes a graph input read by reference at
+// every run (parameters, .grad buffers, the RNG state, tensors built from C++ data).
+// An in-place op records a pure op whose result is the new value of the written tensor, and the
+// tracer keeps a table from each written storage to its current value and the layout written.
+// Reading a tensor looks its storage up: a tensor whose storage was written after it was made
+// reads the current value when its layout is the written one; another layout of a written
+// storage (a view made before the write) is an error, never a stale value. At the end, every
+// written captured storage becomes a write-back that the executor copies into it.
+#pragma once
+
+#include <map>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+#include "core/dispatch.h"
+#include "trace/graph.h"
+
+namespace duet::detail {
+
+class Tracer final : public DispatchMode {
+ public:
+  /// `label` names the traced function in errors and in the graph ("compile() at f.cpp:12").
+  explicit Tracer(std::string label);
+  /// Marks the trace dead: its symbolic tensors raise an error naming `label` if used later.
+  ~Tracer() override;
+  Tracer(const Tracer&) = delete;
+  Tracer& operator=(const Tracer&) = delete;
+
+  /// A symbolic graph input standing for `like` (same shape, dtype, strides, requires_grad).
+  Tensor input(InputRole role, const Tensor& like, std::string name = {});
+  /// A symbolic graph input of the given metadata (contiguous).
+  Tensor input(InputRole role, const TensorMeta& meta, bool requires_grad, std::string name = {});
+
+  /// The graph value a tensor stands for, capturing a concrete tensor if needed.
+  int32_t value_of(const Tensor& t);
+  /// Gives the value of a symbolic tensor a name (duet::name).
+  void set_name(const Tensor& t, const std::string& name);
+
+  Tensor handle(const OpCall& call) override;
+
+  /// Closes the graph: outputs are resolved and write-backs of written captured tensors added.
+  void finish(const std::vector<Tensor>& outputs);
+
+  Graph& graph() { return g_; }
+  const TraceTag* tag() const { return tag_.get(); }
+  /// The innermost tracer on this thread, or null.
+  static Tracer* current();
+
+ private:
+  struct Layout {
+    int64_t offset;
+    Shape shape;
+    Strides strides;
+    DType dtype;
+    bool operator==(const Layout& o) const {
+      return offset == o.offset && shape == o.shape && strides == o.strides && dtype == o.dtype;
+    }
+  };
+  static Layout layout_of(const TensorImpl* x);
+  /// The value, layout and captured target (or -1) of a written storage.
+  struct Written {
+    Layout layout;
+    int32_t value;
+    int32_t captured = -1;
+  };
+  Tensor symbolic(int32_t value, const TensorMeta& meta, bool requires_grad);
+  int32_t capture(const Tensor& t);
+  int32_t add_op(OpId op, const Attrs& attrs, std::vector<int32_t> inputs, const TensorMeta& m);
+  int32_t scope_index();
+  [[noreturn]] void throw_stale_view(const char* what, const TensorImpl* x, const Layout& written);
+
+  Graph g_;
+  IntrusivePtr<TraceTag> tag_;
+  Tracer* prev_;
+  std::unordered_map<const StorageImpl*, Written> written_;
+  std::vector<StoragePtr> symbolic_storages_;       ///< held so that their addresses stay unique
+  std::vector<const StorageImpl*> input_storages_;  ///< of arguments and placeholders
+  /// Captured tensors by (storage, layout): the same tensor read twice is one input.
+  std::map<std::tuple<const StorageImpl*, int64_t, std::vector<int64_t>, std::vector<int64_t>, int>,
+           int32_t>
+      captured_;
+  std::string last_scope_;
+  int32_t last_scope_index_ = -1;
+};
+
+}  // namespace duet::detail
