@@ -103,6 +103,19 @@ struct Log {
   }
   DUET_PACKET(ei::plog(x))
 };
+#if !defined(__CUDACC__)
+// IEEE square root, correctly rounded as std::sqrt is: Eigen's AVX-512 psqrt under
+// EIGEN_FAST_MATH is a Newton step from an estimate (sqrt(9.0) gave 3.0000000000000004).
+template <class P>
+inline P exact_sqrt(const P& x) {
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<P, Eigen::internal::Packet16f>) return _mm512_sqrt_ps(x);
+  if constexpr (std::is_same_v<P, Eigen::internal::Packet8d>) return _mm512_sqrt_pd(x);
+#endif
+  return Eigen::internal::psqrt(x);
+}
+#endif
+
 struct Sqrt {
   template <class T>
   static constexpr bool has_packet = is_float_v<T>;
@@ -110,7 +123,7 @@ struct Sqrt {
   DUET_HD T operator()(T x) const {
     return std::sqrt(x);
   }
-  DUET_PACKET(ei::psqrt(x))
+  DUET_PACKET(exact_sqrt(x))
 };
 struct Rsqrt {
   template <class T>
@@ -119,7 +132,7 @@ struct Rsqrt {
   DUET_HD T operator()(T x) const {
     return T(1) / std::sqrt(x);
   }
-  DUET_PACKET(ei::pdiv(ei::pset1<P>(1), ei::psqrt(x)))
+  DUET_PACKET(ei::pdiv(ei::pset1<P>(1), exact_sqrt(x)))
 };
 struct Abs {
   template <class T>

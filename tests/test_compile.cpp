@@ -1,3 +1,493 @@
+// The compiled face: compile(), the guard cache, compiled backward, training steps, Program, the
+// passes (IR before and after, as text), and the errors of traced code.
+#include <cstring>
+
+#include "trace/passes.h"
+#include "trace/tracer.h"
 #include "util.h"
 
-namespace duet::test {}
+namespace duet::test {
+namespace {
+
+bool close(const Tensor& a, const Tensor& b, double tol = 1e-6) {
+  if (a.sizes() != b.sizes() || a.dtype() != b.dtype()) return false;
+  std::vector<double> x = values(a), y = values(b);
+  for (size_t i = 0; i < x.size(); ++i)
+    if (std::abs(x[i] - y[i]) > tol * (1 + std::abs(y[i]))) return false;
+  return true;
+}
+
+bool bitwise_equal(const Tensor& a, const Tensor& b) {
+  return a.sizes() == b.sizes() && a.dtype() == b.dtype() && values(a) == values(b);
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// A small MLP as plain tensors, with a hand-written SGD step (nn/optim come later).
+struct Mlp {
+  std::vector<Tensor> params;
+  explicit Mlp(uint64_t seed) {
+    manual_seed(seed);
+    params = {randn({16, 8}) * 0.3, zeros({16}), randn({4, 16}) * 0.3, zeros({4})};
+    for (Tensor& p : params) p = p.detach().requires_grad_();
+  }
+  Tensor forward(const Tensor& x) const {
+    Tensor h = relu(linear(x, params[0], params[1]));
+    return linear(h, params[2], params[3]);
+  }
+  Tensor step(const Tensor& x, const Tensor& y) {
+    {
+      NoGradGuard ng;
+      for (Tensor& p : params)
+        if (p.grad().defined()) p.grad().zero_();
+    }
+    Tensor loss = cross_entropy(forward(x), y);
+    loss.backward();
+    NoGradGuard ng;
+    for (Tensor& p : params) p.sub_(p.grad() * 0.1);
+    return loss;
+  }
+};
+
+TEST_CASE("compile: a function runs compiled, and a second call does not retrace") {
+  manual_seed(1);
+  Tensor x = randn({3, 5}), y = randn({5});
+  auto f = compile([](Tensor a, Tensor b) { return tanh(a * 1.5 + 0.5) * sigmoid(b) + relu(a); });
+  Tensor want = tanh(x * 1.5 + 0.5) * sigmoid(y) + relu(x);
+  CHECK(close(f(x, y), want));
+  CHECK(close(f(x, y), want));
+  CHECK(f.stats().traces == 1);
+  CHECK(f.stats().hits == 1);
+  CHECK(f.graph().num_nodes() == 7);
+  // New values, same signature: still no retrace, and the new values are used.
+  Tensor x2 = randn({3, 5});
+  CHECK(close(f(x2, y), tanh(x2 * 1.5 + 0.5) * sigmoid(y) + relu(x2)));
+  CHECK(f.stats().traces == 1);
+}
+
+TEST_CASE("compile: retraces say why, in words") {
+  auto f = compile([](Tensor a, int64_t k) { return a * double(k); });
+  f(ones({2, 31}), 2);
+  f(ones({2, 32}), 2);
+  f(ones({2, 32}).to(DType::f64), 2);
+  f(ones({2, 32}).to(DType::f64), 3);
+  f(transpose(ones({32, 2}).to(DType::f64), 0, 1), 3);
+  {
+    NoGradGuard ng;
+    f(ones({2, 32}), 2);
+  }
+  const auto& r = f.stats().retrace_reasons;
+  REQUIRE(r.size() == 5);
+  CHECK(r[0] == "arg 0 dim 1 changed 31 -> 32");
+  CHECK(r[1] == "arg 0 dtype changed f32 -> f64");
+  CHECK(r[2] == "static argument changed: arg 1 = 2 -> arg 1 = 3");
+  CHECK(r[3] == "arg 0 layout changed (contiguous -> strides (1, 2))");
+  CHECK(r[4] == "grad mode changed on -> off");
+  CHECK(f.stats().traces == 6);
+  // A signature seen before is a hit, not a retrace.
+  CHECK(close(f(ones({2, 31}), 2), full({2, 31}, 2.0)));
+  CHECK(f.stats().traces == 6);
+}
+
+TEST_CASE("compile: tuples and vectors in and out") {
+  auto f = compile([](std::vector<Tensor> xs, std::tuple<Tensor, Tensor> p) {
+    Tensor s = std::get<0>(p) * std::get<1>(p);
+    for (const Tensor& x : xs) s = s + x;
+    return std::make_tuple(s, s * 2);
+  });
+  auto [a, b] = f({ones({2}), ones({2})}, std::make_tuple(full({2}, 3.0), full({2}, 2.0)));
+  CHECK(values(a) == std::vector<double>{8, 8});
+  CHECK(values(b) == std::vector<double>{16, 16});
+  // Another length of the vector is another signature.
+  f({ones({2})}, std::make_tuple(full({2}, 3.0), full({2}, 2.0)));
+  CHECK(f.stats().retrace_reasons.at(0) ==
+        "static argument changed: arg 0 has 2 tensors -> arg 0 has 1 tensors");
+  auto g = compile([](Tensor x) { return std::vector<Tensor>{x + 1, x + 2, x + 3}; });
+  CHECK(g(zeros({1})).size() == 3);
+}
+
+TEST_CASE("compile: outputs are fresh tensors at every call") {
+  auto f = compile([](Tensor x) { return x * 2; });
+  Tensor a = f(ones({3}));
+  Tensor b = f(full({3}, 5.0));
+  CHECK(values(a) == std::vector<double>{2, 2, 2});
+  CHECK(values(b) == std::vector<double>{10, 10, 10});
+  CHECK_FALSE(same_storage(a, b));
+}
+
+TEST_CASE("compile: backward through compiled outputs matches eager") {
+  Mlp m(3);
+  manual_seed(4);
+  Tensor x = randn({6, 8});
+  Tensor y = tensor({0, 1, 2, 3, 1, 0}, Options().dtype(DType::i64));
+  auto fwd = compile([&](Tensor in) { return m.forward(in); });
+  Tensor loss = cross_entropy(fwd(x), y);
+  loss.backward();
+  std::vector<Tensor> got;
+  for (Tensor& p : m.params) {
+    got.push_back(p.grad().clone());
+    p.set_grad(Tensor());
+  }
+  cross_entropy(m.forward(x), y).backward();
+  for (size_t i = 0; i < got.size(); ++i) CHECK(close(got[i], m.params[i].grad(), 1e-5));
+  // The second call hits, and the compiled backward runs again.
+  for (Tensor& p : m.params) p.grad().zero_();
+  cross_entropy(fwd(x), y).backward();
+  for (size_t i = 0; i < got.size(); ++i) CHECK(close(got[i], m.params[i].grad(), 1e-5));
+  CHECK(fwd.stats().traces == 1);
+  // Gradients with respect to arguments, through duet::grad.
+  Tensor xr = x.clone().requires_grad_();
+  Tensor gx = grad({sum(fwd(xr))}, {xr})[0];
+  Tensor ge = grad({sum(m.forward(xr))}, {xr})[0];
+  CHECK(close(gx, ge, 1e-5));
+  // The compiled backward frees its saved values like any node.
+  Tensor out = sum(fwd(xr));
+  out.backward();
+  CHECK(error_of([&] { out.backward(); }).find("second time") != std::string::npos);
+}
+
+TEST_CASE("compile: gradcheck works on a compiled function") {
+  auto f = compile([](std::vector<Tensor> in) {
+    return sum(tanh(matmul(in[0], in[1])) * sigmoid(sum(in[0], Dims{1}, true)));
+  });
+  manual_seed(5);
+  Tensor a = randn({3, 4}, Options().dtype(DType::f64)).requires_grad_();
+  Tensor b = randn({4, 2}, Options().dtype(DType::f64)).requires_grad_();
+  GradcheckResult r = gradcheck([&](const std::vector<Tensor>& in) { return f(in); }, {a, b});
+  CHECK_MESSAGE(r, r.message);
+}
+
+TEST_CASE("compile: 20 compiled SGD steps equal 20 eager steps, in place, one trace") {
+  Mlp eager(7), compiled(7);
+  manual_seed(8);
+  Tensor x = randn({10, 8});
+  Tensor y = randint(4, {10});
+  std::vector<void*> storage;
+  for (const Tensor& p : compiled.params) storage.push_back(p.raw_data());
+  auto step = compile([&](Tensor in, Tensor target) { return compiled.step(in, target); });
+  for (int i = 0; i < 20; ++i) {
+    Tensor le = eager.step(x, y);
+    Tensor lc = step(x, y);
+    CHECK_MESSAGE(close(le, lc, 1e-6), "step ", i, ": ", le.item<float>(), " vs ",
+                  lc.item<float>());
+  }
+  for (size_t i = 0; i < eager.params.size(); ++i) {
+    CHECK(close(eager.params[i], compiled.params[i], 1e-5));
+    CHECK(compiled.params[i].raw_data() == storage[i]);  // updated in place
+    CHECK(close(eager.params[i].grad(), compiled.params[i].grad(), 1e-5));
+  }
+  CHECK(step.stats().traces == 1);
+  CHECK(step.stats().hits == 19);
+}
+
+TEST_CASE("compile: gradients accumulate across calls without zero_grad, as in eager") {
+  Tensor w = ones({3}).requires_grad_();
+  auto f = compile([&](Tensor x) {
+    Tensor l = sum(w * x);
+    l.backward();
+    return l.detach();
+  });
+  f(full({3}, 2.0));
+  CHECK(values(w.grad()) == std::vector<double>{2, 2, 2});
+  f(full({3}, 3.0));
+  CHECK(values(w.grad()) == std::vector<double>{5, 5, 5});
+  CHECK(f.stats().traces == 1);
+}
+
+TEST_CASE("compile: the RNG state is captured and advanced, so dropout draws as eager does") {
+  Tensor x = ones({4, 6});
+  auto f = compile([](Tensor a) { return dropout(a, 0.5, true); });
+  manual_seed(11);
+  Tensor e1 = dropout(x, 0.5, true), e2 = dropout(x, 0.5, true);
+  manual_seed(11);
+  Tensor c1 = f(x), c2 = f(x);
+  CHECK(bitwise_equal(e1, c1));
+  CHECK(bitwise_equal(e2, c2));
+  CHECK_FALSE(bitwise_equal(c1, c2));
+  CHECK(f.stats().traces == 1);
+}
+
+TEST_CASE("compile: item() inside a traced function names the call site and cond/scan") {
+  auto f = compile([](Tensor x) {
+    if (sum(x).item<float>() > 0) return x * 2;  // a branch on data
+    return x;
+  });
+  std::string e = error_of([&] { f(ones({2})); });
+  CHECK(e.find("[item]") == 0);
+  CHECK(e.find("test_compile.cpp:") != std::string::npos);
+  CHECK(e.find("duet::cond") != std::string::npos);
+  CHECK(e.find("duet::scan") != std::string::npos);
+  auto g = compile([](Tensor x) { return x * double(x.to_vector<float>()[0]); });
+  CHECK(error_of([&] { g(ones({2})); }).find("[to_vector]") == 0);
+}
+
+TEST_CASE("compile: a tensor that escapes its trace is an error naming the function") {
+  Tensor w = ones({2});
+  auto f = compile([&](Tensor g) {
+    w = w - g * 0.1;  // rebinds the captured tensor instead of updating it in place
+    return sum(w);
+  });
+  f(ones({2}));
+  std::string e = error_of([&] { Tensor z = w + 1; });
+  CHECK(e.find("[add]") == 0);
+  CHECK(e.find("compiled function at test_compile.cpp:") != std::string::npos);
+  CHECK(e.find("in place") != std::string::npos);
+  CHECK(error_of([&] { w.item<float>(); }).find("after that trace ended") != std::string::npos);
+}
+
+TEST_CASE("compile: writing an argument in place is an error, not a lost update") {
+  auto f = compile([](Tensor x) {
+    x.add_(1);
+    return x;
+  });
+  std::string e = error_of([&] { f(ones({2})); });
+  CHECK(e.find("[add_]") == 0);
+  CHECK(e.find("argument") != std::string::npos);
+}
+
+TEST_CASE("compile: in-place updates of captured tensors are written back") {
+  Tensor state = zeros({3});
+  Tensor counter = zeros({}, Options().dtype(DType::i64));
+  auto f = compile([&](Tensor x) {
+    state.mul_(0.5).add_(x);
+    counter.add_(1);
+    return state * 1;
+  });
+  f(full({3}, 2.0));
+  Tensor r = f(full({3}, 2.0));
+  CHECK(values(state) == std::vector<double>{3, 3, 3});
+  CHECK(values(r) == std::vector<double>{3, 3, 3});
+  CHECK(counter.item<int64_t>() == 2);
+  CHECK(f.graph().writebacks.size() == 2);
+}
+
+TEST_CASE("compile: cache_limit warns and falls back to eager") {
+  CompileOptions o;
+  o.cache_limit = 2;
+  auto f = compile([](Tensor x) { return x + 1; }, o);
+  f(ones({1}));
+  f(ones({2}));
+  Tensor r = f(ones({3}));
+  CHECK(values(r) == std::vector<double>{2, 2, 2});
+  CHECK(f.stats().traces == 2);
+  CHECK(f.stats().eager_calls == 1);
+}
+
+TEST_CASE("compile: options and graph() are checked") {
+  CompileOptions o;
+  o.disable_passes = {"cse", "nonsense"};
+  CHECK(error_of([&] { compile([](Tensor x) { return x; }, o); }).find("nonsense") !=
+        std::string::npos);
+  auto f = compile([](Tensor x) { return x; });
+  CHECK(error_of([&] { f.graph(); }).find("has not been called") != std::string::npos);
+}
+
+TEST_CASE("compile: a compiled function called while tracing is inlined") {
+  auto inner = compile([](Tensor x) { return exp(x); });
+  auto outer = compile([&](Tensor x) { return inner(x) + 1; });
+  CHECK(close(outer(zeros({2})), full({2}, 2.0)));
+  CHECK(outer.graph().num_nodes() == 2);
+  CHECK(inner.stats().traces == 0);
+}
+
+TEST_CASE("compile: scopes label nodes; str() and dot() show them") {
+  auto f = compile([](Tensor x) {
+    Tensor h;
+    {
+      auto s = scope("encoder");
+      h = tanh(x);
+    }
+    return h * 3;
+  });
+  f(ones({2}));
+  std::string s = f.graph().str();
+  CHECK(s.find("tanh(%0) : f32[2]  @encoder") != std::string::npos);
+  CHECK(f.graph().dot().find("digraph") == 0);
+  CHECK(f.graph().dot().find("@encoder") != std::string::npos);
+}
+
+TEST_CASE("Program: the TF-1 seed example, with gradients and an intermediate fetched") {
+  Program p([] {
+    Tensor x1 = placeholder({2}, DType::f32, "X1");
+    Tensor x2 = placeholder({2}, DType::f32, "X2");
+    Tensor prod = name(x1 * x2, "prod");
+    Tensor y = name((prod + x1) / x2, "Y");
+    std::vector<Tensor> g = grad({sum(y)}, {x1, x2});
+    return std::vector<Tensor>{y, g[0], g[1]};
+  });
+  std::map<std::string, Tensor> feeds{{"X1", tensor({1, 2})}, {"X2", tensor({3, 4})}};
+  std::vector<Tensor> r = p.run(feeds);
+  REQUIRE(r.size() == 3);
+  // y = (x1 x2 + x1) / x2; dy/dx1 = (x2 + 1) / x2; dy/dx2 = -x1 / x2^2
+  CHECK(close(r[0], tensor({4.0 / 3, 10.0 / 4})));
+  CHECK(close(r[1], tensor({4.0 / 3, 5.0 / 4})));
+  CHECK(close(r[2], tensor({-1.0 / 9, -2.0 / 16})));
+  std::vector<Tensor> f = p.run(feeds, {"prod", "out1", "X2"});
+  CHECK(close(f[0], tensor({3, 8})));
+  CHECK(close(f[1], r[1]));
+  CHECK(close(f[2], tensor({3, 4})));
+  // Feeding only what the fetched nodes need.
+  CHECK(
+      close(p.run({{"X1", tensor({1, 2})}, {"X2", tensor({3, 4})}}, {"prod"})[0], tensor({3, 8})));
+}
+
+TEST_CASE("Program: feed and fetch errors name the placeholder") {
+  Program p([] {
+    Tensor a = placeholder({2, 3}, DType::f32, "a");
+    Tensor b = placeholder({3}, DType::f32, "b");
+    return std::vector<Tensor>{a + b};
+  });
+  Tensor a = ones({2, 3}), b = ones({3});
+  CHECK(error_of([&] { p.run({{"a", a}}); }).find("placeholder \"b\"") != std::string::npos);
+  CHECK(error_of([&] {
+          p.run({{"a", a}, {"b", ones({4})}});
+        }).find("placeholder \"b\" expects shape (3), fed shape (4)") != std::string::npos);
+  CHECK(error_of([&] {
+          p.run({{"a", a}, {"b", b.to(DType::f64)}});
+        }).find("placeholder \"b\" expects dtype f32, fed f64") != std::string::npos);
+  CHECK(error_of([&] {
+          p.run({{"a", a}, {"b", b}}, {"nope"});
+        }).find("\"nope\"") != std::string::npos);
+  CHECK(error_of([&] {
+          p.run({{"a", a}, {"b", b}, {"c", b}});
+        }).find("\"c\"") != std::string::npos);
+  CHECK(error_of([] { placeholder({1}, DType::f32, "x"); }).find("Program builder") !=
+        std::string::npos);
+}
+
+// ---- passes: IR before and after, as text ----
+
+// Traces fn on contiguous f32 inputs of the given shapes into a graph.
+Graph trace_graph(const std::vector<Shape>& shapes,
+                  const std::function<std::vector<Tensor>(const std::vector<Tensor>&)>& fn) {
+  detail::Tracer tr("test");
+  std::vector<Tensor> outs;
+  {
+    std::vector<Tensor> in;
+    for (const Shape& s : shapes) in.push_back(tr.input(InputRole::Argument, zeros(s)));
+    ModeGuard g(&tr);
+    outs = fn(in);
+  }
+  tr.finish(outs);
+  Graph g = std::move(tr.graph());
+  g.label.clear();
+  return g;
+}
+
+TEST_CASE("passes: dce removes what no output needs") {
+  Graph g = trace_graph({{2}}, [](const std::vector<Tensor>& in) {
+    Tensor unused = exp(in[0]);
+    return std::vector<Tensor>{tanh(in[0])};
+  });
+  CHECK(g.str() ==
+        "  %0 = arg 0 : f32[2]\n"
+        "  %1 = exp(%0) : f32[2]\n"
+        "  %2 = tanh(%0) : f32[2]\n"
+        "  return %2\n");
+  CHECK(detail::dce(g).str() ==
+        "  %0 = arg 0 : f32[2]\n"
+        "  %1 = tanh(%0) : f32[2]\n"
+        "  return %1\n");
+}
+
+TEST_CASE("passes: cse merges equal nodes") {
+  Graph g = trace_graph({{2}, {2}}, [](const std::vector<Tensor>& in) {
+    Tensor a = in[0] * in[1];
+    Tensor b = in[0] * in[1];
+    return std::vector<Tensor>{a + b, in[0] * in[1]};
+  });
+  CHECK(g.str() ==
+        "  %0 = arg 0 : f32[2]\n"
+        "  %1 = arg 1 : f32[2]\n"
+        "  %2 = mul(%0, %1) : f32[2]\n"
+        "  %3 = mul(%0, %1) : f32[2]\n"
+        "  %4 = add(%2, %3) : f32[2]\n"
+        "  %5 = mul(%0, %1) : f32[2]\n"
+        "  return %4, %5\n");
+  CHECK(detail::dce(detail::cse(g)).str() ==
+        "  %0 = arg 0 : f32[2]\n"
+        "  %1 = arg 1 : f32[2]\n"
+        "  %2 = mul(%0, %1) : f32[2]\n"
+        "  %3 = add(%2, %2) : f32[2]\n"
+        "  return %3, %2\n");
+}
+
+TEST_CASE("passes: fold evaluates ops on constants") {
+  Graph g = trace_graph({{2}}, [](const std::vector<Tensor>& in) {
+    return std::vector<Tensor>{in[0] * sqrt(neg(full({}, -4.0, Options().dtype(DType::f64))) + 5)};
+  });
+  CHECK(g.str() ==
+        "  %0 = arg 0 : f32[2]\n"
+        "  %1 = full() {dtype=f64 value=-4} : f64[]\n"
+        "  %2 = neg(%1) : f64[]\n"
+        "  %3 = constant 5 : i64[]\n"
+        "  %4 = add(%2, %3) : f64[]\n"
+        "  %5 = sqrt(%4) : f64[]\n"
+        "  %6 = mul(%0, %5) : f32[2]\n"
+        "  return %6\n");
+  CHECK(detail::dce(detail::fold(g)).str() ==
+        "  %0 = arg 0 : f32[2]\n"
+        "  %1 = constant 3 : f64[]\n"
+        "  %2 = mul(%0, %1) : f32[2]\n"
+        "  return %2\n");
+}
+
+TEST_CASE("passes: simplify removes identities") {
+  Graph g = trace_graph({{2, 3}}, [](const std::vector<Tensor>& in) {
+    Tensor x = in[0] * 1 + 0;
+    Tensor t = transpose(transpose(x, 0, 1), 0, 1);
+    Tensor r = reshape(reshape(t, {3, 2}), {6});
+    return std::vector<Tensor>{neg(neg(r)) / 1.0, in[0] - 0};
+  });
+  CHECK(g.str() ==
+        "  %0 = arg 0 : f32[2, 3]\n"
+        "  %1 = constant 1 : i64[]\n"
+        "  %2 = mul(%0, %1) : f32[2, 3]\n"
+        "  %3 = constant 0 : i64[]\n"
+        "  %4 = add(%2, %3) : f32[2, 3]\n"
+        "  %5 = permute(%4) {dims=[1, 0]} : f32[3, 2]\n"
+        "  %6 = permute(%5) {dims=[1, 0]} : f32[2, 3]\n"
+        "  %7 = reshape(%6) {shape=[3, 2]} : f32[3, 2]\n"
+        "  %8 = reshape(%7) {shape=[6]} : f32[6]\n"
+        "  %9 = neg(%8) : f32[6]\n"
+        "  %10 = neg(%9) : f32[6]\n"
+        "  %11 = constant 1 : f64[]\n"
+        "  %12 = div(%10, %11) : f32[6]\n"
+        "  %13 = constant 0 : i64[]\n"
+        "  %14 = sub(%0, %13) : f32[2, 3]\n"
+        "  return %12, %14\n");
+  CHECK(detail::dce(detail::simplify(g)).str() ==
+        "  %0 = arg 0 : f32[2, 3]\n"
+        "  %1 = reshape(%0) {shape=[6]} : f32[6]\n"
+        "  return %1, %0\n");
+}
+
+TEST_CASE("passes: disable_passes switches each one off") {
+  auto body = [](Tensor x) { return (x * 1) * (x * 1) + exp(x) * 0 + exp(x) * 0; };
+  auto all = compile(body);
+  CompileOptions o;
+  o.disable_passes = {"simplify", "cse"};
+  auto some = compile(body, o);
+  Tensor x = tensor({1, 2});
+  CHECK(close(all(x), some(x)));
+  CHECK(all.graph().num_nodes() < some.graph().num_nodes());
+  CHECK(all.stats().nodes_after < all.stats().nodes_before);
+}
+
+TEST_CASE("graph: verify() catches a node whose metadata disagrees with its shape rule") {
+  Graph g = trace_graph(
+      {{2}}, [](const std::vector<Tensor>& in) { return std::vector<Tensor>{exp(in[0])}; });
+  g.verify();
+  g.nodes[1].meta.shape = Shape{3};
+  CHECK_THROWS_AS(g.verify(), InternalError);
+}
+
+}  // namespace
+}  // namespace duet::test

@@ -306,3 +306,24 @@ TEST_CASE("tensor(): values, shape and dtype") {
 }
 
 }  // namespace duet::test
+
+namespace duet::test {
+namespace {
+// Regression: the AVX-512 packet path of sqrt was an estimate plus a Newton step, so
+// sqrt(9.0) was 3.0000000000000004 (found by the constant-folding test).
+TEST_CASE("sqrt and rsqrt are correctly rounded, packets included") {
+  for (DType d : {DType::f32, DType::f64}) {
+    Tensor x = full({64}, 9.0, Options().dtype(d));
+    for (double v : values(sqrt(x))) CHECK(v == 3.0);
+    for (double v : values(rsqrt(full({64}, 4.0, Options().dtype(d))))) CHECK(v == 0.5);
+    std::vector<double> in, want;
+    for (int i = 1; i <= 64; ++i) {
+      in.push_back(i * 1.37);
+      want.push_back(d == DType::f32 ? double(std::sqrt(float(round_to(i * 1.37, d))))
+                                     : std::sqrt(i * 1.37));
+    }
+    CHECK(values(sqrt(make(in, {64}, d))) == want);
+  }
+}
+}  // namespace
+}  // namespace duet::test

@@ -169,18 +169,65 @@ R unflatten_result(const std::vector<Tensor>& v, size_t& pos) {
   }
 }
 
+// fn's signature, when it has one (not a generic lambda): so that Compiled<F>::operator() takes
+// exactly fn's parameters, and braced arguments ({a, b} for a std::vector<Tensor>) work.
+template <class M>
+struct member_signature {
+  using type = void;
+};
+template <class R, class C, class... A>
+struct member_signature<R (C::*)(A...) const> {
+  using type = R(A...);
+};
+template <class R, class C, class... A>
+struct member_signature<R (C::*)(A...)> {
+  using type = R(A...);
+};
+template <class R, class C, class... A>
+struct member_signature<R (C::*)(A...) const noexcept> {
+  using type = R(A...);
+};
+template <class R, class C, class... A>
+struct member_signature<R (C::*)(A...) noexcept> {
+  using type = R(A...);
+};
+template <class F, class = void>
+struct signature {
+  using type = void;
+};
+template <class F>
+struct signature<F, std::void_t<decltype(&F::operator())>>
+    : member_signature<decltype(&F::operator())> {};
+template <class R, class... A>
+struct signature<R (*)(A...), void> {
+  using type = R(A...);
+};
+
+template <class Self, class Sig>
+struct CallOperator {  // a generic lambda: forward anything
+  template <class... A>
+  auto operator()(A&&... a) {
+    return static_cast<Self*>(this)->invoke(std::forward<A>(a)...);
+  }
+};
+template <class Self, class R, class... A>
+struct CallOperator<Self, R(A...)> {
+  R operator()(A... a) { return static_cast<Self*>(this)->invoke(std::forward<A>(a)...); }
+};
+
 }  // namespace detail
 
 /// A compiled function: call it like fn. See API.md, "Compile".
 template <class F>
-class Compiled {
+class Compiled : public detail::CallOperator<Compiled<F>, typename detail::signature<F>::type> {
  public:
   Compiled(F fn, CompileOptions options, std::string label)
       : fn_(std::move(fn)),
         core_(std::make_shared<detail::CompiledCore>(std::move(options), std::move(label))) {}
 
+  /// Calls the compiled function (operator() has fn's signature).
   template <class... A>
-  auto operator()(A&&... a) {
+  auto invoke(A&&... a) {
     using R = std::invoke_result_t<F&, A&&...>;
     detail::FlatArgs flat;
     int i = 0;

@@ -167,7 +167,8 @@ Graph fold(const Graph& old) {
     bool all_wrapped = true;
     for (int32_t in : n.inputs) {
       const GraphNode& s = r.g.nodes[in];
-      all_const = all_const && s.kind == NodeKind::Constant;
+      const bool is_full = s.kind == NodeKind::Op && s.op == OpId::Full;
+      all_const = all_const && (s.kind == NodeKind::Constant || is_full);
       all_wrapped =
           all_wrapped && s.kind == NodeKind::Constant && s.constant.unsafe_impl()->wrapped_number;
     }
@@ -176,7 +177,10 @@ Graph fold(const Graph& old) {
       continue;
     }
     std::vector<Tensor> in;
-    for (int32_t v : n.inputs) in.push_back(r.g.nodes[v].constant);
+    for (int32_t v : n.inputs) {
+      const GraphNode& s = r.g.nodes[v];
+      in.push_back(s.kind == NodeKind::Constant ? s.constant : evaluate(s, {}));
+    }
     GraphNode c;
     c.kind = NodeKind::Constant;
     c.meta = n.meta;
