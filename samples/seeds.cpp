@@ -23,6 +23,22 @@ int main() {
             << "dy/dX1           = " << x1.grad().item<double>() << "\n"
             << "dy/dX2           = " << x2.grad().item<double>() << "\n\n";
 
+  // The same example define-and-run, as in TensorFlow 1.x: placeholders, gradients and an
+  // intermediate node fetched by name.
+  Program prog([] {
+    Tensor X1 = placeholder({}, DType::f64, "X1"), X2 = placeholder({}, DType::f64, "X2");
+    Tensor prod = name(X1 * X2, "X1*X2");
+    Tensor Y = (prod + X1) / X2;
+    std::vector<Tensor> g = grad({Y}, {X1, X2});
+    return std::vector<Tensor>{Y, g[0], g[1]};
+  });
+  std::vector<Tensor> r = prog.run({{"X1", scalar(0.6, Options().dtype(DType::f64))},
+                                    {"X2", scalar(0.2, Options().dtype(DType::f64))}},
+                                   {"out0", "out1", "out2", "X1*X2"});
+  std::cout << "Program: Y = " << r[0].item<double>() << ", dY/dX1 = " << r[1].item<double>()
+            << ", dY/dX2 = " << r[2].item<double>() << ", X1*X2 = " << r[3].item<double>()
+            << "\n\n";
+
   // Higher order: d/dx and d2/dx2 of x^3 at x = 2, with create_graph.
   Tensor x = scalar(2.0, f64);
   Tensor cube = x * x * x;
