@@ -138,6 +138,50 @@ Graph extract(const Graph& g, const std::vector<bool>& include,
   return s;
 }
 
+// The value whose buffer v lives in: v itself, or the root of its chain of views.
+int32_t buffer_root(const Graph& g, int32_t v) {
+  while (g.nodes[v].kind == NodeKind::Op && op_class(g.nodes[v].op) == OpClass::View)
+    v = g.nodes[v].inputs[0];
+  return v;
+}
+
+bool same_input(const GraphNode& a, const GraphNode& b) {
+  return a.kind == NodeKind::Input && b.kind == NodeKind::Input && a.role == b.role &&
+         a.index == b.index;
+}
+
+// The passes replace a value by one it equals (x * 1 by x, b.clone() by b, two equal results by
+// one), which can leave a result in the buffer of an argument, a captured tensor or another
+// result where the traced code made a fresh tensor. Returned as is, writing into it would change
+// them, and a leaf argument would get the compiled backward as its grad_fn. Each of the first n
+// outputs of `opt` whose buffer aliases differently than in `traced` (the graph before the
+// passes) gets a copy of its own. Constants need none: the executor clones them. A view of an
+// input that the passes turned into the input itself (permute(x, {}) of a 0-d x) gets an
+// identity view: a handle of its own on the same memory, as eager returns.
+void copy_new_aliases(Graph& opt, const Graph& traced, size_t n) {
+  std::vector<int32_t> before, after;
+  for (size_t k = 0; k < n; ++k) {
+    before.push_back(buffer_root(traced, traced.outputs[k]));
+    after.push_back(buffer_root(opt, opt.outputs[k]));
+    const GraphNode& a = opt.nodes[after[k]];
+    bool copy = a.kind == NodeKind::Input && !same_input(a, traced.nodes[before[k]]);
+    for (size_t j = 0; j < k && !copy; ++j)
+      copy = a.kind != NodeKind::Constant && after[j] == after[k] && before[j] != before[k];
+    const bool view = !copy && a.kind == NodeKind::Input && opt.outputs[k] == after[k] &&
+                      traced.outputs[k] != before[k];
+    if (!copy && !view) continue;
+    GraphNode c;
+    c.kind = NodeKind::Op;
+    c.op = copy ? OpId::Copy : OpId::Permute;
+    c.inputs = {opt.outputs[k]};
+    c.meta = opt.nodes[opt.outputs[k]].meta;
+    c.scope = opt.nodes[opt.outputs[k]].scope;
+    for (int64_t d = 0; view && d < c.meta.shape.size(); ++d) c.attrs.ints.push_back(d);
+    opt.outputs[k] = opt.add(std::move(c));
+    if (copy) after[k] = opt.outputs[k];
+  }
+}
+
 }  // namespace
 
 // One traced signature.
@@ -363,9 +407,10 @@ CompiledCore::Entry* CompiledCore::trace(const FlatArgs& args, const TraceFn& fn
   fwd_out.insert(fwd_out.end(), saved_vec.begin(), saved_vec.end());
 
   auto t1 = std::chrono::steady_clock::now();
-  Graph fg = extract(joint, fwd, {}, fwd_out);
-  stats_.nodes_before = fg.num_nodes();
-  fg = optimize(fg, options_.disable_passes);
+  const Graph traced = extract(joint, fwd, {}, fwd_out);
+  stats_.nodes_before = traced.num_nodes();
+  Graph fg = optimize(traced, options_.disable_passes);
+  copy_new_aliases(fg, traced, outs.size());
   fg.verify();
   stats_.nodes_after = fg.num_nodes();
   std::vector<Graph> bgs;
