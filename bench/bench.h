@@ -66,6 +66,16 @@ inline Result summarize(Result r, const std::vector<double>& secs,
   return r;
 }
 
+/// An empty figure of a workload, mode and metric on the configured threads.
+inline Result base(const char* w, const char* mode, const Config& c, const char* metric) {
+  Result r;
+  r.workload = w;
+  r.mode = mode;
+  r.metric = metric;
+  r.threads = c.threads;
+  return r;
+}
+
 /// A single measured value (memory, node counts).
 inline Result single(Result r, double value) {
   r.median = r.min = r.max = value;
@@ -82,6 +92,15 @@ void run_w3(const Config&, std::vector<Result>&);
 /// C1 (not a BENCH.md workload): conv2d forward + backward, x (32, 16, 28, 28), 32 3x3
 /// filters, padding 1, against the same GEMMs called directly on oneDNN.
 void run_c1(const Config&, std::vector<Result>&);
+
+/// W4 and W6: an MLP training step (forward, backward, SGD), eager and compiled, against the
+/// GEMM floor. W5: the W4 MLP forward at batch 1 against three gemv calls (models.cpp).
+void run_w4(const Config&, std::vector<Result>&);
+void run_w5(const Config&, std::vector<Result>&);
+void run_w6(const Config&, std::vector<Result>&);
+/// CT (not a BENCH.md workload): compile time (trace, passes, plan) of elementwise chains of
+/// 1,000 to 10,000 ops and of the W4 training step.
+void run_ct(const Config&, std::vector<Result>&);
 
 /// W2 floors: memcpy of n floats, and the hand-fused Eigen loop on the configured threads.
 void w2_floor_memcpy(const float* x, float* y, int64_t n);

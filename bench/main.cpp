@@ -13,7 +13,7 @@ namespace {
 
 void usage() {
   std::fprintf(stderr,
-               "usage: duet_bench [--only W1,W2,...] [--threads N] [--device cpu|cuda|all] "
+               "usage: duet_bench [--only W1,...,W6,C1,CT] [--threads N] [--device cpu|cuda|all] "
                "[--reps N] [--json]\n");
 }
 
@@ -33,12 +33,12 @@ std::string json(const std::vector<bench::Result>& rs) {
 }
 
 void table(const std::vector<bench::Result>& rs) {
-  std::printf("%-4s %-9s %-6s %-3s %-12s %-18s %12s %12s %12s\n", "id", "mode", "device", "thr",
+  std::printf("%-4s %-9s %-6s %-3s %-16s %-18s %12s %12s %12s\n", "id", "mode", "device", "thr",
               "variant", "metric", "median", "min", "max");
   for (const auto& r : rs) {
     std::string var = r.variant + (r.n ? fmt::format("{}n={}", r.variant.empty() ? "" : " ", r.n)
                                        : std::string());
-    std::printf("%-4s %-9s %-6s %-3d %-12s %-18s %12.4g %12.4g %12.4g\n", r.workload.c_str(),
+    std::printf("%-4s %-9s %-6s %-3d %-16s %-18s %12.4g %12.4g %12.4g\n", r.workload.c_str(),
                 r.mode.c_str(), r.device.c_str(), r.threads, var.c_str(), r.metric.c_str(),
                 r.median, r.min, r.max);
   }
@@ -89,7 +89,11 @@ int main(int argc, char** argv) {
   if (cpu && want("W1")) bench::run_w1(cfg, rs);
   if (cpu && want("W2")) bench::run_w2(cfg, rs);
   if (cpu && want("W3")) bench::run_w3(cfg, rs);
+  if (cpu && want("W4")) bench::run_w4(cfg, rs);
+  if (cpu && want("W5")) bench::run_w5(cfg, rs);
+  if (cpu && want("W6")) bench::run_w6(cfg, rs);
   if (cpu && only.count("C1")) bench::run_c1(cfg, rs);  // on request: not a BENCH.md workload
+  if (cpu && only.count("CT")) bench::run_ct(cfg, rs);  // on request: compile time
   rs.push_back(bench::single({"all", "process", "cpu", "peak_rss_bytes", "", cfg.threads},
                              bench::peak_rss_bytes()));
   if (as_json)

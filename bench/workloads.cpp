@@ -11,15 +11,6 @@ using duet::Tensor;
 
 namespace {
 
-Result base(const char* w, const char* mode, const Config& c, const char* metric) {
-  Result r;
-  r.workload = w;
-  r.mode = mode;
-  r.metric = metric;
-  r.threads = c.threads;
-  return r;
-}
-
 Tensor random_f32(int64_t n, uint32_t seed) {
   std::vector<double> v(n);
   uint32_t s = seed;
