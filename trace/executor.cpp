@@ -1,5 +1,7 @@
 #include "trace/executor.h"
 
+#include <unordered_map>
+
 #include "core/dispatch.h"
 
 namespace duet::detail {
@@ -29,6 +31,51 @@ void Plan::build() {
   stage_writeback_.assign(g_.writebacks.size(), false);
   for (size_t k = 0; k < g_.writebacks.size(); ++k)
     stage_writeback_[k] = g_.nodes[root[g_.writebacks[k].value]].kind != NodeKind::Op;
+
+  // Write-backs computed in place (DESIGN.md: "where the planner can prove it safe"): a value
+  // made by a kernel goes straight into the captured tensor's storage when nothing reads that
+  // storage after the value is computed, and the kernel itself reads it, if at all, only
+  // elementwise at the same layout (w - lr * g). Then there is no buffer and no copy.
+  std::vector<int32_t> inplace(n, -1);
+  inplace_writeback_.assign(g_.writebacks.size(), false);
+  auto storage_of_root = [&](int32_t v) -> const StorageImpl* {
+    const GraphNode& r = g_.nodes[root[v]];
+    if (r.kind == NodeKind::Input && r.role == InputRole::Captured)
+      return g_.captured[r.index].unsafe_impl()->storage.get();
+    return nullptr;
+  };
+  std::unordered_map<const StorageImpl*, int32_t> last_read;
+  for (int32_t i = 0; i < n; ++i)
+    for (int32_t in : g_.nodes[i].inputs)
+      if (const StorageImpl* st = storage_of_root(in)) last_read[st] = i;
+  for (size_t k = 0; k < g_.writebacks.size(); ++k) {
+    const WriteBack& w = g_.writebacks[k];
+    const GraphNode& v = g_.nodes[w.value];
+    const Tensor& dst = g_.captured[w.target];
+    const TensorImpl* d = dst.unsafe_impl();
+    if (v.kind != NodeKind::Op || op_class(v.op) == OpClass::View || fresh[w.value] ||
+        inplace[w.value] >= 0 || !d->contiguous || d->dtype != v.meta.dtype ||
+        d->shape != v.meta.shape || d->device() != v.meta.device)
+      continue;
+    const StorageImpl* st = d->storage.get();
+    auto lr = last_read.find(st);
+    bool ok = lr == last_read.end() || lr->second <= w.value;
+    for (int32_t in : v.inputs) {
+      if (storage_of_root(in) != st) continue;
+      const GraphNode& src = g_.nodes[in];
+      ok = ok && op_class(v.op) == OpClass::Elementwise && src.kind == NodeKind::Input &&
+           g_.captured[src.index].unsafe_impl()->contiguous &&
+           g_.captured[src.index].sizes() == d->shape &&
+           g_.captured[src.index].storage_offset() == d->offset;
+    }
+    for (size_t j = 0; ok && j < g_.writebacks.size(); ++j)
+      ok = !(stage_writeback_[j] && storage_of_root(g_.writebacks[j].value) == st);
+    for (size_t j = 0; ok && j < g_.outputs.size(); ++j)
+      ok = storage_of_root(g_.outputs[j]) != st;  // conservative: results alias nothing written
+    if (!ok) continue;
+    inplace[w.value] = w.target;
+    inplace_writeback_[k] = true;
+  }
 
   std::vector<bool> is_static(n, false);
   SuspendModes eager;
@@ -68,7 +115,10 @@ void Plan::build() {
           s.kernel = def.kernel[static_cast<int>(g.meta.device.type)];
           DUET_CHECK_DEVICE(s.kernel, "[{}] has no kernel for device {} ({})", def.name,
                             g.meta.device, g_.label);
-          if (!fresh[i]) {
+          if (inplace[i] >= 0) {
+            vals_[i] = g_.captured[inplace[i]];
+            is_static[i] = true;
+          } else if (!fresh[i]) {
             vals_[i] = empty(g.meta.shape, g.meta.dtype, g.meta.device);
             buffer_bytes_ += g.meta.shape.numel() * int64_t(itemsize(g.meta.dtype));
             is_static[i] = true;
@@ -139,6 +189,10 @@ std::vector<Tensor> Plan::execute(const std::vector<Tensor>& inputs) {
       const Tensor& dst = g_.captured[w.target];
       const TensorImpl* a = src.unsafe_impl();
       const TensorImpl* b = dst.unsafe_impl();
+      if (inplace_writeback_[k]) {  // computed in place
+        b->storage->version_.fetch_add(1, std::memory_order_relaxed);
+        continue;
+      }
       if (a->storage.get() == b->storage.get() && a->offset == b->offset &&
           a->strides == b->strides)
         continue;  // already there

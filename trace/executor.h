@@ -46,11 +46,12 @@ class Plan {
   std::vector<Tensor> vals_;
   std::vector<const Tensor*> args_;
   std::vector<Step> steps_;
-  std::vector<int32_t> slot_value_;    ///< runtime slot -> value
-  std::vector<int32_t> dynamic_;       ///< values cleared after each run
-  std::vector<bool> clone_output_;     ///< outputs that would alias a constant
-  std::vector<bool> alias_output_;     ///< outputs that are captured tensors or their views
-  std::vector<bool> stage_writeback_;  ///< write-backs whose source may alias a written tensor
+  std::vector<int32_t> slot_value_;      ///< runtime slot -> value
+  std::vector<int32_t> dynamic_;         ///< values cleared after each run
+  std::vector<bool> clone_output_;       ///< outputs that would alias a constant
+  std::vector<bool> alias_output_;       ///< outputs that are captured tensors or their views
+  std::vector<bool> stage_writeback_;    ///< write-backs whose source may alias a written tensor
+  std::vector<bool> inplace_writeback_;  ///< write-backs computed straight into their target
   int64_t buffer_bytes_ = 0;
   std::mutex busy_;
 };
