@@ -327,6 +327,7 @@ CompiledCore::Entry* CompiledCore::trace(const FlatArgs& args, const TraceFn& fn
   std::vector<Tensor> outs;
   std::vector<std::vector<Tensor>> grads;  // per differentiated output
   std::vector<size_t> diff_outputs;
+  std::vector<int32_t> gout_values;  // per differentiated output: its gradient's graph input
   {
     std::vector<Tensor> sym;
     for (const Tensor& t : args.tensors) sym.push_back(tr.input(InputRole::Argument, t));
@@ -335,6 +336,10 @@ CompiledCore::Entry* CompiledCore::trace(const FlatArgs& args, const TraceFn& fn
     for (size_t i = 0; i < outs.size(); ++i)
       DUET_CHECK(outs[i].defined(), "[compile] {} returned an undefined tensor as output {}",
                  label_, i);
+    // A tensor returned without being read by an op (a parameter returned as it is) is captured
+    // now, so that it is among the sources below and its gradient reaches it.
+    for (const Tensor& o : outs)
+      if (!o.unsafe_impl()->trace) tr.value_of(o);
     bool any = false;
     for (const Tensor& o : outs) any |= o.requires_grad();
     if (grad_mode() && any) {
@@ -352,22 +357,24 @@ CompiledCore::Entry* CompiledCore::trace(const FlatArgs& args, const TraceFn& fn
           wrt.push_back(c);
           e->wrt.push_back({-1, c});
         }
-      try {
-        for (size_t i = 0; i < outs.size(); ++i) {
-          if (!outs[i].requires_grad() || is_same_as_arg(outs[i], sym)) continue;
-          const TensorImpl* o = outs[i].unsafe_impl();
-          Tensor g =
-              tr.input(InputRole::GradOutput, TensorMeta{o->shape, o->dtype, o->device()}, false);
+      for (size_t i = 0; i < outs.size(); ++i) {
+        if (!outs[i].requires_grad() || is_same_as_arg(outs[i], sym)) continue;
+        const TensorImpl* o = outs[i].unsafe_impl();
+        Tensor g =
+            tr.input(InputRole::GradOutput, TensorMeta{o->shape, o->dtype, o->device()}, false);
+        try {
           grads.push_back(detail::grad({outs[i]}, wrt, {g}, false, /*retain_graph=*/true));
-          diff_outputs.push_back(i);
+        } catch (const Error&) {
+          // This output cannot be differentiated: the function already ran backward through
+          // it (a training step), or its backward fails as it would eagerly (a value it saved
+          // was overwritten in place). It is returned without a compiled backward; the other
+          // outputs keep theirs.
+          continue;
         }
-      } catch (const Error&) {
-        // The function already ran backward through its outputs (a training step): they are
-        // returned without a compiled backward.
-        grads.clear();
-        diff_outputs.clear();
-        e->wrt.clear();
+        diff_outputs.push_back(i);
+        gout_values.push_back(g.unsafe_impl()->value);
       }
+      if (grads.empty()) e->wrt.clear();
     }
   }
   std::vector<Tensor> all = outs;
@@ -399,6 +406,9 @@ CompiledCore::Entry* CompiledCore::trace(const FlatArgs& args, const TraceFn& fn
     pos += grads[k].size();
     std::vector<bool> in(n, false);
     ancestors(joint, bwd_roots[k], fwd, in, &saved_per[k]);
+    // The gradient is an input of the plan even when no result reads it (all of them zeros):
+    // the tape node always passes it.
+    in[gout_values[k]] = true;
     saved_all.insert(saved_per[k].begin(), saved_per[k].end());
     bwd_sets.push_back(std::move(in));
   }

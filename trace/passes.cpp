@@ -164,13 +164,10 @@ Graph fold(const Graph& old) {
     bool all_const = n.kind == NodeKind::Op && !n.inputs.empty() &&
                      n.meta.shape.numel() <= kMaxFolded && n.name.empty() &&
                      op_class(n.op) != OpClass::View && n.op != OpId::Copy;
-    bool all_wrapped = true;
     for (int32_t in : n.inputs) {
       const GraphNode& s = r.g.nodes[in];
       const bool is_full = s.kind == NodeKind::Op && s.op == OpId::Full;
       all_const = all_const && (s.kind == NodeKind::Constant || is_full);
-      all_wrapped =
-          all_wrapped && s.kind == NodeKind::Constant && s.constant.unsafe_impl()->wrapped_number;
     }
     if (!all_const) {
       r.map[i] = r.emit(std::move(n));
@@ -185,9 +182,9 @@ Graph fold(const Graph& old) {
     c.kind = NodeKind::Constant;
     c.meta = n.meta;
     c.scope = n.scope;
+    // An op's result is never a wrapped number, even of numbers only (eager gives a 0-d tensor,
+    // and later nodes were traced with its promotion: a 0-d f64 against a 0-d f32 gives f64).
     c.constant = evaluate(n, in);
-    // A result of numbers only still promotes like a number (x * (2 * 3) stays x's dtype).
-    if (all_wrapped && n.meta.shape.size() == 0) c.constant.unsafe_impl()->wrapped_number = true;
     r.map[i] = r.emit(std::move(c));
   }
   return r.done();

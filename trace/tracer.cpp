@@ -96,7 +96,7 @@ int32_t Tracer::add_op(OpId op, const Attrs& attrs, std::vector<int32_t> inputs,
 int32_t Tracer::capture(const Tensor& t) {
   const TensorImpl* x = t.unsafe_impl();
   auto key = std::make_tuple(static_cast<const StorageImpl*>(x->storage.get()), x->offset,
-                             to_vec(x->shape), to_vec(x->strides), static_cast<int>(x->dtype));
+                             to_vec(x->shape), to_vec(x->strides), static_cast<int>(x->dtype), x);
   auto it = captured_.find(key);
   if (it != captured_.end()) return it->second;
   GraphNode n;

@@ -82,8 +82,12 @@ class Tracer final : public DispatchMode {
   std::unordered_map<const StorageImpl*, Written> written_;
   std::vector<StoragePtr> symbolic_storages_;       ///< held so that their addresses stay unique
   std::vector<const StorageImpl*> input_storages_;  ///< of arguments and placeholders
-  /// Captured tensors by (storage, layout): the same tensor read twice is one input.
-  std::map<std::tuple<const StorageImpl*, int64_t, std::vector<int64_t>, std::vector<int64_t>, int>,
+  /// Captured tensors by (storage, layout) and identity: the same tensor read twice is one
+  /// input, and an alias of it (w.detach()) is another. Gradients flow to the tensor read, and
+  /// the guard watches the requires_grad flag of each; one input for both would stand for
+  /// whichever was read first.
+  std::map<std::tuple<const StorageImpl*, int64_t, std::vector<int64_t>, std::vector<int64_t>, int,
+                      const TensorImpl*>,
            int32_t>
       captured_;
   std::string last_scope_;
