@@ -1,0 +1,1311 @@
+// Random programs (random_program.h): running a step on tensors, and the generator.
+#include "random_program.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <string>
+#include <vector>
+
+namespace duet::test {
+
+// ---- the program ----
+
+const char* op_text(Op op) {
+  static const char* names[] = {
+#define X(n) #n,
+      DUET_RANDOM_OPS(X)
+#undef X
+  };
+  return names[int(op)];
+}
+
+namespace {
+
+// How often the generator tries each op (relative).
+double op_weight(Op op) {
+  switch (op) {
+    case Op::Add:
+    case Op::Sub:
+    case Op::Mul:
+    case Op::MatMul:
+      return 4;
+    case Op::Div:
+    case Op::Maximum:
+    case Op::Minimum:
+    case Op::Pow:
+    case Op::Reshape:
+    case Op::Slice:
+    case Op::Where:
+    case Op::Sum:
+    case Op::Cast:
+      return 3;
+    case Op::Transpose:
+    case Op::Permute:
+    case Op::Unsqueeze:
+    case Op::Expand:
+    case Op::Cat:
+    case Op::Mean:
+    case Op::Max:
+    case Op::Min:
+    case Op::Gather:
+    case Op::IndexSelect:
+    case Op::Lt:
+    case Op::Gt:
+    case Op::Exp:
+    case Op::Tanh:
+      return 2;
+    case Op::Argmax:
+    case Op::Argmin:
+    case Op::MseLoss:
+    case Op::Unfold:
+    case Op::Conv2d:
+    case Op::RandnLike:
+    case Op::Dropout:
+    case Op::CrossEntropy:
+    case Op::BceLogits:
+    case Op::Embedding:
+    case Op::Eq:
+    case Op::Ne:
+    case Op::Le:
+    case Op::Ge:
+    case Op::SqueezeAll:
+      return 0.7;
+    case Op::MaxPool:
+    case Op::AvgPool:
+      return 1.5;  // only rank 4 operands: most tries do not apply
+    case Op::UpdateBuffer:
+      return 8;  // only programs with a buffer, once
+    default:
+      return 1;
+  }
+}
+
+std::string meta_text(const Tensor& t) {
+  std::string s = fmt::format("{} {}", dtype_name(t.dtype()), t.sizes());
+  if (!t.is_contiguous())
+    s += fmt::format(" strides {}", Shape(t.strides().data(), t.strides().size()));
+  return s;
+}
+
+std::string ints_text(const std::vector<int64_t>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+}  // namespace
+
+std::string step_text(const Step& st, size_t value) {
+  std::string s = fmt::format("%{} = {}(", value, op_text(st.op));
+  for (size_t i = 0; i < st.args.size(); ++i) s += fmt::format("{}%{}", i ? ", " : "", st.args[i]);
+  s += ")";
+  if (!st.ints.empty()) s += " ints=" + ints_text(st.ints);
+  if (!st.index.empty()) s += " index=" + ints_text(st.index) + " of " + ints_text(st.ishape);
+  s += fmt::format(" s={} s2={}{} mode={}", st.s, st.s2, st.int_scalar ? " (int)" : "", st.mode);
+  return s + "  -> " + st.result;
+}
+
+std::string program_text(const Program& p) {
+  std::string s = fmt::format("seed {} ({} inputs, {} steps{}):\n", p.seed, p.inputs.size(),
+                              p.steps.size(), p.domain.discrete ? ", discrete values" : "");
+  for (size_t i = 0; i < p.inputs.size(); ++i) {
+    const InputSpec& in = p.inputs[i];
+    s += fmt::format("  %{} = input {} {} {}", i, dtype_name(in.dtype), in.shape,
+                     layout_name(in.layout));
+    if (in.made != in.shape) s += fmt::format(", expanded from {}", in.made);
+    if (in.captured) s += in.buffer ? ", captured buffer" : ", captured";
+    s += "\n";
+  }
+  for (size_t k = 0; k < p.steps.size(); ++k)
+    s += "  " + step_text(p.steps[k], p.inputs.size() + k) + "\n";
+  s += "  outputs:";
+  for (int o : p.outputs) s += fmt::format(" %{}", o);
+  return s + "\n";
+}
+
+bool floating(const Tensor& t) { return is_floating(t.dtype()); }
+
+namespace {
+
+Scalar scalar_of(const Step& st, double v) {
+  return st.int_scalar ? Scalar(static_cast<int64_t>(v)) : Scalar(v);
+}
+
+Tensor index_tensor(const Step& st) {
+  std::vector<double> v(st.index.begin(), st.index.end());
+  return tensor(v, Shape(st.ishape), Options().dtype(DType::i64));
+}
+
+// Denominators and bases kept away from zero: |x| + 0.5.
+Tensor safe(const Tensor& x) { return abs(x) + 0.5; }
+
+Tensor unary(Op op, Tensor x) {
+  switch (op) {
+    case Op::Neg:
+      return neg(std::move(x));
+    case Op::Exp:
+      return exp(clamp(x, -4.0, 4.0));
+    case Op::Log:
+      return log(abs(std::move(x)) + 0.5);
+    case Op::Sqrt:
+      return sqrt(abs(std::move(x)) + 0.25);
+    case Op::Rsqrt:
+      return rsqrt(abs(std::move(x)) + 0.25);
+    case Op::Abs:
+      return abs(std::move(x));
+    case Op::Sin:
+      return sin(std::move(x));
+    case Op::Cos:
+      return cos(std::move(x));
+    case Op::Tanh:
+      return tanh(std::move(x));
+    case Op::Sigmoid:
+      return sigmoid(std::move(x));
+    case Op::Relu:
+      return relu(std::move(x));
+    case Op::Gelu:
+      return gelu(x);
+    case Op::Silu:
+      return silu(x);
+    case Op::Erf:
+      return erf(std::move(x));
+    case Op::LogSigmoid:
+      return log_sigmoid(std::move(x));
+    default:
+      FAIL("not a unary op");
+      return {};
+  }
+}
+
+Tensor binary(Op op, const Tensor& a, const Tensor& b) {
+  switch (op) {
+    case Op::Add:
+      return add(a, b);
+    case Op::Sub:
+      return sub(a, b);
+    case Op::Mul:
+      return mul(a, b);
+    case Op::Div:
+      return div(a, safe(b));
+    case Op::Maximum:
+      return maximum(a, b);
+    case Op::Minimum:
+      return minimum(a, b);
+    case Op::Pow:
+      return pow(safe(a), clamp(b, -2.0, 2.0));
+    default:
+      FAIL("not a binary op");
+      return {};
+  }
+}
+
+Tensor binary(Op op, const Tensor& a, Scalar b) {  // b: safe by construction
+  switch (op) {
+    case Op::Add:
+      return add(a, b);
+    case Op::Sub:
+      return sub(a, b);
+    case Op::Mul:
+      return mul(a, b);
+    case Op::Div:
+      return div(a, b);
+    case Op::Maximum:
+      return maximum(a, b);
+    case Op::Minimum:
+      return minimum(a, b);
+    case Op::Pow:
+      return pow(safe(a), b);
+    default:
+      FAIL("not a binary op");
+      return {};
+  }
+}
+
+Tensor binary(Op op, Scalar a, const Tensor& b) {
+  switch (op) {
+    case Op::Add:
+      return add(a, b);
+    case Op::Sub:
+      return sub(a, b);
+    case Op::Mul:
+      return mul(a, b);
+    case Op::Div:
+      return div(a, safe(b));
+    case Op::Maximum:
+      return maximum(a, b);
+    case Op::Minimum:
+      return minimum(a, b);
+    case Op::Pow:
+      return pow(a, clamp(b, -3.0, 3.0));
+    default:
+      FAIL("not a binary op");
+      return {};
+  }
+}
+
+Tensor compare(Op op, const Tensor& a, const Tensor& b) {
+  switch (op) {
+    case Op::Lt:
+      return a < b;
+    case Op::Le:
+      return le(a, b);
+    case Op::Gt:
+      return gt(a, b);
+    case Op::Ge:
+      return a >= b;
+    case Op::Eq:
+      return eq(a, b);
+    default:
+      return a != b;
+  }
+}
+Tensor compare(Op op, const Tensor& a, Scalar b) {
+  switch (op) {
+    case Op::Lt:
+      return lt(a, b);
+    case Op::Le:
+      return a <= b;
+    case Op::Gt:
+      return a > b;
+    case Op::Ge:
+      return ge(a, b);
+    case Op::Eq:
+      return a == b;
+    default:
+      return ne(a, b);
+  }
+}
+Tensor compare(Op op, Scalar a, const Tensor& b) {
+  switch (op) {
+    case Op::Lt:
+      return lt(a, b);
+    case Op::Le:
+      return le(a, b);
+    case Op::Gt:
+      return gt(a, b);
+    case Op::Ge:
+      return ge(a, b);
+    case Op::Eq:
+      return eq(a, b);
+    default:
+      return ne(a, b);
+  }
+}
+
+Dims dims_of(const std::vector<int64_t>& v) { return Dims(v); }
+
+}  // namespace
+
+/// Runs one step on the values computed so far.
+Tensor apply_step(const Step& st, const std::vector<Tensor>& v) {
+  auto arg = [&](size_t i) -> const Tensor& { return v[size_t(st.args[i])]; };
+  switch (st.op) {
+    case Op::Neg:
+      if (st.mode == 2) return -arg(0);
+      [[fallthrough]];
+    case Op::Exp:
+    case Op::Log:
+    case Op::Sqrt:
+    case Op::Rsqrt:
+    case Op::Abs:
+    case Op::Sin:
+    case Op::Cos:
+    case Op::Tanh:
+    case Op::Sigmoid:
+    case Op::Relu:
+    case Op::Gelu:
+    case Op::Silu:
+    case Op::Erf:
+    case Op::LogSigmoid:
+      // mode 1: on a temporary, whose buffer the rvalue overloads may reuse.
+      return st.mode == 1 ? unary(st.op, arg(0).clone()) : unary(st.op, arg(0));
+    case Op::Clamp:
+      return clamp(arg(0), st.s, st.s2);
+    case Op::Add:
+    case Op::Sub:
+    case Op::Mul:
+    case Op::Div:
+    case Op::Maximum:
+    case Op::Minimum:
+    case Op::Pow:
+      switch (st.mode) {
+        case 1:
+          return binary(st.op, arg(0), scalar_of(st, st.s));
+        case 2:
+          return binary(st.op, scalar_of(st, st.s), arg(0));
+        case 3:  // the operators
+          if (st.op == Op::Add) return arg(0) + arg(1);
+          if (st.op == Op::Sub) return arg(0) - arg(1);
+          if (st.op == Op::Mul) return arg(0) * arg(1);
+          return arg(0) / safe(arg(1));
+        default:
+          return binary(st.op, arg(0), arg(1));
+      }
+    case Op::Lt:
+    case Op::Le:
+    case Op::Gt:
+    case Op::Ge:
+    case Op::Eq:
+    case Op::Ne:
+      if (st.mode == 1) return compare(st.op, arg(0), scalar_of(st, st.s));
+      if (st.mode == 2) return compare(st.op, scalar_of(st, st.s), arg(0));
+      return compare(st.op, arg(0), arg(1));
+    case Op::Where:
+      if (st.mode == 1) return where(arg(0), arg(1), scalar_of(st, st.s));
+      if (st.mode == 2) return where(arg(0), scalar_of(st, st.s), arg(1));
+      return where(arg(0), arg(1), arg(2));
+    case Op::MatMul:
+      return matmul(arg(0), st.mode == 1 ? transpose(arg(1), -1, -2) : arg(1));
+    case Op::Linear:
+      return linear(arg(0), arg(1), st.args.size() > 2 ? arg(2) : Tensor());
+    case Op::Reshape:
+      return reshape(arg(0), Shape(st.ints));
+    case Op::Transpose:
+      return transpose(arg(0), st.ints[0], st.ints[1]);
+    case Op::Permute:
+      return permute(arg(0), dims_of(st.ints));
+    case Op::Squeeze:
+      return squeeze(arg(0), st.ints[0]);
+    case Op::SqueezeAll:
+      return squeeze(arg(0));
+    case Op::Unsqueeze:
+      return unsqueeze(arg(0), st.ints[0]);
+    case Op::Expand:
+      return expand(arg(0), Shape(st.ints));
+    case Op::Slice:
+      return slice(arg(0), st.ints[0], st.ints[1], st.ints[2], st.ints[3]);
+    case Op::Cat:
+    case Op::Stack: {
+      std::vector<Tensor> parts;
+      for (size_t i = 0; i < st.args.size(); ++i) parts.push_back(arg(i));
+      return st.op == Op::Cat ? cat(parts, st.ints[0]) : stack(parts, st.ints[0]);
+    }
+    case Op::Sum:
+      return sum(arg(0), dims_of(st.ints), st.mode);
+    case Op::Mean:
+      return mean(arg(0), dims_of(st.ints), st.mode);
+    case Op::Max:
+      return max(arg(0), dims_of(st.ints), st.mode);
+    case Op::Min:
+      return min(arg(0), dims_of(st.ints), st.mode);
+    case Op::Argmax:
+      return argmax(arg(0), st.ints[0], st.mode);
+    case Op::Argmin:
+      return argmin(arg(0), st.ints[0], st.mode);
+    case Op::Softmax:
+      return softmax(arg(0), st.ints[0]);
+    case Op::LogSoftmax:
+      return log_softmax(arg(0), st.ints[0]);
+    case Op::LogSumExp:
+      return logsumexp(arg(0), st.ints[0]);
+    case Op::Gather:
+      return gather(arg(0), st.ints[0], index_tensor(st));
+    case Op::IndexSelect:
+      return index_select(arg(0), st.ints[0], index_tensor(st));
+    case Op::GatherArgmax:
+      return gather(arg(0), st.ints[0], argmax(arg(0), st.ints[0], /*keepdim=*/true));
+    case Op::ScatterAdd: {
+      Tensor idx = index_tensor(st);
+      return scatter_add(arg(0), st.ints[0], idx, gather(arg(1), st.ints[0], idx));
+    }
+    case Op::SliceScatter: {
+      const auto& i = st.ints;
+      Tensor src = st.mode == 1 ? tanh(slice(arg(0), i[0], i[1], i[2], i[3])) : arg(1);
+      return slice_scatter(arg(0), src, i[0], i[1], i[2], i[3]);
+    }
+    case Op::Cast:
+      return arg(0).to(static_cast<DType>(st.mode));
+    case Op::Clone:
+      return arg(0).clone();
+    case Op::Contiguous:
+      return arg(0).contiguous();
+    case Op::AddInplace:
+    case Op::SubInplace:
+    case Op::MulInplace:
+    case Op::DivInplace: {
+      // A fresh result (not a view, not read by anything yet), updated in place.
+      Tensor t = (st.mode & 1) ? arg(0).clone() : arg(0) * st.s2;
+      const bool scalar = st.mode & 2;
+      switch (st.op) {
+        case Op::AddInplace:
+          scalar ? t.add_(st.s) : t.add_(arg(1));
+          break;
+        case Op::SubInplace:
+          scalar ? t.sub_(st.s) : t.sub_(arg(1));
+          break;
+        // mul_ and div_ save self's value from before the write, which the gradient with
+        // respect to the other operand needs; autograd then fails loudly (by design, see
+        // core/dispatch.cpp), so the other operand is detached.
+        case Op::MulInplace:
+          scalar ? t.mul_(st.s) : t.mul_(arg(1).detach());
+          break;
+        default:
+          scalar ? t.div_(st.s) : t.div_(safe(arg(1)).detach());
+          break;
+      }
+      return t;
+    }
+    case Op::CopyInplace: {
+      Tensor t = arg(0).clone();
+      t.copy_(arg(1));
+      return t;
+    }
+    case Op::LayerNorm: {
+      Shape norm;
+      for (int64_t k = arg(0).dim() - st.ints[0]; k < arg(0).dim(); ++k)
+        norm.push_back(arg(0).sizes()[k]);
+      Tensor w = st.mode & 1 ? arg(1) : Tensor();
+      Tensor b = st.mode & 2 ? arg(st.args.size() - 1) : Tensor();
+      return layer_norm(arg(0), norm, w, b, st.s);
+    }
+    case Op::MseLoss:
+      return mse_loss(arg(0), arg(1));
+    case Op::CrossEntropy:
+      return cross_entropy(arg(0), index_tensor(st));
+    case Op::BceLogits:
+      return binary_cross_entropy_with_logits(arg(0), sigmoid(arg(1)));
+    case Op::Embedding:
+      return embedding(arg(0), index_tensor(st));
+    case Op::MaxPool:
+      return max_pool2d(arg(0), st.ints[0], st.ints[1]);
+    case Op::AvgPool:
+      return avg_pool2d(arg(0), st.ints[0], st.ints[1]);
+    case Op::Unfold: {
+      const auto& i = st.ints;
+      Tensor cols = unfold(arg(0), i[0], i[1], i[2]);
+      // mode 1: and back (fold, the adjoint: overlapping windows are summed)
+      return st.mode == 1 ? fold(cols, arg(0).sizes()[2], arg(0).sizes()[3], i[0], i[1], i[2])
+                          : cols;
+    }
+    case Op::Conv2d:
+      return conv2d(arg(0), arg(1), st.args.size() > 2 ? arg(2) : Tensor(), st.ints[0], st.ints[1]);
+    case Op::Source: {
+      // Tensors made inside the function: full, arange, eye.
+      const Tensor& x = arg(0);
+      const Options o = Options().dtype(x.dtype());
+      if (st.mode == 0) return x + full(x.sizes(), st.s, o);
+      const int64_t n = x.sizes()[x.dim() - 1];
+      if (st.mode == 1) return x * arange(n) + st.s;  // i64 against the floating x
+      return matmul(x, eye(n, o) * st.s);
+    }
+    case Op::RandnLike:
+      return arg(0) + randn(arg(0).sizes(), Options().dtype(arg(0).dtype())) * 0.25;
+    case Op::Dropout:
+      return dropout(arg(0), st.s, st.mode == 1);
+    case Op::UpdateBuffer: {
+      // A running average of a value (detached, as the running stats of a batch norm): a
+      // captured tensor written in place, which the compiled function writes back.
+      Tensor b = arg(0);
+      b.mul_(st.s2);
+      const Tensor y = arg(1).detach();
+      b.add_(st.mode == 1 ? mean(y) * (1 - st.s2) : y);
+      return b;
+    }
+    case Op::Count:
+      break;
+  }
+  FAIL("unknown op");
+  return {};
+}
+
+/// The program as a function of its inputs: what runs eagerly and what compile() traces.
+std::vector<Tensor> run_program(const Program& p, const std::vector<Tensor>& inputs) {
+  std::vector<Tensor> v = inputs;
+  v.reserve(inputs.size() + p.steps.size());
+  for (const Step& st : p.steps) v.push_back(apply_step(st, v));
+  std::vector<Tensor> out;
+  for (int o : p.outputs) out.push_back(v[size_t(o)]);
+  return out;
+}
+
+// ---- the generator ----
+
+/// An independent generator for (seed, stream). Rng(s) and Rng(s + 1) walk one sequence a step
+/// apart (splitmix64 adds a constant per draw), so seeds are hashed first.
+Rng rng_for(uint64_t seed, uint64_t stream) {
+  Rng h(seed ^ (stream * 0xd1b54a32d192ed03ull));
+  return Rng(h.next());
+}
+
+std::vector<Tensor> build_inputs(const Program& p, const Values& vals, bool rg, bool contiguous) {
+  std::vector<Tensor> out;
+  for (size_t i = 0; i < p.inputs.size(); ++i) {
+    const InputSpec& in = p.inputs[i];
+    std::vector<double> v = vals[i];
+    Tensor t = contiguous && !in.captured
+                   ? make(broadcast_values(v, in.made, in.shape), in.shape, in.dtype)
+                   : make_sample(v, in.made, in.shape, in.dtype, in.layout);
+    if (rg && is_floating(in.dtype) && !in.buffer) t.requires_grad_(true);
+    out.push_back(t);
+  }
+  return out;
+}
+
+namespace {
+
+bool can_broadcast(const Shape& a, const Shape& b) {
+  const int64_t n = std::max(a.size(), b.size());
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t da = i < n - a.size() ? 1 : a[i - (n - a.size())];
+    int64_t db = i < n - b.size() ? 1 : b[i - (n - b.size())];
+    if (da != db && da != 1 && db != 1) return false;
+  }
+  return true;
+}
+
+constexpr int64_t kMaxNumel = 1200;  // elements of any value: each program stays well under 1 ms
+
+}  // namespace
+
+void Generator::make_inputs() {
+  int64_t vocab[4];
+  for (int64_t& d : vocab) d = chance(0.15) ? 1 : irand(2, 5);
+  p_.domain = Domain{};
+  p_.domain.lo = -2;
+  p_.domain.hi = 2;
+  p_.domain.discrete = chance(0.2);  // ties: equal values for eq/ne, and for max/min gradients
+  const DType main = chance(0.6) ? DType::f32 : DType::f64;
+  const int n = int(irand(1, 4));
+  for (int i = 0; i < n; ++i) {
+    InputSpec in;
+    const int64_t rank = irand(0, 4);
+    for (int64_t d = 4 - rank; d < 4; ++d) {
+      int64_t s = vocab[d];
+      if (chance(0.15)) s = 1;
+      if (chance(0.1)) s = irand(1, 5);
+      in.shape.push_back(s);
+    }
+    in.dtype = chance(0.85) ? main : main == DType::f32 ? DType::f64 : DType::f32;
+    if (chance(0.1))
+      in.dtype = chance(0.5) ? DType::i64 : DType::i32;
+    else if (chance(0.04))
+      in.dtype = DType::b8;
+    in.made = in.shape;
+    if (chance(0.2) && rank > 0) {  // stored smaller, expanded to shape (stride 0)
+      for (int64_t d = 0; d < rank; ++d)
+        if (chance(0.5)) in.made[d] = 1;
+    }
+    const int l = int(irand(0, 5));
+    in.layout = l == 1   ? Layout::Transposed
+                : l == 2 ? Layout::Strided
+                : l == 3 ? Layout::Offset
+                         : Layout::Contiguous;
+    in.captured = in.made == in.shape && chance(0.2);  // not expanded: it is written in place
+    p_.inputs.push_back(in);
+    if (rank == 4 && is_floating(in.dtype) && chance(0.4)) {  // a conv2d weight for it
+      InputSpec w;
+      const int64_t k = irand(1, std::min<int64_t>(2, std::min(in.shape[2], in.shape[3])));
+      w.shape = w.made = Shape{irand(1, 3), in.shape[1], k, k};
+      w.dtype = in.dtype;
+      p_.inputs.push_back(w);
+    }
+  }
+  if (chance(0.15)) {
+    InputSpec b;
+    const int64_t rank = irand(0, 3);
+    for (int64_t d = 4 - rank; d < 4; ++d) b.shape.push_back(vocab[d]);
+    b.made = b.shape;
+    b.dtype = main;
+    b.layout = chance(0.3) ? Layout::Transposed : Layout::Contiguous;
+    b.captured = b.buffer = true;
+    p_.inputs.push_back(b);
+  }
+  first_ = sample_values(rng_);
+  pool_ = build_inputs(p_, first_, false);
+  // A buffer is read only after its update (a read before it would be saved by autograd, or
+  // be a view made before the write: eager and compiled both reject those).
+  for (const InputSpec& in : p_.inputs) blocked_.push_back(in.buffer);
+}
+
+Values Generator::sample_values(Rng& rng) const {
+  Values out;
+  for (const InputSpec& in : p_.inputs)
+    out.push_back(random_values(in.made.numel(), p_.domain, in.dtype, rng));
+  return out;
+}
+
+std::vector<int64_t> Generator::random_shape(int64_t numel) {
+  std::vector<int64_t> primes;
+  for (int64_t n = numel, f = 2; n > 1;) {
+    if (n % f == 0) {
+      primes.push_back(f);
+      n /= f;
+    } else {
+      ++f;
+    }
+  }
+  int64_t rank = irand(numel == 1 ? 0 : 1, 4);
+  std::vector<int64_t> s(size_t(rank), 1);
+  for (int64_t f : primes) s[size_t(irand(0, rank - 1))] *= f;
+  if (rank > 0 && chance(0.3)) s[size_t(irand(0, rank - 1))] = -1;
+  return s;
+}
+
+// An i64 index for gather / scatter_add along d: sizes up to x's along the other dims.
+void Generator::random_index(Step& st, const Tensor& x, int64_t d) {
+  st.ishape.clear();
+  st.index.clear();
+  for (int64_t e = 0; e < x.dim(); ++e)
+    st.ishape.push_back(e == d ? irand(1, 4) : irand(1, x.sizes()[e]));
+  const int64_t n = Shape(st.ishape).numel();
+  for (int64_t i = 0; i < n; ++i) st.index.push_back(irand(0, x.sizes()[d] - 1));
+}
+
+bool Generator::propose_binary(Op op, Step& st) {
+  const bool ints_ok =
+      op == Op::Add || op == Op::Sub || op == Op::Maximum || op == Op::Minimum || op == Op::Div;
+  int a = pick([&](const Tensor& t) {
+    return floating(t) || (ints_ok && t.dtype() != DType::b8 && op != Op::Div);
+  });
+  if (a < 0) return false;
+  const double r = urand(0, 1);
+  st.args = {a};
+  if (r < 0.2) {
+    st.mode = 1;  // tensor op number
+  } else if (r < 0.35) {
+    st.mode = 2;  // number op tensor
+  } else {
+    st.mode =
+        (r > 0.9 && (op == Op::Add || op == Op::Sub || op == Op::Mul || op == Op::Div)) ? 3 : 0;
+    const Shape& sa = at(a).sizes();
+    int b = pick([&](const Tensor& t) {
+      return (floating(t) || (ints_ok && t.dtype() != DType::b8)) && can_broadcast(sa, t.sizes()) &&
+             broadcast_shape(sa, t.sizes()).numel() <= kMaxNumel;
+    });
+    if (b < 0) return false;
+    st.args.push_back(b);
+    return true;
+  }
+  st.int_scalar = !floating(at(a)) || chance(0.15);
+  st.s = nice_scalar();
+  if (op == Op::Div && st.mode == 1) st.s = (chance(0.5) ? 1 : -1) * urand(0.5, 2);
+  if (op == Op::Div && st.mode == 1 && st.int_scalar) st.s = chance(0.5) ? 2 : -1;
+  if (op == Op::Pow && st.mode == 1) {
+    static const double exps[] = {2, 3, 0.5, -1, 1.5, -0.5, 1, 0};
+    st.s = exps[irand(0, 7)];
+    st.int_scalar = st.s == std::floor(st.s) && chance(0.5);
+  }
+  if (op == Op::Pow && st.mode == 2) {
+    st.s = urand(0.5, 2);
+    st.int_scalar = false;
+  }
+  if (st.int_scalar) st.s = std::round(st.s);
+  return true;
+}
+
+bool Generator::propose(Op op, Step& st) {
+  st = Step{};
+  st.op = op;
+  auto any = [](const Tensor&) { return true; };
+  auto numeric = [](const Tensor& t) { return t.dtype() != DType::b8; };
+  auto fl = [](const Tensor& t) { return floating(t); };
+  auto fl_nd = [](const Tensor& t) { return floating(t) && t.dim() >= 1; };
+  switch (op) {
+    case Op::Neg:
+    case Op::Exp:
+    case Op::Log:
+    case Op::Sqrt:
+    case Op::Rsqrt:
+    case Op::Abs:
+    case Op::Sin:
+    case Op::Cos:
+    case Op::Tanh:
+    case Op::Sigmoid:
+    case Op::Relu:
+    case Op::Gelu:
+    case Op::Silu:
+    case Op::Erf:
+    case Op::LogSigmoid: {
+      int a = pick(fl);
+      if (a < 0) return false;
+      st.args = {a};
+      st.mode = chance(0.25) ? 1 : (op == Op::Neg && chance(0.3)) ? 2 : 0;
+      return true;
+    }
+    case Op::Clamp: {
+      int a = pick(fl);
+      if (a < 0) return false;
+      st.args = {a};
+      st.s = -urand(0.2, 2);
+      st.s2 = urand(0.2, 2);
+      return true;
+    }
+    case Op::Add:
+    case Op::Sub:
+    case Op::Mul:
+    case Op::Div:
+    case Op::Maximum:
+    case Op::Minimum:
+    case Op::Pow:
+      return propose_binary(op, st);
+    case Op::Lt:
+    case Op::Le:
+    case Op::Gt:
+    case Op::Ge:
+    case Op::Eq:
+    case Op::Ne: {
+      int a = pick(numeric);
+      if (a < 0) return false;
+      st.args = {a};
+      if (chance(0.4)) {
+        st.mode = chance(0.5) ? 1 : 2;
+        st.s = p_.domain.discrete ? std::round(urand(-2, 2) * 2) / 2 : urand(-1.5, 1.5);
+        st.int_scalar = !floating(at(a));
+        if (st.int_scalar) st.s = std::round(st.s);
+        return true;
+      }
+      const Shape& sa = at(a).sizes();
+      int b = pick([&](const Tensor& t) {
+        return t.dtype() != DType::b8 && can_broadcast(sa, t.sizes()) &&
+               broadcast_shape(sa, t.sizes()).numel() <= kMaxNumel;
+      });
+      if (b < 0) return false;
+      st.args.push_back(b);
+      return true;
+    }
+    case Op::Where: {
+      int c = pick([](const Tensor& t) { return t.dtype() == DType::b8; });
+      if (c < 0) return false;
+      const Shape& sc = at(c).sizes();
+      int a = pick([&](const Tensor& t) {
+        return floating(t) && can_broadcast(sc, t.sizes()) &&
+               broadcast_shape(sc, t.sizes()).numel() <= kMaxNumel;
+      });
+      if (a < 0) return false;
+      st.args = {c, a};
+      const double r = urand(0, 1);
+      if (r < 0.3) {
+        st.mode = r < 0.15 ? 1 : 2;
+        st.s = nice_scalar();
+        return true;
+      }
+      Shape sca = broadcast_shape(sc, at(a).sizes());
+      int b = pick([&](const Tensor& t) {
+        return floating(t) && can_broadcast(sca, t.sizes()) &&
+               broadcast_shape(sca, t.sizes()).numel() <= kMaxNumel;
+      });
+      if (b < 0) return false;
+      st.args.push_back(b);
+      return true;
+    }
+    case Op::MatMul: {
+      int a = pick(fl_nd);
+      if (a < 0) return false;
+      const Tensor& A = at(a);
+      const int64_t k = A.sizes()[A.dim() - 1];
+      Shape batch_a = A.sizes();
+      batch_a.resize(std::max<int64_t>(A.dim() - 2, 0));
+      auto batch_ok = [&](const Tensor& t) {
+        Shape bb = t.sizes();
+        bb.resize(t.dim() - 2);
+        if (!can_broadcast(batch_a, bb)) return false;
+        Shape out = broadcast_shape(batch_a, bb);
+        return out.numel() * (A.dim() >= 2 ? A.sizes()[A.dim() - 2] : 1) * t.sizes()[t.dim() - 1] <=
+               kMaxNumel;
+      };
+      st.args = {a};
+      st.mode = chance(0.3) ? 1 : 0;
+      if (st.mode == 0) {
+        int b = pick([&](const Tensor& t) {
+          if (t.dtype() != A.dtype() || t.dim() == 0) return false;
+          if (t.dim() == 1) return t.sizes()[0] == k;
+          return t.sizes()[t.dim() - 2] == k && batch_ok(t);
+        });
+        if (b >= 0) {
+          st.args.push_back(b);
+          return true;
+        }
+        st.mode = 1;
+      }
+      // matmul(a, transpose(c)) with c (..., n, k): a itself (a Gram matrix) when nothing else.
+      int c = pick([&](const Tensor& t) {
+        if (t.dtype() != A.dtype() || t.dim() < 2 || t.sizes()[t.dim() - 1] != k) return false;
+        Shape bb = t.sizes();
+        bb.resize(t.dim() - 2);
+        if (!can_broadcast(batch_a, bb)) return false;
+        return broadcast_shape(batch_a, bb).numel() * (A.dim() >= 2 ? A.sizes()[A.dim() - 2] : 1) *
+                   t.sizes()[t.dim() - 2] <=
+               kMaxNumel;
+      });
+      if (c < 0) {
+        if (A.dim() == 1) {
+          st.mode = 0;
+          st.args.push_back(a);  // a dot product
+          return true;
+        }
+        return false;
+      }
+      st.args.push_back(c);
+      return true;
+    }
+    case Op::Linear: {
+      int x = pick(fl_nd);
+      if (x < 0) return false;
+      const Tensor& X = at(x);
+      int w = pick([&](const Tensor& t) {
+        return t.dim() == 2 && t.dtype() == X.dtype() && t.sizes()[1] == X.sizes()[X.dim() - 1] &&
+               X.numel() / X.sizes()[X.dim() - 1] * t.sizes()[0] <= kMaxNumel;
+      });
+      if (w < 0) return false;
+      st.args = {x, w};
+      int b = pick([&](const Tensor& t) {
+        return t.dim() == 1 && t.dtype() == X.dtype() && t.sizes()[0] == at(w).sizes()[0];
+      });
+      if (b >= 0 && chance(0.6)) st.args.push_back(b);
+      return true;
+    }
+    case Op::Reshape: {
+      int a = pick(any);
+      if (a < 0) return false;
+      st.args = {a};
+      st.ints = random_shape(at(a).numel());
+      return true;
+    }
+    case Op::Transpose: {
+      int a = pick([](const Tensor& t) { return t.dim() >= 1; });
+      if (a < 0) return false;
+      const int64_t r = at(a).dim();
+      st.args = {a};
+      int64_t d0 = irand(0, r - 1), d1 = irand(0, r - 1);
+      if (d0 == d1 && r > 1 && chance(0.8)) d1 = (d0 + 1) % r;
+      st.ints = {wrap_or_negative(d0, r), wrap_or_negative(d1, r)};
+      return true;
+    }
+    case Op::Permute: {
+      int a = pick([](const Tensor& t) { return t.dim() >= 2; });
+      if (a < 0) return false;
+      const int64_t r = at(a).dim();
+      st.args = {a};
+      std::vector<int64_t> perm(static_cast<size_t>(r));
+      std::iota(perm.begin(), perm.end(), 0);
+      for (int64_t i = r - 1; i > 0; --i) std::swap(perm[size_t(i)], perm[size_t(irand(0, i))]);
+      for (int64_t& d : perm) d = wrap_or_negative(d, r);
+      st.ints = perm;
+      return true;
+    }
+    case Op::Squeeze: {
+      int a = pick([](const Tensor& t) { return t.dim() >= 1; });
+      if (a < 0) return false;
+      const Tensor& A = at(a);
+      st.args = {a};
+      std::vector<int64_t> ones;
+      for (int64_t d = 0; d < A.dim(); ++d)
+        if (A.sizes()[d] == 1) ones.push_back(d);
+      int64_t d = !ones.empty() && chance(0.8) ? ones[size_t(irand(0, int64_t(ones.size()) - 1))]
+                                               : irand(0, A.dim() - 1);
+      st.ints = {wrap_or_negative(d, A.dim())};
+      return true;
+    }
+    case Op::SqueezeAll: {
+      int a = pick(any);
+      if (a < 0) return false;
+      st.args = {a};
+      return true;
+    }
+    case Op::Unsqueeze: {
+      int a = pick([](const Tensor& t) { return t.dim() < 4; });
+      if (a < 0) return false;
+      st.args = {a};
+      const int64_t r = at(a).dim() + 1;
+      st.ints = {wrap_or_negative(irand(0, r - 1), r)};
+      return true;
+    }
+    case Op::Expand: {
+      int a = pick([](const Tensor& t) { return t.dim() < 4 || t.numel() < t.dim() * 8; });
+      if (a < 0) return false;
+      const Tensor& A = at(a);
+      st.args = {a};
+      std::vector<int64_t> target;
+      if (A.dim() < 4 && chance(0.5)) target.push_back(irand(1, 3));
+      for (int64_t d = 0; d < A.dim(); ++d) {
+        int64_t s = A.sizes()[d];
+        if (s == 1 && chance(0.7)) s = irand(2, 4);
+        target.push_back(s == A.sizes()[d] && chance(0.3) ? -1 : s);
+      }
+      st.ints = target;
+      return true;
+    }
+    case Op::Slice: {
+      int a = pick([](const Tensor& t) { return t.dim() >= 1; });
+      if (a < 0) return false;
+      const Tensor& A = at(a);
+      st.args = {a};
+      const int64_t d = irand(0, A.dim() - 1), n = A.sizes()[d];
+      int64_t start = irand(0, n - 1), end = irand(start + 1, n + 1), step = irand(1, 3);
+      if (chance(0.2)) start -= n;  // counts from the end
+      st.ints = {wrap_or_negative(d, A.dim()), start, end, step};
+      return true;
+    }
+    case Op::Cat:
+    case Op::Stack: {
+      int a =
+          pick([&](const Tensor& t) { return numeric(t) && (op == Op::Stack || t.dim() >= 1); });
+      if (a < 0) return false;
+      const Tensor& A = at(a);
+      const int64_t r = op == Op::Cat ? A.dim() : A.dim() + 1;
+      const int64_t d = irand(0, r - 1);
+      st.args = {a};
+      st.ints = {wrap_or_negative(d, r)};
+      const int parts = int(irand(1, 2));
+      int64_t total = A.numel();
+      for (int k = 0; k < parts; ++k) {
+        int b = pick([&](const Tensor& t) {
+          if (!numeric(t) || t.dim() != A.dim()) return false;
+          if (op == Op::Stack) return t.sizes() == A.sizes();
+          for (int64_t e = 0; e < t.dim(); ++e)
+            if (e != d && t.sizes()[e] != A.sizes()[e]) return false;
+          return true;
+        });
+        if (total + at(b).numel() > kMaxNumel) break;
+        total += at(b).numel();
+        st.args.push_back(b);
+      }
+      return true;
+    }
+    case Op::Sum:
+    case Op::Mean:
+    case Op::Max:
+    case Op::Min: {
+      int a = op == Op::Sum ? pick(any) : op == Op::Mean ? pick(fl) : pick(numeric);
+      if (a < 0) return false;
+      const Tensor& A = at(a);
+      st.args = {a};
+      st.mode = chance(0.4);
+      if (A.dim() > 0 && chance(0.75)) {
+        for (int64_t d = 0; d < A.dim(); ++d)
+          if (chance(0.4)) st.ints.push_back(wrap_or_negative(d, A.dim()));
+        if (st.ints.empty()) st.ints.push_back(irand(0, A.dim() - 1));
+        std::reverse(st.ints.begin(), st.ints.end());
+      }
+      return true;
+    }
+    case Op::Argmax:
+    case Op::Argmin:
+    case Op::GatherArgmax: {
+      int a = pick([&](const Tensor& t) {
+        return t.dim() >= 1 && numeric(t) && (op == Op::GatherArgmax || chance(0.5) || floating(t));
+      });
+      if (a < 0) return false;
+      st.args = {a};
+      st.ints = {wrap_or_negative(irand(0, at(a).dim() - 1), at(a).dim())};
+      st.mode = chance(0.5);
+      return true;
+    }
+    case Op::Softmax:
+    case Op::LogSoftmax:
+    case Op::LogSumExp: {
+      int a = pick(fl_nd);
+      if (a < 0) return false;
+      st.args = {a};
+      st.ints = {wrap_or_negative(irand(0, at(a).dim() - 1), at(a).dim())};
+      return true;
+    }
+    case Op::Gather:
+    case Op::ScatterAdd: {
+      int a = pick(op == Op::Gather ? std::function<bool(const Tensor&)>(
+                                          [](const Tensor& t) { return t.dim() >= 1; })
+                                    : std::function<bool(const Tensor&)>(fl_nd));
+      if (a < 0) return false;
+      const Tensor& A = at(a);
+      const int64_t d = irand(0, A.dim() - 1);
+      st.args = {a};
+      random_index(st, A, d);
+      st.ints = {d};
+      if (op == Op::ScatterAdd) {
+        int b =
+            pick([&](const Tensor& t) { return t.sizes() == A.sizes() && t.dtype() == A.dtype(); });
+        st.args.push_back(b);
+      }
+      return true;
+    }
+    case Op::IndexSelect: {
+      int a = pick([](const Tensor& t) { return t.dim() >= 1; });
+      if (a < 0) return false;
+      const Tensor& A = at(a);
+      const int64_t d = irand(0, A.dim() - 1);
+      st.args = {a};
+      st.ints = {wrap_or_negative(d, A.dim())};
+      const int64_t n = irand(1, 5);
+      for (int64_t i = 0; i < n; ++i) st.index.push_back(irand(0, A.sizes()[d] - 1));
+      st.ishape = {n};
+      return A.numel() / A.sizes()[d] * n <= kMaxNumel;
+    }
+    case Op::SliceScatter: {
+      int a = pick(fl_nd);
+      if (a < 0) return false;
+      const Tensor& A = at(a);
+      const int64_t d = irand(0, A.dim() - 1), n = A.sizes()[d];
+      const int64_t start = irand(0, n - 1), end = irand(start + 1, n), step = irand(1, 2);
+      st.ints = {d, start, end, step};
+      st.args = {a};
+      Shape s = A.sizes();
+      s[d] = (end - start + step - 1) / step;
+      int b = pick([&](const Tensor& t) { return t.sizes() == s && t.dtype() == A.dtype(); });
+      if (b >= 0 && chance(0.7)) {
+        st.args.push_back(b);
+      } else {
+        st.mode = 1;
+      }
+      return true;
+    }
+    case Op::Cast: {
+      int a = pick(any);
+      if (a < 0) return false;
+      st.args = {a};
+      const DType from = at(a).dtype();
+      DType to;
+      const double r = urand(0, 1);
+      if (is_floating(from))
+        to = r < 0.7    ? (from == DType::f32 ? DType::f64 : DType::f32)
+             : r < 0.8  ? from
+             : r < 0.88 ? DType::i64
+             : r < 0.95 ? DType::i32
+                        : DType::b8;
+      else
+        to = r < 0.5 ? DType::f32 : r < 0.8 ? DType::f64 : DType::i64;
+      st.mode = int(to);
+      return true;
+    }
+    case Op::Clone:
+    case Op::Contiguous: {
+      int a = pick(any);
+      if (a < 0) return false;
+      st.args = {a};
+      return true;
+    }
+    case Op::AddInplace:
+    case Op::SubInplace:
+    case Op::MulInplace:
+    case Op::DivInplace: {
+      int a = pick(fl);
+      if (a < 0) return false;
+      const Tensor& A = at(a);
+      st.args = {a};
+      st.mode = int(irand(0, 1));
+      st.s2 = nice_scalar();
+      int b = pick([&](const Tensor& t) {
+        return floating(t) && can_broadcast(A.sizes(), t.sizes()) &&
+               broadcast_shape(A.sizes(), t.sizes()) == A.sizes();
+      });
+      if (b < 0 || chance(0.25)) {
+        st.mode |= 2;
+        st.s = op == Op::DivInplace ? (chance(0.5) ? 1 : -1) * urand(0.5, 2) : nice_scalar();
+      } else {
+        st.args.push_back(b);
+      }
+      return true;
+    }
+    case Op::CopyInplace: {
+      int a = pick(fl);
+      if (a < 0) return false;
+      const Shape& sa = at(a).sizes();
+      int b = pick([&](const Tensor& t) {
+        return t.dtype() != DType::b8 && can_broadcast(sa, t.sizes()) &&
+               broadcast_shape(sa, t.sizes()) == sa;
+      });
+      if (b < 0) return false;
+      st.args = {a, b};
+      return true;
+    }
+    case Op::CrossEntropy: {
+      int a = pick([](const Tensor& t) { return floating(t) && t.dim() >= 1 && t.dim() <= 2; });
+      if (a < 0) return false;
+      const Tensor& A = at(a);
+      st.args = {a};
+      const int64_t c = A.sizes()[A.dim() - 1];
+      const int64_t n = A.dim() == 2 ? A.sizes()[0] : 1;
+      for (int64_t i = 0; i < n; ++i) st.index.push_back(irand(0, c - 1));
+      st.ishape = A.dim() == 2 ? std::vector<int64_t>{n} : std::vector<int64_t>{};
+      return true;
+    }
+    case Op::BceLogits: {
+      int a = pick(fl);
+      if (a < 0) return false;
+      const Shape& sa = at(a).sizes();
+      int b = pick([&](const Tensor& t) { return floating(t) && t.sizes() == sa; });
+      st.args = {a, b};
+      return true;
+    }
+    case Op::Embedding: {
+      int a = pick([](const Tensor& t) { return floating(t) && t.dim() == 2; });
+      if (a < 0) return false;
+      st.args = {a};
+      const int64_t rows = at(a).sizes()[0];
+      const int64_t rank = irand(0, 2);
+      for (int64_t d = 0; d < rank; ++d) st.ishape.push_back(irand(1, 3));
+      const int64_t n = Shape(st.ishape).numel();
+      for (int64_t i = 0; i < n; ++i) st.index.push_back(irand(0, rows - 1));
+      return true;
+    }
+    case Op::Source: {
+      int a = pick(fl_nd);
+      if (a < 0) return false;
+      st.args = {a};
+      st.mode = int(irand(0, 2));
+      st.s = nice_scalar();
+      return true;
+    }
+    case Op::UpdateBuffer: {
+      int buf = -1;
+      for (size_t i = 0; i < p_.inputs.size(); ++i)
+        if (p_.inputs[i].buffer && !updated_[i]) buf = int(i);
+      if (buf < 0) return false;
+      const Shape& sb = at(buf).sizes();
+      int y = pick([&](const Tensor& t) {
+        return floating(t) && can_broadcast(sb, t.sizes()) && broadcast_shape(sb, t.sizes()) == sb;
+      });
+      if (y < 0 || chance(0.3)) {
+        y = pick(fl);
+        st.mode = 1;  // its mean
+      }
+      if (y < 0) return false;
+      st.args = {buf, y};
+      st.s2 = urand(0.5, 0.95);
+      return true;
+    }
+    case Op::Dropout: {
+      int a = pick(fl);
+      if (a < 0) return false;
+      st.args = {a};
+      st.mode = chance(0.8);  // training (random), else the identity
+      st.s = chance(0.2) ? 0 : urand(0.1, 0.6);
+      return true;
+    }
+    case Op::LayerNorm: {
+      int a = pick(fl_nd);
+      if (a < 0) return false;
+      const Tensor& A = at(a);
+      st.args = {a};
+      const int64_t k = irand(1, std::min<int64_t>(2, A.dim()));
+      st.ints = {k};
+      // Not the default 1e-5: rows of equal values (expanded inputs, repeated indices, size-1
+      // rows) have variance 0, where the gradient is O(1) terms scaled by 1/sqrt(eps) that cancel
+      // to 0 in exact arithmetic, and eager and compiled (which sum per output) cancel to
+      // different f32 noise. eps >= 0.01 keeps the factor at most 10.
+      st.s = chance(0.5) ? 0.01 : 0.1;
+      Shape norm;
+      for (int64_t e = A.dim() - k; e < A.dim(); ++e) norm.push_back(A.sizes()[e]);
+      auto fits = [&](const Tensor& t) { return t.sizes() == norm && t.dtype() == A.dtype(); };
+      int w = pick(fits), b = pick(fits);
+      if (w >= 0 && chance(0.6)) {
+        st.mode |= 1;
+        st.args.push_back(w);
+      }
+      if (b >= 0 && chance(0.6)) {
+        st.mode |= 2;
+        st.args.push_back(b);
+      }
+      return true;
+    }
+    case Op::MseLoss: {
+      int a = pick(fl);
+      if (a < 0) return false;
+      const Shape& s = at(a).sizes();
+      int b = pick([&](const Tensor& t) { return floating(t) && t.sizes() == s; });
+      st.args = {a, b};
+      return true;
+    }
+    case Op::MaxPool:
+    case Op::AvgPool:
+    case Op::Unfold: {
+      int a = pick([](const Tensor& t) {
+        return floating(t) && t.dim() == 4 && t.sizes()[2] >= 2 && t.sizes()[3] >= 2;
+      });
+      if (a < 0) return false;
+      st.args = {a};
+      if (op == Op::Unfold) {
+        st.ints = {irand(1, 2), irand(1, 2), irand(0, 1)};
+        st.mode = chance(0.5);
+      } else
+        st.ints = {2, irand(0, 1)};
+      return true;
+    }
+    case Op::Conv2d: {
+      int a = pick([](const Tensor& t) { return floating(t) && t.dim() == 4; });
+      if (a < 0) return false;
+      const Tensor& X = at(a);
+      const int64_t pad = irand(0, 1);
+      int w = pick([&](const Tensor& t) {
+        return t.dim() == 4 && t.dtype() == X.dtype() && t.sizes()[1] == X.sizes()[1] &&
+               t.sizes()[2] == t.sizes()[3] && t.sizes()[2] <= X.sizes()[2] + 2 * pad &&
+               t.sizes()[2] <= X.sizes()[3] + 2 * pad;
+      });
+      if (w < 0) return false;
+      st.args = {a, w};
+      int b = pick([&](const Tensor& t) {
+        return t.dim() == 1 && t.dtype() == X.dtype() && t.sizes()[0] == at(w).sizes()[0];
+      });
+      if (b >= 0 && chance(0.6)) st.args.push_back(b);
+      st.ints = {irand(1, 2), pad};
+      return true;
+    }
+    case Op::RandnLike: {
+      int a = pick(fl);
+      if (a < 0) return false;
+      st.args = {a};
+      return true;
+    }
+    case Op::Count:
+      break;
+  }
+  return false;
+}
+
+double max_abs(const Tensor& t) {
+  double m = 0;
+  for (double x : values(t)) m = std::isfinite(x) ? std::max(m, std::fabs(x)) : INFINITY;
+  return m;
+}
+
+std::string Generator::make_steps(int n) {
+  std::vector<double> cum;
+  double total = 0;
+  for (int i = 0; i < int(Op::Count); ++i) cum.push_back(total += op_weight(Op(i)));
+  NoGradGuard ng;
+  manual_seed(kRandSeed);
+  for (int tries = 0; int(p_.steps.size()) < n && tries < 4000; ++tries) {
+    const double r = urand(0, total);
+    const Op op = Op(std::upper_bound(cum.begin(), cum.end(), r) - cum.begin());
+    Step st;
+    if (!propose(op, st)) continue;
+    Tensor out;
+    try {
+      out = apply_step(st, pool_);
+    } catch (const std::exception& e) {
+      return fmt::format("generation: step {} threw: {}", step_text(st, pool_.size()), e.what());
+    }
+    const double m = floating(out) ? max_abs(out) : 0;
+    if (out.numel() == 0 || out.numel() > kMaxNumel || !std::isfinite(m)) continue;
+    st.result = meta_text(out);
+    if (st.op == Op::UpdateBuffer) updated_[size_t(st.args[0])] = true;
+    p_.steps.push_back(st);
+    pool_.push_back(out);
+    blocked_.push_back(false);
+    if (m > 16) {
+      // Tame: multiply by a power of two (exact) that brings the magnitude to at most 4.
+      Step t;
+      t.op = Op::Mul;
+      t.mode = 1;
+      t.args = {int(pool_.size()) - 1};
+      t.s = std::ldexp(1.0, -int(std::ceil(std::log2(m / 4))));
+      Tensor o = apply_step(t, pool_);
+      t.result = meta_text(o);
+      p_.steps.push_back(t);
+      pool_.push_back(o);
+      blocked_.push_back(false);
+    }
+  }
+  return "";
+}
+
+void Generator::choose_outputs() {
+  const int first = int(p_.inputs.size()), last = int(pool_.size()) - 1;
+  p_.outputs = {last};
+  const int extra = int(irand(0, 2));
+  for (int k = 0; k < extra && last > first; ++k) p_.outputs.push_back(int(irand(first, last - 1)));
+  if (chance(0.08)) p_.outputs.push_back(p_.outputs[0]);             // the same tensor twice
+  if (chance(0.05)) p_.outputs.push_back(int(irand(0, first - 1)));  // an input itself
+}
+
+}  // namespace duet::test
