@@ -82,12 +82,18 @@ Tensor call(OpId op, TensorRefs inputs, const Attrs& attrs, unsigned expiring) {
   TensorMeta meta;
   def.infer(def, inputs, attrs, meta);
   OpCall c{op, inputs, attrs, meta, nullptr};
-  if (tls_depth == 0) check_concrete(def, inputs);
+  // One pass over the inputs for both flags: this is the eager hot path.
+  bool requires_grad = false, symbolic = false;
+  for (int64_t i = 0; i < inputs.size(); ++i) {
+    const TensorImpl* x = inputs[i].unsafe_impl();
+    requires_grad |= x->requires_grad;
+    symbolic |= x->trace.get() != nullptr;
+  }
+  if (__builtin_expect(symbolic, 0) && tls_depth == 0) check_concrete(def, inputs);
   // Autograd records a tape node when grad mode is on and an input requires grad, unless the
   // result cannot carry a gradient (a cast to an integer dtype, as in PyTorch). A recorded call
   // never reuses an input's buffer: the node may have saved that input.
-  const bool record =
-      tls_grad && def.differentiable && is_floating(meta.dtype) && any_requires_grad(inputs);
+  const bool record = tls_grad && def.differentiable && is_floating(meta.dtype) && requires_grad;
   Tensor out = run_from(tls_depth, def, c, (tls_depth || record) ? 0 : expiring);
   if (record) autograd_finish(autograd_prepare(def, inputs, attrs, nullptr), out);
   return out;

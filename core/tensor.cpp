@@ -149,7 +149,7 @@ std::vector<bool> Tensor::to_vector<bool>(std::source_location loc) const {
   return std::vector<bool>(p, p + numel());
 }
 
-#define DUET_INSTANTIATE(T)                                  \
+#define DUET_INSTANTIATE(T)                               \
   template T Tensor::item<T>(std::source_location) const; \
   template std::vector<T> Tensor::to_vector<T>(std::source_location) const;
 DUET_INSTANTIATE(float)

@@ -119,14 +119,14 @@ struct TraceTag {
 struct TensorImpl {
   std::atomic<int32_t> refcount_{1};
   DType dtype = DType::f32;
-  bool contiguous = true;       ///< row-major dense, cached from shape and strides
-  bool wrapped_number = false;  ///< a 0-d tensor made from a C++ Scalar: promotes like a Scalar
-  bool requires_grad = false;   ///< a leaf marked by requires_grad_(), or an output with grad_fn
-  bool is_view = false;         ///< made by a view op from another tensor's storage
-  int32_t value = -1;           ///< symbolic tensors: the SSA value in the trace's graph
-  uint32_t sym_version = 0;     ///< symbolic tensors: the storage version `value` holds
+  bool contiguous = true;        ///< row-major dense, cached from shape and strides
+  bool wrapped_number = false;   ///< a 0-d tensor made from a C++ Scalar: promotes like a Scalar
+  bool requires_grad = false;    ///< a leaf marked by requires_grad_(), or an output with grad_fn
+  bool is_view = false;          ///< made by a view op from another tensor's storage
+  int32_t value = -1;            ///< symbolic tensors: the SSA value in the trace's graph
+  uint32_t sym_version = 0;      ///< symbolic tensors: the storage version `value` holds
   IntrusivePtr<TraceTag> trace;  ///< non-null for symbolic tensors (see TraceTag)
-  int64_t offset = 0;           ///< in elements, into storage
+  int64_t offset = 0;            ///< in elements, into storage
   Shape shape;
   Strides strides;
   StoragePtr storage;

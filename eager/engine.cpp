@@ -271,8 +271,8 @@ void Tensor::backward(Tensor grad_output, bool retain_graph) const {
 
 std::vector<Tensor> grad(std::vector<Tensor> outputs, std::vector<Tensor> inputs,
                          std::vector<Tensor> grad_outputs, bool create_graph) {
-  return detail::grad(std::move(outputs), std::move(inputs), std::move(grad_outputs),
-                      create_graph, /*retain_graph=*/create_graph);
+  return detail::grad(std::move(outputs), std::move(inputs), std::move(grad_outputs), create_graph,
+                      /*retain_graph=*/create_graph);
 }
 
 std::vector<Tensor> detail::grad(std::vector<Tensor> outputs, std::vector<Tensor> inputs,

@@ -31,17 +31,13 @@ Tracer::Layout Tracer::layout_of(const TensorImpl* x) {
 }
 
 Tensor Tracer::symbolic(int32_t value, const TensorMeta& meta, bool requires_grad) {
-  auto* t = new TensorImpl();
-  TensorImplPtr p = TensorImplPtr::adopt(t);
-  t->dtype = meta.dtype;
-  t->shape = meta.shape;
-  t->strides = contiguous_strides(meta.shape);
-  t->storage = StoragePtr::adopt(new StorageImpl(nullptr, 0, meta.device, nullptr));
-  symbolic_storages_.push_back(t->storage);
-  t->trace = tag_;
-  t->value = value;
-  t->requires_grad = requires_grad;
-  return Tensor(std::move(p));
+  Tensor t = make_meta_tensor(meta);
+  TensorImpl* x = t.unsafe_impl();
+  symbolic_storages_.push_back(x->storage);
+  x->trace = tag_;
+  x->value = value;
+  x->requires_grad = requires_grad;
+  return t;
 }
 
 Tensor Tracer::input(InputRole role, const TensorMeta& meta, bool requires_grad, std::string name) {
