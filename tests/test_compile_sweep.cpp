@@ -14,6 +14,7 @@
 #include <optional>
 #include <set>
 
+#include "grad_samples.h"
 #include "op_rows.h"
 
 namespace duet::test {
@@ -405,67 +406,11 @@ TEST_CASE("compiled elementwise rows: Scalar operands, rvalue operands, mixed dt
 
 namespace {
 
-// How a leaf becomes the op's input inside the compiled function (so the view is traced and
-// differentiated too): expanded from a smaller shape, transposed, or every other row.
-enum class Inside { None, Expand, Transpose, Slice };
-constexpr Inside E = Inside::Expand, T = Inside::Transpose, S = Inside::Slice, N = Inside::None;
-const std::vector<Layout> kC3 = {L::Contiguous, L::Contiguous, L::Contiguous};
-
-struct GradSample {
-  const char* name;
-  int min_arity;
-  std::vector<Shape> shapes;  ///< what the op sees
-  std::vector<Layout> layouts = kC3;
-  std::vector<Inside> inside = {N, N, N};
-  std::vector<Shape> small = {{}, {}, {}};  ///< the leaves' shapes for Inside::Expand
-};
-
-const std::vector<GradSample>& grad_samples() {
-  static const std::vector<GradSample> s = {
-      {"0-d", 1, {{}, {}, {}}},
-      {"(3, 4)", 1, {{3, 4}, {3, 4}, {3, 4}}},
-      {"broadcast (3,1) (1,4) (4)", 2, {{3, 1}, {1, 4}, {4}}},
-      {"broadcast () (2,3) (1,3)", 2, {{}, {2, 3}, {1, 3}}},
-      {"transposed leaves",
-       1,
-       {{3, 4}, {3, 4}, {3, 4}},
-       {L::Transposed, L::Transposed, L::Transposed}},
-      {"strided and offset leaves",
-       1,
-       {{3, 4}, {3, 4}, {3, 4}},
-       {L::Strided, L::Offset, L::Strided}},
-      {"expanded inside", 1, {{3, 4}, {3, 4}, {3, 4}}, kC3, {E, E, E}, {{1, 4}, {3, 1}, {}}},
-      {"transposed and sliced inside", 1, {{2, 3}, {2, 3}, {2, 3}}, kC3, {T, S, T}},
-      {"empty", 1, {{2, 0, 3}, {2, 0, 3}, {2, 0, 3}}},
-      {"broadcast to empty", 2, {{5, 4}, {0, 1, 4}, {4}}},
-      {"expanded to empty inside", 1, {{0, 4}, {0, 4}, {0, 4}}, kC3, {E, E, N}, {{1, 4}, {0, 1}}},
-  };
+// The sweep runs the eager sweep's samples, the empty ones included.
+std::vector<GradSample> all_grad_samples() {
+  std::vector<GradSample> s = grad_samples();
+  s.insert(s.end(), empty_samples().begin(), empty_samples().end());
   return s;
-}
-
-Shape leaf_shape(const GradSample& s, int i) {
-  Shape sh = s.shapes[i];
-  if (s.inside[i] == Inside::Expand) return s.small[i];
-  if (s.inside[i] == Inside::Transpose) std::swap(sh[sh.size() - 1], sh[sh.size() - 2]);
-  if (s.inside[i] == Inside::Slice) sh[0] *= 2;
-  return sh;
-}
-
-Tensor take(const Tensor& t, const GradSample& s, int i) {
-  switch (s.inside[i]) {
-    case Inside::Expand:
-      return expand(t, s.shapes[i]);
-    case Inside::Transpose:
-      return transpose(t, -1, -2);
-    case Inside::Slice:
-      return slice(t, 0, 1, t.size(0), 2);
-    default:
-      return t;
-  }
-}
-
-const std::vector<Domain>& grad_domains(const ElementwiseRow& row) {
-  return row.grad_domains.empty() ? row.domains : row.grad_domains;
 }
 
 }  // namespace
@@ -475,7 +420,7 @@ TEST_CASE("compiled elementwise rows: gradients match eager") {
   for (const ElementwiseRow& row : elementwise_rows()) {
     if (!differentiable(row.op) || !has(row.dtypes, DType::f64)) continue;
     for (DType dt : {DType::f32, DType::f64}) {
-      for (const GradSample& s : grad_samples()) {
+      for (const GradSample& s : all_grad_samples()) {
         if (row.arity < s.min_arity) continue;
         INFO(std::string(row.name) << " on " << dtype_name(dt) << ", " << std::string(s.name));
         // where's condition is a b8 argument that does not require grad.

@@ -11,6 +11,7 @@
 #include <limits>
 #include <set>
 
+#include "grad_samples.h"
 #include "op_rows.h"
 
 namespace duet::test {
@@ -163,72 +164,6 @@ void check_outside(Counts& n, const Tensor& out) {
 
 // ---- elementwise samples ------------------------------------------------------------------
 
-// How a leaf becomes the op's input inside the checked function (so the view is differentiated
-// too): expanded from a smaller shape, transposed, or every other row of a taller leaf.
-enum class Inside { None, Expand, Transpose, Slice };
-
-struct GradSample {
-  const char* name;
-  int min_arity;
-  std::vector<Shape> shapes;  ///< what the op sees
-  std::vector<Layout> layouts = {L::Contiguous, L::Contiguous, L::Contiguous};
-  std::vector<Inside> inside = {Inside::None, Inside::None, Inside::None};
-  std::vector<Shape> small = {{}, {}, {}};  ///< the leaves' shapes for Inside::Expand
-};
-
-const std::vector<Layout> kC3 = {L::Contiguous, L::Contiguous, L::Contiguous};
-constexpr Inside E = Inside::Expand, T = Inside::Transpose, S = Inside::Slice, N = Inside::None;
-
-const std::vector<GradSample>& grad_samples() {
-  static const std::vector<GradSample> s = {
-      {"0-d", 1, {{}, {}, {}}},
-      {"(3, 4)", 1, {{3, 4}, {3, 4}, {3, 4}}},
-      {"broadcast (3,1) (1,4) (4)", 2, {{3, 1}, {1, 4}, {4}}},
-      {"broadcast () (2,3) (1,3)", 2, {{}, {2, 3}, {1, 3}}},
-      {"transposed leaves",
-       1,
-       {{3, 4}, {3, 4}, {3, 4}},
-       {L::Transposed, L::Transposed, L::Transposed}},
-      {"strided and offset leaves",
-       1,
-       {{3, 4}, {3, 4}, {3, 4}},
-       {L::Strided, L::Offset, L::Strided}},
-      {"expanded inside", 1, {{3, 4}, {3, 4}, {3, 4}}, kC3, {E, E, E}, {{1, 4}, {3, 1}, {}}},
-      {"transposed and sliced inside", 1, {{2, 3}, {2, 3}, {2, 3}}, kC3, {T, S, T}},
-  };
-  return s;
-}
-
-const std::vector<GradSample>& empty_samples() {
-  static const std::vector<GradSample> s = {
-      {"empty", 1, {{2, 0, 3}, {2, 0, 3}, {2, 0, 3}}},
-      {"broadcast to empty", 2, {{5, 4}, {0, 1, 4}, {4}}},
-      {"expanded to empty inside", 1, {{0, 4}, {0, 4}, {0, 4}}, kC3, {E, E, N}, {{1, 4}, {0, 1}}},
-  };
-  return s;
-}
-
-Shape leaf_shape(const GradSample& s, int i) {
-  Shape sh = s.shapes[i];
-  if (s.inside[i] == Inside::Expand) return s.small[i];
-  if (s.inside[i] == Inside::Transpose) std::swap(sh[sh.size() - 1], sh[sh.size() - 2]);
-  if (s.inside[i] == Inside::Slice) sh[0] *= 2;
-  return sh;
-}
-
-Tensor take(const Tensor& t, const GradSample& s, int i) {
-  switch (s.inside[i]) {
-    case Inside::Expand:
-      return expand(t, s.shapes[i]);
-    case Inside::Transpose:
-      return transpose(t, -1, -2);
-    case Inside::Slice:
-      return slice(t, 0, 1, t.size(0), 2);
-    default:
-      return t;
-  }
-}
-
 // The leaves of one row on one sample, and how they become the op's inputs.
 struct Case {
   const GradSample* s = nullptr;
@@ -243,10 +178,6 @@ struct Case {
     return in;
   }
 };
-
-const std::vector<Domain>& grad_domains(const ElementwiseRow& row) {
-  return row.grad_domains.empty() ? row.domains : row.grad_domains;
-}
 
 Case make_case(const ElementwiseRow& row, const GradSample& s, DType dt, Rng& rng) {
   Case c;
