@@ -49,4 +49,9 @@ struct Node : std::enable_shared_from_this<Node> {
   std::function<void(const Tensor& grad, const bool* needs, Tensor* grad_in)> backward_fn;
 };
 
+/// The next creation number of a tape node (later nodes run first in backward).
+uint64_t next_sequence();
+/// Fills the edge along which an input's gradient flows: to its grad_fn, or to it as a leaf.
+void set_input_edge(InputEdge& e, const Tensor& t);
+
 }  // namespace duet::detail

@@ -32,27 +32,33 @@ Tensor alias(const Tensor& t, const TensorImpl* identity) {
 
 Tensor autograd_alias(const Tensor& t) { return alias(t, t.unsafe_impl()); }
 
+uint64_t next_sequence() { return g_sequence.fetch_add(1, std::memory_order_relaxed); }
+
+void set_input_edge(InputEdge& e, const Tensor& t) {
+  TensorImpl* ti = t.unsafe_impl();
+  e.meta = {ti->shape, ti->dtype, ti->device()};
+  e.needs = ti->requires_grad;
+  if (e.needs) {
+    if (ti->autograd && ti->autograd->grad_fn)
+      e.fn = ti->autograd->grad_fn;
+    else
+      e.leaf = t.impl_ptr();
+  }
+}
+
 std::shared_ptr<Node> autograd_prepare(const OpDef& def, TensorRefs in, const Attrs& attrs,
                                        const Tensor* inplace_self) {
   auto node = std::make_shared<Node>();
   node->def = &def;
   node->attrs = attrs;
-  node->sequence = g_sequence.fetch_add(1, std::memory_order_relaxed);
+  node->sequence = next_sequence();
   const int64_t n = in.size();
   node->inputs.resize(n);
   node->saved.resize(n);
   for (int64_t i = 0; i < n; ++i) {
     const Tensor& t = in[i];
     TensorImpl* ti = t.unsafe_impl();
-    InputEdge& e = node->inputs[i];
-    e.meta = {ti->shape, ti->dtype, ti->device()};
-    e.needs = ti->requires_grad;
-    if (e.needs) {
-      if (ti->autograd && ti->autograd->grad_fn)
-        e.fn = ti->autograd->grad_fn;
-      else
-        e.leaf = t.impl_ptr();
-    }
+    set_input_edge(node->inputs[i], t);
     // Saving an in-place op's target by handle would make a cycle once it gets this node as
     // grad_fn; an alias keeps its old identity instead (Note [Saved tensors]).
     const bool is_self = inplace_self && inplace_self->unsafe_impl() == ti;

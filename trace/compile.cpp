@@ -61,11 +61,6 @@ bool is_same_as_arg(const Tensor& t, const std::vector<Tensor>& args) {
   return false;
 }
 
-std::atomic<uint64_t>& sequence_counter() {
-  static std::atomic<uint64_t> c{uint64_t(1) << 62};
-  return c;
-}
-
 // The values a set of roots needs, stopping at (and reporting) values in `stop`.
 void ancestors(const Graph& g, const std::vector<int32_t>& roots, const std::vector<bool>& stop,
                std::vector<bool>& in, std::set<int32_t>* boundary) {
@@ -472,19 +467,10 @@ std::vector<Tensor> CompiledCore::run(Entry& e, const FlatArgs& args) {
       }
     auto node = std::make_shared<Node>();
     node->def = &compiled_def();
-    node->sequence = sequence_counter().fetch_add(1, std::memory_order_relaxed);
+    node->sequence = next_sequence();
     node->inputs.resize(sources.size());
     node->saved.resize(sources.size());
-    for (size_t j = 0; j < sources.size(); ++j) {
-      TensorImpl* t = sources[j]->unsafe_impl();
-      InputEdge& edge = node->inputs[j];
-      edge.meta = {t->shape, t->dtype, t->device()};
-      edge.needs = t->requires_grad;
-      if (t->autograd && t->autograd->grad_fn)
-        edge.fn = t->autograd->grad_fn;
-      else
-        edge.leaf = sources[j]->impl_ptr();
-    }
+    for (size_t j = 0; j < sources.size(); ++j) set_input_edge(node->inputs[j], *sources[j]);
     const TensorImpl* o = out.unsafe_impl();
     node->output_meta = {o->shape, o->dtype, o->device()};
     std::shared_ptr<Plan> plan = b.plan;
