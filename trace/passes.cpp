@@ -294,13 +294,13 @@ Graph simplify(const Graph& old) {
 }
 
 void check_pass_names(const std::vector<std::string>& names) {
-  static const char* known[] = {"dce",  "cse",         "fold",    "simplify",
-                                "fuse", "plan_memory", "parallel"};
+  static const char* known[] = {"dce",         "cse",      "fold",  "simplify", "fuse",
+                                "plan_memory", "parallel", "hoist", "codegen"};
   for (const std::string& s : names)
     DUET_CHECK_VALUE(
         std::any_of(std::begin(known), std::end(known), [&](const char* k) { return s == k; }),
         "[compile] unknown pass \"{}\" in disable_passes; the passes are dce, cse, "
-        "fold, simplify, fuse, plan_memory and parallel",
+        "fold, simplify, fuse, codegen, plan_memory, parallel and hoist",
         s);
 }
 

@@ -1,0 +1,75 @@
+// duet: fused CPU kernels. A fused group (trace/fusion.cpp finds them) is a small register
+// program over the elementwise ops of core/ops.def, optionally ending in one reduction. Two
+// tiers run it, like a JIT: the interpreter here, which walks the program block by block over
+// L1-sized blocks with the eager kernels' packet functors, and the C++ that trace/codegen.cpp
+// generates for a group that runs often, compiled in the background and swapped in.
+//
+// Note [Fused registers]
+// Registers hold values of the group's compute dtype T (f32 or f64). Registers
+// 0 .. num_inputs-1 are the inputs, converted to T as they are loaded (as the eager kernels
+// convert an operand to their compute dtype). A b8 value lives in a register as 0 or 1:
+// comparisons write 1 or 0, where() tests != 0, a cast to b8 writes (x != 0), a cast to T
+// keeps the value, and an output of dtype b8 stores (x != 0). Every instruction reads and
+// writes whole registers, so the result of each element is what the eager op computes.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/op_table.h"
+#include "kernels/fused_abi.h"
+
+namespace duet::kernels {
+
+/// One instruction: dst = op(src[0], src[1], src[2]) on registers.
+struct FusedInstr {
+  OpId op{};
+  int16_t dst = -1;
+  int16_t src[3] = {-1, -1, -1};
+  DType to = DType::f32;  ///< Cast: the target dtype (T or b8)
+};
+
+enum class FusedReduce : uint8_t { None = 0, Inner = 1, Outer = 2 };
+
+/// A fused group's program. Values stay in registers unless they are outputs.
+struct FusedProgram {
+  DType dtype = DType::f32;        ///< T, the compute dtype
+  std::vector<DType> in_dtypes;    ///< per input: the dtype it is loaded from
+  std::vector<FusedInstr> code;    ///< in order; registers >= in_dtypes.size() are temporaries
+  int num_regs = 0;                ///< registers used (inputs included)
+  std::vector<int16_t> outputs;    ///< registers stored to DuetFusedArgs::out[k], in order
+  std::vector<DType> out_dtypes;   ///< per output: T or b8
+  FusedReduce reduce = FusedReduce::None;
+  OpId reduce_op = OpId::Sum;  ///< Sum, Max or Min
+  int16_t reduce_src = -1;     ///< the register reduced into DuetFusedArgs::red_out (dtype T)
+
+  int num_inputs() const { return static_cast<int>(in_dtypes.size()); }
+  /// Readable text, one instruction per line ("r3 = mul(r0, r1)").
+  std::string str() const;
+  /// A stable hash of the program (the codegen cache key includes it).
+  uint64_t hash() const;
+};
+
+/// Whether a program can use these ops and dtypes (T f32 or f64; an op the interpreter knows).
+bool fusable_op(OpId op);
+
+/// The interpreter: runs [begin, end) of the work (Note [Fused iteration]) on this thread.
+void interpret_fused(const FusedProgram& p, const DuetFusedArgs& a, int64_t begin, int64_t end);
+
+/// A fused kernel as the executor holds it: the program, and the generated code once ready.
+struct FusedKernel {
+  FusedProgram program;
+  std::atomic<DuetFusedFn> compiled{nullptr};  ///< set by codegen when its build is loaded
+  std::atomic<int64_t> runs{0};
+  std::atomic<bool> codegen_requested{false};
+  bool codegen_allowed = true;  ///< false when the "codegen" pass is disabled for its plan
+
+  /// Runs the whole work, split over the threads, with the fastest tier available.
+  void run(const DuetFusedArgs& a) const;
+  /// The amount of work units (elements, rows or columns) of a call.
+  int64_t work(const DuetFusedArgs& a) const;
+};
+
+}  // namespace duet::kernels

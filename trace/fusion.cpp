@@ -1,0 +1,1 @@
+#include "trace/fusion.h"

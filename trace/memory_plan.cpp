@@ -1,0 +1,1 @@
+#include "trace/memory_plan.h"
