@@ -7,6 +7,11 @@
 #include <string>
 #include <vector>
 
+namespace duet {
+struct CompileOptions;
+struct CompileStats;
+}  // namespace duet
+
 namespace bench {
 
 /// One figure: a median over repetitions, with min and max.
@@ -85,6 +90,52 @@ inline Result single(Result r, double value) {
 /// Process peak resident set size in bytes.
 double peak_rss_bytes();
 
+/// Calls that bring a compiled function to its steady state: past the codegen tier's threshold,
+/// so that its hot fused kernels are queued for a build.
+int warmup_calls();
+/// Blocks until the codegen tier's background builds are done (duet::codegen::wait_idle), so
+/// that a compiled workload is timed in its steady state; the builds would take a core from it.
+/// Returns the milliseconds waited; with `what`, also prints them and the codegen counters.
+double wait_codegen(const std::string& what = "");
+
+/// Prints a compiled workload's figures to stderr in one line ("W4 compiled: nodes 412 -> 260,
+/// ...", or "W4 compiled (no_fuse): ..." for a variant), with its allocator high-water mark
+/// against eager's.
+void print_compiled(const std::string& w, const std::string& variant, const duet::CompileStats& s,
+                    double peak_compiled, double peak_eager);
+
+/// The compiled figures of BENCH.md (nodes before and after, fused kernels, arena bytes) and the
+/// sum of the sizes of all intermediate values, as rows of workload w.
+void compiled_figures(const char* w, const std::string& variant, const Config& c,
+                      const duet::CompileStats& s, std::vector<Result>& out);
+
+// ---- --ablate: each compiled workload with each pass switched off in turn ----
+
+/// One compiled build of a workload: a call (one unit of the workload's figure) and its stats.
+struct CompiledCall {
+  std::function<void()> call;
+  std::function<const duet::CompileStats&()> stats;
+};
+
+/// A compiled workload for the ablation: `compile` builds it under the given options, warms it
+/// up, waits for codegen and checks one call against `eager` from the same state (a warning on
+/// stderr where they differ), and returns it.
+struct Ablatable {
+  std::string workload, tag;  ///< tag: prefix of the variant ("b16" gives "b16_no_fuse")
+  std::string metric;
+  double unit = 1;  ///< metric = seconds per call * unit
+  int calls = 1;    ///< calls per timed repetition
+  std::function<void()> eager;
+  std::function<CompiledCall(const duet::CompileOptions&)> compile;
+};
+
+/// W2's ablation case (workloads.cpp).
+Ablatable w2_ablatable();
+/// Runs each wanted compiled workload (W2, W4, W5, W6, TT) once with all passes and once with
+/// each pass switched off, and reports its time and peak per variant (models.cpp).
+void run_ablation(const Config&, const std::function<bool(const char*)>& want,
+                  std::vector<Result>&);
+
 // Workloads (workloads.cpp) and floors (floors.cpp) append their figures.
 void run_w1(const Config&, std::vector<Result>&);
 void run_w2(const Config&, std::vector<Result>&);
@@ -98,6 +149,9 @@ void run_c1(const Config&, std::vector<Result>&);
 void run_w4(const Config&, std::vector<Result>&);
 void run_w5(const Config&, std::vector<Result>&);
 void run_w6(const Config&, std::vector<Result>&);
+/// TT (not a BENCH.md workload): two MLP towers on one input, joined, a head and a training
+/// step, at batch 16 and 128, compiled with and without parallel branches.
+void run_tt(const Config&, std::vector<Result>&);
 /// CT (not a BENCH.md workload): compile time (trace, passes, plan) of elementwise chains of
 /// 1,000 to 10,000 ops and of the W4 training step.
 void run_ct(const Config&, std::vector<Result>&);

@@ -1,5 +1,8 @@
 // duet_bench [--only W1,W4,...] [--threads N] [--device cpu|cuda|all] [--reps N] [--json]
-// Runs the BENCH.md workloads with their floors and prints a table, or one JSON array.
+//            [--ablate]
+// Runs the BENCH.md workloads with their floors and prints a table, or one JSON array. With
+// --ablate it runs instead each compiled workload (W2, W4, W5, W6, TT, or those of --only) with
+// each pass switched off in turn (models.cpp).
 #include <cstdio>
 #include <cstring>
 #include <set>
@@ -13,8 +16,8 @@ namespace {
 
 void usage() {
   std::fprintf(stderr,
-               "usage: duet_bench [--only W1,...,W6,C1,CT] [--threads N] [--device cpu|cuda|all] "
-               "[--reps N] [--json]\n");
+               "usage: duet_bench [--only W1,...,W6,C1,CT,TT] [--threads N] "
+               "[--device cpu|cuda|all] [--reps N] [--json] [--ablate]\n");
 }
 
 std::string json(const std::vector<bench::Result>& rs) {
@@ -33,12 +36,12 @@ std::string json(const std::vector<bench::Result>& rs) {
 }
 
 void table(const std::vector<bench::Result>& rs) {
-  std::printf("%-4s %-9s %-6s %-3s %-16s %-18s %12s %12s %12s\n", "id", "mode", "device", "thr",
+  std::printf("%-4s %-9s %-6s %-3s %-20s %-18s %12s %12s %12s\n", "id", "mode", "device", "thr",
               "variant", "metric", "median", "min", "max");
   for (const auto& r : rs) {
     std::string var = r.variant + (r.n ? fmt::format("{}n={}", r.variant.empty() ? "" : " ", r.n)
                                        : std::string());
-    std::printf("%-4s %-9s %-6s %-3d %-16s %-18s %12.4g %12.4g %12.4g\n", r.workload.c_str(),
+    std::printf("%-4s %-9s %-6s %-3d %-20s %-18s %12.4g %12.4g %12.4g\n", r.workload.c_str(),
                 r.mode.c_str(), r.device.c_str(), r.threads, var.c_str(), r.metric.c_str(),
                 r.median, r.min, r.max);
   }
@@ -49,7 +52,7 @@ void table(const std::vector<bench::Result>& rs) {
 int main(int argc, char** argv) {
   bench::Config cfg;
   std::set<std::string> only;
-  bool as_json = false;
+  bool as_json = false, ablation = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -70,6 +73,8 @@ int main(int argc, char** argv) {
       cfg.reps = std::max(1, std::stoi(next()));
     } else if (a == "--json") {
       as_json = true;
+    } else if (a == "--ablate") {
+      ablation = true;
     } else {
       usage();
       return 2;
@@ -86,14 +91,20 @@ int main(int argc, char** argv) {
   const bool cpu = cfg.device != "cuda";
   if (cfg.device == "cuda" && !duet::cuda::is_available())
     std::fprintf(stderr, "duet_bench: no CUDA device; nothing to run on cuda\n");
-  if (cpu && want("W1")) bench::run_w1(cfg, rs);
-  if (cpu && want("W2")) bench::run_w2(cfg, rs);
-  if (cpu && want("W3")) bench::run_w3(cfg, rs);
-  if (cpu && want("W4")) bench::run_w4(cfg, rs);
-  if (cpu && want("W5")) bench::run_w5(cfg, rs);
-  if (cpu && want("W6")) bench::run_w6(cfg, rs);
-  if (cpu && only.count("C1")) bench::run_c1(cfg, rs);  // on request: not a BENCH.md workload
-  if (cpu && only.count("CT")) bench::run_ct(cfg, rs);  // on request: compile time
+  if (cpu && ablation) {
+    bench::run_ablation(cfg, want, rs);
+  } else if (cpu) {
+    if (want("W1")) bench::run_w1(cfg, rs);
+    if (want("W2")) bench::run_w2(cfg, rs);
+    if (want("W3")) bench::run_w3(cfg, rs);
+    if (want("W4")) bench::run_w4(cfg, rs);
+    if (want("W5")) bench::run_w5(cfg, rs);
+    if (want("W6")) bench::run_w6(cfg, rs);
+    // On request, not BENCH.md workloads: conv2d, compile time, the two-tower model.
+    if (only.count("C1")) bench::run_c1(cfg, rs);
+    if (only.count("CT")) bench::run_ct(cfg, rs);
+    if (only.count("TT")) bench::run_tt(cfg, rs);
+  }
   rs.push_back(bench::single({"all", "process", "cpu", "peak_rss_bytes", "", cfg.threads},
                              bench::peak_rss_bytes()));
   if (as_json)

@@ -1,5 +1,6 @@
 // duet_bench workloads W4, W5, W6 (BENCH.md): small models, eager and compiled, against floors
-// measured in the same run; and CT, the time compile() takes (trace, passes, plan).
+// measured in the same run; CT, the time compile() takes (trace, passes, plan); TT, a two-tower
+// model for parallel branches; and --ablate, each compiled workload with each pass off in turn.
 //
 // The models have no nn module yet: a Linear layer is either duet::linear(x, w, b) =
 // matmul(x, transpose(w, 0, 1)) + b with torch.nn.Linear's weight layout (out, in), or
@@ -21,6 +22,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -87,10 +89,12 @@ Tensor forward(const Mlp& m, Tensor h) {
 
 enum class Loss { CrossEntropy, Mse };
 
-/// One SGD training step, as a user writes it: zero the grads in place, forward, loss,
-/// backward, update in place. The compiled step is the same body under duet::compile.
-Tensor train_step(const Mlp& m, const std::vector<Tensor>& params, const Tensor& x, const Tensor& y,
-                  Loss kind, double lr) {
+/// One SGD training step, as a user writes it: zero the grads in place, forward (fwd() gives the
+/// model's output), loss, backward, update in place. The compiled step is the same body under
+/// duet::compile.
+template <class Fwd>
+Tensor train_step(const std::vector<Tensor>& params, const Fwd& fwd, const Tensor& y, Loss kind,
+                  double lr) {
   {
     NoGradGuard ng;
     for (const Tensor& p : params) {
@@ -98,7 +102,7 @@ Tensor train_step(const Mlp& m, const std::vector<Tensor>& params, const Tensor&
       if (g.defined()) g.zero_();
     }
   }
-  Tensor out = forward(m, x);
+  Tensor out = fwd();
   Tensor loss = kind == Loss::CrossEntropy ? duet::cross_entropy(out, y) : duet::mse_loss(out, y);
   loss.backward();
   {
@@ -106,6 +110,65 @@ Tensor train_step(const Mlp& m, const std::vector<Tensor>& params, const Tensor&
     for (Tensor p : params) p.sub_(p.grad() * lr);
   }
   return loss;
+}
+
+/// A training workload: parameters, a batch and the model's forward. Its eager step and its
+/// compiled step (under any options) are train_step on them.
+struct Training {
+  std::vector<Tensor> params;
+  std::function<Tensor(const Tensor&)> forward;
+  Tensor x, y;
+  Loss kind = Loss::CrossEntropy;
+  double lr = 0.01;
+
+  Tensor eager() {
+    auto fwd = [&] { return forward(x); };
+    return train_step(params, fwd, y, kind, lr);
+  }
+  /// The step under duet::compile (one type whatever the options).
+  auto compile(duet::CompileOptions o = {}) {
+    auto step = [this](Tensor xs, Tensor ys) {
+      auto fwd = [&] { return forward(xs); };
+      return train_step(params, fwd, ys, kind, lr);
+    };
+    return duet::compile(step, std::move(o));
+  }
+};
+
+/// W4 and W6: an MLP with weights (in, out) and a batch; the seed and the order of the draws are
+/// those of the first bench, so the figures stay comparable.
+std::shared_ptr<Training> mlp_training(const std::vector<int64_t>& sizes, int64_t batch, Act act,
+                                       bool act_last, Loss kind) {
+  auto t = std::make_shared<Training>();
+  duet::manual_seed(42);
+  Mlp m = make_mlp(sizes, act, act_last, kTrainWeightsInOut, 0.05);
+  t->params = m.params();
+  t->forward = [m](const Tensor& x) { return forward(m, x); };
+  t->x = duet::randn({batch, sizes.front()});
+  t->y = kind == Loss::CrossEntropy ? duet::randint(sizes.back(), {batch})
+                                    : duet::randn({batch, sizes.back()});
+  t->kind = kind;
+  return t;
+}
+
+const std::vector<int64_t> kTowerSizes = {256, 512, 512, 64};
+
+/// TT: tower A (ReLU) and tower B (tanh) on the same x, summed, a Linear(64, 10) head and
+/// cross-entropy. Each tower ends with its activation, so the head sees two activated features.
+std::shared_ptr<Training> two_tower_training(int64_t batch) {
+  auto t = std::make_shared<Training>();
+  duet::manual_seed(44);
+  Mlp a = make_mlp(kTowerSizes, Act::Relu, true, kTrainWeightsInOut, 0.05);
+  Mlp b = make_mlp(kTowerSizes, Act::Tanh, true, kTrainWeightsInOut, 0.05);
+  Mlp head = make_mlp({kTowerSizes.back(), 10}, Act::Relu, false, kTrainWeightsInOut, 0.05);
+  for (const Mlp* m : {&a, &b, &head})
+    for (const Tensor& p : m->params()) t->params.push_back(p);
+  t->forward = [a, b, head](const Tensor& x) {
+    return forward(head, forward(a, x) + forward(b, x));
+  };
+  t->x = duet::randn({batch, kTowerSizes.front()});
+  t->y = duet::randint(10, {batch});
+  return t;
 }
 
 std::vector<float> random_floats(int64_t n, uint32_t seed) {
@@ -272,50 +335,56 @@ void check_same_step(const char* w, const std::vector<Tensor>& params, E eager, 
                  w, dl, dp);
 }
 
-/// The compiled figures of BENCH.md: nodes before and after the passes, fused kernels, the
-/// bytes the plans keep, and the sum of the sizes of the values the (optimized) graph computes,
-/// views (transposes of the weights, reshapes) left out as they own no buffer.
-template <class S>
-void compiled_figures(const char* w, const Config& c, const S& stats, const duet::Graph& g,
-                      std::vector<Result>& out) {
-  double inter = 0;
-  for (const auto& n : g.nodes)
-    if (n.kind == duet::NodeKind::Op && duet::detail::op_def(n.op).cls != duet::OpClass::View)
-      inter += static_cast<double>(n.meta.shape.numel() * duet::itemsize(n.meta.dtype));
-  out.push_back(single(base(w, "compiled", c, "nodes_before"), double(stats.nodes_before)));
-  out.push_back(single(base(w, "compiled", c, "nodes_after"), double(stats.nodes_after)));
-  out.push_back(single(base(w, "compiled", c, "fused_kernels"), 0.0));  // no fusion pass yet
-  out.push_back(single(base(w, "compiled", c, "arena_bytes"), double(stats.buffer_bytes)));
-  out.push_back(single(base(w, "compiled", c, "intermediate_bytes"), inter));
+/// Parameter values kept off duet's allocator, so that holding them does not count in the
+/// high-water marks taken meanwhile.
+struct HostCopy {
+  std::vector<std::vector<double>> values;
+  std::vector<duet::Shape> shapes;
+};
+
+HostCopy host_copy(const std::vector<Tensor>& params) {
+  HostCopy h;
+  for (const Tensor& p : params) {
+    h.values.push_back(p.to_vector<double>());
+    h.shapes.push_back(p.sizes());
+  }
+  return h;
+}
+
+/// Writes the values back in place (copy_, so each parameter's version moves on, as after any
+/// update: work hoisted on a parameter is redone).
+void restore(const std::vector<Tensor>& params, const HostCopy& h) {
+  NoGradGuard ng;
+  for (size_t i = 0; i < params.size(); ++i)
+    Tensor(params[i]).copy_(duet::tensor(h.values[i], h.shapes[i]));
+}
+
+/// Brings a compiled training step to its steady state and checks it: a few steps, the codegen
+/// tier's background builds waited for, then one step from the parameters `start` against
+/// eager's from the same values. `report`: print the codegen wait.
+template <class Step>
+void settle(const std::string& w, Training& t, Step& step, const HostCopy& start, bool report) {
+  for (int i = 0; i < warmup_calls(); ++i) step(t.x, t.y);
+  wait_codegen(report ? w : "");
+  restore(t.params, start);
+  check_traced_once(w.c_str(), step.stats());
+  check_same_step(
+      w.c_str(), t.params, [&] { return t.eager(); }, [&] { return step(t.x, t.y); });
 }
 
 /// W4 and W6: a training step, eager and compiled, against its GEMM floor.
-void run_training(const char* w, const char* metric, double unit, const Config& c,
-                  const std::vector<int64_t>& sizes, int64_t batch, Act act, bool act_last,
-                  Loss kind, int steps_per_rep, std::vector<Result>& out) {
-  const double lr = 0.01;
-  duet::manual_seed(42);
-  Mlp m = make_mlp(sizes, act, act_last, kTrainWeightsInOut, 0.05);
-  const std::vector<Tensor> params = m.params();
-  Tensor x = duet::randn({batch, sizes.front()});
-  Tensor y = kind == Loss::CrossEntropy ? duet::randint(sizes.back(), {batch})
-                                        : duet::randn({batch, sizes.back()});
-  auto eager = [&] { return train_step(m, params, x, y, kind, lr); };
-
+void run_training(const char* w, const char* metric, double unit, const Config& c, Training& t,
+                  GemmFloor floor, int steps_per_rep, std::vector<Result>& out) {
   // Eager's high-water mark first, before a compiled plan exists.
-  for (int i = 0; i < 2; ++i) eager();
-  const double peak_eager = peak_bytes([&] { eager(); });
+  for (int i = 0; i < 2; ++i) t.eager();
+  const double peak_eager = peak_bytes([&] { t.eager(); });
 
-  auto step =
-      duet::compile([&](Tensor xs, Tensor ys) { return train_step(m, params, xs, ys, kind, lr); });
-  for (int i = 0; i < 4; ++i) step(x, y);
-  check_traced_once(w, step.stats());
-  check_same_step(w, params, eager, [&] { return step(x, y); });
-  const double peak_compiled = peak_bytes([&] { step(x, y); });
+  auto step = t.compile();
+  settle(w, t, step, host_copy(t.params), true);
+  const double peak_compiled = peak_bytes([&] { step(t.x, t.y); });
 
-  GemmFloor floor(sizes, batch, m.wt);
-  auto t = time_interleaved(
-      {times(steps_per_rep, [&] { eager(); }), times(steps_per_rep, [&] { step(x, y); }),
+  auto tm = time_interleaved(
+      {times(steps_per_rep, [&] { t.eager(); }), times(steps_per_rep, [&] { step(t.x, t.y); }),
        times(steps_per_rep, [&] { floor(); })},
       c.reps);
   check_traced_once(w, step.stats());
@@ -324,27 +393,193 @@ void run_training(const char* w, const char* metric, double unit, const Config& 
   for (int k = 0; k < 3; ++k) {
     Result r = base(w, modes[k], c, metric);
     if (k == 2) r.variant = "onednn_gemms";
-    out.push_back(summarize(r, t[k], per_step));
+    out.push_back(summarize(r, tm[k], per_step));
   }
   out.push_back(single(base(w, "eager", c, "peak_tensor_bytes"), peak_eager));
   out.push_back(single(base(w, "compiled", c, "peak_tensor_bytes"), peak_compiled));
-  compiled_figures(w, c, step.stats(), step.graph(), out);
+  compiled_figures(w, "", c, step.stats(), out);
+  print_compiled(w, "", step.stats(), peak_compiled, peak_eager);
 }
 
 const std::vector<int64_t> kW4Sizes = {784, 1024, 1024, 10};
+const std::vector<int64_t> kW6Sizes(21, 64);
+
+/// TT's steps per timed repetition at a batch: about 10 to 20 ms a repetition.
+int tt_steps(int64_t batch) { return batch <= 16 ? 50 : 8; }
+
+// ---- --ablate ----
+
+const char* const kPasses[] = {"dce",     "cse",         "fold",     "simplify", "fuse",
+                               "codegen", "plan_memory", "parallel", "hoist"};
+
+/// A training workload as an ablation case: each build restores the parameters to the values
+/// they had when the case was made, so that every variant's check starts from the same state.
+Ablatable training_ablatable(const char* w, std::string tag, const char* metric, double unit,
+                             int calls, std::shared_ptr<Training> t) {
+  // One eager step first, so that the gradients exist as in every later step.
+  t->eager();
+  auto start = std::make_shared<HostCopy>(host_copy(t->params));
+  Ablatable a;
+  a.workload = w;
+  a.tag = std::move(tag);
+  a.metric = metric;
+  a.unit = unit;
+  a.calls = calls;
+  a.eager = [t] { t->eager(); };
+  a.compile = [t, start, label = a.workload + (a.tag.empty() ? "" : " " + a.tag)](
+                  const duet::CompileOptions& o) {
+    auto step = t->compile(o);
+    std::string what = label;
+    if (!o.disable_passes.empty()) what += " no_" + o.disable_passes[0];
+    settle(what, *t, step, *start, false);
+    return CompiledCall{[t, step]() mutable { step(t->x, t->y); },
+                        [step]() -> const duet::CompileStats& { return step.stats(); }};
+  };
+  return a;
+}
+
+/// W5 as an ablation case: the forward at batch 1, no grad, checked against eager within 1e-4.
+Ablatable w5_ablatable() {
+  struct State {
+    Mlp m;
+    Tensor x, y;
+    std::vector<float> want;
+  };
+  auto s = std::make_shared<State>();
+  duet::manual_seed(43);
+  s->m = make_mlp(kW4Sizes, Act::Relu, false, kInferWeightsInOut, 0.05);
+  s->x = duet::randn({1, kW4Sizes.front()});
+  {
+    NoGradGuard ng;
+    s->want = forward(s->m, s->x).to_vector<float>();
+  }
+  Ablatable a;
+  a.workload = "W5";
+  a.metric = "us_per_call";
+  a.unit = 1e6;
+  a.calls = 200;
+  a.eager = [s] {
+    NoGradGuard ng;
+    s->y = forward(s->m, s->x);
+  };
+  a.compile = [s](const duet::CompileOptions& o) {
+    auto fwd = duet::compile([s](Tensor xs) { return forward(s->m, xs); }, o);
+    auto call = [s, fwd]() mutable {
+      NoGradGuard ng;
+      s->y = fwd(s->x);
+    };
+    for (int i = 0; i < warmup_calls(); ++i) call();
+    wait_codegen();
+    call();
+    check_traced_once("W5", fwd.stats());
+    std::vector<float> got = s->y.to_vector<float>();
+    double err = 0;
+    for (size_t i = 0; i < got.size(); ++i)
+      err = std::max(err, double(std::abs(got[i] - s->want[i])));
+    if (err > 1e-4) std::fprintf(stderr, "W5: warning: compiled and eager differ by %g\n", err);
+    return CompiledCall{call, [fwd]() -> const duet::CompileStats& { return fwd.stats(); }};
+  };
+  return a;
+}
+
+/// The variants of one case: first the high-water mark and the figures of each build, one build
+/// alive at a time (a mark counts everything live); then all builds, timed interleaved with
+/// eager.
+void ablate(const Ablatable& a, const Config& c, std::vector<Result>& out) {
+  std::vector<std::string> names = {"all"};
+  std::vector<duet::CompileOptions> opts(1);
+  for (const char* p : kPasses) {
+    names.push_back(std::string("no_") + p);
+    opts.push_back(duet::CompileOptions{.disable_passes = {p}});
+  }
+  auto variant = [&](const std::string& v) { return a.tag.empty() ? v : a.tag + "_" + v; };
+  const std::string label = a.workload + (a.tag.empty() ? "" : " " + a.tag);
+
+  for (int i = 0; i < 2; ++i) a.eager();
+  const double peak_eager = peak_bytes(a.eager);
+  std::vector<double> peaks;
+  for (size_t k = 0; k < opts.size(); ++k) {
+    CompiledCall cc = a.compile(opts[k]);
+    peaks.push_back(peak_bytes(cc.call));
+    print_compiled(label, names[k], cc.stats(), peaks.back(), peak_eager);
+  }
+
+  std::vector<CompiledCall> builds;
+  for (const auto& o : opts) builds.push_back(a.compile(o));
+  wait_codegen();
+  std::vector<std::function<void()>> bodies = {times(a.calls, a.eager)};
+  for (const CompiledCall& b : builds) bodies.push_back(times(a.calls, b.call));
+  auto tm = time_interleaved(bodies, c.reps);
+  auto per_call = [&](double s) { return s / a.calls * a.unit; };
+
+  Result r = base(a.workload.c_str(), "eager", c, a.metric.c_str());
+  r.variant = a.tag;
+  out.push_back(summarize(r, tm[0], per_call));
+  out.push_back(single(base(a.workload.c_str(), "eager", c, "peak_tensor_bytes"), peak_eager));
+  out.back().variant = a.tag;
+  for (size_t k = 0; k < builds.size(); ++k) {
+    r = base(a.workload.c_str(), "compiled", c, a.metric.c_str());
+    r.variant = variant(names[k]);
+    out.push_back(summarize(r, tm[k + 1], per_call));
+    r.metric = "peak_tensor_bytes";
+    out.push_back(single(r, peaks[k]));
+  }
+}
 
 }  // namespace
 
+void compiled_figures(const char* w, const std::string& variant, const Config& c,
+                      const duet::CompileStats& s, std::vector<Result>& out) {
+  auto row = [&](const char* metric, int64_t v) {
+    Result r = single(base(w, "compiled", c, metric), static_cast<double>(v));
+    r.variant = variant;
+    out.push_back(r);
+  };
+  row("nodes_before", s.nodes_before);
+  row("nodes_after", s.nodes_after);
+  row("fused_kernels", s.fused_kernels);
+  row("arena_bytes", s.arena_bytes);
+  row("intermediate_bytes", s.intermediate_bytes);
+}
+
+namespace {
+
+/// Bytes for a person: "812 B", "84.2 kB", "3.7 MB".
+std::string human_bytes(double b) {
+  if (b < 1e3) return fmt::format("{:.0f} B", b);
+  if (b < 1e6) return fmt::format("{:.1f} kB", b / 1e3);
+  return fmt::format("{:.1f} MB", b / 1e6);
+}
+
+}  // namespace
+
+void print_compiled(const std::string& w, const std::string& variant, const duet::CompileStats& s,
+                    double peak_compiled, double peak_eager) {
+  const std::string what = variant.empty() ? w + " compiled" : w + " compiled (" + variant + ")";
+  std::fprintf(
+      stderr,
+      "%s: nodes %lld -> %lld, %lld fused kernels (%lld nodes), arena %s of %s "
+      "intermediates, peak %s vs eager %s (%.2fx); %lld epilogues, %lld hoisted nodes, "
+      "%lld parallel plans\n",
+      what.c_str(), (long long)s.nodes_before, (long long)s.nodes_after, (long long)s.fused_kernels,
+      (long long)s.fused_nodes, human_bytes(double(s.arena_bytes)).c_str(),
+      human_bytes(double(s.intermediate_bytes)).c_str(), human_bytes(peak_compiled).c_str(),
+      human_bytes(peak_eager).c_str(), peak_compiled / peak_eager, (long long)s.epilogues,
+      (long long)s.hoisted_nodes, (long long)s.parallel_plans);
+}
+
 // W4: MLP 784-1024-1024-10, ReLU, batch 256, softmax cross-entropy, SGD lr 0.01.
 void run_w4(const Config& c, std::vector<Result>& out) {
-  run_training("W4", "ms_per_step", 1e3, c, kW4Sizes, 256, Act::Relu, false, Loss::CrossEntropy, 4,
+  auto t = mlp_training(kW4Sizes, 256, Act::Relu, false, Loss::CrossEntropy);
+  run_training("W4", "ms_per_step", 1e3, c, *t, GemmFloor(kW4Sizes, 256, kTrainWeightsInOut), 4,
                out);
 }
 
 // W6: 20 x (Linear(64, 64) + tanh), batch 8, mse against a fixed random target, SGD lr 0.01.
 void run_w6(const Config& c, std::vector<Result>& out) {
-  run_training("W6", "us_per_step", 1e6, c, std::vector<int64_t>(21, 64), 8, Act::Tanh, true,
-               Loss::Mse, 200, out);
+  auto t = mlp_training(kW6Sizes, 8, Act::Tanh, true, Loss::Mse);
+  run_training("W6", "us_per_step", 1e6, c, *t, GemmFloor(kW6Sizes, 8, kTrainWeightsInOut), 200,
+               out);
 }
 
 // W5: the W4 MLP forward at batch 1, no grad.
@@ -366,7 +601,8 @@ void run_w5(const Config& c, std::vector<Result>& out) {
     NoGradGuard ng;
     y = fwd(x);
   };
-  for (int i = 0; i < 4; ++i) compiled();
+  for (int i = 0; i < warmup_calls(); ++i) compiled();
+  wait_codegen("W5");
   check_traced_once("W5", fwd.stats());
   const double peak_compiled = peak_bytes(compiled);
 
@@ -409,7 +645,67 @@ void run_w5(const Config& c, std::vector<Result>& out) {
   out.push_back(blas.median <= dnnl.median ? blas : dnnl);
   out.push_back(single(base("W5", "eager", c, "peak_tensor_bytes"), peak_eager));
   out.push_back(single(base("W5", "compiled", c, "peak_tensor_bytes"), peak_compiled));
-  compiled_figures("W5", c, fwd.stats(), fwd.graph(), out);
+  compiled_figures("W5", "", c, fwd.stats(), out);
+  print_compiled("W5", "", fwd.stats(), peak_compiled, peak_eager);
+}
+
+// TT: the two-tower training step at batch 16 and 128, eager, compiled, and compiled with
+// parallel branches switched off ("serial"), interleaved.
+void run_tt(const Config& c, std::vector<Result>& out) {
+  for (int64_t batch : {16, 128}) {
+    const std::string tag = fmt::format("b{}", batch), w = "TT " + tag;
+    auto t = two_tower_training(batch);
+    for (int i = 0; i < 2; ++i) t->eager();
+    const double peak_eager = peak_bytes([&] { t->eager(); });
+    const HostCopy start = host_copy(t->params);
+    auto step = t->compile();
+    settle(w, *t, step, start, true);
+    // The compiled mark is taken before the serial build has run: a mark counts everything live.
+    const double peak_compiled = peak_bytes([&] { step(t->x, t->y); });
+    auto serial = t->compile(duet::CompileOptions{.disable_passes = {"parallel"}});
+    settle(w + " serial", *t, serial, start, false);
+    const int n = tt_steps(batch);
+    auto tm = time_interleaved({times(n, [&] { t->eager(); }), times(n, [&] { step(t->x, t->y); }),
+                                times(n, [&] { serial(t->x, t->y); })},
+                               c.reps);
+    check_traced_once(w.c_str(), step.stats());
+    check_traced_once((w + " serial").c_str(), serial.stats());
+    auto us = [&](double s) { return s / n * 1e6; };
+    const char* modes[] = {"eager", "compiled", "compiled"};
+    const std::string variants[] = {tag, tag, tag + "_serial"};
+    for (int k = 0; k < 3; ++k) {
+      Result r = base("TT", modes[k], c, "us_per_step");
+      r.variant = variants[k];
+      out.push_back(summarize(r, tm[k], us));
+    }
+    for (int k = 0; k < 2; ++k) {
+      Result r =
+          single(base("TT", modes[k], c, "peak_tensor_bytes"), k ? peak_compiled : peak_eager);
+      r.variant = tag;
+      out.push_back(r);
+    }
+    compiled_figures("TT", tag, c, step.stats(), out);
+    print_compiled(w, "", step.stats(), peak_compiled, peak_eager);
+  }
+}
+
+void run_ablation(const Config& c, const std::function<bool(const char*)>& want,
+                  std::vector<Result>& out) {
+  if (want("W2")) ablate(w2_ablatable(), c, out);
+  if (want("W4"))
+    ablate(training_ablatable("W4", "", "ms_per_step", 1e3, 4,
+                              mlp_training(kW4Sizes, 256, Act::Relu, false, Loss::CrossEntropy)),
+           c, out);
+  if (want("W5")) ablate(w5_ablatable(), c, out);
+  if (want("W6"))
+    ablate(training_ablatable("W6", "", "us_per_step", 1e6, 200,
+                              mlp_training(kW6Sizes, 8, Act::Tanh, true, Loss::Mse)),
+           c, out);
+  if (want("TT"))
+    for (int64_t batch : {16, 128})
+      ablate(training_ablatable("TT", fmt::format("b{}", batch), "us_per_step", 1e6,
+                                tt_steps(batch), two_tower_training(batch)),
+             c, out);
 }
 
 // CT: the time of a first call of a compiled function, and of its trace + passes + plan, for
@@ -465,19 +761,13 @@ void run_ct(const Config& c, std::vector<Result>& out) {
   }
 
   // The W4 step, with its gradients already allocated (the state of every step but the first).
-  const double lr = 0.01;
-  duet::manual_seed(42);
-  Mlp m = make_mlp(kW4Sizes, Act::Relu, false, kTrainWeightsInOut, 0.05);
-  const std::vector<Tensor> params = m.params();
-  Tensor xs = duet::randn({256, kW4Sizes.front()});
-  Tensor ys = duet::randint(kW4Sizes.back(), {256});
-  train_step(m, params, xs, ys, Loss::CrossEntropy, lr);
+  auto t = mlp_training(kW4Sizes, 256, Act::Relu, false, Loss::CrossEntropy);
+  t->eager();
   std::vector<std::vector<double>> v(5);
   for (int r = 0; r < c.reps; ++r) {
-    auto step = duet::compile(
-        [&](Tensor a, Tensor b) { return train_step(m, params, a, b, Loss::CrossEntropy, lr); });
+    auto step = t->compile();
     auto a = Clock::now();
-    step(xs, ys);
+    step(t->x, t->y);
     auto b = Clock::now();
     record(v, step.stats(), ms(a, b));
   }

@@ -1,9 +1,13 @@
-// duet_bench workloads (BENCH.md), eager face. The compiled face joins with trace/.
+// duet_bench workloads W1, W2, W3 (BENCH.md) and C1: eager, and compiled for W2 and W3.
+#include <chrono>
+#include <cmath>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "bench/bench.h"
 #include "duet.h"
+#include "trace/codegen.h"
 
 namespace bench {
 
@@ -21,7 +25,39 @@ Tensor random_f32(int64_t n, uint32_t seed) {
   return duet::tensor(v);
 }
 
+/// W2's expression, the same for eager and compiled.
+Tensor w2_expr(const Tensor& x) {
+  return duet::tanh(x * 1.5 + 0.5) * duet::sigmoid(x) + duet::relu(x - 0.25);
+}
+
+constexpr int64_t kW2N = int64_t(1) << 22;
+
+double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return INFINITY;
+  double d = 0;
+  for (size_t i = 0; i < a.size(); ++i) d = std::max(d, double(std::abs(a[i] - b[i])));
+  return d;
+}
+
 }  // namespace
+
+int warmup_calls() { return std::max(3, duet::codegen::threshold() + 1); }
+
+double wait_codegen(const std::string& what) {
+  auto a = std::chrono::steady_clock::now();
+  duet::codegen::wait_idle();
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count();
+  if (!what.empty()) {
+    const duet::codegen::CodegenStats s = duet::codegen::stats();
+    std::fprintf(stderr,
+                 "%s compiled: waited %.1f ms for background codegen before timing (process so "
+                 "far: %lld kernels built in %.0f ms, %lld cache hits, %lld loaded, %lld failed)\n",
+                 what.c_str(), ms, (long long)s.built, s.build_ms, (long long)s.cache_hits,
+                 (long long)s.loaded, (long long)s.failed);
+  }
+  return ms;
+}
 
 // W1: dispatch overhead, 100,000 x c = a + b on 8-element tensors.
 void run_w1(const Config& c, std::vector<Result>& out) {
@@ -48,9 +84,9 @@ void run_w1(const Config& c, std::vector<Result>& out) {
   out.push_back(summarize(res, tape, [](double s) { return s / kOps * 1e9; }));
 }
 
-// W2: y = tanh(x*1.5 + 0.5) * sigmoid(x) + relu(x - 0.25), n = 2^22.
+// W2: y = tanh(x*1.5 + 0.5) * sigmoid(x) + relu(x - 0.25), n = 2^22, eager and compiled.
 void run_w2(const Config& c, std::vector<Result>& out) {
-  constexpr int64_t n = int64_t(1) << 22;
+  constexpr int64_t n = kW2N;
   const double bytes = 2.0 * n * sizeof(float);  // one read of x, one write of y
   Tensor x = random_f32(n, 3);
   auto report = [&](const char* mode, const std::vector<double>& secs) {
@@ -62,31 +98,73 @@ void run_w2(const Config& c, std::vector<Result>& out) {
   Tensor y;
   std::vector<float> yf(n), yc(n);
   const float* px = x.data_ptr<float>();
-  // The floors run in their own loops, after eager: x stays warm in the 32 MB L3 for them,
-  // which makes them the stronger (stricter) floors; interleaving would flush it.
-  std::vector<std::vector<double>> t(3);
-  t[0] = time_reps([&] { y = duet::tanh(x * 1.5 + 0.5) * duet::sigmoid(x) + duet::relu(x - 0.25); },
-                   c.reps);
-  t[1] = time_reps([&] { w2_floor_fused(px, yf.data(), n); }, c.reps);
-  t[2] = time_reps([&] { w2_floor_memcpy(px, yc.data(), n); }, c.reps);
+  // Each mode runs in its own loop, and the floors after eager and compiled: x stays warm in the
+  // 32 MB L3 for them, which makes them the stronger (stricter) floors; interleaving would
+  // flush it.
+  std::vector<std::vector<double>> t(4);
+  t[0] = time_reps([&] { y = w2_expr(x); }, c.reps);
+  const double peak_eager = static_cast<double>(duet::cpu_memory_stats().peak);
+  std::vector<float> ye = y.to_vector<float>();
+  // Compiled: warmed up, and the codegen tier's background build of the fused kernel waited
+  // for, so that the steady state is timed. y keeps eager's result, as it keeps the previous
+  // call's in eager's loop, so the two high-water marks count the same.
+  auto f = duet::compile([](Tensor xs) { return w2_expr(xs); });
+  for (int i = 0; i < warmup_calls(); ++i) y = f(x);
+  wait_codegen("W2");
+  duet::reset_peak_memory();
+  t[1] = time_reps([&] { y = f(x); }, c.reps);
+  const double peak_compiled = static_cast<double>(duet::cpu_memory_stats().peak);
+  std::vector<float> yco = y.to_vector<float>();
+  t[2] = time_reps([&] { w2_floor_fused(px, yf.data(), n); }, c.reps);
+  t[3] = time_reps([&] { w2_floor_memcpy(px, yc.data(), n); }, c.reps);
   report("eager", t[0]);
-  out.push_back(single(base("W2", "eager", c, "peak_tensor_bytes"),
-                       static_cast<double>(duet::cpu_memory_stats().peak)));
-  // The floor must compute the same function as duet.
-  std::vector<float> dy = y.to_vector<float>();
-  double err = 0;
-  for (int64_t i = 0; i < n; ++i) err = std::max(err, double(std::abs(dy[i] - yf[i])));
-  if (err > 1e-5) std::fprintf(stderr, "W2: duet and the fused floor differ by %g\n", err);
-  for (int k : {1, 2}) {
+  out.push_back(single(base("W2", "eager", c, "peak_tensor_bytes"), peak_eager));
+  report("compiled", t[1]);
+  out.push_back(single(base("W2", "compiled", c, "peak_tensor_bytes"), peak_compiled));
+  compiled_figures("W2", "", c, f.stats(), out);
+  print_compiled("W2", "", f.stats(), peak_compiled, peak_eager);
+  // The floor must compute the same function as duet, eager and compiled.
+  const double err = max_abs_diff(ye, yf), errc = max_abs_diff(yco, yf);
+  if (err > 1e-5 || errc > 1e-5)
+    std::fprintf(stderr, "W2: duet (eager %g, compiled %g) and the fused floor differ\n", err,
+                 errc);
+  for (int k : {2, 3}) {
     Result fr = base("W2", "floor", c, "ms");
-    fr.variant = k == 1 ? "fused_eigen" : "memcpy";
+    fr.variant = k == 2 ? "fused_eigen" : "memcpy";
     out.push_back(summarize(fr, t[k], [](double s) { return s * 1e3; }));
     fr.metric = "gbps";
     out.push_back(summarize(fr, t[k], [&](double s) { return bytes / s / 1e9; }));
   }
 }
 
-// W3: matmul at 1024^3, 256^3, 64^3 against oneDNN and OpenBLAS called directly.
+// W2 for --ablate: y = f(x) into one output tensor, checked against eager within 1e-5.
+Ablatable w2_ablatable() {
+  struct State {
+    Tensor x = random_f32(kW2N, 3), y;
+    std::vector<float> want;
+  };
+  auto s = std::make_shared<State>();
+  s->want = w2_expr(s->x).to_vector<float>();
+  Ablatable a;
+  a.workload = "W2";
+  a.metric = "ms";
+  a.unit = 1e3;
+  a.eager = [s] { s->y = w2_expr(s->x); };
+  a.compile = [s](const duet::CompileOptions& o) {
+    auto f = duet::compile([](Tensor xs) { return w2_expr(xs); }, o);
+    for (int i = 0; i < warmup_calls(); ++i) s->y = f(s->x);
+    wait_codegen();
+    s->y = f(s->x);
+    const double err = max_abs_diff(s->y.to_vector<float>(), s->want);
+    if (err > 1e-5) std::fprintf(stderr, "W2: warning: compiled and eager differ by %g\n", err);
+    return CompiledCall{[s, f]() mutable { s->y = f(s->x); },
+                        [f]() -> const duet::CompileStats& { return f.stats(); }};
+  };
+  return a;
+}
+
+// W3: matmul at 1024^3, 256^3, 64^3 against oneDNN and OpenBLAS called directly. The compiled
+// row is a compiled function of one matmul: the same kernel behind a plan replay.
 void run_w3(const Config& c, std::vector<Result>& out) {
   for (int64_t n : {1024, 256, 64}) {
     Tensor a = duet::reshape(random_f32(n * n, 4), {n, n});
@@ -96,6 +174,7 @@ void run_w3(const Config& c, std::vector<Result>& out) {
     const int calls = std::max<int>(1, static_cast<int>(4e9 / flop));
     auto gflops = [&](double s) { return flop * calls / s / 1e9; };
     Tensor y;
+    auto mm = duet::compile([](Tensor p, Tensor q) { return duet::matmul(p, q); });
     std::vector<float> c1(n * n), c2(n * n);
     const float* pa = a.data_ptr<float>();
     const float* pb = b.data_ptr<float>();
@@ -104,13 +183,14 @@ void run_w3(const Config& c, std::vector<Result>& out) {
         for (int i = 0; i < calls; ++i) f();
       };
     };
-    auto t = time_interleaved({repeat([&] { y = duet::matmul(a, b); }),
-                               repeat([&] { sgemm_onednn(pa, pb, c1.data(), n); }),
-                               repeat([&] { sgemm_openblas(pa, pb, c2.data(), n); })},
-                              c.reps);
-    const char* modes[] = {"eager", "floor", "floor"};
-    const char* variants[] = {"", "onednn", "openblas"};
-    for (int k = 0; k < 3; ++k) {
+    auto t =
+        time_interleaved({repeat([&] { y = duet::matmul(a, b); }), repeat([&] { y = mm(a, b); }),
+                          repeat([&] { sgemm_onednn(pa, pb, c1.data(), n); }),
+                          repeat([&] { sgemm_openblas(pa, pb, c2.data(), n); })},
+                         c.reps);
+    const char* modes[] = {"eager", "compiled", "floor", "floor"};
+    const char* variants[] = {"", "", "onednn", "openblas"};
+    for (int k = 0; k < 4; ++k) {
       Result r = base("W3", modes[k], c, "gflops");
       r.variant = variants[k];
       r.n = n;

@@ -1,1 +1,437 @@
+// The fused-kernel interpreter (kernels/fused.h): a register program run block by block over
+// L1-sized blocks, each instruction one call of the eager kernels' dense row loops
+// (kernels/loops.h) with the same packet functors.
 #include "kernels/fused.h"
+
+#include <cstring>
+#include <limits>
+
+#include "kernels/functors.h"
+#include "kernels/loops.h"
+
+namespace duet::kernels {
+namespace {
+
+// ---- one instruction over a block of n elements ----------------------------------------------
+
+template <class T>
+using BlockFn = void (*)(T* d, const T* a, const T* b, const T* c, int64_t n);
+
+template <class F, class T>
+void block_unary(T* d, const T* a, const T*, const T*, int64_t n) {
+  unary_dense<T>(F{}, a, d, n);
+}
+template <class F, class T>
+void block_binary(T* d, const T* a, const T* b, const T*, int64_t n) {
+  binary_dense<T>(F{}, a, false, b, false, d, n);
+}
+template <class F, class T>
+void block_compare(T* d, const T* a, const T* b, const T*, int64_t n) {
+  const F f{};
+  for (int64_t i = 0; i < n; ++i) d[i] = f(a[i], b[i]) ? T(1) : T(0);
+}
+template <class T>
+void block_where(T* d, const T* c, const T* a, const T* b, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) d[i] = c[i] != T(0) ? a[i] : b[i];
+}
+template <class T>
+void block_copy(T* d, const T* a, const T*, const T*, int64_t n) {
+  if (d != a) std::memcpy(d, a, n * sizeof(T));
+}
+template <class T>
+void block_to_bool(T* d, const T* a, const T*, const T*, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) d[i] = a[i] != T(0) ? T(1) : T(0);
+}
+
+template <class T>
+BlockFn<T> block_fn(const FusedInstr& in) {
+  switch (in.op) {
+#define DUET_U(Name) \
+  case OpId::Name:   \
+    return block_unary<fn::Name, T>;
+#define DUET_B(Name) \
+  case OpId::Name:   \
+    return block_binary<fn::Name, T>;
+#define DUET_C(Name) \
+  case OpId::Name:   \
+    return block_compare<fn::Name, T>;
+    DUET_U(Neg)
+    DUET_U(Exp)
+    DUET_U(Log)
+    DUET_U(Sqrt)
+    DUET_U(Rsqrt)
+    DUET_U(Abs)
+    DUET_U(Sin)
+    DUET_U(Cos)
+    DUET_U(Tanh)
+    DUET_U(Sigmoid)
+    DUET_U(Relu)
+    DUET_U(Erf)
+    DUET_U(LogSigmoid)
+    DUET_B(Add)
+    DUET_B(Sub)
+    DUET_B(Mul)
+    DUET_B(Div)
+    DUET_B(Pow)
+    DUET_B(Maximum)
+    DUET_B(Minimum)
+    DUET_C(Lt)
+    DUET_C(Le)
+    DUET_C(Gt)
+    DUET_C(Ge)
+    DUET_C(Eq)
+    DUET_C(Ne)
+#undef DUET_U
+#undef DUET_B
+#undef DUET_C
+    case OpId::Where:
+      return block_where<T>;
+    case OpId::Copy:
+      return block_copy<T>;
+    case OpId::Cast:
+      return in.to == DType::b8 ? block_to_bool<T> : block_copy<T>;
+    default:
+      DUET_ASSERT(false, "[fused] op {} is not fusable", op_name(in.op));
+  }
+}
+
+// ---- the interpreter --------------------------------------------------------------------------
+
+constexpr int64_t kL1Bytes = 32 * 1024;
+constexpr int kMaxRegs = 256;
+constexpr size_t kMaxInstrs = 256;
+
+template <class T>
+class Interp {
+ public:
+  Interp(const FusedProgram& p, const DuetFusedArgs& a) : p_(p), a_(a) {
+    const int nin = p.num_inputs();
+    // Registers share an L1-sized scratch: blocks of B elements, B a multiple of 64.
+    block_ =
+        std::clamp<int64_t>(kL1Bytes / (sizeof(T) * std::max(p.num_regs, 1)) / 64 * 64, 64, 4096);
+    // One scratch per thread, kept between calls (a kernel call must not cost an allocation).
+    static thread_local std::vector<T> scratch;
+    const size_t need = static_cast<size_t>(block_) * (p.num_regs + 1) + 64;
+    if (scratch.size() < need) scratch.resize(need);
+    T* base = scratch.data();
+    while (reinterpret_cast<uintptr_t>(base) % 64) ++base;
+    DUET_ASSERT(p.num_regs <= kMaxRegs, "[fused] {} registers", p.num_regs);
+    for (int r = 0; r < p.num_regs; ++r) own_[r] = base + r * block_;
+    acc_ = base + p.num_regs * block_;
+    DUET_ASSERT(p.code.size() <= kMaxInstrs, "[fused] {} instructions", p.code.size());
+    for (size_t i = 0; i < p.code.size(); ++i) fns_[i] = block_fn<T>(p.code[i]);
+    // An input read in place: dtype T, dense along the whole space or a broadcast scalar.
+    for (int k = 0; k < nin; ++k) {
+      const bool t = p.in_dtypes[k] == p.dtype;
+      dense_[k] = t && a.in_si[k] == 1 && (a.in_so[k] == a.inner || a.outer == 1);
+      scalar_[k] = a.in_si[k] == 0 && (a.in_so[k] == 0 || a.outer == 1);
+    }
+    // Outputs of dtype T are written straight into their buffer, unless a buffer overlaps an
+    // input (planned in place): then values are stored after the block's last read.
+    const int64_t n = a.outer * a.inner;
+    bool overlap = false;
+    for (size_t o = 0; o < p.outputs.size(); ++o) {
+      const char* ob = static_cast<const char*>(a.out[o]);
+      const char* oe = ob + n * itemsize(p.out_dtypes[o]);
+      for (int k = 0; k < nin; ++k) {
+        const int64_t last = a.in_so[k] * (a.outer - 1) + a.in_si[k] * (a.inner - 1);
+        const char* ib = static_cast<const char*>(a.in[k]);
+        const char* ie = ib + (last + 1) * itemsize(p.in_dtypes[k]);
+        overlap = overlap || (ib < oe && ob < ie);
+      }
+    }
+    for (size_t o = 0; o < p.outputs.size(); ++o)
+      direct_[p.outputs[o]] = !overlap && p.out_dtypes[o] == p.dtype ? int(o) + 1 : 0;
+  }
+
+  void run(int64_t begin, int64_t end) {
+    switch (p_.reduce) {
+      case FusedReduce::None:
+        for (int64_t s = begin; s < end; s += block_) block(s, std::min(block_, end - s));
+        break;
+      case FusedReduce::Inner:
+        run_inner(begin, end);
+        break;
+      case FusedReduce::Outer:
+        run_outer(begin, end);
+        break;
+    }
+  }
+
+ private:
+  // Computes the program over flat elements [s, s + n) and stores the outputs; the registers
+  // then hold the block's values (reg(r) points at them).
+  void block(int64_t s, int64_t n) {
+    const int nin = p_.num_inputs();
+    for (int k = 0; k < nin; ++k) load(k, s, n);
+    for (int r = nin; r < p_.num_regs; ++r)
+      reg_[r] = direct_[r] ? static_cast<T*>(a_.out[direct_[r] - 1]) + s : own_[r];
+    for (size_t i = 0; i < p_.code.size(); ++i) {
+      const FusedInstr& in = p_.code[i];
+      auto src = [&](int j) -> const T* { return in.src[j] >= 0 ? reg_[in.src[j]] : nullptr; };
+      fns_[i](reg_[in.dst], src(0), src(1), src(2), n);
+    }
+    for (size_t o = 0; o < p_.outputs.size(); ++o) {
+      const int r = p_.outputs[o];
+      if (direct_[r]) continue;
+      const T* v = reg_[r];
+      if (p_.out_dtypes[o] == DType::b8) {
+        bool* d = static_cast<bool*>(a_.out[o]) + s;
+        for (int64_t i = 0; i < n; ++i) d[i] = v[i] != T(0);
+      } else {
+        std::memcpy(static_cast<T*>(a_.out[o]) + s, v, n * sizeof(T));
+      }
+    }
+  }
+
+  // Input k's values at flat elements [s, s + n), converted to T, in reg_[k].
+  void load(int k, int64_t s, int64_t n) {
+    const DType dt = p_.in_dtypes[k];
+    if (dense_[k]) {
+      reg_[k] = const_cast<T*>(static_cast<const T*>(a_.in[k])) + s;
+      return;
+    }
+    T* d = own_[k];
+    reg_[k] = d;
+    if (scalar_[k]) {
+      if (!filled_[k]) {
+        const T v = read(dt, a_.in[k], 0);
+        std::fill(d, d + block_, v);
+        filled_[k] = true;
+      }
+      return;
+    }
+    const int64_t so = a_.in_so[k], si = a_.in_si[k], inner = a_.inner;
+    int64_t i = s / inner, j = s % inner, done = 0;
+    while (done < n) {
+      const int64_t m = std::min(n - done, inner - j);
+      const int64_t off = i * so + j * si;
+      if (dt == p_.dtype && si == 1) {
+        std::memcpy(d + done, static_cast<const T*>(a_.in[k]) + off, m * sizeof(T));
+      } else if (si == 0) {
+        std::fill(d + done, d + done + m, read(dt, a_.in[k], off));
+      } else {
+        DUET_DISPATCH_DTYPE(dt, "fused", [&] {
+          const scalar_t* x = static_cast<const scalar_t*>(a_.in[k]) + off;
+          for (int64_t q = 0; q < m; ++q) d[done + q] = static_cast<T>(x[q * si]);
+        });
+      }
+      done += m;
+      j = 0;
+      ++i;
+    }
+  }
+
+  static T read(DType dt, const void* p, int64_t off) {
+    return DUET_DISPATCH_DTYPE(
+        dt, "fused", [&] { return static_cast<T>(static_cast<const scalar_t*>(p)[off]); });
+  }
+
+  T identity() const {
+    if (p_.reduce_op == OpId::Sum) return T(0);
+    return p_.reduce_op == OpId::Max ? -std::numeric_limits<T>::infinity()
+                                     : std::numeric_limits<T>::infinity();
+  }
+  T fold(T acc, const T* x, int64_t n) const {
+    Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>> v(x, n);
+    switch (p_.reduce_op) {
+      case OpId::Sum:
+        return acc + v.sum();
+      case OpId::Max:
+        return fn::Maximum{}(acc, v.template maxCoeff<Eigen::PropagateNaN>());
+      default:
+        return fn::Minimum{}(acc, v.template minCoeff<Eigen::PropagateNaN>());
+    }
+  }
+
+  // Rows [begin, end): a block holds whole rows when they fit, else a row goes in pieces.
+  void run_inner(int64_t begin, int64_t end) {
+    const int64_t inner = a_.inner;
+    T* out = static_cast<T*>(a_.red_out);
+    if (inner == 0) {
+      for (int64_t i = begin; i < end; ++i) out[i] = identity();
+      return;
+    }
+    if (inner <= block_) {
+      const int64_t rows = block_ / inner;
+      for (int64_t i = begin; i < end; i += rows) {
+        const int64_t r = std::min(rows, end - i);
+        block(i * inner, r * inner);
+        const T* v = reg_[p_.reduce_src];
+        for (int64_t q = 0; q < r; ++q) out[i + q] = fold(identity(), v + q * inner, inner);
+      }
+      return;
+    }
+    for (int64_t i = begin; i < end; ++i) {
+      T acc = identity();
+      for (int64_t j = 0; j < inner; j += block_) {
+        const int64_t m = std::min(block_, inner - j);
+        block(i * inner + j, m);
+        acc = fold(acc, reg_[p_.reduce_src], m);
+      }
+      out[i] = acc;
+    }
+  }
+
+  // Columns [begin, end), in blocks of columns: every row adds its piece to the accumulators.
+  void run_outer(int64_t begin, int64_t end) {
+    T* out = static_cast<T*>(a_.red_out);
+    const OpId op = p_.reduce_op;
+    for (int64_t j = begin; j < end; j += block_) {
+      const int64_t m = std::min(block_, end - j);
+      std::fill(acc_, acc_ + m, identity());
+      for (int64_t i = 0; i < a_.outer; ++i) {
+        block(i * a_.inner + j, m);
+        const T* v = reg_[p_.reduce_src];
+        if (op == OpId::Sum)
+          binary_dense<T>(fn::Add{}, acc_, false, v, false, acc_, m);
+        else if (op == OpId::Max)
+          binary_dense<T>(fn::Maximum{}, acc_, false, v, false, acc_, m);
+        else
+          binary_dense<T>(fn::Minimum{}, acc_, false, v, false, acc_, m);
+      }
+      std::memcpy(out + j, acc_, m * sizeof(T));
+    }
+  }
+
+  const FusedProgram& p_;
+  const DuetFusedArgs& a_;
+  int64_t block_ = 0;
+  BlockFn<T> fns_[kMaxInstrs] = {};
+  T* own_[kMaxRegs] = {};
+  T* reg_[kMaxRegs] = {};
+  int direct_[kMaxRegs] = {};  ///< register -> output index + 1 when written straight there
+  bool dense_[DUET_FUSED_MAX_INPUTS] = {};
+  bool scalar_[DUET_FUSED_MAX_INPUTS] = {};
+  bool filled_[DUET_FUSED_MAX_INPUTS] = {};
+  T* acc_ = nullptr;
+};
+
+}  // namespace
+
+bool fusable_op(OpId op) {
+  switch (op) {
+    case OpId::Neg:
+    case OpId::Exp:
+    case OpId::Log:
+    case OpId::Sqrt:
+    case OpId::Rsqrt:
+    case OpId::Abs:
+    case OpId::Sin:
+    case OpId::Cos:
+    case OpId::Tanh:
+    case OpId::Sigmoid:
+    case OpId::Relu:
+    case OpId::Erf:
+    case OpId::LogSigmoid:
+    case OpId::Add:
+    case OpId::Sub:
+    case OpId::Mul:
+    case OpId::Div:
+    case OpId::Pow:
+    case OpId::Maximum:
+    case OpId::Minimum:
+    case OpId::Lt:
+    case OpId::Le:
+    case OpId::Gt:
+    case OpId::Ge:
+    case OpId::Eq:
+    case OpId::Ne:
+    case OpId::Where:
+    case OpId::Cast:
+    case OpId::Copy:
+      return true;
+    default:
+      return false;
+  }
+}
+
+void interpret_fused(const FusedProgram& p, const DuetFusedArgs& a, int64_t begin, int64_t end) {
+  if (begin >= end) return;
+  if (p.dtype == DType::f32) {
+    Interp<float>(p, a).run(begin, end);
+  } else {
+    DUET_ASSERT(p.dtype == DType::f64, "[fused] compute dtype {}", p.dtype);
+    Interp<double>(p, a).run(begin, end);
+  }
+}
+
+int64_t FusedKernel::work(const DuetFusedArgs& a) const {
+  switch (program.reduce) {
+    case FusedReduce::None:
+      return a.outer * a.inner;
+    case FusedReduce::Inner:
+      return a.outer;
+    case FusedReduce::Outer:
+      return a.inner;
+  }
+  return 0;
+}
+
+void FusedKernel::run(const DuetFusedArgs& a) {
+  runs.fetch_add(1, std::memory_order_relaxed);
+  const int64_t w = work(a);
+  if (w <= 0) return;
+  DuetFusedFn f = compiled.load(std::memory_order_acquire);
+  // The grain: about kParallelGrain elements of the space per thread.
+  const int64_t per = program.reduce == FusedReduce::None    ? 1
+                      : program.reduce == FusedReduce::Inner ? std::max<int64_t>(a.inner, 1)
+                                                             : std::max<int64_t>(a.outer, 1);
+  const int64_t grain = std::max<int64_t>(1, kParallelGrain / per);
+  const int64_t align = program.reduce == FusedReduce::Inner ? 1 : 64;
+  parallel_for(
+      w, grain,
+      [&](int64_t b, int64_t e) {
+        if (f)
+          f(&a, b, e);
+        else
+          interpret_fused(program, a, b, e);
+      },
+      align);
+}
+
+std::string FusedProgram::str() const {
+  std::string s = fmt::format("fused {} ({} inputs", dtype, num_inputs());
+  for (int k = 0; k < num_inputs(); ++k)
+    s += fmt::format("{}r{}:{}", k ? ", " : ": ", k, in_dtypes[k]);
+  s += ")\n";
+  for (const FusedInstr& in : code) {
+    s += fmt::format("  r{} = {}(", in.dst, op_name(in.op));
+    for (int j = 0; j < 3 && in.src[j] >= 0; ++j)
+      s += fmt::format("{}r{}", j ? ", " : "", in.src[j]);
+    s += in.op == OpId::Cast ? fmt::format(") to {}\n", in.to) : ")\n";
+  }
+  for (size_t o = 0; o < outputs.size(); ++o)
+    s += fmt::format("  out{} = r{} ({})\n", o, outputs[o], out_dtypes[o]);
+  if (reduce != FusedReduce::None)
+    s += fmt::format("  {} r{} over the {} dims\n", op_name(reduce_op), reduce_src,
+                     reduce == FusedReduce::Inner ? "inner" : "outer");
+  return s;
+}
+
+uint64_t FusedProgram::hash() const {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&](uint64_t v) {
+    h ^= v;
+    h *= 1099511628211ull;
+  };
+  mix(static_cast<uint64_t>(dtype));
+  for (DType d : in_dtypes) mix(static_cast<uint64_t>(d) + 17);
+  for (const FusedInstr& in : code) {
+    mix(static_cast<uint64_t>(in.op) + 1000);
+    mix(static_cast<uint64_t>(in.dst + 1));
+    for (int16_t s : in.src) mix(static_cast<uint64_t>(s + 2));
+    mix(static_cast<uint64_t>(in.to));
+  }
+  mix(static_cast<uint64_t>(num_regs));
+  for (size_t o = 0; o < outputs.size(); ++o) {
+    mix(static_cast<uint64_t>(outputs[o]) + 5000);
+    mix(static_cast<uint64_t>(out_dtypes[o]));
+  }
+  mix(static_cast<uint64_t>(reduce));
+  mix(static_cast<uint64_t>(reduce_op));
+  mix(static_cast<uint64_t>(reduce_src + 3));
+  return h;
+}
+
+}  // namespace duet::kernels

@@ -35,12 +35,12 @@ enum class FusedReduce : uint8_t { None = 0, Inner = 1, Outer = 2 };
 
 /// A fused group's program. Values stay in registers unless they are outputs.
 struct FusedProgram {
-  DType dtype = DType::f32;        ///< T, the compute dtype
-  std::vector<DType> in_dtypes;    ///< per input: the dtype it is loaded from
-  std::vector<FusedInstr> code;    ///< in order; registers >= in_dtypes.size() are temporaries
-  int num_regs = 0;                ///< registers used (inputs included)
-  std::vector<int16_t> outputs;    ///< registers stored to DuetFusedArgs::out[k], in order
-  std::vector<DType> out_dtypes;   ///< per output: T or b8
+  DType dtype = DType::f32;       ///< T, the compute dtype
+  std::vector<DType> in_dtypes;   ///< per input: the dtype it is loaded from
+  std::vector<FusedInstr> code;   ///< in order; registers >= in_dtypes.size() are temporaries
+  int num_regs = 0;               ///< registers used (inputs included)
+  std::vector<int16_t> outputs;   ///< registers stored to DuetFusedArgs::out[k], in order
+  std::vector<DType> out_dtypes;  ///< per output: T or b8
   FusedReduce reduce = FusedReduce::None;
   OpId reduce_op = OpId::Sum;  ///< Sum, Max or Min
   int16_t reduce_src = -1;     ///< the register reduced into DuetFusedArgs::red_out (dtype T)
@@ -51,6 +51,10 @@ struct FusedProgram {
   /// A stable hash of the program (the codegen cache key includes it).
   uint64_t hash() const;
 };
+
+/// Limits of one program (the fusion pass starts a new group past them).
+inline constexpr int kFusedMaxRegs = 256;
+inline constexpr int kFusedMaxInstrs = 256;
 
 /// Whether a program can use these ops and dtypes (T f32 or f64; an op the interpreter knows).
 bool fusable_op(OpId op);
@@ -67,7 +71,7 @@ struct FusedKernel {
   bool codegen_allowed = true;  ///< false when the "codegen" pass is disabled for its plan
 
   /// Runs the whole work, split over the threads, with the fastest tier available.
-  void run(const DuetFusedArgs& a) const;
+  void run(const DuetFusedArgs& a);
   /// The amount of work units (elements, rows or columns) of a call.
   int64_t work(const DuetFusedArgs& a) const;
 };

@@ -16,6 +16,15 @@
 // is followed by a multiplication by a power of two (an ordinary step of the program) that
 // brings it back, so that long chains stay in the range where float32 tolerances mean
 // something.
+//
+// A generator in the fusion mix (Mix::Fusion) builds programs that stress elementwise fusion and
+// the memory planner instead: 20-60 steps, mostly elementwise unary and binary ops, comparisons,
+// where and casts, over one iteration shape (odd sizes from 1 to over 65,536 elements, so that
+// blocks are partial, rows cross block ends and large kernels split over both threads); long
+// chains, diamonds (a value read by two branches that join again), broadcast operands ([n],
+// [1, n], [m, 1] and 0-d against [m, n], numbers on either side), reductions over trailing,
+// leading or all dims (sum, mean, max, min, softmax, log_softmax, logsumexp) at the ends of
+// chains, and outputs that later steps also read.
 #pragma once
 
 #include <algorithm>
@@ -83,8 +92,15 @@ struct InputSpec {
   bool buffer = false;
 };
 
+/// Which programs a generator builds.
+enum class Mix : uint8_t {
+  Mixed,   ///< the whole op table
+  Fusion,  ///< elementwise chains, diamonds, broadcasts and reductions (see the top)
+};
+
 struct Program {
   uint64_t seed = 0;
+  Mix mix = Mix::Mixed;
   std::vector<InputSpec> inputs;
   std::vector<Step> steps;
   std::vector<int> outputs;
@@ -126,7 +142,10 @@ inline constexpr uint64_t kRandSeed = 1234;
 
 class Generator {
  public:
-  Generator(Program& p, uint64_t seed) : p_(p), rng_(rng_for(seed, 0)) {}
+  Generator(Program& p, uint64_t seed, Mix mix = Mix::Mixed)
+      : p_(p), rng_(rng_for(seed, mix == Mix::Fusion ? 2 : 0)) {
+    p_.mix = mix;
+  }
 
   int64_t irand(int64_t lo, int64_t hi) {  // inclusive
     return lo + static_cast<int64_t>(rng_.next() % static_cast<uint64_t>(hi - lo + 1));
@@ -142,6 +161,12 @@ class Generator {
   /// Appends steps until the program has `n` (or gives up on finding more).
   std::string make_steps(int n);
   void choose_outputs();
+  /// How many steps make_steps should aim at: 5-30, or 20-60 in the fusion mix (20-30 for its
+  /// largest shapes).
+  int random_length() {
+    if (p_.mix == Mix::Mixed) return int(irand(5, 30));
+    return int(irand(20, shape_.numel() > 65536 ? 30 : 60));
+  }
 
  private:
   template <class F>
@@ -165,7 +190,39 @@ class Generator {
   void random_index(Step& st, const Tensor& x, int64_t d);
   bool propose(Op op, Step& st);
   bool propose_binary(Op op, Step& st);
+  /// The number operand of a binary op on a (st.mode 1 or 2): st.s and st.int_scalar.
+  void scalar_operand(Op op, Step& st, const Tensor& a);
+  /// Runs st on the pool and appends it (and a taming step when its magnitude grew): the index
+  /// of the value that stands for its result, -1 when rejected (empty, too large, not finite),
+  /// -2 when it threw (the message in err).
+  int commit(Step st, std::string& err);
 
+  // The fusion mix.
+  void make_fusion_inputs();
+  std::string make_fusion_steps(int n);
+  void choose_fusion_outputs();
+  Shape fusion_shape();
+  /// A floating value to continue a chain on: mostly a recent one of the iteration shape.
+  int pick_chain();
+  /// A second operand for an elementwise op on a: a broadcast operand, a value of a's shape or
+  /// any that broadcasts with it (recent ones first); -1 when none.
+  int pick_partner(int a, bool ints_ok);
+  Step unary_on(int a);
+  /// A binary op of a and b, or of a and a number when b < 0.
+  Step binary_on(int a, int b);
+  bool propose_fusion(Step& st, int kind);
+  bool propose_reduction(Step& st);
+  /// How close st's operands come to a kink of st (Note [Inexact values]): the smallest
+  /// absolute distance.
+  double kink_distance(const Step& st) const;
+  /// The estimated error of st's result `out` (Note [Inexact values]), -1 to reject st.
+  double error_estimate(const Step& st, const Tensor& out) const;
+  /// Appends a diamond: two branches from one value, joined again.
+  std::string add_diamond();
+
+  Shape shape_;              ///< the fusion mix: the iteration shape
+  std::vector<double> err_;  ///< the fusion mix, per pool value: Note [Inexact values]
+  int64_t max_numel_ = 0;    ///< the largest value a step may make
   Program& p_;
   Rng rng_;
   Values first_;

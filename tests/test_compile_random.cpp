@@ -12,26 +12,39 @@
 // step, with the inputs) and the differences are printed, and the program runs once more with
 // every optimization pass disabled, to say whether a pass is involved.
 //
+// The same checks run on programs of the fusion mix (random_program.h), built to stress fused
+// kernels and the memory planner; that test also asserts that most of them got fused kernels.
+// Every plan checks the memory planner's invariant (no two buffers live at once overlap) as it
+// is built: the whole binary runs with detail::set_verify_plans(true).
+//
 // DUET_RANDOM_PROGRAMS=n runs seeds 0..n-1 (default 2000); DUET_RANDOM_SEED=s runs seed s only.
+// DUET_FUSION_PROGRAMS and DUET_FUSION_SEED do the same for the fusion mix (default 600).
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "random_program.h"
+#include "trace/executor.h"
 #include "util.h"
 
 namespace duet::test {
 namespace {
+
+// Every plan any test here builds checks its memory plan (an InternalError otherwise, which
+// check() reports as "threw").
+const bool kVerifyPlans = (detail::set_verify_plans(true), true);
 
 // ---- running and comparing ----
 
 struct Tol {
   double rtol, atol;
 };
-Tol tolerance(DType d) {
-  if (d == DType::f32) return {1.3e-5, 1.5e-5};
+// `through_f32`: f64 values may have been computed in f32 (see mixes_precision).
+Tol tolerance(DType d, bool through_f32 = false) {
+  if (d == DType::f32 || (d == DType::f64 && through_f32)) return {1.3e-5, 1.5e-5};
   if (d == DType::f64) return {1e-7, 1e-7};
   return {0, 0};
 }
@@ -41,11 +54,12 @@ Tol tolerance(DType d) {
 // gradient summed over many uses) carries the rounding error of the terms it was computed
 // from, and those are bounded by the tensor's scale, not by the element. Values stay O(1) by
 // construction (see the generator), so the scale is 1 for most tensors.
-std::string compare_tensors(const Tensor& got, const Tensor& want, const std::string& what) {
+std::string compare_tensors(const Tensor& got, const Tensor& want, const std::string& what,
+                            bool through_f32 = false) {
   if (got.sizes() != want.sizes() || got.dtype() != want.dtype())
     return fmt::format("{}: compiled gives {} {}, eager {} {}\n", what, dtype_name(got.dtype()),
                        got.sizes(), dtype_name(want.dtype()), want.sizes());
-  Tol t = tolerance(want.dtype());
+  Tol t = tolerance(want.dtype(), through_f32);
   const double scale = is_floating(want.dtype()) ? std::max(1.0, max_abs(want)) : 1.0;
   std::string d = differences(values(got), values(want), t.rtol, t.atol * scale);
   return d.empty()
@@ -56,8 +70,8 @@ std::string compare_tensors(const Tensor& got, const Tensor& want, const std::st
 // A gradient from several outputs against the exact sum of the per-output gradients `terms`,
 // each term allowed its own tolerance: atol (scaled as in compare_tensors) + rtol * |term|.
 std::string combined_differences(const Tensor& got, const std::vector<Tensor>& terms,
-                                 const std::string& what) {
-  const Tol t = tolerance(got.dtype());
+                                 const std::string& what, bool through_f32 = false) {
+  const Tol t = tolerance(got.dtype(), through_f32);
   std::vector<double> want(size_t(got.numel()), 0.0), tol(want.size(), 0.0);
   for (const Tensor& term : terms) {
     if (term.sizes() != got.sizes()) return fmt::format("{}: shapes differ\n", what);
@@ -161,11 +175,30 @@ Sample sample(const Program& p, const Generator& gen, Rng& rng, uint64_t gseed,
   return s;
 }
 
+/// Whether f64 results of p may carry f32 rounding from fused sums: a program of the fusion mix
+/// that computes in both. (A gradient of an f64 input read by an f32 op is computed in f32;
+/// fused and eager f32 sums of thousands of terms add in different orders.)
+bool mixes_precision(const Program& p) {
+  if (p.mix != Mix::Fusion) return false;
+  bool f32 = false, f64 = false;
+  for (const InputSpec& in : p.inputs) {
+    f32 |= in.dtype == DType::f32;
+    f64 |= in.dtype == DType::f64;
+  }
+  for (const Step& st : p.steps) {
+    f32 |= st.result.starts_with("f32");
+    f64 |= st.result.starts_with("f64");
+  }
+  return f32 && f64;
+}
+
 /// The differences between compiled and eager for one program; empty when they agree.
 /// `perturb` moves the compiled floating outputs by a relative and an absolute `perturb` (a
 /// self-test of the comparison).
+/// `fused`, when given, gets the most fused kernels the compiled function's plans had after a
+/// call (CompileStats::fused_kernels).
 std::string check(const Program& p, const Sample& a, const Sample& b, CompileOptions opts,
-                  double perturb = 0) {
+                  double perturb = 0, int64_t* fused = nullptr) {
   std::string err;
   // The captured inputs: the same tensors for every call, their values written in place.
   std::vector<Tensor> caps(p.inputs.size());
@@ -181,6 +214,10 @@ std::string check(const Program& p, const Sample& a, const Sample& b, CompileOpt
     return outs;
   };
   auto c = compile(fn, opts);
+  const bool loose = mixes_precision(p);
+  auto note_fused = [&] {
+    if (fused) *fused = std::max(*fused, c.stats().fused_kernels);
+  };
   // A floating input that requires grad changes the signature (an argument's flag, or the
   // flag of a captured tensor the trace read): the calls with gradients trace once more.
   std::vector<bool> used(p.inputs.size(), false);
@@ -222,13 +259,14 @@ std::string check(const Program& p, const Sample& a, const Sample& b, CompileOpt
                              bool flags = true) {
     for (size_t i = 0; i < p.inputs.size(); ++i)  // the state the call wrote back
       if (p.inputs[i].buffer)
-        err += compare_tensors(caps[i], e.ins[i], fmt::format("{}, buffer %{} after", which, i));
+        err += compare_tensors(caps[i], e.ins[i], fmt::format("{}, buffer %{} after", which, i),
+                               loose);
     if (outs.size() != e.outs.size()) {
       err += fmt::format("{}: {} outputs, eager {}\n", which, outs.size(), e.outs.size());
       return;
     }
     for (size_t i = 0; i < outs.size(); ++i) {
-      err += compare_tensors(outs[i], e.outs[i], fmt::format("{}, output {}", which, i));
+      err += compare_tensors(outs[i], e.outs[i], fmt::format("{}, output {}", which, i), loose);
       if (flags && outs[i].requires_grad() != e.outs[i].requires_grad())
         err += fmt::format("{}, output {}: requires_grad {} compiled, {} eager\n", which, i,
                            outs[i].requires_grad(), e.outs[i].requires_grad());
@@ -250,14 +288,16 @@ std::string check(const Program& p, const Sample& a, const Sample& b, CompileOpt
       for (size_t i = 0; i < g.size(); ++i)
         err += compare_tensors(
             g[i], e.per_output[j][i],
-            fmt::format("{}, gradient of input %{} from output {}", which, e.wrt[i], e.diff[j]));
+            fmt::format("{}, gradient of input %{} from output {}", which, e.wrt[i], e.diff[j]),
+            loose);
     }
     std::vector<Tensor> g = gradients(outs, e.diff, in, e.wrt, e.gouts, false);
     for (size_t i = 0; i < g.size(); ++i) {
       std::vector<Tensor> terms;
       for (const auto& po : e.per_output) terms.push_back(po[i]);
       err += combined_differences(
-          g[i], terms, fmt::format("{}, gradient of input %{} from all outputs", which, e.wrt[i]));
+          g[i], terms, fmt::format("{}, gradient of input %{} from all outputs", which, e.wrt[i]),
+          loose);
     }
   };
   try {
@@ -267,6 +307,7 @@ std::string check(const Program& p, const Sample& a, const Sample& b, CompileOpt
       manual_seed(kRandSeed);
       compare_outputs(c(args), s->plain, s == &a ? "values A" : "values B");
     }
+    note_fused();
     if (c.stats().traces != 1 || c.stats().hits != 1)
       err += fmt::format("no-grad calls: {} traces, {} hits (want 1 and 1)\n", c.stats().traces,
                          c.stats().hits);
@@ -283,6 +324,7 @@ std::string check(const Program& p, const Sample& a, const Sample& b, CompileOpt
       compare_outputs(outs[k], s.with_grad, k == 0 ? "values A (grad)" : "values B (grad)");
       if (any_captured) compare_grads(outs[k], ins[k], s.with_grad, k == 0 ? "A" : "B");
     }
+    note_fused();
     if (!any_captured)
       for (int k = 0; k < 2; ++k)
         compare_grads(outs[k], ins[k], (k == 0 ? a : b).with_grad, k == 0 ? "A" : "B");
@@ -336,21 +378,110 @@ int env_int(const char* name, int fallback) {
 struct Coverage {
   std::vector<int> ops = std::vector<int>(size_t(Op::Count), 0);
   int programs = 0, steps = 0, skipped = 0, failed = 0;
+  int fused = 0;               ///< programs whose plans had a fused kernel
+  int64_t fused_kernels = 0;   ///< their kernels, summed
   std::string failed_seeds;
 };
+
+const std::vector<std::string> kPasses = {"dce",     "cse",         "fold",     "simplify", "fuse",
+                                          "codegen", "plan_memory", "parallel", "hoist"};
+
+// The eager runs of a sample for another program on the same inputs (the reducer's).
+Sample rerun(const Program& p, const Sample& s, uint64_t gseed) {
+  Sample r;
+  r.values = s.values;
+  r.with_grad = run_eager(p, build_inputs(p, s.values, true), true, gseed);
+  r.finite = all_finite(r.with_grad.outs) && all_finite(r.with_grad.grads);
+  r.plain = run_eager(p, build_inputs(p, s.values, false), false, gseed);
+  return r;
+}
+
+// p without step k; its uses read value `rep` instead (-1: it has none).
+Program without_step(const Program& p, size_t k, int rep) {
+  Program q = p;
+  const int v = int(p.inputs.size() + k);
+  auto fix = [&](int& x) { x = x == v ? rep : x > v ? x - 1 : x; };
+  q.steps.erase(q.steps.begin() + std::ptrdiff_t(k));
+  for (size_t j = k; j < q.steps.size(); ++j)
+    for (int& x : q.steps[j].args) fix(x);
+  for (int& x : q.outputs) fix(x);
+  return q;
+}
+
+// Shrinks a failing program (DUET_REDUCE=1, for reports): drops outputs, steps (whose uses then
+// read one of their operands of the same shape and dtype) and non-contiguous layouts while the
+// compiled function still differs from eager with the passes on and matches it with them off.
+Program reduce_program(Program p, const Sample& a, const Sample& b) {
+  auto fails = [&](const Program& q) {
+    const Sample qa = rerun(q, a, q.seed + 1), qb = rerun(q, b, q.seed + 2);
+    return qa.finite && qb.finite && !check(q, qa, qb, {}).empty() &&
+           check(q, qa, qb, CompileOptions{{}, kPasses, 8}).empty();
+  };
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (size_t i = 0; p.outputs.size() > 1 && i < p.outputs.size();) {
+      Program q = p;
+      q.outputs.erase(q.outputs.begin() + std::ptrdiff_t(i));
+      if (fails(q)) {
+        p = q;
+        changed = true;
+      } else {
+        ++i;
+      }
+    }
+    for (size_t k = p.steps.size(); k-- > 0;) {
+      std::vector<Tensor> v = build_inputs(p, a.values, false);
+      {
+        NoGradGuard ng;
+        manual_seed(kRandSeed);
+        for (const Step& st : p.steps) v.push_back(apply_step(st, v));
+      }
+      const int self = int(p.inputs.size() + k);
+      bool used = std::count(p.outputs.begin(), p.outputs.end(), self) > 0;
+      for (size_t j = k + 1; j < p.steps.size(); ++j)
+        used |= std::count(p.steps[j].args.begin(), p.steps[j].args.end(), self) > 0;
+      std::vector<int> reps;
+      if (!used) reps.push_back(-1);
+      for (int x : p.steps[k].args)
+        if (used && v[size_t(x)].sizes() == v[size_t(self)].sizes() &&
+            v[size_t(x)].dtype() == v[size_t(self)].dtype())
+          reps.push_back(x);
+      for (int rep : reps) {
+        Program q = without_step(p, k, rep);
+        if (fails(q)) {
+          p = q;
+          changed = true;
+          break;
+        }
+      }
+    }
+    for (InputSpec& in : p.inputs) {
+      if (in.layout == Layout::Contiguous && !in.captured) continue;
+      Program q = p;
+      q.inputs[size_t(&in - p.inputs.data())].layout = Layout::Contiguous;
+      q.inputs[size_t(&in - p.inputs.data())].captured = false;
+      if (fails(q)) {
+        p = q;
+        changed = true;
+      }
+    }
+  }
+  return p;
+}
 
 // Builds, runs and checks the program of one seed; returns the failure report ("" if none).
 // With `perturb`, the compiled outputs are moved by it (see check) and the bare differences are
 // returned (the self-test).
-std::string run_seed(uint64_t seed, Coverage& cov, double perturb = 0) {
+std::string run_seed(uint64_t seed, Coverage& cov, double perturb = 0, Mix mix = Mix::Mixed) {
   Program p;
   p.seed = seed;
-  Generator gen(p, seed);
+  Generator gen(p, seed, mix);
   gen.make_inputs();
   Rng r = rng_for(seed, 1);
-  std::string err = gen.make_steps(int(gen.irand(5, 30)));
+  std::string err = gen.make_steps(gen.random_length());
   if (!err.empty()) return program_text(p) + err;
   gen.choose_outputs();
+  if (std::getenv("H3T")) fmt::print(stderr, "P {} {} {}\n", seed, p.inputs[0].shape, p.steps.size());
   for (const Step& st : p.steps) ++cov.ops[size_t(st.op)];
   cov.steps += int(p.steps.size());
   Sample a = sample(p, gen, r, seed + 1, &gen.first_values());
@@ -360,27 +491,48 @@ std::string run_seed(uint64_t seed, Coverage& cov, double perturb = 0) {
     return "";
   }
   ++cov.programs;
-  err = check(p, a, b, {}, perturb);
+  int64_t fused = 0;
+  err = check(p, a, b, {}, perturb, &fused);
+  cov.fused += fused > 0;
+  cov.fused_kernels += fused;
   if (err.empty() || perturb != 0) return err;
-  // Is an optimization pass involved?
-  std::string off = check(p, a, b, CompileOptions{{}, {"dce", "cse", "fold", "simplify"}, 8});
-  return fmt::format("{}{}with every pass disabled: {}", program_text(p), err,
-                     off.empty() ? "compiled matches eager\n" : "still differs:\n" + off);
+  // Is an optimization pass involved? And which: the passes that, disabled alone, make it pass.
+  std::string off = check(p, a, b, CompileOptions{{}, kPasses, 8});
+  std::string alone;
+  if (off.empty())
+    for (const std::string& pass : kPasses)
+      if (check(p, a, b, CompileOptions{{}, {pass}, 8}).empty()) alone += " " + pass;
+  std::string report = fmt::format(
+      "{}{}with every pass disabled: {}", program_text(p), err,
+      !off.empty()    ? "still differs:\n" + off
+      : alone.empty() ? "compiled matches eager; no pass alone is the cause\n"
+                      : "compiled matches eager; it does with only" + alone + " disabled too\n");
+  if (off.empty() && env_int("DUET_REDUCE", 0)) {
+    const Program q = reduce_program(p, a, b);
+    report += "reduced:\n" + program_text(q) +
+              check(q, rerun(q, a, seed + 1), rerun(q, b, seed + 2), {});
+  }
+  return report;
 }
 
-}  // namespace
-
-TEST_CASE("random programs: compiled outputs and gradients match eager") {
-  Coverage cov;
-  const int count = env_int("DUET_RANDOM_PROGRAMS", 2000);
-  const char* one = std::getenv("DUET_RANDOM_SEED");
+// The seeds to run: 0..n-1 with n from the variable `count` (else `fallback`), or the one seed
+// the variable `one` names.
+std::vector<uint64_t> seeds_from_env(const char* count, int fallback, const char* one) {
   std::vector<uint64_t> seeds;
-  if (one && *one)
-    seeds.push_back(std::strtoull(one, nullptr, 10));
+  const char* s = std::getenv(one);
+  if (s && *s)
+    seeds.push_back(std::strtoull(s, nullptr, 10));
   else
-    for (int i = 0; i < count; ++i) seeds.push_back(uint64_t(i));
+    for (int i = 0, n = env_int(count, fallback); i < n; ++i) seeds.push_back(uint64_t(i));
+  return seeds;
+}
+
+// Runs and checks every seed's program, failing (with the first ten reports) on a mismatch.
+void run_seeds(const std::vector<uint64_t>& seeds, Coverage& cov, Mix mix) {
   for (uint64_t seed : seeds) {
-    std::string report = run_seed(seed, cov);
+    auto t0 = std::chrono::steady_clock::now();
+    std::string report = run_seed(seed, cov, 0, mix);
+    if (std::getenv("H3T")) fmt::print(stderr, "T {} {:.1f}\n", seed, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     if (!report.empty()) {
       ++cov.failed;
       cov.failed_seeds += fmt::format(" {}", seed);
@@ -389,17 +541,39 @@ TEST_CASE("random programs: compiled outputs and gradients match eager") {
   }
   std::string ops;
   for (int i = 0; i < int(Op::Count); ++i)
-    ops += fmt::format(" {}:{}", op_text(Op(i)), cov.ops[size_t(i)]);
-  MESSAGE(
-      fmt::format("{} programs compared ({} steps), {} skipped for non-finite values, {} "
-                  "failed{}; steps per op:{}",
-                  cov.programs, cov.steps, cov.skipped, cov.failed,
-                  cov.failed ? " (seeds" + cov.failed_seeds + ")" : "", ops));
+    if (cov.ops[size_t(i)]) ops += fmt::format(" {}:{}", op_text(Op(i)), cov.ops[size_t(i)]);
+  MESSAGE(fmt::format(
+      "{} programs compared ({} steps), {} skipped for non-finite values, {} failed{}; {} with "
+      "fused kernels ({} kernels); steps per op:{}",
+      cov.programs, cov.steps, cov.skipped, cov.failed,
+      cov.failed ? " (seeds" + cov.failed_seeds + ")" : "", cov.fused, cov.fused_kernels, ops));
+}
+
+}  // namespace
+
+TEST_CASE("random programs: compiled outputs and gradients match eager") {
+  Coverage cov;
+  const std::vector<uint64_t> seeds =
+      seeds_from_env("DUET_RANDOM_PROGRAMS", 2000, "DUET_RANDOM_SEED");
+  run_seeds(seeds, cov, Mix::Mixed);
   CHECK(cov.failed == 0);
   // Resampling makes non-finite programs rare; many would mean the generator lost its guards.
   CHECK(cov.skipped * 50 <= int(seeds.size()));
   // The issue asks for at least 500 programs per run.
   if (seeds.size() >= 500) CHECK(cov.programs >= 500);
+}
+
+// Programs of elementwise chains, diamonds, broadcasts and reductions (the fusion mix): the same
+// comparison, and most of them must have run fused kernels, or the test would prove nothing
+// about fusion.
+TEST_CASE("random programs built to stress fusion") {
+  Coverage cov;
+  const std::vector<uint64_t> seeds =
+      seeds_from_env("DUET_FUSION_PROGRAMS", 600, "DUET_FUSION_SEED");
+  run_seeds(seeds, cov, Mix::Fusion);
+  CHECK(cov.failed == 0);
+  CHECK(cov.skipped * 50 <= int(seeds.size()));
+  CHECK(cov.fused * 2 >= cov.programs);
 }
 
 // The comparison itself: compiled outputs off by 1e-4 (relative and absolute; about 800 f32 ulps)

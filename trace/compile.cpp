@@ -436,12 +436,26 @@ CompiledCore::Entry* CompiledCore::trace(const FlatArgs& args, const TraceFn& fn
   }
   stats_.optimize_ms = ms_since(t1);
   auto t2 = std::chrono::steady_clock::now();
-  e->forward = std::make_unique<Plan>(std::move(fg));
-  stats_.buffer_bytes = e->forward->buffer_bytes();
-  for (size_t k = 0; k < bgs.size(); ++k) {
-    e->backward[k].plan = std::make_shared<Plan>(std::move(bgs[k]));
-    stats_.buffer_bytes += e->backward[k].plan->buffer_bytes();
-  }
+  const PlanOptions popt = PlanOptions::from_disabled(options_.disable_passes);
+  e->forward = std::make_unique<Plan>(std::move(fg), popt);
+  for (size_t k = 0; k < bgs.size(); ++k)
+    e->backward[k].plan = std::make_shared<Plan>(std::move(bgs[k]), popt);
+  stats_.buffer_bytes = stats_.fused_kernels = stats_.fused_nodes = stats_.epilogues =
+      stats_.arena_bytes = stats_.intermediate_bytes = stats_.hoisted_nodes =
+          stats_.parallel_plans = 0;
+  auto add_stats = [&](const Plan& p) {
+    const PlanStats& s = p.stats();
+    stats_.buffer_bytes += s.buffer_bytes;
+    stats_.fused_kernels += s.fused_kernels;
+    stats_.fused_nodes += s.fused_nodes;
+    stats_.epilogues += s.epilogues;
+    stats_.arena_bytes += s.arena_bytes;
+    stats_.intermediate_bytes += s.intermediate_bytes;
+    stats_.hoisted_nodes += s.hoisted_nodes;
+    stats_.parallel_plans += s.parallel ? 1 : 0;
+  };
+  add_stats(*e->forward);
+  for (const auto& b : e->backward) add_stats(*b.plan);
   stats_.plan_ms = ms_since(t2);
   entries_.push_back(std::move(e));
   return entries_.back().get();

@@ -1,12 +1,101 @@
 #include "trace/executor.h"
 
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <queue>
 #include <unordered_map>
 
+#include <omp.h>
+
+#include <exception>
+
 #include "core/dispatch.h"
+#include "kernels/loops.h"
+#include "core/tensor_impl.h"
+#include "kernels/cpu_kernels.h"
+#include "trace/codegen.h"
+#include "trace/fusion.h"
 
 namespace duet::detail {
 
-Plan::Plan(Graph graph) : g_(std::move(graph)) { build(); }
+namespace {
+std::atomic<bool> g_verify_plans{false};
+}
+void set_verify_plans(bool on) { g_verify_plans.store(on); }
+bool verify_plans() { return g_verify_plans.load(std::memory_order_relaxed); }
+
+PlanOptions PlanOptions::from_disabled(const std::vector<std::string>& disabled) {
+  // DUET_DISABLE_PLAN_PASSES=fuse,plan_memory switches plan passes off everywhere (debugging).
+  const char* env = std::getenv("DUET_DISABLE_PLAN_PASSES");
+  const std::string extra = env ? env : "";
+  auto on = [&](const char* p) {
+    return std::find(disabled.begin(), disabled.end(), p) == disabled.end() &&
+           extra.find(p) == std::string::npos;
+  };
+  PlanOptions o;
+  o.fuse = on("fuse");
+  o.codegen = on("codegen");
+  o.plan_memory = on("plan_memory");
+  o.parallel = on("parallel");
+  o.hoist = on("hoist");
+  return o;
+}
+
+/// One fused group as the plan runs it.
+struct Plan::FusedStep {
+  std::shared_ptr<kernels::FusedKernel> kernel;
+  std::vector<int32_t> inputs;   ///< values, in register order
+  std::vector<int32_t> outputs;  ///< values stored, in output order
+  std::vector<bool> fresh;       ///< per output: allocated at every run
+  int32_t reduction = -1;
+  bool fresh_reduction = false;
+  int32_t reduce_dims = 0;
+  Shape shape;
+  std::vector<Tensor> tmp;  ///< inputs made dense for one run (layouts no 2-D walk expresses)
+};
+
+namespace {
+
+/// A tensor over `storage` at a byte offset (the arena's buffers).
+Tensor tensor_in(const StoragePtr& storage, int64_t byte_offset, const TensorMeta& m) {
+  auto* t = new TensorImpl();
+  TensorImplPtr p = TensorImplPtr::adopt(t);
+  t->dtype = m.dtype;
+  t->shape = m.shape;
+  t->strides = contiguous_strides(m.shape);
+  t->offset = byte_offset / static_cast<int64_t>(itemsize(m.dtype));
+  t->storage = storage;
+  return Tensor(std::move(p));
+}
+
+int64_t nbytes(const TensorMeta& m) { return m.shape.numel() * int64_t(itemsize(m.dtype)); }
+
+/// Collapses dims [lo, hi) of `st` (aligned to `shape`) into one stride; false when no single
+/// stride walks them in row-major order.
+bool collapse(const int64_t* st, const Shape& shape, int64_t lo, int64_t hi, int64_t* out) {
+  int64_t stride = 0, size = 1;
+  bool any = false;
+  for (int64_t d = hi - 1; d >= lo; --d) {
+    if (shape[d] == 1) continue;
+    if (!any) {
+      stride = st[d];
+      size = shape[d];
+      any = true;
+    } else if (st[d] == stride * size) {
+      size *= shape[d];
+    } else {
+      return false;
+    }
+  }
+  *out = stride;
+  return true;
+}
+
+}  // namespace
+
+Plan::Plan(Graph graph, PlanOptions options) : g_(std::move(graph)), opt_(options) { build(); }
+Plan::~Plan() = default;
 
 void Plan::build() {
   const int32_t n = static_cast<int32_t>(g_.nodes.size());
@@ -17,6 +106,8 @@ void Plan::build() {
   for (int32_t i = 0; i < n; ++i) {
     const GraphNode& g = g_.nodes[i];
     root[i] = g.kind == NodeKind::Op && op_class(g.op) == OpClass::View ? root[g.inputs[0]] : i;
+    if (g.kind == NodeKind::Op && op_class(g.op) != OpClass::View)
+      stats_.intermediate_bytes += nbytes(g.meta);
   }
   std::vector<bool> fresh(n, false);
   clone_output_.assign(g_.outputs.size(), false);
@@ -32,10 +123,144 @@ void Plan::build() {
   for (size_t k = 0; k < g_.writebacks.size(); ++k)
     stage_writeback_[k] = g_.nodes[root[g_.writebacks[k].value]].kind != NodeKind::Op;
 
+  // ---- fusion groups and the schedule (Note [Schedule]) ----
+  std::vector<FusionGroup> groups;
+  if (opt_.fuse) groups = find_fusion_groups(g_);
+  std::vector<int32_t> group_of(n, -1);
+  for (size_t gi = 0; gi < groups.size(); ++gi)
+    for (int32_t m : groups[gi].members) group_of[m] = static_cast<int32_t>(gi);
+  // Step units: each group, and each op node outside groups. Kahn's algorithm over them, taking
+  // the unit that comes first in the graph whenever several are ready.
+  const int32_t ng = static_cast<int32_t>(groups.size());
+  auto unit_of = [&](int32_t v) -> int32_t { return group_of[v] >= 0 ? group_of[v] : ng + v; };
+  std::vector<int32_t> first_node(ng + n, -1);
+  std::vector<std::vector<int32_t>> unit_nodes(ng + n);
+  for (int32_t i = 0; i < n; ++i)
+    if (g_.nodes[i].kind == NodeKind::Op) {
+      const int32_t u = unit_of(i);
+      if (first_node[u] < 0) first_node[u] = i;
+      unit_nodes[u].push_back(i);
+    }
+  std::vector<int32_t> indeg(ng + n, 0);
+  std::vector<std::vector<int32_t>> users(ng + n);
+  for (int32_t u = 0; u < ng + n; ++u) {
+    std::vector<int32_t> deps;
+    for (int32_t v : unit_nodes[u])
+      for (int32_t in : g_.nodes[v].inputs)
+        if (g_.nodes[in].kind == NodeKind::Op && unit_of(in) != u) deps.push_back(unit_of(in));
+    std::sort(deps.begin(), deps.end());
+    deps.erase(std::unique(deps.begin(), deps.end()), deps.end());
+    indeg[u] = static_cast<int32_t>(deps.size());
+    for (int32_t d : deps) users[d].push_back(u);
+  }
+  std::priority_queue<std::pair<int32_t, int32_t>, std::vector<std::pair<int32_t, int32_t>>,
+                      std::greater<>>
+      ready;
+  for (int32_t u = 0; u < ng + n; ++u)
+    if (first_node[u] >= 0 && indeg[u] == 0) ready.push({first_node[u], u});
+  std::vector<int32_t> order;
+  while (!ready.empty()) {
+    const int32_t u = ready.top().second;
+    ready.pop();
+    order.push_back(u);
+    for (int32_t w : users[u])
+      if (--indeg[w] == 0) ready.push({first_node[w], w});
+  }
+  int32_t units = 0;
+  for (int32_t u = 0; u < ng + n; ++u) units += first_node[u] >= 0;
+  DUET_ASSERT(static_cast<int32_t>(order.size()) == units,
+              "[compile] the fused schedule of {} has a cycle ({} of {} steps ordered)", g_.label,
+              order.size(), units);
+  // ---- parallel branches (Note [Parallel waves]) ----
+  // A step's wave is one more than the latest wave it reads from; the steps of one wave are
+  // independent. With two threads, a plan runs wave by wave, the steps of a wave side by side
+  // (each kernel on one thread), when the cost model says that beats running the steps in
+  // order, each kernel on both threads: that is, when branches are many and their kernels too
+  // small to split well.
+  std::vector<int32_t> wave_of(ng + n, 0);
+  int32_t num_waves = 0;
+  for (int32_t u : order) {
+    int32_t w = 0;
+    for (int32_t v : unit_nodes[u])
+      for (int32_t in : g_.nodes[v].inputs)
+        if (g_.nodes[in].kind == NodeKind::Op && unit_of(in) != u)
+          w = std::max(w, wave_of[unit_of(in)] + 1);
+    wave_of[u] = w;
+    num_waves = std::max(num_waves, w + 1);
+  }
+  bool parallel = false;
+  if (opt_.parallel && omp_get_max_threads() >= 2 && num_waves > 0) {
+    // Estimated nanoseconds of each step on one thread, and whether it splits over two.
+    auto cost = [&](int32_t u, bool* splits) {
+      double ns = 0;
+      int64_t elems = 0;
+      for (int32_t v : unit_nodes[u]) {
+        const GraphNode& g = g_.nodes[v];
+        if (g.meta.device.type != DeviceType::CPU) return -1.0;
+        if (op_class(g.op) == OpClass::View) continue;
+        const int64_t numel = g.meta.shape.numel();
+        if (g.op == OpId::MatMul) {
+          const int64_t k = g_.nodes[g.inputs[0]].meta.shape[-1];
+          ns += 2.0 * numel * k / 40.0;  // about 40 GFLOP/s on one core
+          elems = std::max(elems, numel * k / 8);
+        } else {
+          ns += 0.5 * numel;
+          elems = std::max(elems, numel);
+        }
+      }
+      *splits = elems >= 2 * kernels::kParallelGrain;
+      return ns;
+    };
+    double serial = 0, waved = 0;
+    std::vector<double> wave_sum(num_waves, 0), wave_max(num_waves, 0);
+    std::vector<int32_t> wave_count(num_waves, 0);
+    bool cpu = true;
+    for (int32_t u : order) {
+      bool splits = false;
+      const double c = cost(u, &splits);
+      if (c < 0) cpu = false;
+      serial += splits ? c / 2 : c;
+      wave_sum[wave_of[u]] += c;
+      wave_max[wave_of[u]] = std::max(wave_max[wave_of[u]], c);
+      ++wave_count[wave_of[u]];
+    }
+    constexpr double kWaveOverheadNs = 1500;  // an OpenMP fork and join of two threads
+    for (int32_t w = 0; w < num_waves; ++w)
+      waved += wave_count[w] > 1 ? std::max(wave_max[w], wave_sum[w] / 2) + kWaveOverheadNs
+                                 : wave_sum[w];
+    // DUET_PARALLEL=always (the tests use it) runs every CPU plan with independent steps in
+    // waves; =auto (default) asks the cost model.
+    const char* env = std::getenv("DUET_PARALLEL");
+    const bool always = env && std::string(env) == "always";
+    parallel =
+        cpu && (always ? num_waves < static_cast<int32_t>(order.size()) : waved < 0.85 * serial);
+    stats_.parallel = parallel;
+  }
+  if (parallel)
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int32_t a, int32_t b) { return wave_of[a] < wave_of[b]; });
+  // The position of every value in the schedule (inputs and constants: -1): its step, or in a
+  // parallel plan its wave, so that buffers of steps that may run together never share bytes.
+  std::vector<int32_t> step_pos(order.size());
+  for (size_t s = 0; s < order.size(); ++s)
+    step_pos[s] = parallel ? wave_of[order[s]] : static_cast<int32_t>(s);
+  std::vector<int32_t> pos(n, -1);
+  for (size_t s = 0; s < order.size(); ++s)
+    for (int32_t v : unit_nodes[order[s]]) pos[v] = step_pos[s];
+  const int32_t num_steps = static_cast<int32_t>(order.size());
+  const int32_t end_pos = parallel ? num_waves : num_steps;
+  // Values a group keeps in registers need no buffer.
+  std::vector<bool> materialized(n, true);
+  for (const FusionGroup& f : groups) {
+    for (int32_t m : f.members) materialized[m] = false;
+    for (int32_t o : f.outputs) materialized[o] = true;
+    if (f.reduction >= 0) materialized[f.reduction] = true;
+  }
+
   // Write-backs computed in place (DESIGN.md: "where the planner can prove it safe"): a value
   // made by a kernel goes straight into the captured tensor's storage when nothing reads that
-  // storage after the value is computed, and the kernel itself reads it, if at all, only
-  // elementwise at the same layout (w - lr * g). Then there is no buffer and no copy.
+  // storage after the value is computed, and the step computing it reads that storage, if at
+  // all, only elementwise at the same layout (w - lr * g). Then there is no buffer and no copy.
   std::vector<int32_t> inplace(n, -1);
   inplace_writeback_.assign(g_.writebacks.size(), false);
   auto storage_of_root = [&](int32_t v) -> const StorageImpl* {
@@ -47,23 +272,38 @@ void Plan::build() {
   std::unordered_map<const StorageImpl*, int32_t> last_read;
   for (int32_t i = 0; i < n; ++i)
     for (int32_t in : g_.nodes[i].inputs)
-      if (const StorageImpl* st = storage_of_root(in)) last_read[st] = i;
+      if (const StorageImpl* st = storage_of_root(in))
+        last_read[st] = std::max(last_read.count(st) ? last_read[st] : -1, pos[i]);
   for (size_t k = 0; k < g_.writebacks.size(); ++k) {
     const WriteBack& w = g_.writebacks[k];
     const GraphNode& v = g_.nodes[w.value];
     const Tensor& dst = g_.captured[w.target];
     const TensorImpl* d = dst.unsafe_impl();
+    const int32_t gi = w.value < n ? group_of[w.value] : -1;
     if (v.kind != NodeKind::Op || op_class(v.op) == OpClass::View || fresh[w.value] ||
         inplace[w.value] >= 0 || !d->contiguous || d->dtype != v.meta.dtype ||
-        d->shape != v.meta.shape || d->device() != v.meta.device)
+        d->shape != v.meta.shape || d->device() != v.meta.device ||
+        (gi >= 0 && groups[gi].reduction >= 0))
       continue;
     const StorageImpl* st = d->storage.get();
     auto lr = last_read.find(st);
-    bool ok = lr == last_read.end() || lr->second <= w.value;
-    for (int32_t in : v.inputs) {
+    bool ok = lr == last_read.end() || lr->second < pos[w.value] ||
+              (lr->second == pos[w.value] && !parallel);
+    if (!ok && parallel && lr->second == pos[w.value]) {
+      // Steps of one wave run together: only the step computing the value may read there.
+      ok = true;
+      for (int32_t i = 0; i < n; ++i)
+        if (pos[i] == pos[w.value] && unit_of(i) != unit_of(w.value))
+          for (int32_t in : g_.nodes[i].inputs) ok = ok && storage_of_root(in) != st;
+    }
+    // What the step reads: the node's inputs, or the whole group's.
+    const bool elementwise = gi >= 0 || op_class(v.op) == OpClass::Elementwise;
+    std::vector<int32_t> reads(v.inputs.begin(), v.inputs.end());
+    if (gi >= 0) reads = groups[gi].inputs;
+    for (int32_t in : reads) {
       if (storage_of_root(in) != st) continue;
       const GraphNode& src = g_.nodes[in];
-      ok = ok && op_class(v.op) == OpClass::Elementwise && src.kind == NodeKind::Input &&
+      ok = ok && elementwise && src.kind == NodeKind::Input &&
            g_.captured[src.index].unsafe_impl()->contiguous &&
            g_.captured[src.index].sizes() == d->shape &&
            g_.captured[src.index].storage_offset() == d->offset;
@@ -77,69 +317,397 @@ void Plan::build() {
     inplace_writeback_[k] = true;
   }
 
+  // ---- hoisting (parameter preprocessing) ----
+  // A step whose inputs are all captured tensors, constants or hoisted values computes the same
+  // result at every run until a captured tensor changes: it runs once, and again only when the
+  // version of a storage it reads has changed (an optimizer step, a load). Its buffer is its
+  // own, outside the arena. Results, in-place write-backs and random draws stay per run.
+  std::vector<bool> param_only(n, false), hoisted(n, false);
+  std::vector<bool> hoisted_unit(ng + n, false);
+  for (int32_t i = 0; i < n; ++i) {
+    const GraphNode& g = g_.nodes[i];
+    param_only[i] = g.kind == NodeKind::Constant ||
+                    (g.kind == NodeKind::Input && g.role == InputRole::Captured);
+  }
+  if (opt_.hoist) {
+    for (int32_t s = 0; s < num_steps; ++s) {
+      const int32_t u = order[s];
+      bool ok = true;
+      bool any_kernel = false;
+      for (int32_t v : unit_nodes[u]) {
+        const GraphNode& g = g_.nodes[v];
+        ok = ok && !fresh[v] && inplace[v] < 0 && g.op != OpId::Random;
+        any_kernel = any_kernel || op_class(g.op) != OpClass::View;
+        for (int32_t in : g.inputs) ok = ok && (param_only[in] || unit_of(in) == u);
+      }
+      if (!ok) continue;
+      for (int32_t v : unit_nodes[u]) param_only[v] = true;
+      // A view of parameters is static (made once below) unless no strides express it; then
+      // it is a hoisted step too, so hoisted kernels never read it before it exists.
+      hoisted_unit[u] = true;
+      if (!any_kernel) continue;
+      for (int32_t v : unit_nodes[u]) hoisted[v] = true;
+      stats_.hoisted_nodes += static_cast<int64_t>(unit_nodes[u].size());
+    }
+    for (int32_t i = 0; i < n; ++i)
+      if (hoisted[i])
+        for (int32_t in : g_.nodes[i].inputs)
+          if (const StorageImpl* st = storage_of_root(in)) {
+            auto* sp = const_cast<StorageImpl*>(st);
+            if (std::none_of(hoist_versions_.begin(), hoist_versions_.end(),
+                             [&](const auto& e) { return e.first == sp; }))
+              hoist_versions_.push_back({sp, ~uint32_t(0)});
+          }
+  }
+
+  // ---- buffers: which values need one, and their live intervals ----
+  // A buffer is live from its step to the last step reading it or a view of it; write-backs
+  // read after the last step.
+  std::vector<int32_t> last_use(n, -1);
+  for (int32_t i = 0; i < n; ++i)
+    for (int32_t in : g_.nodes[i].inputs) {
+      const int32_t p = pos[i];
+      last_use[root[in]] = std::max(last_use[root[in]], p);
+      last_use[in] = std::max(last_use[in], p);
+    }
+  for (const WriteBack& w : g_.writebacks) last_use[root[w.value]] = end_pos;
+  std::vector<int32_t> request_of(n, -1);
+  auto needs_buffer = [&](int32_t v) {
+    const GraphNode& g = g_.nodes[v];
+    return g.kind == NodeKind::Op && op_class(g.op) != OpClass::View && materialized[v] &&
+           !fresh[v] && inplace[v] < 0 && !hoisted[v];
+  };
+  // In place: a step writing value v at the same index it reads input `in`, which dies there.
+  // No other input of the step may read that buffer through a view (a shifted slice of it
+  // would see the new values).
+  auto can_reuse = [&](int32_t v, int32_t in, const std::vector<int32_t>& step_inputs) {
+    if (in < 0 || request_of[in] < 0 || root[in] != in) return false;
+    for (int32_t x : step_inputs)
+      if (x != in && root[x] == in) return false;
+    const GraphNode& a = g_.nodes[v];
+    const GraphNode& b = g_.nodes[in];
+    return last_use[in] == pos[v] && a.meta.shape == b.meta.shape && a.meta.dtype == b.meta.dtype &&
+           a.meta.device == b.meta.device;
+  };
+  for (int32_t s = 0; s < num_steps; ++s) {
+    const int32_t u = order[s];
+    const bool is_group = u < ng;
+    std::vector<int32_t> made;
+    if (is_group) {
+      for (int32_t o : groups[u].outputs) made.push_back(o);
+      if (groups[u].reduction >= 0) made.push_back(groups[u].reduction);
+    } else {
+      made.push_back(u - ng);
+    }
+    std::vector<int32_t> taken;
+    for (int32_t v : made) {
+      if (!needs_buffer(v)) continue;
+      BufferRequest r;
+      r.bytes = nbytes(g_.nodes[v].meta);
+      r.first = step_pos[s];
+      r.last = std::max(last_use[v], step_pos[s]);
+      // Reuse in place: elementwise kernels and fused groups (not a reduction's result).
+      const GraphNode& node = g_.nodes[v];
+      const bool elementwise_step =
+          (is_group && v != groups[u].reduction) ||
+          (!is_group && op_class(node.op) == OpClass::Elementwise && node.op != OpId::Cast);
+      if (opt_.plan_memory && elementwise_step && !parallel) {
+        const std::vector<int32_t>& ins = is_group ? groups[u].inputs : node.inputs;
+        for (int32_t in : ins)
+          if (can_reuse(v, in, ins) && std::find(taken.begin(), taken.end(), in) == taken.end()) {
+            r.reuse = request_of[in];
+            taken.push_back(in);
+            if (is_group && g_.nodes[in].op == OpId::MatMul) ++stats_.epilogues;
+            break;
+          }
+      }
+      request_of[v] = static_cast<int32_t>(requests_.size());
+      requests_.push_back(r);
+    }
+  }
+  StoragePtr arena;
+  if (opt_.plan_memory) {
+    memory_ = plan_memory(requests_);
+    if (verify_plans()) {
+      const std::string bad = check_memory_plan(requests_, memory_);
+      DUET_ASSERT(bad.empty(), "[compile] memory plan of {}: {}", g_.label, bad);
+    }
+    stats_.arena_bytes = memory_.arena_bytes;
+    stats_.buffer_bytes = memory_.arena_bytes;
+    if (memory_.arena_bytes > 0) {
+      Device dev = Device::cpu();
+      for (int32_t i = 0; i < n; ++i)
+        if (request_of[i] >= 0) dev = g_.nodes[i].meta.device;
+      arena = new_storage(static_cast<size_t>(memory_.arena_bytes), dev);
+    }
+  }
+
+  // ---- static values and steps ----
   std::vector<bool> is_static(n, false);
   SuspendModes eager;
   for (int32_t i = 0; i < n; ++i) {
     const GraphNode& g = g_.nodes[i];
-    switch (g.kind) {
-      case NodeKind::Constant:
-        vals_[i] = g.constant;
+    if (g.kind == NodeKind::Constant) {
+      vals_[i] = g.constant;
+      is_static[i] = true;
+    } else if (g.kind == NodeKind::Input) {
+      if (g.role == InputRole::Captured) {
+        vals_[i] = g_.captured[g.index];
         is_static[i] = true;
-        break;
-      case NodeKind::Input:
-        if (g.role == InputRole::Captured) {
-          vals_[i] = g_.captured[g.index];
-          is_static[i] = true;
-        } else {
-          slot_value_[g.index] = i;
-          dynamic_.push_back(i);
-        }
-        break;
-      case NodeKind::Op: {
-        const OpDef& def = op_def(g.op);
-        if (def.cls == OpClass::View && is_static[g.inputs[0]]) {
-          Tensor v = def.view(vals_[g.inputs[0]], g.attrs, g.meta);
-          if (v.defined()) {  // else no strides express it: a copy at every run
-            vals_[i] = v;
-            is_static[i] = true;
-            break;
-          }
-        }
-        Step s{&def,
-               nullptr,
-               i,
-               static_cast<int32_t>(args_.size()),
-               static_cast<int32_t>(g.inputs.size()),
-               fresh[i]};
-        if (def.cls != OpClass::View) {
-          s.kernel = def.kernel[static_cast<int>(g.meta.device.type)];
-          DUET_CHECK_DEVICE(s.kernel, "[{}] has no kernel for device {} ({})", def.name,
-                            g.meta.device, g_.label);
-          if (inplace[i] >= 0) {
-            vals_[i] = g_.captured[inplace[i]];
-            is_static[i] = true;
-          } else if (!fresh[i]) {
-            vals_[i] = empty(g.meta.shape, g.meta.dtype, g.meta.device);
-            buffer_bytes_ += g.meta.shape.numel() * int64_t(itemsize(g.meta.dtype));
-            is_static[i] = true;
-          }
-        }
-        if (!is_static[i]) dynamic_.push_back(i);
-        for (int32_t in : g.inputs) args_.push_back(&vals_[in]);
-        steps_.push_back(s);
-        break;
+      } else {
+        slot_value_[g.index] = i;
+        dynamic_.push_back(i);
       }
     }
   }
+  auto set_buffer = [&](int32_t v) {
+    const GraphNode& g = g_.nodes[v];
+    if (inplace[v] >= 0) {
+      vals_[v] = g_.captured[inplace[v]];
+      is_static[v] = true;
+    } else if (hoisted[v]) {
+      vals_[v] = empty(g.meta.shape, g.meta.dtype, g.meta.device);
+      stats_.buffer_bytes += nbytes(g.meta);
+      is_static[v] = true;
+    } else if (request_of[v] >= 0) {
+      if (opt_.plan_memory)
+        vals_[v] = arena ? tensor_in(arena, memory_.offsets[request_of[v]], g.meta)
+                         : empty(g.meta.shape, g.meta.dtype, g.meta.device);
+      else
+        vals_[v] = empty(g.meta.shape, g.meta.dtype, g.meta.device);
+      if (!opt_.plan_memory) stats_.buffer_bytes += nbytes(g.meta);
+      is_static[v] = true;
+    }
+    if (!is_static[v]) dynamic_.push_back(v);
+  };
+  for (int32_t s = 0; s < num_steps; ++s) {
+    const int32_t u = order[s];
+    if (u < ng) {
+      FusionGroup& f = groups[u];
+      auto fs = std::make_unique<FusedStep>();
+      fs->kernel = std::make_shared<kernels::FusedKernel>();
+      fs->kernel->program = std::move(f.program);
+      fs->kernel->codegen_allowed = opt_.codegen;
+      fs->inputs = f.inputs;
+      fs->outputs = f.outputs;
+      for (int32_t o : f.outputs) {
+        fs->fresh.push_back(fresh[o]);
+        set_buffer(o);
+      }
+      fs->reduction = f.reduction;
+      if (f.reduction >= 0) {
+        fs->fresh_reduction = fresh[f.reduction];
+        set_buffer(f.reduction);
+      }
+      fs->reduce_dims = f.reduce_dims;
+      fs->shape = f.shape;
+      stats_.fused_kernels += 1;
+      stats_.fused_nodes += static_cast<int64_t>(f.members.size());
+      (hoisted_unit[u] ? hoisted_steps_ : steps_)
+          .push_back(Step{StepKind::Fused, nullptr, nullptr, static_cast<int32_t>(fused_.size()), 0,
+                          0, false});
+      if (!hoisted_unit[u]) step_wave_.push_back(wave_of[u]);
+      fused_.push_back(std::move(fs));
+      continue;
+    }
+    const int32_t i = u - ng;
+    const GraphNode& g = g_.nodes[i];
+    const OpDef& def = op_def(g.op);
+    if (def.cls == OpClass::View && is_static[g.inputs[0]]) {
+      Tensor v = def.view(vals_[g.inputs[0]], g.attrs, g.meta);
+      if (v.defined()) {  // else no strides express it: a copy at every run
+        vals_[i] = v;
+        is_static[i] = true;
+        continue;
+      }
+    }
+    Step st{def.cls == OpClass::View ? StepKind::View : StepKind::Kernel,
+            &def,
+            nullptr,
+            i,
+            static_cast<int32_t>(args_.size()),
+            static_cast<int32_t>(g.inputs.size()),
+            fresh[i]};
+    if (def.cls != OpClass::View) {
+      st.kernel = def.kernel[static_cast<int>(g.meta.device.type)];
+      DUET_CHECK_DEVICE(st.kernel, "[{}] has no kernel for device {} ({})", def.name, g.meta.device,
+                        g_.label);
+      set_buffer(i);
+    } else if (!hoisted_unit[u]) {
+      dynamic_.push_back(i);  // a hoisted view keeps its value between runs
+    }
+    for (int32_t in : g.inputs) args_.push_back(&vals_[in]);
+    (hoisted_unit[u] ? hoisted_steps_ : steps_).push_back(st);
+    if (!hoisted_unit[u]) step_wave_.push_back(wave_of[u]);
+  }
+  // args_ grew while steps were made: its pointers point into vals_, which did not move.
+  if (parallel)
+    for (size_t i = 0; i < steps_.size(); ++i)
+      if (i == 0 || step_wave_[i] != step_wave_[i - 1])
+        wave_begin_.push_back(static_cast<int32_t>(i));
+  if (std::getenv("DUET_DEBUG_PLAN"))
+    fmt::print(stderr, "{}\n--- schedule\n{}\n", g_.str(), schedule_str());
+}
+
+std::string Plan::check_memory() const {
+  if (!opt_.plan_memory) return "";
+  return check_memory_plan(requests_, memory_);
+}
+
+std::string Plan::schedule_str() const {
+  std::string s;
+  for (const Step& st : steps_) {
+    if (st.kind == StepKind::Fused) {
+      const FusedStep& f = *fused_[st.out];
+      s += fmt::format("fused {} -> {}", f.shape, f.outputs.size());
+      s += "\n" + f.kernel->program.str();
+    } else {
+      s += fmt::format("%{} = {}\n", st.out, st.def->name);
+    }
+  }
+  return s;
+}
+
+void Plan::run_fused(FusedStep& f) {
+  const kernels::FusedProgram& p = f.kernel->program;
+  kernels::DuetFusedArgs a{};
+  const Shape& S = f.shape;
+  const int64_t nd = S.size();
+  // The split of the iteration into [outer, inner] (Note [Fused iteration]).
+  int64_t split = 0;
+  int64_t aligned[DUET_FUSED_MAX_INPUTS][16];
+  auto align = [&](const Tensor& t, int64_t* st) {
+    const TensorImpl* x = t.unsafe_impl();
+    const int64_t lead = nd - x->ndim();
+    for (int64_t d = 0; d < nd; ++d)
+      st[d] = (d < lead || x->shape[d - lead] == 1) ? 0 : x->strides[d - lead];
+  };
+  DUET_ASSERT(nd <= 16, "[fused] {} dims", nd);
+  for (size_t k = 0; k < f.inputs.size(); ++k) align(vals_[f.inputs[k]], aligned[k]);
+  if (p.reduce == kernels::FusedReduce::Inner) {
+    split = nd - f.reduce_dims;
+  } else if (p.reduce == kernels::FusedReduce::Outer) {
+    split = f.reduce_dims;
+  } else {
+    // The split that the most inputs walk with one stride per side.
+    int best = -1;
+    for (int64_t sp = nd; sp >= 0; --sp) {
+      int ok = 0;
+      for (size_t k = 0; k < f.inputs.size(); ++k) {
+        int64_t x, y;
+        ok += collapse(aligned[k], S, 0, sp, &x) && collapse(aligned[k], S, sp, nd, &y);
+      }
+      if (ok > best) {
+        best = ok;
+        split = sp;
+      }
+      if (ok == static_cast<int>(f.inputs.size())) break;
+    }
+  }
+  a.outer = 1;
+  a.inner = 1;
+  for (int64_t d = 0; d < nd; ++d) (d < split ? a.outer : a.inner) *= S[d];
+  for (size_t k = 0; k < f.inputs.size(); ++k) {
+    const Tensor* t = &vals_[f.inputs[k]];
+    int64_t so, si;
+    if (!collapse(aligned[k], S, 0, split, &so) || !collapse(aligned[k], S, split, nd, &si)) {
+      // No 2-D walk reads it: a dense copy at the iteration shape for this run.
+      Strides st;
+      st.resize(nd);
+      for (int64_t d = 0; d < nd; ++d) st[d] = aligned[k][d];
+      Tensor view = make_view(*t, S, st, t->storage_offset());
+      Tensor dense = empty(S, t->dtype(), t->device());
+      kernels::copy_into(view, dense);
+      f.tmp.push_back(dense);
+      t = &f.tmp.back();
+      align(*t, aligned[k]);
+      collapse(aligned[k], S, 0, split, &so);
+      collapse(aligned[k], S, split, nd, &si);
+    }
+    a.in[k] = t->unsafe_impl()->data();
+    a.in_so[k] = so;
+    a.in_si[k] = si;
+  }
+  for (size_t o = 0; o < f.outputs.size(); ++o) {
+    Tensor& v = vals_[f.outputs[o]];
+    if (f.fresh[o]) {
+      const TensorMeta& m = g_.nodes[f.outputs[o]].meta;
+      v = empty(m.shape, m.dtype, m.device);
+    }
+    a.out[o] = v.unsafe_impl()->data();
+  }
+  if (f.reduction >= 0) {
+    Tensor& v = vals_[f.reduction];
+    if (f.fresh_reduction) {
+      const TensorMeta& m = g_.nodes[f.reduction].meta;
+      v = empty(m.shape, m.dtype, m.device);
+    }
+    a.red_out = v.unsafe_impl()->data();
+  }
+  f.kernel->run(a);
+  codegen_note_run(f.kernel);
+  if (!f.tmp.empty()) f.tmp.clear();
 }
 
 std::vector<Tensor> Plan::run(const std::vector<Tensor>& inputs) {
   std::unique_lock<std::mutex> lock(busy_, std::try_to_lock);
   if (!lock.owns_lock()) {
-    Plan copy(g_);  // busy: re-entered or called from another thread
+    Plan copy(g_, opt_);  // busy: re-entered or called from another thread
     return copy.execute(inputs);
   }
   return execute(inputs);
+}
+
+void Plan::run_steps(const std::vector<Step>& steps) {
+  run_steps_range(steps.data(), steps.data() + steps.size());
+}
+
+void Plan::run_steps_range(const Step* begin, const Step* end) {
+  for (const Step* sp = begin; sp != end; ++sp) {
+    const Step& s = *sp;
+    if (s.kind == StepKind::Fused) {
+      run_fused(*fused_[s.out]);
+      continue;
+    }
+    const GraphNode& g = g_.nodes[s.out];
+    TensorRefs refs(args_.data() + s.first_arg, s.num_args);
+    if (s.kind == StepKind::View) {
+      Tensor v = s.def->view(refs[0], g.attrs, g.meta);
+      if (!v.defined()) v = s.def->view(refs[0].contiguous(), g.attrs, g.meta);
+      vals_[s.out] = std::move(v);
+      continue;
+    }
+    if (s.fresh) vals_[s.out] = empty(g.meta.shape, g.meta.dtype, g.meta.device);
+    s.kernel(refs, g.attrs, vals_[s.out]);
+  }
+}
+
+void Plan::run_step(const Step& s) { run_steps_range(&s, &s + 1); }
+
+// Note [Parallel waves]: each wave's steps run on the OpenMP threads, one step per thread at a
+// time; a kernel inside finds itself in a parallel region and stays on its thread.
+void Plan::run_waves() {
+  const int32_t nw = static_cast<int32_t>(wave_begin_.size());
+  for (int32_t w = 0; w < nw; ++w) {
+    const int32_t b = wave_begin_[w];
+    const int32_t e = w + 1 < nw ? wave_begin_[w + 1] : static_cast<int32_t>(steps_.size());
+    if (e - b == 1) {
+      run_step(steps_[b]);
+      continue;
+    }
+    std::exception_ptr error;
+    std::mutex error_lock;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(2)
+    for (int32_t i = b; i < e; ++i) {
+      try {
+        run_step(steps_[i]);
+      } catch (...) {
+        std::lock_guard<std::mutex> l(error_lock);
+        if (!error) error = std::current_exception();
+      }
+    }
+    if (error) std::rethrow_exception(error);
+  }
 }
 
 std::vector<Tensor> Plan::execute(const std::vector<Tensor>& inputs) {
@@ -153,18 +721,21 @@ std::vector<Tensor> Plan::execute(const std::vector<Tensor>& inputs) {
       for (int32_t v : p->dynamic_) p->vals_[v] = Tensor();
     }
   } clear{this};
-  for (const Step& s : steps_) {
-    const GraphNode& g = g_.nodes[s.out];
-    TensorRefs refs(args_.data() + s.first_arg, s.num_args);
-    if (!s.kernel) {
-      Tensor v = s.def->view(refs[0], g.attrs, g.meta);
-      if (!v.defined()) v = s.def->view(refs[0].contiguous(), g.attrs, g.meta);
-      vals_[s.out] = std::move(v);
-      continue;
+  if (!hoisted_steps_.empty()) {
+    bool stale = !hoisted_ready_;
+    for (auto& [st, version] : hoist_versions_)
+      stale = stale || st->version_.load(std::memory_order_relaxed) != version;
+    if (stale) {
+      run_steps(hoisted_steps_);
+      for (auto& [st, version] : hoist_versions_)
+        version = st->version_.load(std::memory_order_relaxed);
+      hoisted_ready_ = true;
     }
-    if (s.fresh) vals_[s.out] = empty(g.meta.shape, g.meta.dtype, g.meta.device);
-    s.kernel(refs, g.attrs, vals_[s.out]);
   }
+  if (wave_begin_.empty())
+    run_steps(steps_);
+  else
+    run_waves();
   std::vector<Tensor> out;
   out.reserve(g_.outputs.size());
   for (size_t k = 0; k < g_.outputs.size(); ++k) {

@@ -4,55 +4,115 @@
 // Note [Plan buffers]
 // Values are of four kinds. Static ones are fixed for the plan's life and set up once:
 // constants, captured tensors (read by reference: the plan holds the tensor, and its storage is
-// read at every run), the buffers of intermediate results (allocated once per signature), and
+// read at every run), the buffers of intermediate results (one arena, trace/memory_plan.h), and
 // views of any of those. Fresh ones are allocated at every run: results whose buffer reaches an
 // output (the caller keeps them, so the next run must not overwrite them). Runtime inputs and
 // views of runtime inputs are bound per run. After the steps, write-backs copy the new values
 // of captured tensors into their storage and bump its version, as an in-place op does.
 // A plan is not re-entrant: a call that finds it busy (recursion, another thread) runs a
 // private copy of the plan instead.
+//
+// Note [Schedule]
+// The steps are the graph's op nodes, with each fusion group (trace/fusion.h) one step that
+// runs a fused kernel; a topological order of those steps, following the graph's own order, is
+// the schedule. Intermediate values inside a group live in the kernel's registers only.
 #pragma once
 
 #include <memory>
 #include <mutex>
 #include <vector>
 
+#include "core/tensor_impl.h"
+#include "kernels/fused.h"
 #include "trace/graph.h"
+#include "trace/memory_plan.h"
 
 namespace duet::detail {
 
+/// Which plan-level passes run (CompileOptions::disable_passes names them).
+struct PlanOptions {
+  bool fuse = true;
+  bool codegen = true;
+  bool plan_memory = true;
+  bool parallel = true;
+  bool hoist = true;
+  static PlanOptions from_disabled(const std::vector<std::string>& disabled);
+};
+
+/// What a plan did with its graph (CompileStats sums them).
+struct PlanStats {
+  int64_t fused_kernels = 0;       ///< fused groups
+  int64_t fused_nodes = 0;         ///< op nodes inside them
+  int64_t epilogues = 0;           ///< groups finishing a matmul's output in place
+  int64_t arena_bytes = 0;         ///< the planned arena
+  int64_t buffer_bytes = 0;        ///< all buffers the plan keeps (arena or separate)
+  int64_t intermediate_bytes = 0;  ///< the sizes of all values the steps compute, summed
+  int64_t hoisted_nodes = 0;
+  bool parallel = false;
+};
+
+/// When set, every plan checks its memory plan's invariant as it is built and throws
+/// InternalError naming the two overlapping buffers (the tests set it; it costs a sweep).
+void set_verify_plans(bool on);
+bool verify_plans();
+
 class Plan {
  public:
-  explicit Plan(Graph graph);
+  explicit Plan(Graph graph, PlanOptions options = {});
+  ~Plan();
   /// Runs the graph on the runtime inputs (by slot) and returns its outputs.
   std::vector<Tensor> run(const std::vector<Tensor>& inputs);
   const Graph& graph() const { return g_; }
+  const PlanStats& stats() const { return stats_; }
   /// Bytes of the buffers the plan keeps for intermediate results.
-  int64_t buffer_bytes() const { return buffer_bytes_; }
+  int64_t buffer_bytes() const { return stats_.buffer_bytes; }
+  /// The memory plan's invariant (check_memory_plan): "" when it holds.
+  std::string check_memory() const;
+  /// The schedule as text: one line per step, fused groups with their programs.
+  std::string schedule_str() const;
 
  private:
+  enum class StepKind : uint8_t { Kernel, View, Fused };
   struct Step {
+    StepKind kind;
     const OpDef* def;
-    KernelFn kernel;  ///< null for views
-    int32_t out;
+    KernelFn kernel;    ///< Kernel steps
+    int32_t out;        ///< the value it computes (Fused: the group index)
     int32_t first_arg;  ///< into args_
     int32_t num_args;
     bool fresh;  ///< allocate the output at every run
   };
+  struct FusedStep;
   void build();
+  void build_schedule(std::vector<std::vector<int32_t>>& order);
   std::vector<Tensor> execute(const std::vector<Tensor>& inputs);
+  void run_fused(FusedStep& f);
+  void run_steps(const std::vector<Step>& steps);
+  void run_steps_range(const Step* begin, const Step* end);
+  void run_step(const Step& s);
+  void run_waves();
 
   Graph g_;
+  PlanOptions opt_;
+  PlanStats stats_;
   std::vector<Tensor> vals_;
   std::vector<const Tensor*> args_;
   std::vector<Step> steps_;
+  std::vector<Step> hoisted_steps_;
+  std::vector<int32_t> step_wave_;   ///< per step: its wave (Note [Parallel waves])
+  std::vector<int32_t> wave_begin_;  ///< parallel plans: the first step of each wave  ///< run when
+                                     ///< a storage they read changed version
+  std::vector<std::pair<StorageImpl*, uint32_t>> hoist_versions_;
+  bool hoisted_ready_ = false;  ///< the hoisted steps ran at least once
+  std::vector<std::unique_ptr<FusedStep>> fused_;
   std::vector<int32_t> slot_value_;      ///< runtime slot -> value
   std::vector<int32_t> dynamic_;         ///< values cleared after each run
   std::vector<bool> clone_output_;       ///< outputs that would alias a constant
   std::vector<bool> alias_output_;       ///< outputs that are captured tensors or their views
   std::vector<bool> stage_writeback_;    ///< write-backs whose source may alias a written tensor
   std::vector<bool> inplace_writeback_;  ///< write-backs computed straight into their target
-  int64_t buffer_bytes_ = 0;
+  std::vector<BufferRequest> requests_;  ///< the memory plan's input, kept for check_memory()
+  MemoryPlan memory_;
   std::mutex busy_;
 };
 

@@ -1,1 +1,315 @@
+// The fusion pass: see Note [Fusion rules] in trace/fusion.h.
 #include "trace/fusion.h"
+
+#include <algorithm>
+#include <unordered_map>
+
+namespace duet::detail {
+namespace {
+
+constexpr int kMaxMembers = 200;  // below kernels::kFusedMaxInstrs
+
+bool is_float(DType d) { return d == DType::f32 || d == DType::f64; }
+
+struct Group {
+  std::vector<int32_t> members;
+  Shape shape;
+  DType dtype = DType::f32;
+  Device device;
+  int32_t reduction = -1;
+  int32_t reduce_dims = 0;
+  kernels::FusedReduce reduce = kernels::FusedReduce::None;
+  bool alive = true;
+  int32_t min_index = 0;
+};
+
+class Fuser {
+ public:
+  explicit Fuser(const Graph& g) : g_(g), n_(static_cast<int32_t>(g.nodes.size())) {
+    group_of_.assign(n_, -1);
+    stamp_.assign(n_, 0);
+    readers_.resize(n_);
+  }
+
+  std::vector<FusionGroup> run() {
+    for (int32_t v = 0; v < n_; ++v) {
+      const GraphNode& node = g_.nodes[v];
+      if (node.kind != NodeKind::Op) continue;
+      if (try_reduction(v)) continue;
+      DType t;
+      if (!compute_dtype(v, &t)) continue;
+      place(v, t);
+    }
+    return finish();
+  }
+
+ private:
+  // The dtype an elementwise node computes in, when it can be fused at all.
+  bool compute_dtype(int32_t v, DType* t) const {
+    const GraphNode& n = g_.nodes[v];
+    if (op_class(n.op) != OpClass::Elementwise || !kernels::fusable_op(n.op)) return false;
+    if (n.meta.device.type != DeviceType::CPU || n.meta.shape.numel() == 0) return false;
+    for (int32_t in : n.inputs)
+      if (g_.nodes[in].meta.device.type != DeviceType::CPU) return false;
+    const DType out = n.meta.dtype;
+    if (is_float(out)) {
+      if (n.op == OpId::Where && g_.nodes[n.inputs[0]].meta.dtype != DType::b8) return false;
+      *t = out;
+      return true;
+    }
+    if (out != DType::b8) return false;
+    if (n.op == OpId::Cast) {  // to b8: only from the compute dtype itself
+      *t = g_.nodes[n.inputs[0]].meta.dtype;
+      return is_float(*t);
+    }
+    if (n.op == OpId::Where || n.op == OpId::Copy) return false;
+    // A comparison computes in the inputs' result type.
+    std::vector<Tensor> ins;
+    for (int32_t in : n.inputs) {
+      const GraphNode& s = g_.nodes[in];
+      ins.push_back(s.kind == NodeKind::Constant ? s.constant : make_meta_tensor(s.meta));
+    }
+    const Tensor* p[2] = {&ins[0], &ins[1]};
+    *t = result_type(TensorRefs(p, 2));
+    return is_float(*t);
+  }
+
+  // Whether value u depends on group a or b (b may be -1) in the graph of steps, where a group
+  // runs as one step: reaching a member of another group reaches all of that group's inputs.
+  // (Paths through other groups matter: A = {a1, a2}, B = {b1, b2} with a1 -> b1 and
+  // b2 -> a2 have no path between them in the graph, yet the steps A and B would form a cycle.)
+  bool depends_on(int32_t u, int a, int b = -1) {
+    ++cur_stamp_;
+    stack_.assign(1, u);
+    while (!stack_.empty()) {
+      const int32_t x = stack_.back();
+      stack_.pop_back();
+      if (stamp_[x] == cur_stamp_) continue;
+      stamp_[x] = cur_stamp_;
+      const int h = group_of_[x];
+      if (h >= 0 && (h == a || h == b)) return true;
+      if (h >= 0) {
+        if (group_stamp_[h] == cur_stamp_) continue;
+        group_stamp_[h] = cur_stamp_;
+        for (int32_t m : groups_[h].members)
+          for (int32_t in : g_.nodes[m].inputs) stack_.push_back(in);
+      } else {
+        for (int32_t in : g_.nodes[x].inputs) stack_.push_back(in);
+      }
+    }
+    return false;
+  }
+
+  bool compatible(int gi, int32_t v, DType t) const {
+    const Group& gr = groups_[gi];
+    const GraphNode& n = g_.nodes[v];
+    return gr.alive && gr.reduction < 0 && gr.dtype == t && gr.shape == n.meta.shape &&
+           gr.device == n.meta.device && int(gr.members.size()) < kMaxMembers;
+  }
+
+  // Whether v can join group gi: no input of v outside the group depends on it.
+  bool can_join(int gi, int32_t v) {
+    for (int32_t in : g_.nodes[v].inputs)
+      if (group_of_[in] != gi && depends_on(in, gi)) return false;
+    return true;
+  }
+
+  void add(int gi, int32_t v) {
+    Group& gr = groups_[gi];
+    gr.members.push_back(v);
+    group_of_[v] = gi;
+    for (int32_t in : g_.nodes[v].inputs)
+      if (group_of_[in] != gi) readers_[in].push_back(gi);
+  }
+
+  void place(int32_t v, DType t) {
+    const GraphNode& n = g_.nodes[v];
+    // Producer groups first, then siblings (groups that read one of v's inputs).
+    std::vector<int> cands;
+    for (int32_t in : n.inputs)
+      if (group_of_[in] >= 0) cands.push_back(group_of_[in]);
+    const size_t producers = cands.size();
+    for (int32_t in : n.inputs)
+      for (auto it = readers_[in].rbegin(); it != readers_[in].rend(); ++it) cands.push_back(*it);
+    int chosen = -1;
+    for (int gi : cands)
+      if (compatible(gi, v, t) && can_join(gi, v)) {
+        chosen = gi;
+        break;
+      }
+    if (chosen < 0) {
+      Group gr;
+      gr.shape = n.meta.shape;
+      gr.dtype = t;
+      gr.device = n.meta.device;
+      gr.min_index = v;
+      groups_.push_back(gr);
+      group_stamp_.push_back(0);
+      chosen = static_cast<int>(groups_.size()) - 1;
+    }
+    add(chosen, v);
+    // Other producer groups merge in when that makes no cycle.
+    for (size_t k = 0; k < producers; ++k) {
+      const int other = cands[k];
+      if (other == chosen || !groups_[other].alive) continue;
+      try_merge(chosen, other);
+    }
+  }
+
+  void try_merge(int a, int b) {
+    Group& ga = groups_[a];
+    Group& gb = groups_[b];
+    if (gb.reduction >= 0 || ga.reduction >= 0 || gb.dtype != ga.dtype || !(gb.shape == ga.shape) ||
+        int(ga.members.size() + gb.members.size()) > kMaxMembers)
+      return;
+    for (const Group* gr : {&ga, &gb})
+      for (int32_t m : gr->members)
+        for (int32_t in : g_.nodes[m].inputs)
+          if (group_of_[in] != a && group_of_[in] != b && depends_on(in, a, b)) return;
+    for (int32_t m : gb.members) {
+      group_of_[m] = a;
+      ga.members.push_back(m);
+    }
+    std::sort(ga.members.begin(), ga.members.end());
+    ga.min_index = std::min(ga.min_index, gb.min_index);
+    gb.members.clear();
+    gb.alive = false;
+    for (auto& r : readers_)
+      for (int& gi : r)
+        if (gi == b) gi = a;
+  }
+
+  // A Sum, Max or Min over the trailing or the leading dims of a group member closes the group.
+  bool try_reduction(int32_t v) {
+    const GraphNode& n = g_.nodes[v];
+    if (n.op != OpId::Sum && n.op != OpId::Max && n.op != OpId::Min) return false;
+    const int32_t in = n.inputs[0];
+    const int gi = group_of_[in];
+    if (gi < 0) return false;
+    Group& gr = groups_[gi];
+    if (!gr.alive || gr.reduction >= 0 || n.meta.dtype != gr.dtype || !is_float(n.meta.dtype) ||
+        n.meta.device != gr.device)
+      return false;
+    const int64_t nd = gr.shape.size();
+    std::vector<int64_t> dims(n.attrs.ints.begin(), n.attrs.ints.end());
+    if (dims.empty())
+      for (int64_t d = 0; d < nd; ++d) dims.push_back(d);
+    if (nd == 0 || dims.empty()) return false;
+    const int64_t k = static_cast<int64_t>(dims.size());
+    bool lead = true, trail = true;
+    for (int64_t i = 0; i < k; ++i) {
+      lead = lead && dims[i] == i;
+      trail = trail && dims[i] == nd - k + i;
+    }
+    if (!lead && !trail) return false;
+    gr.reduce = trail ? kernels::FusedReduce::Inner : kernels::FusedReduce::Outer;
+    gr.reduce_dims = static_cast<int32_t>(k);
+    gr.reduction = v;
+    gr.members.push_back(v);
+    group_of_[v] = gi;
+    return true;
+  }
+
+  std::vector<FusionGroup> finish() {
+    // Who reads each value outside its group, and what must be stored.
+    std::vector<bool> needed(n_, false);
+    for (int32_t o : g_.outputs) needed[o] = true;
+    for (const WriteBack& w : g_.writebacks) needed[w.value] = true;
+    for (int32_t v = 0; v < n_; ++v)
+      for (int32_t in : g_.nodes[v].inputs)
+        if (group_of_[in] < 0 || group_of_[in] != group_of_[v]) needed[in] = true;
+    std::vector<FusionGroup> out;
+    for (size_t gi = 0; gi < groups_.size(); ++gi) {
+      Group& gr = groups_[gi];
+      if (!gr.alive) continue;
+      const size_t elementwise = gr.members.size() - (gr.reduction >= 0 ? 1 : 0);
+      if (elementwise < 2 && gr.reduction < 0) continue;  // one op: the eager kernel runs it
+      FusionGroup f;
+      if (!build(gr, static_cast<int>(gi), needed, f)) continue;
+      out.push_back(std::move(f));
+    }
+    return out;
+  }
+
+  bool build(const Group& gr, int gi, const std::vector<bool>& needed, FusionGroup& f) {
+    f.members = gr.members;
+    f.shape = gr.shape;
+    f.reduction = gr.reduction;
+    f.reduce_dims = gr.reduce_dims;
+    kernels::FusedProgram& p = f.program;
+    p.dtype = gr.dtype;
+    p.reduce = gr.reduce;
+    std::unordered_map<int32_t, int16_t> reg;
+    for (int32_t m : gr.members)
+      for (int32_t in : g_.nodes[m].inputs)
+        if (group_of_[in] != gi && !reg.count(in)) {
+          reg[in] = static_cast<int16_t>(f.inputs.size());
+          f.inputs.push_back(in);
+          p.in_dtypes.push_back(g_.nodes[in].meta.dtype);
+        }
+    if (f.inputs.size() > DUET_FUSED_MAX_INPUTS) return false;
+    // Last use of each member inside the group, for register reuse.
+    std::unordered_map<int32_t, size_t> last;
+    for (size_t i = 0; i < gr.members.size(); ++i)
+      for (int32_t in : g_.nodes[gr.members[i]].inputs) last[in] = i;
+    std::vector<int16_t> free_regs;
+    int16_t next = static_cast<int16_t>(f.inputs.size());
+    for (size_t i = 0; i < gr.members.size(); ++i) {
+      const int32_t m = gr.members[i];
+      const GraphNode& node = g_.nodes[m];
+      if (m == gr.reduction) {
+        p.reduce_op = node.op;
+        p.reduce_src = reg.at(node.inputs[0]);
+        break;
+      }
+      kernels::FusedInstr ins;
+      ins.op = node.op;
+      for (size_t j = 0; j < node.inputs.size(); ++j) ins.src[j] = reg.at(node.inputs[j]);
+      if (node.op == OpId::Cast) ins.to = node.meta.dtype == DType::b8 ? DType::b8 : gr.dtype;
+      // Inputs dead after this instruction give their registers back (never an input
+      // register, an output, or the reduced value).
+      const bool keep = needed[m] || (gr.reduction >= 0 && g_.nodes[gr.reduction].inputs[0] == m);
+      for (int32_t in : node.inputs) {
+        auto it = reg.find(in);
+        if (group_of_[in] == gi && last[in] == i && !needed[in] &&
+            !(gr.reduction >= 0 && g_.nodes[gr.reduction].inputs[0] == in) &&
+            std::find(free_regs.begin(), free_regs.end(), it->second) == free_regs.end())
+          free_regs.push_back(it->second);
+      }
+      int16_t r;
+      if (!keep && !free_regs.empty()) {
+        r = free_regs.back();
+        free_regs.pop_back();
+      } else {
+        r = next++;
+      }
+      ins.dst = r;
+      reg[m] = r;
+      p.code.push_back(ins);
+      if (needed[m]) {
+        f.outputs.push_back(m);
+        p.outputs.push_back(r);
+        p.out_dtypes.push_back(node.meta.dtype);
+      }
+    }
+    p.num_regs = next;
+    if (f.outputs.size() > DUET_FUSED_MAX_OUTPUTS || p.num_regs > kernels::kFusedMaxRegs)
+      return false;
+    return true;
+  }
+
+  const Graph& g_;
+  const int32_t n_;
+  std::vector<Group> groups_;
+  std::vector<int> group_of_;
+  std::vector<std::vector<int>> readers_;  ///< value -> groups that read it from outside
+  std::vector<uint32_t> stamp_, group_stamp_;
+  std::vector<int32_t> stack_;
+  uint32_t cur_stamp_ = 0;
+};
+
+}  // namespace
+
+std::vector<FusionGroup> find_fusion_groups(const Graph& g) { return Fuser(g).run(); }
+
+}  // namespace duet::detail

@@ -1,1 +1,39 @@
+// duet: elementwise fusion (the "fuse" pass). Finds groups of elementwise ops over one iteration
+// shape, chains and DAGs with broadcast inputs, optionally ending in a reduction over the
+// trailing or the leading dims (sum(x*y), the pieces of softmax and cross_entropy), and turns
+// each into a kernels::FusedProgram. The graph itself keeps its primitive nodes (debugging
+// tools, save/load and export see ops, not kernels): fusion is part of the plan.
+//
+// Note [Fusion rules]
+// An op joins a group when it is elementwise and fusable (kernels::fusable_op), on the CPU, of
+// the group's shape, computing in the group's dtype T (f32 or f64; b8 values ride along as 0/1),
+// and when none of its other inputs depends on the group (which would make a cycle). It looks
+// for a group among its producers first, then among the groups that read the same inputs
+// (siblings, as tanh(x) and sigmoid(x) in W2); a node that reads two groups merges them when
+// that makes no cycle. A reduction whose input is in a group closes it. A cast to b8 of a value
+// of another dtype stays out (its rounding differs from the eager cast). Groups of one op are
+// dissolved: the eager kernel runs them.
 #pragma once
+
+#include <vector>
+
+#include "kernels/fused.h"
+#include "trace/graph.h"
+
+namespace duet::detail {
+
+struct FusionGroup {
+  std::vector<int32_t> members;  ///< op values, topological order (the reduction, if any, last)
+  std::vector<int32_t> inputs;   ///< external values, in register order
+  std::vector<int32_t> outputs;  ///< members stored for later steps, in output order
+  int32_t reduction = -1;        ///< the reduction's value (written to red_out), or -1
+  int32_t reduce_dims = 0;       ///< how many dims the reduction folds (trailing or leading)
+  Shape shape;                   ///< the iteration shape
+  kernels::FusedProgram program;
+};
+
+/// The fusion groups of g (Note [Fusion rules]); `used_outside[v]` must be true for values
+/// needed beyond their consumers in g (outputs, write-backs).
+std::vector<FusionGroup> find_fusion_groups(const Graph& g);
+
+}  // namespace duet::detail

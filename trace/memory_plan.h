@@ -1,1 +1,40 @@
+// duet: the memory planner (the "plan_memory" pass). Every intermediate buffer of a plan gets an
+// offset in one arena, from its live interval over the final schedule: a buffer is live from the
+// step that writes it to the last step that reads it (directly or through a view). Buffers whose
+// intervals do not overlap may share bytes. A step that may write its result over an input that
+// dies there (an elementwise op or a fused group reading it at the same index) inherits that
+// input's bytes: the planner merges the two into one buffer, so a matmul's output is finished in
+// place by its epilogue and a chain of updates needs one buffer.
+//
+// The planner simulates an allocator over the schedule: at each step the buffers that died
+// before it go back to a free list (neighbouring holes merge), and new ones take the best-fitting
+// hole, or grow the arena. Offsets are 64-byte aligned.
 #pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace duet::detail {
+
+struct BufferRequest {
+  int64_t bytes = 0;
+  int32_t first = 0;  ///< the step that writes it
+  int32_t last = 0;   ///< the last step that reads it (>= first)
+  /// Another request whose bytes this one reuses in place (that one's last == this one's
+  /// first, same byte size), or -1.
+  int32_t reuse = -1;
+};
+
+struct MemoryPlan {
+  std::vector<int64_t> offsets;  ///< per request
+  int64_t arena_bytes = 0;
+};
+
+MemoryPlan plan_memory(const std::vector<BufferRequest>& requests);
+
+/// The planner's invariant: no two buffers live at the same step overlap, except a buffer and
+/// the one it reuses in place. Returns "" or a description of the first violation.
+std::string check_memory_plan(const std::vector<BufferRequest>& requests, const MemoryPlan& plan);
+
+}  // namespace duet::detail

@@ -114,7 +114,7 @@ std::vector<Tensor> Program::run(const std::map<std::string, Tensor>& feeds,
       if (n.kind == NodeKind::Input && n.role == InputRole::Placeholder && used[i])
         p.feeds[n.index] = n.name;
     }
-    p.plan = std::make_unique<detail::Plan>(std::move(g));
+    p.plan = std::make_unique<detail::Plan>(std::move(g), detail::PlanOptions{});
     it = s_->plans.emplace(fetch, std::move(p)).first;
   }
   for (const auto& [k, v] : feeds)

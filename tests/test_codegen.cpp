@@ -1,0 +1,602 @@
+// The generated-C++ tier of fused kernels (trace/codegen.h). Programs built by hand run through
+// the interpreter and through their generated code: elementwise results bit for bit,
+// reductions to a rounding tolerance, both against a scalar reference too. Then the machinery:
+// the disk cache, clearing it, the switch, the threshold, and a compiler that fails.
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+
+#include "kernels/functors.h"
+#include "kernels/fused.h"
+#include "trace/codegen.h"
+#include "util.h"
+
+namespace duet::test {
+namespace {
+
+using kernels::DuetFusedArgs;
+using kernels::FusedInstr;
+using kernels::FusedKernel;
+using kernels::FusedProgram;
+using kernels::FusedReduce;
+namespace fs = std::filesystem;
+
+// ---- programs, operands, runs ----------------------------------------------------------------
+
+struct Builder {
+  FusedProgram p;
+  Builder(DType t, std::vector<DType> ins) {
+    p.dtype = t;
+    p.in_dtypes = std::move(ins);
+    p.num_regs = p.num_inputs();
+  }
+  int op(OpId op, int a, int b = -1, int c = -1, DType to = DType::f32) {
+    FusedInstr in;
+    in.op = op;
+    in.dst = static_cast<int16_t>(p.num_regs++);
+    in.src[0] = static_cast<int16_t>(a);
+    in.src[1] = static_cast<int16_t>(b);
+    in.src[2] = static_cast<int16_t>(c);
+    in.to = to;
+    p.code.push_back(in);
+    return in.dst;
+  }
+  void out(int r, DType d) {
+    p.outputs.push_back(static_cast<int16_t>(r));
+    p.out_dtypes.push_back(d);
+  }
+  void reduce(FusedReduce kind, OpId op, int r) {
+    p.reduce = kind;
+    p.reduce_op = op;
+    p.reduce_src = static_cast<int16_t>(r);
+  }
+};
+
+struct Strides {
+  int64_t so, si;  // element strides along outer and inner (0 broadcasts)
+};
+struct Shape2 {
+  int64_t outer, inner;
+};
+
+// An operand's storage: enough elements of its dtype for every (i, j) its strides reach.
+struct Buffer {
+  DType dtype;
+  std::vector<char> bytes;
+  template <class T>
+  T get(int64_t idx) const {
+    switch (dtype) {
+      case DType::f32:
+        return static_cast<T>(reinterpret_cast<const float*>(bytes.data())[idx]);
+      case DType::f64:
+        return static_cast<T>(reinterpret_cast<const double*>(bytes.data())[idx]);
+      case DType::i32:
+        return static_cast<T>(reinterpret_cast<const int32_t*>(bytes.data())[idx]);
+      case DType::i64:
+        return static_cast<T>(reinterpret_cast<const int64_t*>(bytes.data())[idx]);
+      case DType::b8:
+        return static_cast<T>(reinterpret_cast<const bool*>(bytes.data())[idx]);
+      default:
+        FAIL("dtype");
+        return T(0);
+    }
+  }
+};
+
+// Random values: multiples of 0.5 half the time (so == hits), with NaN, infinities and signed
+// zeros sprinkled in when `specials`.
+Buffer random_buffer(DType d, int64_t n, Rng& rng, bool specials) {
+  Buffer b{d, std::vector<char>(std::max<int64_t>(n, 1) * itemsize(d))};
+  const double kSpecial[] = {std::nan(""), INFINITY, -INFINITY, 0.0, -0.0, 1.0};
+  for (int64_t i = 0; i < n; ++i) {
+    double v = rng.uniform(-3, 3);
+    if (rng.next() % 2) v = std::round(v * 2) / 2;
+    if (specials && rng.next() % 16 == 0) v = kSpecial[rng.next() % 6];
+    switch (d) {
+      case DType::f32:
+        reinterpret_cast<float*>(b.bytes.data())[i] = static_cast<float>(v);
+        break;
+      case DType::f64:
+        reinterpret_cast<double*>(b.bytes.data())[i] = v;
+        break;
+      case DType::i32:
+        reinterpret_cast<int32_t*>(b.bytes.data())[i] = static_cast<int32_t>(rng.next() % 11) - 5;
+        break;
+      case DType::i64:
+        reinterpret_cast<int64_t*>(b.bytes.data())[i] = static_cast<int64_t>(rng.next() % 11) - 5;
+        break;
+      case DType::b8:
+        reinterpret_cast<bool*>(b.bytes.data())[i] = rng.next() % 2;
+        break;
+      default:
+        FAIL("dtype");
+    }
+  }
+  return b;
+}
+
+// One call's operands and results.
+struct Work {
+  const FusedProgram* p;
+  Shape2 s;
+  std::vector<Strides> st;
+  std::vector<Buffer> in;
+  std::vector<std::vector<char>> out;  // dense [outer * inner] of each output's dtype
+  std::vector<char> red;               // red_out, dtype T
+  int64_t units() const {
+    return p->reduce == FusedReduce::None    ? s.outer * s.inner
+           : p->reduce == FusedReduce::Inner ? s.outer
+                                             : s.inner;
+  }
+  DuetFusedArgs args() {
+    DuetFusedArgs a{};
+    a.outer = s.outer;
+    a.inner = s.inner;
+    for (size_t k = 0; k < in.size(); ++k) {
+      a.in[k] = in[k].bytes.data();
+      a.in_so[k] = st[k].so;
+      a.in_si[k] = st[k].si;
+    }
+    for (size_t k = 0; k < out.size(); ++k) a.out[k] = out[k].data();
+    a.red_out = red.data();
+    return a;
+  }
+};
+
+Work make_work(const FusedProgram& p, Shape2 s, std::vector<Strides> st, uint64_t seed,
+               bool specials = true) {
+  Work w{&p, s, std::move(st), {}, {}, {}};
+  Rng rng(seed);
+  for (int k = 0; k < p.num_inputs(); ++k) {
+    int64_t n = 1 + std::max<int64_t>(0, (s.outer - 1) * w.st[k].so) +
+                std::max<int64_t>(0, (s.inner - 1) * w.st[k].si);
+    w.in.push_back(random_buffer(p.in_dtypes[k], n, rng, specials));
+  }
+  for (DType d : p.out_dtypes) w.out.emplace_back(s.outer * s.inner * itemsize(d), char(0x5a));
+  int64_t nred = p.reduce == FusedReduce::Inner ? s.outer : s.inner;
+  w.red.assign(std::max<int64_t>(nred, 1) * itemsize(p.dtype), char(0x5a));
+  return w;
+}
+
+// Runs all the work in a few uneven chunks (elementwise chunks cross rows).
+template <class F>
+void run_chunks(Work& w, F&& f) {
+  DuetFusedArgs a = w.args();
+  const int64_t n = w.units();
+  int64_t cuts[] = {0, n / 3 + 1, 2 * n / 3 + 5, n};
+  for (int c = 0; c < 3; ++c) {
+    int64_t b = std::min(cuts[c], n), e = std::min(std::max(cuts[c + 1], b), n);
+    if (b < e) f(a, b, e);
+  }
+}
+
+// ---- the scalar reference ----------------------------------------------------------------------
+
+template <class T>
+T ref_op(const FusedInstr& in, T a, T b, T c) {
+  switch (in.op) {
+    case OpId::Neg:
+      return fn::Neg{}(a);
+    case OpId::Exp:
+      return fn::Exp{}(a);
+    case OpId::Log:
+      return fn::Log{}(a);
+    case OpId::Sqrt:
+      return fn::Sqrt{}(a);
+    case OpId::Rsqrt:
+      return fn::Rsqrt{}(a);
+    case OpId::Abs:
+      return fn::Abs{}(a);
+    case OpId::Sin:
+      return fn::Sin{}(a);
+    case OpId::Cos:
+      return fn::Cos{}(a);
+    case OpId::Tanh:
+      return fn::Tanh{}(a);
+    case OpId::Sigmoid:
+      return fn::Sigmoid{}(a);
+    case OpId::Relu:
+      return fn::Relu{}(a);
+    case OpId::Erf:
+      return fn::Erf{}(a);
+    case OpId::LogSigmoid:
+      return fn::LogSigmoid{}(a);
+    case OpId::Add:
+      return fn::Add{}(a, b);
+    case OpId::Sub:
+      return fn::Sub{}(a, b);
+    case OpId::Mul:
+      return fn::Mul{}(a, b);
+    case OpId::Div:
+      return fn::Div{}(a, b);
+    case OpId::Pow:
+      return fn::Pow{}(a, b);
+    case OpId::Maximum:
+      return fn::Maximum{}(a, b);
+    case OpId::Minimum:
+      return fn::Minimum{}(a, b);
+    case OpId::Lt:
+      return fn::Lt{}(a, b);
+    case OpId::Le:
+      return fn::Le{}(a, b);
+    case OpId::Gt:
+      return fn::Gt{}(a, b);
+    case OpId::Ge:
+      return fn::Ge{}(a, b);
+    case OpId::Eq:
+      return fn::Eq{}(a, b);
+    case OpId::Ne:
+      return fn::Ne{}(a, b);
+    case OpId::Where:
+      return a != T(0) ? b : c;
+    case OpId::Cast:
+      return in.to == DType::b8 ? T(a != T(0)) : a;
+    case OpId::Copy:
+      return a;
+    default:
+      FAIL("op");
+      return T(0);
+  }
+}
+
+// Every register of element (i, j).
+template <class T>
+std::vector<T> ref_regs(const Work& w, int64_t i, int64_t j) {
+  const FusedProgram& p = *w.p;
+  std::vector<T> r(p.num_regs);
+  for (int k = 0; k < p.num_inputs(); ++k)
+    r[k] = w.in[k].template get<T>(i * w.st[k].so + j * w.st[k].si);
+  for (const FusedInstr& in : p.code) {
+    auto src = [&](int k) { return in.src[k] >= 0 ? r[in.src[k]] : T(0); };
+    r[in.dst] = ref_op<T>(in, src(0), src(1), src(2));
+  }
+  return r;
+}
+
+bool same_bits(double a, double b) {
+  return (std::isnan(a) && std::isnan(b)) || std::memcmp(&a, &b, sizeof a) == 0;
+}
+bool near(double a, double b, double tol) {
+  return (std::isnan(a) && std::isnan(b)) || a == b || std::abs(a - b) <= tol;
+}
+
+template <class T>
+double out_value(const Work& w, int k, int64_t idx) {
+  if (w.p->out_dtypes[k] == DType::b8) return reinterpret_cast<const bool*>(w.out[k].data())[idx];
+  return reinterpret_cast<const T*>(w.out[k].data())[idx];
+}
+template <class T>
+double red_value(const Work& w, int64_t idx) {
+  return reinterpret_cast<const T*>(w.red.data())[idx];
+}
+
+// The generated code's function for p, built now (threshold 1) or found in the cache.
+kernels::DuetFusedFn compiled(const FusedProgram& p) {
+  auto k = std::make_shared<FusedKernel>();
+  k->program = p;
+  k->runs = 1;
+  detail::codegen_note_run(k);
+  codegen::wait_idle();
+  return k->compiled.load();
+}
+
+// A private cache directory for this process, removed after the codegen worker has stopped.
+void setup() {
+  struct TempDir {
+    std::string path =
+        fmt::format("{}/duet-test-codegen-{}", fs::temp_directory_path().string(), getpid());
+    ~TempDir() {
+      std::error_code ec;
+      fs::remove_all(path, ec);
+    }
+  };
+  static TempDir dir;
+  codegen::set_cache_dir(dir.path);
+  codegen::set_enabled(true);
+  codegen::set_threshold(1);
+}
+
+// Runs the work through the generated code and through the interpreter, in the same chunks, and
+// checks them against each other (elementwise bit for bit, reductions to a rounding tolerance)
+// and against the scalar reference.
+template <class T>
+void check(kernels::DuetFusedFn fn, const FusedProgram& p, Shape2 s, std::vector<Strides> st,
+           uint64_t seed, bool specials = true) {
+  CAPTURE(s.outer);
+  CAPTURE(s.inner);
+  CAPTURE(seed);
+  Work g = make_work(p, s, st, seed, specials), r = make_work(p, s, st, seed, specials);
+  run_chunks(g, [&](const DuetFusedArgs& a, int64_t b, int64_t e) { fn(&a, b, e); });
+  run_chunks(r, [&](const DuetFusedArgs& a, int64_t b, int64_t e) {
+    kernels::interpret_fused(p, a, b, e);
+  });
+  const double eps = std::numeric_limits<T>::epsilon();
+  int bad = 0;  // report the first few mismatches, not thousands
+  for (int64_t i = 0; i < s.outer && bad < 8; ++i) {
+    for (int64_t j = 0; j < s.inner && bad < 8; ++j) {
+      std::vector<T> regs = ref_regs<T>(g, i, j);
+      for (size_t k = 0; k < p.outputs.size(); ++k) {
+        double want = regs[p.outputs[k]];
+        if (p.out_dtypes[k] == DType::b8) want = want != 0;
+        const int64_t idx = i * s.inner + j;
+        double got = out_value<T>(g, static_cast<int>(k), idx);
+        double interp = out_value<T>(r, static_cast<int>(k), idx);
+        if (same_bits(got, interp) && near(got, want, 64 * eps * (1 + std::abs(want)))) continue;
+        ++bad;
+        INFO("output ", k, " at (", i, ", ", j, "): generated ", got, ", interpreter ", interp,
+             ", reference ", want);
+        CHECK(same_bits(got, interp));
+        CHECK(near(got, want, 64 * eps * (1 + std::abs(want))));
+      }
+    }
+  }
+  if (p.reduce == FusedReduce::None) return;
+  const bool inner = p.reduce == FusedReduce::Inner;
+  const int64_t nred = inner ? s.outer : s.inner, len = inner ? s.inner : s.outer;
+  for (int64_t u = 0; u < nred && bad < 8; ++u) {
+    double want = p.reduce_op == OpId::Sum ? 0.0 : p.reduce_op == OpId::Max ? -INFINITY : INFINITY;
+    double l1 = 0;
+    for (int64_t v = 0; v < len; ++v) {
+      double x = ref_regs<T>(g, inner ? u : v, inner ? v : u)[p.reduce_src];
+      l1 += std::abs(x);
+      if (p.reduce_op == OpId::Sum) want += x;
+      if (p.reduce_op == OpId::Max) want = fn::Maximum{}(want, x);
+      if (p.reduce_op == OpId::Min) want = fn::Minimum{}(want, x);
+    }
+    const double tol = 64 * eps * (1 + l1);
+    double got = red_value<T>(g, u), interp = red_value<T>(r, u);
+    if (near(got, interp, tol) && near(got, want, tol)) continue;
+    ++bad;
+    INFO("reduced ", u, ": generated ", got, ", interpreter ", interp, ", reference ", want);
+    CHECK(near(got, interp, tol));
+    CHECK(near(got, want, tol));
+  }
+  CHECK(bad == 0);
+}
+
+// acc * 2 + bit, exactly (small integers).
+int shift_in(Builder& b, int acc, int bit) {
+  return b.op(OpId::Add, b.op(OpId::Add, acc, acc), bit);
+}
+
+// Every unary op of x, one output each.
+FusedProgram unary_program(DType t) {
+  Builder b(t, {t});
+  for (OpId op : {OpId::Neg, OpId::Exp, OpId::Log, OpId::Sqrt, OpId::Rsqrt, OpId::Sin, OpId::Cos,
+                  OpId::Tanh, OpId::Sigmoid, OpId::Relu, OpId::Erf, OpId::LogSigmoid})
+    b.out(b.op(op, 0), t);
+  return b.p;
+}
+
+// The binary ops, comparisons (packed into one exact code), where, casts and the conversions of
+// every input dtype: x, y, z of dtype T (x f32 in an f64 program), m b8, n i32 or i64.
+FusedProgram binary_program(DType t) {
+  const DType xd = DType::f32, nd = t == DType::f32 ? DType::i32 : DType::i64;
+  Builder b(t, {xd, t, t, DType::b8, nd});
+  const int x = 0, y = 1, z = 2, m = 3, n = 4;
+  const int ax = b.op(OpId::Abs, x);
+  b.out(ax, t);
+  b.out(b.op(OpId::Add, x, y), t);
+  const int d = b.op(OpId::Sub, x, y);
+  b.out(d, t);
+  b.out(b.op(OpId::Mul, x, y), t);
+  b.out(b.op(OpId::Div, x, y), t);
+  b.out(b.op(OpId::Pow, ax, y), t);
+  b.out(b.op(OpId::Maximum, x, y), t);
+  b.out(b.op(OpId::Minimum, x, z), t);
+  int code = b.op(OpId::Cast, x, -1, -1, DType::b8);
+  for (OpId op : {OpId::Ne, OpId::Eq, OpId::Ge, OpId::Gt, OpId::Le, OpId::Lt})
+    code = shift_in(b, code, b.op(op, x, y));
+  b.out(code, t);
+  const int w = b.op(OpId::Where, m, x, y);
+  b.out(b.op(OpId::Where, d, w, z), t);
+  b.out(b.op(OpId::Cast, d, -1, -1, DType::b8), DType::b8);
+  const int c = b.op(OpId::Cast, b.op(OpId::Lt, z, y), -1, -1, t);
+  b.out(b.op(OpId::Copy, b.op(OpId::Mul, b.op(OpId::Add, n, m), c)), t);
+  return b.p;
+}
+
+}  // namespace
+
+TEST_CASE("codegen: a program's source names its ops, operands and entry point") {
+  Builder b(DType::f32, {DType::f32, DType::f32});
+  int m = b.op(OpId::Mul, 0, 1);
+  b.out(b.op(OpId::Exp, m), DType::f32);
+  std::string src = detail::generate_fused_source(b.p);
+  CHECK(src.find("//   r2 = mul(r0, r1)") != std::string::npos);
+  CHECK(src.find("P t0 = apply2<duet::fn::Mul>(x0, x1);") != std::string::npos);
+  CHECK(src.find("P t1 = apply1<duet::fn::Exp>(t0);") != std::string::npos);
+  CHECK(src.find("out0.template put<Tail>(j, t1, n);") != std::string::npos);
+  CHECK(src.find("run_none<Body, true>(a, begin, end)") != std::string::npos);
+  CHECK(src.find("extern \"C\"") != std::string::npos);
+}
+
+TEST_CASE("codegen: every fusable op has generated code; others are an error") {
+  for (int i = 0; i < kNumOps; ++i) {
+    const OpId op = static_cast<OpId>(i);
+    if (op_class(op) != OpClass::Elementwise) continue;
+    CAPTURE(op_name(op));
+    Builder b(DType::f32, {DType::f32, DType::f32, DType::f32});
+    b.out(b.op(op, 0, 1, 2), DType::f32);
+    if (kernels::fusable_op(op))
+      CHECK_NOTHROW(detail::generate_fused_source(b.p));
+    else
+      CHECK_THROWS_AS(detail::generate_fused_source(b.p), Error);
+  }
+  Builder f16(DType::f16, {DType::f16});
+  f16.out(f16.op(OpId::Exp, 0), DType::f16);
+  CHECK_THROWS_AS(detail::generate_fused_source(f16.p), DTypeError);
+}
+
+TEST_CASE("codegen: unary ops, f32 and f64, dense, strided and broadcast inputs") {
+  setup();
+  for (DType t : {DType::f32, DType::f64}) {
+    CAPTURE(t);
+    const FusedProgram p = unary_program(t);
+    kernels::DuetFusedFn fn = compiled(p);
+    REQUIRE(reinterpret_cast<void*>(fn) != nullptr);
+    auto run = [&](Shape2 s, Strides st, uint64_t seed) {
+      if (t == DType::f32)
+        check<float>(fn, p, s, {st}, seed);
+      else
+        check<double>(fn, p, s, {st}, seed);
+    };
+    run({1, 1000}, {0, 1}, 1);  // one dense row
+    run({5, 37}, {37, 1}, 2);   // rows with tails, chunks crossing them
+    run({6, 21}, {50, 2}, 3);   // strided rows
+    run({9, 13}, {1, 0}, 4);    // a column broadcast along rows
+    run({3, 3}, {0, 0}, 5);     // one scalar
+  }
+}
+
+TEST_CASE("codegen: binary ops, comparisons, where and casts, f32 and f64") {
+  setup();
+  for (DType t : {DType::f32, DType::f64}) {
+    CAPTURE(t);
+    const FusedProgram p = binary_program(t);
+    kernels::DuetFusedFn fn = compiled(p);
+    REQUIRE(reinterpret_cast<void*>(fn) != nullptr);
+    auto run = [&](Shape2 s, std::vector<Strides> st, uint64_t seed) {
+      if (t == DType::f32)
+        check<float>(fn, p, s, st, seed);
+      else
+        check<double>(fn, p, s, st, seed);
+    };
+    const int64_t n = 333;
+    run({1, n}, {{0, 1}, {0, 1}, {0, 1}, {0, 1}, {0, 1}}, 10);
+    run({7, 45}, {{45, 1}, {0, 1}, {0, 0}, {1, 0}, {45, 1}}, 11);   // row, scalar, column
+    run({4, 30}, {{90, 3}, {60, 2}, {1, 0}, {30, 1}, {0, 0}}, 12);  // strided
+    run({11, 5}, {{5, 1}, {5, 1}, {5, 1}, {5, 1}, {5, 1}}, 13);     // rows shorter than a packet
+  }
+}
+
+TEST_CASE("codegen: inner and outer reductions, Sum, Max and Min, with NaN") {
+  setup();
+  {  // f32: sum over rows of x * y, and exp(x * y) stored
+    Builder b(DType::f32, {DType::f32, DType::f32});
+    const int m = b.op(OpId::Mul, 0, 1);
+    b.out(b.op(OpId::Exp, m), DType::f32);
+    b.reduce(FusedReduce::Inner, OpId::Sum, m);
+    kernels::DuetFusedFn fn = compiled(b.p);
+    REQUIRE(reinterpret_cast<void*>(fn) != nullptr);
+    check<float>(fn, b.p, {7, 37}, {{37, 1}, {0, 1}}, 20, false);
+    check<float>(fn, b.p, {3, 1000}, {{1000, 1}, {1, 0}}, 21, false);
+    check<float>(fn, b.p, {50, 1}, {{1, 1}, {1, 1}}, 22, false);
+    check<float>(fn, b.p, {4, 0}, {{0, 1}, {0, 1}}, 23, false);  // empty rows: 0
+    check<float>(fn, b.p, {5, 100}, {{300, 3}, {0, 1}}, 24, false);
+  }
+  {  // f32: max over columns of x - y (NaN propagates), relu stored as b8-free output
+    Builder b(DType::f32, {DType::f32, DType::f32});
+    const int d = b.op(OpId::Sub, 0, 1);
+    b.out(b.op(OpId::Relu, d), DType::f32);
+    b.reduce(FusedReduce::Outer, OpId::Max, d);
+    kernels::DuetFusedFn fn = compiled(b.p);
+    REQUIRE(reinterpret_cast<void*>(fn) != nullptr);
+    check<float>(fn, b.p, {40, 37}, {{37, 1}, {0, 1}}, 30);
+    check<float>(fn, b.p, {1, 300}, {{300, 1}, {300, 1}}, 31);
+    check<float>(fn, b.p, {100, 3}, {{3, 1}, {1, 0}}, 32);
+    check<float>(fn, b.p, {0, 20}, {{20, 1}, {20, 1}}, 33);  // no rows: -inf
+    check<float>(fn, b.p, {9, 200}, {{400, 2}, {0, 0}}, 34);
+  }
+  {  // f64: min over rows of the input itself
+    Builder b(DType::f64, {DType::f64});
+    b.reduce(FusedReduce::Inner, OpId::Min, 0);
+    kernels::DuetFusedFn fn = compiled(b.p);
+    REQUIRE(reinterpret_cast<void*>(fn) != nullptr);
+    check<double>(fn, b.p, {30, 77}, {{77, 1}}, 40);
+    check<double>(fn, b.p, {8, 3}, {{1, 8}}, 41);
+  }
+  {  // f64: sum over columns of where(x < y, x, y), the comparison stored as b8
+    Builder b(DType::f64, {DType::f64, DType::f64});
+    const int lt = b.op(OpId::Lt, 0, 1);
+    b.out(lt, DType::b8);
+    b.reduce(FusedReduce::Outer, OpId::Sum, b.op(OpId::Where, lt, 0, 1));
+    kernels::DuetFusedFn fn = compiled(b.p);
+    REQUIRE(reinterpret_cast<void*>(fn) != nullptr);
+    check<double>(fn, b.p, {60, 70}, {{70, 1}, {0, 1}}, 50, false);
+    check<double>(fn, b.p, {1, 5}, {{5, 1}, {5, 1}}, 51, false);
+    check<double>(fn, b.p, {33, 129}, {{1, 33}, {129, 1}}, 52, false);
+  }
+}
+
+TEST_CASE("codegen: the disk cache is hit by a second build, and clear_cache empties it") {
+  setup();
+  Builder b(DType::f32, {DType::f32, DType::f32});
+  b.out(b.op(OpId::Mul, b.op(OpId::Add, 0, 1), 1), DType::f32);
+  REQUIRE(reinterpret_cast<void*>(compiled(b.p)) != nullptr);  // built, or a hit of an earlier run
+  const codegen::CodegenStats s0 = codegen::stats();
+  REQUIRE(reinterpret_cast<void*>(compiled(b.p)) != nullptr);
+  const codegen::CodegenStats s1 = codegen::stats();
+  CHECK(s1.cache_hits == s0.cache_hits + 1);
+  CHECK(s1.built == s0.built);
+  CHECK(s1.loaded == s0.loaded + 1);
+
+  const fs::path dir = codegen::cache_dir();
+  auto ours = [&] {
+    int n = 0;
+    for (const fs::directory_entry& e : fs::directory_iterator(dir))
+      n += e.path().filename().string().rfind("duet-", 0) == 0;
+    return n;
+  };
+  CHECK(ours() >= 3);  // a library, its source, the headers
+  std::ofstream(dir / "not-ours.txt") << "kept";
+  codegen::clear_cache();
+  CHECK(ours() == 0);
+  CHECK(fs::exists(dir / "not-ours.txt"));
+  fs::remove(dir / "not-ours.txt");
+}
+
+TEST_CASE("codegen: switched off or below the threshold, nothing is queued") {
+  setup();
+  Builder b(DType::f32, {DType::f32});
+  b.out(b.op(OpId::Neg, 0), DType::f32);
+  auto k = std::make_shared<FusedKernel>();
+  k->program = b.p;
+  const int64_t queued = codegen::stats().queued;
+  codegen::set_enabled(false);
+  k->runs = 10;
+  detail::codegen_note_run(k);
+  CHECK_FALSE(k->codegen_requested.load());
+  codegen::set_enabled(true);
+  codegen::set_threshold(3);
+  k->runs = 2;
+  detail::codegen_note_run(k);
+  CHECK_FALSE(k->codegen_requested.load());
+  k->codegen_allowed = false;
+  k->runs = 3;
+  detail::codegen_note_run(k);
+  CHECK_FALSE(k->codegen_requested.load());
+  CHECK(codegen::stats().queued == queued);
+  CHECK_THROWS_AS(codegen::set_threshold(-1), ValueError);
+  codegen::set_threshold(1);
+}
+
+TEST_CASE("codegen: a compiler that fails is reported once, and the interpreter runs on") {
+  setup();
+  Builder b(DType::f32, {DType::f32});
+  b.out(b.op(OpId::Sigmoid, b.op(OpId::Neg, 0)), DType::f32);
+  const codegen::CodegenStats s0 = codegen::stats();
+  setenv("DUET_CODEGEN_CXX", "/bin/false", 1);
+  CHECK(reinterpret_cast<void*>(compiled(b.p)) == nullptr);
+  CHECK(reinterpret_cast<void*>(compiled(b.p)) == nullptr);  // not retried
+  unsetenv("DUET_CODEGEN_CXX");
+  const codegen::CodegenStats s1 = codegen::stats();
+  CHECK(s1.queued == s0.queued + 2);
+  CHECK(s1.failed == s0.failed + 1);
+  CHECK(s1.built == s0.built);
+
+  auto k = std::make_shared<FusedKernel>();
+  k->program = b.p;
+  Work w = make_work(b.p, {1, 100}, {{0, 1}}, 60);
+  k->run(w.args());
+  const float* x = reinterpret_cast<const float*>(w.in[0].bytes.data());
+  const float* y = reinterpret_cast<const float*>(w.out[0].data());
+  for (int i = 0; i < 100; ++i) CHECK(near(y[i], fn::Sigmoid{}(-x[i]), 1e-6));
+}
+
+}  // namespace duet::test

@@ -1,0 +1,183 @@
+// The static graph's speed passes, as behaviour: fusion (what fuses, exact results), the
+// memory planner (one arena, reuse), and parameter hoisting (done once per parameter version).
+// Speed itself is measured in bench/, never here.
+#include "trace/codegen.h"
+#include "trace/compile.h"
+#include "util.h"
+
+namespace duet::test {
+namespace {
+
+bool bitwise_equal(const Tensor& a, const Tensor& b) {
+  return a.sizes() == b.sizes() && a.dtype() == b.dtype() && values(a) == values(b);
+}
+bool close(const Tensor& a, const Tensor& b, double tol = 1e-5) {
+  if (a.sizes() != b.sizes() || a.dtype() != b.dtype()) return false;
+  std::vector<double> x = values(a), y = values(b);
+  for (size_t i = 0; i < x.size(); ++i)
+    if (std::abs(x[i] - y[i]) > tol * (1 + std::abs(y[i]))) return false;
+  return true;
+}
+CompileOptions without(std::vector<std::string> passes) {
+  CompileOptions o;
+  o.disable_passes = std::move(passes);
+  return o;
+}
+
+Tensor w2(const Tensor& x) { return tanh(x * 1.5 + 0.5) * sigmoid(x) + relu(x - 0.25); }
+
+}  // namespace
+
+TEST_CASE("fusion: the W2 chain is one kernel whose results equal eager's bit for bit") {
+  codegen::set_enabled(false);  // the interpreter; test_codegen covers the generated tier
+  for (int64_t n : {1, 7, 100, 5000, 70001}) {
+    manual_seed(n);
+    Tensor x = randn({n});
+    auto f = compile(w2);
+    Tensor y = f(x);
+    CHECK(f.stats().fused_kernels == 1);
+    CHECK(f.stats().fused_nodes == 8);
+    CHECK(bitwise_equal(y, w2(x)));
+    // Without fusion: eight kernels, the same values.
+    auto g = compile(w2, without({"fuse"}));
+    CHECK(g.stats().fused_kernels == 0);
+    CHECK(bitwise_equal(g(x), y));
+  }
+  codegen::set_enabled(true);
+}
+
+TEST_CASE("fusion: broadcasts, strided inputs and b8 values ride inside a group") {
+  codegen::set_enabled(false);
+  manual_seed(1);
+  Tensor a = randn({33, 65});
+  Tensor b = randn({65});
+  Tensor c = randn({33, 1});
+  Tensor t = transpose(randn({65, 33}), 0, 1);  // strided: read through its strides
+  auto fn = [](Tensor a, Tensor b, Tensor c, Tensor t) {
+    Tensor m = a > b;
+    return where(m, a * c, t - b) + m.to(DType::f32);
+  };
+  auto f = compile(fn);
+  Tensor y = f(a, b, c, t);
+  CHECK(f.stats().fused_kernels == 1);
+  CHECK(bitwise_equal(y, fn(a, b, c, t)));
+  codegen::set_enabled(true);
+}
+
+TEST_CASE("fusion: reductions take their elementwise prologue") {
+  codegen::set_enabled(false);
+  manual_seed(2);
+  Tensor x = randn({64, 300}), y = randn({64, 300});
+  // sum(x * y) over everything, over rows (inner), over columns (outer).
+  auto all = compile([](Tensor x, Tensor y) { return sum(x * y); });
+  CHECK(close(all(x, y), sum(x * y)));
+  CHECK(all.stats().fused_kernels == 1);
+  auto rows = compile([](Tensor x, Tensor y) { return sum(x * y, {1}); });
+  CHECK(close(rows(x, y), sum(x * y, {1})));
+  CHECK(rows.stats().fused_kernels == 1);
+  auto cols = compile([](Tensor x, Tensor y) { return max(exp(x) - y, {0}); });
+  CHECK(close(cols(x, y), max(exp(x) - y, {0})));
+  CHECK(cols.stats().fused_kernels == 1);
+  // softmax and cross_entropy: the exp-and-sum and the normalization fuse.
+  auto sm = compile([](Tensor x) { return softmax(x, 1); });
+  CHECK(close(sm(x), softmax(x, 1)));
+  CHECK(sm.stats().fused_kernels >= 2);
+  Tensor labels = randint(300, {64});
+  auto ce = compile([](Tensor x, Tensor l) { return cross_entropy(x, l); });
+  CHECK(close(ce(x, labels), cross_entropy(x, labels)));
+  CHECK(ce.stats().fused_kernels >= 2);
+  codegen::set_enabled(true);
+}
+
+TEST_CASE("fusion: an output that is also an intermediate, and a training step") {
+  codegen::set_enabled(false);
+  manual_seed(3);
+  Tensor x = randn({8, 16});
+  auto fn = [](Tensor x) {
+    Tensor h = tanh(x) * 2;
+    return std::make_tuple(h, sigmoid(h) + h);
+  };
+  auto f = compile(fn);
+  auto [h, y] = f(x);
+  auto [he, ye] = fn(x);
+  CHECK(bitwise_equal(h, he));
+  CHECK(bitwise_equal(y, ye));
+  CHECK(f.stats().fused_kernels == 1);
+  codegen::set_enabled(true);
+}
+
+TEST_CASE("memory planner: one arena, far smaller than the intermediates") {
+  manual_seed(4);
+  Tensor x = randn({1000});
+  auto chain = [](Tensor h) {
+    for (int i = 0; i < 20; ++i) h = (i % 2) ? exp(h * -0.5) : h - 0.1;
+    return h * 2;
+  };
+  // Without fusion every op has a buffer; the planner reuses them in place.
+  auto f = compile(chain, without({"fuse"}));
+  CHECK(close(f(x), chain(x)));
+  CHECK(f.stats().intermediate_bytes == 31 * 4000);  // 31 ops of 1000 floats
+  CHECK(f.stats().arena_bytes <= 4096);
+  auto g = compile(chain, without({"fuse", "plan_memory"}));
+  CHECK(close(g(x), chain(x)));
+  CHECK(g.stats().arena_bytes == 0);
+  CHECK(g.stats().buffer_bytes == 30 * 4000);  // every intermediate but the result
+}
+
+TEST_CASE("hoisting: work on parameters runs once per parameter version") {
+  manual_seed(5);
+  Tensor w = randn({4, 3});
+  Tensor x = randn({2, 3});
+  auto fn = [&](Tensor x) { return matmul(x, transpose(exp(w * 0.5), 0, 1).contiguous()); };
+  auto f = compile(fn);
+  CHECK(close(f(x), fn(x)));
+  CHECK(f.stats().hoisted_nodes >= 2);
+  CHECK(close(f(x), fn(x)));
+  {
+    NoGradGuard ng;
+    w.add_(1.0);  // a new version: the hoisted work runs again
+  }
+  CHECK(close(f(x), fn(x)));
+  auto g = compile(fn, without({"hoist"}));
+  CHECK(g.stats().hoisted_nodes == 0);
+  CHECK(close(g(x), fn(x)));
+}
+
+}  // namespace duet::test
+
+namespace duet::test {
+
+TEST_CASE("parallel branches: a two-tower step runs in waves and matches eager") {
+  // Small towers: the cost model runs them side by side on two threads.
+  manual_seed(6);
+  auto layer = [](int64_t in, int64_t out) {
+    return std::make_pair((randn({in, out}) * 0.1).requires_grad_(),
+                          (randn({out}) * 0.1).requires_grad_());
+  };
+  std::vector<std::pair<Tensor, Tensor>> a = {layer(32, 64), layer(64, 64), layer(64, 8)};
+  std::vector<std::pair<Tensor, Tensor>> b = {layer(32, 64), layer(64, 64), layer(64, 8)};
+  Tensor x = randn({16, 32});
+  auto fn = [&](Tensor x) {
+    Tensor ha = x, hb = x;
+    for (auto& [w, bias] : a) ha = relu(matmul(ha, w) + bias);
+    for (auto& [w, bias] : b) hb = tanh(matmul(hb, w) + bias);
+    return sum(ha * hb);
+  };
+  // Whether waves pay here is the bench's question (TT); this test makes them run.
+  setenv("DUET_PARALLEL", "always", 1);
+  auto f = compile(fn);
+  Tensor y = f(x);
+  CHECK(close(y, fn(x)));
+  CHECK(f.stats().parallel_plans >= 1);
+  // Gradients through the compiled backward (also in waves) match eager's.
+  std::vector<Tensor> ws = {a[0].first, b[0].first, a[2].second};
+  std::vector<Tensor> ge = grad({fn(x)}, ws);
+  std::vector<Tensor> gc = grad({f(x)}, ws);
+  for (size_t i = 0; i < ws.size(); ++i) CHECK(close(gc[i], ge[i]));
+  unsetenv("DUET_PARALLEL");
+  auto serial = compile(fn, without({"parallel"}));
+  CHECK(close(serial(x), y));
+  CHECK(serial.stats().parallel_plans == 0);
+}
+
+}  // namespace duet::test
