@@ -40,16 +40,16 @@ struct CompileStats {
   int eager_calls = 0;                       ///< calls run eagerly because the cache was full
   // The most recent trace, in milliseconds: tracing fn, the passes, and building the plans.
   double trace_ms = 0, optimize_ms = 0, plan_ms = 0;
-  int64_t nodes_before = 0;  ///< op nodes of the most recent trace (forward and backward)
-  int64_t nodes_after = 0;   ///< after the passes
-  int64_t buffer_bytes = 0;  ///< intermediate buffers the most recent plans keep (arena included)
+  int64_t nodes_before = 0;   ///< op nodes of the most recent trace (forward and backward)
+  int64_t nodes_after = 0;    ///< after the passes
+  int64_t buffer_bytes = 0;   ///< intermediate buffers the most recent plans keep (arena included)
   int64_t fused_kernels = 0;  ///< fused groups in the most recent plans (each one kernel)
   int64_t fused_nodes = 0;    ///< op nodes those groups absorbed
   int64_t epilogues = 0;      ///< fused groups that finish a matmul's output in place
   int64_t arena_bytes = 0;    ///< the planned arena of the most recent plans
   int64_t intermediate_bytes = 0;  ///< the sum of the sizes of all their intermediate values
-  int64_t hoisted_nodes = 0;  ///< nodes that depend only on parameters, run once per version
-  int64_t parallel_plans = 0;  ///< plans that run independent branches on two threads
+  int64_t hoisted_nodes = 0;       ///< nodes that depend only on parameters, run once per version
+  int64_t parallel_plans = 0;      ///< plans that run independent branches on two threads
 };
 
 namespace detail {
