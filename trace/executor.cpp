@@ -589,9 +589,9 @@ void Plan::run_fused(FusedStep& f) {
   } else if (p.reduce == kernels::FusedReduce::Outer) {
     split = f.reduce_dims;
   } else {
-    // The split that the most inputs walk with one stride per side.
+    // The split that the most inputs walk with one stride per side, with the longest rows.
     int best = -1;
-    for (int64_t sp = nd; sp >= 0; --sp) {
+    for (int64_t sp = 0; sp <= nd; ++sp) {  // as many dims inner as possible
       int ok = 0;
       for (size_t k = 0; k < f.inputs.size(); ++k) {
         int64_t x, y;
