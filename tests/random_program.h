@@ -24,7 +24,7 @@
 // chains, diamonds (a value read by two branches that join again), broadcast operands ([n],
 // [1, n], [m, 1] and 0-d against [m, n], numbers on either side), reductions over trailing,
 // leading or all dims (sum, mean, max, min, softmax, log_softmax, logsumexp) at the ends of
-// chains, and outputs that later steps also read.
+// chains, and outputs that later steps also read. It is in random_program_fusion.cpp.
 #pragma once
 
 #include <algorithm>
@@ -139,6 +139,12 @@ double max_abs(const Tensor& t);
 
 /// The seed manual_seed() gets before every run, eager or compiled (randn, dropout).
 inline constexpr uint64_t kRandSeed = 1234;
+
+/// Elements of any value in the mixed mix: each program stays well under 1 ms.
+inline constexpr int64_t kMaxNumel = 1200;
+
+/// Whether shapes a and b broadcast together.
+bool can_broadcast(const Shape& a, const Shape& b);
 
 class Generator {
  public:
