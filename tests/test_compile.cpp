@@ -9,18 +9,6 @@
 namespace duet::test {
 namespace {
 
-bool close(const Tensor& a, const Tensor& b, double tol = 1e-6) {
-  if (a.sizes() != b.sizes() || a.dtype() != b.dtype()) return false;
-  std::vector<double> x = values(a), y = values(b);
-  for (size_t i = 0; i < x.size(); ++i)
-    if (std::abs(x[i] - y[i]) > tol * (1 + std::abs(y[i]))) return false;
-  return true;
-}
-
-bool bitwise_equal(const Tensor& a, const Tensor& b) {
-  return a.sizes() == b.sizes() && a.dtype() == b.dtype() && values(a) == values(b);
-}
-
 std::string error_of(const std::function<void()>& f) {
   try {
     f();

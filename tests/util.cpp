@@ -265,4 +265,12 @@ int CountingMode::total() const {
   return n;
 }
 
+bool close(const Tensor& a, const Tensor& b, double tol) {
+  if (a.sizes() != b.sizes() || a.dtype() != b.dtype()) return false;
+  std::vector<double> x = values(a), y = values(b);
+  for (size_t i = 0; i < x.size(); ++i)
+    if (std::abs(x[i] - y[i]) > tol * (1 + std::abs(y[i]))) return false;
+  return true;
+}
+
 }  // namespace duet::test

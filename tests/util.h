@@ -25,6 +25,12 @@ Tensor make(const std::vector<double>& v, const Shape& shape, DType dtype = DTyp
 
 /// The logical values of any tensor (strided, offset, expanded), row-major, read from storage.
 std::vector<double> values(const Tensor& t);
+/// Same shape, dtype and values, element by element (NaN never equals).
+inline bool bitwise_equal(const Tensor& a, const Tensor& b) {
+  return a.sizes() == b.sizes() && a.dtype() == b.dtype() && values(a) == values(b);
+}
+/// Same shape and dtype, and |a - b| <= tol * (1 + |b|) everywhere.
+bool close(const Tensor& a, const Tensor& b, double tol = 1e-6);
 
 /// True when the two tensors share one storage block.
 bool same_storage(const Tensor& a, const Tensor& b);

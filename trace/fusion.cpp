@@ -20,7 +20,6 @@ struct Group {
   int32_t reduce_dims = 0;
   kernels::FusedReduce reduce = kernels::FusedReduce::None;
   bool alive = true;
-  int32_t min_index = 0;
 };
 
 class Fuser {
@@ -142,7 +141,6 @@ class Fuser {
       gr.shape = n.meta.shape;
       gr.dtype = t;
       gr.device = n.meta.device;
-      gr.min_index = v;
       groups_.push_back(gr);
       group_stamp_.push_back(0);
       chosen = static_cast<int>(groups_.size()) - 1;
@@ -171,7 +169,6 @@ class Fuser {
       ga.members.push_back(m);
     }
     std::sort(ga.members.begin(), ga.members.end());
-    ga.min_index = std::min(ga.min_index, gb.min_index);
     gb.members.clear();
     gb.alive = false;
     for (auto& r : readers_)

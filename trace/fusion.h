@@ -32,8 +32,8 @@ struct FusionGroup {
   kernels::FusedProgram program;
 };
 
-/// The fusion groups of g (Note [Fusion rules]); `used_outside[v]` must be true for values
-/// needed beyond their consumers in g (outputs, write-backs).
+/// The fusion groups of g (Note [Fusion rules]). A member read outside its group, a result or
+/// a write-back is a group output; other members live in registers only.
 std::vector<FusionGroup> find_fusion_groups(const Graph& g);
 
 }  // namespace duet::detail
