@@ -463,8 +463,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::atomic<int> g_enabled{-1};  // -1: DUET_CODEGEN not read yet
-std::atomic<int> g_threshold{3};
+std::atomic<int> g_enabled{-1};          // -1: DUET_CODEGEN not read yet
+std::atomic<int> g_threshold{-1};        // -1: DUET_CODEGEN_THRESHOLD not read yet (default 3)
 std::atomic<bool> g_worker_gone{false};  // set by ~Worker: a kernel run during exit queues nothing
 
 uint64_t fnv1a(std::string_view s, uint64_t h = 0xcbf29ce484222325ull) {
@@ -778,7 +778,20 @@ void set_threshold(int runs) {
   DUET_CHECK_T(runs >= 0, ValueError, "[codegen] threshold must be 0 or more, got {}", runs);
   g_threshold.store(runs, std::memory_order_relaxed);
 }
-int threshold() { return g_threshold.load(std::memory_order_relaxed); }
+int threshold() {
+  int v = g_threshold.load(std::memory_order_relaxed);
+  if (v < 0) {
+    int want = 3;
+    if (const char* env = std::getenv("DUET_CODEGEN_THRESHOLD"); env && *env) {
+      char* end = nullptr;
+      long n = std::strtol(env, &end, 10);
+      if (end && *end == '\0' && n >= 0 && n < (1L << 30)) want = static_cast<int>(n);
+    }
+    g_threshold.compare_exchange_strong(v, want, std::memory_order_relaxed);
+    v = g_threshold.load(std::memory_order_relaxed);
+  }
+  return v;
+}
 
 void set_cache_dir(std::string dir) { Worker::get().set_dir(std::move(dir)); }
 std::string cache_dir() { return Worker::get().dir(); }

@@ -29,7 +29,8 @@ namespace duet::codegen {
 void set_enabled(bool on);
 bool enabled();
 
-/// Runs after which a fused kernel is queued for codegen (default 3; 0 or more).
+/// Runs after which a fused kernel is queued for codegen (0 or more; default 3, or
+/// $DUET_CODEGEN_THRESHOLD).
 void set_threshold(int runs);
 int threshold();
 
