@@ -1,4 +1,5 @@
 // CPU kernels of the elementwise ops, the conversions and the sources.
+#include <algorithm>
 #include <cstring>
 
 #include "kernels/cpu_kernels.h"
@@ -51,6 +52,20 @@ void unary_typed(const Tensor& x, const Tensor& out) {
   for_each<2>(out.sizes(), {&out, &x}, [&](char** p, const int64_t* s, int64_t n) {
     if (s[0] == sizeof(T) && s[1] == sizeof(T)) {
       unary_dense<T>(f, reinterpret_cast<const T*>(p[1]), reinterpret_cast<T*>(p[0]), n);
+    } else if constexpr (F::template has_packet<T>) {
+      // Gather, run the packet loop, scatter: a strided or expanded operand gets the same bits
+      // as a contiguous one (the packet math, Eigen's psin and the like, can differ from the
+      // scalar std:: function in the last place).
+      constexpr int64_t B = 256;
+      alignas(64) T xs[B], ys[B];
+      for (int64_t i0 = 0; i0 < n; i0 += B) {
+        const int64_t m = std::min(B, n - i0);
+        const char* px = p[1] + i0 * s[1];
+        for (int64_t i = 0; i < m; ++i) xs[i] = *reinterpret_cast<const T*>(px + i * s[1]);
+        unary_dense<T>(f, xs, ys, m);
+        char* po = p[0] + i0 * s[0];
+        for (int64_t i = 0; i < m; ++i) *reinterpret_cast<T*>(po + i * s[0]) = ys[i];
+      }
     } else {
       for (int64_t i = 0; i < n; ++i)
         *reinterpret_cast<T*>(p[0] + i * s[0]) = f(*reinterpret_cast<const T*>(p[1] + i * s[1]));

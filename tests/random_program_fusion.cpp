@@ -11,22 +11,20 @@
 namespace duet::test {
 
 // Note [Inexact values]
-// A fused kernel computes each element of an elementwise op exactly as eager does on contiguous
-// operands, but a fused sum adds in another order (block by block, or split over threads): sums
-// and means, and softmax, log_softmax and logsumexp, round differently, and so does everything
-// computed from them; and so do sin, cos, tanh, sigmoid, erf and log_sigmoid of a
-// non-contiguous operand (eager computes those with the scalar functions, see error_estimate). The
-// comparison allows for rounding relative to each tensor's magnitude; it cannot allow for an error
-// that a later step blows up (a difference of two large values that nearly cancel, a sum of
-// thousands of elements that all carry the same error), nor for one that a discontinuity or a kink
-// turns into a wrong result or gradient (comparisons, maximum, abs, relu, clamp, the abs inside
-// log, sqrt, div and pow, casts to b8 and integers, max and min over dims). So the generator
-// estimates, per value, how far compiled may be from eager (the largest absolute difference; 0 for
-// exact values): a reduction adds its own rounding, other steps carry their operands' errors (the
-// step run again with the operands moved by their errors, each way). It rejects a step whose
-// result's error comes within a fifth of the comparison's absolute tolerance, a kink step whose
-// operands come within ten times their error of the kink, and max and min over dims of inexact
-// values.
+// A fused kernel computes each element of an elementwise op exactly as eager does, whatever the
+// operands' layout, but a fused sum adds in another order (block by block, or split over
+// threads): sums and means, and softmax, log_softmax and logsumexp, round differently, and so
+// does everything computed from them. The comparison allows for rounding relative to each tensor's
+// magnitude; it cannot allow for an error that a later step blows up (a difference of two large
+// values that nearly cancel, a sum of thousands of elements that all carry the same error), nor for
+// one that a discontinuity or a kink turns into a wrong result or gradient (comparisons, maximum,
+// abs, relu, clamp, the abs inside log, sqrt, div and pow, casts to b8 and integers, max and min
+// over dims). So the generator estimates, per value, how far compiled may be from eager (the
+// largest absolute difference; 0 for exact values): a reduction adds its own rounding, other steps
+// carry their operands' errors (the step run again with the operands moved by their errors, each
+// way). It rejects a step whose result's error comes within a fifth of the comparison's absolute
+// tolerance, a kink step whose operands come within ten times their error of the kink, and max and
+// min over dims of inexact values.
 
 namespace {
 
@@ -150,15 +148,6 @@ double Generator::error_estimate(const Step& st, const Tensor& out) const {
     }
   }
   const Tensor& x = at(st.args[0]);
-  const bool transcendental = st.op == Op::Sin || st.op == Op::Cos || st.op == Op::Tanh ||
-                              st.op == Op::Sigmoid || st.op == Op::Erf || st.op == Op::LogSigmoid;
-  if (transcendental && st.mode != 1 && !x.is_contiguous()) {
-    // Eager's unary kernel runs a non-contiguous operand (strided, transposed, expanded) through
-    // the scalar functions (std::sin) and a contiguous one through the packet functions
-    // (Eigen's psin), which differ by an ulp or so; a fused kernel loads any operand into a
-    // register and runs the packet functions.
-    e += 4 * eps * std::max(1.0, max_abs(out));
-  }
   if (st.op == Op::Sum || st.op == Op::Mean) {
     // Another order rounds differently, by about as much as this one: four times eager's
     // difference from the exact result, and at least the last rounding.

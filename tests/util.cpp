@@ -1,6 +1,7 @@
 #include "util.h"
 
 #include <cmath>
+#include <cstring>
 #include <sstream>
 
 namespace duet::test {
@@ -87,6 +88,24 @@ std::vector<double> values(const Tensor& t) {
       r /= s[d];
     }
     out[static_cast<size_t>(i)] = read_at(t.raw_data(), t.dtype(), off);
+  }
+  return out;
+}
+
+std::vector<unsigned char> element_bytes(const Tensor& t) {
+  const int64_t n = t.numel(), nd = t.dim();
+  const size_t isz = itemsize(t.dtype());
+  std::vector<unsigned char> out(static_cast<size_t>(n) * isz);
+  const Shape& s = t.sizes();
+  const Strides& st = t.strides();
+  const auto* base = static_cast<const unsigned char*>(t.raw_data());
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t off = 0, r = i;
+    for (int64_t d = nd - 1; d >= 0; --d) {
+      off += (r % s[d]) * st[d];
+      r /= s[d];
+    }
+    std::memcpy(out.data() + static_cast<size_t>(i) * isz, base + off * int64_t(isz), isz);
   }
   return out;
 }

@@ -25,9 +25,11 @@ Tensor make(const std::vector<double>& v, const Shape& shape, DType dtype = DTyp
 
 /// The logical values of any tensor (strided, offset, expanded), row-major, read from storage.
 std::vector<double> values(const Tensor& t);
-/// Same shape, dtype and values, element by element (NaN never equals).
+/// The bytes of each element, row-major, read from storage (like values()).
+std::vector<unsigned char> element_bytes(const Tensor& t);
+/// Same shape, dtype and bits, element by element (a NaN equals the same NaN).
 inline bool bitwise_equal(const Tensor& a, const Tensor& b) {
-  return a.sizes() == b.sizes() && a.dtype() == b.dtype() && values(a) == values(b);
+  return a.sizes() == b.sizes() && a.dtype() == b.dtype() && element_bytes(a) == element_bytes(b);
 }
 /// Same shape and dtype, and |a - b| <= tol * (1 + |b|) everywhere.
 bool close(const Tensor& a, const Tensor& b, double tol = 1e-6);
