@@ -22,7 +22,11 @@ CompileOptions without(std::vector<std::string> passes) {
 }
 
 // How many times each check runs: twice when generated kernels can be swapped in.
-int tiers() { return codegen::enabled() ? 2 : 1; }
+int tiers() {
+  if (!codegen::enabled()) return 1;
+  codegen::set_threshold(0);  // generated after the first run
+  return 2;
+}
 // Between the tiers: wait until every queued kernel is built and loaded.
 void next_tier() {
   codegen::wait_idle();
@@ -182,6 +186,38 @@ TEST_CASE("parallel branches: a two-tower step runs in waves and matches eager")
   auto serial = compile(fn, without({"parallel"}));
   CHECK(near(serial(x), y));
   CHECK(serial.stats().parallel_plans == 0);
+}
+
+}  // namespace duet::test
+
+namespace duet::test {
+
+TEST_CASE(
+    "fusion: a group past the kernel's input and output limits splits into kernels that fit") {
+  // An SGD step over 30 parameters of one shape: the updates are siblings (all read lr), so
+  // they gather in one group of 60 ops, 61 inputs and 30 outputs, past a kernel's 24 inputs and
+  // 12 outputs. Before the split, such a group ran op by op.
+  manual_seed(7);
+  std::vector<Tensor> ps, gs;
+  for (int i = 0; i < 30; ++i) {
+    ps.push_back(randn({5, 9}));
+    gs.push_back(randn({5, 9}));
+  }
+  auto step = [](const std::vector<Tensor>& p, const std::vector<Tensor>& g, Tensor lr) {
+    std::vector<Tensor> out;
+    for (size_t i = 0; i < p.size(); ++i) out.push_back(p[i] - g[i] * lr);
+    return out;
+  };
+  Tensor lr = full({}, 0.01);
+  auto f = compile(step);
+  for (int t = 0; t < tiers(); ++t, next_tier()) {
+    std::vector<Tensor> got = f(ps, gs, lr), want = step(ps, gs, lr);
+    REQUIRE(got.size() == want.size());
+    for (size_t i = 0; i < got.size(); ++i) CHECK(bitwise_equal(got[i], want[i]));
+    CHECK(f.stats().fused_nodes == 60);
+    CHECK(f.stats().fused_kernels >= 3);
+    CHECK(f.stats().fused_kernels <= 8);
+  }
 }
 
 }  // namespace duet::test

@@ -208,24 +208,53 @@ class Fuser {
   }
 
   std::vector<FusionGroup> finish() {
-    // Who reads each value outside its group, and what must be stored.
+    // A group whose program would pass the kernel's limits (inputs, outputs, registers) splits
+    // in two, by member order, until every part fits: a run of consecutive members of a group
+    // that makes no cycle makes none either. (Siblings gather many independent updates, as an
+    // optimizer's over all parameters, into one group.) A group with a reduction that does not
+    // fit runs op by op.
+    for (;;) {
+      const std::vector<bool> needed = needed_values();
+      std::vector<FusionGroup> out;
+      bool split = false;
+      for (size_t gi = 0; gi < groups_.size(); ++gi) {
+        Group& gr = groups_[gi];
+        if (!gr.alive) continue;
+        const size_t elementwise = gr.members.size() - (gr.reduction >= 0 ? 1 : 0);
+        if (elementwise < 2 && gr.reduction < 0) continue;  // one op: the eager kernel runs it
+        FusionGroup f;
+        if (build(gr, static_cast<int>(gi), needed, f)) {
+          out.push_back(std::move(f));
+        } else if (gr.reduction < 0 && gr.members.size() >= 4) {
+          split_in_two(static_cast<int>(gi));
+          split = true;
+        }
+      }
+      if (!split) return out;
+    }
+  }
+
+  // Who reads each value outside its group, and so what a group must store.
+  std::vector<bool> needed_values() const {
     std::vector<bool> needed(n_, false);
     for (int32_t o : g_.outputs) needed[o] = true;
     for (const WriteBack& w : g_.writebacks) needed[w.value] = true;
     for (int32_t v = 0; v < n_; ++v)
       for (int32_t in : g_.nodes[v].inputs)
         if (group_of_[in] < 0 || group_of_[in] != group_of_[v]) needed[in] = true;
-    std::vector<FusionGroup> out;
-    for (size_t gi = 0; gi < groups_.size(); ++gi) {
-      Group& gr = groups_[gi];
-      if (!gr.alive) continue;
-      const size_t elementwise = gr.members.size() - (gr.reduction >= 0 ? 1 : 0);
-      if (elementwise < 2 && gr.reduction < 0) continue;  // one op: the eager kernel runs it
-      FusionGroup f;
-      if (!build(gr, static_cast<int>(gi), needed, f)) continue;
-      out.push_back(std::move(f));
-    }
-    return out;
+    return needed;
+  }
+
+  void split_in_two(int gi) {
+    std::vector<int32_t> members = groups_[gi].members;
+    std::sort(members.begin(), members.end());
+    const size_t half = members.size() / 2;
+    Group second = groups_[gi];
+    second.members.assign(members.begin() + half, members.end());
+    groups_[gi].members.assign(members.begin(), members.begin() + half);
+    groups_.push_back(std::move(second));
+    group_stamp_.push_back(0);
+    for (int32_t m : groups_.back().members) group_of_[m] = static_cast<int>(groups_.size()) - 1;
   }
 
   bool build(const Group& gr, int gi, const std::vector<bool>& needed, FusionGroup& f) {
