@@ -198,7 +198,8 @@ TEST_CASE("broadcasting") {
 }
 
 TEST_CASE("caching allocator counters") {
-  // Rounding: multiples of 64 bytes up to 1 KiB, then four classes per power of two.
+  // Rounding: multiples of 64 bytes up to 1 KiB, then four classes per power of two up to
+  // 256 KiB, then multiples of 16 KiB.
   MemoryStats s0 = cpu_memory_stats();
   {
     Tensor a = zeros({1000});  // 4000 bytes -> the 4096-byte class
@@ -228,6 +229,18 @@ TEST_CASE("caching allocator counters") {
   int64_t reserved = cpu_memory_stats().reserved;
   { Tensor t = zeros({1 << 18}); }
   CHECK(cpu_memory_stats().reserved == reserved);
+  // Large blocks cost at most 16 KiB over their size: W4's first weight, 784 x 1024 floats,
+  // is 3,211,264 bytes (four classes per power of two made it 3.5 MiB).
+  {
+    Tensor w = zeros({784, 1024});
+    CHECK(cpu_memory_stats().current - s0.current == 784 * 1024 * 4);
+    Tensor v = zeros({70000});  // 280,000 bytes -> 18 x 16 KiB
+    CHECK(cpu_memory_stats().current - s0.current == 784 * 1024 * 4 + 18 * 16384);
+  }
+  { Tensor w = zeros({784, 1024}); }  // the cached block of that exact size is reused
+  const int64_t reserved_large = cpu_memory_stats().reserved;
+  { Tensor w = zeros({784, 1024}); }
+  CHECK(cpu_memory_stats().reserved == reserved_large);
   // empty_cache returns cached blocks to the system.
   cpu_allocator().empty_cache();
   CHECK(cpu_memory_stats().reserved <= reserved - (1 << 20));

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <queue>
 #include <unordered_map>
 
 #include <omp.h>
@@ -129,8 +128,7 @@ void Plan::build() {
   std::vector<int32_t> group_of(n, -1);
   for (size_t gi = 0; gi < groups.size(); ++gi)
     for (int32_t m : groups[gi].members) group_of[m] = static_cast<int32_t>(gi);
-  // Step units: each group, and each op node outside groups. Kahn's algorithm over them, taking
-  // the unit that comes first in the graph whenever several are ready.
+  // Step units: each group, and each op node outside groups. Kahn's algorithm over them.
   const int32_t ng = static_cast<int32_t>(groups.size());
   auto unit_of = [&](int32_t v) -> int32_t { return group_of[v] >= 0 ? group_of[v] : ng + v; };
   std::vector<int32_t> first_node(ng + n, -1);
@@ -153,18 +151,75 @@ void Plan::build() {
     indeg[u] = static_cast<int32_t>(deps.size());
     for (int32_t d : deps) users[d].push_back(u);
   }
-  std::priority_queue<std::pair<int32_t, int32_t>, std::vector<std::pair<int32_t, int32_t>>,
-                      std::greater<>>
-      ready;
+  // Values a group keeps in registers need no buffer.
+  std::vector<bool> materialized(n, true);
+  for (const FusionGroup& f : groups) {
+    for (int32_t m : f.members) materialized[m] = false;
+    for (int32_t o : f.outputs) materialized[o] = true;
+    if (f.reduction >= 0) materialized[f.reduction] = true;
+  }
+  // Memory-aware choice (with plan_memory): of the ready steps, the one that frees the most
+  // bytes net (the buffers it reads for the last time, less the buffers it makes) runs first
+  // when that is positive; else the one first in the graph. In a backward pass this runs a
+  // weight gradient (which frees the activation it reads) before the input gradient beside it.
+  // Views cost nothing and run as soon as they can, so that their readers are ready to choose.
+  std::vector<int64_t> made_bytes(ng + n, 0);
+  std::vector<std::vector<int32_t>> unit_reads(ng + n);
+  std::vector<int32_t> readers_left(n, 0);
+  std::vector<bool> kept(n, false);  // results and write-backs: live to the end anyway
+  for (int32_t o : g_.outputs) kept[root[o]] = true;
+  for (const WriteBack& w : g_.writebacks) kept[root[w.value]] = true;
+  std::vector<bool> view_unit(ng + n, false);
+  for (int32_t u = ng; u < ng + n; ++u)
+    view_unit[u] = first_node[u] >= 0 && op_class(g_.nodes[u - ng].op) == OpClass::View;
+  for (int32_t u = 0; u < ng + n; ++u) {
+    if (view_unit[u]) continue;  // its readers read the buffer
+    for (int32_t v : unit_nodes[u]) {
+      const GraphNode& g = g_.nodes[v];
+      if (op_class(g.op) != OpClass::View && materialized[v] && !kept[v])
+        made_bytes[u] += nbytes(g.meta);
+      for (int32_t in : g.inputs) {
+        const int32_t r = root[in];
+        if (g_.nodes[r].kind == NodeKind::Op && !kept[r] && unit_of(r) != u)
+          unit_reads[u].push_back(r);
+      }
+    }
+    std::sort(unit_reads[u].begin(), unit_reads[u].end());
+    unit_reads[u].erase(std::unique(unit_reads[u].begin(), unit_reads[u].end()),
+                        unit_reads[u].end());
+    for (int32_t r : unit_reads[u]) ++readers_left[r];
+  }
+  auto net_freed = [&](int32_t u) {
+    int64_t freed = -made_bytes[u];
+    for (int32_t r : unit_reads[u])
+      if (readers_left[r] == 1) freed += nbytes(g_.nodes[r].meta);
+    return freed;
+  };
+  std::vector<int32_t> ready;
   for (int32_t u = 0; u < ng + n; ++u)
-    if (first_node[u] >= 0 && indeg[u] == 0) ready.push({first_node[u], u});
+    if (first_node[u] >= 0 && indeg[u] == 0) ready.push_back(u);
   std::vector<int32_t> order;
   while (!ready.empty()) {
-    const int32_t u = ready.top().second;
-    ready.pop();
+    size_t pick = 0;
+    int64_t best_freed = 0;
+    for (size_t k = 0; k < ready.size(); ++k) {
+      if (opt_.plan_memory && view_unit[ready[k]]) {  // free: lets its readers become ready
+        pick = k;
+        break;
+      }
+      const int64_t f = opt_.plan_memory ? std::max<int64_t>(net_freed(ready[k]), 0) : 0;
+      if (f > best_freed || (f == best_freed && first_node[ready[k]] < first_node[ready[pick]])) {
+        pick = k;
+        best_freed = f;
+      }
+    }
+    const int32_t u = ready[pick];
+    ready[pick] = ready.back();
+    ready.pop_back();
     order.push_back(u);
+    for (int32_t r : unit_reads[u]) --readers_left[r];
     for (int32_t w : users[u])
-      if (--indeg[w] == 0) ready.push({first_node[w], w});
+      if (--indeg[w] == 0) ready.push_back(w);
   }
   int32_t units = 0;
   for (int32_t u = 0; u < ng + n; ++u) units += first_node[u] >= 0;
@@ -249,14 +304,6 @@ void Plan::build() {
     for (int32_t v : unit_nodes[order[s]]) pos[v] = step_pos[s];
   const int32_t num_steps = static_cast<int32_t>(order.size());
   const int32_t end_pos = parallel ? num_waves : num_steps;
-  // Values a group keeps in registers need no buffer.
-  std::vector<bool> materialized(n, true);
-  for (const FusionGroup& f : groups) {
-    for (int32_t m : f.members) materialized[m] = false;
-    for (int32_t o : f.outputs) materialized[o] = true;
-    if (f.reduction >= 0) materialized[f.reduction] = true;
-  }
-
   // Write-backs computed in place (DESIGN.md: "where the planner can prove it safe"): a value
   // made by a kernel goes straight into the captured tensor's storage when nothing reads that
   // storage after the value is computed, and the step computing it reads that storage, if at
@@ -434,6 +481,16 @@ void Plan::build() {
     }
     stats_.arena_bytes = memory_.arena_bytes;
     stats_.buffer_bytes = memory_.arena_bytes;
+    if (std::getenv("DUET_DEBUG_PLAN")) {
+      fmt::print(stderr, "--- buffers of {} (arena {} bytes)\n", g_.label, memory_.arena_bytes);
+      for (int32_t i = 0; i < n; ++i)
+        if (request_of[i] >= 0) {
+          const BufferRequest& r = requests_[request_of[i]];
+          fmt::print(stderr, "%{}: {} bytes at {}, steps {}..{}{}\n", i, r.bytes,
+                     memory_.offsets[request_of[i]], r.first, r.last,
+                     r.reuse >= 0 ? " (in place)" : "");
+        }
+    }
     if (memory_.arena_bytes > 0) {
       Device dev = Device::cpu();
       for (int32_t i = 0; i < n; ++i)

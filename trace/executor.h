@@ -14,8 +14,9 @@
 //
 // Note [Schedule]
 // The steps are the graph's op nodes, with each fusion group (trace/fusion.h) one step that
-// runs a fused kernel; a topological order of those steps, following the graph's own order, is
-// the schedule. Intermediate values inside a group live in the kernel's registers only.
+// runs a fused kernel; a topological order of those steps is the schedule. It follows the graph's
+// own order, except that (with plan_memory) a ready step that frees more bytes than it makes runs
+// first. Intermediate values inside a group live in the kernel's registers only.
 #pragma once
 
 #include <memory>
