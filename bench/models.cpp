@@ -561,8 +561,9 @@ void print_compiled(const std::string& w, const std::string& variant, const duet
   const std::string what = variant.empty() ? w + " compiled" : w + " compiled (" + variant + ")";
   std::fprintf(
       stderr,
-      "%s: nodes %lld -> %lld, %lld fused kernels (%lld nodes), arena %s of %s "
-      "intermediates, peak %s vs eager %s (%.2fx); %lld epilogues, %lld hoisted nodes, "
+      "%s: nodes %lld -> %lld, %lld fused kernels (%lld nodes), arena %s for %s of "
+      "intermediate values (all op values, fused ones included), peak %s vs eager %s (%.2fx); %lld "
+      "epilogues, %lld hoisted nodes, "
       "%lld parallel plans\n",
       what.c_str(), (long long)s.nodes_before, (long long)s.nodes_after, (long long)s.fused_kernels,
       (long long)s.fused_nodes, human_bytes(double(s.arena_bytes)).c_str(),
@@ -652,8 +653,9 @@ void run_w5(const Config& c, std::vector<Result>& out) {
   print_compiled("W5", "", fwd.stats(), peak_compiled, peak_eager);
 }
 
-// TT: the two-tower training step at batch 16 and 128, eager, compiled, and compiled with
-// parallel branches switched off ("serial"), interleaved.
+// TT: the two-tower training step at batch 16 and 128, eager, compiled (the cost model decides
+// on parallel waves), compiled with parallel branches switched off ("serial"), and compiled with
+// waves forced (DUET_PARALLEL=always: "waves"), interleaved.
 void run_tt(const Config& c, std::vector<Result>& out) {
   for (int64_t batch : {16, 128}) {
     const std::string tag = fmt::format("b{}", batch), w = "TT " + tag;
@@ -663,20 +665,26 @@ void run_tt(const Config& c, std::vector<Result>& out) {
     const HostCopy start = host_copy(t->params);
     auto step = t->compile();
     settle(w, *t, step, start, true);
-    // The compiled mark is taken before the serial build has run: a mark counts everything live.
+    // The compiled mark is taken before the other builds have run: a mark counts everything live.
     const double peak_compiled = peak_bytes([&] { step(t->x, t->y); });
     auto serial = t->compile(duet::CompileOptions{.disable_passes = {"parallel"}});
     settle(w + " serial", *t, serial, start, false);
+    setenv("DUET_PARALLEL", "always", 1);  // read when the plans are built, at the first call
+    auto waves = t->compile();
+    settle(w + " waves", *t, waves, start, false);
+    unsetenv("DUET_PARALLEL");
     const int n = tt_steps(batch);
-    auto tm = time_interleaved({times(n, [&] { t->eager(); }), times(n, [&] { step(t->x, t->y); }),
-                                times(n, [&] { serial(t->x, t->y); })},
-                               c.reps);
+    auto tm = time_interleaved(
+        {times(n, [&] { t->eager(); }), times(n, [&] { step(t->x, t->y); }),
+         times(n, [&] { serial(t->x, t->y); }), times(n, [&] { waves(t->x, t->y); })},
+        c.reps);
     check_traced_once(w.c_str(), step.stats());
     check_traced_once((w + " serial").c_str(), serial.stats());
+    check_traced_once((w + " waves").c_str(), waves.stats());
     auto us = [&](double s) { return s / n * 1e6; };
-    const char* modes[] = {"eager", "compiled", "compiled"};
-    const std::string variants[] = {tag, tag, tag + "_serial"};
-    for (int k = 0; k < 3; ++k) {
+    const char* modes[] = {"eager", "compiled", "compiled", "compiled"};
+    const std::string variants[] = {tag, tag, tag + "_serial", tag + "_waves"};
+    for (int k = 0; k < 4; ++k) {
       Result r = base("TT", modes[k], c, "us_per_step");
       r.variant = variants[k];
       out.push_back(summarize(r, tm[k], us));
@@ -689,6 +697,8 @@ void run_tt(const Config& c, std::vector<Result>& out) {
     }
     compiled_figures("TT", tag, c, step.stats(), out);
     print_compiled(w, "", step.stats(), peak_compiled, peak_eager);
+    std::fprintf(stderr, "%s waves: %lld plans in parallel waves when forced\n", w.c_str(),
+                 (long long)waves.stats().parallel_plans);
   }
 }
 

@@ -47,9 +47,11 @@ struct CompileStats {
   int64_t fused_nodes = 0;    ///< op nodes those groups absorbed
   int64_t epilogues = 0;      ///< fused groups that finish a matmul's output in place
   int64_t arena_bytes = 0;    ///< the planned arena of the most recent plans
-  int64_t intermediate_bytes = 0;  ///< the sum of the sizes of all their intermediate values
-  int64_t hoisted_nodes = 0;       ///< nodes that depend only on parameters, run once per version
-  int64_t parallel_plans = 0;      ///< plans that run independent branches on two threads
+  /// The sum of the sizes of all their intermediate values, as if each had a buffer of its own:
+  /// every op value of the optimized graphs, those a fused kernel keeps in registers included.
+  int64_t intermediate_bytes = 0;
+  int64_t hoisted_nodes = 0;   ///< nodes that depend only on parameters, run once per version
+  int64_t parallel_plans = 0;  ///< plans that run independent branches on two threads
 };
 
 namespace detail {

@@ -245,51 +245,74 @@ void Plan::build() {
   }
   bool parallel = false;
   if (opt_.parallel && omp_get_max_threads() >= 2 && num_waves > 0) {
-    // Estimated nanoseconds of each step on one thread, and whether it splits over two.
-    auto cost = [&](int32_t u, bool* splits) {
-      double ns = 0;
-      int64_t elems = 0;
+    // Estimated nanoseconds of each step on one thread, and how much faster it runs when its
+    // kernels split over two (1: not at all). Measured on the 2-core AVX-512 machines: one core
+    // multiplies at about 200 GFLOP/s from 16 x 256 x 512 up; oneDNN splits a product over two
+    // threads only from about 64 MFLOP, and well (1.85x) only from about 256 MFLOP; an
+    // elementwise kernel splits from 2 * kParallelGrain elements. (TT in bench/ checks it: the
+    // two-tower step against the same step in order and with every wave side by side.)
+    auto cost = [&](int32_t u, double* speedup) {
+      double ns = 0, split_ns = 0;
       for (int32_t v : unit_nodes[u]) {
         const GraphNode& g = g_.nodes[v];
         if (g.meta.device.type != DeviceType::CPU) return -1.0;
         if (op_class(g.op) == OpClass::View) continue;
         const int64_t numel = g.meta.shape.numel();
+        double c = 0;
         if (g.op == OpId::MatMul) {
-          const int64_t k = g_.nodes[g.inputs[0]].meta.shape[-1];
-          ns += 2.0 * numel * k / 40.0;  // about 40 GFLOP/s on one core
-          elems = std::max(elems, numel * k / 8);
+          const Shape& a = g_.nodes[g.inputs[0]].meta.shape;
+          const double flops = 2.0 * numel * (a.size() ? a[a.size() - 1] : 1);
+          c = flops / 150.0 + 300;  // a little under the peak, and the call
+          split_ns += c / (flops >= 256e6 ? 1.85 : flops >= 64e6 ? 1.5 : 1.0);
         } else {
-          ns += 0.5 * numel;
-          elems = std::max(elems, numel);
+          c = 0.1 * numel + 100;
+          split_ns += numel >= 2 * kernels::kParallelGrain ? c / 1.9 : c;
         }
+        ns += c;
       }
-      *splits = elems >= 2 * kernels::kParallelGrain;
+      *speedup = ns > 0 ? ns / split_ns : 1;
       return ns;
     };
-    double serial = 0, waved = 0;
-    std::vector<double> wave_sum(num_waves, 0), wave_max(num_waves, 0);
+    // Per wave: in order, each step split over both threads as it can (wave_serial), or the
+    // steps side by side, one thread each (the longest step, or half the sum, and a fork).
+    std::vector<double> wave_sum(num_waves, 0), wave_max(num_waves, 0), wave_serial(num_waves, 0);
     std::vector<int32_t> wave_count(num_waves, 0);
     bool cpu = true;
     for (int32_t u : order) {
-      bool splits = false;
-      const double c = cost(u, &splits);
+      double speedup = 1;
+      const double c = cost(u, &speedup);
       if (c < 0) cpu = false;
-      serial += splits ? c / 2 : c;
+      wave_serial[wave_of[u]] += c / speedup;
       wave_sum[wave_of[u]] += c;
       wave_max[wave_of[u]] = std::max(wave_max[wave_of[u]], c);
       ++wave_count[wave_of[u]];
     }
     constexpr double kWaveOverheadNs = 1500;  // an OpenMP fork and join of two threads
-    for (int32_t w = 0; w < num_waves; ++w)
-      waved += wave_count[w] > 1 ? std::max(wave_max[w], wave_sum[w] / 2) + kWaveOverheadNs
-                                 : wave_sum[w];
-    // DUET_PARALLEL=always (the tests use it) runs every CPU plan with independent steps in
-    // waves; =auto (default) asks the cost model.
+    // DUET_PARALLEL=always (the tests use it) runs every wave of more than one step side by
+    // side; =auto (default) asks the cost model, wave by wave.
     const char* env = std::getenv("DUET_PARALLEL");
     const bool always = env && std::string(env) == "always";
+    double serial = 0, waved = 0;
+    wave_parallel_.assign(num_waves, false);
+    for (int32_t w = 0; w < num_waves; ++w) {
+      const double side = std::max(wave_max[w], wave_sum[w] / 2) + kWaveOverheadNs;
+      wave_parallel_[w] = wave_count[w] > 1 && (always || side < 0.85 * wave_serial[w]);
+      serial += wave_serial[w];
+      waved += wave_parallel_[w] ? side : wave_serial[w];
+    }
+    // Waves cost memory (no buffer is reused in place: steps of one wave may run together), so
+    // a plan runs in waves only when they save a few percent of its time.
     parallel =
-        cpu && (always ? num_waves < static_cast<int32_t>(order.size()) : waved < 0.85 * serial);
+        cpu &&
+        std::any_of(wave_parallel_.begin(), wave_parallel_.end(), [](bool b) { return b; }) &&
+        (always || waved < 0.97 * serial);
     stats_.parallel = parallel;
+    if (std::getenv("DUET_DEBUG_PLAN"))
+      fmt::print(stderr,
+                 "--- parallel: {} waves, {} side by side; estimated {:.1f} us in order, {:.1f} us "
+                 "in waves\n",
+                 num_waves, std::count(wave_parallel_.begin(), wave_parallel_.end(), true),
+                 serial / 1e3, waved / 1e3);
   }
   if (parallel)
     std::stable_sort(order.begin(), order.end(),
@@ -748,8 +771,8 @@ void Plan::run_waves() {
   for (int32_t w = 0; w < nw; ++w) {
     const int32_t b = wave_begin_[w];
     const int32_t e = w + 1 < nw ? wave_begin_[w + 1] : static_cast<int32_t>(steps_.size());
-    if (e - b == 1) {
-      run_step(steps_[b]);
+    if (!wave_parallel_[step_wave_[b]]) {  // one step, or cheaper in order
+      run_steps_range(steps_.data() + b, steps_.data() + e);
       continue;
     }
     std::exception_ptr error;

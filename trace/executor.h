@@ -99,10 +99,11 @@ class Plan {
   std::vector<Tensor> vals_;
   std::vector<const Tensor*> args_;
   std::vector<Step> steps_;
-  std::vector<Step> hoisted_steps_;
+  std::vector<Step> hoisted_steps_;  ///< run at the first run, and when a storage they read
+                                     ///< changed version
   std::vector<int32_t> step_wave_;   ///< per step: its wave (Note [Parallel waves])
-  std::vector<int32_t> wave_begin_;  ///< parallel plans: the first step of each wave  ///< run when
-                                     ///< a storage they read changed version
+  std::vector<int32_t> wave_begin_;  ///< parallel plans: the first step of each wave
+  std::vector<bool> wave_parallel_;  ///< per wave: its steps run side by side
   std::vector<std::pair<StorageImpl*, uint32_t>> hoist_versions_;
   bool hoisted_ready_ = false;  ///< the hoisted steps ran at least once
   std::vector<std::unique_ptr<FusedStep>> fused_;
