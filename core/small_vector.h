@@ -2,6 +2,8 @@
 // Shapes and strides live here so that tensors of rank <= 6 never allocate for metadata.
 #pragma once
 
+#include <cassert>
+
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -64,8 +66,16 @@ class SmallVec {
   const T* data() const { return heap_ ? heap_ : inline_; }
   int64_t size() const { return size_; }
   bool empty() const { return size_ == 0; }
-  T& operator[](int64_t i) { return data()[i]; }
-  const T& operator[](int64_t i) const { return data()[i]; }
+  // Debug builds (the sanitizer build among them) check the index: an index past the inline
+  // storage's live part reads stale values that no sanitizer sees.
+  T& operator[](int64_t i) {
+    assert(i >= 0 && i < size_);
+    return data()[i];
+  }
+  const T& operator[](int64_t i) const {
+    assert(i >= 0 && i < size_);
+    return data()[i];
+  }
   T* begin() { return data(); }
   T* end() { return data() + size_; }
   const T* begin() const { return data(); }

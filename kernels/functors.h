@@ -109,8 +109,12 @@ struct Log {
 template <class P>
 inline P exact_sqrt(const P& x) {
 #if defined(__AVX512F__)
-  if constexpr (std::is_same_v<P, Eigen::internal::Packet16f>) return _mm512_sqrt_ps(x);
-  if constexpr (std::is_same_v<P, Eigen::internal::Packet8d>) return _mm512_sqrt_pd(x);
+  // (Told apart by scalar type and width: naming Packet16f in a template argument drops its
+  // vector attribute, and GCC warns.)
+  using S = typename Eigen::internal::unpacket_traits<P>::type;
+  constexpr int kWidth = Eigen::internal::unpacket_traits<P>::size;
+  if constexpr (std::is_same_v<S, float> && kWidth == 16) return _mm512_sqrt_ps(x);
+  if constexpr (std::is_same_v<S, double> && kWidth == 8) return _mm512_sqrt_pd(x);
 #endif
   return Eigen::internal::psqrt(x);
 }
