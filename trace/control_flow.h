@@ -1,0 +1,35 @@
+// duet: structured control flow (API.md, "Control flow"): cond, scan and while_loop.
+//
+// Note [Control flow]
+// One entry point per construct serves both faces. Eagerly, cond runs the chosen branch, scan
+// runs its body once per step and stacks the per-step results, and while_loop runs its body
+// while its predicate holds; the ops they run are taped as any other, so gradients need no rule
+// of their own. (Work in progress, issue 7: inside a compiled function they will become graph
+// nodes holding their functions as subgraphs; until then a trace reaching one raises an error.)
+// while_loop is forward only: asking for a gradient through it raises an error that points to
+// scan.
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace duet {
+
+using Fn = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
+
+/// Runs true_fn(operands) when the one-element b8 `pred` holds, else false_fn(operands). The two
+/// branches return tensors of the same shapes and dtypes.
+std::vector<Tensor> cond(const Tensor& pred, Fn true_fn, Fn false_fn, std::vector<Tensor> operands);
+
+/// fn(carry..., x_t...) -> {new_carry..., y_t...}, for t along dim 0 of every xs (all of one
+/// length). Returns {final carry..., ys stacked along a new dim 0...}. The carry keeps its
+/// shapes and dtypes from step to step.
+std::vector<Tensor> scan(Fn fn, std::vector<Tensor> init_carry, std::vector<Tensor> xs);
+
+/// state = init; while cond_fn(state) (one one-element b8 tensor): state = body_fn(state).
+/// Returns the final state. Forward only: a gradient through it is an error (use scan).
+std::vector<Tensor> while_loop(Fn cond_fn, Fn body_fn, std::vector<Tensor> init);
+
+}  // namespace duet
