@@ -51,6 +51,17 @@ struct Node : std::enable_shared_from_this<Node> {
 
 /// The next creation number of a tape node (later nodes run first in backward).
 uint64_t next_sequence();
+/// The OpDef of a tape node that runs a backward_fn instead of a rule (a compiled call, a
+/// while_loop), for the engine's messages: the name, and no rule or kernel.
+inline OpDef opaque_node_def(const char* name) {
+  OpDef d{};
+  d.id = OpId::Copy;
+  d.name = name;
+  d.arity = -1;
+  d.cls = OpClass::Opaque;
+  d.doc = "";
+  return d;
+}
 /// Fills the edge along which an input's gradient flows: to its grad_fn, or to it as a leaf.
 void set_input_edge(InputEdge& e, const Tensor& t);
 

@@ -43,15 +43,7 @@ TensorSig sig_of(const Tensor& t) {
 
 // The tape node's op, for messages ("[backward] ... compiled function ...").
 const OpDef& compiled_def() {
-  static const OpDef def = [] {
-    OpDef d{};
-    d.id = OpId::Copy;
-    d.name = "compiled function";
-    d.arity = -1;
-    d.cls = OpClass::Opaque;
-    d.doc = "";
-    return d;
-  }();
+  static const OpDef def = opaque_node_def("compiled function");
   return def;
 }
 

@@ -53,15 +53,7 @@ void no_trace(const char* op) {
 }
 
 const OpDef& while_loop_def() {
-  static const OpDef def = [] {
-    OpDef d{};
-    d.id = OpId::Copy;
-    d.name = "while_loop";
-    d.arity = -1;
-    d.cls = OpClass::Opaque;
-    d.doc = "";
-    return d;
-  }();
+  static const OpDef def = detail::opaque_node_def("while_loop");
   return def;
 }
 
