@@ -97,6 +97,7 @@ Plan::Plan(Graph graph, PlanOptions options) : g_(std::move(graph)), opt_(option
 Plan::~Plan() = default;
 
 void Plan::build() {
+  const bool debug = std::getenv("DUET_DEBUG_PLAN") != nullptr;  // print what is decided
   const int32_t n = static_cast<int32_t>(g_.nodes.size());
   vals_.assign(n, Tensor());
   slot_value_.assign(g_.num_runtime_inputs, -1);
@@ -307,7 +308,7 @@ void Plan::build() {
         std::any_of(wave_parallel_.begin(), wave_parallel_.end(), [](bool b) { return b; }) &&
         (always || waved < 0.97 * serial);
     stats_.parallel = parallel;
-    if (std::getenv("DUET_DEBUG_PLAN"))
+    if (debug)
       fmt::print(stderr,
                  "--- parallel: {} waves, {} side by side; estimated {:.1f} us in order, {:.1f} us "
                  "in waves\n",
@@ -504,7 +505,7 @@ void Plan::build() {
     }
     stats_.arena_bytes = memory_.arena_bytes;
     stats_.buffer_bytes = memory_.arena_bytes;
-    if (std::getenv("DUET_DEBUG_PLAN")) {
+    if (debug) {
       fmt::print(stderr, "--- buffers of {} (arena {} bytes)\n", g_.label, memory_.arena_bytes);
       for (int32_t i = 0; i < n; ++i)
         if (request_of[i] >= 0) {
@@ -625,8 +626,7 @@ void Plan::build() {
     for (size_t i = 0; i < steps_.size(); ++i)
       if (i == 0 || step_wave_[i] != step_wave_[i - 1])
         wave_begin_.push_back(static_cast<int32_t>(i));
-  if (std::getenv("DUET_DEBUG_PLAN"))
-    fmt::print(stderr, "{}\n--- schedule\n{}\n", g_.str(), schedule_str());
+  if (debug) fmt::print(stderr, "{}\n--- schedule\n{}\n", g_.str(), schedule_str());
 }
 
 std::string Plan::check_memory() const {
