@@ -47,6 +47,9 @@ struct Node : std::enable_shared_from_this<Node> {
   /// instead of def->grad. Arguments: the output's gradient, needs[i] per input, and the
   /// input gradients to fill. Freed with the saved tensors.
   std::function<void(const Tensor& grad, const bool* needs, Tensor* grad_in)> backward_fn;
+  /// The backward_fn is written in duet ops and may run with create_graph (control flow); a
+  /// compiled call's backward is a plan, which is not.
+  bool backward_fn_differentiable = false;
 };
 
 /// The next creation number of a tape node (later nodes run first in backward).

@@ -4,8 +4,13 @@
 // One entry point per construct serves both faces. Eagerly, cond runs the chosen branch, scan
 // runs its body once per step and stacks the per-step results, and while_loop runs its body
 // while its predicate holds; the ops they run are taped as any other, so gradients need no rule
-// of their own. (Work in progress, issue 7: inside a compiled function they will become graph
-// nodes holding their functions as subgraphs; until then a trace reaching one raises an error.)
+// of their own.
+// Traced (inside compile or a Program), each function is traced once into a subgraph (Note
+// [Sub-traces] in trace/tracer.h) and the construct becomes one Control node (Note [Control
+// flow nodes] in trace/graph.h): both branches of a cond, one step of a scan. Its gradient rule
+// is written in these same constructs, so a traced backward is again a graph: the gradient of a
+// cond is a cond of the branches' vector-Jacobian products, and the gradient of a scan is a
+// reverse scan of its body's, reading the carries that the forward scan stacks for it.
 // while_loop is forward only: asking for a gradient through it raises an error that points to
 // scan.
 #pragma once
@@ -31,5 +36,16 @@ std::vector<Tensor> scan(Fn fn, std::vector<Tensor> init_carry, std::vector<Tens
 /// state = init; while cond_fn(state) (one one-element b8 tensor): state = body_fn(state).
 /// Returns the final state. Forward only: a gradient through it is an error (use scan).
 std::vector<Tensor> while_loop(Fn cond_fn, Fn body_fn, std::vector<Tensor> init);
+
+class Graph;
+namespace detail {
+/// scan, with the steps run from the last index of xs to the first when `reverse` (the ys are
+/// still stacked by index): the backward of a scan.
+std::vector<Tensor> scan_impl(const Fn& fn, std::vector<Tensor> init_carry, std::vector<Tensor> xs,
+                              bool reverse);
+/// Runs a graph's nodes as op calls on `inputs` (by runtime slot): eagerly, taped, or into
+/// the current trace. Gradient rules of constructs replay their subgraphs with it.
+std::vector<Tensor> call_graph(const Graph& g, const std::vector<Tensor>& inputs);
+}  // namespace detail
 
 }  // namespace duet
