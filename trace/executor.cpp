@@ -486,8 +486,10 @@ void Plan::build() {
       for (int32_t v : unit_nodes[u]) hoisted[v] = true;
       stats_.hoisted_nodes += static_cast<int64_t>(unit_nodes[u].size());
     }
+    // Every hoisted step, a view copied because no strides express it included, re-runs when
+    // a storage it reads changes version.
     for (int32_t i = 0; i < n; ++i)
-      if (hoisted[i])
+      if (is_step_node(g_.nodes[i]) && hoisted_unit[unit_of(i)])
         for (int32_t in : g_.nodes[i].inputs)
           if (const StorageImpl* st = storage_of_root(in)) {
             auto* sp = const_cast<StorageImpl*>(st);
