@@ -10,5 +10,6 @@
 #include "cuda/cuda.h"
 #include "eager/autograd.h"
 #include "trace/compile.h"
+#include "trace/control_flow.h"
 #include "trace/graph.h"
 #include "trace/program.h"

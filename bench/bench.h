@@ -152,6 +152,9 @@ void run_w6(const Config&, std::vector<Result>&);
 /// TT (not a BENCH.md workload): two MLP towers on one input, joined, a head and a training
 /// step, at batch 16 and 128, compiled with and without parallel branches.
 void run_tt(const Config&, std::vector<Result>&);
+/// RN (not a BENCH.md workload): an Elman RNN gradient step over duet::scan at lengths 8 and
+/// 64, eager and compiled, and the traces the compiled step takes over lengths 1..64 (rnn.cpp).
+void run_rn(const Config&, std::vector<Result>&);
 /// CT (not a BENCH.md workload): compile time (trace, passes, plan) of elementwise chains of
 /// 1,000 to 10,000 ops and of the W4 training step.
 void run_ct(const Config&, std::vector<Result>&);

@@ -16,7 +16,7 @@ namespace {
 
 void usage() {
   std::fprintf(stderr,
-               "usage: duet_bench [--only W1,...,W6,C1,CT,TT] [--threads N] "
+               "usage: duet_bench [--only W1,...,W6,C1,CT,TT,RN] [--threads N] "
                "[--device cpu|cuda|all] [--reps N] [--json] [--ablate]\n");
 }
 
@@ -104,6 +104,7 @@ int main(int argc, char** argv) {
     if (only.count("C1")) bench::run_c1(cfg, rs);
     if (only.count("CT")) bench::run_ct(cfg, rs);
     if (only.count("TT")) bench::run_tt(cfg, rs);
+    if (only.count("RN")) bench::run_rn(cfg, rs);
   }
   rs.push_back(bench::single({"all", "process", "cpu", "peak_rss_bytes", "", cfg.threads},
                              bench::peak_rss_bytes()));

@@ -197,7 +197,7 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& r
     }
     std::vector<Tensor> gi(k);
     if (any_needed && n->backward_fn) {
-      DUET_CHECK(!create_graph,
+      DUET_CHECK(!create_graph || n->backward_fn_differentiable,
                  "[backward] {} has a compiled backward, which is not itself differentiable: "
                  "create_graph (double backward) needs the function run eagerly",
                  n->def->name);

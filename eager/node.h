@@ -47,10 +47,24 @@ struct Node : std::enable_shared_from_this<Node> {
   /// instead of def->grad. Arguments: the output's gradient, needs[i] per input, and the
   /// input gradients to fill. Freed with the saved tensors.
   std::function<void(const Tensor& grad, const bool* needs, Tensor* grad_in)> backward_fn;
+  /// The backward_fn is written in duet ops and may run with create_graph (control flow); a
+  /// compiled call's backward is a plan, which is not.
+  bool backward_fn_differentiable = false;
 };
 
 /// The next creation number of a tape node (later nodes run first in backward).
 uint64_t next_sequence();
+/// The OpDef of a tape node that runs a backward_fn instead of a rule (a compiled call, a
+/// while_loop), for the engine's messages: the name, and no rule or kernel.
+inline OpDef opaque_node_def(const char* name) {
+  OpDef d{};
+  d.id = OpId::Copy;
+  d.name = name;
+  d.arity = -1;
+  d.cls = OpClass::Opaque;
+  d.doc = "";
+  return d;
+}
 /// Fills the edge along which an input's gradient flows: to its grad_fn, or to it as a leaf.
 void set_input_edge(InputEdge& e, const Tensor& t);
 

@@ -20,8 +20,6 @@ const char* op_text(Op op) {
   return names[int(op)];
 }
 
-namespace {
-
 // How often the generator tries each op (relative).
 double op_weight(Op op) {
   switch (op) {
@@ -75,11 +73,18 @@ double op_weight(Op op) {
     case Op::AvgPool:
       return 1.5;  // only rank 4 operands: most tries do not apply
     case Op::UpdateBuffer:
-      return 8;  // only programs with a buffer, once
+      return 8;     // only programs with a buffer, once
+    case Op::Cond:  // control flow: planned per program (Generator::make_steps), never drawn
+    case Op::Scan:
+    case Op::While:
+    case Op::Take:
+      return 0;
     default:
       return 1;
   }
 }
+
+namespace {
 
 std::string meta_text(const Tensor& t) {
   std::string s = fmt::format("{} {}", dtype_name(t.dtype()), t.sizes());
@@ -96,9 +101,78 @@ std::string ints_text(const std::vector<int64_t>& v) {
 
 }  // namespace
 
-std::string step_text(const Step& st, size_t value) {
+namespace {
+
+std::string values_text(const std::vector<int>& vs, size_t from, size_t to, const char* sigil) {
+  std::string s;
+  for (size_t i = from; i < to && i < vs.size(); ++i)
+    s += fmt::format("{}{}{}", i > from ? ", " : "", sigil, vs[i]);
+  return s;
+}
+
+// A function of a control-flow step: its steps, then what it returns, one per line (each line
+// starts with a newline and the indentation under the step's own line).
+std::string function_text(const std::vector<Step>& steps, size_t first, const std::string& ret) {
+  std::string s;
+  for (size_t k = 0; k < steps.size(); ++k) s += "\n        " + step_text(steps[k], first + k, "$");
+  return s + "\n        return " + ret;
+}
+
+// The listing of Cond, Scan, While and Take steps (see random_program.h).
+std::string control_text(const Step& st, size_t value) {
   std::string s = fmt::format("%{} = {}(", value, op_text(st.op));
-  for (size_t i = 0; i < st.args.size(); ++i) s += fmt::format("{}%{}", i ? ", " : "", st.args[i]);
+  const auto& a = st.args;
+  switch (st.op) {
+    case Op::Cond: {
+      const size_t nop = size_t(st.ints[0]), n_in = a.size() - 1;
+      s += fmt::format("%{}; operands {}", a[0], values_text(a, 1, 1 + nop, "%"));
+      if (n_in > nop) s += "; free " + values_text(a, 1 + nop, a.size(), "%");
+      s += ")  -> " + st.result + "\n      true branch (";
+      for (size_t i = 0; i < n_in; ++i) s += fmt::format("{}${} = %{}", i ? ", " : "", i, a[1 + i]);
+      s += "):" + function_text(st.body, n_in, values_text(st.outs, 0, st.outs.size(), "$"));
+      s += "\n      false branch:" +
+           function_text(st.body2, n_in, values_text(st.outs2, 0, st.outs2.size(), "$"));
+      return s;
+    }
+    case Op::Scan: {
+      const size_t nc = size_t(st.ints[0]), nx = size_t(st.ints[1]);
+      const std::string len = st.ints[2] < 0 ? "" : fmt::format("[:{}]", st.ints[2]);
+      s += "carry " + values_text(a, 0, nc, "%") + "; xs";
+      for (size_t i = nc; i < nc + nx; ++i)
+        s += fmt::format("{} %{}{}", i > nc ? "," : "", a[i], len);
+      if (a.size() > nc + nx) s += "; free " + values_text(a, nc + nx, a.size(), "%");
+      s += ")  -> " + st.result + "\n      body (";
+      for (size_t i = 0; i < a.size(); ++i)
+        s += fmt::format("{}${} = {}%{}{}", i ? ", " : "", i, i < nc ? "carry " : "", a[i],
+                         i >= nc && i < nc + nx ? "[t]" : "");
+      std::vector<int> ys(st.outs.begin() + std::ptrdiff_t(nc), st.outs.end());
+      std::string ret = "carry " + values_text(st.outs, 0, nc, "$");
+      if (!ys.empty()) ret += "; ys " + values_text(ys, 0, ys.size(), "$");
+      return s + "):" + function_text(st.body, a.size(), ret);
+    }
+    case Op::While: {
+      const std::string k = st.mode & 1 ? fmt::format("%{}", a[1]) : std::to_string(st.ints[0]);
+      const std::string c = st.mode & 2 ? fmt::format("%{}", a.back()) : fmt::format("{}", st.s2);
+      s += fmt::format("%{}; k {}{})  -> {}", a[0], k, st.mode & 2 ? "; free " + c : "", st.result);
+      return s +
+             fmt::format(
+                 "\n      {{i, v}} = {{0, %{}}}; while i < {}: {{i, v}} = {{i + 1, v * {} + {}}}; "
+                 "results detached",
+                 a[0], k, st.s, c);
+    }
+    default:  // Take
+      return s + fmt::format("%{}) result {}  -> {}", a[0], st.mode, st.result);
+  }
+}
+
+}  // namespace
+
+std::string step_text(const Step& st, size_t value, const char* sigil) {
+  if (st.op == Op::Cond || st.op == Op::Scan || st.op == Op::While || st.op == Op::Take)
+    return control_text(st, value);
+  std::string s = fmt::format("{}{} = {}(", sigil, value, op_text(st.op));
+  for (size_t i = 0; i < st.args.size(); ++i)
+    s += fmt::format("{}{}{}", i ? ", " : "", sigil, st.args[i]);
   s += ")";
   if (!st.ints.empty()) s += " ints=" + ints_text(st.ints);
   if (!st.index.empty()) s += " index=" + ints_text(st.index) + " of " + ints_text(st.ishape);
@@ -298,9 +372,33 @@ Dims dims_of(const std::vector<int64_t>& v) { return Dims(v); }
 
 }  // namespace
 
+namespace {
+
+// A function of a control-flow step (a branch, a body) as the construct calls it: its steps run
+// on its arguments and then the free values, which it reads from the enclosing program (the
+// tracer lifts them).
+Fn function_of(const std::vector<Step>* steps, const std::vector<int>* outs,
+               std::vector<Tensor> free) {
+  return [steps, outs, free = std::move(free)](const std::vector<Tensor>& args) {
+    std::vector<Tensor> v = args;
+    v.insert(v.end(), free.begin(), free.end());
+    for (const Step& st : *steps) v.push_back(apply_step(st, v));
+    std::vector<Tensor> r;
+    for (int o : *outs) r.push_back(v[size_t(o)]);
+    return r;
+  };
+}
+
+}  // namespace
+
 /// Runs one step on the values computed so far.
-Tensor apply_step(const Step& st, const std::vector<Tensor>& v) {
+Tensor apply_step(const Step& st, const std::vector<Tensor>& v, Tuples* more) {
   auto arg = [&](size_t i) -> const Tensor& { return v[size_t(st.args[i])]; };
+  auto results = [&](std::vector<Tensor> r) {  // a control-flow step's: the first is its value
+    Tensor first = r[0];
+    if (more) (*more)[v.size()] = std::move(r);
+    return first;
+  };
   switch (st.op) {
     case Op::Neg:
       if (st.mode == 2) return -arg(0);
@@ -503,6 +601,52 @@ Tensor apply_step(const Step& st, const std::vector<Tensor>& v) {
       b.add_(st.mode == 1 ? mean(y) * (1 - st.s2) : y);
       return b;
     }
+    case Op::Cond: {
+      // args: the predicate, ints[0] operands, then the free values the branches read.
+      const size_t nop = size_t(st.ints[0]);
+      std::vector<Tensor> ops, free;
+      for (size_t i = 1; i < st.args.size(); ++i) (i <= nop ? ops : free).push_back(arg(i));
+      return results(cond(arg(0), function_of(&st.body, &st.outs, free),
+                          function_of(&st.body2, &st.outs2, free), ops));
+    }
+    case Op::Scan: {
+      // args: ints[0] carries, ints[1] xs (the first ints[2] of dim 0 when ints[2] >= 0), free.
+      const size_t nc = size_t(st.ints[0]), nx = size_t(st.ints[1]);
+      const int64_t len = st.ints[2];
+      std::vector<Tensor> carry, xs, free;
+      for (size_t i = 0; i < st.args.size(); ++i) {
+        if (i < nc)
+          carry.push_back(arg(i));
+        else if (i < nc + nx)
+          xs.push_back(len < 0 ? arg(i) : slice(arg(i), 0, 0, len));
+        else
+          free.push_back(arg(i));
+      }
+      return results(scan(function_of(&st.body, &st.outs, free), carry, xs));
+    }
+    case Op::While: {
+      // {i, v} = {0, args[0]}; while i < k: {i + 1, v * s + c}, k args[1] (mode 1) or ints[0],
+      // c the last arg (mode 2) or s2. Forward only: the results are detached.
+      const Tensor k = st.mode & 1 ? arg(1) : Tensor();
+      const Tensor c = st.mode & 2 ? arg(st.args.size() - 1) : Tensor();
+      const int64_t kn = st.ints.empty() ? 0 : st.ints[0];
+      const double s = st.s, s2 = st.s2;
+      Fn below = [k, kn](const std::vector<Tensor>& x) {
+        return std::vector<Tensor>{k.defined() ? lt(x[0], k) : lt(x[0], Scalar(kn))};
+      };
+      Fn body = [c, s, s2](const std::vector<Tensor>& x) {
+        return std::vector<Tensor>{x[0] + 1, c.defined() ? x[1] * s + c : x[1] * s + s2};
+      };
+      std::vector<Tensor> r =
+          while_loop(below, body, {zeros(Shape{}, Options().dtype(DType::i64)), arg(0)});
+      return results({r[1].detach(), r[0].detach()});
+    }
+    case Op::Take:
+      if (!more || !more->count(size_t(st.args[0]))) {
+        FAIL("Take of a value that is not a control-flow step's");
+        return {};
+      }
+      return more->at(size_t(st.args[0]))[size_t(st.mode)];
     case Op::Count:
       break;
   }
@@ -510,13 +654,49 @@ Tensor apply_step(const Step& st, const std::vector<Tensor>& v) {
   return {};
 }
 
-/// The program as a function of its inputs: what runs eagerly and what compile() traces.
-std::vector<Tensor> run_program(const Program& p, const std::vector<Tensor>& inputs) {
+std::vector<Tensor> run_values(const Program& p, const std::vector<Tensor>& inputs) {
   std::vector<Tensor> v = inputs;
   v.reserve(inputs.size() + p.steps.size());
-  for (const Step& st : p.steps) v.push_back(apply_step(st, v));
+  Tuples more;
+  for (const Step& st : p.steps) v.push_back(apply_step(st, v, &more));
+  return v;
+}
+
+/// The program as a function of its inputs: what runs eagerly and what compile() traces.
+std::vector<Tensor> run_program(const Program& p, const std::vector<Tensor>& inputs) {
+  const std::vector<Tensor> v = run_values(p, inputs);
   std::vector<Tensor> out;
   for (int o : p.outputs) out.push_back(v[size_t(o)]);
+  return out;
+}
+
+namespace {
+bool comparison(Op op) {
+  return op == Op::Lt || op == Op::Le || op == Op::Gt || op == Op::Ge || op == Op::Eq ||
+         op == Op::Ne;
+}
+}  // namespace
+
+std::vector<int> branches_taken(const Program& p, const Values& vals) {
+  std::vector<int> out;
+  if (std::none_of(p.steps.begin(), p.steps.end(), [](const Step& s) { return s.op == Op::Cond; }))
+    return out;
+  NoGradGuard ng;
+  manual_seed(kRandSeed);
+  const std::vector<Tensor> v = run_values(p, build_inputs(p, vals, false));
+  const size_t n = p.inputs.size();
+  for (const Step& st : p.steps) {
+    if (st.op != Op::Cond) continue;
+    const size_t pv = size_t(st.args[0]);
+    int taken = v[pv].item<bool>() ? 1 : 0;
+    // The predicate compares a value with a number (as the generator makes it): how close?
+    if (pv >= n && comparison(p.steps[pv - n].op) && p.steps[pv - n].mode != 0) {
+      const Step& ps = p.steps[pv - n];
+      const double x = values(v[size_t(ps.args[0])])[0];
+      if (!(std::fabs(x - ps.s) > 1e-3 * std::max(1.0, std::fabs(x)))) taken = -1;
+    }
+    out.push_back(taken);
+  }
   return out;
 }
 
@@ -1247,6 +1427,10 @@ bool Generator::propose(Op op, Step& st) {
       st.args = {a};
       return true;
     }
+    case Op::Cond:  // control flow: add_cond, add_scan and add_while build these
+    case Op::Scan:
+    case Op::While:
+    case Op::Take:
     case Op::Count:
       break;
   }
@@ -1279,7 +1463,7 @@ double max_abs(const Tensor& t) {
 int Generator::commit(Step st, std::string& err) {
   Tensor out;
   try {
-    out = apply_step(st, pool_);
+    out = apply_step(st, pool_, &tuples_);
   } catch (const std::exception& e) {
     err = fmt::format("generation: step {} threw: {}", step_text(st, pool_.size()), e.what());
     return -2;
@@ -1290,6 +1474,11 @@ int Generator::commit(Step st, std::string& err) {
   if (p_.mix == Mix::Fusion && (e = error_estimate(st, out)) < 0) return -1;
   if (p_.mix == Mix::Fusion) err_.push_back(e);
   st.result = meta_text(out);
+  if (st.op == Op::Cond || st.op == Op::Scan || st.op == Op::While) {
+    st.result.clear();
+    for (const Tensor& t : tuples_.at(pool_.size()))
+      st.result += (st.result.empty() ? "" : ", ") + meta_text(t);
+  }
   if (st.op == Op::UpdateBuffer) updated_[size_t(st.args[0])] = true;
   p_.steps.push_back(st);
   pool_.push_back(out);
@@ -1318,7 +1507,33 @@ std::string Generator::make_steps(int n) {
   for (int i = 0; i < int(Op::Count); ++i) cum.push_back(total += op_weight(Op(i)));
   NoGradGuard ng;
   manual_seed(kRandSeed);
-  for (int tries = 0; int(p_.steps.size()) < n && tries < 4000; ++tries) {
+  // Control flow in a quarter of the programs: one or two steps, each of a kind (0 cond, 1 scan,
+  // 2 while_loop) and at a step count drawn from side_, so that the other programs are the ones
+  // this generator made before it knew control flow.
+  std::vector<std::pair<int, int>> plan;
+  if (side_.uniform(0, 1) < 0.25) {
+    for (int k = 0, count = side_.uniform(0, 1) < 0.25 ? 2 : 1; k < count; ++k) {
+      const double r = side_.uniform(0, 1);
+      const int kind = r < 0.45 ? 0 : r < 0.87 ? 1 : 2;
+      plan.emplace_back(int(side_.next() % uint64_t(std::max(1, n - 1))) + 1, kind);
+    }
+    std::sort(plan.begin(), plan.end());
+  }
+  size_t next = 0;
+  for (int tries = 0, failed = 0; (int(p_.steps.size()) < n || next < plan.size()) && tries < 4000;
+       ++tries) {
+    if (next < plan.size() && int(p_.steps.size()) >= plan[next].first) {
+      std::string err;
+      const int kind = plan[next].second;
+      const bool ok = kind == 0 ? add_cond(err) : kind == 1 ? add_scan(err) : add_while(err);
+      if (!err.empty()) return err;
+      if (ok || ++failed >= 8) {
+        ++next;
+        failed = 0;
+      }
+      continue;
+    }
+    if (int(p_.steps.size()) >= n) break;
     const double r = urand(0, total);
     const Op op = Op(std::upper_bound(cum.begin(), cum.end(), r) - cum.begin());
     Step st;
@@ -1337,6 +1552,16 @@ void Generator::choose_outputs() {
   for (int k = 0; k < extra && last > first; ++k) p_.outputs.push_back(int(irand(first, last - 1)));
   if (chance(0.08)) p_.outputs.push_back(p_.outputs[0]);             // the same tensor twice
   if (chance(0.05)) p_.outputs.push_back(int(irand(0, first - 1)));  // an input itself
+  if (control_.empty()) return;
+  // A control-flow step that no output reads (through any of its results: a Take reads the
+  // step) would be checked by nothing.
+  std::vector<bool> read(pool_.size(), false);
+  for (int o : p_.outputs) read[size_t(o)] = true;
+  for (size_t k = p_.steps.size(); k-- > 0;)
+    if (read[size_t(first) + k])
+      for (int a : p_.steps[k].args) read[size_t(a)] = true;
+  for (int c : control_)
+    if (!read[size_t(c)]) p_.outputs.push_back(c);
 }
 
 }  // namespace duet::test

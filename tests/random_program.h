@@ -17,6 +17,28 @@
 // brings it back, so that long chains stay in the range where float32 tolerances mean
 // something.
 //
+// In a quarter of the mixed programs (a draw of its own, so that the others stay as they were),
+// one or two steps are structured control flow (trace/control_flow.h), whose functions are short
+// random programs of their own (1-4 steps of elementwise math, matmul, reductions, comparisons and
+// where, over their inputs and, read directly, a value of the pool: a free value the tracer
+// lifts), listed indented under the step:
+// - Cond: a data-dependent predicate (a one-element value compared with a threshold, the steps
+//   before it ordinary steps of the program) picks one of two branches over 1-3 operands, which
+//   return 1-2 floating values of the same shapes and dtypes (the false branch's made to fit).
+//   The threshold lies between the predicate's values on several draws of the inputs, so that
+//   inputs taking either branch are common, and test_compile_random draws its second sample to
+//   take the other branch (branches_taken).
+// - Scan: a body over 1-2 carries and x_t (of 1-2 xs scanned along dim 0, mostly 2-6 steps,
+//   sometimes 0 or 1); each new carry is tanh of a value of the body fitted to the carry, plus
+//   x_t fitted to it when that value does not read x_t, plus carry * s (always bounded, however
+//   many steps run), and 0-2 per-step results are stacked.
+// - While: a counter-bounded loop, {i, v} -> {i + 1, v * s + c} while i < k, with k a number or
+//   a count computed from an input; forward only, so its results are detached.
+// A control-flow step's first result is its value; Take steps name the others. The faces differ
+// on requires_grad (eagerly a branch's result requires grad when it reads a value that does;
+// compiled, every floating result of a construct does when any of its inputs does), so when an
+// input of a construct requires grad, its results are values that read one that does.
+//
 // A generator in the fusion mix (Mix::Fusion) builds programs that stress elementwise fusion and
 // the memory planner instead: 20-60 steps, mostly elementwise unary and binary ops, comparisons,
 // where and casts, over one iteration shape (odd sizes from 1 to over 65,536 elements, so that
@@ -30,6 +52,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -54,7 +77,8 @@ namespace duet::test {
   X(AddInplace) X(SubInplace) X(MulInplace) X(DivInplace) X(CopyInplace)                           \
   X(LayerNorm) X(MseLoss) X(CrossEntropy) X(BceLogits) X(Embedding)                                \
   X(MaxPool) X(AvgPool) X(Unfold) X(Conv2d)                                                        \
-  X(Source) X(RandnLike) X(Dropout) X(UpdateBuffer)
+  X(Source) X(RandnLike) X(Dropout) X(UpdateBuffer)                                              \
+  X(Cond) X(Scan) X(While) X(Take)
 // clang-format on
 
 enum class Op : uint8_t {
@@ -78,6 +102,11 @@ struct Step {
   bool int_scalar = false;      ///< s is passed as an integer Scalar
   int mode = 0;                 ///< op-specific variant (scalar side, keepdim, dtype, ...)
   std::string result;           ///< the result's metadata at generation, for the listing
+  /// Control flow (Cond, Scan): the steps of its functions (a cond's true branch, then its false
+  /// one; a scan's body), over values numbered from the function's own: its arguments, then the
+  /// free values among `args`, then one per step; and the values each returns.
+  std::vector<Step> body, body2;
+  std::vector<int> outs, outs2;
 };
 
 struct InputSpec {
@@ -107,27 +136,41 @@ struct Program {
   Domain domain;
 };
 
-/// One line of a listing: the step, its result numbered `value`.
-std::string step_text(const Step& st, size_t value);
+/// One line of a listing: the step, its result numbered `value` (values are named by `sigil`
+/// and a number: % in the program, $ in a function of a control-flow step). A control-flow step
+/// adds its functions' steps, indented, on further lines.
+std::string step_text(const Step& st, size_t value, const char* sigil = "%");
 /// The listing of a program: its inputs, one line per step, its outputs.
 std::string program_text(const Program& p);
+
+/// Input values as stored (before expansion), one vector per input.
+using Values = std::vector<std::vector<double>>;
 
 /// Whether t's dtype is floating.
 bool floating(const Tensor& t);
 
-/// Runs one step on the values computed so far.
-Tensor apply_step(const Step& st, const std::vector<Tensor>& v);
+/// The results of control-flow steps after their first (which is the step's value), by value
+/// index: Take steps read them.
+using Tuples = std::map<size_t, std::vector<Tensor>>;
+
+/// Runs one step on the values computed so far (its result is value v.size()); control-flow
+/// steps put all their results in `more`, which Take steps read.
+Tensor apply_step(const Step& st, const std::vector<Tensor>& v, Tuples* more = nullptr);
+/// Every value of the program (inputs, then one per step).
+std::vector<Tensor> run_values(const Program& p, const std::vector<Tensor>& inputs);
 /// The program as a function of its inputs: what runs eagerly and what compile() traces.
 std::vector<Tensor> run_program(const Program& p, const std::vector<Tensor>& inputs);
+
+/// Per Cond step of p, run eagerly on the inputs `vals`: 1 when it takes the true branch, 0 the
+/// false one, -1 when its predicate's value lies so close to the threshold (1e-3 relative) that
+/// eager and compiled rounding might choose differently. Empty for programs without Cond.
+std::vector<int> branches_taken(const Program& p, const Values& vals);
 
 // ---- the generator ----
 
 /// An independent generator for (seed, stream). Rng(s) and Rng(s + 1) walk one sequence a step
 /// apart (splitmix64 adds a constant per draw), so seeds are hashed first.
 Rng rng_for(uint64_t seed, uint64_t stream);
-
-/// Input values as stored (before expansion), one vector per input.
-using Values = std::vector<std::vector<double>>;
 
 /// Fresh input tensors holding the values in the program's layouts (or, with `contiguous`, the
 /// arguments contiguous and not expanded); floats require grad when asked.
@@ -149,7 +192,7 @@ bool can_broadcast(const Shape& a, const Shape& b);
 class Generator {
  public:
   Generator(Program& p, uint64_t seed, Mix mix = Mix::Mixed)
-      : p_(p), rng_(rng_for(seed, mix == Mix::Fusion ? 2 : 0)) {
+      : p_(p), rng_(rng_for(seed, mix == Mix::Fusion ? 2 : 0)), side_(rng_for(seed, 3)) {
     p_.mix = mix;
   }
 
@@ -166,6 +209,8 @@ class Generator {
   const Values& first_values() const { return first_; }
   /// Appends steps until the program has `n` (or gives up on finding more).
   std::string make_steps(int n);
+  /// Picks the outputs: the last value and a few others, and each control-flow step that no
+  /// output reads.
   void choose_outputs();
   /// How many steps make_steps should aim at: 5-30, or 20-60 in the fusion mix (20-30 for its
   /// largest shapes).
@@ -203,6 +248,40 @@ class Generator {
   /// -2 when it threw (the message in err).
   int commit(Step st, std::string& err);
 
+  // Control flow (see the top): each appends its steps and returns whether it did (err: a
+  // step threw).
+  /// A function of a control-flow step being built: the generator's pool and steps while it is
+  /// swapped in (swap_function), so that propose and commit build it.
+  struct Function {
+    std::vector<Tensor> vals;  ///< its arguments, free values, then one per step
+    std::vector<Step> steps;
+    std::vector<bool> blocked;
+    Tuples tuples;
+    std::vector<bool> grad;  ///< per value: requires grad in a run with gradients (grad_flags)
+  };
+  /// Swaps f's values and steps with the pool and the program's (twice: back again).
+  void swap_function(Function& f);
+  /// A function over `args` (its values at generation) and the free values `free` (pool
+  /// indices), whose grad flags are `grad`: 1-4 random steps. False when none could be made.
+  bool make_function(Function& f, const std::vector<Tensor>& args, const std::vector<int>& free,
+                     const std::vector<bool>& grad, std::string& err);
+  /// Appends steps that turn value u into one of shape s and dtype d (expand, reshape, or a
+  /// mean added to a value of that shape; a cast): the result's index, -1 when rejected.
+  int fit(int u, const Shape& s, DType d, std::string& err);
+  /// Per value of the program so far, whether it requires grad in the harness's run with
+  /// gradients (that run, on the first sample; `vals` gets its values). Empty if it threw.
+  std::vector<bool> grad_flags(std::vector<Tensor>* vals = nullptr);
+  /// A threshold for a predicate on a value that is x on the first sample and `others` on other
+  /// draws: between two of them (near their median), away from both.
+  double threshold(const std::vector<double>& others, double x);
+  /// Up to `count` distinct floating pool values of at most max_numel elements (as pick picks).
+  std::vector<int> pick_floats(int count, int64_t max_numel);
+  bool add_cond(std::string& err);
+  bool add_scan(std::string& err);
+  bool add_while(std::string& err);
+  /// Commits the Take steps of results 1.. of the control-flow step at value c.
+  void take_results(int c, size_t count, std::string& err);
+
   // The fusion mix.
   void make_fusion_inputs();
   std::string make_fusion_steps(int n);
@@ -231,10 +310,16 @@ class Generator {
   int64_t max_numel_ = 0;    ///< the largest value a step may make
   Program& p_;
   Rng rng_;
+  Rng side_;                  ///< control flow: its plan, and the draws for thresholds
+  Tuples tuples_;             ///< results of control-flow steps in the pool (Tuples)
+  std::vector<int> control_;  ///< the values of control-flow steps
   Values first_;
   std::vector<Tensor> pool_;
   std::vector<bool> blocked_;  ///< per pool value: not to be read (a buffer not yet updated)
   std::vector<bool> updated_ = std::vector<bool>(64, false);  ///< per input: buffer updated
 };
+
+/// How often the generator tries each op (relative; random_program.cpp).
+double op_weight(Op op);
 
 }  // namespace duet::test

@@ -7,13 +7,13 @@
 // gradients (duet::grad through the compiled outputs, which runs the compiled backward; per
 // output and of all outputs together) are compared, and the number of traces is checked (no
 // retrace for new values; one for each new signature). Tolerances: f32 rtol 1.3e-5 and atol
-// 1.5e-5, f64 1e-7 (f32's in fusion-mix programs that compute in both, see mixes_precision),
-// integers and bools exactly; atol scales with the tensor's largest magnitude (compare_tensors
-// and compare_grads say why), and in the fusion mix, for the gradients of broadcast operands,
-// with the square root of how many terms each of their elements sums (gradient_widening). On a
-// mismatch the seed, the program (one line per step, with the inputs) and the differences are
-// printed, and the program runs again with every optimization pass disabled, and with each alone,
-// to say whether a pass is involved, and which.
+// 1.5e-5, f64 1e-7 (f32's in programs of the fusion mix or with control flow that compute in
+// both, see mixes_precision), integers and bools exactly; atol scales with the tensor's largest
+// magnitude (compare_tensors and compare_grads say why), and in the fusion mix, for the
+// gradients of broadcast operands, with the square root of how many terms each of their elements
+// sums (gradient_widening). On a mismatch the seed, the program (one line per step, with the
+// inputs) and the differences are printed, and the program runs again with every optimization
+// pass disabled, and with each alone, to say whether a pass is involved, and which.
 //
 // The same checks run on programs of the fusion mix (random_program.h), built to stress fused
 // kernels and the memory planner; that test also asserts that most of them got fused kernels.
@@ -158,18 +158,30 @@ EagerRun run_eager(const Program& p, const std::vector<Tensor>& in, bool rg, uin
   return r;
 }
 
-/// One set of input values: resampled until eager gives finite outputs and gradients.
+/// One set of input values: resampled until eager gives finite outputs and gradients, and no
+/// cond's predicate lies too close to its threshold (branches_taken).
 struct Sample {
   Values values;
   EagerRun plain, with_grad;
   bool finite = false;
+  std::vector<int> branches;  ///< per cond step, the branch it takes (branches_taken)
 };
 
-Sample sample(const Program& p, const Generator& gen, Rng& rng, uint64_t gseed,
-              const Values* first) {
+/// `other`: the first sample; then the first few attempts also look for values on which every
+/// cond takes the other branch, so that the two samples run both.
+Sample sample(const Program& p, const Generator& gen, Rng& rng, uint64_t gseed, const Values* first,
+              const Sample* other = nullptr) {
   Sample s;
   for (int attempt = 0; attempt < 20; ++attempt) {
     s.values = attempt == 0 && first ? *first : gen.sample_values(rng);
+    s.branches = branches_taken(p, s.values);
+    if (std::count(s.branches.begin(), s.branches.end(), -1)) continue;
+    if (other && attempt < 8) {
+      bool all_other = true;
+      for (size_t k = 0; k < s.branches.size(); ++k)
+        all_other = all_other && s.branches[k] != other->branches[k];
+      if (!all_other) continue;
+    }
     s.with_grad = run_eager(p, build_inputs(p, s.values, true), true, gseed);
     if (all_finite(s.with_grad.outs) && all_finite(s.with_grad.grads)) {
       s.finite = true;
@@ -180,11 +192,20 @@ Sample sample(const Program& p, const Generator& gen, Rng& rng, uint64_t gseed,
   return s;
 }
 
-/// Whether f64 results of p may carry f32 rounding from fused sums: a program of the fusion mix
-/// that computes in both. (A gradient of an f64 input read by an f32 op is computed in f32;
-/// fused and eager f32 sums of thousands of terms add in different orders.)
+bool has_control_flow(const Program& p) {
+  return std::any_of(p.steps.begin(), p.steps.end(), [](const Step& st) {
+    return st.op == Op::Cond || st.op == Op::Scan || st.op == Op::While;
+  });
+}
+
+/// Whether f64 results of p may carry f32 rounding from sums in another order than eager's: a
+/// program that computes in both, of the fusion mix or with control flow. (A gradient of an f64
+/// input read by an f32 op is computed in f32; fused and eager f32 sums of thousands of terms add
+/// in different orders, and so do the gradient rules of cond and scan, which add a value's
+/// gradients from inside and outside the construct, or step by step, where eager's tape adds
+/// them as they come.)
 bool mixes_precision(const Program& p) {
-  if (p.mix != Mix::Fusion) return false;
+  if (p.mix != Mix::Fusion && !has_control_flow(p)) return false;
   bool f32 = false, f64 = false;
   for (const InputSpec& in : p.inputs) {
     f32 |= in.dtype == DType::f32;
@@ -400,6 +421,9 @@ int env_int(const char* name, int fallback) {
 struct Coverage {
   std::vector<int> ops = std::vector<int>(size_t(Op::Count), 0);
   int programs = 0, steps = 0, skipped = 0, failed = 0;
+  int control = 0;            ///< programs with cond, scan or while_loop steps
+  int conds = 0;              ///< cond steps in the programs compared
+  int both_branches = 0;      ///< those whose branches the two samples both took
   int fused = 0;              ///< programs whose plans had a fused kernel
   int64_t fused_kernels = 0;  ///< their kernels, summed
   std::string failed_seeds;
@@ -452,16 +476,20 @@ Program reduce_program(Program p, const Sample& a, const Sample& b) {
       }
     }
     for (size_t k = p.steps.size(); k-- > 0;) {
-      std::vector<Tensor> v = build_inputs(p, a.values, false);
+      std::vector<Tensor> v;
       {
         NoGradGuard ng;
         manual_seed(kRandSeed);
-        for (const Step& st : p.steps) v.push_back(apply_step(st, v));
+        v = run_values(p, build_inputs(p, a.values, false));
       }
       const int self = int(p.inputs.size() + k);
       bool used = std::count(p.outputs.begin(), p.outputs.end(), self) > 0;
-      for (size_t j = k + 1; j < p.steps.size(); ++j)
+      bool taken = false;  // a control-flow step whose other results Take steps read stays
+      for (size_t j = k + 1; j < p.steps.size(); ++j) {
         used |= std::count(p.steps[j].args.begin(), p.steps[j].args.end(), self) > 0;
+        taken |= p.steps[j].op == Op::Take && p.steps[j].args[0] == self;
+      }
+      if (taken) continue;
       std::vector<int> reps;
       if (!used) reps.push_back(-1);
       for (int x : p.steps[k].args)
@@ -506,12 +534,16 @@ std::string run_seed(uint64_t seed, Coverage& cov, double perturb = 0, Mix mix =
   for (const Step& st : p.steps) ++cov.ops[size_t(st.op)];
   cov.steps += int(p.steps.size());
   Sample a = sample(p, gen, r, seed + 1, &gen.first_values());
-  Sample b = sample(p, gen, r, seed + 2, nullptr);
+  Sample b = sample(p, gen, r, seed + 2, nullptr, &a);
   if (!a.finite || !b.finite) {
     ++cov.skipped;
     return "";
   }
   ++cov.programs;
+  cov.control += has_control_flow(p);
+  cov.conds += int(a.branches.size());
+  for (size_t k = 0; k < a.branches.size(); ++k)
+    cov.both_branches += a.branches[k] != b.branches[k];
   int64_t fused = 0;
   err = check(p, a, b, {}, perturb, &fused);
   cov.fused += fused > 0;
@@ -561,11 +593,16 @@ void run_seeds(const std::vector<uint64_t>& seeds, Coverage& cov, Mix mix) {
   std::string ops;
   for (int i = 0; i < int(Op::Count); ++i)
     if (cov.ops[size_t(i)]) ops += fmt::format(" {}:{}", op_text(Op(i)), cov.ops[size_t(i)]);
+  const std::string control =
+      cov.control ? fmt::format("; {} with control flow, {} of {} conds ran both branches",
+                                cov.control, cov.both_branches, cov.conds)
+                  : "";
   MESSAGE(fmt::format(
       "{} programs compared ({} steps), {} skipped for non-finite values, {} failed{}; {} with "
-      "fused kernels ({} kernels); steps per op:{}",
+      "fused kernels ({} kernels){}; steps per op:{}",
       cov.programs, cov.steps, cov.skipped, cov.failed,
-      cov.failed ? " (seeds" + cov.failed_seeds + ")" : "", cov.fused, cov.fused_kernels, ops));
+      cov.failed ? " (seeds" + cov.failed_seeds + ")" : "", cov.fused, cov.fused_kernels, control,
+      ops));
 }
 
 }  // namespace
@@ -580,6 +617,12 @@ TEST_CASE("random programs: compiled outputs and gradients match eager") {
   CHECK(cov.skipped * 50 <= int(seeds.size()));
   // The issue asks for at least 500 programs per run.
   if (seeds.size() >= 500) CHECK(cov.programs >= 500);
+  // A quarter of the programs have control flow (random_program.h), and the second sample
+  // takes the other branch of most conds (sample): else the branches would go unchecked.
+  if (seeds.size() >= 500) {
+    CHECK(cov.control * 5 >= cov.programs);
+    CHECK(cov.both_branches * 4 >= cov.conds * 3);
+  }
 }
 
 // Programs of elementwise chains, diamonds, broadcasts and reductions (the fusion mix): the same

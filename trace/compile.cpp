@@ -43,15 +43,7 @@ TensorSig sig_of(const Tensor& t) {
 
 // The tape node's op, for messages ("[backward] ... compiled function ...").
 const OpDef& compiled_def() {
-  static const OpDef def = [] {
-    OpDef d{};
-    d.id = OpId::Copy;
-    d.name = "compiled function";
-    d.arity = -1;
-    d.cls = OpClass::Opaque;
-    d.doc = "";
-    return d;
-  }();
+  static const OpDef def = opaque_node_def("compiled function");
   return def;
 }
 
@@ -202,6 +194,8 @@ struct CompiledCore::Entry {
     std::vector<size_t> saved;   ///< indices into the forward plan's saved values
   };
   std::vector<Backward> backward;
+  /// Outputs whose backward failed while tracing: the index, and the error.
+  std::vector<std::pair<size_t, std::string>> failed;
 };
 
 CompiledCore::CompiledCore(CompileOptions options, std::string label)
@@ -359,17 +353,19 @@ CompiledCore::Entry* CompiledCore::trace(const FlatArgs& args, const TraceFn& fn
             tr.input(InputRole::GradOutput, TensorMeta{o->shape, o->dtype, o->device()}, false);
         try {
           grads.push_back(detail::grad({outs[i]}, wrt, {g}, false, /*retain_graph=*/true));
-        } catch (const Error&) {
+        } catch (const Error& err) {
           // This output cannot be differentiated: the function already ran backward through
           // it (a training step), or its backward fails as it would eagerly (a value it saved
-          // was overwritten in place). It is returned without a compiled backward; the other
-          // outputs keep theirs.
+          // was overwritten in place, a while_loop). It is returned with a tape node that
+          // raises the same error when a backward reaches it, as eager would; the other outputs
+          // keep their compiled backward.
+          e->failed.push_back({i, err.what()});
           continue;
         }
         diff_outputs.push_back(i);
         gout_values.push_back(g.unsafe_impl()->value);
       }
-      if (grads.empty()) e->wrt.clear();
+      if (grads.empty() && e->failed.empty()) e->wrt.clear();
     }
   }
   std::vector<Tensor> all = outs;
@@ -391,6 +387,10 @@ CompiledCore::Entry* CompiledCore::trace(const FlatArgs& args, const TraceFn& fn
     if (joint.nodes[i].kind == NodeKind::Input && joint.nodes[i].role != InputRole::GradOutput)
       fwd_roots.push_back(int32_t(i));
   ancestors(joint, fwd_roots, none, fwd, nullptr);
+  // Every result of a construct the forward runs is a forward value: the backward reads some
+  // (a scan's stacked carries) as saved values, never the construct's tuple itself.
+  for (size_t i = 0; i < n; ++i)
+    if (joint.nodes[i].kind == NodeKind::Project && fwd[joint.nodes[i].inputs[0]]) fwd[i] = true;
   std::vector<std::set<int32_t>> saved_per(grads.size());
   std::vector<std::vector<bool>> bwd_sets;
   std::set<int32_t> saved_all;
@@ -464,7 +464,7 @@ CompiledCore::Entry* CompiledCore::trace(const FlatArgs& args, const TraceFn& fn
 std::vector<Tensor> CompiledCore::run(Entry& e, const FlatArgs& args) {
   std::vector<Tensor> res = e.forward->run(args.tensors);
   std::vector<Tensor> outs(res.begin(), res.begin() + e.num_outputs);
-  if (e.backward.empty() || !grad_mode()) return outs;
+  if ((e.backward.empty() && e.failed.empty()) || !grad_mode()) return outs;
   auto saved = std::make_shared<std::vector<SavedTensor>>();
   for (size_t i = e.num_outputs; i < res.size(); ++i)
     saved->push_back({res[i], res[i].unsafe_impl()->storage->version_.load()});
@@ -504,6 +504,22 @@ std::vector<Tensor> CompiledCore::run(Entry& e, const FlatArgs& args) {
       std::vector<Tensor> r = plan->run(in);
       for (size_t j = 0; j < r.size(); ++j) gi[j] = std::move(r[j]);
     };
+    out.unsafe_impl()->requires_grad = true;
+    autograd_meta(*out.unsafe_impl()).grad_fn = std::move(node);
+  }
+  for (const auto& [index, message] : e.failed) {
+    Tensor& out = outs[index];
+    if (out.unsafe_impl()->autograd && out.unsafe_impl()->autograd->grad_fn) continue;
+    auto node = std::make_shared<Node>();
+    node->def = &compiled_def();
+    node->sequence = next_sequence();
+    node->inputs.resize(sources.size());
+    node->saved.resize(sources.size());
+    for (size_t j = 0; j < sources.size(); ++j) set_input_edge(node->inputs[j], *sources[j]);
+    const TensorImpl* o = out.unsafe_impl();
+    node->output_meta = {o->shape, o->dtype, o->device()};
+    std::string msg = message;
+    node->backward_fn = [msg](const Tensor&, const bool*, Tensor*) { throw Error(msg); };
     out.unsafe_impl()->requires_grad = true;
     autograd_meta(*out.unsafe_impl()).grad_fn = std::move(node);
   }

@@ -54,7 +54,64 @@ struct Plan::FusedStep {
   std::vector<Tensor> tmp;  ///< inputs made dense for one run (layouts no 2-D walk expresses)
 };
 
+/// One control-flow node as the plan runs it (Note [Control steps]).
+struct Plan::ControlStep {
+  std::shared_ptr<const ControlFlow> cf;
+  std::vector<std::unique_ptr<Plan>> plans;  ///< per subgraph
+  std::vector<int32_t> inputs;               ///< the node's input values
+  std::vector<int32_t> projects;             ///< per result: its Project value, or -1
+};
+
 namespace {
+
+bool is_step_node(const GraphNode& g) {
+  return g.kind == NodeKind::Op || g.kind == NodeKind::Control || g.kind == NodeKind::Project;
+}
+bool is_view_node(const GraphNode& g) {
+  return g.kind == NodeKind::Op && op_class(g.op) == OpClass::View;
+}
+
+// The value whose buffer v lives in: v itself, or the root of its chain of views.
+int32_t root_of(const Graph& g, int32_t v) {
+  while (is_view_node(g.nodes[v])) v = g.nodes[v].inputs[0];
+  return v;
+}
+
+// The first `count` results of g, each in a buffer of its own: one that is an input, a view of
+// one, or the buffer of an earlier result gets a copy (Note [Control steps]).
+Graph ensure_fresh_results(Graph g, size_t count) {
+  std::vector<int32_t> roots;
+  for (size_t k = 0; k < count && k < g.outputs.size(); ++k) {
+    const int32_t r = root_of(g, g.outputs[k]);
+    bool copy = g.nodes[r].kind == NodeKind::Input;
+    for (int32_t q : roots) copy = copy || (q == r && g.nodes[r].kind != NodeKind::Constant);
+    roots.push_back(r);
+    if (!copy) continue;
+    GraphNode c;
+    c.kind = NodeKind::Op;
+    c.op = OpId::Copy;
+    c.inputs = {g.outputs[k]};
+    c.meta = g.nodes[g.outputs[k]].meta;
+    g.outputs[k] = g.add(std::move(c));
+  }
+  return g;
+}
+
+// Copies src into dst with the Copy kernel (no dispatch, no tape).
+void copy_into(const Tensor& dst, const Tensor& src) {
+  const Tensor* in[] = {&src};
+  op_def(OpId::Copy).kernel[static_cast<int>(dst.device().type)](TensorRefs(in, 1), Attrs{}, dst);
+}
+
+// Row t of x along dim 0, as a view.
+Tensor row(const Tensor& x, int64_t t) {
+  const TensorImpl* a = x.unsafe_impl();
+  Shape s(a->shape.data() + 1, a->shape.size() - 1);
+  Strides st(a->strides.data() + 1, a->strides.size() - 1);
+  return make_view(x, s, st, a->offset + t * a->strides[0]);
+}
+
+bool truth(const Tensor& t) { return read_double(t, 0) != 0; }
 
 /// A tensor over `storage` at a byte offset (the arena's buffers).
 Tensor tensor_in(const StoragePtr& storage, int64_t byte_offset, const TensorMeta& m) {
@@ -105,7 +162,7 @@ void Plan::build() {
   std::vector<int32_t> root(n);
   for (int32_t i = 0; i < n; ++i) {
     const GraphNode& g = g_.nodes[i];
-    root[i] = g.kind == NodeKind::Op && op_class(g.op) == OpClass::View ? root[g.inputs[0]] : i;
+    root[i] = is_view_node(g) ? root[g.inputs[0]] : i;
     if (g.kind == NodeKind::Op && op_class(g.op) != OpClass::View)
       stats_.intermediate_bytes += nbytes(g.meta);
   }
@@ -131,11 +188,19 @@ void Plan::build() {
     for (int32_t m : groups[gi].members) group_of[m] = static_cast<int32_t>(gi);
   // Step units: each group, and each op node outside groups. Kahn's algorithm over them.
   const int32_t ng = static_cast<int32_t>(groups.size());
-  auto unit_of = [&](int32_t v) -> int32_t { return group_of[v] >= 0 ? group_of[v] : ng + v; };
+  // A Control node and its Project nodes are one unit.
+  auto owner = [&](int32_t v) {
+    return g_.nodes[v].kind == NodeKind::Project ? g_.nodes[v].inputs[0] : v;
+  };
+  auto unit_of = [&](int32_t v) -> int32_t {
+    return group_of[v] >= 0 ? group_of[v] : ng + owner(v);
+  };
+  bool has_control = false;
   std::vector<int32_t> first_node(ng + n, -1);
   std::vector<std::vector<int32_t>> unit_nodes(ng + n);
   for (int32_t i = 0; i < n; ++i)
-    if (g_.nodes[i].kind == NodeKind::Op) {
+    if (is_step_node(g_.nodes[i])) {
+      has_control = has_control || g_.nodes[i].kind == NodeKind::Control;
       const int32_t u = unit_of(i);
       if (first_node[u] < 0) first_node[u] = i;
       unit_nodes[u].push_back(i);
@@ -146,7 +211,7 @@ void Plan::build() {
     std::vector<int32_t> deps;
     for (int32_t v : unit_nodes[u])
       for (int32_t in : g_.nodes[v].inputs)
-        if (g_.nodes[in].kind == NodeKind::Op && unit_of(in) != u) deps.push_back(unit_of(in));
+        if (is_step_node(g_.nodes[in]) && unit_of(in) != u) deps.push_back(unit_of(in));
     std::sort(deps.begin(), deps.end());
     deps.erase(std::unique(deps.begin(), deps.end()), deps.end());
     indeg[u] = static_cast<int32_t>(deps.size());
@@ -172,16 +237,17 @@ void Plan::build() {
   for (const WriteBack& w : g_.writebacks) kept[root[w.value]] = true;
   std::vector<bool> view_unit(ng + n, false);
   for (int32_t u = ng; u < ng + n; ++u)
-    view_unit[u] = first_node[u] >= 0 && op_class(g_.nodes[u - ng].op) == OpClass::View;
+    view_unit[u] = first_node[u] >= 0 && is_view_node(g_.nodes[u - ng]);
   for (int32_t u = 0; u < ng + n; ++u) {
     if (view_unit[u]) continue;  // its readers read the buffer
     for (int32_t v : unit_nodes[u]) {
       const GraphNode& g = g_.nodes[v];
-      if (op_class(g.op) != OpClass::View && materialized[v] && !kept[v])
+      if (!is_view_node(g) && g.kind != NodeKind::Control && materialized[v] && !kept[v])
         made_bytes[u] += nbytes(g.meta);
       for (int32_t in : g.inputs) {
         const int32_t r = root[in];
-        if (g_.nodes[r].kind == NodeKind::Op && !kept[r] && unit_of(r) != u)
+        const NodeKind rk = g_.nodes[r].kind;
+        if ((rk == NodeKind::Op || rk == NodeKind::Project) && !kept[r] && unit_of(r) != u)
           unit_reads[u].push_back(r);
       }
     }
@@ -239,13 +305,13 @@ void Plan::build() {
     int32_t w = 0;
     for (int32_t v : unit_nodes[u])
       for (int32_t in : g_.nodes[v].inputs)
-        if (g_.nodes[in].kind == NodeKind::Op && unit_of(in) != u)
+        if (is_step_node(g_.nodes[in]) && unit_of(in) != u)
           w = std::max(w, wave_of[unit_of(in)] + 1);
     wave_of[u] = w;
     num_waves = std::max(num_waves, w + 1);
   }
   bool parallel = false;
-  if (opt_.parallel && omp_get_max_threads() >= 2 && num_waves > 0) {
+  if (opt_.parallel && !has_control && omp_get_max_threads() >= 2 && num_waves > 0) {
     // Estimated nanoseconds of each step on one thread, and how much faster it runs when its
     // kernels split over two (1: not at all). Measured on the 2-core AVX-512 machines: one core
     // multiplies at about 200 GFLOP/s from 16 x 256 x 512 up; oneDNN splits a product over two
@@ -407,8 +473,8 @@ void Plan::build() {
       bool any_kernel = false;
       for (int32_t v : unit_nodes[u]) {
         const GraphNode& g = g_.nodes[v];
-        ok = ok && !fresh[v] && inplace[v] < 0 && g.op != OpId::Random;
-        any_kernel = any_kernel || op_class(g.op) != OpClass::View;
+        ok = ok && g.kind == NodeKind::Op && !fresh[v] && inplace[v] < 0 && g.op != OpId::Random;
+        any_kernel = any_kernel || !is_view_node(g);
         for (int32_t in : g.inputs) ok = ok && (param_only[in] || unit_of(in) == u);
       }
       if (!ok) continue;
@@ -420,8 +486,10 @@ void Plan::build() {
       for (int32_t v : unit_nodes[u]) hoisted[v] = true;
       stats_.hoisted_nodes += static_cast<int64_t>(unit_nodes[u].size());
     }
+    // Every hoisted step, a view copied because no strides express it included, re-runs when
+    // a storage it reads changes version.
     for (int32_t i = 0; i < n; ++i)
-      if (hoisted[i])
+      if (is_step_node(g_.nodes[i]) && hoisted_unit[unit_of(i)])
         for (int32_t in : g_.nodes[i].inputs)
           if (const StorageImpl* st = storage_of_root(in)) {
             auto* sp = const_cast<StorageImpl*>(st);
@@ -593,6 +661,30 @@ void Plan::build() {
     }
     const int32_t i = u - ng;
     const GraphNode& g = g_.nodes[i];
+    if (g.kind == NodeKind::Control) {
+      auto c = std::make_unique<ControlStep>();
+      c->cf = g.control;
+      c->inputs = g.inputs;
+      c->projects.assign(g.control->results.size(), -1);
+      for (int32_t v : unit_nodes[u])
+        if (g_.nodes[v].kind == NodeKind::Project) {
+          c->projects[g_.nodes[v].index] = v;
+          dynamic_.push_back(v);
+        }
+      const ControlFlow& cf = *g.control;
+      for (size_t k = 0; k < cf.graphs.size(); ++k) {
+        size_t fresh_count = cf.graphs[k].outputs.size();  // cond branches, while_loop body
+        if (cf.kind == ControlKind::Scan) fresh_count = size_t(cf.num_carry);
+        if (cf.kind == ControlKind::WhileLoop && k == 0) fresh_count = 0;
+        c->plans.push_back(
+            std::make_unique<Plan>(ensure_fresh_results(cf.graphs[k], fresh_count), opt_));
+      }
+      steps_.push_back(Step{StepKind::Control, nullptr, nullptr,
+                            static_cast<int32_t>(controls_.size()), 0, 0, false});
+      step_wave_.push_back(wave_of[u]);
+      controls_.push_back(std::move(c));
+      continue;
+    }
     const OpDef& def = op_def(g.op);
     if (def.cls == OpClass::View && is_static[g.inputs[0]]) {
       Tensor v = def.view(vals_[g.inputs[0]], g.attrs, g.meta);
@@ -641,6 +733,10 @@ std::string Plan::schedule_str() const {
       const FusedStep& f = *fused_[st.out];
       s += fmt::format("fused {} -> {}", f.shape, f.outputs.size());
       s += "\n" + f.kernel->program.str();
+    } else if (st.kind == StepKind::Control) {
+      const ControlStep& c = *controls_[st.out];
+      s += fmt::format("{} -> {} results, {} subplans\n", c.cf->name(), c.projects.size(),
+                       c.plans.size());
     } else {
       s += fmt::format("%{} = {}\n", st.out, st.def->name);
     }
@@ -749,6 +845,10 @@ void Plan::run_steps_range(const Step* begin, const Step* end) {
       run_fused(*fused_[s.out]);
       continue;
     }
+    if (s.kind == StepKind::Control) {
+      run_control(*controls_[s.out]);
+      continue;
+    }
     const GraphNode& g = g_.nodes[s.out];
     TensorRefs refs(args_.data() + s.first_arg, s.num_args);
     if (s.kind == StepKind::View) {
@@ -763,6 +863,60 @@ void Plan::run_steps_range(const Step* begin, const Step* end) {
 }
 
 void Plan::run_step(const Step& s) { run_steps_range(&s, &s + 1); }
+
+void Plan::run_control(ControlStep& c) {
+  const ControlFlow& cf = *c.cf;
+  std::vector<Tensor> in;
+  in.reserve(c.inputs.size());
+  for (int32_t v : c.inputs) in.push_back(vals_[v]);
+  std::vector<Tensor> out;
+  // A result that is an input of the node itself (no step ran) gets a buffer of its own.
+  auto own = [](const Tensor& t) {
+    Tensor c = empty(t.sizes(), t.dtype(), t.device());
+    copy_into(c, t);
+    return c;
+  };
+  switch (cf.kind) {
+    case ControlKind::Cond:
+      out = c.plans[truth(in[0]) ? 0 : 1]->run(std::vector<Tensor>(in.begin() + 1, in.end()));
+      break;
+    case ControlKind::Scan: {
+      const int64_t nc = cf.num_carry, nx = cf.num_xs;
+      const int64_t length = in[nc].sizes()[0];
+      std::vector<Tensor> args = in;  // carry..., x_t..., free...
+      std::vector<Tensor> ys;
+      for (size_t k = size_t(nc); k < cf.results.size(); ++k) {
+        Shape s = cf.results[k].shape;
+        s[0] = length;
+        ys.push_back(empty(s, cf.results[k].dtype, cf.results[k].device));
+      }
+      for (int64_t s = 0; s < length; ++s) {
+        const int64_t t = cf.reverse ? length - 1 - s : s;
+        for (int64_t i = 0; i < nx; ++i) args[nc + i] = row(in[nc + i], t);
+        std::vector<Tensor> r = c.plans[0]->run(args);
+        for (int64_t k = 0; k < nc; ++k) args[k] = std::move(r[k]);
+        for (size_t j = 0; j < ys.size(); ++j) copy_into(row(ys[j], t), r[nc + j]);
+      }
+      for (int64_t k = 0; k < nc; ++k) out.push_back(length > 0 ? args[k] : own(args[k]));
+      for (Tensor& y : ys) out.push_back(std::move(y));
+      break;
+    }
+    case ControlKind::WhileLoop: {
+      const int64_t nc = cf.num_carry;
+      std::vector<Tensor> args = in;  // state..., free...
+      bool ran = false;
+      while (truth(c.plans[0]->run(args)[0])) {
+        std::vector<Tensor> r = c.plans[1]->run(args);
+        for (int64_t k = 0; k < nc; ++k) args[k] = std::move(r[k]);
+        ran = true;
+      }
+      for (int64_t k = 0; k < nc; ++k) out.push_back(ran ? args[k] : own(args[k]));
+      break;
+    }
+  }
+  for (size_t k = 0; k < c.projects.size(); ++k)
+    if (c.projects[k] >= 0) vals_[c.projects[k]] = std::move(out[k]);
+}
 
 // Note [Parallel waves]: each wave's steps run on the OpenMP threads, one step per thread at a
 // time; a kernel inside finds itself in a parallel region and stays on its thread.

@@ -17,6 +17,15 @@
 // runs a fused kernel; a topological order of those steps is the schedule. It follows the graph's
 // own order, except that (with plan_memory) a ready step that frees more bytes than it makes runs
 // first. Intermediate values inside a group live in the kernel's registers only.
+//
+// Note [Control steps]
+// A Control node (Note [Control flow nodes]) is one step, with its Project nodes: it runs a plan
+// per subgraph (a cond runs one branch; a scan runs its body once per step, on views of the xs,
+// and copies each y_t into the stacked results; a while_loop runs cond_fn and body in turn) and
+// binds the results to the Project values for this run. Subplans return fresh tensors: a result
+// that would alias an input of the subgraph gets a copy (ensure_fresh_results), so results never
+// share memory with the outer plan's arena or with its inputs. A plan with control steps runs
+// its steps in order (no parallel waves), and control steps are never hoisted.
 #pragma once
 
 #include <memory>
@@ -73,7 +82,7 @@ class Plan {
   std::string schedule_str() const;
 
  private:
-  enum class StepKind : uint8_t { Kernel, View, Fused };
+  enum class StepKind : uint8_t { Kernel, View, Fused, Control };
   struct Step {
     StepKind kind;
     const OpDef* def;
@@ -84,7 +93,9 @@ class Plan {
     bool fresh;  ///< allocate the output at every run
   };
   struct FusedStep;
+  struct ControlStep;
   void build();
+  void run_control(ControlStep& c);
   void build_schedule(std::vector<std::vector<int32_t>>& order);
   std::vector<Tensor> execute(const std::vector<Tensor>& inputs);
   void run_fused(FusedStep& f);
@@ -107,6 +118,7 @@ class Plan {
   std::vector<std::pair<StorageImpl*, uint32_t>> hoist_versions_;
   bool hoisted_ready_ = false;  ///< the hoisted steps ran at least once
   std::vector<std::unique_ptr<FusedStep>> fused_;
+  std::vector<std::unique_ptr<ControlStep>> controls_;
   std::vector<int32_t> slot_value_;      ///< runtime slot -> value
   std::vector<int32_t> dynamic_;         ///< values cleared after each run
   std::vector<bool> clone_output_;       ///< outputs that would alias a constant

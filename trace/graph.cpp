@@ -74,9 +74,25 @@ std::string attrs_str(OpId op, const Attrs& a) {
   return s;
 }
 
+const char* ControlFlow::name() const {
+  switch (kind) {
+    case ControlKind::Cond:
+      return "cond";
+    case ControlKind::Scan:
+      return "scan";
+    case ControlKind::WhileLoop:
+      return "while_loop";
+  }
+  return "?";
+}
+
 int64_t Graph::num_nodes() const {
   int64_t n = 0;
-  for (const GraphNode& g : nodes) n += g.kind == NodeKind::Op;
+  for (const GraphNode& g : nodes) {
+    n += g.kind == NodeKind::Op || g.kind == NodeKind::Control;
+    if (g.kind == NodeKind::Control)
+      for (const Graph& sub : g.control->graphs) n += sub.num_nodes();
+  }
   return n;
 }
 
@@ -98,12 +114,36 @@ bool Graph::scalar_value(int32_t v, double* out) const {
   return false;
 }
 
-std::string Graph::str() const {
-  std::string s;
-  if (!label.empty()) s += fmt::format("# {}\n", label);
-  for (size_t i = 0; i < nodes.size(); ++i) {
-    const GraphNode& n = nodes[i];
-    std::string rhs;
+namespace {
+
+std::string results_str(const ControlFlow& cf) {
+  std::string s = "(";
+  for (size_t i = 0; i < cf.results.size(); ++i) s += (i ? ", " : "") + meta_str(cf.results[i]);
+  return s + ")";
+}
+
+const char* subgraph_name(const ControlFlow& cf, size_t k) {
+  switch (cf.kind) {
+    case ControlKind::Cond:
+      return k == 0 ? "true" : "false";
+    case ControlKind::Scan:
+      return "body";
+    case ControlKind::WhileLoop:
+      return k == 0 ? "cond" : "body";
+  }
+  return "?";
+}
+
+void graph_str(const Graph& g, const std::string& pad, std::string& s) {
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const GraphNode& n = g.nodes[i];
+    std::string rhs, meta = meta_str(n.meta);
+    auto args = [&] {
+      std::string a;
+      for (size_t k = 0; k < n.inputs.size(); ++k)
+        a += fmt::format("{}%{}", k ? ", " : "", n.inputs[k]);
+      return a;
+    };
     switch (n.kind) {
       case NodeKind::Input:
         rhs = fmt::format("{} {}", role_name(n.role), n.index);
@@ -112,25 +152,49 @@ std::string Graph::str() const {
         rhs = fmt::format("constant {}", constant_str(n.constant));
         break;
       case NodeKind::Op: {
-        rhs = fmt::format("{}(", op_name(n.op));
-        for (size_t k = 0; k < n.inputs.size(); ++k)
-          rhs += fmt::format("{}%{}", k ? ", " : "", n.inputs[k]);
-        rhs += ")";
+        rhs = fmt::format("{}({})", op_name(n.op), args());
         std::string a = attrs_str(n.op, n.attrs);
         if (!a.empty()) rhs += " {" + a + "}";
         break;
       }
+      case NodeKind::Control: {
+        const ControlFlow& cf = *n.control;
+        rhs = fmt::format("{}({})", cf.name(), args());
+        if (cf.kind == ControlKind::Scan)
+          rhs += fmt::format(" {{carry={} xs={}{}}}", cf.num_carry, cf.num_xs,
+                             cf.reverse ? " reverse" : "");
+        meta = results_str(cf);
+        break;
+      }
+      case NodeKind::Project:
+        rhs = fmt::format("project(%{})[{}]", n.inputs[0], n.index);
+        break;
     }
-    s += fmt::format("  %{} = {} : {}", i, rhs, meta_str(n.meta));
+    s += fmt::format("{}%{} = {} : {}", pad, i, rhs, meta);
     if (!n.name.empty()) s += fmt::format("  \"{}\"", n.name);
-    if (n.scope >= 0) s += fmt::format("  @{}", scopes[n.scope]);
+    if (n.scope >= 0 && n.scope < int32_t(g.scopes.size()))
+      s += fmt::format("  @{}", g.scopes[n.scope]);
     s += "\n";
+    if (n.kind == NodeKind::Control)
+      for (size_t k = 0; k < n.control->graphs.size(); ++k) {
+        s += fmt::format("{}  {}:\n", pad, subgraph_name(*n.control, k));
+        graph_str(n.control->graphs[k], pad + "    ", s);
+      }
   }
-  s += "  return";
-  for (size_t i = 0; i < outputs.size(); ++i) s += fmt::format("{} %{}", i ? "," : "", outputs[i]);
+  s += pad + "return";
+  for (size_t i = 0; i < g.outputs.size(); ++i)
+    s += fmt::format("{} %{}", i ? "," : "", g.outputs[i]);
   s += "\n";
-  for (const WriteBack& w : writebacks)
-    s += fmt::format("  write %{} -> captured {}\n", w.value, w.target);
+  for (const WriteBack& w : g.writebacks)
+    s += fmt::format("{}write %{} -> captured {}\n", pad, w.value, w.target);
+}
+
+}  // namespace
+
+std::string Graph::str() const {
+  std::string s;
+  if (!label.empty()) s += fmt::format("# {}\n", label);
+  graph_str(*this, "  ", s);
   return s;
 }
 
@@ -156,8 +220,22 @@ std::string Graph::dot() const {
         if (op_class(n.op) == OpClass::Opaque) style = " style=filled fillcolor=\"#f8e8c8\"";
         break;
       }
+      case NodeKind::Control:
+        label = fmt::format("{} ({} nodes inside)", n.control->name(), [&] {
+          int64_t k = 0;
+          for (const Graph& sub : n.control->graphs) k += sub.num_nodes();
+          return k;
+        }());
+        shape = "box3d";
+        style = " style=filled fillcolor=\"#e0f0d8\"";
+        break;
+      case NodeKind::Project:
+        label = fmt::format("project [{}]", n.index);
+        shape = "cds";
+        break;
     }
-    label = fmt::format("%{} {}\\n{}", i, label, meta_str(n.meta));
+    label = fmt::format("%{} {}\\n{}", i, label,
+                        n.kind == NodeKind::Control ? results_str(*n.control) : meta_str(n.meta));
     if (!n.name.empty()) label += fmt::format("\\n\\\"{}\\\"", n.name);
     if (n.scope >= 0) label += fmt::format("\\n@{}", scopes[n.scope]);
     s += fmt::format("  n{} [label=\"{}\" shape={}{}];\n", i, label, shape, style);
@@ -172,6 +250,80 @@ std::string Graph::dot() const {
         writebacks[i].target, writebacks[i].value);
   return s + "}\n";
 }
+
+namespace {
+
+bool same_meta(const TensorMeta& a, const TensorMeta& b) {
+  return a.shape == b.shape && a.dtype == b.dtype && a.device == b.device;
+}
+
+// The subgraphs of control node i against its inputs and results (Note [Control flow nodes]).
+void verify_control(const Graph& outer, int32_t i) {
+  const GraphNode& node = outer.nodes[i];
+  const ControlFlow& cf = *node.control;
+  const int32_t lead = cf.num_leading();
+  const int32_t nin = int32_t(node.inputs.size()) - lead;
+  std::vector<TensorMeta> in;  // what each subgraph's runtime input slot holds
+  for (int32_t k = 0; k < nin; ++k) in.push_back(outer.nodes[node.inputs[lead + k]].meta);
+  if (cf.kind == ControlKind::Scan)
+    for (int32_t k = cf.num_carry; k < cf.num_carry + cf.num_xs; ++k) {
+      DUET_ASSERT(in[k].shape.size() >= 1, "graph %{}: scan xs {} is 0-d", i, k - cf.num_carry);
+      in[k].shape.erase(0);
+    }
+  for (size_t s = 0; s < cf.graphs.size(); ++s) {
+    const Graph& sub = cf.graphs[s];
+    sub.verify();
+    DUET_ASSERT(sub.captured.empty() && sub.writebacks.empty() && sub.num_runtime_inputs == nin,
+                "graph %{}: {} subgraph {} takes {} inputs (captured {}), the node gives {}", i,
+                cf.name(), s, sub.num_runtime_inputs, sub.captured.size(), nin);
+    for (const GraphNode& n : sub.nodes)
+      if (n.kind == NodeKind::Input)
+        DUET_ASSERT(same_meta(n.meta, in[n.index]),
+                    "graph %{}: {} subgraph {} input {} is {}, the node gives {}", i, cf.name(), s,
+                    n.index, meta_str(n.meta), meta_str(in[n.index]));
+  }
+  auto out_meta = [&](const Graph& sub, size_t k) { return sub.nodes[sub.outputs[k]].meta; };
+  auto check_out = [&](const Graph& sub, size_t k, const TensorMeta& want) {
+    DUET_ASSERT(k < sub.outputs.size() && same_meta(out_meta(sub, k), want),
+                "graph %{}: {} result {} should be {}", i, cf.name(), k, meta_str(want));
+  };
+  switch (cf.kind) {
+    case ControlKind::Cond:
+      DUET_ASSERT(cf.graphs.size() == 2, "graph %{}: cond needs two branches", i);
+      for (const Graph& b : cf.graphs) {
+        DUET_ASSERT(b.outputs.size() == cf.results.size(), "graph %{}: cond branch results", i);
+        for (size_t k = 0; k < cf.results.size(); ++k) check_out(b, k, cf.results[k]);
+      }
+      break;
+    case ControlKind::Scan: {
+      DUET_ASSERT(cf.graphs.size() == 1 && cf.num_xs >= 1, "graph %{}: scan needs a body", i);
+      const Graph& b = cf.graphs[0];
+      DUET_ASSERT(b.outputs.size() == cf.results.size(), "graph %{}: scan body results", i);
+      for (int32_t k = 0; k < cf.num_carry; ++k) {
+        check_out(b, k, in[k]);
+        DUET_ASSERT(same_meta(cf.results[k], in[k]), "graph %{}: scan carry {}", i, k);
+      }
+      for (size_t k = cf.num_carry; k < cf.results.size(); ++k) {
+        TensorMeta y = cf.results[k];
+        DUET_ASSERT(y.shape.size() >= 1, "graph %{}: scan ys {} is 0-d", i, k);
+        y.shape.erase(0);
+        check_out(b, k, y);
+      }
+      break;
+    }
+    case ControlKind::WhileLoop:
+      DUET_ASSERT(cf.graphs.size() == 2 && cf.graphs[0].outputs.size() == 1 &&
+                      out_meta(cf.graphs[0], 0).dtype == DType::b8,
+                  "graph %{}: while_loop needs a b8 cond_fn and a body", i);
+      for (int32_t k = 0; k < cf.num_carry; ++k) {
+        check_out(cf.graphs[1], k, in[k]);
+        DUET_ASSERT(same_meta(cf.results[k], in[k]), "graph %{}: while_loop state {}", i, k);
+      }
+      break;
+  }
+}
+
+}  // namespace
 
 void Graph::verify() const {
   const int32_t n = static_cast<int32_t>(nodes.size());
@@ -221,6 +373,22 @@ void Graph::verify() const {
         DUET_ASSERT(m.shape == g.meta.shape && m.dtype == g.meta.dtype,
                     "graph %{}: {} gives {} {} but the node says {}", i, def.name, m.shape, m.dtype,
                     meta_str(g.meta));
+        break;
+      }
+      case NodeKind::Control:
+        for (int32_t in : g.inputs)
+          DUET_ASSERT(in >= 0 && in < i, "graph %{}: input %{} is not defined before it", i, in);
+        verify_control(*this, i);
+        break;
+      case NodeKind::Project: {
+        DUET_ASSERT(g.inputs.size() == 1 && g.inputs[0] >= 0 && g.inputs[0] < i &&
+                        nodes[g.inputs[0]].kind == NodeKind::Control,
+                    "graph %{}: a project must read an earlier control node", i);
+        const ControlFlow& cf = *nodes[g.inputs[0]].control;
+        DUET_ASSERT(g.index >= 0 && g.index < int32_t(cf.results.size()) &&
+                        same_meta(cf.results[g.index], g.meta),
+                    "graph %{}: project [{}] of a {} with results {} says {}", i, g.index,
+                    cf.name(), results_str(cf), meta_str(g.meta));
         break;
       }
     }

@@ -10,8 +10,23 @@
 // that the code updated in place, which the executor writes into their storage.
 // Every node keeps its provenance: the name scope active when it was recorded (duet::scope)
 // and, for errors, the compiled function it belongs to.
+//
+// Note [Control flow nodes]
+// cond, scan and while_loop (trace/control_flow.h) are Control nodes: their functions are
+// subgraphs held in a ControlFlow, and their results a tuple that Project nodes take apart
+// (%7 = project %6 [1]), so that every other value keeps one tensor. A Control node's inputs
+// are the construct's operands followed by the values its functions read from outside
+// (lifted free values: outer values, captured tensors), in the order of the subgraphs' runtime
+// inputs:
+//   cond:       pred, operands..., free...      branches: operands..., free... -> results
+//   scan:       carry..., xs..., free...        body: carry..., x_t..., free... -> carry..., y_t...
+//                                               results: carry..., ys stacked along dim 0...
+//   while_loop: state..., free...               cond_fn: state..., free... -> b8 one element
+//                                               body:    state..., free... -> state...
+// Subgraphs have no captured tensors and no write-backs of their own.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -19,7 +34,11 @@
 
 namespace duet {
 
-enum class NodeKind : uint8_t { Input, Constant, Op };
+enum class NodeKind : uint8_t { Input, Constant, Op, Control, Project };
+
+enum class ControlKind : uint8_t { Cond, Scan, WhileLoop };
+
+struct ControlFlow;
 
 /// What a graph input stands for.
 enum class InputRole : uint8_t {
@@ -42,6 +61,9 @@ struct GraphNode {
   Tensor constant;     ///< Constant nodes: the value
   std::string name;    ///< placeholder name, or a name given by duet::name()
   int32_t scope = -1;  ///< index into Graph::scopes; -1: no scope
+  /// Control nodes: the construct (shared and immutable: passes make a new one to change it).
+  /// Project nodes read result `index` of the Control node inputs[0].
+  std::shared_ptr<const ControlFlow> control;
 };
 
 /// A captured tensor updated in place: after a run, value is written into captured[target].
@@ -74,6 +96,21 @@ class Graph {
   int32_t add(GraphNode n);
   /// The scalar value of a constant or a Full node with one value for all elements.
   bool scalar_value(int32_t v, double* out) const;
+};
+
+/// A structured control-flow construct (Note [Control flow nodes]).
+struct ControlFlow {
+  ControlKind kind = ControlKind::Cond;
+  /// cond: {true branch, false branch}; scan: {body}; while_loop: {cond_fn, body}.
+  std::vector<Graph> graphs;
+  int32_t num_carry = 0;  ///< scan: carries; while_loop: state values
+  int32_t num_xs = 0;     ///< scan: the tensors scanned along dim 0
+  bool reverse = false;   ///< scan: steps run from the last index to the first (backward scans)
+  std::vector<TensorMeta> results;  ///< the tuple's metadata
+  /// The construct's name ("cond", "scan", "while_loop").
+  const char* name() const;
+  /// How many inputs of the Control node come before the subgraphs' inputs (cond: the pred).
+  int32_t num_leading() const { return kind == ControlKind::Cond ? 1 : 0; }
 };
 
 /// Text of one node's attributes ("dims=[0, 1] keepdim"), shared by str() and dot().

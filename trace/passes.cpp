@@ -90,15 +90,59 @@ Graph dce(const Graph& old) {
   std::vector<bool> live(n, false);
   for (int32_t o : old.outputs) live[o] = true;
   for (const WriteBack& w : old.writebacks) live[w.value] = true;
+  // Control nodes: which of their results are read (Project nodes come after their node).
+  std::unordered_map<int32_t, std::vector<bool>> used;
   for (size_t i = n; i-- > 0;) {
     const GraphNode& g = old.nodes[i];
     if (g.kind == NodeKind::Input) live[i] = true;  // the calling convention
     if (!live[i]) continue;
+    if (g.kind == NodeKind::Project) {
+      std::vector<bool>& u = used[g.inputs[0]];
+      u.resize(old.nodes[g.inputs[0]].control->results.size(), false);
+      u[g.index] = true;
+    }
     for (int32_t in : g.inputs) live[in] = true;
   }
   Rebuild r(old);
-  for (size_t i = 0; i < n; ++i)
-    if (live[i]) r.map[i] = r.emit(r.remapped(int32_t(i)));
+  // Per control node: the new index of each old result (-1: dropped).
+  std::unordered_map<int32_t, std::vector<int32_t>> renumber;
+  for (size_t i = 0; i < n; ++i) {
+    if (!live[i]) continue;
+    GraphNode node = r.remapped(int32_t(i));
+    if (node.kind == NodeKind::Control) {
+      // Results nobody reads leave the subgraphs (a scan keeps its carries: the next step
+      // reads them), and DCE runs inside.
+      const ControlFlow& cf = *node.control;
+      const std::vector<bool>& u = used[int32_t(i)];
+      auto pruned = std::make_shared<ControlFlow>(cf);
+      pruned->results.clear();
+      std::vector<int32_t>& map = renumber[int32_t(i)];
+      std::vector<size_t> keep;
+      for (size_t k = 0; k < cf.results.size(); ++k) {
+        const bool needed = (k < u.size() && u[k]) || cf.kind == ControlKind::WhileLoop ||
+                            (cf.kind == ControlKind::Scan && k < size_t(cf.num_carry));
+        map.push_back(needed ? int32_t(keep.size()) : -1);
+        if (needed) {
+          keep.push_back(k);
+          pruned->results.push_back(cf.results[k]);
+        }
+      }
+      for (size_t b = 0; b < pruned->graphs.size(); ++b) {
+        Graph& sub = pruned->graphs[b];
+        const bool per_result = cf.kind != ControlKind::WhileLoop;
+        if (per_result) {
+          std::vector<int32_t> outs;
+          for (size_t k : keep) outs.push_back(sub.outputs[k]);
+          sub.outputs = std::move(outs);
+        }
+        sub = dce(sub);
+      }
+      node.control = std::move(pruned);
+    } else if (node.kind == NodeKind::Project) {
+      node.index = renumber.at(old.nodes[i].inputs[0])[node.index];
+    }
+    r.map[i] = r.emit(std::move(node));
+  }
   return r.done();
 }
 
@@ -110,6 +154,8 @@ Graph cse(const Graph& old) {
       const GraphNode& a = *n;
       const GraphNode& b = *o.n;
       if (a.kind != b.kind) return false;
+      if (a.kind == NodeKind::Control) return a.control == b.control && a.inputs == b.inputs;
+      if (a.kind == NodeKind::Project) return a.inputs == b.inputs && a.index == b.index;
       if (a.kind == NodeKind::Constant)
         return a.meta.dtype == b.meta.dtype && a.meta.shape == b.meta.shape &&
                a.constant.unsafe_impl()->wrapped_number ==
@@ -124,6 +170,7 @@ Graph cse(const Graph& old) {
       const GraphNode& a = *k.n;
       size_t h = std::hash<int>{}(int(a.kind)) * 31;
       if (a.kind == NodeKind::Constant) return h ^ std::hash<double>{}(read_double(a.constant, 0));
+      h ^= std::hash<const void*>{}(a.control.get()) + std::hash<int32_t>{}(a.index);
       h ^= a.attrs.hash() + 0x9e3779b9 + (h << 6) + (h >> 2);
       h ^= std::hash<int>{}(int(a.op)) + 0x9e3779b9 + (h << 6) + (h >> 2);
       for (int32_t in : a.inputs) h ^= std::hash<int32_t>{}(in) + 0x9e3779b9 + (h << 6) + (h >> 2);
@@ -135,8 +182,9 @@ Graph cse(const Graph& old) {
   keep.reserve(old.nodes.size());
   for (size_t i = 0; i < old.nodes.size(); ++i) {
     GraphNode n = r.remapped(int32_t(i));
-    const bool mergeable =
-        n.kind == NodeKind::Op || (n.kind == NodeKind::Constant && n.constant.numel() == 1);
+    const bool mergeable = n.kind == NodeKind::Op || n.kind == NodeKind::Control ||
+                           n.kind == NodeKind::Project ||
+                           (n.kind == NodeKind::Constant && n.constant.numel() == 1);
     if (!mergeable || !n.name.empty()) {
       r.map[i] = r.emit(std::move(n));
       continue;
@@ -157,8 +205,37 @@ Graph cse(const Graph& old) {
 Graph fold(const Graph& old) {
   constexpr int64_t kMaxFolded = 4096;  // elements: larger constants would bloat the graph
   Rebuild r(old);
+  // A cond whose predicate is a constant is its branch: the branch's nodes are inlined, and
+  // its results stand for the Project nodes.
+  std::unordered_map<int32_t, std::vector<int32_t>> inlined;
   for (size_t i = 0; i < old.nodes.size(); ++i) {
     GraphNode n = r.remapped(int32_t(i));
+    double pred = 0;
+    if (n.kind == NodeKind::Control && n.control->kind == ControlKind::Cond &&
+        r.g.scalar_value(n.inputs[0], &pred)) {
+      const Graph& b = n.control->graphs[pred != 0 ? 0 : 1];
+      std::vector<int32_t> map(b.nodes.size(), -1);
+      for (size_t j = 0; j < b.nodes.size(); ++j) {
+        GraphNode m = b.nodes[j];
+        if (m.kind == NodeKind::Input) {
+          map[j] = n.inputs[1 + m.index];
+          continue;
+        }
+        for (int32_t& in : m.inputs) in = map[in];
+        m.scope = n.scope;
+        map[j] = r.emit(std::move(m));
+      }
+      std::vector<int32_t>& res = inlined[int32_t(i)];
+      for (int32_t o : b.outputs) res.push_back(map[o]);
+      continue;
+    }
+    if (n.kind == NodeKind::Project) {
+      auto it = inlined.find(old.nodes[i].inputs[0]);
+      if (it != inlined.end()) {
+        r.map[i] = it->second[n.index];
+        continue;
+      }
+    }
     // Views and clones of constants cost nothing at run time (the plan makes views once), and
     // simplify turns those of filled constants into Full nodes, which later rules recognise.
     bool all_const = n.kind == NodeKind::Op && !n.inputs.empty() &&
@@ -309,6 +386,13 @@ Graph optimize(const Graph& g, const std::vector<std::string>& disabled) {
     return std::find(disabled.begin(), disabled.end(), p) == disabled.end();
   };
   Graph cur = g;
+  // The functions of control-flow nodes first: a subgraph is a graph like any other.
+  for (GraphNode& n : cur.nodes)
+    if (n.kind == NodeKind::Control) {
+      auto cf = std::make_shared<ControlFlow>(*n.control);
+      for (Graph& sub : cf->graphs) sub = optimize(sub, disabled);
+      n.control = std::move(cf);
+    }
   for (int round = 0; round < 2; ++round) {
     if (on("fold")) cur = fold(cur);
     if (on("simplify")) cur = simplify(cur);

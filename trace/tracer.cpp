@@ -19,6 +19,66 @@ Tracer::Tracer(std::string label)
   tls_tracer = this;
 }
 
+Tracer::Tracer(std::string label, Tracer* parent, Lifts* lifts) : Tracer(std::move(label)) {
+  parent_ = parent;
+  lifts_ = lifts;
+}
+
+bool Tracer::is_ancestor_tag(const TraceTag* tag) const {
+  for (const Tracer* p = parent_; p; p = p->parent_)
+    if (p->tag_.get() == tag) return true;
+  return false;
+}
+
+bool Tracer::owns_storage(const StorageImpl* st) const {
+  for (const StoragePtr& s : symbolic_storages_)
+    if (s.get() == st) return true;
+  return false;
+}
+
+int32_t Tracer::lift(const Tensor& t) {
+  const int32_t outer = parent_->value_of(t);
+  auto it = std::find(lifts_->outer.begin(), lifts_->outer.end(), outer);
+  const size_t pos = static_cast<size_t>(it - lifts_->outer.begin());
+  if (it == lifts_->outer.end()) {
+    lifts_->outer.push_back(outer);
+    lifts_->tensors.push_back(t);
+  }
+  auto l = lifted_.find(pos);
+  if (l != lifted_.end()) return l->second;
+  GraphNode n;
+  n.kind = NodeKind::Input;
+  n.role = InputRole::Argument;
+  n.meta = parent_->g_.nodes[outer].meta;
+  n.index = lifts_->first_slot + static_cast<int32_t>(pos);
+  const int32_t v = g_.add(std::move(n));
+  lifted_.emplace(pos, v);
+  return v;
+}
+
+std::vector<Tensor> Tracer::control(std::shared_ptr<const ControlFlow> cf,
+                                    const std::vector<Tensor>& inputs) {
+  GraphNode n;
+  n.kind = NodeKind::Control;
+  for (const Tensor& t : inputs) n.inputs.push_back(value_of(t));
+  n.meta =
+      TensorMeta{Shape{}, DType::f32, cf->results.empty() ? Device::cpu() : cf->results[0].device};
+  n.scope = scope_index();
+  n.control = cf;
+  const int32_t c = g_.add(std::move(n));
+  std::vector<Tensor> out;
+  for (size_t k = 0; k < cf->results.size(); ++k) {
+    GraphNode p;
+    p.kind = NodeKind::Project;
+    p.inputs = {c};
+    p.index = static_cast<int32_t>(k);
+    p.meta = cf->results[k];
+    p.scope = g_.nodes[c].scope;
+    out.push_back(symbolic(g_.add(std::move(p)), cf->results[k], false));
+  }
+  return out;
+}
+
 Tracer::~Tracer() {
   tag_->alive = false;
   tls_tracer = prev_;
@@ -123,6 +183,7 @@ int32_t Tracer::value_of(const Tensor& t) {
   if (x->trace) {
     if (x->trace.get() != tag_.get()) {
       if (!x->trace->alive) throw_symbolic_use(t, "compile");
+      if (is_ancestor_tag(x->trace.get())) return lift(t);
       throw Error(fmt::format(
           "[compile] a tensor (shape {}) traced by {} was used while tracing {}; pass it as an "
           "argument instead",
@@ -146,7 +207,7 @@ int32_t Tracer::value_of(const Tensor& t) {
     n.constant = t;
     return g_.add(std::move(n));
   }
-  return capture(t);
+  return parent_ ? lift(t) : capture(t);
 }
 
 void Tracer::set_name(const Tensor& t, const std::string& name) {
@@ -161,6 +222,11 @@ Tensor Tracer::handle(const OpCall& c) {
   if (c.inplace_out) {
     const Tensor& self = *c.inplace_out;
     TensorImpl* x = self.unsafe_impl();
+    DUET_CHECK(!parent_ || owns_storage(x->storage.get()),
+               "[{}_] while tracing {}: a tensor of shape {} from outside the function is "
+               "written in place. The functions of cond, scan and while_loop may write in place "
+               "only tensors they create; return the new value instead",
+               def.name, g_.label, x->shape);
     int32_t v = add_op(c.op, c.attrs, std::move(ins), c.meta);
     if (c.meta.dtype != x->dtype) {
       Attrs a;

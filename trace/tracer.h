@@ -12,6 +12,15 @@
 // reads the current value when its layout is the written one; another layout of a written
 // storage (a view made before the write) is an error, never a stale value. At the end, every
 // written captured storage becomes a write-back that the executor copies into it.
+//
+// Note [Sub-traces]
+// The functions of cond, scan and while_loop are traced by a child tracer into subgraphs
+// (Note [Control flow nodes] in trace/graph.h). A tensor the function reads from outside (a
+// value of an enclosing trace, a parameter, a tensor built from C++ data) is lifted: the parent
+// gives it a value (capturing it if needed), and the subgraph gets a runtime input for it after
+// its explicit ones. Sibling subgraphs (the two branches of a cond) share one list of lifted
+// values, so they take the same inputs. A sub-trace writes in place only tensors it made: a
+// write into anything from outside would be a side effect of a branch or a loop step.
 #pragma once
 
 #include <map>
@@ -28,6 +37,14 @@ class Tracer final : public DispatchMode {
  public:
   /// `label` names the traced function in errors and in the graph ("compile() at f.cpp:12").
   explicit Tracer(std::string label);
+  /// The values a sub-trace reads from outside (Note [Sub-traces]); shared by siblings.
+  struct Lifts {
+    int32_t first_slot = 0;       ///< runtime slot of the first lifted value
+    std::vector<Tensor> tensors;  ///< the tensors read, as the parent sees them
+    std::vector<int32_t> outer;   ///< their values in the parent's graph
+  };
+  /// A tracer for one subgraph of a construct that `parent` is tracing.
+  Tracer(std::string label, Tracer* parent, Lifts* lifts);
   /// Marks the trace dead: its symbolic tensors raise an error naming `label` if used later.
   ~Tracer() override;
   Tracer(const Tracer&) = delete;
@@ -44,6 +61,13 @@ class Tracer final : public DispatchMode {
   void set_name(const Tensor& t, const std::string& name);
 
   Tensor handle(const OpCall& call) override;
+
+  /// Records a Control node reading `inputs` (Note [Control flow nodes]) and its Project nodes;
+  /// returns one symbolic tensor per result.
+  std::vector<Tensor> control(std::shared_ptr<const ControlFlow> cf,
+                              const std::vector<Tensor>& inputs);
+  /// The tracer of the enclosing construct, or null for a top-level trace.
+  Tracer* parent() const { return parent_; }
 
   /// Closes the graph: outputs are resolved and write-backs of written captured tensors added.
   void finish(const std::vector<Tensor>& outputs);
@@ -72,6 +96,9 @@ class Tracer final : public DispatchMode {
   };
   Tensor symbolic(int32_t value, const TensorMeta& meta, bool requires_grad);
   int32_t capture(const Tensor& t);
+  int32_t lift(const Tensor& t);
+  bool owns_storage(const StorageImpl* st) const;
+  bool is_ancestor_tag(const TraceTag* tag) const;
   int32_t add_op(OpId op, const Attrs& attrs, std::vector<int32_t> inputs, const TensorMeta& m);
   int32_t scope_index();
   [[noreturn]] void throw_stale_view(const char* what, const TensorImpl* x, const Layout& written);
@@ -79,6 +106,9 @@ class Tracer final : public DispatchMode {
   Graph g_;
   IntrusivePtr<TraceTag> tag_;
   Tracer* prev_;
+  Tracer* parent_ = nullptr;  ///< sub-traces: the enclosing construct's tracer
+  Lifts* lifts_ = nullptr;
+  std::unordered_map<size_t, int32_t> lifted_;  ///< position in lifts_ -> this graph's input
   std::unordered_map<const StorageImpl*, Written> written_;
   std::vector<StoragePtr> symbolic_storages_;       ///< held so that their addresses stay unique
   std::vector<const StorageImpl*> input_storages_;  ///< of arguments and placeholders

@@ -1,0 +1,583 @@
+// Structured control flow: Note [Control flow] in trace/control_flow.h.
+#include "trace/control_flow.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "core/dispatch.h"
+#include "core/ops.h"
+#include "eager/autograd.h"
+#include "eager/node.h"
+#include "trace/tracer.h"
+
+namespace duet {
+namespace {
+
+// "f32 (2, 3), i64 ()" for messages.
+std::string metas_str(const std::vector<Tensor>& ts) {
+  std::string s;
+  for (const Tensor& t : ts) {
+    if (!s.empty()) s += ", ";
+    s += t.defined() ? fmt::format("{} {}", t.dtype(), t.sizes()) : std::string("undefined");
+  }
+  return s.empty() ? "nothing" : s;
+}
+
+void check_defined(const char* op, const char* what, const std::vector<Tensor>& ts) {
+  for (size_t i = 0; i < ts.size(); ++i)
+    DUET_CHECK_T(ts[i].defined(), ValueError, "[{}] {} {} is an undefined tensor", op, what, i);
+}
+
+void check_pred(const char* op, const Tensor& pred) {
+  DUET_CHECK_T(pred.defined(), ValueError, "[{}] the predicate is an undefined tensor", op);
+  DUET_CHECK_T(pred.dtype() == DType::b8 && pred.numel() == 1, ValueError,
+               "[{}] the predicate must be a one-element b8 tensor, got {} {}", op, pred.dtype(),
+               pred.sizes());
+}
+
+// Whether got has the count, shapes and dtypes of want; else an error naming both.
+void check_like(const char* op, const char* what, const std::vector<Tensor>& want,
+                const std::vector<Tensor>& got, size_t count) {
+  bool same = got.size() >= count && want.size() >= count;
+  for (size_t i = 0; same && i < count; ++i)
+    same =
+        got[i].defined() && got[i].sizes() == want[i].sizes() && got[i].dtype() == want[i].dtype();
+  DUET_CHECK_T(same, ShapeError, "[{}] {}: expected {}, got {}", op, what,
+               metas_str(std::vector<Tensor>(want.begin(), want.begin() + count)), metas_str(got));
+}
+
+struct GradModeScope {
+  explicit GradModeScope(bool on) : prev(detail::grad_mode()) { detail::set_grad_mode(on); }
+  ~GradModeScope() { detail::set_grad_mode(prev); }
+  GradModeScope(const GradModeScope&) = delete;
+  GradModeScope& operator=(const GradModeScope&) = delete;
+  bool prev;
+};
+
+const OpDef& node_def(ControlKind k) {
+  static const OpDef cond_def = detail::opaque_node_def("cond");
+  static const OpDef scan_def = detail::opaque_node_def("scan");
+  static const OpDef while_def = detail::opaque_node_def("while_loop");
+  return k == ControlKind::Cond ? cond_def : k == ControlKind::Scan ? scan_def : while_def;
+}
+
+TensorMeta meta_of(const Tensor& t) { return {t.sizes(), t.dtype(), t.device()}; }
+
+Tensor zeros_like(const Tensor& t) {
+  return zeros(t.sizes(), Options().dtype(t.dtype()).device(t.device()));
+}
+
+// A leaf standing for t (same value, and a value of the same trace), for a vector-Jacobian
+// product taken with respect to it.
+Tensor leaf_of(const Tensor& t) {
+  Tensor l = t.detach();
+  l.requires_grad_(true);
+  return l;
+}
+
+// One function traced into a subgraph of the construct `parent` is tracing (Note [Sub-traces]).
+// Its explicit inputs have the given metadata; what it reads from outside goes to `lifts`.
+// Traced without a tape: the construct's own rule differentiates it.
+struct SubTrace {
+  Graph graph;
+  std::vector<TensorMeta> results;
+};
+SubTrace trace_sub(detail::Tracer& parent, const std::string& what, const Fn& fn,
+                   const std::vector<TensorMeta>& inputs, detail::Tracer::Lifts& lifts,
+                   const char* op) {
+  detail::Tracer sub(fmt::format("{} in {}", what, parent.graph().label), &parent, &lifts);
+  std::vector<Tensor> in;
+  for (const TensorMeta& m : inputs) in.push_back(sub.input(InputRole::Argument, m, false));
+  std::vector<Tensor> out;
+  {
+    ModeGuard mode(&sub);
+    GradModeScope no_grad(false);
+    out = fn(in);
+  }
+  check_defined(op, "result", out);
+  SubTrace r;
+  for (const Tensor& o : out) r.results.push_back(meta_of(o));
+  sub.finish(out);
+  r.graph = std::move(sub.graph());
+  return r;
+}
+
+std::string metas_str(const std::vector<TensorMeta>& ms) {
+  std::string s;
+  for (const TensorMeta& m : ms)
+    s += fmt::format("{}{} {}", s.empty() ? "" : ", ", m.dtype, m.shape);
+  return s.empty() ? "nothing" : s;
+}
+
+bool same_metas(const std::vector<TensorMeta>& a, const std::vector<TensorMeta>& b, size_t n) {
+  if (a.size() < n || b.size() < n) return false;
+  for (size_t i = 0; i < n; ++i)
+    if (a[i].shape != b[i].shape || a[i].dtype != b[i].dtype) return false;
+  return true;
+}
+
+// A gradient rule of a traced construct for one of its results: the result's gradient, which
+// inputs need one, and where to write them (one per input of the Control node).
+using Rule = std::function<void(const Tensor& grad, const bool* needs, Tensor* grad_in)>;
+
+// Puts each floating result of a traced construct on the tape, with the rule for that result,
+// when grad mode is on and an input requires grad. Each result has a node of its own (a
+// compiled function's outputs do too): a backward through several results of one construct runs
+// the rule once per result.
+void attach_rules(ControlKind kind, std::vector<Tensor>& results, size_t count,
+                  const std::vector<Tensor>& inputs, const std::function<Rule(size_t)>& rule) {
+  if (!detail::grad_mode()) return;
+  bool any = false;
+  for (const Tensor& t : inputs) any = any || t.requires_grad();
+  if (!any) return;
+  for (size_t k = 0; k < count; ++k) {
+    if (!is_floating(results[k].dtype())) continue;
+    auto node = std::make_shared<detail::Node>();
+    node->def = &node_def(kind);
+    node->sequence = detail::next_sequence();
+    node->inputs.resize(inputs.size());
+    node->saved.resize(inputs.size());
+    for (size_t j = 0; j < inputs.size(); ++j) detail::set_input_edge(node->inputs[j], inputs[j]);
+    node->output_meta = meta_of(results[k]);
+    node->backward_fn = rule(k);
+    node->backward_fn_differentiable = true;
+    detail::TensorImpl* x = results[k].unsafe_impl();
+    x->requires_grad = true;
+    detail::autograd_meta(*x).grad_fn = std::move(node);
+  }
+}
+
+const char* kWhileGradError =
+    "[while_loop] is forward only: a gradient cannot flow through it. For a loop with a gradient "
+    "use scan (a fixed number of steps, one per element of xs along dim 0)";
+
+// ---- cond, traced ----
+
+std::vector<Tensor> traced_cond(detail::Tracer& tr, const Tensor& pred, const Fn& true_fn,
+                                const Fn& false_fn, const std::vector<Tensor>& operands) {
+  detail::Tracer::Lifts lifts;
+  lifts.first_slot = static_cast<int32_t>(operands.size());
+  std::vector<TensorMeta> in;
+  for (const Tensor& t : operands) in.push_back(meta_of(t));
+  SubTrace t = trace_sub(tr, "cond true branch", true_fn, in, lifts, "cond");
+  SubTrace f = trace_sub(tr, "cond false branch", false_fn, in, lifts, "cond");
+  DUET_CHECK_T(
+      t.results.size() == f.results.size() && same_metas(t.results, f.results, t.results.size()),
+      ShapeError,
+      "[cond] the branches must return tensors of the same shapes and dtypes: the true "
+      "branch returns {}, the false branch {}",
+      metas_str(t.results), metas_str(f.results));
+  auto cf = std::make_shared<ControlFlow>();
+  cf->kind = ControlKind::Cond;
+  const int32_t nin = lifts.first_slot + static_cast<int32_t>(lifts.tensors.size());
+  t.graph.num_runtime_inputs = f.graph.num_runtime_inputs = nin;
+  cf->graphs = {std::move(t.graph), std::move(f.graph)};
+  cf->results = t.results;
+  std::vector<Tensor> inputs{pred};
+  inputs.insert(inputs.end(), operands.begin(), operands.end());
+  inputs.insert(inputs.end(), lifts.tensors.begin(), lifts.tensors.end());
+  std::vector<Tensor> out = tr.control(cf, inputs);
+  // d/d(operands, free) of result k: cond(pred, vjp of the true branch, vjp of the false one).
+  attach_rules(ControlKind::Cond, out, out.size(), inputs, [cf, inputs](size_t k) -> Rule {
+    return [cf, inputs, k](const Tensor& g, const bool* needs, Tensor* grad_in) {
+      const size_t n = inputs.size() - 1;
+      std::vector<size_t> want;
+      for (size_t j = 0; j < n; ++j)
+        if (needs[1 + j]) want.push_back(j);
+      auto vjp = [cf, k, want, n](int b) {
+        return Fn([cf, k, want, n, b](const std::vector<Tensor>& ins) {
+          std::vector<Tensor> xs(ins.begin(), ins.begin() + static_cast<std::ptrdiff_t>(n));
+          std::vector<Tensor> leaves;
+          for (size_t j : want) leaves.push_back(xs[j] = leaf_of(xs[j]));
+          std::vector<Tensor> outs;
+          {
+            GradModeScope grad_on(true);
+            outs = detail::call_graph(cf->graphs[b], xs);
+          }
+          if (!outs[k].requires_grad()) {
+            std::vector<Tensor> z;
+            for (const Tensor& l : leaves) z.push_back(zeros_like(l));
+            return z;
+          }
+          return detail::grad({outs[k]}, leaves, {ins[n]}, false, false);
+        });
+      };
+      std::vector<Tensor> args(inputs.begin() + 1, inputs.end());
+      args.push_back(g);
+      std::vector<Tensor> r = cond(inputs[0], vjp(0), vjp(1), args);
+      for (size_t i = 0; i < want.size(); ++i) grad_in[1 + want[i]] = r[i];
+    };
+  });
+  return out;
+}
+
+// ---- scan, traced ----
+
+std::vector<Tensor> traced_scan(detail::Tracer& tr, const Fn& fn, const std::vector<Tensor>& init,
+                                const std::vector<Tensor>& xs, bool reverse) {
+  const size_t nc = init.size(), nx = xs.size();
+  detail::Tracer::Lifts lifts;
+  lifts.first_slot = static_cast<int32_t>(nc + nx);
+  std::vector<TensorMeta> in;
+  for (const Tensor& c : init) in.push_back(meta_of(c));
+  for (const Tensor& x : xs) {
+    TensorMeta m = meta_of(x);
+    m.shape.erase(0);
+    in.push_back(m);
+  }
+  SubTrace b = trace_sub(tr, "scan body", fn, in, lifts, "scan");
+  std::vector<TensorMeta> carry_in(in.begin(), in.begin() + static_cast<std::ptrdiff_t>(nc));
+  DUET_CHECK_T(same_metas(carry_in, b.results, nc), ShapeError,
+               "[scan] the body must return the carry first, with its shapes and dtypes: "
+               "expected {}, got {}",
+               metas_str(carry_in), metas_str(b.results));
+  const int64_t length = xs[0].sizes()[0];
+  auto cf = std::make_shared<ControlFlow>();
+  cf->kind = ControlKind::Scan;
+  cf->num_carry = static_cast<int32_t>(nc);
+  cf->num_xs = static_cast<int32_t>(nx);
+  cf->reverse = reverse;
+  b.graph.num_runtime_inputs = lifts.first_slot + static_cast<int32_t>(lifts.tensors.size());
+  const size_t ny = b.results.size() - nc;
+  for (size_t k = 0; k < b.results.size(); ++k) {
+    TensorMeta m = b.results[k];
+    if (k >= nc) m.shape.insert(0, length);
+    cf->results.push_back(m);
+  }
+  std::vector<Tensor> inputs = init;
+  inputs.insert(inputs.end(), xs.begin(), xs.end());
+  inputs.insert(inputs.end(), lifts.tensors.begin(), lifts.tensors.end());
+  bool needs_grad = false;
+  for (const Tensor& t : inputs) needs_grad = needs_grad || t.requires_grad();
+  needs_grad = needs_grad && detail::grad_mode();
+  // The backward reads the carry each step started from: the body also stacks its carry inputs
+  // (DCE drops them again when no backward reads them).
+  if (needs_grad)
+    for (size_t k = 0; k < nc; ++k) {
+      b.graph.outputs.push_back(static_cast<int32_t>(k));  // the carry inputs are values 0..nc-1
+      TensorMeta m = in[k];
+      m.shape.insert(0, length);
+      cf->results.push_back(m);
+    }
+  cf->graphs = {std::move(b.graph)};
+  std::vector<Tensor> all = tr.control(cf, inputs);
+  std::vector<Tensor> out(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(nc + ny));
+  if (!needs_grad) return out;
+  std::vector<Tensor> history(all.begin() + static_cast<std::ptrdiff_t>(nc + ny), all.end());
+  attach_rules(ControlKind::Scan, out, out.size(), inputs,
+               [cf, inputs, history, nc, nx, ny](size_t k) -> Rule {
+                 return [cf, inputs, history, nc, nx, ny, k](const Tensor& g, const bool* needs,
+                                                             Tensor* grad_in) {
+                   const size_t nf = inputs.size() - nc - nx;
+                   // The body without the stacked carries.
+                   auto body = std::make_shared<Graph>(cf->graphs[0]);
+                   body->outputs.resize(nc + ny);
+                   std::vector<size_t> fc, want_x, want_f;  // float carries, needed xs and free
+                   for (size_t j = 0; j < nc; ++j)
+                     if (is_floating(inputs[j].dtype())) fc.push_back(j);
+                   for (size_t i = 0; i < nx; ++i)
+                     if (needs[nc + i]) want_x.push_back(i);
+                   for (size_t j = 0; j < nf; ++j)
+                     if (needs[nc + nx + j]) want_f.push_back(j);
+                   std::vector<Tensor> free(inputs.begin() + static_cast<std::ptrdiff_t>(nc + nx),
+                                            inputs.end());
+                   // Carry of the backward scan: d(carry), then the free values' gradients so far.
+                   std::vector<Tensor> carry;
+                   for (size_t j : fc) carry.push_back(j == k ? g : zeros_like(inputs[j]));
+                   for (size_t j : want_f) carry.push_back(zeros_like(free[j]));
+                   // Scanned: the carry each step started from, the xs, and d(ys) of result k.
+                   std::vector<Tensor> bxs = history;
+                   bxs.insert(bxs.end(), inputs.begin() + static_cast<std::ptrdiff_t>(nc),
+                              inputs.begin() + static_cast<std::ptrdiff_t>(nc + nx));
+                   if (k >= nc) bxs.push_back(g);
+                   Fn step = [body, free, fc, want_x, want_f, nc, nx,
+                              k](const std::vector<Tensor>& in) {
+                     size_t p = 0;
+                     std::vector<Tensor> dc(in.begin(), in.begin() + fc.size());
+                     p += fc.size();
+                     std::vector<Tensor> df(in.begin() + p, in.begin() + p + want_f.size());
+                     p += want_f.size();
+                     std::vector<Tensor> args(in.begin() + p, in.begin() + p + nc + nx);
+                     p += nc + nx;
+                     std::vector<Tensor> fr = free;
+                     std::vector<Tensor> leaves;
+                     for (size_t j : fc) leaves.push_back(args[j] = leaf_of(args[j]));
+                     for (size_t i : want_x) leaves.push_back(args[nc + i] = leaf_of(args[nc + i]));
+                     for (size_t j : want_f) leaves.push_back(fr[j] = leaf_of(fr[j]));
+                     args.insert(args.end(), fr.begin(), fr.end());
+                     std::vector<Tensor> outs;
+                     {
+                       GradModeScope grad_on(true);
+                       outs = detail::call_graph(*body, args);
+                     }
+                     std::vector<Tensor> roots, cots;
+                     for (size_t i = 0; i < fc.size(); ++i)
+                       if (outs[fc[i]].requires_grad()) {
+                         roots.push_back(outs[fc[i]]);
+                         cots.push_back(dc[i]);
+                       }
+                     if (k >= nc && outs[k].requires_grad()) {
+                       roots.push_back(outs[k]);
+                       cots.push_back(in[p]);
+                     }
+                     std::vector<Tensor> gr;
+                     if (roots.empty()) {
+                       for (const Tensor& l : leaves) gr.push_back(zeros_like(l));
+                     } else {
+                       gr = detail::grad(roots, leaves, cots, false, false);
+                     }
+                     // New carry: d(carry in), the free gradients summed; then d(x_t).
+                     std::vector<Tensor> r(gr.begin(), gr.begin() + fc.size());
+                     for (size_t i = 0; i < want_f.size(); ++i)
+                       r.push_back(df[i] + gr[fc.size() + want_x.size() + i]);
+                     for (size_t i = 0; i < want_x.size(); ++i) r.push_back(gr[fc.size() + i]);
+                     return r;
+                   };
+                   std::vector<Tensor> r = detail::scan_impl(step, carry, bxs, !cf->reverse);
+                   for (size_t i = 0; i < fc.size(); ++i)
+                     if (needs[fc[i]]) grad_in[fc[i]] = r[i];
+                   for (size_t i = 0; i < want_f.size(); ++i)
+                     grad_in[nc + nx + want_f[i]] = r[fc.size() + i];
+                   for (size_t i = 0; i < want_x.size(); ++i)
+                     grad_in[nc + want_x[i]] = r[fc.size() + want_f.size() + i];
+                 };
+               });
+  return out;
+}
+
+// ---- while_loop, traced ----
+
+std::vector<Tensor> traced_while(detail::Tracer& tr, const Fn& cond_fn, const Fn& body_fn,
+                                 const std::vector<Tensor>& init) {
+  detail::Tracer::Lifts lifts;
+  lifts.first_slot = static_cast<int32_t>(init.size());
+  std::vector<TensorMeta> in;
+  for (const Tensor& t : init) in.push_back(meta_of(t));
+  SubTrace c = trace_sub(tr, "while_loop cond_fn", cond_fn, in, lifts, "while_loop");
+  DUET_CHECK_T(
+      c.results.size() == 1 && c.results[0].dtype == DType::b8 && c.results[0].shape.numel() == 1,
+      ValueError, "[while_loop] cond_fn must return one one-element b8 tensor, returned {}",
+      metas_str(c.results));
+  SubTrace b = trace_sub(tr, "while_loop body", body_fn, in, lifts, "while_loop");
+  DUET_CHECK_T(b.results.size() == in.size() && same_metas(in, b.results, in.size()), ShapeError,
+               "[while_loop] body_fn must keep the state's shapes and dtypes: expected {}, got {}",
+               metas_str(in), metas_str(b.results));
+  auto cf = std::make_shared<ControlFlow>();
+  cf->kind = ControlKind::WhileLoop;
+  cf->num_carry = static_cast<int32_t>(init.size());
+  const int32_t nin = lifts.first_slot + static_cast<int32_t>(lifts.tensors.size());
+  c.graph.num_runtime_inputs = b.graph.num_runtime_inputs = nin;
+  cf->graphs = {std::move(c.graph), std::move(b.graph)};
+  cf->results = in;
+  std::vector<Tensor> inputs = init;
+  inputs.insert(inputs.end(), lifts.tensors.begin(), lifts.tensors.end());
+  std::vector<Tensor> out = tr.control(cf, inputs);
+  attach_rules(ControlKind::WhileLoop, out, out.size(), inputs, [](size_t) -> Rule {
+    return [](const Tensor&, const bool*, Tensor*) { throw Error(kWhileGradError); };
+  });
+  return out;
+}
+
+}  // namespace
+
+std::vector<Tensor> cond(const Tensor& pred, Fn true_fn, Fn false_fn,
+                         std::vector<Tensor> operands) {
+  check_pred("cond", pred);
+  check_defined("cond", "operand", operands);
+  DUET_CHECK_T(true_fn && false_fn, ValueError, "[cond] both branches must be callable");
+  if (detail::Tracer* tr = detail::Tracer::current())
+    return traced_cond(*tr, pred, true_fn, false_fn, operands);
+  std::vector<Tensor> out = pred.item<bool>() ? true_fn(operands) : false_fn(operands);
+  check_defined("cond", "result", out);
+  return out;
+}
+
+std::vector<Tensor> scan(Fn fn, std::vector<Tensor> init_carry, std::vector<Tensor> xs) {
+  return detail::scan_impl(fn, std::move(init_carry), std::move(xs), false);
+}
+
+std::vector<Tensor> detail::scan_impl(const Fn& fn, std::vector<Tensor> init_carry,
+                                      std::vector<Tensor> xs, bool reverse) {
+  DUET_CHECK_T(fn, ValueError, "[scan] the body must be callable");
+  check_defined("scan", "carry", init_carry);
+  check_defined("scan", "xs", xs);
+  DUET_CHECK_T(!xs.empty(), ValueError,
+               "[scan] needs at least one tensor in xs to scan along (its dim 0 is the length)");
+  for (const Tensor& x : xs)
+    DUET_CHECK_T(x.dim() >= 1 && x.sizes()[0] == xs[0].sizes()[0], ShapeError,
+                 "[scan] every xs tensor is scanned along dim 0, so they need one length; got {}",
+                 metas_str(xs));
+  if (Tracer* tr = Tracer::current()) return traced_scan(*tr, fn, init_carry, xs, reverse);
+  const int64_t length = xs[0].sizes()[0];
+  const size_t nc = init_carry.size();
+  std::vector<Tensor> carry = init_carry;
+  std::vector<std::vector<Tensor>> ys;  // per output, per step (in the order run)
+  for (int64_t s = 0; s < length; ++s) {
+    const int64_t t = reverse ? length - 1 - s : s;
+    std::vector<Tensor> in = carry;
+    for (const Tensor& x : xs) in.push_back(squeeze(slice(x, 0, t, t + 1), 0));
+    std::vector<Tensor> out = fn(in);
+    check_defined("scan", "result", out);
+    check_like("scan", fmt::format("step {} must return the carry first", t).c_str(), init_carry,
+               out, nc);
+    if (s == 0) ys.resize(out.size() - nc);
+    DUET_CHECK_T(out.size() - nc == ys.size(), ShapeError,
+                 "[scan] step {} returned {} per-step results, the first step returned {}", t,
+                 out.size() - nc, ys.size());
+    for (size_t i = 0; i < ys.size(); ++i) {
+      const Tensor& y = out[nc + i];
+      DUET_CHECK_T(s == 0 || (y.sizes() == ys[i][0].sizes() && y.dtype() == ys[i][0].dtype()),
+                   ShapeError,
+                   "[scan] per-step result {} was {} {} at the first step and is {} {} at step {}",
+                   i, ys[i][0].dtype(), ys[i][0].sizes(), y.dtype(), y.sizes(), t);
+      ys[i].push_back(y);
+    }
+    carry.assign(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(nc));
+  }
+  std::vector<Tensor> result = carry;
+  if (length > 0) {
+    for (std::vector<Tensor>& y : ys) {
+      if (reverse) std::reverse(y.begin(), y.end());
+      result.push_back(stack(y, 0));
+    }
+    return result;
+  }
+  // No step ran: the shapes of the per-step results come from tracing the body once, with no
+  // kernel run, and the stacked results are empty along dim 0.
+  std::vector<TensorMeta> metas;
+  {
+    Tracer tr("scan body (length 0)");
+    std::vector<Tensor> in;
+    for (const Tensor& c : carry) in.push_back(tr.input(InputRole::Argument, c));
+    for (const Tensor& x : xs) {
+      Shape s;
+      for (int64_t d = 1; d < x.dim(); ++d) s.push_back(x.sizes()[d]);
+      in.push_back(tr.input(InputRole::Argument, TensorMeta{s, x.dtype(), x.device()}, false));
+    }
+    ModeGuard mode(&tr);
+    std::vector<Tensor> out = fn(in);
+    check_defined("scan", "result", out);
+    check_like("scan", "the body must return the carry first", init_carry, out, nc);
+    for (size_t i = nc; i < out.size(); ++i) {
+      Shape s{0};
+      for (int64_t d : out[i].sizes()) s.push_back(d);
+      metas.push_back({s, out[i].dtype(), out[i].device()});
+    }
+  }
+  for (const TensorMeta& m : metas) result.push_back(empty(m.shape, m.dtype, m.device));
+  return result;
+}
+
+std::vector<Tensor> while_loop(Fn cond_fn, Fn body_fn, std::vector<Tensor> init) {
+  DUET_CHECK_T(cond_fn && body_fn, ValueError, "[while_loop] cond_fn and body_fn must be callable");
+  check_defined("while_loop", "initial value", init);
+  if (detail::Tracer* tr = detail::Tracer::current())
+    return traced_while(*tr, cond_fn, body_fn, init);
+  bool needs_grad = false;
+  for (const Tensor& t : init) needs_grad = needs_grad || t.requires_grad();
+  needs_grad = needs_grad && detail::grad_mode();
+  std::vector<Tensor> state = init;
+  {
+    NoGradGuard ng;  // forward only: no tape across the iterations
+    for (int64_t it = 0;; ++it) {
+      std::vector<Tensor> c = cond_fn(state);
+      DUET_CHECK_T(c.size() == 1, ValueError,
+                   "[while_loop] cond_fn must return one tensor, returned {}", metas_str(c));
+      check_pred("while_loop", c[0]);
+      if (!c[0].item<bool>()) break;
+      std::vector<Tensor> next = body_fn(state);
+      check_defined("while_loop", "result", next);
+      check_like(
+          "while_loop",
+          fmt::format("body_fn must keep the state's shapes and dtypes (iteration {})", it).c_str(),
+          init, next, init.size());
+      DUET_CHECK_T(next.size() == init.size(), ShapeError,
+                   "[while_loop] body_fn returned {} tensors for a state of {}", next.size(),
+                   init.size());
+      state = std::move(next);
+    }
+  }
+  if (!needs_grad) return state;
+  // Each result gets a tape node whose backward is the error: a gradient never silently stops
+  // at the loop (grad() would otherwise return zeros for the inputs).
+  std::vector<Tensor> out;
+  for (const Tensor& s : state) {
+    const detail::TensorImpl* x = s.unsafe_impl();
+    Tensor o = detail::make_view(s, x->shape, x->strides, x->offset);  // a handle of its own
+    o.unsafe_impl()->is_view = false;
+    out.push_back(std::move(o));
+  }
+  attach_rules(ControlKind::WhileLoop, out, out.size(), init, [](size_t) -> Rule {
+    return [](const Tensor&, const bool*, Tensor*) { throw Error(kWhileGradError); };
+  });
+  return out;
+}
+
+std::vector<Tensor> detail::call_graph(const Graph& g, const std::vector<Tensor>& inputs) {
+  std::vector<Tensor> vals(g.nodes.size());
+  std::vector<std::vector<Tensor>> tuples(g.nodes.size());
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const GraphNode& n = g.nodes[i];
+    std::vector<Tensor> in;
+    for (int32_t v : n.inputs) in.push_back(vals[v]);
+    switch (n.kind) {
+      case NodeKind::Input:
+        vals[i] = n.role == InputRole::Captured ? g.captured[n.index] : inputs[n.index];
+        break;
+      case NodeKind::Constant:
+        vals[i] = n.constant;
+        break;
+      case NodeKind::Op: {
+        std::vector<const Tensor*> ptrs;
+        for (const Tensor& t : in) ptrs.push_back(&t);
+        vals[i] = call(n.op, TensorRefs(ptrs.data(), static_cast<int64_t>(ptrs.size())), n.attrs);
+        break;
+      }
+      case NodeKind::Control: {
+        // The construct again, its functions replaying its subgraphs; free values are explicit.
+        std::shared_ptr<const ControlFlow> cf = n.control;
+        const size_t lead = static_cast<size_t>(cf->num_leading());
+        auto sub = [cf](size_t k, std::vector<Tensor> extra) {
+          return Fn([cf, k, extra](const std::vector<Tensor>& ins) {
+            std::vector<Tensor> all = ins;
+            all.insert(all.end(), extra.begin(), extra.end());
+            return call_graph(cf->graphs[k], all);
+          });
+        };
+        switch (cf->kind) {
+          case ControlKind::Cond:
+            tuples[i] =
+                cond(in[0], sub(0, {}), sub(1, {}),
+                     std::vector<Tensor>(in.begin() + static_cast<std::ptrdiff_t>(lead), in.end()));
+            break;
+          case ControlKind::Scan: {
+            const auto c = in.begin(), x = c + cf->num_carry, f = x + cf->num_xs;
+            tuples[i] =
+                scan_impl(sub(0, std::vector<Tensor>(f, in.end())), std::vector<Tensor>(c, x),
+                          std::vector<Tensor>(x, f), cf->reverse);
+            break;
+          }
+          case ControlKind::WhileLoop: {
+            const auto f = in.begin() + cf->num_carry;
+            std::vector<Tensor> free(f, in.end());
+            tuples[i] = while_loop(sub(0, free), sub(1, free), std::vector<Tensor>(in.begin(), f));
+            break;
+          }
+        }
+        break;
+      }
+      case NodeKind::Project:
+        DUET_ASSERT(size_t(n.index) < tuples[n.inputs[0]].size(),
+                    "project [{}] of a construct with {} results", n.index,
+                    tuples[n.inputs[0]].size());
+        vals[i] = tuples[n.inputs[0]][n.index];
+        break;
+    }
+  }
+  std::vector<Tensor> out;
+  for (int32_t o : g.outputs) out.push_back(vals[o]);
+  return out;
+}
+
+}  // namespace duet
