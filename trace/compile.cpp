@@ -471,14 +471,8 @@ std::vector<Tensor> CompiledCore::run(Entry& e, const FlatArgs& args) {
   std::vector<const Tensor*> sources;
   for (const Entry::Source& s : e.wrt)
     sources.push_back(s.arg >= 0 ? &args.tensors[s.arg] : &s.captured);
-  for (const Entry::Backward& b : e.backward) {
-    Tensor& out = outs[b.output];
-    for (size_t j = 0; j < outs.size(); ++j)  // the same tensor twice: a second handle
-      if (j != b.output && outs[j].is_same(out)) {
-        const TensorImpl* x = out.unsafe_impl();
-        out = make_view(out, x->shape, x->strides, x->offset);
-        out.unsafe_impl()->is_view = false;
-      }
+  // Puts `out` on the tape: a node with edges to every source, running `fn` in backward.
+  auto attach = [&](Tensor& out, std::function<void(const Tensor&, const bool*, Tensor*)> fn) {
     auto node = std::make_shared<Node>();
     node->def = &compiled_def();
     node->sequence = next_sequence();
@@ -487,10 +481,22 @@ std::vector<Tensor> CompiledCore::run(Entry& e, const FlatArgs& args) {
     for (size_t j = 0; j < sources.size(); ++j) set_input_edge(node->inputs[j], *sources[j]);
     const TensorImpl* o = out.unsafe_impl();
     node->output_meta = {o->shape, o->dtype, o->device()};
+    node->backward_fn = std::move(fn);
+    out.unsafe_impl()->requires_grad = true;
+    autograd_meta(*out.unsafe_impl()).grad_fn = std::move(node);
+  };
+  for (const Entry::Backward& b : e.backward) {
+    Tensor& out = outs[b.output];
+    for (size_t j = 0; j < outs.size(); ++j)  // the same tensor twice: a second handle
+      if (j != b.output && outs[j].is_same(out)) {
+        const TensorImpl* x = out.unsafe_impl();
+        out = make_view(out, x->shape, x->strides, x->offset);
+        out.unsafe_impl()->is_view = false;
+      }
     std::shared_ptr<Plan> plan = b.plan;
     std::vector<size_t> idx = b.saved;
     std::string label = label_;
-    node->backward_fn = [plan, idx, saved, label](const Tensor& g, const bool*, Tensor* gi) {
+    attach(out, [plan, idx, saved, label](const Tensor& g, const bool*, Tensor* gi) {
       std::vector<Tensor> in;
       for (size_t i : idx) {
         const SavedTensor& s = (*saved)[i];
@@ -503,25 +509,13 @@ std::vector<Tensor> CompiledCore::run(Entry& e, const FlatArgs& args) {
       in.push_back(g);
       std::vector<Tensor> r = plan->run(in);
       for (size_t j = 0; j < r.size(); ++j) gi[j] = std::move(r[j]);
-    };
-    out.unsafe_impl()->requires_grad = true;
-    autograd_meta(*out.unsafe_impl()).grad_fn = std::move(node);
+    });
   }
   for (const auto& [index, message] : e.failed) {
     Tensor& out = outs[index];
     if (out.unsafe_impl()->autograd && out.unsafe_impl()->autograd->grad_fn) continue;
-    auto node = std::make_shared<Node>();
-    node->def = &compiled_def();
-    node->sequence = next_sequence();
-    node->inputs.resize(sources.size());
-    node->saved.resize(sources.size());
-    for (size_t j = 0; j < sources.size(); ++j) set_input_edge(node->inputs[j], *sources[j]);
-    const TensorImpl* o = out.unsafe_impl();
-    node->output_meta = {o->shape, o->dtype, o->device()};
     std::string msg = message;
-    node->backward_fn = [msg](const Tensor&, const bool*, Tensor*) { throw Error(msg); };
-    out.unsafe_impl()->requires_grad = true;
-    autograd_meta(*out.unsafe_impl()).grad_fn = std::move(node);
+    attach(out, [msg](const Tensor&, const bool*, Tensor*) { throw Error(msg); });
   }
   return outs;
 }
