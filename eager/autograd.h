@@ -32,6 +32,16 @@ std::vector<Tensor> grad(std::vector<Tensor> outputs, std::vector<Tensor> inputs
                          std::vector<Tensor> grad_outputs = {}, bool create_graph = false);
 
 namespace detail {
+/// Sets grad mode for its lifetime (RAII), either way (NoGradGuard only turns it off).
+struct GradModeScope {
+  explicit GradModeScope(bool on);
+  ~GradModeScope();
+  GradModeScope(const GradModeScope&) = delete;
+  GradModeScope& operator=(const GradModeScope&) = delete;
+
+ private:
+  bool prev_;
+};
 /// grad() with retain_graph chosen separately (the tracer differentiates one graph several
 /// times).
 std::vector<Tensor> grad(std::vector<Tensor> outputs, std::vector<Tensor> inputs,

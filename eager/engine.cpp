@@ -15,14 +15,11 @@ NoGradGuard::NoGradGuard() : prev_(detail::grad_mode()) { detail::set_grad_mode(
 NoGradGuard::~NoGradGuard() { detail::set_grad_mode(prev_); }
 bool grad_enabled() { return detail::grad_mode(); }
 
+detail::GradModeScope::GradModeScope(bool on) : prev_(grad_mode()) { set_grad_mode(on); }
+detail::GradModeScope::~GradModeScope() { set_grad_mode(prev_); }
+
 namespace detail {
 namespace {
-
-struct GradModeScope {
-  explicit GradModeScope(bool on) : prev(grad_mode()) { set_grad_mode(on); }
-  ~GradModeScope() { set_grad_mode(prev); }
-  bool prev;
-};
 
 // Sums a gradient over the dims that broadcasting added or expanded, and converts its dtype.
 Tensor sum_to(Tensor g, const TensorMeta& m) {

@@ -321,5 +321,7 @@ class Generator {
 
 /// How often the generator tries each op (relative; random_program.cpp).
 double op_weight(Op op);
+/// "f32 (2, 3)": a value's dtype and shape, as listings show it.
+std::string meta_text(const Tensor& t);
 
 }  // namespace duet::test

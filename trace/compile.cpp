@@ -125,13 +125,6 @@ Graph extract(const Graph& g, const std::vector<bool>& include,
   return s;
 }
 
-// The value whose buffer v lives in: v itself, or the root of its chain of views.
-int32_t buffer_root(const Graph& g, int32_t v) {
-  while (g.nodes[v].kind == NodeKind::Op && op_class(g.nodes[v].op) == OpClass::View)
-    v = g.nodes[v].inputs[0];
-  return v;
-}
-
 bool same_input(const GraphNode& a, const GraphNode& b) {
   return a.kind == NodeKind::Input && b.kind == NodeKind::Input && a.role == b.role &&
          a.index == b.index;

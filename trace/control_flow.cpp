@@ -47,13 +47,7 @@ void check_like(const char* op, const char* what, const std::vector<Tensor>& wan
                metas_str(std::vector<Tensor>(want.begin(), want.begin() + count)), metas_str(got));
 }
 
-struct GradModeScope {
-  explicit GradModeScope(bool on) : prev(detail::grad_mode()) { detail::set_grad_mode(on); }
-  ~GradModeScope() { detail::set_grad_mode(prev); }
-  GradModeScope(const GradModeScope&) = delete;
-  GradModeScope& operator=(const GradModeScope&) = delete;
-  bool prev;
-};
+using detail::GradModeScope;
 
 const OpDef& node_def(ControlKind k) {
   static const OpDef cond_def = detail::opaque_node_def("cond");

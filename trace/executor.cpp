@@ -67,22 +67,12 @@ namespace {
 bool is_step_node(const GraphNode& g) {
   return g.kind == NodeKind::Op || g.kind == NodeKind::Control || g.kind == NodeKind::Project;
 }
-bool is_view_node(const GraphNode& g) {
-  return g.kind == NodeKind::Op && op_class(g.op) == OpClass::View;
-}
-
-// The value whose buffer v lives in: v itself, or the root of its chain of views.
-int32_t root_of(const Graph& g, int32_t v) {
-  while (is_view_node(g.nodes[v])) v = g.nodes[v].inputs[0];
-  return v;
-}
-
 // The first `count` results of g, each in a buffer of its own: one that is an input, a view of
 // one, or the buffer of an earlier result gets a copy (Note [Control steps]).
 Graph ensure_fresh_results(Graph g, size_t count) {
   std::vector<int32_t> roots;
   for (size_t k = 0; k < count && k < g.outputs.size(); ++k) {
-    const int32_t r = root_of(g, g.outputs[k]);
+    const int32_t r = buffer_root(g, g.outputs[k]);
     bool copy = g.nodes[r].kind == NodeKind::Input;
     for (int32_t q : roots) copy = copy || (q == r && g.nodes[r].kind != NodeKind::Constant);
     roots.push_back(r);

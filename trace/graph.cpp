@@ -253,9 +253,7 @@ std::string Graph::dot() const {
 
 namespace {
 
-bool same_meta(const TensorMeta& a, const TensorMeta& b) {
-  return a.shape == b.shape && a.dtype == b.dtype && a.device == b.device;
-}
+using detail::same_meta;
 
 // The subgraphs of control node i against its inputs and results (Note [Control flow nodes]).
 void verify_control(const Graph& outer, int32_t i) {

@@ -128,6 +128,19 @@ class [[nodiscard]] Scope {
 Scope scope(std::string name);
 
 namespace detail {
+/// Same shape, dtype and device.
+inline bool same_meta(const TensorMeta& a, const TensorMeta& b) {
+  return a.shape == b.shape && a.dtype == b.dtype && a.device == b.device;
+}
+/// Whether a node is a view op (its value lives in its input's buffer).
+inline bool is_view_node(const GraphNode& n) {
+  return n.kind == NodeKind::Op && op_class(n.op) == OpClass::View;
+}
+/// The value whose buffer v lives in: v itself, or the root of its chain of views.
+inline int32_t buffer_root(const Graph& g, int32_t v) {
+  while (is_view_node(g.nodes[v])) v = g.nodes[v].inputs[0];
+  return v;
+}
 /// The current scope path of this thread ("" outside any scope).
 const std::string& current_scope();
 /// A tensor with metadata and no data, for running shape rules (never a kernel) on it.

@@ -36,10 +36,6 @@ struct Rebuild {
   }
 };
 
-bool same_meta(const TensorMeta& a, const TensorMeta& b) {
-  return a.shape == b.shape && a.dtype == b.dtype && a.device == b.device;
-}
-
 // The scalar a value of dtype d holds when v is stored in it.
 Scalar stored_as(double v, DType d) {
   switch (d) {
