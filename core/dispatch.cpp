@@ -79,9 +79,6 @@ Tensor run_from(int depth, const OpDef& def, const OpCall& c, unsigned expiring)
 
 Tensor call(OpId op, TensorRefs inputs, const Attrs& attrs, unsigned expiring) {
   const OpDef& def = op_def(op);
-  TensorMeta meta;
-  def.infer(def, inputs, attrs, meta);
-  OpCall c{op, inputs, attrs, meta, nullptr};
   // One pass over the inputs for both flags: this is the eager hot path.
   bool requires_grad = false, symbolic = false;
   for (int64_t i = 0; i < inputs.size(); ++i) {
@@ -89,6 +86,14 @@ Tensor call(OpId op, TensorRefs inputs, const Attrs& attrs, unsigned expiring) {
     requires_grad |= x->requires_grad;
     symbolic |= x->trace.get() != nullptr;
   }
+  TensorMeta meta;
+  if (__builtin_expect(symbolic, 0)) {
+    HintReads hints;  // the symbolic rule says how the result depends on symbolic sizes
+    def.infer(def, inputs, attrs, meta);
+  } else {
+    def.infer(def, inputs, attrs, meta);
+  }
+  OpCall c{op, inputs, attrs, meta, nullptr};
   if (__builtin_expect(symbolic, 0) && tls_depth == 0) check_concrete(def, inputs);
   // Autograd records a tape node when grad mode is on and an input requires grad, unless the
   // result cannot carry a gradient (a cast to an integer dtype, as in PyTorch). A recorded call
@@ -102,8 +107,11 @@ Tensor call(OpId op, TensorRefs inputs, const Attrs& attrs, unsigned expiring) {
 void call_inplace(OpId op, TensorRefs inputs, const Attrs& attrs, const Tensor& self) {
   const OpDef& def = op_def(op);
   TensorMeta meta;
-  def.infer(def, inputs, attrs, meta);
-  DUET_CHECK_SHAPE(meta.shape == self.sizes(),
+  {
+    HintReads hints;  // symbolic traces check the symbolic shapes in the tracer
+    def.infer(def, inputs, attrs, meta);
+  }
+  DUET_CHECK_SHAPE(meta.shape == hint_sizes(self),
                    "[{}_] the result of shape {} cannot be written in place into a tensor of "
                    "shape {}",
                    def.name, meta.shape, self.sizes());

@@ -20,6 +20,7 @@ OpDef* build_table() {
   register_index_rules(table);
   register_image_rules(table);
   register_random_rules(table);
+  register_symbolic_rules(table);
   register_backends(table);
   for (const OpDef& d : table) {
     DUET_ASSERT(d.infer, "op {} has no shape rule", d.name);
@@ -50,7 +51,8 @@ OpClass op_class(OpId id) { return detail::op_def(id).cls; }
 
 bool operator==(const Attrs& a, const Attrs& b) {
   return a.ints == b.ints && a.dim == b.dim && a.start == b.start && a.end == b.end &&
-         a.step == b.step && a.keepdim == b.keepdim && a.dtype == b.dtype && a.value == b.value;
+         a.step == b.step && a.keepdim == b.keepdim && a.dtype == b.dtype && a.value == b.value &&
+         (a.sym == b.sym || (a.sym && b.sym && *a.sym == *b.sym));
 }
 
 size_t Attrs::hash() const {
@@ -65,6 +67,8 @@ size_t Attrs::hash() const {
   mix(static_cast<uint64_t>(step));
   mix(keepdim);
   mix(static_cast<uint64_t>(dtype));
+  if (sym)
+    for (const SymInt& v : sym->ints) mix(v.hash());
   mix(static_cast<uint64_t>(value.kind()));
   mix(value.is_floating() ? std::hash<double>{}(value.to<double>())
                           : static_cast<uint64_t>(value.to<int64_t>()));

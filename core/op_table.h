@@ -36,6 +36,9 @@ struct Attrs {
   bool keepdim = false;                           ///< reductions
   DType dtype = DType::f32;                       ///< Cast, Full, Arange
   Scalar value;                                   ///< Full
+  /// The symbolic versions of the size-holding fields, when a trace has symbolic dims (null
+  /// otherwise); the fields above then hold their values at the trace's sizes.
+  std::shared_ptr<const SymAttrs> sym;
   friend bool operator==(const Attrs& a, const Attrs& b);
   size_t hash() const;
 };
@@ -45,6 +48,9 @@ struct TensorMeta {
   Shape shape;
   DType dtype = DType::f32;
   Device device;
+  /// In a trace with symbolic dims: every dim as a SymInt (shape then holds the traced call's
+  /// sizes). Empty when every dim is concrete.
+  SymDims sym;
 };
 
 /// A non-owning list of input tensors (no reference-count traffic on the hot path).
@@ -70,6 +76,13 @@ using KernelFn = void (*)(TensorRefs in, const Attrs& attrs, const Tensor& out);
 /// View rule: a view of in[0] with the output metadata, or an undefined tensor when the
 /// storage cannot express it (then dispatch copies).
 using ViewFn = Tensor (*)(const Tensor& in, const Attrs& attrs, const TensorMeta& out);
+/// Symbolic rule (Note [Symbolic dims] in trace/compile.h): the result's dims as SymInts, from
+/// the inputs' dims (detail::sym_dims) and the symbolic attributes, after the shape rule has
+/// validated the traced call's sizes and written `out`. Decisions that depend on a symbolic
+/// size go through detail::sym_decide (which records guards). An op without one needs concrete
+/// sizes: tracing it on a symbolic tensor specializes those sizes.
+using SymInferFn = void (*)(const OpDef& def, TensorRefs in, const Attrs& attrs,
+                            const TensorMeta& out, SymDims& out_sym);
 
 namespace detail {
 /// Throws the error for a gradient rule reading input i of `node` after that input was modified
@@ -123,6 +136,7 @@ struct OpDef {
   InferFn infer = nullptr;
   ViewFn view = nullptr;
   GradFn grad = nullptr;
+  SymInferFn sym_infer = nullptr;
   uint8_t save = 0;            ///< kSave* bits: what the gradient rule reads
   bool differentiable = true;  ///< false: outputs never require grad (comparisons, sources)
   KernelFn kernel[kNumDeviceTypes] = {};
@@ -150,6 +164,24 @@ void register_source_rules(OpDef* table);
 void register_index_rules(OpDef* table);
 void register_image_rules(OpDef* table);
 void register_random_rules(OpDef* table);
+void register_symbolic_rules(OpDef* table);
+// Symbolic dims (core/ops/symbolic_rules.cpp; Note [Symbolic dims] in trace/compile.h).
+/// The product of the dims.
+SymInt sym_numel(const SymDims& d);
+/// Whether every dim is concrete.
+bool all_concrete(const SymDims& d);
+/// The dims of a meta as SymInts (its sym, or its concrete shape).
+SymDims meta_dims(const TensorMeta& m);
+/// The value of s at the traced call's sizes (s itself when concrete).
+int64_t sym_hint(const SymInt& s);
+/// The dims at the traced call's sizes.
+Shape hint_shape(const SymDims& d);
+/// "(s0, 16)".
+std::string dims_str(const SymDims& d);
+/// Attrs whose ints hold a shape given as SymInts (Reshape, Expand, Full, Random).
+Attrs shape_attrs(const SymDims& dims);
+/// The shape an Attrs holds (its symbolic ints when it has them).
+SymDims attr_dims(const Attrs& a);
 /// Registers a gradient rule and what it saves.
 inline void set_grad(OpDef* t, OpId id, GradFn fn, uint8_t save) {
   t[static_cast<int>(id)].grad = fn;

@@ -213,6 +213,22 @@ Tensor eye(int64_t n, Options options = {});
 
 #undef DUET_DECLARE_UNARY
 
+struct Attrs;
+namespace detail {
+// Builders taking sizes as SymInts: what library code uses to make a shape from the shape of a
+// traced tensor that may have symbolic dims (Note [Symbolic dims] in trace/compile.h). With
+// concrete dims they are reshape, expand and full.
+Tensor reshape_dims(const Tensor& x, const SymDims& dims);
+Tensor expand_dims(const Tensor& x, const SymDims& dims);
+Tensor full_dims(const SymDims& dims, Scalar value, Options options);
+/// A 0-d tensor of `dtype` holding the size n: a wrapped number when n is concrete, else a Full
+/// whose value is symbolic.
+Tensor size_scalar(const SymInt& n, DType dtype);
+/// slice and slice_scatter with the attributes of a recorded Slice (gradient rules).
+Tensor slice_with(const Tensor& x, const Attrs& a);
+Tensor slice_scatter_with(const Tensor& base, const Tensor& src, const Attrs& a);
+}  // namespace detail
+
 /// Threads used by CPU kernels (OpenMP) and by the BLAS.
 void set_num_threads(int n);
 int get_num_threads();

@@ -652,3 +652,92 @@ Truth sym_le(const SymInt& a, const SymInt& b, const SymbolBounds& bounds) {
 }
 
 }  // namespace duet
+
+namespace duet::detail {
+
+thread_local int HintReads::depth_ = 0;
+
+namespace {
+thread_local SymContext* tls_sym_context = nullptr;
+}  // namespace
+
+const char* sym_rel_str(SymRel r) {
+  switch (r) {
+    case SymRel::Eq:
+      return "==";
+    case SymRel::Ne:
+      return "!=";
+    case SymRel::Lt:
+      return "<";
+    case SymRel::Le:
+      return "<=";
+  }
+  return "?";
+}
+
+SymContext* sym_context() { return tls_sym_context; }
+SymContextGuard::SymContextGuard(SymContext* c) : prev_(tls_sym_context) { tls_sym_context = c; }
+SymContextGuard::~SymContextGuard() { tls_sym_context = prev_; }
+
+bool sym_decide(const SymInt& a, SymRel rel, const SymInt& b, const char* why) {
+  SymContext* c = tls_sym_context;
+  const SymbolBounds none;
+  const SymbolBounds& bounds = c ? c->bounds() : none;
+  Truth t = Truth::Unknown;
+  switch (rel) {
+    case SymRel::Eq:
+      t = sym_eq(a, b, bounds);
+      break;
+    case SymRel::Ne:
+      t = sym_eq(a, b, bounds);
+      if (t != Truth::Unknown) t = t == Truth::True ? Truth::False : Truth::True;
+      break;
+    case SymRel::Lt:
+      t = sym_lt(a, b, bounds);
+      break;
+    case SymRel::Le:
+      t = sym_le(a, b, bounds);
+      break;
+  }
+  if (t != Truth::Unknown) return t == Truth::True;
+  DUET_ASSERT(c, "a symbolic size ({} {} {}) was compared outside a symbolic trace", a.str(),
+              sym_rel_str(rel), b.str());
+  const int64_t x = c->hint(a), y = c->hint(b);
+  bool holds = false;
+  switch (rel) {
+    case SymRel::Eq:
+      holds = x == y;
+      break;
+    case SymRel::Ne:
+      holds = x != y;
+      break;
+    case SymRel::Lt:
+      holds = x < y;
+      break;
+    case SymRel::Le:
+      holds = x <= y;
+      break;
+  }
+  // Record what was decided: the relation when it holds, its negation when it does not.
+  if (holds) {
+    c->guard(a, rel, b, why);
+  } else {
+    switch (rel) {
+      case SymRel::Eq:
+        c->guard(a, SymRel::Ne, b, why);
+        break;
+      case SymRel::Ne:
+        c->guard(a, SymRel::Eq, b, why);
+        break;
+      case SymRel::Lt:
+        c->guard(b, SymRel::Le, a, why);
+        break;
+      case SymRel::Le:
+        c->guard(b, SymRel::Lt, a, why);
+        break;
+    }
+  }
+  return holds;
+}
+
+}  // namespace duet::detail

@@ -157,6 +157,89 @@ inline Truth sym_ge(const SymInt& a, const SymInt& b, const SymbolBounds& bounds
 
 }  // namespace duet
 
+namespace duet {
+
+/// A tensor's dims in a trace with symbolic sizes: one SymInt per dim. Empty means "all dims
+/// concrete": the tensor's Shape then says everything (the common, allocation-free case).
+using SymDims = std::vector<SymInt>;
+
+/// The size-holding attributes of one op call when some are symbolic (Note [Symbolic dims] in
+/// trace/compile.h): ints (Reshape, Expand, Full, Random: the shape), start and end (Slice,
+/// SliceScatter), end (Arange) and value (Full). Attrs keeps the concrete values at the trace's
+/// sizes beside them; a compiled run evaluates these for the sizes of its call.
+struct SymAttrs {
+  std::vector<SymInt> ints;  ///< empty: Attrs::ints is concrete
+  std::optional<SymInt> start, end, value;
+  friend bool operator==(const SymAttrs& a, const SymAttrs& b) {
+    return a.ints == b.ints && a.start == b.start && a.end == b.end && a.value == b.value;
+  }
+};
+
+namespace detail {
+
+/// How a symbolic size is compared with another (guards).
+enum class SymRel : uint8_t { Eq, Ne, Lt, Le };
+const char* sym_rel_str(SymRel r);
+
+/// The trace of a compiled function with symbolic dims (installed by trace/compile.cpp while it
+/// traces; null otherwise). Library code asks it the concrete size a symbol has in the call being
+/// traced (the hint), records the guards that decisions taken on those sizes need, and asks for
+/// specialization when it cannot go on without a concrete size.
+class SymContext {
+ public:
+  virtual ~SymContext() = default;
+  /// The value of s at the traced call's sizes.
+  virtual int64_t hint(const SymInt& s) const = 0;
+  /// Records that `a rel b` must hold for the graph to be valid (it holds at the hints).
+  virtual void guard(const SymInt& a, SymRel rel, const SymInt& b, std::string why) = 0;
+  /// Gives up on the symbols of `sizes`: the trace restarts with them concrete. Never returns.
+  [[noreturn]] virtual void specialize(const std::vector<SymInt>& sizes, std::string why) = 0;
+  /// The known lower bounds of the symbols.
+  virtual const SymbolBounds& bounds() const = 0;
+};
+/// This thread's context, or null.
+SymContext* sym_context();
+/// Installs `c` for the lifetime of the guard.
+class SymContextGuard {
+ public:
+  explicit SymContextGuard(SymContext* c);
+  ~SymContextGuard();
+  SymContextGuard(const SymContextGuard&) = delete;
+  SymContextGuard& operator=(const SymContextGuard&) = delete;
+
+ private:
+  SymContext* prev_;
+};
+
+/// Decides `a rel b`: from the bounds when they prove it, else from the hints, recording the
+/// answer as a guard (`why` says which op needed it). Concrete sizes never guard.
+bool sym_decide(const SymInt& a, SymRel rel, const SymInt& b, const char* why);
+
+/// Thrown by SymContext::specialize and caught by compile: not a duet::Error, so that code
+/// catching errors does not swallow it.
+struct SpecializeRequest {
+  std::vector<int32_t> symbols;
+  std::string why;
+};
+
+/// While alive, reading the sizes of a tensor with symbolic dims as integers is allowed on this
+/// thread (shape rules validate the sizes of the traced call; the symbolic rule says how the
+/// result depends on them, Note [Symbolic dims]).
+class HintReads {
+ public:
+  HintReads() { ++depth_; }
+  ~HintReads() { --depth_; }
+  HintReads(const HintReads&) = delete;
+  HintReads& operator=(const HintReads&) = delete;
+  static bool active() { return depth_ > 0; }
+
+ private:
+  static thread_local int depth_;
+};
+
+}  // namespace detail
+}  // namespace duet
+
 template <>
 struct std::hash<duet::SymInt> {
   size_t operator()(const duet::SymInt& s) const { return s.hash(); }

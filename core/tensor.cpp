@@ -108,7 +108,35 @@ double read_double(const Tensor& t, int64_t i) {
 }  // namespace detail
 
 int64_t Tensor::size(int64_t dim) const {
-  return sizes()[detail::wrap_dim("size", dim, this->dim())];
+  const int64_t d = detail::wrap_dim("size", dim, this->dim());
+  if (__builtin_expect(!impl()->sym.empty(), 0)) detail::read_symbolic_sizes(*this, d);
+  return impl()->shape[d];
+}
+
+void detail::read_symbolic_sizes(const Tensor& t, int64_t dim) {
+  if (HintReads::active()) return;
+  SymContext* c = sym_context();
+  if (!c) return;  // the trace is over: the tensor is dead and its next use says so
+  const SymDims& s = t.impl()->sym;
+  std::vector<SymInt> read;
+  for (int64_t d = 0; d < static_cast<int64_t>(s.size()); ++d)
+    if ((dim < 0 || d == dim) && !s[d].is_concrete()) read.push_back(s[d]);
+  if (read.empty()) return;
+  std::string dims = "[";
+  for (size_t d = 0; d < s.size(); ++d) dims += (d ? ", " : "") + s[d].str();
+  dims += "]";
+  c->specialize(read, dim < 0 ? fmt::format("the sizes of a tensor of shape {} were read as "
+                                            "integers (sizes(), shape() or numel())",
+                                            dims)
+                              : fmt::format("size({}) of a tensor of shape {} was read as an "
+                                            "integer",
+                                            dim, dims));
+}
+
+SymDims detail::sym_dims(const Tensor& t) {
+  const TensorImpl* x = t.impl();
+  if (!x->sym.empty()) return x->sym;
+  return SymDims(x->shape.begin(), x->shape.end());
 }
 
 namespace {

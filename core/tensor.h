@@ -14,6 +14,18 @@
 
 namespace duet {
 
+class Tensor;
+namespace detail {
+/// Reading the sizes (dim -1: all of them) of a tensor with symbolic dims as integers: allowed
+/// under HintReads, a specialization inside a symbolic trace (Note [Symbolic dims]).
+void read_symbolic_sizes(const Tensor& t, int64_t dim);
+/// The sizes at the traced call, without specializing: for checks that the symbolic rule
+/// repeats, and for messages.
+inline const Shape& hint_sizes(const Tensor& t);
+/// The dims of t as SymInts (concrete ones when it has no symbolic dims).
+SymDims sym_dims(const Tensor& t);
+}  // namespace detail
+
 class Tensor {
  public:
   /// An undefined tensor (defined() is false).
@@ -21,15 +33,19 @@ class Tensor {
   explicit Tensor(detail::TensorImplPtr impl) : impl_(std::move(impl)) {}
 
   /// Sizes of each dim.
-  Shape shape() const { return impl()->shape; }
-  /// Sizes without a copy.
-  const Shape& sizes() const { return impl()->shape; }
+  Shape shape() const { return sizes(); }
+  /// Sizes without a copy. Inside a compiled function with symbolic dims, reading them as
+  /// integers specializes those dims (the function retraces with them concrete).
+  const Shape& sizes() const {
+    if (__builtin_expect(!impl()->sym.empty(), 0)) detail::read_symbolic_sizes(*this, -1);
+    return impl()->shape;
+  }
   /// Strides in elements.
   const Strides& strides() const { return impl()->strides; }
   /// Offset into the storage, in elements.
   int64_t storage_offset() const { return impl()->offset; }
   int64_t dim() const { return impl()->ndim(); }
-  int64_t numel() const { return impl()->numel(); }
+  int64_t numel() const { return sizes().numel(); }
   DType dtype() const { return impl()->dtype; }
   Device device() const { return impl()->device(); }
   /// False for a default-constructed Tensor.
@@ -127,6 +143,7 @@ Tensor wrap_scalar(const Scalar& s, DType dtype, Device device);
 void materialize_grad(TensorImpl* t);
 /// Reads element `i` (row-major) of a CPU tensor as double / int64.
 double read_double(const Tensor& t, int64_t i);
+inline const Shape& hint_sizes(const Tensor& t) { return t.impl()->shape; }
 }  // namespace detail
 
 }  // namespace duet

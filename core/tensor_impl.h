@@ -15,6 +15,7 @@
 
 #include "core/allocator.h"
 #include "core/device.h"
+#include "core/symbolic.h"
 #include "core/dtype.h"
 #include "core/shape.h"
 
@@ -130,6 +131,10 @@ struct TensorImpl {
   Shape shape;
   Strides strides;
   StoragePtr storage;
+  /// Symbolic tensors of a trace with symbolic dims: every dim as a SymInt (shape holds the
+  /// traced call's sizes); empty otherwise. Reading shape through Tensor's accessors then
+  /// specializes (Note [Symbolic dims] in trace/compile.h).
+  SymDims sym;
   std::unique_ptr<AutogradMeta> autograd;  ///< .grad and grad_fn; null until autograd needs it
 
   TensorImpl();

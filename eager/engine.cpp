@@ -23,6 +23,22 @@ namespace {
 
 // Sums a gradient over the dims that broadcasting added or expanded, and converts its dtype.
 Tensor sum_to(Tensor g, const TensorMeta& m) {
+  if (__builtin_expect(!m.sym.empty() || !g.impl()->sym.empty(), 0)) {
+    // Symbolic dims: the same rule, with size-1 tests decided (and guarded) on SymInts.
+    const SymDims gs = sym_dims(g), ms = meta_dims(m);
+    if (gs != ms) {
+      const int64_t lead = static_cast<int64_t>(gs.size() - ms.size());
+      Dims dims;
+      for (int64_t d = 0; d < static_cast<int64_t>(gs.size()); ++d)
+        if (d < lead || (sym_decide(ms[d - lead], SymRel::Eq, 1, "backward") &&
+                         sym_decide(gs[d], SymRel::Ne, 1, "backward")))
+          dims.push_back(d);
+      if (dims.size()) g = sum(g, dims, /*keepdim=*/true);
+      g = reshape_dims(g, ms);
+    }
+    if (g.dtype() != m.dtype) g = g.to(m.dtype);
+    return g;
+  }
   if (g.sizes() != m.shape) {
     const int64_t lead = g.dim() - m.shape.size();
     DUET_ASSERT(lead >= 0, "gradient of shape {} for an input of shape {}", g.sizes(), m.shape);
@@ -301,7 +317,8 @@ std::vector<Tensor> detail::grad(std::vector<Tensor> outputs, std::vector<Tensor
     Tensor& r = cap.results[i];
     if (first[i] != i) r = cap.results[first[i]];
     if (!r.defined())
-      r = zeros(inputs[i].sizes(), Options().dtype(inputs[i].dtype()).device(inputs[i].device()));
+      r = full_dims(sym_dims(inputs[i]), 0,
+                    Options().dtype(inputs[i].dtype()).device(inputs[i].device()));
     else if (r.dtype() != inputs[i].dtype())
       r = r.to(inputs[i].dtype());
   }

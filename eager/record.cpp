@@ -36,7 +36,7 @@ uint64_t next_sequence() { return g_sequence.fetch_add(1, std::memory_order_rela
 
 void set_input_edge(InputEdge& e, const Tensor& t) {
   TensorImpl* ti = t.unsafe_impl();
-  e.meta = {ti->shape, ti->dtype, ti->device()};
+  e.meta = {ti->shape, ti->dtype, ti->device(), ti->sym};
   e.needs = ti->requires_grad;
   if (e.needs) {
     if (ti->autograd && ti->autograd->grad_fn)
@@ -70,7 +70,7 @@ std::shared_ptr<Node> autograd_prepare(const OpDef& def, TensorRefs in, const At
 
 void autograd_finish(std::shared_ptr<Node> node, const Tensor& out) {
   TensorImpl* o = out.unsafe_impl();
-  node->output_meta = {o->shape, o->dtype, o->device()};
+  node->output_meta = {o->shape, o->dtype, o->device(), o->sym};
   if (node->def->save & kSaveOut) node->saved_output = save(alias(out, nullptr));
   o->requires_grad = true;
   autograd_meta(*o).grad_fn = std::move(node);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <set>
 
 #include "core/dispatch.h"
@@ -18,6 +19,8 @@ namespace {
 double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
+
+}  // namespace
 
 // What the guard compares for one tensor.
 struct TensorSig {
@@ -40,6 +43,8 @@ TensorSig sig_of(const Tensor& t) {
   if (!x->contiguous) s.strides = x->strides;
   return s;
 }
+
+namespace {
 
 // The tape node's op, for messages ("[backward] ... compiled function ...").
 const OpDef& compiled_def() {
@@ -164,16 +169,74 @@ void copy_new_aliases(Graph& opt, const Graph& traced, size_t n) {
 
 }  // namespace
 
+// The plans of one entry for one set of symbol values.
+struct Plans {
+  std::unique_ptr<Plan> forward;                ///< outputs: the results, then the saved values
+  std::vector<std::shared_ptr<Plan>> backward;  ///< per Entry::backward
+};
+
+// A guard of a symbolic entry: a relation its graph assumes (Note [Symbolic dims]).
+struct SymGuard {
+  SymInt a;
+  SymRel rel;
+  SymInt b;
+  std::string why;
+  bool holds(const std::vector<int64_t>& v) const {
+    const int64_t x = a.evaluate(v), y = b.evaluate(v);
+    switch (rel) {
+      case SymRel::Eq:
+        return x == y;
+      case SymRel::Ne:
+        return x != y;
+      case SymRel::Lt:
+        return x < y;
+      case SymRel::Le:
+        return x <= y;
+    }
+    return false;
+  }
+  std::string str() const {
+    return fmt::format("{} {} {} ({})", a.str(), sym_rel_str(rel), b.str(), why);
+  }
+};
+
+// The SymContext of one trace: the symbols' values at the traced call, and what it decided.
+class TraceSyms final : public SymContext {
+ public:
+  std::vector<int64_t> hints;
+  std::vector<SymGuard> guards;
+  SymbolBounds bounds_;
+  int64_t hint(const SymInt& s) const override { return s.evaluate(hints); }
+  void guard(const SymInt& a, SymRel rel, const SymInt& b, std::string why) override {
+    for (const SymGuard& g : guards)
+      if (g.a == a && g.rel == rel && g.b == b) return;
+    guards.push_back({a, rel, b, std::move(why)});
+  }
+  [[noreturn]] void specialize(const std::vector<SymInt>& sizes, std::string why) override {
+    SpecializeRequest r;
+    for (const SymInt& s : sizes)
+      for (int32_t id : s.symbols())
+        if (std::find(r.symbols.begin(), r.symbols.end(), id) == r.symbols.end())
+          r.symbols.push_back(id);
+    r.why = std::move(why);
+    throw r;
+  }
+  const SymbolBounds& bounds() const override { return bounds_; }
+};
+
 // One traced signature.
 struct CompiledCore::Entry {
-  std::vector<TensorSig> sig;
+  std::vector<TensorSig> sig;  ///< symbolic dims hold the traced call's sizes, not compared
+  /// Per tensor, per dim: its symbol, or -1 for a concrete dim. Empty: no symbolic dims.
+  std::vector<std::vector<int32_t>> dim_sym;
+  int32_t num_symbols = 0;
+  std::vector<SymGuard> guards;
   std::vector<std::string> statics;
   bool grad_mode = true;
   /// Captured tensors that require grad at trace time, and those that do not: the trace
   /// depends on the flags.
   std::vector<std::pair<Tensor, bool>> captured_flags;
 
-  std::unique_ptr<Plan> forward;  ///< outputs: the results, then the saved values
   size_t num_outputs = 0;
   /// Differentiation: the tensors gradients flow to (an argument index, or a captured tensor).
   struct Source {
@@ -182,13 +245,19 @@ struct CompiledCore::Entry {
   };
   std::vector<Source> wrt;
   struct Backward {
-    size_t output;               ///< the result it differentiates
-    std::shared_ptr<Plan> plan;  ///< inputs: saved values, then the output's gradient
-    std::vector<size_t> saved;   ///< indices into the forward plan's saved values
+    size_t output;              ///< the result it differentiates
+    std::vector<size_t> saved;  ///< indices into the forward plan's saved values
   };
   std::vector<Backward> backward;
   /// Outputs whose backward failed while tracing: the index, and the error.
   std::vector<std::pair<size_t, std::string>> failed;
+  /// The graphs as traced (forward, then one per backward), before the passes: the plans of
+  /// each set of symbol values are built from them.
+  Graph traced_forward;
+  std::vector<Graph> traced_backward;
+  /// The plans per set of symbol values (one entry, {}, without symbolic dims).
+  std::map<std::vector<int64_t>, Plans> plans;
+  Plans* last_plans = nullptr;
 };
 
 CompiledCore::CompiledCore(CompileOptions options, std::string label)
@@ -196,18 +265,95 @@ CompiledCore::CompiledCore(CompileOptions options, std::string label)
   check_pass_names(options_.disable_passes);
   DUET_CHECK_VALUE(options_.cache_limit >= 1, "[compile] cache_limit must be at least 1, got {}",
                    options_.cache_limit);
-  DUET_CHECK_VALUE(options_.dynamic.empty(),
-                   "[compile] dynamic dims are not supported yet ({} given); each shape traces "
-                   "its own graph",
-                   options_.dynamic.size());
+  for (const auto& [arg, dim] : options_.dynamic)
+    DUET_CHECK_VALUE(arg >= 0 && dim >= 0,
+                     "[compile] a dynamic dim is {{argument index, dim}} with both >= 0, got "
+                     "{{{}, {}}}",
+                     arg, dim);
 }
 
 CompiledCore::~CompiledCore() = default;
 
 const Graph& CompiledCore::graph() const {
-  DUET_CHECK(last_, "[compile] {} has not been called yet, so it has no graph", label_);
-  return last_->forward->graph();
+  DUET_CHECK(last_ && last_->last_plans, "[compile] {} has not been called yet, so it has no graph",
+             label_);
+  return last_->last_plans->forward->graph();
 }
+
+namespace {
+
+// The symbol values of a call for entry e, or false when the call does not fit e: a concrete
+// dim differs, a symbol's dims disagree (duck sizing), or a guard fails (`why` says which).
+bool bind_symbols(const std::vector<std::vector<int32_t>>& dim_sym, int32_t num_symbols,
+                  const std::vector<SymGuard>& guards, const std::vector<TensorSig>& want,
+                  const std::vector<TensorSig>& sig, const std::vector<std::string>& labels,
+                  std::vector<int64_t>& values, std::string* why) {
+  values.assign(static_cast<size_t>(num_symbols), -1);
+  if (want.size() != sig.size()) return false;
+  for (size_t i = 0; i < sig.size(); ++i) {
+    const TensorSig& a = want[i];
+    const TensorSig& b = sig[i];
+    if (a.shape.size() != b.shape.size() || a.dtype != b.dtype || a.device != b.device ||
+        a.requires_grad != b.requires_grad || a.contiguous != b.contiguous ||
+        (!a.contiguous && a.strides != b.strides))
+      return false;
+    for (int64_t d = 0; d < a.shape.size(); ++d) {
+      const int32_t id = dim_sym.empty() ? -1 : dim_sym[i][d];
+      if (id < 0) {
+        if (a.shape[d] != b.shape[d]) return false;
+      } else if (values[id] < 0) {
+        values[id] = b.shape[d];
+      } else if (values[id] != b.shape[d]) {
+        if (why)
+          *why = fmt::format("{} dim {} is {} but s{} (the dims that were equal when traced) is {}",
+                             labels[i], d, b.shape[d], id, values[id]);
+        return false;
+      }
+    }
+  }
+  for (const SymGuard& g : guards)
+    if (!g.holds(values)) {
+      if (why) {
+        std::string at;
+        for (size_t k = 0; k < values.size(); ++k)
+          at += fmt::format("{}s{} = {}", k ? ", " : "", k, values[k]);
+        *why = fmt::format("guard {} failed at {}", g.str(), at);
+      }
+      return false;
+    }
+  return true;
+}
+
+TensorMeta concrete_meta(TensorMeta m, const std::vector<int64_t>& v) {
+  for (size_t d = 0; d < m.sym.size(); ++d) m.shape[static_cast<int64_t>(d)] = m.sym[d].evaluate(v);
+  return m;
+}
+
+// The graph at concrete symbol values: every meta and size-holding attribute evaluated. The
+// symbolic dims stay beside them, for printing.
+Graph instantiate(const Graph& g, const std::vector<int64_t>& v) {
+  Graph r = g;
+  for (GraphNode& n : r.nodes) {
+    n.meta = concrete_meta(std::move(n.meta), v);
+    if (n.kind == NodeKind::Op && n.attrs.sym) {
+      const SymAttrs& s = *n.attrs.sym;
+      for (size_t i = 0; i < s.ints.size(); ++i)
+        n.attrs.ints[static_cast<int64_t>(i)] = s.ints[i].evaluate(v);
+      if (s.start) n.attrs.start = s.start->evaluate(v);
+      if (s.end) n.attrs.end = s.end->evaluate(v);
+      if (s.value) n.attrs.value = Scalar(static_cast<double>(s.value->evaluate(v)));
+    }
+    if (n.kind == NodeKind::Control) {
+      auto cf = std::make_shared<ControlFlow>(*n.control);
+      for (Graph& sub : cf->graphs) sub = instantiate(sub, v);
+      for (TensorMeta& m : cf->results) m = concrete_meta(std::move(m), v);
+      n.control = std::move(cf);
+    }
+  }
+  return r;
+}
+
+}  // namespace
 
 std::vector<Tensor> CompiledCore::call(const FlatArgs& args, const TraceFn& fn) {
   // Inside another trace, a compiled function is inlined into it (as nested jit in JAX).
@@ -221,26 +367,52 @@ std::vector<Tensor> CompiledCore::call(const FlatArgs& args, const TraceFn& fn) 
     sig.push_back(sig_of(t));
   }
   const bool gm = grad_mode();
+  std::vector<int64_t> values;
   auto matches = [&](const Entry& e) {
-    if (e.grad_mode != gm || e.sig != sig || e.statics != args.statics) return false;
+    if (e.grad_mode != gm || e.statics != args.statics) return false;
     for (const auto& [t, rg] : e.captured_flags)
       if (t.requires_grad() != rg) return false;
-    return true;
+    return bind_symbols(e.dim_sym, e.num_symbols, e.guards, e.sig, sig, args.labels, values,
+                        nullptr);
   };
   if (last_ && matches(*last_)) {
     ++stats_.hits;
-    return run(*last_, args);
+    return run(*last_, values, args);
   }
   for (auto& e : entries_)
     if (matches(*e)) {
       ++stats_.hits;
       last_ = e.get();
-      return run(*e, args);
+      return run(*e, values, args);
     }
+  // The dims the new trace makes symbolic: those CompileOptions::dynamic names, those symbolic
+  // in the most recent entry, and (automatic dynamic) those whose size changed since it.
+  std::set<std::pair<size_t, int64_t>> dynamic;
+  for (const auto& [arg, dim] : options_.dynamic) {
+    const std::string name = fmt::format("arg {}", arg);
+    bool found = false;
+    for (size_t i = 0; i < args.tensors.size(); ++i) {
+      const std::string& l = args.labels[i];
+      if (l != name && l.rfind(name + "[", 0) != 0) continue;
+      found = true;
+      DUET_CHECK_VALUE(dim < args.tensors[i].dim(),
+                       "[compile] CompileOptions::dynamic names dim {} of {}, which has shape {}",
+                       dim, l, args.tensors[i].sizes());
+      dynamic.insert({i, dim});
+    }
+    DUET_CHECK_VALUE(found,
+                     "[compile] CompileOptions::dynamic names {}, but {} has no such tensor "
+                     "argument",
+                     name, label_);
+  }
+  std::vector<std::string> made_symbolic;
   // A miss: say why, in words, against the most recent signature.
   if (last_) {
     std::string why;
     const Entry& p = *last_;
+    bool same_structure = p.sig.size() == sig.size();
+    for (size_t i = 0; same_structure && i < sig.size(); ++i)
+      same_structure = p.sig[i].shape.size() == sig[i].shape.size();
     if (p.grad_mode != gm)
       why =
           fmt::format("grad mode changed {} -> {}", p.grad_mode ? "on" : "off", gm ? "on" : "off");
@@ -249,6 +421,7 @@ std::vector<Tensor> CompiledCore::call(const FlatArgs& args, const TraceFn& fn) 
       std::string b = i < args.statics.size() ? args.statics[i] : "nothing";
       if (a != b) why = fmt::format("static argument changed: {} -> {}", a, b);
     }
+    std::string dims_changed;
     for (size_t i = 0; why.empty() && i < sig.size() && i < p.sig.size(); ++i) {
       const TensorSig& a = p.sig[i];
       const TensorSig& b = sig[i];
@@ -256,16 +429,29 @@ std::vector<Tensor> CompiledCore::call(const FlatArgs& args, const TraceFn& fn) 
       if (a.shape.size() != b.shape.size())
         why = fmt::format("{} rank changed {} -> {} (shape {} -> {})", l, a.shape.size(),
                           b.shape.size(), a.shape, b.shape);
-      for (int64_t d = 0; why.empty() && d < a.shape.size(); ++d)
-        if (a.shape[d] != b.shape[d])
-          why = fmt::format("{} dim {} changed {} -> {}", l, d, a.shape[d], b.shape[d]);
+      for (int64_t d = 0; why.empty() && d < a.shape.size(); ++d) {
+        const bool was_symbolic = !p.dim_sym.empty() && p.dim_sym[i][d] >= 0;
+        if (a.shape[d] == b.shape[d] || was_symbolic) continue;
+        auto sp = specialized_.find({i, d});
+        if (sp != specialized_.end() || !b.contiguous) {
+          why = fmt::format(
+              "{} dim {} changed {} -> {} (kept concrete: {})", l, d, a.shape[d], b.shape[d],
+              sp != specialized_.end() ? sp->second : std::string("the tensor is not contiguous"));
+        } else {
+          dims_changed +=
+              fmt::format("{}{} dim {} changed {} -> {}", dims_changed.empty() ? "" : ", ", l, d,
+                          a.shape[d], b.shape[d]);
+          dynamic.insert({i, d});
+        }
+      }
       if (why.empty() && a.dtype != b.dtype)
         why = fmt::format("{} dtype changed {} -> {}", l, a.dtype, b.dtype);
       if (why.empty() && a.device != b.device)
         why = fmt::format("{} device changed {} -> {}", l, a.device, b.device);
       if (why.empty() && a.requires_grad != b.requires_grad)
         why = fmt::format("{} requires_grad changed {} -> {}", l, a.requires_grad, b.requires_grad);
-      if (why.empty() && !(a == b))
+      if (why.empty() &&
+          (a.contiguous != b.contiguous || (!a.contiguous && a.strides != b.strides)))
         why = fmt::format(
             "{} layout changed ({} -> {})", l,
             a.contiguous ? "contiguous"
@@ -279,7 +465,15 @@ std::vector<Tensor> CompiledCore::call(const FlatArgs& args, const TraceFn& fn) 
         why = fmt::format("captured tensor {} (shape {}) requires_grad changed {} -> {}", i,
                           t.sizes(), rg, !rg);
     }
+    if (why.empty() && !dims_changed.empty())
+      why = dims_changed + ": retraced with these dims symbolic";
+    if (why.empty() && p.num_symbols && same_structure)
+      bind_symbols(p.dim_sym, p.num_symbols, p.guards, p.sig, sig, args.labels, values, &why);
     if (why.empty()) why = "a new combination of argument signatures seen before";
+    if (same_structure)
+      for (size_t i = 0; i < p.dim_sym.size(); ++i)
+        for (size_t d = 0; d < p.dim_sym[i].size(); ++d)
+          if (p.dim_sym[i][d] >= 0) dynamic.insert({i, static_cast<int64_t>(d)});
     if (int(entries_.size()) >= options_.cache_limit) {
       if (!warned_) {
         fmt::print(stderr,
@@ -293,18 +487,72 @@ std::vector<Tensor> CompiledCore::call(const FlatArgs& args, const TraceFn& fn) 
     }
     stats_.retrace_reasons.push_back(why);
   }
-  Entry* e = trace(args, fn);
+  // Non-contiguous tensors keep their sizes (their strides depend on them).
+  for (auto it = dynamic.begin(); it != dynamic.end();)
+    it = sig[it->first].contiguous && !specialized_.count(*it) ? std::next(it) : dynamic.erase(it);
+  Entry* e = nullptr;
+  for (;;) {
+    try {
+      e = trace(args, fn, sig, dynamic);
+      break;
+    } catch (const SpecializeRequest& r) {
+      // Library or user code needed concrete sizes: those dims become concrete, and the
+      // function is traced again.
+      std::string dims;
+      for (auto it = dynamic.begin(); it != dynamic.end();) {
+        if (std::find(r.symbols.begin(), r.symbols.end(), pending_symbols_[*it]) ==
+            r.symbols.end()) {
+          ++it;
+          continue;
+        }
+        specialized_[*it] = r.why;
+        dims += fmt::format("{}{} dim {}", dims.empty() ? "" : ", ", args.labels[it->first],
+                            it->second);
+        it = dynamic.erase(it);
+      }
+      DUET_ASSERT(!dims.empty(), "a specialization of no dynamic dim: {}", r.why);
+      stats_.retrace_reasons.push_back(fmt::format("{} made concrete: {}", dims, r.why));
+    }
+  }
   e->sig = std::move(sig);
   e->statics = args.statics;
   e->grad_mode = gm;
   last_ = e;
-  return run(*e, args);
+  std::vector<int64_t> hints;
+  bind_symbols(e->dim_sym, e->num_symbols, {}, e->sig, e->sig, args.labels, hints, nullptr);
+  return run(*e, hints, args);
 }
 
-CompiledCore::Entry* CompiledCore::trace(const FlatArgs& args, const TraceFn& fn) {
+CompiledCore::Entry* CompiledCore::trace(const FlatArgs& args, const TraceFn& fn,
+                                         const std::vector<TensorSig>& sig,
+                                         const std::set<std::pair<size_t, int64_t>>& dynamic) {
   ++stats_.traces;
   auto t0 = std::chrono::steady_clock::now();
   auto e = std::make_unique<Entry>();
+  // Symbols for the dynamic dims; dims of equal size share one (duck sizing, as PyTorch does):
+  // a call where they differ misses and traces again.
+  struct {
+    std::vector<std::vector<int32_t>> dim_sym;
+  } setup;
+  TraceSyms syms;
+  pending_symbols_.clear();
+  if (!dynamic.empty()) {
+    std::map<int64_t, int32_t> by_size;
+    for (size_t i = 0; i < sig.size(); ++i) {
+      setup.dim_sym.emplace_back(static_cast<size_t>(sig[i].shape.size()), -1);
+      for (int64_t d = 0; d < sig[i].shape.size(); ++d) {
+        if (!dynamic.count({i, d})) continue;
+        const int64_t size = sig[i].shape[d];
+        auto it = by_size.find(size);
+        if (it == by_size.end()) {
+          it = by_size.emplace(size, static_cast<int32_t>(syms.hints.size())).first;
+          syms.hints.push_back(size);
+        }
+        setup.dim_sym[i][d] = it->second;
+        pending_symbols_[{i, d}] = it->second;
+      }
+    }
+  }
   Tracer tr(label_);
   std::vector<Tensor> outs;
   std::vector<std::vector<Tensor>> grads;  // per differentiated output
@@ -312,7 +560,21 @@ CompiledCore::Entry* CompiledCore::trace(const FlatArgs& args, const TraceFn& fn
   std::vector<int32_t> gout_values;  // per differentiated output: its gradient's graph input
   {
     std::vector<Tensor> sym;
-    for (const Tensor& t : args.tensors) sym.push_back(tr.input(InputRole::Argument, t));
+    for (size_t i = 0; i < args.tensors.size(); ++i) {
+      SymDims dims;
+      if (!setup.dim_sym.empty()) {
+        const Shape& shape = args.tensors[i].impl()->shape;
+        bool any = false;
+        for (int64_t d = 0; d < shape.size(); ++d) {
+          const int32_t id = setup.dim_sym[i][d];
+          dims.push_back(id >= 0 ? SymInt::symbol(id) : SymInt(shape[d]));
+          any = any || id >= 0;
+        }
+        if (!any) dims.clear();
+      }
+      sym.push_back(tr.input(InputRole::Argument, args.tensors[i], {}, std::move(dims)));
+    }
+    SymContextGuard sym_scope(setup.dim_sym.empty() ? nullptr : &syms);
     ModeGuard mode(&tr);
     outs = fn(sym);
     for (size_t i = 0; i < outs.size(); ++i)
@@ -342,8 +604,8 @@ CompiledCore::Entry* CompiledCore::trace(const FlatArgs& args, const TraceFn& fn
       for (size_t i = 0; i < outs.size(); ++i) {
         if (!outs[i].requires_grad() || is_same_as_arg(outs[i], sym)) continue;
         const TensorImpl* o = outs[i].unsafe_impl();
-        Tensor g =
-            tr.input(InputRole::GradOutput, TensorMeta{o->shape, o->dtype, o->device()}, false);
+        Tensor g = tr.input(InputRole::GradOutput,
+                            TensorMeta{o->shape, o->dtype, o->device(), o->sym}, false);
         try {
           grads.push_back(detail::grad({outs[i]}, wrt, {g}, false, /*retain_graph=*/true));
         } catch (const Error& err) {
@@ -370,6 +632,17 @@ CompiledCore::Entry* CompiledCore::trace(const FlatArgs& args, const TraceFn& fn
   for (const Tensor& c : joint.captured) e->captured_flags.push_back({c, c.requires_grad()});
   e->num_outputs = outs.size();
 
+  e->dim_sym = std::move(setup.dim_sym);
+  e->num_symbols = static_cast<int32_t>(syms.hints.size());
+  e->guards = std::move(syms.guards);
+  stats_.symbolic_dims.clear();
+  for (size_t i = 0; i < e->dim_sym.size(); ++i)
+    for (size_t d = 0; d < e->dim_sym[i].size(); ++d)
+      if (e->dim_sym[i][d] >= 0)
+        stats_.symbolic_dims.push_back(
+            fmt::format("{} dim {}: s{}", args.labels[i], d, e->dim_sym[i][d]));
+  stats_.guards.clear();
+  for (const SymGuard& g : e->guards) stats_.guards.push_back(g.str());
   // Split: the forward part is what the results and write-backs need (and every input but the
   // gradients); each backward reads the forward values it uses as saved inputs.
   const size_t n = joint.nodes.size();
@@ -404,22 +677,10 @@ CompiledCore::Entry* CompiledCore::trace(const FlatArgs& args, const TraceFn& fn
   std::vector<int32_t> fwd_out(joint.outputs.begin(), joint.outputs.begin() + outs.size());
   fwd_out.insert(fwd_out.end(), saved_vec.begin(), saved_vec.end());
 
-  auto t1 = std::chrono::steady_clock::now();
-  const Graph traced = extract(joint, fwd, {}, fwd_out);
-  stats_.nodes_before = traced.num_nodes();
-  Graph fg = optimize(traced, options_.disable_passes);
-  copy_new_aliases(fg, traced, outs.size());
-  fg.verify();
-  stats_.nodes_after = fg.num_nodes();
-  std::vector<Graph> bgs;
+  e->traced_forward = extract(joint, fwd, {}, fwd_out);
   for (size_t k = 0; k < grads.size(); ++k) {
     std::vector<int32_t> boundary(saved_per[k].begin(), saved_per[k].end());
-    Graph bg = extract(joint, bwd_sets[k], boundary, bwd_roots[k]);
-    stats_.nodes_before += bg.num_nodes();
-    bg = optimize(bg, options_.disable_passes);
-    bg.verify();
-    stats_.nodes_after += bg.num_nodes();
-    bgs.push_back(std::move(bg));
+    e->traced_backward.push_back(extract(joint, bwd_sets[k], boundary, bwd_roots[k]));
     Entry::Backward b;
     b.output = diff_outputs[k];
     for (int32_t v : boundary)
@@ -427,17 +688,38 @@ CompiledCore::Entry* CompiledCore::trace(const FlatArgs& args, const TraceFn& fn
           size_t(std::lower_bound(saved_vec.begin(), saved_vec.end(), v) - saved_vec.begin()));
     e->backward.push_back(std::move(b));
   }
+  entries_.push_back(std::move(e));
+  return entries_.back().get();
+}
+
+Plans CompiledCore::build_plans(const Entry& e, const std::vector<int64_t>& values) {
+  auto t1 = std::chrono::steady_clock::now();
+  const Graph traced = e.num_symbols ? instantiate(e.traced_forward, values) : e.traced_forward;
+  stats_.nodes_before = traced.num_nodes();
+  Graph fg = optimize(traced, options_.disable_passes);
+  copy_new_aliases(fg, traced, e.num_outputs);
+  fg.verify();
+  stats_.nodes_after = fg.num_nodes();
+  std::vector<Graph> bgs;
+  for (const Graph& b : e.traced_backward) {
+    Graph bg = e.num_symbols ? instantiate(b, values) : b;
+    stats_.nodes_before += bg.num_nodes();
+    bg = optimize(bg, options_.disable_passes);
+    bg.verify();
+    stats_.nodes_after += bg.num_nodes();
+    bgs.push_back(std::move(bg));
+  }
   stats_.optimize_ms = ms_since(t1);
   auto t2 = std::chrono::steady_clock::now();
   const PlanOptions popt = PlanOptions::from_disabled(options_.disable_passes);
-  e->forward = std::make_unique<Plan>(std::move(fg), popt);
-  for (size_t k = 0; k < bgs.size(); ++k)
-    e->backward[k].plan = std::make_shared<Plan>(std::move(bgs[k]), popt);
+  Plans p;
+  p.forward = std::make_unique<Plan>(std::move(fg), popt);
+  for (Graph& bg : bgs) p.backward.push_back(std::make_shared<Plan>(std::move(bg), popt));
   stats_.buffer_bytes = stats_.fused_kernels = stats_.fused_nodes = stats_.epilogues =
       stats_.arena_bytes = stats_.intermediate_bytes = stats_.hoisted_nodes =
           stats_.parallel_plans = 0;
-  auto add_stats = [&](const Plan& p) {
-    const PlanStats& s = p.stats();
+  auto add_stats = [&](const Plan& pl) {
+    const PlanStats& s = pl.stats();
     stats_.buffer_bytes += s.buffer_bytes;
     stats_.fused_kernels += s.fused_kernels;
     stats_.fused_nodes += s.fused_nodes;
@@ -447,15 +729,20 @@ CompiledCore::Entry* CompiledCore::trace(const FlatArgs& args, const TraceFn& fn
     stats_.hoisted_nodes += s.hoisted_nodes;
     stats_.parallel_plans += s.parallel ? 1 : 0;
   };
-  add_stats(*e->forward);
-  for (const auto& b : e->backward) add_stats(*b.plan);
+  add_stats(*p.forward);
+  for (const auto& b : p.backward) add_stats(*b);
   stats_.plan_ms = ms_since(t2);
-  entries_.push_back(std::move(e));
-  return entries_.back().get();
+  ++stats_.plans_built;
+  return p;
 }
 
-std::vector<Tensor> CompiledCore::run(Entry& e, const FlatArgs& args) {
-  std::vector<Tensor> res = e.forward->run(args.tensors);
+std::vector<Tensor> CompiledCore::run(Entry& e, const std::vector<int64_t>& values,
+                                      const FlatArgs& args) {
+  auto it = e.plans.find(values);
+  if (it == e.plans.end()) it = e.plans.emplace(values, build_plans(e, values)).first;
+  Plans& plans = it->second;
+  e.last_plans = &plans;
+  std::vector<Tensor> res = plans.forward->run(args.tensors);
   std::vector<Tensor> outs(res.begin(), res.begin() + e.num_outputs);
   if ((e.backward.empty() && e.failed.empty()) || !grad_mode()) return outs;
   auto saved = std::make_shared<std::vector<SavedTensor>>();
@@ -478,7 +765,8 @@ std::vector<Tensor> CompiledCore::run(Entry& e, const FlatArgs& args) {
     out.unsafe_impl()->requires_grad = true;
     autograd_meta(*out.unsafe_impl()).grad_fn = std::move(node);
   };
-  for (const Entry::Backward& b : e.backward) {
+  for (size_t k = 0; k < e.backward.size(); ++k) {
+    const Entry::Backward& b = e.backward[k];
     Tensor& out = outs[b.output];
     for (size_t j = 0; j < outs.size(); ++j)  // the same tensor twice: a second handle
       if (j != b.output && outs[j].is_same(out)) {
@@ -486,7 +774,7 @@ std::vector<Tensor> CompiledCore::run(Entry& e, const FlatArgs& args) {
         out = make_view(out, x->shape, x->strides, x->offset);
         out.unsafe_impl()->is_view = false;
       }
-    std::shared_ptr<Plan> plan = b.plan;
+    std::shared_ptr<Plan> plan = plans.backward[k];
     std::vector<size_t> idx = b.saved;
     std::string label = label_;
     attach(out, [plan, idx, saved, label](const Tensor& g, const bool*, Tensor* gi) {

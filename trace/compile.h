@@ -11,6 +11,8 @@
 
 #include <cstdio>
 #include <functional>
+#include <map>
+#include <set>
 #include <memory>
 #include <source_location>
 #include <string>
@@ -24,7 +26,9 @@
 namespace duet {
 
 struct CompileOptions {
-  std::vector<std::pair<int, int>> dynamic;  ///< {argument index, dim}: symbolic (issue 7)
+  /// {argument index, dim}: dims symbolic from the first trace (Note [Symbolic dims]). Without
+  /// them, a dim becomes symbolic when its size changes between calls (automatic dynamic).
+  std::vector<std::pair<int, int>> dynamic;
   /// Passes to switch off: "dce", "cse", "fold", "simplify" (graph passes), "fuse" (elementwise
   /// and reduction-prologue fusion), "codegen" (the generated-C++ tier of fused kernels),
   /// "plan_memory" (one arena, buffers reused), "parallel" (independent branches on both
@@ -38,6 +42,10 @@ struct CompileStats {
   int hits = 0;
   std::vector<std::string> retrace_reasons;  ///< one per retrace: "arg 0 dim 1 changed 31 -> 32"
   int eager_calls = 0;                       ///< calls run eagerly because the cache was full
+  /// The symbolic dims of the most recent trace ("arg 0 dim 0: s0"), and the guards it recorded
+  /// ("s0 != 1 (squeeze)"): the relations between sizes that its graph assumes.
+  std::vector<std::string> symbolic_dims, guards;
+  int plans_built = 0;  ///< plans built: one per trace, plus one per new size of symbolic dims
   // The most recent trace, in milliseconds: tracing fn, the passes, and building the plans.
   double trace_ms = 0, optimize_ms = 0, plan_ms = 0;
   int64_t nodes_before = 0;   ///< op nodes of the most recent trace (forward and backward)
@@ -64,6 +72,9 @@ struct FlatArgs {
 };
 using TraceFn = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
 
+struct Plans;
+struct TensorSig;
+
 class CompiledCore {
  public:
   CompiledCore(CompileOptions options, std::string label);
@@ -77,8 +88,10 @@ class CompiledCore {
 
  private:
   struct Entry;
-  Entry* trace(const FlatArgs& args, const TraceFn& fn);
-  std::vector<Tensor> run(Entry& e, const FlatArgs& args);
+  Entry* trace(const FlatArgs& args, const TraceFn& fn, const std::vector<TensorSig>& sig,
+               const std::set<std::pair<size_t, int64_t>>& dynamic);
+  Plans build_plans(const Entry& e, const std::vector<int64_t>& values);
+  std::vector<Tensor> run(Entry& e, const std::vector<int64_t>& values, const FlatArgs& args);
 
   CompileOptions options_;
   std::string label_;
@@ -86,6 +99,10 @@ class CompiledCore {
   std::vector<std::unique_ptr<Entry>> entries_;
   Entry* last_ = nullptr;
   bool warned_ = false;
+  /// Dims kept concrete because the code needed their sizes, with the reason.
+  std::map<std::pair<size_t, int64_t>, std::string> specialized_;
+  /// The symbol of each dynamic dim in the trace under way.
+  std::map<std::pair<size_t, int64_t>, int32_t> pending_symbols_;
 };
 
 // ---- flattening of arguments and results ----

@@ -19,7 +19,8 @@ std::string metas_str(const std::vector<Tensor>& ts) {
   std::string s;
   for (const Tensor& t : ts) {
     if (!s.empty()) s += ", ";
-    s += t.defined() ? fmt::format("{} {}", t.dtype(), t.sizes()) : std::string("undefined");
+    s += t.defined() ? fmt::format("{} {}", t.dtype(), detail::dims_str(detail::sym_dims(t)))
+                     : std::string("undefined");
   }
   return s.empty() ? "nothing" : s;
 }
@@ -31,9 +32,19 @@ void check_defined(const char* op, const char* what, const std::vector<Tensor>& 
 
 void check_pred(const char* op, const Tensor& pred) {
   DUET_CHECK_T(pred.defined(), ValueError, "[{}] the predicate is an undefined tensor", op);
-  DUET_CHECK_T(pred.dtype() == DType::b8 && pred.numel() == 1, ValueError,
-               "[{}] the predicate must be a one-element b8 tensor, got {} {}", op, pred.dtype(),
-               pred.sizes());
+  DUET_CHECK_T(
+      pred.dtype() == DType::b8 &&
+          detail::sym_decide(detail::sym_numel(detail::sym_dims(pred)), detail::SymRel::Eq, 1, op),
+      ValueError, "[{}] the predicate must be a one-element b8 tensor, got {} {}", op, pred.dtype(),
+      detail::dims_str(detail::sym_dims(pred)));
+}
+
+// Whether two shapes are equal (sizes compared symbolically, with guards where needed).
+bool same_dims(const SymDims& a, const SymDims& b, const char* op) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (!detail::sym_decide(a[i], detail::SymRel::Eq, b[i], op)) return false;
+  return true;
 }
 
 // Whether got has the count, shapes and dtypes of want; else an error naming both.
@@ -41,8 +52,8 @@ void check_like(const char* op, const char* what, const std::vector<Tensor>& wan
                 const std::vector<Tensor>& got, size_t count) {
   bool same = got.size() >= count && want.size() >= count;
   for (size_t i = 0; same && i < count; ++i)
-    same =
-        got[i].defined() && got[i].sizes() == want[i].sizes() && got[i].dtype() == want[i].dtype();
+    same = got[i].defined() && got[i].dtype() == want[i].dtype() &&
+           same_dims(detail::sym_dims(got[i]), detail::sym_dims(want[i]), op);
   DUET_CHECK_T(same, ShapeError, "[{}] {}: expected {}, got {}", op, what,
                metas_str(std::vector<Tensor>(want.begin(), want.begin() + count)), metas_str(got));
 }
@@ -56,10 +67,32 @@ const OpDef& node_def(ControlKind k) {
   return k == ControlKind::Cond ? cond_def : k == ControlKind::Scan ? scan_def : while_def;
 }
 
-TensorMeta meta_of(const Tensor& t) { return {t.sizes(), t.dtype(), t.device()}; }
+TensorMeta meta_of(const Tensor& t) {
+  const detail::TensorImpl* x = t.impl();
+  return {x->shape, x->dtype, x->device(), x->sym};
+}
 
 Tensor zeros_like(const Tensor& t) {
-  return zeros(t.sizes(), Options().dtype(t.dtype()).device(t.device()));
+  return detail::full_dims(detail::sym_dims(t), 0, Options().dtype(t.dtype()).device(t.device()));
+}
+
+// A meta with a leading dim of `length` added (stacked results), or dim 0 removed (one step).
+TensorMeta with_leading(TensorMeta m, const SymInt& length) {
+  if (!m.sym.empty() || !length.is_concrete()) {
+    SymDims s = detail::meta_dims(m);
+    s.insert(s.begin(), length);
+    m.sym = std::move(s);
+  }
+  m.shape.insert(0, detail::sym_hint(length));
+  return m;
+}
+TensorMeta without_leading(TensorMeta m) {
+  m.shape.erase(0);
+  if (!m.sym.empty()) {
+    m.sym.erase(m.sym.begin());
+    if (detail::all_concrete(m.sym)) m.sym.clear();
+  }
+  return m;
 }
 
 // A leaf standing for t (same value, and a value of the same trace), for a vector-Jacobian
@@ -100,14 +133,18 @@ SubTrace trace_sub(detail::Tracer& parent, const std::string& what, const Fn& fn
 std::string metas_str(const std::vector<TensorMeta>& ms) {
   std::string s;
   for (const TensorMeta& m : ms)
-    s += fmt::format("{}{} {}", s.empty() ? "" : ", ", m.dtype, m.shape);
+    s += fmt::format("{}{} {}", s.empty() ? "" : ", ", m.dtype,
+                     detail::dims_str(detail::meta_dims(m)));
   return s.empty() ? "nothing" : s;
 }
 
-bool same_metas(const std::vector<TensorMeta>& a, const std::vector<TensorMeta>& b, size_t n) {
+bool same_metas(const std::vector<TensorMeta>& a, const std::vector<TensorMeta>& b, size_t n,
+                const char* op) {
   if (a.size() < n || b.size() < n) return false;
   for (size_t i = 0; i < n; ++i)
-    if (a[i].shape != b[i].shape || a[i].dtype != b[i].dtype) return false;
+    if (a[i].dtype != b[i].dtype ||
+        !same_dims(detail::meta_dims(a[i]), detail::meta_dims(b[i]), op))
+      return false;
   return true;
 }
 
@@ -156,12 +193,12 @@ std::vector<Tensor> traced_cond(detail::Tracer& tr, const Tensor& pred, const Fn
   for (const Tensor& t : operands) in.push_back(meta_of(t));
   SubTrace t = trace_sub(tr, "cond true branch", true_fn, in, lifts, "cond");
   SubTrace f = trace_sub(tr, "cond false branch", false_fn, in, lifts, "cond");
-  DUET_CHECK_T(
-      t.results.size() == f.results.size() && same_metas(t.results, f.results, t.results.size()),
-      ShapeError,
-      "[cond] the branches must return tensors of the same shapes and dtypes: the true "
-      "branch returns {}, the false branch {}",
-      metas_str(t.results), metas_str(f.results));
+  DUET_CHECK_T(t.results.size() == f.results.size() &&
+                   same_metas(t.results, f.results, t.results.size(), "cond"),
+               ShapeError,
+               "[cond] the branches must return tensors of the same shapes and dtypes: the true "
+               "branch returns {}, the false branch {}",
+               metas_str(t.results), metas_str(f.results));
   auto cf = std::make_shared<ControlFlow>();
   cf->kind = ControlKind::Cond;
   const int32_t nin = lifts.first_slot + static_cast<int32_t>(lifts.tensors.size());
@@ -216,17 +253,15 @@ std::vector<Tensor> traced_scan(detail::Tracer& tr, const Fn& fn, const std::vec
   std::vector<TensorMeta> in;
   for (const Tensor& c : init) in.push_back(meta_of(c));
   for (const Tensor& x : xs) {
-    TensorMeta m = meta_of(x);
-    m.shape.erase(0);
-    in.push_back(m);
+    in.push_back(without_leading(meta_of(x)));
   }
   SubTrace b = trace_sub(tr, "scan body", fn, in, lifts, "scan");
   std::vector<TensorMeta> carry_in(in.begin(), in.begin() + static_cast<std::ptrdiff_t>(nc));
-  DUET_CHECK_T(same_metas(carry_in, b.results, nc), ShapeError,
+  DUET_CHECK_T(same_metas(carry_in, b.results, nc, "scan"), ShapeError,
                "[scan] the body must return the carry first, with its shapes and dtypes: "
                "expected {}, got {}",
                metas_str(carry_in), metas_str(b.results));
-  const int64_t length = xs[0].sizes()[0];
+  const SymInt length = detail::sym_dims(xs[0])[0];
   auto cf = std::make_shared<ControlFlow>();
   cf->kind = ControlKind::Scan;
   cf->num_carry = static_cast<int32_t>(nc);
@@ -235,9 +270,7 @@ std::vector<Tensor> traced_scan(detail::Tracer& tr, const Fn& fn, const std::vec
   b.graph.num_runtime_inputs = lifts.first_slot + static_cast<int32_t>(lifts.tensors.size());
   const size_t ny = b.results.size() - nc;
   for (size_t k = 0; k < b.results.size(); ++k) {
-    TensorMeta m = b.results[k];
-    if (k >= nc) m.shape.insert(0, length);
-    cf->results.push_back(m);
+    cf->results.push_back(k >= nc ? with_leading(b.results[k], length) : b.results[k]);
   }
   std::vector<Tensor> inputs = init;
   inputs.insert(inputs.end(), xs.begin(), xs.end());
@@ -250,9 +283,7 @@ std::vector<Tensor> traced_scan(detail::Tracer& tr, const Fn& fn, const std::vec
   if (needs_grad)
     for (size_t k = 0; k < nc; ++k) {
       b.graph.outputs.push_back(static_cast<int32_t>(k));  // the carry inputs are values 0..nc-1
-      TensorMeta m = in[k];
-      m.shape.insert(0, length);
-      cf->results.push_back(m);
+      cf->results.push_back(with_leading(in[k], length));
     }
   cf->graphs = {std::move(b.graph)};
   std::vector<Tensor> all = tr.control(cf, inputs);
@@ -349,12 +380,15 @@ std::vector<Tensor> traced_while(detail::Tracer& tr, const Fn& cond_fn, const Fn
   std::vector<TensorMeta> in;
   for (const Tensor& t : init) in.push_back(meta_of(t));
   SubTrace c = trace_sub(tr, "while_loop cond_fn", cond_fn, in, lifts, "while_loop");
-  DUET_CHECK_T(
-      c.results.size() == 1 && c.results[0].dtype == DType::b8 && c.results[0].shape.numel() == 1,
-      ValueError, "[while_loop] cond_fn must return one one-element b8 tensor, returned {}",
-      metas_str(c.results));
+  DUET_CHECK_T(c.results.size() == 1 && c.results[0].dtype == DType::b8 &&
+                   detail::sym_decide(detail::sym_numel(detail::meta_dims(c.results[0])),
+                                      detail::SymRel::Eq, 1, "while_loop"),
+               ValueError,
+               "[while_loop] cond_fn must return one one-element b8 tensor, returned {}",
+               metas_str(c.results));
   SubTrace b = trace_sub(tr, "while_loop body", body_fn, in, lifts, "while_loop");
-  DUET_CHECK_T(b.results.size() == in.size() && same_metas(in, b.results, in.size()), ShapeError,
+  DUET_CHECK_T(b.results.size() == in.size() && same_metas(in, b.results, in.size(), "while_loop"),
+               ShapeError,
                "[while_loop] body_fn must keep the state's shapes and dtypes: expected {}, got {}",
                metas_str(in), metas_str(b.results));
   auto cf = std::make_shared<ControlFlow>();
@@ -399,7 +433,9 @@ std::vector<Tensor> detail::scan_impl(const Fn& fn, std::vector<Tensor> init_car
   DUET_CHECK_T(!xs.empty(), ValueError,
                "[scan] needs at least one tensor in xs to scan along (its dim 0 is the length)");
   for (const Tensor& x : xs)
-    DUET_CHECK_T(x.dim() >= 1 && x.sizes()[0] == xs[0].sizes()[0], ShapeError,
+    DUET_CHECK_T(x.dim() >= 1 && detail::sym_decide(detail::sym_dims(x)[0], detail::SymRel::Eq,
+                                                    detail::sym_dims(xs[0])[0], "scan"),
+                 ShapeError,
                  "[scan] every xs tensor is scanned along dim 0, so they need one length; got {}",
                  metas_str(xs));
   if (Tracer* tr = Tracer::current()) return traced_scan(*tr, fn, init_carry, xs, reverse);

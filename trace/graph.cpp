@@ -30,7 +30,9 @@ bool reads_dtype(OpId op) {
 
 std::string meta_str(const TensorMeta& m) {
   std::string s = fmt::format("{}[", dtype_name(m.dtype));
-  for (int64_t i = 0; i < m.shape.size(); ++i) s += fmt::format("{}{}", i ? ", " : "", m.shape[i]);
+  for (int64_t i = 0; i < m.shape.size(); ++i)
+    s += fmt::format("{}{}", i ? ", " : "",
+                     m.sym.empty() ? std::to_string(m.shape[i]) : m.sym[i].str());
   s += "]";
   if (!m.device.is_cpu()) s += fmt::format(" {}", m.device);
   return s;
@@ -56,19 +58,31 @@ std::string attrs_str(OpId op, const Attrs& a) {
   std::vector<std::string> parts;
   if (a.ints.size()) {
     std::string s = "[";
-    for (int64_t i = 0; i < a.ints.size(); ++i) s += fmt::format("{}{}", i ? ", " : "", a.ints[i]);
+    const bool sym = a.sym && !a.sym->ints.empty();
+    for (int64_t i = 0; i < a.ints.size(); ++i)
+      s += fmt::format("{}{}", i ? ", " : "",
+                       sym ? a.sym->ints[i].str() : std::to_string(a.ints[i]));
     const OpClass cls = op_class(op);
     const char* key = cls == OpClass::Reduction || op == OpId::Permute ? "dims" : "shape";
     parts.push_back(fmt::format("{}={}]", key, s));
   }
   const Attrs d{};
   if (a.dim != d.dim) parts.push_back(fmt::format("dim={}", a.dim));
-  if (a.start != d.start) parts.push_back(fmt::format("start={}", a.start));
-  if (a.end != d.end) parts.push_back(fmt::format("end={}", a.end));
+  const SymAttrs* sa = a.sym.get();
+  if (sa && sa->start)
+    parts.push_back(fmt::format("start={}", sa->start->str()));
+  else if (a.start != d.start)
+    parts.push_back(fmt::format("start={}", a.start));
+  if (sa && sa->end)
+    parts.push_back(fmt::format("end={}", sa->end->str()));
+  else if (a.end != d.end)
+    parts.push_back(fmt::format("end={}", a.end));
   if (a.step != d.step) parts.push_back(fmt::format("step={}", a.step));
   if (a.keepdim) parts.push_back("keepdim");
   if (reads_dtype(op)) parts.push_back(fmt::format("dtype={}", dtype_name(a.dtype)));
-  if (op == OpId::Full) parts.push_back(fmt::format("value={}", scalar_str(a.value)));
+  if (op == OpId::Full)
+    parts.push_back(
+        fmt::format("value={}", sa && sa->value ? sa->value->str() : scalar_str(a.value)));
   std::string s;
   for (size_t i = 0; i < parts.size(); ++i) s += (i ? " " : "") + parts[i];
   return s;
@@ -324,6 +338,7 @@ void verify_control(const Graph& outer, int32_t i) {
 }  // namespace
 
 void Graph::verify() const {
+  detail::HintReads hints;  // the shape rules check the sizes the metas hold
   const int32_t n = static_cast<int32_t>(nodes.size());
   std::vector<bool> slot_seen(static_cast<size_t>(num_runtime_inputs), false);
   for (int32_t i = 0; i < n; ++i) {
@@ -425,6 +440,7 @@ Tensor detail::make_meta_tensor(const TensorMeta& m) {
   TensorImplPtr p = TensorImplPtr::adopt(t);
   t->dtype = m.dtype;
   t->shape = m.shape;
+  t->sym = m.sym;
   t->strides = contiguous_strides(m.shape);
   t->storage = StoragePtr::adopt(new StorageImpl(nullptr, 0, m.device, nullptr));
   return Tensor(std::move(p));

@@ -112,10 +112,10 @@ Tensor Tracer::input(InputRole role, const TensorMeta& meta, bool requires_grad,
   return t;
 }
 
-Tensor Tracer::input(InputRole role, const Tensor& like, std::string name) {
+Tensor Tracer::input(InputRole role, const Tensor& like, std::string name, SymDims sym) {
   const TensorImpl* l = like.impl();
-  Tensor t =
-      input(role, TensorMeta{l->shape, l->dtype, l->device()}, l->requires_grad, std::move(name));
+  Tensor t = input(role, TensorMeta{l->shape, l->dtype, l->device(), std::move(sym)},
+                   l->requires_grad, std::move(name));
   // The same layout as the real input, so that layout-dependent code (contiguous(), reshape of
   // a transposed tensor) traces as it runs eagerly; the guard includes the layout.
   TensorImpl* x = t.unsafe_impl();
@@ -214,24 +214,58 @@ void Tracer::set_name(const Tensor& t, const std::string& name) {
   g_.nodes[value_of(t)].name = name;
 }
 
+TensorMeta Tracer::symbolic_meta(const OpDef& def, const OpCall& c) {
+  TensorMeta m = c.meta;
+  bool any = c.attrs.sym != nullptr;
+  for (int64_t i = 0; i < c.inputs.size(); ++i) any = any || !c.inputs[i].impl()->sym.empty();
+  if (!any) return m;
+  SymContext* ctx = sym_context();
+  DUET_ASSERT(ctx, "[{}] symbolic sizes outside a symbolic trace", def.name);
+  if (!def.sym_infer) {
+    std::vector<SymInt> used;
+    for (int64_t i = 0; i < c.inputs.size(); ++i)
+      for (const SymInt& d : c.inputs[i].impl()->sym)
+        if (!d.is_concrete()) used.push_back(d);
+    if (c.attrs.sym)
+      for (const SymInt& d : c.attrs.sym->ints)
+        if (!d.is_concrete()) used.push_back(d);
+    ctx->specialize(used, fmt::format("{} needs concrete sizes", def.name));
+  }
+  SymDims out;
+  def.sym_infer(def, c.inputs, c.attrs, c.meta, out);
+  DUET_ASSERT(hint_shape(out) == c.meta.shape,
+              "[{}] the symbolic rule gives {} but the shape rule {} at the traced sizes", def.name,
+              dims_str(out), c.meta.shape);
+  if (!all_concrete(out)) m.sym = std::move(out);
+  return m;
+}
+
 Tensor Tracer::handle(const OpCall& c) {
   const OpDef& def = op_def(c.op);
   std::vector<int32_t> ins(static_cast<size_t>(c.inputs.size()));
   for (int64_t i = 0; i < c.inputs.size(); ++i) ins[i] = value_of(c.inputs[i]);
+  const TensorMeta meta = symbolic_meta(def, c);
 
   if (c.inplace_out) {
     const Tensor& self = *c.inplace_out;
     TensorImpl* x = self.unsafe_impl();
+    if (!meta.sym.empty() || !x->sym.empty()) {
+      const SymDims r = meta_dims(meta), t = sym_dims(self);
+      for (size_t d = 0; d < r.size(); ++d) {
+        const bool eq = sym_decide(r[d], SymRel::Eq, t[d], def.name);
+        DUET_ASSERT(eq, "[{}_] result {} into {}", def.name, dims_str(r), dims_str(t));
+      }
+    }
     DUET_CHECK(!parent_ || owns_storage(x->storage.get()),
                "[{}_] while tracing {}: a tensor of shape {} from outside the function is "
                "written in place. The functions of cond, scan and while_loop may write in place "
                "only tensors they create; return the new value instead",
                def.name, g_.label, x->shape);
-    int32_t v = add_op(c.op, c.attrs, std::move(ins), c.meta);
+    int32_t v = add_op(c.op, c.attrs, std::move(ins), meta);
     if (c.meta.dtype != x->dtype) {
       Attrs a;
       a.dtype = x->dtype;
-      v = add_op(OpId::Cast, a, {v}, TensorMeta{c.meta.shape, x->dtype, c.meta.device});
+      v = add_op(OpId::Cast, a, {v}, TensorMeta{meta.shape, x->dtype, meta.device, meta.sym});
     }
     StorageImpl* st = x->storage.get();
     const Layout lay = layout_of(x);
@@ -264,11 +298,16 @@ Tensor Tracer::handle(const OpCall& c) {
     return self;
   }
 
-  int32_t v = add_op(c.op, c.attrs, std::move(ins), c.meta);
+  int32_t v = add_op(c.op, c.attrs, std::move(ins), meta);
   if (def.cls == OpClass::View) {
-    Tensor out = def.view(c.inputs[0], c.attrs, c.meta);
+    Tensor out;
+    {
+      HintReads hints;  // strides of the traced call's sizes; the graph keeps the symbolic dims
+      out = def.view(c.inputs[0], c.attrs, c.meta);
+    }
     if (out.defined()) {
       TensorImpl* x = out.unsafe_impl();
+      x->sym = meta.sym;
       x->trace = tag_;
       x->value = v;
       x->sym_version = x->storage->version_.load(std::memory_order_relaxed);
@@ -276,7 +315,7 @@ Tensor Tracer::handle(const OpCall& c) {
     }
     // No strides express it: eager copies, so the result is a fresh contiguous tensor.
   }
-  return symbolic(v, c.meta, false);
+  return symbolic(v, meta, false);
 }
 
 void Tracer::finish(const std::vector<Tensor>& outputs) {

@@ -50,8 +50,9 @@ class Tracer final : public DispatchMode {
   Tracer(const Tracer&) = delete;
   Tracer& operator=(const Tracer&) = delete;
 
-  /// A symbolic graph input standing for `like` (same shape, dtype, strides, requires_grad).
-  Tensor input(InputRole role, const Tensor& like, std::string name = {});
+  /// A symbolic graph input standing for `like` (same shape, dtype, strides, requires_grad);
+  /// `sym` gives its dims as SymInts when some are symbolic (Note [Symbolic dims]).
+  Tensor input(InputRole role, const Tensor& like, std::string name = {}, SymDims sym = {});
   /// A symbolic graph input of the given metadata (contiguous).
   Tensor input(InputRole role, const TensorMeta& meta, bool requires_grad, std::string name = {});
 
@@ -99,6 +100,8 @@ class Tracer final : public DispatchMode {
   int32_t lift(const Tensor& t);
   bool owns_storage(const StorageImpl* st) const;
   bool is_ancestor_tag(const TraceTag* tag) const;
+  /// The call's output metadata with its symbolic dims (Note [Symbolic dims]).
+  TensorMeta symbolic_meta(const OpDef& def, const OpCall& c);
   int32_t add_op(OpId op, const Attrs& attrs, std::vector<int32_t> inputs, const TensorMeta& m);
   int32_t scope_index();
   [[noreturn]] void throw_stale_view(const char* what, const TensorImpl* x, const Layout& written);

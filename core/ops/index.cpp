@@ -98,7 +98,7 @@ void infer_argmax(const OpDef&, TensorRefs in, const Attrs& a, TensorMeta& out) 
 
 void grad_gather(const GradCtx& c, const Tensor& g, Tensor* gi) {
   const TensorMeta& m = c.input_meta[0];
-  Tensor z = zeros(m.shape, Options().dtype(g.dtype()).device(m.device));
+  Tensor z = full_dims(meta_dims(m), 0, Options().dtype(g.dtype()).device(m.device));
   gi[0] = scatter_add(z, c.attrs.dim, c.inputs[1], g);
 }
 void grad_scatter_add(const GradCtx& c, const Tensor& g, Tensor* gi) {
@@ -107,12 +107,23 @@ void grad_scatter_add(const GradCtx& c, const Tensor& g, Tensor* gi) {
 }
 // attrs.ints holds each input's size along dim (set by the builder).
 void grad_cat(const GradCtx& c, const Tensor& g, Tensor* gi) {
-  const int64_t d = c.attrs.dim;
-  int64_t at = 0;
-  for (int64_t i = 0; i < c.attrs.ints.size(); ++i) {
-    const int64_t len = c.attrs.ints[i];
-    if (c.needs_grad(i)) gi[i] = slice(g, d, at, at + len);
-    at += len;
+  const SymDims lens = attr_dims(c.attrs);
+  SymInt at = 0;
+  for (size_t i = 0; i < lens.size(); ++i) {
+    if (c.needs_grad(static_cast<int64_t>(i))) {
+      Attrs a;
+      a.dim = c.attrs.dim;
+      a.start = sym_hint(at);
+      a.end = sym_hint(at + lens[i]);
+      if (!at.is_concrete() || !lens[i].is_concrete()) {
+        auto sym = std::make_shared<SymAttrs>();
+        sym->start = at;
+        sym->end = at + lens[i];
+        a.sym = std::move(sym);
+      }
+      gi[i] = slice_with(g, a);
+    }
+    at += lens[i];
   }
 }
 
@@ -179,10 +190,14 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   Attrs a;
   a.dim = detail::wrap_dim("cat", dim, std::max<int64_t>(tensors[0].dim(), 1));
   std::vector<const Tensor*> in;
+  SymDims lens;  // sizes along dim, for the grad
   for (const Tensor& t : tensors) {
     in.push_back(&t);
-    a.ints.push_back(t.dim() > a.dim ? t.sizes()[a.dim] : 0);  // sizes along dim, for the grad
+    lens.push_back(t.dim() > a.dim ? detail::sym_dims(t)[a.dim] : SymInt(0));
   }
+  const Attrs sizes = detail::shape_attrs(lens);
+  a.ints = sizes.ints;
+  a.sym = sizes.sym;
   return detail::call(OpId::Cat, TensorRefs(in.data(), static_cast<int64_t>(in.size())), a);
 }
 

@@ -43,30 +43,29 @@ void infer_reduce(const OpDef& def, TensorRefs in, const Attrs& attrs, TensorMet
 }
 
 // The input's shape with the reduced dims set to 1: where keepdim=false outputs go back to.
-Shape keepdim_shape(const Shape& in, const Attrs& a) {
-  Shape s = in;
+SymDims keepdim_shape(SymDims s, const Attrs& a) {
   if (a.ints.empty())
-    for (int64_t i = 0; i < s.size(); ++i) s[i] = 1;
+    for (SymInt& d : s) d = 1;
   else
     for (int64_t d : a.ints)
-      if (d < s.size()) s[d] = 1;
+      if (d < static_cast<int64_t>(s.size())) s[d] = 1;
   return s;
 }
 
 void grad_sum(const GradCtx& c, const Tensor& g, Tensor* gi) {
-  const Shape& in = c.input_meta[0].shape;
-  gi[0] = expand(reshape(g, keepdim_shape(in, c.attrs)), in);
+  const SymDims in = meta_dims(c.input_meta[0]);
+  gi[0] = expand_dims(reshape_dims(g, keepdim_shape(in, c.attrs)), in);
 }
 
 // Max and min: the gradient goes to the elements equal to the result, split evenly among ties.
 void grad_extremum(const GradCtx& c, const Tensor& g, Tensor* gi) {
   const Tensor& x = c.inputs[0];
-  Shape ks = keepdim_shape(x.sizes(), c.attrs);
-  Tensor mask = eq(x, reshape(c.output, ks));
+  const SymDims ks = keepdim_shape(sym_dims(x), c.attrs);
+  Tensor mask = eq(x, reshape_dims(c.output, ks));
   Dims dims;  // the forward's dims (empty: all)
   for (int64_t d : c.attrs.ints) dims.push_back(d);
   Tensor count = sum(mask, dims, /*keepdim=*/true);
-  gi[0] = where(mask, reshape(g, ks) / count, 0);
+  gi[0] = where(mask, reshape_dims(g, ks) / count, 0);
 }
 
 }  // namespace
@@ -118,13 +117,16 @@ Tensor mean(const Tensor& x, Dims dims, bool keepdim) {
                    ".to(DType::f32)",
                    x.dtype(), x.sizes());
   Attrs a = detail::reduce_attrs("mean", x, dims, keepdim);
-  int64_t count = 1;
+  const SymDims xs = detail::sym_dims(x);
+  SymInt count = 1;
   if (a.ints.empty() || x.dim() == 0)  // a 0-d tensor accepts dim 0 and reduces one element
-    count = x.numel();
+    count = detail::sym_numel(xs);
   else
-    for (int64_t d : a.ints) count *= x.sizes()[d];
+    for (int64_t d : a.ints) count *= xs[d];
+  if (!count.is_concrete())
+    return div(reduce(OpId::Sum, "mean", x, dims, keepdim), detail::size_scalar(count, x.dtype()));
   // The mean of nothing is NaN, as in PyTorch (0/0).
-  return div(reduce(OpId::Sum, "mean", x, dims, keepdim), static_cast<double>(count));
+  return div(reduce(OpId::Sum, "mean", x, dims, keepdim), static_cast<double>(count.concrete()));
 }
 
 }  // namespace duet

@@ -104,4 +104,28 @@ Tensor tensor(std::vector<double> values, Shape shape, Options options) {
   return t;
 }
 
+namespace detail {
+
+Tensor full_dims(const SymDims& dims, Scalar value, Options options) {
+  if (all_concrete(dims)) return full(hint_shape(dims), value, options);
+  Attrs a = shape_attrs(dims);
+  a.value = value;
+  a.dtype = options.dtype_.value_or(value.default_dtype());
+  return source(OpId::Full, a, options);
+}
+
+Tensor size_scalar(const SymInt& n, DType dtype) {
+  if (n.is_concrete())
+    return wrap_scalar(Scalar(static_cast<double>(n.concrete())), dtype, Device::cpu());
+  Attrs a;
+  a.value = Scalar(static_cast<double>(sym_hint(n)));
+  a.dtype = dtype;
+  auto sym = std::make_shared<SymAttrs>();
+  sym->value = n;
+  a.sym = std::move(sym);
+  return source(OpId::Full, a, Options().dtype(dtype));
+}
+
+}  // namespace detail
+
 }  // namespace duet

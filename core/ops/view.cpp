@@ -145,7 +145,7 @@ void infer_slice_scatter(const OpDef& def, TensorRefs in, const Attrs& a, Tensor
 // ---- gradient rules ---------------------------------------------------------------------------
 
 void grad_reshape(const GradCtx& c, const Tensor& g, Tensor* gi) {
-  gi[0] = reshape(g, c.input_meta[0].shape);
+  gi[0] = reshape_dims(g, meta_dims(c.input_meta[0]));
 }
 void grad_permute(const GradCtx& c, const Tensor& g, Tensor* gi) {
   std::vector<int64_t> inv(c.attrs.ints.size());
@@ -154,18 +154,18 @@ void grad_permute(const GradCtx& c, const Tensor& g, Tensor* gi) {
 }
 void grad_slice(const GradCtx& c, const Tensor& g, Tensor* gi) {
   const TensorMeta& m = c.input_meta[0];
-  Tensor z = zeros(m.shape, Options().dtype(g.dtype()).device(m.device));
-  gi[0] = slice_scatter(z, g, c.attrs.dim, c.attrs.start, c.attrs.end, c.attrs.step);
+  Tensor z = full_dims(meta_dims(m), 0, Options().dtype(g.dtype()).device(m.device));
+  gi[0] = slice_scatter_with(z, g, c.attrs);
 }
 void grad_expand(const GradCtx&, const Tensor& g, Tensor* gi) { gi[0] = g; }  // engine sums
 void grad_slice_scatter(const GradCtx& c, const Tensor& g, Tensor* gi) {
   const Attrs& a = c.attrs;
   if (c.needs_grad(0)) {
     const TensorMeta& m = c.input_meta[1];
-    Tensor z = zeros(m.shape, Options().dtype(g.dtype()).device(m.device));
-    gi[0] = slice_scatter(g, z, a.dim, a.start, a.end, a.step);
+    Tensor z = full_dims(meta_dims(m), 0, Options().dtype(g.dtype()).device(m.device));
+    gi[0] = slice_scatter_with(g, z, a);
   }
-  if (c.needs_grad(1)) gi[1] = slice(g, a.dim, a.start, a.end, a.step);
+  if (c.needs_grad(1)) gi[1] = slice_with(g, a);
 }
 
 Tensor view_call(OpId op, const Tensor& x, const Attrs& a) {
@@ -195,6 +195,29 @@ void register_view_rules(OpDef* t) {
 }  // namespace detail
 
 Tensor reshape(const Tensor& x, Shape shape) {
+  if (__builtin_expect(!x.impl()->sym.empty(), 0)) {
+    // Symbolic dims: -1 becomes the symbolic count of the remaining elements.
+    SymDims dims(shape.begin(), shape.end());
+    int64_t infer_at = -1, known = 1;
+    for (int64_t i = 0; i < shape.size(); ++i) {
+      DUET_CHECK_SHAPE(shape[i] >= -1 && !(shape[i] == -1 && infer_at >= 0),
+                       "[reshape] invalid target {} for a tensor of shape {}", shape,
+                       detail::dims_str(x.impl()->sym));
+      if (shape[i] == -1)
+        infer_at = i;
+      else
+        known *= shape[i];
+    }
+    if (infer_at >= 0) {
+      const SymInt n = detail::sym_numel(x.impl()->sym);
+      DUET_CHECK_SHAPE(
+          known != 0 && detail::sym_decide(mod(n, known), detail::SymRel::Eq, 0, "reshape"),
+          "[reshape] cannot reshape a tensor of shape {} to {}", detail::dims_str(x.impl()->sym),
+          shape);
+      dims[infer_at] = floordiv(n, known);
+    }
+    return detail::reshape_dims(x, dims);
+  }
   int64_t infer_at = -1, known = 1;
   for (int64_t i = 0; i < shape.size(); ++i) {
     if (shape[i] == -1) {
@@ -237,27 +260,40 @@ Tensor transpose(const Tensor& x, int64_t d0, int64_t d1) {
 
 Tensor squeeze(const Tensor& x, int64_t dim) {
   dim = detail::wrap_dim("squeeze", dim, x.dim());
-  if (x.dim() == 0 || x.sizes()[dim] != 1) return x;
-  Shape s = x.sizes();
-  s.erase(dim);
-  return reshape(x, s);
+  if (x.dim() == 0) return x;
+  SymDims s = detail::sym_dims(x);
+  if (!detail::sym_decide(s[dim], detail::SymRel::Eq, 1, "squeeze")) return x;
+  s.erase(s.begin() + dim);
+  return detail::reshape_dims(x, s);
 }
 
 Tensor squeeze(const Tensor& x) {
-  Shape s;
-  for (int64_t d : x.sizes())
-    if (d != 1) s.push_back(d);
-  return s.size() == x.dim() ? x : reshape(x, s);
+  SymDims s;
+  for (const SymInt& d : detail::sym_dims(x))
+    if (!detail::sym_decide(d, detail::SymRel::Eq, 1, "squeeze")) s.push_back(d);
+  return static_cast<int64_t>(s.size()) == x.dim() ? x : detail::reshape_dims(x, s);
 }
 
 Tensor unsqueeze(const Tensor& x, int64_t dim) {
   dim = detail::wrap_dim("unsqueeze", dim, x.dim() + 1);
-  Shape s = x.sizes();
-  s.insert(dim, 1);
-  return reshape(x, s);
+  SymDims s = detail::sym_dims(x);
+  s.insert(s.begin() + dim, 1);
+  return detail::reshape_dims(x, s);
 }
 
 Tensor expand(const Tensor& x, Shape shape) {
+  if (__builtin_expect(!x.impl()->sym.empty(), 0)) {
+    const int64_t lead = shape.size() - x.dim();
+    DUET_CHECK_SHAPE(lead >= 0, "[expand] cannot expand shape {} to {} with fewer dims",
+                     detail::dims_str(x.impl()->sym), shape);
+    SymDims dims(shape.begin(), shape.end());
+    for (int64_t i = 0; i < shape.size(); ++i) {
+      if (shape[i] != -1) continue;
+      DUET_CHECK_SHAPE(i >= lead, "[expand] -1 is not allowed for a new leading dim in {}", shape);
+      dims[i] = x.impl()->sym[i - lead];
+    }
+    return detail::expand_dims(x, dims);
+  }
   int64_t lead = shape.size() - x.dim();
   DUET_CHECK_SHAPE(lead >= 0, "[expand] cannot expand shape {} to {} with fewer dims", x.sizes(),
                    shape);
@@ -279,16 +315,37 @@ Attrs slice_attrs(const char* op, const Tensor& x, int64_t dim, int64_t start, i
   DUET_CHECK_VALUE(x.dim() > 0, "[{}] cannot slice a 0-d tensor", op);
   dim = detail::wrap_dim(op, dim, x.dim());
   DUET_CHECK_VALUE(step >= 1, "[{}] step must be positive, got {}", op, step);
-  int64_t n = x.sizes()[dim];
-  if (start < 0) start += n;
-  if (end < 0) end += n;
-  start = std::clamp<int64_t>(start, 0, n);
-  end = std::clamp<int64_t>(end, start, n);
   Attrs a;
   a.dim = dim;
+  a.step = step;
+  const SymInt n = detail::sym_dims(x)[dim];
+  if (!n.is_concrete()) {
+    // Python's rules on a symbolic size: each comparison with n is decided at the traced sizes
+    // and guarded.
+    using detail::SymRel;
+    auto bound = [&](int64_t v, const SymInt& lo) -> SymInt {
+      SymInt b = v < 0 ? n + SymInt(v) : SymInt(v);
+      if (detail::sym_decide(b, SymRel::Lt, lo, op)) b = lo;
+      if (detail::sym_decide(n, SymRel::Lt, b, op)) b = n;
+      return b;
+    };
+    const SymInt s = bound(start, 0);
+    const SymInt e = bound(end, s);
+    auto sym = std::make_shared<SymAttrs>();
+    sym->start = s;
+    sym->end = e;
+    a.start = detail::sym_hint(s);
+    a.end = detail::sym_hint(e);
+    a.sym = std::move(sym);
+    return a;
+  }
+  const int64_t nc = n.concrete();
+  if (start < 0) start += nc;
+  if (end < 0) end += nc;
+  start = std::clamp<int64_t>(start, 0, nc);
+  end = std::clamp<int64_t>(end, start, nc);
   a.start = start;
   a.end = end;
-  a.step = step;
   return a;
 }
 }  // namespace
@@ -303,5 +360,31 @@ Tensor slice_scatter(const Tensor& base, const Tensor& src, int64_t dim, int64_t
   const Tensor* in[] = {&base, &src};
   return detail::call(OpId::SliceScatter, TensorRefs(in, 2), a);
 }
+
+namespace detail {
+
+Tensor reshape_dims(const Tensor& x, const SymDims& dims) {
+  if (all_concrete(dims)) {
+    Shape s;
+    for (const SymInt& d : dims) s.push_back(d.concrete());
+    if (x.impl()->sym.empty()) return reshape(x, s);
+  }
+  return view_call(OpId::Reshape, x, shape_attrs(dims));
+}
+
+Tensor expand_dims(const Tensor& x, const SymDims& dims) {
+  if (all_concrete(dims) && x.impl()->sym.empty()) return expand(x, hint_shape(dims));
+  if (sym_dims(x) == dims) return x;
+  return view_call(OpId::Expand, x, shape_attrs(dims));
+}
+
+Tensor slice_with(const Tensor& x, const Attrs& a) { return view_call(OpId::Slice, x, a); }
+
+Tensor slice_scatter_with(const Tensor& base, const Tensor& src, const Attrs& a) {
+  const Tensor* in[] = {&base, &src};
+  return call(OpId::SliceScatter, TensorRefs(in, 2), a);
+}
+
+}  // namespace detail
 
 }  // namespace duet
