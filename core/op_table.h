@@ -182,6 +182,11 @@ std::string dims_str(const SymDims& d);
 Attrs shape_attrs(const SymDims& dims);
 /// The shape an Attrs holds (its symbolic ints when it has them).
 SymDims attr_dims(const Attrs& a);
+/// Whether a and b have the same shape, sizes compared with sym_decide (guards when symbolic):
+/// for library checks on tensors whose dims may be symbolic.
+bool same_shape(const Tensor& a, const Tensor& b, const char* op);
+/// Whether dim d of t has size n (decided as same_shape does).
+bool size_is(const Tensor& t, int64_t d, const SymInt& n, const char* op);
 /// Registers a gradient rule and what it saves.
 inline void set_grad(OpDef* t, OpId id, GradFn fn, uint8_t save) {
   t[static_cast<int>(id)].grad = fn;

@@ -64,6 +64,9 @@ Tensor make_view(const Tensor& base, const Shape& shape, const Strides& strides,
   // aliases (detach, autograd's saved tensors) keep the base's.
   t->trace = b->trace;
   t->value = b->value;
+  // An alias (the same layout) keeps the base's symbolic dims; the tracer sets a view op's own.
+  if (!b->sym.empty() && shape == b->shape && strides == b->strides && offset == b->offset)
+    t->sym = b->sym;
   t->sym_version = b->sym_version;
   t->refresh_contiguous();
   return Tensor(std::move(p));
@@ -122,9 +125,7 @@ void detail::read_symbolic_sizes(const Tensor& t, int64_t dim) {
   for (int64_t d = 0; d < static_cast<int64_t>(s.size()); ++d)
     if ((dim < 0 || d == dim) && !s[d].is_concrete()) read.push_back(s[d]);
   if (read.empty()) return;
-  std::string dims = "[";
-  for (size_t d = 0; d < s.size(); ++d) dims += (d ? ", " : "") + s[d].str();
-  dims += "]";
+  const std::string dims = dims_str(s);
   c->specialize(read, dim < 0 ? fmt::format("the sizes of a tensor of shape {} were read as "
                                             "integers (sizes(), shape() or numel())",
                                             dims)

@@ -30,8 +30,10 @@ Tensor sum_to(Tensor g, const TensorMeta& m) {
       const int64_t lead = static_cast<int64_t>(gs.size() - ms.size());
       Dims dims;
       for (int64_t d = 0; d < static_cast<int64_t>(gs.size()); ++d)
-        if (d < lead || (sym_decide(ms[d - lead], SymRel::Eq, 1, "backward") &&
-                         sym_decide(gs[d], SymRel::Ne, 1, "backward")))
+        // A dim of size 1 in the input is summed whatever g's size (a sum over one element
+        // changes nothing), so that no guard on g's size is needed.
+        if (d < lead || (!(gs[d] == ms[d - lead]) && !(gs[d] == SymInt(1)) &&
+                         sym_decide(ms[d - lead], SymRel::Eq, 1, "backward")))
           dims.push_back(d);
       if (dims.size()) g = sum(g, dims, /*keepdim=*/true);
       g = reshape_dims(g, ms);
@@ -254,17 +256,17 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& r
 
 Tensor default_grad(const char* op, const Tensor& out, const Tensor& given, size_t i) {
   if (given.defined()) {
-    DUET_CHECK_SHAPE(given.sizes() == out.sizes(),
+    DUET_CHECK_SHAPE(same_shape(given, out, op),
                      "[{}] grad_output {} has shape {} but the output has shape {}", op, i,
                      given.sizes(), out.sizes());
     // Rules expect the output's dtype (matmul needs equal dtypes); PyTorch converts too.
     return given.dtype() == out.dtype() ? given : given.to(out.dtype());
   }
-  DUET_CHECK_SHAPE(out.numel() == 1,
+  DUET_CHECK_SHAPE(sym_decide(sym_numel(sym_dims(out)), SymRel::Eq, 1, op),
                    "[{}] a gradient can be implied only for one-element outputs; output {} has "
                    "shape {}, so pass grad_output",
                    op, i, out.sizes());
-  return ones(out.sizes(), Options().dtype(out.dtype()).device(out.device()));
+  return full_dims(sym_dims(out), 1, Options().dtype(out.dtype()).device(out.device()));
 }
 
 }  // namespace

@@ -66,4 +66,113 @@ TEST_CASE("dynamic: an Elman RNN over lengths 1..64 takes two traces and equals 
   CHECK(s.traces == 2);
 }
 
+TEST_CASE("dynamic: CompileOptions::dynamic: one trace for every batch size, equal to eager") {
+  manual_seed(5);
+  Tensor W = (randn({5, 12}, f64()) * 0.3).requires_grad_();
+  Tensor b = (randn({5}, f64()) * 0.1).requires_grad_();
+  // reshape with -1, linear (matmul, broadcast bias), slicing, cat, reductions over and beside the
+  // batch, mean, softmax and cross_entropy over a batch of symbolic size.
+  auto fn = [&](Tensor x, Tensor labels) {
+    Tensor h = reshape(x, {-1, 12});
+    Tensor y = linear(h, W, b);
+    Tensor both = cat({y, y * 2}, 0);
+    Tensor tail = slice(y, 0, 1, std::numeric_limits<int64_t>::max(), 1);
+    Tensor loss = cross_entropy(y, labels) + sum(mean(both, {0})) + mean(softmax(y, 1)) +
+                  sum(tail) + sum(max(y, 1));
+    return std::make_tuple(loss, both, transpose(y, 0, 1), unsqueeze(sum(y, 1), 0));
+  };
+  CompileOptions o;
+  o.dynamic = {{0, 0}, {1, 0}};
+  auto f = compile(fn, o);
+  for (int64_t n : {3, 5, 1, 8, 5}) {
+    INFO("batch " << n);
+    Tensor x = randn({n, 4, 3}, f64());
+    Tensor labels = randint(5, {n});
+    auto [loss, both, yt, rows] = f(x, labels);
+    auto [el, eboth, eyt, erows] = fn(x, labels);
+    CHECK(both.sizes() == Shape{2 * n, 5});
+    CHECK(yt.sizes() == Shape{5, n});
+    CHECK(max_rel(loss, el) < 1e-12);
+    CHECK(max_rel(both, eboth) < 1e-12);
+    CHECK(max_rel(yt, eyt) < 1e-12);
+    CHECK(max_rel(rows, erows) < 1e-12);
+    // The compiled backward is built from the symbolic graph too.
+    std::vector<Tensor> g = grad({loss}, {W, b});
+    std::vector<Tensor> eg = grad({el}, {W, b});
+    CHECK(max_rel(g[0], eg[0]) < 1e-12);
+    CHECK(max_rel(g[1], eg[1]) < 1e-12);
+  }
+  INFO(fmt::format("{}", fmt::join(f.stats().retrace_reasons, "; ")));
+  CHECK(f.stats().traces == 1);
+  CHECK(f.stats().symbolic_dims == std::vector<std::string>{"arg 0 dim 0: s0", "arg 1 dim 0: s0"});
+  CHECK(f.stats().plans_built == 4);
+  CHECK(f.graph().str().find("f64[s0, 12]") != std::string::npos);
+}
+
+TEST_CASE("dynamic: reading a symbolic size as an integer specializes it, with the reason") {
+  auto f = compile([](Tensor x) { return x * double(x.size(0)); });
+  for (int64_t n : {3, 4, 5}) CHECK(values(f(ones({n, 2}))) == std::vector<double>(2 * n, n));
+  const auto& r = f.stats().retrace_reasons;
+  REQUIRE(r.size() == 3);
+  CHECK(r[0] == "arg 0 dim 0 changed 3 -> 4: retraced with these dims symbolic");
+  CHECK(r[1] ==
+        "arg 0 dim 0 made concrete: size(0) of a tensor of shape (s0, 2) was read as an integer");
+  CHECK(r[2] ==
+        "arg 0 dim 0 changed 4 -> 5 (kept concrete: size(0) of a tensor of shape (s0, 2) was "
+        "read as an integer)");
+  CHECK(f.stats().traces == 4);
+  CHECK(f.stats().symbolic_dims.empty());
+}
+
+TEST_CASE(
+    "dynamic: size 1 is specialized only where broadcasting needs it, and the guard says so") {
+  CompileOptions o;
+  o.dynamic = {{0, 0}};
+  // x (n, 3) + b (3): n stays symbolic at n = 1.
+  auto g = compile([](Tensor x, Tensor b) { return x + b; }, o);
+  for (int64_t n : {1, 6, 2})
+    CHECK(values(g(ones({n, 3}), ones({3}))) == std::vector<double>(3 * n, 2));
+  CHECK(g.stats().traces == 1);
+  CHECK(g.stats().guards.empty());
+  // x (n, 3) + y (4, 3) at n = 1 broadcasts x: the graph holds for n == 1 only.
+  auto f = compile([](Tensor x, Tensor y) { return x + y; }, o);
+  CHECK(values(f(ones({1, 3}), ones({4, 3}))) == std::vector<double>(12, 2));
+  CHECK(f.stats().guards == std::vector<std::string>{"s0 == 1 (add)"});
+  CHECK(values(f(ones({4, 3}), ones({4, 3}))) == std::vector<double>(12, 2));
+  REQUIRE(f.stats().retrace_reasons.size() == 1);
+  CHECK(f.stats().retrace_reasons[0] == "guard s0 == 1 (add) failed at s0 = 4");
+  CHECK(f.stats().traces == 2);
+  CHECK(f.stats().guards == std::vector<std::string>{"s0 == 4 (add)"});
+}
+
+TEST_CASE("dynamic: a graph with a cond, a scan and a symbolic dim prints them") {
+  CompileOptions o;
+  o.dynamic = {{0, 0}};
+  auto f = compile(
+      [](Tensor xs, Tensor h0) {
+        std::vector<Tensor> s = scan(
+            [](const std::vector<Tensor>& in) {
+              Tensor h = tanh(in[0] + in[1]);
+              return std::vector<Tensor>{h, h * 2};
+            },
+            {h0}, {xs});
+        return cond(
+            sum(s[0]) > 0,
+            [](const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0] * 3}; },
+            [](const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0] - 1}; },
+            {s[1]})[0];
+      },
+      o);
+  for (int64_t n : {4, 9}) {
+    Tensor xs = randn({n, 2}), h0 = zeros({2});
+    Tensor y = f(xs, h0);
+    CHECK(y.sizes() == Shape{n, 2});
+  }
+  CHECK(f.stats().traces == 1);
+  const std::string s = f.graph().str();
+  CHECK(s.find("scan") != std::string::npos);
+  CHECK(s.find("cond") != std::string::npos);
+  CHECK(s.find("f32[s0, 2]") != std::string::npos);
+}
+
 }  // namespace duet::test

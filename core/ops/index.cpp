@@ -166,11 +166,12 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
                    x.sizes());
   dim = detail::wrap_dim("index_select", dim, x.dim());
   // As a gather whose index is the 1-D index broadcast along every other dim (a stride-0 view).
-  Shape along(std::vector<int64_t>(x.dim(), 1));
-  along[dim] = index.numel();
-  Shape target = x.sizes();
-  target[dim] = index.numel();
-  return gather(x, dim, expand(reshape(index, along), target));
+  const SymInt n = detail::sym_numel(detail::sym_dims(index));
+  SymDims along(static_cast<size_t>(x.dim()), SymInt(1));
+  along[dim] = n;
+  SymDims target = detail::sym_dims(x);
+  target[dim] = n;
+  return gather(x, dim, detail::expand_dims(detail::reshape_dims(index, along), target));
 }
 
 Tensor embedding(const Tensor& weight, const Tensor& indices) {
@@ -180,9 +181,9 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
                    "[embedding] indices must be i64, got {} of shape {}", indices.dtype(),
                    indices.sizes());
   Tensor rows = index_select(weight, 0, reshape(indices, {-1}));
-  Shape out = indices.sizes();
-  out.push_back(weight.sizes()[1]);
-  return reshape(rows, out);
+  SymDims out = detail::sym_dims(indices);
+  out.push_back(detail::sym_dims(weight)[1]);
+  return detail::reshape_dims(rows, out);
 }
 
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
@@ -206,7 +207,7 @@ Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
   dim = detail::wrap_dim("stack", dim, tensors[0].dim() + 1);
   std::vector<Tensor> parts;
   for (size_t i = 0; i < tensors.size(); ++i) {
-    DUET_CHECK_SHAPE(tensors[i].sizes() == tensors[0].sizes(),
+    DUET_CHECK_SHAPE(detail::same_shape(tensors[i], tensors[0], "stack"),
                      "[stack] tensor {} has shape {} but tensor 0 has {}", i, tensors[i].sizes(),
                      tensors[0].sizes());
     parts.push_back(unsqueeze(tensors[i], dim));
@@ -226,7 +227,7 @@ Tensor argmin(const Tensor& x, int64_t dim, bool keepdim) {
   DUET_CHECK_DTYPE(x.dtype() != DType::b8, "[argmin] is not defined for b8 input of shape {}",
                    x.sizes());
   dim = detail::wrap_dim("argmin", dim, x.dim());
-  DUET_CHECK_VALUE(x.dim() == 0 || x.sizes()[dim] > 0,
+  DUET_CHECK_VALUE(x.dim() == 0 || !detail::size_is(x, dim, 0, "argmin"),
                    "[argmin] cannot reduce over dim {} of size 0 ({})", dim, x.sizes());
   // Order-reversing and overflow-free for integers too: -x - 1 wraps INT_MIN to INT_MAX.
   return argmax(is_floating(x.dtype()) ? neg(x) : neg(x) - 1, dim, keepdim);

@@ -4,6 +4,7 @@
 // logistic losses use the LogSigmoid primitive, whose gradient is exact at 0.
 #include <cmath>
 
+#include "core/op_table.h"
 #include "core/ops.h"
 
 namespace duet {
@@ -16,10 +17,10 @@ int64_t check_soft(const char* op, const Tensor& x, int64_t dim) {
 }
 Tensor stable_max(const Tensor& x, int64_t dim) {
   // An empty dim has no maximum: its rows are empty, and their sums 0 (so logsumexp is -inf).
-  if (x.dim() && x.sizes()[dim] == 0) {
-    Shape s = x.sizes();
+  if (x.dim() && detail::size_is(x, dim, 0, "max")) {
+    SymDims s = detail::sym_dims(x);
     s[dim] = 1;
-    return zeros(s, Options().dtype(x.dtype()).device(x.device()));
+    return detail::full_dims(s, 0, Options().dtype(x.dtype()).device(x.device()));
   }
   // The row maximum, detached; +-inf rows use 0 so that x - m stays finite where x is.
   Tensor m = max(x, dim, /*keepdim=*/true).detach();
@@ -51,16 +52,18 @@ Tensor silu(const Tensor& x) { return x * sigmoid(x); }
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   DUET_CHECK_SHAPE(weight.dim() == 2, "[linear] weight must be (out, in), got {}", weight.sizes());
-  DUET_CHECK_SHAPE(x.dim() >= 1 && x.sizes()[x.dim() - 1] == weight.sizes()[1],
-                   "[linear] input {} has {} features but the weight {} expects {}", x.sizes(),
-                   x.dim() ? x.sizes()[x.dim() - 1] : 0, weight.sizes(), weight.sizes()[1]);
+  DUET_CHECK_SHAPE(
+      x.dim() >= 1 && detail::size_is(x, x.dim() - 1, detail::sym_dims(weight)[1], "linear"),
+      "[linear] input {} has {} features but the weight {} expects {}", x.sizes(),
+      x.dim() ? x.sizes()[x.dim() - 1] : 0, weight.sizes(), weight.sizes()[1]);
   DUET_CHECK_DTYPE(x.dtype() == weight.dtype(),
                    "[linear] input ({}) and weight ({}) must share a dtype", x.dtype(),
                    weight.dtype());
   Tensor y = matmul(x, transpose(weight, 0, 1));
   if (!bias.defined()) return y;
-  DUET_CHECK_SHAPE(bias.dim() == 1 && bias.sizes()[0] == weight.sizes()[0],
-                   "[linear] bias must be ({}), got {}", weight.sizes()[0], bias.sizes());
+  DUET_CHECK_SHAPE(
+      bias.dim() == 1 && detail::size_is(bias, 0, detail::sym_dims(weight)[0], "linear"),
+      "[linear] bias must be ({}), got {}", weight.sizes()[0], bias.sizes());
   return y + bias;
 }
 
@@ -72,7 +75,7 @@ Tensor layer_norm(const Tensor& x, Shape normalized, const Tensor& weight, const
   DUET_CHECK_SHAPE(k >= 1 && k <= nd, "[layer_norm] normalized shape {} does not fit input {}",
                    normalized, x.sizes());
   for (int64_t i = 0; i < k; ++i)
-    DUET_CHECK_SHAPE(x.sizes()[nd - k + i] == normalized[i],
+    DUET_CHECK_SHAPE(detail::size_is(x, nd - k + i, normalized[i], "layer_norm"),
                      "[layer_norm] normalized shape {} does not match the last dims of {}",
                      normalized, x.sizes());
   Dims dims;
@@ -95,7 +98,7 @@ Tensor layer_norm(const Tensor& x, Shape normalized, const Tensor& weight, const
 }
 
 Tensor mse_loss(const Tensor& pred, const Tensor& target) {
-  DUET_CHECK_SHAPE(pred.sizes() == target.sizes(),
+  DUET_CHECK_SHAPE(detail::same_shape(pred, target, "mse_loss"),
                    "[mse_loss] prediction {} and target {} must have the same shape", pred.sizes(),
                    target.sizes());
   Tensor d = pred - target;
@@ -108,19 +111,19 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
   DUET_CHECK_DTYPE(targets.dtype() == DType::i64,
                    "[cross_entropy] targets must be i64 class indices, got {} of shape {}",
                    targets.dtype(), targets.sizes());
-  DUET_CHECK_SHAPE(
-      (logits.dim() == 2 && targets.dim() == 1 && targets.sizes()[0] == logits.sizes()[0]) ||
-          (logits.dim() == 1 && targets.dim() == 0),
-      "[cross_entropy] expected logits (N, C) with targets (N), or (C) with a 0-d "
-      "target; got {} and {}",
-      logits.sizes(), targets.sizes());
+  DUET_CHECK_SHAPE((logits.dim() == 2 && targets.dim() == 1 &&
+                    detail::size_is(targets, 0, detail::sym_dims(logits)[0], "cross_entropy")) ||
+                       (logits.dim() == 1 && targets.dim() == 0),
+                   "[cross_entropy] expected logits (N, C) with targets (N), or (C) with a 0-d "
+                   "target; got {} and {}",
+                   logits.sizes(), targets.sizes());
   const int64_t cdim = logits.dim() - 1;
   Tensor lp = log_softmax(logits, cdim);
   return neg(mean(gather(lp, cdim, unsqueeze(targets, cdim))));
 }
 
 Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& targets) {
-  DUET_CHECK_SHAPE(logits.sizes() == targets.sizes(),
+  DUET_CHECK_SHAPE(detail::same_shape(logits, targets, "binary_cross_entropy_with_logits"),
                    "[binary_cross_entropy_with_logits] logits {} and targets {} must have the "
                    "same shape",
                    logits.sizes(), targets.sizes());

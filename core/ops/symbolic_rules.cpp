@@ -60,6 +60,19 @@ SymDims attr_dims(const Attrs& a) {
   return SymDims(a.ints.begin(), a.ints.end());
 }
 
+bool same_shape(const Tensor& a, const Tensor& b, const char* op) {
+  if (a.dim() != b.dim()) return false;
+  const SymDims x = sym_dims(a), y = sym_dims(b);
+  for (size_t i = 0; i < x.size(); ++i)
+    if (!sym_decide(x[i], SymRel::Eq, y[i], op)) return false;
+  return true;
+}
+
+bool size_is(const Tensor& t, int64_t d, const SymInt& n, const char* op) {
+  const SymInt s = t.impl()->sym.empty() ? SymInt(t.impl()->shape[d]) : t.impl()->sym[d];
+  return sym_decide(s, SymRel::Eq, n, op);
+}
+
 namespace {
 
 // One dim of a broadcast: equal sizes, or one of them 1 (decided with guards when symbolic).
@@ -67,12 +80,15 @@ SymInt broadcast_dim(const SymInt& a, const SymInt& b, const char* op) {
   if (a == b) return a;
   if (a == SymInt(1)) return b;
   if (b == SymInt(1)) return a;
-  if (sym_decide(a, SymRel::Eq, b, op)) return a.is_concrete() ? a : b;
-  // The shape rule accepted the traced sizes, so one of them is 1 there.
-  if (sym_decide(a, SymRel::Eq, 1, op)) return b;
-  const bool b1 = sym_decide(b, SymRel::Eq, 1, op);
-  DUET_ASSERT(b1, "[{}] broadcast of {} and {} accepted by the shape rule", op, a.str(), b.str());
-  return a;
+  // One guard, on what decided the traced sizes: equal sizes, or one of them 1.
+  const int64_t ha = sym_hint(a), hb = sym_hint(b);
+  if (ha == hb) {
+    sym_decide(a, SymRel::Eq, b, op);
+    return a.is_concrete() ? a : b;
+  }
+  const bool one = sym_decide(ha == 1 ? a : b, SymRel::Eq, 1, op);
+  DUET_ASSERT(one, "[{}] broadcast of {} and {} accepted by the shape rule", op, a.str(), b.str());
+  return ha == 1 ? b : a;
 }
 
 SymDims broadcast(const SymDims& a, const SymDims& b, const char* op) {

@@ -324,6 +324,8 @@ Attrs slice_attrs(const char* op, const Tensor& x, int64_t dim, int64_t start, i
     // and guarded.
     using detail::SymRel;
     auto bound = [&](int64_t v, const SymInt& lo) -> SymInt {
+      // "To the end" (INT64_MAX and the like) needs no guard: no size reaches 2^62.
+      if (v >= (int64_t(1) << 62)) return n;
       SymInt b = v < 0 ? n + SymInt(v) : SymInt(v);
       if (detail::sym_decide(b, SymRel::Lt, lo, op)) b = lo;
       if (detail::sym_decide(n, SymRel::Lt, b, op)) b = n;
