@@ -7,6 +7,26 @@
 // same gradient rules eager uses) and the joint graph is split into a forward plan, which
 // returns the outputs and the values the backward needs, and a backward plan per output, which
 // one tape node runs when an eager backward() reaches the output.
+//
+// Note [Symbolic dims]
+// A dim named by CompileOptions::dynamic, or one whose size changed since the most recent
+// signature (automatic dynamic), is traced as a symbol: s0, s1, ... (dims of equal size share
+// one, as PyTorch's duck sizing does). The symbolic tensors of such a trace keep the call's
+// sizes in their Shape (the hints, which shape rules validate) and every dim as a SymInt beside
+// them (TensorImpl::sym, TensorMeta::sym). Each op's symbolic rule (OpDef::sym_infer, beside its
+// shape rule) computes the result's dims with SymInts; the tracer checks them against the shape
+// rule's result at the hints, so the two can never drift apart. Library code that builds a
+// shape from a traced tensor's shape does so with SymInts (reshape_dims, expand_dims, full_dims,
+// size_scalar, and size-holding attributes in Attrs::sym): reshape with -1, mean's count, cat's
+// sizes, slicing bounds and the gradient rules follow the symbols. A decision on a symbolic size
+// (broadcasting a size 1, clamping a slice, squeeze) is taken at the hints and recorded as a
+// guard ("s0 == 1 (add)"): size 1 is specialized only where such a decision needs it. Reading a
+// symbolic size as an integer (Tensor::sizes(), size(), numel(), in user code or in library code
+// not written for symbols) or an op without a symbolic rule (unfold, fold) specializes: the trace
+// restarts with those dims concrete, and stats() records why. A call binds the symbols from its
+// arguments' sizes and checks the guards; the plans of each set of sizes are built once from the
+// symbolic graph (instantiated: every size evaluated, then the passes and the memory plan) and
+// cached, so a new size costs a plan, not a trace.
 #pragma once
 
 #include <cstdio>
