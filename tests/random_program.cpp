@@ -436,9 +436,9 @@ Tensor apply_step(const Step& st, const std::vector<Tensor>& v, Tuples* more) {
       return t;
     }
     case Op::LayerNorm: {
-      Shape norm;
+      Shape norm;  // size(k), not sizes(): a batch dim before them stays symbolic when compiled
       for (int64_t k = arg(0).dim() - st.ints[0]; k < arg(0).dim(); ++k)
-        norm.push_back(arg(0).sizes()[k]);
+        norm.push_back(arg(0).size(k));
       Tensor w = st.mode & 1 ? arg(1) : Tensor();
       Tensor b = st.mode & 2 ? arg(st.args.size() - 1) : Tensor();
       return layer_norm(arg(0), norm, w, b, st.s);
@@ -459,17 +459,17 @@ Tensor apply_step(const Step& st, const std::vector<Tensor>& v, Tuples* more) {
       const auto& i = st.ints;
       Tensor cols = unfold(arg(0), i[0], i[1], i[2]);
       // mode 1: and back (fold, the adjoint: overlapping windows are summed)
-      return st.mode == 1 ? fold(cols, arg(0).sizes()[2], arg(0).sizes()[3], i[0], i[1], i[2])
-                          : cols;
+      return st.mode == 1 ? fold(cols, arg(0).size(2), arg(0).size(3), i[0], i[1], i[2]) : cols;
     }
     case Op::Conv2d:
       return conv2d(arg(0), arg(1), st.args.size() > 2 ? arg(2) : Tensor(), st.ints[0], st.ints[1]);
     case Op::Source: {
-      // Tensors made inside the function: full, arange, eye.
+      // Tensors made inside the function: full, arange, eye. (Mode 0 reads every size, which
+      // specializes a batch dim when compiled; the others read the last dim's only.)
       const Tensor& x = arg(0);
       const Options o = Options().dtype(x.dtype());
       if (st.mode == 0) return x + full(x.sizes(), st.s, o);
-      const int64_t n = x.sizes()[x.dim() - 1];
+      const int64_t n = x.size(x.dim() - 1);
       if (st.mode == 1) return x * arange(n) + st.s;  // i64 against the floating x
       return matmul(x, eye(n, o) * st.s);
     }
@@ -608,6 +608,20 @@ std::vector<Tensor> build_inputs(const Program& p, const Values& vals, bool rg, 
   return out;
 }
 
+Program at_batch(const Program& p, int64_t b) {
+  Program q = p;
+  for (InputSpec& in : q.inputs)
+    if (in.batched) in.shape[0] = in.made[0] = b;
+  return q;
+}
+
+Values random_inputs(const Program& p, Rng& rng) {
+  Values out;
+  for (const InputSpec& in : p.inputs)
+    out.push_back(random_values(in.made.numel(), p.domain, in.dtype, rng));
+  return out;
+}
+
 bool can_broadcast(const Shape& a, const Shape& b) {
   const int64_t n = std::max(a.size(), b.size());
   for (int64_t i = 0; i < n; ++i) {
@@ -620,6 +634,7 @@ bool can_broadcast(const Shape& a, const Shape& b) {
 
 void Generator::make_inputs() {
   if (p_.mix == Mix::Fusion) return make_fusion_inputs();
+  if (p_.mix == Mix::Batch) return make_batch_inputs();
   max_numel_ = kMaxNumel;
   int64_t vocab[4];
   for (int64_t& d : vocab) d = chance(0.15) ? 1 : irand(2, 5);
@@ -680,12 +695,7 @@ void Generator::make_inputs() {
   for (const InputSpec& in : p_.inputs) blocked_.push_back(in.buffer);
 }
 
-Values Generator::sample_values(Rng& rng) const {
-  Values out;
-  for (const InputSpec& in : p_.inputs)
-    out.push_back(random_values(in.made.numel(), p_.domain, in.dtype, rng));
-  return out;
-}
+Values Generator::sample_values(Rng& rng) const { return random_inputs(p_, rng); }
 
 std::vector<int64_t> Generator::random_shape(int64_t numel) {
   std::vector<int64_t> primes;
@@ -704,14 +714,16 @@ std::vector<int64_t> Generator::random_shape(int64_t numel) {
   return s;
 }
 
-// An i64 index for gather / scatter_add along d: sizes up to x's along the other dims.
-void Generator::random_index(Step& st, const Tensor& x, int64_t d) {
+// An i64 index for gather / scatter_add along d of value a: sizes up to a's along the other
+// dims (at every batch size, in the batch mix).
+void Generator::random_index(Step& st, int a, int64_t d) {
+  const Shape lim = min_sizes(a);
   st.ishape.clear();
   st.index.clear();
-  for (int64_t e = 0; e < x.dim(); ++e)
-    st.ishape.push_back(e == d ? irand(1, 4) : irand(1, x.sizes()[e]));
+  for (int64_t e = 0; e < lim.size(); ++e)
+    st.ishape.push_back(e == d ? irand(1, 4) : irand(1, lim[e]));
   const int64_t n = Shape(st.ishape).numel();
-  for (int64_t i = 0; i < n; ++i) st.index.push_back(irand(0, x.sizes()[d] - 1));
+  for (int64_t i = 0; i < n; ++i) st.index.push_back(irand(0, lim[d] - 1));
 }
 
 bool Generator::propose_binary(Op op, Step& st) {
@@ -925,6 +937,7 @@ bool Generator::propose(Op op, Step& st) {
       int a = pick(any);
       if (a < 0) return false;
       st.args = {a};
+      if (batch_mode() && has_batch_dim(a)) return batch_reshape(a, st.ints);
       st.ints = random_shape(at(a).numel());
       return true;
     }
@@ -984,7 +997,12 @@ bool Generator::propose(Op op, Step& st) {
       st.args = {a};
       std::vector<int64_t> target;
       if (A.dim() < 4 && chance(0.5)) target.push_back(irand(1, 3));
+      const std::vector<bool> batch = batch_dims(a);
       for (int64_t d = 0; d < A.dim(); ++d) {
+        if (batch[size_t(d)]) {  // kept as it is, whatever the batch size
+          target.push_back(-1);
+          continue;
+        }
         int64_t s = A.sizes()[d];
         if (s == 1 && chance(0.7)) s = irand(2, 4);
         target.push_back(s == A.sizes()[d] && chance(0.3) ? -1 : s);
@@ -998,6 +1016,12 @@ bool Generator::propose(Op op, Step& st) {
       const Tensor& A = at(a);
       st.args = {a};
       const int64_t d = irand(0, A.dim() - 1), n = A.sizes()[d];
+      if (batch_dims(a)[size_t(d)]) {
+        int64_t start, end;
+        batch_slice(start, end);
+        st.ints = {wrap_or_negative(d, A.dim()), start, end, irand(1, 3)};
+        return true;
+      }
       int64_t start = irand(0, n - 1), end = irand(start + 1, n + 1), step = irand(1, 3);
       if (chance(0.2)) start -= n;  // counts from the end
       st.ints = {wrap_or_negative(d, A.dim()), start, end, step};
@@ -1074,9 +1098,9 @@ bool Generator::propose(Op op, Step& st) {
                                     : std::function<bool(const Tensor&)>(fl_nd));
       if (a < 0) return false;
       const Tensor& A = at(a);
-      const int64_t d = irand(0, A.dim() - 1);
+      const int64_t d = other_than_batch(a, irand(0, A.dim() - 1));
       st.args = {a};
-      random_index(st, A, d);
+      random_index(st, a, d);
       st.ints = {d};
       if (op == Op::ScatterAdd) {
         int b =
@@ -1089,11 +1113,11 @@ bool Generator::propose(Op op, Step& st) {
       int a = pick([](const Tensor& t) { return t.dim() >= 1; });
       if (a < 0) return false;
       const Tensor& A = at(a);
-      const int64_t d = irand(0, A.dim() - 1);
+      const int64_t d = other_than_batch(a, irand(0, A.dim() - 1));
       st.args = {a};
       st.ints = {wrap_or_negative(d, A.dim())};
-      const int64_t n = irand(1, 5);
-      for (int64_t i = 0; i < n; ++i) st.index.push_back(irand(0, A.sizes()[d] - 1));
+      const int64_t n = irand(1, 5), lim = min_sizes(a)[d];
+      for (int64_t i = 0; i < n; ++i) st.index.push_back(irand(0, lim - 1));
       st.ishape = {n};
       return A.numel() / A.sizes()[d] * n <= kMaxNumel;
     }
@@ -1102,11 +1126,18 @@ bool Generator::propose(Op op, Step& st) {
       if (a < 0) return false;
       const Tensor& A = at(a);
       const int64_t d = irand(0, A.dim() - 1), n = A.sizes()[d];
-      const int64_t start = irand(0, n - 1), end = irand(start + 1, n), step = irand(1, 2);
+      int64_t start, end, step;
+      if (batch_dims(a)[size_t(d)]) {
+        batch_slice(start, end);
+        step = irand(1, 2);
+      } else {
+        start = irand(0, n - 1);
+        end = irand(start + 1, n);
+        step = irand(1, 2);
+      }
       st.ints = {d, start, end, step};
       st.args = {a};
-      Shape s = A.sizes();
-      s[d] = (end - start + step - 1) / step;
+      const Shape s = slice(A, d, start, end, step).sizes();
       int b = pick([&](const Tensor& t) { return t.sizes() == s && t.dtype() == A.dtype(); });
       if (b >= 0 && chance(0.7)) {
         st.args.push_back(b);
@@ -1179,7 +1210,7 @@ bool Generator::propose(Op op, Step& st) {
       if (a < 0) return false;
       const Tensor& A = at(a);
       st.args = {a};
-      const int64_t c = A.sizes()[A.dim() - 1];
+      const int64_t c = min_sizes(a)[A.dim() - 1];
       const int64_t n = A.dim() == 2 ? A.sizes()[0] : 1;
       for (int64_t i = 0; i < n; ++i) st.index.push_back(irand(0, c - 1));
       st.ishape = A.dim() == 2 ? std::vector<int64_t>{n} : std::vector<int64_t>{};
@@ -1197,7 +1228,7 @@ bool Generator::propose(Op op, Step& st) {
       int a = pick([](const Tensor& t) { return floating(t) && t.dim() == 2; });
       if (a < 0) return false;
       st.args = {a};
-      const int64_t rows = at(a).sizes()[0];
+      const int64_t rows = min_sizes(a)[0];
       const int64_t rank = irand(0, 2);
       for (int64_t d = 0; d < rank; ++d) st.ishape.push_back(irand(1, 3));
       const int64_t n = Shape(st.ishape).numel();
@@ -1243,7 +1274,12 @@ bool Generator::propose(Op op, Step& st) {
       if (a < 0) return false;
       const Tensor& A = at(a);
       st.args = {a};
-      const int64_t k = irand(1, std::min<int64_t>(2, A.dim()));
+      int64_t most = std::min<int64_t>(2, A.dim());  // not over batch dims (their size varies)
+      const std::vector<bool> batch = batch_dims(a);
+      for (int64_t k = 1; k <= most; ++k)
+        if (batch[size_t(A.dim() - k)]) most = k - 1;
+      if (most < 1) return false;
+      const int64_t k = irand(1, most);
       st.ints = {k};
       // Not the default 1e-5: rows of equal values (expanded inputs, repeated indices, size-1
       // rows) have variance 0, where the gradient is O(1) terms scaled by 1/sqrt(eps) that cancel
@@ -1357,6 +1393,9 @@ int Generator::commit(Step st, std::string& err) {
   if (out.numel() == 0 || out.numel() > max_numel_ || !std::isfinite(m)) return -1;
   double e = 0;  // the fusion mix: Note [Inexact values]
   if (p_.mix == Mix::Fusion && (e = error_estimate(st, out)) < 0) return -1;
+  // The batch mix: the step at the other batch sizes, and the magnitude at all of them.
+  double mag = m;
+  if (batch_mode() && (mag = commit_shadows(st, out, m)) < 0) return -1;
   if (p_.mix == Mix::Fusion) err_.push_back(e);
   st.result = meta_text(out);
   if (st.op == Op::Cond || st.op == Op::Scan || st.op == Op::While) {
@@ -1364,19 +1403,22 @@ int Generator::commit(Step st, std::string& err) {
     for (const Tensor& t : tuples_.at(pool_.size()))
       st.result += (st.result.empty() ? "" : ", ") + meta_text(t);
   }
+  if (batch_mode()) batch_result(st, out);
   if (st.op == Op::UpdateBuffer) updated_[size_t(st.args[0])] = true;
   p_.steps.push_back(st);
   pool_.push_back(out);
   blocked_.push_back(false);
-  if (m > 16) {
+  if (mag > 16) {
     // Tame: multiply by a power of two (exact) that brings the magnitude to at most 4.
     Step t;
     t.op = Op::Mul;
     t.mode = 1;
     t.args = {int(pool_.size()) - 1};
-    t.s = std::ldexp(1.0, -int(std::ceil(std::log2(m / 4))));
+    t.s = std::ldexp(1.0, -int(std::ceil(std::log2(mag / 4))));
     Tensor o = apply_step(t, pool_);
     t.result = meta_text(o);
+    for (Shadow& sh : shadows_) sh.pool.push_back(apply_step(t, sh.pool));
+    if (batch_mode()) batch_result(t, o);
     p_.steps.push_back(t);
     pool_.push_back(o);
     blocked_.push_back(false);
@@ -1392,11 +1434,11 @@ std::string Generator::make_steps(int n) {
   for (int i = 0; i < int(Op::Count); ++i) cum.push_back(total += op_weight(Op(i)));
   NoGradGuard ng;
   manual_seed(kRandSeed);
-  // Control flow in a quarter of the programs: one or two steps, each of a kind (0 cond, 1 scan,
-  // 2 while_loop) and at a step count drawn from side_, so that the other programs are the ones
-  // this generator made before it knew control flow.
+  // Control flow in a quarter of the programs (two fifths in the batch mix): one or two steps,
+  // each of a kind (0 cond, 1 scan, 2 while_loop) and at a step count drawn from side_, so that
+  // the other programs are the ones this generator made before it knew control flow.
   std::vector<std::pair<int, int>> plan;
-  if (side_.uniform(0, 1) < 0.25) {
+  if (side_.uniform(0, 1) < (batch_mode() ? 0.4 : 0.25)) {
     for (int k = 0, count = side_.uniform(0, 1) < 0.25 ? 2 : 1; k < count; ++k) {
       const double r = side_.uniform(0, 1);
       const int kind = r < 0.45 ? 0 : r < 0.87 ? 1 : 2;

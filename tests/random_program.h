@@ -47,6 +47,23 @@
 // [1, n], [m, 1] and 0-d against [m, n], numbers on either side), reductions over trailing,
 // leading or all dims (sum, mean, max, min, softmax, log_softmax, logsumexp) at the ends of
 // chains, and outputs that later steps also read. It is in random_program_fusion.cpp.
+//
+// A generator in the batch mix (Mix::Batch) builds mixed programs, control flow included (in
+// two fifths of them), over arguments of which some (at least one) have a leading batch dim of
+// a size the program does not know: a program is a function of its batch size, called at each
+// of kBatchSizes. Batched inputs are contiguous arguments (not captured, not expanded: the
+// others, weights and biases, are as in the mixed mix). The generator runs every step at each of
+// those sizes (the first is the one it generates at, the others run beside it in shadow pools)
+// and keeps a step only when it runs at all of them with results of the same rank and dtype, so
+// steps whose parameters name sizes name them in terms the batch size does not change: reshape
+// targets with -1 where the batch dims go (a flatten, or the batch split off again), expand
+// targets with -1 for batch dims, slices of a batch dim from 0, 1 or the end (-1, -2) to the end
+// (INT64_MAX) or -1 (from -2, clamped at size 1: a guard of a trace at another size fails
+// there), indices along other dims, layer_norm over trailing dims that are not batch dims,
+// and the shapes that make cond branches agree and scan carries fit. A dim whose size differs
+// between the sizes is a batch dim of the value (B, 2B, B + 4 or ceil(B / 3) after reshapes, cats
+// and slices); Step::batch records whether a step reads and makes values with batch dims, and a
+// scan over a batch dim (its length the batch size) has mode 1.
 #pragma once
 
 #include <algorithm>
@@ -102,6 +119,9 @@ struct Step {
   bool int_scalar = false;      ///< s is passed as an integer Scalar
   int mode = 0;                 ///< op-specific variant (scalar side, keepdim, dtype, ...)
   std::string result;           ///< the result's metadata at generation, for the listing
+  /// Mix::Batch: bit 1, an operand has a batch dim; bit 2, the result has one; bit 4, it is an
+  /// elementwise op that broadcasts (operands of different shapes) and bit 1 is set.
+  uint8_t batch = 0;
   /// Control flow (Cond, Scan): the steps of its functions (a cond's true branch, then its false
   /// one; a scan's body), over values numbered from the function's own: its arguments, then the
   /// free values among `args`, then one per step; and the values each returns.
@@ -119,13 +139,20 @@ struct InputSpec {
   /// A captured state buffer (as a running mean): never requires grad, and the program
   /// updates it in place (an UpdateBuffer step) before anything else reads it.
   bool buffer = false;
+  /// Mix::Batch: dim 0 is the batch dim (its size is the program's batch size).
+  bool batched = false;
 };
 
 /// Which programs a generator builds.
 enum class Mix : uint8_t {
   Mixed,   ///< the whole op table
   Fusion,  ///< elementwise chains, diamonds, broadcasts and reductions (see the top)
+  Batch,   ///< the whole op table over arguments with a batch dim of any size (see the top)
 };
+
+/// The batch sizes a program of the batch mix is called at, in this order (1 and a repeat
+/// included); the first is the size it is generated at.
+inline constexpr int64_t kBatchSizes[] = {3, 5, 1, 8, 5};
 
 struct Program {
   uint64_t seed = 0;
@@ -145,6 +172,11 @@ std::string program_text(const Program& p);
 
 /// Input values as stored (before expansion), one vector per input.
 using Values = std::vector<std::vector<double>>;
+
+/// p with its batched inputs (Mix::Batch) at batch size b.
+Program at_batch(const Program& p, int64_t b);
+/// Values for the inputs of p: one draw from its domain, as stored (before expansion).
+Values random_inputs(const Program& p, Rng& rng);
 
 /// Whether t's dtype is floating.
 bool floating(const Tensor& t);
@@ -192,7 +224,11 @@ bool can_broadcast(const Shape& a, const Shape& b);
 class Generator {
  public:
   Generator(Program& p, uint64_t seed, Mix mix = Mix::Mixed)
-      : p_(p), rng_(rng_for(seed, mix == Mix::Fusion ? 2 : 0)), side_(rng_for(seed, 3)) {
+      : p_(p),
+        rng_(rng_for(seed, mix == Mix::Fusion  ? 2
+                           : mix == Mix::Batch ? 4
+                                               : 0)),
+        side_(rng_for(seed, mix == Mix::Batch ? 5 : 3)) {
     p_.mix = mix;
   }
 
@@ -215,7 +251,7 @@ class Generator {
   /// How many steps make_steps should aim at: 5-30, or 20-60 in the fusion mix (20-30 for its
   /// largest shapes).
   int random_length() {
-    if (p_.mix == Mix::Mixed) return int(irand(5, 30));
+    if (p_.mix != Mix::Fusion) return int(irand(5, 30));
     return int(irand(20, shape_.numel() > 65536 ? 30 : 60));
   }
 
@@ -238,7 +274,7 @@ class Generator {
   }
   int64_t wrap_or_negative(int64_t d, int64_t rank) { return chance(0.3) ? d - rank : d; }
   std::vector<int64_t> random_shape(int64_t numel);
-  void random_index(Step& st, const Tensor& x, int64_t d);
+  void random_index(Step& st, int a, int64_t d);
   bool propose(Op op, Step& st);
   bool propose_binary(Op op, Step& st);
   /// The number operand of a binary op on a (st.mode 1 or 2): st.s and st.int_scalar.
@@ -258,16 +294,24 @@ class Generator {
     std::vector<bool> blocked;
     Tuples tuples;
     std::vector<bool> grad;  ///< per value: requires grad in a run with gradients (grad_flags)
+    /// Mix::Batch: vals and tuples at the other batch sizes (Shadow).
+    std::vector<std::vector<Tensor>> shadow_vals;
+    std::vector<Tuples> shadow_tuples;
   };
   /// Swaps f's values and steps with the pool and the program's (twice: back again).
   void swap_function(Function& f);
-  /// A function over `args` (its values at generation) and the free values `free` (pool
-  /// indices), whose grad flags are `grad`: 1-4 random steps. False when none could be made.
+  /// A function over `args` (its values at generation; in the batch mix, `shadow_args` per
+  /// other batch size) and the free values `free` (pool indices), whose grad flags are `grad`:
+  /// 1-4 random steps. False when none could be made.
   bool make_function(Function& f, const std::vector<Tensor>& args, const std::vector<int>& free,
-                     const std::vector<bool>& grad, std::string& err);
+                     const std::vector<bool>& grad, std::string& err,
+                     const std::vector<std::vector<Tensor>>& shadow_args = {});
   /// Appends steps that turn value u into one of shape s and dtype d (expand, reshape, or a
-  /// mean added to a value of that shape; a cast): the result's index, -1 when rejected.
-  int fit(int u, const Shape& s, DType d, std::string& err);
+  /// mean added to a value of that shape; a cast): the result's index, -1 when rejected. In
+  /// the batch mix, `at_shadows` is the shape wanted at each other batch size (the dims where it
+  /// differs from s are batch dims, where u's must go).
+  int fit(int u, const Shape& s, DType d, std::string& err,
+          const std::vector<Shape>& at_shadows = {});
   /// Per value of the program so far, whether it requires grad in the harness's run with
   /// gradients (that run, on the first sample; `vals` gets its values). Empty if it threw.
   std::vector<bool> grad_flags(std::vector<Tensor>* vals = nullptr);
@@ -281,6 +325,43 @@ class Generator {
   bool add_while(std::string& err);
   /// Commits the Take steps of results 1.. of the control-flow step at value c.
   void take_results(int c, size_t count, std::string& err);
+
+  // The batch mix (see the top).
+  /// The pool at another batch size: each value at that size, and the results of its
+  /// control-flow steps.
+  struct Shadow {
+    int64_t batch = 0;
+    std::vector<Tensor> pool;
+    Tuples tuples;
+  };
+  bool batch_mode() const { return p_.mix == Mix::Batch; }
+  void make_batch_inputs();
+  /// Per dim of value v: whether its size differs between the batch sizes.
+  std::vector<bool> batch_dims(int v) const;
+  bool has_batch_dim(int v) const;
+  /// Per dim of value v: its smallest size over the batch sizes (its size outside the batch mix).
+  Shape min_sizes(int v) const;
+  /// Whether value `from` broadcasts to the shape of value `into` (at every batch size).
+  bool broadcasts_into(int from, int into) const;
+  /// d, or in the batch mix when d is a batch dim of value v, another dim of v that is not.
+  int64_t other_than_batch(int v, int64_t d);
+  /// Runs st (to be committed as the next value of the pool, whose result is `out` of
+  /// magnitude m) on every shadow pool and appends its results there; rejects it, leaving the
+  /// shadow pools as they were, when it throws there, or a result there is empty, too large,
+  /// not finite, or of another rank or dtype (also its other results, for control flow).
+  /// Returns the largest magnitude of the result at all sizes (m at the first), -1 to reject.
+  double commit_shadows(const Step& st, const Tensor& out, double m);
+  /// Sets st.batch, and writes the batch dims of st.result as functions of the batch size B
+  /// ("f32 (B, 4)", "(2B, 4)"): st's result is `out`, and the last value of each shadow pool.
+  void batch_result(Step& st, const Tensor& out) const;
+  /// A reshape target for value a with batch dims: the batch dims go to a -1 (a flatten, the
+  /// batch split off again, or merged with another dim). False when its size is not a multiple
+  /// of the batch size at every size.
+  bool batch_reshape(int a, std::vector<int64_t>& target);
+  /// Slice bounds for a batch dim, counted from its ends: from 0, 1, -1 or -2 to the end
+  /// (INT64_MAX) or to -1. (Those that give nothing at some size are rejected there; -2 is
+  /// clamped at size 1, which a trace at another size guards against.)
+  void batch_slice(int64_t& start, int64_t& end);
 
   // The fusion mix.
   void make_fusion_inputs();
@@ -317,6 +398,7 @@ class Generator {
   std::vector<Tensor> pool_;
   std::vector<bool> blocked_;  ///< per pool value: not to be read (a buffer not yet updated)
   std::vector<bool> updated_ = std::vector<bool>(64, false);  ///< per input: buffer updated
+  std::vector<Shadow> shadows_;  ///< the batch mix: the pool at kBatchSizes after the first
 };
 
 /// How often the generator tries each op (relative; random_program.cpp).

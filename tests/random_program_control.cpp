@@ -46,13 +46,24 @@ void Generator::swap_function(Function& f) {
   std::swap(p_.steps, f.steps);
   std::swap(blocked_, f.blocked);
   std::swap(tuples_, f.tuples);
+  f.shadow_vals.resize(shadows_.size());
+  f.shadow_tuples.resize(shadows_.size());
+  for (size_t k = 0; k < shadows_.size(); ++k) {
+    std::swap(shadows_[k].pool, f.shadow_vals[k]);
+    std::swap(shadows_[k].tuples, f.shadow_tuples[k]);
+  }
 }
 
 bool Generator::make_function(Function& f, const std::vector<Tensor>& args,
                               const std::vector<int>& free, const std::vector<bool>& grad,
-                              std::string& err) {
+                              std::string& err,
+                              const std::vector<std::vector<Tensor>>& shadow_args) {
   f.vals = args;
   for (int x : free) f.vals.push_back(at(x));
+  f.shadow_vals = shadow_args;
+  f.shadow_vals.resize(shadows_.size());
+  for (size_t k = 0; k < shadows_.size(); ++k)
+    for (int x : free) f.shadow_vals[k].push_back(shadows_[k].pool[size_t(x)]);
   f.blocked.assign(f.vals.size(), false);
   f.grad = grad;
   static const std::vector<double> cum = [] {
@@ -79,30 +90,61 @@ bool Generator::make_function(Function& f, const std::vector<Tensor>& args,
   return err.empty() && made > 0;
 }
 
-int Generator::fit(int u, const Shape& s, DType d, std::string& err) {
+int Generator::fit(int u, const Shape& s, DType d, std::string& err,
+                   const std::vector<Shape>& at_shadows) {
   std::vector<int64_t> dims(s.begin(), s.end());
   const Shape su = at(u).sizes();
-  if (su != s) {
+  // The batch mix: the batch dims of s (those whose size differs in `at_shadows`) and u's must
+  // line up, and become -1 in expand and reshape targets (the target's sizes at the first batch
+  // size would not fit the others); outside it, neither has any.
+  std::vector<bool> sb(size_t(s.size()), false);
+  for (const Shape& t : at_shadows)
+    for (int64_t i = 0; i < s.size(); ++i) sb[size_t(i)] = sb[size_t(i)] || t[i] != s[i];
+  const std::vector<bool> ub = batch_dims(u);
+  const bool any_sb = std::find(sb.begin(), sb.end(), true) != sb.end();
+  const bool any_ub = std::find(ub.begin(), ub.end(), true) != ub.end();
+  std::vector<int64_t> expand_dims = dims, reshape_dims = dims;
+  bool expandable = su.size() <= s.size(), reshapable = true;
+  for (int64_t i = 0, lead = s.size() - su.size(); expandable && i < s.size(); ++i) {
+    const bool from = i >= lead && ub[size_t(i - lead)];
+    expandable = from == sb[size_t(i)];
+    if (from) expand_dims[size_t(i)] = -1;
+  }
+  if (std::count(sb.begin(), sb.end(), true) > 1 || any_sb != any_ub) reshapable = false;
+  for (size_t i = 0; i < sb.size(); ++i)
+    if (sb[i]) reshape_dims[i] = -1;
+  // v has the shape asked for at every batch size.
+  auto fits_here = [&](int v) {
+    if (at(v).sizes() != s) return false;
+    for (size_t k = 0; k < shadows_.size() && k < at_shadows.size(); ++k)
+      if (shadows_[k].pool[size_t(v)].sizes() != at_shadows[k]) return false;
+    return true;
+  };
+  if (!fits_here(u)) {
     Step st;
-    if (can_broadcast(su, s) && broadcast_shape(su, s) == s) {
+    if (can_broadcast(su, s) && broadcast_shape(su, s) == s && expandable) {
       st.op = Op::Expand;
       st.args = {u};
-      st.ints = dims;
-    } else if (su.numel() == s.numel() && at(u).is_contiguous()) {  // see propose(Reshape)
+      st.ints = expand_dims;
+    } else if (su.numel() == s.numel() && at(u).is_contiguous() &&
+               reshapable) {  // see propose(Reshape)
       st.op = Op::Reshape;
       st.args = {u};
-      st.ints = dims;
+      st.ints = reshape_dims;
     } else {
       // Reduced to a number, then added to a value of the shape (or expanded to it).
       Step m;
       m.op = floating(at(u)) && chance(0.6) ? Op::Mean : Op::Sum;
       m.args = {u};
       if ((u = commit(m, err)) < 0) return -1;
-      const int w = pick([&](const Tensor& t) { return floating(t) && t.sizes() == s; });
+      const int w = pick([&](const Tensor& t) {
+        return floating(t) && t.sizes() == s && fits_here(int(&t - pool_.data()));
+      });
       if (w >= 0 && chance(0.7)) {
         st.op = Op::Add;
         st.args = {w, u};
       } else {
+        if (any_sb) return -1;  // no size to expand a number to
         st.op = Op::Expand;
         st.args = {u};
         st.ints = dims;
@@ -231,16 +273,19 @@ bool Generator::add_cond(std::string& err) {
     if (f >= 0) free.push_back(f);
   }
   std::vector<Tensor> args;
+  std::vector<std::vector<Tensor>> shadow_args(shadows_.size());
   std::vector<bool> in_grad;
   for (int o : ops) {
     args.push_back(at(o));
+    for (size_t k = 0; k < shadows_.size(); ++k)
+      shadow_args[k].push_back(shadows_[k].pool[size_t(o)]);
     in_grad.push_back(grad[size_t(o)]);
   }
   for (int f : free) in_grad.push_back(grad[size_t(f)]);
   // When an input requires grad, every result must (see random_program.h).
   const bool need = std::find(in_grad.begin(), in_grad.end(), true) != in_grad.end();
   Function t, f;
-  if (!make_function(t, args, free, in_grad, err)) return false;
+  if (!make_function(t, args, free, in_grad, err, shadow_args)) return false;
   auto usable = [&](const Function& fn, size_t v) {
     return floating(fn.vals[v]) && (!need || fn.grad[v]);
   };
@@ -254,18 +299,26 @@ bool Generator::add_cond(std::string& err) {
       if (usable(t, v)) c2.push_back(int(v));
     outs.push_back(c2[size_t(irand(0, int64_t(c2.size()) - 1))]);
   }
-  // The false branch, its results made to fit the true branch's.
-  if (!make_function(f, args, free, in_grad, err)) return false;
+  // The false branch, its results made to fit the true branch's (at every batch size).
+  if (!make_function(f, args, free, in_grad, err, shadow_args)) return false;
   std::vector<int> outs2;
   swap_function(f);
   for (int o : outs) {
     const Tensor& want = t.vals[size_t(o)];
+    std::vector<Shape> want_at;  // its shapes at the other batch sizes
+    for (const auto& sv : t.shadow_vals) want_at.push_back(sv[size_t(o)].sizes());
+    auto same_everywhere = [&](size_t v) {
+      for (size_t k = 0; k < shadows_.size(); ++k)
+        if (shadows_[k].pool[v].sizes() != want_at[k]) return false;
+      return true;
+    };
     propagate(pool_, p_.steps, f.grad);
     std::vector<int> same, any;
     for (size_t v = 0; v < pool_.size(); ++v) {
       if (!floating(at(int(v))) || (need && !f.grad[v])) continue;
       any.push_back(int(v));
-      if (at(int(v)).sizes() == want.sizes() && at(int(v)).dtype() == want.dtype())
+      if (at(int(v)).sizes() == want.sizes() && at(int(v)).dtype() == want.dtype() &&
+          same_everywhere(v))
         same.push_back(int(v));
     }
     int u2 = -1;
@@ -273,7 +326,8 @@ bool Generator::add_cond(std::string& err) {
       u2 = same[size_t(irand(0, int64_t(same.size()) - 1))];
     else if (!any.empty())
       u2 = chance(0.7) ? any.back() : any[size_t(irand(0, int64_t(any.size()) - 1))];
-    if (u2 >= 0) u2 = fit(u2, want.sizes(), want.dtype(), err);
+    if (u2 >= 0) u2 = fit(u2, want.sizes(), want.dtype(), err, want_at);
+    if (u2 >= 0 && !same_everywhere(size_t(u2))) u2 = -1;  // compiled, both branches must agree
     if (u2 < 0) break;
     outs2.push_back(u2);
   }
@@ -309,7 +363,7 @@ bool Generator::add_scan(std::string& err) {
     len = 0;
   else if (r < 0.3)
     len = 1;
-  else if (n > 6)
+  else if (n > 6 && !batch_dims(x)[0])  // a batch dim is scanned whole (its length varies)
     len = irand(2, 6);
   std::vector<int> xs = {x};
   if (chance(0.2)) {
@@ -334,13 +388,18 @@ bool Generator::add_scan(std::string& err) {
   const std::vector<bool> grad = grad_flags();
   if (grad.empty()) return false;
   std::vector<Tensor> args;
+  std::vector<std::vector<Tensor>> shadow_args(shadows_.size());
   std::vector<bool> in_grad;
   for (int c : carry) {
     args.push_back(at(c));
+    for (size_t k = 0; k < shadows_.size(); ++k)
+      shadow_args[k].push_back(shadows_[k].pool[size_t(c)]);
     in_grad.push_back(grad[size_t(c)]);
   }
   for (int c : xs) {
     args.push_back(squeeze(slice(at(c), 0, 0, 1), 0));  // x_0 (also when none is scanned)
+    for (size_t k = 0; k < shadows_.size(); ++k)
+      shadow_args[k].push_back(squeeze(slice(shadows_[k].pool[size_t(c)], 0, 0, 1), 0));
     in_grad.push_back(grad[size_t(c)]);
   }
   for (int f : free) in_grad.push_back(grad[size_t(f)]);
@@ -352,17 +411,25 @@ bool Generator::add_scan(std::string& err) {
     len = 1;
   const int64_t steps = len < 0 ? n : len;
   Function b;
-  if (!make_function(b, args, free, in_grad, err)) return false;
+  if (!make_function(b, args, free, in_grad, err, shadow_args)) return false;
   std::vector<int> outs;
   swap_function(b);
   for (size_t k = 0; k < carry.size(); ++k) {
     // The new carry: tanh(fitted value + carry * s), bounded however many steps run.
     propagate(pool_, p_.steps, b.grad);
     std::vector<int> same, any;
+    std::vector<Shape> carry_at;  // the carry's shapes at the other batch sizes
+    for (const Shadow& sh : shadows_) carry_at.push_back(sh.pool[k].sizes());
+    auto same_everywhere = [&](size_t v) {
+      if (at(int(v)).sizes() != at(int(k)).sizes()) return false;
+      for (size_t j = 0; j < shadows_.size(); ++j)
+        if (shadows_[j].pool[v].sizes() != carry_at[j]) return false;
+      return true;
+    };
     for (size_t v = carry.size() + xs.size(); v < pool_.size(); ++v) {
       if (!floating(at(int(v))) || (need && !b.grad[v])) continue;
       any.push_back(int(v));
-      if (at(int(v)).sizes() == at(int(k)).sizes()) same.push_back(int(v));
+      if (same_everywhere(v)) same.push_back(int(v));
     }
     if (any.empty())  // the arguments themselves
       for (size_t v = 0; v < carry.size() + xs.size(); ++v)
@@ -372,11 +439,11 @@ bool Generator::add_scan(std::string& err) {
                                          : any[size_t(irand(0, int64_t(any.size()) - 1))];
     const Shape sk = at(int(k)).sizes();
     const DType dk = at(int(k)).dtype();
-    if (u >= 0) u = fit(u, sk, dk, err);
+    if (u >= 0) u = fit(u, sk, dk, err, carry_at);
     // It reads x_t (fitted to the carry: expanded, reshaped, or its mean), and the carry itself.
     const int x0 = int(carry.size());
     if (u >= 0 && !reads(pool_, p_.steps, x0, u)) {
-      const int xf = fit(x0, sk, dk, err);
+      const int xf = fit(x0, sk, dk, err, carry_at);
       Step add;
       add.op = Op::Add;
       add.args = {u, xf};
@@ -401,6 +468,7 @@ bool Generator::add_scan(std::string& err) {
       th.args = {u};
       u = commit(th, err);
     }
+    if (u >= 0 && !same_everywhere(size_t(u))) u = -1;  // a carry keeps its shape
     if (u < 0) break;
     outs.push_back(u);
   }
@@ -422,6 +490,7 @@ bool Generator::add_scan(std::string& err) {
   st.args.insert(st.args.end(), xs.begin(), xs.end());
   st.args.insert(st.args.end(), free.begin(), free.end());
   st.ints = {int64_t(carry.size()), int64_t(xs.size()), len};
+  st.mode = batch_dims(x)[0] && len < 0;  // the batch mix: scanned over the batch dim
   st.body = std::move(b.steps);
   st.outs = outs;
   const int cv = int(pool_.size());
@@ -475,8 +544,8 @@ bool Generator::add_while(std::string& err) {
   int c = -1;  // a value added at each step (read from outside: a free value), else a number
   if (chance(0.5))
     c = pick([&](const Tensor& t) {
-      return t.dtype() == dv && can_broadcast(sv, t.sizes()) &&
-             broadcast_shape(sv, t.sizes()) == sv;
+      // (At every batch size: compiled, the body is traced even when it runs no step.)
+      return t.dtype() == dv && broadcasts_into(int(&t - pool_.data()), v);
     });
   if (c >= 0) {
     st.args.push_back(c);

@@ -96,15 +96,19 @@ std::string step_text(const Step& st, size_t value, const char* sigil) {
 }
 
 std::string program_text(const Program& p) {
-  std::string s = fmt::format("seed {} ({}{} inputs, {} steps{}):\n", p.seed,
-                              p.mix == Mix::Fusion ? "fusion mix, " : "", p.inputs.size(),
-                              p.steps.size(), p.domain.discrete ? ", discrete values" : "");
+  std::string s =
+      fmt::format("seed {} ({}{} inputs, {} steps{}):\n", p.seed,
+                  p.mix == Mix::Fusion  ? "fusion mix, "
+                  : p.mix == Mix::Batch ? "batch mix, "
+                                        : "",
+                  p.inputs.size(), p.steps.size(), p.domain.discrete ? ", discrete values" : "");
   for (size_t i = 0; i < p.inputs.size(); ++i) {
     const InputSpec& in = p.inputs[i];
     s += fmt::format("  %{} = input {} {} {}", i, dtype_name(in.dtype), in.shape,
                      layout_name(in.layout));
     if (in.made != in.shape) s += fmt::format(", expanded from {}", in.made);
     if (in.captured) s += in.buffer ? ", captured buffer" : ", captured";
+    if (in.batched) s += ", dim 0 the batch dim B";
     s += "\n";
   }
   for (size_t k = 0; k < p.steps.size(); ++k)

@@ -20,12 +20,21 @@
 // Every plan checks the memory planner's invariant (no two buffers live at once overlap) as it
 // is built: the whole binary runs with detail::set_verify_plans(true).
 //
+// Programs of the batch mix (random_program.h) have arguments with a batch dim and are compiled
+// with it symbolic (named in CompileOptions::dynamic, or found by automatic dynamic); each is
+// called at every batch size of kBatchSizes, without and with gradients, and compared with
+// eager at each; that test also checks the traces (one per grad mode, one more for automatic
+// dynamic, unless the retrace reasons show a specialization or a failed guard), that most keep
+// the batch dim symbolic, and that the ops meeting the batch dim met it.
+//
 // DUET_RANDOM_PROGRAMS=n runs seeds 0..n-1 (default 2000); DUET_RANDOM_SEED=s runs seed s only.
-// DUET_FUSION_PROGRAMS and DUET_FUSION_SEED do the same for the fusion mix (default 600).
+// DUET_FUSION_PROGRAMS and DUET_FUSION_SEED do the same for the fusion mix (default 600), and
+// DUET_BATCH_PROGRAMS and DUET_BATCH_SEED for the batch mix (default 300).
 // DUET_REDUCE=1 also shrinks each failing program (reduce_program) and prints the result.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -169,11 +178,11 @@ struct Sample {
 
 /// `other`: the first sample; then the first few attempts also look for values on which every
 /// cond takes the other branch, so that the two samples run both.
-Sample sample(const Program& p, const Generator& gen, Rng& rng, uint64_t gseed, const Values* first,
+Sample sample(const Program& p, Rng& rng, uint64_t gseed, const Values* first,
               const Sample* other = nullptr) {
   Sample s;
   for (int attempt = 0; attempt < 20; ++attempt) {
-    s.values = attempt == 0 && first ? *first : gen.sample_values(rng);
+    s.values = attempt == 0 && first ? *first : random_inputs(p, rng);
     s.branches = branches_taken(p, s.values);
     if (std::count(s.branches.begin(), s.branches.end(), -1)) continue;
     if (other && attempt < 8) {
@@ -234,35 +243,10 @@ std::vector<double> gradient_widening(const Program& p) {
   return w;
 }
 
-/// The differences between compiled and eager for one program; empty when they agree.
-/// `perturb` moves the compiled floating outputs by a relative and an absolute `perturb` (a
-/// self-test of the comparison).
-/// `fused`, when given, gets the most fused kernels the compiled function's plans had after a
-/// call (CompileStats::fused_kernels).
-std::string check(const Program& p, const Sample& a, const Sample& b, CompileOptions opts,
-                  double perturb = 0, int64_t* fused = nullptr) {
-  std::string err;
-  // The captured inputs: the same tensors for every call, their values written in place.
-  std::vector<Tensor> caps(p.inputs.size());
-  auto fn = [&p, &caps, perturb](std::vector<Tensor> args) {
-    std::vector<Tensor> in;
-    size_t pos = 0;
-    for (size_t i = 0; i < p.inputs.size(); ++i)
-      in.push_back(p.inputs[i].captured ? caps[i] : args[pos++]);
-    std::vector<Tensor> outs = run_program(p, in);
-    if (perturb != 0)
-      for (Tensor& o : outs)
-        if (floating(o)) o = o * (1 + perturb) + perturb;
-    return outs;
-  };
-  auto c = compile(fn, opts);
-  const bool loose = mixes_precision(p);
-  const std::vector<double> widen = gradient_widening(p);
-  auto note_fused = [&] {
-    if (fused) *fused = std::max(*fused, c.stats().fused_kernels);
-  };
-  // A floating input that requires grad changes the signature (an argument's flag, or the
-  // flag of a captured tensor the trace read): the calls with gradients trace once more.
+/// Whether a call with gradients traces once more than one without: a floating input that
+/// requires grad changes the signature (an argument's flag, or the flag of a captured tensor the
+/// trace read).
+bool grad_retraces(const Program& p) {
   std::vector<bool> used(p.inputs.size(), false);
   for (const Step& st : p.steps)
     for (size_t k = 0; k < st.args.size(); ++k) {
@@ -272,15 +256,36 @@ std::string check(const Program& p, const Sample& a, const Sample& b, CompileOpt
     }
   for (int o : p.outputs)
     if (size_t(o) < used.size()) used[size_t(o)] = true;
-  bool any_float = false, any_captured = false;
+  bool any_float = false;
   for (size_t i = 0; i < p.inputs.size(); ++i) {
     const InputSpec& in = p.inputs[i];
     any_float |= is_floating(in.dtype) && !in.buffer && (!in.captured || used[i]);
-    any_captured |= in.captured;
   }
-  // The inputs of one call: fresh argument tensors; the captured ones get the values in place.
-  auto inputs = [&](const Sample& s, bool rg, bool contiguous = false) {
-    std::vector<Tensor> fresh = build_inputs(p, s.values, rg, contiguous), in, args;
+  return any_float;
+}
+
+/// The calls of one compiled function of program p and their comparison with eager: the
+/// captured inputs (the same tensors for every call, their values written in place), and the
+/// differences found (err).
+struct Calls {
+  const Program& p;
+  std::vector<Tensor> caps;
+  const bool loose;
+  const std::vector<double> widen;
+  std::string err;
+
+  explicit Calls(const Program& prog)
+      : p(prog),
+        caps(prog.inputs.size()),
+        loose(mixes_precision(prog)),
+        widen(gradient_widening(prog)) {}
+
+  /// The inputs of one call on the values of s (p's inputs at the sizes of `at`, when given):
+  /// fresh argument tensors; the captured ones get the values in place.
+  std::pair<std::vector<Tensor>, std::vector<Tensor>> inputs(const Sample& s, bool rg,
+                                                             bool contiguous = false,
+                                                             const Program* at = nullptr) {
+    std::vector<Tensor> fresh = build_inputs(at ? *at : p, s.values, rg, contiguous), in, args;
     for (size_t i = 0; i < p.inputs.size(); ++i) {
       if (!p.inputs[i].captured) {
         in.push_back(fresh[i]);
@@ -297,9 +302,10 @@ std::string check(const Program& p, const Sample& a, const Sample& b, CompileOpt
       in.push_back(caps[i]);
     }
     return std::make_pair(in, args);
-  };
-  auto compare_outputs = [&](const std::vector<Tensor>& outs, const EagerRun& e, const char* which,
-                             bool flags = true) {
+  }
+
+  void outputs(const std::vector<Tensor>& outs, const EagerRun& e, const std::string& which,
+               bool flags = true) {
     for (size_t i = 0; i < p.inputs.size(); ++i)  // the state the call wrote back
       if (p.inputs[i].buffer)
         err += compare_tensors(caps[i], e.ins[i], fmt::format("{}, buffer %{} after", which, i),
@@ -314,7 +320,8 @@ std::string check(const Program& p, const Sample& a, const Sample& b, CompileOpt
         err += fmt::format("{}, output {}: requires_grad {} compiled, {} eager\n", which, i,
                            outs[i].requires_grad(), e.outs[i].requires_grad());
     }
-  };
+  }
+
   // Gradients from each output alone, against eager's: the compiled backward of one output is
   // traced from the same tape, so it adds in eager's order. Then from all outputs together:
   // the compiled path runs one backward per output and adds their results at the inputs, where
@@ -323,8 +330,8 @@ std::string check(const Program& p, const Sample& a, const Sample& b, CompileOpt
   // off by more than float tolerances from the exact one. So the combined compiled gradient is
   // compared with the exact sum of eager's per-output gradients, within the tolerance of each
   // term (combined_differences).
-  auto compare_grads = [&](const std::vector<Tensor>& outs, const std::vector<Tensor>& in,
-                           const EagerRun& e, const char* which) {
+  void grads(const std::vector<Tensor>& outs, const std::vector<Tensor>& in, const EagerRun& e,
+             const std::string& which) {
     if (e.grads.empty()) return;
     for (size_t j = 0; j < e.diff.size(); ++j) {
       std::vector<Tensor> g = gradients(outs, {e.diff[j]}, in, e.wrt, {e.gouts[j]}, true);
@@ -342,7 +349,45 @@ std::string check(const Program& p, const Sample& a, const Sample& b, CompileOpt
           g[i], terms, fmt::format("{}, gradient of input %{} from all outputs", which, e.wrt[i]),
           loose, widen[size_t(e.wrt[i])]);
     }
+  }
+};
+
+/// The differences between compiled and eager for one program; empty when they agree.
+/// `perturb` moves the compiled floating outputs by a relative and an absolute `perturb` (a
+/// self-test of the comparison).
+/// `fused`, when given, gets the most fused kernels the compiled function's plans had after a
+/// call (CompileStats::fused_kernels).
+std::string check(const Program& p, const Sample& a, const Sample& b, CompileOptions opts,
+                  double perturb = 0, int64_t* fused = nullptr) {
+  Calls calls(p);
+  std::string& err = calls.err;
+  std::vector<Tensor>& caps = calls.caps;
+  auto fn = [&p, &caps, perturb](std::vector<Tensor> args) {
+    std::vector<Tensor> in;
+    size_t pos = 0;
+    for (size_t i = 0; i < p.inputs.size(); ++i)
+      in.push_back(p.inputs[i].captured ? caps[i] : args[pos++]);
+    std::vector<Tensor> outs = run_program(p, in);
+    if (perturb != 0)
+      for (Tensor& o : outs)
+        if (floating(o)) o = o * (1 + perturb) + perturb;
+    return outs;
   };
+  auto c = compile(fn, opts);
+  auto note_fused = [&] {
+    if (fused) *fused = std::max(*fused, c.stats().fused_kernels);
+  };
+  const bool any_float = grad_retraces(p);
+  const bool any_captured = std::any_of(p.inputs.begin(), p.inputs.end(),
+                                        [](const InputSpec& in) { return in.captured; });
+  auto inputs = [&](const Sample& s, bool rg, bool contiguous = false) {
+    return calls.inputs(s, rg, contiguous);
+  };
+  auto compare_outputs = [&](const std::vector<Tensor>& outs, const EagerRun& e, const char* which,
+                             bool flags = true) { calls.outputs(outs, e, which, flags); };
+  auto compare_grads = [&](const std::vector<Tensor>& outs, const std::vector<Tensor>& in,
+                           const EagerRun& e,
+                           const char* which) { calls.grads(outs, in, e, which); };
   try {
     // Without gradients: two sets of values, one trace.
     for (const Sample* s : {&a, &b}) {
@@ -533,8 +578,8 @@ std::string run_seed(uint64_t seed, Coverage& cov, double perturb = 0, Mix mix =
   gen.choose_outputs();
   for (const Step& st : p.steps) ++cov.ops[size_t(st.op)];
   cov.steps += int(p.steps.size());
-  Sample a = sample(p, gen, r, seed + 1, &gen.first_values());
-  Sample b = sample(p, gen, r, seed + 2, nullptr, &a);
+  Sample a = sample(p, r, seed + 1, &gen.first_values());
+  Sample b = sample(p, r, seed + 2, nullptr, &a);
   if (!a.finite || !b.finite) {
     ++cov.skipped;
     return "";
@@ -605,6 +650,199 @@ void run_seeds(const std::vector<uint64_t>& seeds, Coverage& cov, Mix mix) {
       ops));
 }
 
+// ---- the batch mix: a symbolic batch dim ----
+
+/// What one compiled function of a program of the batch mix did over its calls.
+struct BatchResult {
+  std::string err;
+  bool symbolic = false;      ///< its latest trace has symbolic dims (CompileStats::symbolic_dims)
+  bool specialized = false;   ///< a batch dim was made concrete (a retrace reason says why)
+  bool guard_failed = false;  ///< a call failed a guard of a symbolic trace
+  std::vector<std::string> reasons;  ///< CompileStats::retrace_reasons
+};
+
+/// Calls the compiled program at each size of kBatchSizes (on samples[k] at kBatchSizes[k]),
+/// without gradients and then with them, and compares each call with eager. The batched
+/// inputs are argument 0 (a vector), the others argument 1; `dynamic`: the batch dims are
+/// named in CompileOptions::dynamic (dim 0 of argument 0), else automatic dynamic finds them
+/// when the second call changes their size. Traces: one per grad mode with `dynamic`, else one
+/// more (the first call's, concrete), unless a batch dim was specialized or a guard failed.
+/// `perturb` moves the compiled floating outputs as in check (the self-test).
+BatchResult check_batch(const Program& p, const std::vector<Sample>& samples, bool dynamic,
+                        const std::vector<std::string>& disable = {}, double perturb = 0) {
+  BatchResult r;
+  Calls calls(p);
+  std::string& err = calls.err;
+  std::vector<Tensor>& caps = calls.caps;
+  auto fn = [&p, &caps, perturb](std::vector<Tensor> batched, std::vector<Tensor> rest) {
+    std::vector<Tensor> in;
+    size_t b = 0, o = 0;
+    for (size_t i = 0; i < p.inputs.size(); ++i)
+      in.push_back(p.inputs[i].captured ? caps[i] : p.inputs[i].batched ? batched[b++] : rest[o++]);
+    std::vector<Tensor> outs = run_program(p, in);
+    if (perturb != 0)
+      for (Tensor& t : outs)
+        if (floating(t)) t = t * (1 + perturb) + perturb;
+    return outs;
+  };
+  CompileOptions opts;
+  if (dynamic) opts.dynamic = {{0, 0}};
+  opts.disable_passes = disable;
+  opts.cache_limit = 16;  // a specialized program traces once per size and grad mode
+  auto c = compile(fn, opts);
+  const CompileStats& st = c.stats();
+  auto call = [&](size_t k, bool rg, std::vector<Tensor>& in) {
+    const Program q = at_batch(p, kBatchSizes[k]);
+    auto [ins, args] = calls.inputs(samples[k], rg, false, &q);
+    std::vector<Tensor> batched, rest;
+    size_t a = 0;
+    for (const InputSpec& s : p.inputs)
+      if (!s.captured) (s.batched ? batched : rest).push_back(args[a++]);
+    in = ins;
+    manual_seed(kRandSeed);
+    return c(batched, rest);
+  };
+  const size_t n = std::size(kBatchSizes);
+  int want = dynamic ? 1 : 2;
+  try {
+    for (size_t k = 0; k < n; ++k) {
+      const int plans = st.plans_built, traces = st.traces;
+      std::vector<Tensor> in;
+      calls.outputs(call(k, false, in), samples[k].plain, fmt::format("batch {}", kBatchSizes[k]));
+      // A size seen before reuses its plan.
+      if (std::count(kBatchSizes, kBatchSizes + k, kBatchSizes[k]) && st.traces == traces &&
+          st.plans_built != plans)
+        err += fmt::format("batch {} again: a new plan (plans_built {} -> {})\n", kBatchSizes[k],
+                           plans, st.plans_built);
+    }
+    const int no_grad_traces = st.traces;
+    for (size_t k = 0; k < n; ++k) {
+      std::vector<Tensor> in;
+      const std::vector<Tensor> outs = call(k, true, in);
+      const std::string which = fmt::format("batch {} (grad)", kBatchSizes[k]);
+      calls.outputs(outs, samples[k].with_grad, which);
+      calls.grads(outs, in, samples[k].with_grad, which);
+    }
+    r.reasons = st.retrace_reasons;
+    for (const std::string& why : st.retrace_reasons) {
+      r.specialized |= why.find("made concrete") != std::string::npos ||
+                       why.find("kept concrete") != std::string::npos;
+      r.guard_failed |= why.starts_with("guard ");
+    }
+    r.symbolic = !st.symbolic_dims.empty();
+    if (!r.specialized && !r.guard_failed) {
+      if (no_grad_traces != want)
+        err += fmt::format("calls without gradients: {} traces (want {}); retraced because: {}\n",
+                           no_grad_traces, want, fmt::join(st.retrace_reasons, "; "));
+      want += grad_retraces(p);
+      if (st.traces != want)
+        err +=
+            fmt::format("calls with gradients: {} traces in all (want {}); retraced because: {}\n",
+                        st.traces, want, fmt::join(st.retrace_reasons, "; "));
+      if (!r.symbolic) err += "no symbolic dims, and no specialization\n";
+    }
+    if (st.eager_calls) err += fmt::format("{} calls ran eagerly (cache full)\n", st.eager_calls);
+  } catch (const std::exception& ex) {
+    err += fmt::format("threw: {}\n", ex.what());
+  }
+  r.err = err;
+  return r;
+}
+
+struct BatchCoverage {
+  int programs = 0, skipped = 0, failed = 0, steps = 0;
+  int runs = 0;                         ///< compiled functions checked (two per program)
+  int symbolic = 0;                     ///< of those, kept a batch dim symbolic to the end
+  int specialized = 0;                  ///< made a batch dim concrete
+  int guard_failed = 0;                 ///< failed a guard at some size
+  int conds = 0, both_branches = 0;     ///< conds, and those the sizes' samples ran both ways
+  int scans = 0, scans_over_batch = 0;  ///< scans, and those whose length is the batch size
+  int broadcasts = 0;  ///< elementwise steps broadcasting operands of which one has a batch dim
+  /// Per op: steps (of programs and of control-flow functions), those reading a value with a
+  /// batch dim, and of those the ones whose result keeps one.
+  std::vector<int> ops = std::vector<int>(size_t(Op::Count), 0);
+  std::vector<int> batched = std::vector<int>(size_t(Op::Count), 0);
+  std::vector<int> kept = std::vector<int>(size_t(Op::Count), 0);
+  /// The reasons for specializations (the shape read left out), counted.
+  std::map<std::string, int> why;
+  std::string failed_seeds;
+};
+
+void count_steps(const std::vector<Step>& steps, BatchCoverage& cov) {
+  for (const Step& st : steps) {
+    ++cov.ops[size_t(st.op)];
+    cov.batched[size_t(st.op)] += st.batch & 1;
+    cov.kept[size_t(st.op)] += (st.batch & 3) == 3;
+    cov.broadcasts += (st.batch & 4) != 0;
+    cov.scans += st.op == Op::Scan;
+    cov.scans_over_batch += st.op == Op::Scan && st.mode == 1;  // its length is the batch size
+    count_steps(st.body, cov);
+    count_steps(st.body2, cov);
+  }
+}
+
+// "size(1) of a tensor of shape (4, s0) was read as an integer" without the shape.
+std::string specialization(const std::string& why) {
+  const size_t at = why.find("made concrete: ");
+  if (at == std::string::npos) return "";
+  std::string s = why.substr(at + 15);
+  const size_t from = s.find(" of shape "), to = s.find(" w", from == s.npos ? 0 : from + 10);
+  if (from != s.npos && to != s.npos) s.replace(from + 10, to - from - 10, "...");
+  return s;
+}
+
+// Builds, runs and checks the program of one seed in the batch mix, with the batch dims named
+// dynamic and found by automatic dynamic; returns the failure report ("" if none). With
+// `perturb`, only the first, its outputs moved by it (see check_batch), and the bare
+// differences are returned (the self-test).
+std::string run_batch_seed(uint64_t seed, BatchCoverage& cov, double perturb = 0) {
+  Program p;
+  p.seed = seed;
+  Generator gen(p, seed, Mix::Batch);
+  gen.make_inputs();
+  Rng r = rng_for(seed, 1);
+  std::string err = gen.make_steps(gen.random_length());
+  if (!err.empty()) return program_text(p) + err;
+  gen.choose_outputs();
+  std::vector<Sample> samples;
+  for (size_t k = 0; k < std::size(kBatchSizes); ++k) {
+    // Each sample looks for values on which every cond goes the other way than the last.
+    Sample s = sample(at_batch(p, kBatchSizes[k]), r, seed + 1 + k,
+                      k == 0 ? &gen.first_values() : nullptr, k ? &samples.back() : nullptr);
+    if (!s.finite) {
+      ++cov.skipped;
+      return "";
+    }
+    samples.push_back(std::move(s));
+  }
+  ++cov.programs;
+  cov.steps += int(p.steps.size());
+  count_steps(p.steps, cov);
+  for (size_t j = 0; j < samples[0].branches.size(); ++j) {
+    ++cov.conds;
+    bool taken[2] = {false, false};
+    for (const Sample& s : samples) taken[s.branches[j]] = true;
+    cov.both_branches += taken[0] && taken[1];
+  }
+  if (perturb != 0) return check_batch(p, samples, true, {}, perturb).err;
+  std::string report;
+  for (bool dynamic : {true, false}) {
+    const BatchResult b = check_batch(p, samples, dynamic);
+    ++cov.runs;
+    cov.symbolic += b.symbolic && !b.specialized;
+    cov.specialized += b.specialized;
+    cov.guard_failed += b.guard_failed;
+    for (const std::string& why : b.reasons)
+      if (!specialization(why).empty()) ++cov.why[specialization(why)];
+    if (b.err.empty()) continue;
+    const bool off = check_batch(p, samples, dynamic, kPasses).err.empty();
+    report += fmt::format("{}:\n{}with every pass disabled: {}\n",
+                          dynamic ? "CompileOptions::dynamic = {0, 0}" : "automatic dynamic", b.err,
+                          off ? "compiled matches eager" : "still differs");
+  }
+  return report.empty() ? "" : program_text(p) + report;
+}
+
 }  // namespace
 
 TEST_CASE("random programs: compiled outputs and gradients match eager") {
@@ -638,6 +876,62 @@ TEST_CASE("random programs built to stress fusion") {
   CHECK(cov.fused * 4 >= cov.programs * 3);
 }
 
+// Programs with a batch dim (the batch mix, random_program.h), compiled with that dim symbolic:
+// named in CompileOptions::dynamic, and found by automatic dynamic; each is called at every
+// size of kBatchSizes (1 and a repeat among them), without and with gradients, and compared
+// with eager at each. They trace once per grad mode (one more with automatic dynamic) unless
+// a batch dim was specialized or a guard failed, which the retrace reasons must say; most must
+// keep the batch dim symbolic to the end; and the ops that meet the batch dim must meet it.
+TEST_CASE("random programs with a symbolic batch dim") {
+  BatchCoverage cov;
+  const std::vector<uint64_t> seeds = seeds_from_env("DUET_BATCH_PROGRAMS", 300, "DUET_BATCH_SEED");
+  for (uint64_t seed : seeds) {
+    const std::string report = run_batch_seed(seed, cov);
+    if (!report.empty()) {
+      ++cov.failed;
+      cov.failed_seeds += fmt::format(" {}", seed);
+      if (cov.failed <= 10) FAIL_CHECK(fmt::format("seed {}: {}", seed, report));
+    }
+  }
+  std::string ops, why;
+  for (int i = 0; i < int(Op::Count); ++i)
+    if (cov.ops[size_t(i)])
+      ops += fmt::format(" {}:{}/{}/{}", op_text(Op(i)), cov.kept[size_t(i)],
+                         cov.batched[size_t(i)], cov.ops[size_t(i)]);
+  for (const auto& [w, n] : cov.why) why += fmt::format("\n  {} x {}", n, w);
+  MESSAGE(fmt::format(
+      "{} programs compared ({} steps) at batch sizes {}, {} skipped for non-finite values, {} "
+      "failed{}; of {} compiled functions, {} kept the batch dim symbolic, {} specialized it, "
+      "{} failed a guard; {} of {} conds ran both branches; {} of {} scans ran over the batch "
+      "dim; {} broadcasts; steps per op (keeping a batch dim / reading one / all):{}; specialized "
+      "because:{}",
+      cov.programs, cov.steps, fmt::join(kBatchSizes, ", "), cov.skipped, cov.failed,
+      cov.failed ? " (seeds" + cov.failed_seeds + ")" : "", cov.runs, cov.symbolic, cov.specialized,
+      cov.guard_failed, cov.both_branches, cov.conds, cov.scans_over_batch, cov.scans,
+      cov.broadcasts, ops, why));
+  CHECK(cov.failed == 0);
+  CHECK(cov.skipped * 50 <= int(seeds.size()));
+  if (seeds.size() >= 200) {
+    // Specializations come from code that reads sizes as integers (randn(x.sizes()), full,
+    // arange and eye of a batch dim, copy_, a batched conv2d weight): a few programs in ten.
+    CHECK(cov.symbolic * 4 >= cov.runs * 3);
+    CHECK(cov.both_branches * 4 >= cov.conds * 3);
+    CHECK(cov.scans_over_batch >= 5);
+    CHECK(cov.broadcasts >= 50);
+    // The ops that meet the batch dim: broadcasting elementwise ops, reductions over it and
+    // over other dims, matmul, reshapes with -1, permutes, slices, cats, means, expands, cond
+    // and scan.
+    for (Op op : {Op::Add, Op::Sub, Op::Mul, Op::Div, Op::Where, Op::MatMul, Op::Reshape,
+                  Op::Transpose, Op::Permute, Op::Slice, Op::Cat, Op::Sum, Op::Mean, Op::Max,
+                  Op::Expand, Op::Unsqueeze, Op::Cond, Op::Scan}) {
+      INFO(op_text(op));
+      CHECK(cov.kept[size_t(op)] >= 5);
+    }
+    for (Op op : {Op::Sum, Op::Mean, Op::Max, Op::MatMul})  // over the batch dim
+      CHECK(cov.batched[size_t(op)] - cov.kept[size_t(op)] >= 5);
+  }
+}
+
 // The comparison itself: compiled outputs off by 1e-4 (relative and absolute; about 800 f32 ulps)
 // must be noticed in nearly every program (not in those with integer and bool outputs only).
 TEST_CASE("random programs: the comparison notices an error of 1e-4") {
@@ -652,6 +946,12 @@ TEST_CASE("random programs: the comparison notices an error of 1e-4") {
     fused += !run_seed(seed, cov, 1e-4, Mix::Fusion).empty();
   INFO(fused << " of 30 fusion-mix programs noticed");
   CHECK(fused >= 28);
+  // And in programs of the batch mix, at every batch size.
+  BatchCoverage bc;
+  int batched = 0;
+  for (uint64_t seed = 0; seed < 30; ++seed) batched += !run_batch_seed(seed, bc, 1e-4).empty();
+  INFO(batched << " of 30 batch-mix programs noticed");
+  CHECK(batched >= 27);
 }
 
 // The library bugs the random programs found, reduced to a few lines each.
@@ -712,6 +1012,74 @@ TEST_CASE("random programs: reductions of the bugs they found") {
     std::vector<Tensor> o = c(x, y);
     REQUIRE(o[1].requires_grad());
     CHECK(values(grad({o[1]}, {x}, {ones2})[0]) == std::vector<double>{2, 2});
+  }
+}
+
+}  // namespace duet::test
+
+namespace duet::test {
+namespace {
+// f compiled with dim 0 of its argument symbolic, called at batch sizes 2, 5 and 1 on random
+// values (manual_seed before each call, eager and compiled): equal to eager at each, within
+// 1e-12, in one trace.
+template <class F>
+void check_one_trace(F f, const Shape& per_row, bool with_grad = false) {
+  auto c = compile(f, CompileOptions{{{0, 0}}, {}, 8});
+  Rng rng(7);
+  for (int64_t b : {2, 5, 1}) {
+    std::vector<int64_t> dims = {b};
+    dims.insert(dims.end(), per_row.begin(), per_row.end());
+    const Shape s(dims);
+    Tensor x = make(random_values(s.numel(), Domain{}, DType::f64, rng), s, DType::f64);
+    x.requires_grad_(with_grad);
+    manual_seed(11);
+    const Tensor want = f(x);
+    const Tensor want_next = randn({3}, Options().dtype(DType::f64));  // the generator moved on
+    manual_seed(11);
+    const Tensor got = c(x);
+    INFO("batch " << b);
+    CHECK(differences(values(got), values(want), 1e-12, 1e-12) == "");
+    CHECK(values(randn({3}, Options().dtype(DType::f64))) == values(want_next));
+    if (with_grad) {
+      const Tensor g =
+          make(random_values(want.numel(), Domain{}, DType::f64, rng), want.sizes(), DType::f64);
+      CHECK(differences(values(grad({got}, {x}, {g})[0]), values(grad({want}, {x}, {g})[0]), 1e-12,
+                        1e-12) == "");
+    }
+  }
+  CHECK(c.stats().traces == 1);
+  CHECK(c.stats().retrace_reasons.empty());
+  CHECK(c.stats().symbolic_dims == std::vector<std::string>{"arg 0 dim 0: s0"});
+}
+}  // namespace
+
+// The library bugs the batch mix found: ops that read a symbolic batch dim as an integer, which
+// specialized it (every batch size traced again), reduced to one op each.
+TEST_CASE("random programs with a symbolic batch dim: reductions of the bugs they found") {
+  const Tensor v = make({1, -2, 0.5}, {3}, DType::f64);
+  SUBCASE("matmul with a 1-D operand") {
+    // The inner sizes were compared as integers.
+    check_one_trace([&v](Tensor x) { return matmul(x, v); }, {3}, true);     // (B, 3) @ (3)
+    check_one_trace([&v](Tensor x) { return matmul(v, x); }, {3, 2}, true);  // (3) @ (B, 3, 2)
+    check_one_trace([](Tensor x) { return matmul(x, x); }, {}, true);        // (B) @ (B)
+  }
+  SUBCASE("dropout") {
+    // The mask was drawn at x.sizes(); now at its symbolic dims, and the generator's state
+    // advances by a count computed from them.
+    check_one_trace([](Tensor x) { return dropout(x, 0.4, true); }, {3}, true);
+    check_one_trace([](Tensor x) { return dropout(dropout(x, 0.25, true) * 2, 0.5, true); },
+                    {2, 3});
+  }
+  SUBCASE("conv2d, max_pool2d, avg_pool2d, unfold and fold over a batch of images") {
+    // Unfold and Fold had no symbolic rule, and conv2d and the pools reshaped with x.sizes().
+    Tensor w = make({0.5, -1, 0.25, 2, -0.5, 1, 1.5, -0.25, 0.75, -1.5, 0.5, 1, -2, 0.25, 1, -1},
+                    {2, 2, 2, 2}, DType::f64);
+    Tensor b = make({0.1, -0.2}, {2}, DType::f64);
+    check_one_trace([&](Tensor x) { return conv2d(x, w, b, 1, 1); }, {2, 4, 3}, true);
+    check_one_trace([](Tensor x) { return max_pool2d(x, 2, 1) + avg_pool2d(x, 2, 1); }, {2, 4, 3},
+                    true);
+    check_one_trace([](Tensor x) { return fold(unfold(x, 2, 1, 1), 4, 3, 2, 1, 1); }, {2, 4, 3},
+                    true);
   }
 }
 

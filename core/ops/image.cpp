@@ -3,6 +3,7 @@
 //
 // attrs.ints = {kh, kw, sh, sw, ph, pw, H, W} for both (see kernels/image.cpp).
 #include "core/dispatch.h"
+#include "core/op_table.h"
 #include "core/ops.h"
 
 namespace duet {
@@ -66,7 +67,8 @@ void grad_fold(const GradCtx& c, const Tensor& g, Tensor* gi) {
 Attrs window_attrs(const char* op, const Tensor& x, int64_t k, int64_t s, int64_t p) {
   DUET_CHECK_SHAPE(x.dim() == 4, "[{}] input must be (N, C, H, W), got {}", op, x.sizes());
   Attrs a;
-  a.ints = {k, k, s, s, p, p, x.sizes()[2], x.sizes()[3]};
+  // H and W only: the windows need them concrete, N and C may stay symbolic (a batch dim).
+  a.ints = {k, k, s, s, p, p, x.size(2), x.size(3)};
   window(op, a);  // validates with the caller's op name
   return a;
 }
@@ -94,25 +96,28 @@ Tensor fold(const Tensor& cols, int64_t height, int64_t width, int64_t kernel, i
   return detail::window_call(OpId::Fold, cols, a);
 }
 
-// im2col + GEMM: (O, C*k*k) @ (N, C*k*k, L) -> (N, O, L).
+// im2col + GEMM: (O, C*k*k) @ (N, C*k*k, L) -> (N, O, L). The batch size N (and the channels C)
+// are used as SymInts, so that a symbolic batch dim stays symbolic; H, W and the weight's
+// sizes are read as integers (the windows need them).
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, int64_t stride, int64_t padding) {
   DUET_CHECK_SHAPE(x.dim() == 4, "[conv2d] input must be (N, C, H, W), got {}", x.sizes());
-  DUET_CHECK_SHAPE(w.dim() == 4 && w.sizes()[2] == w.sizes()[3],
+  DUET_CHECK_SHAPE(w.dim() == 4 && w.size(2) == w.size(3),
                    "[conv2d] weight must be (out, in, k, k), got {}", w.sizes());
-  DUET_CHECK_SHAPE(x.sizes()[1] == w.sizes()[1],
+  DUET_CHECK_SHAPE(detail::size_is(x, 1, detail::sym_dims(w)[1], "conv2d"),
                    "[conv2d] input has {} channels but the weight {} expects {}", x.sizes()[1],
                    w.sizes(), w.sizes()[1]);
   DUET_CHECK_DTYPE(x.dtype() == w.dtype(), "[conv2d] input ({}) and weight ({}) must share a dtype",
                    x.dtype(), w.dtype());
-  const int64_t o = w.sizes()[0], k = w.sizes()[2];
+  const int64_t o = w.size(0), k = w.size(2);
   Attrs a = detail::window_attrs("conv2d", x, k, stride, padding);
-  const int64_t ho = (x.sizes()[2] + 2 * padding - k) / stride + 1;
-  const int64_t wo = (x.sizes()[3] + 2 * padding - k) / stride + 1;
+  const int64_t ho = (x.size(2) + 2 * padding - k) / stride + 1;
+  const int64_t wo = (x.size(3) + 2 * padding - k) / stride + 1;
   Tensor cols = detail::window_call(OpId::Unfold, x, a);
   // Sizes spelled out, not -1: a reshape cannot infer a dim of an empty tensor (N or O of 0).
-  Tensor y = reshape(matmul(reshape(w, {o, cols.sizes()[1]}), cols), {x.sizes()[0], o, ho, wo});
+  const SymInt n = detail::sym_dims(x)[0], ckk = detail::sym_dims(cols)[1];
+  Tensor y = detail::reshape_dims(matmul(detail::reshape_dims(w, {o, ckk}), cols), {n, o, ho, wo});
   if (!b.defined()) return y;
-  DUET_CHECK_SHAPE(b.dim() == 1 && b.sizes()[0] == o, "[conv2d] bias must be ({}), got {}", o,
+  DUET_CHECK_SHAPE(b.dim() == 1 && b.size(0) == o, "[conv2d] bias must be ({}), got {}", o,
                    b.sizes());
   return y + reshape(b, {1, o, 1, 1});
 }
@@ -123,18 +128,20 @@ Tensor pool_windows(const char* op, const Tensor& x, int64_t kernel, int64_t str
                     int64_t* wo) {
   if (stride == 0) stride = kernel;
   Attrs a = detail::window_attrs(op, x, kernel, stride, 0);
-  *ho = (x.sizes()[2] - kernel) / stride + 1;
-  *wo = (x.sizes()[3] - kernel) / stride + 1;
+  *ho = (x.size(2) - kernel) / stride + 1;
+  *wo = (x.size(3) - kernel) / stride + 1;
   Tensor cols = detail::window_call(OpId::Unfold, x, a);
-  return reshape(cols,
-                 {x.sizes()[0], x.sizes()[1], kernel * kernel, *ho * *wo});  // not -1: N may be 0
+  const SymDims xs = detail::sym_dims(x);  // N and C may be symbolic
+  return detail::reshape_dims(cols,
+                              {xs[0], xs[1], kernel * kernel, *ho * *wo});  // not -1: N may be 0
 }
 }  // namespace
 
 Tensor max_pool2d(const Tensor& x, int64_t kernel, int64_t stride) {
   int64_t ho, wo;
   Tensor win = pool_windows("max_pool2d", x, kernel, stride, &ho, &wo);
-  return reshape(max(win, 2), {x.sizes()[0], x.sizes()[1], ho, wo});
+  const SymDims xs = detail::sym_dims(x);
+  return detail::reshape_dims(max(win, 2), {xs[0], xs[1], ho, wo});
 }
 
 Tensor avg_pool2d(const Tensor& x, int64_t kernel, int64_t stride) {
@@ -142,7 +149,8 @@ Tensor avg_pool2d(const Tensor& x, int64_t kernel, int64_t stride) {
                    x.dtype());
   int64_t ho, wo;
   Tensor win = pool_windows("avg_pool2d", x, kernel, stride, &ho, &wo);
-  return reshape(mean(win, 2), {x.sizes()[0], x.sizes()[1], ho, wo});
+  const SymDims xs = detail::sym_dims(x);
+  return detail::reshape_dims(mean(win, 2), {xs[0], xs[1], ho, wo});
 }
 
 }  // namespace duet

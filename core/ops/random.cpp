@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "core/dispatch.h"
+#include "core/op_table.h"
 #include "core/ops.h"
 
 namespace duet {
@@ -67,26 +68,37 @@ void register_random_rules(OpDef* t) {
   set_not_differentiable(t, OpId::Random);
 }
 
-Tensor random(const char* op, Shape shape, DType dtype, int dist, int64_t high, const Options& o) {
+// A draw of the shape `dims`, which may be symbolic (the shape of a traced tensor, as dropout's
+// mask): the graph then advances the state by a count of blocks computed from the sizes.
+Tensor random_dims(const char* op, const SymDims& dims, DType dtype, int dist, int64_t high,
+                   const Options& o) {
   DUET_CHECK_DEVICE(o.device_.is_cpu(), "[{}] device {} has no kernels in this build", op,
                     o.device_);
-  Attrs a;
-  a.ints = SmallVec<int64_t, 6>(shape.data(), shape.size());
+  Attrs a = shape_attrs(dims);
   a.dtype = dtype;
   a.dim = dist;
   a.end = high;
   // Two 32-bit words per element, four per Philox block.
-  const int64_t blocks = (shape.numel() + 1) / 2;
+  const SymInt blocks = floordiv(sym_numel(dims) + 1, 2);
   std::lock_guard<std::mutex> lock(generator_mutex());
   Tensor& st = generator_state();
   const Tensor* in[] = {&st};
   Tensor out = call(OpId::Random, TensorRefs(in, 1), a);
-  Tensor step = empty(Shape{2}, DType::i64);
-  static_cast<int64_t*>(step.raw_data())[0] = 0;
-  static_cast<int64_t*>(step.raw_data())[1] = blocks;
+  Tensor step;
+  if (blocks.is_concrete()) {
+    step = empty(Shape{2}, DType::i64);
+    static_cast<int64_t*>(step.raw_data())[0] = 0;
+    static_cast<int64_t*>(step.raw_data())[1] = blocks.concrete();
+  } else {
+    step = arange(2, Options().dtype(DType::i64)) * size_scalar(blocks, DType::i64);  // {0, blocks}
+  }
   st.add_(step);
   if (o.requires_grad_) out.requires_grad_(true);
   return out;
+}
+
+Tensor random(const char* op, Shape shape, DType dtype, int dist, int64_t high, const Options& o) {
+  return random_dims(op, SymDims(shape.begin(), shape.end()), dtype, dist, high, o);
 }
 
 }  // namespace detail
@@ -115,7 +127,10 @@ Tensor dropout(const Tensor& x, double p, bool training) {
   DUET_CHECK_DTYPE(is_floating(x.dtype()), "[dropout] needs a floating input, got {}", x.dtype());
   if (!training || p == 0) return x;
   if (p == 1) return x * 0;
-  Tensor keep = ge(rand(x.sizes(), Options().dtype(x.dtype()).device(x.device())), p);
+  // The mask has x's dims as SymInts: a symbolic batch dim of x stays symbolic.
+  Tensor keep = ge(detail::random_dims("rand", detail::sym_dims(x), x.dtype(), 0, 0,
+                                       Options().dtype(x.dtype()).device(x.device())),
+                   p);
   return x * keep * (1.0 / (1.0 - p));
 }
 

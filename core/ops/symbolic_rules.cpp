@@ -1,7 +1,8 @@
 // Symbolic rules: how each op's result dims depend on its inputs' dims when some are SymInts
 // (Note [Symbolic dims] in trace/compile.h). They hang off the same table entries as the shape
 // rules, which validate the traced call's sizes first; the tracer checks every symbolic result
-// against the shape rule's at those sizes. Ops without one (unfold, fold) need concrete sizes.
+// against the shape rule's at those sizes. Unfold and Fold need concrete spatial sizes (their
+// attributes), but not a concrete batch or channel count.
 #include "core/dispatch.h"
 #include "core/ops.h"
 
@@ -209,6 +210,32 @@ void sym_cat(const OpDef& def, TensorRefs in, const Attrs& a, const TensorMeta&,
   }
 }
 
+// Unfold and Fold: N and C may be symbolic; the spatial sizes are attributes (H, W), so a
+// symbolic one is specialized (window_attrs reads them as integers first, so none reaches here
+// from the builders).
+void concrete_dims(const OpDef& def, const SymDims& x, std::initializer_list<size_t> dims) {
+  std::vector<SymInt> sym;
+  for (size_t d : dims)
+    if (!x[d].is_concrete()) sym.push_back(x[d]);
+  if (!sym.empty())
+    sym_context()->specialize(sym, fmt::format("{} needs concrete sizes", def.name));
+}
+
+void sym_unfold(const OpDef& def, TensorRefs in, const Attrs& a, const TensorMeta& m,
+                SymDims& out) {
+  const SymDims x = sym_dims(in[0]);
+  concrete_dims(def, x, {2, 3});
+  out = {x[0], x[1] * (a.ints[0] * a.ints[1]), m.shape[2]};
+}
+
+void sym_fold(const OpDef& def, TensorRefs in, const Attrs& a, const TensorMeta& m, SymDims& out) {
+  const SymDims x = sym_dims(in[0]);
+  concrete_dims(def, x, {2});
+  const int64_t kk = a.ints[0] * a.ints[1];
+  require_eq(mod(x[1], kk), 0, def.name);
+  out = {x[0], floordiv(x[1], kk), m.shape[2], m.shape[3]};
+}
+
 void sym_gather(const OpDef&, TensorRefs in, const Attrs&, const TensorMeta&, SymDims& out) {
   out = sym_dims(in[1]);
 }
@@ -238,7 +265,8 @@ void register_symbolic_rules(OpDef* t) {
   t[int(OpId::Cat)].sym_infer = sym_cat;
   t[int(OpId::Gather)].sym_infer = sym_gather;
   t[int(OpId::ScatterAdd)].sym_infer = sym_first;
-  // Unfold and Fold compute windows from concrete sizes: they specialize.
+  t[int(OpId::Unfold)].sym_infer = sym_unfold;
+  t[int(OpId::Fold)].sym_infer = sym_fold;
 }
 
 }  // namespace detail
