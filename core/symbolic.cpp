@@ -675,6 +675,20 @@ const char* sym_rel_str(SymRel r) {
   return "?";
 }
 
+bool sym_rel_holds(int64_t x, SymRel rel, int64_t y) {
+  switch (rel) {
+    case SymRel::Eq:
+      return x == y;
+    case SymRel::Ne:
+      return x != y;
+    case SymRel::Lt:
+      return x < y;
+    case SymRel::Le:
+      return x <= y;
+  }
+  return false;
+}
+
 SymContext* sym_context() { return tls_sym_context; }
 SymContextGuard::SymContextGuard(SymContext* c) : prev_(tls_sym_context) { tls_sym_context = c; }
 SymContextGuard::~SymContextGuard() { tls_sym_context = prev_; }
@@ -702,22 +716,7 @@ bool sym_decide(const SymInt& a, SymRel rel, const SymInt& b, const char* why) {
   if (t != Truth::Unknown) return t == Truth::True;
   DUET_ASSERT(c, "a symbolic size ({} {} {}) was compared outside a symbolic trace", a.str(),
               sym_rel_str(rel), b.str());
-  const int64_t x = c->hint(a), y = c->hint(b);
-  bool holds = false;
-  switch (rel) {
-    case SymRel::Eq:
-      holds = x == y;
-      break;
-    case SymRel::Ne:
-      holds = x != y;
-      break;
-    case SymRel::Lt:
-      holds = x < y;
-      break;
-    case SymRel::Le:
-      holds = x <= y;
-      break;
-  }
+  const bool holds = sym_rel_holds(c->hint(a), rel, c->hint(b));
   // Record what was decided: the relation when it holds, its negation when it does not.
   if (holds) {
     c->guard(a, rel, b, why);

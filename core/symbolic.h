@@ -180,6 +180,8 @@ namespace detail {
 /// How a symbolic size is compared with another (guards).
 enum class SymRel : uint8_t { Eq, Ne, Lt, Le };
 const char* sym_rel_str(SymRel r);
+/// Whether `x rel y` holds for concrete values.
+bool sym_rel_holds(int64_t x, SymRel rel, int64_t y);
 
 /// The trace of a compiled function with symbolic dims (installed by trace/compile.cpp while it
 /// traces; null otherwise). Library code asks it the concrete size a symbol has in the call being

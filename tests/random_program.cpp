@@ -678,6 +678,10 @@ void Generator::make_inputs() {
       p_.inputs.push_back(w);
     }
   }
+  finish_inputs(vocab, main);
+}
+
+void Generator::finish_inputs(const int64_t* vocab, DType main) {
   if (chance(0.15)) {
     InputSpec b;
     const int64_t rank = irand(0, 3);

@@ -239,6 +239,9 @@ class Generator {
   bool chance(double p) { return rng_.uniform(0, 1) < p; }
 
   void make_inputs();
+  /// Maybe adds a captured buffer (of dims from vocab, dtype main), then draws the first values
+  /// and builds the input pool.
+  void finish_inputs(const int64_t* vocab, DType main);
   /// Values for the inputs (one draw from the program's domain), as stored before expansion.
   Values sample_values(Rng& rng) const;
   /// The values the generator ran the steps on.

@@ -62,19 +62,7 @@ void Generator::make_batch_inputs() {
       p_.inputs.push_back(w);
     }
   }
-  if (chance(0.15)) {
-    InputSpec b;
-    const int64_t rank = irand(0, 3);
-    for (int64_t d = 4 - rank; d < 4; ++d) b.shape.push_back(vocab[d]);
-    b.made = b.shape;
-    b.dtype = main;
-    b.layout = chance(0.3) ? Layout::Transposed : Layout::Contiguous;
-    b.captured = b.buffer = true;
-    p_.inputs.push_back(b);
-  }
-  first_ = sample_values(rng_);
-  pool_ = build_inputs(p_, first_, false);
-  for (const InputSpec& in : p_.inputs) blocked_.push_back(in.buffer);
+  finish_inputs(vocab, main);
   Rng r(rng_.next());
   for (int64_t b : kBatchSizes) {
     if (b == b0 || std::any_of(shadows_.begin(), shadows_.end(),

@@ -182,18 +182,7 @@ struct SymGuard {
   SymInt b;
   std::string why;
   bool holds(const std::vector<int64_t>& v) const {
-    const int64_t x = a.evaluate(v), y = b.evaluate(v);
-    switch (rel) {
-      case SymRel::Eq:
-        return x == y;
-      case SymRel::Ne:
-        return x != y;
-      case SymRel::Lt:
-        return x < y;
-      case SymRel::Le:
-        return x <= y;
-    }
-    return false;
+    return sym_rel_holds(a.evaluate(v), rel, b.evaluate(v));
   }
   std::string str() const {
     return fmt::format("{} {} {} ({})", a.str(), sym_rel_str(rel), b.str(), why);
@@ -322,6 +311,28 @@ bool bind_symbols(const std::vector<std::vector<int32_t>>& dim_sym, int32_t num_
       return false;
     }
   return true;
+}
+
+// A symbol for each dynamic dim (per tensor, per dim; -1 for a concrete dim, and no rows when
+// none is dynamic), with the call's sizes as `hints`. Dims of equal size share one (duck sizing,
+// as PyTorch does): a call where they differ misses and traces again.
+std::vector<std::vector<int32_t>> assign_symbols(
+    const std::vector<TensorSig>& sig, const std::set<std::pair<size_t, int64_t>>& dynamic,
+    std::vector<int64_t>& hints) {
+  std::vector<std::vector<int32_t>> dim_sym;
+  hints.clear();
+  if (dynamic.empty()) return dim_sym;
+  std::map<int64_t, int32_t> by_size;
+  for (size_t i = 0; i < sig.size(); ++i) {
+    dim_sym.emplace_back(static_cast<size_t>(sig[i].shape.size()), -1);
+    for (int64_t d = 0; d < sig[i].shape.size(); ++d) {
+      if (!dynamic.count({i, d})) continue;
+      auto it = by_size.try_emplace(sig[i].shape[d], static_cast<int32_t>(hints.size())).first;
+      if (it->second == static_cast<int32_t>(hints.size())) hints.push_back(sig[i].shape[d]);
+      dim_sym[i][static_cast<size_t>(d)] = it->second;
+    }
+  }
+  return dim_sym;
 }
 
 TensorMeta concrete_meta(TensorMeta m, const std::vector<int64_t>& v) {
@@ -491,17 +502,19 @@ std::vector<Tensor> CompiledCore::call(const FlatArgs& args, const TraceFn& fn) 
   for (auto it = dynamic.begin(); it != dynamic.end();)
     it = sig[it->first].contiguous && !specialized_.count(*it) ? std::next(it) : dynamic.erase(it);
   Entry* e = nullptr;
+  std::vector<int64_t> hints;
   for (;;) {
+    const std::vector<std::vector<int32_t>> dim_sym = assign_symbols(sig, dynamic, hints);
     try {
-      e = trace(args, fn, sig, dynamic);
+      e = trace(args, fn, dim_sym, hints);
       break;
     } catch (const SpecializeRequest& r) {
       // Library or user code needed concrete sizes: those dims become concrete, and the
       // function is traced again.
       std::string dims;
       for (auto it = dynamic.begin(); it != dynamic.end();) {
-        if (std::find(r.symbols.begin(), r.symbols.end(), pending_symbols_[*it]) ==
-            r.symbols.end()) {
+        const int32_t id = dim_sym[it->first][static_cast<size_t>(it->second)];
+        if (std::find(r.symbols.begin(), r.symbols.end(), id) == r.symbols.end()) {
           ++it;
           continue;
         }
@@ -518,41 +531,17 @@ std::vector<Tensor> CompiledCore::call(const FlatArgs& args, const TraceFn& fn) 
   e->statics = args.statics;
   e->grad_mode = gm;
   last_ = e;
-  std::vector<int64_t> hints;
-  bind_symbols(e->dim_sym, e->num_symbols, {}, e->sig, e->sig, args.labels, hints, nullptr);
   return run(*e, hints, args);
 }
 
 CompiledCore::Entry* CompiledCore::trace(const FlatArgs& args, const TraceFn& fn,
-                                         const std::vector<TensorSig>& sig,
-                                         const std::set<std::pair<size_t, int64_t>>& dynamic) {
+                                         const std::vector<std::vector<int32_t>>& dim_sym,
+                                         const std::vector<int64_t>& hints) {
   ++stats_.traces;
   auto t0 = std::chrono::steady_clock::now();
   auto e = std::make_unique<Entry>();
-  // Symbols for the dynamic dims; dims of equal size share one (duck sizing, as PyTorch does):
-  // a call where they differ misses and traces again.
-  struct {
-    std::vector<std::vector<int32_t>> dim_sym;
-  } setup;
   TraceSyms syms;
-  pending_symbols_.clear();
-  if (!dynamic.empty()) {
-    std::map<int64_t, int32_t> by_size;
-    for (size_t i = 0; i < sig.size(); ++i) {
-      setup.dim_sym.emplace_back(static_cast<size_t>(sig[i].shape.size()), -1);
-      for (int64_t d = 0; d < sig[i].shape.size(); ++d) {
-        if (!dynamic.count({i, d})) continue;
-        const int64_t size = sig[i].shape[d];
-        auto it = by_size.find(size);
-        if (it == by_size.end()) {
-          it = by_size.emplace(size, static_cast<int32_t>(syms.hints.size())).first;
-          syms.hints.push_back(size);
-        }
-        setup.dim_sym[i][d] = it->second;
-        pending_symbols_[{i, d}] = it->second;
-      }
-    }
-  }
+  syms.hints = hints;
   Tracer tr(label_);
   std::vector<Tensor> outs;
   std::vector<std::vector<Tensor>> grads;  // per differentiated output
@@ -562,11 +551,11 @@ CompiledCore::Entry* CompiledCore::trace(const FlatArgs& args, const TraceFn& fn
     std::vector<Tensor> sym;
     for (size_t i = 0; i < args.tensors.size(); ++i) {
       SymDims dims;
-      if (!setup.dim_sym.empty()) {
+      if (!dim_sym.empty()) {
         const Shape& shape = args.tensors[i].impl()->shape;
         bool any = false;
         for (int64_t d = 0; d < shape.size(); ++d) {
-          const int32_t id = setup.dim_sym[i][d];
+          const int32_t id = dim_sym[i][d];
           dims.push_back(id >= 0 ? SymInt::symbol(id) : SymInt(shape[d]));
           any = any || id >= 0;
         }
@@ -574,7 +563,7 @@ CompiledCore::Entry* CompiledCore::trace(const FlatArgs& args, const TraceFn& fn
       }
       sym.push_back(tr.input(InputRole::Argument, args.tensors[i], {}, std::move(dims)));
     }
-    SymContextGuard sym_scope(setup.dim_sym.empty() ? nullptr : &syms);
+    SymContextGuard sym_scope(dim_sym.empty() ? nullptr : &syms);
     ModeGuard mode(&tr);
     outs = fn(sym);
     for (size_t i = 0; i < outs.size(); ++i)
@@ -632,8 +621,8 @@ CompiledCore::Entry* CompiledCore::trace(const FlatArgs& args, const TraceFn& fn
   for (const Tensor& c : joint.captured) e->captured_flags.push_back({c, c.requires_grad()});
   e->num_outputs = outs.size();
 
-  e->dim_sym = std::move(setup.dim_sym);
-  e->num_symbols = static_cast<int32_t>(syms.hints.size());
+  e->dim_sym = dim_sym;
+  e->num_symbols = static_cast<int32_t>(hints.size());
   e->guards = std::move(syms.guards);
   stats_.symbolic_dims.clear();
   for (size_t i = 0; i < e->dim_sym.size(); ++i)

@@ -93,7 +93,6 @@ struct FlatArgs {
 using TraceFn = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
 
 struct Plans;
-struct TensorSig;
 
 class CompiledCore {
  public:
@@ -108,8 +107,9 @@ class CompiledCore {
 
  private:
   struct Entry;
-  Entry* trace(const FlatArgs& args, const TraceFn& fn, const std::vector<TensorSig>& sig,
-               const std::set<std::pair<size_t, int64_t>>& dynamic);
+  /// Traces fn with the dims of dim_sym symbolic (Note [Symbolic dims]), hints their sizes.
+  Entry* trace(const FlatArgs& args, const TraceFn& fn,
+               const std::vector<std::vector<int32_t>>& dim_sym, const std::vector<int64_t>& hints);
   Plans build_plans(const Entry& e, const std::vector<int64_t>& values);
   std::vector<Tensor> run(Entry& e, const std::vector<int64_t>& values, const FlatArgs& args);
 
@@ -121,8 +121,6 @@ class CompiledCore {
   bool warned_ = false;
   /// Dims kept concrete because the code needed their sizes, with the reason.
   std::map<std::pair<size_t, int64_t>, std::string> specialized_;
-  /// The symbol of each dynamic dim in the trace under way.
-  std::map<std::pair<size_t, int64_t>, int32_t> pending_symbols_;
 };
 
 // ---- flattening of arguments and results ----
