@@ -188,6 +188,13 @@ Tensor redispatch(const DispatchMode* self, const OpCall& c) {
 
 int mode_depth() { return tls_depth; }
 
+namespace {
+thread_local ValueReader* tls_reader = nullptr;
+}
+ValueReader* value_reader() { return tls_reader; }
+ValueReaderGuard::ValueReaderGuard(ValueReader* r) : prev_(tls_reader) { tls_reader = r; }
+ValueReaderGuard::~ValueReaderGuard() { tls_reader = prev_; }
+
 SuspendModes::SuspendModes() : saved_(tls_depth) { tls_depth = 0; }
 SuspendModes::~SuspendModes() { tls_depth = saved_; }
 
@@ -206,7 +213,9 @@ void throw_symbolic_use(const Tensor& t, const char* what, const char* file, uns
         "A traced function runs no kernels, so its tensors have no values yet, and a branch on "
         "data would be baked into the graph. Keep the computation in tensor ops; for "
         "data-dependent control flow use duet::cond or duet::scan (or duet::while_loop), or run "
-        "this code eagerly",
+        "this code eagerly; or compile with CompileOptions::guard_data_reads, which reads the "
+        "value "
+        "at trace time and traces again when it changes",
         what, x->shape, x->dtype, site, tag.name));
   throw Error(fmt::format(
       "[{}] a tensor (shape {}, {}) created while tracing {} was used after that trace ended{}. "

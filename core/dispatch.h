@@ -66,6 +66,29 @@ inline bool is_symbolic(const Tensor& t) { return t.unsafe_impl()->trace.get() !
 /// file and line name the caller's call site when known (file may be null).
 [[noreturn]] void throw_symbolic_use(const Tensor& t, const char* what, const char* file = nullptr,
                                      unsigned line = 0);
+/// Reads values into C++ (item(), to_vector()) while a trace runs on this thread: the tracer
+/// answers with the tensor to read, or the error for a data-dependent read (Note [Data-dependent
+/// reads] in trace/tracer.h).
+class ValueReader {
+ public:
+  virtual ~ValueReader() = default;
+  /// The tensor whose data `what` reads in place of t: t itself when its data is current, or
+  /// t's value computed from the traced call's data. file and line name the caller's site.
+  virtual Tensor read(const Tensor& t, const char* what, const char* file, unsigned line) = 0;
+};
+/// The innermost reader on this thread, or null outside a trace.
+ValueReader* value_reader();
+/// Makes `r` the reader for its lifetime (RAII); the previous one comes back after.
+class ValueReaderGuard {
+ public:
+  explicit ValueReaderGuard(ValueReader* r);
+  ~ValueReaderGuard();
+  ValueReaderGuard(const ValueReaderGuard&) = delete;
+  ValueReaderGuard& operator=(const ValueReaderGuard&) = delete;
+
+ private:
+  ValueReader* prev_;
+};
 /// Grad mode of this thread (NoGradGuard turns it off).
 bool grad_mode();
 void set_grad_mode(bool enabled);

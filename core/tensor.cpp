@@ -141,30 +141,38 @@ SymDims detail::sym_dims(const Tensor& t) {
 }
 
 namespace {
-void check_readable(const char* op, const Tensor& t,
-                    std::source_location loc = std::source_location::current()) {
-  if (detail::is_symbolic(t)) detail::throw_symbolic_use(t, op, loc.file_name(), loc.line());
-  DUET_CHECK_DEVICE(t.device().is_cpu(),
+// The tensor whose data a read of t's values reads: t, or (while tracing) what the tracer
+// answers (Note [Data-dependent reads] in trace/tracer.h).
+Tensor readable(const char* op, const Tensor& t, std::source_location loc) {
+  Tensor r = t;
+  if (detail::ValueReader* reader = detail::value_reader())
+    r = reader->read(t, op, loc.file_name(), loc.line());
+  else if (detail::is_symbolic(t))
+    detail::throw_symbolic_use(t, op, loc.file_name(), loc.line());
+  DUET_CHECK_DEVICE(r.device().is_cpu(),
                     "[{}] reading values needs a CPU tensor, got {}; call "
                     ".to(Device::cpu()) first",
-                    op, t.device());
+                    op, r.device());
+  return r;
 }
 }  // namespace
 
 template <class T>
 T Tensor::item(std::source_location loc) const {
-  check_readable("item", *this, loc);
-  DUET_CHECK_VALUE(numel() == 1, "[item] needs exactly one element, got shape {} ({} elements)",
-                   sizes(), numel());
-  Tensor c = to(detail::dtype_of<T>::value);
+  const Tensor r = readable("item", *this, loc);
+  DUET_CHECK_VALUE(r.numel() == 1, "[item] needs exactly one element, got shape {} ({} elements)",
+                   r.sizes(), r.numel());
+  detail::SuspendModes eager;  // r has data: convert it eagerly, also inside a trace
+  Tensor c = r.to(detail::dtype_of<T>::value);
   return *static_cast<const T*>(c.raw_data());
 }
 
 template <class T>
 std::vector<T> Tensor::to_vector(std::source_location loc) const {
-  check_readable("to_vector", *this, loc);
-  Tensor c = to(detail::dtype_of<T>::value).contiguous();
-  std::vector<T> v(static_cast<size_t>(numel()));
+  const Tensor r = readable("to_vector", *this, loc);
+  detail::SuspendModes eager;
+  Tensor c = r.to(detail::dtype_of<T>::value).contiguous();
+  std::vector<T> v(static_cast<size_t>(r.numel()));
   if (!v.empty()) std::memcpy(v.data(), c.raw_data(), v.size() * sizeof(T));
   return v;
 }
@@ -172,10 +180,11 @@ std::vector<T> Tensor::to_vector(std::source_location loc) const {
 // std::vector<bool> is packed, so it gets its own copy loop.
 template <>
 std::vector<bool> Tensor::to_vector<bool>(std::source_location loc) const {
-  check_readable("to_vector", *this, loc);
-  Tensor c = to(DType::b8).contiguous();
+  const Tensor r = readable("to_vector", *this, loc);
+  detail::SuspendModes eager;
+  Tensor c = r.to(DType::b8).contiguous();
   const bool* p = static_cast<const bool*>(c.raw_data());
-  return std::vector<bool>(p, p + numel());
+  return std::vector<bool>(p, p + r.numel());
 }
 
 #define DUET_INSTANTIATE(T)                               \
@@ -241,11 +250,36 @@ Tensor& Tensor::div_(const Tensor& o) { return inplace(OpId::Div, *this, o); }
 Tensor& Tensor::div_(Scalar o) { return inplace(OpId::Div, *this, wrap_for(o)); }
 
 Tensor& Tensor::copy_(const Tensor& src) {
-  DUET_CHECK_SHAPE(detail::broadcast_shapes("copy_", src.sizes(), sizes()) == sizes(),
-                   "[copy_] a source of shape {} cannot be broadcast to the shape {} it is "
-                   "copied into",
-                   src.sizes(), sizes());
-  Tensor s = expand(src, sizes());
+  Tensor s;
+  if (impl()->sym.empty() && src.impl()->sym.empty()) {
+    DUET_CHECK_SHAPE(detail::broadcast_shapes("copy_", src.sizes(), sizes()) == sizes(),
+                     "[copy_] a source of shape {} cannot be broadcast to the shape {} it is "
+                     "copied into",
+                     src.sizes(), sizes());
+    s = expand(src, sizes());
+  } else {
+    // Symbolic dims (Note [Symbolic dims]): checked at the hints, and each dim where the
+    // source's size is not the target's symbol decided with a guard.
+    const SymDims to = detail::sym_dims(*this), from = detail::sym_dims(src);
+    {
+      detail::HintReads hints;
+      DUET_CHECK_SHAPE(detail::broadcast_shapes("copy_", src.sizes(), sizes()) == sizes(),
+                       "[copy_] a source of shape {} cannot be broadcast to the shape {} it is "
+                       "copied into",
+                       detail::dims_str(from), detail::dims_str(to));
+    }
+    const size_t lead = to.size() - from.size();
+    for (size_t i = 0; i < from.size(); ++i) {
+      const SymInt& f = from[i];
+      const SymInt& t = to[lead + i];
+      if (f == t || f == SymInt(1)) continue;
+      if (detail::sym_hint(f) == detail::sym_hint(t))
+        detail::sym_decide(f, detail::SymRel::Eq, t, "copy_");
+      else
+        detail::sym_decide(f, detail::SymRel::Eq, SymInt(1), "copy_");
+    }
+    s = detail::expand_dims(src, to);
+  }
   const Tensor* in[] = {&s};
   detail::call_inplace(OpId::Copy, TensorRefs(in, 1), Attrs{}, *this);
   return *this;

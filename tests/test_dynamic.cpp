@@ -145,6 +145,47 @@ TEST_CASE(
   CHECK(f.stats().guards == std::vector<std::string>{"s0 == 4 (add)"});
 }
 
+TEST_CASE("dynamic: copy_ keeps symbolic dims, broadcasting a source into them") {
+  CompileOptions o;
+  o.dynamic = {{0, 0}};
+  auto f = compile(
+      [](Tensor x, Tensor b) {
+        Tensor y = x * 0;
+        y.copy_(x + 1);
+        Tensor z = x * 0;
+        z.copy_(b);  // b (3) broadcast into (s0, 3)
+        return y + z;
+      },
+      o);
+  for (int64_t n : {2, 4, 1, 5}) {
+    Tensor x = reshape(arange(3 * n, Options().dtype(DType::f32)), {n, 3});
+    Tensor b = arange(3, Options().dtype(DType::f32));
+    CHECK(close(f(x, b), x + 1 + b, 0));
+  }
+  CHECK(f.stats().traces == 1);
+  CHECK(f.stats().retrace_reasons.empty());
+  CHECK(f.stats().symbolic_dims == std::vector<std::string>{"arg 0 dim 0: s0"});
+}
+
+TEST_CASE("dynamic: calls that alternate grad mode still make a changed dim symbolic") {
+  // Each size is seen with and without grad: the changed dim is compared with the most recent
+  // entry of the same grad mode, not with the previous call.
+  auto f = compile([](Tensor x, Tensor w) { return sum(matmul(x, w)); });
+  Tensor w = ones({3, 2}).requires_grad_(true);
+  for (int64_t n : {2, 3, 4, 5, 6}) {
+    Tensor x = ones({n, 3});
+    CHECK(f(x, w).item<float>() == float(6 * n));
+    NoGradGuard no_grad;
+    CHECK(f(x, w).item<float>() == float(6 * n));
+  }
+  CHECK(f.stats().traces == 4);
+  const auto& r = f.stats().retrace_reasons;
+  REQUIRE(r.size() == 3);
+  CHECK(r[0] == "grad mode changed on -> off");
+  CHECK(r[1] == "arg 0 dim 0 changed 2 -> 3: retraced with these dims symbolic");
+  CHECK(r[2] == "arg 0 dim 0 changed 2 -> 3: retraced with these dims symbolic");
+}
+
 TEST_CASE("dynamic: a graph with a cond, a scan and a symbolic dim prints them") {
   CompileOptions o;
   o.dynamic = {{0, 0}};

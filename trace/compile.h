@@ -55,6 +55,11 @@ struct CompileOptions {
   /// cores), "hoist" (work on captured parameters done once per parameter version).
   std::vector<std::string> disable_passes;
   int cache_limit = 8;  ///< signatures kept before a warning and eager fallback
+  /// Data-dependent reads (Note [Data-dependent reads] in trace/tracer.h). Off (strict): item()
+  /// or to_vector() of a traced value is an error pointing to cond and scan. On: the read gets
+  /// the value at the traced call and records it as a guard; a call where the value differs
+  /// traces again (each distinct value is one more signature, up to cache_limit).
+  bool guard_data_reads = false;
 };
 
 struct CompileStats {
@@ -65,6 +70,9 @@ struct CompileStats {
   /// The symbolic dims of the most recent trace ("arg 0 dim 0: s0"), and the guards it recorded
   /// ("s0 != 1 (squeeze)"): the relations between sizes that its graph assumes.
   std::vector<std::string> symbolic_dims, guards;
+  /// The values the most recent trace read into C++ under CompileOptions::guard_data_reads
+  /// ("item() at f.cpp:12 read true"): a call where one differs traces again.
+  std::vector<std::string> value_guards;
   int plans_built = 0;  ///< plans built: one per trace, plus one per new size of symbolic dims
   // The most recent trace, in milliseconds: tracing fn, the passes, and building the plans.
   double trace_ms = 0, optimize_ms = 0, plan_ms = 0;
@@ -111,13 +119,17 @@ class CompiledCore {
   Entry* trace(const FlatArgs& args, const TraceFn& fn,
                const std::vector<std::vector<int32_t>>& dim_sym, const std::vector<int64_t>& hints);
   Plans build_plans(const Entry& e, const std::vector<int64_t>& values);
-  std::vector<Tensor> run(Entry& e, const std::vector<int64_t>& values, const FlatArgs& args);
+  /// Runs e's plans for these symbol values into `outs`; false (with `why`, and nothing run
+  /// but the guards' part) when a value guard fails (Note [Data-dependent reads]).
+  bool run(Entry& e, const std::vector<int64_t>& values, const FlatArgs& args,
+           std::vector<Tensor>& outs, std::string* why);
 
   CompileOptions options_;
   std::string label_;
   CompileStats stats_;
   std::vector<std::unique_ptr<Entry>> entries_;
   Entry* last_ = nullptr;
+  uint64_t clock_ = 0;  ///< counts calls: Entry::used
   bool warned_ = false;
   /// Dims kept concrete because the code needed their sizes, with the reason.
   std::map<std::pair<size_t, int64_t>, std::string> specialized_;

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 
+#include "core/symbolic.h"
+#include "eager/autograd.h"
+
 namespace duet::detail {
 
 namespace {
@@ -326,6 +329,65 @@ void Tracer::finish(const std::vector<Tensor>& outputs) {
   std::sort(wb.begin(), wb.end(),
             [](const WriteBack& a, const WriteBack& b) { return a.target < b.target; });
   g_.writebacks = std::move(wb);
+}
+
+}  // namespace duet::detail
+
+namespace duet::detail {
+
+namespace {
+std::string call_site(const char* file, unsigned line) {
+  if (!file) return "";
+  std::string f = file;
+  const size_t slash = f.find_last_of('/');
+  return fmt::format(" at {}:{}", slash == std::string::npos ? f : f.substr(slash + 1), line);
+}
+}  // namespace
+
+std::string show_value(const Tensor& value) {
+  if (value.numel() != 1) return fmt::format("the values of a tensor of shape {}", value.sizes());
+  const double d = read_double(value, 0);
+  return value.dtype() == DType::b8 ? (d != 0 ? "true" : "false") : fmt::format("{}", d);
+}
+
+Tensor Tracer::read(const Tensor& t, const char* what, const char* file, unsigned line) {
+  Tracer* root = this;
+  while (root->parent_) root = root->parent_;
+  const TensorImpl* x = t.unsafe_impl();
+  const std::string site = call_site(file, line);
+  if (x->trace) {
+    if (!x->trace->alive || !root->evaluate_) throw_symbolic_use(t, what, file, line);
+    if (x->trace.get() != root->tag_.get())
+      throw Error(fmt::format(
+          "[{}] reads the values of a tensor (shape {}, {}) computed inside {}{}. With "
+          "CompileOptions::guard_data_reads a compiled function may read values computed "
+          "outside cond, scan and while_loop bodies; inside a body, branch with a nested "
+          "duet::cond instead",
+          what, x->shape, x->dtype, x->trace->name, site));
+  } else {
+    if (!root->written_.count(x->storage.get())) return t;
+    if (!root->evaluate_)
+      throw Error(fmt::format(
+          "[{}] reads a tensor (shape {}, {}){} that {} wrote in place earlier in this trace. "
+          "A traced function runs no kernels: the write happens only when the compiled function "
+          "runs, so the data there now is stale. Read the value before the write, return it as "
+          "an output, or compile with CompileOptions::guard_data_reads to read it at trace time "
+          "and retrace when it changes",
+          what, x->shape, x->dtype, site, root->g_.label));
+  }
+  const int32_t v = root->value_of(t);
+  for (const ValueGuard& g : root->value_guards_)
+    if (g.value == v) return g.expected;
+  Tensor value;
+  {
+    SuspendModes eager;
+    SymContextGuard no_symbols(nullptr);
+    NoGradGuard no_grad;
+    value = root->evaluate_(root->g_, v).contiguous().clone();
+  }
+  root->value_guards_.push_back(
+      {v, value, fmt::format("{}(){} read {}", what, site, show_value(value))});
+  return value;
 }
 
 }  // namespace duet::detail

@@ -21,8 +21,21 @@
 // its explicit ones. Sibling subgraphs (the two branches of a cond) share one list of lifted
 // values, so they take the same inputs. A sub-trace writes in place only tensors it made: a
 // write into anything from outside would be a side effect of a branch or a loop step.
+//
+// Note [Data-dependent reads]
+// Every tracer is the thread's ValueReader while it lives, so that reading values into C++
+// (item(), to_vector()) during a trace never reads stale or missing data. A concrete tensor
+// whose storage the trace has not written reads as usual. By default (strict) a symbolic tensor
+// is an error that points to cond/scan, and so is a captured tensor written in place earlier
+// in the trace (its data changes only when the compiled function runs). With guard mode
+// (CompileOptions::guard_data_reads) the top-level tracer computes the value instead: compile's
+// evaluator runs the part of the graph so far that the value needs on the traced call's data,
+// and the value is recorded as a ValueGuard. The compiled function then runs the guards' part
+// of the graph first, checks each value, and only then the rest (which writes captured tensors
+// and the RNG state): a changed value retraces, with nothing written.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <tuple>
 #include <unordered_map>
@@ -33,7 +46,19 @@
 
 namespace duet::detail {
 
-class Tracer final : public DispatchMode {
+/// A value read into C++ in guard mode (Note [Data-dependent reads]).
+struct ValueGuard {
+  int32_t value;    ///< in the top-level graph
+  Tensor expected;  ///< its data at the traced call (contiguous, CPU)
+  std::string why;  ///< "item() at f.cpp:12 read 1"
+};
+/// A value read in guard mode, as messages show it: "true", "3", or "the values of a tensor of
+/// shape (2, 3)".
+std::string show_value(const Tensor& value);
+/// Computes a value of the graph traced so far on the traced call's data.
+using ValueEvaluator = std::function<Tensor(const Graph&, int32_t)>;
+
+class Tracer final : public DispatchMode, public ValueReader {
  public:
   /// `label` names the traced function in errors and in the graph ("compile() at f.cpp:12").
   explicit Tracer(std::string label);
@@ -62,6 +87,12 @@ class Tracer final : public DispatchMode {
   void set_name(const Tensor& t, const std::string& name);
 
   Tensor handle(const OpCall& call) override;
+  /// Note [Data-dependent reads]: t itself, its computed value (guard mode), or an error.
+  Tensor read(const Tensor& t, const char* what, const char* file, unsigned line) override;
+  /// Turns guard mode on for this (top-level) trace.
+  void guard_reads(ValueEvaluator evaluate) { evaluate_ = std::move(evaluate); }
+  /// The values read in guard mode, in order.
+  const std::vector<ValueGuard>& value_guards() const { return value_guards_; }
 
   /// Records a Control node reading `inputs` (Note [Control flow nodes]) and its Project nodes;
   /// returns one symbolic tensor per result.
@@ -125,6 +156,9 @@ class Tracer final : public DispatchMode {
       captured_;
   std::string last_scope_;
   int32_t last_scope_index_ = -1;
+  ValueEvaluator evaluate_;
+  std::vector<ValueGuard> value_guards_;
+  ValueReaderGuard reader_{this};
 };
 
 }  // namespace duet::detail
