@@ -457,6 +457,32 @@ TEST_CASE("passes: simplify removes identities") {
         "  return %1, %0\n");
 }
 
+TEST_CASE("passes: simplify computes a transposed product in the layout it is read in") {
+  // The weight gradient of a linear layer: (x^T dy)^T, read only transposed.
+  Graph g = trace_graph({{4, 3}, {4, 5}}, [](const std::vector<Tensor>& in) {
+    Tensor w_grad = transpose(matmul(transpose(in[0], 0, 1), in[1]), 0, 1);
+    Tensor shared = matmul(in[0], transpose(in[0], 0, 1));  // also read untransposed: kept
+    return std::vector<Tensor>{w_grad, shared + transpose(shared, 0, 1)};
+  });
+  CHECK(detail::dce(detail::simplify(g)).str() ==
+        "  %0 = arg 0 : f32[4, 3]\n"
+        "  %1 = arg 1 : f32[4, 5]\n"
+        "  %2 = permute(%1) {dims=[1, 0]} : f32[5, 4]\n"
+        "  %3 = matmul(%2, %0) : f32[5, 3]\n"
+        "  %4 = permute(%0) {dims=[1, 0]} : f32[3, 4]\n"
+        "  %5 = matmul(%0, %4) : f32[4, 4]\n"
+        "  %6 = permute(%5) {dims=[1, 0]} : f32[4, 4]\n"
+        "  %7 = add(%5, %6) : f32[4, 4]\n"
+        "  return %3, %7\n");
+  manual_seed(3);
+  Tensor x = randn({4, 3}), dy = randn({4, 5});
+  auto f =
+      compile([](Tensor a, Tensor b) { return transpose(matmul(transpose(a, 0, 1), b), 0, 1); });
+  Tensor y = f(x, dy);
+  CHECK(y.is_contiguous());
+  CHECK(close(y, transpose(matmul(transpose(x, 0, 1), dy), 0, 1), 1e-6));
+}
+
 TEST_CASE("passes: disable_passes switches each one off") {
   auto body = [](Tensor x) { return (x * 1) * (x * 1) + exp(x) * 0 + exp(x) * 0; };
   auto all = compile(body);

@@ -297,6 +297,43 @@ Graph simplify(const Graph& old) {
     n.inputs = {src};
     return -1;
   };
+  // Uses of each old value (outputs and write-backs count).
+  std::vector<int32_t> uses(old.nodes.size(), 0);
+  for (const GraphNode& n : old.nodes)
+    for (int32_t in : n.inputs) ++uses[in];
+  for (int32_t o : old.outputs) ++uses[o];
+  for (const WriteBack& w : old.writebacks) ++uses[w.value];
+  // The transpose of a 2-D product read only transposed: permute(matmul(a, b)) =
+  // matmul(permute(b), permute(a)), so the product is computed in the layout it is read in.
+  // A linear layer's weight gradient (x^T dy)^T then arrives contiguous in the weight's (out,
+  // in) layout: BLAS takes the operands' transposes as flags, and the update and the write-back
+  // into .grad read it in order instead of striding across it.
+  auto transposed_product = [&](const GraphNode& n, int32_t old_in) -> int32_t {
+    const GraphNode& m = node(n.inputs[0]);
+    if (uses[old_in] != 1 || m.kind != NodeKind::Op || m.op != OpId::MatMul ||
+        n.attrs.ints.size() != 2 || n.attrs.ints[0] != 1 || !m.name.empty() ||
+        node(m.inputs[0]).meta.shape.size() != 2 || node(m.inputs[1]).meta.shape.size() != 2)
+      return -1;
+    auto transpose = [&](int32_t v) {
+      GraphNode t;
+      t.kind = NodeKind::Op;
+      t.op = OpId::Permute;
+      t.inputs = {v};
+      t.attrs.ints = {1, 0};
+      t.scope = n.scope;
+      t.meta = node(v).meta;
+      t.meta.shape = Shape{t.meta.shape[1], t.meta.shape[0]};
+      if (!t.meta.sym.empty()) std::swap(t.meta.sym[0], t.meta.sym[1]);
+      const int32_t same = simplify_permute(t);
+      return same >= 0 ? same : r.emit(std::move(t));
+    };
+    GraphNode p = m;
+    const int32_t a = m.inputs[0], b = m.inputs[1];
+    p.inputs = {transpose(b), transpose(a)};
+    p.meta = n.meta;
+    p.scope = n.scope;
+    return r.emit(std::move(p));
+  };
   for (size_t i = 0; i < old.nodes.size(); ++i) {
     GraphNode n = r.remapped(int32_t(i));
     int32_t same = -1;  // an existing value equal to this node
@@ -344,6 +381,8 @@ Graph simplify(const Graph& old) {
           }
           if (n.op == OpId::Permute) {
             same = simplify_permute(n);
+            if (same < 0 && n.inputs[0] == r.map[old.nodes[i].inputs[0]])
+              same = transposed_product(n, old.nodes[i].inputs[0]);
             break;
           }
           if (n.op == OpId::Reshape) {
