@@ -3,7 +3,7 @@
 # The CUDA toolkit is not installed here: the CUDA backend builds when nvcc is already present.
 set -euo pipefail
 pkgs=(g++ cmake ninja-build ccache libeigen3-dev libfmt-dev doctest-dev libdnnl-dev
-      libopenblas-openmp-dev zlib1g-dev)
+      libopenblas-openmp-dev zlib1g-dev dataset-fashion-mnist)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,0 +1,175 @@
+// duet: layers (torch.nn's), each a Module built only from duet ops, so one definition serves the
+// eager face and the compiled face. Public Tensor members carry PyTorch's names; constructor
+// arguments out of range raise a duet::Error naming the layer, and bad inputs raise the op's.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <type_traits>
+
+#include "nn/module.h"
+
+namespace duet::nn {
+
+/// y = x @ weight^T + bias, over the last dim of x. weight (out, in) and bias (out) start as
+/// PyTorch's: U(-1/sqrt(in), 1/sqrt(in)).
+class Linear : public Module {
+ public:
+  Linear(int64_t in_features, int64_t out_features, bool bias = true);
+  Tensor forward(const Tensor& x) override;
+  /// Draws weight and bias again, as the constructor does.
+  void reset_parameters();
+
+  int64_t in_features, out_features;
+  Tensor weight, bias;  ///< bias is undefined when constructed with bias = false
+};
+
+/// 2-D convolution over x (N, C, H, W) with a square kernel, stride and zero padding. weight
+/// (out, in, k, k) and bias (out) start as PyTorch's: U(-1/sqrt(fan_in), ..), fan_in = in*k*k.
+class Conv2d : public Module {
+ public:
+  Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel_size, int64_t stride = 1,
+         int64_t padding = 0, bool bias = true);
+  Tensor forward(const Tensor& x) override;
+  void reset_parameters();
+
+  int64_t in_channels, out_channels, kernel_size, stride, padding;
+  Tensor weight, bias;  ///< bias is undefined when constructed with bias = false
+};
+
+/// Max over k x k windows of x (N, C, H, W); stride 0 means stride = kernel.
+class MaxPool2d : public Module {
+ public:
+  explicit MaxPool2d(int64_t kernel_size, int64_t stride = 0);
+  Tensor forward(const Tensor& x) override;
+  int64_t kernel_size, stride;
+};
+
+/// Mean over k x k windows of x (N, C, H, W); stride 0 means stride = kernel.
+class AvgPool2d : public Module {
+ public:
+  explicit AvgPool2d(int64_t kernel_size, int64_t stride = 0);
+  Tensor forward(const Tensor& x) override;
+  int64_t kernel_size, stride;
+};
+
+/// A table of num_embeddings vectors of embedding_dim, looked up by i64 indices of any shape
+/// (the result has shape indices.shape + (embedding_dim)). weight starts N(0, 1).
+class Embedding : public Module {
+ public:
+  Embedding(int64_t num_embeddings, int64_t embedding_dim);
+  Tensor forward(const Tensor& indices) override;
+
+  int64_t num_embeddings, embedding_dim;
+  Tensor weight;
+};
+
+/// Normalizes over the trailing `normalized_shape` dims, then (with elementwise_affine)
+/// scales by weight (ones at first) and shifts by bias (zeros at first).
+class LayerNorm : public Module {
+ public:
+  explicit LayerNorm(Shape normalized_shape, double eps = 1e-5, bool elementwise_affine = true);
+  Tensor forward(const Tensor& x) override;
+
+  Shape normalized_shape;
+  double eps;
+  Tensor weight, bias;  ///< undefined without elementwise_affine
+};
+
+/// In training mode, zeroes each element with probability p and scales the rest by 1/(1-p);
+/// in evaluation mode, the identity. Masks come from duet's Philox generator, so eager and
+/// compiled code draw the same masks under the same manual_seed.
+class Dropout : public Module {
+ public:
+  explicit Dropout(double p = 0.5);
+  Tensor forward(const Tensor& x) override;
+  double p;
+};
+
+/// Flattens dims start_dim..end_dim into one: (N, C, H, W) -> (N, C*H*W) by default.
+class Flatten : public Module {
+ public:
+  explicit Flatten(int64_t start_dim = 1, int64_t end_dim = -1);
+  Tensor forward(const Tensor& x) override;
+  int64_t start_dim, end_dim;
+};
+
+/// Elementwise activations.
+class ReLU : public Module {
+ public:
+  ReLU() : Module("ReLU()") {}
+  Tensor forward(const Tensor& x) override;
+};
+class Tanh : public Module {
+ public:
+  Tanh() : Module("Tanh()") {}
+  Tensor forward(const Tensor& x) override;
+};
+/// x * Phi(x), with the exact erf (PyTorch's default).
+class GELU : public Module {
+ public:
+  GELU() : Module("GELU()") {}
+  Tensor forward(const Tensor& x) override;
+};
+class Sigmoid : public Module {
+ public:
+  Sigmoid() : Module("Sigmoid()") {}
+  Tensor forward(const Tensor& x) override;
+};
+/// x * sigmoid(x).
+class SiLU : public Module {
+ public:
+  SiLU() : Module("SiLU()") {}
+  Tensor forward(const Tensor& x) override;
+};
+
+/// True for std::shared_ptr to a module class.
+template <class T>
+inline constexpr bool is_module_ptr = false;
+template <ModuleType T>
+inline constexpr bool is_module_ptr<std::shared_ptr<T>> = true;
+
+/// A module given by value or by std::shared_ptr (what containers accept).
+template <class M>
+concept ModuleArg = ModuleType<std::remove_cvref_t<M>> || is_module_ptr<std::remove_cvref_t<M>>;
+
+/// A chain of modules, each applied to the previous one's output; children are named "0",
+/// "1", ... Built from modules by value (copies share their state) or std::shared_ptr:
+/// `Sequential(Linear(784, 1024), ReLU(), Linear(1024, 10))`. Empty, it is the identity.
+class Sequential : public Module {
+ public:
+  Sequential() : Module("Sequential") {}
+  /// The modules in order. One Sequential argument is a copy, not a nesting (as in LibTorch).
+  template <class... Ms>
+  requires(sizeof...(Ms) > 0 && (ModuleArg<Ms> && ...) &&
+           !(sizeof...(Ms) == 1 && (std::is_same_v<std::remove_cvref_t<Ms>, Sequential> &&
+                                    ...))) explicit Sequential(Ms&&... modules)
+      : Sequential() {
+    (push_back(std::forward<Ms>(modules)), ...);
+  }
+
+  /// Appends a module under the next index.
+  template <ModuleType M>
+  void push_back(M module) {
+    register_module(std::to_string(size()), std::move(module));
+  }
+  template <ModuleType M>
+  void push_back(std::shared_ptr<M> module) {
+    register_module(std::to_string(size()), std::move(module));
+  }
+
+  Tensor forward(const Tensor& x) override;
+  size_t size() const { return num_children(); }
+  /// The i-th module (a ValueError when out of range).
+  std::shared_ptr<Module> operator[](size_t i) const;
+  /// The i-th module as its concrete type: `seq.at<Linear>(0).weight`. A ValueError when out of
+  /// range or of another type.
+  template <ModuleType M>
+  M& at(size_t i) const {
+    auto* m = dynamic_cast<M*>(&child(i));
+    DUET_CHECK_VALUE(m, "[Sequential] module {} is {}, not the type asked for", i, child(i).name());
+    return *m;
+  }
+};
+
+}  // namespace duet::nn
