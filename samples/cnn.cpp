@@ -41,7 +41,7 @@ double accuracy(nn::Module& model, const data::Dataset& test) {
 }  // namespace
 
 int main(int argc, char** argv) try {
-  int epochs = 5;
+  int epochs = 10;
   double target = 90, lr = 1e-3;
   int64_t batch = 128;
   uint64_t seed = 0;
@@ -63,8 +63,14 @@ int main(int argc, char** argv) try {
     else
       DUET_CHECK_VALUE(false, "[cnn] unknown option {}", k);
   }
-  const data::Dataset train_set = data::load_fashion_mnist(true, dir);
-  const data::Dataset test_set = data::load_fashion_mnist(false, dir);
+  data::Dataset train_set = data::load_fashion_mnist(true, dir);
+  data::Dataset test_set = data::load_fashion_mnist(false, dir);
+  // Standardized with the training set's mean and standard deviation, as torchvision's
+  // Normalize does.
+  const Tensor mu = mean(train_set.inputs),
+               sd = sqrt(mean((train_set.inputs - mu) * (train_set.inputs - mu)));
+  train_set.inputs = (train_set.inputs - mu) / sd;
+  test_set.inputs = (test_set.inputs - mu) / sd;
   manual_seed(seed);
   nn::Sequential model = make_model();
   optim::Adam opt(model.parameters(), optim::AdamOptions{lr});

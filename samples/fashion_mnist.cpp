@@ -246,8 +246,14 @@ int main(int argc, char** argv) try {
       "face, %d threads\n",
       static_cast<long long>(a.batch), a.optimizer.c_str(), a.epochs, get_num_threads());
   const double t_load = now_s();
-  const data::Dataset train_set = data::load_fashion_mnist(true, a.data);
-  const data::Dataset test_set = data::load_fashion_mnist(false, a.data);
+  data::Dataset train_set = data::load_fashion_mnist(true, a.data);
+  data::Dataset test_set = data::load_fashion_mnist(false, a.data);
+  // Standardized with the training set's mean and standard deviation, as torchvision's
+  // Normalize does.
+  const Tensor mu = mean(train_set.inputs),
+               sd = sqrt(mean((train_set.inputs - mu) * (train_set.inputs - mu)));
+  train_set.inputs = (train_set.inputs - mu) / sd;
+  test_set.inputs = (test_set.inputs - mu) / sd;
   std::printf("data: %lld training and %lld test images from %s (%.1f s)\n",
               static_cast<long long>(train_set.inputs.size(0)),
               static_cast<long long>(test_set.inputs.size(0)), a.data.c_str(), now_s() - t_load);
