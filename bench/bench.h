@@ -159,6 +159,11 @@ void run_rn(const Config&, std::vector<Result>&);
 /// 1,000 to 10,000 ops and of the W4 training step.
 void run_ct(const Config&, std::vector<Result>&);
 
+/// W3cuda and W2cuda (cuda.cpp, built only with the CUDA backend): matmul 1024^3 and 4096^3 f32
+/// eager on cuda:0 against cublasSgemm (TF32 off, and on for both), and W2 eager on cuda:0
+/// against a device-to-device copy of the same bytes; without a usable GPU, one line saying so.
+void run_cuda(const Config&, bool w2, bool w3, std::vector<Result>&);
+
 /// W2 floors: memcpy of n floats, and the hand-fused Eigen loop on the configured threads.
 void w2_floor_memcpy(const float* x, float* y, int64_t n);
 void w2_floor_fused(const float* x, float* y, int64_t n);

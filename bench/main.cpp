@@ -2,7 +2,9 @@
 //            [--ablate]
 // Runs the BENCH.md workloads with their floors and prints a table, or one JSON array. With
 // --ablate it runs instead each compiled workload (W2, W4, W5, W6, TT, or those of --only) with
-// each pass switched off in turn (models.cpp).
+// each pass switched off in turn (models.cpp). The CUDA workloads W3cuda and W2cuda (cuda.cpp)
+// run with --device cuda or all (W3 and W2 in --only select them there too), or when --only
+// names them.
 #include <cstdio>
 #include <cstring>
 #include <set>
@@ -16,7 +18,7 @@ namespace {
 
 void usage() {
   std::fprintf(stderr,
-               "usage: duet_bench [--only W1,...,W6,C1,CT,TT,RN] [--threads N] "
+               "usage: duet_bench [--only W1,...,W6,C1,CT,TT,RN,W2cuda,W3cuda] [--threads N] "
                "[--device cpu|cuda|all] [--reps N] [--json] [--ablate]\n");
 }
 
@@ -36,12 +38,12 @@ std::string json(const std::vector<bench::Result>& rs) {
 }
 
 void table(const std::vector<bench::Result>& rs) {
-  std::printf("%-4s %-9s %-6s %-3s %-20s %-18s %12s %12s %12s\n", "id", "mode", "device", "thr",
+  std::printf("%-6s %-9s %-6s %-3s %-20s %-18s %12s %12s %12s\n", "id", "mode", "device", "thr",
               "variant", "metric", "median", "min", "max");
   for (const auto& r : rs) {
     std::string var = r.variant + (r.n ? fmt::format("{}n={}", r.variant.empty() ? "" : " ", r.n)
                                        : std::string());
-    std::printf("%-4s %-9s %-6s %-3d %-20s %-18s %12.4g %12.4g %12.4g\n", r.workload.c_str(),
+    std::printf("%-6s %-9s %-6s %-3d %-20s %-18s %12.4g %12.4g %12.4g\n", r.workload.c_str(),
                 r.mode.c_str(), r.device.c_str(), r.threads, var.c_str(), r.metric.c_str(),
                 r.median, r.min, r.max);
   }
@@ -89,8 +91,6 @@ int main(int argc, char** argv) {
   auto want = [&](const char* w) { return only.empty() || only.count(w); };
   std::vector<bench::Result> rs;
   const bool cpu = cfg.device != "cuda";
-  if (cfg.device == "cuda" && !duet::cuda::is_available())
-    std::fprintf(stderr, "duet_bench: no CUDA device; nothing to run on cuda\n");
   if (cpu && ablation) {
     bench::run_ablation(cfg, want, rs);
   } else if (cpu) {
@@ -105,6 +105,20 @@ int main(int argc, char** argv) {
     if (only.count("CT")) bench::run_ct(cfg, rs);
     if (only.count("TT")) bench::run_tt(cfg, rs);
     if (only.count("RN")) bench::run_rn(cfg, rs);
+  }
+  // CUDA workloads: on --device cuda or all, or when --only names them.
+  const bool on_cuda = cfg.device != "cpu" && !ablation;
+  auto want_cuda = [&](const char* w, const char* cpu_twin) {
+    return only.count(w) || (on_cuda && (only.empty() || only.count(cpu_twin)));
+  };
+  const bool w3cuda = want_cuda("W3cuda", "W3"), w2cuda = want_cuda("W2cuda", "W2");
+  if (w3cuda || w2cuda) {
+#ifdef DUET_WITH_CUDA
+    bench::run_cuda(cfg, w2cuda, w3cuda, rs);
+#else
+    std::fprintf(stderr, "%s%s%s: skipped (duet_bench was built without CUDA)\n",
+                 w3cuda ? "W3cuda" : "", w2cuda && w3cuda ? ", " : "", w2cuda ? "W2cuda" : "");
+#endif
   }
   rs.push_back(bench::single({"all", "process", "cpu", "peak_rss_bytes", "", cfg.threads},
                              bench::peak_rss_bytes()));

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/op_table.h"
 
 namespace duet {
 namespace {
@@ -152,5 +153,31 @@ Allocator& cpu_allocator() {
 }
 MemoryStats cpu_memory_stats() { return cpu_allocator().stats(); }
 void reset_peak_memory() { cpu_allocator().reset_peak(); }
+
+namespace detail {
+namespace {
+DeviceBackend g_backends[kNumDeviceTypes];
+}
+
+void set_device_backend(DeviceType type, const DeviceBackend& backend) {
+  g_backends[static_cast<int>(type)] = backend;
+}
+
+const DeviceBackend* device_backend(DeviceType type) {
+  op_table();  // the first use of the library registers its backends
+  const DeviceBackend& b = g_backends[static_cast<int>(type)];
+  return b.allocator ? &b : nullptr;
+}
+
+void check_device_usable(Device device, const char* op) {
+  if (device.is_cpu()) return;
+  const DeviceBackend* b = device_backend(device.type);
+  DUET_CHECK_DEVICE(b,
+                    "[{}] {}: this build has no CUDA backend (nvcc was not found when it was "
+                    "configured)",
+                    op, device.str());
+  b->check(device, op);
+}
+}  // namespace detail
 
 }  // namespace duet

@@ -36,4 +36,26 @@ MemoryStats cpu_memory_stats();
 /// Starts a new high-water mark at the current usage.
 void reset_peak_memory();
 
+/// What a device backend (CUDA) lends core, so that core does not depend on it: the allocator of
+/// a device, and copies to and from it. The backend registers it once, at initialisation.
+struct DeviceBackend {
+  /// Throws DeviceError ("[op] cuda:1 is not usable: ...") unless `device` can be used now.
+  void (*check)(Device device, const char* op) = nullptr;
+  /// The caching allocator of one device (checked first).
+  Allocator& (*allocator)(Device device) = nullptr;
+  /// Copies nbytes of contiguous data from src on `from` to dst on `to` (either may be the CPU),
+  /// ordered after earlier work on both devices. A copy to the CPU returns once the data is there.
+  void (*copy)(void* dst, Device to, const void* src, Device from, size_t nbytes) = nullptr;
+};
+
+namespace detail {
+/// Registers the backend of a device type (called once, from register_backends()).
+void set_device_backend(DeviceType type, const DeviceBackend& backend);
+/// The backend of a non-CPU device type, or null when this build has none. Initialises the
+/// library first (the op table registers the backends).
+const DeviceBackend* device_backend(DeviceType type);
+/// Throws DeviceError unless `device` is the CPU or a usable device of a backend in this build.
+void check_device_usable(Device device, const char* op);
+}  // namespace detail
+
 }  // namespace duet

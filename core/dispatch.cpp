@@ -27,6 +27,40 @@ void check_concrete(const OpDef& def, TensorRefs in) {
 
 const char* device_type_name(DeviceType t) { return t == DeviceType::CPU ? "cpu" : "cuda"; }
 
+// Inputs on different devices (wrapped numbers, 0-d CPU tensors made from C++ scalars, go
+// anywhere): the op names both devices. Called only when the hot path saw a mismatch.
+[[noreturn]] void throw_mixed_devices(const OpDef& def, TensorRefs in) {
+  const TensorImpl* first = nullptr;
+  for (int64_t i = 0; i < in.size(); ++i) {
+    const TensorImpl* x = in[i].unsafe_impl();
+    if (x->wrapped_number || !x->storage) continue;
+    if (!first) {
+      first = x;
+    } else if (!(x->device() == first->device())) {
+      throw DeviceError(fmt::format(
+          "[{}] inputs are on different devices: {} (input 0) and {} (input {}); move them with "
+          ".to(...)",
+          def.name, first->device(), x->device(), i));
+    }
+  }
+  throw DeviceError(fmt::format("[{}] inputs are on different devices", def.name));
+}
+
+// Whether the inputs that are not wrapped numbers are all on one device.
+inline bool one_device(TensorRefs in) {
+  const StorageImpl* first = nullptr;
+  for (int64_t i = 0; i < in.size(); ++i) {
+    const TensorImpl* x = in[i].unsafe_impl();
+    const StorageImpl* s = x->storage.get();
+    if (x->wrapped_number || !s) continue;
+    if (!first)
+      first = s;
+    else if (s != first && !(s->device == first->device))
+      return false;
+  }
+  return true;
+}
+
 KernelFn kernel_for(const OpDef& def, Device device) {
   KernelFn k = def.kernel[static_cast<int>(device.type)];
   DUET_CHECK_DEVICE(k, "[{}] has no kernel for device {}", def.name, device_type_name(device.type));
@@ -79,13 +113,21 @@ Tensor run_from(int depth, const OpDef& def, const OpCall& c, unsigned expiring)
 
 Tensor call(OpId op, TensorRefs inputs, const Attrs& attrs, unsigned expiring) {
   const OpDef& def = op_def(op);
-  // One pass over the inputs for both flags: this is the eager hot path.
-  bool requires_grad = false, symbolic = false;
+  // One pass over the inputs for the flags and the device check: this is the eager hot path.
+  bool requires_grad = false, symbolic = false, mixed = false;
+  const StorageImpl* first = nullptr;  // of the first input that is not a wrapped number
   for (int64_t i = 0; i < inputs.size(); ++i) {
     const TensorImpl* x = inputs[i].unsafe_impl();
     requires_grad |= x->requires_grad;
     symbolic |= x->trace.get() != nullptr;
+    const StorageImpl* st = x->storage.get();
+    if (x->wrapped_number || !st) continue;
+    if (!first)
+      first = st;
+    else
+      mixed |= st != first && !(st->device == first->device);
   }
+  if (__builtin_expect(mixed, 0)) throw_mixed_devices(def, inputs);
   TensorMeta meta;
   if (__builtin_expect(symbolic, 0)) {
     HintReads hints;  // the symbolic rule says how the result depends on symbolic sizes
@@ -106,6 +148,8 @@ Tensor call(OpId op, TensorRefs inputs, const Attrs& attrs, unsigned expiring) {
 
 void call_inplace(OpId op, TensorRefs inputs, const Attrs& attrs, const Tensor& self) {
   const OpDef& def = op_def(op);
+  if (__builtin_expect(inputs.size() > 1 && !one_device(inputs), 0))
+    throw_mixed_devices(def, inputs);
   TensorMeta meta;
   if (__builtin_expect(tls_depth > 0, 0)) {
     HintReads hints;  // symbolic traces check the symbolic shapes in the tracer

@@ -164,7 +164,8 @@ Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& targ
 Tensor rand(Shape shape, Options options = {});
 Tensor randn(Shape shape, Options options = {});
 Tensor randint(int64_t high, Shape shape, Options options = {});
-/// Resets the default generator: the same seed gives the same numbers.
+/// Reseeds the default generator of every device (the CPU and each CUDA device): the same
+/// seed gives the same numbers, and the same uniform bits on every device.
 void manual_seed(uint64_t seed);
 
 /// Operators: the ops add, sub, mul, div, neg, lt, le, gt, ge, eq, ne.

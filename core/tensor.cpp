@@ -5,14 +5,19 @@
 
 #include "core/dispatch.h"
 #include "core/ops.h"
+#include "eager/autograd.h"
+#include "eager/node.h"
 
 namespace duet {
 namespace detail {
 
 StoragePtr new_storage(size_t nbytes, Device device) {
-  DUET_CHECK_DEVICE(device.is_cpu(), "[alloc] device {} has no allocator in this build",
-                    device.str());
-  Allocator& a = cpu_allocator();
+  Allocator* alloc = &cpu_allocator();
+  if (__builtin_expect(!device.is_cpu(), 0)) {
+    check_device_usable(device, "alloc");
+    alloc = &device_backend(device.type)->allocator(device);
+  }
+  Allocator& a = *alloc;
   void* p = a.allocate(nbytes);
   return StoragePtr::adopt(new StorageImpl(p, nbytes, device, &a));
 }
@@ -72,10 +77,10 @@ Tensor make_view(const Tensor& base, const Shape& shape, const Strides& strides,
   return Tensor(std::move(p));
 }
 
-Tensor wrap_scalar(const Scalar& s, DType dtype, Device device) {
+Tensor wrap_scalar(const Scalar& s, DType dtype, Device) {
+  // A wrapped number lives on the CPU whatever the device of the tensor it goes with: kernels
+  // of every device read it as a value (the dispatcher lets it mix with any device).
   Tensor t = empty(Shape{}, dtype, Device::cpu());
-  DUET_CHECK_DEVICE(device.is_cpu(), "[scalar] device {} has no kernels in this build",
-                    device.str());
   switch (dtype) {
     case DType::f64:
       *static_cast<double*>(t.raw_data()) = s.to<double>();
@@ -149,10 +154,13 @@ Tensor readable(const char* op, const Tensor& t, std::source_location loc) {
     r = reader->read(t, op, loc.file_name(), loc.line());
   else if (detail::is_symbolic(t))
     detail::throw_symbolic_use(t, op, loc.file_name(), loc.line());
-  DUET_CHECK_DEVICE(r.device().is_cpu(),
-                    "[{}] reading values needs a CPU tensor, got {}; call "
-                    ".to(Device::cpu()) first",
-                    op, r.device());
+  // A device tensor is read through a copy to the CPU, which waits for the device's pending
+  // work (as PyTorch's item() does).
+  if (!r.device().is_cpu()) {
+    detail::SuspendModes eager;
+    NoGradGuard no_grad;
+    r = r.to(Device::cpu());
+  }
   return r;
 }
 }  // namespace
@@ -197,11 +205,49 @@ DUET_INSTANTIATE(int64_t)
 template bool Tensor::item<bool>(std::source_location) const;
 #undef DUET_INSTANTIATE
 
+// Note [Device transfers]
+// to(Device) copies the contiguous bytes with the backend's copy (cudaMemcpyAsync on the
+// device's stream); a non-contiguous source is made contiguous on its own device first. A copy
+// to the CPU waits for the data, so host reads (item, to_vector) see finished values. The
+// result is differentiable: a tape node sends the gradient back to the source's device.
 Tensor Tensor::to(Device device) const {
-  if (device == this->device()) return *this;
-  DUET_CHECK_DEVICE(false, "[to] device {} has no kernels in this build (tensor of shape {} on {})",
-                    device, sizes(), this->device());
-  return *this;
+  const Device from = this->device();
+  if (device == from) return *this;
+  DUET_CHECK_DEVICE(!detail::is_symbolic(*this),
+                    "[to] a traced tensor (shape {}) cannot move from {} to {} inside a compiled "
+                    "function; move the inputs before calling it",
+                    sizes(), from, device);
+  detail::check_device_usable(device, "to");
+  detail::check_device_usable(from, "to");
+  const DeviceBackend* backend = detail::device_backend(device.is_cpu() ? from.type : device.type);
+  Tensor src;
+  {
+    NoGradGuard no_grad;
+    src = contiguous();
+  }
+  Tensor out = detail::empty(sizes(), dtype(), device);
+  const size_t nbytes = static_cast<size_t>(numel()) * itemsize(dtype());
+  if (nbytes) backend->copy(out.raw_data(), device, src.raw_data(), from, nbytes);
+  if (detail::grad_mode() && requires_grad() && is_floating(dtype())) {
+    auto node = std::make_shared<detail::Node>();
+    static const OpDef def = detail::opaque_node_def("to");
+    node->def = &def;
+    node->sequence = detail::next_sequence();
+    node->inputs.resize(1);
+    node->saved.resize(1);
+    detail::set_input_edge(node->inputs[0], *this);
+    node->output_meta.shape = out.sizes();
+    node->output_meta.dtype = out.dtype();
+    node->output_meta.device = device;
+    node->backward_fn = [from](const Tensor& g, const bool* needs, Tensor* grad_in) {
+      if (needs[0]) grad_in[0] = g.to(from);
+    };
+    node->backward_fn_differentiable = true;
+    detail::TensorImpl* x = out.unsafe_impl();
+    x->requires_grad = true;
+    detail::autograd_meta(*x).grad_fn = std::move(node);
+  }
+  return out;
 }
 
 Tensor Tensor::to(DType dtype) const {

@@ -8,7 +8,22 @@
 namespace duet {
 namespace detail {
 
-void register_backends(OpDef* table) { kernels::register_cpu_kernels(table); }
+#ifdef DUET_WITH_CUDA
+}  // namespace detail
+namespace cuda::detail {
+void register_cuda_kernels(OpDef* table);  // cuda/kernels/register.cu
+void register_runtime();                   // cuda/runtime.cpp
+}  // namespace cuda::detail
+namespace detail {
+#endif
+
+void register_backends(OpDef* table) {
+  kernels::register_cpu_kernels(table);
+#ifdef DUET_WITH_CUDA
+  cuda::detail::register_runtime();
+  cuda::detail::register_cuda_kernels(table);
+#endif
+}
 
 }  // namespace detail
 

@@ -2,6 +2,17 @@
 // {seed, offset}. Eager draws read the default generator's state and advance its offset with
 // an ordinary in-place add, so a traced graph sees the state as a captured input that it
 // reads and updates: compiled code draws the same numbers as eager code and is never frozen.
+//
+// Note [Default generators]
+// As in PyTorch, each device has its own default generator: the CPU's, and one per CUDA device,
+// made on that device's first draw. A device generator's state tensor lives on the device, so
+// its kernel reads {seed, offset} there (no host sync) and a traced graph (later a CUDA graph)
+// sees it as a captured device tensor. The generators are independent streams: a CPU draw does
+// not advance a CUDA generator. manual_seed(s) reseeds them all (torch.manual_seed), and a
+// generator made later starts at the last seed, so after manual_seed(s) the n-th draw of a
+// shape on cuda:i gives the same uniform and integer bits as the n-th draw on the CPU (the
+// kernels read the same Philox blocks; normals agree within 2 ulp of the device's log/sin/cos).
+#include <array>
 #include <mutex>
 
 #include "core/dispatch.h"
@@ -50,6 +61,54 @@ std::mutex& generator_mutex() {
   return m;
 }
 
+// The seed of the last manual_seed (kDefaultSeed before any): where a device generator made
+// later starts. Guarded by generator_mutex().
+uint64_t g_seed = kDefaultSeed;
+
+// A device's default generator: its state {seed, offset} on the device, and the constant {0, 1}
+// there, which a draw scales by its block count to advance the offset with device ops only (a
+// host tensor of two elements cannot be an operand of a device op).
+struct DeviceGenerator {
+  Tensor state;
+  Tensor unit;
+};
+
+constexpr int kMaxDevices = 128;  // Device::index is an int8_t
+
+// A CPU i64 tensor {a, b}.
+Tensor pair(int64_t a, int64_t b) {
+  Tensor t = empty(Shape{2}, DType::i64);
+  static_cast<int64_t*>(t.raw_data())[0] = a;
+  static_cast<int64_t*>(t.raw_data())[1] = b;
+  return t;
+}
+
+// The device generators made so far, by device index (null where none yet). Guarded by
+// generator_mutex().
+std::array<DeviceGenerator*, kMaxDevices>& device_generators() {
+  static std::array<DeviceGenerator*, kMaxDevices> gens{};
+  return gens;
+}
+
+// The default generator of a non-CPU device, made on its first use at the last manual_seed.
+// Called with generator_mutex() held. The tensors are made with the modes suspended (a first
+// draw inside a trace makes real state, which the trace then captures) and are leaked: they
+// are used until exit, and freeing device memory after the CUDA runtime is torn down fails.
+DeviceGenerator& device_generator(Device device, const char* op) {
+  check_device_usable(device, op);
+  DUET_CHECK_DEVICE(device.index >= 0 && device.index < kMaxDevices, "[{}] bad device {}", op,
+                    device);
+  DeviceGenerator*& g = device_generators()[static_cast<size_t>(device.index)];
+  if (__builtin_expect(g == nullptr, 0)) {
+    SuspendModes eager;
+    auto* made = new DeviceGenerator;
+    made->state = pair(static_cast<int64_t>(g_seed), 0).to(device);
+    made->unit = pair(0, 1).to(device);
+    g = made;
+  }
+  return *g;
+}
+
 }  // namespace
 
 Tensor& generator_state() {
@@ -72,8 +131,6 @@ void register_random_rules(OpDef* t) {
 // mask): the graph then advances the state by a count of blocks computed from the sizes.
 Tensor random_dims(const char* op, const SymDims& dims, DType dtype, int dist, int64_t high,
                    const Options& o) {
-  DUET_CHECK_DEVICE(o.device_.is_cpu(), "[{}] device {} has no kernels in this build", op,
-                    o.device_);
   Attrs a = shape_attrs(dims);
   a.dtype = dtype;
   a.dim = dist;
@@ -81,6 +138,25 @@ Tensor random_dims(const char* op, const SymDims& dims, DType dtype, int dist, i
   // Two 32-bit words per element, four per Philox block.
   const SymInt blocks = floordiv(sym_numel(dims) + 1, 2);
   std::lock_guard<std::mutex> lock(generator_mutex());
+  if (__builtin_expect(!o.device_.is_cpu(), 0)) {
+    // A device's own generator (Note [Default generators]): the draw and the advance are device
+    // ops on its state, {0, 1} * blocks added to {seed, offset}.
+    DeviceGenerator& g = device_generator(o.device_, op);
+    const Tensor* in[] = {&g.state};
+    Tensor out = call(OpId::Random, TensorRefs(in, 1), a);
+    Tensor step;
+    if (blocks.is_concrete()) {
+      // The count travels as a host wrapped number (it goes with tensors on any device).
+      step = g.unit * wrap_scalar(Scalar(blocks.concrete()), DType::i64, Device::cpu());
+    } else {
+      // A traced count is a CPU tensor, no operand of a device op: {0, blocks} is summed from
+      // {0, 1} broadcast to (2, blocks) on the device.
+      step = sum(expand_dims(unsqueeze(g.unit, 1), SymDims{SymInt(2), blocks}), Dims{1});
+    }
+    g.state.add_(step);
+    if (o.requires_grad_) out.requires_grad_(true);
+    return out;
+  }
   Tensor& st = generator_state();
   const Tensor* in[] = {&st};
   Tensor out = call(OpId::Random, TensorRefs(in, 1), a);
@@ -106,10 +182,13 @@ Tensor random(const char* op, Shape shape, DType dtype, int dist, int64_t high, 
 void manual_seed(uint64_t seed) {
   std::lock_guard<std::mutex> lock(detail::generator_mutex());
   Tensor& st = detail::generator_state();
-  Tensor v = detail::empty(Shape{2}, DType::i64);
-  static_cast<int64_t*>(v.raw_data())[0] = static_cast<int64_t>(seed);
-  static_cast<int64_t*>(v.raw_data())[1] = 0;
+  Tensor v = detail::pair(static_cast<int64_t>(seed), 0);
   st.copy_(v);
+  // Every device generator too (torch.manual_seed seeds all CUDA devices); one made later
+  // starts at this seed. Written in place, so compiled functions that captured a state keep it.
+  detail::g_seed = seed;
+  for (detail::DeviceGenerator* g : detail::device_generators())
+    if (g) g->state.copy_(v.to(g->state.device()));
 }
 
 Tensor rand(Shape shape, Options o) {

@@ -1,0 +1,232 @@
+// duet_bench CUDA workloads (built only with the CUDA backend), eager on cuda:0 against floors
+// called directly on the same device buffers:
+//   W3cuda: matmul 1024^3 and 4096^3 f32 against cublasSgemm, with TF32 off (variant "fp32") and
+//           with duet's TF32 switch on against cuBLAS in TF32 math mode (variant "tf32");
+//   W2cuda: BENCH.md's W2 chain (n = 2^22) against a device-to-device cudaMemcpy of the same
+//           bytes (one read of x, one write of y), in ms and GB/s.
+// Each figure is the median of the reps (with min and max), each rep timed with CUDA events
+// around enough back-to-back calls to take tens of milliseconds, duet and its floor interleaved
+// rep by rep. The events are recorded on the legacy default stream: duet's per-device streams
+// are blocking streams, so the start event waits for duet's earlier work and the stop event for
+// all the work the calls queued. Each workload also reports its ratio to the floor (metric
+// "ratio_to_floor", duet's median over the floor's, for GFLOP/s and GB/s). Without a usable GPU
+// the workloads print one line saying they were skipped.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include "bench/bench.h"
+#include "cuda/check.h"
+#include "duet.h"
+
+namespace bench {
+
+using duet::Device;
+using duet::Tensor;
+
+namespace {
+
+const Device kCuda = Device::cuda(0);
+
+// A CPU tensor of n uniform values in [-1, 1) (the CPU workloads' generator), moved to cuda:0.
+Tensor random_cuda(int64_t n, uint32_t seed) {
+  std::vector<double> v(static_cast<size_t>(n));
+  uint32_t s = seed;
+  for (auto& e : v) {
+    s = s * 1664525u + 1013904223u;
+    e = (s >> 8) * (2.0 / 16777216.0) - 1.0;
+  }
+  return duet::tensor(v).to(kCuda);
+}
+
+// A pair of CUDA events, made once and destroyed with the timer.
+struct Events {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  Events() {
+    DUET_CUDA_CHECK(cudaEventCreate(&start));
+    DUET_CUDA_CHECK(cudaEventCreate(&stop));
+  }
+  ~Events() {
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+  }
+  Events(const Events&) = delete;
+  Events& operator=(const Events&) = delete;
+};
+
+// Times each body `reps` times, interleaved (A B A B ...) after `warmup` rounds, with events on
+// the legacy default stream around `calls` calls of it. Returns seconds per call, per body.
+std::vector<std::vector<double>> time_events(const std::vector<std::function<void()>>& bodies,
+                                             int calls, int reps, int warmup = 2) {
+  Events ev;
+  for (int i = 0; i < warmup; ++i)
+    for (const auto& b : bodies) b();
+  duet::cuda::synchronize();
+  DUET_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<std::vector<double>> t(bodies.size());
+  for (int r = 0; r < reps; ++r)
+    for (size_t k = 0; k < bodies.size(); ++k) {
+      DUET_CUDA_CHECK(cudaEventRecord(ev.start, 0));
+      for (int i = 0; i < calls; ++i) bodies[k]();
+      DUET_CUDA_CHECK(cudaEventRecord(ev.stop, 0));
+      DUET_CUDA_CHECK(cudaEventSynchronize(ev.stop));
+      float ms = 0;
+      DUET_CUDA_CHECK(cudaEventElapsedTime(&ms, ev.start, ev.stop));
+      t[k].push_back(ms * 1e-3 / calls);
+    }
+  return t;
+}
+
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// The largest |a - b| / (1 + |b|) over two device results of n floats.
+double max_rel_diff(const Tensor& a, const float* b_dev, int64_t n) {
+  std::vector<float> hb(static_cast<size_t>(n));
+  DUET_CUDA_CHECK(cudaDeviceSynchronize());
+  DUET_CUDA_CHECK(cudaMemcpy(hb.data(), b_dev, n * sizeof(float), cudaMemcpyDeviceToHost));
+  const std::vector<float> ha = a.to_vector<float>();
+  double d = 0;
+  for (size_t i = 0; i < hb.size(); ++i)
+    d = std::max(d, std::abs(double(ha[i]) - hb[i]) / (1 + std::abs(double(hb[i]))));
+  return d;
+}
+
+// A Result of the CUDA device, on the configured threads.
+Result cuda_base(const char* w, const char* mode, const Config& c, const char* metric) {
+  Result r = base(w, mode, c, metric);
+  r.device = "cuda";
+  return r;
+}
+
+// A cuBLAS handle on the legacy default stream, destroyed with it.
+struct Cublas {
+  cublasHandle_t h = nullptr;
+  Cublas() {
+    DUET_CUBLAS_CHECK(cublasCreate(&h));
+    DUET_CUBLAS_CHECK(cublasSetStream(h, 0));
+  }
+  ~Cublas() { cublasDestroy(h); }
+  Cublas(const Cublas&) = delete;
+  Cublas& operator=(const Cublas&) = delete;
+};
+
+// W3cuda: C = A B, row-major n x n f32 on cuda:0, duet eager against cublasSgemm on the same A
+// and B (row-major C = A B is column-major C^T = B^T A^T: the operands swap).
+void run_w3cuda(const Config& c, std::vector<Result>& out) {
+  Cublas blas;
+  const bool tf32_before = duet::cuda::allow_tf32();
+  for (int64_t n : {1024, 4096}) {
+    const Tensor a = duet::reshape(random_cuda(n * n, 4), {n, n});
+    const Tensor b = duet::reshape(random_cuda(n * n, 5), {n, n});
+    const Tensor floor_out = duet::zeros({n, n}).to(kCuda);
+    const float* pa = a.data_ptr<float>();
+    const float* pb = b.data_ptr<float>();
+    float* pc = floor_out.data_ptr<float>();
+    const int dim = static_cast<int>(n);
+    const double flop = 2.0 * n * n * n;
+    const int calls = std::max(3, static_cast<int>(4e12 / flop));  // about 8 TFLOP per rep
+    for (bool tf32 : {false, true}) {
+      const char* variant = tf32 ? "tf32" : "fp32";
+      duet::cuda::set_allow_tf32(tf32);
+      DUET_CUBLAS_CHECK(
+          cublasSetMathMode(blas.h, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+      Tensor y;
+      const float one = 1, zero = 0;
+      auto sgemm = [&] {
+        DUET_CUBLAS_CHECK(cublasSgemm(blas.h, CUBLAS_OP_N, CUBLAS_OP_N, dim, dim, dim, &one, pb,
+                                      dim, pa, dim, &zero, pc, dim));
+      };
+      const auto t = time_events({[&] { y = duet::matmul(a, b); }, sgemm}, calls, c.reps);
+      auto gflops = [&](double s) { return flop / s / 1e9; };
+      Result r = cuda_base("W3cuda", "eager", c, "gflops");
+      r.variant = variant;
+      r.n = n;
+      out.push_back(summarize(r, t[0], gflops));
+      Result f = r;
+      f.mode = "floor";
+      f.variant = std::string("cublas_") + variant;
+      out.push_back(summarize(f, t[1], gflops));
+      const double ratio = median_of(t[1]) / median_of(t[0]);  // GFLOP/s over the floor's
+      Result q = r;
+      q.metric = "ratio_to_floor";
+      out.push_back(single(q, ratio));
+      // The floor must compute what duet computes (TF32 rounds the inputs to 10 bits).
+      const double err = max_rel_diff(y, pc, n * n);
+      std::fprintf(stderr,
+                   "W3cuda n=%lld %s: duet eager %.1f GFLOP/s, cuBLAS %.1f GFLOP/s: %.3fx of the "
+                   "floor (max relative difference %.2g)\n",
+                   (long long)n, variant, gflops(median_of(t[0])), gflops(median_of(t[1])), ratio,
+                   err);
+      if (err > (tf32 ? 2e-2 : 1e-4))
+        std::fprintf(stderr, "W3cuda n=%lld %s: warning: duet and cuBLAS differ by %g\n",
+                     (long long)n, variant, err);
+    }
+  }
+  duet::cuda::set_allow_tf32(tf32_before);
+}
+
+// W2cuda: y = tanh(x*1.5 + 0.5) * sigmoid(x) + relu(x - 0.25), n = 2^22, eager on cuda:0,
+// against a device-to-device copy of n floats (the bytes W2 counts: one read, one write).
+void run_w2cuda(const Config& c, std::vector<Result>& out) {
+  constexpr int64_t n = int64_t(1) << 22;
+  const double bytes = 2.0 * n * sizeof(float);
+  const Tensor x = random_cuda(n, 3);
+  const Tensor copy_out = duet::zeros({n}).to(kCuda);
+  const float* px = x.data_ptr<float>();
+  float* pc = copy_out.data_ptr<float>();
+  auto w2 = [](const Tensor& v) {
+    return duet::tanh(v * 1.5 + 0.5) * duet::sigmoid(v) + duet::relu(v - 0.25);
+  };
+  Tensor y;
+  auto memcpy_d2d = [&] {
+    DUET_CUDA_CHECK(cudaMemcpyAsync(pc, px, n * sizeof(float), cudaMemcpyDeviceToDevice, 0));
+  };
+  duet::cuda::reset_peak_memory_stats(0);
+  const int calls = 200;  // a rep moves about 13 GB (W2's count)
+  const auto t = time_events({[&] { y = w2(x); }, memcpy_d2d}, calls, c.reps);
+  const double peak = static_cast<double>(duet::cuda::memory_stats(0).peak);
+  auto ms = [](double s) { return s * 1e3; };
+  auto gbps = [&](double s) { return bytes / s / 1e9; };
+  out.push_back(summarize(cuda_base("W2cuda", "eager", c, "ms"), t[0], ms));
+  out.push_back(summarize(cuda_base("W2cuda", "eager", c, "gbps"), t[0], gbps));
+  out.push_back(single(cuda_base("W2cuda", "eager", c, "peak_tensor_bytes"), peak));
+  const double ratio = median_of(t[1]) / median_of(t[0]);  // GB/s over the copy's
+  out.push_back(single(cuda_base("W2cuda", "eager", c, "ratio_to_floor"), ratio));
+  for (const char* metric : {"ms", "gbps"}) {
+    Result f = cuda_base("W2cuda", "floor", c, metric);
+    f.variant = "memcpy_d2d";
+    out.push_back(summarize(f, t[1],
+                            metric[0] == 'm' ? std::function<double(double)>(ms)
+                                             : std::function<double(double)>(gbps)));
+  }
+  // duet on the GPU must compute what it computes on the CPU.
+  const std::vector<float> got = y.to_vector<float>(),
+                           want = w2(x.to(Device::cpu())).to_vector<float>();
+  double err = 0;
+  for (size_t i = 0; i < got.size(); ++i) err = std::max(err, double(std::abs(got[i] - want[i])));
+  std::fprintf(stderr,
+               "W2cuda: duet eager %.3f ms, %.0f GB/s; device copy %.0f GB/s: %.3fx of the copy "
+               "bandwidth (max difference to the CPU %.2g)\n",
+               ms(median_of(t[0])), gbps(median_of(t[0])), gbps(median_of(t[1])), ratio, err);
+  if (err > 1e-5) std::fprintf(stderr, "W2cuda: warning: CUDA and CPU results differ by %g\n", err);
+}
+
+}  // namespace
+
+void run_cuda(const Config& c, bool w2, bool w3, std::vector<Result>& out) {
+  if (!duet::cuda::is_available()) {
+    std::fprintf(stderr, "%s%s%s: skipped (no usable CUDA GPU)\n", w3 ? "W3cuda" : "",
+                 w2 && w3 ? ", " : "", w2 ? "W2cuda" : "");
+    return;
+  }
+  if (w3) run_w3cuda(c, out);
+  if (w2) run_w2cuda(c, out);
+}
+
+}  // namespace bench

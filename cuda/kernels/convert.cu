@@ -1,0 +1,76 @@
+// CUDA kernels of where, cast/copy (any dtype to any dtype, any layouts), full and arange.
+#include "cuda/kernels/common.cuh"
+
+namespace duet::cuda::kern {
+namespace {
+
+struct Select {
+  template <class T>
+  __device__ T operator()(bool c, T a, T b) const {
+    return c ? a : b;
+  }
+};
+
+template <class D>
+struct Convert {
+  template <class S>
+  __device__ D operator()(S v) const {
+    if constexpr (std::is_same_v<D, bool>)
+      return v != S(0);
+    else
+      return static_cast<D>(v);
+  }
+};
+
+template <class T>
+__global__ void fill_kernel(T* out, int64_t n, T v) {
+  const int64_t step = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) out[i] = v;
+}
+template <class T>
+__global__ void arange_kernel(T* out, int64_t n) {
+  const int64_t step = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step)
+    out[i] = static_cast<T>(i);
+}
+
+}  // namespace
+
+cudaError_t launch_where(DT dt, const Loop& L, cudaStream_t s) {
+  return dispatch_dt(dt, [&](auto zero) -> cudaError_t {
+    using T = decltype(zero);
+    return run_elementwise<Select, T, bool, T, T>(L, Select{}, s);
+  });
+}
+
+cudaError_t launch_convert(DT to, DT from, const Loop& L, cudaStream_t s) {
+  return dispatch_dt(to, [&](auto d) -> cudaError_t {
+    using D = decltype(d);
+    return dispatch_dt(from, [&](auto v) -> cudaError_t {
+      using S = decltype(v);
+      return run_elementwise<Convert<D>, D, S>(L, Convert<D>{}, s);
+    });
+  });
+}
+
+cudaError_t launch_full(DT dt, void* out, int64_t n, const unsigned char* value, cudaStream_t s) {
+  if (n == 0) return cudaSuccess;
+  return dispatch_dt(dt, [&](auto zero) -> cudaError_t {
+    using T = decltype(zero);
+    T v;
+    memcpy(&v, value, sizeof(T));
+    fill_kernel<T><<<blocks_for(n), kThreads, 0, s>>>(static_cast<T*>(out), n, v);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t launch_arange(DT dt, void* out, int64_t n, cudaStream_t s) {
+  if (n == 0) return cudaSuccess;
+  return dispatch_dt(dt, [&](auto zero) -> cudaError_t {
+    using T = decltype(zero);
+    arange_kernel<T><<<blocks_for(n), kThreads, 0, s>>>(static_cast<T*>(out), n);
+    return cudaGetLastError();
+  });
+}
+
+}  // namespace duet::cuda::kern

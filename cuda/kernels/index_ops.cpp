@@ -1,0 +1,116 @@
+// duet: CUDA adapters of gather, scatter_add, cat, unfold and fold (kernels in index.cu and
+// image.cu), following kernels/index.cpp and kernels/image.cpp.
+#include "cuda/kernels/adapt.h"
+
+namespace duet::cuda::detail {
+namespace {
+
+int64_t size_along(const Tensor& x, int64_t dim) { return x.dim() ? x.sizes()[dim] : 1; }
+int64_t stride_along(const Tensor& x, int64_t dim) { return x.dim() ? x.strides()[dim] : 0; }
+
+// x viewed at the index's shape with stride 0 along dim (kernels/index.cpp's base_view).
+Tensor base_view(const Tensor& x, const Tensor& index, int64_t dim) {
+  Strides st = x.strides();
+  if (x.dim()) st[dim] = 0;
+  return duet::detail::make_view(x, index.sizes(), st, x.storage_offset());
+}
+
+// Index values are data: checked on the device, read back (one sync) before any write.
+void check_indices(const char* op, const Tensor& index, int64_t size, int64_t dim) {
+  if (index.numel() == 0) return;
+  cudaStream_t s = stream_for(index);
+  Tensor flag = duet::detail::empty(Shape{2}, DType::i64, index.device());
+  DUET_CUDA_CHECK(cudaMemsetAsync(flag.raw_data(), 0, 2 * sizeof(int64_t), s));
+  const kern::Loop L = make_loop(index, {&index}, {DType::i64});
+  DUET_CUDA_CHECK(kern::launch_check_index(L, size, static_cast<int64_t*>(flag.raw_data()), s));
+  int64_t host[2] = {0, 0};
+  DUET_CUDA_CHECK(cudaMemcpyAsync(host, flag.raw_data(), sizeof(host), cudaMemcpyDeviceToHost, s));
+  DUET_CUDA_CHECK(cudaStreamSynchronize(s));
+  DUET_CHECK_T(host[0] == 0, ValueError, "[{}] index {} is out of range for dim {} of size {}", op,
+               host[1], dim, size);
+}
+
+void gather_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
+  const Tensor &x = in[0], &index = in[1];
+  if (out.numel() == 0) return;
+  check_indices("gather", index, size_along(x, a.dim), a.dim);
+  const Tensor xv = base_view(x, index, a.dim);
+  const kern::Loop L = make_loop(out, {&index, &xv}, {DType::i64, x.dtype()});
+  DUET_CUDA_CHECK(
+      kern::launch_gather(to_dt(out.dtype()), L, stride_along(x, a.dim), stream_for(out)));
+}
+
+void scatter_add_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
+  const Tensor &base = in[0], &index = in[1], &src = in[2];
+  copy_into(base, out);
+  if (index.numel() == 0) return;
+  check_indices("scatter_add", index, size_along(out, a.dim), a.dim);
+  const Tensor ov = base_view(out, index, a.dim);
+  Tensor ts;
+  const Tensor& sv = in_dtype(src, out.dtype(), ts);
+  const kern::Loop L = make_loop(ov, {&index, &sv}, {DType::i64, out.dtype()});
+  DUET_CUDA_CHECK(
+      kern::launch_scatter_add(to_dt(out.dtype()), L, stride_along(out, a.dim), stream_for(out)));
+}
+
+void cat_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
+  int64_t at = 0;
+  for (int64_t i = 0; i < in.size(); ++i) {
+    const Tensor& t = in[i];
+    const int64_t len = t.sizes()[a.dim];
+    if (len && t.numel()) {
+      Shape s = out.sizes();
+      s[a.dim] = len;
+      copy_into(t, duet::detail::make_view(out, s, out.strides(),
+                                           out.storage_offset() + at * out.strides()[a.dim]));
+    }
+    at += len;
+  }
+}
+
+// attrs.ints = {kh, kw, sh, sw, ph, pw, H, W} (kernels/image.cpp).
+template <bool kUnfold>
+void window_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
+  DUET_ASSERT(out.is_contiguous(), "unfold and fold write a fresh contiguous output");
+  const Tensor& src = in[0];
+  const Shape& image = kUnfold ? src.sizes() : out.sizes();
+  kern::WindowArg A;
+  A.in = src.raw_data();
+  A.out = out.raw_data();
+  A.n = image[0];
+  A.c = image[1];
+  A.h = a.ints[6];
+  A.w = a.ints[7];
+  A.kh = a.ints[0];
+  A.kw = a.ints[1];
+  A.sh = a.ints[2];
+  A.sw = a.ints[3];
+  A.ph = a.ints[4];
+  A.pw = a.ints[5];
+  A.ho = (A.h + 2 * A.ph - A.kh) / A.sh + 1;
+  A.wo = (A.w + 2 * A.pw - A.kw) / A.sw + 1;
+  for (int64_t d = 0; d < src.dim() && d < 4; ++d) A.in_strides[d] = src.strides()[d];
+  DUET_CHECK_DTYPE(out.dtype() != DType::f16 && out.dtype() != DType::bf16,
+                   "[{}] has no CUDA kernel for dtype {}", kUnfold ? "unfold" : "fold",
+                   dtype_name(out.dtype()));
+  cudaStream_t s = stream_for(out);
+  if constexpr (kUnfold)
+    DUET_CUDA_CHECK(kern::launch_unfold(to_dt(out.dtype()), A, s));
+  else
+    DUET_CUDA_CHECK(kern::launch_fold(to_dt(out.dtype()), A, s));
+}
+
+}  // namespace
+
+void register_index(OpDef* t) {
+  auto reg = [&](OpId op, KernelFn k) {
+    duet::detail::register_kernel(t, op, DeviceType::CUDA, k);
+  };
+  reg(OpId::Gather, gather_kernel);
+  reg(OpId::ScatterAdd, scatter_add_kernel);
+  reg(OpId::Cat, cat_kernel);
+  reg(OpId::Unfold, window_kernel<true>);
+  reg(OpId::Fold, window_kernel<false>);
+}
+
+}  // namespace duet::cuda::detail

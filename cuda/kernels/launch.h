@@ -1,0 +1,139 @@
+// duet: the CUDA kernels' launchers, as plain C++17 structs and functions. The .cu files (nvcc,
+// C++17) define them without seeing any duet header; the adapters in the .cpp files (C++20)
+// read tensors and attributes, fill these structs and call the launchers on duet's stream.
+//
+// Note [CUDA launch structs]
+// Strides count elements, not bytes. An elementwise Loop holds the output's sizes after the
+// adapter has dropped size-1 dims and merged dims that every operand walks densely, so a dense
+// op arrives as one dim of stride 1 (the vectorized path) and the general case walks at most
+// kMaxDims dims with an offset calculator. Every launcher returns cudaGetLastError() (or
+// cudaErrorNotSupported for a dtype it has no kernel for); the adapter wraps it in
+// DUET_CUDA_CHECK.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace duet::cuda::kern {
+
+/// Mirrors duet::DType (core/dtype.h), value for value.
+enum class DT : uint8_t { f32, f64, f16, bf16, i32, i64, b8 };
+
+inline constexpr int kMaxDims = 8;
+
+/// One operand of an elementwise loop: its first element and its strides over the loop's dims,
+/// or (by_value) one value already converted to the operand's dtype, passed with the launch
+/// (wrapped numbers live on the host).
+struct Operand {
+  const void* data = nullptr;
+  int64_t strides[kMaxDims] = {};
+  alignas(8) unsigned char value[8] = {};
+  bool by_value = false;
+};
+
+/// An elementwise loop: out and up to three inputs over the same (coalesced) sizes.
+struct Loop {
+  int64_t numel = 0;
+  int ndim = 0;
+  int64_t sizes[kMaxDims] = {};
+  Operand out;
+  Operand in[3];
+};
+
+enum class Unary : uint8_t {
+  Neg,
+  Exp,
+  Log,
+  Sqrt,
+  Rsqrt,
+  Abs,
+  Sin,
+  Cos,
+  Tanh,
+  Sigmoid,
+  Relu,
+  Erf,
+  LogSigmoid
+};
+enum class Binary : uint8_t { Add, Sub, Mul, Div, Pow, Maximum, Minimum, Lt, Le, Gt, Ge, Eq, Ne };
+
+/// out = op(in[0]), all of dtype dt.
+cudaError_t launch_unary(Unary op, DT dt, const Loop& loop, cudaStream_t s);
+/// out = op(in[0], in[1]) with inputs of dtype dt; out has dtype dt, or b8 for comparisons.
+cudaError_t launch_binary(Binary op, DT dt, const Loop& loop, cudaStream_t s);
+/// out = in[0] (b8) ? in[1] : in[2], values of dtype dt.
+cudaError_t launch_where(DT dt, const Loop& loop, cudaStream_t s);
+/// out (dtype to) = in[0] (dtype from) converted; b8 results test != 0.
+cudaError_t launch_convert(DT to, DT from, const Loop& loop, cudaStream_t s);
+/// out[0:n] = the value (8 bytes holding one element of dt).
+cudaError_t launch_full(DT dt, void* out, int64_t n, const unsigned char* value, cudaStream_t s);
+/// out[i] = i for i < n.
+cudaError_t launch_arange(DT dt, void* out, int64_t n, cudaStream_t s);
+
+enum class Reduce : uint8_t { Sum, Max, Min, Argmax };
+/// A reduction: for each of nout outputs (contiguous, in the order of the kept dims), fold the
+/// nred input elements over the reduced dims. Argmax has one reduced dim and writes the index
+/// (i64) of the first largest value, NaN counting as largest.
+struct ReduceArg {
+  const void* in = nullptr;
+  void* out = nullptr;
+  int64_t nout = 0, nred = 0;
+  int nkept = 0, nreduced = 0;
+  int64_t kept_sizes[kMaxDims] = {}, kept_strides[kMaxDims] = {};
+  int64_t red_sizes[kMaxDims] = {}, red_strides[kMaxDims] = {};
+  /// With nsplit > 1: nout * nsplit partial results of kReduceScratchBytes each, on the device.
+  void* scratch = nullptr;
+  int64_t nsplit = 1;
+};
+inline constexpr int64_t kReduceScratchBytes = 16;
+/// How many blocks fold each output: more than one only for few outputs of very many elements
+/// (a full reduction), which then needs nout * nsplit * kReduceScratchBytes of scratch.
+int64_t reduce_splits(int64_t nout, int64_t nred);
+/// Sum accumulates in the output dtype (i64 for integer and b8 inputs), Max and Min keep it.
+cudaError_t launch_reduce(Reduce op, DT in, DT out, const ReduceArg& arg, cudaStream_t s);
+
+/// A Philox draw (kernels/random.cpp): state is a device i64 pair {seed, offset} (elements 0 and
+/// state_stride); dist 0 uniform, 1 normal, 2 integers in [0, high).
+struct RandomArg {
+  void* out = nullptr;
+  int64_t n = 0;
+  const int64_t* state = nullptr;
+  int64_t state_stride = 1;
+  int dist = 0;
+  int64_t high = 1;
+};
+cudaError_t launch_random(DT dt, const RandomArg& arg, cudaStream_t s);
+
+/// Gather: loop.out = out, loop.in[0] = index (i64), loop.in[1] = x seen at the index's shape
+/// with stride 0 along dim; out[p] = x_row(p)[index[p] * step].
+cudaError_t launch_gather(DT dt, const Loop& loop, int64_t step, cudaStream_t s);
+/// ScatterAdd: loop.out = out seen at the index's shape with stride 0 along dim, loop.in[0] =
+/// index, loop.in[1] = src; out_row(p)[index[p] * step] += src[p] (atomically).
+cudaError_t launch_scatter_add(DT dt, const Loop& loop, int64_t step, cudaStream_t s);
+/// Writes {1, value} into flag (two device i64, zeroed by the caller) when some index value of
+/// loop.in[0] lies outside [0, size).
+cudaError_t launch_check_index(const Loop& loop, int64_t size, int64_t* flag, cudaStream_t s);
+
+/// Unfold / Fold geometry (kernels/image.cpp); the input read through its 4-D (image) or 3-D
+/// (columns) strides, the output contiguous.
+struct WindowArg {
+  const void* in = nullptr;
+  void* out = nullptr;
+  int64_t n, c, h, w, kh, kw, sh, sw, ph, pw, ho, wo;
+  int64_t in_strides[4] = {};
+};
+cudaError_t launch_unfold(DT dt, const WindowArg& arg, cudaStream_t s);
+cudaError_t launch_fold(DT dt, const WindowArg& arg, cudaStream_t s);
+
+/// One integer GEMM (no cuBLAS for integers): c[m, n] (contiguous) = a[m, k] b[k, n], wrapping.
+struct IntGemmArg {
+  const void* a = nullptr;
+  const void* b = nullptr;
+  void* c = nullptr;
+  int64_t m = 0, n = 0, k = 0;
+  int64_t as0 = 0, as1 = 0, bs0 = 0, bs1 = 0;
+};
+cudaError_t launch_int_gemm(DT dt, const IntGemmArg& arg, cudaStream_t s);
+
+}  // namespace duet::cuda::kern

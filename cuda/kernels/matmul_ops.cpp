@@ -1,0 +1,151 @@
+// duet: CUDA matmul through cuBLAS (f32, f64; integers on a plain kernel in int_gemm.cu), with
+// the CPU kernel's batch broadcasting (kernels/matmul.cpp). duet's tensors are row-major and
+// cuBLAS is column-major, so C = A B is computed as C^T = B^T A^T: a row-major operand is a
+// column-major transpose for free. f32 uses TF32 tensor cores only when cuda::allow_tf32() is
+// set (off by default: full f32 accuracy). One cuBLAS handle per device, bound to duet's stream.
+#include <cublas_v2.h>
+
+#include <climits>
+#include <mutex>
+#include <vector>
+
+#include "cuda/kernels/adapt.h"
+#include "cuda/runtime.h"
+
+namespace duet::cuda::detail {
+namespace {
+
+cublasHandle_t handle_for(Device device) {
+  static std::mutex mu;
+  static cublasHandle_t handles[64] = {};
+  std::lock_guard<std::mutex> lock(mu);
+  cublasHandle_t& h = handles[device.index];
+  if (!h) {
+    set_device(device);
+    DUET_CUBLAS_CHECK(cublasCreate(&h));
+  }
+  DUET_CUBLAS_CHECK(cublasSetStream(h, stream(device)));
+  return h;
+}
+
+// How a [rows, cols] matrix with element strides (s0, s1) reaches a row-major GEMM (as the CPU).
+struct MatLayout {
+  bool trans;  // stored column-major
+  int64_t ld;
+  bool ok;
+};
+MatLayout layout(int64_t rows, int64_t cols, int64_t s0, int64_t s1) {
+  if (cols == 1) s1 = 1;
+  if (rows == 1) s0 = std::max<int64_t>(cols, 1);
+  if (s1 == 1 && s0 >= std::max<int64_t>(cols, 1)) return {false, s0, true};
+  if (s0 == 1 && s1 >= std::max<int64_t>(rows, 1)) return {true, s1, true};
+  return {false, 0, false};
+}
+bool fits(const Tensor& t) {
+  return layout(t.size(-2), t.size(-1), t.strides()[t.dim() - 2], t.strides()[t.dim() - 1]).ok;
+}
+
+int as_int(int64_t v, const char* what) {
+  DUET_CHECK(v <= INT_MAX, "[matmul] {} {} exceeds what one cuBLAS call takes", what, v);
+  return static_cast<int>(v);
+}
+
+void matmul_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
+  DUET_ASSERT(out.is_contiguous(), "matmul writes a fresh contiguous output");
+  const DType dt = out.dtype();
+  DUET_CHECK_DTYPE(dt == DType::f32 || dt == DType::f64 || dt == DType::i32 || dt == DType::i64,
+                   "[matmul] has no CUDA kernel for dtype {}", dtype_name(dt));
+  if (out.numel() == 0) return;
+  cudaStream_t s = stream_for(out);
+  // Operands that no GEMM layout expresses are made contiguous; others are used in place.
+  Tensor ta, tb;
+  auto dense = [&](const Tensor& t, Tensor& tmp) -> const Tensor& {
+    if (fits(t)) return t;
+    tmp = duet::detail::empty(t.sizes(), t.dtype(), t.device());
+    copy_into(t, tmp);
+    return tmp;
+  };
+  const Tensor& a = dense(in[0], ta);
+  const Tensor& b = dense(in[1], tb);
+  const int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
+  if (k == 0) {
+    DUET_CUDA_CHECK(cudaMemsetAsync(out.raw_data(), 0, out.numel() * itemsize(dt), s));
+    return;
+  }
+  const MatLayout la = layout(m, k, a.strides()[a.dim() - 2], a.strides()[a.dim() - 1]);
+  const MatLayout lb = layout(k, n, b.strides()[b.dim() - 2], b.strides()[b.dim() - 1]);
+  // Batch offsets of a and b for each output batch (broadcast batch dims step by 0).
+  const Shape& os = out.sizes();
+  const int64_t nb = os.numel() / (m * n), bd = os.size() - 2;
+  std::vector<int64_t> oa(nb), ob(nb);
+  bool affine = true;
+  for (int64_t i = 0; i < nb; ++i) {
+    int64_t pa = 0, pb = 0, r = i;
+    for (int64_t d = bd - 1; d >= 0; --d) {
+      const int64_t c = r % os[d];
+      r /= os[d];
+      const int64_t da = d - (bd - (a.dim() - 2)), db = d - (bd - (b.dim() - 2));
+      if (da >= 0 && a.sizes()[da] != 1) pa += c * a.strides()[da];
+      if (db >= 0 && b.sizes()[db] != 1) pb += c * b.strides()[db];
+    }
+    oa[i] = pa;
+    ob[i] = pb;
+    if (i > 0 && (pa != i * oa[1] || pb != i * ob[1])) affine = false;
+  }
+  const int64_t isz = itemsize(dt);
+  const char* pa = static_cast<const char*>(a.raw_data());
+  const char* pb = static_cast<const char*>(b.raw_data());
+  char* pc = static_cast<char*>(out.raw_data());
+
+  if (dt == DType::i32 || dt == DType::i64) {
+    for (int64_t i = 0; i < nb; ++i) {
+      kern::IntGemmArg g;
+      g.a = pa + oa[i] * isz;
+      g.b = pb + ob[i] * isz;
+      g.c = pc + i * m * n * isz;
+      g.m = m;
+      g.n = n;
+      g.k = k;
+      g.as0 = la.trans ? 1 : la.ld;
+      g.as1 = la.trans ? la.ld : 1;
+      g.bs0 = lb.trans ? 1 : lb.ld;
+      g.bs1 = lb.trans ? lb.ld : 1;
+      DUET_CUDA_CHECK(kern::launch_int_gemm(to_dt(dt), g, s));
+    }
+    return;
+  }
+
+  cublasHandle_t h = handle_for(out.device());
+  const bool f32 = dt == DType::f32;
+  const cudaDataType_t type = f32 ? CUDA_R_32F : CUDA_R_64F;
+  const cublasComputeType_t compute =
+      f32 ? (allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F) : CUBLAS_COMPUTE_64F;
+  const float one_f = 1, zero_f = 0;
+  const double one_d = 1, zero_d = 0;
+  const void* alpha = f32 ? static_cast<const void*>(&one_f) : &one_d;
+  const void* beta = f32 ? static_cast<const void*>(&zero_f) : &zero_d;
+  // Column-major: C^T (n x m, ld n) = op(B^T) (n x k) * op(A^T) (k x m).
+  const cublasOperation_t opb = lb.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t opa = la.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const int im = as_int(m, "size"), in_ = as_int(n, "size"), ik = as_int(k, "size");
+  const int lda = as_int(la.ld, "leading dimension"), ldb = as_int(lb.ld, "leading dimension");
+  if (affine) {
+    DUET_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+        h, opb, opa, in_, im, ik, alpha, pb, type, ldb, nb > 1 ? ob[1] : 0, pa, type, lda,
+        nb > 1 ? oa[1] : 0, beta, pc, type, in_, m * n, as_int(nb, "batch count"), compute,
+        CUBLAS_GEMM_DEFAULT));
+    return;
+  }
+  for (int64_t i = 0; i < nb; ++i)
+    DUET_CUBLAS_CHECK(cublasGemmEx(h, opb, opa, in_, im, ik, alpha, pb + ob[i] * isz, type, ldb,
+                                   pa + oa[i] * isz, type, lda, beta, pc + i * m * n * isz, type,
+                                   in_, compute, CUBLAS_GEMM_DEFAULT));
+}
+
+}  // namespace
+
+void register_matmul(OpDef* t) {
+  duet::detail::register_kernel(t, OpId::MatMul, DeviceType::CUDA, matmul_kernel);
+}
+
+}  // namespace duet::cuda::detail

@@ -1,0 +1,15 @@
+// duet: fills the CUDA kernel slots of the op table (called by kernels/backends.cpp). Views
+// need no kernel; every other primitive of core/ops.def is registered by one family below.
+#include "cuda/kernels/adapt.h"
+
+namespace duet::cuda::detail {
+
+void register_cuda_kernels(OpDef* table) {
+  register_elementwise(table);
+  register_reductions(table);
+  register_index(table);
+  register_matmul(table);
+  register_random(table);
+}
+
+}  // namespace duet::cuda::detail

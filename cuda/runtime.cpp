@@ -1,0 +1,319 @@
+// duet: the CUDA runtime: device discovery, one stream per device, the caching device allocator,
+// and the transfers core's Tensor::to(Device) uses. Host code only (compiled by the C++
+// compiler against cudart), so it may use core's C++20 headers; kernels live in cuda/kernels.
+//
+// Note [CUDA streams and the cache]
+// Every eager kernel and transfer on a device is enqueued on that device's one stream, in
+// program order. A storage freed on the host goes back to the cache at once although kernels
+// reading it may still be queued: the next user of the block is enqueued on the same stream, so
+// it runs after them (PyTorch's caching allocator relies on the same ordering). Memory is
+// returned to the driver (empty_cache) only after synchronizing the stream.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "cuda/check.h"
+#include "cuda/cuda.h"
+#include "cuda/runtime.h"
+
+namespace duet::cuda {
+namespace detail {
+
+namespace {
+const char* base_name(const char* file) {
+  const char* slash = std::strrchr(file, '/');
+  return slash ? slash + 1 : file;
+}
+}  // namespace
+
+void throw_cuda_error(cudaError_t e, const char* call, const char* file, int line) {
+  cudaGetLastError();  // clear a non-sticky error, so that the next call does not report it
+  throw DeviceError(fmt::format("[cuda] {} failed: {} ({}) at {}:{}", call, cudaGetErrorName(e),
+                                cudaGetErrorString(e), base_name(file), line));
+}
+
+void throw_cublas_error(int status, const char* call, const char* file, int line) {
+  const auto s = static_cast<cublasStatus_t>(status);
+  throw DeviceError(fmt::format("[cublas] {} failed: {} ({}) at {}:{}", call,
+                                cublasGetStatusName(s), cublasGetStatusString(s), base_name(file),
+                                line));
+}
+
+namespace {
+
+constexpr int kMaxDevices = 64;
+
+// What the driver said once: the device count, or why there is no usable device.
+struct Discovery {
+  int count = 0;
+  std::string why;  // empty when count > 0
+};
+
+const Discovery& discovery() {
+  static const Discovery d = [] {
+    Discovery r;
+    const cudaError_t e = cudaGetDeviceCount(&r.count);
+    if (e != cudaSuccess) {
+      cudaGetLastError();  // no driver, too old a driver, no device: report none
+      r.count = 0;
+      r.why =
+          fmt::format("cudaGetDeviceCount: {} ({})", cudaGetErrorName(e), cudaGetErrorString(e));
+    } else if (r.count == 0) {
+      r.why = "the driver reports no CUDA device";
+    }
+    r.count = std::min(r.count, kMaxDevices);
+    return r;
+  }();
+  return d;
+}
+
+// Rounding: blocks up to 1 MiB are multiples of 512 bytes (cudaMalloc aligns to 256); larger
+// ones multiples of 128 KiB (under 12.5% more than asked, far less for large tensors). Freed
+// blocks are kept per rounded size: a training loop asks for the same sizes at every step.
+constexpr size_t kSmallStep = 512;
+constexpr size_t kLargeFrom = size_t(1) << 20;
+constexpr size_t kLargeStep = size_t(128) << 10;
+
+size_t round_size(size_t n) {
+  if (n == 0) return kSmallStep;
+  const size_t step = n <= kLargeFrom ? kSmallStep : kLargeStep;
+  return (n + step - 1) / step * step;
+}
+
+class CudaCachingAllocator final : public Allocator {
+ public:
+  explicit CudaCachingAllocator(Device device) : device_(device) {}
+
+  void* allocate(size_t nbytes) override {
+    const size_t rounded = round_size(nbytes);
+    DUET_ASSERT(rounded >= nbytes, "allocation of {} bytes is too large", nbytes);
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      auto it = free_.find(rounded);
+      if (it != free_.end() && !it->second.empty()) {
+        void* p = it->second.back();
+        it->second.pop_back();
+        ++hits_;
+        note_alloc(rounded);
+        return p;
+      }
+    }
+    set_device(device_);
+    void* p = nullptr;
+    cudaError_t e = cudaMalloc(&p, rounded);
+    if (e == cudaErrorMemoryAllocation) {
+      // Give the cache back and try once more before failing.
+      cudaGetLastError();
+      empty_cache();
+      e = cudaMalloc(&p, rounded);
+    }
+    if (e == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      const MemoryStats s = stats();
+      throw DeviceError(fmt::format(
+          "[alloc] out of memory allocating {} bytes on {} ({} bytes held by tensors, {} "
+          "reserved by duet)",
+          nbytes, device_.str(), s.current, s.reserved));
+    }
+    DUET_CUDA_CHECK(e);
+    std::lock_guard<std::mutex> g(mu_);
+    reserved_ += static_cast<int64_t>(rounded);
+    note_alloc(rounded);
+    return p;
+  }
+
+  void deallocate(void* p, size_t nbytes) override {
+    if (!p) return;
+    const size_t rounded = round_size(nbytes);
+    // Reused only by work on this device's stream: see Note [CUDA streams and the cache].
+    std::lock_guard<std::mutex> g(mu_);
+    free_[rounded].push_back(p);
+    current_ -= static_cast<int64_t>(rounded);
+  }
+
+  MemoryStats stats() const override {
+    std::lock_guard<std::mutex> g(mu_);
+    return MemoryStats{current_, peak_, reserved_};
+  }
+  void reset_peak() override {
+    std::lock_guard<std::mutex> g(mu_);
+    peak_ = current_;
+  }
+  void empty_cache() override {
+    std::unordered_map<size_t, std::vector<void*>> blocks;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      blocks.swap(free_);
+    }
+    if (blocks.empty()) return;
+    // Kernels queued before the blocks were freed may still read them.
+    DUET_CUDA_CHECK(cudaStreamSynchronize(stream(device_)));
+    int64_t released = 0;
+    for (auto& [bytes, list] : blocks) {
+      for (void* p : list) DUET_CUDA_CHECK(cudaFree(p));
+      released += static_cast<int64_t>(bytes * list.size());
+    }
+    std::lock_guard<std::mutex> g(mu_);
+    reserved_ -= released;
+  }
+  int64_t hits() const {
+    std::lock_guard<std::mutex> g(mu_);
+    return hits_;
+  }
+
+ private:
+  void note_alloc(size_t rounded) {  // called with mu_ held
+    current_ += static_cast<int64_t>(rounded);
+    peak_ = std::max(peak_, current_);
+  }
+
+  const Device device_;
+  mutable std::mutex mu_;
+  std::unordered_map<size_t, std::vector<void*>> free_;
+  int64_t current_ = 0, peak_ = 0, reserved_ = 0, hits_ = 0;
+};
+
+// Per device: its stream and allocator, made on first use and leaked on purpose (tensors in
+// static objects may be freed after main returns, when CUDA may be torn down: they only go back
+// to the cache).
+struct DeviceState {
+  std::once_flag once;
+  cudaStream_t stream = nullptr;
+  std::atomic<CudaCachingAllocator*> allocator{nullptr};
+};
+DeviceState g_devices[kMaxDevices];
+std::atomic<bool> g_allow_tf32{false};
+
+// Throws unless `device` is a usable CUDA device.
+void check(Device device, const char* op) {
+  const Discovery& d = discovery();
+  DUET_CHECK_DEVICE(d.count > 0, "[{}] {} is not usable: no usable CUDA GPU ({})", op, device.str(),
+                    d.why);
+  DUET_CHECK_DEVICE(device.is_cuda() && device.index >= 0 && device.index < d.count,
+                    "[{}] {} does not exist: this machine has {} CUDA device{}", op, device.str(),
+                    d.count, d.count == 1 ? "" : "s");
+}
+
+DeviceState& state(Device device) {
+  check(device, "cuda");
+  DeviceState& s = g_devices[device.index];
+  std::call_once(s.once, [&] {
+    set_device(device);
+    // A blocking stream: it also orders against any work on the legacy default stream.
+    DUET_CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream, cudaStreamDefault));
+    s.allocator = new CudaCachingAllocator(device);
+  });
+  return s;
+}
+
+bool started(int index) { return g_devices[index].allocator.load() != nullptr; }
+
+Allocator& backend_allocator(Device device) { return allocator(device); }
+
+// See DeviceBackend::copy. A copy to the CPU synchronizes the source's stream; a copy between
+// two GPUs is queued on the destination's stream after the source's pending work, and the
+// source's stream waits for it (the source block may be reused there once freed).
+void copy(void* dst, Device to, const void* src, Device from, size_t nbytes) {
+  if (nbytes == 0) return;
+  if (from.is_cpu()) {
+    set_device(to);
+    // From pageable memory the call returns once the source is staged: it may be freed.
+    DUET_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, stream(to)));
+  } else if (to.is_cpu()) {
+    set_device(from);
+    cudaStream_t s = stream(from);
+    DUET_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, s));
+    DUET_CUDA_CHECK(cudaStreamSynchronize(s));
+  } else if (to.index == from.index) {
+    set_device(to);
+    DUET_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, stream(to)));
+  } else {
+    cudaStream_t s_from = stream(from), s_to = stream(to);
+    cudaEvent_t ready, done;
+    set_device(from);
+    DUET_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+    DUET_CUDA_CHECK(cudaEventRecord(ready, s_from));
+    set_device(to);
+    DUET_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    DUET_CUDA_CHECK(cudaStreamWaitEvent(s_to, ready, 0));
+    DUET_CUDA_CHECK(cudaMemcpyPeerAsync(dst, to.index, src, from.index, nbytes, s_to));
+    DUET_CUDA_CHECK(cudaEventRecord(done, s_to));
+    set_device(from);
+    DUET_CUDA_CHECK(cudaStreamWaitEvent(s_from, done, 0));
+    // Destroying a recorded event is safe: its resources go once the work completes.
+    DUET_CUDA_CHECK(cudaEventDestroy(ready));
+    DUET_CUDA_CHECK(cudaEventDestroy(done));
+  }
+}
+
+}  // namespace
+
+cudaStream_t stream(Device device) { return state(device).stream; }
+
+void set_device(Device device) {
+  thread_local int current = -1;
+  if (current == device.index) return;
+  DUET_CUDA_CHECK(cudaSetDevice(device.index));
+  current = device.index;
+}
+
+Allocator& allocator(Device device) { return *state(device).allocator.load(); }
+
+int64_t cache_hits(Device device) { return state(device).allocator.load()->hits(); }
+
+bool allow_tf32() { return g_allow_tf32.load(std::memory_order_relaxed); }
+
+// Called once from register_backends() (kernels/backends.cpp): lends core this backend.
+void register_runtime() {
+  DeviceBackend b;
+  b.check = &check;
+  b.allocator = &backend_allocator;
+  b.copy = &copy;
+  ::duet::detail::set_device_backend(DeviceType::CUDA, b);
+}
+
+}  // namespace detail
+
+int device_count() { return detail::discovery().count; }
+
+bool is_available() { return device_count() > 0; }
+
+void synchronize() {
+  for (int i = 0; i < device_count(); ++i) {
+    if (!detail::started(i)) continue;
+    detail::set_device(Device::cuda(i));
+    DUET_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+}
+
+void empty_cache() {
+  for (int i = 0; i < device_count(); ++i)
+    if (detail::started(i)) detail::allocator(Device::cuda(i)).empty_cache();
+}
+
+MemoryStats memory_stats(int device) {
+  if (device < 0 || device >= device_count() || !detail::started(device)) return {};
+  return detail::allocator(Device::cuda(device)).stats();
+}
+
+int64_t cache_hits(int device) {
+  if (device < 0 || device >= device_count() || !detail::started(device)) return 0;
+  return detail::cache_hits(Device::cuda(device));
+}
+
+void reset_peak_memory_stats(int device) {
+  if (device < 0 || device >= device_count() || !detail::started(device)) return;
+  detail::allocator(Device::cuda(device)).reset_peak();
+}
+
+void set_allow_tf32(bool allow) { detail::g_allow_tf32.store(allow, std::memory_order_relaxed); }
+bool allow_tf32() { return detail::allow_tf32(); }
+
+}  // namespace duet::cuda

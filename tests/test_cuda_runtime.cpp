@@ -1,0 +1,291 @@
+// The CUDA runtime: availability as a query, Device::cuda() errors, the mixed-device check,
+// transfers (every dtype, non-contiguous sources, device to device), host reads of device
+// tensors, the caching allocator's counters, DUET_CUDA_CHECK, and the TF32 switch. Without a
+// usable GPU the checks that need one are skipped and the binary prints "no usable CUDA GPU:
+// skipped" (ctest then reports the test as skipped).
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "util.h"
+
+#ifdef DUET_WITH_CUDA
+#include "cuda/check.h"
+#include "cuda/runtime.h"
+#endif
+
+namespace duet::test {
+namespace {
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+// Whether a GPU is usable; without one, says so once for ctest.
+bool gpu() {
+  static const bool ok = [] {
+    const bool available = cuda::is_available();
+    if (!available) std::puts("no usable CUDA GPU: skipped");
+    return available;
+  }();
+  return ok;
+}
+
+// A CPU tensor of `dtype` whose bytes are a fixed pattern (every dtype, f16 and bf16 included:
+// the CPU does not compute those, but it holds them).
+Tensor pattern(const Shape& shape, DType dtype, unsigned seed) {
+  Tensor t = detail::empty(shape, dtype, Device::cpu());
+  auto* p = static_cast<unsigned char*>(t.raw_data());
+  const size_t n = static_cast<size_t>(t.numel() * itemsize(dtype));
+  for (size_t i = 0; i < n; ++i) p[i] = static_cast<unsigned char>((i * 131 + seed * 7) >> 1);
+  if (dtype == DType::b8)
+    for (size_t i = 0; i < n; ++i) p[i] &= 1;  // a bool holds 0 or 1
+  return t;
+}
+
+std::vector<unsigned char> bytes(const Tensor& cpu_contiguous) {
+  REQUIRE(cpu_contiguous.device().is_cpu());
+  REQUIRE(cpu_contiguous.is_contiguous());
+  const auto* p = static_cast<const unsigned char*>(cpu_contiguous.raw_data());
+  return {p, p + cpu_contiguous.numel() * itemsize(cpu_contiguous.dtype())};
+}
+
+const DType kEveryDType[] = {DType::f32, DType::f64, DType::f16, DType::bf16,
+                             DType::i32, DType::i64, DType::b8};
+
+}  // namespace
+
+TEST_CASE("cuda: availability is a query, never an error") {
+  const bool available = cuda::is_available();
+  CHECK(available == (cuda::device_count() > 0));
+  CHECK_NOTHROW(cuda::synchronize());
+  CHECK_NOTHROW(cuda::empty_cache());
+  if (!available) {
+    CHECK(cuda::device_count() == 0);
+    const MemoryStats s = cuda::memory_stats();
+    CHECK(s.current == 0);
+    CHECK(s.peak == 0);
+    CHECK(s.reserved == 0);
+    CHECK(cuda::cache_hits() == 0);
+  }
+  gpu();
+}
+
+TEST_CASE("cuda: the TF32 switch is off by default and round-trips") {
+  CHECK_FALSE(cuda::allow_tf32());
+  cuda::set_allow_tf32(true);
+  CHECK(cuda::allow_tf32());
+#ifdef DUET_WITH_CUDA
+  CHECK(cuda::detail::allow_tf32());
+#endif
+  cuda::set_allow_tf32(false);
+  CHECK_FALSE(cuda::allow_tf32());
+}
+
+TEST_CASE("cuda: without a usable GPU, Device::cuda() tensors raise a clear DeviceError") {
+  if (gpu()) return;
+#ifdef DUET_WITH_CUDA
+  const char* why = "no usable CUDA GPU";
+#else
+  const char* why = "this build has no CUDA backend (nvcc was not found when it was configured)";
+#endif
+  std::string e = error_of<DeviceError>([] {
+    detail::empty(Shape{2, 3}, DType::f32, Device::cuda());
+  });
+  CHECK(contains(e, "[alloc] cuda:0"));
+  CHECK(contains(e, why));
+  e = error_of<DeviceError>([] { make({1, 2}, {2}).to(Device::cuda()); });
+  CHECK(contains(e, "[to] cuda:0"));
+  CHECK(contains(e, why));
+  // The CPU side of the library is unaffected.
+  CHECK(make({1, 2}, {2}).to(Device::cpu()).to_vector<float>() == std::vector<float>{1, 2});
+}
+
+TEST_CASE("cuda: inputs on different devices raise a DeviceError naming the op and devices") {
+  // A tensor whose storage claims cuda:0 (over CPU memory owned here) reaches the dispatcher's
+  // check, which runs before any kernel, without a GPU.
+  std::vector<float> mem(4, 1.0f);
+  Tensor fake = detail::empty(Shape{4}, DType::f32, Device::cpu());
+  fake.impl()->storage = detail::StoragePtr::adopt(
+      new detail::StorageImpl(mem.data(), mem.size() * sizeof(float), Device::cuda(), nullptr));
+  CHECK(fake.device() == Device::cuda());
+  Tensor cpu = make({1, 2, 3, 4}, {4});
+  std::string e = error_of<DeviceError>([&] { (void)add(cpu, fake); });
+  CHECK(e ==
+        "[add] inputs are on different devices: cpu (input 0) and cuda:0 (input 1); move them "
+        "with .to(...)");
+  e = error_of<DeviceError>([&] { (void)matmul(reshape(fake, {1, 4}), reshape(cpu, {4, 1})); });
+  CHECK(contains(e, "[matmul] inputs are on different devices: cuda:0 (input 0) and cpu"));
+  e = error_of<DeviceError>([&] { cpu.add_(fake); });
+  CHECK(contains(e, "[add] inputs are on different devices: cpu (input 0) and cuda:0 (input 1)"));
+  // Wrapped numbers (C++ scalars) and a second tensor on the same device pass the check; a mode
+  // that runs no kernels stands in for the GPU.
+  struct NoKernels : DispatchMode {
+    int calls = 0;
+    Tensor handle(const OpCall& c) override {
+      ++calls;
+      CHECK(c.meta.device == Device::cuda());
+      return detail::empty(c.meta.shape, c.meta.dtype, Device::cpu());
+    }
+  } mode;
+  {
+    ModeGuard guard(&mode);
+    CHECK_NOTHROW((void)(fake * 2.0));
+    CHECK_NOTHROW((void)(1.0 + fake));
+    CHECK_NOTHROW((void)add(fake, fake));
+  }
+  CHECK(mode.calls == 3);
+}
+
+TEST_CASE("cuda: transfers round-trip every dtype exactly, empty and 0-d tensors included") {
+  if (!gpu()) return;
+  const Shape shapes[] = {Shape{}, Shape{0}, Shape{3, 5}, Shape{1 << 20}};
+  unsigned seed = 0;
+  for (DType dtype : kEveryDType) {
+    for (const Shape& shape : shapes) {
+      CAPTURE(dtype);
+      CAPTURE(shape);
+      Tensor src = pattern(shape, dtype, ++seed);
+      Tensor dev = src.to(Device::cuda());
+      CHECK(dev.device() == Device::cuda());
+      CHECK(dev.dtype() == dtype);
+      CHECK(dev.sizes() == shape);
+      CHECK(dev.to(Device::cuda()).is_same(dev));  // already there: the tensor itself
+      Tensor back = dev.to(Device::cpu());
+      CHECK(back.device() == Device::cpu());
+      CHECK(bytes(back) == bytes(src));
+      if (cuda::device_count() > 1) {
+        Tensor other = dev.to(Device::cuda(1));
+        CHECK(other.device() == Device::cuda(1));
+        CHECK(bytes(other.to(Device::cpu())) == bytes(src));
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda: non-contiguous sources are made contiguous on their own device first") {
+  if (!gpu()) return;
+  std::vector<double> v = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+  for (Layout layout : {Layout::Transposed, Layout::Strided, Layout::Offset}) {
+    CAPTURE(layout_name(layout));
+    Tensor src = make_layout(v, Shape{3, 4}, DType::f32, layout);
+    Tensor dev = src.to(Device::cuda());
+    CHECK(dev.is_contiguous());
+    check_tensor(dev.to(Device::cpu()), Shape{3, 4}, DType::f32, v);
+  }
+  // A non-contiguous device tensor goes through the Copy op's CUDA kernel.
+  Tensor dev = make(v, Shape{3, 4}).to(Device::cuda());
+  try {
+    Tensor t = permute(dev, {1, 0}).to(Device::cpu());
+    check_tensor(t, Shape{4, 3}, DType::f32, {1, 5, 9, 2, 6, 10, 3, 7, 11, 4, 8, 12});
+  } catch (const DeviceError& e) {
+    MESSAGE("no CUDA copy kernel yet: " << e.what());
+    CHECK(contains(e.what(), "[copy] has no kernel for device cuda"));
+  }
+}
+
+TEST_CASE("cuda: item() and to_vector() read device tensors (the copy waits for the device)") {
+  if (!gpu()) return;
+  Tensor d = make({1.5, -2.25, 3}, {3}).to(Device::cuda());
+  CHECK(d.to_vector<float>() == std::vector<float>{1.5f, -2.25f, 3.0f});
+  CHECK(d.to_vector<double>() == std::vector<double>{1.5, -2.25, 3.0});
+  CHECK(make({7}, {}, DType::i64).to(Device::cuda()).item<int64_t>() == 7);
+  CHECK(make({0.125}, {}, DType::f64).to(Device::cuda()).item<double>() == 0.125);
+  CHECK(make({1, 0}, {2}, DType::b8).to(Device::cuda()).to_vector<bool>() ==
+        std::vector<bool>{true, false});
+}
+
+TEST_CASE("cuda: a device transfer is differentiable (the gradient goes back)") {
+  if (!gpu()) return;
+  Tensor x = make({1, 2, 3}, {3});
+  x.requires_grad_(true);
+  Tensor y = x.to(Device::cuda());
+  CHECK(y.requires_grad());
+  Tensor z = y.to(Device::cpu());
+  sum(z * 3.0).backward();
+  REQUIRE(x.grad().defined());
+  CHECK(x.grad().device() == Device::cpu());
+  check_tensor(x.grad(), Shape{3}, DType::f32, {3, 3, 3});
+  {
+    NoGradGuard g;
+    CHECK_FALSE(x.to(Device::cuda()).requires_grad());
+  }
+}
+
+TEST_CASE("cuda: the caching allocator counts, reuses and returns blocks") {
+  if (!gpu()) return;
+#ifdef DUET_WITH_CUDA
+  const Device dev = Device::cuda();
+  CHECK(cuda::detail::stream(dev) != nullptr);
+  CHECK(cuda::detail::stream(dev) == cuda::detail::stream(dev));
+  const int64_t bytes4m = int64_t(4) << 20;
+  cuda::empty_cache();
+  const MemoryStats s0 = cuda::memory_stats();
+  cuda::reset_peak_memory_stats();
+  {
+    Tensor a = detail::empty(Shape{1 << 20}, DType::f32, dev);
+    CHECK(a.impl()->storage->allocator == &cuda::detail::allocator(dev));
+    const MemoryStats s1 = cuda::memory_stats();
+    CHECK(s1.current == s0.current + bytes4m);
+    CHECK(s1.peak >= s1.current);
+    CHECK(s1.reserved == s0.reserved + bytes4m);  // the cache was empty: a cudaMalloc
+  }
+  const MemoryStats s2 = cuda::memory_stats();
+  CHECK(s2.current == s0.current);              // freed...
+  CHECK(s2.peak == s0.current + bytes4m);       // ...after reaching this
+  CHECK(s2.reserved == s0.reserved + bytes4m);  // ...into the cache
+  const int64_t hits = cuda::cache_hits();
+  CHECK(hits == cuda::detail::cache_hits(dev));
+  {
+    Tensor b = detail::empty(Shape{1 << 20}, DType::i32, dev);  // the same 4 MiB
+    CHECK(cuda::cache_hits() == hits + 1);
+    CHECK(cuda::memory_stats().reserved == s2.reserved);
+  }
+  cuda::empty_cache();
+  CHECK(cuda::memory_stats().reserved == s0.reserved);
+  CHECK(cuda::memory_stats().reserved <= s2.reserved - bytes4m);
+  // A device that does not exist.
+  std::string e = error_of<DeviceError>(
+      [] { detail::empty(Shape{2}, DType::f32, Device::cuda(cuda::device_count())); });
+  CHECK(contains(e, "does not exist"));
+#endif
+}
+
+TEST_CASE("cuda: inputs on the CPU and a GPU raise the mixed-device error; scalars mix") {
+  if (!gpu()) return;
+  Tensor c = make({1, 2}, {2});
+  Tensor g = c.to(Device::cuda());
+  std::string e = error_of<DeviceError>([&] { (void)add(c, g); });
+  CHECK(e ==
+        "[add] inputs are on different devices: cpu (input 0) and cuda:0 (input 1); move them "
+        "with .to(...)");
+  // A C++ number is a wrapped 0-d CPU tensor: it goes with a tensor on any device.
+  try {
+    Tensor r = g * 2.0;
+    CHECK(r.device() == Device::cuda());
+    CHECK(r.to_vector<float>() == std::vector<float>{2, 4});
+  } catch (const DeviceError& err) {
+    MESSAGE("no CUDA mul kernel yet: " << err.what());
+    CHECK(contains(err.what(), "has no kernel for device cuda"));
+  }
+}
+
+TEST_CASE("cuda: DUET_CUDA_CHECK turns a failed call into a DeviceError") {
+  if (!gpu()) return;
+#ifdef DUET_WITH_CUDA
+  std::string e = error_of<DeviceError>([] { DUET_CUDA_CHECK(cudaSetDevice(1 << 20)); });
+  CHECK(contains(e, "[cuda] cudaSetDevice(1 << 20) failed: cudaErrorInvalidDevice"));
+  CHECK(contains(e, "test_cuda_runtime.cpp:"));
+  float host[4] = {};
+  e = error_of<DeviceError>(
+      [&] { DUET_CUDA_CHECK(cudaMemcpy(nullptr, host, sizeof(host), cudaMemcpyHostToDevice)); });
+  CHECK(contains(e,
+                 "[cuda] cudaMemcpy(nullptr, host, sizeof(host), cudaMemcpyHostToDevice) "
+                 "failed: cudaError"));
+  // The error is cleared: the runtime goes on working.
+  CHECK(cudaGetLastError() == cudaSuccess);
+  CHECK(make({5}, {1}).to(Device::cuda()).to_vector<float>() == std::vector<float>{5});
+#endif
+}
+
+}  // namespace duet::test
