@@ -115,10 +115,63 @@ Loop<K> make_loop(const Shape& shape, const std::array<const Tensor*, K>& ops) {
   return L;
 }
 
+/// Whether a loop steps through some operand across its rows: a large inner stride and a small
+/// one on the next dim out, as when adding a transposed matrix into a contiguous one. Rows then
+/// touch a new cache line (and often a new page) per element; walking the last two dims in
+/// square tiles reuses each line for a whole tile. Only for elementwise loops: the output has
+/// no zero stride there (a reduction's accumulation order stays as it is).
+template <int K>
+bool wants_tiles(const Loop<K>& L) {
+  const int64_t nd = L.nd;
+  if (nd < 2 || L.shape[nd - 1] < 64 || L.shape[nd - 2] < 64) return false;
+  if (L.strides[0][nd - 1] == 0 || L.strides[0][nd - 2] == 0) return false;
+  for (int k = 0; k < K; ++k) {
+    const int64_t in = std::abs(L.strides[k][nd - 1]), out = std::abs(L.strides[k][nd - 2]);
+    if (in >= 256 && out > 0 && out <= 16) return true;
+  }
+  return false;
+}
+
+/// run_loop over 32 x 32 tiles of the last two dims (see wants_tiles), in parallel over tiles.
+template <int K, class Row>
+void run_tiled(const Loop<K>& L, Row&& row) {
+  constexpr int64_t T = 32;
+  const int64_t nd = L.nd, R = L.shape[nd - 2], C = L.shape[nd - 1];
+  const int64_t tr = (R + T - 1) / T, tc = (C + T - 1) / T, per = tr * tc;
+  const int64_t tiles = L.numel / (R * C) * per;
+  int64_t inner_st[K];
+  for (int k = 0; k < K; ++k) inner_st[k] = L.strides[k][nd - 1];
+  parallel_for(
+      tiles, std::max<int64_t>(1, kParallelGrain / (T * T)),
+      [&](int64_t begin, int64_t end) {
+        for (int64_t t = begin; t < end; ++t) {
+          int64_t off[K] = {}, o = t / per;
+          for (int64_t d = nd - 3; d >= 0; --d) {
+            const int64_t c = o % L.shape[d];
+            o /= L.shape[d];
+            for (int k = 0; k < K; ++k) off[k] += c * L.strides[k][d];
+          }
+          const int64_t r0 = (t % per) / tc * T, c0 = (t % per) % tc * T;
+          const int64_t r1 = std::min(R, r0 + T), cnt = std::min(C, c0 + T) - c0;
+          for (int64_t i = r0; i < r1; ++i) {
+            char* p[K];
+            for (int k = 0; k < K; ++k)
+              p[k] = L.base[k] + off[k] + i * L.strides[k][nd - 2] + c0 * inner_st[k];
+            row(p, inner_st, cnt);
+          }
+        }
+      },
+      1);
+}
+
 /// Calls row(ptrs, inner_strides, count) over every inner row of the loop, in parallel.
 template <int K, class Row>
 void run_loop(const Loop<K>& L, Row&& row) {
   if (L.numel == 0) return;
+  if (wants_tiles(L)) {
+    run_tiled(L, row);
+    return;
+  }
   const int64_t nd = L.nd, inner = L.shape[nd - 1];
   int64_t inner_st[K];
   for (int k = 0; k < K; ++k) inner_st[k] = L.strides[k][nd - 1];

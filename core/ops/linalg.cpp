@@ -34,10 +34,25 @@ void infer_matmul(const OpDef& def, TensorRefs in, const Attrs&, TensorMeta& out
   out.device = common_device(def, in);
 }
 
-// Batch dims broadcast in the forward are summed back by the engine.
+// Whether a 2-D tensor is a transposed view of a contiguous matrix (column-major).
+bool column_major(const Tensor& t) {
+  if (t.dim() != 2 || t.is_contiguous()) return false;
+  detail::HintReads hints;  // strides follow the traced sizes; the layout is what is asked
+  return t.strides()[0] == 1 && t.strides()[1] == t.sizes()[0];
+}
+
+// Batch dims broadcast in the forward are summed back by the engine. The gradient of a 2-D
+// right operand is made in that operand's layout: for linear()'s transposed weight view,
+// (g^T a)^T rather than a^T g, so that it arrives contiguous in the weight's own (out, in)
+// layout and accumulating it into .grad reads it in order (BLAS takes the transposes as flags).
 void grad_matmul(const GradCtx& c, const Tensor& g, Tensor* gi) {
   if (c.needs_grad(0)) gi[0] = matmul(g, transpose(c.inputs[1], -1, -2));
-  if (c.needs_grad(1)) gi[1] = matmul(transpose(c.inputs[0], -1, -2), g);
+  if (c.needs_grad(1)) {
+    const Tensor& a = c.inputs[0];
+    gi[1] = a.dim() == 2 && g.dim() == 2 && column_major(c.inputs[1])
+                ? transpose(matmul(transpose(g, 0, 1), a), 0, 1)
+                : matmul(transpose(a, -1, -2), g);
+  }
 }
 
 }  // namespace
