@@ -14,27 +14,6 @@
 namespace duet::kernels {
 namespace {
 
-template <class T>
-T draw(int dist, int64_t high, uint64_t key, uint64_t offset, int64_t i) {
-  const philox::Block b = philox::generate(key, offset + static_cast<uint64_t>(i / 2));
-  const int j = 2 * static_cast<int>(i % 2);
-  const uint32_t hi = b.w[j], lo = b.w[j + 1];
-  if (dist == 2) {
-    const uint64_t r = (uint64_t(hi) << 32) | lo;
-    return static_cast<T>(r % static_cast<uint64_t>(high));
-  }
-  if (dist == 0) {
-    if constexpr (std::is_same_v<T, float>) return philox::to_float(hi);
-    return static_cast<T>(philox::to_double(hi, lo));
-  }
-  // Box-Muller on the block's two word pairs; element i takes the cosine or the sine branch
-  // by its parity, from the pair that its block shares with its neighbour.
-  const double u1 = 1.0 - philox::to_double(b.w[0], b.w[1]);  // (0, 1]: log is finite
-  const double u2 = philox::to_double(b.w[2], b.w[3]);
-  const double r = std::sqrt(-2.0 * std::log(u1)), theta = 6.283185307179586 * u2;
-  return static_cast<T>(i % 2 ? r * std::sin(theta) : r * std::cos(theta));
-}
-
 void random_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
   const Tensor state = in[0].contiguous();
   const int64_t* st = static_cast<const int64_t*>(state.raw_data());
@@ -47,7 +26,7 @@ void random_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
     } else {
       T* o = static_cast<T*>(out.raw_data());
       parallel_for(out.numel(), kParallelGrain / 8, [&](int64_t b, int64_t e) {
-        for (int64_t i = b; i < e; ++i) o[i] = draw<T>(dist, a.end, key, offset, i);
+        for (int64_t i = b; i < e; ++i) o[i] = philox::draw<T>(dist, a.end, key, offset, i);
       });
     }
   });
