@@ -1,6 +1,7 @@
 // CUDA kernel of Random: element i runs philox::draw (kernels/philox.h), the function the CPU
 // kernel runs, so uniform and integer draws are bit-identical to the CPU's and normals differ
-// only by the device's double-precision log/sin/cos (within 2 ulp). The state {seed, offset} is read on the device: no host sync.
+// only by the device's double-precision log/sin/cos (within 2 ulp). The state {seed, offset} is
+// read on the device: no host sync.
 #include "cuda/kernels/common.cuh"
 #include "kernels/philox.h"
 
