@@ -226,21 +226,6 @@ void arange_kernel(TensorRefs, const Attrs&, const Tensor& out) {
   });
 }
 
-// out = base, then src into out's slice.
-void slice_scatter_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
-  const Tensor* base[] = {&in[0]};
-  convert_kernel(TensorRefs(base, 1), a, out);
-  Strides st = out.strides();
-  Shape shape = out.sizes();
-  shape[a.dim] = in[1].sizes()[a.dim];
-  if (shape.numel() == 0) return;
-  int64_t off = out.storage_offset() + a.start * st[a.dim];
-  if (shape[a.dim] > 1) st[a.dim] *= a.step;  // as view_slice: a huge step past one element
-  Tensor view = detail::make_view(out, shape, st, off);
-  const Tensor* src[] = {&in[1]};
-  convert_kernel(TensorRefs(src, 1), a, view);
-}
-
 }  // namespace
 
 void copy_into(const Tensor& src, const Tensor& dst) {
@@ -286,7 +271,6 @@ void register_elementwise_kernels(OpDef* t) {
   reg(OpId::Where, where_kernel);
   reg(OpId::Cast, convert_kernel);
   reg(OpId::Copy, convert_kernel);
-  reg(OpId::SliceScatter, slice_scatter_kernel);
   reg(OpId::Full, full_kernel);
   reg(OpId::Arange, arange_kernel);
 }

@@ -1,6 +1,7 @@
 // CPU kernels of the indexing and joining ops: gather, scatter_add, cat, argmax.
 #include <cmath>
 
+#include "kernels/composed.h"
 #include "kernels/cpu_kernels.h"
 #include "kernels/loops.h"
 
@@ -66,23 +67,6 @@ void scatter_add_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
   });
 }
 
-// Every input copied into its slice of the output along attrs.dim.
-void cat_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
-  int64_t at = 0;
-  for (int64_t i = 0; i < in.size(); ++i) {
-    const Tensor& t = in[i];
-    const int64_t len = t.sizes()[a.dim];
-    if (len && t.numel()) {
-      Shape s = out.sizes();
-      s[a.dim] = len;
-      Tensor dst = detail::make_view(out, s, out.strides(),
-                                     out.storage_offset() + at * out.strides()[a.dim]);
-      copy_into(t, dst);
-    }
-    at += len;
-  }
-}
-
 // The first index of the largest value along attrs.dim (NaN counts as largest, as PyTorch).
 void argmax_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
   const Tensor& x = in[0];
@@ -123,10 +107,46 @@ void argmax_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
 
 }  // namespace
 
+namespace {
+// Copies src into dst with the Copy kernel of dst's device.
+void copy_on_device(const Tensor& src, const Tensor& dst) {
+  const Tensor* in[] = {&src};
+  detail::op_def(OpId::Copy)
+      .kernel[static_cast<int>(dst.device().type)](TensorRefs(in, 1), Attrs{}, dst);
+}
+}  // namespace
+
+void cat_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
+  int64_t at = 0;
+  for (int64_t i = 0; i < in.size(); ++i) {
+    const Tensor& t = in[i];
+    const int64_t len = t.sizes()[a.dim];
+    if (len && t.numel()) {
+      Shape s = out.sizes();
+      s[a.dim] = len;
+      copy_on_device(t, detail::make_view(out, s, out.strides(),
+                                          out.storage_offset() + at * out.strides()[a.dim]));
+    }
+    at += len;
+  }
+}
+
+void slice_scatter_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
+  copy_on_device(in[0], out);
+  Strides st = out.strides();
+  Shape shape = out.sizes();
+  shape[a.dim] = in[1].sizes()[a.dim];
+  if (shape.numel() == 0) return;
+  const int64_t off = out.storage_offset() + a.start * st[a.dim];
+  if (shape[a.dim] > 1) st[a.dim] *= a.step;  // as view_slice: a huge step past one element
+  copy_on_device(in[1], detail::make_view(out, shape, st, off));
+}
+
 void register_index_kernels(OpDef* t) {
   detail::register_kernel(t, OpId::Gather, DeviceType::CPU, gather_kernel);
   detail::register_kernel(t, OpId::ScatterAdd, DeviceType::CPU, scatter_add_kernel);
   detail::register_kernel(t, OpId::Cat, DeviceType::CPU, cat_kernel);
+  detail::register_kernel(t, OpId::SliceScatter, DeviceType::CPU, slice_scatter_kernel);
   detail::register_kernel(t, OpId::Argmax, DeviceType::CPU, argmax_kernel);
 }
 

@@ -22,15 +22,6 @@ namespace {
 using L = Layout;
 using Ins = std::vector<Tensor>;
 
-bool gpu() {
-  static const bool ok = [] {
-    const bool available = cuda::is_available();
-    if (!available) std::puts("no usable CUDA GPU: skipped");
-    return available;
-  }();
-  return ok;
-}
-
 // The same logical tensor on the GPU, with the same sizes, strides and offset: the elements the
 // CPU tensor's view can reach are copied, and the view is rebuilt over the copy. Wrapped numbers
 // stay on the host (they go anywhere).

@@ -15,16 +15,6 @@
 namespace duet::test {
 namespace {
 
-// Whether a GPU is usable; without one, says so once for ctest.
-bool gpu() {
-  static const bool ok = [] {
-    const bool available = cuda::is_available();
-    if (!available) std::puts("no usable CUDA GPU: skipped");
-    return available;
-  }();
-  return ok;
-}
-
 const Device kCuda = Device::cuda();
 
 // A device tensor's values and bytes, read through a copy to the CPU.

@@ -21,16 +21,6 @@ bool contains(const std::string& s, const std::string& part) {
   return s.find(part) != std::string::npos;
 }
 
-// Whether a GPU is usable; without one, says so once for ctest.
-bool gpu() {
-  static const bool ok = [] {
-    const bool available = cuda::is_available();
-    if (!available) std::puts("no usable CUDA GPU: skipped");
-    return available;
-  }();
-  return ok;
-}
-
 // A CPU tensor of `dtype` whose bytes are a fixed pattern (every dtype, f16 and bf16 included:
 // the CPU does not compute those, but it holds them).
 Tensor pattern(const Shape& shape, DType dtype, unsigned seed) {

@@ -1,6 +1,7 @@
 #include "util.h"
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <sstream>
 
@@ -282,6 +283,15 @@ int CountingMode::total() const {
   int n = 0;
   for (const auto& [k, v] : counts) n += v;
   return n;
+}
+
+bool gpu() {
+  static const bool ok = [] {
+    const bool available = cuda::is_available();
+    if (!available) std::puts("no usable CUDA GPU: skipped");
+    return available;
+  }();
+  return ok;
 }
 
 bool close(const Tensor& a, const Tensor& b, double tol) {

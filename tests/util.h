@@ -33,6 +33,9 @@ inline bool bitwise_equal(const Tensor& a, const Tensor& b) {
 }
 /// Same shape and dtype, and |a - b| <= tol * (1 + |b|) everywhere.
 bool close(const Tensor& a, const Tensor& b, double tol = 1e-6);
+/// Whether a CUDA GPU is usable. Without one it prints "no usable CUDA GPU: skipped" once,
+/// which ctest reads to report a CUDA test as skipped (tests/CMakeLists.txt).
+bool gpu();
 
 /// True when the two tensors share one storage block.
 bool same_storage(const Tensor& a, const Tensor& b);

@@ -3,7 +3,8 @@
 // first (host wrapped numbers on the host, device tensors by the convert kernel).
 #include <cstring>
 
-#include "cuda/kernels/adapt.h"
+#include "kernels/composed.h"
+#include "cuda/kernels//adapt.h"
 #include "cuda/runtime.h"
 
 namespace duet::cuda::detail {
@@ -204,18 +205,6 @@ void arange_kernel(TensorRefs, const Attrs&, const Tensor& out) {
       kern::launch_arange(to_dt(out.dtype()), out.raw_data(), out.numel(), stream_for(out)));
 }
 
-// out = base, then src into out's slice (as kernels/elementwise.cpp).
-void slice_scatter_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
-  copy_into(in[0], out);
-  Strides st = out.strides();
-  Shape shape = out.sizes();
-  shape[a.dim] = in[1].sizes()[a.dim];
-  if (shape.numel() == 0) return;
-  const int64_t off = out.storage_offset() + a.start * st[a.dim];
-  if (shape[a.dim] > 1) st[a.dim] *= a.step;
-  copy_into(in[1], duet::detail::make_view(out, shape, st, off));
-}
-
 }  // namespace
 
 void register_elementwise(OpDef* t) {
@@ -253,7 +242,7 @@ void register_elementwise(OpDef* t) {
   reg(OpId::Where, where_kernel);
   reg(OpId::Cast, convert_kernel);
   reg(OpId::Copy, convert_kernel);
-  reg(OpId::SliceScatter, slice_scatter_kernel);
+  reg(OpId::SliceScatter, duet::kernels::slice_scatter_kernel);
   reg(OpId::Full, full_kernel);
   reg(OpId::Arange, arange_kernel);
 }

@@ -1,6 +1,7 @@
 // duet: CUDA adapters of gather, scatter_add, cat, unfold and fold (kernels in index.cu and
 // image.cu), following kernels/index.cpp and kernels/image.cpp.
-#include "cuda/kernels/adapt.h"
+#include "kernels/composed.h"
+#include "cuda/kernels//adapt.h"
 
 namespace duet::cuda::detail {
 namespace {
@@ -53,21 +54,6 @@ void scatter_add_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
       kern::launch_scatter_add(to_dt(out.dtype()), L, stride_along(out, a.dim), stream_for(out)));
 }
 
-void cat_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
-  int64_t at = 0;
-  for (int64_t i = 0; i < in.size(); ++i) {
-    const Tensor& t = in[i];
-    const int64_t len = t.sizes()[a.dim];
-    if (len && t.numel()) {
-      Shape s = out.sizes();
-      s[a.dim] = len;
-      copy_into(t, duet::detail::make_view(out, s, out.strides(),
-                                           out.storage_offset() + at * out.strides()[a.dim]));
-    }
-    at += len;
-  }
-}
-
 // attrs.ints = {kh, kw, sh, sw, ph, pw, H, W} (kernels/image.cpp).
 template <bool kUnfold>
 void window_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
@@ -108,7 +94,7 @@ void register_index(OpDef* t) {
   };
   reg(OpId::Gather, gather_kernel);
   reg(OpId::ScatterAdd, scatter_add_kernel);
-  reg(OpId::Cat, cat_kernel);
+  reg(OpId::Cat, duet::kernels::cat_kernel);
   reg(OpId::Unfold, window_kernel<true>);
   reg(OpId::Fold, window_kernel<false>);
 }

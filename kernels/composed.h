@@ -1,0 +1,14 @@
+// duet: kernels made only of views and the Copy kernel of the output's device, so that one
+// definition serves every device: each backend registers these beside its own kernels.
+#pragma once
+
+#include "core/op_table.h"
+
+namespace duet::kernels {
+
+/// Cat: every input copied into its slice of the output along attrs.dim.
+void cat_kernel(TensorRefs in, const Attrs& a, const Tensor& out);
+/// SliceScatter: out = base, then src into out's start:end:step slice along attrs.dim.
+void slice_scatter_kernel(TensorRefs in, const Attrs& a, const Tensor& out);
+
+}  // namespace duet::kernels
