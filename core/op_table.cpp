@@ -51,8 +51,8 @@ OpClass op_class(OpId id) { return detail::op_def(id).cls; }
 
 bool operator==(const Attrs& a, const Attrs& b) {
   return a.ints == b.ints && a.dim == b.dim && a.start == b.start && a.end == b.end &&
-         a.step == b.step && a.keepdim == b.keepdim && a.dtype == b.dtype && a.value == b.value &&
-         (a.sym == b.sym || (a.sym && b.sym && *a.sym == *b.sym));
+         a.step == b.step && a.keepdim == b.keepdim && a.dtype == b.dtype && a.device == b.device &&
+         a.value == b.value && (a.sym == b.sym || (a.sym && b.sym && *a.sym == *b.sym));
 }
 
 size_t Attrs::hash() const {
@@ -67,6 +67,7 @@ size_t Attrs::hash() const {
   mix(static_cast<uint64_t>(step));
   mix(keepdim);
   mix(static_cast<uint64_t>(dtype));
+  mix(static_cast<uint64_t>(device.type) << 8 | static_cast<uint8_t>(device.index));
   if (sym)
     for (const SymInt& v : sym->ints) mix(v.hash());
   mix(static_cast<uint64_t>(value.kind()));

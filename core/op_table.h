@@ -21,7 +21,7 @@ inline constexpr int kNumOps = 0
 #undef DUET_OP
     ;
 // ggml's trick: adding a row without looking at the table, the tests and the docs breaks here.
-static_assert(kNumOps == 47, "ops.def changed: update this count, the op sweep and docs/ops.md");
+static_assert(kNumOps == 48, "ops.def changed: update this count, the op sweep and docs/ops.md");
 
 /// How an op fuses: elementwise maps, reductions, views (no data movement), opaque (matmul),
 /// sources (no tensor inputs).
@@ -35,6 +35,7 @@ struct Attrs {
   int64_t dim = 0, start = 0, end = 0, step = 1;  ///< Slice; Arange uses end
   bool keepdim = false;                           ///< reductions
   DType dtype = DType::f32;                       ///< Cast, Full, Arange
+  Device device;                                  ///< Transfer: the target; Full, Arange: where
   Scalar value;                                   ///< Full
   /// The symbolic versions of the size-holding fields, when a trace has symbolic dims (null
   /// otherwise); the fields above then hold their values at the trace's sizes.

@@ -95,8 +95,8 @@ std::string Tensor::str() const {
     return fmt::format("tensor(<traced %{} of {}{}>, ", impl()->value, impl()->trace->name,
                        impl()->trace->alive ? "" : ", trace ended") +
            suffix;
-  if (!device().is_cpu() || !is_cpu_computed(dtype()))
-    return "tensor(<values not shown>, " + suffix;
+  // Device tensors print their values through a copy to the CPU, as in PyTorch.
+  if (!is_cpu_computed(dtype())) return "tensor(<values not shown>, " + suffix;
   if (p.floating)
     p.f = to_vector<double>();
   else

@@ -5,8 +5,6 @@
 
 #include "core/dispatch.h"
 #include "core/ops.h"
-#include "eager/autograd.h"
-#include "eager/node.h"
 
 namespace duet {
 namespace detail {
@@ -158,7 +156,11 @@ Tensor readable(const char* op, const Tensor& t, std::source_location loc) {
   // work (as PyTorch's item() does).
   if (!r.device().is_cpu()) {
     detail::SuspendModes eager;
-    NoGradGuard no_grad;
+    struct NoGrad {  // a read is no differentiable use (core cannot see eager's NoGradGuard)
+      bool prev = detail::grad_mode();
+      NoGrad() { detail::set_grad_mode(false); }
+      ~NoGrad() { detail::set_grad_mode(prev); }
+    } no_grad;
     r = r.to(Device::cpu());
   }
   return r;
@@ -205,49 +207,17 @@ DUET_INSTANTIATE(int64_t)
 template bool Tensor::item<bool>(std::source_location) const;
 #undef DUET_INSTANTIATE
 
-// Note [Device transfers]
-// to(Device) copies the contiguous bytes with the backend's copy (cudaMemcpyAsync on the
-// device's stream); a non-contiguous source is made contiguous on its own device first. A copy
-// to the CPU waits for the data, so host reads (item, to_vector) see finished values. The
-// result is differentiable: a tape node sends the gradient back to the source's device.
+// to(Device) is the Transfer op (Note [Device transfers] in kernels/index.cpp): taped, with the
+// gradient sent back to the source's device, and traced like any op.
 Tensor Tensor::to(Device device) const {
   const Device from = this->device();
   if (device == from) return *this;
-  DUET_CHECK_DEVICE(!detail::is_symbolic(*this),
-                    "[to] a traced tensor (shape {}) cannot move from {} to {} inside a compiled "
-                    "function; move the inputs before calling it",
-                    sizes(), from, device);
   detail::check_device_usable(device, "to");
   detail::check_device_usable(from, "to");
-  const DeviceBackend* backend = detail::device_backend(device.is_cpu() ? from.type : device.type);
-  Tensor src;
-  {
-    NoGradGuard no_grad;
-    src = contiguous();
-  }
-  Tensor out = detail::empty(sizes(), dtype(), device);
-  const size_t nbytes = static_cast<size_t>(numel()) * itemsize(dtype());
-  if (nbytes) backend->copy(out.raw_data(), device, src.raw_data(), from, nbytes);
-  if (detail::grad_mode() && requires_grad() && is_floating(dtype())) {
-    auto node = std::make_shared<detail::Node>();
-    static const OpDef def = detail::opaque_node_def("to");
-    node->def = &def;
-    node->sequence = detail::next_sequence();
-    node->inputs.resize(1);
-    node->saved.resize(1);
-    detail::set_input_edge(node->inputs[0], *this);
-    node->output_meta.shape = out.sizes();
-    node->output_meta.dtype = out.dtype();
-    node->output_meta.device = device;
-    node->backward_fn = [from](const Tensor& g, const bool* needs, Tensor* grad_in) {
-      if (needs[0]) grad_in[0] = g.to(from);
-    };
-    node->backward_fn_differentiable = true;
-    detail::TensorImpl* x = out.unsafe_impl();
-    x->requires_grad = true;
-    detail::autograd_meta(*x).grad_fn = std::move(node);
-  }
-  return out;
+  Attrs a;
+  a.device = device;
+  const Tensor* in[] = {this};
+  return detail::call(OpId::Transfer, TensorRefs(in, 1), a);
 }
 
 Tensor Tensor::to(DType dtype) const {
@@ -296,6 +266,8 @@ Tensor& Tensor::div_(const Tensor& o) { return inplace(OpId::Div, *this, o); }
 Tensor& Tensor::div_(Scalar o) { return inplace(OpId::Div, *this, wrap_for(o)); }
 
 Tensor& Tensor::copy_(const Tensor& src) {
+  // From another device: moved to this one first (wrapped numbers go anywhere).
+  if (!src.impl()->wrapped_number && !(src.device() == device())) return copy_(src.to(device()));
   Tensor s;
   if (impl()->sym.empty() && src.impl()->sym.empty()) {
     DUET_CHECK_SHAPE(detail::broadcast_shapes("copy_", src.sizes(), sizes()) == sizes(),

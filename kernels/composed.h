@@ -10,5 +10,7 @@ namespace duet::kernels {
 void cat_kernel(TensorRefs in, const Attrs& a, const Tensor& out);
 /// SliceScatter: out = base, then src into out's start:end:step slice along attrs.dim.
 void slice_scatter_kernel(TensorRefs in, const Attrs& a, const Tensor& out);
+/// Transfer: in[0]'s values copied to out's device (Note [Device transfers] in kernels/index.cpp).
+void transfer_kernel(TensorRefs in, const Attrs& a, const Tensor& out);
 
 }  // namespace duet::kernels

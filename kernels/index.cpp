@@ -142,10 +142,36 @@ void slice_scatter_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
   copy_on_device(in[1], detail::make_view(out, shape, st, off));
 }
 
+// Note [Device transfers]
+// Transfer copies contiguous bytes with the device backend's copy (cudaMemcpyAsync on the
+// device's stream), which orders it after pending work on both devices; a copy to the CPU
+// waits for the data, so host reads (item, to_vector) see finished values. A strided source is
+// made dense on its own device first, and a strided destination (copy_ across devices) gets a
+// dense staging buffer on its device. Registered for every device type: dispatch picks the
+// kernel of the output's device.
+void transfer_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
+  const Tensor& x = in[0];
+  const Device from = x.device(), to = out.device();
+  if (from == to) return copy_on_device(x, out);
+  const size_t nbytes = static_cast<size_t>(x.numel()) * itemsize(x.dtype());
+  if (nbytes == 0) return;
+  Tensor src = x;
+  if (!x.is_contiguous()) {
+    src = detail::empty(x.sizes(), x.dtype(), from);
+    copy_on_device(x, src);
+  }
+  const Tensor dst = out.is_contiguous() ? out : detail::empty(out.sizes(), out.dtype(), to);
+  const DeviceBackend* backend = detail::device_backend(from.is_cpu() ? to.type : from.type);
+  DUET_CHECK_DEVICE(backend, "[to_device] no backend for {} -> {} in this build", from, to);
+  backend->copy(dst.raw_data(), to, src.raw_data(), from, nbytes);
+  if (!dst.is_same(out)) copy_on_device(dst, out);
+}
+
 void register_index_kernels(OpDef* t) {
   detail::register_kernel(t, OpId::Gather, DeviceType::CPU, gather_kernel);
   detail::register_kernel(t, OpId::ScatterAdd, DeviceType::CPU, scatter_add_kernel);
   detail::register_kernel(t, OpId::Cat, DeviceType::CPU, cat_kernel);
+  detail::register_kernel(t, OpId::Transfer, DeviceType::CPU, transfer_kernel);
   detail::register_kernel(t, OpId::SliceScatter, DeviceType::CPU, slice_scatter_kernel);
   detail::register_kernel(t, OpId::Argmax, DeviceType::CPU, argmax_kernel);
 }

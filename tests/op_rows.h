@@ -53,7 +53,8 @@ const std::vector<ElementwiseRow>& special_function_rows();
 struct ConversionRow {
   const char* name;
   OpId op;
-  bool keeps_dtype;  ///< ignores `to` (clone, contiguous)
+  bool composite;    ///< built from primitives (does not count as the primitive's row)
+  bool keeps_dtype;  ///< ignores `to` (clone, contiguous, to_device)
   Tensor (*fn)(const Tensor& x, DType to);
 };
 const std::vector<ConversionRow>& conversion_rows();

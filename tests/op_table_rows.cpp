@@ -374,15 +374,24 @@ const std::vector<ElementwiseRow>& elementwise_rows() {
 
 const std::vector<ConversionRow>& conversion_rows() {
   static const std::vector<ConversionRow> rows = {
-      {"to(dtype)", OpId::Cast, false, [](const Tensor& x, DType d) { return x.to(d); }},
-      {"copy_", OpId::Copy, false,
+      {"to(dtype)", OpId::Cast, false, false, [](const Tensor& x, DType d) { return x.to(d); }},
+      {"copy_", OpId::Copy, false, false,
        [](const Tensor& x, DType d) {
          Tensor out = zeros(x.shape(), Options().dtype(d));
          out.copy_(x);
          return out;
        }},
-      {"clone", OpId::Copy, true, [](const Tensor& x, DType) { return x.clone(); }},
-      {"contiguous", OpId::Copy, true, [](const Tensor& x, DType) { return x.contiguous(); }},
+      {"clone", OpId::Copy, true, true, [](const Tensor& x, DType) { return x.clone(); }},
+      {"contiguous", OpId::Copy, true, true, [](const Tensor& x, DType) { return x.contiguous(); }},
+      // The Transfer primitive to x's own device (Tensor::to(Device) returns x itself there);
+      // the CUDA tests move between devices.
+      {"to_device", OpId::Transfer, false, true,
+       [](const Tensor& x, DType) {
+         Attrs a;
+         a.device = x.device();
+         const Tensor* in[] = {&x};
+         return detail::call(OpId::Transfer, TensorRefs(in, 1), a);
+       }},
   };
   return rows;
 }

@@ -569,7 +569,7 @@ TEST_CASE("compiled conversion rows: every dtype pair and layout; gradients") {
                               random_values(made.numel(), Domain{-50, 50, -50, 50}, from, rng);
                           return Ins{make_sample(v, made, c.shape, from, c.layout)};
                         });
-          count("conversion", row.name, row.op, !row.keeps_dtype, false);
+          count("conversion", row.name, row.op, !row.composite, false);
         }
       }
     }
@@ -588,7 +588,7 @@ TEST_CASE("compiled conversion rows: every dtype pair and layout; gradients") {
               return Ins{leaf(smooth_values(ls.numel(), Domain{}, 0, rng), ls, dt, c.layout)};
             },
             rng);
-        count("conversion", row.name, row.op, !row.keeps_dtype, true);
+        count("conversion", row.name, row.op, !row.composite, true);
       }
     }
   }

@@ -79,6 +79,8 @@ std::string attrs_str(OpId op, const Attrs& a) {
     parts.push_back(fmt::format("end={}", a.end));
   if (a.step != d.step) parts.push_back(fmt::format("step={}", a.step));
   if (a.keepdim) parts.push_back("keepdim");
+  if (op == OpId::Transfer || !a.device.is_cpu())
+    parts.push_back(fmt::format("device={}", a.device));
   if (reads_dtype(op)) parts.push_back(fmt::format("dtype={}", dtype_name(a.dtype)));
   if (op == OpId::Full)
     parts.push_back(

@@ -1,4 +1,4 @@
-// Sources (Full, Arange) and the creation functions built on them.
+// Sources (Full, Arange) and the creation functions built on them, and Transfer (to(Device)).
 #include <cstring>
 
 #include "core/dispatch.h"
@@ -19,6 +19,7 @@ void infer_full(const OpDef&, TensorRefs, const Attrs& a, TensorMeta& out) {
   for (int64_t d : out.shape)
     DUET_CHECK_VALUE(d >= 0, "[full] negative size {} in shape {}", d, out.shape);
   out.dtype = a.dtype;
+  out.device = a.device;
   check_computable("full", a.dtype, out.device);
 }
 
@@ -26,22 +27,40 @@ void infer_full(const OpDef&, TensorRefs, const Attrs& a, TensorMeta& out) {
 void infer_arange(const OpDef&, TensorRefs, const Attrs& a, TensorMeta& out) {
   DUET_CHECK_VALUE(a.end >= 0, "[arange] length must be non-negative, got {}", a.end);
   DUET_CHECK_DTYPE(a.dtype != DType::b8, "[arange] cannot count in b8");
+  out.device = a.device;
   check_computable("arange", a.dtype, out.device);
   out.shape = Shape{a.end};
   out.dtype = a.dtype;
 }
 
-Tensor source(OpId op, const Attrs& a, const Options& o) {
-  DUET_CHECK_DEVICE(o.device_.is_cpu(), "[{}] device {} has no kernels in this build", op_name(op),
-                    o.device_);
+Tensor source(OpId op, Attrs a, const Options& o) {
+  check_device_usable(o.device_, op_def(op).name);
+  a.device = o.device_;
   Tensor t = call(op, TensorRefs(), a);
   if (o.requires_grad_) t.requires_grad_(true);
   return t;
 }
 
+// Transfer: the same values on attrs.device.
+void infer_transfer(const OpDef&, TensorRefs in, const Attrs& a, TensorMeta& out) {
+  out.shape = in[0].sizes();
+  out.dtype = in[0].dtype();
+  out.device = a.device;
+}
+void sym_transfer(const OpDef&, TensorRefs in, const Attrs&, const TensorMeta&, SymDims& out) {
+  out = sym_dims(in[0]);
+}
+// The gradient goes back to the input's device.
+void grad_transfer(const GradCtx& c, const Tensor& g, Tensor* gi) {
+  gi[0] = g.to(c.input_meta[0].device);
+}
+
 }  // namespace
 
 void register_source_rules(OpDef* t) {
+  t[int(OpId::Transfer)].infer = infer_transfer;
+  t[int(OpId::Transfer)].sym_infer = sym_transfer;
+  set_grad(t, OpId::Transfer, grad_transfer, 0);
   t[int(OpId::Full)].infer = infer_full;
   t[int(OpId::Arange)].infer = infer_arange;
   set_not_differentiable(t, OpId::Full);

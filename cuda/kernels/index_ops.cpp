@@ -95,6 +95,7 @@ void register_index(OpDef* t) {
   reg(OpId::Gather, gather_kernel);
   reg(OpId::ScatterAdd, scatter_add_kernel);
   reg(OpId::Cat, duet::kernels::cat_kernel);
+  reg(OpId::Transfer, duet::kernels::transfer_kernel);
   reg(OpId::Unfold, window_kernel<true>);
   reg(OpId::Fold, window_kernel<false>);
 }
