@@ -27,6 +27,16 @@ int64_t cache_hits(int device = 0);
 /// Starts a new high-water mark of one device at its current usage.
 void reset_peak_memory_stats(int device = 0);
 
+/// Counters of the fused CUDA kernels that compiled functions generate and NVRTC compiles
+/// (Note [CUDA kernel cache] in cuda/fused.h), since the process started.
+struct CodegenStats {
+  int64_t built = 0;        ///< programs NVRTC compiled
+  int64_t disk_hits = 0;    ///< found in the on-disk cache
+  int64_t memory_hits = 0;  ///< already loaded by this process
+  double build_ms = 0;      ///< wall time spent in NVRTC
+};
+CodegenStats codegen_stats();
+
 /// Whether f32 matmul may use TF32 tensor cores (about 10 mantissa bits; off by default, as in
 /// PyTorch's torch.backends.cuda.matmul.allow_tf32).
 void set_allow_tf32(bool allow);

@@ -15,4 +15,5 @@ int64_t cache_hits(int) { return 0; }
 void reset_peak_memory_stats(int) {}
 void set_allow_tf32(bool allow) { g_allow_tf32 = allow; }
 bool allow_tf32() { return g_allow_tf32; }
+CodegenStats codegen_stats() { return {}; }
 }  // namespace duet::cuda

@@ -7,9 +7,19 @@
 // and abs therefore compute in the unsigned type and convert back, which wraps on every target.
 #pragma once
 
+#if defined(__CUDACC_RTC__)
+// NVRTC (the generated fused CUDA kernels, cuda/fused.cpp) has no host standard library: the
+// type traits and math come from libcu++.
+#include <cuda/std/cmath>
+#include <cuda/std/cstdint>
+#include <cuda/std/type_traits>
+#define DUET_STD cuda::std
+#else
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
+#define DUET_STD std
+#endif
 
 #if defined(__CUDACC__)
 #define DUET_HD __host__ __device__ __forceinline__
@@ -21,15 +31,35 @@
 
 namespace duet::fn {
 
+// The math the scalar functors call: the standard library's, or under NVRTC libcu++'s (which
+// has no erf: CUDA's own math functions give it).
+namespace math {
+using DUET_STD::cos;
+using DUET_STD::exp;
+using DUET_STD::fabs;
+using DUET_STD::log;
+using DUET_STD::log1p;
+using DUET_STD::pow;
+using DUET_STD::sin;
+using DUET_STD::sqrt;
+using DUET_STD::tanh;
+#if defined(__CUDACC_RTC__)
+DUET_HD float erf(float x) { return ::erff(x); }
+DUET_HD double erf(double x) { return ::erf(x); }
+#else
+using std::erf;
+#endif
+}  // namespace math
+
 template <class T>
-inline constexpr bool is_float_v = std::is_floating_point_v<T>;
+inline constexpr bool is_float_v = DUET_STD::is_floating_point_v<T>;
 
 template <class T>
 DUET_HD T wrap_add(T a, T b) {
-  if constexpr (std::is_same_v<T, bool>) {
+  if constexpr (DUET_STD::is_same_v<T, bool>) {
     return a || b;
-  } else if constexpr (std::is_integral_v<T>) {
-    using U = std::make_unsigned_t<T>;
+  } else if constexpr (DUET_STD::is_integral_v<T>) {
+    using U = DUET_STD::make_unsigned_t<T>;
     return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
   } else {
     return a + b;
@@ -37,8 +67,8 @@ DUET_HD T wrap_add(T a, T b) {
 }
 template <class T>
 DUET_HD T wrap_sub(T a, T b) {
-  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
-    using U = std::make_unsigned_t<T>;
+  if constexpr (DUET_STD::is_integral_v<T> && !DUET_STD::is_same_v<T, bool>) {
+    using U = DUET_STD::make_unsigned_t<T>;
     return static_cast<T>(static_cast<U>(a) - static_cast<U>(b));
   } else {
     return a - b;
@@ -46,10 +76,10 @@ DUET_HD T wrap_sub(T a, T b) {
 }
 template <class T>
 DUET_HD T wrap_mul(T a, T b) {
-  if constexpr (std::is_same_v<T, bool>) {
+  if constexpr (DUET_STD::is_same_v<T, bool>) {
     return a && b;
-  } else if constexpr (std::is_integral_v<T>) {
-    using U = std::make_unsigned_t<T>;
+  } else if constexpr (DUET_STD::is_integral_v<T>) {
+    using U = DUET_STD::make_unsigned_t<T>;
     return static_cast<T>(static_cast<U>(a) * static_cast<U>(b));
   } else {
     return a * b;
@@ -90,7 +120,7 @@ struct Exp {
   static constexpr bool has_packet = is_float_v<T>;
   template <class T>
   DUET_HD T operator()(T x) const {
-    return std::exp(x);
+    return math::exp(x);
   }
   DUET_PACKET(ei::pexp(x))
 };
@@ -99,7 +129,7 @@ struct Log {
   static constexpr bool has_packet = is_float_v<T>;
   template <class T>
   DUET_HD T operator()(T x) const {
-    return std::log(x);
+    return math::log(x);
   }
   DUET_PACKET(ei::plog(x))
 };
@@ -113,8 +143,8 @@ inline P exact_sqrt(const P& x) {
   // vector attribute, and GCC warns.)
   using S = typename Eigen::internal::unpacket_traits<P>::type;
   constexpr int kWidth = Eigen::internal::unpacket_traits<P>::size;
-  if constexpr (std::is_same_v<S, float> && kWidth == 16) return _mm512_sqrt_ps(x);
-  if constexpr (std::is_same_v<S, double> && kWidth == 8) return _mm512_sqrt_pd(x);
+  if constexpr (DUET_STD::is_same_v<S, float> && kWidth == 16) return _mm512_sqrt_ps(x);
+  if constexpr (DUET_STD::is_same_v<S, double> && kWidth == 8) return _mm512_sqrt_pd(x);
 #endif
   return Eigen::internal::psqrt(x);
 }
@@ -125,7 +155,7 @@ struct Sqrt {
   static constexpr bool has_packet = is_float_v<T>;
   template <class T>
   DUET_HD T operator()(T x) const {
-    return std::sqrt(x);
+    return math::sqrt(x);
   }
   DUET_PACKET(exact_sqrt(x))
 };
@@ -134,7 +164,7 @@ struct Rsqrt {
   static constexpr bool has_packet = is_float_v<T>;
   template <class T>
   DUET_HD T operator()(T x) const {
-    return T(1) / std::sqrt(x);
+    return T(1) / math::sqrt(x);
   }
   DUET_PACKET(ei::pdiv(ei::pset1<P>(1), exact_sqrt(x)))
 };
@@ -143,38 +173,38 @@ struct Abs {
   static constexpr bool has_packet = is_float_v<T>;
   template <class T>
   DUET_HD T operator()(T x) const {
-    if constexpr (std::is_integral_v<T>) {
+    if constexpr (DUET_STD::is_integral_v<T>) {
       return x < 0 ? wrap_sub(T(0), x) : x;
     } else {
-      return std::fabs(x);
+      return math::fabs(x);
     }
   }
   DUET_PACKET(ei::pabs(x))
 };
 struct Sin {
   template <class T>
-  static constexpr bool has_packet = std::is_same_v<T, float>;
+  static constexpr bool has_packet = DUET_STD::is_same_v<T, float>;
   template <class T>
   DUET_HD T operator()(T x) const {
-    return std::sin(x);
+    return math::sin(x);
   }
   DUET_PACKET(ei::psin(x))
 };
 struct Cos {
   template <class T>
-  static constexpr bool has_packet = std::is_same_v<T, float>;
+  static constexpr bool has_packet = DUET_STD::is_same_v<T, float>;
   template <class T>
   DUET_HD T operator()(T x) const {
-    return std::cos(x);
+    return math::cos(x);
   }
   DUET_PACKET(ei::pcos(x))
 };
 struct Tanh {
   template <class T>
-  static constexpr bool has_packet = std::is_same_v<T, float>;
+  static constexpr bool has_packet = DUET_STD::is_same_v<T, float>;
   template <class T>
   DUET_HD T operator()(T x) const {
-    return std::tanh(x);
+    return math::tanh(x);
   }
   DUET_PACKET(ei::ptanh(x))
 };
@@ -183,12 +213,12 @@ struct Sigmoid {
   static constexpr bool has_packet = is_float_v<T>;
   template <class T>
   DUET_HD T operator()(T x) const {
-    return T(1) / (T(1) + std::exp(-x));
+    return T(1) / (T(1) + math::exp(-x));
   }
 #if !defined(__CUDACC__)
   template <class P>
   P packet(const P& x) const {
-    if constexpr (std::is_same_v<typename ei::unpacket_traits<P>::type, float>) {
+    if constexpr (DUET_STD::is_same_v<typename ei::unpacket_traits<P>::type, float>) {
       return Eigen::internal::scalar_logistic_op<float>().packetOp(x);
     } else {
       const P one = ei::pset1<P>(1);
@@ -210,20 +240,20 @@ struct Relu {
 
 struct Erf {
   template <class T>
-  static constexpr bool has_packet = std::is_same_v<T, float>;
+  static constexpr bool has_packet = DUET_STD::is_same_v<T, float>;
   template <class T>
   DUET_HD T operator()(T x) const {
-    return std::erf(x);
+    return math::erf(x);
   }
   DUET_PACKET(ei::generic_fast_erf_float(x))
 };
 // log(sigmoid(x)) = min(x, 0) - log1p(exp(-|x|)): finite for any finite x.
 struct LogSigmoid {
   template <class T>
-  static constexpr bool has_packet = std::is_same_v<T, float>;  // Eigen's plog1p: f32 only
+  static constexpr bool has_packet = DUET_STD::is_same_v<T, float>;  // Eigen's plog1p: f32 only
   template <class T>
   DUET_HD T operator()(T x) const {
-    return (x < T(0) ? x : T(0)) - std::log1p(std::exp(-std::fabs(x)));
+    return (x < T(0) ? x : T(0)) - math::log1p(math::exp(-math::fabs(x)));
   }
   DUET_PACKET(ei::psub(ei::pmin(x, ei::pzero(x)), ei::plog1p(ei::pexp(ei::pnegate(ei::pabs(x))))))
 };
@@ -271,9 +301,9 @@ struct Pow {
   static constexpr bool has_packet = false;
   template <class T>
   DUET_HD T operator()(T a, T b) const {
-    if constexpr (std::is_same_v<T, bool>) {
+    if constexpr (DUET_STD::is_same_v<T, bool>) {
       return a || !b;  // 0^0 = 1, 0^1 = 0, 1^b = 1
-    } else if constexpr (std::is_integral_v<T>) {
+    } else if constexpr (DUET_STD::is_integral_v<T>) {
       // Negative exponents truncate 1/a^|b| toward zero, as PyTorch does for tensor exponents.
       if (b < 0) return a == 1 ? T(1) : a == -1 ? ((b & 1) ? T(-1) : T(1)) : T(0);
       T r = 1;
@@ -284,7 +314,7 @@ struct Pow {
       }
       return r;
     } else {
-      return std::pow(a, b);
+      return math::pow(a, b);
     }
   }
 };

@@ -434,4 +434,15 @@ uint64_t FusedProgram::hash() const {
   return h;
 }
 
+namespace {
+FusedDeviceRunner g_runners[kNumDeviceTypes];
+}
+void set_fused_device_runner(DeviceType type, const FusedDeviceRunner& runner) {
+  g_runners[static_cast<int>(type)] = runner;
+}
+const FusedDeviceRunner* fused_device_runner(DeviceType type) {
+  const FusedDeviceRunner& r = g_runners[static_cast<int>(type)];
+  return r.run ? &r : nullptr;
+}
+
 }  // namespace duet::kernels

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "core/device.h"
 #include "core/op_table.h"
 #include "kernels/fused_abi.h"
 
@@ -69,11 +70,25 @@ struct FusedKernel {
   std::atomic<int64_t> runs{0};
   std::atomic<bool> codegen_requested{false};
   bool codegen_allowed = true;  ///< false when the "codegen" pass is disabled for its plan
+  /// The device backend's compiled kernel (a cudaKernel_t for CUDA), set by its prepare().
+  std::atomic<const void*> device_code{nullptr};
 
   /// Runs the whole work, split over the threads, with the fastest tier available.
   void run(const DuetFusedArgs& a);
   /// The amount of work units (elements, rows or columns) of a call.
   int64_t work(const DuetFusedArgs& a) const;
 };
+
+/// What a device backend lends the executor to run fused groups on its devices (the CUDA
+/// backend registers one, cuda/fused.cpp: kernels generated from the same functors and
+/// compiled at run time). prepare() makes k.device_code ready (building it, or finding it in
+/// the caches under cache_dir); run() launches it on the device's stream, asynchronously.
+struct FusedDeviceRunner {
+  void (*prepare)(FusedKernel& k, Device device, const std::string& cache_dir) = nullptr;
+  void (*run)(FusedKernel& k, const DuetFusedArgs& a, Device device) = nullptr;
+};
+void set_fused_device_runner(DeviceType type, const FusedDeviceRunner& runner);
+/// The runner of a device type, or null (then the fusion pass leaves that device's ops alone).
+const FusedDeviceRunner* fused_device_runner(DeviceType type);
 
 }  // namespace duet::kernels

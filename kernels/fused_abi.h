@@ -13,7 +13,11 @@
 // outer one; the executor splits the work over the threads.
 #pragma once
 
+#if defined(__CUDACC_RTC__)
+#include <cuda/std/cstdint>  // NVRTC (cuda/fused.cpp) has no <stdint.h>
+#else
 #include <stdint.h>
+#endif
 
 #define DUET_FUSED_MAX_INPUTS 24
 #define DUET_FUSED_MAX_OUTPUTS 12

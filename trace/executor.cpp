@@ -12,6 +12,7 @@
 #include "core/dispatch.h"
 #include "kernels/loops.h"
 #include "core/tensor_impl.h"
+#include "eager/autograd.h"
 #include "kernels/cpu_kernels.h"
 #include "trace/codegen.h"
 #include "trace/fusion.h"
@@ -52,6 +53,9 @@ struct Plan::FusedStep {
   int32_t reduce_dims = 0;
   Shape shape;
   std::vector<Tensor> tmp;  ///< inputs made dense for one run (layouts no 2-D walk expresses)
+  Device device;            ///< where it runs (not the CPU: a device backend's fused runner)
+  std::vector<Tensor> device_consts;  ///< per input: a CPU constant copied to the device, or none
+  bool prepared = false;              ///< the device runner's prepare() ran
 };
 
 /// One control-flow node as the plan runs it (Note [Control steps]).
@@ -640,6 +644,19 @@ void Plan::build() {
       }
       fs->reduce_dims = f.reduce_dims;
       fs->shape = f.shape;
+      fs->device = g_.nodes[f.members[0]].meta.device;
+      if (!fs->device.is_cpu()) {
+        // One-element CPU constants (wrapped numbers) go to the device once (trace/fusion.h).
+        fs->device_consts.resize(f.inputs.size());
+        for (size_t k = 0; k < f.inputs.size(); ++k) {
+          const GraphNode& in = g_.nodes[f.inputs[k]];
+          if (in.kind == NodeKind::Constant && !(in.meta.device == fs->device)) {
+            SuspendModes eager;
+            NoGradGuard no_grad;
+            fs->device_consts[k] = in.constant.to(fs->device);
+          }
+        }
+      }
       stats_.fused_kernels += 1;
       stats_.fused_nodes += static_cast<int64_t>(f.members.size());
       (hoisted_unit[u] ? hoisted_steps_ : steps_)
@@ -749,7 +766,11 @@ void Plan::run_fused(FusedStep& f) {
       st[d] = (d < lead || x->shape[d - lead] == 1) ? 0 : x->strides[d - lead];
   };
   DUET_ASSERT(nd <= 16, "[fused] {} dims", nd);
-  for (size_t k = 0; k < f.inputs.size(); ++k) align(vals_[f.inputs[k]], aligned[k]);
+  auto input = [&](size_t k) -> const Tensor& {
+    return k < f.device_consts.size() && f.device_consts[k].defined() ? f.device_consts[k]
+                                                                      : vals_[f.inputs[k]];
+  };
+  for (size_t k = 0; k < f.inputs.size(); ++k) align(input(k), aligned[k]);
   if (p.reduce == kernels::FusedReduce::Inner) {
     split = nd - f.reduce_dims;
   } else if (p.reduce == kernels::FusedReduce::Outer) {
@@ -774,7 +795,7 @@ void Plan::run_fused(FusedStep& f) {
   a.inner = 1;
   for (int64_t d = 0; d < nd; ++d) (d < split ? a.outer : a.inner) *= S[d];
   for (size_t k = 0; k < f.inputs.size(); ++k) {
-    const Tensor* t = &vals_[f.inputs[k]];
+    const Tensor* t = &input(k);
     int64_t so, si;
     if (!collapse(aligned[k], S, 0, split, &so) || !collapse(aligned[k], S, split, nd, &si)) {
       // No 2-D walk reads it: a dense copy at the iteration shape for this run.
@@ -783,7 +804,7 @@ void Plan::run_fused(FusedStep& f) {
       for (int64_t d = 0; d < nd; ++d) st[d] = aligned[k][d];
       Tensor view = make_view(*t, S, st, t->storage_offset());
       Tensor dense = empty(S, t->dtype(), t->device());
-      kernels::copy_into(view, dense);
+      copy_into(dense, view);
       f.tmp.push_back(dense);
       t = &f.tmp.back();
       align(*t, aligned[k]);
@@ -810,8 +831,18 @@ void Plan::run_fused(FusedStep& f) {
     }
     a.red_out = v.unsafe_impl()->data();
   }
-  f.kernel->run(a);
-  codegen_note_run(f.kernel);
+  if (f.device.is_cpu()) {
+    f.kernel->run(a);
+    codegen_note_run(f.kernel);
+  } else {
+    const kernels::FusedDeviceRunner* r = kernels::fused_device_runner(f.device.type);
+    DUET_ASSERT(r, "[fused] no fused runner for {}", f.device);
+    if (!f.prepared) {
+      r->prepare(*f.kernel, f.device, codegen::cache_dir());
+      f.prepared = true;
+    }
+    r->run(*f.kernel, a, f.device);
+  }
   if (!f.tmp.empty()) f.tmp.clear();
 }
 

@@ -47,9 +47,18 @@ class Fuser {
   bool compute_dtype(int32_t v, DType* t) const {
     const GraphNode& n = g_.nodes[v];
     if (op_class(n.op) != OpClass::Elementwise || !kernels::fusable_op(n.op)) return false;
-    if (n.meta.device.type != DeviceType::CPU || n.meta.shape.numel() == 0) return false;
-    for (int32_t in : n.inputs)
-      if (g_.nodes[in].meta.device.type != DeviceType::CPU) return false;
+    // On the CPU, or on a device whose backend runs fused kernels (CUDA); every input on the
+    // node's device, except one-element constants (wrapped numbers), which the executor copies
+    // to the device once.
+    const Device dev = n.meta.device;
+    if (n.meta.shape.numel() == 0) return false;
+    if (!dev.is_cpu() && !kernels::fused_device_runner(dev.type)) return false;
+    for (int32_t in : n.inputs) {
+      const GraphNode& s = g_.nodes[in];
+      if (!(s.meta.device == dev) &&
+          !(s.kind == NodeKind::Constant && s.meta.device.is_cpu() && s.meta.shape.numel() == 1))
+        return false;
+    }
     const DType out = n.meta.dtype;
     if (is_float(out)) {
       if (n.op == OpId::Where && g_.nodes[n.inputs[0]].meta.dtype != DType::b8) return false;
@@ -158,7 +167,7 @@ class Fuser {
     Group& ga = groups_[a];
     Group& gb = groups_[b];
     if (gb.reduction >= 0 || ga.reduction >= 0 || gb.dtype != ga.dtype || !(gb.shape == ga.shape) ||
-        int(ga.members.size() + gb.members.size()) > kMaxMembers)
+        !(gb.device == ga.device) || int(ga.members.size() + gb.members.size()) > kMaxMembers)
       return;
     for (const Group* gr : {&ga, &gb})
       for (int32_t m : gr->members)

@@ -5,7 +5,8 @@
 // tools, save/load and export see ops, not kernels): fusion is part of the plan.
 //
 // Note [Fusion rules]
-// An op joins a group when it is elementwise and fusable (kernels::fusable_op), on the CPU, of
+// An op joins a group when it is elementwise and fusable (kernels::fusable_op), on the group's
+// device (the CPU, or CUDA: cuda/fused.h; one-element constants may live on the CPU), of
 // the group's shape, computing in the group's dtype T (f32 or f64; b8 values ride along as 0/1),
 // and when none of its other inputs depends on the group (which would make a cycle). It looks
 // for a group among its producers first, then among the groups that read the same inputs

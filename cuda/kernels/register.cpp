@@ -1,5 +1,6 @@
 // duet: fills the CUDA kernel slots of the op table (called by kernels/backends.cpp). Views
 // need no kernel; every other primitive of core/ops.def is registered by one family below.
+#include "cuda/fused.h"
 #include "cuda/kernels/adapt.h"
 
 namespace duet::cuda::detail {
@@ -10,6 +11,7 @@ void register_cuda_kernels(OpDef* table) {
   register_index(table);
   register_matmul(table);
   register_random(table);
+  register_fused_runner();  // fused groups of compiled functions (cuda/fused.h)
 }
 
 }  // namespace duet::cuda::detail

@@ -1,0 +1,50 @@
+// duet: fused CUDA kernels. The fusion pass (trace/fusion.h) groups elementwise ops, with an
+// optional closing reduction, into a kernels::FusedProgram for CUDA as for the CPU. Here each
+// program becomes CUDA C++ that calls the same scalar functors as every other kernel
+// (kernels/functors.h), compiled at run time by NVRTC into a CUBIN for the device's
+// architecture and loaded with the runtime's library API.
+//
+// Note [Fused CUDA kernels]
+// One kernel per program, `duet_fused(DuetFusedArgs a, unsigned vmask, int vec)`, over the 2-D
+// iteration space of Note [Fused iteration] (kernels/fused_abi.h), with grid-stride loops:
+//   - elementwise: each thread takes V = 16 / sizeof(T) consecutive elements of a row when
+//     `vec` is set (rows a multiple of V long, outputs 16-byte aligned), loading an input of
+//     dtype T with one 16-byte load when its bit in `vmask` says its rows are contiguous and
+//     aligned, a broadcast input once, and any other input lane by lane; else one element per
+//     thread;
+//   - inner reduction: one block per row (grid-stride over rows), threads striding along it,
+//     then a warp-shuffle and shared-memory tree;
+//   - outer reduction: 32 columns per block, its threads' rows striding down, then a
+//     shared-memory fold over the rows.
+// Registers hold T as in the interpreter (Note [Fused registers]); b8 loads are 0 or 1 and b8
+// stores test != 0. NVRTC compiles with --fmad=false, so each op rounds its result as the
+// eager kernel does (results match eager within the order of a reduction's sums).
+//
+// Note [CUDA kernel cache]
+// A build is cached in memory (by key, for the process) and on disk as
+// <cache_dir>/duet-cuda-<key>.cubin (or .ptx when NVRTC does not know the device's
+// architecture and the driver compiles PTX), the key a hash of the source, the NVRTC version,
+// its options and the architecture. Files are written to a temporary name and renamed, so
+// processes sharing the directory see a whole file or none; the generated source (.cu) stays
+// beside it, and NVRTC's log (.log) when a build fails.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "kernels/fused.h"
+
+namespace duet::cuda::detail {
+
+/// The CUDA source of a program's kernel (Note [Fused CUDA kernels]).
+std::string fused_source(const kernels::FusedProgram& p);
+
+/// Compiles CUDA source with NVRTC for sm_<arch> (90 for sm_90), as the fused kernels are
+/// compiled. Returns "" on success, else NVRTC's log. Needs no GPU (the tests run it on CPU
+/// machines to check every generated program compiles).
+std::string nvrtc_check(const std::string& source, int arch);
+
+/// Registers the fused-kernel runner for CUDA devices (kernels::set_fused_device_runner).
+void register_fused_runner();
+
+}  // namespace duet::cuda::detail
