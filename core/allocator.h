@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "core/device.h"
 
@@ -46,6 +47,16 @@ struct DeviceBackend {
   /// Copies nbytes of contiguous data from src on `from` to dst on `to` (either may be the CPU),
   /// ordered after earlier work on both devices. A copy to the CPU returns once the data is there.
   void (*copy)(void* dst, Device to, const void* src, Device from, size_t nbytes) = nullptr;
+  // Graph capture and replay (Note [CUDA graph capture] in cuda/runtime.cpp); null where the
+  // backend has none. begin_capture starts capturing the device's stream on this thread, whose
+  // allocations on the device then come from a private pool, and returns that pool.
+  void* (*begin_capture)(Device device) = nullptr;
+  /// Ends the capture begun with `pool`: an executable graph, or null with *why set.
+  void* (*end_capture)(Device device, void* pool, std::string* why) = nullptr;
+  /// Replays a graph on the device's stream (asynchronously).
+  void (*launch_graph)(void* graph, Device device) = nullptr;
+  /// Frees a graph and its pool once the device is done with it.
+  void (*destroy_graph)(void* graph, Device device) = nullptr;
 };
 
 namespace detail {

@@ -134,8 +134,22 @@ class CudaCachingAllocator final : public Allocator {
     const size_t rounded = round_size(nbytes);
     // Reused only by work on this device's stream: see Note [CUDA streams and the cache].
     std::lock_guard<std::mutex> g(mu_);
-    free_[rounded].push_back(p);
     current_ -= static_cast<int64_t>(rounded);
+    if (closed_) {  // a graph's pool after the graph is gone: nothing replays into it any more
+      reserved_ -= static_cast<int64_t>(rounded);
+      cudaFree(p);  // never throws: this may run in a destructor
+      return;
+    }
+    free_[rounded].push_back(p);
+  }
+  /// A graph's private pool when its graph is destroyed: cached blocks go back to the driver now,
+  /// blocks still held by tensors when they are freed.
+  void close() {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      closed_ = true;
+    }
+    empty_cache();
   }
 
   MemoryStats stats() const override {
@@ -175,6 +189,7 @@ class CudaCachingAllocator final : public Allocator {
   }
 
   const Device device_;
+  bool closed_ = false;
   mutable std::mutex mu_;
   std::unordered_map<size_t, std::vector<void*>> free_;
   int64_t current_ = 0, peak_ = 0, reserved_ = 0, hits_ = 0;
@@ -215,7 +230,79 @@ DeviceState& state(Device device) {
 
 bool started(int index) { return g_devices[index].allocator.load() != nullptr; }
 
-Allocator& backend_allocator(Device device) { return allocator(device); }
+// Note [CUDA graph capture]
+// A compiled plan on a CUDA device is captured once as a CUDA graph and replayed (Note [CUDA graph
+// replay] in trace/executor.h). While a thread captures, its allocations on that device come from
+// a private pool (a caching allocator of its own, as PyTorch's graph pools): blocks freed during
+// the capture may be reused later in the same capture (one stream: the graph runs its nodes in
+// that order), but never by other work, because every replay writes them again. The pool goes
+// back to the driver when the graph is destroyed. The capture is in relaxed mode, so the pool
+// may call cudaMalloc; a call that cannot be captured (a copy to the host, a synchronization)
+// fails the capture, and the plan runs without a graph.
+thread_local CudaCachingAllocator* tls_pool = nullptr;
+thread_local int tls_pool_device = -1;
+
+struct Graph {
+  cudaGraphExec_t exec = nullptr;
+  CudaCachingAllocator* pool = nullptr;
+};
+
+void* begin_capture(Device device) {
+  DUET_CHECK(tls_pool == nullptr, "[cuda graph] captures do not nest");
+  cudaStream_t s = stream(device);
+  set_device(device);
+  auto* pool = new CudaCachingAllocator(device);  // closed, not freed: see close()
+  DUET_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+  tls_pool = pool;
+  tls_pool_device = device.index;
+  return pool;
+}
+
+void* end_capture(Device device, void* pool, std::string* why) {
+  auto* p = static_cast<CudaCachingAllocator*>(pool);
+  tls_pool = nullptr;
+  tls_pool_device = -1;
+  set_device(device);
+  cudaGraph_t graph = nullptr;
+  cudaError_t e = cudaStreamEndCapture(stream(device), &graph);
+  cudaGraphExec_t exec = nullptr;
+  if (e == cudaSuccess && graph) {
+    e = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+  }
+  if (e != cudaSuccess || !exec) {
+    if (why && why->empty())
+      *why = fmt::format("{} ({})", cudaGetErrorName(e), cudaGetErrorString(e));
+    cudaGetLastError();
+    p->close();
+    return nullptr;
+  }
+  return new Graph{exec, p};
+}
+
+void launch_graph(void* graph, Device device) {
+  set_device(device);
+  DUET_CUDA_CHECK(cudaGraphLaunch(static_cast<Graph*>(graph)->exec, stream(device)));
+}
+
+// Called from a plan's destructor: reports nothing (a failing driver at exit is not an error).
+void destroy_graph(void* graph, Device device) {
+  auto* g = static_cast<Graph*>(graph);
+  try {
+    set_device(device);
+    cudaStreamSynchronize(stream(device));  // the last replay may still run
+    cudaGraphExecDestroy(g->exec);
+    g->pool->close();
+  } catch (const std::exception&) {
+    cudaGetLastError();
+  }
+  delete g;
+}
+
+Allocator& backend_allocator(Device device) {
+  if (tls_pool && tls_pool_device == device.index) return *tls_pool;
+  return allocator(device);
+}
 
 // See DeviceBackend::copy. A copy to the CPU synchronizes the source's stream; a copy between
 // two GPUs is queued on the destination's stream after the source's pending work, and the
@@ -276,6 +363,10 @@ void register_runtime() {
   b.check = &check;
   b.allocator = &backend_allocator;
   b.copy = &copy;
+  b.begin_capture = &begin_capture;
+  b.end_capture = &end_capture;
+  b.launch_graph = &launch_graph;
+  b.destroy_graph = &destroy_graph;
   ::duet::detail::set_device_backend(DeviceType::CUDA, b);
 }
 

@@ -52,7 +52,8 @@ struct CompileOptions {
   /// Passes to switch off: "dce", "cse", "fold", "simplify" (graph passes), "fuse" (elementwise
   /// and reduction-prologue fusion), "codegen" (the generated-C++ tier of fused kernels),
   /// "plan_memory" (one arena, buffers reused), "parallel" (independent branches on both
-  /// cores), "hoist" (work on captured parameters done once per parameter version).
+  /// cores), "hoist" (work on captured parameters done once per parameter version),
+  /// "cuda_graph" (a plan on a CUDA device replayed as one CUDA graph).
   std::vector<std::string> disable_passes;
   int cache_limit = 8;  ///< signatures kept before a warning and eager fallback
   /// Data-dependent reads (Note [Data-dependent reads] in trace/tracer.h). Off (strict): item()
@@ -88,7 +89,19 @@ struct CompileStats {
   int64_t intermediate_bytes = 0;
   int64_t hoisted_nodes = 0;   ///< nodes that depend only on parameters, run once per version
   int64_t parallel_plans = 0;  ///< plans that run independent branches on two threads
+  /// Plans that run as CUDA graphs (Note [CUDA graph replay] in trace/executor.h): captured at
+  /// their second run, replayed from the third. cuda_graph_stats() says how captures went.
+  int64_t cuda_graph_plans = 0;
 };
+
+/// Process-wide counters of CUDA-graph replay (Note [CUDA graph replay] in trace/executor.h).
+struct CudaGraphStats {
+  int64_t captured = 0;      ///< plans captured as a graph
+  int64_t replays = 0;       ///< graph launches
+  int64_t failed = 0;        ///< captures that failed: those plans run kernel by kernel
+  std::string last_failure;  ///< why the most recent capture failed ("" if none has)
+};
+CudaGraphStats cuda_graph_stats();
 
 namespace detail {
 

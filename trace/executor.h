@@ -18,6 +18,21 @@
 // own order, except that (with plan_memory) a ready step that frees more bytes than it makes runs
 // first. Intermediate values inside a group live in the kernel's registers only.
 //
+// Note [CUDA graph replay]
+// A plan whose steps all run on one CUDA device (no control steps, no transfers) is replayed as
+// one CUDA graph, so that a call costs one launch instead of one per kernel. Its first run is
+// plain (it builds the fused kernels and cuBLAS's state). The second copies its inputs into
+// static input buffers and runs the schedule once while the device's stream is captured
+// (Note [CUDA graph capture] in cuda/runtime.cpp); the arena, the captured tensors and the
+// static inputs are at fixed addresses, and the graph writes its results into buffers of its own
+// private pool. From then on a call copies its inputs into the static buffers, launches the
+// graph, bumps the versions of the captured tensors it wrote, and hands out copies of its
+// results: a later replay writes the graph's buffers again, never a tensor the caller holds
+// (results that are views of captured tensors are those views, as without a graph). A capture
+// that fails (a host read, a copy to the host) leaves the plan running kernel by kernel, and
+// cuda_graph_stats() says why. A captured tensor given new storage (Module::to) makes the next
+// call capture again.
+//
 // Note [Control steps]
 // A Control node (Note [Control flow nodes]) is one step, with its Project nodes: it runs a plan
 // per subgraph (a cond runs one branch; a scan runs its body once per step, on views of the xs,
@@ -46,6 +61,7 @@ struct PlanOptions {
   bool plan_memory = true;
   bool parallel = true;
   bool hoist = true;
+  bool cuda_graph = true;
   static PlanOptions from_disabled(const std::vector<std::string>& disabled);
 };
 
@@ -59,6 +75,7 @@ struct PlanStats {
   int64_t intermediate_bytes = 0;  ///< the sizes of all values the steps compute, summed
   int64_t hoisted_nodes = 0;
   bool parallel = false;
+  bool cuda_graph = false;  ///< replayed as a CUDA graph (Note [CUDA graph replay])
 };
 
 /// When set, every plan checks its memory plan's invariant as it is built and throws
@@ -94,6 +111,9 @@ class Plan {
   };
   struct FusedStep;
   struct ControlStep;
+  struct GraphState;
+  std::vector<Tensor> run_graphed(const std::vector<Tensor>& inputs);
+  void run_hoisted_if_stale();
   void build();
   void run_control(ControlStep& c);
   void build_schedule(std::vector<std::vector<int32_t>>& order);
@@ -127,6 +147,7 @@ class Plan {
   std::vector<bool> inplace_writeback_;  ///< write-backs computed straight into their target
   std::vector<BufferRequest> requests_;  ///< the memory plan's input, kept for check_memory()
   MemoryPlan memory_;
+  std::unique_ptr<GraphState> graph_;  ///< CUDA-graph replay, when the plan qualifies
   std::mutex busy_;
 };
 

@@ -407,7 +407,7 @@ Graph simplify(const Graph& old) {
 
 void check_pass_names(const std::vector<std::string>& names) {
   static const char* known[] = {"dce",         "cse",      "fold",  "simplify", "fuse",
-                                "plan_memory", "parallel", "hoist", "codegen"};
+                                "plan_memory", "parallel", "hoist", "codegen",  "cuda_graph"};
   for (const std::string& s : names)
     DUET_CHECK_VALUE(
         std::any_of(std::begin(known), std::end(known), [&](const char* k) { return s == k; }),

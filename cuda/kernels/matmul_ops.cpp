@@ -15,16 +15,23 @@
 namespace duet::cuda::detail {
 namespace {
 
+// The workspace is duet's own (cublasSetStream resets it to cuBLAS's pool): a GEMM captured in a
+// CUDA graph then allocates nothing (Note [CUDA graph capture] in cuda/runtime.cpp).
+constexpr size_t kCublasWorkspace = size_t(32) << 20;
+
 cublasHandle_t handle_for(Device device) {
   static std::mutex mu;
   static cublasHandle_t handles[64] = {};
+  static void* workspaces[64] = {};
   std::lock_guard<std::mutex> lock(mu);
   cublasHandle_t& h = handles[device.index];
   if (!h) {
     set_device(device);
     DUET_CUBLAS_CHECK(cublasCreate(&h));
+    DUET_CUDA_CHECK(cudaMalloc(&workspaces[device.index], kCublasWorkspace));  // kept until exit
   }
   DUET_CUBLAS_CHECK(cublasSetStream(h, stream(device)));
+  DUET_CUBLAS_CHECK(cublasSetWorkspace(h, workspaces[device.index], kCublasWorkspace));
   return h;
 }
 
