@@ -22,23 +22,6 @@ namespace {
 using L = Layout;
 using Ins = std::vector<Tensor>;
 
-// The same logical tensor on the GPU, with the same sizes, strides and offset: the elements the
-// CPU tensor's view can reach are copied, and the view is rebuilt over the copy. Wrapped numbers
-// stay on the host (they go anywhere).
-Tensor cuda_like(const Tensor& t) {
-  if (!t.defined() || t.unsafe_impl()->wrapped_number) return t;
-  if (t.numel() == 0) return t.to(Device::cuda());
-  int64_t extent = t.storage_offset() + 1;
-  for (int64_t d = 0; d < t.dim(); ++d) extent += (t.sizes()[d] - 1) * t.strides()[d];
-  Tensor flat = detail::make_view(t, Shape{extent}, Strides{1}, 0).to(Device::cuda());
-  return detail::make_view(flat, t.sizes(), t.strides(), t.storage_offset());
-}
-Ins cuda_like(const Ins& in) {
-  Ins out;
-  for (const Tensor& t : in) out.push_back(cuda_like(t));
-  return out;
-}
-
 double rtol_of(DType d, double row32 = 0) {
   return d == DType::f32 ? std::max(1.3e-5, row32) : d == DType::f64 ? 1e-7 : 0;
 }

@@ -294,6 +294,20 @@ bool gpu() {
   return ok;
 }
 
+Tensor cuda_like(const Tensor& t) {
+  if (!t.defined() || t.unsafe_impl()->wrapped_number) return t;
+  if (t.numel() == 0) return t.to(Device::cuda());
+  int64_t extent = t.storage_offset() + 1;
+  for (int64_t d = 0; d < t.dim(); ++d) extent += (t.sizes()[d] - 1) * t.strides()[d];
+  Tensor flat = detail::make_view(t, Shape{extent}, Strides{1}, 0).to(Device::cuda());
+  return detail::make_view(flat, t.sizes(), t.strides(), t.storage_offset());
+}
+std::vector<Tensor> cuda_like(const std::vector<Tensor>& in) {
+  std::vector<Tensor> out;
+  for (const Tensor& t : in) out.push_back(cuda_like(t));
+  return out;
+}
+
 bool close(const Tensor& a, const Tensor& b, double tol) {
   if (a.sizes() != b.sizes() || a.dtype() != b.dtype()) return false;
   std::vector<double> x = values(a), y = values(b);

@@ -36,6 +36,11 @@ bool close(const Tensor& a, const Tensor& b, double tol = 1e-6);
 /// Whether a CUDA GPU is usable. Without one it prints "no usable CUDA GPU: skipped" once,
 /// which ctest reads to report a CUDA test as skipped (tests/CMakeLists.txt).
 bool gpu();
+/// The same logical tensor on cuda:0, with the same sizes, strides and offset: the elements the
+/// CPU tensor's view can reach are copied, and the view is rebuilt over the copy. Wrapped numbers
+/// stay on the host (they go anywhere).
+Tensor cuda_like(const Tensor& t);
+std::vector<Tensor> cuda_like(const std::vector<Tensor>& in);
 
 /// True when the two tensors share one storage block.
 bool same_storage(const Tensor& a, const Tensor& b);

@@ -196,6 +196,12 @@ Plan::Plan(Graph graph, PlanOptions options) : g_(std::move(graph)), opt_(option
     any = true;
   }
   if (!any) return;
+  // A result that is an argument or a view of one aliases the caller's tensor, which a copy out
+  // of the graph's buffers would not.
+  for (int32_t o : g_.outputs) {
+    const GraphNode& r = g_.nodes[buffer_root(g_, o)];
+    if (r.kind == NodeKind::Input && r.role != InputRole::Captured) return;
+  }
   const DeviceBackend* b = device_backend(dev.type);
   if (!b || !b->begin_capture) return;
   graph_ = std::make_unique<GraphState>();

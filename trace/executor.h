@@ -19,7 +19,8 @@
 // first. Intermediate values inside a group live in the kernel's registers only.
 //
 // Note [CUDA graph replay]
-// A plan whose steps all run on one CUDA device (no control steps, no transfers) is replayed as
+// A plan whose steps all run on one CUDA device (no control steps, no transfers, no result that
+// is an argument or a view of one: those alias the caller's tensor) is replayed as
 // one CUDA graph, so that a call costs one launch instead of one per kernel. Its first run is
 // plain (it builds the fused kernels and cuBLAS's state). The second copies its inputs into
 // static input buffers and runs the schedule once while the device's stream is captured

@@ -1,0 +1,263 @@
+// The compiled face on CUDA: fused groups as NVRTC kernels (cuda/fused.h) and plans replayed as
+// CUDA graphs (Note [CUDA graph replay] in trace/executor.h). Every compiled function here runs
+// at least four times: the first call runs the plan kernel by kernel (and builds its kernels),
+// the second captures the graph, later ones replay it; each call is compared with eager on CUDA
+// with new input values. Tables: the elementwise rows of op_rows.h in fusable chains ending in
+// reductions; random programs of the fusion and mixed mixes; a training step on CUDA against
+// the same step on the CPU over 20 steps; output ownership (a held result is never overwritten
+// by a later replay); and the graph's bookkeeping. Without a usable GPU every case returns at
+// once and the binary prints "no usable CUDA GPU: skipped" (ctest reports it skipped).
+#include <cmath>
+#include <cstdio>
+
+#include "cuda/cuda.h"
+#include "nn/layers.h"
+#include "nn/optim/optim.h"
+#include "op_rows.h"
+#include "random_program.h"
+#include "trace/compile.h"
+
+namespace duet::test {
+namespace {
+
+using Ins = std::vector<Tensor>;
+
+// Eager on CUDA against compiled on CUDA: f32 within 1e-5 relative (plus 1e-5 absolute, and the
+// row's own looser tolerance), f64 within 1e-9, others exactly. Fused kernels round each op as
+// eager does (--fmad=false) but sum reductions in another order.
+void check_close(const Tensor& got, const Tensor& want, double row32 = 0) {
+  REQUIRE(got.defined());
+  CHECK(got.device() == want.device());
+  CHECK(got.sizes().str() == want.sizes().str());
+  CHECK(dtype_name(got.dtype()) == dtype_name(want.dtype()));
+  if (got.sizes() != want.sizes() || got.dtype() != want.dtype()) return;
+  const DType d = want.dtype();
+  const double tol = d == DType::f32 ? std::max(1e-5, row32) : d == DType::f64 ? 1e-9 : 0;
+  const std::string m = differences(values(got), values(want), tol, tol);
+  CHECK_MESSAGE(m.empty(), m);
+}
+
+// fn compiled, called `calls` times on fresh CUDA inputs from make(); each result against eager.
+template <class Fn, class Make>
+CompileStats check_calls(const Fn& fn, const Make& make, int calls = 4, double row32 = 0) {
+  auto c = compile([&fn](const Ins& x) { return fn(x); });
+  for (int i = 0; i < calls; ++i) {
+    INFO("call " << i + 1);
+    const Ins in = make();
+    const Tensor want = fn(in);
+    const Tensor got = c(in);
+    check_close(got, want, row32);
+  }
+  CHECK(c.stats().traces == 1);
+  return c.stats();
+}
+
+}  // namespace
+
+TEST_CASE("cuda compiled: elementwise rows in fused chains and reductions equal eager") {
+  if (!gpu()) return;
+  Rng rng(301);
+  const CudaGraphStats before = cuda_graph_stats();
+  int fused = 0, graphs = 0;
+  for (const ElementwiseRow& row : elementwise_rows()) {
+    for (DType dt : {DType::f32, DType::f64}) {
+      if (std::find(row.dtypes.begin(), row.dtypes.end(), dt) == row.dtypes.end()) continue;
+      for (const Shape& shape : {Shape{3, 5}, Shape{300, 257}, Shape{64, 1024}}) {
+        INFO(row.name << " " << dtype_name(dt) << " " << shape.str());
+        auto make = [&] {
+          Ins in;
+          for (int i = 0; i < row.arity; ++i) {
+            const DType di = row.cond_first && i == 0 ? DType::b8 : dt;
+            std::vector<double> v = random_values(shape.numel(), row.domains[i], di, rng);
+            // Input 1 transposed: the fused kernel's strided loads.
+            in.push_back(cuda_like(make_sample(v, shape, shape, di,
+                                               i == 1 ? Layout::Transposed : Layout::Contiguous)));
+          }
+          return in;
+        };
+        // The row's op inside a chain (one fused kernel), its values kept, and a row reduction
+        // and a column reduction of the chain (a reduction closing the group).
+        auto chain = [&row](const Ins& x) {
+          Tensor y = row.fn(x);
+          if (!is_floating(y.dtype())) y = y.to(x.back().dtype());
+          const Tensor z = tanh(y * 0.5 + 0.25) + y;
+          return cat({reshape(z, {-1}), sum(z * z, {1}), max(z, {0}), sum(z, {0})}, 0);
+        };
+        const CompileStats s = check_calls(chain, make, 4, row.rtol32);
+        fused += s.fused_kernels > 0;
+        graphs += s.cuda_graph_plans > 0;
+      }
+    }
+  }
+  CHECK(fused > 0);
+  CHECK(graphs > 0);
+  const CudaGraphStats after = cuda_graph_stats();
+  CHECK(after.captured > before.captured);
+  CHECK(after.replays > before.replays);
+  MESSAGE(fmt::format(
+      "{} functions with fused kernels, {} as CUDA graphs; {} captures failed "
+      "({}); NVRTC: {} built, {} from disk, {:.1f} s",
+      fused, graphs, after.failed - before.failed, after.last_failure, cuda::codegen_stats().built,
+      cuda::codegen_stats().disk_hits, cuda::codegen_stats().build_ms / 1e3));
+}
+
+TEST_CASE("cuda compiled: random programs of the fusion and mixed mixes equal eager") {
+  if (!gpu()) return;
+  int run = 0, skipped = 0;
+  for (Mix mix : {Mix::Fusion, Mix::Mixed}) {
+    for (uint64_t seed = 0; seed < 40; ++seed) {
+      Program p;
+      p.seed = seed;
+      Generator gen(p, seed, mix);
+      gen.make_inputs();
+      if (!gen.make_steps(gen.random_length()).empty()) continue;
+      gen.choose_outputs();
+      INFO("seed " << seed << "\n" << program_text(p));
+      Rng r = rng_for(seed, 9);
+      auto fn = [&p](const Ins& xs) { return run_program(p, xs); };
+      auto c = compile(fn);
+      bool ok = true;
+      for (int call = 0; call < 4 && ok; ++call) {
+        const Values vals = call == 0 ? gen.first_values() : gen.sample_values(r);
+        const Ins in = cuda_like(build_inputs(p, vals, false));
+        manual_seed(kRandSeed);
+        std::vector<Tensor> want;
+        try {
+          want = fn(in);
+        } catch (const DeviceError&) {
+          ok = false;  // a program building CPU tensors inside (an index table): CPU-only
+          ++skipped;
+          break;
+        }
+        manual_seed(kRandSeed);
+        const std::vector<Tensor> got = c(in);
+        REQUIRE(got.size() == want.size());
+        for (size_t k = 0; k < got.size(); ++k) {
+          INFO("call " << call + 1 << ", output " << k);
+          if (floating(want[k]) && max_abs(want[k]) > 1e4) continue;  // ill-conditioned
+          check_close(got[k], want[k], 1e-4);
+        }
+      }
+      run += ok;
+    }
+  }
+  CHECK(run >= 40);
+  MESSAGE(fmt::format("{} programs compared, {} CPU-only", run, skipped));
+}
+
+TEST_CASE("cuda compiled: a training step on CUDA matches the CPU over 20 steps") {
+  if (!gpu()) return;
+  auto make_model = [] {
+    manual_seed(7);
+    return nn::Sequential(nn::Linear(32, 64), nn::ReLU(), nn::Linear(64, 64), nn::Tanh(),
+                          nn::Linear(64, 10));
+  };
+  nn::Sequential cpu_model = make_model(), cuda_model = make_model();
+  cuda_model.to(Device::cuda());
+  optim::Adam cpu_opt(cpu_model.parameters()), cuda_opt(cuda_model.parameters());
+  auto step_of = [](nn::Sequential& m, optim::Adam& opt) {
+    return compile([&m, &opt](Tensor x, Tensor y) {
+      opt.zero_grad();
+      Tensor loss = cross_entropy(m(x), y);
+      loss.backward();
+      opt.step();
+      return loss;
+    });
+  };
+  auto cpu_step = step_of(cpu_model, cpu_opt);
+  auto cuda_step = step_of(cuda_model, cuda_opt);
+  manual_seed(8);
+  for (int i = 0; i < 20; ++i) {
+    INFO("step " << i + 1);
+    const Tensor x = randn({16, 32});
+    const Tensor y = randint(10, {16});
+    const double lc = cpu_step(x, y).item<double>();
+    const double lg = cuda_step(x.to(Device::cuda()), y.to(Device::cuda())).item<double>();
+    CHECK(lg == doctest::Approx(lc).epsilon(1e-4));
+  }
+  const auto pc = cpu_model.parameters(), pg = cuda_model.parameters();
+  REQUIRE(pc.size() == pg.size());
+  for (size_t k = 0; k < pc.size(); ++k) {
+    CHECK(pg[k].device() == Device::cuda());
+    const std::string m = differences(values(pg[k]), values(pc[k]), 1e-3, 1e-4);
+    CHECK_MESSAGE(m.empty(), "parameter " << k << ": " << m);
+  }
+  CHECK(cuda_step.stats().traces == 1);
+  CHECK(cuda_step.stats().cuda_graph_plans >= 1);
+}
+
+TEST_CASE("cuda compiled: a result held from one call is never overwritten by the next") {
+  if (!gpu()) return;
+  Tensor w = make({1, 2, 3, 4}, {4}).to(Device::cuda());
+  auto f = compile([&w](Tensor x) {
+    return std::vector<Tensor>{tanh(x * 2.0) + w, sum(x * w), x * 1.0};
+  });
+  std::vector<std::vector<Tensor>> held;
+  std::vector<std::vector<std::vector<double>>> want;
+  for (int call = 0; call < 6; ++call) {
+    const Tensor x = make({0.1 * call, -0.2, 0.3, 0.5 * call}, {4}).to(Device::cuda());
+    held.push_back(f(x));
+    want.emplace_back();
+    for (const Tensor& t : held.back()) want.back().push_back(values(t));
+    CHECK(values(held.back()[2]) == values(x));
+  }
+  for (size_t call = 0; call < held.size(); ++call)
+    for (size_t k = 0; k < held[call].size(); ++k) {
+      INFO("call " << call + 1 << ", output " << k);
+      CHECK(values(held[call][k]) == want[call][k]);
+    }
+  // Writing into a held result changes nothing in the next call.
+  held.back()[0].zero_();
+  const std::vector<Tensor> again = f(make({1, 1, 1, 1}, {4}).to(Device::cuda()));
+  const Tensor expect = tanh(make({2, 2, 2, 2}, {4}).to(Device::cuda())) + w;
+  check_close(again[0], expect);
+  CHECK(f.stats().cuda_graph_plans == 1);
+  // A result that is an argument stays that argument (no graph: a copy would not alias it).
+  auto same = compile([](Tensor x) { return std::vector<Tensor>{x, x + 1.0}; });
+  for (int call = 0; call < 4; ++call) {
+    const Tensor x = make({1.0 * call, 2}, {2}).to(Device::cuda());
+    CHECK(same(x)[0].is_same(x));
+  }
+  CHECK(same.stats().cuda_graph_plans == 0);
+}
+
+TEST_CASE("cuda compiled: graphs update captured tensors, recapture on new storage, can be off") {
+  if (!gpu()) return;
+  // A captured counter written in place at every call: the version moves and values follow.
+  Tensor count = zeros({2}, Options().device(Device::cuda()));
+  auto inc = compile([&count](Tensor step) {
+    count.add_(step);
+    return count * 1.0;
+  });
+  const CudaGraphStats before = cuda_graph_stats();
+  for (int i = 1; i <= 5; ++i) {
+    const uint32_t v0 = count.impl()->storage->version_.load();
+    const Tensor r = inc(full({2}, 1.0, Options().device(Device::cuda())));
+    CHECK(count.to_vector<float>() == std::vector<float>{float(i), float(i)});
+    CHECK(r.to_vector<float>() == std::vector<float>{float(i), float(i)});
+    CHECK(count.impl()->storage->version_.load() != v0);
+  }
+  CHECK(cuda_graph_stats().captured == before.captured + 1);
+  CHECK(cuda_graph_stats().replays >= before.replays + 4);
+  // A module moved away and back gets new storage: the next call captures again.
+  nn::Linear lin(4, 3);
+  lin.to(Device::cuda());
+  auto g = compile([&lin](Tensor x) { return lin(x); });
+  const Tensor x = randn({2, 4}).to(Device::cuda());
+  for (int i = 0; i < 3; ++i) check_close(g(x), lin(x));
+  lin.to(Device::cpu());
+  lin.to(Device::cuda());
+  const int64_t captured = cuda_graph_stats().captured;
+  for (int i = 0; i < 3; ++i) check_close(g(x), lin(x));
+  CHECK(cuda_graph_stats().captured >= captured);
+  // Off: the "cuda_graph" pass, and plans with a transfer.
+  auto off = compile([](Tensor a) { return a * 2.0; }, CompileOptions{{}, {"cuda_graph"}, 8});
+  const Tensor a = ones({3}, Options().device(Device::cuda()));
+  for (int i = 0; i < 3; ++i) off(a);
+  CHECK(off.stats().cuda_graph_plans == 0);
+  auto moved = compile([](Tensor a) { return (a * 2.0).to(Device::cpu()); });
+  for (int i = 0; i < 3; ++i) CHECK(moved(a).to_vector<float>() == std::vector<float>{2, 2, 2});
+  CHECK(moved.stats().cuda_graph_plans == 0);
+}
+
+}  // namespace duet::test
