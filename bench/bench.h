@@ -7,9 +7,12 @@
 #include <string>
 #include <vector>
 
+#include "core/device.h"
+
 namespace duet {
 struct CompileOptions;
 struct CompileStats;
+class Tensor;
 }  // namespace duet
 
 namespace bench {
@@ -159,10 +162,21 @@ void run_rn(const Config&, std::vector<Result>&);
 /// 1,000 to 10,000 ops and of the W4 training step.
 void run_ct(const Config&, std::vector<Result>&);
 
-/// W3cuda and W2cuda (cuda.cpp, built only with the CUDA backend): matmul 1024^3 and 4096^3 f32
-/// eager on cuda:0 against cublasSgemm (TF32 off, and on for both), and W2 eager on cuda:0
-/// against a device-to-device copy of the same bytes; without a usable GPU, one line saying so.
-void run_cuda(const Config&, bool w2, bool w3, std::vector<Result>&);
+/// W4's or W6's training step ("W4", "W6") with its parameters and batch on `device`: the same
+/// model, draws and step as on the CPU, eagerly and compiled (models.cpp; for W7).
+struct DeviceTraining {
+  std::vector<int64_t> sizes;  ///< layer sizes
+  int64_t batch = 0;
+  std::function<duet::Tensor()> eager, compiled;  ///< one step each; the loss
+  std::function<duet::CompileStats()> stats;      ///< the compiled step's
+};
+DeviceTraining device_training(const std::string& w, duet::Device device);
+
+/// W7 (BENCH.md), the CUDA workloads (cuda.cpp, built only with the CUDA backend), each eager
+/// and compiled on cuda:0: W2cuda against a device-to-device copy of the same bytes, W3cuda
+/// (matmul 1024^3 and 4096^3 f32) against cublasSgemm with TF32 off and on, W4cuda and W6cuda
+/// against their GEMM floor on cuBLAS. `want` says which; without a usable GPU, one line.
+void run_cuda(const Config&, const std::function<bool(const char*)>& want, std::vector<Result>&);
 
 /// W2 floors: memcpy of n floats, and the hand-fused Eigen loop on the configured threads.
 void w2_floor_memcpy(const float* x, float* y, int64_t n);

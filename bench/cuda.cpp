@@ -1,9 +1,13 @@
-// duet_bench CUDA workloads (built only with the CUDA backend), eager on cuda:0 against floors
-// called directly on the same device buffers:
+// duet_bench CUDA workloads, BENCH.md's W7 (built only with the CUDA backend), eager and
+// compiled (fused NVRTC kernels, CUDA-graph replay) on cuda:0 against floors called directly on
+// the same device:
 //   W3cuda: matmul 1024^3 and 4096^3 f32 against cublasSgemm, with TF32 off (variant "fp32") and
 //           with duet's TF32 switch on against cuBLAS in TF32 math mode (variant "tf32");
 //   W2cuda: BENCH.md's W2 chain (n = 2^22) against a device-to-device cudaMemcpy of the same
-//           bytes (one read of x, one write of y), in ms and GB/s.
+//           bytes (one read of x, one write of y), in ms and GB/s;
+//   W4cuda, W6cuda: BENCH.md's W4 and W6 training steps with parameters and batch on the GPU,
+//           against their GEMM floor: the step's own products (same shapes and transposes) on
+//           cuBLAS, back to back.
 // Each figure is the median of the reps (with min and max), each rep timed with CUDA events
 // around enough back-to-back calls to take tens of milliseconds, duet and its floor interleaved
 // rep by rep. The events are recorded on the legacy default stream: duet's per-device streams
@@ -136,18 +140,23 @@ void run_w3cuda(const Config& c, std::vector<Result>& out) {
       duet::cuda::set_allow_tf32(tf32);
       DUET_CUBLAS_CHECK(
           cublasSetMathMode(blas.h, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
-      Tensor y;
+      Tensor y, yc;
+      auto compiled = duet::compile([](Tensor p, Tensor q) { return duet::matmul(p, q); });
       const float one = 1, zero = 0;
       auto sgemm = [&] {
         DUET_CUBLAS_CHECK(cublasSgemm(blas.h, CUBLAS_OP_N, CUBLAS_OP_N, dim, dim, dim, &one, pb,
                                       dim, pa, dim, &zero, pc, dim));
       };
-      const auto t = time_events({[&] { y = duet::matmul(a, b); }, sgemm}, calls, c.reps);
+      const auto t = time_events(
+          {[&] { y = duet::matmul(a, b); }, sgemm, [&] { yc = compiled(a, b); }}, calls, c.reps);
       auto gflops = [&](double s) { return flop / s / 1e9; };
       Result r = cuda_base("W3cuda", "eager", c, "gflops");
       r.variant = variant;
       r.n = n;
       out.push_back(summarize(r, t[0], gflops));
+      Result rc = r;
+      rc.mode = "compiled";
+      out.push_back(summarize(rc, t[2], gflops));
       Result f = r;
       f.mode = "floor";
       f.variant = std::string("cublas_") + variant;
@@ -156,13 +165,15 @@ void run_w3cuda(const Config& c, std::vector<Result>& out) {
       Result q = r;
       q.metric = "ratio_to_floor";
       out.push_back(single(q, ratio));
+      q.mode = "compiled";
+      out.push_back(single(q, median_of(t[1]) / median_of(t[2])));
       // The floor must compute what duet computes (TF32 rounds the inputs to 10 bits).
       const double err = max_rel_diff(y, pc, n * n);
       std::fprintf(stderr,
                    "W3cuda n=%lld %s: duet eager %.1f GFLOP/s, cuBLAS %.1f GFLOP/s: %.3fx of the "
-                   "floor (max relative difference %.2g)\n",
+                   "floor (max relative difference %.2g); compiled %.1f GFLOP/s\n",
                    (long long)n, variant, gflops(median_of(t[0])), gflops(median_of(t[1])), ratio,
-                   err);
+                   err, gflops(median_of(t[2])));
       if (err > (tf32 ? 2e-2 : 1e-4))
         std::fprintf(stderr, "W3cuda n=%lld %s: warning: duet and cuBLAS differ by %g\n",
                      (long long)n, variant, err);
@@ -183,21 +194,28 @@ void run_w2cuda(const Config& c, std::vector<Result>& out) {
   auto w2 = [](const Tensor& v) {
     return duet::tanh(v * 1.5 + 0.5) * duet::sigmoid(v) + duet::relu(v - 0.25);
   };
-  Tensor y;
+  auto compiled = duet::compile([&w2](Tensor v) { return w2(v); });
+  Tensor y, yc;
   auto memcpy_d2d = [&] {
     DUET_CUDA_CHECK(cudaMemcpyAsync(pc, px, n * sizeof(float), cudaMemcpyDeviceToDevice, 0));
   };
   duet::cuda::reset_peak_memory_stats(0);
   const int calls = 200;  // a rep moves about 13 GB (W2's count)
-  const auto t = time_events({[&] { y = w2(x); }, memcpy_d2d}, calls, c.reps);
+  const auto t =
+      time_events({[&] { y = w2(x); }, memcpy_d2d, [&] { yc = compiled(x); }}, calls, c.reps);
   const double peak = static_cast<double>(duet::cuda::memory_stats(0).peak);
   auto ms = [](double s) { return s * 1e3; };
   auto gbps = [&](double s) { return bytes / s / 1e9; };
   out.push_back(summarize(cuda_base("W2cuda", "eager", c, "ms"), t[0], ms));
   out.push_back(summarize(cuda_base("W2cuda", "eager", c, "gbps"), t[0], gbps));
+  out.push_back(summarize(cuda_base("W2cuda", "compiled", c, "ms"), t[2], ms));
+  out.push_back(summarize(cuda_base("W2cuda", "compiled", c, "gbps"), t[2], gbps));
   out.push_back(single(cuda_base("W2cuda", "eager", c, "peak_tensor_bytes"), peak));
   const double ratio = median_of(t[1]) / median_of(t[0]);  // GB/s over the copy's
   out.push_back(single(cuda_base("W2cuda", "eager", c, "ratio_to_floor"), ratio));
+  const double ratio_c = median_of(t[1]) / median_of(t[2]);
+  out.push_back(single(cuda_base("W2cuda", "compiled", c, "ratio_to_floor"), ratio_c));
+  compiled_figures("W2cuda", "", c, compiled.stats(), out);
   for (const char* metric : {"ms", "gbps"}) {
     Result f = cuda_base("W2cuda", "floor", c, metric);
     f.variant = "memcpy_d2d";
@@ -210,23 +228,108 @@ void run_w2cuda(const Config& c, std::vector<Result>& out) {
                            want = w2(x.to(Device::cpu())).to_vector<float>();
   double err = 0;
   for (size_t i = 0; i < got.size(); ++i) err = std::max(err, double(std::abs(got[i] - want[i])));
+  double err_c = 0;
+  const std::vector<float> got_c = yc.to_vector<float>();
+  for (size_t i = 0; i < got.size(); ++i)
+    err_c = std::max(err_c, double(std::abs(got_c[i] - want[i])));
   std::fprintf(stderr,
-               "W2cuda: duet eager %.3f ms, %.0f GB/s; device copy %.0f GB/s: %.3fx of the copy "
-               "bandwidth (max difference to the CPU %.2g)\n",
-               ms(median_of(t[0])), gbps(median_of(t[0])), gbps(median_of(t[1])), ratio, err);
-  if (err > 1e-5) std::fprintf(stderr, "W2cuda: warning: CUDA and CPU results differ by %g\n", err);
+               "W2cuda: duet eager %.3f ms, %.0f GB/s, compiled %.3f ms, %.0f GB/s; device copy "
+               "%.0f GB/s: eager %.3fx and compiled %.3fx of the copy bandwidth (max difference "
+               "to the CPU %.2g eager, %.2g compiled; %lld fused kernels, %lld CUDA-graph plans)\n",
+               ms(median_of(t[0])), gbps(median_of(t[0])), ms(median_of(t[2])),
+               gbps(median_of(t[2])), gbps(median_of(t[1])), ratio, ratio_c, err, err_c,
+               (long long)compiled.stats().fused_kernels,
+               (long long)compiled.stats().cuda_graph_plans);
+  if (std::max(err, err_c) > 1e-5)
+    std::fprintf(stderr, "W2cuda: warning: CUDA and CPU results differ by %g\n",
+                 std::max(err, err_c));
+}
+
+// The products of one training step of an MLP with weights (in, out), row-major, on cuBLAS:
+// forward Y = X W, backward dX = dY W^T (every layer but the first) and dW = X^T dY; as
+// GemmFloor in models.cpp does on oneDNN. Row-major C = A B is column-major C^T = B^T A^T.
+class CudaGemmFloor {
+ public:
+  CudaGemmFloor(const std::vector<int64_t>& sizes, int64_t batch) : sizes_(sizes), batch_(batch) {
+    size_t total = 0;
+    for (size_t l = 0; l + 1 < sizes.size(); ++l)
+      total += size_t(batch * sizes[l] + sizes[l] * sizes[l + 1] + batch * sizes[l + 1]) * 3;
+    buf_ = random_cuda(static_cast<int64_t>(total), 17);
+  }
+  void operator()() {
+    float* p = buf_.data_ptr<float>();
+    const float one = 1, zero = 0;
+    for (size_t l = 0; l + 1 < sizes_.size(); ++l) {
+      const int in = static_cast<int>(sizes_[l]), out = static_cast<int>(sizes_[l + 1]);
+      const int b = static_cast<int>(batch_);
+      float* x = p;
+      float* w = x + size_t(b) * in;
+      float* y = w + size_t(in) * out;
+      float* dy = y + size_t(b) * out;
+      float* dx = dy + size_t(b) * out;
+      float* dw = dx + size_t(b) * in;
+      // Y = X W
+      DUET_CUBLAS_CHECK(cublasSgemm(blas_.h, CUBLAS_OP_N, CUBLAS_OP_N, out, b, in, &one, w, out, x,
+                                    in, &zero, y, out));
+      // dX = dY W^T
+      if (l > 0)
+        DUET_CUBLAS_CHECK(cublasSgemm(blas_.h, CUBLAS_OP_T, CUBLAS_OP_N, in, b, out, &one, w, out,
+                                      dy, out, &zero, dx, in));
+      // dW = X^T dY
+      DUET_CUBLAS_CHECK(cublasSgemm(blas_.h, CUBLAS_OP_N, CUBLAS_OP_T, out, in, b, &one, dy, out, x,
+                                    in, &zero, dw, out));
+      p = dw + size_t(in) * out;
+    }
+  }
+
+ private:
+  std::vector<int64_t> sizes_;
+  int64_t batch_;
+  Tensor buf_;
+  Cublas blas_;
+};
+
+// W4cuda and W6cuda: the training step eager and compiled on cuda:0, against its GEMM floor.
+void run_training_cuda(const char* w, const char* metric, double unit, int calls, const Config& c,
+                       std::vector<Result>& out) {
+  const std::string name = std::string(w) + "cuda";
+  DeviceTraining t = device_training(w, kCuda);
+  CudaGemmFloor floor(t.sizes, t.batch);
+  const auto tm =
+      time_events({[&] { t.eager(); }, [&] { t.compiled(); }, [&] { floor(); }}, calls, c.reps, 3);
+  const char* modes[] = {"eager", "compiled", "floor"};
+  auto per_step = [&](double s) { return s * unit; };
+  for (int k = 0; k < 3; ++k) {
+    Result r = cuda_base(name.c_str(), modes[k], c, metric);
+    if (k == 2) r.variant = "cublas_gemms";
+    out.push_back(summarize(r, tm[k], per_step));
+  }
+  const duet::CompileStats s = t.stats();
+  compiled_figures(name.c_str(), "", c, s, out);
+  const double e = median_of(tm[0]) * unit, p = median_of(tm[1]) * unit,
+               f = median_of(tm[2]) * unit;
+  std::fprintf(stderr,
+               "%s: eager %.1f, compiled %.1f, GEMM floor %.1f %s per step: compiled %.2fx faster "
+               "than eager, %.2fx the floor (%lld traces, %lld fused kernels, %lld CUDA-graph "
+               "plans; captures failed: %lld %s)\n",
+               name.c_str(), e, p, f, metric, e / p, p / f, (long long)s.traces,
+               (long long)s.fused_kernels, (long long)s.cuda_graph_plans,
+               (long long)duet::cuda_graph_stats().failed,
+               duet::cuda_graph_stats().last_failure.c_str());
 }
 
 }  // namespace
 
-void run_cuda(const Config& c, bool w2, bool w3, std::vector<Result>& out) {
+void run_cuda(const Config& c, const std::function<bool(const char*)>& want,
+              std::vector<Result>& out) {
   if (!duet::cuda::is_available()) {
-    std::fprintf(stderr, "%s%s%s: skipped (no usable CUDA GPU)\n", w3 ? "W3cuda" : "",
-                 w2 && w3 ? ", " : "", w2 ? "W2cuda" : "");
+    std::fprintf(stderr, "W7 (CUDA workloads): skipped (no usable CUDA GPU)\n");
     return;
   }
-  if (w3) run_w3cuda(c, out);
-  if (w2) run_w2cuda(c, out);
+  if (want("W3cuda")) run_w3cuda(c, out);
+  if (want("W2cuda")) run_w2cuda(c, out);
+  if (want("W4cuda")) run_training_cuda("W4", "ms_per_step", 1e3, 20, c, out);
+  if (want("W6cuda")) run_training_cuda("W6", "us_per_step", 1e6, 200, c, out);
 }
 
 }  // namespace bench

@@ -2,9 +2,9 @@
 //            [--ablate]
 // Runs the BENCH.md workloads with their floors and prints a table, or one JSON array. With
 // --ablate it runs instead each compiled workload (W2, W4, W5, W6, TT, or those of --only) with
-// each pass switched off in turn (models.cpp). The CUDA workloads W3cuda and W2cuda (cuda.cpp)
-// run with --device cuda or all (W3 and W2 in --only select them there too), or when --only
-// names them.
+// each pass switched off in turn (models.cpp). The CUDA workloads of W7, W2cuda, W3cuda, W4cuda
+// and W6cuda (cuda.cpp), run with --device cuda or all (W2, W3, W4 and W6 in --only select them
+// there too), or when --only names them or W7.
 #include <cstdio>
 #include <cstring>
 #include <set>
@@ -17,9 +17,10 @@
 namespace {
 
 void usage() {
-  std::fprintf(stderr,
-               "usage: duet_bench [--only W1,...,W6,C1,CT,TT,RN,W2cuda,W3cuda] [--threads N] "
-               "[--device cpu|cuda|all] [--reps N] [--json] [--ablate]\n");
+  std::fprintf(
+      stderr,
+      "usage: duet_bench [--only W1,...,W7,C1,CT,TT,RN,W2cuda,W3cuda,W4cuda,W6cuda] [--threads N] "
+      "[--device cpu|cuda|all] [--reps N] [--json] [--ablate]\n");
 }
 
 std::string json(const std::vector<bench::Result>& rs) {
@@ -111,13 +112,19 @@ int main(int argc, char** argv) {
   auto want_cuda = [&](const char* w, const char* cpu_twin) {
     return only.count(w) || (on_cuda && (only.empty() || only.count(cpu_twin)));
   };
-  const bool w3cuda = want_cuda("W3cuda", "W3"), w2cuda = want_cuda("W2cuda", "W2");
-  if (w3cuda || w2cuda) {
+  // W7 names all four.
+  auto want_w7 = [&](const char* w) {
+    const std::string cpu_twin = std::string(w).substr(0, 2);
+    return want_cuda(w, cpu_twin.c_str()) || only.count("W7") > 0;
+  };
+  std::string cuda_wanted;
+  for (const char* w : {"W2cuda", "W3cuda", "W4cuda", "W6cuda"})
+    if (want_w7(w)) cuda_wanted += (cuda_wanted.empty() ? "" : ", ") + std::string(w);
+  if (!cuda_wanted.empty()) {
 #ifdef DUET_WITH_CUDA
-    bench::run_cuda(cfg, w2cuda, w3cuda, rs);
+    bench::run_cuda(cfg, want_w7, rs);
 #else
-    std::fprintf(stderr, "%s%s%s: skipped (duet_bench was built without CUDA)\n",
-                 w3cuda ? "W3cuda" : "", w2cuda && w3cuda ? ", " : "", w2cuda ? "W2cuda" : "");
+    std::fprintf(stderr, "%s: skipped (duet_bench was built without CUDA)\n", cuda_wanted.c_str());
 #endif
   }
   rs.push_back(bench::single({"all", "process", "cpu", "peak_rss_bytes", "", cfg.threads},

@@ -136,17 +136,23 @@ struct Training {
 };
 
 /// W4 and W6: an MLP with weights (in, out) and a batch; the seed and the order of the draws are
-/// those of the first bench, so the figures stay comparable.
+/// those of the first bench, so the figures stay comparable. On another device (W4cuda, W6cuda)
+/// the same values are drawn on the CPU and moved.
 std::shared_ptr<Training> mlp_training(const std::vector<int64_t>& sizes, int64_t batch, Act act,
-                                       bool act_last, Loss kind) {
+                                       bool act_last, Loss kind,
+                                       duet::Device device = duet::Device::cpu()) {
   auto t = std::make_shared<Training>();
   duet::manual_seed(42);
   Mlp m = make_mlp(sizes, act, act_last, kTrainWeightsInOut, 0.05);
+  if (!device.is_cpu())
+    for (std::vector<Tensor>* v : {&m.w, &m.b})
+      for (Tensor& p : *v) p = p.detach().to(device).requires_grad_();
   t->params = m.params();
   t->forward = [m](const Tensor& x) { return forward(m, x); };
-  t->x = duet::randn({batch, sizes.front()});
-  t->y = kind == Loss::CrossEntropy ? duet::randint(sizes.back(), {batch})
-                                    : duet::randn({batch, sizes.back()});
+  t->x = duet::randn({batch, sizes.front()}).to(device);
+  t->y = (kind == Loss::CrossEntropy ? duet::randint(sizes.back(), {batch})
+                                     : duet::randn({batch, sizes.back()}))
+             .to(device);
   t->kind = kind;
   return t;
 }
@@ -530,6 +536,21 @@ void ablate(const Ablatable& a, const Config& c, std::vector<Result>& out) {
 }
 
 }  // namespace
+
+DeviceTraining device_training(const std::string& w, duet::Device device) {
+  const bool w4 = w == "W4";
+  std::shared_ptr<Training> t =
+      w4 ? mlp_training(kW4Sizes, 256, Act::Relu, false, Loss::CrossEntropy, device)
+         : mlp_training(kW6Sizes, 8, Act::Tanh, true, Loss::Mse, device);
+  auto step = std::make_shared<decltype(t->compile())>(t->compile());
+  DeviceTraining d;
+  d.sizes = w4 ? kW4Sizes : kW6Sizes;
+  d.batch = w4 ? 256 : 8;
+  d.eager = [t] { return t->eager(); };
+  d.compiled = [t, step] { return (*step)(t->x, t->y); };
+  d.stats = [step] { return step->stats(); };
+  return d;
+}
 
 void compiled_figures(const char* w, const std::string& variant, const Config& c,
                       const duet::CompileStats& s, std::vector<Result>& out) {
