@@ -426,44 +426,13 @@ void run(kernels::FusedKernel& k, const kernels::DuetFusedArgs& a, Device device
   k.runs.fetch_add(1, std::memory_order_relaxed);
   const void* fn = k.device_code.load(std::memory_order_acquire);
   DUET_ASSERT(fn != nullptr, "[fused] a CUDA kernel ran before prepare()");
-  const FusedProgram& p = k.program;
-  const DeviceInfo& info = device_info(device);
-  const int64_t esize = p.dtype == DType::f64 ? 8 : 4;
-  const int64_t V = 16 / esize;
-  unsigned vmask = 0;
-  int vec = 0;
-  dim3 grid(1), block(1);
-  if (p.reduce == FusedReduce::None) {
-    const int64_t n = a.outer * a.inner;
-    if (n <= 0) return;
-    vec = a.inner % V == 0;
-    for (size_t o = 0; vec && o < p.outputs.size(); ++o) vec = aligned16(a.out[o]);
-    for (int i = 0; i < p.num_inputs(); ++i)
-      if (p.in_dtypes[i] == p.dtype && a.in_si[i] == 1 && aligned16(a.in[i]) &&
-          (a.outer == 1 || (a.in_so[i] * esize) % 16 == 0))
-        vmask |= 1u << i;
-    const int64_t work = vec ? n / V : n;
-    const int64_t blocks = std::min<int64_t>((work + 255) / 256, int64_t(info.sms) * 16);
-    grid = dim3(static_cast<unsigned>(std::max<int64_t>(blocks, 1)));
-    block = dim3(256);
-  } else if (p.reduce == FusedReduce::Inner) {
-    if (a.outer <= 0) return;
-    int threads = 32;
-    while (threads < 512 && threads < a.inner) threads *= 2;
-    grid = dim3(static_cast<unsigned>(std::min<int64_t>(a.outer, 65535)));
-    block = dim3(static_cast<unsigned>(threads));
-  } else {
-    if (a.inner <= 0) return;
-    const int64_t col_blocks = (a.inner + 31) / 32;
-    // Few columns: more threads down the rows.
-    const unsigned rows = col_blocks < info.sms ? 32 : 8;
-    grid = dim3(static_cast<unsigned>(std::min<int64_t>(col_blocks, 65535)));
-    block = dim3(32, rows);
-  }
+  FusedLaunch l = fused_launch(k.program, a, device_info(device).sms);
+  if (l.none) return;
   kernels::DuetFusedArgs args = a;
-  void* params[] = {&args, &vmask, &vec};
+  void* params[] = {&args, &l.vmask, &l.vec};
   set_device(device);
-  DUET_CUDA_CHECK(cudaLaunchKernel(fn, grid, block, params, 0, stream(device)));
+  DUET_CUDA_CHECK(
+      cudaLaunchKernel(fn, dim3(l.grid), dim3(l.block_x, l.block_y), params, 0, stream(device)));
 }
 
 }  // namespace
@@ -575,6 +544,48 @@ std::string fused_source(const FusedProgram& p) {
       red_op, red_id);
   s += kKernels;
   return s;
+}
+
+FusedLaunch fused_launch(const FusedProgram& p, const kernels::DuetFusedArgs& a, int sms) {
+  FusedLaunch l;
+  const int64_t esize = p.dtype == DType::f64 ? 8 : 4;
+  const int64_t V = 16 / esize;
+  if (p.reduce == FusedReduce::None) {
+    const int64_t n = a.outer * a.inner;
+    if (n <= 0) {
+      l.none = true;
+      return l;
+    }
+    l.vec = a.inner % V == 0;
+    for (size_t o = 0; l.vec && o < p.outputs.size(); ++o) l.vec = aligned16(a.out[o]);
+    for (int i = 0; i < p.num_inputs(); ++i)
+      if (p.in_dtypes[i] == p.dtype && a.in_si[i] == 1 && aligned16(a.in[i]) &&
+          (a.outer == 1 || (a.in_so[i] * esize) % 16 == 0))
+        l.vmask |= 1u << i;
+    const int64_t work = l.vec ? n / V : n;
+    const int64_t blocks = std::min<int64_t>((work + 255) / 256, int64_t(sms) * 16);
+    l.grid = static_cast<unsigned>(std::max<int64_t>(blocks, 1));
+    l.block_x = 256;
+  } else if (p.reduce == FusedReduce::Inner) {
+    if (a.outer <= 0) {
+      l.none = true;
+      return l;
+    }
+    int threads = 32;
+    while (threads < 512 && threads < a.inner) threads *= 2;
+    l.grid = static_cast<unsigned>(std::min<int64_t>(a.outer, 65535));
+    l.block_x = static_cast<unsigned>(threads);
+  } else {
+    if (a.inner <= 0) {
+      l.none = true;
+      return l;
+    }
+    const int64_t col_blocks = (a.inner + 31) / 32;
+    l.grid = static_cast<unsigned>(std::min<int64_t>(col_blocks, 65535));
+    l.block_x = 32;
+    l.block_y = col_blocks < sms ? 32 : 8;  // few columns: more threads down the rows
+  }
+  return l;
 }
 
 std::string nvrtc_check(const std::string& source, int arch) {

@@ -44,6 +44,17 @@ std::string fused_source(const kernels::FusedProgram& p);
 /// machines to check every generated program compiles).
 std::string nvrtc_check(const std::string& source, int arch);
 
+/// How run() launches a program's kernel on a device with `sms` multiprocessors: the grid, the
+/// block, and the kernel's vmask and vec arguments (Note [Fused CUDA kernels]). `none` when
+/// there is no work.
+struct FusedLaunch {
+  unsigned grid = 1, block_x = 1, block_y = 1;
+  unsigned vmask = 0;
+  int vec = 0;
+  bool none = false;
+};
+FusedLaunch fused_launch(const kernels::FusedProgram& p, const kernels::DuetFusedArgs& a, int sms);
+
 /// Registers the fused-kernel runner for CUDA devices (kernels::set_fused_device_runner).
 void register_fused_runner();
 

@@ -2,8 +2,18 @@
 // device, so every generated program must compile for sm_90 here, on the CPU machines of CI.
 // The programs: one per compute dtype and reduction mode using every fusable op and every input
 // dtype, and the fused groups that the fusion pass finds in the random programs of the fusion
-// mix. (Running the kernels, and comparing them with eager, is test_cuda_compile's, on a GPU.)
+// mix. The elementwise kernels also run on the host: the same source, compiled by the C++
+// compiler over a small CUDA shim (threads run one after another, which an elementwise kernel
+// allows), launched with the grid, block, vmask and vec that the runner computes, must give the
+// interpreter's values in every layout (dense, broadcast, strided, misaligned; vector and scalar
+// paths). (Running the kernels on a GPU, against eager, is test_cuda_compile's.)
+#include <dlfcn.h>
+#include <unistd.h>
+
 #include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <set>
 
 #include "cuda/fused.h"
@@ -11,6 +21,13 @@
 #include "trace/compile.h"
 #include "trace/fusion.h"
 #include "util.h"
+
+namespace duet::detail {
+extern const char* const kCodegenCompiler;
+extern const char* const kCodegenEigenInclude;
+extern const char* const kCodegenFunctorsH;
+extern const char* const kCodegenFusedAbiH;
+}  // namespace duet::detail
 
 namespace duet::test {
 namespace {
@@ -121,6 +138,188 @@ TEST_CASE("cuda codegen: the fused groups of random fusion programs compile with
   MESSAGE(
       fmt::format("{} fused groups, {} distinct kernels compiled in {:.1f} s", groups, seen.size(),
                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()));
+}
+
+namespace {
+
+// What the host needs of CUDA to run an elementwise kernel: threads run one after another.
+constexpr const char* kShim = R"duet_src(#pragma once
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+struct dim3 {
+  unsigned x = 1, y = 1, z = 1;
+};
+inline dim3 threadIdx, blockIdx, blockDim, gridDim;
+#define __device__
+#define __forceinline__ inline
+#define __global__
+#define __shared__ static
+inline void __syncthreads() {}
+template <class T>
+T __shfl_down_sync(unsigned, T v, int) {
+  return v;  // never run: the host runs only elementwise kernels
+}
+namespace cuda {
+namespace std {
+using namespace ::std;
+}
+}  // namespace cuda
+)duet_src";
+
+std::string replace_all(std::string s, const std::string& from, const std::string& to) {
+  for (size_t i = s.find(from); i != std::string::npos; i = s.find(from, i + to.size()))
+    s.replace(i, from.size(), to);
+  return s;
+}
+
+using EmulateFn = void (*)(int prog, const kernels::DuetFusedArgs* a, unsigned vmask, int vec,
+                           unsigned grid, unsigned block);
+
+// Compiles the programs' kernels into one host library, each in a namespace of its own, with
+// emulate() running program `prog` over a grid one thread at a time.
+EmulateFn build_host_kernels(const std::vector<FusedProgram>& progs, std::string* log) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("duet-cuda-emu-" + std::to_string(getpid()));
+  fs::create_directories(dir / "cuda" / "std");
+  auto write = [](const fs::path& p, const std::string& text) { std::ofstream(p) << text; };
+  write(dir / "shim.h", kShim);
+  write(dir / "cuda" / "std" / "limits", "#pragma once\n#include <limits>\n");
+  write(dir / "duet_functors.h", detail::kCodegenFunctorsH);
+  write(dir / "duet_fused_abi.h", detail::kCodegenFusedAbiH);
+  std::string src = "#include \"duet_fused_abi.h\"\n#include \"duet_functors.h\"\n";
+  for (size_t i = 0; i < progs.size(); ++i) {
+    std::string k = cuda::detail::fused_source(progs[i]);
+    k = replace_all(k, "#include", "// #include");
+    k = replace_all(k, "extern \"C\" __global__ void duet_fused", "void duet_fused");
+    src += fmt::format("#undef DUET_REDUCE\nnamespace prog{} {{\n{}\n}}\n", i, k);
+  }
+  src +=
+      "extern \"C\" void emulate(int prog, const duet::kernels::DuetFusedArgs* a, unsigned "
+      "vmask, int vec, unsigned grid, unsigned block) {\n"
+      "  gridDim.x = grid;\n  blockDim.x = block;\n"
+      "  for (unsigned b = 0; b < grid; ++b)\n    for (unsigned t = 0; t < block; ++t) {\n"
+      "      blockIdx.x = b;\n      threadIdx.x = t;\n      switch (prog) {\n";
+  for (size_t i = 0; i < progs.size(); ++i)
+    src += fmt::format("        case {0}: prog{0}::duet_fused(*a, vmask, vec); break;\n", i);
+  src += "      }\n    }\n}\n";
+  write(dir / "emu.cpp", src);
+  std::string eigen;
+  for (const char* p = detail::kCodegenEigenInclude; *p;) {
+    const char* e = std::strchr(p, ';');
+    const std::string d = e ? std::string(p, e) : std::string(p);
+    if (!d.empty()) eigen += " -isystem " + d;
+    p = e ? e + 1 : p + d.size();
+  }
+  const std::string cmd = fmt::format(
+      "{} -std=c++17 -O1 -fPIC -shared -w -I{} {} -include {} {} -o {} > {} 2>&1",
+      detail::kCodegenCompiler, dir.string(), eigen, (dir / "shim.h").string(),
+      (dir / "emu.cpp").string(), (dir / "emu.so").string(), (dir / "log.txt").string());
+  if (std::system(cmd.c_str()) != 0) {
+    std::ifstream f(dir / "log.txt");
+    *log = cmd + "\n" + std::string(std::istreambuf_iterator<char>(f), {});
+    return nullptr;
+  }
+  void* h = dlopen((dir / "emu.so").c_str(), RTLD_NOW | RTLD_LOCAL);
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+  if (!h) {
+    *log = dlerror();
+    return nullptr;
+  }
+  return reinterpret_cast<EmulateFn>(dlsym(h, "emulate"));
+}
+
+// One input's layout over [outer, inner]: element (i, j) at base + i * so + j * si.
+struct InLayout {
+  int64_t so, si;
+  int64_t shift = 0;  ///< elements past an aligned base (misaligned rows)
+};
+
+}  // namespace
+
+TEST_CASE("cuda codegen: elementwise kernels run on the host equal the interpreter") {
+  // Elementwise programs: every op for f32 and f64, and those of random fusion programs.
+  std::vector<FusedProgram> progs = {every_op(DType::f32, FusedReduce::None, OpId::Sum),
+                                     every_op(DType::f64, FusedReduce::None, OpId::Sum)};
+  for (uint64_t seed = 0; seed < 16 && progs.size() < 14; ++seed) {
+    Program p;
+    p.seed = seed;
+    Generator gen(p, seed, Mix::Fusion);
+    gen.make_inputs();
+    if (!gen.make_steps(gen.random_length()).empty()) continue;
+    gen.choose_outputs();
+    auto f = compile([&p](std::vector<Tensor> xs) { return run_program(p, xs); });
+    try {
+      f(build_inputs(p, gen.first_values(), false));
+    } catch (const Error&) {
+      continue;
+    }
+    for (const detail::FusionGroup& g : detail::find_fusion_groups(f.graph()))
+      if (g.program.reduce == FusedReduce::None) progs.push_back(g.program);
+  }
+  std::string log;
+  const EmulateFn emulate = build_host_kernels(progs, &log);
+  const bool built = emulate != nullptr;
+  REQUIRE_MESSAGE(built, log);
+  Rng rng(77);
+  struct Case {
+    const char* name;
+    int64_t outer, inner;
+    std::vector<InLayout> layouts;  // per input (cycled)
+  };
+  const std::vector<Case> cases = {
+      {"dense, one row (vector path)", 1, 1024, {{0, 1}}},
+      {"rows, row and column broadcasts, strided (vector path)",
+       7,
+       36,
+       {{0, 1}, {1, 0}, {72, 2}, {36, 1}, {0, 0}}},
+      {"odd rows (scalar path)", 5, 33, {{33, 1}, {0, 1}, {1, 0}}},
+      {"misaligned rows (vector path, lane loads)", 3, 40, {{40, 1, 1}, {41, 1, 0}}},
+      {"transposed", 6, 8, {{1, 6}, {8, 1}}},
+  };
+  int checked = 0;
+  for (size_t pi = 0; pi < progs.size(); ++pi) {
+    const FusedProgram& p = progs[pi];
+    const int ni = p.num_inputs(), no = static_cast<int>(p.outputs.size());
+    for (const Case& c : cases) {
+      INFO("program " << pi << ", " << c.name << "\n" << p.str());
+      // Inputs: buffers large enough for every layout, filled from the domain of each dtype.
+      std::vector<Tensor> ins;
+      kernels::DuetFusedArgs a{};
+      a.outer = c.outer;
+      a.inner = c.inner;
+      for (int k = 0; k < ni; ++k) {
+        const InLayout& l = c.layouts[static_cast<size_t>(k) % c.layouts.size()];
+        const int64_t extent = l.shift + (c.outer - 1) * l.so + (c.inner - 1) * l.si + 1;
+        const DType d = p.in_dtypes[k];
+        ins.push_back(make(random_values(extent, Domain{0.1, 2, 0.1, 2}, d, rng), {extent}, d));
+        a.in[k] = static_cast<const char*>(ins.back().raw_data()) + l.shift * itemsize(d);
+        a.in_so[k] = l.so;
+        a.in_si[k] = l.si;
+      }
+      std::vector<Tensor> got, want;
+      for (int o = 0; o < no; ++o) {
+        got.push_back(zeros({c.outer * c.inner}, Options().dtype(p.out_dtypes[o])));
+        want.push_back(zeros({c.outer * c.inner}, Options().dtype(p.out_dtypes[o])));
+      }
+      for (int o = 0; o < no; ++o) a.out[o] = want[o].raw_data();
+      kernels::interpret_fused(p, a, 0, c.outer * c.inner);
+      for (int o = 0; o < no; ++o) a.out[o] = got[o].raw_data();
+      const cuda::detail::FusedLaunch l = cuda::detail::fused_launch(p, a, 2);
+      REQUIRE_FALSE(l.none);
+      emulate(static_cast<int>(pi), &a, l.vmask, l.vec, l.grid, l.block_x);
+      for (int o = 0; o < no; ++o) {
+        INFO("output " << o << " (vec " << l.vec << ", vmask " << l.vmask << ")");
+        const double tol = p.dtype == DType::f32 ? 2e-6 : 1e-13;
+        const std::string m = differences(values(got[o]), values(want[o]), tol, tol);
+        CHECK_MESSAGE(m.empty(), m);
+      }
+      ++checked;
+    }
+  }
+  MESSAGE(fmt::format("{} programs, {} runs checked on the host", progs.size(), checked));
 }
 
 }  // namespace duet::test
