@@ -144,6 +144,7 @@ namespace {
 
 // What the host needs of CUDA to run an elementwise kernel: threads run one after another.
 constexpr const char* kShim = R"duet_src(#pragma once
+#include <barrier>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -151,15 +152,27 @@ constexpr const char* kShim = R"duet_src(#pragma once
 struct dim3 {
   unsigned x = 1, y = 1, z = 1;
 };
-inline dim3 threadIdx, blockIdx, blockDim, gridDim;
+inline thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
 #define __device__
 #define __forceinline__ inline
 #define __global__
 #define __shared__ static
-inline void __syncthreads() {}
+// One block runs at a time, each of its threads on a thread of its own, meeting at a barrier.
+// Shuffles meet at their warp's barrier (blocks are whole warps of 32).
+inline std::barrier<>* duet_emu_barrier = nullptr;
+inline std::barrier<>* duet_emu_warps[32];
+inline double duet_emu_lanes[1024];
+inline void __syncthreads() { duet_emu_barrier->arrive_and_wait(); }
+// Lane l gets lane l + off's value within its warp of 32, else its own (CUDA's rule).
 template <class T>
-T __shfl_down_sync(unsigned, T v, int) {
-  return v;  // never run: the host runs only elementwise kernels
+T __shfl_down_sync(unsigned, T v, int off) {
+  const unsigned tid = threadIdx.x + threadIdx.y * blockDim.x;
+  std::barrier<>& warp = *duet_emu_warps[tid / 32];
+  duet_emu_lanes[tid] = static_cast<double>(v);
+  warp.arrive_and_wait();
+  const T r = (tid % 32) + off < 32 ? static_cast<T>(duet_emu_lanes[tid + off]) : v;
+  warp.arrive_and_wait();
+  return r;
 }
 namespace cuda {
 namespace std {
@@ -175,7 +188,7 @@ std::string replace_all(std::string s, const std::string& from, const std::strin
 }
 
 using EmulateFn = void (*)(int prog, const kernels::DuetFusedArgs* a, unsigned vmask, int vec,
-                           unsigned grid, unsigned block);
+                           unsigned grid, unsigned block_x, unsigned block_y);
 
 // Compiles the programs' kernels into one host library, each in a namespace of its own, with
 // emulate() running program `prog` over a grid one thread at a time.
@@ -195,15 +208,35 @@ EmulateFn build_host_kernels(const std::vector<FusedProgram>& progs, std::string
     k = replace_all(k, "extern \"C\" __global__ void duet_fused", "void duet_fused");
     src += fmt::format("#undef DUET_REDUCE\nnamespace prog{} {{\n{}\n}}\n", i, k);
   }
-  src +=
-      "extern \"C\" void emulate(int prog, const duet::kernels::DuetFusedArgs* a, unsigned "
-      "vmask, int vec, unsigned grid, unsigned block) {\n"
-      "  gridDim.x = grid;\n  blockDim.x = block;\n"
-      "  for (unsigned b = 0; b < grid; ++b)\n    for (unsigned t = 0; t < block; ++t) {\n"
-      "      blockIdx.x = b;\n      threadIdx.x = t;\n      switch (prog) {\n";
+  src += R"EMU(#include <algorithm>
+#include <memory>
+#include <thread>
+#include <vector>
+extern "C" void emulate(int prog, const duet::kernels::DuetFusedArgs* a, unsigned vmask, int vec,
+                        unsigned grid, unsigned bx, unsigned by) {
+  for (unsigned b = 0; b < grid; ++b) {
+    std::barrier<> bar(bx * by);
+    duet_emu_barrier = &bar;
+    std::vector<std::unique_ptr<std::barrier<>>> warps;
+    for (unsigned w = 0; w * 32 < bx * by; ++w) {
+      warps.push_back(std::make_unique<std::barrier<>>(std::min(32u, bx * by - w * 32)));
+      duet_emu_warps[w] = warps.back().get();
+    }
+    std::vector<std::thread> threads;
+    for (unsigned ty = 0; ty < by; ++ty)
+      for (unsigned tx = 0; tx < bx; ++tx)
+        threads.emplace_back([=] {
+          gridDim.x = grid;
+          blockDim.x = bx;
+          blockDim.y = by;
+          blockIdx.x = b;
+          threadIdx.x = tx;
+          threadIdx.y = ty;
+          switch (prog) {
+)EMU";
   for (size_t i = 0; i < progs.size(); ++i)
-    src += fmt::format("        case {0}: prog{0}::duet_fused(*a, vmask, vec); break;\n", i);
-  src += "      }\n    }\n}\n";
+    src += fmt::format("            case {0}: prog{0}::duet_fused(*a, vmask, vec); break;\n", i);
+  src += "          }\n        });\n    for (std::thread& t : threads) t.join();\n  }\n}\n";
   write(dir / "emu.cpp", src);
   std::string eigen;
   for (const char* p = detail::kCodegenEigenInclude; *p;) {
@@ -213,7 +246,7 @@ EmulateFn build_host_kernels(const std::vector<FusedProgram>& progs, std::string
     p = e ? e + 1 : p + d.size();
   }
   const std::string cmd = fmt::format(
-      "{} -std=c++17 -O1 -fPIC -shared -w -I{} {} -include {} {} -o {} > {} 2>&1",
+      "{} -std=c++20 -O1 -fPIC -shared -pthread -w -I{} {} -include {} {} -o {} > {} 2>&1",
       detail::kCodegenCompiler, dir.string(), eigen, (dir / "shim.h").string(),
       (dir / "emu.cpp").string(), (dir / "emu.so").string(), (dir / "log.txt").string());
   if (std::system(cmd.c_str()) != 0) {
@@ -239,11 +272,16 @@ struct InLayout {
 
 }  // namespace
 
-TEST_CASE("cuda codegen: elementwise kernels run on the host equal the interpreter") {
-  // Elementwise programs: every op for f32 and f64, and those of random fusion programs.
-  std::vector<FusedProgram> progs = {every_op(DType::f32, FusedReduce::None, OpId::Sum),
-                                     every_op(DType::f64, FusedReduce::None, OpId::Sum)};
-  for (uint64_t seed = 0; seed < 16 && progs.size() < 14; ++seed) {
+TEST_CASE("cuda codegen: generated kernels run on the host equal the interpreter") {
+  // Every op for f32 and f64 in each mode, and the groups of random fusion programs.
+  std::vector<FusedProgram> progs;
+  for (DType t : {DType::f32, DType::f64})
+    for (auto [reduce, op] :
+         {std::pair{FusedReduce::None, OpId::Sum}, std::pair{FusedReduce::Inner, OpId::Sum},
+          std::pair{FusedReduce::Inner, OpId::Max}, std::pair{FusedReduce::Outer, OpId::Min},
+          std::pair{FusedReduce::Outer, OpId::Sum}})
+      progs.push_back(every_op(t, reduce, op));
+  for (uint64_t seed = 0; seed < 16 && progs.size() < 24; ++seed) {
     Program p;
     p.seed = seed;
     Generator gen(p, seed, Mix::Fusion);
@@ -257,7 +295,7 @@ TEST_CASE("cuda codegen: elementwise kernels run on the host equal the interpret
       continue;
     }
     for (const detail::FusionGroup& g : detail::find_fusion_groups(f.graph()))
-      if (g.program.reduce == FusedReduce::None) progs.push_back(g.program);
+      progs.push_back(g.program);
   }
   std::string log;
   const EmulateFn emulate = build_host_kernels(progs, &log);
@@ -278,6 +316,8 @@ TEST_CASE("cuda codegen: elementwise kernels run on the host equal the interpret
       {"odd rows (scalar path)", 5, 33, {{33, 1}, {0, 1}, {1, 0}}},
       {"misaligned rows (vector path, lane loads)", 3, 40, {{40, 1, 1}, {41, 1, 0}}},
       {"transposed", 6, 8, {{1, 6}, {8, 1}}},
+      {"long rows", 3, 700, {{700, 1}, {0, 1}, {1, 0}}},
+      {"many rows, few columns", 70, 3, {{3, 1}, {0, 1}, {1, 0}}},
   };
   int checked = 0;
   for (size_t pi = 0; pi < progs.size(); ++pi) {
@@ -304,16 +344,31 @@ TEST_CASE("cuda codegen: elementwise kernels run on the host equal the interpret
         got.push_back(zeros({c.outer * c.inner}, Options().dtype(p.out_dtypes[o])));
         want.push_back(zeros({c.outer * c.inner}, Options().dtype(p.out_dtypes[o])));
       }
+      const int64_t nred = p.reduce == FusedReduce::Inner   ? c.outer
+                           : p.reduce == FusedReduce::Outer ? c.inner
+                                                            : 0;
+      Tensor red_got = zeros({nred}, Options().dtype(p.dtype)),
+             red_want = zeros({nred}, Options().dtype(p.dtype));
       for (int o = 0; o < no; ++o) a.out[o] = want[o].raw_data();
-      kernels::interpret_fused(p, a, 0, c.outer * c.inner);
+      a.red_out = red_want.raw_data();
+      kernels::FusedKernel k;
+      k.program = p;
+      kernels::interpret_fused(p, a, 0, k.work(a));
       for (int o = 0; o < no; ++o) a.out[o] = got[o].raw_data();
-      const cuda::detail::FusedLaunch l = cuda::detail::fused_launch(p, a, 2);
+      a.red_out = red_got.raw_data();
+      // One multiprocessor: grids of a few blocks, so the grid-stride loops go round.
+      const cuda::detail::FusedLaunch l = cuda::detail::fused_launch(p, a, 1);
       REQUIRE_FALSE(l.none);
-      emulate(static_cast<int>(pi), &a, l.vmask, l.vec, l.grid, l.block_x);
+      emulate(static_cast<int>(pi), &a, l.vmask, l.vec, l.grid, l.block_x, l.block_y);
+      const double tol = p.dtype == DType::f32 ? 2e-6 : 1e-13;
       for (int o = 0; o < no; ++o) {
         INFO("output " << o << " (vec " << l.vec << ", vmask " << l.vmask << ")");
-        const double tol = p.dtype == DType::f32 ? 2e-6 : 1e-13;
         const std::string m = differences(values(got[o]), values(want[o]), tol, tol);
+        CHECK_MESSAGE(m.empty(), m);
+      }
+      if (nred) {  // sums in another order
+        INFO("reduction (grid " << l.grid << ", block " << l.block_x << "x" << l.block_y << ")");
+        const std::string m = differences(values(red_got), values(red_want), tol * 50, tol * 50);
         CHECK_MESSAGE(m.empty(), m);
       }
       ++checked;
