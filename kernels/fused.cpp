@@ -436,7 +436,12 @@ uint64_t FusedProgram::hash() const {
 
 namespace {
 FusedDeviceRunner g_runners[kNumDeviceTypes];
+GemmEpilogueFn g_epilogues[kNumDeviceTypes];
+}  // namespace
+void set_gemm_epilogue(DeviceType type, GemmEpilogueFn fn) {
+  g_epilogues[static_cast<int>(type)] = fn;
 }
+GemmEpilogueFn gemm_epilogue(DeviceType type) { return g_epilogues[static_cast<int>(type)]; }
 void set_fused_device_runner(DeviceType type, const FusedDeviceRunner& runner) {
   g_runners[static_cast<int>(type)] = runner;
 }

@@ -88,6 +88,15 @@ struct FusedDeviceRunner {
   void (*run)(FusedKernel& k, const DuetFusedArgs& a, Device device) = nullptr;
 };
 void set_fused_device_runner(DeviceType type, const FusedDeviceRunner& runner);
+
+/// out = a @ b + bias, or relu of it, in one call (2-D a and b, bias along the last dim): a
+/// device backend's fused GEMM epilogue (CUDA: cuBLASLt, Note [cuBLASLt epilogues] in
+/// cuda/kernels/matmul_ops.cpp). Returns false, having done nothing, where it cannot.
+using GemmEpilogueFn = bool (*)(const Tensor& a, const Tensor& b, const Tensor& bias, bool relu,
+                                const Tensor& out);
+void set_gemm_epilogue(DeviceType type, GemmEpilogueFn fn);
+/// The epilogue of a device type, or null.
+GemmEpilogueFn gemm_epilogue(DeviceType type);
 /// The runner of a device type, or null (then the fusion pass leaves that device's ops alone).
 const FusedDeviceRunner* fused_device_runner(DeviceType type);
 

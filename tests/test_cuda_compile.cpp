@@ -260,4 +260,28 @@ TEST_CASE("cuda compiled: graphs update captured tensors, recapture on new stora
   CHECK(moved.stats().cuda_graph_plans == 0);
 }
 
+TEST_CASE("cuda compiled: matmul + bias (+ relu) runs as one cuBLASLt call with an epilogue") {
+  if (!gpu()) return;
+  Rng rng(41);
+  for (DType dt : {DType::f32, DType::f64}) {
+    for (bool transposed : {false, true}) {
+      INFO(dtype_name(dt) << (transposed ? ", transposed weight" : ""));
+      const Shape ws = transposed ? Shape{48, 32} : Shape{32, 48};
+      const Tensor w = cuda_like(make_layout(random_values(ws.numel(), Domain{-1, 1}, dt, rng), ws,
+                                             dt, Layout::Contiguous));
+      const Tensor wt = transposed ? permute(w, {1, 0}) : w;
+      const Tensor b = cuda_like(make(random_values(48, Domain{-1, 1}, dt, rng), {48}, dt));
+      auto make_x = [&] {
+        return Ins{cuda_like(make(random_values(16 * 32, Domain{-1, 1}, dt, rng), {16, 32}, dt))};
+      };
+      const CompileStats a =
+          check_calls([&](const Ins& x) { return relu(matmul(x[0], wt) + b); }, make_x, 4, 1e-5);
+      const CompileStats c =
+          check_calls([&](const Ins& x) { return matmul(x[0], wt) + b; }, make_x, 4, 1e-5);
+      CHECK(a.gemm_epilogues == 1);
+      CHECK(c.gemm_epilogues == 1);
+    }
+  }
+}
+
 }  // namespace duet::test

@@ -7,6 +7,7 @@
 // kernel is generated after its first run. Each check then runs a second time, after
 // codegen::wait_idle(), on the generated code, and must give the same bits.
 #include "trace/codegen.h"
+#include "kernels/fused.h"
 #include "trace/compile.h"
 #include "util.h"
 
@@ -287,6 +288,83 @@ TEST_CASE(
     CHECK(f.stats().fused_kernels >= 3);
     CHECK(f.stats().fused_kernels <= 8);
   }
+}
+
+}  // namespace duet::test
+
+namespace duet::test {
+
+// ---- GEMM epilogues (Note [cuBLASLt epilogues]) -----------------------------------------------
+// CUDA runs matmul + bias (+ relu) as one cuBLASLt call. The executor's side (finding the pair,
+// skipping the group, the fallback) is the same for any device: here a CPU "epilogue" registered
+// for the test computes the same values from eager ops and counts its calls.
+
+namespace {
+int g_epilogue_calls = 0;
+bool g_epilogue_accepts = true;
+bool test_epilogue(const Tensor& a, const Tensor& b, const Tensor& bias, bool relu,
+                   const Tensor& out) {
+  if (!g_epilogue_accepts) return false;
+  ++g_epilogue_calls;
+  detail::SuspendModes eager;
+  NoGradGuard no_grad;
+  Tensor y = matmul(a, b) + reshape(bias, {-1});
+  Tensor dst = out;  // a handle to the same storage
+  dst.copy_(relu ? duet::relu(y) : y);
+  return true;
+}
+struct EpilogueFor {  // registered for the test's duration
+  EpilogueFor() { kernels::set_gemm_epilogue(DeviceType::CPU, test_epilogue); }
+  ~EpilogueFor() { kernels::set_gemm_epilogue(DeviceType::CPU, nullptr); }
+};
+}  // namespace
+
+TEST_CASE("gemm epilogues: matmul + bias (+ relu) pairs run as one call, or fall back") {
+  EpilogueFor registered;
+  Tensor w = randn({8, 5}), b = randn({5}), b2 = randn({1, 5});
+  auto lin_relu = compile([&](Tensor x) { return relu(matmul(x, w) + b); });
+  auto lin = compile([&](Tensor x) { return b2 + matmul(x, w); });
+  // The product is read twice: no epilogue.
+  auto twice = compile([&](Tensor x) {
+    Tensor y = matmul(x, w);
+    return std::vector<Tensor>{y + b, y};
+  });
+  for (int call = 0; call < 3; ++call) {
+    const Tensor x = randn({4, 8});
+    g_epilogue_calls = 0;
+    CHECK(values(lin_relu(x)) == values(relu(matmul(x, w) + b)));
+    CHECK(g_epilogue_calls == 1);
+    CHECK(values(lin(x)) == values(b2 + matmul(x, w)));
+    CHECK(g_epilogue_calls == 2);
+    const std::vector<Tensor> t = twice(x);
+    CHECK(g_epilogue_calls == 2);
+    CHECK(values(t[0]) == values(matmul(x, w) + b));
+  }
+  CHECK(lin_relu.stats().gemm_epilogues == 1);
+  CHECK(lin.stats().gemm_epilogues == 1);
+  CHECK(twice.stats().gemm_epilogues == 0);
+  // A device that declines: the matmul and the group run as before.
+  g_epilogue_accepts = false;
+  const Tensor x = randn({4, 8});
+  CHECK(values(lin_relu(x)) == values(relu(matmul(x, w) + b)));
+  g_epilogue_accepts = true;
+  // A training step: the forward's pairs go through the epilogue, gradients are unchanged.
+  Tensor w1 = randn({8, 6}).requires_grad_(), b1 = randn({6}).requires_grad_();
+  auto step = compile([&](Tensor x) {
+    Tensor loss = sum(relu(matmul(x, w1) + b1));
+    loss.backward();
+    return loss;
+  });
+  const Tensor xs = randn({3, 8});
+  Tensor want = sum(relu(matmul(xs, w1) + b1));
+  want.backward();
+  const std::vector<double> gw = values(w1.grad()), gb = values(b1.grad());
+  w1.set_grad(Tensor());
+  b1.set_grad(Tensor());
+  g_epilogue_calls = 0;
+  CHECK(step(xs).item<double>() == doctest::Approx(want.item<double>()).epsilon(1e-6));
+  CHECK(differences(values(w1.grad()), gw, 1e-6, 1e-6) == "");
+  CHECK(differences(values(b1.grad()), gb, 1e-6, 1e-6) == "");
 }
 
 }  // namespace duet::test

@@ -846,7 +846,7 @@ Plans CompiledCore::build_plans(const Entry& e, const std::vector<int64_t>& valu
   for (Graph& bg : bgs) p.backward.push_back(std::make_shared<Plan>(std::move(bg), popt));
   stats_.buffer_bytes = stats_.fused_kernels = stats_.fused_nodes = stats_.epilogues =
       stats_.arena_bytes = stats_.intermediate_bytes = stats_.hoisted_nodes =
-          stats_.parallel_plans = stats_.cuda_graph_plans = 0;
+          stats_.parallel_plans = stats_.cuda_graph_plans = stats_.gemm_epilogues = 0;
   auto add_stats = [&](const Plan& pl) {
     const PlanStats& s = pl.stats();
     stats_.buffer_bytes += s.buffer_bytes;
@@ -858,6 +858,7 @@ Plans CompiledCore::build_plans(const Entry& e, const std::vector<int64_t>& valu
     stats_.hoisted_nodes += s.hoisted_nodes;
     stats_.parallel_plans += s.parallel ? 1 : 0;
     stats_.cuda_graph_plans += s.cuda_graph ? 1 : 0;
+    stats_.gemm_epilogues += s.gemm_epilogues;
   };
   add_stats(*p.forward);
   if (p.guard) add_stats(*p.guard);

@@ -92,6 +92,8 @@ struct CompileStats {
   /// Plans that run as CUDA graphs (Note [CUDA graph replay] in trace/executor.h): captured at
   /// their second run, replayed from the third. cuda_graph_stats() says how captures went.
   int64_t cuda_graph_plans = 0;
+  /// matmul + bias (+ relu) pairs run as one device GEMM with an epilogue (cuBLASLt).
+  int64_t gemm_epilogues = 0;
 };
 
 /// Process-wide counters of CUDA-graph replay (Note [CUDA graph replay] in trace/executor.h).

@@ -179,6 +179,7 @@ namespace duet::detail {
 
 Plan::Plan(Graph graph, PlanOptions options) : g_(std::move(graph)), opt_(options) {
   build();
+  find_epilogues();
   // CUDA-graph replay: every step on one device whose backend captures graphs; no control
   // steps (their trip counts are decided on the host) and no transfers (host memory).
   if (!opt_.cuda_graph || !controls_.empty() || !wave_begin_.empty()) return;
@@ -993,6 +994,66 @@ std::vector<Tensor> Plan::run_graphed(const std::vector<Tensor>& inputs) {
   return out;
 }
 
+void Plan::find_epilogues() {
+  step_epilogue_.assign(steps_.size(), -1);
+  if (!wave_begin_.empty()) return;  // steps in order only
+  std::vector<int32_t> readers(g_.nodes.size(), 0);
+  for (const GraphNode& n : g_.nodes)
+    for (int32_t in : n.inputs) ++readers[in];
+  for (int32_t o : g_.outputs) ++readers[o];
+  for (const WriteBack& w : g_.writebacks) ++readers[w.value];
+  for (size_t i = 0; i + 1 < steps_.size(); ++i) {
+    const Step& s = steps_[i];
+    const Step& t = steps_[i + 1];
+    if (s.kind != StepKind::Kernel || (t.kind != StepKind::Fused && t.kind != StepKind::Kernel))
+      continue;
+    const GraphNode& mm = g_.nodes[s.out];
+    if (mm.op != OpId::MatMul || mm.meta.shape.size() != 2 || readers[s.out] != 1 ||
+        !kernels::gemm_epilogue(mm.meta.device.type))
+      continue;
+    // The bias: the add's other operand, of the product's dtype and device, along its last dim.
+    auto bias_ok = [&](int32_t v) {
+      const GraphNode& bias = g_.nodes[v];
+      const int64_t n = mm.meta.shape[1];
+      return bias.kind != NodeKind::Constant && bias.meta.dtype == mm.meta.dtype &&
+             bias.meta.device == mm.meta.device && bias.meta.shape.numel() == n &&
+             (bias.meta.shape.size() == 1 ||
+              (bias.meta.shape.size() == 2 && bias.meta.shape[0] == 1));
+    };
+    Epilogue ep{};
+    if (t.kind == StepKind::Kernel) {  // a lone add (a group of one op runs its eager kernel)
+      const GraphNode& add = g_.nodes[t.out];
+      if (add.op != OpId::Add || add.inputs.size() != 2 || add.meta.dtype != mm.meta.dtype ||
+          add.meta.shape != mm.meta.shape)
+        continue;
+      const int km = add.inputs[0] == s.out ? 0 : add.inputs[1] == s.out ? 1 : -1;
+      if (km < 0 || !bias_ok(add.inputs[1 - km])) continue;
+      ep = {t.out, add.inputs[1 - km], false, t.fresh};
+    } else {
+      const FusedStep& f = *fused_[t.out];
+      const kernels::FusedProgram& p = f.kernel->program;
+      if (f.reduction >= 0 || f.outputs.size() != 1 || p.num_inputs() != 2 ||
+          p.dtype != mm.meta.dtype)
+        continue;
+      const int km = f.inputs[0] == s.out ? 0 : f.inputs[1] == s.out ? 1 : -1;
+      if (km < 0 || !bias_ok(f.inputs[1 - km])) continue;
+      // add(r_mm, r_bias) in either order, then maybe relu; the last value is the output.
+      const std::vector<kernels::FusedInstr>& code = p.code;
+      if (code.empty() || code.size() > 2 || code[0].op != OpId::Add) continue;
+      const bool operands = (code[0].src[0] == km && code[0].src[1] == 1 - km) ||
+                            (code[0].src[1] == km && code[0].src[0] == 1 - km);
+      const bool relu = code.size() == 2;
+      if (!operands || (relu && (code[1].op != OpId::Relu || code[1].src[0] != code[0].dst)) ||
+          p.outputs[0] != code.back().dst || p.out_dtypes[0] != p.dtype)
+        continue;
+      ep = {f.outputs[0], f.inputs[1 - km], relu, static_cast<bool>(f.fresh[0])};
+    }
+    step_epilogue_[i] = static_cast<int32_t>(epilogues_.size());
+    epilogues_.push_back(ep);
+    ++stats_.gemm_epilogues;
+  }
+}
+
 void Plan::run_hoisted_if_stale() {
   if (hoisted_steps_.empty()) return;
   bool stale = !hoisted_ready_;
@@ -1012,6 +1073,22 @@ void Plan::run_steps(const std::vector<Step>& steps) {
 void Plan::run_steps_range(const Step* begin, const Step* end) {
   for (const Step* sp = begin; sp != end; ++sp) {
     const Step& s = *sp;
+    // A matmul and the bias (+ relu) group after it, as one GEMM when the device takes it.
+    if (!epilogues_.empty() && sp + 1 != end && steps_.data() <= sp &&
+        sp < steps_.data() + steps_.size()) {
+      const int32_t e = step_epilogue_[static_cast<size_t>(sp - steps_.data())];
+      if (e >= 0) {
+        const Epilogue& ep = epilogues_[e];
+        TensorRefs refs(args_.data() + s.first_arg, s.num_args);
+        const TensorMeta& m = g_.nodes[ep.out].meta;
+        Tensor& out = vals_[ep.out];
+        if (ep.fresh) out = empty(m.shape, m.dtype, m.device);
+        if (kernels::gemm_epilogue(m.device.type)(refs[0], refs[1], vals_[ep.bias], ep.relu, out)) {
+          ++sp;  // the next step's work is done
+          continue;
+        }
+      }
+    }
     if (s.kind == StepKind::Fused) {
       run_fused(*fused_[s.out]);
       continue;

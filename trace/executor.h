@@ -76,7 +76,8 @@ struct PlanStats {
   int64_t intermediate_bytes = 0;  ///< the sizes of all values the steps compute, summed
   int64_t hoisted_nodes = 0;
   bool parallel = false;
-  bool cuda_graph = false;  ///< replayed as a CUDA graph (Note [CUDA graph replay])
+  bool cuda_graph = false;     ///< replayed as a CUDA graph (Note [CUDA graph replay])
+  int64_t gemm_epilogues = 0;  ///< matmul + bias (+ relu) as one device GEMM call
 };
 
 /// When set, every plan checks its memory plan's invariant as it is built and throws
@@ -113,6 +114,18 @@ class Plan {
   struct FusedStep;
   struct ControlStep;
   struct GraphState;
+  /// A matmul step and the step after it that adds a bias (an add, or a fused group adding it
+  /// and maybe taking a relu), run as
+  /// one device GEMM with an epilogue (Note [cuBLASLt epilogues] in cuda/kernels/matmul_ops.cpp).
+  struct Epilogue {
+    int32_t out;   ///< the value it computes (the group's output, or the add's)
+    int32_t bias;  ///< the bias value
+    bool relu;
+    bool fresh;  ///< out is allocated at every run
+  };
+  void find_epilogues();
+  std::vector<Epilogue> epilogues_;
+  std::vector<int32_t> step_epilogue_;  ///< per step of steps_: index into epilogues_, or -1
   std::vector<Tensor> run_graphed(const std::vector<Tensor>& inputs);
   void run_hoisted_if_stale();
   void build();

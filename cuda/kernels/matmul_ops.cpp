@@ -3,6 +3,7 @@
 // cuBLAS is column-major, so C = A B is computed as C^T = B^T A^T: a row-major operand is a
 // column-major transpose for free. f32 uses TF32 tensor cores only when cuda::allow_tf32() is
 // set (off by default: full f32 accuracy). One cuBLAS handle per device, bound to duet's stream.
+#include <cublasLt.h>
 #include <cublas_v2.h>
 
 #include <climits>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "cuda/kernels/adapt.h"
+#include "kernels/fused.h"
 #include "cuda/runtime.h"
 
 namespace duet::cuda::detail {
@@ -149,10 +151,109 @@ void matmul_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
                                    in_, compute, CUBLAS_GEMM_DEFAULT));
 }
 
+// Note [cuBLASLt epilogues]
+// A compiled plan whose 2-D matmul is read only by a fused group computing matmul + bias, or
+// relu(matmul + bias), with the bias along the last dim, runs both as one cublasLtMatmul with the
+// BIAS or RELU_BIAS epilogue (the executor asks, trace/executor.cpp). Row-major D = A B + bias is
+// column-major D^T = B^T A^T + bias, the bias along D^T's rows, as cuBLASLt adds it. Whatever
+// cuBLASLt does not take (a layout, a dtype, no algorithm) returns false, and the plan runs the
+// matmul and the group as two kernels.
+cublasLtHandle_t lt_handle_for(Device device, void** workspace) {
+  static std::mutex mu;
+  static cublasLtHandle_t handles[64] = {};
+  static void* workspaces[64] = {};
+  std::lock_guard<std::mutex> lock(mu);
+  cublasLtHandle_t& h = handles[device.index];
+  if (!h) {
+    set_device(device);
+    DUET_CUBLAS_CHECK(cublasLtCreate(&h));
+    DUET_CUDA_CHECK(cudaMalloc(&workspaces[device.index], kCublasWorkspace));  // kept until exit
+  }
+  *workspace = workspaces[device.index];
+  return h;
+}
+
+bool gemm_bias_act(const Tensor& a, const Tensor& b, const Tensor& bias, bool relu,
+                   const Tensor& out) {
+  const DType dt = out.dtype();
+  if ((dt != DType::f32 && dt != DType::f64) || a.dtype() != dt || b.dtype() != dt ||
+      bias.dtype() != dt)
+    return false;
+  if (a.dim() != 2 || b.dim() != 2 || out.dim() != 2 || !out.is_contiguous() ||
+      !bias.is_contiguous() || !fits(a) || !fits(b))
+    return false;
+  const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
+  if (m == 0 || n == 0 || k == 0 || bias.numel() != n || m > INT_MAX || n > INT_MAX || k > INT_MAX)
+    return false;
+  const MatLayout la = layout(m, k, a.strides()[0], a.strides()[1]);
+  const MatLayout lb = layout(k, n, b.strides()[0], b.strides()[1]);
+  const Device device = out.device();
+  void* ws = nullptr;
+  cublasLtHandle_t h = lt_handle_for(device, &ws);
+  const bool f32 = dt == DType::f32;
+  const cudaDataType_t type = f32 ? CUDA_R_32F : CUDA_R_64F;
+  const cublasComputeType_t compute =
+      f32 ? (allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F) : CUBLAS_COMPUTE_64F;
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t da = nullptr, db = nullptr, dc = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  struct Release {
+    cublasLtMatmulDesc_t* op;
+    cublasLtMatrixLayout_t *a, *b, *c;
+    cublasLtMatmulPreference_t* p;
+    ~Release() {
+      if (*p) cublasLtMatmulPreferenceDestroy(*p);
+      for (cublasLtMatrixLayout_t* l : {a, b, c})
+        if (*l) cublasLtMatrixLayoutDestroy(*l);
+      if (*op) cublasLtMatmulDescDestroy(*op);
+    }
+  } release{&op, &da, &db, &dc, &pref};
+  DUET_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, compute, type));
+  // cuBLASLt's A is B^T (n x k), its B is A^T (k x m): the operands swap, as in matmul_kernel.
+  const cublasOperation_t ta = lb.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t tb = la.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasLtEpilogue_t epi = relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
+  const void* bias_ptr = bias.raw_data();
+  DUET_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+  DUET_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+  DUET_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+  DUET_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr,
+                                                   sizeof bias_ptr));
+  // Stored shapes (column-major rows x cols) and leading dimensions.
+  DUET_CUBLAS_CHECK(
+      cublasLtMatrixLayoutCreate(&da, type, lb.trans ? k : n, lb.trans ? n : k, lb.ld));
+  DUET_CUBLAS_CHECK(
+      cublasLtMatrixLayoutCreate(&db, type, la.trans ? m : k, la.trans ? k : m, la.ld));
+  DUET_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&dc, type, n, m, n));
+  DUET_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  const size_t ws_bytes = kCublasWorkspace;
+  DUET_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof ws_bytes));
+  cublasLtMatmulHeuristicResult_t best{};
+  int found = 0;
+  if (cublasLtMatmulAlgoGetHeuristic(h, op, da, db, dc, dc, pref, 1, &best, &found) !=
+          CUBLAS_STATUS_SUCCESS ||
+      found == 0)
+    return false;
+  const float one_f = 1, zero_f = 0;
+  const double one_d = 1, zero_d = 0;
+  const void* alpha = f32 ? static_cast<const void*>(&one_f) : &one_d;
+  const void* beta = f32 ? static_cast<const void*>(&zero_f) : &zero_d;
+  set_device(device);
+  DUET_CUBLAS_CHECK(cublasLtMatmul(h, op, alpha, b.raw_data(), da, a.raw_data(), db, beta,
+                                   out.raw_data(), dc, out.raw_data(), dc, &best.algo, ws,
+                                   kCublasWorkspace, stream(device)));
+  return true;
+}
+
 }  // namespace
 
 void register_matmul(OpDef* t) {
   duet::detail::register_kernel(t, OpId::MatMul, DeviceType::CUDA, matmul_kernel);
+  kernels::set_gemm_epilogue(DeviceType::CUDA, gemm_bias_act);
 }
 
 }  // namespace duet::cuda::detail
