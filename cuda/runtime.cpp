@@ -274,7 +274,11 @@ void* end_capture(Device device, void* pool, std::string* why) {
     if (why && why->empty())
       *why = fmt::format("{} ({})", cudaGetErrorName(e), cudaGetErrorString(e));
     cudaGetLastError();
-    p->close();
+    try {
+      p->close();
+    } catch (const std::exception&) {
+      cudaGetLastError();
+    }
     return nullptr;
   }
   return new Graph{exec, p};

@@ -317,7 +317,7 @@ TEST_CASE("a mode guard pops its mode when an op throws") {
   // redispatch from a mode that is not on the stack is an internal error.
   Tensor x = make({1}, {1});
   Attrs attrs;
-  TensorMeta meta{Shape{1}, DType::f32, Device::cpu()};
+  TensorMeta meta{Shape{1}, DType::f32, Device::cpu(), {}};
   const Tensor* in[] = {&x};
   OpCall call{OpId::Neg, TensorRefs(in, 1), attrs, meta, nullptr};
   CHECK(error_of<InternalError>([&] { detail::redispatch(&mode, call); }).rfind("[internal]", 0) ==

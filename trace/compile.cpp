@@ -916,7 +916,7 @@ bool CompiledCore::run(Entry& e, const std::vector<int64_t>& values, const FlatA
     node->saved.resize(sources.size());
     for (size_t j = 0; j < sources.size(); ++j) set_input_edge(node->inputs[j], *sources[j]);
     const TensorImpl* o = out.unsafe_impl();
-    node->output_meta = {o->shape, o->dtype, o->device()};
+    node->output_meta = {o->shape, o->dtype, o->device(), {}};
     node->backward_fn = std::move(fn);
     out.unsafe_impl()->requires_grad = true;
     autograd_meta(*out.unsafe_impl()).grad_fn = std::move(node);

@@ -483,7 +483,7 @@ std::vector<Tensor> detail::scan_impl(const Fn& fn, std::vector<Tensor> init_car
     for (const Tensor& x : xs) {
       Shape s;
       for (int64_t d = 1; d < x.dim(); ++d) s.push_back(x.sizes()[d]);
-      in.push_back(tr.input(InputRole::Argument, TensorMeta{s, x.dtype(), x.device()}, false));
+      in.push_back(tr.input(InputRole::Argument, TensorMeta{s, x.dtype(), x.device(), {}}, false));
     }
     ModeGuard mode(&tr);
     std::vector<Tensor> out = fn(in);
@@ -492,7 +492,7 @@ std::vector<Tensor> detail::scan_impl(const Fn& fn, std::vector<Tensor> init_car
     for (size_t i = nc; i < out.size(); ++i) {
       Shape s{0};
       for (int64_t d : out[i].sizes()) s.push_back(d);
-      metas.push_back({s, out[i].dtype(), out[i].device()});
+      metas.push_back({s, out[i].dtype(), out[i].device(), {}});
     }
   }
   for (const TensorMeta& m : metas) result.push_back(empty(m.shape, m.dtype, m.device));

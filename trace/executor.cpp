@@ -942,15 +942,22 @@ std::vector<Tensor> Plan::run_graphed(const std::vector<Tensor>& inputs) {
       copy_into(gs.inputs.back(), t);
     }
     run_hoisted_if_stale();  // not in the graph: they run when a parameter changes
-    void* pool = gs.backend->begin_capture(gs.device);
     std::string why;
-    std::vector<Tensor> outs;
+    void* pool = nullptr;
     try {
-      outs = execute(gs.inputs);
+      pool = gs.backend->begin_capture(gs.device);
     } catch (const std::exception& e) {
       why = e.what();
     }
-    void* graph = gs.backend->end_capture(gs.device, pool, &why);
+    std::vector<Tensor> outs;
+    if (pool) {
+      try {
+        outs = execute(gs.inputs);
+      } catch (const std::exception& e) {
+        why = e.what();
+      }
+    }
+    void* graph = pool ? gs.backend->end_capture(gs.device, pool, &why) : nullptr;
     if (!graph || !why.empty()) {
       if (graph) gs.backend->destroy_graph(graph, gs.device);
       gs.failed = true;

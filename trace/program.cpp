@@ -33,7 +33,7 @@ Tensor placeholder(Shape shape, DType dtype, std::string name) {
   DUET_CHECK_VALUE(!name.empty(), "[placeholder] needs a name, to be fed by");
   for (const GraphNode& n : tls_builder->graph().nodes)
     DUET_CHECK_VALUE(n.name != name, "[placeholder] the name \"{}\" is already used", name);
-  return tls_builder->input(InputRole::Placeholder, TensorMeta{shape, dtype, Device::cpu()},
+  return tls_builder->input(InputRole::Placeholder, TensorMeta{shape, dtype, Device::cpu(), {}},
                             is_floating(dtype), name);
 }
 

@@ -64,8 +64,8 @@ std::vector<Tensor> Tracer::control(std::shared_ptr<const ControlFlow> cf,
   GraphNode n;
   n.kind = NodeKind::Control;
   for (const Tensor& t : inputs) n.inputs.push_back(value_of(t));
-  n.meta =
-      TensorMeta{Shape{}, DType::f32, cf->results.empty() ? Device::cpu() : cf->results[0].device};
+  n.meta = TensorMeta{
+      Shape{}, DType::f32, cf->results.empty() ? Device::cpu() : cf->results[0].device, {}};
   n.scope = scope_index();
   n.control = cf;
   const int32_t c = g_.add(std::move(n));
@@ -161,7 +161,7 @@ int32_t Tracer::capture(const Tensor& t) {
   GraphNode n;
   n.kind = NodeKind::Input;
   n.role = InputRole::Captured;
-  n.meta = {x->shape, x->dtype, x->device()};
+  n.meta = {x->shape, x->dtype, x->device(), {}};
   n.index = static_cast<int32_t>(g_.captured.size());
   n.scope = scope_index();
   g_.captured.push_back(t);
@@ -206,7 +206,7 @@ int32_t Tracer::value_of(const Tensor& t) {
   if (x->wrapped_number) {
     GraphNode n;
     n.kind = NodeKind::Constant;
-    n.meta = {x->shape, x->dtype, x->device()};
+    n.meta = {x->shape, x->dtype, x->device(), {}};
     n.constant = t;
     return g_.add(std::move(n));
   }
