@@ -382,14 +382,7 @@ void prepare(kernels::FusedKernel& k, Device device, const std::string& dir) {
     return;
   }
   const std::string base = fmt::format("{}/duet-cuda-{:016x}", dir, key);
-  std::string image;
-  bool from_disk = false;
-  for (const char* ext : {".cubin", ".ptx"})
-    if (read_file(base + ext, &image)) {
-      from_disk = true;
-      break;
-    }
-  if (!from_disk) {
+  auto build = [&] {
     const auto t0 = std::chrono::steady_clock::now();
     NvrtcOutput out = nvrtc_build(source, info.arch, fmt::format("duet-cuda-{:016x}.cu", key));
     g_build_us +=
@@ -404,16 +397,32 @@ void prepare(kernels::FusedKernel& k, Device device, const std::string& dir) {
           "[fused] NVRTC could not compile a generated kernel ({}.cu): {}\nprogram:\n{}", base,
           out.log, k.program.str()));
     }
-    image = std::move(out.image);
-    write_file(base + (out.ptx ? ".ptx" : ".cubin"), image);
+    write_file(base + (out.ptx ? ".ptx" : ".cubin"), out.image);
     ++g_built;
-  } else {
-    ++g_disk_hits;
-  }
+    return std::move(out.image);
+  };
+  std::string image;
+  bool from_disk = false;
+  for (const char* ext : {".cubin", ".ptx"})
+    if (read_file(base + ext, &image)) {
+      from_disk = true;
+      break;
+    }
+  if (!from_disk) image = build();
   set_device(device);
   cudaLibrary_t lib;
-  DUET_CUDA_CHECK(
-      cudaLibraryLoadData(&lib, image.data(), nullptr, nullptr, 0, nullptr, nullptr, 0));
+  cudaError_t e = cudaLibraryLoadData(&lib, image.data(), nullptr, nullptr, 0, nullptr, nullptr, 0);
+  if (e != cudaSuccess && from_disk) {
+    // A damaged or foreign file in the cache: build again and replace it.
+    cudaGetLastError();
+    std::error_code ec;
+    for (const char* ext : {".cubin", ".ptx"}) std::filesystem::remove(base + ext, ec);
+    from_disk = false;
+    image = build();
+    e = cudaLibraryLoadData(&lib, image.data(), nullptr, nullptr, 0, nullptr, nullptr, 0);
+  }
+  DUET_CUDA_CHECK(e);
+  if (from_disk) ++g_disk_hits;
   cudaKernel_t kern;
   DUET_CUDA_CHECK(cudaLibraryGetKernel(&kern, lib, "duet_fused"));
   c.kernels.emplace(key, kern);
