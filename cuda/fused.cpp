@@ -22,6 +22,7 @@
 #include "cuda/check.h"
 #include "cuda/cuda.h"
 #include "cuda/runtime.h"
+#include "kernels/jit.h"
 
 namespace duet::detail {
 // The headers the generated code includes, embedded by CMakeLists.txt (duet_codegen_config.cpp),
@@ -38,23 +39,6 @@ namespace {
 using kernels::FusedInstr;
 using kernels::FusedProgram;
 using kernels::FusedReduce;
-
-const char* c_type(DType d) {
-  switch (d) {
-    case DType::f32:
-      return "float";
-    case DType::f64:
-      return "double";
-    case DType::i32:
-      return "int32_t";
-    case DType::i64:
-      return "int64_t";
-    case DType::b8:
-      return "bool";
-    default:
-      return nullptr;
-  }
-}
 
 // How each fusable op reads in scalar code over T registers (b8 values are 1 or 0 in T;
 // ordered comparisons of NaN give 0, != gives 1), as the interpreter computes them.
@@ -120,6 +104,18 @@ struct alignas(16) Vec {
   T v[V];
 };
 
+// Element (i, j): loads its inputs, runs the program, stores its outputs at i * inner + j, and
+// returns the value a reduction folds.
+__device__ __forceinline__ T element(const DuetFusedArgs& a, int64_t i, int64_t j) {
+  T x[NIA], y[NOA], r;
+#pragma unroll
+  for (int k = 0; k < NI; ++k) x[k] = load_in(a, k, i * a.in_so[k] + j * a.in_si[k]);
+  compute(x, y, r);
+#pragma unroll
+  for (int o = 0; o < NO; ++o) store_out(a, o, i * a.inner + j, y[o]);
+  return r;
+}
+
 extern "C" __global__ void duet_fused(DuetFusedArgs a, unsigned vmask, int vec) {
 #if DUET_REDUCE == 0
   const int64_t n = a.outer * a.inner;
@@ -163,28 +159,15 @@ extern "C" __global__ void duet_fused(DuetFusedArgs a, unsigned vmask, int vec) 
     }
   } else {
     for (int64_t e = t; e < n; e += stride) {
-      const int64_t i = a.outer == 1 ? 0 : e / a.inner, j = e - i * a.inner;
-      T x[NIA], y[NOA], r;
-#pragma unroll
-      for (int k = 0; k < NI; ++k) x[k] = load_in(a, k, i * a.in_so[k] + j * a.in_si[k]);
-      compute(x, y, r);
-#pragma unroll
-      for (int o = 0; o < NO; ++o) store_out(a, o, e, y[o]);
+      const int64_t i = a.outer == 1 ? 0 : e / a.inner;
+      element(a, i, e - i * a.inner);
     }
   }
 #elif DUET_REDUCE == 1
   __shared__ T sh[32];
   for (int64_t i = blockIdx.x; i < a.outer; i += gridDim.x) {
     T acc = Red::id();
-    for (int64_t j = threadIdx.x; j < a.inner; j += blockDim.x) {
-      T x[NIA], y[NOA], r;
-#pragma unroll
-      for (int k = 0; k < NI; ++k) x[k] = load_in(a, k, i * a.in_so[k] + j * a.in_si[k]);
-      compute(x, y, r);
-#pragma unroll
-      for (int o = 0; o < NO; ++o) store_out(a, o, i * a.inner + j, y[o]);
-      acc = Red::op(acc, r);
-    }
+    for (int64_t j = threadIdx.x; j < a.inner; j += blockDim.x) acc = Red::op(acc, element(a, i, j));
     acc = block_reduce(acc, sh);
     if (threadIdx.x == 0) static_cast<T*>(a.red_out)[i] = acc;
   }
@@ -194,15 +177,7 @@ extern "C" __global__ void duet_fused(DuetFusedArgs a, unsigned vmask, int vec) 
     const int64_t j = j0 + threadIdx.x;
     T acc = Red::id();
     if (j < a.inner) {
-      for (int64_t i = threadIdx.y; i < a.outer; i += blockDim.y) {
-        T x[NIA], y[NOA], r;
-#pragma unroll
-        for (int k = 0; k < NI; ++k) x[k] = load_in(a, k, i * a.in_so[k] + j * a.in_si[k]);
-        compute(x, y, r);
-#pragma unroll
-        for (int o = 0; o < NO; ++o) store_out(a, o, i * a.inner + j, y[o]);
-        acc = Red::op(acc, r);
-      }
+      for (int64_t i = threadIdx.y; i < a.outer; i += blockDim.y) acc = Red::op(acc, element(a, i, j));
     }
     sh[threadIdx.y][threadIdx.x] = acc;
     __syncthreads();
@@ -300,14 +275,6 @@ NvrtcOutput nvrtc_build(const std::string& source, int arch, const std::string& 
   return out;
 }
 
-uint64_t fnv1a(std::string_view s, uint64_t h = 0xcbf29ce484222325ull) {
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
-
 bool read_file(const std::string& path, std::string* out) {
   std::ifstream f(path, std::ios::binary);
   if (!f) return false;
@@ -315,21 +282,6 @@ bool read_file(const std::string& path, std::string* out) {
   ss << f.rdbuf();
   *out = ss.str();
   return !out->empty();
-}
-
-// Writes through a temporary file and a rename (Note [CUDA kernel cache]); failures only cost
-// the cache.
-void write_file(const std::string& path, const std::string& data) {
-  const std::string tmp = fmt::format("{}.tmp.{}", path, getpid());
-  {
-    std::ofstream f(tmp, std::ios::binary);
-    if (!f) return;
-    f.write(data.data(), static_cast<std::streamsize>(data.size()));
-    if (!f) return;
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) std::filesystem::remove(tmp, ec);
 }
 
 struct Cache {
@@ -371,9 +323,10 @@ void prepare(kernels::FusedKernel& k, Device device, const std::string& dir) {
   const std::string source = fused_source(k.program);
   int nv_major = 0, nv_minor = 0;
   nvrtcVersion(&nv_major, &nv_minor);
-  const uint64_t key = fnv1a(fmt::format("nvrtc {}.{} sm_{} {} --fmad=false\n", nv_major, nv_minor,
-                                         info.arch, duet::detail::kNvrtcIncludeDirs),
-                             fnv1a(source));
+  const uint64_t key =
+      kernels::jit::fnv1a(fmt::format("nvrtc {}.{} sm_{} {} --fmad=false\n", nv_major, nv_minor,
+                                      info.arch, duet::detail::kNvrtcIncludeDirs),
+                          kernels::jit::fnv1a(source));
   Cache& c = cache();
   std::lock_guard<std::mutex> lock(c.mu);  // one build at a time; a hit is a lookup
   if (auto it = c.kernels.find(key); it != c.kernels.end()) {
@@ -390,14 +343,14 @@ void prepare(kernels::FusedKernel& k, Device device, const std::string& dir) {
             .count();
     std::error_code ec;
     std::filesystem::create_directories(dir, ec);
-    write_file(base + ".cu", source);
+    kernels::jit::write_file_once(base + ".cu", source);
     if (!out.log.empty()) {
-      write_file(base + ".log", out.log);
+      kernels::jit::write_file_once(base + ".log", out.log);
       throw InternalError(fmt::format(
           "[fused] NVRTC could not compile a generated kernel ({}.cu): {}\nprogram:\n{}", base,
           out.log, k.program.str()));
     }
-    write_file(base + (out.ptx ? ".ptx" : ".cubin"), out.image);
+    kernels::jit::write_file_once(base + (out.ptx ? ".ptx" : ".cubin"), out.image);
     ++g_built;
     return std::move(out.image);
   };
@@ -460,8 +413,8 @@ std::string fused_source(const FusedProgram& p) {
       "typedef {} T;\nusing duet::kernels::DuetFusedArgs;\n"
       "#define DUET_REDUCE {}\n"
       "constexpr int NI = {}, NO = {}, NIA = {}, NOA = {}, V = 16 / sizeof(T);\n",
-      dtype_name(p.dtype), c_type(p.dtype), static_cast<int>(p.reduce), nin, nout, std::max(nin, 1),
-      std::max(nout, 1));
+      dtype_name(p.dtype), kernels::jit::c_type(p.dtype), static_cast<int>(p.reduce), nin, nout,
+      std::max(nin, 1), std::max(nout, 1));
   std::string in_t, out_t;
   for (int k = 0; k < nin; ++k)
     in_t += fmt::format("{}{}", k ? ", " : "", p.in_dtypes[k] == p.dtype);
@@ -473,7 +426,7 @@ std::string fused_source(const FusedProgram& p) {
   s += "__device__ __forceinline__ T load_in(const DuetFusedArgs& a, int k, int64_t off) {\n"
        "  switch (k) {\n";
   for (int k = 0; k < nin; ++k) {
-    const char* ct = c_type(p.in_dtypes[k]);
+    const char* ct = kernels::jit::c_type(p.in_dtypes[k]);
     DUET_CHECK_T(ct != nullptr, DTypeError, "[fused] cannot load an input of dtype {}",
                  dtype_name(p.in_dtypes[k]));
     s += fmt::format("    case {}: return static_cast<T>(static_cast<const {}*>(a.in[{}])[off]);\n",

@@ -82,6 +82,29 @@ FusedProgram every_op(DType t, FusedReduce reduce, OpId reduce_op) {
   return p;
 }
 
+// The fused groups that the fusion pass finds in the random programs of the fusion mix with
+// seeds 0..seeds-1 (compiled on the CPU; programs the compiled face rejects are left out).
+std::vector<FusedProgram> random_fusion_groups(uint64_t seeds) {
+  std::vector<FusedProgram> out;
+  for (uint64_t seed = 0; seed < seeds; ++seed) {
+    Program p;
+    p.seed = seed;
+    Generator gen(p, seed, Mix::Fusion);
+    gen.make_inputs();
+    if (!gen.make_steps(gen.random_length()).empty()) continue;
+    gen.choose_outputs();
+    auto f = compile([&p](std::vector<Tensor> xs) { return run_program(p, xs); });
+    try {
+      f(build_inputs(p, gen.first_values(), false));
+    } catch (const Error&) {
+      continue;  // test_compile_random's business
+    }
+    for (const detail::FusionGroup& g : detail::find_fusion_groups(f.graph()))
+      out.push_back(g.program);
+  }
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE("cuda codegen: every fusable op, dtype and reduction compiles with NVRTC") {
@@ -111,33 +134,17 @@ TEST_CASE("cuda codegen: every fusable op, dtype and reduction compiles with NVR
 TEST_CASE("cuda codegen: the fused groups of random fusion programs compile with NVRTC") {
   const auto t0 = std::chrono::steady_clock::now();
   std::set<std::string> seen;
-  int groups = 0;
-  for (uint64_t seed = 0; seed < 16; ++seed) {
-    Program p;
-    p.seed = seed;
-    Generator gen(p, seed, Mix::Fusion);
-    gen.make_inputs();
-    if (!gen.make_steps(gen.random_length()).empty()) continue;
-    gen.choose_outputs();
-    auto f = compile([&p](std::vector<Tensor> xs) { return run_program(p, xs); });
-    const std::vector<Tensor> xs = build_inputs(p, gen.first_values(), false);
-    try {
-      f(xs);
-    } catch (const Error&) {
-      continue;  // a program the compiled face rejects is test_compile_random's business
-    }
-    for (const detail::FusionGroup& g : detail::find_fusion_groups(f.graph())) {
-      ++groups;
-      const std::string src = cuda::detail::fused_source(g.program);
-      if (!seen.insert(src).second) continue;
-      INFO("seed " << seed << "\n" << program_text(p));
-      CHECK(check_program(g.program) == "");
-    }
+  const std::vector<FusedProgram> groups = random_fusion_groups(16);
+  for (const FusedProgram& g : groups) {
+    const std::string src = cuda::detail::fused_source(g);
+    if (!seen.insert(src).second) continue;
+    INFO(g.str());
+    CHECK(check_program(g) == "");
   }
   CHECK(seen.size() >= 15);
-  MESSAGE(
-      fmt::format("{} fused groups, {} distinct kernels compiled in {:.1f} s", groups, seen.size(),
-                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()));
+  MESSAGE(fmt::format(
+      "{} fused groups, {} distinct kernels compiled in {:.1f} s", groups.size(), seen.size(),
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()));
 }
 
 namespace {
@@ -281,21 +288,9 @@ TEST_CASE("cuda codegen: generated kernels run on the host equal the interpreter
           std::pair{FusedReduce::Inner, OpId::Max}, std::pair{FusedReduce::Outer, OpId::Min},
           std::pair{FusedReduce::Outer, OpId::Sum}})
       progs.push_back(every_op(t, reduce, op));
-  for (uint64_t seed = 0; seed < 16 && progs.size() < 24; ++seed) {
-    Program p;
-    p.seed = seed;
-    Generator gen(p, seed, Mix::Fusion);
-    gen.make_inputs();
-    if (!gen.make_steps(gen.random_length()).empty()) continue;
-    gen.choose_outputs();
-    auto f = compile([&p](std::vector<Tensor> xs) { return run_program(p, xs); });
-    try {
-      f(build_inputs(p, gen.first_values(), false));
-    } catch (const Error&) {
-      continue;
-    }
-    for (const detail::FusionGroup& g : detail::find_fusion_groups(f.graph()))
-      progs.push_back(g.program);
+  for (const FusedProgram& g : random_fusion_groups(16)) {
+    if (progs.size() >= 24) break;
+    progs.push_back(g);
   }
   std::string log;
   const EmulateFn emulate = build_host_kernels(progs, &log);

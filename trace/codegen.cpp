@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "kernels/jit.h"
 
 extern char** environ;
 
@@ -270,23 +271,6 @@ void run_outer(const DuetFusedArgs* a, int64_t begin, int64_t end) {
 }
 )duet_src";
 
-const char* c_type(DType d) {
-  switch (d) {
-    case DType::f32:
-      return "float";
-    case DType::f64:
-      return "double";
-    case DType::i32:
-      return "int32_t";
-    case DType::i64:
-      return "int64_t";
-    case DType::b8:
-      return "bool";
-    default:
-      return nullptr;
-  }
-}
-
 // How each fusable op reads in generated code: a pattern over its operands {0}, {1}, {2}.
 // Cast is not here: its pattern depends on the target dtype.
 struct OpCode {
@@ -346,7 +330,7 @@ std::string generate_fused_source(const FusedProgram& p) {
   DUET_ASSERT(nin <= DUET_FUSED_MAX_INPUTS && nout <= DUET_FUSED_MAX_OUTPUTS);
   DUET_ASSERT(p.out_dtypes.size() == p.outputs.size());
   DUET_ASSERT(p.num_regs >= nin);
-  const char* T = c_type(p.dtype);
+  const char* T = kernels::jit::c_type(p.dtype);
 
   // Registers are renamed to SSA values: x<k> for input k, t<n> for instruction n. Cast and
   // Copy to T only rename. Inputs nobody reads are not loaded.
@@ -421,7 +405,7 @@ std::string generate_fused_source(const FusedProgram& p) {
   std::string fast, row;
   for (int k = 0; k < nin; ++k) {
     if (!used[k]) continue;
-    const char* S = c_type(p.in_dtypes[k]);
+    const char* S = kernels::jit::c_type(p.in_dtypes[k]);
     DUET_CHECK_T(S != nullptr, DTypeError,
                  "[codegen] input {} has dtype {}, not computed on the CPU", k,
                  dtype_name(p.in_dtypes[k]));
@@ -467,14 +451,6 @@ std::atomic<int> g_enabled{-1};          // -1: DUET_CODEGEN not read yet
 std::atomic<int> g_threshold{-1};        // -1: DUET_CODEGEN_THRESHOLD not read yet (default 3)
 std::atomic<bool> g_worker_gone{false};  // set by ~Worker: a kernel run during exit queues nothing
 
-uint64_t fnv1a(std::string_view s, uint64_t h = 0xcbf29ce484222325ull) {
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
-
 std::string default_cache_dir() {
   if (const char* d = std::getenv("DUET_CACHE_DIR"); d && *d) return d;
   if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x)
@@ -493,19 +469,6 @@ std::vector<std::string> split(std::string_view s, char sep) {
     i = j + 1;
   }
   return out;
-}
-
-// Writes `text` to `path` unless it exists, through a temporary file and a rename, so that a
-// reader in another process sees the whole file or none.
-bool write_file_once(const std::string& path, const std::string& text) {
-  if (access(path.c_str(), F_OK) == 0) return true;
-  std::string tmp = fmt::format("{}.tmp-{}", path, getpid());
-  {
-    std::ofstream f(tmp, std::ios::binary);
-    f << text;
-    if (!f.good()) return false;
-  }
-  return std::rename(tmp.c_str(), path.c_str()) == 0;
 }
 
 // Starts argv[0] (looked up in PATH) with no shell: stdin from /dev/null, stdout and stderr to
@@ -679,8 +642,10 @@ class Worker {
     const std::string headers =
         std::string(detail::kCodegenFunctorsH) + '\0' + detail::kCodegenFusedAbiH;
     Toolchain tc = toolchain();
-    const std::string key =
-        fmt::format("{:016x}", fnv1a(tc.identity, fnv1a(headers, fnv1a(source + '\0'))));
+    const std::string key = fmt::format(
+        "{:016x}",
+        kernels::jit::fnv1a(tc.identity,
+                            kernels::jit::fnv1a(headers, kernels::jit::fnv1a(source + '\0'))));
     if (failed_.count(key)) return;  // reported once, never retried
 
     const std::string dir = this->dir();
@@ -689,11 +654,12 @@ class Worker {
     const std::string base = fmt::format("{}/duet-fused-{}", dir, key), so = base + ".so";
     const bool hit = access(so.c_str(), F_OK) == 0;
     if (!hit) {
-      const std::string inc = fmt::format("{}/duet-include-{:016x}", dir, fnv1a(headers));
+      const std::string inc =
+          fmt::format("{}/duet-include-{:016x}", dir, kernels::jit::fnv1a(headers));
       fs::create_directories(inc, ec);
-      if (!write_file_once(inc + "/duet_functors.h", detail::kCodegenFunctorsH) ||
-          !write_file_once(inc + "/duet_fused_abi.h", detail::kCodegenFusedAbiH) ||
-          !write_file_once(base + ".cpp", source)) {
+      if (!kernels::jit::write_file_once(inc + "/duet_functors.h", detail::kCodegenFunctorsH) ||
+          !kernels::jit::write_file_once(inc + "/duet_fused_abi.h", detail::kCodegenFusedAbiH) ||
+          !kernels::jit::write_file_once(base + ".cpp", source)) {
         failed_.insert(key);
         fail(fmt::format("codegen cannot write to its cache directory {}", dir));
         return;
