@@ -17,24 +17,37 @@
 namespace duet::cuda::detail {
 namespace {
 
-// The workspace is duet's own (cublasSetStream resets it to cuBLAS's pool): a GEMM captured in a
-// CUDA graph then allocates nothing (Note [CUDA graph capture] in cuda/runtime.cpp).
+// Per device: a cuBLAS and a cuBLASLt handle, made on first use and kept until exit, and one
+// workspace of duet's own for both (they run in order on duet's stream). cublasSetStream resets
+// cuBLAS's workspace to its own pool, so each use sets it again: a GEMM captured in a CUDA graph
+// then allocates nothing (Note [CUDA graph capture] in cuda/runtime.cpp).
 constexpr size_t kCublasWorkspace = size_t(32) << 20;
 
-cublasHandle_t handle_for(Device device) {
+struct Blas {
+  cublasHandle_t blas = nullptr;
+  cublasLtHandle_t lt = nullptr;
+  void* workspace = nullptr;
+};
+
+const Blas& blas_for(Device device) {
   static std::mutex mu;
-  static cublasHandle_t handles[64] = {};
-  static void* workspaces[64] = {};
+  static Blas handles[64];
   std::lock_guard<std::mutex> lock(mu);
-  cublasHandle_t& h = handles[device.index];
-  if (!h) {
+  Blas& b = handles[device.index];
+  if (!b.blas) {
     set_device(device);
-    DUET_CUBLAS_CHECK(cublasCreate(&h));
-    DUET_CUDA_CHECK(cudaMalloc(&workspaces[device.index], kCublasWorkspace));  // kept until exit
+    DUET_CUDA_CHECK(cudaMalloc(&b.workspace, kCublasWorkspace));
+    DUET_CUBLAS_CHECK(cublasLtCreate(&b.lt));
+    DUET_CUBLAS_CHECK(cublasCreate(&b.blas));
   }
-  DUET_CUBLAS_CHECK(cublasSetStream(h, stream(device)));
-  DUET_CUBLAS_CHECK(cublasSetWorkspace(h, workspaces[device.index], kCublasWorkspace));
-  return h;
+  return b;
+}
+
+cublasHandle_t handle_for(Device device) {
+  const Blas& b = blas_for(device);
+  DUET_CUBLAS_CHECK(cublasSetStream(b.blas, stream(device)));
+  DUET_CUBLAS_CHECK(cublasSetWorkspace(b.blas, b.workspace, kCublasWorkspace));
+  return b.blas;
 }
 
 // How a [rows, cols] matrix with element strides (s0, s1) reaches a row-major GEMM (as the CPU).
@@ -158,21 +171,6 @@ void matmul_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
 // column-major D^T = B^T A^T + bias, the bias along D^T's rows, as cuBLASLt adds it. Whatever
 // cuBLASLt does not take (a layout, a dtype, no algorithm) returns false, and the plan runs the
 // matmul and the group as two kernels.
-cublasLtHandle_t lt_handle_for(Device device, void** workspace) {
-  static std::mutex mu;
-  static cublasLtHandle_t handles[64] = {};
-  static void* workspaces[64] = {};
-  std::lock_guard<std::mutex> lock(mu);
-  cublasLtHandle_t& h = handles[device.index];
-  if (!h) {
-    set_device(device);
-    DUET_CUBLAS_CHECK(cublasLtCreate(&h));
-    DUET_CUDA_CHECK(cudaMalloc(&workspaces[device.index], kCublasWorkspace));  // kept until exit
-  }
-  *workspace = workspaces[device.index];
-  return h;
-}
-
 bool gemm_bias_act(const Tensor& a, const Tensor& b, const Tensor& bias, bool relu,
                    const Tensor& out) {
   const DType dt = out.dtype();
@@ -188,8 +186,9 @@ bool gemm_bias_act(const Tensor& a, const Tensor& b, const Tensor& bias, bool re
   const MatLayout la = layout(m, k, a.strides()[0], a.strides()[1]);
   const MatLayout lb = layout(k, n, b.strides()[0], b.strides()[1]);
   const Device device = out.device();
-  void* ws = nullptr;
-  cublasLtHandle_t h = lt_handle_for(device, &ws);
+  const Blas& handles = blas_for(device);
+  cublasLtHandle_t h = handles.lt;
+  void* ws = handles.workspace;
   const bool f32 = dt == DType::f32;
   const cudaDataType_t type = f32 ? CUDA_R_32F : CUDA_R_64F;
   const cublasComputeType_t compute =
