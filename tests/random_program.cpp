@@ -92,9 +92,11 @@ Scalar scalar_of(const Step& st, double v) {
   return st.int_scalar ? Scalar(static_cast<int64_t>(v)) : Scalar(v);
 }
 
-Tensor index_tensor(const Step& st) {
+// On the device of the step's first argument, as every tensor a step makes (the CUDA tests run
+// the programs on GPU inputs).
+Tensor index_tensor(const Step& st, Device device) {
   std::vector<double> v(st.index.begin(), st.index.end());
-  return tensor(v, Shape(st.ishape), Options().dtype(DType::i64));
+  return tensor(v, Shape(st.ishape), Options().dtype(DType::i64).device(device));
 }
 
 // Denominators and bases kept away from zero: |x| + 0.5.
@@ -384,13 +386,13 @@ Tensor apply_step(const Step& st, const std::vector<Tensor>& v, Tuples* more) {
     case Op::LogSumExp:
       return logsumexp(arg(0), st.ints[0]);
     case Op::Gather:
-      return gather(arg(0), st.ints[0], index_tensor(st));
+      return gather(arg(0), st.ints[0], index_tensor(st, arg(0).device()));
     case Op::IndexSelect:
-      return index_select(arg(0), st.ints[0], index_tensor(st));
+      return index_select(arg(0), st.ints[0], index_tensor(st, arg(0).device()));
     case Op::GatherArgmax:
       return gather(arg(0), st.ints[0], argmax(arg(0), st.ints[0], /*keepdim=*/true));
     case Op::ScatterAdd: {
-      Tensor idx = index_tensor(st);
+      Tensor idx = index_tensor(st, arg(0).device());
       return scatter_add(arg(0), st.ints[0], idx, gather(arg(1), st.ints[0], idx));
     }
     case Op::SliceScatter: {
@@ -446,11 +448,11 @@ Tensor apply_step(const Step& st, const std::vector<Tensor>& v, Tuples* more) {
     case Op::MseLoss:
       return mse_loss(arg(0), arg(1));
     case Op::CrossEntropy:
-      return cross_entropy(arg(0), index_tensor(st));
+      return cross_entropy(arg(0), index_tensor(st, arg(0).device()));
     case Op::BceLogits:
       return binary_cross_entropy_with_logits(arg(0), sigmoid(arg(1)));
     case Op::Embedding:
-      return embedding(arg(0), index_tensor(st));
+      return embedding(arg(0), index_tensor(st, arg(0).device()));
     case Op::MaxPool:
       return max_pool2d(arg(0), st.ints[0], st.ints[1]);
     case Op::AvgPool:
@@ -467,14 +469,16 @@ Tensor apply_step(const Step& st, const std::vector<Tensor>& v, Tuples* more) {
       // Tensors made inside the function: full, arange, eye. (Mode 0 reads every size, which
       // specializes a batch dim when compiled; the others read the last dim's only.)
       const Tensor& x = arg(0);
-      const Options o = Options().dtype(x.dtype());
+      const Options o = Options().dtype(x.dtype()).device(x.device());
       if (st.mode == 0) return x + full(x.sizes(), st.s, o);
       const int64_t n = x.size(x.dim() - 1);
-      if (st.mode == 1) return x * arange(n) + st.s;  // i64 against the floating x
+      if (st.mode == 1)
+        return x * arange(n, Options().device(x.device())) + st.s;  // i64 against the floating x
       return matmul(x, eye(n, o) * st.s);
     }
     case Op::RandnLike:
-      return arg(0) + randn(arg(0).sizes(), Options().dtype(arg(0).dtype())) * 0.25;
+      return arg(0) +
+             randn(arg(0).sizes(), Options().dtype(arg(0).dtype()).device(arg(0).device())) * 0.25;
     case Op::Dropout:
       return dropout(arg(0), st.s, st.mode == 1);
     case Op::UpdateBuffer: {
@@ -523,7 +527,8 @@ Tensor apply_step(const Step& st, const std::vector<Tensor>& v, Tuples* more) {
         return std::vector<Tensor>{x[0] + 1, c.defined() ? x[1] * s + c : x[1] * s + s2};
       };
       std::vector<Tensor> r =
-          while_loop(below, body, {zeros(Shape{}, Options().dtype(DType::i64)), arg(0)});
+          while_loop(below, body,
+                     {zeros(Shape{}, Options().dtype(DType::i64).device(arg(0).device())), arg(0)});
       return results({r[1].detach(), r[0].detach()});
     }
     case Op::Take:

@@ -87,8 +87,18 @@ TEST_CASE("cuda: without a usable GPU, Device::cuda() tensors raise a clear Devi
   e = error_of<DeviceError>([] { make({1, 2}, {2}).to(Device::cuda()); });
   CHECK(contains(e, "[to] cuda:0"));
   CHECK(contains(e, why));
+  // Every creation function: sources, tensor(), eye(), random draws.
   e = error_of<DeviceError>([] { zeros({2}, Options().device(Device::cuda())); });
   CHECK(contains(e, "[full] cuda:0"));
+  CHECK(contains(e, why));
+  e = error_of<DeviceError>([] { tensor({1, 2}, Options().device(Device::cuda())); });
+  CHECK(contains(e, "[tensor] cuda:0"));
+  CHECK(contains(e, why));
+  e = error_of<DeviceError>([] { eye(2, Options().device(Device::cuda())); });
+  CHECK(contains(e, "cuda:0"));
+  CHECK(contains(e, why));
+  e = error_of<DeviceError>([] { randn({2}, Options().device(Device::cuda())); });
+  CHECK(contains(e, "cuda:0"));
   CHECK(contains(e, why));
   // The CPU side of the library is unaffected.
   CHECK(make({1, 2}, {2}).to(Device::cpu()).to_vector<float>() == std::vector<float>{1, 2});
@@ -269,6 +279,14 @@ TEST_CASE("cuda: creation functions make tensors on the device") {
   Tensor a = arange(4, Options().device(dev).dtype(DType::i64));
   CHECK(a.device() == Device::cuda());
   CHECK(a.to_vector<int64_t>() == std::vector<int64_t>{0, 1, 2, 3});
+  Tensor v = tensor({1.5, -2, 4}, Shape{3}, Options().device(dev).dtype(DType::f64));
+  CHECK(v.device() == dev);
+  CHECK(v.to_vector<double>() == std::vector<double>{1.5, -2, 4});
+  Tensor e = eye(3, Options().device(dev));
+  CHECK(e.device() == dev);
+  CHECK(e.to_vector<float>() == std::vector<float>{1, 0, 0, 0, 1, 0, 0, 0, 1});
+  Tensor r = randn({4}, Options().device(dev));
+  CHECK(r.device() == dev);
   Tensor w = ones({3}, Options().device(Device::cuda()).requires_grad(true));
   CHECK(w.requires_grad());
   sum(w * 2.0).backward();

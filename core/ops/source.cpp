@@ -97,7 +97,7 @@ Tensor eye(int64_t n, Options options) {
   DUET_CHECK_VALUE(n >= 0, "[eye] size must be non-negative, got {}", n);
   const DType dtype = options.dtype_.value_or(DType::f32);
   detail::check_computable("eye", dtype, options.device_);
-  Tensor i = arange(n);
+  Tensor i = arange(n, Options().device(options.device_));
   Tensor t = eq(unsqueeze(i, 1), unsqueeze(i, 0)).to(dtype);
   if (options.requires_grad_) t.requires_grad_(true);
   return t;
@@ -112,13 +112,13 @@ Tensor tensor(std::vector<double> values, Shape shape, Options options) {
   DUET_CHECK_SHAPE(shape.numel() == static_cast<int64_t>(values.size()),
                    "[tensor] {} values do not fill shape {} ({} elements)", values.size(), shape,
                    shape.numel());
-  DUET_CHECK_DEVICE(options.device_.is_cpu(), "[tensor] device {} has no kernels in this build",
-                    options.device_);
+  detail::check_device_usable(options.device_, "tensor");
   const DType dtype = options.dtype_.value_or(DType::f32);
   detail::check_computable("tensor", dtype, options.device_);
   Tensor f64 = detail::empty(shape, DType::f64);
   if (!values.empty()) std::memcpy(f64.raw_data(), values.data(), values.size() * sizeof(double));
-  Tensor t = f64.to(dtype);
+  // Converted on the host, then copied to the device (one transfer of the final dtype).
+  Tensor t = f64.to(dtype).to(options.device_);
   if (options.requires_grad_) t.requires_grad_(true);
   return t;
 }
