@@ -222,9 +222,9 @@ namespace detail {
 Tensor reshape_dims(const Tensor& x, const SymDims& dims);
 Tensor expand_dims(const Tensor& x, const SymDims& dims);
 Tensor full_dims(const SymDims& dims, Scalar value, Options options);
-/// A 0-d tensor of `dtype` holding the size n: a wrapped number when n is concrete, else a Full
-/// whose value is symbolic.
-Tensor size_scalar(const SymInt& n, DType dtype);
+/// A 0-d tensor of `dtype` holding the size n: a wrapped number when n is concrete (it goes with
+/// tensors on any device), else a Full on `device` whose value is symbolic.
+Tensor size_scalar(const SymInt& n, DType dtype, Device device = Device::cpu());
 /// slice and slice_scatter with the attributes of a recorded Slice (gradient rules).
 Tensor slice_with(const Tensor& x, const Attrs& a);
 Tensor slice_scatter_with(const Tensor& base, const Tensor& src, const Attrs& a);

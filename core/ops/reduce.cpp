@@ -124,7 +124,8 @@ Tensor mean(const Tensor& x, Dims dims, bool keepdim) {
   else
     for (int64_t d : a.ints) count *= xs[d];
   if (!count.is_concrete())
-    return div(reduce(OpId::Sum, "mean", x, dims, keepdim), detail::size_scalar(count, x.dtype()));
+    return div(reduce(OpId::Sum, "mean", x, dims, keepdim),
+               detail::size_scalar(count, x.dtype(), x.device()));
   // The mean of nothing is NaN, as in PyTorch (0/0).
   return div(reduce(OpId::Sum, "mean", x, dims, keepdim), static_cast<double>(count.concrete()));
 }

@@ -133,7 +133,7 @@ Tensor full_dims(const SymDims& dims, Scalar value, Options options) {
   return source(OpId::Full, a, options);
 }
 
-Tensor size_scalar(const SymInt& n, DType dtype) {
+Tensor size_scalar(const SymInt& n, DType dtype, Device device) {
   if (n.is_concrete())
     return wrap_scalar(Scalar(static_cast<double>(n.concrete())), dtype, Device::cpu());
   Attrs a;
@@ -142,7 +142,7 @@ Tensor size_scalar(const SymInt& n, DType dtype) {
   auto sym = std::make_shared<SymAttrs>();
   sym->value = n;
   a.sym = std::move(sym);
-  return source(OpId::Full, a, Options().dtype(dtype));
+  return source(OpId::Full, a, Options().dtype(dtype).device(device));
 }
 
 }  // namespace detail
