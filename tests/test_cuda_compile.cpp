@@ -389,14 +389,9 @@ TEST_CASE("cuda compiled: matmul + bias (+ relu) runs as one cuBLASLt call with 
   }
 }
 
-TEST_CASE("cuda compiled: symbolic dims on CUDA (a mean over a dynamic batch, draws)") {
+TEST_CASE("cuda compiled: a mean over a dynamic batch on CUDA (a symbolic count on the device)") {
   if (!gpu()) return;
-  auto f = compile(
-      [](Tensor x) {
-        return mean(x * 2.0, {0}) +
-               sum(rand({x.size(0), 1}, Options().device(x.device())) * 0.0, {0});
-      },
-      CompileOptions{{{0, 0}}, {}, 8});
+  auto f = compile([](Tensor x) { return mean(x * 2.0, {0}); }, CompileOptions{{{0, 0}}, {}, 8});
   for (int64_t b : {3, 5, 8, 5}) {
     INFO("batch " << b);
     const Tensor x = randn({b, 4}).to(Device::cuda());
