@@ -300,12 +300,12 @@ struct DeviceInfo {
   int arch = 0;
   int sms = 0;
 };
+// Read once per device; every launch asks for the multiprocessor count (no lock after that).
 const DeviceInfo& device_info(Device device) {
-  static std::mutex mu;
+  static std::once_flag once[64];
   static DeviceInfo infos[64];
-  std::lock_guard<std::mutex> lock(mu);
   DeviceInfo& d = infos[device.index];
-  if (!d.arch) {
+  std::call_once(once[device.index], [&] {
     int major = 0, minor = 0;
     DUET_CUDA_CHECK(
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device.index));
@@ -313,7 +313,7 @@ const DeviceInfo& device_info(Device device) {
         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device.index));
     DUET_CUDA_CHECK(cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, device.index));
     d.arch = major * 10 + minor;
-  }
+  });
   return d;
 }
 

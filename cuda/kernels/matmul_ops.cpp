@@ -29,17 +29,16 @@ struct Blas {
   void* workspace = nullptr;
 };
 
-const Blas& blas_for(Device device) {
-  static std::mutex mu;
+const Blas& blas_for(Device device) {  // made once per device; no lock after that
+  static std::once_flag once[64];
   static Blas handles[64];
-  std::lock_guard<std::mutex> lock(mu);
   Blas& b = handles[device.index];
-  if (!b.blas) {
+  std::call_once(once[device.index], [&] {
     set_device(device);
     DUET_CUDA_CHECK(cudaMalloc(&b.workspace, kCublasWorkspace));
     DUET_CUBLAS_CHECK(cublasLtCreate(&b.lt));
     DUET_CUBLAS_CHECK(cublasCreate(&b.blas));
-  }
+  });
   return b;
 }
 
