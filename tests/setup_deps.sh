@@ -2,8 +2,11 @@
 # Installs the Debian packages duet builds with, when any is missing (apt; needs root or sudo).
 # The CUDA toolkit is not installed here: the CUDA backend builds when nvcc is already present.
 set -euo pipefail
-pkgs=(g++ cmake ninja-build ccache libeigen3-dev libfmt-dev doctest-dev libdnnl-dev
-      libopenblas-openmp-dev zlib1g-dev dataset-fashion-mnist)
+# ocl-icd-opencl-dev: libdnnl-dev only recommends it, but dnnl's CMake config requires OpenCL.
+# clang-format: the test command checks the tree's formatting.
+pkgs=(g++ cmake ninja-build ccache git libeigen3-dev libfmt-dev doctest-dev
+      libdnnl-dev ocl-icd-opencl-dev libopenblas-openmp-dev zlib1g-dev clang-format
+      dataset-fashion-mnist)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
