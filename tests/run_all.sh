@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# Builds duet and runs every test: the Release build (with the CUDA backend when nvcc is
-# present; CUDA tests skip without a GPU), then the CPU-only suite under ASan + UBSan.
+# Builds duet and runs every test: the formatting check (tests/check_format.sh), the Release
+# build (with the CUDA backend when nvcc is present; CUDA tests skip without a GPU), then the
+# CPU-only suite under ASan + UBSan.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tests/setup_deps.sh
 jobs=$(nproc)
 export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/ccache}"
+
+echo "== Formatting"
+bash tests/check_format.sh
 
 echo "== Release build"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DDUET_BUILD_TESTS=ON >/dev/null
