@@ -8,7 +8,8 @@ namespace {
 
 OpDef* build_table() {
   static OpDef table[] = {
-#define DUET_OP(Name, name, arity, cls, doc) {OpId::Name, #name, arity, OpClass::cls, doc},
+#define DUET_OP(Name, name, arity, cls, cuda, doc) \
+  {OpId::Name, #name, arity, OpClass::cls, doc, cuda},
 #include "core/ops.def"
 #undef DUET_OP
   };

@@ -11,12 +11,12 @@
 namespace duet {
 
 enum class OpId : uint16_t {
-#define DUET_OP(Name, name, arity, cls, doc) Name,
+#define DUET_OP(Name, name, arity, cls, cuda, doc) Name,
 #include "core/ops.def"
 #undef DUET_OP
 };
 inline constexpr int kNumOps = 0
-#define DUET_OP(Name, name, arity, cls, doc) +1
+#define DUET_OP(Name, name, arity, cls, cuda, doc) +1
 #include "core/ops.def"
 #undef DUET_OP
     ;
@@ -134,6 +134,9 @@ struct OpDef {
   int arity;
   OpClass cls;
   const char* doc;  ///< one line for the op reference (docs/ops.md)
+  /// ops.def's cuda column: the op has a CUDA kernel (cuda/kernels/). Declared, so known in
+  /// every build; kernel[CUDA] is what this build registered (tests/gen_op_docs.cpp compares).
+  bool cuda_kernel = false;
   InferFn infer = nullptr;
   ViewFn view = nullptr;
   GradFn grad = nullptr;
@@ -154,7 +157,8 @@ OpDef* op_table();
 inline const OpDef& op_def(OpId id) { return op_table()[static_cast<int>(id)]; }
 /// Registers one backend kernel (called from kernels/ and cuda/ during initialisation).
 void register_kernel(OpDef* table, OpId id, DeviceType device, KernelFn fn);
-/// Defined by the library's initialisation (duet.cpp): fills the kernel slots of every backend.
+/// Defined by the library's initialisation (kernels/backends.cpp): fills the kernel slots of
+/// every backend.
 void register_backends(OpDef* table);
 /// Filled by core/ops/*: shape rules and view rules.
 void register_elementwise_rules(OpDef* table);

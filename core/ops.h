@@ -65,7 +65,10 @@ DUET_DECLARE_COMPARE(ne)
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
 Tensor where(const Tensor& cond, const Tensor& a, Scalar b);
 Tensor where(const Tensor& cond, Scalar a, const Tensor& b);
-/// clamp(x, lo, hi) = minimum(maximum(x, lo), hi).
+/// clamp(x, lo, hi): lo where x < lo, then hi where that exceeds hi, else x (two where() calls,
+/// not maximum/minimum). NaN passes through (as torch.clamp); with lo > hi every element becomes
+/// hi. The gradient is 1 on the closed interval [lo, hi] and 0 outside it. The bounds promote
+/// like Scalar operands: an integer x with floating bounds gives a floating result.
 Tensor clamp(const Tensor& x, Scalar lo, Scalar hi);
 
 /// Reductions over `dims` (all when empty). sum of integers gives i64; mean needs floats.

@@ -11,7 +11,7 @@ namespace detail {
 #ifdef DUET_WITH_CUDA
 }  // namespace detail
 namespace cuda::detail {
-void register_cuda_kernels(OpDef* table);  // cuda/kernels/register.cu
+void register_cuda_kernels(OpDef* table);  // cuda/kernels/register.cpp
 void register_runtime();                   // cuda/runtime.cpp
 }  // namespace cuda::detail
 namespace detail {

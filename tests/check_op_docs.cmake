@@ -1,7 +1,8 @@
-# Compares the generated op reference with docs/ops.md.
-execute_process(COMMAND ${GEN} OUTPUT_VARIABLE generated RESULT_VARIABLE rc)
+# Compares the generated op reference with docs/ops.md. duet_op_docs fails, before printing
+# anything, when core/ops.def's cuda column disagrees with the CUDA kernels a build registers.
+execute_process(COMMAND ${GEN} OUTPUT_VARIABLE generated ERROR_VARIABLE errors RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "duet_op_docs failed (${rc})")
+  message(FATAL_ERROR "duet_op_docs failed (${rc}):\n${errors}")
 endif()
 file(READ ${DOC} current)
 if(NOT generated STREQUAL current)

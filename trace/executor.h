@@ -130,7 +130,6 @@ class Plan {
   void run_hoisted_if_stale();
   void build();
   void run_control(ControlStep& c);
-  void build_schedule(std::vector<std::vector<int32_t>>& order);
   std::vector<Tensor> execute(const std::vector<Tensor>& inputs);
   void run_fused(FusedStep& f);
   void run_steps(const std::vector<Step>& steps);

@@ -4,7 +4,7 @@
 #include <cstring>
 
 #include "kernels/composed.h"
-#include "cuda/kernels//adapt.h"
+#include "cuda/kernels/adapt.h"
 #include "cuda/runtime.h"
 
 namespace duet::cuda::detail {

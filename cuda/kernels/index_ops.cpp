@@ -1,7 +1,7 @@
 // duet: CUDA adapters of gather, scatter_add, cat, unfold and fold (kernels in index.cu and
 // image.cu), following kernels/index.cpp and kernels/image.cpp.
 #include "kernels/composed.h"
-#include "cuda/kernels//adapt.h"
+#include "cuda/kernels/adapt.h"
 
 namespace duet::cuda::detail {
 namespace {
