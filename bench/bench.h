@@ -107,8 +107,8 @@ double wait_codegen(const std::string& what = "");
 void print_compiled(const std::string& w, const std::string& variant, const duet::CompileStats& s,
                     double peak_compiled, double peak_eager);
 
-/// The compiled figures of BENCH.md (nodes before and after, fused kernels, arena bytes) and the
-/// sum of the sizes of all intermediate values, as rows of workload w.
+/// The compiled figures of docs/benchmarks.md (nodes before and after, fused kernels, arena
+/// bytes) and the sum of the sizes of all intermediate values, as rows of workload w.
 void compiled_figures(const char* w, const std::string& variant, const Config& c,
                       const duet::CompileStats& s, std::vector<Result>& out);
 
@@ -143,7 +143,7 @@ void run_ablation(const Config&, const std::function<bool(const char*)>& want,
 void run_w1(const Config&, std::vector<Result>&);
 void run_w2(const Config&, std::vector<Result>&);
 void run_w3(const Config&, std::vector<Result>&);
-/// C1 (not a BENCH.md workload): conv2d forward + backward, x (32, 16, 28, 28), 32 3x3
+/// C1 (not a standard workload): conv2d forward + backward, x (32, 16, 28, 28), 32 3x3
 /// filters, padding 1, against the same GEMMs called directly on oneDNN.
 void run_c1(const Config&, std::vector<Result>&);
 
@@ -152,13 +152,13 @@ void run_c1(const Config&, std::vector<Result>&);
 void run_w4(const Config&, std::vector<Result>&);
 void run_w5(const Config&, std::vector<Result>&);
 void run_w6(const Config&, std::vector<Result>&);
-/// TT (not a BENCH.md workload): two MLP towers on one input, joined, a head and a training
+/// TT (not a standard workload): two MLP towers on one input, joined, a head and a training
 /// step, at batch 16 and 128, compiled with and without parallel branches.
 void run_tt(const Config&, std::vector<Result>&);
-/// RN (not a BENCH.md workload): an Elman RNN gradient step over duet::scan at lengths 8 and
+/// RN (not a standard workload): an Elman RNN gradient step over duet::scan at lengths 8 and
 /// 64, eager and compiled, and the traces the compiled step takes over lengths 1..64 (rnn.cpp).
 void run_rn(const Config&, std::vector<Result>&);
-/// CT (not a BENCH.md workload): compile time (trace, passes, plan) of elementwise chains of
+/// CT (not a standard workload): compile time (trace, passes, plan) of elementwise chains of
 /// 1,000 to 10,000 ops and of the W4 training step.
 void run_ct(const Config&, std::vector<Result>&);
 
@@ -172,10 +172,10 @@ struct DeviceTraining {
 };
 DeviceTraining device_training(const std::string& w, duet::Device device);
 
-/// W7 (BENCH.md), the CUDA workloads (cuda.cpp, built only with the CUDA backend), each eager
-/// and compiled on cuda:0: W2cuda against a device-to-device copy of the same bytes, W3cuda
-/// (matmul 1024^3 and 4096^3 f32) against cublasSgemm with TF32 off and on, W4cuda and W6cuda
-/// against their GEMM floor on cuBLAS. `want` says which; without a usable GPU, one line.
+/// W7 (docs/benchmarks.md), the CUDA workloads (cuda.cpp, built only with the CUDA backend),
+/// each eager and compiled on cuda:0: W2cuda against a device-to-device copy of the same bytes,
+/// W3cuda (matmul 1024^3 and 4096^3 f32) against cublasSgemm with TF32 off and on, W4cuda and
+/// W6cuda against their GEMM floor on cuBLAS. `want` says which; without a usable GPU, one line.
 void run_cuda(const Config&, const std::function<bool(const char*)>& want, std::vector<Result>&);
 
 /// W2 floors: memcpy of n floats, and the hand-fused Eigen loop on the configured threads.

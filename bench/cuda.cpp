@@ -1,11 +1,11 @@
-// duet_bench CUDA workloads, BENCH.md's W7 (built only with the CUDA backend), eager and
-// compiled (fused NVRTC kernels, CUDA-graph replay) on cuda:0 against floors called directly on
-// the same device:
+// duet_bench CUDA workloads, W7 of docs/benchmarks.md (built only with the CUDA backend), eager
+// and compiled (fused NVRTC kernels, CUDA-graph replay) on cuda:0 against floors called directly
+// on the same device:
 //   W3cuda: matmul 1024^3 and 4096^3 f32 against cublasSgemm, with TF32 off (variant "fp32") and
 //           with duet's TF32 switch on against cuBLAS in TF32 math mode (variant "tf32");
-//   W2cuda: BENCH.md's W2 chain (n = 2^22) against a device-to-device cudaMemcpy of the same
+//   W2cuda: W2's chain (n = 2^22) against a device-to-device cudaMemcpy of the same
 //           bytes (one read of x, one write of y), in ms and GB/s;
-//   W4cuda, W6cuda: BENCH.md's W4 and W6 training steps with parameters and batch on the GPU,
+//   W4cuda, W6cuda: the W4 and W6 training steps with parameters and batch on the GPU,
 //           against their GEMM floor: the step's own products (same shapes and transposes) on
 //           cuBLAS, back to back.
 // Each figure is the median of the reps (with min and max), each rep timed with CUDA events

@@ -1,10 +1,10 @@
 // duet_bench [--only W1,W4,...] [--threads N] [--device cpu|cuda|all] [--reps N] [--json]
 //            [--ablate]
-// Runs the BENCH.md workloads with their floors and prints a table, or one JSON array. With
-// --ablate it runs instead each compiled workload (W2, W4, W5, W6, TT, or those of --only) with
-// each pass switched off in turn (models.cpp). The CUDA workloads of W7, W2cuda, W3cuda, W4cuda
-// and W6cuda (cuda.cpp), run with --device cuda or all (W2, W3, W4 and W6 in --only select them
-// there too), or when --only names them or W7.
+// Runs the standard workloads (docs/benchmarks.md) with their floors and prints a table, or one
+// JSON array. With --ablate it runs instead each compiled workload (W2, W4, W5, W6, TT, or those
+// of --only) with each pass switched off in turn (models.cpp). The CUDA workloads of W7, W2cuda,
+// W3cuda, W4cuda and W6cuda (cuda.cpp), run with --device cuda or all (W2, W3, W4 and W6 in
+// --only select them there too), or when --only names them or W7.
 #include <cstdio>
 #include <cstring>
 #include <set>
@@ -101,7 +101,7 @@ int main(int argc, char** argv) {
     if (want("W4")) bench::run_w4(cfg, rs);
     if (want("W5")) bench::run_w5(cfg, rs);
     if (want("W6")) bench::run_w6(cfg, rs);
-    // On request, not BENCH.md workloads: conv2d, compile time, the two-tower model.
+    // On request, not standard workloads: conv2d, compile time, the two-tower model.
     if (only.count("C1")) bench::run_c1(cfg, rs);
     if (only.count("CT")) bench::run_ct(cfg, rs);
     if (only.count("TT")) bench::run_tt(cfg, rs);

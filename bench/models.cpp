@@ -1,6 +1,7 @@
-// duet_bench workloads W4, W5, W6 (BENCH.md): small models, eager and compiled, against floors
-// measured in the same run; CT, the time compile() takes (trace, passes, plan); TT, a two-tower
-// model for parallel branches; and --ablate, each compiled workload with each pass off in turn.
+// duet_bench workloads W4, W5, W6 (docs/benchmarks.md): small models, eager and compiled,
+// against floors measured in the same run; CT, the time compile() takes (trace, passes, plan);
+// TT, a two-tower model for parallel branches; and --ablate, each compiled workload with each
+// pass off in turn.
 //
 // The models have no nn module yet: a Linear layer is either duet::linear(x, w, b) =
 // matmul(x, transpose(w, 0, 1)) + b with torch.nn.Linear's weight layout (out, in), or

@@ -1,7 +1,7 @@
-// RN (not a BENCH.md workload; issue 7's acceptance): an Elman RNN over duet::scan,
-// h_t = tanh(x_t W + h_{t-1} U + b), batch 16, 32 inputs, 64 hidden, f32. One call is a
-// gradient step: the loss sum(h_t^2) over every step plus sum(h_T), and its gradient with
-// respect to W, U and b. Eager runs the body once per step on the tape; compiled runs one scan
+// RN (not a standard workload; the acceptance check of scan with symbolic dims): an Elman RNN
+// over duet::scan, h_t = tanh(x_t W + h_{t-1} U + b), batch 16, 32 inputs, 64 hidden, f32. One
+// call is a gradient step: the loss sum(h_t^2) over every step plus sum(h_T), and its gradient
+// with respect to W, U and b. Eager runs the body once per step on the tape; compiled runs one scan
 // node (its body a plan) and the backward as a reverse scan. Reported per call and per scan
 // step at lengths 8 and 64, and the number of traces the compiled step takes over the lengths
 // 1..64 called in turn.

@@ -1,4 +1,4 @@
-// duet_bench workloads W1, W2, W3 (BENCH.md) and C1: eager, and compiled for W2 and W3.
+// duet_bench workloads W1, W2, W3 (docs/benchmarks.md) and C1: eager, and compiled for W2 and W3.
 #include <chrono>
 #include <cmath>
 #include <cstring>

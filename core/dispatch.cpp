@@ -84,8 +84,8 @@ Tensor execute(const OpDef& def, const OpCall& c, unsigned expiring) {
     self.impl()->storage->version_.fetch_add(1, std::memory_order_relaxed);
     return self;
   }
-  // Reuse the buffer of an expiring temporary (see DESIGN.md, W2): an rvalue input with the
-  // output's exact layout that nobody else holds.
+  // Reuse the buffer of an expiring temporary (docs/design.md, "Expiring temporaries"): an
+  // rvalue input with the output's exact layout that nobody else holds.
   for (unsigned m = expiring, i = 0; m; m >>= 1, ++i) {
     if (!(m & 1)) continue;
     const Tensor& t = c.inputs[i];

@@ -18,7 +18,7 @@
 // node and == is a pointer comparison. Nodes are never freed: their number is bounded by the
 // distinct size expressions of the programs compiled in the process.
 //
-// Use (issue 7): in a traced graph a Shape dim is either concrete or a SymInt over the symbols of
+// Use: in a traced graph a Shape dim is either concrete or a SymInt over the symbols of
 // the compiled signature (one symbol per dynamic input dim); shape rules compute with SymInts
 // and decide with the tri-state comparisons (Unknown becomes a guard or an error); the executor
 // evaluates each dim for the concrete sizes of a call.

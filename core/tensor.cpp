@@ -345,9 +345,9 @@ void materialize_grad(TensorImpl* t) {
   if (mode_depth() == 0 || t->trace || !t->requires_grad || (t->autograd && t->autograd->grad) ||
       (t->autograd && t->autograd->grad_fn))
     return;
-  // DESIGN.md, "Missing .grad": while tracing, a captured leaf's missing gradient is a real zero
-  // buffer, which the trace captures like any tensor. The graph then reads and writes the same
-  // buffer at every call, so the first call's trace serves every later call.
+  // docs/design.md, "Missing .grad": while tracing, a captured leaf's missing gradient is a real
+  // zero buffer, which the trace captures like any tensor. The graph then reads and writes the
+  // same buffer at every call, so the first call's trace serves every later call.
   SuspendModes eager;
   const bool prev = grad_mode();
   set_grad_mode(false);

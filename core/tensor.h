@@ -139,7 +139,7 @@ Tensor make_view(const Tensor& base, const Shape& shape, const Strides& strides,
 /// A 0-d tensor holding a C++ number; promotes like a Scalar (PyTorch's wrapped numbers).
 Tensor wrap_scalar(const Scalar& s, DType dtype, Device device);
 /// While tracing, gives a captured leaf that requires grad and has no .grad a zero buffer (see
-/// DESIGN.md, "Missing .grad"); otherwise does nothing.
+/// docs/design.md, "Missing .grad"); otherwise does nothing.
 void materialize_grad(TensorImpl* t);
 /// Reads element `i` (row-major) of a CPU tensor as double / int64.
 double read_double(const Tensor& t, int64_t i);

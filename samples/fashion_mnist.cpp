@@ -1,8 +1,8 @@
 // Fashion-MNIST, the main demo: debug eagerly, compile the hot function, compare the two.
 //
-// The BENCH.md W4 MLP (784-1024-1024-10, batch 256) is trained on the full training set twice
-// from the same initialization and in the same batch order: once eagerly, once with the
-// training step compiled. The demo prints a progress bar, then a table: time per step, the
+// The W4 MLP of docs/benchmarks.md (784-1024-1024-10, batch 256) is trained on the full training
+// set twice from the same initialization and in the same batch order: once eagerly, once with
+// the training step compiled. The demo prints a progress bar, then a table: time per step, the
 // speed-up, peak tensor memory, the test accuracy of each, and how far apart the two runs are
 // (losses at every step, parameters at the end). Both loss curves go to an SVG image.
 //

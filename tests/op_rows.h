@@ -1,8 +1,8 @@
-// duet tests: the op table as test rows (STYLE.md, "Tests"). One or more rows per primitive in
-// core/ops.def, plus the composites. Each row says how to call the op through the public API,
-// a float64 reference written independently on plain doubles, the input domain, the dtypes and
-// the tolerance; the runners in test_ops.cpp and test_reduce_matmul.cpp derive the samples
-// (0-d, empty, broadcast, non-contiguous, large) from the rows.
+// duet tests: the op table as test rows, so that every op test derives from one table. One or
+// more rows per primitive in core/ops.def, plus the composites. Each row says how to call the op
+// through the public API, a float64 reference written independently on plain doubles, the input
+// domain, the dtypes and the tolerance; the runners in test_ops.cpp and test_reduce_matmul.cpp
+// derive the samples (0-d, empty, broadcast, non-contiguous, large) from the rows.
 #pragma once
 
 #include <functional>

@@ -558,7 +558,8 @@ TEST_CASE("op rows: every dtype and input layout against the float64 reference")
 
 // ---- the table itself -------------------------------------------------------------------------
 
-// Completeness (STYLE.md, "Shape of the code"): adding an op without its rows and rules fails.
+// Completeness: the op table is the one list of ops, so adding an op without its test rows and
+// rules fails.
 TEST_CASE("every op in ops.def has a test row, a shape rule, a gradient rule and a CPU kernel") {
   std::vector<int> rows(kNumOps, 0);
   for (const auto& r : elementwise_rows())

@@ -223,7 +223,7 @@ struct Mlp {
   }
 };
 
-/// The training step of API.md, "A compiled training step".
+/// The usual training step (zero_grad, forward, loss, backward, step), compiled or not.
 Tensor train_step(Mlp& m, Optimizer& opt, const Tensor& x, const Tensor& y) {
   opt.zero_grad();
   Tensor loss = cross_entropy(m.forward(x), y);

@@ -695,7 +695,7 @@ CompiledCore::Entry* CompiledCore::trace(const FlatArgs& args, const TraceFn& fn
     bool any = false;
     for (const Tensor& o : outs) any |= o.requires_grad();
     if (grad_mode() && any) {
-      // The joint graph (DESIGN.md, "Backward through compiled outputs"): each output that
+      // The joint graph (docs/design.md, "Backward through compiled outputs"): each output that
       // requires grad is differentiated with respect to every argument and captured tensor
       // that requires grad, with its gradient a graph input.
       std::vector<Tensor> wrt;

@@ -1,4 +1,4 @@
-// duet: compile(fn), the static face (API.md, "Compile"; DESIGN.md, "Data, walked").
+// duet: compile(fn), the static face (docs/eager-vs-compiled.md; docs/design.md, "Data, walked").
 //
 // A call computes the guard key of its arguments (shapes, dtypes, devices, layouts,
 // requires_grad, static argument values, grad mode) and looks it up. A hit runs the cached plan;
@@ -292,7 +292,7 @@ struct CallOperator<Self, R(A...)> {
 
 }  // namespace detail
 
-/// A compiled function: call it like fn. See API.md, "Compile".
+/// A compiled function: call it like fn. See docs/eager-vs-compiled.md.
 template <class F>
 class Compiled : public detail::CallOperator<Compiled<F>, typename detail::signature<F>::type> {
  public:
@@ -337,7 +337,7 @@ class Compiled : public detail::CallOperator<Compiled<F>, typename detail::signa
   std::shared_ptr<detail::CompiledCore> core_;
 };
 
-/// Compiles fn: traced once per input signature, optimized, and replayed (API.md, "Compile").
+/// Compiles fn: traced once per input signature, optimized, and replayed.
 template <class F>
 Compiled<F> compile(F fn, CompileOptions options = {},
                     std::source_location loc = std::source_location::current()) {

@@ -1,4 +1,4 @@
-// duet: structured control flow (API.md, "Control flow"): cond, scan and while_loop.
+// duet: structured control flow (docs/design.md, "Control flow"): cond, scan and while_loop.
 //
 // Note [Control flow]
 // One entry point per construct serves both faces. Eagerly, cond runs the chosen branch, scan

@@ -453,7 +453,7 @@ void Plan::build() {
     for (int32_t v : unit_nodes[order[s]]) pos[v] = step_pos[s];
   const int32_t num_steps = static_cast<int32_t>(order.size());
   const int32_t end_pos = parallel ? num_waves : num_steps;
-  // Write-backs computed in place (DESIGN.md: "where the planner can prove it safe"): a value
+  // Write-backs computed in place (docs/design.md, "Write-backs in place"): a value
   // made by a kernel goes straight into the captured tensor's storage when nothing reads that
   // storage after the value is computed, and the step computing it reads that storage, if at
   // all, only elementwise at the same layout (w - lr * g). Then there is no buffer and no copy.

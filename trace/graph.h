@@ -1,4 +1,4 @@
-// duet: the graph IR of the compiled face (DESIGN.md, "Graph IR").
+// duet: the graph IR of the compiled face (docs/design.md, "Graph IR").
 //
 // Note [Graph IR]
 // SSA: every op in core/ops.def has one output, so a value is named by the node that makes it

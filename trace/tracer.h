@@ -1,11 +1,11 @@
 // duet: the tracer. A dispatch mode that records every op call into a Graph and runs no kernel.
 //
 // Note [Functionalization]
-// (DESIGN.md, "Captured state and compiled backward".) Symbolic tensors stand for graph values:
-// a TensorImpl with a TraceTag, the value id, and a storage with no data; views share their
-// base's symbolic storage, as in eager. A concrete tensor the traced code reads is captured:
-// wrapped numbers become constants, anything else becomes a graph input read by reference at
-// every run (parameters, .grad buffers, the RNG state, tensors built from C++ data).
+// (docs/design.md, "Captured state and compiled backward".) Symbolic tensors stand for graph
+// values: a TensorImpl with a TraceTag, the value id, and a storage with no data; views share
+// their base's symbolic storage, as in eager. A concrete tensor the traced code reads is
+// captured: wrapped numbers become constants, anything else becomes a graph input read by
+// reference at every run (parameters, .grad buffers, the RNG state, tensors built from C++ data).
 // An in-place op records a pure op whose result is the new value of the written tensor, and the
 // tracer keeps a table from each written storage to its current value and the layout written.
 // Reading a tensor looks its storage up: a tensor whose storage was written after it was made

@@ -1,4 +1,5 @@
-// duet: optimizers (API.md, "nn and optim"): SGD, Adam and AdamW, with PyTorch's update rules.
+// duet: optimizers (docs/design.md, "nn and optim"): SGD, Adam and AdamW, with PyTorch's update
+// rules.
 //
 // Note [Optimizers under compile]
 // An optimizer is written for both faces at once. step() and zero_grad() are in-place tensor
