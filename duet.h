@@ -14,6 +14,7 @@
 #include "nn/layers.h"
 #include "nn/module.h"
 #include "nn/optim/optim.h"
+#include "trace/codegen.h"
 #include "trace/compile.h"
 #include "trace/control_flow.h"
 #include "trace/graph.h"
