@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "core/check_shape.h"
+
 namespace duet {
 namespace detail {
 namespace {
@@ -135,6 +137,7 @@ Tensor call(OpId op, TensorRefs inputs, const Attrs& attrs, unsigned expiring) {
   } else {
     def.infer(def, inputs, attrs, meta);
   }
+  detail::check_shape(def.name, meta.shape, itemsize(meta.dtype));  // Note [Checked sizes]
   OpCall c{op, inputs, attrs, meta, nullptr};
   if (__builtin_expect(symbolic, 0) && tls_depth == 0) check_concrete(def, inputs);
   // Autograd records a tape node when grad mode is on and an input requires grad, unless the

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <ostream>
 
+#include "core/check_shape.h"
 #include "core/dispatch.h"
 #include "core/ops.h"
 
@@ -37,6 +38,7 @@ void TensorImpl::refresh_contiguous() {
 }
 
 Tensor empty(const Shape& shape, DType dtype, Device device) {
+  check_shape("empty", shape, itemsize(dtype));  // Note [Checked sizes]
   auto* t = new TensorImpl();
   TensorImplPtr p = TensorImplPtr::adopt(t);
   t->dtype = dtype;

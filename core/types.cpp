@@ -5,6 +5,7 @@
 #include "core/device.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/check_shape.h"
 #include "core/shape.h"
 
 namespace duet {
@@ -84,6 +85,31 @@ namespace detail {
 void throw_internal(const char* cond, const char* file, int line, std::string msg) {
   throw InternalError(fmt::format("[internal] duet bug: {} failed at {}:{}{}{}", cond, file, line,
                                   msg.empty() ? "" : ": ", msg));
+}
+
+// Note [Checked sizes]
+// Sizes multiply in many places (numel, contiguous strides, byte counts), and a product that
+// wraps around int64 is a wrong answer, not an error: (2^62 + 1) x 4 elements "is" 4. So every
+// shape is checked once where it enters: the output of every op call (the dispatcher checks
+// what the shape rule computed, before anything is allocated or viewed), and every tensor made
+// without an op (empty(), tensor()). The check covers the product of the sizes, the product
+// with size-0 dims taken as 1 (which the strides are), and the bytes; after it, products of
+// these sizes cannot overflow anywhere else.
+void check_shape(const char* op, const Shape& shape, int64_t itemsize) {
+  int64_t span = itemsize;  // bytes spanned by the strides (size-0 dims count as 1)
+  bool ok = true;
+  for (int64_t d : shape) {
+    if (d < 0) {
+      throw ValueError(
+          fmt::format("[{}] shape {} has a negative size (sizes must be >= 0)", op, shape.str()));
+    }
+    ok = ok && !__builtin_mul_overflow(span, std::max<int64_t>(d, 1), &span);
+  }
+  if (!ok) {
+    throw ValueError(fmt::format(
+        "[{}] shape {} is too large: its {}-byte elements would take more than 2^63 bytes", op,
+        shape.str(), itemsize));
+  }
 }
 
 Strides contiguous_strides(const Shape& shape) {

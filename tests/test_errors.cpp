@@ -591,6 +591,29 @@ const std::vector<ErrorRow>& error_rows() {
        "[cast] dtype f16 is not computed on the CPU"},
       {"tensor", [] { f32({2}).data_ptr<int32_t>(); }, Kind::DType, "[data_ptr]"},
       {"tensor", [] { f32({2}).size(1); }, Kind::Value, "[size]"},
+      // Sizes whose products overflow int64, and negative sizes (Note [Checked sizes]). Before
+      // the check these wrapped: arange(2^62) wrote past a tiny buffer, (2^62 + 1) x 4 had 4
+      // elements, 2^32 x 2^32 had 0, and INT64_MAX elements were reported as a duet bug.
+      {"sizes", [] { arange(int64_t(1) << 62); }, Kind::Value,
+       "[arange] shape (4611686018427387904) is too large"},
+      {"sizes", [] { zeros({(int64_t(1) << 62) + 1, 4}); }, Kind::Value,
+       "[full] shape (4611686018427387905, 4) is too large"},
+      {"sizes", [] { zeros({int64_t(1) << 32, int64_t(1) << 32}); }, Kind::Value,
+       "[full] shape (4294967296, 4294967296) is too large"},
+      {"sizes", [] { ones({3037000500, 3037000500}); }, Kind::Value,
+       "[full] shape (3037000500, 3037000500) is too large"},
+      {"sizes", [] { zeros({INT64_MAX}); }, Kind::Value,
+       "[full] shape (9223372036854775807) is too large"},
+      {"sizes", [] { zeros({0, int64_t(1) << 40, int64_t(1) << 40}); }, Kind::Value,
+       "[full] shape (0, 1099511627776, 1099511627776) is too large"},
+      {"sizes", [] { sum(expand(ones({1, 1}), {int64_t(1) << 32, int64_t(1) << 32})); },
+       Kind::Value, "[expand] shape (4294967296, 4294967296) is too large"},
+      {"sizes", [] { reshape(arange(4), {(int64_t(1) << 62) + 1, 4}); }, Kind::Value, "[reshape]"},
+      {"sizes", [] { zeros({-1}); }, Kind::Value, "[full] negative size -1 in shape (-1)"},
+      {"sizes", [] { tensor({1, 2, 3}, Shape{-1, -3}); }, Kind::Value,
+       "[tensor] shape (-1, -3) has a negative size"},
+      {"sizes", [] { detail::empty(Shape{int64_t(1) << 61}, DType::f64); }, Kind::Value,
+       "[empty] shape (2305843009213693952) is too large"},
   };
   return rows;
 }
@@ -632,7 +655,7 @@ TEST_CASE("error rows: the right error type, and a message that starts with [op]
   }
   // At least three bad inputs per op family.
   for (const auto& [family, n] : per_family) CHECK_MESSAGE(n >= 3, family);
-  CHECK(per_family.size() == 12);
+  CHECK(per_family.size() == 13);
 }
 
 TEST_CASE("an error leaves the operands untouched and the library usable") {

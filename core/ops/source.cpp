@@ -1,6 +1,7 @@
 // Sources (Full, Arange) and the creation functions built on them, and Transfer (to(Device)).
 #include <cstring>
 
+#include "core/check_shape.h"
 #include "core/dispatch.h"
 #include "core/ops.h"
 
@@ -109,6 +110,7 @@ Tensor tensor(std::vector<double> values, Options options) {
 }
 
 Tensor tensor(std::vector<double> values, Shape shape, Options options) {
+  detail::check_shape("tensor", shape, sizeof(double));  // Note [Checked sizes]
   DUET_CHECK_SHAPE(shape.numel() == static_cast<int64_t>(values.size()),
                    "[tensor] {} values do not fill shape {} ({} elements)", values.size(), shape,
                    shape.numel());
