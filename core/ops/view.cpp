@@ -225,7 +225,10 @@ Tensor reshape(const Tensor& x, Shape shape) {
       infer_at = i;
     } else {
       DUET_CHECK_SHAPE(shape[i] >= 0, "[reshape] invalid size {} in {}", shape[i], shape);
-      known *= shape[i];
+      DUET_CHECK_VALUE(!__builtin_mul_overflow(known, shape[i], &known),
+                       "[reshape] shape {} is too large: its elements overflow int64 "
+                       "(Note [Checked sizes])",
+                       shape);
     }
   }
   if (infer_at >= 0) {
