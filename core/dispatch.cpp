@@ -164,6 +164,18 @@ void call_inplace(OpId op, TensorRefs inputs, const Attrs& attrs, const Tensor& 
                    "[{}_] the result of shape {} cannot be written in place into a tensor of "
                    "shape {}",
                    def.name, meta.shape, self.sizes());
+  // A tensor whose elements share memory (an expanded view: stride 0 over a size above 1)
+  // cannot be written in place: each write would land on one element several times, and the
+  // base would hold whichever came last. PyTorch refuses these writes too.
+  {
+    const TensorImpl* si = self.unsafe_impl();
+    for (int64_t d = 0; d < si->shape.size(); ++d)
+      DUET_CHECK_VALUE(!(si->strides[d] == 0 && si->shape[d] > 1),
+                       "[{}_] cannot write in place into a tensor of shape {} with strides {}: "
+                       "more than one of its elements refers to one memory location (dim {} "
+                       "is expanded); clone() it first",
+                       def.name, si->shape, Shape(si->strides.data(), si->strides.size()), d);
+  }
   // Copy converts between any dtypes (copy_); arithmetic may not narrow the kind (an f32
   // result cannot go into an i64 tensor), as in PyTorch.
   const bool is_copy = op == OpId::Copy;

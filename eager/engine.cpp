@@ -1,6 +1,7 @@
 // duet: the backward engine. It walks the tape from the outputs in reverse creation order,
 // calls each node's gradient rule (duet ops), sums gradients back to each input's shape and
 // dtype, and accumulates into leaves' .grad, or captures them for grad().
+#include <mutex>
 #include <queue>
 #include <unordered_map>
 #include <unordered_set>
@@ -86,7 +87,17 @@ Tensor unpack_output(const Node& n, bool create_graph) {
 // A leaf's .grad keeps its buffer across steps (optimizers and compiled steps rely on it):
 // the first gradient is stored (copied unless nobody else holds it), later ones are added in
 // place. With create_graph the sum is out of place, so it stays differentiable.
+//
+// Two backward passes on two threads may reach one leaf (a shared weight): its .grad is read,
+// added to and replaced under a lock of its own (one of a fixed set, chosen by the leaf's
+// address), as PyTorch's AccumulateGrad locks, so no update is lost.
+std::mutex& leaf_lock(const TensorImpl* leaf) {
+  static std::mutex locks[64];
+  return locks[(reinterpret_cast<uintptr_t>(leaf) >> 6) % 64];
+}
+
 void accumulate(TensorImpl* leaf, Tensor g, bool create_graph) {
+  std::lock_guard<std::mutex> lock(leaf_lock(leaf));
   AutogradMeta& m = autograd_meta(*leaf);
   if (!m.grad && mode_depth() > 0 && !create_graph) {
     DUET_CHECK(!leaf->trace,
@@ -129,9 +140,9 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& r
   auto add_to = [&](Tensor& slot, const Tensor& g) { slot = slot.defined() ? slot + g : g; };
   std::vector<Node*> starts;
   for (size_t i = 0; i < roots.size(); ++i) {
-    const TensorImpl* r = roots[i].unsafe_impl();
+    TensorImpl* r = roots[i].unsafe_impl();
     if (r->autograd && r->autograd->grad_fn) {
-      Node* n = r->autograd->grad_fn.get();
+      Node* n = current_grad_fn(r).get();
       add_to(buffers[n], root_grads[i]);
       starts.push_back(n);
     } else if (capture) {
@@ -269,6 +280,15 @@ Tensor default_grad(const char* op, const Tensor& out, const Tensor& given, size
   return full_dims(sym_dims(out), 1, Options().dtype(out.dtype()).device(out.device()));
 }
 
+// A traced tensor outside its trace (an escaped tensor, or one read with no trace running)
+// has no values and no tape: backward() and grad() through it would silently do nothing.
+void check_not_escaped(const Tensor& t, const char* what) {
+  if (!t.defined()) return;
+  const TensorImpl* x = t.unsafe_impl();
+  if (__builtin_expect(x->trace.get() != nullptr, 0) && (!x->trace->alive || mode_depth() == 0))
+    throw_symbolic_use(t, what);
+}
+
 }  // namespace
 
 void throw_stale_input(const Node& n, int64_t i) { throw_stale(n, n.saved[i]); }
@@ -276,6 +296,8 @@ void throw_stale_input(const Node& n, int64_t i) { throw_stale(n, n.saved[i]); }
 }  // namespace detail
 
 void Tensor::backward(Tensor grad_output, bool retain_graph) const {
+  detail::check_not_escaped(*this, "backward");
+  if (grad_output.defined()) detail::check_not_escaped(grad_output, "backward");
   DUET_CHECK(requires_grad(),
              "[backward] the tensor (shape {}) does not require grad: no input of the ops that "
              "made it requires grad, or it was computed under NoGradGuard",
@@ -295,14 +317,18 @@ std::vector<Tensor> detail::grad(std::vector<Tensor> outputs, std::vector<Tensor
                                  bool retain_graph) {
   DUET_CHECK(grad_outputs.empty() || grad_outputs.size() == outputs.size(),
              "[grad] {} grad_outputs for {} outputs", grad_outputs.size(), outputs.size());
+  for (const Tensor& t : outputs) detail::check_not_escaped(t, "grad");
+  for (const Tensor& t : inputs) detail::check_not_escaped(t, "grad");
+  for (const Tensor& t : grad_outputs)
+    if (t.defined()) detail::check_not_escaped(t, "grad");
   detail::Capture cap;
   cap.results.resize(inputs.size());
   std::vector<size_t> first(inputs.size());  // an input passed twice gets the gradient twice
   for (size_t i = 0; i < inputs.size(); ++i) {
-    const detail::TensorImpl* t = inputs[i].impl();
+    detail::TensorImpl* t = inputs[i].impl();
     DUET_CHECK(t->requires_grad, "[grad] input {} (shape {}) does not require grad", i, t->shape);
     if (t->autograd && t->autograd->grad_fn)
-      first[i] = cap.nodes.emplace(t->autograd->grad_fn.get(), i).first->second;
+      first[i] = cap.nodes.emplace(detail::current_grad_fn(t).get(), i).first->second;
     else
       first[i] = cap.leaves.emplace(t, i).first->second;
   }

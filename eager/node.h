@@ -35,6 +35,11 @@ struct InputEdge {
 };
 
 struct Node : std::enable_shared_from_this<Node> {
+  Node() = default;
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+  /// Releases the history behind the node without recursion (Note [Releasing deep tapes]).
+  ~Node();
   const OpDef* def = nullptr;
   Attrs attrs;
   std::vector<InputEdge> inputs;
@@ -50,6 +55,16 @@ struct Node : std::enable_shared_from_this<Node> {
   /// The backward_fn is written in duet ops and may run with create_graph (control flow); a
   /// compiled call's backward is a plan, which is not.
   bool backward_fn_differentiable = false;
+  /// A view op's node whose output shares its input's storage (reshape that had to copy does
+  /// not): when the input's history is superseded by an in-place write, the view's history is
+  /// regenerated (Note [Views of written tensors]).
+  bool view_of_input = false;
+  /// Between autograd_prepare and autograd_finish of a view op: its input's storage, compared
+  /// with the output's to set view_of_input. Never dereferenced.
+  const void* view_source = nullptr;
+  /// Set when the tensor whose grad_fn this node is gets written in place: the node that
+  /// replaced this one as its history (weak: the new node points back at this one).
+  std::weak_ptr<Node> superseded_by;
 };
 
 /// The next creation number of a tape node (later nodes run first in backward).
@@ -67,5 +82,8 @@ inline OpDef opaque_node_def(const char* name) {
 }
 /// Fills the edge along which an input's gradient flows: to its grad_fn, or to it as a leaf.
 void set_input_edge(InputEdge& e, const Tensor& t);
+/// t's grad_fn (t must have one), regenerated first when t is a view whose base was written in
+/// place since (Note [Views of written tensors] in eager/record.cpp).
+const std::shared_ptr<Node>& current_grad_fn(TensorImpl* t);
 
 }  // namespace duet::detail

@@ -531,3 +531,160 @@ TEST_CASE("pow with a Scalar exponent keeps the precision of its input") {
 }
 
 }  // namespace duet::test
+
+// ---- Reproducers: deep tapes, views of tensors written in place, escaped traced tensors,
+// in-place writes through expanded views. Each failed (crashed, or was silently wrong) before.
+
+namespace duet::test {
+
+TEST_CASE("deep tapes: a million-op chain is released and differentiated without recursion") {
+  // Before: destroying y recursed once per node (a stack overflow at 300,000 nodes, and at
+  // 100,000 under ASan), and backward() over 1M ops crashed the same way.
+  constexpr int kDepth = 1000000;
+  Tensor x = ones({1}, Options().requires_grad());
+  {
+    Tensor y = x;
+    for (int i = 0; i < kDepth; ++i) y = y + 1;
+    CHECK(y.item<float>() == doctest::Approx(kDepth + 1));
+  }  // y and its whole tape die here
+  Tensor y = x * 1;
+  for (int i = 0; i < kDepth; ++i) y = y + 1;
+  y.backward();
+  CHECK(x.grad().item<float>() == 1);
+  y = Tensor();  // the released tape is freed too
+  // A deep chain that keeps its saved tensors (mul saves both inputs) dies without backward.
+  Tensor z = x * 1;
+  for (int i = 0; i < kDepth / 4; ++i) z = z * 1.0;
+  z = Tensor();
+}
+
+TEST_CASE("a view taken before an in-place write to its base differentiates through the write") {
+  // Before: the view kept the base's old history, so x.grad was [1, 0] instead of [5, 0] and
+  // [1, 1] instead of [2, 4], with no error. PyTorch regenerates the view's history.
+  {
+    Tensor x = tensor({1.0, 2.0}, f64_leaf());
+    Tensor a = x * 1;
+    Tensor v = slice(a, 0, 0, 1);
+    a.mul_(5);
+    sum(v * 1).backward();
+    CHECK(values(x.grad()) == std::vector<double>{5, 0});
+    CHECK(values(v) == std::vector<double>{5});
+  }
+  {
+    // a.mul_(a) overwrites the value its own gradient needs: the backward through the view
+    // now reaches that node and raises, as a backward through a does (it gave [1, 1] silently).
+    Tensor x = tensor({1.0, 2.0}, f64_leaf());
+    Tensor a = x * 1;
+    Tensor v = reshape(a, {2, 1});
+    a.mul_(a);
+    try {
+      sum(v * 1).backward();
+      FAIL("no error");
+    } catch (const Error& e) {
+      CHECK_MESSAGE(contains(e.what(), "saved by mul was modified in place"), e.what());
+    }
+    // The same with a factor the rule can keep: a = x * x through a view, d/dx = 2x.
+    Tensor b = x * 1;
+    Tensor u = reshape(b, {2, 1});
+    b.add_(x);
+    b.mul_(tensor({0.5, 0.5}, f64()));  // b = x
+    b.mul_(x.detach());                 // b = x * x0 (x0 constant)
+    sum(u * 1).backward();
+    CHECK(values(x.grad()) == std::vector<double>{1, 2});
+  }
+  {  // a view of a view, two writes, and the view as the root of backward
+    Tensor x = tensor({1.0, 2.0, 3.0, 4.0}, f64_leaf());
+    Tensor a = x * 1;
+    Tensor v = slice(reshape(a, {2, 2}), 0, 1, 2);  // the second row: x[2], x[3]
+    a.mul_(2);
+    a.add_(x);  // a = 3x
+    sum(v).backward();
+    CHECK(values(x.grad()) == std::vector<double>{0, 0, 3, 3});
+    Tensor w = reshape(x * 1, {4});
+    Tensor b = x * 1;
+    Tensor u = slice(b, 0, 0, 1);
+    b.mul_(3);  // du/dx0 = 3
+    CHECK(values(grad({sum(u)}, {x})[0]) == std::vector<double>{3, 0, 0, 0});
+    (void)w;
+  }
+  {  // a reshape that copied is no view of its base: it keeps its history
+    Tensor x = ones({2, 2}, f64_leaf());
+    Tensor a = x * 1;
+    Tensor v = reshape(transpose(a, 0, 1), {4});  // not contiguous: a copy
+    a.mul_(10);
+    sum(v).backward();
+    CHECK(values(x.grad()) == std::vector<double>{1, 1, 1, 1});
+  }
+  {  // views taken after the write, and eager against gradcheck
+    auto fn = [](const std::vector<Tensor>& in) {
+      Tensor a = in[0] * 1;
+      Tensor v = slice(a, 0, 1, 3);
+      a.add_(in[1]);
+      a.mul_(3);
+      Tensor u = slice(a, 0, 0, 2);
+      return sum(v * u);
+    };
+    Tensor x = tensor({0.5, -1.5, 2.0}, f64_leaf());
+    Tensor s = tensor({3.0, 0.25, -2.0}, f64_leaf());
+    GradcheckResult r = gradcheck(fn, {x, s});
+    CHECK_MESSAGE(r.ok, r.message);
+  }
+}
+
+TEST_CASE("escaped traced tensors: backward() and grad() raise instead of doing nothing") {
+  // Before: leak.backward() did nothing, and grad({leak}, {x}) returned 0 instead of 2.
+  Tensor leak;
+  Tensor x = ones({1}, Options().requires_grad());
+  auto f = compile([&](Tensor a) {
+    leak = sum(a * 2);
+    return a + 1;
+  });
+  f(x);
+  REQUIRE(leak.defined());
+  auto escaped = [](const std::function<void()>& call, const char* op) {
+    try {
+      call();
+      FAIL("no error");
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      CHECK_MESSAGE(starts_with(m, std::string("[") + op + "]"), m);
+      CHECK_MESSAGE(contains(m, "used after that trace ended"), m);
+    }
+  };
+  escaped([&] { leak.backward(); }, "backward");
+  escaped([&] { grad({leak}, {x}); }, "grad");
+  escaped([&] { grad({sum(x * 2)}, {x}, {leak}); }, "grad");
+  escaped([&] { ones({1}).backward(leak); }, "backward");
+}
+
+TEST_CASE("in-place writes into an expanded tensor are refused") {
+  // Before: expand(b, {4, 3}).add_(1) added 1 four times to each element of b (b == 4).
+  for (bool grad_on : {false, true}) {
+    Tensor b = zeros({1, 3});
+    detail::GradModeScope mode(grad_on);
+    Tensor e = expand(b, {4, 3});
+    CHECK_THROWS_AS(e.add_(1), ValueError);
+    CHECK_THROWS_AS(e.mul_(ones({4, 3})), ValueError);
+    CHECK_THROWS_AS(e.copy_(ones({4, 3})), ValueError);
+    CHECK_THROWS_AS(e.zero_(), ValueError);
+    CHECK(values(b) == std::vector<double>{0, 0, 0});
+    try {
+      e.add_(1);
+    } catch (const Error& err) {
+      CHECK_MESSAGE(contains(err.what(),
+                             "[add_] cannot write in place into a tensor of shape "
+                             "(4, 3) with strides (0, 1)"),
+                    err.what());
+    }
+  }
+  // A size-1 dim with stride 0, and an expanded tensor read (not written), are fine.
+  Tensor b = zeros({1, 3});
+  Tensor one = expand(b, {1, 3});
+  one.add_(1);
+  Tensor t = zeros({4, 3});
+  t.add_(expand(ones({1, 3}), {4, 3}));
+  CHECK(values(b) == std::vector<double>{1, 1, 1});
+  CHECK(values(sum(t)) == std::vector<double>{12});
+}
+
+}  // namespace duet::test
