@@ -2,7 +2,9 @@
 // i64_tensor + 1 stays i64, i64_tensor + 1.0 becomes f32.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <type_traits>
 
 #include "core/dtype.h"
@@ -29,6 +31,38 @@ class Scalar {
   T to() const {
     return kind_ == Kind::Float ? static_cast<T>(d_) : static_cast<T>(i_);
   }
+  /// Whether the value converts to dtype d without overflow, as PyTorch checks: an integer
+  /// dtype must hold it (a float truncated toward zero; NaN and infinities never fit), a float
+  /// dtype must hold it when finite (infinities and NaN fit), and b8 holds every value.
+  bool fits(DType d) const {
+    if (kind_ == Kind::Bool) return true;
+    if (kind_ == Kind::Int) {
+      switch (d) {
+        case DType::i32:
+          return i_ >= std::numeric_limits<int32_t>::min() &&
+                 i_ <= std::numeric_limits<int32_t>::max();
+        case DType::f16:
+          return i_ >= -65504 && i_ <= 65504;
+        default:  // i64, b8, f32, bf16 and f64 hold every int64 value (rounded)
+          return true;
+      }
+    }
+    const double v = d_;
+    switch (d) {
+      case DType::i32:  // truncates toward zero: (-2^31 - 1, 2^31)
+        return v > -2147483649.0 && v < 2147483648.0;
+      case DType::i64:  // [-2^63, 2^63)
+        return v >= -9223372036854775808.0 && v < 9223372036854775808.0;
+      case DType::f32:
+        return !std::isfinite(v) || (v <= 3.4028234663852886e38 && v >= -3.4028234663852886e38);
+      case DType::bf16:
+        return !std::isfinite(v) || (v <= 3.3895313892515355e38 && v >= -3.3895313892515355e38);
+      case DType::f16:
+        return !std::isfinite(v) || (v <= 65504.0 && v >= -65504.0);
+      default:  // f64, b8
+        return true;
+    }
+  }
   /// The dtype a tensor made from this scalar gets: f32, i64 or b8.
   DType default_dtype() const {
     return kind_ == Kind::Float ? DType::f32 : kind_ == Kind::Int ? DType::i64 : DType::b8;
@@ -45,5 +79,15 @@ class Scalar {
     double d_;
   };
 };
+
+namespace detail {
+/// Throws the ValueError "[op] value V does not fit in D" (core/tensor.cpp).
+[[noreturn]] void throw_scalar_range(const char* op, const Scalar& s, DType d);
+/// A Scalar that is converted to dtype d must fit it (Scalar::fits): creation functions, and
+/// Scalar operands of ops that compute in an integer dtype.
+inline void check_fits(const char* op, const Scalar& s, DType d) {
+  if (__builtin_expect(!s.fits(d), 0)) throw_scalar_range(op, s, d);
+}
+}  // namespace detail
 
 }  // namespace duet

@@ -77,6 +77,13 @@ Tensor make_view(const Tensor& base, const Shape& shape, const Strides& strides,
   return Tensor(std::move(p));
 }
 
+void throw_scalar_range(const char* op, const Scalar& s, DType d) {
+  const std::string v = s.is_floating() ? fmt::format("{}", s.to<double>())
+                        : s.is_bool()   ? std::string(s.to<bool>() ? "true" : "false")
+                                        : fmt::format("{}", s.to<int64_t>());
+  throw ValueError(fmt::format("[{}] value {} does not fit in {}", op, v, d));
+}
+
 Tensor wrap_scalar(const Scalar& s, DType dtype, Device) {
   // A wrapped number lives on the CPU whatever the device of the tensor it goes with: kernels
   // of every device read it as a value (the dispatcher lets it mix with any device).
@@ -339,6 +346,9 @@ Tensor& Tensor::requires_grad_(bool r) {
                    "{}",
                    t->dtype, t->shape);
   t->requires_grad = r;
+  // Created now, not by the first backward: another thread's backward may fill .grad while
+  // this thread's ops read the leaf's autograd state.
+  if (r) detail::autograd_meta(*t);
   return *this;
 }
 
@@ -367,10 +377,15 @@ Tensor Tensor::grad() const {
 
 void Tensor::set_grad(const Tensor& g) {
   detail::TensorImpl* t = impl();
-  if (g.defined())
-    DUET_CHECK_SHAPE(g.sizes() == t->shape && g.dtype() == t->dtype,
+  if (g.defined()) {
+    DUET_CHECK_DTYPE(g.dtype() == t->dtype,
+                     "[set_grad] gradient of shape {} {} does not match the tensor's {} {}: "
+                     "expected dtype {}",
+                     g.sizes(), g.dtype(), t->shape, t->dtype, t->dtype);
+    DUET_CHECK_SHAPE(g.sizes() == t->shape,
                      "[set_grad] gradient of shape {} {} does not match the tensor's {} {}",
                      g.sizes(), g.dtype(), t->shape, t->dtype);
+  }
   detail::autograd_meta(*t).grad = g.impl_ptr();
 }
 

@@ -94,8 +94,13 @@ void throw_internal(const char* cond, const char* file, int line, std::string ms
 // what the shape rule computed, before anything is allocated or viewed), and every tensor made
 // without an op (empty(), tensor()). The check covers the product of the sizes, the product
 // with size-0 dims taken as 1 (which the strides are), and the bytes; after it, products of
-// these sizes cannot overflow anywhere else.
+// these sizes cannot overflow anywhere else. The rank is checked there too (at most kMaxRank,
+// 64), so that per-dim arrays and 64-bit dim masks (permute, reductions, loops) fit every tensor.
 void check_shape(const char* op, const Shape& shape, int64_t itemsize) {
+  if (__builtin_expect(shape.size() > kMaxRank, 0)) {
+    throw ValueError(fmt::format("[{}] a tensor of rank {} is above the maximum rank {} (shape {})",
+                                 op, shape.size(), kMaxRank, shape.str()));
+  }
   int64_t span = itemsize;  // bytes spanned by the strides (size-0 dims count as 1)
   bool ok = true;
   for (int64_t d : shape) {

@@ -29,7 +29,14 @@ MatLayout layout(int64_t rows, int64_t cols, int64_t s0, int64_t s1) {
 template <class T>
 void gemm(const T* a, MatLayout la, const T* b, MatLayout lb, T* c, int64_t m, int64_t n,
           int64_t k) {
-  if constexpr (std::is_same_v<T, float>) {
+  if constexpr (std::is_integral_v<T> && std::is_signed_v<T>) {
+    // Integer products and sums wrap around (two's complement), as in PyTorch. Signed overflow
+    // is undefined behaviour in C++, so the GEMM runs on the same bits as unsigned integers
+    // (reading an object through its unsigned type is allowed), where wrapping is defined.
+    using U = std::make_unsigned_t<T>;
+    gemm<U>(reinterpret_cast<const U*>(a), la, reinterpret_cast<const U*>(b), lb,
+            reinterpret_cast<U*>(c), m, n, k);
+  } else if constexpr (std::is_same_v<T, float>) {
     dnnl_status_t st =
         dnnl_sgemm(la.trans, lb.trans, m, n, k, 1.0f, a, la.ld, b, lb.ld, 0.0f, c, n);
     DUET_ASSERT(st == dnnl_success, "dnnl_sgemm failed with status {}", static_cast<int>(st));

@@ -9,9 +9,11 @@
 #include <cstring>
 #include <filesystem>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <vector>
 
+#include "core/check_shape.h"
 #include "core/ops.h"
 
 namespace duet::data {
@@ -40,6 +42,13 @@ class GzReader {
     DUET_CHECK(fs::exists(path), "[read_idx] {}: no such file", path);
     DUET_CHECK(!fs::is_directory(path), "[read_idx] {}: is a directory, expected an IDX file",
                path);
+    // Only a regular file: a device (/dev/zero, /dev/urandom) never ends, and opening a pipe
+    // blocks.
+    DUET_CHECK_VALUE(fs::is_regular_file(path),
+                     "[read_idx] {}: is not a regular file (a device, pipe or socket), expected "
+                     "an IDX file",
+                     path);
+    size_ = fs::file_size(path);
     errno = 0;
     f_ = gzopen(path.c_str(), "rb");
     DUET_CHECK(f_, "[read_idx] {}: cannot open ({})", path,
@@ -84,9 +93,16 @@ class GzReader {
   }
   /// True once a gzip stream ended before its trailer (a truncated .gz file).
   bool ended_early() const { return ended_early_; }
+  /// The bytes a plain file holds after `offset`, from its size; nullopt for a compressed one
+  /// (whose data is read in chunks, so that memory grows only with what it really holds).
+  std::optional<uint64_t> left_after(uint64_t offset) {
+    if (!gzdirect(f_)) return std::nullopt;
+    return size_ > offset ? size_ - offset : 0;
+  }
 
  private:
   std::string path_;
+  uint64_t size_ = 0;
   gzFile f_ = nullptr;
   bool ended_early_ = false;
 };
@@ -156,22 +172,37 @@ IdxFile read_idx_file(const std::string& path) {
              "0x0B (i16), 0x0C (i32), 0x0D (f32) or 0x0E (f64)",
              path, magic[2]);
   const int ndims = magic[3];
+  DUET_CHECK_VALUE(ndims <= duet::detail::kMaxRank,
+                   "[read_idx] {}: the header declares a tensor of rank {}, above the maximum "
+                   "rank {}",
+                   path, ndims, duet::detail::kMaxRank);
   std::vector<unsigned char> dim_bytes(4 * ndims);
   in.read_exact(dim_bytes.data(), dim_bytes.size(), "header (dims)");
   std::vector<int64_t> dims(ndims);
-  int64_t numel = 1;
+  // The elements, and the span of the strides (size-0 dims taken as 1) in bytes of the dtype
+  // read into: both checked (Note [Checked sizes] in core/types.cpp).
+  int64_t numel = 1, span = itemsize(type->dtype);
+  bool fits = true;
   for (int i = 0; i < ndims; ++i) {
     dims[i] = load_be32(&dim_bytes[4 * i]);
-    DUET_CHECK(!__builtin_mul_overflow(numel, dims[i], &numel) && numel <= (int64_t{1} << 56),
-               "[read_idx] {}: the dims in the header ({}) describe an impossibly large tensor",
-               path, Shape(dims).str());
+    fits = fits && !__builtin_mul_overflow(numel, dims[i], &numel) &&
+           !__builtin_mul_overflow(span, std::max<int64_t>(dims[i], 1), &span);
   }
   const Shape shape(dims);
+  DUET_CHECK_VALUE(fits && numel <= (int64_t{1} << 56),
+                   "[read_idx] {}: the dims in the header {} describe an impossibly large tensor",
+                   path, shape.str());
 
   // The data is read in chunks into a buffer that grows with what the file really holds, so a
   // corrupt header that declares a huge tensor gives a "truncated data" error, not a huge
   // allocation.
   const size_t want = static_cast<size_t>(numel) * type->bytes;
+  // A plain file's size bounds the data before anything is allocated.
+  const std::optional<uint64_t> left = in.left_after(4 + dim_bytes.size());
+  DUET_CHECK(!left || want <= *left,
+             "[read_idx] {}: truncated data: the header declares {} {} values of shape {}, "
+             "expected {} bytes, read {}",
+             path, numel, type->name, shape.str(), want, left.value_or(0));
   std::vector<unsigned char> raw;
   const size_t chunk = size_t{1} << 26;
   while (raw.size() < want) {

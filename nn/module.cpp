@@ -10,9 +10,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <cxxabi.h>
+#include <sys/stat.h>
+
+#include <filesystem>
 #include <typeinfo>
 #include <unordered_set>
 
+#include "core/dispatch.h"
 #include "core/ops.h"
 #include "eager/autograd.h"
 
@@ -396,19 +400,54 @@ class ByteReader {
   size_t pos_ = 0;
 };
 
-std::vector<unsigned char> read_file(const std::string& path) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  DUET_CHECK(f, "[load] cannot open '{}': {}", path, std::strerror(errno));
-  std::vector<unsigned char> data;
-  unsigned char buf[1 << 16];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) data.insert(data.end(), buf, buf + n);
-  const bool failed = std::ferror(f);
-  const int err = errno;
-  std::fclose(f);
-  DUET_CHECK(!failed, "[load] cannot read '{}': {}", path, std::strerror(err));
-  return data;
-}
+// A state dict file open for reading. Only a regular file is read, and never more than its size
+// (taken when it is opened): a device (/dev/zero, /dev/urandom), a pipe or a socket would be
+// read without end, or block.
+class FileReader {
+ public:
+  explicit FileReader(const std::string& path) : path_(path) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    const fs::file_status st = fs::status(path, ec);  // before opening: opening a pipe blocks
+    DUET_CHECK(st.type() != fs::file_type::directory,
+               "[load] cannot read '{}': it is a directory, expected a state dict file", path);
+    DUET_CHECK_VALUE(ec || st.type() == fs::file_type::not_found || fs::is_regular_file(st),
+                     "[load] cannot read '{}': it is not a regular file (a device, pipe or "
+                     "socket), expected a state dict file",
+                     path);
+    f_ = std::fopen(path.c_str(), "rb");
+    DUET_CHECK(f_, "[load] cannot open '{}': {}", path, std::strerror(errno));
+    struct stat sb;
+    DUET_CHECK(::fstat(::fileno(f_), &sb) == 0, "[load] cannot read '{}': {}", path,
+               std::strerror(errno));
+    DUET_CHECK_VALUE(S_ISREG(sb.st_mode),
+                     "[load] cannot read '{}': it is not a regular file (a device, pipe or "
+                     "socket), expected a state dict file",
+                     path);
+    size_ = static_cast<size_t>(sb.st_size);
+  }
+  ~FileReader() { std::fclose(f_); }
+  FileReader(const FileReader&) = delete;
+  FileReader& operator=(const FileReader&) = delete;
+
+  /// The file's size when it was opened: the most that is ever read.
+  size_t size() const { return size_; }
+  /// Reads exactly n bytes (n <= what is left of size()), or throws.
+  void read(unsigned char* p, size_t n) {
+    DUET_ASSERT(n <= size_ - pos_, "read past the size of '{}'", path_);
+    const size_t got = n ? std::fread(p, 1, n, f_) : 0;
+    DUET_CHECK(!std::ferror(f_), "[load] cannot read '{}': {}", path_, std::strerror(errno));
+    DUET_CHECK_VALUE(got == n, "[load] '{}' is truncated: it shrank to {} bytes while read", path_,
+                     pos_ + got);
+    pos_ += n;
+  }
+
+ private:
+  const std::string& path_;
+  std::FILE* f_ = nullptr;
+  size_t size_ = 0;
+  size_t pos_ = 0;
+};
 
 // The first bytes of a file, printable, for a message about a wrong magic.
 std::string shown(const unsigned char* p, size_t n) {
@@ -428,6 +467,9 @@ void write_state_dict(const StateDict& dict, const std::string& path) {
   uint64_t size = kHeaderBytes + 4;
   for (const auto& [name, t] : dict) {
     DUET_CHECK(t.defined(), "[save] the value for '{}' is an undefined tensor", name);
+    // A symbolic tensor (of a running trace, or one that escaped its trace) has no values.
+    if (__builtin_expect(t.impl()->trace.get() != nullptr, 0))
+      detail::throw_symbolic_use(t, "write_state_dict");
     Tensor c = t.device().is_cpu() ? t.contiguous() : t.to(Device::cpu()).contiguous();
     size += 4 + name.size() + 1 + 4 + 8 * c.dim() + c.numel() * itemsize(c.dtype());
     data.push_back(c);
@@ -452,33 +494,46 @@ void write_state_dict(const StateDict& dict, const std::string& path) {
 
 StateDict read_state_dict(const std::string& path) {
   check_little_endian("load");
-  const std::vector<unsigned char> data = read_file(path);
-  const size_t n = data.size();
+  FileReader file(path);
+  const size_t n = file.size();
   // The checks run in the order that names the problem best: a foreign file by its magic, a
   // newer one by its version, then a short or long file by the size in the header, then any
-  // damage by the checksum. Only then are entries parsed.
+  // damage by the checksum. Only then are entries parsed. The header is read and checked
+  // before the rest, so that a foreign or damaged file is not read whole.
+  unsigned char head[kHeaderBytes];
+  file.read(head, std::min(n, kHeaderBytes));
   const size_t magic_seen = std::min(n, sizeof(kMagic));
-  DUET_CHECK_VALUE(magic_seen == 0 || std::memcmp(data.data(), kMagic, magic_seen) == 0,
+  DUET_CHECK_VALUE(magic_seen == 0 || std::memcmp(head, kMagic, magic_seen) == 0,
                    "[load] '{}' is not a duet state dict: expected the magic bytes \"{}\", found "
                    "\"{}\"",
                    path, shown(reinterpret_cast<const unsigned char*>(kMagic), sizeof(kMagic)),
-                   shown(data.data(), magic_seen));
+                   shown(head, magic_seen));
   DUET_CHECK_VALUE(n >= kHeaderBytes + 4,
                    "[load] '{}' is truncated: {} bytes, shorter than the {}-byte header and "
                    "checksum",
                    path, n, kHeaderBytes + 4);
+  {
+    ByteReader h(path, head, kHeaderBytes);
+    h.take(sizeof(kMagic), "the magic");
+    const auto version = h.integer<uint32_t>("the version");
+    DUET_CHECK_VALUE(
+        version == kVersion,
+        "[load] '{}' has state dict format version {}, but this build reads version {}", path,
+        version, kVersion);
+    const auto declared = h.integer<uint64_t>("the file size");
+    DUET_CHECK_VALUE(declared <= n, "[load] '{}' is truncated: {} bytes, but its header says {}",
+                     path, n, declared);
+    DUET_CHECK_VALUE(declared == n,
+                     "[load] '{}' has trailing data: {} bytes, but its header says {}", path, n,
+                     declared);
+  }
+  // The rest: exactly the size that the header declares and the file has.
+  std::vector<unsigned char> data(n);
+  std::memcpy(data.data(), head, kHeaderBytes);
+  file.read(data.data() + kHeaderBytes, n - kHeaderBytes);
   const size_t body = n - 4;  // the bytes the checksum covers
   ByteReader r(path, data.data(), body);
-  r.take(sizeof(kMagic), "the magic");
-  const auto version = r.integer<uint32_t>("the version");
-  DUET_CHECK_VALUE(version == kVersion,
-                   "[load] '{}' has state dict format version {}, but this build reads version {}",
-                   path, version, kVersion);
-  const auto declared = r.integer<uint64_t>("the file size");
-  DUET_CHECK_VALUE(declared <= n, "[load] '{}' is truncated: {} bytes, but its header says {}",
-                   path, n, declared);
-  DUET_CHECK_VALUE(declared == n, "[load] '{}' has trailing data: {} bytes, but its header says {}",
-                   path, n, declared);
+  r.take(kHeaderBytes - 8, "the header");
   const uint32_t stored = ByteReader(path, data.data() + body, 4).integer<uint32_t>("checksum");
   const auto actual = static_cast<uint32_t>(crc_update(crc32(0, nullptr, 0), data.data(), body));
   DUET_CHECK_VALUE(stored == actual,

@@ -1,5 +1,6 @@
 // Elementwise ops: shape/dtype rules and the public builders.
 #include <algorithm>
+#include <limits>
 
 #include "core/dispatch.h"
 #include "core/ops.h"
@@ -90,9 +91,22 @@ void infer_unary(const OpDef& def, TensorRefs in, const Attrs&, TensorMeta& out)
 
 bool is_compare(OpId op) { return op >= OpId::Lt && op <= OpId::Ne; }
 
+// A wrapped number (a C++ Scalar operand) must fit the dtype the op computes in: i32 + 2^40 is a
+// ValueError, as in PyTorch, never a silently wrapped value. A float Scalar promotes to a float
+// dtype and i64 holds every integer Scalar, so only an i32 result needs the check, which the
+// callers run on the wrapped-number path only. Comparisons widen instead (compare() below).
+void check_wrapped_fit(const OpDef& def, TensorRefs in, DType d) {
+  for (int64_t i = 0; i < in.size(); ++i) {
+    const TensorImpl* t = in[i].impl();
+    if (t->wrapped_number && t->dtype == DType::i64 && t->storage && t->storage->data)
+      check_fits(def.name, Scalar(*static_cast<const int64_t*>(t->data())), d);
+  }
+}
+
 void infer_binary(const OpDef& def, TensorRefs in, const Attrs&, TensorMeta& out) {
   const TensorImpl* a = in[0].impl();
   const TensorImpl* b = in[1].impl();
+  bool wrapped = false;
   // Fast path: the eager hot loop (same shape, same dtype, same device).
   if (a->dtype == b->dtype && !a->wrapped_number && !b->wrapped_number && a->shape == b->shape &&
       a->device() == b->device()) {
@@ -103,6 +117,7 @@ void infer_binary(const OpDef& def, TensorRefs in, const Attrs&, TensorMeta& out
     out.shape = broadcast_shapes(def.name, a->shape, b->shape);
     out.dtype = result_type(in);
     out.device = common_device(def, in);
+    wrapped = a->wrapped_number || b->wrapped_number;
   }
   if (is_compare(def.id)) {
     out.dtype = DType::b8;
@@ -126,6 +141,8 @@ void infer_binary(const OpDef& def, TensorRefs in, const Attrs&, TensorMeta& out
     default:
       break;
   }
+  if (__builtin_expect(wrapped, 0) && out.dtype == DType::i32)
+    check_wrapped_fit(def, in, out.dtype);
 }
 
 void infer_where(const OpDef& def, TensorRefs in, const Attrs&, TensorMeta& out) {
@@ -137,6 +154,7 @@ void infer_where(const OpDef& def, TensorRefs in, const Attrs&, TensorMeta& out)
   const Tensor* ab[] = {&in[1], &in[2]};
   out.dtype = result_type(TensorRefs(ab, 2));
   out.device = common_device(def, in);
+  if (out.dtype == DType::i32) check_wrapped_fit(def, TensorRefs(ab, 2), out.dtype);
 }
 
 void infer_cast(const OpDef&, TensorRefs in, const Attrs& attrs, TensorMeta& out) {
@@ -321,10 +339,24 @@ DUET_DEFINE_BINARY(minimum, Minimum)
 DUET_DEFINE_BINARY(pow, Pow)
 #undef DUET_DEFINE_BINARY
 
-#define DUET_DEFINE_COMPARE(name, Op)                                                   \
-  Tensor name(const Tensor& a, const Tensor& b) { return binary(OpId::Op, a, b, 0); }   \
-  Tensor name(const Tensor& a, Scalar b) { return binary(OpId::Op, a, wrap(b, a), 0); } \
-  Tensor name(Scalar a, const Tensor& b) { return binary(OpId::Op, wrap(a, b), b, 0); }
+namespace {
+// A comparison with an integer Scalar outside an i32 tensor's range has an exact answer: the
+// tensor is widened to i64 first (PyTorch promotes the same way for a float Scalar, which
+// already promotes to f32 here). In range, it is the plain call.
+Tensor compare(OpId op, const Tensor& t, const Scalar& s, bool scalar_first) {
+  Tensor w = wrap(s, t);
+  if (__builtin_expect(t.dtype() == DType::i32 && s.is_integral() && !s.fits(DType::i32), 0)) {
+    Tensor wide = t.to(DType::i64);
+    return scalar_first ? binary(op, w, wide, 0) : binary(op, wide, w, 0);
+  }
+  return scalar_first ? binary(op, w, t, 0) : binary(op, t, w, 0);
+}
+}  // namespace
+
+#define DUET_DEFINE_COMPARE(name, Op)                                                 \
+  Tensor name(const Tensor& a, const Tensor& b) { return binary(OpId::Op, a, b, 0); } \
+  Tensor name(const Tensor& a, Scalar b) { return compare(OpId::Op, a, b, false); }   \
+  Tensor name(Scalar a, const Tensor& b) { return compare(OpId::Op, b, a, true); }
 DUET_DEFINE_COMPARE(lt, Lt)
 DUET_DEFINE_COMPARE(le, Le)
 DUET_DEFINE_COMPARE(gt, Gt)
@@ -372,6 +404,13 @@ Tensor where(const Tensor& cond, Scalar a, const Tensor& b) { return where(cond,
 // With where rather than maximum/minimum, the gradient is 1 on the closed interval [lo, hi]
 // (maximum would split it at a boundary), and NaN passes through, as torch.clamp.
 Tensor clamp(const Tensor& x, Scalar lo, Scalar hi) {
+  // An integer bound beyond an i32 tensor's range clamps nothing on that side.
+  if (x.dtype() == DType::i32) {
+    if (lo.is_integral() && lo.to<int64_t>() < std::numeric_limits<int32_t>::min())
+      lo = Scalar(std::numeric_limits<int32_t>::min());
+    if (hi.is_integral() && hi.to<int64_t>() > std::numeric_limits<int32_t>::max())
+      hi = Scalar(std::numeric_limits<int32_t>::max());
+  }
   Tensor r = where(lt(x, lo), lo, x);
   return where(gt(r, hi), hi, r);
 }

@@ -12,21 +12,39 @@ namespace {
 
 struct Window {
   int64_t kh, kw, sh, sw, ph, pw, h, w, ho, wo;
+  int64_t kk;  ///< kh * kw: the elements of one window
+  int64_t l;   ///< ho * wo: the window positions
 };
 
-Window window(const char* op, const Attrs& a) {
+// Window sizes come from the caller (kernel, stride, padding, fold's output size), so every
+// product and sum of them is checked (Note [Checked sizes] in core/types.cpp): a ValueError
+// naming the op and the input shape, never a wrapped size.
+Window window(const char* op, const Attrs& a, const Shape& input) {
   DUET_CHECK_VALUE(a.ints.size() == 8, "[{}] expects 8 window attributes", op);
-  Window g{a.ints[0], a.ints[1], a.ints[2], a.ints[3], a.ints[4],
-           a.ints[5], a.ints[6], a.ints[7], 0,         0};
+  Window g{a.ints[0], a.ints[1], a.ints[2], a.ints[3], a.ints[4], a.ints[5],
+           a.ints[6], a.ints[7], 0,         0,         0,         0};
   DUET_CHECK_VALUE(g.kh > 0 && g.kw > 0 && g.sh > 0 && g.sw > 0 && g.ph >= 0 && g.pw >= 0,
                    "[{}] kernel {}x{} and stride {}x{} must be positive and padding {}x{} "
                    "non-negative",
                    op, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw);
-  DUET_CHECK_SHAPE(g.h + 2 * g.ph >= g.kh && g.w + 2 * g.pw >= g.kw,
-                   "[{}] kernel {}x{} is larger than the padded input {}x{}", op, g.kh, g.kw,
-                   g.h + 2 * g.ph, g.w + 2 * g.pw);
-  g.ho = (g.h + 2 * g.ph - g.kh) / g.sh + 1;
-  g.wo = (g.w + 2 * g.pw - g.kw) / g.sw + 1;
+  int64_t ph2 = 0, pw2 = 0, hp = 0, wp = 0;
+  const bool fits =
+      !__builtin_mul_overflow(g.ph, 2, &ph2) && !__builtin_mul_overflow(g.pw, 2, &pw2) &&
+      !__builtin_add_overflow(g.h, ph2, &hp) && !__builtin_add_overflow(g.w, pw2, &wp) &&
+      !__builtin_mul_overflow(g.kh, g.kw, &g.kk);
+  DUET_CHECK_VALUE(fits,
+                   "[{}] input {} (size {}x{}) with kernel {}x{} and padding {}x{}: the padded "
+                   "size or the window size overflows int64",
+                   op, input, g.h, g.w, g.kh, g.kw, g.ph, g.pw);
+  DUET_CHECK_SHAPE(hp >= g.kh && wp >= g.kw,
+                   "[{}] kernel {}x{} is larger than the padded input {}x{}", op, g.kh, g.kw, hp,
+                   wp);
+  g.ho = (hp - g.kh) / g.sh + 1;  // cannot overflow: hp - kh >= 0 and kh >= 1
+  g.wo = (wp - g.kw) / g.sw + 1;
+  DUET_CHECK_VALUE(!__builtin_mul_overflow(g.ho, g.wo, &g.l),
+                   "[{}] input {} (size {}x{}) with kernel {}x{}, stride {}x{} and padding {}x{}: "
+                   "the {}x{} window positions overflow int64",
+                   op, input, g.h, g.w, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, g.ho, g.wo);
   return g;
 }
 
@@ -34,21 +52,26 @@ void infer_unfold(const OpDef&, TensorRefs in, const Attrs& a, TensorMeta& out) 
   const Shape& s = in[0].sizes();
   DUET_CHECK_SHAPE(s.size() == 4, "[unfold] input must be (N, C, H, W), got {}", s);
   DUET_CHECK_DTYPE(in[0].dtype() != DType::b8, "[unfold] is not defined for b8 input");
-  const Window g = window("unfold", a);
+  const Window g = window("unfold", a, s);
   DUET_CHECK_SHAPE(s[2] == g.h && s[3] == g.w, "[unfold] input {} does not match size {}x{}", s,
                    g.h, g.w);
-  out.shape = Shape{s[0], s[1] * g.kh * g.kw, g.ho * g.wo};
+  int64_t ckk = 0;
+  DUET_CHECK_VALUE(!__builtin_mul_overflow(s[1], g.kk, &ckk),
+                   "[unfold] input {} with kernel {}x{}: {} channels x {} window elements "
+                   "overflow int64",
+                   s, g.kh, g.kw, s[1], g.kk);
+  out.shape = Shape{s[0], ckk, g.l};
   out.dtype = in[0].dtype();
   out.device = in[0].device();
 }
 
 void infer_fold(const OpDef&, TensorRefs in, const Attrs& a, TensorMeta& out) {
   const Shape& s = in[0].sizes();
-  const Window g = window("fold", a);
-  DUET_CHECK_SHAPE(s.size() == 3 && s[1] % (g.kh * g.kw) == 0 && s[2] == g.ho * g.wo,
-                   "[fold] columns must be (N, C*{}*{}, {}), got {}", g.kh, g.kw, g.ho * g.wo, s);
+  const Window g = window("fold", a, s);
+  DUET_CHECK_SHAPE(s.size() == 3 && s[1] % g.kk == 0 && s[2] == g.l,
+                   "[fold] columns must be (N, C*{}*{}, {}), got {}", g.kh, g.kw, g.l, s);
   DUET_CHECK_DTYPE(in[0].dtype() != DType::b8, "[fold] is not defined for b8 input");
-  out.shape = Shape{s[0], s[1] / (g.kh * g.kw), g.h, g.w};
+  out.shape = Shape{s[0], s[1] / g.kk, g.h, g.w};
   out.dtype = in[0].dtype();
   out.device = in[0].device();
 }
@@ -64,12 +87,14 @@ void grad_fold(const GradCtx& c, const Tensor& g, Tensor* gi) {
   gi[0] = window_call(OpId::Unfold, g, c.attrs);
 }
 
-Attrs window_attrs(const char* op, const Tensor& x, int64_t k, int64_t s, int64_t p) {
+Attrs window_attrs(const char* op, const Tensor& x, int64_t k, int64_t s, int64_t p,
+                   Window* g = nullptr) {
   DUET_CHECK_SHAPE(x.dim() == 4, "[{}] input must be (N, C, H, W), got {}", op, x.sizes());
   Attrs a;
   // H and W only: the windows need them concrete, N and C may stay symbolic (a batch dim).
   a.ints = {k, k, s, s, p, p, x.size(2), x.size(3)};
-  window(op, a);  // validates with the caller's op name
+  const Window w = window(op, a, hint_sizes(x));  // validates with the caller's op name
+  if (g) *g = w;
   return a;
 }
 
@@ -109,9 +134,9 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, int64_t stride,
   DUET_CHECK_DTYPE(x.dtype() == w.dtype(), "[conv2d] input ({}) and weight ({}) must share a dtype",
                    x.dtype(), w.dtype());
   const int64_t o = w.size(0), k = w.size(2);
-  Attrs a = detail::window_attrs("conv2d", x, k, stride, padding);
-  const int64_t ho = (x.size(2) + 2 * padding - k) / stride + 1;
-  const int64_t wo = (x.size(3) + 2 * padding - k) / stride + 1;
+  detail::Window g;
+  Attrs a = detail::window_attrs("conv2d", x, k, stride, padding, &g);
+  const int64_t ho = g.ho, wo = g.wo;
   Tensor cols = detail::window_call(OpId::Unfold, x, a);
   // Sizes spelled out, not -1: a reshape cannot infer a dim of an empty tensor (N or O of 0).
   const SymInt n = detail::sym_dims(x)[0], ckk = detail::sym_dims(cols)[1];
@@ -127,13 +152,13 @@ namespace {
 Tensor pool_windows(const char* op, const Tensor& x, int64_t kernel, int64_t stride, int64_t* ho,
                     int64_t* wo) {
   if (stride == 0) stride = kernel;
-  Attrs a = detail::window_attrs(op, x, kernel, stride, 0);
-  *ho = (x.size(2) - kernel) / stride + 1;
-  *wo = (x.size(3) - kernel) / stride + 1;
+  detail::Window g;
+  Attrs a = detail::window_attrs(op, x, kernel, stride, 0, &g);
+  *ho = g.ho;
+  *wo = g.wo;
   Tensor cols = detail::window_call(OpId::Unfold, x, a);
-  const SymDims xs = detail::sym_dims(x);  // N and C may be symbolic
-  return detail::reshape_dims(cols,
-                              {xs[0], xs[1], kernel * kernel, *ho * *wo});  // not -1: N may be 0
+  const SymDims xs = detail::sym_dims(x);                        // N and C may be symbolic
+  return detail::reshape_dims(cols, {xs[0], xs[1], g.kk, g.l});  // not -1: N may be 0
 }
 }  // namespace
 

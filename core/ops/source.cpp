@@ -22,6 +22,7 @@ void infer_full(const OpDef&, TensorRefs, const Attrs& a, TensorMeta& out) {
   out.dtype = a.dtype;
   out.device = a.device;
   check_computable("full", a.dtype, out.device);
+  check_fits("full", a.value, a.dtype);  // full({1}, 1LL << 40, i32) is an error, not 0
 }
 
 // attrs.end: n; attrs.dtype.
@@ -32,6 +33,9 @@ void infer_arange(const OpDef&, TensorRefs, const Attrs& a, TensorMeta& out) {
   check_computable("arange", a.dtype, out.device);
   out.shape = Shape{a.end};
   out.dtype = a.dtype;
+  DUET_CHECK_VALUE(a.end == 0 || Scalar(a.end - 1).fits(a.dtype),
+                   "[arange] length {} counts up to {}, which does not fit in {}", a.end, a.end - 1,
+                   a.dtype);
 }
 
 Tensor source(OpId op, Attrs a, const Options& o) {
@@ -117,6 +121,8 @@ Tensor tensor(std::vector<double> values, Shape shape, Options options) {
   detail::check_device_usable(options.device_, "tensor");
   const DType dtype = options.dtype_.value_or(DType::f32);
   detail::check_computable("tensor", dtype, options.device_);
+  if (dtype != DType::f64)
+    for (double v : values) detail::check_fits("tensor", Scalar(v), dtype);
   Tensor f64 = detail::empty(shape, DType::f64);
   if (!values.empty()) std::memcpy(f64.raw_data(), values.data(), values.size() * sizeof(double));
   // Converted on the host, then copied to the device (one transfer of the final dtype).
