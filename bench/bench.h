@@ -117,7 +117,7 @@ void compiled_figures(const char* w, const std::string& variant, const Config& c
 /// One compiled build of a workload: a call (one unit of the workload's figure) and its stats.
 struct CompiledCall {
   std::function<void()> call;
-  std::function<const duet::CompileStats&()> stats;
+  std::function<duet::CompileStats()> stats;
 };
 
 /// A compiled workload for the ablation: `compile` builds it under the given options, warms it

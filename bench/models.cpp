@@ -440,7 +440,7 @@ Ablatable training_ablatable(const char* w, std::string tag, const char* metric,
     if (!o.disable_passes.empty()) what += " no_" + o.disable_passes[0];
     settle(what, *t, step, *start, false);
     return CompiledCall{[t, step]() mutable { step(t->x, t->y); },
-                        [step]() -> const duet::CompileStats& { return step.stats(); }};
+                        [step]() -> duet::CompileStats { return step.stats(); }};
   };
   return a;
 }
@@ -484,7 +484,7 @@ Ablatable w5_ablatable() {
     for (size_t i = 0; i < got.size(); ++i)
       err = std::max(err, double(std::abs(got[i] - s->want[i])));
     if (err > 1e-4) std::fprintf(stderr, "W5: warning: compiled and eager differ by %g\n", err);
-    return CompiledCall{call, [fwd]() -> const duet::CompileStats& { return fwd.stats(); }};
+    return CompiledCall{call, [fwd]() -> duet::CompileStats { return fwd.stats(); }};
   };
   return a;
 }

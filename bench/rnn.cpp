@@ -64,7 +64,7 @@ void run_rn(const Config& c, std::vector<Result>& out) {
       Tensor seq = duet::randn({len, kBatch, kIn});
       worst = std::max(worst, max_diff(step(seq), m.grads(seq)));
     }
-    const duet::CompileStats& s = step.stats();
+    const duet::CompileStats s = step.stats();
     std::fprintf(stderr,
                  "RN: lengths 1..64 called in turn: %d traces, %d hits, %d eager calls; largest "
                  "relative gradient difference against eager %.2g\n",

@@ -158,7 +158,7 @@ Ablatable w2_ablatable() {
     const double err = max_abs_diff(s->y.to_vector<float>(), s->want);
     if (err > 1e-5) std::fprintf(stderr, "W2: warning: compiled and eager differ by %g\n", err);
     return CompiledCall{[s, f]() mutable { s->y = f(s->x); },
-                        [f]() -> const duet::CompileStats& { return f.stats(); }};
+                        [f]() -> duet::CompileStats { return f.stats(); }};
   };
   return a;
 }

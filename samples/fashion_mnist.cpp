@@ -195,7 +195,7 @@ Run train(const std::string& face, bool compiled, nn::Module& model, const Args&
   r.peak_bytes = cpu_memory_stats().peak - base;
   r.accuracy = accuracy(model, test_set);
   if (compiled) {
-    const CompileStats& s = compiled_step.stats();
+    const CompileStats s = compiled_step.stats();
     std::printf(
         "compiled step: %d trace(s), %d hits; %lld nodes traced, %lld after the passes, "
         "%lld fused kernels\n",

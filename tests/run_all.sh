@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds duet and runs every test: the formatting check (tests/check_format.sh), the Release
-# build (with the CUDA backend when nvcc is present; CUDA tests skip without a GPU), then the
-# CPU-only suite under ASan + UBSan.
+# build (with the CUDA backend when nvcc is present; CUDA tests skip without a GPU), the
+# CPU-only suite under ASan + UBSan, then the thread tests under ThreadSanitizer (only those:
+# a TSan build of the whole suite would not fit the time budget).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tests/setup_deps.sh
@@ -21,3 +22,9 @@ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DDUET_SANITIZE=ON \
   -DDUET_BUILD_TESTS=ON -DDUET_BUILD_BENCH=OFF -DDUET_BUILD_SAMPLES=OFF >/dev/null
 cmake --build build-asan -j "$jobs"
 ctest --test-dir build-asan --output-on-failure -j "$jobs"
+
+echo "== ThreadSanitizer build (CPU only, the thread tests)"
+cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DDUET_TSAN=ON -DDUET_CUDA=OFF \
+  -DDUET_BUILD_TESTS=ON -DDUET_BUILD_BENCH=OFF -DDUET_BUILD_SAMPLES=OFF >/dev/null
+cmake --build build-tsan -j "$jobs" --target test_threads
+ctest --test-dir build-tsan --output-on-failure -R '^test_threads$'

@@ -71,7 +71,7 @@ TEST_CASE("compile: retraces say why, in words") {
     NoGradGuard ng;
     f(ones({2, 32}), 2);
   }
-  const auto& r = f.stats().retrace_reasons;
+  const auto r = f.stats().retrace_reasons;
   REQUIRE(r.size() == 5);
   CHECK(r[0] == "arg 0 dim 1 changed 31 -> 32: retraced with these dims symbolic");
   CHECK(r[1] == "arg 0 dtype changed f32 -> f64");

@@ -690,7 +690,7 @@ BatchResult check_batch(const Program& p, const std::vector<Sample>& samples, bo
   opts.disable_passes = disable;
   opts.cache_limit = 16;  // a specialized program traces once per size and grad mode
   auto c = compile(fn, opts);
-  const CompileStats& st = c.stats();
+  auto st = [&c] { return c.stats(); };  // a fresh copy at each read
   auto call = [&](size_t k, bool rg, std::vector<Tensor>& in) {
     const Program q = at_batch(p, kBatchSizes[k]);
     auto [ins, args] = calls.inputs(samples[k], rg, false, &q);
@@ -706,16 +706,16 @@ BatchResult check_batch(const Program& p, const std::vector<Sample>& samples, bo
   int want = dynamic ? 1 : 2;
   try {
     for (size_t k = 0; k < n; ++k) {
-      const int plans = st.plans_built, traces = st.traces;
+      const int plans = st().plans_built, traces = st().traces;
       std::vector<Tensor> in;
       calls.outputs(call(k, false, in), samples[k].plain, fmt::format("batch {}", kBatchSizes[k]));
       // A size seen before reuses its plan.
-      if (std::count(kBatchSizes, kBatchSizes + k, kBatchSizes[k]) && st.traces == traces &&
-          st.plans_built != plans)
+      if (std::count(kBatchSizes, kBatchSizes + k, kBatchSizes[k]) && st().traces == traces &&
+          st().plans_built != plans)
         err += fmt::format("batch {} again: a new plan (plans_built {} -> {})\n", kBatchSizes[k],
-                           plans, st.plans_built);
+                           plans, st().plans_built);
     }
-    const int no_grad_traces = st.traces;
+    const int no_grad_traces = st().traces;
     for (size_t k = 0; k < n; ++k) {
       std::vector<Tensor> in;
       const std::vector<Tensor> outs = call(k, true, in);
@@ -723,25 +723,26 @@ BatchResult check_batch(const Program& p, const std::vector<Sample>& samples, bo
       calls.outputs(outs, samples[k].with_grad, which);
       calls.grads(outs, in, samples[k].with_grad, which);
     }
-    r.reasons = st.retrace_reasons;
-    for (const std::string& why : st.retrace_reasons) {
+    r.reasons = st().retrace_reasons;
+    for (const std::string& why : r.reasons) {
       r.specialized |= why.find("made concrete") != std::string::npos ||
                        why.find("kept concrete") != std::string::npos;
       r.guard_failed |= why.starts_with("guard ");
     }
-    r.symbolic = !st.symbolic_dims.empty();
+    r.symbolic = !st().symbolic_dims.empty();
     if (!r.specialized && !r.guard_failed) {
       if (no_grad_traces != want)
         err += fmt::format("calls without gradients: {} traces (want {}); retraced because: {}\n",
-                           no_grad_traces, want, fmt::join(st.retrace_reasons, "; "));
+                           no_grad_traces, want, fmt::join(st().retrace_reasons, "; "));
       want += grad_retraces(p);
-      if (st.traces != want)
+      if (st().traces != want)
         err +=
             fmt::format("calls with gradients: {} traces in all (want {}); retraced because: {}\n",
-                        st.traces, want, fmt::join(st.retrace_reasons, "; "));
+                        st().traces, want, fmt::join(st().retrace_reasons, "; "));
       if (!r.symbolic) err += "no symbolic dims, and no specialization\n";
     }
-    if (st.eager_calls) err += fmt::format("{} calls ran eagerly (cache full)\n", st.eager_calls);
+    if (st().eager_calls)
+      err += fmt::format("{} calls ran eagerly (cache full)\n", st().eager_calls);
   } catch (const std::exception& ex) {
     err += fmt::format("threw: {}\n", ex.what());
   }

@@ -36,7 +36,7 @@ TEST_CASE("data reads: a C++ if on item() retraces per value and equals eager") 
   CHECK(f.stats().traces == 2);  // one per branch; later calls find theirs
   CHECK(f.stats().hits == 3);
   REQUIRE(f.stats().retrace_reasons.size() == 1);
-  const std::string& why = f.stats().retrace_reasons[0];
+  const std::string why = f.stats().retrace_reasons[0];
   CHECK_MESSAGE(contains(why, "item() at test_data_reads.cpp:"), why);
   CHECK_MESSAGE(contains(why, "read true when traced, now false"), why);
   REQUIRE(f.stats().value_guards.size() == 1);

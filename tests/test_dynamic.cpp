@@ -54,7 +54,7 @@ TEST_CASE("dynamic: an Elman RNN over lengths 1..64 takes two traces and equals 
     CHECK(max_rel(gb, eg[2]) < 1e-12);
     CHECK(max_rel(gs, eg[3]) < 1e-12);
   }
-  const CompileStats& s = step.stats();
+  const CompileStats s = step.stats();
   CHECK(s.traces == 2);
   REQUIRE(s.retrace_reasons.size() == 1);
   CHECK(s.retrace_reasons[0] == "arg 0 dim 0 changed 1 -> 2: retraced with these dims symbolic");
@@ -112,7 +112,7 @@ TEST_CASE("dynamic: CompileOptions::dynamic: one trace for every batch size, equ
 TEST_CASE("dynamic: reading a symbolic size as an integer specializes it, with the reason") {
   auto f = compile([](Tensor x) { return x * double(x.size(0)); });
   for (int64_t n : {3, 4, 5}) CHECK(values(f(ones({n, 2}))) == std::vector<double>(2 * n, n));
-  const auto& r = f.stats().retrace_reasons;
+  const auto r = f.stats().retrace_reasons;
   REQUIRE(r.size() == 3);
   CHECK(r[0] == "arg 0 dim 0 changed 3 -> 4: retraced with these dims symbolic");
   CHECK(r[1] ==
@@ -179,7 +179,7 @@ TEST_CASE("dynamic: calls that alternate grad mode still make a changed dim symb
     CHECK(f(x, w).item<float>() == float(6 * n));
   }
   CHECK(f.stats().traces == 4);
-  const auto& r = f.stats().retrace_reasons;
+  const auto r = f.stats().retrace_reasons;
   REQUIRE(r.size() == 3);
   CHECK(r[0] == "grad mode changed on -> off");
   CHECK(r[1] == "arg 0 dim 0 changed 2 -> 3: retraced with these dims symbolic");

@@ -13,6 +13,18 @@
 #include "trace/passes.h"
 #include "trace/tracer.h"
 
+// Note [Compiled functions and threads]
+// One compiled function may be called from several threads at once (a server's request
+// threads, data-parallel workers in one process). Its cache, statistics and specializations
+// sit behind one mutex (CompiledCore::mu_), held while a call looks its signature up, traces,
+// optimizes and builds plans; a new signature is traced once, by whichever thread sees it
+// first, while the others wait for the lock. Plans run with the mutex released, so calls that
+// hit the cache run side by side: a plan busy on one thread hands another thread a spare copy
+// (Plan::run), so no two calls share an arena. A call that falls back to eager (a full cache)
+// runs without the lock. Captured state is shared: two threads running a training step that
+// updates the same parameters race as they would eagerly, so train on one thread per model.
+// stats() returns a copy taken under the lock.
+
 namespace duet::detail {
 
 namespace {
@@ -282,7 +294,13 @@ CompiledCore::CompiledCore(CompileOptions options, std::string label)
 
 CompiledCore::~CompiledCore() = default;
 
+CompileStats CompiledCore::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
 const Graph& CompiledCore::graph() const {
+  std::lock_guard<std::mutex> lock(mu_);
   DUET_CHECK(last_ && last_->last_plans, "[compile] {} has not been called yet, so it has no graph",
              label_);
   return last_->last_plans->forward->graph();
@@ -465,6 +483,7 @@ std::vector<Tensor> CompiledCore::call(const FlatArgs& args, const TraceFn& fn) 
     sig.push_back(sig_of(t));
   }
   const bool gm = grad_mode();
+  std::unique_lock<std::mutex> lock(mu_);
   std::vector<int64_t> values;
   auto matches = [&](const Entry& e) {
     if (e.grad_mode != gm || e.statics != args.statics) return false;
@@ -479,7 +498,7 @@ std::vector<Tensor> CompiledCore::call(const FlatArgs& args, const TraceFn& fn) 
   auto attempt = [&](Entry& e) {
     if (!matches(e)) return false;
     std::string why;
-    if (!run(e, values, args, outs, &why)) {
+    if (!run(e, values, args, outs, &why, lock)) {
       if (value_why.empty()) value_why = std::move(why);
       return false;
     }
@@ -488,8 +507,9 @@ std::vector<Tensor> CompiledCore::call(const FlatArgs& args, const TraceFn& fn) 
     return true;
   };
   if (last_ && attempt(*last_)) return outs;
-  for (auto& e : entries_)
-    if (e.get() != last_ && attempt(*e)) return outs;
+  // By index: while an attempt runs its plans unlocked, another thread may add entries.
+  for (size_t i = 0; i < entries_.size(); ++i)
+    if (entries_[i].get() != last_ && attempt(*entries_[i])) return outs;
   // The dims the new trace makes symbolic: those CompileOptions::dynamic names, those symbolic
   // in the most recent entry, and (automatic dynamic) those whose size changed since it.
   std::set<std::pair<size_t, int64_t>> dynamic;
@@ -604,6 +624,7 @@ std::vector<Tensor> CompiledCore::call(const FlatArgs& args, const TraceFn& fn) 
         warned_ = true;
       }
       ++stats_.eager_calls;
+      lock.unlock();
       return fn(args.tensors);
     }
     stats_.retrace_reasons.push_back(why);
@@ -644,7 +665,7 @@ std::vector<Tensor> CompiledCore::call(const FlatArgs& args, const TraceFn& fn) 
   std::string why;
   // The trace read its guarded values from this call's data with the kernels the guards' plan
   // runs, so they hold.
-  const bool ran = run(*e, hints, args, outs, &why);
+  const bool ran = run(*e, hints, args, outs, &why, lock);
   DUET_ASSERT(ran, "a fresh trace failed its value guard: {}", why);
   return outs;
 }
@@ -869,11 +890,21 @@ Plans CompiledCore::build_plans(const Entry& e, const std::vector<int64_t>& valu
 }
 
 bool CompiledCore::run(Entry& e, const std::vector<int64_t>& values, const FlatArgs& args,
-                       std::vector<Tensor>& outs, std::string* why) {
+                       std::vector<Tensor>& outs, std::string* why,
+                       std::unique_lock<std::mutex>& lock) {
   auto it = e.plans.find(values);
   if (it == e.plans.end()) it = e.plans.emplace(values, build_plans(e, values)).first;
   Plans& plans = it->second;
   e.last_plans = &plans;
+  e.used = ++clock_;
+  // The plans run unlocked: an entry and its plans live as long as the core, what the rest of
+  // this function reads of the entry was fixed when it was traced, and a plan that another
+  // thread is running hands this call a spare copy (Note [Plan buffers] in trace/executor.h).
+  lock.unlock();
+  struct Relock {
+    std::unique_lock<std::mutex>& l;
+    ~Relock() { l.lock(); }
+  } relock{lock};
   std::vector<Tensor> res;
   if (plans.guard) {
     // Note [Data-dependent reads]: the guards' part first, and nothing else unless they hold.
@@ -898,7 +929,6 @@ bool CompiledCore::run(Entry& e, const std::vector<int64_t>& values, const FlatA
   } else {
     res = plans.forward->run(args.tensors);
   }
-  e.used = ++clock_;
   outs.assign(res.begin(), res.begin() + static_cast<std::ptrdiff_t>(e.num_outputs));
   if ((e.backward.empty() && e.failed.empty()) || !grad_mode()) return true;
   auto saved = std::make_shared<std::vector<SavedTensor>>();

@@ -34,6 +34,7 @@
 #include <map>
 #include <set>
 #include <memory>
+#include <mutex>
 #include <source_location>
 #include <string>
 #include <tuple>
@@ -124,7 +125,8 @@ class CompiledCore {
   /// The outputs of fn for these arguments: from the cached plan, a new trace, or eagerly (fn
   /// on the real tensors) when the cache is full or another trace is running (inlined there).
   std::vector<Tensor> call(const FlatArgs& args, const TraceFn& fn);
-  const CompileStats& stats() const { return stats_; }
+  /// A copy, taken under the lock: calls on other threads may update the counters meanwhile.
+  CompileStats stats() const;
   const Graph& graph() const;
   const std::string& label() const { return label_; }
 
@@ -136,9 +138,13 @@ class CompiledCore {
   Plans build_plans(const Entry& e, const std::vector<int64_t>& values);
   /// Runs e's plans for these symbol values into `outs`; false (with `why`, and nothing run
   /// but the guards' part) when a value guard fails (Note [Data-dependent reads]).
+  /// Called with `lock` held; runs the plans with it released, and holds it again on return.
   bool run(Entry& e, const std::vector<int64_t>& values, const FlatArgs& args,
-           std::vector<Tensor>& outs, std::string* why);
+           std::vector<Tensor>& outs, std::string* why, std::unique_lock<std::mutex>& lock);
 
+  /// Guards everything below: the cache, the statistics and the specializations (Note
+  /// [Compiled functions and threads] in trace/compile.cpp). Plans run without it.
+  mutable std::mutex mu_;
   CompileOptions options_;
   std::string label_;
   CompileStats stats_;
@@ -327,8 +333,9 @@ class Compiled : public detail::CallOperator<Compiled<F>, typename detail::signa
     }
   }
 
-  /// Traces, hits and the reason for each retrace.
-  const CompileStats& stats() const { return core_->stats(); }
+  /// Traces, hits and the reason for each retrace: a copy, consistent even while other threads
+  /// call the function.
+  CompileStats stats() const { return core_->stats(); }
   /// The optimized graph of the most recent signature; Error before the first call.
   const Graph& graph() const { return core_->graph(); }
 

@@ -914,8 +914,21 @@ void Plan::run_fused(FusedStep& f) {
 std::vector<Tensor> Plan::run(const std::vector<Tensor>& inputs) {
   std::unique_lock<std::mutex> lock(busy_, std::try_to_lock);
   if (!lock.owns_lock()) {
-    Plan copy(g_, opt_);  // busy: re-entered or called from another thread
-    return copy.execute(inputs);
+    // Busy: re-entered, or called from another thread. A spare copy of the plan runs the call;
+    // spares are kept, so that threads calling one plan side by side build each copy once.
+    std::unique_ptr<Plan> spare;
+    {
+      std::lock_guard<std::mutex> l(spares_mu_);
+      if (!spares_.empty()) {
+        spare = std::move(spares_.back());
+        spares_.pop_back();
+      }
+    }
+    if (!spare) spare = std::make_unique<Plan>(g_, opt_);
+    std::vector<Tensor> out = spare->run(inputs);
+    std::lock_guard<std::mutex> l(spares_mu_);
+    spares_.push_back(std::move(spare));
+    return out;
   }
   if (graph_) return run_graphed(inputs);
   return execute(inputs);

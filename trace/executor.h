@@ -9,8 +9,8 @@
 // output (the caller keeps them, so the next run must not overwrite them). Runtime inputs and
 // views of runtime inputs are bound per run. After the steps, write-backs copy the new values
 // of captured tensors into their storage and bump its version, as an in-place op does.
-// A plan is not re-entrant: a call that finds it busy (recursion, another thread) runs a
-// private copy of the plan instead.
+// A plan is not re-entrant: a call that finds it busy (recursion, another thread) runs a spare
+// copy of the plan instead, built on first need and kept for the next such call.
 //
 // Note [Schedule]
 // The steps are the graph's op nodes, with each fusion group (trace/fusion.h) one step that
@@ -161,7 +161,9 @@ class Plan {
   std::vector<BufferRequest> requests_;  ///< the memory plan's input, kept for check_memory()
   MemoryPlan memory_;
   std::unique_ptr<GraphState> graph_;  ///< CUDA-graph replay, when the plan qualifies
-  std::mutex busy_;
+  std::mutex busy_;                    ///< held by the run in progress
+  std::mutex spares_mu_;
+  std::vector<std::unique_ptr<Plan>> spares_;  ///< copies for calls that find the plan busy
 };
 
 }  // namespace duet::detail
