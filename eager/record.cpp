@@ -89,7 +89,11 @@ Tensor autograd_alias(const Tensor& t) { return alias(t, t.unsafe_impl()); }
 uint64_t next_sequence() { return g_sequence.fetch_add(1, std::memory_order_relaxed); }
 
 Node::~Node() {
-  if (tls_graveyard_gone) return;  // thread exit: the members are freed as usual
+  // Nothing that leads further (only leaf edges, nothing saved): the members go as usual.
+  bool deeper = saved_output.value.defined() || backward_fn != nullptr;
+  for (const InputEdge& e : inputs) deeper |= e.fn != nullptr;
+  for (const SavedTensor& s : saved) deeper |= s.value.defined();
+  if (!deeper || tls_graveyard_gone) return;  // (at thread exit, too)
   Graveyard& g = tls_graveyard;
   for (InputEdge& e : inputs)
     if (e.fn) g.nodes.push_back(std::move(e.fn));
