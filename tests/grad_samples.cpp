@@ -1,5 +1,7 @@
 #include "grad_samples.h"
 
+#include <algorithm>
+
 namespace duet::test {
 namespace {
 using L = Layout;
@@ -60,6 +62,33 @@ Tensor take(const Tensor& t, const GradSample& s, int i) {
 
 const std::vector<Domain>& grad_domains(const ElementwiseRow& row) {
   return row.grad_domains.empty() ? row.domains : row.grad_domains;
+}
+
+std::vector<std::vector<bool>> requires_grad_patterns(size_t k) {
+  std::vector<std::vector<bool>> p = {std::vector<bool>(k, true)};
+  for (size_t i = 0; k > 1 && i < k; ++i) {
+    p.emplace_back(k, false);
+    p.back()[i] = true;
+  }
+  return p;
+}
+
+bool every(const std::vector<bool>& pattern) {
+  return std::find(pattern.begin(), pattern.end(), false) == pattern.end();
+}
+
+std::string pattern_name(const std::vector<bool>& pattern) {
+  if (every(pattern)) return "every input requires grad";
+  const auto i = std::find(pattern.begin(), pattern.end(), true) - pattern.begin();
+  return fmt::format("only input {} of {} requires grad, the others are constants", i,
+                     pattern.size());
+}
+
+std::vector<Tensor> masked(const std::vector<Tensor>& leaves, const std::vector<bool>& pattern) {
+  std::vector<Tensor> x;
+  for (size_t i = 0; i < leaves.size(); ++i)
+    x.push_back(pattern[i] ? leaves[i] : leaves[i].detach());
+  return x;
 }
 
 }  // namespace duet::test

@@ -1,9 +1,12 @@
 // The op sweep's gradient half: from every row of op_rows.h, gradcheck in float64 on samples
 // derived from the row (0-d, broadcast, non-contiguous leaves, views taken inside the checked
 // function), two backwards that must agree bit for bit, and zero-size inputs that must get
-// gradients of the inputs' shapes. Rows of ops that are not differentiable check that their
-// results stay out of autograd. Inputs stay small (at most 24 elements): gradcheck runs one
-// backward per output element and two forwards per input element.
+// gradients of the inputs' shapes. Every check on several inputs runs once with all of them
+// requiring grad and once per input with that input alone requiring grad, the others detached
+// (constants), so a rule's needs_grad branches are checked one by one (see requires_grad_patterns).
+// Rows of ops that are not differentiable check that their results stay out of autograd. Inputs
+// stay small (at most 24 elements): gradcheck runs one backward per output element and two
+// forwards per input element.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -23,15 +26,17 @@ using Fn = std::function<Tensor(const Ins&)>;
 
 // What the sweep ran; each test case prints its part.
 struct Counts {
-  int gradchecks = 0, twice = 0, empty = 0, outside = 0;
+  int gradchecks = 0, alone = 0, twice = 0, empty = 0, outside = 0;
 };
 
 void report(const char* what, const Counts& n) {
   std::string s = what;
-  const std::pair<int, const char*> parts[] = {{n.gradchecks, "gradchecks"},
-                                               {n.twice, "double backwards"},
-                                               {n.empty, "zero-size backwards"},
-                                               {n.outside, "results outside autograd"}};
+  const std::pair<int, const char*> parts[] = {
+      {n.gradchecks, "gradchecks"},
+      {n.alone, "gradchecks with one input requiring grad"},
+      {n.twice, "double backwards"},
+      {n.empty, "zero-size backwards"},
+      {n.outside, "results outside autograd"}};
   for (auto [count, name] : parts)
     if (count) s += fmt::format(", {} {}", count, name);
   MESSAGE(s);
@@ -85,10 +90,15 @@ Tensor leaf(const std::vector<double>& v, const Shape& shape, DType dt, Layout l
   return t;
 }
 
+// gradcheck in float64 on every requires-grad pattern of the leaves (requires_grad_patterns in
+// grad_samples.h): all of them, then each alone.
 void check_grad(Counts& n, const Fn& fn, const Ins& leaves, double eps = 1e-6) {
-  GradcheckResult r = gradcheck(fn, leaves, eps);
-  CHECK_MESSAGE(r.ok, r.message);
-  ++n.gradchecks;
+  for (const std::vector<bool>& mask : requires_grad_patterns(leaves.size())) {
+    INFO(pattern_name(mask));
+    GradcheckResult r = gradcheck(fn, masked(leaves, mask), eps);
+    CHECK_MESSAGE(r.ok, r.message);
+    ++(every(mask) ? n.gradchecks : n.alone);
+  }
 }
 
 void clear_grads(const Ins& leaves) {
@@ -139,19 +149,27 @@ void check_twice(Counts& n, const Fn& fn, const Ins& leaves, Rng& rng) {
   ++n.twice;
 }
 
-// A zero-size result: backward still reaches every leaf, with zeros of the leaf's shape.
+// A zero-size result: backward still reaches every leaf that requires grad, with zeros of the
+// leaf's shape, on every requires-grad pattern; a leaf detached into a constant gets no .grad.
 void check_empty(Counts& n, const Fn& fn, const Ins& leaves) {
-  clear_grads(leaves);
-  Tensor out = fn(leaves);
-  CHECK(out.requires_grad());
-  sum(out).backward();
-  for (size_t i = 0; i < leaves.size(); ++i) {
-    INFO("leaf " << i);
-    const Tensor g = leaves[i].grad();
-    check_grad_meta(g, leaves[i]);
-    CHECK(differences(values(g), std::vector<double>(g.numel(), 0), 0, 0).empty());
+  for (const std::vector<bool>& mask : requires_grad_patterns(leaves.size())) {
+    INFO(pattern_name(mask));
+    clear_grads(leaves);
+    Tensor out = fn(masked(leaves, mask));
+    CHECK(out.requires_grad());
+    sum(out).backward();
+    for (size_t i = 0; i < leaves.size(); ++i) {
+      INFO("leaf " << i);
+      const Tensor g = leaves[i].grad();
+      if (!mask[i]) {
+        CHECK(!g.defined());
+        continue;
+      }
+      check_grad_meta(g, leaves[i]);
+      CHECK(differences(values(g), std::vector<double>(g.numel(), 0), 0, 0).empty());
+    }
+    ++n.empty;
   }
-  ++n.empty;
 }
 
 // A result that autograd must not track: no grad_fn, no autograd state at all.
@@ -559,6 +577,27 @@ TEST_CASE("every differentiable op is gradchecked by some row of the sweep") {
   for (int i = 0; i < kNumOps; ++i)
     if (differentiable(OpId(i)))
       CHECK_MESSAGE(rows[i] > 0, op_name(OpId(i)) << " is differentiable but never gradchecked");
+}
+
+TEST_CASE("every differentiable op of several inputs is gradchecked with each input alone") {
+  // Rows whose gradcheck has two or more leaves, so check_grad also runs each leaf alone.
+  std::vector<int> rows(kNumOps, 0);
+  for (const auto& r : elementwise_rows())
+    if (gradchecked(r) && r.arity - (r.cond_first ? 1 : 0) >= 2) ++rows[int(r.op)];
+  for (const auto& r : matmul_rows())
+    if (gradchecked(r)) ++rows[int(OpId::MatMul)];
+  for (const auto& r : scatter_rows())
+    if (!is_empty(r)) ++rows[int(OpId::SliceScatter)];
+  for (const auto& r : op_rows())
+    if (!r.composite && gradchecked(r) && r.shapes.size() >= 2) ++rows[int(r.op)];
+  for (int i = 0; i < kNumOps; ++i) {
+    const auto& def = detail::op_def(OpId(i));
+    // Gather's second input is its index: one differentiable input.
+    const bool several = (def.arity >= 2 || def.arity < 0) && OpId(i) != OpId::Gather;
+    if (differentiable(OpId(i)) && several)
+      CHECK_MESSAGE(rows[i] > 0, op_name(OpId(i)) << " takes several inputs but no row gradchecks "
+                                                     "each of them alone");
+  }
 }
 
 // ---- conventions where the derivative does not exist ----------------------------------------

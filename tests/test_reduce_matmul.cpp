@@ -1,5 +1,6 @@
 // Reductions and matmul: the reduce and matmul rows of op_rows.h on many dims sets, layouts and
 // sizes (both sides of the parallel threshold, with one and two threads), against references.
+#include <algorithm>
 #include <cmath>
 
 #include "op_rows.h"
@@ -155,6 +156,175 @@ TEST_CASE("reductions: sums of empty tensors are zero; means are NaN") {
   check_tensor(sum(zeros({2, 0}), 0), {0}, DType::f32, {});
   CHECK(std::isnan(mean(zeros({0})).item<float>()));
   check_tensor(max(zeros({0, 3}), 1), {0}, DType::f32, {});
+}
+
+// ---- more than 16 dims ------------------------------------------------------------------------
+
+namespace {
+
+// Row-major multi-indices, written here so that the references share no index arithmetic with
+// the kernels.
+std::vector<int64_t> unravel_at(int64_t i, const Shape& s) {
+  std::vector<int64_t> idx(static_cast<size_t>(s.size()));
+  for (int64_t d = s.size() - 1; d >= 0; --d) {
+    idx[d] = i % s[d];
+    i /= s[d];
+  }
+  return idx;
+}
+int64_t ravel_at(const std::vector<int64_t>& idx, const Shape& s) {
+  int64_t i = 0;
+  for (int64_t d = 0; d < s.size(); ++d) i = i * s[d] + idx[d];
+  return i;
+}
+// Element idx of the broadcast of row-major values v of shape s (aligned to the right; size-1
+// dims repeat) to a shape of idx.size() dims.
+double read_broadcast(const std::vector<double>& v, const Shape& s,
+                      const std::vector<int64_t>& idx) {
+  const int64_t lead = static_cast<int64_t>(idx.size()) - s.size();
+  int64_t k = 0;
+  for (int64_t d = 0; d < s.size(); ++d) k = k * s[d] + (s[d] == 1 ? 0 : idx[lead + d]);
+  return v[k];
+}
+// n values, multiples of 1/4 in [-4, 4]: f64 sums of up to 2^18 of them are exact.
+std::vector<double> quarters(int64_t n, Rng& rng) {
+  std::vector<double> v(static_cast<size_t>(n));
+  for (double& x : v) x = static_cast<double>(static_cast<int64_t>(rng.next() % 33) - 16) / 4;
+  return v;
+}
+// Sum (or max) over dims of row-major values of shape s, without keepdim.
+std::vector<double> reduce_ref(bool is_max, const std::vector<double>& v, const Shape& s,
+                               const std::vector<int64_t>& dims, Shape* out) {
+  std::vector<bool> reduced(static_cast<size_t>(s.size()), false);
+  for (int64_t d : dims) reduced[d] = true;
+  *out = Shape();
+  for (int64_t d = 0; d < s.size(); ++d)
+    if (!reduced[d]) out->push_back(s[d]);
+  std::vector<double> r(static_cast<size_t>(out->numel()), is_max ? -INFINITY : 0.0);
+  for (int64_t i = 0; i < s.numel(); ++i) {
+    std::vector<int64_t> idx = unravel_at(i, s), kept;
+    for (int64_t d = 0; d < s.size(); ++d)
+      if (!reduced[d]) kept.push_back(idx[d]);
+    double& o = r[ravel_at(kept, *out)];
+    o = is_max ? std::max(o, v[i]) : o + v[i];
+  }
+  return r;
+}
+
+}  // namespace
+
+// Operands whose dims coalesce to more than 16 take the element-by-element walk (run_slow in
+// kernels/loops.h). Dims of size 2 where the operands alternate between broadcasting (stride 0)
+// and stepping cannot merge, so 17 or 18 of them stay 17 or 18 loop dims.
+TEST_CASE("ops on more than 16 dims that do not coalesce: broadcasting, reductions, scatter_add") {
+  Rng rng(14);
+  const Shape full(std::vector<int64_t>(17, 2));
+  // a: rank 17, size 1 on the odd dims; b: rank 16 (aligned to dims 1..16), size 1 where a is 2
+  // except dim 0, which b lacks. Every dim broadcasts one operand and not the other.
+  std::vector<int64_t> as, bs;
+  for (int64_t d = 0; d < 17; ++d) as.push_back(d % 2 ? 1 : 2);
+  for (int64_t j = 0; j < 16; ++j) bs.push_back(j % 2 ? 1 : 2);
+  const Shape sa(as), sb(bs);
+  const std::vector<double> va = quarters(sa.numel(), rng), vb = quarters(sb.numel(), rng);
+  const Tensor a = make(va, sa, DType::f64), b = make(vb, sb, DType::f64);
+  std::vector<double> sum_ab, diff_ba;
+  for (int64_t i = 0; i < full.numel(); ++i) {
+    const std::vector<int64_t> idx = unravel_at(i, full);
+    const double x = read_broadcast(va, sa, idx), y = read_broadcast(vb, sb, idx);
+    sum_ab.push_back(x + y);
+    diff_ba.push_back(y - x);
+  }
+  check_tensor(a + b, full, DType::f64, sum_ab);
+  check_tensor(b - a, full, DType::f64, diff_ba);
+  // f32 and i32 operands, converted from exact values: the same walk for other item sizes.
+  check_tensor(a.to(DType::f32) + b.to(DType::f32), full, DType::f32, sum_ab);
+  std::vector<double> vai(va.size()), vbi(vb.size()), sum_i;
+  for (size_t i = 0; i < va.size(); ++i) vai[i] = va[i] * 4;
+  for (size_t i = 0; i < vb.size(); ++i) vbi[i] = vb[i] * 4;
+  for (double v : sum_ab) sum_i.push_back(v * 4);
+  check_tensor(make(vai, sa, DType::i32) + make(vbi, sb, DType::i32), full, DType::i32, sum_i);
+
+  // A full 17-dim operand with its dims reversed (no two dims merge) times the lower-rank b, and
+  // a unary op on it.
+  std::vector<int64_t> rev;
+  for (int64_t d = 16; d >= 0; --d) rev.push_back(d);
+  const std::vector<double> vx = quarters(full.numel(), rng);
+  const Tensor xt = permute(make(vx, full, DType::f64), Dims(rev));
+  std::vector<double> prod, negx;
+  for (int64_t i = 0; i < full.numel(); ++i) {
+    std::vector<int64_t> idx = unravel_at(i, full), back(idx.rbegin(), idx.rend());
+    const double x = vx[ravel_at(back, full)];
+    prod.push_back(x * read_broadcast(vb, sb, idx));
+    negx.push_back(-x);
+  }
+  check_tensor(xt * b, full, DType::f64, prod);
+  check_tensor(neg(xt), full, DType::f64, negx);
+
+  // Reductions over several dims: of a + b's values (made directly, so that a wrong a + b does
+  // not fail these), of the expanded a (stride 0 on every odd dim), and of an 18-dim tensor,
+  // whose halves (two threads split a kept dim) still have 17 loop dims.
+  const Tensor abv = make(sum_ab, full, DType::f64), aexp = expand(a, full);
+  const Shape full18(std::vector<int64_t>(18, 2));
+  const std::vector<double> v18 = quarters(full18.numel(), rng);
+  const Tensor x18 = make(v18, full18, DType::f64);
+  std::vector<double> vaexp;
+  for (int64_t i = 0; i < full.numel(); ++i)
+    vaexp.push_back(read_broadcast(va, sa, unravel_at(i, full)));
+  struct R {
+    const char* name;
+    const Tensor* x;
+    const std::vector<double>* v;
+    Shape s;
+    std::vector<int64_t> dims;
+  };
+  const std::vector<R> reductions = {
+      {"a + b over the odd dims", &abv, &sum_ab, full, {1, 3, 5, 7, 9, 11, 13, 15}},
+      {"a + b over the even dims", &abv, &sum_ab, full, {0, 2, 4, 6, 8, 10, 12, 14, 16}},
+      {"expanded a over dims 0, 3, 5, 8 and 16", &aexp, &vaexp, full, {0, 3, 5, 8, 16}},
+      {"18 dims over the even dims", &x18, &v18, full18, {0, 2, 4, 6, 8, 10, 12, 14, 16}},
+      {"18 dims over dims 1, 2, 7 and 17", &x18, &v18, full18, {1, 2, 7, 17}},
+  };
+  for (const R& r : reductions) {
+    for (bool is_max : {false, true}) {
+      INFO(std::string(is_max ? "max of " : "sum of ") << std::string(r.name));
+      Shape out;
+      const std::vector<double> want = reduce_ref(is_max, *r.v, r.s, r.dims, &out);
+      auto check = [&] {
+        check_tensor(is_max ? max(*r.x, Dims(r.dims)) : sum(*r.x, Dims(r.dims)), out, DType::f64,
+                     want);
+      };
+      with_threads(1, check);
+      with_threads(2, check);
+    }
+  }
+
+  // scatter_add into a 17-dim base along dim 5: an index of size 3 there (repeated targets) and
+  // of size 1 on some other dims, and a source with its dims reversed.
+  const int64_t dim = 5;
+  std::vector<int64_t> is;
+  for (int64_t d = 0; d < 17; ++d) is.push_back(d == dim ? 3 : d % 3 == 1 ? 1 : 2);
+  const Shape sidx(is);
+  std::vector<double> vi(static_cast<size_t>(sidx.numel()));
+  for (double& v : vi) v = static_cast<double>(rng.next() % 2);
+  const std::vector<double> vbase = quarters(full.numel(), rng);
+  const std::vector<double> vsrc = quarters(sidx.numel(), rng);
+  Shape sidx_rev;
+  for (int64_t d = 16; d >= 0; --d) sidx_rev.push_back(sidx[d]);
+  std::vector<double> vsrc_rev(vsrc.size());  // the source stored with its dims reversed
+  for (int64_t i = 0; i < sidx.numel(); ++i) {
+    std::vector<int64_t> idx = unravel_at(i, sidx), back(idx.rbegin(), idx.rend());
+    vsrc_rev[ravel_at(back, sidx_rev)] = vsrc[i];
+  }
+  const Tensor src = permute(make(vsrc_rev, sidx_rev, DType::f64), Dims(rev));
+  REQUIRE(differences(values(src), vsrc, 0, 0).empty());
+  std::vector<double> want = vbase;
+  for (int64_t i = 0; i < sidx.numel(); ++i) {
+    std::vector<int64_t> q = unravel_at(i, sidx);
+    q[dim] = static_cast<int64_t>(vi[i]);
+    want[ravel_at(q, full)] += vsrc[i];
+  }
+  check_tensor(scatter_add(make(vbase, full, DType::f64), dim, make(vi, sidx, DType::i64), src),
+               full, DType::f64, want);
 }
 
 // ---- matmul -----------------------------------------------------------------------------------
