@@ -106,14 +106,19 @@ namespace ei = Eigen::internal;
 // ---- unary ----------------------------------------------------------------------------------
 // has_packet<T>: whether packet() is vectorized for T (Eigen vectorizes some math only for f32).
 
+// IEEE negation flips the sign bit, of zeros and NaNs too: -(+0.0) is -0.0, where 0 - x gives
+// +0.0. (Eigen 3.4's pnegate is 0 - x on SSE and AVX, so the packet form flips the bit itself.)
 struct Neg {
   template <class T>
   static constexpr bool has_packet = is_float_v<T>;
   template <class T>
   DUET_HD T operator()(T x) const {
-    return wrap_sub(T(0), x);
+    if constexpr (is_float_v<T>)
+      return -x;
+    else
+      return wrap_sub(T(0), x);
   }
-  DUET_PACKET(ei::pnegate(x))
+  DUET_PACKET(ei::pxor(x, ei::pset1<P>(typename ei::unpacket_traits<P>::type(-0.0))))
 };
 struct Exp {
   template <class T>

@@ -33,8 +33,11 @@ const Domain kPositive{0.05, 20, 1, 20};
 const Domain kNonNegative{0, 20, 0, 20};
 const Domain kDiscrete{-2, 2, -2, 2, true};
 
-double nan_max(double a, double b) { return std::isnan(a) || std::isnan(b) ? NAN : std::max(a, b); }
-double nan_min(double a, double b) { return std::isnan(a) || std::isnan(b) ? NAN : std::min(a, b); }
+// maximum and minimum propagate NaN. On a tie they give the second operand, as the kernels do on
+// every device (x86's maxps and minps, the scalar a > b ? a : b): maximum(-0.0, +0.0) is +0.0,
+// maximum(+0.0, -0.0) is -0.0 (IEEE 754-2019's maximum would give +0.0 for both).
+double nan_max(double a, double b) { return std::isnan(a) || std::isnan(b) ? NAN : a > b ? a : b; }
+double nan_min(double a, double b) { return std::isnan(a) || std::isnan(b) ? NAN : a < b ? a : b; }
 
 // Calls through the named function: lvalue, rvalue, tensor-scalar and scalar-tensor forms.
 #define UNARY_FNS(f)                                                                           \

@@ -451,10 +451,19 @@ TEST_CASE("passes: simplify removes identities") {
         "  %13 = constant 0 : i64[]\n"
         "  %14 = sub(%0, %13) : f32[2, 3]\n"
         "  return %12, %14\n");
+  // x + 0 stays on floats: -0.0 + 0 is +0.0 (IEEE), so it is not x at x = -0.0; x - 0 goes.
   CHECK(detail::dce(detail::simplify(g)).str() ==
         "  %0 = arg 0 : f32[2, 3]\n"
-        "  %1 = reshape(%0) {shape=[6]} : f32[6]\n"
-        "  return %1, %0\n");
+        "  %1 = constant 0 : i64[]\n"
+        "  %2 = add(%0, %1) : f32[2, 3]\n"
+        "  %3 = reshape(%2) {shape=[6]} : f32[6]\n"
+        "  return %3, %0\n");
+  // x + -0.0 is x for every x (NaN and both zeros included): it goes.
+  Graph h = trace_graph(
+      {{2}}, [](const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0] + -0.0}; });
+  CHECK(detail::dce(detail::simplify(h)).str() ==
+        "  %0 = arg 0 : f32[2]\n"
+        "  return %0\n");
 }
 
 TEST_CASE("passes: simplify computes a transposed product in the layout it is read in") {

@@ -1,7 +1,10 @@
 // The compiled sweep: every row of op_rows.h runs eagerly and through duet::compile, on samples
 // derived from the row (0-d, empty, broadcast, non-contiguous, expanded, every dtype it lists),
 // and the compiled results must match the eager ones: float32 within rtol 1.3e-5 and atol 1.5e-5,
-// float64 within 1e-7, integers and bools exactly, with the same shape and dtype. Each sample
+// float64 within 1e-7, integers and bools exactly, with the same shape and dtype; on samples of
+// NaN, infinities and signed zeros (special_grid() in util.h) bit for bit where IEEE defines the
+// result (ieee_exact()), else with the signs of zeros, and so the Scalar identities the passes
+// rewrite (x + -0.0, x - 0.0, x * 1, x / 1) and the constants CSE must keep apart. Each sample
 // gets a fresh compiled function that is called twice with one signature: one trace, then a hit.
 // Rows that are differentiable also compare gradients: duet::grad through the eager tape against
 // duet::grad through the compiled backward, with a random output gradient. Random draws compare
@@ -10,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <map>
 #include <optional>
 #include <set>
@@ -69,17 +73,31 @@ void finish(const char* table, size_t table_rows) {
 double rtol_of(DType d) { return d == DType::f32 ? 1.3e-5 : d == DType::f64 ? 1e-7 : 0; }
 double atol_of(DType d) { return d == DType::f32 ? 1.5e-5 : d == DType::f64 ? 1e-7 : 0; }
 
-// The compiled result against the eager one: shape, dtype, then values within the dtype's
-// tolerance (or exactly).
-void check_same(const Tensor& got, const Tensor& want, bool exact, const char* what) {
+// How a compiled result must match the eager one.
+enum class Match {
+  Close,   ///< within the dtype's tolerance (integers and bools exactly), zeros of either sign
+  Signed,  ///< Close, but a zero matches only a zero of its sign
+  Exact,   ///< the same values
+  Bits,    ///< the same bits, element by element: signs of zeros, NaN payloads
+};
+
+// The compiled result against the eager one: shape, dtype, then values as `match` says.
+void check_same(const Tensor& got, const Tensor& want, Match match, const char* what) {
   INFO(std::string(what));
   REQUIRE(got.defined());
   CHECK(got.sizes().str() == want.sizes().str());
   CHECK(dtype_name(got.dtype()) == dtype_name(want.dtype()));
   if (got.sizes() != want.sizes() || got.dtype() != want.dtype()) return;
   const DType d = want.dtype();
+  if (match == Match::Bits) {
+    const std::string m = differences(values(got), values(want), 0, 0, Zeros::Signed);
+    CHECK_MESSAGE(bitwise_equal(got, want), (m.empty() ? "the bits of a NaN differ" : m));
+    return;
+  }
+  const bool exact = match == Match::Exact;
   const std::string m =
-      differences(values(got), values(want), exact ? 0 : rtol_of(d), exact ? 0 : atol_of(d));
+      differences(values(got), values(want), exact ? 0 : rtol_of(d), exact ? 0 : atol_of(d),
+                  match == Match::Signed ? Zeros::Signed : Zeros::Equal);
   CHECK_MESSAGE(m.empty(), m);
 }
 
@@ -111,7 +129,7 @@ void check_aliasing(const Tensor& got, const Tensor& want, const Ins& in) {
 // kept the first call's values would be caught. One trace, a hit, the inputs left as they were,
 // and results aliasing inputs only as eager ones do. With a seed, the generator is seeded before
 // each eager run and each compiled call (random draws compare exactly).
-void check_forward(const Fn& fn, const std::function<Ins()>& make, bool exact = false,
+void check_forward(const Fn& fn, const std::function<Ins()>& make, Match match = Match::Close,
                    std::optional<uint64_t> seed = {}) {
   auto c = compile([&fn](const Ins& x) { return fn(x); });
   for (const char* call : {"first compiled call", "second compiled call"}) {
@@ -123,7 +141,7 @@ void check_forward(const Fn& fn, const std::function<Ins()>& make, bool exact = 
     const Tensor want = fn(in);
     if (seed) manual_seed(*seed);
     const Tensor got = c(in);
-    check_same(got, want, exact, "output");
+    check_same(got, want, match, "output");
     check_aliasing(got, want, in);
     for (size_t i = 0; i < in.size(); ++i) {
       const std::string m = differences(values(in[i]), before[i], 0, 0);
@@ -152,13 +170,13 @@ void check_backward(const Fn& fn, const std::function<Ins()>& make, Rng& rng) {
                                     want.sizes(), want.dtype(), L::Contiguous);
     const Ins gw = grad({want}, leaves, {gout});
     const Tensor got = c(in);
-    check_same(got, want, false, "output");
+    check_same(got, want, Match::Close, "output");
     REQUIRE(got.requires_grad());
     const Ins gg = grad({got}, leaves, {gout});
     REQUIRE(gg.size() == gw.size());
     for (size_t i = 0; i < gg.size(); ++i) {
       INFO("gradient of input " << i);
-      check_same(gg[i], gw[i], false, "gradient");
+      check_same(gg[i], gw[i], Match::Close, "gradient");
     }
     for (const Tensor& l : leaves) {
       CHECK(l.is_leaf());          // the compiled backward lands on the output, not on it
@@ -174,7 +192,7 @@ void check_backward(const Fn& fn, const std::function<Ins()>& make, Rng& rng) {
   const Tensor want = fn(in);
   for (const char* call : {"first call without grad", "second call without grad"}) {
     const Tensor got = n(in);
-    check_same(got, want, false, call);
+    check_same(got, want, Match::Close, call);
     CHECK(got.requires_grad() == want.requires_grad());
     CHECK(got.is_leaf());
   }
@@ -300,6 +318,31 @@ Scalar to_scalar(double v, DType dt) {
   return Scalar(v);
 }
 
+// The inputs of `row` on special_grid() (NaN, infinities, signed zeros) in the float dtype dt (a
+// where's condition in b8), of shape (n / 8, 8) laid out as asked; input `skip` is left out (the
+// caller passes it as a Scalar). `call` 1 reverses the values: the second call of a compiled
+// function gets new values of the same signature.
+Ins special_ins(const ElementwiseRow& row, DType dt, Layout layout, int call, int skip = -1) {
+  std::vector<bool> cond;
+  for (int i = 0; i < row.arity; ++i)
+    if (i != skip) cond.push_back(row.cond_first && i == 0);
+  Ins in;
+  for (size_t k = 0; k < cond.size(); ++k) {
+    std::vector<double> v = special_grid(cond)[k];
+    if (call == 1) std::reverse(v.begin(), v.end());
+    in.push_back(
+        make_layout(v, {static_cast<int64_t>(v.size()) / 8, 8}, cond[k] ? DType::b8 : dt, layout));
+  }
+  return in;
+}
+
+// How compiled results on special values must match eager ones: bit for bit where IEEE defines
+// the result (the same functors run both ways), else within the tolerance with the signs of
+// zeros, NaN and infinities where eager has them.
+Match special_match(const ElementwiseRow& row) {
+  return ieee_exact(row.op) ? Match::Bits : Match::Signed;
+}
+
 }  // namespace
 
 TEST_CASE("compiled elementwise rows: every sample and dtype match eager") {
@@ -370,21 +413,31 @@ TEST_CASE("compiled elementwise rows: Scalar operands, rvalue operands, mixed dt
         }
       }
     }
-    // The identities 0 and 1 as Scalar operands: the passes drop x + 0 and x * 1, and the
-    // result must still be a tensor of its own.
+    // The identities 0, -0.0 and 1 as Scalar operands: the passes drop x + -0.0, x - 0.0, x * 1
+    // and x / 1 (not x + 0.0: -0.0 + 0.0 is +0.0), and the result must still be a tensor of its
+    // own. Float inputs hold NaN, infinities and signed zeros, and the results must have eager's
+    // bits.
     for (DType dt : row.dtypes)
-      for (double id : {0.0, 1.0}) {
+      for (double id : {0.0, -0.0, 1.0}) {
+        const bool special = is_floating(dt);
+        if (!special && std::signbit(id)) continue;  // -0.0 is 0 in integers
         INFO(std::string(row.name) << " on " << dtype_name(dt) << " with the Scalar " << id);
         const Scalar v = to_scalar(id, dt);
-        auto make_in = [&] {
-          Ins in = build(row, {dt}, sample("normal"), rng);
-          in.pop_back();
-          return in;
-        };
-        if (row.fn_scalar)
-          check_forward([&](const Ins& x) { return row.fn_scalar(x, v); }, make_in);
-        if (row.fn_lscalar)
-          check_forward([&](const Ins& x) { return row.fn_lscalar(v, x); }, make_in);
+        const Match match = special ? Match::Bits : Match::Close;
+        for (int skip : {row.arity - 1, 0}) {
+          if (skip == 0 ? !row.fn_lscalar : !row.fn_scalar) continue;
+          int calls = 0;
+          auto make_in = [&] {
+            if (special) return special_ins(row, dt, L::Contiguous, calls++ % 2, skip);
+            Ins in = build(row, {dt}, sample("normal"), rng);
+            in.pop_back();
+            return in;
+          };
+          if (skip == 0)
+            check_forward([&](const Ins& x) { return row.fn_lscalar(v, x); }, make_in, match);
+          else
+            check_forward([&](const Ins& x) { return row.fn_scalar(x, v); }, make_in, match);
+        }
       }
     // Two value operands of different dtypes promote as eager does.
     if (row.arity - (row.cond_first ? 1 : 0) != 2) continue;
@@ -401,6 +454,41 @@ TEST_CASE("compiled elementwise rows: Scalar operands, rvalue operands, mixed dt
           count("elementwise", row.name, row.op, !row.composite, false);
         }
       }
+  }
+}
+
+TEST_CASE("compiled elementwise rows on NaN, infinities and signed zeros match eager") {
+  for (const ElementwiseRow& row : elementwise_rows()) {
+    for (DType dt : row.dtypes) {
+      if (!is_floating(dt)) continue;
+      const Match match = special_match(row);
+      for (Layout layout : {L::Contiguous, L::Transposed}) {
+        INFO(std::string(row.name)
+             << " on " << dtype_name(dt) << ", " << std::string(layout_name(layout)));
+        int calls = 0;
+        check_forward([&](const Ins& x) { return row.fn(x); },
+                      [&] { return special_ins(row, dt, layout, calls++ % 2); }, match);
+        count("elementwise", row.name, row.op, !row.composite, false);
+      }
+      // Every special value as a Scalar operand, all in one graph (x * 0.0 beside x * -0.0, a
+      // NaN beside infinities): the passes must keep each constant apart.
+      for (int skip : {row.arity - 1, 0}) {
+        if (skip == 0 ? !row.fn_lscalar : !row.fn_scalar) continue;
+        INFO(std::string(row.name) << " on " << dtype_name(dt) << ", each special value as the "
+                                   << std::string(skip == 0 ? "first" : "last") << " operand");
+        const Fn fn = [&](const Ins& x) {
+          Ins r;
+          for (double v : special_values())
+            r.push_back(skip == 0 ? row.fn_lscalar(to_scalar(v, dt), x)
+                                  : row.fn_scalar(x, to_scalar(v, dt)));
+          return cat(r, 0);
+        };
+        int calls = 0;
+        check_forward(
+            fn, [&] { return special_ins(row, dt, L::Contiguous, calls++ % 2, skip); }, match);
+        count("elementwise", row.name, row.op, !row.composite, false);
+      }
+    }
   }
 }
 
@@ -529,7 +617,7 @@ TEST_CASE("compiled elementwise rows: not differentiable ops stay out of autogra
     for (int call = 0; call < 2; ++call) {
       const Tensor got = c(in);
       CHECK(!got.requires_grad());
-      check_same(got, row.fn(in), false, "output");
+      check_same(got, row.fn(in), Match::Close, "output");
     }
     check_one_trace(c.stats());
   }
@@ -760,7 +848,7 @@ TEST_CASE("compiled source rows: creation functions with no arguments") {
     auto c = compile([&] { return row.fn(); });
     for (const char* call : {"first compiled call", "second compiled call"}) {
       const Tensor got = c();
-      check_same(got, want, true, call);
+      check_same(got, want, Match::Exact, call);
       CHECK(got.is_contiguous());
       CHECK(!got.requires_grad());
     }
@@ -895,7 +983,8 @@ TEST_CASE("compiled op rows: every dtype and input layout") {
           build_inputs(row, dt, v == Variant::Contiguous ? Variant::Offset : v, rng, &in);
           return in;
         };
-        check_forward(row.fn, make_in, draw, draw ? std::optional<uint64_t>(1234) : std::nullopt);
+        check_forward(row.fn, make_in, draw ? Match::Exact : Match::Close,
+                      draw ? std::optional<uint64_t>(1234) : std::nullopt);
         count("op", row.name, row.op, !row.composite, false);
       }
     }
@@ -960,7 +1049,7 @@ TEST_CASE("compiled op rows: gradients on contiguous, transposed, strided and ex
       const Tensor got = c(in);
       CHECK(!got.requires_grad());
       CHECK(got.is_leaf());
-      check_same(got, row.fn(in), true, "output");
+      check_same(got, row.fn(in), Match::Exact, "output");
     }
     check_one_trace(c.stats());
   }
@@ -1001,14 +1090,14 @@ TEST_CASE("compiled random draws advance the generator as eager draws do") {
     auto c = compile([&](const Tensor& a) { return d.fn(a); });
     for (int i = 0; i < 3; ++i) {
       INFO("call " << i);
-      check_same(c(arg), eager[i], true, "draw");
+      check_same(c(arg), eager[i], Match::Exact, "draw");
     }
     check_one_trace(c.stats());
     // Eager draws after the compiled calls continue from the written-back state.
     const Tensor after = d.fn(arg);
     manual_seed(77);
     for (int i = 0; i < 3; ++i) d.fn(arg);
-    check_same(after, d.fn(arg), true, "eager draw after the compiled calls");
+    check_same(after, d.fn(arg), Match::Exact, "eager draw after the compiled calls");
   }
 }
 
@@ -1052,6 +1141,105 @@ TEST_CASE("compiled results alias arguments and each other only where eager resu
   auto [ka, kb, kc] = k(x);
   CHECK(ka.is_same(x));
   CHECK(kb.is_same(kc));
+}
+
+// ---- IEEE special values through the passes ---------------------------------------------------
+
+namespace {
+// A 0-d Full of x's dtype: a constant the passes see as a Full node, not a wrapped number.
+Tensor filled(const Tensor& x, double v) { return full({}, v, Options().dtype(x.dtype())); }
+}  // namespace
+
+TEST_CASE("compiled identities keep eager's bits on NaN, infinities and signed zeros") {
+  // What simplify rewrites (x + -0.0, x - 0.0, x * 1, x / 1, -(-x), where(c, x, x)) and what it
+  // must keep (x + 0.0: -0.0 + 0.0 is +0.0; x - -0.0; x * 0: inf * 0 is NaN; x / -0.0), with the
+  // constant a Scalar (a wrapped number), an integer, and a Full.
+  using F = Tensor (*)(const Tensor&);
+  const std::vector<std::pair<const char*, F>> cases = {
+      {"x + 0.0", [](const Tensor& x) { return x + 0.0; }},
+      {"x + -0.0", [](const Tensor& x) { return x + -0.0; }},
+      {"0.0 + x", [](const Tensor& x) { return 0.0 + x; }},
+      {"-0.0 + x", [](const Tensor& x) { return -0.0 + x; }},
+      {"x + 0", [](const Tensor& x) { return x + 0; }},
+      {"x - 0.0", [](const Tensor& x) { return x - 0.0; }},
+      {"x - -0.0", [](const Tensor& x) { return x - -0.0; }},
+      {"x - 0", [](const Tensor& x) { return x - 0; }},
+      {"0.0 - x", [](const Tensor& x) { return 0.0 - x; }},
+      {"x * 1", [](const Tensor& x) { return x * 1; }},
+      {"1.0 * x", [](const Tensor& x) { return 1.0 * x; }},
+      {"x * -1.0", [](const Tensor& x) { return x * -1.0; }},
+      {"x * 0.0", [](const Tensor& x) { return x * 0.0; }},
+      {"x * -0.0", [](const Tensor& x) { return x * -0.0; }},
+      {"x * 0", [](const Tensor& x) { return x * 0; }},
+      {"x / 1", [](const Tensor& x) { return x / 1; }},
+      {"x / 0.0", [](const Tensor& x) { return x / 0.0; }},
+      {"x / -0.0", [](const Tensor& x) { return x / -0.0; }},
+      {"where(x > 0, x, x)", [](const Tensor& x) { return where(x > 0, x, x); }},
+      {"(x + 0.0) + -0.0", [](const Tensor& x) { return (x + 0.0) + -0.0; }},
+      {"x + full(0.0)", [](const Tensor& x) { return x + filled(x, 0.0); }},
+      {"x + full(-0.0)", [](const Tensor& x) { return x + filled(x, -0.0); }},
+      {"x - full(-0.0)", [](const Tensor& x) { return x - filled(x, -0.0); }},
+      {"x * full(1.0)", [](const Tensor& x) { return x * filled(x, 1.0); }},
+      {"x + full(0.0).to(f64).to(x's dtype)",
+       [](const Tensor& x) { return x + filled(x, 0.0).to(DType::f64).to(x.dtype()); }},
+  };
+  auto specials = [](DType dt, int call) {
+    std::vector<double> v = special_grid({false})[0];
+    if (call % 2) std::reverse(v.begin(), v.end());
+    return Ins{make(v, {4, 8}, dt)};
+  };
+  for (DType dt : {DType::f32, DType::f64}) {
+    for (const auto& [name, f] : cases) {
+      INFO(std::string(name) << " on " << dtype_name(dt));
+      int calls = 0;
+      check_forward([f = f](const Ins& x) { return f(x[0]); },
+                    [&] { return specials(dt, calls++); }, Match::Bits);
+    }
+    // -(-x) is x bit for bit (IEEE negation flips the sign bit, of zeros and NaNs too), and
+    // simplify makes it x: compiled and eager agree bit for bit.
+    INFO("-(-x) on " << dtype_name(dt));
+    int calls = 0;
+    const Fn twice = [](const Ins& x) { return neg(neg(x[0])); };
+    const std::function<Ins()> make_x = [&] { return specials(dt, calls++); };
+    check_forward(twice, make_x, Match::Bits);
+    auto c = compile([&twice](const Ins& a) { return twice(a); });
+    const Ins x = specials(dt, 0);
+    CHECK(bitwise_equal(c(x), x[0]));
+  }
+}
+
+TEST_CASE("compiled constants equal under == but with other bits stay apart (cse)") {
+  // 0.0 == -0.0: a CSE that compares constants with == (or hashes them with std::hash<double>,
+  // which hashes both zeros alike) merges them, and compiled x / -0.0 gives +inf where eager
+  // gives -inf, x * -0.0 the sign of x * 0.0. The same for Full's value, and for NaNs of either
+  // sign (Scalar's == holds every NaN equal).
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (DType dt : {DType::f32, DType::f64}) {
+    INFO(std::string(dtype_name(dt)));
+    const Options o = Options().dtype(dt);
+    const Fn fn = [&](const Ins& in) {
+      const Tensor& x = in[0];
+      return cat({x * 0.0, x / -0.0, x * -0.0, x / 0.0, x * full({}, 0.0, o), x * full({}, -0.0, o),
+                  x + full({}, nan, o), x + full({}, -nan, o)},
+                 0);
+    };
+    int calls = 0;
+    check_forward(
+        fn,
+        [&] {
+          std::vector<double> v = special_grid({false})[0];
+          if (calls++ % 2) std::reverse(v.begin(), v.end());
+          return Ins{make(v, {4, 8}, dt)};
+        },
+        Match::Bits);
+    // The two alone, as first reported: compiled x / -0.0 beside x * 0.0.
+    auto c = compile([](const Tensor& x) { return std::make_tuple(x * 0.0, x / -0.0); });
+    const Tensor x = make({1, -2, 0}, {3}, dt);
+    auto [p, q] = c(x);
+    check_same(p, x * 0.0, Match::Bits, "x * 0.0");
+    check_same(q, x / -0.0, Match::Bits, "x / -0.0");
+    CHECK(values(q)[0] == -std::numeric_limits<double>::infinity());
+  }
 }
 
 // ---- completeness -----------------------------------------------------------------------------

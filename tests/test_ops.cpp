@@ -3,6 +3,8 @@
 // test_reduce_matmul.cpp.
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <sstream>
 
 #include "op_rows.h"
 
@@ -224,6 +226,142 @@ TEST_CASE("elementwise rows on mixed dtypes promote like PyTorch") {
           check_unchanged(b);
         }
       }
+    }
+  }
+}
+
+// ---- NaN, infinities and signed zeros ---------------------------------------------------------
+
+namespace {
+
+// The inputs of `row` on special_grid() in dtype dt (a where's condition in b8), of shape
+// (n / 8, 8) laid out as asked; input `skip` is left out (the caller passes it as a Scalar).
+Built special_inputs(const ElementwiseRow& row, DType dt, Layout layout, int skip = -1) {
+  std::vector<bool> cond;
+  for (int i = 0; i < row.arity; ++i)
+    if (i != skip) cond.push_back(row.cond_first && i == 0);
+  std::vector<std::vector<double>> grid = special_grid(cond);
+  Built b;
+  for (size_t k = 0; k < grid.size(); ++k) {
+    const Shape shape{static_cast<int64_t>(grid[k].size()) / 8, 8};
+    b.in.push_back(make_layout(grid[k], shape, cond[k] ? DType::b8 : dt, layout));
+    b.vals.push_back(std::move(grid[k]));
+    b.shapes.push_back(shape);
+  }
+  return b;
+}
+
+// `got` against the reference on special inputs, with NaN and infinities where the reference
+// has them: exactly and signbit-aware where IEEE defines the result (ieee_exact), else within
+// the row's tolerance. A mismatch names the inputs of its first element.
+void check_special(const ElementwiseRow& row, const Tensor& got, const Built& b, DType out_dtype) {
+  Shape out;
+  const std::vector<double> want = reference(row, b.vals, b.shapes, out_dtype, &out);
+  CHECK(got.sizes().str() == out.str());
+  CHECK(dtype_name(got.dtype()) == dtype_name(out_dtype));
+  if (got.sizes() != out) return;
+  const bool exact = ieee_exact(row.op);
+  const double rtol = exact ? 0 : rtol_for(row, out_dtype);
+  const double atol = exact ? 0 : atol_for(row, out_dtype);
+  const Zeros zeros = exact ? Zeros::Signed : Zeros::Equal;
+  const std::vector<double> g = values(got);
+  const std::string m = differences(g, want, rtol, atol, zeros);
+  if (m.empty()) return;
+  std::ostringstream inputs;
+  inputs.precision(17);
+  for (size_t e = 0; e < g.size(); ++e) {
+    if (differences({g[e]}, {want[e]}, rtol, atol, zeros).empty()) continue;
+    for (size_t i = 0; i < b.vals.size(); ++i)
+      inputs << (i ? ", " : "") << b.vals[i][b.vals[i].size() == 1 ? 0 : e];
+    break;
+  }
+  FAIL_CHECK(m << "; the inputs there: " << inputs.str());
+}
+
+}  // namespace
+
+TEST_CASE("close() and differences(): a NaN equals only a NaN; zeros signed when asked") {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  for (DType dt : {DType::f32, DType::f64}) {
+    INFO(std::string(dtype_name(dt)));
+    const Tensor with_nan = make({1, nan, -2}, {3}, dt), number = make({1, 0.5, -2}, {3}, dt);
+    CHECK_FALSE(close(with_nan, number));  // NaN against a number
+    CHECK_FALSE(close(number, with_nan));  // a number against NaN
+    CHECK(close(with_nan, with_nan));      // NaN against NaN, in the same place
+    CHECK(close(with_nan, make({1, -nan, -2 + 1e-9}, {3}, dt)));  // whatever the NaN's sign
+    CHECK_FALSE(close(with_nan, make({nan, 1, -2}, {3}, dt)));    // NaN in another place
+    // Infinities match only themselves; a large number is not close to one.
+    const Tensor infs = make({inf, -inf}, {2}, dt);
+    CHECK(close(infs, infs));
+    CHECK_FALSE(close(make({3e38, -inf}, {2}, dt), infs));
+    CHECK_FALSE(close(infs, make({-inf, -inf}, {2}, dt)));
+    // close() does not look at the signs of zeros.
+    CHECK(close(make({-0.0}, {1}, dt), make({0.0}, {1}, dt), 0));
+  }
+  CHECK(differences({nan, 1}, {-nan, 1}, 0, 0).empty());
+  CHECK_FALSE(differences({nan}, {1}, 1, 1).empty());
+  CHECK_FALSE(differences({1}, {nan}, 1, 1).empty());
+  // Signed zeros: equal by default, different when asked, also under a tolerance; a nonzero
+  // within the tolerance of a zero still matches it.
+  CHECK(differences({-0.0, 0.0}, {0.0, -0.0}, 0, 0).empty());
+  CHECK_FALSE(differences({-0.0}, {0.0}, 0, 0, Zeros::Signed).empty());
+  CHECK_FALSE(differences({0.0}, {-0.0}, 1e-6, 1e-6, Zeros::Signed).empty());
+  CHECK(differences({-0.0, 0.0, 1e-9}, {-0.0, 0.0, -0.0}, 1e-6, 1e-6, Zeros::Signed).empty());
+  CHECK(differences({nan, -inf}, {nan, -inf}, 0, 0, Zeros::Signed).empty());
+  CHECK_FALSE(differences({nan}, {0.0}, 1, 1, Zeros::Signed).empty());
+  const std::string m = differences({1, -0.0}, {1, 0.0}, 0, 0, Zeros::Signed);
+  CHECK(m == "1 of 2 elements differ; first at 1: got -0, want 0");
+}
+
+TEST_CASE("elementwise rows on NaN, infinities and signed zeros match the reference") {
+  for (const ElementwiseRow& row : elementwise_rows()) {
+    for (DType dt : row.dtypes) {
+      if (!is_floating(dt)) continue;
+      const DType out_dtype = result_dtype(row.result, dt);
+      for (Layout layout : {L::Contiguous, L::Transposed, L::Strided}) {
+        INFO(std::string(row.name)
+             << " on " << dtype_name(dt) << ", " << std::string(layout_name(layout)));
+        const Built b = special_inputs(row, dt, layout);
+        check_special(row, row.fn(b.in), b, out_dtype);
+        check_unchanged(b);
+      }
+      // Each special value as a Scalar operand: x * -0.0, x / -0.0, NaN < x, ...
+      for (double v : special_values()) {
+        INFO(std::string(row.name) << " on " << dtype_name(dt) << " with the Scalar " << v);
+        if (row.fn_scalar) {
+          Built b = special_inputs(row, dt, L::Contiguous, row.arity - 1);
+          const Tensor got = row.fn_scalar(b.in, to_scalar(v, dt));
+          b.vals.push_back(std::vector<double>{v});
+          b.shapes.push_back(Shape{});
+          check_special(row, got, b, out_dtype);
+        }
+        if (row.fn_lscalar) {
+          Built b = special_inputs(row, dt, L::Transposed, 0);
+          const Tensor got = row.fn_lscalar(to_scalar(v, dt), b.in);
+          b.vals.insert(b.vals.begin(), std::vector<double>{v});
+          b.shapes.insert(b.shapes.begin(), Shape{});
+          check_special(row, got, b, out_dtype);
+        }
+      }
+    }
+  }
+}
+
+// IEEE negation flips the sign bit, of zeros and NaNs too. fn::Neg (kernels/functors.h) once
+// computed 0 - x, in its scalar form and in Eigen 3.4's pnegate, so neg(+0.0) was +0.0 eagerly,
+// fused and on CUDA.
+TEST_CASE("neg flips the sign bit: neg(+0.0) is -0.0, and a NaN's sign flips") {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (DType dt : {DType::f32, DType::f64}) {
+    INFO(std::string(dtype_name(dt)));
+    const Tensor x = make({0.0, -0.0, nan}, {3}, dt);
+    for (const Tensor& y : {neg(x), -x}) {
+      const std::vector<double> v = values(y);
+      CHECK(std::signbit(v[0]));
+      CHECK(!std::signbit(v[1]));
+      CHECK(std::signbit(v[2]));
+      CHECK(bitwise_equal(neg(y), x));
     }
   }
 }

@@ -1,8 +1,11 @@
 #include "util.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <sstream>
 
 namespace duet::test {
@@ -78,6 +81,7 @@ Tensor make(const std::vector<double>& v, const Shape& shape, DType dtype) {
 }
 
 std::vector<double> values(const Tensor& t) {
+  if (!t.device().is_cpu()) return values(t.to(Device::cpu()));  // device memory: read a copy
   const int64_t n = t.numel(), nd = t.dim();
   std::vector<double> out(static_cast<size_t>(n));
   const Shape& s = t.sizes();
@@ -94,6 +98,7 @@ std::vector<double> values(const Tensor& t) {
 }
 
 std::vector<unsigned char> element_bytes(const Tensor& t) {
+  if (!t.device().is_cpu()) return element_bytes(t.to(Device::cpu()));
   const int64_t n = t.numel(), nd = t.dim();
   const size_t isz = itemsize(t.dtype());
   std::vector<unsigned char> out(static_cast<size_t>(n) * isz);
@@ -239,14 +244,19 @@ std::vector<double> broadcast_values(const std::vector<double>& v, const Shape& 
 }
 
 std::string differences(const std::vector<double>& got, const std::vector<double>& want,
-                        double rtol, double atol) {
+                        double rtol, double atol, Zeros zeros) {
   if (got.size() != want.size())
     return "size " + std::to_string(got.size()) + " != " + std::to_string(want.size());
   int64_t bad = 0, first = -1;
   for (size_t i = 0; i < got.size(); ++i) {
-    double g = got[i], w = want[i];
-    bool ok = (std::isnan(g) && std::isnan(w)) || g == w ||
-              (std::isfinite(w) && std::fabs(g - w) <= atol + rtol * std::fabs(w));
+    const double g = got[i], w = want[i];
+    bool ok;
+    if (std::isnan(g) || std::isnan(w))
+      ok = std::isnan(g) && std::isnan(w);  // a NaN equals only a NaN
+    else if (g == w)                        // infinities too; zeros of either sign
+      ok = zeros == Zeros::Equal || std::signbit(g) == std::signbit(w);
+    else
+      ok = std::isfinite(w) && std::fabs(g - w) <= atol + rtol * std::fabs(w);
     if (!ok) {
       if (first < 0) first = static_cast<int64_t>(i);
       ++bad;
@@ -258,6 +268,65 @@ std::string differences(const std::vector<double>& got, const std::vector<double
   os << bad << " of " << got.size() << " elements differ; first at " << first << ": got "
      << got[first] << ", want " << want[first];
   return os.str();
+}
+
+const std::vector<double>& special_values() {
+  static const std::vector<double> v = {std::numeric_limits<double>::quiet_NaN(),
+                                        std::numeric_limits<double>::infinity(),
+                                        -std::numeric_limits<double>::infinity(),
+                                        0.0,
+                                        -0.0,
+                                        1.0,
+                                        -1.5,
+                                        2.5};
+  return v;
+}
+
+std::vector<std::vector<double>> special_grid(const std::vector<bool>& cond) {
+  const std::vector<double>& sv = special_values();
+  std::vector<int64_t> radix;
+  int64_t n = 1;
+  for (bool c : cond) {
+    radix.push_back(c ? 2 : static_cast<int64_t>(sv.size()));
+    n *= radix.back();
+  }
+  const int64_t total = std::max<int64_t>((32 + n - 1) / n, 1) * n;
+  REQUIRE(total % 8 == 0);
+  std::vector<std::vector<double>> vals(cond.size());
+  for (int64_t e = 0; e < total; ++e) {
+    int64_t r = e % n;
+    for (size_t i = 0; i < cond.size(); ++i) {
+      const int64_t k = r % radix[i];
+      r /= radix[i];
+      vals[i].push_back(cond[i] ? static_cast<double>(k == 0) : sv[static_cast<size_t>(k)]);
+    }
+  }
+  return vals;
+}
+
+bool ieee_exact(OpId op) {
+  switch (op) {
+    case OpId::Neg:
+    case OpId::Abs:
+    case OpId::Relu:
+    case OpId::Sqrt:
+    case OpId::Add:
+    case OpId::Sub:
+    case OpId::Mul:
+    case OpId::Div:
+    case OpId::Maximum:
+    case OpId::Minimum:
+    case OpId::Lt:
+    case OpId::Le:
+    case OpId::Gt:
+    case OpId::Ge:
+    case OpId::Eq:
+    case OpId::Ne:
+    case OpId::Where:
+      return true;
+    default:
+      return false;
+  }
 }
 
 void check_tensor(const Tensor& got, const Shape& shape, DType dtype,
@@ -285,10 +354,22 @@ int CountingMode::total() const {
   return n;
 }
 
+namespace {
+std::atomic<bool> g_skipped{false};
+}  // namespace
+
+void skip(const std::string& reason) {
+  std::printf("skipped: %s\n", reason.c_str());
+  std::fflush(stdout);
+  g_skipped.store(true);
+}
+
+bool skipped() { return g_skipped.load(); }
+
 bool gpu() {
   static const bool ok = [] {
     const bool available = cuda::is_available();
-    if (!available) std::puts("no usable CUDA GPU: skipped");
+    if (!available) skip("no usable CUDA GPU");
     return available;
   }();
   return ok;
@@ -310,10 +391,9 @@ std::vector<Tensor> cuda_like(const std::vector<Tensor>& in) {
 
 bool close(const Tensor& a, const Tensor& b, double tol) {
   if (a.sizes() != b.sizes() || a.dtype() != b.dtype()) return false;
-  std::vector<double> x = values(a), y = values(b);
-  for (size_t i = 0; i < x.size(); ++i)
-    if (std::abs(x[i] - y[i]) > tol * (1 + std::abs(y[i]))) return false;
-  return true;
+  // Not a hand-written |a - b| > tol * (1 + |b|): that is false for a NaN, and would pass a run
+  // that diverged.
+  return differences(values(a), values(b), tol, tol).empty();
 }
 
 }  // namespace duet::test

@@ -31,10 +31,12 @@ std::vector<unsigned char> element_bytes(const Tensor& t);
 inline bool bitwise_equal(const Tensor& a, const Tensor& b) {
   return a.sizes() == b.sizes() && a.dtype() == b.dtype() && element_bytes(a) == element_bytes(b);
 }
-/// Same shape and dtype, and |a - b| <= tol * (1 + |b|) everywhere.
+/// Same shape and dtype, and differences(values(a), values(b), tol, tol) is empty:
+/// |a - b| <= tol * (1 + |b|) everywhere, a NaN equals only a NaN, infinities match exactly.
 bool close(const Tensor& a, const Tensor& b, double tol = 1e-6);
-/// Whether a CUDA GPU is usable. Without one it prints "no usable CUDA GPU: skipped" once,
-/// which ctest reads to report a CUDA test as skipped (tests/CMakeLists.txt).
+/// Whether a CUDA GPU is usable. Without one it calls skip("no usable CUDA GPU") once: the
+/// binary then exits with 77 if nothing failed, which ctest reports as skipped
+/// (SKIP_RETURN_CODE, tests/CMakeLists.txt).
 bool gpu();
 /// The same logical tensor on cuda:0, with the same sizes, strides and offset: the elements the
 /// CPU tensor's view can reach are copied, and the view is rebuilt over the copy. Wrapped numbers
@@ -84,10 +86,29 @@ Shape broadcast_shape(const Shape& a, const Shape& b);
 Tensor make_sample(std::vector<double>& v, const Shape& made, const Shape& shape, DType dtype,
                    Layout layout);
 
-/// Empty when `got` matches `want` within atol + rtol * |want| (NaN equals NaN, infinities
-/// match exactly); otherwise a description of the first mismatch.
+/// How differences() compares zeros: Equal lets -0.0 match +0.0 (as ==); Signed makes them
+/// differ, for results whose sign IEEE 754 defines (x * -0.0, x / -0.0, -(0.0), abs(-0.0)).
+enum class Zeros { Equal, Signed };
+
+/// Empty when `got` matches `want` within atol + rtol * |want| (NaN equals only NaN, whatever its
+/// sign and payload; infinities match exactly; with Zeros::Signed a zero matches only a zero of
+/// its sign); otherwise a description of the first mismatch.
 std::string differences(const std::vector<double>& got, const std::vector<double>& want,
-                        double rtol, double atol);
+                        double rtol, double atol, Zeros zeros = Zeros::Equal);
+
+/// The values where floating point is special, NaN, +inf, -inf, +0.0 and -0.0, then ordinary
+/// values (1, -1.5, 2.5) that binary ops meet them with. All are exact in f32.
+const std::vector<double>& special_values();
+/// Row-major values of inputs on a grid of special_values(): each input runs over them (over 1
+/// and 0 where `cond[i]`, a b8 condition) against every combination of the others, the grid
+/// repeated to at least 32 elements (whole SIMD packets of f32 and f64), a multiple of 8.
+std::vector<std::vector<double>> special_grid(const std::vector<bool>& cond);
+/// Whether IEEE 754 (or the op's definition on top of it) gives the float result of an
+/// elementwise op exactly, the sign of a zero included: correctly rounded arithmetic (add, sub,
+/// mul, div, sqrt), sign operations (neg, abs), selections (relu, maximum, minimum, where) and
+/// comparisons. Such results compare exactly and signbit-aware; the others (exp, sin, ...)
+/// within a tolerance.
+bool ieee_exact(OpId op);
 
 /// Checks shape, dtype and values of `got` in one assertion each.
 void check_tensor(const Tensor& got, const Shape& shape, DType dtype,
@@ -131,5 +152,13 @@ void with_threads(int n, F&& f) {
   }
   set_num_threads(old);
 }
+
+/// Reports that a test could not run here: prints "skipped: <reason>" and makes main()
+/// (tests/main.cpp) exit with 77 when every test case passed, which ctest reports as Skipped for
+/// a test registered with SKIP_RETURN_CODE 77 (tests/CMakeLists.txt). A failure still exits
+/// with 1. gpu() calls it when no GPU is usable.
+void skip(const std::string& reason);
+/// Whether skip() was called in this process.
+bool skipped();
 
 }  // namespace duet::test

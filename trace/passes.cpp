@@ -1,7 +1,9 @@
 #include "trace/passes.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstring>
 #include <unordered_map>
 
 #include "core/dispatch.h"
@@ -60,6 +62,22 @@ GraphNode full_node(const TensorMeta& m, Scalar value, int32_t scope) {
   n.meta = m;
   n.scope = scope;
   return n;
+}
+
+// The bits of a one-element constant's element, zero-extended. Constants are told apart by their
+// bits, not by ==: 0.0 == -0.0 (merging them makes x / -0.0 give +inf), a NaN equals no NaN,
+// and doubles cannot tell large 64-bit integers apart.
+uint64_t element_bits(const Tensor& t) {
+  uint64_t bits = 0;
+  std::memcpy(&bits, t.raw_data(), std::min<size_t>(size_t(itemsize(t.dtype())), sizeof bits));
+  return bits;
+}
+
+// The bits of a Scalar attribute (Full's value): Scalar's == holds 0.0 == -0.0 and every NaN
+// equal to every NaN.
+uint64_t scalar_bits(const Scalar& s) {
+  return s.is_floating() ? std::bit_cast<uint64_t>(s.to<double>())
+                         : static_cast<uint64_t>(s.to<int64_t>());
 }
 
 // Evaluates an op on constant inputs, below every mode.
@@ -156,16 +174,16 @@ Graph cse(const Graph& old) {
         return a.meta.dtype == b.meta.dtype && a.meta.shape == b.meta.shape &&
                a.constant.unsafe_impl()->wrapped_number ==
                    b.constant.unsafe_impl()->wrapped_number &&
-               read_double(a.constant, 0) == read_double(b.constant, 0);
+               element_bits(a.constant) == element_bits(b.constant);
       return a.op == b.op && a.inputs == b.inputs && a.attrs == b.attrs &&
-             same_meta(a.meta, b.meta);
+             scalar_bits(a.attrs.value) == scalar_bits(b.attrs.value) && same_meta(a.meta, b.meta);
     }
   };
   struct Hash {
     size_t operator()(const Key& k) const {
       const GraphNode& a = *k.n;
       size_t h = std::hash<int>{}(int(a.kind)) * 31;
-      if (a.kind == NodeKind::Constant) return h ^ std::hash<double>{}(read_double(a.constant, 0));
+      if (a.kind == NodeKind::Constant) return h ^ std::hash<uint64_t>{}(element_bits(a.constant));
       h ^= std::hash<const void*>{}(a.control.get()) + std::hash<int32_t>{}(a.index);
       h ^= a.attrs.hash() + 0x9e3779b9 + (h << 6) + (h >> 2);
       h ^= std::hash<int>{}(int(a.op)) + 0x9e3779b9 + (h << 6) + (h >> 2);
@@ -270,6 +288,14 @@ Graph simplify(const Graph& old) {
     double x;
     return r.g.scalar_value(v, &x) && x == want;
   };
+  // Whether v is a zero that adding (sub: subtracting) leaves every value of dtype d as it is.
+  // In IEEE arithmetic that takes the zero of the right sign: -0.0 + +0.0 is +0.0, so x + 0.0
+  // is not x at x = -0.0, and x - -0.0 = x + 0.0 is not either; x + -0.0 and x - 0.0 are x
+  // (NaN and infinities included).
+  auto is_identity_zero = [&](int32_t v, DType d, bool sub) {
+    double x;
+    return r.g.scalar_value(v, &x) && x == 0 && (!is_floating(d) || std::signbit(x) != sub);
+  };
   // permute(x, identity) = x; permute(permute(x, a), b) = permute(x, a[b]).
   auto simplify_permute = [&](GraphNode& n) -> int32_t {
     bool identity = true;
@@ -342,13 +368,13 @@ Graph simplify(const Graph& old) {
       auto fits = [&](int32_t v) { return same_meta(node(v).meta, n.meta); };
       switch (n.op) {
         case OpId::Add:
-          if (is_scalar(in[1], 0) && fits(in[0]))
+          if (is_identity_zero(in[1], n.meta.dtype, false) && fits(in[0]))
             same = in[0];
-          else if (is_scalar(in[0], 0) && fits(in[1]))
+          else if (is_identity_zero(in[0], n.meta.dtype, false) && fits(in[1]))
             same = in[1];
           break;
         case OpId::Sub:
-          if (is_scalar(in[1], 0) && fits(in[0])) same = in[0];
+          if (is_identity_zero(in[1], n.meta.dtype, true) && fits(in[0])) same = in[0];
           break;
         case OpId::Mul:
           if (is_scalar(in[1], 1) && fits(in[0]))
