@@ -5,8 +5,8 @@
 // bools exactly. Differentiable rows also compare gradients (duet::grad on CUDA against the
 // CPU). Then tables of their own: Scalar operands, NaN and ties in reductions, indexing with
 // device indices, cuBLAS matmul with batch broadcasting and TF32 off by default, and Philox draws
-// that are bit-identical to the CPU's. Without a usable GPU every case returns at once and the
-// binary prints "no usable CUDA GPU: skipped" (ctest reports the test as skipped).
+// that are bit-identical to the CPU's. Without a usable GPU every case returns at once, gpu()
+// calls skip() and the binary exits with 77, which ctest reports as Skipped.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -533,8 +533,10 @@ TEST_CASE("cuda matmul: TF32 is off by default (full f32 accuracy), and can be t
   const Tensor b = make(random_values(k * n, Domain{-1, 1}, DType::f64, rng), {k, n}, DType::f64);
   const std::vector<double> want = values(matmul(a, b));
   auto max_err = [&] {
-    const std::vector<double> got =
-        values(matmul(a.to(DType::f32).to(Device::cuda()), b.to(DType::f32).to(Device::cuda())));
+    const Tensor c =
+        matmul(a.to(DType::f32).to(Device::cuda()), b.to(DType::f32).to(Device::cuda()));
+    REQUIRE(c.device() == Device::cuda());
+    const std::vector<double> got = values(c.to(Device::cpu()));  // values() reads host memory
     double e = 0;
     for (size_t i = 0; i < want.size(); ++i) e = std::max(e, std::abs(got[i] - want[i]));
     return e;
@@ -547,6 +549,9 @@ TEST_CASE("cuda matmul: TF32 is off by default (full f32 accuracy), and can be t
   const double tf32 = max_err();  // 10-bit mantissas: errors near 1e-2
   cuda::set_allow_tf32(false);
   CHECK(tf32 < 0.2);
+  // The switch changes the result: inputs rounded to 10 mantissa bits (2^-11 relative) instead
+  // of 23 make errors a hundred times larger or more, so TF32 must at least be ten times worse.
+  CHECK(tf32 > 10 * full);
   MESSAGE("max error f32 " << full << ", TF32 " << tf32);
 }
 

@@ -5,10 +5,17 @@
 // ctest runs this file twice: test_fusion with DUET_CODEGEN=0 (the interpreter) and
 // test_fusion_codegen with DUET_CODEGEN=1 and DUET_CODEGEN_THRESHOLD=0, where every fused
 // kernel is generated after its first run. Each check then runs a second time, after
-// codegen::wait_idle(), on the generated code, and must give the same bits.
+// codegen::wait_idle(), on the generated code, and must give the same bits (random programs of
+// the fusion mix: eager's values, within their tolerance).
+#include <algorithm>
+#include <string>
+#include <vector>
+
 #include "trace/codegen.h"
 #include "kernels/fused.h"
 #include "trace/compile.h"
+#include "trace/fusion.h"
+#include "random_program.h"
 #include "util.h"
 
 namespace duet::test {
@@ -35,6 +42,43 @@ void next_tier() {
 }
 
 Tensor w2(const Tensor& x) { return tanh(x * 1.5 + 0.5) * sigmoid(x) + relu(x - 0.25); }
+
+// The steps of a plan over g: each fusion group one step, every other node its own. Empty when
+// they can be ordered (no group needs a result of a step that needs one of its own), otherwise
+// the groups left on a cycle.
+std::string step_cycle(const Graph& g, const std::vector<detail::FusionGroup>& groups) {
+  const size_t n = g.nodes.size(), units = n + groups.size();
+  std::vector<size_t> unit(n);
+  for (size_t v = 0; v < n; ++v) unit[v] = v;
+  for (size_t k = 0; k < groups.size(); ++k)
+    for (int32_t m : groups[k].members) unit[size_t(m)] = n + k;
+  std::vector<std::vector<size_t>> next(units);
+  std::vector<int> indeg(units, 0);
+  for (size_t v = 0; v < n; ++v)
+    for (int32_t in : g.nodes[v].inputs) {
+      const size_t a = unit[size_t(in)], b = unit[v];
+      if (a == b || std::find(next[a].begin(), next[a].end(), b) != next[a].end()) continue;
+      next[a].push_back(b);
+      ++indeg[b];
+    }
+  std::vector<size_t> ready;
+  for (size_t u = 0; u < units; ++u)
+    if (indeg[u] == 0) ready.push_back(u);
+  size_t ordered = 0;
+  while (!ready.empty()) {
+    const size_t u = ready.back();
+    ready.pop_back();
+    ++ordered;
+    for (size_t w : next[u])
+      if (--indeg[w] == 0) ready.push_back(w);
+  }
+  if (ordered == units) return "";
+  std::string left;
+  for (size_t k = 0; k < groups.size(); ++k)
+    if (indeg[n + k] > 0)
+      left += fmt::format(" group {} (values {})", k, fmt::join(groups[k].members, ", "));
+  return fmt::format("{} of {} steps ordered; on a cycle:{}", ordered, units, left);
+}
 
 }  // namespace
 
@@ -113,6 +157,87 @@ TEST_CASE("fusion: an output that is also an intermediate, and a training step")
     CHECK(bitwise_equal(y, ye));
     CHECK(f.stats().fused_kernels == 1);
   }
+}
+
+// The example of Fuser::depends_on (trace/fusion.cpp): A = {a1, a2} and B = {b1, b2} with
+// a1 -> b1 and b2 -> a2 have no path between them in the graph, yet as steps A needs B and B
+// needs A. Here B is an f64 group {c = f64(a1), b1 = c * y, b2 = exp(y)} (b2 joins as a sibling
+// through y) and a2 = a1 + f32(b2) reads it back: a2 may not join a1's group, nor may the group
+// of f32(b2) that a2 joins merge with a1's, because the path from f32(b2) to a1 runs through B.
+TEST_CASE("fusion: groups never need each other (a cycle through a third group)") {
+  auto fn = [](Tensor x, Tensor y) {
+    Tensor a1 = tanh(x);
+    Tensor b1 = a1.to(DType::f64) * y;
+    Tensor b2 = exp(y);
+    Tensor a2 = a1 + b2.to(DType::f32);
+    return std::make_tuple(b1, a2);
+  };
+  manual_seed(8);
+  Tensor x = randn({3, 41});
+  Tensor y = randn({3, 41}, Options().dtype(DType::f64));
+  // The fusion pass on the graph the plan is built from (the graph passes run with or without
+  // the plan's passes): its groups as steps can be ordered.
+  auto unfused = compile(fn, without({"fuse"}));
+  (void)unfused(x, y);
+  const Graph& g = unfused.graph();
+  const std::vector<detail::FusionGroup> groups = detail::find_fusion_groups(g);
+  CHECK(step_cycle(g, groups) == "");
+  CHECK(groups.size() == 2);  // {f64(a1), b1, b2} and {f32(b2), a2}; a1 alone runs eagerly
+  // Compiled, with those groups, the results are eager's.
+  auto f = compile(fn);
+  for (int t = 0; t < tiers(); ++t, next_tier()) {
+    auto [b1, a2] = f(x, y);
+    auto [eb1, ea2] = fn(x, y);
+    CHECK(bitwise_equal(b1, eb1));
+    CHECK(bitwise_equal(a2, ea2));
+    CHECK(f.stats().fused_kernels == 2);
+  }
+}
+
+// The generated kernels on programs nobody wrote by hand: random programs of the fusion mix
+// (random_program.h: elementwise chains, diamonds, broadcasts, reductions), each run compiled
+// on the interpreter and then, in test_fusion_codegen, on its generated kernels, against eager.
+// (test_compile_random_codegen runs many more programs with the generated tier on, but its
+// kernels are built in the background and most programs end before theirs are swapped in.)
+TEST_CASE("fusion: random programs of the fusion mix equal eager, on generated kernels too") {
+  const int64_t loaded_before = codegen::stats().loaded;
+  int programs = 0, fused = 0;
+  for (uint64_t seed = 0; seed < 12; ++seed) {
+    Program p;
+    p.seed = seed;
+    Generator gen(p, seed, Mix::Fusion);
+    gen.make_inputs();
+    if (!gen.make_steps(gen.random_length()).empty()) continue;
+    gen.choose_outputs();
+    INFO("seed " << seed << "\n" << program_text(p));
+    auto fn = [&p](const std::vector<Tensor>& xs) { return run_program(p, xs); };
+    auto c = compile(fn);
+    Rng r = rng_for(seed, 9);
+    for (int t = 0; t < tiers(); ++t, next_tier()) {
+      INFO("tier " << t);
+      const Values vals = t == 0 ? gen.first_values() : gen.sample_values(r);
+      const std::vector<Tensor> in = build_inputs(p, vals, false);
+      manual_seed(kRandSeed);
+      const std::vector<Tensor> want = fn(in);
+      manual_seed(kRandSeed);
+      const std::vector<Tensor> got = c(in);
+      REQUIRE(got.size() == want.size());
+      for (size_t k = 0; k < got.size(); ++k) {
+        INFO("output " << k);
+        if (floating(want[k]) && max_abs(want[k]) > 1e4) continue;  // ill-conditioned
+        CHECK(got[k].sizes() == want[k].sizes());
+        CHECK(got[k].dtype() == want[k].dtype());
+        if (got[k].sizes() != want[k].sizes() || got[k].dtype() != want[k].dtype()) continue;
+        const std::string m = differences(values(got[k]), values(want[k]), 1e-4, 1e-4);
+        CHECK_MESSAGE(m.empty(), m);
+      }
+    }
+    ++programs;
+    fused += c.stats().fused_kernels > 0;
+  }
+  CHECK(programs >= 10);
+  CHECK(fused * 4 >= programs * 3);  // else the test would say little about fusion
+  if (codegen::enabled()) CHECK(codegen::stats().loaded - loaded_before >= programs);
 }
 
 TEST_CASE("memory planner: one arena, far smaller than the intermediates") {
