@@ -14,13 +14,6 @@ Options f64() { return Options().dtype(DType::f64); }
 Options f64_leaf() { return Options().dtype(DType::f64).requires_grad(); }
 Tensor ones64(Shape s) { return ones(s, f64()); }
 
-bool starts_with(const std::string& s, const std::string& prefix) {
-  return s.rfind(prefix, 0) == 0;
-}
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
-
 // Row-major values of the gradient of sum(view(x) * c) with respect to x: c's element j goes to
 // the element of x that element j of the view reads (`source(j)`).
 template <class F>

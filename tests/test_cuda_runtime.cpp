@@ -19,10 +19,6 @@
 namespace duet::test {
 namespace {
 
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
-
 // A CPU tensor of `dtype` whose bytes are a fixed pattern (every dtype, f16 and bf16 included:
 // the CPU does not compute those, but it holds them).
 Tensor pattern(const Shape& shape, DType dtype, unsigned seed) {

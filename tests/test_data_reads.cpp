@@ -20,10 +20,6 @@ Tensor seed_branch(const Tensor& x) {
   return x * 4 - x;
 }
 
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
-
 }  // namespace
 
 TEST_CASE("data reads: a C++ if on item() retraces per value and equals eager") {

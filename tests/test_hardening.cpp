@@ -14,9 +14,6 @@
 namespace duet::test {
 namespace {
 
-bool starts_with(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
-bool contains(const std::string& s, const std::string& p) { return s.find(p) != std::string::npos; }
-
 // A path in the temporary directory, removed when the test ends.
 struct TempFile {
   std::string path;

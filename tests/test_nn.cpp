@@ -20,10 +20,6 @@ namespace {
 using namespace duet::nn;
 using ModulePtr = std::shared_ptr<Module>;
 
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
-
 // ---- The layer table ----
 
 struct LayerRow {

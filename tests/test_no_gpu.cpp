@@ -21,10 +21,6 @@
 namespace duet::test {
 namespace {
 
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
-
 // Whether no GPU is usable; otherwise reports the case as skipped (it would test nothing).
 bool no_gpu() {
   if (!cuda::is_available()) return true;

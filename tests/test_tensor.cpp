@@ -9,9 +9,6 @@ std::vector<double> iota(int64_t n) {
   for (int64_t i = 0; i < n; ++i) v[i] = static_cast<double>(i);
   return v;
 }
-bool starts_with(const std::string& s, const std::string& prefix) {
-  return s.rfind(prefix, 0) == 0;
-}
 }  // namespace
 
 TEST_CASE("Tensor handles share storage; clone does not") {

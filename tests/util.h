@@ -13,6 +13,14 @@
 
 namespace duet::test {
 
+/// Whether s contains part / starts with prefix (for checking error messages).
+inline bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+inline bool starts_with(const std::string& s, const std::string& prefix) {
+  return s.rfind(prefix, 0) == 0;
+}
+
 /// The C++ types the CPU computes, as a list to loop over.
 inline const std::vector<DType> kAllDTypes = {DType::f32, DType::f64, DType::i32, DType::i64,
                                               DType::b8};
