@@ -20,6 +20,7 @@
 
 #include "grad_samples.h"
 #include "op_rows.h"
+#include "trace/codegen.h"
 
 namespace duet::test {
 namespace {
@@ -364,6 +365,53 @@ TEST_CASE("compiled elementwise rows: every sample and dtype match eager") {
       check_forward(fn,
                     [&] { return build(row, {dt}, sample(calls++ ? "offset" : "normal"), rng); });
       count("elementwise", row.name, row.op, !row.composite, false);
+    }
+  }
+}
+
+// Every elementwise row on the same two inputs: the ops are siblings, so fusion makes them one
+// group (a few, where a dtype or a cast splits them), one kernel each. In
+// test_compile_sweep_codegen (DUET_CODEGEN=1, threshold 0) the first call queues the kernels'
+// generated C++, codegen::wait_idle() waits until it is built and swapped in, and the second call
+// runs the generated code that users get: both calls must equal eager. With DUET_CODEGEN=0 the
+// call runs the interpreter.
+TEST_CASE("compiled elementwise rows as one fused kernel, on generated code too") {
+  const bool generated = codegen::enabled();
+  if (generated) codegen::set_threshold(0);
+  for (DType dt : {DType::f32, DType::f64}) {
+    INFO("dtype " << dtype_name(dt));
+    auto all = [dt](const Tensor& x, const Tensor& y) {
+      std::vector<Tensor> out;
+      for (const ElementwiseRow& row : elementwise_rows()) {
+        if (std::find(row.dtypes.begin(), row.dtypes.end(), dt) == row.dtypes.end()) continue;
+        if (row.cond_first)
+          out.push_back(row.fn({gt(x, y), x, y}));
+        else if (row.arity == 1)
+          out.push_back(row.fn({x}));
+        else if (row.arity == 2)
+          out.push_back(row.fn({x, y}));
+      }
+      return out;
+    };
+    manual_seed(17);
+    // In (0.5, 2): inside every row's domain (log, sqrt, rsqrt, pow, div).
+    const Tensor x = rand({37, 29}, Options().dtype(dt)) * 1.5 + 0.5;
+    const Tensor y = rand({37, 29}, Options().dtype(dt)) * 1.5 + 0.5;
+    const std::vector<Tensor> want = all(x, y);
+    REQUIRE(want.size() >= 20);
+    auto f = compile(all);
+    const int64_t loaded_before = codegen::stats().loaded;
+    for (int tier = 0; tier < (generated ? 2 : 1); ++tier) {
+      INFO(std::string(tier == 0 ? "first call" : "on generated kernels"));
+      const std::vector<Tensor> got = f(x, y);
+      REQUIRE(got.size() == want.size());
+      for (size_t i = 0; i < got.size(); ++i) CHECK_MESSAGE(close(got[i], want[i], 1e-6), i);
+      CHECK(f.stats().fused_kernels >= 1);
+      if (generated && tier == 0) {
+        codegen::wait_idle();
+        CHECK(codegen::stats().failed == 0);
+        CHECK(codegen::stats().loaded > loaded_before);  // the second call runs generated code
+      }
     }
   }
 }
