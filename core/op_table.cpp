@@ -1,5 +1,6 @@
 #include "core/op_table.h"
 
+#include <bit>
 #include <functional>
 
 namespace duet {
@@ -50,10 +51,21 @@ void register_kernel(OpDef* table, OpId id, DeviceType device, KernelFn fn) {
 std::string_view op_name(OpId id) { return detail::op_def(id).name; }
 OpClass op_class(OpId id) { return detail::op_def(id).cls; }
 
+namespace {
+// A Scalar attribute's bits: attributes are equal only when their values are the same bits, as
+// the graph passes need (0.0 == -0.0 and NaN payloads differ, yet a node of one is no node of
+// the other: x / -0.0 is not x / 0.0).
+uint64_t value_bits(const Scalar& s) {
+  return s.is_floating() ? std::bit_cast<uint64_t>(s.to<double>())
+                         : static_cast<uint64_t>(s.to<int64_t>());
+}
+}  // namespace
+
 bool operator==(const Attrs& a, const Attrs& b) {
   return a.ints == b.ints && a.dim == b.dim && a.start == b.start && a.end == b.end &&
          a.step == b.step && a.keepdim == b.keepdim && a.dtype == b.dtype && a.device == b.device &&
-         a.value == b.value && (a.sym == b.sym || (a.sym && b.sym && *a.sym == *b.sym));
+         a.value.kind() == b.value.kind() && value_bits(a.value) == value_bits(b.value) &&
+         (a.sym == b.sym || (a.sym && b.sym && *a.sym == *b.sym));
 }
 
 size_t Attrs::hash() const {
@@ -72,8 +84,7 @@ size_t Attrs::hash() const {
   if (sym)
     for (const SymInt& v : sym->ints) mix(v.hash());
   mix(static_cast<uint64_t>(value.kind()));
-  mix(value.is_floating() ? std::hash<double>{}(value.to<double>())
-                          : static_cast<uint64_t>(value.to<int64_t>()));
+  mix(value_bits(value));
   return h;
 }
 

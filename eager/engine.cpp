@@ -282,6 +282,7 @@ Tensor default_grad(const char* op, const Tensor& out, const Tensor& given, size
 
 // A traced tensor outside its trace (an escaped tensor, or one read with no trace running)
 // has no values and no tape: backward() and grad() through it would silently do nothing.
+// Undefined tensors (an omitted grad_output) pass.
 void check_not_escaped(const Tensor& t, const char* what) {
   if (!t.defined()) return;
   const TensorImpl* x = t.unsafe_impl();
@@ -297,7 +298,7 @@ void throw_stale_input(const Node& n, int64_t i) { throw_stale(n, n.saved[i]); }
 
 void Tensor::backward(Tensor grad_output, bool retain_graph) const {
   detail::check_not_escaped(*this, "backward");
-  if (grad_output.defined()) detail::check_not_escaped(grad_output, "backward");
+  detail::check_not_escaped(grad_output, "backward");
   DUET_CHECK(requires_grad(),
              "[backward] the tensor (shape {}) does not require grad: no input of the ops that "
              "made it requires grad, or it was computed under NoGradGuard",
@@ -319,8 +320,7 @@ std::vector<Tensor> detail::grad(std::vector<Tensor> outputs, std::vector<Tensor
              "[grad] {} grad_outputs for {} outputs", grad_outputs.size(), outputs.size());
   for (const Tensor& t : outputs) detail::check_not_escaped(t, "grad");
   for (const Tensor& t : inputs) detail::check_not_escaped(t, "grad");
-  for (const Tensor& t : grad_outputs)
-    if (t.defined()) detail::check_not_escaped(t, "grad");
+  for (const Tensor& t : grad_outputs) detail::check_not_escaped(t, "grad");
   detail::Capture cap;
   cap.results.resize(inputs.size());
   std::vector<size_t> first(inputs.size());  // an input passed twice gets the gradient twice

@@ -1,7 +1,6 @@
 #include "trace/passes.h"
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstring>
 #include <unordered_map>
@@ -71,13 +70,6 @@ uint64_t element_bits(const Tensor& t) {
   uint64_t bits = 0;
   std::memcpy(&bits, t.raw_data(), std::min<size_t>(size_t(itemsize(t.dtype())), sizeof bits));
   return bits;
-}
-
-// The bits of a Scalar attribute (Full's value): Scalar's == holds 0.0 == -0.0 and every NaN
-// equal to every NaN.
-uint64_t scalar_bits(const Scalar& s) {
-  return s.is_floating() ? std::bit_cast<uint64_t>(s.to<double>())
-                         : static_cast<uint64_t>(s.to<int64_t>());
 }
 
 // Evaluates an op on constant inputs, below every mode.
@@ -176,7 +168,7 @@ Graph cse(const Graph& old) {
                    b.constant.unsafe_impl()->wrapped_number &&
                element_bits(a.constant) == element_bits(b.constant);
       return a.op == b.op && a.inputs == b.inputs && a.attrs == b.attrs &&
-             scalar_bits(a.attrs.value) == scalar_bits(b.attrs.value) && same_meta(a.meta, b.meta);
+             same_meta(a.meta, b.meta);  // Attrs compare Full's value by its bits
     }
   };
   struct Hash {
