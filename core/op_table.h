@@ -20,12 +20,71 @@ inline constexpr int kNumOps = 0
 #include "core/ops.def"
 #undef DUET_OP
     ;
-// ggml's trick: adding a row without looking at the table, the tests and the docs breaks here.
-static_assert(kNumOps == 48, "ops.def changed: update this count, the op sweep and docs/ops.md");
+// Nothing counts the rows by hand: test_ops fails for a primitive without test rows, and
+// duet_op_docs for a docs/ops.md that does not match the table.
 
 /// How an op fuses: elementwise maps, reductions, views (no data movement), opaque (matmul),
 /// sources (no tensor inputs).
 enum class OpClass : uint8_t { Elementwise, Reduction, View, Opaque, Source };
+
+/// The arity of every op (-1: variadic), known at compile time.
+inline constexpr int kOpArity[] = {
+#define DUET_OP(Name, name, arity, cls, cuda, doc) arity,
+#include "core/ops.def"
+#undef DUET_OP
+};
+constexpr int op_arity(OpId op) { return kOpArity[static_cast<int>(op)]; }
+/// The fusion class of every op, known at compile time.
+inline constexpr OpClass kOpClass[] = {
+#define DUET_OP(Name, name, arity, cls, cuda, doc) OpClass::cls,
+#include "core/ops.def"
+#undef DUET_OP
+};
+/// How many ops are elementwise: every one of them fuses, so each table derived for the fused
+/// kernels holds one entry per elementwise op, and a static_assert there says so.
+inline constexpr int kNumElementwise = 0
+#define DUET_OP(Name, name, arity, cls, cuda, doc) +(OpClass::cls == OpClass::Elementwise)
+#include "core/ops.def"
+#undef DUET_OP
+    ;
+/// Whether an op fuses into a fused elementwise kernel: exactly the elementwise ops.
+constexpr bool is_fusable(OpId op) {
+  return kOpClass[static_cast<int>(op)] == OpClass::Elementwise;
+}
+
+/// The dtype rule of a unary elementwise op (core/elementwise.def): Float computes integers and
+/// b8 in f32, Same keeps the dtype and refuses b8. None: not a unary family op.
+enum class UnaryMath : uint8_t { None, Float, Same };
+constexpr UnaryMath unary_math(OpId op) {
+  switch (op) {
+#define DUET_UNARY(Name, name, math, doc) \
+  case OpId::Name:                        \
+    return UnaryMath::math;
+#include "core/elementwise.def"
+    default:
+      return UnaryMath::None;
+  }
+}
+/// Whether an op is a row of the binary family (add, ..., minimum) of core/elementwise.def.
+constexpr bool is_binary_family(OpId op) {
+  switch (op) {
+#define DUET_BINARY(Name, name, doc) case OpId::Name:
+#include "core/elementwise.def"
+    return true;
+    default:
+      return false;
+  }
+}
+/// Whether an op is a comparison (core/elementwise.def): b8 result, not differentiable.
+constexpr bool is_compare(OpId op) {
+  switch (op) {
+#define DUET_COMPARE(Name, name, expr, doc) case OpId::Name:
+#include "core/elementwise.def"
+    return true;
+    default:
+      return false;
+  }
+}
 
 /// The attributes of one op call. One struct for every op keeps dispatch free of allocation
 /// and makes attributes hashable and comparable for the graph passes. Unused fields stay at

@@ -12,21 +12,13 @@
 
 namespace duet {
 
-#define DUET_DECLARE_UNARY(name) \
-  Tensor name(const Tensor& x);  \
+/// Elementwise math, one function per row of core/elementwise.def (docs/ops.md says what
+/// each computes). Integer and bool inputs of the float functions (exp, sin, ...) give f32
+/// results; neg, abs, relu and floor keep the dtype and refuse b8.
+#define DUET_UNARY(Name, name, math, doc) \
+  Tensor name(const Tensor& x);           \
   Tensor name(Tensor&& x);
-/// Elementwise math. Integer and bool inputs of the float functions give f32 results.
-DUET_DECLARE_UNARY(neg)
-DUET_DECLARE_UNARY(exp)
-DUET_DECLARE_UNARY(log)
-DUET_DECLARE_UNARY(sqrt)
-DUET_DECLARE_UNARY(rsqrt)
-DUET_DECLARE_UNARY(abs)
-DUET_DECLARE_UNARY(sin)
-DUET_DECLARE_UNARY(cos)
-DUET_DECLARE_UNARY(tanh)
-DUET_DECLARE_UNARY(sigmoid)
-DUET_DECLARE_UNARY(relu)
+#include "core/elementwise.def"
 
 #define DUET_DECLARE_BINARY(name)                \
   Tensor name(const Tensor& a, const Tensor& b); \
@@ -37,15 +29,10 @@ DUET_DECLARE_UNARY(relu)
   Tensor name(Tensor&& a, Scalar b);             \
   Tensor name(Scalar a, const Tensor& b);        \
   Tensor name(Scalar a, Tensor&& b);
-/// Binary elementwise ops with broadcasting. div always gives a floating result.
-DUET_DECLARE_BINARY(add)
-DUET_DECLARE_BINARY(sub)
-DUET_DECLARE_BINARY(mul)
-DUET_DECLARE_BINARY(div)
-DUET_DECLARE_BINARY(maximum)
-DUET_DECLARE_BINARY(minimum)
-/// x raised to the power p, elementwise.
-DUET_DECLARE_BINARY(pow)
+/// Binary elementwise ops with broadcasting and PyTorch's type promotion, one per binary row
+/// of core/elementwise.def. div always gives a floating result.
+#define DUET_BINARY(Name, name, doc) DUET_DECLARE_BINARY(name)
+#include "core/elementwise.def"
 #undef DUET_DECLARE_BINARY
 
 #define DUET_DECLARE_COMPARE(name)               \
@@ -53,12 +40,8 @@ DUET_DECLARE_BINARY(pow)
   Tensor name(const Tensor& a, Scalar b);        \
   Tensor name(Scalar a, const Tensor& b);
 /// Comparisons with broadcasting; the result is b8.
-DUET_DECLARE_COMPARE(lt)
-DUET_DECLARE_COMPARE(le)
-DUET_DECLARE_COMPARE(gt)
-DUET_DECLARE_COMPARE(ge)
-DUET_DECLARE_COMPARE(eq)
-DUET_DECLARE_COMPARE(ne)
+#define DUET_COMPARE(Name, name, expr, doc) DUET_DECLARE_COMPARE(name)
+#include "core/elementwise.def"
 #undef DUET_DECLARE_COMPARE
 
 /// Elementwise selection: cond (b8) ? a : b, all three broadcast together.
@@ -122,10 +105,6 @@ Tensor argmax(const Tensor& x, int64_t dim, bool keepdim = false);
 Tensor argmin(const Tensor& x, int64_t dim, bool keepdim = false);
 
 // Math composites and special functions
-/// The error function, elementwise.
-DUET_DECLARE_UNARY(erf)
-/// log(sigmoid(x)), finite for any finite x.
-DUET_DECLARE_UNARY(log_sigmoid)
 /// Numerically stable softmax, log_softmax and logsumexp along dim (an empty dim gives an empty
 /// result, and logsumexp -inf, as in PyTorch).
 Tensor softmax(const Tensor& x, int64_t dim);
@@ -214,8 +193,6 @@ Tensor full(Shape shape, Scalar value, Options options = {});
 Tensor arange(int64_t n, Options options = {});
 /// The n x n identity.
 Tensor eye(int64_t n, Options options = {});
-
-#undef DUET_DECLARE_UNARY
 
 struct Attrs;
 namespace detail {

@@ -32,12 +32,10 @@
 #include <cstdint>
 #include <string>
 
+#include "kernels/codegen/source.h"
 #include "kernels/fused.h"
 
 namespace duet::cuda::detail {
-
-/// The CUDA source of a program's kernel (Note [Fused CUDA kernels]).
-std::string fused_source(const kernels::FusedProgram& p);
 
 /// Compiles CUDA source with NVRTC for sm_<arch> (90 for sm_90), as the fused kernels are
 /// compiled. Returns "" on success, else NVRTC's log. Needs no GPU (the tests run it on CPU

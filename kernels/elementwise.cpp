@@ -242,32 +242,11 @@ Tensor cast_to(const Tensor& t, DType dtype) {
 
 void register_elementwise_kernels(OpDef* t) {
   auto reg = [&](OpId op, KernelFn k) { detail::register_kernel(t, op, DeviceType::CPU, k); };
-  reg(OpId::Neg, unary_kernel<fn::Neg, false>);
-  reg(OpId::Exp, unary_kernel<fn::Exp, true>);
-  reg(OpId::Log, unary_kernel<fn::Log, true>);
-  reg(OpId::Sqrt, unary_kernel<fn::Sqrt, true>);
-  reg(OpId::Rsqrt, unary_kernel<fn::Rsqrt, true>);
-  reg(OpId::Abs, unary_kernel<fn::Abs, false>);
-  reg(OpId::Sin, unary_kernel<fn::Sin, true>);
-  reg(OpId::Cos, unary_kernel<fn::Cos, true>);
-  reg(OpId::Tanh, unary_kernel<fn::Tanh, true>);
-  reg(OpId::Sigmoid, unary_kernel<fn::Sigmoid, true>);
-  reg(OpId::Relu, unary_kernel<fn::Relu, false>);
-  reg(OpId::Erf, unary_kernel<fn::Erf, true>);
-  reg(OpId::LogSigmoid, unary_kernel<fn::LogSigmoid, true>);
-  reg(OpId::Add, binary_kernel<fn::Add, false>);
-  reg(OpId::Sub, binary_kernel<fn::Sub, false>);
-  reg(OpId::Mul, binary_kernel<fn::Mul, false>);
-  reg(OpId::Div, binary_kernel<fn::Div, false>);
-  reg(OpId::Pow, binary_kernel<fn::Pow, false>);
-  reg(OpId::Maximum, binary_kernel<fn::Maximum, false>);
-  reg(OpId::Minimum, binary_kernel<fn::Minimum, false>);
-  reg(OpId::Lt, binary_kernel<fn::Lt, true>);
-  reg(OpId::Le, binary_kernel<fn::Le, true>);
-  reg(OpId::Gt, binary_kernel<fn::Gt, true>);
-  reg(OpId::Ge, binary_kernel<fn::Ge, true>);
-  reg(OpId::Eq, binary_kernel<fn::Eq, true>);
-  reg(OpId::Ne, binary_kernel<fn::Ne, true>);
+#define DUET_UNARY(Name, name, math, doc) \
+  reg(OpId::Name, unary_kernel<fn::Name, UnaryMath::math == UnaryMath::Float>);
+#define DUET_BINARY(Name, name, doc) reg(OpId::Name, binary_kernel<fn::Name, false>);
+#define DUET_COMPARE(Name, name, expr, doc) reg(OpId::Name, binary_kernel<fn::Name, true>);
+#include "core/elementwise.def"
   reg(OpId::Where, where_kernel);
   reg(OpId::Cast, convert_kernel);
   reg(OpId::Copy, convert_kernel);

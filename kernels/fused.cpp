@@ -46,44 +46,16 @@ void block_to_bool(T* d, const T* a, const T*, const T*, int64_t n) {
 template <class T>
 BlockFn<T> block_fn(const FusedInstr& in) {
   switch (in.op) {
-#define DUET_U(Name) \
-  case OpId::Name:   \
+#define DUET_UNARY(Name, name, math, doc) \
+  case OpId::Name:                        \
     return block_unary<fn::Name, T>;
-#define DUET_B(Name) \
-  case OpId::Name:   \
+#define DUET_BINARY(Name, name, doc) \
+  case OpId::Name:                   \
     return block_binary<fn::Name, T>;
-#define DUET_C(Name) \
-  case OpId::Name:   \
+#define DUET_COMPARE(Name, name, expr, doc) \
+  case OpId::Name:                          \
     return block_compare<fn::Name, T>;
-    DUET_U(Neg)
-    DUET_U(Exp)
-    DUET_U(Log)
-    DUET_U(Sqrt)
-    DUET_U(Rsqrt)
-    DUET_U(Abs)
-    DUET_U(Sin)
-    DUET_U(Cos)
-    DUET_U(Tanh)
-    DUET_U(Sigmoid)
-    DUET_U(Relu)
-    DUET_U(Erf)
-    DUET_U(LogSigmoid)
-    DUET_B(Add)
-    DUET_B(Sub)
-    DUET_B(Mul)
-    DUET_B(Div)
-    DUET_B(Pow)
-    DUET_B(Maximum)
-    DUET_B(Minimum)
-    DUET_C(Lt)
-    DUET_C(Le)
-    DUET_C(Gt)
-    DUET_C(Ge)
-    DUET_C(Eq)
-    DUET_C(Ne)
-#undef DUET_U
-#undef DUET_B
-#undef DUET_C
+#include "core/elementwise.def"
     case OpId::Where:
       return block_where<T>;
     case OpId::Copy:
@@ -309,42 +281,7 @@ class Interp {
 
 }  // namespace
 
-bool fusable_op(OpId op) {
-  switch (op) {
-    case OpId::Neg:
-    case OpId::Exp:
-    case OpId::Log:
-    case OpId::Sqrt:
-    case OpId::Rsqrt:
-    case OpId::Abs:
-    case OpId::Sin:
-    case OpId::Cos:
-    case OpId::Tanh:
-    case OpId::Sigmoid:
-    case OpId::Relu:
-    case OpId::Erf:
-    case OpId::LogSigmoid:
-    case OpId::Add:
-    case OpId::Sub:
-    case OpId::Mul:
-    case OpId::Div:
-    case OpId::Pow:
-    case OpId::Maximum:
-    case OpId::Minimum:
-    case OpId::Lt:
-    case OpId::Le:
-    case OpId::Gt:
-    case OpId::Ge:
-    case OpId::Eq:
-    case OpId::Ne:
-    case OpId::Where:
-    case OpId::Cast:
-    case OpId::Copy:
-      return true;
-    default:
-      return false;
-  }
-}
+bool fusable_op(OpId op) { return is_fusable(op); }
 
 void interpret_fused(const FusedProgram& p, const DuetFusedArgs& a, int64_t begin, int64_t end) {
   if (begin >= end) return;

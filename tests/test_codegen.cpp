@@ -180,58 +180,16 @@ void run_chunks(Work& w, F&& f) {
 template <class T>
 T ref_op(const FusedInstr& in, T a, T b, T c) {
   switch (in.op) {
-    case OpId::Neg:
-      return fn::Neg{}(a);
-    case OpId::Exp:
-      return fn::Exp{}(a);
-    case OpId::Log:
-      return fn::Log{}(a);
-    case OpId::Sqrt:
-      return fn::Sqrt{}(a);
-    case OpId::Rsqrt:
-      return fn::Rsqrt{}(a);
-    case OpId::Abs:
-      return fn::Abs{}(a);
-    case OpId::Sin:
-      return fn::Sin{}(a);
-    case OpId::Cos:
-      return fn::Cos{}(a);
-    case OpId::Tanh:
-      return fn::Tanh{}(a);
-    case OpId::Sigmoid:
-      return fn::Sigmoid{}(a);
-    case OpId::Relu:
-      return fn::Relu{}(a);
-    case OpId::Erf:
-      return fn::Erf{}(a);
-    case OpId::LogSigmoid:
-      return fn::LogSigmoid{}(a);
-    case OpId::Add:
-      return fn::Add{}(a, b);
-    case OpId::Sub:
-      return fn::Sub{}(a, b);
-    case OpId::Mul:
-      return fn::Mul{}(a, b);
-    case OpId::Div:
-      return fn::Div{}(a, b);
-    case OpId::Pow:
-      return fn::Pow{}(a, b);
-    case OpId::Maximum:
-      return fn::Maximum{}(a, b);
-    case OpId::Minimum:
-      return fn::Minimum{}(a, b);
-    case OpId::Lt:
-      return fn::Lt{}(a, b);
-    case OpId::Le:
-      return fn::Le{}(a, b);
-    case OpId::Gt:
-      return fn::Gt{}(a, b);
-    case OpId::Ge:
-      return fn::Ge{}(a, b);
-    case OpId::Eq:
-      return fn::Eq{}(a, b);
-    case OpId::Ne:
-      return fn::Ne{}(a, b);
+#define DUET_UNARY(Name, name, math, doc) \
+  case OpId::Name:                        \
+    return fn::Name{}(a);
+#define DUET_BINARY(Name, name, doc) \
+  case OpId::Name:                   \
+    return fn::Name{}(a, b);
+#define DUET_COMPARE(Name, name, expr, doc) \
+  case OpId::Name:                          \
+    return fn::Name{}(a, b);
+#include "core/elementwise.def"
     case OpId::Where:
       return a != T(0) ? b : c;
     case OpId::Cast:
@@ -364,41 +322,66 @@ int shift_in(Builder& b, int acc, int bit) {
   return b.op(OpId::Add, b.op(OpId::Add, acc, acc), bit);
 }
 
-// Every unary op of x, one output each.
-FusedProgram unary_program(DType t) {
-  Builder b(t, {t});
-  for (OpId op : {OpId::Neg, OpId::Exp, OpId::Log, OpId::Sqrt, OpId::Rsqrt, OpId::Sin, OpId::Cos,
-                  OpId::Tanh, OpId::Sigmoid, OpId::Relu, OpId::Erf, OpId::LogSigmoid})
-    b.out(b.op(op, 0), t);
-  return b.p;
+// Programs of op(x) for each op in `ops`, one output each (as many programs as the outputs
+// need).
+std::vector<FusedProgram> one_output_each(DType t, const std::vector<DType>& ins,
+                                          const std::vector<OpId>& ops,
+                                          std::vector<int> (*operands)(Builder&, OpId)) {
+  std::vector<FusedProgram> out;
+  for (size_t i = 0; i < ops.size(); i += DUET_FUSED_MAX_OUTPUTS) {
+    Builder b(t, ins);
+    for (size_t k = i; k < std::min(ops.size(), i + DUET_FUSED_MAX_OUTPUTS); ++k) {
+      std::vector<int> r = operands(b, ops[k]);
+      r.resize(3, -1);
+      b.out(b.op(ops[k], r[0], r[1], r[2]), t);
+    }
+    out.push_back(b.p);
+  }
+  return out;
 }
 
-// The binary ops, comparisons (packed into one exact code), where, casts and the conversions of
-// every input dtype: x, y, z of dtype T (x f32 in an f64 program), m b8, n i32 or i64.
-FusedProgram binary_program(DType t) {
-  const DType xd = DType::f32, nd = t == DType::f32 ? DType::i32 : DType::i64;
-  Builder b(t, {xd, t, t, DType::b8, nd});
+std::vector<OpId> ops_where(bool (*pred)(OpId)) {
+  std::vector<OpId> ops;
+  for (int i = 0; i < kNumOps; ++i)
+    if (pred(OpId(i))) ops.push_back(OpId(i));
+  return ops;
+}
+
+// Every unary op of x (the unary rows of core/elementwise.def), one output each.
+std::vector<FusedProgram> unary_programs(DType t) {
+  return one_output_each(t, {t},
+                         ops_where([](OpId op) { return unary_math(op) != UnaryMath::None; }),
+                         [](Builder&, OpId) { return std::vector<int>{0}; });
+}
+
+// Inputs of the binary programs: x, y, z of dtype T (x f32 in an f64 program), m b8, n i32 or
+// i64.
+std::vector<DType> binary_inputs(DType t) {
+  return {DType::f32, t, t, DType::b8, t == DType::f32 ? DType::i32 : DType::i64};
+}
+
+// Every binary row of core/elementwise.def on x and y (pow on |x|, so that it is real); then
+// the comparisons (packed into one exact code), where, casts and the conversions of every
+// input dtype.
+std::vector<FusedProgram> binary_programs(DType t) {
+  std::vector<FusedProgram> ps =
+      one_output_each(t, binary_inputs(t), ops_where(is_binary_family), [](Builder& b, OpId op) {
+        return std::vector<int>{op == OpId::Pow ? b.op(OpId::Abs, 0) : 0, 1};
+      });
+  Builder b(t, binary_inputs(t));
   const int x = 0, y = 1, z = 2, m = 3, n = 4;
-  const int ax = b.op(OpId::Abs, x);
-  b.out(ax, t);
-  b.out(b.op(OpId::Add, x, y), t);
   const int d = b.op(OpId::Sub, x, y);
-  b.out(d, t);
-  b.out(b.op(OpId::Mul, x, y), t);
-  b.out(b.op(OpId::Div, x, y), t);
-  b.out(b.op(OpId::Pow, ax, y), t);
-  b.out(b.op(OpId::Maximum, x, y), t);
   b.out(b.op(OpId::Minimum, x, z), t);
   int code = b.op(OpId::Cast, x, -1, -1, DType::b8);
-  for (OpId op : {OpId::Ne, OpId::Eq, OpId::Ge, OpId::Gt, OpId::Le, OpId::Lt})
-    code = shift_in(b, code, b.op(op, x, y));
+  for (OpId op : ops_where(is_compare)) code = shift_in(b, code, b.op(op, x, y));
   b.out(code, t);
   const int w = b.op(OpId::Where, m, x, y);
   b.out(b.op(OpId::Where, d, w, z), t);
   b.out(b.op(OpId::Cast, d, -1, -1, DType::b8), DType::b8);
   const int c = b.op(OpId::Cast, b.op(OpId::Lt, z, y), -1, -1, t);
   b.out(b.op(OpId::Copy, b.op(OpId::Mul, b.op(OpId::Add, n, m), c)), t);
-  return b.p;
+  ps.push_back(b.p);
+  return ps;
 }
 
 }  // namespace
@@ -437,20 +420,21 @@ TEST_CASE("codegen: unary ops, f32 and f64, dense, strided and broadcast inputs"
   setup();
   for (DType t : {DType::f32, DType::f64}) {
     CAPTURE(t);
-    const FusedProgram p = unary_program(t);
-    kernels::DuetFusedFn fn = compiled(p);
-    REQUIRE(reinterpret_cast<void*>(fn) != nullptr);
-    auto run = [&](Shape2 s, Strides st, uint64_t seed) {
-      if (t == DType::f32)
-        check<float>(fn, p, s, {st}, seed);
-      else
-        check<double>(fn, p, s, {st}, seed);
-    };
-    run({1, 1000}, {0, 1}, 1);  // one dense row
-    run({5, 37}, {37, 1}, 2);   // rows with tails, chunks crossing them
-    run({6, 21}, {50, 2}, 3);   // strided rows
-    run({9, 13}, {1, 0}, 4);    // a column broadcast along rows
-    run({3, 3}, {0, 0}, 5);     // one scalar
+    for (const FusedProgram& p : unary_programs(t)) {
+      kernels::DuetFusedFn fn = compiled(p);
+      REQUIRE(reinterpret_cast<void*>(fn) != nullptr);
+      auto run = [&](Shape2 s, Strides st, uint64_t seed) {
+        if (t == DType::f32)
+          check<float>(fn, p, s, {st}, seed);
+        else
+          check<double>(fn, p, s, {st}, seed);
+      };
+      run({1, 1000}, {0, 1}, 1);  // one dense row
+      run({5, 37}, {37, 1}, 2);   // rows with tails, chunks crossing them
+      run({6, 21}, {50, 2}, 3);   // strided rows
+      run({9, 13}, {1, 0}, 4);    // a column broadcast along rows
+      run({3, 3}, {0, 0}, 5);     // one scalar
+    }
   }
 }
 
@@ -458,20 +442,21 @@ TEST_CASE("codegen: binary ops, comparisons, where and casts, f32 and f64") {
   setup();
   for (DType t : {DType::f32, DType::f64}) {
     CAPTURE(t);
-    const FusedProgram p = binary_program(t);
-    kernels::DuetFusedFn fn = compiled(p);
-    REQUIRE(reinterpret_cast<void*>(fn) != nullptr);
-    auto run = [&](Shape2 s, std::vector<Strides> st, uint64_t seed) {
-      if (t == DType::f32)
-        check<float>(fn, p, s, st, seed);
-      else
-        check<double>(fn, p, s, st, seed);
-    };
-    const int64_t n = 333;
-    run({1, n}, {{0, 1}, {0, 1}, {0, 1}, {0, 1}, {0, 1}}, 10);
-    run({7, 45}, {{45, 1}, {0, 1}, {0, 0}, {1, 0}, {45, 1}}, 11);   // row, scalar, column
-    run({4, 30}, {{90, 3}, {60, 2}, {1, 0}, {30, 1}, {0, 0}}, 12);  // strided
-    run({11, 5}, {{5, 1}, {5, 1}, {5, 1}, {5, 1}, {5, 1}}, 13);     // rows shorter than a packet
+    for (const FusedProgram& p : binary_programs(t)) {
+      kernels::DuetFusedFn fn = compiled(p);
+      REQUIRE(reinterpret_cast<void*>(fn) != nullptr);
+      auto run = [&](Shape2 s, std::vector<Strides> st, uint64_t seed) {
+        if (t == DType::f32)
+          check<float>(fn, p, s, st, seed);
+        else
+          check<double>(fn, p, s, st, seed);
+      };
+      const int64_t n = 333;
+      run({1, n}, {{0, 1}, {0, 1}, {0, 1}, {0, 1}, {0, 1}}, 10);
+      run({7, 45}, {{45, 1}, {0, 1}, {0, 0}, {1, 0}, {45, 1}}, 11);   // row, scalar, column
+      run({4, 30}, {{90, 3}, {60, 2}, {1, 0}, {30, 1}, {0, 0}}, 12);  // strided
+      run({11, 5}, {{5, 1}, {5, 1}, {5, 1}, {5, 1}, {5, 1}}, 13);     // rows shorter than a packet
+    }
   }
 }
 

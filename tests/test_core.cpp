@@ -348,7 +348,6 @@ TEST_CASE("modes are per thread; ops run concurrently from several threads") {
 // ---- the op table -----------------------------------------------------------------------------
 
 TEST_CASE("op table: every op has a name, a shape rule and a CPU kernel or a view rule") {
-  CHECK(kNumOps == 48);
   for (int i = 0; i < kNumOps; ++i) {
     const OpDef& def = detail::op_def(OpId(i));
     INFO("op " << i << " " << std::string(def.name ? def.name : "(null)"));

@@ -20,6 +20,7 @@
 #include <memory>
 #include <string>
 
+#include "kernels/codegen/source.h"
 #include "kernels/fused.h"
 
 namespace duet::codegen {
@@ -60,11 +61,6 @@ CodegenStats stats();
 }  // namespace duet::codegen
 
 namespace duet::detail {
-
-/// The C++ source of a program's kernel: `extern "C" void duet_fused(const DuetFusedArgs*,
-/// int64_t begin, int64_t end)`, computing what interpret_fused computes (elementwise results
-/// bit for bit). It includes "duet_fused_abi.h" and "duet_functors.h" (the embedded headers).
-std::string generate_fused_source(const kernels::FusedProgram& p);
 
 /// The slow path of codegen_note_run: queues k when codegen is on and allowed for it and k has
 /// run often enough.

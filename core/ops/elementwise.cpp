@@ -57,30 +57,12 @@ Device common_device(const OpDef& def, TensorRefs in) {
 
 namespace {
 
-bool float_math(OpId op) {
-  switch (op) {
-    case OpId::Exp:
-    case OpId::Log:
-    case OpId::Sqrt:
-    case OpId::Rsqrt:
-    case OpId::Sin:
-    case OpId::Cos:
-    case OpId::Tanh:
-    case OpId::Sigmoid:
-    case OpId::Erf:
-    case OpId::LogSigmoid:
-      return true;
-    default:
-      return false;
-  }
-}
-
 void infer_unary(const OpDef& def, TensorRefs in, const Attrs&, TensorMeta& out) {
   const TensorImpl* x = in[0].impl();
   out.shape = x->shape;
   out.device = x->device();
   DType d = x->dtype;
-  if (float_math(def.id)) {
+  if (unary_math(def.id) == UnaryMath::Float) {
     out.dtype = is_floating(d) ? d : DType::f32;
     return;
   }
@@ -88,8 +70,6 @@ void infer_unary(const OpDef& def, TensorRefs in, const Attrs&, TensorMeta& out)
                    x->shape);
   out.dtype = d;
 }
-
-bool is_compare(OpId op) { return op >= OpId::Lt && op <= OpId::Ne; }
 
 // A wrapped number (a C++ Scalar operand) must fit the dtype the op computes in: i32 + 2^40 is a
 // ValueError, as in PyTorch, never a silently wrapped value. A float Scalar promotes to a float
@@ -175,44 +155,49 @@ void infer_copy(const OpDef&, TensorRefs in, const Attrs&, TensorMeta& out) {
 // ---- gradient rules (duet ops, so they are taped with create_graph and traced) --------------
 // Kinks follow PyTorch: relu'(0) = 0, abs'(0) = 0, and maximum/minimum split ties evenly.
 
-#define DUET_GRAD(name) void name(const GradCtx& c, const Tensor& g, Tensor* gi)
-DUET_GRAD(grad_neg) { gi[0] = neg(g); }
-DUET_GRAD(grad_exp) { gi[0] = g * c.output; }
-DUET_GRAD(grad_log) { gi[0] = g / c.inputs[0]; }
-DUET_GRAD(grad_sqrt) { gi[0] = g * 0.5 / c.output; }
-DUET_GRAD(grad_rsqrt) { gi[0] = g * (c.output * c.output * c.output) * -0.5; }
-DUET_GRAD(grad_abs) {
+// DUET_GRAD(Name, saves) defines the rule of the family row Name (core/elementwise.def) and what
+// it reads (kSave* bits); register_elementwise_rules registers one per row.
+#define DUET_GRAD(Name, saves)            \
+  constexpr uint8_t kSaves##Name = saves; \
+  void grad_##Name(const GradCtx& c, const Tensor& g, Tensor* gi)
+DUET_GRAD(Neg, 0) { gi[0] = neg(g); }
+DUET_GRAD(Exp, kSaveOut) { gi[0] = g * c.output; }
+DUET_GRAD(Log, kSaveIn0) { gi[0] = g / c.inputs[0]; }
+DUET_GRAD(Sqrt, kSaveOut) { gi[0] = g * 0.5 / c.output; }
+DUET_GRAD(Rsqrt, kSaveOut) { gi[0] = g * (c.output * c.output * c.output) * -0.5; }
+DUET_GRAD(Abs, kSaveIn0) {
   const Tensor& x = c.inputs[0];
   gi[0] = g * (gt(x, 0).to(g.dtype()) - lt(x, 0).to(g.dtype()));
 }
-DUET_GRAD(grad_sin) { gi[0] = g * cos(c.inputs[0]); }
-DUET_GRAD(grad_cos) { gi[0] = neg(g * sin(c.inputs[0])); }
-DUET_GRAD(grad_tanh) { gi[0] = g * (1 - c.output * c.output); }
-DUET_GRAD(grad_sigmoid) { gi[0] = g * c.output * (1 - c.output); }
-DUET_GRAD(grad_relu) { gi[0] = g * gt(c.output, 0); }
-DUET_GRAD(grad_erf) {
+DUET_GRAD(Sin, kSaveIn0) { gi[0] = g * cos(c.inputs[0]); }
+DUET_GRAD(Cos, kSaveIn0) { gi[0] = neg(g * sin(c.inputs[0])); }
+DUET_GRAD(Tanh, kSaveOut) { gi[0] = g * (1 - c.output * c.output); }
+DUET_GRAD(Sigmoid, kSaveOut) { gi[0] = g * c.output * (1 - c.output); }
+DUET_GRAD(Relu, kSaveOut) { gi[0] = g * gt(c.output, 0); }
+DUET_GRAD(Erf, kSaveIn0) {
   const Tensor& x = c.inputs[0];
   gi[0] = g * exp(neg(x * x)) * 1.12837916709551257390;  // 2 / sqrt(pi)
 }
-DUET_GRAD(grad_log_sigmoid) { gi[0] = g * sigmoid(neg(c.inputs[0])); }
-DUET_GRAD(grad_add) {
+DUET_GRAD(LogSigmoid, kSaveIn0) { gi[0] = g * sigmoid(neg(c.inputs[0])); }
+DUET_GRAD(Add, 0) {
   gi[0] = g;
   gi[1] = g;
 }
-DUET_GRAD(grad_sub) {
+DUET_GRAD(Sub, 0) {
   gi[0] = g;
   if (c.needs_grad(1)) gi[1] = neg(g);
 }
-DUET_GRAD(grad_mul) {
+DUET_GRAD(Mul, kSaveIn0 | kSaveIn1) {
   if (c.needs_grad(0)) gi[0] = g * c.inputs[1];
   if (c.needs_grad(1)) gi[1] = g * c.inputs[0];
 }
-DUET_GRAD(grad_div) {  // a is read only for b's gradient: a.div_(2) stays differentiable
+DUET_GRAD(Div,
+          kSaveIn0 | kSaveIn1) {  // a is read only for b's gradient: a.div_(2) stays differentiable
   const Tensor& b = c.inputs[1];
   if (c.needs_grad(0)) gi[0] = g / b;
   if (c.needs_grad(1)) gi[1] = neg(g * c.inputs[0]) / (b * b);
 }
-DUET_GRAD(grad_pow) {
+DUET_GRAD(Pow, kSaveIn0 | kSaveIn1) {
   const Tensor &a = c.inputs[0], &b = c.inputs[1];
   if (c.needs_grad(0)) {
     // b - 1 against a 0-d one in the gradient's dtype: a wrapped number minus the Scalar 1 would
@@ -231,48 +216,32 @@ void grad_extremum(const GradCtx& c, const Tensor& g, Tensor* gi, bool is_max) {
   if (c.needs_grad(0)) gi[0] = g * (a_wins + half);
   if (c.needs_grad(1)) gi[1] = g * ((is_max ? lt(a, b) : gt(a, b)).to(g.dtype()) + half);
 }
-DUET_GRAD(grad_maximum) { grad_extremum(c, g, gi, true); }
-DUET_GRAD(grad_minimum) { grad_extremum(c, g, gi, false); }
-DUET_GRAD(grad_where) {
+DUET_GRAD(Maximum, kSaveIn0 | kSaveIn1) { grad_extremum(c, g, gi, true); }
+DUET_GRAD(Minimum, kSaveIn0 | kSaveIn1) { grad_extremum(c, g, gi, false); }
+DUET_GRAD(Where, kSaveIn0) {
   const Tensor& cond = c.inputs[0];
   if (c.needs_grad(1)) gi[1] = where(cond, g, 0);
   if (c.needs_grad(2)) gi[2] = where(cond, 0, g);
 }
-DUET_GRAD(grad_identity) { gi[0] = g; }  // Cast and Copy: the engine converts the dtype back
+DUET_GRAD(Identity, 0) { gi[0] = g; }  // Cast and Copy: the engine converts the dtype back
 #undef DUET_GRAD
 
 }  // namespace
 
 void register_elementwise_rules(OpDef* t) {
-  set_grad(t, OpId::Neg, grad_neg, 0);
-  set_grad(t, OpId::Exp, grad_exp, kSaveOut);
-  set_grad(t, OpId::Log, grad_log, kSaveIn0);
-  set_grad(t, OpId::Sqrt, grad_sqrt, kSaveOut);
-  set_grad(t, OpId::Rsqrt, grad_rsqrt, kSaveOut);
-  set_grad(t, OpId::Abs, grad_abs, kSaveIn0);
-  set_grad(t, OpId::Sin, grad_sin, kSaveIn0);
-  set_grad(t, OpId::Cos, grad_cos, kSaveIn0);
-  set_grad(t, OpId::Tanh, grad_tanh, kSaveOut);
-  set_grad(t, OpId::Sigmoid, grad_sigmoid, kSaveOut);
-  set_grad(t, OpId::Relu, grad_relu, kSaveOut);
-  set_grad(t, OpId::Erf, grad_erf, kSaveIn0);
-  set_grad(t, OpId::LogSigmoid, grad_log_sigmoid, kSaveIn0);
-  set_grad(t, OpId::Add, grad_add, 0);
-  set_grad(t, OpId::Sub, grad_sub, 0);
-  set_grad(t, OpId::Mul, grad_mul, kSaveIn0 | kSaveIn1);
-  set_grad(t, OpId::Div, grad_div, kSaveIn0 | kSaveIn1);
-  set_grad(t, OpId::Pow, grad_pow, kSaveIn0 | kSaveIn1);
-  set_grad(t, OpId::Maximum, grad_maximum, kSaveIn0 | kSaveIn1);
-  set_grad(t, OpId::Minimum, grad_minimum, kSaveIn0 | kSaveIn1);
-  for (OpId op : {OpId::Lt, OpId::Le, OpId::Gt, OpId::Ge, OpId::Eq, OpId::Ne})
-    set_not_differentiable(t, op);
-  set_grad(t, OpId::Where, grad_where, kSaveIn0);
-  set_grad(t, OpId::Cast, grad_identity, 0);
-  set_grad(t, OpId::Copy, grad_identity, 0);
-  for (OpId op : {OpId::Neg, OpId::Exp, OpId::Log, OpId::Sqrt, OpId::Rsqrt, OpId::Abs, OpId::Sin,
-                  OpId::Cos, OpId::Tanh, OpId::Sigmoid, OpId::Relu, OpId::Erf, OpId::LogSigmoid})
-    t[int(op)].infer = infer_unary;
-  for (int op = int(OpId::Add); op <= int(OpId::Ne); ++op) t[op].infer = infer_binary;
+#define DUET_UNARY(Name, name, math, doc)             \
+  set_grad(t, OpId::Name, grad_##Name, kSaves##Name); \
+  t[int(OpId::Name)].infer = infer_unary;
+#define DUET_BINARY(Name, name, doc)                  \
+  set_grad(t, OpId::Name, grad_##Name, kSaves##Name); \
+  t[int(OpId::Name)].infer = infer_binary;
+#define DUET_COMPARE(Name, name, expr, doc) \
+  set_not_differentiable(t, OpId::Name);    \
+  t[int(OpId::Name)].infer = infer_binary;
+#include "core/elementwise.def"
+  set_grad(t, OpId::Where, grad_Where, kSavesWhere);
+  set_grad(t, OpId::Cast, grad_Identity, kSavesIdentity);
+  set_grad(t, OpId::Copy, grad_Identity, kSavesIdentity);
   t[int(OpId::Where)].infer = infer_where;
   t[int(OpId::Cast)].infer = infer_cast;
   t[int(OpId::Copy)].infer = infer_copy;
@@ -303,23 +272,10 @@ Tensor wrap(const Scalar& s, const Tensor& like) {
 
 }  // namespace
 
-#define DUET_DEFINE_UNARY(name, Op)                              \
-  Tensor name(const Tensor& x) { return unary(OpId::Op, x, 0); } \
-  Tensor name(Tensor&& x) { return unary(OpId::Op, x, 1); }
-DUET_DEFINE_UNARY(neg, Neg)
-DUET_DEFINE_UNARY(exp, Exp)
-DUET_DEFINE_UNARY(log, Log)
-DUET_DEFINE_UNARY(sqrt, Sqrt)
-DUET_DEFINE_UNARY(rsqrt, Rsqrt)
-DUET_DEFINE_UNARY(abs, Abs)
-DUET_DEFINE_UNARY(sin, Sin)
-DUET_DEFINE_UNARY(cos, Cos)
-DUET_DEFINE_UNARY(tanh, Tanh)
-DUET_DEFINE_UNARY(sigmoid, Sigmoid)
-DUET_DEFINE_UNARY(relu, Relu)
-DUET_DEFINE_UNARY(erf, Erf)
-DUET_DEFINE_UNARY(log_sigmoid, LogSigmoid)
-#undef DUET_DEFINE_UNARY
+#define DUET_UNARY(Name, name, math, doc)                          \
+  Tensor name(const Tensor& x) { return unary(OpId::Name, x, 0); } \
+  Tensor name(Tensor&& x) { return unary(OpId::Name, x, 1); }
+#include "core/elementwise.def"
 
 #define DUET_DEFINE_BINARY(name, Op)                                                    \
   Tensor name(const Tensor& a, const Tensor& b) { return binary(OpId::Op, a, b, 0); }   \
@@ -330,13 +286,8 @@ DUET_DEFINE_UNARY(log_sigmoid, LogSigmoid)
   Tensor name(Tensor&& a, Scalar b) { return binary(OpId::Op, a, wrap(b, a), 1); }      \
   Tensor name(Scalar a, const Tensor& b) { return binary(OpId::Op, wrap(a, b), b, 0); } \
   Tensor name(Scalar a, Tensor&& b) { return binary(OpId::Op, wrap(a, b), b, 2); }
-DUET_DEFINE_BINARY(add, Add)
-DUET_DEFINE_BINARY(sub, Sub)
-DUET_DEFINE_BINARY(mul, Mul)
-DUET_DEFINE_BINARY(div, Div)
-DUET_DEFINE_BINARY(maximum, Maximum)
-DUET_DEFINE_BINARY(minimum, Minimum)
-DUET_DEFINE_BINARY(pow, Pow)
+#define DUET_BINARY(Name, name, doc) DUET_DEFINE_BINARY(name, Name)
+#include "core/elementwise.def"
 #undef DUET_DEFINE_BINARY
 
 namespace {
@@ -357,12 +308,8 @@ Tensor compare(OpId op, const Tensor& t, const Scalar& s, bool scalar_first) {
   Tensor name(const Tensor& a, const Tensor& b) { return binary(OpId::Op, a, b, 0); } \
   Tensor name(const Tensor& a, Scalar b) { return compare(OpId::Op, a, b, false); }   \
   Tensor name(Scalar a, const Tensor& b) { return compare(OpId::Op, b, a, true); }
-DUET_DEFINE_COMPARE(lt, Lt)
-DUET_DEFINE_COMPARE(le, Le)
-DUET_DEFINE_COMPARE(gt, Gt)
-DUET_DEFINE_COMPARE(ge, Ge)
-DUET_DEFINE_COMPARE(eq, Eq)
-DUET_DEFINE_COMPARE(ne, Ne)
+#define DUET_COMPARE(Name, name, expr, doc) DUET_DEFINE_COMPARE(name, Name)
+#include "core/elementwise.def"
 #undef DUET_DEFINE_COMPARE
 
 #define DUET_DEFINE_OPERATOR(sym, fn)                                                    \

@@ -20,18 +20,10 @@ cudaError_t run(DT dt, const Loop& L, cudaStream_t s) {
 
 cudaError_t launch_binary(Binary op, DT dt, const Loop& L, cudaStream_t s) {
   switch (op) {
-    case Binary::Lt:
-      return run<fn::Lt>(dt, L, s);
-    case Binary::Le:
-      return run<fn::Le>(dt, L, s);
-    case Binary::Gt:
-      return run<fn::Gt>(dt, L, s);
-    case Binary::Ge:
-      return run<fn::Ge>(dt, L, s);
-    case Binary::Eq:
-      return run<fn::Eq>(dt, L, s);
-    case Binary::Ne:
-      return run<fn::Ne>(dt, L, s);
+#define DUET_COMPARE(Name, name, expr, doc) \
+  case Binary::Name:                        \
+    return run<fn::Name>(dt, L, s);
+#include "core/elementwise.def"
     default:
       return launch_binary_arith(op, dt, L, s);
   }

@@ -213,32 +213,11 @@ void register_elementwise(OpDef* t) {
   auto reg = [&](OpId op, KernelFn k) {
     duet::detail::register_kernel(t, op, DeviceType::CUDA, k);
   };
-  reg(OpId::Neg, unary_kernel<Unary::Neg, false>);
-  reg(OpId::Exp, unary_kernel<Unary::Exp, true>);
-  reg(OpId::Log, unary_kernel<Unary::Log, true>);
-  reg(OpId::Sqrt, unary_kernel<Unary::Sqrt, true>);
-  reg(OpId::Rsqrt, unary_kernel<Unary::Rsqrt, true>);
-  reg(OpId::Abs, unary_kernel<Unary::Abs, false>);
-  reg(OpId::Sin, unary_kernel<Unary::Sin, true>);
-  reg(OpId::Cos, unary_kernel<Unary::Cos, true>);
-  reg(OpId::Tanh, unary_kernel<Unary::Tanh, true>);
-  reg(OpId::Sigmoid, unary_kernel<Unary::Sigmoid, true>);
-  reg(OpId::Relu, unary_kernel<Unary::Relu, false>);
-  reg(OpId::Erf, unary_kernel<Unary::Erf, true>);
-  reg(OpId::LogSigmoid, unary_kernel<Unary::LogSigmoid, true>);
-  reg(OpId::Add, binary_kernel<Binary::Add, false>);
-  reg(OpId::Sub, binary_kernel<Binary::Sub, false>);
-  reg(OpId::Mul, binary_kernel<Binary::Mul, false>);
-  reg(OpId::Div, binary_kernel<Binary::Div, false>);
-  reg(OpId::Pow, binary_kernel<Binary::Pow, false>);
-  reg(OpId::Maximum, binary_kernel<Binary::Maximum, false>);
-  reg(OpId::Minimum, binary_kernel<Binary::Minimum, false>);
-  reg(OpId::Lt, binary_kernel<Binary::Lt, true>);
-  reg(OpId::Le, binary_kernel<Binary::Le, true>);
-  reg(OpId::Gt, binary_kernel<Binary::Gt, true>);
-  reg(OpId::Ge, binary_kernel<Binary::Ge, true>);
-  reg(OpId::Eq, binary_kernel<Binary::Eq, true>);
-  reg(OpId::Ne, binary_kernel<Binary::Ne, true>);
+#define DUET_UNARY(Name, name, math, doc) \
+  reg(OpId::Name, unary_kernel<Unary::Name, UnaryMath::math == UnaryMath::Float>);
+#define DUET_BINARY(Name, name, doc) reg(OpId::Name, binary_kernel<Binary::Name, false>);
+#define DUET_COMPARE(Name, name, expr, doc) reg(OpId::Name, binary_kernel<Binary::Name, true>);
+#include "core/elementwise.def"
   reg(OpId::Where, where_kernel);
   reg(OpId::Cast, convert_kernel);
   reg(OpId::Copy, convert_kernel);

@@ -41,23 +41,16 @@ struct Loop {
   Operand in[3];
 };
 
+// The elementwise families of core/elementwise.def, in their order.
 enum class Unary : uint8_t {
-  Neg,
-  Exp,
-  Log,
-  Sqrt,
-  Rsqrt,
-  Abs,
-  Sin,
-  Cos,
-  Tanh,
-  Sigmoid,
-  Relu,
-  Erf,
-  LogSigmoid
+#define DUET_UNARY(Name, name, math, doc) Name,
+#include "core/elementwise.def"
 };
-enum class Binary : uint8_t { Add, Sub, Mul, Div, Pow, Maximum, Minimum, Lt, Le, Gt, Ge, Eq, Ne };
-
+enum class Binary : uint8_t {
+#define DUET_BINARY(Name, name, doc) Name,
+#define DUET_COMPARE(Name, name, expr, doc) Name,
+#include "core/elementwise.def"
+};
 /// out = op(in[0]), all of dtype dt.
 cudaError_t launch_unary(Unary op, DT dt, const Loop& loop, cudaStream_t s);
 /// out = op(in[0], in[1]) with inputs of dtype dt; out has dtype dt, or b8 for comparisons.

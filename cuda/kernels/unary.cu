@@ -23,7 +23,7 @@ cudaError_t run(DT dt, bool float_only, const Loop& L, cudaStream_t s) {
   }
 }
 
-// Neg, Abs and Relu also take integers; the others are float math (integers arrive as f32).
+// Float math takes f32 and f64 only (integers arrive as f32).
 template <class F>
 cudaError_t run_float(DT dt, const Loop& L, cudaStream_t s) {
   if (dt == DT::f32) return run_elementwise<F, float, float>(L, F{}, s);
@@ -31,36 +31,26 @@ cudaError_t run_float(DT dt, const Loop& L, cudaStream_t s) {
   return cudaErrorNotSupported;
 }
 
+// The math column of core/elementwise.def.
+struct Float {};
+struct Same {};
+template <class F>
+cudaError_t run_math(Float, DT dt, const Loop& L, cudaStream_t s) {
+  return run_float<F>(dt, L, s);
+}
+template <class F>
+cudaError_t run_math(Same, DT dt, const Loop& L, cudaStream_t s) {
+  return run<F>(dt, false, L, s);
+}
+
 }  // namespace
 
 cudaError_t launch_unary(Unary op, DT dt, const Loop& L, cudaStream_t s) {
   switch (op) {
-    case Unary::Neg:
-      return run<fn::Neg>(dt, false, L, s);
-    case Unary::Abs:
-      return run<fn::Abs>(dt, false, L, s);
-    case Unary::Relu:
-      return run<fn::Relu>(dt, false, L, s);
-    case Unary::Exp:
-      return run_float<fn::Exp>(dt, L, s);
-    case Unary::Log:
-      return run_float<fn::Log>(dt, L, s);
-    case Unary::Sqrt:
-      return run_float<fn::Sqrt>(dt, L, s);
-    case Unary::Rsqrt:
-      return run_float<fn::Rsqrt>(dt, L, s);
-    case Unary::Sin:
-      return run_float<fn::Sin>(dt, L, s);
-    case Unary::Cos:
-      return run_float<fn::Cos>(dt, L, s);
-    case Unary::Tanh:
-      return run_float<fn::Tanh>(dt, L, s);
-    case Unary::Sigmoid:
-      return run_float<fn::Sigmoid>(dt, L, s);
-    case Unary::Erf:
-      return run_float<fn::Erf>(dt, L, s);
-    case Unary::LogSigmoid:
-      return run_float<fn::LogSigmoid>(dt, L, s);
+#define DUET_UNARY(Name, name, math, doc) \
+  case Unary::Name:                       \
+    return run_math<fn::Name>(math{}, dt, L, s);
+#include "core/elementwise.def"
   }
   return cudaErrorNotSupported;
 }

@@ -1,0 +1,257 @@
+// The CUDA code generator: a fused program (kernels/fused.h) as one CUDA C++ kernel over the
+// scalar functors (Note [Fused CUDA kernels] in cuda/fused.h), computing what the interpreter
+// computes. Its twin for the CPU is kernels/codegen/cpu.cpp; both read each op from one
+// expression table (kernels/codegen/exprs.h). cuda/fused.cpp compiles what this writes with NVRTC.
+// Plain C++: it builds, and its output can be checked, without the CUDA toolkit.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/codegen/exprs.h"
+#include "kernels/codegen/source.h"
+#include "kernels/jit.h"
+
+namespace duet::cuda::detail {
+namespace {
+
+using kernels::FusedInstr;
+using kernels::FusedProgram;
+using kernels::FusedReduce;
+
+// The helpers of kernels/codegen/exprs.h over scalar T registers (b8 values are 1 or 0 in T;
+// ordered comparisons of NaN give 0, != gives 1), as the interpreter computes them.
+constexpr const char* kHelpers = R"duet_src(
+template <class F>
+__device__ __forceinline__ T apply1(T x) { return static_cast<T>(F{}(x)); }
+template <class F>
+__device__ __forceinline__ T apply2(T a, T b) { return static_cast<T>(F{}(a, b)); }
+__device__ __forceinline__ T cmp_lt(T a, T b) { return a < b ? T(1) : T(0); }
+__device__ __forceinline__ T cmp_le(T a, T b) { return a <= b ? T(1) : T(0); }
+__device__ __forceinline__ T cmp_eq(T a, T b) { return a == b ? T(1) : T(0); }
+__device__ __forceinline__ T cmp_ne(T a, T b) { return a != b ? T(1) : T(0); }
+__device__ __forceinline__ T pwhere(T c, T a, T b) { return c != T(0) ? a : b; }
+)duet_src";
+
+// The fixed part of every kernel; a program adds T, its tables, load_in/store_out, compute()
+// and the reducer before it.
+constexpr const char* kKernels = R"duet_src(
+// Block-wide fold of v (blockDim.x a multiple of 32); the result is valid in thread 0.
+__device__ __forceinline__ T block_reduce(T v, T* sh) {
+  for (int off = 16; off > 0; off >>= 1) v = Red::op(v, __shfl_down_sync(0xffffffffu, v, off));
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  __syncthreads();  // sh may still be read for the previous row
+  if (lane == 0) sh[w] = v;
+  __syncthreads();
+  if (w == 0) {
+    v = lane < nw ? sh[lane] : Red::id();
+    for (int off = 16; off > 0; off >>= 1) v = Red::op(v, __shfl_down_sync(0xffffffffu, v, off));
+  }
+  return v;
+}
+
+struct alignas(16) Vec {
+  T v[V];
+};
+
+// Element (i, j): loads its inputs, runs the program, stores its outputs at i * inner + j, and
+// returns the value a reduction folds.
+__device__ __forceinline__ T element(const DuetFusedArgs& a, int64_t i, int64_t j) {
+  T x[NIA], y[NOA], r;
+#pragma unroll
+  for (int k = 0; k < NI; ++k) x[k] = load_in(a, k, i * a.in_so[k] + j * a.in_si[k]);
+  compute(x, y, r);
+#pragma unroll
+  for (int o = 0; o < NO; ++o) store_out(a, o, i * a.inner + j, y[o]);
+  return r;
+}
+
+extern "C" __global__ void duet_fused(DuetFusedArgs a, unsigned vmask, int vec) {
+#if DUET_REDUCE == 0
+  const int64_t n = a.outer * a.inner;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (vec) {
+    for (int64_t q = t; q * V < n; q += stride) {
+      const int64_t e = q * V;
+      const int64_t i = a.outer == 1 ? 0 : e / a.inner, j = e - i * a.inner;
+      T x[V][NIA], y[V][NOA], r;
+#pragma unroll
+      for (int k = 0; k < NI; ++k) {
+        const int64_t off = i * a.in_so[k] + j * a.in_si[k];
+        if (a.in_si[k] == 0) {
+          const T b = load_in(a, k, off);
+#pragma unroll
+          for (int l = 0; l < V; ++l) x[l][k] = b;
+        } else if (kInT[k] && (vmask >> k & 1u)) {
+          const Vec w = *reinterpret_cast<const Vec*>(static_cast<const T*>(a.in[k]) + off);
+#pragma unroll
+          for (int l = 0; l < V; ++l) x[l][k] = w.v[l];
+        } else {
+#pragma unroll
+          for (int l = 0; l < V; ++l) x[l][k] = load_in(a, k, off + l * a.in_si[k]);
+        }
+      }
+#pragma unroll
+      for (int l = 0; l < V; ++l) compute(x[l], y[l], r);
+#pragma unroll
+      for (int o = 0; o < NO; ++o) {
+        if (kOutT[o]) {
+          Vec w;
+#pragma unroll
+          for (int l = 0; l < V; ++l) w.v[l] = y[l][o];
+          *reinterpret_cast<Vec*>(static_cast<T*>(a.out[o]) + e) = w;
+        } else {
+#pragma unroll
+          for (int l = 0; l < V; ++l) store_out(a, o, e + l, y[l][o]);
+        }
+      }
+    }
+  } else {
+    for (int64_t e = t; e < n; e += stride) {
+      const int64_t i = a.outer == 1 ? 0 : e / a.inner;
+      element(a, i, e - i * a.inner);
+    }
+  }
+#elif DUET_REDUCE == 1
+  __shared__ T sh[32];
+  for (int64_t i = blockIdx.x; i < a.outer; i += gridDim.x) {
+    T acc = Red::id();
+    for (int64_t j = threadIdx.x; j < a.inner; j += blockDim.x) acc = Red::op(acc, element(a, i, j));
+    acc = block_reduce(acc, sh);
+    if (threadIdx.x == 0) static_cast<T*>(a.red_out)[i] = acc;
+  }
+#else
+  __shared__ T sh[32][33];
+  for (int64_t j0 = int64_t(blockIdx.x) * 32; j0 < a.inner; j0 += int64_t(gridDim.x) * 32) {
+    const int64_t j = j0 + threadIdx.x;
+    T acc = Red::id();
+    if (j < a.inner) {
+      for (int64_t i = threadIdx.y; i < a.outer; i += blockDim.y) acc = Red::op(acc, element(a, i, j));
+    }
+    sh[threadIdx.y][threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.y == 0 && j < a.inner) {
+      T v = sh[0][threadIdx.x];
+      for (unsigned y = 1; y < blockDim.y; ++y) v = Red::op(v, sh[y][threadIdx.x]);
+      static_cast<T*>(a.red_out)[j] = v;
+    }
+    __syncthreads();
+  }
+#endif
+}
+)duet_src";
+
+}  // namespace
+
+std::string fused_source(const FusedProgram& p) {
+  DUET_CHECK_T(p.dtype == DType::f32 || p.dtype == DType::f64, DTypeError,
+               "[fused] fused programs compute in f32 or f64, not {}", dtype_name(p.dtype));
+  const int nin = p.num_inputs(), nout = static_cast<int>(p.outputs.size());
+  DUET_ASSERT(nin <= DUET_FUSED_MAX_INPUTS && nout <= DUET_FUSED_MAX_OUTPUTS);
+  DUET_ASSERT(p.out_dtypes.size() == p.outputs.size());
+  DUET_ASSERT(p.num_regs >= nin);
+  std::string s = fmt::format(
+      "// duet: generated fused CUDA kernel (kernels/codegen/cuda.cpp), T = {}\n"
+      "#include \"duet_fused_abi.h\"\n#include \"duet_functors.h\"\n"
+      "#include <cuda/std/limits>\n\n"
+      "typedef {} T;\nusing duet::kernels::DuetFusedArgs;\n"
+      "#define DUET_REDUCE {}\n"
+      "constexpr int NI = {}, NO = {}, NIA = {}, NOA = {}, V = 16 / sizeof(T);\n",
+      dtype_name(p.dtype), kernels::jit::c_type(p.dtype), static_cast<int>(p.reduce), nin, nout,
+      std::max(nin, 1), std::max(nout, 1));
+  s += kHelpers;
+  std::string in_t, out_t;
+  for (int k = 0; k < nin; ++k)
+    in_t += fmt::format("{}{}", k ? ", " : "", p.in_dtypes[k] == p.dtype);
+  for (int k = 0; k < nout; ++k)
+    out_t += fmt::format("{}{}", k ? ", " : "", p.out_dtypes[k] == p.dtype);
+  s += fmt::format("constexpr bool kInT[NIA] = {{{}}};\nconstexpr bool kOutT[NOA] = {{{}}};\n",
+                   nin ? in_t : "false", nout ? out_t : "false");
+  // Loads convert to T; stores write T, or b8 as != 0.
+  s += "__device__ __forceinline__ T load_in(const DuetFusedArgs& a, int k, int64_t off) {\n"
+       "  switch (k) {\n";
+  for (int k = 0; k < nin; ++k) {
+    const char* ct = kernels::jit::c_type(p.in_dtypes[k]);
+    DUET_CHECK_T(ct != nullptr, DTypeError, "[fused] cannot load an input of dtype {}",
+                 dtype_name(p.in_dtypes[k]));
+    s += fmt::format("    case {}: return static_cast<T>(static_cast<const {}*>(a.in[{}])[off]);\n",
+                     k, ct, k);
+  }
+  s += "  }\n  return T(0);\n}\n";
+  s += "__device__ __forceinline__ void store_out(const DuetFusedArgs& a, int o, int64_t e, T v) "
+       "{\n  switch (o) {\n";
+  for (int k = 0; k < nout; ++k) {
+    DUET_ASSERT(p.out_dtypes[k] == p.dtype || p.out_dtypes[k] == DType::b8);
+    if (p.out_dtypes[k] == DType::b8)
+      s += fmt::format("    case {}: static_cast<bool*>(a.out[{}])[e] = v != T(0); break;\n", k, k);
+    else
+      s += fmt::format("    case {}: static_cast<T*>(a.out[{}])[e] = v; break;\n", k, k);
+  }
+  s += "  }\n}\n";
+
+  // The program, with registers renamed to SSA values (Copy and Cast to T only rename).
+  std::vector<std::string> reg(static_cast<size_t>(p.num_regs));
+  for (int k = 0; k < nin; ++k) reg[k] = fmt::format("x[{}]", k);
+  auto read = [&](int r) -> const std::string& {
+    DUET_ASSERT(r >= 0 && r < p.num_regs && !reg[r].empty(), "[fused] r{} read before written", r);
+    return reg[r];
+  };
+  std::string body;
+  for (size_t n = 0; n < p.code.size(); ++n) {
+    const FusedInstr& in = p.code[n];
+    DUET_ASSERT(in.dst >= 0 && in.dst < p.num_regs, "[fused] bad destination r{}", in.dst);
+    if (in.op == OpId::Copy || (in.op == OpId::Cast && in.to == p.dtype)) {
+      reg[in.dst] = read(in.src[0]);
+      continue;
+    }
+    std::string expr;
+    if (in.op == OpId::Cast) {
+      DUET_CHECK_T(in.to == DType::b8, DTypeError,
+                   "[fused] a fused cast converts to T or b8, not {}", dtype_name(in.to));
+      expr = fmt::format("({} != T(0) ? T(1) : T(0))", read(in.src[0]));
+    } else {
+      const char* pattern = duet::detail::op_expr(in.op);
+      DUET_CHECK_T(pattern != nullptr, ValueError, "[fused] op {} does not fuse", op_name(in.op));
+      std::string a[3];
+      for (int k = 0; k < op_arity(in.op); ++k) a[k] = read(in.src[k]);
+      expr = fmt::format(fmt::runtime(pattern), a[0], a[1], a[2]);
+    }
+    body += fmt::format("  const T t{} = static_cast<T>({});  // r{} = {}\n", n, expr, in.dst,
+                        op_name(in.op));
+    reg[in.dst] = fmt::format("t{}", n);
+  }
+  for (int k = 0; k < nout; ++k) body += fmt::format("  y[{}] = {};\n", k, read(p.outputs[k]));
+  const char* red_op = "Add";
+  const char* red_id = "T(0)";
+  if (p.reduce != FusedReduce::None) {
+    body += fmt::format("  r = {};\n", read(p.reduce_src));
+    switch (p.reduce_op) {
+      case OpId::Sum:
+        break;
+      case OpId::Max:
+        red_op = "Maximum";
+        red_id = "-cuda::std::numeric_limits<T>::infinity()";
+        break;
+      case OpId::Min:
+        red_op = "Minimum";
+        red_id = "cuda::std::numeric_limits<T>::infinity()";
+        break;
+      default:
+        DUET_CHECK_T(false, ValueError, "[fused] {} is not a fused reduction",
+                     op_name(p.reduce_op));
+    }
+  } else {
+    body += "  r = T(0);\n";
+  }
+  s += "__device__ __forceinline__ void compute(const T* x, T* y, T& r) {\n" + body + "}\n";
+  s += fmt::format(
+      "struct Red {{\n"
+      "  static __device__ __forceinline__ T op(T a, T b) {{ return duet::fn::{}{{}}(a, b); }}\n"
+      "  static __device__ __forceinline__ T id() {{ return {}; }}\n}};\n",
+      red_op, red_id);
+  s += kKernels;
+  return s;
+}
+
+}  // namespace duet::cuda::detail
