@@ -47,6 +47,14 @@ inline constexpr int kNumElementwise = 0
 #include "core/ops.def"
 #undef DUET_OP
     ;
+/// How many ops the families of core/elementwise.def declare. The elementwise ops beyond them are
+/// Where, Cast and Copy, which the kernel tables list by hand (static_asserts there).
+inline constexpr int kNumFamilyOps = 0
+#define DUET_UNARY(Name, name, math, doc) +1
+#define DUET_BINARY(Name, name, doc) +1
+#define DUET_COMPARE(Name, name, expr, doc) +1
+#include "core/elementwise.def"
+    ;
 /// Whether an op fuses into a fused elementwise kernel: exactly the elementwise ops.
 constexpr bool is_fusable(OpId op) {
   return kOpClass[static_cast<int>(op)] == OpClass::Elementwise;
