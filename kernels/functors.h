@@ -36,6 +36,7 @@ namespace duet::fn {
 namespace math {
 using DUET_STD::cos;
 using DUET_STD::exp;
+using DUET_STD::expm1;
 using DUET_STD::fabs;
 using DUET_STD::log;
 using DUET_STD::log1p;
@@ -137,6 +138,16 @@ struct Log {
     return math::log(x);
   }
   DUET_PACKET(ei::plog(x))
+};
+// log(1 + x), accurate near 0.
+struct Log1p {
+  template <class T>
+  static constexpr bool has_packet = DUET_STD::is_same_v<T, float>;  // Eigen's plog1p: f32 only
+  template <class T>
+  DUET_HD T operator()(T x) const {
+    return math::log1p(x);
+  }
+  DUET_PACKET(ei::plog1p(x))
 };
 #if !defined(__CUDACC__)
 // IEEE square root, correctly rounded as std::sqrt is: Eigen's AVX-512 psqrt under
