@@ -202,7 +202,7 @@ struct OpDef {
   OpClass cls;
   const char* doc;  ///< one line for the op reference (docs/ops.md)
   /// ops.def's cuda column: the op has a CUDA kernel (cuda/kernels/). Declared, so known in
-  /// every build; kernel[CUDA] is what this build registered (tests/gen_op_docs.cpp compares).
+  /// every build; kernel[CUDA] is what this build registered (tools/gen_op_docs.cpp compares).
   bool cuda_kernel = false;
   InferFn infer = nullptr;
   ViewFn view = nullptr;

@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v clang-format >/dev/null; then
-  echo "check_format: clang-format is not installed (bash tests/setup_deps.sh installs it)" >&2
+  echo "check_format: clang-format is not installed (bash tools/setup_deps.sh installs it)" >&2
   exit 1
 fi
 if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then

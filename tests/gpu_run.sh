@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything a GPU machine should run, in one command (device time is short): configure (with
-# the bundled packages of tests/bundle_deps.sh when .deps/prefix exists, for machines without a
+# the bundled packages of tools/bundle_deps.sh when .deps/prefix exists, for machines without a
 # package mirror), build, run the CUDA tests (ctest -L cuda) and the CUDA benchmarks (W7:
 # W2cuda, W3cuda, W4cuda, W6cuda, and the CPU W2/W3/W4/W6 beside them for the CPU comparison).
 # Logs go to $OUT (or build-gpu/) as ctest.log, bench.json and bench.log.

@@ -5,7 +5,7 @@
 # a TSan build of the whole suite would not fit the time budget).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash tests/setup_deps.sh
+bash tools/setup_deps.sh
 jobs=$(nproc)
 export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/ccache}"
 

@@ -1,5 +1,5 @@
-// The compiled sweep: every row of op_rows.h runs eagerly and through duet::compile, on samples
-// derived from the row (0-d, empty, broadcast, non-contiguous, expanded, every dtype it lists),
+// The compiled sweep: every row of op_rows.h runs eagerly and through duet::compile, on the
+// samples of layouts.h (0-d, empty, broadcast, non-contiguous, expanded, every dtype it lists),
 // and the compiled results must match the eager ones: float32 within rtol 1.3e-5 and atol 1.5e-5,
 // float64 within 1e-7, integers and bools exactly, with the same shape and dtype; on samples of
 // NaN, infinities and signed zeros (special_grid() in util.h) bit for bit where IEEE defines the
@@ -19,6 +19,7 @@
 #include <set>
 
 #include "grad_samples.h"
+#include "layouts.h"
 #include "op_rows.h"
 #include "trace/codegen.h"
 
@@ -248,70 +249,7 @@ constexpr int64_t kBig = 10000;  // elements: samples above run once per element
 
 // ---- elementwise rows -------------------------------------------------------------------------
 
-struct Sample {
-  const char* name;
-  int min_arity;
-  std::vector<Shape> shapes;
-  std::vector<Layout> layouts = {L::Contiguous, L::Contiguous, L::Contiguous};
-  std::vector<Shape> small = {};  // made at these shapes, then expanded to `shapes`
-};
-
-const std::vector<Sample>& samples() {
-  static const std::vector<Sample> s = {
-      {"0-d", 1, {{}, {}, {}}},
-      {"empty", 1, {{2, 0, 3}, {2, 0, 3}, {2, 0, 3}}},
-      {"normal", 1, {{3, 5}, {3, 5}, {3, 5}}},
-      {"rank 3", 1, {{2, 3, 4}, {2, 3, 4}, {2, 3, 4}}},
-      {"broadcast (3,1) (1,4) (4)", 2, {{3, 1}, {1, 4}, {4}}},
-      {"broadcast () (3,4) (1,4)", 2, {{}, {3, 4}, {1, 4}}},
-      {"broadcast (2,1,3) (4,1) (3)", 2, {{2, 1, 3}, {4, 1}, {3}}},
-      {"broadcast to empty", 2, {{5, 4}, {0, 1, 4}, {4}}},
-      {"0-d at an offset", 1, {{}, {}, {}}, {L::Offset, L::Offset, L::Offset}},
-      {"offset", 1, {{3, 5}, {3, 5}, {3, 5}}, {L::Offset, L::Contiguous, L::Offset}},
-      {"transposed", 1, {{4, 5}, {4, 5}, {4, 5}}, {L::Transposed, L::Transposed, L::Transposed}},
-      {"strided", 1, {{4, 5}, {4, 5}, {4, 5}}, {L::Strided, L::Strided, L::Strided}},
-      {"mixed layouts", 1, {{4, 5}, {4, 5}, {4, 5}}, {L::Transposed, L::Contiguous, L::Strided}},
-      {"expanded",
-       1,
-       {{4, 5}, {4, 5}, {4, 5}},
-       {L::Contiguous, L::Contiguous, L::Contiguous},
-       {{1, 5}, {4, 1}, {1, 1}}},
-      {"expanded transposed",
-       1,
-       {{3, 4, 5}, {3, 4, 5}, {3, 4, 5}},
-       {L::Transposed, L::Strided, L::Transposed},
-       {{4, 5}, {1, 4, 5}, {3, 4, 1}}},
-      // Past the kernels' parallel threshold: once per row, in its first dtype.
-      {"big strided",
-       1,
-       {{300, 257}, {300, 257}, {300, 257}},
-       {L::Transposed, L::Strided, L::Transposed}},
-  };
-  return s;
-}
-
 bool is_big(const Sample& s) { return s.shapes[0].numel() > kBig; }
-
-const Sample& sample(const std::string& name) {
-  for (const Sample& s : samples())
-    if (name == s.name) return s;
-  FAIL("no sample " << name);
-  return samples()[0];
-}
-
-// The inputs of `row` for sample `s`: dts holds the dtype of each value input (one for all, or
-// one per input); a where's condition is b8.
-Ins build(const ElementwiseRow& row, std::vector<DType> dts, const Sample& s, Rng& rng) {
-  Ins in;
-  for (int i = 0; i < row.arity; ++i) {
-    const size_t k = static_cast<size_t>(row.cond_first ? i - 1 : i);
-    const DType di = row.cond_first && i == 0 ? DType::b8 : dts[std::min(k, dts.size() - 1)];
-    const Shape& made = s.small.empty() ? s.shapes[i] : s.small[i];
-    std::vector<double> v = random_values(made.numel(), row.domains[i], di, rng);
-    in.push_back(make_sample(v, made, s.shapes[i], di, s.layouts[i]));
-  }
-  return in;
-}
 
 Scalar to_scalar(double v, DType dt) {
   if (dt == DType::b8) return Scalar(v != 0);
@@ -351,19 +289,19 @@ TEST_CASE("compiled elementwise rows: every sample and dtype match eager") {
   for (const ElementwiseRow& row : elementwise_rows()) {
     const Fn fn = [&](const Ins& x) { return row.fn(x); };
     for (DType dt : row.dtypes) {
-      for (const Sample& s : samples()) {
+      for (const Sample& s : samples(kCompiledSweep)) {
         if (row.arity < s.min_arity) continue;
         if (is_big(s) && dt != row.dtypes[0]) continue;
         INFO(std::string(row.name)
              << " on " << dtype_name(dt) << ", sample " << std::string(s.name));
-        check_forward(fn, [&] { return build(row, {dt}, s, rng); });
+        check_forward(fn, [&] { return build(row, {dt}, s, rng).in; });
         count("elementwise", row.name, row.op, !row.composite, false);
       }
       // Contiguous inputs at offset 0, then at an offset into a larger buffer: one signature.
       INFO(std::string(row.name) << " on " << dtype_name(dt) << ", normal then offset");
       int calls = 0;
-      check_forward(fn,
-                    [&] { return build(row, {dt}, sample(calls++ ? "offset" : "normal"), rng); });
+      check_forward(
+          fn, [&] { return build(row, {dt}, sample(calls++ ? "offset" : "normal"), rng).in; });
       count("elementwise", row.name, row.op, !row.composite, false);
     }
   }
@@ -429,7 +367,7 @@ TEST_CASE("compiled elementwise rows: Scalar operands, rvalue operands, mixed dt
           const Scalar v = to_scalar(random_values(1, row.domains.back(), dt, rng)[0], dt);
           check_forward([&](const Ins& x) { return row.fn_scalar(x, v); },
                         [&] {
-                          Ins in = build(row, {dt}, s, rng);
+                          Ins in = build(row, {dt}, s, rng).in;
                           in.pop_back();
                           return in;
                         });
@@ -440,7 +378,7 @@ TEST_CASE("compiled elementwise rows: Scalar operands, rvalue operands, mixed dt
           const Scalar v = to_scalar(random_values(1, row.domains[0], dt, rng)[0], dt);
           check_forward([&](const Ins& x) { return row.fn_lscalar(v, x); },
                         [&] {
-                          Ins in = build(row, {dt}, s, rng);
+                          Ins in = build(row, {dt}, s, rng).in;
                           in.erase(in.begin());
                           return in;
                         });
@@ -456,7 +394,7 @@ TEST_CASE("compiled elementwise rows: Scalar operands, rvalue operands, mixed dt
                 in[0] = x[0].clone();
                 return row.fn_rvalue(std::move(in));
               },
-              [&] { return build(row, {dt}, s, rng); });
+              [&] { return build(row, {dt}, s, rng).in; });
           count("elementwise", row.name, row.op, !row.composite, false);
         }
       }
@@ -477,7 +415,7 @@ TEST_CASE("compiled elementwise rows: Scalar operands, rvalue operands, mixed dt
           int calls = 0;
           auto make_in = [&] {
             if (special) return special_ins(row, dt, L::Contiguous, calls++ % 2, skip);
-            Ins in = build(row, {dt}, sample("normal"), rng);
+            Ins in = build(row, {dt}, sample("normal"), rng).in;
             in.pop_back();
             return in;
           };
@@ -497,7 +435,7 @@ TEST_CASE("compiled elementwise rows: Scalar operands, rvalue operands, mixed dt
                                      << ", sample " << std::string(name));
           check_forward([&](const Ins& x) { return row.fn(x); },
                         [&] {
-                          return build(row, {da, db}, sample(name), rng);
+                          return build(row, {da, db}, sample(name), rng).in;
                         });
           count("elementwise", row.name, row.op, !row.composite, false);
         }

@@ -14,6 +14,7 @@
 
 #include "cuda/cuda.h"
 #include "grad_samples.h"
+#include "layouts.h"
 #include "op_rows.h"
 
 namespace duet::test {
@@ -76,54 +77,6 @@ bool mixes_devices(const Error& e) {
 
 // ---- elementwise ------------------------------------------------------------------------------
 
-struct Sample {
-  const char* name;
-  int min_arity;
-  std::vector<Shape> shapes;
-  std::vector<Layout> layouts = {L::Contiguous, L::Contiguous, L::Contiguous};
-  std::vector<Shape> small = {};
-};
-
-const std::vector<Sample>& samples() {
-  const Shape big{300, 257};  // odd sizes: a vector tail and misaligned rows
-  static const std::vector<Sample> s = {
-      {"0-d", 1, {{}, {}, {}}},
-      {"empty", 1, {{2, 0, 3}, {2, 0, 3}, {2, 0, 3}}},
-      {"normal", 1, {{3, 5}, {3, 5}, {3, 5}}},
-      {"rank 3", 1, {{2, 3, 4}, {2, 3, 4}, {2, 3, 4}}},
-      {"broadcast (3,1) (1,4) (4)", 2, {{3, 1}, {1, 4}, {4}}},
-      {"broadcast (4) (2,3,4) ()", 2, {{4}, {2, 3, 4}, {}}},
-      {"broadcast () (3,4) (1,4)", 2, {{}, {3, 4}, {1, 4}}},
-      {"broadcast to empty", 2, {{5, 4}, {0, 1, 4}, {4}}},
-      {"offset", 1, {{3, 5}, {3, 5}, {3, 5}}, {L::Offset, L::Contiguous, L::Offset}},
-      {"transposed", 1, {{4, 5}, {4, 5}, {4, 5}}, {L::Transposed, L::Transposed, L::Transposed}},
-      {"strided", 1, {{4, 5}, {4, 5}, {4, 5}}, {L::Strided, L::Strided, L::Strided}},
-      {"mixed layouts", 1, {{4, 5}, {4, 5}, {4, 5}}, {L::Transposed, L::Contiguous, L::Strided}},
-      {"expanded", 1, {{4, 5}, {4, 5}, {4, 5}}, {}, {{1, 5}, {4, 1}, {1, 1}}},
-      {"rank 6 transposed",
-       1,
-       {{2, 1, 3, 2, 3, 4}, {2, 1, 3, 2, 3, 4}, {2, 1, 3, 2, 3, 4}},
-       {L::Transposed, L::Strided, L::Transposed}},
-      {"big", 1, {big, big, big}},
-      {"big offset", 1, {big, big, big}, {L::Offset, L::Offset, L::Contiguous}},
-      {"big strided", 1, {big, big, big}, {L::Transposed, L::Strided, L::Transposed}},
-      {"big broadcast", 2, {big, {257}, {300, 1}}},
-  };
-  return s;
-}
-
-Ins build(const ElementwiseRow& row, DType dt, const Sample& s, Rng& rng) {
-  Ins in;
-  for (int i = 0; i < row.arity; ++i) {
-    const DType di = row.cond_first && i == 0 ? DType::b8 : dt;
-    const Shape& made = s.small.empty() ? s.shapes[i] : s.small[i];
-    const Layout l = s.layouts.empty() ? L::Contiguous : s.layouts[i];
-    std::vector<double> v = random_values(made.numel(), row.domains[i], di, rng);
-    in.push_back(make_sample(v, made, s.shapes[i], di, l));
-  }
-  return in;
-}
-
 std::vector<const ElementwiseRow*> all_elementwise_rows() {
   std::vector<const ElementwiseRow*> rows;
   for (const ElementwiseRow& r : elementwise_rows()) rows.push_back(&r);
@@ -138,10 +91,10 @@ TEST_CASE("cuda elementwise rows: every sample and dtype match the CPU") {
   Rng rng(201);
   for (const ElementwiseRow* row : all_elementwise_rows()) {
     for (DType dt : row->dtypes) {
-      for (const Sample& s : samples()) {
+      for (const Sample& s : samples(kCudaSweep)) {
         if (row->arity < s.min_arity) continue;
         INFO(row->name << " on " << dtype_name(dt) << ", sample " << s.name);
-        const Ins in = build(*row, dt, s, rng);
+        const Ins in = build(*row, {dt}, s, rng).in;
         check_same(row->fn(cuda_like(in)), row->fn(in), false, row->rtol32);
       }
     }
@@ -155,7 +108,7 @@ TEST_CASE("cuda elementwise rows: Scalar operands (host numbers) and mixed dtype
     if (row->arity < 2) continue;
     for (DType dt : row->dtypes) {
       INFO(row->name << " on " << dtype_name(dt));
-      const Ins in = build(*row, dt, samples()[4], rng);
+      const Ins in = build(*row, {dt}, sample("broadcast (3,1) (1,4) (4)"), rng).in;
       const double v = random_values(1, row->domains.back(), dt, rng)[0];
       const Scalar sc = dt == DType::b8   ? Scalar(v != 0)
                         : is_integral(dt) ? Scalar(static_cast<int64_t>(v))

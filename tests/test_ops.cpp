@@ -1,4 +1,4 @@
-// The op sweep: every row of op_rows.h run on samples derived from it (0-d, empty, broadcast,
+// The op sweep: every row of op_rows.h run on the samples of layouts.h (0-d, empty, broadcast,
 // non-contiguous, expanded, large), against its float64 reference. Reductions and matmul are in
 // test_reduce_matmul.cpp.
 #include <algorithm>
@@ -6,6 +6,7 @@
 #include <limits>
 #include <sstream>
 
+#include "layouts.h"
 #include "op_rows.h"
 
 namespace duet::test {
@@ -18,88 +19,6 @@ double rtol_for(const ElementwiseRow& row, DType out) {
 }
 double atol_for(const ElementwiseRow& row, DType out) {
   return out == DType::f32 ? row.atol32 : out == DType::f64 ? 1e-12 : 0;
-}
-
-// One way to build the inputs of an elementwise row. Shapes and layouts are per input (the
-// first `arity` are used); with `small`, inputs are made at those shapes and expanded.
-struct Sample {
-  const char* name;
-  int min_arity;
-  std::vector<Shape> shapes;
-  std::vector<Layout> layouts = {L::Contiguous, L::Contiguous, L::Contiguous};
-  std::vector<Shape> small = {};
-};
-
-const std::vector<Sample>& samples() {
-  // Large enough to cross the kernels' parallel threshold (2 x 32768 elements).
-  const Shape big{300, 257};
-  static const std::vector<Sample> s = {
-      {"0-d", 1, {{}, {}, {}}},
-      {"empty", 1, {{2, 0, 3}, {2, 0, 3}, {2, 0, 3}}},
-      {"normal", 1, {{3, 5}, {3, 5}, {3, 5}}},
-      {"rank 3", 1, {{2, 3, 4}, {2, 3, 4}, {2, 3, 4}}},
-      {"broadcast (3,1) (1,4) (4)", 2, {{3, 1}, {1, 4}, {4}}},
-      {"broadcast (4) (2,3,4) ()", 2, {{4}, {2, 3, 4}, {}}},
-      {"broadcast () (3,4) (1,4)", 2, {{}, {3, 4}, {1, 4}}},
-      {"broadcast (2,1,3) (4,1) (3)", 2, {{2, 1, 3}, {4, 1}, {3}}},
-      {"broadcast to empty", 2, {{5, 4}, {0, 1, 4}, {4}}},
-      {"0-d at an offset", 1, {{}, {}, {}}, {L::Offset, L::Offset, L::Offset}},
-      {"offset", 1, {{3, 5}, {3, 5}, {3, 5}}, {L::Offset, L::Contiguous, L::Offset}},
-      {"transposed", 1, {{4, 5}, {4, 5}, {4, 5}}, {L::Transposed, L::Transposed, L::Transposed}},
-      {"strided", 1, {{4, 5}, {4, 5}, {4, 5}}, {L::Strided, L::Strided, L::Strided}},
-      {"mixed layouts", 1, {{4, 5}, {4, 5}, {4, 5}}, {L::Transposed, L::Contiguous, L::Strided}},
-      {"expanded",
-       1,
-       {{4, 5}, {4, 5}, {4, 5}},
-       {L::Contiguous, L::Contiguous, L::Contiguous},
-       {{1, 5}, {4, 1}, {1, 1}}},
-      {"expanded transposed",
-       1,
-       {{3, 4, 5}, {3, 4, 5}, {3, 4, 5}},
-       {L::Transposed, L::Strided, L::Transposed},
-       {{4, 5}, {1, 4, 5}, {3, 4, 1}}},
-      {"big", 1, {big, big, big}},
-      {"big strided", 1, {big, big, big}, {L::Transposed, L::Strided, L::Transposed}},
-      {"big offset", 1, {big, big, big}, {L::Offset, L::Offset, L::Contiguous}},
-      {"big broadcast", 2, {big, {257}, {300, 1}}},
-      {"big row broadcast", 2, {{257}, big, big}, {L::Contiguous, L::Transposed, L::Contiguous}},
-  };
-  return s;
-}
-
-const Sample& sample(const std::string& name) {
-  for (const Sample& s : samples())
-    if (name == s.name) return s;
-  FAIL("no sample " << name);
-  return samples()[0];
-}
-
-struct Built {
-  std::vector<Tensor> in;
-  std::vector<std::vector<double>> vals;  // logical values, broadcast to the input's shape
-  std::vector<Shape> shapes;
-};
-
-// Inputs of `row` for sample `s`; dts holds the dtype of each value input (one for all, or one
-// per input), a where's condition is b8.
-Built build(const ElementwiseRow& row, std::vector<DType> dts, const Sample& s, Rng& rng) {
-  Built b;
-  for (int i = 0; i < row.arity; ++i) {
-    const size_t k = static_cast<size_t>(row.cond_first ? i - 1 : i);
-    DType di = row.cond_first && i == 0 ? DType::b8 : dts[std::min(k, dts.size() - 1)];
-    Shape logical = s.small.empty() ? s.shapes[i] : s.small[i];
-    std::vector<double> v = random_values(logical.numel(), row.domains[i], di, rng);
-    Tensor t = make_layout(v, logical, di, s.layouts[i]);
-    if (!s.small.empty()) {
-      t = expand(t, s.shapes[i]);
-      v = broadcast_values(v, logical, s.shapes[i]);
-      logical = s.shapes[i];
-    }
-    b.in.push_back(t);
-    b.vals.push_back(std::move(v));
-    b.shapes.push_back(logical);
-  }
-  return b;
 }
 
 // The reference result of `row` on logical inputs (scalars are inputs of shape ()).
@@ -144,7 +63,7 @@ TEST_CASE("elementwise rows: every sample, every dtype, against the float64 refe
   for (const ElementwiseRow& row : elementwise_rows()) {
     for (DType dt : row.dtypes) {
       const DType out_dtype = result_dtype(row.result, dt);
-      for (const Sample& s : samples()) {
+      for (const Sample& s : samples(kEagerSweep)) {
         if (row.arity < s.min_arity) continue;
         INFO(std::string(row.name)
              << " on " << dtype_name(dt) << ", sample " << std::string(s.name));
@@ -165,7 +84,7 @@ TEST_CASE("elementwise rows: a result's bits do not depend on its operands' layo
   for (const ElementwiseRow& r : special_function_rows()) rows.push_back(r);
   for (const ElementwiseRow& row : rows) {
     for (DType dt : row.dtypes) {
-      for (const Sample& s : samples()) {
+      for (const Sample& s : samples(kEagerSweep)) {
         if (row.arity < s.min_arity) continue;
         INFO(std::string(row.name)
              << " on " << dtype_name(dt) << ", sample " << std::string(s.name));

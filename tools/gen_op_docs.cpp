@@ -47,7 +47,7 @@ int main() {
   static const char* kClass[] = {"elementwise", "reduction", "view", "opaque", "source"};
   std::printf(
       "# duet op reference\n\n"
-      "Generated from `core/ops.def` by `duet_op_docs` (tests/gen_op_docs.cpp); do not edit by\n"
+      "Generated from `core/ops.def` by `duet_op_docs` (tools/gen_op_docs.cpp); do not edit by\n"
       "hand. These are the %d primitives: each has one shape rule, one gradient rule and one\n"
       "kernel per device. Everything else in `core/ops.h` (mean, clamp, transpose, squeeze,\n"
       "unsqueeze, matmul's 1-D cases, eye, ...) is composed of them.\n\n"

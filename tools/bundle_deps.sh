@@ -5,7 +5,7 @@
 #   cmake -S . -B build -DDUET_DEPS_PREFIX=$PWD/.deps/prefix
 # which finds Eigen3, fmt, dnnl, doctest and ZLIB there and puts .deps/prefix's library folder
 # on the binaries' RPATH. The compiler, CMake, OpenMP (libgomp) and the CUDA toolkit are not
-# bundled: the target machine must have them. Usage: tests/bundle_deps.sh [DEST] (default .deps)
+# bundled: the target machine must have them. Usage: tools/bundle_deps.sh [DEST] (default .deps)
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 dest="${1:-$root/.deps}"
