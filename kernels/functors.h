@@ -130,6 +130,16 @@ struct Exp {
   }
   DUET_PACKET(ei::pexp(x))
 };
+// e^x - 1, accurate near 0.
+struct Expm1 {
+  template <class T>
+  static constexpr bool has_packet = DUET_STD::is_same_v<T, float>;  // Eigen's pexpm1: f32 only
+  template <class T>
+  DUET_HD T operator()(T x) const {
+    return math::expm1(x);
+  }
+  DUET_PACKET(ei::pexpm1(x))
+};
 struct Log {
   template <class T>
   static constexpr bool has_packet = is_float_v<T>;

@@ -162,6 +162,7 @@ void infer_copy(const OpDef&, TensorRefs in, const Attrs&, TensorMeta& out) {
   void grad_##Name(const GradCtx& c, const Tensor& g, Tensor* gi)
 DUET_GRAD(Neg, 0) { gi[0] = neg(g); }
 DUET_GRAD(Exp, kSaveOut) { gi[0] = g * c.output; }
+DUET_GRAD(Expm1, kSaveOut) { gi[0] = g * (c.output + 1); }
 DUET_GRAD(Log, kSaveIn0) { gi[0] = g / c.inputs[0]; }
 DUET_GRAD(Log1p, kSaveIn0) { gi[0] = g / (c.inputs[0] + 1); }
 DUET_GRAD(Sqrt, kSaveOut) { gi[0] = g * 0.5 / c.output; }
