@@ -130,6 +130,8 @@ class Plan {
   void run_hoisted_if_stale();
   struct Builder;  ///< the state of one build() (trace/plan_build.cpp)
   void build();
+  /// Sets graph_ up when the plan qualifies for replay (trace/cuda_graph.cpp).
+  void prepare_graph_replay();
   void run_control(ControlStep& c);
   std::vector<Tensor> execute(const std::vector<Tensor>& inputs);
   void run_fused(FusedStep& f);

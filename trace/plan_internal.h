@@ -1,10 +1,12 @@
-// duet: the parts of a plan (trace/executor.h) that building it (trace/plan_build.cpp) and
-// running it (trace/executor.cpp) share. Private to those two files.
+// duet: the parts of a plan (trace/executor.h) that building it (trace/plan_build.cpp), running
+// it (trace/executor.cpp) and replaying it as a CUDA graph (trace/cuda_graph.cpp) share. Private
+// to those three files.
 #pragma once
 
 #include <memory>
 #include <vector>
 
+#include "core/allocator.h"
 #include "kernels/fused.h"
 #include "trace/executor.h"
 
@@ -32,6 +34,19 @@ struct Plan::ControlStep {
   std::vector<std::unique_ptr<Plan>> plans;  ///< per subgraph
   std::vector<int32_t> inputs;               ///< the node's input values
   std::vector<int32_t> projects;             ///< per result: its Project value, or -1
+};
+
+/// A plan's CUDA graph (Note [CUDA graph replay]).
+struct Plan::GraphState {
+  Device device;
+  const DeviceBackend* backend = nullptr;
+  int64_t runs = 0;
+  void* graph = nullptr;               ///< the backend's executable graph, once captured
+  std::vector<Tensor> inputs;          ///< static input buffers the graph reads
+  std::vector<Tensor> outputs;         ///< the results, in the graph's private pool
+  std::vector<const void*> addresses;  ///< data of each captured tensor at capture
+  bool failed = false;
+  ~GraphState();
 };
 
 /// Copies src into dst with the Copy kernel (no dispatch, no tape).
