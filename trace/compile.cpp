@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <map>
 #include <set>
 
@@ -10,6 +9,7 @@
 #include "eager/autograd.h"
 #include "eager/node.h"
 #include "trace/executor.h"
+#include "trace/guards.h"
 #include "trace/passes.h"
 #include "trace/tracer.h"
 
@@ -33,32 +33,6 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
-}  // namespace
-
-// What the guard compares for one tensor.
-struct TensorSig {
-  Shape shape;
-  Strides strides;  // only when not contiguous
-  DType dtype;
-  Device device;
-  bool requires_grad;
-  bool contiguous;
-  bool operator==(const TensorSig& o) const {
-    return shape == o.shape && dtype == o.dtype && device == o.device &&
-           requires_grad == o.requires_grad && contiguous == o.contiguous &&
-           (contiguous || strides == o.strides);
-  }
-};
-
-TensorSig sig_of(const Tensor& t) {
-  const TensorImpl* x = t.impl();
-  TensorSig s{x->shape, {}, x->dtype, x->device(), x->requires_grad, x->contiguous};
-  if (!x->contiguous) s.strides = x->strides;
-  return s;
-}
-
-namespace {
-
 // The tape node's op, for messages ("[backward] ... compiled function ...").
 const OpDef& compiled_def() {
   static const OpDef def = opaque_node_def("compiled function");
@@ -70,6 +44,8 @@ bool is_same_as_arg(const Tensor& t, const std::vector<Tensor>& args) {
     if (a.is_same(t)) return true;
   return false;
 }
+
+}  // namespace
 
 // The values a set of roots needs, stopping at (and reporting) values in `stop`.
 void ancestors(const Graph& g, const std::vector<int32_t>& roots, const std::vector<bool>& stop,
@@ -97,15 +73,11 @@ void ancestors(const Graph& g, const std::vector<int32_t>& roots, const std::vec
   }
 }
 
-// Which write-backs a part of a graph keeps: those whose value it computes, those whose value
-// it computes or takes as a boundary input, or none.
-enum class KeepWritebacks { Computed, ComputedOrBoundary, None };
-
 // The part of `g` in `include`, with each value of `boundary` a Saved input (slots first, in
 // order) and the other runtime inputs renumbered after them.
 Graph extract(const Graph& g, const std::vector<bool>& include,
               const std::vector<int32_t>& boundary, const std::vector<int32_t>& roots,
-              KeepWritebacks keep = KeepWritebacks::Computed) {
+              KeepWritebacks keep) {
   Graph s;
   s.label = g.label;
   s.scopes = g.scopes;
@@ -148,6 +120,8 @@ Graph extract(const Graph& g, const std::vector<bool>& include,
   }
   return s;
 }
+
+namespace {
 
 bool same_input(const GraphNode& a, const GraphNode& b) {
   return a.kind == NodeKind::Input && b.kind == NodeKind::Input && a.role == b.role &&
@@ -195,44 +169,6 @@ struct Plans {
   std::unique_ptr<Plan> guard;
   std::unique_ptr<Plan> forward;                ///< outputs: the results, then the saved values
   std::vector<std::shared_ptr<Plan>> backward;  ///< per Entry::backward
-};
-
-// A guard of a symbolic entry: a relation its graph assumes (Note [Symbolic dims]).
-struct SymGuard {
-  SymInt a;
-  SymRel rel;
-  SymInt b;
-  std::string why;
-  bool holds(const std::vector<int64_t>& v) const {
-    return sym_rel_holds(a.evaluate(v), rel, b.evaluate(v));
-  }
-  std::string str() const {
-    return fmt::format("{} {} {} ({})", a.str(), sym_rel_str(rel), b.str(), why);
-  }
-};
-
-// The SymContext of one trace: the symbols' values at the traced call, and what it decided.
-class TraceSyms final : public SymContext {
- public:
-  std::vector<int64_t> hints;
-  std::vector<SymGuard> guards;
-  SymbolBounds bounds_;
-  int64_t hint(const SymInt& s) const override { return s.evaluate(hints); }
-  void guard(const SymInt& a, SymRel rel, const SymInt& b, std::string why) override {
-    for (const SymGuard& g : guards)
-      if (g.a == a && g.rel == rel && g.b == b) return;
-    guards.push_back({a, rel, b, std::move(why)});
-  }
-  [[noreturn]] void specialize(const std::vector<SymInt>& sizes, std::string why) override {
-    SpecializeRequest r;
-    for (const SymInt& s : sizes)
-      for (int32_t id : s.symbols())
-        if (std::find(r.symbols.begin(), r.symbols.end(), id) == r.symbols.end())
-          r.symbols.push_back(id);
-    r.why = std::move(why);
-    throw r;
-  }
-  const SymbolBounds& bounds() const override { return bounds_; }
 };
 
 // One traced signature.
@@ -305,171 +241,6 @@ const Graph& CompiledCore::graph() const {
              label_);
   return last_->last_plans->forward->graph();
 }
-
-namespace {
-
-// The symbol values of a call for entry e, or false when the call does not fit e: a concrete
-// dim differs, a symbol's dims disagree (duck sizing), or a guard fails (`why` says which).
-bool bind_symbols(const std::vector<std::vector<int32_t>>& dim_sym, int32_t num_symbols,
-                  const std::vector<SymGuard>& guards, const std::vector<TensorSig>& want,
-                  const std::vector<TensorSig>& sig, const std::vector<std::string>& labels,
-                  std::vector<int64_t>& values, std::string* why) {
-  values.assign(static_cast<size_t>(num_symbols), -1);
-  if (want.size() != sig.size()) return false;
-  for (size_t i = 0; i < sig.size(); ++i) {
-    const TensorSig& a = want[i];
-    const TensorSig& b = sig[i];
-    if (a.shape.size() != b.shape.size() || a.dtype != b.dtype || a.device != b.device ||
-        a.requires_grad != b.requires_grad || a.contiguous != b.contiguous ||
-        (!a.contiguous && a.strides != b.strides))
-      return false;
-    for (int64_t d = 0; d < a.shape.size(); ++d) {
-      const int32_t id = dim_sym.empty() ? -1 : dim_sym[i][d];
-      if (id < 0) {
-        if (a.shape[d] != b.shape[d]) return false;
-      } else if (values[id] < 0) {
-        values[id] = b.shape[d];
-      } else if (values[id] != b.shape[d]) {
-        if (why)
-          *why = fmt::format("{} dim {} is {} but s{} (the dims that were equal when traced) is {}",
-                             labels[i], d, b.shape[d], id, values[id]);
-        return false;
-      }
-    }
-  }
-  for (const SymGuard& g : guards)
-    if (!g.holds(values)) {
-      if (why) {
-        std::string at;
-        for (size_t k = 0; k < values.size(); ++k)
-          at += fmt::format("{}s{} = {}", k ? ", " : "", k, values[k]);
-        *why = fmt::format("guard {} failed at {}", g.str(), at);
-      }
-      return false;
-    }
-  return true;
-}
-
-// A symbol for each dynamic dim (per tensor, per dim; -1 for a concrete dim, and no rows when
-// none is dynamic), with the call's sizes as `hints`. Dims of equal size share one (duck sizing,
-// as PyTorch does): a call where they differ misses and traces again.
-std::vector<std::vector<int32_t>> assign_symbols(
-    const std::vector<TensorSig>& sig, const std::set<std::pair<size_t, int64_t>>& dynamic,
-    std::vector<int64_t>& hints) {
-  std::vector<std::vector<int32_t>> dim_sym;
-  hints.clear();
-  if (dynamic.empty()) return dim_sym;
-  std::map<int64_t, int32_t> by_size;
-  for (size_t i = 0; i < sig.size(); ++i) {
-    dim_sym.emplace_back(static_cast<size_t>(sig[i].shape.size()), -1);
-    for (int64_t d = 0; d < sig[i].shape.size(); ++d) {
-      if (!dynamic.count({i, d})) continue;
-      auto it = by_size.try_emplace(sig[i].shape[d], static_cast<int32_t>(hints.size())).first;
-      if (it->second == static_cast<int32_t>(hints.size())) hints.push_back(sig[i].shape[d]);
-      dim_sym[i][static_cast<size_t>(d)] = it->second;
-    }
-  }
-  return dim_sym;
-}
-
-TensorMeta concrete_meta(TensorMeta m, const std::vector<int64_t>& v) {
-  for (size_t d = 0; d < m.sym.size(); ++d) m.shape[static_cast<int64_t>(d)] = m.sym[d].evaluate(v);
-  return m;
-}
-
-// The graph at concrete symbol values: every meta and size-holding attribute evaluated. The
-// symbolic dims stay beside them, for printing.
-Graph instantiate(const Graph& g, const std::vector<int64_t>& v) {
-  Graph r = g;
-  for (GraphNode& n : r.nodes) {
-    n.meta = concrete_meta(std::move(n.meta), v);
-    if (n.kind == NodeKind::Op && n.attrs.sym) {
-      const SymAttrs& s = *n.attrs.sym;
-      for (size_t i = 0; i < s.ints.size(); ++i)
-        n.attrs.ints[static_cast<int64_t>(i)] = s.ints[i].evaluate(v);
-      if (s.start) n.attrs.start = s.start->evaluate(v);
-      if (s.end) n.attrs.end = s.end->evaluate(v);
-      if (s.value) n.attrs.value = Scalar(static_cast<double>(s.value->evaluate(v)));
-    }
-    if (n.kind == NodeKind::Control) {
-      auto cf = std::make_shared<ControlFlow>(*n.control);
-      for (Graph& sub : cf->graphs) sub = instantiate(sub, v);
-      for (TensorMeta& m : cf->results) m = concrete_meta(std::move(m), v);
-      n.control = std::move(cf);
-    }
-  }
-  return r;
-}
-
-// A plan that runs each op as traced, one kernel per node.
-PlanOptions plain_plan() {
-  PlanOptions o;
-  o.fuse = o.codegen = o.plan_memory = o.parallel = o.hoist = false;
-  return o;
-}
-
-// The value v of a graph being traced, computed on the traced call's arguments (symbols at
-// `hints`): the part of the graph it needs, run by a plan with no passes.
-Tensor evaluate_value(const Graph& g, int32_t v, const std::vector<Tensor>& args,
-                      const std::vector<int64_t>& hints) {
-  const size_t n = g.nodes.size();
-  std::vector<bool> in(n, false), none(n, false);
-  std::vector<int32_t> roots{v};
-  for (size_t i = 0; i < n; ++i)
-    if (g.nodes[i].kind == NodeKind::Input && g.nodes[i].role == InputRole::Argument)
-      roots.push_back(static_cast<int32_t>(i));
-  ancestors(g, roots, none, in, nullptr);
-  Graph part = extract(g, in, {}, {v}, KeepWritebacks::None);
-  if (!hints.empty()) part = instantiate(part, hints);
-  Plan p(std::move(part), plain_plan());
-  return p.run(args)[0];
-}
-
-// Splits a forward graph whose last k outputs are guarded values into the guards' part (what
-// they need; outputs: the guarded values, then the values of that part the rest reads) and the
-// rest (the other outputs and the write-backs, reading those values as Saved inputs first).
-void split_guards(const Graph& f, size_t k, Graph& guard, Graph& rest) {
-  const size_t n = f.nodes.size();
-  const size_t m = f.outputs.size() - k;
-  std::vector<int32_t> args;
-  for (size_t i = 0; i < n; ++i)
-    if (f.nodes[i].kind == NodeKind::Input && f.nodes[i].role == InputRole::Argument)
-      args.push_back(static_cast<int32_t>(i));
-  std::vector<int32_t> gvals(f.outputs.begin() + static_cast<std::ptrdiff_t>(m), f.outputs.end());
-  std::vector<bool> in_guard(n, false), none(n, false);
-  std::vector<int32_t> roots = gvals;
-  roots.insert(roots.end(), args.begin(), args.end());
-  ancestors(f, roots, none, in_guard, nullptr);
-  // A construct the guards run is theirs with all its results (the rest never reads the tuple).
-  for (size_t i = 0; i < n; ++i)
-    if (f.nodes[i].kind == NodeKind::Project && in_guard[f.nodes[i].inputs[0]]) in_guard[i] = true;
-  std::vector<bool> stop(n, false);
-  for (size_t i = 0; i < n; ++i)
-    stop[i] =
-        in_guard[i] && f.nodes[i].kind != NodeKind::Input && f.nodes[i].kind != NodeKind::Constant;
-  std::vector<int32_t> outs(f.outputs.begin(), f.outputs.begin() + static_cast<std::ptrdiff_t>(m));
-  std::vector<int32_t> rest_roots = outs;
-  for (const WriteBack& w : f.writebacks) rest_roots.push_back(w.value);
-  rest_roots.insert(rest_roots.end(), args.begin(), args.end());
-  std::vector<bool> in_rest(n, false);
-  std::set<int32_t> boundary;
-  ancestors(f, rest_roots, stop, in_rest, &boundary);
-  std::vector<int32_t> b(boundary.begin(), boundary.end());
-  std::vector<int32_t> gout = gvals;
-  gout.insert(gout.end(), b.begin(), b.end());
-  guard = extract(f, in_guard, {}, gout, KeepWritebacks::None);
-  rest = extract(f, in_rest, b, outs, KeepWritebacks::ComputedOrBoundary);
-}
-
-// Bitwise equality of two values of a guard (NaN equals itself).
-bool same_data(const Tensor& a, const Tensor& b) {
-  if (a.dtype() != b.dtype() || a.sizes() != b.sizes()) return false;
-  const Tensor ca = a.contiguous(), cb = b.contiguous();
-  return std::memcmp(ca.raw_data(), cb.raw_data(),
-                     static_cast<size_t>(ca.numel()) * itemsize(ca.dtype())) == 0;
-}
-
-}  // namespace
 
 std::vector<Tensor> CompiledCore::call(const FlatArgs& args, const TraceFn& fn) {
   // Inside another trace, a compiled function is inlined into it (as nested jit in JAX).
