@@ -1,6 +1,6 @@
 // duet: the guards of compiled functions (trace/guards.h): signatures, binding a call's sizes to
-// an entry's symbols (Note [Symbolic dims] in trace/compile.h), and value guards (Note
-// [Data-dependent reads] in trace/tracer.h).
+// an entry's symbols (Note [Symbolic dims] in trace/compile.h), the reason for a miss, and value
+// guards (Note [Data-dependent reads] in trace/tracer.h).
 #include "trace/guards.h"
 
 #include <algorithm>
@@ -15,6 +15,18 @@ TensorSig sig_of(const Tensor& t) {
   TensorSig s{x->shape, {}, x->dtype, x->device(), x->requires_grad, x->contiguous};
   if (!x->contiguous) s.strides = x->strides;
   return s;
+}
+
+std::vector<TensorSig> call_signature(const FlatArgs& args, const std::string& label) {
+  for (const Tensor& t : args.tensors)
+    DUET_CHECK(t.defined(), "[compile] {} was called with an undefined tensor", label);
+  std::vector<TensorSig> sig;
+  sig.reserve(args.tensors.size());
+  for (const Tensor& t : args.tensors) {
+    if (is_symbolic(t)) throw_symbolic_use(t, "compile");
+    sig.push_back(sig_of(t));
+  }
+  return sig;
 }
 
 // The symbol values of a call for entry e, or false when the call does not fit e: a concrete
@@ -59,6 +71,123 @@ bool bind_symbols(const std::vector<std::vector<int32_t>>& dim_sym, int32_t num_
   return true;
 }
 
+bool fits(const EntryGuards& e, const std::vector<TensorSig>& sig, const FlatArgs& args,
+          bool grad_mode, std::vector<int64_t>& values) {
+  if (e.grad_mode != grad_mode || e.statics != args.statics) return false;
+  for (const auto& [t, rg] : e.captured_flags)
+    if (t.requires_grad() != rg) return false;
+  return bind_symbols(e.dim_sym, e.num_symbols, e.guards, e.sig, sig, args.labels, values, nullptr);
+}
+
+bool differs_in_sizes_only(const EntryGuards& e, const std::vector<TensorSig>& sig,
+                           const FlatArgs& args, bool grad_mode) {
+  if (e.grad_mode != grad_mode || e.statics != args.statics || e.sig.size() != sig.size())
+    return false;
+  bool same = true;
+  for (const auto& [t, rg] : e.captured_flags) same = same && t.requires_grad() == rg;
+  for (size_t i = 0; same && i < sig.size(); ++i) {
+    const TensorSig& a = e.sig[i];
+    const TensorSig& b = sig[i];
+    same = a.shape.size() == b.shape.size() && a.dtype == b.dtype && a.device == b.device &&
+           a.requires_grad == b.requires_grad && a.contiguous == b.contiguous;
+  }
+  return same;
+}
+
+std::string miss_reason(const EntryGuards& p, const std::vector<TensorSig>& sig,
+                        const FlatArgs& args, bool gm,
+                        const std::map<std::pair<size_t, int64_t>, std::string>& specialized,
+                        const std::string& value_why, DimSet& dynamic) {
+  std::string why;
+  std::vector<int64_t> values;
+  bool same_structure = p.sig.size() == sig.size();
+  for (size_t i = 0; same_structure && i < sig.size(); ++i)
+    same_structure = p.sig[i].shape.size() == sig[i].shape.size();
+  if (p.grad_mode != gm)
+    why = fmt::format("grad mode changed {} -> {}", p.grad_mode ? "on" : "off", gm ? "on" : "off");
+  for (size_t i = 0; why.empty() && i < std::max(p.statics.size(), args.statics.size()); ++i) {
+    std::string a = i < p.statics.size() ? p.statics[i] : "nothing";
+    std::string b = i < args.statics.size() ? args.statics[i] : "nothing";
+    if (a != b) why = fmt::format("static argument changed: {} -> {}", a, b);
+  }
+  std::string dims_changed;
+  for (size_t i = 0; why.empty() && i < sig.size() && i < p.sig.size(); ++i) {
+    const TensorSig& a = p.sig[i];
+    const TensorSig& b = sig[i];
+    const std::string& l = args.labels[i];
+    if (a.shape.size() != b.shape.size())
+      why = fmt::format("{} rank changed {} -> {} (shape {} -> {})", l, a.shape.size(),
+                        b.shape.size(), a.shape, b.shape);
+    for (int64_t d = 0; why.empty() && d < a.shape.size(); ++d) {
+      const bool was_symbolic = !p.dim_sym.empty() && p.dim_sym[i][d] >= 0;
+      if (a.shape[d] == b.shape[d] || was_symbolic) continue;
+      auto sp = specialized.find({i, d});
+      if (sp != specialized.end() || !b.contiguous) {
+        why = fmt::format(
+            "{} dim {} changed {} -> {} (kept concrete: {})", l, d, a.shape[d], b.shape[d],
+            sp != specialized.end() ? sp->second : std::string("the tensor is not contiguous"));
+      } else {
+        dims_changed += fmt::format("{}{} dim {} changed {} -> {}",
+                                    dims_changed.empty() ? "" : ", ", l, d, a.shape[d], b.shape[d]);
+        dynamic.insert({i, d});
+      }
+    }
+    if (why.empty() && a.dtype != b.dtype)
+      why = fmt::format("{} dtype changed {} -> {}", l, a.dtype, b.dtype);
+    if (why.empty() && a.device != b.device)
+      why = fmt::format("{} device changed {} -> {}", l, a.device, b.device);
+    if (why.empty() && a.requires_grad != b.requires_grad)
+      why = fmt::format("{} requires_grad changed {} -> {}", l, a.requires_grad, b.requires_grad);
+    if (why.empty() && (a.contiguous != b.contiguous || (!a.contiguous && a.strides != b.strides)))
+      why = fmt::format(
+          "{} layout changed ({} -> {})", l,
+          a.contiguous ? "contiguous"
+                       : fmt::format("strides {}", Shape(a.strides.data(), a.strides.size())),
+          b.contiguous ? "contiguous"
+                       : fmt::format("strides {}", Shape(b.strides.data(), b.strides.size())));
+  }
+  for (size_t i = 0; why.empty() && i < p.captured_flags.size(); ++i) {
+    const auto& [t, rg] = p.captured_flags[i];
+    if (t.requires_grad() != rg)
+      why = fmt::format("captured tensor {} (shape {}) requires_grad changed {} -> {}", i,
+                        t.sizes(), rg, !rg);
+  }
+  if (why.empty() && !dims_changed.empty())
+    why = dims_changed + ": retraced with these dims symbolic";
+  if (why.empty()) why = value_why;
+  if (why.empty() && p.num_symbols && same_structure)
+    bind_symbols(p.dim_sym, p.num_symbols, p.guards, p.sig, sig, args.labels, values, &why);
+  if (why.empty()) why = "a new combination of argument signatures seen before";
+  if (same_structure)
+    for (size_t i = 0; i < p.dim_sym.size(); ++i)
+      for (size_t d = 0; d < p.dim_sym[i].size(); ++d)
+        if (p.dim_sym[i][d] >= 0) dynamic.insert({i, static_cast<int64_t>(d)});
+  return why;
+}
+
+DimSet requested_dynamic_dims(const CompileOptions& options, const FlatArgs& args,
+                              const std::string& label) {
+  DimSet dynamic;
+  for (const auto& [arg, dim] : options.dynamic) {
+    const std::string name = fmt::format("arg {}", arg);
+    bool found = false;
+    for (size_t i = 0; i < args.tensors.size(); ++i) {
+      const std::string& l = args.labels[i];
+      if (l != name && l.rfind(name + "[", 0) != 0) continue;
+      found = true;
+      DUET_CHECK_VALUE(dim < args.tensors[i].dim(),
+                       "[compile] CompileOptions::dynamic names dim {} of {}, which has shape {}",
+                       dim, l, args.tensors[i].sizes());
+      dynamic.insert({i, dim});
+    }
+    DUET_CHECK_VALUE(found,
+                     "[compile] CompileOptions::dynamic names {}, but {} has no such tensor "
+                     "argument",
+                     name, label);
+  }
+  return dynamic;
+}
+
 // A symbol for each dynamic dim (per tensor, per dim; -1 for a concrete dim, and no rows when
 // none is dynamic), with the call's sizes as `hints`. Dims of equal size share one (duck sizing,
 // as PyTorch does): a call where they differ misses and traces again.
@@ -79,6 +208,20 @@ std::vector<std::vector<int32_t>> assign_symbols(
     }
   }
   return dim_sym;
+}
+
+SymDims symbolic_dims(const Tensor& t, const std::vector<std::vector<int32_t>>& dim_sym, size_t i) {
+  SymDims dims;
+  if (dim_sym.empty()) return dims;
+  const Shape& shape = t.impl()->shape;
+  bool any = false;
+  for (int64_t d = 0; d < shape.size(); ++d) {
+    const int32_t id = dim_sym[i][d];
+    dims.push_back(id >= 0 ? SymInt::symbol(id) : SymInt(shape[d]));
+    any = any || id >= 0;
+  }
+  if (!any) dims.clear();
+  return dims;
 }
 
 namespace {

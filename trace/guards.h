@@ -1,7 +1,9 @@
-// duet: the guards of a compiled function (trace/compile.h): the signatures of a call's tensors,
-// binding its sizes to an entry's symbols and the guards on them (Note [Symbolic dims]), and the
-// value guards of data-dependent reads (Note [Data-dependent reads]). Private to
-// trace/compile.cpp and trace/guards.cpp.
+// duet: the guards of a compiled function (trace/compile.h). A cache entry fits a call when its
+// tensors have the entry's signatures, its static arguments and grad mode are the entry's, the
+// captured tensors require grad as they did, and its sizes bind the entry's symbols with every
+// guard on them holding (Note [Symbolic dims]); then the entry's value guards, if any, run
+// (Note [Data-dependent reads]). A call that fits no entry gets, in words, the reason why. Private
+// to trace/compile.cpp and trace/guards.cpp.
 #pragma once
 
 #include <map>
@@ -32,6 +34,9 @@ struct TensorSig {
 };
 
 TensorSig sig_of(const Tensor& t);
+/// The signatures of a call's tensors; throws for an undefined or a symbolic one.
+std::vector<TensorSig> call_signature(const FlatArgs& args, const std::string& label);
+
 // A guard of a symbolic entry: a relation its graph assumes (Note [Symbolic dims]).
 struct SymGuard {
   SymInt a;
@@ -70,15 +75,53 @@ class TraceSyms final : public SymContext {
   const SymbolBounds& bounds() const override { return bounds_; }
 };
 
+/// What the guards of one traced signature (CompiledCore::Entry) compare of a call, but its
+/// value guards.
+struct EntryGuards {
+  std::vector<TensorSig> sig;  ///< symbolic dims hold the traced call's sizes, not compared
+  /// Per tensor, per dim: its symbol, or -1 for a concrete dim. Empty: no symbolic dims.
+  std::vector<std::vector<int32_t>> dim_sym;
+  int32_t num_symbols = 0;
+  std::vector<SymGuard> guards;
+  std::vector<std::string> statics;
+  bool grad_mode = true;
+  /// Captured tensors that require grad at trace time, and those that do not: the trace
+  /// depends on the flags.
+  std::vector<std::pair<Tensor, bool>> captured_flags;
+};
+
+/// Dims by {tensor index, dim}.
+using DimSet = std::set<std::pair<size_t, int64_t>>;
+
 // ---- binding a call to an entry's symbols ----
 
 bool bind_symbols(const std::vector<std::vector<int32_t>>& dim_sym, int32_t num_symbols,
                   const std::vector<SymGuard>& guards, const std::vector<TensorSig>& want,
                   const std::vector<TensorSig>& sig, const std::vector<std::string>& labels,
                   std::vector<int64_t>& values, std::string* why);
-std::vector<std::vector<int32_t>> assign_symbols(
-    const std::vector<TensorSig>& sig, const std::set<std::pair<size_t, int64_t>>& dynamic,
-    std::vector<int64_t>& hints);
+/// Whether a call (its signature `sig`, in grad mode `grad_mode`) fits entry e, with the values
+/// of e's symbols; its value guards are not checked here.
+bool fits(const EntryGuards& e, const std::vector<TensorSig>& sig, const FlatArgs& args,
+          bool grad_mode, std::vector<int64_t>& values);
+/// Whether e differs from the call in sizes at most (automatic dynamic compares sizes with it).
+bool differs_in_sizes_only(const EntryGuards& e, const std::vector<TensorSig>& sig,
+                           const FlatArgs& args, bool grad_mode);
+/// Why a call that missed does not fit entry p, in words ("arg 0 dim 1 changed 31 -> 32"). Adds
+/// to `dynamic` the dims the new trace makes symbolic: those symbolic in p, and those whose size
+/// changed since p and are not kept concrete (`specialized`). value_why: why p's value guards
+/// failed, if they did.
+std::string miss_reason(const EntryGuards& p, const std::vector<TensorSig>& sig,
+                        const FlatArgs& args, bool grad_mode,
+                        const std::map<std::pair<size_t, int64_t>, std::string>& specialized,
+                        const std::string& value_why, DimSet& dynamic);
+/// The dims CompileOptions::dynamic names in this call.
+DimSet requested_dynamic_dims(const CompileOptions& options, const FlatArgs& args,
+                              const std::string& label);
+std::vector<std::vector<int32_t>> assign_symbols(const std::vector<TensorSig>& sig,
+                                                 const DimSet& dynamic,
+                                                 std::vector<int64_t>& hints);
+/// The dims tensor i of a call is traced with: symbols where dim_sym has them, else none.
+SymDims symbolic_dims(const Tensor& t, const std::vector<std::vector<int32_t>>& dim_sym, size_t i);
 Graph instantiate(const Graph& g, const std::vector<int64_t>& v);
 
 // ---- value guards (Note [Data-dependent reads]) ----
