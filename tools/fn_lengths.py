@@ -218,6 +218,8 @@ def main():
                 print(f"{path}:{first}: {name} is {length} lines")
     if over:
         print(f"fn_lengths: {over} function(s) over {args.max_lines} lines", file=sys.stderr)
+    else:
+        print(f"fn_lengths: no function over {args.max_lines} lines in {len(args.files)} file(s)")
     return 1 if over else 0
 
 
