@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <map>
 #include <set>
 
@@ -10,6 +9,7 @@
 #include "eager/autograd.h"
 #include "eager/node.h"
 #include "trace/executor.h"
+#include "trace/guards.h"
 #include "trace/passes.h"
 #include "trace/tracer.h"
 
@@ -33,32 +33,6 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
-}  // namespace
-
-// What the guard compares for one tensor.
-struct TensorSig {
-  Shape shape;
-  Strides strides;  // only when not contiguous
-  DType dtype;
-  Device device;
-  bool requires_grad;
-  bool contiguous;
-  bool operator==(const TensorSig& o) const {
-    return shape == o.shape && dtype == o.dtype && device == o.device &&
-           requires_grad == o.requires_grad && contiguous == o.contiguous &&
-           (contiguous || strides == o.strides);
-  }
-};
-
-TensorSig sig_of(const Tensor& t) {
-  const TensorImpl* x = t.impl();
-  TensorSig s{x->shape, {}, x->dtype, x->device(), x->requires_grad, x->contiguous};
-  if (!x->contiguous) s.strides = x->strides;
-  return s;
-}
-
-namespace {
-
 // The tape node's op, for messages ("[backward] ... compiled function ...").
 const OpDef& compiled_def() {
   static const OpDef def = opaque_node_def("compiled function");
@@ -70,6 +44,8 @@ bool is_same_as_arg(const Tensor& t, const std::vector<Tensor>& args) {
     if (a.is_same(t)) return true;
   return false;
 }
+
+}  // namespace
 
 // The values a set of roots needs, stopping at (and reporting) values in `stop`.
 void ancestors(const Graph& g, const std::vector<int32_t>& roots, const std::vector<bool>& stop,
@@ -97,15 +73,11 @@ void ancestors(const Graph& g, const std::vector<int32_t>& roots, const std::vec
   }
 }
 
-// Which write-backs a part of a graph keeps: those whose value it computes, those whose value
-// it computes or takes as a boundary input, or none.
-enum class KeepWritebacks { Computed, ComputedOrBoundary, None };
-
 // The part of `g` in `include`, with each value of `boundary` a Saved input (slots first, in
 // order) and the other runtime inputs renumbered after them.
 Graph extract(const Graph& g, const std::vector<bool>& include,
               const std::vector<int32_t>& boundary, const std::vector<int32_t>& roots,
-              KeepWritebacks keep = KeepWritebacks::Computed) {
+              KeepWritebacks keep) {
   Graph s;
   s.label = g.label;
   s.scopes = g.scopes;
@@ -148,6 +120,8 @@ Graph extract(const Graph& g, const std::vector<bool>& include,
   }
   return s;
 }
+
+namespace {
 
 bool same_input(const GraphNode& a, const GraphNode& b) {
   return a.kind == NodeKind::Input && b.kind == NodeKind::Input && a.role == b.role &&
@@ -197,63 +171,15 @@ struct Plans {
   std::vector<std::shared_ptr<Plan>> backward;  ///< per Entry::backward
 };
 
-// A guard of a symbolic entry: a relation its graph assumes (Note [Symbolic dims]).
-struct SymGuard {
-  SymInt a;
-  SymRel rel;
-  SymInt b;
-  std::string why;
-  bool holds(const std::vector<int64_t>& v) const {
-    return sym_rel_holds(a.evaluate(v), rel, b.evaluate(v));
-  }
-  std::string str() const {
-    return fmt::format("{} {} {} ({})", a.str(), sym_rel_str(rel), b.str(), why);
-  }
-};
-
-// The SymContext of one trace: the symbols' values at the traced call, and what it decided.
-class TraceSyms final : public SymContext {
- public:
-  std::vector<int64_t> hints;
-  std::vector<SymGuard> guards;
-  SymbolBounds bounds_;
-  int64_t hint(const SymInt& s) const override { return s.evaluate(hints); }
-  void guard(const SymInt& a, SymRel rel, const SymInt& b, std::string why) override {
-    for (const SymGuard& g : guards)
-      if (g.a == a && g.rel == rel && g.b == b) return;
-    guards.push_back({a, rel, b, std::move(why)});
-  }
-  [[noreturn]] void specialize(const std::vector<SymInt>& sizes, std::string why) override {
-    SpecializeRequest r;
-    for (const SymInt& s : sizes)
-      for (int32_t id : s.symbols())
-        if (std::find(r.symbols.begin(), r.symbols.end(), id) == r.symbols.end())
-          r.symbols.push_back(id);
-    r.why = std::move(why);
-    throw r;
-  }
-  const SymbolBounds& bounds() const override { return bounds_; }
-};
-
-// One traced signature.
-struct CompiledCore::Entry {
-  std::vector<TensorSig> sig;  ///< symbolic dims hold the traced call's sizes, not compared
-  /// Per tensor, per dim: its symbol, or -1 for a concrete dim. Empty: no symbolic dims.
-  std::vector<std::vector<int32_t>> dim_sym;
-  int32_t num_symbols = 0;
-  std::vector<SymGuard> guards;
+// One traced signature: what its guards compare (EntryGuards), and what it runs.
+struct CompiledCore::Entry : EntryGuards {
   /// Values read into C++ in guard mode: their data at the traced call, and what read them.
   struct ValueGuard {
     Tensor expected;
     std::string why;
   };
   std::vector<ValueGuard> value_guards;
-  std::vector<std::string> statics;
-  bool grad_mode = true;
   uint64_t used = 0;  ///< CompiledCore::clock_ at its latest call
-  /// Captured tensors that require grad at trace time, and those that do not: the trace
-  /// depends on the flags.
-  std::vector<std::pair<Tensor, bool>> captured_flags;
 
   size_t num_outputs = 0;
   /// Differentiation: the tensors gradients flow to (an argument index, or a captured tensor).
@@ -306,315 +232,20 @@ const Graph& CompiledCore::graph() const {
   return last_->last_plans->forward->graph();
 }
 
-namespace {
-
-// The symbol values of a call for entry e, or false when the call does not fit e: a concrete
-// dim differs, a symbol's dims disagree (duck sizing), or a guard fails (`why` says which).
-bool bind_symbols(const std::vector<std::vector<int32_t>>& dim_sym, int32_t num_symbols,
-                  const std::vector<SymGuard>& guards, const std::vector<TensorSig>& want,
-                  const std::vector<TensorSig>& sig, const std::vector<std::string>& labels,
-                  std::vector<int64_t>& values, std::string* why) {
-  values.assign(static_cast<size_t>(num_symbols), -1);
-  if (want.size() != sig.size()) return false;
-  for (size_t i = 0; i < sig.size(); ++i) {
-    const TensorSig& a = want[i];
-    const TensorSig& b = sig[i];
-    if (a.shape.size() != b.shape.size() || a.dtype != b.dtype || a.device != b.device ||
-        a.requires_grad != b.requires_grad || a.contiguous != b.contiguous ||
-        (!a.contiguous && a.strides != b.strides))
-      return false;
-    for (int64_t d = 0; d < a.shape.size(); ++d) {
-      const int32_t id = dim_sym.empty() ? -1 : dim_sym[i][d];
-      if (id < 0) {
-        if (a.shape[d] != b.shape[d]) return false;
-      } else if (values[id] < 0) {
-        values[id] = b.shape[d];
-      } else if (values[id] != b.shape[d]) {
-        if (why)
-          *why = fmt::format("{} dim {} is {} but s{} (the dims that were equal when traced) is {}",
-                             labels[i], d, b.shape[d], id, values[id]);
-        return false;
-      }
-    }
-  }
-  for (const SymGuard& g : guards)
-    if (!g.holds(values)) {
-      if (why) {
-        std::string at;
-        for (size_t k = 0; k < values.size(); ++k)
-          at += fmt::format("{}s{} = {}", k ? ", " : "", k, values[k]);
-        *why = fmt::format("guard {} failed at {}", g.str(), at);
-      }
-      return false;
-    }
-  return true;
-}
-
-// A symbol for each dynamic dim (per tensor, per dim; -1 for a concrete dim, and no rows when
-// none is dynamic), with the call's sizes as `hints`. Dims of equal size share one (duck sizing,
-// as PyTorch does): a call where they differ misses and traces again.
-std::vector<std::vector<int32_t>> assign_symbols(
-    const std::vector<TensorSig>& sig, const std::set<std::pair<size_t, int64_t>>& dynamic,
-    std::vector<int64_t>& hints) {
-  std::vector<std::vector<int32_t>> dim_sym;
-  hints.clear();
-  if (dynamic.empty()) return dim_sym;
-  std::map<int64_t, int32_t> by_size;
-  for (size_t i = 0; i < sig.size(); ++i) {
-    dim_sym.emplace_back(static_cast<size_t>(sig[i].shape.size()), -1);
-    for (int64_t d = 0; d < sig[i].shape.size(); ++d) {
-      if (!dynamic.count({i, d})) continue;
-      auto it = by_size.try_emplace(sig[i].shape[d], static_cast<int32_t>(hints.size())).first;
-      if (it->second == static_cast<int32_t>(hints.size())) hints.push_back(sig[i].shape[d]);
-      dim_sym[i][static_cast<size_t>(d)] = it->second;
-    }
-  }
-  return dim_sym;
-}
-
-TensorMeta concrete_meta(TensorMeta m, const std::vector<int64_t>& v) {
-  for (size_t d = 0; d < m.sym.size(); ++d) m.shape[static_cast<int64_t>(d)] = m.sym[d].evaluate(v);
-  return m;
-}
-
-// The graph at concrete symbol values: every meta and size-holding attribute evaluated. The
-// symbolic dims stay beside them, for printing.
-Graph instantiate(const Graph& g, const std::vector<int64_t>& v) {
-  Graph r = g;
-  for (GraphNode& n : r.nodes) {
-    n.meta = concrete_meta(std::move(n.meta), v);
-    if (n.kind == NodeKind::Op && n.attrs.sym) {
-      const SymAttrs& s = *n.attrs.sym;
-      for (size_t i = 0; i < s.ints.size(); ++i)
-        n.attrs.ints[static_cast<int64_t>(i)] = s.ints[i].evaluate(v);
-      if (s.start) n.attrs.start = s.start->evaluate(v);
-      if (s.end) n.attrs.end = s.end->evaluate(v);
-      if (s.value) n.attrs.value = Scalar(static_cast<double>(s.value->evaluate(v)));
-    }
-    if (n.kind == NodeKind::Control) {
-      auto cf = std::make_shared<ControlFlow>(*n.control);
-      for (Graph& sub : cf->graphs) sub = instantiate(sub, v);
-      for (TensorMeta& m : cf->results) m = concrete_meta(std::move(m), v);
-      n.control = std::move(cf);
-    }
-  }
-  return r;
-}
-
-// A plan that runs each op as traced, one kernel per node.
-PlanOptions plain_plan() {
-  PlanOptions o;
-  o.fuse = o.codegen = o.plan_memory = o.parallel = o.hoist = false;
-  return o;
-}
-
-// The value v of a graph being traced, computed on the traced call's arguments (symbols at
-// `hints`): the part of the graph it needs, run by a plan with no passes.
-Tensor evaluate_value(const Graph& g, int32_t v, const std::vector<Tensor>& args,
-                      const std::vector<int64_t>& hints) {
-  const size_t n = g.nodes.size();
-  std::vector<bool> in(n, false), none(n, false);
-  std::vector<int32_t> roots{v};
-  for (size_t i = 0; i < n; ++i)
-    if (g.nodes[i].kind == NodeKind::Input && g.nodes[i].role == InputRole::Argument)
-      roots.push_back(static_cast<int32_t>(i));
-  ancestors(g, roots, none, in, nullptr);
-  Graph part = extract(g, in, {}, {v}, KeepWritebacks::None);
-  if (!hints.empty()) part = instantiate(part, hints);
-  Plan p(std::move(part), plain_plan());
-  return p.run(args)[0];
-}
-
-// Splits a forward graph whose last k outputs are guarded values into the guards' part (what
-// they need; outputs: the guarded values, then the values of that part the rest reads) and the
-// rest (the other outputs and the write-backs, reading those values as Saved inputs first).
-void split_guards(const Graph& f, size_t k, Graph& guard, Graph& rest) {
-  const size_t n = f.nodes.size();
-  const size_t m = f.outputs.size() - k;
-  std::vector<int32_t> args;
-  for (size_t i = 0; i < n; ++i)
-    if (f.nodes[i].kind == NodeKind::Input && f.nodes[i].role == InputRole::Argument)
-      args.push_back(static_cast<int32_t>(i));
-  std::vector<int32_t> gvals(f.outputs.begin() + static_cast<std::ptrdiff_t>(m), f.outputs.end());
-  std::vector<bool> in_guard(n, false), none(n, false);
-  std::vector<int32_t> roots = gvals;
-  roots.insert(roots.end(), args.begin(), args.end());
-  ancestors(f, roots, none, in_guard, nullptr);
-  // A construct the guards run is theirs with all its results (the rest never reads the tuple).
-  for (size_t i = 0; i < n; ++i)
-    if (f.nodes[i].kind == NodeKind::Project && in_guard[f.nodes[i].inputs[0]]) in_guard[i] = true;
-  std::vector<bool> stop(n, false);
-  for (size_t i = 0; i < n; ++i)
-    stop[i] =
-        in_guard[i] && f.nodes[i].kind != NodeKind::Input && f.nodes[i].kind != NodeKind::Constant;
-  std::vector<int32_t> outs(f.outputs.begin(), f.outputs.begin() + static_cast<std::ptrdiff_t>(m));
-  std::vector<int32_t> rest_roots = outs;
-  for (const WriteBack& w : f.writebacks) rest_roots.push_back(w.value);
-  rest_roots.insert(rest_roots.end(), args.begin(), args.end());
-  std::vector<bool> in_rest(n, false);
-  std::set<int32_t> boundary;
-  ancestors(f, rest_roots, stop, in_rest, &boundary);
-  std::vector<int32_t> b(boundary.begin(), boundary.end());
-  std::vector<int32_t> gout = gvals;
-  gout.insert(gout.end(), b.begin(), b.end());
-  guard = extract(f, in_guard, {}, gout, KeepWritebacks::None);
-  rest = extract(f, in_rest, b, outs, KeepWritebacks::ComputedOrBoundary);
-}
-
-// Bitwise equality of two values of a guard (NaN equals itself).
-bool same_data(const Tensor& a, const Tensor& b) {
-  if (a.dtype() != b.dtype() || a.sizes() != b.sizes()) return false;
-  const Tensor ca = a.contiguous(), cb = b.contiguous();
-  return std::memcmp(ca.raw_data(), cb.raw_data(),
-                     static_cast<size_t>(ca.numel()) * itemsize(ca.dtype())) == 0;
-}
-
-}  // namespace
-
 std::vector<Tensor> CompiledCore::call(const FlatArgs& args, const TraceFn& fn) {
   // Inside another trace, a compiled function is inlined into it (as nested jit in JAX).
   if (Tracer::current()) return fn(args.tensors);
-  for (const Tensor& t : args.tensors)
-    DUET_CHECK(t.defined(), "[compile] {} was called with an undefined tensor", label_);
-  std::vector<TensorSig> sig;
-  sig.reserve(args.tensors.size());
-  for (const Tensor& t : args.tensors) {
-    if (is_symbolic(t)) throw_symbolic_use(t, "compile");
-    sig.push_back(sig_of(t));
-  }
+  std::vector<TensorSig> sig = call_signature(args, label_);
   const bool gm = grad_mode();
   std::unique_lock<std::mutex> lock(mu_);
-  std::vector<int64_t> values;
-  auto matches = [&](const Entry& e) {
-    if (e.grad_mode != gm || e.statics != args.statics) return false;
-    for (const auto& [t, rg] : e.captured_flags)
-      if (t.requires_grad() != rg) return false;
-    return bind_symbols(e.dim_sym, e.num_symbols, e.guards, e.sig, sig, args.labels, values,
-                        nullptr);
-  };
-  // The most recent entry first; an entry whose value guards fail says why in value_why.
   std::vector<Tensor> outs;
   std::string value_why;
-  auto attempt = [&](Entry& e) {
-    if (!matches(e)) return false;
-    std::string why;
-    if (!run(e, values, args, outs, &why, lock)) {
-      if (value_why.empty()) value_why = std::move(why);
-      return false;
-    }
-    ++stats_.hits;
-    last_ = &e;
-    return true;
-  };
-  if (last_ && attempt(*last_)) return outs;
-  // By index: while an attempt runs its plans unlocked, another thread may add entries.
-  for (size_t i = 0; i < entries_.size(); ++i)
-    if (entries_[i].get() != last_ && attempt(*entries_[i])) return outs;
+  if (run_cached(args, sig, gm, outs, value_why, lock)) return outs;
   // The dims the new trace makes symbolic: those CompileOptions::dynamic names, those symbolic
   // in the most recent entry, and (automatic dynamic) those whose size changed since it.
-  std::set<std::pair<size_t, int64_t>> dynamic;
-  for (const auto& [arg, dim] : options_.dynamic) {
-    const std::string name = fmt::format("arg {}", arg);
-    bool found = false;
-    for (size_t i = 0; i < args.tensors.size(); ++i) {
-      const std::string& l = args.labels[i];
-      if (l != name && l.rfind(name + "[", 0) != 0) continue;
-      found = true;
-      DUET_CHECK_VALUE(dim < args.tensors[i].dim(),
-                       "[compile] CompileOptions::dynamic names dim {} of {}, which has shape {}",
-                       dim, l, args.tensors[i].sizes());
-      dynamic.insert({i, dim});
-    }
-    DUET_CHECK_VALUE(found,
-                     "[compile] CompileOptions::dynamic names {}, but {} has no such tensor "
-                     "argument",
-                     name, label_);
-  }
-  // A miss: say why, in words, against the most recently used entry that differs from this
-  // call in sizes only (automatic dynamic compares sizes with it), else the most recent one.
+  std::set<std::pair<size_t, int64_t>> dynamic = requested_dynamic_dims(options_, args, label_);
   if (last_) {
-    std::string why;
-    const Entry* ref = nullptr;
-    for (const auto& e : entries_) {
-      if (e->grad_mode != gm || e->statics != args.statics || e->sig.size() != sig.size() ||
-          (ref && ref->used >= e->used))
-        continue;
-      bool same = true;
-      for (const auto& [t, rg] : e->captured_flags) same = same && t.requires_grad() == rg;
-      for (size_t i = 0; same && i < sig.size(); ++i) {
-        const TensorSig& a = e->sig[i];
-        const TensorSig& b = sig[i];
-        same = a.shape.size() == b.shape.size() && a.dtype == b.dtype && a.device == b.device &&
-               a.requires_grad == b.requires_grad && a.contiguous == b.contiguous;
-      }
-      if (same) ref = e.get();
-    }
-    const Entry& p = ref ? *ref : *last_;
-    bool same_structure = p.sig.size() == sig.size();
-    for (size_t i = 0; same_structure && i < sig.size(); ++i)
-      same_structure = p.sig[i].shape.size() == sig[i].shape.size();
-    if (p.grad_mode != gm)
-      why =
-          fmt::format("grad mode changed {} -> {}", p.grad_mode ? "on" : "off", gm ? "on" : "off");
-    for (size_t i = 0; why.empty() && i < std::max(p.statics.size(), args.statics.size()); ++i) {
-      std::string a = i < p.statics.size() ? p.statics[i] : "nothing";
-      std::string b = i < args.statics.size() ? args.statics[i] : "nothing";
-      if (a != b) why = fmt::format("static argument changed: {} -> {}", a, b);
-    }
-    std::string dims_changed;
-    for (size_t i = 0; why.empty() && i < sig.size() && i < p.sig.size(); ++i) {
-      const TensorSig& a = p.sig[i];
-      const TensorSig& b = sig[i];
-      const std::string& l = args.labels[i];
-      if (a.shape.size() != b.shape.size())
-        why = fmt::format("{} rank changed {} -> {} (shape {} -> {})", l, a.shape.size(),
-                          b.shape.size(), a.shape, b.shape);
-      for (int64_t d = 0; why.empty() && d < a.shape.size(); ++d) {
-        const bool was_symbolic = !p.dim_sym.empty() && p.dim_sym[i][d] >= 0;
-        if (a.shape[d] == b.shape[d] || was_symbolic) continue;
-        auto sp = specialized_.find({i, d});
-        if (sp != specialized_.end() || !b.contiguous) {
-          why = fmt::format(
-              "{} dim {} changed {} -> {} (kept concrete: {})", l, d, a.shape[d], b.shape[d],
-              sp != specialized_.end() ? sp->second : std::string("the tensor is not contiguous"));
-        } else {
-          dims_changed +=
-              fmt::format("{}{} dim {} changed {} -> {}", dims_changed.empty() ? "" : ", ", l, d,
-                          a.shape[d], b.shape[d]);
-          dynamic.insert({i, d});
-        }
-      }
-      if (why.empty() && a.dtype != b.dtype)
-        why = fmt::format("{} dtype changed {} -> {}", l, a.dtype, b.dtype);
-      if (why.empty() && a.device != b.device)
-        why = fmt::format("{} device changed {} -> {}", l, a.device, b.device);
-      if (why.empty() && a.requires_grad != b.requires_grad)
-        why = fmt::format("{} requires_grad changed {} -> {}", l, a.requires_grad, b.requires_grad);
-      if (why.empty() &&
-          (a.contiguous != b.contiguous || (!a.contiguous && a.strides != b.strides)))
-        why = fmt::format(
-            "{} layout changed ({} -> {})", l,
-            a.contiguous ? "contiguous"
-                         : fmt::format("strides {}", Shape(a.strides.data(), a.strides.size())),
-            b.contiguous ? "contiguous"
-                         : fmt::format("strides {}", Shape(b.strides.data(), b.strides.size())));
-    }
-    for (size_t i = 0; why.empty() && i < p.captured_flags.size(); ++i) {
-      const auto& [t, rg] = p.captured_flags[i];
-      if (t.requires_grad() != rg)
-        why = fmt::format("captured tensor {} (shape {}) requires_grad changed {} -> {}", i,
-                          t.sizes(), rg, !rg);
-    }
-    if (why.empty() && !dims_changed.empty())
-      why = dims_changed + ": retraced with these dims symbolic";
-    if (why.empty()) why = value_why;
-    if (why.empty() && p.num_symbols && same_structure)
-      bind_symbols(p.dim_sym, p.num_symbols, p.guards, p.sig, sig, args.labels, values, &why);
-    if (why.empty()) why = "a new combination of argument signatures seen before";
-    if (same_structure)
-      for (size_t i = 0; i < p.dim_sym.size(); ++i)
-        for (size_t d = 0; d < p.dim_sym[i].size(); ++d)
-          if (p.dim_sym[i][d] >= 0) dynamic.insert({i, static_cast<int64_t>(d)});
+    const std::string why = explain_miss(args, sig, gm, value_why, dynamic);
     if (int(entries_.size()) >= options_.cache_limit) {
       if (!warned_) {
         fmt::print(stderr,
@@ -632,13 +263,62 @@ std::vector<Tensor> CompiledCore::call(const FlatArgs& args, const TraceFn& fn) 
   // Non-contiguous tensors keep their sizes (their strides depend on them).
   for (auto it = dynamic.begin(); it != dynamic.end();)
     it = sig[it->first].contiguous && !specialized_.count(*it) ? std::next(it) : dynamic.erase(it);
-  Entry* e = nullptr;
   std::vector<int64_t> hints;
+  Entry* e = trace_specializing(args, fn, sig, dynamic, hints);
+  e->sig = std::move(sig);
+  e->statics = args.statics;
+  e->grad_mode = gm;
+  last_ = e;
+  std::string why;
+  // The trace read its guarded values from this call's data with the kernels the guards' plan
+  // runs, so they hold.
+  const bool ran = run(*e, hints, args, outs, &why, lock);
+  DUET_ASSERT(ran, "a fresh trace failed its value guard: {}", why);
+  return outs;
+}
+
+bool CompiledCore::run_cached(const FlatArgs& args, const std::vector<TensorSig>& sig, bool gm,
+                              std::vector<Tensor>& outs, std::string& value_why,
+                              std::unique_lock<std::mutex>& lock) {
+  std::vector<int64_t> values;
+  // The most recent entry first; an entry whose value guards fail says why in value_why.
+  auto attempt = [&](Entry& e) {
+    if (!fits(e, sig, args, gm, values)) return false;
+    std::string why;
+    if (!run(e, values, args, outs, &why, lock)) {
+      if (value_why.empty()) value_why = std::move(why);
+      return false;
+    }
+    ++stats_.hits;
+    last_ = &e;
+    return true;
+  };
+  if (last_ && attempt(*last_)) return true;
+  // By index: while an attempt runs its plans unlocked, another thread may add entries.
+  for (size_t i = 0; i < entries_.size(); ++i)
+    if (entries_[i].get() != last_ && attempt(*entries_[i])) return true;
+  return false;
+}
+
+std::string CompiledCore::explain_miss(const FlatArgs& args, const std::vector<TensorSig>& sig,
+                                       bool gm, const std::string& value_why,
+                                       std::set<std::pair<size_t, int64_t>>& dynamic) const {
+  // A miss: say why, in words, against the most recently used entry that differs from this
+  // call in sizes only (automatic dynamic compares sizes with it), else the most recent one.
+  const Entry* ref = nullptr;
+  for (const auto& e : entries_)
+    if (!(ref && ref->used >= e->used) && differs_in_sizes_only(*e, sig, args, gm)) ref = e.get();
+  return miss_reason(ref ? *ref : *last_, sig, args, gm, specialized_, value_why, dynamic);
+}
+
+CompiledCore::Entry* CompiledCore::trace_specializing(const FlatArgs& args, const TraceFn& fn,
+                                                      const std::vector<TensorSig>& sig,
+                                                      std::set<std::pair<size_t, int64_t>>& dynamic,
+                                                      std::vector<int64_t>& hints) {
   for (;;) {
     const std::vector<std::vector<int32_t>> dim_sym = assign_symbols(sig, dynamic, hints);
     try {
-      e = trace(args, fn, dim_sym, hints);
-      break;
+      return trace(args, fn, dim_sym, hints);
     } catch (const SpecializeRequest& r) {
       // Library or user code needed concrete sizes: those dims become concrete, and the
       // function is traced again.
@@ -658,17 +338,14 @@ std::vector<Tensor> CompiledCore::call(const FlatArgs& args, const TraceFn& fn) 
       stats_.retrace_reasons.push_back(fmt::format("{} made concrete: {}", dims, r.why));
     }
   }
-  e->sig = std::move(sig);
-  e->statics = args.statics;
-  e->grad_mode = gm;
-  last_ = e;
-  std::string why;
-  // The trace read its guarded values from this call's data with the kernels the guards' plan
-  // runs, so they hold.
-  const bool ran = run(*e, hints, args, outs, &why, lock);
-  DUET_ASSERT(ran, "a fresh trace failed its value guard: {}", why);
-  return outs;
 }
+
+// The gradients of one trace's outputs, as its joint graph computes them.
+struct CompiledCore::Gradients {
+  std::vector<std::vector<Tensor>> grads;  ///< per differentiated output
+  std::vector<size_t> diff_outputs;        ///< the outputs differentiated
+  std::vector<int32_t> gout_values;  ///< per differentiated output: its gradient's graph input
+};
 
 CompiledCore::Entry* CompiledCore::trace(const FlatArgs& args, const TraceFn& fn,
                                          const std::vector<std::vector<int32_t>>& dim_sym,
@@ -684,25 +361,12 @@ CompiledCore::Entry* CompiledCore::trace(const FlatArgs& args, const TraceFn& fn
       return evaluate_value(g, v, args.tensors, hints);
     });
   std::vector<Tensor> outs;
-  std::vector<std::vector<Tensor>> grads;  // per differentiated output
-  std::vector<size_t> diff_outputs;
-  std::vector<int32_t> gout_values;  // per differentiated output: its gradient's graph input
+  Gradients grads;
   {
     std::vector<Tensor> sym;
-    for (size_t i = 0; i < args.tensors.size(); ++i) {
-      SymDims dims;
-      if (!dim_sym.empty()) {
-        const Shape& shape = args.tensors[i].impl()->shape;
-        bool any = false;
-        for (int64_t d = 0; d < shape.size(); ++d) {
-          const int32_t id = dim_sym[i][d];
-          dims.push_back(id >= 0 ? SymInt::symbol(id) : SymInt(shape[d]));
-          any = any || id >= 0;
-        }
-        if (!any) dims.clear();
-      }
-      sym.push_back(tr.input(InputRole::Argument, args.tensors[i], {}, std::move(dims)));
-    }
+    for (size_t i = 0; i < args.tensors.size(); ++i)
+      sym.push_back(tr.input(InputRole::Argument, args.tensors[i], {},
+                             symbolic_dims(args.tensors[i], dim_sym, i)));
     SymContextGuard sym_scope(dim_sym.empty() ? nullptr : &syms);
     ModeGuard mode(&tr);
     outs = fn(sym);
@@ -715,75 +379,94 @@ CompiledCore::Entry* CompiledCore::trace(const FlatArgs& args, const TraceFn& fn
       if (!o.unsafe_impl()->trace) tr.value_of(o);
     bool any = false;
     for (const Tensor& o : outs) any |= o.requires_grad();
-    if (grad_mode() && any) {
-      // The joint graph (docs/design.md, "Backward through compiled outputs"): each output that
-      // requires grad is differentiated with respect to every argument and captured tensor
-      // that requires grad, with its gradient a graph input.
-      std::vector<Tensor> wrt;
-      for (size_t i = 0; i < sym.size(); ++i)
-        if (sym[i].requires_grad()) {
-          wrt.push_back(sym[i]);
-          e->wrt.push_back({int(i), Tensor()});
-        }
-      for (const Tensor& c : tr.graph().captured)
-        if (c.requires_grad()) {
-          wrt.push_back(c);
-          e->wrt.push_back({-1, c});
-        }
-      for (size_t i = 0; i < outs.size(); ++i) {
-        if (!outs[i].requires_grad() || is_same_as_arg(outs[i], sym)) continue;
-        const TensorImpl* o = outs[i].unsafe_impl();
-        Tensor g = tr.input(InputRole::GradOutput,
-                            TensorMeta{o->shape, o->dtype, o->device(), o->sym}, false);
-        try {
-          grads.push_back(detail::grad({outs[i]}, wrt, {g}, false, /*retain_graph=*/true));
-        } catch (const Error& err) {
-          // This output cannot be differentiated: the function already ran backward through
-          // it (a training step), or its backward fails as it would eagerly (a value it saved
-          // was overwritten in place, a while_loop). It is returned with a tape node that
-          // raises the same error when a backward reaches it, as eager would; the other outputs
-          // keep their compiled backward.
-          e->failed.push_back({i, err.what()});
-          continue;
-        }
-        diff_outputs.push_back(i);
-        gout_values.push_back(g.unsafe_impl()->value);
-      }
-      if (grads.empty() && e->failed.empty()) e->wrt.clear();
-    }
+    if (grad_mode() && any) differentiate(tr, sym, outs, *e, grads);
   }
   std::vector<Tensor> all = outs;
-  for (const auto& gs : grads) all.insert(all.end(), gs.begin(), gs.end());
+  for (const auto& gs : grads.grads) all.insert(all.end(), gs.begin(), gs.end());
   tr.finish(all);
   Graph joint = std::move(tr.graph());
   joint.verify();
   stats_.trace_ms = ms_since(t0);
   for (const Tensor& c : joint.captured) e->captured_flags.push_back({c, c.requires_grad()});
   e->num_outputs = outs.size();
+  record_guards(args, dim_sym, hints, syms, tr.value_guards(), *e);
+  split_joint(joint, tr.value_guards(), grads, *e);
+  entries_.push_back(std::move(e));
+  return entries_.back().get();
+}
 
-  e->dim_sym = dim_sym;
-  e->num_symbols = static_cast<int32_t>(hints.size());
-  e->guards = std::move(syms.guards);
+// The joint graph (docs/design.md, "Backward through compiled outputs"): each output that
+// requires grad is differentiated with respect to every argument and captured tensor that
+// requires grad, with its gradient a graph input.
+void CompiledCore::differentiate(Tracer& tr, const std::vector<Tensor>& sym,
+                                 const std::vector<Tensor>& outs, Entry& e, Gradients& grads) {
+  std::vector<Tensor> wrt;
+  for (size_t i = 0; i < sym.size(); ++i)
+    if (sym[i].requires_grad()) {
+      wrt.push_back(sym[i]);
+      e.wrt.push_back({int(i), Tensor()});
+    }
+  for (const Tensor& c : tr.graph().captured)
+    if (c.requires_grad()) {
+      wrt.push_back(c);
+      e.wrt.push_back({-1, c});
+    }
+  for (size_t i = 0; i < outs.size(); ++i) {
+    if (!outs[i].requires_grad() || is_same_as_arg(outs[i], sym)) continue;
+    const TensorImpl* o = outs[i].unsafe_impl();
+    Tensor g =
+        tr.input(InputRole::GradOutput, TensorMeta{o->shape, o->dtype, o->device(), o->sym}, false);
+    try {
+      grads.grads.push_back(detail::grad({outs[i]}, wrt, {g}, false, /*retain_graph=*/true));
+    } catch (const Error& err) {
+      // This output cannot be differentiated: the function already ran backward through
+      // it (a training step), or its backward fails as it would eagerly (a value it saved
+      // was overwritten in place, a while_loop). It is returned with a tape node that
+      // raises the same error when a backward reaches it, as eager would; the other outputs
+      // keep their compiled backward.
+      e.failed.push_back({i, err.what()});
+      continue;
+    }
+    grads.diff_outputs.push_back(i);
+    grads.gout_values.push_back(g.unsafe_impl()->value);
+  }
+  if (grads.grads.empty() && e.failed.empty()) e.wrt.clear();
+}
+
+// What a trace assumed, on its entry and (for the most recent trace) in stats_: its symbolic
+// dims, their guards, and the values it read into C++.
+void CompiledCore::record_guards(const FlatArgs& args,
+                                 const std::vector<std::vector<int32_t>>& dim_sym,
+                                 const std::vector<int64_t>& hints, TraceSyms& syms,
+                                 const std::vector<ValueGuard>& value_guards, Entry& e) {
+  e.dim_sym = dim_sym;
+  e.num_symbols = static_cast<int32_t>(hints.size());
+  e.guards = std::move(syms.guards);
   stats_.symbolic_dims.clear();
-  for (size_t i = 0; i < e->dim_sym.size(); ++i)
-    for (size_t d = 0; d < e->dim_sym[i].size(); ++d)
-      if (e->dim_sym[i][d] >= 0)
+  for (size_t i = 0; i < e.dim_sym.size(); ++i)
+    for (size_t d = 0; d < e.dim_sym[i].size(); ++d)
+      if (e.dim_sym[i][d] >= 0)
         stats_.symbolic_dims.push_back(
-            fmt::format("{} dim {}: s{}", args.labels[i], d, e->dim_sym[i][d]));
+            fmt::format("{} dim {}: s{}", args.labels[i], d, e.dim_sym[i][d]));
   stats_.guards.clear();
-  for (const SymGuard& g : e->guards) stats_.guards.push_back(g.str());
+  for (const SymGuard& g : e.guards) stats_.guards.push_back(g.str());
   stats_.value_guards.clear();
-  for (const ValueGuard& g : tr.value_guards()) {
-    e->value_guards.push_back({g.expected, g.why});
+  for (const ValueGuard& g : value_guards) {
+    e.value_guards.push_back({g.expected, g.why});
     stats_.value_guards.push_back(g.why);
   }
-  // Split: the forward part is what the results and write-backs need (and every input but the
-  // gradients); each backward reads the forward values it uses as saved inputs.
+}
+
+// Split: the forward part is what the results and write-backs need (and every input but the
+// gradients); each backward reads the forward values it uses as saved inputs.
+void CompiledCore::split_joint(const Graph& joint, const std::vector<ValueGuard>& value_guards,
+                               const Gradients& grads, Entry& e) {
   const size_t n = joint.nodes.size();
+  const size_t num_outputs = e.num_outputs;
   std::vector<bool> fwd(n, false), none(n, false);
-  std::vector<int32_t> fwd_roots(joint.outputs.begin(), joint.outputs.begin() + outs.size());
+  std::vector<int32_t> fwd_roots(joint.outputs.begin(), joint.outputs.begin() + num_outputs);
   for (const WriteBack& w : joint.writebacks) fwd_roots.push_back(w.value);
-  for (const ValueGuard& g : tr.value_guards()) fwd_roots.push_back(g.value);
+  for (const ValueGuard& g : value_guards) fwd_roots.push_back(g.value);
   for (size_t i = 0; i < n; ++i)
     if (joint.nodes[i].kind == NodeKind::Input && joint.nodes[i].role != InputRole::GradOutput)
       fwd_roots.push_back(int32_t(i));
@@ -792,45 +475,45 @@ CompiledCore::Entry* CompiledCore::trace(const FlatArgs& args, const TraceFn& fn
   // (a scan's stacked carries) as saved values, never the construct's tuple itself.
   for (size_t i = 0; i < n; ++i)
     if (joint.nodes[i].kind == NodeKind::Project && fwd[joint.nodes[i].inputs[0]]) fwd[i] = true;
-  std::vector<std::set<int32_t>> saved_per(grads.size());
+  const size_t num_grads = grads.grads.size();
+  std::vector<std::set<int32_t>> saved_per(num_grads);
   std::vector<std::vector<bool>> bwd_sets;
   std::set<int32_t> saved_all;
-  size_t pos = outs.size();
-  std::vector<std::vector<int32_t>> bwd_roots(grads.size());
-  for (size_t k = 0; k < grads.size(); ++k) {
-    bwd_roots[k].assign(joint.outputs.begin() + pos, joint.outputs.begin() + pos + grads[k].size());
-    pos += grads[k].size();
+  size_t pos = num_outputs;
+  std::vector<std::vector<int32_t>> bwd_roots(num_grads);
+  for (size_t k = 0; k < num_grads; ++k) {
+    const size_t count = grads.grads[k].size();
+    bwd_roots[k].assign(joint.outputs.begin() + pos, joint.outputs.begin() + pos + count);
+    pos += count;
     std::vector<bool> in(n, false);
     ancestors(joint, bwd_roots[k], fwd, in, &saved_per[k]);
     // The gradient is an input of the plan even when no result reads it (all of them zeros):
     // the tape node always passes it.
-    in[gout_values[k]] = true;
+    in[grads.gout_values[k]] = true;
     saved_all.insert(saved_per[k].begin(), saved_per[k].end());
     bwd_sets.push_back(std::move(in));
   }
   std::vector<int32_t> saved_vec(saved_all.begin(), saved_all.end());
-  std::vector<int32_t> fwd_out(joint.outputs.begin(), joint.outputs.begin() + outs.size());
+  std::vector<int32_t> fwd_out(joint.outputs.begin(), joint.outputs.begin() + num_outputs);
   fwd_out.insert(fwd_out.end(), saved_vec.begin(), saved_vec.end());
 
-  for (const ValueGuard& g : tr.value_guards()) fwd_out.push_back(g.value);
-  if (tr.value_guards().empty()) {
-    e->traced_forward = extract(joint, fwd, {}, fwd_out);
+  for (const ValueGuard& g : value_guards) fwd_out.push_back(g.value);
+  if (value_guards.empty()) {
+    e.traced_forward = extract(joint, fwd, {}, fwd_out);
   } else {
-    split_guards(extract(joint, fwd, {}, fwd_out), tr.value_guards().size(), e->traced_guard,
-                 e->traced_forward);
+    split_guards(extract(joint, fwd, {}, fwd_out), value_guards.size(), e.traced_guard,
+                 e.traced_forward);
   }
-  for (size_t k = 0; k < grads.size(); ++k) {
+  for (size_t k = 0; k < num_grads; ++k) {
     std::vector<int32_t> boundary(saved_per[k].begin(), saved_per[k].end());
-    e->traced_backward.push_back(extract(joint, bwd_sets[k], boundary, bwd_roots[k]));
+    e.traced_backward.push_back(extract(joint, bwd_sets[k], boundary, bwd_roots[k]));
     Entry::Backward b;
-    b.output = diff_outputs[k];
+    b.output = grads.diff_outputs[k];
     for (int32_t v : boundary)
       b.saved.push_back(
           size_t(std::lower_bound(saved_vec.begin(), saved_vec.end(), v) - saved_vec.begin()));
-    e->backward.push_back(std::move(b));
+    e.backward.push_back(std::move(b));
   }
-  entries_.push_back(std::move(e));
-  return entries_.back().get();
 }
 
 Plans CompiledCore::build_plans(const Entry& e, const std::vector<int64_t>& values) {

@@ -117,6 +117,10 @@ struct FlatArgs {
 using TraceFn = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
 
 struct Plans;
+struct TensorSig;
+struct ValueGuard;
+class TraceSyms;
+class Tracer;
 
 class CompiledCore {
  public:
@@ -135,6 +139,28 @@ class CompiledCore {
   /// Traces fn with the dims of dim_sym symbolic (Note [Symbolic dims]), hints their sizes.
   Entry* trace(const FlatArgs& args, const TraceFn& fn,
                const std::vector<std::vector<int32_t>>& dim_sym, const std::vector<int64_t>& hints);
+  /// The steps of call(): a cached entry that fits (trace/guards.h) runs; else the reason for
+  /// the miss; else a new trace, restarted with fewer symbolic dims while code needs sizes.
+  bool run_cached(const FlatArgs& args, const std::vector<TensorSig>& sig, bool grad_mode,
+                  std::vector<Tensor>& outs, std::string& value_why,
+                  std::unique_lock<std::mutex>& lock);
+  std::string explain_miss(const FlatArgs& args, const std::vector<TensorSig>& sig, bool grad_mode,
+                           const std::string& value_why,
+                           std::set<std::pair<size_t, int64_t>>& dynamic) const;
+  Entry* trace_specializing(const FlatArgs& args, const TraceFn& fn,
+                            const std::vector<TensorSig>& sig,
+                            std::set<std::pair<size_t, int64_t>>& dynamic,
+                            std::vector<int64_t>& hints);
+  /// The steps of trace(): the gradients of the outputs, what the trace assumed, and the joint
+  /// graph cut into the entry's forward and backward graphs.
+  struct Gradients;
+  static void differentiate(Tracer& tr, const std::vector<Tensor>& sym,
+                            const std::vector<Tensor>& outs, Entry& e, Gradients& grads);
+  void record_guards(const FlatArgs& args, const std::vector<std::vector<int32_t>>& dim_sym,
+                     const std::vector<int64_t>& hints, TraceSyms& syms,
+                     const std::vector<ValueGuard>& value_guards, Entry& e);
+  static void split_joint(const Graph& joint, const std::vector<ValueGuard>& value_guards,
+                          const Gradients& grads, Entry& e);
   Plans build_plans(const Entry& e, const std::vector<int64_t>& values);
   /// Runs e's plans for these symbol values into `outs`; false (with `why`, and nothing run
   /// but the guards' part) when a value guard fails (Note [Data-dependent reads]).

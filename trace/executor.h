@@ -128,7 +128,10 @@ class Plan {
   std::vector<int32_t> step_epilogue_;  ///< per step of steps_: index into epilogues_, or -1
   std::vector<Tensor> run_graphed(const std::vector<Tensor>& inputs);
   void run_hoisted_if_stale();
+  struct Builder;  ///< the state of one build() (trace/plan_build.cpp)
   void build();
+  /// Sets graph_ up when the plan qualifies for replay (trace/cuda_graph.cpp).
+  void prepare_graph_replay();
   void run_control(ControlStep& c);
   std::vector<Tensor> execute(const std::vector<Tensor>& inputs);
   void run_fused(FusedStep& f);

@@ -1,0 +1,842 @@
+// duet: building a plan (trace/executor.h): its schedule, parallel waves, write-backs computed in
+// place, hoisted steps, buffers and steps, one section of Plan::Builder each, run in that order.
+#include <algorithm>
+#include <unordered_map>
+
+#include <omp.h>
+
+#include "core/dispatch.h"
+#include "core/tensor_impl.h"
+#include "eager/autograd.h"
+#include "kernels/loops.h"
+#include "trace/fusion.h"
+#include "trace/plan_internal.h"
+
+namespace duet::detail {
+
+namespace {
+
+bool is_step_node(const GraphNode& g) {
+  return g.kind == NodeKind::Op || g.kind == NodeKind::Control || g.kind == NodeKind::Project;
+}
+
+// The first `count` results of g, each in a buffer of its own: one that is an input, a view of
+// one, or the buffer of an earlier result gets a copy (Note [Control steps]).
+Graph ensure_fresh_results(Graph g, size_t count) {
+  std::vector<int32_t> roots;
+  for (size_t k = 0; k < count && k < g.outputs.size(); ++k) {
+    const int32_t r = buffer_root(g, g.outputs[k]);
+    bool copy = g.nodes[r].kind == NodeKind::Input;
+    for (int32_t q : roots) copy = copy || (q == r && g.nodes[r].kind != NodeKind::Constant);
+    roots.push_back(r);
+    if (!copy) continue;
+    GraphNode c;
+    c.kind = NodeKind::Op;
+    c.op = OpId::Copy;
+    c.inputs = {g.outputs[k]};
+    c.meta = g.nodes[g.outputs[k]].meta;
+    g.outputs[k] = g.add(std::move(c));
+  }
+  return g;
+}
+
+/// A tensor over `storage` at a byte offset (the arena's buffers).
+Tensor tensor_in(const StoragePtr& storage, int64_t byte_offset, const TensorMeta& m) {
+  auto* t = new TensorImpl();
+  TensorImplPtr p = TensorImplPtr::adopt(t);
+  t->dtype = m.dtype;
+  t->shape = m.shape;
+  t->strides = contiguous_strides(m.shape);
+  t->offset = byte_offset / static_cast<int64_t>(itemsize(m.dtype));
+  t->storage = storage;
+  return Tensor(std::move(p));
+}
+
+int64_t nbytes(const TensorMeta& m) { return m.shape.numel() * int64_t(itemsize(m.dtype)); }
+
+}  // namespace
+
+/// The state of one Plan::build. A value is a node of the graph; a unit is a step to be: each
+/// fusion group (units [0, ng)), and each op node outside groups (unit ng + its node), a Control
+/// node with its Project nodes being one unit.
+struct Plan::Builder {
+  Plan& plan;
+  const Graph& graph;
+  const PlanOptions& opt;
+  PlanStats& stats;
+  const bool debug = std::getenv("DUET_DEBUG_PLAN") != nullptr;  // print what is decided
+  const int32_t n;                                               // values
+
+  std::vector<int32_t> root;  ///< per value: the buffer it lives in (itself, or its views' root)
+  std::vector<bool> fresh;    ///< per value: allocated at every run (it reaches a result)
+  std::vector<FusionGroup> groups;
+  std::vector<int32_t> group_of;  ///< per value: its group, or -1
+  int32_t ng = 0;                 ///< groups
+  bool has_control = false;
+  std::vector<int32_t> first_node;               ///< per unit: its first node, or -1 (no unit)
+  std::vector<std::vector<int32_t>> unit_nodes;  ///< per unit: its nodes
+  std::vector<bool> materialized;                ///< per value: not kept in a kernel's registers
+  std::vector<int32_t> order;                    ///< the schedule: units in the order they run
+  std::vector<int32_t> wave_of;                  ///< per unit (Note [Parallel waves])
+  int32_t num_waves = 0;
+  bool parallel = false;
+  std::vector<int32_t> step_pos;  ///< per step of the schedule: its step, or its wave
+  std::vector<int32_t> pos;       ///< per value: its step's step_pos (inputs, constants: -1)
+  int32_t num_steps = 0;
+  int32_t end_pos = 0;              ///< where write-backs read: after the last step_pos
+  std::vector<int32_t> inplace;     ///< per value: the captured tensor it is computed into, or -1
+  std::vector<bool> hoisted;        ///< per value: computed by a hoisted kernel
+  std::vector<bool> hoisted_unit;   ///< per unit: hoisted (a static view's too)
+  std::vector<int32_t> last_use;    ///< per value: the last step_pos reading it or a view of it
+  std::vector<int32_t> request_of;  ///< per value: its buffer in plan.requests_, or -1
+  StoragePtr arena;
+  std::vector<bool> is_static;  ///< per value: its tensor is set up once, for the plan's life
+
+  explicit Builder(Plan& p)
+      : plan(p),
+        graph(p.g_),
+        opt(p.opt_),
+        stats(p.stats_),
+        n(static_cast<int32_t>(p.g_.nodes.size())) {}
+
+  void build();
+  void find_roots_and_results();
+  void find_units();
+  int32_t unit_of(int32_t v) const;
+  void schedule();
+  void find_waves();
+  double step_cost(int32_t u, double* speedup) const;
+  void choose_parallel();
+  void place_steps();
+  const StorageImpl* storage_of_root(int32_t v) const;
+  bool can_write_back_in_place(size_t k,
+                               const std::unordered_map<const StorageImpl*, int32_t>& last_read);
+  void find_inplace_writebacks();
+  void hoist();
+  bool needs_buffer(int32_t v) const;
+  bool can_reuse(int32_t v, int32_t in, const std::vector<int32_t>& step_inputs) const;
+  void request_buffers();
+  void plan_arena();
+  void set_buffer(int32_t v);
+  void make_fused_step(int32_t u);
+  void make_control_step(int32_t u);
+  void make_op_step(int32_t u);
+  void make_steps();
+};
+
+void Plan::build() { Builder(*this).build(); }
+
+void Plan::Builder::build() {
+  plan.vals_.assign(n, Tensor());
+  plan.slot_value_.assign(graph.num_runtime_inputs, -1);
+  find_roots_and_results();
+  find_units();
+  schedule();
+  find_waves();
+  choose_parallel();
+  place_steps();
+  find_inplace_writebacks();
+  hoist();
+  request_buffers();
+  plan_arena();
+  SuspendModes eager;  // static views, buffers and subplans are made eagerly
+  make_steps();
+  // plan.args_ grew while steps were made: its pointers point into plan.vals_, which did not
+  // move.
+  if (parallel)
+    for (size_t i = 0; i < plan.steps_.size(); ++i)
+      if (i == 0 || plan.step_wave_[i] != plan.step_wave_[i - 1])
+        plan.wave_begin_.push_back(static_cast<int32_t>(i));
+  if (debug) fmt::print(stderr, "{}\n--- schedule\n{}\n", graph.str(), plan.schedule_str());
+}
+
+// Buffer roots, and what the results and write-backs need of them.
+void Plan::Builder::find_roots_and_results() {
+  // The buffer each value lives in: itself, or the root of its chain of views.
+  root.assign(n, 0);
+  for (int32_t i = 0; i < n; ++i) {
+    const GraphNode& g = graph.nodes[i];
+    root[i] = is_view_node(g) ? root[g.inputs[0]] : i;
+    if (g.kind == NodeKind::Op && op_class(g.op) != OpClass::View)
+      stats.intermediate_bytes += nbytes(g.meta);
+  }
+  fresh.assign(n, false);
+  plan.clone_output_.assign(graph.outputs.size(), false);
+  plan.alias_output_.assign(graph.outputs.size(), false);
+  for (size_t k = 0; k < graph.outputs.size(); ++k) {
+    const GraphNode& r = graph.nodes[root[graph.outputs[k]]];
+    if (r.kind == NodeKind::Op) fresh[root[graph.outputs[k]]] = true;
+    plan.clone_output_[k] = r.kind == NodeKind::Constant;
+    // A captured tensor returned as a result gets a handle of its own, as a view would.
+    plan.alias_output_[k] = r.kind == NodeKind::Input && r.role == InputRole::Captured;
+  }
+  plan.stage_writeback_.assign(graph.writebacks.size(), false);
+  for (size_t k = 0; k < graph.writebacks.size(); ++k)
+    plan.stage_writeback_[k] = graph.nodes[root[graph.writebacks[k].value]].kind != NodeKind::Op;
+}
+
+// ---- fusion groups and the schedule (Note [Schedule]) ----
+
+// The fusion groups, and the units they and the other step nodes make.
+void Plan::Builder::find_units() {
+  if (opt.fuse) groups = find_fusion_groups(graph);
+  group_of.assign(n, -1);
+  for (size_t gi = 0; gi < groups.size(); ++gi)
+    for (int32_t m : groups[gi].members) group_of[m] = static_cast<int32_t>(gi);
+  // Step units: each group, and each op node outside groups. Kahn's algorithm over them.
+  ng = static_cast<int32_t>(groups.size());
+  first_node.assign(ng + n, -1);
+  unit_nodes.assign(ng + n, {});
+  for (int32_t i = 0; i < n; ++i)
+    if (is_step_node(graph.nodes[i])) {
+      has_control = has_control || graph.nodes[i].kind == NodeKind::Control;
+      const int32_t u = unit_of(i);
+      if (first_node[u] < 0) first_node[u] = i;
+      unit_nodes[u].push_back(i);
+    }
+  // Values a group keeps in registers need no buffer.
+  materialized.assign(n, true);
+  for (const FusionGroup& f : groups) {
+    for (int32_t m : f.members) materialized[m] = false;
+    for (int32_t o : f.outputs) materialized[o] = true;
+    if (f.reduction >= 0) materialized[f.reduction] = true;
+  }
+}
+
+int32_t Plan::Builder::unit_of(int32_t v) const {
+  if (group_of[v] >= 0) return group_of[v];
+  // A Control node and its Project nodes are one unit.
+  const int32_t owner = graph.nodes[v].kind == NodeKind::Project ? graph.nodes[v].inputs[0] : v;
+  return ng + owner;
+}
+
+// The order of the units: Kahn's algorithm, choosing among the ready units by memory.
+void Plan::Builder::schedule() {
+  std::vector<int32_t> indeg(ng + n, 0);
+  std::vector<std::vector<int32_t>> users(ng + n);
+  for (int32_t u = 0; u < ng + n; ++u) {
+    std::vector<int32_t> deps;
+    for (int32_t v : unit_nodes[u])
+      for (int32_t in : graph.nodes[v].inputs)
+        if (is_step_node(graph.nodes[in]) && unit_of(in) != u) deps.push_back(unit_of(in));
+    std::sort(deps.begin(), deps.end());
+    deps.erase(std::unique(deps.begin(), deps.end()), deps.end());
+    indeg[u] = static_cast<int32_t>(deps.size());
+    for (int32_t d : deps) users[d].push_back(u);
+  }
+  // Memory-aware choice (with plan_memory): of the ready steps, the one that frees the most
+  // bytes net (the buffers it reads for the last time, less the buffers it makes) runs first
+  // when that is positive; else the one first in the graph. In a backward pass this runs a
+  // weight gradient (which frees the activation it reads) before the input gradient beside it.
+  // Views cost nothing and run as soon as they can, so that their readers are ready to choose.
+  std::vector<int64_t> made_bytes(ng + n, 0);
+  std::vector<std::vector<int32_t>> unit_reads(ng + n);
+  std::vector<int32_t> readers_left(n, 0);
+  std::vector<bool> kept(n, false);  // results and write-backs: live to the end anyway
+  for (int32_t o : graph.outputs) kept[root[o]] = true;
+  for (const WriteBack& w : graph.writebacks) kept[root[w.value]] = true;
+  std::vector<bool> view_unit(ng + n, false);
+  for (int32_t u = ng; u < ng + n; ++u)
+    view_unit[u] = first_node[u] >= 0 && is_view_node(graph.nodes[u - ng]);
+  for (int32_t u = 0; u < ng + n; ++u) {
+    if (view_unit[u]) continue;  // its readers read the buffer
+    for (int32_t v : unit_nodes[u]) {
+      const GraphNode& g = graph.nodes[v];
+      if (!is_view_node(g) && g.kind != NodeKind::Control && materialized[v] && !kept[v])
+        made_bytes[u] += nbytes(g.meta);
+      for (int32_t in : g.inputs) {
+        const int32_t r = root[in];
+        const NodeKind rk = graph.nodes[r].kind;
+        if ((rk == NodeKind::Op || rk == NodeKind::Project) && !kept[r] && unit_of(r) != u)
+          unit_reads[u].push_back(r);
+      }
+    }
+    std::sort(unit_reads[u].begin(), unit_reads[u].end());
+    unit_reads[u].erase(std::unique(unit_reads[u].begin(), unit_reads[u].end()),
+                        unit_reads[u].end());
+    for (int32_t r : unit_reads[u]) ++readers_left[r];
+  }
+  auto net_freed = [&](int32_t u) {
+    int64_t freed = -made_bytes[u];
+    for (int32_t r : unit_reads[u])
+      if (readers_left[r] == 1) freed += nbytes(graph.nodes[r].meta);
+    return freed;
+  };
+  std::vector<int32_t> ready;
+  for (int32_t u = 0; u < ng + n; ++u)
+    if (first_node[u] >= 0 && indeg[u] == 0) ready.push_back(u);
+  while (!ready.empty()) {
+    size_t pick = 0;
+    int64_t best_freed = 0;
+    for (size_t k = 0; k < ready.size(); ++k) {
+      if (opt.plan_memory && view_unit[ready[k]]) {  // free: lets its readers become ready
+        pick = k;
+        break;
+      }
+      const int64_t f = opt.plan_memory ? std::max<int64_t>(net_freed(ready[k]), 0) : 0;
+      if (f > best_freed || (f == best_freed && first_node[ready[k]] < first_node[ready[pick]])) {
+        pick = k;
+        best_freed = f;
+      }
+    }
+    const int32_t u = ready[pick];
+    ready[pick] = ready.back();
+    ready.pop_back();
+    order.push_back(u);
+    for (int32_t r : unit_reads[u]) --readers_left[r];
+    for (int32_t w : users[u])
+      if (--indeg[w] == 0) ready.push_back(w);
+  }
+  int32_t units = 0;
+  for (int32_t u = 0; u < ng + n; ++u) units += first_node[u] >= 0;
+  DUET_ASSERT(static_cast<int32_t>(order.size()) == units,
+              "[compile] the fused schedule of {} has a cycle ({} of {} steps ordered)",
+              graph.label, order.size(), units);
+}
+
+// ---- parallel branches (Note [Parallel waves]) ----
+// A step's wave is one more than the latest wave it reads from; the steps of one wave are
+// independent. With two threads, a plan runs wave by wave, the steps of a wave side by side
+// (each kernel on one thread), when the cost model says that beats running the steps in
+// order, each kernel on both threads: that is, when branches are many and their kernels too
+// small to split well.
+void Plan::Builder::find_waves() {
+  wave_of.assign(ng + n, 0);
+  for (int32_t u : order) {
+    int32_t w = 0;
+    for (int32_t v : unit_nodes[u])
+      for (int32_t in : graph.nodes[v].inputs)
+        if (is_step_node(graph.nodes[in]) && unit_of(in) != u)
+          w = std::max(w, wave_of[unit_of(in)] + 1);
+    wave_of[u] = w;
+    num_waves = std::max(num_waves, w + 1);
+  }
+}
+
+// Estimated nanoseconds of unit u on one thread (-1: not on the CPU), and how much faster it
+// runs when its kernels split over two (1: not at all). Measured on the 2-core AVX-512
+// machines: one core multiplies at about 200 GFLOP/s from 16 x 256 x 512 up; oneDNN splits a
+// product over two threads only from about 64 MFLOP, and well (1.85x) only from about 256
+// MFLOP; an elementwise kernel splits from 2 * kParallelGrain elements. (TT in bench/ checks
+// it: the two-tower step against the same step in order and with every wave side by side.)
+double Plan::Builder::step_cost(int32_t u, double* speedup) const {
+  double ns = 0, split_ns = 0;
+  for (int32_t v : unit_nodes[u]) {
+    const GraphNode& g = graph.nodes[v];
+    if (g.meta.device.type != DeviceType::CPU) return -1.0;
+    if (op_class(g.op) == OpClass::View) continue;
+    const int64_t numel = g.meta.shape.numel();
+    double c = 0;
+    if (g.op == OpId::MatMul) {
+      const Shape& a = graph.nodes[g.inputs[0]].meta.shape;
+      const double flops = 2.0 * numel * (a.size() ? a[a.size() - 1] : 1);
+      c = flops / 150.0 + 300;  // a little under the peak, and the call
+      split_ns += c / (flops >= 256e6 ? 1.85 : flops >= 64e6 ? 1.5 : 1.0);
+    } else {
+      c = 0.1 * numel + 100;
+      split_ns += numel >= 2 * kernels::kParallelGrain ? c / 1.9 : c;
+    }
+    ns += c;
+  }
+  *speedup = ns > 0 ? ns / split_ns : 1;
+  return ns;
+}
+
+// Whether the plan runs in waves, and which waves run their steps side by side; a parallel
+// plan's schedule runs wave by wave.
+void Plan::Builder::choose_parallel() {
+  if (opt.parallel && !has_control && omp_get_max_threads() >= 2 && num_waves > 0) {
+    // Per wave: in order, each step split over both threads as it can (wave_serial), or the
+    // steps side by side, one thread each (the longest step, or half the sum, and a fork).
+    std::vector<double> wave_sum(num_waves, 0), wave_max(num_waves, 0), wave_serial(num_waves, 0);
+    std::vector<int32_t> wave_count(num_waves, 0);
+    bool cpu = true;
+    for (int32_t u : order) {
+      double speedup = 1;
+      const double c = step_cost(u, &speedup);
+      if (c < 0) cpu = false;
+      wave_serial[wave_of[u]] += c / speedup;
+      wave_sum[wave_of[u]] += c;
+      wave_max[wave_of[u]] = std::max(wave_max[wave_of[u]], c);
+      ++wave_count[wave_of[u]];
+    }
+    constexpr double kWaveOverheadNs = 1500;  // an OpenMP fork and join of two threads
+    // DUET_PARALLEL=always (the tests use it) runs every wave of more than one step side by
+    // side; =auto (default) asks the cost model, wave by wave.
+    const char* env = std::getenv("DUET_PARALLEL");
+    const bool always = env && std::string(env) == "always";
+    double serial = 0, waved = 0;
+    plan.wave_parallel_.assign(num_waves, false);
+    for (int32_t w = 0; w < num_waves; ++w) {
+      const double side = std::max(wave_max[w], wave_sum[w] / 2) + kWaveOverheadNs;
+      plan.wave_parallel_[w] = wave_count[w] > 1 && (always || side < 0.85 * wave_serial[w]);
+      serial += wave_serial[w];
+      waved += plan.wave_parallel_[w] ? side : wave_serial[w];
+    }
+    // Waves cost memory (no buffer is reused in place: steps of one wave may run together), so
+    // a plan runs in waves only when they save a few percent of its time.
+    parallel = cpu &&
+               std::any_of(plan.wave_parallel_.begin(), plan.wave_parallel_.end(),
+                           [](bool b) { return b; }) &&
+               (always || waved < 0.97 * serial);
+    stats.parallel = parallel;
+    if (debug)
+      fmt::print(stderr,
+                 "--- parallel: {} waves, {} side by side; estimated {:.1f} us in order, {:.1f} us "
+                 "in waves\n",
+                 num_waves,
+                 std::count(plan.wave_parallel_.begin(), plan.wave_parallel_.end(), true),
+                 serial / 1e3, waved / 1e3);
+  }
+  if (parallel)
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int32_t a, int32_t b) { return wave_of[a] < wave_of[b]; });
+}
+
+// The position of every value in the schedule (inputs and constants: -1): its step, or in a
+// parallel plan its wave, so that buffers of steps that may run together never share bytes.
+void Plan::Builder::place_steps() {
+  step_pos.assign(order.size(), 0);
+  for (size_t s = 0; s < order.size(); ++s)
+    step_pos[s] = parallel ? wave_of[order[s]] : static_cast<int32_t>(s);
+  pos.assign(n, -1);
+  for (size_t s = 0; s < order.size(); ++s)
+    for (int32_t v : unit_nodes[order[s]]) pos[v] = step_pos[s];
+  num_steps = static_cast<int32_t>(order.size());
+  end_pos = parallel ? num_waves : num_steps;
+}
+
+// ---- write-backs computed in place ----
+// Write-backs computed in place (docs/design.md, "Write-backs in place"): a value
+// made by a kernel goes straight into the captured tensor's storage when nothing reads that
+// storage after the value is computed, and the step computing it reads that storage, if at
+// all, only elementwise at the same layout (w - lr * g). Then there is no buffer and no copy.
+
+// The storage of the captured tensor v is a view of, or null.
+const StorageImpl* Plan::Builder::storage_of_root(int32_t v) const {
+  const GraphNode& r = graph.nodes[root[v]];
+  if (r.kind == NodeKind::Input && r.role == InputRole::Captured)
+    return graph.captured[r.index].unsafe_impl()->storage.get();
+  return nullptr;
+}
+
+void Plan::Builder::find_inplace_writebacks() {
+  inplace.assign(n, -1);
+  plan.inplace_writeback_.assign(graph.writebacks.size(), false);
+  std::unordered_map<const StorageImpl*, int32_t> last_read;
+  for (int32_t i = 0; i < n; ++i)
+    for (int32_t in : graph.nodes[i].inputs)
+      if (const StorageImpl* st = storage_of_root(in))
+        last_read[st] = std::max(last_read.count(st) ? last_read[st] : -1, pos[i]);
+  for (size_t k = 0; k < graph.writebacks.size(); ++k) {
+    if (!can_write_back_in_place(k, last_read)) continue;
+    const WriteBack& w = graph.writebacks[k];
+    inplace[w.value] = w.target;
+    plan.inplace_writeback_[k] = true;
+  }
+}
+
+bool Plan::Builder::can_write_back_in_place(
+    size_t k, const std::unordered_map<const StorageImpl*, int32_t>& last_read) {
+  const WriteBack& w = graph.writebacks[k];
+  const GraphNode& v = graph.nodes[w.value];
+  const Tensor& dst = graph.captured[w.target];
+  const TensorImpl* d = dst.unsafe_impl();
+  const int32_t gi = w.value < n ? group_of[w.value] : -1;
+  if (v.kind != NodeKind::Op || op_class(v.op) == OpClass::View || fresh[w.value] ||
+      inplace[w.value] >= 0 || !d->contiguous || d->dtype != v.meta.dtype ||
+      d->shape != v.meta.shape || d->device() != v.meta.device ||
+      (gi >= 0 && groups[gi].reduction >= 0))
+    return false;
+  const StorageImpl* st = d->storage.get();
+  auto lr = last_read.find(st);
+  bool ok = lr == last_read.end() || lr->second < pos[w.value] ||
+            (lr->second == pos[w.value] && !parallel);
+  if (!ok && parallel && lr->second == pos[w.value]) {
+    // Steps of one wave run together: only the step computing the value may read there.
+    ok = true;
+    for (int32_t i = 0; i < n; ++i)
+      if (pos[i] == pos[w.value] && unit_of(i) != unit_of(w.value))
+        for (int32_t in : graph.nodes[i].inputs) ok = ok && storage_of_root(in) != st;
+  }
+  // What the step reads: the node's inputs, or the whole group's.
+  const bool elementwise = gi >= 0 || op_class(v.op) == OpClass::Elementwise;
+  std::vector<int32_t> reads(v.inputs.begin(), v.inputs.end());
+  if (gi >= 0) reads = groups[gi].inputs;
+  for (int32_t in : reads) {
+    if (storage_of_root(in) != st) continue;
+    const GraphNode& src = graph.nodes[in];
+    ok = ok && elementwise && src.kind == NodeKind::Input &&
+         graph.captured[src.index].unsafe_impl()->contiguous &&
+         graph.captured[src.index].sizes() == d->shape &&
+         graph.captured[src.index].storage_offset() == d->offset;
+  }
+  for (size_t j = 0; ok && j < graph.writebacks.size(); ++j)
+    ok = !(plan.stage_writeback_[j] && storage_of_root(graph.writebacks[j].value) == st);
+  for (size_t j = 0; ok && j < graph.outputs.size(); ++j)
+    ok = storage_of_root(graph.outputs[j]) != st;  // conservative: results alias nothing written
+  return ok;
+}
+
+// ---- hoisting (parameter preprocessing) ----
+// A step whose inputs are all captured tensors, constants or hoisted values computes the same
+// result at every run until a captured tensor changes: it runs once, and again only when the
+// version of a storage it reads has changed (an optimizer step, a load). Its buffer is its
+// own, outside the arena. Results, in-place write-backs and random draws stay per run.
+void Plan::Builder::hoist() {
+  std::vector<bool> param_only(n, false);
+  hoisted.assign(n, false);
+  hoisted_unit.assign(ng + n, false);
+  for (int32_t i = 0; i < n; ++i) {
+    const GraphNode& g = graph.nodes[i];
+    param_only[i] = g.kind == NodeKind::Constant ||
+                    (g.kind == NodeKind::Input && g.role == InputRole::Captured);
+  }
+  if (!opt.hoist) return;
+  for (int32_t s = 0; s < num_steps; ++s) {
+    const int32_t u = order[s];
+    bool ok = true;
+    bool any_kernel = false;
+    for (int32_t v : unit_nodes[u]) {
+      const GraphNode& g = graph.nodes[v];
+      ok = ok && g.kind == NodeKind::Op && !fresh[v] && inplace[v] < 0 && g.op != OpId::Random;
+      any_kernel = any_kernel || !is_view_node(g);
+      for (int32_t in : g.inputs) ok = ok && (param_only[in] || unit_of(in) == u);
+    }
+    if (!ok) continue;
+    for (int32_t v : unit_nodes[u]) param_only[v] = true;
+    // A view of parameters is static (made once below) unless no strides express it; then
+    // it is a hoisted step too, so hoisted kernels never read it before it exists.
+    hoisted_unit[u] = true;
+    if (!any_kernel) continue;
+    for (int32_t v : unit_nodes[u]) hoisted[v] = true;
+    stats.hoisted_nodes += static_cast<int64_t>(unit_nodes[u].size());
+  }
+  // Every hoisted step, a view copied because no strides express it included, re-runs when
+  // a storage it reads changes version.
+  for (int32_t i = 0; i < n; ++i)
+    if (is_step_node(graph.nodes[i]) && hoisted_unit[unit_of(i)])
+      for (int32_t in : graph.nodes[i].inputs)
+        if (const StorageImpl* st = storage_of_root(in)) {
+          auto* sp = const_cast<StorageImpl*>(st);
+          if (std::none_of(plan.hoist_versions_.begin(), plan.hoist_versions_.end(),
+                           [&](const auto& e) { return e.first == sp; }))
+            plan.hoist_versions_.push_back({sp, ~uint32_t(0)});
+        }
+}
+
+// ---- buffers: which values need one, and their live intervals ----
+
+bool Plan::Builder::needs_buffer(int32_t v) const {
+  const GraphNode& g = graph.nodes[v];
+  return g.kind == NodeKind::Op && op_class(g.op) != OpClass::View && materialized[v] &&
+         !fresh[v] && inplace[v] < 0 && !hoisted[v];
+}
+
+// In place: a step writing value v at the same index it reads input `in`, which dies there.
+// No other input of the step may read that buffer through a view (a shifted slice of it
+// would see the new values).
+bool Plan::Builder::can_reuse(int32_t v, int32_t in,
+                              const std::vector<int32_t>& step_inputs) const {
+  if (in < 0 || request_of[in] < 0 || root[in] != in) return false;
+  for (int32_t x : step_inputs)
+    if (x != in && root[x] == in) return false;
+  const GraphNode& a = graph.nodes[v];
+  const GraphNode& b = graph.nodes[in];
+  return last_use[in] == pos[v] && a.meta.shape == b.meta.shape && a.meta.dtype == b.meta.dtype &&
+         a.meta.device == b.meta.device;
+}
+
+// A buffer is live from its step to the last step reading it or a view of it; write-backs
+// read after the last step.
+void Plan::Builder::request_buffers() {
+  last_use.assign(n, -1);
+  for (int32_t i = 0; i < n; ++i)
+    for (int32_t in : graph.nodes[i].inputs) {
+      const int32_t p = pos[i];
+      last_use[root[in]] = std::max(last_use[root[in]], p);
+      last_use[in] = std::max(last_use[in], p);
+    }
+  for (const WriteBack& w : graph.writebacks) last_use[root[w.value]] = end_pos;
+  request_of.assign(n, -1);
+  for (int32_t s = 0; s < num_steps; ++s) {
+    const int32_t u = order[s];
+    const bool is_group = u < ng;
+    std::vector<int32_t> made;
+    if (is_group) {
+      for (int32_t o : groups[u].outputs) made.push_back(o);
+      if (groups[u].reduction >= 0) made.push_back(groups[u].reduction);
+    } else {
+      made.push_back(u - ng);
+    }
+    std::vector<int32_t> taken;
+    for (int32_t v : made) {
+      if (!needs_buffer(v)) continue;
+      BufferRequest r;
+      r.bytes = nbytes(graph.nodes[v].meta);
+      r.first = step_pos[s];
+      r.last = std::max(last_use[v], step_pos[s]);
+      // Reuse in place: elementwise kernels and fused groups (not a reduction's result).
+      const GraphNode& node = graph.nodes[v];
+      const bool elementwise_step =
+          (is_group && v != groups[u].reduction) ||
+          (!is_group && op_class(node.op) == OpClass::Elementwise && node.op != OpId::Cast);
+      if (opt.plan_memory && elementwise_step && !parallel) {
+        const std::vector<int32_t>& ins = is_group ? groups[u].inputs : node.inputs;
+        for (int32_t in : ins)
+          if (can_reuse(v, in, ins) && std::find(taken.begin(), taken.end(), in) == taken.end()) {
+            r.reuse = request_of[in];
+            taken.push_back(in);
+            if (is_group && graph.nodes[in].op == OpId::MatMul) ++stats.epilogues;
+            break;
+          }
+      }
+      request_of[v] = static_cast<int32_t>(plan.requests_.size());
+      plan.requests_.push_back(r);
+    }
+  }
+}
+
+// With plan_memory, the buffers' places in one arena (trace/memory_plan.h), and the arena.
+void Plan::Builder::plan_arena() {
+  if (!opt.plan_memory) return;
+  plan.memory_ = plan_memory(plan.requests_);
+  if (verify_plans()) {
+    const std::string bad = check_memory_plan(plan.requests_, plan.memory_);
+    DUET_ASSERT(bad.empty(), "[compile] memory plan of {}: {}", graph.label, bad);
+  }
+  stats.arena_bytes = plan.memory_.arena_bytes;
+  stats.buffer_bytes = plan.memory_.arena_bytes;
+  if (debug) {
+    fmt::print(stderr, "--- buffers of {} (arena {} bytes)\n", graph.label,
+               plan.memory_.arena_bytes);
+    for (int32_t i = 0; i < n; ++i)
+      if (request_of[i] >= 0) {
+        const BufferRequest& r = plan.requests_[request_of[i]];
+        fmt::print(stderr, "%{}: {} bytes at {}, steps {}..{}{}\n", i, r.bytes,
+                   plan.memory_.offsets[request_of[i]], r.first, r.last,
+                   r.reuse >= 0 ? " (in place)" : "");
+      }
+  }
+  if (plan.memory_.arena_bytes > 0) {
+    Device dev = Device::cpu();
+    for (int32_t i = 0; i < n; ++i)
+      if (request_of[i] >= 0) dev = graph.nodes[i].meta.device;
+    arena = new_storage(static_cast<size_t>(plan.memory_.arena_bytes), dev);
+  }
+}
+
+// ---- static values and steps ----
+
+void Plan::Builder::make_steps() {
+  is_static.assign(n, false);
+  for (int32_t i = 0; i < n; ++i) {
+    const GraphNode& g = graph.nodes[i];
+    if (g.kind == NodeKind::Constant) {
+      plan.vals_[i] = g.constant;
+      is_static[i] = true;
+    } else if (g.kind == NodeKind::Input) {
+      if (g.role == InputRole::Captured) {
+        plan.vals_[i] = graph.captured[g.index];
+        is_static[i] = true;
+      } else {
+        plan.slot_value_[g.index] = i;
+        plan.dynamic_.push_back(i);
+      }
+    }
+  }
+  for (int32_t s = 0; s < num_steps; ++s) {
+    const int32_t u = order[s];
+    if (u < ng)
+      make_fused_step(u);
+    else if (graph.nodes[u - ng].kind == NodeKind::Control)
+      make_control_step(u);
+    else
+      make_op_step(u);
+  }
+}
+
+// The tensor of value v, a step's result: its captured tensor (computed in place), a buffer of
+// its own (hoisted), its place in the arena, or none yet (allocated at every run).
+void Plan::Builder::set_buffer(int32_t v) {
+  const GraphNode& g = graph.nodes[v];
+  if (inplace[v] >= 0) {
+    plan.vals_[v] = graph.captured[inplace[v]];
+    is_static[v] = true;
+  } else if (hoisted[v]) {
+    plan.vals_[v] = empty(g.meta.shape, g.meta.dtype, g.meta.device);
+    stats.buffer_bytes += nbytes(g.meta);
+    is_static[v] = true;
+  } else if (request_of[v] >= 0) {
+    if (opt.plan_memory)
+      plan.vals_[v] = arena ? tensor_in(arena, plan.memory_.offsets[request_of[v]], g.meta)
+                            : empty(g.meta.shape, g.meta.dtype, g.meta.device);
+    else
+      plan.vals_[v] = empty(g.meta.shape, g.meta.dtype, g.meta.device);
+    if (!opt.plan_memory) stats.buffer_bytes += nbytes(g.meta);
+    is_static[v] = true;
+  }
+  if (!is_static[v]) plan.dynamic_.push_back(v);
+}
+
+void Plan::Builder::make_fused_step(int32_t u) {
+  FusionGroup& f = groups[u];
+  auto fs = std::make_unique<FusedStep>();
+  fs->kernel = std::make_shared<kernels::FusedKernel>();
+  fs->kernel->program = std::move(f.program);
+  fs->kernel->codegen_allowed = opt.codegen;
+  fs->inputs = f.inputs;
+  fs->outputs = f.outputs;
+  for (int32_t o : f.outputs) {
+    fs->fresh.push_back(fresh[o]);
+    set_buffer(o);
+  }
+  fs->reduction = f.reduction;
+  if (f.reduction >= 0) {
+    fs->fresh_reduction = fresh[f.reduction];
+    set_buffer(f.reduction);
+  }
+  fs->reduce_dims = f.reduce_dims;
+  fs->shape = f.shape;
+  fs->device = graph.nodes[f.members[0]].meta.device;
+  if (!fs->device.is_cpu()) {
+    // One-element CPU constants (wrapped numbers) go to the device once (trace/fusion.h).
+    fs->device_consts.resize(f.inputs.size());
+    for (size_t k = 0; k < f.inputs.size(); ++k) {
+      const GraphNode& in = graph.nodes[f.inputs[k]];
+      if (in.kind == NodeKind::Constant && !(in.meta.device == fs->device)) {
+        SuspendModes eager;
+        NoGradGuard no_grad;
+        fs->device_consts[k] = in.constant.to(fs->device);
+      }
+    }
+  }
+  stats.fused_kernels += 1;
+  stats.fused_nodes += static_cast<int64_t>(f.members.size());
+  (hoisted_unit[u] ? plan.hoisted_steps_ : plan.steps_)
+      .push_back(Step{StepKind::Fused, nullptr, nullptr, static_cast<int32_t>(plan.fused_.size()),
+                      0, 0, false});
+  if (!hoisted_unit[u]) plan.step_wave_.push_back(wave_of[u]);
+  plan.fused_.push_back(std::move(fs));
+}
+
+// A Control node's step: a plan per subgraph (Note [Control steps]).
+void Plan::Builder::make_control_step(int32_t u) {
+  const GraphNode& g = graph.nodes[u - ng];
+  auto c = std::make_unique<ControlStep>();
+  c->cf = g.control;
+  c->inputs = g.inputs;
+  c->projects.assign(g.control->results.size(), -1);
+  for (int32_t v : unit_nodes[u])
+    if (graph.nodes[v].kind == NodeKind::Project) {
+      c->projects[graph.nodes[v].index] = v;
+      plan.dynamic_.push_back(v);
+    }
+  const ControlFlow& cf = *g.control;
+  for (size_t k = 0; k < cf.graphs.size(); ++k) {
+    size_t fresh_count = cf.graphs[k].outputs.size();  // cond branches, while_loop body
+    if (cf.kind == ControlKind::Scan) fresh_count = size_t(cf.num_carry);
+    if (cf.kind == ControlKind::WhileLoop && k == 0) fresh_count = 0;
+    c->plans.push_back(
+        std::make_unique<Plan>(ensure_fresh_results(cf.graphs[k], fresh_count), opt));
+  }
+  plan.steps_.push_back(Step{StepKind::Control, nullptr, nullptr,
+                             static_cast<int32_t>(plan.controls_.size()), 0, 0, false});
+  plan.step_wave_.push_back(wave_of[u]);
+  plan.controls_.push_back(std::move(c));
+}
+
+// An op node's step: a kernel, or a view (none when the view is static: made here, once).
+void Plan::Builder::make_op_step(int32_t u) {
+  const int32_t i = u - ng;
+  const GraphNode& g = graph.nodes[i];
+  const OpDef& def = op_def(g.op);
+  if (def.cls == OpClass::View && is_static[g.inputs[0]]) {
+    Tensor v = def.view(plan.vals_[g.inputs[0]], g.attrs, g.meta);
+    if (v.defined()) {  // else no strides express it: a copy at every run
+      plan.vals_[i] = v;
+      is_static[i] = true;
+      return;
+    }
+  }
+  Step st{def.cls == OpClass::View ? StepKind::View : StepKind::Kernel,
+          &def,
+          nullptr,
+          i,
+          static_cast<int32_t>(plan.args_.size()),
+          static_cast<int32_t>(g.inputs.size()),
+          fresh[i]};
+  if (def.cls != OpClass::View) {
+    st.kernel = def.kernel[static_cast<int>(g.meta.device.type)];
+    DUET_CHECK_DEVICE(st.kernel, "[{}] has no kernel for device {} ({})", def.name, g.meta.device,
+                      graph.label);
+    set_buffer(i);
+  } else if (!hoisted_unit[u]) {
+    plan.dynamic_.push_back(i);  // a hoisted view keeps its value between runs
+  }
+  for (int32_t in : g.inputs) plan.args_.push_back(&plan.vals_[in]);
+  (hoisted_unit[u] ? plan.hoisted_steps_ : plan.steps_).push_back(st);
+  if (!hoisted_unit[u]) plan.step_wave_.push_back(wave_of[u]);
+}
+
+void Plan::find_epilogues() {
+  step_epilogue_.assign(steps_.size(), -1);
+  if (!wave_begin_.empty()) return;  // steps in order only
+  std::vector<int32_t> readers(g_.nodes.size(), 0);
+  for (const GraphNode& n : g_.nodes)
+    for (int32_t in : n.inputs) ++readers[in];
+  for (int32_t o : g_.outputs) ++readers[o];
+  for (const WriteBack& w : g_.writebacks) ++readers[w.value];
+  for (size_t i = 0; i + 1 < steps_.size(); ++i) {
+    const Step& s = steps_[i];
+    const Step& t = steps_[i + 1];
+    if (s.kind != StepKind::Kernel || (t.kind != StepKind::Fused && t.kind != StepKind::Kernel))
+      continue;
+    const GraphNode& mm = g_.nodes[s.out];
+    if (mm.op != OpId::MatMul || mm.meta.shape.size() != 2 || readers[s.out] != 1 ||
+        !kernels::gemm_epilogue(mm.meta.device.type))
+      continue;
+    // The bias: the add's other operand, of the product's dtype and device, along its last dim.
+    auto bias_ok = [&](int32_t v) {
+      const GraphNode& bias = g_.nodes[v];
+      const int64_t n = mm.meta.shape[1];
+      return bias.kind != NodeKind::Constant && bias.meta.dtype == mm.meta.dtype &&
+             bias.meta.device == mm.meta.device && bias.meta.shape.numel() == n &&
+             (bias.meta.shape.size() == 1 ||
+              (bias.meta.shape.size() == 2 && bias.meta.shape[0] == 1));
+    };
+    Epilogue ep{};
+    if (t.kind == StepKind::Kernel) {  // a lone add (a group of one op runs its eager kernel)
+      const GraphNode& add = g_.nodes[t.out];
+      if (add.op != OpId::Add || add.inputs.size() != 2 || add.meta.dtype != mm.meta.dtype ||
+          add.meta.shape != mm.meta.shape)
+        continue;
+      const int km = add.inputs[0] == s.out ? 0 : add.inputs[1] == s.out ? 1 : -1;
+      if (km < 0 || !bias_ok(add.inputs[1 - km])) continue;
+      ep = {t.out, add.inputs[1 - km], false, t.fresh};
+    } else {
+      const FusedStep& f = *fused_[t.out];
+      const kernels::FusedProgram& p = f.kernel->program;
+      if (f.reduction >= 0 || f.outputs.size() != 1 || p.num_inputs() != 2 ||
+          p.dtype != mm.meta.dtype)
+        continue;
+      const int km = f.inputs[0] == s.out ? 0 : f.inputs[1] == s.out ? 1 : -1;
+      if (km < 0 || !bias_ok(f.inputs[1 - km])) continue;
+      // add(r_mm, r_bias) in either order, then maybe relu; the last value is the output.
+      const std::vector<kernels::FusedInstr>& code = p.code;
+      if (code.empty() || code.size() > 2 || code[0].op != OpId::Add) continue;
+      const bool operands = (code[0].src[0] == km && code[0].src[1] == 1 - km) ||
+                            (code[0].src[1] == km && code[0].src[0] == 1 - km);
+      const bool relu = code.size() == 2;
+      if (!operands || (relu && (code[1].op != OpId::Relu || code[1].src[0] != code[0].dst)) ||
+          p.outputs[0] != code.back().dst || p.out_dtypes[0] != p.dtype)
+        continue;
+      ep = {f.outputs[0], f.inputs[1 - km], relu, static_cast<bool>(f.fresh[0])};
+    }
+    step_epilogue_[i] = static_cast<int32_t>(epilogues_.size());
+    epilogues_.push_back(ep);
+    ++stats_.gemm_epilogues;
+  }
+}
+
+}  // namespace duet::detail

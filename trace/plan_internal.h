@@ -1,0 +1,55 @@
+// duet: the parts of a plan (trace/executor.h) that building it (trace/plan_build.cpp), running
+// it (trace/executor.cpp) and replaying it as a CUDA graph (trace/cuda_graph.cpp) share. Private
+// to those three files.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "core/allocator.h"
+#include "kernels/fused.h"
+#include "trace/executor.h"
+
+namespace duet::detail {
+
+/// One fused group as the plan runs it.
+struct Plan::FusedStep {
+  std::shared_ptr<kernels::FusedKernel> kernel;
+  std::vector<int32_t> inputs;   ///< values, in register order
+  std::vector<int32_t> outputs;  ///< values stored, in output order
+  std::vector<bool> fresh;       ///< per output: allocated at every run
+  int32_t reduction = -1;
+  bool fresh_reduction = false;
+  int32_t reduce_dims = 0;
+  Shape shape;
+  std::vector<Tensor> tmp;  ///< inputs made dense for one run (layouts no 2-D walk expresses)
+  Device device;            ///< where it runs (not the CPU: a device backend's fused runner)
+  std::vector<Tensor> device_consts;  ///< per input: a CPU constant copied to the device, or none
+  bool prepared = false;              ///< the device runner's prepare() ran
+};
+
+/// One control-flow node as the plan runs it (Note [Control steps]).
+struct Plan::ControlStep {
+  std::shared_ptr<const ControlFlow> cf;
+  std::vector<std::unique_ptr<Plan>> plans;  ///< per subgraph
+  std::vector<int32_t> inputs;               ///< the node's input values
+  std::vector<int32_t> projects;             ///< per result: its Project value, or -1
+};
+
+/// A plan's CUDA graph (Note [CUDA graph replay]).
+struct Plan::GraphState {
+  Device device;
+  const DeviceBackend* backend = nullptr;
+  int64_t runs = 0;
+  void* graph = nullptr;               ///< the backend's executable graph, once captured
+  std::vector<Tensor> inputs;          ///< static input buffers the graph reads
+  std::vector<Tensor> outputs;         ///< the results, in the graph's private pool
+  std::vector<const void*> addresses;  ///< data of each captured tensor at capture
+  bool failed = false;
+  ~GraphState();
+};
+
+/// Copies src into dst with the Copy kernel (no dispatch, no tape).
+void copy_into(const Tensor& dst, const Tensor& src);
+
+}  // namespace duet::detail
