@@ -34,6 +34,7 @@ namespace duet::fn {
 // The math the scalar functors call: the standard library's, or under NVRTC libcu++'s (which
 // has no erf: CUDA's own math functions give it).
 namespace math {
+using DUET_STD::atan;
 using DUET_STD::cos;
 using DUET_STD::exp;
 using DUET_STD::expm1;
@@ -224,6 +225,14 @@ struct Cos {
     return math::cos(x);
   }
   DUET_PACKET(ei::pcos(x))
+};
+struct Atan {
+  template <class T>
+  static constexpr bool has_packet = false;  // Eigen 3.4 has no packet arctangent
+  template <class T>
+  DUET_HD T operator()(T x) const {
+    return math::atan(x);
+  }
 };
 struct Tanh {
   template <class T>

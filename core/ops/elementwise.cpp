@@ -173,6 +173,7 @@ DUET_GRAD(Abs, kSaveIn0) {
 }
 DUET_GRAD(Sin, kSaveIn0) { gi[0] = g * cos(c.inputs[0]); }
 DUET_GRAD(Cos, kSaveIn0) { gi[0] = neg(g * sin(c.inputs[0])); }
+DUET_GRAD(Atan, kSaveIn0) { gi[0] = g / (c.inputs[0] * c.inputs[0] + 1); }
 DUET_GRAD(Tanh, kSaveOut) { gi[0] = g * (1 - c.output * c.output); }
 DUET_GRAD(Sigmoid, kSaveOut) { gi[0] = g * c.output * (1 - c.output); }
 DUET_GRAD(Relu, kSaveOut) { gi[0] = g * gt(c.output, 0); }
