@@ -39,6 +39,7 @@ using DUET_STD::cos;
 using DUET_STD::exp;
 using DUET_STD::expm1;
 using DUET_STD::fabs;
+using DUET_STD::floor;
 using DUET_STD::log;
 using DUET_STD::log1p;
 using DUET_STD::pow;
@@ -269,6 +270,19 @@ struct Relu {
     return x < T(0) ? T(0) : x;
   }
   DUET_PACKET(ei::pselect(ei::pcmp_lt(x, ei::pzero(x)), ei::pzero(x), x))
+};
+// Integers are their own floor.
+struct Floor {
+  template <class T>
+  static constexpr bool has_packet = is_float_v<T>;
+  template <class T>
+  DUET_HD T operator()(T x) const {
+    if constexpr (is_float_v<T>)
+      return math::floor(x);
+    else
+      return x;
+  }
+  DUET_PACKET(ei::pfloor(x))
 };
 
 struct Erf {

@@ -177,6 +177,9 @@ DUET_GRAD(Atan, kSaveIn0) { gi[0] = g / (c.inputs[0] * c.inputs[0] + 1); }
 DUET_GRAD(Tanh, kSaveOut) { gi[0] = g * (1 - c.output * c.output); }
 DUET_GRAD(Sigmoid, kSaveOut) { gi[0] = g * c.output * (1 - c.output); }
 DUET_GRAD(Relu, kSaveOut) { gi[0] = g * gt(c.output, 0); }
+DUET_GRAD(Floor, 0) {  // zero almost everywhere, as in PyTorch: a zero tensor of g's dims
+  gi[0] = full_dims(sym_dims(g), 0, Options().dtype(g.dtype()).device(g.device()));
+}
 DUET_GRAD(Erf, kSaveIn0) {
   const Tensor& x = c.inputs[0];
   gi[0] = g * exp(neg(x * x)) * 1.12837916709551257390;  // 2 / sqrt(pi)
