@@ -114,6 +114,9 @@ Tensor logsumexp(const Tensor& x, int64_t dim);
 Tensor gelu(const Tensor& x);
 /// x * sigmoid(x).
 Tensor silu(const Tensor& x);
+/// log(1 + e^(beta * x)) / beta, and x itself where beta * x > threshold (PyTorch's softplus,
+/// with its defaults). beta must be finite and nonzero.
+Tensor softplus(const Tensor& x, double beta = 1, double threshold = 20);
 
 // Neural-network ops
 /// x @ weight^T + bias, with weight (out, in).

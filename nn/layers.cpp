@@ -177,6 +177,11 @@ Tensor Tanh::forward(const Tensor& x) { return tanh(x); }
 Tensor GELU::forward(const Tensor& x) { return gelu(x); }
 Tensor Sigmoid::forward(const Tensor& x) { return sigmoid(x); }
 Tensor SiLU::forward(const Tensor& x) { return silu(x); }
+Softplus::Softplus(double beta_, double threshold_)
+    : Module(fmt::format("Softplus(beta={}, threshold={})", beta_, threshold_)),
+      beta(beta_),
+      threshold(threshold_) {}
+Tensor Softplus::forward(const Tensor& x) { return softplus(x, beta, threshold); }
 
 // ---- Sequential ----
 

@@ -123,6 +123,14 @@ class SiLU : public Module {
   Tensor forward(const Tensor& x) override;
 };
 
+/// log(1 + e^(beta * x)) / beta, linear above the threshold (PyTorch's defaults).
+class Softplus : public Module {
+ public:
+  explicit Softplus(double beta = 1, double threshold = 20);
+  Tensor forward(const Tensor& x) override;
+  double beta, threshold;
+};
+
 /// True for std::shared_ptr to a module class.
 template <class T>
 inline constexpr bool is_module_ptr = false;

@@ -57,6 +57,8 @@ const std::vector<LayerRow>& layer_rows() {
       {"GELU", maker<GELU>(), {3, 4}},
       {"Sigmoid", maker<Sigmoid>(), {3, 4}},
       {"SiLU", maker<SiLU>(), {3, 4}},
+      {"Softplus", maker<Softplus>(), {3, 4}},
+      {"Softplus(beta=2, threshold=1)", maker<Softplus>(2, 1), {3, 4}},
       {"Sequential MLP with dropout",
        [] {
          return ModulePtr(
@@ -291,6 +293,13 @@ TEST_CASE("layers compute what their ops compute") {
   CHECK(bitwise_equal(GELU()(x), gelu(x)));
   CHECK(bitwise_equal(Sigmoid()(x), sigmoid(x)));
   CHECK(bitwise_equal(SiLU()(x), silu(x)));
+  CHECK(bitwise_equal(Softplus(2, 1)(x), softplus(x, 2, 1)));
+  CHECK(Softplus(2, 1).name() == "Softplus(beta=2, threshold=1)");
+  CHECK_THROWS_AS(softplus(x, 0), ValueError);
+  // Far above the threshold e^x overflows f32; the gradient stays 1, not NaN (0 * inf).
+  Tensor big = tensor({100.0, 200.0}, {2}, Options().requires_grad(true));
+  sum(softplus(big)).backward();
+  CHECK(values(big.grad()) == std::vector<double>{1, 1});
 }
 
 TEST_CASE("layers: default initialization follows PyTorch's bounds and the seed") {

@@ -50,6 +50,18 @@ Tensor gelu(const Tensor& x) { return x * 0.5 * (1 + erf(x * 0.70710678118654752
 
 Tensor silu(const Tensor& x) { return x * sigmoid(x); }
 
+// The exponential reads beta * x only where it is at most the threshold (0 elsewhere): the
+// unselected branch of a where still takes part in its gradient, and e^(beta * x) overflowing
+// there would turn that zero gradient into NaN (0 * inf).
+Tensor softplus(const Tensor& x, double beta, double threshold) {
+  DUET_CHECK_VALUE(std::isfinite(beta) && beta != 0,
+                   "[softplus] beta must be finite and nonzero, got {} (input {} of dtype {})",
+                   beta, x.sizes(), x.dtype());
+  Tensor z = x * beta;
+  Tensor linear = gt(z, threshold);
+  return where(linear, x, log1p(exp(where(linear, 0, z))) / beta);
+}
+
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   DUET_CHECK_SHAPE(weight.dim() == 2, "[linear] weight must be (out, in), got {}", weight.sizes());
   DUET_CHECK_SHAPE(
