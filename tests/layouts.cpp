@@ -97,4 +97,19 @@ Built build(const ElementwiseRow& row, const std::vector<DType>& dts, const Samp
   return b;
 }
 
+std::vector<ConversionCase> conversion_cases(Sweep sweep) {
+  using L = Layout;
+  std::vector<ConversionCase> cases = {
+      {"0-d", {}, L::Contiguous},
+      {"empty", {0, 3}, L::Contiguous},
+      {"normal", {3, 4}, L::Contiguous},
+      {"transposed", {3, 4}, L::Transposed},
+      {"strided", {3, 4}, L::Strided},
+      {"offset", {3, 4}, L::Offset},
+      {"expanded", {3, 4}, L::Contiguous, {1, 4}},
+  };
+  if (sweep == kEagerSweep) cases.push_back({"big transposed", {300, 257}, L::Transposed});
+  return cases;
+}
+
 }  // namespace duet::test

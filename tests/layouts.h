@@ -35,6 +35,18 @@ const std::vector<Sample>& samples(Sweep sweep);
 /// The sample called `name` (fails the test case when there is none).
 const Sample& sample(const std::string& name);
 
+/// One layout of a conversion row's input (cast, copy): with `small`, the input is made at that
+/// shape, then expanded to `shape`.
+struct ConversionCase {
+  const char* name;
+  Shape shape;
+  Layout layout;
+  Shape small = {};
+};
+/// The layouts of the conversion sweeps: eager (test_ops.cpp) also runs a large transposed
+/// input, the compiled sweep (test_compile_sweep.cpp) the others only.
+std::vector<ConversionCase> conversion_cases(Sweep sweep);
+
 /// A row's inputs and their logical values, broadcast to the input's shape.
 struct Built {
   std::vector<Tensor> in;

@@ -613,27 +613,13 @@ TEST_CASE("compiled elementwise rows: not differentiable ops stay out of autogra
 // ---- conversions ------------------------------------------------------------------------------
 
 TEST_CASE("compiled conversion rows: every dtype pair and layout; gradients") {
-  struct Case {
-    const char* name;
-    Shape shape;
-    Layout layout;
-    Shape small = {};
-  };
-  const std::vector<Case> cases = {
-      {"0-d", {}, L::Contiguous},
-      {"empty", {0, 3}, L::Contiguous},
-      {"normal", {3, 4}, L::Contiguous},
-      {"transposed", {3, 4}, L::Transposed},
-      {"strided", {3, 4}, L::Strided},
-      {"offset", {3, 4}, L::Offset},
-      {"expanded", {3, 4}, L::Contiguous, {1, 4}},
-  };
+  const std::vector<ConversionCase> cases = conversion_cases(kCompiledSweep);
   Rng rng(105);
   for (const ConversionRow& row : conversion_rows()) {
     for (DType from : kAllDTypes) {
       for (DType to : kAllDTypes) {
         if (row.keeps_dtype && to != from) continue;
-        for (const Case& c : cases) {
+        for (const ConversionCase& c : cases) {
           INFO(std::string(row.name) << " " << dtype_name(from) << " -> " << dtype_name(to) << ", "
                                      << std::string(c.name));
           const Shape& made = c.small.size() ? c.small : c.shape;
@@ -649,7 +635,7 @@ TEST_CASE("compiled conversion rows: every dtype pair and layout; gradients") {
     }
     // Gradients through f32 <-> f64 (clone and contiguous keep the dtype), the leaf expanded
     // inside where the case says so.
-    for (const Case& c : cases) {
+    for (const ConversionCase& c : cases) {
       if (c.layout == L::Offset) continue;
       for (DType dt : {DType::f32, DType::f64}) {
         const DType to = row.keeps_dtype ? dt : dt == DType::f64 ? DType::f32 : DType::f64;

@@ -381,27 +381,12 @@ TEST_CASE("elementwise ops on tensors of rank above the loop's 16 coalesced dims
 
 TEST_CASE("conversion rows: every dtype pair and layout") {
   Rng rng(6);
-  struct Case {
-    const char* name;
-    Shape shape;
-    Layout layout;
-    Shape small = {};
-  };
-  const std::vector<Case> cases = {
-      {"0-d", {}, L::Contiguous},
-      {"empty", {0, 3}, L::Contiguous},
-      {"normal", {3, 4}, L::Contiguous},
-      {"transposed", {3, 4}, L::Transposed},
-      {"strided", {3, 4}, L::Strided},
-      {"offset", {3, 4}, L::Offset},
-      {"expanded", {3, 4}, L::Contiguous, {1, 4}},
-      {"big transposed", {300, 257}, L::Transposed},
-  };
+  const std::vector<ConversionCase> cases = conversion_cases(kEagerSweep);
   for (const ConversionRow& row : conversion_rows()) {
     for (DType from : kAllDTypes) {
       for (DType to : kAllDTypes) {
         if (row.keeps_dtype && to != from) continue;
-        for (const Case& c : cases) {
+        for (const ConversionCase& c : cases) {
           INFO(std::string(row.name) << " " << dtype_name(from) << " -> " << dtype_name(to) << ", "
                                      << std::string(c.name));
           const Shape& made = c.small.size() ? c.small : c.shape;

@@ -251,12 +251,8 @@ std::string reg_list(const FusedInstr& in, int arity) {
 }  // namespace
 
 std::string generate_fused_source(const FusedProgram& p) {
-  DUET_CHECK_T(p.dtype == DType::f32 || p.dtype == DType::f64, DTypeError,
-               "[codegen] fused programs compute in f32 or f64, not {}", dtype_name(p.dtype));
+  check_generatable(p, "codegen");
   const int nin = p.num_inputs(), nout = static_cast<int>(p.outputs.size());
-  DUET_ASSERT(nin <= DUET_FUSED_MAX_INPUTS && nout <= DUET_FUSED_MAX_OUTPUTS);
-  DUET_ASSERT(p.out_dtypes.size() == p.outputs.size());
-  DUET_ASSERT(p.num_regs >= nin);
   const char* T = kernels::jit::c_type(p.dtype);
 
   // Registers are renamed to SSA values: x<k> for input k, t<n> for instruction n. Cast and

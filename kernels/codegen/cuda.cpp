@@ -145,12 +145,8 @@ extern "C" __global__ void duet_fused(DuetFusedArgs a, unsigned vmask, int vec) 
 }  // namespace
 
 std::string fused_source(const FusedProgram& p) {
-  DUET_CHECK_T(p.dtype == DType::f32 || p.dtype == DType::f64, DTypeError,
-               "[fused] fused programs compute in f32 or f64, not {}", dtype_name(p.dtype));
+  duet::detail::check_generatable(p, "fused");
   const int nin = p.num_inputs(), nout = static_cast<int>(p.outputs.size());
-  DUET_ASSERT(nin <= DUET_FUSED_MAX_INPUTS && nout <= DUET_FUSED_MAX_OUTPUTS);
-  DUET_ASSERT(p.out_dtypes.size() == p.outputs.size());
-  DUET_ASSERT(p.num_regs >= nin);
   std::string s = fmt::format(
       "// duet: generated fused CUDA kernel (kernels/codegen/cuda.cpp), T = {}\n"
       "#include \"duet_fused_abi.h\"\n#include \"duet_functors.h\"\n"

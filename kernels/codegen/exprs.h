@@ -11,7 +11,9 @@
 
 #include <iterator>
 
+#include "core/error.h"
 #include "core/op_table.h"
+#include "kernels/fused.h"
 
 namespace duet::detail {
 
@@ -34,6 +36,17 @@ constexpr const char* op_expr(OpId op) {
   for (const OpExpr& e : kOpExprs)
     if (e.op == op) return e.pattern;
   return nullptr;
+}
+
+/// What both generators check first: the program computes in f32 or f64 and fits the kernel's
+/// argument block. `who` names the generator in the error ("codegen", "fused").
+inline void check_generatable(const kernels::FusedProgram& p, const char* who) {
+  DUET_CHECK_T(p.dtype == DType::f32 || p.dtype == DType::f64, DTypeError,
+               "[{}] fused programs compute in f32 or f64, not {}", who, dtype_name(p.dtype));
+  DUET_ASSERT(p.num_inputs() <= DUET_FUSED_MAX_INPUTS &&
+              static_cast<int>(p.outputs.size()) <= DUET_FUSED_MAX_OUTPUTS);
+  DUET_ASSERT(p.out_dtypes.size() == p.outputs.size());
+  DUET_ASSERT(p.num_regs >= p.num_inputs());
 }
 
 constexpr bool every_fusable_op_has_an_expr() {
