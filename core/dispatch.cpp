@@ -19,12 +19,12 @@ bool any_requires_grad(TensorRefs in) {
   return false;
 }
 
-// With no mode on the stack, a symbolic input has escaped its trace (no tracer can give it a
+// With no mode on the stack, a traced input has escaped its trace (no tracer can give it a
 // value): say so, naming the compiled function, instead of running a kernel on no data.
 void check_concrete(const OpDef& def, TensorRefs in) {
   for (int64_t i = 0; i < in.size(); ++i)
     if (__builtin_expect(in[i].unsafe_impl()->trace.get() != nullptr, 0))
-      throw_symbolic_use(in[i], def.name);
+      throw_traced_use(in[i], def.name);
 }
 
 const char* device_type_name(DeviceType t) { return t == DeviceType::CPU ? "cpu" : "cuda"; }
@@ -116,12 +116,12 @@ Tensor run_from(int depth, const OpDef& def, const OpCall& c, unsigned expiring)
 Tensor call(OpId op, TensorRefs inputs, const Attrs& attrs, unsigned expiring) {
   const OpDef& def = op_def(op);
   // One pass over the inputs for the flags and the device check: this is the eager hot path.
-  bool requires_grad = false, symbolic = false, mixed = false;
+  bool requires_grad = false, traced = false, mixed = false;
   const StorageImpl* first = nullptr;  // of the first input that is not a wrapped number
   for (int64_t i = 0; i < inputs.size(); ++i) {
     const TensorImpl* x = inputs[i].unsafe_impl();
     requires_grad |= x->requires_grad;
-    symbolic |= x->trace.get() != nullptr;
+    traced |= x->trace.get() != nullptr;
     const StorageImpl* st = x->storage.get();
     if (x->wrapped_number || !st) continue;
     if (!first)
@@ -131,7 +131,7 @@ Tensor call(OpId op, TensorRefs inputs, const Attrs& attrs, unsigned expiring) {
   }
   if (__builtin_expect(mixed, 0)) throw_mixed_devices(def, inputs);
   TensorMeta meta;
-  if (__builtin_expect(symbolic, 0)) {
+  if (__builtin_expect(traced, 0)) {
     HintReads hints;  // the symbolic rule says how the result depends on symbolic sizes
     def.infer(def, inputs, attrs, meta);
   } else {
@@ -139,7 +139,7 @@ Tensor call(OpId op, TensorRefs inputs, const Attrs& attrs, unsigned expiring) {
   }
   detail::check_shape(def.name, meta.shape, itemsize(meta.dtype));  // Note [Checked sizes]
   OpCall c{op, inputs, attrs, meta, nullptr};
-  if (__builtin_expect(symbolic, 0) && tls_depth == 0) check_concrete(def, inputs);
+  if (__builtin_expect(traced, 0) && tls_depth == 0) check_concrete(def, inputs);
   // Autograd records a tape node when grad mode is on and an input requires grad, unless the
   // result cannot carry a gradient (a cast to an integer dtype, as in PyTorch). A recorded call
   // never reuses an input's buffer: the node may have saved that input.
@@ -257,7 +257,7 @@ ValueReaderGuard::~ValueReaderGuard() { tls_reader = prev_; }
 SuspendModes::SuspendModes() : saved_(tls_depth) { tls_depth = 0; }
 SuspendModes::~SuspendModes() { tls_depth = saved_; }
 
-void throw_symbolic_use(const Tensor& t, const char* what, const char* file, unsigned line) {
+void throw_traced_use(const Tensor& t, const char* what, const char* file, unsigned line) {
   const TensorImpl* x = t.unsafe_impl();
   const TraceTag& tag = *x->trace;
   std::string site;

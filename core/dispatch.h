@@ -60,12 +60,12 @@ class SuspendModes {
   int saved_;
 };
 /// True for a tensor that stands for a traced value and has no data (see TraceTag).
-inline bool is_symbolic(const Tensor& t) { return t.unsafe_impl()->trace.get() != nullptr; }
-/// Throws the error for data being read from a symbolic tensor: during its trace (item(),
+inline bool is_traced(const Tensor& t) { return t.unsafe_impl()->trace.get() != nullptr; }
+/// Throws the error for data being read from a traced tensor: during its trace (item(),
 /// to_vector() in a traced function), or after it (an escaped tensor). `what` names the reader;
 /// file and line name the caller's call site when known (file may be null).
-[[noreturn]] void throw_symbolic_use(const Tensor& t, const char* what, const char* file = nullptr,
-                                     unsigned line = 0);
+[[noreturn]] void throw_traced_use(const Tensor& t, const char* what, const char* file = nullptr,
+                                   unsigned line = 0);
 /// Reads values into C++ (item(), to_vector()) while a trace runs on this thread: the tracer
 /// answers with the tensor to read, or the error for a data-dependent read (Note [Data-dependent
 /// reads] in trace/tracer.h).

@@ -148,7 +148,7 @@ using ViewFn = Tensor (*)(const Tensor& in, const Attrs& attrs, const TensorMeta
 /// the inputs' dims (detail::sym_dims) and the symbolic attributes, after the shape rule has
 /// validated the traced call's sizes and written `out`. Decisions that depend on a symbolic
 /// size go through detail::sym_decide (which records guards). An op without one needs concrete
-/// sizes: tracing it on a symbolic tensor specializes those sizes.
+/// sizes: tracing it on a traced tensor specializes those sizes.
 using SymInferFn = void (*)(const OpDef& def, TensorRefs in, const Attrs& attrs,
                             const TensorMeta& out, SymDims& out_sym);
 

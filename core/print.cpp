@@ -91,7 +91,7 @@ std::string Tensor::str() const {
   std::string suffix = fmt::format("shape={}, dtype={}, device={})", sizes(), dtype(), device());
   // A traced tensor has no values yet: print what it stands for (printing while tracing is a
   // normal way to look at shapes).
-  if (detail::is_symbolic(*this))
+  if (detail::is_traced(*this))
     return fmt::format("tensor(<traced %{} of {}{}>, ", impl()->value, impl()->trace->name,
                        impl()->trace->alive ? "" : ", trace ended") +
            suffix;

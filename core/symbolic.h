@@ -1,4 +1,4 @@
-// duet: symbolic integer sizes (SymInt), for symbolic tensor dims in compiled graphs.
+// duet: symbolic integer sizes (SymInt), for traced tensor dims in compiled graphs.
 //
 // Note [Symbolic sizes]
 // A SymInt is either a concrete int64 (the fast path: no allocation, no lock) or a pointer to an

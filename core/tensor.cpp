@@ -65,7 +65,7 @@ Tensor make_view(const Tensor& base, const Shape& shape, const Strides& strides,
   t->offset = offset;
   t->storage = b->storage;
   t->is_view = true;
-  // A view of a symbolic tensor is symbolic: the tracer gives view ops their own value, and
+  // A view of a traced tensor is traced: the tracer gives view ops their own value, and
   // aliases (detach, autograd's saved tensors) keep the base's.
   t->trace = b->trace;
   t->value = b->value;
@@ -159,8 +159,8 @@ Tensor readable(const char* op, const Tensor& t, std::source_location loc) {
   Tensor r = t;
   if (detail::ValueReader* reader = detail::value_reader())
     r = reader->read(t, op, loc.file_name(), loc.line());
-  else if (detail::is_symbolic(t))
-    detail::throw_symbolic_use(t, op, loc.file_name(), loc.line());
+  else if (detail::is_traced(t))
+    detail::throw_traced_use(t, op, loc.file_name(), loc.line());
   // A device tensor is read through a copy to the CPU, which waits for the device's pending
   // work (as PyTorch's item() does).
   if (!r.device().is_cpu()) {
@@ -316,7 +316,7 @@ Tensor& Tensor::zero_() { return copy_(detail::wrap_scalar(Scalar(0), DType::i64
 
 template <class T>
 T* Tensor::data_ptr() const {
-  if (detail::is_symbolic(*this)) detail::throw_symbolic_use(*this, "data_ptr");
+  if (detail::is_traced(*this)) detail::throw_traced_use(*this, "data_ptr");
   DUET_CHECK_DTYPE(dtype() == detail::dtype_of<T>::value,
                    "[data_ptr] tensor has dtype {}, asked for {}", dtype(),
                    detail::dtype_of<T>::value);

@@ -24,9 +24,9 @@ void read_symbolic_sizes(const Tensor& t, int64_t dim);
 inline const Shape& hint_sizes(const Tensor& t);
 /// The dims of t as SymInts (concrete ones when it has no symbolic dims).
 SymDims sym_dims(const Tensor& t);
-/// The error for reading the data of a symbolic tensor (core/dispatch.h), for raw_data().
-[[noreturn]] void throw_symbolic_use(const Tensor& t, const char* what, const char* file,
-                                     unsigned line);
+/// The error for reading the data of a traced tensor (core/dispatch.h), for raw_data().
+[[noreturn]] void throw_traced_use(const Tensor& t, const char* what, const char* file,
+                                   unsigned line);
 }  // namespace detail
 
 class Tensor {
@@ -110,12 +110,12 @@ class Tensor {
   /// Typed pointer to the first element (CPU tensors); Error if T does not match dtype().
   template <class T>
   T* data_ptr() const;
-  /// Untyped pointer to the first element. An Error for a symbolic tensor (in a trace, or one
+  /// Untyped pointer to the first element. An Error for a traced tensor (in a trace, or one
   /// that escaped its trace), which has no data.
   void* raw_data() const {
     const detail::TensorImpl* x = impl();
     if (__builtin_expect(x->trace.get() != nullptr, 0))
-      detail::throw_symbolic_use(*this, "raw_data", nullptr, 0);
+      detail::throw_traced_use(*this, "raw_data", nullptr, 0);
     return x->data();
   }
 

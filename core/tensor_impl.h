@@ -105,9 +105,9 @@ StoragePtr new_storage(size_t nbytes, Device device);
 struct Node;  // eager/node.h: one recorded op on the autograd tape
 struct AutogradMeta;
 
-/// The trace that symbolic tensors belong to (trace/tracer.h). A symbolic tensor has no data:
+/// The trace that traced tensors belong to (trace/tracer.h). A traced tensor has no data:
 /// it stands for an SSA value of a graph being traced. The tag outlives the trace, so that a
-/// symbolic tensor used after its trace closed (an escaped tensor) can name its compiled
+/// traced tensor used after its trace closed (an escaped tensor) can name its compiled
 /// function in the error.
 struct TraceTag {
   std::atomic<int32_t> refcount_{1};
@@ -124,14 +124,14 @@ struct TensorImpl {
   bool wrapped_number = false;   ///< a 0-d tensor made from a C++ Scalar: promotes like a Scalar
   bool requires_grad = false;    ///< a leaf marked by requires_grad_(), or an output with grad_fn
   bool is_view = false;          ///< made by a view op from another tensor's storage
-  int32_t value = -1;            ///< symbolic tensors: the SSA value in the trace's graph
-  uint32_t sym_version = 0;      ///< symbolic tensors: the storage version `value` holds
-  IntrusivePtr<TraceTag> trace;  ///< non-null for symbolic tensors (see TraceTag)
+  int32_t value = -1;            ///< traced tensors: the SSA value in the trace's graph
+  uint32_t sym_version = 0;      ///< traced tensors: the storage version `value` holds
+  IntrusivePtr<TraceTag> trace;  ///< non-null for traced tensors (see TraceTag)
   int64_t offset = 0;            ///< in elements, into storage
   Shape shape;
   Strides strides;
   StoragePtr storage;
-  /// Symbolic tensors of a trace with symbolic dims: every dim as a SymInt (shape holds the
+  /// Traced tensors of a trace with symbolic dims: every dim as a SymInt (shape holds the
   /// traced call's sizes); empty otherwise. Reading shape through Tensor's accessors then
   /// specializes (Note [Symbolic dims] in trace/compile.h).
   SymDims sym;

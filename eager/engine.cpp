@@ -287,7 +287,7 @@ void check_not_escaped(const Tensor& t, const char* what) {
   if (!t.defined()) return;
   const TensorImpl* x = t.unsafe_impl();
   if (__builtin_expect(x->trace.get() != nullptr, 0) && (!x->trace->alive || mode_depth() == 0))
-    throw_symbolic_use(t, what);
+    throw_traced_use(t, what);
 }
 
 }  // namespace

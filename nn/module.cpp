@@ -467,9 +467,9 @@ void write_state_dict(const StateDict& dict, const std::string& path) {
   uint64_t size = kHeaderBytes + 4;
   for (const auto& [name, t] : dict) {
     DUET_CHECK(t.defined(), "[save] the value for '{}' is an undefined tensor", name);
-    // A symbolic tensor (of a running trace, or one that escaped its trace) has no values.
+    // A traced tensor (of a running trace, or one that escaped its trace) has no values.
     if (__builtin_expect(t.impl()->trace.get() != nullptr, 0))
-      detail::throw_symbolic_use(t, "write_state_dict");
+      detail::throw_traced_use(t, "write_state_dict");
     Tensor c = t.device().is_cpu() ? t.contiguous() : t.to(Device::cpu()).contiguous();
     size += 4 + name.size() + 1 + 4 + 8 * c.dim() + c.numel() * itemsize(c.dtype());
     data.push_back(c);

@@ -2,7 +2,7 @@
 //
 // A call computes the guard key of its arguments (shapes, dtypes, devices, layouts,
 // requires_grad, static argument values, grad mode) and looks it up. A hit runs the cached plan;
-// a miss traces fn on symbolic tensors (no kernel runs), records why it retraced, optimizes the
+// a miss traces fn on traced tensors (no kernel runs), records why it retraced, optimizes the
 // graph and builds a plan. When outputs require grad, the trace also differentiates them (the
 // same gradient rules eager uses) and the joint graph is split into a forward plan, which
 // returns the outputs and the values the backward needs, and a backward plan per output, which
@@ -11,7 +11,7 @@
 // Note [Symbolic dims]
 // A dim named by CompileOptions::dynamic, or one whose size changed since the most recent
 // signature (automatic dynamic), is traced as a symbol: s0, s1, ... (dims of equal size share
-// one, as PyTorch's duck sizing does). The symbolic tensors of such a trace keep the call's
+// one, as PyTorch's duck sizing does). The traced tensors of such a trace keep the call's
 // sizes in their Shape (the hints, which shape rules validate) and every dim as a SymInt beside
 // them (TensorImpl::sym, TensorMeta::sym). Each op's symbolic rule (OpDef::sym_infer, beside its
 // shape rule) computes the result's dims with SymInts; the tracer checks them against the shape

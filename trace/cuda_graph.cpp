@@ -36,7 +36,7 @@ void Plan::prepare_graph_replay() {
   if (!opt_.cuda_graph || !controls_.empty() || !wave_begin_.empty()) return;
   Device dev;
   bool any = false;
-  for (const GraphNode& n : g_.nodes) {
+  for (const GraphNode& n : graph_.nodes) {
     if (n.kind != NodeKind::Op && n.kind != NodeKind::Input) continue;
     if (n.kind == NodeKind::Op && n.op == OpId::Transfer) return;
     if (n.meta.device.is_cpu()) {
@@ -50,27 +50,27 @@ void Plan::prepare_graph_replay() {
   if (!any) return;
   // A result that is an argument or a view of one aliases the caller's tensor, which a copy out
   // of the graph's buffers would not.
-  for (int32_t o : g_.outputs) {
-    const GraphNode& r = g_.nodes[buffer_root(g_, o)];
+  for (int32_t o : graph_.outputs) {
+    const GraphNode& r = graph_.nodes[buffer_root(graph_, o)];
     if (r.kind == NodeKind::Input && r.role != InputRole::Captured) return;
   }
   const DeviceBackend* b = device_backend(dev.type);
   if (!b || !b->begin_capture) return;
-  graph_ = std::make_unique<GraphState>();
-  graph_->device = dev;
-  graph_->backend = b;
+  cuda_graph_ = std::make_unique<GraphState>();
+  cuda_graph_->device = dev;
+  cuda_graph_->backend = b;
   stats_.cuda_graph = true;
 }
 
 std::vector<Tensor> Plan::run_graphed(const std::vector<Tensor>& inputs) {
-  GraphState& gs = *graph_;
+  GraphState& gs = *cuda_graph_;
   bool ok = !gs.failed;
   for (const Tensor& t : inputs) ok = ok && t.device() == gs.device;
   if (!ok || gs.runs++ == 0) return execute(inputs);  // the first run builds kernels and state
   // A captured tensor with new storage (Module::to) invalidates the graph's addresses.
   if (gs.graph) {
-    for (size_t k = 0; k < g_.captured.size(); ++k)
-      if (g_.captured[k].unsafe_impl()->data() != gs.addresses[k]) {
+    for (size_t k = 0; k < graph_.captured.size(); ++k)
+      if (graph_.captured[k].unsafe_impl()->data() != gs.addresses[k]) {
         gs.backend->destroy_graph(gs.graph, gs.device);
         gs.graph = nullptr;
         break;
@@ -105,14 +105,14 @@ std::vector<Tensor> Plan::run_graphed(const std::vector<Tensor>& inputs) {
       {
         std::lock_guard<std::mutex> lock(g_graph_mu);
         ++g_graph_stats.failed;
-        g_graph_stats.last_failure = fmt::format("{}: {}", g_.label, why);
+        g_graph_stats.last_failure = fmt::format("{}: {}", graph_.label, why);
       }
       return execute(inputs);  // nothing ran during the capture
     }
     gs.graph = graph;
     gs.outputs = std::move(outs);
     gs.addresses.clear();
-    for (const Tensor& c : g_.captured) gs.addresses.push_back(c.unsafe_impl()->data());
+    for (const Tensor& c : graph_.captured) gs.addresses.push_back(c.unsafe_impl()->data());
     std::lock_guard<std::mutex> lock(g_graph_mu);
     ++g_graph_stats.captured;
   } else {
@@ -125,8 +125,9 @@ std::vector<Tensor> Plan::run_graphed(const std::vector<Tensor>& inputs) {
     ++g_graph_stats.replays;
   }
   // What the write-backs did to the captured tensors, as execute() records it.
-  for (const WriteBack& w : g_.writebacks)
-    g_.captured[w.target].unsafe_impl()->storage->version_.fetch_add(1, std::memory_order_relaxed);
+  for (const WriteBack& w : graph_.writebacks)
+    graph_.captured[w.target].unsafe_impl()->storage->version_.fetch_add(1,
+                                                                         std::memory_order_relaxed);
   std::vector<Tensor> out;
   out.reserve(gs.outputs.size());
   for (size_t k = 0; k < gs.outputs.size(); ++k) {

@@ -81,7 +81,7 @@ bool collapse(const int64_t* st, const Shape& shape, int64_t lo, int64_t hi, int
 
 }  // namespace
 
-Plan::Plan(Graph graph, PlanOptions options) : g_(std::move(graph)), opt_(options) {
+Plan::Plan(Graph graph, PlanOptions options) : graph_(std::move(graph)), opt_(options) {
   build();
   find_epilogues();
   prepare_graph_replay();
@@ -178,7 +178,7 @@ void Plan::run_fused(FusedStep& f) {
   for (size_t o = 0; o < f.outputs.size(); ++o) {
     Tensor& v = vals_[f.outputs[o]];
     if (f.fresh[o]) {
-      const TensorMeta& m = g_.nodes[f.outputs[o]].meta;
+      const TensorMeta& m = graph_.nodes[f.outputs[o]].meta;
       v = empty(m.shape, m.dtype, m.device);
     }
     a.out[o] = v.unsafe_impl()->data();
@@ -186,7 +186,7 @@ void Plan::run_fused(FusedStep& f) {
   if (f.reduction >= 0) {
     Tensor& v = vals_[f.reduction];
     if (f.fresh_reduction) {
-      const TensorMeta& m = g_.nodes[f.reduction].meta;
+      const TensorMeta& m = graph_.nodes[f.reduction].meta;
       v = empty(m.shape, m.dtype, m.device);
     }
     a.red_out = v.unsafe_impl()->data();
@@ -219,13 +219,13 @@ std::vector<Tensor> Plan::run(const std::vector<Tensor>& inputs) {
         spares_.pop_back();
       }
     }
-    if (!spare) spare = std::make_unique<Plan>(g_, opt_);
+    if (!spare) spare = std::make_unique<Plan>(graph_, opt_);
     std::vector<Tensor> out = spare->run(inputs);
     std::lock_guard<std::mutex> l(spares_mu_);
     spares_.push_back(std::move(spare));
     return out;
   }
-  if (graph_) return run_graphed(inputs);
+  if (cuda_graph_) return run_graphed(inputs);
   return execute(inputs);
 }
 
@@ -255,7 +255,7 @@ void Plan::run_steps_range(const Step* begin, const Step* end) {
       if (e >= 0) {
         const Epilogue& ep = epilogues_[e];
         TensorRefs refs(args_.data() + s.first_arg, s.num_args);
-        const TensorMeta& m = g_.nodes[ep.out].meta;
+        const TensorMeta& m = graph_.nodes[ep.out].meta;
         Tensor& out = vals_[ep.out];
         if (ep.fresh) out = empty(m.shape, m.dtype, m.device);
         if (kernels::gemm_epilogue(m.device.type)(refs[0], refs[1], vals_[ep.bias], ep.relu, out)) {
@@ -272,7 +272,7 @@ void Plan::run_steps_range(const Step* begin, const Step* end) {
       run_control(*controls_[s.out]);
       continue;
     }
-    const GraphNode& g = g_.nodes[s.out];
+    const GraphNode& g = graph_.nodes[s.out];
     TensorRefs refs(args_.data() + s.first_arg, s.num_args);
     if (s.kind == StepKind::View) {
       Tensor v = s.def->view(refs[0], g.attrs, g.meta);
@@ -368,8 +368,8 @@ void Plan::run_waves() {
 }
 
 std::vector<Tensor> Plan::execute(const std::vector<Tensor>& inputs) {
-  DUET_ASSERT(int32_t(inputs.size()) == g_.num_runtime_inputs, "plan of {} given {} inputs",
-              g_.num_runtime_inputs, inputs.size());
+  DUET_ASSERT(int32_t(inputs.size()) == graph_.num_runtime_inputs, "plan of {} given {} inputs",
+              graph_.num_runtime_inputs, inputs.size());
   for (size_t k = 0; k < inputs.size(); ++k)
     if (slot_value_[k] >= 0) vals_[slot_value_[k]] = inputs[k];
   struct Clear {  // drop per-run references (the caller's tensors) even when a kernel throws
@@ -384,9 +384,9 @@ std::vector<Tensor> Plan::execute(const std::vector<Tensor>& inputs) {
   else
     run_waves();
   std::vector<Tensor> out;
-  out.reserve(g_.outputs.size());
-  for (size_t k = 0; k < g_.outputs.size(); ++k) {
-    const Tensor& v = vals_[g_.outputs[k]];
+  out.reserve(graph_.outputs.size());
+  for (size_t k = 0; k < graph_.outputs.size(); ++k) {
+    const Tensor& v = vals_[graph_.outputs[k]];
     if (clone_output_[k]) {
       out.push_back(v.clone());
     } else if (alias_output_[k]) {
@@ -396,15 +396,15 @@ std::vector<Tensor> Plan::execute(const std::vector<Tensor>& inputs) {
       out.push_back(v);
     }
   }
-  if (!g_.writebacks.empty()) {
+  if (!graph_.writebacks.empty()) {
     const OpDef& copy = op_def(OpId::Copy);
-    std::vector<Tensor> staged(g_.writebacks.size());
-    for (size_t k = 0; k < g_.writebacks.size(); ++k)
-      if (stage_writeback_[k]) staged[k] = vals_[g_.writebacks[k].value].clone();
-    for (size_t k = 0; k < g_.writebacks.size(); ++k) {
-      const WriteBack& w = g_.writebacks[k];
+    std::vector<Tensor> staged(graph_.writebacks.size());
+    for (size_t k = 0; k < graph_.writebacks.size(); ++k)
+      if (stage_writeback_[k]) staged[k] = vals_[graph_.writebacks[k].value].clone();
+    for (size_t k = 0; k < graph_.writebacks.size(); ++k) {
+      const WriteBack& w = graph_.writebacks[k];
       const Tensor& src = stage_writeback_[k] ? staged[k] : vals_[w.value];
-      const Tensor& dst = g_.captured[w.target];
+      const Tensor& dst = graph_.captured[w.target];
       const TensorImpl* a = src.unsafe_impl();
       const TensorImpl* b = dst.unsafe_impl();
       if (inplace_writeback_[k]) {  // computed in place

@@ -91,7 +91,7 @@ class Plan {
   ~Plan();
   /// Runs the graph on the runtime inputs (by slot) and returns its outputs.
   std::vector<Tensor> run(const std::vector<Tensor>& inputs);
-  const Graph& graph() const { return g_; }
+  const Graph& graph() const { return graph_; }
   const PlanStats& stats() const { return stats_; }
   /// Bytes of the buffers the plan keeps for intermediate results.
   int64_t buffer_bytes() const { return stats_.buffer_bytes; }
@@ -130,7 +130,7 @@ class Plan {
   void run_hoisted_if_stale();
   struct Builder;  ///< the state of one build() (trace/plan_build.cpp)
   void build();
-  /// Sets graph_ up when the plan qualifies for replay (trace/cuda_graph.cpp).
+  /// Sets cuda_graph_ up when the plan qualifies for replay (trace/cuda_graph.cpp).
   void prepare_graph_replay();
   void run_control(ControlStep& c);
   std::vector<Tensor> execute(const std::vector<Tensor>& inputs);
@@ -140,7 +140,7 @@ class Plan {
   void run_step(const Step& s);
   void run_waves();
 
-  Graph g_;
+  Graph graph_;
   PlanOptions opt_;
   PlanStats stats_;
   std::vector<Tensor> vals_;
@@ -163,8 +163,8 @@ class Plan {
   std::vector<bool> inplace_writeback_;  ///< write-backs computed straight into their target
   std::vector<BufferRequest> requests_;  ///< the memory plan's input, kept for check_memory()
   MemoryPlan memory_;
-  std::unique_ptr<GraphState> graph_;  ///< CUDA-graph replay, when the plan qualifies
-  std::mutex busy_;                    ///< held by the run in progress
+  std::unique_ptr<GraphState> cuda_graph_;  ///< CUDA-graph replay, when the plan qualifies
+  std::mutex busy_;                         ///< held by the run in progress
   std::mutex spares_mu_;
   std::vector<std::unique_ptr<Plan>> spares_;  ///< copies for calls that find the plan busy
 };

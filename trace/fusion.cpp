@@ -24,7 +24,7 @@ struct Group {
 
 class Fuser {
  public:
-  explicit Fuser(const Graph& g) : g_(g), n_(static_cast<int32_t>(g.nodes.size())) {
+  explicit Fuser(const Graph& g) : graph_(g), n_(static_cast<int32_t>(g.nodes.size())) {
     group_of_.assign(n_, -1);
     stamp_.assign(n_, 0);
     readers_.resize(n_);
@@ -32,7 +32,7 @@ class Fuser {
 
   std::vector<FusionGroup> run() {
     for (int32_t v = 0; v < n_; ++v) {
-      const GraphNode& node = g_.nodes[v];
+      const GraphNode& node = graph_.nodes[v];
       if (node.kind != NodeKind::Op) continue;
       if (try_reduction(v)) continue;
       DType t;
@@ -45,7 +45,7 @@ class Fuser {
  private:
   // The dtype an elementwise node computes in, when it can be fused at all.
   bool compute_dtype(int32_t v, DType* t) const {
-    const GraphNode& n = g_.nodes[v];
+    const GraphNode& n = graph_.nodes[v];
     if (op_class(n.op) != OpClass::Elementwise || !kernels::fusable_op(n.op)) return false;
     // On the CPU, or on a device whose backend runs fused kernels (CUDA); every input on the
     // node's device, except one-element constants (wrapped numbers), which the executor copies
@@ -54,27 +54,27 @@ class Fuser {
     if (n.meta.shape.numel() == 0) return false;
     if (!dev.is_cpu() && !kernels::fused_device_runner(dev.type)) return false;
     for (int32_t in : n.inputs) {
-      const GraphNode& s = g_.nodes[in];
+      const GraphNode& s = graph_.nodes[in];
       if (!(s.meta.device == dev) &&
           !(s.kind == NodeKind::Constant && s.meta.device.is_cpu() && s.meta.shape.numel() == 1))
         return false;
     }
     const DType out = n.meta.dtype;
     if (is_float(out)) {
-      if (n.op == OpId::Where && g_.nodes[n.inputs[0]].meta.dtype != DType::b8) return false;
+      if (n.op == OpId::Where && graph_.nodes[n.inputs[0]].meta.dtype != DType::b8) return false;
       *t = out;
       return true;
     }
     if (out != DType::b8) return false;
     if (n.op == OpId::Cast) {  // to b8: only from the compute dtype itself
-      *t = g_.nodes[n.inputs[0]].meta.dtype;
+      *t = graph_.nodes[n.inputs[0]].meta.dtype;
       return is_float(*t);
     }
     if (n.op == OpId::Where || n.op == OpId::Copy) return false;
     // A comparison computes in the inputs' result type.
     std::vector<Tensor> ins;
     for (int32_t in : n.inputs) {
-      const GraphNode& s = g_.nodes[in];
+      const GraphNode& s = graph_.nodes[in];
       ins.push_back(s.kind == NodeKind::Constant ? s.constant : make_meta_tensor(s.meta));
     }
     const Tensor* p[2] = {&ins[0], &ins[1]};
@@ -100,9 +100,9 @@ class Fuser {
         if (group_stamp_[h] == cur_stamp_) continue;
         group_stamp_[h] = cur_stamp_;
         for (int32_t m : groups_[h].members)
-          for (int32_t in : g_.nodes[m].inputs) stack_.push_back(in);
+          for (int32_t in : graph_.nodes[m].inputs) stack_.push_back(in);
       } else {
-        for (int32_t in : g_.nodes[x].inputs) stack_.push_back(in);
+        for (int32_t in : graph_.nodes[x].inputs) stack_.push_back(in);
       }
     }
     return false;
@@ -110,14 +110,14 @@ class Fuser {
 
   bool compatible(int gi, int32_t v, DType t) const {
     const Group& gr = groups_[gi];
-    const GraphNode& n = g_.nodes[v];
+    const GraphNode& n = graph_.nodes[v];
     return gr.alive && gr.reduction < 0 && gr.dtype == t && gr.shape == n.meta.shape &&
            gr.device == n.meta.device && int(gr.members.size()) < kMaxMembers;
   }
 
   // Whether v can join group gi: no input of v outside the group depends on it.
   bool can_join(int gi, int32_t v) {
-    for (int32_t in : g_.nodes[v].inputs)
+    for (int32_t in : graph_.nodes[v].inputs)
       if (group_of_[in] != gi && depends_on(in, gi)) return false;
     return true;
   }
@@ -126,12 +126,12 @@ class Fuser {
     Group& gr = groups_[gi];
     gr.members.push_back(v);
     group_of_[v] = gi;
-    for (int32_t in : g_.nodes[v].inputs)
+    for (int32_t in : graph_.nodes[v].inputs)
       if (group_of_[in] != gi) readers_[in].push_back(gi);
   }
 
   void place(int32_t v, DType t) {
-    const GraphNode& n = g_.nodes[v];
+    const GraphNode& n = graph_.nodes[v];
     // Producer groups first, then siblings (groups that read one of v's inputs).
     std::vector<int> cands;
     for (int32_t in : n.inputs)
@@ -171,7 +171,7 @@ class Fuser {
       return;
     for (const Group* gr : {&ga, &gb})
       for (int32_t m : gr->members)
-        for (int32_t in : g_.nodes[m].inputs)
+        for (int32_t in : graph_.nodes[m].inputs)
           if (group_of_[in] != a && group_of_[in] != b && depends_on(in, a, b)) return;
     for (int32_t m : gb.members) {
       group_of_[m] = a;
@@ -187,7 +187,7 @@ class Fuser {
 
   // A Sum, Max or Min over the trailing or the leading dims of a group member closes the group.
   bool try_reduction(int32_t v) {
-    const GraphNode& n = g_.nodes[v];
+    const GraphNode& n = graph_.nodes[v];
     if (n.op != OpId::Sum && n.op != OpId::Max && n.op != OpId::Min) return false;
     const int32_t in = n.inputs[0];
     const int gi = group_of_[in];
@@ -246,10 +246,10 @@ class Fuser {
   // Who reads each value outside its group, and so what a group must store.
   std::vector<bool> needed_values() const {
     std::vector<bool> needed(n_, false);
-    for (int32_t o : g_.outputs) needed[o] = true;
-    for (const WriteBack& w : g_.writebacks) needed[w.value] = true;
+    for (int32_t o : graph_.outputs) needed[o] = true;
+    for (const WriteBack& w : graph_.writebacks) needed[w.value] = true;
     for (int32_t v = 0; v < n_; ++v)
-      for (int32_t in : g_.nodes[v].inputs)
+      for (int32_t in : graph_.nodes[v].inputs)
         if (group_of_[in] < 0 || group_of_[in] != group_of_[v]) needed[in] = true;
     return needed;
   }
@@ -276,22 +276,22 @@ class Fuser {
     p.reduce = gr.reduce;
     std::unordered_map<int32_t, int16_t> reg;
     for (int32_t m : gr.members)
-      for (int32_t in : g_.nodes[m].inputs)
+      for (int32_t in : graph_.nodes[m].inputs)
         if (group_of_[in] != gi && !reg.count(in)) {
           reg[in] = static_cast<int16_t>(f.inputs.size());
           f.inputs.push_back(in);
-          p.in_dtypes.push_back(g_.nodes[in].meta.dtype);
+          p.in_dtypes.push_back(graph_.nodes[in].meta.dtype);
         }
     if (f.inputs.size() > DUET_FUSED_MAX_INPUTS) return false;
     // Last use of each member inside the group, for register reuse.
     std::unordered_map<int32_t, size_t> last;
     for (size_t i = 0; i < gr.members.size(); ++i)
-      for (int32_t in : g_.nodes[gr.members[i]].inputs) last[in] = i;
+      for (int32_t in : graph_.nodes[gr.members[i]].inputs) last[in] = i;
     std::vector<int16_t> free_regs;
     int16_t next = static_cast<int16_t>(f.inputs.size());
     for (size_t i = 0; i < gr.members.size(); ++i) {
       const int32_t m = gr.members[i];
-      const GraphNode& node = g_.nodes[m];
+      const GraphNode& node = graph_.nodes[m];
       if (m == gr.reduction) {
         p.reduce_op = node.op;
         p.reduce_src = reg.at(node.inputs[0]);
@@ -303,11 +303,12 @@ class Fuser {
       if (node.op == OpId::Cast) ins.to = node.meta.dtype == DType::b8 ? DType::b8 : gr.dtype;
       // Inputs dead after this instruction give their registers back (never an input
       // register, an output, or the reduced value).
-      const bool keep = needed[m] || (gr.reduction >= 0 && g_.nodes[gr.reduction].inputs[0] == m);
+      const bool keep =
+          needed[m] || (gr.reduction >= 0 && graph_.nodes[gr.reduction].inputs[0] == m);
       for (int32_t in : node.inputs) {
         auto it = reg.find(in);
         if (group_of_[in] == gi && last[in] == i && !needed[in] &&
-            !(gr.reduction >= 0 && g_.nodes[gr.reduction].inputs[0] == in) &&
+            !(gr.reduction >= 0 && graph_.nodes[gr.reduction].inputs[0] == in) &&
             std::find(free_regs.begin(), free_regs.end(), it->second) == free_regs.end())
           free_regs.push_back(it->second);
       }
@@ -333,7 +334,7 @@ class Fuser {
     return true;
   }
 
-  const Graph& g_;
+  const Graph& graph_;
   const int32_t n_;
   std::vector<Group> groups_;
   std::vector<int> group_of_;

@@ -23,7 +23,7 @@ std::vector<TensorSig> call_signature(const FlatArgs& args, const std::string& l
   std::vector<TensorSig> sig;
   sig.reserve(args.tensors.size());
   for (const Tensor& t : args.tensors) {
-    if (is_symbolic(t)) throw_symbolic_use(t, "compile");
+    if (is_traced(t)) throw_traced_use(t, "compile");
     sig.push_back(sig_of(t));
   }
   return sig;

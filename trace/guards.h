@@ -34,7 +34,7 @@ struct TensorSig {
 };
 
 TensorSig sig_of(const Tensor& t);
-/// The signatures of a call's tensors; throws for an undefined or a symbolic one.
+/// The signatures of a call's tensors; throws for an undefined or a traced one.
 std::vector<TensorSig> call_signature(const FlatArgs& args, const std::string& label);
 
 // A guard of a symbolic entry: a relation its graph assumes (Note [Symbolic dims]).

@@ -94,10 +94,10 @@ struct Plan::Builder {
 
   explicit Builder(Plan& p)
       : plan(p),
-        graph(p.g_),
+        graph(p.graph_),
         opt(p.opt_),
         stats(p.stats_),
-        n(static_cast<int32_t>(p.g_.nodes.size())) {}
+        n(static_cast<int32_t>(p.graph_.nodes.size())) {}
 
   void build();
   void find_roots_and_results();
@@ -782,23 +782,23 @@ void Plan::Builder::make_op_step(int32_t u) {
 void Plan::find_epilogues() {
   step_epilogue_.assign(steps_.size(), -1);
   if (!wave_begin_.empty()) return;  // steps in order only
-  std::vector<int32_t> readers(g_.nodes.size(), 0);
-  for (const GraphNode& n : g_.nodes)
+  std::vector<int32_t> readers(graph_.nodes.size(), 0);
+  for (const GraphNode& n : graph_.nodes)
     for (int32_t in : n.inputs) ++readers[in];
-  for (int32_t o : g_.outputs) ++readers[o];
-  for (const WriteBack& w : g_.writebacks) ++readers[w.value];
+  for (int32_t o : graph_.outputs) ++readers[o];
+  for (const WriteBack& w : graph_.writebacks) ++readers[w.value];
   for (size_t i = 0; i + 1 < steps_.size(); ++i) {
     const Step& s = steps_[i];
     const Step& t = steps_[i + 1];
     if (s.kind != StepKind::Kernel || (t.kind != StepKind::Fused && t.kind != StepKind::Kernel))
       continue;
-    const GraphNode& mm = g_.nodes[s.out];
+    const GraphNode& mm = graph_.nodes[s.out];
     if (mm.op != OpId::MatMul || mm.meta.shape.size() != 2 || readers[s.out] != 1 ||
         !kernels::gemm_epilogue(mm.meta.device.type))
       continue;
     // The bias: the add's other operand, of the product's dtype and device, along its last dim.
     auto bias_ok = [&](int32_t v) {
-      const GraphNode& bias = g_.nodes[v];
+      const GraphNode& bias = graph_.nodes[v];
       const int64_t n = mm.meta.shape[1];
       return bias.kind != NodeKind::Constant && bias.meta.dtype == mm.meta.dtype &&
              bias.meta.device == mm.meta.device && bias.meta.shape.numel() == n &&
@@ -807,7 +807,7 @@ void Plan::find_epilogues() {
     };
     Epilogue ep{};
     if (t.kind == StepKind::Kernel) {  // a lone add (a group of one op runs its eager kernel)
-      const GraphNode& add = g_.nodes[t.out];
+      const GraphNode& add = graph_.nodes[t.out];
       if (add.op != OpId::Add || add.inputs.size() != 2 || add.meta.dtype != mm.meta.dtype ||
           add.meta.shape != mm.meta.shape)
         continue;

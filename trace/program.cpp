@@ -39,7 +39,7 @@ Tensor placeholder(Shape shape, DType dtype, std::string name) {
 
 Tensor name(Tensor t, std::string name) {
   detail::Tracer* tr = detail::Tracer::current();
-  if (tr && detail::is_symbolic(t)) tr->set_name(t, name);
+  if (tr && detail::is_traced(t)) tr->set_name(t, name);
   return t;
 }
 

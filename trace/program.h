@@ -1,6 +1,6 @@
 // duet: define-and-run, TensorFlow 1.x style (docs/design.md, "Define-and-run"). A Program
 // traces its builder once, at construction, with the same tracer compile() uses: placeholders
-// are symbolic graph inputs, and grad() inside the builder records the backward like any other
+// are traced graph inputs, and grad() inside the builder records the backward like any other
 // ops. run() plans the graph once per fetch list and replays it on the feeds.
 #pragma once
 

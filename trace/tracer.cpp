@@ -18,7 +18,7 @@ std::vector<int64_t> to_vec(const V& v) {
 
 Tracer::Tracer(std::string label)
     : tag_(IntrusivePtr<TraceTag>::adopt(new TraceTag(label))), prev_(tls_tracer) {
-  g_.label = std::move(label);
+  graph_.label = std::move(label);
   tls_tracer = this;
 }
 
@@ -52,9 +52,9 @@ int32_t Tracer::lift(const Tensor& t) {
   GraphNode n;
   n.kind = NodeKind::Input;
   n.role = InputRole::Argument;
-  n.meta = parent_->g_.nodes[outer].meta;
+  n.meta = parent_->graph_.nodes[outer].meta;
   n.index = lifts_->first_slot + static_cast<int32_t>(pos);
-  const int32_t v = g_.add(std::move(n));
+  const int32_t v = graph_.add(std::move(n));
   lifted_.emplace(pos, v);
   return v;
 }
@@ -68,7 +68,7 @@ std::vector<Tensor> Tracer::control(std::shared_ptr<const ControlFlow> cf,
       Shape{}, DType::f32, cf->results.empty() ? Device::cpu() : cf->results[0].device, {}};
   n.scope = scope_index();
   n.control = cf;
-  const int32_t c = g_.add(std::move(n));
+  const int32_t c = graph_.add(std::move(n));
   std::vector<Tensor> out;
   for (size_t k = 0; k < cf->results.size(); ++k) {
     GraphNode p;
@@ -76,8 +76,8 @@ std::vector<Tensor> Tracer::control(std::shared_ptr<const ControlFlow> cf,
     p.inputs = {c};
     p.index = static_cast<int32_t>(k);
     p.meta = cf->results[k];
-    p.scope = g_.nodes[c].scope;
-    out.push_back(symbolic(g_.add(std::move(p)), cf->results[k], false));
+    p.scope = graph_.nodes[c].scope;
+    out.push_back(traced(graph_.add(std::move(p)), cf->results[k], false));
   }
   return out;
 }
@@ -93,7 +93,7 @@ Tracer::Layout Tracer::layout_of(const TensorImpl* x) {
   return {x->offset, x->shape, x->strides, x->dtype};
 }
 
-Tensor Tracer::symbolic(int32_t value, const TensorMeta& meta, bool requires_grad) {
+Tensor Tracer::traced(int32_t value, const TensorMeta& meta, bool requires_grad) {
   Tensor t = make_meta_tensor(meta);
   TensorImpl* x = t.unsafe_impl();
   symbolic_storages_.push_back(x->storage);
@@ -108,9 +108,9 @@ Tensor Tracer::input(InputRole role, const TensorMeta& meta, bool requires_grad,
   n.kind = NodeKind::Input;
   n.role = role;
   n.meta = meta;
-  n.index = g_.num_runtime_inputs++;
+  n.index = graph_.num_runtime_inputs++;
   n.name = std::move(name);
-  Tensor t = symbolic(g_.add(std::move(n)), meta, requires_grad);
+  Tensor t = traced(graph_.add(std::move(n)), meta, requires_grad);
   input_storages_.push_back(t.unsafe_impl()->storage.get());
   return t;
 }
@@ -132,9 +132,9 @@ int32_t Tracer::scope_index() {
   const std::string& s = current_scope();
   if (s.empty()) return -1;
   if (s == last_scope_) return last_scope_index_;
-  auto it = std::find(g_.scopes.begin(), g_.scopes.end(), s);
-  int32_t i = static_cast<int32_t>(it - g_.scopes.begin());
-  if (it == g_.scopes.end()) g_.scopes.push_back(s);
+  auto it = std::find(graph_.scopes.begin(), graph_.scopes.end(), s);
+  int32_t i = static_cast<int32_t>(it - graph_.scopes.begin());
+  if (it == graph_.scopes.end()) graph_.scopes.push_back(s);
   last_scope_ = s;
   last_scope_index_ = i;
   return i;
@@ -149,7 +149,7 @@ int32_t Tracer::add_op(OpId op, const Attrs& attrs, std::vector<int32_t> inputs,
   n.inputs = std::move(inputs);
   n.meta = m;
   n.scope = scope_index();
-  return g_.add(std::move(n));
+  return graph_.add(std::move(n));
 }
 
 int32_t Tracer::capture(const Tensor& t) {
@@ -162,10 +162,10 @@ int32_t Tracer::capture(const Tensor& t) {
   n.kind = NodeKind::Input;
   n.role = InputRole::Captured;
   n.meta = {x->shape, x->dtype, x->device(), {}};
-  n.index = static_cast<int32_t>(g_.captured.size());
+  n.index = static_cast<int32_t>(graph_.captured.size());
   n.scope = scope_index();
-  g_.captured.push_back(t);
-  int32_t v = g_.add(std::move(n));
+  graph_.captured.push_back(t);
+  int32_t v = graph_.add(std::move(n));
   captured_.emplace(std::move(key), v);
   return v;
 }
@@ -176,7 +176,7 @@ void Tracer::throw_stale_view(const char* what, const TensorImpl* x, const Layou
       "written in place through another view (shape {}, strides {}, offset {}) after it was "
       "made. A compiled function follows in-place writes through the written tensor itself; "
       "use out-of-place ops for the other views, or clone() before writing",
-      what, g_.label, x->shape, Shape(x->strides.data(), x->strides.size()), x->offset,
+      what, graph_.label, x->shape, Shape(x->strides.data(), x->strides.size()), x->offset,
       written.shape, Shape(written.strides.data(), written.strides.size()), written.offset));
 }
 
@@ -185,12 +185,12 @@ int32_t Tracer::value_of(const Tensor& t) {
   const StorageImpl* st = x->storage.get();
   if (x->trace) {
     if (x->trace.get() != tag_.get()) {
-      if (!x->trace->alive) throw_symbolic_use(t, "compile");
+      if (!x->trace->alive) throw_traced_use(t, "compile");
       if (is_ancestor_tag(x->trace.get())) return lift(t);
       throw Error(fmt::format(
           "[compile] a tensor (shape {}) traced by {} was used while tracing {}; pass it as an "
           "argument instead",
-          x->shape, x->trace->name, g_.label));
+          x->shape, x->trace->name, graph_.label));
     }
     if (x->sym_version == st->version_.load(std::memory_order_relaxed)) return x->value;
     auto it = written_.find(st);
@@ -208,13 +208,13 @@ int32_t Tracer::value_of(const Tensor& t) {
     n.kind = NodeKind::Constant;
     n.meta = {x->shape, x->dtype, x->device(), {}};
     n.constant = t;
-    return g_.add(std::move(n));
+    return graph_.add(std::move(n));
   }
   return parent_ ? lift(t) : capture(t);
 }
 
 void Tracer::set_name(const Tensor& t, const std::string& name) {
-  g_.nodes[value_of(t)].name = name;
+  graph_.nodes[value_of(t)].name = name;
 }
 
 TensorMeta Tracer::symbolic_meta(const OpDef& def, const OpCall& c) {
@@ -263,7 +263,7 @@ Tensor Tracer::handle(const OpCall& c) {
                "[{}_] while tracing {}: a tensor of shape {} from outside the function is "
                "written in place. The functions of cond, scan and while_loop may write in place "
                "only tensors they create; return the new value instead",
-               def.name, g_.label, x->shape);
+               def.name, graph_.label, x->shape);
     int32_t v = add_op(c.op, c.attrs, std::move(ins), meta);
     if (c.meta.dtype != x->dtype) {
       Attrs a;
@@ -281,7 +281,7 @@ Tensor Tracer::handle(const OpCall& c) {
         "[{}_] while tracing {}: an argument (shape {}) is written in place. A compiled "
         "function may update in place only tensors it captures (parameters, buffers); "
         "clone() the argument first, or return the new value",
-        def.name, g_.label, x->shape);
+        def.name, graph_.label, x->shape);
     int32_t target = -1;
     if (!symbolic_storage) {
       // A captured tensor (or a view of one) written in place: a write-back into its storage.
@@ -290,7 +290,7 @@ Tensor Tracer::handle(const OpCall& c) {
       a->trace.reset();
       a->value = -1;
       a->is_view = x->is_view;
-      target = g_.nodes[capture(x->trace ? alias : self)].index;
+      target = graph_.nodes[capture(x->trace ? alias : self)].index;
     }
     const uint32_t version = st->version_.fetch_add(1, std::memory_order_relaxed) + 1;
     written_[st] = Written{lay, v, target};
@@ -318,17 +318,17 @@ Tensor Tracer::handle(const OpCall& c) {
     }
     // No strides express it: eager copies, so the result is a fresh contiguous tensor.
   }
-  return symbolic(v, meta, false);
+  return traced(v, meta, false);
 }
 
 void Tracer::finish(const std::vector<Tensor>& outputs) {
-  for (const Tensor& o : outputs) g_.outputs.push_back(value_of(o));
+  for (const Tensor& o : outputs) graph_.outputs.push_back(value_of(o));
   std::vector<WriteBack> wb;
   for (auto& [st, w] : written_)
     if (w.captured >= 0) wb.push_back({w.value, w.captured});
   std::sort(wb.begin(), wb.end(),
             [](const WriteBack& a, const WriteBack& b) { return a.target < b.target; });
-  g_.writebacks = std::move(wb);
+  graph_.writebacks = std::move(wb);
 }
 
 }  // namespace duet::detail
@@ -356,7 +356,7 @@ Tensor Tracer::read(const Tensor& t, const char* what, const char* file, unsigne
   const TensorImpl* x = t.unsafe_impl();
   const std::string site = call_site(file, line);
   if (x->trace) {
-    if (!x->trace->alive || !root->evaluate_) throw_symbolic_use(t, what, file, line);
+    if (!x->trace->alive || !root->evaluate_) throw_traced_use(t, what, file, line);
     if (x->trace.get() != root->tag_.get())
       throw Error(fmt::format(
           "[{}] reads the values of a tensor (shape {}, {}) computed inside {}{}. With "
@@ -373,7 +373,7 @@ Tensor Tracer::read(const Tensor& t, const char* what, const char* file, unsigne
           "runs, so the data there now is stale. Read the value before the write, return it as "
           "an output, or compile with CompileOptions::guard_data_reads to read it at trace time "
           "and retrace when it changes",
-          what, x->shape, x->dtype, site, root->g_.label));
+          what, x->shape, x->dtype, site, root->graph_.label));
   }
   const int32_t v = root->value_of(t);
   for (const ValueGuard& g : root->value_guards_)
@@ -383,7 +383,7 @@ Tensor Tracer::read(const Tensor& t, const char* what, const char* file, unsigne
     SuspendModes eager;
     SymContextGuard no_symbols(nullptr);
     NoGradGuard no_grad;
-    value = root->evaluate_(root->g_, v).contiguous().clone();
+    value = root->evaluate_(root->graph_, v).contiguous().clone();
   }
   root->value_guards_.push_back(
       {v, value, fmt::format("{}(){} read {}", what, site, show_value(value))});

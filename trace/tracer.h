@@ -1,9 +1,9 @@
 // duet: the tracer. A dispatch mode that records every op call into a Graph and runs no kernel.
 //
 // Note [Functionalization]
-// (docs/design.md, "Captured state and compiled backward".) Symbolic tensors stand for graph
+// (docs/design.md, "Captured state and compiled backward".) Traced tensors stand for graph
 // values: a TensorImpl with a TraceTag, the value id, and a storage with no data; views share
-// their base's symbolic storage, as in eager. A concrete tensor the traced code reads is
+// their base's traced storage, as in eager. A concrete tensor the traced code reads is
 // captured: wrapped numbers become constants, anything else becomes a graph input read by
 // reference at every run (parameters, .grad buffers, the RNG state, tensors built from C++ data).
 // An in-place op records a pure op whose result is the new value of the written tensor, and the
@@ -25,7 +25,7 @@
 // Note [Data-dependent reads]
 // Every tracer is the thread's ValueReader while it lives, so that reading values into C++
 // (item(), to_vector()) during a trace never reads stale or missing data. A concrete tensor
-// whose storage the trace has not written reads as usual. By default (strict) a symbolic tensor
+// whose storage the trace has not written reads as usual. By default (strict) a traced tensor
 // is an error that points to cond/scan, and so is a captured tensor written in place earlier
 // in the trace (its data changes only when the compiled function runs). With guard mode
 // (CompileOptions::guard_data_reads) the top-level tracer computes the value instead: compile's
@@ -70,20 +70,20 @@ class Tracer final : public DispatchMode, public ValueReader {
   };
   /// A tracer for one subgraph of a construct that `parent` is tracing.
   Tracer(std::string label, Tracer* parent, Lifts* lifts);
-  /// Marks the trace dead: its symbolic tensors raise an error naming `label` if used later.
+  /// Marks the trace dead: its traced tensors raise an error naming `label` if used later.
   ~Tracer() override;
   Tracer(const Tracer&) = delete;
   Tracer& operator=(const Tracer&) = delete;
 
-  /// A symbolic graph input standing for `like` (same shape, dtype, strides, requires_grad);
+  /// A traced graph input standing for `like` (same shape, dtype, strides, requires_grad);
   /// `sym` gives its dims as SymInts when some are symbolic (Note [Symbolic dims]).
   Tensor input(InputRole role, const Tensor& like, std::string name = {}, SymDims sym = {});
-  /// A symbolic graph input of the given metadata (contiguous).
+  /// A traced graph input of the given metadata (contiguous).
   Tensor input(InputRole role, const TensorMeta& meta, bool requires_grad, std::string name = {});
 
   /// The graph value a tensor stands for, capturing a concrete tensor if needed.
   int32_t value_of(const Tensor& t);
-  /// Gives the value of a symbolic tensor a name (duet::name).
+  /// Gives the value of a traced tensor a name (duet::name).
   void set_name(const Tensor& t, const std::string& name);
 
   Tensor handle(const OpCall& call) override;
@@ -95,7 +95,7 @@ class Tracer final : public DispatchMode, public ValueReader {
   const std::vector<ValueGuard>& value_guards() const { return value_guards_; }
 
   /// Records a Control node reading `inputs` (Note [Control flow nodes]) and its Project nodes;
-  /// returns one symbolic tensor per result.
+  /// returns one traced tensor per result.
   std::vector<Tensor> control(std::shared_ptr<const ControlFlow> cf,
                               const std::vector<Tensor>& inputs);
   /// The tracer of the enclosing construct, or null for a top-level trace.
@@ -104,7 +104,7 @@ class Tracer final : public DispatchMode, public ValueReader {
   /// Closes the graph: outputs are resolved and write-backs of written captured tensors added.
   void finish(const std::vector<Tensor>& outputs);
 
-  Graph& graph() { return g_; }
+  Graph& graph() { return graph_; }
   const TraceTag* tag() const { return tag_.get(); }
   /// The innermost tracer on this thread, or null.
   static Tracer* current();
@@ -126,7 +126,7 @@ class Tracer final : public DispatchMode, public ValueReader {
     int32_t value;
     int32_t captured = -1;
   };
-  Tensor symbolic(int32_t value, const TensorMeta& meta, bool requires_grad);
+  Tensor traced(int32_t value, const TensorMeta& meta, bool requires_grad);
   int32_t capture(const Tensor& t);
   int32_t lift(const Tensor& t);
   bool owns_storage(const StorageImpl* st) const;
@@ -137,7 +137,7 @@ class Tracer final : public DispatchMode, public ValueReader {
   int32_t scope_index();
   [[noreturn]] void throw_stale_view(const char* what, const TensorImpl* x, const Layout& written);
 
-  Graph g_;
+  Graph graph_;
   IntrusivePtr<TraceTag> tag_;
   Tracer* prev_;
   Tracer* parent_ = nullptr;  ///< sub-traces: the enclosing construct's tracer
