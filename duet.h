@@ -3,6 +3,7 @@
 #pragma once
 
 #include "core/allocator.h"
+#include "core/anomaly.h"
 #include "core/dispatch.h"
 #include "core/error.h"
 #include "core/ops.h"

@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "core/anomaly.h"
 #include "core/check_shape.h"
 
 namespace duet {
@@ -144,7 +145,11 @@ Tensor call(OpId op, TensorRefs inputs, const Attrs& attrs, unsigned expiring) {
   // result cannot carry a gradient (a cast to an integer dtype, as in PyTorch). A recorded call
   // never reuses an input's buffer: the node may have saved that input.
   const bool record = tls_grad && def.differentiable && is_floating(meta.dtype) && requires_grad;
-  Tensor out = run_from(tls_depth, def, c, (tls_depth || record) ? 0 : expiring);
+  // Anomaly mode (Note [Anomaly mode] in core/anomaly.h) reads the inputs before the op runs,
+  // and keeps the op from reusing an input's buffer.
+  const bool check = tls_depth == 0 && anomaly_on() && anomaly_inputs_clean(def, inputs);
+  Tensor out = run_from(tls_depth, def, c, (tls_depth || record || check) ? 0 : expiring);
+  if (__builtin_expect(check, 0)) anomaly_check_output(def, inputs, out);
   if (record) autograd_finish(autograd_prepare(def, inputs, attrs, nullptr), out);
   return out;
 }
@@ -191,6 +196,7 @@ void call_inplace(OpId op, TensorRefs inputs, const Attrs& attrs, const Tensor& 
     const Tensor* s[] = {&self};
     check_concrete(def, TensorRefs(s, 1));
   }
+
   const TensorImpl* si = self.unsafe_impl();
   const bool record = tls_grad && def.differentiable && is_floating(si->dtype) &&
                       (si->requires_grad || any_requires_grad(inputs));
@@ -227,11 +233,16 @@ void call_inplace(OpId op, TensorRefs inputs, const Attrs& attrs, const Tensor& 
     call_inplace(OpId::Copy, TensorRefs(src, 1), Attrs{}, self);
     return;
   }
+  // In anomaly mode the values self held count as inputs: it is written over.
+  const Tensor* self_ref[] = {&self};
+  const bool check = tls_depth == 0 && anomaly_on() && anomaly_inputs_clean(def, inputs) &&
+                     anomaly_inputs_clean(def, TensorRefs(self_ref, 1));
   OpCall c{op, inputs, attrs, meta, &self};
   // The node is prepared before the write, so that it saves self's old autograd identity and
   // version: a rule that needs self's overwritten value then fails loudly at backward time.
   std::shared_ptr<Node> node = record ? autograd_prepare(def, inputs, attrs, &self) : nullptr;
   run_from(tls_depth, def, c, 0);
+  if (__builtin_expect(check, 0)) anomaly_check_output(def, inputs, self);
   if (record) autograd_finish(std::move(node), self);
 }
 

@@ -29,6 +29,11 @@ struct DeviceError : Error {
 struct ValueError : Error {
   using Error::Error;
 };
+/// A NaN or an infinity where an op's inputs had none, found by anomaly detection
+/// (core/anomaly.h).
+struct AnomalyError : Error {
+  using Error::Error;
+};
 /// An internal invariant failed: a bug in duet, not in the caller's code.
 struct InternalError : Error {
   using Error::Error;

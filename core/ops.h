@@ -44,6 +44,12 @@ namespace duet {
 #include "core/elementwise.def"
 #undef DUET_DECLARE_COMPARE
 
+/// Elementwise tests of floating values, b8 results: NaN, an infinity (either sign), neither.
+/// Integer and b8 tensors hold no NaN and no infinity.
+Tensor isnan(const Tensor& x);
+Tensor isinf(const Tensor& x);
+Tensor isfinite(const Tensor& x);
+
 /// Elementwise selection: cond (b8) ? a : b, all three broadcast together.
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
 Tensor where(const Tensor& cond, const Tensor& a, Scalar b);

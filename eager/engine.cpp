@@ -232,7 +232,12 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& r
       Tensor out = unpack_output(*n, create_graph);
       GradCtx ctx{n->attrs, SavedInputs(TensorRefs(ptrs.data(), k), stale, n), out, metas.data(),
                   needs.get()};
-      n->def->grad(ctx, g, gi.data());
+      try {
+        n->def->grad(ctx, g, gi.data());
+      } catch (const AnomalyError& e) {  // Note [Anomaly mode]: name the forward op too
+        throw AnomalyError(
+            fmt::format("{}; in backward, inside the gradient rule of {}", e.what(), n->def->name));
+      }
     }
     if (!retain_graph) {
       n->released = true;

@@ -353,6 +353,18 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
 Tensor where(const Tensor& cond, const Tensor& a, Scalar b) { return where(cond, a, wrap(b, a)); }
 Tensor where(const Tensor& cond, Scalar a, const Tensor& b) { return where(cond, wrap(a, b), b); }
 
+// Composites of comparisons, so they fuse: NaN is the one value unequal to itself, and |x| < inf
+// is false for NaN (an ordered comparison) and for both infinities.
+Tensor isnan(const Tensor& x) { return ne(x, x); }
+Tensor isinf(const Tensor& x) {
+  if (!is_floating(x.dtype())) return ne(x, x);
+  return eq(abs(x), std::numeric_limits<double>::infinity());
+}
+Tensor isfinite(const Tensor& x) {
+  if (!is_floating(x.dtype())) return eq(x, x);
+  return lt(abs(x), std::numeric_limits<double>::infinity());
+}
+
 // With lo > hi every element becomes hi, as torch.clamp documents.
 // With where rather than maximum/minimum, the gradient is 1 on the closed interval [lo, hi]
 // (maximum would split it at a boundary), and NaN passes through, as torch.clamp.
