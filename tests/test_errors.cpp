@@ -308,7 +308,7 @@ const std::vector<ErrorRow>& error_rows() {
        [] {
          index_select(f32({3, 4}), 0, i64s({1, 3}));
        },
-       Kind::Value, "[gather] index 3 is out of range for dim 0 of size 3"},
+       Kind::Value, "[index_select] index 3 is out of range for dim 0 of size 3 (from gather)"},
       {"index", [] { embedding(f32({4}), of({2}, D::i64)); }, Kind::Shape,
        "[embedding] weight must be (num_embeddings, dim), got (4)"},
       {"index",
@@ -320,7 +320,7 @@ const std::vector<ErrorRow>& error_rows() {
        [] {
          embedding(f32({4, 2}), i64s({4}));
        },
-       Kind::Value, "[gather] index 4 is out of range for dim 0 of size 4"},
+       Kind::Value, "[embedding] index 4 is out of range for dim 0 of size 4 (from gather)"},
       {"index", [] { argmax(of({3}, D::b8), 0); }, Kind::DType, "[argmax] is not defined for b8"},
       {"index",
        [] {
@@ -550,12 +550,19 @@ const std::vector<ErrorRow>& error_rows() {
        [] {
          cross_entropy(f32({2, 3}), i64s({0, 3}));
        },
-       Kind::Value, "[gather] index 3 is out of range for dim 1 of size 3"},
+       Kind::Value, "[cross_entropy] index 3 is out of range for dim 1 of size 3 (from gather)"},
       {"nn",
        [] {
          cross_entropy(f32({2, 3}), i64s({-1, 0}));
        },
-       Kind::Value, "[gather] index -1"},
+       Kind::Value, "[cross_entropy] index -1 is out of range for dim 1 of size 3 (from gather)"},
+      // Composites name themselves in errors raised inside them (as cross_entropy above).
+      {"nn", [] { mse_loss(f32({3}), f32({4})); }, Kind::Shape, "[mse_loss]"},
+      {"nn",
+       [] {
+         log_softmax(f32({2, 3}), 5);
+       },
+       Kind::Value, "[log_softmax]"},
       {"nn", [] { binary_cross_entropy_with_logits(f32({3}), f32({4})); }, Kind::Shape,
        "[binary_cross_entropy_with_logits] logits (3) and targets (4) must have the same shape"},
       {"nn", [] { binary_cross_entropy_with_logits(f32({3}), of({3}, D::i64)); }, Kind::DType,

@@ -4,6 +4,7 @@
 // attrs.ints = {kh, kw, sh, sw, ph, pw, H, W} for both (see kernels/image.cpp).
 #include "core/dispatch.h"
 #include "core/op_table.h"
+#include "core/op_errors.h"
 #include "core/ops.h"
 
 namespace duet {
@@ -125,26 +126,30 @@ Tensor fold(const Tensor& cols, int64_t height, int64_t width, int64_t kernel, i
 // are used as SymInts, so that a symbolic batch dim stays symbolic; H, W and the weight's
 // sizes are read as integers (the windows need them).
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, int64_t stride, int64_t padding) {
-  DUET_CHECK_SHAPE(x.dim() == 4, "[conv2d] input must be (N, C, H, W), got {}", x.sizes());
-  DUET_CHECK_SHAPE(w.dim() == 4 && w.size(2) == w.size(3),
-                   "[conv2d] weight must be (out, in, k, k), got {}", w.sizes());
-  DUET_CHECK_SHAPE(detail::size_is(x, 1, detail::sym_dims(w)[1], "conv2d"),
-                   "[conv2d] input has {} channels but the weight {} expects {}", x.sizes()[1],
-                   w.sizes(), w.sizes()[1]);
-  DUET_CHECK_DTYPE(x.dtype() == w.dtype(), "[conv2d] input ({}) and weight ({}) must share a dtype",
-                   x.dtype(), w.dtype());
-  const int64_t o = w.size(0), k = w.size(2);
-  detail::Window g;
-  Attrs a = detail::window_attrs("conv2d", x, k, stride, padding, &g);
-  const int64_t ho = g.ho, wo = g.wo;
-  Tensor cols = detail::window_call(OpId::Unfold, x, a);
-  // Sizes spelled out, not -1: a reshape cannot infer a dim of an empty tensor (N or O of 0).
-  const SymInt n = detail::sym_dims(x)[0], ckk = detail::sym_dims(cols)[1];
-  Tensor y = detail::reshape_dims(matmul(detail::reshape_dims(w, {o, ckk}), cols), {n, o, ho, wo});
-  if (!b.defined()) return y;
-  DUET_CHECK_SHAPE(b.dim() == 1 && b.size(0) == o, "[conv2d] bias must be ({}), got {}", o,
-                   b.sizes());
-  return y + reshape(b, {1, o, 1, 1});
+  return detail::as_op("conv2d", [&]() -> Tensor {
+    DUET_CHECK_SHAPE(x.dim() == 4, "[conv2d] input must be (N, C, H, W), got {}", x.sizes());
+    DUET_CHECK_SHAPE(w.dim() == 4 && w.size(2) == w.size(3),
+                     "[conv2d] weight must be (out, in, k, k), got {}", w.sizes());
+    DUET_CHECK_SHAPE(detail::size_is(x, 1, detail::sym_dims(w)[1], "conv2d"),
+                     "[conv2d] input has {} channels but the weight {} expects {}", x.sizes()[1],
+                     w.sizes(), w.sizes()[1]);
+    DUET_CHECK_DTYPE(x.dtype() == w.dtype(),
+                     "[conv2d] input ({}) and weight ({}) must share a dtype", x.dtype(),
+                     w.dtype());
+    const int64_t o = w.size(0), k = w.size(2);
+    detail::Window g;
+    Attrs a = detail::window_attrs("conv2d", x, k, stride, padding, &g);
+    const int64_t ho = g.ho, wo = g.wo;
+    Tensor cols = detail::window_call(OpId::Unfold, x, a);
+    // Sizes spelled out, not -1: a reshape cannot infer a dim of an empty tensor (N or O of 0).
+    const SymInt n = detail::sym_dims(x)[0], ckk = detail::sym_dims(cols)[1];
+    Tensor y =
+        detail::reshape_dims(matmul(detail::reshape_dims(w, {o, ckk}), cols), {n, o, ho, wo});
+    if (!b.defined()) return y;
+    DUET_CHECK_SHAPE(b.dim() == 1 && b.size(0) == o, "[conv2d] bias must be ({}), got {}", o,
+                     b.sizes());
+    return y + reshape(b, {1, o, 1, 1});
+  });
 }
 
 namespace {
@@ -163,19 +168,23 @@ Tensor pool_windows(const char* op, const Tensor& x, int64_t kernel, int64_t str
 }  // namespace
 
 Tensor max_pool2d(const Tensor& x, int64_t kernel, int64_t stride) {
-  int64_t ho, wo;
-  Tensor win = pool_windows("max_pool2d", x, kernel, stride, &ho, &wo);
-  const SymDims xs = detail::sym_dims(x);
-  return detail::reshape_dims(max(win, 2), {xs[0], xs[1], ho, wo});
+  return detail::as_op("max_pool2d", [&]() -> Tensor {
+    int64_t ho, wo;
+    Tensor win = pool_windows("max_pool2d", x, kernel, stride, &ho, &wo);
+    const SymDims xs = detail::sym_dims(x);
+    return detail::reshape_dims(max(win, 2), {xs[0], xs[1], ho, wo});
+  });
 }
 
 Tensor avg_pool2d(const Tensor& x, int64_t kernel, int64_t stride) {
-  DUET_CHECK_DTYPE(is_floating(x.dtype()), "[avg_pool2d] needs a floating input, got {}",
-                   x.dtype());
-  int64_t ho, wo;
-  Tensor win = pool_windows("avg_pool2d", x, kernel, stride, &ho, &wo);
-  const SymDims xs = detail::sym_dims(x);
-  return detail::reshape_dims(mean(win, 2), {xs[0], xs[1], ho, wo});
+  return detail::as_op("avg_pool2d", [&]() -> Tensor {
+    DUET_CHECK_DTYPE(is_floating(x.dtype()), "[avg_pool2d] needs a floating input, got {}",
+                     x.dtype());
+    int64_t ho, wo;
+    Tensor win = pool_windows("avg_pool2d", x, kernel, stride, &ho, &wo);
+    const SymDims xs = detail::sym_dims(x);
+    return detail::reshape_dims(mean(win, 2), {xs[0], xs[1], ho, wo});
+  });
 }
 
 }  // namespace duet

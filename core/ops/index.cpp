@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/dispatch.h"
+#include "core/op_errors.h"
 #include "core/ops.h"
 
 namespace duet {
@@ -157,33 +158,37 @@ Tensor scatter_add(const Tensor& base, int64_t dim, const Tensor& index, const T
 }
 
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
-  DUET_CHECK_DTYPE(index.dtype() == DType::i64,
-                   "[index_select] index must be i64, got {} of shape {}", index.dtype(),
-                   index.sizes());
-  DUET_CHECK_SHAPE(index.dim() <= 1, "[index_select] index must be 1-D, got shape {}",
-                   index.sizes());
-  DUET_CHECK_SHAPE(x.dim() >= 1, "[index_select] input must have at least one dim, got shape {}",
-                   x.sizes());
-  dim = detail::wrap_dim("index_select", dim, x.dim());
-  // As a gather whose index is the 1-D index broadcast along every other dim (a stride-0 view).
-  const SymInt n = detail::sym_numel(detail::sym_dims(index));
-  SymDims along(static_cast<size_t>(x.dim()), SymInt(1));
-  along[dim] = n;
-  SymDims target = detail::sym_dims(x);
-  target[dim] = n;
-  return gather(x, dim, detail::expand_dims(detail::reshape_dims(index, along), target));
+  return detail::as_op("index_select", [&]() -> Tensor {
+    DUET_CHECK_DTYPE(index.dtype() == DType::i64,
+                     "[index_select] index must be i64, got {} of shape {}", index.dtype(),
+                     index.sizes());
+    DUET_CHECK_SHAPE(index.dim() <= 1, "[index_select] index must be 1-D, got shape {}",
+                     index.sizes());
+    DUET_CHECK_SHAPE(x.dim() >= 1, "[index_select] input must have at least one dim, got shape {}",
+                     x.sizes());
+    dim = detail::wrap_dim("index_select", dim, x.dim());
+    // As a gather whose index is the 1-D index broadcast along every other dim (a stride-0 view).
+    const SymInt n = detail::sym_numel(detail::sym_dims(index));
+    SymDims along(static_cast<size_t>(x.dim()), SymInt(1));
+    along[dim] = n;
+    SymDims target = detail::sym_dims(x);
+    target[dim] = n;
+    return gather(x, dim, detail::expand_dims(detail::reshape_dims(index, along), target));
+  });
 }
 
 Tensor embedding(const Tensor& weight, const Tensor& indices) {
-  DUET_CHECK_SHAPE(weight.dim() == 2, "[embedding] weight must be (num_embeddings, dim), got {}",
-                   weight.sizes());
-  DUET_CHECK_DTYPE(indices.dtype() == DType::i64,
-                   "[embedding] indices must be i64, got {} of shape {}", indices.dtype(),
-                   indices.sizes());
-  Tensor rows = index_select(weight, 0, reshape(indices, {-1}));
-  SymDims out = detail::sym_dims(indices);
-  out.push_back(detail::sym_dims(weight)[1]);
-  return detail::reshape_dims(rows, out);
+  return detail::as_op("embedding", [&]() -> Tensor {
+    DUET_CHECK_SHAPE(weight.dim() == 2, "[embedding] weight must be (num_embeddings, dim), got {}",
+                     weight.sizes());
+    DUET_CHECK_DTYPE(indices.dtype() == DType::i64,
+                     "[embedding] indices must be i64, got {} of shape {}", indices.dtype(),
+                     indices.sizes());
+    Tensor rows = index_select(weight, 0, reshape(indices, {-1}));
+    SymDims out = detail::sym_dims(indices);
+    out.push_back(detail::sym_dims(weight)[1]);
+    return detail::reshape_dims(rows, out);
+  });
 }
 
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {

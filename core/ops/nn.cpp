@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/op_table.h"
+#include "core/op_errors.h"
 #include "core/ops.h"
 
 namespace duet {
@@ -29,21 +30,27 @@ Tensor stable_max(const Tensor& x, int64_t dim) {
 }  // namespace
 
 Tensor softmax(const Tensor& x, int64_t dim) {
-  dim = check_soft("softmax", x, dim);
-  Tensor e = exp(x - stable_max(x, dim));
-  return e / sum(e, dim, /*keepdim=*/true);
+  return detail::as_op("softmax", [&]() -> Tensor {
+    dim = check_soft("softmax", x, dim);
+    Tensor e = exp(x - stable_max(x, dim));
+    return e / sum(e, dim, /*keepdim=*/true);
+  });
 }
 
 Tensor log_softmax(const Tensor& x, int64_t dim) {
-  dim = check_soft("log_softmax", x, dim);
-  Tensor z = x - stable_max(x, dim);
-  return z - log(sum(exp(z), dim, /*keepdim=*/true));
+  return detail::as_op("log_softmax", [&]() -> Tensor {
+    dim = check_soft("log_softmax", x, dim);
+    Tensor z = x - stable_max(x, dim);
+    return z - log(sum(exp(z), dim, /*keepdim=*/true));
+  });
 }
 
 Tensor logsumexp(const Tensor& x, int64_t dim) {
-  dim = check_soft("logsumexp", x, dim);
-  Tensor m = stable_max(x, dim);
-  return squeeze(m + log(sum(exp(x - m), dim, /*keepdim=*/true)), dim);
+  return detail::as_op("logsumexp", [&]() -> Tensor {
+    dim = check_soft("logsumexp", x, dim);
+    Tensor m = stable_max(x, dim);
+    return squeeze(m + log(sum(exp(x - m), dim, /*keepdim=*/true)), dim);
+  });
 }
 
 Tensor gelu(const Tensor& x) { return x * 0.5 * (1 + erf(x * 0.70710678118654752440)); }
@@ -63,87 +70,98 @@ Tensor softplus(const Tensor& x, double beta, double threshold) {
 }
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  DUET_CHECK_SHAPE(weight.dim() == 2, "[linear] weight must be (out, in), got {}", weight.sizes());
-  DUET_CHECK_SHAPE(
-      x.dim() >= 1 && detail::size_is(x, x.dim() - 1, detail::sym_dims(weight)[1], "linear"),
-      "[linear] input {} has {} features but the weight {} expects {}", x.sizes(),
-      x.dim() ? x.sizes()[x.dim() - 1] : 0, weight.sizes(), weight.sizes()[1]);
-  DUET_CHECK_DTYPE(x.dtype() == weight.dtype(),
-                   "[linear] input ({}) and weight ({}) must share a dtype", x.dtype(),
-                   weight.dtype());
-  Tensor y = matmul(x, transpose(weight, 0, 1));
-  if (!bias.defined()) return y;
-  DUET_CHECK_SHAPE(
-      bias.dim() == 1 && detail::size_is(bias, 0, detail::sym_dims(weight)[0], "linear"),
-      "[linear] bias must be ({}), got {}", weight.sizes()[0], bias.sizes());
-  return y + bias;
+  return detail::as_op("linear", [&]() -> Tensor {
+    DUET_CHECK_SHAPE(weight.dim() == 2, "[linear] weight must be (out, in), got {}",
+                     weight.sizes());
+    DUET_CHECK_SHAPE(
+        x.dim() >= 1 && detail::size_is(x, x.dim() - 1, detail::sym_dims(weight)[1], "linear"),
+        "[linear] input {} has {} features but the weight {} expects {}", x.sizes(),
+        x.dim() ? x.sizes()[x.dim() - 1] : 0, weight.sizes(), weight.sizes()[1]);
+    DUET_CHECK_DTYPE(x.dtype() == weight.dtype(),
+                     "[linear] input ({}) and weight ({}) must share a dtype", x.dtype(),
+                     weight.dtype());
+    Tensor y = matmul(x, transpose(weight, 0, 1));
+    if (!bias.defined()) return y;
+    DUET_CHECK_SHAPE(
+        bias.dim() == 1 && detail::size_is(bias, 0, detail::sym_dims(weight)[0], "linear"),
+        "[linear] bias must be ({}), got {}", weight.sizes()[0], bias.sizes());
+    return y + bias;
+  });
 }
 
 Tensor layer_norm(const Tensor& x, Shape normalized, const Tensor& weight, const Tensor& bias,
                   double eps) {
-  const int64_t k = normalized.size(), nd = x.dim();
-  DUET_CHECK_DTYPE(is_floating(x.dtype()), "[layer_norm] needs a floating input, got {}",
-                   x.dtype());
-  DUET_CHECK_SHAPE(k >= 1 && k <= nd, "[layer_norm] normalized shape {} does not fit input {}",
-                   normalized, x.sizes());
-  for (int64_t i = 0; i < k; ++i)
-    DUET_CHECK_SHAPE(detail::size_is(x, nd - k + i, normalized[i], "layer_norm"),
-                     "[layer_norm] normalized shape {} does not match the last dims of {}",
+  return detail::as_op("layer_norm", [&]() -> Tensor {
+    const int64_t k = normalized.size(), nd = x.dim();
+    DUET_CHECK_DTYPE(is_floating(x.dtype()), "[layer_norm] needs a floating input, got {}",
+                     x.dtype());
+    DUET_CHECK_SHAPE(k >= 1 && k <= nd, "[layer_norm] normalized shape {} does not fit input {}",
                      normalized, x.sizes());
-  Dims dims;
-  for (int64_t i = nd - k; i < nd; ++i) dims.push_back(i);
-  Tensor mu = mean(x, dims, /*keepdim=*/true);
-  Tensor xc = x - mu;
-  Tensor var = mean(xc * xc, dims, /*keepdim=*/true);
-  Tensor y = xc * rsqrt(var + eps);
-  if (weight.defined()) {
-    DUET_CHECK_SHAPE(weight.sizes() == normalized, "[layer_norm] weight {} must have shape {}",
-                     weight.sizes(), normalized);
-    y = y * weight;
-  }
-  if (bias.defined()) {
-    DUET_CHECK_SHAPE(bias.sizes() == normalized, "[layer_norm] bias {} must have shape {}",
-                     bias.sizes(), normalized);
-    y = y + bias;
-  }
-  return y;
+    for (int64_t i = 0; i < k; ++i)
+      DUET_CHECK_SHAPE(detail::size_is(x, nd - k + i, normalized[i], "layer_norm"),
+                       "[layer_norm] normalized shape {} does not match the last dims of {}",
+                       normalized, x.sizes());
+    Dims dims;
+    for (int64_t i = nd - k; i < nd; ++i) dims.push_back(i);
+    Tensor mu = mean(x, dims, /*keepdim=*/true);
+    Tensor xc = x - mu;
+    Tensor var = mean(xc * xc, dims, /*keepdim=*/true);
+    Tensor y = xc * rsqrt(var + eps);
+    if (weight.defined()) {
+      DUET_CHECK_SHAPE(weight.sizes() == normalized, "[layer_norm] weight {} must have shape {}",
+                       weight.sizes(), normalized);
+      y = y * weight;
+    }
+    if (bias.defined()) {
+      DUET_CHECK_SHAPE(bias.sizes() == normalized, "[layer_norm] bias {} must have shape {}",
+                       bias.sizes(), normalized);
+      y = y + bias;
+    }
+    return y;
+  });
 }
 
 Tensor mse_loss(const Tensor& pred, const Tensor& target) {
-  DUET_CHECK_SHAPE(detail::same_shape(pred, target, "mse_loss"),
-                   "[mse_loss] prediction {} and target {} must have the same shape", pred.sizes(),
-                   target.sizes());
-  Tensor d = pred - target;
-  return mean(d * d);
+  return detail::as_op("mse_loss", [&]() -> Tensor {
+    DUET_CHECK_SHAPE(detail::same_shape(pred, target, "mse_loss"),
+                     "[mse_loss] prediction {} and target {} must have the same shape",
+                     pred.sizes(), target.sizes());
+    Tensor d = pred - target;
+    return mean(d * d);
+  });
 }
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
-  DUET_CHECK_DTYPE(is_floating(logits.dtype()), "[cross_entropy] logits must be floating, got {}",
-                   logits.dtype());
-  DUET_CHECK_DTYPE(targets.dtype() == DType::i64,
-                   "[cross_entropy] targets must be i64 class indices, got {} of shape {}",
-                   targets.dtype(), targets.sizes());
-  DUET_CHECK_SHAPE((logits.dim() == 2 && targets.dim() == 1 &&
-                    detail::size_is(targets, 0, detail::sym_dims(logits)[0], "cross_entropy")) ||
-                       (logits.dim() == 1 && targets.dim() == 0),
-                   "[cross_entropy] expected logits (N, C) with targets (N), or (C) with a 0-d "
-                   "target; got {} and {}",
-                   logits.sizes(), targets.sizes());
-  const int64_t cdim = logits.dim() - 1;
-  Tensor lp = log_softmax(logits, cdim);
-  return neg(mean(gather(lp, cdim, unsqueeze(targets, cdim))));
+  return detail::as_op("cross_entropy", [&]() -> Tensor {
+    DUET_CHECK_DTYPE(is_floating(logits.dtype()), "[cross_entropy] logits must be floating, got {}",
+                     logits.dtype());
+    DUET_CHECK_DTYPE(targets.dtype() == DType::i64,
+                     "[cross_entropy] targets must be i64 class indices, got {} of shape {}",
+                     targets.dtype(), targets.sizes());
+    DUET_CHECK_SHAPE((logits.dim() == 2 && targets.dim() == 1 &&
+                      detail::size_is(targets, 0, detail::sym_dims(logits)[0], "cross_entropy")) ||
+                         (logits.dim() == 1 && targets.dim() == 0),
+                     "[cross_entropy] expected logits (N, C) with targets (N), or (C) with a 0-d "
+                     "target; got {} and {}",
+                     logits.sizes(), targets.sizes());
+    const int64_t cdim = logits.dim() - 1;
+    Tensor lp = log_softmax(logits, cdim);
+    return neg(mean(gather(lp, cdim, unsqueeze(targets, cdim))));
+  });
 }
 
 Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& targets) {
-  DUET_CHECK_SHAPE(detail::same_shape(logits, targets, "binary_cross_entropy_with_logits"),
-                   "[binary_cross_entropy_with_logits] logits {} and targets {} must have the "
-                   "same shape",
-                   logits.sizes(), targets.sizes());
-  DUET_CHECK_DTYPE(is_floating(targets.dtype()),
-                   "[binary_cross_entropy_with_logits] targets must be floating, got {}",
-                   targets.dtype());
-  // -(y log s(x) + (1 - y) log s(-x)): d/dx = s(x) - y exactly, finite for any logits.
-  return neg(mean(targets * log_sigmoid(logits) + (1 - targets) * log_sigmoid(neg(logits))));
+  return detail::as_op("binary_cross_entropy_with_logits", [&]() -> Tensor {
+    DUET_CHECK_SHAPE(detail::same_shape(logits, targets, "binary_cross_entropy_with_logits"),
+                     "[binary_cross_entropy_with_logits] logits {} and targets {} must have the "
+                     "same shape",
+                     logits.sizes(), targets.sizes());
+    DUET_CHECK_DTYPE(is_floating(targets.dtype()),
+                     "[binary_cross_entropy_with_logits] targets must be floating, got {}",
+                     targets.dtype());
+    // -(y log s(x) + (1 - y) log s(-x)): d/dx = s(x) - y exactly, finite for any logits.
+    return neg(mean(targets * log_sigmoid(logits) + (1 - targets) * log_sigmoid(neg(logits))));
+  });
 }
 
 }  // namespace duet
