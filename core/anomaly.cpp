@@ -24,18 +24,13 @@ struct Busy {
   ~Busy() { tls_busy = false; }
 };
 
-// The number of NaN and of infinite elements of t (0 and 0 for a non-floating or empty t).
-struct Bad {
-  int64_t nan = 0, inf = 0;
-  bool any() const { return nan + inf > 0; }
-};
-Bad count_bad(const Tensor& t) {
-  Bad b;
-  if (!t.defined() || !is_floating(t.dtype()) || t.numel() == 0) return b;
-  b.nan = sum(isnan(t)).item<int64_t>();
-  b.inf = sum(isinf(t)).item<int64_t>();
-  return b;
+// Where t holds a NaN or an infinity (b8), or undefined for a tensor that cannot (not floating,
+// or empty).
+Tensor non_finite(const Tensor& t) {
+  if (!t.defined() || !is_floating(t.dtype()) || t.numel() == 0) return Tensor();
+  return eq(isfinite(t), 0);
 }
+int64_t count(const Tensor& mask) { return mask.defined() ? sum(mask).item<int64_t>() : 0; }
 
 std::string describe_inputs(TensorRefs in) {
   std::string s;
@@ -65,7 +60,7 @@ bool anomaly_inputs_clean(const OpDef& def, TensorRefs in) {
   Busy busy;
   NoGradGuard no_grad;
   for (int64_t i = 0; i < in.size(); ++i)
-    if (count_bad(in[i]).any()) return false;
+    if (count(non_finite(in[i])) > 0) return false;
   return true;
 }
 
@@ -74,15 +69,16 @@ void anomaly_check_output(const OpDef& def, TensorRefs in, const Tensor& out) {
   {
     Busy busy;
     NoGradGuard no_grad;
-    const Bad b = count_bad(out);
-    if (!b.any()) return;
-    const int64_t first =
-        argmax(reshape(eq(isfinite(out), 0), {out.numel()}).to(DType::i32), 0).item<int64_t>();
+    const Tensor bad = non_finite(out);
+    const int64_t n = count(bad);
+    if (n == 0) return;
+    const int64_t nan = sum(isnan(out)).item<int64_t>();
+    const int64_t first = argmax(reshape(bad, {out.numel()}).to(DType::i32), 0).item<int64_t>();
     msg = fmt::format(
         "[anomaly] {} produced {} NaN and {} infinite values (the first at flat index {}) in "
         "its output of shape {} and dtype {}, from inputs without any: {}. Anomaly detection "
         "is on (duet::AnomalyMode or DUET_DETECT_ANOMALY=1)",
-        def.name, b.nan, b.inf, first, out.sizes(), out.dtype(), describe_inputs(in));
+        def.name, nan, n - nan, first, out.sizes(), out.dtype(), describe_inputs(in));
   }
   throw AnomalyError(msg);
 }

@@ -196,7 +196,6 @@ void call_inplace(OpId op, TensorRefs inputs, const Attrs& attrs, const Tensor& 
     const Tensor* s[] = {&self};
     check_concrete(def, TensorRefs(s, 1));
   }
-
   const TensorImpl* si = self.unsafe_impl();
   const bool record = tls_grad && def.differentiable && is_floating(si->dtype) &&
                       (si->requires_grad || any_requires_grad(inputs));

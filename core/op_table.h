@@ -48,13 +48,19 @@ inline constexpr int kNumElementwise = 0
 #undef DUET_OP
     ;
 /// How many ops the families of core/elementwise.def declare. The elementwise ops beyond them are
-/// Where, Cast and Copy, which the kernel tables list by hand (static_asserts there).
+/// Where, Cast and Copy.
 inline constexpr int kNumFamilyOps = 0
 #define DUET_UNARY(Name, name, math, doc) +1
 #define DUET_BINARY(Name, name, doc) +1
 #define DUET_COMPARE(Name, name, expr, doc) +1
 #include "core/elementwise.def"
     ;
+// The kernel tables (the fused interpreter's block_fn, the CPU and the CUDA registrations) expand
+// the families and list Where, Cast and Copy by hand: together, every elementwise op.
+static_assert(kNumFamilyOps + 3 == kNumElementwise,
+              "an elementwise op of core/ops.def outside the families needs its entry in the "
+              "kernel tables (kernels/fused.cpp, kernels/elementwise.cpp, "
+              "cuda/kernels/elementwise.cpp)");
 /// Whether an op fuses into a fused elementwise kernel: exactly the elementwise ops.
 constexpr bool is_fusable(OpId op) {
   return kOpClass[static_cast<int>(op)] == OpClass::Elementwise;

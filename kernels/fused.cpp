@@ -43,10 +43,6 @@ void block_to_bool(T* d, const T* a, const T*, const T*, int64_t n) {
   for (int64_t i = 0; i < n; ++i) d[i] = a[i] != T(0) ? T(1) : T(0);
 }
 
-// The families of core/elementwise.def, then Where, Cast and Copy: every elementwise op.
-static_assert(kNumFamilyOps + 3 == kNumElementwise,
-              "an elementwise op of core/ops.def outside the families needs its entry here");
-
 template <class T>
 BlockFn<T> block_fn(const FusedInstr& in) {
   switch (in.op) {

@@ -197,8 +197,8 @@ DUET_GRAD(Mul, kSaveIn0 | kSaveIn1) {
   if (c.needs_grad(0)) gi[0] = g * c.inputs[1];
   if (c.needs_grad(1)) gi[1] = g * c.inputs[0];
 }
-DUET_GRAD(Div,
-          kSaveIn0 | kSaveIn1) {  // a is read only for b's gradient: a.div_(2) stays differentiable
+// a is read only for b's gradient: a.div_(2) stays differentiable.
+DUET_GRAD(Div, kSaveIn0 | kSaveIn1) {
   const Tensor& b = c.inputs[1];
   if (c.needs_grad(0)) gi[0] = g / b;
   if (c.needs_grad(1)) gi[1] = neg(g * c.inputs[0]) / (b * b);
