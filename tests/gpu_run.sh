@@ -1,42 +1,98 @@
 #!/usr/bin/env bash
-# Everything a GPU machine should run, in one command (device time is short): configure (with
-# the bundled packages of tools/bundle_deps.sh when .deps/prefix exists, for machines without a
-# package mirror), build, run the CUDA tests (ctest -L cuda) and the CUDA benchmarks (W7:
-# W2cuda, W3cuda, W4cuda, W6cuda, and the CPU W2/W3/W4/W6 beside them for the CPU comparison).
-# Logs go to $OUT (or build-gpu/) as ctest.log, bench.json and bench.log.
-# Usage: tests/gpu_run.sh [--no-bench] [--reps N]
+# Everything a GPU machine should run, in one command (device time is short): build (or unpack
+# a bundle built elsewhere), run the CUDA tests (ctest -L cuda) and the CUDA benchmarks (W7:
+# W2cuda, W3cuda, W4cuda, W6cuda), and the PyTorch peers of W4 and W6 on the same GPU when the
+# machine's python3 has torch. Logs go to $OUT (or build-gpu/): gpu.txt, ctest.log, bench.json,
+# bench.log, peers.json, peers.log.
+#
+# Without --bundle it configures and builds build-gpu (with the bundled packages of
+# tools/bundle_deps.sh when .deps/prefix exists, for machines without a package mirror). With
+# --bundle FILE it unpacks FILE, made by tools/gpu_bundle.sh on another x86-64 machine, into
+# build-gpu and builds nothing.
+#
+# Where nvidia-smi lists a GPU, DUET_REQUIRE_GPU=1 makes a test fail, not skip, when duet cannot
+# use it (a driver older than the CUDA runtime, say): a GPU run must not pass by testing nothing.
+# Each stage runs under a time limit (seconds; GPU_RUN_TESTS_S, GPU_RUN_BENCH_S, GPU_RUN_PEERS_S),
+# so that a hang leaves the later stages their time and the logs come back.
+# Usage: tests/gpu_run.sh [--bundle FILE] [--no-bench] [--no-peers] [--reps N]
+#                         [--only W2cuda,...] [--test-timeout S]
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 bench=1
+peers=1
 reps=7
+bundle=""
+only="W2cuda,W3cuda,W4cuda,W6cuda"
+test_timeout=300
 while [ $# -gt 0 ]; do
   case "$1" in
+    --bundle) bundle="$2"; shift ;;
     --no-bench) bench=0 ;;
+    --no-peers) peers=0 ;;
     --reps) reps="$2"; shift ;;
+    --only) only="$2"; shift ;;
+    --test-timeout) test_timeout="$2"; shift ;;
     *) echo "gpu_run: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
 done
 out="${OUT:-$root/build-gpu}"
 mkdir -p "$out"
-args=(-S . -B build-gpu -DCMAKE_BUILD_TYPE=Release)
-if [ -d .deps/prefix ]; then
-  args+=(-DDUET_DEPS_PREFIX="$root/.deps/prefix")
-  export PATH="$root/.deps/prefix/usr/bin:$PATH"
+{
+  date -u
+  if command -v nvidia-smi >/dev/null; then
+    nvidia-smi -L
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+  fi
+} 2>&1 | tee "$out/gpu.txt"
+if command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+  export DUET_REQUIRE_GPU=1
 fi
-command -v ninja >/dev/null && args+=(-G Ninja)
-{ command -v nvidia-smi >/dev/null && nvidia-smi -L; } 2>&1 | tee "$out/gpu.txt"
-cmake "${args[@]}" > "$out/configure.log" 2>&1 || { tail -40 "$out/configure.log"; exit 1; }
-cmake --build build-gpu -j "$(nproc)" > "$out/build.log" 2>&1 || { grep -m 20 -A5 error "$out/build.log"; exit 1; }
+if [ -n "$bundle" ]; then
+  rm -rf build-gpu && mkdir -p build-gpu
+  python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+    "$bundle" build-gpu || exit 1
+  sed -i "s#@BUILD@#$root/build-gpu#g" build-gpu/tests/CTestTestfile.cmake
+  # The CUDA libraries are this machine's: its toolkit's, or the pip wheels' of its PyTorch.
+  libs="$root/build-gpu/lib"
+  for need in libcublasLt.so.13 libnvrtc.so.13 libcudart.so.13; do
+    if ! ldconfig -p | grep -q "$need"; then
+      hit="$(find /usr/local/cuda*/lib* /usr/local/cuda*/targets /opt /usr/lib -name "$need" \
+             2>/dev/null | head -1)"
+      [ -n "$hit" ] && libs="$libs:$(dirname "$hit")"
+    fi
+  done
+  export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH" | tee -a "$out/gpu.txt"
+  ldd build-gpu/tests/test_cuda_ops | grep -E "not found|cublas|nvrtc|cudart" | tee -a "$out/gpu.txt"
+else
+  args=(-S . -B build-gpu -DCMAKE_BUILD_TYPE=Release)
+  if [ -d .deps/prefix ]; then
+    args+=(-DDUET_DEPS_PREFIX="$root/.deps/prefix")
+    export PATH="$root/.deps/prefix/usr/bin:$PATH"
+  fi
+  command -v ninja >/dev/null && args+=(-G Ninja)
+  cmake "${args[@]}" > "$out/configure.log" 2>&1 || { tail -40 "$out/configure.log"; exit 1; }
+  cmake --build build-gpu -j "$(nproc)" > "$out/build.log" 2>&1 ||
+    { grep -m 20 -A5 error "$out/build.log"; exit 1; }
+fi
 # Kernels NVRTC builds go to this build's cache, kept between runs on the same machine.
 export DUET_CACHE_DIR="$root/build-gpu/kernel-cache"
-(cd build-gpu && ctest -L cuda --output-on-failure -j 4) > "$out/ctest.log" 2>&1
+(cd build-gpu && timeout "${GPU_RUN_TESTS_S:-420}" ctest -L cuda --output-on-failure -j 4 --timeout "$test_timeout") \
+  > "$out/ctest.log" 2>&1
 rc=$?
 tail -30 "$out/ctest.log"
 if [ "$bench" = 1 ]; then
-  ./build-gpu/bench/duet_bench --device all --only W2,W3,W4,W6,W7 --reps "$reps" --json \
+  # A cache of its own, empty: the first-call figures are cold starts.
+  DUET_CACHE_DIR="$(mktemp -d)" timeout "${GPU_RUN_BENCH_S:-300}" \
+    ./build-gpu/bench/duet_bench --device cuda --only "$only" --reps "$reps" --json \
     > "$out/bench.json" 2> "$out/bench.log"
   cat "$out/bench.log"
+fi
+if [ "$peers" = 1 ] && python3 -c 'import torch' 2>/dev/null; then
+  PYTHONUNBUFFERED=1 timeout "${GPU_RUN_PEERS_S:-300}" python3 bench/peers/torch_steps.py --device cuda --reps "$reps" --json \
+    > "$out/peers.json" 2> "$out/peers.log"
+  cat "$out/peers.log"
 fi
 exit $rc

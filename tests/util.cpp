@@ -4,9 +4,11 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <sstream>
+#include <stdexcept>
 
 namespace duet::test {
 
@@ -369,8 +371,21 @@ bool skipped() { return g_skipped.load(); }
 bool gpu() {
   static const bool ok = [] {
     const bool available = cuda::is_available();
-    if (!available) skip("no usable CUDA GPU");
-    return available;
+    if (available) return true;
+    // The reason discovery failed, as the error of using the device says it.
+    std::string why = "no usable CUDA GPU";
+    try {
+      (void)zeros({1}).to(Device::cuda());
+    } catch (const Error& e) {
+      why = e.what();
+    }
+    // A GPU machine's run (tests/gpu_run.sh sets this where nvidia-smi lists a GPU) must not
+    // pass by skipping every CUDA case: a driver older than the runtime, say.
+    const char* require = std::getenv("DUET_REQUIRE_GPU");
+    if (require && std::string(require) == "1")
+      throw std::runtime_error("DUET_REQUIRE_GPU=1, but CUDA is not usable: " + why);
+    skip(why);
+    return false;
   }();
   return ok;
 }
