@@ -105,7 +105,28 @@ Tensor wrap_scalar(const Scalar& s, DType dtype, Device) {
   return t;
 }
 
+// The value of a wrapped number (f64, i64 or b8, on the CPU).
+static Scalar wrapped_value(const Tensor& t) {
+  switch (t.dtype()) {
+    case DType::f64:
+      return Scalar(*static_cast<const double*>(t.raw_data()));
+    case DType::i64:
+      return Scalar(*static_cast<const int64_t*>(t.raw_data()));
+    case DType::b8:
+      return Scalar(*static_cast<const bool*>(t.raw_data()));
+    default:
+      DUET_ASSERT(false, "wrapped numbers are f64, i64 or b8");
+  }
+  return Scalar(0);
+}
+
 double read_double(const Tensor& t, int64_t i) {
+  // A device tensor (a constant the compiler folded on a GPU, a guarded value) is read through
+  // a host copy: its memory is not the host's.
+  if (!t.device().is_cpu()) {
+    SuspendModes eager;
+    return read_double(t.to(Device::cpu()), i);
+  }
   // Row-major index -> storage offset.
   const TensorImpl* x = t.impl();
   int64_t off = 0;
@@ -275,8 +296,15 @@ Tensor& Tensor::div_(const Tensor& o) { return inplace(OpId::Div, *this, o); }
 Tensor& Tensor::div_(Scalar o) { return inplace(OpId::Div, *this, wrap_for(o)); }
 
 Tensor& Tensor::copy_(const Tensor& src) {
-  // From another device: moved to this one first (wrapped numbers go anywhere).
-  if (!src.impl()->wrapped_number && !(src.device() == device())) return copy_(src.to(device()));
+  // From another device: moved to this one first. A wrapped number (a Scalar, always on the
+  // CPU) becomes a 0-d tensor made on this device (a fill, no transfer), since the copy reads
+  // it through an expanded view, which no longer counts as a wrapped number.
+  if (!(src.device() == device())) {
+    if (src.impl()->wrapped_number)
+      return copy_(
+          full(Shape{}, detail::wrapped_value(src), Options().dtype(src.dtype()).device(device())));
+    return copy_(src.to(device()));
+  }
   Tensor s;
   if (impl()->sym.empty() && src.impl()->sym.empty()) {
     DUET_CHECK_SHAPE(detail::broadcast_shapes("copy_", src.sizes(), sizes()) == sizes(),

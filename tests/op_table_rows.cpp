@@ -416,7 +416,7 @@ const std::vector<ConversionRow>& conversion_rows() {
       {"to(dtype)", OpId::Cast, false, false, [](const Tensor& x, DType d) { return x.to(d); }},
       {"copy_", OpId::Copy, false, false,
        [](const Tensor& x, DType d) {
-         Tensor out = zeros(x.shape(), Options().dtype(d));
+         Tensor out = zeros(x.shape(), Options().dtype(d).device(x.device()));
          out.copy_(x);
          return out;
        }},

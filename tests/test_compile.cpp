@@ -110,6 +110,37 @@ TEST_CASE("compile: outputs are fresh tensors at every call") {
   CHECK_FALSE(same_storage(a, b));
 }
 
+TEST_CASE("compile: a step after set_grad(Tensor()) writes .grad again, and a new .grad retraces") {
+  // The trace captures the leaf's .grad buffer and accumulates into it. A call after the
+  // user dropped .grad (PyTorch's zero_grad(set_to_none=True)) once ran into the old buffer
+  // and left .grad undefined.
+  Tensor p = make({1, -2, 3}, {3});
+  p.requires_grad_(true);
+  auto step = compile([&p](Tensor s) {
+    Tensor loss = sum(p * p * s);
+    loss.backward();
+    return loss;
+  });
+  for (int i = 0; i < 3; ++i) {
+    INFO("call " << i + 1);
+    p.set_grad(Tensor());
+    CHECK(step(make({1}, {})).item<double>() == 14);
+    REQUIRE(p.grad().defined());
+    CHECK(values(p.grad()) == std::vector<double>{2, -4, 6});
+  }
+  // Kept, .grad accumulates as it does eagerly.
+  step(make({1}, {}));
+  CHECK(values(p.grad()) == std::vector<double>{4, -8, 12});
+  CHECK(step.stats().traces == 1);
+  // Another tensor as .grad: the graph would write the old one, so it traces again.
+  p.set_grad(zeros({3}));
+  step(make({1}, {}));
+  CHECK(values(p.grad()) == std::vector<double>{2, -4, 6});
+  CHECK(step.stats().traces == 2);
+  REQUIRE(!step.stats().retrace_reasons.empty());
+  CHECK(contains(step.stats().retrace_reasons.back(), ".grad of a captured tensor"));
+}
+
 TEST_CASE("compile: backward through compiled outputs matches eager") {
   Mlp m(3);
   manual_seed(4);

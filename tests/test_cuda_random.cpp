@@ -44,15 +44,19 @@ void draw_pairs(const std::function<Tensor(const Options&)>& draw,
 
 void same_bits(const Tensor& got, const Tensor& want) { CHECK(bitwise_equal(got, want)); }
 
-// Normals: the device's double log, sin and cos may differ from the CPU's by an ulp.
-void within_2_ulp(const Tensor& got, const Tensor& want) {
+// Normals (Box-Muller): CUDA documents its double log as within 1 ulp and its sin and cos
+// within 2, glibc's are within 1, and the product compounds them: an f64 normal may differ
+// from the CPU's by a few ulp (3 seen on an H100). f32 normals are computed in double and
+// rounded once, so they differ by at most an ulp or two.
+void within_ulps(const Tensor& got, const Tensor& want) {
   REQUIRE(got.sizes() == want.sizes());
   const std::vector<double> g = values(got), w = values(want);
+  const bool f32 = want.dtype() == DType::f32;
+  const double ulps = f32 ? 2 : 4;
   for (size_t i = 0; i < g.size(); ++i) {
-    const double ulp = want.dtype() == DType::f32
-                           ? std::abs(std::nextafter(float(w[i]), INFINITY) - float(w[i]))
+    const double ulp = f32 ? std::abs(std::nextafter(float(w[i]), INFINITY) - float(w[i]))
                            : std::abs(std::nextafter(w[i], INFINITY) - w[i]);
-    CHECK_MESSAGE(std::abs(g[i] - w[i]) <= 2 * ulp,
+    CHECK_MESSAGE(std::abs(g[i] - w[i]) <= ulps * ulp,
                   "element " << i << ": " << g[i] << " vs " << w[i]);
   }
 }
@@ -101,12 +105,12 @@ TEST_CASE("cuda randint: bit-identical to the CPU for the same seed, shapes, hig
     }
 }
 
-TEST_CASE("cuda randn: within 2 ulp of the CPU for the same seed") {
+TEST_CASE("cuda randn: within 2 ulp (f32) and 4 ulp (f64) of the CPU for the same seed") {
   if (!gpu()) return;
   for (DType dt : {DType::f32, DType::f64})
     for (const Shape& s : kShapes) {
       INFO(dtype_name(dt) << " " << s);
-      draw_pairs([&](const Options& o) { return randn(s, Options(o).dtype(dt)); }, within_2_ulp);
+      draw_pairs([&](const Options& o) { return randn(s, Options(o).dtype(dt)); }, within_ulps);
     }
 }
 
@@ -149,7 +153,7 @@ TEST_CASE("cuda random: manual_seed reseeds the CUDA generators; they are stream
   for (int i = 0; i < 3; ++i) rand({100}, dev);
   manual_seed(5);
   CHECK(bitwise_equal(host(rand({6, 7}, dev)), c1));
-  within_2_ulp(host(randn({9}, dev)), c2);
+  within_ulps(host(randn({9}, dev)), c2);
   CHECK(bitwise_equal(host(randint(100, {11}, dev)), c3));
   // Interleaved CPU and CUDA draws: each generator keeps its own offset.
   manual_seed(5);
@@ -159,7 +163,7 @@ TEST_CASE("cuda random: manual_seed reseeds the CUDA generators; they are stream
   const Tensor a2 = randn({9});
   CHECK(bitwise_equal(a1, c1));
   CHECK(bitwise_equal(host(b1), c1));
-  within_2_ulp(host(b2), c2);
+  within_ulps(host(b2), c2);
   CHECK(bitwise_equal(a2, c2));
   // Different seeds differ on the device too.
   manual_seed(6);

@@ -16,6 +16,7 @@
 #include "trace/compile.h"
 #include "trace/fusion.h"
 #include "random_program.h"
+#include "trace/memory_plan.h"
 #include "util.h"
 
 namespace duet::test {
@@ -238,6 +239,27 @@ TEST_CASE("fusion: random programs of the fusion mix equal eager, on generated k
   CHECK(programs >= 10);
   CHECK(fused * 4 >= programs * 3);  // else the test would say little about fusion
   if (codegen::enabled()) CHECK(codegen::stats().loaded - loaded_before >= programs);
+}
+
+TEST_CASE("memory planner: buffers of two devices go to two arenas") {
+  // A function that moves data between the CPU and a GPU has buffers on both: one arena once
+  // held them all, on the last buffer's device, and the others read or wrote the wrong memory.
+  using detail::BufferRequest;
+  std::vector<BufferRequest> req(3);
+  req[0] = {1000, 0, 2, -1, 0};
+  req[1] = {1000, 1, 2, -1, 1};
+  req[2] = {500, 1, 3, -1, 0};
+  const detail::MemoryPlan plan = detail::plan_memory(req);
+  CHECK(detail::check_memory_plan(req, plan) == "");
+  REQUIRE(plan.pool_bytes.size() == 2);
+  CHECK(plan.offsets[1] == 0);  // the start of its own arena
+  CHECK(plan.pool_bytes[1] == 1024);
+  CHECK(plan.pool_bytes[0] == 1024 + 512);
+  CHECK(plan.arena_bytes == 1024 + 1024 + 512);
+  // Overlapping offsets in different pools are no overlap; in one pool they are.
+  detail::MemoryPlan bad = plan;
+  bad.offsets[2] = 0;
+  CHECK(detail::check_memory_plan(req, bad) != "");
 }
 
 TEST_CASE("memory planner: one arena, far smaller than the intermediates") {

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <map>
 #include <set>
+#include <unordered_set>
 
 #include "core/dispatch.h"
 #include "eager/autograd.h"
@@ -222,7 +223,15 @@ CompiledCore::~CompiledCore() = default;
 
 CompileStats CompiledCore::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return stats_;
+  CompileStats s = stats_;
+  s.cuda_graph_replays = 0;
+  for (const auto& e : entries_)
+    for (const auto& [values, p] : e->plans) {
+      if (p.forward) s.cuda_graph_replays += p.forward->graph_replays();
+      if (p.guard) s.cuda_graph_replays += p.guard->graph_replays();
+      for (const auto& b : p.backward) s.cuda_graph_replays += b->graph_replays();
+    }
+  return s;
 }
 
 const Graph& CompiledCore::graph() const {
@@ -284,6 +293,7 @@ bool CompiledCore::run_cached(const FlatArgs& args, const std::vector<TensorSig>
   // The most recent entry first; an entry whose value guards fail says why in value_why.
   auto attempt = [&](Entry& e) {
     if (!fits(e, sig, args, gm, values)) return false;
+    restore_grad_buffers(e);
     std::string why;
     if (!run(e, values, args, outs, &why, lock)) {
       if (value_why.empty()) value_why = std::move(why);
@@ -388,6 +398,13 @@ CompiledCore::Entry* CompiledCore::trace(const FlatArgs& args, const TraceFn& fn
   joint.verify();
   stats_.trace_ms = ms_since(t0);
   for (const Tensor& c : joint.captured) e->captured_flags.push_back({c, c.requires_grad()});
+  {
+    std::unordered_set<const detail::TensorImpl*> captured;
+    for (const Tensor& c : joint.captured) captured.insert(c.unsafe_impl());
+    for (const Tensor& c : joint.captured)
+      if (const Tensor g = c.grad(); g.defined() && captured.count(g.unsafe_impl()))
+        e->grad_buffers.push_back({c, g});
+  }
   e->num_outputs = outs.size();
   record_guards(args, dim_sym, hints, syms, tr.value_guards(), *e);
   split_joint(joint, tr.value_guards(), grads, *e);

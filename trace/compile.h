@@ -93,6 +93,9 @@ struct CompileStats {
   /// Plans that run as CUDA graphs (Note [CUDA graph replay] in trace/executor.h): captured at
   /// their second run, replayed from the third. cuda_graph_stats() says how captures went.
   int64_t cuda_graph_plans = 0;
+  /// Runs of those plans that replayed their graph (a capture that failed, or a plan that is
+  /// not called again, replays none; cuda_graph_stats().last_failure says why a capture failed).
+  int64_t cuda_graph_replays = 0;
   /// matmul + bias (+ relu) pairs run as one device GEMM with an epilogue (cuBLASLt).
   int64_t gemm_epilogues = 0;
 };

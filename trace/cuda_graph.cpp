@@ -30,6 +30,11 @@ CudaGraphStats cuda_graph_stats() {
 
 namespace duet::detail {
 
+int64_t Plan::graph_replays() const {
+  std::lock_guard<std::mutex> lock(g_graph_mu);
+  return graph_replays_;
+}
+
 void Plan::prepare_graph_replay() {
   // CUDA-graph replay: every step on one device whose backend captures graphs; no control
   // steps (their trip counts are decided on the host) and no transfers (host memory).
@@ -123,6 +128,7 @@ std::vector<Tensor> Plan::run_graphed(const std::vector<Tensor>& inputs) {
   {
     std::lock_guard<std::mutex> lock(g_graph_mu);
     ++g_graph_stats.replays;
+    ++graph_replays_;
   }
   // What the write-backs did to the captured tensors, as execute() records it.
   for (const WriteBack& w : graph_.writebacks)

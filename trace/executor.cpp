@@ -235,7 +235,24 @@ void Plan::run_hoisted_if_stale() {
   for (auto& [st, version] : hoist_versions_)
     stale = stale || st->version_.load(std::memory_order_relaxed) != version;
   if (!stale) return;
+  // A hoisted view that no strides express is a fresh copy at each run, at a new address. A
+  // CUDA graph captured earlier reads the old one: the new values go into the old buffer.
+  std::vector<Tensor> before;
+  for (const Step& st : hoisted_steps_)
+    if (st.kind == StepKind::View) before.push_back(vals_[st.out]);
   run_steps(hoisted_steps_);
+  size_t k = 0;
+  for (const Step& st : hoisted_steps_) {
+    if (st.kind != StepKind::View) continue;
+    Tensor& now = vals_[st.out];
+    const Tensor& old = before[k++];
+    if (old.defined() && now.defined() && !old.is_same(now) &&
+        old.unsafe_impl()->data() != now.unsafe_impl()->data() && old.sizes() == now.sizes() &&
+        old.dtype() == now.dtype() && old.device() == now.device()) {
+      copy_into(old, now);
+      now = old;
+    }
+  }
   for (auto& [st, version] : hoist_versions_)
     version = st->version_.load(std::memory_order_relaxed);
   hoisted_ready_ = true;

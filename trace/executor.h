@@ -93,6 +93,8 @@ class Plan {
   std::vector<Tensor> run(const std::vector<Tensor>& inputs);
   const Graph& graph() const { return graph_; }
   const PlanStats& stats() const { return stats_; }
+  /// How many runs of this plan replayed its CUDA graph (0 without one).
+  int64_t graph_replays() const;
   /// Bytes of the buffers the plan keeps for intermediate results.
   int64_t buffer_bytes() const { return stats_.buffer_bytes; }
   /// The memory plan's invariant (check_memory_plan): "" when it holds.
@@ -127,6 +129,7 @@ class Plan {
   std::vector<Epilogue> epilogues_;
   std::vector<int32_t> step_epilogue_;  ///< per step of steps_: index into epilogues_, or -1
   std::vector<Tensor> run_graphed(const std::vector<Tensor>& inputs);
+  int64_t graph_replays_ = 0;  ///< under the CUDA-graph counters' lock (trace/cuda_graph.cpp)
   void run_hoisted_if_stale();
   struct Builder;  ///< the state of one build() (trace/plan_build.cpp)
   void build();

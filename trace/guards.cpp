@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "core/dispatch.h"
+#include "eager/autograd.h"
 
 namespace duet::detail {
 
@@ -76,6 +77,10 @@ bool fits(const EntryGuards& e, const std::vector<TensorSig>& sig, const FlatArg
   if (e.grad_mode != grad_mode || e.statics != args.statics) return false;
   for (const auto& [t, rg] : e.captured_flags)
     if (t.requires_grad() != rg) return false;
+  for (const auto& [leaf, buf] : e.grad_buffers) {
+    const Tensor g = leaf.grad();
+    if (g.defined() && !g.is_same(buf)) return false;
+  }
   return bind_symbols(e.dim_sym, e.num_symbols, e.guards, e.sig, sig, args.labels, values, nullptr);
 }
 
@@ -151,6 +156,13 @@ std::string miss_reason(const EntryGuards& p, const std::vector<TensorSig>& sig,
     if (t.requires_grad() != rg)
       why = fmt::format("captured tensor {} (shape {}) requires_grad changed {} -> {}", i,
                         t.sizes(), rg, !rg);
+  }
+  for (size_t i = 0; why.empty() && i < p.grad_buffers.size(); ++i) {
+    const auto& [leaf, buf] = p.grad_buffers[i];
+    const Tensor g = leaf.grad();
+    if (g.defined() && !g.is_same(buf))
+      why = fmt::format("the .grad of a captured tensor (shape {}) was replaced by another tensor",
+                        leaf.sizes());
   }
   if (why.empty() && !dims_changed.empty())
     why = dims_changed + ": retraced with these dims symbolic";
@@ -320,9 +332,19 @@ void split_guards(const Graph& f, size_t k, Graph& guard, Graph& rest) {
 // Bitwise equality of two values of a guard (NaN equals itself).
 bool same_data(const Tensor& a, const Tensor& b) {
   if (a.dtype() != b.dtype() || a.sizes() != b.sizes()) return false;
-  const Tensor ca = a.contiguous(), cb = b.contiguous();
+  // Compared on the host: values guarded on a GPU are read through host copies.
+  const Tensor ca = a.contiguous().to(Device::cpu()), cb = b.contiguous().to(Device::cpu());
   return std::memcmp(ca.raw_data(), cb.raw_data(),
                      static_cast<size_t>(ca.numel()) * itemsize(ca.dtype())) == 0;
+}
+
+void restore_grad_buffers(const EntryGuards& e) {
+  for (const auto& [leaf, buf] : e.grad_buffers) {
+    if (leaf.grad().defined()) continue;
+    duet::NoGradGuard ng;
+    Tensor(buf).zero_();
+    Tensor(leaf).set_grad(buf);
+  }
 }
 
 }  // namespace duet::detail

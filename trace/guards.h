@@ -88,7 +88,15 @@ struct EntryGuards {
   /// Captured tensors that require grad at trace time, and those that do not: the trace
   /// depends on the flags.
   std::vector<std::pair<Tensor, bool>> captured_flags;
+  /// Captured leaves whose .grad buffer the graph also captured (reads and accumulates into),
+  /// with that buffer. A call finds each leaf's .grad still that buffer, or none (set_grad of
+  /// an undefined tensor, or zero_grad(set_to_none)): the buffer is then zeroed and attached
+  /// again (restore_grad_buffers), the state the trace saw. Another tensor there is a miss.
+  std::vector<std::pair<Tensor, Tensor>> grad_buffers;
 };
+
+/// Attaches each of the entry's gradient buffers whose leaf has no .grad now, zeroed.
+void restore_grad_buffers(const EntryGuards& e);
 
 /// Dims by {tensor index, dim}.
 using DimSet = std::set<std::pair<size_t, int64_t>>;

@@ -9,6 +9,9 @@
 // The planner simulates an allocator over the schedule: at each step the buffers that died
 // before it go back to a free list (neighbouring holes merge), and new ones take the best-fitting
 // hole, or grow the arena. Offsets are 64-byte aligned.
+//
+// A plan whose buffers live on several devices (a function that moves data between the CPU and
+// a GPU) has one arena per device: each request names its pool, and pools are planned apart.
 #pragma once
 
 #include <cstdint>
@@ -24,17 +27,20 @@ struct BufferRequest {
   /// Another request whose bytes this one reuses in place (that one's last == this one's
   /// first, same byte size), or -1.
   int32_t reuse = -1;
+  /// The arena it lives in (one per device); a request reused in place is in the same pool.
+  int32_t pool = 0;
 };
 
 struct MemoryPlan {
-  std::vector<int64_t> offsets;  ///< per request
-  int64_t arena_bytes = 0;
+  std::vector<int64_t> offsets;     ///< per request, in its pool's arena
+  std::vector<int64_t> pool_bytes;  ///< per pool: its arena's size
+  int64_t arena_bytes = 0;          ///< all pools together
 };
 
 MemoryPlan plan_memory(const std::vector<BufferRequest>& requests);
 
-/// The planner's invariant: no two buffers live at the same step overlap, except a buffer and
-/// the one it reuses in place. Returns "" or a description of the first violation.
+/// The planner's invariant: no two buffers of one pool live at the same step overlap, except a
+/// buffer and the one it reuses in place. Returns "" or a description of the first violation.
 std::string check_memory_plan(const std::vector<BufferRequest>& requests, const MemoryPlan& plan);
 
 }  // namespace duet::detail

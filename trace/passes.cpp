@@ -67,6 +67,7 @@ GraphNode full_node(const TensorMeta& m, Scalar value, int32_t scope) {
 // bits, not by ==: 0.0 == -0.0 (merging them makes x / -0.0 give +inf), a NaN equals no NaN,
 // and doubles cannot tell large 64-bit integers apart.
 uint64_t element_bits(const Tensor& t) {
+  if (!t.device().is_cpu()) return element_bits(t.to(Device::cpu()));  // folded on a GPU
   uint64_t bits = 0;
   std::memcpy(&bits, t.raw_data(), std::min<size_t>(size_t(itemsize(t.dtype())), sizeof bits));
   return bits;

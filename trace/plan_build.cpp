@@ -83,14 +83,15 @@ struct Plan::Builder {
   std::vector<int32_t> step_pos;  ///< per step of the schedule: its step, or its wave
   std::vector<int32_t> pos;       ///< per value: its step's step_pos (inputs, constants: -1)
   int32_t num_steps = 0;
-  int32_t end_pos = 0;              ///< where write-backs read: after the last step_pos
-  std::vector<int32_t> inplace;     ///< per value: the captured tensor it is computed into, or -1
-  std::vector<bool> hoisted;        ///< per value: computed by a hoisted kernel
-  std::vector<bool> hoisted_unit;   ///< per unit: hoisted (a static view's too)
-  std::vector<int32_t> last_use;    ///< per value: the last step_pos reading it or a view of it
-  std::vector<int32_t> request_of;  ///< per value: its buffer in plan.requests_, or -1
-  StoragePtr arena;
-  std::vector<bool> is_static;  ///< per value: its tensor is set up once, for the plan's life
+  int32_t end_pos = 0;               ///< where write-backs read: after the last step_pos
+  std::vector<int32_t> inplace;      ///< per value: the captured tensor it is computed into, or -1
+  std::vector<bool> hoisted;         ///< per value: computed by a hoisted kernel
+  std::vector<bool> hoisted_unit;    ///< per unit: hoisted (a static view's too)
+  std::vector<int32_t> last_use;     ///< per value: the last step_pos reading it or a view of it
+  std::vector<int32_t> request_of;   ///< per value: its buffer in plan.requests_, or -1
+  std::vector<Device> pool_devices;  ///< per memory pool: its device (one arena each)
+  std::vector<StoragePtr> arenas;    ///< per memory pool
+  std::vector<bool> is_static;       ///< per value: its tensor is set up once, for the plan's life
 
   explicit Builder(Plan& p)
       : plan(p),
@@ -574,6 +575,12 @@ void Plan::Builder::request_buffers() {
       if (!needs_buffer(v)) continue;
       BufferRequest r;
       r.bytes = nbytes(graph.nodes[v].meta);
+      // One arena per device: a CPU buffer of a plan that also runs on a GPU must not be
+      // placed in device memory, nor the other way round.
+      const Device dev = graph.nodes[v].meta.device;
+      r.pool = static_cast<int32_t>(std::find(pool_devices.begin(), pool_devices.end(), dev) -
+                                    pool_devices.begin());
+      if (r.pool == static_cast<int32_t>(pool_devices.size())) pool_devices.push_back(dev);
       r.first = step_pos[s];
       r.last = std::max(last_use[v], step_pos[s]);
       // Reuse in place: elementwise kernels and fused groups (not a reduction's result).
@@ -597,7 +604,8 @@ void Plan::Builder::request_buffers() {
   }
 }
 
-// With plan_memory, the buffers' places in one arena (trace/memory_plan.h), and the arena.
+// With plan_memory, the buffers' places in one arena per device (trace/memory_plan.h), and the
+// arenas.
 void Plan::Builder::plan_arena() {
   if (!opt.plan_memory) return;
   plan.memory_ = plan_memory(plan.requests_);
@@ -618,12 +626,10 @@ void Plan::Builder::plan_arena() {
                    r.reuse >= 0 ? " (in place)" : "");
       }
   }
-  if (plan.memory_.arena_bytes > 0) {
-    Device dev = Device::cpu();
-    for (int32_t i = 0; i < n; ++i)
-      if (request_of[i] >= 0) dev = graph.nodes[i].meta.device;
-    arena = new_storage(static_cast<size_t>(plan.memory_.arena_bytes), dev);
-  }
+  arenas.assign(pool_devices.size(), StoragePtr());
+  for (size_t p = 0; p < pool_devices.size(); ++p)
+    if (plan.memory_.pool_bytes[p] > 0)
+      arenas[p] = new_storage(static_cast<size_t>(plan.memory_.pool_bytes[p]), pool_devices[p]);
 }
 
 // ---- static values and steps ----
@@ -669,8 +675,10 @@ void Plan::Builder::set_buffer(int32_t v) {
     is_static[v] = true;
   } else if (request_of[v] >= 0) {
     if (opt.plan_memory)
-      plan.vals_[v] = arena ? tensor_in(arena, plan.memory_.offsets[request_of[v]], g.meta)
-                            : empty(g.meta.shape, g.meta.dtype, g.meta.device);
+      if (const StoragePtr& arena = arenas[plan.requests_[request_of[v]].pool])
+        plan.vals_[v] = tensor_in(arena, plan.memory_.offsets[request_of[v]], g.meta);
+      else
+        plan.vals_[v] = empty(g.meta.shape, g.meta.dtype, g.meta.device);
     else
       plan.vals_[v] = empty(g.meta.shape, g.meta.dtype, g.meta.device);
     if (!opt.plan_memory) stats.buffer_bytes += nbytes(g.meta);

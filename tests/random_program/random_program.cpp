@@ -800,6 +800,8 @@ double max_abs_dense(const T* p, int64_t n) {
 }  // namespace
 
 double max_abs(const Tensor& t) {
+  // A device tensor is read on the host (its memory is not the host's: reading it crashed).
+  if (!t.device().is_cpu()) return max_abs(t.to(Device::cpu()));
   // Contiguous floats straight from memory: the fusion mix calls this on large tensors often.
   if (t.is_contiguous() && t.dtype() == DType::f32)
     return max_abs_dense(static_cast<const float*>(t.raw_data()), t.numel());
