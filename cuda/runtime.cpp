@@ -81,6 +81,16 @@ constexpr size_t kSmallStep = 512;
 constexpr size_t kLargeFrom = size_t(1) << 20;
 constexpr size_t kLargeStep = size_t(128) << 10;
 
+// Whether work on stream s is being captured into a CUDA graph.
+bool capturing(cudaStream_t s) {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(s, &st) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return st != cudaStreamCaptureStatusNone;
+}
+
 size_t round_size(size_t n) {
   if (n == 0) return kSmallStep;
   const size_t step = n <= kLargeFrom ? kSmallStep : kLargeStep;
@@ -109,10 +119,14 @@ class CudaCachingAllocator final : public Allocator {
     void* p = nullptr;
     cudaError_t e = cudaMalloc(&p, rounded);
     if (e == cudaErrorMemoryAllocation) {
-      // Give the cache back and try once more before failing.
+      // Give the cache back and try once more before failing; not while this thread captures a
+      // graph: giving blocks back synchronizes the stream, which would break the capture (the
+      // capture then fails with the error below and the plan runs without a graph).
       cudaGetLastError();
-      empty_cache();
-      e = cudaMalloc(&p, rounded);
+      if (!capturing(stream(device_))) {
+        empty_cache();
+        e = cudaMalloc(&p, rounded);
+      }
     }
     if (e == cudaErrorMemoryAllocation) {
       cudaGetLastError();
@@ -137,7 +151,8 @@ class CudaCachingAllocator final : public Allocator {
     current_ -= static_cast<int64_t>(rounded);
     if (closed_) {  // a graph's pool after the graph is gone: nothing replays into it any more
       reserved_ -= static_cast<int64_t>(rounded);
-      cudaFree(p);  // never throws: this may run in a destructor
+      cudaFree(p);         // never throws: this may run in a destructor
+      cudaGetLastError();  // nor leaves an error for the next kernel's check to report
       return;
     }
     free_[rounded].push_back(p);
@@ -167,6 +182,13 @@ class CudaCachingAllocator final : public Allocator {
       blocks.swap(free_);
     }
     if (blocks.empty()) return;
+    // During a capture the blocks stay cached: synchronizing the stream would break it.
+    if (capturing(stream(device_))) {
+      std::lock_guard<std::mutex> g(mu_);
+      for (auto& [bytes, list] : blocks)
+        free_[bytes].insert(free_[bytes].end(), list.begin(), list.end());
+      return;
+    }
     // Kernels queued before the blocks were freed may still read them.
     DUET_CUDA_CHECK(cudaStreamSynchronize(stream(device_)));
     int64_t released = 0;
@@ -202,6 +224,8 @@ struct DeviceState {
   std::once_flag once;
   cudaStream_t stream = nullptr;
   std::atomic<CudaCachingAllocator*> allocator{nullptr};
+  int64_t* index_record = nullptr;      // host address (Note [Device index checks])
+  int64_t* index_record_dev = nullptr;  // the same memory as the device sees it
 };
 DeviceState g_devices[kMaxDevices];
 std::atomic<bool> g_allow_tf32{false};
@@ -223,6 +247,13 @@ DeviceState& state(Device device) {
     set_device(device);
     // A blocking stream: it also orders against any work on the legacy default stream.
     DUET_CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream, cudaStreamDefault));
+    void* rec = nullptr;
+    DUET_CUDA_CHECK(cudaHostAlloc(&rec, 8 * sizeof(int64_t), cudaHostAllocMapped));
+    std::memset(rec, 0, 8 * sizeof(int64_t));
+    s.index_record = static_cast<int64_t*>(rec);
+    void* dev = nullptr;
+    DUET_CUDA_CHECK(cudaHostGetDevicePointer(&dev, rec, 0));
+    s.index_record_dev = static_cast<int64_t*>(dev);
     s.allocator = new CudaCachingAllocator(device);
   });
   return s;
@@ -241,6 +272,11 @@ bool started(int index) { return g_devices[index].allocator.load() != nullptr; }
 // fails the capture, and the plan runs without a graph.
 thread_local CudaCachingAllocator* tls_pool = nullptr;
 thread_local int tls_pool_device = -1;
+// The capture runs on a stream of its own, which stream() returns to the capturing thread
+// alone: work that other threads queue on the device's stream meanwhile runs as usual instead of
+// being recorded into the graph. The capture stream first waits for the device stream's pending
+// work (the inputs copied into the graph's buffers); replays run on the device stream.
+thread_local cudaStream_t tls_capture_stream = nullptr;
 
 struct Graph {
   cudaGraphExec_t exec = nullptr;
@@ -249,22 +285,37 @@ struct Graph {
 
 void* begin_capture(Device device) {
   DUET_CHECK(tls_pool == nullptr, "[cuda graph] captures do not nest");
-  cudaStream_t s = stream(device);
+  cudaStream_t main = stream(device);
   set_device(device);
+  cudaStream_t s = nullptr;
+  DUET_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaEvent_t ready = nullptr;
+  cudaError_t e = cudaEventCreateWithFlags(&ready, cudaEventDisableTiming);
+  if (e == cudaSuccess) e = cudaEventRecord(ready, main);
+  if (e == cudaSuccess) e = cudaStreamWaitEvent(s, ready, 0);
+  if (ready) cudaEventDestroy(ready);
+  if (e == cudaSuccess) e = cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed);
+  if (e != cudaSuccess) {
+    cudaStreamDestroy(s);
+    DUET_CUDA_CHECK(e);
+  }
   auto* pool = new CudaCachingAllocator(device);  // closed, not freed: see close()
-  DUET_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
   tls_pool = pool;
   tls_pool_device = device.index;
+  tls_capture_stream = s;
   return pool;
 }
 
 void* end_capture(Device device, void* pool, std::string* why) {
   auto* p = static_cast<CudaCachingAllocator*>(pool);
+  cudaStream_t s = tls_capture_stream;
   tls_pool = nullptr;
   tls_pool_device = -1;
+  tls_capture_stream = nullptr;
   set_device(device);
   cudaGraph_t graph = nullptr;
-  cudaError_t e = cudaStreamEndCapture(stream(device), &graph);
+  cudaError_t e = cudaStreamEndCapture(s, &graph);
+  cudaStreamDestroy(s);
   cudaGraphExec_t exec = nullptr;
   if (e == cudaSuccess && graph) {
     e = cudaGraphInstantiate(&exec, graph, 0);
@@ -296,6 +347,7 @@ void destroy_graph(void* graph, Device device) {
     set_device(device);
     cudaStreamSynchronize(stream(device));  // the last replay may still run
     cudaGraphExecDestroy(g->exec);
+    cudaGetLastError();  // ignored above: not left for the next kernel's check to report
     g->pool->close();
   } catch (const std::exception&) {
     cudaGetLastError();
@@ -322,6 +374,7 @@ void copy(void* dst, Device to, const void* src, Device from, size_t nbytes) {
     cudaStream_t s = stream(from);
     DUET_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, s));
     DUET_CUDA_CHECK(cudaStreamSynchronize(s));
+    throw_recorded_index_error(from);
   } else if (to.index == from.index) {
     set_device(to);
     DUET_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, stream(to)));
@@ -346,7 +399,35 @@ void copy(void* dst, Device to, const void* src, Device from, size_t nbytes) {
 
 }  // namespace
 
-cudaStream_t stream(Device device) { return state(device).stream; }
+// Note [Device index checks]
+// gather and scatter_add read their indices on the device. Reading them back on the host before
+// each launch would stall the host at every call and cannot be captured in a CUDA graph (a
+// compiled step with cross_entropy would never become one). Instead each kernel checks the
+// indices it reads, skips an element whose index is out of range (gather writes 0 there), and
+// records the first such index in a small record of host-mapped memory of the device (the
+// kernels write it directly; the same address in every replay of a graph). Whatever reads data
+// on the host synchronizes the stream first (a copy to the CPU, item(), cuda::synchronize()),
+// then looks at the record: a set record becomes the ValueError the CPU kernel raises, with a
+// note that it surfaced at a synchronization, and the record is cleared. As with PyTorch's
+// device-side asserts, the error shows at the first host read after the op, not at the op.
+int64_t* index_error_record(Device device) { return state(device).index_record_dev; }
+
+void throw_recorded_index_error(Device device) {
+  if (!started(device.index)) return;
+  volatile int64_t* r = g_devices[device.index].index_record;
+  if (r[0] == 0) return;
+  const int64_t j = r[1], size = r[2], dim = r[3], op = r[4];
+  r[0] = 0;
+  throw ValueError(fmt::format(
+      "[{}] index {} is out of range for dim {} of size {} (on {}: CUDA checks indices on the "
+      "device, and the error shows at the first synchronization after the op)",
+      op == 1 ? "gather" : "scatter_add", j, dim, size, device.str()));
+}
+
+cudaStream_t stream(Device device) {
+  if (tls_capture_stream && tls_pool_device == device.index) return tls_capture_stream;
+  return state(device).stream;
+}
 
 void set_device(Device device) {
   thread_local int current = -1;
@@ -385,6 +466,7 @@ void synchronize() {
     if (!detail::started(i)) continue;
     detail::set_device(Device::cuda(i));
     DUET_CUDA_CHECK(cudaDeviceSynchronize());
+    detail::throw_recorded_index_error(Device::cuda(i));
   }
 }
 

@@ -20,6 +20,12 @@ Allocator& allocator(Device device);
 int64_t cache_hits(Device device);
 /// Whether TF32 tensor cores may be used for f32 matmul (off by default; cuda::set_allow_tf32).
 bool allow_tf32();
+/// The index-error record of `device` (Note [Device index checks] in cuda/runtime.cpp): five
+/// i64 in host-mapped memory, {set, index, size, dim, op}, that gather and scatter_add write.
+int64_t* index_error_record(Device device);
+/// Throws the ValueError that a kernel on `device` recorded since the last check, and clears the
+/// record. Called once the device's stream has been synchronized.
+void throw_recorded_index_error(Device device);
 /// Lends core this backend (allocator, transfers): called once from register_backends().
 void register_runtime();
 

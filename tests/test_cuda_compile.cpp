@@ -7,8 +7,10 @@
 // the same step on the CPU over 20 steps; output ownership (a held result is never overwritten
 // by a later replay); and the graph's bookkeeping. Without a usable GPU every case returns at
 // once, gpu() calls skip() and the binary exits with 77, which ctest reports as Skipped.
+#include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <thread>
 
 #include "cuda/cuda.h"
 #include "nn/layers.h"
@@ -91,7 +93,7 @@ TEST_CASE("cuda compiled: op, reduce, view and matmul rows equal eager, with gra
   for (const OpRow& row : op_rows()) {
     if (row.shapes.empty()) continue;  // random draws: the random programs cover them
     for (DType dt : row.dtypes) {
-      INFO(row.name << " on " << dtype_name(dt));
+      INFO(std::string(row.name) << " on " << dtype_name(dt));
       auto make_in = [&] {
         Ins in;
         for (size_t i = 0; i < row.shapes.size(); ++i) {
@@ -119,7 +121,8 @@ TEST_CASE("cuda compiled: op, reduce, view and matmul rows equal eager, with gra
     for (DType dt : row.dtypes) {
       if (dt != DType::f32 && dt != DType::f64) continue;
       for (const std::vector<int64_t>& dims : {std::vector<int64_t>{1}, {0}, {0, 2}, {}}) {
-        INFO(row.name << " on " << dtype_name(dt) << " over " << dims.size() << " dims");
+        INFO(std::string(row.name)
+             << " on " << dtype_name(dt) << " over " << dims.size() << " dims");
         auto make_in = [&] {
           return Ins{
               make_layout(random_values(60, Domain{}, dt, rng), {3, 4, 5}, dt, Layout::Transposed)};
@@ -132,7 +135,7 @@ TEST_CASE("cuda compiled: op, reduce, view and matmul rows equal eager, with gra
     }
   for (const ViewRow& row : view_rows()) {
     if (!row.in.numel()) continue;
-    INFO(row.name);
+    INFO(std::string(row.name));
     auto make_in = [&] {
       return Ins{make_layout(random_values(row.in.numel(), Domain{}, DType::f32, rng), row.in,
                              DType::f32, Layout::Contiguous)};
@@ -144,7 +147,7 @@ TEST_CASE("cuda compiled: op, reduce, view and matmul rows equal eager, with gra
   }
   for (const MatmulRow& row : matmul_rows())
     for (DType dt : {DType::f32, DType::f64}) {
-      INFO(row.name << " on " << dtype_name(dt));
+      INFO(std::string(row.name) << " on " << dtype_name(dt));
       auto make_in = [&] {
         return Ins{make_layout(random_values(row.a.numel(), Domain{}, dt, rng), row.a, dt, row.la),
                    make_layout(random_values(row.b.numel(), Domain{}, dt, rng), row.b, dt, row.lb)};
@@ -168,7 +171,7 @@ TEST_CASE("cuda compiled: elementwise rows in fused chains and reductions equal 
     for (DType dt : {DType::f32, DType::f64}) {
       if (std::find(row.dtypes.begin(), row.dtypes.end(), dt) == row.dtypes.end()) continue;
       for (const Shape& shape : {Shape{3, 5}, Shape{300, 257}, Shape{64, 1024}}) {
-        INFO(row.name << " " << dtype_name(dt) << " " << shape.str());
+        INFO(std::string(row.name) << " " << dtype_name(dt) << " " << shape.str());
         auto make = [&] {
           Ins in;
           for (int i = 0; i < row.arity; ++i) {
@@ -289,6 +292,105 @@ TEST_CASE("cuda compiled: a training step on CUDA matches the CPU over 20 steps"
   }
   CHECK(cuda_step.stats().traces == 1);
   CHECK(cuda_step.stats().cuda_graph_plans >= 1);
+  // Built and replayed: gather (forward) and scatter_add (backward) check their indices on the
+  // device, so nothing in the step synchronizes the host and fails the capture.
+  CHECK(cuda_step.stats().cuda_graph_replays >= 18);
+}
+
+TEST_CASE("cuda: a step that zeroes .grad in place and updates by hand, eager and compiled") {
+  if (!gpu()) return;
+  // g.zero_() writes a Scalar, which lives on the CPU: on CUDA the copy once read it through a
+  // CPU view and threw "[copy_] the result on cpu cannot be written in place into a tensor on
+  // cuda:0", eagerly and in the trace (duet_bench's W4 and W6 steps).
+  auto losses = [](Device dev, bool compiled) {
+    manual_seed(11);
+    Tensor w = (randn({8, 4}) * 0.1).to(dev).requires_grad_();
+    Tensor b = zeros({4}).to(dev).requires_grad_();
+    auto step = [w, b](Tensor x, Tensor y) {
+      {
+        NoGradGuard ng;
+        for (const Tensor& p : {w, b}) {
+          Tensor g = p.grad();
+          if (g.defined()) g.zero_();
+        }
+      }
+      Tensor loss = cross_entropy(matmul(x, w) + b, y);
+      loss.backward();
+      {
+        NoGradGuard ng;
+        for (Tensor p : {w, b}) p.sub_(p.grad() * 0.1);
+      }
+      return loss;
+    };
+    auto cstep = compile(step);
+    std::vector<double> out;
+    manual_seed(12);
+    for (int i = 0; i < 4; ++i) {
+      const Tensor x = randn({5, 8}).to(dev), y = randint(4, {5}).to(dev);
+      out.push_back((compiled ? cstep(x, y) : step(x, y)).item<double>());
+    }
+    CHECK(w.device() == dev);
+    CHECK(w.grad().device() == dev);
+    return out;
+  };
+  const std::vector<double> want = losses(Device::cpu(), false);
+  for (bool compiled : {false, true}) {
+    INFO((compiled ? "compiled" : "eager"));
+    const std::vector<double> got = losses(Device::cuda(), compiled);
+    for (size_t i = 0; i < want.size(); ++i)
+      CHECK(got[i] == doctest::Approx(want[i]).epsilon(1e-5));
+  }
+  Tensor t = make({1, 2, 3}, {3}).to(Device::cuda());
+  t.zero_();
+  CHECK(t.device() == Device::cuda());
+  CHECK(values(t) == std::vector<double>{0, 0, 0});
+}
+
+TEST_CASE("cuda compiled: a copied view of a parameter follows its updates under a CUDA graph") {
+  if (!gpu()) return;
+  // reshape(w.t()) has no strides: the plan copies it in a hoisted step, which re-runs when w
+  // changes. The copy once went to a new buffer each time, while the captured graph kept
+  // reading the first one (stale weights, then freed memory).
+  Tensor w = make({1, 2, 3, 4, 5, 6}, {2, 3}).to(Device::cuda());
+  auto body = [&w](Tensor x) { return x * reshape(transpose(w, 0, 1), {2, 3}) + 1.0; };
+  auto f = compile(body);
+  const Tensor x = make({1, -1, 2, 0.5, 3, -2}, {2, 3}).to(Device::cuda());
+  for (int call = 0; call < 6; ++call) {
+    INFO("call " << call + 1);
+    check_close(f(x), body(x));
+    NoGradGuard ng;
+    w.add_(1.0);
+  }
+  CHECK(f.stats().cuda_graph_plans == 1);
+}
+
+TEST_CASE("cuda compiled: another thread's eager work during a capture runs, outside the graph") {
+  if (!gpu()) return;
+  // Captures once ran on the device's one stream: kernels another thread queued meanwhile were
+  // recorded into the graph instead of running, and its synchronizations broke the capture.
+  std::atomic<bool> stop{false};
+  std::atomic<int> bad{0}, rounds{0};
+  std::thread other([&] {
+    const Tensor a = make({1, 2, 3, 4}, {4}).to(Device::cuda());
+    while (!stop) {
+      try {
+        if (values(a * 2.0 + 1.0) != std::vector<double>{3, 5, 7, 9}) ++bad;
+      } catch (const std::exception&) {
+        ++bad;
+      }
+      ++rounds;
+    }
+  });
+  for (int k = 0; k < 20; ++k) {
+    auto f = compile([](Tensor x) { return tanh(x * 3.0) + x; });  // a capture per function
+    const Tensor x = make({0.1, 0.2}, {2}).to(Device::cuda());
+    for (int call = 0; call < 4; ++call) check_close(f(x), tanh(x * 3.0) + x);
+    CHECK(f.stats().cuda_graph_replays >= 2);
+  }
+  stop = true;
+  other.join();
+  CHECK(rounds > 0);
+  CHECK(bad == 0);
 }
 
 TEST_CASE("cuda compiled: a result held from one call is never overwritten by the next") {
@@ -386,6 +488,29 @@ TEST_CASE("cuda compiled: matmul + bias (+ relu) runs as one cuBLASLt call with 
       CHECK(a.gemm_epilogues == 1);
       CHECK(c.gemm_epilogues == 1);
     }
+  }
+}
+
+TEST_CASE("cuda compiled: matmul + bias on offset views (x[:, 1:], a chunk of a packed bias)") {
+  if (!gpu()) return;
+  // Operands 4 bytes past an aligned address: cuBLASLt must be told their alignment, or its
+  // heuristic picks a kernel with vector loads that faults; a misaligned bias runs as two
+  // kernels.
+  Rng rng(43);
+  const Tensor packed =
+      cuda_like(make(random_values(33 * 40, Domain{-1, 1}, DType::f32, rng), {33, 40}, DType::f32));
+  const Tensor w = slice(packed, 0, 1, 33);  // starts 160 bytes in: aligned to 32
+  const Tensor bias_pack =
+      cuda_like(make(random_values(41, Domain{-1, 1}, DType::f32, rng), {41}, DType::f32));
+  for (int64_t boff : {0, 1}) {
+    INFO("bias offset " << boff);
+    const Tensor b = slice(bias_pack, 0, boff, boff + 40);
+    auto make_x = [&] {
+      const Tensor big = cuda_like(
+          make(random_values(16 * 33, Domain{-1, 1}, DType::f32, rng), {16, 33}, DType::f32));
+      return Ins{slice(big, 1, 1, 33)};  // x[:, 1:]: 4 bytes past the start, rows of 33
+    };
+    check_calls([&](const Ins& x) { return relu(matmul(x[0], w) + b); }, make_x, 4, 1e-5);
   }
 }
 

@@ -93,7 +93,8 @@ TEST_CASE("cuda elementwise rows: every sample and dtype match the CPU") {
     for (DType dt : row->dtypes) {
       for (const Sample& s : samples(kCudaSweep)) {
         if (row->arity < s.min_arity) continue;
-        INFO(row->name << " on " << dtype_name(dt) << ", sample " << s.name);
+        INFO(std::string(row->name)
+             << " on " << dtype_name(dt) << ", sample " << std::string(s.name));
         const Ins in = build(*row, {dt}, s, rng).in;
         check_same(row->fn(cuda_like(in)), row->fn(in), false, row->rtol32);
       }
@@ -107,7 +108,7 @@ TEST_CASE("cuda elementwise rows: Scalar operands (host numbers) and mixed dtype
   for (const ElementwiseRow* row : all_elementwise_rows()) {
     if (row->arity < 2) continue;
     for (DType dt : row->dtypes) {
-      INFO(row->name << " on " << dtype_name(dt));
+      INFO(std::string(row->name) << " on " << dtype_name(dt));
       const Ins in = build(*row, {dt}, sample("broadcast (3,1) (1,4) (4)"), rng).in;
       const double v = random_values(1, row->domains.back(), dt, rng)[0];
       const Scalar sc = dt == DType::b8   ? Scalar(v != 0)
@@ -147,7 +148,8 @@ TEST_CASE("cuda elementwise rows: gradients match the CPU") {
     for (const GradSample& s : grad_samples()) {
       if (row->arity < s.min_arity) continue;
       for (DType dt : {DType::f32, DType::f64}) {
-        INFO(row->name << " on " << dtype_name(dt) << ", gradient sample " << s.name);
+        INFO(std::string(row->name)
+             << " on " << dtype_name(dt) << ", gradient sample " << std::string(s.name));
         Ins leaves;
         for (int i = 0; i < row->arity; ++i) {
           const DType di = row->cond_first && i == 0 ? DType::b8 : dt;
@@ -158,7 +160,8 @@ TEST_CASE("cuda elementwise rows: gradients match the CPU") {
         }
         // The condition of where is not differentiable: it stays a constant.
         const int first = row->cond_first ? 1 : 0;
-        const Tensor cond = first ? leaves[0] : Tensor();
+        // The condition goes through the sample's view like the other inputs (transposed, say).
+        const Tensor cond = first ? take(leaves[0], s, 0) : Tensor();
         const Ins diff(leaves.begin() + first, leaves.end());
         auto fn = [&](const Ins& x) {
           Ins in;
@@ -190,8 +193,8 @@ TEST_CASE("cuda in-place ops: outputs that are views (transposed, strided, offse
     for (Layout ls : {L::Contiguous, L::Transposed, L::Strided, L::Offset})
       for (Layout lo : {L::Contiguous, L::Transposed})
         for (DType dt : {DType::f32, DType::f64}) {
-          INFO(r.name << " into " << layout_name(ls) << " from " << layout_name(lo) << ", "
-                      << dtype_name(dt));
+          INFO(std::string(r.name) << " into " << std::string(layout_name(ls)) << " from "
+                                   << std::string(layout_name(lo)) << ", " << dtype_name(dt));
           Tensor a = make_layout(random_values(20, Domain{}, dt, rng), {4, 5}, dt, ls);
           const Tensor b = make_layout(random_values(20, Domain{}, dt, rng), {4, 5}, dt, lo);
           Tensor ad = cuda_like(a);
@@ -209,8 +212,8 @@ TEST_CASE("cuda conversion rows: every dtype pair and layout") {
     for (DType from : dts)
       for (DType to : dts)
         for (Layout l : {L::Contiguous, L::Transposed, L::Strided, L::Offset}) {
-          INFO(row.name << " " << dtype_name(from) << " -> " << dtype_name(to) << ", "
-                        << layout_name(l));
+          INFO(std::string(row.name) << " " << dtype_name(from) << " -> " << dtype_name(to) << ", "
+                                     << std::string(layout_name(l)));
           const Tensor x = make_layout(random_values(20, Domain{}, from, rng), {4, 5}, from, l);
           check_same(row.fn(cuda_like(x), to), row.fn(x, to), true);
         }
@@ -244,8 +247,9 @@ TEST_CASE("cuda reduce rows: dims sets, keepdim, layouts, dtypes") {
         for (const Dims& dims : c.dims)
           for (bool keepdim : {false, true}) {
             if (c.shape.numel() == 0 && row.kind != ReduceKind::Sum) continue;
-            INFO(row.name << " on " << dtype_name(dt) << ", shape " << c.shape.str() << ", "
-                          << layout_name(c.layout) << ", keepdim " << keepdim);
+            INFO(std::string(row.name)
+                 << " on " << dtype_name(dt) << ", shape " << c.shape.str() << ", "
+                 << std::string(layout_name(c.layout)) << ", keepdim " << keepdim);
             const Tensor x = make_layout(random_values(c.shape.numel(), Domain{}, dt, rng), c.shape,
                                          dt, c.layout);
             // Large f32 sums add in another order: allow for it.
@@ -299,7 +303,7 @@ TEST_CASE("cuda reductions: NaN propagates, integers sum in i64, argmax takes th
        [](const Tensor& x) { return argmax(x, 0); }},
   };
   for (const Row& r : rows) {
-    INFO(r.name);
+    INFO(std::string(r.name));
     const Tensor x = make(r.v, r.shape, r.dtype);
     check_same(r.fn(cuda_like(x)), r.fn(x), true);
   }
@@ -315,7 +319,8 @@ TEST_CASE("cuda op rows: every dtype and layout, and gradients") {
     if (row.shapes.empty()) continue;  // random draws: see the Philox table below
     for (DType dt : row.dtypes)
       for (Layout l : {L::Contiguous, L::Transposed, L::Strided, L::Offset}) {
-        INFO(row.name << " on " << dtype_name(dt) << ", " << layout_name(l));
+        INFO(std::string(row.name)
+             << " on " << dtype_name(dt) << ", " << std::string(layout_name(l)));
         Ins in;
         for (size_t i = 0; i < row.shapes.size(); ++i) {
           const Shape& s = row.shapes[i];
@@ -336,7 +341,7 @@ TEST_CASE("cuda op rows: every dtype and layout, and gradients") {
       }
     if (!row.grad || row.index_result) continue;
     for (DType dt : {DType::f32, DType::f64}) {
-      INFO(row.name << " on " << dtype_name(dt) << ", gradient");
+      INFO(std::string(row.name) << " on " << dtype_name(dt) << ", gradient");
       Ins leaves;
       for (size_t i = 0; i < row.shapes.size(); ++i) {
         const Domain& d = row.domains[std::min(i, row.domains.size() - 1)];
@@ -364,7 +369,8 @@ TEST_CASE("cuda slice_scatter rows") {
   for (const ScatterRow& row : scatter_rows())
     for (DType dt : {DType::f32, DType::i64, DType::b8})
       for (Layout l : {L::Contiguous, L::Transposed}) {
-        INFO(row.name << " on " << dtype_name(dt) << ", " << layout_name(l));
+        INFO(std::string(row.name)
+             << " on " << dtype_name(dt) << ", " << std::string(layout_name(l)));
         const Tensor base = make_layout(random_values(row.base.numel(), Domain{}, dt, rng),
                                         row.base, dt, row.base.numel() ? l : L::Contiguous);
         const Tensor src = make(random_values(row.src.numel(), Domain{}, dt, rng), row.src, dt);
@@ -424,13 +430,31 @@ TEST_CASE("cuda indexing with device indices: gather, scatter_add, cat, unfold, 
        }},
   };
   for (const Row& r : rows) {
-    INFO(r.name);
+    INFO(std::string(r.name));
     check_same(r.fn(cuda_like(x), Device::cuda()), r.fn(x, Device::cpu()));
   }
-  const std::string e = error_of<ValueError>([&] {
-    gather(cuda_like(x), 1, idx({0, 3}, {1, 1, 2}, Device::cuda()));
+  // Indices are checked on the device: the error shows at the next host read (no sync at the
+  // op), names the op, the index, the dim and its size, and is raised once.
+  Tensor bad;
+  CHECK_NOTHROW(bad = gather(cuda_like(x), 1, idx({0, 3}, {1, 1, 2}, Device::cuda())));
+  const std::string e = error_of<ValueError>([&] { (void)bad.to(Device::cpu()); });
+  CHECK(e.find("[gather] index 3 is out of range for dim 1 of size") != std::string::npos);
+  CHECK_NOTHROW((void)bad.to(Device::cpu()));
+  const std::string es = error_of<ValueError>([&] {
+    (void)scatter_add(cuda_like(x), 1, idx({0, -1}, {1, 1, 2}, Device::cuda()), cuda_like(x));
+    cuda::synchronize();
   });
-  CHECK(e.find("out of range") != std::string::npos);
+  CHECK(es.find("[scatter_add] index -1 is out of range") != std::string::npos);
+  // In a compiled function, whose plan is a CUDA graph: the same error, at the result's read.
+  auto f = compile([](Tensor a, Tensor i) { return gather(a * 2.0, 1, i); });
+  const Tensor good = idx({0, 1}, {1, 1, 2}, Device::cuda());
+  for (int call = 0; call < 3; ++call)
+    check_same(f(cuda_like(x), good), gather(x * 2.0, 1, idx({0, 1}, {1, 1, 2}, Device::cpu())));
+  const std::string ec = error_of<ValueError>([&] {
+    (void)f(cuda_like(x), idx({0, 5}, {1, 1, 2}, Device::cuda())).to(Device::cpu());
+  });
+  CHECK(ec.find("[gather] index 5 is out of range") != std::string::npos);
+  CHECK(f.stats().cuda_graph_plans == 1);
 }
 
 // ---- sources ----------------------------------------------------------------------------------
@@ -466,7 +490,7 @@ TEST_CASE("cuda matmul rows and batch broadcasts through cuBLAS, with gradients"
     rows.push_back(extra);
   for (const MatmulRow& row : rows)
     for (DType dt : {DType::f32, DType::f64, DType::i32, DType::i64}) {
-      INFO(row.name << " on " << dtype_name(dt));
+      INFO(std::string(row.name) << " on " << dtype_name(dt));
       const Tensor a = make_layout(random_values(row.a.numel(), Domain{-1, 1}, dt, rng), row.a, dt,
                                    row.a.numel() ? row.la : L::Contiguous);
       const Tensor b = make_layout(random_values(row.b.numel(), Domain{-1, 1}, dt, rng), row.b, dt,
@@ -532,7 +556,7 @@ TEST_CASE("cuda Philox draws: bit-identical to the CPU for the same state") {
   };
   for (const Row& r : rows)
     for (std::vector<double> st : {std::vector<double>{42, 0}, {12345678901, 77}, {-5, 1e6}}) {
-      INFO(r.name << ", seed " << st[0] << ", offset " << st[1]);
+      INFO(std::string(r.name) << ", seed " << st[0] << ", offset " << st[1]);
       Attrs a;
       for (int64_t d : r.shape) a.ints.push_back(d);
       a.dim = r.dist;

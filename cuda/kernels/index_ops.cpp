@@ -2,6 +2,7 @@
 // image.cu), following kernels/index.cpp and kernels/image.cpp.
 #include "kernels/composed.h"
 #include "cuda/kernels/adapt.h"
+#include "cuda/runtime.h"
 
 namespace duet::cuda::detail {
 namespace {
@@ -16,42 +17,35 @@ Tensor base_view(const Tensor& x, const Tensor& index, int64_t dim) {
   return duet::detail::make_view(x, index.sizes(), st, x.storage_offset());
 }
 
-// Index values are data: checked on the device, read back (one sync) before any write.
-void check_indices(const char* op, const Tensor& index, int64_t size, int64_t dim) {
-  if (index.numel() == 0) return;
-  cudaStream_t s = stream_for(index);
-  Tensor flag = duet::detail::empty(Shape{2}, DType::i64, index.device());
-  DUET_CUDA_CHECK(cudaMemsetAsync(flag.raw_data(), 0, 2 * sizeof(int64_t), s));
-  const kern::Loop L = make_loop(index, {&index}, {DType::i64});
-  DUET_CUDA_CHECK(kern::launch_check_index(L, size, static_cast<int64_t*>(flag.raw_data()), s));
-  int64_t host[2] = {0, 0};
-  DUET_CUDA_CHECK(cudaMemcpyAsync(host, flag.raw_data(), sizeof(host), cudaMemcpyDeviceToHost, s));
-  DUET_CUDA_CHECK(cudaStreamSynchronize(s));
-  DUET_CHECK_T(host[0] == 0, ValueError, "[{}] index {} is out of range for dim {} of size {}", op,
-               host[1], dim, size);
+// Index values are data: the kernels check them as they read them and record the first one out
+// of range on the device; the error is raised at the next host synchronization (Note [Device
+// index checks] in cuda/runtime.cpp). No host sync here, so a compiled step with gather and
+// scatter_add (cross_entropy and its gradient) is captured as a CUDA graph.
+kern::IndexCheck index_check(const Tensor& t, int64_t size, int64_t dim, int64_t op) {
+  return {index_error_record(t.device()), size, dim, op};
 }
 
 void gather_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
   const Tensor &x = in[0], &index = in[1];
   if (out.numel() == 0) return;
-  check_indices("gather", index, size_along(x, a.dim), a.dim);
   const Tensor xv = base_view(x, index, a.dim);
   const kern::Loop L = make_loop(out, {&index, &xv}, {DType::i64, x.dtype()});
-  DUET_CUDA_CHECK(
-      kern::launch_gather(to_dt(out.dtype()), L, stride_along(x, a.dim), stream_for(out)));
+  DUET_CUDA_CHECK(kern::launch_gather(to_dt(out.dtype()), L, stride_along(x, a.dim),
+                                      index_check(out, size_along(x, a.dim), a.dim, 1),
+                                      stream_for(out)));
 }
 
 void scatter_add_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
   const Tensor &base = in[0], &index = in[1], &src = in[2];
   copy_into(base, out);
   if (index.numel() == 0) return;
-  check_indices("scatter_add", index, size_along(out, a.dim), a.dim);
   const Tensor ov = base_view(out, index, a.dim);
   Tensor ts;
   const Tensor& sv = in_dtype(src, out.dtype(), ts);
   const kern::Loop L = make_loop(ov, {&index, &sv}, {DType::i64, out.dtype()});
-  DUET_CUDA_CHECK(
-      kern::launch_scatter_add(to_dt(out.dtype()), L, stride_along(out, a.dim), stream_for(out)));
+  DUET_CUDA_CHECK(kern::launch_scatter_add(to_dt(out.dtype()), L, stride_along(out, a.dim),
+                                           index_check(out, size_along(out, a.dim), a.dim, 2),
+                                           stream_for(out)));
 }
 
 // attrs.ints = {kh, kw, sh, sw, ph, pw, H, W} (kernels/image.cpp).

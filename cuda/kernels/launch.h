@@ -98,15 +98,24 @@ struct RandomArg {
 };
 cudaError_t launch_random(DT dt, const RandomArg& arg, cudaStream_t s);
 
+/// Where gather and scatter_add record an index outside [0, size) (Note [Device index checks] in
+/// cuda/runtime.cpp): the first such index wins, the rest of the element's work is skipped.
+struct IndexCheck {
+  int64_t* record;  ///< {set, index, size, dim, op}: host-mapped memory of the device
+  int64_t size;     ///< the size along dim
+  int64_t dim;
+  int64_t op;  ///< 1: gather, 2: scatter_add
+};
+
 /// Gather: loop.out = out, loop.in[0] = index (i64), loop.in[1] = x seen at the index's shape
-/// with stride 0 along dim; out[p] = x_row(p)[index[p] * step].
-cudaError_t launch_gather(DT dt, const Loop& loop, int64_t step, cudaStream_t s);
+/// with stride 0 along dim; out[p] = x_row(p)[index[p] * step] (0 where the index is out of range).
+cudaError_t launch_gather(DT dt, const Loop& loop, int64_t step, const IndexCheck& check,
+                          cudaStream_t s);
 /// ScatterAdd: loop.out = out seen at the index's shape with stride 0 along dim, loop.in[0] =
-/// index, loop.in[1] = src; out_row(p)[index[p] * step] += src[p] (atomically).
-cudaError_t launch_scatter_add(DT dt, const Loop& loop, int64_t step, cudaStream_t s);
-/// Writes {1, value} into flag (two device i64, zeroed by the caller) when some index value of
-/// loop.in[0] lies outside [0, size).
-cudaError_t launch_check_index(const Loop& loop, int64_t size, int64_t* flag, cudaStream_t s);
+/// index, loop.in[1] = src; out_row(p)[index[p] * step] += src[p] (atomically; nothing where the
+/// index is out of range).
+cudaError_t launch_scatter_add(DT dt, const Loop& loop, int64_t step, const IndexCheck& check,
+                               cudaStream_t s);
 
 /// Unfold / Fold geometry (kernels/image.cpp); the input read through its 4-D (image) or 3-D
 /// (columns) strides, the output contiguous.

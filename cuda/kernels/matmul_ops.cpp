@@ -8,6 +8,8 @@
 
 #include <climits>
 #include <mutex>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "cuda/kernels/adapt.h"
@@ -69,6 +71,178 @@ bool fits(const Tensor& t) {
 int as_int(int64_t v, const char* what) {
   DUET_CHECK(v <= INT_MAX, "[matmul] {} {} exceeds what one cuBLAS call takes", what, v);
   return static_cast<int>(v);
+}
+
+// The largest power of two, up to 256, that divides the address (cuBLASLt's alignment hints).
+uint32_t alignment_of(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  uint32_t al = 1;
+  while (al < 256 && a % (2 * al) == 0) al *= 2;
+  return al;
+}
+
+bool capturing(cudaStream_t s) {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(s, &st) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return st != cudaStreamCaptureStatusNone;
+}
+
+// Note [Tuned GEMMs]
+// cuBLAS's default choice for a single f32 or f64 product is often not its fastest kernel for
+// the shape (at 256^3 f32 on an H100, cublasGemmEx ran at 60% of cuBLASLt's best). The first
+// product of each shape (sizes, transposes, leading dimensions, dtype, TF32, operand alignment,
+// device) times cuBLASLt's heuristic candidates and cublasGemmEx itself on the real operands,
+// a few runs each with CUDA events, and keeps the fastest with its descriptors; later products
+// of the shape make one cublasLtMatmul (or cublasGemmEx) call. Tuning synchronizes, so a product
+// first seen while a CUDA graph is captured uses cublasGemmEx and is not tuned then.
+struct GemmKey {
+  int64_t m, n, k, lda, ldb;
+  bool ta, tb, f32, tf32;
+  uint32_t align;  // the operands' and the output's alignments, packed
+  int device;
+  bool operator==(const GemmKey&) const = default;
+};
+struct GemmKeyHash {
+  size_t operator()(const GemmKey& k) const {
+    size_t h = 0;
+    for (int64_t v : {k.m, k.n, k.k, k.lda, k.ldb, int64_t(k.ta), int64_t(k.tb), int64_t(k.f32),
+                      int64_t(k.tf32), int64_t(k.align), int64_t(k.device)})
+      h = h * 1000003u ^ std::hash<int64_t>()(v);
+    return h;
+  }
+};
+struct TunedGemm {
+  bool lt = false;  // false: cublasGemmEx was fastest
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t da = nullptr, db = nullptr, dc = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+};
+std::mutex g_tuned_mu;
+std::unordered_map<GemmKey, TunedGemm, GemmKeyHash>& tuned_gemms() {
+  static auto* m = new std::unordered_map<GemmKey, TunedGemm, GemmKeyHash>;  // kept until exit
+  return *m;
+}
+
+// One product (row-major C = A B as column-major C^T = op(B^T) op(A^T)) through its tuned
+// choice (Note [Tuned GEMMs]); false when the caller should make it with cublasGemmEx.
+bool tuned_gemm(cublasHandle_t h, Device device, cudaStream_t s, bool f32,
+                cublasComputeType_t compute, cudaDataType_t type, cublasOperation_t opa,
+                cublasOperation_t opb, int m, int n, int k, int lda, int ldb, const char* pa,
+                const char* pb, char* pc, const void* alpha, const void* beta) {
+  const uint32_t align = alignment_of(pa) | (alignment_of(pb) << 9) | (alignment_of(pc) << 18);
+  const GemmKey key{m,
+                    n,
+                    k,
+                    lda,
+                    ldb,
+                    opa == CUBLAS_OP_T,
+                    opb == CUBLAS_OP_T,
+                    f32,
+                    compute == CUBLAS_COMPUTE_32F_FAST_TF32,
+                    align,
+                    device.index};
+  const Blas& handles = blas_for(device);
+  auto gemm_ex = [&] {
+    return cublasGemmEx(h, opb, opa, n, m, k, alpha, pb, type, ldb, pa, type, lda, beta, pc, type,
+                        n, compute, CUBLAS_GEMM_DEFAULT);
+  };
+  auto lt_call = [&](const TunedGemm& t, const cublasLtMatmulAlgo_t& algo) {
+    return cublasLtMatmul(handles.lt, t.op, alpha, pb, t.da, pa, t.db, beta, pc, t.dc, pc, t.dc,
+                          &algo, handles.workspace, kCublasWorkspace, s);
+  };
+  // A stored choice's descriptors live until exit: it is used outside the lock.
+  auto use = [&](const TunedGemm& t) {
+    return (t.lt ? lt_call(t, t.algo) : gemm_ex()) == CUBLAS_STATUS_SUCCESS;
+  };
+  {
+    std::unique_lock<std::mutex> lock(g_tuned_mu);
+    auto it = tuned_gemms().find(key);
+    if (it != tuned_gemms().end()) {
+      const TunedGemm t = it->second;
+      lock.unlock();
+      return use(t);
+    }
+  }
+  if (capturing(s)) return false;
+  // Tune: descriptors as gemm_bias_act makes them, without an epilogue.
+  TunedGemm t;
+  if (cublasLtMatmulDescCreate(&t.op, compute, type) != CUBLAS_STATUS_SUCCESS) return false;
+  auto release = [&] {
+    for (cublasLtMatrixLayout_t l : {t.da, t.db, t.dc})
+      if (l) cublasLtMatrixLayoutDestroy(l);
+    cublasLtMatmulDescDestroy(t.op);
+  };
+  const cublasOperation_t lta = opb, ltb = opa;
+  bool ok = cublasLtMatmulDescSetAttribute(t.op, CUBLASLT_MATMUL_DESC_TRANSA, &lta, sizeof lta) ==
+                CUBLAS_STATUS_SUCCESS &&
+            cublasLtMatmulDescSetAttribute(t.op, CUBLASLT_MATMUL_DESC_TRANSB, &ltb, sizeof ltb) ==
+                CUBLAS_STATUS_SUCCESS &&
+            cublasLtMatrixLayoutCreate(&t.da, type, lta == CUBLAS_OP_T ? k : n,
+                                       lta == CUBLAS_OP_T ? n : k, ldb) == CUBLAS_STATUS_SUCCESS &&
+            cublasLtMatrixLayoutCreate(&t.db, type, ltb == CUBLAS_OP_T ? m : k,
+                                       ltb == CUBLAS_OP_T ? k : m, lda) == CUBLAS_STATUS_SUCCESS &&
+            cublasLtMatrixLayoutCreate(&t.dc, type, n, m, n) == CUBLAS_STATUS_SUCCESS;
+  cublasLtMatmulHeuristicResult_t found[8];
+  int count = 0;
+  if (ok) {
+    cublasLtMatmulPreference_t pref = nullptr;
+    ok = cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS;
+    const size_t ws = kCublasWorkspace;
+    const uint32_t als[] = {alignment_of(pb), alignment_of(pa), alignment_of(pc), alignment_of(pc)};
+    const cublasLtMatmulPreferenceAttributes_t attrs[] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    if (ok)
+      ok = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                                sizeof ws) == CUBLAS_STATUS_SUCCESS;
+    for (int i = 0; ok && i < 4; ++i)
+      ok = cublasLtMatmulPreferenceSetAttribute(pref, attrs[i], &als[i], sizeof als[i]) ==
+           CUBLAS_STATUS_SUCCESS;
+    if (ok && cublasLtMatmulAlgoGetHeuristic(handles.lt, t.op, t.da, t.db, t.dc, t.dc, pref, 8,
+                                             found, &count) != CUBLAS_STATUS_SUCCESS)
+      count = 0;
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+  }
+  // Candidate -1 is cublasGemmEx; each runs once untimed, then three times between events.
+  cudaEvent_t start = nullptr, stop = nullptr;
+  DUET_CUDA_CHECK(cudaEventCreate(&start));
+  DUET_CUDA_CHECK(cudaEventCreate(&stop));
+  float best = 0;
+  int best_i = -2;
+  for (int i = -1; i < (ok ? count : 0); ++i) {
+    auto run = [&] { return i < 0 ? gemm_ex() : lt_call(t, found[i].algo); };
+    if (run() != CUBLAS_STATUS_SUCCESS) continue;
+    DUET_CUDA_CHECK(cudaEventRecord(start, s));
+    bool good = true;
+    for (int r = 0; r < 3 && good; ++r) good = run() == CUBLAS_STATUS_SUCCESS;
+    DUET_CUDA_CHECK(cudaEventRecord(stop, s));
+    DUET_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    DUET_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    if (good && (best_i == -2 || ms < best)) best = ms, best_i = i;
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaGetLastError();
+  if (best_i >= 0) {
+    t.lt = true;
+    t.algo = found[best_i].algo;
+  } else {
+    release();
+    t = TunedGemm{};
+  }
+  TunedGemm chosen;
+  {
+    std::lock_guard<std::mutex> lock(g_tuned_mu);
+    auto [it, stored] = tuned_gemms().emplace(key, t);
+    if (!stored && t.lt) release();  // another thread tuned the shape meanwhile
+    chosen = it->second;
+  }
+  // The output holds the last candidate's product: the chosen one writes it again.
+  return use(chosen);
 }
 
 void matmul_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
@@ -150,6 +324,9 @@ void matmul_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
   const cublasOperation_t opa = la.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
   const int im = as_int(m, "size"), in_ = as_int(n, "size"), ik = as_int(k, "size");
   const int lda = as_int(la.ld, "leading dimension"), ldb = as_int(lb.ld, "leading dimension");
+  if (nb == 1 && tuned_gemm(h, out.device(), s, f32, compute, type, opa, opb, im, in_, ik, lda, ldb,
+                            pa, pb, pc, alpha, beta))
+    return;
   if (affine) {
     DUET_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
         h, opb, opa, in_, im, ik, alpha, pb, type, ldb, nb > 1 ? ob[1] : 0, pa, type, lda,
@@ -182,6 +359,9 @@ bool gemm_bias_act(const Tensor& a, const Tensor& b, const Tensor& bias, bool re
   const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
   if (m == 0 || n == 0 || k == 0 || bias.numel() != n || m > INT_MAX || n > INT_MAX || k > INT_MAX)
     return false;
+  // cuBLASLt reads the bias with vector loads: an offset view of a bias (a chunk of a packed
+  // parameter) runs as two kernels instead.
+  if (reinterpret_cast<uintptr_t>(bias.raw_data()) % 16 != 0) return false;
   const MatLayout la = layout(m, k, a.strides()[0], a.strides()[1]);
   const MatLayout lb = layout(k, n, b.strides()[0], b.strides()[1]);
   const Device device = out.device();
@@ -230,6 +410,17 @@ bool gemm_bias_act(const Tensor& a, const Tensor& b, const Tensor& bias, bool re
   const size_t ws_bytes = kCublasWorkspace;
   DUET_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
       pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof ws_bytes));
+  // The heuristic assumes 256-byte aligned operands unless told: an offset view (x[:, 1:], a
+  // chunk of a fused qkv) would get a kernel that faults with a misaligned address.
+  const std::pair<cublasLtMatmulPreferenceAttributes_t, const void*> aligned[] = {
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, b.raw_data()},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, a.raw_data()},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, out.raw_data()},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, out.raw_data()}};
+  for (const auto& [attr, ptr] : aligned) {
+    const uint32_t al = alignment_of(ptr);
+    DUET_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &al, sizeof al));
+  }
   cublasLtMatmulHeuristicResult_t best{};
   int found = 0;
   if (cublasLtMatmulAlgoGetHeuristic(h, op, da, db, dc, dc, pref, 1, &best, &found) !=
@@ -241,10 +432,11 @@ bool gemm_bias_act(const Tensor& a, const Tensor& b, const Tensor& bias, bool re
   const void* alpha = f32 ? static_cast<const void*>(&one_f) : &one_d;
   const void* beta = f32 ? static_cast<const void*>(&zero_f) : &zero_d;
   set_device(device);
-  DUET_CUBLAS_CHECK(cublasLtMatmul(h, op, alpha, b.raw_data(), da, a.raw_data(), db, beta,
-                                   out.raw_data(), dc, out.raw_data(), dc, &best.algo, ws,
-                                   kCublasWorkspace, stream(device)));
-  return true;
+  // A refusal (CUBLAS_STATUS_NOT_SUPPORTED for these pointers, say) is not an error: the plan
+  // runs the product and the bias as two kernels.
+  return cublasLtMatmul(h, op, alpha, b.raw_data(), da, a.raw_data(), db, beta, out.raw_data(), dc,
+                        out.raw_data(), dc, &best.algo, ws, kCublasWorkspace,
+                        stream(device)) == CUBLAS_STATUS_SUCCESS;
 }
 
 }  // namespace
