@@ -14,7 +14,10 @@
 #pragma once
 
 #if defined(__CUDACC_RTC__)
-#include <cuda/std/cstdint>  // NVRTC (cuda/fused.cpp) has no <stdint.h>
+// NVRTC (cuda/fused.cpp) has no <stdint.h>, and libcu++'s <cuda/std/cstdint> costs a tenth of a
+// second a build for a few typedefs: the ones generated code names, as libcu++ defines them.
+typedef int int32_t;
+typedef long long int64_t;
 #else
 #include <stdint.h>
 #endif

@@ -153,9 +153,9 @@ namespace {
 // What the host needs of CUDA to run an elementwise kernel: threads run one after another.
 constexpr const char* kShim = R"duet_src(#pragma once
 #include <barrier>
+#include <bit>
 #include <cmath>
 #include <cstdint>
-#include <limits>
 #include <type_traits>
 struct dim3 {
   unsigned x = 1, y = 1, z = 1;
@@ -182,11 +182,7 @@ T __shfl_down_sync(unsigned, T v, int off) {
   warp.arrive_and_wait();
   return r;
 }
-namespace cuda {
-namespace std {
-using namespace ::std;
-}
-}  // namespace cuda
+inline float __int_as_float(int i) { return std::bit_cast<float>(i); }
 )duet_src";
 
 std::string replace_all(std::string s, const std::string& from, const std::string& to) {
@@ -203,10 +199,9 @@ using EmulateFn = void (*)(int prog, const kernels::DuetFusedArgs* a, unsigned v
 EmulateFn build_host_kernels(const std::vector<FusedProgram>& progs, std::string* log) {
   namespace fs = std::filesystem;
   const fs::path dir = fs::temp_directory_path() / ("duet-cuda-emu-" + std::to_string(getpid()));
-  fs::create_directories(dir / "cuda" / "std");
+  fs::create_directories(dir);
   auto write = [](const fs::path& p, const std::string& text) { std::ofstream(p) << text; };
   write(dir / "shim.h", kShim);
-  write(dir / "cuda" / "std" / "limits", "#pragma once\n#include <limits>\n");
   write(dir / "duet_functors.h", detail::kCodegenFunctorsH);
   write(dir / "duet_fused_abi.h", detail::kCodegenFusedAbiH);
   std::string src = "#include \"duet_fused_abi.h\"\n#include \"duet_functors.h\"\n";

@@ -149,8 +149,7 @@ std::string fused_source(const FusedProgram& p) {
   const int nin = p.num_inputs(), nout = static_cast<int>(p.outputs.size());
   std::string s = fmt::format(
       "// duet: generated fused CUDA kernel (kernels/codegen/cuda.cpp), T = {}\n"
-      "#include \"duet_fused_abi.h\"\n#include \"duet_functors.h\"\n"
-      "#include <cuda/std/limits>\n\n"
+      "#include \"duet_fused_abi.h\"\n#include \"duet_functors.h\"\n\n"
       "typedef {} T;\nusing duet::kernels::DuetFusedArgs;\n"
       "#define DUET_REDUCE {}\n"
       "constexpr int NI = {}, NO = {}, NIA = {}, NOA = {}, V = 16 / sizeof(T);\n",
@@ -218,6 +217,8 @@ std::string fused_source(const FusedProgram& p) {
     reg[in.dst] = fmt::format("t{}", n);
   }
   for (int k = 0; k < nout; ++k) body += fmt::format("  y[{}] = {};\n", k, read(p.outputs[k]));
+  // Max and Min start from infinity: float's bits, as libcu++'s numeric_limits writes it under
+  // NVRTC (its <cuda/std/limits> would cost a tenth of a second a build); it converts exactly.
   const char* red_op = "Add";
   const char* red_id = "T(0)";
   if (p.reduce != FusedReduce::None) {
@@ -227,11 +228,11 @@ std::string fused_source(const FusedProgram& p) {
         break;
       case OpId::Max:
         red_op = "Maximum";
-        red_id = "-cuda::std::numeric_limits<T>::infinity()";
+        red_id = "-T(__int_as_float(0x7f800000))";
         break;
       case OpId::Min:
         red_op = "Minimum";
-        red_id = "cuda::std::numeric_limits<T>::infinity()";
+        red_id = "T(__int_as_float(0x7f800000))";
         break;
       default:
         DUET_CHECK_T(false, ValueError, "[fused] {} is not a fused reduction",
