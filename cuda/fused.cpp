@@ -15,6 +15,7 @@
 #include <fstream>
 #include <mutex>
 #include <sstream>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -69,32 +70,18 @@ struct NvrtcOutput {
   bool ptx = false;
 };
 
-// The architecture NVRTC builds for: sm_<arch> when it supports it (a CUBIN), else PTX for the
-// newest architecture it knows below it (the driver compiles that).
-NvrtcOutput nvrtc_build(const std::string& source, int arch, const std::string& name) {
-  int num = 0;
-  DUET_NVRTC_CHECK(nvrtcGetNumSupportedArchs(&num));
-  std::vector<int> archs(static_cast<size_t>(num));
-  if (num) DUET_NVRTC_CHECK(nvrtcGetSupportedArchs(archs.data()));
-  const bool cubin = std::find(archs.begin(), archs.end(), arch) != archs.end();
-  int target = arch;
-  if (!cubin) {
-    target = 0;
-    for (int a : archs)
-      if (a <= arch) target = std::max(target, a);
-    DUET_CHECK_DEVICE(target > 0, "[nvrtc] no architecture at or below sm_{} is supported", arch);
+NvrtcOutput nvrtc_build(const std::string& source, const std::vector<NvrtcHeader>& headers,
+                        const NvrtcOptions& o, const std::string& name) {
+  std::vector<const char*> argv, texts, names;
+  for (const std::string& s : o.options) argv.push_back(s.c_str());
+  for (const NvrtcHeader& h : headers) {
+    texts.push_back(h.text.c_str());
+    names.push_back(h.name.c_str());
   }
-  std::vector<std::string> opts = {
-      fmt::format("--gpu-architecture={}_{}", cubin ? "sm" : "compute", target), "-std=c++17",
-      "--fmad=false", "-DNDEBUG"};
-  for (std::string& i : include_options()) opts.push_back(std::move(i));
-  std::vector<const char*> argv;
-  for (const std::string& o : opts) argv.push_back(o.c_str());
-  const char* headers[] = {duet::detail::kCodegenFusedAbiH, duet::detail::kCodegenFunctorsH};
-  const char* header_names[] = {"duet_fused_abi.h", "duet_functors.h"};
   nvrtcProgram prog;
-  DUET_NVRTC_CHECK(
-      nvrtcCreateProgram(&prog, source.c_str(), name.c_str(), 2, headers, header_names));
+  DUET_NVRTC_CHECK(nvrtcCreateProgram(&prog, source.c_str(), name.c_str(),
+                                      static_cast<int>(headers.size()), texts.data(),
+                                      names.data()));
   struct Destroy {
     nvrtcProgram* p;
     ~Destroy() { nvrtcDestroyProgram(p); }
@@ -110,7 +97,7 @@ NvrtcOutput nvrtc_build(const std::string& source, int arch, const std::string& 
     return out;
   }
   size_t n = 0;
-  if (cubin) {
+  if (o.cubin) {
     DUET_NVRTC_CHECK(nvrtcGetCUBINSize(prog, &n));
     out.image.resize(n);
     DUET_NVRTC_CHECK(nvrtcGetCUBIN(prog, out.image.data()));
@@ -169,12 +156,10 @@ void prepare(kernels::FusedKernel& k, Device device, const std::string& dir) {
   if (k.device_code.load(std::memory_order_acquire)) return;
   const DeviceInfo& info = device_info(device);
   const std::string source = fused_source(k.program);
-  int nv_major = 0, nv_minor = 0;
-  nvrtcVersion(&nv_major, &nv_minor);
-  const uint64_t key =
-      kernels::jit::fnv1a(fmt::format("nvrtc {}.{} sm_{} {} --fmad=false\n", nv_major, nv_minor,
-                                      info.arch, duet::detail::kNvrtcIncludeDirs),
-                          kernels::jit::fnv1a(source));
+  // What NVRTC reads is what the key hashes: the same headers and options build the kernel.
+  const std::vector<NvrtcHeader> headers = fused_headers();
+  const NvrtcOptions options = nvrtc_options(info.arch);
+  const uint64_t key = kernel_cache_key(source, headers, options.options);
   Cache& c = cache();
   std::lock_guard<std::mutex> lock(c.mu);  // one build at a time; a hit is a lookup
   if (auto it = c.kernels.find(key); it != c.kernels.end()) {
@@ -185,7 +170,8 @@ void prepare(kernels::FusedKernel& k, Device device, const std::string& dir) {
   const std::string base = fmt::format("{}/duet-cuda-{:016x}", dir, key);
   auto build = [&] {
     const auto t0 = std::chrono::steady_clock::now();
-    NvrtcOutput out = nvrtc_build(source, info.arch, fmt::format("duet-cuda-{:016x}.cu", key));
+    NvrtcOutput out =
+        nvrtc_build(source, headers, options, fmt::format("duet-cuda-{:016x}.cu", key));
     g_build_us +=
         std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0)
             .count();
@@ -289,8 +275,56 @@ FusedLaunch fused_launch(const FusedProgram& p, const kernels::DuetFusedArgs& a,
   return l;
 }
 
+std::vector<NvrtcHeader> fused_headers() {
+  return {{"duet_fused_abi.h", duet::detail::kCodegenFusedAbiH},
+          {"duet_functors.h", duet::detail::kCodegenFunctorsH}};
+}
+
+// sm_<arch> when NVRTC supports it (a CUBIN), else PTX for the newest architecture it knows
+// below it (the driver compiles that).
+NvrtcOptions nvrtc_options(int arch) {
+  int num = 0;
+  DUET_NVRTC_CHECK(nvrtcGetNumSupportedArchs(&num));
+  std::vector<int> archs(static_cast<size_t>(num));
+  if (num) DUET_NVRTC_CHECK(nvrtcGetSupportedArchs(archs.data()));
+  NvrtcOptions o;
+  o.cubin = std::find(archs.begin(), archs.end(), arch) != archs.end();
+  int target = arch;
+  if (!o.cubin) {
+    target = 0;
+    for (int a : archs)
+      if (a <= arch) target = std::max(target, a);
+    DUET_CHECK_DEVICE(target > 0, "[nvrtc] no architecture at or below sm_{} is supported", arch);
+  }
+  o.options = {fmt::format("--gpu-architecture={}_{}", o.cubin ? "sm" : "compute", target),
+               "-std=c++17", "--fmad=false", "-DNDEBUG"};
+  for (std::string& i : include_options()) o.options.push_back(std::move(i));
+  return o;
+}
+
+uint64_t kernel_cache_key(const std::string& source, const std::vector<NvrtcHeader>& headers,
+                          const std::vector<std::string>& options) {
+  int major = 0, minor = 0;
+  DUET_NVRTC_CHECK(nvrtcVersion(&major, &minor));
+  uint64_t h = kernels::jit::fnv1a(fmt::format("duet cuda kernel, nvrtc {}.{}\n", major, minor));
+  // Each part after its length, so no two different lists hash the same bytes (text moved from
+  // one header or option to the next changes the key).
+  auto part = [&h](std::string_view s) {
+    h = kernels::jit::fnv1a(s, kernels::jit::fnv1a(fmt::format("\n{}:", s.size()), h));
+  };
+  part(source);
+  part(fmt::format("{} headers", headers.size()));
+  for (const NvrtcHeader& hd : headers) {
+    part(hd.name);
+    part(hd.text);
+  }
+  part(fmt::format("{} options", options.size()));
+  for (const std::string& o : options) part(o);
+  return h;
+}
+
 std::string nvrtc_check(const std::string& source, int arch) {
-  return nvrtc_build(source, arch, "duet-check.cu").log;
+  return nvrtc_build(source, fused_headers(), nvrtc_options(arch), "duet-check.cu").log;
 }
 
 void register_fused_runner() {

@@ -23,14 +23,16 @@
 // Note [CUDA kernel cache]
 // A build is cached in memory (by key, for the process) and on disk as
 // <cache_dir>/duet-cuda-<key>.cubin (or .ptx when NVRTC does not know the device's
-// architecture and the driver compiles PTX), the key a hash of the source, the NVRTC version,
-// its options and the architecture. Files are written to a temporary name and renamed, so
-// processes sharing the directory see a whole file or none; the generated source (.cu) stays
-// beside it, and NVRTC's log (.log) when a build fails.
+// architecture and the driver compiles PTX), the key a hash of all that NVRTC reads
+// (kernel_cache_key): the source, the embedded headers' names and texts, every option (the
+// architecture, the flags, the include directories) and NVRTC's version. Files are written to a
+// temporary name and renamed, so processes sharing the directory see a whole file or none; the
+// generated source (.cu) stays beside it, and NVRTC's log (.log) when a build fails.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "kernels/codegen/source.h"
 #include "kernels/fused.h"
@@ -41,6 +43,30 @@ namespace duet::cuda::detail {
 /// compiled. Returns "" on success, else NVRTC's log. Needs no GPU (the tests run it on CPU
 /// machines to check every generated program compiles).
 std::string nvrtc_check(const std::string& source, int arch);
+
+/// A header that generated kernels include, as NVRTC is given it (no file is read).
+struct NvrtcHeader {
+  std::string name, text;
+};
+
+/// The headers every fused kernel includes: "duet_fused_abi.h" and "duet_functors.h", the texts
+/// of kernels/fused_abi.h and kernels/functors.h embedded at build time.
+std::vector<NvrtcHeader> fused_headers();
+
+/// The options NVRTC builds fused kernels with for a device of compute capability `arch` (90 for
+/// sm_90): the target architecture, the language and math flags and the include directories.
+/// `cubin` when NVRTC knows sm_<arch>; else they ask for PTX of the newest architecture below.
+struct NvrtcOptions {
+  std::vector<std::string> options;
+  bool cubin = true;
+};
+NvrtcOptions nvrtc_options(int arch);
+
+/// The key of a build in the kernel cache (Note [CUDA kernel cache]): a hash of all that NVRTC
+/// reads, the source, each header's name and text and every option, and NVRTC's version. A
+/// change to any of them is another key, so no stale kernel loads from the disk.
+uint64_t kernel_cache_key(const std::string& source, const std::vector<NvrtcHeader>& headers,
+                          const std::vector<std::string>& options);
 
 /// How run() launches a program's kernel on a device with `sms` multiprocessors: the grid, the
 /// block, and the kernel's vmask and vec arguments (Note [Fused CUDA kernels]). `none` when

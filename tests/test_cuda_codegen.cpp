@@ -10,6 +10,7 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -146,6 +147,73 @@ TEST_CASE("cuda codegen: the fused groups of random fusion programs compile with
   MESSAGE(fmt::format(
       "{} fused groups, {} distinct kernels compiled in {:.1f} s", groups.size(), seen.size(),
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()));
+}
+
+TEST_CASE("cuda codegen: the kernel cache key covers the source, the headers and every option") {
+  using cuda::detail::kernel_cache_key;
+  using cuda::detail::NvrtcHeader;
+  const std::string src = cuda::detail::fused_source(every_op(DType::f32, FusedReduce::None, {}));
+  const std::vector<NvrtcHeader> headers = cuda::detail::fused_headers();
+  const cuda::detail::NvrtcOptions o = cuda::detail::nvrtc_options(90);
+  // What prepare() hashes is what NVRTC builds from: the embedded headers, and these options.
+  REQUIRE(headers.size() == 2);
+  CHECK(headers[0].text == detail::kCodegenFusedAbiH);
+  CHECK(headers[1].text == detail::kCodegenFunctorsH);
+  CHECK(check_program(every_op(DType::f32, FusedReduce::None, {})) == "");
+  const uint64_t key = kernel_cache_key(src, headers, o.options);
+  CHECK(key == kernel_cache_key(src, headers, o.options));
+  std::set<uint64_t> keys = {key};
+  int variants = 0;
+  auto differs = [&](const std::string& what, const std::string& s,
+                     const std::vector<NvrtcHeader>& h, const std::vector<std::string>& opts) {
+    INFO(what);
+    ++variants;
+    CHECK(keys.insert(kernel_cache_key(s, h, opts)).second);
+  };
+  differs("source", src + " ", headers, o.options);
+  for (size_t i = 0; i < headers.size(); ++i) {
+    std::vector<NvrtcHeader> h = headers;
+    h[i].text += "\n// edited\n";
+    differs("text of " + headers[i].name, src, h, o.options);
+    h = headers;
+    h[i].name += "x";
+    differs("name of " + headers[i].name, src, h, o.options);
+  }
+  std::vector<NvrtcHeader> swapped = headers;
+  std::swap(swapped[0].text, swapped[1].text);
+  differs("header texts swapped", src, swapped, o.options);
+  differs(
+      "a header more", src,
+      [&] {
+        std::vector<NvrtcHeader> h = headers;
+        h.push_back({"extra.h", ""});
+        return h;
+      }(),
+      o.options);
+  // Each option dropped, and each changed.
+  for (size_t i = 0; i < o.options.size(); ++i) {
+    std::vector<std::string> opts = o.options;
+    opts.erase(opts.begin() + static_cast<std::ptrdiff_t>(i));
+    differs("without " + o.options[i], src, headers, opts);
+    opts = o.options;
+    opts[i] += "0";
+    differs("changed " + o.options[i], src, headers, opts);
+  }
+  std::vector<std::string> opts = o.options;
+  opts.push_back("-I/elsewhere");
+  differs("an include directory more", src, headers, opts);
+  differs("another architecture", src, headers, cuda::detail::nvrtc_options(80).options);
+  // Text moved across a boundary between two parts.
+  opts = o.options;
+  opts.back() += opts[0];
+  opts.erase(opts.begin());
+  differs("options joined", src, headers, opts);
+  CHECK(keys.size() == static_cast<size_t>(variants) + 1);
+  // The options name the architecture and the math flags.
+  CHECK(o.cubin);
+  CHECK(std::find(o.options.begin(), o.options.end(), "--gpu-architecture=sm_90") !=
+        o.options.end());
+  CHECK(std::find(o.options.begin(), o.options.end(), "--fmad=false") != o.options.end());
 }
 
 namespace {
