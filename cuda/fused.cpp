@@ -250,27 +250,29 @@ FusedLaunch fused_launch(const FusedProgram& p, const kernels::DuetFusedArgs& a,
           (a.outer == 1 || (a.in_so[i] * esize) % 16 == 0))
         l.vmask |= 1u << i;
     const int64_t work = l.vec ? n / V : n;
-    const int64_t blocks = std::min<int64_t>((work + 255) / 256, int64_t(sms) * 16);
+    const int64_t threads = kFusedElementwiseBlock;
+    const int64_t blocks = std::min<int64_t>((work + threads - 1) / threads, int64_t(sms) * 16);
     l.grid = static_cast<unsigned>(std::max<int64_t>(blocks, 1));
-    l.block_x = 256;
+    l.block_x = kFusedElementwiseBlock;
   } else if (p.reduce == FusedReduce::Inner) {
     if (a.outer <= 0) {
       l.none = true;
       return l;
     }
-    int threads = 32;
-    while (threads < 512 && threads < a.inner) threads *= 2;
+    unsigned threads = 32;
+    while (threads < kFusedInnerMaxBlock && threads < a.inner) threads *= 2;
     l.grid = static_cast<unsigned>(std::min<int64_t>(a.outer, 65535));
-    l.block_x = static_cast<unsigned>(threads);
+    l.block_x = threads;
   } else {
     if (a.inner <= 0) {
       l.none = true;
       return l;
     }
-    const int64_t col_blocks = (a.inner + 31) / 32;
+    const int64_t col_blocks = (a.inner + kFusedOuterColumns - 1) / kFusedOuterColumns;
     l.grid = static_cast<unsigned>(std::min<int64_t>(col_blocks, 65535));
-    l.block_x = 32;
-    l.block_y = col_blocks < sms ? 32 : 8;  // few columns: more threads down the rows
+    l.block_x = kFusedOuterColumns;
+    // Few columns: more threads down the rows.
+    l.block_y = col_blocks < sms ? kFusedOuterRows : kFusedOuterRowsMany;
   }
   return l;
 }

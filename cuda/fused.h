@@ -16,6 +16,9 @@
 //     then a warp-shuffle and shared-memory tree;
 //   - outer reduction: 32 columns per block, its threads' rows striding down, then a
 //     shared-memory fold over the rows.
+// The kernel declares __launch_bounds__ of the largest block its mode is launched with, from the
+// block sizes that fused_launch uses too (kernels/codegen/source.h), so that no program needs
+// more registers than its block may hold.
 // Registers hold T as in the interpreter (Note [Fused registers]); b8 loads are 0 or 1 and b8
 // stores test != 0. NVRTC compiles with --fmad=false, so each op rounds its result as the
 // eager kernel does (results match eager within the order of a reduction's sums).
@@ -69,8 +72,8 @@ uint64_t kernel_cache_key(const std::string& source, const std::vector<NvrtcHead
                           const std::vector<std::string>& options);
 
 /// How run() launches a program's kernel on a device with `sms` multiprocessors: the grid, the
-/// block, and the kernel's vmask and vec arguments (Note [Fused CUDA kernels]). `none` when
-/// there is no work.
+/// block (of fused_block_limit(p.reduce) threads at most), and the kernel's vmask and vec
+/// arguments (Note [Fused CUDA kernels]). `none` when there is no work.
 struct FusedLaunch {
   unsigned grid = 1, block_x = 1, block_y = 1;
   unsigned vmask = 0;

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -216,6 +217,43 @@ TEST_CASE("cuda codegen: the kernel cache key covers the source, the headers and
   CHECK(std::find(o.options.begin(), o.options.end(), "--fmad=false") != o.options.end());
 }
 
+TEST_CASE("cuda codegen: a kernel's launch bounds are the largest block the launcher gives it") {
+  // Shapes from one element to long rows and long columns, on a small and a large device.
+  const std::pair<int64_t, int64_t> shapes[] = {{1, 1},      {1, 33},  {1, 1 << 20}, {1 << 20, 1},
+                                                {7, 3},      {3, 700}, {64, 4096},   {100000, 3},
+                                                {3, 100000}, {2, 257}};
+  for (DType t : {DType::f32, DType::f64}) {
+    for (auto [reduce, op] :
+         {std::pair{FusedReduce::None, OpId::Sum}, std::pair{FusedReduce::Inner, OpId::Max},
+          std::pair{FusedReduce::Outer, OpId::Sum}}) {
+      const FusedProgram p = every_op(t, reduce, op);
+      INFO(dtype_name(t) << " reduce " << int(reduce));
+      const std::string src = cuda::detail::fused_source(p);
+      // The bound the source declares, and the largest block launched over the shapes.
+      CHECK(src.find("__launch_bounds__(kBlockThreads)") != std::string::npos);
+      const size_t at = src.find("kBlockThreads = ");
+      REQUIRE(at != std::string::npos);
+      const unsigned bound =
+          static_cast<unsigned>(std::stoul(src.substr(at + std::strlen("kBlockThreads = "))));
+      CHECK(bound == cuda::detail::fused_block_limit(reduce));
+      unsigned most = 0;
+      for (int sms : {1, 132})
+        for (auto [outer, inner] : shapes) {
+          kernels::DuetFusedArgs a{};
+          a.outer = outer;
+          a.inner = inner;
+          const cuda::detail::FusedLaunch l = cuda::detail::fused_launch(p, a, sms);
+          INFO(outer << " x " << inner << " on " << sms << " SMs: block " << l.block_x << " x "
+                     << l.block_y);
+          CHECK(l.block_x * l.block_y <= bound);
+          most = std::max(most, l.block_x * l.block_y);
+        }
+      CHECK(most == bound);
+      CHECK(check_program(p) == "");
+    }
+  }
+}
+
 namespace {
 
 // What the host needs of CUDA to run an elementwise kernel: threads run one after another.
@@ -233,6 +271,7 @@ inline thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
 #define __forceinline__ inline
 #define __global__
 #define __shared__ static
+#define __launch_bounds__(...)
 // One block runs at a time, each of its threads on a thread of its own, meeting at a barrier.
 // Shuffles meet at their warp's barrier (blocks are whole warps of 32).
 inline std::barrier<>* duet_emu_barrier = nullptr;
@@ -276,7 +315,7 @@ EmulateFn build_host_kernels(const std::vector<FusedProgram>& progs, std::string
   for (size_t i = 0; i < progs.size(); ++i) {
     std::string k = cuda::detail::fused_source(progs[i]);
     k = replace_all(k, "#include", "// #include");
-    k = replace_all(k, "extern \"C\" __global__ void duet_fused", "void duet_fused");
+    k = replace_all(k, "extern \"C\" __global__", "");
     src += fmt::format("#undef DUET_REDUCE\nnamespace prog{} {{\n{}\n}}\n", i, k);
   }
   src += R"EMU(#include <algorithm>

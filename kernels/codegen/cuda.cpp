@@ -34,7 +34,8 @@ __device__ __forceinline__ T pwhere(T c, T a, T b) { return c != T(0) ? a : b; }
 )duet_src";
 
 // The fixed part of every kernel; a program adds T, its tables, load_in/store_out, compute()
-// and the reducer before it.
+// and the reducer before it, and the block sizes (kernels/codegen/source.h): kBlockThreads, the
+// largest block it is launched with, and an outer reduction's kOuterCols x kOuterRows at most.
 constexpr const char* kKernels = R"duet_src(
 // Block-wide fold of v (blockDim.x a multiple of 32); the result is valid in thread 0.
 __device__ __forceinline__ T block_reduce(T v, T* sh) {
@@ -66,7 +67,8 @@ __device__ __forceinline__ T element(const DuetFusedArgs& a, int64_t i, int64_t 
   return r;
 }
 
-extern "C" __global__ void duet_fused(DuetFusedArgs a, unsigned vmask, int vec) {
+extern "C" __global__ void __launch_bounds__(kBlockThreads)
+    duet_fused(DuetFusedArgs a, unsigned vmask, int vec) {
 #if DUET_REDUCE == 0
   const int64_t n = a.outer * a.inner;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
@@ -122,8 +124,9 @@ extern "C" __global__ void duet_fused(DuetFusedArgs a, unsigned vmask, int vec) 
     if (threadIdx.x == 0) static_cast<T*>(a.red_out)[i] = acc;
   }
 #else
-  __shared__ T sh[32][33];
-  for (int64_t j0 = int64_t(blockIdx.x) * 32; j0 < a.inner; j0 += int64_t(gridDim.x) * 32) {
+  __shared__ T sh[kOuterRows][kOuterCols + 1];
+  for (int64_t j0 = int64_t(blockIdx.x) * kOuterCols; j0 < a.inner;
+       j0 += int64_t(gridDim.x) * kOuterCols) {
     const int64_t j = j0 + threadIdx.x;
     T acc = Red::id();
     if (j < a.inner) {
@@ -152,9 +155,11 @@ std::string fused_source(const FusedProgram& p) {
       "#include \"duet_fused_abi.h\"\n#include \"duet_functors.h\"\n\n"
       "typedef {} T;\nusing duet::kernels::DuetFusedArgs;\n"
       "#define DUET_REDUCE {}\n"
-      "constexpr int NI = {}, NO = {}, NIA = {}, NOA = {}, V = 16 / sizeof(T);\n",
+      "constexpr int NI = {}, NO = {}, NIA = {}, NOA = {}, V = 16 / sizeof(T);\n"
+      "constexpr int kBlockThreads = {}, kOuterCols = {}, kOuterRows = {};\n",
       dtype_name(p.dtype), kernels::jit::c_type(p.dtype), static_cast<int>(p.reduce), nin, nout,
-      std::max(nin, 1), std::max(nout, 1));
+      std::max(nin, 1), std::max(nout, 1), fused_block_limit(p.reduce), kFusedOuterColumns,
+      kFusedOuterRows);
   s += kHelpers;
   std::string in_t, out_t;
   for (int k = 0; k < nin; ++k)
