@@ -441,7 +441,8 @@ TEST_CASE("cuda indexing with device indices: gather, scatter_add, cat, unfold, 
   CHECK(e.find("[gather] index 3 is out of range for dim 1 of size") != std::string::npos);
   CHECK_NOTHROW((void)bad.to(Device::cpu()));
   const std::string es = error_of<ValueError>([&] {
-    (void)scatter_add(cuda_like(x), 1, idx({0, -1}, {1, 1, 2}, Device::cuda()), cuda_like(x));
+    (void)scatter_add(cuda_like(x), 1, idx({0, -1}, {1, 1, 2}, Device::cuda()),
+                      make({1.5, 2.5}, {1, 1, 2}).to(Device::cuda()));
     cuda::synchronize();
   });
   CHECK(es.find("[scatter_add] index -1 is out of range") != std::string::npos);
