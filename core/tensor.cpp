@@ -143,13 +143,13 @@ double read_double(const Tensor& t, int64_t i) {
 
 }  // namespace detail
 
-int64_t Tensor::size(int64_t dim) const {
+int64_t Tensor::size(int64_t dim, std::source_location loc) const {
   const int64_t d = detail::wrap_dim("size", dim, this->dim());
-  if (__builtin_expect(!impl()->sym.empty(), 0)) detail::read_symbolic_sizes(*this, d);
+  if (__builtin_expect(!impl()->sym.empty(), 0)) detail::read_symbolic_sizes(*this, d, loc);
   return impl()->shape[d];
 }
 
-void detail::read_symbolic_sizes(const Tensor& t, int64_t dim) {
+void detail::read_symbolic_sizes(const Tensor& t, int64_t dim, const std::source_location& loc) {
   if (HintReads::active()) return;
   SymContext* c = sym_context();
   if (!c) return;  // the trace is over: the tensor is dead and its next use says so
@@ -159,12 +159,18 @@ void detail::read_symbolic_sizes(const Tensor& t, int64_t dim) {
     if ((dim < 0 || d == dim) && !s[d].is_concrete()) read.push_back(s[d]);
   if (read.empty()) return;
   const std::string dims = dims_str(s);
+  // The reader's file:line, so that the user need not search for the read.
+  const std::string file = loc.file_name() ? loc.file_name() : "";
+  const std::string at = fmt::format(
+      "{}:{}",
+      file.substr(file.find_last_of('/') == std::string::npos ? 0 : file.find_last_of('/') + 1),
+      loc.line());
   c->specialize(read, dim < 0 ? fmt::format("the sizes of a tensor of shape {} were read as "
-                                            "integers (sizes(), shape() or numel())",
-                                            dims)
-                              : fmt::format("size({}) of a tensor of shape {} was read as an "
-                                            "integer",
-                                            dim, dims));
+                                            "integers (sizes(), shape() or numel() at {})",
+                                            dims, at)
+                              : fmt::format("size({}) at {} of a tensor of shape {} was read as "
+                                            "an integer",
+                                            dim, at, dims));
 }
 
 SymDims detail::sym_dims(const Tensor& t) {

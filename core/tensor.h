@@ -18,7 +18,7 @@ class Tensor;
 namespace detail {
 /// Reading the sizes (dim -1: all of them) of a tensor with symbolic dims as integers: allowed
 /// under HintReads, a specialization inside a symbolic trace (Note [Symbolic dims]).
-void read_symbolic_sizes(const Tensor& t, int64_t dim);
+void read_symbolic_sizes(const Tensor& t, int64_t dim, const std::source_location& loc);
 /// The sizes at the traced call, without specializing: for checks that the symbolic rule
 /// repeats, and for messages.
 inline const Shape& hint_sizes(const Tensor& t);
@@ -36,11 +36,14 @@ class Tensor {
   explicit Tensor(detail::TensorImplPtr impl) : impl_(std::move(impl)) {}
 
   /// Sizes of each dim.
-  Shape shape() const { return sizes(); }
+  Shape shape(std::source_location loc = std::source_location::current()) const {
+    return sizes(loc);
+  }
   /// Sizes without a copy. Inside a compiled function with symbolic dims, reading them as
-  /// integers specializes those dims (the function retraces with them concrete).
-  const Shape& sizes() const {
-    if (__builtin_expect(!impl()->sym.empty(), 0)) detail::read_symbolic_sizes(*this, -1);
+  /// integers specializes those dims (the function retraces with them concrete), and the
+  /// reason recorded names the call site `loc`.
+  const Shape& sizes(std::source_location loc = std::source_location::current()) const {
+    if (__builtin_expect(!impl()->sym.empty(), 0)) detail::read_symbolic_sizes(*this, -1, loc);
     return impl()->shape;
   }
   /// Strides in elements.
@@ -48,7 +51,9 @@ class Tensor {
   /// Offset into the storage, in elements.
   int64_t storage_offset() const { return impl()->offset; }
   int64_t dim() const { return impl()->ndim(); }
-  int64_t numel() const { return sizes().numel(); }
+  int64_t numel(std::source_location loc = std::source_location::current()) const {
+    return sizes(loc).numel();
+  }
   DType dtype() const { return impl()->dtype; }
   Device device() const { return impl()->device(); }
   /// False for a default-constructed Tensor.
@@ -56,7 +61,7 @@ class Tensor {
   /// True when the elements are dense and row-major from storage_offset().
   bool is_contiguous() const { return impl()->contiguous; }
   /// Size of one dim (negative counts from the end).
-  int64_t size(int64_t dim) const;
+  int64_t size(int64_t dim, std::source_location loc = std::source_location::current()) const;
 
   /// The single element converted to T; Error unless numel() == 1. Inside a traced function
   /// it is an Error naming the call site (`loc`): use duet::cond for a branch on data.

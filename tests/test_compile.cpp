@@ -1,5 +1,8 @@
 // The compiled face: compile(), the guard cache, compiled backward, training steps, Program, the
 // passes (IR before and after, as text), and the errors of traced code.
+#include <unistd.h>
+
+#include <cstdio>
 #include <cstring>
 
 #include "trace/passes.h"
@@ -287,16 +290,117 @@ TEST_CASE("compile: in-place updates of captured tensors are written back") {
   CHECK(f.graph().writebacks.size() == 2);
 }
 
-TEST_CASE("compile: cache_limit warns and falls back to eager") {
+// What the process writes to stderr while it lives (a warning), read back as text.
+class StderrCapture {
+ public:
+  StderrCapture() : file_(std::tmpfile()), saved_(dup(2)) {
+    std::fflush(stderr);
+    dup2(fileno(file_), 2);
+  }
+  ~StderrCapture() { restore(); }
+  std::string text() {
+    restore();
+    std::string out;
+    std::rewind(file_);
+    for (int c; (c = std::fgetc(file_)) != EOF;) out += static_cast<char>(c);
+    return out;
+  }
+
+ private:
+  void restore() {
+    if (saved_ < 0) return;
+    std::fflush(stderr);
+    dup2(saved_, 2);
+    ::close(saved_);
+    saved_ = -1;
+  }
+  std::FILE* file_;
+  int saved_;
+};
+
+size_t count_of(const std::string& s, const std::string& part) {
+  size_t n = 0;
+  for (size_t at = s.find(part); at != std::string::npos; at = s.find(part, at + 1)) ++n;
+  return n;
+}
+
+TEST_CASE("compile: cache_limit falls back to eager, warns once and records why") {
   CompileOptions o;
   o.cache_limit = 2;
   auto f = compile([](Tensor x) { return x + 1; }, o);
+  StderrCapture err;
   f(ones({1}));
   f(ones({1, 1}));
   Tensor r = f(ones({3, 1, 1}));  // each rank is a signature: a third one runs eagerly
+  f(ones({1, 1, 1, 1}));
+  f(ones({1}));  // a cached signature stays compiled
+  const std::string printed = err.text();
   CHECK(values(r) == std::vector<double>{2, 2, 2});
   CHECK(f.stats().traces == 2);
+  CHECK(f.stats().hits == 1);
+  CHECK(f.stats().eager_calls == 2);
+  CHECK(f.stats().eager_reason ==
+        "cache_limit of 2 signatures reached; this call: arg 0 rank changed 2 -> 3 (shape (1, 1) "
+        "-> (3, 1, 1))");
+  CHECK(count_of(printed, "reached its cache_limit of 2 signatures") == 1);
+}
+
+TEST_CASE("compile: on_miss = eager runs new signatures eagerly, on_miss = error says why") {
+  CompileOptions o;
+  o.on_miss = OnMiss::Eager;
+  auto f = compile([](Tensor x) { return x * 2.0; }, o);
+  f(ones({2}));
+  CHECK(values(f(ones({3}))) == std::vector<double>{2, 2, 2});
+  CHECK(f.stats().traces == 1);
   CHECK(f.stats().eager_calls == 1);
+  CHECK(f.stats().eager_reason ==
+        "on_miss = eager; this call: arg 0 dim 0 changed 2 -> 3: "
+        "retraced with these dims symbolic");
+  o.on_miss = OnMiss::Error;
+  auto g = compile([](Tensor x) { return x * 2.0; }, o);
+  g(ones({2}));
+  const std::string e = error_of([&] { (void)g(ones({2, 2})); });
+  CHECK(contains(e,
+                 "matches none of its 1 cached signature, and its on_miss is error: arg 0 "
+                 "rank changed 1 -> 2"));
+  CHECK(values(g(ones({2}))) == std::vector<double>{2, 2});  // the cached one still runs
+  CHECK(g.stats().traces == 1);
+  CHECK(g.stats().hits == 1);
+}
+
+TEST_CASE("compile: a dim that makes a second retrace warns once, pointing to dynamic") {
+  // Reading size(0) as an integer keeps dim 0 concrete: each new batch size traces again.
+  auto f = compile([](Tensor x) { return x * static_cast<double>(x.size(0)); });
+  StderrCapture err;
+  for (int64_t b : {2, 3, 4, 5}) CHECK(values(f(ones({b, 2})))[0] == static_cast<double>(b));
+  const std::string printed = err.text();
+  // 2, then 3 (traced with dim 0 symbolic, and again concrete), 4 and 5.
+  CHECK(f.stats().traces == 5);
+  CHECK(count_of(printed, "changed again") == 1);
+  CHECK(contains(printed, "arg 0 dim 0 changed again (now 4)"));
+  CHECK(contains(printed, "CompileOptions::dynamic = {{0, 0}}"));
+  CHECK(contains(printed, "was kept concrete"));
+}
+
+TEST_CASE("compile: explain() lists the entries, their guards, the retraces and why") {
+  auto f = compile([](Tensor x, Tensor y) { return squeeze(x, {1}) + y; });
+  f(ones({4, 1}), ones({4}));
+  f(ones({5, 1}), ones({5}));  // dim 0 of both changed: symbolic
+  const CacheExplanation x = f.explain();
+  REQUIRE(x.entries.size() == 2);
+  CHECK(x.traces == 2);
+  CHECK(x.entries[0].args ==
+        std::vector<std::string>{"arg 0: f32 (4, 1) cpu", "arg 1: f32 (4) cpu"});
+  CHECK(x.entries[1].args ==
+        std::vector<std::string>{"arg 0: f32 (s0, 1) cpu", "arg 1: f32 (s0) cpu"});
+  CHECK(x.entries[1].symbolic_dims ==
+        std::vector<std::string>{"arg 0 dim 0: s0", "arg 1 dim 0: s0"});
+  REQUIRE(x.retraces.size() == 1);
+  CHECK(contains(x.retraces[0], "arg 0 dim 0 changed 4 -> 5"));
+  const std::string text = x.str();
+  CHECK(contains(text, "2 traces, 0 cache hits, 0 eager calls"));
+  CHECK(contains(text, "entry 2 (grad mode on):\n  arg 0: f32 (s0, 1) cpu\n"));
+  CHECK(contains(text, "retrace 1: arg 0 dim 0 changed 4 -> 5"));
 }
 
 TEST_CASE("compile: options and graph() are checked") {

@@ -153,16 +153,18 @@ TEST_CASE("dynamic: strided slices of a symbolic dim, odd and even sizes, equal 
 }
 
 TEST_CASE("dynamic: reading a symbolic size as an integer specializes it, with the reason") {
+  const int line = __LINE__ + 1;  // the reason names the line that read the size
   auto f = compile([](Tensor x) { return x * double(x.size(0)); });
   for (int64_t n : {3, 4, 5}) CHECK(values(f(ones({n, 2}))) == std::vector<double>(2 * n, n));
   const auto r = f.stats().retrace_reasons;
   REQUIRE(r.size() == 3);
+  const std::string why = fmt::format(
+      "size(0) at test_dynamic.cpp:{} of a tensor of shape (s0, 2) was read as an "
+      "integer",
+      line);
   CHECK(r[0] == "arg 0 dim 0 changed 3 -> 4: retraced with these dims symbolic");
-  CHECK(r[1] ==
-        "arg 0 dim 0 made concrete: size(0) of a tensor of shape (s0, 2) was read as an integer");
-  CHECK(r[2] ==
-        "arg 0 dim 0 changed 4 -> 5 (kept concrete: size(0) of a tensor of shape (s0, 2) was "
-        "read as an integer)");
+  CHECK(r[1] == "arg 0 dim 0 made concrete: " + why);
+  CHECK(r[2] == "arg 0 dim 0 changed 4 -> 5 (kept concrete: " + why + ")");
   CHECK(f.stats().traces == 4);
   CHECK(f.stats().symbolic_dims.empty());
 }

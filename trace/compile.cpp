@@ -180,7 +180,8 @@ struct CompiledCore::Entry : EntryGuards {
     std::string why;
   };
   std::vector<ValueGuard> value_guards;
-  uint64_t used = 0;  ///< CompiledCore::clock_ at its latest call
+  std::vector<std::string> labels;  ///< per tensor argument: "arg 0", "arg 1[2]"
+  uint64_t used = 0;                ///< CompiledCore::clock_ at its latest call
 
   size_t num_outputs = 0;
   /// Differentiation: the tensors gradients flow to (an argument index, or a captured tensor).
@@ -241,6 +242,74 @@ const Graph& CompiledCore::graph() const {
   return last_->last_plans->forward->graph();
 }
 
+// A retrace because an argument dim changed that changed before (kept concrete, or not
+// contiguous): each new size costs a trace. Warns once per function, pointing to
+// CompileOptions::dynamic. Called with mu_ held.
+void CompiledCore::warn_changed_again(const FlatArgs& args, const std::vector<TensorSig>& sig) {
+  std::vector<std::pair<size_t, int64_t>> changed;
+  for (size_t i = 0; i < sig.size() && i < last_->sig.size(); ++i) {
+    const Shape& a = last_->sig[i].shape;
+    const Shape& b = sig[i].shape;
+    if (a.size() != b.size()) continue;
+    for (int64_t d = 0; d < a.size(); ++d)
+      if (a[d] != b[d] && (last_->dim_sym.empty() || last_->dim_sym[i][d] < 0))
+        changed.push_back({i, d});
+  }
+  for (const auto& cd : changed) {
+    if (!warned_dims_ && retraced_dims_.count(cd)) {
+      fmt::print(stderr,
+                 "duet: warning: {} traces again because {} dim {} changed again (now {}); "
+                 "each new size costs a trace. If it varies, make it symbolic: "
+                 "CompileOptions::dynamic = {{{{{}, {}}}}}{}\n",
+                 label_, args.labels[cd.first], cd.second, sig[cd.first].shape[cd.second], cd.first,
+                 cd.second,
+                 specialized_.count(cd)
+                     ? fmt::format(" (it was kept concrete: {})", specialized_.at(cd))
+                     : std::string());
+      warned_dims_ = true;
+    }
+    retraced_dims_.insert(cd);
+  }
+}
+
+CacheExplanation CompiledCore::explain() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  CacheExplanation x;
+  x.function = label_;
+  x.traces = stats_.traces;
+  x.hits = stats_.hits;
+  x.eager_calls = stats_.eager_calls;
+  x.eager_reason = stats_.eager_reason;
+  x.retraces = stats_.retrace_reasons;
+  for (const auto& [dim, why] : specialized_)
+    x.specializations.push_back(fmt::format("arg {} dim {}: {}", dim.first, dim.second, why));
+  for (const auto& e : entries_) {
+    CacheExplanation::Entry en;
+    en.statics = e->statics;
+    en.grad_mode = e->grad_mode;
+    for (size_t i = 0; i < e->sig.size(); ++i) {
+      const TensorSig& t = e->sig[i];
+      const std::string label = i < e->labels.size() ? e->labels[i] : fmt::format("arg {}", i);
+      std::string dims;
+      for (int64_t d = 0; d < t.shape.size(); ++d) {
+        const int32_t sym = e->dim_sym.empty() ? -1 : e->dim_sym[i][d];
+        dims += fmt::format("{}{}", d ? ", " : "",
+                            sym >= 0 ? fmt::format("s{}", sym) : std::to_string(t.shape[d]));
+        if (sym >= 0) en.symbolic_dims.push_back(fmt::format("{} dim {}: s{}", label, d, sym));
+      }
+      en.args.push_back(fmt::format(
+          "{}: {} ({}) {}{}{}", label, t.dtype, dims, t.device.str(),
+          t.contiguous ? ""
+                       : fmt::format(", strides {}", Shape(t.strides.data(), t.strides.size())),
+          t.requires_grad ? ", requires grad" : ""));
+    }
+    for (const SymGuard& g : e->guards) en.guards.push_back(g.str());
+    for (const auto& v : e->value_guards) en.value_guards.push_back(v.why);
+    x.entries.push_back(std::move(en));
+  }
+  return x;
+}
+
 std::vector<Tensor> CompiledCore::call(const FlatArgs& args, const TraceFn& fn) {
   // Inside another trace, a compiled function is inlined into it (as nested jit in JAX).
   if (Tracer::current()) return fn(args.tensors);
@@ -255,11 +324,23 @@ std::vector<Tensor> CompiledCore::call(const FlatArgs& args, const TraceFn& fn) 
   std::set<std::pair<size_t, int64_t>> dynamic = requested_dynamic_dims(options_, args, label_);
   if (last_) {
     const std::string why = explain_miss(args, sig, gm, value_why, dynamic);
-    if (int(entries_.size()) >= options_.cache_limit) {
-      if (!warned_) {
+    DUET_CHECK_VALUE(options_.on_miss != OnMiss::Error,
+                     "[compile] {} matches none of its {} cached signature{}, and its on_miss is "
+                     "error: {}",
+                     label_, entries_.size(), entries_.size() == 1 ? "" : "s", why);
+    const bool full = int(entries_.size()) >= options_.cache_limit;
+    if (full || options_.on_miss == OnMiss::Eager) {
+      if (stats_.eager_reason.empty())
+        stats_.eager_reason = full ? fmt::format(
+                                         "cache_limit of {} signatures reached; this "
+                                         "call: {}",
+                                         options_.cache_limit, why)
+                                   : fmt::format("on_miss = eager; this call: {}", why);
+      if (full && !warned_) {
         fmt::print(stderr,
-                   "duet: warning: {} reached its cache_limit of {} signatures ({}); further "
-                   "new signatures run eagerly\n",
+                   "duet: warning: {} reached its cache_limit of {} signatures ({}); this call "
+                   "and further new signatures run eagerly (CompileStats::eager_calls), the "
+                   "cached ones stay compiled\n",
                    label_, options_.cache_limit, why);
         warned_ = true;
       }
@@ -268,6 +349,7 @@ std::vector<Tensor> CompiledCore::call(const FlatArgs& args, const TraceFn& fn) 
       return fn(args.tensors);
     }
     stats_.retrace_reasons.push_back(why);
+    warn_changed_again(args, sig);
   }
   // Non-contiguous tensors keep their sizes (their strides depend on them).
   for (auto it = dynamic.begin(); it != dynamic.end();)
@@ -275,6 +357,7 @@ std::vector<Tensor> CompiledCore::call(const FlatArgs& args, const TraceFn& fn) 
   std::vector<int64_t> hints;
   Entry* e = trace_specializing(args, fn, sig, dynamic, hints);
   e->sig = std::move(sig);
+  e->labels = args.labels;
   e->statics = args.statics;
   e->grad_mode = gm;
   last_ = e;
@@ -688,3 +771,27 @@ bool CompiledCore::run(Entry& e, const std::vector<int64_t>& values, const FlatA
 }
 
 }  // namespace duet::detail
+
+namespace duet {
+
+std::string CacheExplanation::str() const {
+  std::string s = fmt::format("{}: {} trace{}, {} cache hit{}, {} eager call{}\n", function, traces,
+                              traces == 1 ? "" : "s", hits, hits == 1 ? "" : "s", eager_calls,
+                              eager_calls == 1 ? "" : "s");
+  for (size_t k = 0; k < entries.size(); ++k) {
+    const Entry& e = entries[k];
+    s += fmt::format("entry {} (grad mode {}):\n", k + 1, e.grad_mode ? "on" : "off");
+    for (const std::string& a : e.args) s += "  " + a + "\n";
+    for (const std::string& a : e.statics) s += "  static argument: " + a + "\n";
+    for (const std::string& a : e.symbolic_dims) s += "  symbolic: " + a + "\n";
+    for (const std::string& a : e.guards) s += "  guard: " + a + "\n";
+    for (const std::string& a : e.value_guards) s += "  value guard: " + a + "\n";
+  }
+  for (size_t k = 0; k < retraces.size(); ++k)
+    s += fmt::format("retrace {}: {}\n", k + 1, retraces[k]);
+  for (const std::string& a : specializations) s += "kept concrete: " + a + "\n";
+  if (!eager_reason.empty()) s += "ran eagerly: " + eager_reason + "\n";
+  return s;
+}
+
+}  // namespace duet

@@ -46,6 +46,14 @@
 
 namespace duet {
 
+/// What a compiled function does with a call that matches none of its cached signatures, once
+/// it has traced one (the first call always traces).
+enum class OnMiss {
+  Retrace,  ///< trace again (up to cache_limit signatures; then eager)
+  Eager,    ///< run the function eagerly, keep the cache as it is
+  Error,    ///< throw a ValueError saying which guard failed
+};
+
 struct CompileOptions {
   /// {argument index, dim}: dims symbolic from the first trace (Note [Symbolic dims]). Without
   /// them, a dim becomes symbolic when its size changes between calls (automatic dynamic).
@@ -56,19 +64,30 @@ struct CompileOptions {
   /// cores), "hoist" (work on captured parameters done once per parameter version),
   /// "cuda_graph" (a plan on a CUDA device replayed as one CUDA graph).
   std::vector<std::string> disable_passes;
-  int cache_limit = 8;  ///< signatures kept before a warning and eager fallback
+  /// Signatures traced at most. A new signature beyond them runs eagerly: the first such call
+  /// prints a warning once and records why (CompileStats::eager_reason); each counts in
+  /// eager_calls.
+  int cache_limit = 8;
   /// Data-dependent reads (Note [Data-dependent reads] in trace/tracer.h). Off (strict): item()
   /// or to_vector() of a traced value is an error pointing to cond and scan. On: the read gets
   /// the value at the traced call and records it as a guard; a call where the value differs
   /// traces again (each distinct value is one more signature, up to cache_limit).
   bool guard_data_reads = false;
+  /// A call matching no cached signature, after the first trace: see OnMiss.
+  OnMiss on_miss = OnMiss::Retrace;
 };
 
 struct CompileStats {
-  int traces = 0;  ///< including the first
+  /// Traces of the function, the first included. A trace restarted because code read a
+  /// symbolic size (the dim made concrete) counts again: it ran the function again. The cache
+  /// holds at most CompileOptions::cache_limit signatures; explain() lists them.
+  int traces = 0;
   int hits = 0;
   std::vector<std::string> retrace_reasons;  ///< one per retrace: "arg 0 dim 1 changed 31 -> 32"
-  int eager_calls = 0;                       ///< calls run eagerly because the cache was full
+  int eager_calls = 0;  ///< calls run eagerly (cache_limit reached, or OnMiss::Eager)
+  /// Why the first of them ran eagerly: "cache_limit of 8 signatures reached; this call: arg 0
+  /// rank changed 2 -> 3", or "on_miss = eager; ...". Empty while none has.
+  std::string eager_reason;
   /// The symbolic dims of the most recent trace ("arg 0 dim 0: s0"), and the guards it recorded
   /// ("s0 != 1 (squeeze)"): the relations between sizes that its graph assumes.
   std::vector<std::string> symbolic_dims, guards;
@@ -125,6 +144,31 @@ struct ValueGuard;
 class TraceSyms;
 class Tracer;
 
+}  // namespace detail
+
+/// What a compiled function's cache holds and why (Compiled::explain()).
+struct CacheExplanation {
+  struct Entry {
+    std::vector<std::string> args;     ///< "arg 0: f32 (s0, 32) cpu", one per tensor argument
+    std::vector<std::string> statics;  ///< the non-tensor arguments it was traced with
+    bool grad_mode = true;
+    std::vector<std::string> symbolic_dims;  ///< "arg 0 dim 0: s0"
+    std::vector<std::string> guards;         ///< relations between sizes: "s0 != 1 (squeeze)"
+    std::vector<std::string> value_guards;   ///< data read into C++ (guard_data_reads)
+  };
+  std::string function;               ///< "compiled function at model.cpp:12"
+  std::vector<Entry> entries;         ///< oldest first
+  std::vector<std::string> retraces;  ///< per retrace, the guard that failed, as was -> now
+  /// Dims kept concrete because the code read their sizes: "arg 0 dim 0: size(0) of ...".
+  std::vector<std::string> specializations;
+  std::string eager_reason;  ///< CompileStats::eager_reason
+  int traces = 0, hits = 0, eager_calls = 0;
+  /// In words, one line per fact.
+  std::string str() const;
+};
+
+namespace detail {
+
 class CompiledCore {
  public:
   CompiledCore(CompileOptions options, std::string label);
@@ -134,6 +178,7 @@ class CompiledCore {
   std::vector<Tensor> call(const FlatArgs& args, const TraceFn& fn);
   /// A copy, taken under the lock: calls on other threads may update the counters meanwhile.
   CompileStats stats() const;
+  CacheExplanation explain() const;
   const Graph& graph() const;
   const std::string& label() const { return label_; }
 
@@ -147,6 +192,7 @@ class CompiledCore {
   bool run_cached(const FlatArgs& args, const std::vector<TensorSig>& sig, bool grad_mode,
                   std::vector<Tensor>& outs, std::string& value_why,
                   std::unique_lock<std::mutex>& lock);
+  void warn_changed_again(const FlatArgs& args, const std::vector<TensorSig>& sig);
   std::string explain_miss(const FlatArgs& args, const std::vector<TensorSig>& sig, bool grad_mode,
                            const std::string& value_why,
                            std::set<std::pair<size_t, int64_t>>& dynamic) const;
@@ -181,6 +227,9 @@ class CompiledCore {
   Entry* last_ = nullptr;
   uint64_t clock_ = 0;  ///< counts calls: Entry::used
   bool warned_ = false;
+  bool warned_dims_ = false;  ///< the warning about a dim that changed again was printed
+  /// Argument dims whose change made a retrace: a second retrace of one of them warns once.
+  std::set<std::pair<size_t, int64_t>> retraced_dims_;
   /// Dims kept concrete because the code needed their sizes, with the reason.
   std::map<std::pair<size_t, int64_t>, std::string> specialized_;
 };
@@ -365,6 +414,10 @@ class Compiled : public detail::CallOperator<Compiled<F>, typename detail::signa
   /// Traces, hits and the reason for each retrace: a copy, consistent even while other threads
   /// call the function.
   CompileStats stats() const { return core_->stats(); }
+  /// The cache in a structured record: each entry's signature and guards, why each retrace
+  /// happened, which dims were kept concrete and why, and why calls ran eagerly. Print it
+  /// with str().
+  CacheExplanation explain() const { return core_->explain(); }
   /// The optimized graph of the most recent signature; Error before the first call.
   const Graph& graph() const { return core_->graph(); }
 
