@@ -382,6 +382,29 @@ TEST_CASE("compile: a dim that makes a second retrace warns once, pointing to dy
   CHECK(contains(printed, "was kept concrete"));
 }
 
+TEST_CASE("compile: stats() times each signature: trace, passes, plan, first call, median") {
+  auto f = compile([](Tensor x) { return tanh(x * 2.0) + 1.0; });
+  const Tensor a = ones({8}), b = ones({2, 8});
+  for (int i = 0; i < 5; ++i) f(a);
+  f(b);
+  const std::vector<SignatureStats> s = f.stats().signatures;
+  REQUIRE(s.size() == 2);
+  CHECK(s[0].signature == "arg 0: f32 (8) cpu");
+  CHECK(s[1].signature == "arg 0: f32 (2, 8) cpu");
+  CHECK(s[0].calls == 4);  // the first call traced it
+  CHECK(s[1].calls == 0);
+  for (const SignatureStats& t : s) {
+    CHECK(t.trace_ms > 0);
+    CHECK(t.optimize_ms > 0);
+    CHECK(t.plan_ms > 0);
+    CHECK(t.first_call_ms >= t.trace_ms + t.optimize_ms + t.plan_ms);
+    CHECK(t.codegen_ms == 0);  // no NVRTC on the CPU; its kernels build in the background
+  }
+  CHECK(s[0].steady_median_us > 0);
+  CHECK(s[0].steady_median_us < s[0].first_call_ms * 1e3);
+  CHECK(s[1].steady_median_us == 0);
+}
+
 TEST_CASE("compile: explain() lists the entries, their guards, the retraces and why") {
   auto f = compile([](Tensor x, Tensor y) { return squeeze(x, {1}) + y; });
   f(ones({4, 1}), ones({4}));

@@ -7,6 +7,7 @@
 #include <unordered_set>
 
 #include "core/dispatch.h"
+#include "cuda/cuda.h"
 #include "eager/autograd.h"
 #include "eager/node.h"
 #include "trace/executor.h"
@@ -182,6 +183,12 @@ struct CompiledCore::Entry : EntryGuards {
   std::vector<ValueGuard> value_guards;
   std::vector<std::string> labels;  ///< per tensor argument: "arg 0", "arg 1[2]"
   uint64_t used = 0;                ///< CompiledCore::clock_ at its latest call
+  /// Its timings (CompileStats::signatures); recent holds the latest cached calls' durations
+  /// in microseconds, a ring of kRecent.
+  SignatureStats timing;
+  static constexpr size_t kRecent = 64;
+  std::vector<double> recent;
+  size_t next_recent = 0;
 
   size_t num_outputs = 0;
   /// Differentiation: the tensors gradients flow to (an argument index, or a captured tensor).
@@ -225,6 +232,17 @@ CompiledCore::~CompiledCore() = default;
 CompileStats CompiledCore::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   CompileStats s = stats_;
+  for (const auto& e : entries_) {
+    SignatureStats t = e->timing;
+    for (size_t i = 0; i < e->sig.size(); ++i)
+      t.signature += fmt::format("{}{}", i ? "; " : "", signature_text(*e, i));
+    if (!e->recent.empty()) {
+      std::vector<double> r = e->recent;
+      std::nth_element(r.begin(), r.begin() + static_cast<std::ptrdiff_t>(r.size() / 2), r.end());
+      t.steady_median_us = r[r.size() / 2];
+    }
+    s.signatures.push_back(std::move(t));
+  }
   s.cuda_graph_replays = 0;
   for (const auto& e : entries_)
     for (const auto& [values, p] : e->plans) {
@@ -272,6 +290,22 @@ void CompiledCore::warn_changed_again(const FlatArgs& args, const std::vector<Te
   }
 }
 
+// Tensor argument i of an entry's signature, in words: "arg 0: f32 (s0, 32) cpu".
+std::string CompiledCore::signature_text(const Entry& e, size_t i) {
+  const TensorSig& t = e.sig[i];
+  const std::string label = i < e.labels.size() ? e.labels[i] : fmt::format("arg {}", i);
+  std::string dims;
+  for (int64_t d = 0; d < t.shape.size(); ++d) {
+    const int32_t sym = e.dim_sym.empty() ? -1 : e.dim_sym[i][d];
+    dims += fmt::format("{}{}", d ? ", " : "",
+                        sym >= 0 ? fmt::format("s{}", sym) : std::to_string(t.shape[d]));
+  }
+  return fmt::format(
+      "{}: {} ({}) {}{}{}", label, t.dtype, dims, t.device.str(),
+      t.contiguous ? "" : fmt::format(", strides {}", Shape(t.strides.data(), t.strides.size())),
+      t.requires_grad ? ", requires grad" : "");
+}
+
 CacheExplanation CompiledCore::explain() const {
   std::lock_guard<std::mutex> lock(mu_);
   CacheExplanation x;
@@ -288,20 +322,12 @@ CacheExplanation CompiledCore::explain() const {
     en.statics = e->statics;
     en.grad_mode = e->grad_mode;
     for (size_t i = 0; i < e->sig.size(); ++i) {
-      const TensorSig& t = e->sig[i];
       const std::string label = i < e->labels.size() ? e->labels[i] : fmt::format("arg {}", i);
-      std::string dims;
-      for (int64_t d = 0; d < t.shape.size(); ++d) {
+      for (int64_t d = 0; d < e->sig[i].shape.size(); ++d) {
         const int32_t sym = e->dim_sym.empty() ? -1 : e->dim_sym[i][d];
-        dims += fmt::format("{}{}", d ? ", " : "",
-                            sym >= 0 ? fmt::format("s{}", sym) : std::to_string(t.shape[d]));
         if (sym >= 0) en.symbolic_dims.push_back(fmt::format("{} dim {}: s{}", label, d, sym));
       }
-      en.args.push_back(fmt::format(
-          "{}: {} ({}) {}{}{}", label, t.dtype, dims, t.device.str(),
-          t.contiguous ? ""
-                       : fmt::format(", strides {}", Shape(t.strides.data(), t.strides.size())),
-          t.requires_grad ? ", requires grad" : ""));
+      en.args.push_back(signature_text(*e, i));
     }
     for (const SymGuard& g : e->guards) en.guards.push_back(g.str());
     for (const auto& v : e->value_guards) en.value_guards.push_back(v.why);
@@ -313,6 +339,7 @@ CacheExplanation CompiledCore::explain() const {
 std::vector<Tensor> CompiledCore::call(const FlatArgs& args, const TraceFn& fn) {
   // Inside another trace, a compiled function is inlined into it (as nested jit in JAX).
   if (Tracer::current()) return fn(args.tensors);
+  const auto call_start = std::chrono::steady_clock::now();
   std::vector<TensorSig> sig = call_signature(args, label_);
   const bool gm = grad_mode();
   std::unique_lock<std::mutex> lock(mu_);
@@ -355,7 +382,10 @@ std::vector<Tensor> CompiledCore::call(const FlatArgs& args, const TraceFn& fn) 
   for (auto it = dynamic.begin(); it != dynamic.end();)
     it = sig[it->first].contiguous && !specialized_.count(*it) ? std::next(it) : dynamic.erase(it);
   std::vector<int64_t> hints;
+  const auto trace_start = std::chrono::steady_clock::now();
+  const double nvrtc_before = cuda::codegen_stats().build_ms;
   Entry* e = trace_specializing(args, fn, sig, dynamic, hints);
+  e->timing.trace_ms = ms_since(trace_start);
   e->sig = std::move(sig);
   e->labels = args.labels;
   e->statics = args.statics;
@@ -366,6 +396,11 @@ std::vector<Tensor> CompiledCore::call(const FlatArgs& args, const TraceFn& fn) 
   // runs, so they hold.
   const bool ran = run(*e, hints, args, outs, &why, lock);
   DUET_ASSERT(ran, "a fresh trace failed its value guard: {}", why);
+  // build_plans set the passes' and the plan's times for this entry's first plans.
+  e->timing.optimize_ms = stats_.optimize_ms;
+  e->timing.plan_ms = stats_.plan_ms;
+  e->timing.codegen_ms = cuda::codegen_stats().build_ms - nvrtc_before;
+  e->timing.first_call_ms = ms_since(call_start);
   return outs;
 }
 
@@ -378,10 +413,17 @@ bool CompiledCore::run_cached(const FlatArgs& args, const std::vector<TensorSig>
     if (!fits(e, sig, args, gm, values)) return false;
     restore_grad_buffers(e);
     std::string why;
+    const auto t0 = std::chrono::steady_clock::now();
     if (!run(e, values, args, outs, &why, lock)) {
       if (value_why.empty()) value_why = std::move(why);
       return false;
     }
+    const double us = ms_since(t0) * 1e3;
+    if (e.recent.size() < Entry::kRecent)
+      e.recent.push_back(us);
+    else
+      e.recent[e.next_recent++ % Entry::kRecent] = us;
+    ++e.timing.calls;
     ++stats_.hits;
     last_ = &e;
     return true;

@@ -77,6 +77,20 @@ struct CompileOptions {
   OnMiss on_miss = OnMiss::Retrace;
 };
 
+/// The timings of one cached signature (CompileStats::signatures), in milliseconds.
+struct SignatureStats {
+  std::string signature;   ///< "arg 0: f32 (s0, 32) cpu; arg 1: i64 (s0) cpu"
+  double trace_ms = 0;     ///< tracing the function (restarts that made a dim concrete included)
+  double optimize_ms = 0;  ///< the graph passes of its first plans
+  double plan_ms = 0;      ///< building its first plans (memory plan, fusion groups, steps)
+  double codegen_ms =
+      0;  ///< NVRTC builds during its first call (CPU kernels build in the background)
+  double first_call_ms = 0;  ///< the whole call that traced it, its first run included
+  int64_t calls = 0;         ///< calls that ran it from the cache
+  /// The median of its most recent cached calls (up to 64), in microseconds; 0 before one.
+  double steady_median_us = 0;
+};
+
 struct CompileStats {
   /// Traces of the function, the first included. A trace restarted because code read a
   /// symbolic size (the dim made concrete) counts again: it ran the function again. The cache
@@ -95,6 +109,9 @@ struct CompileStats {
   /// ("item() at f.cpp:12 read true"): a call where one differs traces again.
   std::vector<std::string> value_guards;
   int plans_built = 0;  ///< plans built: one per trace, plus one per new size of symbolic dims
+  /// Per cached signature, oldest first: what it cost to trace, optimize, plan and build
+  /// kernels, its first call, and its steady-state median.
+  std::vector<SignatureStats> signatures;
   // The most recent trace, in milliseconds: tracing fn, the passes, and building the plans.
   double trace_ms = 0, optimize_ms = 0, plan_ms = 0;
   int64_t nodes_before = 0;   ///< op nodes of the most recent trace (forward and backward)
@@ -193,6 +210,7 @@ class CompiledCore {
                   std::vector<Tensor>& outs, std::string& value_why,
                   std::unique_lock<std::mutex>& lock);
   void warn_changed_again(const FlatArgs& args, const std::vector<TensorSig>& sig);
+  static std::string signature_text(const Entry& e, size_t i);
   std::string explain_miss(const FlatArgs& args, const std::vector<TensorSig>& sig, bool grad_mode,
                            const std::string& value_why,
                            std::set<std::pair<size_t, int64_t>>& dynamic) const;
