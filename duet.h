@@ -4,6 +4,7 @@
 
 #include "core/allocator.h"
 #include "core/anomaly.h"
+#include "core/profiler.h"
 #include "core/dispatch.h"
 #include "core/error.h"
 #include "core/ops.h"

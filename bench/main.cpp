@@ -1,12 +1,14 @@
 // duet_bench [--only W1,W4,...] [--threads N] [--device cpu|cuda|all] [--reps N] [--json]
-//            [--ablate]
+//            [--ablate] [--profile DIR]
 // Runs the standard workloads (docs/benchmarks.md) with their floors and prints a table, or one
 // JSON array. With --ablate it runs instead each compiled workload (W2, W4, W5, W6, TT, or those
 // of --only) with each pass switched off in turn (models.cpp). The CUDA workloads of W7, W2cuda,
 // W3cuda, W4cuda and W6cuda (cuda.cpp), run with --device cuda or all (W2, W3, W4 and W6 in
-// --only select them there too), or when --only names them or W7.
+// --only select them there too), or when --only names them or W7. With --profile DIR each CPU
+// workload writes a Chrome-trace profile, DIR/<workload>.json (Note [Profiler]).
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <set>
 #include <sstream>
 #include <string>
@@ -20,7 +22,7 @@ void usage() {
   std::fprintf(
       stderr,
       "usage: duet_bench [--only W1,...,W7,C1,CT,TT,RN,W2cuda,W3cuda,W4cuda,W6cuda] [--threads N] "
-      "[--device cpu|cuda|all] [--reps N] [--json] [--ablate]\n");
+      "[--device cpu|cuda|all] [--reps N] [--json] [--ablate] [--profile DIR]\n");
 }
 
 std::string json(const std::vector<bench::Result>& rs) {
@@ -56,6 +58,7 @@ int main(int argc, char** argv) {
   bench::Config cfg;
   std::set<std::string> only;
   bool as_json = false, ablation = false;
+  std::string profile_dir;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -78,6 +81,8 @@ int main(int argc, char** argv) {
       as_json = true;
     } else if (a == "--ablate") {
       ablation = true;
+    } else if (a == "--profile") {
+      profile_dir = next();
     } else {
       usage();
       return 2;
@@ -95,17 +100,25 @@ int main(int argc, char** argv) {
   if (cpu && ablation) {
     bench::run_ablation(cfg, want, rs);
   } else if (cpu) {
-    if (want("W1")) bench::run_w1(cfg, rs);
-    if (want("W2")) bench::run_w2(cfg, rs);
-    if (want("W3")) bench::run_w3(cfg, rs);
-    if (want("W4")) bench::run_w4(cfg, rs);
-    if (want("W5")) bench::run_w5(cfg, rs);
-    if (want("W6")) bench::run_w6(cfg, rs);
+    // With --profile DIR, each workload runs under a Profiler writing DIR/<workload>.json (the
+    // timings then include the profiler's cost).
+    auto run = [&](const char* w, void (*fn)(const bench::Config&, std::vector<bench::Result>&)) {
+      std::unique_ptr<duet::Profiler> prof;
+      if (!profile_dir.empty())
+        prof = std::make_unique<duet::Profiler>(profile_dir + "/" + w + ".json");
+      fn(cfg, rs);
+    };
+    if (want("W1")) run("W1", bench::run_w1);
+    if (want("W2")) run("W2", bench::run_w2);
+    if (want("W3")) run("W3", bench::run_w3);
+    if (want("W4")) run("W4", bench::run_w4);
+    if (want("W5")) run("W5", bench::run_w5);
+    if (want("W6")) run("W6", bench::run_w6);
     // On request, not standard workloads: conv2d, compile time, the two-tower model.
-    if (only.count("C1")) bench::run_c1(cfg, rs);
-    if (only.count("CT")) bench::run_ct(cfg, rs);
-    if (only.count("TT")) bench::run_tt(cfg, rs);
-    if (only.count("RN")) bench::run_rn(cfg, rs);
+    if (only.count("C1")) run("C1", bench::run_c1);
+    if (only.count("CT")) run("CT", bench::run_ct);
+    if (only.count("TT")) run("TT", bench::run_tt);
+    if (only.count("RN")) run("RN", bench::run_rn);
   }
   // CUDA workloads: on --device cuda or all, or when --only names them.
   const bool on_cuda = cfg.device != "cpu" && !ablation;

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "core/anomaly.h"
+#include "core/profiler.h"
 #include "core/check_shape.h"
 
 namespace duet {
@@ -114,6 +115,34 @@ Tensor run_from(int depth, const OpDef& def, const OpCall& c, unsigned expiring)
 
 }  // namespace
 
+// The profiler's event of one eager op (Note [Profiler] in core/profiler.h): shapes, bytes moved
+// (each input read once, the result written once) and FLOPs.
+static void profile_op(const OpDef& def, TensorRefs inputs, const Tensor& out, double start_us) {
+  const double end_us = profile_clock_us();
+  std::string shapes;
+  int64_t bytes = 0;
+  for (int64_t i = 0; i < inputs.size(); ++i) {
+    const TensorImpl* x = inputs[i].unsafe_impl();
+    if (x->wrapped_number) continue;
+    shapes += fmt::format("{}\"{} {}\"", shapes.empty() ? "" : ", ", x->dtype, x->shape);
+    bytes += x->shape.numel() * itemsize(x->dtype);
+  }
+  const TensorImpl* o = out.unsafe_impl();
+  const int64_t n = o->shape.numel();
+  bytes += n * itemsize(o->dtype);
+  int64_t flops = 0;
+  if (def.id == OpId::MatMul && inputs.size() == 2)
+    flops = 2 * n * inputs[0].unsafe_impl()->shape[inputs[0].unsafe_impl()->ndim() - 1];
+  else if (def.cls == OpClass::Elementwise)
+    flops = n;
+  else if (def.cls == OpClass::Reduction && inputs.size() > 0)
+    flops = inputs[0].unsafe_impl()->shape.numel();
+  profile_event(def.name, "op", start_us, end_us,
+                fmt::format("\"inputs\": [{}], \"output\": \"{} {}\", \"bytes\": {}, "
+                            "\"flops\": {}",
+                            shapes, o->dtype, o->shape, bytes, flops));
+}
+
 Tensor call(OpId op, TensorRefs inputs, const Attrs& attrs, unsigned expiring) {
   const OpDef& def = op_def(op);
   // One pass over the inputs for the flags and the device check: this is the eager hot path.
@@ -148,7 +177,9 @@ Tensor call(OpId op, TensorRefs inputs, const Attrs& attrs, unsigned expiring) {
   // Anomaly mode (Note [Anomaly mode] in core/anomaly.h) reads the inputs before the op runs,
   // and keeps the op from reusing an input's buffer.
   const bool check = tls_depth == 0 && anomaly_on() && anomaly_inputs_clean(def, inputs);
+  const double prof_start = tls_depth == 0 && profiling() ? profile_clock_us() : -1;
   Tensor out = run_from(tls_depth, def, c, (tls_depth || record || check) ? 0 : expiring);
+  if (__builtin_expect(prof_start >= 0, 0)) profile_op(def, inputs, out, prof_start);
   if (__builtin_expect(check, 0)) anomaly_check_output(def, inputs, out);
   if (record) autograd_finish(autograd_prepare(def, inputs, attrs, nullptr), out);
   return out;
@@ -240,7 +271,9 @@ void call_inplace(OpId op, TensorRefs inputs, const Attrs& attrs, const Tensor& 
   // The node is prepared before the write, so that it saves self's old autograd identity and
   // version: a rule that needs self's overwritten value then fails loudly at backward time.
   std::shared_ptr<Node> node = record ? autograd_prepare(def, inputs, attrs, &self) : nullptr;
+  const double prof_start = tls_depth == 0 && profiling() ? profile_clock_us() : -1;
   run_from(tls_depth, def, c, 0);
+  if (__builtin_expect(prof_start >= 0, 0)) profile_op(def, inputs, self, prof_start);
   if (__builtin_expect(check, 0)) anomaly_check_output(def, inputs, self);
   if (record) autograd_finish(std::move(node), self);
 }

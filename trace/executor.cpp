@@ -7,6 +7,7 @@
 #include <omp.h>
 
 #include "core/dispatch.h"
+#include "core/profiler.h"
 #include "core/tensor_impl.h"
 #include "eager/autograd.h"
 #include "kernels/cpu_kernels.h"
@@ -207,6 +208,17 @@ void Plan::run_fused(FusedStep& f) {
 }
 
 std::vector<Tensor> Plan::run(const std::vector<Tensor>& inputs) {
+  if (__builtin_expect(!profiling(), 1)) return run_unprofiled(inputs);
+  // One event for the call, enclosing its steps' events.
+  const double t0 = profile_clock_us();
+  std::vector<Tensor> out = run_unprofiled(inputs);
+  profile_event(fmt::format("plan of {}", graph_.label), "compiled", t0, profile_clock_us(),
+                fmt::format("\"steps\": {}, \"cuda_graph\": {}", steps_.size(),
+                            cuda_graph_ ? "true" : "false"));
+  return out;
+}
+
+std::vector<Tensor> Plan::run_unprofiled(const std::vector<Tensor>& inputs) {
   std::unique_lock<std::mutex> lock(busy_, std::try_to_lock);
   if (!lock.owns_lock()) {
     // Busy: re-entered, or called from another thread. A spare copy of the plan runs the call;
@@ -262,43 +274,79 @@ void Plan::run_steps(const std::vector<Step>& steps) {
   run_steps_range(steps.data(), steps.data() + steps.size());
 }
 
-void Plan::run_steps_range(const Step* begin, const Step* end) {
-  for (const Step* sp = begin; sp != end; ++sp) {
-    const Step& s = *sp;
-    // A matmul and the bias (+ relu) group after it, as one GEMM when the device takes it.
-    if (!epilogues_.empty() && sp + 1 != end && steps_.data() <= sp &&
-        sp < steps_.data() + steps_.size()) {
-      const int32_t e = step_epilogue_[static_cast<size_t>(sp - steps_.data())];
-      if (e >= 0) {
-        const Epilogue& ep = epilogues_[e];
-        TensorRefs refs(args_.data() + s.first_arg, s.num_args);
-        const TensorMeta& m = graph_.nodes[ep.out].meta;
-        Tensor& out = vals_[ep.out];
-        if (ep.fresh) out = empty(m.shape, m.dtype, m.device);
-        if (kernels::gemm_epilogue(m.device.type)(refs[0], refs[1], vals_[ep.bias], ep.relu, out)) {
-          ++sp;  // the next step's work is done
-          continue;
-        }
+// Runs the step at sp (and the one after it, when a GEMM epilogue does its work); returns the
+// last step it ran.
+const Plan::Step* Plan::run_one(const Step* sp, const Step* end) {
+  const Step& s = *sp;
+  // A matmul and the bias (+ relu) group after it, as one GEMM when the device takes it.
+  if (!epilogues_.empty() && sp + 1 != end && steps_.data() <= sp &&
+      sp < steps_.data() + steps_.size()) {
+    const int32_t e = step_epilogue_[static_cast<size_t>(sp - steps_.data())];
+    if (e >= 0) {
+      const Epilogue& ep = epilogues_[e];
+      TensorRefs refs(args_.data() + s.first_arg, s.num_args);
+      const TensorMeta& m = graph_.nodes[ep.out].meta;
+      Tensor& out = vals_[ep.out];
+      if (ep.fresh) out = empty(m.shape, m.dtype, m.device);
+      if (kernels::gemm_epilogue(m.device.type)(refs[0], refs[1], vals_[ep.bias], ep.relu, out)) {
+        return sp + 1;  // the next step's work is done
       }
     }
-    if (s.kind == StepKind::Fused) {
-      run_fused(*fused_[s.out]);
-      continue;
-    }
-    if (s.kind == StepKind::Control) {
-      run_control(*controls_[s.out]);
-      continue;
-    }
-    const GraphNode& g = graph_.nodes[s.out];
-    TensorRefs refs(args_.data() + s.first_arg, s.num_args);
-    if (s.kind == StepKind::View) {
-      Tensor v = s.def->view(refs[0], g.attrs, g.meta);
-      if (!v.defined()) v = s.def->view(refs[0].contiguous(), g.attrs, g.meta);
-      vals_[s.out] = std::move(v);
-      continue;
-    }
-    if (s.fresh) vals_[s.out] = empty(g.meta.shape, g.meta.dtype, g.meta.device);
-    s.kernel(refs, g.attrs, vals_[s.out]);
+  }
+  if (s.kind == StepKind::Fused) {
+    run_fused(*fused_[s.out]);
+    return sp;
+  }
+  if (s.kind == StepKind::Control) {
+    run_control(*controls_[s.out]);
+    return sp;
+  }
+  const GraphNode& g = graph_.nodes[s.out];
+  TensorRefs refs(args_.data() + s.first_arg, s.num_args);
+  if (s.kind == StepKind::View) {
+    Tensor v = s.def->view(refs[0], g.attrs, g.meta);
+    if (!v.defined()) v = s.def->view(refs[0].contiguous(), g.attrs, g.meta);
+    vals_[s.out] = std::move(v);
+    return sp;
+  }
+  if (s.fresh) vals_[s.out] = empty(g.meta.shape, g.meta.dtype, g.meta.device);
+  s.kernel(refs, g.attrs, vals_[s.out]);
+  return sp;
+}
+
+// The profiler's name of a step (Note [Profiler] in core/profiler.h): its op, or the ops whose
+// values a fused group stores.
+std::string Plan::step_name(const Step& s) const {
+  if (s.kind == StepKind::Fused) {
+    std::string ops;
+    for (int32_t o : fused_[s.out]->outputs)
+      ops += fmt::format("{}{}", ops.empty() ? "" : ", ", op_name(graph_.nodes[o].op));
+    if (fused_[s.out]->reduction >= 0)
+      ops += fmt::format("{}{}", ops.empty() ? "" : ", ",
+                         op_name(graph_.nodes[fused_[s.out]->reduction].op));
+    return fmt::format("fused({})", ops);
+  }
+  if (s.kind == StepKind::Control) return "control flow";
+  return std::string(s.def->name);
+}
+
+void Plan::run_steps_range(const Step* begin, const Step* end) {
+  if (__builtin_expect(!profiling(), 1)) {
+    for (const Step* sp = begin; sp != end; ++sp) sp = run_one(sp, end);
+    return;
+  }
+  for (const Step* sp = begin; sp != end; ++sp) {
+    const double t0 = profile_clock_us();
+    const Step* last = run_one(sp, end);
+    std::string shape;
+    if (sp->kind == StepKind::Fused)
+      shape = fmt::format("{}", fused_[sp->out]->shape);
+    else if (sp->kind != StepKind::Control)
+      shape = fmt::format("{}", graph_.nodes[sp->out].meta.shape);
+    profile_event(step_name(*sp) + (last != sp ? " + epilogue" : ""), "step", t0,
+                  profile_clock_us(),
+                  fmt::format("\"plan\": \"{}\", \"shape\": \"{}\"", graph_.label, shape));
+    sp = last;
   }
 }
 

@@ -131,6 +131,9 @@ class Plan {
   std::vector<Tensor> run_graphed(const std::vector<Tensor>& inputs);
   int64_t graph_replays_ = 0;  ///< under the CUDA-graph counters' lock (trace/cuda_graph.cpp)
   void run_hoisted_if_stale();
+  std::vector<Tensor> run_unprofiled(const std::vector<Tensor>& inputs);
+  const Step* run_one(const Step* sp, const Step* end);
+  std::string step_name(const Step& s) const;
   struct Builder;  ///< the state of one build() (trace/plan_build.cpp)
   void build();
   /// Sets cuda_graph_ up when the plan qualifies for replay (trace/cuda_graph.cpp).

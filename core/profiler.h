@@ -1,0 +1,60 @@
+// duet: the profiler (Note [Profiler]).
+//
+// Note [Profiler]
+// While a duet::Profiler lives (or for the whole process with DUET_PROFILE=file.json), every
+// eager op and every call of a compiled function records a Chrome-trace "complete" event: its
+// name, its start and duration in microseconds of wall time on the calling thread, and as
+// arguments its inputs' and output's shapes and dtype, the bytes it moves (each input read
+// once, the output written once: an add of n f32 values moves 12n bytes) and its FLOPs (2mnk
+// for a product, one per output element for elementwise ops). A compiled call's event encloses
+// one event per step of its plan (a kernel, a fused group, a view), so eager and compiled runs
+// of the same code read side by side in chrome://tracing or Perfetto. Times are host times: on
+// a GPU they measure launches, not kernels. Off, it costs one relaxed atomic load per op.
+#pragma once
+
+#include <atomic>
+#include <string>
+
+namespace duet {
+
+/// Records what runs while it lives (Note [Profiler]) and, when `path` is given, writes the
+/// Chrome-trace JSON there when it goes out of scope. Process-wide; profilers may nest, and
+/// each sees the events of its own lifetime.
+class Profiler {
+ public:
+  explicit Profiler(std::string path = "");
+  ~Profiler();
+  Profiler(const Profiler&) = delete;
+  Profiler& operator=(const Profiler&) = delete;
+  /// The events so far, as Chrome-trace JSON ({"traceEvents": [...]}).
+  std::string json() const;
+  /// How many events it holds.
+  size_t size() const;
+
+ private:
+  struct State;
+  State* state_;
+  std::string path_;
+};
+
+namespace detail {
+/// Active profilers (DUET_PROFILE counts as one); -1 until DUET_PROFILE was read.
+extern std::atomic<int> g_profilers;
+void read_profile_env();
+inline bool profiling() {
+  int n = g_profilers.load(std::memory_order_relaxed);
+  if (__builtin_expect(n < 0, 0)) {
+    read_profile_env();
+    n = g_profilers.load(std::memory_order_relaxed);
+  }
+  return n > 0;
+}
+/// Microseconds on the profiler's clock.
+double profile_clock_us();
+/// Adds one complete event to every active profiler: `args` is a JSON object's inside
+/// ("\"shapes\": ..., \"bytes\": 12") or empty.
+void profile_event(const std::string& name, const char* category, double start_us, double end_us,
+                   const std::string& args);
+}  // namespace detail
+
+}  // namespace duet

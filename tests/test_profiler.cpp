@@ -1,0 +1,223 @@
+// The profiler (Note [Profiler] in core/profiler.h): its JSON parses as Chrome-trace JSON (read
+// here by a small parser of its own), a compiled call's event encloses its steps' events, and
+// the figures are right: a 64^3 matmul reports 2 * 64^3 FLOPs, an add of n f32 values 12n bytes.
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <variant>
+
+#include "util.h"
+
+namespace duet::test {
+namespace {
+
+// A JSON value: null, bool, number, string, array or object.
+struct Json {
+  std::variant<std::nullptr_t, bool, double, std::string, std::vector<Json>,
+               std::map<std::string, Json>>
+      v;
+  const Json& operator[](const std::string& k) const {
+    return std::get<std::map<std::string, Json>>(v).at(k);
+  }
+  const std::vector<Json>& array() const { return std::get<std::vector<Json>>(v); }
+  double number() const { return std::get<double>(v); }
+  const std::string& str() const { return std::get<std::string>(v); }
+  bool has(const std::string& k) const {
+    const auto* m = std::get_if<std::map<std::string, Json>>(&v);
+    return m && m->count(k);
+  }
+};
+
+// Parses JSON text strictly (RFC 8259, no extensions); throws std::runtime_error on bad input.
+class Parser {
+ public:
+  explicit Parser(const std::string& s) : s_(s) {}
+  Json parse() {
+    Json j = value();
+    ws();
+    if (i_ != s_.size()) fail("text after the value");
+    return j;
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& what) {
+    throw std::runtime_error("JSON: " + what + " at offset " + std::to_string(i_));
+  }
+  void ws() {
+    while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\n' || s_[i_] == '\t' || s_[i_] == '\r'))
+      ++i_;
+  }
+  char peek() {
+    ws();
+    if (i_ >= s_.size()) fail("unexpected end");
+    return s_[i_];
+  }
+  void expect(char c) {
+    if (peek() != c) fail(std::string("expected ") + c);
+    ++i_;
+  }
+  std::string string() {
+    expect('"');
+    std::string out;
+    while (true) {
+      if (i_ >= s_.size()) fail("unterminated string");
+      const char c = s_[i_++];
+      if (c == '"') return out;
+      if (static_cast<unsigned char>(c) < 0x20) fail("control character in a string");
+      if (c != '\\') {
+        out += c;
+        continue;
+      }
+      const char e = s_[i_++];
+      if (e == 'u') {
+        out += static_cast<char>(std::stoi(s_.substr(i_, 4), nullptr, 16));
+        i_ += 4;
+      } else if (std::string("\"\\/bfnrt").find(e) != std::string::npos) {
+        out += e == 'n' ? '\n' : e == 't' ? '\t' : e;
+      } else {
+        fail("bad escape");
+      }
+    }
+  }
+  Json value() {
+    const char c = peek();
+    if (c == '{') {
+      ++i_;
+      std::map<std::string, Json> m;
+      if (peek() == '}') return ++i_, Json{m};
+      while (true) {
+        std::string k = string();
+        expect(':');
+        m[k] = value();
+        if (peek() == ',') {
+          ++i_;
+          continue;
+        }
+        expect('}');
+        return Json{m};
+      }
+    }
+    if (c == '[') {
+      ++i_;
+      std::vector<Json> a;
+      if (peek() == ']') return ++i_, Json{a};
+      while (true) {
+        a.push_back(value());
+        if (peek() == ',') {
+          ++i_;
+          continue;
+        }
+        expect(']');
+        return Json{a};
+      }
+    }
+    if (c == '"') return Json{string()};
+    for (const char* lit : {"true", "false", "null"})
+      if (s_.compare(i_, std::strlen(lit), lit) == 0) {
+        i_ += std::strlen(lit);
+        return lit[0] == 'n' ? Json{nullptr} : Json{lit[0] == 't'};
+      }
+    size_t used = 0;
+    double d = 0;
+    try {
+      d = std::stod(s_.substr(i_, 32), &used);
+    } catch (const std::exception&) {
+      fail("bad value");
+    }
+    i_ += used;
+    return Json{d};
+  }
+  const std::string& s_;
+  size_t i_ = 0;
+};
+
+std::vector<Json> events_of(const std::string& json) {
+  const Json j = Parser(json).parse();
+  return j["traceEvents"].array();
+}
+
+const Json* find_event(const std::vector<Json>& ev, const std::string& name) {
+  for (const Json& e : ev)
+    if (e["name"].str() == name) return &e;
+  return nullptr;
+}
+
+TEST_CASE("profiler: eager ops report shapes, bytes and FLOPs; the JSON parses") {
+  Profiler prof;
+  const int64_t n = 1000;
+  const Tensor a = ones({n}), b = ones({n});
+  (void)(a + b);
+  const Tensor m = ones({64, 64});
+  (void)matmul(m, m);
+  const std::vector<Json> ev = events_of(prof.json());
+  const Json* add = find_event(ev, "add");
+  REQUIRE(add != nullptr);
+  CHECK((*add)["ph"].str() == "X");
+  CHECK((*add)["args"]["bytes"].number() == 12.0 * n);
+  CHECK((*add)["args"]["flops"].number() == n);
+  CHECK((*add)["args"]["output"].str() == "f32 (1000)");
+  CHECK((*add)["dur"].number() >= 0);
+  const Json* mm = find_event(ev, "matmul");
+  REQUIRE(mm != nullptr);
+  CHECK((*mm)["args"]["flops"].number() == 2.0 * 64 * 64 * 64);
+  CHECK((*mm)["args"]["bytes"].number() == 3.0 * 64 * 64 * 4);
+  CHECK((*mm)["args"]["inputs"].array().size() == 2);
+}
+
+TEST_CASE("profiler: a compiled call's event encloses its steps' events") {
+  auto f = compile([](Tensor x, Tensor w) { return sum(tanh(matmul(x, w)) * 2.0); });
+  const Tensor x = ones({8, 16}), w = ones({16, 4});
+  f(x, w);  // traced outside the profile
+  Profiler prof;
+  f(x, w);
+  const std::vector<Json> ev = events_of(prof.json());
+  const Json* plan = nullptr;
+  for (const Json& e : ev)
+    if (e["cat"].str() == "compiled") plan = &e;
+  REQUIRE(plan != nullptr);
+  CHECK(contains((*plan)["name"].str(), "plan of compiled function at test_profiler.cpp:"));
+  const double t0 = (*plan)["ts"].number(), t1 = t0 + (*plan)["dur"].number();
+  int steps = 0;
+  bool fused = false;
+  for (const Json& e : ev) {
+    if (e["cat"].str() != "step") continue;
+    ++steps;
+    fused |= contains(e["name"].str(), "fused(");
+    // Inside the call's event, on the same thread (times are rounded to nanoseconds).
+    CHECK(e["ts"].number() >= t0 - 1e-3);
+    CHECK(e["ts"].number() + e["dur"].number() <= t1 + 1e-3);
+    CHECK(e["tid"].number() == (*plan)["tid"].number());
+  }
+  CHECK(steps >= 2);
+  CHECK(fused);
+  CHECK(find_event(ev, "add") == nullptr);  // no eager ops ran in the call
+}
+
+TEST_CASE("profiler: nothing is recorded outside it; a path gets the JSON when it ends") {
+  const std::string path = "duet_profile_test.json";
+  {
+    Profiler prof(path);
+    (void)(ones({3}) * 2.0);
+    CHECK(prof.size() >= 2);  // ones, mul
+  }
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const std::vector<Json> ev = events_of(ss.str());
+  CHECK(find_event(ev, "mul") != nullptr);
+  std::remove(path.c_str());
+  Profiler later;
+  CHECK(later.size() == 0);
+  CHECK(events_of(later.json()).empty());
+}
+
+TEST_CASE("profiler: the parser used here rejects bad JSON") {
+  for (const char* bad : {"{", "{\"a\": }", "[1, 2", "{\"a\": 1} x", "\"\\q\""})
+    CHECK_THROWS_AS(Parser(bad).parse(), std::runtime_error);
+  CHECK(Parser("{\"a\": [1, true, null, \"x\\n\"]}").parse()["a"].array().size() == 4);
+}
+
+}  // namespace
+}  // namespace duet::test
