@@ -1,6 +1,7 @@
 #include "core/dispatch.h"
 
 #include <cstring>
+#include <optional>
 
 #include "core/anomaly.h"
 #include "core/profiler.h"
@@ -116,31 +117,47 @@ Tensor run_from(int depth, const OpDef& def, const OpCall& c, unsigned expiring)
 }  // namespace
 
 // The profiler's event of one eager op (Note [Profiler] in core/profiler.h): shapes, bytes moved
-// (each input read once, the result written once) and FLOPs.
-static void profile_op(const OpDef& def, TensorRefs inputs, const Tensor& out, double start_us) {
-  const double end_us = profile_clock_us();
+// (each input read once, the result written once) and FLOPs. The inputs are described before
+// the op runs: it may take over an expiring input's buffer.
+struct ProfiledInputs {
+  double start_us = 0;
   std::string shapes;
   int64_t bytes = 0;
+  int64_t inner = 0;  // a product's shared dim
+  int64_t first_numel = 0;
+};
+
+static ProfiledInputs profile_inputs(TensorRefs inputs) {
+  ProfiledInputs p;
   for (int64_t i = 0; i < inputs.size(); ++i) {
     const TensorImpl* x = inputs[i].unsafe_impl();
+    if (i == 0) {
+      p.first_numel = x->shape.numel();
+      p.inner = x->ndim() ? x->shape[x->ndim() - 1] : 1;
+    }
     if (x->wrapped_number) continue;
-    shapes += fmt::format("{}\"{} {}\"", shapes.empty() ? "" : ", ", x->dtype, x->shape);
-    bytes += x->shape.numel() * itemsize(x->dtype);
+    p.shapes += fmt::format("{}\"{} {}\"", p.shapes.empty() ? "" : ", ", x->dtype, x->shape);
+    p.bytes += x->shape.numel() * itemsize(x->dtype);
   }
+  p.start_us = profile_clock_us();
+  return p;
+}
+
+static void profile_op(const OpDef& def, const ProfiledInputs& p, const Tensor& out) {
+  const double end_us = profile_clock_us();
   const TensorImpl* o = out.unsafe_impl();
   const int64_t n = o->shape.numel();
-  bytes += n * itemsize(o->dtype);
   int64_t flops = 0;
-  if (def.id == OpId::MatMul && inputs.size() == 2)
-    flops = 2 * n * inputs[0].unsafe_impl()->shape[inputs[0].unsafe_impl()->ndim() - 1];
+  if (def.id == OpId::MatMul)
+    flops = 2 * n * p.inner;
   else if (def.cls == OpClass::Elementwise)
     flops = n;
-  else if (def.cls == OpClass::Reduction && inputs.size() > 0)
-    flops = inputs[0].unsafe_impl()->shape.numel();
-  profile_event(def.name, "op", start_us, end_us,
+  else if (def.cls == OpClass::Reduction)
+    flops = p.first_numel;
+  profile_event(def.name, "op", p.start_us, end_us,
                 fmt::format("\"inputs\": [{}], \"output\": \"{} {}\", \"bytes\": {}, "
                             "\"flops\": {}",
-                            shapes, o->dtype, o->shape, bytes, flops));
+                            p.shapes, o->dtype, o->shape, p.bytes + n * itemsize(o->dtype), flops));
 }
 
 Tensor call(OpId op, TensorRefs inputs, const Attrs& attrs, unsigned expiring) {
@@ -177,9 +194,10 @@ Tensor call(OpId op, TensorRefs inputs, const Attrs& attrs, unsigned expiring) {
   // Anomaly mode (Note [Anomaly mode] in core/anomaly.h) reads the inputs before the op runs,
   // and keeps the op from reusing an input's buffer.
   const bool check = tls_depth == 0 && anomaly_on() && anomaly_inputs_clean(def, inputs);
-  const double prof_start = tls_depth == 0 && profiling() ? profile_clock_us() : -1;
+  std::optional<ProfiledInputs> prof;
+  if (__builtin_expect(tls_depth == 0 && profiling(), 0)) prof = profile_inputs(inputs);
   Tensor out = run_from(tls_depth, def, c, (tls_depth || record || check) ? 0 : expiring);
-  if (__builtin_expect(prof_start >= 0, 0)) profile_op(def, inputs, out, prof_start);
+  if (__builtin_expect(prof.has_value(), 0)) profile_op(def, *prof, out);
   if (__builtin_expect(check, 0)) anomaly_check_output(def, inputs, out);
   if (record) autograd_finish(autograd_prepare(def, inputs, attrs, nullptr), out);
   return out;
@@ -271,9 +289,10 @@ void call_inplace(OpId op, TensorRefs inputs, const Attrs& attrs, const Tensor& 
   // The node is prepared before the write, so that it saves self's old autograd identity and
   // version: a rule that needs self's overwritten value then fails loudly at backward time.
   std::shared_ptr<Node> node = record ? autograd_prepare(def, inputs, attrs, &self) : nullptr;
-  const double prof_start = tls_depth == 0 && profiling() ? profile_clock_us() : -1;
+  std::optional<ProfiledInputs> prof;
+  if (__builtin_expect(tls_depth == 0 && profiling(), 0)) prof = profile_inputs(inputs);
   run_from(tls_depth, def, c, 0);
-  if (__builtin_expect(prof_start >= 0, 0)) profile_op(def, inputs, self, prof_start);
+  if (__builtin_expect(prof.has_value(), 0)) profile_op(def, *prof, self);
   if (__builtin_expect(check, 0)) anomaly_check_output(def, inputs, self);
   if (record) autograd_finish(std::move(node), self);
 }

@@ -30,9 +30,10 @@ class Profiler {
   std::string json() const;
   /// How many events it holds.
   size_t size() const;
+  /// Its events (core/profiler.cpp); public only so that the recorder can reach it.
+  struct State;
 
  private:
-  struct State;
   State* state_;
   std::string path_;
 };

@@ -314,16 +314,16 @@ const Plan::Step* Plan::run_one(const Step* sp, const Step* end) {
   return sp;
 }
 
-// The profiler's name of a step (Note [Profiler] in core/profiler.h): its op, or the ops whose
-// values a fused group stores.
+// The profiler's name of a step (Note [Profiler] in core/profiler.h): its op, or a fused
+// group's ops in program order ("fused(mul, tanh, sum)").
 std::string Plan::step_name(const Step& s) const {
   if (s.kind == StepKind::Fused) {
+    const kernels::FusedProgram& p = fused_[s.out]->kernel->program;
     std::string ops;
-    for (int32_t o : fused_[s.out]->outputs)
-      ops += fmt::format("{}{}", ops.empty() ? "" : ", ", op_name(graph_.nodes[o].op));
-    if (fused_[s.out]->reduction >= 0)
-      ops += fmt::format("{}{}", ops.empty() ? "" : ", ",
-                         op_name(graph_.nodes[fused_[s.out]->reduction].op));
+    for (const kernels::FusedInstr& in : p.code)
+      if (in.op != OpId::Copy) ops += fmt::format("{}{}", ops.empty() ? "" : ", ", op_name(in.op));
+    if (p.reduce != kernels::FusedReduce::None)
+      ops += fmt::format("{}{}", ops.empty() ? "" : ", ", op_name(p.reduce_op));
     return fmt::format("fused({})", ops);
   }
   if (s.kind == StepKind::Control) return "control flow";
