@@ -20,8 +20,9 @@ namespace {
 thread_local bool tls_busy = false;
 
 struct Busy {
-  Busy() { tls_busy = true; }
-  ~Busy() { tls_busy = false; }
+  Busy() : prev(tls_busy) { tls_busy = true; }
+  ~Busy() { tls_busy = prev; }
+  bool prev;
 };
 
 // Where t holds a NaN or an infinity (b8), or undefined for a tensor that cannot (not floating,
@@ -81,6 +82,31 @@ void anomaly_check_output(const OpDef& def, TensorRefs in, const Tensor& out) {
         def.name, nan, n - nan, first, out.sizes(), out.dtype(), describe_inputs(in));
   }
   throw AnomalyError(msg);
+}
+
+AnomalyPause::AnomalyPause() : prev(tls_busy) { tls_busy = true; }
+AnomalyPause::~AnomalyPause() { tls_busy = prev; }
+
+bool anomaly_all_finite(TensorRefs in) {
+  Busy busy;
+  NoGradGuard no_grad;
+  for (int64_t i = 0; i < in.size(); ++i)
+    if (count(non_finite(in[i])) > 0) return false;
+  return true;
+}
+
+std::string anomaly_describe(const Tensor& out) {
+  Busy busy;
+  NoGradGuard no_grad;
+  const Tensor bad = non_finite(out);
+  const int64_t n = count(bad);
+  if (n == 0) return "";
+  const int64_t nan = sum(isnan(out)).item<int64_t>();
+  const int64_t first = argmax(reshape(bad, {out.numel()}).to(DType::i32), 0).item<int64_t>();
+  return fmt::format(
+      "produced {} NaN and {} infinite values (the first at flat index {}) in its output of "
+      "shape {} and dtype {}",
+      nan, n - nan, first, out.sizes(), out.dtype());
 }
 
 }  // namespace detail

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <atomic>
+#include <string>
 
 #include "core/op_table.h"
 
@@ -53,6 +54,19 @@ inline bool anomaly_on() {
 bool anomaly_inputs_clean(const OpDef& def, TensorRefs in);
 /// Throws AnomalyError when `out` holds a NaN or an infinity.
 void anomaly_check_output(const OpDef& def, TensorRefs in, const Tensor& out);
+/// While it lives, this thread's ops check nothing (a compiled plan's rerun of a fused group).
+struct AnomalyPause {
+  AnomalyPause();
+  ~AnomalyPause();
+  AnomalyPause(const AnomalyPause&) = delete;
+  AnomalyPause& operator=(const AnomalyPause&) = delete;
+  bool prev;
+};
+/// Whether none of the tensors holds a NaN or an infinity (the checks of compiled plans).
+bool anomaly_all_finite(TensorRefs in);
+/// The message of a value that went bad: "produced 1 NaN and 0 infinite values (the first at
+/// flat index 3) in its output of shape (4) and dtype f32"; "" when `out` is finite.
+std::string anomaly_describe(const Tensor& out);
 }  // namespace detail
 
 }  // namespace duet

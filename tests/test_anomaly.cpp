@@ -146,6 +146,47 @@ TEST_CASE("anomaly: isnan, isinf and isfinite, eager and compiled, every dtype")
 }
 
 // Run by the ctest entry test_anomaly_env, with DUET_DETECT_ANOMALY=1 in the environment.
+// The AnomalyError message a call throws, or "" when it throws none.
+template <class F>
+std::string anomaly_of(F&& f) {
+  try {
+    f();
+  } catch (const AnomalyError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST_CASE("anomaly, compiled: the step and the fused group's primitive are named") {
+  // log(x - 1) is -inf at x = 1, deep inside one fused group with exp and a sum.
+  auto f = compile([](Tensor x) { return sum(exp(x) * log(x - 1.0)); });
+  const Tensor x = make({1, 2, 3}, {3});
+  CHECK(std::isinf(f(x).item<double>()));  // off: the value goes through
+  CHECK(f.stats().fused_kernels >= 1);
+  std::string what;
+  {
+    AnomalyMode on;  // takes effect at the next call of the function already compiled
+    what = anomaly_of([&] { (void)f(x); });
+  }
+  CAPTURE(what);
+  CHECK(starts_with(what, "[anomaly] fused("));
+  CHECK(contains(what, "produced 0 NaN and 1 infinite values (the first at flat index 0)"));
+  CHECK(contains(what, "compiled function at test_anomaly.cpp:"));
+  CHECK(contains(what, "(log) made it"));
+  CHECK(f.stats().traces == 1);                    // the cached plan ran, with its checks
+  CHECK(anomaly_of([&] { (void)f(x); }).empty());  // off again
+  // A kernel step of its own: a product that overflows.
+  auto g = compile([](Tensor a, Tensor b) { return matmul(a, b) * 2.0; });
+  const Tensor big = make({3e38, 3e38}, {1, 2}), col = make({1, 1}, {2, 1});
+  (void)g(big, col);
+  AnomalyMode on;
+  const std::string w = anomaly_of([&] { (void)g(big, col); });
+  CAPTURE(w);
+  CHECK(starts_with(w, "[anomaly] matmul produced 0 NaN and 1 infinite values"));
+  // Inputs that already hold an infinity blame nothing.
+  CHECK(anomaly_of([&] { (void)f(make({INFINITY, 2, 3}, {3})); }).empty());
+}
+
 TEST_CASE("anomaly: DUET_DETECT_ANOMALY=1 turns it on from the start") {
   if (!std::getenv("DUET_DETECT_ANOMALY")) skip("run by test_anomaly_env");
   CHECK(anomaly_enabled());

@@ -6,6 +6,7 @@
 
 #include <omp.h>
 
+#include "core/anomaly.h"
 #include "core/dispatch.h"
 #include "core/profiler.h"
 #include "core/tensor_impl.h"
@@ -237,7 +238,8 @@ std::vector<Tensor> Plan::run_unprofiled(const std::vector<Tensor>& inputs) {
     spares_.push_back(std::move(spare));
     return out;
   }
-  if (cuda_graph_) return run_graphed(inputs);
+  // A graph replays no host steps: while anomaly detection is on, the plan runs step by step.
+  if (cuda_graph_ && !anomaly_on()) return run_graphed(inputs);
   return execute(inputs);
 }
 
@@ -330,9 +332,121 @@ std::string Plan::step_name(const Step& s) const {
   return std::string(s.def->name);
 }
 
+// The values a step reads and writes (Note [Anomaly mode in plans]).
+void Plan::step_values(const Step& s, std::vector<Tensor>& in, std::vector<Tensor>& out) const {
+  in.clear();
+  out.clear();
+  if (s.kind == StepKind::Fused) {
+    const FusedStep& f = *fused_[s.out];
+    for (size_t k = 0; k < f.inputs.size(); ++k)
+      in.push_back(k < f.device_consts.size() && f.device_consts[k].defined() ? f.device_consts[k]
+                                                                              : vals_[f.inputs[k]]);
+    for (int32_t o : f.outputs) out.push_back(vals_[o]);
+    if (f.reduction >= 0) out.push_back(vals_[f.reduction]);
+  } else if (s.kind != StepKind::Control) {
+    for (int32_t k = 0; k < s.num_args; ++k) in.push_back(*args_[s.first_arg + k]);
+    out.push_back(vals_[s.out]);
+  }
+}
+
+// Note [Anomaly mode in plans]
+// With anomaly detection on (Note [Anomaly mode] in core/anomaly.h), a compiled plan checks
+// each step whose inputs are finite: the first whose outputs hold a NaN or an infinity raises
+// AnomalyError naming the step and the compiled function. A fused group is then run again op
+// by op, eagerly, on its inputs, to name the primitive that made the value. The mode is read
+// at every call, so turning it on affects functions already compiled and cached; plans that
+// replay CUDA graphs run step by step while it is on (the checks read values on the host).
+void Plan::check_step(const Step& s, const std::vector<Tensor>& in) const {
+  std::vector<Tensor> ins, outs;
+  step_values(s, ins, outs);
+  std::string what;
+  for (const Tensor& o : outs) {
+    if (o.defined()) what = anomaly_describe(o);
+    if (!what.empty()) break;
+  }
+  if (what.empty()) return;
+  std::string culprit;
+  if (s.kind == StepKind::Fused) culprit = fused_culprit(*fused_[s.out], in);
+  auto shapes = [](const std::vector<Tensor>& ts) {
+    std::string r;
+    for (const Tensor& t : ts)
+      r += fmt::format("{}{} {}", r.empty() ? "" : ", ", t.sizes(), t.dtype());
+    return r.empty() ? std::string("none") : r;
+  };
+  throw AnomalyError(fmt::format(
+      "[anomaly] {} {}, from inputs without any: {}; in {} (a step of its plan){}. Anomaly "
+      "detection is on (duet::AnomalyMode or DUET_DETECT_ANOMALY=1)",
+      step_name(s), what, shapes(in), graph_.label, culprit));
+}
+
+// The primitive of a fused group that made the first NaN or infinity: the group's program run
+// again op by op, eagerly, on the same inputs.
+std::string Plan::fused_culprit(const FusedStep& f, const std::vector<Tensor>& in) const {
+  const kernels::FusedProgram& p = f.kernel->program;
+  SuspendModes eager;
+  NoGradGuard no_grad;
+  AnomalyPause pause;  // the rerun's own ops are not checked
+  try {
+    // As the kernel computes: every register in the group's dtype T (a comparison's result is
+    // 0 or 1 in T; where reads its condition as != 0).
+    std::vector<Tensor> reg(static_cast<size_t>(p.num_regs));
+    for (size_t k = 0; k < in.size() && k < reg.size(); ++k) {
+      if (!in[k].defined()) return "";
+      reg[k] = in[k].to(p.dtype);
+    }
+    for (size_t n = 0; n < p.code.size(); ++n) {
+      const kernels::FusedInstr& ins = p.code[n];
+      std::vector<Tensor> src;
+      for (int k = 0; k < 3 && ins.src[k] >= 0; ++k) src.push_back(reg[ins.src[k]]);
+      Tensor r;
+      if (ins.op == OpId::Copy) {
+        r = src[0];
+      } else if (ins.op == OpId::Cast) {
+        r = ins.to == DType::b8 ? ne(src[0], 0.0) : src[0].to(ins.to);
+      } else {
+        std::vector<Tensor> args = src;
+        if (ins.op == OpId::Where) args[0] = ne(src[0], 0.0);
+        std::vector<const Tensor*> ptrs;
+        for (const Tensor& t : args) ptrs.push_back(&t);
+        r = call(ins.op, TensorRefs(ptrs.data(), static_cast<int64_t>(ptrs.size())), Attrs{});
+      }
+      if (r.dtype() != p.dtype) r = r.to(p.dtype);
+      if (anomaly_all_finite(TensorRefs(src.data(), static_cast<int64_t>(src.size()))) &&
+          !anomaly_all_finite(TensorRefs(&r, 1)))
+        return fmt::format("; run op by op, the group's op {} of {} ({}) made it", n + 1,
+                           p.code.size(), op_name(ins.op));
+      reg[ins.dst] = std::move(r);
+    }
+  } catch (const std::exception&) {
+    return "";  // the rerun could not name it; the step's report stands
+  }
+  if (p.reduce != kernels::FusedReduce::None)
+    return fmt::format("; run op by op, its ops are finite: the {} over them made it",
+                       op_name(p.reduce_op));
+  return "";
+}
+
 void Plan::run_steps_range(const Step* begin, const Step* end) {
-  if (__builtin_expect(!profiling(), 1)) {
+  const bool check = anomaly_on();
+  if (__builtin_expect(!profiling() && !check, 1)) {
     for (const Step* sp = begin; sp != end; ++sp) sp = run_one(sp, end);
+    return;
+  }
+  if (!profiling()) {
+    std::vector<Tensor> ins, outs;
+    for (const Step* sp = begin; sp != end; ++sp) {
+      step_values(*sp, ins, outs);
+      const bool clean =
+          sp->kind != StepKind::View && sp->kind != StepKind::Control &&
+          anomaly_all_finite(TensorRefs(ins.data(), static_cast<int64_t>(ins.size())));
+      const Step* last = run_one(sp, end);
+      if (clean) {
+        // A GEMM epilogue ran two steps: the second's outputs are the pair's.
+        if (last != sp) step_values(*last, ins, outs);
+        check_step(*last, ins);
+      }
+      sp = last;
+    }
     return;
   }
   for (const Step* sp = begin; sp != end; ++sp) {

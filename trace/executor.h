@@ -134,6 +134,9 @@ class Plan {
   std::vector<Tensor> run_unprofiled(const std::vector<Tensor>& inputs);
   const Step* run_one(const Step* sp, const Step* end);
   std::string step_name(const Step& s) const;
+  void step_values(const Step& s, std::vector<Tensor>& in, std::vector<Tensor>& out) const;
+  void check_step(const Step& s, const std::vector<Tensor>& in) const;
+  std::string fused_culprit(const FusedStep& f, const std::vector<Tensor>& in) const;
   struct Builder;  ///< the state of one build() (trace/plan_build.cpp)
   void build();
   /// Sets cuda_graph_ up when the plan qualifies for replay (trace/cuda_graph.cpp).
