@@ -8,6 +8,7 @@
 
 #include "core/anomaly.h"
 #include "core/dispatch.h"
+#include "core/ops.h"
 #include "core/profiler.h"
 #include "core/tensor_impl.h"
 #include "eager/autograd.h"
@@ -332,6 +333,13 @@ std::string Plan::step_name(const Step& s) const {
   return std::string(s.def->name);
 }
 
+// Whether no tensor of ts holds a NaN or an infinity.
+static bool all_finite(const std::vector<Tensor>& ts) {
+  std::vector<const Tensor*> p;
+  for (const Tensor& t : ts) p.push_back(&t);
+  return anomaly_all_finite(TensorRefs(p.data(), static_cast<int64_t>(p.size())));
+}
+
 // The values a step reads and writes (Note [Anomaly mode in plans]).
 void Plan::step_values(const Step& s, std::vector<Tensor>& in, std::vector<Tensor>& out) const {
   in.clear();
@@ -411,8 +419,7 @@ std::string Plan::fused_culprit(const FusedStep& f, const std::vector<Tensor>& i
         r = call(ins.op, TensorRefs(ptrs.data(), static_cast<int64_t>(ptrs.size())), Attrs{});
       }
       if (r.dtype() != p.dtype) r = r.to(p.dtype);
-      if (anomaly_all_finite(TensorRefs(src.data(), static_cast<int64_t>(src.size()))) &&
-          !anomaly_all_finite(TensorRefs(&r, 1)))
+      if (all_finite(src) && !all_finite({r}))
         return fmt::format("; run op by op, the group's op {} of {} ({}) made it", n + 1,
                            p.code.size(), op_name(ins.op));
       reg[ins.dst] = std::move(r);
@@ -437,8 +444,7 @@ void Plan::run_steps_range(const Step* begin, const Step* end) {
     for (const Step* sp = begin; sp != end; ++sp) {
       step_values(*sp, ins, outs);
       const bool clean =
-          sp->kind != StepKind::View && sp->kind != StepKind::Control &&
-          anomaly_all_finite(TensorRefs(ins.data(), static_cast<int64_t>(ins.size())));
+          sp->kind != StepKind::View && sp->kind != StepKind::Control && all_finite(ins);
       const Step* last = run_one(sp, end);
       if (clean) {
         // A GEMM epilogue ran two steps: the second's outputs are the pair's.
