@@ -19,12 +19,6 @@ std::atomic<int> g_anomaly{-1};
 namespace {
 thread_local bool tls_busy = false;
 
-struct Busy {
-  Busy() : prev(tls_busy) { tls_busy = true; }
-  ~Busy() { tls_busy = prev; }
-  bool prev;
-};
-
 // Where t holds a NaN or an infinity (b8), or undefined for a tensor that cannot (not floating,
 // or empty).
 Tensor non_finite(const Tensor& t) {
@@ -58,7 +52,7 @@ bool anomaly_busy() { return tls_busy; }
 
 bool anomaly_inputs_clean(const OpDef& def, TensorRefs in) {
   if (def.cls == OpClass::Source || def.cls == OpClass::View) return false;
-  Busy busy;
+  AnomalyPause busy;
   NoGradGuard no_grad;
   for (int64_t i = 0; i < in.size(); ++i)
     if (count(non_finite(in[i])) > 0) return false;
@@ -68,7 +62,7 @@ bool anomaly_inputs_clean(const OpDef& def, TensorRefs in) {
 void anomaly_check_output(const OpDef& def, TensorRefs in, const Tensor& out) {
   std::string msg;
   {
-    Busy busy;
+    AnomalyPause busy;
     NoGradGuard no_grad;
     const Tensor bad = non_finite(out);
     const int64_t n = count(bad);
@@ -88,7 +82,7 @@ AnomalyPause::AnomalyPause() : prev(tls_busy) { tls_busy = true; }
 AnomalyPause::~AnomalyPause() { tls_busy = prev; }
 
 bool anomaly_all_finite(TensorRefs in) {
-  Busy busy;
+  AnomalyPause busy;
   NoGradGuard no_grad;
   for (int64_t i = 0; i < in.size(); ++i)
     if (count(non_finite(in[i])) > 0) return false;
@@ -96,7 +90,7 @@ bool anomaly_all_finite(TensorRefs in) {
 }
 
 std::string anomaly_describe(const Tensor& out) {
-  Busy busy;
+  AnomalyPause busy;
   NoGradGuard no_grad;
   const Tensor bad = non_finite(out);
   const int64_t n = count(bad);

@@ -46,6 +46,15 @@ void throw_cublas_error(int status, const char* call, const char* file, int line
                                 line));
 }
 
+bool capturing(cudaStream_t s) {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(s, &st) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return st != cudaStreamCaptureStatusNone;
+}
+
 namespace {
 
 constexpr int kMaxDevices = 64;
@@ -80,16 +89,6 @@ const Discovery& discovery() {
 constexpr size_t kSmallStep = 512;
 constexpr size_t kLargeFrom = size_t(1) << 20;
 constexpr size_t kLargeStep = size_t(128) << 10;
-
-// Whether work on stream s is being captured into a CUDA graph.
-bool capturing(cudaStream_t s) {
-  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(s, &st) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return st != cudaStreamCaptureStatusNone;
-}
 
 size_t round_size(size_t n) {
   if (n == 0) return kSmallStep;

@@ -20,6 +20,8 @@ Allocator& allocator(Device device);
 int64_t cache_hits(Device device);
 /// Whether TF32 tensor cores may be used for f32 matmul (off by default; cuda::set_allow_tf32).
 bool allow_tf32();
+/// Whether work on stream s is being captured into a CUDA graph.
+bool capturing(cudaStream_t s);
 /// The index-error record of `device` (Note [Device index checks] in cuda/runtime.cpp): five
 /// i64 in host-mapped memory, {set, index, size, dim, op}, that gather and scatter_add write.
 int64_t* index_error_record(Device device);

@@ -434,38 +434,37 @@ std::string Plan::fused_culprit(const FusedStep& f, const std::vector<Tensor>& i
 }
 
 void Plan::run_steps_range(const Step* begin, const Step* end) {
-  const bool check = anomaly_on();
-  if (__builtin_expect(!profiling() && !check, 1)) {
+  const bool check = anomaly_on(), prof = profiling();
+  if (__builtin_expect(!prof && !check, 1)) {
     for (const Step* sp = begin; sp != end; ++sp) sp = run_one(sp, end);
     return;
   }
-  if (!profiling()) {
-    std::vector<Tensor> ins, outs;
-    for (const Step* sp = begin; sp != end; ++sp) {
-      step_values(*sp, ins, outs);
-      const bool clean =
-          sp->kind != StepKind::View && sp->kind != StepKind::Control && all_finite(ins);
-      const Step* last = run_one(sp, end);
-      if (clean) {
-        // A GEMM epilogue ran two steps: the second's outputs are the pair's.
-        if (last != sp) step_values(*last, ins, outs);
-        check_step(*last, ins);
-      }
-      sp = last;
-    }
-    return;
-  }
+  // Anomaly checks (Note [Anomaly mode in plans]) and profile events (Note [Profiler]), step
+  // by step; either or both.
+  std::vector<Tensor> ins, outs;
   for (const Step* sp = begin; sp != end; ++sp) {
-    const double t0 = profile_clock_us();
+    bool clean = false;
+    if (check) {
+      step_values(*sp, ins, outs);
+      clean = sp->kind != StepKind::View && sp->kind != StepKind::Control && all_finite(ins);
+    }
+    const double t0 = prof ? profile_clock_us() : 0;
     const Step* last = run_one(sp, end);
-    std::string shape;
-    if (sp->kind == StepKind::Fused)
-      shape = fmt::format("{}", fused_[sp->out]->shape);
-    else if (sp->kind != StepKind::Control)
-      shape = fmt::format("{}", graph_.nodes[sp->out].meta.shape);
-    profile_event(step_name(*sp) + (last != sp ? " + epilogue" : ""), "step", t0,
-                  profile_clock_us(),
-                  fmt::format("\"plan\": \"{}\", \"shape\": \"{}\"", graph_.label, shape));
+    if (prof) {
+      std::string shape;
+      if (sp->kind == StepKind::Fused)
+        shape = fmt::format("{}", fused_[sp->out]->shape);
+      else if (sp->kind != StepKind::Control)
+        shape = fmt::format("{}", graph_.nodes[sp->out].meta.shape);
+      profile_event(step_name(*sp) + (last != sp ? " + epilogue" : ""), "step", t0,
+                    profile_clock_us(),
+                    fmt::format("\"plan\": \"{}\", \"shape\": \"{}\"", graph_.label, shape));
+    }
+    if (clean) {
+      // A GEMM epilogue ran two steps: the second's outputs are the pair's.
+      if (last != sp) step_values(*last, ins, outs);
+      check_step(*last, ins);
+    }
     sp = last;
   }
 }

@@ -81,15 +81,6 @@ uint32_t alignment_of(const void* p) {
   return al;
 }
 
-bool capturing(cudaStream_t s) {
-  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(s, &st) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return st != cudaStreamCaptureStatusNone;
-}
-
 // Note [Tuned GEMMs]
 // cuBLAS's default choice for a single f32 or f64 product is often not its fastest kernel for
 // the shape (at 256^3 f32 on an H100, cublasGemmEx ran at 60% of cuBLASLt's best). The first
