@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <mutex>
 #include <sstream>
 #include <string_view>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/tensor.h"
 #include "cuda/check.h"
 #include "cuda/cuda.h"
 #include "cuda/runtime.h"
@@ -119,9 +121,14 @@ bool read_file(const std::string& path, std::string* out) {
   return !out->empty();
 }
 
+// A loaded build: the kernel, and a reduction's second pass (null for elementwise programs).
+// FusedKernel::device_code points at one of these.
+struct Loaded {
+  cudaKernel_t main = nullptr, fold = nullptr;
+};
 struct Cache {
   std::mutex mu;
-  std::unordered_map<uint64_t, cudaKernel_t> kernels;  // by key, for the process
+  std::unordered_map<uint64_t, std::unique_ptr<Loaded>> kernels;  // by key, for the process
 };
 Cache& cache() {
   static Cache* c = new Cache;  // kernels stay loaded until exit
@@ -164,7 +171,7 @@ void prepare(kernels::FusedKernel& k, Device device, const std::string& dir) {
   std::lock_guard<std::mutex> lock(c.mu);  // one build at a time; a hit is a lookup
   if (auto it = c.kernels.find(key); it != c.kernels.end()) {
     ++g_memory_hits;
-    k.device_code.store(reinterpret_cast<const void*>(it->second), std::memory_order_release);
+    k.device_code.store(it->second.get(), std::memory_order_release);
     return;
   }
   const std::string base = fmt::format("{}/duet-cuda-{:016x}", dir, key);
@@ -210,25 +217,54 @@ void prepare(kernels::FusedKernel& k, Device device, const std::string& dir) {
   }
   DUET_CUDA_CHECK(e);
   if (from_disk) ++g_disk_hits;
-  cudaKernel_t kern;
-  DUET_CUDA_CHECK(cudaLibraryGetKernel(&kern, lib, "duet_fused"));
-  c.kernels.emplace(key, kern);
-  k.device_code.store(reinterpret_cast<const void*>(kern), std::memory_order_release);
+  auto loaded = std::make_unique<Loaded>();
+  DUET_CUDA_CHECK(cudaLibraryGetKernel(&loaded->main, lib, "duet_fused"));
+  if (k.program.reduce != FusedReduce::None)
+    DUET_CUDA_CHECK(cudaLibraryGetKernel(&loaded->fold, lib, "duet_fused_fold"));
+  k.device_code.store(loaded.get(), std::memory_order_release);
+  c.kernels.emplace(key, std::move(loaded));
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 void run(kernels::FusedKernel& k, const kernels::DuetFusedArgs& a, Device device) {
   k.runs.fetch_add(1, std::memory_order_relaxed);
-  const void* fn = k.device_code.load(std::memory_order_acquire);
+  const Loaded* fn = static_cast<const Loaded*>(k.device_code.load(std::memory_order_acquire));
   DUET_ASSERT(fn != nullptr, "[fused] a CUDA kernel ran before prepare()");
   FusedLaunch l = fused_launch(k.program, a, device_info(device).sms);
   if (l.none) return;
   kernels::DuetFusedArgs args = a;
-  void* params[] = {&args, &l.vmask, &l.vec};
   set_device(device);
-  DUET_CUDA_CHECK(
-      cudaLaunchKernel(fn, dim3(l.grid), dim3(l.block_x, l.block_y), params, 0, stream(device)));
+  cudaStream_t s = stream(device);
+  // A split reduction's partials: freed after the launches, the caching allocator reuses the
+  // block in stream order.
+  Tensor scratch;
+  if (l.nsplit > 1) {
+    scratch = duet::detail::empty(Shape{l.partials}, k.program.dtype, device);
+    args.red_out = scratch.raw_data();
+  }
+  void* params[] = {&args, &l.vmask, &l.vec, &l.nsplit};
+  DUET_CUDA_CHECK(cudaLaunchKernel(reinterpret_cast<const void*>(fn->main), dim3(l.grid, l.grid_y),
+                                   dim3(l.block_x, l.block_y), params, 0, s));
+  if (l.nsplit > 1) {
+    const void* part = scratch.raw_data();
+    void* out = a.red_out;
+    void* fold_params[] = {&part, &out, &l.results, &l.nsplit, &l.part_stride, &l.split_stride};
+    const int64_t blocks = (l.results + kFusedFoldBlock - 1) / kFusedFoldBlock;
+    DUET_CUDA_CHECK(cudaLaunchKernel(reinterpret_cast<const void*>(fn->fold),
+                                     dim3(static_cast<unsigned>(std::min<int64_t>(blocks, 65535))),
+                                     dim3(kFusedFoldBlock), fold_params, 0, s));
+  }
+}
+
+// A reduction splits each result's range when its results alone give fewer blocks than the
+// device has multiprocessors and each slice keeps enough work: about two blocks per
+// multiprocessor in all.
+int split_count(int64_t blocks, int64_t length, int64_t min_slice, int sms) {
+  if (blocks >= sms || length < 2 * min_slice) return 1;
+  const int64_t want = (2 * int64_t(sms) + blocks - 1) / blocks;
+  const int64_t n = std::min<int64_t>({want, length / min_slice, 1024});
+  return n < 2 ? 1 : static_cast<int>(n);
 }
 
 }  // namespace
@@ -261,8 +297,15 @@ FusedLaunch fused_launch(const FusedProgram& p, const kernels::DuetFusedArgs& a,
     }
     unsigned threads = 32;
     while (threads < kFusedInnerMaxBlock && threads < a.inner) threads *= 2;
-    l.grid = static_cast<unsigned>(std::min<int64_t>(a.outer, 65535));
+    l.nsplit = split_count(a.outer, a.inner, 2048, sms);
+    l.grid = static_cast<unsigned>(std::min<int64_t>(a.outer * l.nsplit, 65535));
     l.block_x = threads;
+    if (l.nsplit > 1) {  // partial c of row i at i * nsplit + c
+      l.results = a.outer;
+      l.partials = a.outer * l.nsplit;
+      l.part_stride = l.nsplit;
+      l.split_stride = 1;
+    }
   } else {
     if (a.inner <= 0) {
       l.none = true;
@@ -271,8 +314,16 @@ FusedLaunch fused_launch(const FusedProgram& p, const kernels::DuetFusedArgs& a,
     const int64_t col_blocks = (a.inner + kFusedOuterColumns - 1) / kFusedOuterColumns;
     l.grid = static_cast<unsigned>(std::min<int64_t>(col_blocks, 65535));
     l.block_x = kFusedOuterColumns;
-    // Few columns: more threads down the rows.
+    // Few columns: more threads down the rows, and row slices in blocks of their own.
     l.block_y = col_blocks < sms ? kFusedOuterRows : kFusedOuterRowsMany;
+    l.nsplit = split_count(col_blocks, a.outer, 256, sms);
+    l.grid_y = static_cast<unsigned>(l.nsplit);
+    if (l.nsplit > 1) {  // partial c of column j at c * inner + j
+      l.results = a.inner;
+      l.partials = a.inner * l.nsplit;
+      l.part_stride = 1;
+      l.split_stride = a.inner;
+    }
   }
   return l;
 }

@@ -5,8 +5,9 @@
 // architecture and loaded with the runtime's library API.
 //
 // Note [Fused CUDA kernels]
-// One kernel per program, `duet_fused(DuetFusedArgs a, unsigned vmask, int vec)`, over the 2-D
-// iteration space of Note [Fused iteration] (kernels/fused_abi.h), with grid-stride loops:
+// One kernel per program, `duet_fused(DuetFusedArgs a, unsigned vmask, int vec, int nsplit)`,
+// over the 2-D iteration space of Note [Fused iteration] (kernels/fused_abi.h), with grid-stride
+// loops:
 //   - elementwise: each thread takes V = 16 / sizeof(T) consecutive elements of a row when
 //     `vec` is set (rows a multiple of V long, outputs 16-byte aligned), loading an input of
 //     dtype T with one 16-byte load when its bit in `vmask` says its rows are contiguous and
@@ -15,7 +16,12 @@
 //   - inner reduction: one block per row (grid-stride over rows), threads striding along it,
 //     then a warp-shuffle and shared-memory tree;
 //   - outer reduction: 32 columns per block, its threads' rows striding down, then a
-//     shared-memory fold over the rows.
+//     shared-memory fold over the rows;
+//   - a reduction with too few rows (inner) or column blocks (outer) to fill the device, each
+//     long enough, runs in two passes: nsplit blocks per row or column block, each folding a
+//     slice into a partial in a scratch buffer, then `duet_fused_fold` (in the same source)
+//     folding each result's partials in slice order. A full sum of a large tensor thus uses
+//     every multiprocessor instead of one block, and still adds in a fixed order.
 // The kernel declares __launch_bounds__ of the largest block its mode is launched with, from the
 // block sizes that fused_launch uses too (kernels/codegen/source.h), so that no program needs
 // more registers than its block may hold.
@@ -72,12 +78,16 @@ uint64_t kernel_cache_key(const std::string& source, const std::vector<NvrtcHead
                           const std::vector<std::string>& options);
 
 /// How run() launches a program's kernel on a device with `sms` multiprocessors: the grid, the
-/// block (of fused_block_limit(p.reduce) threads at most), and the kernel's vmask and vec
-/// arguments (Note [Fused CUDA kernels]). `none` when there is no work.
+/// block (of fused_block_limit(p.reduce) threads at most), and the kernel's vmask, vec and
+/// nsplit arguments (Note [Fused CUDA kernels]). `none` when there is no work. With nsplit > 1
+/// the kernel writes `partials` values of T to a scratch buffer, and duet_fused_fold(scratch,
+/// red_out, results, nsplit, part_stride, split_stride) folds them.
 struct FusedLaunch {
-  unsigned grid = 1, block_x = 1, block_y = 1;
+  unsigned grid = 1, grid_y = 1, block_x = 1, block_y = 1;
   unsigned vmask = 0;
   int vec = 0;
+  int nsplit = 1;
+  int64_t partials = 0, results = 0, part_stride = 0, split_stride = 0;
   bool none = false;
 };
 FusedLaunch fused_launch(const kernels::FusedProgram& p, const kernels::DuetFusedArgs& a, int sms);

@@ -254,6 +254,44 @@ TEST_CASE("cuda codegen: a kernel's launch bounds are the largest block the laun
   }
 }
 
+TEST_CASE("cuda codegen: a reduction of a few long rows or columns splits across the device") {
+  // On 132 multiprocessors: a full sum (one row) and a sum over a tall batch into few columns
+  // split in slices, about two blocks a multiprocessor; many rows or columns, or short ones,
+  // do not.
+  struct Case {
+    FusedReduce reduce;
+    int64_t outer, inner;
+    bool split;
+  };
+  const Case cases[] = {
+      {FusedReduce::Inner, 1, 1 << 24, true},      {FusedReduce::Inner, 4, 100000, true},
+      {FusedReduce::Inner, 1, 3000, false},        {FusedReduce::Inner, 4096, 100000, false},
+      {FusedReduce::Outer, 1 << 20, 16, true},     {FusedReduce::Outer, 65536, 1024, true},
+      {FusedReduce::Outer, 300, 16, false},        {FusedReduce::Outer, 65536, 8192, false},
+  };
+  for (const Case& c : cases) {
+    INFO(int(c.reduce) << ": " << c.outer << " x " << c.inner);
+    const FusedProgram p = every_op(DType::f32, c.reduce, OpId::Sum);
+    kernels::DuetFusedArgs a{};
+    a.outer = c.outer;
+    a.inner = c.inner;
+    const cuda::detail::FusedLaunch l = cuda::detail::fused_launch(p, a, 132);
+    CHECK((l.nsplit > 1) == c.split);
+    if (!c.split) continue;
+    const int64_t results = c.reduce == FusedReduce::Inner ? c.outer : c.inner;
+    const int64_t blocks =
+        c.reduce == FusedReduce::Inner ? int64_t(l.grid) : int64_t(l.grid) * l.grid_y;
+    CHECK(blocks >= 132);
+    CHECK(l.results == results);
+    CHECK(l.partials == results * l.nsplit);
+    // Every partial is written once: the strides tile [0, partials).
+    std::vector<int> hit(static_cast<size_t>(l.partials));
+    for (int64_t r = 0; r < l.results; ++r)
+      for (int64_t k = 0; k < l.nsplit; ++k) ++hit[r * l.part_stride + k * l.split_stride];
+    CHECK(std::count(hit.begin(), hit.end(), 1) == l.partials);
+  }
+}
+
 namespace {
 
 // What the host needs of CUDA to run an elementwise kernel: threads run one after another.
@@ -299,11 +337,20 @@ std::string replace_all(std::string s, const std::string& from, const std::strin
 }
 
 using EmulateFn = void (*)(int prog, const kernels::DuetFusedArgs* a, unsigned vmask, int vec,
-                           unsigned grid, unsigned block_x, unsigned block_y);
+                           int nsplit, unsigned grid, unsigned grid_y, unsigned block_x,
+                           unsigned block_y);
+// A split reduction's second pass (duet_fused_fold) of program `prog`, on one thread.
+using EmulateFoldFn = void (*)(int prog, const void* part, void* out, int64_t n, int nsplit,
+                               int64_t ps, int64_t pc);
+struct Emulator {
+  EmulateFn run = nullptr;
+  EmulateFoldFn fold = nullptr;
+};
 
 // Compiles the programs' kernels into one host library, each in a namespace of its own, with
-// emulate() running program `prog` over a grid one thread at a time.
-EmulateFn build_host_kernels(const std::vector<FusedProgram>& progs, std::string* log) {
+// emulate() running program `prog` over a grid one block at a time, and emulate_fold() its second
+// pass.
+Emulator build_host_kernels(const std::vector<FusedProgram>& progs, std::string* log) {
   namespace fs = std::filesystem;
   const fs::path dir = fs::temp_directory_path() / ("duet-cuda-emu-" + std::to_string(getpid()));
   fs::create_directories(dir);
@@ -323,8 +370,8 @@ EmulateFn build_host_kernels(const std::vector<FusedProgram>& progs, std::string
 #include <thread>
 #include <vector>
 extern "C" void emulate(int prog, const duet::kernels::DuetFusedArgs* a, unsigned vmask, int vec,
-                        unsigned grid, unsigned bx, unsigned by) {
-  for (unsigned b = 0; b < grid; ++b) {
+                        int nsplit, unsigned grid, unsigned grid_y, unsigned bx, unsigned by) {
+  for (unsigned b = 0; b < grid * grid_y; ++b) {
     std::barrier<> bar(bx * by);
     duet_emu_barrier = &bar;
     std::vector<std::unique_ptr<std::barrier<>>> warps;
@@ -337,16 +384,34 @@ extern "C" void emulate(int prog, const duet::kernels::DuetFusedArgs* a, unsigne
       for (unsigned tx = 0; tx < bx; ++tx)
         threads.emplace_back([=] {
           gridDim.x = grid;
+          gridDim.y = grid_y;
           blockDim.x = bx;
           blockDim.y = by;
-          blockIdx.x = b;
+          blockIdx.x = b % grid;
+          blockIdx.y = b / grid;
           threadIdx.x = tx;
           threadIdx.y = ty;
           switch (prog) {
 )EMU";
   for (size_t i = 0; i < progs.size(); ++i)
-    src += fmt::format("            case {0}: prog{0}::duet_fused(*a, vmask, vec); break;\n", i);
+    src += fmt::format("            case {0}: prog{0}::duet_fused(*a, vmask, vec, nsplit); break;\n",
+                       i);
   src += "          }\n        });\n    for (std::thread& t : threads) t.join();\n  }\n}\n";
+  src += "extern \"C\" void emulate_fold(int prog, const void* part, void* out, int64_t n, int nsplit,\n"
+         "                             int64_t ps, int64_t pc) {\n"
+         "  gridDim = blockDim = dim3{};\n"
+         "  blockIdx = threadIdx = dim3{0, 0, 0};\n"
+         "  blockDim.x = n > 0 ? static_cast<unsigned>(n) : 1;\n"
+         "  for (unsigned t = 0; t < blockDim.x; ++t) {\n"
+         "    threadIdx.x = t;\n"
+         "    switch (prog) {\n";
+  for (size_t i = 0; i < progs.size(); ++i)
+    if (progs[i].reduce != FusedReduce::None)
+      src += fmt::format(
+          "      case {0}: prog{0}::duet_fused_fold(static_cast<const prog{0}::T*>(part), "
+          "static_cast<prog{0}::T*>(out), n, nsplit, ps, pc); break;\n",
+          i);
+  src += "    }\n  }\n}\n";
   write(dir / "emu.cpp", src);
   std::string eigen;
   for (const char* p = detail::kCodegenEigenInclude; *p;) {
@@ -362,16 +427,17 @@ extern "C" void emulate(int prog, const duet::kernels::DuetFusedArgs* a, unsigne
   if (std::system(cmd.c_str()) != 0) {
     std::ifstream f(dir / "log.txt");
     *log = cmd + "\n" + std::string(std::istreambuf_iterator<char>(f), {});
-    return nullptr;
+    return {};
   }
   void* h = dlopen((dir / "emu.so").c_str(), RTLD_NOW | RTLD_LOCAL);
   std::error_code ec;
   fs::remove_all(dir, ec);
   if (!h) {
     *log = dlerror();
-    return nullptr;
+    return {};
   }
-  return reinterpret_cast<EmulateFn>(dlsym(h, "emulate"));
+  return {reinterpret_cast<EmulateFn>(dlsym(h, "emulate")),
+          reinterpret_cast<EmulateFoldFn>(dlsym(h, "emulate_fold"))};
 }
 
 // One input's layout over [outer, inner]: element (i, j) at base + i * so + j * si.
@@ -396,14 +462,17 @@ TEST_CASE("cuda codegen: generated kernels run on the host equal the interpreter
     progs.push_back(g);
   }
   std::string log;
-  const EmulateFn emulate = build_host_kernels(progs, &log);
-  const bool built = emulate != nullptr;
+  const Emulator emu = build_host_kernels(progs, &log);
+  const bool built = emu.run != nullptr && emu.fold != nullptr;
   REQUIRE_MESSAGE(built, log);
   Rng rng(77);
   struct Case {
     const char* name;
     int64_t outer, inner;
     std::vector<InLayout> layouts;  // per input (cycled)
+    int sms = 1;  ///< one multiprocessor: grids of a few blocks, so the grid-stride loops go round
+    /// A case of split reductions: run for the programs of this mode only, and split there.
+    FusedReduce split = FusedReduce::None;
   };
   const std::vector<Case> cases = {
       {"dense, one row (vector path)", 1, 1024, {{0, 1}}},
@@ -416,12 +485,16 @@ TEST_CASE("cuda codegen: generated kernels run on the host equal the interpreter
       {"transposed", 6, 8, {{1, 6}, {8, 1}}},
       {"long rows", 3, 700, {{700, 1}, {0, 1}, {1, 0}}},
       {"many rows, few columns", 70, 3, {{3, 1}, {0, 1}, {1, 0}}},
+      // Reductions split in slices (two passes) on a device of 3 multiprocessors.
+      {"one long row, split", 1, 6200, {{6200, 1}, {0, 1}}, 3, FusedReduce::Inner},
+      {"two long columns, split", 800, 2, {{2, 1}, {1, 0}}, 3, FusedReduce::Outer},
   };
   int checked = 0;
   for (size_t pi = 0; pi < progs.size(); ++pi) {
     const FusedProgram& p = progs[pi];
     const int ni = p.num_inputs(), no = static_cast<int>(p.outputs.size());
     for (const Case& c : cases) {
+      if (c.split != FusedReduce::None && c.split != p.reduce) continue;
       INFO("program " << pi << ", " << c.name << "\n" << p.str());
       // Inputs: buffers large enough for every layout, filled from the domain of each dtype.
       std::vector<Tensor> ins;
@@ -454,10 +527,19 @@ TEST_CASE("cuda codegen: generated kernels run on the host equal the interpreter
       kernels::interpret_fused(p, a, 0, k.work(a));
       for (int o = 0; o < no; ++o) a.out[o] = got[o].raw_data();
       a.red_out = red_got.raw_data();
-      // One multiprocessor: grids of a few blocks, so the grid-stride loops go round.
-      const cuda::detail::FusedLaunch l = cuda::detail::fused_launch(p, a, 1);
+      const cuda::detail::FusedLaunch l = cuda::detail::fused_launch(p, a, c.sms);
       REQUIRE_FALSE(l.none);
-      emulate(static_cast<int>(pi), &a, l.vmask, l.vec, l.grid, l.block_x, l.block_y);
+      CHECK((l.nsplit > 1) == (c.split != FusedReduce::None));
+      Tensor partials;
+      if (l.nsplit > 1) {
+        partials = zeros({l.partials}, Options().dtype(p.dtype));
+        a.red_out = partials.raw_data();
+      }
+      emu.run(static_cast<int>(pi), &a, l.vmask, l.vec, l.nsplit, l.grid, l.grid_y, l.block_x,
+              l.block_y);
+      if (l.nsplit > 1)
+        emu.fold(static_cast<int>(pi), partials.raw_data(), red_got.raw_data(), l.results,
+                 l.nsplit, l.part_stride, l.split_stride);
       const double tol = p.dtype == DType::f32 ? 2e-6 : 1e-13;
       for (int o = 0; o < no; ++o) {
         INFO("output " << o << " (vec " << l.vec << ", vmask " << l.vmask << ")");
@@ -465,7 +547,8 @@ TEST_CASE("cuda codegen: generated kernels run on the host equal the interpreter
         CHECK_MESSAGE(m.empty(), m);
       }
       if (nred) {  // sums in another order
-        INFO("reduction (grid " << l.grid << ", block " << l.block_x << "x" << l.block_y << ")");
+        INFO("reduction (grid " << l.grid << "x" << l.grid_y << ", block " << l.block_x << "x"
+                                << l.block_y << ", " << l.nsplit << " slices)");
         const std::string m = differences(values(red_got), values(red_want), tol * 50, tol * 50);
         CHECK_MESSAGE(m.empty(), m);
       }

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <thread>
 
 #include "cuda/cuda.h"
@@ -207,6 +208,36 @@ TEST_CASE("cuda compiled: elementwise rows in fused chains and reductions equal 
       "({}); NVRTC: {} built, {} from disk, {:.1f} s",
       fused, graphs, after.failed - before.failed, after.last_failure, cuda::codegen_stats().built,
       cuda::codegen_stats().disk_hits, cuda::codegen_stats().build_ms / 1e3));
+}
+
+TEST_CASE("cuda compiled: fused reductions of one long row or a few long columns, in slices") {
+  // Too few rows or column blocks to fill the device: each is folded in slices by blocks of
+  // their own, then the partials in order (two passes). The eager sums do the same in their own
+  // kernels; f32 sums of a million terms agree within 1e-4.
+  if (!gpu()) return;
+  Rng rng(311);
+  struct Case {
+    Shape shape;
+    std::function<Tensor(const Tensor&)> fn;
+    const char* what;
+  };
+  const std::vector<Case> cases = {
+      {{1 << 20}, [](const Tensor& x) { return sum(tanh(x) * x); }, "a full sum"},
+      {{3, 200000}, [](const Tensor& x) { return max(exp(x) - x, {1}); }, "three long rows (max)"},
+      {{100000, 8}, [](const Tensor& x) { return sum(x * x + 1.0, {0}); }, "eight long columns"},
+      {{20000, 40}, [](const Tensor& x) { return min(x - 2.0, {0}); }, "40 columns (min)"},
+  };
+  for (const Case& c : cases)
+    for (DType dt : {DType::f32, DType::f64}) {
+      INFO(std::string(c.what) << " " << dtype_name(dt));
+      auto make = [&] {
+        return Ins{cuda_like(make_layout(random_values(c.shape.numel(), Domain{-2, 2}, dt, rng),
+                                         c.shape, dt, Layout::Contiguous))};
+      };
+      const CompileStats s =
+          check_calls([&c](const Ins& x) { return c.fn(x[0]); }, make, 4, 1e-4);
+      CHECK(s.fused_kernels > 0);
+    }
 }
 
 // Random programs of the fusion and mixed mixes, compiled, against eager on the device that

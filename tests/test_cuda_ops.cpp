@@ -240,6 +240,7 @@ TEST_CASE("cuda reduce rows: dims sets, keepdim, layouts, dtypes") {
       {{64, 2048}, L::Contiguous, {Dims{0}}},        // thread per output (outer dims reduced)
       {{400000}, L::Contiguous, {Dims{}}},           // split across blocks, then folded
       {{3, 150001}, L::Strided, {Dims{1}, Dims{}}},  // a few outputs, split
+      {{4096, 1024}, L::Contiguous, {Dims{0}}},      // thread per output, split in slices
   };
   for (const ReduceRow& row : reduce_rows())
     for (DType dt : row.dtypes)

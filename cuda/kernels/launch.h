@@ -80,9 +80,11 @@ struct ReduceArg {
   int64_t nsplit = 1;
 };
 inline constexpr int64_t kReduceScratchBytes = 16;
-/// How many blocks fold each output: more than one only for few outputs of very many elements
-/// (a full reduction), which then needs nout * nsplit * kReduceScratchBytes of scratch.
-int64_t reduce_splits(int64_t nout, int64_t nred);
+/// How many slices each output's elements are folded in, by blocks of their own: more than one
+/// only when the outputs alone leave most of the device idle (a full reduction, or a sum over
+/// the batch into a few thousand features), which then needs nout * nsplit *
+/// kReduceScratchBytes of scratch.
+int64_t reduce_splits(const ReduceArg& arg);
 /// Sum accumulates in the output dtype (i64 for integer and b8 inputs), Max and Min keep it.
 cudaError_t launch_reduce(Reduce op, DT in, DT out, const ReduceArg& arg, cudaStream_t s);
 

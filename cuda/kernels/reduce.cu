@@ -1,6 +1,8 @@
 // CUDA kernels of sum, max, min and argmax: each output folds its reduced elements in a warp
-// (few elements) or a block (many), threads striding over the elements and combining with
-// warp shuffles, then across warps through shared memory. The semantics are the CPU's:
+// (few elements), a block (many) or a thread (outputs side by side in the input), threads
+// striding over the elements and combining with warp shuffles, then across warps through shared
+// memory. When the outputs alone would leave most of the device idle, each output's elements are
+// folded in slices by blocks of their own, then the slices' partials in order (two passes). The semantics are the CPU's:
 // integers and b8 sum in i64 (wrapping), max/min propagate NaN (fn::Maximum/Minimum), argmax
 // keeps the first index of the largest value with NaN counting as largest.
 #include <cfloat>
@@ -211,17 +213,51 @@ __global__ void reduce_partials(ReduceArg A) {
   }
 }
 
+// Thread per output with too few outputs to fill the device (a bias gradient of 1024 features
+// over a large batch): slice c = blockIdx.y of every output's elements is folded into partial
+// c * nout + o, then one thread per output folds its nsplit partials in slice order. Both
+// passes keep a warp's accesses side by side.
+template <class Op, class S>
+__global__ void reduce_thread_split(ReduceArg A) {
+  const int64_t chunk = (A.nred + A.nsplit - 1) / A.nsplit, lo = int64_t(blockIdx.y) * chunk;
+  const int64_t hi = lo + chunk < A.nred ? lo + chunk : A.nred;
+  auto* part = static_cast<typename Op::Acc*>(A.scratch) + int64_t(blockIdx.y) * A.nout;
+  const int64_t step = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t o = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; o < A.nout; o += step)
+    part[o] = partial<Op, S>(A, o, lo, hi, 0, 1);
+}
+template <class Op>
+__global__ void reduce_thread_partials(ReduceArg A) {
+  const auto* part = static_cast<const typename Op::Acc*>(A.scratch);
+  const int64_t step = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t o = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; o < A.nout; o += step) {
+    typename Op::Acc acc = Op::identity();
+    for (int64_t c = 0; c < A.nsplit; ++c) acc = Op::combine(acc, part[c * A.nout + o]);
+    Op::store(A.out, o, acc);
+  }
+}
+
+// Neighbouring outputs side by side in the input and many elements each: a thread per output.
+bool thread_per_output(const ReduceArg& A) {
+  return A.nkept > 0 && A.kept_strides[A.nkept - 1] == 1 && A.nout >= 1024 &&
+         (A.nreduced == 0 || A.red_strides[A.nreduced - 1] != 1);
+}
+
 template <class Op, class S>
 cudaError_t run(const ReduceArg& A, cudaStream_t s) {
   static_assert(sizeof(typename Op::Acc) <= kReduceScratchBytes, "scratch too small");
   if (A.nout == 0) return cudaSuccess;
   const unsigned outs = static_cast<unsigned>(A.nout < 65536 ? A.nout : 65536);
-  if (A.nsplit > 1 && A.scratch) {
+  const bool by_thread = thread_per_output(A);
+  if (A.nsplit > 1 && A.scratch && by_thread) {
+    reduce_thread_split<Op, S>
+        <<<dim3(blocks_for(A.nout), static_cast<unsigned>(A.nsplit)), kThreads, 0, s>>>(A);
+    reduce_thread_partials<Op><<<blocks_for(A.nout), kThreads, 0, s>>>(A);
+  } else if (A.nsplit > 1 && A.scratch) {
     const int64_t nb = A.nout * A.nsplit;
     reduce_split<Op, S><<<static_cast<unsigned>(nb < 65536 ? nb : 65536), kThreads, 0, s>>>(A);
     reduce_partials<Op><<<outs, kThreads, 0, s>>>(A);
-  } else if (A.nkept > 0 && A.kept_strides[A.nkept - 1] == 1 && A.nout >= 1024 &&
-             (A.nreduced == 0 || A.red_strides[A.nreduced - 1] != 1)) {
+  } else if (by_thread) {
     reduce_thread<Op, S><<<blocks_for(A.nout), kThreads, 0, s>>>(A);
   } else if (A.nred > 256) {
     reduce_block<Op, S><<<outs, kThreads, 0, s>>>(A);
@@ -233,9 +269,17 @@ cudaError_t run(const ReduceArg& A, cudaStream_t s) {
 
 }  // namespace
 
-int64_t reduce_splits(int64_t nout, int64_t nred) {
-  if (nred < (int64_t(1) << 16) || nout > 64) return 1;
-  const int64_t by_size = nred / 16384, by_blocks = 1024 / nout;
+int64_t reduce_splits(const ReduceArg& A) {
+  if (thread_per_output(A)) {
+    // Fewer than 64 blocks of outputs: slices of at least 64 elements, up to 256 blocks in all.
+    const int64_t blocks = (A.nout + kThreads - 1) / kThreads;
+    if (blocks >= 64 || A.nred < 128) return 1;
+    const int64_t by_size = A.nred / 64, by_blocks = (256 + blocks - 1) / blocks;
+    const int64_t n = by_size < by_blocks ? by_size : by_blocks;
+    return n < 2 ? 1 : n;
+  }
+  if (A.nred < (int64_t(1) << 16) || A.nout > 64) return 1;
+  const int64_t by_size = A.nred / 16384, by_blocks = 1024 / A.nout;
   const int64_t n = by_size < by_blocks ? by_size : by_blocks;
   return n < 2 ? 1 : n;
 }

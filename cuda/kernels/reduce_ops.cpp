@@ -73,7 +73,7 @@ void reduce_kernel(TensorRefs in, const Attrs& attrs, const Tensor& out) {
   cudaStream_t s = stream_for(out);
   kern::ReduceArg B = A;
   Tensor scratch;  // freed after the launch: the caching allocator reuses it in stream order
-  B.nsplit = kern::reduce_splits(A.nout, A.nred);
+  B.nsplit = kern::reduce_splits(A);
   if (B.nsplit > 1) {
     scratch = duet::detail::empty(Shape{B.nout * B.nsplit * kern::kReduceScratchBytes / 8},
                                   DType::i64, out.device());

@@ -67,8 +67,11 @@ __device__ __forceinline__ T element(const DuetFusedArgs& a, int64_t i, int64_t 
   return r;
 }
 
+// nsplit > 1 (reductions): each row's or column's reduced range in nsplit slices, each folded
+// by a block of its own into a partial (red_out then points at nsplit partials per result, in
+// the layout duet_fused_fold reads), so that a few long rows or columns still fill the device.
 extern "C" __global__ void __launch_bounds__(kBlockThreads)
-    duet_fused(DuetFusedArgs a, unsigned vmask, int vec) {
+    duet_fused(DuetFusedArgs a, unsigned vmask, int vec, int nsplit) {
 #if DUET_REDUCE == 0
   const int64_t n = a.outer * a.inner;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
@@ -116,33 +119,55 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
     }
   }
 #elif DUET_REDUCE == 1
+  // Block b folds slice b % nsplit of row b / nsplit: partial b.
   __shared__ T sh[32];
-  for (int64_t i = blockIdx.x; i < a.outer; i += gridDim.x) {
+  const int64_t chunk = (a.inner + nsplit - 1) / nsplit;
+  for (int64_t b = blockIdx.x; b < a.outer * nsplit; b += gridDim.x) {
+    const int64_t i = b / nsplit, lo = (b % nsplit) * chunk;
+    const int64_t hi = lo + chunk < a.inner ? lo + chunk : a.inner;
     T acc = Red::id();
-    for (int64_t j = threadIdx.x; j < a.inner; j += blockDim.x) acc = Red::op(acc, element(a, i, j));
+    for (int64_t j = lo + threadIdx.x; j < hi; j += blockDim.x) acc = Red::op(acc, element(a, i, j));
     acc = block_reduce(acc, sh);
-    if (threadIdx.x == 0) static_cast<T*>(a.red_out)[i] = acc;
+    if (threadIdx.x == 0) static_cast<T*>(a.red_out)[b] = acc;
   }
 #else
+  // Blocks of row blockIdx.y fold row slice blockIdx.y (of gridDim.y == nsplit): partial
+  // blockIdx.y * inner + j of column j.
   __shared__ T sh[kOuterRows][kOuterCols + 1];
+  const int64_t chunk = (a.outer + nsplit - 1) / nsplit, lo = int64_t(blockIdx.y) * chunk;
+  const int64_t hi = lo + chunk < a.outer ? lo + chunk : a.outer;
   for (int64_t j0 = int64_t(blockIdx.x) * kOuterCols; j0 < a.inner;
        j0 += int64_t(gridDim.x) * kOuterCols) {
     const int64_t j = j0 + threadIdx.x;
     T acc = Red::id();
     if (j < a.inner) {
-      for (int64_t i = threadIdx.y; i < a.outer; i += blockDim.y) acc = Red::op(acc, element(a, i, j));
+      for (int64_t i = lo + threadIdx.y; i < hi; i += blockDim.y) acc = Red::op(acc, element(a, i, j));
     }
     sh[threadIdx.y][threadIdx.x] = acc;
     __syncthreads();
     if (threadIdx.y == 0 && j < a.inner) {
       T v = sh[0][threadIdx.x];
       for (unsigned y = 1; y < blockDim.y; ++y) v = Red::op(v, sh[y][threadIdx.x]);
-      static_cast<T*>(a.red_out)[j] = v;
+      static_cast<T*>(a.red_out)[int64_t(blockIdx.y) * a.inner + j] = v;
     }
     __syncthreads();
   }
 #endif
 }
+
+#if DUET_REDUCE != 0
+// The second pass of a split reduction: result r folds its partials part[r * ps + c * pc] for c
+// in [0, nsplit), in that order, so a sum does not depend on which block finished first.
+extern "C" __global__ void __launch_bounds__(kFoldThreads)
+    duet_fused_fold(const T* part, T* out, int64_t n, int nsplit, int64_t ps, int64_t pc) {
+  for (int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; r < n;
+       r += int64_t(gridDim.x) * blockDim.x) {
+    T acc = Red::id();
+    for (int c = 0; c < nsplit; ++c) acc = Red::op(acc, part[r * ps + c * pc]);
+    out[r] = acc;
+  }
+}
+#endif
 )duet_src";
 
 }  // namespace
@@ -156,10 +181,10 @@ std::string fused_source(const FusedProgram& p) {
       "typedef {} T;\nusing duet::kernels::DuetFusedArgs;\n"
       "#define DUET_REDUCE {}\n"
       "constexpr int NI = {}, NO = {}, NIA = {}, NOA = {}, V = 16 / sizeof(T);\n"
-      "constexpr int kBlockThreads = {}, kOuterCols = {}, kOuterRows = {};\n",
+      "constexpr int kBlockThreads = {}, kOuterCols = {}, kOuterRows = {}, kFoldThreads = {};\n",
       dtype_name(p.dtype), kernels::jit::c_type(p.dtype), static_cast<int>(p.reduce), nin, nout,
       std::max(nin, 1), std::max(nout, 1), fused_block_limit(p.reduce), kFusedOuterColumns,
-      kFusedOuterRows);
+      kFusedOuterRows, kFusedFoldBlock);
   s += kHelpers;
   std::string in_t, out_t;
   for (int k = 0; k < nin; ++k)
