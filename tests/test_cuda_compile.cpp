@@ -506,6 +506,57 @@ TEST_CASE("cuda compiled: a result held from one call is never overwritten by th
   CHECK(same.stats().cuda_graph_plans == 0);
 }
 
+TEST_CASE("cuda compiled: replays read the inputs in place and hand out their own buffers") {
+  if (!gpu()) return;
+  auto f = compile([](Tensor x) { return tanh(x) * 2.0 + 1.0; });
+  Tensor x = randn({1000}).to(Device::cuda());
+  const Tensor want = tanh(x) * 2.0 + 1.0;
+  // The same input, results dropped: one graph, no copies in or out.
+  CudaGraphStats before = cuda_graph_stats();
+  for (int call = 0; call < 6; ++call) check_close(f(x), want);
+  CudaGraphStats after = cuda_graph_stats();
+  CHECK(after.captured == before.captured + 1);
+  CHECK(after.replays == before.replays + 5);
+  CHECK(after.input_copies == before.input_copies);
+  CHECK(after.ungraphed_runs == before.ungraphed_runs);
+  // The input changed in place: the graph reads it where it is.
+  {
+    NoGradGuard ng;
+    x.mul_(0.5);
+  }
+  check_close(f(x), tanh(x) * 2.0 + 1.0);
+  // The previous result held at each call (a loss kept for printing): two graphs alternate.
+  before = cuda_graph_stats();
+  Tensor last = f(x);
+  for (int call = 0; call < 6; ++call) {
+    const Tensor now = f(x);
+    check_close(last, tanh(x) * 2.0 + 1.0);  // not overwritten by the call that made `now`
+    last = now;
+  }
+  after = cuda_graph_stats();
+  CHECK(after.captured == before.captured + 1);
+  CHECK(after.replays == before.replays + 7);
+  CHECK(after.ungraphed_runs == before.ungraphed_runs);
+  // A new input tensor at each call, at addresses that move: a graph with input buffers.
+  before = cuda_graph_stats();
+  std::vector<Tensor> keep;
+  for (int call = 0; call < 6; ++call) {
+    keep.push_back(randn({1000}).to(Device::cuda()));  // alive: the next lands elsewhere
+    check_close(f(keep.back()), tanh(keep.back()) * 2.0 + 1.0);
+  }
+  after = cuda_graph_stats();
+  CHECK(after.input_copies >= before.input_copies + 4);
+  CHECK(after.ungraphed_runs == before.ungraphed_runs);
+  // Every result held: four graphs, then calls without one, all correct.
+  before = cuda_graph_stats();
+  std::vector<Tensor> held;
+  for (int call = 0; call < 8; ++call) held.push_back(f(x));
+  for (const Tensor& h : held) check_close(h, tanh(x) * 2.0 + 1.0);
+  after = cuda_graph_stats();
+  CHECK(after.ungraphed_runs > before.ungraphed_runs);
+  CHECK(f.stats().traces == 1);
+}
+
 TEST_CASE("cuda compiled: graphs update captured tensors, recapture on new storage, can be off") {
   if (!gpu()) return;
   // A captured counter written in place at every call: the version moves and values follow.

@@ -1,7 +1,9 @@
 // duet: CUDA-graph replay of a plan (Note [CUDA graph replay] in trace/executor.h): which plans
 // qualify, the capture at their second run, the replays after it, and the process-wide counters.
+#include <algorithm>
 #include <exception>
 #include <mutex>
+#include <utility>
 
 #include "core/allocator.h"
 #include "core/tensor_impl.h"
@@ -10,9 +12,13 @@
 
 namespace duet::detail {
 
-Plan::GraphState::~GraphState() {
-  if (graph) backend->destroy_graph(graph, device);
+void Plan::GraphState::clear() {
+  for (Slot& slot : slots)
+    if (slot.graph) backend->destroy_graph(slot.graph, device);
+  slots.clear();
 }
+
+Plan::GraphState::~GraphState() { clear(); }
 
 namespace {
 std::mutex g_graph_mu;
@@ -67,27 +73,92 @@ void Plan::prepare_graph_replay() {
   stats_.cuda_graph = true;
 }
 
+namespace {
+
+// The graphs one plan keeps: a call whose inputs or held results no graph fits runs kernel by
+// kernel once there are this many.
+constexpr size_t kMaxGraphs = 4;
+
+InputKey key_of(const Tensor& t) {
+  const TensorImpl* x = t.unsafe_impl();
+  return {x->data(), x->strides};
+}
+
+// Whether the caller holds none of a graph's results (a view of one counts): each result's
+// storage is referenced by the graph's own tensors alone. A result that is a view of a captured
+// tensor is the caller's memory anyway (Plan::alias_output_), and does not count.
+bool results_free(const std::vector<Tensor>& outputs, const std::vector<bool>& alias) {
+  std::vector<std::pair<const StorageImpl*, int32_t>> ours;  // storage, our references to it
+  std::vector<const TensorImpl*> seen;
+  for (size_t k = 0; k < outputs.size(); ++k) {
+    if (alias[k]) continue;
+    const TensorImpl* t = outputs[k].unsafe_impl();
+    if (std::find(seen.begin(), seen.end(), t) != seen.end()) continue;
+    seen.push_back(t);
+    auto it = std::find_if(ours.begin(), ours.end(),
+                           [&](const auto& p) { return p.first == t->storage.get(); });
+    if (it == ours.end())
+      ours.emplace_back(t->storage.get(), 1);
+    else
+      ++it->second;
+  }
+  for (const auto& [st, n] : ours)
+    if (st->refcount_.load(std::memory_order_acquire) != n) return false;
+  return true;
+}
+
+}  // namespace
+
 std::vector<Tensor> Plan::run_graphed(const std::vector<Tensor>& inputs) {
   GraphState& gs = *cuda_graph_;
   bool ok = !gs.failed;
   for (const Tensor& t : inputs) ok = ok && t.device() == gs.device;
   if (!ok || gs.runs++ == 0) return execute(inputs);  // the first run builds kernels and state
-  // A captured tensor with new storage (Module::to) invalidates the graph's addresses.
-  if (gs.graph) {
+  // A captured tensor with new storage (Module::to) invalidates the graphs' addresses.
+  if (!gs.slots.empty()) {
     for (size_t k = 0; k < graph_.captured.size(); ++k)
       if (graph_.captured[k].unsafe_impl()->data() != gs.addresses[k]) {
-        gs.backend->destroy_graph(gs.graph, gs.device);
-        gs.graph = nullptr;
+        gs.clear();
         break;
       }
   }
-  if (!gs.graph) {
-    gs.inputs.clear();
-    for (const Tensor& t : inputs) {
-      gs.inputs.push_back(empty(t.sizes(), t.dtype(), gs.device));
-      copy_into(gs.inputs.back(), t);
+  run_hoisted_if_stale();  // not in the graphs: they run when a parameter changes
+  std::vector<InputKey> keys;
+  keys.reserve(inputs.size());
+  for (const Tensor& t : inputs) keys.push_back(key_of(t));
+  // A graph that reads these very inputs, else one with static input buffers; its results free.
+  GraphState::Slot* use = nullptr;
+  bool moved = false;  // some graph reads the caller's inputs elsewhere: they move between calls
+  for (GraphState::Slot& slot : gs.slots) {
+    if (slot.copies) continue;
+    if (slot.reads != keys) {
+      moved = true;
+    } else if (results_free(slot.outputs, alias_output_)) {
+      use = &slot;
+      break;
     }
-    run_hoisted_if_stale();  // not in the graph: they run when a parameter changes
+  }
+  for (size_t k = 0; !use && k < gs.slots.size(); ++k)
+    if (gs.slots[k].copies && results_free(gs.slots[k].outputs, alias_output_))
+      use = &gs.slots[k];
+  if (!use) {
+    if (gs.slots.size() >= kMaxGraphs) {
+      std::lock_guard<std::mutex> lock(g_graph_mu);
+      ++g_graph_stats.ungraphed_runs;
+      return execute(inputs);
+    }
+    // Capture another graph: over the caller's inputs where they are, unless they have moved
+    // since an earlier capture (a new batch at every call), then over static buffers.
+    GraphState::Slot slot;
+    slot.copies = moved;
+    if (moved) {
+      for (const Tensor& t : inputs) {
+        slot.inputs.push_back(empty(t.sizes(), t.dtype(), gs.device));
+        copy_into(slot.inputs.back(), t);
+      }
+    } else {
+      slot.reads = keys;
+    }
     std::string why;
     void* pool = nullptr;
     try {
@@ -98,7 +169,7 @@ std::vector<Tensor> Plan::run_graphed(const std::vector<Tensor>& inputs) {
     std::vector<Tensor> outs;
     if (pool) {
       try {
-        outs = execute(gs.inputs);
+        outs = execute(moved ? slot.inputs : inputs);
       } catch (const std::exception& e) {
         why = e.what();
       }
@@ -107,6 +178,7 @@ std::vector<Tensor> Plan::run_graphed(const std::vector<Tensor>& inputs) {
     if (!graph || !why.empty()) {
       if (graph) gs.backend->destroy_graph(graph, gs.device);
       gs.failed = true;
+      gs.clear();
       {
         std::lock_guard<std::mutex> lock(g_graph_mu);
         ++g_graph_stats.failed;
@@ -114,17 +186,22 @@ std::vector<Tensor> Plan::run_graphed(const std::vector<Tensor>& inputs) {
       }
       return execute(inputs);  // nothing ran during the capture
     }
-    gs.graph = graph;
-    gs.outputs = std::move(outs);
-    gs.addresses.clear();
-    for (const Tensor& c : graph_.captured) gs.addresses.push_back(c.unsafe_impl()->data());
+    slot.graph = graph;
+    slot.outputs = std::move(outs);
+    if (gs.slots.empty()) {
+      gs.addresses.clear();
+      for (const Tensor& c : graph_.captured) gs.addresses.push_back(c.unsafe_impl()->data());
+    }
+    gs.slots.push_back(std::move(slot));
+    use = &gs.slots.back();
     std::lock_guard<std::mutex> lock(g_graph_mu);
     ++g_graph_stats.captured;
-  } else {
-    for (size_t k = 0; k < inputs.size(); ++k) copy_into(gs.inputs[k], inputs[k]);
-    run_hoisted_if_stale();
+  } else if (use->copies) {
+    for (size_t k = 0; k < inputs.size(); ++k) copy_into(use->inputs[k], inputs[k]);
+    std::lock_guard<std::mutex> lock(g_graph_mu);
+    ++g_graph_stats.input_copies;
   }
-  gs.backend->launch_graph(gs.graph, gs.device);
+  gs.backend->launch_graph(use->graph, gs.device);
   {
     std::lock_guard<std::mutex> lock(g_graph_mu);
     ++g_graph_stats.replays;
@@ -134,17 +211,13 @@ std::vector<Tensor> Plan::run_graphed(const std::vector<Tensor>& inputs) {
   for (const WriteBack& w : graph_.writebacks)
     graph_.captured[w.target].unsafe_impl()->storage->version_.fetch_add(1,
                                                                          std::memory_order_relaxed);
+  // The results themselves, as views of the graph's buffers (or of the captured tensors they
+  // view): this graph replays again only once the caller has let go of all of them.
   std::vector<Tensor> out;
-  out.reserve(gs.outputs.size());
-  for (size_t k = 0; k < gs.outputs.size(); ++k) {
-    const Tensor& v = gs.outputs[k];
-    if (alias_output_[k]) {  // a view of a captured tensor: the caller's own memory
-      const TensorImpl* x = v.unsafe_impl();
-      out.push_back(make_view(v, x->shape, x->strides, x->offset));
-    } else {  // a copy: the next replay writes the graph's buffer again
-      out.push_back(empty(v.sizes(), v.dtype(), v.device()));
-      copy_into(out.back(), v);
-    }
+  out.reserve(use->outputs.size());
+  for (const Tensor& v : use->outputs) {
+    const TensorImpl* x = v.unsafe_impl();
+    out.push_back(make_view(v, x->shape, x->strides, x->offset));
   }
   return out;
 }

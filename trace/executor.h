@@ -20,19 +20,28 @@
 //
 // Note [CUDA graph replay]
 // A plan whose steps all run on one CUDA device (no control steps, no transfers, no result that
-// is an argument or a view of one: those alias the caller's tensor) is replayed as
-// one CUDA graph, so that a call costs one launch instead of one per kernel. Its first run is
-// plain (it builds the fused kernels and cuBLAS's state). The second copies its inputs into
-// static input buffers and runs the schedule once while the device's stream is captured
-// (Note [CUDA graph capture] in cuda/runtime.cpp); the arena, the captured tensors and the
-// static inputs are at fixed addresses, and the graph writes its results into buffers of its own
-// private pool. From then on a call copies its inputs into the static buffers, launches the
-// graph, bumps the versions of the captured tensors it wrote, and hands out copies of its
-// results: a later replay writes the graph's buffers again, never a tensor the caller holds
-// (results that are views of captured tensors are those views, as without a graph). A capture
-// that fails (a host read, a copy to the host) leaves the plan running kernel by kernel, and
-// cuda_graph_stats() says why. A captured tensor given new storage (Module::to) makes the next
-// call capture again.
+// is an argument or a view of one: those alias the caller's tensor) is replayed as a CUDA
+// graph, so that a call costs one launch instead of one per kernel. Its first run is plain (it
+// builds the fused kernels and cuBLAS's state). The second runs the schedule once while the
+// device's stream is captured (Note [CUDA graph capture] in cuda/runtime.cpp). A graph bakes in
+// every address it touches: the arena and the captured tensors (fixed), the inputs, and its
+// results, which it writes into buffers of its own private pool. So that a replay costs no
+// copies, a plan keeps up to four graphs (trace/cuda_graph.cpp):
+//   - inputs: a graph reads the caller's input tensors where they were at its capture, and a
+//     call whose inputs are at those addresses (the same tensors, or new ones the caching
+//     allocator put there) replays it as is. Once a call's inputs are elsewhere (a new batch
+//     at every step), the next graph captured reads static buffers instead, which each of its
+//     calls copies the inputs into (cuda_graph_stats().input_copies counts those);
+//   - results: a call hands out views of the graph's result buffers, not copies. A graph
+//     replays only while the caller holds none of its results (each buffer's storage is
+//     referenced by the graph alone); otherwise another graph is used or captured, so a held
+//     result is never overwritten. A loop that keeps the previous step's loss alternates two
+//     graphs. With four graphs all held, or none fitting the inputs, the call runs kernel by
+//     kernel (cuda_graph_stats().ungraphed_runs).
+// A call bumps the versions of the captured tensors its graph wrote. A capture that fails (a
+// host read, a copy to the host) leaves the plan running kernel by kernel, and
+// cuda_graph_stats() says why. A captured tensor given new storage (Module::to) drops the
+// graphs, and the next call captures again.
 //
 // Note [Control steps]
 // A Control node (Note [Control flow nodes]) is one step, with its Project nodes: it runs a plan

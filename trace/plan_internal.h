@@ -36,16 +36,32 @@ struct Plan::ControlStep {
   std::vector<int32_t> projects;             ///< per result: its Project value, or -1
 };
 
-/// A plan's CUDA graph (Note [CUDA graph replay]).
+/// Where a graph reads a runtime input: its first element and its strides.
+struct InputKey {
+  const void* data = nullptr;
+  Strides strides;
+  bool operator==(const InputKey& o) const { return data == o.data && strides == o.strides; }
+};
+
+/// A plan's CUDA graphs (Note [CUDA graph replay]).
 struct Plan::GraphState {
+  /// One captured graph. It reads the caller's inputs where they were at its capture (`reads`),
+  /// or static buffers of its own that each call copies into (`inputs`, when defined), and
+  /// writes its results into buffers of its own, which calls hand out.
+  struct Slot {
+    void* graph = nullptr;        ///< the backend's executable graph
+    bool copies = false;          ///< reads static buffers (`inputs`) that calls copy into
+    std::vector<Tensor> inputs;   ///< the static input buffers, when it copies
+    std::vector<InputKey> reads;  ///< where it reads the caller's inputs, when it does not
+    std::vector<Tensor> outputs;  ///< the results, in the graph's private pool
+  };
   Device device;
   const DeviceBackend* backend = nullptr;
   int64_t runs = 0;
-  void* graph = nullptr;               ///< the backend's executable graph, once captured
-  std::vector<Tensor> inputs;          ///< static input buffers the graph reads
-  std::vector<Tensor> outputs;         ///< the results, in the graph's private pool
-  std::vector<const void*> addresses;  ///< data of each captured tensor at capture
+  std::vector<Slot> slots;
+  std::vector<const void*> addresses;  ///< data of each captured tensor at the captures
   bool failed = false;
+  void clear();
   ~GraphState();
 };
 
