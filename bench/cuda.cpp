@@ -5,7 +5,8 @@
 //           fastest algorithm, with TF32 off (variant "fp32") and with duet's TF32 switch on
 //           against cuBLAS in TF32 math (variant "tf32");
 //   W2cuda: W2's chain (n = 2^22) against a device-to-device cudaMemcpy of the same
-//           bytes (one read of x, one write of y), in ms and GB/s;
+//           bytes (one read of x, one write of y), in ms and GB/s, and against the chain fused
+//           by hand in one CUDA kernel (bench/cuda_floors.cu): what its math costs at best;
 //   W4cuda, W6cuda: the W4 and W6 training steps with parameters and batch on the GPU,
 //           against their GEMM floor: the step's own products (same shapes and transposes) on
 //           cuBLAS, back to back.
@@ -35,6 +36,9 @@ namespace bench {
 
 using duet::Device;
 using duet::Tensor;
+
+// bench/cuda_floors.cu: W2's chain fused by hand, on stream s.
+cudaError_t w2_hand_fused(const float* x, float* y, int64_t n, cudaStream_t s);
 
 namespace {
 
@@ -296,12 +300,13 @@ void run_w2cuda(const Config& c, std::vector<Result>& out) {
   auto memcpy_d2d = [&] {
     DUET_CUDA_CHECK(cudaMemcpyAsync(pc, px, n * sizeof(float), cudaMemcpyDeviceToDevice, 0));
   };
+  auto hand_fused = [&] { DUET_CUDA_CHECK(w2_hand_fused(px, pc, n, 0)); };
   first_call_s(
       "W2cuda", [&] { yc = compiled(x); }, c, out);
   duet::cuda::reset_peak_memory_stats(0);
   const int calls = 200;  // a rep moves about 13 GB (W2's count)
-  const auto t =
-      time_events({[&] { y = w2(x); }, memcpy_d2d, [&] { yc = compiled(x); }}, calls, c.reps);
+  const auto t = time_events({[&] { y = w2(x); }, memcpy_d2d, [&] { yc = compiled(x); }, hand_fused},
+                             calls, c.reps);
   const double peak = static_cast<double>(duet::cuda::memory_stats(0).peak);
   auto ms = [](double s) { return s * 1e3; };
   auto gbps = [&](double s) { return bytes / s / 1e9; };
@@ -314,11 +319,19 @@ void run_w2cuda(const Config& c, std::vector<Result>& out) {
   out.push_back(single(cuda_base("W2cuda", "eager", c, "ratio_to_floor"), ratio));
   const double ratio_c = median_of(t[1]) / median_of(t[2]);
   out.push_back(single(cuda_base("W2cuda", "compiled", c, "ratio_to_floor"), ratio_c));
+  const double ratio_h = median_of(t[3]) / median_of(t[2]);  // compiled over the hand-fused kernel
+  out.push_back(single(cuda_base("W2cuda", "compiled", c, "ratio_to_hand_fused"), ratio_h));
+  out.push_back(single(cuda_base("W2cuda", "hand_fused", c, "ratio_to_floor"),
+                       median_of(t[1]) / median_of(t[3])));
   compiled_figures("W2cuda", "", c, compiled.stats(), out);
   for (const char* metric : {"ms", "gbps"}) {
     Result f = cuda_base("W2cuda", "floor", c, metric);
     f.variant = "memcpy_d2d";
     out.push_back(summarize(f, t[1],
+                            metric[0] == 'm' ? std::function<double(double)>(ms)
+                                             : std::function<double(double)>(gbps)));
+    Result h = cuda_base("W2cuda", "hand_fused", c, metric);
+    out.push_back(summarize(h, t[3],
                             metric[0] == 'm' ? std::function<double(double)>(ms)
                                              : std::function<double(double)>(gbps)));
   }
@@ -333,10 +346,12 @@ void run_w2cuda(const Config& c, std::vector<Result>& out) {
     err_c = std::max(err_c, double(std::abs(got_c[i] - want[i])));
   std::fprintf(stderr,
                "W2cuda: duet eager %.3f ms, %.0f GB/s, compiled %.3f ms, %.0f GB/s; device copy "
-               "%.0f GB/s: eager %.3fx and compiled %.3fx of the copy bandwidth (max difference "
+               "%.0f GB/s, hand-fused kernel %.3f ms, %.0f GB/s: eager %.3fx and compiled %.3fx "
+               "of the copy bandwidth, compiled %.3fx of the hand-fused kernel (max difference "
                "to the CPU %.2g eager, %.2g compiled; %lld fused kernels, %lld CUDA-graph plans)\n",
                ms(median_of(t[0])), gbps(median_of(t[0])), ms(median_of(t[2])),
-               gbps(median_of(t[2])), gbps(median_of(t[1])), ratio, ratio_c, err, err_c,
+               gbps(median_of(t[2])), gbps(median_of(t[1])), ms(median_of(t[3])),
+               gbps(median_of(t[3])), ratio, ratio_c, ratio_h, err, err_c,
                (long long)compiled.stats().fused_kernels,
                (long long)compiled.stats().cuda_graph_plans);
   if (std::max(err, err_c) > 1e-5)

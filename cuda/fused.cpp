@@ -350,7 +350,7 @@ NvrtcOptions nvrtc_options(int arch) {
     DUET_CHECK_DEVICE(target > 0, "[nvrtc] no architecture at or below sm_{} is supported", arch);
   }
   o.options = {fmt::format("--gpu-architecture={}_{}", o.cubin ? "sm" : "compute", target),
-               "-std=c++17", "--fmad=false", "-DNDEBUG"};
+               "-std=c++17", "-DNDEBUG"};
   for (std::string& i : include_options()) o.options.push_back(std::move(i));
   return o;
 }

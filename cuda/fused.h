@@ -26,8 +26,11 @@
 // block sizes that fused_launch uses too (kernels/codegen/source.h), so that no program needs
 // more registers than its block may hold.
 // Registers hold T as in the interpreter (Note [Fused registers]); b8 loads are 0 or 1 and b8
-// stores test != 0. NVRTC compiles with --fmad=false, so each op rounds its result as the
-// eager kernel does (results match eager within the order of a reduction's sums).
+// stores test != 0. Add, Sub and Mul (and a sum's fold) use round-to-nearest intrinsics
+// (__fadd_rn, ...), which are never contracted into a fused multiply-add, so each op rounds its
+// result as its eager kernel does; inside a functor NVRTC contracts as nvcc does for the eager
+// kernels (both with contraction on). Results match eager within the order of a reduction's
+// sums and the last bits of a transcendental function.
 //
 // Note [CUDA kernel cache]
 // A build is cached in memory (by key, for the process) and on disk as

@@ -27,7 +27,7 @@ using Ins = std::vector<Tensor>;
 
 // Eager on CUDA against compiled on CUDA: f32 within 1e-5 relative (plus 1e-5 absolute, and the
 // row's own looser tolerance), f64 within 1e-9, others exactly. Fused kernels round each op as
-// eager does (--fmad=false) but sum reductions in another order.
+// eager does (Add, Sub and Mul are never contracted) but sum reductions in another order.
 void check_close(const Tensor& got, const Tensor& want, double row32 = 0) {
   REQUIRE(got.defined());
   CHECK(got.device() == want.device());

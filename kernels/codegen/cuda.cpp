@@ -31,6 +31,21 @@ __device__ __forceinline__ T cmp_le(T a, T b) { return a <= b ? T(1) : T(0); }
 __device__ __forceinline__ T cmp_eq(T a, T b) { return a == b ? T(1) : T(0); }
 __device__ __forceinline__ T cmp_ne(T a, T b) { return a != b ? T(1) : T(0); }
 __device__ __forceinline__ T pwhere(T c, T a, T b) { return c != T(0) ? a : b; }
+// Add, Sub and Mul round to nearest through intrinsics that are never contracted into a fused
+// multiply-add: a * b + c of two ops rounds twice, as the two eager kernels do. Inside a functor
+// the compiler contracts as nvcc does for the eager kernels (both with FMA contraction on).
+__device__ __forceinline__ float rn_add(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ double rn_add(double a, double b) { return __dadd_rn(a, b); }
+__device__ __forceinline__ float rn_sub(float a, float b) { return __fsub_rn(a, b); }
+__device__ __forceinline__ double rn_sub(double a, double b) { return __dsub_rn(a, b); }
+__device__ __forceinline__ float rn_mul(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double rn_mul(double a, double b) { return __dmul_rn(a, b); }
+template <>
+__device__ __forceinline__ T apply2<duet::fn::Add>(T a, T b) { return rn_add(a, b); }
+template <>
+__device__ __forceinline__ T apply2<duet::fn::Sub>(T a, T b) { return rn_sub(a, b); }
+template <>
+__device__ __forceinline__ T apply2<duet::fn::Mul>(T a, T b) { return rn_mul(a, b); }
 )duet_src";
 
 // The fixed part of every kernel; a program adds T, its tables, load_in/store_out, compute()
@@ -67,6 +82,51 @@ __device__ __forceinline__ T element(const DuetFusedArgs& a, int64_t i, int64_t 
   return r;
 }
 
+// V consecutive elements (i, j..j+V) of an elementwise program: an input whose bit in wmask is
+// set is the constant whole[k]; one whose bit in vmask is set is read with one 16-byte load (its
+// rows dense and aligned); a row broadcast once; any other lane by lane. Outputs are written
+// with 16-byte stores (vec: rows a multiple of V long, outputs aligned).
+__device__ __forceinline__ void vec_step(const DuetFusedArgs& a, unsigned vmask, unsigned wmask,
+                                         const T* whole, int64_t i, int64_t j) {
+  const int64_t e = i * a.inner + j;
+  T x[V][NIA], y[V][NOA], r;
+#pragma unroll
+  for (int k = 0; k < NI; ++k) {
+    if (wmask >> k & 1u) {
+#pragma unroll
+      for (int l = 0; l < V; ++l) x[l][k] = whole[k];
+      continue;
+    }
+    const int64_t off = i * a.in_so[k] + j * a.in_si[k];
+    if (a.in_si[k] == 0) {
+      const T b = load_in(a, k, off);
+#pragma unroll
+      for (int l = 0; l < V; ++l) x[l][k] = b;
+    } else if (kInT[k] && (vmask >> k & 1u)) {
+      const Vec w = *reinterpret_cast<const Vec*>(static_cast<const T*>(a.in[k]) + off);
+#pragma unroll
+      for (int l = 0; l < V; ++l) x[l][k] = w.v[l];
+    } else {
+#pragma unroll
+      for (int l = 0; l < V; ++l) x[l][k] = load_in(a, k, off + l * a.in_si[k]);
+    }
+  }
+#pragma unroll
+  for (int l = 0; l < V; ++l) compute(x[l], y[l], r);
+#pragma unroll
+  for (int o = 0; o < NO; ++o) {
+    if (kOutT[o]) {
+      Vec w;
+#pragma unroll
+      for (int l = 0; l < V; ++l) w.v[l] = y[l][o];
+      *reinterpret_cast<Vec*>(static_cast<T*>(a.out[o]) + e) = w;
+    } else {
+#pragma unroll
+      for (int l = 0; l < V; ++l) store_out(a, o, e + l, y[l][o]);
+    }
+  }
+}
+
 // nsplit > 1 (reductions): each row's or column's reduced range in nsplit slices, each folded
 // by a block of its own into a partial (red_out then points at nsplit partials per result, in
 // the layout duet_fused_fold reads), so that a few long rows or columns still fill the device.
@@ -77,39 +137,21 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (vec) {
-    for (int64_t q = t; q * V < n; q += stride) {
-      const int64_t e = q * V;
-      const int64_t i = a.outer == 1 ? 0 : e / a.inner, j = e - i * a.inner;
-      T x[V][NIA], y[V][NOA], r;
+    // An input constant over the whole space (a number, a Scalar) is loaded once, not per step.
+    T whole[NIA];
+    unsigned wmask = 0;
 #pragma unroll
-      for (int k = 0; k < NI; ++k) {
-        const int64_t off = i * a.in_so[k] + j * a.in_si[k];
-        if (a.in_si[k] == 0) {
-          const T b = load_in(a, k, off);
-#pragma unroll
-          for (int l = 0; l < V; ++l) x[l][k] = b;
-        } else if (kInT[k] && (vmask >> k & 1u)) {
-          const Vec w = *reinterpret_cast<const Vec*>(static_cast<const T*>(a.in[k]) + off);
-#pragma unroll
-          for (int l = 0; l < V; ++l) x[l][k] = w.v[l];
-        } else {
-#pragma unroll
-          for (int l = 0; l < V; ++l) x[l][k] = load_in(a, k, off + l * a.in_si[k]);
-        }
+    for (int k = 0; k < NI; ++k)
+      if (a.in_si[k] == 0 && (a.outer == 1 || a.in_so[k] == 0)) {
+        whole[k] = load_in(a, k, 0);
+        wmask |= 1u << k;
       }
-#pragma unroll
-      for (int l = 0; l < V; ++l) compute(x[l], y[l], r);
-#pragma unroll
-      for (int o = 0; o < NO; ++o) {
-        if (kOutT[o]) {
-          Vec w;
-#pragma unroll
-          for (int l = 0; l < V; ++l) w.v[l] = y[l][o];
-          *reinterpret_cast<Vec*>(static_cast<T*>(a.out[o]) + e) = w;
-        } else {
-#pragma unroll
-          for (int l = 0; l < V; ++l) store_out(a, o, e + l, y[l][o]);
-        }
+    if (a.outer == 1) {  // one row: no division, no row offsets
+      for (int64_t q = t; q * V < n; q += stride) vec_step(a, vmask, wmask, whole, 0, q * V);
+    } else {
+      for (int64_t q = t; q * V < n; q += stride) {
+        const int64_t e = q * V, i = e / a.inner;
+        vec_step(a, vmask, wmask, whole, i, e - i * a.inner);
       }
     }
   } else {
@@ -274,7 +316,7 @@ std::string fused_source(const FusedProgram& p) {
   s += "__device__ __forceinline__ void compute(const T* x, T* y, T& r) {\n" + body + "}\n";
   s += fmt::format(
       "struct Red {{\n"
-      "  static __device__ __forceinline__ T op(T a, T b) {{ return duet::fn::{}{{}}(a, b); }}\n"
+      "  static __device__ __forceinline__ T op(T a, T b) {{ return apply2<duet::fn::{}>(a, b); }}\n"
       "  static __device__ __forceinline__ T id() {{ return {}; }}\n}};\n",
       red_op, red_id);
   s += kKernels;
