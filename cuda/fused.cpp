@@ -287,7 +287,9 @@ FusedLaunch fused_launch(const FusedProgram& p, const kernels::DuetFusedArgs& a,
         l.vmask |= 1u << i;
     const int64_t work = l.vec ? n / V : n;
     const int64_t threads = kFusedElementwiseBlock;
-    const int64_t blocks = std::min<int64_t>((work + threads - 1) / threads, int64_t(sms) * 16);
+    // A thread per V elements up to 128 blocks a multiprocessor (W2's 2^22 floats in one pass),
+    // then grid-stride: one pass keeps more loads in flight than two shorter ones.
+    const int64_t blocks = std::min<int64_t>((work + threads - 1) / threads, int64_t(sms) * 128);
     l.grid = static_cast<unsigned>(std::max<int64_t>(blocks, 1));
     l.block_x = kFusedElementwiseBlock;
   } else if (p.reduce == FusedReduce::Inner) {

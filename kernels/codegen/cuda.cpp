@@ -146,13 +146,10 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
         whole[k] = load_in(a, k, 0);
         wmask |= 1u << k;
       }
-    if (a.outer == 1) {  // one row: no division, no row offsets
-      for (int64_t q = t; q * V < n; q += stride) vec_step(a, vmask, wmask, whole, 0, q * V);
-    } else {
-      for (int64_t q = t; q * V < n; q += stride) {
-        const int64_t e = q * V, i = e / a.inner;
-        vec_step(a, vmask, wmask, whole, i, e - i * a.inner);
-      }
+    // One copy of the step (a second, for one row, doubled NVRTC's time for little gain).
+    for (int64_t q = t; q * V < n; q += stride) {
+      const int64_t e = q * V, i = a.outer == 1 ? 0 : e / a.inner;
+      vec_step(a, vmask, wmask, whole, i, e - i * a.inner);
     }
   } else {
     for (int64_t e = t; e < n; e += stride) {
