@@ -7,6 +7,8 @@
 // the same step on the CPU over 20 steps; output ownership (a held result is never overwritten
 // by a later replay); and the graph's bookkeeping. Without a usable GPU every case returns at
 // once, gpu() calls skip() and the binary exits with 77, which ctest reports as Skipped.
+#include <cuda_runtime.h>
+
 #include <atomic>
 #include <cmath>
 #include <cstdio>
@@ -555,6 +557,47 @@ TEST_CASE("cuda compiled: replays read the inputs in place and hand out their ow
   after = cuda_graph_stats();
   CHECK(after.ungraphed_runs > before.ungraphed_runs);
   CHECK(f.stats().traces == 1);
+}
+
+TEST_CASE("cuda compiled: running out of memory during a capture leaves the plan without a graph") {
+  // The capture allocates its results from a fresh pool, so with the device filled it fails with
+  // out of memory. The capture must end cleanly (no empty_cache syncing the captured stream),
+  // leave no sticky error for the next kernel, and the call still compute its result, kernel by
+  // kernel, from the blocks the main cache kept.
+  if (!gpu()) return;
+  auto f = compile([](Tensor x) { return x * 2.0 + 1.0; });
+  const Tensor x = full({1 << 20}, 3.0, Options().device(Device::cuda()));
+  CHECK(f(x).to_vector<float>()[5] == 7.0f);  // the first call: no capture; its block is cached
+  cuda::synchronize();
+  std::vector<void*> filler;
+  for (size_t chunk = size_t(1) << 30; chunk >= (size_t(1) << 20);) {
+    void* p = nullptr;
+    if (cudaMalloc(&p, chunk) == cudaSuccess) {
+      filler.push_back(p);
+    } else {
+      cudaGetLastError();
+      chunk /= 2;
+    }
+  }
+  const CudaGraphStats before = cuda_graph_stats();
+  std::vector<float> got;
+  try {
+    got = f(x).to_vector<float>();
+  } catch (const Error& e) {
+    const std::string m = std::string("the call failed: ") + e.what();
+    FAIL_CHECK(m);
+  }
+  const CudaGraphStats after = cuda_graph_stats();
+  for (void* p : filler) cudaFree(p);
+  REQUIRE(got.size() == size_t(1) << 20);
+  CHECK(got[0] == 7.0f);
+  CHECK(got.back() == 7.0f);
+  CHECK(after.failed == before.failed + 1);
+  CHECK(after.last_failure.find("out of memory") != std::string::npos);
+  // No error left behind: eager kernels and later calls run.
+  CHECK((x + 1.0).to_vector<float>()[0] == 4.0f);
+  for (int i = 0; i < 3; ++i) CHECK(f(x).to_vector<float>()[7] == 7.0f);
+  CHECK(cudaGetLastError() == cudaSuccess);
 }
 
 TEST_CASE("cuda compiled: graphs update captured tensors, recapture on new storage, can be off") {
