@@ -305,8 +305,8 @@ void run_w2cuda(const Config& c, std::vector<Result>& out) {
       "W2cuda", [&] { yc = compiled(x); }, c, out);
   duet::cuda::reset_peak_memory_stats(0);
   const int calls = 200;  // a rep moves about 13 GB (W2's count)
-  const auto t = time_events({[&] { y = w2(x); }, memcpy_d2d, [&] { yc = compiled(x); }, hand_fused},
-                             calls, c.reps);
+  const auto t = time_events(
+      {[&] { y = w2(x); }, memcpy_d2d, [&] { yc = compiled(x); }, hand_fused}, calls, c.reps);
   const double peak = static_cast<double>(duet::cuda::memory_stats(0).peak);
   auto ms = [](double s) { return s * 1e3; };
   auto gbps = [&](double s) { return bytes / s / 1e9; };

@@ -265,10 +265,10 @@ TEST_CASE("cuda codegen: a reduction of a few long rows or columns splits across
     bool split;
   };
   const Case cases[] = {
-      {FusedReduce::Inner, 1, 1 << 24, true},      {FusedReduce::Inner, 4, 100000, true},
-      {FusedReduce::Inner, 1, 3000, false},        {FusedReduce::Inner, 4096, 100000, false},
-      {FusedReduce::Outer, 1 << 20, 16, true},     {FusedReduce::Outer, 65536, 1024, true},
-      {FusedReduce::Outer, 300, 16, false},        {FusedReduce::Outer, 65536, 8192, false},
+      {FusedReduce::Inner, 1, 1 << 24, true},  {FusedReduce::Inner, 4, 100000, true},
+      {FusedReduce::Inner, 1, 3000, false},    {FusedReduce::Inner, 4096, 100000, false},
+      {FusedReduce::Outer, 1 << 20, 16, true}, {FusedReduce::Outer, 65536, 1024, true},
+      {FusedReduce::Outer, 300, 16, false},    {FusedReduce::Outer, 65536, 8192, false},
   };
   for (const Case& c : cases) {
     INFO(int(c.reduce) << ": " << c.outer << " x " << c.inner);
@@ -401,17 +401,19 @@ extern "C" void emulate(int prog, const duet::kernels::DuetFusedArgs* a, unsigne
           switch (prog) {
 )EMU";
   for (size_t i = 0; i < progs.size(); ++i)
-    src += fmt::format("            case {0}: prog{0}::duet_fused(*a, vmask, vec, nsplit); break;\n",
-                       i);
+    src += fmt::format(
+        "            case {0}: prog{0}::duet_fused(*a, vmask, vec, nsplit); break;\n", i);
   src += "          }\n        });\n    for (std::thread& t : threads) t.join();\n  }\n}\n";
-  src += "extern \"C\" void emulate_fold(int prog, const void* part, void* out, int64_t n, int nsplit,\n"
-         "                             int64_t ps, int64_t pc) {\n"
-         "  gridDim = blockDim = dim3{};\n"
-         "  blockIdx = threadIdx = dim3{0, 0, 0};\n"
-         "  blockDim.x = n > 0 ? static_cast<unsigned>(n) : 1;\n"
-         "  for (unsigned t = 0; t < blockDim.x; ++t) {\n"
-         "    threadIdx.x = t;\n"
-         "    switch (prog) {\n";
+  src +=
+      "extern \"C\" void emulate_fold(int prog, const void* part, void* out, int64_t n, int "
+      "nsplit,\n"
+      "                             int64_t ps, int64_t pc) {\n"
+      "  gridDim = blockDim = dim3{};\n"
+      "  blockIdx = threadIdx = dim3{0, 0, 0};\n"
+      "  blockDim.x = n > 0 ? static_cast<unsigned>(n) : 1;\n"
+      "  for (unsigned t = 0; t < blockDim.x; ++t) {\n"
+      "    threadIdx.x = t;\n"
+      "    switch (prog) {\n";
   for (size_t i = 0; i < progs.size(); ++i)
     if (progs[i].reduce != FusedReduce::None)
       src += fmt::format(
@@ -477,7 +479,7 @@ TEST_CASE("cuda codegen: generated kernels run on the host equal the interpreter
     const char* name;
     int64_t outer, inner;
     std::vector<InLayout> layouts;  // per input (cycled)
-    int sms = 1;  ///< one multiprocessor: grids of a few blocks
+    int sms = 1;                    ///< one multiprocessor: grids of a few blocks
     /// A case of split reductions: run for the programs of this mode only, and split there.
     FusedReduce split = FusedReduce::None;
   };
@@ -548,8 +550,8 @@ TEST_CASE("cuda codegen: generated kernels run on the host equal the interpreter
       emu.run(static_cast<int>(pi), &a, l.vmask, l.vec, l.nsplit, l.grid, l.grid_y, l.block_x,
               l.block_y);
       if (l.nsplit > 1)
-        emu.fold(static_cast<int>(pi), partials.raw_data(), red_got.raw_data(), l.results,
-                 l.nsplit, l.part_stride, l.split_stride);
+        emu.fold(static_cast<int>(pi), partials.raw_data(), red_got.raw_data(), l.results, l.nsplit,
+                 l.part_stride, l.split_stride);
       const double tol = p.dtype == DType::f32 ? 2e-6 : 1e-13;
       for (int o = 0; o < no; ++o) {
         INFO("output " << o << " (vec " << l.vec << ", vmask " << l.vmask << ")");

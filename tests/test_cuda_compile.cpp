@@ -236,8 +236,7 @@ TEST_CASE("cuda compiled: fused reductions of one long row or a few long columns
         return Ins{cuda_like(make_layout(random_values(c.shape.numel(), Domain{-2, 2}, dt, rng),
                                          c.shape, dt, Layout::Contiguous))};
       };
-      const CompileStats s =
-          check_calls([&c](const Ins& x) { return c.fn(x[0]); }, make, 4, 1e-4);
+      const CompileStats s = check_calls([&c](const Ins& x) { return c.fn(x[0]); }, make, 4, 1e-4);
       CHECK(s.fused_kernels > 0);
     }
 }

@@ -139,8 +139,7 @@ std::vector<Tensor> Plan::run_graphed(const std::vector<Tensor>& inputs) {
     }
   }
   for (size_t k = 0; !use && k < gs.slots.size(); ++k)
-    if (gs.slots[k].copies && results_free(gs.slots[k].outputs, alias_output_))
-      use = &gs.slots[k];
+    if (gs.slots[k].copies && results_free(gs.slots[k].outputs, alias_output_)) use = &gs.slots[k];
   if (!use) {
     if (gs.slots.size() >= kMaxGraphs) {
       std::lock_guard<std::mutex> lock(g_graph_mu);

@@ -2,9 +2,10 @@
 // (few elements), a block (many) or a thread (outputs side by side in the input), threads
 // striding over the elements and combining with warp shuffles, then across warps through shared
 // memory. When the outputs alone would leave most of the device idle, each output's elements are
-// folded in slices by blocks of their own, then the slices' partials in order (two passes). The semantics are the CPU's:
-// integers and b8 sum in i64 (wrapping), max/min propagate NaN (fn::Maximum/Minimum), argmax
-// keeps the first index of the largest value with NaN counting as largest.
+// folded in slices by blocks of their own, then the slices' partials in order (two passes). The
+// semantics are the CPU's: integers and b8 sum in i64 (wrapping), max/min propagate NaN
+// (fn::Maximum/Minimum), argmax keeps the first index of the largest value with NaN counting as
+// largest.
 #include <cfloat>
 #include <climits>
 

@@ -313,7 +313,8 @@ std::string fused_source(const FusedProgram& p) {
   s += "__device__ __forceinline__ void compute(const T* x, T* y, T& r) {\n" + body + "}\n";
   s += fmt::format(
       "struct Red {{\n"
-      "  static __device__ __forceinline__ T op(T a, T b) {{ return apply2<duet::fn::{}>(a, b); }}\n"
+      "  static __device__ __forceinline__ T op(T a, T b) {{ return apply2<duet::fn::{}>(a, b); "
+      "}}\n"
       "  static __device__ __forceinline__ T id() {{ return {}; }}\n}};\n",
       red_op, red_id);
   s += kKernels;

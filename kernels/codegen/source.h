@@ -29,7 +29,7 @@ inline constexpr unsigned kFusedInnerMaxBlock = 512;     ///< inner reduction: 3
 inline constexpr unsigned kFusedOuterColumns = 32;       ///< outer reduction: block_x, a warp
 inline constexpr unsigned kFusedOuterRows = 32;          ///< its block_y when columns are few
 inline constexpr unsigned kFusedOuterRowsMany = 8;       ///< and when they are many
-inline constexpr unsigned kFusedFoldBlock = 256;  ///< a split reduction's second pass
+inline constexpr unsigned kFusedFoldBlock = 256;         ///< a split reduction's second pass
 static_assert(kFusedInnerMaxBlock % 32 == 0 && kFusedInnerMaxBlock <= 1024 &&
                   kFusedOuterColumns == 32 && kFusedOuterRowsMany <= kFusedOuterRows &&
                   kFusedOuterColumns * kFusedOuterRows <= 1024,
