@@ -81,7 +81,8 @@ class CpuCachingAllocator final : public Allocator {
           current_ -= static_cast<int64_t>(rounded);
           reserved_ -= static_cast<int64_t>(rounded);
           lock_.unlock();
-          throw Error(fmt::format("[alloc] out of memory allocating {} bytes on cpu", nbytes));
+          throw Error(::duet::detail::with_context(
+              fmt::format("[alloc] out of memory allocating {} bytes on cpu", nbytes)));
         }
       }
     }

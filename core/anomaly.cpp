@@ -75,7 +75,7 @@ void anomaly_check_output(const OpDef& def, TensorRefs in, const Tensor& out) {
         "is on (duet::AnomalyMode or DUET_DETECT_ANOMALY=1)",
         def.name, nan, n - nan, first, out.sizes(), out.dtype(), describe_inputs(in));
   }
-  throw AnomalyError(msg);
+  throw AnomalyError(::duet::detail::with_context(msg));
 }
 
 AnomalyPause::AnomalyPause() : prev(tls_busy) { tls_busy = true; }

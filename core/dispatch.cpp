@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "core/anomaly.h"
+#include "core/call_site.h"
 #include "core/profiler.h"
 #include "core/check_shape.h"
 
@@ -42,13 +43,14 @@ const char* device_type_name(DeviceType t) { return t == DeviceType::CPU ? "cpu"
     if (!first) {
       first = x;
     } else if (!(x->device() == first->device())) {
-      throw DeviceError(fmt::format(
+      throw DeviceError(::duet::detail::with_context(fmt::format(
           "[{}] inputs are on different devices: {} (input 0) and {} (input {}); move them with "
           ".to(...)",
-          def.name, first->device(), x->device(), i));
+          def.name, first->device(), x->device(), i)));
     }
   }
-  throw DeviceError(fmt::format("[{}] inputs are on different devices", def.name));
+  throw DeviceError(
+      ::duet::detail::with_context(fmt::format("[{}] inputs are on different devices", def.name)));
 }
 
 // Whether the inputs that are not wrapped numbers are all on one device.
@@ -156,8 +158,9 @@ static void profile_op(const OpDef& def, const ProfiledInputs& p, const Tensor& 
     flops = p.first_numel;
   profile_event(def.name, "op", p.start_us, end_us,
                 fmt::format("\"inputs\": [{}], \"output\": \"{} {}\", \"bytes\": {}, "
-                            "\"flops\": {}",
-                            p.shapes, o->dtype, o->shape, p.bytes + n * itemsize(o->dtype), flops));
+                            "\"flops\": {}, \"site\": \"{}\"",
+                            p.shapes, o->dtype, o->shape, p.bytes + n * itemsize(o->dtype), flops,
+                            tls_site.str()));
 }
 
 Tensor call(OpId op, TensorRefs inputs, const Attrs& attrs, unsigned expiring) {

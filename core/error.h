@@ -41,15 +41,20 @@ struct InternalError : Error {
 
 namespace detail {
 [[noreturn]] void throw_internal(const char* cond, const char* file, int line, std::string msg);
+/// msg with where it was raised: the user's call site, and the compiled function being traced
+/// (core/call_site.h).
+std::string with_context(std::string msg);
 }  // namespace detail
 
 }  // namespace duet
 
 /// User error: throws `type` (a duet::Error subclass) with an fmt-formatted message if `cond`
-/// is false. The message must start with "[op]".
-#define DUET_CHECK_T(cond, type, ...)                                       \
-  do {                                                                      \
-    if (__builtin_expect(!(cond), 0)) throw type(fmt::format(__VA_ARGS__)); \
+/// is false. The message must start with "[op]"; it ends with the user's call site, and the
+/// compiled function being traced, when known (" (at model.cpp:42)").
+#define DUET_CHECK_T(cond, type, ...)                                     \
+  do {                                                                    \
+    if (__builtin_expect(!(cond), 0))                                     \
+      throw type(::duet::detail::with_context(fmt::format(__VA_ARGS__))); \
   } while (0)
 #define DUET_CHECK(cond, ...) DUET_CHECK_T(cond, ::duet::Error, __VA_ARGS__)
 #define DUET_CHECK_SHAPE(cond, ...) DUET_CHECK_T(cond, ::duet::ShapeError, __VA_ARGS__)

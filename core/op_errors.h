@@ -8,6 +8,7 @@
 #include <string>
 #include <string_view>
 
+#include "core/call_site.h"
 #include "core/error.h"
 
 namespace duet::detail {
@@ -21,9 +22,16 @@ inline std::string renamed_error(const char* op, std::string_view msg) {
   std::string_view prim = msg.substr(1, close - 1), rest = msg.substr(close + 1);
   while (!rest.empty() && rest[0] == ' ') rest.remove_prefix(1);
   // Renamed already by an inner composite (embedding calls index_select): keep its primitive.
-  if (rest.size() > 1 && rest.back() == ')' && rest.find(" (from ") != std::string_view::npos)
-    return head + " " + std::string(rest);
-  return head + " " + std::string(rest) + " (from " + std::string(prim) + ")";
+  if (rest.find(" (from ") != std::string_view::npos) return head + " " + std::string(rest);
+  // The primitive goes before where the error was raised (core/call_site.h), which ends it.
+  const std::string ctx = error_context();
+  std::string_view tail;
+  if (!ctx.empty() && rest.size() >= ctx.size() &&
+      rest.substr(rest.size() - ctx.size()) == std::string_view(ctx)) {
+    tail = rest.substr(rest.size() - ctx.size());
+    rest.remove_suffix(ctx.size());
+  }
+  return head + " " + std::string(rest) + " (from " + std::string(prim) + ")" + std::string(tail);
 }
 
 /// Runs body(); an Error it raises comes out renamed to `op` (see above), of the same type.

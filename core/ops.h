@@ -8,6 +8,7 @@
 
 #include <vector>
 
+#include "core/call_site.h"
 #include "core/tensor.h"
 
 namespace duet {
@@ -15,30 +16,30 @@ namespace duet {
 /// Elementwise math, one function per row of core/elementwise.def (docs/ops.md says what
 /// each computes). Integer and bool inputs of the float functions (exp, sin, ...) give f32
 /// results; neg, abs, relu and floor keep the dtype and refuse b8.
-#define DUET_UNARY(Name, name, math, doc) \
-  Tensor name(const Tensor& x);           \
-  Tensor name(Tensor&& x);
+#define DUET_UNARY(Name, name, math, doc)  \
+  Tensor name(const Tensor& x, DUET_HERE); \
+  Tensor name(Tensor&& x, DUET_HERE);
 #include "core/elementwise.def"
 
-#define DUET_DECLARE_BINARY(name)                \
-  Tensor name(const Tensor& a, const Tensor& b); \
-  Tensor name(Tensor&& a, const Tensor& b);      \
-  Tensor name(const Tensor& a, Tensor&& b);      \
-  Tensor name(Tensor&& a, Tensor&& b);           \
-  Tensor name(const Tensor& a, Scalar b);        \
-  Tensor name(Tensor&& a, Scalar b);             \
-  Tensor name(Scalar a, const Tensor& b);        \
-  Tensor name(Scalar a, Tensor&& b);
+#define DUET_DECLARE_BINARY(name)                           \
+  Tensor name(const Tensor& a, const Tensor& b, DUET_HERE); \
+  Tensor name(Tensor&& a, const Tensor& b, DUET_HERE);      \
+  Tensor name(const Tensor& a, Tensor&& b, DUET_HERE);      \
+  Tensor name(Tensor&& a, Tensor&& b, DUET_HERE);           \
+  Tensor name(const Tensor& a, Scalar b, DUET_HERE);        \
+  Tensor name(Tensor&& a, Scalar b, DUET_HERE);             \
+  Tensor name(Scalar a, const Tensor& b, DUET_HERE);        \
+  Tensor name(Scalar a, Tensor&& b, DUET_HERE);
 /// Binary elementwise ops with broadcasting and PyTorch's type promotion, one per binary row
 /// of core/elementwise.def. div always gives a floating result.
 #define DUET_BINARY(Name, name, doc) DUET_DECLARE_BINARY(name)
 #include "core/elementwise.def"
 #undef DUET_DECLARE_BINARY
 
-#define DUET_DECLARE_COMPARE(name)               \
-  Tensor name(const Tensor& a, const Tensor& b); \
-  Tensor name(const Tensor& a, Scalar b);        \
-  Tensor name(Scalar a, const Tensor& b);
+#define DUET_DECLARE_COMPARE(name)                          \
+  Tensor name(const Tensor& a, const Tensor& b, DUET_HERE); \
+  Tensor name(const Tensor& a, Scalar b, DUET_HERE);        \
+  Tensor name(Scalar a, const Tensor& b, DUET_HERE);
 /// Comparisons with broadcasting; the result is b8.
 #define DUET_COMPARE(Name, name, expr, doc) DUET_DECLARE_COMPARE(name)
 #include "core/elementwise.def"
@@ -46,140 +47,138 @@ namespace duet {
 
 /// Elementwise tests of floating values, b8 results: NaN, an infinity (either sign), neither.
 /// Integer and b8 tensors hold no NaN and no infinity.
-Tensor isnan(const Tensor& x);
-Tensor isinf(const Tensor& x);
-Tensor isfinite(const Tensor& x);
+Tensor isnan(const Tensor& x, DUET_HERE);
+Tensor isinf(const Tensor& x, DUET_HERE);
+Tensor isfinite(const Tensor& x, DUET_HERE);
 
 /// Elementwise selection: cond (b8) ? a : b, all three broadcast together.
-Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
-Tensor where(const Tensor& cond, const Tensor& a, Scalar b);
-Tensor where(const Tensor& cond, Scalar a, const Tensor& b);
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b, DUET_HERE);
+Tensor where(const Tensor& cond, const Tensor& a, Scalar b, DUET_HERE);
+Tensor where(const Tensor& cond, Scalar a, const Tensor& b, DUET_HERE);
 /// clamp(x, lo, hi): lo where x < lo, then hi where that exceeds hi, else x (two where() calls,
 /// not maximum/minimum). NaN passes through (as torch.clamp); with lo > hi every element becomes
 /// hi. The gradient is 1 on the closed interval [lo, hi] and 0 outside it. The bounds promote
 /// like Scalar operands: an integer x with floating bounds gives a floating result.
-Tensor clamp(const Tensor& x, Scalar lo, Scalar hi);
+Tensor clamp(const Tensor& x, Scalar lo, Scalar hi, DUET_HERE);
 
 /// Reductions over `dims` (all when empty). sum of integers gives i64; mean needs floats.
-Tensor sum(const Tensor& x, Dims dims = {}, bool keepdim = false);
-Tensor mean(const Tensor& x, Dims dims = {}, bool keepdim = false);
+Tensor sum(const Tensor& x, Dims dims = {}, bool keepdim = false, DUET_HERE);
+Tensor mean(const Tensor& x, Dims dims = {}, bool keepdim = false, DUET_HERE);
 /// Largest / smallest values over dims (values only; NaN propagates).
-Tensor max(const Tensor& x, Dims dims = {}, bool keepdim = false);
-Tensor min(const Tensor& x, Dims dims = {}, bool keepdim = false);
+Tensor max(const Tensor& x, Dims dims = {}, bool keepdim = false, DUET_HERE);
+Tensor min(const Tensor& x, Dims dims = {}, bool keepdim = false, DUET_HERE);
 
 /// torch.matmul: 1-D operands, batched and broadcast batch dims.
-Tensor matmul(const Tensor& a, const Tensor& b);
+Tensor matmul(const Tensor& a, const Tensor& b, DUET_HERE);
 
 /// A view with a new shape when the strides allow, else a copy. One dim may be -1.
-Tensor reshape(const Tensor& x, Shape shape);
+Tensor reshape(const Tensor& x, Shape shape, DUET_HERE);
 /// Swaps two dims (a view).
-Tensor transpose(const Tensor& x, int64_t d0, int64_t d1);
+Tensor transpose(const Tensor& x, int64_t d0, int64_t d1, DUET_HERE);
 /// Reorders dims (a view).
-Tensor permute(const Tensor& x, Dims order);
+Tensor permute(const Tensor& x, Dims order, DUET_HERE);
 /// Removes a size-1 dim (a view); a dim of another size is left as it is, as in PyTorch.
-Tensor squeeze(const Tensor& x, int64_t dim);
+Tensor squeeze(const Tensor& x, int64_t dim, DUET_HERE);
 /// Removes every size-1 dim.
-Tensor squeeze(const Tensor& x);
+Tensor squeeze(const Tensor& x, DUET_HERE);
 /// Inserts a size-1 dim at `dim` (a view).
-Tensor unsqueeze(const Tensor& x, int64_t dim);
+Tensor unsqueeze(const Tensor& x, int64_t dim, DUET_HERE);
 /// Broadcasts to `shape` without copying; -1 keeps a dim.
-Tensor expand(const Tensor& x, Shape shape);
+Tensor expand(const Tensor& x, Shape shape, DUET_HERE);
 /// Elements start, start+step, ... before end along dim (a view). Bounds clamp as in Python.
-Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end, int64_t step = 1);
+Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end, int64_t step = 1, DUET_HERE);
 
 /// A copy of base with src written into base's slice (as slice() selects it); the gradient of
 /// slice. src must have the slice's shape and base's dtype.
 Tensor slice_scatter(const Tensor& base, const Tensor& src, int64_t dim, int64_t start, int64_t end,
-                     int64_t step = 1);
+                     int64_t step = 1, DUET_HERE);
 
 // Indexing and joining
 /// out[p] = x[p with `dim` replaced by index[p]]; index is i64 of x's rank (torch.gather).
-Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);
+Tensor gather(const Tensor& x, int64_t dim, const Tensor& index, DUET_HERE);
 /// A copy of base with src[p] added at [p with `dim` replaced by index[p]] (the adjoint of
 /// gather; repeated indices accumulate).
-Tensor scatter_add(const Tensor& base, int64_t dim, const Tensor& index, const Tensor& src);
+Tensor scatter_add(const Tensor& base, int64_t dim, const Tensor& index, const Tensor& src,
+                   DUET_HERE);
 /// The entries of x at a 1-D i64 index along dim.
-Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
+Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index, DUET_HERE);
 /// Rows of weight (num_embeddings, dim) for i64 indices of any shape: indices.shape + (dim).
-Tensor embedding(const Tensor& weight, const Tensor& indices);
+Tensor embedding(const Tensor& weight, const Tensor& indices, DUET_HERE);
 /// Joins tensors along an existing dim; dtypes promote.
-Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);
+Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0, DUET_HERE);
 /// Joins equal-shaped tensors along a new dim.
-Tensor stack(const std::vector<Tensor>& tensors, int64_t dim = 0);
+Tensor stack(const std::vector<Tensor>& tensors, int64_t dim = 0, DUET_HERE);
 /// Index (i64) of the first largest / smallest value along dim; NaN counts as the extreme.
-Tensor argmax(const Tensor& x, int64_t dim, bool keepdim = false);
-Tensor argmin(const Tensor& x, int64_t dim, bool keepdim = false);
+Tensor argmax(const Tensor& x, int64_t dim, bool keepdim = false, DUET_HERE);
+Tensor argmin(const Tensor& x, int64_t dim, bool keepdim = false, DUET_HERE);
 
 // Math composites and special functions
 /// Numerically stable softmax, log_softmax and logsumexp along dim (an empty dim gives an empty
 /// result, and logsumexp -inf, as in PyTorch).
-Tensor softmax(const Tensor& x, int64_t dim);
-Tensor log_softmax(const Tensor& x, int64_t dim);
-Tensor logsumexp(const Tensor& x, int64_t dim);
+Tensor softmax(const Tensor& x, int64_t dim, DUET_HERE);
+Tensor log_softmax(const Tensor& x, int64_t dim, DUET_HERE);
+Tensor logsumexp(const Tensor& x, int64_t dim, DUET_HERE);
 /// x * Phi(x) with the exact erf (PyTorch's default gelu).
-Tensor gelu(const Tensor& x);
+Tensor gelu(const Tensor& x, DUET_HERE);
 /// x * sigmoid(x).
-Tensor silu(const Tensor& x);
+Tensor silu(const Tensor& x, DUET_HERE);
 /// log(1 + e^(beta * x)) / beta, and x itself where beta * x > threshold (PyTorch's softplus,
 /// with its defaults). beta must be finite and nonzero.
-Tensor softplus(const Tensor& x, double beta = 1, double threshold = 20);
+Tensor softplus(const Tensor& x, double beta = 1, double threshold = 20, DUET_HERE);
 
 // Neural-network ops
 /// x @ weight^T + bias, with weight (out, in).
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {});
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {}, DUET_HERE);
 /// 2-D convolution: x (N, C, H, W), w (O, C, k, k), bias (O); square stride and zero padding.
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b = {}, int64_t stride = 1,
-              int64_t padding = 0);
+              int64_t padding = 0, DUET_HERE);
 /// Max / average over k x k windows; stride 0 means stride = kernel.
-Tensor max_pool2d(const Tensor& x, int64_t kernel, int64_t stride = 0);
-Tensor avg_pool2d(const Tensor& x, int64_t kernel, int64_t stride = 0);
+Tensor max_pool2d(const Tensor& x, int64_t kernel, int64_t stride = 0, DUET_HERE);
+Tensor avg_pool2d(const Tensor& x, int64_t kernel, int64_t stride = 0, DUET_HERE);
 /// im2col: (N, C, H, W) -> (N, C*k*k, L), rows ordered (c, ki, kj) as torch's unfold.
-Tensor unfold(const Tensor& x, int64_t kernel, int64_t stride = 1, int64_t padding = 0);
+Tensor unfold(const Tensor& x, int64_t kernel, int64_t stride = 1, int64_t padding = 0, DUET_HERE);
 /// col2im, the adjoint of unfold: (N, C*k*k, L) -> (N, C, height, width), overlaps summed.
 Tensor fold(const Tensor& cols, int64_t height, int64_t width, int64_t kernel, int64_t stride = 1,
-            int64_t padding = 0);
+            int64_t padding = 0, DUET_HERE);
 /// Normalizes over the trailing `normalized` dims, then scales and shifts.
 Tensor layer_norm(const Tensor& x, Shape normalized, const Tensor& weight = {},
-                  const Tensor& bias = {}, double eps = 1e-5);
+                  const Tensor& bias = {}, double eps = 1e-5, DUET_HERE);
 /// Zeroes elements with probability p and scales the rest by 1/(1-p) when training.
-Tensor dropout(const Tensor& x, double p, bool training);
+Tensor dropout(const Tensor& x, double p, bool training, DUET_HERE);
 /// Losses reduce by the mean, as PyTorch's default.
-Tensor mse_loss(const Tensor& pred, const Tensor& target);
+Tensor mse_loss(const Tensor& pred, const Tensor& target, DUET_HERE);
 /// Softmax cross-entropy of logits (N, C) against i64 class indices (N).
-Tensor cross_entropy(const Tensor& logits, const Tensor& targets);
-Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& targets);
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, DUET_HERE);
+Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& targets, DUET_HERE);
 
 // Randomness: Philox, with explicit state (see core/ops/random.cpp)
 /// Uniform [0, 1), standard normal, and integers in [0, high) (i64 unless Options say; high
 /// must be exact in the dtype: at most 2^31 for i32, 2^24 for f32, 2^53 for f64).
-Tensor rand(Shape shape, Options options = {});
-Tensor randn(Shape shape, Options options = {});
-Tensor randint(int64_t high, Shape shape, Options options = {});
+Tensor rand(Shape shape, Options options = {}, DUET_HERE);
+Tensor randn(Shape shape, Options options = {}, DUET_HERE);
+Tensor randint(int64_t high, Shape shape, Options options = {}, DUET_HERE);
 /// Reseeds the default generator of every device (the CPU and each CUDA device): the same
 /// seed gives the same numbers, and the same uniform bits on every device.
 void manual_seed(uint64_t seed);
 
 /// Operators: the ops add, sub, mul, div, neg, lt, le, gt, ge, eq, ne.
-#define DUET_DECLARE_OPERATOR(sym)                       \
-  Tensor operator sym(const Tensor& a, const Tensor& b); \
-  Tensor operator sym(Tensor&& a, const Tensor& b);      \
-  Tensor operator sym(const Tensor& a, Tensor&& b);      \
-  Tensor operator sym(Tensor&& a, Tensor&& b);           \
-  Tensor operator sym(const Tensor& a, Scalar b);        \
-  Tensor operator sym(Tensor&& a, Scalar b);             \
-  Tensor operator sym(Scalar a, const Tensor& b);        \
-  Tensor operator sym(Scalar a, Tensor&& b);
+// Operators take their first tensor operand as a Located, which carries the place of the
+// expression (Note [Call sites] in core/call_site.h); an rvalue operand stays an rvalue.
+#define DUET_DECLARE_OPERATOR(sym)                 \
+  Tensor operator sym(Located a, const Tensor& b); \
+  Tensor operator sym(Located a, Tensor&& b);      \
+  Tensor operator sym(Located a, Scalar b);        \
+  Tensor operator sym(Scalar a, Located b);
 DUET_DECLARE_OPERATOR(+)
 DUET_DECLARE_OPERATOR(-)
 DUET_DECLARE_OPERATOR(*)
 DUET_DECLARE_OPERATOR(/)
 #undef DUET_DECLARE_OPERATOR
-Tensor operator-(const Tensor& x);
-Tensor operator-(Tensor&& x);
-#define DUET_DECLARE_CMP_OPERATOR(sym)                   \
-  Tensor operator sym(const Tensor& a, const Tensor& b); \
-  Tensor operator sym(const Tensor& a, Scalar b);        \
-  Tensor operator sym(Scalar a, const Tensor& b);
+Tensor operator-(Located x);
+#define DUET_DECLARE_CMP_OPERATOR(sym)             \
+  Tensor operator sym(Located a, const Tensor& b); \
+  Tensor operator sym(Located a, Scalar b);        \
+  Tensor operator sym(Scalar a, Located b);
 DUET_DECLARE_CMP_OPERATOR(<)
 DUET_DECLARE_CMP_OPERATOR(<=)
 DUET_DECLARE_CMP_OPERATOR(>)
@@ -190,18 +189,18 @@ DUET_DECLARE_CMP_OPERATOR(!=)
 
 // Creation
 /// A 1-D tensor of the values (f32 unless Options say otherwise).
-Tensor tensor(std::vector<double> values, Options options = {});
+Tensor tensor(std::vector<double> values, Options options = {}, DUET_HERE);
 /// A tensor of the values in row-major order; numel must match.
-Tensor tensor(std::vector<double> values, Shape shape, Options options = {});
+Tensor tensor(std::vector<double> values, Shape shape, Options options = {}, DUET_HERE);
 /// A 0-d tensor; its dtype follows the scalar's kind unless Options say otherwise.
-Tensor scalar(Scalar value, Options options = {});
-Tensor zeros(Shape shape, Options options = {});
-Tensor ones(Shape shape, Options options = {});
-Tensor full(Shape shape, Scalar value, Options options = {});
+Tensor scalar(Scalar value, Options options = {}, DUET_HERE);
+Tensor zeros(Shape shape, Options options = {}, DUET_HERE);
+Tensor ones(Shape shape, Options options = {}, DUET_HERE);
+Tensor full(Shape shape, Scalar value, Options options = {}, DUET_HERE);
 /// 0, 1, ..., n-1; dtype i64 unless Options say otherwise.
-Tensor arange(int64_t n, Options options = {});
+Tensor arange(int64_t n, Options options = {}, DUET_HERE);
 /// The n x n identity.
-Tensor eye(int64_t n, Options options = {});
+Tensor eye(int64_t n, Options options = {}, DUET_HERE);
 
 struct Attrs;
 namespace detail {

@@ -72,7 +72,8 @@ int64_t floor_mod(int64_t a, int64_t b) {
 }
 
 [[noreturn]] void throw_overflow(const char* op, const SymInt& a, const SymInt& b) {
-  throw ValueError(fmt::format("[SymInt] int64 overflow in {}({}, {})", op, a.str(), b.str()));
+  throw ValueError(::duet::detail::with_context(
+      fmt::format("[SymInt] int64 overflow in {}({}, {})", op, a.str(), b.str())));
 }
 
 // ---- hashing and interning ------------------------------------------------------------------
@@ -379,8 +380,9 @@ int64_t eval_atom(const SymNode* a, const std::vector<int64_t>& bindings, const 
   if (den == 0) {
     std::string atom;
     print_atom(atom, a, nullptr);
-    throw ValueError(fmt::format("[SymInt.evaluate] division by zero in {}: {} is 0 (in {})", atom,
-                                 a->rhs.str(), whole.str()));
+    throw ValueError(::duet::detail::with_context(
+        fmt::format("[SymInt.evaluate] division by zero in {}: {} is 0 (in {})", atom, a->rhs.str(),
+                    whole.str())));
   }
   return a->kind == SymKind::FloorDiv ? floor_div(num, den) : floor_mod(num, den);
 }
@@ -564,7 +566,8 @@ int64_t SymInt::evaluate(const std::vector<int64_t>& bindings) const {
   try {
     return detail::eval(*this, bindings, *this);
   } catch (const detail::Overflow&) {
-    throw ValueError(fmt::format("[SymInt.evaluate] int64 overflow evaluating {}", str()));
+    throw ValueError(::duet::detail::with_context(
+        fmt::format("[SymInt.evaluate] int64 overflow evaluating {}", str())));
   }
 }
 

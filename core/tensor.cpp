@@ -81,7 +81,8 @@ void throw_scalar_range(const char* op, const Scalar& s, DType d) {
   const std::string v = s.is_floating() ? fmt::format("{}", s.to<double>())
                         : s.is_bool()   ? std::string(s.to<bool>() ? "true" : "false")
                                         : fmt::format("{}", s.to<int64_t>());
-  throw ValueError(fmt::format("[{}] value {} does not fit in {}", op, v, d));
+  throw ValueError(
+      ::duet::detail::with_context(fmt::format("[{}] value {} does not fit in {}", op, v, d)));
 }
 
 Tensor wrap_scalar(const Scalar& s, DType dtype, Device) {
@@ -144,6 +145,7 @@ double read_double(const Tensor& t, int64_t i) {
 }  // namespace detail
 
 int64_t Tensor::size(int64_t dim, std::source_location loc) const {
+  detail::SiteGuard site(loc);
   const int64_t d = detail::wrap_dim("size", dim, this->dim());
   if (__builtin_expect(!impl()->sym.empty(), 0)) detail::read_symbolic_sizes(*this, d, loc);
   return impl()->shape[d];
@@ -202,6 +204,7 @@ Tensor readable(const char* op, const Tensor& t, std::source_location loc) {
 
 template <class T>
 T Tensor::item(std::source_location loc) const {
+  detail::SiteGuard site(loc);
   const Tensor r = readable("item", *this, loc);
   DUET_CHECK_VALUE(r.numel() == 1, "[item] needs exactly one element, got shape {} ({} elements)",
                    r.sizes(), r.numel());
@@ -212,6 +215,7 @@ T Tensor::item(std::source_location loc) const {
 
 template <class T>
 std::vector<T> Tensor::to_vector(std::source_location loc) const {
+  detail::SiteGuard site(loc);
   const Tensor r = readable("to_vector", *this, loc);
   detail::SuspendModes eager;
   Tensor c = r.to(detail::dtype_of<T>::value).contiguous();
@@ -223,6 +227,7 @@ std::vector<T> Tensor::to_vector(std::source_location loc) const {
 // std::vector<bool> is packed, so it gets its own copy loop.
 template <>
 std::vector<bool> Tensor::to_vector<bool>(std::source_location loc) const {
+  detail::SiteGuard site(loc);
   const Tensor r = readable("to_vector", *this, loc);
   detail::SuspendModes eager;
   Tensor c = r.to(DType::b8).contiguous();
@@ -242,7 +247,8 @@ template bool Tensor::item<bool>(std::source_location) const;
 
 // to(Device) is the Transfer op (Note [Device transfers] in kernels/index.cpp): taped, with the
 // gradient sent back to the source's device, and traced like any op.
-Tensor Tensor::to(Device device) const {
+Tensor Tensor::to(Device device, std::source_location loc) const {
+  detail::SiteGuard site(loc);
   const Device from = this->device();
   if (device == from) return *this;
   detail::check_device_usable(device, "to");
@@ -253,7 +259,8 @@ Tensor Tensor::to(Device device) const {
   return detail::call(OpId::Transfer, TensorRefs(in, 1), a);
 }
 
-Tensor Tensor::to(DType dtype) const {
+Tensor Tensor::to(DType dtype, std::source_location loc) const {
+  detail::SiteGuard site(loc);
   if (dtype == this->dtype()) return *this;
   Attrs a;
   a.dtype = dtype;
@@ -261,9 +268,13 @@ Tensor Tensor::to(DType dtype) const {
   return detail::call(OpId::Cast, TensorRefs(in, 1), a);
 }
 
-Tensor Tensor::contiguous() const { return is_contiguous() ? *this : clone(); }
+Tensor Tensor::contiguous(std::source_location loc) const {
+  detail::SiteGuard site(loc);
+  return is_contiguous() ? *this : clone();
+}
 
-Tensor Tensor::clone() const {
+Tensor Tensor::clone(std::source_location loc) const {
+  detail::SiteGuard site(loc);
   const Tensor* in[] = {this};
   return detail::call(OpId::Copy, TensorRefs(in, 1), Attrs{});
 }
@@ -289,16 +300,41 @@ Tensor wrap_for(const Scalar& s) {
 }
 }  // namespace
 
-Tensor& Tensor::add_(const Tensor& o) { return inplace(OpId::Add, *this, o); }
-Tensor& Tensor::add_(Scalar o) { return inplace(OpId::Add, *this, wrap_for(o)); }
-Tensor& Tensor::sub_(const Tensor& o) { return inplace(OpId::Sub, *this, o); }
-Tensor& Tensor::sub_(Scalar o) { return inplace(OpId::Sub, *this, wrap_for(o)); }
-Tensor& Tensor::mul_(const Tensor& o) { return inplace(OpId::Mul, *this, o); }
-Tensor& Tensor::mul_(Scalar o) { return inplace(OpId::Mul, *this, wrap_for(o)); }
-Tensor& Tensor::div_(const Tensor& o) { return inplace(OpId::Div, *this, o); }
-Tensor& Tensor::div_(Scalar o) { return inplace(OpId::Div, *this, wrap_for(o)); }
+Tensor& Tensor::add_(const Tensor& o, std::source_location loc) {
+  detail::SiteGuard site(loc);
+  return inplace(OpId::Add, *this, o);
+}
+Tensor& Tensor::add_(Scalar o, std::source_location loc) {
+  detail::SiteGuard site(loc);
+  return inplace(OpId::Add, *this, wrap_for(o));
+}
+Tensor& Tensor::sub_(const Tensor& o, std::source_location loc) {
+  detail::SiteGuard site(loc);
+  return inplace(OpId::Sub, *this, o);
+}
+Tensor& Tensor::sub_(Scalar o, std::source_location loc) {
+  detail::SiteGuard site(loc);
+  return inplace(OpId::Sub, *this, wrap_for(o));
+}
+Tensor& Tensor::mul_(const Tensor& o, std::source_location loc) {
+  detail::SiteGuard site(loc);
+  return inplace(OpId::Mul, *this, o);
+}
+Tensor& Tensor::mul_(Scalar o, std::source_location loc) {
+  detail::SiteGuard site(loc);
+  return inplace(OpId::Mul, *this, wrap_for(o));
+}
+Tensor& Tensor::div_(const Tensor& o, std::source_location loc) {
+  detail::SiteGuard site(loc);
+  return inplace(OpId::Div, *this, o);
+}
+Tensor& Tensor::div_(Scalar o, std::source_location loc) {
+  detail::SiteGuard site(loc);
+  return inplace(OpId::Div, *this, wrap_for(o));
+}
 
-Tensor& Tensor::copy_(const Tensor& src) {
+Tensor& Tensor::copy_(const Tensor& src, std::source_location loc) {
+  detail::SiteGuard site(loc);
   // From another device: moved to this one first. A wrapped number (a Scalar, always on the
   // CPU) becomes a 0-d tensor made on this device (a fill, no transfer), since the copy reads
   // it through an expanded view, which no longer counts as a wrapped number.
@@ -343,21 +379,25 @@ Tensor& Tensor::copy_(const Tensor& src) {
   return *this;
 }
 
-Tensor& Tensor::zero_() { return copy_(detail::wrap_scalar(Scalar(0), DType::i64, Device::cpu())); }
+Tensor& Tensor::zero_(std::source_location loc) {
+  detail::SiteGuard site(loc);
+  return copy_(detail::wrap_scalar(Scalar(0), DType::i64, Device::cpu()));
+}
 
 template <class T>
-T* Tensor::data_ptr() const {
+T* Tensor::data_ptr(std::source_location loc) const {
+  detail::SiteGuard site(loc);
   if (detail::is_traced(*this)) detail::throw_traced_use(*this, "data_ptr");
   DUET_CHECK_DTYPE(dtype() == detail::dtype_of<T>::value,
                    "[data_ptr] tensor has dtype {}, asked for {}", dtype(),
                    detail::dtype_of<T>::value);
   return static_cast<T*>(raw_data());
 }
-template float* Tensor::data_ptr<float>() const;
-template double* Tensor::data_ptr<double>() const;
-template int32_t* Tensor::data_ptr<int32_t>() const;
-template int64_t* Tensor::data_ptr<int64_t>() const;
-template bool* Tensor::data_ptr<bool>() const;
+template float* Tensor::data_ptr<float>(std::source_location) const;
+template double* Tensor::data_ptr<double>(std::source_location) const;
+template int32_t* Tensor::data_ptr<int32_t>(std::source_location) const;
+template int64_t* Tensor::data_ptr<int64_t>(std::source_location) const;
+template bool* Tensor::data_ptr<bool>(std::source_location) const;
 
 bool Tensor::requires_grad() const { return impl()->requires_grad; }
 

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/call_site.h"
 #include "core/error.h"
 #include "core/options.h"
 #include "core/scalar.h"
@@ -72,13 +73,13 @@ class Tensor {
   std::vector<T> to_vector(std::source_location loc = std::source_location::current()) const;
 
   /// A copy on another device (this tensor itself when already there).
-  Tensor to(Device device) const;
+  Tensor to(Device device, DUET_HERE) const;
   /// A copy converted to another dtype (this tensor itself when already that dtype).
-  Tensor to(DType dtype) const;
+  Tensor to(DType dtype, DUET_HERE) const;
   /// This tensor if contiguous, else a contiguous copy.
-  Tensor contiguous() const;
+  Tensor contiguous(DUET_HERE) const;
   /// An independent contiguous copy.
-  Tensor clone() const;
+  Tensor clone(DUET_HERE) const;
   /// The same data, cut off from autograd history.
   Tensor detach() const;
 
@@ -96,25 +97,25 @@ class Tensor {
   /// Backpropagates from this tensor: accumulates d(this)/d(leaf) into every leaf's grad().
   /// grad_output defaults to 1 for a one-element tensor. Without retain_graph the saved
   /// tensors are freed, and a second backward through the same graph is an error.
-  void backward(Tensor grad_output = {}, bool retain_graph = false) const;
+  void backward(Tensor grad_output = {}, bool retain_graph = false, DUET_HERE) const;
 
   /// In-place arithmetic, with broadcasting of the argument to this tensor's shape.
-  Tensor& add_(const Tensor& other);
-  Tensor& add_(Scalar other);
-  Tensor& sub_(const Tensor& other);
-  Tensor& sub_(Scalar other);
-  Tensor& mul_(const Tensor& other);
-  Tensor& mul_(Scalar other);
-  Tensor& div_(const Tensor& other);
-  Tensor& div_(Scalar other);
+  Tensor& add_(const Tensor& other, DUET_HERE);
+  Tensor& add_(Scalar other, DUET_HERE);
+  Tensor& sub_(const Tensor& other, DUET_HERE);
+  Tensor& sub_(Scalar other, DUET_HERE);
+  Tensor& mul_(const Tensor& other, DUET_HERE);
+  Tensor& mul_(Scalar other, DUET_HERE);
+  Tensor& div_(const Tensor& other, DUET_HERE);
+  Tensor& div_(Scalar other, DUET_HERE);
   /// Copies `src` (broadcast, converted) into this tensor's elements.
-  Tensor& copy_(const Tensor& src);
+  Tensor& copy_(const Tensor& src, DUET_HERE);
   /// Sets every element to zero.
-  Tensor& zero_();
+  Tensor& zero_(DUET_HERE);
 
   /// Typed pointer to the first element (CPU tensors); Error if T does not match dtype().
   template <class T>
-  T* data_ptr() const;
+  T* data_ptr(DUET_HERE) const;
   /// Untyped pointer to the first element. An Error for a traced tensor (in a trace, or one
   /// that escaped its trace), which has no data.
   void* raw_data() const {

@@ -98,22 +98,23 @@ void throw_internal(const char* cond, const char* file, int line, std::string ms
 // 64), so that per-dim arrays and 64-bit dim masks (permute, reductions, loops) fit every tensor.
 void check_shape(const char* op, const Shape& shape, int64_t itemsize) {
   if (__builtin_expect(shape.size() > kMaxRank, 0)) {
-    throw ValueError(fmt::format("[{}] a tensor of rank {} is above the maximum rank {} (shape {})",
-                                 op, shape.size(), kMaxRank, shape.str()));
+    throw ValueError(::duet::detail::with_context(
+        fmt::format("[{}] a tensor of rank {} is above the maximum rank {} (shape {})", op,
+                    shape.size(), kMaxRank, shape.str())));
   }
   int64_t span = itemsize;  // bytes spanned by the strides (size-0 dims count as 1)
   bool ok = true;
   for (int64_t d : shape) {
     if (d < 0) {
-      throw ValueError(
-          fmt::format("[{}] shape {} has a negative size (sizes must be >= 0)", op, shape.str()));
+      throw ValueError(::duet::detail::with_context(
+          fmt::format("[{}] shape {} has a negative size (sizes must be >= 0)", op, shape.str())));
     }
     ok = ok && !__builtin_mul_overflow(span, std::max<int64_t>(d, 1), &span);
   }
   if (!ok) {
-    throw ValueError(fmt::format(
+    throw ValueError(::duet::detail::with_context(fmt::format(
         "[{}] shape {} is too large: its {}-byte elements would take more than 2^63 bytes", op,
-        shape.str(), itemsize));
+        shape.str(), itemsize)));
   }
 }
 

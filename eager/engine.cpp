@@ -61,10 +61,10 @@ uint32_t version_now(const SavedTensor& s) {
 bool is_stale(const SavedTensor& s) { return s.value.defined() && version_now(s) != s.version; }
 
 [[noreturn]] void throw_stale(const Node& n, const SavedTensor& s) {
-  throw Error(fmt::format(
+  throw Error(::duet::detail::with_context(fmt::format(
       "[backward] a tensor of shape {} saved by {} was modified in place after it was saved "
       "(version {}, now {}); clone() it before the in-place op, or use an out-of-place op",
-      s.value.sizes(), n.def->name, s.version, version_now(s)));
+      s.value.sizes(), n.def->name, s.version, version_now(s))));
 }
 
 // The saved output, checked here (every rule that saves it reads it); saved inputs are checked
@@ -235,8 +235,8 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& r
       try {
         n->def->grad(ctx, g, gi.data());
       } catch (const AnomalyError& e) {  // Note [Anomaly mode]: name the forward op too
-        throw AnomalyError(
-            fmt::format("{}; in backward, inside the gradient rule of {}", e.what(), n->def->name));
+        throw AnomalyError(::duet::detail::with_context(fmt::format(
+            "{}; in backward, inside the gradient rule of {}", e.what(), n->def->name)));
       }
     }
     if (!retain_graph) {
@@ -301,7 +301,8 @@ void throw_stale_input(const Node& n, int64_t i) { throw_stale(n, n.saved[i]); }
 
 }  // namespace detail
 
-void Tensor::backward(Tensor grad_output, bool retain_graph) const {
+void Tensor::backward(Tensor grad_output, bool retain_graph, std::source_location loc) const {
+  detail::SiteGuard site(loc);
   detail::check_not_escaped(*this, "backward");
   detail::check_not_escaped(grad_output, "backward");
   DUET_CHECK(requires_grad(),

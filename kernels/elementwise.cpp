@@ -10,20 +10,21 @@ namespace duet::kernels {
 namespace {
 
 // Calls body.template operator()<T>() for the floating dtypes only (the float-math ops).
-#define DUET_DISPATCH_FLOAT(dtype, op_name, ...)                                              \
-  [&] {                                                                                       \
-    switch (dtype) {                                                                          \
-      case DType::f32: {                                                                      \
-        using scalar_t = float;                                                               \
-        return __VA_ARGS__();                                                                 \
-      }                                                                                       \
-      case DType::f64: {                                                                      \
-        using scalar_t = double;                                                              \
-        return __VA_ARGS__();                                                                 \
-      }                                                                                       \
-      default:                                                                                \
-        throw DTypeError(fmt::format("[{}] has no CPU kernel for dtype {}", op_name, dtype)); \
-    }                                                                                         \
+#define DUET_DISPATCH_FLOAT(dtype, op_name, ...)                                  \
+  [&] {                                                                           \
+    switch (dtype) {                                                              \
+      case DType::f32: {                                                          \
+        using scalar_t = float;                                                   \
+        return __VA_ARGS__();                                                     \
+      }                                                                           \
+      case DType::f64: {                                                          \
+        using scalar_t = double;                                                  \
+        return __VA_ARGS__();                                                     \
+      }                                                                           \
+      default:                                                                    \
+        throw DTypeError(::duet::detail::with_context(                            \
+            fmt::format("[{}] has no CPU kernel for dtype {}", op_name, dtype))); \
+    }                                                                             \
   }()
 
 template <class T>
@@ -91,7 +92,7 @@ void unary_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
   } else {
     DUET_DISPATCH_DTYPE(ct, "unary", [&] {
       if constexpr (std::is_same_v<scalar_t, bool>)
-        throw DTypeError("[unary] has no CPU kernel for b8");
+        throw DTypeError(::duet::detail::with_context("[unary] has no CPU kernel for b8"));
       else
         unary_typed<F, scalar_t>(x, out);
     });

@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/call_site.h"
 #include "core/tensor.h"
 
 namespace duet::nn {
@@ -45,8 +46,11 @@ class Module {
   /// The module's computation. The default raises "[nn] <name> has no forward(Tensor)";
   /// modules whose forward takes other arguments declare their own.
   virtual Tensor forward(const Tensor& x);
-  /// forward(x).
-  Tensor operator()(const Tensor& x) { return forward(x); }
+  /// forward(x), with the caller's line as the call site of the ops inside (core/call_site.h).
+  Tensor operator()(const Tensor& x, DUET_HERE) {
+    detail::SiteGuard site(loc);
+    return forward(x);
+  }
 
   /// Every parameter of this module and its descendants, each tensor once, in registration
   /// order (a module's own parameters first, then each child's, depth first).

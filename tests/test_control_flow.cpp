@@ -173,9 +173,11 @@ TEST_CASE("cond compiled: branches of different shapes or dtypes are an error at
         sum(x) > 0, [](const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0]}; },
         [](const std::vector<Tensor>& in) { return std::vector<Tensor>{sum(in[0])}; }, {x})[0];
   });
+  // The message, then where: the compiled function being traced (core/call_site.h).
   CHECK_THROWS_WITH_AS(f(f64({1, 2}, {2})),
                        "[cond] the branches must return tensors of the same shapes and dtypes: "
-                       "the true branch returns f64 (2), the false branch f64 ()",
+                       "the true branch returns f64 (2), the false branch f64 () while tracing "
+                       "compiled function at test_control_flow.cpp:171",
                        ShapeError);
   auto g = compile([](Tensor x) {
     return cond(

@@ -629,6 +629,8 @@ const std::vector<ErrorRow>& error_rows() {
 
 TEST_CASE("error rows: the right error type, and a message that starts with [op]") {
   std::map<std::string, int> per_family;
+  int sited = 0, sited_total = 0;
+  std::vector<std::string> unsited;
   for (const ErrorRow& row : error_rows()) {
     INFO(std::string(row.family) << ": expected \"" << std::string(row.prefix) << "...\"");
     ++per_family[row.family];
@@ -659,10 +661,133 @@ TEST_CASE("error rows: the right error type, and a message that starts with [op]
     }
     CHECK_MESSAGE(threw, "did not throw");
     if (threw) CHECK_MESSAGE(msg.rfind(row.prefix, 0) == 0, "got: " << msg);
+    // Each names the line of this file that called the op (core/call_site.h), but for the
+    // one row that calls an internal function (detail::empty), which no user calls.
+    if (threw && msg.rfind("[empty]", 0) != 0) {
+      ++sited_total;
+      if (msg.find("(at test_errors.cpp:") != std::string::npos)
+        ++sited;
+      else
+        unsited.push_back(msg);
+    }
   }
+  for (const std::string& m : unsited) MESSAGE("no call site: " << m);
+  CHECK(sited == sited_total);
   // At least three bad inputs per op family.
   for (const auto& [family, n] : per_family) CHECK_MESSAGE(n >= 3, family);
   CHECK(per_family.size() == 13);
+}
+
+// ---- call sites (core/call_site.h) ------------------------------------------------------------
+
+// The line an error message names: "... (at test_errors.cpp:123)" -> 123; 0 when none.
+int site_line(const std::string& msg) {
+  const std::string key = "(at test_errors.cpp:";
+  const size_t at = msg.find(key);
+  return at == std::string::npos ? 0 : std::atoi(msg.c_str() + at + key.size());
+}
+
+TEST_CASE("call sites: eager errors name the line that called the op") {
+  const Tensor a = zeros({3}), b = zeros({4});
+  // Operators on lvalues and on a temporary, unary minus, and a named function.
+  int line = __LINE__ + 1;
+  std::string e = error_of([&] { (void)(a + b); });
+  CHECK(e ==
+        fmt::format("[add] shapes (3) and (4) cannot broadcast (at test_errors.cpp:{})", line));
+  line = __LINE__ + 1;
+  e = error_of([&] { (void)((a * 2.0) - b); });
+  CHECK(site_line(e) == line);
+  line = __LINE__ + 1;
+  e = error_of([&] { (void)(-zeros({2}, Options().dtype(DType::b8))); });
+  CHECK(starts_with(e, "[neg]"));
+  CHECK(site_line(e) == line);
+  line = __LINE__ + 1;
+  e = error_of([&] { (void)matmul(zeros({2, 3}), zeros({4, 5})); });
+  CHECK(site_line(e) == line);
+  line = __LINE__ + 1;
+  e = error_of([&] { (void)(2.0 / zeros({2}) + b); });
+  CHECK(site_line(e) == line);
+  // A composite: its name, the primitive that failed, then the user's line (not the library's).
+  line = __LINE__ + 1;
+  e = error_of([&] { (void)embedding(zeros({4, 2}), i64s({1, 4})); });
+  CHECK(e == fmt::format("[embedding] index 4 is out of range for dim 0 of size 4 (from gather) "
+                         "(at test_errors.cpp:{})",
+                         line));
+  // A module: the line that called it, not a line inside the layer.
+  nn::Linear lin(3, 2);
+  line = __LINE__ + 1;
+  e = error_of([&] { (void)lin(zeros({5, 4})); });
+  CHECK(site_line(e) == line);
+  // Methods: in-place arithmetic and item().
+  Tensor c = zeros({2, 2});
+  line = __LINE__ + 1;
+  e = error_of([&] { c.add_(zeros({3})); });
+  CHECK(site_line(e) == line);
+  line = __LINE__ + 1;
+  e = error_of([&] { (void)c.item<float>(); });
+  CHECK(site_line(e) == line);
+  // The site is the outermost call's and ends with it: later calls start clean.
+  CHECK(detail::tls_site.file == nullptr);
+}
+
+TEST_CASE("call sites: errors while tracing name the line, the compiled function and the scope") {
+  int line = 0;
+  const int fn_line = __LINE__ + 1;
+  auto f = compile([&line](Tensor x, Tensor y) {
+    auto s = scope("encoder");
+    line = __LINE__ + 1;
+    return x + y;
+  });
+  std::string e = error_of([&] { f(zeros({16, 192}), zeros({16, 64})); });
+  CHECK(e == fmt::format("[add] shapes (16, 192) and (16, 64) cannot broadcast (at "
+                         "test_errors.cpp:{}) while tracing compiled function at "
+                         "test_errors.cpp:{}, scope encoder",
+                         line, fn_line));
+  // Inside a scan body (the body is traced too).
+  auto g = compile([&line](Tensor h, Tensor xs) {
+    return scan(
+        [&line](const std::vector<Tensor>& in) {
+          line = __LINE__ + 1;
+          Tensor n = in[0] + in[1];
+          return std::vector<Tensor>{n, n};
+        },
+        {h}, {xs})[0];
+  });
+  e = error_of([&] { g(zeros({16, 192}), zeros({5, 16, 64})); });
+  CHECK(starts_with(e, "[add] shapes (16, 192) and (16, 64) cannot broadcast"));
+  CHECK(site_line(e) == line);
+  CHECK(contains(e, "while tracing compiled function at test_errors.cpp:"));
+}
+
+TEST_CASE("call sites: traced nodes carry them into str(), dot() and errors of a running plan") {
+  int add_line = 0, mm_line = 0, sm_line = 0, gather_line = 0;
+  auto f = compile([&](Tensor x, Tensor w, Tensor idx) {
+    mm_line = __LINE__ + 1;
+    Tensor h = matmul(x, w);
+    add_line = __LINE__ + 1;
+    h = h + 1.0;
+    sm_line = __LINE__ + 1;
+    Tensor p = softmax(h, 1);
+    gather_line = __LINE__ + 1;
+    return gather(p, 1, idx);
+  });
+  const Tensor x = ones({2, 3}), w = ones({3, 4});
+  (void)f(x, w, reshape(i64s({0, 1}), {2, 1}));
+  const std::string g = f.graph().str();
+  for (int l : {add_line, mm_line, sm_line, gather_line}) {
+    INFO("line " << l << "\n" << g);
+    CHECK(contains(g, fmt::format("at test_errors.cpp:{}\n", l)));
+  }
+  // Every node softmax made carries the line of the softmax call.
+  int softmax_nodes = 0;
+  for (const auto& n : f.graph().nodes)
+    if (n.site && n.site.line == uint32_t(sm_line)) ++softmax_nodes;
+  CHECK(softmax_nodes >= 3);
+  CHECK(contains(f.graph().dot(), fmt::format("at test_errors.cpp:{}", gather_line)));
+  // An index out of range found while the plan runs names the gather's line.
+  const std::string e = error_of([&] { f(x, w, reshape(i64s({0, 7}), {2, 1})); });
+  CHECK(starts_with(e, "[gather] index 7 is out of range"));
+  CHECK(site_line(e) == gather_line);
 }
 
 TEST_CASE("an error leaves the operands untouched and the library usable") {

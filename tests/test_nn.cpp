@@ -564,7 +564,10 @@ TEST_CASE("Module: registry rules") {
   Tensor frozen = r.register_parameter("frozen", ones({2}), false);
   CHECK_FALSE(frozen.requires_grad());
   CHECK(r.parameters().size() == 2);
-  CHECK(error_of([&] { r(ones({1})); }) == "[nn] Registry has no forward(Tensor)");
+  // The message, then the caller's line (core/call_site.h): the module call two lines up.
+  const int line = __LINE__ + 1;
+  CHECK(error_of([&] { r(ones({1})); }) ==
+        fmt::format("[nn] Registry has no forward(Tensor) (at test_nn.cpp:{})", line));
   Sequential s{ReLU()};
   CHECK(contains(error_of<ValueError>([&] { s[1]; }), "out of range"));
   CHECK(contains(error_of<ValueError>([&] { s.at<Linear>(0); }), "ReLU()"));

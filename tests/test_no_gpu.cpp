@@ -140,10 +140,11 @@ TEST_CASE("cuda: inputs on different devices raise a DeviceError naming the op a
       new detail::StorageImpl(mem.data(), mem.size() * sizeof(float), Device::cuda(), nullptr));
   CHECK(fake.device() == Device::cuda());
   Tensor cpu = make({1, 2, 3, 4}, {4});
+  const int line = __LINE__ + 1;
   std::string e = error_of<DeviceError>([&] { (void)add(cpu, fake); });
-  CHECK(e ==
-        "[add] inputs are on different devices: cpu (input 0) and cuda:0 (input 1); move them "
-        "with .to(...)");
+  CHECK(e == fmt::format("[add] inputs are on different devices: cpu (input 0) and cuda:0 (input "
+                         "1); move them with .to(...) (at test_no_gpu.cpp:{})",
+                         line));
   e = error_of<DeviceError>([&] { (void)matmul(reshape(fake, {1, 4}), reshape(cpu, {4, 1})); });
   CHECK(contains(e, "[matmul] inputs are on different devices: cuda:0 (input 0) and cpu"));
   e = error_of<DeviceError>([&] { cpu.add_(fake); });

@@ -148,6 +148,7 @@ TEST_CASE("profiler: eager ops report shapes, bytes and FLOPs; the JSON parses")
   Profiler prof;
   const int64_t n = 1000;
   const Tensor a = ones({n}), b = ones({n});
+  const int line = __LINE__ + 1;
   (void)(a + b);
   const Tensor m = ones({64, 64});
   (void)matmul(m, m);
@@ -159,6 +160,7 @@ TEST_CASE("profiler: eager ops report shapes, bytes and FLOPs; the JSON parses")
   CHECK((*add)["args"]["flops"].number() == n);
   CHECK((*add)["args"]["output"].str() == "f32 (1000)");
   CHECK((*add)["dur"].number() >= 0);
+  CHECK((*add)["args"]["site"].str() == fmt::format("test_profiler.cpp:{}", line));
   const Json* mm = find_event(ev, "matmul");
   REQUIRE(mm != nullptr);
   CHECK((*mm)["args"]["flops"].number() == 2.0 * 64 * 64 * 64);
@@ -179,18 +181,20 @@ TEST_CASE("profiler: a compiled call's event encloses its steps' events") {
   REQUIRE(plan != nullptr);
   CHECK(contains((*plan)["name"].str(), "plan of compiled function at test_profiler.cpp:"));
   const double t0 = (*plan)["ts"].number(), t1 = t0 + (*plan)["dur"].number();
-  int steps = 0;
+  int steps = 0, sited = 0;
   bool fused = false;
   for (const Json& e : ev) {
     if (e["cat"].str() != "step") continue;
     ++steps;
     fused |= contains(e["name"].str(), "fused(");
+    sited += starts_with(e["args"]["site"].str(), "test_profiler.cpp:");  // the lambda's line
     // Inside the call's event, on the same thread (times are rounded to nanoseconds).
     CHECK(e["ts"].number() >= t0 - 1e-3);
     CHECK(e["ts"].number() + e["dur"].number() <= t1 + 1e-3);
     CHECK(e["tid"].number() == (*plan)["tid"].number());
   }
   CHECK(steps >= 2);
+  CHECK(sited == steps);
   CHECK(fused);
   CHECK(find_event(ev, "add") == nullptr);  // no eager ops ran in the call
 }

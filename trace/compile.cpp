@@ -807,7 +807,9 @@ bool CompiledCore::run(Entry& e, const std::vector<int64_t>& values, const FlatA
     Tensor& out = outs[index];
     if (out.unsafe_impl()->autograd && out.unsafe_impl()->autograd->grad_fn) continue;
     std::string msg = message;
-    attach(out, [msg](const Tensor&, const bool*, Tensor*) { throw Error(msg); });
+    attach(out, [msg](const Tensor&, const bool*, Tensor*) {
+      throw Error(::duet::detail::with_context(msg));
+    });
   }
   return true;
 }

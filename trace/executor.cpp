@@ -281,6 +281,8 @@ void Plan::run_steps(const std::vector<Step>& steps) {
 // last step it ran.
 const Plan::Step* Plan::run_one(const Step* sp, const Step* end) {
   const Step& s = *sp;
+  // An error a kernel raises names the line that made the step's node (core/call_site.h).
+  detail::SiteGuard site(step_site(s));
   // A matmul and the bias (+ relu) group after it, as one GEMM when the device takes it.
   if (!epilogues_.empty() && sp + 1 != end && steps_.data() <= sp &&
       sp < steps_.data() + steps_.size()) {
@@ -381,10 +383,10 @@ void Plan::check_step(const Step& s, const std::vector<Tensor>& in) const {
       r += fmt::format("{}{} {}", r.empty() ? "" : ", ", t.sizes(), t.dtype());
     return r.empty() ? std::string("none") : r;
   };
-  throw AnomalyError(fmt::format(
+  throw AnomalyError(::duet::detail::with_context(fmt::format(
       "[anomaly] {} {}, from inputs without any: {}; in {} (a step of its plan){}. Anomaly "
       "detection is on (duet::AnomalyMode or DUET_DETECT_ANOMALY=1)",
-      step_name(s), what, shapes(in), graph_.label, culprit));
+      step_name(s), what, shapes(in), graph_.label, culprit)));
 }
 
 // The primitive of a fused group that made the first NaN or infinity: the group's program run
@@ -458,7 +460,8 @@ void Plan::run_steps_range(const Step* begin, const Step* end) {
         shape = fmt::format("{}", graph_.nodes[sp->out].meta.shape);
       profile_event(step_name(*sp) + (last != sp ? " + epilogue" : ""), "step", t0,
                     profile_clock_us(),
-                    fmt::format("\"plan\": \"{}\", \"shape\": \"{}\"", graph_.label, shape));
+                    fmt::format("\"plan\": \"{}\", \"shape\": \"{}\", \"site\": \"{}\"",
+                                graph_.label, shape, step_site(*sp).str()));
     }
     if (clean) {
       // A GEMM epilogue ran two steps: the second's outputs are the pair's.
@@ -470,6 +473,15 @@ void Plan::run_steps_range(const Step* begin, const Step* end) {
 }
 
 void Plan::run_step(const Step& s) { run_steps_range(&s, &s + 1); }
+
+CallSite Plan::step_site(const Step& s) const {
+  if (s.kind == StepKind::Fused) {
+    const FusedStep& f = *fused_[s.out];
+    const int32_t v = f.outputs.empty() ? f.reduction : f.outputs.back();
+    return v >= 0 ? graph_.nodes[v].site : CallSite{};
+  }
+  return s.out >= 0 && s.out < int32_t(graph_.nodes.size()) ? graph_.nodes[s.out].site : CallSite{};
+}
 
 void Plan::run_control(ControlStep& c) {
   const ControlFlow& cf = *c.cf;

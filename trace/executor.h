@@ -156,6 +156,8 @@ class Plan {
   void run_steps(const std::vector<Step>& steps);
   void run_steps_range(const Step* begin, const Step* end);
   void run_step(const Step& s);
+  /// The call site of a step's node (a fused group's last output), or none.
+  CallSite step_site(const Step& s) const;
   void run_waves();
 
   Graph graph_;

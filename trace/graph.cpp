@@ -190,6 +190,7 @@ void graph_str(const Graph& g, const std::string& pad, std::string& s) {
     if (!n.name.empty()) s += fmt::format("  \"{}\"", n.name);
     if (n.scope >= 0 && n.scope < int32_t(g.scopes.size()))
       s += fmt::format("  @{}", g.scopes[n.scope]);
+    if (n.site) s += fmt::format("  at {}", n.site.str());
     s += "\n";
     if (n.kind == NodeKind::Control)
       for (size_t k = 0; k < n.control->graphs.size(); ++k) {
@@ -254,6 +255,7 @@ std::string Graph::dot() const {
                         n.kind == NodeKind::Control ? results_str(*n.control) : meta_str(n.meta));
     if (!n.name.empty()) label += fmt::format("\\n\\\"{}\\\"", n.name);
     if (n.scope >= 0) label += fmt::format("\\n@{}", scopes[n.scope]);
+    if (n.site) label += fmt::format("\\nat {}", n.site.str());
     s += fmt::format("  n{} [label=\"{}\" shape={}{}];\n", i, label, shape, style);
     for (int32_t in : n.inputs) s += fmt::format("  n{} -> n{};\n", in, i);
   }

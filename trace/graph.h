@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "core/call_site.h"
 #include "core/op_table.h"
 
 namespace duet {
@@ -61,6 +62,7 @@ struct GraphNode {
   Tensor constant;     ///< Constant nodes: the value
   std::string name;    ///< placeholder name, or a name given by duet::name()
   int32_t scope = -1;  ///< index into Graph::scopes; -1: no scope
+  CallSite site;       ///< the user's line that made it (Note [Call sites] in core/call_site.h)
   /// Control nodes: the construct (shared and immutable: passes make a new one to change it).
   /// Project nodes read result `index` of the Control node inputs[0].
   std::shared_ptr<const ControlFlow> control;

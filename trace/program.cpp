@@ -95,8 +95,8 @@ std::vector<Tensor> Program::run(const std::map<std::string, Tensor>& feeds,
       if (n == s_->names.end()) {
         std::string known;
         for (const auto& [k, v] : s_->names) known += (known.empty() ? "" : ", ") + k;
-        throw ValueError(fmt::format(
-            "[Program::run] nothing named \"{}\" to fetch; the names are {}", f, known));
+        throw ValueError(::duet::detail::with_context(fmt::format(
+            "[Program::run] nothing named \"{}\" to fetch; the names are {}", f, known)));
       }
       g.outputs.push_back(n->second);
     }

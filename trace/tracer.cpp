@@ -67,6 +67,7 @@ std::vector<Tensor> Tracer::control(std::shared_ptr<const ControlFlow> cf,
   n.meta = TensorMeta{
       Shape{}, DType::f32, cf->results.empty() ? Device::cpu() : cf->results[0].device, {}};
   n.scope = scope_index();
+  n.site = detail::tls_site;
   n.control = cf;
   const int32_t c = graph_.add(std::move(n));
   std::vector<Tensor> out;
@@ -88,6 +89,25 @@ Tracer::~Tracer() {
 }
 
 Tracer* Tracer::current() { return tls_tracer; }
+
+namespace {
+// What an error raised while tracing adds to its message (core/call_site.h): the compiled
+// function (the outermost trace) and the scope the op was called in.
+std::string trace_context() {
+  Tracer* t = tls_tracer;
+  if (!t) return "";
+  Tracer* root = t;
+  while (root->parent()) root = root->parent();
+  std::string s = fmt::format(" while tracing {}", root->graph().label);
+  const std::string& scope = current_scope();
+  if (!scope.empty()) s += fmt::format(", scope {}", scope);
+  return s;
+}
+const bool g_hook = [] {
+  detail::set_trace_context_hook(trace_context);
+  return true;
+}();
+}  // namespace
 
 Tracer::Layout Tracer::layout_of(const TensorImpl* x) {
   return {x->offset, x->shape, x->strides, x->dtype};
@@ -149,6 +169,7 @@ int32_t Tracer::add_op(OpId op, const Attrs& attrs, std::vector<int32_t> inputs,
   n.inputs = std::move(inputs);
   n.meta = m;
   n.scope = scope_index();
+  n.site = detail::tls_site;
   return graph_.add(std::move(n));
 }
 

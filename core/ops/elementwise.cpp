@@ -278,20 +278,38 @@ Tensor wrap(const Scalar& s, const Tensor& like) {
 
 }  // namespace
 
-#define DUET_UNARY(Name, name, math, doc)                          \
-  Tensor name(const Tensor& x) { return unary(OpId::Name, x, 0); } \
-  Tensor name(Tensor&& x) { return unary(OpId::Name, x, 1); }
+#define DUET_UNARY(Name, name, math, doc)                  \
+  Tensor name(const Tensor& x, std::source_location loc) { \
+    detail::SiteGuard site(loc);                           \
+    return unary(OpId::Name, x, 0);                        \
+  }                                                        \
+  Tensor name(Tensor&& x, std::source_location loc) {      \
+    detail::SiteGuard site(loc);                           \
+    return unary(OpId::Name, x, 1);                        \
+  }
 #include "core/elementwise.def"
 
-#define DUET_DEFINE_BINARY(name, Op)                                                    \
-  Tensor name(const Tensor& a, const Tensor& b) { return binary(OpId::Op, a, b, 0); }   \
-  Tensor name(Tensor&& a, const Tensor& b) { return binary(OpId::Op, a, b, 1); }        \
-  Tensor name(const Tensor& a, Tensor&& b) { return binary(OpId::Op, a, b, 2); }        \
-  Tensor name(Tensor&& a, Tensor&& b) { return binary(OpId::Op, a, b, 3); }             \
-  Tensor name(const Tensor& a, Scalar b) { return binary(OpId::Op, a, wrap(b, a), 0); } \
-  Tensor name(Tensor&& a, Scalar b) { return binary(OpId::Op, a, wrap(b, a), 1); }      \
-  Tensor name(Scalar a, const Tensor& b) { return binary(OpId::Op, wrap(a, b), b, 0); } \
-  Tensor name(Scalar a, Tensor&& b) { return binary(OpId::Op, wrap(a, b), b, 2); }
+#define DUET_SITED(sig, body)    \
+  Tensor sig {                   \
+    detail::SiteGuard site(loc); \
+    return body;                 \
+  }
+#define DUET_DEFINE_BINARY(name, Op)                                                            \
+  DUET_SITED(name(const Tensor& a, const Tensor& b, std::source_location loc),                  \
+             binary(OpId::Op, a, b, 0))                                                         \
+  DUET_SITED(name(Tensor&& a, const Tensor& b, std::source_location loc),                       \
+             binary(OpId::Op, a, b, 1))                                                         \
+  DUET_SITED(name(const Tensor& a, Tensor&& b, std::source_location loc),                       \
+             binary(OpId::Op, a, b, 2))                                                         \
+  DUET_SITED(name(Tensor&& a, Tensor&& b, std::source_location loc), binary(OpId::Op, a, b, 3)) \
+  DUET_SITED(name(const Tensor& a, Scalar b, std::source_location loc),                         \
+             binary(OpId::Op, a, wrap(b, a), 0))                                                \
+  DUET_SITED(name(Tensor&& a, Scalar b, std::source_location loc),                              \
+             binary(OpId::Op, a, wrap(b, a), 1))                                                \
+  DUET_SITED(name(Scalar a, const Tensor& b, std::source_location loc),                         \
+             binary(OpId::Op, wrap(a, b), b, 0))                                                \
+  DUET_SITED(name(Scalar a, Tensor&& b, std::source_location loc),                              \
+             binary(OpId::Op, wrap(a, b), b, 2))
 #define DUET_BINARY(Name, name, doc) DUET_DEFINE_BINARY(name, Name)
 #include "core/elementwise.def"
 #undef DUET_DEFINE_BINARY
@@ -310,34 +328,47 @@ Tensor compare(OpId op, const Tensor& t, const Scalar& s, bool scalar_first) {
 }
 }  // namespace
 
-#define DUET_DEFINE_COMPARE(name, Op)                                                 \
-  Tensor name(const Tensor& a, const Tensor& b) { return binary(OpId::Op, a, b, 0); } \
-  Tensor name(const Tensor& a, Scalar b) { return compare(OpId::Op, a, b, false); }   \
-  Tensor name(Scalar a, const Tensor& b) { return compare(OpId::Op, b, a, true); }
+#define DUET_DEFINE_COMPARE(name, Op)                                          \
+  DUET_SITED(name(const Tensor& a, const Tensor& b, std::source_location loc), \
+             binary(OpId::Op, a, b, 0))                                        \
+  DUET_SITED(name(const Tensor& a, Scalar b, std::source_location loc),        \
+             compare(OpId::Op, a, b, false))                                   \
+  DUET_SITED(name(Scalar a, const Tensor& b, std::source_location loc),        \
+             compare(OpId::Op, b, a, true))
 #define DUET_COMPARE(Name, name, expr, doc) DUET_DEFINE_COMPARE(name, Name)
 #include "core/elementwise.def"
 #undef DUET_DEFINE_COMPARE
+#undef DUET_SITED
 
-#define DUET_DEFINE_OPERATOR(sym, fn)                                                    \
-  Tensor operator sym(const Tensor& a, const Tensor& b) { return fn(a, b); }             \
-  Tensor operator sym(Tensor&& a, const Tensor& b) { return fn(std::move(a), b); }       \
-  Tensor operator sym(const Tensor& a, Tensor&& b) { return fn(a, std::move(b)); }       \
-  Tensor operator sym(Tensor&& a, Tensor&& b) { return fn(std::move(a), std::move(b)); } \
-  Tensor operator sym(const Tensor& a, Scalar b) { return fn(a, b); }                    \
-  Tensor operator sym(Tensor&& a, Scalar b) { return fn(std::move(a), b); }              \
-  Tensor operator sym(Scalar a, const Tensor& b) { return fn(a, b); }                    \
-  Tensor operator sym(Scalar a, Tensor&& b) { return fn(a, std::move(b)); }
+// An operator's Located operand (Note [Call sites]): the expiring flag picks the overload that
+// may reuse its buffer. The tensor was an rvalue the caller gave away, so moving from it is what
+// the plain overloads did.
+namespace {
+Tensor&& moved(const Located& x) { return std::move(const_cast<Tensor&>(x.tensor)); }
+}  // namespace
+#define DUET_DEFINE_OPERATOR(sym, fn)                                                          \
+  Tensor operator sym(Located a, const Tensor& b) {                                            \
+    return a.expiring ? fn(moved(a), b, a.loc) : fn(a.tensor, b, a.loc);                       \
+  }                                                                                            \
+  Tensor operator sym(Located a, Tensor&& b) {                                                 \
+    return a.expiring ? fn(moved(a), std::move(b), a.loc) : fn(a.tensor, std::move(b), a.loc); \
+  }                                                                                            \
+  Tensor operator sym(Located a, Scalar b) {                                                   \
+    return a.expiring ? fn(moved(a), b, a.loc) : fn(a.tensor, b, a.loc);                       \
+  }                                                                                            \
+  Tensor operator sym(Scalar a, Located b) {                                                   \
+    return b.expiring ? fn(a, moved(b), b.loc) : fn(a, b.tensor, b.loc);                       \
+  }
 DUET_DEFINE_OPERATOR(+, add)
 DUET_DEFINE_OPERATOR(-, sub)
 DUET_DEFINE_OPERATOR(*, mul)
 DUET_DEFINE_OPERATOR(/, div)
 #undef DUET_DEFINE_OPERATOR
-Tensor operator-(const Tensor& x) { return neg(x); }
-Tensor operator-(Tensor&& x) { return neg(std::move(x)); }
-#define DUET_DEFINE_CMP_OPERATOR(sym, fn)                                    \
-  Tensor operator sym(const Tensor& a, const Tensor& b) { return fn(a, b); } \
-  Tensor operator sym(const Tensor& a, Scalar b) { return fn(a, b); }        \
-  Tensor operator sym(Scalar a, const Tensor& b) { return fn(a, b); }
+Tensor operator-(Located x) { return x.expiring ? neg(moved(x), x.loc) : neg(x.tensor, x.loc); }
+#define DUET_DEFINE_CMP_OPERATOR(sym, fn)                                            \
+  Tensor operator sym(Located a, const Tensor& b) { return fn(a.tensor, b, a.loc); } \
+  Tensor operator sym(Located a, Scalar b) { return fn(a.tensor, b, a.loc); }        \
+  Tensor operator sym(Scalar a, Located b) { return fn(a, b.tensor, b.loc); }
 DUET_DEFINE_CMP_OPERATOR(<, lt)
 DUET_DEFINE_CMP_OPERATOR(<=, le)
 DUET_DEFINE_CMP_OPERATOR(>, gt)
@@ -346,21 +377,33 @@ DUET_DEFINE_CMP_OPERATOR(==, eq)
 DUET_DEFINE_CMP_OPERATOR(!=, ne)
 #undef DUET_DEFINE_CMP_OPERATOR
 
-Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b, std::source_location loc) {
+  detail::SiteGuard site(loc);
   const Tensor* in[] = {&cond, &a, &b};
   return detail::call(OpId::Where, TensorRefs(in, 3), kNoAttrs);
 }
-Tensor where(const Tensor& cond, const Tensor& a, Scalar b) { return where(cond, a, wrap(b, a)); }
-Tensor where(const Tensor& cond, Scalar a, const Tensor& b) { return where(cond, wrap(a, b), b); }
+Tensor where(const Tensor& cond, const Tensor& a, Scalar b, std::source_location loc) {
+  detail::SiteGuard site(loc);
+  return where(cond, a, wrap(b, a));
+}
+Tensor where(const Tensor& cond, Scalar a, const Tensor& b, std::source_location loc) {
+  detail::SiteGuard site(loc);
+  return where(cond, wrap(a, b), b);
+}
 
 // Composites of comparisons, so they fuse: NaN is the one value unequal to itself, and |x| < inf
 // is false for NaN (an ordered comparison) and for both infinities.
-Tensor isnan(const Tensor& x) { return ne(x, x); }
-Tensor isinf(const Tensor& x) {
+Tensor isnan(const Tensor& x, std::source_location loc) {
+  detail::SiteGuard site(loc);
+  return ne(x, x);
+}
+Tensor isinf(const Tensor& x, std::source_location loc) {
+  detail::SiteGuard site(loc);
   if (!is_floating(x.dtype())) return ne(x, x);
   return eq(abs(x), std::numeric_limits<double>::infinity());
 }
-Tensor isfinite(const Tensor& x) {
+Tensor isfinite(const Tensor& x, std::source_location loc) {
+  detail::SiteGuard site(loc);
   if (!is_floating(x.dtype())) return eq(x, x);
   return lt(abs(x), std::numeric_limits<double>::infinity());
 }
@@ -368,7 +411,8 @@ Tensor isfinite(const Tensor& x) {
 // With lo > hi every element becomes hi, as torch.clamp documents.
 // With where rather than maximum/minimum, the gradient is 1 on the closed interval [lo, hi]
 // (maximum would split it at a boundary), and NaN passes through, as torch.clamp.
-Tensor clamp(const Tensor& x, Scalar lo, Scalar hi) {
+Tensor clamp(const Tensor& x, Scalar lo, Scalar hi, std::source_location loc) {
+  detail::SiteGuard site(loc);
   // An integer bound beyond an i32 tensor's range clamps nothing on that side.
   if (x.dtype() == DType::i32) {
     if (lo.is_integral() && lo.to<int64_t>() < std::numeric_limits<int32_t>::min())

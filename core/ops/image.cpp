@@ -110,13 +110,16 @@ void register_image_rules(OpDef* t) {
 
 }  // namespace detail
 
-Tensor unfold(const Tensor& x, int64_t kernel, int64_t stride, int64_t padding) {
+Tensor unfold(const Tensor& x, int64_t kernel, int64_t stride, int64_t padding,
+              std::source_location loc) {
+  detail::SiteGuard site(loc);
   return detail::window_call(OpId::Unfold, x,
                              detail::window_attrs("unfold", x, kernel, stride, padding));
 }
 
 Tensor fold(const Tensor& cols, int64_t height, int64_t width, int64_t kernel, int64_t stride,
-            int64_t padding) {
+            int64_t padding, std::source_location loc) {
+  detail::SiteGuard site(loc);
   Attrs a;
   a.ints = {kernel, kernel, stride, stride, padding, padding, height, width};
   return detail::window_call(OpId::Fold, cols, a);
@@ -125,7 +128,9 @@ Tensor fold(const Tensor& cols, int64_t height, int64_t width, int64_t kernel, i
 // im2col + GEMM: (O, C*k*k) @ (N, C*k*k, L) -> (N, O, L). The batch size N (and the channels C)
 // are used as SymInts, so that a symbolic batch dim stays symbolic; H, W and the weight's
 // sizes are read as integers (the windows need them).
-Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, int64_t stride, int64_t padding) {
+Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, int64_t stride, int64_t padding,
+              std::source_location loc) {
+  detail::SiteGuard site(loc);
   return detail::as_op("conv2d", [&]() -> Tensor {
     DUET_CHECK_SHAPE(x.dim() == 4, "[conv2d] input must be (N, C, H, W), got {}", x.sizes());
     DUET_CHECK_SHAPE(w.dim() == 4 && w.size(2) == w.size(3),
@@ -167,7 +172,8 @@ Tensor pool_windows(const char* op, const Tensor& x, int64_t kernel, int64_t str
 }
 }  // namespace
 
-Tensor max_pool2d(const Tensor& x, int64_t kernel, int64_t stride) {
+Tensor max_pool2d(const Tensor& x, int64_t kernel, int64_t stride, std::source_location loc) {
+  detail::SiteGuard site(loc);
   return detail::as_op("max_pool2d", [&]() -> Tensor {
     int64_t ho, wo;
     Tensor win = pool_windows("max_pool2d", x, kernel, stride, &ho, &wo);
@@ -176,7 +182,8 @@ Tensor max_pool2d(const Tensor& x, int64_t kernel, int64_t stride) {
   });
 }
 
-Tensor avg_pool2d(const Tensor& x, int64_t kernel, int64_t stride) {
+Tensor avg_pool2d(const Tensor& x, int64_t kernel, int64_t stride, std::source_location loc) {
+  detail::SiteGuard site(loc);
   return detail::as_op("avg_pool2d", [&]() -> Tensor {
     DUET_CHECK_DTYPE(is_floating(x.dtype()), "[avg_pool2d] needs a floating input, got {}",
                      x.dtype());

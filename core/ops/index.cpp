@@ -143,21 +143,25 @@ void register_index_rules(OpDef* t) {
 
 }  // namespace detail
 
-Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
+Tensor gather(const Tensor& x, int64_t dim, const Tensor& index, std::source_location loc) {
+  detail::SiteGuard site(loc);
   Attrs a;
   a.dim = detail::wrap_dim("gather", dim, x.dim());
   const Tensor* in[] = {&x, &index};
   return detail::call(OpId::Gather, TensorRefs(in, 2), a);
 }
 
-Tensor scatter_add(const Tensor& base, int64_t dim, const Tensor& index, const Tensor& src) {
+Tensor scatter_add(const Tensor& base, int64_t dim, const Tensor& index, const Tensor& src,
+                   std::source_location loc) {
+  detail::SiteGuard site(loc);
   Attrs a;
   a.dim = detail::wrap_dim("scatter_add", dim, base.dim());
   const Tensor* in[] = {&base, &index, &src};
   return detail::call(OpId::ScatterAdd, TensorRefs(in, 3), a);
 }
 
-Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
+Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index, std::source_location loc) {
+  detail::SiteGuard site(loc);
   return detail::as_op("index_select", [&]() -> Tensor {
     DUET_CHECK_DTYPE(index.dtype() == DType::i64,
                      "[index_select] index must be i64, got {} of shape {}", index.dtype(),
@@ -177,7 +181,8 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
   });
 }
 
-Tensor embedding(const Tensor& weight, const Tensor& indices) {
+Tensor embedding(const Tensor& weight, const Tensor& indices, std::source_location loc) {
+  detail::SiteGuard site(loc);
   return detail::as_op("embedding", [&]() -> Tensor {
     DUET_CHECK_SHAPE(weight.dim() == 2, "[embedding] weight must be (num_embeddings, dim), got {}",
                      weight.sizes());
@@ -191,7 +196,8 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
   });
 }
 
-Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
+Tensor cat(const std::vector<Tensor>& tensors, int64_t dim, std::source_location loc) {
+  detail::SiteGuard site(loc);
   DUET_CHECK_VALUE(!tensors.empty(), "[cat] needs at least one tensor");
   Attrs a;
   a.dim = detail::wrap_dim("cat", dim, std::max<int64_t>(tensors[0].dim(), 1));
@@ -207,7 +213,8 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   return detail::call(OpId::Cat, TensorRefs(in.data(), static_cast<int64_t>(in.size())), a);
 }
 
-Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
+Tensor stack(const std::vector<Tensor>& tensors, int64_t dim, std::source_location loc) {
+  detail::SiteGuard site(loc);
   DUET_CHECK_VALUE(!tensors.empty(), "[stack] needs at least one tensor");
   dim = detail::wrap_dim("stack", dim, tensors[0].dim() + 1);
   std::vector<Tensor> parts;
@@ -220,7 +227,8 @@ Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
   return cat(parts, dim);
 }
 
-Tensor argmax(const Tensor& x, int64_t dim, bool keepdim) {
+Tensor argmax(const Tensor& x, int64_t dim, bool keepdim, std::source_location loc) {
+  detail::SiteGuard site(loc);
   Attrs a;
   a.dim = detail::wrap_dim("argmax", dim, x.dim());
   a.keepdim = keepdim;
@@ -228,7 +236,8 @@ Tensor argmax(const Tensor& x, int64_t dim, bool keepdim) {
   return detail::call(OpId::Argmax, TensorRefs(in, 1), a);
 }
 
-Tensor argmin(const Tensor& x, int64_t dim, bool keepdim) {
+Tensor argmin(const Tensor& x, int64_t dim, bool keepdim, std::source_location loc) {
+  detail::SiteGuard site(loc);
   DUET_CHECK_DTYPE(x.dtype() != DType::b8, "[argmin] is not defined for b8 input of shape {}",
                    x.sizes());
   dim = detail::wrap_dim("argmin", dim, x.dim());

@@ -64,7 +64,8 @@ void register_linalg_rules(OpDef* t) {
 
 }  // namespace detail
 
-Tensor matmul(const Tensor& a, const Tensor& b) {
+Tensor matmul(const Tensor& a, const Tensor& b, std::source_location loc) {
+  detail::SiteGuard site(loc);
   DUET_CHECK_SHAPE(a.dim() >= 1 && b.dim() >= 1,
                    "[matmul] both operands need at least one dim, got {} and {}", a.sizes(),
                    b.sizes());

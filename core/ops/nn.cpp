@@ -29,7 +29,8 @@ Tensor stable_max(const Tensor& x, int64_t dim) {
 }
 }  // namespace
 
-Tensor softmax(const Tensor& x, int64_t dim) {
+Tensor softmax(const Tensor& x, int64_t dim, std::source_location loc) {
+  detail::SiteGuard site(loc);
   return detail::as_op("softmax", [&]() -> Tensor {
     dim = check_soft("softmax", x, dim);
     Tensor e = exp(x - stable_max(x, dim));
@@ -37,7 +38,8 @@ Tensor softmax(const Tensor& x, int64_t dim) {
   });
 }
 
-Tensor log_softmax(const Tensor& x, int64_t dim) {
+Tensor log_softmax(const Tensor& x, int64_t dim, std::source_location loc) {
+  detail::SiteGuard site(loc);
   return detail::as_op("log_softmax", [&]() -> Tensor {
     dim = check_soft("log_softmax", x, dim);
     Tensor z = x - stable_max(x, dim);
@@ -45,7 +47,8 @@ Tensor log_softmax(const Tensor& x, int64_t dim) {
   });
 }
 
-Tensor logsumexp(const Tensor& x, int64_t dim) {
+Tensor logsumexp(const Tensor& x, int64_t dim, std::source_location loc) {
+  detail::SiteGuard site(loc);
   return detail::as_op("logsumexp", [&]() -> Tensor {
     dim = check_soft("logsumexp", x, dim);
     Tensor m = stable_max(x, dim);
@@ -53,14 +56,21 @@ Tensor logsumexp(const Tensor& x, int64_t dim) {
   });
 }
 
-Tensor gelu(const Tensor& x) { return x * 0.5 * (1 + erf(x * 0.70710678118654752440)); }
+Tensor gelu(const Tensor& x, std::source_location loc) {
+  detail::SiteGuard site(loc);
+  return x * 0.5 * (1 + erf(x * 0.70710678118654752440));
+}
 
-Tensor silu(const Tensor& x) { return x * sigmoid(x); }
+Tensor silu(const Tensor& x, std::source_location loc) {
+  detail::SiteGuard site(loc);
+  return x * sigmoid(x);
+}
 
 // The exponential reads beta * x only where it is at most the threshold (0 elsewhere): the
 // unselected branch of a where still takes part in its gradient, and e^(beta * x) overflowing
 // there would turn that zero gradient into NaN (0 * inf).
-Tensor softplus(const Tensor& x, double beta, double threshold) {
+Tensor softplus(const Tensor& x, double beta, double threshold, std::source_location loc) {
+  detail::SiteGuard site(loc);
   DUET_CHECK_VALUE(std::isfinite(beta) && beta != 0,
                    "[softplus] beta must be finite and nonzero, got {} (input {} of dtype {})",
                    beta, x.sizes(), x.dtype());
@@ -69,7 +79,8 @@ Tensor softplus(const Tensor& x, double beta, double threshold) {
   return where(linear, x, log1p(exp(where(linear, 0, z))) / beta);
 }
 
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, std::source_location loc) {
+  detail::SiteGuard site(loc);
   return detail::as_op("linear", [&]() -> Tensor {
     DUET_CHECK_SHAPE(weight.dim() == 2, "[linear] weight must be (out, in), got {}",
                      weight.sizes());
@@ -90,7 +101,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 }
 
 Tensor layer_norm(const Tensor& x, Shape normalized, const Tensor& weight, const Tensor& bias,
-                  double eps) {
+                  double eps, std::source_location loc) {
+  detail::SiteGuard site(loc);
   return detail::as_op("layer_norm", [&]() -> Tensor {
     const int64_t k = normalized.size(), nd = x.dim();
     DUET_CHECK_DTYPE(is_floating(x.dtype()), "[layer_norm] needs a floating input, got {}",
@@ -121,7 +133,8 @@ Tensor layer_norm(const Tensor& x, Shape normalized, const Tensor& weight, const
   });
 }
 
-Tensor mse_loss(const Tensor& pred, const Tensor& target) {
+Tensor mse_loss(const Tensor& pred, const Tensor& target, std::source_location loc) {
+  detail::SiteGuard site(loc);
   return detail::as_op("mse_loss", [&]() -> Tensor {
     DUET_CHECK_SHAPE(detail::same_shape(pred, target, "mse_loss"),
                      "[mse_loss] prediction {} and target {} must have the same shape",
@@ -131,7 +144,8 @@ Tensor mse_loss(const Tensor& pred, const Tensor& target) {
   });
 }
 
-Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, std::source_location loc) {
+  detail::SiteGuard site(loc);
   return detail::as_op("cross_entropy", [&]() -> Tensor {
     DUET_CHECK_DTYPE(is_floating(logits.dtype()), "[cross_entropy] logits must be floating, got {}",
                      logits.dtype());
@@ -150,7 +164,9 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
   });
 }
 
-Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& targets) {
+Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& targets,
+                                        std::source_location loc) {
+  detail::SiteGuard site(loc);
   return detail::as_op("binary_cross_entropy_with_logits", [&]() -> Tensor {
     DUET_CHECK_SHAPE(detail::same_shape(logits, targets, "binary_cross_entropy_with_logits"),
                      "[binary_cross_entropy_with_logits] logits {} and targets {} must have the "

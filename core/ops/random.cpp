@@ -191,17 +191,21 @@ void manual_seed(uint64_t seed) {
     if (g) g->state.copy_(v.to(g->state.device()));
 }
 
-Tensor rand(Shape shape, Options o) {
+Tensor rand(Shape shape, Options o, std::source_location loc) {
+  detail::SiteGuard site(loc);
   return detail::random("rand", shape, o.dtype_.value_or(DType::f32), 0, 0, o);
 }
-Tensor randn(Shape shape, Options o) {
+Tensor randn(Shape shape, Options o, std::source_location loc) {
+  detail::SiteGuard site(loc);
   return detail::random("randn", shape, o.dtype_.value_or(DType::f32), 1, 0, o);
 }
-Tensor randint(int64_t high, Shape shape, Options o) {
+Tensor randint(int64_t high, Shape shape, Options o, std::source_location loc) {
+  detail::SiteGuard site(loc);
   return detail::random("randint", shape, o.dtype_.value_or(DType::i64), 2, high, o);
 }
 
-Tensor dropout(const Tensor& x, double p, bool training) {
+Tensor dropout(const Tensor& x, double p, bool training, std::source_location loc) {
+  detail::SiteGuard site(loc);
   DUET_CHECK_VALUE(p >= 0 && p <= 1, "[dropout] probability must be in [0, 1], got {}", p);
   DUET_CHECK_DTYPE(is_floating(x.dtype()), "[dropout] needs a floating input, got {}", x.dtype());
   if (!training || p == 0) return x;

@@ -101,17 +101,21 @@ Tensor reduce(OpId op, const char* name, const Tensor& x, const Dims& dims, bool
 }
 }  // namespace
 
-Tensor sum(const Tensor& x, Dims dims, bool keepdim) {
+Tensor sum(const Tensor& x, Dims dims, bool keepdim, std::source_location loc) {
+  detail::SiteGuard site(loc);
   return reduce(OpId::Sum, "sum", x, dims, keepdim);
 }
-Tensor max(const Tensor& x, Dims dims, bool keepdim) {
+Tensor max(const Tensor& x, Dims dims, bool keepdim, std::source_location loc) {
+  detail::SiteGuard site(loc);
   return reduce(OpId::Max, "max", x, dims, keepdim);
 }
-Tensor min(const Tensor& x, Dims dims, bool keepdim) {
+Tensor min(const Tensor& x, Dims dims, bool keepdim, std::source_location loc) {
+  detail::SiteGuard site(loc);
   return reduce(OpId::Min, "min", x, dims, keepdim);
 }
 
-Tensor mean(const Tensor& x, Dims dims, bool keepdim) {
+Tensor mean(const Tensor& x, Dims dims, bool keepdim, std::source_location loc) {
+  detail::SiteGuard site(loc);
   DUET_CHECK_DTYPE(is_floating(x.dtype()),
                    "[mean] needs a floating input, got {} of shape {}; convert with "
                    ".to(DType::f32)",

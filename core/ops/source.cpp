@@ -74,31 +74,39 @@ void register_source_rules(OpDef* t) {
 
 }  // namespace detail
 
-Tensor full(Shape shape, Scalar value, Options options) {
+Tensor full(Shape shape, Scalar value, Options options, std::source_location loc) {
+  detail::SiteGuard site(loc);
   Attrs a;
   a.ints = detail::SmallVec<int64_t, 6>(shape.data(), shape.size());
   a.value = value;
   a.dtype = options.dtype_.value_or(value.default_dtype());
   return detail::source(OpId::Full, a, options);
 }
-Tensor zeros(Shape shape, Options options) {
+Tensor zeros(Shape shape, Options options, std::source_location loc) {
+  detail::SiteGuard site(loc);
   if (!options.dtype_) options.dtype(DType::f32);
   return full(shape, 0, options);
 }
-Tensor ones(Shape shape, Options options) {
+Tensor ones(Shape shape, Options options, std::source_location loc) {
+  detail::SiteGuard site(loc);
   if (!options.dtype_) options.dtype(DType::f32);
   return full(shape, 1, options);
 }
-Tensor scalar(Scalar value, Options options) { return full(Shape{}, value, options); }
+Tensor scalar(Scalar value, Options options, std::source_location loc) {
+  detail::SiteGuard site(loc);
+  return full(Shape{}, value, options);
+}
 
-Tensor arange(int64_t n, Options options) {
+Tensor arange(int64_t n, Options options, std::source_location loc) {
+  detail::SiteGuard site(loc);
   Attrs a;
   a.end = n;
   a.dtype = options.dtype_.value_or(DType::i64);
   return detail::source(OpId::Arange, a, options);
 }
 
-Tensor eye(int64_t n, Options options) {
+Tensor eye(int64_t n, Options options, std::source_location loc) {
+  detail::SiteGuard site(loc);
   DUET_CHECK_VALUE(n >= 0, "[eye] size must be non-negative, got {}", n);
   const DType dtype = options.dtype_.value_or(DType::f32);
   detail::check_computable("eye", dtype, options.device_);
@@ -108,12 +116,14 @@ Tensor eye(int64_t n, Options options) {
   return t;
 }
 
-Tensor tensor(std::vector<double> values, Options options) {
+Tensor tensor(std::vector<double> values, Options options, std::source_location loc) {
+  detail::SiteGuard site(loc);
   int64_t n = static_cast<int64_t>(values.size());
   return tensor(std::move(values), Shape{n}, options);
 }
 
-Tensor tensor(std::vector<double> values, Shape shape, Options options) {
+Tensor tensor(std::vector<double> values, Shape shape, Options options, std::source_location loc) {
+  detail::SiteGuard site(loc);
   detail::check_shape("tensor", shape, sizeof(double));  // Note [Checked sizes]
   DUET_CHECK_SHAPE(shape.numel() == static_cast<int64_t>(values.size()),
                    "[tensor] {} values do not fill shape {} ({} elements)", values.size(), shape,

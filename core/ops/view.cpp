@@ -195,7 +195,8 @@ void register_view_rules(OpDef* t) {
 
 }  // namespace detail
 
-Tensor reshape(const Tensor& x, Shape shape) {
+Tensor reshape(const Tensor& x, Shape shape, std::source_location loc) {
+  detail::SiteGuard site(loc);
   if (__builtin_expect(!x.impl()->sym.empty(), 0)) {
     // Symbolic dims: -1 becomes the symbolic count of the remaining elements.
     SymDims dims(shape.begin(), shape.end());
@@ -243,7 +244,8 @@ Tensor reshape(const Tensor& x, Shape shape) {
   return detail::view_call(OpId::Reshape, x, a);
 }
 
-Tensor permute(const Tensor& x, Dims order) {
+Tensor permute(const Tensor& x, Dims order, std::source_location loc) {
+  detail::SiteGuard site(loc);
   Attrs a;
   DUET_CHECK_VALUE(order.size() == x.dim(), "[permute] order {} has {} dims but shape {} has {}",
                    order.str(), order.size(), x.sizes(), x.dim());
@@ -251,7 +253,8 @@ Tensor permute(const Tensor& x, Dims order) {
   return detail::view_call(OpId::Permute, x, a);
 }
 
-Tensor transpose(const Tensor& x, int64_t d0, int64_t d1) {
+Tensor transpose(const Tensor& x, int64_t d0, int64_t d1, std::source_location loc) {
+  detail::SiteGuard site(loc);
   int64_t nd = x.dim();
   d0 = detail::wrap_dim("transpose", d0, nd);
   d1 = detail::wrap_dim("transpose", d1, nd);
@@ -262,7 +265,8 @@ Tensor transpose(const Tensor& x, int64_t d0, int64_t d1) {
   return permute(x, Dims(order));
 }
 
-Tensor squeeze(const Tensor& x, int64_t dim) {
+Tensor squeeze(const Tensor& x, int64_t dim, std::source_location loc) {
+  detail::SiteGuard site(loc);
   dim = detail::wrap_dim("squeeze", dim, x.dim());
   if (x.dim() == 0) return x;
   SymDims s = detail::sym_dims(x);
@@ -271,21 +275,24 @@ Tensor squeeze(const Tensor& x, int64_t dim) {
   return detail::reshape_dims(x, s);
 }
 
-Tensor squeeze(const Tensor& x) {
+Tensor squeeze(const Tensor& x, std::source_location loc) {
+  detail::SiteGuard site(loc);
   SymDims s;
   for (const SymInt& d : detail::sym_dims(x))
     if (!detail::sym_decide(d, detail::SymRel::Eq, 1, "squeeze")) s.push_back(d);
   return static_cast<int64_t>(s.size()) == x.dim() ? x : detail::reshape_dims(x, s);
 }
 
-Tensor unsqueeze(const Tensor& x, int64_t dim) {
+Tensor unsqueeze(const Tensor& x, int64_t dim, std::source_location loc) {
+  detail::SiteGuard site(loc);
   dim = detail::wrap_dim("unsqueeze", dim, x.dim() + 1);
   SymDims s = detail::sym_dims(x);
   s.insert(s.begin() + dim, 1);
   return detail::reshape_dims(x, s);
 }
 
-Tensor expand(const Tensor& x, Shape shape) {
+Tensor expand(const Tensor& x, Shape shape, std::source_location loc) {
+  detail::SiteGuard site(loc);
   if (__builtin_expect(!x.impl()->sym.empty(), 0)) {
     const int64_t lead = shape.size() - x.dim();
     DUET_CHECK_SHAPE(lead >= 0, "[expand] cannot expand shape {} to {} with fewer dims",
@@ -356,12 +363,15 @@ Attrs slice_attrs(const char* op, const Tensor& x, int64_t dim, int64_t start, i
 }
 }  // namespace
 
-Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end, int64_t step) {
+Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end, int64_t step,
+             std::source_location loc) {
+  detail::SiteGuard site(loc);
   return detail::view_call(OpId::Slice, x, slice_attrs("slice", x, dim, start, end, step));
 }
 
 Tensor slice_scatter(const Tensor& base, const Tensor& src, int64_t dim, int64_t start, int64_t end,
-                     int64_t step) {
+                     int64_t step, std::source_location loc) {
+  detail::SiteGuard site(loc);
   Attrs a = slice_attrs("slice_scatter", base, dim, start, end, step);
   const Tensor* in[] = {&base, &src};
   return detail::call(OpId::SliceScatter, TensorRefs(in, 2), a);
