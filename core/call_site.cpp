@@ -38,8 +38,8 @@ std::string error_context() {
 
 std::string with_context(std::string msg) {
   const std::string ctx = error_context();
-  if (ctx.empty() || (msg.size() >= ctx.size() && msg.compare(msg.size() - ctx.size(),
-                                                              ctx.size(), ctx) == 0))
+  if (ctx.empty() ||
+      (msg.size() >= ctx.size() && msg.compare(msg.size() - ctx.size(), ctx.size(), ctx) == 0))
     return msg;
   return msg + ctx;
 }

@@ -184,12 +184,13 @@ void prepare(kernels::FusedKernel& k, Device device, const std::string& dir) {
             .count();
     std::error_code ec;
     std::filesystem::create_directories(dir, ec);
-    kernels::jit::write_file_once(base + ".cu", source);
+    kernels::jit::write_file_once(base + ".cu", source + kernels::jit::sites_comment(k.sites));
     if (!out.log.empty()) {
       kernels::jit::write_file_once(base + ".log", out.log);
       throw InternalError(fmt::format(
-          "[fused] NVRTC could not compile a generated kernel ({}.cu): {}\nprogram:\n{}", base,
-          out.log, k.program.str()));
+          "[fused] NVRTC could not compile a generated kernel ({}.cu) for the ops of {}: "
+          "{}\nprogram:\n{}",
+          base, k.sites, out.log, k.program.str()));
     }
     kernels::jit::write_file_once(base + (out.ptx ? ".ptx" : ".cubin"), out.image);
     ++g_built;

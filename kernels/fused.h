@@ -72,6 +72,10 @@ struct FusedKernel {
   bool codegen_allowed = true;  ///< false when the "codegen" pass is disabled for its plan
   /// The device backend's compiled kernel (a cudaKernel_t for CUDA), set by its prepare().
   std::atomic<const void*> device_code{nullptr};
+  /// Where the group's ops were called ("model.cpp:12 mul, add; model.cpp:13 tanh"): a comment
+  /// in the generated source written beside the build, outside the cache key, so that the same
+  /// program from two places is one build (the first writes the file).
+  std::string sites;
 
   /// Runs the whole work, split over the threads, with the fastest tier available.
   void run(const DuetFusedArgs& a);

@@ -29,4 +29,11 @@ inline uint64_t fnv1a(std::string_view s, uint64_t h = 0xcbf29ce484222325ull) {
 /// reader in another process sees the whole file or none. False when it could not.
 bool write_file_once(const std::string& path, const std::string& text);
 
+/// The comment a generated kernel's source file ends with: the call sites of the ops it
+/// computes (FusedKernel::sites), or "" without them.
+inline std::string sites_comment(const std::string& sites) {
+  if (sites.empty()) return "";
+  return "\n// duet: computes the ops called at " + sites + "\n";
+}
+
 }  // namespace duet::kernels::jit

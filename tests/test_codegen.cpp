@@ -536,6 +536,30 @@ TEST_CASE("codegen: the disk cache is hit by a second build, and clear_cache emp
   fs::remove(dir / "not-ours.txt");
 }
 
+TEST_CASE("codegen: a generated source file names the call sites of its ops") {
+  setup();
+  codegen::clear_cache();
+  int line = 0;
+  auto f = compile([&line](Tensor x, Tensor y) {
+    line = __LINE__ + 1;
+    return tanh(x * 3.25 + y) * 0.125;  // constants of their own: a program no other test has
+  });
+  const Tensor x = ones({64}), y = ones({64});
+  for (int i = 0; i < 3; ++i) (void)f(x, y);
+  codegen::wait_idle();
+  std::string found;
+  for (const fs::directory_entry& e : fs::directory_iterator(codegen::cache_dir())) {
+    if (e.path().extension() != ".cpp") continue;
+    std::ifstream in(e.path());
+    const std::string text((std::istreambuf_iterator<char>(in)), {});
+    if (contains(text, "// duet: computes the ops called at ")) found = text;
+  }
+  INFO(found);
+  CHECK(contains(found, fmt::format("// duet: computes the ops called at test_codegen.cpp:{} mul, "
+                                    "add, tanh, mul",
+                                    line)));
+}
+
 TEST_CASE("codegen: switched off or below the threshold, nothing is queued") {
   setup();
   Builder b(DType::f32, {DType::f32});

@@ -262,7 +262,8 @@ class Worker {
       fs::create_directories(inc, ec);
       if (!kernels::jit::write_file_once(inc + "/duet_functors.h", detail::kCodegenFunctorsH) ||
           !kernels::jit::write_file_once(inc + "/duet_fused_abi.h", detail::kCodegenFusedAbiH) ||
-          !kernels::jit::write_file_once(base + ".cpp", source)) {
+          !kernels::jit::write_file_once(base + ".cpp",
+                                         source + kernels::jit::sites_comment(k.sites))) {
         failed_.insert(key);
         fail(fmt::format("codegen cannot write to its cache directory {}", dir));
         return;

@@ -693,6 +693,21 @@ void Plan::Builder::make_fused_step(int32_t u) {
   fs->kernel = std::make_shared<kernels::FusedKernel>();
   fs->kernel->program = std::move(f.program);
   fs->kernel->codegen_allowed = opt.codegen;
+  // The ops' call sites, in program order, each line once with its ops.
+  std::vector<std::pair<std::string, std::string>> by_site;
+  for (int32_t m : f.members) {
+    const GraphNode& n = graph.nodes[m];
+    if (n.kind != NodeKind::Op) continue;
+    const std::string where = n.site ? n.site.str() : "(no call site)";
+    auto it = std::find_if(by_site.begin(), by_site.end(),
+                           [&](const auto& p) { return p.first == where; });
+    if (it == by_site.end())
+      by_site.emplace_back(where, op_name(n.op));
+    else
+      it->second += fmt::format(", {}", op_name(n.op));
+  }
+  for (const auto& [where, ops] : by_site)
+    fs->kernel->sites += fmt::format("{}{} {}", fs->kernel->sites.empty() ? "" : "; ", where, ops);
   fs->inputs = f.inputs;
   fs->outputs = f.outputs;
   for (int32_t o : f.outputs) {
