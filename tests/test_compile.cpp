@@ -673,4 +673,53 @@ TEST_CASE("graph: verify() catches a node whose metadata disagrees with its shap
 }
 
 }  // namespace
+TEST_CASE("probe: a pinned intermediate is read after each call, through fusion, in both faces") {
+  clear_probes();
+  auto body = [](Tensor x) {
+    Tensor h = probe(tanh(x * 2.0) + 1.0, "h");  // inside one fused group with the sum
+    return sum(h * h);
+  };
+  auto f = compile(body);
+  for (int call = 0; call < 3; ++call) {
+    const Tensor x = make({0.1 * call, -0.5, 2.0}, {3});
+    const Tensor y = f(x);
+    const Tensor want = tanh(x * 2.0) + 1.0;
+    CHECK(values(f.probe("h")) == values(want));
+    CHECK(values(y) == values(body(x)));  // the eager twin pins it too
+    CHECK(values(probed("h")) == values(want));
+  }
+  CHECK(f.stats().traces == 1);
+  CHECK(f.stats().fused_kernels > 0);
+  // A name the last call did not pin: the error lists the ones it did.
+  const std::string e = error_of([&] { f.probe("g"); });
+  CHECK(contains(e, "[probe] the last call of compiled function at test_compile.cpp:"));
+  CHECK(contains(e, "pinned no value named \"g\" (it pinned \"h\")"));
+  // Probes take no part in autograd; gradients through the function are unchanged.
+  const Tensor w = make({0.3, -0.2, 0.9}, {3}).requires_grad_();
+  auto g = compile([](Tensor v) { return sum(probe(v * v, "sq") * 3.0); });
+  g(w).backward();
+  CHECK(values(w.grad()) == values(w.detach() * 6.0));
+  CHECK_FALSE(g.probe("sq").requires_grad());
+  // Twice in one trace, or inside a scan body: errors that say so.
+  auto twice = compile([](Tensor v) {
+    probe(v, "a");
+    return probe(v + 1.0, "a");
+  });
+  CHECK(contains(error_of([&] { twice(ones({2})); }), "[probe] the name \"a\" is used twice"));
+  auto in_scan = compile([](Tensor h, Tensor xs) {
+    return scan(
+        [](const std::vector<Tensor>& in) {
+          Tensor n = probe(in[0] + in[1], "n");
+          return std::vector<Tensor>{n, n};
+        },
+        {h}, {xs})[0];
+  });
+  CHECK(contains(error_of([&] {
+                   in_scan(zeros({2}), zeros({3, 2}));
+                 }),
+                 "is inside the body of a cond, scan or while_loop"));
+  clear_probes();
+  CHECK(contains(error_of([] { probed("h"); }), "no value was pinned eagerly under \"h\""));
+}
+
 }  // namespace duet::test

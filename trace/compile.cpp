@@ -191,6 +191,8 @@ struct CompiledCore::Entry : EntryGuards {
   size_t next_recent = 0;
 
   size_t num_outputs = 0;
+  /// The names of the probes, whose values are the last of the num_outputs results.
+  std::vector<std::string> probe_names;
   /// Differentiation: the tensors gradients flow to (an argument index, or a captured tensor).
   struct Source {
     int arg = -1;
@@ -343,9 +345,13 @@ std::vector<Tensor> CompiledCore::call(const FlatArgs& args, const TraceFn& fn) 
   std::vector<TensorSig> sig = call_signature(args, label_);
   const bool gm = grad_mode();
   std::unique_lock<std::mutex> lock(mu_);
+  probes_.clear();  // the last call's: a CUDA graph may replay into the buffers they view
   std::vector<Tensor> outs;
   std::string value_why;
-  if (run_cached(args, sig, gm, outs, value_why, lock)) return outs;
+  if (run_cached(args, sig, gm, outs, value_why, lock)) {
+    take_probes(*last_, outs);
+    return outs;
+  }
   // The dims the new trace makes symbolic: those CompileOptions::dynamic names, those symbolic
   // in the most recent entry, and (automatic dynamic) those whose size changed since it.
   std::set<std::pair<size_t, int64_t>> dynamic = requested_dynamic_dims(options_, args, label_);
@@ -401,7 +407,28 @@ std::vector<Tensor> CompiledCore::call(const FlatArgs& args, const TraceFn& fn) 
   e->timing.plan_ms = stats_.plan_ms;
   e->timing.codegen_ms = cuda::codegen_stats().build_ms - nvrtc_before;
   e->timing.first_call_ms = ms_since(call_start);
+  take_probes(*e, outs);
   return outs;
+}
+
+void CompiledCore::take_probes(const Entry& e, std::vector<Tensor>& outs) {
+  const size_t n = e.probe_names.size();
+  if (n == 0) return;
+  DUET_ASSERT(outs.size() >= n, "{} results for {} probes", outs.size(), n);
+  const size_t first = outs.size() - n;
+  for (size_t k = 0; k < n; ++k) probes_[e.probe_names[k]] = std::move(outs[first + k]);
+  outs.resize(first);
+}
+
+Tensor CompiledCore::probe(const std::string& name) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = probes_.find(name);
+  if (it != probes_.end()) return it->second;
+  std::string names;
+  for (const auto& [n, t] : probes_) names += fmt::format("{}\"{}\"", names.empty() ? "" : ", ", n);
+  DUET_CHECK_VALUE(false, "[probe] the last call of {} pinned no value named \"{}\" ({})", label_,
+                   name, names.empty() ? "it pinned none" : "it pinned " + names);
+  return {};
 }
 
 bool CompiledCore::run_cached(const FlatArgs& args, const std::vector<TensorSig>& sig, bool gm,
@@ -508,6 +535,11 @@ CompiledCore::Entry* CompiledCore::trace(const FlatArgs& args, const TraceFn& fn
     for (size_t i = 0; i < outs.size(); ++i)
       DUET_CHECK(outs[i].defined(), "[compile] {} returned an undefined tensor as output {}",
                  label_, i);
+    // Probes are results too, after the function's own (take_probes moves them out).
+    for (const auto& [name, t] : tr.probes()) {
+      e->probe_names.push_back(name);
+      outs.push_back(t);
+    }
     // A tensor returned without being read by an op (a parameter returned as it is) is captured
     // now, so that it is among the sources below and its gradient reaches it.
     for (const Tensor& o : outs)
@@ -817,6 +849,35 @@ bool CompiledCore::run(Entry& e, const std::vector<int64_t>& values, const FlatA
 }  // namespace duet::detail
 
 namespace duet {
+
+namespace {
+std::mutex g_probe_mu;
+std::map<std::string, Tensor> g_probes;  // the eager ones
+}  // namespace
+
+Tensor probe(const Tensor& t, std::string name, std::source_location loc) {
+  detail::SiteGuard site(loc);
+  DUET_CHECK_VALUE(!name.empty(), "[probe] a probe needs a name (a tensor of shape {})", t.sizes());
+  if (detail::Tracer* tr = detail::Tracer::current()) {
+    tr->add_probe(std::move(name), t.detach());
+    return t;
+  }
+  std::lock_guard<std::mutex> lock(g_probe_mu);
+  g_probes[std::move(name)] = t.detach();
+  return t;
+}
+
+Tensor probed(const std::string& name) {
+  std::lock_guard<std::mutex> lock(g_probe_mu);
+  auto it = g_probes.find(name);
+  DUET_CHECK_VALUE(it != g_probes.end(), "[probe] no value was pinned eagerly under \"{}\"", name);
+  return it->second;
+}
+
+void clear_probes() {
+  std::lock_guard<std::mutex> lock(g_probe_mu);
+  g_probes.clear();
+}
 
 std::string CacheExplanation::str() const {
   std::string s = fmt::format("{}: {} trace{}, {} cache hit{}, {} eager call{}\n", function, traces,

@@ -151,6 +151,18 @@ struct CudaGraphStats {
 };
 CudaGraphStats cuda_graph_stats();
 
+/// Pins an intermediate value under a name and returns t. Inside a compiled function the value
+/// becomes an extra result of the plan, so it is stored even when its op is fused with others,
+/// and `f.probe(name)` returns it after each call. Eagerly, `duet::probed(name)` returns the
+/// last value pinned under that name on any thread. A probe is detached: it takes no part in
+/// autograd. Inside the body of a cond, scan or while_loop it is an error (probe the
+/// construct's results); a name used twice in one trace is an error.
+Tensor probe(const Tensor& t, std::string name, DUET_HERE);
+/// The last value duet::probe pinned eagerly under `name`; a ValueError when there is none.
+Tensor probed(const std::string& name);
+/// Forgets the eagerly pinned values.
+void clear_probes();
+
 namespace detail {
 
 /// The tensors of one call, flattened, with what guards the rest.
@@ -202,6 +214,7 @@ class CompiledCore {
   /// A copy, taken under the lock: calls on other threads may update the counters meanwhile.
   CompileStats stats() const;
   CacheExplanation explain() const;
+  Tensor probe(const std::string& name) const;
   const Graph& graph() const;
   const std::string& label() const { return label_; }
 
@@ -240,6 +253,8 @@ class CompiledCore {
   /// Called with `lock` held; runs the plans with it released, and holds it again on return.
   bool run(Entry& e, const std::vector<int64_t>& values, const FlatArgs& args,
            std::vector<Tensor>& outs, std::string* why, std::unique_lock<std::mutex>& lock);
+  /// Moves the probes (the last results of e's plans) out of outs into probes_.
+  void take_probes(const Entry& e, std::vector<Tensor>& outs);
 
   /// Guards everything below: the cache, the statistics and the specializations (Note
   /// [Compiled functions and threads] in trace/compile.cpp). Plans run without it.
@@ -256,6 +271,9 @@ class CompiledCore {
   std::set<std::pair<size_t, int64_t>> retraced_dims_;
   /// Dims kept concrete because the code needed their sizes, with the reason.
   std::map<std::pair<size_t, int64_t>, std::string> specialized_;
+  /// The probes of the most recent call, by name (dropped when the next call starts, so that
+  /// a CUDA graph's buffers they view are free for it again).
+  std::map<std::string, Tensor> probes_;
 };
 
 // ---- flattening of arguments and results ----
@@ -444,6 +462,9 @@ class Compiled : public detail::CallOperator<Compiled<F>, typename detail::signa
   CacheExplanation explain() const { return core_->explain(); }
   /// The optimized graph of the most recent signature; Error before the first call.
   const Graph& graph() const { return core_->graph(); }
+  /// The value duet::probe(t, name) pinned in the most recent call; a ValueError naming the
+  /// probes there are when that call made none of that name.
+  Tensor probe(const std::string& name) const { return core_->probe(name); }
 
  private:
   F fn_;

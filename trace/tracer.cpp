@@ -90,6 +90,17 @@ Tracer::~Tracer() {
 
 Tracer* Tracer::current() { return tls_tracer; }
 
+void Tracer::add_probe(std::string name, const Tensor& t) {
+  DUET_CHECK_VALUE(parent_ == nullptr,
+                   "[probe] \"{}\" is inside the body of a cond, scan or while_loop of {}; "
+                   "probe the construct's results instead",
+                   name, graph_.label);
+  for (const auto& p : probes_)
+    DUET_CHECK_VALUE(p.first != name, "[probe] the name \"{}\" is used twice in {}", name,
+                     graph_.label);
+  probes_.emplace_back(std::move(name), t);
+}
+
 namespace {
 // What an error raised while tracing adds to its message (core/call_site.h): the compiled
 // function (the outermost trace) and the scope the op was called in.

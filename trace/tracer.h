@@ -100,6 +100,10 @@ class Tracer final : public DispatchMode, public ValueReader {
                               const std::vector<Tensor>& inputs);
   /// The tracer of the enclosing construct, or null for a top-level trace.
   Tracer* parent() const { return parent_; }
+  /// duet::probe under this trace: `t` pinned as an extra result named `name`.
+  void add_probe(std::string name, const Tensor& t);
+  /// The probes, in the order they were made.
+  const std::vector<std::pair<std::string, Tensor>>& probes() const { return probes_; }
 
   /// Closes the graph: outputs are resolved and write-backs of written captured tensors added.
   void finish(const std::vector<Tensor>& outputs);
@@ -156,6 +160,7 @@ class Tracer final : public DispatchMode, public ValueReader {
       captured_;
   std::string last_scope_;
   int32_t last_scope_index_ = -1;
+  std::vector<std::pair<std::string, Tensor>> probes_;
   ValueEvaluator evaluate_;
   std::vector<ValueGuard> value_guards_;
   ValueReaderGuard reader_{this};
