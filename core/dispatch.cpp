@@ -325,12 +325,7 @@ SuspendModes::~SuspendModes() { tls_depth = saved_; }
 void throw_traced_use(const Tensor& t, const char* what, const char* file, unsigned line) {
   const TensorImpl* x = t.unsafe_impl();
   const TraceTag& tag = *x->trace;
-  std::string site;
-  if (file) {
-    std::string f = file;
-    size_t slash = f.find_last_of('/');
-    site = fmt::format(" at {}:{}", slash == std::string::npos ? f : f.substr(slash + 1), line);
-  }
+  const std::string site = file ? fmt::format(" at {}:{}", file_basename(file), line) : "";
   if (tag.alive)
     throw Error(fmt::format(
         "[{}] reads the values of a traced tensor (shape {}, {}) into C++{} while tracing {}. "

@@ -162,8 +162,7 @@ void detail::read_symbolic_sizes(const Tensor& t, int64_t dim, const std::source
   if (read.empty()) return;
   const std::string dims = dims_str(s);
   // The reader's file:line, so that the user need not search for the read.
-  const std::string file = loc.file_name() ? loc.file_name() : "";
-  const std::string at = fmt::format("{}:{}", file.substr(file.find_last_of('/') + 1), loc.line());
+  const std::string at = fmt::format("{}:{}", file_basename(loc.file_name()), loc.line());
   c->specialize(read, dim < 0 ? fmt::format("the sizes of a tensor of shape {} were read as "
                                             "integers (sizes(), shape() or numel() at {})",
                                             dims, at)

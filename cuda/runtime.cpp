@@ -19,6 +19,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/call_site.h"
 #include "cuda/check.h"
 #include "cuda/cuda.h"
 #include "cuda/runtime.h"
@@ -26,24 +27,17 @@
 namespace duet::cuda {
 namespace detail {
 
-namespace {
-const char* base_name(const char* file) {
-  const char* slash = std::strrchr(file, '/');
-  return slash ? slash + 1 : file;
-}
-}  // namespace
-
 void throw_cuda_error(cudaError_t e, const char* call, const char* file, int line) {
   cudaGetLastError();  // clear a non-sticky error, so that the next call does not report it
   throw DeviceError(fmt::format("[cuda] {} failed: {} ({}) at {}:{}", call, cudaGetErrorName(e),
-                                cudaGetErrorString(e), base_name(file), line));
+                                cudaGetErrorString(e), duet::detail::file_basename(file), line));
 }
 
 void throw_cublas_error(int status, const char* call, const char* file, int line) {
   const auto s = static_cast<cublasStatus_t>(status);
   throw DeviceError(fmt::format("[cublas] {} failed: {} ({}) at {}:{}", call,
-                                cublasGetStatusName(s), cublasGetStatusString(s), base_name(file),
-                                line));
+                                cublasGetStatusName(s), cublasGetStatusString(s),
+                                duet::detail::file_basename(file), line));
 }
 
 bool capturing(cudaStream_t s) {

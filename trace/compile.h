@@ -475,11 +475,9 @@ class Compiled : public detail::CallOperator<Compiled<F>, typename detail::signa
 template <class F>
 Compiled<F> compile(F fn, CompileOptions options = {},
                     std::source_location loc = std::source_location::current()) {
-  std::string file = loc.file_name();
-  size_t slash = file.find_last_of('/');
-  if (slash != std::string::npos) file = file.substr(slash + 1);
   return Compiled<F>(std::move(fn), std::move(options),
-                     fmt::format("compiled function at {}:{}", file, loc.line()));
+                     fmt::format("compiled function at {}:{}",
+                                 detail::file_basename(loc.file_name()), loc.line()));
 }
 
 }  // namespace duet

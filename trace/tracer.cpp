@@ -369,10 +369,7 @@ namespace duet::detail {
 
 namespace {
 std::string call_site(const char* file, unsigned line) {
-  if (!file) return "";
-  std::string f = file;
-  const size_t slash = f.find_last_of('/');
-  return fmt::format(" at {}:{}", slash == std::string::npos ? f : f.substr(slash + 1), line);
+  return file ? fmt::format(" at {}:{}", file_basename(file), line) : "";
 }
 }  // namespace
 
