@@ -421,9 +421,12 @@ std::string Plan::fused_culprit(const FusedStep& f, const std::vector<Tensor>& i
         r = call(ins.op, TensorRefs(ptrs.data(), static_cast<int64_t>(ptrs.size())), Attrs{});
       }
       if (r.dtype() != p.dtype) r = r.to(p.dtype);
-      if (all_finite(src) && !all_finite({r}))
-        return fmt::format("; run op by op, the group's op {} of {} ({}) made it", n + 1,
-                           p.code.size(), op_name(ins.op));
+      if (all_finite(src) && !all_finite({r})) {
+        const CallSite site = n < f.instr_sites.size() ? f.instr_sites[n] : CallSite{};
+        return fmt::format("; run op by op, the group's op {} of {} ({}{}) made it", n + 1,
+                           p.code.size(), op_name(ins.op),
+                           site ? fmt::format(", called at {}", site.str()) : "");
+      }
       reg[ins.dst] = std::move(r);
     }
   } catch (const std::exception&) {

@@ -693,6 +693,8 @@ void Plan::Builder::make_fused_step(int32_t u) {
   fs->kernel = std::make_shared<kernels::FusedKernel>();
   fs->kernel->program = std::move(f.program);
   fs->kernel->codegen_allowed = opt.codegen;
+  for (int32_t m : f.members)
+    if (m != f.reduction) fs->instr_sites.push_back(graph.nodes[m].site);
   // The ops' call sites, in program order, each line once with its ops.
   std::vector<std::pair<std::string, std::string>> by_site;
   for (int32_t m : f.members) {

@@ -26,6 +26,8 @@ struct Plan::FusedStep {
   Device device;            ///< where it runs (not the CPU: a device backend's fused runner)
   std::vector<Tensor> device_consts;  ///< per input: a CPU constant copied to the device, or none
   bool prepared = false;              ///< the device runner's prepare() ran
+  /// Per instruction of the program (one per member but the reduction): its node's call site.
+  std::vector<CallSite> instr_sites;
 };
 
 /// One control-flow node as the plan runs it (Note [Control steps]).
