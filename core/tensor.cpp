@@ -288,7 +288,9 @@ Tensor Tensor::detach() const {
 }
 
 namespace {
-Tensor& inplace(OpId op, Tensor& self, const Tensor& other) {
+// An in-place method's work, with the caller's line as its call site (core/call_site.h).
+Tensor& inplace(OpId op, Tensor& self, const Tensor& other, const std::source_location& loc) {
+  detail::SiteGuard site(loc);
   const Tensor* in[] = {&self, &other};
   detail::call_inplace(op, TensorRefs(in, 2), Attrs{}, self);
   return self;
@@ -300,36 +302,28 @@ Tensor wrap_for(const Scalar& s) {
 }  // namespace
 
 Tensor& Tensor::add_(const Tensor& o, std::source_location loc) {
-  detail::SiteGuard site(loc);
-  return inplace(OpId::Add, *this, o);
+  return inplace(OpId::Add, *this, o, loc);
 }
 Tensor& Tensor::add_(Scalar o, std::source_location loc) {
-  detail::SiteGuard site(loc);
-  return inplace(OpId::Add, *this, wrap_for(o));
+  return inplace(OpId::Add, *this, wrap_for(o), loc);
 }
 Tensor& Tensor::sub_(const Tensor& o, std::source_location loc) {
-  detail::SiteGuard site(loc);
-  return inplace(OpId::Sub, *this, o);
+  return inplace(OpId::Sub, *this, o, loc);
 }
 Tensor& Tensor::sub_(Scalar o, std::source_location loc) {
-  detail::SiteGuard site(loc);
-  return inplace(OpId::Sub, *this, wrap_for(o));
+  return inplace(OpId::Sub, *this, wrap_for(o), loc);
 }
 Tensor& Tensor::mul_(const Tensor& o, std::source_location loc) {
-  detail::SiteGuard site(loc);
-  return inplace(OpId::Mul, *this, o);
+  return inplace(OpId::Mul, *this, o, loc);
 }
 Tensor& Tensor::mul_(Scalar o, std::source_location loc) {
-  detail::SiteGuard site(loc);
-  return inplace(OpId::Mul, *this, wrap_for(o));
+  return inplace(OpId::Mul, *this, wrap_for(o), loc);
 }
 Tensor& Tensor::div_(const Tensor& o, std::source_location loc) {
-  detail::SiteGuard site(loc);
-  return inplace(OpId::Div, *this, o);
+  return inplace(OpId::Div, *this, o, loc);
 }
 Tensor& Tensor::div_(Scalar o, std::source_location loc) {
-  detail::SiteGuard site(loc);
-  return inplace(OpId::Div, *this, wrap_for(o));
+  return inplace(OpId::Div, *this, wrap_for(o), loc);
 }
 
 Tensor& Tensor::copy_(const Tensor& src, std::source_location loc) {

@@ -84,6 +84,17 @@ InputKey key_of(const Tensor& t) {
   return {x->data(), x->strides};
 }
 
+// Whether a graph that reads the caller's inputs read them where these are (no allocation:
+// this runs at every replay).
+bool reads_these(const std::vector<InputKey>& reads, const std::vector<Tensor>& inputs) {
+  if (reads.size() != inputs.size()) return false;
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    const TensorImpl* x = inputs[k].unsafe_impl();
+    if (reads[k].data != x->data() || !(reads[k].strides == x->strides)) return false;
+  }
+  return true;
+}
+
 // Whether the caller holds none of a graph's results (a view of one counts): each result's
 // storage is referenced by the graph's own tensors alone. A result that is a view of a captured
 // tensor is the caller's memory anyway (Plan::alias_output_), and does not count.
@@ -123,15 +134,12 @@ std::vector<Tensor> Plan::run_graphed(const std::vector<Tensor>& inputs) {
       }
   }
   run_hoisted_if_stale();  // not in the graphs: they run when a parameter changes
-  std::vector<InputKey> keys;
-  keys.reserve(inputs.size());
-  for (const Tensor& t : inputs) keys.push_back(key_of(t));
   // A graph that reads these very inputs, else one with static input buffers; its results free.
   GraphState::Slot* use = nullptr;
   bool moved = false;  // some graph reads the caller's inputs elsewhere: they move between calls
   for (GraphState::Slot& slot : gs.slots) {
     if (slot.copies) continue;
-    if (slot.reads != keys) {
+    if (!reads_these(slot.reads, inputs)) {
       moved = true;
     } else if (results_free(slot.outputs, alias_output_)) {
       use = &slot;
@@ -156,7 +164,7 @@ std::vector<Tensor> Plan::run_graphed(const std::vector<Tensor>& inputs) {
         copy_into(slot.inputs.back(), t);
       }
     } else {
-      slot.reads = keys;
+      for (const Tensor& t : inputs) slot.reads.push_back(key_of(t));
     }
     std::string why;
     void* pool = nullptr;

@@ -42,7 +42,6 @@ struct Plan::ControlStep {
 struct InputKey {
   const void* data = nullptr;
   Strides strides;
-  bool operator==(const InputKey& o) const { return data == o.data && strides == o.strides; }
 };
 
 /// A plan's CUDA graphs (Note [CUDA graph replay]).
