@@ -34,6 +34,11 @@ struct ValueError : Error {
 struct AnomalyError : Error {
   using Error::Error;
 };
+/// A compiled function that computes other values than its eager twin, found by
+/// check_against_eager (trace/check.h); the message is the check's report.
+struct MismatchError : Error {
+  using Error::Error;
+};
 /// An internal invariant failed: a bug in duet, not in the caller's code.
 struct InternalError : Error {
   using Error::Error;

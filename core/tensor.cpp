@@ -417,6 +417,8 @@ Tensor& Tensor::requires_grad_(bool r) {
 }
 
 namespace detail {
+thread_local std::vector<const TensorImpl*>* tls_materialized = nullptr;
+
 void materialize_grad(TensorImpl* t) {
   if (mode_depth() == 0 || t->trace || !t->requires_grad || (t->autograd && t->autograd->grad) ||
       (t->autograd && t->autograd->grad_fn))
@@ -430,6 +432,7 @@ void materialize_grad(TensorImpl* t) {
   Tensor z = zeros(t->shape, Options().dtype(t->dtype).device(t->device()));
   set_grad_mode(prev);
   autograd_meta(*t).grad = z.impl_ptr();
+  if (tls_materialized) tls_materialized->push_back(t);
 }
 }  // namespace detail
 

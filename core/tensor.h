@@ -156,6 +156,9 @@ Tensor wrap_scalar(const Scalar& s, DType dtype, Device device);
 /// While tracing, gives a captured leaf that requires grad and has no .grad a zero buffer (see
 /// docs/design.md, "Missing .grad"); otherwise does nothing.
 void materialize_grad(TensorImpl* t);
+/// While set, materialize_grad on this thread records each leaf it gives a buffer to (the
+/// shadow-eager check undoes what a trace did to the caller's gradients).
+extern thread_local std::vector<const TensorImpl*>* tls_materialized;
 /// Reads element `i` (row-major) of a CPU tensor as double / int64.
 double read_double(const Tensor& t, int64_t i);
 inline const Shape& hint_sizes(const Tensor& t) { return t.impl()->shape; }

@@ -3,12 +3,15 @@
 //   2. a NaN from log(0) deep inside a compiled step, found by anomaly mode;
 //   3. a retrace storm from a varying batch, explained by f.explain();
 //   4. a probe: one intermediate of the compiled step beside its eager twin;
-//   5. a profile of a training step, eager beside compiled.
+//   5. a profile of a training step, eager beside compiled;
+//   6. eager and compiled disagree: a fusion pass forced wrong (from the testing library) is
+//      found by check_against_eager, which names the pass and the node it broke.
 // Each report is checked: the program exits with 1 if one is missing, so CI runs it as a test.
 #include <cstdio>
 #include <string>
 #include <vector>
 
+#include "broken_passes.h"
 #include "duet.h"
 
 using namespace duet;
@@ -134,6 +137,22 @@ int main() {
               plans, steps);
   check(ops > 0 && steps > 0 && plans > 0, "both faces are in the profile");
   check(has(json, "\"site\": \"debugging.cpp:"), "events name their call sites");
+
+  std::printf("\n== 6. Eager and compiled disagree: which pass, which node?\n");
+  std::printf("%s", check_against_eager(train_c, x, targets).str().c_str());
+  const Tensor w_before = model.parameters()[0].clone();
+  CheckReport r;
+  {
+    // A fusion pass that wires a subtraction's operands the wrong way round.
+    testing::BrokenPass broken(testing::kSwapOperands);
+    r = check_against_eager(train_c, x, targets);
+  }
+  std::printf("%s", r.str().c_str());
+  check(!r.ok && r.pass == testing::kSwapOperands, "the check names the broken pass");
+  check(r.op == "sub" && has(r.site, "debugging.cpp:"), "and the node, with its line");
+  const bool same = max(abs(model.parameters()[0] - w_before)).item<double>() == 0;
+  std::printf("the parameters after the check are those before it: %s\n", same ? "yes" : "no");
+  check(same, "the check leaves the caller's state as it was");
 
   std::printf("\n%s\n", failures ? "FAILED" : "all reports as expected");
   return failures ? 1 : 0;

@@ -411,6 +411,35 @@ std::vector<Tensor> CompiledCore::call(const FlatArgs& args, const TraceFn& fn) 
   return outs;
 }
 
+CompiledCore::Prepared CompiledCore::prepare(const FlatArgs& args, const TraceFn& fn) {
+  DUET_ASSERT(!Tracer::current(), "prepare() inside a trace");
+  std::vector<TensorSig> sig = call_signature(args, label_);
+  std::lock_guard<std::mutex> lock(mu_);
+  DUET_ASSERT(entries_.empty(), "prepare() of a core with entries");
+  std::set<std::pair<size_t, int64_t>> dynamic = requested_dynamic_dims(options_, args, label_);
+  for (auto it = dynamic.begin(); it != dynamic.end();)
+    it = sig[it->first].contiguous ? std::next(it) : dynamic.erase(it);
+  std::vector<int64_t> hints;
+  Entry* e = trace_specializing(args, fn, sig, dynamic, hints);
+  e->sig = std::move(sig);
+  e->labels = args.labels;
+  e->statics = args.statics;
+  e->grad_mode = grad_mode();
+  Prepared p;
+  p.forward = e->num_symbols ? instantiate(e->traced_forward, hints) : e->traced_forward;
+  p.num_outputs = e->num_outputs;
+  p.value_guards = !e->value_guards.empty();
+  std::unordered_set<const TensorImpl*> seen;
+  auto add = [&](const Graph& g) {
+    for (const Tensor& c : g.captured)
+      if (seen.insert(c.unsafe_impl()).second) p.captured.push_back(c);
+  };
+  add(e->traced_guard);
+  add(e->traced_forward);
+  for (const Graph& b : e->traced_backward) add(b);
+  return p;
+}
+
 void CompiledCore::take_probes(const Entry& e, std::vector<Tensor>& outs) {
   const size_t n = e.probe_names.size();
   if (n == 0) return;

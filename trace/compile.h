@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "trace/check.h"
 #include "trace/graph.h"
 
 namespace duet {
@@ -75,6 +76,12 @@ struct CompileOptions {
   bool guard_data_reads = false;
   /// A call matching no cached signature, after the first trace: see OnMiss.
   OnMiss on_miss = OnMiss::Retrace;
+  /// Before every call, run the shadow-eager check (trace/check.h) on its arguments and throw a
+  /// MismatchError when the compiled function and its eager twin differ; the call then runs
+  /// as usual. A debugging aid: each call costs an eager run and three compiled runs more.
+  bool check_against_eager = false;
+  /// The check's tolerances (its throw_on_mismatch is always on here).
+  CheckOptions check;
 };
 
 /// The timings of one cached signature (CompileStats::signatures), in milliseconds.
@@ -217,6 +224,19 @@ class CompiledCore {
   Tensor probe(const std::string& name) const;
   const Graph& graph() const;
   const std::string& label() const { return label_; }
+  const CompileOptions& options() const { return options_; }
+
+  /// What prepare() traced: the forward graph as traced (before the passes; symbolic dims at
+  /// the call's sizes), and every tensor its graphs capture.
+  struct Prepared {
+    Graph forward;
+    size_t num_outputs = 0;     ///< the function's results among forward's outputs (first)
+    bool value_guards = false;  ///< it read data into C++ (guard_data_reads)
+    std::vector<Tensor> captured;
+  };
+  /// Traces fn for these arguments into a new cache entry, as a first call would, but runs
+  /// nothing: a later call() with them runs the entry's plans. Only on a core with no entries.
+  Prepared prepare(const FlatArgs& args, const TraceFn& fn);
 
  private:
   struct Entry;
@@ -430,6 +450,27 @@ class Compiled : public detail::CallOperator<Compiled<F>, typename detail::signa
   template <class... A>
   auto invoke(A&&... a) {
     using R = std::invoke_result_t<F&, A&&...>;
+    std::vector<Tensor> out = with_flat_args(
+        [&](const detail::FlatArgs& flat, const detail::TraceFn& run) {
+          if (core_->options().check_against_eager) {
+            CheckOptions c = core_->options().check;
+            c.throw_on_mismatch = true;
+            detail::check_against_eager(core_->options(), core_->label(), flat, run, c);
+          }
+          return core_->call(flat, run);
+        },
+        std::forward<A>(a)...);
+    if constexpr (!std::is_void_v<R>) {
+      size_t pos = 0;
+      return detail::unflatten_result<std::decay_t<R>>(out, pos);
+    }
+  }
+
+  /// Calls body(flat, run) with the arguments flattened, and run calling fn with tensors
+  /// substituted for theirs (shared by calls and by check_against_eager).
+  template <class Body, class... A>
+  auto with_flat_args(Body&& body, A&&... a) {
+    using R = std::invoke_result_t<F&, A&&...>;
     detail::FlatArgs flat;
     int i = 0;
     (detail::flatten_arg(flat, a, fmt::format("arg {}", i++)), ...);
@@ -446,12 +487,11 @@ class Compiled : public detail::CallOperator<Compiled<F>, typename detail::signa
       }
       return out;
     };
-    std::vector<Tensor> out = core_->call(flat, run);
-    if constexpr (!std::is_void_v<R>) {
-      size_t pos = 0;
-      return detail::unflatten_result<std::decay_t<R>>(out, pos);
-    }
+    return body(flat, run);
   }
+
+  const CompileOptions& options() const { return core_->options(); }
+  const std::string& label() const { return core_->label(); }
 
   /// Traces, hits and the reason for each retrace: a copy, consistent even while other threads
   /// call the function.
@@ -470,6 +510,26 @@ class Compiled : public detail::CallOperator<Compiled<F>, typename detail::signa
   F fn_;
   std::shared_ptr<detail::CompiledCore> core_;
 };
+
+/// Runs the compiled function f and its eager twin on these arguments, from the same state,
+/// and compares everything both produce: results, captured tensors after the call, .grad
+/// buffers. On a difference it names the pass that introduced it and the first node whose value
+/// differs (Note [Shadow-eager check] in trace/check.h). Neither run changes the caller's state:
+/// captured tensors, gradients, optimizer state and the random generator are restored, and f's
+/// cache and statistics are untouched. With check.throw_on_mismatch a difference throws a
+/// MismatchError; otherwise the report says it.
+template <class F, class... A>
+CheckReport check_against_eager(const CheckOptions& check, Compiled<F>& f, A&&... a) {
+  return f.with_flat_args(
+      [&](const detail::FlatArgs& flat, const detail::TraceFn& run) {
+        return detail::check_against_eager(f.options(), f.label(), flat, run, check);
+      },
+      std::forward<A>(a)...);
+}
+template <class F, class... A>
+CheckReport check_against_eager(Compiled<F>& f, A&&... a) {
+  return check_against_eager(CheckOptions{}, f, std::forward<A>(a)...);
+}
 
 /// Compiles fn: traced once per input signature, optimized, and replayed.
 template <class F>

@@ -40,6 +40,7 @@ PlanOptions PlanOptions::from_disabled(const std::vector<std::string>& disabled)
   o.parallel = on("parallel");
   o.hoist = on("hoist");
   o.cuda_graph = on("cuda_graph");
+  o.disabled = disabled;
   return o;
 }
 

@@ -54,6 +54,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <mutex>
 #include <vector>
 
@@ -72,6 +73,8 @@ struct PlanOptions {
   bool parallel = true;
   bool hoist = true;
   bool cuda_graph = true;
+  /// The names switched off, for registered fusion passes (Note [Registered passes]).
+  std::vector<std::string> disabled;
   static PlanOptions from_disabled(const std::vector<std::string>& disabled);
 };
 

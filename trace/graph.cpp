@@ -153,45 +153,7 @@ const char* subgraph_name(const ControlFlow& cf, size_t k) {
 void graph_str(const Graph& g, const std::string& pad, std::string& s) {
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const GraphNode& n = g.nodes[i];
-    std::string rhs, meta = meta_str(n.meta);
-    auto args = [&] {
-      std::string a;
-      for (size_t k = 0; k < n.inputs.size(); ++k)
-        a += fmt::format("{}%{}", k ? ", " : "", n.inputs[k]);
-      return a;
-    };
-    switch (n.kind) {
-      case NodeKind::Input:
-        rhs = fmt::format("{} {}", role_name(n.role), n.index);
-        break;
-      case NodeKind::Constant:
-        rhs = fmt::format("constant {}", constant_str(n.constant));
-        break;
-      case NodeKind::Op: {
-        rhs = fmt::format("{}({})", op_name(n.op), args());
-        std::string a = attrs_str(n.op, n.attrs);
-        if (!a.empty()) rhs += " {" + a + "}";
-        break;
-      }
-      case NodeKind::Control: {
-        const ControlFlow& cf = *n.control;
-        rhs = fmt::format("{}({})", cf.name(), args());
-        if (cf.kind == ControlKind::Scan)
-          rhs += fmt::format(" {{carry={} xs={}{}}}", cf.num_carry, cf.num_xs,
-                             cf.reverse ? " reverse" : "");
-        meta = results_str(cf);
-        break;
-      }
-      case NodeKind::Project:
-        rhs = fmt::format("project(%{})[{}]", n.inputs[0], n.index);
-        break;
-    }
-    s += fmt::format("{}%{} = {} : {}", pad, i, rhs, meta);
-    if (!n.name.empty()) s += fmt::format("  \"{}\"", n.name);
-    if (n.scope >= 0 && n.scope < int32_t(g.scopes.size()))
-      s += fmt::format("  @{}", g.scopes[n.scope]);
-    if (n.site) s += fmt::format("  at {}", n.site.str());
-    s += "\n";
+    s += pad + detail::node_str(g, int32_t(i)) + "\n";
     if (n.kind == NodeKind::Control)
       for (size_t k = 0; k < n.control->graphs.size(); ++k) {
         s += fmt::format("{}  {}:\n", pad, subgraph_name(*n.control, k));
@@ -207,6 +169,49 @@ void graph_str(const Graph& g, const std::string& pad, std::string& s) {
 }
 
 }  // namespace
+
+std::string detail::node_str(const Graph& g, int32_t v) {
+  const GraphNode& n = g.nodes[v];
+  std::string rhs, meta = meta_str(n.meta);
+  auto args = [&] {
+    std::string a;
+    for (size_t k = 0; k < n.inputs.size(); ++k)
+      a += fmt::format("{}%{}", k ? ", " : "", n.inputs[k]);
+    return a;
+  };
+  switch (n.kind) {
+    case NodeKind::Input:
+      rhs = fmt::format("{} {}", role_name(n.role), n.index);
+      break;
+    case NodeKind::Constant:
+      rhs = fmt::format("constant {}", constant_str(n.constant));
+      break;
+    case NodeKind::Op: {
+      rhs = fmt::format("{}({})", op_name(n.op), args());
+      std::string a = attrs_str(n.op, n.attrs);
+      if (!a.empty()) rhs += " {" + a + "}";
+      break;
+    }
+    case NodeKind::Control: {
+      const ControlFlow& cf = *n.control;
+      rhs = fmt::format("{}({})", cf.name(), args());
+      if (cf.kind == ControlKind::Scan)
+        rhs += fmt::format(" {{carry={} xs={}{}}}", cf.num_carry, cf.num_xs,
+                           cf.reverse ? " reverse" : "");
+      meta = results_str(cf);
+      break;
+    }
+    case NodeKind::Project:
+      rhs = fmt::format("project(%{})[{}]", n.inputs[0], n.index);
+      break;
+  }
+  std::string s = fmt::format("%{} = {} : {}", v, rhs, meta);
+  if (!n.name.empty()) s += fmt::format("  \"{}\"", n.name);
+  if (n.scope >= 0 && n.scope < int32_t(g.scopes.size()))
+    s += fmt::format("  @{}", g.scopes[n.scope]);
+  if (n.site) s += fmt::format("  at {}", n.site.str());
+  return s;
+}
 
 std::string Graph::str() const {
   std::string s;

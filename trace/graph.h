@@ -143,6 +143,8 @@ inline int32_t buffer_root(const Graph& g, int32_t v) {
   while (is_view_node(g.nodes[v])) v = g.nodes[v].inputs[0];
   return v;
 }
+/// One line of Graph::str(): "%7 = mul(%5, %6) : f32 (4, 8)  @mlp  at model.cpp:12".
+std::string node_str(const Graph& g, int32_t v);
 /// The current scope path of this thread ("" outside any scope).
 const std::string& current_scope();
 /// A tensor with metadata and no data, for running shape rules (never a kernel) on it.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <mutex>
 #include <unordered_map>
 
 #include "core/dispatch.h"
@@ -424,19 +425,73 @@ Graph simplify(const Graph& old) {
   return r.done();
 }
 
+namespace {
+
+const char* const kGraphPasses[] = {"fold", "simplify", "cse", "dce"};
+const char* const kPlanPasses[] = {"codegen", "plan_memory", "hoist", "parallel", "cuda_graph"};
+
+std::mutex& registry_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::vector<RegisteredPass>& registry() {
+  static std::vector<RegisteredPass> r;
+  return r;
+}
+
+}  // namespace
+
+std::vector<std::string> pipeline_passes() {
+  std::vector<std::string> r(std::begin(kGraphPasses), std::end(kGraphPasses));
+  const std::vector<RegisteredPass> extra = registered_passes();
+  for (const RegisteredPass& p : extra)
+    if (p.graph) r.push_back(p.name);
+  r.push_back("fuse");
+  for (const RegisteredPass& p : extra)
+    if (p.fusion) r.push_back(p.name);
+  r.insert(r.end(), std::begin(kPlanPasses), std::end(kPlanPasses));
+  return r;
+}
+
+void register_pass(RegisteredPass pass) {
+  DUET_CHECK_VALUE(!pass.name.empty() && (bool(pass.graph) != bool(pass.fusion)),
+                   "[register_pass] a pass needs a name and exactly one of a graph function and "
+                   "a fusion function (got \"{}\")",
+                   pass.name);
+  const std::vector<std::string> names = pipeline_passes();
+  DUET_CHECK_VALUE(std::find(names.begin(), names.end(), pass.name) == names.end(),
+                   "[register_pass] a pass named \"{}\" is already in the pipeline", pass.name);
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  registry().push_back(std::move(pass));
+}
+
+void unregister_pass(const std::string& name) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  auto& r = registry();
+  r.erase(
+      std::remove_if(r.begin(), r.end(), [&](const RegisteredPass& p) { return p.name == name; }),
+      r.end());
+}
+
+std::vector<RegisteredPass> registered_passes() {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  return registry();
+}
+
 void check_pass_names(const std::vector<std::string>& names) {
-  static const char* known[] = {"dce",         "cse",      "fold",  "simplify", "fuse",
-                                "plan_memory", "parallel", "hoist", "codegen",  "cuda_graph"};
-  for (const std::string& s : names)
-    DUET_CHECK_VALUE(
-        std::any_of(std::begin(known), std::end(known), [&](const char* k) { return s == k; }),
-        "[compile] unknown pass \"{}\" in disable_passes; the passes are dce, cse, "
-        "fold, simplify, fuse, codegen, plan_memory, parallel and hoist",
-        s);
+  const std::vector<std::string> known = pipeline_passes();
+  for (const std::string& s : names) {
+    if (std::find(known.begin(), known.end(), s) != known.end()) continue;
+    std::string list;
+    for (size_t i = 0; i < known.size(); ++i)
+      list += fmt::format("{}{}", i == 0 ? "" : i + 1 == known.size() ? " and " : ", ", known[i]);
+    DUET_CHECK_VALUE(false, "[compile] unknown pass \"{}\" in disable_passes; the passes are {}", s,
+                     list);
+  }
 }
 
 Graph optimize(const Graph& g, const std::vector<std::string>& disabled) {
-  auto on = [&](const char* p) {
+  auto on = [&](const std::string& p) {
     return std::find(disabled.begin(), disabled.end(), p) == disabled.end();
   };
   Graph cur = g;
@@ -454,6 +509,8 @@ Graph optimize(const Graph& g, const std::vector<std::string>& disabled) {
     // Dead nodes are dropped between rounds so later rounds see single uses.
     if (on("dce")) cur = dce(cur);
   }
+  for (const RegisteredPass& p : registered_passes())
+    if (p.graph && on(p.name)) cur = p.graph(cur);
   return cur;
 }
 

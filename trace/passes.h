@@ -11,12 +11,15 @@
 // Every pass keeps graph inputs (their slots are the calling convention) and value metadata.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "trace/graph.h"
 
 namespace duet::detail {
+
+struct FusionGroup;
 
 Graph dce(const Graph& g);
 Graph cse(const Graph& g);
@@ -27,8 +30,31 @@ Graph simplify(const Graph& g);
 /// listing the known ones.
 Graph optimize(const Graph& g, const std::vector<std::string>& disabled);
 
-/// Checks pass names ("dce", "cse", "fold", "simplify", and the later "fuse", "plan_memory",
-/// "parallel").
+/// Checks pass names: the standard ones (pipeline_passes()) and the registered ones.
 void check_pass_names(const std::vector<std::string>& names);
+
+// Note [Registered passes]
+// Code outside the pipeline can add a pass to it: a graph pass (a function from a graph to an
+// equivalent graph, run after the standard graph passes, in the order registered) or a fusion
+// pass (a function that rewrites the fusion groups a plan found, before their kernels are
+// built). A registered pass has a name, is switched off by CompileOptions::disable_passes like
+// any other, and takes part in check_against_eager's bisection. It applies to plans built
+// after it is registered. The testing library (tests/testing/) registers deliberately broken
+// passes this way, to prove that the shadow-eager check names them.
+struct RegisteredPass {
+  std::string name;
+  std::function<Graph(const Graph&)> graph;                             ///< a graph pass, or
+  std::function<void(const Graph&, std::vector<FusionGroup>&)> fusion;  ///< a fusion pass
+};
+/// Adds a pass; a name already in the pipeline is a ValueError.
+void register_pass(RegisteredPass pass);
+/// Removes a registered pass (nothing when none has that name).
+void unregister_pass(const std::string& name);
+/// The registered passes, in order (a copy).
+std::vector<RegisteredPass> registered_passes();
+/// Every pass of the pipeline in the order it runs: the graph passes (fold, simplify, cse,
+/// dce), registered graph passes, fuse, registered fusion passes, codegen, plan_memory, hoist,
+/// parallel and cuda_graph.
+std::vector<std::string> pipeline_passes();
 
 }  // namespace duet::detail

@@ -10,6 +10,7 @@
 #include "eager/autograd.h"
 #include "kernels/loops.h"
 #include "trace/fusion.h"
+#include "trace/passes.h"
 #include "trace/plan_internal.h"
 
 namespace duet::detail {
@@ -180,7 +181,13 @@ void Plan::Builder::find_roots_and_results() {
 
 // The fusion groups, and the units they and the other step nodes make.
 void Plan::Builder::find_units() {
-  if (opt.fuse) groups = find_fusion_groups(graph);
+  if (opt.fuse) {
+    groups = find_fusion_groups(graph);
+    for (const RegisteredPass& p : registered_passes())  // Note [Registered passes]
+      if (p.fusion &&
+          std::find(opt.disabled.begin(), opt.disabled.end(), p.name) == opt.disabled.end())
+        p.fusion(graph, groups);
+  }
   group_of.assign(n, -1);
   for (size_t gi = 0; gi < groups.size(); ++gi)
     for (int32_t m : groups[gi].members) group_of[m] = static_cast<int32_t>(gi);
