@@ -336,11 +336,12 @@ void throw_traced_use(const Tensor& t, const char* what, const char* file, unsig
         "value "
         "at trace time and traces again when it changes",
         what, x->shape, x->dtype, site, tag.name));
-  throw Error(fmt::format(
+  const std::string msg = fmt::format(
       "[{}] a tensor (shape {}, {}) created while tracing {} was used after that trace ended{}. "
       "Tensors computed inside a compiled function exist only inside it: return them as "
       "outputs, and update captured tensors in place (w.sub_(lr * g), not w = w - lr * g)",
-      what, x->shape, x->dtype, tag.name, site));
+      what, x->shape, x->dtype, tag.name, site);
+  throw Error(file ? msg : with_context(msg));  // the line of the op that used it
 }
 
 }  // namespace detail

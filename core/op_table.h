@@ -242,6 +242,14 @@ void register_source_rules(OpDef* table);
 void register_index_rules(OpDef* table);
 void register_image_rules(OpDef* table);
 void register_random_rules(OpDef* table);
+void register_debug_rules(OpDef* table);
+/// duet::print's format strings, interned: Print's attrs.dim is the index.
+int64_t intern_format(const std::string& format);
+const std::string& interned_format(int64_t id);
+/// Where duet::print writes a line (default: stdout, flushed). Returns the previous writer.
+using PrintSink = void (*)(const std::string& line);
+PrintSink set_print_sink(PrintSink sink);
+void write_print(const std::string& line);
 void register_symbolic_rules(OpDef* table);
 // Symbolic dims (core/ops/symbolic_rules.cpp; Note [Symbolic dims] in trace/compile.h).
 /// The product of the dims.

@@ -161,6 +161,13 @@ Tensor randint(int64_t high, Shape shape, Options options = {}, DUET_HERE);
 /// seed gives the same numbers, and the same uniform bits on every device.
 void manual_seed(uint64_t seed);
 
+/// Prints t's values at run time in both faces, in program order, as jax.debug.print does:
+/// fmt::format(format, t) and a newline ("{}" prints as `std::cout << t`; "h = {}" adds a
+/// label). Under compile it is an op of the graph, so each call of the compiled function
+/// prints the values of that call; a print inside a cond, scan or while_loop body prints each
+/// time the body runs. A CUDA tensor is copied to the host first.
+void print(const Tensor& t, std::string format = "{}", DUET_HERE);
+
 /// Operators: the ops add, sub, mul, div, neg, lt, le, gt, ge, eq, ne.
 // Operators take their first tensor operand as a Located, which carries the place of the
 // expression (Note [Call sites] in core/call_site.h); an rvalue operand stays an rvalue.

@@ -44,6 +44,8 @@ REGISTER_LISTENER("duet_case_counter", 1, CaseCounter);
 }  // namespace
 
 int main(int argc, char** argv) {
+  // duet::print's lines (the op-table sweeps print) are dropped; test_print captures its own.
+  duet::detail::set_print_sink([](const std::string&) {});
   doctest::Context context(argc, argv);
   const int rc = context.run();
   if (context.shouldExit()) return rc;  // --help, --list-test-cases and other queries

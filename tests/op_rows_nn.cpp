@@ -403,6 +403,22 @@ const std::vector<OpRow>& op_rows() {
     std::vector<OpRow> r;
     for (const auto* part : {&index_rows(), &nn_rows(), &image_rows(), &random_rows()})
       r.insert(r.end(), part->begin(), part->end());
+    // Print: an effect in the middle of a computation, which must leave its value alone (the
+    // tests drop the text: tests/main.cpp; test_print checks it).
+    r.push_back({"print",
+                 OpId::Print,
+                 false,
+                 {{2, 3}},
+                 [](const std::vector<Tensor>& in) {
+                   print(in[0], "x = {}");
+                   return in[0] * 2.0;
+                 },
+                 [](const Values& v) {
+                   std::vector<double> o = v[0];
+                   for (double& x : o) x *= 2;
+                   return o;
+                 },
+                 {2, 3}});
     return r;
   }();
   return rows;

@@ -16,7 +16,8 @@ namespace {
 // A copy of every tensor's bits, to compare before and after.
 std::vector<std::vector<unsigned char>> bits(const std::vector<Tensor>& ts) {
   std::vector<std::vector<unsigned char>> r;
-  for (const Tensor& t : ts) r.push_back(t.defined() ? element_bytes(t) : std::vector<unsigned char>{});
+  for (const Tensor& t : ts)
+    r.push_back(t.defined() ? element_bytes(t) : std::vector<unsigned char>{});
   return r;
 }
 
@@ -38,7 +39,7 @@ TEST_CASE("check: a training step matches eager, and the caller's state is left 
     opt.step();
     return loss;
   });
-  step(x, y);  // the cache holds an entry, and every parameter has a .grad buffer
+  step(x, y);                    // the cache holds an entry, and every parameter has a .grad buffer
   params[3].set_grad(Tensor());  // one leaf without a .grad: the check must leave it so
   std::vector<Tensor> grads;
   for (const Tensor& p : params) grads.push_back(p.grad());
@@ -140,7 +141,8 @@ TEST_CASE("check: a fusion that swaps two operands is named, with the node it br
     CHECK(contains(r.bisection[i], "same as eager"));
   // The difference is reported where it is largest.
   REQUIRE(r.node_difference.where.size() == 2);
-  const double at = values(a - b)[size_t(r.node_difference.where[0] * 7 + r.node_difference.where[1])];
+  const double at =
+      values(a - b)[size_t(r.node_difference.where[0] * 7 + r.node_difference.where[1])];
   CHECK(r.node_difference.expected == doctest::Approx(at));
 }
 

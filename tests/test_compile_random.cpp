@@ -506,7 +506,7 @@ Program reduce_program(Program p, const Sample& a, const Sample& b) {
   auto fails = [&](const Program& q) {
     const Sample qa = rerun(q, a, q.seed + 1), qb = rerun(q, b, q.seed + 2);
     return qa.finite && qb.finite && !check(q, qa, qb, {}).empty() &&
-           check(q, qa, qb, CompileOptions{{}, kPasses, 8}).empty();
+           check(q, qa, qb, CompileOptions{.disable_passes = kPasses, .cache_limit = 8}).empty();
   };
   for (bool changed = true; changed;) {
     changed = false;
@@ -595,11 +595,12 @@ std::string run_seed(uint64_t seed, Coverage& cov, double perturb = 0, Mix mix =
   cov.fused_kernels += fused;
   if (err.empty() || perturb != 0) return err;
   // Is an optimization pass involved? And which: the passes that, disabled alone, make it pass.
-  std::string off = check(p, a, b, CompileOptions{{}, kPasses, 8});
+  std::string off = check(p, a, b, CompileOptions{.disable_passes = kPasses, .cache_limit = 8});
   std::string alone;
   if (off.empty())
     for (const std::string& pass : kPasses)
-      if (check(p, a, b, CompileOptions{{}, {pass}, 8}).empty()) alone += " " + pass;
+      if (check(p, a, b, CompileOptions{.disable_passes = {pass}, .cache_limit = 8}).empty())
+        alone += " " + pass;
   std::string report = fmt::format(
       "{}{}with every pass disabled: {}", program_text(p), err,
       !off.empty()    ? "still differs:\n" + off
@@ -1025,7 +1026,7 @@ namespace {
 // 1e-12, in one trace.
 template <class F>
 void check_one_trace(F f, const Shape& per_row, bool with_grad = false) {
-  auto c = compile(f, CompileOptions{{{0, 0}}, {}, 8});
+  auto c = compile(f, CompileOptions{.dynamic = {{0, 0}}, .cache_limit = 8});
   Rng rng(7);
   for (int64_t b : {2, 5, 1}) {
     std::vector<int64_t> dims = {b};

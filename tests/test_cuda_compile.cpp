@@ -332,6 +332,23 @@ TEST_CASE("cuda compiled: random programs of the fusion and mixed mixes equal ea
   MESSAGE(fmt::format("{} programs compared, {} CPU-only", run, skipped));
 }
 
+TEST_CASE("cuda compiled: print copies a device value to the host at each call") {
+  if (!gpu()) return;
+  static std::vector<std::string> lines;
+  const detail::PrintSink prev =
+      detail::set_print_sink([](const std::string& l) { lines.push_back(l); });
+  auto f = compile([](Tensor x) {
+    Tensor y = x * 2;
+    print(y, "y {}");
+    return y + 1;
+  });
+  const Tensor a = cuda_like(make({1, 2}, {2}));
+  for (int i = 0; i < 3; ++i) CHECK(values(f(a)) == std::vector<double>{3, 5});
+  detail::set_print_sink(prev);
+  REQUIRE(lines.size() == 3);
+  CHECK(lines[2] == fmt::format("y {}\n", make({2, 4}, {2})));
+}
+
 TEST_CASE("cuda compiled: a training step on CUDA matches the CPU over 20 steps") {
   if (!gpu()) return;
   auto make_model = [] {

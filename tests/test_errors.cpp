@@ -759,6 +759,33 @@ TEST_CASE("call sites: errors while tracing name the line, the compiled function
   CHECK(contains(e, "while tracing compiled function at test_errors.cpp:"));
 }
 
+TEST_CASE("call sites: the tracer's own errors name the line and the compiled function") {
+  // A view made before an in-place write through another view, read after it.
+  Tensor w = zeros({4});
+  int line = 0;
+  auto f = compile([&](Tensor x) {
+    Tensor head = slice(w, 0, 0, 2);
+    w.add_(x);
+    line = __LINE__ + 1;
+    return head * 2;
+  });
+  std::string e = error_of([&] { f(ones({4})); });
+  CHECK(contains(e, "reads memory that was written in place through another view"));
+  CHECK(site_line(e) == line);
+  CHECK(contains(e, "while tracing compiled function at test_errors.cpp:"));
+  // A tensor of a finished trace, used eagerly: the line that used it.
+  Tensor leaked;
+  auto g = compile([&](Tensor x) {
+    leaked = x * 2;
+    return x + 1;
+  });
+  g(ones({2}));
+  line = __LINE__ + 1;
+  e = error_of([&] { (void)(leaked + 1); });
+  CHECK(contains(e, "used after that trace ended"));
+  CHECK(site_line(e) == line);
+}
+
 TEST_CASE("call sites: traced nodes carry them into str(), dot() and errors of a running plan") {
   int add_line = 0, mm_line = 0, sm_line = 0, gather_line = 0;
   auto f = compile([&](Tensor x, Tensor w, Tensor idx) {

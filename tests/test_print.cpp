@@ -91,4 +91,117 @@ TEST_CASE("operator<< and fmt print the same text") {
   CHECK(fmt::format("{}", Device::cuda(1)) == "cuda:1");
 }
 
+// ---- duet::print: values at run time, in both faces ----
+
+namespace {
+std::vector<std::string>& printed() {
+  static std::vector<std::string> lines;
+  return lines;
+}
+// Catches what duet::print writes while it lives.
+struct CapturePrints {
+  detail::PrintSink prev;
+  CapturePrints()
+      : prev(detail::set_print_sink([](const std::string& l) { printed().push_back(l); })) {
+    printed().clear();
+  }
+  ~CapturePrints() { detail::set_print_sink(prev); }
+};
+std::string line(const std::string& format, const Tensor& t) {
+  return fmt::format(fmt::runtime(format), t) + "\n";
+}
+}  // namespace
+
+TEST_CASE("print: eagerly, at once, formatted like fmt") {
+  CapturePrints cap;
+  Tensor x = make({1, 2}, {2});
+  print(x);
+  print(x * 2, "x * 2 = {}");
+  REQUIRE(printed().size() == 2);
+  CHECK(printed()[0] == line("{}", x));
+  CHECK(printed()[1] == "x * 2 = " + (x * 2).str() + "\n");
+  CHECK(contains(error_of<ValueError>([&] { print(x, "{} and {}"); }),
+                 "[print] the format \"{} and {}\" does not format one tensor"));
+  // A print takes no part in autograd.
+  Tensor w = make({3}, {1}).requires_grad_();
+  print(w * 2);
+  Tensor y = sum(w * 3);
+  y.backward();
+  CHECK(values(w.grad()) == std::vector<double>{3});
+}
+
+TEST_CASE("print: compiled, each call prints its own values in program order") {
+  CapturePrints cap;
+  auto f = compile([](Tensor x) {
+    Tensor y = x * 2;
+    print(y, "y = {}");
+    print(x, "x = {}");
+    print(x, "x = {}");               // the same print twice: both run (no merging)
+    print(full({2}, 3.0), "c = {}");  // of a constant: printed at run time, not folded
+    return y + 1;
+  });
+  Tensor a = make({1, 2}, {2}), b = make({5, 6}, {2});
+  f(a);
+  f(b);
+  CHECK(f.stats().traces == 1);
+  const Tensor c = full({2}, 3.0);
+  const std::vector<std::string> want = {
+      line("y = {}", a * 2), line("x = {}", a), line("x = {}", a), line("c = {}", c),
+      line("y = {}", b * 2), line("x = {}", b), line("x = {}", b), line("c = {}", c)};
+  CHECK(printed() == want);
+  CHECK(contains(f.graph().str(), "print(%"));
+  CHECK(contains(f.graph().str(), "{format=\"y = {}\"}"));
+}
+
+TEST_CASE("print: kept in order across parallel branches, hoisting and backward") {
+  CapturePrints cap;
+  Tensor w = make({1, 2, 3}, {3}).requires_grad_();
+  auto f = compile([&](Tensor x) {
+    Tensor left = exp(x), right = tanh(x);  // independent branches
+    print(right, "right {}");
+    print(left, "left {}");
+    print(w, "w {}");  // reads only a parameter: would be hoisted if it were not an effect
+    Tensor loss = sum(left * right * w);
+    loss.backward();
+    print(w.grad(), "grad {}");
+    return loss;
+  });
+  for (int i = 0; i < 3; ++i) {
+    w.set_grad(Tensor());
+    Tensor x = make({0.1 * i, 0.2, 0.3}, {3});
+    f(x);
+    REQUIRE(printed().size() == size_t(4 * (i + 1)));
+    CHECK(printed()[4 * i] == line("right {}", tanh(x)));
+    CHECK(printed()[4 * i + 1] == line("left {}", exp(x)));
+    CHECK(printed()[4 * i + 2] == line("w {}", w.detach()));
+    CHECK(contains(printed()[4 * i + 3], "grad tensor("));
+  }
+}
+
+TEST_CASE("print: inside a scan body, once per step; in a Program, at each run") {
+  CapturePrints cap;
+  auto f = compile([](Tensor xs) {
+    return scan(
+        [](const std::vector<Tensor>& in) {
+          Tensor c = in[0] + in[1];
+          print(c, "carry {}");
+          return std::vector<Tensor>{c, c * 2};
+        },
+        {zeros({1})}, {xs})[0];
+  });
+  f(make({1, 2, 3}, {3, 1}));
+  REQUIRE(printed().size() == 3);
+  CHECK(printed()[2] == line("carry {}", make({6}, {1})));
+  printed().clear();
+  Program prog([] {
+    Tensor p = placeholder({2}, DType::f32, "p");
+    print(p, "p = {}");
+    return std::vector<Tensor>{p * 3};
+  });
+  CHECK(printed().empty());  // building the program prints nothing
+  prog.run({{"p", make({1, 2}, {2})}});
+  REQUIRE(printed().size() == 1);
+  CHECK(printed()[0] == line("p = {}", make({1, 2}, {2})));
+}
+
 }  // namespace duet::test

@@ -93,8 +93,8 @@ std::optional<CheckDifference> compare(const std::string& what, const Tensor& ex
   if (!expected.defined()) return std::nullopt;
   d.shape = meta_text(actual);
   if (expected.dtype() != actual.dtype() || expected.sizes() != actual.sizes()) {
-    d.detail = fmt::format("eager made {}, the compiled run {}", meta_text(expected),
-                           meta_text(actual));
+    d.detail =
+        fmt::format("eager made {}, the compiled run {}", meta_text(expected), meta_text(actual));
     return d;
   }
   auto it = opt.tolerances.find(expected.dtype());
@@ -249,8 +249,8 @@ std::optional<CheckDifference> first_difference(const State::Values& expected,
   if (expected.values.size() != actual.values.size()) {
     CheckDifference d;
     d.value = "results";
-    d.detail = fmt::format("eager returned {} values, the compiled run {}",
-                           expected.values.size(), actual.values.size());
+    d.detail = fmt::format("eager returned {} values, the compiled run {}", expected.values.size(),
+                           actual.values.size());
     return d;
   }
   for (size_t i = 0; i < expected.values.size(); ++i) {
@@ -433,8 +433,8 @@ CheckReport check_against_eager(const CompileOptions& options, const std::string
         Plan plan(optimize(pinned, d), PlanOptions::from_disabled(d));
         State::Values last;
         // Every run, so that generated code and CUDA graphs take part; the last one counts.
-        const Outcome o =
-            run_compiled(state, nullptr, check, [&] { return plan.run(args.tensors); }, &last);
+        const Outcome o = run_compiled(
+            state, nullptr, check, [&] { return plan.run(args.tensors); }, &last);
         if (o.diff) rep.cause += fmt::format(" (planning every value: {})", o.diff->str());
         return last;
       };
@@ -451,8 +451,7 @@ CheckReport check_against_eager(const CompileOptions& options, const std::string
         }
       }
     }
-    if (rep.node < 0)
-      rep.node = node_of_value(prep, rep.difference.value);
+    if (rep.node < 0) rep.node = node_of_value(prep, rep.difference.value);
     if (rep.node >= 0) {
       const GraphNode& n = g.nodes[rep.node];
       rep.node_text = node_str(g, rep.node);

@@ -59,17 +59,17 @@ struct CheckOptions {
 
 /// Where two tensors differ most.
 struct CheckDifference {
-  std::string value;             ///< what was compared: "result 0", "captured tensor 2 ..."
-  std::string shape;             ///< "f32 (4, 8)"
-  int64_t mismatched = 0;        ///< elements outside the tolerance (0: a shape or dtype differs)
+  std::string value;       ///< what was compared: "result 0", "captured tensor 2 ..."
+  std::string shape;       ///< "f32 (4, 8)"
+  int64_t mismatched = 0;  ///< elements outside the tolerance (0: a shape or dtype differs)
   int64_t numel = 0;
-  double max_abs_diff = 0;       ///< the largest |actual - expected|
-  std::vector<int64_t> where;    ///< its index
-  double expected = 0;           ///< eager's (or the reference plan's) value there
-  double actual = 0;             ///< the compiled function's value there
+  double max_abs_diff = 0;     ///< the largest |actual - expected|
+  std::vector<int64_t> where;  ///< its index
+  double expected = 0;         ///< eager's (or the reference plan's) value there
+  double actual = 0;           ///< the compiled function's value there
   std::string expected_from = "eager", actual_from = "compiled";  ///< for str()
   Tolerance tolerance;
-  std::string detail;            ///< what else differs ("the compiled run raised: ...")
+  std::string detail;  ///< what else differs ("the compiled run raised: ...")
   std::string str() const;
 };
 
@@ -91,10 +91,10 @@ struct CheckReport {
   std::string cause;
   /// The first traced node whose value differs: -1 when not found.
   int32_t node = -1;
-  std::string node_text;  ///< its line of Graph::str()
-  std::string op;         ///< its op ("neg")
-  std::string site;       ///< its call site ("model.cpp:31"), or ""
-  std::string scope;      ///< its scope ("mlp/fc1"), or ""
+  std::string node_text;            ///< its line of Graph::str()
+  std::string op;                   ///< its op ("neg")
+  std::string site;                 ///< its call site ("model.cpp:31"), or ""
+  std::string scope;                ///< its scope ("mlp/fc1"), or ""
   CheckDifference node_difference;  ///< the node's value with the pass against without it
   std::string str() const;
 };
@@ -110,8 +110,7 @@ namespace detail {
 /// The check of Note [Shadow-eager check]: `fn` traced and compiled with `options`, against
 /// `fn` run eagerly, on `args`.
 CheckReport check_against_eager(const CompileOptions& options, const std::string& label,
-                                const FlatArgs& args, const TraceFn& fn,
-                                const CheckOptions& check);
+                                const FlatArgs& args, const TraceFn& fn, const CheckOptions& check);
 }  // namespace detail
 
 }  // namespace duet

@@ -671,7 +671,8 @@ void CompiledCore::split_joint(const Graph& joint, const std::vector<ValueGuard>
   for (const WriteBack& w : joint.writebacks) fwd_roots.push_back(w.value);
   for (const ValueGuard& g : value_guards) fwd_roots.push_back(g.value);
   for (size_t i = 0; i < n; ++i)
-    if (joint.nodes[i].kind == NodeKind::Input && joint.nodes[i].role != InputRole::GradOutput)
+    if ((joint.nodes[i].kind == NodeKind::Input && joint.nodes[i].role != InputRole::GradOutput) ||
+        has_effect(joint.nodes[i]))
       fwd_roots.push_back(int32_t(i));
   ancestors(joint, fwd_roots, none, fwd, nullptr);
   // Every result of a construct the forward runs is a forward value: the backward reads some

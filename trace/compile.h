@@ -58,13 +58,13 @@ enum class OnMiss {
 struct CompileOptions {
   /// {argument index, dim}: dims symbolic from the first trace (Note [Symbolic dims]). Without
   /// them, a dim becomes symbolic when its size changes between calls (automatic dynamic).
-  std::vector<std::pair<int, int>> dynamic;
+  std::vector<std::pair<int, int>> dynamic{};
   /// Passes to switch off: "dce", "cse", "fold", "simplify" (graph passes), "fuse" (elementwise
   /// and reduction-prologue fusion), "codegen" (the generated-C++ tier of fused kernels),
   /// "plan_memory" (one arena, buffers reused), "parallel" (independent branches on both
   /// cores), "hoist" (work on captured parameters done once per parameter version),
   /// "cuda_graph" (a plan on a CUDA device replayed as one CUDA graph).
-  std::vector<std::string> disable_passes;
+  std::vector<std::string> disable_passes{};
   /// Signatures traced at most. A new signature beyond them runs eagerly: the first such call
   /// prints a warning once and records why (CompileStats::eager_reason); each counts in
   /// eager_calls.
@@ -81,7 +81,7 @@ struct CompileOptions {
   /// as usual. A debugging aid: each call costs an eager run and three compiled runs more.
   bool check_against_eager = false;
   /// The check's tolerances (its throw_on_mismatch is always on here).
-  CheckOptions check;
+  CheckOptions check{};
 };
 
 /// The timings of one cached signature (CompileStats::signatures), in milliseconds.

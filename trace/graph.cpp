@@ -55,6 +55,7 @@ std::string constant_str(const Tensor& t) {
 }  // namespace
 
 std::string attrs_str(OpId op, const Attrs& a) {
+  if (op == OpId::Print) return fmt::format("format=\"{}\"", detail::interned_format(a.dim));
   std::vector<std::string> parts;
   if (a.ints.size()) {
     std::string s = "[";
@@ -169,6 +170,15 @@ void graph_str(const Graph& g, const std::string& pad, std::string& s) {
 }
 
 }  // namespace
+
+bool detail::has_effect(const GraphNode& n) {
+  if (n.kind == NodeKind::Op) return n.op == OpId::Print;
+  if (n.kind != NodeKind::Control) return false;
+  for (const Graph& sub : n.control->graphs)
+    for (const GraphNode& m : sub.nodes)
+      if (has_effect(m)) return true;
+  return false;
+}
 
 std::string detail::node_str(const Graph& g, int32_t v) {
   const GraphNode& n = g.nodes[v];

@@ -103,6 +103,7 @@ Graph dce(const Graph& old) {
   for (size_t i = n; i-- > 0;) {
     const GraphNode& g = old.nodes[i];
     if (g.kind == NodeKind::Input) live[i] = true;  // the calling convention
+    if (has_effect(g)) live[i] = true;              // a print
     if (!live[i]) continue;
     if (g.kind == NodeKind::Project) {
       std::vector<bool>& u = used[g.inputs[0]];
@@ -193,7 +194,7 @@ Graph cse(const Graph& old) {
     const bool mergeable = n.kind == NodeKind::Op || n.kind == NodeKind::Control ||
                            n.kind == NodeKind::Project ||
                            (n.kind == NodeKind::Constant && n.constant.numel() == 1);
-    if (!mergeable || !n.name.empty()) {
+    if (!mergeable || !n.name.empty() || has_effect(n)) {
       r.map[i] = r.emit(std::move(n));
       continue;
     }
@@ -248,7 +249,7 @@ Graph fold(const Graph& old) {
     // simplify turns those of filled constants into Full nodes, which later rules recognise.
     bool all_const = n.kind == NodeKind::Op && !n.inputs.empty() &&
                      n.meta.shape.numel() <= kMaxFolded && n.name.empty() &&
-                     op_class(n.op) != OpClass::View && n.op != OpId::Copy;
+                     op_class(n.op) != OpClass::View && n.op != OpId::Copy && !has_effect(n);
     for (int32_t in : n.inputs) {
       const GraphNode& s = r.g.nodes[in];
       const bool is_full = s.kind == NodeKind::Op && s.op == OpId::Full;

@@ -507,7 +507,8 @@ void Plan::Builder::hoist() {
     bool any_kernel = false;
     for (int32_t v : unit_nodes[u]) {
       const GraphNode& g = graph.nodes[v];
-      ok = ok && g.kind == NodeKind::Op && !fresh[v] && inplace[v] < 0 && g.op != OpId::Random;
+      ok = ok && g.kind == NodeKind::Op && !fresh[v] && inplace[v] < 0 && g.op != OpId::Random &&
+           !has_effect(g);
       any_kernel = any_kernel || !is_view_node(g);
       for (int32_t in : g.inputs) ok = ok && (param_only[in] || unit_of(in) == u);
     }

@@ -203,13 +203,13 @@ int32_t Tracer::capture(const Tensor& t) {
 }
 
 void Tracer::throw_stale_view(const char* what, const TensorImpl* x, const Layout& written) {
-  throw Error(fmt::format(
-      "[{}] while tracing {}: a tensor of shape {} (strides {}, offset {}) reads memory that was "
-      "written in place through another view (shape {}, strides {}, offset {}) after it was "
-      "made. A compiled function follows in-place writes through the written tensor itself; "
-      "use out-of-place ops for the other views, or clone() before writing",
-      what, graph_.label, x->shape, Shape(x->strides.data(), x->strides.size()), x->offset,
-      written.shape, Shape(written.strides.data(), written.strides.size()), written.offset));
+  throw Error(with_context(fmt::format(
+      "[{}] a tensor of shape {} (strides {}, offset {}) reads memory that was written in place "
+      "through another view (shape {}, strides {}, offset {}) after it was made. A compiled "
+      "function follows in-place writes through the written tensor itself; use out-of-place "
+      "ops for the other views, or clone() before writing",
+      what, x->shape, Shape(x->strides.data(), x->strides.size()), x->offset, written.shape,
+      Shape(written.strides.data(), written.strides.size()), written.offset)));
 }
 
 int32_t Tracer::value_of(const Tensor& t) {
@@ -219,10 +219,10 @@ int32_t Tracer::value_of(const Tensor& t) {
     if (x->trace.get() != tag_.get()) {
       if (!x->trace->alive) throw_traced_use(t, "compile");
       if (is_ancestor_tag(x->trace.get())) return lift(t);
-      throw Error(fmt::format(
-          "[compile] a tensor (shape {}) traced by {} was used while tracing {}; pass it as an "
-          "argument instead",
-          x->shape, x->trace->name, graph_.label));
+      throw Error(with_context(
+          fmt::format("[compile] a tensor (shape {}) traced by {} was used in another trace; "
+                      "pass it as an argument instead",
+                      x->shape, x->trace->name)));
     }
     if (x->sym_version == st->version_.load(std::memory_order_relaxed)) return x->value;
     auto it = written_.find(st);
@@ -333,6 +333,12 @@ Tensor Tracer::handle(const OpCall& c) {
     return self;
   }
 
+  if (c.op == OpId::Print) {
+    // An effect: chained to the previous print, so that plans keep them in program order.
+    if (last_print_ >= 0) ins.push_back(last_print_);
+    last_print_ = add_op(c.op, c.attrs, std::move(ins), meta);
+    return traced(last_print_, meta, false);
+  }
   int32_t v = add_op(c.op, c.attrs, std::move(ins), meta);
   if (def.cls == OpClass::View) {
     Tensor out;
@@ -387,22 +393,22 @@ Tensor Tracer::read(const Tensor& t, const char* what, const char* file, unsigne
   if (x->trace) {
     if (!x->trace->alive || !root->evaluate_) throw_traced_use(t, what, file, line);
     if (x->trace.get() != root->tag_.get())
-      throw Error(fmt::format(
+      throw Error(with_context(fmt::format(
           "[{}] reads the values of a tensor (shape {}, {}) computed inside {}{}. With "
           "CompileOptions::guard_data_reads a compiled function may read values computed "
           "outside cond, scan and while_loop bodies; inside a body, branch with a nested "
           "duet::cond instead",
-          what, x->shape, x->dtype, x->trace->name, site));
+          what, x->shape, x->dtype, x->trace->name, site)));
   } else {
     if (!root->written_.count(x->storage.get())) return t;
     if (!root->evaluate_)
-      throw Error(fmt::format(
+      throw Error(with_context(fmt::format(
           "[{}] reads a tensor (shape {}, {}){} that {} wrote in place earlier in this trace. "
           "A traced function runs no kernels: the write happens only when the compiled function "
           "runs, so the data there now is stale. Read the value before the write, return it as "
           "an output, or compile with CompileOptions::guard_data_reads to read it at trace time "
           "and retrace when it changes",
-          what, x->shape, x->dtype, site, root->graph_.label));
+          what, x->shape, x->dtype, site, root->graph_.label)));
   }
   const int32_t v = root->value_of(t);
   for (const ValueGuard& g : root->value_guards_)

@@ -161,6 +161,7 @@ class Tracer final : public DispatchMode, public ValueReader {
   std::string last_scope_;
   int32_t last_scope_index_ = -1;
   std::vector<std::pair<std::string, Tensor>> probes_;
+  int32_t last_print_ = -1;  ///< the latest Print node (its token orders the next one)
   ValueEvaluator evaluate_;
   std::vector<ValueGuard> value_guards_;
   ValueReaderGuard reader_{this};

@@ -39,7 +39,8 @@ BrokenPass::BrokenPass(std::string name) : name_(std::move(name)) {
   else if (name_ == kSwapOperands)
     p.fusion = swap_operands;
   else
-    DUET_CHECK_VALUE(false, "[BrokenPass] no broken pass named \"{}\" (there are \"{}\" and \"{}\")",
+    DUET_CHECK_VALUE(false,
+                     "[BrokenPass] no broken pass named \"{}\" (there are \"{}\" and \"{}\")",
                      name_, kDropNegation, kSwapOperands);
   detail::register_pass(std::move(p));
 }
