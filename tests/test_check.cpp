@@ -41,9 +41,13 @@ TEST_CASE("check: a training step matches eager, and the caller's state is left 
   });
   step(x, y);                    // the cache holds an entry, and every parameter has a .grad buffer
   params[3].set_grad(Tensor());  // one leaf without a .grad: the check must leave it so
-  std::vector<Tensor> grads;
+  std::vector<Tensor> grads, moments;
   for (const Tensor& p : params) grads.push_back(p.grad());
-  const auto params_before = bits(params), grads_before = bits(grads);
+  for (size_t i = 0; i < params.size(); ++i)
+    for (const Tensor& t : {opt.state(i).exp_avg, opt.state(i).exp_avg_sq, opt.state(i).step})
+      moments.push_back(t);
+  const auto params_before = bits(params), grads_before = bits(grads),
+             moments_before = bits(moments);
   const CompileStats stats_before = step.stats();
   const std::string explain_before = step.explain().str();
   // The random generator: the draw after the check is the draw there would have been.
@@ -61,6 +65,7 @@ TEST_CASE("check: a training step matches eager, and the caller's state is left 
 
   CHECK(bitwise_equal(rand({5}), expected_draw));
   CHECK(bits(params) == params_before);
+  CHECK(bits(moments) == moments_before);  // the optimizer's state, its step count included
   for (size_t i = 0; i < params.size(); ++i) {
     CAPTURE(i);
     CHECK(params[i].grad().is_same(grads[i]));  // the same buffers (or none), same bits

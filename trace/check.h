@@ -14,8 +14,9 @@
 // 2. The eager twin runs the function on the real tensors. The compiled function runs three
 //    times from the same state: its first run (fused kernels on the interpreter), its second
 //    (generated code, which the check waits for; on a CUDA device the run captured as a CUDA
-//    graph) and its third (the graph replayed). Each run's results, and the captured tensors
-//    and .grad buffers after it, are compared with eager's, element by element:
+//    graph) and its third (the graph replayed). While the check runs, the process-wide codegen
+//    threshold is 0, so that the second run has generated code. Each run's results, and the
+//    captured tensors and .grad buffers after it, are compared with eager's, element by element:
 //    |compiled - eager| <= atol + rtol * |eager|, NaN equal to NaN (default_tolerance()).
 // 3. On a difference, the passes are switched on one at a time in pipeline order
 //    (pipeline_passes() in trace/passes.h, those the options disable staying off), each
