@@ -205,3 +205,28 @@ TEST_CASE("print: inside a scan body, once per step; in a Program, at each run")
 }
 
 }  // namespace duet::test
+
+namespace duet::test {
+TEST_CASE("print: a scan's gradient replays its body without printing again") {
+  CapturePrints cap;
+  Tensor w = make({0.5}, {1}).requires_grad_();
+  auto body = [&](const std::vector<Tensor>& in) {
+    Tensor c = tanh(in[0] * w + in[1]);
+    print(c, "c {}");
+    return std::vector<Tensor>{c, c};
+  };
+  const Tensor xs = make({1, 2, 3}, {3, 1});
+  // Eagerly: three steps print; the backward prints nothing.
+  Tensor loss = sum(scan(body, {zeros({1})}, {xs})[0]);
+  CHECK(printed().size() == 3);
+  loss.backward();
+  CHECK(printed().size() == 3);
+  // Compiled: the same.
+  printed().clear();
+  auto f = compile([&](Tensor x) { return sum(scan(body, {zeros({1})}, {x})[0]); });
+  Tensor l = f(xs);
+  CHECK(printed().size() == 3);
+  l.backward();
+  CHECK(printed().size() == 3);
+}
+}  // namespace duet::test

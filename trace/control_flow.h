@@ -44,7 +44,8 @@ namespace detail {
 std::vector<Tensor> scan_impl(const Fn& fn, std::vector<Tensor> init_carry, std::vector<Tensor> xs,
                               bool reverse);
 /// Runs a graph's nodes as op calls on `inputs` (by runtime slot): eagerly, taped, or into
-/// the current trace. Gradient rules of constructs replay their subgraphs with it.
+/// the current trace. Gradient rules of constructs replay their subgraphs with it, so it skips
+/// prints (they printed when the construct ran).
 std::vector<Tensor> call_graph(const Graph& g, const std::vector<Tensor>& inputs);
 }  // namespace detail
 
