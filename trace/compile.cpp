@@ -437,6 +437,11 @@ CompiledCore::Prepared CompiledCore::prepare(const FlatArgs& args, const TraceFn
   add(e->traced_guard);
   add(e->traced_forward);
   for (const Graph& b : e->traced_backward) add(b);
+  p.symbolic = e->traced_forward;
+  p.dim_sym = e->dim_sym;
+  p.hints = hints;
+  for (const SymGuard& g : e->guards) p.guards.push_back({g.a, g.rel, g.b, g.why});
+  p.probe_names = e->probe_names;
   return p;
 }
 
@@ -670,9 +675,16 @@ void CompiledCore::split_joint(const Graph& joint, const std::vector<ValueGuard>
   std::vector<int32_t> fwd_roots(joint.outputs.begin(), joint.outputs.begin() + num_outputs);
   for (const WriteBack& w : joint.writebacks) fwd_roots.push_back(w.value);
   for (const ValueGuard& g : value_guards) fwd_roots.push_back(g.value);
+  // Prints are forward roots (nothing reads them), unless they need a gradient.
+  std::vector<bool> after_grad(n, false);
+  for (size_t i = 0; i < n; ++i) {
+    const GraphNode& g = joint.nodes[i];
+    after_grad[i] = g.kind == NodeKind::Input && g.role == InputRole::GradOutput;
+    for (int32_t in : g.inputs) after_grad[i] = after_grad[i] || after_grad[in];
+  }
   for (size_t i = 0; i < n; ++i)
     if ((joint.nodes[i].kind == NodeKind::Input && joint.nodes[i].role != InputRole::GradOutput) ||
-        has_effect(joint.nodes[i]))
+        (has_effect(joint.nodes[i]) && !after_grad[i]))
       fwd_roots.push_back(int32_t(i));
   ancestors(joint, fwd_roots, none, fwd, nullptr);
   // Every result of a construct the forward runs is a forward value: the backward reads some

@@ -233,6 +233,19 @@ class CompiledCore {
     size_t num_outputs = 0;     ///< the function's results among forward's outputs (first)
     bool value_guards = false;  ///< it read data into C++ (guard_data_reads)
     std::vector<Tensor> captured;
+    /// The forward graph as traced, its symbols not instantiated; per argument and dim the
+    /// symbol (-1: concrete; empty: none); the symbols' sizes in this call; the guards.
+    Graph symbolic;
+    std::vector<std::vector<int32_t>> dim_sym;
+    std::vector<int64_t> hints;
+    struct Guard {
+      SymInt a;
+      SymRel rel;
+      SymInt b;
+      std::string why;
+    };
+    std::vector<Guard> guards;
+    std::vector<std::string> probe_names;
   };
   /// Traces fn for these arguments into a new cache entry, as a first call would, but runs
   /// nothing: a later call() with them runs the entry's plans. Only on a core with no entries.
@@ -529,6 +542,29 @@ CheckReport check_against_eager(const CheckOptions& check, Compiled<F>& f, A&&..
 template <class F, class... A>
 CheckReport check_against_eager(Compiled<F>& f, A&&... a) {
   return check_against_eager(CheckOptions{}, f, std::forward<A>(a)...);
+}
+
+namespace detail {
+/// duet::save of a compiled function (trace/deploy.cpp).
+void save_compiled(const CompileOptions& options, const std::string& label, const FlatArgs& args,
+                   const TraceFn& fn, const std::string& path);
+}  // namespace detail
+
+/// Writes the compiled function f, traced for the signature of its example arguments, to a
+/// file that duet::load reads back as a Program (Note [Program files] in trace/serialize.h):
+/// its graph as traced (dims that f holds symbolic, through CompileOptions::dynamic, stay
+/// symbolic, with the guards on them), the values of the tensors it captures, and the names
+/// of its inputs ("arg0", ...) and outputs ("out0", ..., and its probes' names). The forward
+/// computation only: a loaded program has no backward of its outputs, though a function that
+/// runs backward() and an optimizer step itself is saved with them.
+template <class F, class... A>
+void save(Compiled<F>& f, const std::string& path, A&&... example_args) {
+  f.with_flat_args(
+      [&](const detail::FlatArgs& flat, const detail::TraceFn& run) {
+        detail::save_compiled(f.options(), f.label(), flat, run, path);
+        return 0;
+      },
+      std::forward<A>(example_args)...);
 }
 
 /// Compiles fn: traced once per input signature, optimized, and replayed.

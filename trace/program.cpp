@@ -4,8 +4,13 @@
 
 #include "core/dispatch.h"
 #include "trace/executor.h"
+#include "trace/guards.h"
 #include "trace/passes.h"
+#include "trace/serialize.h"
 #include "trace/tracer.h"
+
+#include <fstream>
+#include <sstream>
 
 namespace duet {
 
@@ -17,12 +22,20 @@ struct Program::State {
   Graph graph;
   std::map<std::string, int32_t> names;  // fetchable name -> value
   std::map<std::string, int32_t> placeholders;
+  std::vector<std::string> inputs;          // placeholder names by runtime slot
+  std::vector<std::string> captured_names;  // by Graph::captured index
+  std::vector<std::string> output_names;    // a loaded program's, in order
+  // A loaded program: its signature, with symbolic dims and the guards on them.
+  std::vector<detail::SavedInput> saved_inputs;
+  int32_t num_symbols = 0;
+  std::vector<detail::SavedGuard> guards;
   struct Planned {
     std::unique_ptr<detail::Plan> plan;
     std::vector<std::string> feeds;  // placeholder name per runtime slot (needed ones)
     std::vector<int32_t> slot_of_feed;
   };
-  std::map<std::vector<std::string>, Planned> plans;
+  // By fetch list and the sizes of the symbols.
+  std::map<std::pair<std::vector<std::string>, std::vector<int64_t>>, Planned> plans;
 };
 
 Tensor placeholder(Shape shape, DType dtype, std::string name) {
@@ -69,9 +82,97 @@ Program::Program(std::function<std::vector<Tensor>()> build) : s_(std::make_uniq
   }
   for (size_t i = 0; i < g.outputs.size(); ++i)
     s_->names.emplace(fmt::format("out{}", i), g.outputs[i]);
+  s_->inputs.assign(static_cast<size_t>(g.num_runtime_inputs), "");
+  for (const GraphNode& n : g.nodes)
+    if (n.kind == NodeKind::Input && n.role == InputRole::Placeholder) s_->inputs[n.index] = n.name;
+  for (size_t i = 0; i < g.captured.size(); ++i)
+    s_->captured_names.push_back(fmt::format("captured{}", i));
 }
 
+Program::Program() : s_(std::make_unique<State>()) {}
 Program::~Program() = default;
+Program::Program(Program&&) noexcept = default;
+Program& Program::operator=(Program&&) noexcept = default;
+
+std::vector<std::string> Program::input_names() const { return s_->inputs; }
+
+std::vector<std::pair<std::string, Tensor>> Program::named_parameters() const {
+  std::vector<std::pair<std::string, Tensor>> r;
+  for (size_t i = 0; i < s_->graph.captured.size(); ++i)
+    r.emplace_back(s_->captured_names[i], s_->graph.captured[i]);
+  return r;
+}
+
+std::vector<Tensor> Program::operator()(const std::vector<Tensor>& inputs) {
+  DUET_CHECK_VALUE(inputs.size() == s_->inputs.size(), "[Program] takes {} inputs ({}), got {}",
+                   s_->inputs.size(), fmt::join(s_->inputs, ", "), inputs.size());
+  std::map<std::string, Tensor> feeds;
+  for (size_t i = 0; i < inputs.size(); ++i) feeds[s_->inputs[i]] = inputs[i];
+  return run(feeds);
+}
+
+// The sizes of a loaded program's symbols in a call, after checking each input against the
+// saved signature and the guards (in words when something does not fit).
+namespace {
+std::vector<int64_t> bind_loaded(const std::vector<detail::SavedInput>& saved, int32_t num_symbols,
+                                 const std::vector<detail::SavedGuard>& guards,
+                                 const std::map<std::string, Tensor>& feeds) {
+  std::vector<int64_t> v(static_cast<size_t>(num_symbols), -1);
+  std::vector<std::string> from(v.size());
+  for (const detail::SavedInput& in : saved) {
+    auto f = feeds.find(in.name);
+    if (f == feeds.end()) continue;  // run() says so, if it is needed
+    const Tensor& t = f->second;
+    std::string want;
+    for (size_t d = 0; d < in.sizes.size(); ++d)
+      want += fmt::format(
+          "{}{}", d ? ", " : "",
+          in.syms[d] >= 0 ? fmt::format("s{}", in.syms[d]) : std::to_string(in.sizes[d]));
+    const std::string sig = fmt::format("{} ({}) {}", in.dtype, want, in.device);
+    DUET_CHECK_VALUE(t.defined(), "[Program::run] input \"{}\" is an undefined tensor", in.name);
+    DUET_CHECK_DTYPE(t.dtype() == in.dtype, "[Program::run] input \"{}\" expects {}, got {} {}",
+                     in.name, sig, t.dtype(), t.sizes());
+    DUET_CHECK_DEVICE(t.device() == in.device,
+                      "[Program::run] input \"{}\" expects {}, got a "
+                      "tensor on {}",
+                      in.name, sig, t.device());
+    DUET_CHECK_SHAPE(t.dim() == static_cast<int64_t>(in.sizes.size()),
+                     "[Program::run] input \"{}\" expects {}, got shape {} (rank {}, not {})",
+                     in.name, sig, t.sizes(), t.dim(), in.sizes.size());
+    for (size_t d = 0; d < in.sizes.size(); ++d) {
+      const int64_t got = t.sizes()[static_cast<int64_t>(d)];
+      const int32_t id = in.syms[d];
+      DUET_CHECK_SHAPE(id >= 0 || got == in.sizes[d],
+                       "[Program::run] input \"{}\" expects {}, got shape {}: dim {} was saved "
+                       "fixed at {}",
+                       in.name, sig, t.sizes(), d, in.sizes[d]);
+      if (id < 0) continue;
+      DUET_CHECK_SHAPE(v[id] < 0 || v[id] == got,
+                       "[Program::run] input \"{}\" expects {}, got shape {}: s{} is {} in {}",
+                       in.name, sig, t.sizes(), id, v[id], from[id]);
+      v[id] = got;
+      from[id] = fmt::format("input \"{}\" dim {}", in.name, d);
+    }
+  }
+  for (const detail::SavedGuard& g : guards) {
+    int64_t a = 0, b = 0;
+    try {
+      a = g.a.evaluate(v);
+      b = g.b.evaluate(v);
+    } catch (const Error&) {
+      continue;  // a symbol of an input this run does not feed
+    }
+    std::string at;
+    for (size_t k = 0; k < v.size(); ++k)
+      if (v[k] >= 0) at += fmt::format("{}s{} = {}", at.empty() ? "" : ", ", k, v[k]);
+    DUET_CHECK_SHAPE(detail::sym_rel_holds(a, g.rel, b),
+                     "[Program::run] the inputs break a guard of the saved program: {} {} {} "
+                     "({}), with {}",
+                     g.a.str(), detail::sym_rel_str(g.rel), g.b.str(), g.why, at);
+  }
+  return v;
+}
+}  // namespace
 
 const Graph& Program::graph() const { return s_->graph; }
 
@@ -84,11 +185,19 @@ std::vector<std::string> Program::names() const {
 std::vector<Tensor> Program::run(const std::map<std::string, Tensor>& feeds,
                                  const std::vector<std::string>& fetch_in) {
   std::vector<std::string> fetch = fetch_in;
+  if (fetch.empty() && !s_->output_names.empty()) fetch = s_->output_names;
   if (fetch.empty())
     for (size_t i = 0; i < s_->graph.outputs.size(); ++i) fetch.push_back(fmt::format("out{}", i));
-  auto it = s_->plans.find(fetch);
+  const std::vector<int64_t> values =
+      !s_->saved_inputs.empty() ? bind_loaded(s_->saved_inputs, s_->num_symbols, s_->guards, feeds)
+                                : std::vector<int64_t>{};
+  auto it = s_->plans.find({fetch, values});
   if (it == s_->plans.end()) {
-    Graph g = s_->graph;
+    for (int64_t x : values)
+      DUET_CHECK_VALUE(x >= 0,
+                       "[Program::run] the inputs that give the saved program's sizes "
+                       "(s0, s1, ...) must all be fed");
+    Graph g = values.empty() ? s_->graph : detail::instantiate(s_->graph, values);
     g.outputs.clear();
     for (const std::string& f : fetch) {
       auto n = s_->names.find(f);
@@ -115,7 +224,7 @@ std::vector<Tensor> Program::run(const std::map<std::string, Tensor>& feeds,
         p.feeds[n.index] = n.name;
     }
     p.plan = std::make_unique<detail::Plan>(std::move(g), detail::PlanOptions{});
-    it = s_->plans.emplace(fetch, std::move(p)).first;
+    it = s_->plans.emplace(std::make_pair(fetch, values), std::move(p)).first;
   }
   for (const auto& [k, v] : feeds)
     DUET_CHECK_VALUE(s_->placeholders.count(k),
@@ -144,9 +253,43 @@ std::vector<Tensor> Program::run(const std::map<std::string, Tensor>& feeds,
     DUET_CHECK_DTYPE(t.dtype() == n.meta.dtype,
                      "[Program::run] placeholder \"{}\" expects dtype {}, fed {}", nm, n.meta.dtype,
                      t.dtype());
-    inputs[n.index] = t;
+    inputs[n.index] = t.is_contiguous() ? t : t.contiguous();
   }
   return p.plan->run(inputs);
+}
+
+Program load(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  DUET_CHECK_VALUE(f.good(), "[load] cannot open {}: {}", path, std::strerror(errno));
+  std::ostringstream buf;
+  buf << f.rdbuf();
+  detail::SavedProgram saved = detail::decode_program(buf.str(), path);
+  Program p;
+  Program::State& s = *p.s_;
+  s.graph = std::move(saved.graph);
+  s.graph.label = saved.label;
+  // The function's arguments become placeholders named as saved, fed by name or in order.
+  for (GraphNode& n : s.graph.nodes)
+    if (n.kind == NodeKind::Input && n.role == InputRole::Argument) {
+      n.role = InputRole::Placeholder;
+      n.name = saved.inputs[static_cast<size_t>(n.index)].name;
+    }
+  for (size_t i = 0; i < s.graph.nodes.size(); ++i) {
+    const GraphNode& n = s.graph.nodes[i];
+    if (n.kind == NodeKind::Input && n.role == InputRole::Placeholder) {
+      s.placeholders[n.name] = int32_t(i);
+      s.names[n.name] = int32_t(i);
+    }
+  }
+  for (const detail::SavedInput& in : saved.inputs) s.inputs.push_back(in.name);
+  for (size_t i = 0; i < s.graph.outputs.size(); ++i)
+    s.names.emplace(saved.outputs[i], s.graph.outputs[i]);
+  s.captured_names = std::move(saved.captured_names);
+  s.saved_inputs = std::move(saved.inputs);
+  s.num_symbols = saved.num_symbols;
+  s.guards = std::move(saved.guards);
+  s.output_names = std::move(saved.outputs);
+  return p;
 }
 
 }  // namespace duet

@@ -35,10 +35,31 @@ class Program {
   const Graph& graph() const;
   /// The names that can be fetched.
   std::vector<std::string> names() const;
+  /// The inputs a run is fed, in order: placeholder names, or a loaded function's arguments
+  /// ("arg0", "arg1", ...).
+  std::vector<std::string> input_names() const;
+  /// Runs the program on its inputs in input_names() order; returns every output.
+  std::vector<Tensor> operator()(const std::vector<Tensor>& inputs);
+  /// The tensors the graph captured (parameters, buffers, optimizer state), by name: a loaded
+  /// program's own values, which a run reads and, for a training step, updates.
+  std::vector<std::pair<std::string, Tensor>> named_parameters() const;
+
+  Program(Program&&) noexcept;
+  Program& operator=(Program&&) noexcept;
 
  private:
   struct State;
+  Program();
+  friend Program load(const std::string& path);
   std::unique_ptr<State> s_;
 };
+
+/// Reads a program that duet::save wrote: a Program that needs none of the code that made it.
+/// It runs on the interpreter where no generated kernel is cached, checks each call's inputs
+/// against the saved signature (dims saved symbolic take any size that keeps the saved guards)
+/// and says in words what does not fit. A file that is not a program, truncated, corrupt or
+/// from a newer format raises a ValueError saying which (Note [Program files] in
+/// trace/serialize.h).
+Program load(const std::string& path);
 
 }  // namespace duet

@@ -1,0 +1,198 @@
+// Saved programs (duet::save, duet::load; trace/serialize.h): round trips of an MLP, a CNN, a
+// scan and a training step; symbolic dims and the errors of calls that do not fit; files that
+// are not programs, truncated, corrupt or from a newer format.
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <zlib.h>
+
+#include "trace/serialize.h"
+#include "util.h"
+
+namespace duet::test {
+namespace {
+
+std::string temp_path(const std::string& name) {
+  return fmt::format("/tmp/duet_test_deploy_{}_{}.duet", name, static_cast<long>(::getpid()));
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::ostringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+void write_file(const std::string& path, const std::string& bytes) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+}  // namespace
+
+TEST_CASE("deploy: a compiled MLP saved and loaded computes what it computed") {
+  manual_seed(1);
+  nn::Linear fc1(12, 16), fc2(16, 3);
+  auto f = compile([&](Tensor x) { return fc2(relu(fc1(x))); });
+  const Tensor x = randn({5, 12});
+  const std::string path = temp_path("mlp");
+  save(f, path, x);
+  Program p = load(path);
+  CHECK(p.input_names() == std::vector<std::string>{"arg0"});
+  const std::vector<std::pair<std::string, Tensor>> params = p.named_parameters();
+  CHECK(params.size() == 4);
+  const Tensor y = randn({5, 12});
+  std::vector<Tensor> out = p({y});
+  REQUIRE(out.size() == 1);
+  CHECK(close(out[0], f(y), 1e-6));
+  CHECK(close(p.run({{"arg0", y}})[0], fc2(relu(fc1(y))), 1e-6));
+  // The batch was saved fixed: another one is refused, in words.
+  const std::string e = error_of<ShapeError>([&] { p({randn({4, 12})}); });
+  CHECK(contains(e, "input \"arg0\" expects f32 (5, 12) cpu, got shape (4, 12): dim 0 was saved "
+                    "fixed at 5"));
+  CHECK(contains(error_of<DTypeError>([&] { p({randn({5, 12}, Options().dtype(DType::f64))}); }),
+                 "expects f32 (5, 12) cpu, got f64"));
+  CHECK(contains(error_of<ValueError>([&] { p({}); }), "takes 1 inputs (arg0), got 0"));
+  std::remove(path.c_str());
+}
+
+TEST_CASE("deploy: a dim held symbolic stays symbolic, with its guards") {
+  manual_seed(2);
+  nn::Linear fc(6, 2);
+  CompileOptions o;
+  o.dynamic = {{0, 0}, {1, 0}};
+  auto f = compile([&](Tensor x, Tensor y) { return fc(x + y); }, o);
+  const std::string path = temp_path("dynamic");
+  save(f, path, randn({8, 6}), randn({8, 6}));
+  Program p = load(path);
+  for (int64_t batch : {1, 7, 300}) {
+    CAPTURE(batch);
+    const Tensor x = randn({batch, 6}), y = randn({batch, 6});
+    CHECK(close(p({x, y})[0], fc(x + y), 1e-6));
+  }
+  // Equal sizes shared one symbol when traced: they must stay equal.
+  const std::string e = error_of<ShapeError>([&] { p({randn({3, 6}), randn({4, 6})}); });
+  CHECK(contains(e, "input \"arg1\" expects f32 (s0, 6) cpu, got shape (4, 6): s0 is 3 in input "
+                    "\"arg0\" dim 0"));
+  std::remove(path.c_str());
+}
+
+TEST_CASE("deploy: a CNN, a scan and a print survive the round trip") {
+  manual_seed(3);
+  nn::Conv2d conv(1, 4, 3);
+  nn::Linear head(4 * 6 * 6, 5);
+  auto cnn = compile([&](Tensor x) { return head(reshape(relu(conv(x)), {x.sizes()[0], -1})); });
+  const std::string path = temp_path("cnn");
+  save(cnn, path, randn({2, 1, 8, 8}));
+  const Tensor x = randn({2, 1, 8, 8});
+  CHECK(close(load(path)({x})[0], cnn(x), 1e-5));
+
+  nn::Linear cell(4 + 3, 4);
+  auto rnn = compile([&](Tensor h, Tensor xs) {
+    return scan(
+        [&](const std::vector<Tensor>& in) {
+          Tensor n = tanh(cell(cat({in[0], in[1]}, 1)));
+          print(sum(n), "step {}");
+          return std::vector<Tensor>{n, n};
+        },
+        {h}, {xs})[0];
+  });
+  save(rnn, path, zeros({2, 4}), randn({5, 2, 3}));
+  Program p = load(path);
+  const Tensor xs = randn({5, 2, 3});
+  CHECK(close(p({zeros({2, 4}), xs})[0], rnn(zeros({2, 4}), xs), 1e-5));
+  CHECK(contains(p.graph().str(), "scan("));
+  CHECK(contains(p.graph().str(), "{format=\"step {}\"}"));
+  std::remove(path.c_str());
+}
+
+TEST_CASE("deploy: a saved training step updates the loaded program's own parameters") {
+  manual_seed(4);
+  nn::Linear fc(3, 2);
+  optim::SGD sgd(fc.parameters(), {.lr = 0.5});
+  auto step = compile([&](Tensor x, Tensor t) {
+    sgd.zero_grad();
+    Tensor loss = cross_entropy(fc(x), t);
+    loss.backward();
+    sgd.step();
+    return loss;
+  });
+  const Tensor x = randn({4, 3}), t = randint(2, {4});
+  const std::string path = temp_path("step");
+  save(step, path, x, t);
+  const Tensor w_before = fc.weight.clone();
+  Program p = load(path);
+  const Tensor loss1 = p({x, t})[0];
+  const Tensor loss2 = p({x, t})[0];
+  CHECK(values(loss2)[0] < values(loss1)[0]);  // it trained
+  CHECK(bitwise_equal(fc.weight, w_before));  // on its own copy
+  // Its first loss is the module's, before any step.
+  CHECK(close(loss1, cross_entropy(fc(x), t), 1e-6));
+  std::remove(path.c_str());
+}
+
+TEST_CASE("deploy: files that are not programs, truncated, corrupt or newer raise, never crash") {
+  auto f = compile([](Tensor x) { return exp(x) * 2; });
+  const std::string path = temp_path("bad");
+  save(f, path, randn({3}));
+  const std::string good = read_file(path);
+  auto error_loading = [&](const std::string& bytes) {
+    write_file(path, bytes);
+    return error_of<ValueError>([&] { load(path); });
+  };
+  CHECK(contains(error_loading("hello"), "is not a duet program file"));
+  CHECK(contains(error_loading(""), "is not a duet program file"));
+  CHECK(contains(error_loading(good.substr(0, 20)), "is truncated: 20 bytes"));
+  CHECK(contains(error_loading(good.substr(0, good.size() - 7)), "is truncated: the header"));
+  CHECK(contains(error_loading(good + "x"), "1 bytes after the payload"));
+  std::string flipped = good;
+  flipped[good.size() / 2] ^= 0x40;
+  CHECK(contains(error_loading(flipped), "the payload's checksum does not match"));
+  std::string header = good;
+  header[12] = 1;
+  CHECK(contains(error_loading(header), "the header's checksum does not match"));
+  // A newer version, with a header checksum that matches.
+  std::string newer = good;
+  newer[8] = 2;
+  const uint32_t c = static_cast<uint32_t>(
+      crc32(crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(newer.data()), 28));
+  std::memcpy(newer.data() + 28, &c, 4);
+  CHECK(contains(error_loading(newer), "has format version 2, newer than this build reads"));
+  CHECK(contains(error_of<ValueError>([] { load("/nonexistent/duet.duet"); }), "cannot open"));
+  // Every truncation and every single-byte change of the payload, with checksums fixed up,
+  // raises a typed error or loads a program that runs: never a crash.
+  for (size_t at = 32; at < good.size(); at += 7) {
+    std::string b = good;
+    b[at] = static_cast<char>(b[at] ^ 0x5a);
+    const uint32_t pc = static_cast<uint32_t>(crc32(
+        crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(b.data() + 32), uInt(b.size() - 32)));
+    std::memcpy(b.data() + 24, &pc, 4);
+    const uint32_t hc = static_cast<uint32_t>(
+        crc32(crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(b.data()), 28));
+    std::memcpy(b.data() + 28, &hc, 4);
+    write_file(path, b);
+    try {
+      Program p = load(path);
+      (void)p({randn({3})});
+    } catch (const Error&) {
+    }
+  }
+  std::remove(path.c_str());
+}
+
+TEST_CASE("deploy: size expressions read back as written") {
+  const SymInt s0 = SymInt::symbol(0), s1 = SymInt::symbol(1);
+  for (const SymInt& e : {s0 * 2 * s1 + s0 + 3, floordiv(s0 + 1, 2), mod(s0 * 3, 4), s0 * s0 - s1,
+                          SymInt(-4), SymInt(7)}) {
+    CAPTURE(e.str());
+    const std::optional<SymInt> back = detail::parse_sym(e.str());
+    REQUIRE(back.has_value());
+    CHECK(*back == e);
+  }
+  for (const char* bad : {"", "s", "2 +", "floordiv(s0)", "s0 ** 99", "q1", "mod(s0, 0)"})
+    CHECK_FALSE(detail::parse_sym(bad).has_value());
+}
+
+}  // namespace duet::test
