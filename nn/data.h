@@ -22,6 +22,13 @@ namespace duet::data {
 /// means the header is wrong).
 Tensor read_idx(const std::string& path);
 
+/// Reads a NumPy .npy file (format versions 1, 2 and 3): dtypes f4, f8, i4, i8 and b1 in either
+/// byte order (f2 as f16), C or Fortran order; the tensor is contiguous, with the file's shape.
+/// Other dtypes, a bad header, truncated or extra data are a duet::Error naming the file.
+Tensor read_npy(const std::string& path);
+/// Writes t (any device and layout) as a version 1.0 .npy file, little-endian, C order.
+void write_npy(const std::string& path, const Tensor& t);
+
 /// A supervised dataset: row i of inputs goes with row i of targets.
 struct Dataset {
   Tensor inputs, targets;

@@ -50,9 +50,12 @@ TEST_CASE("deploy: a compiled MLP saved and loaded computes what it computed") {
   CHECK(close(p.run({{"arg0", y}})[0], fc2(relu(fc1(y))), 1e-6));
   // The batch was saved fixed: another one is refused, in words.
   const std::string e = error_of<ShapeError>([&] { p({randn({4, 12})}); });
-  CHECK(contains(e, "input \"arg0\" expects f32 (5, 12) cpu, got shape (4, 12): dim 0 was saved "
-                    "fixed at 5"));
-  CHECK(contains(error_of<DTypeError>([&] { p({randn({5, 12}, Options().dtype(DType::f64))}); }),
+  CHECK(contains(e,
+                 "input \"arg0\" expects f32 (5, 12) cpu, got shape (4, 12): dim 0 was saved "
+                 "fixed at 5"));
+  CHECK(contains(error_of<DTypeError>([&] {
+                   p({randn({5, 12}, Options().dtype(DType::f64))});
+                 }),
                  "expects f32 (5, 12) cpu, got f64"));
   CHECK(contains(error_of<ValueError>([&] { p({}); }), "takes 1 inputs (arg0), got 0"));
   std::remove(path.c_str());
@@ -74,8 +77,9 @@ TEST_CASE("deploy: a dim held symbolic stays symbolic, with its guards") {
   }
   // Equal sizes shared one symbol when traced: they must stay equal.
   const std::string e = error_of<ShapeError>([&] { p({randn({3, 6}), randn({4, 6})}); });
-  CHECK(contains(e, "input \"arg1\" expects f32 (s0, 6) cpu, got shape (4, 6): s0 is 3 in input "
-                    "\"arg0\" dim 0"));
+  CHECK(contains(e,
+                 "input \"arg1\" expects f32 (s0, 6) cpu, got shape (4, 6): s0 is 3 in input "
+                 "\"arg0\" dim 0"));
   std::remove(path.c_str());
 }
 
@@ -127,7 +131,7 @@ TEST_CASE("deploy: a saved training step updates the loaded program's own parame
   const Tensor loss1 = p({x, t})[0];
   const Tensor loss2 = p({x, t})[0];
   CHECK(values(loss2)[0] < values(loss1)[0]);  // it trained
-  CHECK(bitwise_equal(fc.weight, w_before));  // on its own copy
+  CHECK(bitwise_equal(fc.weight, w_before));   // on its own copy
   // Its first loss is the module's, before any step.
   CHECK(close(loss1, cross_entropy(fc(x), t), 1e-6));
   std::remove(path.c_str());
@@ -193,6 +197,76 @@ TEST_CASE("deploy: size expressions read back as written") {
   }
   for (const char* bad : {"", "s", "2 +", "floordiv(s0)", "s0 ** 99", "q1", "mod(s0, 0)"})
     CHECK_FALSE(detail::parse_sym(bad).has_value());
+}
+
+TEST_CASE("deploy: .npy files are read and written with their dtype, shape and order") {
+  const std::string path = temp_path("npy");
+  for (DType dt : {DType::f32, DType::f64, DType::i32, DType::i64, DType::b8}) {
+    for (const Shape& s : {Shape{}, Shape{4}, Shape{2, 3}, Shape{2, 0, 3}}) {
+      CAPTURE(std::string(dtype_name(dt)));
+      CAPTURE(s);
+      Rng rng(5);
+      const Tensor t = make(random_values(s.numel(), Domain{}, dt, rng), s, dt);
+      data::write_npy(path, t);
+      const Tensor back = data::read_npy(path);
+      CHECK(bitwise_equal(back, t));
+    }
+  }
+  // A transposed view is written in C order.
+  const Tensor m = make({1, 2, 3, 4, 5, 6}, {2, 3});
+  data::write_npy(path, transpose(m, 0, 1));
+  CHECK(bitwise_equal(data::read_npy(path), transpose(m, 0, 1).contiguous()));
+  // What NumPy writes: Fortran order and big-endian values, by hand (numpy.save's bytes).
+  auto npy = [](const std::string& header, const std::string& data) {
+    std::string h = header;
+    h.append((64 - (10 + h.size() + 1) % 64) % 64, ' ');
+    h += '\n';
+    std::string out = "\x93NUMPY\x01";
+    out += '\0';
+    out += static_cast<char>(h.size());
+    out += '\0';
+    return out + h + data;
+  };
+  std::string be;
+  for (int32_t v : {1, 2, 3, 4, 5, 6})
+    for (int k = 3; k >= 0; --k) be += static_cast<char>((v >> (8 * k)) & 0xff);
+  write_file(path, npy("{'descr': '>i4', 'fortran_order': True, 'shape': (2, 3), }", be));
+  // Fortran order: element (i, j) is value i + 2 j.
+  CHECK(values(data::read_npy(path)) == std::vector<double>{1, 3, 5, 2, 4, 6});
+  write_file(path, npy("{'descr': '<u2', 'fortran_order': False, 'shape': (1,), }", "ab"));
+  CHECK(contains(error_of<DTypeError>([&] { data::read_npy(path); }), "dtype '<u2' is not one"));
+  write_file(path, npy("{'descr': '<f4', 'fortran_order': False, 'shape': (3,), }", "abcd"));
+  CHECK(contains(error_of<ValueError>([&] { data::read_npy(path); }), "truncated data: 12 bytes"));
+  write_file(path, "not numpy");
+  CHECK(contains(error_of<ValueError>([&] { data::read_npy(path); }), "not a .npy file"));
+  std::remove(path.c_str());
+}
+
+TEST_CASE("deploy: duet-run runs a saved program on .npy files, and times it") {
+  manual_seed(6);
+  nn::Linear fc(5, 2);
+  CompileOptions o;
+  o.dynamic = {{0, 0}};
+  auto f = compile([&](Tensor x) { return softmax(fc(x), 1); }, o);
+  const std::string model = temp_path("run"), in = model + ".in.npy", out = model + ".out.npy";
+  save(f, model, randn({8, 5}));
+  const Tensor x = randn({3, 5});
+  data::write_npy(in, x);
+  const std::string run = DUET_RUN;
+  CHECK(std::system((run + " " + model + " --input arg0=" + in + " --output " + out).c_str()) == 0);
+  CHECK(close(data::read_npy(out), f(x), 1e-6));
+  // In order, timed.
+  const std::string log = model + ".log";
+  CHECK(std::system((run + " " + model + " --input " + in + " --bench 5 > " + log).c_str()) == 0);
+  const std::string printed = read_file(log);
+  CHECK(contains(printed, "5 runs on cpu: median "));
+  CHECK(contains(printed, "out0: tensor("));
+  // Errors: a wrong input name, a bad option.
+  CHECK(std::system((run + " " + model + " --input y=" + in + " 2> " + log).c_str()) != 0);
+  CHECK(contains(read_file(log), "has no input named \"y\" (it has arg0)"));
+  CHECK(std::system((run + " " + model + " --frobnicate 2> " + log).c_str()) != 0);
+  CHECK(contains(read_file(log), "unknown option --frobnicate"));
+  for (const std::string& p : {model, in, out, log}) std::remove(p.c_str());
 }
 
 }  // namespace duet::test

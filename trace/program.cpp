@@ -3,7 +3,9 @@
 #include <algorithm>
 
 #include "core/dispatch.h"
+#include "eager/autograd.h"
 #include "trace/executor.h"
+#include "trace/control_flow.h"
 #include "trace/guards.h"
 #include "trace/passes.h"
 #include "trace/serialize.h"
@@ -95,6 +97,60 @@ Program::Program(Program&&) noexcept = default;
 Program& Program::operator=(Program&&) noexcept = default;
 
 std::vector<std::string> Program::input_names() const { return s_->inputs; }
+
+std::vector<std::string> Program::output_names() const {
+  if (!s_->output_names.empty()) return s_->output_names;
+  std::vector<std::string> r;
+  for (size_t i = 0; i < s_->graph.outputs.size(); ++i) r.push_back(fmt::format("out{}", i));
+  return r;
+}
+
+namespace {
+// Every value of g (and of its constructs' functions) on `to` instead of `from`.
+void move_graph(Graph& g, Device from, Device to, const char* label) {
+  for (GraphNode& n : g.nodes) {
+    DUET_CHECK_DEVICE(!(n.kind == NodeKind::Op && n.op == OpId::Print),
+                      "[Program::to] {} prints, and a print reads a tensor on the CPU: it runs "
+                      "on the device it was traced on",
+                      label);
+    if (n.meta.device == from) n.meta.device = to;
+    if (n.kind == NodeKind::Op && n.attrs.device == from &&
+        (n.op == OpId::Full || n.op == OpId::Arange || n.op == OpId::Transfer))
+      n.attrs.device = to;
+    if (n.kind == NodeKind::Constant && n.constant.device() == from && n.constant.numel() > 1)
+      n.constant = n.constant.to(to);
+    if (n.kind == NodeKind::Control) {
+      auto cf = std::make_shared<ControlFlow>(*n.control);
+      for (Graph& sub : cf->graphs) move_graph(sub, from, to, label);
+      for (TensorMeta& m : cf->results)
+        if (m.device == from) m.device = to;
+      n.control = std::move(cf);
+    }
+  }
+  for (Tensor& c : g.captured)
+    if (c.device() == from) c = c.detach().to(to);
+}
+}  // namespace
+
+Program& Program::to(Device device) {
+  detail::check_device_usable(device, "Program::to");
+  Device from = Device::cpu();
+  for (const GraphNode& n : s_->graph.nodes)
+    if (n.kind == NodeKind::Input && n.role != InputRole::Captured) from = n.meta.device;
+  if (from == device) return *this;
+  Graph g = s_->graph;
+  {
+    detail::SuspendModes eager;
+    NoGradGuard ng;
+    move_graph(g, from, device, g.label.c_str());
+  }
+  g.verify();
+  s_->graph = std::move(g);
+  for (detail::SavedInput& in : s_->saved_inputs)
+    if (in.device == from) in.device = device;
+  s_->plans.clear();
+  return *this;
+}
 
 std::vector<std::pair<std::string, Tensor>> Program::named_parameters() const {
   std::vector<std::pair<std::string, Tensor>> r;

@@ -40,6 +40,13 @@ class Program {
   std::vector<std::string> input_names() const;
   /// Runs the program on its inputs in input_names() order; returns every output.
   std::vector<Tensor> operator()(const std::vector<Tensor>& inputs);
+  /// The outputs a run without a fetch list returns, in order ("out0", ..., and a loaded
+  /// function's probes).
+  std::vector<std::string> output_names() const;
+  /// Moves the program to a device: its graph's values, its captured tensors (named_parameters
+  /// then returns the moved copies) and the inputs it expects. A program that prints stays on
+  /// the device it was traced on.
+  Program& to(Device device);
   /// The tensors the graph captured (parameters, buffers, optimizer state), by name: a loaded
   /// program's own values, which a run reads and, for a training step, updates.
   std::vector<std::pair<std::string, Tensor>> named_parameters() const;

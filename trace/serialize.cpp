@@ -396,16 +396,16 @@ struct Reader {
         if (!found) corrupt(path, fmt::format("node {} calls no op named \"{}\"", at, name));
         const int arity = op_def(n.op).arity;
         if (arity >= 0 && static_cast<int>(n.inputs.size()) != arity)
-          corrupt(path, fmt::format("node {} ({}) has {} inputs, not {}", at, name,
-                                    n.inputs.size(), arity));
+          corrupt(path, fmt::format("node {} ({}) has {} inputs, not {}", at, name, n.inputs.size(),
+                                    arity));
         n.attrs = attrs(n.op);
         break;
       }
       case NodeKind::Project:
         if (n.inputs.size() != 1 || g.nodes[n.inputs[0]].kind != NodeKind::Control)
           corrupt(path, fmt::format("node {} projects from no construct", at));
-        n.index = index("a projection", static_cast<int64_t>(
-                                            g.nodes[n.inputs[0]].control->results.size()));
+        n.index = index("a projection",
+                        static_cast<int64_t>(g.nodes[n.inputs[0]].control->results.size()));
         break;
       case NodeKind::Control: {
         auto cf = std::make_shared<ControlFlow>();
