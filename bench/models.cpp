@@ -17,6 +17,7 @@
 // - Inference (W5): (out, in), gemv on rows: about 55 against 62 to 72 us per call, eager and
 //   compiled, with the floor following (52 to 59 against 60 to 71 us).
 #include <cblas.h>
+#include <unistd.h>
 #include <oneapi/dnnl/dnnl.h>
 
 #include <chrono>
@@ -632,6 +633,19 @@ void run_w5(const Config& c, std::vector<Result>& out) {
   check_traced_once("W5", fwd.stats());
   const double peak_compiled = peak_bytes(compiled);
 
+  // The same function saved and loaded back (duet::save, duet::load): a Program that needs
+  // none of this code.
+  const std::string path = fmt::format("/tmp/duet_bench_w5_{}.duet", static_cast<long>(getpid()));
+  duet::save(fwd, path, x);
+  duet::Program loaded = duet::load(path);
+  std::remove(path.c_str());
+  auto run_loaded = [&] {
+    NoGradGuard ng;
+    y = loaded({x})[0];
+  };
+  for (int i = 0; i < warmup_calls(); ++i) run_loaded();
+  wait_codegen("W5 loaded");
+
   GemvFloor floor(m);
   const float* px = x.data_ptr<float>();
   // The floor computes the same function.
@@ -651,14 +665,20 @@ void run_w5(const Config& c, std::vector<Result>& out) {
                    onednn ? "oneDNN" : "OpenBLAS");
   }
 
+  run_loaded();
+  std::vector<float> yl = y.to_vector<float>();
+  double errl = 0;
+  for (size_t i = 0; i < ye.size(); ++i) errl = std::max(errl, double(std::abs(yl[i] - yc[i])));
+  if (errl > 1e-5) std::fprintf(stderr, "W5: the loaded program differs by %g\n", errl);
   auto t = time_interleaved(
       {times(kCalls, eager), times(kCalls, compiled), times(kCalls, [&] { floor(px, false); }),
-       times(kCalls, [&] { floor(px, true); })},
+       times(kCalls, [&] { floor(px, true); }), times(kCalls, run_loaded)},
       c.reps);
   check_traced_once("W5", fwd.stats());
   auto us = [&](double s) { return s / kCalls * 1e6; };
   out.push_back(summarize(base("W5", "eager", c, "us_per_call"), t[0], us));
   out.push_back(summarize(base("W5", "compiled", c, "us_per_call"), t[1], us));
+  out.push_back(summarize(base("W5", "loaded", c, "us_per_call"), t[4], us));
   // One floor: the faster of OpenBLAS's sgemv and oneDNN's sgemm with M = 1 in this run.
   Result blas = summarize(base("W5", "floor", c, "us_per_call"), t[2], us);
   blas.variant = "openblas_sgemv";

@@ -119,11 +119,10 @@ Tensor read_npy(const std::string& path) {
     bad(path, fmt::format("truncated data: {} bytes for shape {} {}, the file holds {}", bytes,
                           shape, descr, b.size() - at));
   if (b.size() - at > bytes)
-    bad(path, fmt::format("{} bytes after the data of shape {} {}", b.size() - at - bytes, shape,
-                          descr));
+    bad(path,
+        fmt::format("{} bytes after the data of shape {} {}", b.size() - at - bytes, shape, descr));
   const bool fortran_order = fortran == "True";
-  if (!fortran_order && fortran != "False")
-    bad(path, fmt::format("fortran_order is {}", fortran));
+  if (!fortran_order && fortran != "False") bad(path, fmt::format("fortran_order is {}", fortran));
   detail::SuspendModes eager;
   // Fortran order: the values of the transposed shape, in C order.
   Shape stored = shape;
@@ -152,20 +151,32 @@ void write_npy(const std::string& path, const Tensor& t) {
   const Tensor c = t.detach().to(Device::cpu()).contiguous();
   const char* descr = nullptr;
   switch (c.dtype()) {
-    case DType::f32: descr = "<f4"; break;
-    case DType::f64: descr = "<f8"; break;
-    case DType::f16: descr = "<f2"; break;
-    case DType::i32: descr = "<i4"; break;
-    case DType::i64: descr = "<i8"; break;
-    case DType::b8: descr = "|b1"; break;
+    case DType::f32:
+      descr = "<f4";
+      break;
+    case DType::f64:
+      descr = "<f8";
+      break;
+    case DType::f16:
+      descr = "<f2";
+      break;
+    case DType::i32:
+      descr = "<i4";
+      break;
+    case DType::i64:
+      descr = "<i8";
+      break;
+    case DType::b8:
+      descr = "|b1";
+      break;
     default:
       throw DTypeError(fmt::format("[write_npy] {}: numpy has no dtype for {}", path, c.dtype()));
   }
   std::string shape;
   for (int64_t d : c.sizes()) shape += fmt::format("{}{}", shape.empty() ? "" : ", ", d);
   if (c.dim() == 1) shape += ",";  // a 1-tuple
-  std::string h = fmt::format("{{'descr': '{}', 'fortran_order': False, 'shape': ({}), }}", descr,
-                              shape);
+  std::string h =
+      fmt::format("{{'descr': '{}', 'fortran_order': False, 'shape': ({}), }}", descr, shape);
   const size_t total = 10 + h.size() + 1;
   h.append((64 - total % 64) % 64, ' ');
   h += '\n';

@@ -18,8 +18,9 @@ int main() {
   data::write_npy("x.npy", x);
   Program p = load("mlp.duet");
   const double diff = max(abs(p({x})[0] - forward(x))).item<double>();
-  std::printf("wrote mlp.duet (inputs: %s) and x.npy (4, 784); loaded, it differs from the "
-              "compiled function by %g\n",
-              fmt::format("{}", fmt::join(p.input_names(), ", ")).c_str(), diff);
+  std::printf(
+      "wrote mlp.duet (inputs: %s) and x.npy (4, 784); loaded, it differs from the "
+      "compiled function by %g\n",
+      fmt::format("{}", fmt::join(p.input_names(), ", ")).c_str(), diff);
   return diff < 1e-6 ? 0 : 1;
 }

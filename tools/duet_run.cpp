@@ -95,9 +95,9 @@ int main(int argc, char** argv) {
         const auto t0 = std::chrono::steady_clock::now();
         std::vector<duet::Tensor> r = p.run(feeds);
         if (dev.is_cuda()) duet::cuda::synchronize();
-        ms.push_back(std::chrono::duration<double, std::milli>(
-                         std::chrono::steady_clock::now() - t0)
-                         .count());
+        ms.push_back(
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                .count());
       }
       std::vector<double> sorted = ms;
       std::sort(sorted.begin(), sorted.end());
@@ -121,9 +121,8 @@ int main(int argc, char** argv) {
         k = static_cast<size_t>(it - out_names.begin());
       }
       if (k >= out.size())
-        throw duet::ValueError(
-            fmt::format("[duet-run] {} has {} outputs; --output {} is one more", model,
-                        out.size(), path));
+        throw duet::ValueError(fmt::format("[duet-run] {} has {} outputs; --output {} is one more",
+                                           model, out.size(), path));
       duet::data::write_npy(path, out[k]);
     }
   } catch (const duet::Error& e) {
