@@ -2,7 +2,8 @@
 # Builds duet and runs every test: the formatting check (tests/check_format.sh), the Release
 # build (with the CUDA backend when nvcc is present; CUDA tests skip without a GPU), the
 # CPU-only suite under ASan + UBSan, then the thread tests under ThreadSanitizer (only those:
-# a TSan build of the whole suite would not fit the time budget).
+# a TSan build of the whole suite would not fit the time budget), then 60 s of libFuzzer on the
+# program loader (tests/fuzz, built with clang).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup_deps.sh
@@ -28,3 +29,12 @@ cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DDUET_TSAN=ON -DDUET
   -DDUET_BUILD_TESTS=ON -DDUET_BUILD_BENCH=OFF -DDUET_BUILD_SAMPLES=OFF >/dev/null
 cmake --build build-tsan -j "$jobs" --target test_threads
 ctest --test-dir build-tsan --output-on-failure -R '^test_threads$'
+
+echo "== Fuzzing the program loader (60 s, tests/fuzz)"
+cmake -S tests/fuzz -B build-fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++-16 \
+  -DCMAKE_CXX_COMPILER_LAUNCHER=ccache >/dev/null
+cmake --build build-fuzz -j "$jobs"
+# New inputs go to the first corpus directory (the build's); the seeds in the tree stay as they are.
+mkdir -p build-fuzz/corpus
+./build-fuzz/fuzz_load build-fuzz/corpus tests/fuzz/corpus -max_total_time=60 \
+  -rss_limit_mb=4096 -artifact_prefix=build-fuzz/ -print_final_stats=1 2>&1 | tail -n 12

@@ -269,4 +269,46 @@ TEST_CASE("deploy: duet-run runs a saved program on .npy files, and times it") {
   for (const std::string& p : {model, in, out, log}) std::remove(p.c_str());
 }
 
+// The fuzz target's seed corpus (tests/fuzz/corpus): small programs of each kind of node. It
+// writes them when DUET_WRITE_FUZZ_CORPUS names a directory:
+//   DUET_WRITE_FUZZ_CORPUS=tests/fuzz/corpus ./build/tests/test_deploy -tc='*corpus*'
+TEST_CASE("deploy: the fuzz corpus programs save and load") {
+  const char* env = std::getenv("DUET_WRITE_FUZZ_CORPUS");
+  const std::string dir = env ? env : "/tmp";
+  auto put = [&](const std::string& name, auto& f, auto&&... args) {
+    const std::string path = fmt::format("{}/{}{}.duet", dir, env ? "" : "duet_corpus_", name);
+    save(f, path, args...);
+    CHECK_NOTHROW(load(path));
+    if (!env) std::remove(path.c_str());
+  };
+  manual_seed(9);
+  auto ew = compile([](Tensor x) { return exp(x) * 2 - 1; });
+  put("elementwise", ew, randn({3}));
+  CompileOptions o;
+  o.dynamic = {{0, 0}};
+  auto sym = compile([](Tensor x) { return sum(reshape(x, {-1}) * 2) / 3; }, o);
+  put("symbolic", sym, randn({4, 2}));
+  nn::Linear cell(3, 2);
+  auto rnn = compile([&](Tensor h, Tensor xs) {
+    return scan(
+        [&](const std::vector<Tensor>& in) {
+          Tensor n = tanh(cell(cat({in[0], in[1]}, 1)));
+          print(n, "h {}");
+          return std::vector<Tensor>{n, n};
+        },
+        {h}, {xs})[0];
+  });
+  put("scan", rnn, zeros({1, 2}), randn({2, 1, 1}));
+  nn::Linear fc(2, 2);
+  optim::SGD sgd(fc.parameters(), {.lr = 0.1});
+  auto step = compile([&](Tensor x, Tensor t) {
+    sgd.zero_grad();
+    Tensor loss = cross_entropy(fc(x), t);
+    loss.backward();
+    sgd.step();
+    return loss;
+  });
+  put("train_step", step, randn({2, 2}), randint(2, {2}));
+}
+
 }  // namespace duet::test

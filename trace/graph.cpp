@@ -294,6 +294,13 @@ void verify_control(const Graph& outer, int32_t i) {
   const ControlFlow& cf = *node.control;
   const int32_t lead = cf.num_leading();
   const int32_t nin = int32_t(node.inputs.size()) - lead;
+  // The counts first, so that nothing below indexes past them.
+  DUET_ASSERT(nin >= 0 && cf.num_carry >= 0 && cf.num_xs >= 0 &&
+                  (cf.kind != ControlKind::Scan || cf.num_carry + cf.num_xs <= nin) &&
+                  (cf.kind != ControlKind::WhileLoop || cf.num_carry <= nin) &&
+                  (cf.kind == ControlKind::Cond || int64_t(cf.results.size()) >= cf.num_carry),
+              "graph %{}: {} has {} inputs for {} carries and {} scanned tensors, and {} results",
+              i, cf.name(), nin, cf.num_carry, cf.num_xs, cf.results.size());
   std::vector<TensorMeta> in;  // what each subgraph's runtime input slot holds
   for (int32_t k = 0; k < nin; ++k) in.push_back(outer.nodes[node.inputs[lead + k]].meta);
   if (cf.kind == ControlKind::Scan)
@@ -309,9 +316,11 @@ void verify_control(const Graph& outer, int32_t i) {
                 cf.name(), s, sub.num_runtime_inputs, sub.captured.size(), nin);
     for (const GraphNode& n : sub.nodes)
       if (n.kind == NodeKind::Input)
-        DUET_ASSERT(same_meta(n.meta, in[n.index]),
+        DUET_ASSERT(n.role != InputRole::Captured && n.index >= 0 && n.index < nin &&
+                        same_meta(n.meta, in[n.index]),
                     "graph %{}: {} subgraph {} input {} is {}, the node gives {}", i, cf.name(), s,
-                    n.index, meta_str(n.meta), meta_str(in[n.index]));
+                    n.index, meta_str(n.meta),
+                    n.index >= 0 && n.index < nin ? meta_str(in[n.index]) : "no such input");
   }
   auto out_meta = [&](const Graph& sub, size_t k) { return sub.nodes[sub.outputs[k]].meta; };
   auto check_out = [&](const Graph& sub, size_t k, const TensorMeta& want) {

@@ -2,6 +2,7 @@
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 #include <set>
@@ -251,9 +252,13 @@ struct Reader {
     const size_t n = count(what, 8);
     if (n > 64) corrupt(path, fmt::format("{} has rank {}", what, n));
     Shape s;
+    int64_t span = 1;  // the product of max(size, 1): what strides reach
     for (size_t i = 0; i < n; ++i) {
       const int64_t d = i64(what);
       if (d < 0) corrupt(path, fmt::format("{} has a negative size {}", what, d));
+      if (d > (int64_t(1) << 48) || span > (int64_t(1) << 48) / std::max<int64_t>(d, 1))
+        corrupt(path, fmt::format("{} has sizes over 2^48 elements", what));
+      span *= std::max<int64_t>(d, 1);
       s.push_back(d);
     }
     return s;
@@ -304,7 +309,15 @@ struct Reader {
   Attrs attrs(OpId op) {
     Attrs a;
     const size_t n = count("attribute ints", 8);
-    for (size_t i = 0; i < n; ++i) a.ints.push_back(i64("attribute ints"));
+    int64_t span = 1;  // shapes and dim lists: far below 2^48 elements
+    for (size_t i = 0; i < n; ++i) {
+      const int64_t v = i64("attribute ints");
+      const int64_t m = v < 0 ? (v < -(int64_t(1) << 48) ? int64_t(1) << 49 : -v) : v;
+      if (m > (int64_t(1) << 48) || span > (int64_t(1) << 48) / std::max<int64_t>(m, 1))
+        corrupt(path, "an op's sizes are over 2^48 elements");
+      span *= std::max<int64_t>(m, 1);
+      a.ints.push_back(v);
+    }
     if (op == OpId::Print)
       a.dim = intern_format(str("print format"));
     else
