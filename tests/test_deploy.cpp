@@ -6,7 +6,6 @@
 #include <cstdio>
 #include <fstream>
 #include <sstream>
-#include <zlib.h>
 
 #include "trace/serialize.h"
 #include "util.h"
@@ -160,9 +159,7 @@ TEST_CASE("deploy: files that are not programs, truncated, corrupt or newer rais
   // A newer version, with a header checksum that matches.
   std::string newer = good;
   newer[8] = 2;
-  const uint32_t c = static_cast<uint32_t>(
-      crc32(crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(newer.data()), 28));
-  std::memcpy(newer.data() + 28, &c, 4);
+  detail::reseal_program(newer);
   CHECK(contains(error_loading(newer), "has format version 2, newer than this build reads"));
   CHECK(contains(error_of<ValueError>([] { load("/nonexistent/duet.duet"); }), "cannot open"));
   // Every truncation and every single-byte change of the payload, with checksums fixed up,
@@ -170,12 +167,7 @@ TEST_CASE("deploy: files that are not programs, truncated, corrupt or newer rais
   for (size_t at = 32; at < good.size(); at += 7) {
     std::string b = good;
     b[at] = static_cast<char>(b[at] ^ 0x5a);
-    const uint32_t pc = static_cast<uint32_t>(crc32(
-        crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(b.data() + 32), uInt(b.size() - 32)));
-    std::memcpy(b.data() + 24, &pc, 4);
-    const uint32_t hc = static_cast<uint32_t>(
-        crc32(crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(b.data()), 28));
-    std::memcpy(b.data() + 28, &hc, 4);
+    detail::reseal_program(b);
     write_file(path, b);
     try {
       Program p = load(path);

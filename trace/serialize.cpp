@@ -583,10 +583,20 @@ std::string encode_program(const SavedProgram& prog) {
   h.out.append(kMagic, sizeof kMagic);
   h.u32(kFormatVersion);
   h.u32(0);
-  h.raw(static_cast<uint64_t>(w.out.size()));
-  h.u32(crc(w.out.data(), w.out.size()));
-  h.u32(crc(h.out.data(), h.out.size()));
-  return h.out + w.out;
+  h.out.append(16, '\0');  // the size and checksums: reseal_program
+  std::string bytes = h.out + w.out;
+  reseal_program(bytes);
+  return bytes;
+}
+
+void reseal_program(std::string& bytes) {
+  DUET_ASSERT(bytes.size() >= kHeader, "reseal_program of {} bytes", bytes.size());
+  const uint64_t size = bytes.size() - kHeader;
+  std::memcpy(bytes.data() + 16, &size, 8);
+  const uint32_t payload = crc(bytes.data() + kHeader, size);
+  std::memcpy(bytes.data() + 24, &payload, 4);
+  const uint32_t header = crc(bytes.data(), 28);
+  std::memcpy(bytes.data() + 28, &header, 4);
 }
 
 SavedProgram decode_program(const std::string& bytes, const std::string& path) {

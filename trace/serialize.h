@@ -63,6 +63,11 @@ std::string encode_program(const SavedProgram& p);
 /// Decodes a file's bytes; `path` names it in errors.
 SavedProgram decode_program(const std::string& bytes, const std::string& path);
 
+/// Rewrites the payload size and both checksums in the header of a program file's bytes (which
+/// must start with the magic and hold a whole header), so that changed bytes reach the decoder:
+/// the fuzz target and the tests of bad files use it.
+void reseal_program(std::string& bytes);
+
 /// The text of SymInt::str() back as a SymInt; nullopt when it is not one.
 std::optional<SymInt> parse_sym(const std::string& text);
 
