@@ -6,6 +6,7 @@
 #include "core/anomaly.h"
 #include "core/profiler.h"
 #include "core/dispatch.h"
+#include "core/dist.h"
 #include "core/error.h"
 #include "core/ops.h"
 #include "core/tensor.h"

@@ -39,6 +39,11 @@ struct AnomalyError : Error {
 struct MismatchError : Error {
   using Error::Error;
 };
+/// A collective that could not complete: another rank did not take part within the timeout, or
+/// the ranks called it with different shapes or dtypes (core/dist.h).
+struct DistError : Error {
+  using Error::Error;
+};
 /// An internal invariant failed: a bug in duet, not in the caller's code.
 struct InternalError : Error {
   using Error::Error;

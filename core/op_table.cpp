@@ -23,6 +23,7 @@ OpDef* build_table() {
   register_image_rules(table);
   register_random_rules(table);
   register_debug_rules(table);
+  register_collective_rules(table);
   register_symbolic_rules(table);
   register_backends(table);
   for (const OpDef& d : table) {

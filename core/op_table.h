@@ -243,6 +243,7 @@ void register_index_rules(OpDef* table);
 void register_image_rules(OpDef* table);
 void register_random_rules(OpDef* table);
 void register_debug_rules(OpDef* table);
+void register_collective_rules(OpDef* table);
 /// duet::print's format strings, interned: Print's attrs.dim is the index.
 int64_t intern_format(const std::string& format);
 const std::string& interned_format(int64_t id);

@@ -13,4 +13,9 @@ void slice_scatter_kernel(TensorRefs in, const Attrs& a, const Tensor& out);
 /// Transfer: in[0]'s values copied to out's device (Note [Device transfers] in kernels/index.cpp).
 void transfer_kernel(TensorRefs in, const Attrs& a, const Tensor& out);
 
+/// The collectives (AllReduce, Broadcast, AllGather, ReduceScatter): contiguous buffers handed
+/// to the transport of the output's device (kernels/collective.cpp).
+template <OpId op>
+void collective_kernel(TensorRefs in, const Attrs& a, const Tensor& out);
+
 }  // namespace duet::kernels

@@ -15,6 +15,7 @@ void register_index_kernels(OpDef* table);
 void register_image_kernels(OpDef* table);
 void register_random_kernels(OpDef* table);
 void register_print_kernels(OpDef* table);
+void register_collective_kernels(OpDef* table);
 
 /// Copies src into dst (same shape; any dtypes and layouts) with the Copy kernel.
 void copy_into(const Tensor& src, const Tensor& dst);

@@ -56,7 +56,7 @@ if [ -n "$bundle" ]; then
   sed -i "s#@BUILD@#$root/build-gpu#g" build-gpu/tests/CTestTestfile.cmake
   # The CUDA libraries are this machine's: its toolkit's, or the pip wheels' of its PyTorch.
   libs="$root/build-gpu/lib"
-  for need in libcublasLt.so.13 libnvrtc.so.13 libcudart.so.13; do
+  for need in libcublasLt.so.13 libnvrtc.so.13 libcudart.so.13 libnccl.so.2; do
     if ! ldconfig -p | grep -q "$need"; then
       hit="$(find /usr/local/cuda*/lib* /usr/local/cuda*/targets /opt /usr/lib -name "$need" \
              2>/dev/null | head -1)"
@@ -65,7 +65,7 @@ if [ -n "$bundle" ]; then
   done
   export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH" | tee -a "$out/gpu.txt"
-  ldd build-gpu/tests/test_cuda_ops | grep -E "not found|cublas|nvrtc|cudart" | tee -a "$out/gpu.txt"
+  ldd build-gpu/tests/test_cuda_ops | grep -E "not found|cublas|nvrtc|cudart|nccl" | tee -a "$out/gpu.txt"
 else
   args=(-S . -B build-gpu -DCMAKE_BUILD_TYPE=Release)
   if [ -d .deps/prefix ]; then
@@ -83,6 +83,14 @@ export DUET_CACHE_DIR="$root/build-gpu/kernel-cache"
   > "$out/ctest.log" 2>&1
 rc=$?
 tail -30 "$out/ctest.log"
+# A saved program (samples/deploy) on the GPU with duet-run, against its CPU result.
+if [ -x build-gpu/tools/duet-run ] && [ -f build-gpu/samples/mlp.duet ]; then
+  (cd build-gpu/samples &&
+   ../tools/duet-run mlp.duet --input x.npy --output out_cpu.npy &&
+   ../tools/duet-run mlp.duet --input x.npy --output out_cuda.npy --device cuda --bench 200 &&
+   python3 -c 'import numpy as n; a=n.load("out_cpu.npy"); b=n.load("out_cuda.npy"); print("duet-run cuda vs cpu: shape", b.shape, b.dtype, "max abs diff", float(abs(a-b).max()))') \
+    2>&1 | tee "$out/duet_run.log"
+fi
 if [ "$bench" = 1 ]; then
   # A cache of its own, empty: the first-call figures are cold starts.
   DUET_CACHE_DIR="$(mktemp -d)" timeout "${GPU_RUN_BENCH_S:-300}" \

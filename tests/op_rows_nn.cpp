@@ -419,6 +419,48 @@ const std::vector<OpRow>& op_rows() {
                    return o;
                  },
                  {2, 3}});
+    // Collectives in this test process's world of one (tests/test_dist_mpi.cpp runs them
+    // across ranks): each returns its input, and each gradient rule, itself a collective, too.
+    auto identity = [](const Values& v) { return v[0]; };
+    auto collective = [&](std::string name, OpId op, bool composite, Shape s,
+                          std::function<Tensor(const Tensor&)> f) {
+      r.push_back({std::move(name),
+                   op,
+                   composite,
+                   {s},
+                   [f](const std::vector<Tensor>& in) {
+                     dist::init();
+                     return f(in[0]);
+                   },
+                   identity,
+                   s,
+                   {DType::f32, DType::f64, DType::i64}});
+    };
+    using dist::ReduceOp;
+    collective("all_reduce", OpId::AllReduce, false, {2, 3},
+               [](const Tensor& x) { return dist::all_reduce(x); });
+    collective("all_reduce_max", OpId::AllReduce, false, {2, 3},
+               [](const Tensor& x) { return dist::all_reduce(x, ReduceOp::Max); });
+    collective("broadcast", OpId::Broadcast, false, {4},
+               [](const Tensor& x) { return dist::broadcast(x, 0); });
+    collective("all_gather", OpId::AllGather, false, {3, 2},
+               [](const Tensor& x) { return dist::all_gather(x); });
+    collective("all_gather_dim1", OpId::AllGather, true, {2, 3},
+               [](const Tensor& x) { return dist::all_gather(x, -1); });
+    collective("reduce_scatter", OpId::ReduceScatter, false, {3, 2},
+               [](const Tensor& x) { return dist::reduce_scatter(x); });
+    collective("reduce_scatter_max_dim1", OpId::ReduceScatter, true, {2, 3},
+               [](const Tensor& x) { return dist::reduce_scatter(x, ReduceOp::Max, 1); });
+    r.push_back({"all_reduce_mean",
+                 OpId::AllReduce,
+                 true,
+                 {{2, 3}},
+                 [](const std::vector<Tensor>& in) {
+                   dist::init();
+                   return dist::all_reduce(in[0], dist::ReduceOp::Mean);
+                 },
+                 identity,
+                 {2, 3}});
     return r;
   }();
   return rows;

@@ -20,7 +20,9 @@
 #include "nn/optim/optim.h"
 #include "op_rows.h"
 #include "random_program.h"
+#include "trace/check.h"
 #include "trace/compile.h"
+#include "trace/program.h"
 
 namespace duet::test {
 namespace {
@@ -711,6 +713,117 @@ TEST_CASE("cuda compiled: a mean over a dynamic batch on CUDA (a symbolic count 
     check_close(f(x), mean(x * 2.0, {0}));
   }
   CHECK(f.stats().traces == 1);
+}
+
+TEST_CASE(
+    "cuda compiled: a data-parallel step's all-reduce goes through NCCL into the CUDA graph") {
+  if (!gpu()) return;
+  // A world of one on this machine's GPU: the same step that a job of several GPUs runs, with the
+  // gradients averaged over the ranks by NCCL on duet's stream, captured and replayed.
+  dist::init();
+  if (dist::backend(DeviceType::CUDA) != "nccl") {
+    MESSAGE("this build has no NCCL; CUDA collectives copy in a world of one");
+  }
+  auto make_model = [] {
+    manual_seed(11);
+    return nn::Sequential(nn::Linear(32, 64), nn::ReLU(), nn::Linear(64, 10));
+  };
+  nn::Sequential ref_model = make_model(), model = make_model();
+  ref_model.to(Device::cuda());
+  model.to(Device::cuda());
+  optim::SGD ref_opt(ref_model.parameters(), {.lr = 0.1, .momentum = 0.9});
+  optim::SGD opt(model.parameters(), {.lr = 0.1, .momentum = 0.9});
+  auto ref_step = compile([&](Tensor x, Tensor y) {
+    ref_opt.zero_grad();
+    Tensor loss = cross_entropy(ref_model(x), y);
+    loss.backward();
+    ref_opt.step();
+    return loss;
+  });
+  auto step = compile([&](Tensor x, Tensor y) {
+    opt.zero_grad();
+    Tensor loss = cross_entropy(model(x), y);
+    loss.backward();
+    for (Tensor& p : model.parameters())
+      p.grad().copy_(dist::all_reduce(p.grad(), dist::ReduceOp::Mean));
+    opt.step();
+    return dist::all_reduce(loss.detach(), dist::ReduceOp::Mean);
+  });
+  manual_seed(12);
+  for (int i = 0; i < 20; ++i) {
+    INFO("step " << i + 1);
+    const Tensor x = randn({16, 32}).to(Device::cuda());
+    const Tensor y = randint(10, {16}).to(Device::cuda());
+    const double lr = ref_step(x, y).item<double>();
+    const double l = step(x, y).item<double>();
+    CHECK(l == doctest::Approx(lr).epsilon(1e-6));
+  }
+  const auto pr = ref_model.parameters(), p = model.parameters();
+  for (size_t k = 0; k < p.size(); ++k) {
+    const std::string m = differences(values(p[k]), values(pr[k]), 1e-6, 1e-6);
+    CHECK_MESSAGE(m.empty(), "parameter " << k << ": " << m);
+  }
+  CHECK(step.stats().traces == 1);
+  CHECK(step.stats().cuda_graph_plans >= 1);
+  CHECK(step.stats().cuda_graph_replays >= 18);
+  const std::string g = step.graph().str();
+  CHECK(contains(g, "all_reduce"));
+  MESSAGE("CUDA transport: " << dist::backend(DeviceType::CUDA) << ", graph replays "
+                             << step.stats().cuda_graph_replays);
+  // Collectives eagerly on the GPU, each checked against its CPU value.
+  const Tensor x = randn({4, 6});
+  const Tensor xc = x.to(Device::cuda());
+  CHECK(bitwise_equal(dist::all_reduce(xc).to(Device::cpu()), x));
+  CHECK(bitwise_equal(dist::all_reduce(xc, dist::ReduceOp::Max).to(Device::cpu()), x));
+  CHECK(bitwise_equal(dist::broadcast(xc).to(Device::cpu()), x));
+  CHECK(bitwise_equal(dist::all_gather(xc, 1).to(Device::cpu()), x));
+  CHECK(bitwise_equal(dist::reduce_scatter(xc, dist::ReduceOp::Sum, 1).to(Device::cpu()), x));
+  dist::barrier();
+}
+
+TEST_CASE("cuda: a saved program moved to the GPU, and the shadow-eager check of a CUDA step") {
+  if (!gpu()) return;
+  manual_seed(21);
+  nn::Linear fc1(12, 16), fc2(16, 3);
+  // softmax: fused reductions whose wrapped numbers (0-d constants) stay on the CPU when the
+  // program moves (a bug once handed the kernel their host pointers: an illegal address).
+  auto f = compile([&](Tensor x) { return softmax(fc2(relu(fc1(x) * 0.5)), 1); },
+                   CompileOptions{{{0, 0}}, {}, 8});  // batch dim 0 symbolic
+  const std::string path = "/tmp/duet_cuda_program_" + std::to_string(::getpid()) + ".duet";
+  save(f, path, randn({5, 12}));
+  duet::Program p = load(path);
+  p.to(Device::cuda());
+  for (int64_t b : {1, 7, 300}) {
+    INFO("batch " << b);
+    const Tensor x = randn({b, 12});
+    const std::vector<Tensor> out = p({x.to(Device::cuda())});
+    REQUIRE(out.size() == 1);
+    CHECK(out[0].device() == Device::cuda());
+    const std::string m = differences(values(out[0]), values(f(x)), 1e-5, 1e-5);
+    CHECK_MESSAGE(m.empty(), m);
+  }
+  const std::string e = error_of<Error>([&] { (void)p({randn({4, 12})}); });
+  CHECK_MESSAGE(contains(e, "cuda"), e);
+  std::remove(path.c_str());
+
+  // The check's three runs on CUDA: interpreter, generated kernels (the capture), graph replay.
+  nn::Sequential m(nn::Linear(8, 16), nn::Tanh(), nn::Linear(16, 4));
+  m.to(Device::cuda());
+  optim::Adam opt(m.parameters());
+  auto step = compile([&](Tensor x, Tensor y) {
+    opt.zero_grad();
+    Tensor loss = mse_loss(m(x), y);
+    loss.backward();
+    opt.step();
+    return loss;
+  });
+  const Tensor x = randn({32, 8}).to(Device::cuda()), y = randn({32, 4}).to(Device::cuda());
+  (void)step(x, y);
+  CheckReport r = check_against_eager(step, x, y);
+  INFO(r.str());
+  CHECK(r.ok);
+  CHECK(r.runs == 3);
+  MESSAGE("check on CUDA: " << r.str());
 }
 
 }  // namespace duet::test

@@ -165,9 +165,10 @@ TEST_CASE("cuda: inputs on the CPU and a GPU raise the mixed-device error; scala
   Tensor c = make({1, 2}, {2});
   Tensor g = c.to(Device::cuda());
   std::string e = error_of<DeviceError>([&] { (void)add(c, g); });
+  // The message, then where the call was made (every error names the user's call site).
   CHECK(e ==
         "[add] inputs are on different devices: cpu (input 0) and cuda:0 (input 1); move them "
-        "with .to(...)");
+        "with .to(...) (at test_cuda_runtime.cpp:167)");
   // A C++ number is a wrapped 0-d CPU tensor: it goes with a tensor on any device.
   Tensor r = g * 2.0;
   CHECK(r.device() == Device::cuda());

@@ -6,9 +6,10 @@ set -euo pipefail
 # clang-format: the test command checks the tree's formatting.
 # clang-16 and libclang-rt-16-dev: the loader's fuzz target (libFuzzer; clang 14 has no
 # std::source_location).
+# libopenmpi-dev and openmpi-bin: the MPI transport of CPU collectives and mpirun for its tests.
 pkgs=(g++ cmake ninja-build ccache git libeigen3-dev libfmt-dev doctest-dev
       libdnnl-dev ocl-icd-opencl-dev libopenblas-openmp-dev zlib1g-dev clang-format
-      clang-16 libclang-rt-16-dev dataset-fashion-mnist)
+      clang-16 libclang-rt-16-dev libopenmpi-dev openmpi-bin dataset-fashion-mnist)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,8 +1,11 @@
 #include "trace/graph.h"
 
+#include "core/dist.h"
+
 #include <unordered_map>
 
 #include "core/dispatch.h"
+#include "core/dist.h"
 
 namespace duet {
 
@@ -172,7 +175,7 @@ void graph_str(const Graph& g, const std::string& pad, std::string& s) {
 }  // namespace
 
 bool detail::has_effect(const GraphNode& n) {
-  if (n.kind == NodeKind::Op) return n.op == OpId::Print;
+  if (n.kind == NodeKind::Op) return n.op == OpId::Print || dist::detail::is_collective(n.op);
   if (n.kind != NodeKind::Control) return false;
   for (const Graph& sub : n.control->graphs)
     for (const GraphNode& m : sub.nodes)

@@ -143,8 +143,9 @@ inline int32_t buffer_root(const Graph& g, int32_t v) {
   while (is_view_node(g.nodes[v])) v = g.nodes[v].inputs[0];
   return v;
 }
-/// Whether a node has an effect beyond its value (a Print, or a construct whose functions
-/// print): the passes keep it though nothing reads it, never merge it, never fold it.
+/// Whether a node has an effect beyond its value (a Print, a collective, or a construct whose
+/// functions hold one): the passes keep it though nothing reads it, never merge it, never fold
+/// it, never hoist it.
 bool has_effect(const GraphNode& n);
 /// One line of Graph::str(): "%7 = mul(%5, %6) : f32 (4, 8)  @mlp  at model.cpp:12".
 std::string node_str(const Graph& g, int32_t v);

@@ -358,11 +358,15 @@ void Plan::Builder::choose_parallel() {
     // steps side by side, one thread each (the longest step, or half the sum, and a fork).
     std::vector<double> wave_sum(num_waves, 0), wave_max(num_waves, 0), wave_serial(num_waves, 0);
     std::vector<int32_t> wave_count(num_waves, 0);
+    std::vector<bool> wave_effect(num_waves, false);
     bool cpu = true;
     for (int32_t u : order) {
       double speedup = 1;
       const double c = step_cost(u, &speedup);
       if (c < 0) cpu = false;
+      // Collectives and prints run in program order on every rank: their waves stay in order.
+      for (int32_t v : unit_nodes[u])
+        if (has_effect(graph.nodes[v])) wave_effect[wave_of[u]] = true;
       wave_serial[wave_of[u]] += c / speedup;
       wave_sum[wave_of[u]] += c;
       wave_max[wave_of[u]] = std::max(wave_max[wave_of[u]], c);
@@ -377,7 +381,8 @@ void Plan::Builder::choose_parallel() {
     plan.wave_parallel_.assign(num_waves, false);
     for (int32_t w = 0; w < num_waves; ++w) {
       const double side = std::max(wave_max[w], wave_sum[w] / 2) + kWaveOverheadNs;
-      plan.wave_parallel_[w] = wave_count[w] > 1 && (always || side < 0.85 * wave_serial[w]);
+      plan.wave_parallel_[w] =
+          wave_count[w] > 1 && !wave_effect[w] && (always || side < 0.85 * wave_serial[w]);
       serial += wave_serial[w];
       waved += plan.wave_parallel_[w] ? side : wave_serial[w];
     }

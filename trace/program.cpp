@@ -113,11 +113,15 @@ void move_graph(Graph& g, Device from, Device to, const char* label) {
                       "[Program::to] {} prints, and a print reads a tensor on the CPU: it runs "
                       "on the device it was traced on",
                       label);
-    if (n.meta.device == from) n.meta.device = to;
+    // A 0-d constant (a wrapped number) stays on the CPU, value and meta, as in a trace made on
+    // the device: ops take CPU scalars anywhere, and a fused kernel's plan copies them to the
+    // device once. Moving its meta alone would hand a kernel a host pointer.
+    const bool stays = n.kind == NodeKind::Constant && n.constant.dim() == 0;
+    if (n.meta.device == from && !stays) n.meta.device = to;
     if (n.kind == NodeKind::Op && n.attrs.device == from &&
         (n.op == OpId::Full || n.op == OpId::Arange || n.op == OpId::Transfer))
       n.attrs.device = to;
-    if (n.kind == NodeKind::Constant && n.constant.device() == from && n.constant.numel() > 1)
+    if (n.kind == NodeKind::Constant && n.constant.device() == from && !stays)
       n.constant = n.constant.to(to);
     if (n.kind == NodeKind::Control) {
       auto cf = std::make_shared<ControlFlow>(*n.control);

@@ -90,6 +90,10 @@ void register_index(OpDef* t) {
   reg(OpId::ScatterAdd, scatter_add_kernel);
   reg(OpId::Cat, duet::kernels::cat_kernel);
   reg(OpId::Transfer, duet::kernels::transfer_kernel);
+  reg(OpId::AllReduce, duet::kernels::collective_kernel<OpId::AllReduce>);
+  reg(OpId::Broadcast, duet::kernels::collective_kernel<OpId::Broadcast>);
+  reg(OpId::AllGather, duet::kernels::collective_kernel<OpId::AllGather>);
+  reg(OpId::ReduceScatter, duet::kernels::collective_kernel<OpId::ReduceScatter>);
   reg(OpId::Unfold, window_kernel<true>);
   reg(OpId::Fold, window_kernel<false>);
 }

@@ -1,0 +1,62 @@
+// The kernel of every collective on every device (Note [Collectives are ops] in core/dist.h): the
+// input made contiguous on its device, a contiguous output (or a staging buffer for a strided
+// one), and the transport of the device (MPI, NCCL, or the world of one) between them.
+#include "core/dist.h"
+#include "core/error.h"
+#include "kernels/composed.h"
+#include "kernels/cpu_kernels.h"
+
+namespace duet::kernels {
+namespace {
+
+void copy_dense(const Tensor& src, const Tensor& dst) {
+  const Tensor* in[] = {&src};
+  detail::op_def(OpId::Copy)
+      .kernel[static_cast<int>(dst.device().type)](TensorRefs(in, 1), Attrs{}, dst);
+}
+
+}  // namespace
+
+template <OpId op>
+void collective_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
+  const char* name = detail::op_def(op).name;
+  const int world = dist::is_initialized() ? dist::world_size() : 0;
+  DUET_CHECK_T(world == a.end, DistError,
+               "[{}] was traced in a world of {} ranks, and runs in a world of {}{}", name, a.end,
+               world, world ? "" : " (duet::dist::init() was not called)");
+  dist::detail::Comm& comm = dist::detail::comm_for(out.device(), name);
+  Tensor x = in[0];
+  if (!x.is_contiguous()) {
+    x = detail::empty(in[0].sizes(), in[0].dtype(), in[0].device());
+    copy_dense(in[0], x);
+  }
+  const Tensor dst =
+      out.is_contiguous() ? out : detail::empty(out.sizes(), out.dtype(), out.device());
+  dist::detail::CollectiveCall c{op,
+                                 name,
+                                 x.raw_data(),
+                                 dst.raw_data(),
+                                 op == OpId::ReduceScatter ? out.numel() : x.numel(),
+                                 x.dtype(),
+                                 a.dim == 1 ? dist::ReduceOp::Max : dist::ReduceOp::Sum,
+                                 static_cast<int>(a.start),
+                                 out.device(),
+                                 in[0].sizes()};
+  comm.run(c);
+  if (!dst.is_same(out)) copy_dense(dst, out);
+}
+
+template void collective_kernel<OpId::AllReduce>(TensorRefs, const Attrs&, const Tensor&);
+template void collective_kernel<OpId::Broadcast>(TensorRefs, const Attrs&, const Tensor&);
+template void collective_kernel<OpId::AllGather>(TensorRefs, const Attrs&, const Tensor&);
+template void collective_kernel<OpId::ReduceScatter>(TensorRefs, const Attrs&, const Tensor&);
+
+void register_collective_kernels(OpDef* t) {
+  detail::register_kernel(t, OpId::AllReduce, DeviceType::CPU, collective_kernel<OpId::AllReduce>);
+  detail::register_kernel(t, OpId::Broadcast, DeviceType::CPU, collective_kernel<OpId::Broadcast>);
+  detail::register_kernel(t, OpId::AllGather, DeviceType::CPU, collective_kernel<OpId::AllGather>);
+  detail::register_kernel(t, OpId::ReduceScatter, DeviceType::CPU,
+                          collective_kernel<OpId::ReduceScatter>);
+}
+
+}  // namespace duet::kernels

@@ -1,0 +1,266 @@
+// The MPI transport of CPU collectives (core/dist.h). Built where CMake finds MPI; a process
+// launched by mpirun initialises MPI in dist::init().
+//
+// Note [Collective deadlines]
+// MPI's blocking collectives wait forever for a rank that never comes. So every collective is
+// posted non-blocking (MPI_Iallreduce, ...) and polled against InitOptions::timeout_s. To say
+// *which* rank is missing, each rank also posts a one-integer "arrived at collective #k"
+// message to every other rank on a second communicator: when the deadline passes, the ranks
+// whose message has not come are the ones named. A timed-out collective cannot be cancelled
+// (MPI has no cancel for collectives), so the transport is broken from then on: later
+// collectives and finalize() refuse, and the process should exit.
+#include <mpi.h>
+
+#include <chrono>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "core/dist.h"
+#include "core/error.h"
+
+namespace duet::dist::detail {
+namespace {
+
+MPI_Datatype mpi_type(DType t, bool reduce, const char* op) {
+  switch (t) {
+    case DType::f32:
+      return MPI_FLOAT;
+    case DType::f64:
+      return MPI_DOUBLE;
+    case DType::i32:
+      return MPI_INT32_T;
+    case DType::i64:
+      return MPI_INT64_T;
+    case DType::b8:
+      return MPI_UINT8_T;
+    case DType::f16:
+    case DType::bf16:
+      DUET_CHECK_DTYPE(!reduce,
+                       "[{}] MPI has no {} arithmetic: cast the tensor to f32 for a CPU "
+                       "reduction",
+                       op, dtype_name(t));
+      return MPI_UINT16_T;
+  }
+  return MPI_BYTE;
+}
+
+void check_mpi(int rc, const char* what, const char* op) {
+  if (rc == MPI_SUCCESS) return;
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, msg, &len);
+  throw DistError(fmt::format("[{}] {} failed: {}", op, what, std::string(msg, len)));
+}
+
+constexpr int kDescLen = 12;  // op, dtype, reduce, root, count, rank, shape (up to 6 dims)
+
+std::string desc_str(const int64_t* d) {
+  std::string shape = "(";
+  const int64_t nd = d[5];
+  for (int64_t i = 0; i < nd && i < 6; ++i) shape += fmt::format("{}{}", i ? ", " : "", d[6 + i]);
+  if (nd > 6) shape += ", ...";
+  shape += nd == 1 ? ",)" : ")";
+  const char* reduce = d[2] == 0 ? "sum" : "max";
+  return fmt::format("{}({} {}{}{})", op_name(static_cast<OpId>(d[0])),
+                     dtype_name(static_cast<DType>(d[1])), shape,
+                     static_cast<OpId>(d[0]) == OpId::Broadcast
+                         ? fmt::format(", root {}", d[3])
+                         : "",
+                     static_cast<OpId>(d[0]) == OpId::AllReduce ||
+                             static_cast<OpId>(d[0]) == OpId::ReduceScatter
+                         ? fmt::format(", {}", reduce)
+                         : "");
+}
+
+class MpiComm;
+MpiComm* g_mpi = nullptr;  // the process's MPI transport (owned by the world), for NCCL's id
+
+class MpiComm final : public Comm {
+ public:
+  explicit MpiComm(bool owns) : owns_(owns) {
+    MPI_Comm_dup(MPI_COMM_WORLD, &comm_);
+    MPI_Comm_dup(MPI_COMM_WORLD, &arrive_);
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+  }
+  std::string name() const override { return "mpi"; }
+
+  void run(const CollectiveCall& c) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    check_usable(c.name);
+    if (options().check_consistency) check_consistency(c);
+    const bool reduce = c.op == OpId::AllReduce || c.op == OpId::ReduceScatter;
+    const MPI_Datatype t = mpi_type(c.dtype, reduce, c.name);
+    const MPI_Op mop = c.reduce == ReduceOp::Max ? MPI_MAX : MPI_SUM;
+    const int n = static_cast<int>(c.count);
+    DUET_CHECK_VALUE(c.count <= INT32_MAX, "[{}] {} elements per rank is more than MPI's int count",
+                     c.name, c.count);
+    MPI_Request req = MPI_REQUEST_NULL;
+    int rc = MPI_SUCCESS;
+    switch (c.op) {
+      case OpId::AllReduce:
+        rc = MPI_Iallreduce(c.src, c.dst, n, t, mop, comm_, &req);
+        break;
+      case OpId::Broadcast:
+        if (rank_ == c.root && c.dst != c.src)
+          std::memcpy(c.dst, c.src, static_cast<size_t>(c.count) * itemsize(c.dtype));
+        rc = MPI_Ibcast(c.dst, n, t, c.root, comm_, &req);
+        break;
+      case OpId::AllGather:
+        rc = MPI_Iallgather(c.src, n, t, c.dst, n, t, comm_, &req);
+        break;
+      case OpId::ReduceScatter:
+        rc = MPI_Ireduce_scatter_block(c.src, c.dst, n, t, mop, comm_, &req);
+        break;
+      default:
+        DUET_ASSERT(false, "{} is not a collective", op_name(c.op));
+    }
+    check_mpi(rc, "posting the collective", c.name);
+    wait(req, c.name);
+  }
+
+  void barrier() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    check_usable("barrier");
+    MPI_Request req = MPI_REQUEST_NULL;
+    check_mpi(MPI_Ibarrier(comm_, &req), "MPI_Ibarrier", "barrier");
+    wait(req, "barrier");
+  }
+
+  void finalize() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    g_mpi = nullptr;
+    if (!broken_.empty()) return;  // a timed-out collective is still posted: MPI would hang
+    MPI_Comm_free(&comm_);
+    MPI_Comm_free(&arrive_);
+    int done = 0;
+    MPI_Finalized(&done);
+    if (owns_ && !done) MPI_Finalize();
+  }
+
+  // Rank 0's bytes on every rank (NCCL's unique id).
+  void broadcast_bytes(std::string& bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    check_usable("dist.init");
+    MPI_Request req = MPI_REQUEST_NULL;
+    check_mpi(MPI_Ibcast(bytes.data(), static_cast<int>(bytes.size()), MPI_BYTE, 0, comm_, &req),
+              "MPI_Ibcast", "dist.init");
+    wait(req, "dist.init");
+  }
+
+ private:
+  void check_usable(const char* op) const {
+    DUET_CHECK_T(broken_.empty(), DistError,
+                 "[{}] the process group is unusable after an earlier failure ({}): exit this "
+                 "process",
+                 op, broken_);
+  }
+
+  // Waits for `req` and this collective's arrival messages, or throws at the deadline
+  // (Note [Collective deadlines]).
+  void wait(MPI_Request req, const char* op) {
+    const int tag = static_cast<int>(seq_++ % 32768);
+    std::vector<MPI_Request> reqs{req};
+    std::vector<int> peers;
+    const int me = rank_;
+    std::vector<int> got(static_cast<size_t>(size_), 0);
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      peers.push_back(r);
+      reqs.emplace_back();
+      MPI_Irecv(&got[static_cast<size_t>(r)], 1, MPI_INT, r, tag, arrive_, &reqs.back());
+      reqs.emplace_back();
+      MPI_Isend(&me, 1, MPI_INT, r, tag, arrive_, &reqs.back());
+    }
+    using clock = std::chrono::steady_clock;
+    const auto start = clock::now();
+    const auto deadline =
+        start + std::chrono::microseconds(static_cast<int64_t>(options().timeout_s * 1e6));
+    int done = 0;
+    for (int spins = 0;; ++spins) {
+      check_mpi(MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done,
+                            MPI_STATUSES_IGNORE),
+                "waiting for the collective", op);
+      if (done) return;
+      if (clock::now() >= deadline) break;
+      // Spin briefly (small collectives finish in microseconds), then sleep a little.
+      if (spins > 2000) std::this_thread::sleep_for(std::chrono::microseconds(spins > 20000 ? 500 : 50));
+    }
+    std::string missing;
+    for (size_t k = 0; k < peers.size(); ++k) {
+      int arrived = 0;
+      if (reqs[1 + 2 * k] == MPI_REQUEST_NULL)
+        arrived = 1;
+      else
+        MPI_Test(&reqs[1 + 2 * k], &arrived, MPI_STATUS_IGNORE);
+      if (!arrived) missing += fmt::format("{}{}", missing.empty() ? "" : ", ", peers[k]);
+    }
+    const std::string what =
+        missing.empty()
+            ? fmt::format("[{}] timed out after {:g} s: every rank arrived, but the transport did "
+                          "not finish",
+                          op, options().timeout_s)
+            : fmt::format("[{}] timed out after {:g} s waiting for rank {}", op,
+                          options().timeout_s, missing);
+    broken_ = what;
+    throw DistError(what);
+  }
+
+  // Gathers every rank's description of this call and compares (InitOptions::check_consistency).
+  void check_consistency(const CollectiveCall& c) {
+    int64_t mine[kDescLen] = {static_cast<int64_t>(c.op), static_cast<int64_t>(c.dtype),
+                              static_cast<int64_t>(c.reduce), c.root, c.count,
+                              static_cast<int64_t>(c.shape.size())};
+    for (int64_t i = 0; i < c.shape.size() && i < 6; ++i) mine[6 + i] = c.shape[i];
+    std::vector<int64_t> all(static_cast<size_t>(kDescLen * size_));
+    MPI_Request req = MPI_REQUEST_NULL;
+    check_mpi(MPI_Iallgather(mine, kDescLen, MPI_INT64_T, all.data(), kDescLen, MPI_INT64_T, comm_,
+                             &req),
+              "the consistency check", c.name);
+    wait(req, c.name);
+    std::string diff;
+    for (int r = 0; r < size_; ++r) {
+      const int64_t* d = all.data() + kDescLen * r;
+      if (!std::equal(d, d + kDescLen, mine))
+        diff += fmt::format("; rank {} calls {}", r, desc_str(d));
+    }
+    if (!diff.empty())
+      throw DistError(fmt::format("[{}] the ranks disagree: rank {} calls {}{}", c.name, rank_,
+                                  desc_str(mine), diff));
+  }
+
+  bool owns_;
+  MPI_Comm comm_ = MPI_COMM_NULL, arrive_ = MPI_COMM_NULL;
+  int rank_ = 0, size_ = 1;
+  uint64_t seq_ = 0;
+  std::string broken_;
+  std::mutex mu_;
+};
+
+}  // namespace
+
+std::unique_ptr<Comm> make_mpi_comm(std::string* why) {
+  int inited = 0;
+  MPI_Initialized(&inited);
+  if (!inited) {
+    int provided = 0;
+    if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS) {
+      *why = "MPI_Init_thread failed";
+      return nullptr;
+    }
+  }
+  // Errors come back as codes (check_mpi), not as an abort of the job.
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  auto c = std::make_unique<MpiComm>(!inited);
+  g_mpi = c.get();
+  return c;
+}
+
+bool mpi_broadcast_bytes(std::string& bytes) {
+  if (!g_mpi) return false;
+  g_mpi->broadcast_bytes(bytes);
+  return true;
+}
+
+}  // namespace duet::dist::detail

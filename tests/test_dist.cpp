@@ -1,0 +1,146 @@
+// duet::dist in one process: the world of one (collectives return their input, eagerly and
+// compiled, with gradients), the errors of misuse, and the TCP rendezvous that hands NCCL's id
+// to the ranks (three threads here). tests/test_dist_mpi.cpp runs the collectives across
+// processes under mpirun.
+#include <thread>
+
+#include "util.h"
+
+using namespace duet;
+using namespace duet::test;
+
+TEST_CASE("dist: before init, a collective says to call init()") {
+  if (dist::is_initialized()) return;  // another case of this binary ran first
+  const std::string m = error_of<Error>([] { (void)dist::all_reduce(ones({2})); });
+  CHECK(contains(m, "[all_reduce] no process group: call duet::dist::init() first"));
+  CHECK(contains(error_of<Error>([] { (void)dist::rank(); }), "[dist.rank] no process group"));
+}
+
+TEST_CASE("dist: a process started alone is a world of one") {
+  dist::init();
+  CHECK(dist::is_initialized());
+  CHECK(dist::rank() == 0);
+  CHECK(dist::world_size() == 1);
+  CHECK(dist::launcher() == "single");
+  CHECK(dist::backend(DeviceType::CPU) == "local");
+  dist::barrier();
+  const Tensor x = reshape(arange(6).to(DType::f32), {2, 3});
+  CHECK(bitwise_equal(dist::all_reduce(x), x));
+  CHECK(bitwise_equal(dist::all_reduce(x, dist::ReduceOp::Mean), x));
+  CHECK(bitwise_equal(dist::broadcast(x), x));
+  CHECK(bitwise_equal(dist::all_gather(x, 1), x));
+  CHECK(bitwise_equal(dist::reduce_scatter(x, dist::ReduceOp::Max, 0), x));
+  // A strided input and an empty one.
+  CHECK(bitwise_equal(dist::all_reduce(transpose(x, 0, 1)), transpose(x, 0, 1).contiguous()));
+  CHECK(dist::all_gather(zeros({0, 3})).sizes() == Shape{0, 3});
+}
+
+TEST_CASE("dist: misuse names the collective, the shape and the dtype") {
+  dist::init();
+  const std::string split = error_of<ShapeError>([] {
+    dist::InitOptions o;
+    (void)o;
+    (void)dist::all_gather(ones({}));
+  });
+  CHECK(contains(split, "[all_gather] needs a tensor with a dim to join along, got a 0-d f32"));
+  CHECK(contains(error_of<DTypeError>([] { (void)dist::all_reduce(ones({2}).to(DType::b8)); }),
+                 "[all_reduce] cannot sum b8 values over ranks (shape (2))"));
+  CHECK(contains(error_of<DTypeError>(
+                     [] { (void)dist::all_reduce(ones({2}, Options().dtype(DType::i64)), dist::ReduceOp::Mean); }),
+                 "[all_reduce] mean needs a floating tensor, got i64 (2)"));
+  CHECK(contains(error_of<ValueError>([] { (void)dist::broadcast(ones({2}), 3); }),
+                 "[broadcast] root 3 is not a rank of a world of 1 (shape (2), f32)"));
+  CHECK(contains(error_of<ValueError>([] {
+                   dist::InitOptions o;
+                   o.timeout_s = 0;
+                   dist::init(o);
+                 }),
+                 "[dist.init] timeout_s must be positive, got 0"));
+}
+
+TEST_CASE("dist: collectives trace into a compiled step and keep their place") {
+  dist::init();
+  nn::Linear lin(4, 3);
+  optim::SGD opt(lin.parameters(), {.lr = 0.1});
+  auto step = compile([&](Tensor x, Tensor y) {
+    opt.zero_grad();
+    Tensor loss = mse_loss(lin(x), y);
+    loss.backward();
+    for (Tensor& p : lin.parameters())
+      p.grad().copy_(dist::all_reduce(p.grad(), dist::ReduceOp::Mean));
+    opt.step();
+    // A collective whose value nothing reads is still a collective every rank calls.
+    (void)dist::all_gather(x);
+    return dist::all_reduce(loss.detach(), dist::ReduceOp::Mean);
+  });
+  nn::Linear ref(4, 3);
+  for (size_t i = 0; i < ref.parameters().size(); ++i)
+    ref.parameters()[i].detach().copy_(lin.parameters()[i].detach());
+  optim::SGD ref_opt(ref.parameters(), {.lr = 0.1});
+  manual_seed(3);
+  for (int i = 0; i < 5; ++i) {
+    const Tensor x = randn({8, 4}), y = randn({8, 3});
+    ref_opt.zero_grad();
+    Tensor l = mse_loss(ref(x), y);
+    l.backward();
+    ref_opt.step();
+    CHECK(step(x, y).item<double>() == doctest::Approx(l.item<double>()).epsilon(1e-6));
+  }
+  const std::string g = step.graph().str();
+  CHECK(contains(g, "all_reduce"));
+  CHECK(contains(g, "all_gather"));  // kept though unread
+  CHECK(step.stats().traces == 1);
+  // Gradients through the collectives.
+  const Tensor w = randn({3, 2}, Options().dtype(DType::f64)).requires_grad_();
+  sum(dist::all_gather(w, 1) * 2.0).backward();
+  CHECK(values(w.grad()) == std::vector<double>(6, 2.0));
+}
+
+TEST_CASE("dist: the TCP rendezvous hands rank 0's bytes to every rank, or times out naming who") {
+  const int port = 29500 + static_cast<int>(::getpid() % 2000);
+  std::vector<std::string> got(3, std::string(16, '\0'));
+  got[0] = "0123456789abcdef";
+  std::vector<std::string> errors(3);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 3; ++r)
+    ranks.emplace_back([&, r] {
+      try {
+        dist::detail::tcp_broadcast(got[r], r, 3, "127.0.0.1", port, 20);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& t : ranks) t.join();
+  for (int r = 0; r < 3; ++r) {
+    CHECK_MESSAGE(errors[r].empty(), errors[r]);
+    CHECK(got[r] == "0123456789abcdef");
+  }
+  // Rank 2 never comes.
+  std::string e0, e1;
+  std::string b0 = "abcd", b1 = "....";
+  std::thread t0([&] {
+    try {
+      dist::detail::tcp_broadcast(b0, 0, 3, "127.0.0.1", port + 1, 1.0);
+    } catch (const DistError& e) {
+      e0 = e.what();
+    }
+  });
+  std::thread t1([&] {
+    try {
+      dist::detail::tcp_broadcast(b1, 1, 3, "127.0.0.1", port + 1, 5.0);
+    } catch (const DistError& e) {
+      e1 = e.what();
+    }
+  });
+  t0.join();
+  t1.join();
+  CHECK_MESSAGE(contains(e0, "[dist.init] timed out after 1 s at the rendezvous 127.0.0.1:"), e0);
+  CHECK(contains(e0, "waiting for rank 2"));
+  CHECK(b1 == "abcd");  // rank 1 was served before rank 0 gave up
+  // Nobody listens.
+  std::string lone = "xx";
+  CHECK(contains(error_of<DistError>([&] {
+                   dist::detail::tcp_broadcast(lone, 1, 2, "127.0.0.1", port + 2, 0.3);
+                 }),
+                 "timed out after 0.3 s connecting to rank 0"));
+}
