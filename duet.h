@@ -16,6 +16,7 @@
 #include "nn/init.h"
 #include "nn/layers.h"
 #include "nn/module.h"
+#include "nn/parallel.h"
 #include "nn/optim/optim.h"
 #include "trace/codegen.h"
 #include "trace/compile.h"

@@ -158,6 +158,8 @@ void run_tt(const Config&, std::vector<Result>&);
 /// RN (not a standard workload): an Elman RNN gradient step over duet::scan at lengths 8 and
 /// 64, eager and compiled, and the traces the compiled step takes over lengths 1..64 (rnn.cpp).
 void run_rn(const Config&, std::vector<Result>&);
+/// DP: data-parallel training of the W4 MLP under mpirun (dp.cpp).
+void run_dp(const Config&, std::vector<Result>&);
 /// CT (not a standard workload): compile time (trace, passes, plan) of elementwise chains of
 /// 1,000 to 10,000 ops and of the W4 training step.
 void run_ct(const Config&, std::vector<Result>&);

@@ -19,10 +19,10 @@
 namespace {
 
 void usage() {
-  std::fprintf(
-      stderr,
-      "usage: duet_bench [--only W1,...,W7,C1,CT,TT,RN,W2cuda,W3cuda,W4cuda,W6cuda] [--threads N] "
-      "[--device cpu|cuda|all] [--reps N] [--json] [--ablate] [--profile DIR]\n");
+  std::fprintf(stderr,
+               "usage: duet_bench [--only W1,...,W7,C1,CT,TT,RN,DP,W2cuda,W3cuda,W4cuda,W6cuda] "
+               "[--threads N] "
+               "[--device cpu|cuda|all] [--reps N] [--json] [--ablate] [--profile DIR]\n");
 }
 
 std::string json(const std::vector<bench::Result>& rs) {
@@ -119,6 +119,7 @@ int main(int argc, char** argv) {
     if (only.count("CT")) run("CT", bench::run_ct);
     if (only.count("TT")) run("TT", bench::run_tt);
     if (only.count("RN")) run("RN", bench::run_rn);
+    if (only.count("DP")) run("DP", bench::run_dp);
   }
   // CUDA workloads: on --device cuda or all, or when --only names them.
   const bool on_cuda = cfg.device != "cpu" && !ablation;
@@ -142,6 +143,8 @@ int main(int argc, char** argv) {
   }
   rs.push_back(bench::single({"all", "process", "cpu", "peak_rss_bytes", "", cfg.threads},
                              bench::peak_rss_bytes()));
+  // Under mpirun (DP), rank 0 reports for the job.
+  if (duet::dist::is_initialized() && duet::dist::rank() != 0) return 0;
   if (as_json)
     std::fputs(json(rs).c_str(), stdout);
   else

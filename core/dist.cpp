@@ -71,8 +71,8 @@ int env_int(const char* name, int fallback) {
   char* end = nullptr;
   const long x = std::strtol(v, &end, 10);
   DUET_CHECK_VALUE(*end == 0 && x >= 0 && x < (1L << 30),
-                   "[dist.init] the environment variable {}={} is not a non-negative integer",
-                   name, v);
+                   "[dist.init] the environment variable {}={} is not a non-negative integer", name,
+                   v);
   return static_cast<int>(x);
 }
 
@@ -149,8 +149,7 @@ void tcp_broadcast(std::string& bytes, int rank, int world, const std::string& a
     DUET_CHECK(::bind(listener.fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0,
                "[dist.init] rank 0 cannot listen on port {} (MASTER_PORT): {}", port,
                std::strerror(errno));
-    DUET_CHECK(::listen(listener.fd, world) == 0, "[dist.init] listen(): {}",
-               std::strerror(errno));
+    DUET_CHECK(::listen(listener.fd, world) == 0, "[dist.init] listen(): {}", std::strerror(errno));
     std::vector<bool> seen(static_cast<size_t>(world), false);
     for (int joined = 1; joined < world;) {
       const auto left =
@@ -158,10 +157,11 @@ void tcp_broadcast(std::string& bytes, int rank, int world, const std::string& a
       if (left <= 0) {
         std::string missing;
         for (int r = 1; r < world; ++r)
-          if (!seen[static_cast<size_t>(r)]) missing += fmt::format("{}{}", missing.empty() ? "" : ", ", r);
-        throw DistError(fmt::format(
-            "[dist.init] timed out after {} s at the rendezvous {} waiting for rank {}",
-            timeout_s, where, missing));
+          if (!seen[static_cast<size_t>(r)])
+            missing += fmt::format("{}{}", missing.empty() ? "" : ", ", r);
+        throw DistError(
+            fmt::format("[dist.init] timed out after {} s at the rendezvous {} waiting for rank {}",
+                        timeout_s, where, missing));
       }
       pollfd pfd{listener.fd, POLLIN, 0};
       if (::poll(&pfd, 1, static_cast<int>(std::min<int64_t>(left, 1000))) <= 0) continue;
@@ -198,8 +198,8 @@ void tcp_broadcast(std::string& bytes, int rank, int world, const std::string& a
     DUET_CHECK(s.fd >= 0, "[dist.init] socket(): {}", std::strerror(errno));
     if (::connect(s.fd, res->ai_addr, res->ai_addrlen) == 0) {
       const int32_t r = rank;
-      DUET_CHECK(io_all(s.fd, const_cast<char*>(reinterpret_cast<const char*>(&r)), sizeof r,
-                        true, deadline) &&
+      DUET_CHECK(io_all(s.fd, const_cast<char*>(reinterpret_cast<const char*>(&r)), sizeof r, true,
+                        deadline) &&
                      io_all(s.fd, const_cast<char*>(reinterpret_cast<const char*>(&n)), sizeof n,
                             true, deadline) &&
                      io_all(s.fd, bytes.data(), n, false, deadline),
@@ -207,10 +207,10 @@ void tcp_broadcast(std::string& bytes, int rank, int world, const std::string& a
       return;
     }
     if (clock::now() >= deadline)
-      throw DistError(fmt::format(
-          "[dist.init] timed out after {} s connecting to rank 0 at the rendezvous {} "
-          "(MASTER_ADDR:MASTER_PORT)",
-          timeout_s, where));
+      throw DistError(
+          fmt::format("[dist.init] timed out after {} s connecting to rank 0 at the rendezvous {} "
+                      "(MASTER_ADDR:MASTER_PORT)",
+                      timeout_s, where));
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
 }
@@ -250,11 +250,11 @@ void init(const InitOptions& options) {
     if (w.size == 1) {
       w.comm[t_cpu] = std::make_unique<detail::LocalComm>();
     } else {
-      DUET_CHECK_VALUE(!detail::env_str("MASTER_ADDR").empty() &&
-                           !detail::env_str("MASTER_PORT").empty(),
-                       "[dist.init] WORLD_SIZE={} needs MASTER_ADDR and MASTER_PORT (rank 0's "
-                       "address and a free port) for the rendezvous",
-                       w.size);
+      DUET_CHECK_VALUE(
+          !detail::env_str("MASTER_ADDR").empty() && !detail::env_str("MASTER_PORT").empty(),
+          "[dist.init] WORLD_SIZE={} needs MASTER_ADDR and MASTER_PORT (rank 0's "
+          "address and a free port) for the rendezvous",
+          w.size);
       w.why[t_cpu] = fmt::format(
           "CPU collectives in a world of {} processes need MPI: launch with mpirun (this "
           "process was started by RANK/WORLD_SIZE from the environment)",

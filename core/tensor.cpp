@@ -456,6 +456,26 @@ void Tensor::set_grad(const Tensor& g) {
   detail::autograd_meta(*t).grad = g.impl_ptr();
 }
 
+int64_t Tensor::register_post_accumulate_grad_hook(std::function<void(const Tensor&)> hook) {
+  detail::TensorImpl* t = impl();
+  DUET_CHECK_VALUE(is_leaf() && requires_grad(),
+                   "[register_post_accumulate_grad_hook] needs a leaf that requires grad, got "
+                   "a {} {} {}",
+                   is_leaf() ? "leaf" : "non-leaf", t->shape, t->dtype);
+  DUET_CHECK_VALUE(hook != nullptr, "[register_post_accumulate_grad_hook] an empty hook");
+  static std::atomic<int64_t> next{1};
+  const int64_t h = next.fetch_add(1);
+  detail::autograd_meta(*t).post_accumulate_hooks.emplace_back(h, std::move(hook));
+  return h;
+}
+
+void Tensor::remove_post_accumulate_grad_hook(int64_t handle) {
+  detail::TensorImpl* t = impl();
+  if (!t->autograd) return;
+  auto& hooks = t->autograd->post_accumulate_hooks;
+  std::erase_if(hooks, [&](const auto& h) { return h.first == handle; });
+}
+
 std::ostream& operator<<(std::ostream& os, const Tensor& t) { return os << t.str(); }
 
 }  // namespace duet

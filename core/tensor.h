@@ -2,6 +2,7 @@
 // clone() makes an independent copy.
 #pragma once
 
+#include <functional>
 #include <iosfwd>
 #include <source_location>
 #include <string>
@@ -94,6 +95,12 @@ class Tensor {
   Tensor grad() const;
   /// Replaces the gradient buffer (undefined to free it); shape and dtype must match.
   void set_grad(const Tensor& grad);
+  /// Calls hook(leaf) each time a backward() has accumulated this leaf's whole gradient of that
+  /// backward into grad(), as torch's register_post_accumulate_grad_hook (data-parallel training
+  /// starts a gradient's all-reduce there). Hooks run in backward's grad mode, and are traced
+  /// with it in a compiled function. Returns a handle for remove_post_accumulate_grad_hook.
+  int64_t register_post_accumulate_grad_hook(std::function<void(const Tensor&)> hook);
+  void remove_post_accumulate_grad_hook(int64_t handle);
   /// Backpropagates from this tensor: accumulates d(this)/d(leaf) into every leaf's grad().
   /// grad_output defaults to 1 for a one-element tensor. Without retain_graph the saved
   /// tensors are freed, and a second backward through the same graph is an error.

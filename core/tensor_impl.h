@@ -8,6 +8,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -18,6 +19,10 @@
 #include "core/symbolic.h"
 #include "core/dtype.h"
 #include "core/shape.h"
+
+namespace duet {
+class Tensor;
+}
 
 namespace duet::detail {
 
@@ -156,6 +161,8 @@ using TensorImplPtr = IntrusivePtr<TensorImpl>;
 struct AutogradMeta {
   TensorImplPtr grad;
   std::shared_ptr<Node> grad_fn;
+  /// Tensor::register_post_accumulate_grad_hook's hooks, by handle.
+  std::vector<std::pair<int64_t, std::function<void(const Tensor&)>>> post_accumulate_hooks;
 };
 
 /// The tensor's AutogradMeta, created on first use.

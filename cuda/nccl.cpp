@@ -70,8 +70,7 @@ class NcclComm final : public Comm {
         check_nccl(ncclAllGather(c.src, c.dst, n, t, comm, s), "ncclAllGather", c.name);
         break;
       case OpId::ReduceScatter:
-        check_nccl(ncclReduceScatter(c.src, c.dst, n, t, op, comm, s), "ncclReduceScatter",
-                   c.name);
+        check_nccl(ncclReduceScatter(c.src, c.dst, n, t, op, comm, s), "ncclReduceScatter", c.name);
         break;
       default:
         DUET_ASSERT(false, "{} is not a collective", op_name(c.op));

@@ -42,6 +42,10 @@ struct GradModeScope {
  private:
   bool prev_;
 };
+/// Queues `callback` to run once the backward() running on this thread has reached every leaf
+/// (data-parallel training all-reduces the gradient buckets that no hook completed). Called
+/// from a gradient hook; an Error outside a backward.
+void at_backward_end(std::function<void()> callback);
 /// grad() with retain_graph chosen separately (the tracer differentiates one graph several
 /// times).
 std::vector<Tensor> grad(std::vector<Tensor> outputs, std::vector<Tensor> inputs,

@@ -123,6 +123,29 @@ void accumulate(TensorImpl* leaf, Tensor g, bool create_graph) {
   }
 }
 
+// Tensor::register_post_accumulate_grad_hook's hooks of a leaf whose gradient is complete.
+void run_post_accumulate_hooks(const Tensor& leaf) {
+  const TensorImpl* l = leaf.unsafe_impl();
+  if (!l->autograd || l->autograd->post_accumulate_hooks.empty()) return;
+  const auto hooks = l->autograd->post_accumulate_hooks;  // a hook may add or remove hooks
+  for (const auto& h : hooks) h.second(leaf);
+}
+
+thread_local std::vector<std::function<void()>>* tls_backward_end = nullptr;
+
+// The callbacks at_backward_end() queued during one backward, run at its end (also on a throw,
+// so none leaks into the next backward, but then not run).
+struct BackwardEndScope {
+  std::vector<std::function<void()>> callbacks;
+  std::vector<std::function<void()>>* prev;
+  BackwardEndScope() : prev(tls_backward_end) { tls_backward_end = &callbacks; }
+  ~BackwardEndScope() { tls_backward_end = prev; }
+  void run() {
+    for (size_t i = 0; i < callbacks.size(); ++i) callbacks[i]();  // may queue more
+    callbacks.clear();
+  }
+};
+
 struct Capture {
   std::unordered_map<const TensorImpl*, size_t> leaves;
   std::unordered_map<const Node*, size_t> nodes;
@@ -132,6 +155,7 @@ struct Capture {
 void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& root_grads,
                   bool retain_graph, bool create_graph, Capture* capture) {
   GradModeScope mode(create_graph);
+  BackwardEndScope end;
   std::unordered_map<Node*, Tensor> buffers;
   // A leaf's gradient is summed over its uses, then accumulated into .grad once, as PyTorch's
   // AccumulateGrad does (two backwards then add the same tensor twice, bit for bit).
@@ -150,6 +174,7 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& r
       if (it != capture->leaves.end()) add_to(capture->results[it->second], root_grads[i]);
     } else {
       accumulate(const_cast<TensorImpl*>(r), root_grads[i], create_graph);
+      run_post_accumulate_hooks(roots[i]);
     }
   }
   // Nodes that lead to something that wants a gradient, and their dependency counts.
@@ -263,11 +288,13 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& r
         if (--leaf_uses[l] == 0) {  // its last use
           accumulate(l, std::move(leaf_grads[l]), create_graph);
           leaf_grads.erase(l);
+          run_post_accumulate_hooks(Tensor(e.leaf));
         }
       }
     }
   }
   DUET_ASSERT(leaf_grads.empty(), "{} leaf gradients were never accumulated", leaf_grads.size());
+  end.run();
 }
 
 Tensor default_grad(const char* op, const Tensor& out, const Tensor& given, size_t i) {
@@ -296,6 +323,12 @@ void check_not_escaped(const Tensor& t, const char* what) {
 }
 
 }  // namespace
+
+void at_backward_end(std::function<void()> callback) {
+  DUET_CHECK(tls_backward_end != nullptr,
+             "[at_backward_end] called outside a backward (from a gradient hook, say)");
+  tls_backward_end->push_back(std::move(callback));
+}
 
 void throw_stale_input(const Node& n, int64_t i) { throw_stale(n, n.saved[i]); }
 

@@ -62,15 +62,12 @@ std::string desc_str(const int64_t* d) {
   if (nd > 6) shape += ", ...";
   shape += nd == 1 ? ",)" : ")";
   const char* reduce = d[2] == 0 ? "sum" : "max";
-  return fmt::format("{}({} {}{}{})", op_name(static_cast<OpId>(d[0])),
-                     dtype_name(static_cast<DType>(d[1])), shape,
-                     static_cast<OpId>(d[0]) == OpId::Broadcast
-                         ? fmt::format(", root {}", d[3])
-                         : "",
-                     static_cast<OpId>(d[0]) == OpId::AllReduce ||
-                             static_cast<OpId>(d[0]) == OpId::ReduceScatter
-                         ? fmt::format(", {}", reduce)
-                         : "");
+  return fmt::format(
+      "{}({} {}{}{})", op_name(static_cast<OpId>(d[0])), dtype_name(static_cast<DType>(d[1])),
+      shape, static_cast<OpId>(d[0]) == OpId::Broadcast ? fmt::format(", root {}", d[3]) : "",
+      static_cast<OpId>(d[0]) == OpId::AllReduce || static_cast<OpId>(d[0]) == OpId::ReduceScatter
+          ? fmt::format(", {}", reduce)
+          : "");
 }
 
 class MpiComm;
@@ -179,13 +176,13 @@ class MpiComm final : public Comm {
         start + std::chrono::microseconds(static_cast<int64_t>(options().timeout_s * 1e6));
     int done = 0;
     for (int spins = 0;; ++spins) {
-      check_mpi(MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done,
-                            MPI_STATUSES_IGNORE),
+      check_mpi(MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done, MPI_STATUSES_IGNORE),
                 "waiting for the collective", op);
       if (done) return;
       if (clock::now() >= deadline) break;
       // Spin briefly (small collectives finish in microseconds), then sleep a little.
-      if (spins > 2000) std::this_thread::sleep_for(std::chrono::microseconds(spins > 20000 ? 500 : 50));
+      if (spins > 2000)
+        std::this_thread::sleep_for(std::chrono::microseconds(spins > 20000 ? 500 : 50));
     }
     std::string missing;
     for (size_t k = 0; k < peers.size(); ++k) {
@@ -198,9 +195,10 @@ class MpiComm final : public Comm {
     }
     const std::string what =
         missing.empty()
-            ? fmt::format("[{}] timed out after {:g} s: every rank arrived, but the transport did "
-                          "not finish",
-                          op, options().timeout_s)
+            ? fmt::format(
+                  "[{}] timed out after {:g} s: every rank arrived, but the transport did "
+                  "not finish",
+                  op, options().timeout_s)
             : fmt::format("[{}] timed out after {:g} s waiting for rank {}", op,
                           options().timeout_s, missing);
     broken_ = what;
@@ -209,15 +207,18 @@ class MpiComm final : public Comm {
 
   // Gathers every rank's description of this call and compares (InitOptions::check_consistency).
   void check_consistency(const CollectiveCall& c) {
-    int64_t mine[kDescLen] = {static_cast<int64_t>(c.op), static_cast<int64_t>(c.dtype),
-                              static_cast<int64_t>(c.reduce), c.root, c.count,
+    int64_t mine[kDescLen] = {static_cast<int64_t>(c.op),
+                              static_cast<int64_t>(c.dtype),
+                              static_cast<int64_t>(c.reduce),
+                              c.root,
+                              c.count,
                               static_cast<int64_t>(c.shape.size())};
     for (int64_t i = 0; i < c.shape.size() && i < 6; ++i) mine[6 + i] = c.shape[i];
     std::vector<int64_t> all(static_cast<size_t>(kDescLen * size_));
     MPI_Request req = MPI_REQUEST_NULL;
-    check_mpi(MPI_Iallgather(mine, kDescLen, MPI_INT64_T, all.data(), kDescLen, MPI_INT64_T, comm_,
-                             &req),
-              "the consistency check", c.name);
+    check_mpi(
+        MPI_Iallgather(mine, kDescLen, MPI_INT64_T, all.data(), kDescLen, MPI_INT64_T, comm_, &req),
+        "the consistency check", c.name);
     wait(req, c.name);
     std::string diff;
     for (int r = 0; r < size_; ++r) {

@@ -1,6 +1,8 @@
 // duet: IDX files through zlib, Fashion-MNIST, and the DataLoader.
 #include "nn/data.h"
 
+#include "core/dist.h"
+
 #include <zlib.h>
 
 #include <algorithm>
@@ -306,11 +308,14 @@ int64_t DataLoader::size() const {
   return drop_last_ ? num_samples_ / batch_size_ : (num_samples_ + batch_size_ - 1) / batch_size_;
 }
 
-Tensor DataLoader::order(uint64_t epoch) const {
+namespace {
+// 0, ..., n - 1, shuffled by a generator seeded from (seed, epoch) when `shuffle`.
+Tensor epoch_order(int64_t n, bool shuffle, uint64_t seed_, uint64_t epoch) {
+  const int64_t num_samples_ = n;
   Tensor perm = duet::detail::empty(Shape{num_samples_}, DType::i64);
   int64_t* p = perm.data_ptr<int64_t>();
   std::iota(p, p + num_samples_, int64_t{0});
-  if (!shuffle_) return perm;
+  if (!shuffle) return perm;
   // A generator of the loader's own, seeded from (seed, epoch) through seed_seq (whose output
   // the standard specifies), and an unbiased Fisher-Yates shuffle written out rather than
   // std::shuffle, whose draws differ between standard libraries: the same seed gives the same
@@ -327,6 +332,52 @@ Tensor DataLoader::order(uint64_t epoch) const {
     std::swap(p[i], p[r % n]);
   }
   return perm;
+}
+}  // namespace
+
+Tensor DataLoader::order(uint64_t epoch) const {
+  if (sampler_) return sampler_->indices(epoch);
+  return epoch_order(num_samples_, shuffle_, seed_, epoch);
+}
+
+DataLoader::DataLoader(Tensor inputs, Tensor targets, int64_t batch_size,
+                       DistributedSampler sampler, bool drop_last)
+    : DataLoader(std::move(inputs), std::move(targets), batch_size, false, 0, drop_last) {
+  DUET_CHECK_VALUE(sampler.dataset_size() == num_samples_,
+                   "[DataLoader] the sampler covers {} rows, the dataset has {}",
+                   sampler.dataset_size(), num_samples_);
+  num_samples_ = sampler.num_samples();
+  sampler_ = std::move(sampler);
+}
+
+DistributedSampler::DistributedSampler(int64_t dataset_size, int num_replicas, int rank,
+                                       bool shuffle, uint64_t seed, bool drop_last)
+    : dataset_size_(dataset_size),
+      num_samples_(0),
+      replicas_(num_replicas < 0 ? dist::world_size() : num_replicas),
+      rank_(rank < 0 ? dist::rank() : rank),
+      shuffle_(shuffle),
+      drop_last_(drop_last),
+      seed_(seed) {
+  DUET_CHECK_VALUE(dataset_size >= 0, "[DistributedSampler] dataset_size {} is negative",
+                   dataset_size);
+  DUET_CHECK_VALUE(replicas_ >= 1 && rank_ >= 0 && rank_ < replicas_,
+                   "[DistributedSampler] rank {} is not in [0, {}) (num_replicas)", rank_,
+                   replicas_);
+  num_samples_ = drop_last ? dataset_size / replicas_ : (dataset_size + replicas_ - 1) / replicas_;
+}
+
+Tensor DistributedSampler::indices(uint64_t epoch) const {
+  const Tensor all = epoch_order(dataset_size_, shuffle_, seed_, epoch);
+  const int64_t* a = all.data_ptr<int64_t>();
+  Tensor mine = duet::detail::empty(Shape{num_samples_}, DType::i64);
+  int64_t* m = mine.data_ptr<int64_t>();
+  // Position k of the padded (or cut) order is a[k % dataset_size_] (torch repeats the head).
+  for (int64_t j = 0; j < num_samples_; ++j) {
+    const int64_t k = rank_ + j * replicas_;
+    m[j] = a[k % dataset_size_];
+  }
+  return mine;
 }
 
 DataLoader::Iterator DataLoader::begin() {

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <iterator>
+#include <optional>
 #include <string>
 
 #include "core/tensor.h"
@@ -48,6 +49,31 @@ struct Batch {
   Tensor inputs, targets;
 };
 
+/// Each rank's share of a dataset of num_samples rows, as torch's DistributedSampler: every
+/// epoch one order of all rows (a permutation seeded from (seed, epoch) when shuffling, the same
+/// on every rank), then rank r takes rows r, r + R, r + 2R, ... of it (R = num_replicas). Every
+/// rank gets num_samples() rows: without drop_last the order is padded with its own first rows
+/// up to a multiple of R; with drop_last its tail is dropped down to one.
+class DistributedSampler {
+ public:
+  /// num_replicas and rank default to dist::world_size() and dist::rank() (-1).
+  explicit DistributedSampler(int64_t dataset_size, int num_replicas = -1, int rank = -1,
+                              bool shuffle = true, uint64_t seed = 0, bool drop_last = false);
+  /// This rank's row indices in epoch `epoch`: an i64 tensor (num_samples()).
+  Tensor indices(uint64_t epoch) const;
+  /// Rows per rank and epoch.
+  int64_t num_samples() const { return num_samples_; }
+  int num_replicas() const { return replicas_; }
+  int rank() const { return rank_; }
+  int64_t dataset_size() const { return dataset_size_; }
+
+ private:
+  int64_t dataset_size_, num_samples_;
+  int replicas_, rank_;
+  bool shuffle_, drop_last_;
+  uint64_t seed_;
+};
+
 /// Mini-batches over (inputs, targets) along dim 0, for a range-for:
 ///   for (auto& [x, y] : loader) ...
 /// Each pass (each begin()) is one epoch: with shuffle, the order is a permutation drawn from
@@ -85,6 +111,10 @@ class DataLoader {
   /// Without drop_last the last batch may be smaller; with it, a partial batch is dropped.
   DataLoader(Tensor inputs, Tensor targets, int64_t batch_size, bool shuffle = true,
              uint64_t seed = 0, bool drop_last = false);
+  /// This rank's share of the rows, in the sampler's order (its shuffle and seed); every rank
+  /// gets the same number of batches.
+  DataLoader(Tensor inputs, Tensor targets, int64_t batch_size, DistributedSampler sampler,
+             bool drop_last = false);
 
   /// The first batch of the next epoch (draws its order, then advances the epoch number).
   Iterator begin();
@@ -106,6 +136,7 @@ class DataLoader {
   int64_t batch_size_, num_samples_;
   bool shuffle_, drop_last_;
   uint64_t seed_, epoch_ = 0;
+  std::optional<DistributedSampler> sampler_;
 };
 
 }  // namespace duet::data

@@ -45,8 +45,10 @@ TEST_CASE("dist: misuse names the collective, the shape and the dtype") {
   CHECK(contains(split, "[all_gather] needs a tensor with a dim to join along, got a 0-d f32"));
   CHECK(contains(error_of<DTypeError>([] { (void)dist::all_reduce(ones({2}).to(DType::b8)); }),
                  "[all_reduce] cannot sum b8 values over ranks (shape (2))"));
-  CHECK(contains(error_of<DTypeError>(
-                     [] { (void)dist::all_reduce(ones({2}, Options().dtype(DType::i64)), dist::ReduceOp::Mean); }),
+  CHECK(contains(error_of<DTypeError>([] {
+                   (void)dist::all_reduce(ones({2}, Options().dtype(DType::i64)),
+                                          dist::ReduceOp::Mean);
+                 }),
                  "[all_reduce] mean needs a floating tensor, got i64 (2)"));
   CHECK(contains(error_of<ValueError>([] { (void)dist::broadcast(ones({2}), 3); }),
                  "[broadcast] root 3 is not a rank of a world of 1 (shape (2), f32)"));
@@ -139,8 +141,73 @@ TEST_CASE("dist: the TCP rendezvous hands rank 0's bytes to every rank, or times
   CHECK(b1 == "abcd");  // rank 1 was served before rank 0 gave up
   // Nobody listens.
   std::string lone = "xx";
-  CHECK(contains(error_of<DistError>([&] {
-                   dist::detail::tcp_broadcast(lone, 1, 2, "127.0.0.1", port + 2, 0.3);
-                 }),
+  CHECK(contains(error_of<DistError>(
+                     [&] { dist::detail::tcp_broadcast(lone, 1, 2, "127.0.0.1", port + 2, 0.3); }),
                  "timed out after 0.3 s connecting to rank 0"));
+}
+
+TEST_CASE("dist: DistributedSampler follows torch: shards, padding or dropping, epochs") {
+  // 10 rows over 3 ranks without shuffling: padded to 12 with rows 0 and 1.
+  auto rows = [](const data::DistributedSampler& s, uint64_t epoch) {
+    return values(s.indices(epoch));
+  };
+  CHECK(rows(data::DistributedSampler(10, 3, 0, false), 0) == std::vector<double>{0, 3, 6, 9});
+  CHECK(rows(data::DistributedSampler(10, 3, 1, false), 0) == std::vector<double>{1, 4, 7, 0});
+  CHECK(rows(data::DistributedSampler(10, 3, 2, false), 0) == std::vector<double>{2, 5, 8, 1});
+  // drop_last: 9 rows used, 3 each.
+  CHECK(rows(data::DistributedSampler(10, 3, 2, false, 0, true), 0) ==
+        std::vector<double>{2, 5, 8});
+  // Shuffled: the ranks' shares of one epoch are disjoint and cover every row; another epoch is
+  // another order; the same seed and epoch give the same order.
+  std::vector<double> all;
+  for (int r = 0; r < 2; ++r)
+    for (double v : rows(data::DistributedSampler(10, 2, r, true, 5), 3)) all.push_back(v);
+  std::sort(all.begin(), all.end());
+  CHECK(all == std::vector<double>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9});
+  CHECK(rows(data::DistributedSampler(10, 2, 0, true, 5), 3) !=
+        rows(data::DistributedSampler(10, 2, 0, true, 5), 4));
+  CHECK(rows(data::DistributedSampler(10, 2, 0, true, 5), 3) ==
+        rows(data::DistributedSampler(10, 2, 0, true, 5), 3));
+  CHECK(data::DistributedSampler(0, 2, 1).num_samples() == 0);
+  CHECK(contains(error_of<ValueError>([] { data::DistributedSampler(10, 2, 2); }),
+                 "[DistributedSampler] rank 2 is not in [0, 2) (num_replicas)"));
+  // In a world of one, the defaults are this process.
+  dist::init();
+  CHECK(data::DistributedSampler(4).num_samples() == 4);
+}
+
+TEST_CASE("dist: a post-accumulate-grad hook sees each leaf's whole gradient once") {
+  Tensor w = ones({3}).requires_grad_();
+  std::vector<double> seen;
+  const int64_t h = w.register_post_accumulate_grad_hook(
+      [&](const Tensor& leaf) { seen.push_back(values(leaf.grad())[0]); });
+  sum(w * 2.0 + w * 3.0).backward();  // two uses, one hook call with the sum
+  CHECK(seen == std::vector<double>{5});
+  sum(w).backward();  // accumulated: 5 + 1
+  CHECK(seen == std::vector<double>{5, 6});
+  w.remove_post_accumulate_grad_hook(h);
+  sum(w).backward();
+  CHECK(seen.size() == 2);
+  CHECK(contains(error_of<ValueError>([] {
+                   (void)ones({2}).register_post_accumulate_grad_hook([](const Tensor&) {});
+                 }),
+                 "needs a leaf that requires grad"));
+  CHECK(contains(error_of<Error>([] { detail::at_backward_end([] {}); }),
+                 "[at_backward_end] called outside a backward"));
+}
+
+// Run alone by the ctest entry test_dist_env, with RANK=1 WORLD_SIZE=2 and a MASTER_ADDR in the
+// environment and no mpirun.
+TEST_CASE("dist env: a torchrun-style launch without MPI says CPU collectives need mpirun" *
+          doctest::skip(std::getenv("DUET_DIST_ENV_CASE") == nullptr)) {
+  dist::init();
+  CHECK(dist::launcher() == "env");
+  CHECK(dist::rank() == 1);
+  CHECK(dist::world_size() == 2);
+  CHECK(dist::backend(DeviceType::CPU) == "none");
+  const std::string m = error_of<DeviceError>([] { (void)dist::all_reduce(ones({2})); });
+  CHECK(contains(m,
+                 "[all_reduce] no transport for cpu tensors: CPU collectives in a world of 2 "
+                 "processes need MPI: launch with mpirun (this process was started by "
+                 "RANK/WORLD_SIZE from the environment)"));
 }

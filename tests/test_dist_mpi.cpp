@@ -65,7 +65,8 @@ TEST_CASE("dist mpi: each collective's values, every dtype it takes") {
   check_tensor(dist::all_reduce(ranked({2}).to(DType::b8), dist::ReduceOp::Max), {2}, DType::b8,
                {1, 1});
   // A strided input, and an empty one.
-  check_tensor(dist::all_reduce(transpose(ranked({3, 2}), 0, 1)), {2, 3}, DType::f32, {3, 9, 15, 6, 12, 18});
+  check_tensor(dist::all_reduce(transpose(ranked({3, 2}), 0, 1)), {2, 3}, DType::f32,
+               {3, 9, 15, 6, 12, 18});
   CHECK(dist::all_gather(zeros({0, 2})).sizes() == Shape{0, 2});
 }
 
@@ -106,9 +107,9 @@ TEST_CASE("dist mpi: the collectives' gradients pass a gradcheck across ranks") 
           plus[i] += eps;
           minus[i] -= eps;
         }
-        const double d = (loss(make(plus, {2, 4}, DType::f64)) -
-                          loss(make(minus, {2, 4}, DType::f64))) /
-                         (2 * eps);
+        const double d =
+            (loss(make(plus, {2, 4}, DType::f64)) - loss(make(minus, {2, 4}, DType::f64))) /
+            (2 * eps);
         if (dist::rank() == p) numeric[i] = d;
       }
     const std::string m = differences(analytic, numeric, 1e-6, 1e-6);
@@ -120,9 +121,9 @@ namespace {
 
 struct Net {
   nn::Sequential seq;
-  explicit Net(DType dt) : seq(nn::Linear(8, 16), nn::Tanh(), nn::Linear(16, 4)) {
+  Net() : seq(nn::Linear(8, 16), nn::Tanh(), nn::Linear(16, 4)) {
     manual_seed(5);  // the same start on every rank
-    for (Tensor& p : seq.parameters()) p.detach().copy_(randn(p.sizes()).to(dt) * 0.3);
+    for (Tensor& p : seq.parameters()) p.detach().copy_(randn(p.sizes()) * 0.3);
   }
 };
 
@@ -141,13 +142,14 @@ Tensor step(Net& net, optim::Optimizer& opt, const Tensor& x, const Tensor& y, b
 
 }  // namespace
 
-TEST_CASE("dist mpi: two ranks at batch 128 train as one process at batch 256, eager and compiled") {
+TEST_CASE(
+    "dist mpi: two ranks at batch 128 train as one process at batch 256, eager and compiled") {
   init();
   const int r = dist::rank();
   for (const char* optimizer : {"sgd", "adam"})
     for (bool compiled : {false, true}) {
       INFO(optimizer << (compiled ? " compiled" : " eager"));
-      Net one(DType::f32), two(DType::f32);
+      Net one, two;
       auto make_opt = [&](Net& n) -> std::unique_ptr<optim::Optimizer> {
         if (std::string(optimizer) == "sgd")
           return std::make_unique<optim::SGD>(n.seq.parameters(),
@@ -160,7 +162,8 @@ TEST_CASE("dist mpi: two ranks at batch 128 train as one process at batch 256, e
       manual_seed(9);
       for (int i = 0; i < 20; ++i) {
         const Tensor x = randn({256, 8}), y = randn({256, 4});
-        const Tensor xr = slice(x, 0, 128 * r, 128 * (r + 1)), yr = slice(y, 0, 128 * r, 128 * (r + 1));
+        const Tensor xr = slice(x, 0, 128 * r, 128 * (r + 1)),
+                     yr = slice(y, 0, 128 * r, 128 * (r + 1));
         if (compiled) {
           (void)c_one(x, y);
           (void)c_two(xr, yr);
@@ -219,4 +222,98 @@ TEST_CASE("dist mpi fault: a rank that never arrives times out the others, namin
     std::printf("fault test passed: timeout\n");
   std::fflush(stdout);
   std::_Exit(0);
+}
+
+TEST_CASE("dist mpi: DistributedDataParallel buckets, eager and compiled, with no_sync") {
+  init();
+  const int r = dist::rank();
+  for (bool compiled : {false, true}) {
+    INFO((compiled ? "compiled" : "eager"));
+    Net one, two;
+    if (r == 1)  // rank 1 starts elsewhere: DDP copies rank 0's parameters
+      for (Tensor& p : two.seq.parameters()) p.detach().copy_(p.detach() * 0.5 + 1.0);
+    // Buckets of 300 bytes, filled in reverse: {fc2.bias 16 B, fc2.weight 256 B}, {fc1.bias 64 B},
+    // {fc1.weight 512 B}.
+    nn::DistributedDataParallel ddp(two.seq, {.bucket_cap_mb = 300.0 / (1024 * 1024)});
+    CHECK(ddp.buckets().size() == 3);
+    optim::SGD opt_one(one.seq.parameters(), {.lr = 0.05, .momentum = 0.9});
+    optim::SGD opt_two(two.seq.parameters(), {.lr = 0.05, .momentum = 0.9});
+    auto plain = [&](Net& n, optim::Optimizer& opt, const Tensor& x, const Tensor& y) {
+      opt.zero_grad();
+      Tensor loss = mse_loss(n.seq(x), y);
+      loss.backward();
+      opt.step();
+      return loss;
+    };
+    auto c_one = compile([&](Tensor x, Tensor y) { return plain(one, opt_one, x, y); });
+    auto c_two = compile([&](Tensor x, Tensor y) { return plain(two, opt_two, x, y); });
+    manual_seed(19);
+    for (int i = 0; i < 10; ++i) {
+      const Tensor x = randn({256, 8}), y = randn({256, 4});
+      const Tensor xr = slice(x, 0, 128 * r, 128 * (r + 1)),
+                   yr = slice(y, 0, 128 * r, 128 * (r + 1));
+      if (compiled) {
+        (void)c_one(x, y);
+        (void)c_two(xr, yr);
+      } else {
+        (void)plain(one, opt_one, x, y);
+        (void)plain(two, opt_two, xr, yr);
+      }
+    }
+    const auto p1 = one.seq.parameters(), p2 = two.seq.parameters();
+    for (size_t k = 0; k < p1.size(); ++k) {
+      const std::string m = differences(values(p2[k]), values(p1[k]), 1e-5, 1e-6);
+      CHECK_MESSAGE(m.empty(), "rank " << r << " parameter " << k << ": " << m);
+    }
+    if (compiled) {
+      // One all-reduce per bucket in the step's graph.
+      const std::string g = c_two.graph().str();
+      size_t n = 0;
+      for (size_t at = g.find("all_reduce("); at != std::string::npos;
+           at = g.find("all_reduce(", at + 1))
+        ++n;
+      CHECK(n == ddp.buckets().size());
+      CHECK(c_two.stats().traces == 1);
+    } else {
+      CHECK(ddp.reductions() == 10 * 3);
+    }
+  }
+  // Gradient accumulation: two micro-batches under no_sync, then one synchronized backward,
+  // equal one process's gradient over all four micro-batches (mean of means).
+  Net one, two;
+  nn::DistributedDataParallel ddp(two.seq);
+  auto row = [](const Tensor& t, int64_t m) {
+    return reshape(slice(t, 0, m, m + 1), {t.size(1), t.size(2)});
+  };
+  manual_seed(23);
+  const Tensor x = randn({4, 32, 8}), y = randn({4, 32, 4});
+  for (int m = 0; m < 4; ++m) (mse_loss(one.seq(row(x, m)), row(y, m)) / 4.0).backward();
+  {
+    auto guard = ddp.no_sync();
+    (mse_loss(two.seq(row(x, 2 * r)), row(y, 2 * r)) / 2.0).backward();
+  }
+  const int64_t before = ddp.reductions();
+  (mse_loss(two.seq(row(x, 2 * r + 1)), row(y, 2 * r + 1)) / 2.0).backward();
+  CHECK(ddp.reductions() == before + int64_t(ddp.buckets().size()));
+  const auto g1 = one.seq.parameters(), g2 = two.seq.parameters();
+  for (size_t k = 0; k < g1.size(); ++k) {
+    const std::string m = differences(values(g2[k].grad()), values(g1[k].grad()), 1e-5, 1e-7);
+    CHECK_MESSAGE(m.empty(), "rank " << r << " gradient " << k << ": " << m);
+  }
+}
+
+TEST_CASE("dist mpi: DistributedSampler shards a dataset, one batch count on every rank") {
+  init();
+  const Tensor xs = reshape(arange(10).to(DType::f32), {10, 1}), ys = arange(10);
+  data::DataLoader loader(xs, ys, 2, data::DistributedSampler(10, -1, -1, true, 7));
+  CHECK(loader.size() == 3);  // 10 rows, 5 per rank, batches of 2
+  std::vector<double> mine;
+  for (auto [x, y] : loader)
+    for (double v : values(y)) mine.push_back(v);
+  CHECK(mine.size() == 5);
+  // Both ranks' rows together are every row once.
+  const Tensor all = dist::all_gather(make(mine, {5}, DType::f64));
+  std::vector<double> v = values(all);
+  std::sort(v.begin(), v.end());
+  CHECK(v == std::vector<double>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9});
 }

@@ -131,8 +131,8 @@ Tensor all_reduce(const Tensor& x, ReduceOp op, std::source_location loc) {
   Attrs a;
   a.end = duet::detail::checked_world("all_reduce");
   if (op == ReduceOp::Mean) {
-    DUET_CHECK_DTYPE(is_floating(x.dtype()),
-                     "[all_reduce] mean needs a floating tensor, got {} {}", x.dtype(), x.sizes());
+    DUET_CHECK_DTYPE(is_floating(x.dtype()), "[all_reduce] mean needs a floating tensor, got {} {}",
+                     x.dtype(), x.sizes());
     return duet::detail::call_collective(OpId::AllReduce, x, a) / static_cast<double>(a.end);
   }
   a.dim = op == ReduceOp::Max ? 1 : 0;
@@ -153,8 +153,8 @@ Tensor all_gather(const Tensor& x, int64_t dim, std::source_location loc) {
   DUET_CHECK_VALUE(x.defined(), "[all_gather] an undefined tensor");
   Attrs a;
   a.end = duet::detail::checked_world("all_gather");
-  DUET_CHECK_SHAPE(x.dim() >= 1, "[all_gather] needs a tensor with a dim to join along, got a 0-d {}",
-                   x.dtype());
+  DUET_CHECK_SHAPE(x.dim() >= 1,
+                   "[all_gather] needs a tensor with a dim to join along, got a 0-d {}", x.dtype());
   const int64_t d = duet::detail::wrap_dim("all_gather", dim, x.dim());
   if (d == 0) return duet::detail::call_collective(OpId::AllGather, x, a);
   return transpose(duet::detail::call_collective(OpId::AllGather, transpose(x, 0, d), a), 0, d);
@@ -172,9 +172,10 @@ Tensor reduce_scatter(const Tensor& x, ReduceOp op, int64_t dim, std::source_loc
                    x.sizes());
   a.dim = op == ReduceOp::Max ? 1 : 0;
   const int64_t d = duet::detail::wrap_dim("reduce_scatter", dim, x.dim());
-  Tensor y = d == 0 ? duet::detail::call_collective(OpId::ReduceScatter, x, a)
-                    : transpose(duet::detail::call_collective(OpId::ReduceScatter, transpose(x, 0, d), a),
-                                0, d);
+  Tensor y =
+      d == 0 ? duet::detail::call_collective(OpId::ReduceScatter, x, a)
+             : transpose(duet::detail::call_collective(OpId::ReduceScatter, transpose(x, 0, d), a),
+                         0, d);
   if (op == ReduceOp::Mean) y = y / static_cast<double>(a.end);
   return y;
 }

@@ -1,0 +1,80 @@
+// duet::nn::DistributedDataParallel: data-parallel training over duet::dist (core/dist.h), as
+// torch's DistributedDataParallel. docs/distributed.md is the guide.
+//
+// Note [Gradient buckets]
+// The parameters are grouped into buckets of about bucket_cap_mb (in reverse order of
+// parameters(), the order backward tends to finish them; one dtype and device per bucket). Each
+// parameter gets a post-accumulate-grad hook (Tensor::register_post_accumulate_grad_hook): when
+// the last gradient of a bucket is complete, the bucket's gradients are flattened into one
+// buffer, all-reduced (mean over ranks), and copied back into each .grad, while the backward
+// goes on with the rest. A bucket that no hook completed (a parameter unused in this step) is
+// reduced at the end of the backward, its missing gradients taken as zeros, so that every rank
+// calls the same all-reduces in the same order. The hooks run inside backward(), so a compiled
+// step traces them: its graph holds each bucket's all-reduce where that bucket's gradients are
+// complete.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "nn/module.h"
+
+namespace duet::nn {
+
+struct DistributedDataParallelOptions {
+  /// The size of a gradient bucket, in MiB (torch's default 25).
+  double bucket_cap_mb = 25;
+  /// Copy rank 0's parameters and buffers to every rank at construction, so all start equal.
+  bool broadcast_parameters = true;
+};
+
+class DistributedDataParallel {
+ public:
+  /// Wraps `module` (kept by reference: it must outlive this object). Needs dist::init().
+  explicit DistributedDataParallel(Module& module, DistributedDataParallelOptions options = {});
+  ~DistributedDataParallel();
+  DistributedDataParallel(const DistributedDataParallel&) = delete;
+  DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
+
+  Module& module() { return module_; }
+  /// The buckets, as indices into module().parameters(), in the order they are reduced when
+  /// backward completes them in that order.
+  const std::vector<std::vector<int64_t>>& buckets() const { return buckets_; }
+  /// All-reduces made so far (one per bucket per synchronized backward).
+  int64_t reductions() const { return reductions_; }
+
+  /// While a NoSync lives, backward() only accumulates gradients locally (gradient
+  /// accumulation); the first backward after it all-reduces the accumulated sums.
+  class NoSync {
+   public:
+    explicit NoSync(DistributedDataParallel& d) : d_(d), prev_(d.sync_) { d.sync_ = false; }
+    ~NoSync() { d_.sync_ = prev_; }
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+
+   private:
+    DistributedDataParallel& d_;
+    bool prev_;
+  };
+  /// torch's `with ddp.no_sync():` as a guard: `auto guard = ddp.no_sync();`.
+  [[nodiscard]] NoSync no_sync() { return NoSync(*this); }
+
+ private:
+  void on_grad(int64_t param);
+  void reduce(size_t bucket);
+  void finish_backward();
+
+  Module& module_;
+  DistributedDataParallelOptions options_;
+  std::vector<Tensor> params_;
+  std::vector<int64_t> hooks_;
+  std::vector<std::vector<int64_t>> buckets_;
+  std::vector<int64_t> bucket_of_;  // per parameter
+  std::vector<int64_t> ready_;      // per bucket: gradients complete in this backward
+  std::vector<bool> reduced_;       // per bucket: all-reduced in this backward
+  bool in_backward_ = false;
+  bool sync_ = true;
+  int64_t reductions_ = 0;
+};
+
+}  // namespace duet::nn
