@@ -116,7 +116,16 @@ struct Fd {
 
 bool is_collective(OpId op) {
   return op == OpId::AllReduce || op == OpId::Broadcast || op == OpId::AllGather ||
-         op == OpId::ReduceScatter;
+         op == OpId::ReduceScatter || op == OpId::CollectiveWait;
+}
+
+std::atomic<int> g_started{0};
+std::atomic<int64_t> g_blocked_ns{0};
+
+void progress() {
+  World& w = world();
+  for (auto& c : w.comm)
+    if (c) c->progress();
 }
 
 const InitOptions& options() { return world().opts; }

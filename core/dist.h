@@ -12,12 +12,24 @@
 // a plan never runs two of them side by side. InitOptions::check_consistency compares the call
 // across ranks before each collective (a debugging aid: it costs a round trip).
 //
+// Note [Overlapped collectives]
+// A collective normally completes inside its kernel. all_reduce_start() posts it and returns:
+// its result may be read only through wait() (the CollectiveWait op), which the caller places
+// as late as it can, so that the transport moves data while the caller computes. On MPI the
+// kernel copies the input into the result buffer and posts the reduction in place, so only the
+// result buffer is in flight (a compiled plan keeps it alive until the wait, its last reader),
+// and the executor calls progress() between steps, since MPI moves data only inside its calls.
+// NCCL's collectives run in stream order, so waiting there is a no-op. DistributedDataParallel
+// starts each bucket's all-reduce when backward completes the bucket, and waits for them all at
+// the end of backward.
+//
 // The gradient of a collective is a collective: all_reduce(sum) -> all_reduce(sum), all_gather
 // -> reduce_scatter(sum), reduce_scatter(sum) -> all_gather, broadcast -> all_reduce(sum) kept
 // on the root. So a backward also calls collectives, on every rank whose input needs a gradient:
 // the ranks must agree on that too.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
 
@@ -103,15 +115,38 @@ class Comm {
   virtual ~Comm() = default;
   virtual std::string name() const = 0;
   virtual void run(const CollectiveCall& call) = 0;
+  /// Starts `call` and returns before it completes (Note [Overlapped collectives]); `call.dst`
+  /// is then written until wait(call.dst). A transport without asynchronous collectives runs it.
+  virtual void start(const CollectiveCall& call) { run(call); }
+  /// Waits for the collective started with this dst (nothing when none is pending).
+  virtual void wait(const void* /*dst*/, const char* /*op*/) {}
+  /// Lets started collectives progress (MPI moves data only inside its calls).
+  virtual void progress() {}
   virtual void barrier() = 0;
   virtual void finalize() {}
 };
+
+/// Collectives started and not yet waited for, in this process. The executor calls progress()
+/// between steps while there are any.
+extern std::atomic<int> g_started;
+void progress();
+/// Nanoseconds this process has spent blocked waiting for collectives to complete (MPI): all of
+/// a collective's time when it is waited for at once, what is left of it at the wait when it was
+/// started earlier. The data-parallel bench reads it to measure the overlap.
+extern std::atomic<int64_t> g_blocked_ns;
+
+/// Starts an all-reduce (sum or max) of x and returns its result at once: a tensor that only
+/// wait() may read (Note [Overlapped collectives]). For code that manages the wait itself, as
+/// DistributedDataParallel does.
+Tensor all_reduce_start(const Tensor& x, ReduceOp op = ReduceOp::Sum);
+/// The result of a started collective once it has completed (a copy of its buffer).
+Tensor wait(const Tensor& started);
 
 /// The transport of a device's collectives; throws an Error naming `op` when there is none.
 Comm& comm_for(Device device, const char* op);
 /// The options init() was given.
 const InitOptions& options();
-/// Whether op is one of the collectives.
+/// Whether op is one of the collectives, or the wait for a started one.
 bool is_collective(OpId op);
 
 /// Rank 0 hands `bytes` to every rank through a TCP rendezvous at addr:port (rank 0 listens;

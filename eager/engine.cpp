@@ -8,6 +8,8 @@
 
 #include "core/ops.h"
 #include "eager/autograd.h"
+
+#include "core/dist.h"
 #include "eager/node.h"
 
 namespace duet {
@@ -264,6 +266,10 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& r
             "{}; in backward, inside the gradient rule of {}", e.what(), n->def->name)));
       }
     }
+    // Started collectives (data-parallel gradient buckets) move data only inside the
+    // transport's calls: give them a turn between nodes.
+    if (__builtin_expect(dist::detail::g_started.load(std::memory_order_relaxed) > 0, 0))
+      dist::detail::progress();
     if (!retain_graph) {
       n->released = true;
       for (SavedTensor& s : n->saved) s.value = Tensor();

@@ -42,8 +42,17 @@ void collective_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
                                  static_cast<int>(a.start),
                                  out.device(),
                                  in[0].sizes()};
-  comm.run(c);
+  // A started all-reduce writes `out` until its wait (Note [Overlapped collectives]).
+  if (op == OpId::AllReduce && a.keepdim && dst.is_same(out))
+    comm.start(c);
+  else
+    comm.run(c);
   if (!dst.is_same(out)) copy_dense(dst, out);
+}
+
+void collective_wait_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
+  dist::detail::comm_for(out.device(), "collective_wait").wait(in[0].raw_data(), "all_reduce");
+  copy_dense(in[0], out);
 }
 
 template void collective_kernel<OpId::AllReduce>(TensorRefs, const Attrs&, const Tensor&);
@@ -57,6 +66,7 @@ void register_collective_kernels(OpDef* t) {
   detail::register_kernel(t, OpId::AllGather, DeviceType::CPU, collective_kernel<OpId::AllGather>);
   detail::register_kernel(t, OpId::ReduceScatter, DeviceType::CPU,
                           collective_kernel<OpId::ReduceScatter>);
+  detail::register_kernel(t, OpId::CollectiveWait, DeviceType::CPU, collective_wait_kernel);
 }
 
 }  // namespace duet::kernels

@@ -17,5 +17,7 @@ void transfer_kernel(TensorRefs in, const Attrs& a, const Tensor& out);
 /// to the transport of the output's device (kernels/collective.cpp).
 template <OpId op>
 void collective_kernel(TensorRefs in, const Attrs& a, const Tensor& out);
+/// CollectiveWait: waits for the collective started into in[0], then copies it.
+void collective_wait_kernel(TensorRefs in, const Attrs& a, const Tensor& out);
 
 }  // namespace duet::kernels

@@ -12,6 +12,9 @@
 #include <mpi.h>
 
 #include <chrono>
+#include <cstring>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -117,6 +120,44 @@ class MpiComm final : public Comm {
     wait(req, c.name);
   }
 
+  // An all-reduce in place in c.dst, posted and left in flight (Note [Overlapped collectives]).
+  void start(const CollectiveCall& c) override {
+    if (c.op != OpId::AllReduce) return run(c);
+    std::lock_guard<std::mutex> lock(mu_);
+    check_usable(c.name);
+    if (options().check_consistency) check_consistency(c);
+    const MPI_Datatype t = mpi_type(c.dtype, true, c.name);
+    DUET_CHECK_VALUE(c.count <= INT32_MAX, "[{}] {} elements per rank is more than MPI's int count",
+                     c.name, c.count);
+    if (c.dst != c.src) std::memcpy(c.dst, c.src, static_cast<size_t>(c.count) * itemsize(c.dtype));
+    MPI_Request req = MPI_REQUEST_NULL;
+    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, c.dst, static_cast<int>(c.count), t,
+                             c.reduce == ReduceOp::Max ? MPI_MAX : MPI_SUM, comm_, &req),
+              "posting the collective", c.name);
+    in_flight_[c.dst] = post_arrivals(req, c.name);
+    g_started.fetch_add(1, std::memory_order_relaxed);
+  }
+
+  void wait(const void* dst, const char* op) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = in_flight_.find(dst);
+    if (it == in_flight_.end()) return;
+    std::unique_ptr<InFlight> f = std::move(it->second);
+    in_flight_.erase(it);
+    g_started.fetch_sub(1, std::memory_order_relaxed);
+    check_usable(op);
+    wait_for(*f);
+  }
+
+  void progress() override {
+    std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+    if (!lock.owns_lock() || !broken_.empty()) return;
+    for (auto& [dst, f] : in_flight_) {
+      int done = 0;
+      MPI_Testall(static_cast<int>(f->reqs.size()), f->reqs.data(), &done, MPI_STATUSES_IGNORE);
+    }
+  }
+
   void barrier() override {
     std::lock_guard<std::mutex> lock(mu_);
     check_usable("barrier");
@@ -128,7 +169,8 @@ class MpiComm final : public Comm {
   void finalize() override {
     std::lock_guard<std::mutex> lock(mu_);
     g_mpi = nullptr;
-    if (!broken_.empty()) return;  // a timed-out collective is still posted: MPI would hang
+    // A timed-out or never-waited collective is still posted: MPI_Finalize would hang.
+    if (!broken_.empty() || !in_flight_.empty()) return;
     MPI_Comm_free(&comm_);
     MPI_Comm_free(&arrive_);
     int done = 0;
@@ -154,52 +196,76 @@ class MpiComm final : public Comm {
                  op, broken_);
   }
 
-  // Waits for `req` and this collective's arrival messages, or throws at the deadline
-  // (Note [Collective deadlines]).
-  void wait(MPI_Request req, const char* op) {
-    const int tag = static_cast<int>(seq_++ % 32768);
-    std::vector<MPI_Request> reqs{req};
+  // One posted collective and its arrival messages (Note [Collective deadlines]); kept at one
+  // address while MPI writes into it.
+  struct InFlight {
+    std::vector<MPI_Request> reqs;  // [0] the collective, then per peer: a receive, a send
     std::vector<int> peers;
-    const int me = rank_;
-    std::vector<int> got(static_cast<size_t>(size_), 0);
+    std::vector<int> got;
+    int me = 0;
+    const char* op = "";
+  };
+
+  std::unique_ptr<InFlight> post_arrivals(MPI_Request req, const char* op) {
+    auto f = std::make_unique<InFlight>();
+    const int tag = static_cast<int>(seq_++ % 32768);
+    f->op = op;
+    f->me = rank_;
+    f->reqs.push_back(req);
+    f->got.assign(static_cast<size_t>(size_), 0);
+    f->reqs.reserve(1 + 2 * static_cast<size_t>(size_));
     for (int r = 0; r < size_; ++r) {
       if (r == rank_) continue;
-      peers.push_back(r);
-      reqs.emplace_back();
-      MPI_Irecv(&got[static_cast<size_t>(r)], 1, MPI_INT, r, tag, arrive_, &reqs.back());
-      reqs.emplace_back();
-      MPI_Isend(&me, 1, MPI_INT, r, tag, arrive_, &reqs.back());
+      f->peers.push_back(r);
+      f->reqs.emplace_back();
+      MPI_Irecv(&f->got[static_cast<size_t>(r)], 1, MPI_INT, r, tag, arrive_, &f->reqs.back());
+      f->reqs.emplace_back();
+      MPI_Isend(&f->me, 1, MPI_INT, r, tag, arrive_, &f->reqs.back());
     }
+    return f;
+  }
+
+  // Waits for `req` and this collective's arrival messages, or throws at the deadline
+  // (Note [Collective deadlines]).
+  void wait(MPI_Request req, const char* op) { wait_for(*post_arrivals(req, op)); }
+
+  void wait_for(InFlight& f) {
     using clock = std::chrono::steady_clock;
     const auto start = clock::now();
     const auto deadline =
         start + std::chrono::microseconds(static_cast<int64_t>(options().timeout_s * 1e6));
     int done = 0;
     for (int spins = 0;; ++spins) {
-      check_mpi(MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done, MPI_STATUSES_IGNORE),
-                "waiting for the collective", op);
-      if (done) return;
+      check_mpi(
+          MPI_Testall(static_cast<int>(f.reqs.size()), f.reqs.data(), &done, MPI_STATUSES_IGNORE),
+          "waiting for the collective", f.op);
+      if (done) {
+        g_blocked_ns.fetch_add(
+            std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now() - start).count(),
+            std::memory_order_relaxed);
+        return;
+      }
       if (clock::now() >= deadline) break;
       // Spin briefly (small collectives finish in microseconds), then sleep a little.
-      if (spins > 2000)
-        std::this_thread::sleep_for(std::chrono::microseconds(spins > 20000 ? 500 : 50));
+      if (spins > 100)
+        std::this_thread::sleep_for(std::chrono::microseconds(spins > 2000 ? 200 : 20));
     }
     std::string missing;
-    for (size_t k = 0; k < peers.size(); ++k) {
+    for (size_t k = 0; k < f.peers.size(); ++k) {
       int arrived = 0;
-      if (reqs[1 + 2 * k] == MPI_REQUEST_NULL)
+      if (f.reqs[1 + 2 * k] == MPI_REQUEST_NULL)
         arrived = 1;
       else
-        MPI_Test(&reqs[1 + 2 * k], &arrived, MPI_STATUS_IGNORE);
-      if (!arrived) missing += fmt::format("{}{}", missing.empty() ? "" : ", ", peers[k]);
+        MPI_Test(&f.reqs[1 + 2 * k], &arrived, MPI_STATUS_IGNORE);
+      if (!arrived) missing += fmt::format("{}{}", missing.empty() ? "" : ", ", f.peers[k]);
     }
     const std::string what =
         missing.empty()
             ? fmt::format(
                   "[{}] timed out after {:g} s: every rank arrived, but the transport did "
                   "not finish",
-                  op, options().timeout_s)
-            : fmt::format("[{}] timed out after {:g} s waiting for rank {}", op,
+                  f.op, options().timeout_s)
+            : fmt::format("[{}] timed out after {:g} s waiting for rank {}", f.op,
                           options().timeout_s, missing);
     broken_ = what;
     throw DistError(what);
@@ -235,6 +301,7 @@ class MpiComm final : public Comm {
   MPI_Comm comm_ = MPI_COMM_NULL, arrive_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
   uint64_t seq_ = 0;
+  std::map<const void*, std::unique_ptr<InFlight>> in_flight_;
   std::string broken_;
   std::mutex mu_;
 };

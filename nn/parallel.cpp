@@ -21,14 +21,20 @@ DistributedDataParallel::DistributedDataParallel(Module& module,
     for (Tensor& t : module.buffers()) t.copy_(dist::broadcast(t, 0));
   }
   // Buckets in reverse parameter order, one dtype and device each (Note [Gradient buckets]).
-  const double cap = options.bucket_cap_mb * 1024 * 1024;
+  DUET_CHECK_VALUE(options.first_bucket_cap_mb > 0,
+                   "[DistributedDataParallel] first_bucket_cap_mb must be positive, got {}",
+                   options.first_bucket_cap_mb);
+  auto cap = [&] {
+    return (buckets_.size() <= 1 ? options.first_bucket_cap_mb : options.bucket_cap_mb) * 1024 *
+           1024;
+  };
   bucket_of_.assign(params_.size(), -1);
   double bytes = 0;
   for (int64_t i = static_cast<int64_t>(params_.size()) - 1; i >= 0; --i) {
     const Tensor& p = params_[static_cast<size_t>(i)];
     if (!p.requires_grad()) continue;
     const double b = static_cast<double>(p.numel()) * itemsize(p.dtype());
-    const bool fits = !buckets_.empty() && bytes + b <= cap && [&] {
+    const bool fits = !buckets_.empty() && bytes + b <= cap() && [&] {
       const Tensor& q = params_[static_cast<size_t>(buckets_.back().front())];
       return q.dtype() == p.dtype() && q.device() == p.device();
     }();
@@ -42,6 +48,7 @@ DistributedDataParallel::DistributedDataParallel(Module& module,
   }
   ready_.assign(buckets_.size(), 0);
   reduced_.assign(buckets_.size(), false);
+  started_.assign(buckets_.size(), Tensor());
   for (size_t i = 0; i < params_.size(); ++i)
     if (bucket_of_[i] >= 0)
       hooks_.push_back(params_[i].register_post_accumulate_grad_hook(
@@ -74,8 +81,17 @@ void DistributedDataParallel::reduce(size_t b) {
     flat.push_back(g.defined() ? reshape(g, {g.numel()})
                                : zeros({p.numel()}, Options().dtype(p.dtype()).device(p.device())));
   }
-  const Tensor mean = dist::all_reduce(flat.size() == 1 ? flat[0] : cat(flat, 0),
-                                       dist::ReduceOp::Mean);
+  started_[b] = dist::detail::all_reduce_start(flat.size() == 1 ? flat[0] : cat(flat, 0));
+  reduced_[b] = true;
+  ++reductions_;
+  if (!options_.overlap) copy_back(b);
+}
+
+// The bucket's sum over ranks, once complete, divided into the mean and copied into each .grad.
+void DistributedDataParallel::copy_back(size_t b) {
+  NoGradGuard ng;
+  const Tensor mean = dist::detail::wait(started_[b]) / static_cast<double>(dist::world_size());
+  started_[b] = Tensor();
   int64_t at = 0;
   for (int64_t i : buckets_[b]) {
     Tensor& p = params_[static_cast<size_t>(i)];
@@ -87,13 +103,13 @@ void DistributedDataParallel::reduce(size_t b) {
     else
       p.set_grad(part.clone());
   }
-  reduced_[b] = true;
-  ++reductions_;
 }
 
 void DistributedDataParallel::finish_backward() {
   for (size_t b = 0; b < buckets_.size(); ++b)
     if (!reduced_[b]) reduce(b);
+  for (size_t b = 0; b < buckets_.size(); ++b)
+    if (started_[b].defined()) copy_back(b);
   std::fill(ready_.begin(), ready_.end(), 0);
   std::fill(reduced_.begin(), reduced_.end(), false);
   in_backward_ = false;

@@ -447,6 +447,9 @@ const std::vector<OpRow>& op_rows() {
                [](const Tensor& x) { return dist::all_gather(x); });
     collective("all_gather_dim1", OpId::AllGather, true, {2, 3},
                [](const Tensor& x) { return dist::all_gather(x, -1); });
+    collective("all_reduce_start_wait", OpId::CollectiveWait, false, {2, 3}, [](const Tensor& x) {
+      return dist::detail::wait(dist::detail::all_reduce_start(x));
+    });
     collective("reduce_scatter", OpId::ReduceScatter, false, {3, 2},
                [](const Tensor& x) { return dist::reduce_scatter(x); });
     collective("reduce_scatter_max_dim1", OpId::ReduceScatter, true, {2, 3},

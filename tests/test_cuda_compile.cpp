@@ -18,6 +18,7 @@
 #include "cuda/cuda.h"
 #include "nn/layers.h"
 #include "nn/optim/optim.h"
+#include "nn/parallel.h"
 #include "op_rows.h"
 #include "random_program.h"
 #include "trace/check.h"
@@ -770,6 +771,38 @@ TEST_CASE(
   CHECK(contains(g, "all_reduce"));
   MESSAGE("CUDA transport: " << dist::backend(DeviceType::CUDA) << ", graph replays "
                              << step.stats().cuda_graph_replays);
+  // The same with DistributedDataParallel: its bucket all-reduces (NCCL) and their waits in the
+  // step's graph, replayed as a CUDA graph.
+  nn::Sequential ddp_model = make_model();
+  ddp_model.to(Device::cuda());
+  nn::DistributedDataParallel ddp(ddp_model);
+  optim::SGD ddp_opt(ddp_model.parameters(), {.lr = 0.1, .momentum = 0.9});
+  nn::Sequential ref2 = make_model();
+  ref2.to(Device::cuda());
+  optim::SGD ref2_opt(ref2.parameters(), {.lr = 0.1, .momentum = 0.9});
+  auto plain = [](nn::Sequential& m, optim::SGD& o, const Tensor& x, const Tensor& y) {
+    o.zero_grad();
+    Tensor loss = cross_entropy(m(x), y);
+    loss.backward();
+    o.step();
+    return loss;
+  };
+  auto ddp_step = compile([&](Tensor x, Tensor y) { return plain(ddp_model, ddp_opt, x, y); });
+  auto ref2_step = compile([&](Tensor x, Tensor y) { return plain(ref2, ref2_opt, x, y); });
+  for (int i = 0; i < 20; ++i) {
+    const Tensor x = randn({16, 32}).to(Device::cuda());
+    const Tensor y = randint(10, {16}).to(Device::cuda());
+    CHECK(ddp_step(x, y).item<double>() == doctest::Approx(ref2_step(x, y).item<double>()));
+  }
+  for (size_t k = 0; k < ref2.parameters().size(); ++k) {
+    const std::string m =
+        differences(values(ddp_model.parameters()[k]), values(ref2.parameters()[k]), 1e-6, 1e-6);
+    CHECK_MESSAGE(m.empty(), "DDP parameter " << k << ": " << m);
+  }
+  CHECK(contains(ddp_step.graph().str(), "collective_wait"));
+  CHECK(ddp_step.stats().cuda_graph_replays >= 18);
+  MESSAGE("DDP on CUDA: " << ddp.buckets().size() << " bucket(s), " << ddp.reductions()
+                          << " all-reduces, graph replays " << ddp_step.stats().cuda_graph_replays);
   // Collectives eagerly on the GPU, each checked against its CPU value.
   const Tensor x = randn({4, 6});
   const Tensor xc = x.to(Device::cuda());

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <thread>
 
 #include "util.h"
@@ -234,8 +235,14 @@ TEST_CASE("dist mpi: DistributedDataParallel buckets, eager and compiled, with n
       for (Tensor& p : two.seq.parameters()) p.detach().copy_(p.detach() * 0.5 + 1.0);
     // Buckets of 300 bytes, filled in reverse: {fc2.bias 16 B, fc2.weight 256 B}, {fc1.bias 64 B},
     // {fc1.weight 512 B}.
-    nn::DistributedDataParallel ddp(two.seq, {.bucket_cap_mb = 300.0 / (1024 * 1024)});
+    const double cap = 300.0 / (1024 * 1024);
+    nn::DistributedDataParallel ddp(two.seq, {.bucket_cap_mb = cap, .first_bucket_cap_mb = cap});
     CHECK(ddp.buckets().size() == 3);
+    // When the last parameter's gradient is complete, every bucket's all-reduce has been
+    // started and none waited for: they overlap the rest of backward.
+    int started_at_last = -1;
+    const int64_t h = two.seq.parameters()[0].register_post_accumulate_grad_hook(
+        [&](const Tensor&) { started_at_last = dist::detail::g_started.load(); });
     optim::SGD opt_one(one.seq.parameters(), {.lr = 0.05, .momentum = 0.9});
     optim::SGD opt_two(two.seq.parameters(), {.lr = 0.05, .momentum = 0.9});
     auto plain = [&](Net& n, optim::Optimizer& opt, const Tensor& x, const Tensor& y) {
@@ -265,6 +272,9 @@ TEST_CASE("dist mpi: DistributedDataParallel buckets, eager and compiled, with n
       const std::string m = differences(values(p2[k]), values(p1[k]), 1e-5, 1e-6);
       CHECK_MESSAGE(m.empty(), "rank " << r << " parameter " << k << ": " << m);
     }
+    two.seq.parameters()[0].remove_post_accumulate_grad_hook(h);
+    if (!compiled) CHECK(started_at_last == 3);
+    CHECK(dist::detail::g_started.load() == 0);  // all waited for by the end of the step
     if (compiled) {
       // One all-reduce per bucket in the step's graph.
       const std::string g = c_two.graph().str();
@@ -316,4 +326,42 @@ TEST_CASE("dist mpi: DistributedSampler shards a dataset, one batch count on eve
   std::vector<double> v = values(all);
   std::sort(v.begin(), v.end());
   CHECK(v == std::vector<double>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9});
+}
+
+// Run alone by the ctest entry test_dist_mpi_codegen (DUET_CODEGEN=1, threshold 0): both ranks
+// build the same fused kernel into one empty disk cache at the same moment.
+TEST_CASE("dist mpi codegen: two ranks building one fused kernel leave the kernel cache sound" *
+          doctest::skip(std::getenv("DUET_DIST_CODEGEN_CASE") == nullptr)) {
+  init();
+  // Rank 0 names a fresh directory; both use it.
+  const int64_t id =
+      dist::broadcast(full({}, static_cast<double>(::getpid()), Options().dtype(DType::i64)))
+          .item<int64_t>();
+  const std::string dir = "/tmp/duet_dist_cache_" + std::to_string(id);
+  codegen::set_cache_dir(dir);
+  auto f = compile([](Tensor x) { return tanh(x * 1.5 + 0.25) * sigmoid(x); });
+  const Tensor x = randn({1000});
+  dist::barrier();
+  for (int i = 0; i < 3; ++i) (void)f(x);
+  codegen::wait_idle();
+  const codegen::CodegenStats s = codegen::stats();
+  CHECK(s.failed == 0);
+  CHECK(s.built + s.cache_hits >= 1);
+  const std::string m =
+      differences(values(f(x)), values(tanh(x * 1.5 + 0.25) * sigmoid(x)), 1e-6, 1e-6);
+  CHECK_MESSAGE(m.empty(), m);
+  dist::barrier();
+  // One library per kernel, no temporary file left behind, and a third user loads it.
+  int so = 0, tmp = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    so += name.ends_with(".so");
+    tmp += name.find(".tmp-") != std::string::npos;
+  }
+  CHECK(so >= 1);
+  CHECK(tmp == 0);
+  MESSAGE("rank " << dist::rank() << ": built " << s.built << ", cache hits " << s.cache_hits
+                  << ", libraries in the cache " << so);
+  dist::barrier();
+  if (dist::rank() == 0) std::filesystem::remove_all(dir);
 }

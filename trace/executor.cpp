@@ -1,5 +1,7 @@
 #include "trace/executor.h"
 
+#include "core/dist.h"
+
 #include <algorithm>
 #include <atomic>
 #include <exception>
@@ -442,7 +444,12 @@ std::string Plan::fused_culprit(const FusedStep& f, const std::vector<Tensor>& i
 void Plan::run_steps_range(const Step* begin, const Step* end) {
   const bool check = anomaly_on(), prof = profiling();
   if (__builtin_expect(!prof && !check, 1)) {
-    for (const Step* sp = begin; sp != end; ++sp) sp = run_one(sp, end);
+    for (const Step* sp = begin; sp != end; ++sp) {
+      sp = run_one(sp, end);
+      // Started collectives move data only inside the transport's calls.
+      if (__builtin_expect(dist::detail::g_started.load(std::memory_order_relaxed) > 0, 0))
+        dist::detail::progress();
+    }
     return;
   }
   // Anomaly checks (Note [Anomaly mode in plans]) and profile events (Note [Profiler]), step

@@ -47,6 +47,12 @@ void infer_collective(const OpDef& def, TensorRefs in, const Attrs& a, TensorMet
   out.device = x.device();
 }
 
+void infer_wait(const OpDef& def, TensorRefs in, const Attrs&, TensorMeta& out) {
+  out.shape = in[0].sizes();
+  out.dtype = in[0].dtype();
+  out.device = in[0].device();
+}
+
 void sym_collective(const OpDef& def, TensorRefs in, const Attrs& a, const TensorMeta&,
                     SymDims& out) {
   out = sym_dims(in[0]);
@@ -89,6 +95,8 @@ void grad_all_gather(const GradCtx&, const Tensor& g, Tensor* gi) {
   gi[0] = dist::reduce_scatter(g, dist::ReduceOp::Sum, 0);
 }
 
+void grad_wait(const GradCtx&, const Tensor& g, Tensor* gi) { gi[0] = g; }
+
 void grad_reduce_scatter(const GradCtx& c, const Tensor& g, Tensor* gi) {
   if (reduce_of(c.attrs) == dist::ReduceOp::Sum) {
     gi[0] = gather0(g);
@@ -119,6 +127,9 @@ void register_collective_rules(OpDef* t) {
   set_grad(t, OpId::Broadcast, grad_broadcast, 0);
   set_grad(t, OpId::AllGather, grad_all_gather, 0);
   set_grad(t, OpId::ReduceScatter, grad_reduce_scatter, kSaveIn0 | kSaveOut);
+  t[int(OpId::CollectiveWait)].infer = infer_wait;
+  t[int(OpId::CollectiveWait)].sym_infer = sym_collective;
+  set_grad(t, OpId::CollectiveWait, grad_wait, 0);
 }
 
 }  // namespace detail
@@ -138,6 +149,26 @@ Tensor all_reduce(const Tensor& x, ReduceOp op, std::source_location loc) {
   a.dim = op == ReduceOp::Max ? 1 : 0;
   return duet::detail::call_collective(OpId::AllReduce, x, a);
 }
+
+namespace detail {
+
+Tensor all_reduce_start(const Tensor& x, ReduceOp op) {
+  DUET_CHECK_VALUE(x.defined(), "[all_reduce] an undefined tensor");
+  DUET_CHECK_VALUE(op != ReduceOp::Mean,
+                   "[all_reduce] a started all-reduce sums or takes the max; divide after wait()");
+  Attrs a;
+  a.end = duet::detail::checked_world("all_reduce");
+  a.dim = op == ReduceOp::Max ? 1 : 0;
+  a.keepdim = true;
+  return duet::detail::call_collective(OpId::AllReduce, x, a);
+}
+
+Tensor wait(const Tensor& started) {
+  DUET_CHECK_VALUE(started.defined(), "[collective_wait] an undefined tensor");
+  return duet::detail::call_collective(OpId::CollectiveWait, started, Attrs{});
+}
+
+}  // namespace detail
 
 Tensor broadcast(const Tensor& x, int root, std::source_location loc) {
   duet::detail::SiteGuard site(loc);

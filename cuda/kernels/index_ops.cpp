@@ -94,6 +94,7 @@ void register_index(OpDef* t) {
   reg(OpId::Broadcast, duet::kernels::collective_kernel<OpId::Broadcast>);
   reg(OpId::AllGather, duet::kernels::collective_kernel<OpId::AllGather>);
   reg(OpId::ReduceScatter, duet::kernels::collective_kernel<OpId::ReduceScatter>);
+  reg(OpId::CollectiveWait, duet::kernels::collective_wait_kernel);
   reg(OpId::Unfold, window_kernel<true>);
   reg(OpId::Fold, window_kernel<false>);
 }
