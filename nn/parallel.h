@@ -49,7 +49,8 @@ class DistributedDataParallel {
   /// The buckets, as indices into module().parameters(), in the order they are reduced when
   /// backward completes them in that order.
   const std::vector<std::vector<int64_t>>& buckets() const { return buckets_; }
-  /// All-reduces made so far (one per bucket per synchronized backward).
+  /// All-reduces started by this object's hooks so far: one per bucket per synchronized eager
+  /// backward, or per trace of a compiled step (its replays run the traced all-reduces).
   int64_t reductions() const { return reductions_; }
 
   /// While a NoSync lives, backward() only accumulates gradients locally (gradient
