@@ -46,6 +46,10 @@ struct GradModeScope {
 /// (data-parallel training all-reduces the gradient buckets that no hook completed). Called
 /// from a gradient hook; an Error outside a backward.
 void at_backward_end(std::function<void()> callback);
+/// Which backward is running on this thread (or ran last): a counter, so that a gradient hook
+/// can tell a new backward from the one it was called in before (one that threw never ran its
+/// at_backward_end callbacks).
+uint64_t backward_id();
 /// grad() with retain_graph chosen separately (the tracer differentiates one graph several
 /// times).
 std::vector<Tensor> grad(std::vector<Tensor> outputs, std::vector<Tensor> inputs,

@@ -134,13 +134,17 @@ void run_post_accumulate_hooks(const Tensor& leaf) {
 }
 
 thread_local std::vector<std::function<void()>>* tls_backward_end = nullptr;
+thread_local uint64_t tls_backward_id = 0;  // counts the backwards run on this thread
 
 // The callbacks at_backward_end() queued during one backward, run at its end (also on a throw,
 // so none leaks into the next backward, but then not run).
 struct BackwardEndScope {
   std::vector<std::function<void()>> callbacks;
   std::vector<std::function<void()>>* prev;
-  BackwardEndScope() : prev(tls_backward_end) { tls_backward_end = &callbacks; }
+  BackwardEndScope() : prev(tls_backward_end) {
+    tls_backward_end = &callbacks;
+    ++tls_backward_id;
+  }
   ~BackwardEndScope() { tls_backward_end = prev; }
   void run() {
     for (size_t i = 0; i < callbacks.size(); ++i) callbacks[i]();  // may queue more
@@ -329,6 +333,8 @@ void check_not_escaped(const Tensor& t, const char* what) {
 }
 
 }  // namespace
+
+uint64_t backward_id() { return tls_backward_id; }
 
 void at_backward_end(std::function<void()> callback) {
   DUET_CHECK(tls_backward_end != nullptr,

@@ -64,8 +64,19 @@ DistributedDataParallel::~DistributedDataParallel() {
 
 void DistributedDataParallel::on_grad(int64_t param) {
   if (!sync_) return;
+  if (in_backward_ && backward_ != detail::backward_id()) {
+    // The backward this object was in threw before its end: forget its buckets (waiting for
+    // the all-reduces it started, which the other ranks started too) and begin afresh.
+    for (Tensor& t : started_)
+      if (t.defined()) (void)dist::detail::wait(t);
+    std::fill(started_.begin(), started_.end(), Tensor());
+    std::fill(ready_.begin(), ready_.end(), 0);
+    std::fill(reduced_.begin(), reduced_.end(), false);
+    in_backward_ = false;
+  }
   if (!in_backward_) {
     in_backward_ = true;
+    backward_ = detail::backward_id();
     detail::at_backward_end([this] { finish_backward(); });
   }
   const auto b = static_cast<size_t>(bucket_of_[static_cast<size_t>(param)]);

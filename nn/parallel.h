@@ -85,6 +85,7 @@ class DistributedDataParallel {
   std::vector<bool> reduced_;       // per bucket: all-reduce started in this backward
   std::vector<Tensor> started_;     // per bucket: the started all-reduce (until the wait)
   bool in_backward_ = false;
+  uint64_t backward_ = 0;  // detail::backward_id() of the backward in progress
   bool sync_ = true;
   int64_t reductions_ = 0;
 };

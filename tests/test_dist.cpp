@@ -211,3 +211,31 @@ TEST_CASE("dist env: a torchrun-style launch without MPI says CPU collectives ne
                  "processes need MPI: launch with mpirun (this process was started by "
                  "RANK/WORLD_SIZE from the environment)"));
 }
+
+TEST_CASE("dist: DistributedDataParallel recovers from a backward that threw") {
+  dist::init();
+  nn::Linear lin(3, 2);
+  nn::DistributedDataParallel ddp(lin);
+  // A gradient hook that throws in the middle of a backward, once.
+  bool fail = true;
+  const int64_t h = lin.bias.register_post_accumulate_grad_hook([&](const Tensor&) {
+    if (fail) throw ValueError("[test] a failing hook");
+  });
+  const Tensor x = ones({4, 3});
+  CHECK(contains(error_of<ValueError>([&] { sum(lin(x)).backward(); }), "a failing hook"));
+  fail = false;
+  lin.weight.set_grad(Tensor());
+  lin.bias.set_grad(Tensor());
+  sum(lin(x)).backward();  // a new backward: the buckets start afresh and all complete
+  CHECK(dist::detail::g_started.load() == 0);  // every started all-reduce was waited for
+  // Every later backward reduces its bucket again (once stuck, none did: the gradients were
+  // silently left unaveraged).
+  const int64_t after = ddp.reductions();
+  sum(lin(x)).backward();
+  sum(lin(x)).backward();
+  CHECK(ddp.reductions() == after + 2);
+  // Three backwards accumulated (the failed one's gradients were cleared).
+  check_tensor(lin.weight.grad(), {2, 3}, DType::f32, std::vector<double>(6, 12));
+  check_tensor(lin.bias.grad(), {2}, DType::f32, {12, 12});
+  lin.bias.remove_post_accumulate_grad_hook(h);
+}

@@ -365,3 +365,24 @@ TEST_CASE("dist mpi codegen: two ranks building one fused kernel leave the kerne
   dist::barrier();
   if (dist::rank() == 0) std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("dist mpi: DDP reduces a parameter that one rank's step does not use") {
+  init();
+  // Two heads; rank 1 never uses head b, so its hooks never complete b's bucket: the bucket is
+  // reduced at the end of backward with zeros for rank 1's part.
+  manual_seed(29);
+  nn::Linear a(4, 2), b(4, 2);
+  nn::Sequential both(a, b);
+  nn::DistributedDataParallel ddp(both, {.first_bucket_cap_mb = 1e-5});  // b in its own bucket
+  REQUIRE(ddp.buckets().size() >= 2);
+  const Tensor x = ones({3, 4}) * double(dist::rank() + 1);
+  Tensor loss = sum(a(x));
+  if (dist::rank() == 0) loss = loss + sum(b(x));
+  loss.backward();
+  // b.weight's gradient on rank 0 is sum over the batch of x = 3 * 1 per element; on rank 1 it
+  // has none: the mean is 1.5, and both ranks now hold it.
+  REQUIRE(b.weight.grad().defined());
+  check_tensor(b.weight.grad(), {2, 4}, DType::f32, std::vector<double>(8, 1.5));
+  // a.weight: (3 * 1 + 3 * 2) / 2 = 4.5.
+  check_tensor(a.weight.grad(), {2, 4}, DType::f32, std::vector<double>(8, 4.5));
+}
