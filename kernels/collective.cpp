@@ -7,16 +7,6 @@
 #include "kernels/cpu_kernels.h"
 
 namespace duet::kernels {
-namespace {
-
-void copy_dense(const Tensor& src, const Tensor& dst) {
-  const Tensor* in[] = {&src};
-  detail::op_def(OpId::Copy)
-      .kernel[static_cast<int>(dst.device().type)](TensorRefs(in, 1), Attrs{}, dst);
-}
-
-}  // namespace
-
 template <OpId op>
 void collective_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
   const char* name = detail::op_def(op).name;
@@ -28,7 +18,7 @@ void collective_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
   Tensor x = in[0];
   if (!x.is_contiguous()) {
     x = detail::empty(in[0].sizes(), in[0].dtype(), in[0].device());
-    copy_dense(in[0], x);
+    copy_on_device(in[0], x);
   }
   const Tensor dst =
       out.is_contiguous() ? out : detail::empty(out.sizes(), out.dtype(), out.device());
@@ -47,12 +37,12 @@ void collective_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
     comm.start(c);
   else
     comm.run(c);
-  if (!dst.is_same(out)) copy_dense(dst, out);
+  if (!dst.is_same(out)) copy_on_device(dst, out);
 }
 
 void collective_wait_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
   dist::detail::comm_for(out.device(), "collective_wait").wait(in[0].raw_data(), "all_reduce");
-  copy_dense(in[0], out);
+  copy_on_device(in[0], out);
 }
 
 template void collective_kernel<OpId::AllReduce>(TensorRefs, const Attrs&, const Tensor&);

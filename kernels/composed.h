@@ -6,6 +6,8 @@
 
 namespace duet::kernels {
 
+/// Copies src into dst (same shape; any layouts) with the Copy kernel of dst's device.
+void copy_on_device(const Tensor& src, const Tensor& dst);
 /// Cat: every input copied into its slice of the output along attrs.dim.
 void cat_kernel(TensorRefs in, const Attrs& a, const Tensor& out);
 /// SliceScatter: out = base, then src into out's start:end:step slice along attrs.dim.

@@ -107,14 +107,11 @@ void argmax_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
 
 }  // namespace
 
-namespace {
-// Copies src into dst with the Copy kernel of dst's device.
 void copy_on_device(const Tensor& src, const Tensor& dst) {
   const Tensor* in[] = {&src};
   detail::op_def(OpId::Copy)
       .kernel[static_cast<int>(dst.device().type)](TensorRefs(in, 1), Attrs{}, dst);
 }
-}  // namespace
 
 void cat_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
   int64_t at = 0;

@@ -734,13 +734,14 @@ TEST_CASE(
   model.to(Device::cuda());
   optim::SGD ref_opt(ref_model.parameters(), {.lr = 0.1, .momentum = 0.9});
   optim::SGD opt(model.parameters(), {.lr = 0.1, .momentum = 0.9});
-  auto ref_step = compile([&](Tensor x, Tensor y) {
-    ref_opt.zero_grad();
-    Tensor loss = cross_entropy(ref_model(x), y);
+  auto plain = [](nn::Sequential& m, optim::SGD& o, const Tensor& x, const Tensor& y) {
+    o.zero_grad();
+    Tensor loss = cross_entropy(m(x), y);
     loss.backward();
-    ref_opt.step();
+    o.step();
     return loss;
-  });
+  };
+  auto ref_step = compile([&](Tensor x, Tensor y) { return plain(ref_model, ref_opt, x, y); });
   auto step = compile([&](Tensor x, Tensor y) {
     opt.zero_grad();
     Tensor loss = cross_entropy(model(x), y);
@@ -780,13 +781,6 @@ TEST_CASE(
   nn::Sequential ref2 = make_model();
   ref2.to(Device::cuda());
   optim::SGD ref2_opt(ref2.parameters(), {.lr = 0.1, .momentum = 0.9});
-  auto plain = [](nn::Sequential& m, optim::SGD& o, const Tensor& x, const Tensor& y) {
-    o.zero_grad();
-    Tensor loss = cross_entropy(m(x), y);
-    loss.backward();
-    o.step();
-    return loss;
-  };
   auto ddp_step = compile([&](Tensor x, Tensor y) { return plain(ddp_model, ddp_opt, x, y); });
   auto ref2_step = compile([&](Tensor x, Tensor y) { return plain(ref2, ref2_opt, x, y); });
   for (int i = 0; i < 20; ++i) {

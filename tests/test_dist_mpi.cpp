@@ -141,12 +141,32 @@ Tensor step(Net& net, optim::Optimizer& opt, const Tensor& x, const Tensor& y, b
   return loss;
 }
 
+// `steps` steps of one process at batch 256 (`one`) and of this rank on its 128 rows of the same
+// batch (`two`).
+template <class One, class Two>
+void side_by_side(int steps, uint64_t seed, One&& one, Two&& two) {
+  const int r = dist::rank();
+  manual_seed(seed);
+  for (int i = 0; i < steps; ++i) {
+    const Tensor x = randn({256, 8}), y = randn({256, 4});
+    (void)one(x, y);
+    (void)two(slice(x, 0, 128 * r, 128 * (r + 1)), slice(y, 0, 128 * r, 128 * (r + 1)));
+  }
+}
+
+void check_same_parameters(const Net& one, const Net& two) {
+  const auto p1 = one.seq.parameters(), p2 = two.seq.parameters();
+  for (size_t k = 0; k < p1.size(); ++k) {
+    const std::string m = differences(values(p2[k]), values(p1[k]), 1e-5, 1e-6);
+    CHECK_MESSAGE(m.empty(), "rank " << dist::rank() << " parameter " << k << ": " << m);
+  }
+}
+
 }  // namespace
 
 TEST_CASE(
     "dist mpi: two ranks at batch 128 train as one process at batch 256, eager and compiled") {
   init();
-  const int r = dist::rank();
   for (const char* optimizer : {"sgd", "adam"})
     for (bool compiled : {false, true}) {
       INFO(optimizer << (compiled ? " compiled" : " eager"));
@@ -160,24 +180,14 @@ TEST_CASE(
       auto opt_one = make_opt(one), opt_two = make_opt(two);
       auto c_one = compile([&](Tensor x, Tensor y) { return step(one, *opt_one, x, y, false); });
       auto c_two = compile([&](Tensor x, Tensor y) { return step(two, *opt_two, x, y, true); });
-      manual_seed(9);
-      for (int i = 0; i < 20; ++i) {
-        const Tensor x = randn({256, 8}), y = randn({256, 4});
-        const Tensor xr = slice(x, 0, 128 * r, 128 * (r + 1)),
-                     yr = slice(y, 0, 128 * r, 128 * (r + 1));
-        if (compiled) {
-          (void)c_one(x, y);
-          (void)c_two(xr, yr);
-        } else {
-          (void)step(one, *opt_one, x, y, false);
-          (void)step(two, *opt_two, xr, yr, true);
-        }
-      }
-      const auto p1 = one.seq.parameters(), p2 = two.seq.parameters();
-      for (size_t k = 0; k < p1.size(); ++k) {
-        const std::string m = differences(values(p2[k]), values(p1[k]), 1e-5, 1e-6);
-        CHECK_MESSAGE(m.empty(), "rank " << r << " parameter " << k << ": " << m);
-      }
+      if (compiled)
+        side_by_side(20, 9, c_one, c_two);
+      else
+        side_by_side(
+            20, 9,
+            [&](const Tensor& x, const Tensor& y) { return step(one, *opt_one, x, y, false); },
+            [&](const Tensor& x, const Tensor& y) { return step(two, *opt_two, x, y, true); });
+      check_same_parameters(one, two);
       if (compiled) CHECK(contains(c_two.graph().str(), "all_reduce"));
     }
 }
@@ -245,33 +255,20 @@ TEST_CASE("dist mpi: DistributedDataParallel buckets, eager and compiled, with n
         [&](const Tensor&) { started_at_last = dist::detail::g_started.load(); });
     optim::SGD opt_one(one.seq.parameters(), {.lr = 0.05, .momentum = 0.9});
     optim::SGD opt_two(two.seq.parameters(), {.lr = 0.05, .momentum = 0.9});
-    auto plain = [&](Net& n, optim::Optimizer& opt, const Tensor& x, const Tensor& y) {
-      opt.zero_grad();
-      Tensor loss = mse_loss(n.seq(x), y);
-      loss.backward();
-      opt.step();
-      return loss;
+    // Plain steps: DDP's hooks average the gradients.
+    auto plain_one = [&](const Tensor& x, const Tensor& y) {
+      return step(one, opt_one, x, y, false);
     };
-    auto c_one = compile([&](Tensor x, Tensor y) { return plain(one, opt_one, x, y); });
-    auto c_two = compile([&](Tensor x, Tensor y) { return plain(two, opt_two, x, y); });
-    manual_seed(19);
-    for (int i = 0; i < 10; ++i) {
-      const Tensor x = randn({256, 8}), y = randn({256, 4});
-      const Tensor xr = slice(x, 0, 128 * r, 128 * (r + 1)),
-                   yr = slice(y, 0, 128 * r, 128 * (r + 1));
-      if (compiled) {
-        (void)c_one(x, y);
-        (void)c_two(xr, yr);
-      } else {
-        (void)plain(one, opt_one, x, y);
-        (void)plain(two, opt_two, xr, yr);
-      }
-    }
-    const auto p1 = one.seq.parameters(), p2 = two.seq.parameters();
-    for (size_t k = 0; k < p1.size(); ++k) {
-      const std::string m = differences(values(p2[k]), values(p1[k]), 1e-5, 1e-6);
-      CHECK_MESSAGE(m.empty(), "rank " << r << " parameter " << k << ": " << m);
-    }
+    auto plain_two = [&](const Tensor& x, const Tensor& y) {
+      return step(two, opt_two, x, y, false);
+    };
+    auto c_one = compile([&](Tensor x, Tensor y) { return plain_one(x, y); });
+    auto c_two = compile([&](Tensor x, Tensor y) { return plain_two(x, y); });
+    if (compiled)
+      side_by_side(10, 19, c_one, c_two);
+    else
+      side_by_side(10, 19, plain_one, plain_two);
+    check_same_parameters(one, two);
     two.seq.parameters()[0].remove_post_accumulate_grad_hook(h);
     if (!compiled) CHECK(started_at_last == 3);
     CHECK(dist::detail::g_started.load() == 0);  // all waited for by the end of the step
