@@ -22,4 +22,5 @@
 #include "trace/compile.h"
 #include "trace/control_flow.h"
 #include "trace/graph.h"
+#include "trace/onnx.h"
 #include "trace/program.h"

@@ -4,8 +4,9 @@
 
 #include "core/dispatch.h"
 #include "eager/autograd.h"
-#include "trace/executor.h"
+#include "trace/compile.h"
 #include "trace/control_flow.h"
+#include "trace/executor.h"
 #include "trace/guards.h"
 #include "trace/passes.h"
 #include "trace/serialize.h"
@@ -38,6 +39,9 @@ struct Program::State {
   };
   // By fetch list and the sizes of the symbols.
   std::map<std::pair<std::vector<std::string>, std::vector<int64_t>>, Planned> plans;
+  // A function program (import_onnx): no graph of its own; calls run fn through `core`.
+  std::unique_ptr<detail::FunctionProgram> fn;
+  std::unique_ptr<detail::CompiledCore> core;
 };
 
 Tensor placeholder(Shape shape, DType dtype, std::string name) {
@@ -99,6 +103,7 @@ Program& Program::operator=(Program&&) noexcept = default;
 std::vector<std::string> Program::input_names() const { return s_->inputs; }
 
 std::vector<std::string> Program::output_names() const {
+  if (s_->fn) return s_->fn->outputs;
   if (!s_->output_names.empty()) return s_->output_names;
   std::vector<std::string> r;
   for (size_t i = 0; i < s_->graph.outputs.size(); ++i) r.push_back(fmt::format("out{}", i));
@@ -138,6 +143,11 @@ void move_graph(Graph& g, Device from, Device to, const char* label) {
 
 Program& Program::to(Device device) {
   detail::check_device_usable(device, "Program::to");
+  if (s_->fn) {
+    s_->fn->parameters = s_->fn->to(device);
+    s_->core = std::make_unique<detail::CompiledCore>(s_->core->options(), s_->core->label());
+    return *this;
+  }
   Device from = Device::cpu();
   for (const GraphNode& n : s_->graph.nodes)
     if (n.kind == NodeKind::Input && n.role != InputRole::Captured) from = n.meta.device;
@@ -157,6 +167,7 @@ Program& Program::to(Device device) {
 }
 
 std::vector<std::pair<std::string, Tensor>> Program::named_parameters() const {
+  if (s_->fn) return s_->fn->parameters;
   std::vector<std::pair<std::string, Tensor>> r;
   for (size_t i = 0; i < s_->graph.captured.size(); ++i)
     r.emplace_back(s_->captured_names[i], s_->graph.captured[i]);
@@ -166,6 +177,12 @@ std::vector<std::pair<std::string, Tensor>> Program::named_parameters() const {
 std::vector<Tensor> Program::operator()(const std::vector<Tensor>& inputs) {
   DUET_CHECK_VALUE(inputs.size() == s_->inputs.size(), "[Program] takes {} inputs ({}), got {}",
                    s_->inputs.size(), fmt::join(s_->inputs, ", "), inputs.size());
+  if (s_->fn) {
+    detail::FlatArgs flat;
+    flat.tensors = inputs;
+    for (size_t i = 0; i < inputs.size(); ++i) flat.labels.push_back(fmt::format("arg {}", i));
+    return s_->core->call(flat, s_->fn->fn);
+  }
   std::map<std::string, Tensor> feeds;
   for (size_t i = 0; i < inputs.size(); ++i) feeds[s_->inputs[i]] = inputs[i];
   return run(feeds);
@@ -239,9 +256,29 @@ std::vector<int64_t> bind_loaded(const std::vector<detail::SavedInput>& saved, i
 }
 }  // namespace
 
-const Graph& Program::graph() const { return s_->graph; }
+std::vector<Tensor> Program::eager(const std::vector<Tensor>& inputs) {
+  DUET_CHECK_VALUE(s_->fn,
+                   "[Program::eager] this program is one traced graph (a Program builder, or "
+                   "duet::load): it runs compiled only. An imported program (import_onnx) runs "
+                   "both ways");
+  DUET_CHECK_VALUE(inputs.size() == s_->inputs.size(),
+                   "[Program::eager] takes {} inputs ({}), got {}", s_->inputs.size(),
+                   fmt::join(s_->inputs, ", "), inputs.size());
+  return s_->fn->fn(inputs);
+}
+
+const Graph& Program::graph() const {
+  if (s_->fn) {
+    DUET_CHECK_VALUE(s_->core->stats().traces > 0,
+                     "[Program::graph] {} has no graph before its first compiled call",
+                     s_->fn->label);
+    return s_->core->graph();
+  }
+  return s_->graph;
+}
 
 std::vector<std::string> Program::names() const {
+  if (s_->fn) return s_->fn->outputs;
   std::vector<std::string> r;
   for (const auto& [k, v] : s_->names) r.push_back(k);
   return r;
@@ -249,6 +286,7 @@ std::vector<std::string> Program::names() const {
 
 std::vector<Tensor> Program::run(const std::map<std::string, Tensor>& feeds,
                                  const std::vector<std::string>& fetch_in) {
+  if (s_->fn) return run_function(feeds, fetch_in);
   std::vector<std::string> fetch = fetch_in;
   if (fetch.empty() && !s_->output_names.empty()) fetch = s_->output_names;
   if (fetch.empty())
@@ -321,6 +359,42 @@ std::vector<Tensor> Program::run(const std::map<std::string, Tensor>& feeds,
     inputs[n.index] = t.is_contiguous() ? t : t.contiguous();
   }
   return p.plan->run(inputs);
+}
+
+// run() of a function program: the feeds by name in input order, the fetched outputs by name.
+std::vector<Tensor> Program::run_function(const std::map<std::string, Tensor>& feeds,
+                                          const std::vector<std::string>& fetch) {
+  const detail::FunctionProgram& f = *s_->fn;
+  for (const auto& [k, v] : feeds)
+    DUET_CHECK_VALUE(std::find(f.inputs.begin(), f.inputs.end(), k) != f.inputs.end(),
+                     "[Program::run] feed \"{}\" names no input of {}; its inputs are {}", k,
+                     f.label, fmt::join(f.inputs, ", "));
+  std::vector<Tensor> in;
+  for (const std::string& n : f.inputs) {
+    auto it = feeds.find(n);
+    DUET_CHECK_VALUE(it != feeds.end(), "[Program::run] input \"{}\" of {} was not fed", n,
+                     f.label);
+    in.push_back(it->second);
+  }
+  std::vector<Tensor> out = (*this)(in);
+  if (fetch.empty()) return out;
+  std::vector<Tensor> r;
+  for (const std::string& name : fetch) {
+    auto it = std::find(f.outputs.begin(), f.outputs.end(), name);
+    DUET_CHECK_VALUE(it != f.outputs.end(),
+                     "[Program::run] nothing named \"{}\" to fetch; the outputs are {}", name,
+                     fmt::join(f.outputs, ", "));
+    r.push_back(out[static_cast<size_t>(it - f.outputs.begin())]);
+  }
+  return r;
+}
+
+Program detail::make_function_program(FunctionProgram f, const CompileOptions& options) {
+  Program p;
+  p.s_->inputs = f.inputs;
+  p.s_->core = std::make_unique<CompiledCore>(options, f.label);
+  p.s_->fn = std::make_unique<FunctionProgram>(std::move(f));
+  return p;
 }
 
 Program load(const std::string& path) {

@@ -22,6 +22,23 @@ Tensor placeholder(Shape shape, DType dtype, std::string name);
 /// trace it does nothing.
 Tensor name(Tensor t, std::string name);
 
+class Program;
+struct CompileOptions;
+namespace detail {
+/// A Program that is a function of its inputs rather than one traced graph (import_onnx): fn
+/// runs eagerly, or compiled through a CompiledCore with `options` (one trace per signature).
+struct FunctionProgram {
+  std::string label;
+  std::function<std::vector<Tensor>(const std::vector<Tensor>&)> fn;
+  std::vector<std::string> inputs, outputs;
+  std::vector<std::pair<std::string, Tensor>> parameters;
+  /// Moves what fn reads (its parameters and constants) to a device (Program::to); it returns
+  /// the moved parameters.
+  std::function<std::vector<std::pair<std::string, Tensor>>(Device)> to;
+};
+Program make_function_program(FunctionProgram f, const CompileOptions& options);
+}  // namespace detail
+
 class Program {
  public:
   explicit Program(std::function<std::vector<Tensor>()> build);
@@ -31,7 +48,13 @@ class Program {
   /// Every placeholder the fetched nodes depend on must be fed, with its shape and dtype.
   std::vector<Tensor> run(const std::map<std::string, Tensor>& feeds,
                           const std::vector<std::string>& fetch = {});
-  /// The traced graph, before optimization.
+  /// Runs the program on its inputs (input_names() order) node by node, eagerly: every op on
+  /// the tape, so backward() reaches inputs and parameters that require grad. Only a program
+  /// that is a function of its inputs (import_onnx) has an eager face; a traced or loaded one
+  /// raises a ValueError.
+  std::vector<Tensor> eager(const std::vector<Tensor>& inputs);
+  /// The traced graph, before optimization (an imported program's: that of its most recent
+  /// compiled trace).
   const Graph& graph() const;
   /// The names that can be fetched.
   std::vector<std::string> names() const;
@@ -57,7 +80,11 @@ class Program {
  private:
   struct State;
   Program();
+  std::vector<Tensor> run_function(const std::map<std::string, Tensor>& feeds,
+                                   const std::vector<std::string>& fetch);
   friend Program load(const std::string& path);
+  friend Program detail::make_function_program(detail::FunctionProgram f,
+                                               const CompileOptions& options);
   std::unique_ptr<State> s_;
 };
 

@@ -1,0 +1,1 @@
+// ONNX import: the op mappings.

@@ -1,0 +1,134 @@
+#include "trace/onnx_proto.h"
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "core/error.h"
+#include "core/ops.h"
+
+namespace duet::detail::onnx_io {
+
+using onnx::TensorProto;
+
+std::optional<DType> dtype_of(int32_t e) {
+  switch (e) {
+    case TensorProto::FLOAT: return DType::f32;
+    case TensorProto::DOUBLE: return DType::f64;
+    case TensorProto::INT32: return DType::i32;
+    case TensorProto::INT64: return DType::i64;
+    case TensorProto::BOOL: return DType::b8;
+    default: return std::nullopt;
+  }
+}
+
+int32_t elem_type_of(DType d) {
+  switch (d) {
+    case DType::f32: return TensorProto::FLOAT;
+    case DType::f64: return TensorProto::DOUBLE;
+    case DType::f16: return TensorProto::FLOAT16;
+    case DType::bf16: return TensorProto::BFLOAT16;
+    case DType::i32: return TensorProto::INT32;
+    case DType::i64: return TensorProto::INT64;
+    case DType::b8: return TensorProto::BOOL;
+  }
+  return TensorProto::UNDEFINED;
+}
+
+std::string elem_type_name(int32_t e) {
+  if (TensorProto::DataType_IsValid(e))
+    return TensorProto::DataType_Name(static_cast<TensorProto::DataType>(e));
+  return fmt::format("element type {}", e);
+}
+
+void unsupported_elem_type(int32_t e, const std::string& what) {
+  const bool half = e == TensorProto::FLOAT16 || e == TensorProto::BFLOAT16;
+  throw DTypeError(fmt::format(
+      "[import_onnx] {} has ONNX element type {}, {}; duet computes FLOAT, DOUBLE, INT32, INT64 "
+      "and BOOL",
+      what, elem_type_name(e),
+      half ? "which duet's CPU kernels do not compute" : "which duet has no dtype for"));
+}
+
+namespace {
+template <class T, class Field>
+void copy_field(const Field& f, Tensor& t, int64_t n, const std::string& what, const char* name) {
+  DUET_CHECK_VALUE(f.size() == n, "[import_onnx] {}: {} holds {} values for {} elements", what,
+                   name, f.size(), n);
+  T* out = t.data_ptr<T>();
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<T>(f.Get(static_cast<int>(i)));
+}
+}  // namespace
+
+Tensor tensor_from_proto(const TensorProto& p, const std::string& what) {
+  DUET_CHECK_VALUE(p.data_location() != TensorProto::EXTERNAL,
+                   "[import_onnx] {} keeps its data in an external file, which duet does not read",
+                   what);
+  std::optional<DType> dt = dtype_of(p.data_type());
+  if (!dt) unsupported_elem_type(p.data_type(), what);
+  Shape shape;
+  std::vector<int64_t> dims;
+  int64_t n = 1;
+  for (int64_t d : p.dims()) {
+    DUET_CHECK_VALUE(d >= 0, "[import_onnx] {} has a negative dim {}", what, d);
+    dims.push_back(d);
+    n *= d;
+  }
+  shape = Shape(dims);
+  Tensor t = ::duet::detail::empty(shape, *dt);
+  const int64_t bytes = n * itemsize(*dt);
+  if (p.has_raw_data()) {
+    DUET_CHECK_VALUE(static_cast<int64_t>(p.raw_data().size()) == bytes,
+                     "[import_onnx] {}: raw_data holds {} bytes for {} elements of {}", what,
+                     p.raw_data().size(), n, elem_type_name(p.data_type()));
+    if (bytes) std::memcpy(t.raw_data(), p.raw_data().data(), static_cast<size_t>(bytes));
+    return t;
+  }
+  switch (*dt) {
+    case DType::f32: copy_field<float>(p.float_data(), t, n, what, "float_data"); break;
+    case DType::f64: copy_field<double>(p.double_data(), t, n, what, "double_data"); break;
+    case DType::i32: copy_field<int32_t>(p.int32_data(), t, n, what, "int32_data"); break;
+    case DType::i64: copy_field<int64_t>(p.int64_data(), t, n, what, "int64_data"); break;
+    case DType::b8: copy_field<bool>(p.int32_data(), t, n, what, "int32_data"); break;
+    default: unsupported_elem_type(p.data_type(), what);
+  }
+  return t;
+}
+
+void tensor_to_proto(const Tensor& t, TensorProto& p) {
+  Tensor c = t.device().is_cpu() ? t.contiguous() : t.to(Device::cpu()).contiguous();
+  p.set_data_type(elem_type_of(c.dtype()));
+  p.clear_dims();
+  for (int64_t d = 0; d < c.dim(); ++d) p.add_dims(c.sizes()[d]);
+  const size_t bytes = static_cast<size_t>(c.numel() * itemsize(c.dtype()));
+  p.set_raw_data(bytes ? std::string(static_cast<const char*>(c.raw_data()), bytes) : std::string());
+}
+
+namespace {
+std::string read_file(const std::string& path, const char* what) {
+  std::ifstream f(path, std::ios::binary);
+  DUET_CHECK_VALUE(f.good(), "[{}] cannot open {}: {}", what, path, std::strerror(errno));
+  std::ostringstream buf;
+  buf << f.rdbuf();
+  return buf.str();
+}
+}  // namespace
+
+onnx::ModelProto read_model(const std::string& path) {
+  onnx::ModelProto m;
+  DUET_CHECK_VALUE(m.ParseFromString(read_file(path, "import_onnx")),
+                   "[import_onnx] {} is not an ONNX model (it does not parse as a ModelProto)",
+                   path);
+  DUET_CHECK_VALUE(m.has_graph(), "[import_onnx] {} is a ModelProto without a graph", path);
+  return m;
+}
+
+onnx::TensorProto read_tensor(const std::string& path) {
+  onnx::TensorProto t;
+  DUET_CHECK_VALUE(t.ParseFromString(read_file(path, "import_onnx")),
+                   "[import_onnx] {} is not a serialized TensorProto", path);
+  return t;
+}
+
+}  // namespace duet::detail::onnx_io
