@@ -1,10 +1,312 @@
-// ONNX import (trace/onnx.h).
+// ONNX import (trace/onnx.h): a model becomes a Program whose function runs the graph's nodes in
+// order, each through its mapping (trace/onnx_import_ops.cpp) onto duet ops. Run eagerly, those
+// ops go on the tape; run compiled, the same function is traced once per input signature. So
+// an imported model has one definition for both faces, and gradients reach its initializers.
+//
+// Note [Known values]: ONNX passes shapes, axes and bounds as tensors (Reshape's shape, Slice's
+// starts). A value computed from constants and shapes alone is "known": its node runs on real
+// data even while tracing (the modes suspended), so a mapping can read it and a traced graph
+// holds only the computation on the model's inputs. A shape input computed from data (or fed as
+// a graph input) is read too: import sets CompileOptions::guard_data_reads, so a compiled call
+// guards the value it read and traces again when it changes.
+#include "trace/onnx_import.h"
+
+#include <filesystem>
+#include <memory>
+#include <set>
+#include <unordered_map>
+
+#include "core/dispatch.h"
+#include "eager/autograd.h"
 #include "trace/onnx.h"
+#include "trace/onnx_proto.h"
 
 namespace duet {
 
-Program import_onnx(const std::string&, const OnnxImportOptions&) {
-  throw ValueError("[import_onnx] not built yet");
+namespace detail::onnx_import {
+
+const Tensor& Node::in(size_t i) const {
+  if (!has(i)) fail(fmt::format("input {} is missing", i));
+  return in_[i].t;
+}
+
+std::vector<int64_t> Node::ints(size_t i) const {
+  const Tensor& t = in(i);
+  if (!is_floating(t.dtype()) && t.dtype() != DType::i64)
+    return t.to(DType::i64).to(Device::cpu()).to_vector<int64_t>();
+  if (is_floating(t.dtype()))
+    fail(fmt::format("input {} must hold integers, got {}", i, t.dtype()));
+  return t.to(Device::cpu()).to_vector<int64_t>();
+}
+
+double Node::number(size_t i) const {
+  const Tensor& t = in(i);
+  if (t.numel() != 1)
+    fail(fmt::format("input {} must hold one number, got shape {}", i, t.sizes()));
+  return t.to(Device::cpu()).to(DType::f64).to_vector<double>()[0];
+}
+
+const onnx::AttributeProto* Node::attr(const char* name) const {
+  for (const onnx::AttributeProto& a : proto_.attribute())
+    if (a.name() == name) return &a;
+  return nullptr;
+}
+
+int64_t Node::attr_i(const char* name, int64_t fallback) const {
+  const onnx::AttributeProto* a = attr(name);
+  return a ? a->i() : fallback;
+}
+
+double Node::attr_f(const char* name, double fallback) const {
+  const onnx::AttributeProto* a = attr(name);
+  return a ? a->f() : fallback;
+}
+
+std::string Node::attr_s(const char* name, const std::string& fallback) const {
+  const onnx::AttributeProto* a = attr(name);
+  return a ? a->s() : fallback;
+}
+
+std::vector<int64_t> Node::attr_ints(const char* name) const {
+  const onnx::AttributeProto* a = attr(name);
+  return a ? std::vector<int64_t>(a->ints().begin(), a->ints().end()) : std::vector<int64_t>{};
+}
+
+std::vector<float> Node::attr_floats(const char* name) const {
+  const onnx::AttributeProto* a = attr(name);
+  return a ? std::vector<float>(a->floats().begin(), a->floats().end()) : std::vector<float>{};
+}
+
+std::string Node::where() const {
+  return fmt::format(
+      "node \"{}\" ({}, opset {})",
+      proto_.name().empty() ? proto_.output_size() ? proto_.output(0) : "" : proto_.name(),
+      proto_.op_type(), opset_);
+}
+
+void Node::fail(const std::string& why) const {
+  throw ValueError(fmt::format("[import_onnx] {}: {}", where(), why));
+}
+
+int64_t Node::axis(int64_t a, int64_t rank) const {
+  const int64_t r = rank == 0 ? 1 : rank;
+  if (a < -r || a >= r) fail(fmt::format("axis {} is out of range for rank {}", a, rank));
+  return a < 0 ? a + r : a;
+}
+
+}  // namespace detail::onnx_import
+
+namespace {
+
+using detail::onnx_import::Node;
+using detail::onnx_import::Value;
+namespace io = detail::onnx_io;
+
+// What the Program's function holds: the graph, and the initializers as tensors.
+struct Imported {
+  onnx::GraphProto graph;
+  int opset = 0;
+  std::string label;
+  std::vector<std::string> inputs, outputs;
+  struct Spec {
+    DType dtype;
+    std::vector<int64_t> dims;  // -1: a dim_param or an unknown size
+    bool has_shape = false;
+  };
+  std::vector<Spec> specs;
+  std::vector<std::pair<std::string, Tensor>> params;  // floating initializers (trainable)
+  std::map<std::string, Tensor> consts;                // the other initializers
+};
+
+// The element type of a graph input or output, or a DTypeError naming it.
+int32_t elem_type_of(const onnx::ValueInfoProto& v, const char* what) {
+  if (!v.type().has_tensor_type()) {
+    const char* kind = v.type().has_sequence_type()   ? "sequence"
+                       : v.type().has_optional_type() ? "optional"
+                       : v.type().has_map_type()      ? "map"
+                                                      : "non-tensor";
+    throw DTypeError(fmt::format(
+        "[import_onnx] {} \"{}\" has ONNX type {}, which duet has no dtype for: duet imports "
+        "tensors of FLOAT, DOUBLE, INT32, INT64 and BOOL",
+        what, v.name(), kind));
+  }
+  return v.type().tensor_type().elem_type();
+}
+
+// The element types that node attributes name (Cast's `to`, Constant's value, ...): a
+// DTypeError at import rather than at the first call.
+void check_node_types(const onnx::NodeProto& n, int opset) {
+  for (const onnx::AttributeProto& a : n.attribute()) {
+    const std::string what = fmt::format(
+        "attribute {} of node \"{}\" ({}, opset {})", a.name(),
+        n.name().empty() && n.output_size() ? n.output(0) : n.name(), n.op_type(), opset);
+    if ((a.name() == "to" || a.name() == "dtype") && a.type() == onnx::AttributeProto::INT &&
+        !io::dtype_of(static_cast<int32_t>(a.i())))
+      io::unsupported_elem_type(static_cast<int32_t>(a.i()), what);
+    if (a.type() == onnx::AttributeProto::TENSOR && !io::dtype_of(a.t().data_type()))
+      io::unsupported_elem_type(a.t().data_type(), what);
+  }
+}
+
+// Runs node n on the values in env (Note [Known values]).
+void run_node(const onnx::NodeProto& n, int opset, std::unordered_map<std::string, Value>& env) {
+  namespace oi = detail::onnx_import;
+  oi::ImportFn fn = oi::find_op(n.op_type());
+  std::vector<Value> in;
+  bool known = true;
+  for (const std::string& name : n.input()) {
+    if (name.empty()) {
+      in.emplace_back();
+      continue;
+    }
+    auto it = env.find(name);
+    if (it == env.end())
+      throw ValueError(
+          fmt::format("[import_onnx] node \"{}\" ({}) reads \"{}\", which no earlier "
+                      "node, input or initializer defines",
+                      n.name(), n.op_type(), name));
+    in.push_back(it->second);
+    known = known && it->second.known;
+  }
+  known = known && !oi::is_random(n.op_type());
+  Node node(n, opset, std::move(in));
+  std::vector<Tensor> out;
+  try {
+    if (known) {
+      detail::SuspendModes eager;
+      NoGradGuard ng;
+      out = fn(node);
+    } else {
+      out = fn(node);
+    }
+  } catch (const ShapeError& e) {
+    throw ShapeError(fmt::format("[import_onnx] {}: {}", node.where(), e.what()));
+  } catch (const DTypeError& e) {
+    throw DTypeError(fmt::format("[import_onnx] {}: {}", node.where(), e.what()));
+  } catch (const ValueError& e) {
+    if (std::string_view(e.what()).starts_with("[import_onnx]")) throw;
+    throw ValueError(fmt::format("[import_onnx] {}: {}", node.where(), e.what()));
+  }
+  if (out.size() < static_cast<size_t>(n.output_size()))
+    node.fail(fmt::format("duet's mapping gives {} outputs, the node lists {}", out.size(),
+                          n.output_size()));
+  for (int i = 0; i < n.output_size(); ++i) {
+    if (n.output(i).empty()) continue;
+    if (!out[static_cast<size_t>(i)].defined())
+      node.fail(fmt::format("duet does not compute its output {} (\"{}\")", i, n.output(i)));
+    env[n.output(i)] = Value{out[static_cast<size_t>(i)], known};
+  }
+}
+
+std::vector<Tensor> run_graph(const Imported& m, const std::vector<Tensor>& in) {
+  DUET_CHECK_VALUE(in.size() == m.inputs.size(), "[{}] takes {} inputs ({}), got {}", m.label,
+                   m.inputs.size(), fmt::join(m.inputs, ", "), in.size());
+  std::unordered_map<std::string, Value> env;
+  for (const auto& [name, t] : m.consts) env[name] = Value{t, true};
+  for (const auto& [name, t] : m.params) env[name] = Value{t, false};
+  for (size_t i = 0; i < in.size(); ++i) {
+    const Imported::Spec& s = m.specs[i];
+    const Tensor& t = in[i];
+    DUET_CHECK_VALUE(t.defined(), "[{}] input \"{}\" is an undefined tensor", m.label, m.inputs[i]);
+    auto want = [&] {
+      std::string d;
+      for (size_t k = 0; k < s.dims.size(); ++k)
+        d += fmt::format("{}{}", k ? ", " : "", s.dims[k] < 0 ? "?" : std::to_string(s.dims[k]));
+      return fmt::format("{} ({})", s.dtype, d);
+    };
+    DUET_CHECK_DTYPE(t.dtype() == s.dtype, "[{}] input \"{}\" expects {}, got {} {}", m.label,
+                     m.inputs[i], want(), t.dtype(), t.sizes());
+    if (s.has_shape) {
+      bool fits = t.dim() == static_cast<int64_t>(s.dims.size());
+      for (size_t k = 0; fits && k < s.dims.size(); ++k)
+        fits = s.dims[k] < 0 || s.dims[k] == t.sizes()[static_cast<int64_t>(k)];
+      DUET_CHECK_SHAPE(fits, "[{}] input \"{}\" expects {}, got shape {}", m.label, m.inputs[i],
+                       want(), t.sizes());
+    }
+    env[m.inputs[i]] = Value{t, false};
+  }
+  for (const onnx::NodeProto& n : m.graph.node()) run_node(n, m.opset, env);
+  std::vector<Tensor> out;
+  for (const std::string& name : m.outputs) {
+    auto it = env.find(name);
+    DUET_CHECK_VALUE(it != env.end(), "[{}] no node computes the graph output \"{}\"", m.label,
+                     name);
+    out.push_back(it->second.t);
+  }
+  return out;
+}
+
+}  // namespace
+
+Program import_onnx(const std::string& path, const OnnxImportOptions& options) {
+  namespace oi = detail::onnx_import;
+  auto m = std::make_shared<Imported>();
+  onnx::ModelProto model = io::read_model(path);
+  for (const onnx::OperatorSetIdProto& o : model.opset_import())
+    if (o.domain().empty() || o.domain() == "ai.onnx") m->opset = static_cast<int>(o.version());
+  DUET_CHECK_VALUE(m->opset > 0, "[import_onnx] {} imports no opset of the default domain", path);
+  m->graph = std::move(*model.mutable_graph());
+  const onnx::GraphProto& g = m->graph;
+  m->label = fmt::format("ONNX model {}", std::filesystem::path(path).filename().string());
+
+  std::set<std::string> initialized;
+  for (const onnx::TensorProto& t : g.initializer()) {
+    initialized.insert(t.name());
+    Tensor v = io::tensor_from_proto(t, fmt::format("initializer \"{}\"", t.name()));
+    if (options.trainable && is_floating(v.dtype())) {
+      v.requires_grad_(true);
+      m->params.emplace_back(t.name(), v);
+    } else {
+      m->consts[t.name()] = v;
+    }
+  }
+  for (const onnx::ValueInfoProto& v : g.input()) {
+    if (initialized.count(v.name())) continue;  // an initializer listed as an input (IR < 4)
+    const int32_t e = elem_type_of(v, "input");
+    std::optional<DType> dt = io::dtype_of(e);
+    if (!dt) io::unsupported_elem_type(e, fmt::format("input \"{}\"", v.name()));
+    Imported::Spec s{*dt, {}, v.type().tensor_type().has_shape()};
+    for (const onnx::TensorShapeProto::Dimension& d : v.type().tensor_type().shape().dim())
+      s.dims.push_back(d.has_dim_value() ? d.dim_value() : -1);
+    m->inputs.push_back(v.name());
+    m->specs.push_back(std::move(s));
+  }
+  for (const onnx::ValueInfoProto& v : g.output()) {
+    const int32_t e = elem_type_of(v, "output");
+    if (!io::dtype_of(e)) io::unsupported_elem_type(e, fmt::format("output \"{}\"", v.name()));
+    m->outputs.push_back(v.name());
+  }
+
+  // Every node's op, domain and element types, before anything runs.
+  for (const onnx::NodeProto& n : g.node()) {
+    const std::string where = fmt::format(
+        "node \"{}\" ({}, opset {})", n.name().empty() && n.output_size() ? n.output(0) : n.name(),
+        n.op_type(), m->opset);
+    DUET_CHECK_VALUE(n.domain().empty() || n.domain() == "ai.onnx",
+                     "[import_onnx] {}: op {} of domain \"{}\" has no mapping in duet (only the "
+                     "default domain's ops do)",
+                     where, n.op_type(), n.domain());
+    DUET_CHECK_VALUE(oi::find_op(n.op_type()),
+                     "[import_onnx] {}: ONNX op {} (opset {}) has no mapping in duet", where,
+                     n.op_type(), m->opset);
+    check_node_types(n, m->opset);
+  }
+
+  detail::FunctionProgram f;
+  f.label = m->label;
+  f.inputs = m->inputs;
+  f.outputs = m->outputs;
+  f.parameters = m->params;
+  f.fn = [m](const std::vector<Tensor>& in) { return run_graph(*m, in); };
+  f.to = [m](Device d) {
+    NoGradGuard ng;
+    for (auto& [name, t] : m->params) t = t.detach().to(d).requires_grad_(t.requires_grad());
+    for (auto& [name, t] : m->consts) t = t.to(d);
+    return m->params;
+  };
+  CompileOptions co = options.compile;
+  co.guard_data_reads = true;
+  return detail::make_function_program(std::move(f), co);
 }
 
 }  // namespace duet

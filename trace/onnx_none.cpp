@@ -5,10 +5,10 @@ namespace duet {
 
 namespace {
 [[noreturn]] void no_onnx(const char* op) {
-  throw ValueError(fmt::format(
-      "[{}] this duet was built without ONNX: install libonnx-dev and libprotobuf-dev "
-      "(tools/setup_deps.sh) and configure again (the sanitizer builds leave ONNX out)",
-      op));
+  throw ValueError(
+      fmt::format("[{}] this duet was built without ONNX: install libonnx-dev and libprotobuf-dev "
+                  "(tools/setup_deps.sh) and configure again (the sanitizer builds leave ONNX out)",
+                  op));
 }
 }  // namespace
 

@@ -14,24 +14,37 @@ using onnx::TensorProto;
 
 std::optional<DType> dtype_of(int32_t e) {
   switch (e) {
-    case TensorProto::FLOAT: return DType::f32;
-    case TensorProto::DOUBLE: return DType::f64;
-    case TensorProto::INT32: return DType::i32;
-    case TensorProto::INT64: return DType::i64;
-    case TensorProto::BOOL: return DType::b8;
-    default: return std::nullopt;
+    case TensorProto::FLOAT:
+      return DType::f32;
+    case TensorProto::DOUBLE:
+      return DType::f64;
+    case TensorProto::INT32:
+      return DType::i32;
+    case TensorProto::INT64:
+      return DType::i64;
+    case TensorProto::BOOL:
+      return DType::b8;
+    default:
+      return std::nullopt;
   }
 }
 
 int32_t elem_type_of(DType d) {
   switch (d) {
-    case DType::f32: return TensorProto::FLOAT;
-    case DType::f64: return TensorProto::DOUBLE;
-    case DType::f16: return TensorProto::FLOAT16;
-    case DType::bf16: return TensorProto::BFLOAT16;
-    case DType::i32: return TensorProto::INT32;
-    case DType::i64: return TensorProto::INT64;
-    case DType::b8: return TensorProto::BOOL;
+    case DType::f32:
+      return TensorProto::FLOAT;
+    case DType::f64:
+      return TensorProto::DOUBLE;
+    case DType::f16:
+      return TensorProto::FLOAT16;
+    case DType::bf16:
+      return TensorProto::BFLOAT16;
+    case DType::i32:
+      return TensorProto::INT32;
+    case DType::i64:
+      return TensorProto::INT64;
+    case DType::b8:
+      return TensorProto::BOOL;
   }
   return TensorProto::UNDEFINED;
 }
@@ -45,8 +58,8 @@ std::string elem_type_name(int32_t e) {
 void unsupported_elem_type(int32_t e, const std::string& what) {
   const bool half = e == TensorProto::FLOAT16 || e == TensorProto::BFLOAT16;
   throw DTypeError(fmt::format(
-      "[import_onnx] {} has ONNX element type {}, {}; duet computes FLOAT, DOUBLE, INT32, INT64 "
-      "and BOOL",
+      "[import_onnx] {} has ONNX element type {}, {}: duet imports tensors of FLOAT, DOUBLE, "
+      "INT32, INT64 and BOOL",
       what, elem_type_name(e),
       half ? "which duet's CPU kernels do not compute" : "which duet has no dtype for"));
 }
@@ -67,31 +80,62 @@ Tensor tensor_from_proto(const TensorProto& p, const std::string& what) {
                    what);
   std::optional<DType> dt = dtype_of(p.data_type());
   if (!dt) unsupported_elem_type(p.data_type(), what);
-  Shape shape;
   std::vector<int64_t> dims;
   int64_t n = 1;
   for (int64_t d : p.dims()) {
-    DUET_CHECK_VALUE(d >= 0, "[import_onnx] {} has a negative dim {}", what, d);
+    DUET_CHECK_VALUE(d >= 0 && (d == 0 || n <= (int64_t(1) << 40) / d),
+                     "[import_onnx] {} has a dim {} out of range", what, d);
     dims.push_back(d);
     n *= d;
   }
-  shape = Shape(dims);
-  Tensor t = ::duet::detail::empty(shape, *dt);
+  // The data must hold every element before anything is allocated for them.
   const int64_t bytes = n * itemsize(*dt);
+  int64_t held = 0;
   if (p.has_raw_data()) {
+    held = static_cast<int64_t>(p.raw_data().size()) / itemsize(*dt);
     DUET_CHECK_VALUE(static_cast<int64_t>(p.raw_data().size()) == bytes,
                      "[import_onnx] {}: raw_data holds {} bytes for {} elements of {}", what,
                      p.raw_data().size(), n, elem_type_name(p.data_type()));
+  } else {
+    switch (*dt) {
+      case DType::f32:
+        held = p.float_data_size();
+        break;
+      case DType::f64:
+        held = p.double_data_size();
+        break;
+      case DType::i64:
+        held = p.int64_data_size();
+        break;
+      default:
+        held = p.int32_data_size();
+        break;
+    }
+    DUET_CHECK_VALUE(held == n, "[import_onnx] {} holds {} values for {} elements", what, held, n);
+  }
+  Tensor t = ::duet::detail::empty(Shape(dims), *dt);
+  if (p.has_raw_data()) {
     if (bytes) std::memcpy(t.raw_data(), p.raw_data().data(), static_cast<size_t>(bytes));
     return t;
   }
   switch (*dt) {
-    case DType::f32: copy_field<float>(p.float_data(), t, n, what, "float_data"); break;
-    case DType::f64: copy_field<double>(p.double_data(), t, n, what, "double_data"); break;
-    case DType::i32: copy_field<int32_t>(p.int32_data(), t, n, what, "int32_data"); break;
-    case DType::i64: copy_field<int64_t>(p.int64_data(), t, n, what, "int64_data"); break;
-    case DType::b8: copy_field<bool>(p.int32_data(), t, n, what, "int32_data"); break;
-    default: unsupported_elem_type(p.data_type(), what);
+    case DType::f32:
+      copy_field<float>(p.float_data(), t, n, what, "float_data");
+      break;
+    case DType::f64:
+      copy_field<double>(p.double_data(), t, n, what, "double_data");
+      break;
+    case DType::i32:
+      copy_field<int32_t>(p.int32_data(), t, n, what, "int32_data");
+      break;
+    case DType::i64:
+      copy_field<int64_t>(p.int64_data(), t, n, what, "int64_data");
+      break;
+    case DType::b8:
+      copy_field<bool>(p.int32_data(), t, n, what, "int32_data");
+      break;
+    default:
+      unsupported_elem_type(p.data_type(), what);
   }
   return t;
 }
@@ -102,7 +146,8 @@ void tensor_to_proto(const Tensor& t, TensorProto& p) {
   p.clear_dims();
   for (int64_t d = 0; d < c.dim(); ++d) p.add_dims(c.sizes()[d]);
   const size_t bytes = static_cast<size_t>(c.numel() * itemsize(c.dtype()));
-  p.set_raw_data(bytes ? std::string(static_cast<const char*>(c.raw_data()), bytes) : std::string());
+  p.set_raw_data(bytes ? std::string(static_cast<const char*>(c.raw_data()), bytes)
+                       : std::string());
 }
 
 namespace {

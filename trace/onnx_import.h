@@ -1,0 +1,97 @@
+// ONNX import, internal: what an op's mapping sees of its node (trace/onnx_import.cpp runs the
+// graph; trace/onnx_import_ops.cpp maps each ONNX op onto duet ops).
+#pragma once
+
+#include <onnx/onnx_pb.h>
+
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace duet::detail::onnx_import {
+
+/// A value of the ONNX graph: its tensor, and whether it is known while tracing (computed from
+/// constants and shapes alone, so a mapping may read its data: a Reshape's shape, a Slice's
+/// starts). An omitted optional input is an undefined tensor.
+struct Value {
+  Tensor t;
+  bool known = false;
+};
+
+/// One node, as its mapping sees it.
+class Node {
+ public:
+  Node(const onnx::NodeProto& proto, int opset, std::vector<Value> inputs)
+      : proto_(proto), opset_(opset), in_(std::move(inputs)) {}
+  const std::string& op() const { return proto_.op_type(); }
+  int opset() const { return opset_; }
+  /// The inputs the node lists (omitted optional ones included, as undefined).
+  size_t size() const { return in_.size(); }
+  bool has(size_t i) const { return i < in_.size() && in_[i].t.defined(); }
+  /// Input i; a ValueError naming the node when it is missing.
+  const Tensor& in(size_t i) const;
+  bool known(size_t i) const { return has(i) && in_[i].known; }
+  /// The outputs the node lists, and whether output i is wanted (listed, not omitted).
+  size_t outputs() const { return static_cast<size_t>(proto_.output_size()); }
+  bool wants(size_t i) const {
+    return i < outputs() && !proto_.output(static_cast<int>(i)).empty();
+  }
+  /// The values of input i as integers / numbers: it must be known while tracing.
+  std::vector<int64_t> ints(size_t i) const;
+  double number(size_t i) const;
+
+  bool has_attr(const char* name) const { return attr(name) != nullptr; }
+  int64_t attr_i(const char* name, int64_t fallback) const;
+  double attr_f(const char* name, double fallback) const;
+  std::string attr_s(const char* name, const std::string& fallback) const;
+  std::vector<int64_t> attr_ints(const char* name) const;  ///< empty when absent
+  std::vector<float> attr_floats(const char* name) const;
+  const onnx::AttributeProto* attr(const char* name) const;
+
+  /// "node "n1" (Reshape, opset 13)".
+  std::string where() const;
+  /// A ValueError: "[import_onnx] node "n1" (Reshape, opset 13): why".
+  [[noreturn]] void fail(const std::string& why) const;
+  /// An axis attribute or input wrapped into [0, rank); a ValueError when out of range.
+  int64_t axis(int64_t a, int64_t rank) const;
+
+ private:
+  const onnx::NodeProto& proto_;
+  int opset_;
+  std::vector<Value> in_;
+};
+
+/// A mapping: the node's outputs, as many as the node lists (undefined for omitted ones).
+using ImportFn = std::vector<Tensor> (*)(const Node&);
+struct OpEntry {
+  const char* name;
+  ImportFn fn;
+};
+/// The mappings, by file: elementwise, shape, reduction, nn and loss ops
+/// (trace/onnx_import_ops.cpp); resampling and transposed convolution
+/// (trace/onnx_import_image.cpp); control flow and recurrent layers
+/// (trace/onnx_import_control.cpp). find_op looks in all of them.
+std::vector<OpEntry> core_ops();
+std::vector<OpEntry> image_ops();
+std::vector<OpEntry> control_ops();
+/// The mapping of an op of the default domain; null when duet has none.
+ImportFn find_op(const std::string& op_type);
+
+// Helpers the mapping files share (trace/onnx_import_ops.cpp).
+/// t in dtype d (t itself when it is already).
+Tensor as(const Tensor& t, DType d);
+/// A 1-D i64 tensor of exactly these values, on `device`.
+Tensor i64s(const std::vector<int64_t>& v, Device device = Device::cpu());
+/// x reversed along dim.
+Tensor flip(const Tensor& x, int64_t dim);
+/// x padded by pads (every dim's before, then every dim's after; negative values crop), in mode
+/// "constant" (with value), "reflect" or "edge".
+Tensor pad_nd(const Node& n, Tensor x, const std::vector<int64_t>& pads, const std::string& mode,
+              const Tensor& value);
+/// Every op with a mapping, sorted (docs/onnx.md).
+std::vector<std::string> mapped_ops();
+/// Ops whose results may not be computed at import time even from known inputs (draws).
+bool is_random(const std::string& op_type);
+
+}  // namespace duet::detail::onnx_import
