@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "duet.h"
+#include "trace/onnx_import.h"
 #include "trace/onnx_proto.h"
 
 namespace fs = std::filesystem;
@@ -28,9 +29,12 @@ enum class Result { Pass, Fail, Unsupported };
 
 const char* word(Result r) {
   switch (r) {
-    case Result::Pass: return "pass";
-    case Result::Fail: return "fail";
-    case Result::Unsupported: return "unsupported";
+    case Result::Pass:
+      return "pass";
+    case Result::Fail:
+      return "fail";
+    case Result::Unsupported:
+      return "unsupported";
   }
   return "?";
 }
@@ -119,8 +123,7 @@ Outcome run_case(const fs::path& dir, bool compiled) {
     for (const DataSet& s : sets) {
       std::vector<Tensor> out = compiled ? p(s.inputs) : p.eager(s.inputs);
       if (out.size() != s.outputs.size())
-        return {Result::Fail,
-                fmt::format("{} outputs, expected {}", out.size(), s.outputs.size())};
+        return {Result::Fail, fmt::format("{} outputs, expected {}", out.size(), s.outputs.size())};
       for (size_t k = 0; k < out.size(); ++k) {
         std::string why = compare(out[k], s.outputs[k], k);
         if (!why.empty()) return {Result::Fail, why};
@@ -172,8 +175,7 @@ std::string section(const std::string& set, const std::vector<Row>& rows) {
       rows.size(), unsupported, supported);
   o << "| mode | pass | fail | pass rate of the supported cases |\n|---|---|---|---|\n";
   o << fmt::format("| eager | {} | {} | {:.1f}% |\n", pass_e, supported - pass_e, pct(pass_e));
-  o << fmt::format("| compiled | {} | {} | {:.1f}% |\n\n", pass_c, supported - pass_c,
-                   pct(pass_c));
+  o << fmt::format("| compiled | {} | {} | {:.1f}% |\n\n", pass_c, supported - pass_c, pct(pass_c));
   o << "<details><summary>Every case</summary>\n\n";
   o << "| case | eager | compiled | why it fails |\n|---|---|---|---|\n";
   for (const Row& r : rows) {
@@ -232,12 +234,18 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (a == "--set") set = next();
-    else if (a == "--write") write = next();
-    else if (a == "--check") check = next();
-    else if (a == "--filter") filter = next();
-    else if (a == "-v") verbose = true;
-    else dir = a;
+    if (a == "--set")
+      set = next();
+    else if (a == "--write")
+      write = next();
+    else if (a == "--check")
+      check = next();
+    else if (a == "--filter")
+      filter = next();
+    else if (a == "-v")
+      verbose = true;
+    else
+      dir = a;
   }
   if (dir.empty() || set.empty()) {
     std::cerr << "usage: duet_onnx_conformance DIR --set NAME [--write TABLE] [--check TABLE] "
@@ -258,13 +266,12 @@ int main(int argc, char** argv) {
   for (const fs::path& c : cases) {
     Row r{c.filename().string(), run_case(c, false), run_case(c, true)};
     if (verbose || r.eager.result == Result::Fail || r.compiled.result == Result::Fail)
-      std::cout << fmt::format("{}: eager {}, compiled {}{}\n", r.name, word(r.eager.result),
-                               word(r.compiled.result),
-                               r.eager.result == Result::Fail
-                                   ? "\n  eager: " + first_line(r.eager.why)
-                                   : (r.compiled.result == Result::Fail
-                                          ? "\n  compiled: " + first_line(r.compiled.why)
-                                          : std::string()));
+      std::cout << fmt::format(
+          "{}: eager {}, compiled {}{}\n", r.name, word(r.eager.result), word(r.compiled.result),
+          r.eager.result == Result::Fail
+              ? "\n  eager: " + first_line(r.eager.why)
+              : (r.compiled.result == Result::Fail ? "\n  compiled: " + first_line(r.compiled.why)
+                                                   : std::string()));
     rows.push_back(std::move(r));
   }
   const std::string sec = section(set, rows);
@@ -295,6 +302,14 @@ int main(int argc, char** argv) {
       return 1;
     }
     text.replace(b, e + end_marker(set).size() + 1 - b, sec);
+    // The list of mapped ops, from the importer's table.
+    const std::string ob = "<!-- onnx ops begin -->", oe = "<!-- onnx ops end -->";
+    const size_t p = text.find(ob), q = text.find(oe);
+    if (p != std::string::npos && q != std::string::npos) {
+      const std::vector<std::string> ops = detail::onnx_import::mapped_ops();
+      text.replace(p, q - p,
+                   fmt::format("{}\n{} ops: {}.\n", ob, ops.size(), fmt::join(ops, ", ")));
+    }
     std::ofstream(write) << text;
   }
   return status;

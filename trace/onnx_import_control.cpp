@@ -1,4 +1,5 @@
-// ONNX import: the mappings of control flow (If, Loop, Scan) and recurrent layers (RNN, GRU, LSTM) (trace/onnx_import.h).
+// ONNX import: the mappings of control flow (If, Loop, Scan) and recurrent layers (RNN, GRU, LSTM)
+// (trace/onnx_import.h).
 #include "trace/onnx_import.h"
 
 namespace duet::detail::onnx_import {

@@ -57,6 +57,12 @@ Tensor movedim_last(const Tensor& x, int64_t a) {
   p.push_back(a);
   return permute(x, Dims(p));
 }
+Tensor movedim_first(const Tensor& x, int64_t a) {
+  std::vector<int64_t> p{a};
+  for (int64_t i = 0; i < x.dim(); ++i)
+    if (i != a) p.push_back(i);
+  return permute(x, Dims(p));
+}
 Tensor movedim_back(const Tensor& x, int64_t a) {
   std::vector<int64_t> p;
   for (int64_t i = 0; i < x.dim() - 1; ++i) p.push_back(i);
@@ -990,12 +996,52 @@ V op_conv(const Node& n) {
   return {y};
 }
 
+// a // b for non-negative i64 a.
+Tensor floor_div(const Tensor& a, int64_t b) {
+  return as(floor(as(a, DType::f64) / b), DType::i64);
+}
+
+// MaxPool's Indices: for each output, the flat position (in x as 1-D, spatial dims row-major,
+// or column-major with storage_order 1) of the element the window's maximum came from.
+Tensor pool_indices(const Node& n, const Tensor& x, const Window& w, const Tensor& stacked) {
+  const int64_t D = static_cast<int64_t>(w.kernel.size());
+  Tensor k = argmax(stacked, 0);  // (N, C, out...): the window offset of the maximum
+  const bool col = n.attr_i("storage_order", 0);
+  Tensor spatial = full({}, 0, Options().dtype(DType::i64).device(x.device()));
+  int64_t inner = 1;  // elements per step along the dim being added (column-major)
+  for (int64_t i = 0; i < D; ++i) {
+    const int64_t after = prod(w.kernel, static_cast<size_t>(i + 1));
+    Tensor ki = floor_div(k, after) - floor_div(k, after * w.kernel[static_cast<size_t>(i)]) *
+                                          w.kernel[static_cast<size_t>(i)];
+    std::vector<int64_t> shape(static_cast<size_t>(x.dim()), 1);
+    shape[static_cast<size_t>(i + 2)] = w.out[static_cast<size_t>(i)];
+    Tensor o =
+        reshape(arange(w.out[static_cast<size_t>(i)], Options().device(x.device())), Shape(shape));
+    Tensor h = o * w.strides[static_cast<size_t>(i)] - w.pad_begin[static_cast<size_t>(i)] +
+               ki * w.dilations[static_cast<size_t>(i)];
+    const int64_t len = x.sizes()[i + 2];
+    if (col) {
+      spatial = spatial + h * inner;
+      inner *= len;
+    } else {
+      spatial = spatial * len + h;
+    }
+  }
+  std::vector<int64_t> nc(static_cast<size_t>(x.dim()), 1);
+  nc[0] = x.sizes()[0];
+  nc[1] = x.sizes()[1];
+  Tensor plane = reshape(arange(nc[0] * nc[1], Options().device(x.device())), Shape(nc));
+  return plane * prod(dims_of(x), 2) + spatial;
+}
+
 V op_max_pool(const Node& n) {
   const Tensor& x = n.in(0);
-  if (n.wants(1)) n.fail("the Indices output is not supported");
   const Window w = window(n, x, spatial_kernel(n, x, nullptr), n.attr_i("ceil_mode", 0));
   const double lowest = is_floating(x.dtype()) ? -INFINITY : -9.2e18;
-  return {max(windows(n, x, w, lowest), Dims{0})};
+  Tensor stacked = windows(n, x, w, lowest);
+  Tensor y = max(stacked, Dims{0});
+  if (!n.wants(1)) return {y};
+  return {y, pool_indices(n, x, w, stacked)};
 }
 
 V op_avg_pool(const Node& n) {
@@ -1035,7 +1081,7 @@ V op_global_pool(const Node& n) {
 Tensor nll(const Node& n, const Tensor& logp, const Tensor& target, const Tensor* weight) {
   const std::string red = n.attr_s("reduction", "mean");
   Tensor t = as(target, DType::i64);
-  Tensor valid = full({}, true, Options().dtype(DType::b8).device(t.device()));
+  Tensor valid = bools(t.sizes(), true, t.device());
   if (n.has_attr("ignore_index")) {
     valid = ne(t, n.attr_i("ignore_index", 0));
     t = where(valid, t, full({}, 0, like(t)));
@@ -1154,6 +1200,245 @@ V op_einsum(const Node& n) {
   for (size_t i = out.size(); i < order.size(); ++i) summed.push_back(static_cast<int64_t>(i));
   Tensor r = summed.empty() ? product : sum(product, Dims(summed));
   return {as(r, n.in(0).dtype())};
+}
+
+// ---- scatter and gather by index ----
+
+// base with updates written (reduction "none"), added ("add") or taken the larger/smaller of
+// ("max"/"min") at index along dim; positions no index names keep base's value.
+Tensor scatter_with(const Node& n, const Tensor& base, int64_t dim, const Tensor& index,
+                    const Tensor& updates, const std::string& reduction) {
+  const Tensor upd = as(updates, base.dtype());
+  if (reduction == "add") return scatter_add(base, dim, index, upd);
+  Tensor zeros = full(base.sizes(), 0, like(base));
+  Tensor hits =
+      scatter_add(full(base.sizes(), 0, Options().dtype(DType::i64).device(base.device())), dim,
+                  index, full(index.sizes(), 1, Options().dtype(DType::i64).device(base.device())));
+  Tensor written = scatter_add(zeros, dim, index, upd);
+  if (reduction == "none") return where(gt(hits, 0), written, base);
+  if (reduction == "max") return where(gt(hits, 0), maximum(written, base), base);
+  if (reduction == "min") return where(gt(hits, 0), minimum(written, base), base);
+  n.fail(fmt::format("reduction \"{}\" is not supported (none, add, max, min)", reduction));
+}
+
+V op_scatter_elements(const Node& n) {
+  const Tensor& x = n.in(0);
+  const int64_t a = n.axis(n.attr_i("axis", 0), x.dim());
+  return {scatter_with(n, x, a, wrap_index(n.in(1), x.sizes()[a]), n.in(2),
+                       n.attr_s("reduction", "none"))};
+}
+
+// The flat positions (in data viewed as 1-D) that an ND index tensor (..., k) addresses, each
+// the start of a block of `block` elements, followed by that block: shape (..., block).
+Tensor nd_positions(const Tensor& data, const Tensor& indices, int64_t batch_dims) {
+  const std::vector<int64_t> D = dims_of(data), I = dims_of(indices);
+  const int64_t k = I.back(), b = batch_dims;
+  const int64_t block = prod(D, static_cast<size_t>(b + k));
+  Tensor idx = as(indices, DType::i64);
+  Tensor pos = full(Shape(std::vector<int64_t>(I.begin(), I.end() - 1)), 0,
+                    Options().dtype(DType::i64).device(data.device()));
+  for (int64_t j = 0; j < k; ++j) {
+    const int64_t len = D[static_cast<size_t>(b + j)];
+    Tensor ij = squeeze(slice(idx, -1, j, j + 1), idx.dim() - 1);
+    ij = where(lt(ij, 0), ij + len, ij);
+    pos = pos * len + ij;
+  }
+  if (b > 0) {  // each batch position offsets into its own part of data
+    std::vector<int64_t> shape(I.begin(), I.begin() + b);
+    shape.resize(I.size() - 1, 1);
+    Tensor batch = reshape(
+        arange(prod(I, 0, static_cast<size_t>(b)), Options().device(data.device())), Shape(shape));
+    pos = pos + batch * prod(D, static_cast<size_t>(b), static_cast<size_t>(b + k));
+  }
+  Tensor within = arange(block, Options().device(data.device()));
+  return unsqueeze(pos, pos.dim()) * block + within;
+}
+
+V op_gather_nd(const Node& n) {
+  const Tensor &x = n.in(0), &idx = n.in(1);
+  const int64_t b = n.attr_i("batch_dims", 0);
+  const std::vector<int64_t> D = dims_of(x), I = dims_of(idx);
+  Tensor pos = nd_positions(x, idx, b);
+  std::vector<int64_t> out(I.begin(), I.end() - 1);
+  out.insert(out.end(), D.begin() + b + I.back(), D.end());
+  return {reshape(index_select(reshape(x, {-1}), 0, reshape(pos, {-1})), Shape(out))};
+}
+
+V op_scatter_nd(const Node& n) {
+  const Tensor& x = n.in(0);
+  Tensor pos = reshape(nd_positions(x, n.in(1), 0), {-1});
+  Tensor flat = scatter_with(n, reshape(x, {-1}), 0, pos, reshape(n.in(2), {-1}),
+                             n.attr_s("reduction", "none"));
+  return {reshape(flat, x.sizes())};
+}
+
+V op_compress(const Node& n) {
+  Tensor x = n.in(0);
+  std::vector<int64_t> cond = n.ints(1);
+  int64_t a = 0;
+  if (n.has_attr("axis"))
+    a = n.axis(n.attr_i("axis", 0), x.dim());
+  else
+    x = reshape(x, {-1});
+  std::vector<int64_t> keep;
+  for (int64_t i = 0; i < std::min<int64_t>(static_cast<int64_t>(cond.size()), x.sizes()[a]); ++i)
+    if (cond[static_cast<size_t>(i)]) keep.push_back(i);
+  return {index_select(x, a, i64s(keep, x.device()))};
+}
+
+V op_reverse_sequence(const Node& n) {
+  const Tensor& x = n.in(0);
+  const std::vector<int64_t> lens = n.ints(1);
+  const int64_t ta = n.axis(n.attr_i("time_axis", 0), x.dim());
+  const int64_t ba = n.axis(n.attr_i("batch_axis", 1), x.dim());
+  const int64_t T = x.sizes()[ta], B = x.sizes()[ba];
+  // src[t][b]: the time step that lands at t in batch b.
+  std::vector<int64_t> src(static_cast<size_t>(T * B));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t len = lens.at(static_cast<size_t>(b));
+      src[static_cast<size_t>(t * B + b)] = t < len ? len - 1 - t : t;
+    }
+  std::vector<int64_t> shape(static_cast<size_t>(x.dim()), 1);
+  shape[static_cast<size_t>(ta)] = T;
+  shape[static_cast<size_t>(ba)] = B;
+  Tensor idx = i64s(src, x.device());
+  idx = ta < ba ? reshape(idx, Shape(shape))
+                : reshape(transpose(reshape(idx, {T, B}), 0, 1), Shape(shape));
+  return {gather(x, ta, expand(idx, x.sizes()).contiguous())};
+}
+
+// ---- selection and sorting ----
+
+V op_topk(const Node& n) {
+  const Tensor& x = n.in(0);
+  const int64_t a = n.axis(n.attr_i("axis", -1), x.dim());
+  const int64_t k = n.opset() < 10 ? n.attr_i("k", 1) : n.ints(1).at(0);
+  if (k < 0 || k > x.sizes()[a])
+    n.fail(fmt::format("k = {} for a dim of size {}", k, x.sizes()[a]));
+  const bool largest = n.attr_i("largest", 1);
+  // k rounds of argmax over what is left; ties go to the lower index, as ONNX asks.
+  Tensor key = largest ? x : neg(x);
+  if (!is_floating(key.dtype())) key = as(key, DType::f64);
+  std::vector<int64_t> shape(static_cast<size_t>(x.dim()), 1);
+  shape[static_cast<size_t>(a)] = x.sizes()[a];
+  Tensor pos = reshape(arange(x.sizes()[a], Options().device(x.device())), Shape(shape));
+  std::vector<Tensor> values, indices;
+  for (int64_t i = 0; i < k; ++i) {
+    Tensor idx = argmax(key, a, true);
+    values.push_back(gather(x, a, idx));
+    indices.push_back(idx);
+    key = where(eq(pos, idx), full({}, -INFINITY, like(key)), key);
+  }
+  if (k == 0) {
+    std::vector<int64_t> s = dims_of(x);
+    s[static_cast<size_t>(a)] = 0;
+    return {full(Shape(s), 0, like(x)), full(Shape(s), 0, Options().dtype(DType::i64))};
+  }
+  return {cat(values, a), cat(indices, a)};
+}
+
+V op_nonzero(const Node& n) {
+  const Tensor& x = n.in(0);
+  std::vector<double> v = as(x, DType::f64).to(Device::cpu()).to_vector<double>();
+  const std::vector<int64_t> d = dims_of(x);
+  std::vector<std::vector<int64_t>> rows(d.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (v[i] == 0) continue;
+    size_t rest = i;
+    for (size_t k = d.size(); k-- > 0;) {
+      rows[k].push_back(static_cast<int64_t>(rest % static_cast<size_t>(d[k])));
+      rest /= static_cast<size_t>(d[k]);
+    }
+  }
+  std::vector<int64_t> flat;
+  for (auto& r : rows) flat.insert(flat.end(), r.begin(), r.end());
+  int64_t count = 0;
+  for (double e : v) count += e != 0;
+  return {reshape(i64s(flat, x.device()), {x.dim(), count})};
+}
+
+V op_unique(const Node& n) {
+  const Tensor& x0 = n.in(0);
+  const bool has_axis = n.has_attr("axis");
+  const int64_t a = has_axis ? n.axis(n.attr_i("axis", 0), x0.dim()) : 0;
+  Tensor x = has_axis ? x0 : reshape(x0, {-1});
+  // The slices along a, as rows of numbers, compared on the host.
+  const int64_t len = x.sizes()[a];
+  Tensor rows_t = reshape(movedim_first(x, a), {len, -1});
+  std::vector<double> v = as(rows_t, DType::f64).to(Device::cpu()).to_vector<double>();
+  const int64_t w = len ? static_cast<int64_t>(v.size()) / len : 0;
+  auto row = [&](int64_t i) {
+    return std::vector<double>(v.begin() + i * w, v.begin() + (i + 1) * w);
+  };
+  std::vector<int64_t> first;  // first occurrence of each distinct row, in order of appearance
+  std::vector<int64_t> inverse(static_cast<size_t>(len));
+  std::map<std::vector<double>, int64_t> seen;
+  for (int64_t i = 0; i < len; ++i) {
+    auto [it, fresh] = seen.emplace(row(i), static_cast<int64_t>(first.size()));
+    if (fresh) first.push_back(i);
+    inverse[static_cast<size_t>(i)] = it->second;
+  }
+  std::vector<int64_t> order(first.size());
+  std::iota(order.begin(), order.end(), 0);
+  if (n.attr_i("sorted", 1))
+    std::sort(order.begin(), order.end(),
+              [&](int64_t p, int64_t q) { return row(first[p]) < row(first[q]); });
+  std::vector<int64_t> rank(order.size()), firsts, counts(order.size(), 0);
+  for (size_t r = 0; r < order.size(); ++r) {
+    rank[static_cast<size_t>(order[r])] = static_cast<int64_t>(r);
+    firsts.push_back(first[static_cast<size_t>(order[r])]);
+  }
+  for (int64_t& i : inverse) {
+    i = rank[static_cast<size_t>(i)];
+    ++counts[static_cast<size_t>(i)];
+  }
+  return {index_select(x, a, i64s(firsts, x.device())), i64s(firsts, x.device()),
+          i64s(inverse, x.device()), i64s(counts, x.device())};
+}
+
+// ---- windows and linear algebra ----
+
+template <int kind>  // 0 Hann, 1 Hamming, 2 Blackman
+V op_window(const Node& n) {
+  const int64_t size = static_cast<int64_t>(n.number(0));
+  const DType d = dtype_attr(n, "output_datatype", DType::f32);
+  const double den = static_cast<double>(n.attr_i("periodic", 1) ? size : size - 1);
+  Tensor i = arange(size, Options().dtype(DType::f64)) * (2 * M_PI / den);
+  Tensor w = kind == 0   ? 0.5 - cos(i) * 0.5
+             : kind == 1 ? 25.0 / 46.0 - cos(i) * (21.0 / 46.0)
+                         : 0.42 - cos(i) * 0.5 + cos(i * 2) * 0.08;
+  return {as(w, d)};
+}
+
+// The determinant of the trailing (k, k) matrices, by cofactor expansion along the first row.
+Tensor det(const Tensor& x) {
+  const int64_t k = x.sizes()[x.dim() - 1], r = x.dim();
+  auto at = [&](int64_t i, int64_t j) {
+    return squeeze(squeeze(slice(slice(x, r - 2, i, i + 1), r - 1, j, j + 1), r - 1), r - 2);
+  };
+  if (k == 1) return at(0, 0);
+  if (k == 2) return at(0, 0) * at(1, 1) - at(0, 1) * at(1, 0);
+  Tensor total;
+  for (int64_t j = 0; j < k; ++j) {
+    Tensor minor = slice(x, r - 2, 1, k);
+    minor = j == 0       ? slice(minor, r - 1, 1, k)
+            : j == k - 1 ? slice(minor, r - 1, 0, k - 1)
+                         : cat({slice(minor, r - 1, 0, j), slice(minor, r - 1, j + 1, k)}, r - 1);
+    Tensor term = at(0, j) * det(minor);
+    total = !total.defined() ? term : (j % 2 ? total - term : total + term);
+  }
+  return total;
+}
+
+V op_det(const Node& n) {
+  const Tensor& x = n.in(0);
+  const int64_t k = x.sizes()[x.dim() - 1];
+  if (x.dim() < 2 || x.sizes()[x.dim() - 2] != k)
+    n.fail(fmt::format("shape {} is not square", x.sizes()));
+  if (k > 6)
+    n.fail(fmt::format("matrices of {} x {}: duet expands determinants up to 6 x 6", k, k));
+  return {det(x)};
 }
 
 }  // namespace
@@ -1279,6 +1564,19 @@ std::vector<OpEntry> core_ops() {
       {"Unsqueeze", op_unsqueeze},
       {"Where", op_where},
       {"Xor", op_xor},
+      {"ScatterElements", op_scatter_elements},
+      {"Scatter", op_scatter_elements},
+      {"GatherND", op_gather_nd},
+      {"ScatterND", op_scatter_nd},
+      {"Compress", op_compress},
+      {"ReverseSequence", op_reverse_sequence},
+      {"TopK", op_topk},
+      {"NonZero", op_nonzero},
+      {"Unique", op_unique},
+      {"HannWindow", op_window<0>},
+      {"HammingWindow", op_window<1>},
+      {"BlackmanWindow", op_window<2>},
+      {"Det", op_det},
   };
 }
 

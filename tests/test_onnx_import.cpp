@@ -1,0 +1,271 @@
+// import_onnx: a model built with ONNX's own protobuf classes, run eagerly and compiled against
+// the same computation written in duet, differentiated and fine-tuned; and the errors of models
+// duet cannot run. The op-by-op conformance is duet_onnx_conformance's (docs/onnx.md).
+#include <onnx/onnx_pb.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <variant>
+
+#include "duet.h"
+#include "trace/onnx_proto.h"
+#include "util.h"
+
+using namespace duet;
+
+namespace {
+
+bool allclose(const Tensor& got, const Tensor& want, double rtol, double atol) {
+  if (got.sizes() != want.sizes() || got.dtype() != want.dtype()) return false;
+  std::vector<double> g = test::values(got), w = test::values(want);
+  for (size_t i = 0; i < g.size(); ++i)
+    if (!(std::abs(g[i] - w[i]) <= atol + rtol * std::abs(w[i]))) return false;
+  return true;
+}
+
+struct TempFile {
+  std::string path;
+  explicit TempFile(const std::string& name)
+      : path(fmt::format("/tmp/duet_test_onnx_{}_{}", static_cast<long>(::getpid()), name)) {}
+  ~TempFile() { std::remove(path.c_str()); }
+};
+
+void add_input(onnx::GraphProto& g, const std::string& name, int32_t elem,
+               const std::vector<std::variant<int64_t, std::string>>& dims) {
+  onnx::ValueInfoProto* v = g.add_input();
+  v->set_name(name);
+  auto* t = v->mutable_type()->mutable_tensor_type();
+  t->set_elem_type(elem);
+  for (const auto& d : dims) {
+    auto* dim = t->mutable_shape()->add_dim();
+    if (std::holds_alternative<int64_t>(d)) dim->set_dim_value(std::get<int64_t>(d));
+    else dim->set_dim_param(std::get<std::string>(d));
+  }
+}
+
+void add_output(onnx::GraphProto& g, const std::string& name, int32_t elem) {
+  onnx::ValueInfoProto* v = g.add_output();
+  v->set_name(name);
+  v->mutable_type()->mutable_tensor_type()->set_elem_type(elem);
+}
+
+onnx::NodeProto* add_node(onnx::GraphProto& g, const std::string& op,
+                          const std::vector<std::string>& in, const std::vector<std::string>& out) {
+  onnx::NodeProto* n = g.add_node();
+  n->set_op_type(op);
+  n->set_name(out.at(0));
+  for (const auto& i : in) n->add_input(i);
+  for (const auto& o : out) n->add_output(o);
+  return n;
+}
+
+void add_initializer(onnx::GraphProto& g, const std::string& name, const Tensor& t) {
+  onnx::TensorProto* p = g.add_initializer();
+  detail::onnx_io::tensor_to_proto(t, *p);
+  p->set_name(name);
+}
+
+void write_model(onnx::GraphProto g, const std::string& path, int opset = 17) {
+  onnx::ModelProto m;
+  m.set_ir_version(8);
+  m.add_opset_import()->set_version(opset);
+  *m.mutable_graph() = std::move(g);
+  std::ofstream f(path, std::ios::binary);
+  REQUIRE(m.SerializeToOstream(&f));
+}
+
+// A two-layer MLP: relu(x @ w1 + b1), then Gemm with w2 transposed (as nn::Linear keeps it).
+struct Mlp {
+  Tensor w1 = randn({4, 8}, Options().dtype(DType::f64)),
+         b1 = randn({8}, Options().dtype(DType::f64)),
+         w2 = randn({3, 8}, Options().dtype(DType::f64)),
+         b2 = randn({3}, Options().dtype(DType::f64));
+
+  void write(const std::string& path) const {
+    onnx::GraphProto g;
+    g.set_name("mlp");
+    add_input(g, "x", onnx::TensorProto::DOUBLE, {std::string("batch"), int64_t(4)});
+    add_initializer(g, "w1", w1);
+    add_initializer(g, "b1", b1);
+    add_initializer(g, "w2", w2);
+    add_initializer(g, "b2", b2);
+    add_node(g, "MatMul", {"x", "w1"}, {"h0"});
+    add_node(g, "Add", {"h0", "b1"}, {"h1"});
+    add_node(g, "Relu", {"h1"}, {"h"});
+    onnx::NodeProto* gemm = add_node(g, "Gemm", {"h", "w2", "b2"}, {"y"});
+    onnx::AttributeProto* a = gemm->add_attribute();
+    a->set_name("transB");
+    a->set_type(onnx::AttributeProto::INT);
+    a->set_i(1);
+    add_output(g, "y", onnx::TensorProto::DOUBLE);
+    write_model(std::move(g), path);
+  }
+  Tensor forward(const Tensor& x, const std::vector<Tensor>& p) const {
+    return linear(relu(matmul(x, p[0]) + p[1]), p[2], p[3]);
+  }
+};
+
+Tensor param(const Program& p, const std::string& name) {
+  for (const auto& [n, t] : p.named_parameters())
+    if (n == name) return t;
+  FAIL("no parameter " << name);
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("an imported MLP runs eagerly and compiled, at any batch of its dim_param") {
+  manual_seed(3);
+  Mlp mlp;
+  TempFile f("mlp.onnx");
+  mlp.write(f.path);
+  Program p = import_onnx(f.path);
+  CHECK(p.input_names() == std::vector<std::string>{"x"});
+  CHECK(p.output_names() == std::vector<std::string>{"y"});
+  CHECK(p.named_parameters().size() == 4);
+  for (int64_t batch : {5, 1, 7}) {
+    Tensor x = randn({batch, 4}, Options().dtype(DType::f64));
+    Tensor want = mlp.forward(x, {mlp.w1, mlp.b1, mlp.w2, mlp.b2});
+    CHECK(allclose(p.eager({x})[0], want, 1e-12, 1e-12));
+    CHECK(allclose(p({x})[0], want, 1e-12, 1e-12));
+    CHECK(allclose(p.run({{"x", x}}, {"y"})[0], want, 1e-12, 1e-12));
+  }
+}
+
+TEST_CASE("gradients reach an imported model's initializers, eagerly and compiled") {
+  manual_seed(4);
+  Mlp mlp;
+  TempFile f("mlp_grad.onnx");
+  mlp.write(f.path);
+  Program p = import_onnx(f.path);
+  Tensor x = randn({6, 4}, Options().dtype(DType::f64));
+  // The reference: the same computation written in duet, on copies of the weights.
+  std::vector<Tensor> ref;
+  for (const Tensor& t : {mlp.w1, mlp.b1, mlp.w2, mlp.b2}) ref.push_back(t.clone().requires_grad_());
+  Tensor want = mlp.forward(x, ref);
+  sum(want * want).backward();
+  const char* names[] = {"w1", "b1", "w2", "b2"};
+  for (bool compiled : {false, true}) {
+    CAPTURE(compiled);
+    for (auto [n, t] : p.named_parameters()) t.set_grad({});
+    Tensor y = compiled ? p({x})[0] : p.eager({x})[0];
+    sum(y * y).backward();
+    for (int i = 0; i < 4; ++i) {
+      CAPTURE(names[i]);
+      REQUIRE(param(p, names[i]).grad().defined());
+      CHECK(allclose(param(p, names[i]).grad(), ref[static_cast<size_t>(i)].grad(), 1e-10, 1e-10));
+    }
+  }
+}
+
+TEST_CASE("an imported model fine-tunes with optim::SGD") {
+  manual_seed(5);
+  Mlp mlp;
+  TempFile f("mlp_tune.onnx");
+  mlp.write(f.path);
+  Program p = import_onnx(f.path);
+  std::vector<Tensor> params;
+  for (const auto& [n, t] : p.named_parameters()) params.push_back(t);
+  optim::SGD opt(params, optim::SGDOptions(0.05));
+  Tensor x = randn({16, 4}, Options().dtype(DType::f64));
+  Tensor target = randn({16, 3}, Options().dtype(DType::f64));
+  auto loss_of = [&] { return mse_loss(p({x})[0], target); };
+  const double first = loss_of().item<double>();
+  for (int i = 0; i < 30; ++i) {
+    opt.zero_grad();
+    Tensor loss = loss_of();
+    loss.backward();
+    opt.step();
+  }
+  CHECK(loss_of().item<double>() < 0.8 * first);
+}
+
+TEST_CASE("a shape read from an input is guarded: a new shape traces again") {
+  onnx::GraphProto g;
+  add_input(g, "x", onnx::TensorProto::FLOAT, {int64_t(2), int64_t(6)});
+  add_input(g, "shape", onnx::TensorProto::INT64, {int64_t(2)});
+  add_node(g, "Reshape", {"x", "shape"}, {"y"});
+  add_output(g, "y", onnx::TensorProto::FLOAT);
+  TempFile f("reshape.onnx");
+  write_model(std::move(g), f.path);
+  Program p = import_onnx(f.path);
+  Tensor x = arange(12, Options().dtype(DType::f32));
+  x = reshape(x, {2, 6});
+  CHECK(p({x, tensor({3, 4}, Options().dtype(DType::i64))})[0].sizes() == Shape{3, 4});
+  CHECK(p({x, tensor({4, 3}, Options().dtype(DType::i64))})[0].sizes() == Shape{4, 3});
+  CHECK(p({x, tensor({3, 4}, Options().dtype(DType::i64))})[0].sizes() == Shape{3, 4});
+}
+
+TEST_CASE("import errors name the op, the node and the opset, or the element type") {
+  TempFile f("bad.onnx");
+  SUBCASE("an op with no mapping") {
+    onnx::GraphProto g;
+    add_input(g, "x", onnx::TensorProto::FLOAT, {int64_t(8)});
+    add_node(g, "STFT", {"x"}, {"y"});
+    add_output(g, "y", onnx::TensorProto::FLOAT);
+    write_model(std::move(g), f.path);
+    CHECK_THROWS_WITH_AS(import_onnx(f.path),
+                         doctest::Contains("node \"y\" (STFT, opset 17): ONNX op STFT (opset 17) "
+                                           "has no mapping in duet"),
+                         ValueError);
+  }
+  SUBCASE("an op of another domain") {
+    onnx::GraphProto g;
+    add_input(g, "x", onnx::TensorProto::FLOAT, {int64_t(8)});
+    add_node(g, "Adam", {"x"}, {"y"})->set_domain("ai.onnx.preview.training");
+    add_output(g, "y", onnx::TensorProto::FLOAT);
+    write_model(std::move(g), f.path);
+    CHECK_THROWS_WITH_AS(import_onnx(f.path), doctest::Contains("ai.onnx.preview.training"),
+                         ValueError);
+  }
+  SUBCASE("an element type duet has no dtype for") {
+    onnx::GraphProto g;
+    add_input(g, "x", onnx::TensorProto::UINT8, {int64_t(8)});
+    add_node(g, "Identity", {"x"}, {"y"});
+    add_output(g, "y", onnx::TensorProto::UINT8);
+    write_model(std::move(g), f.path);
+    CHECK_THROWS_WITH_AS(import_onnx(f.path),
+                         doctest::Contains("input \"x\" has ONNX element type UINT8, which duet has "
+                                           "no dtype for"),
+                         DTypeError);
+  }
+  SUBCASE("a Cast to float16, which the CPU kernels do not compute") {
+    onnx::GraphProto g;
+    add_input(g, "x", onnx::TensorProto::FLOAT, {int64_t(8)});
+    onnx::NodeProto* n = add_node(g, "Cast", {"x"}, {"y"});
+    onnx::AttributeProto* a = n->add_attribute();
+    a->set_name("to");
+    a->set_type(onnx::AttributeProto::INT);
+    a->set_i(onnx::TensorProto::FLOAT16);
+    add_output(g, "y", onnx::TensorProto::FLOAT);
+    write_model(std::move(g), f.path);
+    CHECK_THROWS_WITH_AS(import_onnx(f.path), doctest::Contains("FLOAT16"), DTypeError);
+  }
+  SUBCASE("a file that is not a model") {
+    std::ofstream(f.path) << "not a model at all";
+    CHECK_THROWS_WITH_AS(import_onnx(f.path), doctest::Contains("is not an ONNX model"),
+                         ValueError);
+  }
+  SUBCASE("a missing file") {
+    CHECK_THROWS_WITH_AS(import_onnx(f.path + ".none"), doctest::Contains("cannot open"),
+                         ValueError);
+  }
+}
+
+TEST_CASE("an imported program checks each call's inputs against the model's") {
+  Mlp mlp;
+  TempFile f("mlp_inputs.onnx");
+  mlp.write(f.path);
+  Program p = import_onnx(f.path);
+  CHECK_THROWS_WITH_AS(p({randn({2, 4})}),
+                       doctest::Contains("input \"x\" expects f64 (?, 4), got f32 (2, 4)"),
+                       DTypeError);
+  CHECK_THROWS_WITH_AS(p.eager({randn({2, 5}, Options().dtype(DType::f64))}),
+                       doctest::Contains("input \"x\" expects f64 (?, 4), got shape (2, 5)"),
+                       ShapeError);
+  CHECK_THROWS_WITH_AS(p({}), doctest::Contains("takes 1 inputs (x), got 0"), ValueError);
+}
