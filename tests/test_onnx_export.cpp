@@ -58,7 +58,8 @@ std::optional<std::vector<Tensor>> ort_run(const std::string& model,
   const std::string message = read_text(err);
   std::remove(err.c_str());
   if (rc != 0) {
-    if (error) *error = message;
+    if (error)
+      *error = message;
     else
       FAIL_CHECK("ONNX Runtime failed on " << model << ": " << message);
     return std::nullopt;
@@ -166,14 +167,50 @@ struct Elman {
 
 // Doubles x until its sum reaches `limit`, counting the steps: a while_loop.
 std::vector<Tensor> doubling(const Tensor& x, const Tensor& limit) {
-  auto below = [](const std::vector<Tensor>& s) {
-    return std::vector<Tensor>{sum(s[0]) < s[2]};
-  };
+  auto below = [](const std::vector<Tensor>& s) { return std::vector<Tensor>{sum(s[0]) < s[2]}; };
   auto twice = [](const std::vector<Tensor>& s) {
     return std::vector<Tensor>{s[0] * 2, s[1] + 1, s[2]};
   };
   std::vector<Tensor> r = while_loop(below, twice, {x, zeros({}), limit});
   return {r[0], r[1]};
+}
+
+// Most primitives at once, under a symbolic batch: the unary, binary and comparison families
+// (with dtype promotion), where, casts, reductions (integer sums in i64), gather, scatter_add,
+// cat, slicing with a step, reshape and mean of symbolic sizes, unfold and fold with stride and
+// padding, arange and argmax.
+std::vector<Tensor> op_zoo(const Tensor& x, const Tensor& idx, const Tensor& img) {
+  const Tensor u = exp(x) + log1p(abs(x)) + expm1(x * 0.1) + rsqrt(abs(x) + 1) + atan(x) + erf(x) +
+                   log_sigmoid(x) + floor(x * 3) + sin(x) * cos(x) + sigmoid(x) + tanh(x) +
+                   sqrt(abs(x)) + log(abs(x) + 1) - neg(relu(x));
+  const Tensor p = pow(abs(x) + 0.5, 1.5) + maximum(x, scalar(0.2f)) - minimum(x, scalar(-0.1f)) +
+                   x / 3 + idx / 4;
+  const Tensor c = where(x > 0, x, x * 0.5) + (idx >= 3).to(DType::f32) +
+                   (idx != 2).to(DType::f32) + (idx <= 2.5).to(DType::f32) +
+                   (x < 0.1).to(DType::f32);
+  const Tensor ints = sum(idx * 2 + 1, {1}) + sum(x > 0, {1});
+  const Tensor red = max(x, {1}, true) - min(x, {0}) + mean(x);
+  const Tensor g = gather(x, 1, idx) + scatter_add(x * 0, 1, idx, x);
+  const Tensor flat = reshape(reshape(x, {-1, 2}), {-1, 6});  // sizes of the symbolic batch
+  const Tensor joined = cat({slice(x, 1, 1, 6, 2), slice(flat, 1, 0, 3)}, 1);
+  const Tensor cols = unfold(img, 3, 2, 1);
+  const Tensor back = fold(cols * 2, 5, 5, 3, 2, 1);
+  const Tensor pooled = max_pool2d(img, 2) + avg_pool2d(img, 2);
+  const Tensor counted = x + arange(6).to(DType::f32);
+  return {u,
+          p,
+          c,
+          ints,
+          red,
+          g,
+          joined,
+          cols,
+          back,
+          pooled,
+          counted,
+          argmax(x, 1),
+          softmax(x, 1),
+          layer_norm(x, {6})};
 }
 
 Program make_program() {
@@ -259,9 +296,10 @@ TEST_CASE("export_onnx: an op with no ONNX form, and options that do not fit, ar
                  "[export_onnx] input 0 dim 0 of Program is fixed in its graph"));
 }
 
-TEST_CASE("export_onnx: the MLP with a dynamic batch runs in ONNX Runtime at batch 1, 7 and 300; "
-          "with fixed dims it refuses batch 7" *
-          doctest::skip(skip_ort())) {
+TEST_CASE(
+    "export_onnx: the MLP with a dynamic batch runs in ONNX Runtime at batch 1, 7 and 300; "
+    "with fixed dims it refuses batch 7" *
+    doctest::skip(skip_ort())) {
   manual_seed(1);
   nn::Sequential mlp = make_mlp();
   auto f = compile([&](const Tensor& x) { return mlp(x); });
@@ -284,9 +322,10 @@ TEST_CASE("export_onnx: the MLP with a dynamic batch runs in ONNX Runtime at bat
   std::remove(fixed.c_str());
 }
 
-TEST_CASE("export_onnx: the CNN of samples/cnn.cpp (conv2d, max pooling, linear) runs in ONNX "
-          "Runtime" *
-          doctest::skip(skip_ort())) {
+TEST_CASE(
+    "export_onnx: the CNN of samples/cnn.cpp (conv2d, max pooling, linear) runs in ONNX "
+    "Runtime" *
+    doctest::skip(skip_ort())) {
   manual_seed(2);
   nn::Sequential cnn = make_cnn();
   auto f = compile([&](const Tensor& x) { return cnn(x); });
@@ -317,9 +356,10 @@ TEST_CASE("export_onnx: the DynamicModel's cond runs as If in ONNX Runtime, on b
   std::remove(path.c_str());
 }
 
-TEST_CASE("export_onnx: an Elman RNN over scan runs as Scan in ONNX Runtime, at another "
-          "sequence length" *
-          doctest::skip(skip_ort())) {
+TEST_CASE(
+    "export_onnx: an Elman RNN over scan runs as Scan in ONNX Runtime, at another "
+    "sequence length" *
+    doctest::skip(skip_ort())) {
   manual_seed(4);
   Elman rnn;
   auto f = compile([&](const Tensor& xs, const Tensor& h0) { return rnn(xs, h0); });
@@ -344,9 +384,44 @@ TEST_CASE("export_onnx: a while_loop runs as Loop in ONNX Runtime" * doctest::sk
   std::remove(path.c_str());
 }
 
-TEST_CASE("export_onnx: Programs, traced from placeholders and loaded with a symbolic batch, run "
-          "in ONNX Runtime" *
+TEST_CASE(
+    "export_onnx: the primitives, under a symbolic batch, compute in ONNX Runtime what "
+    "they compute in duet" *
+    doctest::skip(skip_ort())) {
+  auto f = compile(op_zoo);
+  const std::string path = temp("zoo.onnx");
+  OnnxExportOptions o;
+  o.dynamic = {{0, 0}, {1, 0}, {2, 0}};
+  manual_seed(6);
+  export_onnx(f, path, o, randn({4, 6}), randint(6, {4, 6}), randn({4, 2, 5, 5}));
+  for (int64_t batch : {4, 3}) {
+    CAPTURE(batch);
+    const Tensor x = randn({batch, 6}), idx = randint(6, {batch, 6}), img = randn({batch, 2, 5, 5});
+    run_and_compare(path, {x, idx, img}, op_zoo(x, idx, img));
+  }
+  std::remove(path.c_str());
+}
+
+TEST_CASE("export_onnx: a Program's gradient (grad() in the builder) runs in ONNX Runtime" *
           doctest::skip(skip_ort())) {
+  Program p([] {
+    Tensor a = placeholder({4, 6}, DType::f32, "a");
+    Tensor y = sum(slice(a, 1, 1, 5, 2) * slice(a, 1, 0, 2)) + sum(softmax(a, 1) * a) +
+               sum(expand(reshape(a, {4, 1, 6}), {4, 3, 6}) * reshape(a, {4, 1, 6}));
+    std::vector<Tensor> g = grad({y}, {a});
+    return std::vector<Tensor>{y, g[0]};
+  });
+  const std::string path = temp("grad.onnx");
+  export_onnx(p, path);
+  const Tensor a = randn({4, 6});
+  run_and_compare(path, {a}, p({a}));
+  std::remove(path.c_str());
+}
+
+TEST_CASE(
+    "export_onnx: Programs, traced from placeholders and loaded with a symbolic batch, run "
+    "in ONNX Runtime" *
+    doctest::skip(skip_ort())) {
   Program p = make_program();
   const std::string path = temp("program.onnx");
   export_onnx(p, path);
