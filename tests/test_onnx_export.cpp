@@ -232,6 +232,7 @@ TEST_CASE("export_onnx: models pass the checker, with dim_params, If, Scan and L
   o.dim_names = {{"s0", "batch"}};
   o.input_names = {"images"};
   o.output_names = {"logits"};
+  o.parameter_names = mlp.named_parameters();
   export_onnx(f, dyn, o, randn({256, 784}));
   onnx::ModelProto m = read(dyn);
   CHECK(m.opset_import(0).version() == 17);
@@ -239,6 +240,7 @@ TEST_CASE("export_onnx: models pass the checker, with dim_params, If, Scan and L
   CHECK(input_shape(m, 0) == "(batch, 784)");
   CHECK(m.graph().output(0).name() == "logits");
   CHECK(m.graph().initializer_size() == 6);
+  CHECK(m.graph().initializer(0).name() == mlp.named_parameters()[0].first);
   export_onnx(f, fixed, {}, randn({256, 784}));
   m = read(fixed);
   CHECK(input_shape(m, 0) == "(256, 784)");

@@ -215,13 +215,13 @@ class Writer {
   // ---- sizes (Note [Symbolic sizes in ONNX]) ----
   std::string size(Frame& f, const SymInt& s);
   std::string shape(Frame& f, const SymDims& dims);
-  std::string symbol(int32_t id) const;
+  std::string symbol(int32_t id);
   std::string dim_name(int32_t id) const {
     const std::string s = fmt::format("s{}", id);
     auto it = options_.dim_names.find(s);
     return it == options_.dim_names.end() ? s : it->second;
   }
-  void bind_symbols(Frame& f, const std::string& input, const TensorMeta& m);
+  void bind_symbols(const std::string& input, const TensorMeta& m);
   void value_info(onnx::ValueInfoProto* vi, const std::string& name, const TensorMeta& m) const;
 
   // ---- graphs ----
@@ -248,6 +248,8 @@ class Writer {
   const OnnxExportOptions& options_;
   std::string label_;
   int64_t next_ = 0;
+  Frame* top_ = nullptr;                                            // the model's graph
+  std::map<int32_t, std::pair<std::string, int64_t>> symbol_dims_;  // symbol id -> (input, dim)
   std::map<int32_t, std::string> symbols_;  // symbol id -> its size, an int64 (1) tensor
   Names captured_;
 };
@@ -345,14 +347,23 @@ class SizeParser {
   std::function<std::string(int32_t)> sym_;
 };
 
-std::string Writer::symbol(int32_t id) const {
-  auto it = symbols_.find(id);
-  if (it == symbols_.end())
+// A symbol's size, read from its input's shape at its first use. The nodes go into the model's
+// graph even when that use is in a subgraph: they come before the If, Scan or Loop being
+// written, so they are in scope there and every later use shares them.
+std::string Writer::symbol(int32_t id) {
+  if (auto it = symbols_.find(id); it != symbols_.end()) return it->second;
+  auto dim = symbol_dims_.find(id);
+  if (dim == symbol_dims_.end())
     throw ValueError(fmt::format(
         "[export_onnx] {} computes a size from symbol s{}, which no input dim of the exported "
         "graph holds",
         label_, id));
-  return it->second;
+  const auto [input, d] = dim->second;
+  const std::string shape = emit(*top_, "Shape", {input}, [&](NodeProto& n) {
+    attr_int(n, "start", d);
+    attr_int(n, "end", d + 1);
+  });
+  return symbols_[id] = shape;
 }
 
 std::string Writer::size(Frame& f, const SymInt& s) {
@@ -377,16 +388,11 @@ std::string Writer::shape(Frame& f, const SymDims& dims) {
   return emit(f, "Concat", parts, [](NodeProto& n) { attr_int(n, "axis", 0); });
 }
 
-// Reads each symbol that is a dim of this input from its shape (the first input that has it).
-void Writer::bind_symbols(Frame& f, const std::string& input, const TensorMeta& m) {
-  std::string shape_name;
-  for (size_t d = 0; d < m.sym.size(); ++d) {
-    const std::optional<int32_t> id = plain_symbol(m.sym[d]);
-    if (!id || symbols_.count(*id)) continue;
-    if (shape_name.empty()) shape_name = emit(f, "Shape", {input});
-    symbols_[*id] = emit(f, "Gather", {shape_name, ints(f, {static_cast<int64_t>(d)})},
-                         [](NodeProto& n) { attr_int(n, "axis", 0); });
-  }
+// Notes where each symbol can be read: the first input dim that is exactly that symbol.
+void Writer::bind_symbols(const std::string& input, const TensorMeta& m) {
+  for (size_t d = 0; d < m.sym.size(); ++d)
+    if (const std::optional<int32_t> id = plain_symbol(m.sym[d]))
+      symbol_dims_.try_emplace(*id, input, static_cast<int64_t>(d));
 }
 
 void Writer::value_info(onnx::ValueInfoProto* vi, const std::string& name,
@@ -866,6 +872,7 @@ onnx::ModelProto Writer::model(const Graph& g, size_t num_outputs, const Names& 
   GraphProto* graph = m.mutable_graph();
   graph->set_name(label_.empty() ? "duet" : label_);
   Frame top{graph, nullptr, {}};
+  top_ = &top;
   // Inputs by runtime slot, typed by their Input nodes (or the signature, for one unused).
   std::vector<std::optional<TensorMeta>> metas = input_metas;
   metas.resize(inputs.size());
@@ -877,7 +884,7 @@ onnx::ModelProto Writer::model(const Graph& g, size_t num_outputs, const Names& 
     DUET_CHECK_VALUE(metas[i].has_value(), "[export_onnx] {} has no type for its input {}", label_,
                      inputs[i]);
     value_info(graph->add_input(), inputs[i], *metas[i]);
-    bind_symbols(top, inputs[i], *metas[i]);
+    bind_symbols(inputs[i], *metas[i]);
   }
   captured_ = captured;
   for (size_t i = 0; i < g.captured.size(); ++i) {
@@ -937,10 +944,15 @@ void export_graph(const Graph& g, size_t num_outputs, const Names& inputs, const
                    "[export_onnx] opset {} asked; duet exports opset 17, the newest Debian's "
                    "ONNX 1.12 checker knows",
                    options.opset);
+  // Captured tensors the options name (by identity: the very tensor, not an equal one).
+  Names initializers = captured;
+  for (size_t i = 0; i < g.captured.size(); ++i)
+    for (const auto& [name, t] : options.parameter_names)
+      if (t.defined() && t.unsafe_impl() == g.captured[i].unsafe_impl()) initializers[i] = name;
   Writer w(options, label);
   const onnx::ModelProto m =
       w.model(g, num_outputs, names_or(options.input_names, inputs, "input"),
-              names_or(options.output_names, outputs, "output"), captured, metas);
+              names_or(options.output_names, outputs, "output"), initializers, metas);
   check(m, label);
   write(m, path);
 }
