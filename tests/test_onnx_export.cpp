@@ -447,4 +447,27 @@ TEST_CASE(
   std::remove(path.c_str());
 }
 
+TEST_CASE("export_onnx: the gradient of a scan, a reverse Scan, runs in ONNX Runtime" *
+          doctest::skip(skip_ort())) {
+  manual_seed(7);
+  const Tensor W = randn({4, 8}) * 0.5, U = randn({8, 8}) * 0.3;
+  Program p([&] {
+    Tensor xs = placeholder({5, 2, 4}, DType::f32, "xs"),
+           h0 = placeholder({2, 8}, DType::f32, "h0");
+    auto cell = [W, U](const std::vector<Tensor>& s) {
+      Tensor h = tanh(matmul(s[1], W) + matmul(s[0], U));
+      return std::vector<Tensor>{h, h};
+    };
+    std::vector<Tensor> o = scan(cell, {h0}, {xs});
+    Tensor loss = sum(o[1] * o[1]) + sum(o[0]);
+    std::vector<Tensor> g = grad({loss}, {xs, h0});
+    return std::vector<Tensor>{loss, g[0], g[1]};
+  });
+  const std::string path = temp("scan_grad.onnx");
+  export_onnx(p, path);
+  const Tensor xs = randn({5, 2, 4}), h0 = randn({2, 8}) * 0.1;
+  run_and_compare(path, {xs, h0}, p({xs, h0}));
+  std::remove(path.c_str());
+}
+
 }  // namespace duet::test
