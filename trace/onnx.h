@@ -29,6 +29,9 @@ struct OnnxExportOptions {
   std::vector<std::string> input_names{}, output_names{};
   /// The dim_param of each symbol ("s0" -> "batch"); a symbol not named here keeps "s0", ...
   std::map<std::string, std::string> dim_names{};
+  /// Names for captured tensors (a module's named_parameters()): the initializer of a tensor
+  /// listed here takes its name; others are "captured0", ... (a Program's own names first).
+  std::vector<std::pair<std::string, Tensor>> parameter_names{};
   /// Stored in the model's doc_string.
   std::string doc{};
 };

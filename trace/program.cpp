@@ -431,4 +431,6 @@ Program load(const std::string& path) {
   return p;
 }
 
+bool detail::is_function_program(const Program& p) { return p.s_->fn != nullptr; }
+
 }  // namespace duet

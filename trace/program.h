@@ -37,6 +37,8 @@ struct FunctionProgram {
   std::function<std::vector<std::pair<std::string, Tensor>>(Device)> to;
 };
 Program make_function_program(FunctionProgram f, const CompileOptions& options);
+/// Whether p is a function program (import_onnx) rather than one traced or loaded graph.
+bool is_function_program(const Program& p);
 }  // namespace detail
 
 class Program {
@@ -85,6 +87,7 @@ class Program {
   friend Program load(const std::string& path);
   friend Program detail::make_function_program(detail::FunctionProgram f,
                                                const CompileOptions& options);
+  friend bool detail::is_function_program(const Program& p);
   std::unique_ptr<State> s_;
 };
 
