@@ -471,3 +471,48 @@ TEST_CASE("export_onnx: the gradient of a scan, a reverse Scan, runs in ONNX Run
 }
 
 }  // namespace duet::test
+
+namespace duet::test {
+namespace {
+
+// |a - b| <= atol + rtol |b| everywhere, with equal shapes and dtypes.
+void check_close(const Tensor& got, const Tensor& want, double rtol, double atol) {
+  REQUIRE(got.sizes() == want.sizes());
+  REQUIRE(got.dtype() == want.dtype());
+  const std::vector<double> a = values(got), b = values(want);
+  double worst = 0;
+  for (size_t k = 0; k < a.size(); ++k)
+    worst = std::max(worst, std::abs(a[k] - b[k]) - (atol + rtol * std::abs(b[k])));
+  CHECK_MESSAGE(worst <= 0, "differs beyond the tolerance by " << worst);
+}
+
+// Exported, imported back, run compiled (and eagerly): the original's outputs.
+void round_trip(nn::Sequential& model, const Shape& example, const std::vector<Shape>& calls,
+                const std::string& name) {
+  auto f = compile([&](const Tensor& x) { return model(x); });
+  const std::string path = temp(name);
+  OnnxExportOptions o;
+  o.dynamic = {{0, 0}};
+  export_onnx(f, path, o, randn(example));
+  Program back = import_onnx(path);
+  for (const Shape& s : calls) {
+    CAPTURE(s);
+    const Tensor x = randn(s);
+    const Tensor want = model(x);
+    check_close(back({x})[0], want, 1e-5, 1e-6);
+    check_close(back.eager({x})[0], want, 1e-5, 1e-6);
+  }
+  std::remove(path.c_str());
+}
+
+}  // namespace
+
+TEST_CASE("round trip: the MLP and the CNN exported to ONNX, imported and compiled") {
+  manual_seed(11);
+  nn::Sequential mlp = make_mlp();
+  round_trip(mlp, {256, 784}, {{256, 784}, {3, 784}}, "mlp_round.onnx");
+  nn::Sequential cnn = make_cnn();
+  round_trip(cnn, {4, 1, 28, 28}, {{4, 1, 28, 28}, {2, 1, 28, 28}}, "cnn_round.onnx");
+}
+
+}  // namespace duet::test

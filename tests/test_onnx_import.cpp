@@ -42,8 +42,10 @@ void add_input(onnx::GraphProto& g, const std::string& name, int32_t elem,
   t->set_elem_type(elem);
   for (const auto& d : dims) {
     auto* dim = t->mutable_shape()->add_dim();
-    if (std::holds_alternative<int64_t>(d)) dim->set_dim_value(std::get<int64_t>(d));
-    else dim->set_dim_param(std::get<std::string>(d));
+    if (std::holds_alternative<int64_t>(d))
+      dim->set_dim_value(std::get<int64_t>(d));
+    else
+      dim->set_dim_param(std::get<std::string>(d));
   }
 }
 
@@ -145,7 +147,8 @@ TEST_CASE("gradients reach an imported model's initializers, eagerly and compile
   Tensor x = randn({6, 4}, Options().dtype(DType::f64));
   // The reference: the same computation written in duet, on copies of the weights.
   std::vector<Tensor> ref;
-  for (const Tensor& t : {mlp.w1, mlp.b1, mlp.w2, mlp.b2}) ref.push_back(t.clone().requires_grad_());
+  for (const Tensor& t : {mlp.w1, mlp.b1, mlp.w2, mlp.b2})
+    ref.push_back(t.clone().requires_grad_());
   Tensor want = mlp.forward(x, ref);
   sum(want * want).backward();
   const char* names[] = {"w1", "b1", "w2", "b2"};
@@ -228,10 +231,11 @@ TEST_CASE("import errors name the op, the node and the opset, or the element typ
     add_node(g, "Identity", {"x"}, {"y"});
     add_output(g, "y", onnx::TensorProto::UINT8);
     write_model(std::move(g), f.path);
-    CHECK_THROWS_WITH_AS(import_onnx(f.path),
-                         doctest::Contains("input \"x\" has ONNX element type UINT8, which duet has "
-                                           "no dtype for"),
-                         DTypeError);
+    CHECK_THROWS_WITH_AS(
+        import_onnx(f.path),
+        doctest::Contains("input \"x\" has ONNX element type UINT8, which duet has "
+                          "no dtype for"),
+        DTypeError);
   }
   SUBCASE("a Cast to float16, which the CPU kernels do not compute") {
     onnx::GraphProto g;
