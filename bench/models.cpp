@@ -645,6 +645,11 @@ void run_w5(const Config& c, std::vector<Result>& out) {
   };
   for (int i = 0; i < warmup_calls(); ++i) run_loaded();
   wait_codegen("W5 loaded");
+#ifdef DUET_WITH_ONNX
+  // For bench/peers/ort_w5.py: the same function as an ONNX model, timed in ONNX Runtime.
+  if (const char* onnx_path = std::getenv("DUET_BENCH_W5_ONNX"))
+    duet::export_onnx(fwd, onnx_path, {}, x);
+#endif
 
   GemvFloor floor(m);
   const float* px = x.data_ptr<float>();
