@@ -234,6 +234,51 @@ TEST_CASE("deploy: .npy files are read and written with their dtype, shape and o
   std::remove(path.c_str());
 }
 
+#ifdef DUET_NUMPY_PYTHON
+namespace {
+bool skip_numpy() {
+  const char* s = std::getenv("DUET_SKIP_ORT");
+  return s && std::string(s) == "1";
+}
+}  // namespace
+
+// NumPy itself (the ONNX Runtime venv's) reads what write_npy writes, and writes what read_npy
+// reads: each dtype, C and Fortran order, either byte order.
+TEST_CASE("deploy: .npy files agree with NumPy's" * doctest::skip(skip_numpy())) {
+  REQUIRE_MESSAGE(std::ifstream(DUET_NUMPY_PYTHON).good(),
+                  "no venv at " DUET_NUMPY_PYTHON ": run tools/setup_deps.sh (or DUET_SKIP_ORT=1)");
+  const std::string dir = fmt::format("/tmp/duet_test_npy_{}", static_cast<long>(::getpid()));
+  REQUIRE(std::system(fmt::format("mkdir -p {}", dir).c_str()) == 0);
+  const Tensor m = make({1, -2, 3, 4, 5, 6}, {2, 3});
+  const std::vector<std::pair<std::string, Tensor>> mine = {
+      {"f4", m}, {"f8", m.to(DType::f64)}, {"i4", m.to(DType::i32)},
+      {"i8", m.to(DType::i64)}, {"b1", gt(m, 2)}, {"t", transpose(m, 0, 1)}};
+  for (const auto& [name, t] : mine) data::write_npy(fmt::format("{}/{}.npy", dir, name), t);
+  // NumPy checks duet's files and writes its own: big-endian, Fortran order, each dtype.
+  const std::string script = fmt::format(R"(
+import numpy as np, sys
+d = sys.argv[1]
+m = np.array([[1, -2, 3], [4, 5, 6]])
+want = {{'f4': m.astype('<f4'), 'f8': m.astype('<f8'), 'i4': m.astype('<i4'),
+         'i8': m.astype('<i8'), 'b1': m > 2, 't': m.T.astype('<f4')}}
+for k, v in want.items():
+    got = np.load(f'{{d}}/{{k}}.npy')
+    assert got.dtype == v.dtype and got.shape == v.shape and (got == v).all(), k
+np.save(f'{{d}}/np_be.npy', m.astype('>f8'))
+np.save(f'{{d}}/np_fortran.npy', np.asfortranarray(m.astype('<i8')))
+np.save(f'{{d}}/np_bool.npy', m > 2)
+np.save(f'{{d}}/np_scalar.npy', np.float32(2.5))
+)");
+  std::ofstream(dir + "/check.py") << script;
+  CHECK(std::system(fmt::format("{} {}/check.py {}", DUET_NUMPY_PYTHON, dir, dir).c_str()) == 0);
+  CHECK(bitwise_equal(data::read_npy(dir + "/np_be.npy"), m.to(DType::f64)));
+  CHECK(bitwise_equal(data::read_npy(dir + "/np_fortran.npy"), m.to(DType::i64)));
+  CHECK(bitwise_equal(data::read_npy(dir + "/np_bool.npy"), gt(m, 2)));
+  CHECK(bitwise_equal(data::read_npy(dir + "/np_scalar.npy"), scalar(2.5f)));
+  CHECK(std::system(fmt::format("rm -rf {}", dir).c_str()) == 0);
+}
+#endif
+
 TEST_CASE("deploy: duet-run runs a saved program on .npy files, and times it") {
   manual_seed(6);
   nn::Linear fc(5, 2);
