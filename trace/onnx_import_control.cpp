@@ -129,7 +129,10 @@ V op_loop(const Node& n) {
     n.fail(fmt::format("its body computes {} outputs, fewer than 1 + {} carried values",
                        body.output_size(), carried));
   const size_t scans = static_cast<size_t>(body.output_size()) - 1 - carried;
-  const int64_t trips = n.has(0) ? n.ints(0).at(0) : INT64_MAX;
+  // Read as integers: exporters write INT64_MAX for "no bound", which a double cannot hold.
+  const std::vector<int64_t> m = n.has(0) ? n.ints(0) : std::vector<int64_t>{INT64_MAX};
+  if (m.size() != 1) n.fail(fmt::format("its trip count holds {} values, not one", m.size()));
+  const int64_t trips = m[0];
   bool go = !n.has(1) || n.number(1) != 0;
   std::vector<Value> state;
   for (size_t i = 2; i < n.size(); ++i) state.push_back({n.in(i), n.known(i)});
@@ -347,10 +350,11 @@ struct Recurrent {
   double clip = 0;  // 0: none
   std::vector<Act> acts;
 
-  // The activation input x, clipped when the layer clips.
+  // An activation input, clipped when the layer clips; f: activation k of direction d on it.
   Tensor clipped(const Tensor& v) const { return clip > 0 ? clamp(v, -clip, clip) : v; }
   Tensor f(int64_t d, size_t k, const Tensor& v) const {
-    return apply(acts[static_cast<size_t>(d) * (acts.size() / dirs) + k], clipped(v));
+    return apply(acts[static_cast<size_t>(d) * (acts.size() / static_cast<size_t>(dirs)) + k],
+                 clipped(v));
   }
 };
 
@@ -386,6 +390,8 @@ Recurrent recurrent(const Node& n, int64_t gates, const std::vector<std::string>
   if (n.has(4)) a.lens = n.in(4);
   a.h0 = initial_state(n, 5, a);
   a.clip = n.attr_f("clip", 0);
+  if (n.has_attr("clip") && !(a.clip > 0))
+    n.fail(fmt::format("clip is {}: a threshold must be positive", a.clip));
   a.acts = activations(n, default_acts, a.dirs);
   return a;
 }
