@@ -88,6 +88,14 @@ void Node::fail(const std::string& why) const {
   throw ValueError(fmt::format("[import_onnx] {}: {}", where(), why));
 }
 
+const Value* Scope::find(const std::string& name) const {
+  for (const Scope* s = this; s; s = s->outer) {
+    auto it = s->values.find(name);
+    if (it != s->values.end()) return &it->second;
+  }
+  return nullptr;
+}
+
 int64_t Node::axis(int64_t a, int64_t rank) const {
   const int64_t r = rank == 0 ? 1 : rank;
   if (a < -r || a >= r) fail(fmt::format("axis {} is out of range for rank {}", a, rank));
@@ -99,6 +107,7 @@ int64_t Node::axis(int64_t a, int64_t rank) const {
 namespace {
 
 using detail::onnx_import::Node;
+using detail::onnx_import::Scope;
 using detail::onnx_import::Value;
 namespace io = detail::onnx_io;
 
@@ -148,8 +157,17 @@ void check_node_types(const onnx::NodeProto& n, int opset) {
   }
 }
 
-// Runs node n on the values in env (Note [Known values]).
-void run_node(const onnx::NodeProto& n, int opset, std::unordered_map<std::string, Value>& env) {
+// Whether n has a subgraph (If, Loop, Scan).
+bool has_subgraph(const onnx::NodeProto& n) {
+  for (const onnx::AttributeProto& a : n.attribute())
+    if (a.type() == onnx::AttributeProto::GRAPH || a.type() == onnx::AttributeProto::GRAPHS)
+      return true;
+  return false;
+}
+
+// Runs node n on the values in env (Note [Known values]). A node with a subgraph is never known
+// as a whole: its subgraph may read outer values that are not; its own nodes are, one by one.
+void run_node(const onnx::NodeProto& n, int opset, Scope& env) {
   namespace oi = detail::onnx_import;
   oi::ImportFn fn = oi::find_op(n.op_type());
   std::vector<Value> in;
@@ -159,17 +177,17 @@ void run_node(const onnx::NodeProto& n, int opset, std::unordered_map<std::strin
       in.emplace_back();
       continue;
     }
-    auto it = env.find(name);
-    if (it == env.end())
+    const Value* v = env.find(name);
+    if (!v)
       throw ValueError(
           fmt::format("[import_onnx] node \"{}\" ({}) reads \"{}\", which no earlier "
                       "node, input or initializer defines",
                       n.name(), n.op_type(), name));
-    in.push_back(it->second);
-    known = known && it->second.known;
+    in.push_back(*v);
+    known = known && v->known;
   }
-  known = known && !oi::is_random(n.op_type());
-  Node node(n, opset, std::move(in));
+  known = known && !oi::is_random(n.op_type()) && !has_subgraph(n);
+  Node node(n, opset, std::move(in), &env);
   std::vector<Tensor> out;
   try {
     if (known) {
@@ -194,16 +212,37 @@ void run_node(const onnx::NodeProto& n, int opset, std::unordered_map<std::strin
     if (n.output(i).empty()) continue;
     if (!out[static_cast<size_t>(i)].defined())
       node.fail(fmt::format("duet does not compute its output {} (\"{}\")", i, n.output(i)));
-    env[n.output(i)] = Value{out[static_cast<size_t>(i)], known};
+    env.values[n.output(i)] = Value{out[static_cast<size_t>(i)], known};
+  }
+}
+
+// Every node's op, domain and element types, before anything runs; subgraphs' nodes included.
+void check_nodes(const onnx::GraphProto& g, int opset) {
+  for (const onnx::NodeProto& n : g.node()) {
+    const std::string where = fmt::format(
+        "node \"{}\" ({}, opset {})", n.name().empty() && n.output_size() ? n.output(0) : n.name(),
+        n.op_type(), opset);
+    DUET_CHECK_VALUE(n.domain().empty() || n.domain() == "ai.onnx",
+                     "[import_onnx] {}: op {} of domain \"{}\" has no mapping in duet (only the "
+                     "default domain's ops do)",
+                     where, n.op_type(), n.domain());
+    DUET_CHECK_VALUE(detail::onnx_import::find_op(n.op_type()),
+                     "[import_onnx] {}: ONNX op {} (opset {}) has no mapping in duet", where,
+                     n.op_type(), opset);
+    check_node_types(n, opset);
+    for (const onnx::AttributeProto& a : n.attribute()) {
+      if (a.type() == onnx::AttributeProto::GRAPH) check_nodes(a.g(), opset);
+      for (const onnx::GraphProto& sub : a.graphs()) check_nodes(sub, opset);
+    }
   }
 }
 
 std::vector<Tensor> run_graph(const Imported& m, const std::vector<Tensor>& in) {
   DUET_CHECK_VALUE(in.size() == m.inputs.size(), "[{}] takes {} inputs ({}), got {}", m.label,
                    m.inputs.size(), fmt::join(m.inputs, ", "), in.size());
-  std::unordered_map<std::string, Value> env;
-  for (const auto& [name, t] : m.consts) env[name] = Value{t, true};
-  for (const auto& [name, t] : m.params) env[name] = Value{t, false};
+  Scope env;
+  for (const auto& [name, t] : m.consts) env.values[name] = Value{t, true};
+  for (const auto& [name, t] : m.params) env.values[name] = Value{t, false};
   for (size_t i = 0; i < in.size(); ++i) {
     const Imported::Spec& s = m.specs[i];
     const Tensor& t = in[i];
@@ -225,23 +264,48 @@ std::vector<Tensor> run_graph(const Imported& m, const std::vector<Tensor>& in) 
       DUET_CHECK_SHAPE(fits, "[{}] input \"{}\" expects {}, got shape {}", m.label, m.inputs[i],
                        want(), got);
     }
-    env[m.inputs[i]] = Value{t, false};
+    env.values[m.inputs[i]] = Value{t, false};
   }
   for (const onnx::NodeProto& n : m.graph.node()) run_node(n, m.opset, env);
   std::vector<Tensor> out;
   for (const std::string& name : m.outputs) {
-    auto it = env.find(name);
-    DUET_CHECK_VALUE(it != env.end(), "[{}] no node computes the graph output \"{}\"", m.label,
-                     name);
-    out.push_back(it->second.t);
+    const Value* v = env.find(name);
+    DUET_CHECK_VALUE(v, "[{}] no node computes the graph output \"{}\"", m.label, name);
+    out.push_back(v->t);
   }
   return out;
 }
 
 }  // namespace
 
+namespace detail::onnx_import {
+
+std::vector<Value> run_subgraph(const Node& n, const onnx::GraphProto& g,
+                                std::vector<Value> inputs) {
+  if (static_cast<size_t>(g.input_size()) != inputs.size())
+    n.fail(fmt::format("its subgraph \"{}\" takes {} inputs, the op binds {}", g.name(),
+                       g.input_size(), inputs.size()));
+  Scope env;
+  env.outer = n.scope();
+  for (const onnx::TensorProto& t : g.initializer())
+    env.values[t.name()] =
+        Value{io::tensor_from_proto(t, fmt::format("initializer \"{}\"", t.name())), true};
+  for (size_t i = 0; i < inputs.size(); ++i)
+    env.values[g.input(static_cast<int>(i)).name()] = std::move(inputs[i]);
+  for (const onnx::NodeProto& node : g.node()) run_node(node, n.opset(), env);
+  std::vector<Value> out;
+  for (const onnx::ValueInfoProto& o : g.output()) {
+    const Value* v = env.find(o.name());
+    if (!v)
+      n.fail(fmt::format("no node of its subgraph \"{}\" computes \"{}\"", g.name(), o.name()));
+    out.push_back(*v);
+  }
+  return out;
+}
+
+}  // namespace detail::onnx_import
+
 Program import_onnx(const std::string& path, const OnnxImportOptions& options) {
-  namespace oi = detail::onnx_import;
   auto m = std::make_shared<Imported>();
   onnx::ModelProto model = io::read_model(path);
   for (const onnx::OperatorSetIdProto& o : model.opset_import())
@@ -278,20 +342,7 @@ Program import_onnx(const std::string& path, const OnnxImportOptions& options) {
     m->outputs.push_back(v.name());
   }
 
-  // Every node's op, domain and element types, before anything runs.
-  for (const onnx::NodeProto& n : g.node()) {
-    const std::string where = fmt::format(
-        "node \"{}\" ({}, opset {})", n.name().empty() && n.output_size() ? n.output(0) : n.name(),
-        n.op_type(), m->opset);
-    DUET_CHECK_VALUE(n.domain().empty() || n.domain() == "ai.onnx",
-                     "[import_onnx] {}: op {} of domain \"{}\" has no mapping in duet (only the "
-                     "default domain's ops do)",
-                     where, n.op_type(), n.domain());
-    DUET_CHECK_VALUE(oi::find_op(n.op_type()),
-                     "[import_onnx] {}: ONNX op {} (opset {}) has no mapping in duet", where,
-                     n.op_type(), m->opset);
-    check_node_types(n, m->opset);
-  }
+  check_nodes(g, m->opset);
 
   detail::FunctionProgram f;
   f.label = m->label;

@@ -5,6 +5,7 @@
 #include <onnx/onnx_pb.h>
 
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "core/tensor.h"
@@ -19,13 +20,25 @@ struct Value {
   bool known = false;
 };
 
+/// The values a graph's nodes read by name: the graph's own, then, for a subgraph (an If
+/// branch, a Loop or Scan body), those of the graphs around it, as ONNX scoping has it.
+struct Scope {
+  std::unordered_map<std::string, Value> values;
+  const Scope* outer = nullptr;
+  /// The value named `name` here or in an enclosing scope; null when none defines it.
+  const Value* find(const std::string& name) const;
+};
+
 /// One node, as its mapping sees it.
 class Node {
  public:
-  Node(const onnx::NodeProto& proto, int opset, std::vector<Value> inputs)
-      : proto_(proto), opset_(opset), in_(std::move(inputs)) {}
+  Node(const onnx::NodeProto& proto, int opset, std::vector<Value> inputs,
+       const Scope* scope = nullptr)
+      : proto_(proto), opset_(opset), in_(std::move(inputs)), scope_(scope) {}
   const std::string& op() const { return proto_.op_type(); }
   int opset() const { return opset_; }
+  /// The scope the node runs in (what its subgraphs see); null when not given.
+  const Scope* scope() const { return scope_; }
   /// The inputs the node lists (omitted optional ones included, as undefined).
   size_t size() const { return in_.size(); }
   bool has(size_t i) const { return i < in_.size() && in_[i].t.defined(); }
@@ -60,7 +73,13 @@ class Node {
   const onnx::NodeProto& proto_;
   int opset_;
   std::vector<Value> in_;
+  const Scope* scope_;
 };
+
+/// Runs subgraph g of node n (an If branch, a Loop or Scan body) in a scope inside n's, with g's
+/// inputs bound in order to `inputs`: g's outputs, in order (trace/onnx_import.cpp).
+std::vector<Value> run_subgraph(const Node& n, const onnx::GraphProto& g,
+                                std::vector<Value> inputs);
 
 /// A mapping: the node's outputs, as many as the node lists (undefined for omitted ones).
 using ImportFn = std::vector<Tensor> (*)(const Node&);
