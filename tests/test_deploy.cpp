@@ -250,9 +250,12 @@ TEST_CASE("deploy: .npy files agree with NumPy's" * doctest::skip(skip_numpy()))
   const std::string dir = fmt::format("/tmp/duet_test_npy_{}", static_cast<long>(::getpid()));
   REQUIRE(std::system(fmt::format("mkdir -p {}", dir).c_str()) == 0);
   const Tensor m = make({1, -2, 3, 4, 5, 6}, {2, 3});
-  const std::vector<std::pair<std::string, Tensor>> mine = {
-      {"f4", m}, {"f8", m.to(DType::f64)}, {"i4", m.to(DType::i32)},
-      {"i8", m.to(DType::i64)}, {"b1", gt(m, 2)}, {"t", transpose(m, 0, 1)}};
+  const std::vector<std::pair<std::string, Tensor>> mine = {{"f4", m},
+                                                            {"f8", m.to(DType::f64)},
+                                                            {"i4", m.to(DType::i32)},
+                                                            {"i8", m.to(DType::i64)},
+                                                            {"b1", gt(m, 2)},
+                                                            {"t", transpose(m, 0, 1)}};
   for (const auto& [name, t] : mine) data::write_npy(fmt::format("{}/{}.npy", dir, name), t);
   // NumPy checks duet's files and writes its own: big-endian, Fortran order, each dtype.
   const std::string script = fmt::format(R"(

@@ -1441,6 +1441,131 @@ V op_det(const Node& n) {
   return {det(x)};
 }
 
+// ---- detection ----
+
+// Whether box a suppresses box b: their intersection over union exceeds the threshold. Boxes are
+// [y1, x1, y2, x2] (corners in either order) or, with center_point_box, [xc, yc, w, h].
+bool suppresses(const double* a, const double* b, bool center, double iou_threshold) {
+  auto span = [&](const double* q, int lo, int hi, int c, int half) {
+    if (center) return std::pair<double, double>{q[c] - q[half] / 2, q[c] + q[half] / 2};
+    return std::pair<double, double>{std::min(q[lo], q[hi]), std::max(q[lo], q[hi])};
+  };
+  auto [ax0, ax1] = span(a, 1, 3, 0, 2);
+  auto [bx0, bx1] = span(b, 1, 3, 0, 2);
+  auto [ay0, ay1] = span(a, 0, 2, 1, 3);
+  auto [by0, by1] = span(b, 0, 2, 1, 3);
+  const double iw = std::min(ax1, bx1) - std::max(ax0, bx0);
+  const double ih = std::min(ay1, by1) - std::max(ay0, by0);
+  if (iw <= 0 || ih <= 0) return false;
+  const double inter = iw * ih, area_a = (ax1 - ax0) * (ay1 - ay0),
+               area_b = (bx1 - bx0) * (by1 - by0);
+  const double uni = area_a + area_b - inter;
+  if (area_a <= 0 || area_b <= 0 || uni <= 0) return false;
+  return inter / uni > iou_threshold;
+}
+
+// Greedy non-maximum suppression per batch and class, on the host: the boxes and scores are
+// read (guarded under compile), and the selected (batch, class, box) triples come out as i64.
+V op_nms(const Node& n) {
+  const Tensor &boxes = n.in(0), &scores = n.in(1);
+  const int64_t max_out = n.has(2) && n.in(2).numel() ? std::max<int64_t>(n.ints(2).at(0), 0) : 0;
+  const double iou = n.has(3) && n.in(3).numel() ? n.number(3) : 0;
+  const bool thresholded = n.has(4) && n.in(4).numel();
+  const double min_score = thresholded ? n.number(4) : 0;
+  const bool center = n.attr_i("center_point_box", 0);
+  const std::vector<double> b = as(boxes, DType::f64).to(Device::cpu()).to_vector<double>();
+  const std::vector<double> sc = as(scores, DType::f64).to(Device::cpu()).to_vector<double>();
+  const int64_t B = scores.sizes()[0], C = scores.sizes()[1], N = scores.sizes()[2];
+  std::vector<int64_t> out;
+  for (int64_t bi = 0; bi < B; ++bi)
+    for (int64_t c = 0; c < C; ++c) {
+      const double* s = sc.data() + (bi * C + c) * N;
+      std::vector<int64_t> order;
+      for (int64_t i = 0; i < N; ++i)
+        if (!thresholded || s[i] > min_score) order.push_back(i);
+      std::stable_sort(order.begin(), order.end(),
+                       [&](int64_t p, int64_t q) { return s[p] > s[q]; });
+      std::vector<int64_t> kept;
+      for (int64_t i : order) {
+        if (static_cast<int64_t>(kept.size()) >= max_out) break;
+        bool ok = true;
+        for (int64_t k : kept)
+          ok = ok && !suppresses(&b[static_cast<size_t>((bi * N + i) * 4)],
+                                 &b[static_cast<size_t>((bi * N + k) * 4)], center, iou);
+        if (!ok) continue;
+        kept.push_back(i);
+        out.insert(out.end(), {bi, c, i});
+      }
+    }
+  return {reshape(i64s(out, boxes.device()), {static_cast<int64_t>(out.size() / 3), 3})};
+}
+
+// ---- Fourier transforms ----
+
+// The DFT of x (..., n, 2) along `axis` (real and imaginary parts last), as products with the
+// cosine and sine matrices: X_k = sum_j x_j e^(-+2 pi i jk/n) for the first `out` bins.
+Tensor dft_along(const Tensor& x, int64_t axis, int64_t length, int64_t out, bool inverse) {
+  const int64_t n = x.sizes()[axis];
+  Tensor j = reshape(arange(length, Options().dtype(DType::f64)), {1, length});
+  Tensor k = reshape(arange(out, Options().dtype(DType::f64)), {out, 1});
+  Tensor angle = k * j * (2 * M_PI / static_cast<double>(length));
+  const double sign = inverse ? 1 : -1;
+  Tensor cosm = as(cos(angle), x.dtype()), sinm = as(sin(angle) * sign, x.dtype());
+  // Zero-pad or crop the signal to `length`.
+  Tensor sig = x;
+  if (n > length) sig = slice(sig, axis, 0, length);
+  if (n < length) {
+    std::vector<int64_t> pads(static_cast<size_t>(2 * sig.dim()), 0);
+    pads[static_cast<size_t>(axis + sig.dim())] = length - n;
+    std::vector<int64_t> shape = dims_of(sig);
+    shape[static_cast<size_t>(axis)] = length - n;
+    sig = cat({sig, full(Shape(shape), 0, like(sig))}, axis);
+  }
+  Tensor re = squeeze(slice(sig, -1, 0, 1), sig.dim() - 1);
+  Tensor im = squeeze(slice(sig, -1, 1, 2), sig.dim() - 1);
+  const int64_t a = axis;
+  auto apply = [&](const Tensor& m, const Tensor& v) {  // m (out, length) along axis a of v
+    return movedim_back(matmul(movedim_last(v, a), transpose(m, 0, 1)), a);
+  };
+  Tensor ore = apply(cosm, re) - apply(sinm, im);
+  Tensor oim = apply(sinm, re) + apply(cosm, im);
+  Tensor r = stack({ore, oim}, -1);
+  return inverse ? r / static_cast<double>(length) : r;
+}
+
+V op_dft(const Node& n) {
+  Tensor x = n.in(0);
+  const int64_t rank = x.dim();
+  int64_t axis = n.opset() < 20 ? n.attr_i("axis", 1) : (n.has(2) ? n.ints(2).at(0) : -2);
+  if (axis < 0) axis += rank;
+  if (axis < 0 || axis >= rank - 1)
+    n.fail(fmt::format("axis {} for a signal of rank {}", axis, rank));
+  if (x.sizes()[rank - 1] == 1) x = cat({x, full(x.sizes(), 0, like(x))}, -1);  // real input
+  const int64_t length = n.has(1) && n.in(1).numel() ? n.ints(1).at(0) : x.sizes()[axis];
+  const bool onesided = n.attr_i("onesided", 0), inverse = n.attr_i("inverse", 0);
+  const int64_t out = onesided ? length / 2 + 1 : length;
+  return {dft_along(x, axis, length, out, inverse)};
+}
+
+V op_stft(const Node& n) {
+  Tensor x = n.in(0);  // (batch, length, 1 or 2)
+  const int64_t step = n.ints(1).at(0);
+  const bool has_window = n.has(2) && n.in(2).numel();
+  int64_t frame = has_window ? n.in(2).sizes()[0] : 0;
+  if (n.has(3) && n.in(3).numel()) frame = n.ints(3).at(0);
+  if (frame <= 0) n.fail("needs a window or a frame_length");
+  if (x.sizes()[2] == 1) x = cat({x, full(x.sizes(), 0, like(x))}, -1);
+  const int64_t frames = (x.sizes()[1] - frame) / step + 1;
+  const bool onesided = n.attr_i("onesided", 1);
+  std::vector<Tensor> parts;
+  for (int64_t f = 0; f < frames; ++f) {
+    Tensor seg = slice(x, 1, f * step, f * step + frame);
+    if (has_window) seg = seg * reshape(as(n.in(2), x.dtype()), {1, frame, 1});
+    parts.push_back(dft_along(seg, 1, frame, onesided ? frame / 2 + 1 : frame, false));
+  }
+  return {stack(parts, 1)};
+}
+
 }  // namespace
 
 // Every op this file maps.
@@ -1577,6 +1702,9 @@ std::vector<OpEntry> core_ops() {
       {"HammingWindow", op_window<1>},
       {"BlackmanWindow", op_window<2>},
       {"Det", op_det},
+      {"NonMaxSuppression", op_nms},
+      {"DFT", op_dft},
+      {"STFT", op_stft},
   };
 }
 
