@@ -169,7 +169,7 @@ bool has_subgraph(const onnx::NodeProto& n) {
 // as a whole: its subgraph may read outer values that are not; its own nodes are, one by one.
 void run_node(const onnx::NodeProto& n, int opset, Scope& env) {
   namespace oi = detail::onnx_import;
-  oi::ImportFn fn = oi::find_op(n.op_type());
+  oi::ImportFn fn = oi::find_op(oi::op_key(n));
   std::vector<Value> in;
   bool known = true;
   for (const std::string& name : n.input()) {
@@ -222,11 +222,11 @@ void check_nodes(const onnx::GraphProto& g, int opset) {
     const std::string where = fmt::format(
         "node \"{}\" ({}, opset {})", n.name().empty() && n.output_size() ? n.output(0) : n.name(),
         n.op_type(), opset);
-    DUET_CHECK_VALUE(n.domain().empty() || n.domain() == "ai.onnx",
+    DUET_CHECK_VALUE(!detail::onnx_import::op_key(n).empty(),
                      "[import_onnx] {}: op {} of domain \"{}\" has no mapping in duet (only the "
-                     "default domain's ops do)",
+                     "default domain's ops and ai.onnx.preview.training's optimizers do)",
                      where, n.op_type(), n.domain());
-    DUET_CHECK_VALUE(detail::onnx_import::find_op(n.op_type()),
+    DUET_CHECK_VALUE(detail::onnx_import::find_op(detail::onnx_import::op_key(n)),
                      "[import_onnx] {}: ONNX op {} (opset {}) has no mapping in duet", where,
                      n.op_type(), opset);
     check_node_types(n, opset);

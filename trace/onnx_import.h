@@ -94,7 +94,10 @@ struct OpEntry {
 std::vector<OpEntry> core_ops();
 std::vector<OpEntry> image_ops();
 std::vector<OpEntry> control_ops();
-/// The mapping of an op of the default domain; null when duet has none.
+/// The name a node's op is mapped under: the op type for the default domain, and
+/// "ai.onnx.preview.training.Adam" and the like for the training domain's; "" for other domains.
+std::string op_key(const onnx::NodeProto& n);
+/// The mapping of an op by that name; null when duet has none.
 ImportFn find_op(const std::string& op_type);
 
 // Helpers the mapping files share (trace/onnx_import_ops.cpp).

@@ -1566,6 +1566,83 @@ V op_stft(const Node& n) {
   return {stack(parts, 1)};
 }
 
+// ---- the training domain's optimizers (ai.onnx.preview.training) ----
+
+// Inputs R (learning rate), T (update count), then n tensors X, n gradients G and n of each
+// state; outputs the n new X, then the n new values of each state.
+struct OptimizerIo {
+  double lr = 0;
+  int64_t t = 0;
+  size_t count = 0;
+  Tensor x(const Node& n, size_t i) const { return n.in(2 + i); }
+  Tensor g(const Node& n, size_t i) const { return n.in(2 + count + i); }
+  Tensor state(const Node& n, size_t which, size_t i) const {
+    return n.in(2 + (2 + which) * count + i);
+  }
+};
+
+OptimizerIo optimizer_io(const Node& n, size_t states) {
+  OptimizerIo o;
+  o.lr = n.number(0);
+  o.t = static_cast<int64_t>(n.number(1));
+  if ((n.size() - 2) % (2 + states)) n.fail("the inputs do not split into X, G and the states");
+  o.count = (n.size() - 2) / (2 + states);
+  return o;
+}
+
+V op_adagrad(const Node& n) {
+  const OptimizerIo io = optimizer_io(n, 1);
+  const double r = io.lr / (1 + static_cast<double>(io.t) * n.attr_f("decay_factor", 0));
+  const double eps = n.attr_f("epsilon", 0), norm = n.attr_f("norm_coefficient", 0);
+  V xs, hs;
+  for (size_t i = 0; i < io.count; ++i) {
+    Tensor x = io.x(n, i), g = io.g(n, i) + x * norm;
+    Tensor h = io.state(n, 0, i) + g * g;
+    xs.push_back(x - g * r / (sqrt(h) + eps));
+    hs.push_back(h);
+  }
+  xs.insert(xs.end(), hs.begin(), hs.end());
+  return xs;
+}
+
+V op_momentum(const Node& n) {
+  const OptimizerIo io = optimizer_io(n, 1);
+  const double alpha = n.attr_f("alpha", 0), beta = io.t > 0 ? n.attr_f("beta", 0) : 1;
+  const double norm = n.attr_f("norm_coefficient", 0);
+  const bool nesterov = n.attr_s("mode", "standard") == "nesterov";
+  V xs, vs;
+  for (size_t i = 0; i < io.count; ++i) {
+    Tensor x = io.x(n, i), g = io.g(n, i) + x * norm;
+    Tensor v = io.state(n, 0, i) * alpha + g * beta;
+    xs.push_back(nesterov ? x - (g + v * alpha) * io.lr : x - v * io.lr);
+    vs.push_back(v);
+  }
+  xs.insert(xs.end(), vs.begin(), vs.end());
+  return xs;
+}
+
+V op_adam(const Node& n) {
+  const OptimizerIo io = optimizer_io(n, 2);
+  const double alpha = n.attr_f("alpha", 0.9), beta = n.attr_f("beta", 0.999);
+  const double eps = n.attr_f("epsilon", 1e-6), norm = n.attr_f("norm_coefficient", 0);
+  const double post = n.attr_f("norm_coefficient_post", 0);
+  const double t = static_cast<double>(io.t);
+  const double r =
+      io.t > 0 ? io.lr * std::sqrt(1 - std::pow(beta, t)) / (1 - std::pow(alpha, t)) : io.lr;
+  V xs, vs, hs;
+  for (size_t i = 0; i < io.count; ++i) {
+    Tensor x = io.x(n, i), g = io.g(n, i) + x * norm;
+    Tensor v = io.state(n, 0, i) * alpha + g * (1 - alpha);
+    Tensor h = io.state(n, 1, i) * beta + g * g * (1 - beta);
+    xs.push_back((x - v / (sqrt(h) + eps) * r) * (1 - post));
+    vs.push_back(v);
+    hs.push_back(h);
+  }
+  xs.insert(xs.end(), vs.begin(), vs.end());
+  xs.insert(xs.end(), hs.begin(), hs.end());
+  return xs;
+}
+
 }  // namespace
 
 // Every op this file maps.
@@ -1705,6 +1782,9 @@ std::vector<OpEntry> core_ops() {
       {"NonMaxSuppression", op_nms},
       {"DFT", op_dft},
       {"STFT", op_stft},
+      {"ai.onnx.preview.training.Adagrad", op_adagrad},
+      {"ai.onnx.preview.training.Adam", op_adam},
+      {"ai.onnx.preview.training.Momentum", op_momentum},
   };
 }
 
@@ -1722,6 +1802,12 @@ const std::map<std::string, ImportFn>& table() {
   return t;
 }
 }  // namespace
+
+std::string op_key(const onnx::NodeProto& n) {
+  if (n.domain().empty() || n.domain() == "ai.onnx") return n.op_type();
+  if (n.domain() == "ai.onnx.preview.training") return n.domain() + "." + n.op_type();
+  return "";
+}
 
 ImportFn find_op(const std::string& op_type) {
   auto it = table().find(op_type);
