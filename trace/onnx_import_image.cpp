@@ -1,8 +1,353 @@
 // ONNX import: the mappings of resampling and transposed convolution (trace/onnx_import.h).
+//
+// Resize and Upsample are separable: along each resized axis, every output position is a
+// weighted sum of a few input positions ("taps"), and since the sizes are known while tracing,
+// the taps are computed here on the host (a small 1-D problem) and applied with index_select and
+// a multiply by a weight vector. The N-D result is the 1-D resize applied axis after axis, which
+// is what the ONNX reference computes (it interpolates the innermost axis first; linear maps
+// commute, so the order does not matter).
+#include <algorithm>
+#include <cmath>
+
+#include "core/ops.h"
 #include "trace/onnx_import.h"
 
 namespace duet::detail::onnx_import {
 
-std::vector<OpEntry> image_ops() { return {}; }
+namespace {
+
+using V = std::vector<Tensor>;
+
+// The values of input i as doubles (scales, roi): like Node::number, for a vector. A value
+// computed from data is guarded by the compiled call (Note [Known values]).
+std::vector<double> numbers(const Node& n, size_t i) {
+  return n.in(i).to(Device::cpu()).to(DType::f64).to_vector<double>();
+}
+
+// A 1-D vector of values along dim `a` of a rank-r tensor (sizes 1 elsewhere), in dtype d.
+Tensor along(const std::vector<double>& v, int64_t a, int64_t r, DType d, Device dev) {
+  std::vector<int64_t> s(static_cast<size_t>(r), 1);
+  s[static_cast<size_t>(a)] = static_cast<int64_t>(v.size());
+  return reshape(tensor(v, Options().dtype(d).device(dev)), Shape(s));
+}
+
+// ---- Resize, Upsample ----
+
+// What a Resize node asks for, resolved from its attributes (opset by opset).
+struct ResizeSpec {
+  std::string mode;       // nearest, linear, cubic
+  std::string transform;  // coordinate_transformation_mode
+  std::string nearest;    // nearest_mode; "simple" is opset 10's and Upsample's
+  double cubic_a = -0.75, extrapolation = 0.0;
+  bool exclude_outside = false, antialias = false;
+};
+
+// Per output position of one axis: `n` taps (input index, weight), row-major, and whether the
+// position lies outside the roi (tf_crop_and_resize: it takes the extrapolation value).
+struct Taps {
+  int64_t n = 0;
+  std::vector<int64_t> idx;
+  std::vector<double> w;
+  std::vector<bool> outside;
+};
+
+// The source coordinate of output position x along an axis of `in` elements resized by `scale`
+// to `out` elements (ONNX's coordinate_transformation_mode). The reference uses scale * in, not
+// the rounded out, as the resized length; with sizes given they agree.
+double source_coord(const Node& n, const ResizeSpec& s, double x, double scale, int64_t in,
+                    int64_t out, double roi0, double roi1) {
+  const double len = scale * static_cast<double>(in);
+  const std::string& t = s.transform;
+  if (t == "half_pixel") return (x + 0.5) / scale - 0.5;
+  if (t == "asymmetric") return x / scale;
+  if (t == "pytorch_half_pixel") return len == 1 ? -0.5 : (x + 0.5) / scale - 0.5;
+  if (t == "tf_half_pixel_for_nn") return (x + 0.5) / scale;
+  if (t == "align_corners") return len == 1 ? 0.0 : x * static_cast<double>(in - 1) / (len - 1);
+  if (t == "half_pixel_symmetric") {
+    // Centres the implicit roi of the rounded output on the input's centre.
+    const double adjust = static_cast<double>(out) / len;
+    const double offset = static_cast<double>(in) / 2 * (1 - adjust);
+    return offset + (x + 0.5) / scale - 0.5;
+  }
+  if (t == "tf_crop_and_resize") {
+    const double span = (roi1 - roi0) * static_cast<double>(in - 1);
+    return roi0 * static_cast<double>(in - 1) + (len == 1 ? span / 2 : x * span / (len - 1));
+  }
+  n.fail(fmt::format("coordinate_transformation_mode \"{}\" is not supported", t));
+}
+
+// The cubic convolution kernel of Keys with parameter A, at distance x.
+double cubic_kernel(double x, double A) {
+  x = std::abs(x);
+  if (x <= 1) return ((A + 2) * x - (A + 3)) * x * x + 1;
+  if (x < 2) return ((A * x - 5 * A) * x + 8 * A) * x - 4 * A;
+  return 0;
+}
+
+// The weights of the taps at floor(x) - k + 1 ... for a source coordinate with fractional part
+// `ratio` in (0, 1] (1 when the coordinate is an integer: the taps then lean left).
+std::vector<double> coeffs(const ResizeSpec& s, double ratio, double scale) {
+  if (s.mode == "nearest") {
+    const bool whole = ratio == 1;
+    std::string m = s.nearest;
+    if (m == "simple") m = scale < 1 ? "ceil" : "floor";  // ONNX Runtime's opset-10 rule
+    if (whole || m == "ceil") return {0, 1};
+    if (m == "floor") return {1, 0};
+    if (m == "round_prefer_floor") return {double(ratio <= 0.5), double(ratio > 0.5)};
+    return {double(ratio < 0.5), double(ratio >= 0.5)};  // round_prefer_ceil
+  }
+  if (!s.antialias) {
+    if (s.mode == "linear") return {1 - ratio, ratio};
+    return {cubic_kernel(ratio + 1, s.cubic_a), cubic_kernel(ratio, s.cubic_a),
+            cubic_kernel(1 - ratio, s.cubic_a), cubic_kernel(2 - ratio, s.cubic_a)};
+  }
+  // Antialiasing (downsampling only): the kernel is stretched by 1/scale, so it spans more
+  // taps, and the weights are normalized to sum to 1.
+  const double sc = std::min(scale, 1.0);
+  const double reach = s.mode == "linear" ? 1 : 2;
+  const int64_t start = static_cast<int64_t>(std::floor(-reach / sc)) + 1;
+  std::vector<double> c;
+  double total = 0;
+  for (int64_t i = start; i < 2 - start; ++i) {
+    const double d = sc * (static_cast<double>(i) - ratio);
+    c.push_back(s.mode == "linear" ? std::clamp(1 - std::abs(d), 0.0, 1.0)
+                                   : cubic_kernel(d, s.cubic_a));
+    total += c.back();
+  }
+  for (double& v : c) v /= total;
+  return c;
+}
+
+// The taps of one axis, as the ONNX reference picks them: the k input positions nearest the
+// source coordinate (ties to the left) on the input padded by ceil(k/2) edge copies, each
+// reading the nearest real element.
+Taps axis_taps(const Node& n, const ResizeSpec& s, int64_t in, int64_t out, double scale,
+               double roi0, double roi1) {
+  Taps t;
+  for (int64_t o = 0; o < out; ++o) {
+    const double x = source_coord(n, s, static_cast<double>(o), scale, in, out, roi0, roi1);
+    const double fl = std::floor(x);
+    std::vector<double> c = coeffs(s, x == fl ? 1.0 : x - fl, scale);
+    const auto k = static_cast<int64_t>(c.size());
+    t.n = k;
+    const int64_t pad = (k + 1) / 2;
+    // The k nearest integers to x form the window starting at ceil(x) - k/2 (k is even),
+    // kept inside the padded range [-pad, in + pad).
+    int64_t first = static_cast<int64_t>(std::ceil(x)) - k / 2;
+    first = std::clamp<int64_t>(first, -pad, in + pad - k);
+    if (s.exclude_outside) {  // taps off the input weigh 0, and the rest are renormalized
+      double total = 0;
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t p = first + j;
+        if (p < 0 || p >= in) c[static_cast<size_t>(j)] = 0;
+        total += c[static_cast<size_t>(j)];
+      }
+      for (double& v : c) v /= total;
+    }
+    for (int64_t j = 0; j < k; ++j) {
+      t.idx.push_back(std::clamp<int64_t>(first + j, 0, in - 1));
+      t.w.push_back(c[static_cast<size_t>(j)]);
+    }
+    t.outside.push_back(s.transform == "tf_crop_and_resize" &&
+                        (x < 0 || x > static_cast<double>(in - 1)));
+  }
+  return t;
+}
+
+// x resized along axis a by the taps: sum over j of x[idx_j] * w_j, with the positions outside
+// the roi set to the extrapolation value. A tap of weights all 0 is skipped, and one of weights
+// all 1 needs no multiply (nearest mode keeps integer dtypes exact).
+Tensor apply_taps(const Tensor& x, int64_t a, const Taps& t, double extrapolation) {
+  const auto out = static_cast<int64_t>(t.outside.size());
+  const DType wd = is_floating(x.dtype()) ? x.dtype() : DType::f32;
+  Tensor y;
+  for (int64_t j = 0; j < t.n; ++j) {
+    std::vector<int64_t> idx;
+    std::vector<double> w;
+    bool zero = true, one = true;
+    for (int64_t o = 0; o < out; ++o) {
+      idx.push_back(t.idx[static_cast<size_t>(o * t.n + j)]);
+      w.push_back(t.w[static_cast<size_t>(o * t.n + j)]);
+      zero = zero && w.back() == 0;
+      one = one && w.back() == 1;
+    }
+    if (zero) continue;
+    Tensor term = index_select(x, a, i64s(idx, x.device()));
+    if (!one) term = term * along(w, a, x.dim(), wd, x.device());
+    y = y.defined() ? y + term : term;
+  }
+  if (!y.defined()) {  // every weight 0: only possible when every position is outside
+    std::vector<int64_t> s = x.sizes().vec();
+    s[static_cast<size_t>(a)] = out;
+    y = full(Shape(s), 0, Options().dtype(x.dtype()).device(x.device()));
+  }
+  if (std::find(t.outside.begin(), t.outside.end(), true) != t.outside.end()) {
+    std::vector<double> mask(t.outside.begin(), t.outside.end());
+    Tensor m = along(mask, a, x.dim(), DType::f32, x.device()) > 0.5;
+    y = where(m, full({}, extrapolation, Options().dtype(y.dtype()).device(y.device())), y);
+  }
+  return y;
+}
+
+// Whether the taps copy the input unchanged: same length, nothing outside, and each output
+// position o weighs input o by 1 and every other input by 0.
+bool identity(const Taps& t, int64_t in) {
+  if (static_cast<int64_t>(t.outside.size()) != in) return false;
+  for (int64_t o = 0; o < in; ++o) {
+    if (t.outside[static_cast<size_t>(o)]) return false;
+    double self = 0;
+    for (int64_t j = 0; j < t.n; ++j) {
+      const auto k = static_cast<size_t>(o * t.n + j);
+      if (t.idx[k] == o)
+        self += t.w[k];
+      else if (t.w[k] != 0)
+        return false;
+    }
+    if (self != 1) return false;
+  }
+  return true;
+}
+
+// Resizes x: per axis a scale (and, with sizes, the size) and a roi [start, end].
+Tensor resize(const Node& n, const Tensor& x, const ResizeSpec& s,
+              const std::vector<double>& scales, const std::vector<int64_t>& sizes,
+              const std::vector<double>& roi) {
+  const int64_t r = x.dim();
+  Tensor y = x;
+  for (int64_t a = 0; a < r; ++a) {
+    const auto i = static_cast<size_t>(a);
+    const int64_t in = x.sizes()[a], out = sizes[i];
+    if (in == 0 || out == 0) n.fail(fmt::format("axis {} resizes {} to {}", a, in, out));
+    if (!(scales[i] > 0)) n.fail(fmt::format("the scale of axis {} is {}", a, scales[i]));
+    const Taps t = axis_taps(n, s, in, out, scales[i], roi[i], roi[i + static_cast<size_t>(r)]);
+    if (!identity(t, in)) y = apply_taps(y, a, t, s.extrapolation);
+  }
+  if (y.dtype() != x.dtype()) y = as(y, x.dtype());
+  return y;
+}
+
+void check_choice(const Node& n, const char* what, const std::string& v,
+                  std::initializer_list<const char*> allowed) {
+  for (const char* a : allowed)
+    if (v == a) return;
+  n.fail(fmt::format("{} \"{}\" is not supported", what, v));
+}
+
+ResizeSpec resize_spec(const Node& n) {
+  ResizeSpec s;
+  s.mode = n.attr_s("mode", "nearest");
+  check_choice(n, "mode", s.mode, {"nearest", "linear", "cubic"});
+  const bool legacy = n.op() == "Upsample" || n.opset() < 11;
+  if (legacy) {
+    // Upsample and opset-10 Resize: asymmetric coordinates; nearest rounds down when
+    // upsampling and up when downsampling (as ONNX Runtime); no cubic.
+    if (s.mode == "cubic") n.fail("mode \"cubic\" needs Resize of opset 11 or later");
+    s.transform = "asymmetric";
+    s.nearest = "simple";
+    return s;
+  }
+  s.transform = n.attr_s("coordinate_transformation_mode", "half_pixel");
+  check_choice(n, "coordinate_transformation_mode", s.transform,
+               {"half_pixel", "asymmetric", "pytorch_half_pixel", "tf_half_pixel_for_nn",
+                "align_corners", "half_pixel_symmetric", "tf_crop_and_resize"});
+  s.nearest = n.attr_s("nearest_mode", "round_prefer_floor");
+  check_choice(n, "nearest_mode", s.nearest,
+               {"round_prefer_floor", "round_prefer_ceil", "floor", "ceil"});
+  s.cubic_a = n.attr_f("cubic_coeff_a", -0.75);
+  s.exclude_outside = n.attr_i("exclude_outside", 0) != 0;
+  s.extrapolation = n.attr_f("extrapolation_value", 0.0);
+  s.antialias = n.attr_i("antialias", 0) != 0;
+  if (s.antialias && s.mode == "nearest") n.fail("antialias needs mode linear or cubic");
+  return s;
+}
+
+// The per-axis values of a Resize input that names only `axes` (opset 18): the others get
+// `fill`. `per` is the count of values per axis (2 for roi: starts, then ends).
+std::vector<double> on_axes(const Node& n, const std::vector<double>& v,
+                            const std::vector<int64_t>& axes, int64_t r, int per, double fill0,
+                            double fill1) {
+  const size_t k = axes.size();
+  if (v.size() != per * k) n.fail(fmt::format("{} values for {} axes", v.size(), k));
+  std::vector<double> all(static_cast<size_t>(per * r));
+  for (int64_t a = 0; a < r; ++a) {
+    all[static_cast<size_t>(a)] = fill0;
+    if (per == 2) all[static_cast<size_t>(a + r)] = fill1;
+  }
+  for (size_t i = 0; i < k; ++i) {
+    all[static_cast<size_t>(axes[i])] = v[i];
+    if (per == 2) all[static_cast<size_t>(axes[i] + r)] = v[i + k];
+  }
+  return all;
+}
+
+V op_resize(const Node& n) {
+  const Tensor& x = n.in(0);
+  const int64_t r = x.dim();
+  const ResizeSpec s = resize_spec(n);
+  // Inputs: opset 10 (X, scales); Upsample-9 (X, scales); Upsample-7 scales attribute;
+  // opset 11+ (X, roi, scales, sizes), where empty tensors stand for omitted inputs.
+  const bool legacy = n.op() == "Upsample" || n.opset() < 11;
+  std::vector<double> scales, roi;
+  std::vector<int64_t> sizes;
+  if (n.op() == "Upsample" && n.opset() < 9) {
+    for (float f : n.attr_floats("scales")) scales.push_back(f);
+  } else if (legacy) {
+    scales = numbers(n, 1);
+  } else {
+    if (n.has(1) && n.in(1).numel()) roi = numbers(n, 1);
+    if (n.has(2) && n.in(2).numel()) scales = numbers(n, 2);
+    if (n.has(3) && n.in(3).numel()) sizes = n.ints(3);
+  }
+  if (scales.empty() == sizes.empty()) n.fail("exactly one of scales and sizes must be given");
+  std::vector<int64_t> axes;
+  for (int64_t a : n.attr_ints("axes")) axes.push_back(n.axis(a, r));
+  const bool all_axes = axes.empty();
+  if (all_axes)
+    for (int64_t a = 0; a < r; ++a) axes.push_back(a);
+  if (!scales.empty() && !all_axes) scales = on_axes(n, scales, axes, r, 1, 1.0, 0.0);
+  if (roi.empty())
+    roi = on_axes(n, {}, {}, r, 2, 0.0, 1.0);
+  else if (!all_axes)
+    roi = on_axes(n, roi, axes, r, 2, 0.0, 1.0);
+  if (static_cast<int64_t>(roi.size()) != 2 * r) n.fail("roi must hold 2 values per axis");
+  std::vector<int64_t> shape = x.sizes().vec();
+  if (!sizes.empty()) {
+    if (sizes.size() != axes.size()) n.fail("sizes must hold one value per axis");
+    // keep_aspect_ratio_policy (opset 18): one scale for all the axes, the smallest or the
+    // largest, and sizes rounded half up from it.
+    const std::string policy = n.attr_s("keep_aspect_ratio_policy", "stretch");
+    check_choice(n, "keep_aspect_ratio_policy", policy, {"stretch", "not_larger", "not_smaller"});
+    scales.assign(static_cast<size_t>(r), 1.0);
+    double common = policy == "not_larger" ? INFINITY : 0;
+    for (size_t i = 0; i < axes.size(); ++i) {
+      const double sc = static_cast<double>(sizes[i]) / static_cast<double>(shape[axes[i]]);
+      scales[static_cast<size_t>(axes[i])] = sc;
+      common = policy == "not_larger" ? std::min(common, sc) : std::max(common, sc);
+    }
+    for (size_t i = 0; i < axes.size(); ++i) {
+      const auto a = static_cast<size_t>(axes[i]);
+      if (policy == "stretch") {
+        shape[a] = sizes[i];
+      } else {
+        scales[a] = common;
+        shape[a] = static_cast<int64_t>(common * static_cast<double>(shape[a]) + 0.5);
+      }
+    }
+  } else {
+    if (static_cast<int64_t>(scales.size()) != r) n.fail("scales must hold one value per axis");
+    for (int64_t a = 0; a < r; ++a)
+      shape[a] = static_cast<int64_t>(std::floor(scales[a] * static_cast<double>(shape[a])));
+  }
+  return {resize(n, x, s, scales, shape, roi)};
+}
+
+}  // namespace
+
+std::vector<OpEntry> image_ops() {
+  return {
+      {"Resize", op_resize},
+      {"Upsample", op_resize},
+  };
+}
 
 }  // namespace duet::detail::onnx_import
