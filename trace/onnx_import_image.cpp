@@ -341,12 +341,142 @@ V op_resize(const Node& n) {
   return {resize(n, x, s, scales, shape, roi)};
 }
 
+// ---- ConvTranspose ----
+
+// x with s - 1 zeros inserted between neighbours along dim a (a transposed convolution's
+// stride): (..., in, ...) -> (..., (in - 1) * s + 1, ...).
+Tensor dilate(const Tensor& x, int64_t a, int64_t s) {
+  if (s == 1) return x;
+  std::vector<int64_t> shape = x.sizes().vec();
+  const int64_t in = shape[static_cast<size_t>(a)];
+  Tensor e = unsqueeze(x, a + 1);  // (..., in, 1, ...)
+  std::vector<int64_t> zs = e.sizes().vec();
+  zs[static_cast<size_t>(a + 1)] = s - 1;
+  e = cat({e, full(Shape(zs), 0, Options().dtype(x.dtype()).device(x.device()))}, a + 1);
+  shape[static_cast<size_t>(a)] = in * s;
+  return slice(reshape(e, Shape(shape)), a, 0, (in - 1) * s + 1);
+}
+
+// The pads (begin, end per spatial dim) and output sizes of a ConvTranspose node: output_shape,
+// when given, decides the pads (auto_pad SAME_UPPER puts the odd one at the end, else at the
+// start), and SAME_* without it asks for in * stride.
+struct TransposedWindow {
+  std::vector<int64_t> kernel, strides, dilations, out_pad, begin, end, out;
+};
+
+TransposedWindow transposed_window(const Node& n, const Tensor& x, const Tensor& w) {
+  const auto D = static_cast<size_t>(x.dim() - 2);
+  TransposedWindow t;
+  t.kernel = n.attr_ints("kernel_shape");
+  if (t.kernel.empty())
+    for (int64_t i = 2; i < w.dim(); ++i) t.kernel.push_back(w.sizes()[i]);
+  t.strides = n.attr_ints("strides");
+  t.dilations = n.attr_ints("dilations");
+  t.out_pad = n.attr_ints("output_padding");
+  std::vector<int64_t> pads = n.attr_ints("pads"), shape = n.attr_ints("output_shape");
+  t.strides.resize(D, 1);
+  t.dilations.resize(D, 1);
+  t.out_pad.resize(D, 0);
+  pads.resize(2 * D, 0);
+  if (t.kernel.size() != D || w.dim() != x.dim())
+    n.fail(fmt::format("a kernel {} for an input of rank {}", w.sizes(), x.dim()));
+  for (size_t i = 0; i < D; ++i)
+    if (t.kernel[i] != w.sizes()[static_cast<int64_t>(i) + 2])
+      n.fail(fmt::format("kernel_shape does not match the weight {}", w.sizes()));
+  if (shape.size() == D + 2) shape.erase(shape.begin(), shape.begin() + 2);  // N, C given too
+  const std::string autopad = n.attr_s("auto_pad", "NOTSET");
+  check_choice(n, "auto_pad", autopad, {"NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"});
+  for (size_t i = 0; i < D; ++i) {
+    const int64_t in = x.sizes()[static_cast<int64_t>(i) + 2];
+    const int64_t full_len =
+        t.strides[i] * (in - 1) + t.out_pad[i] + (t.kernel[i] - 1) * t.dilations[i] + 1;
+    int64_t b = pads[i], e = pads[i + D];
+    if (autopad == "VALID") b = e = 0;
+    int64_t want = -1;
+    if (!shape.empty())
+      want = shape.at(i);
+    else if (autopad == "SAME_UPPER" || autopad == "SAME_LOWER")
+      want = in * t.strides[i];
+    if (want >= 0) {
+      // The halves round down, also for total < 0 (an output longer than the full one, its
+      // extra positions zero): floor division, as the reference.
+      const int64_t total = full_len - want;
+      const int64_t half = total >= 0 ? total / 2 : -((-total + 1) / 2);
+      b = autopad == "SAME_UPPER" ? half : total - half;
+      e = total - b;
+    }
+    if (full_len - b - e <= 0) n.fail(fmt::format("the output of spatial dim {} is empty", i));
+    t.begin.push_back(b);
+    t.end.push_back(e);
+    t.out.push_back(full_len - b - e);
+  }
+  return t;
+}
+
+// A transposed convolution is the convolution (stride 1) of the input dilated by the strides
+// and padded by dilation * (kernel - 1) - pad on each side (output_padding more at the end),
+// with the kernel flipped and its in/out channels swapped. Each kernel offset is a slice of the
+// padded input; the (channel, offset) sums are one batched matmul per group, as in op_conv.
+V op_conv_transpose(const Node& n) {
+  const Tensor &x = n.in(0), &w = n.in(1);
+  if (x.dim() < 3) n.fail(fmt::format("the input has rank {}, not N, C and spatial dims", x.dim()));
+  const TransposedWindow t = transposed_window(n, x, w);
+  const int64_t D = x.dim() - 2, N = x.sizes()[0], C = x.sizes()[1], G = n.attr_i("group", 1);
+  if (G < 1 || C % G || w.sizes()[0] != C)
+    n.fail(fmt::format("input channels {}, weight {} and group {} do not fit", C, w.sizes(), G));
+  const int64_t Cg = C / G, Mg = w.sizes()[1], M = Mg * G;
+  Tensor p = x;
+  std::vector<int64_t> pads(static_cast<size_t>(2 * x.dim()), 0);
+  for (int64_t i = 0; i < D; ++i) {
+    const auto u = static_cast<size_t>(i);
+    p = dilate(p, i + 2, t.strides[u]);
+    const int64_t reach = t.dilations[u] * (t.kernel[u] - 1);
+    pads[u + 2] = reach - t.begin[u];
+    pads[u + 2 + static_cast<size_t>(x.dim())] = reach - t.end[u] + t.out_pad[u];
+  }
+  p = pad_nd(n, p, pads, "constant", full({}, 0, Options().dtype(x.dtype()).device(x.device())));
+  int64_t K = 1, L = 1;
+  for (int64_t i = 0; i < D; ++i) K *= t.kernel[static_cast<size_t>(i)];
+  for (int64_t o : t.out) L *= o;
+  std::vector<Tensor> parts;  // one strided view per kernel offset, row-major over the kernel
+  for (int64_t k = 0; k < K; ++k) {
+    Tensor s = p;
+    int64_t rest = k;
+    for (int64_t i = D; i-- > 0;) {
+      const auto u = static_cast<size_t>(i);
+      const int64_t start = (rest % t.kernel[u]) * t.dilations[u];
+      rest /= t.kernel[u];
+      s = slice(s, i + 2, start, start + t.out[u]);
+    }
+    parts.push_back(s);
+  }
+  Tensor cols = reshape(stack(parts, 0), {K, N, G, Cg, L});
+  cols = reshape(permute(cols, {1, 2, 3, 0, 4}), {N, G, Cg * K, L});
+  // The weight (C, M/G, k...) flipped in space, as (G, M/G, C/G * K).
+  Tensor wf = w;
+  for (int64_t i = 0; i < D; ++i) wf = flip(wf, i + 2);
+  wf = reshape(permute(reshape(wf, {G, Cg, Mg, K}), {0, 2, 1, 3}), {G, Mg, Cg * K});
+  const bool fl = is_floating(x.dtype());
+  Tensor y =
+      fl ? matmul(wf, cols) : as(matmul(as(wf, DType::f64), as(cols, DType::f64)), x.dtype());
+  std::vector<int64_t> out{N, M};
+  out.insert(out.end(), t.out.begin(), t.out.end());
+  y = reshape(y, Shape(out));
+  if (n.has(2)) {
+    std::vector<int64_t> bs(static_cast<size_t>(y.dim()), 1);
+    bs[1] = M;
+    y = y + reshape(n.in(2), Shape(bs));
+  }
+  return {y};
+}
+
 }  // namespace
 
 std::vector<OpEntry> image_ops() {
   return {
       {"Resize", op_resize},
       {"Upsample", op_resize},
+      {"ConvTranspose", op_conv_transpose},
   };
 }
 
