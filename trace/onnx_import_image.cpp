@@ -24,6 +24,11 @@ std::vector<double> numbers(const Node& n, size_t i) {
   return n.in(i).to(Device::cpu()).to(DType::f64).to_vector<double>();
 }
 
+// Elementwise and of two b8 tensors.
+Tensor logical_and_(const Tensor& a, const Tensor& b) {
+  return eq(as(a, DType::i32) + as(b, DType::i32), 2);
+}
+
 // A 1-D vector of values along dim `a` of a rank-r tensor (sizes 1 elsewhere), in dtype d.
 Tensor along(const std::vector<double>& v, int64_t a, int64_t r, DType d, Device dev) {
   std::vector<int64_t> s(static_cast<size_t>(r), 1);
@@ -470,6 +475,138 @@ V op_conv_transpose(const Node& n) {
   return {y};
 }
 
+// ---- GridSample ----
+//
+// The sampling positions are data (the grid), so they are computed with duet ops: per spatial
+// axis, the source coordinate of each output position and its taps (index and weight); a tap
+// combination (one tap per axis) reads the input flattened over its spatial dims with gather.
+
+// v reflected at the borders lo and hi until it lies between them (PyTorch's grid_sample).
+Tensor reflect(const Tensor& v, double lo, double hi) {
+  const double span = hi - lo;
+  if (span <= 0) return v * 0 + lo;
+  // dx: how far v lies past the nearer border; k whole spans of it fold back and forth, and the
+  // remainder r is measured from that border after an even k, from the other after an odd one.
+  Tensor below = v < lo;
+  Tensor dx = where(below, lo - v, v - hi);
+  Tensor k = floor(dx / span);
+  Tensor r = dx - k * span;
+  Tensor odd = (k - floor(k / 2) * 2) > 0.5;
+  Tensor from_lo = where(odd, hi - r, lo + r), from_hi = where(odd, lo + r, hi - r);
+  return where(below, from_lo, where(v > hi, from_hi, v));
+}
+
+// Rounds halves to even (std::nearbyint), as PyTorch's nearest grid sampling.
+Tensor round_even(const Tensor& x) {
+  Tensor r = floor(x + 0.5);
+  Tensor tie_odd = logical_and_((r - x) == 0.5, (r - floor(r / 2) * 2) > 0.5);
+  return where(tie_odd, r - 1, r);
+}
+
+struct GridTap {
+  Tensor index;   // i64, the position read along the axis
+  Tensor weight;  // undefined for 1
+  Tensor valid;   // b8, undefined when always (padding_mode zeros reads 0 outside)
+};
+
+struct GridSampleSpec {
+  std::string mode, padding;
+  bool align = false;
+};
+
+// The tap at integer position i (a float tensor) of an axis of `len` elements.
+GridTap grid_tap(const GridSampleSpec& s, const Tensor& i, int64_t len, double lo, double hi,
+                 Tensor weight) {
+  const double last = static_cast<double>(len - 1);
+  GridTap t;
+  t.weight = std::move(weight);
+  if (s.padding == "zeros") t.valid = logical_and_(i >= 0, i <= last);
+  Tensor at = s.padding == "reflection" ? floor(reflect(i, lo, hi) + 0.5) : i;
+  t.index = as(clamp(at, 0.0, last), DType::i64);
+  return t;
+}
+
+// The taps of one spatial axis for normalized coordinates g (in [-1, 1] across the axis).
+std::vector<GridTap> grid_axis_taps(const GridSampleSpec& s, const Tensor& g, int64_t len) {
+  const auto L = static_cast<double>(len);
+  // The borders: the centres of the end elements with align_corners, else their outer edges.
+  const double lo = s.align ? 0 : -0.5, hi = s.align ? L - 1 : L - 0.5;
+  Tensor x = s.align ? (g + 1) / 2 * (L - 1) : ((g + 1) * L - 1) / 2;
+  if (s.mode == "nearest") x = round_even(x);
+  // A coordinate beyond the borders moves onto them (border) or is mirrored (reflection).
+  Tensor outside = as(x >= lo, DType::i32) + as(x <= hi, DType::i32) < 2;
+  if (s.padding == "border") x = where(outside, clamp(x, 0.0, L - 1), x);
+  if (s.padding == "reflection") x = where(outside, reflect(x, lo, hi), x);
+  if (s.mode == "nearest") return {grid_tap(s, x, len, lo, hi, {})};
+  Tensor x0 = floor(x), t = x - x0;
+  std::vector<GridTap> taps;
+  if (s.mode == "linear") {
+    taps.push_back(grid_tap(s, x0, len, lo, hi, 1 - t));
+    taps.push_back(grid_tap(s, x0 + 1, len, lo, hi, t));
+    return taps;
+  }
+  // Cubic convolution (Keys, A = -0.75) on the taps x0 - 1 ... x0 + 2.
+  const double A = -0.75;
+  auto near = [&](const Tensor& d) { return ((d * (A + 2) - (A + 3)) * d) * d + 1; };
+  auto far = [&](const Tensor& d) { return ((d * A - 5 * A) * d + 8 * A) * d - 4 * A; };
+  const Tensor w[4] = {far(t + 1), near(t), near(1 - t), far(2 - t)};
+  for (int j = 0; j < 4; ++j) taps.push_back(grid_tap(s, x0 + (j - 1), len, lo, hi, w[j]));
+  return taps;
+}
+
+V op_grid_sample(const Node& n) {
+  const Tensor &x = n.in(0), &grid = n.in(1);
+  const int64_t D = x.dim() - 2;
+  if (D < 1 || grid.dim() != x.dim() || grid.sizes()[x.dim() - 1] != D ||
+      grid.sizes()[0] != x.sizes()[0])
+    n.fail(fmt::format("input {} and grid {} do not fit (N, C, D1...Dn) and (N, d1...dn, n)",
+                       x.sizes(), grid.sizes()));
+  GridSampleSpec s;
+  s.mode = n.attr_s("mode", n.opset() < 20 ? "bilinear" : "linear");
+  if (s.mode == "bilinear") s.mode = "linear";
+  if (s.mode == "bicubic") s.mode = "cubic";
+  check_choice(n, "mode", s.mode, {"nearest", "linear", "cubic"});
+  s.padding = n.attr_s("padding_mode", "zeros");
+  check_choice(n, "padding_mode", s.padding, {"zeros", "border", "reflection"});
+  s.align = n.attr_i("align_corners", 0) != 0;
+  const int64_t N = x.sizes()[0], C = x.sizes()[1];
+  int64_t P = 1, Lx = 1;
+  for (int64_t i = 1; i < grid.dim() - 1; ++i) P *= grid.sizes()[i];
+  for (int64_t i = 2; i < x.dim(); ++i) Lx *= x.sizes()[i];
+  const Tensor g =
+      reshape(as(grid, is_floating(grid.dtype()) ? grid.dtype() : DType::f32), {N, 1, P, D});
+  // Per spatial axis d, its taps; the grid lists the coordinates innermost axis first.
+  std::vector<std::vector<GridTap>> axes;
+  for (int64_t d = 0; d < D; ++d)
+    axes.push_back(
+        grid_axis_taps(s, reshape(slice(g, 3, D - 1 - d, D - d), {N, 1, P}), x.sizes()[d + 2]));
+  const Tensor flat = reshape(x, {N, C, Lx});
+  Tensor y;
+  const auto T = static_cast<int64_t>(axes[0].size());
+  int64_t combos = 1;
+  for (int64_t d = 0; d < D; ++d) combos *= T;
+  for (int64_t c = 0; c < combos; ++c) {  // one tap per axis: c's digits in base T
+    Tensor index, weight, valid;
+    int64_t rest = c, stride = 1;
+    for (int64_t d = D; d-- > 0;) {
+      const GridTap& t = axes[static_cast<size_t>(d)][static_cast<size_t>(rest % T)];
+      rest /= T;
+      index = index.defined() ? index + t.index * stride : t.index * stride;
+      stride *= x.sizes()[d + 2];
+      if (t.weight.defined()) weight = weight.defined() ? weight * t.weight : t.weight;
+      if (t.valid.defined()) valid = valid.defined() ? logical_and_(valid, t.valid) : t.valid;
+    }
+    Tensor v = gather(flat, 2, expand(index, {N, C, P}).contiguous());
+    if (weight.defined()) v = v * as(weight, v.dtype());
+    if (valid.defined())
+      v = where(valid, v, full({}, 0, Options().dtype(v.dtype()).device(v.device())));
+    y = y.defined() ? y + v : v;
+  }
+  std::vector<int64_t> out{N, C};
+  for (int64_t i = 1; i < grid.dim() - 1; ++i) out.push_back(grid.sizes()[i]);
+  return {reshape(as(y, x.dtype()), Shape(out))};
+}
+
 }  // namespace
 
 std::vector<OpEntry> image_ops() {
@@ -477,6 +614,7 @@ std::vector<OpEntry> image_ops() {
       {"Resize", op_resize},
       {"Upsample", op_resize},
       {"ConvTranspose", op_conv_transpose},
+      {"GridSample", op_grid_sample},
   };
 }
 
