@@ -607,6 +607,44 @@ V op_grid_sample(const Node& n) {
   return {reshape(as(y, x.dtype()), Shape(out))};
 }
 
+// ---- MaxUnpool ----
+
+// Each x value goes to its index (flat over N, C and the spatial dims of the inferred output
+// (in - 1) * stride + kernel - pads); that tensor then sits in the leading corner of
+// output_shape, when given, as the ONNX reference does. An index written more than once (from
+// overlapping pool windows, where the values agree) gets their mean.
+V op_max_unpool(const Node& n) {
+  const Tensor &x = n.in(0), &idx = n.in(1);
+  if (x.dim() < 3 || idx.sizes() != x.sizes())
+    n.fail(fmt::format("input {} and indices {} must have one shape (N, C, D1...)", x.sizes(),
+                       idx.sizes()));
+  const auto D = static_cast<size_t>(x.dim() - 2);
+  std::vector<int64_t> kernel = n.attr_ints("kernel_shape"), strides = n.attr_ints("strides"),
+                       pads = n.attr_ints("pads");
+  if (kernel.size() != D) n.fail("kernel_shape must hold one value per spatial dim");
+  strides.resize(D, 1);
+  pads.resize(2 * D, 0);
+  std::vector<int64_t> inferred{x.sizes()[0], x.sizes()[1]};
+  for (size_t i = 0; i < D; ++i)
+    inferred.push_back((x.sizes()[static_cast<int64_t>(i) + 2] - 1) * strides[i] + kernel[i] -
+                       pads[i] - pads[i + D]);
+  int64_t total = 1;
+  for (int64_t d : inferred) total *= d;
+  const Options o = Options().dtype(x.dtype()).device(x.device());
+  const Tensor flat_idx = reshape(as(idx, DType::i64), {x.numel()});
+  Tensor y = scatter_add(full({total}, 0, o), 0, flat_idx, reshape(x, {x.numel()}));
+  Tensor hits = scatter_add(full({total}, 0, o), 0, flat_idx, full({x.numel()}, 1, o));
+  y = reshape(where(hits > 1, y / clamp(hits, 1, INFINITY), y), Shape(inferred));
+  if (n.has(2)) {
+    const std::vector<int64_t> shape = n.ints(2);
+    if (shape.size() != inferred.size()) n.fail("output_shape must hold one value per dim");
+    std::vector<int64_t> p(2 * inferred.size(), 0);
+    for (size_t i = 0; i < inferred.size(); ++i) p[i + inferred.size()] = shape[i] - inferred[i];
+    y = pad_nd(n, y, p, "constant", full({}, 0, o));
+  }
+  return {as(y, x.dtype())};
+}
+
 }  // namespace
 
 std::vector<OpEntry> image_ops() {
@@ -615,6 +653,7 @@ std::vector<OpEntry> image_ops() {
       {"Upsample", op_resize},
       {"ConvTranspose", op_conv_transpose},
       {"GridSample", op_grid_sample},
+      {"MaxUnpool", op_max_unpool},
   };
 }
 
