@@ -645,6 +645,94 @@ V op_max_unpool(const Node& n) {
   return {as(y, x.dtype())};
 }
 
+// ---- RoiAlign ----
+
+// One axis of RoiAlign's bilinear samples: per roi (R), bin (P) and sample in the bin (S), the
+// two taps (index, weight), as the reference computes them: a sample more than one element
+// outside the map weighs 0, one between -1 and 0 reads element 0, one past the last element
+// reads the last.
+struct RoiAxis {
+  Tensor low, high, w_low, w_high, valid;  // (R, P, S)
+};
+
+RoiAxis roi_axis(const Tensor& start, const Tensor& extent, int64_t bins, int64_t samples,
+                 int64_t len) {
+  std::vector<double> g;  // p + (i + 0.5) / S, in bins
+  for (int64_t p = 0; p < bins; ++p)
+    for (int64_t i = 0; i < samples; ++i)
+      g.push_back(static_cast<double>(p) +
+                  (static_cast<double>(i) + 0.5) / static_cast<double>(samples));
+  const Tensor grid =
+      reshape(tensor(g, Options().dtype(start.dtype()).device(start.device())), {1, bins, samples});
+  const Tensor c =
+      reshape(start, {-1, 1, 1}) + grid * reshape(extent / static_cast<double>(bins), {-1, 1, 1});
+  const auto last = static_cast<double>(len - 1);
+  RoiAxis a;
+  a.valid = logical_and_(c >= -1.0, c <= static_cast<double>(len));
+  Tensor y = clamp(c, 0.0, INFINITY);
+  Tensor low = floor(y);
+  Tensor at_end = low >= last;  // both taps on the last element
+  low = where(at_end, full({}, last, Options().dtype(low.dtype()).device(low.device())), low);
+  y = where(at_end, low, y);
+  const Tensor l = y - low;
+  a.low = as(low, DType::i64);
+  a.high = as(where(at_end, low, low + 1), DType::i64);
+  a.w_low = 1 - l;
+  a.w_high = l;
+  return a;
+}
+
+V op_roi_align(const Node& n) {
+  const Tensor &x = n.in(0), &rois = n.in(1), &batch = n.in(2);
+  if (x.dim() != 4 || rois.dim() != 2 || rois.sizes()[1] != 4 || batch.dim() != 1 ||
+      batch.sizes()[0] != rois.sizes()[0])
+    n.fail(
+        fmt::format("input {}, rois {} and batch_indices {} do not fit (N, C, H, W), (R, 4), (R)",
+                    x.sizes(), rois.sizes(), batch.sizes()));
+  const std::string mode = n.attr_s("mode", "avg");
+  check_choice(n, "mode", mode, {"avg", "max"});
+  const std::string ctm = n.attr_s("coordinate_transformation_mode",
+                                   n.opset() < 16 ? "output_half_pixel" : "half_pixel");
+  check_choice(n, "coordinate_transformation_mode", ctm, {"half_pixel", "output_half_pixel"});
+  const int64_t PH = n.attr_i("output_height", 1), PW = n.attr_i("output_width", 1);
+  const int64_t S = n.attr_i("sampling_ratio", 0);
+  // sampling_ratio 0 samples ceil(roi size / bins) points per bin: a count that depends on the
+  // rois' values, so the shapes would too.
+  if (S <= 0) n.fail("sampling_ratio 0 (adaptive, from the rois' values) is not supported");
+  const double scale = n.attr_f("spatial_scale", 1.0), offset = ctm == "half_pixel" ? 0.5 : 0.0;
+  const int64_t R = rois.sizes()[0], C = x.sizes()[1], H = x.sizes()[2], W = x.sizes()[3];
+  const Tensor r = as(rois, is_floating(x.dtype()) ? x.dtype() : DType::f32);
+  auto col = [&](int64_t j) { return reshape(slice(r, 1, j, j + 1), {R}) * scale - offset; };
+  Tensor x0 = col(0), y0 = col(1), w = col(2) - x0, h = col(3) - y0;
+  if (offset == 0) w = clamp(w, 1.0, INFINITY), h = clamp(h, 1.0, INFINITY);  // malformed: 1x1
+  const RoiAxis ay = roi_axis(y0, h, PH, S, H), ax = roi_axis(x0, w, PW, S, W);
+  // (R, PH, S, 1, 1) and (R, 1, 1, PW, S) meet in (R, PH, S, PW, S), flattened to Q.
+  auto ys = [](const Tensor& t) { return unsqueeze(unsqueeze(t, 3), 4); };
+  auto xs = [](const Tensor& t) { return unsqueeze(unsqueeze(t, 1), 2); };
+  const Tensor valid = logical_and_(ys(ay.valid), xs(ax.valid));
+  const int64_t Q = PH * S * PW * S;
+  const Tensor xr = index_select(reshape(x, {x.sizes()[0], C, H * W}), 0,
+                                 reshape(as(batch, DType::i64), {R}));  // (R, C, H*W)
+  std::vector<Tensor> taps;
+  for (const auto& [iy, wy] : {std::pair{ay.low, ay.w_low}, std::pair{ay.high, ay.w_high}}) {
+    for (const auto& [ix, wx] : {std::pair{ax.low, ax.w_low}, std::pair{ax.high, ax.w_high}}) {
+      const Tensor pos = reshape(ys(iy) * W + xs(ix), {R, 1, Q});
+      const Tensor wt = where(valid, ys(wy) * xs(wx), 0.0);
+      const Tensor v = gather(xr, 2, expand(pos, {R, C, Q}).contiguous());
+      taps.push_back(v * as(reshape(wt, {R, 1, Q}), v.dtype()));
+    }
+  }
+  Tensor y;
+  if (mode == "avg") {
+    y = reshape(taps[0] + taps[1] + taps[2] + taps[3], {R, C, PH, S, PW, S});
+    y = sum(y, Dims{3, 5}) / static_cast<double>(S * S);
+  } else {  // the reference's max: of the weighted taps, over the samples
+    y = reshape(max(stack(taps, 0), Dims{0}), {R, C, PH, S, PW, S});
+    y = max(y, Dims{3, 5});
+  }
+  return {as(y, x.dtype())};
+}
+
 }  // namespace
 
 std::vector<OpEntry> image_ops() {
@@ -654,6 +742,7 @@ std::vector<OpEntry> image_ops() {
       {"ConvTranspose", op_conv_transpose},
       {"GridSample", op_grid_sample},
       {"MaxUnpool", op_max_unpool},
+      {"RoiAlign", op_roi_align},
   };
 }
 
