@@ -163,6 +163,7 @@ void run_dp(const Config&, std::vector<Result>&);
 /// CT (not a standard workload): compile time (trace, passes, plan) of elementwise chains of
 /// 1,000 to 10,000 ops and of the W4 training step.
 void run_ct(const Config&, std::vector<Result>&);
+void run_cs(const Config&, std::vector<Result>&);
 
 /// W4's or W6's training step ("W4", "W6") with its parameters and batch on `device`: the same
 /// model, draws and step as on the CPU, eagerly and compiled (models.cpp; for W7).

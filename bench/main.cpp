@@ -20,7 +20,7 @@ namespace {
 
 void usage() {
   std::fprintf(stderr,
-               "usage: duet_bench [--only W1,...,W7,C1,CT,TT,RN,DP,W2cuda,W3cuda,W4cuda,W6cuda] "
+               "usage: duet_bench [--only W1,...,W7,C1,CT,CS,TT,RN,DP,W2cuda,W3cuda,W4cuda,W6cuda] "
                "[--threads N] "
                "[--device cpu|cuda|all] [--reps N] [--json] [--ablate] [--profile DIR]\n");
 }
@@ -117,6 +117,7 @@ int main(int argc, char** argv) {
     // On request, not standard workloads: conv2d, compile time, the two-tower model.
     if (only.count("C1")) run("C1", bench::run_c1);
     if (only.count("CT")) run("CT", bench::run_ct);
+    if (only.count("CS")) run("CS", bench::run_cs);
     if (only.count("TT")) run("TT", bench::run_tt);
     if (only.count("RN")) run("RN", bench::run_rn);
     if (only.count("DP")) run("DP", bench::run_dp);

@@ -21,6 +21,7 @@
 #include <oneapi/dnnl/dnnl.h>
 
 #include <chrono>
+#include <filesystem>
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -770,6 +771,97 @@ void run_ablation(const Config& c, const std::function<bool(const char*)>& want,
 
 // CT: the time of a first call of a compiled function, and of its trace + passes + plan, for
 // chains of N elementwise ops and for the W4 training step. Each rep compiles afresh.
+// CS: how long a compiled training step takes to reach its steady-state speed from its first
+// call, on a cold kernel cache (a fresh cache directory): fused groups run on the interpreter
+// until their generated kernels are built. Each rep steps for a few seconds from the first
+// call, then waits for every build and takes the warm median; s_to_steady is the earliest time
+// t after the first call such that the median of the calls starting from t is within 1.1x the
+// warm median. after_1s_ratio is the median of the calls starting 1 s or more after the first
+// call, over the warm median (the target: at most 1.1).
+void run_cs(const Config& c, std::vector<Result>& out) {
+  using Clock = std::chrono::steady_clock;
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+  };
+  const std::string saved_dir = duet::codegen::cache_dir();
+  for (const bool w4 : {true, false}) {
+    const char* name = w4 ? "W4" : "W6";
+    std::vector<double> to_steady, after_1s, built, build_ms, ready_s, warm_ms;
+    for (int r = 0; r < std::max(1, c.reps / 2); ++r) {
+      char tmpl[] = "/tmp/duet_bench_cs_XXXXXX";
+      const char* dir = mkdtemp(tmpl);
+      if (!dir) throw std::runtime_error("CS: mkdtemp failed");
+      duet::codegen::set_cache_dir(dir);
+      auto t = w4 ? mlp_training(kW4Sizes, 256, Act::Relu, false, Loss::CrossEntropy)
+                  : mlp_training(kW6Sizes, 8, Act::Tanh, true, Loss::Mse);
+      t->eager();  // gradients allocated, as for every step but a program's first
+      const duet::codegen::CodegenStats before = duet::codegen::stats();
+      auto step = t->compile();
+      std::vector<std::pair<double, double>> calls;  // (start s after the first call, seconds)
+      const auto t0 = Clock::now();
+      const double window = w4 ? 4.0 : 3.0;
+      double ready = -1;  // when every queued kernel had been swapped in
+      for (;;) {
+        const auto a = Clock::now();
+        step(t->x, t->y);
+        const auto b = Clock::now();
+        calls.emplace_back(std::chrono::duration<double>(a - t0).count(),
+                           std::chrono::duration<double>(b - a).count());
+        const duet::codegen::CodegenStats now = duet::codegen::stats();
+        if (ready < 0 && now.queued > before.queued &&
+            now.loaded + now.failed - before.loaded - before.failed == now.queued - before.queued)
+          ready = std::chrono::duration<double>(b - t0).count();
+        if (std::chrono::duration<double>(b - t0).count() > window) break;
+      }
+      ready_s.push_back(ready);
+      duet::codegen::wait_idle();
+      const duet::codegen::CodegenStats after = duet::codegen::stats();
+      built.push_back(double(after.built - before.built));
+      build_ms.push_back((after.build_ms - before.build_ms) / std::max<double>(1, built.back()));
+      std::vector<double> warm;
+      for (int i = 0; i < (w4 ? 40 : 400); ++i) {
+        const auto a = Clock::now();
+        step(t->x, t->y);
+        warm.push_back(std::chrono::duration<double>(Clock::now() - a).count());
+      }
+      const double warm_median = median(warm);
+      warm_ms.push_back(warm_median * 1e3);
+      // The earliest start from which the median of the remaining calls is steady.
+      double steady = calls.back().first;
+      for (size_t i = 0; i < calls.size(); ++i) {
+        std::vector<double> rest;
+        for (size_t k = i; k < calls.size(); ++k) rest.push_back(calls[k].second);
+        if (rest.size() >= 5 && median(rest) <= 1.1 * warm_median) {
+          steady = calls[i].first;
+          break;
+        }
+      }
+      std::vector<double> late;
+      for (const auto& [start, secs] : calls)
+        if (start >= 1.0) late.push_back(secs);
+      to_steady.push_back(steady);
+      after_1s.push_back(late.empty() ? 0 : median(late) / warm_median);
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    }
+    duet::codegen::set_cache_dir(saved_dir);
+    auto row = [&](const char* metric, const std::vector<double>& v) {
+      out.push_back(summarize(base("CS", "compiled", c, metric), v, [](double x) { return x; }));
+      out.back().variant = name;
+    };
+    row("s_to_steady", to_steady);
+    row("after_1s_ratio", after_1s);
+    row("kernels_built", built);
+    row("s_to_kernels", ready_s);
+    std::fprintf(stderr,
+                 "CS %s: steady %.2f s after the first call (median of %zu), %g kernels built, "
+                 "%.0f ms each, all in at %.2f s; warm step %.3f ms\n",
+                 name, median(to_steady), to_steady.size(), median(built), median(build_ms),
+                 median(ready_s), median(warm_ms));
+  }
+}
+
 void run_ct(const Config& c, std::vector<Result>& out) {
   using Clock = std::chrono::steady_clock;
   auto ms = [](Clock::time_point a, Clock::time_point b) {

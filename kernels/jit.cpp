@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <fstream>
 
@@ -29,7 +30,9 @@ const char* c_type(DType d) {
 
 bool write_file_once(const std::string& path, const std::string& text) {
   if (access(path.c_str(), F_OK) == 0) return true;
-  const std::string tmp = fmt::format("{}.tmp-{}", path, getpid());
+  // Unique per process and call: threads of one process may write the same file at once.
+  static std::atomic<uint64_t> serial{0};
+  const std::string tmp = fmt::format("{}.tmp-{}-{}", path, getpid(), serial++);
   {
     std::ofstream f(tmp, std::ios::binary);
     f.write(text.data(), static_cast<std::streamsize>(text.size()));
@@ -40,7 +43,7 @@ bool write_file_once(const std::string& path, const std::string& text) {
   }
   if (std::rename(tmp.c_str(), path.c_str()) == 0) return true;
   std::remove(tmp.c_str());
-  return false;
+  return access(path.c_str(), F_OK) == 0;  // another writer's copy is as good
 }
 
 }  // namespace duet::kernels::jit

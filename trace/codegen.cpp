@@ -40,6 +40,7 @@ extern const char* const kCodegenEigenInclude;
 extern const char* const kCodegenEigenVersion;
 extern const char* const kCodegenFunctorsH;
 extern const char* const kCodegenFusedAbiH;
+extern const char* const kCodegenPchDir;
 
 }  // namespace duet::detail
 
@@ -97,8 +98,20 @@ struct Toolchain {
   std::string identity;
 };
 
-// One worker thread builds the queued kernels, one at a time. The object lives until static
-// destruction, which kills a compiler still running and joins the thread.
+// Note [Codegen precompiled header]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A generated kernel is a few hundred lines over duet_functors.h, which includes Eigen: parsing
+// Eigen took about three quarters of a kernel's build. duet's build precompiles the headers
+// the kernels include (CMakeLists.txt, <build>/codegen-pch/duet_pch.h.gch) with the compiler
+// and flags of the kernels, and each kernel build then names it with -include and finds the
+// headers beside it. The compiler checks that a precompiled header fits its flags and reads the
+// plain header when it does not, so a moved or stale one costs time, never correctness; and the
+// kernels' cache keys do not depend on it, since the code is the same either way.
+//
+// Worker threads build the queued kernels, as many at once as there are cores (at most 4): a
+// plan's kernels are queued together at its third run, and building them side by side brings
+// a compiled function to its steady speed sooner. The object lives until static destruction,
+// which kills the compilers still running and joins the threads.
 class Worker {
  public:
   static Worker& get() {
@@ -111,11 +124,12 @@ class Worker {
       std::lock_guard<std::mutex> l(mu_);
       stop_ = true;
       queue_.clear();
-      if (child_ > 0) kill(child_, SIGKILL);
+      for (pid_t c : children_) kill(c, SIGKILL);
     }
     work_cv_.notify_all();
     idle_cv_.notify_all();
-    if (thread_.joinable()) thread_.join();
+    for (std::thread& t : threads_)
+      if (t.joinable()) t.join();
   }
 
   void enqueue(std::shared_ptr<kernels::FusedKernel> k) {
@@ -124,13 +138,16 @@ class Worker {
       if (stop_) return;
       queue_.push_back(std::move(k));
       ++stats_.queued;
-      if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+      // One more builder while there are queued kernels and cores for them.
+      const size_t cores = std::max(1u, std::min(4u, std::thread::hardware_concurrency()));
+      if (threads_.size() < cores && queue_.size() + busy_ > threads_.size())
+        threads_.emplace_back([this] { loop(); });
     }
     work_cv_.notify_one();
   }
   void wait_idle() {
     std::unique_lock<std::mutex> l(mu_);
-    idle_cv_.wait(l, [&] { return stop_ || (queue_.empty() && !busy_); });
+    idle_cv_.wait(l, [&] { return stop_ || (queue_.empty() && busy_ == 0); });
   }
   CodegenStats stats() {
     std::lock_guard<std::mutex> l(mu_);
@@ -150,24 +167,29 @@ class Worker {
 
   void loop() {
     for (;;) {
-      std::shared_ptr<kernels::FusedKernel> k;
+      std::vector<std::shared_ptr<kernels::FusedKernel>> batch;
       {
         std::unique_lock<std::mutex> l(mu_);
         work_cv_.wait(l, [&] { return stop_ || !queue_.empty(); });
         if (stop_) return;
-        k = std::move(queue_.front());
-        queue_.pop_front();
-        busy_ = true;
+        // A share of the queue: the builders that are free split it between them.
+        const size_t free = std::max<size_t>(1, threads_.size() - busy_);
+        const size_t take = std::min(kMaxBatch, (queue_.size() + free - 1) / free);
+        for (size_t i = 0; i < take; ++i) {
+          batch.push_back(std::move(queue_.front()));
+          queue_.pop_front();
+        }
+        ++busy_;
       }
       try {
-        build(*k);
+        build(batch);
       } catch (const std::exception& e) {
         fail(fmt::format("codegen failed: {}", e.what()));
       }
-      k.reset();
+      batch.clear();
       {
         std::lock_guard<std::mutex> l(mu_);
-        busy_ = false;
+        --busy_;
       }
       idle_cv_.notify_all();
     }
@@ -186,7 +208,7 @@ class Worker {
     if (pid < 0) return -1;
     {
       std::lock_guard<std::mutex> l(mu_);
-      child_ = pid;
+      children_.insert(pid);
       if (stop_) kill(pid, SIGKILL);
     }
     siginfo_t info;
@@ -194,7 +216,7 @@ class Worker {
     }
     {
       std::lock_guard<std::mutex> l(mu_);
-      child_ = 0;
+      children_.erase(pid);
     }
     int status = 0;
     while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
@@ -214,10 +236,15 @@ class Worker {
       tc.argv.emplace_back("-isystem");
       tc.argv.push_back(std::move(d));
     }
-    auto it = versions_.find(cxx);
-    if (it == versions_.end()) it = versions_.emplace(cxx, compiler_version(cxx)).first;
+    std::string version;
+    {
+      std::lock_guard<std::mutex> l(tool_mu_);
+      auto it = versions_.find(cxx);
+      if (it == versions_.end()) it = versions_.emplace(cxx, compiler_version(cxx)).first;
+      version = it->second;
+    }
     for (const std::string& a : tc.argv) tc.identity += a + '\n';
-    tc.identity += it->second;
+    tc.identity += version;
     tc.identity += detail::kCodegenEigenVersion;
     return tc;
   }
@@ -240,91 +267,235 @@ class Worker {
     return fmt::format("{}\nstatus {}\n", out, status);
   }
 
-  void build(kernels::FusedKernel& k) {
-    const std::string source = detail::generate_fused_source(k.program);
+  // One kernel of a batch: its source and cache key, where its library goes, and whether this
+  // builder owns its build (no other builder has the key in flight).
+  struct Item {
+    kernels::FusedKernel* k;
+    std::string source, key, base, so;
+    bool owned = false;
+  };
+
+  // Builds the kernels of a batch as one translation unit (Note [Codegen batches]), then loads
+  // each. Kernels whose library the disk cache holds are only loaded.
+  void build(const std::vector<std::shared_ptr<kernels::FusedKernel>>& batch) {
     const std::string headers =
         std::string(detail::kCodegenFunctorsH) + '\0' + detail::kCodegenFusedAbiH;
     Toolchain tc = toolchain();
-    const std::string key = fmt::format(
-        "{:016x}",
-        kernels::jit::fnv1a(tc.identity,
-                            kernels::jit::fnv1a(headers, kernels::jit::fnv1a(source + '\0'))));
-    if (failed_.count(key)) return;  // reported once, never retried
-
     const std::string dir = this->dir();
     std::error_code ec;
     fs::create_directories(dir, ec);
-    const std::string base = fmt::format("{}/duet-fused-{}", dir, key), so = base + ".so";
-    const bool hit = access(so.c_str(), F_OK) == 0;
-    if (!hit) {
-      const std::string inc =
-          fmt::format("{}/duet-include-{:016x}", dir, kernels::jit::fnv1a(headers));
-      fs::create_directories(inc, ec);
-      if (!kernels::jit::write_file_once(inc + "/duet_functors.h", detail::kCodegenFunctorsH) ||
-          !kernels::jit::write_file_once(inc + "/duet_fused_abi.h", detail::kCodegenFusedAbiH) ||
-          !kernels::jit::write_file_once(base + ".cpp",
-                                         source + kernels::jit::sites_comment(k.sites))) {
-        failed_.insert(key);
-        fail(fmt::format("codegen cannot write to its cache directory {}", dir));
-        return;
-      }
-      const std::string tmp = fmt::format("{}.so.tmp-{}", base, getpid());
-      const std::string log = fmt::format("{}.log.tmp-{}", base, getpid());
-      std::vector<std::string> argv = tc.argv;
-      for (const std::string& a : {std::string("-I"), inc, std::string("-o"), tmp, base + ".cpp"})
-        argv.push_back(a);
-      int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-      const auto t0 = std::chrono::steady_clock::now();
-      const int rc = fd >= 0 ? run(argv, fd) : -1;
-      const double ms =
-          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-      if (fd >= 0) close(fd);
-      {
-        std::lock_guard<std::mutex> l(mu_);
-        if (stop_) {  // killed at exit: leave no partial files
-          std::remove(tmp.c_str());
-          std::remove(log.c_str());
-          return;
-        }
-        stats_.build_ms += ms;
-      }
-      if (rc != 0 || std::rename(tmp.c_str(), so.c_str()) != 0) {
-        std::remove(tmp.c_str());
-        std::rename(log.c_str(), (base + ".log").c_str());
-        failed_.insert(key);
-        fail(
-            fmt::format("codegen could not compile a fused kernel with {} (exit status {}, see {})",
-                        tc.argv[0], rc, base + ".log"));
-        return;
-      }
-      std::remove(log.c_str());
-      std::lock_guard<std::mutex> l(mu_);
-      ++stats_.built;
+    std::vector<Item> items;
+    for (const auto& k : batch) {
+      Item it{k.get(), detail::generate_fused_source(k->program), "", "", "", false};
+      it.key = fmt::format(
+          "{:016x}",
+          kernels::jit::fnv1a(tc.identity,
+                              kernels::jit::fnv1a(headers, kernels::jit::fnv1a(it.source + '\0'))));
+      if (failed(it.key)) continue;  // reported once, never retried
+      it.base = fmt::format("{}/duet-fused-{}", dir, it.key);
+      it.so = it.base + ".so";
+      items.push_back(std::move(it));
     }
-    // Handles stay open for the life of the process: a kernel may run at any time.
-    void* handle = dlopen(so.c_str(), RTLD_NOW | RTLD_LOCAL);
-    void* fn = handle ? dlsym(handle, "duet_fused") : nullptr;
-    if (fn == nullptr) {
-      const char* err = dlerror();
-      failed_.insert(key);
-      fail(fmt::format("codegen could not load {}: {}", so, err ? err : "no duet_fused"));
+    // Claim the keys no other builder has in flight; the others are waited for below.
+    std::vector<Item*> to_build;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      for (Item& it : items) {
+        if (in_flight_.count(it.key)) continue;
+        in_flight_.insert(it.key);
+        it.owned = true;
+        if (access(it.so.c_str(), F_OK) != 0) to_build.push_back(&it);
+      }
+    }
+    // The owned keys are released once built, before waiting for the others: two builders that
+    // each wait for a key the other holds would wait forever.
+    struct Release {
+      Worker* w;
+      std::vector<Item>& items;
+      bool done = false;
+      void operator()() {
+        if (done) return;
+        done = true;
+        {
+          std::lock_guard<std::mutex> l(w->mu_);
+          for (Item& it : items)
+            if (it.owned) w->in_flight_.erase(it.key);
+        }
+        w->idle_cv_.notify_all();
+      }
+      ~Release() { (*this)(); }
+    } release{this, items};
+    if (!to_build.empty()) compile(tc, headers, dir, to_build);
+    release();
+    for (Item& it : items) {
+      if (!it.owned) {
+        std::unique_lock<std::mutex> l(mu_);
+        idle_cv_.wait(l, [&] { return stop_ || !in_flight_.count(it.key); });
+        if (stop_) return;
+      }
+      if (failed(it.key)) continue;
+      const bool hit = std::find_if(to_build.begin(), to_build.end(),
+                                    [&](const Item* b) { return b == &it; }) == to_build.end();
+      load(it, hit);
+    }
+  }
+
+  // Compiles the items' sources, as one library, into each item's cache path. When the batch
+  // fails, each kernel is built alone, so that one bad kernel costs only itself.
+  void compile(const Toolchain& tc, const std::string& headers, const std::string& dir,
+               const std::vector<Item*>& items) {
+    const std::string inc =
+        fmt::format("{}/duet-include-{:016x}", dir, kernels::jit::fnv1a(headers));
+    std::error_code ec;
+    fs::create_directories(inc, ec);
+    bool written =
+        kernels::jit::write_file_once(inc + "/duet_functors.h", detail::kCodegenFunctorsH) &&
+        kernels::jit::write_file_once(inc + "/duet_fused_abi.h", detail::kCodegenFusedAbiH);
+    for (const Item* it : items)
+      written =
+          written && kernels::jit::write_file_once(
+                         it->base + ".cpp", it->source + kernels::jit::sites_comment(it->k->sites));
+    if (!written) {
+      for (const Item* it : items) mark_failed(it->key);
+      fail(fmt::format("codegen cannot write to its cache directory {}", dir));
       return;
     }
-    k.compiled.store(reinterpret_cast<kernels::DuetFusedFn>(fn), std::memory_order_release);
+    static std::atomic<uint64_t> serial{0};  // builders of one process may build one key
+    const uint64_t me = serial++;
+    const std::string base =
+        items.size() == 1 ? items[0]->base : fmt::format("{}/duet-batch-{}", dir, items[0]->key);
+    const std::string src = fmt::format("{}.batch-{}-{}.cpp", base, getpid(), me);
+    const std::string tmp = fmt::format("{}.so.tmp-{}-{}", base, getpid(), me);
+    const std::string log = fmt::format("{}.log.tmp-{}-{}", base, getpid(), me);
+    {
+      std::ofstream f(src, std::ios::binary);
+      f << batch_source(items);
+    }
+    std::vector<std::string> argv = tc.argv;
+    // With the precompiled header, the kernels' #includes find the headers it was made of.
+    const std::string pch = precompiled_header();
+    if (!pch.empty())
+      for (const std::string& a :
+           {std::string("-include"), pch + "/duet_pch.h", std::string("-I"), pch})
+        argv.push_back(a);
+    for (const std::string& a : {std::string("-I"), inc, std::string("-o"), tmp, src})
+      argv.push_back(a);
+    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    const auto t0 = std::chrono::steady_clock::now();
+    const int rc = fd >= 0 ? run(argv, fd) : -1;
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (fd >= 0) close(fd);
+    std::remove(src.c_str());
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (stop_) {  // killed at exit: leave no partial files
+        std::remove(tmp.c_str());
+        std::remove(log.c_str());
+        return;
+      }
+      stats_.build_ms += ms;
+    }
+    if (rc != 0 && items.size() > 1) {
+      std::remove(tmp.c_str());
+      std::remove(log.c_str());
+      for (Item* it : items) compile(tc, headers, dir, {it});
+      return;
+    }
+    // Each kernel's cache entry is a name of the one library (a hard link): a later process
+    // finds each by its own key.
+    bool ok = rc == 0;
+    for (const Item* it : items)
+      ok = ok && (link(tmp.c_str(), it->so.c_str()) == 0 || errno == EEXIST);
+    std::remove(tmp.c_str());
+    if (!ok) {
+      std::rename(log.c_str(), (items[0]->base + ".log").c_str());
+      mark_failed(items[0]->key);
+      fail(fmt::format("codegen could not compile a fused kernel with {} (exit status {}, see {})",
+                       tc.argv[0], rc, items[0]->base + ".log"));
+      return;
+    }
+    std::remove(log.c_str());
+    std::lock_guard<std::mutex> l(mu_);
+    stats_.built += static_cast<int64_t>(items.size());
+  }
+
+  // Note [Codegen batches]
+  // ~~~~~~~~~~~~~~~~~~~~~~
+  // Kernels queued together (a plan's, at its third run) build as one translation unit: each
+  // kernel's source, its #includes aside, goes into a namespace of its own, and its entry point
+  // is named after its key (duet_fused_<key>). The headers are read once per batch rather than
+  // once per kernel, and the library's file gets one name per kernel in the cache. A library of
+  // an older duet names its entry point duet_fused; load() looks for both.
+  static std::string batch_source(const std::vector<Item*>& items) {
+    std::string out = kPreludeIncludes;
+    for (const Item* it : items) {
+      std::string body = it->source;
+      const size_t start = body.find("\nnamespace {");
+      if (start != std::string::npos) body = body.substr(start);
+      const std::string entry = "void duet_fused(";
+      const size_t at = body.find(entry);
+      if (at != std::string::npos)
+        body.replace(at, entry.size(), fmt::format("void duet_fused_{}(", it->key));
+      out += fmt::format("\nnamespace duet_k_{} {{{}\n}}  // namespace duet_k_{}\n", it->key, body,
+                         it->key);
+    }
+    return out;
+  }
+
+  void load(const Item& it, bool hit) {
+    // Handles stay open for the life of the process: a kernel may run at any time.
+    void* handle = dlopen(it.so.c_str(), RTLD_NOW | RTLD_LOCAL);
+    void* fn = handle ? dlsym(handle, fmt::format("duet_fused_{}", it.key).c_str()) : nullptr;
+    if (handle && fn == nullptr) fn = dlsym(handle, "duet_fused");
+    if (fn == nullptr) {
+      const char* err = dlerror();
+      mark_failed(it.key);
+      fail(fmt::format("codegen could not load {}: {}", it.so, err ? err : "no duet_fused"));
+      return;
+    }
+    it.k->compiled.store(reinterpret_cast<kernels::DuetFusedFn>(fn), std::memory_order_release);
     std::lock_guard<std::mutex> l(mu_);
     if (hit) ++stats_.cache_hits;
     ++stats_.loaded;
   }
 
+  // Kernels one build takes at most.
+  static constexpr size_t kMaxBatch = 16;
+  // The #include lines every kernel starts with (kernels/codegen/cpu.cpp).
+  static constexpr const char* kPreludeIncludes =
+      "#include <stdint.h>\n\n#include <algorithm>\n#include <limits>\n#include "
+      "<type_traits>\n\n#include \"duet_fused_abi.h\"\n#include \"duet_functors.h\"\n";
+
+  // The directory of duet's precompiled kernel header, when this build made one and it is
+  // there (Note [Codegen precompiled header]); "" otherwise. DUET_CODEGEN_PCH=0 turns it off.
+  static std::string precompiled_header() {
+    const std::string dir = detail::kCodegenPchDir;
+    if (dir.empty()) return "";
+    if (const char* e = std::getenv("DUET_CODEGEN_PCH"); e && std::string_view(e) == "0") return "";
+    return access((dir + "/duet_pch.h.gch").c_str(), R_OK) == 0 ? dir : "";
+  }
+  bool failed(const std::string& key) {
+    std::lock_guard<std::mutex> l(tool_mu_);
+    return failed_.count(key) != 0;
+  }
+  void mark_failed(const std::string& key) {
+    std::lock_guard<std::mutex> l(tool_mu_);
+    failed_.insert(key);
+  }
+
   std::mutex mu_;
   std::condition_variable work_cv_, idle_cv_;
   std::deque<std::shared_ptr<kernels::FusedKernel>> queue_;  // guarded by mu_
-  std::thread thread_;
-  bool busy_ = false, stop_ = false;  // guarded by mu_
-  pid_t child_ = 0;                   // the compiler running, guarded by mu_
-  std::string dir_;                   // guarded by mu_; "" is the default
-  CodegenStats stats_;                // guarded by mu_
-  // The worker thread's own: keys that failed, and each compiler's --version.
+  std::vector<std::thread> threads_;                         // guarded by mu_
+  size_t busy_ = 0;                                          // builds running, guarded by mu_
+  bool stop_ = false;                                        // guarded by mu_
+  std::unordered_set<pid_t> children_;         // the compilers running, guarded by mu_
+  std::unordered_set<std::string> in_flight_;  // keys being built, guarded by mu_
+  std::string dir_;                            // guarded by mu_; "" is the default
+  CodegenStats stats_;                         // guarded by mu_
+  // Keys that failed, and each compiler's --version, guarded by tool_mu_.
+  std::mutex tool_mu_;
   std::unordered_set<std::string> failed_;
   std::unordered_map<std::string, std::string> versions_;
 };
