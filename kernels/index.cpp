@@ -48,7 +48,8 @@ void gather_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
 }
 
 // in[0]: base, in[1]: index, in[2]: src (index's shape); attrs.dim. out = base, then
-// out[..., index[p], ...] += src[p]. Serial: two positions may hit the same row.
+// out[..., index[p], ...] += src[p]. Serial, in row-major order of the index: two positions may
+// hit the same element.
 void scatter_add_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
   const Tensor &base = in[0], &index = in[1], &src = in[2];
   copy_into(base, out);
@@ -59,10 +60,12 @@ void scatter_add_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
   DUET_DISPATCH_DTYPE(out.dtype(), "scatter_add", [&] {
     using T = scalar_t;
     const std::array<const Tensor*, 3> ops{&ov, &index, &src};
-    run_slow<3>(index.sizes(), ops, [&](char** p, const int64_t*, int64_t) {
-      const int64_t j = *reinterpret_cast<const int64_t*>(p[1]);
-      T& o = reinterpret_cast<T*>(p[0])[j * step];
-      o = fn::wrap_add(o, *reinterpret_cast<const T*>(p[2]));
+    for_each_serial<3>(index.sizes(), ops, [&](char** p, const int64_t* s, int64_t n) {
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t j = *reinterpret_cast<const int64_t*>(p[1] + i * s[1]);
+        T& o = reinterpret_cast<T*>(p[0] + i * s[0])[j * step];
+        o = fn::wrap_add(o, *reinterpret_cast<const T*>(p[2] + i * s[2]));
+      }
     });
   });
 }
