@@ -234,6 +234,11 @@ Tensor expand_dims(const Tensor& x, const SymDims& dims);
 Tensor full_dims(const SymDims& dims, Scalar value, Options options);
 /// arange(n) for a size n that may be symbolic (an Arange whose length follows the symbol).
 Tensor arange_dims(const SymInt& n, Options options);
+/// The attention weights of scaled_dot_product_attention, softmax(q k^T * scale + mask) over
+/// (..., L, S), with its checks of q, k and the mask; errors name `op`. For layers that return
+/// the weights (nn::MultiheadAttention).
+Tensor attention_weights(const char* op, const Tensor& q, const Tensor& k, const Tensor& attn_mask,
+                         bool is_causal, double scale);
 /// A 0-d tensor of `dtype` holding the size n: a wrapped number when n is concrete (it goes with
 /// tensors on any device), else a Full on `device` whose value is symbolic.
 Tensor size_scalar(const SymInt& n, DType dtype, Device device = Device::cpu());

@@ -283,17 +283,7 @@ std::pair<Tensor, Tensor> MultiheadAttention::attend(const Tensor& query, const 
   if (!weights) {
     out = scaled_dot_product_attention(q, k, v, mask, is_causal);
   } else {
-    // The same computation written out, to keep the weights: softmax(q k^T / sqrt(D) + mask).
-    Tensor scores = matmul(q, transpose(k, -1, -2)) * (1 / std::sqrt(double(head_dim)));
-    if (is_causal) {
-      const Options io = Options().dtype(DType::i64).device(query.device());
-      Tensor row = unsqueeze(duet::detail::arange_dims(l, io), 1);
-      Tensor col = unsqueeze(duet::detail::arange_dims(s, io), 0);
-      scores = where(ge(row, col), scores, -INFINITY);
-    } else if (mask.defined()) {
-      scores = mask.dtype() == DType::b8 ? where(mask, scores, -INFINITY) : scores + mask;
-    }
-    Tensor p = softmax(scores, -1);
+    Tensor p = duet::detail::attention_weights(op, q, k, mask, is_causal, 0);
     out = matmul(p, v);
     avg = mean(p, {1});
   }

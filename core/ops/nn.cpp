@@ -127,6 +127,51 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, std::so
   });
 }
 
+namespace detail {
+Tensor attention_weights(const char* op, const Tensor& q, const Tensor& k, const Tensor& attn_mask,
+                         bool is_causal, double scale) {
+  DUET_CHECK_DTYPE(is_floating(q.dtype()) && k.dtype() == q.dtype(),
+                   "[{}] query and key must share a floating dtype, got {} and {}", op, q.dtype(),
+                   k.dtype());
+  DUET_CHECK_SHAPE(q.dim() >= 2 && k.dim() >= 2,
+                   "[{}] query and key need at least 2 dims (..., L, E) and (..., S, E), got {} "
+                   "and {}",
+                   op, q.sizes(), k.sizes());
+  const SymDims qd = sym_dims(q), kd = sym_dims(k);
+  DUET_CHECK_SHAPE(size_is(k, k.dim() - 1, qd.back(), op),
+                   "[{}] query {} (..., L, E) and key {} (..., S, E) differ in E", op, q.sizes(),
+                   k.sizes());
+  DUET_CHECK_VALUE(std::isfinite(scale) && scale >= 0,
+                   "[{}] scale must be finite and non-negative (0: 1/sqrt(E)), got {}", op, scale);
+  DUET_CHECK_VALUE(!(is_causal && attn_mask.defined()),
+                   "[{}] is_causal cannot be combined with an attn_mask (mask {} of dtype {})", op,
+                   attn_mask.sizes(), attn_mask.dtype());
+  if (attn_mask.defined())
+    DUET_CHECK_DTYPE(attn_mask.dtype() == DType::b8 || attn_mask.dtype() == q.dtype(),
+                     "[{}] attn_mask must be b8 or the query's dtype {}, got {} of shape {}", op,
+                     q.dtype(), attn_mask.dtype(), attn_mask.sizes());
+  // The default scale of a symbolic E is a tensor of its size, not a constant of the trace.
+  const SymInt e = qd.back();
+  Tensor scores = matmul(q, transpose(k, -1, -2));
+  if (scale > 0)
+    scores = std::move(scores) * scale;
+  else if (e.is_concrete())
+    scores = std::move(scores) * (1 / std::sqrt(static_cast<double>(e.concrete())));
+  else
+    scores = std::move(scores) * rsqrt(size_scalar(e, q.dtype(), q.device()));
+  if (is_causal) {
+    const Options io = Options().dtype(DType::i64).device(q.device());
+    Tensor row = unsqueeze(arange_dims(qd[qd.size() - 2], io), 1);
+    Tensor col = unsqueeze(arange_dims(kd[kd.size() - 2], io), 0);
+    scores = where(ge(row, col), scores, -INFINITY);
+  } else if (attn_mask.defined()) {
+    scores = attn_mask.dtype() == DType::b8 ? where(attn_mask, scores, -INFINITY)
+                                            : std::move(scores) + attn_mask;
+  }
+  return softmax(scores, -1);
+}
+}  // namespace detail
+
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const Tensor& attn_mask, bool is_causal, double scale,
                                     std::source_location loc) {
@@ -146,35 +191,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
                      "[{}] query {} (..., L, E), key {} (..., S, E) and value {} (..., S, Ev) do "
                      "not fit",
                      op, q.sizes(), k.sizes(), v.sizes());
-    DUET_CHECK_VALUE(std::isfinite(scale) && scale >= 0,
-                     "[{}] scale must be finite and non-negative (0: 1/sqrt(E)), got {}", op,
-                     scale);
-    DUET_CHECK_VALUE(!(is_causal && attn_mask.defined()),
-                     "[{}] is_causal cannot be combined with an attn_mask (mask {} of dtype {})",
-                     op, attn_mask.sizes(), attn_mask.dtype());
-    if (attn_mask.defined())
-      DUET_CHECK_DTYPE(attn_mask.dtype() == DType::b8 || attn_mask.dtype() == q.dtype(),
-                       "[{}] attn_mask must be b8 or the query's dtype {}, got {} of shape {}", op,
-                       q.dtype(), attn_mask.dtype(), attn_mask.sizes());
-    // The default scale of a symbolic E is a tensor of its size, not a constant of the trace.
-    const SymInt e = qd.back();
-    Tensor scores = matmul(q, transpose(k, -1, -2));
-    if (scale > 0)
-      scores = std::move(scores) * scale;
-    else if (e.is_concrete())
-      scores = std::move(scores) * (1 / std::sqrt(static_cast<double>(e.concrete())));
-    else
-      scores = std::move(scores) * rsqrt(detail::size_scalar(e, q.dtype(), q.device()));
-    if (is_causal) {
-      const Options io = Options().dtype(DType::i64).device(q.device());
-      Tensor row = unsqueeze(detail::arange_dims(qd[qd.size() - 2], io), 1);
-      Tensor col = unsqueeze(detail::arange_dims(kd[kd.size() - 2], io), 0);
-      scores = where(ge(row, col), scores, -INFINITY);
-    } else if (attn_mask.defined()) {
-      scores = attn_mask.dtype() == DType::b8 ? where(attn_mask, scores, -INFINITY)
-                                              : std::move(scores) + attn_mask;
-    }
-    return matmul(softmax(scores, -1), v);
+    return matmul(detail::attention_weights(op, q, k, attn_mask, is_causal, scale), v);
   });
 }
 
