@@ -1,5 +1,6 @@
 // CPU kernels of the indexing and joining ops: gather, scatter_add, cat, argmax.
 #include <cmath>
+#include <cstring>
 
 #include "kernels/composed.h"
 #include "kernels/cpu_kernels.h"
@@ -38,6 +39,13 @@ void gather_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
   DUET_DISPATCH_DTYPE(out.dtype(), "gather", [&] {
     using T = scalar_t;
     for_each<3>(out.sizes(), {&out, &index, &xv}, [&](char** p, const int64_t* s, int64_t n) {
+      // An index constant along the row (index_select's broadcast index, embedding lookups):
+      // one row of x, copied.
+      if (s[1] == 0 && s[0] == sizeof(T) && s[2] == sizeof(T)) {
+        const int64_t j = *reinterpret_cast<const int64_t*>(p[1]);
+        std::memcpy(p[0], reinterpret_cast<const T*>(p[2]) + j * step, n * sizeof(T));
+        return;
+      }
       for (int64_t i = 0; i < n; ++i) {
         const int64_t j = *reinterpret_cast<const int64_t*>(p[1] + i * s[1]);
         *reinterpret_cast<T*>(p[0] + i * s[0]) =
