@@ -12,7 +12,12 @@ namespace {
 // Index values are data, so they are checked here (before any parallel region), not by the
 // shape rule.
 void check_indices(const char* op, const Tensor& index, int64_t size, int64_t dim) {
-  Tensor idx = index.contiguous();
+  // A broadcast dim (stride 0, as index_select's expanded index) repeats the same values: each
+  // is checked once, without materializing the broadcast.
+  Shape s = index.sizes();
+  for (int64_t d = 0; d < s.size(); ++d)
+    if (index.strides()[d] == 0) s[d] = std::min<int64_t>(s[d], 1);
+  Tensor idx = detail::make_view(index, s, index.strides(), index.storage_offset()).contiguous();
   const int64_t* p = static_cast<const int64_t*>(idx.raw_data());
   for (int64_t i = 0; i < idx.numel(); ++i)
     DUET_CHECK_T(p[i] >= 0 && p[i] < size, ValueError,
