@@ -269,8 +269,8 @@ std::pair<Tensor, Tensor> MultiheadAttention::attend(const Tensor& query, const 
   Tensor mask = attn_mask;
   if (mask.defined()) {
     DUET_CHECK_DTYPE(mask.dtype() == DType::b8 || mask.dtype() == query.dtype(),
-                     "[{}] attn_mask must be b8 or the query's dtype {}, got {}", op, query.dtype(),
-                     mask.dtype());
+                     "[{}] attn_mask must be b8 or the query's dtype {}, got {} of shape {}", op,
+                     query.dtype(), mask.dtype(), mask.sizes());
     DUET_CHECK_SHAPE(mask.dim() == 2 || mask.dim() == 3,
                      "[{}] attn_mask must be (L, S) or (N * num_heads, L, S), got {}", op,
                      mask.sizes());
