@@ -152,6 +152,9 @@ void run_c1(const Config&, std::vector<Result>&);
 void run_w4(const Config&, std::vector<Result>&);
 void run_w5(const Config&, std::vector<Result>&);
 void run_w6(const Config&, std::vector<Result>&);
+/// W8: a transformer training step (nn modules, AdamW), eager and compiled, against the GEMM
+/// floor of its products (transformer.cpp).
+void run_w8(const Config&, std::vector<Result>&);
 /// TT (not a standard workload): two MLP towers on one input, joined, a head and a training
 /// step, at batch 16 and 128, compiled with and without parallel branches.
 void run_tt(const Config&, std::vector<Result>&);

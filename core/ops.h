@@ -6,6 +6,7 @@
 // holds is reused for the result, so `tanh(x * 1.5 + 0.5)` allocates one buffer, not three.
 #pragma once
 
+#include <string_view>
 #include <vector>
 
 #include "core/call_site.h"
@@ -120,6 +121,9 @@ Tensor log_softmax(const Tensor& x, int64_t dim, DUET_HERE);
 Tensor logsumexp(const Tensor& x, int64_t dim, DUET_HERE);
 /// x * Phi(x) with the exact erf (PyTorch's default gelu).
 Tensor gelu(const Tensor& x, DUET_HERE);
+/// gelu with PyTorch's `approximate`: "none" is the erf form above, "tanh" is
+/// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). Any other string is a ValueError.
+Tensor gelu(const Tensor& x, std::string_view approximate, DUET_HERE);
 /// x * sigmoid(x).
 Tensor silu(const Tensor& x, DUET_HERE);
 /// log(1 + e^(beta * x)) / beta, and x itself where beta * x > threshold (PyTorch's softplus,
@@ -143,6 +147,17 @@ Tensor fold(const Tensor& cols, int64_t height, int64_t width, int64_t kernel, i
 /// Normalizes over the trailing `normalized` dims, then scales and shifts.
 Tensor layer_norm(const Tensor& x, Shape normalized, const Tensor& weight = {},
                   const Tensor& bias = {}, double eps = 1e-5, DUET_HERE);
+/// torch.nn.functional.scaled_dot_product_attention: softmax(q k^T * scale + mask) v, for
+/// q (..., L, E), k (..., S, E) and v (..., S, Ev), batch dims broadcast as in matmul; the
+/// result is (..., L, Ev). scale 0 means 1/sqrt(E). attn_mask broadcasts to (..., L, S): a b8
+/// mask keeps the scores where it is true (the others become -inf), a floating mask (q's dtype)
+/// is added to them. is_causal keeps j <= i (the top-left triangle, as torch's tril), built
+/// from arange comparisons of the sizes, so a symbolic L or S stays symbolic under compile; it
+/// cannot be combined with attn_mask. A row whose scores are all masked is NaN, as in PyTorch.
+/// A composite of matmul, where and softmax: differentiable, compiled and fused like them.
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const Tensor& attn_mask = {}, bool is_causal = false,
+                                    double scale = 0, DUET_HERE);
 /// Zeroes elements with probability p and scales the rest by 1/(1-p) when training.
 Tensor dropout(const Tensor& x, double p, bool training, DUET_HERE);
 /// Losses reduce by the mean, as PyTorch's default.
@@ -217,6 +232,13 @@ namespace detail {
 Tensor reshape_dims(const Tensor& x, const SymDims& dims);
 Tensor expand_dims(const Tensor& x, const SymDims& dims);
 Tensor full_dims(const SymDims& dims, Scalar value, Options options);
+/// arange(n) for a size n that may be symbolic (an Arange whose length follows the symbol).
+Tensor arange_dims(const SymInt& n, Options options);
+/// The attention weights of scaled_dot_product_attention, softmax(q k^T * scale + mask) over
+/// (..., L, S), with its checks of q, k and the mask; errors name `op`. For layers that return
+/// the weights (nn::MultiheadAttention).
+Tensor attention_weights(const char* op, const Tensor& q, const Tensor& k, const Tensor& attn_mask,
+                         bool is_causal, double scale);
 /// A 0-d tensor of `dtype` holding the size n: a wrapped number when n is concrete (it goes with
 /// tensors on any device), else a Full on `device` whose value is symbolic.
 Tensor size_scalar(const SymInt& n, DType dtype, Device device = Device::cpu());

@@ -1,5 +1,6 @@
 // CPU kernels of the indexing and joining ops: gather, scatter_add, cat, argmax.
 #include <cmath>
+#include <cstring>
 
 #include "kernels/composed.h"
 #include "kernels/cpu_kernels.h"
@@ -11,7 +12,12 @@ namespace {
 // Index values are data, so they are checked here (before any parallel region), not by the
 // shape rule.
 void check_indices(const char* op, const Tensor& index, int64_t size, int64_t dim) {
-  Tensor idx = index.contiguous();
+  // A broadcast dim (stride 0, as index_select's expanded index) repeats the same values: each
+  // is checked once, without materializing the broadcast.
+  Shape s = index.sizes();
+  for (int64_t d = 0; d < s.size(); ++d)
+    if (index.strides()[d] == 0) s[d] = std::min<int64_t>(s[d], 1);
+  Tensor idx = detail::make_view(index, s, index.strides(), index.storage_offset()).contiguous();
   const int64_t* p = static_cast<const int64_t*>(idx.raw_data());
   for (int64_t i = 0; i < idx.numel(); ++i)
     DUET_CHECK_T(p[i] >= 0 && p[i] < size, ValueError,
@@ -38,6 +44,13 @@ void gather_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
   DUET_DISPATCH_DTYPE(out.dtype(), "gather", [&] {
     using T = scalar_t;
     for_each<3>(out.sizes(), {&out, &index, &xv}, [&](char** p, const int64_t* s, int64_t n) {
+      // An index constant along the row (index_select's broadcast index, embedding lookups):
+      // one row of x, copied.
+      if (s[1] == 0 && s[0] == sizeof(T) && s[2] == sizeof(T)) {
+        const int64_t j = *reinterpret_cast<const int64_t*>(p[1]);
+        std::memcpy(p[0], reinterpret_cast<const T*>(p[2]) + j * step, n * sizeof(T));
+        return;
+      }
       for (int64_t i = 0; i < n; ++i) {
         const int64_t j = *reinterpret_cast<const int64_t*>(p[1] + i * s[1]);
         *reinterpret_cast<T*>(p[0] + i * s[0]) =
@@ -48,7 +61,8 @@ void gather_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
 }
 
 // in[0]: base, in[1]: index, in[2]: src (index's shape); attrs.dim. out = base, then
-// out[..., index[p], ...] += src[p]. Serial: two positions may hit the same row.
+// out[..., index[p], ...] += src[p]. Serial, in row-major order of the index: two positions may
+// hit the same element.
 void scatter_add_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
   const Tensor &base = in[0], &index = in[1], &src = in[2];
   copy_into(base, out);
@@ -59,10 +73,12 @@ void scatter_add_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
   DUET_DISPATCH_DTYPE(out.dtype(), "scatter_add", [&] {
     using T = scalar_t;
     const std::array<const Tensor*, 3> ops{&ov, &index, &src};
-    run_slow<3>(index.sizes(), ops, [&](char** p, const int64_t*, int64_t) {
-      const int64_t j = *reinterpret_cast<const int64_t*>(p[1]);
-      T& o = reinterpret_cast<T*>(p[0])[j * step];
-      o = fn::wrap_add(o, *reinterpret_cast<const T*>(p[2]));
+    for_each_serial<3>(index.sizes(), ops, [&](char** p, const int64_t* s, int64_t n) {
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t j = *reinterpret_cast<const int64_t*>(p[1] + i * s[1]);
+        T& o = reinterpret_cast<T*>(p[0] + i * s[0])[j * step];
+        o = fn::wrap_add(o, *reinterpret_cast<const T*>(p[2] + i * s[2]));
+      }
     });
   });
 }

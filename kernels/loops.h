@@ -164,6 +164,38 @@ void run_tiled(const Loop<K>& L, Row&& row) {
       1);
 }
 
+/// Calls row(ptrs, inner_strides, count) over the inner rows that hold elements [begin, end) of
+/// the loop, in order, on the calling thread.
+template <int K, class Row>
+void run_rows(const Loop<K>& L, int64_t begin, int64_t end, Row&& row) {
+  const int64_t nd = L.nd, inner = L.shape[nd - 1];
+  int64_t inner_st[K];
+  for (int k = 0; k < K; ++k) inner_st[k] = L.strides[k][nd - 1];
+  int64_t idx[16];
+  int64_t rest = begin / inner;
+  for (int64_t d = nd - 2; d >= 0; --d) {
+    idx[d] = rest % L.shape[d];
+    rest /= L.shape[d];
+  }
+  int64_t pos = begin % inner;
+  while (begin < end) {
+    int64_t cnt = std::min(inner - pos, end - begin);
+    char* p[K];
+    for (int k = 0; k < K; ++k) {
+      int64_t off = pos * inner_st[k];
+      for (int64_t d = 0; d < nd - 1; ++d) off += idx[d] * L.strides[k][d];
+      p[k] = L.base[k] + off;
+    }
+    row(p, inner_st, cnt);
+    begin += cnt;
+    pos = 0;
+    for (int64_t d = nd - 2; d >= 0; --d) {
+      if (++idx[d] < L.shape[d]) break;
+      idx[d] = 0;
+    }
+  }
+}
+
 /// Calls row(ptrs, inner_strides, count) over every inner row of the loop, in parallel.
 template <int K, class Row>
 void run_loop(const Loop<K>& L, Row&& row) {
@@ -172,34 +204,8 @@ void run_loop(const Loop<K>& L, Row&& row) {
     run_tiled(L, row);
     return;
   }
-  const int64_t nd = L.nd, inner = L.shape[nd - 1];
-  int64_t inner_st[K];
-  for (int k = 0; k < K; ++k) inner_st[k] = L.strides[k][nd - 1];
-  parallel_for(L.numel, kParallelGrain, [&](int64_t begin, int64_t end) {
-    int64_t idx[16];
-    int64_t rest = begin / inner;
-    for (int64_t d = nd - 2; d >= 0; --d) {
-      idx[d] = rest % L.shape[d];
-      rest /= L.shape[d];
-    }
-    int64_t pos = begin % inner;
-    while (begin < end) {
-      int64_t cnt = std::min(inner - pos, end - begin);
-      char* p[K];
-      for (int k = 0; k < K; ++k) {
-        int64_t off = pos * inner_st[k];
-        for (int64_t d = 0; d < nd - 1; ++d) off += idx[d] * L.strides[k][d];
-        p[k] = L.base[k] + off;
-      }
-      row(p, inner_st, cnt);
-      begin += cnt;
-      pos = 0;
-      for (int64_t d = nd - 2; d >= 0; --d) {
-        if (++idx[d] < L.shape[d]) break;
-        idx[d] = 0;
-      }
-    }
-  });
+  parallel_for(L.numel, kParallelGrain,
+               [&](int64_t begin, int64_t end) { run_rows<K>(L, begin, end, row); });
 }
 
 /// Element-by-element walk for the rare tensors that do not coalesce to 16 dims.
@@ -221,6 +227,17 @@ void run_slow(const Shape& shape, const std::array<const Tensor*, K>& ops, Row&&
     }
     row(p, zero, 1);
   }
+}
+
+/// Iterates `ops` (output first) over `shape` on the calling thread, calling row() on inner rows
+/// in row-major order: for kernels where two positions may write one element (scatter_add).
+template <int K, class Row>
+void for_each_serial(const Shape& shape, const std::array<const Tensor*, K>& ops, Row&& row) {
+  Loop<K> L = make_loop<K>(shape, ops);
+  if (L.overflow)
+    run_slow<K>(shape, ops, row);
+  else if (L.numel)
+    run_rows<K>(L, 0, L.numel, row);
 }
 
 /// Iterates `ops` (output first) over `shape`, calling row() on inner rows.

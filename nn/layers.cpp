@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "core/op_table.h"
 #include "core/ops.h"
 #include "nn/init.h"
 
@@ -174,7 +175,16 @@ Tensor Flatten::forward(const Tensor& x) {
 
 Tensor ReLU::forward(const Tensor& x) { return relu(x); }
 Tensor Tanh::forward(const Tensor& x) { return tanh(x); }
-Tensor GELU::forward(const Tensor& x) { return gelu(x); }
+GELU::GELU(std::string approximate_)
+    : Module(approximate_ == "none" ? std::string("GELU()")
+                                    : fmt::format("GELU(approximate='{}')", approximate_)),
+      approximate(std::move(approximate_)) {
+  DUET_CHECK_VALUE(approximate == "none" || approximate == "tanh",
+                   "[GELU] approximate must be \"none\" or \"tanh\", got \"{}\"", approximate);
+}
+Tensor GELU::forward(const Tensor& x) {
+  return approximate == "none" ? gelu(x) : gelu(x, approximate);
+}
 Tensor Sigmoid::forward(const Tensor& x) { return sigmoid(x); }
 Tensor SiLU::forward(const Tensor& x) { return silu(x); }
 Softplus::Softplus(double beta_, double threshold_)
@@ -182,6 +192,105 @@ Softplus::Softplus(double beta_, double threshold_)
       beta(beta_),
       threshold(threshold_) {}
 Tensor Softplus::forward(const Tensor& x) { return softplus(x, beta, threshold); }
+
+// ---- MultiheadAttention ----
+
+MultiheadAttention::MultiheadAttention(int64_t e, int64_t heads, bool with_bias)
+    : Module(fmt::format("MultiheadAttention(embed_dim={}, num_heads={}{})", e, heads,
+                         bias_note(with_bias))),
+      embed_dim(e),
+      num_heads(heads),
+      head_dim(heads > 0 ? e / heads : 0),
+      out_proj(std::max<int64_t>(e, 1), std::max<int64_t>(e, 1), with_bias) {
+  DUET_CHECK_VALUE(e > 0 && heads > 0 && e % heads == 0,
+                   "[MultiheadAttention] embed_dim and num_heads must be positive and num_heads "
+                   "must divide embed_dim, got {}",
+                   name());
+  in_proj_weight = register_parameter("in_proj_weight", zeros_param({3 * e, e}));
+  if (with_bias) in_proj_bias = register_parameter("in_proj_bias", zeros_param({3 * e}));
+  out_proj = register_module("out_proj", out_proj);
+  reset_parameters();
+}
+
+// As torch.nn.MultiheadAttention._reset_parameters: xavier_uniform_ on the stacked projections,
+// zero biases; out_proj keeps Linear's weight initialization with its bias zeroed.
+void MultiheadAttention::reset_parameters() {
+  init::xavier_uniform_(in_proj_weight);
+  if (in_proj_bias.defined()) init::zeros_(in_proj_bias);
+  if (out_proj.bias.defined()) init::zeros_(out_proj.bias);
+}
+
+Tensor MultiheadAttention::forward(const Tensor& x) {
+  return attend(x, x, x, {}, false, false).first;
+}
+
+Tensor MultiheadAttention::forward(const Tensor& query, const Tensor& key, const Tensor& value,
+                                   const Tensor& attn_mask, bool is_causal) {
+  return attend(query, key, value, attn_mask, is_causal, false).first;
+}
+
+std::pair<Tensor, Tensor> MultiheadAttention::forward_with_weights(const Tensor& query,
+                                                                   const Tensor& key,
+                                                                   const Tensor& value,
+                                                                   const Tensor& attn_mask,
+                                                                   bool is_causal) {
+  return attend(query, key, value, attn_mask, is_causal, true);
+}
+
+// The query, key and value projections are three products with row blocks of in_proj_weight
+// (views), not one product split afterwards: the gradient of a block is then the block's own
+// (E, E) product, where splitting a (N, L, 3E) result would send three zero-padded copies of it
+// back through the split.
+std::pair<Tensor, Tensor> MultiheadAttention::attend(const Tensor& query, const Tensor& key,
+                                                     const Tensor& value, const Tensor& attn_mask,
+                                                     bool is_causal, bool weights) {
+  const char* op = "MultiheadAttention";
+  for (const Tensor* t : {&query, &key, &value})
+    DUET_CHECK_SHAPE(t->dim() == 3 && duet::detail::size_is(*t, 2, embed_dim, op),
+                     "[{}] query, key and value must be (N, L, {}) (batch_first), got {}, {} and "
+                     "{}",
+                     op, embed_dim, query.sizes(), key.sizes(), value.sizes());
+  DUET_CHECK_VALUE(!(is_causal && attn_mask.defined()),
+                   "[{}] is_causal cannot be combined with an attn_mask (mask {})", op,
+                   attn_mask.sizes());
+  const SymDims qd = duet::detail::sym_dims(query), kd = duet::detail::sym_dims(key);
+  const SymInt n = qd[0], l = qd[1], s = kd[1];
+  auto project = [&](const Tensor& x, int64_t block, const SymInt& len) {
+    const int64_t e = embed_dim;
+    Tensor w = slice(in_proj_weight, 0, block * e, (block + 1) * e);
+    Tensor b =
+        in_proj_bias.defined() ? slice(in_proj_bias, 0, block * e, (block + 1) * e) : Tensor();
+    // (N, len, E) -> (N, len, H, D) -> (N, H, len, D), a view.
+    return transpose(duet::detail::reshape_dims(linear(x, w, b), {n, len, num_heads, head_dim}), 1,
+                     2);
+  };
+  Tensor q = project(query, 0, l), k = project(key, 1, s), v = project(value, 2, s);
+
+  Tensor mask = attn_mask;
+  if (mask.defined()) {
+    DUET_CHECK_DTYPE(mask.dtype() == DType::b8 || mask.dtype() == query.dtype(),
+                     "[{}] attn_mask must be b8 or the query's dtype {}, got {} of shape {}", op,
+                     query.dtype(), mask.dtype(), mask.sizes());
+    DUET_CHECK_SHAPE(mask.dim() == 2 || mask.dim() == 3,
+                     "[{}] attn_mask must be (L, S) or (N * num_heads, L, S), got {}", op,
+                     mask.sizes());
+    if (mask.dim() == 3) mask = duet::detail::reshape_dims(mask, {n, num_heads, l, s});
+    // torch.nn.MultiheadAttention's b8 mask is true where attending is not allowed.
+    if (mask.dtype() == DType::b8) mask = eq(mask, 0);
+  }
+  Tensor out;
+  Tensor avg;
+  if (!weights) {
+    out = scaled_dot_product_attention(q, k, v, mask, is_causal);
+  } else {
+    Tensor p = duet::detail::attention_weights(op, q, k, mask, is_causal, 0);
+    out = matmul(p, v);
+    avg = mean(p, {1});
+  }
+  // (N, H, L, D) -> (N, L, H, D) -> (N, L, E).
+  out = duet::detail::reshape_dims(transpose(out, 1, 2), {n, l, embed_dim});
+  return {out_proj(out), avg};
+}
 
 // ---- Sequential ----
 

@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "nn/module.h"
 
@@ -105,11 +106,13 @@ class Tanh : public Module {
   Tanh() : Module("Tanh()") {}
   Tensor forward(const Tensor& x) override;
 };
-/// x * Phi(x), with the exact erf (PyTorch's default).
+/// x * Phi(x), with the exact erf (PyTorch's default, approximate = "none"), or its tanh form
+/// (approximate = "tanh"): see duet::gelu. Another string is a ValueError.
 class GELU : public Module {
  public:
-  GELU() : Module("GELU()") {}
+  explicit GELU(std::string approximate = "none");
   Tensor forward(const Tensor& x) override;
+  std::string approximate;
 };
 class Sigmoid : public Module {
  public:
@@ -129,6 +132,41 @@ class Softplus : public Module {
   explicit Softplus(double beta = 1, double threshold = 20);
   Tensor forward(const Tensor& x) override;
   double beta, threshold;
+};
+
+/// torch.nn.MultiheadAttention with batch_first=True: query (N, L, E), key and value (N, S, E)
+/// give (N, L, E). Parameters as PyTorch names them: in_proj_weight (3E, E), the query, key and
+/// value projections stacked, in_proj_bias (3E), and the child out_proj, a Linear(E, E)
+/// (out_proj.weight, out_proj.bias); initialized as PyTorch does (xavier_uniform on
+/// in_proj_weight, zero biases). Each head attends with scaled_dot_product_attention over
+/// head_dim = E / num_heads features.
+///
+/// attn_mask follows torch.nn.MultiheadAttention, not scaled_dot_product_attention: a b8 mask is
+/// true where attending is *not* allowed, a floating mask is added; its shape is (L, S) or
+/// (N * num_heads, L, S). is_causal applies the causal mask itself (PyTorch takes it only as a
+/// hint beside an explicit mask); it cannot be combined with attn_mask. No dropout, no
+/// key_padding_mask, kdim = vdim = E.
+class MultiheadAttention : public Module {
+ public:
+  MultiheadAttention(int64_t embed_dim, int64_t num_heads, bool bias = true);
+  /// Self-attention without a mask: forward(x, x, x).
+  Tensor forward(const Tensor& x) override;
+  Tensor forward(const Tensor& query, const Tensor& key, const Tensor& value,
+                 const Tensor& attn_mask = {}, bool is_causal = false);
+  /// The output and the attention weights (N, L, S), averaged over the heads (PyTorch's
+  /// need_weights=True, average_attn_weights=True).
+  std::pair<Tensor, Tensor> forward_with_weights(const Tensor& query, const Tensor& key,
+                                                 const Tensor& value, const Tensor& attn_mask = {},
+                                                 bool is_causal = false);
+  void reset_parameters();
+
+  int64_t embed_dim, num_heads, head_dim;
+  Tensor in_proj_weight, in_proj_bias;  ///< in_proj_bias is undefined with bias = false
+  Linear out_proj;
+
+ private:
+  std::pair<Tensor, Tensor> attend(const Tensor& query, const Tensor& key, const Tensor& value,
+                                   const Tensor& attn_mask, bool is_causal, bool weights);
 };
 
 /// True for std::shared_ptr to a module class.

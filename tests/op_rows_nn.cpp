@@ -1,6 +1,6 @@
 // Rows of erf, log_sigmoid, the math and neural-network composites (softmax, log_softmax,
-// logsumexp, gelu, silu, linear, layer_norm, losses, dropout) and of the random draws, with
-// references on plain doubles (see op_rows.h).
+// logsumexp, gelu (both forms), silu, linear, scaled_dot_product_attention, layer_norm, losses,
+// dropout) and of the random draws, with references on plain doubles (see op_rows.h).
 #include <cmath>
 
 #include "op_rows.h"
@@ -139,6 +139,68 @@ OpRow layer_norm_row(std::string name, Shape xs, Shape norm, bool weight, bool b
           },
           xs};
   r.tol32 = 1e-4;  // (x - mean) / std loses digits in f32
+  return r;
+}
+
+// scaled_dot_product_attention over q (batch..., L, E), k (batch..., S, E), v (batch..., S, F),
+// the same batch dims on all three. mask: 0 none, 1 causal, 2 a b8 mask keeping (i + j) % 3 != 0
+// (every row keeps one at least when S >= 2), 3 a floating (L, S) mask, the row's 4th input.
+OpRow sdpa_row(Shape batch, int64_t l, int64_t s, int64_t e, int64_t f, int mask, double scale) {
+  auto with = [&](int64_t a, int64_t b) {
+    Shape r = batch;
+    r.push_back(a);
+    r.push_back(b);
+    return r;
+  };
+  static const char* kinds[] = {"", ", causal", ", b8 mask", ", float mask"};
+  std::vector<Shape> shapes = {with(l, e), with(s, e), with(s, f)};
+  if (mask == 3) shapes.push_back({l, s});
+  OpRow r{fmt::format("scaled_dot_product_attention q {} k {} v {}{}{}", shapes[0].str(),
+                      shapes[1].str(), shapes[2].str(), kinds[mask],
+                      scale ? fmt::format(", scale {}", scale) : ""),
+          OpId::MatMul,
+          true,
+          shapes,
+          [=](const Ins& in) {
+            Tensor m;
+            if (mask == 2) {
+              std::vector<double> keep;
+              for (int64_t i = 0; i < l; ++i)
+                for (int64_t j = 0; j < s; ++j) keep.push_back((i + j) % 3 != 0);
+              m = make(keep, {l, s}, DType::b8);
+            } else if (mask == 3) {
+              m = in[3];
+            }
+            return scaled_dot_product_attention(in[0], in[1], in[2], m, mask == 1, scale);
+          },
+          [=](const Values& v) {
+            const int64_t nb = batch.numel();
+            const double sc = scale ? scale : 1 / std::sqrt(double(e));
+            std::vector<double> y(nb * l * f, 0.0);
+            for (int64_t b = 0; b < nb; ++b)
+              for (int64_t i = 0; i < l; ++i) {
+                std::vector<double> w(s);
+                double m = -INFINITY;
+                for (int64_t j = 0; j < s; ++j) {
+                  double acc = 0;
+                  for (int64_t c = 0; c < e; ++c)
+                    acc += v[0][(b * l + i) * e + c] * v[1][(b * s + j) * e + c];
+                  acc *= sc;
+                  if ((mask == 1 && j > i) || (mask == 2 && (i + j) % 3 == 0)) acc = -INFINITY;
+                  if (mask == 3) acc += v[3][i * s + j];
+                  w[j] = acc;
+                  m = std::max(m, acc);
+                }
+                double total = 0;
+                for (double& x : w) total += (x = std::exp(x - m));
+                for (int64_t j = 0; j < s; ++j)
+                  for (int64_t c = 0; c < f; ++c)
+                    y[(b * l + i) * f + c] += w[j] / total * v[2][(b * s + j) * f + c];
+              }
+            return y;
+          },
+          with(l, f)};
+  r.domains = {Domain{-2, 2}};
   return r;
 }
 
@@ -290,6 +352,21 @@ const std::vector<ElementwiseRow>& special_function_rows() {
        {Domain{-4, 4}},
        kFloat,
        R::Same},
+      {"gelu, approximate tanh",
+       OpId::Tanh,
+       true,
+       1,
+       [](const Ins& in) { return gelu(in[0], "tanh"); },
+       nullptr,
+       nullptr,
+       nullptr,
+       [](const double* x) {
+         const double v = x[0];
+         return 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
+       },
+       {Domain{-5, 5}},
+       kFloat,
+       R::Same},
       {"softplus",
        OpId::Log1p,
        true,
@@ -359,6 +436,12 @@ const std::vector<OpRow>& nn_rows() {
       layer_norm_row("layer_norm (4, 3) over (3), bias", {4, 3}, {3}, false, true),
       layer_norm_row("layer_norm (5) over (5)", {5}, {5}, false, false),
       layer_norm_row("layer_norm (0, 4) over (4)", {0, 4}, {4}, true, true),
+      sdpa_row({2}, 3, 4, 2, 3, 0, 0),
+      sdpa_row({2}, 3, 4, 2, 3, 1, 0),
+      sdpa_row({1, 2}, 4, 4, 2, 3, 1, 0),
+      sdpa_row({2}, 3, 4, 2, 3, 2, 0),
+      sdpa_row({2}, 3, 4, 2, 3, 3, 0.5),
+      sdpa_row({}, 4, 3, 3, 2, 1, 0),
       mse_row({3, 4}),
       mse_row({5}),
       mse_row({}),

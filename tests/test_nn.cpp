@@ -29,6 +29,15 @@ struct LayerRow {
   int64_t index_high = 0;  // > 0: the input is i64 indices in [0, index_high)
 };
 
+// Self-attention with the causal mask, as a module of one input for the table.
+class CausalSelfAttention : public Module {
+ public:
+  CausalSelfAttention(int64_t e, int64_t heads)
+      : Module(), attn(register_module("attn", MultiheadAttention(e, heads))) {}
+  Tensor forward(const Tensor& x) override { return attn.forward(x, x, x, {}, true); }
+  MultiheadAttention attn;
+};
+
 template <class M, class... A>
 std::function<ModulePtr()> maker(A... args) {
   return [=] { return ModulePtr(std::make_shared<M>(args...)); };
@@ -55,6 +64,10 @@ const std::vector<LayerRow>& layer_rows() {
       {"ReLU", maker<ReLU>(), {3, 4}},
       {"Tanh", maker<Tanh>(), {3, 4}},
       {"GELU", maker<GELU>(), {3, 4}},
+      {"GELU(approximate='tanh')", maker<GELU>("tanh"), {3, 4}},
+      {"MultiheadAttention(4, 2)", maker<MultiheadAttention>(4, 2), {2, 3, 4}},
+      {"MultiheadAttention(6, 3, bias=false)", maker<MultiheadAttention>(6, 3, false), {1, 4, 6}},
+      {"MultiheadAttention(4, 2), causal", maker<CausalSelfAttention>(4, 2), {2, 3, 4}},
       {"Sigmoid", maker<Sigmoid>(), {3, 4}},
       {"SiLU", maker<SiLU>(), {3, 4}},
       {"Softplus", maker<Softplus>(), {3, 4}},
@@ -291,6 +304,10 @@ TEST_CASE("layers compute what their ops compute") {
   CHECK(bitwise_equal(ReLU()(x), relu(x)));
   CHECK(bitwise_equal(Tanh()(x), tanh(x)));
   CHECK(bitwise_equal(GELU()(x), gelu(x)));
+  CHECK(bitwise_equal(GELU("none")(x), gelu(x)));
+  CHECK(bitwise_equal(GELU("tanh")(x), gelu(x, "tanh")));
+  CHECK(GELU("tanh").name() == "GELU(approximate='tanh')");
+  CHECK(close(gelu(x, "tanh"), gelu(x), 1e-3));
   CHECK(bitwise_equal(Sigmoid()(x), sigmoid(x)));
   CHECK(bitwise_equal(SiLU()(x), silu(x)));
   CHECK(bitwise_equal(Softplus(2, 1)(x), softplus(x, 2, 1)));
@@ -300,6 +317,172 @@ TEST_CASE("layers compute what their ops compute") {
   Tensor big = tensor({100.0, 200.0}, {2}, Options().requires_grad(true));
   sum(softplus(big)).backward();
   CHECK(values(big.grad()) == std::vector<double>{1, 1});
+}
+
+// torch.nn.MultiheadAttention's forward (batch_first) on plain doubles: query (n, l, e), key and
+// value (n, s, e); add(b, h, i, j) is added to the scores (-inf masks).
+std::vector<double> ref_mha(const MultiheadAttention& m, const std::vector<double>& xq,
+                            const std::vector<double>& xk, const std::vector<double>& xv, int64_t n,
+                            int64_t l, int64_t s,
+                            const std::function<double(int64_t, int64_t, int64_t, int64_t)>& add) {
+  const int64_t e = m.embed_dim, hn = m.num_heads, d = m.head_dim;
+  const std::vector<double> w = values(m.in_proj_weight), b = values(m.in_proj_bias),
+                            wo = values(m.out_proj.weight), bo = values(m.out_proj.bias);
+  auto proj = [&](const std::vector<double>& x, int64_t rows, int64_t block) {
+    std::vector<double> y(rows * e);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t o = 0; o < e; ++o) {
+        double acc = b[block * e + o];
+        for (int64_t i = 0; i < e; ++i) acc += x[r * e + i] * w[(block * e + o) * e + i];
+        y[r * e + o] = acc;
+      }
+    return y;
+  };
+  const std::vector<double> q = proj(xq, n * l, 0), k = proj(xk, n * s, 1), v = proj(xv, n * s, 2);
+  std::vector<double> att(n * l * e, 0.0), out(n * l * e);
+  for (int64_t bb = 0; bb < n; ++bb)
+    for (int64_t h = 0; h < hn; ++h)
+      for (int64_t i = 0; i < l; ++i) {
+        std::vector<double> p(s);
+        double mx = -INFINITY, total = 0;
+        for (int64_t j = 0; j < s; ++j) {
+          double acc = 0;
+          for (int64_t c = 0; c < d; ++c)
+            acc += q[(bb * l + i) * e + h * d + c] * k[(bb * s + j) * e + h * d + c];
+          p[j] = acc / std::sqrt(double(d)) + add(bb, h, i, j);
+          mx = std::max(mx, p[j]);
+        }
+        for (double& x : p) total += (x = std::exp(x - mx));
+        for (int64_t j = 0; j < s; ++j)
+          for (int64_t c = 0; c < d; ++c)
+            att[(bb * l + i) * e + h * d + c] += p[j] / total * v[(bb * s + j) * e + h * d + c];
+      }
+  for (int64_t r = 0; r < n * l; ++r)
+    for (int64_t o = 0; o < e; ++o) {
+      double acc = bo[o];
+      for (int64_t i = 0; i < e; ++i) acc += att[r * e + i] * wo[o * e + i];
+      out[r * e + o] = acc;
+    }
+  return out;
+}
+
+TEST_CASE("MultiheadAttention: PyTorch's parameters, and its forward on plain doubles") {
+  manual_seed(5);
+  MultiheadAttention m(4, 2);
+  std::vector<std::string> names;
+  for (const auto& [name, t] : m.named_parameters()) names.push_back(name);
+  CHECK(names == std::vector<std::string>{"in_proj_weight", "in_proj_bias", "out_proj.weight",
+                                          "out_proj.bias"});
+  CHECK(m.in_proj_weight.shape() == Shape{12, 4});
+  CHECK(m.out_proj.weight.shape() == Shape{4, 4});
+  check_tensor(m.in_proj_bias, {12}, DType::f32, std::vector<double>(12, 0.0));
+  check_tensor(m.out_proj.bias, {4}, DType::f32, std::vector<double>(4, 0.0));
+  // xavier_uniform on (12, 4): bound sqrt(6 / 16).
+  for (double w : values(m.in_proj_weight)) CHECK(std::abs(w) <= std::sqrt(6.0 / 16));
+  CHECK(m.name() == "MultiheadAttention(embed_dim=4, num_heads=2)");
+
+  m.to(DType::f64);
+  {
+    // Non-zero biases, so that the reference checks where they go.
+    NoGradGuard ng;
+    Tensor(m.in_proj_bias).copy_(randn({12}, Options().dtype(DType::f64)));
+    Tensor(m.out_proj.bias).copy_(randn({4}, Options().dtype(DType::f64)));
+  }
+  const int64_t n = 2, l = 3, s = 5;
+  const Options f64 = Options().dtype(DType::f64);
+  Tensor q = randn({n, l, 4}, f64), k = randn({n, s, 4}, f64), v = randn({n, s, 4}, f64);
+  const auto none = [](int64_t, int64_t, int64_t, int64_t) { return 0.0; };
+  const std::vector<double> xq = values(q), xk = values(k), xv = values(v);
+  check_tensor(m.forward(q, k, v), {n, l, 4}, DType::f64, ref_mha(m, xq, xk, xv, n, l, s, none),
+               1e-12, 1e-12);
+  // A b8 (L, S) mask is true where attending is not allowed.
+  std::vector<double> bm;
+  for (int64_t i = 0; i < l; ++i)
+    for (int64_t j = 0; j < s; ++j) bm.push_back((i + 2 * j) % 3 == 0);
+  auto masked = [&](int64_t, int64_t, int64_t i, int64_t j) {
+    return bm[i * s + j] ? -INFINITY : 0.0;
+  };
+  check_tensor(m.forward(q, k, v, make(bm, {l, s}, DType::b8)), {n, l, 4}, DType::f64,
+               ref_mha(m, xq, xk, xv, n, l, s, masked), 1e-12, 1e-12);
+  // A (N * num_heads, L, S) mask, one per batch entry and head.
+  std::vector<double> bm3;
+  for (int64_t bh = 0; bh < n * 2; ++bh)
+    for (int64_t i = 0; i < l; ++i)
+      for (int64_t j = 0; j < s; ++j) bm3.push_back((i + j + bh) % 4 == 1);
+  auto masked3 = [&](int64_t b, int64_t h, int64_t i, int64_t j) {
+    return bm3[((b * 2 + h) * l + i) * s + j] ? -INFINITY : 0.0;
+  };
+  check_tensor(m.forward(q, k, v, make(bm3, {n * 2, l, s}, DType::b8)), {n, l, 4}, DType::f64,
+               ref_mha(m, xq, xk, xv, n, l, s, masked3), 1e-12, 1e-12);
+  // A floating mask is added.
+  Tensor fm = randn({l, s}, f64);
+  const std::vector<double> fmv = values(fm);
+  auto added = [&](int64_t, int64_t, int64_t i, int64_t j) { return fmv[i * s + j]; };
+  check_tensor(m.forward(q, k, v, fm), {n, l, 4}, DType::f64,
+               ref_mha(m, xq, xk, xv, n, l, s, added), 1e-12, 1e-12);
+  // is_causal is the b8 mask of j > i.
+  Tensor x = randn({n, 4, 4}, f64);
+  const std::vector<double> xx = values(x);
+  auto causal = [](int64_t, int64_t, int64_t i, int64_t j) { return j > i ? -INFINITY : 0.0; };
+  check_tensor(m.forward(x, x, x, {}, true), {n, 4, 4}, DType::f64,
+               ref_mha(m, xx, xx, xx, n, 4, 4, causal), 1e-12, 1e-12);
+  // The weights, averaged over the heads: rows of probabilities, zero where masked (to within
+  // the vectorized exp's value at -inf, which is below 1e-300 in f64 rather than exactly 0).
+  auto [out, w] = m.forward_with_weights(x, x, x, {}, true);
+  CHECK(close(out, m.forward(x, x, x, {}, true), 1e-14));
+  REQUIRE(w.shape() == Shape{n, 4, 4});
+  const std::vector<double> wv = values(w);
+  for (int64_t r = 0; r < n * 4; ++r) {
+    double total = 0;
+    for (int64_t j = 0; j < 4; ++j) {
+      total += wv[r * 4 + j];
+      if (j > r % 4) CHECK(wv[r * 4 + j] < 1e-300);
+    }
+    CHECK(total == doctest::Approx(1).epsilon(1e-12));
+  }
+}
+
+TEST_CASE("scaled_dot_product_attention: a causal mask over a symbolic sequence length") {
+  manual_seed(9);
+  CompileOptions o;
+  o.dynamic = {{0, 1}, {1, 1}, {2, 1}};
+  auto f = compile(
+      [](Tensor q, Tensor k, Tensor v) { return scaled_dot_product_attention(q, k, v, {}, true); },
+      o);
+  for (int64_t len : {3, 6, 4}) {
+    Tensor q = randn({2, len, 4}), k = randn({2, len, 4}), v = randn({2, len, 3});
+    CHECK(close(f(q, k, v), scaled_dot_product_attention(q, k, v, {}, true), 1e-5));
+  }
+  CHECK(f.stats().traces == 1);
+  // A causal self-attention layer over a changing length: the second length makes it symbolic.
+  MultiheadAttention m(8, 2);
+  auto g = compile([&](Tensor x) { return m.forward(x, x, x, {}, true); });
+  for (int64_t len : {3, 5, 7, 4}) {
+    Tensor x = randn({2, len, 8});
+    CHECK(close(g(x), m.forward(x, x, x, {}, true), 1e-5));
+  }
+  CHECK(g.stats().traces == 2);
+}
+
+TEST_CASE("scaled_dot_product_attention: errors name the op, the shapes and the dtypes") {
+  Tensor q = ones({2, 3, 4}), k = ones({2, 5, 4}), v = ones({2, 5, 2});
+  const std::string shape = error_of<ShapeError>([&] {
+    scaled_dot_product_attention(q, ones({2, 5, 3}), v);
+  });
+  CHECK(shape.rfind("[scaled_dot_product_attention]", 0) == 0);
+  CHECK(shape.find("(2, 5, 3)") != std::string::npos);
+  const std::string dt = error_of<DTypeError>([&] {
+    scaled_dot_product_attention(q, k, ones({2, 5, 2}, Options().dtype(DType::f64)));
+  });
+  CHECK(dt.rfind("[scaled_dot_product_attention]", 0) == 0);
+  CHECK(dt.find("f64") != std::string::npos);
+  CHECK(error_of<ValueError>([&] {
+          scaled_dot_product_attention(q, k, v, ones({3, 5}), true);
+        }).rfind("[scaled_dot_product_attention]", 0) == 0);
+  CHECK(error_of<DTypeError>([&] {
+          scaled_dot_product_attention(q, k, v, ones({3, 5}, Options().dtype(DType::i64)));
+        }).rfind("[scaled_dot_product_attention]", 0) == 0);
+  CHECK(error_of<ValueError>([&] { gelu(q, "fast"); }).rfind("[gelu]", 0) == 0);
 }
 
 TEST_CASE("layers: default initialization follows PyTorch's bounds and the seed") {
@@ -369,6 +552,9 @@ TEST_CASE("layers: constructor arguments out of range name the layer") {
       {[] { Dropout(-0.1); }, "[Dropout]"},
       {[] { Dropout(1.0); }, "[Dropout]"},
       {[] { Flatten(2, 1); }, "[Flatten]"},
+      {[] { GELU("fast"); }, "[GELU]"},
+      {[] { MultiheadAttention(5, 2); }, "[MultiheadAttention]"},
+      {[] { MultiheadAttention(4, 0); }, "[MultiheadAttention]"},
   };
   for (const auto& [f, prefix] : rows) {
     std::string e = error_of<ValueError>(f);
@@ -401,6 +587,20 @@ TEST_CASE("layers: bad inputs raise the op's error") {
          Flatten(3)(ones({2, 3}));
        },
        "[Flatten]"},
+      {[] {
+         MultiheadAttention(4, 2)(ones({2, 3, 5}));
+       },
+       "[MultiheadAttention]"},
+      {[] {
+         MultiheadAttention(4, 2).forward(ones({2, 3, 4}), ones({2, 3, 4}), ones({2, 3, 4}),
+                                          ones({3, 3}, Options().dtype(DType::i64)));
+       },
+       "[MultiheadAttention]"},
+      {[] {
+         Tensor x = ones({2, 3, 4});
+         MultiheadAttention(4, 2).forward(x, x, x, ones({3, 3}), true);
+       },
+       "[MultiheadAttention]"},
   };
   for (const auto& [f, prefix] : rows) {
     std::string e = error_of(f);

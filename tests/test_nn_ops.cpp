@@ -156,6 +156,15 @@ TEST_CASE("gradients of the composites against hand-written closed forms") {
     ws[i] = gv[i] * sg * (1 + v * (1 - sg));
   }
   check_closed("gelu", grads_of(gelu(x), {x}, g)[0], wg);
+  // gelu, tanh form: with u = c (x + a x^3), t = tanh(u):
+  // 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 a x^2).
+  std::vector<double> wt(12);
+  for (int i = 0; i < 12; ++i) {
+    const double v = xv[i], c = std::sqrt(2 / M_PI), a = 0.044715;
+    const double t = std::tanh(c * (v + a * v * v * v));
+    wt[i] = gv[i] * (0.5 * (1 + t) + 0.5 * v * (1 - t * t) * c * (1 + 3 * a * v * v));
+  }
+  check_closed("gelu tanh", grads_of(gelu(x, "tanh"), {x}, g)[0], wt);
   check_closed("silu", grads_of(silu(x), {x}, g)[0], ws);
   // mse_loss: 2 (p - t) / n for the prediction, the negative for the target.
   const std::vector<double> yv = rnd(12);

@@ -61,6 +61,19 @@ Tensor gelu(const Tensor& x, std::source_location loc) {
   return x * 0.5 * (1 + erf(x * 0.70710678118654752440));
 }
 
+// The tanh form reads x^3 as x * x * x (elementwise, so it fuses with the rest), and
+// sqrt(2/pi) to double precision.
+Tensor gelu(const Tensor& x, std::string_view approximate, std::source_location loc) {
+  detail::SiteGuard site(loc);
+  if (approximate == "none") return gelu(x, loc);
+  DUET_CHECK_VALUE(approximate == "tanh",
+                   "[gelu] approximate must be \"none\" or \"tanh\", got \"{}\" (input {} of "
+                   "dtype {})",
+                   approximate, x.sizes(), x.dtype());
+  constexpr double kSqrt2OverPi = 0.79788456080286535588;
+  return x * 0.5 * (1 + tanh((x + x * x * x * 0.044715) * kSqrt2OverPi));
+}
+
 Tensor silu(const Tensor& x, std::source_location loc) {
   detail::SiteGuard site(loc);
   return x * sigmoid(x);
@@ -79,6 +92,9 @@ Tensor softplus(const Tensor& x, double beta, double threshold, std::source_loca
   return where(linear, x, log1p(exp(where(linear, 0, z))) / beta);
 }
 
+// An input of rank > 2 is multiplied as one (rows, in) matrix, reshaped back afterwards: one
+// GEMM rather than one per leading index, and the weight's gradient is one product x^T dy in the
+// weight's layout instead of a batch of products summed over the batch.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, std::source_location loc) {
   detail::SiteGuard site(loc);
   return detail::as_op("linear", [&]() -> Tensor {
@@ -91,12 +107,91 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, std::so
     DUET_CHECK_DTYPE(x.dtype() == weight.dtype(),
                      "[linear] input ({}) and weight ({}) must share a dtype", x.dtype(),
                      weight.dtype());
-    Tensor y = matmul(x, transpose(weight, 0, 1));
-    if (!bias.defined()) return y;
+    if (bias.defined())
+      DUET_CHECK_SHAPE(
+          bias.dim() == 1 && detail::size_is(bias, 0, detail::sym_dims(weight)[0], "linear"),
+          "[linear] bias must be ({}), got {}", weight.sizes()[0], bias.sizes());
+    const SymDims xd = detail::sym_dims(x);
+    Tensor x2 = x;
+    if (x.dim() > 2) {
+      SymInt rows = 1;
+      for (size_t i = 0; i + 1 < xd.size(); ++i) rows *= xd[i];
+      x2 = detail::reshape_dims(x, {rows, xd.back()});
+    }
+    Tensor y = matmul(x2, transpose(weight, 0, 1));
+    if (bias.defined()) y = std::move(y) + bias;
+    if (x.dim() <= 2) return y;
+    SymDims yd(xd.begin(), xd.end() - 1);
+    yd.push_back(detail::sym_dims(weight)[0]);
+    return detail::reshape_dims(y, yd);
+  });
+}
+
+namespace detail {
+Tensor attention_weights(const char* op, const Tensor& q, const Tensor& k, const Tensor& attn_mask,
+                         bool is_causal, double scale) {
+  DUET_CHECK_DTYPE(is_floating(q.dtype()) && k.dtype() == q.dtype(),
+                   "[{}] query and key must share a floating dtype, got {} and {}", op, q.dtype(),
+                   k.dtype());
+  DUET_CHECK_SHAPE(q.dim() >= 2 && k.dim() >= 2,
+                   "[{}] query and key need at least 2 dims (..., L, E) and (..., S, E), got {} "
+                   "and {}",
+                   op, q.sizes(), k.sizes());
+  const SymDims qd = sym_dims(q), kd = sym_dims(k);
+  DUET_CHECK_SHAPE(size_is(k, k.dim() - 1, qd.back(), op),
+                   "[{}] query {} (..., L, E) and key {} (..., S, E) differ in E", op, q.sizes(),
+                   k.sizes());
+  DUET_CHECK_VALUE(std::isfinite(scale) && scale >= 0,
+                   "[{}] scale must be finite and non-negative (0: 1/sqrt(E)), got {}", op, scale);
+  DUET_CHECK_VALUE(!(is_causal && attn_mask.defined()),
+                   "[{}] is_causal cannot be combined with an attn_mask (mask {} of dtype {})", op,
+                   attn_mask.sizes(), attn_mask.dtype());
+  if (attn_mask.defined())
+    DUET_CHECK_DTYPE(attn_mask.dtype() == DType::b8 || attn_mask.dtype() == q.dtype(),
+                     "[{}] attn_mask must be b8 or the query's dtype {}, got {} of shape {}", op,
+                     q.dtype(), attn_mask.dtype(), attn_mask.sizes());
+  // The default scale of a symbolic E is a tensor of its size, not a constant of the trace.
+  const SymInt e = qd.back();
+  Tensor scores = matmul(q, transpose(k, -1, -2));
+  if (scale > 0)
+    scores = std::move(scores) * scale;
+  else if (e.is_concrete())
+    scores = std::move(scores) * (1 / std::sqrt(static_cast<double>(e.concrete())));
+  else
+    scores = std::move(scores) * rsqrt(size_scalar(e, q.dtype(), q.device()));
+  if (is_causal) {
+    const Options io = Options().dtype(DType::i64).device(q.device());
+    Tensor row = unsqueeze(arange_dims(qd[qd.size() - 2], io), 1);
+    Tensor col = unsqueeze(arange_dims(kd[kd.size() - 2], io), 0);
+    scores = where(ge(row, col), scores, -INFINITY);
+  } else if (attn_mask.defined()) {
+    scores = attn_mask.dtype() == DType::b8 ? where(attn_mask, scores, -INFINITY)
+                                            : std::move(scores) + attn_mask;
+  }
+  return softmax(scores, -1);
+}
+}  // namespace detail
+
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const Tensor& attn_mask, bool is_causal, double scale,
+                                    std::source_location loc) {
+  detail::SiteGuard site(loc);
+  return detail::as_op("scaled_dot_product_attention", [&]() -> Tensor {
+    const char* op = "scaled_dot_product_attention";
+    DUET_CHECK_DTYPE(is_floating(q.dtype()) && k.dtype() == q.dtype() && v.dtype() == q.dtype(),
+                     "[{}] query, key and value must share a floating dtype, got {}, {} and {}", op,
+                     q.dtype(), k.dtype(), v.dtype());
     DUET_CHECK_SHAPE(
-        bias.dim() == 1 && detail::size_is(bias, 0, detail::sym_dims(weight)[0], "linear"),
-        "[linear] bias must be ({}), got {}", weight.sizes()[0], bias.sizes());
-    return y + bias;
+        q.dim() >= 2 && k.dim() >= 2 && v.dim() >= 2,
+        "[{}] query, key and value need at least 2 dims (..., L, E), got {}, {} and {}", op,
+        q.sizes(), k.sizes(), v.sizes());
+    const SymDims qd = detail::sym_dims(q), kd = detail::sym_dims(k);
+    DUET_CHECK_SHAPE(detail::size_is(k, k.dim() - 1, qd.back(), op) &&
+                         detail::size_is(v, v.dim() - 2, kd[kd.size() - 2], op),
+                     "[{}] query {} (..., L, E), key {} (..., S, E) and value {} (..., S, Ev) do "
+                     "not fit",
+                     op, q.sizes(), k.sizes(), v.sizes());
+    return matmul(detail::attention_weights(op, q, k, attn_mask, is_causal, scale), v);
   });
 }
 

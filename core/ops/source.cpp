@@ -151,6 +151,17 @@ Tensor full_dims(const SymDims& dims, Scalar value, Options options) {
   return source(OpId::Full, a, options);
 }
 
+Tensor arange_dims(const SymInt& n, Options options) {
+  if (n.is_concrete()) return arange(n.concrete(), options);
+  Attrs a;
+  a.end = sym_hint(n);
+  a.dtype = options.dtype_.value_or(DType::i64);
+  auto sym = std::make_shared<SymAttrs>();
+  sym->end = n;
+  a.sym = std::move(sym);
+  return source(OpId::Arange, a, options);
+}
+
 Tensor size_scalar(const SymInt& n, DType dtype, Device device) {
   if (n.is_concrete())
     return wrap_scalar(Scalar(static_cast<double>(n.concrete())), dtype, Device::cpu());
