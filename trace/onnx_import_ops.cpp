@@ -178,9 +178,10 @@ V op_shrink(const Node& n) {
 
 V op_gelu(const Node& n) {
   const Tensor& x = n.in(0);
-  if (n.attr_s("approximate", "none") == "tanh")
-    return {x * 0.5 * (tanh((x + x * x * x * 0.044715) * std::sqrt(2.0 / M_PI)) + 1)};
-  return {gelu(x)};
+  const std::string approximate = n.attr_s("approximate", "none");
+  if (approximate != "none" && approximate != "tanh")
+    n.fail(fmt::format("approximate \"{}\" (none or tanh)", approximate));
+  return {gelu(x, approximate)};
 }
 
 // Add, Sub, Mul keep their operands' dtype (ONNX requires them equal).
