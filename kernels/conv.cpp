@@ -103,8 +103,7 @@ void composed_weight_grad(const Tensor& x, const Tensor& gy, const Attrs& a, con
   const Tensor gyp = detail::empty(Shape{g.o, g.n, g.l()}, out.dtype(), out.device());
   copy_on_device(view(gyd, Shape{g.o, g.n, g.l()}, Strides{g.l(), g.o * g.l(), 1}), gyp);
   const Tensor colsp = detail::empty(Shape{g.ckk(), g.n, g.l()}, out.dtype(), out.device());
-  copy_on_device(view(cols, Shape{g.ckk(), g.n, g.l()}, Strides{g.l(), g.ckk() * g.l(), 1}),
-                 colsp);
+  copy_on_device(view(cols, Shape{g.ckk(), g.n, g.l()}, Strides{g.l(), g.ckk() * g.l(), 1}), colsp);
   const Tensor lhs = rows(gyp, Shape{g.o, nl});
   const Tensor rhs = view(colsp, Shape{nl, g.ckk()}, Strides{1, nl});
   const Tensor dw = rows(out, Shape{g.o, g.ckk()});
@@ -176,13 +175,18 @@ std::optional<OneDnnConv> make_conv(const ConvGeom& g, Pass pass) {
 }
 
 // The primitives of this thread (a primitive runs on one thread at a time; oneDNN's own cache
-// makes a second thread's construction of the same shape cheap).
+// makes a second thread's construction of the same shape cheap). Bounded: a model called at
+// many batch sizes starts over once it has used kMaxCached shapes.
+constexpr size_t kMaxCached = 96;
 const OneDnnConv* cached_conv(const ConvGeom& g, Pass pass) {
   thread_local std::map<ConvKey, std::optional<OneDnnConv>> cache;
   const ConvKey key = {g.n,  g.c,  g.h,  g.w,  g.o,  g.kh, g.kw,
                        g.sh, g.sw, g.ph, g.pw, g.ho, g.wo, static_cast<int64_t>(pass)};
   auto it = cache.find(key);
-  if (it == cache.end()) it = cache.emplace(key, make_conv(g, pass)).first;
+  if (it == cache.end()) {
+    if (cache.size() >= kMaxCached) cache.clear();
+    it = cache.emplace(key, make_conv(g, pass)).first;
+  }
   return it->second ? &*it->second : nullptr;
 }
 
@@ -220,9 +224,7 @@ bool onednn_conv(Pass pass, const Tensor& a, const Tensor& b, const Tensor& out,
   // Which tensor is which: (x, w) -> y, (gy, w) -> gx, (x, gy) -> gw.
   void* px = pass == Pass::InputGrad ? out.raw_data() : ptr(ad);
   void* pw = pass == Pass::WeightGrad ? out.raw_data() : ptr(bd);
-  void* py = pass == Pass::Forward     ? out.raw_data()
-             : pass == Pass::InputGrad ? ptr(ad)
-                                       : ptr(bd);
+  void* py = pass == Pass::Forward ? out.raw_data() : pass == Pass::InputGrad ? ptr(ad) : ptr(bd);
   Operand x = operand(conv->src, xd, Tag::nchw, px, pass != Pass::InputGrad, s);
   Operand w = operand(conv->weights, wd, Tag::oihw, pw, pass != Pass::WeightGrad, s);
   Operand y = operand(conv->dst, yd, Tag::nchw, py, pass != Pass::Forward, s);
@@ -298,8 +300,7 @@ void conv2d_weight_grad_composed_kernel(TensorRefs in, const Attrs& a, const Ten
 void register_conv_kernels(OpDef* t) {
   detail::register_kernel(t, OpId::Conv2d, DeviceType::CPU, cpu_kernel<Pass::Forward>);
   detail::register_kernel(t, OpId::Conv2dInputGrad, DeviceType::CPU, cpu_kernel<Pass::InputGrad>);
-  detail::register_kernel(t, OpId::Conv2dWeightGrad, DeviceType::CPU,
-                          cpu_kernel<Pass::WeightGrad>);
+  detail::register_kernel(t, OpId::Conv2dWeightGrad, DeviceType::CPU, cpu_kernel<Pass::WeightGrad>);
 }
 
 }  // namespace duet::kernels
