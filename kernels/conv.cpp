@@ -10,6 +10,7 @@
 //    registers the composed kernels, cuda/kernels/index_ops.cpp).
 //
 // attrs.ints = {kh, kw, sh, sw, ph, pw, H, W} (kernels/image.cpp).
+#include <omp.h>
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <array>
@@ -128,7 +129,24 @@ struct OneDnnConv {
   memory::desc src, weights, dst;  // diff_src, diff_weights, diff_dst for the gradients
 };
 
-using ConvKey = std::array<int64_t, 14>;
+using ConvKey = std::array<int64_t, 15>;
+
+// Below this many FLOPs a convolution runs on the calling thread: oneDNN opens a parallel
+// region for any size, and its fork and join cost more than they save on a few microseconds
+// of work (and far more on a loaded machine, where the second thread waits for a time slice).
+constexpr double kSerialFlops = 4e6;
+
+// Sets the OpenMP thread count of the calling thread for a scope (oneDNN reads it when it
+// builds a primitive and when it runs one).
+struct ThreadsGuard {
+  int saved;
+  explicit ThreadsGuard(int n) : saved(omp_get_max_threads()) {
+    if (n != saved) omp_set_num_threads(n);
+  }
+  ~ThreadsGuard() {
+    if (omp_get_max_threads() != saved) omp_set_num_threads(saved);
+  }
+};
 
 // Builds the primitive, or nothing when oneDNN has no implementation for the shape.
 std::optional<OneDnnConv> make_conv(const ConvGeom& g, Pass pass) {
@@ -178,10 +196,11 @@ std::optional<OneDnnConv> make_conv(const ConvGeom& g, Pass pass) {
 // makes a second thread's construction of the same shape cheap). Bounded: a model called at
 // many batch sizes starts over once it has used kMaxCached shapes.
 constexpr size_t kMaxCached = 96;
-const OneDnnConv* cached_conv(const ConvGeom& g, Pass pass) {
+const OneDnnConv* cached_conv(const ConvGeom& g, Pass pass, int threads) {
   thread_local std::map<ConvKey, std::optional<OneDnnConv>> cache;
-  const ConvKey key = {g.n,  g.c,  g.h,  g.w,  g.o,  g.kh, g.kw,
-                       g.sh, g.sw, g.ph, g.pw, g.ho, g.wo, static_cast<int64_t>(pass)};
+  const ConvKey key = {g.n,    g.c,  g.h,  g.w,  g.o,  g.kh, g.kw,
+                       g.sh,   g.sw, g.ph, g.pw, g.ho, g.wo, static_cast<int64_t>(pass),
+                       threads};
   auto it = cache.find(key);
   if (it == cache.end()) {
     if (cache.size() >= kMaxCached) cache.clear();
@@ -214,7 +233,9 @@ Operand operand(const memory::desc& inner, const memory::dims& dims, Tag tag, vo
 bool onednn_conv(Pass pass, const Tensor& a, const Tensor& b, const Tensor& out,
                  const ConvGeom& g) {
   if (g.n == 0 || g.c == 0 || g.o == 0 || g.ho <= 0 || g.wo <= 0) return false;
-  const OneDnnConv* conv = cached_conv(g, pass);
+  const double flops = 2.0 * static_cast<double>(g.n * g.o * g.l()) * static_cast<double>(g.ckk());
+  const ThreadsGuard threads(flops < kSerialFlops ? 1 : omp_get_max_threads());
+  const OneDnnConv* conv = cached_conv(g, pass, omp_get_max_threads());
   if (!conv) return false;
   const Tensor ad = dense(a), bd = dense(b);
   auto ptr = [](const Tensor& t) { return const_cast<void*>(t.raw_data()); };
