@@ -199,7 +199,9 @@ void run_w3(const Config& c, std::vector<Result>& out) {
   }
 }
 
-// C1: conv2d forward + backward (grad of input and weight) through duet's im2col + GEMM.
+// C1: conv2d forward + backward (grad of input and weight): duet::conv2d, whose Conv2d primitive
+// and gradients run oneDNN's convolutions on CPU f32 (kernels/conv.cpp). The floor is the
+// im2col GEMMs alone, on columns built beforehand.
 void run_c1(const Config& c, std::vector<Result>& out) {
   const int64_t n = 32, ci = 16, h = 28, co = 32, k = 3;
   const int64_t ckk = ci * k * k, l = h * h;       // padding 1 keeps 28 x 28

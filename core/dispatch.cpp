@@ -127,6 +127,8 @@ struct ProfiledInputs {
   int64_t bytes = 0;
   int64_t inner = 0;  // a product's shared dim
   int64_t first_numel = 0;
+  int64_t second_numel = 0;  // conv2d's FLOPs need the second operand's size
+  int64_t second_dim0 = 1;
 };
 
 static ProfiledInputs profile_inputs(TensorRefs inputs) {
@@ -136,6 +138,9 @@ static ProfiledInputs profile_inputs(TensorRefs inputs) {
     if (i == 0) {
       p.first_numel = x->shape.numel();
       p.inner = x->ndim() ? x->shape[x->ndim() - 1] : 1;
+    } else if (i == 1) {
+      p.second_numel = x->shape.numel();
+      p.second_dim0 = x->ndim() ? x->shape[0] : 1;
     }
     if (x->wrapped_number) continue;
     p.shapes += fmt::format("{}\"{} {}\"", p.shapes.empty() ? "" : ", ", x->dtype, x->shape);
@@ -152,6 +157,12 @@ static void profile_op(const OpDef& def, const ProfiledInputs& p, const Tensor& 
   int64_t flops = 0;
   if (def.id == OpId::MatMul)
     flops = 2 * n * p.inner;
+  else if (def.id == OpId::Conv2d || def.id == OpId::Conv2dInputGrad)
+    // 2 * (N, O, Ho, Wo) * (C, kh, kw): the output or in[0] times the weight (in[1]) over O.
+    flops = 2 * (def.id == OpId::Conv2d ? n : p.first_numel) *
+            (p.second_dim0 ? p.second_numel / p.second_dim0 : 0);
+  else if (def.id == OpId::Conv2dWeightGrad)
+    flops = 2 * p.second_numel * (o->shape.size() && o->shape[0] ? n / o->shape[0] : 0);
   else if (def.cls == OpClass::Elementwise)
     flops = n;
   else if (def.cls == OpClass::Reduction)

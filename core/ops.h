@@ -136,6 +136,15 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = {}, DU
 /// 2-D convolution: x (N, C, H, W), w (O, C, k, k), bias (O); square stride and zero padding.
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b = {}, int64_t stride = 1,
               int64_t padding = 0, DUET_HERE);
+/// conv2d's gradient of its input (PyTorch's torch.nn.grad.conv2d_input): the (N, C, height,
+/// width) gradient of x for the output gradient `grad` (N, O, Ho, Wo) of conv2d(x, w, {},
+/// stride, padding).
+Tensor conv2d_input_grad(const Tensor& grad, const Tensor& w, int64_t height, int64_t width,
+                         int64_t stride = 1, int64_t padding = 0, DUET_HERE);
+/// conv2d's gradient of its weight (torch.nn.grad.conv2d_weight): the (O, C, k, k) gradient of
+/// w for the output gradient `grad` (N, O, Ho, Wo) of conv2d(x, w, {}, stride, padding).
+Tensor conv2d_weight_grad(const Tensor& x, const Tensor& grad, int64_t kernel, int64_t stride = 1,
+                          int64_t padding = 0, DUET_HERE);
 /// Max / average over k x k windows; stride 0 means stride = kernel.
 Tensor max_pool2d(const Tensor& x, int64_t kernel, int64_t stride = 0, DUET_HERE);
 Tensor avg_pool2d(const Tensor& x, int64_t kernel, int64_t stride = 0, DUET_HERE);

@@ -15,6 +15,12 @@ void slice_scatter_kernel(TensorRefs in, const Attrs& a, const Tensor& out);
 /// Transfer: in[0]'s values copied to out's device (Note [Device transfers] in kernels/index.cpp).
 void transfer_kernel(TensorRefs in, const Attrs& a, const Tensor& out);
 
+/// Conv2d, Conv2dInputGrad and Conv2dWeightGrad composed of the Unfold, Fold, MatMul and Copy
+/// kernels of the output's device, on temporaries (kernels/conv.cpp).
+void conv2d_composed_kernel(TensorRefs in, const Attrs& a, const Tensor& out);
+void conv2d_input_grad_composed_kernel(TensorRefs in, const Attrs& a, const Tensor& out);
+void conv2d_weight_grad_composed_kernel(TensorRefs in, const Attrs& a, const Tensor& out);
+
 /// The collectives (AllReduce, Broadcast, AllGather, ReduceScatter): contiguous buffers handed
 /// to the transport of the output's device (kernels/collective.cpp).
 template <OpId op>

@@ -1,4 +1,5 @@
-// Rows of Unfold and Fold and of their composites conv2d, max_pool2d and avg_pool2d, with direct
+// Rows of Unfold, Fold, Conv2d and its two gradients, and of the composites conv2d (with a bias),
+// max_pool2d and avg_pool2d, with direct
 // references on plain doubles (see op_rows.h): the convolution and the pooling read the padded
 // image window by window, without building columns.
 #include <cmath>
@@ -81,6 +82,48 @@ std::vector<double> ref_conv2d(const std::vector<double>& x, const std::vector<d
   return out;
 }
 
+// dx[n][c][i][j] = sum of gy[n][o][oh][ow] * w[o][c][ki][kj] over the windows and kernel
+// offsets with oh*s - p + ki = i and ow*s - p + kj = j.
+std::vector<double> ref_conv2d_input_grad(const std::vector<double>& gy,
+                                          const std::vector<double>& w, const Geom& g,
+                                          int64_t o_ch) {
+  std::vector<double> out(g.n * g.c * g.h * g.w, 0.0);
+  for (int64_t n = 0; n < g.n; ++n)
+    for (int64_t o = 0; o < o_ch; ++o)
+      for (int64_t oh = 0; oh < g.ho; ++oh)
+        for (int64_t ow = 0; ow < g.wo; ++ow)
+          for (int64_t c = 0; c < g.c; ++c)
+            for (int64_t ki = 0; ki < g.k; ++ki)
+              for (int64_t kj = 0; kj < g.k; ++kj) {
+                const int64_t i = oh * g.s - g.p + ki, j = ow * g.s - g.p + kj;
+                if (i < 0 || i >= g.h || j < 0 || j >= g.w) continue;
+                out[((n * g.c + c) * g.h + i) * g.w + j] +=
+                    gy[((n * o_ch + o) * g.ho + oh) * g.wo + ow] *
+                    w[((o * g.c + c) * g.k + ki) * g.k + kj];
+              }
+  return out;
+}
+
+// dw[o][c][ki][kj] = sum over n and the windows of gy[n][o][oh][ow] * padded x at the window.
+std::vector<double> ref_conv2d_weight_grad(const std::vector<double>& x,
+                                           const std::vector<double>& gy, const Geom& g,
+                                           int64_t o_ch) {
+  std::vector<double> out;
+  for (int64_t o = 0; o < o_ch; ++o)
+    for (int64_t c = 0; c < g.c; ++c)
+      for (int64_t ki = 0; ki < g.k; ++ki)
+        for (int64_t kj = 0; kj < g.k; ++kj) {
+          double acc = 0;
+          for (int64_t n = 0; n < g.n; ++n)
+            for (int64_t oh = 0; oh < g.ho; ++oh)
+              for (int64_t ow = 0; ow < g.wo; ++ow)
+                acc += gy[((n * o_ch + o) * g.ho + oh) * g.wo + ow] *
+                       pixel(x, g, n, c, oh * g.s - g.p + ki, ow * g.s - g.p + kj);
+          out.push_back(acc);
+        }
+  return out;
+}
+
 std::vector<double> ref_pool(bool is_max, const std::vector<double>& x, const Geom& g) {
   std::vector<double> out;
   for (int64_t n = 0; n < g.n; ++n)
@@ -131,12 +174,44 @@ OpRow conv_row(Shape xs, Shape ws, bool bias, int64_t s, int64_t p) {
   if (bias) shapes.push_back({o});
   OpRow r{
       fmt::format("conv2d x {} w {}{} s {} p {}", xs.str(), ws.str(), bias ? " bias" : "", s, p),
-      OpId::Unfold,
-      true,
+      OpId::Conv2d,
+      bias,  // with a bias: Conv2d and a broadcast add
       shapes,
       [=](const Ins& in) { return conv2d(in[0], in[1], bias ? in[2] : Tensor(), s, p); },
       [=](const Values& v) { return ref_conv2d(v[0], v[1], bias ? &v[2] : nullptr, g, o); },
       {g.n, o, g.ho, g.wo}};
+  r.dtypes = {DType::f32, DType::f64, DType::i64};
+  r.tol32 = 1e-4;
+  return r;
+}
+
+// conv2d_input_grad: the gradient of conv2d's input x (xs) for an output gradient.
+OpRow input_grad_row(Shape xs, Shape ws, int64_t s, int64_t p) {
+  const Geom g = geom(xs, ws[2], s, p);
+  const int64_t o = ws[0];
+  OpRow r{fmt::format("conv2d_input_grad x {} w {} s {} p {}", xs.str(), ws.str(), s, p),
+          OpId::Conv2dInputGrad,
+          false,
+          {{g.n, o, g.ho, g.wo}, ws},
+          [=](const Ins& in) { return conv2d_input_grad(in[0], in[1], g.h, g.w, s, p); },
+          [=](const Values& v) { return ref_conv2d_input_grad(v[0], v[1], g, o); },
+          xs};
+  r.dtypes = {DType::f32, DType::f64, DType::i64};
+  r.tol32 = 1e-4;
+  return r;
+}
+
+// conv2d_weight_grad: the gradient of conv2d's weight (ws) for an output gradient.
+OpRow weight_grad_row(Shape xs, Shape ws, int64_t s, int64_t p) {
+  const Geom g = geom(xs, ws[2], s, p);
+  const int64_t o = ws[0];
+  OpRow r{fmt::format("conv2d_weight_grad x {} w {} s {} p {}", xs.str(), ws.str(), s, p),
+          OpId::Conv2dWeightGrad,
+          false,
+          {xs, {g.n, o, g.ho, g.wo}},
+          [=](const Ins& in) { return conv2d_weight_grad(in[0], in[1], g.k, s, p); },
+          [=](const Values& v) { return ref_conv2d_weight_grad(v[0], v[1], g, o); },
+          ws};
   r.dtypes = {DType::f32, DType::f64, DType::i64};
   r.tol32 = 1e-4;
   return r;
@@ -182,6 +257,16 @@ const std::vector<OpRow>& image_rows() {
         conv_row({2, 2, 3, 2}, {1, 2, 2, 2}, true, 3, 1),
         conv_row({0, 2, 3, 3}, {3, 2, 2, 2}, true, 1, 0),
         conv_row({1, 2, 3, 3}, {0, 2, 2, 2}, false, 1, 0),
+        input_grad_row({2, 1, 3, 3}, {2, 1, 2, 2}, 1, 0),
+        input_grad_row({1, 2, 3, 3}, {3, 2, 2, 2}, 2, 1),
+        input_grad_row({1, 1, 4, 4}, {1, 1, 3, 3}, 1, 1),
+        input_grad_row({2, 2, 3, 2}, {1, 2, 2, 2}, 3, 1),
+        input_grad_row({0, 2, 3, 3}, {3, 2, 2, 2}, 1, 0),
+        weight_grad_row({2, 1, 3, 3}, {2, 1, 2, 2}, 1, 0),
+        weight_grad_row({1, 2, 3, 3}, {3, 2, 2, 2}, 2, 1),
+        weight_grad_row({1, 1, 4, 4}, {1, 1, 3, 3}, 1, 1),
+        weight_grad_row({2, 2, 3, 2}, {1, 2, 2, 2}, 3, 1),
+        weight_grad_row({0, 2, 3, 3}, {3, 2, 2, 2}, 1, 0),
         pool_row(true, {1, 1, 4, 4}, 2, 0),
         pool_row(true, {2, 1, 3, 3}, 2, 1),
         pool_row(true, {1, 1, 3, 5}, 3, 2),
@@ -193,9 +278,11 @@ const std::vector<OpRow>& image_rows() {
         pool_row(false, {0, 2, 4, 4}, 2, 0),
     };
     // Larger images, forward only: many (n, c) planes, across the kernels' parallel grain.
-    for (OpRow big :
-         {unfold_row({4, 16, 20, 20}, 3, 1, 1), fold_row({4, 16, 20, 20}, 3, 2, 1),
-          conv_row({2, 3, 9, 9}, {4, 3, 3, 3}, true, 2, 1), pool_row(true, {2, 8, 16, 16}, 2, 0)}) {
+    for (OpRow big : {unfold_row({4, 16, 20, 20}, 3, 1, 1), fold_row({4, 16, 20, 20}, 3, 2, 1),
+                      conv_row({2, 3, 9, 9}, {4, 3, 3, 3}, true, 2, 1),
+                      input_grad_row({2, 3, 9, 9}, {4, 3, 3, 3}, 2, 1),
+                      weight_grad_row({2, 3, 9, 9}, {4, 3, 3, 3}, 2, 1),
+                      pool_row(true, {2, 8, 16, 16}, 2, 0)}) {
       big.grad = false;
       r.push_back(big);
     }

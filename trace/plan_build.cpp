@@ -335,9 +335,18 @@ double Plan::Builder::step_cost(int32_t u, double* speedup) const {
     if (op_class(g.op) == OpClass::View) continue;
     const int64_t numel = g.meta.shape.numel();
     double c = 0;
-    if (g.op == OpId::MatMul) {
+    const bool conv =
+        g.op == OpId::Conv2d || g.op == OpId::Conv2dInputGrad || g.op == OpId::Conv2dWeightGrad;
+    if (g.op == OpId::MatMul || conv) {
       const Shape& a = graph.nodes[g.inputs[0]].meta.shape;
-      const double flops = 2.0 * numel * (a.size() ? a[a.size() - 1] : 1);
+      const Shape& b = graph.nodes[g.inputs[1]].meta.shape;
+      // A convolution's FLOPs: 2 * (N, O, Ho, Wo) * (C, kh, kw), as its im2col GEMMs.
+      auto per_filter = [](const Shape& w) { return w.size() && w[0] ? w.numel() / w[0] : 0; };
+      const double flops = g.op == OpId::MatMul   ? 2.0 * numel * (a.size() ? a[a.size() - 1] : 1)
+                           : g.op == OpId::Conv2d ? 2.0 * numel * per_filter(b)
+                           : g.op == OpId::Conv2dInputGrad
+                               ? 2.0 * a.numel() * per_filter(b)
+                               : 2.0 * b.numel() * per_filter(g.meta.shape);
       c = flops / 150.0 + 300;  // a little under the peak, and the call
       split_ns += c / (flops >= 256e6 ? 1.85 : flops >= 64e6 ? 1.5 : 1.0);
     } else {

@@ -1,7 +1,8 @@
-// Images: Unfold (im2col) and Fold (col2im), each the other's gradient, and conv2d,
-// max_pool2d and avg_pool2d composed of them with matmul and reductions.
+// Images: Unfold (im2col) and Fold (col2im), each the other's gradient; Conv2d and its two
+// gradients Conv2dInputGrad and Conv2dWeightGrad, each written with the others (Note [Conv2d]);
+// conv2d (Conv2d plus a broadcast bias), max_pool2d and avg_pool2d composed of them.
 //
-// attrs.ints = {kh, kw, sh, sw, ph, pw, H, W} for both (see kernels/image.cpp).
+// attrs.ints = {kh, kw, sh, sw, ph, pw, H, W} for all five (see kernels/image.cpp).
 #include "core/dispatch.h"
 #include "core/op_table.h"
 #include "core/op_errors.h"
@@ -77,6 +78,88 @@ void infer_fold(const OpDef&, TensorRefs in, const Attrs& a, TensorMeta& out) {
   out.device = in[0].device();
 }
 
+// Note [Conv2d]
+// y = Conv2d(x, w) is bilinear: <g, y> = B(x, w, g) = sum over n, o, c, the window positions and
+// the kernel offsets of g * w * (padded x at the window). Each of the three ops is the gradient
+// of B in one argument, so each one's gradient rule is written with the other two:
+//   Conv2d(x, w)                -> y:  dx = Conv2dInputGrad(g, w),  dw = Conv2dWeightGrad(x, g)
+//   Conv2dInputGrad(gy, w)      -> dx: dgy = Conv2d(g, w),          dw = Conv2dWeightGrad(g, gy)
+//   Conv2dWeightGrad(x, gy)     -> dw: dx = Conv2dInputGrad(gy, g), dgy = Conv2d(x, g)
+// and the family is closed under differentiation (gradients of gradients stay in it). That is
+// the one definition; how a device computes each op (oneDNN's convolutions for CPU f32, or
+// unfold + matmul + fold) is the kernel's choice (kernels/conv.cpp).
+
+// The common checks: 4-D operands of one non-b8 dtype. Returns the window of the image (N, C,
+// H, W) side, whose H and W are the attributes.
+Window conv_window(const char* op, const Shape& image, const Tensor& a, const Tensor& b,
+                   const Attrs& attrs) {
+  DUET_CHECK_SHAPE(a.dim() == 4 && b.dim() == 4, "[{}] expects 4-D operands, got {} and {}", op,
+                   a.sizes(), b.sizes());
+  DUET_CHECK_DTYPE(a.dtype() == b.dtype() && a.dtype() != DType::b8,
+                   "[{}] operands must share a dtype other than b8, got {} and {}", op, a.dtype(),
+                   b.dtype());
+  return window(op, attrs, image);
+}
+
+// x (N, C, H, W), w (O, C, kh, kw) -> (N, O, Ho, Wo)
+void infer_conv2d(const OpDef&, TensorRefs in, const Attrs& a, TensorMeta& out) {
+  const Shape &x = in[0].sizes(), &w = in[1].sizes();
+  const Window g = conv_window("conv2d", x, in[0], in[1], a);
+  DUET_CHECK_SHAPE(x[2] == g.h && x[3] == g.w && w[1] == x[1] && w[2] == g.kh && w[3] == g.kw,
+                   "[conv2d] input {} and weight {} do not match a {}x{} kernel over {}x{}", x, w,
+                   g.kh, g.kw, g.h, g.w);
+  out.shape = Shape{x[0], w[0], g.ho, g.wo};
+  out.dtype = in[0].dtype();
+  out.device = in[0].device();
+}
+
+// gy (N, O, Ho, Wo), w (O, C, kh, kw) -> (N, C, H, W)
+void infer_conv2d_input_grad(const OpDef&, TensorRefs in, const Attrs& a, TensorMeta& out) {
+  const Shape &gy = in[0].sizes(), &w = in[1].sizes();
+  DUET_CHECK_SHAPE(gy.size() == 4 && w.size() == 4,
+                   "[conv2d_input_grad] expects 4-D operands, got {} and {}", gy, w);
+  DUET_CHECK_VALUE(a.ints.size() == 8, "[conv2d_input_grad] expects 8 window attributes");
+  const Window g =
+      conv_window("conv2d_input_grad", Shape{gy[0], w[1], a.ints[6], a.ints[7]}, in[0], in[1], a);
+  DUET_CHECK_SHAPE(gy[1] == w[0] && gy[2] == g.ho && gy[3] == g.wo && w[2] == g.kh && w[3] == g.kw,
+                   "[conv2d_input_grad] grad {} and weight {} do not match a {}x{} kernel over "
+                   "{}x{}",
+                   gy, w, g.kh, g.kw, g.h, g.w);
+  out.shape = Shape{gy[0], w[1], g.h, g.w};
+  out.dtype = in[0].dtype();
+  out.device = in[0].device();
+}
+
+// x (N, C, H, W), gy (N, O, Ho, Wo) -> (O, C, kh, kw)
+void infer_conv2d_weight_grad(const OpDef&, TensorRefs in, const Attrs& a, TensorMeta& out) {
+  const Shape &x = in[0].sizes(), &gy = in[1].sizes();
+  const Window g = conv_window("conv2d_weight_grad", x, in[0], in[1], a);
+  DUET_CHECK_SHAPE(x[2] == g.h && x[3] == g.w && gy[0] == x[0] && gy[2] == g.ho && gy[3] == g.wo,
+                   "[conv2d_weight_grad] input {} and grad {} do not match a {}x{} kernel over "
+                   "{}x{}",
+                   x, gy, g.kh, g.kw, g.h, g.w);
+  out.shape = Shape{gy[1], x[1], g.kh, g.kw};
+  out.dtype = in[0].dtype();
+  out.device = in[0].device();
+}
+
+Tensor conv_call(OpId op, const Tensor& a, const Tensor& b, const Attrs& attrs) {
+  const Tensor* in[] = {&a, &b};
+  return call(op, TensorRefs(in, 2), attrs);
+}
+void grad_conv2d(const GradCtx& c, const Tensor& g, Tensor* gi) {
+  if (c.needs_grad(0)) gi[0] = conv_call(OpId::Conv2dInputGrad, g, c.inputs[1], c.attrs);
+  if (c.needs_grad(1)) gi[1] = conv_call(OpId::Conv2dWeightGrad, c.inputs[0], g, c.attrs);
+}
+void grad_conv2d_input_grad(const GradCtx& c, const Tensor& g, Tensor* gi) {
+  if (c.needs_grad(0)) gi[0] = conv_call(OpId::Conv2d, g, c.inputs[1], c.attrs);
+  if (c.needs_grad(1)) gi[1] = conv_call(OpId::Conv2dWeightGrad, g, c.inputs[0], c.attrs);
+}
+void grad_conv2d_weight_grad(const GradCtx& c, const Tensor& g, Tensor* gi) {
+  if (c.needs_grad(0)) gi[0] = conv_call(OpId::Conv2dInputGrad, c.inputs[1], g, c.attrs);
+  if (c.needs_grad(1)) gi[1] = conv_call(OpId::Conv2d, c.inputs[0], g, c.attrs);
+}
+
 Tensor window_call(OpId op, const Tensor& x, const Attrs& a) {
   const Tensor* in[] = {&x};
   return call(op, TensorRefs(in, 1), a);
@@ -106,6 +189,12 @@ void register_image_rules(OpDef* t) {
   t[int(OpId::Fold)].infer = infer_fold;
   set_grad(t, OpId::Unfold, grad_unfold, 0);
   set_grad(t, OpId::Fold, grad_fold, 0);
+  t[int(OpId::Conv2d)].infer = infer_conv2d;
+  t[int(OpId::Conv2dInputGrad)].infer = infer_conv2d_input_grad;
+  t[int(OpId::Conv2dWeightGrad)].infer = infer_conv2d_weight_grad;
+  set_grad(t, OpId::Conv2d, grad_conv2d, kSaveIn0 | kSaveIn1);
+  set_grad(t, OpId::Conv2dInputGrad, grad_conv2d_input_grad, kSaveIn0 | kSaveIn1);
+  set_grad(t, OpId::Conv2dWeightGrad, grad_conv2d_weight_grad, kSaveIn0 | kSaveIn1);
 }
 
 }  // namespace detail
@@ -125,8 +214,8 @@ Tensor fold(const Tensor& cols, int64_t height, int64_t width, int64_t kernel, i
   return detail::window_call(OpId::Fold, cols, a);
 }
 
-// im2col + GEMM: (O, C*k*k) @ (N, C*k*k, L) -> (N, O, L). The batch size N (and the channels C)
-// are used as SymInts, so that a symbolic batch dim stays symbolic; H, W and the weight's
+// The Conv2d primitive (Note [Conv2d]) plus a broadcast bias. The batch size N (and the
+// channels C) stay SymInts, so that a symbolic batch dim stays symbolic; H, W and the weight's
 // sizes are read as integers (the windows need them).
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, int64_t stride, int64_t padding,
               std::source_location loc) {
@@ -142,19 +231,30 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, int64_t stride,
                      "[conv2d] input ({}) and weight ({}) must share a dtype", x.dtype(),
                      w.dtype());
     const int64_t o = w.size(0), k = w.size(2);
-    detail::Window g;
-    Attrs a = detail::window_attrs("conv2d", x, k, stride, padding, &g);
-    const int64_t ho = g.ho, wo = g.wo;
-    Tensor cols = detail::window_call(OpId::Unfold, x, a);
-    // Sizes spelled out, not -1: a reshape cannot infer a dim of an empty tensor (N or O of 0).
-    const SymInt n = detail::sym_dims(x)[0], ckk = detail::sym_dims(cols)[1];
-    Tensor y =
-        detail::reshape_dims(matmul(detail::reshape_dims(w, {o, ckk}), cols), {n, o, ho, wo});
+    Attrs a = detail::window_attrs("conv2d", x, k, stride, padding);
+    Tensor y = detail::conv_call(OpId::Conv2d, x, w, a);
     if (!b.defined()) return y;
     DUET_CHECK_SHAPE(b.dim() == 1 && b.size(0) == o, "[conv2d] bias must be ({}), got {}", o,
                      b.sizes());
     return y + reshape(b, {1, o, 1, 1});
   });
+}
+
+Tensor conv2d_input_grad(const Tensor& grad, const Tensor& w, int64_t height, int64_t width,
+                         int64_t stride, int64_t padding, std::source_location loc) {
+  detail::SiteGuard site(loc);
+  DUET_CHECK_SHAPE(w.dim() == 4 && w.size(2) == w.size(3),
+                   "[conv2d_input_grad] weight must be (out, in, k, k), got {}", w.sizes());
+  Attrs a;
+  a.ints = {w.size(2), w.size(2), stride, stride, padding, padding, height, width};
+  return detail::conv_call(OpId::Conv2dInputGrad, grad, w, a);
+}
+
+Tensor conv2d_weight_grad(const Tensor& x, const Tensor& grad, int64_t kernel, int64_t stride,
+                          int64_t padding, std::source_location loc) {
+  detail::SiteGuard site(loc);
+  Attrs a = detail::window_attrs("conv2d_weight_grad", x, kernel, stride, padding);
+  return detail::conv_call(OpId::Conv2dWeightGrad, x, grad, a);
 }
 
 namespace {

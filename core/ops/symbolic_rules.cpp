@@ -236,6 +236,31 @@ void sym_fold(const OpDef& def, TensorRefs in, const Attrs& a, const TensorMeta&
   out = {x[0], floordiv(x[1], kk), m.shape[2], m.shape[3]};
 }
 
+// Conv2d and its gradients (core/ops/image.cpp): N, C and O may be symbolic; the image's H and
+// W and the kernel are attributes.
+void sym_conv2d(const OpDef& def, TensorRefs in, const Attrs&, const TensorMeta& m, SymDims& out) {
+  const SymDims x = sym_dims(in[0]), w = sym_dims(in[1]);
+  concrete_dims(def, x, {2, 3});
+  require_eq(x[1], w[1], def.name);
+  out = {x[0], w[0], m.shape[2], m.shape[3]};
+}
+
+void sym_conv2d_input_grad(const OpDef& def, TensorRefs in, const Attrs&, const TensorMeta& m,
+                           SymDims& out) {
+  const SymDims gy = sym_dims(in[0]), w = sym_dims(in[1]);
+  concrete_dims(def, gy, {2, 3});
+  require_eq(gy[1], w[0], def.name);
+  out = {gy[0], w[1], m.shape[2], m.shape[3]};
+}
+
+void sym_conv2d_weight_grad(const OpDef& def, TensorRefs in, const Attrs&, const TensorMeta& m,
+                            SymDims& out) {
+  const SymDims x = sym_dims(in[0]), gy = sym_dims(in[1]);
+  concrete_dims(def, x, {2, 3});
+  require_eq(x[0], gy[0], def.name);
+  out = {gy[1], x[1], m.shape[2], m.shape[3]};
+}
+
 void sym_gather(const OpDef&, TensorRefs in, const Attrs&, const TensorMeta&, SymDims& out) {
   out = sym_dims(in[1]);
 }
@@ -267,6 +292,9 @@ void register_symbolic_rules(OpDef* t) {
   t[int(OpId::ScatterAdd)].sym_infer = sym_first;
   t[int(OpId::Unfold)].sym_infer = sym_unfold;
   t[int(OpId::Fold)].sym_infer = sym_fold;
+  t[int(OpId::Conv2d)].sym_infer = sym_conv2d;
+  t[int(OpId::Conv2dInputGrad)].sym_infer = sym_conv2d_input_grad;
+  t[int(OpId::Conv2dWeightGrad)].sym_infer = sym_conv2d_weight_grad;
 }
 
 }  // namespace detail

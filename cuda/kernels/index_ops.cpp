@@ -97,6 +97,10 @@ void register_index(OpDef* t) {
   reg(OpId::CollectiveWait, duet::kernels::collective_wait_kernel);
   reg(OpId::Unfold, window_kernel<true>);
   reg(OpId::Fold, window_kernel<false>);
+  // Conv2d and its gradients: unfold, fold and cuBLAS GEMMs on temporaries (kernels/conv.cpp).
+  reg(OpId::Conv2d, duet::kernels::conv2d_composed_kernel);
+  reg(OpId::Conv2dInputGrad, duet::kernels::conv2d_input_grad_composed_kernel);
+  reg(OpId::Conv2dWeightGrad, duet::kernels::conv2d_weight_grad_composed_kernel);
 }
 
 }  // namespace duet::cuda::detail

@@ -1,0 +1,327 @@
+// Kernels of Conv2d, Conv2dInputGrad and Conv2dWeightGrad (Note [Conv2d] in core/ops/image.cpp).
+//
+// Two ways to compute each op, chosen per call:
+//  - oneDNN's convolution primitives (CPU, f32): convolution_forward, convolution_backward_data
+//    and convolution_backward_weights, on the layouts oneDNN picks for the shape (blocked ones
+//    on AVX-512 and AVX2 machines), with reorders from and to duet's NCHW / OIHW. On the
+//    machines duet is developed on this is faster than the im2col GEMMs themselves (bench C1).
+//  - composed of the Unfold, Fold, MatMul and Copy kernels of the output's device, on
+//    temporaries: every other dtype on CPU, shapes that oneDNN refuses, and CUDA (which
+//    registers the composed kernels, cuda/kernels/index_ops.cpp).
+//
+// attrs.ints = {kh, kw, sh, sw, ph, pw, H, W} (kernels/image.cpp).
+#include <omp.h>
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <array>
+#include <map>
+#include <optional>
+
+#include "kernels/composed.h"
+#include "kernels/cpu_kernels.h"
+
+namespace duet::kernels {
+namespace {
+
+struct ConvGeom {
+  int64_t n, c, h, w, o, kh, kw, sh, sw, ph, pw, ho, wo;
+  int64_t ckk() const { return c * kh * kw; }
+  int64_t l() const { return ho * wo; }
+};
+
+// x (N, C, H, W) and the filters' (O, kh, kw) from the attributes.
+ConvGeom conv_geom(const Attrs& a, int64_t n, int64_t c, int64_t o) {
+  ConvGeom g{n,         c,         a.ints[6], a.ints[7], o, a.ints[0], a.ints[1],
+             a.ints[2], a.ints[3], a.ints[4], a.ints[5], 0, 0};
+  g.ho = (g.h + 2 * g.ph - g.kh) / g.sh + 1;
+  g.wo = (g.w + 2 * g.pw - g.kw) / g.sw + 1;
+  return g;
+}
+
+void run_kernel(OpId op, std::initializer_list<const Tensor*> in, const Attrs& a,
+                const Tensor& out) {
+  detail::op_def(op).kernel[static_cast<int>(out.device().type)](
+      TensorRefs(in.begin(), static_cast<int64_t>(in.size())), a, out);
+}
+
+// t itself when contiguous, else a contiguous copy on its device.
+Tensor dense(const Tensor& t) {
+  if (t.is_contiguous()) return t;
+  Tensor c = detail::empty(t.sizes(), t.dtype(), t.device());
+  copy_on_device(t, c);
+  return c;
+}
+
+// A contiguous tensor seen with another shape (row-major strides), or permuted/transposed.
+Tensor view(const Tensor& t, const Shape& s, const Strides& st) {
+  return detail::make_view(t, s, st, t.storage_offset());
+}
+Tensor rows(const Tensor& t, const Shape& s) {
+  Strides st(s.size());
+  int64_t acc = 1;
+  for (int64_t d = static_cast<int64_t>(s.size()) - 1; d >= 0; --d) {
+    st[d] = acc;
+    acc *= std::max<int64_t>(s[d], 1);
+  }
+  return view(t, s, st);
+}
+
+// The columns of x: (N, C*kh*kw, L).
+Tensor columns(const Tensor& x, const ConvGeom& g, const Attrs& a) {
+  Tensor cols = detail::empty(Shape{g.n, g.ckk(), g.l()}, x.dtype(), x.device());
+  run_kernel(OpId::Unfold, {&x}, a, cols);
+  return cols;
+}
+
+// y (N, O, L) = w (O, C*kh*kw) @ cols (N, C*kh*kw, L).
+void composed_forward(const Tensor& x, const Tensor& w, const Attrs& a, const Tensor& out,
+                      const ConvGeom& g) {
+  const Tensor cols = columns(x, g, a);
+  const Tensor wd = dense(w);
+  const Tensor w2 = rows(wd, Shape{g.o, g.ckk()});
+  const Tensor y3 = rows(out, Shape{g.n, g.o, g.l()});
+  run_kernel(OpId::MatMul, {&w2, &cols}, {}, y3);
+}
+
+// dx = fold(w^T (C*kh*kw, O) @ gy (N, O, L)).
+void composed_input_grad(const Tensor& gy, const Tensor& w, const Attrs& a, const Tensor& out,
+                         const ConvGeom& g) {
+  const Tensor wd = dense(w), gyd = dense(gy);
+  const Tensor wt = view(wd, Shape{g.ckk(), g.o}, Strides{1, g.ckk()});
+  const Tensor gy3 = rows(gyd, Shape{g.n, g.o, g.l()});
+  const Tensor gcols = detail::empty(Shape{g.n, g.ckk(), g.l()}, out.dtype(), out.device());
+  run_kernel(OpId::MatMul, {&wt, &gy3}, {}, gcols);
+  run_kernel(OpId::Fold, {&gcols}, a, out);
+}
+
+// dw (O, C*kh*kw) = sum over n of gy_n (O, L) @ cols_n^T: one GEMM over the batch, with gy and
+// the columns copied to (O, N*L) and (C*kh*kw, N*L).
+void composed_weight_grad(const Tensor& x, const Tensor& gy, const Attrs& a, const Tensor& out,
+                          const ConvGeom& g) {
+  const Tensor cols = columns(x, g, a);
+  const Tensor gyd = dense(gy);
+  const int64_t nl = g.n * g.l();
+  const Tensor gyp = detail::empty(Shape{g.o, g.n, g.l()}, out.dtype(), out.device());
+  copy_on_device(view(gyd, Shape{g.o, g.n, g.l()}, Strides{g.l(), g.o * g.l(), 1}), gyp);
+  const Tensor colsp = detail::empty(Shape{g.ckk(), g.n, g.l()}, out.dtype(), out.device());
+  copy_on_device(view(cols, Shape{g.ckk(), g.n, g.l()}, Strides{g.l(), g.ckk() * g.l(), 1}), colsp);
+  const Tensor lhs = rows(gyp, Shape{g.o, nl});
+  const Tensor rhs = view(colsp, Shape{nl, g.ckk()}, Strides{1, nl});
+  const Tensor dw = rows(out, Shape{g.o, g.ckk()});
+  run_kernel(OpId::MatMul, {&lhs, &rhs}, {}, dw);
+}
+
+// ---- oneDNN ----
+
+enum class Pass : int64_t { Forward, InputGrad, WeightGrad };
+
+using dnnl::memory;
+using Tag = memory::format_tag;
+
+dnnl::engine& cpu_engine() {
+  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
+  return e;
+}
+
+// One pass of one convolution shape: the primitive and the layouts it works in.
+struct OneDnnConv {
+  dnnl::primitive prim;
+  memory::desc src, weights, dst;  // diff_src, diff_weights, diff_dst for the gradients
+};
+
+using ConvKey = std::array<int64_t, 15>;
+
+// Below this many FLOPs a convolution runs on the calling thread: oneDNN opens a parallel
+// region for any size, and its fork and join cost more than they save on a few microseconds
+// of work (and far more on a loaded machine, where the second thread waits for a time slice).
+constexpr double kSerialFlops = 4e6;
+
+// Sets the OpenMP thread count of the calling thread for a scope (oneDNN reads it when it
+// builds a primitive and when it runs one).
+struct ThreadsGuard {
+  int saved;
+  explicit ThreadsGuard(int n) : saved(omp_get_max_threads()) {
+    if (n != saved) omp_set_num_threads(n);
+  }
+  ~ThreadsGuard() {
+    if (omp_get_max_threads() != saved) omp_set_num_threads(saved);
+  }
+};
+
+// Builds the primitive, or nothing when oneDNN has no implementation for the shape.
+std::optional<OneDnnConv> make_conv(const ConvGeom& g, Pass pass) {
+  const memory::dims xd = {g.n, g.c, g.h, g.w}, wd = {g.o, g.c, g.kh, g.kw},
+                     yd = {g.n, g.o, g.ho, g.wo};
+  const memory::dims strides = {g.sh, g.sw}, pad = {g.ph, g.pw};
+  // The bottom and right padding oneDNN needs for the output size duet computes (the last
+  // window may stop short of the padded edge when the stride does not divide it).
+  const memory::dims pad_r = {(g.ho - 1) * g.sh + g.kh - g.h - g.ph,
+                              (g.wo - 1) * g.sw + g.kw - g.w - g.pw};
+  const auto f32 = memory::data_type::f32;
+  const memory::desc x(xd, f32, Tag::any), w(wd, f32, Tag::any), y(yd, f32, Tag::any);
+  try {
+    dnnl::engine& eng = cpu_engine();
+    const dnnl::convolution_forward::primitive_desc fwd(
+        dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
+                                        dnnl::algorithm::convolution_direct, x, w, y, strides, pad,
+                                        pad_r),
+        eng);
+    switch (pass) {
+      case Pass::Forward:
+        return OneDnnConv{dnnl::convolution_forward(fwd), fwd.src_desc(), fwd.weights_desc(),
+                          fwd.dst_desc()};
+      case Pass::InputGrad: {
+        const dnnl::convolution_backward_data::primitive_desc pd(
+            dnnl::convolution_backward_data::desc(dnnl::algorithm::convolution_direct, x, w, y,
+                                                  strides, pad, pad_r),
+            eng, fwd);
+        return OneDnnConv{dnnl::convolution_backward_data(pd), pd.diff_src_desc(),
+                          pd.weights_desc(), pd.diff_dst_desc()};
+      }
+      case Pass::WeightGrad: {
+        const dnnl::convolution_backward_weights::primitive_desc pd(
+            dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, x, w, y,
+                                                     strides, pad, pad_r),
+            eng, fwd);
+        return OneDnnConv{dnnl::convolution_backward_weights(pd), pd.src_desc(),
+                          pd.diff_weights_desc(), pd.diff_dst_desc()};
+      }
+    }
+  } catch (const dnnl::error&) {
+  }
+  return std::nullopt;
+}
+
+// The primitives of this thread (a primitive runs on one thread at a time; oneDNN's own cache
+// makes a second thread's construction of the same shape cheap). Bounded: a model called at
+// many batch sizes starts over once it has used kMaxCached shapes.
+constexpr size_t kMaxCached = 96;
+const OneDnnConv* cached_conv(const ConvGeom& g, Pass pass, int threads) {
+  thread_local std::map<ConvKey, std::optional<OneDnnConv>> cache;
+  const ConvKey key = {g.n,    g.c,  g.h,  g.w,  g.o,  g.kh, g.kw,
+                       g.sh,   g.sw, g.ph, g.pw, g.ho, g.wo, static_cast<int64_t>(pass),
+                       threads};
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    if (cache.size() >= kMaxCached) cache.clear();
+    it = cache.emplace(key, make_conv(g, pass)).first;
+  }
+  return it->second ? &*it->second : nullptr;
+}
+
+// duet's contiguous NCHW / OIHW buffer as a oneDNN memory, and the memory the primitive works
+// in: the same one when the layouts agree, else a fresh one (`reorder_in`: filled from the
+// user's buffer).
+struct Operand {
+  memory user, inner;
+};
+Operand operand(const memory::desc& inner, const memory::dims& dims, Tag tag, void* data,
+                bool reorder_in, dnnl::stream& s) {
+  dnnl::engine& eng = cpu_engine();
+  Operand o{memory({dims, memory::data_type::f32, tag}, eng, data), {}};
+  if (inner == o.user.get_desc()) {
+    o.inner = o.user;
+  } else {
+    o.inner = memory(inner, eng);
+    if (reorder_in) dnnl::reorder(o.user, o.inner).execute(s, o.user, o.inner);
+  }
+  return o;
+}
+
+// Runs one pass with oneDNN; false when it has no primitive for the shape (then the caller
+// composes the kernels).
+bool onednn_conv(Pass pass, const Tensor& a, const Tensor& b, const Tensor& out,
+                 const ConvGeom& g) {
+  if (g.n == 0 || g.c == 0 || g.o == 0 || g.ho <= 0 || g.wo <= 0) return false;
+  const double flops = 2.0 * static_cast<double>(g.n * g.o * g.l()) * static_cast<double>(g.ckk());
+  const ThreadsGuard threads(flops < kSerialFlops ? 1 : omp_get_max_threads());
+  const OneDnnConv* conv = cached_conv(g, pass, omp_get_max_threads());
+  if (!conv) return false;
+  const Tensor ad = dense(a), bd = dense(b);
+  auto ptr = [](const Tensor& t) { return const_cast<void*>(t.raw_data()); };
+  const memory::dims xd = {g.n, g.c, g.h, g.w}, wd = {g.o, g.c, g.kh, g.kw},
+                     yd = {g.n, g.o, g.ho, g.wo};
+  dnnl::stream s(cpu_engine());
+  // Which tensor is which: (x, w) -> y, (gy, w) -> gx, (x, gy) -> gw.
+  void* px = pass == Pass::InputGrad ? out.raw_data() : ptr(ad);
+  void* pw = pass == Pass::WeightGrad ? out.raw_data() : ptr(bd);
+  void* py = pass == Pass::Forward ? out.raw_data() : pass == Pass::InputGrad ? ptr(ad) : ptr(bd);
+  Operand x = operand(conv->src, xd, Tag::nchw, px, pass != Pass::InputGrad, s);
+  Operand w = operand(conv->weights, wd, Tag::oihw, pw, pass != Pass::WeightGrad, s);
+  Operand y = operand(conv->dst, yd, Tag::nchw, py, pass != Pass::Forward, s);
+  Operand& result = pass == Pass::Forward ? y : pass == Pass::InputGrad ? x : w;
+  switch (pass) {
+    case Pass::Forward:
+      conv->prim.execute(
+          s, {{DNNL_ARG_SRC, x.inner}, {DNNL_ARG_WEIGHTS, w.inner}, {DNNL_ARG_DST, y.inner}});
+      break;
+    case Pass::InputGrad:
+      conv->prim.execute(s, {{DNNL_ARG_DIFF_DST, y.inner},
+                             {DNNL_ARG_WEIGHTS, w.inner},
+                             {DNNL_ARG_DIFF_SRC, x.inner}});
+      break;
+    case Pass::WeightGrad:
+      conv->prim.execute(s, {{DNNL_ARG_SRC, x.inner},
+                             {DNNL_ARG_DIFF_DST, y.inner},
+                             {DNNL_ARG_DIFF_WEIGHTS, w.inner}});
+      break;
+  }
+  if (result.inner != result.user)
+    dnnl::reorder(result.inner, result.user).execute(s, result.inner, result.user);
+  s.wait();
+  return true;
+}
+
+// The geometry of a call from its operands: (x, w) -> y, (gy, w) -> dx, (x, gy) -> dw.
+ConvGeom geometry(Pass pass, TensorRefs in, const Attrs& a) {
+  const Shape &p = in[0].sizes(), &q = in[1].sizes();
+  switch (pass) {
+    case Pass::Forward:
+      return conv_geom(a, p[0], p[1], q[0]);
+    case Pass::InputGrad:
+      return conv_geom(a, p[0], q[1], q[0]);
+    case Pass::WeightGrad:
+      break;
+  }
+  return conv_geom(a, p[0], p[1], q[1]);
+}
+
+template <Pass pass>
+void composed_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
+  DUET_ASSERT(out.is_contiguous(), "the conv2d kernels write a fresh contiguous output");
+  const ConvGeom g = geometry(pass, in, a);
+  if constexpr (pass == Pass::Forward)
+    composed_forward(in[0], in[1], a, out, g);
+  else if constexpr (pass == Pass::InputGrad)
+    composed_input_grad(in[0], in[1], a, out, g);
+  else
+    composed_weight_grad(in[0], in[1], a, out, g);
+}
+
+template <Pass pass>
+void cpu_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
+  DUET_ASSERT(out.is_contiguous(), "the conv2d kernels write a fresh contiguous output");
+  if (out.dtype() == DType::f32 && onednn_conv(pass, in[0], in[1], out, geometry(pass, in, a)))
+    return;
+  composed_kernel<pass>(in, a, out);
+}
+
+}  // namespace
+
+void conv2d_composed_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
+  composed_kernel<Pass::Forward>(in, a, out);
+}
+void conv2d_input_grad_composed_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
+  composed_kernel<Pass::InputGrad>(in, a, out);
+}
+void conv2d_weight_grad_composed_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
+  composed_kernel<Pass::WeightGrad>(in, a, out);
+}
+
+void register_conv_kernels(OpDef* t) {
+  detail::register_kernel(t, OpId::Conv2d, DeviceType::CPU, cpu_kernel<Pass::Forward>);
+  detail::register_kernel(t, OpId::Conv2dInputGrad, DeviceType::CPU, cpu_kernel<Pass::InputGrad>);
+  detail::register_kernel(t, OpId::Conv2dWeightGrad, DeviceType::CPU, cpu_kernel<Pass::WeightGrad>);
+}
+
+}  // namespace duet::kernels
