@@ -327,6 +327,7 @@ class Worker {
     } release{this, items};
     if (!to_build.empty()) compile(tc, headers, dir, to_build);
     release();
+    if (stopping()) return;  // the process is exiting: the builds were killed
     for (Item& it : items) {
       if (!it.owned) {
         std::unique_lock<std::mutex> l(mu_);
@@ -474,6 +475,10 @@ class Worker {
     if (dir.empty()) return "";
     if (const char* e = std::getenv("DUET_CODEGEN_PCH"); e && std::string_view(e) == "0") return "";
     return access((dir + "/duet_pch.h.gch").c_str(), R_OK) == 0 ? dir : "";
+  }
+  bool stopping() {
+    std::lock_guard<std::mutex> l(mu_);
+    return stop_;
   }
   bool failed(const std::string& key) {
     std::lock_guard<std::mutex> l(tool_mu_);
