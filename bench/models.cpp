@@ -774,10 +774,11 @@ void run_ablation(const Config& c, const std::function<bool(const char*)>& want,
 // CS: how long a compiled training step takes to reach its steady-state speed from its first
 // call, on a cold kernel cache (a fresh cache directory): fused groups run on the interpreter
 // until their generated kernels are built. Each rep steps for a few seconds from the first
-// call, then waits for every build and takes the warm median; s_to_steady is the earliest time
-// t after the first call such that the median of the calls starting from t is within 1.1x the
-// warm median. after_1s_ratio is the median of the calls starting 1 s or more after the first
-// call, over the warm median (the target: at most 1.1).
+// call (8 s for W4, 6 s for W6), then waits for every build and takes the warm median;
+// s_to_steady is the earliest time t after the first call from which every 9 consecutive calls
+// have a median within 1.1x the warm median. after_1s_ratio is the median of the calls starting
+// between 1 and 3 s after the first call, over the warm median (the target: at most 1.1);
+// s_to_kernels, when the last of the step's kernels was swapped in.
 void run_cs(const Config& c, std::vector<Result>& out) {
   using Clock = std::chrono::steady_clock;
   auto median = [](std::vector<double> v) {
@@ -800,7 +801,7 @@ void run_cs(const Config& c, std::vector<Result>& out) {
       auto step = t->compile();
       std::vector<std::pair<double, double>> calls;  // (start s after the first call, seconds)
       const auto t0 = Clock::now();
-      const double window = w4 ? 4.0 : 3.0;
+      const double window = w4 ? 8.0 : 6.0;
       double ready = -1;  // when every queued kernel had been swapped in
       for (;;) {
         const auto a = Clock::now();
@@ -827,19 +828,22 @@ void run_cs(const Config& c, std::vector<Result>& out) {
       }
       const double warm_median = median(warm);
       warm_ms.push_back(warm_median * 1e3);
-      // The earliest start from which the median of the remaining calls is steady.
+      // The earliest start from which every run of 9 consecutive calls has its median within
+      // 1.1x the warm median (the window's last call when none does).
+      auto window_median = [&](size_t i) {
+        std::vector<double> w;
+        for (size_t k = i; k < std::min(calls.size(), i + 9); ++k) w.push_back(calls[k].second);
+        return median(w);
+      };
       double steady = calls.back().first;
-      for (size_t i = 0; i < calls.size(); ++i) {
-        std::vector<double> rest;
-        for (size_t k = i; k < calls.size(); ++k) rest.push_back(calls[k].second);
-        if (rest.size() >= 5 && median(rest) <= 1.1 * warm_median) {
-          steady = calls[i].first;
-          break;
-        }
+      for (size_t i = calls.size(); i-- > 0;) {
+        if (window_median(i) > 1.1 * warm_median) break;
+        steady = calls[i].first;
       }
+      // The criterion over the calls that start between 1 and 3 s after the first.
       std::vector<double> late;
       for (const auto& [start, secs] : calls)
-        if (start >= 1.0) late.push_back(secs);
+        if (start >= 1.0 && start < 3.0) late.push_back(secs);
       to_steady.push_back(steady);
       after_1s.push_back(late.empty() ? 0 : median(late) / warm_median);
       std::error_code ec;
