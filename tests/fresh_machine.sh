@@ -126,6 +126,16 @@ if [ -f /etc/apt/sources.list.d/debian.sources ]; then
   : >"$root/etc/apt/sources.list"
 fi
 cp -L /etc/resolv.conf "$root/etc/resolv.conf"
+# The network's TLS trust, where it has one of its own: a network that intercepts TLS (a proxy
+# with its own CA) gives pip that CA in /etc/pip.conf; the root gets the same, so that the ONNX
+# Runtime venv installs from PyPI as on any machine of that network.
+if [ -f /etc/pip.conf ]; then
+  cert="$(sed -n 's/^[[:space:]]*cert[[:space:]]*=[[:space:]]*//p' /etc/pip.conf | head -1)"
+  if [ -n "$cert" ] && [ -f "$cert" ]; then
+    cp -L "$cert" "$root/etc/network-ca.crt"
+    printf '[global]\ncert = /etc/network-ca.crt\n' >"$root/etc/pip.conf"
+  fi
+fi
 
 say "cloning $(git -C "$repo" rev-parse --short HEAD) into /work/duet"
 mkdir -p "$root/work"
