@@ -251,6 +251,22 @@ TEST_CASE("import errors name the op, the node and the opset, or the element typ
     write_model(std::move(g), f.path);
     CHECK_THROWS_WITH_AS(import_onnx(f.path), doctest::Contains("FLOAT16"), DTypeError);
   }
+  SUBCASE("an attribute out of range raises at the call, never divides by zero") {
+    onnx::GraphProto g;
+    add_input(g, "x", onnx::TensorProto::FLOAT, {int64_t(1), int64_t(4), int64_t(2), int64_t(2)});
+    onnx::NodeProto* n = add_node(g, "DepthToSpace", {"x"}, {"y"});
+    onnx::AttributeProto* a = n->add_attribute();
+    a->set_name("blocksize");
+    a->set_type(onnx::AttributeProto::INT);
+    a->set_i(0);
+    add_output(g, "y", onnx::TensorProto::FLOAT);
+    write_model(std::move(g), f.path);
+    Program p = import_onnx(f.path);
+    CHECK_THROWS_WITH_AS(p.eager({randn({1, 4, 2, 2})}),
+                         doctest::Contains("(DepthToSpace, opset 17): needs a 4-D input and a "
+                                           "positive blocksize"),
+                         ValueError);
+  }
   SUBCASE("a file that is not a model") {
     std::ofstream(f.path) << "not a model at all";
     CHECK_THROWS_WITH_AS(import_onnx(f.path), doctest::Contains("is not an ONNX model"),

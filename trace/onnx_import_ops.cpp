@@ -381,6 +381,7 @@ V op_split(const Node& n) {
   if (parts.empty()) {
     const int64_t k =
         n.has_attr("num_outputs") ? n.attr_i("num_outputs", 1) : static_cast<int64_t>(n.outputs());
+    if (k <= 0) n.fail(fmt::format("num_outputs must be positive, got {}", k));
     const int64_t each = (len + k - 1) / k;
     for (int64_t i = 0, left = len; i < k; ++i, left -= each) parts.push_back(std::min(each, left));
   }
@@ -508,6 +509,7 @@ Tensor diagonal_offsets(int64_t rows, int64_t cols, Device d) {
 
 V op_trilu(const Node& n) {
   const Tensor& x = n.in(0);
+  if (x.dim() < 2) n.fail(fmt::format("needs a rank of 2 or more, got shape {}", x.sizes()));
   const int64_t k = n.has(1) ? static_cast<int64_t>(n.number(1)) : 0;
   Tensor off = diagonal_offsets(x.sizes()[x.dim() - 2], x.sizes()[x.dim() - 1], x.device());
   Tensor keep = n.attr_i("upper", 1) ? ge(off, k) : le(off, k);
@@ -516,6 +518,7 @@ V op_trilu(const Node& n) {
 
 V op_eye_like(const Node& n) {
   const Tensor& x = n.in(0);
+  if (x.dim() != 2) n.fail(fmt::format("needs a 2-D input, got shape {}", x.sizes()));
   Tensor off = diagonal_offsets(x.sizes()[0], x.sizes()[1], x.device());
   return {as(eq(off, n.attr_i("k", 0)), dtype_attr(n, "dtype", x.dtype()))};
 }
@@ -523,6 +526,7 @@ V op_eye_like(const Node& n) {
 V op_one_hot(const Node& n) {
   const Tensor& idx = n.in(0);
   const int64_t depth = static_cast<int64_t>(n.number(1));
+  if (depth <= 0) n.fail(fmt::format("depth must be positive, got {}", depth));
   const Tensor& values = n.in(2);
   const int64_t a = n.axis(n.attr_i("axis", -1), idx.dim() + 1);
   Tensor i = as(idx, DType::i64);
@@ -616,6 +620,9 @@ V op_pad(const Node& n) {
 V op_depth_to_space(const Node& n) {
   const Tensor& x = n.in(0);
   const int64_t b = n.attr_i("blocksize", 1);
+  if (b <= 0 || x.dim() != 4)
+    n.fail(fmt::format("needs a 4-D input and a positive blocksize, got shape {} and {}", x.sizes(),
+                       b));
   std::vector<int64_t> d = dims_of(x);
   const int64_t N = d[0], C = d[1], H = d[2], W = d[3];
   Tensor t = n.attr_s("mode", "DCR") == "DCR"
@@ -627,6 +634,9 @@ V op_depth_to_space(const Node& n) {
 V op_space_to_depth(const Node& n) {
   const Tensor& x = n.in(0);
   const int64_t b = n.attr_i("blocksize", 1);
+  if (b <= 0 || x.dim() != 4)
+    n.fail(fmt::format("needs a 4-D input and a positive blocksize, got shape {} and {}", x.sizes(),
+                       b));
   std::vector<int64_t> d = dims_of(x);
   const int64_t N = d[0], C = d[1], H = d[2], W = d[3];
   Tensor t = permute(reshape(x, {N, C, H / b, b, W / b, b}), {0, 3, 5, 1, 2, 4});
@@ -1293,6 +1303,8 @@ V op_reverse_sequence(const Node& n) {
   const int64_t ta = n.axis(n.attr_i("time_axis", 0), x.dim());
   const int64_t ba = n.axis(n.attr_i("batch_axis", 1), x.dim());
   const int64_t T = x.sizes()[ta], B = x.sizes()[ba];
+  if (static_cast<int64_t>(lens.size()) != B)
+    n.fail(fmt::format("sequence_lens holds {} lengths for a batch of {}", lens.size(), B));
   // src[t][b]: the time step that lands at t in batch b.
   std::vector<int64_t> src(static_cast<size_t>(T * B));
   for (int64_t t = 0; t < T; ++t)
@@ -1434,9 +1446,9 @@ Tensor det(const Tensor& x) {
 
 V op_det(const Node& n) {
   const Tensor& x = n.in(0);
-  const int64_t k = x.sizes()[x.dim() - 1];
-  if (x.dim() < 2 || x.sizes()[x.dim() - 2] != k)
+  if (x.dim() < 2 || x.sizes()[x.dim() - 2] != x.sizes()[x.dim() - 1])
     n.fail(fmt::format("shape {} is not square", x.sizes()));
+  const int64_t k = x.sizes()[x.dim() - 1];
   if (k > 6)
     n.fail(fmt::format("matrices of {} x {}: duet expands determinants up to 6 x 6", k, k));
   return {det(x)};
