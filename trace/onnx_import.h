@@ -4,10 +4,12 @@
 
 #include <onnx/onnx_pb.h>
 
+#include <cstdint>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "core/options.h"
 #include "core/tensor.h"
 
 namespace duet::detail::onnx_import {
@@ -88,10 +90,12 @@ struct OpEntry {
   ImportFn fn;
 };
 /// The mappings, by file: elementwise, shape, reduction, nn and loss ops
-/// (trace/onnx_import_ops.cpp); resampling and transposed convolution
+/// (trace/onnx_import_ops.cpp); ops placed or chosen by data, signal processing and the training
+/// domain's optimizers (trace/onnx_import_data.cpp); resampling and transposed convolution
 /// (trace/onnx_import_image.cpp); control flow and recurrent layers
 /// (trace/onnx_import_control.cpp). find_op looks in all of them.
 std::vector<OpEntry> core_ops();
+std::vector<OpEntry> data_ops();
 std::vector<OpEntry> image_ops();
 std::vector<OpEntry> control_ops();
 /// The name a node's op is mapped under: the op type for the default domain, and
@@ -107,6 +111,18 @@ Tensor as(const Tensor& t, DType d);
 Tensor i64s(const std::vector<int64_t>& v, Device device = Device::cpu());
 /// x reversed along dim.
 Tensor flip(const Tensor& x, int64_t dim);
+/// Options of t's dtype and device; t's sizes; the product of v[from, to).
+Options like(const Tensor& t);
+std::vector<int64_t> dims_of(const Tensor& t);
+int64_t prod(const std::vector<int64_t>& v, size_t from = 0, size_t to = SIZE_MAX);
+/// x with dim a moved last / first; movedim_back undoes movedim_last.
+Tensor movedim_last(const Tensor& x, int64_t a);
+Tensor movedim_first(const Tensor& x, int64_t a);
+Tensor movedim_back(const Tensor& x, int64_t a);
+/// Indices with negative values counted from the end of a dim of size len, as i64.
+Tensor wrap_index(const Tensor& idx, int64_t len);
+/// The dtype an attribute names (a DTypeError for an element type duet has no dtype for).
+DType dtype_attr(const Node& n, const char* name, DType fallback);
 /// x padded by pads (every dim's before, then every dim's after; negative values crop), in mode
 /// "constant" (with value), "reflect" or "edge".
 Tensor pad_nd(const Node& n, Tensor x, const std::vector<int64_t>& pads, const std::string& mode,
