@@ -429,7 +429,7 @@ class Worker {
   // once per kernel, and the library's file gets one name per kernel in the cache. A library of
   // an older duet names its entry point duet_fused; load() looks for both.
   static std::string batch_source(const std::vector<Item*>& items) {
-    std::string out = kPreludeIncludes;
+    std::string out = detail::fused_source_includes();
     for (const Item* it : items) {
       std::string body = it->source;
       const size_t start = body.find("\nnamespace {");
@@ -463,10 +463,6 @@ class Worker {
 
   // Kernels one build takes at most.
   static constexpr size_t kMaxBatch = 16;
-  // The #include lines every kernel starts with (kernels/codegen/cpu.cpp).
-  static constexpr const char* kPreludeIncludes =
-      "#include <stdint.h>\n\n#include <algorithm>\n#include <limits>\n#include "
-      "<type_traits>\n\n#include \"duet_fused_abi.h\"\n#include \"duet_functors.h\"\n";
 
   // The directory of duet's precompiled kernel header, when this build made one and it is
   // there (Note [Codegen precompiled header]); "" otherwise. DUET_CODEGEN_PCH=0 turns it off.

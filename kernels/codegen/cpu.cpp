@@ -250,6 +250,8 @@ std::string reg_list(const FusedInstr& in, int arity) {
 
 }  // namespace
 
+const char* fused_source_includes() { return kPreludeHead; }
+
 std::string generate_fused_source(const FusedProgram& p) {
   check_generatable(p, "codegen");
   const int nin = p.num_inputs(), nout = static_cast<int>(p.outputs.size());

@@ -13,6 +13,9 @@ namespace duet::detail {
 /// int64_t begin, int64_t end)`, computing what interpret_fused computes (elementwise results
 /// bit for bit). It includes "duet_fused_abi.h" and "duet_functors.h" (the embedded headers).
 std::string generate_fused_source(const kernels::FusedProgram& p);
+/// The #include lines every generated CPU kernel starts with (a batch of kernels built as one
+/// translation unit starts with them once; trace/codegen.cpp).
+const char* fused_source_includes();
 }  // namespace duet::detail
 
 namespace duet::cuda::detail {
