@@ -3,19 +3,14 @@
 // TT, a two-tower model for parallel branches; and --ablate, each compiled workload with each
 // pass off in turn.
 //
-// The models have no nn module yet: a Linear layer is either duet::linear(x, w, b) =
-// matmul(x, transpose(w, 0, 1)) + b with torch.nn.Linear's weight layout (out, in), or
-// matmul(x, w) + b with the weight kept transposed, (in, out). Both are fair; each workload uses
-// the one that measured faster for duet on this machine, and its floor makes the same products
-// with the same transposes.
-// - Training (W4, W6): (in, out). Every product of the step then reads and writes its operands
-//   in their own layout, and the weight's gradient x^T dy arrives in the weight's layout. With
-//   (out, in) it arrives as a transposed view, and accumulating it into .grad, the SGD update and
-//   the compiled step's write-back of .grad take strided paths: W6 eager about 235 against
-//   180 us per step, compiled about 150 against 95; W4 eager about 12.5 against 9.2 ms,
-//   compiled about 15.3 against 8.9 (same runs, floors 7.5 ms and 40 us either way).
-// - Inference (W5): (out, in), gemv on rows: about 55 against 62 to 72 us per call, eager and
-//   compiled, with the floor following (52 to 59 against 60 to 71 us).
+// The training workloads (W4, W6, TT) and W5 are written as a user writes them: nn::Linear
+// layers (torch.nn.Linear's (out, in) weights and initialisation) in an nn::Sequential with the
+// activation modules, and optim::SGD. W4 and W6 also report a second, labelled row
+// (variant weights_in_out): the same model with plain tensors, weights kept transposed (in, out)
+// and each layer h @ w + b, the layout in which every product reads its operands in order. The
+// gradient rule of matmul makes the weight's gradient in the weight's own layout (linear()'s
+// transposed view gets (g^T x)^T), so the two rows should match; the second row is there to show
+// that they do.
 #include <cblas.h>
 #include <unistd.h>
 #include <oneapi/dnnl/dnnl.h>
@@ -43,10 +38,12 @@ namespace {
 
 enum class Act { Relu, Tanh };
 
-/// Weights stored (in, out) (true) or (out, in) as torch.nn.Linear (false): for the training
-/// steps (W4, W6, and CT's W4 step) and for W5's forward.
+/// Weights stored (in, out): the training steps' second row (Path::WeightsInOut) and TT.
 constexpr bool kTrainWeightsInOut = true;
-constexpr bool kInferWeightsInOut = false;
+
+/// How a training workload's model is written: as users write it (nn::Linear, nn::Sequential,
+/// optim::SGD), or with plain tensors in the (in, out) layout and the update written out.
+enum class Path { User, WeightsInOut };
 
 /// Linear layers of the given sizes (sizes[0] inputs, sizes.back() outputs).
 struct Mlp {
@@ -54,6 +51,8 @@ struct Mlp {
   Act act = Act::Relu;
   bool act_last = false;  ///< whether the last layer is followed by the activation too
   bool wt = false;        ///< weights (in, out), a layer h @ w + b; else (out, in), linear()
+  /// user_mlp(): the nn::Sequential that forward() calls; w and b are its Linear layers' tensors
+  std::shared_ptr<duet::nn::Sequential> seq;
 
   std::vector<Tensor> params() const {
     std::vector<Tensor> p;
@@ -81,7 +80,30 @@ Mlp make_mlp(const std::vector<int64_t>& sizes, Act act, bool act_last, bool in_
   return m;
 }
 
+/// The MLP as users write it: nn::Linear layers (PyTorch's initialisation) in an nn::Sequential
+/// with nn::ReLU or nn::Tanh modules.
+Mlp user_mlp(const std::vector<int64_t>& sizes, Act act, bool act_last) {
+  Mlp m;
+  m.act = act;
+  m.act_last = act_last;
+  m.seq = std::make_shared<duet::nn::Sequential>();
+  for (size_t l = 0; l + 1 < sizes.size(); ++l) {
+    duet::nn::Linear lin(sizes[l], sizes[l + 1]);
+    m.w.push_back(lin.weight);
+    m.b.push_back(lin.bias);
+    m.seq->push_back(std::move(lin));
+    if (l + 2 < sizes.size() || act_last) {
+      if (act == Act::Relu)
+        m.seq->push_back(duet::nn::ReLU());
+      else
+        m.seq->push_back(duet::nn::Tanh());
+    }
+  }
+  return m;
+}
+
 Tensor forward(const Mlp& m, Tensor h) {
+  if (m.seq) return m.seq->forward(h);
   for (size_t l = 0; l < m.w.size(); ++l) {
     h = m.wt ? duet::matmul(h, m.w[l]) + m.b[l] : duet::linear(h, m.w[l], m.b[l]);
     if (l + 1 < m.w.size() || m.act_last)
@@ -93,12 +115,15 @@ Tensor forward(const Mlp& m, Tensor h) {
 enum class Loss { CrossEntropy, Mse };
 
 /// One SGD training step, as a user writes it: zero the grads in place, forward (fwd() gives the
-/// model's output), loss, backward, update in place. The compiled step is the same body under
+/// model's output), loss, backward, update in place; with `sgd`, zero_grad() and step() of
+/// optim::SGD, else the same written out. The compiled step is the same body under
 /// duet::compile.
 template <class Fwd>
-Tensor train_step(const std::vector<Tensor>& params, const Fwd& fwd, const Tensor& y, Loss kind,
-                  double lr) {
-  {
+Tensor train_step(const std::vector<Tensor>& params, duet::optim::SGD* sgd, const Fwd& fwd,
+                  const Tensor& y, Loss kind, double lr) {
+  if (sgd) {
+    sgd->zero_grad();
+  } else {
     NoGradGuard ng;
     for (const Tensor& p : params) {
       Tensor g = p.grad();
@@ -108,7 +133,9 @@ Tensor train_step(const std::vector<Tensor>& params, const Fwd& fwd, const Tenso
   Tensor out = fwd();
   Tensor loss = kind == Loss::CrossEntropy ? duet::cross_entropy(out, y) : duet::mse_loss(out, y);
   loss.backward();
-  {
+  if (sgd) {
+    sgd->step();
+  } else {
     NoGradGuard ng;
     for (Tensor p : params) p.sub_(p.grad() * lr);
   }
@@ -123,35 +150,48 @@ struct Training {
   Tensor x, y;
   Loss kind = Loss::CrossEntropy;
   double lr = 0.01;
+  std::shared_ptr<duet::optim::SGD> sgd;  ///< Path::User: the optimizer (lr above)
 
   Tensor eager() {
     auto fwd = [&] { return forward(x); };
-    return train_step(params, fwd, y, kind, lr);
+    return train_step(params, sgd.get(), fwd, y, kind, lr);
   }
   /// The step under duet::compile (one type whatever the options).
   auto compile(duet::CompileOptions o = {}) {
     auto step = [this](Tensor xs, Tensor ys) {
       auto fwd = [&] { return forward(xs); };
-      return train_step(params, fwd, ys, kind, lr);
+      return train_step(params, sgd.get(), fwd, ys, kind, lr);
     };
     return duet::compile(step, std::move(o));
   }
 };
 
-/// W4 and W6: an MLP with weights (in, out) and a batch; the seed and the order of the draws are
-/// those of the first bench, so the figures stay comparable. On another device (W4cuda, W6cuda)
-/// the same values are drawn on the CPU and moved.
+/// W4 and W6: an MLP of the given sizes and a batch. Path::User: nn::Linear layers with their
+/// own initialisation, in an nn::Sequential with nn::ReLU or nn::Tanh, and optim::SGD.
+/// Path::WeightsInOut: weights (in, out) and biases drawn as the first bench drew them (the seed
+/// and the order of the draws), so the figures stay comparable with it. On another device
+/// (W4cuda, W6cuda) the same values are drawn on the CPU and moved.
 std::shared_ptr<Training> mlp_training(const std::vector<int64_t>& sizes, int64_t batch, Act act,
-                                       bool act_last, Loss kind,
+                                       bool act_last, Loss kind, Path path = Path::User,
                                        duet::Device device = duet::Device::cpu()) {
   auto t = std::make_shared<Training>();
   duet::manual_seed(42);
-  Mlp m = make_mlp(sizes, act, act_last, kTrainWeightsInOut, 0.05);
-  if (!device.is_cpu())
-    for (std::vector<Tensor>* v : {&m.w, &m.b})
-      for (Tensor& p : *v) p = p.detach().to(device).requires_grad_();
-  t->params = m.params();
+  Mlp m = path == Path::User ? user_mlp(sizes, act, act_last)
+                             : make_mlp(sizes, act, act_last, kTrainWeightsInOut, 0.05);
+  if (!device.is_cpu()) {
+    if (m.seq) {
+      m.seq->to(device);
+      m.w.clear();
+      m.b.clear();
+    } else {
+      for (std::vector<Tensor>* v : {&m.w, &m.b})
+        for (Tensor& p : *v) p = p.detach().to(device).requires_grad_();
+    }
+  }
+  t->params = m.seq ? m.seq->parameters() : m.params();
   t->forward = [m](const Tensor& x) { return forward(m, x); };
+  if (path == Path::User)
+    t->sgd = std::make_shared<duet::optim::SGD>(t->params, duet::optim::SGDOptions{t->lr});
   t->x = duet::randn({batch, sizes.front()}).to(device);
   t->y = (kind == Loss::CrossEntropy ? duet::randint(sizes.back(), {batch})
                                      : duet::randn({batch, sizes.back()}))
@@ -382,32 +422,39 @@ void settle(const std::string& w, Training& t, Step& step, const HostCopy& start
 }
 
 /// W4 and W6: a training step, eager and compiled, against its GEMM floor.
-void run_training(const char* w, const char* metric, double unit, const Config& c, Training& t,
-                  GemmFloor floor, int steps_per_rep, std::vector<Result>& out) {
+/// `variant` labels every row ("" for the headline).
+void run_training(const char* w, const std::string& variant, const char* metric, double unit,
+                  const Config& c, Training& t, GemmFloor floor, int steps_per_rep,
+                  std::vector<Result>& out) {
+  const std::string name = variant.empty() ? w : fmt::format("{} ({})", w, variant);
   // Eager's high-water mark first, before a compiled plan exists.
   for (int i = 0; i < 2; ++i) t.eager();
   const double peak_eager = peak_bytes([&] { t.eager(); });
 
   auto step = t.compile();
-  settle(w, t, step, host_copy(t.params), true);
+  settle(name, t, step, host_copy(t.params), true);
   const double peak_compiled = peak_bytes([&] { step(t.x, t.y); });
 
   auto tm = time_interleaved(
       {times(steps_per_rep, [&] { t.eager(); }), times(steps_per_rep, [&] { step(t.x, t.y); }),
        times(steps_per_rep, [&] { floor(); })},
       c.reps);
-  check_traced_once(w, step.stats());
+  check_traced_once(name.c_str(), step.stats());
   auto per_step = [&](double s) { return s / steps_per_rep * unit; };
   const char* modes[] = {"eager", "compiled", "floor"};
   for (int k = 0; k < 3; ++k) {
     Result r = base(w, modes[k], c, metric);
-    if (k == 2) r.variant = "onednn_gemms";
+    r.variant = k == 2 ? (variant.empty() ? "onednn_gemms" : variant + " onednn_gemms") : variant;
     out.push_back(summarize(r, tm[k], per_step));
   }
-  out.push_back(single(base(w, "eager", c, "peak_tensor_bytes"), peak_eager));
-  out.push_back(single(base(w, "compiled", c, "peak_tensor_bytes"), peak_compiled));
-  compiled_figures(w, "", c, step.stats(), out);
-  print_compiled(w, "", step.stats(), peak_compiled, peak_eager);
+  for (const char* mode : {"eager", "compiled"}) {
+    Result r =
+        single(base(w, mode, c, "peak_tensor_bytes"), mode[0] == 'e' ? peak_eager : peak_compiled);
+    r.variant = variant;
+    out.push_back(r);
+  }
+  compiled_figures(w, variant, c, step.stats(), out);
+  print_compiled(w, variant, step.stats(), peak_compiled, peak_eager);
 }
 
 const std::vector<int64_t> kW4Sizes = {784, 1024, 1024, 10};
@@ -456,7 +503,7 @@ Ablatable w5_ablatable() {
   };
   auto s = std::make_shared<State>();
   duet::manual_seed(43);
-  s->m = make_mlp(kW4Sizes, Act::Relu, false, kInferWeightsInOut, 0.05);
+  s->m = user_mlp(kW4Sizes, Act::Relu, false);
   s->x = duet::randn({1, kW4Sizes.front()});
   {
     NoGradGuard ng;
@@ -543,8 +590,8 @@ void ablate(const Ablatable& a, const Config& c, std::vector<Result>& out) {
 DeviceTraining device_training(const std::string& w, duet::Device device) {
   const bool w4 = w == "W4";
   std::shared_ptr<Training> t =
-      w4 ? mlp_training(kW4Sizes, 256, Act::Relu, false, Loss::CrossEntropy, device)
-         : mlp_training(kW6Sizes, 8, Act::Tanh, true, Loss::Mse, device);
+      w4 ? mlp_training(kW4Sizes, 256, Act::Relu, false, Loss::CrossEntropy, Path::User, device)
+         : mlp_training(kW6Sizes, 8, Act::Tanh, true, Loss::Mse, Path::User, device);
   auto step = std::make_shared<decltype(t->compile())>(t->compile());
   DeviceTraining d;
   d.sizes = w4 ? kW4Sizes : kW6Sizes;
@@ -597,24 +644,29 @@ void print_compiled(const std::string& w, const std::string& variant, const duet
 }
 
 // W4: MLP 784-1024-1024-10, ReLU, batch 256, softmax cross-entropy, SGD lr 0.01.
+// The headline row as users write it (nn::Linear, optim::SGD), then the (in, out) row.
 void run_w4(const Config& c, std::vector<Result>& out) {
-  auto t = mlp_training(kW4Sizes, 256, Act::Relu, false, Loss::CrossEntropy);
-  run_training("W4", "ms_per_step", 1e3, c, *t, GemmFloor(kW4Sizes, 256, kTrainWeightsInOut), 4,
-               out);
+  for (Path p : {Path::User, Path::WeightsInOut}) {
+    auto t = mlp_training(kW4Sizes, 256, Act::Relu, false, Loss::CrossEntropy, p);
+    run_training("W4", p == Path::User ? "" : "weights_in_out", "ms_per_step", 1e3, c, *t,
+                 GemmFloor(kW4Sizes, 256, p == Path::WeightsInOut), 4, out);
+  }
 }
 
 // W6: 20 x (Linear(64, 64) + tanh), batch 8, mse against a fixed random target, SGD lr 0.01.
 void run_w6(const Config& c, std::vector<Result>& out) {
-  auto t = mlp_training(kW6Sizes, 8, Act::Tanh, true, Loss::Mse);
-  run_training("W6", "us_per_step", 1e6, c, *t, GemmFloor(kW6Sizes, 8, kTrainWeightsInOut), 200,
-               out);
+  for (Path p : {Path::User, Path::WeightsInOut}) {
+    auto t = mlp_training(kW6Sizes, 8, Act::Tanh, true, Loss::Mse, p);
+    run_training("W6", p == Path::User ? "" : "weights_in_out", "us_per_step", 1e6, c, *t,
+                 GemmFloor(kW6Sizes, 8, p == Path::WeightsInOut), 200, out);
+  }
 }
 
 // W5: the W4 MLP forward at batch 1, no grad.
 void run_w5(const Config& c, std::vector<Result>& out) {
   constexpr int kCalls = 200;
   duet::manual_seed(43);
-  Mlp m = make_mlp(kW4Sizes, Act::Relu, false, kInferWeightsInOut, 0.05);
+  Mlp m = user_mlp(kW4Sizes, Act::Relu, false);
   Tensor x = duet::randn({1, kW4Sizes.front()});
   Tensor y;
   auto eager = [&] {
