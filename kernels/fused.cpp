@@ -94,6 +94,7 @@ class Interp {
     for (size_t i = 0; i < p.code.size(); ++i) fns_[i] = block_fn<T>(p.code[i]);
     // An input read in place: dtype T, dense along the whole space or a broadcast scalar.
     for (int k = 0; k < nin; ++k) {
+      filled_[k] = false;
       const bool t = p.in_dtypes[k] == p.dtype;
       dense_[k] = t && a.in_si[k] == 1 && (a.in_so[k] == a.inner || a.outer == 1);
       scalar_[k] = a.in_si[k] == 0 && (a.in_so[k] == 0 || a.outer == 1);
@@ -112,6 +113,7 @@ class Interp {
         overlap = overlap || (ib < oe && ob < ie);
       }
     }
+    std::fill(direct_, direct_ + p.num_regs, 0);
     for (size_t o = 0; o < p.outputs.size(); ++o)
       direct_[p.outputs[o]] = !overlap && p.out_dtypes[o] == p.dtype ? int(o) + 1 : 0;
   }
@@ -269,13 +271,15 @@ class Interp {
   const FusedProgram& p_;
   const DuetFusedArgs& a_;
   int64_t block_ = 0;
-  BlockFn<T> fns_[kMaxInstrs] = {};
-  T* own_[kMaxRegs] = {};
-  T* reg_[kMaxRegs] = {};
-  int direct_[kMaxRegs] = {};  ///< register -> output index + 1 when written straight there
-  bool dense_[DUET_FUSED_MAX_INPUTS] = {};
-  bool scalar_[DUET_FUSED_MAX_INPUTS] = {};
-  bool filled_[DUET_FUSED_MAX_INPUTS] = {};
+  // Sized for the largest program, and set up to the program's own sizes only: a call over a
+  // small tensor must not pay for clearing them whole (Note [Interpreter call cost]).
+  BlockFn<T> fns_[kMaxInstrs];
+  T* own_[kMaxRegs];
+  T* reg_[kMaxRegs];
+  int direct_[kMaxRegs];  ///< register -> output index + 1 when written straight there
+  bool dense_[DUET_FUSED_MAX_INPUTS];
+  bool scalar_[DUET_FUSED_MAX_INPUTS];
+  bool filled_[DUET_FUSED_MAX_INPUTS];
   T* acc_ = nullptr;
 };
 
