@@ -272,7 +272,7 @@ class Interp {
   const DuetFusedArgs& a_;
   int64_t block_ = 0;
   // Sized for the largest program, and set up to the program's own sizes only: a call over a
-  // small tensor must not pay for clearing them whole (Note [Interpreter call cost]).
+  // small tensor must not pay for clearing them whole.
   BlockFn<T> fns_[kMaxInstrs];
   T* own_[kMaxRegs];
   T* reg_[kMaxRegs];
