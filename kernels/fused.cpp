@@ -70,6 +70,7 @@ BlockFn<T> block_fn(const FusedInstr& in) {
 // ---- the interpreter --------------------------------------------------------------------------
 
 constexpr int64_t kL1Bytes = 32 * 1024;
+constexpr int64_t kMaxBlock = 16384;
 constexpr int kMaxRegs = 256;
 constexpr size_t kMaxInstrs = 256;
 
@@ -78,18 +79,7 @@ class Interp {
  public:
   Interp(const FusedProgram& p, const DuetFusedArgs& a) : p_(p), a_(a) {
     const int nin = p.num_inputs();
-    // Registers share an L1-sized scratch: blocks of B elements, B a multiple of 64.
-    block_ =
-        std::clamp<int64_t>(kL1Bytes / (sizeof(T) * std::max(p.num_regs, 1)) / 64 * 64, 64, 4096);
-    // One scratch per thread, kept between calls (a kernel call must not cost an allocation).
-    static thread_local std::vector<T> scratch;
-    const size_t need = static_cast<size_t>(block_) * (p.num_regs + 1) + 64;
-    if (scratch.size() < need) scratch.resize(need);
-    T* base = scratch.data();
-    while (reinterpret_cast<uintptr_t>(base) % 64) ++base;
     DUET_ASSERT(p.num_regs <= kMaxRegs, "[fused] {} registers", p.num_regs);
-    for (int r = 0; r < p.num_regs; ++r) own_[r] = base + r * block_;
-    acc_ = base + p.num_regs * block_;
     DUET_ASSERT(p.code.size() <= kMaxInstrs, "[fused] {} instructions", p.code.size());
     for (size_t i = 0; i < p.code.size(); ++i) fns_[i] = block_fn<T>(p.code[i]);
     // An input read in place: dtype T, dense along the whole space or a broadcast scalar.
@@ -99,23 +89,43 @@ class Interp {
       dense_[k] = t && a.in_si[k] == 1 && (a.in_so[k] == a.inner || a.outer == 1);
       scalar_[k] = a.in_si[k] == 0 && (a.in_so[k] == 0 || a.outer == 1);
     }
-    // Outputs of dtype T are written straight into their buffer, unless a buffer overlaps an
-    // input (planned in place): then values are stored after the block's last read.
+    // Outputs of dtype T are written straight into their buffer (Note [Interpreter outputs]).
     const int64_t n = a.outer * a.inner;
-    bool overlap = false;
+    std::fill(direct_, direct_ + p.num_regs, 0);
     for (size_t o = 0; o < p.outputs.size(); ++o) {
+      const int r = p.outputs[o];
+      if (p.out_dtypes[o] != p.dtype || r < nin) continue;
       const char* ob = static_cast<const char*>(a.out[o]);
       const char* oe = ob + n * itemsize(p.out_dtypes[o]);
-      for (int k = 0; k < nin; ++k) {
+      bool ok = true;
+      for (int k = 0; k < nin && ok; ++k) {
         const int64_t last = a.in_so[k] * (a.outer - 1) + a.in_si[k] * (a.inner - 1);
         const char* ib = static_cast<const char*>(a.in[k]);
         const char* ie = ib + (last + 1) * itemsize(p.in_dtypes[k]);
-        overlap = overlap || (ib < oe && ob < ie);
+        if (!(ib < oe && ob < ie)) continue;
+        ok = ib == ob && dense_[k] && last_read(k) <= first_write(r);
       }
+      if (ok) direct_[r] = int(o) + 1;
     }
-    std::fill(direct_, direct_ + p.num_regs, 0);
-    for (size_t o = 0; o < p.outputs.size(); ++o)
-      direct_[p.outputs[o]] = !overlap && p.out_dtypes[o] == p.dtype ? int(o) + 1 : 0;
+    // Note [Interpreter blocks]
+    // Registers that are neither read in place (dense inputs) nor written in place (direct
+    // outputs) share an L1-sized scratch, in blocks of B elements (B a multiple of 64), as does
+    // an outer reduction's accumulator. The fewer such registers, the longer the block, up to
+    // kMaxBlock: a program of adds from dense inputs into direct outputs runs each instruction
+    // once over a W6 weight (4096 values) instead of in ten pieces, one call each.
+    int scratch_regs = p.reduce == FusedReduce::Outer ? 1 : 0;
+    for (int r = 0; r < p.num_regs; ++r) scratch_regs += own_needed(r) ? 1 : 0;
+    block_ = std::clamp<int64_t>(kL1Bytes / (sizeof(T) * std::max(scratch_regs, 1)) / 64 * 64, 64,
+                                 kMaxBlock);
+    // One scratch per thread, kept between calls (a kernel call must not cost an allocation).
+    static thread_local std::vector<T> scratch;
+    const size_t need = static_cast<size_t>(block_) * (scratch_regs + 1) + 64;
+    if (scratch.size() < need) scratch.resize(need);
+    T* base = scratch.data();
+    while (reinterpret_cast<uintptr_t>(base) % 64) ++base;
+    int used = 0;
+    for (int r = 0; r < p.num_regs; ++r) own_[r] = own_needed(r) ? base + block_ * used++ : nullptr;
+    acc_ = base + block_ * used;
   }
 
   void run(int64_t begin, int64_t end) {
@@ -267,6 +277,32 @@ class Interp {
       std::memcpy(out + j, acc_, m * sizeof(T));
     }
   }
+
+  // Note [Interpreter outputs]
+  // An output of dtype T is written straight into its buffer as its instructions run, unless
+  // the buffer overlaps an input (planned in place): then its values are stored after the
+  // block's last read. An output that is exactly an input's buffer (an in-place update such as
+  // SGD's p - lr * g into p) is still written straight there when no instruction reads that
+  // input after the first one that writes the output: each instruction reads element i before
+  // it writes element i, so the values read are the input's.
+  int first_write(int r) const {
+    for (size_t i = 0; i < p_.code.size(); ++i)
+      if (p_.code[i].dst == r) return static_cast<int>(i);
+    return static_cast<int>(p_.code.size());
+  }
+  int last_read(int k) const {
+    int last = -1;
+    for (size_t i = 0; i < p_.code.size(); ++i)
+      for (int16_t src : p_.code[i].src)
+        if (src == k) last = static_cast<int>(i);
+    if (p_.reduce != FusedReduce::None && p_.reduce_src == k)
+      last = static_cast<int>(p_.code.size());
+    return last;
+  }
+
+  // Whether register r needs scratch: an input not read in place, or a value not written
+  // straight into an output.
+  bool own_needed(int r) const { return r < p_.num_inputs() ? !dense_[r] : !direct_[r]; }
 
   const FusedProgram& p_;
   const DuetFusedArgs& a_;

@@ -536,6 +536,28 @@ TEST_CASE("codegen: the disk cache is hit by a second build, and clear_cache emp
   fs::remove(dir / "not-ours.txt");
 }
 
+TEST_CASE("codegen: on a warm disk cache a plan loads its kernels as it is built") {
+  setup();
+  codegen::set_threshold(3);
+  // Constants of their own: a program no other test has.
+  auto fn = [](Tensor x, Tensor y) { return sigmoid(x * 1.875 - y) * 0.3125; };
+  const Tensor x = full({64}, 0.5), y = full({64}, 0.25);
+  {
+    auto f = compile(fn);
+    for (int i = 0; i < 3; ++i) (void)f(x, y);
+    codegen::wait_idle();
+  }
+  const codegen::CodegenStats s0 = codegen::stats();
+  auto g = compile(fn);
+  const Tensor out = g(x, y);  // its first call: the plan is built, its kernel found and loaded
+  const codegen::CodegenStats s1 = codegen::stats();
+  CHECK(s1.loaded == s0.loaded + 1);
+  CHECK(s1.cache_hits == s0.cache_hits + 1);
+  CHECK(s1.built == s0.built);
+  CHECK(close(out, fn(x, y), 1e-6));
+  codegen::set_threshold(1);
+}
+
 TEST_CASE("codegen: a generated source file names the call sites of its ops") {
   setup();
   codegen::clear_cache();

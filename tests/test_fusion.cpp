@@ -515,3 +515,73 @@ TEST_CASE("gemm epilogues: matmul + bias (+ relu) pairs run as one call, or fall
 }
 
 }  // namespace duet::test
+
+namespace duet::test {
+namespace {
+
+// The interpreter writes an output straight into its buffer when that buffer is exactly an
+// input's (an in-place update) only if no instruction reads that input afterwards
+// (kernels/fused.cpp, Note [Interpreter outputs]). Both cases, with the buffers shared.
+TEST_CASE("fused interpreter: an output sharing an input's buffer") {
+  using kernels::FusedInstr;
+  using kernels::FusedProgram;
+  const int64_t n = 5000;  // more than one block of some programs, a tail for all
+  auto instr = [](OpId op, int dst, int a, int b) {
+    FusedInstr in;
+    in.op = op;
+    in.dst = static_cast<int16_t>(dst);
+    in.src[0] = static_cast<int16_t>(a);
+    in.src[1] = static_cast<int16_t>(b);
+    return in;
+  };
+  for (const bool read_after : {false, true}) {
+    CAPTURE(read_after);
+    // r2 = sub(r0, r1) -> out 0 (the buffer of input 0); then, when read_after,
+    // r3 = mul(r0, r1) -> out 1, which must see input 0's values from before the update.
+    FusedProgram p;
+    p.dtype = DType::f32;
+    p.in_dtypes = {DType::f32, DType::f32};
+    p.code.push_back(instr(OpId::Sub, 2, 0, 1));
+    p.outputs = {2};
+    p.out_dtypes = {DType::f32};
+    p.num_regs = 3;
+    if (read_after) {
+      p.code.push_back(instr(OpId::Mul, 3, 0, 1));
+      p.outputs.push_back(3);
+      p.out_dtypes.push_back(DType::f32);
+      p.num_regs = 4;
+    }
+    std::vector<float> x(n), g(n), prod(n);
+    for (int64_t i = 0; i < n; ++i) {
+      x[i] = static_cast<float>(i % 97) * 0.5f;
+      g[i] = static_cast<float>(i % 13) - 6.0f;
+    }
+    const std::vector<float> x0 = x;
+    kernels::DuetFusedArgs a{};
+    a.outer = 1;
+    a.inner = n;
+    a.in[0] = x.data();
+    a.in[1] = g.data();
+    for (int k = 0; k < 2; ++k) {
+      a.in_so[k] = n;
+      a.in_si[k] = 1;
+    }
+    a.out[0] = x.data();  // in place
+    a.out[1] = prod.data();
+    kernels::interpret_fused(p, a, 0, n);
+    int bad = 0;
+    for (int64_t i = 0; i < n && bad < 4; ++i) {
+      const bool ok = x[i] == x0[i] - g[i] && (!read_after || prod[i] == x0[i] * g[i]);
+      if (!ok) {
+        ++bad;
+        INFO("element ", i, ": ", x[i], " for ", x0[i] - g[i], ", product ", prod[i], " for ",
+             x0[i] * g[i]);
+        CHECK(ok);
+      }
+    }
+    CHECK(bad == 0);
+  }
+}
+
+}  // namespace
+}  // namespace duet::test

@@ -9,6 +9,7 @@
 #include "core/tensor_impl.h"
 #include "eager/autograd.h"
 #include "kernels/loops.h"
+#include "trace/codegen.h"
 #include "trace/fusion.h"
 #include "trace/passes.h"
 #include "trace/plan_internal.h"
@@ -746,6 +747,7 @@ void Plan::Builder::make_fused_step(int32_t u) {
   fs->reduce_dims = f.reduce_dims;
   fs->shape = f.shape;
   fs->device = graph.nodes[f.members[0]].meta.device;
+  if (fs->device.is_cpu()) codegen_probe(fs->kernel);
   if (!fs->device.is_cpu()) {
     // One-element CPU constants (wrapped numbers) go to the device once (trace/fusion.h).
     fs->device_consts.resize(f.inputs.size());
