@@ -10,6 +10,78 @@
 namespace duet {
 namespace detail {
 
+namespace {
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kObjectCache = false;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+constexpr bool kObjectCache = false;
+#else
+constexpr bool kObjectCache = true;
+#endif
+#else
+constexpr bool kObjectCache = true;
+#endif
+
+// Note [Tensor object cache]: per thread, a list of freed objects per class (0 StorageImpl,
+// 1 TensorImpl), linked through their first bytes. Trivially destructible, so that an object
+// freed during exit, after the thread's destructors ran, still finds it; `closed` then sends
+// it to plain delete.
+struct ObjectLists {
+  void* head[2];
+  int count[2];
+  bool registered;
+  bool closed;
+};
+thread_local ObjectLists tls_objects{};
+constexpr int kMaxCachedObjects = 256;
+
+struct ObjectListsFlush {
+  bool armed = false;
+  ~ObjectListsFlush() {
+    ObjectLists& l = tls_objects;
+    l.closed = true;
+    for (int c = 0; c < 2; ++c)
+      while (void* p = l.head[c]) {
+        l.head[c] = *static_cast<void**>(p);
+        ::operator delete(p);
+      }
+  }
+};
+thread_local ObjectListsFlush tls_objects_flush;
+
+}  // namespace
+
+void* cached_object_new(int cls, size_t n) {
+  if (kObjectCache) {
+    ObjectLists& l = tls_objects;
+    if (void* p = l.head[cls]) {
+      l.head[cls] = *static_cast<void**>(p);
+      --l.count[cls];
+      return p;
+    }
+  }
+  return ::operator new(n);
+}
+
+void cached_object_delete(int cls, void* p) noexcept {
+  if (kObjectCache) {
+    ObjectLists& l = tls_objects;
+    if (!l.closed && l.count[cls] < kMaxCachedObjects) {
+      if (!l.registered) {
+        l.registered = true;
+        tls_objects_flush.armed = true;  // its destructor empties the lists when the thread exits
+      }
+      *static_cast<void**>(p) = l.head[cls];
+      l.head[cls] = p;
+      ++l.count[cls];
+      return;
+    }
+  }
+  ::operator delete(p);
+}
+
 StoragePtr new_storage(size_t nbytes, Device device) {
   Allocator* alloc = &cpu_allocator();
   if (__builtin_expect(!device.is_cpu(), 0)) {
