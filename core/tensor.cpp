@@ -25,12 +25,13 @@ constexpr bool kObjectCache = true;
 #endif
 
 // Note [Tensor object cache]: per thread, a list of freed objects per class (0 StorageImpl,
-// 1 TensorImpl), linked through their first bytes. Trivially destructible, so that an object
+// 1 TensorImpl, 2 AutogradMeta, 3 a tape Node with its shared_ptr control block), linked
+// through their first bytes. Trivially destructible, so that an object
 // freed during exit, after the thread's destructors ran, still finds it; `closed` then sends
 // it to plain delete.
 struct ObjectLists {
-  void* head[2];
-  int count[2];
+  void* head[kCachedObjectClasses];
+  int count[kCachedObjectClasses];
   bool registered;
   bool closed;
 };
@@ -42,7 +43,7 @@ struct ObjectListsFlush {
   ~ObjectListsFlush() {
     ObjectLists& l = tls_objects;
     l.closed = true;
-    for (int c = 0; c < 2; ++c)
+    for (int c = 0; c < kCachedObjectClasses; ++c)
       while (void* p = l.head[c]) {
         l.head[c] = *static_cast<void**>(p);
         ::operator delete(p);

@@ -90,8 +90,37 @@ class IntrusivePtr {
 // objects per class and reuses them (a few loads and stores); a list holds at most 256, and is
 // emptied when its thread exits. An object freed on another thread joins that thread's list.
 // The sanitizer builds use plain new and delete, so that a use after free is caught.
+inline constexpr int kCachedObjectClasses = 4;
 void* cached_object_new(int cls, size_t n);
 void cached_object_delete(int cls, void* p) noexcept;
+
+/// An allocator of single objects from class Cls's cache, for std::allocate_shared (the tape's
+/// nodes): every allocation through one rebound type has one size.
+template <class T, int Cls>
+struct CachedObjectAllocator {
+  using value_type = T;
+  template <class U>
+  struct rebind {
+    using other = CachedObjectAllocator<U, Cls>;
+  };
+  CachedObjectAllocator() = default;
+  template <class U>
+  CachedObjectAllocator(const CachedObjectAllocator<U, Cls>&) {}
+  T* allocate(size_t n) {
+    if (n == 1) return static_cast<T*>(cached_object_new(Cls, sizeof(T)));
+    return static_cast<T*>(::operator new(n * sizeof(T)));
+  }
+  void deallocate(T* p, size_t n) noexcept {
+    if (n == 1)
+      cached_object_delete(Cls, p);
+    else
+      ::operator delete(p);
+  }
+  template <class U>
+  bool operator==(const CachedObjectAllocator<U, Cls>&) const {
+    return true;
+  }
+};
 
 /// A block of device memory shared by a tensor and its views.
 struct StorageImpl {
@@ -173,6 +202,8 @@ using TensorImplPtr = IntrusivePtr<TensorImpl>;
 /// Autograd state of a tensor: the accumulated gradient of a leaf, and the node that made a
 /// non-leaf.
 struct AutogradMeta {
+  static void* operator new(size_t n) { return cached_object_new(2, n); }
+  static void operator delete(void* p) noexcept { cached_object_delete(2, p); }
   TensorImplPtr grad;
   std::shared_ptr<Node> grad_fn;
   /// Tensor::register_post_accumulate_grad_hook's hooks, by handle.

@@ -67,6 +67,11 @@ struct Node : std::enable_shared_from_this<Node> {
   std::weak_ptr<Node> superseded_by;
 };
 
+/// A new tape node, from the thread's cache of freed ones (Note [Tensor object cache]).
+inline std::shared_ptr<Node> make_node() {
+  return std::allocate_shared<Node>(CachedObjectAllocator<Node, 3>());
+}
+
 /// The next creation number of a tape node (later nodes run first in backward).
 uint64_t next_sequence();
 /// The OpDef of a tape node that runs a backward_fn instead of a rule (a compiled call, a

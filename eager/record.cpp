@@ -51,7 +51,7 @@ std::shared_ptr<Node> current_view_fn(const std::shared_ptr<Node>& n) {
   for (std::shared_ptr<Node> next; (next = in->superseded_by.lock());) in = std::move(next);
   in = current_view_fn(in);
   if (in == n->inputs[0].fn) return n;
-  auto c = std::make_shared<Node>();
+  auto c = make_node();
   c->def = n->def;
   c->attrs = n->attrs;
   c->inputs = n->inputs;
@@ -142,7 +142,7 @@ void set_input_edge(InputEdge& e, const Tensor& t) {
 
 std::shared_ptr<Node> autograd_prepare(const OpDef& def, TensorRefs in, const Attrs& attrs,
                                        const Tensor* inplace_self) {
-  auto node = std::make_shared<Node>();
+  auto node = make_node();
   node->def = &def;
   node->attrs = attrs;
   node->sequence = next_sequence();

@@ -838,7 +838,7 @@ bool CompiledCore::run(Entry& e, const std::vector<int64_t>& values, const FlatA
     sources.push_back(s.arg >= 0 ? &args.tensors[s.arg] : &s.captured);
   // Puts `out` on the tape: a node with edges to every source, running `fn` in backward.
   auto attach = [&](Tensor& out, std::function<void(const Tensor&, const bool*, Tensor*)> fn) {
-    auto node = std::make_shared<Node>();
+    auto node = make_node();
     node->def = &compiled_def();
     node->sequence = next_sequence();
     node->inputs.resize(sources.size());
