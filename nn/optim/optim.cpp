@@ -4,6 +4,7 @@
 
 #include "core/ops.h"
 #include "eager/autograd.h"
+#include "trace/tracer.h"
 
 namespace duet::optim {
 namespace {
@@ -118,6 +119,11 @@ void Optimizer::zero_grad() {
 
 void Optimizer::set_lr(double lr) {
   check_lr(name_, lr);
+  DUET_CHECK_VALUE(duet::detail::Tracer::current() == nullptr,
+                   "[{}] set_lr inside a compiled function: the learning rate would be a constant "
+                   "of the graph. Call it outside, between calls of the compiled step (the step "
+                   "reads the learning-rate tensor, so it follows without a retrace)",
+                   name_);
   lr_ = lr;
   for (Tensor& t : lr_tensors_) fill(t, lr);
 }

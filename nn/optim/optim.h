@@ -43,7 +43,8 @@ class Optimizer {
   /// The parameters, in the order given.
   const std::vector<Tensor>& params() const { return params_; }
   /// Sets the learning rate (>= 0). It is written into a tensor in place, so a compiled step
-  /// uses the new value at its next call without a retrace.
+  /// uses the new value at its next call without a retrace. Inside a compiled function it is a
+  /// ValueError (the value would be a constant of the graph).
   void set_lr(double lr);
   /// The learning rate last set.
   double lr() const { return lr_; }
@@ -53,7 +54,7 @@ class Optimizer {
   /// param_group["initial_lr"]): set by the first scheduler made for it (OneCycleLR sets its
   /// own), unset before. Scheduler bookkeeping; training code has no need of it.
   std::optional<double> initial_lr() const { return initial_lr_; }
-  void set_initial_lr(double lr) { initial_lr_ = lr; }
+  void set_initial_lr(std::optional<double> lr) { initial_lr_ = lr; }
 
  protected:
   /// Checks the parameters (non-empty, distinct leaves that require grad) and the learning rate,
