@@ -6,7 +6,9 @@
 #include <memory>
 #include <numbers>
 
+#include "nn/layers.h"
 #include "nn/optim/schedulers.h"
+#include "nn/utils.h"
 #include "util.h"
 
 namespace duet::test {
@@ -336,6 +338,36 @@ TEST_CASE("lr_scheduler: a compiled step follows each schedule like eager, with 
       CHECK(step.stats().hits == n - 1);
     }
   }
+}
+
+TEST_CASE("lr_scheduler: the example of docs/optim.md runs, with one trace") {
+  // The page's example as written there: warm-up and cosine in a SequentialLR, clipping and
+  // AdamW in a compiled step.
+  manual_seed(0);
+  nn::Sequential model(nn::Linear(32, 64), nn::ReLU(), nn::Linear(64, 4));
+  optim::AdamW opt(model.parameters(), {.lr = 1e-3});
+  optim::LinearLR warmup(opt, 0.1, 1.0, 100);
+  optim::CosineAnnealingLR cosine(opt, 900, 1e-5);
+  optim::SequentialLR schedule(opt, {warmup, cosine}, {100});
+  auto step = compile([&](const Tensor& x, const Tensor& y) {
+    opt.zero_grad();
+    Tensor loss = cross_entropy(model(x), y);
+    loss.backward();
+    nn::utils::clip_grad_norm_(model.parameters(), 1.0);
+    opt.step();
+    return loss;
+  });
+  Tensor x = randn({16, 32}), y = randint(4, {16});
+  const double first = step(x, y).item<double>();
+  schedule.step();
+  double last = first;
+  for (int i = 1; i < 1000; ++i) {
+    last = step(x, y).item<double>();
+    schedule.step();
+  }
+  check_lr(schedule.get_last_lr(), 1e-5);
+  CHECK(last < first);
+  CHECK(step.stats().traces == 1);
 }
 
 // ---- errors ----
