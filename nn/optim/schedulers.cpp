@@ -42,7 +42,6 @@ void LRScheduler::start(std::optional<double> initial_lr) {
 }
 
 void LRScheduler::initial_step() {
-  step_count_ = 0;
   is_initial_ = true;
   try {
     step();
@@ -60,18 +59,14 @@ void LRScheduler::apply(double lr) {
 
 void LRScheduler::step() {
   check_not_tracing("step()");
-  // The counters move first, as in PyTorch (get_lr reads them), and back if get_lr throws.
-  ++step_count_;
+  // The step count moves first, as in PyTorch (get_lr reads it), and back if the step fails.
   ++last_epoch_;
-  double lr;
   try {
-    lr = get_lr();
+    apply(get_lr());
   } catch (...) {
-    --step_count_;
     --last_epoch_;
     throw;
   }
-  apply(lr);
 }
 
 void LRScheduler::restart_at(int64_t epoch) {

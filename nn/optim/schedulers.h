@@ -61,7 +61,8 @@ class LRScheduler {
   virtual double get_lr() = 0;
   /// The closed form at last_epoch_, from base_lr_; get_lr() where a scheduler has none.
   virtual double closed_form_lr() { return get_lr(); }
-  /// PyTorch's _initial_step: the step count back to 0, then step() with is_initial_ set.
+  /// PyTorch's _initial_step: step() with is_initial_ set (PyTorch's _step_count, which only
+  /// its resume-from-last_epoch paths read, is left out).
   void initial_step();
   /// PyTorch's _update_lr(epoch): last_epoch_ = epoch, the closed form written.
   void restart_at(int64_t epoch);
@@ -74,7 +75,6 @@ class LRScheduler {
   std::string name_;
   double base_lr_ = 0;
   int64_t last_epoch_ = -1;
-  int64_t step_count_ = 0;
   bool is_initial_ = false;
   double last_lr_ = 0;
 
