@@ -18,6 +18,8 @@
 #include "nn/module.h"
 #include "nn/parallel.h"
 #include "nn/optim/optim.h"
+#include "nn/optim/schedulers.h"
+#include "nn/utils.h"
 #include "trace/codegen.h"
 #include "trace/compile.h"
 #include "trace/control_flow.h"

@@ -13,11 +13,12 @@ namespace {
 using optim::Adam;
 using optim::AdamW;
 using optim::Optimizer;
+using optim::RMSprop;
 using optim::SGD;
 
 // ---- the cases: one row per optimizer and option combination ----
 
-enum class Kind { SGD, Adam, AdamW };
+enum class Kind { SGD, Adam, AdamW, RMSprop };
 
 struct Case {
   const char* name;
@@ -26,6 +27,8 @@ struct Case {
   double momentum = 0, weight_decay = 0;
   bool nesterov = false;
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  double alpha = 0.99;    // RMSprop
+  bool centered = false;  // RMSprop
 };
 
 std::unique_ptr<Optimizer> make_optimizer(const Case& c, std::vector<Tensor> params) {
@@ -45,6 +48,13 @@ std::unique_ptr<Optimizer> make_optimizer(const Case& c, std::vector<Tensor> par
                                                                  .betas = {c.beta1, c.beta2},
                                                                  .eps = c.eps,
                                                                  .weight_decay = c.weight_decay});
+    case Kind::RMSprop:
+      return std::make_unique<RMSprop>(params, optim::RMSpropOptions{.lr = c.lr,
+                                                                     .alpha = c.alpha,
+                                                                     .eps = c.eps,
+                                                                     .weight_decay = c.weight_decay,
+                                                                     .momentum = c.momentum,
+                                                                     .centered = c.centered});
   }
   return nullptr;
 }
@@ -81,13 +91,34 @@ const std::vector<Case> kCases = {
      .beta1 = 0.5,
      .beta2 = 0.9,
      .eps = 1e-4},
+    {.name = "RMSprop", .kind = Kind::RMSprop, .lr = 0.01},
+    {.name = "RMSprop momentum weight_decay",
+     .kind = Kind::RMSprop,
+     .lr = 0.005,
+     .momentum = 0.9,
+     .weight_decay = 0.05,
+     .eps = 1e-3,
+     .alpha = 0.9},
+    {.name = "RMSprop centered",
+     .kind = Kind::RMSprop,
+     .lr = 0.01,
+     .alpha = 0.95,
+     .centered = true},
+    // alpha < 0.5 takes lerp's other form for the centered average.
+    {.name = "RMSprop centered momentum alpha 0.3",
+     .kind = Kind::RMSprop,
+     .lr = 0.002,
+     .momentum = 0.5,
+     .weight_decay = 0.01,
+     .alpha = 0.3,
+     .centered = true},
 };
 
 // ---- the reference: the textbook update rules on plain doubles ----
 
 struct Reference {
   Case c;
-  std::vector<std::vector<double>> p, buf, m, v;
+  std::vector<std::vector<double>> p, buf, m, v;  // RMSprop: v = square_avg, m = grad_avg
   int t = 0;
 
   Reference(const Case& c, std::vector<std::vector<double>> params) : c(c), p(std::move(params)) {
@@ -111,6 +142,22 @@ struct Reference {
             d = c.nesterov ? d + c.momentum * buf[k][i] : buf[k][i];
           }
           w -= c.lr * d;
+          continue;
+        }
+        if (c.kind == Kind::RMSprop) {
+          g += c.weight_decay * w;
+          v[k][i] = c.alpha * v[k][i] + (1 - c.alpha) * g * g;
+          double denom = std::sqrt(v[k][i]) + c.eps;
+          if (c.centered) {
+            m[k][i] = c.alpha * m[k][i] + (1 - c.alpha) * g;
+            denom = std::sqrt(v[k][i] - m[k][i] * m[k][i]) + c.eps;
+          }
+          if (c.momentum != 0) {
+            buf[k][i] = c.momentum * buf[k][i] + g / denom;
+            w -= c.lr * buf[k][i];
+          } else {
+            w -= c.lr * g / denom;
+          }
           continue;
         }
         if (c.kind == Kind::AdamW)
@@ -204,6 +251,40 @@ TEST_CASE("optim: updates written out by hand") {
   r.set_grad(make({0.0}, {1}, DType::f64));
   adamw.step();
   check_tensor(r, {1}, DType::f64, {2.0 * (1 - 0.5 * 1e-2)}, 1e-15, 1e-15);
+
+  // RMSprop with PyTorch's defaults (lr 0.01, alpha 0.99, eps 1e-8): the first step divides by
+  // sqrt(0.01 g^2) + eps, so it moves each element by about 10 lr against the sign of g.
+  const optim::RMSpropOptions d{};
+  CHECK(d.lr == 0.01);
+  CHECK(d.alpha == 0.99);
+  CHECK(d.eps == 1e-8);
+  CHECK(d.weight_decay == 0);
+  CHECK(d.momentum == 0);
+  CHECK_FALSE(d.centered);
+  Tensor w = make({1.0, -1.0}, {2}, DType::f64).requires_grad_();
+  RMSprop rms({w});
+  w.set_grad(make({2.0, -0.5}, {2}, DType::f64));
+  rms.step();
+  const double v0 = (1 - 0.99) * 4.0, v1 = (1 - 0.99) * 0.25;
+  check_tensor(
+      w, {2}, DType::f64,
+      {1.0 - 0.01 * 2.0 / (std::sqrt(v0) + 1e-8), -1.0 + 0.01 * 0.5 / (std::sqrt(v1) + 1e-8)},
+      1e-15, 1e-15);
+  check_tensor(rms.state(0).square_avg, {2}, DType::f64, {v0, v1}, 1e-15, 1e-15);
+  CHECK_FALSE(rms.state(0).grad_avg.defined());
+  CHECK_FALSE(rms.state(0).momentum_buffer.defined());
+  // Centered, second step with the same gradient 1: v = 0.19, a = 0.19 (alpha 0.9), so the
+  // denominator is sqrt(0.19 - 0.0361) + eps.
+  Tensor c = make({0.0}, {1}, DType::f64).requires_grad_();
+  RMSprop centered({c}, {.lr = 0.1, .alpha = 0.9, .eps = 0, .centered = true});
+  c.set_grad(make({1.0}, {1}, DType::f64));
+  centered.step();
+  const double first = -0.1 / std::sqrt(0.1 - 0.01);
+  check_tensor(c, {1}, DType::f64, {first}, 1e-15, 1e-15);
+  centered.step();
+  check_tensor(c, {1}, DType::f64, {first - 0.1 / std::sqrt(0.19 - 0.19 * 0.19)}, 1e-14, 1e-14);
+  check_tensor(centered.state(0).grad_avg, {1}, DType::f64, {0.19}, 1e-15, 1e-15);
+  check_tensor(centered.state(0).step, {}, DType::f64, {2});
 }
 
 // ---- eager against compiled training steps ----
@@ -239,6 +320,10 @@ std::vector<Tensor> state_of(const Case& c, const Optimizer& opt) {
     if (c.kind == Kind::SGD) {
       const Tensor& b = static_cast<const SGD&>(opt).momentum_buffer(i);
       if (b.defined()) s.push_back(b);
+    } else if (c.kind == Kind::RMSprop) {
+      const optim::detail::RMSpropState& r = static_cast<const RMSprop&>(opt).state(i);
+      for (const Tensor& t : {r.square_avg, r.grad_avg, r.momentum_buffer, r.step})
+        if (t.defined()) s.push_back(t);
     } else {
       const optim::detail::AdamState& a = c.kind == Kind::Adam
                                               ? static_cast<const Adam&>(opt).state(i)
@@ -339,7 +424,10 @@ TEST_CASE("optim: step skips parameters without a gradient, and their state stay
     }
     check_tensor(pb, {2}, DType::f64, {5, 6});
     CHECK_FALSE(pb.grad().defined());
-    if (c.kind != Kind::SGD) {
+    if (c.kind == Kind::RMSprop) {
+      check_tensor(static_cast<RMSprop&>(*opt).state(1).step, {}, DType::f64, {0});
+      check_tensor(static_cast<RMSprop&>(*opt).state(1).square_avg, {2}, DType::f64, {0, 0});
+    } else if (c.kind != Kind::SGD) {
       const auto& st = c.kind == Kind::Adam ? static_cast<Adam&>(*opt).state(1)
                                             : static_cast<AdamW&>(*opt).state(1);
       check_tensor(st.step, {}, DType::f64, {0});
@@ -414,6 +502,12 @@ TEST_CASE("optim: invalid options and parameters are errors naming the optimizer
        {"[AdamW]", "beta2 1.5"}},
       {[&] { Adam({p}, {.eps = -1e-08}); }, {"[Adam]", "eps -1e-08"}},
       {[&] { AdamW({p}, {.weight_decay = -0.01}); }, {"[AdamW]", "weight_decay -0.01"}},
+      {[&] { RMSprop({p}, {.lr = -1}); }, {"[RMSprop]", "learning rate -1"}},
+      {[&] { RMSprop({p}, {.alpha = -0.5}); }, {"[RMSprop]", "alpha -0.5"}},
+      {[&] { RMSprop({p}, {.eps = -1}); }, {"[RMSprop]", "eps -1"}},
+      {[&] { RMSprop({p}, {.weight_decay = -2}); }, {"[RMSprop]", "weight_decay -2"}},
+      {[&] { RMSprop({p}, {.momentum = -0.1}); }, {"[RMSprop]", "momentum -0.1"}},
+      {[&] { RMSprop({}, {}); }, {"[RMSprop]", "empty parameter list"}},
       {[&] { SGD({}, {}); }, {"[SGD]", "empty parameter list"}},
       {[&] { Adam({}, {}); }, {"[Adam]", "empty parameter list"}},
       {[&] {

@@ -1,9 +1,10 @@
-// duet: SGD, Adam and AdamW. Every update is an in-place tensor op under NoGradGuard, and every
-// value that changes between steps is read as a tensor (Note [Optimizers under compile]).
+// duet: SGD, Adam, AdamW and RMSprop. Every update is an in-place tensor op under NoGradGuard, and
+// every value that changes between steps is read as a tensor (Note [Optimizers under compile]).
 #include "nn/optim/optim.h"
 
 #include "core/ops.h"
 #include "eager/autograd.h"
+#include "trace/tracer.h"
 
 namespace duet::optim {
 namespace {
@@ -118,6 +119,11 @@ void Optimizer::zero_grad() {
 
 void Optimizer::set_lr(double lr) {
   check_lr(name_, lr);
+  DUET_CHECK_VALUE(duet::detail::Tracer::current() == nullptr,
+                   "[{}] set_lr inside a compiled function: the learning rate would be a constant "
+                   "of the graph. Call it outside, between calls of the compiled step (the step "
+                   "reads the learning-rate tensor, so it follows without a retrace)",
+                   name_);
   lr_ = lr;
   for (Tensor& t : lr_tensors_) fill(t, lr);
 }
@@ -184,6 +190,61 @@ void AdamW::step() {
     if (!params_[i].grad().defined()) continue;
     adam_update(params_[i], state_[i], lr_tensor(i), options_.betas, options_.eps,
                 options_.weight_decay, /*decoupled=*/true);
+  }
+}
+
+// ---- RMSprop ----
+
+RMSprop::RMSprop(std::vector<Tensor> params, RMSpropOptions options)
+    : Optimizer("RMSprop", std::move(params), options.lr), options_(options) {
+  DUET_CHECK_VALUE(options.alpha >= 0, "[RMSprop] invalid alpha {}: it must be >= 0",
+                   options.alpha);
+  DUET_CHECK_VALUE(options.eps >= 0, "[RMSprop] invalid eps {}: it must be >= 0", options.eps);
+  DUET_CHECK_VALUE(options.momentum >= 0, "[RMSprop] invalid momentum {}: it must be >= 0",
+                   options.momentum);
+  DUET_CHECK_VALUE(options.weight_decay >= 0, "[RMSprop] invalid weight_decay {}: it must be >= 0",
+                   options.weight_decay);
+  NoGradGuard ng;
+  for (const Tensor& p : params_) {
+    detail::RMSpropState s;
+    s.square_avg = zeros_like(p);
+    if (options.centered) s.grad_avg = zeros_like(p);
+    if (options.momentum > 0) s.momentum_buffer = zeros_like(p);
+    s.step = scalar_on(0, p.device());
+    state_.push_back(std::move(s));
+  }
+}
+
+void RMSprop::step() {
+  NoGradGuard ng;
+  const RMSpropOptions& o = options_;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Tensor& p = params_[i];
+    Tensor g = p.grad();
+    if (!g.defined()) continue;
+    detail::RMSpropState& s = state_[i];
+    s.step.add_(1);
+    if (o.weight_decay != 0) g = g + p * o.weight_decay;  // out of place, as in SGD
+    s.square_avg.mul_(o.alpha).add_(g * g * (1 - o.alpha));
+    Tensor avg;
+    if (o.centered) {
+      // PyTorch's grad_avg.lerp_(g, w) with w = 1 - alpha, in lerp's two forms: a + w (g - a)
+      // for w < 0.5, else g - (1 - w) (g - a).
+      const double w = 1 - o.alpha;
+      if (w < 0.5)
+        s.grad_avg.add_((g - s.grad_avg) * w);
+      else
+        s.grad_avg.copy_(g - (g - s.grad_avg) * (1 - w));
+      avg = sqrt(s.square_avg - s.grad_avg * s.grad_avg) + o.eps;
+    } else {
+      avg = sqrt(s.square_avg) + o.eps;
+    }
+    if (o.momentum > 0) {
+      s.momentum_buffer.mul_(o.momentum).add_(g / avg);
+      p.sub_(s.momentum_buffer * lr_tensor(i));
+    } else {
+      p.sub_(g / avg * lr_tensor(i));
+    }
   }
 }
 

@@ -1,5 +1,5 @@
-// duet: optimizers (docs/design.md, "nn and optim"): SGD, Adam and AdamW, with PyTorch's update
-// rules.
+// duet: optimizers (docs/design.md, "nn and optim"; docs/optim.md): SGD, Adam, AdamW and RMSprop,
+// with PyTorch's update rules. Learning-rate schedulers are in nn/optim/schedulers.h.
 //
 // Note [Optimizers under compile]
 // An optimizer is written for both faces at once. step() and zero_grad() are in-place tensor
@@ -15,6 +15,7 @@
 //    The other hyperparameters are fixed at construction and are constants in the graph.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -42,12 +43,18 @@ class Optimizer {
   /// The parameters, in the order given.
   const std::vector<Tensor>& params() const { return params_; }
   /// Sets the learning rate (>= 0). It is written into a tensor in place, so a compiled step
-  /// uses the new value at its next call without a retrace.
+  /// uses the new value at its next call without a retrace. Inside a compiled function it is a
+  /// ValueError (the value would be a constant of the graph).
   void set_lr(double lr);
   /// The learning rate last set.
   double lr() const { return lr_; }
-  /// "SGD", "Adam" or "AdamW": the name errors start with.
+  /// "SGD", "Adam", "AdamW" or "RMSprop": the name errors start with.
   const std::string& name() const { return name_; }
+  /// The learning rate the schedulers of this optimizer start from (PyTorch's
+  /// param_group["initial_lr"]): set by the first scheduler made for it (OneCycleLR sets its
+  /// own), unset before. Scheduler bookkeeping; training code has no need of it.
+  std::optional<double> initial_lr() const { return initial_lr_; }
+  void set_initial_lr(std::optional<double> lr) { initial_lr_ = lr; }
 
  protected:
   /// Checks the parameters (non-empty, distinct leaves that require grad) and the learning rate,
@@ -61,6 +68,7 @@ class Optimizer {
 
  private:
   double lr_;
+  std::optional<double> initial_lr_;
   std::vector<Tensor> lr_tensors_;   // one per device the parameters live on
   std::vector<Tensor> lr_of_param_;  // per parameter: the one of its device
 };
@@ -136,6 +144,38 @@ class AdamW : public Optimizer {
  private:
   AdamWOptions options_;
   std::vector<detail::AdamState> state_;
+};
+
+struct RMSpropOptions {
+  double lr = 0.01, alpha = 0.99, eps = 1e-8, weight_decay = 0, momentum = 0;
+  bool centered = false;  ///< divide by an estimate of the gradient's variance, not its 2nd moment
+};
+
+namespace detail {
+/// The state of one parameter under RMSprop (LibTorch's RMSpropParamState).
+struct RMSpropState {
+  Tensor square_avg;       ///< running mean of g^2, zeros like the parameter
+  Tensor grad_avg;         ///< running mean of g (centered only; else undefined)
+  Tensor momentum_buffer;  ///< (momentum > 0 only; else undefined)
+  Tensor step;             ///< 0-d f64: updates applied so far (the update does not read it)
+};
+}  // namespace detail
+
+/// RMSprop, as torch.optim.RMSprop. Per parameter with a gradient: g += weight_decay * p;
+/// v = alpha v + (1 - alpha) g^2; with centered, a = alpha a + (1 - alpha) g and the denominator
+/// is sqrt(v - a^2) + eps, else sqrt(v) + eps; with momentum, buf = momentum buf + g / denom and
+/// p -= lr * buf, else p -= lr * g / denom.
+class RMSprop : public Optimizer {
+ public:
+  RMSprop(std::vector<Tensor> params, RMSpropOptions options = {});
+  void step() override;
+  const RMSpropOptions& options() const { return options_; }
+  /// The running averages, momentum buffer and step count of parameter i.
+  const detail::RMSpropState& state(size_t i) const { return state_.at(i); }
+
+ private:
+  RMSpropOptions options_;
+  std::vector<detail::RMSpropState> state_;
 };
 
 }  // namespace duet::optim
