@@ -3,6 +3,7 @@
 // plan from it, and code that needs a concrete size specializes with the reason recorded.
 #include <set>
 
+#include "trace/codegen.h"
 #include "trace/compile.h"
 #include "trace/control_flow.h"
 #include "util.h"
@@ -172,6 +173,36 @@ TEST_CASE("dynamic: a new size of a symbolic dim costs a plan: the passes do not
   CHECK(m.stats().traces == 1);
   CHECK(m.stats().optimizations == 1);
   CHECK(m.stats().plans_built == 3);
+}
+
+TEST_CASE("dynamic: a new size runs the fused kernels of the first plan") {
+  // Note [Fusion across sizes]: the plans at new sizes take the first plan's fusion groups and
+  // kernel objects, so a kernel queued for codegen at the first size is not queued again (a new
+  // kernel object per plan would be, once it reached the threshold).
+  const bool was = codegen::enabled();
+  codegen::set_enabled(true);
+  CompileOptions o;
+  o.dynamic = {{0, 0}};
+  auto fn = [](Tensor x) { return tanh(x * 2.0 + 1.0) * x; };
+  auto f = compile(fn, o);
+  auto calls = [&](int64_t n) {
+    INFO("batch " << n);
+    for (int i = 0; i <= codegen::threshold() + 1; ++i) {
+      Tensor x = randn({n, 16});
+      CHECK(max_rel(f(x), fn(x)) < 1e-6);
+    }
+  };
+  const int64_t before = codegen::stats().queued;
+  calls(4);
+  const int64_t queued = codegen::stats().queued;
+  CHECK(queued > before);
+  CHECK(f.stats().fused_kernels >= 1);
+  calls(9);
+  calls(33);
+  CHECK(codegen::stats().queued == queued);
+  CHECK(f.stats().plans_built == 3);
+  CHECK(f.stats().optimizations == 1);
+  codegen::set_enabled(was);
 }
 
 TEST_CASE("dynamic: a new size still checks the guards and the data reads, and retraces") {

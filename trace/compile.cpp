@@ -218,6 +218,9 @@ struct CompiledCore::Entry : EntryGuards {
   bool optimized = false;
   Graph opt_forward, opt_guard;
   std::vector<Graph> opt_backward;
+  /// With symbolic dims: what the plans of opt_forward (first) and of each opt_backward share
+  /// across sizes (Note [Fusion across sizes] in trace/plan_build.cpp).
+  std::vector<std::shared_ptr<FusionShare>> shares;
   /// The plans per set of symbol values (one entry, {}, without symbolic dims).
   std::map<std::vector<int64_t>, Plans> plans;
   Plans* last_plans = nullptr;
@@ -741,11 +744,12 @@ void CompiledCore::split_joint(const Graph& joint, const std::vector<ValueGuard>
 
 // Note [A new size costs a plan]
 // The passes run once per entry, on its graphs as traced, with their symbolic dims: they are
-// written for symbols (they compare dims as SymInts, fold no value whose size or fill is
-// symbolic), so the optimized graph holds at every size its guards admit. A call at new sizes
-// of the entry's symbols then only instantiates the optimized graphs (every size evaluated) and
-// plans them: memory plan, fusion groups (whose programs do not depend on the sizes, so their
-// generated kernels carry over: the codegen cache is keyed by program) and steps.
+// written for symbols (Note [Passes on symbolic graphs] in trace/passes.cpp), so the optimized
+// graph holds at every size its guards admit. A call at new sizes of the entry's symbols then
+// only instantiates the optimized graphs (every size evaluated) and plans them: the memory
+// plan and the steps. The fusion groups and their kernels are the first plan's (Note [Fusion
+// across sizes] in trace/plan_build.cpp), so a kernel whose generated code is loaded runs it at
+// a new size from its first call.
 void CompiledCore::optimize_entry(Entry& e) {
   auto t1 = std::chrono::steady_clock::now();
   const Graph& traced = e.traced_forward;
@@ -784,10 +788,18 @@ Plans CompiledCore::build_plans(Entry& e, const std::vector<int64_t>& values) {
   Graph gg;
   if (!e.value_guards.empty()) gg = at(e.opt_guard);
   const PlanOptions popt = PlanOptions::from_disabled(options_.disable_passes);
+  if (e.num_symbols && e.shares.empty())
+    for (size_t k = 0; k <= bgs.size(); ++k) e.shares.push_back(make_fusion_share());
+  auto opts = [&](size_t k) {
+    PlanOptions o = popt;
+    if (e.num_symbols) o.share = e.shares[k];
+    return o;
+  };
   Plans p;
   if (!e.value_guards.empty()) p.guard = std::make_unique<Plan>(std::move(gg), plain_plan());
-  p.forward = std::make_unique<Plan>(std::move(fg), popt);
-  for (Graph& bg : bgs) p.backward.push_back(std::make_shared<Plan>(std::move(bg), popt));
+  p.forward = std::make_unique<Plan>(std::move(fg), opts(0));
+  for (size_t k = 0; k < bgs.size(); ++k)
+    p.backward.push_back(std::make_shared<Plan>(std::move(bgs[k]), opts(k + 1)));
   stats_.buffer_bytes = stats_.fused_kernels = stats_.fused_nodes = stats_.epilogues =
       stats_.arena_bytes = stats_.intermediate_bytes = stats_.hoisted_nodes =
           stats_.parallel_plans = stats_.cuda_graph_plans = stats_.gemm_epilogues = 0;

@@ -24,9 +24,11 @@
 // symbolic size as an integer (Tensor::sizes(), size(), numel(), in user code or in library code
 // not written for symbols) or an op without a symbolic rule (unfold, fold) specializes: the trace
 // restarts with those dims concrete, and stats() records why. A call binds the symbols from its
-// arguments' sizes and checks the guards; the plans of each set of sizes are built once from the
-// symbolic graph (instantiated: every size evaluated, then the passes and the memory plan) and
-// cached, so a new size costs a plan, not a trace.
+// arguments' sizes and checks the guards; the passes run once, on the symbolic graph, and the
+// plans of each set of sizes are built once from the optimized graph (instantiated: every size
+// evaluated, then the memory plan and the steps, with the fusion groups and kernels of the
+// first plan) and cached, so a new size costs a plan, not a trace nor the passes (Note [A new
+// size costs a plan] in trace/compile.cpp).
 #pragma once
 
 #include <chrono>
