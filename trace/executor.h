@@ -65,11 +65,11 @@
 
 namespace duet::detail {
 
-/// Which plan-level passes run (CompileOptions::disable_passes names them).
 struct FusionShare;
 /// A new, empty FusionShare (PlanOptions::share).
 std::shared_ptr<FusionShare> make_fusion_share();
 
+/// Which plan-level passes run (CompileOptions::disable_passes names them).
 struct PlanOptions {
   bool fuse = true;
   bool codegen = true;
