@@ -112,6 +112,27 @@ void print_compiled(const std::string& w, const std::string& variant, const duet
 void compiled_figures(const char* w, const std::string& variant, const Config& c,
                       const duet::CompileStats& s, std::vector<Result>& out);
 
+/// CT's "new size" case: a compiled training step whose batch dim is symbolic, at batches it
+/// has not seen. fresh() makes a new compiled step and calls it at its first batches; at(b)
+/// makes the inputs of batch b and returns one call of the step on them; stats() is its stats.
+struct NewSizeCase {
+  std::vector<int64_t> batches;  ///< the new batches, in the order called
+  std::function<void()> fresh;
+  std::function<std::function<void()>(int64_t)> at;
+  std::function<duet::CompileStats()> stats;
+};
+/// Per repetition (reps / 2 of them, each with a fresh step), the first and the second call at
+/// each new batch. Rows, medians over every new batch: new_size_ms (what the first call spent
+/// before its plans ran: finding the entry, binding the symbols, the guards, building the plans;
+/// CompileStats::new_size_ms), first_call_ms and steady_ms (the whole first and second calls),
+/// call_extra_ms (their difference: new_size_ms, the first run of fresh buffers, and noise),
+/// plan_ms and optimize_ms (plans built and passes run by the first call, 0 when none) and
+/// traces (traces it made).
+void new_size_rows(const std::string& variant, const Config& c, const NewSizeCase& k,
+                   std::vector<Result>& out);
+/// CT's W8 case (bench/transformer.cpp): the W8 training step at new batches.
+void run_ct_w8(const Config& c, std::vector<Result>& out);
+
 // ---- --ablate: each compiled workload with each pass switched off in turn ----
 
 /// One compiled build of a workload: a call (one unit of the workload's figure) and its stats.

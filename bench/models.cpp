@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -937,6 +938,54 @@ void run_cs(const Config& c, std::vector<Result>& out) {
   }
 }
 
+void new_size_rows(const std::string& variant, const Config& c, const NewSizeCase& k,
+                   std::vector<Result>& out) {
+  using Clock = std::chrono::steady_clock;
+  auto ms = [](Clock::time_point a, Clock::time_point b) {
+    return std::chrono::duration<double, std::milli>(b - a).count();
+  };
+  const char* metrics[] = {"new_size_ms", "first_call_ms", "steady_ms", "call_extra_ms",
+                           "plan_ms",     "optimize_ms",   "traces"};
+  constexpr int kRows = 7;
+  std::vector<std::vector<double>> v(kRows);
+  for (int r = 0; r < std::max(1, c.reps / 2); ++r) {
+    k.fresh();
+    for (int64_t b : k.batches) {
+      const std::function<void()> call = k.at(b);
+      const duet::CompileStats before = k.stats();
+      auto t0 = Clock::now();
+      call();
+      auto t1 = Clock::now();
+      const duet::CompileStats after = k.stats();
+      call();
+      auto t2 = Clock::now();
+      const double first = ms(t0, t1), steady = ms(t1, t2);
+      const bool planned = after.plans_built > before.plans_built;
+      const bool passes = after.optimizations > before.optimizations;
+      v[0].push_back(planned ? after.new_size_ms : 0);
+      v[1].push_back(first);
+      v[2].push_back(steady);
+      v[3].push_back(first - steady);
+      v[4].push_back(planned ? after.plan_ms : 0);
+      v[5].push_back(passes ? after.optimize_ms : 0);
+      v[6].push_back(after.traces - before.traces);
+    }
+  }
+  std::vector<double> med(kRows);
+  for (int m = 0; m < kRows; ++m) {
+    Result row = base("CT", "compiled", c, metrics[m]);
+    row.variant = variant + " new size";
+    out.push_back(summarize(row, v[m], [](double x) { return x; }));
+    med[m] = out.back().median;
+  }
+  std::fprintf(stderr,
+               "CT %s new size: %.2f ms before its plans ran (plan %.2f ms, passes %.2f ms, %g "
+               "traces); first call %.2f ms against %.2f ms for the second (%.2f ms more); "
+               "medians of %zu\n",
+               variant.c_str(), med[0], med[4], med[5], med[6], med[1], med[2], med[3],
+               v[0].size());
+}
+
 void run_ct(const Config& c, std::vector<Result>& out) {
   using Clock = std::chrono::steady_clock;
   auto ms = [](Clock::time_point a, Clock::time_point b) {
@@ -999,6 +1048,29 @@ void run_ct(const Config& c, std::vector<Result>& out) {
     record(v, step.stats(), ms(a, b));
   }
   report("W4 step", v);
+
+  // A new size: the W4 step traced at batch 256 and 128 (the batch dim symbolic from the second
+  // call on), then called at batches it has not seen.
+  auto w4 = mlp_training(kW4Sizes, 256, Act::Relu, false, Loss::CrossEntropy);
+  w4->eager();
+  std::optional<decltype(w4->compile())> step;
+  NewSizeCase w4_case;
+  w4_case.batches = {200, 300, 160, 96, 384, 224};
+  w4_case.fresh = [&] {
+    step.emplace(w4->compile());
+    for (int64_t b : {256, 128}) {
+      duet::manual_seed(b);
+      (*step)(duet::randn({b, kW4Sizes.front()}), duet::randint(kW4Sizes.back(), {b}));
+    }
+  };
+  w4_case.at = [&](int64_t b) -> std::function<void()> {
+    duet::manual_seed(b);
+    Tensor x = duet::randn({b, kW4Sizes.front()}), y = duet::randint(kW4Sizes.back(), {b});
+    return [&, x, y] { (*step)(x, y); };
+  };
+  w4_case.stats = [&] { return step->stats(); };
+  new_size_rows("W4 step", c, w4_case, out);
+  run_ct_w8(c, out);
 }
 
 }  // namespace bench

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -275,6 +276,34 @@ void run_w8(const Config& c, std::vector<Result>& out) {
                "floor\n",
                floor.count(), floor.gflop(), rows[1].median / rows[2].median,
                rows[0].median / rows[2].median);
+}
+
+void run_ct_w8(const Config& c, std::vector<Result>& out) {
+  // The W8 step traced at batch 8 and 4 (the batch dim symbolic from the second call on), then
+  // called at batches it has not seen.
+  W8 k(81);
+  std::optional<decltype(k.compile())> step;
+  auto tokens = [](int64_t b) {
+    duet::manual_seed(b);
+    Tensor t = duet::randint(kVocab, {b, kSeq + 1});
+    return std::make_pair(duet::slice(t, 1, 0, kSeq).clone(),
+                          duet::slice(t, 1, 1, kSeq + 1).clone());
+  };
+  NewSizeCase w8;
+  w8.batches = {6, 5, 3, 7, 2, 10};
+  w8.fresh = [&] {
+    step.emplace(k.compile());
+    for (int64_t b : {8, 4}) {
+      auto [x, y] = tokens(b);
+      (*step)(x, y);
+    }
+  };
+  w8.at = [&](int64_t b) -> std::function<void()> {
+    auto [x, y] = tokens(b);
+    return [&, x, y] { (*step)(x, y); };
+  };
+  w8.stats = [&] { return step->stats(); };
+  new_size_rows("W8 step", c, w8, out);
 }
 
 }  // namespace bench

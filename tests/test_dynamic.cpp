@@ -1,6 +1,9 @@
 // Symbolic dims in compiled functions (Note [Symbolic dims] in trace/compile.h): dims marked
 // dynamic or found to change trace once into a graph over SymInts, each new size gets its own
 // plan from it, and code that needs a concrete size specializes with the reason recorded.
+#include <set>
+
+#include "trace/codegen.h"
 #include "trace/compile.h"
 #include "trace/control_flow.h"
 #include "util.h"
@@ -107,6 +110,136 @@ TEST_CASE("dynamic: CompileOptions::dynamic: one trace for every batch size, equ
   CHECK(f.stats().symbolic_dims == std::vector<std::string>{"arg 0 dim 0: s0", "arg 1 dim 0: s0"});
   CHECK(f.stats().plans_built == 4);
   CHECK(f.graph().str().find("f64[s0, 12]") != std::string::npos);
+}
+
+TEST_CASE("dynamic: a new size of a symbolic dim costs a plan: the passes do not run again") {
+  // Note [A new size costs a plan]: the passes run once, on the symbolic graph; each new size
+  // instantiates the optimized graph and plans it. The first call is at n = 8, where x (n, 8) and
+  // its transpose (8, n) have the same sizes: a pass comparing sizes at the traced call would
+  // take the reshape of the transpose to (n, 8) for the transpose itself. x * 1 (simplify), the
+  // same relu twice (cse) and a product of numbers (fold) give the passes work.
+  manual_seed(9);
+  Tensor W = (randn({8, 5}, f64()) * 0.3).requires_grad_();
+  Tensor b = (randn({5}, f64()) * 0.1).requires_grad_();
+  auto fn = [&](Tensor x, Tensor labels) {
+    Tensor xt = reshape(transpose(x, 0, 1), {-1, 8});
+    Tensor h = matmul(xt * 1.0, W) + b;
+    Tensor y = relu(h) + relu(h);
+    Tensor loss = cross_entropy(y, labels) + mean(sum(x, 1)) * (2.0 * 3.0);
+    return std::make_tuple(loss, y, xt);
+  };
+  CompileOptions o;
+  o.dynamic = {{0, 0}, {1, 0}};
+  auto f = compile(fn, o);
+  std::set<int64_t> sizes;
+  for (int64_t n : {8, 3, 5, 8, 12, 1, 3}) {
+    INFO("batch " << n);
+    Tensor x = randn({n, 8}, f64());
+    Tensor labels = randint(5, {n});
+    const CompileStats before = f.stats();
+    auto [loss, y, xt] = f(x, labels);
+    const CompileStats after = f.stats();
+    auto [el, ey, ext] = fn(x, labels);
+    REQUIRE(xt.sizes() == Shape{n, 8});
+    CHECK(max_rel(xt, ext) < 1e-12);
+    CHECK(max_rel(y, ey) < 1e-12);
+    CHECK(max_rel(loss, el) < 1e-12);
+    std::vector<Tensor> g = grad({loss}, {W, b});
+    std::vector<Tensor> eg = grad({el}, {W, b});
+    CHECK(max_rel(g[0], eg[0]) < 1e-12);
+    CHECK(max_rel(g[1], eg[1]) < 1e-12);
+    CHECK(after.traces == 1);
+    CHECK(after.optimizations == 1);  // the first call's passes only
+    const bool seen = !sizes.insert(n).second;
+    CHECK(after.plans_built == before.plans_built + (seen ? 0 : 1));
+    if (before.traces == 1 && !seen) {
+      CHECK(after.new_size_ms > 0);
+      CHECK(after.plan_ms > 0);
+      CHECK(after.new_size_ms >= after.plan_ms);
+    }
+  }
+  CHECK(f.stats().plans_built == 5);
+
+  // mean over a symbolic dim divides by a fill computed from the size: 1 at the first call,
+  // which no pass may take for a division by one.
+  CompileOptions o0;
+  o0.dynamic = {{0, 0}};
+  auto m = compile([](Tensor x) { return mean(x, {0}) + x * 0.0; }, o0);
+  for (int64_t n : {1, 3, 4}) {
+    INFO("batch " << n);
+    Tensor x = randn({n, 4}, f64());
+    CHECK(max_rel(m(x), mean(x, {0}) + x * 0.0) < 1e-12);
+  }
+  CHECK(m.stats().traces == 1);
+  CHECK(m.stats().optimizations == 1);
+  CHECK(m.stats().plans_built == 3);
+}
+
+TEST_CASE("dynamic: a new size runs the fused kernels of the first plan") {
+  // Note [Fusion across sizes]: the plans at new sizes take the first plan's fusion groups and
+  // kernel objects, so a kernel queued for codegen at the first size is not queued again (a new
+  // kernel object per plan would be, once it reached the threshold).
+  const bool was = codegen::enabled();
+  codegen::set_enabled(true);
+  CompileOptions o;
+  o.dynamic = {{0, 0}};
+  auto fn = [](Tensor x) { return tanh(x * 2.0 + 1.0) * x; };
+  auto f = compile(fn, o);
+  auto calls = [&](int64_t n) {
+    INFO("batch " << n);
+    for (int i = 0; i <= codegen::threshold() + 1; ++i) {
+      Tensor x = randn({n, 16});
+      CHECK(max_rel(f(x), fn(x)) < 1e-6);
+    }
+  };
+  const int64_t before = codegen::stats().queued;
+  calls(4);
+  const int64_t queued = codegen::stats().queued;
+  CHECK(queued > before);
+  CHECK(f.stats().fused_kernels >= 1);
+  calls(9);
+  calls(33);
+  CHECK(codegen::stats().queued == queued);
+  CHECK(f.stats().plans_built == 3);
+  CHECK(f.stats().optimizations == 1);
+  codegen::set_enabled(was);
+}
+
+TEST_CASE("dynamic: a new size still checks the guards and the data reads, and retraces") {
+  // A guard on the symbolic size: a size that breaks it traces (and optimizes) again.
+  CompileOptions o;
+  o.dynamic = {{0, 0}};
+  auto f = compile([](Tensor x, Tensor y) { return x * 2 + y; }, o);
+  CHECK(values(f(ones({1, 3}), ones({4, 3}))) == std::vector<double>(12, 3));
+  CHECK(f.stats().guards == std::vector<std::string>{"s0 == 1 (add)"});
+  CHECK(values(f(full({4, 3}, 2.0), ones({4, 3}))) == std::vector<double>(12, 5));
+  CHECK(f.stats().traces == 2);
+  CHECK(f.stats().optimizations == 2);
+  REQUIRE(f.stats().retrace_reasons.size() == 1);
+  CHECK(f.stats().retrace_reasons[0] == "guard s0 == 1 (add) failed at s0 = 4");
+
+  // A value read into C++ (guard_data_reads): a new size runs the guards' part at that size and
+  // reuses the optimized graph while the value holds; another value traces again.
+  CompileOptions d;
+  d.dynamic = {{0, 0}};
+  d.guard_data_reads = true;
+  auto branch = [](Tensor x) {
+    if ((sum(x) > 0).item<bool>()) return x * (x * 3);
+    return x * 4 - x;
+  };
+  auto g = compile(branch, d);
+  for (int64_t n : {2, 5, 7}) {
+    INFO("batch " << n);
+    Tensor x = ones({n, 3}, f64()) * double(n);
+    CHECK(max_rel(g(x), branch(x)) < 1e-12);
+  }
+  CHECK(g.stats().traces == 1);
+  CHECK(g.stats().optimizations == 1);
+  CHECK(g.stats().plans_built == 3);
+  Tensor neg = ones({5, 3}, f64()) * -2.0;
+  CHECK(max_rel(g(neg), branch(neg)) < 1e-12);
+  CHECK(g.stats().traces == 2);
+  CHECK(g.stats().optimizations == 2);
 }
 
 TEST_CASE("dynamic: strided slices of a symbolic dim, odd and even sizes, equal eager") {

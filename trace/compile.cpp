@@ -212,6 +212,15 @@ struct CompiledCore::Entry : EntryGuards {
   /// With value guards: the guards' part of the forward, split off traced_forward.
   Graph traced_guard;
   std::vector<Graph> traced_backward;
+  /// The graphs after the passes (traced_forward's with copies of new aliases, then one per
+  /// backward, and the guards' part as traced), symbolic like them: optimized once, at the
+  /// entry's first plans; the plans of each set of symbol values instantiate them.
+  bool optimized = false;
+  Graph opt_forward, opt_guard;
+  std::vector<Graph> opt_backward;
+  /// With symbolic dims: what the plans of opt_forward (first) and of each opt_backward share
+  /// across sizes (Note [Fusion across sizes] in trace/plan_build.cpp).
+  std::vector<std::shared_ptr<FusionShare>> shares;
   /// The plans per set of symbol values (one entry, {}, without symbolic dims).
   std::map<std::vector<int64_t>, Plans> plans;
   Plans* last_plans = nullptr;
@@ -345,6 +354,7 @@ std::vector<Tensor> CompiledCore::call(const FlatArgs& args, const TraceFn& fn) 
   std::vector<TensorSig> sig = call_signature(args, label_);
   const bool gm = grad_mode();
   std::unique_lock<std::mutex> lock(mu_);
+  call_start_ = call_start;
   probes_.clear();  // the last call's: a CUDA graph may replay into the buffers they view
   std::vector<Tensor> outs;
   std::string value_why;
@@ -732,38 +742,64 @@ void CompiledCore::split_joint(const Graph& joint, const std::vector<ValueGuard>
   }
 }
 
-Plans CompiledCore::build_plans(const Entry& e, const std::vector<int64_t>& values) {
+// Note [A new size costs a plan]
+// The passes run once per entry, on its graphs as traced, with their symbolic dims: they are
+// written for symbols (Note [Passes on symbolic graphs] in trace/passes.cpp), so the optimized
+// graph holds at every size its guards admit. A call at new sizes of the entry's symbols then
+// only instantiates the optimized graphs (every size evaluated) and plans them: the memory
+// plan and the steps. The fusion groups and their kernels are the first plan's (Note [Fusion
+// across sizes] in trace/plan_build.cpp), so a kernel whose generated code is loaded runs it at
+// a new size from its first call.
+void CompiledCore::optimize_entry(Entry& e) {
   auto t1 = std::chrono::steady_clock::now();
-  const Graph traced = e.num_symbols ? instantiate(e.traced_forward, values) : e.traced_forward;
+  const Graph& traced = e.traced_forward;
   stats_.nodes_before = traced.num_nodes();
-  Graph fg = optimize(traced, options_.disable_passes);
-  copy_new_aliases(fg, traced, e.num_outputs);
-  fg.verify();
-  stats_.nodes_after = fg.num_nodes();
-  std::vector<Graph> bgs;
+  e.opt_forward = optimize(traced, options_.disable_passes);
+  copy_new_aliases(e.opt_forward, traced, e.num_outputs);
+  e.opt_forward.verify();
+  stats_.nodes_after = e.opt_forward.num_nodes();
+  e.opt_backward.clear();
   for (const Graph& b : e.traced_backward) {
-    Graph bg = e.num_symbols ? instantiate(b, values) : b;
-    stats_.nodes_before += bg.num_nodes();
-    bg = optimize(bg, options_.disable_passes);
+    stats_.nodes_before += b.num_nodes();
+    Graph bg = optimize(b, options_.disable_passes);
     bg.verify();
     stats_.nodes_after += bg.num_nodes();
-    bgs.push_back(std::move(bg));
+    e.opt_backward.push_back(std::move(bg));
   }
-  Graph gg;
   if (!e.value_guards.empty()) {
     // No passes: the guarded values must be computed bit for bit as the trace read them
     // (evaluate_value), and a fused or rewritten float computation may round differently.
-    gg = e.num_symbols ? instantiate(e.traced_guard, values) : e.traced_guard;
-    stats_.nodes_before += gg.num_nodes();
-    stats_.nodes_after += gg.num_nodes();
+    e.opt_guard = e.traced_guard;
+    stats_.nodes_before += e.opt_guard.num_nodes();
+    stats_.nodes_after += e.opt_guard.num_nodes();
   }
+  e.optimized = true;
+  ++stats_.optimizations;
   stats_.optimize_ms = ms_since(t1);
+}
+
+Plans CompiledCore::build_plans(Entry& e, const std::vector<int64_t>& values) {
+  if (!e.optimized) optimize_entry(e);
   auto t2 = std::chrono::steady_clock::now();
+  auto at = [&](const Graph& g) { return e.num_symbols ? instantiate(g, values) : g; };
+  Graph fg = at(e.opt_forward);
+  std::vector<Graph> bgs;
+  for (const Graph& b : e.opt_backward) bgs.push_back(at(b));
+  Graph gg;
+  if (!e.value_guards.empty()) gg = at(e.opt_guard);
   const PlanOptions popt = PlanOptions::from_disabled(options_.disable_passes);
+  if (e.num_symbols && e.shares.empty())
+    for (size_t k = 0; k <= bgs.size(); ++k) e.shares.push_back(make_fusion_share());
+  auto opts = [&](size_t k) {
+    PlanOptions o = popt;
+    if (e.num_symbols) o.share = e.shares[k];
+    return o;
+  };
   Plans p;
   if (!e.value_guards.empty()) p.guard = std::make_unique<Plan>(std::move(gg), plain_plan());
-  p.forward = std::make_unique<Plan>(std::move(fg), popt);
-  for (Graph& bg : bgs) p.backward.push_back(std::make_shared<Plan>(std::move(bg), popt));
+  p.forward = std::make_unique<Plan>(std::move(fg), opts(0));
+  for (size_t k = 0; k < bgs.size(); ++k)
+    p.backward.push_back(std::make_shared<Plan>(std::move(bgs[k]), opts(k + 1)));
   stats_.buffer_bytes = stats_.fused_kernels = stats_.fused_nodes = stats_.epilogues =
       stats_.arena_bytes = stats_.intermediate_bytes = stats_.hoisted_nodes =
           stats_.parallel_plans = stats_.cuda_graph_plans = stats_.gemm_epilogues = 0;
@@ -792,7 +828,11 @@ bool CompiledCore::run(Entry& e, const std::vector<int64_t>& values, const FlatA
                        std::vector<Tensor>& outs, std::string* why,
                        std::unique_lock<std::mutex>& lock) {
   auto it = e.plans.find(values);
-  if (it == e.plans.end()) it = e.plans.emplace(values, build_plans(e, values)).first;
+  if (it == e.plans.end()) {
+    const bool new_size = e.optimized;  // not the entry's first plans: a new size of its symbols
+    it = e.plans.emplace(values, build_plans(e, values)).first;
+    if (new_size) stats_.new_size_ms = ms_since(call_start_);
+  }
   Plans& plans = it->second;
   e.last_plans = &plans;
   e.used = ++clock_;

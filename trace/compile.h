@@ -24,11 +24,14 @@
 // symbolic size as an integer (Tensor::sizes(), size(), numel(), in user code or in library code
 // not written for symbols) or an op without a symbolic rule (unfold, fold) specializes: the trace
 // restarts with those dims concrete, and stats() records why. A call binds the symbols from its
-// arguments' sizes and checks the guards; the plans of each set of sizes are built once from the
-// symbolic graph (instantiated: every size evaluated, then the passes and the memory plan) and
-// cached, so a new size costs a plan, not a trace.
+// arguments' sizes and checks the guards; the passes run once, on the symbolic graph, and the
+// plans of each set of sizes are built once from the optimized graph (instantiated: every size
+// evaluated, then the memory plan and the steps, with the fusion groups and kernels of the
+// first plan) and cached, so a new size costs a plan, not a trace nor the passes (Note [A new
+// size costs a plan] in trace/compile.cpp).
 #pragma once
 
+#include <chrono>
 #include <cstdio>
 #include <functional>
 #include <map>
@@ -116,10 +119,17 @@ struct CompileStats {
   /// ("item() at f.cpp:12 read true"): a call where one differs traces again.
   std::vector<std::string> value_guards;
   int plans_built = 0;  ///< plans built: one per trace, plus one per new size of symbolic dims
+  /// Runs of the graph passes: one per trace. A new size of symbolic dims reuses its trace's
+  /// optimized graphs (it costs a plan only: plan_ms, new_size_ms).
+  int optimizations = 0;
+  /// The most recent call at new sizes of an entry's symbolic dims, up to running its plans:
+  /// finding the entry, binding the symbols, checking the guards and building the plans.
+  double new_size_ms = 0;
   /// Per cached signature, oldest first: what it cost to trace, optimize, plan and build
   /// kernels, its first call, and its steady-state median.
   std::vector<SignatureStats> signatures;
-  // The most recent trace, in milliseconds: tracing fn, the passes, and building the plans.
+  // In milliseconds: tracing fn and the passes (the most recent trace), and building the most
+  // recent plans (those of a new size included).
   double trace_ms = 0, optimize_ms = 0, plan_ms = 0;
   int64_t nodes_before = 0;   ///< op nodes of the most recent trace (forward and backward)
   int64_t nodes_after = 0;    ///< after the passes
@@ -280,7 +290,10 @@ class CompiledCore {
                      const std::vector<ValueGuard>& value_guards, Entry& e);
   static void split_joint(const Graph& joint, const std::vector<ValueGuard>& value_guards,
                           const Gradients& grads, Entry& e);
-  Plans build_plans(const Entry& e, const std::vector<int64_t>& values);
+  /// Runs the passes on e's traced graphs, once (Note [A new size costs a plan]).
+  void optimize_entry(Entry& e);
+  /// e's plans for these symbol values: its optimized graphs instantiated and planned.
+  Plans build_plans(Entry& e, const std::vector<int64_t>& values);
   /// Runs e's plans for these symbol values into `outs`; false (with `why`, and nothing run
   /// but the guards' part) when a value guard fails (Note [Data-dependent reads]).
   /// Called with `lock` held; runs the plans with it released, and holds it again on return.
@@ -298,6 +311,8 @@ class CompiledCore {
   std::vector<std::unique_ptr<Entry>> entries_;
   Entry* last_ = nullptr;
   uint64_t clock_ = 0;  ///< counts calls: Entry::used
+  /// When the call holding the lock started (CompileStats::new_size_ms).
+  std::chrono::steady_clock::time_point call_start_{};
   bool warned_ = false;
   bool warned_dims_ = false;  ///< the warning about a dim that changed again was printed
   /// Argument dims whose change made a retrace: a second retrace of one of them warns once.

@@ -65,6 +65,10 @@
 
 namespace duet::detail {
 
+struct FusionShare;
+/// A new, empty FusionShare (PlanOptions::share).
+std::shared_ptr<FusionShare> make_fusion_share();
+
 /// Which plan-level passes run (CompileOptions::disable_passes names them).
 struct PlanOptions {
   bool fuse = true;
@@ -75,6 +79,10 @@ struct PlanOptions {
   bool cuda_graph = true;
   /// The names switched off, for registered fusion passes (Note [Registered passes]).
   std::vector<std::string> disabled;
+  /// Shared by the plans of one graph at different sizes of its symbols (Note [Fusion across
+  /// sizes] in trace/plan_build.cpp): the fusion groups the first found, and their kernels.
+  /// Null: nothing shared. The plans of a control node's subgraphs get none.
+  std::shared_ptr<FusionShare> share;
   static PlanOptions from_disabled(const std::vector<std::string>& disabled);
 };
 

@@ -11,9 +11,25 @@ constexpr int kMaxMembers = 200;  // below kernels::kFusedMaxInstrs
 
 bool is_float(DType d) { return d == DType::f32 || d == DType::f64; }
 
+// Whether m has the shape (and, where either is symbolic, the symbolic dims) of a group:
+// groups are then the same at every size of the symbols (Note [Fusion across sizes] in
+// trace/plan_build.cpp).
+bool same_dims(const Shape& shape, const SymDims& sym, const TensorMeta& m) {
+  if (!(shape == m.shape)) return false;
+  if (sym.empty() && m.sym.empty()) return true;
+  for (int64_t d = 0; d < shape.size(); ++d) {
+    const size_t k = static_cast<size_t>(d);
+    if (!((sym.empty() ? SymInt(shape[d]) : sym[k]) ==
+          (m.sym.empty() ? SymInt(m.shape[d]) : m.sym[k])))
+      return false;
+  }
+  return true;
+}
+
 struct Group {
   std::vector<int32_t> members;
   Shape shape;
+  SymDims sym;  ///< the symbolic dims of the shape (empty: concrete)
   DType dtype = DType::f32;
   Device device;
   int32_t reduction = -1;
@@ -111,7 +127,7 @@ class Fuser {
   bool compatible(int gi, int32_t v, DType t) const {
     const Group& gr = groups_[gi];
     const GraphNode& n = graph_.nodes[v];
-    return gr.alive && gr.reduction < 0 && gr.dtype == t && gr.shape == n.meta.shape &&
+    return gr.alive && gr.reduction < 0 && gr.dtype == t && same_dims(gr.shape, gr.sym, n.meta) &&
            gr.device == n.meta.device && int(gr.members.size()) < kMaxMembers;
   }
 
@@ -148,6 +164,7 @@ class Fuser {
     if (chosen < 0) {
       Group gr;
       gr.shape = n.meta.shape;
+      gr.sym = n.meta.sym;
       gr.dtype = t;
       gr.device = n.meta.device;
       groups_.push_back(gr);
@@ -166,7 +183,8 @@ class Fuser {
   void try_merge(int a, int b) {
     Group& ga = groups_[a];
     Group& gb = groups_[b];
-    if (gb.reduction >= 0 || ga.reduction >= 0 || gb.dtype != ga.dtype || !(gb.shape == ga.shape) ||
+    if (gb.reduction >= 0 || ga.reduction >= 0 || gb.dtype != ga.dtype ||
+        !same_dims(ga.shape, ga.sym, TensorMeta{gb.shape, gb.dtype, gb.device, gb.sym}) ||
         !(gb.device == ga.device) || int(ga.members.size() + gb.members.size()) > kMaxMembers)
       return;
     for (const Group* gr : {&ga, &gb})

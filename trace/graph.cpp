@@ -127,7 +127,8 @@ bool Graph::scalar_value(int32_t v, double* out) const {
     *out = detail::read_double(n.constant, 0);
     return true;
   }
-  if (n.kind == NodeKind::Op && n.op == OpId::Full) {
+  // A fill computed from symbolic sizes (mean's count) is known at the traced call only.
+  if (n.kind == NodeKind::Op && n.op == OpId::Full && !(n.attrs.sym && n.attrs.sym->value)) {
     *out = n.attrs.value.to<double>();
     return true;
   }

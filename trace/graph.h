@@ -96,7 +96,8 @@ class Graph {
 
   /// Appends a node and returns its value.
   int32_t add(GraphNode n);
-  /// The scalar value of a constant or a Full node with one value for all elements.
+  /// The scalar value of a constant or a Full node with one value for all elements (not one
+  /// whose value depends on symbolic sizes).
   bool scalar_value(int32_t v, double* out) const;
 };
 

@@ -38,6 +38,34 @@ struct Rebuild {
   }
 };
 
+// Note [Passes on symbolic graphs]
+// The passes run on a graph as traced, its symbolic dims included (Note [A new size costs a
+// plan] in trace/compile.cpp), so that what they decide holds at every size: two values have
+// the same shape when their dims are equal as SymInts, not only at the traced call's sizes
+// (x (s0, 8) and its transpose (8, s0) agree at s0 = 8); a node whose size, fill value or
+// size-holding attributes are symbolic is never folded into a constant; and a node a pass makes
+// of a symbolic value carries its symbolic sizes.
+
+// Whether some dim of m is symbolic.
+bool symbolic(const TensorMeta& m) {
+  for (const SymInt& d : m.sym)
+    if (!d.is_concrete()) return true;
+  return false;
+}
+
+// same_meta, with symbolic dims compared as SymInts.
+bool same_value_meta(const TensorMeta& a, const TensorMeta& b) {
+  if (!same_meta(a, b)) return false;
+  if (a.sym.empty() && b.sym.empty()) return true;
+  for (int64_t d = 0; d < a.shape.size(); ++d) {
+    const size_t k = static_cast<size_t>(d);
+    const SymInt x = a.sym.empty() ? SymInt(a.shape[d]) : a.sym[k];
+    const SymInt y = b.sym.empty() ? SymInt(b.shape[d]) : b.sym[k];
+    if (!(x == y)) return false;
+  }
+  return true;
+}
+
 // The scalar a value of dtype d holds when v is stored in it.
 Scalar stored_as(double v, DType d) {
   switch (d) {
@@ -59,6 +87,11 @@ GraphNode full_node(const TensorMeta& m, Scalar value, int32_t scope) {
   n.attrs.ints = SmallVec<int64_t, 6>(m.shape.data(), m.shape.size());
   n.attrs.value = value;
   n.attrs.dtype = m.dtype;
+  if (symbolic(m)) {
+    auto sym = std::make_shared<SymAttrs>();
+    sym->ints = m.sym;
+    n.attrs.sym = std::move(sym);
+  }
   n.meta = m;
   n.scope = scope;
   return n;
@@ -171,7 +204,7 @@ Graph cse(const Graph& old) {
                    b.constant.unsafe_impl()->wrapped_number &&
                element_bits(a.constant) == element_bits(b.constant);
       return a.op == b.op && a.inputs == b.inputs && a.attrs == b.attrs &&
-             same_meta(a.meta, b.meta);  // Attrs compare Full's value by its bits
+             same_value_meta(a.meta, b.meta);  // Attrs compare Full's value by its bits
     }
   };
   struct Hash {
@@ -247,12 +280,13 @@ Graph fold(const Graph& old) {
     }
     // Views and clones of constants cost nothing at run time (the plan makes views once), and
     // simplify turns those of filled constants into Full nodes, which later rules recognise.
-    bool all_const = n.kind == NodeKind::Op && !n.inputs.empty() &&
-                     n.meta.shape.numel() <= kMaxFolded && n.name.empty() &&
+    bool all_const = n.kind == NodeKind::Op && !n.inputs.empty() && !symbolic(n.meta) &&
+                     !n.attrs.sym && n.meta.shape.numel() <= kMaxFolded && n.name.empty() &&
                      op_class(n.op) != OpClass::View && n.op != OpId::Copy && !has_effect(n);
     for (int32_t in : n.inputs) {
       const GraphNode& s = r.g.nodes[in];
-      const bool is_full = s.kind == NodeKind::Op && s.op == OpId::Full;
+      const bool is_full =
+          s.kind == NodeKind::Op && s.op == OpId::Full && !symbolic(s.meta) && !s.attrs.sym;
       all_const = all_const && (s.kind == NodeKind::Constant || is_full);
     }
     if (!all_const) {
@@ -314,7 +348,7 @@ Graph simplify(const Graph& old) {
     const GraphNode& p = node(n.inputs[0]);
     int32_t src = n.inputs[0];
     if (p.kind == NodeKind::Op && p.op == OpId::Reshape) src = p.inputs[0];
-    if (same_meta(node(src).meta, n.meta)) return src;
+    if (same_value_meta(node(src).meta, n.meta)) return src;
     n.inputs = {src};
     return -1;
   };
@@ -360,7 +394,7 @@ Graph simplify(const Graph& old) {
     int32_t same = -1;  // an existing value equal to this node
     if (n.kind == NodeKind::Op && n.name.empty()) {
       const auto& in = n.inputs;
-      auto fits = [&](int32_t v) { return same_meta(node(v).meta, n.meta); };
+      auto fits = [&](int32_t v) { return same_value_meta(node(v).meta, n.meta); };
       switch (n.op) {
         case OpId::Add:
           if (is_identity_zero(in[1], n.meta.dtype, false) && fits(in[0]))

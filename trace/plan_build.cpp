@@ -16,6 +16,8 @@
 
 namespace duet::detail {
 
+std::shared_ptr<FusionShare> make_fusion_share() { return std::make_shared<FusionShare>(); }
+
 namespace {
 
 bool is_step_node(const GraphNode& g) {
@@ -72,6 +74,7 @@ struct Plan::Builder {
   std::vector<int32_t> root;  ///< per value: the buffer it lives in (itself, or its views' root)
   std::vector<bool> fresh;    ///< per value: allocated at every run (it reaches a result)
   std::vector<FusionGroup> groups;
+  bool shared_groups = false;     ///< groups are opt.share's (Note [Fusion across sizes])
   std::vector<int32_t> group_of;  ///< per value: its group, or -1
   int32_t ng = 0;                 ///< groups
   bool has_control = false;
@@ -180,14 +183,51 @@ void Plan::Builder::find_roots_and_results() {
 
 // ---- fusion groups and the schedule (Note [Schedule]) ----
 
+// Note [Fusion across sizes]
+// The plans of one compiled signature at different sizes of its symbols are built from one
+// optimized graph, instantiated at each size (Note [A new size costs a plan] in
+// trace/compile.cpp): the same nodes, with other sizes. The fusion pass decides with the
+// symbolic dims (two values are of one shape when their dims are equal as SymInts), so the
+// groups it finds at one size are those of every size, but where a value is empty (an empty
+// value joins no group). The first plan of the graph puts its groups in the plans'
+// FusionShare, and the next take them from it (their iteration shapes evaluated again) and
+// run the same FusedKernel objects: a kernel whose generated code is loaded runs it at once at
+// a new size. A plan with an empty value, or with a registered fusion pass on, finds its own.
+
 // The fusion groups, and the units they and the other step nodes make.
 void Plan::Builder::find_units() {
   if (opt.fuse) {
-    groups = find_fusion_groups(graph);
-    for (const RegisteredPass& p : registered_passes())  // Note [Registered passes]
+    bool shareable = opt.share != nullptr;
+    for (const RegisteredPass& p : registered_passes())
       if (p.fusion &&
           std::find(opt.disabled.begin(), opt.disabled.end(), p.name) == opt.disabled.end())
-        p.fusion(graph, groups);
+        shareable = false;
+    for (int32_t i = 0; i < n && shareable; ++i)
+      shareable = graph.nodes[i].kind != NodeKind::Op || graph.nodes[i].meta.shape.numel() != 0;
+    if (shareable) {
+      std::lock_guard<std::mutex> lock(opt.share->mu);
+      if (opt.share->found) {
+        groups = opt.share->groups;
+        for (FusionGroup& f : groups) f.shape = graph.nodes[f.members.front()].meta.shape;
+        shared_groups = true;
+      }
+    }
+    if (!shared_groups) {
+      groups = find_fusion_groups(graph);
+      for (const RegisteredPass& p : registered_passes())  // Note [Registered passes]
+        if (p.fusion &&
+            std::find(opt.disabled.begin(), opt.disabled.end(), p.name) == opt.disabled.end())
+          p.fusion(graph, groups);
+      if (shareable) {
+        std::lock_guard<std::mutex> lock(opt.share->mu);
+        if (!opt.share->found) {
+          opt.share->groups = groups;
+          opt.share->kernels.assign(groups.size(), nullptr);
+          opt.share->found = true;
+          shared_groups = true;
+        }
+      }
+    }
   }
   group_of.assign(n, -1);
   for (size_t gi = 0; gi < groups.size(); ++gi)
@@ -713,9 +753,16 @@ void Plan::Builder::set_buffer(int32_t v) {
 void Plan::Builder::make_fused_step(int32_t u) {
   FusionGroup& f = groups[u];
   auto fs = std::make_unique<FusedStep>();
-  fs->kernel = std::make_shared<kernels::FusedKernel>();
-  fs->kernel->program = std::move(f.program);
-  fs->kernel->codegen_allowed = opt.codegen;
+  if (shared_groups) {
+    std::lock_guard<std::mutex> lock(opt.share->mu);
+    fs->kernel = opt.share->kernels[u];
+  }
+  const bool made = !fs->kernel;
+  if (made) {
+    fs->kernel = std::make_shared<kernels::FusedKernel>();
+    fs->kernel->program = std::move(f.program);
+    fs->kernel->codegen_allowed = opt.codegen;
+  }
   for (int32_t m : f.members)
     if (m != f.reduction) fs->instr_sites.push_back(graph.nodes[m].site);
   // The ops' call sites, in program order, each line once with its ops.
@@ -732,7 +779,13 @@ void Plan::Builder::make_fused_step(int32_t u) {
       it->second += fmt::format(", {}", op_name(n.op));
   }
   for (const auto& [where, ops] : by_site)
-    fs->kernel->sites += fmt::format("{}{} {}", fs->kernel->sites.empty() ? "" : "; ", where, ops);
+    if (made)
+      fs->kernel->sites +=
+          fmt::format("{}{} {}", fs->kernel->sites.empty() ? "" : "; ", where, ops);
+  if (made && shared_groups) {
+    std::lock_guard<std::mutex> lock(opt.share->mu);
+    if (!opt.share->kernels[u]) opt.share->kernels[u] = fs->kernel;
+  }
   fs->inputs = f.inputs;
   fs->outputs = f.outputs;
   for (int32_t o : f.outputs) {
@@ -786,8 +839,10 @@ void Plan::Builder::make_control_step(int32_t u) {
     size_t fresh_count = cf.graphs[k].outputs.size();  // cond branches, while_loop body
     if (cf.kind == ControlKind::Scan) fresh_count = size_t(cf.num_carry);
     if (cf.kind == ControlKind::WhileLoop && k == 0) fresh_count = 0;
+    PlanOptions sub = opt;
+    sub.share = nullptr;  // another graph
     c->plans.push_back(
-        std::make_unique<Plan>(ensure_fresh_results(cf.graphs[k], fresh_count), opt));
+        std::make_unique<Plan>(ensure_fresh_results(cf.graphs[k], fresh_count), std::move(sub)));
   }
   plan.steps_.push_back(Step{StepKind::Control, nullptr, nullptr,
                              static_cast<int32_t>(plan.controls_.size()), 0, 0, false});

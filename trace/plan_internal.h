@@ -4,13 +4,25 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "core/allocator.h"
 #include "kernels/fused.h"
 #include "trace/executor.h"
+#include "trace/fusion.h"
 
 namespace duet::detail {
+
+/// The fusion groups and kernels that the plans of one graph share across sizes (Note [Fusion
+/// across sizes] in trace/plan_build.cpp). Plans may be built on several threads at once (a
+/// spare copy of a busy plan): mu guards the rest.
+struct FusionShare {
+  std::mutex mu;
+  bool found = false;
+  std::vector<FusionGroup> groups;  ///< as the first plan found them (its sizes in `shape`)
+  std::vector<std::shared_ptr<kernels::FusedKernel>> kernels;  ///< per group, once made
+};
 
 /// One fused group as the plan runs it.
 struct Plan::FusedStep {
