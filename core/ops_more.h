@@ -34,8 +34,8 @@ Tensor triu(const Tensor& x, int64_t diagonal = 0, DUET_HERE);
 /// depends on the size, so a symbolic size of dim is specialized under compile.
 std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim = 0, DUET_HERE);
 /// Views of x along dim with the given sizes, which must add up to the dim's size.
-std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& split_sizes,
-                          int64_t dim = 0, DUET_HERE);
+std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& split_sizes, int64_t dim = 0,
+                          DUET_HERE);
 /// torch.chunk: split with pieces of ceil(size / chunks), so possibly fewer than `chunks`
 /// pieces; a dim of size 0 gives `chunks` empty pieces.
 std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim = 0, DUET_HERE);
@@ -71,11 +71,9 @@ Tensor cumsum(const Tensor& x, int64_t dim, DUET_HERE);
 /// Variance over dims (all when empty) with PyTorch's correction: the sum of squared
 /// deviations divided by max(0, N - correction) (1: Bessel's, 0: the population variance).
 /// Needs a floating input.
-Tensor var(const Tensor& x, Dims dims = {}, double correction = 1, bool keepdim = false,
-           DUET_HERE);
+Tensor var(const Tensor& x, Dims dims = {}, double correction = 1, bool keepdim = false, DUET_HERE);
 /// sqrt(var(...)).
-Tensor std(const Tensor& x, Dims dims = {}, double correction = 1, bool keepdim = false,
-           DUET_HERE);
+Tensor std(const Tensor& x, Dims dims = {}, double correction = 1, bool keepdim = false, DUET_HERE);
 /// Largest / smallest values over dims (all when empty); the gradient is split evenly among
 /// ties, as torch.amax. The same as max(x, dims, keepdim) and min(x, dims, keepdim).
 Tensor amax(const Tensor& x, Dims dims = {}, bool keepdim = false, DUET_HERE);

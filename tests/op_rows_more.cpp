@@ -201,7 +201,9 @@ OpRow pad_row(Shape xs, std::vector<int64_t> pads, bool reflect, double value = 
       },
       out);
   // A fill that is not an integer needs a floating x.
-  r.dtypes = reflect ? kAll : value == std::floor(value) ? kNumeric : std::vector<DType>{DType::f32, DType::f64};
+  r.dtypes = reflect                      ? kAll
+             : value == std::floor(value) ? kNumeric
+                                          : std::vector<DType>{DType::f32, DType::f64};
   return r;
 }
 
@@ -267,8 +269,8 @@ OpRow var_row(bool root, Shape xs, std::vector<int64_t> dims, double correction,
       out.push_back(1);
   }
   OpRow r = row(
-      fmt::format("{} {} dims {} correction {}{}", root ? "std" : "var", xs.str(),
-                  Dims(dims).str(), correction, keepdim ? " keepdim" : ""),
+      fmt::format("{} {} dims {} correction {}{}", root ? "std" : "var", xs.str(), Dims(dims).str(),
+                  correction, keepdim ? " keepdim" : ""),
       OpId::Sum, {xs},
       [=](const Ins& in) {
         return root ? duet::std(in[0], Dims(dims), correction, keepdim)
@@ -309,12 +311,12 @@ OpRow extreme_row(bool largest, bool indices, Shape xs, int64_t dim, bool keepdi
       out.erase(d);
   }
   OpRow r = row(
-      fmt::format("{} {} dim {}{} {}", largest ? "max_with_indices" : "min_with_indices",
-                  xs.str(), dim, keepdim ? " keepdim" : "", indices ? "indices" : "values"),
+      fmt::format("{} {} dim {}{} {}", largest ? "max_with_indices" : "min_with_indices", xs.str(),
+                  dim, keepdim ? " keepdim" : "", indices ? "indices" : "values"),
       indices ? OpId::Argmax : OpId::Gather, {xs},
       [=](const Ins& in) {
-        auto [v, i] = largest ? max_with_indices(in[0], dim, keepdim)
-                              : min_with_indices(in[0], dim, keepdim);
+        auto [v, i] =
+            largest ? max_with_indices(in[0], dim, keepdim) : min_with_indices(in[0], dim, keepdim);
         CHECK(i.dtype() == DType::i64);
         return indices ? i : v;
       },
@@ -404,7 +406,7 @@ OpRow sort_row(int what, Shape xs, int64_t dim, bool descending, int64_t k = 0) 
       out);
   r.dtypes = indices ? kAll : kNumeric;
   r.index_result = indices;
-  if (indices) r.domains = {kTies};  // ties: the order must be stable
+  if (indices) r.domains = {kTies};                    // ties: the order must be stable
   if (what == 1 && xs.size() == 0) r.op = OpId::Full;  // one element: index 0
   return r;
 }
@@ -500,8 +502,7 @@ OpRow einsum_row(std::string eq, std::vector<Shape> shapes, OpId op = OpId::MatM
   for (const Shape& s : shapes) zeros.push_back(Vec(static_cast<size_t>(s.numel())));
   ref_einsum(lhs, outl, zeros, shapes, &out);
   OpRow r = row(
-      fmt::format("einsum \"{}\"", eq), op, shapes,
-      [=](const Ins& in) { return einsum(eq, in); },
+      fmt::format("einsum \"{}\"", eq), op, shapes, [=](const Ins& in) { return einsum(eq, in); },
       [=](const Values& v) { return ref_einsum(lhs, outl, v, shapes, nullptr); }, out);
   r.tol32 = 1e-5;
   return r;
@@ -608,8 +609,9 @@ const std::vector<OpRow>& more_rows() {
     };
     add_pieces(r, "split (5, 3) size 2", {5, 3}, 0, {2, 2, 1},
                [](const Tensor& x) { return split(x, 2, 0); });
-    add_pieces(r, "split (2, 4) sizes {1, 3} dim 1", {2, 4}, 1, {1, 3},
-               [](const Tensor& x) { return split(x, std::vector<int64_t>{1, 3}, 1); });
+    add_pieces(r, "split (2, 4) sizes {1, 3} dim 1", {2, 4}, 1, {1, 3}, [](const Tensor& x) {
+      return split(x, std::vector<int64_t>{1, 3}, 1);
+    });
     add_pieces(r, "split (2, 4) size 4 dim -1", {2, 4}, -1, {4},
                [](const Tensor& x) { return split(x, 4, -1); });
     add_pieces(r, "split (0, 2) size 3", {0, 2}, 0, {0},

@@ -60,7 +60,8 @@ Term contract(const Term& a, const Term& b, const std::string& keep) {
   Tensor bp = permute(b.t, order(b.letters, batch + con + lb));
   const SymInt nb = size_of(ad, a.letters, batch), nl = size_of(ad, a.letters, la),
                nk = size_of(ad, a.letters, con), nr = size_of(bd, b.letters, lb);
-  Tensor prod = matmul(detail::reshape_dims(ap, {nb, nl, nk}), detail::reshape_dims(bp, {nb, nk, nr}));
+  Tensor prod =
+      matmul(detail::reshape_dims(ap, {nb, nl, nk}), detail::reshape_dims(bp, {nb, nk, nr}));
   SymDims out;
   for (char c : batch) out.push_back(ad[a.letters.find(c)]);
   for (char c : la) out.push_back(ad[a.letters.find(c)]);
@@ -139,9 +140,10 @@ Tensor einsum(std::string_view equation, const std::vector<Tensor>& tensors,
           seen += s[k];
           sizes.push_back(d[k]);
         } else {
-          DUET_CHECK_SHAPE(detail::size_is(tensors[i], static_cast<int64_t>(k), sizes[at], "einsum"),
-                           "[einsum] letter '{}' has size {} in operand {} but {} before (\"{}\")",
-                           s[k], d[k].str(), i, sizes[at].str(), equation);
+          DUET_CHECK_SHAPE(
+              detail::size_is(tensors[i], static_cast<int64_t>(k), sizes[at], "einsum"),
+              "[einsum] letter '{}' has size {} in operand {} but {} before (\"{}\")", s[k],
+              d[k].str(), i, sizes[at].str(), equation);
         }
       }
       terms.push_back({tensors[i], s});

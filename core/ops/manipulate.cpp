@@ -30,8 +30,8 @@ Tensor fill_of(const Tensor& x, Scalar value) {
 Tensor triangle(const char* op, const Tensor& x, int64_t diagonal, bool lower) {
   return detail::as_op(op, [&]() -> Tensor {
     const SymDims d = detail::sym_dims(x);
-    DUET_CHECK_SHAPE(x.dim() >= 2, "[{}] needs at least 2 dims (..., rows, cols), got shape {}",
-                     op, detail::dims_str(d));
+    DUET_CHECK_SHAPE(x.dim() >= 2, "[{}] needs at least 2 dims (..., rows, cols), got shape {}", op,
+                     detail::dims_str(d));
     const Options io = Options().dtype(DType::i64).device(x.device());
     Tensor row = unsqueeze(detail::arange_dims(d[d.size() - 2], io), 1);
     Tensor col = unsqueeze(detail::arange_dims(d.back(), io), 0);
@@ -114,10 +114,10 @@ std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim,
                    "dim {} of shape {}",
                    split_size, dim, x.sizes());
   // As torch.split: ceil(n / split_size) pieces, at least one.
-  const int64_t pieces = split_size == 0 ? 1 : std::max<int64_t>((n + split_size - 1) / split_size, 1);
+  const int64_t pieces =
+      split_size == 0 ? 1 : std::max<int64_t>((n + split_size - 1) / split_size, 1);
   std::vector<int64_t> sizes;
-  for (int64_t i = 0; i < pieces; ++i)
-    sizes.push_back(std::min(split_size, n - i * split_size));
+  for (int64_t i = 0; i < pieces; ++i) sizes.push_back(std::min(split_size, n - i * split_size));
   if (n == 0) sizes = {0};
   return split(x, sizes, dim);
 }
@@ -150,7 +150,8 @@ Tensor flip(const Tensor& x, Dims dims, std::source_location loc) {
     for (int64_t d : seen) {
       // Index n - 1 - i along d: an arange of the (possibly symbolic) size.
       const Options io = Options().dtype(DType::i64).device(x.device());
-      Tensor rev = detail::size_scalar(s[d] - SymInt(1), DType::i64) - detail::arange_dims(s[d], io);
+      Tensor rev =
+          detail::size_scalar(s[d] - SymInt(1), DType::i64) - detail::arange_dims(s[d], io);
       y = index_select(y, d, rev);
     }
     return seen.empty() ? x.clone() : y;
@@ -230,6 +231,8 @@ Tensor pad(const Tensor& x, const std::vector<int64_t>& pads, std::string_view m
         y = slice(y, d, 0, -right == 0 ? kToEnd : right);
       }
       if (left <= 0 && right <= 0) continue;
+      // The fill in x's dtype: an integer x truncates a floating value (as masked_fill).
+      if (!is_floating(x.dtype()) && x.dtype() != DType::b8) value = Scalar(value.to<int64_t>());
       const Options o = Options().dtype(x.dtype()).device(x.device());
       std::vector<Tensor> parts;
       SymDims block = detail::sym_dims(y);

@@ -151,7 +151,8 @@ Tensor argsort(const Tensor& x, int64_t dim, bool descending, std::source_locati
       before = where(eq(vj, vi), earlier, descending ? gt(vj, vi) : lt(vj, vi));
     }
     Tensor rank = sum(before, -1);  // i64, (..., n)
-    Tensor out = scatter_add(zeros_like(rank), -1, rank, detail::expand_dims(pos, detail::sym_dims(rank)));
+    Tensor out =
+        scatter_add(zeros_like(rank), -1, rank, detail::expand_dims(pos, detail::sym_dims(rank)));
     return transpose(out, dim, -1);
   });
 }
