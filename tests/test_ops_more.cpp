@@ -147,8 +147,12 @@ TEST_CASE("masked_fill, tril, triu: dtypes, the gradient of a tensor value, erro
   CHECK(values(g[0]) == std::vector<double>{0, 4, 0, 8});
   CHECK(values(g[1]) == std::vector<double>{20});  // two masked elements, 2 * 5 each
   check_error<DTypeError>("masked_fill", [&] { masked_fill(xf, make({1, 0}, {2}), 0); });
-  check_error<ShapeError>("masked_fill", [&] { masked_fill(xf, make({1, 0, 1}, {3}, DType::b8), 0); });
-  check_error<ShapeError>("masked_fill", [&] { masked_fill(make({1}, {1}), make({1, 0}, {2}, DType::b8), 0); });
+  check_error<ShapeError>("masked_fill", [&] {
+    masked_fill(xf, make({1, 0, 1}, {3}, DType::b8), 0);
+  });
+  check_error<ShapeError>("masked_fill", [&] {
+    masked_fill(make({1}, {1}), make({1, 0}, {2}, DType::b8), 0);
+  });
   check_error<ShapeError>("masked_fill", [&] { masked_fill(xf, m, make({1, 2}, {2})); });
   check_error<ShapeError>("tril", [] { tril(zeros({3})); });
   check_error<ShapeError>("triu", [] { triu(zeros({})); });
@@ -343,8 +347,7 @@ TEST_CASE("one_hot: classes, num_classes -1, out of range, not differentiable") 
   Tensor idx = make({2, 0, 1, 2}, {2, 2}, DType::i64);
   Tensor oh = one_hot(idx, 4);
   check_tensor(oh, {2, 2, 4}, DType::i64, {0, 0, 1, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0});
-  check_tensor(one_hot(idx), {2, 2, 3}, DType::i64,
-               {0, 0, 1, 1, 0, 0, 0, 1, 0, 0, 0, 1});
+  check_tensor(one_hot(idx), {2, 2, 3}, DType::i64, {0, 0, 1, 1, 0, 0, 0, 1, 0, 0, 0, 1});
   check_tensor(one_hot(make({1}, {}, DType::i64), 2), {2}, DType::i64, {0, 1});
   check_tensor(one_hot(zeros({0}, Options().dtype(DType::i64)), 3), {0, 3}, DType::i64, {});
   check_error<ValueError>("one_hot", [&] { one_hot(idx, 2); });
@@ -371,7 +374,9 @@ TEST_CASE("nll_loss: the cross_entropy identity, reductions, errors") {
   check_error<ValueError>("nll_loss", [&] { nll_loss(logits, t, "avg"); });
   check_error<DTypeError>("nll_loss", [&] { nll_loss(logits, t.to(DType::i32)); });
   check_error<ShapeError>("nll_loss", [&] { nll_loss(logits, make({1, 2}, {2}, DType::i64)); });
-  check_error<ValueError>("nll_loss", [&] { nll_loss(logits, make({1, 2, 5, 0}, {4}, DType::i64)); });
+  check_error<ValueError>("nll_loss", [&] {
+    nll_loss(logits, make({1, 2, 5, 0}, {4}, DType::i64));
+  });
 }
 
 TEST_CASE("multinomial: frequencies, no repeats without replacement, compiled as eagerly") {
@@ -401,7 +406,8 @@ TEST_CASE("multinomial: frequencies, no repeats without replacement, compiled as
   check_error<ValueError>("multinomial", [&] { multinomial(p, 5); });
   check_error<ValueError>("multinomial", [&] { multinomial(p, 0, true); });
   check_error<ShapeError>("multinomial", [] { multinomial(ones({2, 2, 2}), 1); });
-  check_error<DTypeError>("multinomial", [] { multinomial(ones({2}, Options().dtype(DType::i64)), 1); });
+  check_error<DTypeError>("multinomial",
+                          [] { multinomial(ones({2}, Options().dtype(DType::i64)), 1); });
   check_error<ValueError>("multinomial", [] { multinomial(ones({3, 0}), 1, true); });
   // Compiled: the same draws as eagerly from the same state, over a batch of any size.
   auto fn = [](Tensor w) { return std::make_tuple(multinomial(w, 2, true), multinomial(w, 2)); };
