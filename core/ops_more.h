@@ -54,15 +54,23 @@ Tensor pad(const Tensor& x, const std::vector<int64_t>& pads, std::string_view m
 
 // Creation like another tensor: x's shape (symbolic dims stay symbolic under compile), dtype and
 // device, unless Options say another dtype, or a device other than the CPU.
-Tensor zeros_like(const Tensor& x, Options options = {}, DUET_HERE);
-Tensor ones_like(const Tensor& x, Options options = {}, DUET_HERE);
-Tensor full_like(const Tensor& x, Scalar value, Options options = {}, DUET_HERE);
+//
+// Note [Like creators take a Located]
+// x is a Located (core/call_site.h), which carries the call site as the operators' first
+// operand does, instead of a const Tensor& and DUET_HERE. Code that has its own helper of the
+// same name (a file-local `Tensor zeros_like(const Tensor&)`, common before these existed)
+// keeps calling its helper: the helper binds x directly, while these need a conversion to
+// Located, so the helper is the better match instead of the call being ambiguous (argument-
+// dependent lookup finds these through Tensor's namespace).
+Tensor zeros_like(Located x, Options options = {});
+Tensor ones_like(Located x, Options options = {});
+Tensor full_like(Located x, Scalar value, Options options = {});
 /// duet never hands out uninitialized memory: empty_like is zeros_like.
-Tensor empty_like(const Tensor& x, Options options = {}, DUET_HERE);
+Tensor empty_like(Located x, Options options = {});
 /// Uniform [0, 1) and standard normal draws of x's shape, from the device's default generator
 /// as rand and randn (core/ops/random.cpp); the dtype must be floating.
-Tensor rand_like(const Tensor& x, Options options = {}, DUET_HERE);
-Tensor randn_like(const Tensor& x, Options options = {}, DUET_HERE);
+Tensor rand_like(Located x, Options options = {});
+Tensor randn_like(Located x, Options options = {});
 
 // Scans and statistics
 /// Running sum along dim (integers and bools sum in i64, as in PyTorch). A log-depth scan of

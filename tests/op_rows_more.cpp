@@ -388,7 +388,7 @@ OpRow sort_row(int what, Shape xs, int64_t dim, bool descending, int64_t k = 0) 
   OpRow r = row(
       fmt::format("{} {} dim {}{}{}", names[what], xs.str(), dim, descending ? " descending" : "",
                   top ? fmt::format(" k {}", k) : ""),
-      indices ? OpId::ScatterAdd : OpId::Gather, {xs},
+      indices ? OpId::Argsort : OpId::Gather, {xs},
       [=](const Ins& in) {
         if (what == 1) return argsort(in[0], dim, descending);
         auto [v, i] = top ? topk(in[0], k, dim, descending) : sort(in[0], dim, descending);
@@ -406,8 +406,8 @@ OpRow sort_row(int what, Shape xs, int64_t dim, bool descending, int64_t k = 0) 
       out);
   r.dtypes = indices ? kAll : kNumeric;
   r.index_result = indices;
-  if (indices) r.domains = {kTies};                    // ties: the order must be stable
-  if (what == 1 && xs.size() == 0) r.op = OpId::Full;  // one element: index 0
+  if (indices) r.domains = {kTies};  // ties: the order must be stable
+  r.composite = what != 1;           // argsort is the Argsort primitive's own row
   return r;
 }
 

@@ -4,6 +4,7 @@
 // cost of the O(n^2) argsort, and bad inputs raising typed errors that name the op.
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <cmath>
 #include <numeric>
 #include <set>
@@ -327,10 +328,11 @@ TEST_CASE("sort, argsort, topk: NaN, stability, the gradient through gather, err
   }
 }
 
-TEST_CASE("argsort's cost: O(n^2) per row, measured") {
-  // Note [Sorting by ranks]: the composite compares every pair. The times below are reported,
-  // not asserted (a shared machine); the check is that every size sorts correctly.
-  for (int64_t n : {256, 1024, 2048}) {
+TEST_CASE("argsort: the Argsort primitive's cost, measured; long rows sorted") {
+  // Note [Argsort primitive]: composed of pairwise comparisons, argsort took 0.15 ms at 256
+  // elements, 18 ms at 1024 and 128 ms at 2048 (O(n^2)). The primitive's times are reported,
+  // not asserted (a shared machine); the check is that every size comes out sorted.
+  for (int64_t n : {2048, 65536, 1 << 20}) {
     Tensor x = randn({n});
     argsort(x);  // warm
     const auto t0 = std::chrono::steady_clock::now();
@@ -341,6 +343,12 @@ TEST_CASE("argsort's cost: O(n^2) per row, measured") {
     std::vector<double> s = values(gather(x, 0, i));
     CHECK(std::is_sorted(s.begin(), s.end()));
   }
+  // Many short rows, along a non-contiguous dim.
+  Tensor m = randn({300, 5});
+  Tensor idx = argsort(transpose(m, 0, 1), 1, true);
+  std::vector<double> v = values(gather(transpose(m, 0, 1), 1, idx));
+  for (int r = 0; r < 5; ++r)
+    CHECK(std::is_sorted(v.begin() + r * 300, v.begin() + (r + 1) * 300, std::greater<double>()));
 }
 
 TEST_CASE("one_hot: classes, num_classes -1, out of range, not differentiable") {

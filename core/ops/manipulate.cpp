@@ -263,28 +263,28 @@ Options like_options(const Tensor& x, const Options& o) {
 }
 }  // namespace
 
-Tensor full_like(const Tensor& x, Scalar value, Options options, std::source_location loc) {
-  detail::SiteGuard site(loc);
+Tensor full_like(Located x, Scalar value, Options options) {
+  detail::SiteGuard site(x.loc);
   return detail::as_op("full_like", [&]() -> Tensor {
-    return detail::full_dims(detail::sym_dims(x), value, like_options(x, options));
+    return detail::full_dims(detail::sym_dims(x.tensor), value, like_options(x.tensor, options));
   });
 }
-Tensor zeros_like(const Tensor& x, Options options, std::source_location loc) {
-  detail::SiteGuard site(loc);
+Tensor zeros_like(Located x, Options options) {
+  detail::SiteGuard site(x.loc);
   return detail::as_op("zeros_like", [&]() -> Tensor {
-    return detail::full_dims(detail::sym_dims(x), 0, like_options(x, options));
+    return detail::full_dims(detail::sym_dims(x.tensor), 0, like_options(x.tensor, options));
   });
 }
-Tensor ones_like(const Tensor& x, Options options, std::source_location loc) {
-  detail::SiteGuard site(loc);
+Tensor ones_like(Located x, Options options) {
+  detail::SiteGuard site(x.loc);
   return detail::as_op("ones_like", [&]() -> Tensor {
-    return detail::full_dims(detail::sym_dims(x), 1, like_options(x, options));
+    return detail::full_dims(detail::sym_dims(x.tensor), 1, like_options(x.tensor, options));
   });
 }
-Tensor empty_like(const Tensor& x, Options options, std::source_location loc) {
-  detail::SiteGuard site(loc);
+Tensor empty_like(Located x, Options options) {
+  detail::SiteGuard site(x.loc);
   return detail::as_op("empty_like", [&]() -> Tensor {
-    return detail::full_dims(detail::sym_dims(x), 0, like_options(x, options));
+    return detail::full_dims(detail::sym_dims(x.tensor), 0, like_options(x.tensor, options));
   });
 }
 

@@ -219,13 +219,13 @@ Tensor random_like(const char* op, const Tensor& x, const Options& o, int dist) 
 }
 }  // namespace
 
-Tensor rand_like(const Tensor& x, Options o, std::source_location loc) {
-  detail::SiteGuard site(loc);
-  return random_like("rand_like", x, o, 0);
+Tensor rand_like(Located x, Options o) {
+  detail::SiteGuard site(x.loc);
+  return random_like("rand_like", x.tensor, o, 0);
 }
-Tensor randn_like(const Tensor& x, Options o, std::source_location loc) {
-  detail::SiteGuard site(loc);
-  return random_like("randn_like", x, o, 1);
+Tensor randn_like(Located x, Options o) {
+  detail::SiteGuard site(x.loc);
+  return random_like("randn_like", x.tensor, o, 1);
 }
 
 // With replacement: u * total, for u uniform in [0, 1) and total the row's sum, falls in the

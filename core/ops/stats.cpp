@@ -1,10 +1,20 @@
 // Composites that scan, summarize, order and classify: cumsum, var, std, amax, amin,
-// max_with_indices, min_with_indices, argsort, sort, topk, one_hot and nll_loss. No kernel or
-// gradient of their own: the gradient of each differentiable one is what the tape derives from
-// its primitives (cumsum's is the reverse cumsum; sort's and topk's values are a gather of x,
-// whose gradient is a scatter_add).
+// max_with_indices, min_with_indices, sort, topk, one_hot and nll_loss, and argsort, the builder
+// of the Argsort primitive they sort with. No kernel or gradient of their own: the gradient of
+// each differentiable one is what the tape derives from its primitives (cumsum's is the reverse
+// cumsum; sort's and topk's values are a gather of x by Argsort's indices, whose gradient is a
+// scatter_add).
+//
+// Note [Argsort primitive]
+// Sorting is the one thing here that composites cannot do well: ranks from comparisons of every
+// pair take O(n^2) time and memory per row (2048 elements took 128 ms and 4M-element
+// temporaries). Argsort is therefore a primitive, the smallest one that serves: i64 indices
+// only, not differentiable, the values read by gather. The CPU kernel runs std::stable_sort per
+// row (O(n log n)); the CUDA kernel gives each element its rank among its row in one thread
+// (O(n) per element), which is simple and stable but quadratic in work for very long rows.
 #include <algorithm>
 
+#include "core/dispatch.h"
 #include "core/op_errors.h"
 #include "core/op_table.h"
 #include "core/ops.h"
@@ -116,45 +126,13 @@ std::tuple<Tensor, Tensor> min_with_indices(const Tensor& x, int64_t dim, bool k
   return extreme_with_indices("min_with_indices", x, dim, keepdim, /*largest=*/false);
 }
 
-// Note [Sorting by ranks]
-// argsort is composed of primitives: the rank of element i along the dim is the number of
-// elements that go before it, r_i = #{j : (nan_j, v_j, j) < (nan_i, v_i, i)} in lexicographic
-// order (ascending; descending compares the first two keys the other way), where nan is 1 for
-// NaN (so NaN sorts as the largest value, as in PyTorch) and v is the value with NaN replaced by
-// 0. The index breaks ties, so the ranks are a permutation and the sort is stable. The indices
-// are then the inverse permutation: out[r_i] = i, a scatter_add of the positions into zeros.
-// Comparing every pair takes O(n^2) time and memory per row.
 Tensor argsort(const Tensor& x, int64_t dim, bool descending, std::source_location loc) {
   detail::SiteGuard site(loc);
-  return detail::as_op("argsort", [&]() -> Tensor {
-    dim = detail::wrap_dim("argsort", dim, x.dim());
-    const Options io = Options().dtype(DType::i64).device(x.device());
-    if (x.dim() == 0) return detail::full_dims({}, 0, io);
-    Tensor v = x.dtype() == DType::b8 ? x.to(DType::i32) : x;
-    Tensor xt = transpose(v, dim, -1);  // the sorted dim last: (..., n)
-    const SymInt n = detail::sym_dims(xt).back();
-    Tensor pos = detail::arange_dims(n, io);
-    Tensor earlier = lt(unsqueeze(pos, 0), unsqueeze(pos, 1));  // [i, j]: j < i
-    // [..., i, j]: whether element j goes before element i, by (a, b) then the index.
-    auto goes_before = [&](const Tensor& a, const Tensor& b) {
-      Tensor ai = unsqueeze(a, -1), aj = unsqueeze(a, -2);
-      Tensor bi = unsqueeze(b, -1), bj = unsqueeze(b, -2);
-      Tensor by_b = where(eq(bj, bi), earlier, descending ? gt(bj, bi) : lt(bj, bi));
-      return where(eq(aj, ai), by_b, descending ? gt(aj, ai) : lt(aj, ai));
-    };
-    Tensor before;
-    if (is_floating(x.dtype())) {
-      Tensor nan = isnan(xt);
-      before = goes_before(nan.to(DType::i32), where(nan, 0, xt));
-    } else {
-      Tensor vi = unsqueeze(xt, -1), vj = unsqueeze(xt, -2);
-      before = where(eq(vj, vi), earlier, descending ? gt(vj, vi) : lt(vj, vi));
-    }
-    Tensor rank = sum(before, -1);  // i64, (..., n)
-    Tensor out =
-        scatter_add(zeros_like(rank), -1, rank, detail::expand_dims(pos, detail::sym_dims(rank)));
-    return transpose(out, dim, -1);
-  });
+  Attrs a;
+  a.dim = detail::wrap_dim("argsort", dim, x.dim());
+  a.keepdim = descending;
+  const Tensor* in[] = {&x};
+  return detail::call(OpId::Argsort, TensorRefs(in, 1), a);
 }
 
 std::tuple<Tensor, Tensor> sort(const Tensor& x, int64_t dim, bool descending,

@@ -15,8 +15,8 @@ namespace duet::test {
 namespace {
 // The einsum equations of Op::Einsum's two-operand forms (ints[0] = 1..5); form 0 is one
 // operand, its output letters in ints[1..].
-const char* const kEinsumForms[] = {"", "ij,jk->ik", "ij,jk->ki", "ij,j->i", "bij,bjk->bik",
-                                    "i,j->ij"};
+const char* const kEinsumForms[] = {"",        "ij,jk->ik",    "ij,jk->ki",
+                                    "ij,j->i", "bij,bjk->bik", "i,j->ij"};
 const char kLetters[] = "ijkl";
 }  // namespace
 
@@ -164,7 +164,7 @@ bool Generator::propose_more(Op op, Step& st) {
           count *= A.sizes()[d];
         }
       if (st.ints.empty()) return false;
-      st.s = double(irand(0, 1));  // the correction
+      st.s = double(irand(0, 1));                                // the correction
       st.mode = (chance(0.4) ? 1 : 0) | (chance(0.25) ? 2 : 0);  // keepdim, std
       return count > st.s;
     }
@@ -344,7 +344,8 @@ Tensor apply_more(const Step& st, const std::vector<Tensor>& v) {
       return one_hot(argmax(arg(0), st.ints[0]), st.ints[1]);
     case Op::NllLoss: {
       std::vector<double> t(st.index.begin(), st.index.end());
-      Tensor target = tensor(t, Shape(st.ishape), Options().dtype(DType::i64).device(arg(0).device()));
+      Tensor target =
+          tensor(t, Shape(st.ishape), Options().dtype(DType::i64).device(arg(0).device()));
       const char* reductions[] = {"mean", "sum", "none"};
       return nll_loss(log_softmax(arg(0), -1), target, reductions[st.mode]);
     }
