@@ -233,7 +233,9 @@ Tensor randn_like(Located x, Options o) {
 // cumulative sums at or below it (a category of weight 0 has an empty interval), clamped to the
 // last category against rounding. Without replacement: the num_samples largest of
 // log(p) + Gumbel noise are a draw without replacement (the Gumbel top-k trick); weight 0 gives
-// -inf, never drawn before a positive weight.
+// -inf, never drawn before a positive weight. The weights are not checked for negative or
+// non-finite values, as torch.multinomial does: that would read them on the host (a sync on a
+// device, a data-dependent read under compile).
 Tensor multinomial(const Tensor& probs, int64_t num_samples, bool replacement,
                    std::source_location loc) {
   detail::SiteGuard site(loc);
