@@ -261,3 +261,6 @@ void set_num_threads(int n);
 int get_num_threads();
 
 }  // namespace duet
+
+// The composites a PyTorch user reaches for next (masked_fill, split, pad, sort, einsum, ...).
+#include "core/ops_more.h"

@@ -1,6 +1,9 @@
-// CPU kernels of the indexing and joining ops: gather, scatter_add, cat, argmax.
+// CPU kernels of the indexing and joining ops: gather, scatter_add, cat, argmax, argsort.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
+#include <vector>
 
 #include "kernels/composed.h"
 #include "kernels/cpu_kernels.h"
@@ -121,6 +124,51 @@ void argmax_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
   });
 }
 
+// The indices that sort each row along attrs.dim, stably; attrs.keepdim: descending. NaN sorts
+// as the largest value (last ascending, first descending), as in PyTorch (Note [Argsort
+// primitive] in core/ops/stats.cpp).
+void argsort_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
+  const Tensor& x = in[0];
+  const int64_t len = x.dim() ? x.sizes()[a.dim] : 1;
+  const int64_t step = x.dim() ? x.strides()[a.dim] : 0;
+  const int64_t ostep = x.dim() ? out.strides()[a.dim] : 0;
+  Shape s = x.sizes();
+  Strides st = x.strides(), ost = out.strides();
+  if (x.dim()) {
+    s[a.dim] = 1;
+    st[a.dim] = 0;
+    ost[a.dim] = 0;
+  }
+  if (out.numel() == 0) return;
+  Tensor xv = detail::make_view(x, s, st, x.storage_offset());
+  Tensor ov = detail::make_view(out, s, ost, out.storage_offset());
+  const bool desc = a.keepdim;
+  DUET_DISPATCH_DTYPE(x.dtype(), "argsort", [&] {
+    using T = scalar_t;
+    for_each<2>(s, {&ov, &xv}, [&](char** p, const int64_t* ps, int64_t n) {
+      std::vector<T> v(static_cast<size_t>(len));
+      std::vector<int64_t> order(static_cast<size_t>(len));
+      for (int64_t i = 0; i < n; ++i) {
+        const T* row = reinterpret_cast<const T*>(p[1] + i * ps[1]);
+        for (int64_t j = 0; j < len; ++j) v[j] = row[j * step];
+        std::iota(order.begin(), order.end(), 0);
+        // Whether value b goes before value c (NaN the largest): a strict weak order.
+        auto before = [&](int64_t b, int64_t c) {
+          const T vb = v[b], vc = v[c];
+          if constexpr (std::is_floating_point_v<T>) {
+            const bool nb = std::isnan(vb), nc = std::isnan(vc);
+            if (nb || nc) return desc ? (nb && !nc) : (!nb && nc);
+          }
+          return desc ? vb > vc : vb < vc;
+        };
+        std::stable_sort(order.begin(), order.end(), before);
+        int64_t* o = reinterpret_cast<int64_t*>(p[0] + i * ps[0]);
+        for (int64_t j = 0; j < len; ++j) o[j * ostep] = order[j];
+      }
+    });
+  });
+}
+
 }  // namespace
 
 void copy_on_device(const Tensor& src, const Tensor& dst) {
@@ -187,6 +235,7 @@ void register_index_kernels(OpDef* t) {
   detail::register_kernel(t, OpId::Transfer, DeviceType::CPU, transfer_kernel);
   detail::register_kernel(t, OpId::SliceScatter, DeviceType::CPU, slice_scatter_kernel);
   detail::register_kernel(t, OpId::Argmax, DeviceType::CPU, argmax_kernel);
+  detail::register_kernel(t, OpId::Argsort, DeviceType::CPU, argsort_kernel);
 }
 
 }  // namespace duet::kernels

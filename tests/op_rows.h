@@ -140,6 +140,9 @@ const std::vector<OpRow>& index_rows();   ///< gather, scatter_add, cat, argmax 
 const std::vector<OpRow>& nn_rows();      ///< softmax family, linear, layer_norm, losses, dropout
 const std::vector<OpRow>& image_rows();   ///< unfold, fold, conv2d, pooling
 const std::vector<OpRow>& random_rows();  ///< rand, randn, randint
+/// masked_fill, tril, triu, split, chunk, flip, roll, pad, cumsum, var, std, amax, amin,
+/// max/min_with_indices, sort, argsort, topk, nll_loss, einsum (op_rows_more.cpp)
+const std::vector<OpRow>& more_rows();
 /// All of the above.
 const std::vector<OpRow>& op_rows();
 

@@ -484,7 +484,8 @@ const std::vector<OpRow>& random_rows() {
 const std::vector<OpRow>& op_rows() {
   static const std::vector<OpRow> rows = [] {
     std::vector<OpRow> r;
-    for (const auto* part : {&index_rows(), &nn_rows(), &image_rows(), &random_rows()})
+    for (const auto* part :
+         {&index_rows(), &nn_rows(), &image_rows(), &random_rows(), &more_rows()})
       r.insert(r.end(), part->begin(), part->end());
     // Print: an effect in the middle of a computation, which must leave its value alone (the
     // tests drop the text: tests/main.cpp; test_print checks it).

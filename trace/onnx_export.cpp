@@ -619,6 +619,8 @@ std::string Writer::emit_op(Frame& f, Values& vals, int32_t v) {
       return emit_arange(f, n);
     // Effects and state that a model file cannot hold: random draws (Philox state), device
     // moves, prints and the collectives of a multi-process job.
+    // Stable, NaN-last order: ONNX's TopK leaves the order of ties open.
+    case OpId::Argsort:
     case OpId::Random:
     case OpId::Transfer:
     case OpId::Print:

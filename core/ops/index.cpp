@@ -97,6 +97,16 @@ void infer_argmax(const OpDef&, TensorRefs in, const Attrs& a, TensorMeta& out) 
   out.device = x.device();
 }
 
+// attrs.dim (wrapped), attrs.keepdim: descending. x's shape, i64 (a 0-d x: index 0).
+void infer_argsort(const OpDef& def, TensorRefs in, const Attrs& a, TensorMeta& out) {
+  const Tensor& x = in[0];
+  DUET_CHECK_VALUE(a.dim >= 0 && a.dim < std::max<int64_t>(x.dim(), 1),
+                   "[{}] dim {} is out of range for shape {}", def.name, a.dim, x.sizes());
+  out.shape = x.sizes();
+  out.dtype = DType::i64;
+  out.device = x.device();
+}
+
 void grad_gather(const GradCtx& c, const Tensor& g, Tensor* gi) {
   const TensorMeta& m = c.input_meta[0];
   Tensor z = full_dims(meta_dims(m), 0, Options().dtype(g.dtype()).device(m.device));
@@ -139,6 +149,8 @@ void register_index_rules(OpDef* t) {
   set_grad(t, OpId::ScatterAdd, grad_scatter_add, kSaveIn1);
   set_grad(t, OpId::Cat, grad_cat, 0);
   set_not_differentiable(t, OpId::Argmax);
+  t[int(OpId::Argsort)].infer = infer_argsort;
+  set_not_differentiable(t, OpId::Argsort);
 }
 
 }  // namespace detail

@@ -17,7 +17,9 @@
 
 #include "core/dispatch.h"
 #include "core/op_table.h"
+#include "core/op_errors.h"
 #include "core/ops.h"
+#include "core/ops_more.h"
 
 namespace duet {
 namespace detail {
@@ -202,6 +204,75 @@ Tensor randn(Shape shape, Options o, std::source_location loc) {
 Tensor randint(int64_t high, Shape shape, Options o, std::source_location loc) {
   detail::SiteGuard site(loc);
   return detail::random("randint", shape, o.dtype_.value_or(DType::i64), 2, high, o);
+}
+
+namespace {
+// A draw of x's shape (its dims as SymInts: a symbolic batch dim stays symbolic), in x's dtype
+// and on x's device unless the Options say otherwise (as the other *_like creators).
+Tensor random_like(const char* op, const Tensor& x, const Options& o, int dist) {
+  const DType dtype = o.dtype_.value_or(x.dtype());
+  DUET_CHECK_DTYPE(is_floating(dtype), "[{}] dtype must be floating, got {} (input of shape {})",
+                   op, dtype, detail::dims_str(detail::sym_dims(x)));
+  Options drawn = Options().dtype(dtype).device(o.device_.is_cpu() ? x.device() : o.device_);
+  drawn.requires_grad(o.requires_grad_);
+  return detail::random_dims(op, detail::sym_dims(x), dtype, dist, 0, drawn);
+}
+}  // namespace
+
+Tensor rand_like(Located x, Options o) {
+  detail::SiteGuard site(x.loc);
+  return random_like("rand_like", x.tensor, o, 0);
+}
+Tensor randn_like(Located x, Options o) {
+  detail::SiteGuard site(x.loc);
+  return random_like("randn_like", x.tensor, o, 1);
+}
+
+// With replacement: u * total, for u uniform in [0, 1) and total the row's sum, falls in the
+// interval [cdf[j-1], cdf[j]) of category j with probability p[j] / total; j is the number of
+// cumulative sums at or below it (a category of weight 0 has an empty interval), clamped to the
+// last category against rounding. Without replacement: the num_samples largest of
+// log(p) + Gumbel noise are a draw without replacement (the Gumbel top-k trick); weight 0 gives
+// -inf, never drawn before a positive weight. The weights are not checked for negative or
+// non-finite values, as torch.multinomial does: that would read them on the host (a sync on a
+// device, a data-dependent read under compile).
+Tensor multinomial(const Tensor& probs, int64_t num_samples, bool replacement,
+                   std::source_location loc) {
+  detail::SiteGuard site(loc);
+  return detail::as_op("multinomial", [&]() -> Tensor {
+    DUET_CHECK_DTYPE(is_floating(probs.dtype()),
+                     "[multinomial] probabilities must be floating, got {} of shape {}",
+                     probs.dtype(), detail::dims_str(detail::sym_dims(probs)));
+    DUET_CHECK_SHAPE(probs.dim() == 1 || probs.dim() == 2,
+                     "[multinomial] probabilities must be 1-D or 2-D (rows), got shape {}",
+                     detail::dims_str(detail::sym_dims(probs)));
+    const SymDims ps = detail::sym_dims(probs);
+    const SymInt n = ps.back();
+    DUET_CHECK_VALUE(num_samples > 0, "[multinomial] num_samples must be positive, got {}",
+                     num_samples);
+    DUET_CHECK_VALUE(!detail::sym_decide(n, detail::SymRel::Eq, 0, "multinomial"),
+                     "[multinomial] needs at least one category, got shape {}",
+                     detail::dims_str(ps));
+    DUET_CHECK_VALUE(replacement || detail::sym_decide(SymInt(num_samples), detail::SymRel::Le, n,
+                                                       "multinomial"),
+                     "[multinomial] cannot draw {} samples without replacement from {} "
+                     "categories",
+                     num_samples, n.str());
+    const Tensor p = probs.detach();
+    const Options o = Options().dtype(p.dtype()).device(p.device());
+    if (!replacement) {
+      Tensor u = rand_like(p, o);
+      Tensor keys = log(p) - log(neg(log(u)));
+      return std::get<1>(topk(keys, num_samples, -1));
+    }
+    Tensor cdf = cumsum(p, -1);                    // (..., n)
+    Tensor total = slice(cdf, -1, -1, INT64_MAX);  // (..., 1)
+    SymDims us = ps;
+    us.back() = num_samples;
+    Tensor u = detail::random_dims("multinomial", us, p.dtype(), 0, 0, o) * total;  // (..., s)
+    Tensor count = sum(le(unsqueeze(cdf, -2), unsqueeze(u, -1)), -1);               // (..., s)
+    return minimum(count, detail::size_scalar(n - SymInt(1), DType::i64));
+  });
 }
 
 Tensor dropout(const Tensor& x, double p, bool training, std::source_location loc) {

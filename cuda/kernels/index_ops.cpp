@@ -1,5 +1,5 @@
-// duet: CUDA adapters of gather, scatter_add, cat, unfold and fold (kernels in index.cu and
-// image.cu), following kernels/index.cpp and kernels/image.cpp.
+// duet: CUDA adapters of gather, scatter_add, argsort, cat, unfold and fold (kernels in index.cu
+// and image.cu), following kernels/index.cpp and kernels/image.cpp.
 #include "kernels/composed.h"
 #include "cuda/kernels/adapt.h"
 #include "cuda/runtime.h"
@@ -48,6 +48,19 @@ void scatter_add_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
                                            stream_for(out)));
 }
 
+// attrs.dim, attrs.keepdim (descending); out is fresh and contiguous, of x's shape.
+void argsort_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
+  const Tensor& x = in[0];
+  if (out.numel() == 0) return;
+  DUET_CHECK_DTYPE(x.dtype() != DType::f16 && x.dtype() != DType::bf16,
+                   "[argsort] has no CUDA kernel for dtype {}", dtype_name(x.dtype()));
+  const Tensor xrow = base_view(x, x, a.dim), orow = base_view(out, out, a.dim);
+  const kern::Loop L = make_loop(out, {&x, &xrow, &orow}, {x.dtype(), x.dtype(), DType::i64});
+  DUET_CUDA_CHECK(kern::launch_argsort(to_dt(x.dtype()), L, size_along(x, a.dim),
+                                       stride_along(x, a.dim), stride_along(out, a.dim), a.keepdim,
+                                       stream_for(out)));
+}
+
 // attrs.ints = {kh, kw, sh, sw, ph, pw, H, W} (kernels/image.cpp).
 template <bool kUnfold>
 void window_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
@@ -88,6 +101,7 @@ void register_index(OpDef* t) {
   };
   reg(OpId::Gather, gather_kernel);
   reg(OpId::ScatterAdd, scatter_add_kernel);
+  reg(OpId::Argsort, argsort_kernel);
   reg(OpId::Cat, duet::kernels::cat_kernel);
   reg(OpId::Transfer, duet::kernels::transfer_kernel);
   reg(OpId::AllReduce, duet::kernels::collective_kernel<OpId::AllReduce>);

@@ -119,6 +119,15 @@ cudaError_t launch_gather(DT dt, const Loop& loop, int64_t step, const IndexChec
 cudaError_t launch_scatter_add(DT dt, const Loop& loop, int64_t step, const IndexCheck& check,
                                cudaStream_t s);
 
+/// Argsort: a loop over x's shape with loop.out = out (i64, contiguous), loop.in[0] = x,
+/// loop.in[1] = x and loop.in[2] = out, each seen with stride 0 along the sorted dim (the start
+/// of the element's row). Each element counts the elements of its row that go before it (value,
+/// NaN the largest, then position: a stable order; descending flips the values' order) and
+/// writes its position at that rank. len, step and out_step: the row's length and its strides
+/// in x and out.
+cudaError_t launch_argsort(DT dt, const Loop& loop, int64_t len, int64_t step, int64_t out_step,
+                           bool descending, cudaStream_t s);
+
 /// Unfold / Fold geometry (kernels/image.cpp); the input read through its 4-D (image) or 3-D
 /// (columns) strides, the output contiguous.
 struct WindowArg {

@@ -95,6 +95,8 @@ namespace duet::test {
   X(LayerNorm) X(MseLoss) X(CrossEntropy) X(BceLogits) X(Embedding)                                \
   X(MaxPool) X(AvgPool) X(Unfold) X(Conv2d)                                                        \
   X(Source) X(RandnLike) X(Dropout) X(UpdateBuffer)                                              \
+  X(MaskedFill) X(Tril) X(Split) X(Flip) X(Roll) X(Pad) X(Like) X(Cumsum) X(Var) X(MaxIndices)    \
+  X(Sort) X(Einsum) X(OneHot) X(NllLoss) X(Multinomial)                                            \
   X(Cond) X(Scan) X(While) X(Take)
 // clang-format on
 
@@ -188,6 +190,8 @@ using Tuples = std::map<size_t, std::vector<Tensor>>;
 /// Runs one step on the values computed so far (its result is value v.size()); control-flow
 /// steps put all their results in `more`, which Take steps read.
 Tensor apply_step(const Step& st, const std::vector<Tensor>& v, Tuples* more = nullptr);
+/// Runs a step of an op of core/ops_more.h (random_program_more.cpp); apply_step calls it.
+Tensor apply_more(const Step& st, const std::vector<Tensor>& v);
 /// Every value of the program (inputs, then one per step).
 std::vector<Tensor> run_values(const Program& p, const std::vector<Tensor>& inputs);
 /// The program as a function of its inputs: what runs eagerly and what compile() traces.
@@ -279,6 +283,8 @@ class Generator {
   std::vector<int64_t> random_shape(int64_t numel);
   void random_index(Step& st, int a, int64_t d);
   bool propose(Op op, Step& st);
+  /// propose for the ops of core/ops_more.h (random_program_more.cpp).
+  bool propose_more(Op op, Step& st);
   bool propose_binary(Op op, Step& st);
   /// The number operand of a binary op on a (st.mode 1 or 2): st.s and st.int_scalar.
   void scalar_operand(Op op, Step& st, const Tensor& a);

@@ -69,6 +69,22 @@ double op_weight(Op op) {
     case Op::Le:
     case Op::Ge:
     case Op::SqueezeAll:
+    // The ops of core/ops_more.h (random_program_more.cpp).
+    case Op::MaskedFill:
+    case Op::Tril:
+    case Op::Split:
+    case Op::Flip:
+    case Op::Roll:
+    case Op::Pad:
+    case Op::Like:
+    case Op::Cumsum:
+    case Op::Var:
+    case Op::MaxIndices:
+    case Op::Sort:
+    case Op::Einsum:
+    case Op::OneHot:
+    case Op::NllLoss:
+    case Op::Multinomial:
       return 0.7;
     case Op::MaxPool:
     case Op::AvgPool:
@@ -491,6 +507,22 @@ Tensor apply_step(const Step& st, const std::vector<Tensor>& v, Tuples* more) {
       b.add_(st.mode == 1 ? mean(y) * (1 - st.s2) : y);
       return b;
     }
+    case Op::MaskedFill:
+    case Op::Tril:
+    case Op::Split:
+    case Op::Flip:
+    case Op::Roll:
+    case Op::Pad:
+    case Op::Like:
+    case Op::Cumsum:
+    case Op::Var:
+    case Op::MaxIndices:
+    case Op::Sort:
+    case Op::Einsum:
+    case Op::OneHot:
+    case Op::NllLoss:
+    case Op::Multinomial:
+      return apply_more(st, v);
     case Op::Cond: {
       // args: the predicate, ints[0] operands, then the free values the branches read.
       const size_t nop = size_t(st.ints[0]);

@@ -1,0 +1,630 @@
+// Rows of the composites of core/ops_more.h (masked_fill, tril, triu, split, chunk, flip, roll,
+// pad, cumsum, var, std, amax, amin, max/min_with_indices, argsort, sort, topk, nll_loss,
+// einsum), with references on plain doubles written without duet's ops (see op_rows.h). The ops
+// returning several tensors have one row per result.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "core/ops_more.h"
+#include "op_rows.h"
+
+namespace duet::test {
+namespace {
+
+using Ins = std::vector<Tensor>;
+using Vec = std::vector<double>;
+
+const std::vector<DType> kAll = {DType::f32, DType::f64, DType::i32, DType::i64, DType::b8};
+const std::vector<DType> kNumeric = {DType::f32, DType::f64, DType::i32, DType::i64};
+const Domain kTies{-1, 1, -2, 2, true};
+
+std::vector<int64_t> unravel(int64_t i, const Shape& s) {
+  std::vector<int64_t> idx(static_cast<size_t>(s.size()));
+  for (int64_t d = s.size() - 1; d >= 0; --d) {
+    idx[d] = i % s[d];
+    i /= s[d];
+  }
+  return idx;
+}
+int64_t ravel(const std::vector<int64_t>& idx, const Shape& s) {
+  int64_t i = 0;
+  for (int64_t d = 0; d < s.size(); ++d) i = i * s[d] + idx[d];
+  return i;
+}
+int64_t wrap(int64_t dim, int64_t rank) { return dim < 0 ? dim + rank : dim; }
+
+OpRow row(std::string name, OpId op, std::vector<Shape> shapes,
+          std::function<Tensor(const Ins&)> fn, std::function<Vec(const Values&)> ref, Shape out) {
+  return OpRow{std::move(name), op, true, std::move(shapes), std::move(fn), std::move(ref), out};
+}
+
+// ---- masked_fill, tril, triu ------------------------------------------------------------------
+
+OpRow masked_fill_row(Shape xs, Shape ms, Vec mask, double value, bool tensor_value) {
+  std::string name = fmt::format("masked_fill {} mask {}{}", xs.str(), ms.str(),
+                                 tensor_value ? " tensor value" : "");
+  std::vector<Shape> shapes = {xs};
+  if (tensor_value) shapes.push_back(Shape{});
+  OpRow r = row(
+      name, OpId::Where, shapes,
+      [=](const Ins& in) {
+        Tensor m = make(mask, ms, DType::b8);
+        return tensor_value ? masked_fill(in[0], m, in[1]) : masked_fill(in[0], m, value);
+      },
+      [=](const Values& v) {
+        Vec o = v[0];
+        const int64_t lead = xs.size() - ms.size();
+        for (int64_t i = 0; i < xs.numel(); ++i) {
+          std::vector<int64_t> p = unravel(i, xs), q;
+          for (int64_t d = 0; d < ms.size(); ++d) q.push_back(ms[d] == 1 ? 0 : p[lead + d]);
+          if (mask[ravel(q, ms)] != 0) o[i] = tensor_value ? v[1][0] : value;
+        }
+        return o;
+      },
+      xs);
+  r.dtypes = tensor_value ? std::vector<DType>{DType::f32, DType::f64} : kAll;
+  return r;
+}
+
+OpRow triangle_row(bool lower, Shape xs, int64_t k) {
+  OpRow r = row(
+      fmt::format("{} {} diagonal {}", lower ? "tril" : "triu", xs.str(), k), OpId::Where, {xs},
+      [=](const Ins& in) { return lower ? tril(in[0], k) : triu(in[0], k); },
+      [=](const Values& v) {
+        Vec o = v[0];
+        for (int64_t i = 0; i < xs.numel(); ++i) {
+          std::vector<int64_t> p = unravel(i, xs);
+          const int64_t off = p[xs.size() - 1] - p[xs.size() - 2];
+          if (lower ? off > k : off < k) o[i] = 0;
+        }
+        return o;
+      },
+      xs);
+  r.dtypes = kAll;
+  return r;
+}
+
+// ---- split, chunk, flip, roll, pad ------------------------------------------------------------
+
+// Piece `k` of a split along dim into pieces of `sizes`.
+OpRow piece_row(std::string name, Shape xs, int64_t dim, std::vector<int64_t> sizes, size_t k,
+                std::function<std::vector<Tensor>(const Tensor&)> fn) {
+  const int64_t d = wrap(dim, xs.size());
+  int64_t start = 0;
+  for (size_t i = 0; i < k; ++i) start += sizes[i];
+  Shape out = xs;
+  out[d] = sizes[k];
+  OpRow r = row(
+      fmt::format("{} piece {} of {}", name, k, sizes.size()), OpId::Slice, {xs},
+      [=](const Ins& in) {
+        std::vector<Tensor> parts = fn(in[0]);
+        REQUIRE(parts.size() == sizes.size());
+        return parts[k];
+      },
+      [=](const Values& v) {
+        Vec o;
+        for (int64_t i = 0; i < out.numel(); ++i) {
+          std::vector<int64_t> p = unravel(i, out);
+          p[d] += start;
+          o.push_back(v[0][ravel(p, xs)]);
+        }
+        return o;
+      },
+      out);
+  r.dtypes = kAll;
+  return r;
+}
+
+void add_pieces(std::vector<OpRow>& r, std::string name, Shape xs, int64_t dim,
+                std::vector<int64_t> sizes, std::function<std::vector<Tensor>(const Tensor&)> fn) {
+  for (size_t k = 0; k < sizes.size(); ++k) r.push_back(piece_row(name, xs, dim, sizes, k, fn));
+}
+
+OpRow flip_row(Shape xs, std::vector<int64_t> dims) {
+  OpRow r = row(
+      fmt::format("flip {} dims {}", xs.str(), Dims(dims).str()), OpId::Gather, {xs},
+      [=](const Ins& in) { return flip(in[0], Dims(dims)); },
+      [=](const Values& v) {
+        Vec o;
+        for (int64_t i = 0; i < xs.numel(); ++i) {
+          std::vector<int64_t> p = unravel(i, xs);
+          for (int64_t d : dims) {
+            if (xs.size() == 0) break;  // one element
+            const int64_t w = wrap(d, xs.size());
+            p[w] = xs[w] - 1 - p[w];
+          }
+          o.push_back(v[0][ravel(p, xs)]);
+        }
+        return o;
+      },
+      xs);
+  r.dtypes = kAll;
+  if (dims.empty() || xs.size() == 0) r.op = OpId::Copy;  // nothing to reverse: a copy
+  return r;
+}
+
+OpRow roll_row(Shape xs, std::vector<int64_t> shifts, std::vector<int64_t> dims) {
+  OpRow r = row(
+      fmt::format("roll {} shifts {} dims {}", xs.str(), Dims(shifts).str(), Dims(dims).str()),
+      OpId::Cat, {xs}, [=](const Ins& in) { return roll(in[0], Dims(shifts), Dims(dims)); },
+      [=](const Values& v) {
+        Vec o(v[0].size());
+        const int64_t n = xs.numel();
+        for (int64_t i = 0; i < n; ++i) {
+          if (dims.empty()) {  // flattened
+            o[((i + shifts[0]) % n + n) % n] = v[0][i];
+            continue;
+          }
+          std::vector<int64_t> p = unravel(i, xs);
+          for (size_t k = 0; k < dims.size(); ++k) {
+            const int64_t w = wrap(dims[k], xs.size());
+            p[w] = ((p[w] + shifts[k]) % xs[w] + xs[w]) % xs[w];
+          }
+          o[ravel(p, xs)] = v[0][i];
+        }
+        return o;
+      },
+      xs);
+  r.dtypes = kAll;
+  if (xs.size() == 0) r.op = OpId::Copy;  // one element: a copy
+  return r;
+}
+
+OpRow pad_row(Shape xs, std::vector<int64_t> pads, bool reflect, double value = 0) {
+  Shape out = xs;
+  for (size_t k = 0; k < pads.size() / 2; ++k)
+    out[xs.size() - 1 - k] += pads[2 * k] + pads[2 * k + 1];
+  OpRow r = row(
+      fmt::format("pad {} {} {}", xs.str(), Dims(pads).str(), reflect ? "reflect" : "constant"),
+      OpId::Cat, {xs},
+      [=](const Ins& in) { return pad(in[0], pads, reflect ? "reflect" : "constant", value); },
+      [=](const Values& v) {
+        Vec o;
+        for (int64_t i = 0; i < out.numel(); ++i) {
+          std::vector<int64_t> p = unravel(i, out);
+          bool fill = false;
+          for (size_t k = 0; k < pads.size() / 2; ++k) {
+            const int64_t d = xs.size() - 1 - k, n = xs[d];
+            int64_t q = p[d] - pads[2 * k];  // the position in x
+            if (reflect) {
+              if (q < 0) q = -q;
+              if (q >= n) q = 2 * (n - 1) - q;
+            } else if (q < 0 || q >= n) {
+              fill = true;
+            }
+            p[d] = q;
+          }
+          o.push_back(fill ? value : v[0][ravel(p, xs)]);
+        }
+        return o;
+      },
+      out);
+  // A fill that is not an integer needs a floating x.
+  r.dtypes = reflect                      ? kAll
+             : value == std::floor(value) ? kNumeric
+                                          : std::vector<DType>{DType::f32, DType::f64};
+  return r;
+}
+
+// ---- cumsum, var, std, amax, amin, max/min with indices ----------------------------------------
+
+// For each line of x along dim: f(values of the line) gives the line's result, of length m.
+Vec along(const Vec& x, const Shape& xs, int64_t dim, int64_t m,
+          const std::function<Vec(const Vec&)>& f, Shape* out_shape = nullptr) {
+  if (xs.size() == 0) return f(x);
+  Shape lines = xs;
+  lines[dim] = 1;
+  Shape out = xs;
+  out[dim] = m;
+  Vec o(static_cast<size_t>(out.numel()));
+  for (int64_t l = 0; l < lines.numel(); ++l) {
+    std::vector<int64_t> p = unravel(l, lines);
+    Vec line;
+    for (int64_t j = 0; j < xs[dim]; ++j) {
+      p[dim] = j;
+      line.push_back(x[ravel(p, xs)]);
+    }
+    Vec res = f(line);
+    for (int64_t j = 0; j < m; ++j) {
+      p[dim] = j;
+      o[ravel(p, out)] = res[j];
+    }
+  }
+  if (out_shape) *out_shape = out;
+  return o;
+}
+
+OpRow cumsum_row(Shape xs, int64_t dim) {
+  OpRow r = row(
+      fmt::format("cumsum {} dim {}", xs.str(), dim), OpId::Add, {xs},
+      [=](const Ins& in) { return cumsum(in[0], dim); },
+      [=](const Values& v) {
+        const int64_t d = wrap(dim, xs.size());
+        return along(v[0], xs, d, xs.size() ? xs[d] : 1, [](const Vec& line) {
+          Vec o;
+          double s = 0;
+          for (double e : line) o.push_back(s += e);
+          return o;
+        });
+      },
+      xs);
+  r.dtypes = {DType::f32, DType::f64, DType::i64};
+  if (xs.size() == 0 || xs[wrap(dim, xs.size())] <= 1) r.op = OpId::Copy;  // nothing to add
+  return r;
+}
+
+// var (std when `root`) over dims (all when empty).
+OpRow var_row(bool root, Shape xs, std::vector<int64_t> dims, double correction, bool keepdim) {
+  std::vector<int64_t> w;
+  for (int64_t d : dims) w.push_back(wrap(d, xs.size()));
+  if (w.empty())
+    for (int64_t d = 0; d < xs.size(); ++d) w.push_back(d);
+  Shape out;
+  for (int64_t d = 0; d < xs.size(); ++d) {
+    const bool red = std::find(w.begin(), w.end(), d) != w.end();
+    if (!red)
+      out.push_back(xs[d]);
+    else if (keepdim)
+      out.push_back(1);
+  }
+  OpRow r = row(
+      fmt::format("{} {} dims {} correction {}{}", root ? "std" : "var", xs.str(), Dims(dims).str(),
+                  correction, keepdim ? " keepdim" : ""),
+      OpId::Sum, {xs},
+      [=](const Ins& in) {
+        return root ? duet::std(in[0], Dims(dims), correction, keepdim)
+                    : var(in[0], Dims(dims), correction, keepdim);
+      },
+      [=](const Values& v) {
+        // Group the elements by their position in the dims that stay.
+        Shape kept = xs;
+        for (int64_t d : w) kept[d] = 1;
+        std::vector<Vec> groups(static_cast<size_t>(kept.numel()));
+        for (int64_t i = 0; i < xs.numel(); ++i) {
+          std::vector<int64_t> p = unravel(i, xs);
+          for (int64_t d : w) p[d] = 0;
+          groups[ravel(p, kept)].push_back(v[0][i]);
+        }
+        Vec o;
+        for (const Vec& g : groups) {
+          const double m = std::accumulate(g.begin(), g.end(), 0.0) / g.size();
+          double ss = 0;
+          for (double e : g) ss += (e - m) * (e - m);
+          const double var = ss / std::max(0.0, double(g.size()) - correction);
+          o.push_back(root ? std::sqrt(var) : var);
+        }
+        return o;
+      },
+      out);
+  r.tol32 = 1e-4;
+  return r;
+}
+
+OpRow extreme_row(bool largest, bool indices, Shape xs, int64_t dim, bool keepdim) {
+  const int64_t d = wrap(dim, xs.size());
+  Shape out = xs;
+  if (xs.size()) {
+    if (keepdim)
+      out[d] = 1;
+    else
+      out.erase(d);
+  }
+  OpRow r = row(
+      fmt::format("{} {} dim {}{} {}", largest ? "max_with_indices" : "min_with_indices", xs.str(),
+                  dim, keepdim ? " keepdim" : "", indices ? "indices" : "values"),
+      indices ? OpId::Argmax : OpId::Gather, {xs},
+      [=](const Ins& in) {
+        auto [v, i] =
+            largest ? max_with_indices(in[0], dim, keepdim) : min_with_indices(in[0], dim, keepdim);
+        CHECK(i.dtype() == DType::i64);
+        return indices ? i : v;
+      },
+      [=](const Values& v) {
+        return along(v[0], xs, d, 1, [&](const Vec& line) {
+          size_t best = 0;
+          for (size_t j = 1; j < line.size(); ++j)
+            if (largest ? line[j] > line[best] : line[j] < line[best]) best = j;
+          return Vec{indices ? double(best) : line[best]};
+        });
+      },
+      out);
+  r.dtypes = kNumeric;
+  r.index_result = indices;
+  if (indices) r.domains = {kTies};
+  return r;
+}
+
+OpRow amax_row(bool largest, Shape xs, std::vector<int64_t> dims, bool keepdim) {
+  OpRow r = var_row(false, xs, dims, 0, keepdim);  // for its output shape and grouping
+  const Shape out = r.out;
+  r.name = fmt::format("{} {} dims {}{}", largest ? "amax" : "amin", xs.str(), Dims(dims).str(),
+                       keepdim ? " keepdim" : "");
+  r.op = largest ? OpId::Max : OpId::Min;
+  r.fn = [=](const Ins& in) {
+    return largest ? amax(in[0], Dims(dims), keepdim) : amin(in[0], Dims(dims), keepdim);
+  };
+  std::vector<int64_t> w;
+  for (int64_t d : dims) w.push_back(wrap(d, xs.size()));
+  if (w.empty())
+    for (int64_t d = 0; d < xs.size(); ++d) w.push_back(d);
+  r.ref = [=](const Values& v) {
+    Shape kept = xs;
+    for (int64_t d : w) kept[d] = 1;
+    Vec o(static_cast<size_t>(kept.numel()), largest ? -INFINITY : INFINITY);
+    for (int64_t i = 0; i < xs.numel(); ++i) {
+      std::vector<int64_t> p = unravel(i, xs);
+      for (int64_t d : w) p[d] = 0;
+      double& m = o[ravel(p, kept)];
+      m = largest ? std::max(m, v[0][i]) : std::min(m, v[0][i]);
+    }
+    return o;
+  };
+  r.dtypes = kNumeric;
+  r.tol32 = 1e-5;
+  return r;
+}
+
+// ---- sorting ----------------------------------------------------------------------------------
+
+// The stable order of a line (ascending or descending).
+std::vector<size_t> order_of(const Vec& line, bool descending) {
+  std::vector<size_t> o(line.size());
+  std::iota(o.begin(), o.end(), 0);
+  std::stable_sort(o.begin(), o.end(), [&](size_t a, size_t b) {
+    return descending ? line[a] > line[b] : line[a] < line[b];
+  });
+  return o;
+}
+
+// what: 0 sort values, 1 sort indices (argsort), 2 topk values, 3 topk indices.
+OpRow sort_row(int what, Shape xs, int64_t dim, bool descending, int64_t k = 0) {
+  const int64_t d = wrap(dim, xs.size());
+  const bool top = what >= 2, indices = what % 2 == 1;
+  const int64_t n = xs.size() ? xs[d] : 1, m = top ? k : n;
+  Shape out = xs;
+  if (xs.size()) out[d] = m;
+  const char* names[] = {"sort values", "argsort", "topk values", "topk indices"};
+  OpRow r = row(
+      fmt::format("{} {} dim {}{}{}", names[what], xs.str(), dim, descending ? " descending" : "",
+                  top ? fmt::format(" k {}", k) : ""),
+      indices ? OpId::Argsort : OpId::Gather, {xs},
+      [=](const Ins& in) {
+        if (what == 1) return argsort(in[0], dim, descending);
+        auto [v, i] = top ? topk(in[0], k, dim, descending) : sort(in[0], dim, descending);
+        CHECK(i.dtype() == DType::i64);
+        return indices ? i : v;
+      },
+      [=](const Values& v) {
+        return along(v[0], xs, d, m, [&](const Vec& line) {
+          std::vector<size_t> o = order_of(line, descending);
+          Vec res;
+          for (int64_t j = 0; j < m; ++j) res.push_back(indices ? double(o[j]) : line[o[j]]);
+          return res;
+        });
+      },
+      out);
+  r.dtypes = indices ? kAll : kNumeric;
+  r.index_result = indices;
+  if (indices) r.domains = {kTies};  // ties: the order must be stable
+  r.composite = what != 1;           // argsort is the Argsort primitive's own row
+  return r;
+}
+
+// ---- nll_loss -----------------------------------------------------------------------------------
+
+OpRow nll_row(Shape ls, Vec target, Shape ts, std::string reduction, int64_t ignore = -100) {
+  Shape out = reduction == "none" ? ts : Shape{};
+  OpRow r = row(
+      fmt::format("nll_loss {} target {} {} {}{}", ls.str(), ts.str(), fmt::join(target, ","),
+                  reduction, ignore != -100 ? " ignore_index" : ""),
+      OpId::Gather, {ls},
+      [=](const Ins& in) {
+        return nll_loss(in[0], make(target, ts, DType::i64), reduction, ignore);
+      },
+      [=](const Values& v) {
+        Vec each;
+        double total = 0, count = 0;
+        for (int64_t i = 0; i < ts.numel(); ++i) {
+          std::vector<int64_t> p = unravel(i, ts);
+          const int64_t t = static_cast<int64_t>(target[i]);
+          double loss = 0;
+          if (t != ignore) {
+            std::vector<int64_t> q = p;
+            q.insert(q.begin() + (ls.size() == 1 ? 0 : 1), t);
+            loss = -v[0][ravel(q, ls)];
+            ++count;
+          }
+          each.push_back(loss);
+          total += loss;
+        }
+        if (reduction == "none") return each;
+        return Vec{reduction == "sum" ? total : total / count};
+      },
+      out);
+  return r;
+}
+
+// ---- einsum -------------------------------------------------------------------------------------
+
+// The sum over every assignment of the letters of the products of the operands' elements.
+Vec ref_einsum(const std::string& lhs, const std::string& outl, const Values& v,
+               const std::vector<Shape>& shapes, Shape* out_shape) {
+  std::vector<std::string> ins(1);
+  for (char c : lhs) {
+    if (c == ',')
+      ins.emplace_back();
+    else
+      ins.back().push_back(c);
+  }
+  std::string letters;
+  std::vector<int64_t> size;
+  for (size_t i = 0; i < ins.size(); ++i)
+    for (size_t k = 0; k < ins[i].size(); ++k)
+      if (letters.find(ins[i][k]) == std::string::npos) {
+        letters += ins[i][k];
+        size.push_back(shapes[i][k]);
+      }
+  Shape out;
+  for (char c : outl) out.push_back(size[letters.find(c)]);
+  Shape all;
+  for (int64_t s : size) all.push_back(s);
+  Vec o(static_cast<size_t>(out.numel()), 0.0);
+  for (int64_t a = 0; a < all.numel(); ++a) {
+    std::vector<int64_t> p = unravel(a, all);
+    double prod = 1;
+    for (size_t i = 0; i < ins.size(); ++i) {
+      std::vector<int64_t> q;
+      for (char c : ins[i]) q.push_back(p[letters.find(c)]);
+      prod *= v[i][ravel(q, shapes[i])];
+    }
+    std::vector<int64_t> q;
+    for (char c : outl) q.push_back(p[letters.find(c)]);
+    o[ravel(q, out)] += prod;
+  }
+  if (out_shape) *out_shape = out;
+  return o;
+}
+
+OpRow einsum_row(std::string eq, std::vector<Shape> shapes, OpId op = OpId::MatMul) {
+  const size_t arrow = eq.find("->");
+  const std::string lhs = eq.substr(0, arrow);
+  std::string outl;
+  if (arrow != std::string::npos) {
+    outl = eq.substr(arrow + 2);
+  } else {
+    for (char c : lhs)
+      if (c != ',' && std::count(lhs.begin(), lhs.end(), c) == 1) outl += c;
+    std::sort(outl.begin(), outl.end());
+  }
+  Shape out;
+  Values zeros;
+  for (const Shape& s : shapes) zeros.push_back(Vec(static_cast<size_t>(s.numel())));
+  ref_einsum(lhs, outl, zeros, shapes, &out);
+  OpRow r = row(
+      fmt::format("einsum \"{}\"", eq), op, shapes, [=](const Ins& in) { return einsum(eq, in); },
+      [=](const Values& v) { return ref_einsum(lhs, outl, v, shapes, nullptr); }, out);
+  r.tol32 = 1e-5;
+  return r;
+}
+
+}  // namespace
+
+const std::vector<OpRow>& more_rows() {
+  static const std::vector<OpRow> rows = [] {
+    std::vector<OpRow> r = {
+        masked_fill_row({3, 4}, {1, 4}, {1, 0, 1, 0}, 3, false),
+        masked_fill_row({2, 3}, {2, 3}, {0, 1, 1, 0, 0, 1}, -1, false),
+        masked_fill_row({}, {}, {1}, 2, false),
+        masked_fill_row({0, 3}, {3}, {1, 0, 1}, 2, false),
+        masked_fill_row({3, 2}, {3, 1}, {1, 0, 1}, 0, true),
+        masked_fill_row({}, {}, {1}, 0, true),
+        triangle_row(true, {3, 4}, 0),
+        triangle_row(true, {2, 3, 4}, 1),
+        triangle_row(true, {4, 3}, -1),
+        triangle_row(true, {0, 3}, 0),
+        triangle_row(false, {3, 4}, 0),
+        triangle_row(false, {2, 4, 3}, -1),
+        triangle_row(false, {3, 3}, 2),
+        flip_row({2, 3, 4}, {0, 2}),
+        flip_row({5}, {-1}),
+        flip_row({3, 2}, {}),
+        flip_row({}, {0}),
+        flip_row({0, 3}, {0, 1}),
+        roll_row({3, 4}, {1, -1}, {0, 1}),
+        roll_row({2, 3}, {5}, {}),
+        roll_row({4, 2}, {-6}, {0}),
+        roll_row({}, {3}, {}),
+        roll_row({0, 2}, {1}, {1}),
+        pad_row({2, 3}, {1, 2}, false, 0.5),
+        pad_row({2, 3}, {1, 0, 2, 1}, false),
+        pad_row({3, 4}, {-1, 1, 0, -2}, false, 2),
+        pad_row({0, 2}, {1, 1}, false),
+        pad_row({2, 4}, {2, 1}, true),
+        pad_row({1, 3, 3}, {1, 1, 2, 0}, true),
+        pad_row({5}, {4, 4}, true),
+        cumsum_row({3, 5}, 1),
+        cumsum_row({4, 3}, 0),
+        cumsum_row({7}, 0),
+        cumsum_row({2, 2, 5}, -1),
+        cumsum_row({}, 0),
+        cumsum_row({0, 3}, 0),
+        cumsum_row({2, 0}, 1),
+        var_row(false, {3, 4}, {1}, 1, false),
+        var_row(false, {3, 4}, {}, 0, true),
+        var_row(false, {2, 3, 4}, {0, -1}, 1, true),
+        var_row(false, {5}, {0}, 2.5, false),
+        var_row(true, {4, 5}, {1}, 1, false),
+        var_row(true, {2, 6}, {}, 0, false),
+        amax_row(true, {3, 4}, {1}, false),
+        amax_row(true, {2, 3, 4}, {0, 2}, true),
+        amax_row(true, {5}, {}, false),
+        amax_row(false, {3, 4}, {0}, true),
+        amax_row(false, {}, {}, false),
+        extreme_row(true, false, {3, 4}, 1, false),
+        extreme_row(true, true, {3, 4}, 1, false),
+        extreme_row(true, false, {2, 3, 2}, 0, true),
+        extreme_row(true, true, {2, 3, 2}, 0, true),
+        extreme_row(false, false, {4, 3}, -1, false),
+        extreme_row(false, true, {4, 3}, -1, false),
+        extreme_row(true, false, {}, 0, false),
+        extreme_row(false, true, {}, 0, true),
+        sort_row(0, {3, 5}, -1, false),
+        sort_row(0, {4, 3}, 0, true),
+        sort_row(0, {2, 2, 3}, 1, false),
+        sort_row(0, {}, 0, false),
+        sort_row(0, {0, 3}, 1, false),
+        sort_row(1, {3, 5}, -1, false),
+        sort_row(1, {4, 3}, 0, true),
+        sort_row(1, {7}, 0, true),
+        sort_row(1, {}, 0, false),
+        sort_row(2, {3, 5}, 1, true, 2),
+        sort_row(2, {5, 3}, 0, false, 3),
+        sort_row(2, {6}, 0, true, 6),
+        sort_row(2, {2, 4}, 1, true, 0),
+        sort_row(3, {3, 5}, 1, true, 2),
+        sort_row(3, {5, 3}, 0, false, 3),
+        nll_row({3, 4}, {2, 0, 3}, {3}, "mean"),
+        nll_row({3, 4}, {2, 0, 3}, {3}, "sum"),
+        nll_row({3, 4}, {2, 0, 3}, {3}, "none"),
+        nll_row({3, 4}, {2, -100, 1}, {3}, "mean"),
+        nll_row({3, 4}, {2, 5, 1}, {3}, "none", 5),
+        nll_row({2, 3, 2}, {0, 2, 1, 1}, {2, 2}, "mean"),
+        nll_row({4}, {3}, {}, "none"),
+        nll_row({0, 4}, {}, {0}, "sum"),
+        einsum_row("ij,jk->ik", {{2, 3}, {3, 4}}),
+        einsum_row("bij,bjk->bik", {{2, 2, 3}, {2, 3, 2}}),
+        einsum_row("i,j->ij", {{3}, {4}}),
+        einsum_row("ij->ji", {{3, 4}}, OpId::Permute),
+        einsum_row("i,i->", {{5}, {5}}),
+        einsum_row("bhqd,bhkd->bhqk", {{1, 2, 3, 2}, {1, 2, 2, 2}}),
+        einsum_row("ij->", {{3, 4}}, OpId::Sum),
+        einsum_row("ijk->j", {{2, 3, 2}}, OpId::Sum),
+        einsum_row("ij,jk,kl->il", {{2, 3}, {3, 2}, {2, 2}}),
+        einsum_row("ij,jk", {{2, 3}, {3, 2}}),
+        einsum_row("ij,ij->i", {{3, 4}, {3, 4}}),
+        einsum_row("bi,bj->bij", {{2, 3}, {2, 2}}),
+        einsum_row("ij,kj->ik", {{0, 3}, {2, 3}}),
+        einsum_row("ij,j->i", {{3, 4}, {4}}),
+    };
+    add_pieces(r, "split (5, 3) size 2", {5, 3}, 0, {2, 2, 1},
+               [](const Tensor& x) { return split(x, 2, 0); });
+    add_pieces(r, "split (2, 4) sizes {1, 3} dim 1", {2, 4}, 1, {1, 3}, [](const Tensor& x) {
+      return split(x, std::vector<int64_t>{1, 3}, 1);
+    });
+    add_pieces(r, "split (2, 4) size 4 dim -1", {2, 4}, -1, {4},
+               [](const Tensor& x) { return split(x, 4, -1); });
+    add_pieces(r, "split (0, 2) size 3", {0, 2}, 0, {0},
+               [](const Tensor& x) { return split(x, 3, 0); });
+    add_pieces(r, "chunk (7, 2) into 3", {7, 2}, 0, {3, 3, 1},
+               [](const Tensor& x) { return chunk(x, 3, 0); });
+    add_pieces(r, "chunk (2, 6) into 4 dim 1", {2, 6}, 1, {2, 2, 2},
+               [](const Tensor& x) { return chunk(x, 4, 1); });
+    add_pieces(r, "chunk (0, 2) into 2", {0, 2}, 0, {0, 0},
+               [](const Tensor& x) { return chunk(x, 2, 0); });
+    return r;
+  }();
+  return rows;
+}
+
+}  // namespace duet::test
