@@ -1,0 +1,236 @@
+// duet: RNN, GRU and LSTM over duet::scan (Note [Recurrent layers over scan] in nn/rnn.h).
+#include "nn/rnn.h"
+
+#include <cmath>
+
+#include "core/op_table.h"
+#include "core/ops.h"
+#include "nn/init.h"
+#include "trace/control_flow.h"
+
+namespace duet::nn {
+namespace {
+
+using Mode = RNNBase::Mode;
+using Config = RNNBase::Config;
+
+const char* kind_name(Mode m) {
+  switch (m) {
+    case Mode::RNNTanh:
+    case Mode::RNNReLU: return "RNN";
+    case Mode::GRU: return "GRU";
+    case Mode::LSTM: return "LSTM";
+  }
+  return "RNN";
+}
+
+int64_t gates_of(Mode m) { return m == Mode::GRU ? 3 : m == Mode::LSTM ? 4 : 1; }
+
+// "GRU(8, 16, num_layers=2, batch_first=true)": the sizes and the options that differ from
+// PyTorch's defaults.
+std::string layer_name(const Config& c) {
+  std::string s = fmt::format("{}({}, {}", kind_name(c.mode), c.input_size, c.hidden_size);
+  if (c.num_layers != 1) s += fmt::format(", num_layers={}", c.num_layers);
+  if (c.mode == Mode::RNNReLU) s += ", nonlinearity='relu'";
+  if (!c.bias) s += ", bias=false";
+  if (c.batch_first) s += ", batch_first=true";
+  if (c.dropout != 0) s += fmt::format(", dropout={}", c.dropout);
+  if (c.bidirectional) s += ", bidirectional=true";
+  return s + ")";
+}
+
+Config checked(Config c) {
+  const char* kind = kind_name(c.mode);
+  DUET_CHECK_VALUE(c.input_size > 0 && c.hidden_size > 0 && c.num_layers >= 1,
+                   "[{}] input_size and hidden_size must be positive and num_layers at least 1, "
+                   "got input_size {}, hidden_size {}, num_layers {}",
+                   kind, c.input_size, c.hidden_size, c.num_layers);
+  DUET_CHECK_VALUE(c.dropout >= 0 && c.dropout < 1, "[{}] dropout must be in [0, 1), got {}", kind,
+                   c.dropout);
+  return c;
+}
+
+template <class O>
+Config config_of(const O& o, Mode mode) {
+  return checked(Config{mode, o.input_size(), o.hidden_size(), o.num_layers(), o.bias(),
+                        o.batch_first(), o.dropout(), o.bidirectional()});
+}
+
+Mode rnn_mode(const RNNOptions& o) {
+  DUET_CHECK_VALUE(o.nonlinearity() == "tanh" || o.nonlinearity() == "relu",
+                   "[RNN] nonlinearity must be \"tanh\" or \"relu\", got \"{}\"", o.nonlinearity());
+  return o.nonlinearity() == "tanh" ? Mode::RNNTanh : Mode::RNNReLU;
+}
+
+// Rows [k * h, (k + 1) * h) of the gates along dim 1: gate k of a (N, gates * h) tensor.
+Tensor gate(const Tensor& t, int64_t k, int64_t h) { return slice(t, 1, k * h, (k + 1) * h); }
+
+// One time step: {h, (c), x_t W_ih^T + b_ih} -> {h', (c'), h'}, PyTorch's equations.
+Fn step_fn(Mode mode, const Tensor& w_hh, const Tensor& b_hh, int64_t hs) {
+  return [mode, w_hh, b_hh, hs](const std::vector<Tensor>& in) -> std::vector<Tensor> {
+    const Tensor& h = in[0];
+    const Tensor& xp = in.back();
+    const Tensor hp = linear(h, w_hh, b_hh);
+    switch (mode) {
+      case Mode::RNNTanh:
+      case Mode::RNNReLU: {
+        Tensor next = mode == Mode::RNNTanh ? tanh(xp + hp) : relu(xp + hp);
+        return {next, next};
+      }
+      case Mode::GRU: {
+        Tensor r = sigmoid(gate(xp, 0, hs) + gate(hp, 0, hs));
+        Tensor z = sigmoid(gate(xp, 1, hs) + gate(hp, 1, hs));
+        Tensor n = tanh(gate(xp, 2, hs) + r * gate(hp, 2, hs));
+        Tensor next = (1.0 - z) * n + z * h;
+        return {next, next};
+      }
+      case Mode::LSTM: {
+        const Tensor& c = in[1];
+        Tensor g = xp + hp;
+        Tensor i = sigmoid(gate(g, 0, hs)), f = sigmoid(gate(g, 1, hs));
+        Tensor cell = tanh(gate(g, 2, hs)), o = sigmoid(gate(g, 3, hs));
+        Tensor c_next = f * c + i * cell;
+        Tensor h_next = o * tanh(c_next);
+        return {h_next, c_next, h_next};
+      }
+    }
+    return {};
+  };
+}
+
+// Row i of a (rows, ...) tensor.
+Tensor row(const Tensor& t, int64_t i) { return squeeze(slice(t, 0, i, i + 1), 0); }
+
+}  // namespace
+
+RNNBase::RNNBase(const Config& config) : Module(layer_name(config)), config_(config) {
+  const int64_t dirs = config.bidirectional ? 2 : 1;
+  const int64_t rows = gates_of(config.mode) * config.hidden_size;
+  for (int64_t layer = 0; layer < config.num_layers; ++layer) {
+    const int64_t in = layer == 0 ? config.input_size : config.hidden_size * dirs;
+    for (int64_t d = 0; d < dirs; ++d) {
+      const std::string suffix = fmt::format("_l{}{}", layer, d == 1 ? "_reverse" : "");
+      Weights w;
+      w.w_ih = register_parameter("weight_ih" + suffix, zeros({rows, in}));
+      w.w_hh = register_parameter("weight_hh" + suffix, zeros({rows, config.hidden_size}));
+      if (config.bias) {
+        w.b_ih = register_parameter("bias_ih" + suffix, zeros({rows}));
+        w.b_hh = register_parameter("bias_hh" + suffix, zeros({rows}));
+      }
+      weights_.push_back(w);
+    }
+  }
+  reset_parameters();
+}
+
+void RNNBase::reset_parameters() {
+  const double bound = 1 / std::sqrt(static_cast<double>(config_.hidden_size));
+  for (const Weights& w : weights_)
+    for (const Tensor* t : {&w.w_ih, &w.w_hh, &w.b_ih, &w.b_hh})
+      if (t->defined()) init::uniform_(*t, -bound, bound);
+}
+
+std::tuple<Tensor, Tensor> RNNBase::run(const Tensor& input, const Tensor& hx, const Tensor& cx,
+                                        Tensor* c_n) {
+  using duet::detail::size_is;
+  using duet::detail::sym_dims;
+  const Config& c = config_;
+  const char* op = kind_name(c.mode);
+  const bool lstm = c.mode == Mode::LSTM;
+  const int64_t dirs = c.bidirectional ? 2 : 1, hs = c.hidden_size;
+  DUET_CHECK_VALUE(input.defined(), "[{}] the input is an undefined tensor", op);
+  const bool batched = input.dim() == 3;
+  DUET_CHECK_SHAPE((input.dim() == 2 || batched) && size_is(input, input.dim() - 1,
+                                                             c.input_size, op),
+                   "[{}] input must be ({}, {}) or unbatched (L, {}) with input_size {}, got {}",
+                   op, c.batch_first ? "N, L" : "L, N", c.input_size, c.input_size, c.input_size,
+                   input.sizes());
+  const Tensor& w0 = weights_[0].w_ih;
+  DUET_CHECK_DTYPE(input.dtype() == w0.dtype(),
+                   "[{}] input ({}) and parameters ({}) must share a dtype", op, input.dtype(),
+                   w0.dtype());
+  // x: (L, N, input_size), time first.
+  Tensor x = !batched ? unsqueeze(input, 1) : c.batch_first ? transpose(input, 0, 1) : input;
+  const SymInt n = sym_dims(x)[1];
+  const int64_t states = c.num_layers * dirs;
+  auto start = [&](const Tensor& s, const char* what) -> Tensor {
+    if (!s.defined())
+      return duet::detail::full_dims({states, n, hs}, 0,
+                                     Options().dtype(x.dtype()).device(x.device()));
+    const bool fits = batched ? s.dim() == 3 && size_is(s, 0, states, op) &&
+                                    size_is(s, 1, n, op) && size_is(s, 2, hs, op)
+                              : s.dim() == 2 && size_is(s, 0, states, op) && size_is(s, 1, hs, op);
+    DUET_CHECK_SHAPE(fits,
+                     "[{}] {} must be {} (num_layers * directions{}, hidden_size) for input {}, "
+                     "got {}",
+                     op, what,
+                     batched ? fmt::format("({}, {}, {})", states, duet::detail::sym_hint(n), hs)
+                             : fmt::format("({}, {})", states, hs),
+                     batched ? ", batch" : "", input.sizes(), s.sizes());
+    DUET_CHECK_DTYPE(s.dtype() == x.dtype(), "[{}] {} ({}) must have the input's dtype {}", op,
+                     what, s.dtype(), x.dtype());
+    return batched ? s : unsqueeze(s, 1);
+  };
+  const Tensor h0 = start(hx, lstm ? "h_0" : "hx");
+  const Tensor c0 = lstm ? start(cx, "c_0") : Tensor();
+
+  std::vector<Tensor> h_last, c_last;
+  Tensor layer_in = x;
+  for (int64_t layer = 0; layer < c.num_layers; ++layer) {
+    std::vector<Tensor> outs;
+    for (int64_t d = 0; d < dirs; ++d) {
+      const int64_t k = layer * dirs + d;
+      const Weights& w = weights_[static_cast<size_t>(k)];
+      // Note [Recurrent layers over scan]: the input projections of all steps at once.
+      Tensor xp = linear(layer_in, w.w_ih, w.b_ih);
+      std::vector<Tensor> carry{row(h0, k)};
+      if (lstm) carry.push_back(row(c0, k));
+      std::vector<Tensor> r =
+          duet::detail::scan_impl(step_fn(c.mode, w.w_hh, w.b_hh, hs), carry, {xp}, d == 1);
+      h_last.push_back(r[0]);
+      if (lstm) c_last.push_back(r[1]);
+      outs.push_back(r.back());
+    }
+    layer_in = dirs == 1 ? outs[0] : cat(outs, 2);
+    if (c.dropout > 0 && layer + 1 < c.num_layers)
+      layer_in = duet::dropout(layer_in, c.dropout, is_training());
+  }
+  Tensor out = layer_in;
+  Tensor h_n = stack(h_last, 0);
+  if (lstm) *c_n = stack(c_last, 0);
+  if (!batched) {
+    out = squeeze(out, 1);
+    h_n = squeeze(h_n, 1);
+    if (lstm) *c_n = squeeze(*c_n, 1);
+  } else if (c.batch_first) {
+    out = transpose(out, 0, 1);
+  }
+  return {out, h_n};
+}
+
+// ---- RNN, GRU, LSTM ----
+
+RNN::RNN(const RNNOptions& o) : RNNBase(config_of(o, rnn_mode(o))), options(o) {}
+
+std::tuple<Tensor, Tensor> RNN::forward(const Tensor& input, const Tensor& hx) {
+  return run(input, hx, {}, nullptr);
+}
+
+GRU::GRU(const GRUOptions& o) : RNNBase(config_of(o, Mode::GRU)), options(o) {}
+
+std::tuple<Tensor, Tensor> GRU::forward(const Tensor& input, const Tensor& hx) {
+  return run(input, hx, {}, nullptr);
+}
+
+LSTM::LSTM(const LSTMOptions& o) : RNNBase(config_of(o, Mode::LSTM)), options(o) {}
+
+std::tuple<Tensor, LSTM::State> LSTM::forward(const Tensor& input, const std::optional<State>& hx) {
+  Tensor c_n;
+  Tensor h0 = hx ? std::get<0>(*hx) : Tensor(), c0 = hx ? std::get<1>(*hx) : Tensor();
+  DUET_CHECK_VALUE(!hx || (h0.defined() && c0.defined()),
+                   "[LSTM] the state (h_0, c_0) must hold two defined tensors");
+  auto [out, h_n] = run(input, h0, c0, &c_n);
+  return {out, State{h_n, c_n}};
+}
+
+}  // namespace duet::nn
