@@ -78,10 +78,9 @@ Tensor BatchNormBase::forward(const Tensor& x) {
     const SymDims dims = duet::detail::sym_dims(x);
     SymInt count = dims[0];
     for (int64_t d = 2; d < rank; ++d) count *= dims[static_cast<size_t>(d)];
-    DUET_CHECK_VALUE(!is_training() || !duet::detail::sym_decide(count, duet::detail::SymRel::Le,
-                                                                  1, op),
-                     "[{}] expected more than 1 value per channel when training, got input {}",
-                     op, x.sizes());
+    DUET_CHECK_VALUE(
+        !is_training() || !duet::detail::sym_decide(count, duet::detail::SymRel::Le, 1, op),
+        "[{}] expected more than 1 value per channel when training, got input {}", op, x.sizes());
     Tensor mu = mean(x, reduce, true);
     Tensor centered = x - mu;
     Tensor sq = sum(centered * centered, reduce, true);

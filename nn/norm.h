@@ -64,7 +64,8 @@ class BatchNormBase : public Module {
 /// Batch norm over (N, C) or (N, C, L).
 class BatchNorm1d : public BatchNormBase {
  public:
-  explicit BatchNorm1d(const BatchNormOptions& options) : BatchNormBase(options, "BatchNorm1d", 2, 3) {}
+  explicit BatchNorm1d(const BatchNormOptions& options)
+      : BatchNormBase(options, "BatchNorm1d", 2, 3) {}
   explicit BatchNorm1d(int64_t num_features, double eps = 1e-5, double momentum = 0.1,
                        bool affine = true, bool track_running_stats = true)
       : BatchNorm1d(BatchNormOptions(num_features)
@@ -77,7 +78,8 @@ class BatchNorm1d : public BatchNormBase {
 /// Batch norm over (N, C, H, W).
 class BatchNorm2d : public BatchNormBase {
  public:
-  explicit BatchNorm2d(const BatchNormOptions& options) : BatchNormBase(options, "BatchNorm2d", 4, 4) {}
+  explicit BatchNorm2d(const BatchNormOptions& options)
+      : BatchNormBase(options, "BatchNorm2d", 4, 4) {}
   explicit BatchNorm2d(int64_t num_features, double eps = 1e-5, double momentum = 0.1,
                        bool affine = true, bool track_running_stats = true)
       : BatchNorm2d(BatchNormOptions(num_features)
@@ -90,7 +92,8 @@ class BatchNorm2d : public BatchNormBase {
 /// Batch norm over (N, C, D, H, W).
 class BatchNorm3d : public BatchNormBase {
  public:
-  explicit BatchNorm3d(const BatchNormOptions& options) : BatchNormBase(options, "BatchNorm3d", 5, 5) {}
+  explicit BatchNorm3d(const BatchNormOptions& options)
+      : BatchNormBase(options, "BatchNorm3d", 5, 5) {}
   explicit BatchNorm3d(int64_t num_features, double eps = 1e-5, double momentum = 0.1,
                        bool affine = true, bool track_running_stats = true)
       : BatchNorm3d(BatchNormOptions(num_features)

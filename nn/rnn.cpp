@@ -17,9 +17,12 @@ using Config = RNNBase::Config;
 const char* kind_name(Mode m) {
   switch (m) {
     case Mode::RNNTanh:
-    case Mode::RNNReLU: return "RNN";
-    case Mode::GRU: return "GRU";
-    case Mode::LSTM: return "LSTM";
+    case Mode::RNNReLU:
+      return "RNN";
+    case Mode::GRU:
+      return "GRU";
+    case Mode::LSTM:
+      return "LSTM";
   }
   return "RNN";
 }
@@ -140,11 +143,10 @@ std::tuple<Tensor, Tensor> RNNBase::run(const Tensor& input, const Tensor& hx, c
   const int64_t dirs = c.bidirectional ? 2 : 1, hs = c.hidden_size;
   DUET_CHECK_VALUE(input.defined(), "[{}] the input is an undefined tensor", op);
   const bool batched = input.dim() == 3;
-  DUET_CHECK_SHAPE((input.dim() == 2 || batched) && size_is(input, input.dim() - 1,
-                                                             c.input_size, op),
-                   "[{}] input must be ({}, {}) or unbatched (L, {}) with input_size {}, got {}",
-                   op, c.batch_first ? "N, L" : "L, N", c.input_size, c.input_size, c.input_size,
-                   input.sizes());
+  DUET_CHECK_SHAPE(
+      (input.dim() == 2 || batched) && size_is(input, input.dim() - 1, c.input_size, op),
+      "[{}] input must be ({}, {}) or unbatched (L, {}) with input_size {}, got {}", op,
+      c.batch_first ? "N, L" : "L, N", c.input_size, c.input_size, c.input_size, input.sizes());
   const Tensor& w0 = weights_[0].w_ih;
   DUET_CHECK_DTYPE(input.dtype() == w0.dtype(),
                    "[{}] input ({}) and parameters ({}) must share a dtype", op, input.dtype(),
@@ -157,8 +159,8 @@ std::tuple<Tensor, Tensor> RNNBase::run(const Tensor& input, const Tensor& hx, c
     if (!s.defined())
       return duet::detail::full_dims({states, n, hs}, 0,
                                      Options().dtype(x.dtype()).device(x.device()));
-    const bool fits = batched ? s.dim() == 3 && size_is(s, 0, states, op) &&
-                                    size_is(s, 1, n, op) && size_is(s, 2, hs, op)
+    const bool fits = batched ? s.dim() == 3 && size_is(s, 0, states, op) && size_is(s, 1, n, op) &&
+                                    size_is(s, 2, hs, op)
                               : s.dim() == 2 && size_is(s, 0, states, op) && size_is(s, 1, hs, op);
     DUET_CHECK_SHAPE(fits,
                      "[{}] {} must be {} (num_layers * directions{}, hidden_size) for input {}, "

@@ -28,13 +28,13 @@ namespace duet::nn {
 /// The options every recurrent layer shares (LibTorch's RNN, GRU and LSTM options).
 /// input_size and hidden_size must be positive, num_layers at least 1, dropout in [0, 1).
 /// dropout is applied to the output of every layer but the last, in training mode (PyTorch's).
-#define DUET_RNN_COMMON_OPTIONS                  \
-  DUET_NN_OPTION(int64_t, input_size);           \
-  DUET_NN_OPTION(int64_t, hidden_size);          \
-  DUET_NN_OPTION(int64_t, num_layers) = 1;       \
-  DUET_NN_OPTION(bool, bias) = true;             \
-  DUET_NN_OPTION(bool, batch_first) = false;     \
-  DUET_NN_OPTION(double, dropout) = 0.0;         \
+#define DUET_RNN_COMMON_OPTIONS              \
+  DUET_NN_OPTION(int64_t, input_size);       \
+  DUET_NN_OPTION(int64_t, hidden_size);      \
+  DUET_NN_OPTION(int64_t, num_layers) = 1;   \
+  DUET_NN_OPTION(bool, bias) = true;         \
+  DUET_NN_OPTION(bool, batch_first) = false; \
+  DUET_NN_OPTION(double, dropout) = 0.0;     \
   DUET_NN_OPTION(bool, bidirectional) = false
 
 /// nn::RNN's options; nonlinearity is "tanh" (the default) or "relu".

@@ -50,8 +50,8 @@ class RecurrentOutputs : public Module {
   Tensor forward(const Tensor& x) override {
     if constexpr (std::is_same_v<R, LSTM>) {
       auto [y, state] = rnn(x);
-      return cat({reshape(y, {-1}), reshape(std::get<0>(state), {-1}),
-                  reshape(std::get<1>(state), {-1})});
+      return cat(
+          {reshape(y, {-1}), reshape(std::get<0>(state), {-1}), reshape(std::get<1>(state), {-1})});
     } else {
       auto [y, h_n] = rnn(x);
       return cat({reshape(y, {-1}), reshape(h_n, {-1})});
@@ -134,8 +134,8 @@ const std::vector<LayerRow>& layer_rows() {
       {"ModuleList of Linear layers", maker<ListNet>(), {3, 4}},
       {"Sequential of Conv1d, BatchNorm1d, ReLU, Flatten, Linear",
        [] {
-         return ModulePtr(std::make_shared<Sequential>(Conv1d(2, 3, 3, 1, 1), BatchNorm1d(3), ReLU(),
-                                                       Flatten(), Linear(15, 2)));
+         return ModulePtr(std::make_shared<Sequential>(Conv1d(2, 3, 3, 1, 1), BatchNorm1d(3),
+                                                       ReLU(), Flatten(), Linear(15, 2)));
        },
        {4, 2, 5}},
       {"Sigmoid", maker<Sigmoid>(), {3, 4}},

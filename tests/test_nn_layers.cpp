@@ -24,7 +24,10 @@ const Options f64 = Options().dtype(DType::f64);
 enum class Kind { Tanh, ReLU, GRU, LSTM };
 
 const char* kind_str(Kind k) {
-  return k == Kind::Tanh ? "RNN tanh" : k == Kind::ReLU ? "RNN relu" : k == Kind::GRU ? "GRU" : "LSTM";
+  return k == Kind::Tanh   ? "RNN tanh"
+         : k == Kind::ReLU ? "RNN relu"
+         : k == Kind::GRU  ? "GRU"
+                           : "LSTM";
 }
 
 struct Setup {
@@ -78,8 +81,12 @@ Result reference(const Setup& s, const std::vector<double>& x,
             double& hu = h[n * H + u];
             double& cu = c[n * H + u];
             switch (s.kind) {
-              case Kind::Tanh: hu = std::tanh(gi[u] + gh[u]); break;
-              case Kind::ReLU: hu = std::max(0.0, gi[u] + gh[u]); break;
+              case Kind::Tanh:
+                hu = std::tanh(gi[u] + gh[u]);
+                break;
+              case Kind::ReLU:
+                hu = std::max(0.0, gi[u] + gh[u]);
+                break;
               case Kind::GRU: {
                 const double rg = sigmoid_d(gi[u] + gh[u]);
                 const double zg = sigmoid_d(gi[H + u] + gh[H + u]);
@@ -117,22 +124,24 @@ struct Layer {
   Kind kind;
   // (output, h_n, c_n (LSTM only)).
   std::tuple<Tensor, Tensor, Tensor> operator()(const Tensor& x, const Tensor& h0 = {},
-                                               const Tensor& c0 = {}) const {
+                                                const Tensor& c0 = {}) const {
     if (kind == Kind::LSTM) {
       auto& m = static_cast<LSTM&>(*module);
       auto [y, st] = h0.defined() ? m(x, LSTM::State{h0, c0}) : m(x);
       return {y, std::get<0>(st), std::get<1>(st)};
     }
-    auto [y, h] = kind == Kind::GRU ? static_cast<GRU&>(*module)(x, h0)
-                                    : static_cast<RNN&>(*module)(x, h0);
+    auto [y, h] =
+        kind == Kind::GRU ? static_cast<GRU&>(*module)(x, h0) : static_cast<RNN&>(*module)(x, h0);
     return {y, h, Tensor()};
   }
 };
 
 template <class O>
 O configure(O o, const Setup& s) {
-  return o.num_layers(s.layers).bias(s.bias).batch_first(s.batch_first).bidirectional(
-      s.bidirectional);
+  return o.num_layers(s.layers)
+      .bias(s.bias)
+      .batch_first(s.batch_first)
+      .bidirectional(s.bidirectional);
 }
 
 Layer make_layer(const Setup& s) {
@@ -143,8 +152,12 @@ Layer make_layer(const Setup& s) {
       m = std::make_shared<RNN>(configure(RNNOptions(s.input, s.hidden), s)
                                     .nonlinearity(s.kind == Kind::Tanh ? "tanh" : "relu"));
       break;
-    case Kind::GRU: m = std::make_shared<GRU>(configure(GRUOptions(s.input, s.hidden), s)); break;
-    case Kind::LSTM: m = std::make_shared<LSTM>(configure(LSTMOptions(s.input, s.hidden), s)); break;
+    case Kind::GRU:
+      m = std::make_shared<GRU>(configure(GRUOptions(s.input, s.hidden), s));
+      break;
+    case Kind::LSTM:
+      m = std::make_shared<LSTM>(configure(LSTMOptions(s.input, s.hidden), s));
+      break;
   }
   m->to(DType::f64);
   return {m, s.kind};
@@ -187,8 +200,8 @@ TEST_CASE("RNN, GRU, LSTM: outputs and final states are PyTorch's equations, wri
                              : zeros({states, s.batch, s.hidden}, f64);
     Tensor c0 = s.with_state ? randn({states, s.batch, s.hidden}, f64)
                              : zeros({states, s.batch, s.hidden}, f64);
-    const Result want = reference(s, values(x), param_values(*layer.module), values(h0),
-                                  values(c0));
+    const Result want =
+        reference(s, values(x), param_values(*layer.module), values(h0), values(c0));
     Tensor in = s.batch_first ? transpose(x, 0, 1).contiguous() : x;
     auto [y, h_n, c_n] = s.with_state ? layer(in, h0, c0) : layer(in);
     const int64_t width = s.hidden * (s.bidirectional ? 2 : 1);
@@ -271,8 +284,9 @@ TEST_CASE("RNN, GRU, LSTM: gradcheck with respect to the input and the start sta
 }
 
 // The loss of a compiled or eager training step, and the parameters' gradients.
-TEST_CASE("RNN, GRU, LSTM compiled: equal to eager with gradients; the graph holds a scan, "
-          "not the steps unrolled") {
+TEST_CASE(
+    "RNN, GRU, LSTM compiled: equal to eager with gradients; the graph holds a scan, "
+    "not the steps unrolled") {
   for (Kind k : {Kind::ReLU, Kind::GRU, Kind::LSTM}) {
     INFO(kind_str(k));
     Setup s{k, 2, true, true, false, false};
@@ -307,8 +321,9 @@ TEST_CASE("RNN, GRU, LSTM compiled: equal to eager with gradients; the graph hol
   }
 }
 
-TEST_CASE("RNN, GRU, LSTM compiled: one trace serves two batch sizes, the zero start state "
-          "built from the symbolic batch dim") {
+TEST_CASE(
+    "RNN, GRU, LSTM compiled: one trace serves two batch sizes, the zero start state "
+    "built from the symbolic batch dim") {
   for (Kind k : {Kind::Tanh, Kind::GRU, Kind::LSTM}) {
     for (bool batch_first : {false, true}) {
       Setup s{k, 2, false, true, batch_first};
@@ -457,7 +472,9 @@ TEST_CASE("RNN, GRU, LSTM: errors name the layer, the shapes and what was expect
   e = error_of<DTypeError>([&] { gru(randn({5, 2, 3}, f64)); });
   CHECK(contains(e, "[GRU]"));
   LSTM lstm(3, 4);
-  e = error_of<ShapeError>([&] { lstm(randn({5, 2, 3}), LSTM::State{zeros({1, 2, 4}), zeros({1, 3, 4})}); });
+  e = error_of<ShapeError>([&] {
+    lstm(randn({5, 2, 3}), LSTM::State{zeros({1, 2, 4}), zeros({1, 3, 4})});
+  });
   CHECK(contains(e, "[LSTM] c_0 must be (1, 2, 4)"));
   e = error_of<ValueError>([] { RNN(RNNOptions(3, 4).nonlinearity("sigmoid")); });
   CHECK(contains(e, "[RNN] nonlinearity must be \"tanh\" or \"relu\", got \"sigmoid\""));
@@ -467,6 +484,118 @@ TEST_CASE("RNN, GRU, LSTM: errors name the layer, the shapes and what was expect
   CHECK(contains(e, "[GRU] dropout must be in [0, 1)"));
   e = error_of<ValueError>([] { GRU(0, 4); });
   CHECK(contains(e, "input_size 0"));
+}
+
+// ---- Known values from ONNX Runtime ----
+
+// Made by tools/rnn_reference.py (onnxruntime 1.20.1, onnx 1.17.0, numpy 2.2.6): ONNX Runtime's
+// RNN, GRU (linear_before_reset=1), LSTM and Conv on the weights below given in PyTorch's layout,
+// which the script reorders into ONNX's gate order. Every input is fill() of its index.
+
+// RNN(3, 4) tanh, T 3, N 2: output, h_n: (3, 2, 4) + (1, 2, 4)
+const std::vector<double> kRNNKnown = {
+    0.93055439,   -0.419436455,  -0.804563284, -0.0951809287, 0.162255526,  0.120498538,
+    -0.412522614, -0.789521575,  0.911443353,  -0.384741366,  -0.98068881,  0.0547732115,
+    0.870648026,  -0.328151643,  -0.589158893, -0.935240805,  0.725435376,  -0.0244563222,
+    -0.985036016, -0.195323229,  0.964165449,  -0.743126094,  -0.860068917, -0.846297204,
+    0.725435376,  -0.0244563222, -0.985036016, -0.195323229,  0.964165449,  -0.743126094,
+    -0.860068917, -0.846297204};
+// GRU(3, 4) bidirectional, T 3, N 2: output, h_n: (3, 2, 8) + (2, 2, 4)
+const std::vector<double> kGRUKnown = {
+    0.154695064,   0.110237844,  0.166408107,    0.284725338,   -0.0963419527,  0.28187567,
+    -0.582887232,  -0.416043997, -0.0413372144,  0.0679525882,  0.501396,       -0.308119595,
+    0.846951067,   -0.577606797, -0.746095419,   0.325210929,   0.179907173,    0.23437947,
+    0.108116053,   0.450082064,  -0.0872348696,  -0.0415439829, -0.317498893,   -0.425838053,
+    -0.226112112,  0.0765007436, 0.713673234,    -0.478554517,  0.672987998,    -0.219209269,
+    -0.669203162,  0.337952256,  0.00953570753,  0.490601718,   -0.00454666466, 0.360167116,
+    -0.0252186507, -0.212266624, 0.0336483531,   -0.375694096,  -0.0480496362,  -0.00278746709,
+    0.753432512,   -0.424569756, 0.306819111,    0.163389757,   -0.525529683,   0.225560308,
+    0.00953570753, 0.490601718,  -0.00454666466, 0.360167116,   -0.0480496362,  -0.00278746709,
+    0.753432512,   -0.424569756, -0.0963419527,  0.28187567,    -0.582887232,   -0.416043997,
+    0.846951067,   -0.577606797, -0.746095419,   0.325210929};
+// LSTM(3, 4), T 4, N 2: output, h_n, c_n: (4, 2, 4) + (1, 2, 4) + (1, 2, 4)
+const std::vector<double> kLSTMKnown = {
+    0.0335448198, 0.0707685128,  0.0604446605,  0.0624172688,  -0.093500182,  0.140850976,
+    0.163666844,  -0.131999999,  0.0416815095,  0.196711645,   0.0784441307,  0.106111251,
+    -0.194773242, 0.232670888,   0.250079006,   -0.186398163,  -0.0288691018, 0.242183685,
+    0.0493377447, 0.0719633996,  -0.0698149204, 0.209258318,   0.275554359,   -0.176772475,
+    -0.191757187, 0.248165488,   0.0740642324,  -0.0378529727, 0.0313001238,  0.158794776,
+    0.278840095,  -0.0237890296, -0.191757187,  0.248165488,   0.0740642324,  -0.0378529727,
+    0.0313001238, 0.158794776,   0.278840095,   -0.0237890296, -0.501246691,  1.04307592,
+    0.0944532156, -0.060492631,  0.157729536,   0.250833035,   0.45710212,    -0.0451575331};
+// Conv1d(2, 3, 3, stride 2, padding 1), N 2, L 7: (2, 3, 4)
+const std::vector<double> kConv1dKnown = {
+    0.667992949, 0.087683171,  -0.106622666,  0.635828793, 0.644261122, 0.882873297,
+    0.142552525, 0.135621756,  -0.404295743,  0.2017629,   0.31618011,  -0.427019298,
+    0.673553586, 0.0711743832, -0.0949234068, 0.635434508, 0.656698465, 0.875214815,
+    0.130392343, 0.146374285,  -0.408514321,  0.217445239, 0.303168535, -0.42546469};
+
+// scale * sin(freq * i + phase) for i = 0 .. n-1, as tools/rnn_reference.py's value().
+std::vector<double> fill(int64_t n, double scale, double freq, double phase) {
+  std::vector<double> v;
+  for (int64_t i = 0; i < n; ++i) v.push_back(scale * std::sin(freq * double(i) + phase));
+  return v;
+}
+
+// The parameters of a one-layer recurrent layer, by PyTorch's names, filled as the script fills
+// them: parameter k (in PyTorch's order, the reverse direction's from 4) is fill(.., 0.5, 1.3,
+// 0.7 k).
+void load_filled(Module& m, int64_t gates, int64_t input, int64_t hidden, bool bidirectional) {
+  StateDict sd;
+  const int64_t rows = gates * hidden;
+  for (int64_t d = 0; d < (bidirectional ? 2 : 1); ++d) {
+    const std::string sfx = d ? "_l0_reverse" : "_l0";
+    const double k = 4.0 * double(d);
+    sd["weight_ih" + sfx] = tensor(fill(rows * input, 0.5, 1.3, 0.7 * k), {rows, input});
+    sd["weight_hh" + sfx] = tensor(fill(rows * hidden, 0.5, 1.3, 0.7 * (k + 1)), {rows, hidden});
+    sd["bias_ih" + sfx] = tensor(fill(rows, 0.5, 1.3, 0.7 * (k + 2)));
+    sd["bias_hh" + sfx] = tensor(fill(rows, 0.5, 1.3, 0.7 * (k + 3)));
+  }
+  m.load_state_dict(sd);
+}
+
+std::vector<double> joined(const std::vector<Tensor>& ts) {
+  std::vector<double> out;
+  for (const Tensor& t : ts) {
+    const std::vector<double> v = values(t);
+    out.insert(out.end(), v.begin(), v.end());
+  }
+  return out;
+}
+
+TEST_CASE("RNN, GRU, LSTM, Conv1d: known values from ONNX Runtime, weights in PyTorch's layout") {
+  const double tol = 2e-6;  // ONNX Runtime computed in float32
+  auto input = [](int64_t t, int64_t n, int64_t i) {
+    return tensor(fill(t * n * i, 1, 0.9, 0.3), {t, n, i});
+  };
+  {
+    RNN rnn(3, 4);
+    load_filled(rnn, 1, 3, 4, false);
+    auto [y, h_n] = rnn(input(3, 2, 3), tensor(fill(8, 0.3, 2.1, 0.5), {1, 2, 4}));
+    CHECK(differences(joined({y, h_n}), kRNNKnown, tol, tol) == "");
+  }
+  {
+    GRU gru(GRUOptions(3, 4).bidirectional(true));
+    load_filled(gru, 3, 3, 4, true);
+    auto [y, h_n] = gru(input(3, 2, 3), tensor(fill(16, 0.3, 2.1, 0.5), {2, 2, 4}));
+    CHECK(differences(joined({y, h_n}), kGRUKnown, tol, tol) == "");
+  }
+  {
+    LSTM lstm(3, 4);
+    load_filled(lstm, 4, 3, 4, false);
+    auto [y, state] = lstm(input(4, 2, 3), LSTM::State{tensor(fill(8, 0.3, 2.1, 0.5), {1, 2, 4}),
+                                                       tensor(fill(8, 0.2, 1.7, 1.1), {1, 2, 4})});
+    CHECK(differences(joined({y, std::get<0>(state), std::get<1>(state)}), kLSTMKnown, tol, tol) ==
+          "");
+  }
+  {
+    Conv1d conv(2, 3, 3, 2, 1);
+    conv.load_state_dict({{"weight", tensor(fill(18, 0.5, 1.3, 0), {3, 2, 3})},
+                          {"bias", tensor(fill(3, 0.5, 1.3, 0.7))}});
+    Tensor y = conv(tensor(fill(28, 1, 0.9, 0.3), {2, 2, 7}));
+    CHECK(y.sizes() == Shape{2, 3, 4});
+    CHECK(differences(values(y), kConv1dKnown, tol, tol) == "");
+  }
 }
 
 // ---- Batch norm ----
@@ -496,10 +625,11 @@ Stats channel_stats(const std::vector<double>& x, int64_t n, int64_t c, int64_t 
   return s;
 }
 
-TEST_CASE("BatchNorm: training normalizes by the batch and updates the running statistics as "
-          "PyTorch does") {
-  for (std::optional<double> momentum : {std::optional<double>(0.1), std::optional<double>(0.3),
-                                         std::optional<double>()}) {
+TEST_CASE(
+    "BatchNorm: training normalizes by the batch and updates the running statistics as "
+    "PyTorch does") {
+  for (std::optional<double> momentum :
+       {std::optional<double>(0.1), std::optional<double>(0.3), std::optional<double>()}) {
     INFO("momentum " << (momentum ? std::to_string(*momentum) : "None"));
     BatchNorm1d bn(BatchNormOptions(3).momentum(momentum));
     bn.to(DType::f64);
@@ -589,8 +719,9 @@ TEST_CASE("BatchNorm: buffers are state but not parameters; affine and track_run
         "BatchNorm1d(3, eps=1e-05, momentum=0.1, affine=false, track_running_stats=false)");
 }
 
-TEST_CASE("BatchNorm compiled: a training step writes the buffers back, as eager does, step "
-          "after step; evaluation reads them") {
+TEST_CASE(
+    "BatchNorm compiled: a training step writes the buffers back, as eager does, step "
+    "after step; evaluation reads them") {
   auto make = [] {
     manual_seed(21);
     return Sequential(Conv2d(2, 3, 3, 1, 1), BatchNorm2d(3), ReLU(), Flatten(), Linear(3 * 16, 2));
@@ -701,15 +832,15 @@ TEST_CASE("Conv1d: a direct loop over positions, with stride, padding, bias, unb
           for (int64_t ic = 0; ic < c; ++ic)
             for (int64_t j = 0; j < cs.k; ++j) {
               const int64_t at = p * cs.stride + j - cs.padding;
-              if (at >= 0 && at < len) acc += wv[(oc * c + ic) * cs.k + j] * xv[(i * c + ic) * len + at];
+              if (at >= 0 && at < len)
+                acc += wv[(oc * c + ic) * cs.k + j] * xv[(i * c + ic) * len + at];
             }
           want.push_back(acc);
         }
     check_tensor(conv(x), {n, o, lo}, DType::f64, want, 1e-12, 1e-12);
     // Unbatched (C, L): the first sample's result without the batch dim.
     std::vector<double> first(want.begin(), want.begin() + o * lo);
-    check_tensor(conv(squeeze(slice(x, 0, 0, 1), 0)), {o, lo}, DType::f64, first,
-                 1e-12, 1e-12);
+    check_tensor(conv(squeeze(slice(x, 0, 0, 1), 0)), {o, lo}, DType::f64, first, 1e-12, 1e-12);
   }
   Conv1d conv(4, 6, 3);
   CHECK(conv.weight.sizes() == Shape{6, 4, 3});
@@ -760,7 +891,8 @@ TEST_CASE("ModuleList: children named by index, access, iteration, extend") {
   Linear& l2 = net.layers.at<Linear>(2);
   CHECK(close(net(x), l2(relu(l0(x))), 1e-6));
   int count = 0;
-  for (auto it = net.layers.begin(); it != net.layers.end(); ++it) count += (*it)->name().empty() ? 0 : 1;
+  for (auto it = net.layers.begin(); it != net.layers.end(); ++it)
+    count += (*it)->name().empty() ? 0 : 1;
   CHECK(count == 3);
   // extend shares the modules; extending a list by itself doubles it.
   ModuleList more;
@@ -779,7 +911,8 @@ TEST_CASE("ModuleList: children named by index, access, iteration, extend") {
 }
 
 TEST_CASE("ModuleDict: modules by key in insertion order") {
-  ModuleDict heads({{"cls", std::make_shared<Linear>(4, 3)}, {"box", std::make_shared<Linear>(4, 2)}});
+  ModuleDict heads(
+      {{"cls", std::make_shared<Linear>(4, 3)}, {"box", std::make_shared<Linear>(4, 2)}});
   heads.insert("act", Tanh());
   CHECK(heads.size() == 3);
   CHECK(heads.keys() == std::vector<std::string>{"cls", "box", "act"});
