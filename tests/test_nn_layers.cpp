@@ -352,6 +352,39 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("RNN, GRU, LSTM compiled: batch and sequence length both symbolic, one trace") {
+  for (Kind k : {Kind::Tanh, Kind::GRU, Kind::LSTM}) {
+    Setup s{k, 1, true};
+    INFO(label(s));
+    manual_seed(10);
+    Layer layer = make_layer(s);
+    CompileOptions o;
+    o.dynamic = {{0, 0}, {0, 1}};
+    auto f = compile(
+        [&](Tensor x) {
+          auto [y, h_n, c_n] = layer(x);
+          return std::vector<Tensor>{y, h_n};
+        },
+        o);
+    for (auto [t, n] : {std::pair<int64_t, int64_t>{3, 2}, {7, 4}, {2, 3}}) {
+      Tensor x = randn({t, n, s.input}, f64);
+      auto [y, h_n, c_n] = layer(x);
+      std::vector<Tensor> c = f(x);
+      CHECK(close(c[0], y, 1e-12));
+      CHECK(close(c[1], h_n, 1e-12));
+    }
+    CHECK(f.stats().traces == 1);
+  }
+}
+
+TEST_CASE("RNN, GRU, LSTM: an empty sequence gives an empty output and the start state") {
+  GRU gru(3, 4);
+  Tensor h0 = randn({1, 2, 4});
+  auto [y, h_n] = gru(zeros({0, 2, 3}), h0);
+  CHECK(y.sizes() == Shape{0, 2, 4});
+  CHECK(bitwise_equal(h_n, h0));
+}
+
 TEST_CASE("RNN, GRU, LSTM: the state out of one half of a sequence continues into the other") {
   for (Kind k : {Kind::Tanh, Kind::GRU, Kind::LSTM}) {
     INFO(kind_str(k));
@@ -842,6 +875,16 @@ TEST_CASE("Conv1d: a direct loop over positions, with stride, padding, bias, unb
     std::vector<double> first(want.begin(), want.begin() + o * lo);
     check_tensor(conv(squeeze(slice(x, 0, 0, 1), 0)), {o, lo}, DType::f64, first, 1e-12, 1e-12);
   }
+  // Compiled with a symbolic batch: one trace.
+  Conv1d c1(2, 3, 3, 2, 1);
+  CompileOptions o;
+  o.dynamic = {{0, 0}};
+  auto f = compile([&](Tensor x) { return c1(x); }, o);
+  for (int64_t n : {2, 5}) {
+    Tensor x = randn({n, 2, 9});
+    CHECK(close(f(x), c1(x), 1e-5));
+  }
+  CHECK(f.stats().traces == 1);
   Conv1d conv(4, 6, 3);
   CHECK(conv.weight.sizes() == Shape{6, 4, 3});
   CHECK(conv.name() == "Conv1d(4, 6, kernel_size=3, stride=1, padding=0)");
