@@ -235,4 +235,104 @@ std::tuple<Tensor, LSTM::State> LSTM::forward(const Tensor& input, const std::op
   return {out, State{h_n, c_n}};
 }
 
+// ---- Cells ----
+
+namespace {
+
+const char* cell_kind(Mode m) {
+  return m == Mode::GRU ? "GRUCell" : m == Mode::LSTM ? "LSTMCell" : "RNNCell";
+}
+
+}  // namespace
+
+RNNCellBase::RNNCellBase(Mode mode, int64_t in, int64_t hidden, bool bias)
+    : Module(fmt::format("{}({}, {}{}{})", cell_kind(mode), in, hidden, bias ? "" : ", bias=false",
+                         mode == Mode::RNNReLU ? ", nonlinearity='relu'" : "")),
+      input_size(in),
+      hidden_size(hidden),
+      mode_(mode) {
+  const char* kind = cell_kind(mode);
+  DUET_CHECK_VALUE(in > 0 && hidden > 0,
+                   "[{}] input_size and hidden_size must be positive, got input_size {}, "
+                   "hidden_size {}",
+                   kind, in, hidden);
+  const int64_t rows = gates_of(mode) * hidden;
+  weight_ih = register_parameter("weight_ih", zeros({rows, in}));
+  weight_hh = register_parameter("weight_hh", zeros({rows, hidden}));
+  if (bias) {
+    bias_ih = register_parameter("bias_ih", zeros({rows}));
+    bias_hh = register_parameter("bias_hh", zeros({rows}));
+  }
+  reset_parameters();
+}
+
+void RNNCellBase::reset_parameters() {
+  const double bound = 1 / std::sqrt(static_cast<double>(hidden_size));
+  for (const Tensor* t : {&weight_ih, &weight_hh, &bias_ih, &bias_hh})
+    if (t->defined()) init::uniform_(*t, -bound, bound);
+}
+
+std::vector<Tensor> RNNCellBase::step(const Tensor& input, const Tensor& hx, const Tensor& cx) {
+  using duet::detail::size_is;
+  const char* op = cell_kind(mode_);
+  const bool lstm = mode_ == Mode::LSTM;
+  DUET_CHECK_VALUE(input.defined(), "[{}] the input is an undefined tensor", op);
+  const bool batched = input.dim() == 2;
+  DUET_CHECK_SHAPE((input.dim() == 1 || batched) && size_is(input, input.dim() - 1, input_size, op),
+                   "[{}] input must be (N, {}) or unbatched ({}), got {}", op, input_size,
+                   input_size, input.sizes());
+  DUET_CHECK_DTYPE(input.dtype() == weight_ih.dtype(),
+                   "[{}] input ({}) and parameters ({}) must share a dtype", op, input.dtype(),
+                   weight_ih.dtype());
+  const Tensor x = batched ? input : unsqueeze(input, 0);
+  const SymInt n = duet::detail::sym_dims(x)[0];
+  auto start = [&](const Tensor& s, const char* what) -> Tensor {
+    if (!s.defined())
+      return duet::detail::full_dims({n, hidden_size}, 0,
+                                     Options().dtype(x.dtype()).device(x.device()));
+    const bool fits = batched
+                          ? s.dim() == 2 && size_is(s, 0, n, op) && size_is(s, 1, hidden_size, op)
+                          : s.dim() == 1 && size_is(s, 0, hidden_size, op);
+    DUET_CHECK_SHAPE(fits, "[{}] {} must be {} for input {}, got {}", op, what,
+                     batched ? fmt::format("({}, {})", duet::detail::sym_hint(n), hidden_size)
+                             : fmt::format("({})", hidden_size),
+                     input.sizes(), s.sizes());
+    DUET_CHECK_DTYPE(s.dtype() == x.dtype(), "[{}] {} ({}) must have the input's dtype {}", op,
+                     what, s.dtype(), x.dtype());
+    return batched ? s : unsqueeze(s, 0);
+  };
+  std::vector<Tensor> in{start(hx, lstm ? "h_0" : "hx")};
+  if (lstm) in.push_back(start(cx, "c_0"));
+  in.push_back(linear(x, weight_ih, bias_ih));
+  std::vector<Tensor> out = step_fn(mode_, weight_hh, bias_hh, hidden_size)(in);
+  out.pop_back();  // the per-step result, a copy of h'
+  if (!batched)
+    for (Tensor& t : out) t = squeeze(t, 0);
+  return out;
+}
+
+RNNCell::RNNCell(const RNNCellOptions& o)
+    : RNNCellBase(
+          rnn_mode(RNNOptions(o.input_size(), o.hidden_size()).nonlinearity(o.nonlinearity())),
+          o.input_size(), o.hidden_size(), o.bias()),
+      options(o) {}
+
+Tensor RNNCell::forward(const Tensor& input, const Tensor& hx) { return step(input, hx, {})[0]; }
+
+GRUCell::GRUCell(const GRUCellOptions& o)
+    : RNNCellBase(Mode::GRU, o.input_size(), o.hidden_size(), o.bias()), options(o) {}
+
+Tensor GRUCell::forward(const Tensor& input, const Tensor& hx) { return step(input, hx, {})[0]; }
+
+LSTMCell::LSTMCell(const LSTMCellOptions& o)
+    : RNNCellBase(Mode::LSTM, o.input_size(), o.hidden_size(), o.bias()), options(o) {}
+
+LSTMCell::State LSTMCell::forward(const Tensor& input, const std::optional<State>& hx) {
+  Tensor h0 = hx ? std::get<0>(*hx) : Tensor(), c0 = hx ? std::get<1>(*hx) : Tensor();
+  DUET_CHECK_VALUE(!hx || (h0.defined() && c0.defined()),
+                   "[LSTMCell] the state (h_0, c_0) must hold two defined tensors");
+  std::vector<Tensor> r = step(input, h0, c0);
+  return {r[0], r[1]};
+}
+
 }  // namespace duet::nn

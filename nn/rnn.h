@@ -163,4 +163,95 @@ class LSTM : public RNNBase {
   LSTMOptions options;
 };
 
+/// nn::RNNCell's options; nonlinearity is "tanh" (the default) or "relu".
+class RNNCellOptions {
+ public:
+  RNNCellOptions(int64_t input_size, int64_t hidden_size)
+      : input_size_(input_size), hidden_size_(hidden_size) {}
+  DUET_NN_OPTION(int64_t, input_size);
+  DUET_NN_OPTION(int64_t, hidden_size);
+  DUET_NN_OPTION(bool, bias) = true;
+  DUET_NN_OPTION(std::string, nonlinearity) = "tanh";
+};
+
+/// nn::GRUCell's and nn::LSTMCell's options.
+class GRUCellOptions {
+ public:
+  GRUCellOptions(int64_t input_size, int64_t hidden_size)
+      : input_size_(input_size), hidden_size_(hidden_size) {}
+  DUET_NN_OPTION(int64_t, input_size);
+  DUET_NN_OPTION(int64_t, hidden_size);
+  DUET_NN_OPTION(bool, bias) = true;
+};
+using LSTMCellOptions = GRUCellOptions;
+
+/// One time step of RNN, GRU or LSTM (LibTorch's RNNCellImplBase), with the equations of the
+/// full layers. Parameters weight_ih (gates * hidden_size, input_size), weight_hh (gates *
+/// hidden_size, hidden_size), bias_ih and bias_hh (gates * hidden_size), all starting
+/// U(-1/sqrt(hidden_size), 1/sqrt(hidden_size)). Input (N, input_size) or unbatched
+/// (input_size); the state (N, hidden_size) or (hidden_size), zeros when not given.
+class RNNCellBase : public Module {
+ public:
+  void reset_parameters();
+  int64_t input_size, hidden_size;
+  Tensor weight_ih, weight_hh, bias_ih, bias_hh;  ///< the biases undefined without bias
+
+ protected:
+  RNNCellBase(RNNBase::Mode mode, int64_t input_size, int64_t hidden_size, bool bias);
+  /// {h'} or, for an LSTM cell, {h', c'}.
+  std::vector<Tensor> step(const Tensor& input, const Tensor& hx, const Tensor& cx);
+
+ private:
+  RNNBase::Mode mode_;
+};
+
+/// h' = act(x W_ih^T + b_ih + h W_hh^T + b_hh), as torch.nn.RNNCell.
+class RNNCell : public RNNCellBase {
+ public:
+  explicit RNNCell(const RNNCellOptions& options);
+  RNNCell(int64_t input_size, int64_t hidden_size)
+      : RNNCell(RNNCellOptions(input_size, hidden_size)) {}
+  /// From a zero state.
+  Tensor forward(const Tensor& input) override { return forward(input, Tensor()); }
+  Tensor forward(const Tensor& input, const Tensor& hx);
+  using Module::operator();
+  Tensor operator()(const Tensor& input, const Tensor& hx, DUET_HERE) {
+    duet::detail::SiteGuard site(loc);
+    return forward(input, hx);
+  }
+  RNNCellOptions options;
+};
+
+/// One GRU step (nn::GRU's equations), as torch.nn.GRUCell.
+class GRUCell : public RNNCellBase {
+ public:
+  explicit GRUCell(const GRUCellOptions& options);
+  GRUCell(int64_t input_size, int64_t hidden_size)
+      : GRUCell(GRUCellOptions(input_size, hidden_size)) {}
+  Tensor forward(const Tensor& input) override { return forward(input, Tensor()); }
+  Tensor forward(const Tensor& input, const Tensor& hx);
+  using Module::operator();
+  Tensor operator()(const Tensor& input, const Tensor& hx, DUET_HERE) {
+    duet::detail::SiteGuard site(loc);
+    return forward(input, hx);
+  }
+  GRUCellOptions options;
+};
+
+/// One LSTM step (nn::LSTM's equations), as torch.nn.LSTMCell: returns (h', c').
+class LSTMCell : public RNNCellBase {
+ public:
+  using State = std::tuple<Tensor, Tensor>;
+  explicit LSTMCell(const LSTMCellOptions& options);
+  LSTMCell(int64_t input_size, int64_t hidden_size)
+      : LSTMCell(LSTMCellOptions(input_size, hidden_size)) {}
+  // Returns two tensors: it hides Module::forward(Tensor), as in LibTorch.
+  State forward(const Tensor& input, const std::optional<State>& hx = {});
+  State operator()(const Tensor& input, const std::optional<State>& hx = {}, DUET_HERE) {
+    duet::detail::SiteGuard site(loc);
+    return forward(input, hx);
+  }
+  LSTMCellOptions options;
+};
+
 }  // namespace duet::nn

@@ -60,6 +60,18 @@ class RecurrentOutputs : public Module {
   R rnn;
 };
 
+// An LSTM cell from a zero state as a module of one input: h' and c' joined.
+class LSTMCellOutputs : public Module {
+ public:
+  LSTMCellOutputs(int64_t in, int64_t hidden, bool bias)
+      : Module(), cell(register_module("cell", LSTMCell(LSTMCellOptions(in, hidden).bias(bias)))) {}
+  Tensor forward(const Tensor& x) override {
+    auto [h, c] = cell(x);
+    return cat({h, c}, -1);
+  }
+  LSTMCell cell;
+};
+
 // Linear layers held in a ModuleList, applied in turn with tanh between them.
 class ListNet : public Module {
  public:
@@ -131,6 +143,10 @@ const std::vector<LayerRow>& layer_rows() {
        maker<RecurrentOutputs<LSTM>>(
            LSTMOptions(2, 3).num_layers(2).bidirectional(true).bias(false)),
        {3, 2, 2}},
+      {"RNNCell(3, 4)", maker<RNNCell>(3, 4), {2, 3}},
+      {"GRUCell(3, 4), unbatched", maker<GRUCell>(3, 4), {3}},
+      {"LSTMCell(3, 2)", maker<LSTMCellOutputs>(3, 2, true), {2, 3}},
+      {"LSTMCell(2, 3, bias=false)", maker<LSTMCellOutputs>(2, 3, false), {4, 2}},
       {"ModuleList of Linear layers", maker<ListNet>(), {3, 4}},
       {"Sequential of Conv1d, BatchNorm1d, ReLU, Flatten, Linear",
        [] {

@@ -519,6 +519,90 @@ TEST_CASE("RNN, GRU, LSTM: errors name the layer, the shapes and what was expect
   CHECK(contains(e, "input_size 0"));
 }
 
+// ---- Cells ----
+
+// The layer's one-layer parameters under the cell's names (weight_ih_l0 -> weight_ih).
+StateDict cell_dict(const Module& layer) {
+  StateDict out;
+  for (const auto& [name, t] : layer.named_parameters())
+    out[name.substr(0, name.size() - 3)] = t.detach().clone();
+  return out;
+}
+
+TEST_CASE("RNNCell, GRUCell, LSTMCell: a loop of cells is the one-layer RNN, GRU, LSTM") {
+  manual_seed(41);
+  Tensor x = randn({5, 2, 3}, f64), h0 = randn({1, 2, 4}, f64), c0 = randn({1, 2, 4}, f64);
+  auto steps = [&](auto&& step) {
+    std::vector<Tensor> ys;
+    for (int64_t t = 0; t < 5; ++t) ys.push_back(step(squeeze(slice(x, 0, t, t + 1), 0)));
+    return stack(ys, 0);
+  };
+  {
+    RNN layer(RNNOptions(3, 4).nonlinearity("relu"));
+    layer.to(DType::f64);
+    RNNCell cell(RNNCellOptions(3, 4).nonlinearity("relu"));
+    cell.to(DType::f64);
+    cell.load_state_dict(cell_dict(layer));
+    auto [y, h_n] = layer(x, h0);
+    Tensor h = squeeze(h0, 0);
+    CHECK(close(steps([&](const Tensor& xt) { return h = cell(xt, h); }), y, 1e-12));
+    CHECK(cell.name() == "RNNCell(3, 4, nonlinearity='relu')");
+  }
+  {
+    GRU layer(3, 4);
+    layer.to(DType::f64);
+    GRUCell cell(3, 4);
+    cell.to(DType::f64);
+    cell.load_state_dict(cell_dict(layer));
+    auto [y, h_n] = layer(x, h0);
+    Tensor h = squeeze(h0, 0);
+    CHECK(close(steps([&](const Tensor& xt) { return h = cell(xt, h); }), y, 1e-12));
+    // From a zero state: forward(x) alone, also through Module's operator().
+    auto [y0, h0n] = layer(slice(x, 0, 0, 1));
+    CHECK(close(cell(squeeze(slice(x, 0, 0, 1), 0)), squeeze(y0, 0), 1e-12));
+  }
+  {
+    LSTM layer(3, 4);
+    layer.to(DType::f64);
+    LSTMCell cell(3, 4);
+    cell.to(DType::f64);
+    cell.load_state_dict(cell_dict(layer));
+    auto [y, state] = layer(x, LSTM::State{h0, c0});
+    LSTMCell::State st{squeeze(h0, 0), squeeze(c0, 0)};
+    CHECK(close(steps([&](const Tensor& xt) { return std::get<0>(st = cell(xt, st)); }), y, 1e-12));
+    CHECK(close(std::get<1>(st), squeeze(std::get<1>(state), 0), 1e-12));
+  }
+}
+
+TEST_CASE("RNNCell, GRUCell, LSTMCell: names, unbatched input, errors") {
+  LSTMCell cell(LSTMCellOptions(3, 5).bias(false));
+  std::vector<std::string> names;
+  for (const auto& [name, t] : cell.named_parameters()) names.push_back(name);
+  CHECK(names == std::vector<std::string>{"weight_ih", "weight_hh"});
+  CHECK(cell.weight_ih.sizes() == Shape{20, 3});
+  CHECK(cell.name() == "LSTMCell(3, 5, bias=false)");
+  GRUCell gru(3, 5);
+  CHECK(gru.weight_hh.sizes() == Shape{15, 5});
+  const double bound = 1 / std::sqrt(5.0);
+  for (const Tensor& p : gru.parameters())
+    for (double v : values(p)) CHECK(std::abs(v) <= bound);
+  Tensor x = randn({3}), h = randn({5});
+  Tensor one = gru(x, h);
+  CHECK(one.sizes() == Shape{5});
+  CHECK(close(one, squeeze(gru(unsqueeze(x, 0), unsqueeze(h, 0)), 0), 1e-6));
+  // A cell of one input goes into a Sequential (a zero state at every call).
+  Sequential seq(RNNCell(3, 4), Linear(4, 2));
+  CHECK(seq(randn({6, 3})).sizes() == Shape{6, 2});
+  std::string e = error_of<ShapeError>([&] { gru(randn({2, 3}), randn({3, 5})); });
+  CHECK(contains(e, "[GRUCell] hx must be (2, 5)"));
+  e = error_of<ShapeError>([&] { gru(randn({2, 4})); });
+  CHECK(contains(e, "[GRUCell] input must be (N, 3) or unbatched (3)"));
+  e = error_of<ValueError>([] { RNNCell(RNNCellOptions(3, 4).nonlinearity("gelu")); });
+  CHECK(contains(e, "nonlinearity must be"));
+  e = error_of<ValueError>([] { LSTMCell(3, 0); });
+  CHECK(contains(e, "[LSTMCell]"));
+}
+
 // ---- Known values from ONNX Runtime ----
 
 // Made by tools/rnn_reference.py (onnxruntime 1.20.1, onnx 1.17.0, numpy 2.2.6): ONNX Runtime's
