@@ -65,33 +65,57 @@ Mode rnn_mode(const RNNOptions& o) {
   return o.nonlinearity() == "tanh" ? Mode::RNNTanh : Mode::RNNReLU;
 }
 
-// Rows [k * h, (k + 1) * h) of the gates along dim 1: gate k of a (N, gates * h) tensor.
-Tensor gate(const Tensor& t, int64_t k, int64_t h) { return slice(t, 1, k * h, (k + 1) * h); }
+// The row blocks of a weight or bias, one per gate (views of the parameter); undefined blocks
+// for an undefined bias.
+std::vector<Tensor> blocks(const Tensor& t, int64_t gates, int64_t hs) {
+  std::vector<Tensor> out(static_cast<size_t>(gates));
+  if (t.defined())
+    for (int64_t k = 0; k < gates; ++k) out[k] = slice(t, 0, k * hs, (k + 1) * hs);
+  return out;
+}
 
-// One time step: {h, (c), x_t W_ih^T + b_ih} -> {h', (c'), h'}, PyTorch's equations.
+// The input projections of every gate, x W_ih_k^T + b_ih_k (Note [Recurrent layers over scan]).
+std::vector<Tensor> projections(const Tensor& x, const Tensor& w_ih, const Tensor& b_ih,
+                                int64_t gates, int64_t hs) {
+  const std::vector<Tensor> w = blocks(w_ih, gates, hs), b = blocks(b_ih, gates, hs);
+  std::vector<Tensor> out;
+  for (int64_t k = 0; k < gates; ++k) out.push_back(linear(x, w[k], b[k]));
+  return out;
+}
+
+// Note [Gates by blocks]
+// Each gate has its own products, with row blocks of the weights, instead of one product of all
+// gates sliced afterwards: a slice inside the step would have a slice_scatter of a zero (N,
+// gates * H) tensor per gate and step in the backward, where a block of a parameter, taken
+// outside the scan, sends its gradient back through one slice per sequence.
+
+// One time step: {h, (c), x_0, ..., x_{gates-1}} (x_k the input projection of gate k) ->
+// {h', (c'), h'}, PyTorch's equations (Note [Gates by blocks]).
 Fn step_fn(Mode mode, const Tensor& w_hh, const Tensor& b_hh, int64_t hs) {
-  return [mode, w_hh, b_hh, hs](const std::vector<Tensor>& in) -> std::vector<Tensor> {
+  const int64_t gates = gates_of(mode);
+  return [mode, w = blocks(w_hh, gates, hs),
+          b = blocks(b_hh, gates, hs)](const std::vector<Tensor>& in) -> std::vector<Tensor> {
     const Tensor& h = in[0];
-    const Tensor& xp = in.back();
-    const Tensor hp = linear(h, w_hh, b_hh);
+    const size_t first = mode == Mode::LSTM ? 2 : 1;  // x_0's place
+    auto x = [&](size_t k) -> const Tensor& { return in[first + k]; };
+    auto hp = [&](size_t k) { return linear(h, w[k], b[k]); };
     switch (mode) {
       case Mode::RNNTanh:
       case Mode::RNNReLU: {
-        Tensor next = mode == Mode::RNNTanh ? tanh(xp + hp) : relu(xp + hp);
+        Tensor next = mode == Mode::RNNTanh ? tanh(x(0) + hp(0)) : relu(x(0) + hp(0));
         return {next, next};
       }
       case Mode::GRU: {
-        Tensor r = sigmoid(gate(xp, 0, hs) + gate(hp, 0, hs));
-        Tensor z = sigmoid(gate(xp, 1, hs) + gate(hp, 1, hs));
-        Tensor n = tanh(gate(xp, 2, hs) + r * gate(hp, 2, hs));
+        Tensor r = sigmoid(x(0) + hp(0));
+        Tensor z = sigmoid(x(1) + hp(1));
+        Tensor n = tanh(x(2) + r * hp(2));
         Tensor next = (1.0 - z) * n + z * h;
         return {next, next};
       }
       case Mode::LSTM: {
         const Tensor& c = in[1];
-        Tensor g = xp + hp;
-        Tensor i = sigmoid(gate(g, 0, hs)), f = sigmoid(gate(g, 1, hs));
-        Tensor cell = tanh(gate(g, 2, hs)), o = sigmoid(gate(g, 3, hs));
+        Tensor i = sigmoid(x(0) + hp(0)), f = sigmoid(x(1) + hp(1));
+        Tensor cell = tanh(x(2) + hp(2)), o = sigmoid(x(3) + hp(3));
         Tensor c_next = f * c + i * cell;
         Tensor h_next = o * tanh(c_next);
         return {h_next, c_next, h_next};
@@ -184,11 +208,11 @@ std::tuple<Tensor, Tensor> RNNBase::run(const Tensor& input, const Tensor& hx, c
       const int64_t k = layer * dirs + d;
       const Weights& w = weights_[static_cast<size_t>(k)];
       // Note [Recurrent layers over scan]: the input projections of all steps at once.
-      Tensor xp = linear(layer_in, w.w_ih, w.b_ih);
+      std::vector<Tensor> xs = projections(layer_in, w.w_ih, w.b_ih, gates_of(c.mode), hs);
       std::vector<Tensor> carry{row(h0, k)};
       if (lstm) carry.push_back(row(c0, k));
       std::vector<Tensor> r =
-          duet::detail::scan_impl(step_fn(c.mode, w.w_hh, w.b_hh, hs), carry, {xp}, d == 1);
+          duet::detail::scan_impl(step_fn(c.mode, w.w_hh, w.b_hh, hs), carry, xs, d == 1);
       h_last.push_back(r[0]);
       if (lstm) c_last.push_back(r[1]);
       outs.push_back(r.back());
@@ -303,7 +327,8 @@ std::vector<Tensor> RNNCellBase::step(const Tensor& input, const Tensor& hx, con
   };
   std::vector<Tensor> in{start(hx, lstm ? "h_0" : "hx")};
   if (lstm) in.push_back(start(cx, "c_0"));
-  in.push_back(linear(x, weight_ih, bias_ih));
+  for (Tensor& p : projections(x, weight_ih, bias_ih, gates_of(mode_), hidden_size))
+    in.push_back(std::move(p));
   std::vector<Tensor> out = step_fn(mode_, weight_hh, bias_hh, hidden_size)(in);
   out.pop_back();  // the per-step result, a copy of h'
   if (!batched)

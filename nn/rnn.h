@@ -6,12 +6,13 @@
 // Each layer and direction is one duet::scan over time (trace/control_flow.h): compiled, a
 // step is one subgraph run in a loop, not a graph unrolled over the sequence, and the gradient
 // is a reverse scan of the step's. The input projections of every time step, x_t W_ih^T + b_ih,
-// do not depend on the carry: they are computed before the scan as one product over the whole
+// do not depend on the carry: they are computed before the scan as products over the whole
 // sequence (what cuDNN and PyTorch's CPU path do too), and the scan steps over their rows; a
-// step then holds the one product h W_hh^T + b_hh and the elementwise gate math. The reverse
-// direction of a bidirectional layer is the same scan run from the last step to the first. A
-// start state not given is zeros built from the input's symbolic batch dim (full_dims), so one
-// compiled trace serves every batch size.
+// step then holds the products h W_hh^T + b_hh and the elementwise gate math. Each gate has
+// its own products, with row blocks of the weights (Note [Gates by blocks] in nn/rnn.cpp).
+// The reverse direction of a bidirectional layer is the same scan run from the last step to the
+// first. A start state not given is zeros built from the input's symbolic batch dim
+// (full_dims), so one compiled trace serves every batch size.
 #pragma once
 
 #include <optional>
