@@ -71,6 +71,64 @@ void Conv2d::reset_parameters() { default_init(weight, bias); }
 
 Tensor Conv2d::forward(const Tensor& x) { return conv2d(x, weight, bias, stride, padding); }
 
+// ---- Conv1d ----
+
+// Note [Conv1d]
+// conv2d takes square kernels only, so a 1-D convolution is written as a composite of public
+// ops instead (im2col by slicing): the k strided slices x[..., j : j + stride * (Lo - 1) + 1 :
+// stride] of the zero-padded input, stacked as (N, C, k, Lo), are the columns, and one matmul
+// with the weight as (O, C * k) gives (N, O, Lo). The batch dim stays a SymInt (the padding is
+// full_dims of it); the length is read as an integer (the window positions need it).
+Conv1d::Conv1d(int64_t in, int64_t out, int64_t kernel, int64_t stride_, int64_t padding_,
+               bool with_bias)
+    : Module(fmt::format("Conv1d({}, {}, kernel_size={}, stride={}, padding={}{})", in, out, kernel,
+                         stride_, padding_, bias_note(with_bias))),
+      in_channels(in),
+      out_channels(out),
+      kernel_size(kernel),
+      stride(stride_),
+      padding(padding_) {
+  DUET_CHECK_VALUE(in > 0 && out > 0 && kernel > 0 && stride_ > 0 && padding_ >= 0,
+                   "[Conv1d] channels, kernel_size and stride must be positive and padding "
+                   "non-negative, got {}",
+                   name());
+  weight = register_parameter("weight", zeros_param({out, in, kernel}));
+  if (with_bias) bias = register_parameter("bias", zeros_param({out}));
+  reset_parameters();
+}
+
+void Conv1d::reset_parameters() { default_init(weight, bias); }
+
+Tensor Conv1d::forward(const Tensor& input) {
+  const char* op = "Conv1d";
+  DUET_CHECK_VALUE(input.defined(), "[{}] the input is an undefined tensor", op);
+  DUET_CHECK_SHAPE((input.dim() == 3 || input.dim() == 2) &&
+                       duet::detail::size_is(input, input.dim() - 2, in_channels, op),
+                   "[{}] input must be (N, {}, L) or unbatched ({}, L), got {}", op, in_channels,
+                   in_channels, input.sizes());
+  DUET_CHECK_DTYPE(input.dtype() == weight.dtype(),
+                   "[{}] input ({}) and weight ({}) must share a dtype", op, input.dtype(),
+                   weight.dtype());
+  const bool batched = input.dim() == 3;
+  Tensor x = batched ? input : unsqueeze(input, 0);
+  const SymInt n = duet::detail::sym_dims(x)[0];
+  const int64_t c = in_channels, k = kernel_size, s = stride, p = padding;
+  if (p > 0) {
+    Tensor z = duet::detail::full_dims({n, c, p}, 0, Options().dtype(x.dtype()).device(x.device()));
+    x = cat({z, x, z}, 2);
+  }
+  const int64_t len = x.size(2);
+  DUET_CHECK_SHAPE(len >= k, "[{}] kernel_size {} is larger than the padded input length {} of {}",
+                   op, k, len, input.sizes());
+  const int64_t lo = (len - k) / s + 1;
+  std::vector<Tensor> taps;
+  for (int64_t j = 0; j < k; ++j) taps.push_back(slice(x, 2, j, j + s * (lo - 1) + 1, s));
+  Tensor cols = duet::detail::reshape_dims(stack(taps, 2), {n, c * k, lo});
+  Tensor y = matmul(reshape(weight, {out_channels, c * k}), cols);
+  if (bias.defined()) y = y + reshape(bias, {out_channels, 1});
+  return batched ? y : squeeze(y, 0);
+}
+
 // ---- Pooling ----
 
 MaxPool2d::MaxPool2d(int64_t kernel, int64_t stride_)
@@ -173,6 +231,7 @@ Tensor Flatten::forward(const Tensor& x) {
 
 // ---- Activations ----
 
+Tensor Identity::forward(const Tensor& x) { return x; }
 Tensor ReLU::forward(const Tensor& x) { return relu(x); }
 Tensor Tanh::forward(const Tensor& x) { return tanh(x); }
 GELU::GELU(std::string approximate_)
@@ -303,6 +362,43 @@ Tensor Sequential::forward(const Tensor& x) {
 std::shared_ptr<Module> Sequential::operator[](size_t i) const {
   DUET_CHECK_VALUE(i < size(), "[Sequential] index {} is out of range for {} modules", i, size());
   return children()[i];
+}
+
+}  // namespace duet::nn
+
+// ---- ModuleList, ModuleDict ----
+
+namespace duet::nn {
+
+void ModuleList::extend(const ModuleList& other) {
+  const size_t n = other.size();  // other may be this list
+  for (size_t i = 0; i < n; ++i) push_back(other.ptr(i));
+}
+
+const std::shared_ptr<Module>& ModuleList::ptr(size_t i) const {
+  DUET_CHECK_VALUE(i < size(), "[ModuleList] index {} is out of range for {} modules", i, size());
+  return child_ptr(i);
+}
+
+ModuleDict::ModuleDict(const std::vector<Item>& items) : ModuleDict() {
+  for (const auto& [key, module] : items) insert(key, module);
+}
+
+std::shared_ptr<Module> ModuleDict::operator[](const std::string& key) const {
+  std::shared_ptr<Module> m = child_named(key);
+  if (!m) {
+    std::string known;
+    for (const std::string& k : keys()) known += (known.empty() ? "'" : ", '") + k + "'";
+    DUET_CHECK_VALUE(false, "[ModuleDict] no module under key '{}' (keys: {})", key,
+                     known.empty() ? std::string("none") : known);
+  }
+  return m;
+}
+
+std::vector<std::string> ModuleDict::keys() const {
+  std::vector<std::string> out;
+  for (const auto& [key, module] : named_children()) out.push_back(key);
+  return out;
 }
 
 }  // namespace duet::nn

@@ -3,10 +3,12 @@
 // arguments out of range raise a duet::Error naming the layer, and bad inputs raise the op's.
 #pragma once
 
+#include <iterator>
 #include <memory>
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "nn/module.h"
 
@@ -30,6 +32,20 @@ class Linear : public Module {
 class Conv2d : public Module {
  public:
   Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel_size, int64_t stride = 1,
+         int64_t padding = 0, bool bias = true);
+  Tensor forward(const Tensor& x) override;
+  void reset_parameters();
+
+  int64_t in_channels, out_channels, kernel_size, stride, padding;
+  Tensor weight, bias;  ///< bias is undefined when constructed with bias = false
+};
+
+/// 1-D convolution over x (N, C, L), or unbatched (C, L), with stride and zero padding. weight
+/// (out, in, k) and bias (out) start as PyTorch's: U(-1/sqrt(fan_in), ..), fan_in = in*k. A
+/// composite (Note [Conv1d] in nn/layers.cpp): differentiable and compiled as its ops are.
+class Conv1d : public Module {
+ public:
+  Conv1d(int64_t in_channels, int64_t out_channels, int64_t kernel_size, int64_t stride = 1,
          int64_t padding = 0, bool bias = true);
   Tensor forward(const Tensor& x) override;
   void reset_parameters();
@@ -93,6 +109,13 @@ class Flatten : public Module {
   explicit Flatten(int64_t start_dim = 1, int64_t end_dim = -1);
   Tensor forward(const Tensor& x) override;
   int64_t start_dim, end_dim;
+};
+
+/// Returns its input (the same tensor), as torch.nn.Identity.
+class Identity : public Module {
+ public:
+  Identity() : Module("Identity()") {}
+  Tensor forward(const Tensor& x) override;
 };
 
 /// Elementwise activations.
@@ -216,6 +239,117 @@ class Sequential : public Module {
     DUET_CHECK_VALUE(m, "[Sequential] module {} is {}, not the type asked for", i, child(i).name());
     return *m;
   }
+};
+
+/// A list of modules, registered as children "0", "1", ... (torch.nn.ModuleList): it holds
+/// modules for its parent's forward and has no forward of its own. Modules go in by value (a
+/// copy shares the module's state) or by std::shared_ptr; iteration gives each as a
+/// std::shared_ptr<Module>: `for (const auto& m : list) x = m->forward(x);`.
+class ModuleList : public Module {
+ public:
+  /// Iterates the modules in order.
+  class Iterator {
+   public:
+    using iterator_category = std::forward_iterator_tag;
+    using value_type = std::shared_ptr<Module>;
+    using difference_type = std::ptrdiff_t;
+    using pointer = const value_type*;
+    using reference = const value_type&;
+    Iterator(const ModuleList* list, size_t i) : list_(list), i_(i) {}
+    reference operator*() const { return list_->ptr(i_); }
+    pointer operator->() const { return &list_->ptr(i_); }
+    Iterator& operator++() {
+      ++i_;
+      return *this;
+    }
+    Iterator operator++(int) {
+      Iterator old = *this;
+      ++i_;
+      return old;
+    }
+    bool operator==(const Iterator& o) const { return list_ == o.list_ && i_ == o.i_; }
+
+   private:
+    const ModuleList* list_;
+    size_t i_;
+  };
+
+  ModuleList() : Module("ModuleList") {}
+  /// The modules in order. One ModuleList argument is a copy, not a nesting (as in LibTorch).
+  template <class... Ms>
+  requires(sizeof...(Ms) > 0 && (ModuleArg<Ms> && ...) &&
+           !(sizeof...(Ms) == 1 && (std::is_same_v<std::remove_cvref_t<Ms>, ModuleList> &&
+                                    ...))) explicit ModuleList(Ms&&... modules)
+      : ModuleList() {
+    (push_back(std::forward<Ms>(modules)), ...);
+  }
+
+  /// Appends a module under the next index.
+  template <ModuleType M>
+  void push_back(M module) {
+    register_module(std::to_string(size()), std::move(module));
+  }
+  template <ModuleType M>
+  void push_back(std::shared_ptr<M> module) {
+    register_module(std::to_string(size()), std::move(module));
+  }
+  /// Appends the modules of `other` (the same modules, shared, not copies).
+  void extend(const ModuleList& other);
+
+  size_t size() const { return num_children(); }
+  bool is_empty() const { return size() == 0; }
+  /// The i-th module (a ValueError when out of range).
+  std::shared_ptr<Module> operator[](size_t i) const { return ptr(i); }
+  const std::shared_ptr<Module>& ptr(size_t i) const;
+  /// The i-th module as its concrete type: `list.at<Linear>(0).weight`. A ValueError when out
+  /// of range or of another type.
+  template <ModuleType M>
+  M& at(size_t i) const {
+    auto* m = dynamic_cast<M*>(ptr(i).get());
+    DUET_CHECK_VALUE(m, "[ModuleList] module {} is {}, not the type asked for", i, ptr(i)->name());
+    return *m;
+  }
+  Iterator begin() const { return {this, 0}; }
+  Iterator end() const { return {this, size()}; }
+};
+
+/// Modules by name, in insertion order, each registered as a child under its key
+/// (torch.nn.ModuleDict): `dict["encoder"]`, `dict.at<Linear>("head")`. A key must be a
+/// valid child name (not empty, no '.') and new: inserting a key already present is a
+/// ValueError. Iterate with items(), keys() or values().
+class ModuleDict : public Module {
+ public:
+  using Item = std::pair<std::string, std::shared_ptr<Module>>;
+  ModuleDict() : Module("ModuleDict") {}
+  /// The modules under their keys, in order.
+  explicit ModuleDict(const std::vector<Item>& items);
+
+  /// Registers `module` under `key` and returns it (by value: a copy sharing its state).
+  template <ModuleType M>
+  M insert(std::string key, M module) {
+    return register_module(std::move(key), std::move(module));
+  }
+  template <ModuleType M>
+  std::shared_ptr<M> insert(std::string key, std::shared_ptr<M> module) {
+    return register_module(std::move(key), std::move(module));
+  }
+
+  size_t size() const { return num_children(); }
+  bool is_empty() const { return size() == 0; }
+  bool contains(const std::string& key) const { return child_named(key) != nullptr; }
+  /// The module under `key` (a ValueError naming the key and the keys there are when absent).
+  std::shared_ptr<Module> operator[](const std::string& key) const;
+  /// The module under `key` as its concrete type (a ValueError when absent or of another type).
+  template <ModuleType M>
+  M& at(const std::string& key) const {
+    const std::shared_ptr<Module> p = (*this)[key];
+    auto* m = dynamic_cast<M*>(p.get());
+    DUET_CHECK_VALUE(m, "[ModuleDict] module '{}' is {}, not the type asked for", key, p->name());
+    return *m;
+  }
+  std::vector<std::string> keys() const;
+  std::vector<std::shared_ptr<Module>> values() const { return children(); }
+  std::vector<Item> items() const { return named_children(); }
 };
 
 }  // namespace duet::nn

@@ -140,10 +140,18 @@ void Module::add_child(std::string name, std::shared_ptr<Module> child) {
 
 size_t Module::num_children() const { return state_->children.size(); }
 
-Module& Module::child(size_t i) const {
+Module& Module::child(size_t i) const { return *child_ptr(i); }
+
+const std::shared_ptr<Module>& Module::child_ptr(size_t i) const {
   DUET_CHECK_VALUE(i < state_->children.size(), "[nn] {}: child {} is out of range ({} children)",
                    name(), i, state_->children.size());
-  return *state_->children[i].second;
+  return state_->children[i].second;
+}
+
+std::shared_ptr<Module> Module::child_named(const std::string& name) const {
+  for (const auto& [n, c] : state_->children)
+    if (n == name) return c;
+  return nullptr;
 }
 
 std::vector<Tensor> Module::parameters() const {

@@ -126,6 +126,10 @@ class Module {
   /// The number of children, and the i-th (registration order): for containers' forward.
   size_t num_children() const;
   Module& child(size_t i) const;
+  /// The i-th child as registered (a ValueError when out of range), and the child registered
+  /// as `name` (null when there is none): for containers' accessors.
+  const std::shared_ptr<Module>& child_ptr(size_t i) const;
+  std::shared_ptr<Module> child_named(const std::string& name) const;
 
  private:
   struct State;

@@ -1,0 +1,113 @@
+// duet: BatchNorm1d/2d/3d (Note [Batch norm under compile] in nn/norm.h).
+#include "nn/norm.h"
+
+#include "core/op_table.h"
+#include "core/ops.h"
+#include "eager/autograd.h"
+#include "nn/init.h"
+
+namespace duet::nn {
+namespace {
+
+std::string layer_name(const char* kind, const BatchNormOptions& o) {
+  return fmt::format("{}({}, eps={}, momentum={}, affine={}, track_running_stats={})", kind,
+                     o.num_features(), o.eps(),
+                     o.momentum() ? fmt::format("{}", *o.momentum()) : std::string("None"),
+                     o.affine(), o.track_running_stats());
+}
+
+}  // namespace
+
+BatchNormBase::BatchNormBase(const BatchNormOptions& o, const char* kind, int64_t lo, int64_t hi)
+    : Module(layer_name(kind, o)), options(o), kind_(kind), lo_(lo), hi_(hi) {
+  DUET_CHECK_VALUE(o.num_features() > 0 && o.eps() >= 0 &&
+                       (!o.momentum() || (*o.momentum() >= 0 && *o.momentum() <= 1)),
+                   "[{}] num_features must be positive, eps non-negative and momentum in [0, 1], "
+                   "got {}",
+                   kind, name());
+  const int64_t c = o.num_features();
+  if (o.affine()) {
+    weight = register_parameter("weight", ones({c}));
+    bias = register_parameter("bias", zeros({c}));
+  }
+  if (o.track_running_stats()) {
+    running_mean = register_buffer("running_mean", zeros({c}));
+    running_var = register_buffer("running_var", ones({c}));
+    num_batches_tracked =
+        register_buffer("num_batches_tracked", zeros({}, Options().dtype(DType::i64)));
+  }
+}
+
+void BatchNormBase::reset_running_stats() {
+  if (!running_mean.defined()) return;
+  init::zeros_(running_mean);
+  init::ones_(running_var);
+  init::zeros_(num_batches_tracked);
+}
+
+void BatchNormBase::reset_parameters() {
+  reset_running_stats();
+  if (weight.defined()) {
+    init::ones_(weight);
+    init::zeros_(bias);
+  }
+}
+
+Tensor BatchNormBase::forward(const Tensor& x) {
+  const char* op = kind_;
+  const int64_t c = options.num_features();
+  DUET_CHECK_VALUE(x.defined(), "[{}] the input is an undefined tensor", op);
+  const int64_t rank = x.dim();
+  DUET_CHECK_SHAPE(rank >= lo_ && rank <= hi_ && duet::detail::size_is(x, 1, c, op),
+                   "[{}] input must be {} with C = num_features = {}, got {}", op,
+                   lo_ == 2   ? "(N, C) or (N, C, L)"
+                   : lo_ == 4 ? "(N, C, H, W)"
+                              : "(N, C, D, H, W)",
+                   c, x.sizes());
+  DUET_CHECK_DTYPE(is_floating(x.dtype()), "[{}] input must be floating, got {}", op, x.dtype());
+  // Statistics and parameters broadcast as (C, 1, ...) against (N, C, *).
+  Shape per_channel{c};
+  for (int64_t d = 2; d < rank; ++d) per_channel.push_back(1);
+  Dims reduce{0};
+  for (int64_t d = 2; d < rank; ++d) reduce.push_back(d);
+
+  Tensor y;
+  const bool batch_stats = is_training() || !running_mean.defined();
+  if (batch_stats) {
+    // The count of values per channel, symbolic when the batch is.
+    const SymDims dims = duet::detail::sym_dims(x);
+    SymInt count = dims[0];
+    for (int64_t d = 2; d < rank; ++d) count *= dims[static_cast<size_t>(d)];
+    DUET_CHECK_VALUE(
+        !is_training() || !duet::detail::sym_decide(count, duet::detail::SymRel::Le, 1, op),
+        "[{}] expected more than 1 value per channel when training, got input {}", op, x.sizes());
+    Tensor mu = mean(x, reduce, true);
+    Tensor centered = x - mu;
+    Tensor sq = sum(centered * centered, reduce, true);
+    // f64: a wrapped number when the count is concrete, which keeps x's dtype.
+    const Tensor n = duet::detail::size_scalar(count, DType::f64, x.device());
+    y = centered * rsqrt(sq / n + options.eps());
+    if (is_training() && running_mean.defined()) {
+      NoGradGuard no_grad;
+      num_batches_tracked.add_(1);
+      const Tensor m = reshape(mu.detach(), {c});
+      const Tensor unbiased = reshape(sq.detach(), {c}) / (n - 1);
+      if (options.momentum()) {
+        const double f = *options.momentum();
+        running_mean.copy_(m * f + running_mean * (1 - f));
+        running_var.copy_(unbiased * f + running_var * (1 - f));
+      } else {
+        const Tensor f = 1.0 / num_batches_tracked.to(running_mean.dtype());
+        running_mean.copy_(m * f + running_mean * (1.0 - f));
+        running_var.copy_(unbiased * f + running_var * (1.0 - f));
+      }
+    }
+  } else {
+    y = (x - reshape(running_mean, per_channel)) *
+        rsqrt(reshape(running_var, per_channel) + options.eps());
+  }
+  if (weight.defined()) y = y * reshape(weight, per_channel) + reshape(bias, per_channel);
+  return y;
+}
+
+}  // namespace duet::nn

@@ -1,0 +1,1067 @@
+// nn: the recurrent layers (RNN, GRU, LSTM) against their equations written out in doubles,
+// batch norm's statistics and buffers eagerly and compiled, Conv1d against a direct loop, and the
+// containers (ModuleList, ModuleDict). Gradchecks and eager-against-compiled runs of every one of
+// these layers are rows of the layer table in test_nn.cpp.
+#include <cmath>
+#include <map>
+#include <optional>
+#include <tuple>
+
+#include "nn/layers.h"
+#include "nn/norm.h"
+#include "nn/rnn.h"
+#include "util.h"
+
+namespace duet::test {
+namespace {
+
+using namespace duet::nn;
+
+const Options f64 = Options().dtype(DType::f64);
+
+// ---- The recurrent equations, in doubles ----
+
+enum class Kind { Tanh, ReLU, GRU, LSTM };
+
+const char* kind_str(Kind k) {
+  return k == Kind::Tanh   ? "RNN tanh"
+         : k == Kind::ReLU ? "RNN relu"
+         : k == Kind::GRU  ? "GRU"
+                           : "LSTM";
+}
+
+struct Setup {
+  Kind kind;
+  int64_t layers = 1;
+  bool bidirectional = false, bias = true, batch_first = false, with_state = false;
+  int64_t steps = 4, batch = 2, input = 3, hidden = 4;
+};
+
+struct Result {
+  std::vector<double> out, h_n, c_n;  // out time-major (T, N, dirs * H)
+};
+
+double sigmoid_d(double v) { return 1 / (1 + std::exp(-v)); }
+
+// PyTorch's documented equations, one element at a time. x is (T, N, I) time-major; p holds the
+// parameters by PyTorch's names; h0 and c0 are (layers * dirs, N, H).
+Result reference(const Setup& s, const std::vector<double>& x,
+                 const std::map<std::string, std::vector<double>>& p, const std::vector<double>& h0,
+                 const std::vector<double>& c0) {
+  const int64_t T = s.steps, N = s.batch, H = s.hidden, dirs = s.bidirectional ? 2 : 1;
+  const int64_t G = s.kind == Kind::GRU ? 3 : s.kind == Kind::LSTM ? 4 : 1;
+  Result r;
+  std::vector<double> in = x;
+  int64_t in_size = s.input;
+  for (int64_t l = 0; l < s.layers; ++l) {
+    std::vector<double> next(static_cast<size_t>(T * N * dirs * H));
+    for (int64_t d = 0; d < dirs; ++d) {
+      const std::string sfx = "_l" + std::to_string(l) + (d ? "_reverse" : "");
+      const std::vector<double>& w_ih = p.at("weight_ih" + sfx);
+      const std::vector<double>& w_hh = p.at("weight_hh" + sfx);
+      const std::vector<double> zero(static_cast<size_t>(G * H), 0.0);
+      const std::vector<double>& b_ih = s.bias ? p.at("bias_ih" + sfx) : zero;
+      const std::vector<double>& b_hh = s.bias ? p.at("bias_hh" + sfx) : zero;
+      const int64_t k = l * dirs + d;
+      std::vector<double> h(h0.begin() + k * N * H, h0.begin() + (k + 1) * N * H);
+      std::vector<double> c(c0.begin() + k * N * H, c0.begin() + (k + 1) * N * H);
+      for (int64_t step = 0; step < T; ++step) {
+        const int64_t t = d ? T - 1 - step : step;
+        for (int64_t n = 0; n < N; ++n) {
+          std::vector<double> gi(static_cast<size_t>(G * H)), gh(static_cast<size_t>(G * H));
+          for (int64_t g = 0; g < G * H; ++g) {
+            double a = b_ih[g], b = b_hh[g];
+            for (int64_t j = 0; j < in_size; ++j)
+              a += w_ih[g * in_size + j] * in[(t * N + n) * in_size + j];
+            for (int64_t j = 0; j < H; ++j) b += w_hh[g * H + j] * h[n * H + j];
+            gi[g] = a;
+            gh[g] = b;
+          }
+          for (int64_t u = 0; u < H; ++u) {
+            double& hu = h[n * H + u];
+            double& cu = c[n * H + u];
+            switch (s.kind) {
+              case Kind::Tanh:
+                hu = std::tanh(gi[u] + gh[u]);
+                break;
+              case Kind::ReLU:
+                hu = std::max(0.0, gi[u] + gh[u]);
+                break;
+              case Kind::GRU: {
+                const double rg = sigmoid_d(gi[u] + gh[u]);
+                const double zg = sigmoid_d(gi[H + u] + gh[H + u]);
+                const double ng = std::tanh(gi[2 * H + u] + rg * gh[2 * H + u]);
+                hu = (1 - zg) * ng + zg * hu;
+                break;
+              }
+              case Kind::LSTM: {
+                const double ig = sigmoid_d(gi[u] + gh[u]);
+                const double fg = sigmoid_d(gi[H + u] + gh[H + u]);
+                const double gg = std::tanh(gi[2 * H + u] + gh[2 * H + u]);
+                const double og = sigmoid_d(gi[3 * H + u] + gh[3 * H + u]);
+                cu = fg * cu + ig * gg;
+                hu = og * std::tanh(cu);
+                break;
+              }
+            }
+            next[((t * N + n) * dirs + d) * H + u] = hu;
+          }
+        }
+      }
+      r.h_n.insert(r.h_n.end(), h.begin(), h.end());
+      r.c_n.insert(r.c_n.end(), c.begin(), c.end());
+    }
+    in = next;
+    in_size = dirs * H;
+  }
+  r.out = in;
+  return r;
+}
+
+// A layer of the setup, in f64. Holder keeps it as the concrete type.
+struct Layer {
+  std::shared_ptr<RNNBase> module;
+  Kind kind;
+  // (output, h_n, c_n (LSTM only)).
+  std::tuple<Tensor, Tensor, Tensor> operator()(const Tensor& x, const Tensor& h0 = {},
+                                                const Tensor& c0 = {}) const {
+    if (kind == Kind::LSTM) {
+      auto& m = static_cast<LSTM&>(*module);
+      auto [y, st] = h0.defined() ? m(x, LSTM::State{h0, c0}) : m(x);
+      return {y, std::get<0>(st), std::get<1>(st)};
+    }
+    auto [y, h] =
+        kind == Kind::GRU ? static_cast<GRU&>(*module)(x, h0) : static_cast<RNN&>(*module)(x, h0);
+    return {y, h, Tensor()};
+  }
+};
+
+template <class O>
+O configure(O o, const Setup& s) {
+  return o.num_layers(s.layers)
+      .bias(s.bias)
+      .batch_first(s.batch_first)
+      .bidirectional(s.bidirectional);
+}
+
+Layer make_layer(const Setup& s) {
+  std::shared_ptr<RNNBase> m;
+  switch (s.kind) {
+    case Kind::Tanh:
+    case Kind::ReLU:
+      m = std::make_shared<RNN>(configure(RNNOptions(s.input, s.hidden), s)
+                                    .nonlinearity(s.kind == Kind::Tanh ? "tanh" : "relu"));
+      break;
+    case Kind::GRU:
+      m = std::make_shared<GRU>(configure(GRUOptions(s.input, s.hidden), s));
+      break;
+    case Kind::LSTM:
+      m = std::make_shared<LSTM>(configure(LSTMOptions(s.input, s.hidden), s));
+      break;
+  }
+  m->to(DType::f64);
+  return {m, s.kind};
+}
+
+std::map<std::string, std::vector<double>> param_values(const Module& m) {
+  std::map<std::string, std::vector<double>> out;
+  for (const auto& [name, t] : m.named_parameters()) out[name] = values(t);
+  return out;
+}
+
+std::string label(const Setup& s) {
+  return fmt::format("{} layers {}{}{}{}{} T {} N {}", kind_str(s.kind), s.layers,
+                     s.bidirectional ? " bidirectional" : "", s.bias ? "" : " bias=false",
+                     s.batch_first ? " batch_first" : "", s.with_state ? " with state" : "",
+                     s.steps, s.batch);
+}
+
+std::vector<Setup> setups() {
+  std::vector<Setup> out;
+  for (Kind k : {Kind::Tanh, Kind::ReLU, Kind::GRU, Kind::LSTM}) {
+    out.push_back({k});
+    out.push_back({k, 1, false, true, false, true, 1});  // one step, from a given state
+    out.push_back({k, 2, false, true, true, true});
+    out.push_back({k, 2, true, false, false, false, 3});
+    out.push_back({k, 1, true, true, true, true, 5, 3});
+  }
+  return out;
+}
+
+TEST_CASE("RNN, GRU, LSTM: outputs and final states are PyTorch's equations, written out") {
+  int checked = 0;
+  for (const Setup& s : setups()) {
+    INFO(label(s));
+    manual_seed(static_cast<uint64_t>(10 + checked));
+    Layer layer = make_layer(s);
+    const int64_t states = s.layers * (s.bidirectional ? 2 : 1);
+    Tensor x = randn({s.steps, s.batch, s.input}, f64);
+    Tensor h0 = s.with_state ? randn({states, s.batch, s.hidden}, f64)
+                             : zeros({states, s.batch, s.hidden}, f64);
+    Tensor c0 = s.with_state ? randn({states, s.batch, s.hidden}, f64)
+                             : zeros({states, s.batch, s.hidden}, f64);
+    const Result want =
+        reference(s, values(x), param_values(*layer.module), values(h0), values(c0));
+    Tensor in = s.batch_first ? transpose(x, 0, 1).contiguous() : x;
+    auto [y, h_n, c_n] = s.with_state ? layer(in, h0, c0) : layer(in);
+    const int64_t width = s.hidden * (s.bidirectional ? 2 : 1);
+    if (s.batch_first) {
+      CHECK(y.sizes() == Shape{s.batch, s.steps, width});
+      y = transpose(y, 0, 1);
+    }
+    check_tensor(y, {s.steps, s.batch, width}, DType::f64, want.out, 1e-12, 1e-12);
+    check_tensor(h_n, {states, s.batch, s.hidden}, DType::f64, want.h_n, 1e-12, 1e-12);
+    if (s.kind == Kind::LSTM)
+      check_tensor(c_n, {states, s.batch, s.hidden}, DType::f64, want.c_n, 1e-12, 1e-12);
+    ++checked;
+  }
+  CHECK(checked == 20);
+}
+
+TEST_CASE("GRU and LSTM: one step on plain numbers, worked by hand") {
+  // input_size 1, hidden_size 1: every weight and bias set by hand.
+  GRU gru(1, 1);
+  gru.to(DType::f64);
+  // Rows r, z, n.
+  gru.load_state_dict({{"weight_ih_l0", tensor({0.5, -1.0, 2.0}, {3, 1}, f64)},
+                       {"weight_hh_l0", tensor({1.0, 0.25, -0.5}, {3, 1}, f64)},
+                       {"bias_ih_l0", tensor({0.1, 0.2, 0.3}, f64)},
+                       {"bias_hh_l0", tensor({-0.1, 0.4, 0.6}, f64)}});
+  const double x = 0.8, h = -0.3;
+  const double r = sigmoid_d(0.5 * x + 0.1 + 1.0 * h - 0.1);
+  const double z = sigmoid_d(-1.0 * x + 0.2 + 0.25 * h + 0.4);
+  const double n = std::tanh(2.0 * x + 0.3 + r * (-0.5 * h + 0.6));
+  const double want = (1 - z) * n + z * h;
+  auto [y, h_n] = gru(tensor({x}, {1, 1, 1}, f64), tensor({h}, {1, 1, 1}, f64));
+  check_tensor(y, {1, 1, 1}, DType::f64, {want}, 1e-15, 1e-15);
+  check_tensor(h_n, {1, 1, 1}, DType::f64, {want}, 1e-15, 1e-15);
+  // n uses r * (W_hn h + b_hn), not W_hn (r * h) + b_hn: they differ here.
+  const double other = std::tanh(2.0 * x + 0.3 + (-0.5 * (r * h) + 0.6));
+  CHECK(std::abs(((1 - z) * other + z * h) - want) > 1e-3);
+
+  LSTM lstm(1, 1);
+  lstm.to(DType::f64);
+  // Rows i, f, g, o.
+  lstm.load_state_dict({{"weight_ih_l0", tensor({0.5, -1.0, 2.0, 0.7}, {4, 1}, f64)},
+                        {"weight_hh_l0", tensor({1.0, 0.25, -0.5, -0.8}, {4, 1}, f64)},
+                        {"bias_ih_l0", tensor({0.1, 0.2, 0.3, -0.2}, f64)},
+                        {"bias_hh_l0", tensor({-0.1, 0.4, 0.6, 0.05}, f64)}});
+  const double c = 0.9;
+  const double i = sigmoid_d(0.5 * x + 0.1 + 1.0 * h - 0.1);
+  const double f = sigmoid_d(-1.0 * x + 0.2 + 0.25 * h + 0.4);
+  const double g = std::tanh(2.0 * x + 0.3 - 0.5 * h + 0.6);
+  const double o = sigmoid_d(0.7 * x - 0.2 - 0.8 * h + 0.05);
+  const double c1 = f * c + i * g, h1 = o * std::tanh(c1);
+  auto [ly, st] = lstm(tensor({x}, {1, 1, 1}, f64),
+                       LSTM::State{tensor({h}, {1, 1, 1}, f64), tensor({c}, {1, 1, 1}, f64)});
+  check_tensor(ly, {1, 1, 1}, DType::f64, {h1}, 1e-15, 1e-15);
+  check_tensor(std::get<0>(st), {1, 1, 1}, DType::f64, {h1}, 1e-15, 1e-15);
+  check_tensor(std::get<1>(st), {1, 1, 1}, DType::f64, {c1}, 1e-15, 1e-15);
+}
+
+TEST_CASE("RNN, GRU, LSTM: gradcheck with respect to the input and the start state") {
+  for (Kind k : {Kind::Tanh, Kind::GRU, Kind::LSTM}) {
+    for (bool bidirectional : {false, true}) {
+      Setup s{k, 2, bidirectional, true, true, true, 3, 2, 2, 3};
+      INFO(label(s));
+      manual_seed(5);
+      Layer layer = make_layer(s);
+      const int64_t states = s.layers * (bidirectional ? 2 : 1);
+      std::vector<Tensor> in = {randn({s.batch, s.steps, s.input}, f64).requires_grad_(),
+                                randn({states, s.batch, s.hidden}, f64).requires_grad_(),
+                                randn({states, s.batch, s.hidden}, f64).requires_grad_()};
+      auto fn = [&](const std::vector<Tensor>& v) {
+        auto [y, h_n, c_n] = layer(v[0], v[1], v[2]);
+        std::vector<Tensor> parts{reshape(y, {-1}), reshape(h_n, {-1})};
+        if (c_n.defined()) parts.push_back(reshape(c_n, {-1}));
+        return cat(parts, 0);
+      };
+      if (k != Kind::LSTM) in.pop_back();
+      GradcheckResult r = gradcheck(fn, in);
+      CHECK_MESSAGE(r.ok, r.message);
+    }
+  }
+}
+
+// The loss of a compiled or eager training step, and the parameters' gradients.
+TEST_CASE(
+    "RNN, GRU, LSTM compiled: equal to eager with gradients; the graph holds a scan, "
+    "not the steps unrolled") {
+  for (Kind k : {Kind::ReLU, Kind::GRU, Kind::LSTM}) {
+    INFO(kind_str(k));
+    Setup s{k, 2, true, true, false, false};
+    manual_seed(8);
+    Layer layer = make_layer(s);
+    const std::vector<Tensor> params = layer.module->parameters();
+    auto loss_of = [&](const Tensor& x) {
+      auto [y, h_n, c_n] = layer(x);
+      Tensor l = sum(y * y) + sum(h_n);
+      return c_n.defined() ? l + sum(c_n * c_n) : l;
+    };
+    auto grads_of = [&](const Tensor& x) {
+      Tensor l = loss_of(x);
+      std::vector<Tensor> g = grad({l}, params);
+      g.insert(g.begin(), l);
+      return g;
+    };
+    std::map<int64_t, int64_t> nodes;
+    for (int64_t steps : {3, 9}) {
+      auto step = compile([&](Tensor x) { return grads_of(x); });
+      Tensor x = randn({steps, 2, s.input}, f64);
+      const std::vector<Tensor> e = grads_of(x);
+      const std::vector<Tensor> c = step(x);
+      REQUIRE(c.size() == e.size());
+      for (size_t i = 0; i < e.size(); ++i) CHECK(close(c[i], e[i], 1e-10));
+      nodes[steps] = step.stats().nodes_after;
+      const std::string g = step.graph().str();
+      CHECK(g.find("scan(") != std::string::npos);
+    }
+    // The sequence length is only a size: 3 steps and 9 steps make graphs of one size.
+    CHECK(nodes[3] == nodes[9]);
+  }
+}
+
+TEST_CASE(
+    "RNN, GRU, LSTM compiled: one trace serves two batch sizes, the zero start state "
+    "built from the symbolic batch dim") {
+  for (Kind k : {Kind::Tanh, Kind::GRU, Kind::LSTM}) {
+    for (bool batch_first : {false, true}) {
+      Setup s{k, 2, false, true, batch_first};
+      INFO(label(s));
+      manual_seed(9);
+      Layer layer = make_layer(s);
+      CompileOptions o;
+      o.dynamic = {{0, batch_first ? 0 : 1}};
+      auto f = compile(
+          [&](Tensor x) {
+            auto [y, h_n, c_n] = layer(x);
+            return c_n.defined() ? std::vector<Tensor>{y, h_n, c_n} : std::vector<Tensor>{y, h_n};
+          },
+          o);
+      for (int64_t n : {2, 5, 3}) {
+        Tensor x = batch_first ? randn({n, 4, s.input}, f64) : randn({4, n, s.input}, f64);
+        auto [y, h_n, c_n] = layer(x);
+        std::vector<Tensor> c = f(x);
+        CHECK(close(c[0], y, 1e-12));
+        CHECK(close(c[1], h_n, 1e-12));
+        if (c_n.defined()) CHECK(close(c[2], c_n, 1e-12));
+        CHECK(c[1].sizes() == Shape{2, n, s.hidden});
+      }
+      CHECK(f.stats().traces == 1);
+    }
+  }
+}
+
+TEST_CASE("RNN, GRU, LSTM compiled: batch and sequence length both symbolic, one trace") {
+  for (Kind k : {Kind::Tanh, Kind::GRU, Kind::LSTM}) {
+    Setup s{k, 1, true};
+    INFO(label(s));
+    manual_seed(10);
+    Layer layer = make_layer(s);
+    CompileOptions o;
+    o.dynamic = {{0, 0}, {0, 1}};
+    auto f = compile(
+        [&](Tensor x) {
+          auto [y, h_n, c_n] = layer(x);
+          return std::vector<Tensor>{y, h_n};
+        },
+        o);
+    for (auto [t, n] : {std::pair<int64_t, int64_t>{3, 2}, {7, 4}, {2, 3}}) {
+      Tensor x = randn({t, n, s.input}, f64);
+      auto [y, h_n, c_n] = layer(x);
+      std::vector<Tensor> c = f(x);
+      CHECK(close(c[0], y, 1e-12));
+      CHECK(close(c[1], h_n, 1e-12));
+    }
+    CHECK(f.stats().traces == 1);
+  }
+}
+
+TEST_CASE("RNN, GRU, LSTM: an empty sequence gives an empty output and the start state") {
+  GRU gru(3, 4);
+  Tensor h0 = randn({1, 2, 4});
+  auto [y, h_n] = gru(zeros({0, 2, 3}), h0);
+  CHECK(y.sizes() == Shape{0, 2, 4});
+  CHECK(bitwise_equal(h_n, h0));
+}
+
+TEST_CASE("RNN, GRU, LSTM: the state out of one half of a sequence continues into the other") {
+  for (Kind k : {Kind::Tanh, Kind::GRU, Kind::LSTM}) {
+    INFO(kind_str(k));
+    Setup s{k, 2};
+    manual_seed(11);
+    Layer layer = make_layer(s);
+    Tensor x = randn({6, 2, s.input}, f64);
+    auto [y, h_n, c_n] = layer(x);
+    auto [y1, h1, c1] = layer(slice(x, 0, 0, 2));
+    auto [y2, h2, c2] = layer(slice(x, 0, 2, 6), h1, c1);
+    CHECK(close(cat({y1, y2}, 0), y, 1e-12));
+    CHECK(close(h2, h_n, 1e-12));
+    if (k == Kind::LSTM) CHECK(close(c2, c_n, 1e-12));
+  }
+}
+
+TEST_CASE("RNN, GRU, LSTM: unbatched input is a batch of one without the batch dim") {
+  for (Kind k : {Kind::ReLU, Kind::GRU, Kind::LSTM}) {
+    INFO(kind_str(k));
+    Setup s{k, 2, true};
+    manual_seed(12);
+    Layer layer = make_layer(s);
+    Tensor x = randn({5, s.input}, f64);
+    Tensor h0 = randn({4, s.hidden}, f64), c0 = randn({4, s.hidden}, f64);
+    auto [y, h_n, c_n] = layer(x, h0, c0);
+    auto [yb, hb, cb] = layer(unsqueeze(x, 1), unsqueeze(h0, 1), unsqueeze(c0, 1));
+    CHECK(y.sizes() == Shape{5, 2 * s.hidden});
+    CHECK(h_n.sizes() == Shape{4, s.hidden});
+    CHECK(close(y, squeeze(yb, 1), 1e-12));
+    CHECK(close(h_n, squeeze(hb, 1), 1e-12));
+    if (k == Kind::LSTM) CHECK(close(c_n, squeeze(cb, 1), 1e-12));
+  }
+}
+
+TEST_CASE("RNN, GRU, LSTM: PyTorch's parameter names, shapes and initialization") {
+  LSTM lstm(LSTMOptions(3, 5).num_layers(2).bidirectional(true));
+  std::vector<std::string> names;
+  for (const auto& [name, t] : lstm.named_parameters()) names.push_back(name);
+  const std::vector<std::string> want = {
+      "weight_ih_l0",         "weight_hh_l0",         "bias_ih_l0",         "bias_hh_l0",
+      "weight_ih_l0_reverse", "weight_hh_l0_reverse", "bias_ih_l0_reverse", "bias_hh_l0_reverse",
+      "weight_ih_l1",         "weight_hh_l1",         "bias_ih_l1",         "bias_hh_l1",
+      "weight_ih_l1_reverse", "weight_hh_l1_reverse", "bias_ih_l1_reverse", "bias_hh_l1_reverse"};
+  CHECK(names == want);
+  const StateDict sd = lstm.state_dict();
+  CHECK(sd.at("weight_ih_l0").sizes() == Shape{20, 3});
+  CHECK(sd.at("weight_hh_l0").sizes() == Shape{20, 5});
+  CHECK(sd.at("bias_ih_l0").sizes() == Shape{20});
+  CHECK(sd.at("weight_ih_l1").sizes() == Shape{20, 10});
+  CHECK(sd.at("weight_ih_l1_reverse").sizes() == Shape{20, 10});
+  GRU gru(GRUOptions(4, 6).bias(false));
+  CHECK(gru.state_dict().size() == 2);
+  CHECK(gru.state_dict().at("weight_hh_l0").sizes() == Shape{18, 6});
+  CHECK(RNN(4, 6).state_dict().at("weight_ih_l0").sizes() == Shape{6, 4});
+  // U(-1/sqrt(hidden), 1/sqrt(hidden)) on every parameter, and nearly reaching both ends.
+  manual_seed(3);
+  GRU big(GRUOptions(16, 25).num_layers(2));
+  const double bound = 1 / std::sqrt(25.0);
+  double lo = 1, hi = -1;
+  for (const Tensor& p : big.parameters())
+    for (double v : values(p)) {
+      lo = std::min(lo, v);
+      hi = std::max(hi, v);
+    }
+  CHECK(lo >= -bound);
+  CHECK(hi <= bound);
+  CHECK(lo < -0.95 * bound);
+  CHECK(hi > 0.95 * bound);
+  // reset_parameters draws again; the same seed draws the same values.
+  manual_seed(3);
+  GRU again(GRUOptions(16, 25).num_layers(2));
+  CHECK(bitwise_equal(again.parameters()[5], big.parameters()[5]));
+  again.reset_parameters();
+  CHECK_FALSE(bitwise_equal(again.parameters()[5], big.parameters()[5]));
+  CHECK(big.name() == "GRU(16, 25, num_layers=2)");
+  CHECK(RNN(RNNOptions(2, 3).nonlinearity("relu").batch_first(true)).name() ==
+        "RNN(2, 3, nonlinearity='relu', batch_first=true)");
+}
+
+TEST_CASE("RNN, GRU, LSTM: a state dict loads by name into a fresh layer, same outputs") {
+  manual_seed(13);
+  LSTM a(LSTMOptions(3, 4).num_layers(2));
+  LSTM b(LSTMOptions(3, 4).num_layers(2));
+  Tensor x = randn({5, 2, 3});
+  auto [ya, sa] = a(x);
+  auto [yb0, sb0] = b(x);
+  CHECK_FALSE(close(yb0, ya, 1e-3));
+  b.load_state_dict(a.state_dict());
+  auto [yb, sb] = b(x);
+  CHECK(bitwise_equal(yb, ya));
+  CHECK(bitwise_equal(std::get<1>(sb), std::get<1>(sa)));
+}
+
+TEST_CASE("RNN, GRU, LSTM: dropout between layers in training mode only") {
+  manual_seed(14);
+  GRU with(GRUOptions(3, 4).num_layers(2).dropout(0.5));
+  GRU without(GRUOptions(3, 4).num_layers(2));
+  without.load_state_dict(with.state_dict());
+  Tensor x = randn({5, 2, 3});
+  auto [yt, ht] = with(x);
+  auto [yn, hn] = without(x);
+  CHECK_FALSE(close(yt, yn, 1e-3));
+  // The first layer's final state comes before the dropout.
+  CHECK(close(slice(ht, 0, 0, 1), slice(hn, 0, 0, 1), 1e-6));
+  with.eval();
+  auto [ye, he] = with(x);
+  CHECK(bitwise_equal(ye, yn));
+}
+
+TEST_CASE("RNN, GRU, LSTM: errors name the layer, the shapes and what was expected") {
+  GRU gru(GRUOptions(3, 4).num_layers(2));
+  std::string e = error_of<ShapeError>([&] { gru(randn({5, 2, 4})); });
+  CHECK(contains(e, "[GRU]"));
+  CHECK(contains(e, "(5, 2, 4)"));
+  e = error_of<ShapeError>([&] { gru(randn({5, 2, 3}), randn({1, 2, 4})); });
+  CHECK(contains(e, "[GRU] hx must be (2, 2, 4)"));
+  CHECK(contains(e, "(1, 2, 4)"));
+  e = error_of<DTypeError>([&] { gru(randn({5, 2, 3}, f64)); });
+  CHECK(contains(e, "[GRU]"));
+  LSTM lstm(3, 4);
+  e = error_of<ShapeError>([&] {
+    lstm(randn({5, 2, 3}), LSTM::State{zeros({1, 2, 4}), zeros({1, 3, 4})});
+  });
+  CHECK(contains(e, "[LSTM] c_0 must be (1, 2, 4)"));
+  e = error_of<ValueError>([] { RNN(RNNOptions(3, 4).nonlinearity("sigmoid")); });
+  CHECK(contains(e, "[RNN] nonlinearity must be \"tanh\" or \"relu\", got \"sigmoid\""));
+  e = error_of<ValueError>([] { LSTM(LSTMOptions(3, 4).num_layers(0)); });
+  CHECK(contains(e, "[LSTM]"));
+  e = error_of<ValueError>([] { GRU(GRUOptions(3, 4).dropout(1)); });
+  CHECK(contains(e, "[GRU] dropout must be in [0, 1)"));
+  e = error_of<ValueError>([] { GRU(0, 4); });
+  CHECK(contains(e, "input_size 0"));
+}
+
+// ---- Cells ----
+
+// The layer's one-layer parameters under the cell's names (weight_ih_l0 -> weight_ih).
+StateDict cell_dict(const Module& layer) {
+  StateDict out;
+  for (const auto& [name, t] : layer.named_parameters())
+    out[name.substr(0, name.size() - 3)] = t.detach().clone();
+  return out;
+}
+
+TEST_CASE("RNNCell, GRUCell, LSTMCell: a loop of cells is the one-layer RNN, GRU, LSTM") {
+  manual_seed(41);
+  Tensor x = randn({5, 2, 3}, f64), h0 = randn({1, 2, 4}, f64), c0 = randn({1, 2, 4}, f64);
+  auto steps = [&](auto&& step) {
+    std::vector<Tensor> ys;
+    for (int64_t t = 0; t < 5; ++t) ys.push_back(step(squeeze(slice(x, 0, t, t + 1), 0)));
+    return stack(ys, 0);
+  };
+  {
+    RNN layer(RNNOptions(3, 4).nonlinearity("relu"));
+    layer.to(DType::f64);
+    RNNCell cell(RNNCellOptions(3, 4).nonlinearity("relu"));
+    cell.to(DType::f64);
+    cell.load_state_dict(cell_dict(layer));
+    auto [y, h_n] = layer(x, h0);
+    Tensor h = squeeze(h0, 0);
+    CHECK(close(steps([&](const Tensor& xt) { return h = cell(xt, h); }), y, 1e-12));
+    CHECK(cell.name() == "RNNCell(3, 4, nonlinearity='relu')");
+  }
+  {
+    GRU layer(3, 4);
+    layer.to(DType::f64);
+    GRUCell cell(3, 4);
+    cell.to(DType::f64);
+    cell.load_state_dict(cell_dict(layer));
+    auto [y, h_n] = layer(x, h0);
+    Tensor h = squeeze(h0, 0);
+    CHECK(close(steps([&](const Tensor& xt) { return h = cell(xt, h); }), y, 1e-12));
+    // From a zero state: forward(x) alone, also through Module's operator().
+    auto [y0, h0n] = layer(slice(x, 0, 0, 1));
+    CHECK(close(cell(squeeze(slice(x, 0, 0, 1), 0)), squeeze(y0, 0), 1e-12));
+  }
+  {
+    LSTM layer(3, 4);
+    layer.to(DType::f64);
+    LSTMCell cell(3, 4);
+    cell.to(DType::f64);
+    cell.load_state_dict(cell_dict(layer));
+    auto [y, state] = layer(x, LSTM::State{h0, c0});
+    LSTMCell::State st{squeeze(h0, 0), squeeze(c0, 0)};
+    CHECK(close(steps([&](const Tensor& xt) { return std::get<0>(st = cell(xt, st)); }), y, 1e-12));
+    CHECK(close(std::get<1>(st), squeeze(std::get<1>(state), 0), 1e-12));
+  }
+}
+
+TEST_CASE("RNNCell, GRUCell, LSTMCell: names, unbatched input, errors") {
+  LSTMCell cell(LSTMCellOptions(3, 5).bias(false));
+  std::vector<std::string> names;
+  for (const auto& [name, t] : cell.named_parameters()) names.push_back(name);
+  CHECK(names == std::vector<std::string>{"weight_ih", "weight_hh"});
+  CHECK(cell.weight_ih.sizes() == Shape{20, 3});
+  CHECK(cell.name() == "LSTMCell(3, 5, bias=false)");
+  GRUCell gru(3, 5);
+  CHECK(gru.weight_hh.sizes() == Shape{15, 5});
+  const double bound = 1 / std::sqrt(5.0);
+  for (const Tensor& p : gru.parameters())
+    for (double v : values(p)) CHECK(std::abs(v) <= bound);
+  Tensor x = randn({3}), h = randn({5});
+  Tensor one = gru(x, h);
+  CHECK(one.sizes() == Shape{5});
+  CHECK(close(one, squeeze(gru(unsqueeze(x, 0), unsqueeze(h, 0)), 0), 1e-6));
+  // A cell of one input goes into a Sequential (a zero state at every call).
+  Sequential seq(RNNCell(3, 4), Linear(4, 2));
+  CHECK(seq(randn({6, 3})).sizes() == Shape{6, 2});
+  std::string e = error_of<ShapeError>([&] { gru(randn({2, 3}), randn({3, 5})); });
+  CHECK(contains(e, "[GRUCell] hx must be (2, 5)"));
+  e = error_of<ShapeError>([&] { gru(randn({2, 4})); });
+  CHECK(contains(e, "[GRUCell] input must be (N, 3) or unbatched (3)"));
+  e = error_of<ValueError>([] { RNNCell(RNNCellOptions(3, 4).nonlinearity("gelu")); });
+  CHECK(contains(e, "nonlinearity must be"));
+  e = error_of<ValueError>([] { LSTMCell(3, 0); });
+  CHECK(contains(e, "[LSTMCell]"));
+}
+
+// ---- Known values from ONNX Runtime ----
+
+// Made by tools/rnn_reference.py (onnxruntime 1.20.1, onnx 1.17.0, numpy 2.2.6): ONNX Runtime's
+// RNN, GRU (linear_before_reset=1), LSTM and Conv on the weights below given in PyTorch's layout,
+// which the script reorders into ONNX's gate order. Every input is fill() of its index.
+
+// RNN(3, 4) tanh, T 3, N 2: output, h_n: (3, 2, 4) + (1, 2, 4)
+const std::vector<double> kRNNKnown = {
+    0.93055439,   -0.419436455,  -0.804563284, -0.0951809287, 0.162255526,  0.120498538,
+    -0.412522614, -0.789521575,  0.911443353,  -0.384741366,  -0.98068881,  0.0547732115,
+    0.870648026,  -0.328151643,  -0.589158893, -0.935240805,  0.725435376,  -0.0244563222,
+    -0.985036016, -0.195323229,  0.964165449,  -0.743126094,  -0.860068917, -0.846297204,
+    0.725435376,  -0.0244563222, -0.985036016, -0.195323229,  0.964165449,  -0.743126094,
+    -0.860068917, -0.846297204};
+// GRU(3, 4) bidirectional, T 3, N 2: output, h_n: (3, 2, 8) + (2, 2, 4)
+const std::vector<double> kGRUKnown = {
+    0.154695064,   0.110237844,  0.166408107,    0.284725338,   -0.0963419527,  0.28187567,
+    -0.582887232,  -0.416043997, -0.0413372144,  0.0679525882,  0.501396,       -0.308119595,
+    0.846951067,   -0.577606797, -0.746095419,   0.325210929,   0.179907173,    0.23437947,
+    0.108116053,   0.450082064,  -0.0872348696,  -0.0415439829, -0.317498893,   -0.425838053,
+    -0.226112112,  0.0765007436, 0.713673234,    -0.478554517,  0.672987998,    -0.219209269,
+    -0.669203162,  0.337952256,  0.00953570753,  0.490601718,   -0.00454666466, 0.360167116,
+    -0.0252186507, -0.212266624, 0.0336483531,   -0.375694096,  -0.0480496362,  -0.00278746709,
+    0.753432512,   -0.424569756, 0.306819111,    0.163389757,   -0.525529683,   0.225560308,
+    0.00953570753, 0.490601718,  -0.00454666466, 0.360167116,   -0.0480496362,  -0.00278746709,
+    0.753432512,   -0.424569756, -0.0963419527,  0.28187567,    -0.582887232,   -0.416043997,
+    0.846951067,   -0.577606797, -0.746095419,   0.325210929};
+// LSTM(3, 4), T 4, N 2: output, h_n, c_n: (4, 2, 4) + (1, 2, 4) + (1, 2, 4)
+const std::vector<double> kLSTMKnown = {
+    0.0335448198, 0.0707685128,  0.0604446605,  0.0624172688,  -0.093500182,  0.140850976,
+    0.163666844,  -0.131999999,  0.0416815095,  0.196711645,   0.0784441307,  0.106111251,
+    -0.194773242, 0.232670888,   0.250079006,   -0.186398163,  -0.0288691018, 0.242183685,
+    0.0493377447, 0.0719633996,  -0.0698149204, 0.209258318,   0.275554359,   -0.176772475,
+    -0.191757187, 0.248165488,   0.0740642324,  -0.0378529727, 0.0313001238,  0.158794776,
+    0.278840095,  -0.0237890296, -0.191757187,  0.248165488,   0.0740642324,  -0.0378529727,
+    0.0313001238, 0.158794776,   0.278840095,   -0.0237890296, -0.501246691,  1.04307592,
+    0.0944532156, -0.060492631,  0.157729536,   0.250833035,   0.45710212,    -0.0451575331};
+// Conv1d(2, 3, 3, stride 2, padding 1), N 2, L 7: (2, 3, 4)
+const std::vector<double> kConv1dKnown = {
+    0.667992949, 0.087683171,  -0.106622666,  0.635828793, 0.644261122, 0.882873297,
+    0.142552525, 0.135621756,  -0.404295743,  0.2017629,   0.31618011,  -0.427019298,
+    0.673553586, 0.0711743832, -0.0949234068, 0.635434508, 0.656698465, 0.875214815,
+    0.130392343, 0.146374285,  -0.408514321,  0.217445239, 0.303168535, -0.42546469};
+
+// scale * sin(freq * i + phase) for i = 0 .. n-1, as tools/rnn_reference.py's value().
+std::vector<double> fill(int64_t n, double scale, double freq, double phase) {
+  std::vector<double> v;
+  for (int64_t i = 0; i < n; ++i) v.push_back(scale * std::sin(freq * double(i) + phase));
+  return v;
+}
+
+// The parameters of a one-layer recurrent layer, by PyTorch's names, filled as the script fills
+// them: parameter k (in PyTorch's order, the reverse direction's from 4) is fill(.., 0.5, 1.3,
+// 0.7 k).
+void load_filled(Module& m, int64_t gates, int64_t input, int64_t hidden, bool bidirectional) {
+  StateDict sd;
+  const int64_t rows = gates * hidden;
+  for (int64_t d = 0; d < (bidirectional ? 2 : 1); ++d) {
+    const std::string sfx = d ? "_l0_reverse" : "_l0";
+    const double k = 4.0 * double(d);
+    sd["weight_ih" + sfx] = tensor(fill(rows * input, 0.5, 1.3, 0.7 * k), {rows, input});
+    sd["weight_hh" + sfx] = tensor(fill(rows * hidden, 0.5, 1.3, 0.7 * (k + 1)), {rows, hidden});
+    sd["bias_ih" + sfx] = tensor(fill(rows, 0.5, 1.3, 0.7 * (k + 2)));
+    sd["bias_hh" + sfx] = tensor(fill(rows, 0.5, 1.3, 0.7 * (k + 3)));
+  }
+  m.load_state_dict(sd);
+}
+
+std::vector<double> joined(const std::vector<Tensor>& ts) {
+  std::vector<double> out;
+  for (const Tensor& t : ts) {
+    const std::vector<double> v = values(t);
+    out.insert(out.end(), v.begin(), v.end());
+  }
+  return out;
+}
+
+TEST_CASE("RNN, GRU, LSTM, Conv1d: known values from ONNX Runtime, weights in PyTorch's layout") {
+  const double tol = 2e-6;  // ONNX Runtime computed in float32
+  auto input = [](int64_t t, int64_t n, int64_t i) {
+    return tensor(fill(t * n * i, 1, 0.9, 0.3), {t, n, i});
+  };
+  {
+    RNN rnn(3, 4);
+    load_filled(rnn, 1, 3, 4, false);
+    auto [y, h_n] = rnn(input(3, 2, 3), tensor(fill(8, 0.3, 2.1, 0.5), {1, 2, 4}));
+    CHECK(differences(joined({y, h_n}), kRNNKnown, tol, tol) == "");
+  }
+  {
+    GRU gru(GRUOptions(3, 4).bidirectional(true));
+    load_filled(gru, 3, 3, 4, true);
+    auto [y, h_n] = gru(input(3, 2, 3), tensor(fill(16, 0.3, 2.1, 0.5), {2, 2, 4}));
+    CHECK(differences(joined({y, h_n}), kGRUKnown, tol, tol) == "");
+  }
+  {
+    LSTM lstm(3, 4);
+    load_filled(lstm, 4, 3, 4, false);
+    auto [y, state] = lstm(input(4, 2, 3), LSTM::State{tensor(fill(8, 0.3, 2.1, 0.5), {1, 2, 4}),
+                                                       tensor(fill(8, 0.2, 1.7, 1.1), {1, 2, 4})});
+    CHECK(differences(joined({y, std::get<0>(state), std::get<1>(state)}), kLSTMKnown, tol, tol) ==
+          "");
+  }
+  {
+    Conv1d conv(2, 3, 3, 2, 1);
+    conv.load_state_dict({{"weight", tensor(fill(18, 0.5, 1.3, 0), {3, 2, 3})},
+                          {"bias", tensor(fill(3, 0.5, 1.3, 0.7))}});
+    Tensor y = conv(tensor(fill(28, 1, 0.9, 0.3), {2, 2, 7}));
+    CHECK(y.sizes() == Shape{2, 3, 4});
+    CHECK(differences(values(y), kConv1dKnown, tol, tol) == "");
+  }
+}
+
+// ---- Batch norm ----
+
+// Per-channel mean and variances of x (N, C, *) values, in doubles.
+struct Stats {
+  std::vector<double> mean, biased, unbiased;
+};
+Stats channel_stats(const std::vector<double>& x, int64_t n, int64_t c, int64_t inner) {
+  Stats s;
+  const double count = static_cast<double>(n * inner);
+  for (int64_t ch = 0; ch < c; ++ch) {
+    double sum = 0;
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < inner; ++j) sum += x[(i * c + ch) * inner + j];
+    const double m = sum / count;
+    double sq = 0;
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < inner; ++j) {
+        const double d = x[(i * c + ch) * inner + j] - m;
+        sq += d * d;
+      }
+    s.mean.push_back(m);
+    s.biased.push_back(sq / count);
+    s.unbiased.push_back(sq / (count - 1));
+  }
+  return s;
+}
+
+TEST_CASE(
+    "BatchNorm: training normalizes by the batch and updates the running statistics as "
+    "PyTorch does") {
+  for (std::optional<double> momentum :
+       {std::optional<double>(0.1), std::optional<double>(0.3), std::optional<double>()}) {
+    INFO("momentum " << (momentum ? std::to_string(*momentum) : "None"));
+    BatchNorm1d bn(BatchNormOptions(3).momentum(momentum));
+    bn.to(DType::f64);
+    {
+      NoGradGuard ng;
+      bn.weight.copy_(tensor({1.5, -0.5, 2}, f64));
+      bn.bias.copy_(tensor({0.1, 0.2, -0.3}, f64));
+    }
+    std::vector<double> rm(3, 0.0), rv(3, 1.0);
+    for (int step = 1; step <= 3; ++step) {
+      Tensor x = randn({4, 3, 5}, f64) * step + step;
+      const std::vector<double> xv = values(x);
+      const Stats st = channel_stats(xv, 4, 3, 5);
+      Tensor y = bn(x);
+      std::vector<double> want(xv.size());
+      const std::vector<double> w{1.5, -0.5, 2}, b{0.1, 0.2, -0.3};
+      for (size_t i = 0; i < xv.size(); ++i) {
+        const size_t ch = (i / 5) % 3;
+        want[i] = (xv[i] - st.mean[ch]) / std::sqrt(st.biased[ch] + 1e-5) * w[ch] + b[ch];
+      }
+      check_tensor(y, {4, 3, 5}, DType::f64, want, 1e-12, 1e-12);
+      const double f = momentum ? *momentum : 1.0 / step;
+      for (size_t ch = 0; ch < 3; ++ch) {
+        rm[ch] = (1 - f) * rm[ch] + f * st.mean[ch];
+        rv[ch] = (1 - f) * rv[ch] + f * st.unbiased[ch];
+      }
+      check_tensor(bn.running_mean, {3}, DType::f64, rm, 1e-12, 1e-12);
+      check_tensor(bn.running_var, {3}, DType::f64, rv, 1e-12, 1e-12);
+      check_tensor(bn.num_batches_tracked, {}, DType::i64, {double(step)});
+    }
+    // Evaluation mode normalizes with the running statistics and leaves them as they are.
+    bn.eval();
+    Tensor x = randn({2, 3, 5}, f64);
+    const std::vector<double> xv = values(x);
+    std::vector<double> want(xv.size());
+    const std::vector<double> w{1.5, -0.5, 2}, b{0.1, 0.2, -0.3};
+    for (size_t i = 0; i < xv.size(); ++i) {
+      const size_t ch = (i / 5) % 3;
+      want[i] = (xv[i] - rm[ch]) / std::sqrt(rv[ch] + 1e-5) * w[ch] + b[ch];
+    }
+    check_tensor(bn(x), {2, 3, 5}, DType::f64, want, 1e-12, 1e-12);
+    check_tensor(bn.running_mean, {3}, DType::f64, rm, 1e-12, 1e-12);
+    check_tensor(bn.num_batches_tracked, {}, DType::i64, {3});
+  }
+}
+
+TEST_CASE("BatchNorm: buffers are state but not parameters; affine and track_running_stats") {
+  BatchNorm2d bn(4);
+  std::vector<std::string> params, buffers;
+  for (const auto& [name, t] : bn.named_parameters()) params.push_back(name);
+  for (const auto& [name, t] : bn.named_buffers()) buffers.push_back(name);
+  CHECK(params == std::vector<std::string>{"weight", "bias"});
+  CHECK(buffers == std::vector<std::string>{"running_mean", "running_var", "num_batches_tracked"});
+  const StateDict sd = bn.state_dict();
+  CHECK(sd.size() == 5);
+  CHECK(sd.at("num_batches_tracked").dtype() == DType::i64);
+  CHECK(sd.at("num_batches_tracked").dim() == 0);
+  check_tensor(bn.running_var, {4}, DType::f32, {1, 1, 1, 1});
+  CHECK_FALSE(bn.running_mean.requires_grad());
+  // A PyTorch state dict loads by name, buffers included.
+  StateDict loaded = {{"weight", full({4}, 2.0)},
+                      {"bias", full({4}, 1.0)},
+                      {"running_mean", full({4}, 0.5)},
+                      {"running_var", full({4}, 4.0)},
+                      {"num_batches_tracked", scalar(int64_t(7))}};
+  bn.load_state_dict(loaded);
+  bn.eval();
+  check_tensor(bn(full({1, 4, 1, 1}, 2.5)), {1, 4, 1, 1}, DType::f32,
+               std::vector<double>(4, (2.5 - 0.5) / std::sqrt(4 + 1e-5) * 2 + 1), 1e-6);
+  // to(f64) converts the floating buffers and keeps the count an integer.
+  bn.to(DType::f64);
+  CHECK(bn.running_mean.dtype() == DType::f64);
+  CHECK(bn.num_batches_tracked.dtype() == DType::i64);
+  bn.reset_parameters();
+  check_tensor(bn.num_batches_tracked, {}, DType::i64, {0});
+  check_tensor(bn.weight, {4}, DType::f64, {1, 1, 1, 1});
+
+  BatchNorm1d plain(3, 1e-5, 0.1, /*affine=*/false, /*track_running_stats=*/false);
+  CHECK(plain.state_dict().empty());
+  CHECK_FALSE(plain.running_mean.defined());
+  // Without running statistics, evaluation mode normalizes by the batch too.
+  plain.eval();
+  Tensor x = randn({6, 3});
+  Tensor y = plain(x);
+  check_tensor(mean(y, {0}), {3}, DType::f32, {0, 0, 0}, 0, 1e-5);
+  CHECK(plain.name() ==
+        "BatchNorm1d(3, eps=1e-05, momentum=0.1, affine=false, track_running_stats=false)");
+}
+
+TEST_CASE(
+    "BatchNorm compiled: a training step writes the buffers back, as eager does, step "
+    "after step; evaluation reads them") {
+  auto make = [] {
+    manual_seed(21);
+    return Sequential(Conv2d(2, 3, 3, 1, 1), BatchNorm2d(3), ReLU(), Flatten(), Linear(3 * 16, 2));
+  };
+  Sequential eager = make(), compiled = make();
+  auto train_step = [](Sequential& net, const Tensor& x, const Tensor& target) {
+    net.zero_grad();
+    Tensor loss = mse_loss(net(x), target);
+    loss.backward();
+    NoGradGuard ng;
+    for (Tensor p : net.parameters()) p.sub_(p.grad() * 0.1);
+    return loss.detach();
+  };
+  CompileOptions o;
+  o.dynamic = {{0, 0}, {1, 0}};
+  auto step = compile([&](Tensor x, Tensor t) { return train_step(compiled, x, t); }, o);
+  auto& bn_e = eager.at<BatchNorm2d>(1);
+  auto& bn_c = compiled.at<BatchNorm2d>(1);
+  for (int i = 0; i < 5; ++i) {
+    const int64_t n = i % 2 ? 6 : 4;  // two batch sizes, one trace
+    Tensor x = randn({n, 2, 4, 4}) * 2 + 1, t = randn({n, 2});
+    Tensor le = train_step(eager, x, t);
+    Tensor lc = step(x, t);
+    CHECK(close(lc, le, 1e-5));
+    CHECK(close(bn_c.running_mean, bn_e.running_mean, 1e-5));
+    CHECK(close(bn_c.running_var, bn_e.running_var, 1e-5));
+    CHECK(bitwise_equal(bn_c.num_batches_tracked, bn_e.num_batches_tracked));
+  }
+  check_tensor(bn_c.num_batches_tracked, {}, DType::i64, {5});
+  CHECK(step.stats().traces == 1);
+  // The statistics moved away from their start (zeros and ones).
+  CHECK(values(bn_c.running_mean) != std::vector<double>(3, 0.0));
+  for (size_t k = 0; k < eager.parameters().size(); ++k)
+    CHECK(close(compiled.parameters()[k], eager.parameters()[k], 1e-4));
+  // Evaluation mode, compiled apart from the training step: the running statistics, read at
+  // every call (a change of the buffers is seen by the next call).
+  eager.eval();
+  compiled.eval();
+  auto eval_fwd = compile([&](Tensor x) { return compiled(x); });
+  Tensor x = randn({3, 2, 4, 4});
+  CHECK(close(eval_fwd(x), eager(x), 1e-5));
+  {
+    NoGradGuard ng;
+    bn_c.running_mean.add_(1);
+    bn_e.running_mean.add_(1);
+  }
+  CHECK(close(eval_fwd(x), eager(x), 1e-5));
+  CHECK(eval_fwd.stats().traces == 1);
+  check_tensor(bn_c.num_batches_tracked, {}, DType::i64, {5});
+}
+
+TEST_CASE("BatchNorm: train() and eval() reach a batch norm inside containers") {
+  Sequential net(Linear(3, 4), BatchNorm1d(4));
+  ModuleList list(net, BatchNorm1d(2));
+  list.eval();
+  CHECK_FALSE(net.at<BatchNorm1d>(1).is_training());
+  CHECK_FALSE(list.at<BatchNorm1d>(1).is_training());
+  Tensor x = randn({5, 3});
+  net(x);
+  check_tensor(net.at<BatchNorm1d>(1).num_batches_tracked, {}, DType::i64, {0});
+  list.train();
+  net(x);
+  check_tensor(net.at<BatchNorm1d>(1).num_batches_tracked, {}, DType::i64, {1});
+}
+
+TEST_CASE("BatchNorm: errors name the layer and the input") {
+  BatchNorm2d bn(3);
+  std::string e = error_of<ShapeError>([&] { bn(randn({2, 4, 3, 3})); });
+  CHECK(contains(e, "[BatchNorm2d] input must be (N, C, H, W) with C = num_features = 3"));
+  CHECK(contains(e, "(2, 4, 3, 3)"));
+  e = error_of<ShapeError>([&] { BatchNorm1d(3)(randn({2, 3, 4, 5})); });
+  CHECK(contains(e, "[BatchNorm1d] input must be (N, C) or (N, C, L)"));
+  e = error_of<ValueError>([&] { BatchNorm1d(3)(randn({1, 3})); });
+  CHECK(contains(e, "[BatchNorm1d] expected more than 1 value per channel when training"));
+  e = error_of<ValueError>([] { BatchNorm1d(0); });
+  CHECK(contains(e, "[BatchNorm1d]"));
+  e = error_of<ValueError>([] { BatchNorm2d(3, 1e-5, 1.5); });
+  CHECK(contains(e, "momentum in [0, 1]"));
+  // One value per channel is fine in evaluation mode.
+  BatchNorm1d one(3);
+  one.eval();
+  CHECK(one(randn({1, 3})).sizes() == Shape{1, 3});
+}
+
+// ---- Conv1d, Identity ----
+
+TEST_CASE("Conv1d: a direct loop over positions, with stride, padding, bias, unbatched") {
+  struct Case {
+    int64_t k, stride, padding;
+    bool bias;
+  };
+  for (Case cs : {Case{3, 1, 0, true}, Case{3, 2, 1, false}, Case{1, 1, 0, true},
+                  Case{4, 3, 2, true}, Case{5, 1, 2, true}}) {
+    INFO("k " << cs.k << " stride " << cs.stride << " padding " << cs.padding);
+    manual_seed(31);
+    Conv1d conv(2, 3, cs.k, cs.stride, cs.padding, cs.bias);
+    conv.to(DType::f64);
+    const int64_t n = 2, c = 2, len = 7, o = 3;
+    Tensor x = randn({n, c, len}, f64);
+    const std::vector<double> xv = values(x), wv = values(conv.weight);
+    const std::vector<double> bv = cs.bias ? values(conv.bias) : std::vector<double>(o, 0.0);
+    const int64_t lo = (len + 2 * cs.padding - cs.k) / cs.stride + 1;
+    std::vector<double> want;
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t oc = 0; oc < o; ++oc)
+        for (int64_t p = 0; p < lo; ++p) {
+          double acc = bv[oc];
+          for (int64_t ic = 0; ic < c; ++ic)
+            for (int64_t j = 0; j < cs.k; ++j) {
+              const int64_t at = p * cs.stride + j - cs.padding;
+              if (at >= 0 && at < len)
+                acc += wv[(oc * c + ic) * cs.k + j] * xv[(i * c + ic) * len + at];
+            }
+          want.push_back(acc);
+        }
+    check_tensor(conv(x), {n, o, lo}, DType::f64, want, 1e-12, 1e-12);
+    // Unbatched (C, L): the first sample's result without the batch dim.
+    std::vector<double> first(want.begin(), want.begin() + o * lo);
+    check_tensor(conv(squeeze(slice(x, 0, 0, 1), 0)), {o, lo}, DType::f64, first, 1e-12, 1e-12);
+  }
+  // Compiled with a symbolic batch: one trace.
+  Conv1d c1(2, 3, 3, 2, 1);
+  CompileOptions o;
+  o.dynamic = {{0, 0}};
+  auto f = compile([&](Tensor x) { return c1(x); }, o);
+  for (int64_t n : {2, 5}) {
+    Tensor x = randn({n, 2, 9});
+    CHECK(close(f(x), c1(x), 1e-5));
+  }
+  CHECK(f.stats().traces == 1);
+  Conv1d conv(4, 6, 3);
+  CHECK(conv.weight.sizes() == Shape{6, 4, 3});
+  CHECK(conv.name() == "Conv1d(4, 6, kernel_size=3, stride=1, padding=0)");
+  const double bound = 1 / std::sqrt(12.0);
+  for (double v : values(conv.weight)) CHECK(std::abs(v) <= bound);
+  std::string e = error_of<ShapeError>([&] { conv(randn({2, 5, 8})); });
+  CHECK(contains(e, "[Conv1d] input must be (N, 4, L)"));
+  e = error_of<ShapeError>([&] { conv(randn({2, 4, 2})); });
+  CHECK(contains(e, "[Conv1d] kernel_size 3 is larger than the padded input length 2"));
+  e = error_of<ValueError>([] { Conv1d(1, 1, 0); });
+  CHECK(contains(e, "[Conv1d]"));
+}
+
+TEST_CASE("Identity returns its input") {
+  Identity id;
+  Tensor x = randn({2, 3});
+  CHECK(id(x).is_same(x));
+  auto f = compile([&](Tensor in) { return id(in) * 2; });
+  CHECK(close(f(x), x * 2));
+  CHECK(id.parameters().empty());
+}
+
+// ---- ModuleList, ModuleDict ----
+
+TEST_CASE("ModuleList: children named by index, access, iteration, extend") {
+  struct Net : Module {
+    ModuleList layers{register_module("layers", ModuleList(Linear(3, 4), ReLU()))};
+    Net() { layers.push_back(std::make_shared<Linear>(4, 2)); }
+    Tensor forward(const Tensor& x) override {
+      Tensor y = x;
+      for (const auto& m : layers) y = m->forward(y);
+      return y;
+    }
+  };
+  Net net;
+  CHECK(net.layers.size() == 3);
+  CHECK_FALSE(net.layers.is_empty());
+  std::vector<std::string> names;
+  for (const auto& [name, t] : net.named_parameters()) names.push_back(name);
+  CHECK(names == std::vector<std::string>{"layers.0.weight", "layers.0.bias", "layers.2.weight",
+                                          "layers.2.bias"});
+  CHECK(net.layers[1]->name() == "ReLU()");
+  CHECK(net.layers.at<Linear>(2).out_features == 2);
+  CHECK(net.layers.ptr(0)->is_same(*net.layers[0]));
+  Tensor x = randn({5, 3});
+  Linear& l0 = net.layers.at<Linear>(0);
+  Linear& l2 = net.layers.at<Linear>(2);
+  CHECK(close(net(x), l2(relu(l0(x))), 1e-6));
+  int count = 0;
+  for (auto it = net.layers.begin(); it != net.layers.end(); ++it)
+    count += (*it)->name().empty() ? 0 : 1;
+  CHECK(count == 3);
+  // extend shares the modules; extending a list by itself doubles it.
+  ModuleList more;
+  CHECK(more.is_empty());
+  more.extend(net.layers);
+  more.extend(more);
+  CHECK(more.size() == 6);
+  CHECK(more[4]->is_same(*net.layers[1]));
+  CHECK(more.parameters().size() == 4);  // each tensor once
+  std::string e = error_of<ValueError>([&] { net.layers[3]; });
+  CHECK(contains(e, "[ModuleList] index 3 is out of range for 3 modules"));
+  e = error_of<ValueError>([&] { net.layers.at<Linear>(1); });
+  CHECK(contains(e, "[ModuleList] module 1 is ReLU()"));
+  e = error_of([&] { net.layers(x); });
+  CHECK(contains(e, "ModuleList has no forward(Tensor)"));
+}
+
+TEST_CASE("ModuleDict: modules by key in insertion order") {
+  ModuleDict heads(
+      {{"cls", std::make_shared<Linear>(4, 3)}, {"box", std::make_shared<Linear>(4, 2)}});
+  heads.insert("act", Tanh());
+  CHECK(heads.size() == 3);
+  CHECK(heads.keys() == std::vector<std::string>{"cls", "box", "act"});
+  CHECK(heads.contains("box"));
+  CHECK_FALSE(heads.contains("mask"));
+  CHECK(heads.at<Linear>("box").out_features == 2);
+  CHECK(heads["act"]->name() == "Tanh()");
+  CHECK(heads.values().size() == 3);
+  CHECK(heads.items()[1].first == "box");
+  std::vector<std::string> names;
+  for (const auto& [name, t] : heads.named_parameters()) names.push_back(name);
+  CHECK(names == std::vector<std::string>{"cls.weight", "cls.bias", "box.weight", "box.bias"});
+  std::string e = error_of<ValueError>([&] { heads["mask"]; });
+  CHECK(contains(e, "[ModuleDict] no module under key 'mask' (keys: 'cls', 'box', 'act')"));
+  e = error_of<ValueError>([&] { heads.insert("cls", ReLU()); });
+  CHECK(contains(e, "'cls' is already registered"));
+  e = error_of<ValueError>([&] { heads.insert("a.b", ReLU()); });
+  CHECK(contains(e, "contains '.'"));
+  e = error_of<ValueError>([&] { heads.at<Linear>("act"); });
+  CHECK(contains(e, "[ModuleDict] module 'act' is Tanh()"));
+  CHECK(ModuleDict().is_empty());
+}
+
+}  // namespace
+}  // namespace duet::test
