@@ -29,8 +29,8 @@ CPU (--device cpu): the peers come from PyPI at the pinned versions (PINS), in a
 script makes at the repository root (.venv-peers, git-ignored; the PyPI torch wheel carries the
 CUDA libraries, about 5 GB, and runs on the CPU). Each peer runs in its own process at 1 and at 2
 threads (torch.set_num_threads and the process's CPU affinity; JAX sizes its thread pool from
-the affinity) and keeps its better figure per row; the table says which thread count won. duet
-runs at --duet-threads (2).
+the affinity) and keeps its better figure per row; so does duet_bench, run with --threads 1 and
+2 (--duet-threads). The table says which thread count won.
 CUDA (--device cuda): the torch and JAX installed for python3 on the machine, no venv; their
 versions are recorded. duet's rows are its CUDA twins (W2cuda, W3cuda, W4cuda, W6cuda).
 
@@ -49,7 +49,7 @@ import time
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 VENV = os.path.join(ROOT, ".venv-peers")
-# The peers on the CPU: exact versions from PyPI (they install on Debian 13's Python 3.11+).
+# The peers on the CPU: exact versions from PyPI (wheels for Python 3.11 on x86-64 Linux).
 PINS = ["torch==2.11.0", "jax==0.10.2", "jaxlib==0.10.2", "numpy==2.4.6"]
 WORKLOADS = ["W1", "W2", "W3", "W4", "W5", "W6", "W8", "C1"]
 ROW_TAG = "PEERROW "  # a worker's result lines on stdout start with this
@@ -694,31 +694,40 @@ def peer_python(device):
 
 
 def run_duet(a, only):
-    """duet_bench --json: the wanted workloads, and CS (compile time to steady state) for W4 and
-    W6 on the CPU. Rows keyed by (workload, variant, metric, mode), CUDA twins under their CPU
-    workload's id."""
+    """duet_bench --json at each of --duet-threads: the wanted workloads, and CS (compile time
+    to steady state) for W4 and W6 on the CPU. Returns all rows, and the stderr of the runs."""
     ids = list(only)
     if a.device == "cpu" and ({"W4", "W6"} & set(only)):
         ids.append("CS")
-    cmd = [a.duet, "--only", ",".join(ids), "--json", "--reps", str(a.reps),
-           "--threads", str(a.duet_threads)]
+    rows, log = [], ""
+    thread_counts = a.duet_threads.split(",")
     if a.device == "cuda":
-        cmd += ["--device", "cuda"]
-    print("peers: " + " ".join(cmd), file=sys.stderr, flush=True)
-    env = dict(os.environ)
-    env.setdefault("DUET_CACHE_DIR", tempfile.mkdtemp(prefix="peers_duet_cache_"))
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    for line in p.stderr.splitlines():
-        if "warning" in line.lower() or p.returncode:
-            print("duet_bench: " + line, file=sys.stderr)
-    if p.returncode:
-        raise SystemExit(f"peers: duet_bench exited with {p.returncode}")
-    return json.loads(p.stdout), p.stderr
+        thread_counts = thread_counts[-1:]  # the host's threads barely matter there
+    for threads in thread_counts:
+        cmd = [a.duet, "--only", ",".join(ids), "--json", "--reps", str(a.reps),
+               "--threads", threads]
+        if a.device == "cuda":
+            cmd += ["--device", "cuda"]
+        print("peers: " + " ".join(cmd), file=sys.stderr, flush=True)
+        t0 = time.perf_counter()
+        # An empty kernel cache of its own: CS and the CUDA first calls are cold starts.
+        env = dict(os.environ, DUET_CACHE_DIR=tempfile.mkdtemp(prefix="peers_duet_cache_"))
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        for line in p.stderr.splitlines():
+            if "warning" in line.lower() or p.returncode:
+                print("duet_bench: " + line, file=sys.stderr)
+        if p.returncode:
+            raise SystemExit(f"peers: duet_bench exited with {p.returncode}")
+        rows += json.loads(p.stdout)
+        log += p.stderr
+        print(f"peers: duet done in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    return rows, log
 
 
 def duet_rows(raw):
-    """duet_bench's rows in the peers' keys: W3's size as variant "n=...", CUDA twins (W4cuda)
-    under W4, CS s_to_steady (CPU) or first_call_s (CUDA) as the compile row of W4 and W6."""
+    """duet_bench's rows in the peers' keys, the better thread count's where it ran at several:
+    W3's size as variant "n=...", CUDA twins (W4cuda) under W4, CS s_to_steady (CPU) or
+    first_call_s (CUDA) as the compile row of W4 and W6."""
     rows = {}
     for r in raw:
         w, variant, metric, mode = r["workload"], r.get("variant", ""), r["metric"], r["mode"]
@@ -736,7 +745,9 @@ def duet_rows(raw):
             if metric != "s_to_steady":
                 continue
             w, variant, metric = variant, "compile", "s"
-        rows[(w, variant, metric, mode)] = r
+        key = (w, variant, metric, mode)
+        if key not in rows or better(r, rows[key]):
+            rows[key] = r
     return rows
 
 
@@ -770,17 +781,19 @@ def run_workers(a, python, only):
 HIGHER_IS_BETTER = {"gflops", "gbps"}
 
 
+def better(r, old):
+    """Whether row r's figure beats old's (higher for throughputs, lower for times)."""
+    if r["metric"] in HIGHER_IS_BETTER:
+        return r["median"] > old["median"]
+    return r["median"] < old["median"]
+
+
 def best_rows(rows):
     """Per (peer, mode, workload, variant, metric), the row of the better thread count."""
     best = {}
     for r in rows:
         key = (r["peer"], r["mode"], r["workload"], r["variant"], r["metric"])
-        old = best.get(key)
-        if old is None:
-            best[key] = r
-        elif r["metric"] in HIGHER_IS_BETTER and r["median"] > old["median"]:
-            best[key] = r
-        elif r["metric"] not in HIGHER_IS_BETTER and r["median"] < old["median"]:
+        if key not in best or better(r, best[key]):
             best[key] = r
     return best
 
@@ -815,6 +828,7 @@ def table(duet, peers, only, device):
     head = ["workload", "metric", "duet eager", "duet comp", "torch eager", "torch.compile",
             "jax jit", "e/torch", "c/torch.c", "c/jax"]
     lines = []
+    thr = lambda r: f"/{r['threads']}t" if device == "cpu" else ""
     for w, variant, metric in TABLE:
         if w not in only:
             continue
@@ -824,15 +838,11 @@ def table(duet, peers, only, device):
             r = next((peers[k] for m in modes
                       if (k := (peer, m, w, variant, metric)) in peers), None)
             found.append(r)
-            if r is None:
-                cells.append("-")
-            else:
-                thr = f"/{r['threads']}t" if device == "cpu" else ""
-                cells.append(f"{r['median']:.4g}{thr}")
+            cells.append("-" if r is None else f"{r['median']:.4g}{thr(r)}")
         if de is None and dc is None and not any(found):
             continue
         dcomp = dc or de
-        fmt = lambda r: "-" if r is None else f"{r['median']:.4g}"
+        fmt = lambda r: "-" if r is None else f"{r['median']:.4g}{thr(r)}"
         lines.append([f"{w} {variant}".strip(), metric, fmt(de), fmt(dc), *cells,
                       ratio(de, found[0], metric), ratio(dcomp, found[1], metric),
                       ratio(dcomp, found[2], metric)])
@@ -852,7 +862,7 @@ def main():
     p.add_argument("--reps", type=int, default=7, help="timed repetitions per figure")
     p.add_argument("--duet", default=os.path.join(ROOT, "build", "bench", "duet_bench"))
     p.add_argument("--duet-json", help="duet_bench --json output to read instead of running it")
-    p.add_argument("--duet-threads", type=int, default=2)
+    p.add_argument("--duet-threads", default="1,2", help="duet_bench --threads, one run each")
     p.add_argument("--threads", default="1,2", help="peer thread counts on the CPU")
     p.add_argument("--peers", default="torch,jax")
     p.add_argument("--json", dest="json_out", help="write every row and the versions here")
@@ -875,10 +885,12 @@ def main():
     peer_rows = run_workers(a, python, only)
     best = best_rows(peer_rows)
     versions = {r["peer"]: r["version"] for r in peer_rows}
-    print(f"\nduet vs peers, {a.device}, medians of {a.reps} reps, {started}; duet at "
-          f"{a.duet_threads} threads; " + "; ".join(f"{k} {v}" for k, v in versions.items()))
+    print(f"\nduet vs peers, {a.device}, medians of {a.reps} reps, {started}; "
+          + "; ".join(f"{k} {v}" for k, v in versions.items()))
     if a.device == "cpu":
-        print("peer figures: the better of threads " + a.threads + " (/Nt: the winner)")
+        duet_threads = ",".join(sorted({str(r["threads"]) for r in raw}))
+        print(f"figures: the better of duet at threads {duet_threads} and of each peer at "
+              f"threads {a.threads} (/Nt: the winner)")
     print("ratios: duet's time over the peer's (below 1: duet faster); e/ eager vs eager, c/ "
           "duet compiled (eager where it has none) vs the compiled peer\n")
     print(table(duet, best, only, a.device))
