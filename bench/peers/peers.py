@@ -12,8 +12,8 @@ Each peer does the work duet_bench does: the same shapes, float32, model structu
 optimizer and batch, the same number of ops or steps in one timed repetition, warm-up first,
 the median of --reps repetitions. What a peer cannot map exactly is labelled in the table:
   - W1 (per-op dispatch, 100,000 x `a + b` on 8 elements): torch eager from Python, without and
-    with the tape (requires_grad); JAX has no jit-less compiled path and no tape: its figure is
-    op-by-op dispatch (`a + b` on jax arrays, no jit, blocked once per repetition), no_grad only.
+    with the tape (requires_grad); JAX has no tape, and its nearest figure is op-by-op dispatch
+    (`a + b` on jax arrays without jit, blocked once per repetition), no_grad only.
   - W4 and W6 compile time, beside duet's CS s_to_steady (first call to steady state on an empty
     kernel cache): torch.compile's first call with an empty Inductor cache, and JAX's
     jit(step).lower(...).compile(). The other figures are steady state, after the compile.
