@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Everything a GPU machine should run, in one command (device time is short): build (or unpack
 # a bundle built elsewhere), run the CUDA tests (ctest -L cuda) and the CUDA benchmarks (W7:
-# W2cuda, W3cuda, W4cuda, W6cuda), and the PyTorch peers of W4 and W6 on the same GPU when the
-# machine's python3 has torch. Logs go to $OUT (or build-gpu/): gpu.txt, ctest.log, bench.json,
-# bench.log, peers.json, peers.log.
+# W2cuda, W3cuda, W4cuda, W6cuda), and the PyTorch and JAX peers of W4 and W6 on the same GPU
+# (bench/peers/peers.py) when the machine's python3 has torch. Logs go to $OUT (or
+# build-gpu/): gpu.txt, ctest.log, bench.json, bench.log, peers.json, peers.log.
 #
 # Without --bundle it configures and builds build-gpu (with the bundled packages of
 # tools/bundle_deps.sh when .deps/prefix exists, for machines without a package mirror). With
@@ -99,8 +99,15 @@ if [ "$bench" = 1 ]; then
   cat "$out/bench.log"
 fi
 if [ "$peers" = 1 ] && python3 -c 'import torch' 2>/dev/null; then
-  PYTHONUNBUFFERED=1 timeout "${GPU_RUN_PEERS_S:-300}" python3 bench/peers/torch_steps.py --device cuda --reps "$reps" --json \
-    > "$out/peers.json" 2> "$out/peers.log"
+  # W4 and W6 in PyTorch (eager, torch.compile reduce-overhead) and JAX (jit) where python3 has
+  # it, beside duet's rows of bench.json (or a duet_bench run of its own without them).
+  peer_list=torch
+  if python3 -c 'import jax' 2>/dev/null; then peer_list=torch,jax; fi
+  duet_rows=(--duet build-gpu/bench/duet_bench)
+  if [ -s "$out/bench.json" ]; then duet_rows=(--duet-json "$out/bench.json"); fi
+  PYTHONUNBUFFERED=1 timeout "${GPU_RUN_PEERS_S:-300}" python3 bench/peers/peers.py --device cuda \
+    --only W4,W6 --peers "$peer_list" --reps "$reps" "${duet_rows[@]}" --json "$out/peers.json" \
+    > "$out/peers.log" 2>&1
   cat "$out/peers.log"
 fi
 exit $rc

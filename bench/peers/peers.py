@@ -1,0 +1,908 @@
+#!/usr/bin/env python3
+"""duet_bench's workloads in PyTorch 2 and JAX, beside duet, from one run.
+
+Runs `duet_bench --json` and then the same workloads (docs/benchmarks.md) in
+  - PyTorch eager, and torch.compile over the whole step (mode "default" on the CPU,
+    "reduce-overhead" on CUDA, where it replays a CUDA graph);
+  - JAX, jax.jit over the whole step (parameters donated, so updates reuse their buffers);
+and prints one table: workload, metric, duet eager, duet compiled, torch eager, torch.compile,
+jax jit, and the ratios duet/peer. Not part of CI.
+
+Each peer does the work duet_bench does: the same shapes, float32, model structure, loss,
+optimizer and batch, the same number of ops or steps in one timed repetition, warm-up first,
+the median of --reps repetitions. What a peer cannot map exactly is labelled in the table:
+  - W1 (per-op dispatch, 100,000 x `a + b` on 8 elements): torch eager from Python, without and
+    with the tape (requires_grad); JAX has no tape, and its nearest figure is op-by-op dispatch
+    (`a + b` on jax arrays without jit, blocked once per repetition), no_grad only.
+  - W4 and W6 compile time, beside duet's CS s_to_steady (first call to steady state on an empty
+    kernel cache): torch.compile's first call with an empty Inductor cache, and JAX's
+    jit(step).lower(...).compile(). The other figures are steady state, after the compile.
+  - Each peer writes its models as its users do: torch with nn modules (nn.Linear keeps its
+    weight (out, in)), torch.optim.SGD / AdamW and zero_grad(set_to_none=True); JAX with plain
+    functions over a parameter tree (weights (in, out), x @ w + b) and the update written out.
+    The W4, W5 and W6 peers start from the same parameter values (drawn here, seeds as duet's).
+  - JAX calls are blocked on (block_until_ready) at the end of each call where the result is
+    needed at once (W2, W3, W5, C1) and at the end of each repetition for training steps, whose
+    parameters chain one step to the next.
+
+CPU (--device cpu): the peers come from PyPI at the pinned versions (PINS), in a venv this
+script makes at the repository root (.venv-peers, git-ignored; the PyPI torch wheel carries the
+CUDA libraries, about 5 GB, and runs on the CPU). Each peer runs in its own process at 1 and at 2
+threads (torch.set_num_threads and the process's CPU affinity; JAX sizes its thread pool from
+the affinity) and keeps its better figure per row; so does duet_bench, run with --threads 1 and
+2 (--duet-threads). The table says which thread count won.
+CUDA (--device cuda): the torch and JAX installed for python3 on the machine, no venv; their
+versions are recorded. duet's rows are its CUDA twins (W2cuda, W3cuda, W4cuda, W6cuda).
+
+Usage, from the repository root:
+  python3 bench/peers/peers.py [--device cpu|cuda] [--only W1,W4,...] [--reps N]
+                               [--duet build/bench/duet_bench] [--json OUT]
+"""
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+VENV = os.path.join(ROOT, ".venv-peers")
+# The peers on the CPU: exact versions from PyPI (wheels for Python 3.11 on x86-64 Linux).
+PINS = ["torch==2.11.0", "jax==0.10.2", "jaxlib==0.10.2", "numpy==2.4.6"]
+WORKLOADS = ["W1", "W2", "W3", "W4", "W5", "W6", "W8", "C1"]
+ROW_TAG = "PEERROW "  # a worker's result lines on stdout start with this
+
+# ---------------------------------------------------------------------------------------------
+# Shared by the peers: timing, and the data duet_bench draws
+# ---------------------------------------------------------------------------------------------
+
+
+def time_interleaved(bodies, reps, warmup=2):
+    """duet_bench's time_interleaved: warm-up calls, then reps rounds A B C A B C ..., each body
+    timed on its own. Returns seconds per repetition, per body. A body synchronizes itself.
+    A figure is then the median as duet_bench takes it: the middle of the sorted values (the
+    upper middle for an even count)."""
+    for _ in range(warmup):
+        for body in bodies:
+            body()
+    secs = [[] for _ in bodies]
+    for _ in range(reps):
+        for k, body in enumerate(bodies):
+            t0 = time.perf_counter()
+            body()
+            secs[k].append(time.perf_counter() - t0)
+    return secs
+
+
+def lcg_uniform(n, seed):
+    """duet_bench's random_f32: uniform in [-1, 1) from the LCG s = s * 1664525 + 1013904223
+    (mod 2^32), value (s >> 8) * 2 / 2^24 - 1; the same numbers, drawn in blocks with numpy."""
+    import numpy as np
+
+    a, c, m = 1664525, 1013904223, 1 << 32
+    block = min(n, 4096)
+    first, s = [], seed
+    for _ in range(block):
+        s = (s * a + c) % m
+        first.append(s)
+    jump_a, jump_c = 1, 0  # s -> jump_a * s + jump_c advances the generator by `block` draws
+    for _ in range(block):
+        jump_a, jump_c = (jump_a * a) % m, (jump_c * a + c) % m
+    blocks, cur = [], np.array(first, dtype=np.uint64)
+    for _ in range((n + block - 1) // block):
+        blocks.append(cur)
+        cur = (cur * np.uint64(jump_a) + np.uint64(jump_c)) % np.uint64(m)
+    s = np.concatenate(blocks)[:n]
+    return ((s >> np.uint64(8)).astype(np.float64) * (2.0 / 16777216.0) - 1.0).astype(np.float32)
+
+
+def mlp_data(sizes, batch, loss, seed):
+    """An MLP's parameters (weights (in, out), biases), scale 0.05 as duet's make_mlp, and one
+    batch: x normal, y class ids (cross-entropy) or a normal target (MSE)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    params = [((rng.standard_normal((i, o)) * 0.05).astype(np.float32),
+               (rng.standard_normal(o) * 0.05).astype(np.float32))
+              for i, o in zip(sizes[:-1], sizes[1:])]
+    x = rng.standard_normal((batch, sizes[0])).astype(np.float32)
+    if loss == "ce":
+        y = rng.integers(0, sizes[-1], batch).astype(np.int64)
+    else:
+        y = rng.standard_normal((batch, sizes[-1])).astype(np.float32)
+    return params, x, y
+
+
+# The MLP workloads: sizes, batch, activation, activation after the last layer, loss, seed,
+# steps per timed repetition on the CPU (models.cpp) and on CUDA (cuda.cpp).
+W4 = dict(sizes=[784, 1024, 1024, 10], batch=256, act="relu", act_last=False, loss="ce",
+          seed=42, steps=4, cuda_steps=20, metric="ms_per_step", unit=1e3)
+W6 = dict(sizes=[64] * 21, batch=8, act="tanh", act_last=True, loss="mse", seed=42, steps=200,
+          cuda_steps=200, metric="us_per_step", unit=1e6)
+W5_SIZES, W5_CALLS = [784, 1024, 1024, 10], 200
+W1_OPS = 100_000
+W2_N = 1 << 22
+C1_SHAPE = dict(n=32, ci=16, h=28, co=32, k=3)
+W8_CFG = dict(vocab=1024, width=256, heads=4, hidden=1024, blocks=2, batch=8, seq=128,
+              steps=2)
+
+
+def c1_flop():
+    s = C1_SHAPE
+    return 3 * 2.0 * s["n"] * s["co"] * s["ci"] * s["k"] ** 2 * s["h"] ** 2
+
+
+class Worker:
+    """One peer in one process: runs the workloads and prints a row per figure."""
+
+    name = ""
+
+    def __init__(self, device, reps, threads):
+        self.device, self.reps, self.threads = device, reps, threads
+
+    def steps(self, cfg):
+        """A training workload's steps per timed repetition on this device."""
+        return cfg["cuda_steps"] if self.device == "cuda" else cfg["steps"]
+
+    def emit(self, workload, mode, metric, secs, f, variant="", **extra):
+        vals = sorted(f(s) for s in secs)
+        row = dict(peer=self.name, version=self.version, mode=mode, workload=workload,
+                   variant=variant, metric=metric, median=vals[len(vals) // 2],
+                   min=vals[0], max=vals[-1], threads=self.threads, device=self.device,
+                   reps=len(vals), **extra)
+        print(ROW_TAG + json.dumps(row), flush=True)
+        label = f"{workload} {variant}".strip()
+        print(f"  {self.name} {self.threads or '-'}t {label} {mode}: {row['median']:.4g} "
+              f"{metric}", file=sys.stderr, flush=True)
+
+    def run(self, only):
+        for w in only:
+            try:
+                getattr(self, w.lower())()
+            except Exception as e:  # one failing workload must not lose the others' rows
+                print(f"peers: {self.name} {w} failed: {type(e).__name__}: {e}",
+                      file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# PyTorch
+# ---------------------------------------------------------------------------------------------
+
+
+class TorchWorker(Worker):
+    name = "torch"
+
+    def __init__(self, device, reps, threads):
+        super().__init__(device, reps, threads)
+        import torch
+
+        self.torch = torch
+        self.version = torch.__version__
+        if threads:
+            torch.set_num_threads(threads)
+        self.dev = torch.device(device)
+        self.compile_mode = "reduce-overhead" if device == "cuda" else "default"
+        self.sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+        self.compiler_started = False
+
+    def compile(self, fn):
+        torch = self.torch
+        if not self.compiler_started:
+            # Inductor's own imports and toolchain checks, once, so that the compile times
+            # measured are the workloads' (the cache directory is new: no kernel is cached).
+            torch.compile(lambda t: t + 1)(torch.ones(2, device=self.dev))
+            self.compiler_started = True
+        return torch.compile(fn, mode=self.compile_mode, dynamic=False)
+
+    def tensor(self, a):
+        return self.torch.from_numpy(a).to(self.dev)
+
+    def synced(self, fn):
+        def body():
+            fn()
+            self.sync()
+        return body
+
+    def w1(self):
+        a, b = self.tensor(lcg_uniform(8, 1)), self.tensor(lcg_uniform(8, 2))
+        ga, gb = a.clone().requires_grad_(), b.clone().requires_grad_()
+
+        def ops(p, q):
+            for _ in range(W1_OPS):
+                p + q
+        secs = time_interleaved([self.synced(lambda: ops(a, b)),
+                                 self.synced(lambda: ops(ga, gb))], self.reps)
+        per_op = lambda s: s / W1_OPS * 1e9
+        self.emit("W1", "eager", "ns_per_op", secs[0], per_op, "no_grad")
+        self.emit("W1", "eager", "ns_per_op", secs[1], per_op, "tape")
+
+    def w2(self):
+        torch = self.torch
+        x = self.tensor(lcg_uniform(W2_N, 3))
+
+        def chain(t):
+            return torch.tanh(t * 1.5 + 0.5) * torch.sigmoid(t) + torch.relu(t - 0.25)
+        compiled = self.compile(chain)
+        compiled(x)
+        secs = time_interleaved([self.synced(lambda: chain(x)),
+                                 self.synced(lambda: compiled(x))], self.reps)
+        for mode, s in zip(["eager", "compiled"], secs):
+            self.emit("W2", mode, "ms", s, lambda t: t * 1e3)
+            self.emit("W2", mode, "gbps", s, lambda t: 2 * 4 * W2_N / t / 1e9)
+
+    def w3(self):
+        for n in (1024, 256, 64):
+            a = self.tensor(lcg_uniform(n * n, 4).reshape(n, n))
+            b = self.tensor(lcg_uniform(n * n, 5).reshape(n, n))
+            flop = 2.0 * n ** 3
+            calls = max(1, int(4e9 / flop))
+            mm = self.compile(lambda p, q: p @ q)
+            mm(a, b)
+
+            def rep(f):
+                def body():
+                    for _ in range(calls):
+                        f(a, b)
+                    self.sync()
+                return body
+            secs = time_interleaved([rep(lambda p, q: p @ q), rep(mm)], self.reps)
+            for mode, s in zip(["eager", "compiled"], secs):
+                self.emit("W3", mode, "gflops", s, lambda t: flop * calls / t / 1e9, f"n={n}")
+
+    def mlp(self, cfg):
+        nn = self.torch.nn
+        params, x, y = mlp_data(cfg["sizes"], cfg["batch"], cfg["loss"], cfg["seed"])
+        act = nn.ReLU if cfg["act"] == "relu" else nn.Tanh
+        layers = []
+        for i, (w, b) in enumerate(params):
+            lin = nn.Linear(*w.shape)
+            with self.torch.no_grad():
+                lin.weight.copy_(self.torch.from_numpy(w.T))
+                lin.bias.copy_(self.torch.from_numpy(b))
+            layers.append(lin)
+            if i + 1 < len(params) or cfg["act_last"]:
+                layers.append(act())
+        return nn.Sequential(*layers).to(self.dev), self.tensor(x), self.tensor(y)
+
+    def training(self, w, cfg):
+        """W4 and W6: one SGD step (lr 0.01) as a PyTorch user writes it, eager and compiled,
+        each on its own copy of the model; the compiled step's first call is its compile."""
+        torch, nn = self.torch, self.torch.nn
+
+        def make_step():
+            model, x, y = self.mlp(cfg)
+            opt = torch.optim.SGD(model.parameters(), lr=0.01)
+            loss_fn = nn.CrossEntropyLoss() if cfg["loss"] == "ce" else nn.MSELoss()
+
+            def step():
+                opt.zero_grad(set_to_none=True)
+                loss = loss_fn(model(x), y)
+                loss.backward()
+                opt.step()
+                return loss
+            return step
+        eager = make_step()
+        compiled_step = self.compile(make_step())
+        calls = []
+        for _ in range(2):
+            self.sync()
+            t0 = time.perf_counter()
+            compiled_step()
+            self.sync()
+            calls.append(time.perf_counter() - t0)
+        for _ in range(5):  # cudagraph trees record on a later call than the first
+            compiled_step()
+
+        steps = self.steps(cfg)
+
+        def rep(step):
+            def body():
+                for _ in range(steps):
+                    step()
+                self.sync()
+            return body
+        secs = time_interleaved([rep(eager), rep(compiled_step)], self.reps)
+        per_step = lambda s: s / steps * cfg["unit"]
+        self.emit(w, "eager", cfg["metric"], secs[0], per_step)
+        self.emit(w, "compiled", cfg["metric"], secs[1], per_step)
+        self.emit(w, "compiled", "s", [calls[0]], lambda s: s, "compile",
+                  what="torch.compile first call, empty Inductor cache",
+                  second_call_s=calls[1])
+
+    def w4(self):
+        self.training("W4", W4)
+
+    def w6(self):
+        self.training("W6", W6)
+
+    def w5(self):
+        model, x, _ = self.mlp(dict(sizes=W5_SIZES, batch=1, loss="ce", seed=43, act="relu",
+                                    act_last=False))
+        compiled = self.compile(model)
+
+        def rep(f):
+            def body():
+                with self.torch.no_grad():
+                    for _ in range(W5_CALLS):
+                        f(x)
+                        self.sync()
+            return body
+        with self.torch.no_grad():
+            compiled(x)
+        secs = time_interleaved([rep(model), rep(compiled)], self.reps)
+        for mode, s in zip(["eager", "compiled"], secs):
+            self.emit("W5", mode, "us_per_call", s, lambda t: t / W5_CALLS * 1e6)
+
+    def w8(self):
+        torch, nn, c = self.torch, self.torch.nn, W8_CFG
+
+        class Block(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.ln1 = nn.LayerNorm(c["width"])
+                self.attn = nn.MultiheadAttention(c["width"], c["heads"], batch_first=True)
+                self.ln2 = nn.LayerNorm(c["width"])
+                self.fc1 = nn.Linear(c["width"], c["hidden"])
+                self.act = nn.GELU(approximate="tanh")
+                self.fc2 = nn.Linear(c["hidden"], c["width"])
+
+            def forward(self, x, mask):
+                h = self.ln1(x)
+                x = x + self.attn(h, h, h, attn_mask=mask, is_causal=True,
+                                  need_weights=False)[0]
+                return x + self.fc2(self.act(self.fc1(self.ln2(x))))
+
+        class TinyTransformer(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.tok = nn.Embedding(c["vocab"], c["width"])
+                self.blocks = nn.ModuleList(Block() for _ in range(c["blocks"]))
+                self.ln_f = nn.LayerNorm(c["width"])
+                self.head = nn.Linear(c["width"], c["vocab"])
+
+            def forward(self, tokens, mask):
+                x = self.tok(tokens)
+                for b in self.blocks:
+                    x = b(x, mask)
+                return self.head(self.ln_f(x))
+
+        tokens = self.tensor(w8_tokens())
+        x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+        mask = nn.Transformer.generate_square_subsequent_mask(c["seq"], device=self.dev)
+
+        def make_step():
+            torch.manual_seed(81)
+            model = TinyTransformer().to(self.dev)
+            opt = torch.optim.AdamW(model.parameters())
+
+            def step():
+                opt.zero_grad(set_to_none=True)
+                logits = model(x, mask)
+                loss = nn.functional.cross_entropy(logits.reshape(-1, c["vocab"]),
+                                                   y.reshape(-1))
+                loss.backward()
+                opt.step()
+                return loss
+            return step
+        eager, compiled = make_step(), self.compile(make_step())
+        for _ in range(6):
+            compiled()
+
+        def rep(step):
+            def body():
+                for _ in range(c["steps"]):
+                    step()
+                self.sync()
+            return body
+        secs = time_interleaved([rep(eager), rep(compiled)], self.reps)
+        for mode, s in zip(["eager", "compiled"], secs):
+            self.emit("W8", mode, "ms_per_step", s, lambda t: t / c["steps"] * 1e3)
+
+    def c1(self):
+        torch, s = self.torch, C1_SHAPE
+        x = self.tensor(lcg_uniform(s["n"] * s["ci"] * s["h"] ** 2, 6)
+                        .reshape(s["n"], s["ci"], s["h"], s["h"])).requires_grad_()
+        w = self.tensor(lcg_uniform(s["co"] * s["ci"] * s["k"] ** 2, 7)
+                        .reshape(s["co"], s["ci"], s["k"], s["k"])).requires_grad_()
+        g = self.tensor(lcg_uniform(s["n"] * s["co"] * s["h"] ** 2, 8)
+                        .reshape(s["n"], s["co"], s["h"], s["h"]))
+
+        def conv(p, q):
+            return torch.nn.functional.conv2d(p, q, padding=1)
+        compiled = self.compile(conv)
+
+        def rep(f):
+            def body():
+                f(x, w).backward(g)  # gradients of x and w accumulate, as in duet's C1
+                self.sync()
+            return body
+        secs = time_interleaved([rep(conv), rep(compiled)], self.reps)
+        for mode, t in zip(["eager", "compiled"], secs):
+            self.emit("C1", mode, "gflops", t, lambda v: c1_flop() / v / 1e9, "conv2d_fwd_bwd")
+
+
+def w8_tokens():
+    """W8's batch: token ids (batch, seq + 1); inputs are the first seq, targets the last."""
+    import numpy as np
+
+    c = W8_CFG
+    return np.random.default_rng(81).integers(0, c["vocab"], (c["batch"], c["seq"] + 1))
+
+
+# ---------------------------------------------------------------------------------------------
+# JAX
+# ---------------------------------------------------------------------------------------------
+
+
+class JaxWorker(Worker):
+    name = "jax"
+
+    def __init__(self, device, reps, threads):
+        super().__init__(device, reps, threads)
+        import warnings
+
+        import jax
+        import jax.numpy as jnp
+
+        # Where a backend cannot reuse a donated buffer it says so once per compile; harmless.
+        warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+        # float32 products in float32, as duet and torch make them (on a GPU JAX's default
+        # precision would use TF32).
+        jax.config.update("jax_default_matmul_precision", "highest")
+
+        self.jax, self.jnp = jax, jnp
+        self.version = f"{jax.__version__} (jaxlib {jax.lib.__version__})"
+        self.put = jax.device_put
+
+    def ready(self, tree):
+        return self.jax.block_until_ready(tree)
+
+    def w1(self):
+        a, b = self.put(lcg_uniform(8, 1)), self.put(lcg_uniform(8, 2))
+
+        def ops():
+            r = None
+            for _ in range(W1_OPS):
+                r = a + b
+            self.ready(r)
+        secs = time_interleaved([ops], self.reps)
+        self.emit("W1", "op_by_op", "ns_per_op", secs[0], lambda s: s / W1_OPS * 1e9,
+                  "no_grad", what="op-by-op dispatch without jit")
+
+    def w2(self):
+        jnp = self.jnp
+        x = self.put(lcg_uniform(W2_N, 3))
+        f = self.jax.jit(lambda t: jnp.tanh(t * 1.5 + 0.5) * self.jax.nn.sigmoid(t)
+                         + self.jax.nn.relu(t - 0.25))
+        secs = time_interleaved([lambda: self.ready(f(x))], self.reps)
+        self.emit("W2", "compiled", "ms", secs[0], lambda t: t * 1e3)
+        self.emit("W2", "compiled", "gbps", secs[0], lambda t: 2 * 4 * W2_N / t / 1e9)
+
+    def w3(self):
+        for n in (1024, 256, 64):
+            a = self.put(lcg_uniform(n * n, 4).reshape(n, n))
+            b = self.put(lcg_uniform(n * n, 5).reshape(n, n))
+            flop = 2.0 * n ** 3
+            calls = max(1, int(4e9 / flop))
+            mm = self.jax.jit(self.jnp.matmul)
+
+            def body():
+                for _ in range(calls):
+                    self.ready(mm(a, b))
+            secs = time_interleaved([body], self.reps)
+            self.emit("W3", "compiled", "gflops", secs[0], lambda t: flop * calls / t / 1e9,
+                      f"n={n}")
+
+    def mlp_forward(self, act, act_last):
+        jax = self.jax
+        f = jax.nn.relu if act == "relu" else self.jnp.tanh
+
+        def forward(params, h):
+            for i, (w, b) in enumerate(params):
+                h = h @ w + b
+                if i + 1 < len(params) or act_last:
+                    h = f(h)
+            return h
+        return forward
+
+    def training(self, w, cfg):
+        """W4 and W6: the SGD step (lr 0.01) under jit, parameters donated; and the time of
+        jit(step).lower(...).compile() (median of three, caches cleared before each)."""
+        jax, jnp = self.jax, self.jnp
+        forward = self.mlp_forward(cfg["act"], cfg["act_last"])
+
+        def loss_fn(params, x, y):
+            out = forward(params, x)
+            if cfg["loss"] == "ce":
+                logp = jax.nn.log_softmax(out)
+                return -jnp.mean(jnp.take_along_axis(logp, y[:, None], axis=1))
+            return jnp.mean((out - y) ** 2)
+
+        def step(params, x, y):
+            loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+            return jax.tree_util.tree_map(lambda p, g: p - 0.01 * g, params, grads), loss
+
+        params, x, y = mlp_data(cfg["sizes"], cfg["batch"], cfg["loss"], cfg["seed"])
+        params, x, y = self.put(params), self.put(x), self.put(y)
+        compile_s = []
+        for _ in range(3):
+            jax.clear_caches()
+            t0 = time.perf_counter()
+            jax.jit(step, donate_argnums=0).lower(params, x, y).compile()
+            compile_s.append(time.perf_counter() - t0)
+        jstep = jax.jit(step, donate_argnums=0)
+        state, steps = [params], self.steps(cfg)
+
+        def body():
+            p = state[0]
+            for _ in range(steps):
+                p, loss = jstep(p, x, y)
+            state[0] = self.ready(p)
+        secs = time_interleaved([body], self.reps)
+        self.emit(w, "compiled", cfg["metric"], secs[0], lambda s: s / steps * cfg["unit"])
+        self.emit(w, "compiled", "s", compile_s, lambda s: s, "compile",
+                  what="jit(step).lower(...).compile()")
+
+    def w4(self):
+        self.training("W4", W4)
+
+    def w6(self):
+        self.training("W6", W6)
+
+    def w5(self):
+        params, x, _ = mlp_data(W5_SIZES, 1, "ce", 43)
+        params, x = self.put(params), self.put(x)
+        f = self.jax.jit(self.mlp_forward("relu", False))
+
+        def body():
+            for _ in range(W5_CALLS):
+                self.ready(f(params, x))
+        secs = time_interleaved([body], self.reps)
+        self.emit("W5", "compiled", "us_per_call", secs[0], lambda t: t / W5_CALLS * 1e6)
+
+    def w8(self):
+        """The W8 transformer as plain JAX functions: pre-LayerNorm blocks, causal attention
+        (jax.nn.dot_product_attention), tanh-GELU, cross-entropy, and AdamW with PyTorch's
+        defaults (lr 1e-3, betas 0.9 and 0.999, eps 1e-8, weight decay 1e-2) written out."""
+        import numpy as np
+
+        jax, jnp, c = self.jax, self.jnp, W8_CFG
+        e, hid, heads = c["width"], c["hidden"], c["heads"]
+        rng = np.random.default_rng(81)
+
+        def dense(i, o):
+            return dict(w=(rng.standard_normal((i, o)) * 0.02).astype(np.float32),
+                        b=np.zeros(o, np.float32))
+
+        def norm():
+            return dict(g=np.ones(e, np.float32), b=np.zeros(e, np.float32))
+        params = dict(
+            tok=rng.standard_normal((c["vocab"], e)).astype(np.float32),
+            blocks=[dict(ln1=norm(), qkv=dense(e, 3 * e), out=dense(e, e), ln2=norm(),
+                         fc1=dense(e, hid), fc2=dense(hid, e)) for _ in range(c["blocks"])],
+            ln_f=norm(), head=dense(e, c["vocab"]))
+
+        def layer_norm(x, p):
+            mu = jnp.mean(x, -1, keepdims=True)
+            var = jnp.mean(jnp.square(x - mu), -1, keepdims=True)
+            return (x - mu) * jax.lax.rsqrt(var + 1e-5) * p["g"] + p["b"]
+
+        def lin(x, p):
+            return x @ p["w"] + p["b"]
+
+        def loss_fn(params, tokens, targets):
+            x = params["tok"][tokens]
+            n, t = tokens.shape
+            for blk in params["blocks"]:
+                q, k, v = jnp.split(lin(layer_norm(x, blk["ln1"]), blk["qkv"]), 3, axis=-1)
+                q, k, v = (a.reshape(n, t, heads, e // heads) for a in (q, k, v))
+                o = jax.nn.dot_product_attention(q, k, v, is_causal=True)
+                x = x + lin(o.reshape(n, t, e), blk["out"])
+                h = jax.nn.gelu(lin(layer_norm(x, blk["ln2"]), blk["fc1"]), approximate=True)
+                x = x + lin(h, blk["fc2"])
+            logits = lin(layer_norm(x, params["ln_f"]), params["head"])
+            logp = jax.nn.log_softmax(logits.reshape(-1, c["vocab"]))
+            return -jnp.mean(jnp.take_along_axis(logp, targets.reshape(-1, 1), axis=1))
+
+        lr, b1, b2, eps, wd = 1e-3, 0.9, 0.999, 1e-8, 1e-2
+
+        def step(params, m, v, count, tokens, targets):
+            loss, g = jax.value_and_grad(loss_fn)(params, tokens, targets)
+            count = count + 1
+            m = jax.tree_util.tree_map(lambda a, b: b1 * a + (1 - b1) * b, m, g)
+            v = jax.tree_util.tree_map(lambda a, b: b2 * a + (1 - b2) * b * b, v, g)
+            c1, c2 = 1 - b1 ** count, 1 - b2 ** count
+
+            def update(p, mi, vi):
+                p = p * (1 - lr * wd)
+                return p - lr * (mi / c1) / (jnp.sqrt(vi / c2) + eps)
+            return jax.tree_util.tree_map(update, params, m, v), m, v, count, loss
+
+        tokens = w8_tokens()
+        x, y = self.put(tokens[:, :-1].astype(np.int32)), self.put(tokens[:, 1:].astype(np.int32))
+        params = self.put(params)
+        zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
+        state = [params, zeros, jax.tree_util.tree_map(jnp.zeros_like, params),
+                 jnp.zeros((), jnp.float32)]
+        jstep = jax.jit(step, donate_argnums=(0, 1, 2))
+
+        def body():
+            s = state
+            for _ in range(c["steps"]):
+                *s, loss = jstep(*s, x, y)
+            state[:] = self.ready(s)
+        secs = time_interleaved([body], self.reps)
+        self.emit("W8", "compiled", "ms_per_step", secs[0], lambda t: t / c["steps"] * 1e3)
+
+    def c1(self):
+        jax, s = self.jax, C1_SHAPE
+        x = self.put(lcg_uniform(s["n"] * s["ci"] * s["h"] ** 2, 6)
+                     .reshape(s["n"], s["ci"], s["h"], s["h"]))
+        w = self.put(lcg_uniform(s["co"] * s["ci"] * s["k"] ** 2, 7)
+                     .reshape(s["co"], s["ci"], s["k"], s["k"]))
+        g = self.put(lcg_uniform(s["n"] * s["co"] * s["h"] ** 2, 8)
+                     .reshape(s["n"], s["co"], s["h"], s["h"]))
+
+        def conv(p, q):
+            return jax.lax.conv_general_dilated(p, q, (1, 1), ((1, 1), (1, 1)),
+                                                dimension_numbers=("NCHW", "OIHW", "NCHW"))
+
+        def fwd_bwd(p, q, dy):
+            y, vjp = jax.vjp(conv, p, q)
+            return (y, *vjp(dy))  # the forward's output too, so that XLA cannot drop it
+        f = jax.jit(fwd_bwd)
+        secs = time_interleaved([lambda: self.ready(f(x, w, g))], self.reps)
+        self.emit("C1", "compiled", "gflops", secs[0], lambda t: c1_flop() / t / 1e9,
+                  "conv2d_fwd_bwd")
+
+
+def worker_main(a):
+    """A peer in this process (--worker): the CPU affinity first, before the framework starts
+    its thread pools."""
+    if a.threads:
+        cpus = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, cpus[:a.threads])
+    cls = TorchWorker if a.worker == "torch" else JaxWorker
+    cls(a.device, a.reps, a.threads).run(a.only.split(","))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# The driver: environment, duet_bench, the workers, the table
+# ---------------------------------------------------------------------------------------------
+
+
+def peer_python(device):
+    """The Python that runs the peers: the pinned venv on the CPU (made here when missing or
+    out of date), python3's own on CUDA."""
+    if device == "cuda":
+        return sys.executable
+    python, stamp = os.path.join(VENV, "bin", "python"), os.path.join(VENV, "peers-pins.txt")
+    want = " ".join(PINS)
+    if os.path.exists(python) and os.path.exists(stamp) and open(stamp).read().strip() == want:
+        return python
+    print(f"peers: installing {want} into {VENV}", file=sys.stderr, flush=True)
+    if not os.path.exists(python):
+        subprocess.run([sys.executable, "-m", "venv", VENV], check=True)
+    subprocess.run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", *PINS],
+                   check=True)
+    with open(stamp, "w") as f:
+        f.write(want + "\n")
+    return python
+
+
+def run_duet(a, only):
+    """duet_bench --json at each of --duet-threads: the wanted workloads, and CS (compile time
+    to steady state) for W4 and W6 on the CPU. Returns all rows, and the stderr of the runs."""
+    ids = list(only)
+    if a.device == "cpu" and ({"W4", "W6"} & set(only)):
+        ids.append("CS")
+    rows, log = [], ""
+    thread_counts = a.duet_threads.split(",")
+    if a.device == "cuda":
+        thread_counts = thread_counts[-1:]  # the host's threads barely matter there
+    for threads in thread_counts:
+        cmd = [a.duet, "--only", ",".join(ids), "--json", "--reps", str(a.reps),
+               "--threads", threads]
+        if a.device == "cuda":
+            cmd += ["--device", "cuda"]
+        print("peers: " + " ".join(cmd), file=sys.stderr, flush=True)
+        t0 = time.perf_counter()
+        # An empty kernel cache of its own: CS and the CUDA first calls are cold starts.
+        env = dict(os.environ, DUET_CACHE_DIR=tempfile.mkdtemp(prefix="peers_duet_cache_"))
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        for line in p.stderr.splitlines():
+            if "warning" in line.lower() or p.returncode:
+                print("duet_bench: " + line, file=sys.stderr)
+        if p.returncode:
+            raise SystemExit(f"peers: duet_bench exited with {p.returncode}")
+        rows += json.loads(p.stdout)
+        log += p.stderr
+        print(f"peers: duet done in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    return rows, log
+
+
+def duet_rows(raw):
+    """duet_bench's rows in the peers' keys, the better thread count's where it ran at several:
+    W3's size as variant "n=...", CUDA twins (W4cuda) under W4, CS s_to_steady (CPU) or
+    first_call_s (CUDA) as the compile row of W4 and W6."""
+    rows = {}
+    for r in raw:
+        w, variant, metric, mode = r["workload"], r.get("variant", ""), r["metric"], r["mode"]
+        if mode not in ("eager", "compiled"):
+            continue
+        if r.get("n"):
+            if variant.endswith("tf32"):  # W3cuda with TF32 on: the peers multiply in f32
+                continue
+            variant = f"n={r['n']}"
+        if w.endswith("cuda"):
+            w = w[:-4]
+            if metric == "first_call_s":
+                variant, metric = "compile", "s"
+        if w == "CS":
+            if metric != "s_to_steady":
+                continue
+            w, variant, metric = variant, "compile", "s"
+        key = (w, variant, metric, mode)
+        if key not in rows or better(r, rows[key]):
+            rows[key] = r
+    return rows
+
+
+def run_workers(a, python, only):
+    """Each peer in its own process, at each thread count; all their rows."""
+    rows = []
+    thread_counts = [int(t) for t in a.threads.split(",")] if a.device == "cpu" else [0]
+    for peer in a.peers.split(","):
+        for threads in thread_counts:
+            env = dict(os.environ, PYTHONUNBUFFERED="1",
+                       TORCHINDUCTOR_CACHE_DIR=tempfile.mkdtemp(prefix="peers_inductor_"),
+                       TRITON_CACHE_DIR=tempfile.mkdtemp(prefix="peers_triton_"),
+                       XLA_PYTHON_CLIENT_PREALLOCATE="false")
+            if a.device == "cpu":
+                env.update(JAX_PLATFORMS="cpu", OMP_NUM_THREADS=str(threads),
+                           CUDA_VISIBLE_DEVICES="")
+            cmd = [python, os.path.abspath(__file__), "--worker", peer, "--device", a.device,
+                   "--only", ",".join(only), "--reps", str(a.reps),
+                   "--threads", str(threads)]
+            print(f"peers: {peer}, {threads or 'default'} threads", file=sys.stderr, flush=True)
+            t0 = time.perf_counter()
+            p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=env)
+            if p.returncode:
+                print(f"peers: the {peer} worker exited with {p.returncode}", file=sys.stderr)
+            rows += [json.loads(line[len(ROW_TAG):]) for line in p.stdout.splitlines()
+                     if line.startswith(ROW_TAG)]
+            print(f"peers: {peer} done in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    return rows
+
+
+HIGHER_IS_BETTER = {"gflops", "gbps"}
+
+
+def better(r, old):
+    """Whether row r's figure beats old's (higher for throughputs, lower for times)."""
+    if r["metric"] in HIGHER_IS_BETTER:
+        return r["median"] > old["median"]
+    return r["median"] < old["median"]
+
+
+def best_rows(rows):
+    """Per (peer, mode, workload, variant, metric), the row of the better thread count."""
+    best = {}
+    for r in rows:
+        key = (r["peer"], r["mode"], r["workload"], r["variant"], r["metric"])
+        if key not in best or better(r, best[key]):
+            best[key] = r
+    return best
+
+
+# The table's rows: (workload, variant, metric); and which peer rows fill which column.
+TABLE = [("W1", "no_grad", "ns_per_op"), ("W1", "tape", "ns_per_op"), ("W2", "", "ms"),
+         ("W3", "n=1024", "gflops"), ("W3", "n=256", "gflops"), ("W3", "n=64", "gflops"),
+         ("W4", "", "ms_per_step"), ("W5", "", "us_per_call"), ("W6", "", "us_per_step"),
+         ("W8", "", "ms_per_step"), ("C1", "conv2d_fwd_bwd", "gflops"),
+         ("W4", "compile", "s"), ("W6", "compile", "s")]
+PEER_COLUMNS = [("torch eager", "torch", ("eager",)), ("torch.compile", "torch", ("compiled",)),
+                ("jax jit", "jax", ("compiled", "op_by_op"))]
+NOTES = {
+    ("W1", "no_grad"): "jax: op-by-op dispatch (no jit); torch from Python",
+    ("W1", "tape"): "torch: requires_grad; JAX has no tape",
+    ("C1", "conv2d_fwd_bwd"): "duet eager only: the compiled ratios use it",
+    ("W4", "compile"): "duet: CS s_to_steady; torch: first call; jax: lower+compile",
+    ("W6", "compile"): "duet: CS s_to_steady; torch: first call; jax: lower+compile",
+}
+
+
+def ratio(duet, peer, metric):
+    """duet's time over the peer's (below 1: duet is faster), from figures in `metric`."""
+    if duet is None or peer is None or not duet["median"] or not peer["median"]:
+        return "-"
+    r = peer["median"] / duet["median"] if metric in HIGHER_IS_BETTER \
+        else duet["median"] / peer["median"]
+    return f"{r:.2f}"
+
+
+def table(duet, peers, only, device):
+    head = ["workload", "metric", "duet eager", "duet comp", "torch eager", "torch.compile",
+            "jax jit", "e/torch", "c/torch.c", "c/jax"]
+    lines = []
+    thr = lambda r: f"/{r['threads']}t" if device == "cpu" else ""
+    for w, variant, metric in TABLE:
+        if w not in only:
+            continue
+        de, dc = duet.get((w, variant, metric, "eager")), duet.get((w, variant, metric, "compiled"))
+        cells, found = [], []
+        for _, peer, modes in PEER_COLUMNS:
+            r = next((peers[k] for m in modes
+                      if (k := (peer, m, w, variant, metric)) in peers), None)
+            found.append(r)
+            cells.append("-" if r is None else f"{r['median']:.4g}{thr(r)}")
+        if de is None and dc is None and not any(found):
+            continue
+        dcomp = dc or de
+        fmt = lambda r: "-" if r is None else f"{r['median']:.4g}{thr(r)}"
+        lines.append([f"{w} {variant}".strip(), metric, fmt(de), fmt(dc), *cells,
+                      ratio(de, found[0], metric), ratio(dcomp, found[1], metric),
+                      ratio(dcomp, found[2], metric)])
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *lines)]
+    out = ["  ".join(h.ljust(wd) if i < 2 else h.rjust(wd) for i, (h, wd) in
+                     enumerate(zip(row, widths))) for row in [head, *lines]]
+    notes = [f"  {w} {v}: {n}" for (w, v), n in NOTES.items() if w in only]
+    return "\n".join(out + [""] + notes)
+
+
+def main():
+    p = argparse.ArgumentParser(description="duet_bench's workloads in PyTorch and JAX, beside "
+                                "duet (docs/benchmarks.md, Peers)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--only", default=",".join(WORKLOADS),
+                   help="workloads, of " + ",".join(WORKLOADS))
+    p.add_argument("--reps", type=int, default=7, help="timed repetitions per figure")
+    p.add_argument("--duet", default=os.path.join(ROOT, "build", "bench", "duet_bench"))
+    p.add_argument("--duet-json", help="duet_bench --json output to read instead of running it")
+    p.add_argument("--duet-threads", default="1,2", help="duet_bench --threads, one run each")
+    p.add_argument("--threads", default="1,2", help="peer thread counts on the CPU")
+    p.add_argument("--peers", default="torch,jax")
+    p.add_argument("--json", dest="json_out", help="write every row and the versions here")
+    p.add_argument("--worker", choices=["torch", "jax"], help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.worker:
+        a.threads = int(a.threads)
+        return worker_main(a)
+    only = [w for w in a.only.split(",") if w]
+    unknown = set(only) - set(WORKLOADS)
+    if unknown:
+        p.error(f"unknown workloads {sorted(unknown)}; known: {','.join(WORKLOADS)}")
+    started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    python = peer_python(a.device)
+    if a.duet_json:
+        raw, duet_log = json.load(open(a.duet_json)), ""
+    else:
+        raw, duet_log = run_duet(a, only)
+    duet = duet_rows(raw)
+    peer_rows = run_workers(a, python, only)
+    best = best_rows(peer_rows)
+    versions = {r["peer"]: r["version"] for r in peer_rows}
+    print(f"\nduet vs peers, {a.device}, medians of {a.reps} reps, {started}; "
+          + "; ".join(f"{k} {v}" for k, v in versions.items()))
+    if a.device == "cpu":
+        duet_threads = ",".join(sorted({str(r["threads"]) for r in raw}))
+        print(f"figures: the better of duet at threads {duet_threads} and of each peer at "
+              f"threads {a.threads} (/Nt: the winner)")
+    print("ratios: duet's time over the peer's (below 1: duet faster); e/ eager vs eager, c/ "
+          "duet compiled (eager where it has none) vs the compiled peer\n")
+    print(table(duet, best, only, a.device))
+    if a.json_out:
+        with open(a.json_out, "w") as f:
+            json.dump(dict(started=started, device=a.device, reps=a.reps, only=only,
+                           argv=sys.argv, versions=versions, python=platform.python_version(),
+                           machine=platform.platform(), cpus=os.cpu_count(),
+                           duet=raw, duet_stderr=duet_log, peers=peer_rows,
+                           best=list(best.values())), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
