@@ -615,6 +615,7 @@ namespace duet::detail {
 
 void codegen_probe(const std::shared_ptr<kernels::FusedKernel>& k) {
   if (!codegen::enabled() || !k->codegen_allowed || codegen::g_worker_gone.load()) return;
+  if (k->codegen_requested.load(std::memory_order_relaxed)) return;  // queued or loaded already
   try {
     codegen::Worker::get().probe(k);
   } catch (const std::exception&) {

@@ -800,7 +800,7 @@ void Plan::Builder::make_fused_step(int32_t u) {
   fs->reduce_dims = f.reduce_dims;
   fs->shape = f.shape;
   fs->device = graph.nodes[f.members[0]].meta.device;
-  if (fs->device.is_cpu()) codegen_probe(fs->kernel);
+  if (made && fs->device.is_cpu()) codegen_probe(fs->kernel);  // a shared kernel was probed
   if (!fs->device.is_cpu()) {
     // One-element CPU constants (wrapped numbers) go to the device once (trace/fusion.h).
     fs->device_consts.resize(f.inputs.size());
