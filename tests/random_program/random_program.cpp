@@ -777,21 +777,7 @@ bool Generator::propose(Op op, Step& st) {
       st.args = {a};
       return true;
     }
-    case Op::MaskedFill:
-    case Op::Tril:
-    case Op::Split:
-    case Op::Flip:
-    case Op::Roll:
-    case Op::Pad:
-    case Op::Like:
-    case Op::Cumsum:
-    case Op::Var:
-    case Op::MaxIndices:
-    case Op::Sort:
-    case Op::Einsum:
-    case Op::OneHot:
-    case Op::NllLoss:
-    case Op::Multinomial:
+    DUET_RANDOM_MORE_OP_CASES:
       return propose_more(op, st);
     case Op::Cond:  // control flow: add_cond, add_scan and add_while build these
     case Op::Scan:

@@ -100,6 +100,25 @@ namespace duet::test {
   X(Cond) X(Scan) X(While) X(Take)
 // clang-format on
 
+/// The case labels of the ops of core/ops_more.h (random_program_more.cpp), which the
+/// generator, the runner and the tolerances hand to that file as one group.
+#define DUET_RANDOM_MORE_OP_CASES \
+  case Op::MaskedFill:            \
+  case Op::Tril:                  \
+  case Op::Split:                 \
+  case Op::Flip:                  \
+  case Op::Roll:                  \
+  case Op::Pad:                   \
+  case Op::Like:                  \
+  case Op::Cumsum:                \
+  case Op::Var:                   \
+  case Op::MaxIndices:            \
+  case Op::Sort:                  \
+  case Op::Einsum:                \
+  case Op::OneHot:                \
+  case Op::NllLoss:               \
+  case Op::Multinomial
+
 enum class Op : uint8_t {
 #define X(n) n,
   DUET_RANDOM_OPS(X)

@@ -70,21 +70,7 @@ double op_weight(Op op) {
     case Op::Ge:
     case Op::SqueezeAll:
     // The ops of core/ops_more.h (random_program_more.cpp).
-    case Op::MaskedFill:
-    case Op::Tril:
-    case Op::Split:
-    case Op::Flip:
-    case Op::Roll:
-    case Op::Pad:
-    case Op::Like:
-    case Op::Cumsum:
-    case Op::Var:
-    case Op::MaxIndices:
-    case Op::Sort:
-    case Op::Einsum:
-    case Op::OneHot:
-    case Op::NllLoss:
-    case Op::Multinomial:
+    DUET_RANDOM_MORE_OP_CASES:
       return 0.7;
     case Op::MaxPool:
     case Op::AvgPool:
@@ -507,21 +493,7 @@ Tensor apply_step(const Step& st, const std::vector<Tensor>& v, Tuples* more) {
       b.add_(st.mode == 1 ? mean(y) * (1 - st.s2) : y);
       return b;
     }
-    case Op::MaskedFill:
-    case Op::Tril:
-    case Op::Split:
-    case Op::Flip:
-    case Op::Roll:
-    case Op::Pad:
-    case Op::Like:
-    case Op::Cumsum:
-    case Op::Var:
-    case Op::MaxIndices:
-    case Op::Sort:
-    case Op::Einsum:
-    case Op::OneHot:
-    case Op::NllLoss:
-    case Op::Multinomial:
+    DUET_RANDOM_MORE_OP_CASES:
       return apply_more(st, v);
     case Op::Cond: {
       // args: the predicate, ints[0] operands, then the free values the branches read.
