@@ -416,7 +416,7 @@ Tensor& Tensor::copy_(const Tensor& src, std::source_location loc) {
                      "[copy_] a source of shape {} cannot be broadcast to the shape {} it is "
                      "copied into",
                      src.sizes(), sizes());
-    s = expand(src, sizes());
+    s = duet::expand(src, sizes());
   } else {
     // Symbolic dims (Note [Symbolic dims]): checked at the hints, and each dim where the
     // source's size is not the target's symbol decided with a guard.

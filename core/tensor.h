@@ -6,6 +6,9 @@
 #include <iosfwd>
 #include <source_location>
 #include <string>
+#include <string_view>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "core/call_site.h"
@@ -30,6 +33,56 @@ SymDims sym_dims(const Tensor& t);
 [[noreturn]] void throw_traced_use(const Tensor& t, const char* what, const char* file,
                                    unsigned line);
 }  // namespace detail
+
+// The ops that are also Tensor methods, declared before the class so that its methods can call
+// them inline: the elementwise rows of core/elementwise.def, and the kind-Method rows of
+// core/api.def (core/ops.h declares the rest).
+
+/// Elementwise math, one function per row of core/elementwise.def (docs/ops.md says what
+/// each computes). Integer and bool inputs of the float functions (exp, sin, ...) give f32
+/// results; neg, abs, relu and floor keep the dtype and refuse b8.
+///
+/// Elementwise ops have overloads for rvalue tensors: the buffer of a temporary that nobody else
+/// holds is reused for the result, so `tanh(x * 1.5 + 0.5)` allocates one buffer, not three.
+#define DUET_UNARY(Name, name, math, doc)  \
+  Tensor name(const Tensor& x, DUET_HERE); \
+  Tensor name(Tensor&& x, DUET_HERE);
+#include "core/elementwise.def"
+
+#define DUET_DECLARE_BINARY(name)                           \
+  Tensor name(const Tensor& a, const Tensor& b, DUET_HERE); \
+  Tensor name(Tensor&& a, const Tensor& b, DUET_HERE);      \
+  Tensor name(const Tensor& a, Tensor&& b, DUET_HERE);      \
+  Tensor name(Tensor&& a, Tensor&& b, DUET_HERE);           \
+  Tensor name(const Tensor& a, Scalar b, DUET_HERE);        \
+  Tensor name(Tensor&& a, Scalar b, DUET_HERE);             \
+  Tensor name(Scalar a, const Tensor& b, DUET_HERE);        \
+  Tensor name(Scalar a, Tensor&& b, DUET_HERE);
+/// Binary elementwise ops with broadcasting and PyTorch's type promotion, one per binary row
+/// of core/elementwise.def. div always gives a floating result.
+#define DUET_BINARY(Name, name, doc) DUET_DECLARE_BINARY(name)
+#include "core/elementwise.def"
+#undef DUET_DECLARE_BINARY
+
+#define DUET_DECLARE_COMPARE(name)                          \
+  Tensor name(const Tensor& a, const Tensor& b, DUET_HERE); \
+  Tensor name(const Tensor& a, Scalar b, DUET_HERE);        \
+  Tensor name(Scalar a, const Tensor& b, DUET_HERE);
+/// Comparisons with broadcasting; the result is b8.
+#define DUET_COMPARE(Name, name, expr, doc) DUET_DECLARE_COMPARE(name)
+#include "core/elementwise.def"
+#undef DUET_DECLARE_COMPARE
+
+/// The kind-Method rows of core/api.def (their docs are there, and in docs/ops.md).
+#define DUET_API_DECLARE_Method(ret, name, params) \
+  DUET_API_STRIP ret name(DUET_API_STRIP params, DUET_HERE);
+#define DUET_API_DECLARE_Free(ret, name, params)
+#define DUET_API_DECLARE_Like(ret, name, params)
+#define DUET_API(kind, ret, name, params, args, doc) DUET_API_DECLARE_##kind(ret, name, params)
+#include "core/api.def"
+#undef DUET_API_DECLARE_Method
+#undef DUET_API_DECLARE_Free
+#undef DUET_API_DECLARE_Like
 
 class Tensor {
  public:
@@ -105,6 +158,38 @@ class Tensor {
   /// grad_output defaults to 1 for a one-element tensor. Without retain_graph the saved
   /// tensors are freed, and a second backward through the same graph is an error.
   void backward(Tensor grad_output = {}, bool retain_graph = false, DUET_HERE) const;
+
+  // LibTorch's methods: x.sum(), x.reshape({2, -1}), x.exp(), a.add(b), x.softmax(-1), ... Each
+  // calls the free function of the same name with this tensor first (x.sum(dims) is
+  // duet::sum(x, dims)); they are generated from the rows of core/elementwise.def and core/api.def,
+  // whose docs say what each computes (docs/ops.md lists them). An rvalue's elementwise method
+  // passes it on as an rvalue, so x.mul(2).exp() reuses the temporary's buffer as the free
+  // functions do.
+#define DUET_UNARY(Name, name, math, doc)                          \
+  Tensor name(DUET_HERE) const& { return duet::name(*this, loc); } \
+  Tensor name(DUET_HERE)&& { return duet::name(std::move(*this), loc); }
+#define DUET_BINARY(Name, name, doc)                                                           \
+  Tensor name(const Tensor& other, DUET_HERE) const& { return duet::name(*this, other, loc); } \
+  Tensor name(const Tensor& other, DUET_HERE)&& {                                              \
+    return duet::name(std::move(*this), other, loc);                                           \
+  }                                                                                            \
+  Tensor name(Scalar other, DUET_HERE) const& { return duet::name(*this, other, loc); }        \
+  Tensor name(Scalar other, DUET_HERE)&& { return duet::name(std::move(*this), other, loc); }
+#define DUET_COMPARE(Name, name, expr, doc)                                                   \
+  Tensor name(const Tensor& other, DUET_HERE) const { return duet::name(*this, other, loc); } \
+  Tensor name(Scalar other, DUET_HERE) const { return duet::name(*this, other, loc); }
+#include "core/elementwise.def"
+#define DUET_API_METHOD_Method(ret, name, params, args)           \
+  DUET_API_STRIP ret name(DUET_API_TAIL params DUET_HERE) const { \
+    return duet::name(*this, DUET_API_TAIL args loc);             \
+  }
+#define DUET_API_METHOD_Free(ret, name, params, args)
+#define DUET_API_METHOD_Like(ret, name, params, args)
+#define DUET_API(kind, ret, name, params, args, doc) DUET_API_METHOD_##kind(ret, name, params, args)
+#include "core/api.def"
+#undef DUET_API_METHOD_Method
+#undef DUET_API_METHOD_Free
+#undef DUET_API_METHOD_Like
 
   /// In-place arithmetic, with broadcasting of the argument to this tensor's shape.
   Tensor& add_(const Tensor& other, DUET_HERE);

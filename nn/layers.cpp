@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "core/op_errors.h"
 #include "core/op_table.h"
 #include "core/ops.h"
 #include "nn/init.h"
@@ -212,21 +213,7 @@ Flatten::Flatten(int64_t start, int64_t end)
 }
 
 Tensor Flatten::forward(const Tensor& x) {
-  // The dims as SymInts, so that a symbolic batch dim stays symbolic in a compiled graph.
-  const SymDims dims = duet::detail::sym_dims(x);
-  const auto rank = static_cast<int64_t>(dims.size());
-  if (rank == 0) return reshape(x, Shape{1});  // as torch.flatten
-  const int64_t s = start_dim < 0 ? start_dim + rank : start_dim;
-  const int64_t e = end_dim < 0 ? end_dim + rank : end_dim;
-  DUET_CHECK_VALUE(0 <= s && s < rank && 0 <= e && e < rank && s <= e,
-                   "[Flatten] start_dim {} and end_dim {} do not fit an input of {} dims",
-                   start_dim, end_dim, rank);
-  SymDims out(dims.begin(), dims.begin() + s);
-  SymInt merged = 1;
-  for (int64_t d = s; d <= e; ++d) merged *= dims[static_cast<size_t>(d)];
-  out.push_back(merged);
-  out.insert(out.end(), dims.begin() + e + 1, dims.end());
-  return duet::detail::reshape_dims(x, out);
+  return duet::detail::as_op("Flatten", [&] { return flatten(x, start_dim, end_dim); });
 }
 
 // ---- Activations ----

@@ -1,12 +1,12 @@
-// Rows of the composites of core/ops_more.h (masked_fill, tril, triu, split, chunk, flip, roll,
-// pad, cumsum, var, std, amax, amin, max/min_with_indices, argsort, sort, topk, nll_loss,
-// einsum), with references on plain doubles written without duet's ops (see op_rows.h). The ops
-// returning several tensors have one row per result.
+// Rows of the composites of core/api.def from masked_fill to einsum (masked_fill, tril, triu,
+// split, chunk, flip, roll, pad, cumsum, var, std, amax, amin, max/min_with_indices, argsort, sort,
+// topk, nll_loss, einsum), with references on plain doubles written without duet's ops (see
+// op_rows.h). The ops returning several tensors have one row per result.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 
-#include "core/ops_more.h"
+#include "core/ops.h"
 #include "op_rows.h"
 
 namespace duet::test {

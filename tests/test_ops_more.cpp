@@ -1,7 +1,8 @@
-// The composites of core/ops_more.h beyond their op rows (tests/op_rows_more.cpp): several
-// results (split, chunk, sort, topk, max_with_indices), the creators and draws (*_like, one_hot,
-// multinomial) and their symbolic batch under compile, NaN and ties in sorting, the measured
-// cost of the O(n^2) argsort, and bad inputs raising typed errors that name the op.
+// The composites of core/api.def from masked_fill to einsum, beyond their op rows
+// (tests/op_rows_more.cpp): several results (split, chunk, sort, topk, max_with_indices), the
+// creators and draws (*_like, one_hot, multinomial) and their symbolic batch under compile, NaN
+// and ties in sorting, the measured cost of the O(n^2) argsort, and bad inputs raising typed
+// errors that name the op.
 #include <algorithm>
 #include <chrono>
 #include <functional>
@@ -10,7 +11,7 @@
 #include <set>
 #include <source_location>
 
-#include "core/ops_more.h"
+#include "core/ops.h"
 #include "eager/autograd.h"
 #include "trace/compile.h"
 #include "util.h"

@@ -5,7 +5,7 @@
 #include "core/op_errors.h"
 #include "core/op_table.h"
 #include "core/ops.h"
-#include "core/ops_more.h"
+#include "core/ops.h"
 
 namespace duet {
 

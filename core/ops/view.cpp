@@ -319,6 +319,52 @@ Tensor expand(const Tensor& x, Shape shape, std::source_location loc) {
   return detail::view_call(OpId::Expand, x, a);
 }
 
+Tensor expand_as(const Tensor& x, const Tensor& other, std::source_location loc) {
+  detail::SiteGuard site(loc);
+  return detail::expand_dims(x, detail::sym_dims(other));
+}
+
+Tensor view(const Tensor& x, Shape shape, std::source_location loc) {
+  detail::SiteGuard site(loc);
+  const Shape target = shape;
+  Tensor out = reshape(x, std::move(shape));
+  // reshape copies when no strides express the new shape (view_reshape): a view must not, since
+  // writes through it would not reach x. Traced tensors carry the strides of the traced call,
+  // so the check is the same in both faces.
+  DUET_CHECK_VALUE(out.numel() == 0 || out.impl()->storage == x.impl()->storage,
+                   "[view] a tensor of shape {} and strides {} has no view of shape {}: its "
+                   "elements are not laid out as one (use reshape, which copies, or call "
+                   "contiguous() first)",
+                   x.sizes(), Shape(x.strides().data(), x.strides().size()), target);
+  return out;
+}
+
+Tensor flatten(const Tensor& x, int64_t start_dim, int64_t end_dim, std::source_location loc) {
+  detail::SiteGuard site(loc);
+  // The dims as SymInts, so that a symbolic batch dim stays symbolic in a compiled graph.
+  const SymDims dims = detail::sym_dims(x);
+  const auto rank = static_cast<int64_t>(dims.size());
+  if (rank == 0) return reshape(x, Shape{1});  // as torch.flatten
+  const int64_t s = start_dim < 0 ? start_dim + rank : start_dim;
+  const int64_t e = end_dim < 0 ? end_dim + rank : end_dim;
+  DUET_CHECK_VALUE(0 <= s && s < rank && 0 <= e && e < rank && s <= e,
+                   "[flatten] start_dim {} and end_dim {} do not fit a tensor of {} dims",
+                   start_dim, end_dim, rank);
+  SymDims out(dims.begin(), dims.begin() + s);
+  SymInt merged = 1;
+  for (int64_t d = s; d <= e; ++d) merged *= dims[static_cast<size_t>(d)];
+  out.push_back(merged);
+  out.insert(out.end(), dims.begin() + e + 1, dims.end());
+  return detail::reshape_dims(x, out);
+}
+
+Tensor t(const Tensor& x, std::source_location loc) {
+  detail::SiteGuard site(loc);
+  DUET_CHECK_VALUE(x.dim() <= 2, "[t] expects a tensor of at most 2 dims, got shape {}",
+                   detail::dims_str(detail::sym_dims(x)));
+  return x.dim() < 2 ? x : transpose(x, 0, 1);
+}
+
 namespace {
 // Python's rules: negative bounds count from the end, then clamp to [0, n].
 Attrs slice_attrs(const char* op, const Tensor& x, int64_t dim, int64_t start, int64_t end,

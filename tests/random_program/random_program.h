@@ -100,8 +100,9 @@ namespace duet::test {
   X(Cond) X(Scan) X(While) X(Take)
 // clang-format on
 
-/// The case labels of the ops of core/ops_more.h (random_program_more.cpp), which the
-/// generator, the runner and the tolerances hand to that file as one group.
+/// The case labels of the composites of core/api.def from masked_fill to einsum
+/// (random_program_more.cpp), which the generator, the runner and the tolerances hand to that file
+/// as one group.
 #define DUET_RANDOM_MORE_OP_CASES \
   case Op::MaskedFill:            \
   case Op::Tril:                  \
@@ -209,7 +210,8 @@ using Tuples = std::map<size_t, std::vector<Tensor>>;
 /// Runs one step on the values computed so far (its result is value v.size()); control-flow
 /// steps put all their results in `more`, which Take steps read.
 Tensor apply_step(const Step& st, const std::vector<Tensor>& v, Tuples* more = nullptr);
-/// Runs a step of an op of core/ops_more.h (random_program_more.cpp); apply_step calls it.
+/// Runs a step of one of the composites of core/api.def from masked_fill to einsum
+/// (random_program_more.cpp); apply_step calls it.
 Tensor apply_more(const Step& st, const std::vector<Tensor>& v);
 /// Every value of the program (inputs, then one per step).
 std::vector<Tensor> run_values(const Program& p, const std::vector<Tensor>& inputs);
@@ -302,7 +304,8 @@ class Generator {
   std::vector<int64_t> random_shape(int64_t numel);
   void random_index(Step& st, int a, int64_t d);
   bool propose(Op op, Step& st);
-  /// propose for the ops of core/ops_more.h (random_program_more.cpp).
+  /// propose for the composites of core/api.def from masked_fill to einsum
+  /// (random_program_more.cpp).
   bool propose_more(Op op, Step& st);
   bool propose_binary(Op op, Step& st);
   /// The number operand of a binary op on a (st.mode 1 or 2): st.s and st.int_scalar.

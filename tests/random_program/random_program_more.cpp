@@ -1,13 +1,13 @@
-// Random programs (random_program.h): the steps of the ops of core/ops_more.h (masked_fill,
-// tril/triu, split/chunk, flip, roll, pad, the *_like creators and draws, cumsum, var/std,
-// max/min_with_indices, sort/argsort/topk, einsum, one_hot, nll_loss, multinomial): how the
-// generator proposes them and how a step runs. Dims whose size the op reads as an integer (the
-// pieces of split, roll's shift, topk's k, cumsum's rounds, reflect's bound) are never batch
-// dims, so that the batch mix keeps its batch symbolic.
+// Random programs (random_program.h): the steps of the composites of core/api.def from masked_fill
+// to einsum (masked_fill, tril/triu, split/chunk, flip, roll, pad, the *_like creators and draws,
+// cumsum, var/std, max/min_with_indices, sort/argsort/topk, einsum, one_hot, nll_loss,
+// multinomial): how the generator proposes them and how a step runs. Dims whose size the op reads
+// as an integer (the pieces of split, roll's shift, topk's k, cumsum's rounds, reflect's bound) are
+// never batch dims, so that the batch mix keeps its batch symbolic.
 #include <algorithm>
 #include <string>
 
-#include "core/ops_more.h"
+#include "core/ops.h"
 #include "random_program.h"
 
 namespace duet::test {

@@ -69,7 +69,8 @@ double op_weight(Op op) {
     case Op::Le:
     case Op::Ge:
     case Op::SqueezeAll:
-    // The ops of core/ops_more.h (random_program_more.cpp).
+    // The ops of the composites of core/api.def from masked_fill to einsum
+    // (random_program_more.cpp).
     DUET_RANDOM_MORE_OP_CASES:
       return 0.7;
     case Op::MaxPool:
