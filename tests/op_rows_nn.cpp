@@ -353,7 +353,7 @@ const std::vector<ElementwiseRow>& special_function_rows() {
        kFloat,
        R::Same},
       {"gelu, approximate tanh",
-       OpId::Tanh,
+       OpId::Sigmoid,
        true,
        1,
        [](const Ins& in) { return gelu(in[0], "tanh"); },

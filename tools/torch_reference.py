@@ -1,0 +1,537 @@
+#!/usr/bin/env python3
+"""Reference values from PyTorch for tests/test_torch_reference.cpp: the outputs and gradients of
+the ops of core/ops_more.h and of the newer ops and layers (gelu's tanh form,
+scaled_dot_product_attention, the recurrent layers and cells, batch norm, Conv1d,
+MultiheadAttention), RMSprop's parameters after a few steps, the learning rates of the
+schedulers, and gradient clipping, on fixed inputs drawn by torch with a fixed seed per case.
+
+Pinned: torch==2.11.0 (the CPU build, or PyPI's wheel run on the CPU) and numpy==2.4.6, the pins
+of bench/peers/peers.py, in its venv. Not run by CI: the results are checked in.
+
+    python3 -m venv .venv-peers
+    .venv-peers/bin/pip install torch==2.11.0 numpy==2.4.6
+    .venv-peers/bin/python tools/torch_reference.py
+
+It rewrites tests/data/torch_ref/ (and nothing else): one folder per case, one .npy per array,
+every array float32 unless it is an index (int64), a mask (bool), a batch count (int64) or a
+learning rate (float64). In a case's folder:
+
+    in.NAME.npy     an input (x, a mask, a target), or a parameter an optimizer updates
+    p.NAME.npy      a module's parameter or buffer, by its state_dict name
+    out.NAME.npy    an output (or a buffer after the step, a parameter after N optimizer steps)
+    g.NAME.npy      the fixed weights of output NAME in the loss: the test backpropagates
+                    sum over outputs of (out * g).sum()
+    grad.NAME.npy   the gradient of that loss for input or parameter NAME; an input with a
+                    grad file is the one the test marks requires_grad
+
+The test checks every file of a folder, so a case added here fails there until it is checked.
+
+Left out: multinomial, which draws from duet's own Philox generator and cannot reproduce torch's
+draws (tests/test_ops_more.cpp checks its distribution instead).
+"""
+import os
+import shutil
+import zlib
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OUT = os.path.join(ROOT, "tests", "data", "torch_ref")
+PINS = ["torch==2.11.0", "numpy==2.4.6"]
+
+
+def save(path, t):
+    a = t.detach().cpu().numpy() if isinstance(t, torch.Tensor) else np.asarray(t)
+    np.save(path, np.array(a, order="C"), allow_pickle=False)  # ascontiguousarray makes 0-d 1-d
+
+
+class Case:
+    """One folder: inputs, a module's state, outputs with their loss weights, gradients."""
+
+    def __init__(self, name):
+        self.name = name
+        self.dir = os.path.join(OUT, name)
+        os.makedirs(self.dir)
+        torch.manual_seed(zlib.crc32(name.encode()))
+        self.inputs = {}  # name -> leaf tensor whose gradient is saved
+        self.module = None
+        self.loss = None
+
+    def inp(self, name, t, grad=None):
+        """Saves an input; a floating one is a leaf that requires grad unless grad=False."""
+        t = t.detach().clone()
+        save(os.path.join(self.dir, f"in.{name}.npy"), t)
+        if grad is None:
+            grad = t.is_floating_point()
+        if grad:
+            t.requires_grad_(True)
+            self.inputs[name] = t
+        return t
+
+    def randn(self, name, *shape, grad=None):
+        return self.inp(name, torch.randn(*shape), grad)
+
+    def load(self, module):
+        """Saves the module's state (parameters and buffers, by state_dict name)."""
+        for k, v in module.state_dict().items():
+            save(os.path.join(self.dir, f"p.{k}.npy"), v)
+        self.module = module
+        return module
+
+    def out(self, name, t):
+        """Saves an output; a differentiable one gets loss weights g."""
+        save(os.path.join(self.dir, f"out.{name}.npy"), t)
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            g = torch.randn(t.shape)
+            save(os.path.join(self.dir, f"g.{name}.npy"), g)
+            term = (t * g).sum()
+            self.loss = term if self.loss is None else self.loss + term
+
+    def done(self):
+        if self.loss is None:
+            return
+        self.loss.backward()
+        named = dict(self.inputs)
+        if self.module is not None:
+            named.update(dict(self.module.named_parameters()))
+        for k, v in named.items():
+            g = v.grad if v.grad is not None else torch.zeros_like(v)
+            save(os.path.join(self.dir, f"grad.{k}.npy"), g)
+
+
+def case(name, body):
+    c = Case(name)
+    body(c)
+    c.done()
+
+
+# ---- ops of core/ops_more.h ----
+
+
+def ops_cases():
+    def masked_fill_scalar(c):
+        x = c.randn("x", 3, 4)
+        m = c.inp("mask", torch.rand(3, 4) < 0.4)
+        c.out("out", x.masked_fill(m, -1.5))
+
+    def masked_fill_tensor(c):
+        x = c.randn("x", 2, 3, 4)
+        m = c.inp("mask", torch.rand(3, 1) < 0.5)
+        v = c.inp("value", torch.tensor(0.75))
+        c.out("out", x.masked_fill(m, v))
+
+    case("masked_fill_scalar", masked_fill_scalar)
+    case("masked_fill_tensor", masked_fill_tensor)
+    for d in (-1, 0, 2):
+        case(f"tril_{d}", lambda c, d=d: c.out("out", torch.tril(c.randn("x", 2, 4, 5), d)))
+        case(f"triu_{d}", lambda c, d=d: c.out("out", torch.triu(c.randn("x", 2, 4, 5), d)))
+
+    def outs(c, ts):
+        for i, t in enumerate(ts):
+            c.out(f"out{i}", t)
+
+    case("split_size", lambda c: outs(c, torch.split(c.randn("x", 7, 3), 3, 0)))
+    case("split_sizes", lambda c: outs(c, torch.split(c.randn("x", 2, 6), [1, 3, 2], 1)))
+    case("chunk", lambda c: outs(c, torch.chunk(c.randn("x", 3, 5), 3, 1)))
+    case("flip", lambda c: c.out("out", torch.flip(c.randn("x", 2, 3, 4), [0, 2])))
+    case("roll_dims",
+         lambda c: c.out("out", torch.roll(c.randn("x", 3, 4), shifts=(1, -3), dims=(0, 1))))
+    case("roll_flat", lambda c: c.out("out", torch.roll(c.randn("x", 3, 4), 5)))
+    case("pad_constant",
+         lambda c: c.out("out", F.pad(c.randn("x", 2, 3, 4), (1, 2, 0, 1), "constant", 0.5)))
+    case("pad_constant_crop",
+         lambda c: c.out("out", F.pad(c.randn("x", 2, 3, 4), (-1, 2), "constant", 0.0)))
+    case("pad_reflect_1d", lambda c: c.out("out", F.pad(c.randn("x", 2, 3, 5), (2, 3), "reflect")))
+    case("pad_reflect_2d",
+         lambda c: c.out("out", F.pad(c.randn("x", 1, 2, 4, 5), (1, 2, 3, 1), "reflect")))
+
+    def likes(c):
+        x = c.randn("x", 2, 3, grad=False)
+        c.out("zeros", torch.zeros_like(x))
+        c.out("ones", torch.ones_like(x))
+        c.out("full", torch.full_like(x, 2.5))
+        i = c.inp("i", torch.arange(6).reshape(3, 2))
+        c.out("full_i", torch.full_like(i, 7))
+
+    case("like", likes)
+    case("cumsum_0", lambda c: c.out("out", torch.cumsum(c.randn("x", 5, 3), 0)))
+    case("cumsum_1", lambda c: c.out("out", torch.cumsum(c.randn("x", 2, 7), 1)))
+    for corr in (0, 1):
+        case(f"var_c{corr}", lambda c, k=corr: c.out(
+            "out", torch.var(c.randn("x", 3, 5), dim=1, correction=k)))
+        case(f"var_c{corr}_keepdim", lambda c, k=corr: c.out(
+            "out", torch.var(c.randn("x", 2, 3, 4), dim=(0, 2), correction=k, keepdim=True)))
+        case(f"var_c{corr}_all", lambda c, k=corr: c.out(
+            "out", torch.var(c.randn("x", 3, 4), correction=k)))
+        case(f"std_c{corr}", lambda c, k=corr: c.out(
+            "out", torch.std(c.randn("x", 4, 5), dim=0, correction=k)))
+        case(f"std_c{corr}_keepdim", lambda c, k=corr: c.out(
+            "out", torch.std(c.randn("x", 2, 3, 4), dim=2, correction=k, keepdim=True)))
+
+    def ties(c, *shape):
+        # Small integers: rows with ties, where the gradient is split evenly.
+        return c.inp("x", torch.randint(0, 3, shape).float())
+
+    case("amax_dim", lambda c: c.out("out", torch.amax(ties(c, 4, 5), dim=1)))
+    case("amax_dims_keepdim",
+         lambda c: c.out("out", torch.amax(ties(c, 2, 3, 4), dim=(0, 2), keepdim=True)))
+    case("amax_all", lambda c: c.out("out", torch.amax(ties(c, 3, 4))))
+    case("amin_dim", lambda c: c.out("out", torch.amin(ties(c, 4, 5), dim=0)))
+    case("amin_all", lambda c: c.out("out", torch.amin(ties(c, 3, 4))))
+
+    def max_idx(c):
+        v, i = torch.max(c.randn("x", 3, 5), 1)
+        c.out("values", v)
+        c.out("indices", i)
+
+    def min_idx_keepdim(c):
+        v, i = torch.min(c.randn("x", 4, 3, 2), 0, keepdim=True)
+        c.out("values", v)
+        c.out("indices", i)
+
+    def max_idx_ties(c):
+        v, i = torch.max(ties(c, 4, 6), 1)
+        c.out("values", v)
+        c.out("indices", i)
+
+    def min_idx_ties(c):
+        v, i = torch.min(ties(c, 5, 3), 0)
+        c.out("values", v)
+        c.out("indices", i)
+
+    case("max_with_indices", max_idx)
+    case("min_with_indices_keepdim", min_idx_keepdim)
+    case("max_with_indices_ties", max_idx_ties)
+    case("min_with_indices_ties", min_idx_ties)
+
+    def sort(c, descending, dim):
+        v, i = torch.sort(c.randn("x", 3, 6), dim=dim, descending=descending)
+        c.out("values", v)
+        c.out("indices", i)
+
+    case("sort", lambda c: sort(c, False, -1))
+    case("sort_descending_dim0", lambda c: sort(c, True, 0))
+    case("argsort", lambda c: c.out("out", torch.argsort(c.randn("x", 4, 5), dim=1)))
+    case("argsort_ties_stable", lambda c: c.out(
+        "out", torch.argsort(ties(c, 3, 7), dim=1, descending=True, stable=True)))
+
+    def topk(c, k, dim, largest):
+        v, i = torch.topk(c.randn("x", 4, 6), k, dim=dim, largest=largest)
+        c.out("values", v)
+        c.out("indices", i)
+
+    case("topk", lambda c: topk(c, 3, -1, True))
+    case("topk_smallest_dim0", lambda c: topk(c, 2, 0, False))
+    case("one_hot",
+         lambda c: c.out("out", F.one_hot(c.inp("i", torch.tensor([[0, 3], [2, 1]])), 5)))
+    case("one_hot_auto", lambda c: c.out("out", F.one_hot(c.inp("i", torch.tensor([1, 0, 4, 2])))))
+
+    def nll(c, shape, target_shape, reduction, ignore=None):
+        lp = c.inp("x", torch.log_softmax(torch.randn(*shape), 1 if len(shape) > 1 else 0))
+        t = torch.randint(0, shape[1] if len(shape) > 1 else shape[0], target_shape)
+        if ignore is not None:
+            t.view(-1)[::3] = ignore
+        t = c.inp("target", t)
+        kw = {} if ignore is None else {"ignore_index": ignore}
+        c.out("out", F.nll_loss(lp, t, reduction=reduction, **kw))
+
+    for red in ("mean", "sum", "none"):
+        case(f"nll_loss_{red}", lambda c, r=red: nll(c, (5, 4), (5,), r))
+        case(f"nll_loss_{red}_ignore", lambda c, r=red: nll(c, (6, 3), (6,), r, ignore=1))
+        case(f"nll_loss_{red}_spatial", lambda c, r=red: nll(c, (2, 4, 3), (2, 3), r, ignore=-100))
+    case("nll_loss_unbatched", lambda c: nll(c, (5,), (), "mean"))
+
+    einsums = [
+        ("matmul", "ij,jk->ik", [(3, 4), (4, 5)]),
+        ("bmm", "bij,bjk->bik", [(2, 3, 4), (2, 4, 2)]),
+        ("outer", "i,j->ij", [(3,), (4,)]),
+        ("transpose", "ij->ji", [(3, 4)]),
+        ("dot", "i,i->", [(5,)] * 2),
+        ("attention", "bhqd,bhkd->bhqk", [(2, 2, 3, 4), (2, 2, 5, 4)]),
+        ("sum_all", "ij->", [(3, 4)]),
+        ("implicit", "ij,jk", [(2, 3), (3, 4)]),
+        ("sum_first", "ijk,jl->il", [(2, 3, 4), (3, 5)]),
+        ("three", "ij,jk,kl->il", [(2, 3), (3, 4), (4, 2)]),
+    ]
+    for name, eq, shapes in einsums:
+        case(f"einsum_{name}", lambda c, eq=eq, shapes=shapes: c.out("out", torch.einsum(
+            eq, *[c.randn(f"x{i}", *s) for i, s in enumerate(shapes)])))
+
+    case("gelu_tanh", lambda c: c.out("out", F.gelu(3 * c.randn("x", 4, 5), approximate="tanh")))
+    case("gelu", lambda c: c.out("out", F.gelu(3 * c.randn("x", 4, 5))))
+
+    def sdpa(c, l, s, mask=None, causal=False, scale=None):
+        q, k, v = c.randn("q", 2, l, 4), c.randn("k", 2, s, 4), c.randn("v", 2, s, 6)
+        m = None
+        if mask == "bool":
+            mm = torch.rand(l, s) < 0.6
+            mm[:, 0] = True  # no row fully masked
+            m = c.inp("mask", mm)
+        elif mask == "float":
+            m = c.randn("mask", 2, l, s)
+        c.out("out", F.scaled_dot_product_attention(q, k, v, attn_mask=m, is_causal=causal,
+                                                    scale=scale))
+
+    case("sdpa", lambda c: sdpa(c, 3, 5))
+    case("sdpa_causal", lambda c: sdpa(c, 4, 4, causal=True))
+    case("sdpa_causal_rect", lambda c: sdpa(c, 3, 5, causal=True))
+    case("sdpa_bool_mask", lambda c: sdpa(c, 3, 5, mask="bool"))
+    case("sdpa_float_mask_scale", lambda c: sdpa(c, 3, 5, mask="float", scale=0.3))
+
+    def clip_params(c):
+        ps = []
+        for name, shape in (("a", (3, 4)), ("b", (5,)), ("c", (2, 2))):
+            ps.append(c.inp(name, torch.randn(*shape), grad=False))
+            ps[-1].grad = c.inp(f"{name}_grad", 2 * torch.randn(*shape), grad=False)
+        return ps
+
+    def clip_norm(c, max_norm, norm_type):
+        ps = clip_params(c)
+        total = nn.utils.clip_grad_norm_(ps, max_norm, norm_type)
+        c.out("total_norm", total)
+        for name, p in zip("abc", ps):
+            c.out(name, p.grad)
+
+    case("clip_grad_norm_2", lambda c: clip_norm(c, 1.0, 2.0))
+    case("clip_grad_norm_1", lambda c: clip_norm(c, 2.0, 1.0))
+    case("clip_grad_norm_inf", lambda c: clip_norm(c, 0.5, float("inf")))
+    case("clip_grad_norm_3_noclip", lambda c: clip_norm(c, 100.0, 3.0))
+
+    def clip_value(c):
+        ps = clip_params(c)
+        nn.utils.clip_grad_value_(ps, 0.8)
+        for name, p in zip("abc", ps):
+            c.out(name, p.grad)
+
+    case("clip_grad_value", clip_value)
+
+
+# ---- layers ----
+
+
+def rnn_case(c, kind, layers, bidirectional, batch_first, with_state, **kw):
+    cls = {"rnn": nn.RNN, "gru": nn.GRU, "lstm": nn.LSTM}[kind]
+    m = c.load(cls(3, 4, num_layers=layers, bidirectional=bidirectional,
+                   batch_first=batch_first, **kw))
+    t, n, dirs = 5, 2, 2 if bidirectional else 1
+    x = c.randn("x", *((n, t, 3) if batch_first else (t, n, 3)))
+    state = None
+    if with_state:
+        state = c.randn("h0", layers * dirs, n, 4)
+        if kind == "lstm":
+            state = (state, c.randn("c0", layers * dirs, n, 4))
+    out, s = m(x, state)
+    c.out("out", out)
+    if kind == "lstm":
+        c.out("h_n", s[0])
+        c.out("c_n", s[1])
+    else:
+        c.out("h_n", s)
+
+
+def rnn_unbatched(c, kind):
+    cls = {"rnn": nn.RNN, "gru": nn.GRU, "lstm": nn.LSTM}[kind]
+    m = c.load(cls(3, 4))
+    out, s = m(c.randn("x", 5, 3))
+    c.out("out", out)
+    if kind == "lstm":
+        c.out("h_n", s[0])
+        c.out("c_n", s[1])
+    else:
+        c.out("h_n", s)
+
+
+def cell_case(c, kind, with_state, batched=True, **kw):
+    cls = {"rnn": nn.RNNCell, "gru": nn.GRUCell, "lstm": nn.LSTMCell}[kind]
+    m = c.load(cls(3, 4, **kw))
+    lead = (2,) if batched else ()
+    x = c.randn("x", *lead, 3)
+    state = None
+    if with_state:
+        state = c.randn("h0", *lead, 4)
+        if kind == "lstm":
+            state = (state, c.randn("c0", *lead, 4))
+    r = m(x, state)
+    if kind == "lstm":
+        c.out("h", r[0])
+        c.out("c", r[1])
+    else:
+        c.out("h", r)
+
+
+def randomize_bn(m, nbt=0):
+    with torch.no_grad():
+        m.weight.copy_(1 + 0.5 * torch.randn(m.weight.shape))
+        m.bias.copy_(0.5 * torch.randn(m.bias.shape))
+        m.running_mean.copy_(torch.randn(m.running_mean.shape))
+        m.running_var.copy_(0.5 + torch.rand(m.running_var.shape))
+        m.num_batches_tracked.fill_(nbt)
+
+
+def bn_case(c, cls, shape, train, momentum=0.1, steps=1):
+    m = cls(shape[1], momentum=momentum)
+    randomize_bn(m, nbt=2)
+    c.load(m)
+    m.train(train)
+    for s in range(steps):
+        c.out(f"y{s}", m(c.randn(f"x{s}", *shape)))
+    if train:
+        c.out("running_mean", m.running_mean)
+        c.out("running_var", m.running_var)
+        c.out("num_batches_tracked", m.num_batches_tracked)
+
+
+def conv1d_case(c, stride, padding, batched=True, bias=True):
+    m = c.load(nn.Conv1d(3, 4, 3, stride=stride, padding=padding, bias=bias))
+    c.out("out", m(c.randn("x", *((2, 3, 9) if batched else (3, 9)))))
+
+
+def mha_case(c, l, s, mask=None, weights=True):
+    m = nn.MultiheadAttention(8, 2, batch_first=True)
+    with torch.no_grad():  # nonzero biases, which PyTorch's initialization leaves at zero
+        m.in_proj_bias.copy_(0.1 * torch.randn(m.in_proj_bias.shape))
+        m.out_proj.bias.copy_(0.1 * torch.randn(m.out_proj.bias.shape))
+    c.load(m)
+    q = c.randn("q", 2, l, 8)
+    k, v = (q, q) if s is None else (c.randn("k", 2, s, 8), c.randn("v", 2, s, 8))
+    s = l if s is None else s
+    am = None
+    if mask == "bool":
+        mm = torch.rand(l, s) < 0.4
+        mm[:, 0] = False  # no row fully masked (true = not allowed)
+        am = c.inp("mask", mm)
+    elif mask == "float":
+        am = c.randn("mask", 2 * 2, l, s)
+    elif mask == "causal":
+        am = torch.triu(torch.ones(l, s, dtype=torch.bool), 1)  # what duet's is_causal applies
+    out, w = m(q, k, v, attn_mask=am, need_weights=weights, is_causal=mask == "causal")
+    c.out("out", out)
+    if weights:
+        c.out("weights", w)
+
+
+def layer_cases():
+    for kind in ("rnn", "gru", "lstm"):
+        kws = [("", {})] if kind != "rnn" else [("_tanh", {}),
+                                                ("_relu", {"nonlinearity": "relu"})]
+        for sfx, kw in kws:
+            case(f"{kind}{sfx}", lambda c, k=kind, kw=kw: rnn_case(c, k, 1, False, False, False,
+                                                                  **kw))
+            case(f"{kind}{sfx}_2layer_bidir_state",
+                 lambda c, k=kind, kw=kw: rnn_case(c, k, 2, True, False, True, **kw))
+            case(f"{kind}{sfx}_batch_first_state",
+                 lambda c, k=kind, kw=kw: rnn_case(c, k, 2, False, True, True, **kw))
+            case(f"{kind}{sfx}_bidir_batch_first",
+                 lambda c, k=kind, kw=kw: rnn_case(c, k, 1, True, True, False, **kw))
+        case(f"{kind}_unbatched", lambda c, k=kind: rnn_unbatched(c, k))
+        case(f"{kind}_no_bias", lambda c, k=kind: rnn_case(c, k, 1, False, False, True, bias=False))
+    for kind in ("rnn", "gru", "lstm"):
+        case(f"{kind}_cell", lambda c, k=kind: cell_case(c, k, False))
+        case(f"{kind}_cell_state", lambda c, k=kind: cell_case(c, k, True))
+        case(f"{kind}_cell_unbatched_state", lambda c, k=kind: cell_case(c, k, True, False))
+    case("rnn_cell_relu_state", lambda c: cell_case(c, "rnn", True, nonlinearity="relu"))
+
+    case("batchnorm1d_2d_train", lambda c: bn_case(c, nn.BatchNorm1d, (6, 3), True))
+    case("batchnorm1d_3d_train", lambda c: bn_case(c, nn.BatchNorm1d, (4, 3, 5), True))
+    case("batchnorm2d_train", lambda c: bn_case(c, nn.BatchNorm2d, (3, 2, 4, 3), True))
+    case("batchnorm3d_train", lambda c: bn_case(c, nn.BatchNorm3d, (2, 3, 2, 3, 2), True))
+    case("batchnorm1d_cumulative_train",
+         lambda c: bn_case(c, nn.BatchNorm1d, (5, 3), True, momentum=None, steps=2))
+    case("batchnorm1d_eval", lambda c: bn_case(c, nn.BatchNorm1d, (4, 3, 5), False))
+    case("batchnorm2d_eval", lambda c: bn_case(c, nn.BatchNorm2d, (3, 2, 4, 3), False))
+    case("batchnorm3d_eval", lambda c: bn_case(c, nn.BatchNorm3d, (2, 3, 2, 3, 2), False))
+
+    case("conv1d", lambda c: conv1d_case(c, 1, 0))
+    case("conv1d_stride2_pad1", lambda c: conv1d_case(c, 2, 1))
+    case("conv1d_unbatched_no_bias", lambda c: conv1d_case(c, 1, 2, batched=False, bias=False))
+
+    case("mha_self", lambda c: mha_case(c, 4, None))
+    case("mha_cross", lambda c: mha_case(c, 3, 5))
+    case("mha_bool_mask", lambda c: mha_case(c, 3, 5, mask="bool"))
+    case("mha_float_mask", lambda c: mha_case(c, 3, 5, mask="float"))
+    case("mha_causal", lambda c: mha_case(c, 4, None, mask="causal"))
+
+
+# ---- optimizers and schedulers ----
+
+
+def rmsprop_case(c, steps=5, **kw):
+    x = c.randn("x", 6, 3, grad=False)
+    y = c.randn("y", 6, 2, grad=False)
+    w = c.inp("w", torch.randn(2, 3), grad=False).requires_grad_()
+    b = c.inp("b", torch.randn(2), grad=False).requires_grad_()
+    opt = torch.optim.RMSprop([w, b], **kw)
+    for s in range(1, steps + 1):
+        opt.zero_grad()
+        F.mse_loss(F.linear(x, w, b), y).backward()
+        opt.step()
+        c.out(f"w{s}", w.detach())
+        c.out(f"b{s}", b.detach())
+
+
+def optim_cases():
+    case("rmsprop", lambda c: rmsprop_case(c))
+    case("rmsprop_momentum", lambda c: rmsprop_case(c, lr=0.02, momentum=0.9))
+    case("rmsprop_centered", lambda c: rmsprop_case(c, centered=True))
+    case("rmsprop_all", lambda c: rmsprop_case(c, lr=0.005, alpha=0.9, eps=1e-6,
+                                               weight_decay=0.1, momentum=0.5, centered=True))
+
+
+def schedule(c, make, values=30):
+    p = torch.zeros(1, requires_grad=True)
+    opt = torch.optim.SGD([p], lr=0.1)
+    sched = make(opt)
+    lrs = [sched.get_last_lr()[0]]
+    while len(lrs) < values:
+        opt.step()
+        sched.step()
+        lrs.append(sched.get_last_lr()[0])
+    c.out("lr", np.array(lrs, dtype=np.float64))
+
+
+def scheduler_cases():
+    S = torch.optim.lr_scheduler
+    case("step_lr", lambda c: schedule(c, lambda o: S.StepLR(o, 7, 0.5)))
+    case("cosine_annealing_lr",
+         lambda c: schedule(c, lambda o: S.CosineAnnealingLR(o, T_max=10, eta_min=0.01)))
+    case("linear_lr", lambda c: schedule(c, lambda o: S.LinearLR(o, 0.25, 1.0, 8)))
+    case("one_cycle_lr", lambda c: schedule(
+        c, lambda o: S.OneCycleLR(o, max_lr=0.5, total_steps=30, cycle_momentum=False), 31))
+    case("one_cycle_lr_linear_three_phase", lambda c: schedule(
+        c, lambda o: S.OneCycleLR(o, max_lr=0.4, total_steps=30, pct_start=0.25,
+                                  anneal_strategy="linear", div_factor=10, final_div_factor=100,
+                                  three_phase=True, cycle_momentum=False)))
+
+    def sequential(o):
+        return S.SequentialLR(o, [S.LinearLR(o, 0.1, 1.0, 5),
+                                  S.CosineAnnealingLR(o, T_max=20, eta_min=0.001)], milestones=[5])
+
+    def sequential3(o):
+        return S.SequentialLR(o, [S.LinearLR(o, 0.2, 1.0, 4), S.StepLR(o, 3, 0.5),
+                                  S.CosineAnnealingLR(o, T_max=8)], milestones=[4, 12])
+
+    case("sequential_lr", lambda c: schedule(c, sequential))
+    case("sequential_lr_three", lambda c: schedule(c, sequential3))
+
+
+def main():
+    assert torch.__version__.split("+")[0] == PINS[0].split("==")[1], torch.__version__
+    assert np.__version__ == PINS[1].split("==")[1], np.__version__
+    torch.set_num_threads(1)
+    if os.path.exists(OUT):
+        shutil.rmtree(OUT)
+    os.makedirs(OUT)
+    ops_cases()
+    layer_cases()
+    optim_cases()
+    scheduler_cases()
+    n = len(os.listdir(OUT))
+    size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(OUT) for f in fs)
+    print(f"torch_reference: {n} cases, {size} bytes in {os.path.relpath(OUT, ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
