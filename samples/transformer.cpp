@@ -121,7 +121,8 @@ Tensor decode(Decoder& model, const Tensor& seq) {
 
 std::string show(const Tensor& row) {
   std::string s;
-  for (int64_t t : row.to_vector<int64_t>()) s += t == kSep ? "| " : std::to_string(t) + " ";
+  for (int64_t t : row.to_vector<int64_t>())
+    s += (s.empty() ? "" : " ") + (t == kSep ? std::string("|") : std::to_string(t));
   return s;
 }
 
