@@ -55,77 +55,182 @@ std::vector<MethodRow> method_rows() {
   const Tensor probs = rand({2, 6}, f64());
   std::vector<MethodRow> rows;
   // Elementwise: generated from the rows, with a tensor and a scalar operand.
-#define DUET_UNARY(Name, name, math, doc)                                      \
-  rows.push_back({#name, [=] { return one(pos.name()); },                      \
-                  [=] { return one(duet::name(pos)); }});
-#define DUET_BINARY(Name, name, doc)                                             \
-  rows.push_back({#name, [=] { return Results{pos.name(y), pos.name(1.5)}; },    \
-                  [=] { return Results{duet::name(pos, y), duet::name(pos, 1.5)}; }});
+#define DUET_UNARY(Name, name, math, doc) \
+  rows.push_back({#name, [=] { return one(pos.name()); }, [=] { return one(duet::name(pos)); }});
+#define DUET_BINARY(Name, name, doc)                                          \
+  rows.push_back({#name,                                                      \
+                  [=] {                                                       \
+                    return Results{pos.name(y), pos.name(1.5)};               \
+                  },                                                          \
+                  [=] {                                                       \
+                    return Results{duet::name(pos, y), duet::name(pos, 1.5)}; \
+                  }});
 #define DUET_COMPARE(Name, name, expr, doc) DUET_BINARY(Name, name, doc)
 #include "core/elementwise.def"
-  auto row = [&](std::string name, std::function<Results()> method,
-                 std::function<Results()> free) {
+  auto row = [&](std::string name, std::function<Results()> method, std::function<Results()> free) {
     rows.push_back({std::move(name), std::move(method), std::move(free)});
   };
   const Tensor xn = where(mask, x, scalar(NAN, f64()));
-  row("isnan", [=] { return one(xn.isnan()); }, [=] { return one(isnan(xn)); });
-  row("isinf", [=] { return one((x / 0).isinf()); }, [=] { return one(isinf(x / 0)); });
-  row("isfinite", [=] { return one(xn.isfinite()); }, [=] { return one(isfinite(xn)); });
-  row("clamp", [=] { return one(x.clamp(-0.5, 0.5)); }, [=] { return one(clamp(x, -0.5, 0.5)); });
-  row("sum", [=] { return Results{x.sum(), x.sum(1, true)}; },
-      [=] { return Results{sum(x), sum(x, 1, true)}; });
-  row("mean", [=] { return Results{x.mean(), x.mean({0})}; },
-      [=] { return Results{mean(x), mean(x, {0})}; });
-  row("max", [=] { return Results{x.max(), x.max(1)}; }, [=] { return Results{max(x), max(x, 1)}; });
-  row("min", [=] { return Results{x.min(), x.min(0, true)}; },
-      [=] { return Results{min(x), min(x, 0, true)}; });
-  row("matmul", [=] { return one(x.matmul(m)); }, [=] { return one(matmul(x, m)); });
-  row("reshape", [=] { return one(x.reshape({2, -1})); }, [=] { return one(reshape(x, {2, -1})); });
-  row("view", [=] { return one(x.view({4, 3})); }, [=] { return one(view(x, {4, 3})); });
-  row("flatten", [=] { return one(x.flatten()); }, [=] { return one(flatten(x)); });
-  row("transpose", [=] { return one(x.transpose(0, 1)); }, [=] { return one(transpose(x, 0, 1)); });
-  row("t", [=] { return one(x.t()); }, [=] { return one(t(x)); });
-  row("permute", [=] { return one(x.permute({1, 0})); }, [=] { return one(permute(x, {1, 0})); });
-  row("squeeze", [=] { return Results{x.reshape({3, 1, 4}).squeeze(1), x.squeeze()}; },
-      [=] { return Results{squeeze(reshape(x, {3, 1, 4}), 1), squeeze(x)}; });
-  row("unsqueeze", [=] { return one(x.unsqueeze(-1)); }, [=] { return one(unsqueeze(x, -1)); });
-  row("expand", [=] { return one(x.unsqueeze(0).expand({2, -1, -1})); },
-      [=] { return one(expand(unsqueeze(x, 0), {2, -1, -1})); });
-  row("expand_as", [=] { return one(x.sum(0).expand_as(x)); },
+  row(
+      "isnan", [=] { return one(xn.isnan()); }, [=] { return one(isnan(xn)); });
+  row(
+      "isinf", [=] { return one((x / 0).isinf()); }, [=] { return one(isinf(x / 0)); });
+  row(
+      "isfinite", [=] { return one(xn.isfinite()); }, [=] { return one(isfinite(xn)); });
+  row(
+      "clamp", [=] { return one(x.clamp(-0.5, 0.5)); }, [=] { return one(clamp(x, -0.5, 0.5)); });
+  row(
+      "sum",
+      [=] {
+        return Results{x.sum(), x.sum(1, true)};
+      },
+      [=] {
+        return Results{sum(x), sum(x, 1, true)};
+      });
+  row(
+      "mean",
+      [=] {
+        return Results{x.mean(), x.mean({0})};
+      },
+      [=] {
+        return Results{mean(x), mean(x, {0})};
+      });
+  row(
+      "max",
+      [=] {
+        return Results{x.max(), x.max(1)};
+      },
+      [=] {
+        return Results{max(x), max(x, 1)};
+      });
+  row(
+      "min",
+      [=] {
+        return Results{x.min(), x.min(0, true)};
+      },
+      [=] {
+        return Results{min(x), min(x, 0, true)};
+      });
+  row(
+      "matmul", [=] { return one(x.matmul(m)); }, [=] { return one(matmul(x, m)); });
+  row(
+      "reshape",
+      [=] {
+        return one(x.reshape({2, -1}));
+      },
+      [=] {
+        return one(reshape(x, {2, -1}));
+      });
+  row(
+      "view",
+      [=] {
+        return one(x.view({4, 3}));
+      },
+      [=] {
+        return one(view(x, {4, 3}));
+      });
+  row(
+      "flatten", [=] { return one(x.flatten()); }, [=] { return one(flatten(x)); });
+  row(
+      "transpose", [=] { return one(x.transpose(0, 1)); }, [=] { return one(transpose(x, 0, 1)); });
+  row(
+      "t", [=] { return one(x.t()); }, [=] { return one(t(x)); });
+  row(
+      "permute",
+      [=] {
+        return one(x.permute({1, 0}));
+      },
+      [=] {
+        return one(permute(x, {1, 0}));
+      });
+  row(
+      "squeeze",
+      [=] {
+        return Results{x.reshape({3, 1, 4}).squeeze(1), x.squeeze()};
+      },
+      [=] {
+        return Results{squeeze(reshape(x, {3, 1, 4}), 1), squeeze(x)};
+      });
+  row(
+      "unsqueeze", [=] { return one(x.unsqueeze(-1)); }, [=] { return one(unsqueeze(x, -1)); });
+  row(
+      "expand",
+      [=] {
+        return one(x.unsqueeze(0).expand({2, -1, -1}));
+      },
+      [=] {
+        return one(expand(unsqueeze(x, 0), {2, -1, -1}));
+      });
+  row(
+      "expand_as", [=] { return one(x.sum(0).expand_as(x)); },
       [=] { return one(expand_as(sum(x, 0), x)); });
-  row("slice", [=] { return one(x.slice(1, 1, 4, 2)); }, [=] { return one(slice(x, 1, 1, 4, 2)); });
-  row("slice_scatter", [=] { return one(x.slice_scatter(y.slice(0, 0, 1), 0, 2, 3)); },
+  row(
+      "slice", [=] { return one(x.slice(1, 1, 4, 2)); }, [=] { return one(slice(x, 1, 1, 4, 2)); });
+  row(
+      "slice_scatter", [=] { return one(x.slice_scatter(y.slice(0, 0, 1), 0, 2, 3)); },
       [=] { return one(slice_scatter(x, slice(y, 0, 0, 1), 0, 2, 3)); });
-  row("gather", [=] { return one(x.gather(1, idx)); }, [=] { return one(gather(x, 1, idx)); });
-  row("scatter_add", [=] { return one(x.scatter_add(1, idx, y.slice(1, 0, 2))); },
+  row(
+      "gather", [=] { return one(x.gather(1, idx)); }, [=] { return one(gather(x, 1, idx)); });
+  row(
+      "scatter_add", [=] { return one(x.scatter_add(1, idx, y.slice(1, 0, 2))); },
       [=] { return one(scatter_add(x, 1, idx, slice(y, 1, 0, 2))); });
-  row("index_select", [=] { return one(x.index_select(0, sel)); },
+  row(
+      "index_select", [=] { return one(x.index_select(0, sel)); },
       [=] { return one(index_select(x, 0, sel)); });
-  row("argmax", [=] { return one(x.argmax(1)); }, [=] { return one(argmax(x, 1)); });
-  row("argmin", [=] { return one(x.argmin(0, true)); }, [=] { return one(argmin(x, 0, true)); });
-  row("softmax", [=] { return one(x.softmax(-1)); }, [=] { return one(softmax(x, -1)); });
-  row("log_softmax", [=] { return one(x.log_softmax(0)); }, [=] { return one(log_softmax(x, 0)); });
-  row("logsumexp", [=] { return one(x.logsumexp(1)); }, [=] { return one(logsumexp(x, 1)); });
-  row("masked_fill",
-      [=] { return Results{x.masked_fill(mask, 2.0), x.masked_fill(mask, scalar(-1.0, f64()))}; },
+  row(
+      "argmax", [=] { return one(x.argmax(1)); }, [=] { return one(argmax(x, 1)); });
+  row(
+      "argmin", [=] { return one(x.argmin(0, true)); }, [=] { return one(argmin(x, 0, true)); });
+  row(
+      "softmax", [=] { return one(x.softmax(-1)); }, [=] { return one(softmax(x, -1)); });
+  row(
+      "log_softmax", [=] { return one(x.log_softmax(0)); }, [=] { return one(log_softmax(x, 0)); });
+  row(
+      "logsumexp", [=] { return one(x.logsumexp(1)); }, [=] { return one(logsumexp(x, 1)); });
+  row(
+      "masked_fill",
+      [=] {
+        return Results{x.masked_fill(mask, 2.0), x.masked_fill(mask, scalar(-1.0, f64()))};
+      },
       [=] {
         return Results{masked_fill(x, mask, 2.0), masked_fill(x, mask, scalar(-1.0, f64()))};
       });
-  row("tril", [=] { return one(x.tril(1)); }, [=] { return one(tril(x, 1)); });
-  row("triu", [=] { return one(x.triu(-1)); }, [=] { return one(triu(x, -1)); });
-  row("split", [=] { return x.split(3, 1); }, [=] { return split(x, 3, 1); });
-  row("chunk", [=] { return x.chunk(2); }, [=] { return chunk(x, 2); });
-  row("flip", [=] { return one(x.flip({0, 1})); }, [=] { return one(flip(x, {0, 1})); });
-  row("roll", [=] { return one(x.roll(1, 1)); }, [=] { return one(roll(x, 1, 1)); });
-  row("cumsum", [=] { return one(x.cumsum(1)); }, [=] { return one(cumsum(x, 1)); });
-  row("var", [=] { return one(x.var(1, 0, true)); }, [=] { return one(var(x, 1, 0, true)); });
-  row("std", [=] { return one(x.std()); }, [=] { return one(duet::std(x)); });
-  row("amax", [=] { return one(x.amax(0)); }, [=] { return one(amax(x, 0)); });
-  row("amin", [=] { return one(x.amin()); }, [=] { return one(amin(x)); });
-  row("argsort", [=] { return one(x.argsort(1, true)); }, [=] { return one(argsort(x, 1, true)); });
-  row("sort", [=] { return both(x.sort(0)); }, [=] { return both(sort(x, 0)); });
-  row("topk", [=] { return both(x.topk(2)); }, [=] { return both(topk(x, 2)); });
-  row("multinomial",
+  row(
+      "tril", [=] { return one(x.tril(1)); }, [=] { return one(tril(x, 1)); });
+  row(
+      "triu", [=] { return one(x.triu(-1)); }, [=] { return one(triu(x, -1)); });
+  row(
+      "split", [=] { return x.split(3, 1); }, [=] { return split(x, 3, 1); });
+  row(
+      "chunk", [=] { return x.chunk(2); }, [=] { return chunk(x, 2); });
+  row(
+      "flip",
+      [=] {
+        return one(x.flip({0, 1}));
+      },
+      [=] {
+        return one(flip(x, {0, 1}));
+      });
+  row(
+      "roll", [=] { return one(x.roll(1, 1)); }, [=] { return one(roll(x, 1, 1)); });
+  row(
+      "cumsum", [=] { return one(x.cumsum(1)); }, [=] { return one(cumsum(x, 1)); });
+  row(
+      "var", [=] { return one(x.var(1, 0, true)); }, [=] { return one(var(x, 1, 0, true)); });
+  row(
+      "std", [=] { return one(x.std()); }, [=] { return one(duet::std(x)); });
+  row(
+      "amax", [=] { return one(x.amax(0)); }, [=] { return one(amax(x, 0)); });
+  row(
+      "amin", [=] { return one(x.amin()); }, [=] { return one(amin(x)); });
+  row(
+      "argsort", [=] { return one(x.argsort(1, true)); }, [=] { return one(argsort(x, 1, true)); });
+  row(
+      "sort", [=] { return both(x.sort(0)); }, [=] { return both(sort(x, 0)); });
+  row(
+      "topk", [=] { return both(x.topk(2)); }, [=] { return both(topk(x, 2)); });
+  row(
+      "multinomial",
       [=] {
         manual_seed(3);
         return one(probs.multinomial(3));
@@ -236,7 +341,9 @@ TEST_CASE("flatten, t and expand_as: torch's shapes, errors, symbolic dims under
   CHECK(zeros({2, 3}).t().sizes() == Shape{3, 2});
   CHECK(starts_with(error_of<ValueError>([&] { x.t(); }), "[t]"));
   CHECK(zeros({1, 5}).expand_as(zeros({4, 5})).sizes() == Shape{4, 5});
-  CHECK(starts_with(error_of<ShapeError>([&] { zeros({2, 5}).expand_as(zeros({4, 5})); }),
+  CHECK(starts_with(error_of<ShapeError>([&] {
+                      zeros({2, 5}).expand_as(zeros({4, 5}));
+                    }),
                     "[expand]"));
   // A symbolic batch stays symbolic through flatten and expand_as: one trace for every batch.
   CompileOptions o;
