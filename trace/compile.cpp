@@ -871,8 +871,21 @@ bool CompiledCore::run(Entry& e, const std::vector<int64_t>& values, const FlatA
   outs.assign(res.begin(), res.begin() + static_cast<std::ptrdiff_t>(e.num_outputs));
   if ((e.backward.empty() && e.failed.empty()) || !grad_mode()) return true;
   auto saved = std::make_shared<std::vector<SavedTensor>>();
-  for (size_t i = e.num_outputs; i < res.size(); ++i)
-    saved->push_back({res[i], res[i].unsafe_impl()->storage->version_.load()});
+  for (size_t i = e.num_outputs; i < res.size(); ++i) {
+    // A saved value that is also an output (tanh's gradient reads tanh's result) is kept as an
+    // alias without autograd state, as eager saves an output (Note [Saved tensors]): a handle
+    // to the output itself would make a cycle, output -> grad_fn -> backward_fn -> output, and
+    // leak both when no backward runs.
+    Tensor v = res[i];
+    for (size_t j = 0; j < e.num_outputs; ++j)
+      if (res[j].is_same(v)) {
+        const TensorImpl* x = v.unsafe_impl();
+        v = make_view(v, x->shape, x->strides, x->offset);
+        v.unsafe_impl()->is_view = false;
+        break;
+      }
+    saved->push_back({v, v.unsafe_impl()->storage->version_.load()});
+  }
   std::vector<const Tensor*> sources;
   for (const Entry::Source& s : e.wrt)
     sources.push_back(s.arg >= 0 ? &args.tensors[s.arg] : &s.captured);
