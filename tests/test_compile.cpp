@@ -677,6 +677,39 @@ TEST_CASE("passes: simplify computes a transposed product in the layout it is re
   CHECK(close(y, transpose(matmul(transpose(x, 0, 1), dy), 0, 1), 1e-6));
 }
 
+TEST_CASE("passes: simplify reads a fill of an op's whole shape as a 0-d fill") {
+  // zero_grad()'s zeroed .grad accumulated into, and a scale of the batch's shape: the fills
+  // become 0-d (Note [Fills as operands]). A fill of another dtype, or one that gives the result
+  // its shape, is kept as it is: its promotion or its shape would change.
+  Graph g = trace_graph({{2, 3}, {3}}, [](const std::vector<Tensor>& in) {
+    Tensor acc = zeros({2, 3}) + in[0];
+    Tensor scaled = full({2, 3}, 0.25) * in[0];
+    Tensor wider = in[1] * full({2, 3}, 2.0);  // in[1] alone is (3): kept
+    Tensor promoted = in[0] + zeros({2, 3}, Options().dtype(DType::f64));  // f64: kept
+    return std::vector<Tensor>{acc, scaled, wider, promoted};
+  });
+  CHECK(detail::dce(detail::simplify(g)).str() ==
+        "  %0 = arg 0 : f32[2, 3]\n"
+        "  %1 = arg 1 : f32[3]\n"
+        "  %2 = full() {dtype=f32 value=0} : f32[]\n"
+        "  %3 = add(%2, %0) : f32[2, 3]\n"
+        "  %4 = full() {dtype=f32 value=0.25} : f32[]\n"
+        "  %5 = mul(%4, %0) : f32[2, 3]\n"
+        "  %6 = full() {shape=[2, 3] dtype=f32 value=2} : f32[2, 3]\n"
+        "  %7 = mul(%1, %6) : f32[2, 3]\n"
+        "  %8 = full() {shape=[2, 3] dtype=f64 value=0} : f64[2, 3]\n"
+        "  %9 = add(%0, %8) : f64[2, 3]\n"
+        "  return %3, %5, %7, %9\n");
+  // Compiled and eager agree bit for bit, -0.0 included (+0.0 + -0.0 is +0.0 either way).
+  auto f = compile([](Tensor x) {
+    return std::vector<Tensor>{zeros({2, 3}) + x, full({2, 3}, 0.25) * x};
+  });
+  Tensor x = tensor({-0.0, 1, -2, 3.5, 0, -1e-30}, {2, 3});
+  std::vector<Tensor> got = f(x);
+  CHECK(bitwise_equal(got[0], zeros({2, 3}) + x));
+  CHECK(bitwise_equal(got[1], full({2, 3}, 0.25) * x));
+}
+
 TEST_CASE("passes: disable_passes switches each one off") {
   auto body = [](Tensor x) { return (x * 1) * (x * 1) + exp(x) * 0 + exp(x) * 0; };
   auto all = compile(body);

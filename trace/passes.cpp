@@ -310,6 +310,17 @@ Graph fold(const Graph& old) {
   return r.done();
 }
 
+// Note [Fills as operands]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
+// A filled constant of an elementwise op's whole shape, read as one of its operands, is the
+// same operand as a 0-d fill of that value: broadcasting gives every element the same value.
+// The training step makes such operands: zero_grad() zeroes each .grad in place, so backward's
+// accumulation reads add(full(0, [64, 64]), g), and mse_loss's gradient scales by a full of
+// the batch's shape. As a full-size fill, the operand is a buffer written with the value at
+// every call and read as one more stream by the fused kernel; as a 0-d fill it is one element,
+// broadcast in registers. The rule keeps types and values exactly: every operand has the op's
+// dtype (so promotion, which treats 0-d tensors apart, cannot change), another operand has the
+// op's shape (so the result's shape cannot change), and the op computes with the same numbers.
 Graph simplify(const Graph& old) {
   Rebuild r(old);
   auto node = [&](int32_t v) -> const GraphNode& { return r.g.nodes[v]; };
@@ -389,10 +400,35 @@ Graph simplify(const Graph& old) {
     p.scope = n.scope;
     return r.emit(std::move(p));
   };
+  // A fill of an elementwise op's whole shape read as an operand: a 0-d fill of the same value
+  // and dtype gives the same values (Note [Fills as operands]).
+  auto shrink_fills = [&](GraphNode& n) {
+    if (n.inputs.size() < 2 || op_class(n.op) != OpClass::Elementwise || symbolic(n.meta)) return;
+    const DType d = n.meta.dtype;
+    bool full_shaped = false;
+    for (int32_t v : n.inputs) {
+      const GraphNode& s = node(v);
+      if (s.meta.dtype != d) return;
+      full_shaped |=
+          !(s.kind == NodeKind::Op && s.op == OpId::Full) && s.meta.shape == n.meta.shape;
+    }
+    if (!full_shaped) return;
+    for (int32_t& v : n.inputs) {
+      const GraphNode& s = node(v);
+      if (s.kind != NodeKind::Op || s.op != OpId::Full || s.attrs.sym || symbolic(s.meta) ||
+          s.meta.shape.numel() <= 1)
+        continue;
+      TensorMeta m = s.meta;
+      m.shape = Shape{};
+      m.sym.clear();
+      v = r.emit(full_node(m, s.attrs.value, s.scope));
+    }
+  };
   for (size_t i = 0; i < old.nodes.size(); ++i) {
     GraphNode n = r.remapped(int32_t(i));
     int32_t same = -1;  // an existing value equal to this node
     if (n.kind == NodeKind::Op && n.name.empty()) {
+      shrink_fills(n);
       const auto& in = n.inputs;
       auto fits = [&](int32_t v) { return same_value_meta(node(v).meta, n.meta); };
       switch (n.op) {
