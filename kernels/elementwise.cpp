@@ -199,6 +199,11 @@ void convert_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
           D* o = reinterpret_cast<D*>(p[0]);
           const S* v = reinterpret_cast<const S*>(p[1]);
           for (int64_t i = 0; i < n; ++i) o[i] = convert<D>(v[i]);
+        } else if (s[0] == sizeof(D) && s[1] == 0) {
+          // A broadcast source (zero_(), fill_, copy_ of a 0-d tensor): one conversion, then a
+          // fill the compiler vectorizes, instead of a strided loop converting each element.
+          D* o = reinterpret_cast<D*>(p[0]);
+          std::fill(o, o + n, convert<D>(*reinterpret_cast<const S*>(p[1])));
         } else {
           for (int64_t i = 0; i < n; ++i)
             *reinterpret_cast<D*>(p[0] + i * s[0]) =
