@@ -4,7 +4,6 @@
 #include <mutex>
 #include <queue>
 #include <unordered_map>
-#include <unordered_set>
 
 #include "core/ops.h"
 #include "eager/autograd.h"
@@ -158,22 +157,55 @@ struct Capture {
   std::vector<Tensor> results;
 };
 
+// Note [Backward bookkeeping]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A backward keeps, per node it reaches, the gradient summed so far, the count of consumers
+// still to run, whether it leads to a wanted gradient and whether it is queued; per leaf, the
+// gradient summed so far and its uses still to come. Each lives in one record of a vector,
+// found through one hash map from the node (or leaf) to its record, so a node costs one map
+// entry, and the per-node scratch (input pointers, needs, metadata, input gradients) reuses
+// buffers across nodes: an eager training step's backward allocates little beyond its tensors.
+// The records are per backward call, not fields of Node, since two threads may run backwards
+// through graphs that share nodes.
 void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& root_grads,
                   bool retain_graph, bool create_graph, Capture* capture) {
   GradModeScope mode(create_graph);
   BackwardEndScope end;
-  std::unordered_map<Node*, Tensor> buffers;
+  struct NodeState {
+    Node* node;
+    Tensor buffer;  // the gradient of the node's output, summed over its consumers so far
+    int deps = 0;   // useful consumers that have not run yet
+    bool visited = false, useful = false, queued = false;
+  };
+  std::vector<NodeState> st;
+  std::unordered_map<Node*, int32_t> index;
+  st.reserve(64);
+  index.reserve(64);
+  auto slot = [&](Node* n) -> int32_t {
+    auto [it, fresh] = index.try_emplace(n, static_cast<int32_t>(st.size()));
+    if (fresh) st.push_back(NodeState{n});
+    return it->second;
+  };
+  auto slot_of = [&](Node* n) -> int32_t {
+    auto it = index.find(n);
+    return it == index.end() ? -1 : it->second;
+  };
   // A leaf's gradient is summed over its uses, then accumulated into .grad once, as PyTorch's
   // AccumulateGrad does (two backwards then add the same tensor twice, bit for bit).
-  std::unordered_map<TensorImpl*, Tensor> leaf_grads;
-  std::unordered_map<TensorImpl*, int> leaf_uses;
+  struct LeafState {
+    TensorImpl* leaf;
+    Tensor grad;
+    int uses = 0;
+  };
+  std::vector<LeafState> leaves;
+  std::unordered_map<TensorImpl*, int32_t> leaf_index;
   auto add_to = [&](Tensor& slot, const Tensor& g) { slot = slot.defined() ? slot + g : g; };
-  std::vector<Node*> starts;
+  std::vector<int32_t> starts;
   for (size_t i = 0; i < roots.size(); ++i) {
     TensorImpl* r = roots[i].unsafe_impl();
     if (r->autograd && r->autograd->grad_fn) {
-      Node* n = current_grad_fn(r).get();
-      add_to(buffers[n], root_grads[i]);
+      const int32_t n = slot(current_grad_fn(r).get());
+      add_to(st[n].buffer, root_grads[i]);
       starts.push_back(n);
     } else if (capture) {
       auto it = capture->leaves.find(r);
@@ -184,50 +216,65 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& r
     }
   }
   // Nodes that lead to something that wants a gradient, and their dependency counts.
-  std::unordered_map<Node*, int> deps;
-  std::unordered_map<Node*, bool> useful;
-  std::vector<std::pair<Node*, bool>> stack;
-  for (Node* s : starts) stack.push_back({s, false});
+  std::vector<std::pair<int32_t, bool>> stack;
+  for (int32_t s : starts) stack.push_back({s, false});
   while (!stack.empty()) {
-    auto [n, expanded] = stack.back();
+    auto [i, expanded] = stack.back();
     stack.pop_back();
+    Node* n = st[i].node;
     if (expanded) {
       bool u = !capture || capture->nodes.count(n);
       for (const InputEdge& e : n->inputs) {
         if (e.fn)
-          u |= useful[e.fn.get()];
+          u |= st[slot_of(e.fn.get())].useful;
         else if (e.leaf)
           u |= !capture || capture->leaves.count(e.leaf.get());
       }
-      useful[n] = u;
+      st[i].useful = u;
       continue;
     }
-    if (useful.count(n)) continue;
-    useful[n] = false;  // visiting
-    stack.push_back({n, true});
+    if (st[i].visited) continue;
+    st[i].visited = true;  // and not useful while its inputs are visited
+    stack.push_back({i, true});
     for (const InputEdge& e : n->inputs)
-      if (e.fn && !useful.count(e.fn.get())) stack.push_back({e.fn.get(), false});
+      if (e.fn) {
+        const int32_t j = slot(e.fn.get());
+        if (!st[j].visited) stack.push_back({j, false});
+      }
   }
-  for (auto& [n, u] : useful) {
-    if (!u) continue;
-    for (const InputEdge& e : n->inputs) {
-      if (e.fn && useful[e.fn.get()])
-        ++deps[e.fn.get()];
-      else if (e.leaf && !capture)
-        ++leaf_uses[e.leaf.get()];
+  for (size_t i = 0; i < st.size(); ++i) {
+    if (!st[i].useful) continue;
+    for (const InputEdge& e : st[i].node->inputs) {
+      if (e.fn && st[slot_of(e.fn.get())].useful) {
+        ++st[slot_of(e.fn.get())].deps;
+      } else if (e.leaf && !capture) {
+        auto [it, fresh] =
+            leaf_index.try_emplace(e.leaf.get(), static_cast<int32_t>(leaves.size()));
+        if (fresh) leaves.push_back(LeafState{e.leaf.get()});
+        ++leaves[it->second].uses;
+      }
     }
   }
-  auto later_first = [](Node* a, Node* b) { return a->sequence < b->sequence; };
-  std::priority_queue<Node*, std::vector<Node*>, decltype(later_first)> ready(later_first);
-  std::unordered_set<Node*> queued;
-  for (Node* s : starts)
-    if (useful[s] && deps[s] == 0 && queued.insert(s).second) ready.push(s);
+  auto later_first = [&](int32_t a, int32_t b) {
+    return st[a].node->sequence < st[b].node->sequence;
+  };
+  std::priority_queue<int32_t, std::vector<int32_t>, decltype(later_first)> ready(later_first);
+  for (int32_t s : starts)
+    if (st[s].useful && st[s].deps == 0 && !st[s].queued) {
+      st[s].queued = true;
+      ready.push(s);
+    }
 
+  // Scratch of one node's rule, reused from node to node.
+  std::vector<const Tensor*> ptrs;
+  std::vector<char> needs;
+  std::vector<TensorMeta> metas;
+  std::vector<Tensor> gi;
   while (!ready.empty()) {
-    Node* n = ready.top();
+    const int32_t ni = ready.top();
     ready.pop();
-    Tensor g = std::move(buffers[n]);
-    buffers.erase(n);
+    Node* n = st[ni].node;
+    Tensor g = std::move(st[ni].buffer);
     if (capture) {
       auto it = capture->nodes.find(n);
       if (it != capture->nodes.end()) add_to(capture->results[it->second], g);
@@ -237,32 +284,35 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& r
                "freed its saved tensors); pass retain_graph=true to the first backward",
                n->def->name);
     const int64_t k = n->inputs.size();
-    std::vector<const Tensor*> ptrs(k);
-    std::unique_ptr<bool[]> needs(new bool[k]());
+    ptrs.resize(static_cast<size_t>(k));
+    needs.assign(static_cast<size_t>(k), 0);
+    metas.resize(static_cast<size_t>(k));
     bool any_needed = false;
     uint32_t stale = 0;
-    std::vector<TensorMeta> metas(k);
     for (int64_t i = 0; i < k; ++i) {
       ptrs[i] = &n->saved[i].value;
       if (is_stale(n->saved[i])) stale |= 1u << i;  // only inputs 0..6 are ever saved
       metas[i] = n->inputs[i].meta;
       const InputEdge& e = n->inputs[i];
-      bool wanted =
-          e.fn ? useful[e.fn.get()] : e.leaf && (!capture || capture->leaves.count(e.leaf.get()));
+      bool wanted = e.fn ? st[slot_of(e.fn.get())].useful
+                         : e.leaf && (!capture || capture->leaves.count(e.leaf.get()));
       needs[i] = e.needs && wanted;
-      any_needed |= needs[i];
+      any_needed |= needs[i] != 0;
     }
-    std::vector<Tensor> gi(k);
+    gi.clear();
+    gi.resize(static_cast<size_t>(k));
+    const bool* need = reinterpret_cast<const bool*>(needs.data());
+    static_assert(sizeof(bool) == sizeof(char));
     if (any_needed && n->backward_fn) {
       DUET_CHECK(!create_graph || n->backward_fn_differentiable,
                  "[backward] {} has a compiled backward, which is not itself differentiable: "
                  "create_graph (double backward) needs the function run eagerly",
                  n->def->name);
-      n->backward_fn(g, needs.get(), gi.data());
+      n->backward_fn(g, need, gi.data());
     } else if (any_needed) {
       Tensor out = unpack_output(*n, create_graph);
       GradCtx ctx{n->attrs, SavedInputs(TensorRefs(ptrs.data(), k), stale, n), out, metas.data(),
-                  needs.get()};
+                  need};
       try {
         n->def->grad(ctx, g, gi.data());
       } catch (const AnomalyError& e) {  // Note [Anomaly mode]: name the forward op too
@@ -287,23 +337,28 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& r
                   n->def->name, i);
       Tensor gin = sum_to(std::move(gi[i]), e.meta);
       if (e.fn) {
-        Node* p = e.fn.get();
-        add_to(buffers[p], gin);
-        if (--deps[p] == 0 && queued.insert(p).second) ready.push(p);
+        const int32_t p = slot_of(e.fn.get());
+        add_to(st[p].buffer, gin);
+        if (--st[p].deps == 0 && !st[p].queued) {
+          st[p].queued = true;
+          ready.push(p);
+        }
       } else if (capture) {
         add_to(capture->results[capture->leaves.at(e.leaf.get())], gin);
       } else {
-        TensorImpl* l = e.leaf.get();
-        add_to(leaf_grads[l], gin);
-        if (--leaf_uses[l] == 0) {  // its last use
-          accumulate(l, std::move(leaf_grads[l]), create_graph);
-          leaf_grads.erase(l);
+        LeafState& l = leaves[leaf_index.at(e.leaf.get())];
+        add_to(l.grad, gin);
+        if (--l.uses == 0) {  // its last use
+          accumulate(l.leaf, std::move(l.grad), create_graph);
+          l.grad = Tensor();
           run_post_accumulate_hooks(Tensor(e.leaf));
         }
       }
     }
   }
-  DUET_ASSERT(leaf_grads.empty(), "{} leaf gradients were never accumulated", leaf_grads.size());
+  int64_t pending = 0;
+  for (const LeafState& l : leaves) pending += l.grad.defined();
+  DUET_ASSERT(pending == 0, "{} leaf gradients were never accumulated", pending);
   end.run();
 }
 
