@@ -1,4 +1,4 @@
-// Reference values from PyTorch: the outputs and gradients of the ops of core/ops_more.h and of
+// Reference values from PyTorch: the outputs and gradients of the later ops of core/api.def and of
 // the newer ops and layers, RMSprop's parameters after a few steps, the schedulers' learning
 // rates and gradient clipping, against the values torch 2.11 computed on the same inputs
 // (tools/torch_reference.py, which writes tests/data/torch_ref/; see its docstring for the files
@@ -185,7 +185,7 @@ void outs(Ref& r, const std::tuple<Tensor, Tensor>& vi) {
   r.out("indices", std::get<1>(vi));
 }
 
-// ---- ops (core/ops_more.h and the newer ops of core/ops.h) ----
+// ---- ops (masked_fill to einsum and the newer ops of core/api.def) ----
 
 Cases op_cases() {
   Cases c;

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Reference values from PyTorch for tests/test_torch_reference.cpp: the outputs and gradients of
-the ops of core/ops_more.h and of the newer ops and layers (gelu's tanh form,
-scaled_dot_product_attention, the recurrent layers and cells, batch norm, Conv1d,
+the later ops of core/api.def (masked_fill to einsum) and of the newer ops and layers (gelu's
+tanh form, scaled_dot_product_attention, the recurrent layers and cells, batch norm, Conv1d,
 MultiheadAttention), RMSprop's parameters after a few steps, the learning rates of the
 schedulers, and gradient clipping, on fixed inputs drawn by torch with a fixed seed per case.
 
@@ -108,7 +108,7 @@ def case(name, body):
     c.done()
 
 
-# ---- ops of core/ops_more.h ----
+# ---- ops of core/api.def, masked_fill to einsum ----
 
 
 def ops_cases():
