@@ -879,9 +879,7 @@ bool CompiledCore::run(Entry& e, const std::vector<int64_t>& values, const FlatA
     Tensor v = res[i];
     for (size_t j = 0; j < e.num_outputs; ++j)
       if (res[j].is_same(v)) {
-        const TensorImpl* x = v.unsafe_impl();
-        v = make_view(v, x->shape, x->strides, x->offset);
-        v.unsafe_impl()->is_view = false;
+        v = v.detach();
         break;
       }
     saved->push_back({v, v.unsafe_impl()->storage->version_.load()});
@@ -907,11 +905,7 @@ bool CompiledCore::run(Entry& e, const std::vector<int64_t>& values, const FlatA
     const Entry::Backward& b = e.backward[k];
     Tensor& out = outs[b.output];
     for (size_t j = 0; j < outs.size(); ++j)  // the same tensor twice: a second handle
-      if (j != b.output && outs[j].is_same(out)) {
-        const TensorImpl* x = out.unsafe_impl();
-        out = make_view(out, x->shape, x->strides, x->offset);
-        out.unsafe_impl()->is_view = false;
-      }
+      if (j != b.output && outs[j].is_same(out)) out = out.detach();
     std::shared_ptr<Plan> plan = plans.backward[k];
     std::vector<size_t> idx = b.saved;
     std::string label = label_;
