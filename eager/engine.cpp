@@ -186,10 +186,8 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& r
     if (fresh) st.push_back(NodeState{n});
     return it->second;
   };
-  auto slot_of = [&](Node* n) -> int32_t {
-    auto it = index.find(n);
-    return it == index.end() ? -1 : it->second;
-  };
+  // The record of a node the traversal below reached (every input edge of a reached node is).
+  auto state = [&](Node* n) -> NodeState& { return st[index.at(n)]; };
   // A leaf's gradient is summed over its uses, then accumulated into .grad once, as PyTorch's
   // AccumulateGrad does (two backwards then add the same tensor twice, bit for bit).
   struct LeafState {
@@ -226,7 +224,7 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& r
       bool u = !capture || capture->nodes.count(n);
       for (const InputEdge& e : n->inputs) {
         if (e.fn)
-          u |= st[slot_of(e.fn.get())].useful;
+          u |= state(e.fn.get()).useful;
         else if (e.leaf)
           u |= !capture || capture->leaves.count(e.leaf.get());
       }
@@ -245,8 +243,9 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& r
   for (size_t i = 0; i < st.size(); ++i) {
     if (!st[i].useful) continue;
     for (const InputEdge& e : st[i].node->inputs) {
-      if (e.fn && st[slot_of(e.fn.get())].useful) {
-        ++st[slot_of(e.fn.get())].deps;
+      if (e.fn) {
+        NodeState& p = state(e.fn.get());
+        if (p.useful) ++p.deps;
       } else if (e.leaf && !capture) {
         auto [it, fresh] =
             leaf_index.try_emplace(e.leaf.get(), static_cast<int32_t>(leaves.size()));
@@ -267,7 +266,7 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& r
 
   // Scratch of one node's rule, reused from node to node.
   std::vector<const Tensor*> ptrs;
-  std::vector<char> needs;
+  SmallVec<bool, 16> needs;
   std::vector<TensorMeta> metas;
   std::vector<Tensor> gi;
   while (!ready.empty()) {
@@ -285,7 +284,7 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& r
                n->def->name);
     const int64_t k = n->inputs.size();
     ptrs.resize(static_cast<size_t>(k));
-    needs.assign(static_cast<size_t>(k), 0);
+    needs.resize(k);
     metas.resize(static_cast<size_t>(k));
     bool any_needed = false;
     uint32_t stale = 0;
@@ -294,15 +293,14 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& r
       if (is_stale(n->saved[i])) stale |= 1u << i;  // only inputs 0..6 are ever saved
       metas[i] = n->inputs[i].meta;
       const InputEdge& e = n->inputs[i];
-      bool wanted = e.fn ? st[slot_of(e.fn.get())].useful
+      bool wanted = e.fn ? state(e.fn.get()).useful
                          : e.leaf && (!capture || capture->leaves.count(e.leaf.get()));
       needs[i] = e.needs && wanted;
-      any_needed |= needs[i] != 0;
+      any_needed |= needs[i];
     }
     gi.clear();
     gi.resize(static_cast<size_t>(k));
-    const bool* need = reinterpret_cast<const bool*>(needs.data());
-    static_assert(sizeof(bool) == sizeof(char));
+    const bool* need = needs.data();
     if (any_needed && n->backward_fn) {
       DUET_CHECK(!create_graph || n->backward_fn_differentiable,
                  "[backward] {} has a compiled backward, which is not itself differentiable: "
@@ -337,7 +335,7 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& r
                   n->def->name, i);
       Tensor gin = sum_to(std::move(gi[i]), e.meta);
       if (e.fn) {
-        const int32_t p = slot_of(e.fn.get());
+        const int32_t p = index.at(e.fn.get());
         add_to(st[p].buffer, gin);
         if (--st[p].deps == 0 && !st[p].queued) {
           st[p].queued = true;
