@@ -16,20 +16,6 @@ const std::vector<DType> kNumeric = {DType::f32, DType::f64, DType::i32, DType::
 // Few distinct values, so that argmax and argmin meet ties.
 const Domain kTies{-1, 1, -2, 2, true};
 
-// Multi-indices of a row-major shape.
-std::vector<int64_t> unravel(int64_t i, const Shape& s) {
-  std::vector<int64_t> idx(static_cast<size_t>(s.size()));
-  for (int64_t d = s.size() - 1; d >= 0; --d) {
-    idx[d] = i % s[d];
-    i /= s[d];
-  }
-  return idx;
-}
-int64_t ravel(const std::vector<int64_t>& idx, const Shape& s) {
-  int64_t i = 0;
-  for (int64_t d = 0; d < s.size(); ++d) i = i * s[d] + idx[d];
-  return i;
-}
 int64_t wrap(int64_t dim, const Shape& s) { return dim < 0 ? dim + s.size() : dim; }
 
 Tensor ix(const Idx& v, const Shape& s, Layout l = L::Contiguous) {

@@ -162,21 +162,6 @@ TEST_CASE("reductions: sums of empty tensors are zero; means are NaN") {
 
 namespace {
 
-// Row-major multi-indices, written here so that the references share no index arithmetic with
-// the kernels.
-std::vector<int64_t> unravel_at(int64_t i, const Shape& s) {
-  std::vector<int64_t> idx(static_cast<size_t>(s.size()));
-  for (int64_t d = s.size() - 1; d >= 0; --d) {
-    idx[d] = i % s[d];
-    i /= s[d];
-  }
-  return idx;
-}
-int64_t ravel_at(const std::vector<int64_t>& idx, const Shape& s) {
-  int64_t i = 0;
-  for (int64_t d = 0; d < s.size(); ++d) i = i * s[d] + idx[d];
-  return i;
-}
 // Element idx of the broadcast of row-major values v of shape s (aligned to the right; size-1
 // dims repeat) to a shape of idx.size() dims.
 double read_broadcast(const std::vector<double>& v, const Shape& s,
@@ -202,10 +187,10 @@ std::vector<double> reduce_ref(bool is_max, const std::vector<double>& v, const 
     if (!reduced[d]) out->push_back(s[d]);
   std::vector<double> r(static_cast<size_t>(out->numel()), is_max ? -INFINITY : 0.0);
   for (int64_t i = 0; i < s.numel(); ++i) {
-    std::vector<int64_t> idx = unravel_at(i, s), kept;
+    std::vector<int64_t> idx = unravel(i, s), kept;
     for (int64_t d = 0; d < s.size(); ++d)
       if (!reduced[d]) kept.push_back(idx[d]);
-    double& o = r[ravel_at(kept, *out)];
+    double& o = r[ravel(kept, *out)];
     o = is_max ? std::max(o, v[i]) : o + v[i];
   }
   return r;
@@ -229,7 +214,7 @@ TEST_CASE("ops on more than 16 dims that do not coalesce: broadcasting, reductio
   const Tensor a = make(va, sa, DType::f64), b = make(vb, sb, DType::f64);
   std::vector<double> sum_ab, diff_ba;
   for (int64_t i = 0; i < full.numel(); ++i) {
-    const std::vector<int64_t> idx = unravel_at(i, full);
+    const std::vector<int64_t> idx = unravel(i, full);
     const double x = read_broadcast(va, sa, idx), y = read_broadcast(vb, sb, idx);
     sum_ab.push_back(x + y);
     diff_ba.push_back(y - x);
@@ -252,8 +237,8 @@ TEST_CASE("ops on more than 16 dims that do not coalesce: broadcasting, reductio
   const Tensor xt = permute(make(vx, full, DType::f64), Dims(rev));
   std::vector<double> prod, negx;
   for (int64_t i = 0; i < full.numel(); ++i) {
-    std::vector<int64_t> idx = unravel_at(i, full), back(idx.rbegin(), idx.rend());
-    const double x = vx[ravel_at(back, full)];
+    std::vector<int64_t> idx = unravel(i, full), back(idx.rbegin(), idx.rend());
+    const double x = vx[ravel(back, full)];
     prod.push_back(x * read_broadcast(vb, sb, idx));
     negx.push_back(-x);
   }
@@ -269,7 +254,7 @@ TEST_CASE("ops on more than 16 dims that do not coalesce: broadcasting, reductio
   const Tensor x18 = make(v18, full18, DType::f64);
   std::vector<double> vaexp;
   for (int64_t i = 0; i < full.numel(); ++i)
-    vaexp.push_back(read_broadcast(va, sa, unravel_at(i, full)));
+    vaexp.push_back(read_broadcast(va, sa, unravel(i, full)));
   struct R {
     const char* name;
     const Tensor* x;
@@ -312,16 +297,16 @@ TEST_CASE("ops on more than 16 dims that do not coalesce: broadcasting, reductio
   for (int64_t d = 16; d >= 0; --d) sidx_rev.push_back(sidx[d]);
   std::vector<double> vsrc_rev(vsrc.size());  // the source stored with its dims reversed
   for (int64_t i = 0; i < sidx.numel(); ++i) {
-    std::vector<int64_t> idx = unravel_at(i, sidx), back(idx.rbegin(), idx.rend());
-    vsrc_rev[ravel_at(back, sidx_rev)] = vsrc[i];
+    std::vector<int64_t> idx = unravel(i, sidx), back(idx.rbegin(), idx.rend());
+    vsrc_rev[ravel(back, sidx_rev)] = vsrc[i];
   }
   const Tensor src = permute(make(vsrc_rev, sidx_rev, DType::f64), Dims(rev));
   REQUIRE(differences(values(src), vsrc, 0, 0).empty());
   std::vector<double> want = vbase;
   for (int64_t i = 0; i < sidx.numel(); ++i) {
-    std::vector<int64_t> q = unravel_at(i, sidx);
+    std::vector<int64_t> q = unravel(i, sidx);
     q[dim] = static_cast<int64_t>(vi[i]);
-    want[ravel_at(q, full)] += vsrc[i];
+    want[ravel(q, full)] += vsrc[i];
   }
   check_tensor(scatter_add(make(vbase, full, DType::f64), dim, make(vi, sidx, DType::i64), src),
                full, DType::f64, want);

@@ -226,6 +226,21 @@ Tensor make_sample(std::vector<double>& v, const Shape& made, const Shape& shape
   return expand(x, shape);
 }
 
+std::vector<int64_t> unravel(int64_t i, const Shape& s) {
+  std::vector<int64_t> idx(static_cast<size_t>(s.size()));
+  for (int64_t d = s.size() - 1; d >= 0; --d) {
+    idx[d] = i % s[d];
+    i /= s[d];
+  }
+  return idx;
+}
+
+int64_t ravel(const std::vector<int64_t>& idx, const Shape& s) {
+  int64_t i = 0;
+  for (int64_t d = 0; d < s.size(); ++d) i = i * s[d] + idx[d];
+  return i;
+}
+
 std::vector<double> broadcast_values(const std::vector<double>& v, const Shape& from,
                                      const Shape& to) {
   const int64_t n = to.numel(), nd = to.size(), lead = to.size() - from.size();

@@ -84,6 +84,10 @@ const char* layout_name(Layout l);
 /// A tensor of `shape` holding the logical values `v`, laid out as asked.
 Tensor make_layout(const std::vector<double>& v, const Shape& shape, DType dtype, Layout layout);
 
+/// The multi-index of element i of a row-major shape, and back (plain index arithmetic, shared
+/// with no kernel, for references).
+std::vector<int64_t> unravel(int64_t i, const Shape& s);
+int64_t ravel(const std::vector<int64_t>& idx, const Shape& s);
 /// Broadcasts row-major values of shape `from` to shape `to` (plain index arithmetic).
 std::vector<double> broadcast_values(const std::vector<double>& v, const Shape& from,
                                      const Shape& to);
