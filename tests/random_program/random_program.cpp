@@ -145,6 +145,15 @@ std::vector<int64_t> Generator::random_shape(int64_t numel) {
 
 // An i64 index for gather / scatter_add along d of value a: sizes up to a's along the other
 // dims (at every batch size, in the batch mix).
+void Generator::class_targets(Step& st, int a) {
+  const Tensor& A = at(a);
+  st.args = {a};
+  const int64_t c = min_sizes(a)[A.dim() - 1];
+  const int64_t n = A.dim() == 2 ? A.sizes()[0] : 1;
+  for (int64_t i = 0; i < n; ++i) st.index.push_back(irand(0, c - 1));
+  st.ishape = A.dim() == 2 ? std::vector<int64_t>{n} : std::vector<int64_t>{};
+}
+
 void Generator::random_index(Step& st, int a, int64_t d) {
   const Shape lim = min_sizes(a);
   st.ishape.clear();
@@ -637,12 +646,7 @@ bool Generator::propose(Op op, Step& st) {
     case Op::CrossEntropy: {
       int a = pick([](const Tensor& t) { return floating(t) && t.dim() >= 1 && t.dim() <= 2; });
       if (a < 0) return false;
-      const Tensor& A = at(a);
-      st.args = {a};
-      const int64_t c = min_sizes(a)[A.dim() - 1];
-      const int64_t n = A.dim() == 2 ? A.sizes()[0] : 1;
-      for (int64_t i = 0; i < n; ++i) st.index.push_back(irand(0, c - 1));
-      st.ishape = A.dim() == 2 ? std::vector<int64_t>{n} : std::vector<int64_t>{};
+      class_targets(st, a);
       return true;
     }
     case Op::BceLogits: {

@@ -303,6 +303,9 @@ class Generator {
   int64_t wrap_or_negative(int64_t d, int64_t rank) { return chance(0.3) ? d - rank : d; }
   std::vector<int64_t> random_shape(int64_t numel);
   void random_index(Step& st, int a, int64_t d);
+  /// st.args = {a} and one class index per row of value a (1-D: one row; 2-D: (N, C)), in
+  /// st.index of shape st.ishape: the targets of cross_entropy and nll_loss.
+  void class_targets(Step& st, int a);
   bool propose(Op op, Step& st);
   /// propose for the composites of core/api.def from masked_fill to einsum
   /// (random_program_more.cpp).

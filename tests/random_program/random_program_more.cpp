@@ -242,14 +242,10 @@ bool Generator::propose_more(Op op, Step& st) {
     case Op::NllLoss: {
       int a = pick([](const Tensor& t) { return floating(t) && t.dim() >= 1 && t.dim() <= 2; });
       if (a < 0) return false;
-      const Tensor& A = at(a);
-      st.args = {a};
-      const int64_t c = min_sizes(a)[A.dim() - 1];
-      const int64_t n = A.dim() == 2 ? A.sizes()[0] : 1;
-      for (int64_t i = 0; i < n; ++i) st.index.push_back(irand(0, c - 1));
+      class_targets(st, a);
+      const auto n = static_cast<int64_t>(st.index.size());
       if (n > 1 && chance(0.3)) st.index[size_t(irand(0, n - 1))] = -100;  // ignored
-      st.ishape = A.dim() == 2 ? std::vector<int64_t>{n} : std::vector<int64_t>{};
-      st.mode = int(irand(0, 2));  // mean, sum, none
+      st.mode = int(irand(0, 2));                                          // mean, sum, none
       return true;
     }
     case Op::Multinomial: {
