@@ -323,6 +323,12 @@ class Interp {
 
 bool fusable_op(OpId op) { return is_fusable(op); }
 
+bool generated_layout(const FusedProgram& p, const DuetFusedArgs& a) {
+  for (int k = 0; k < p.num_inputs(); ++k)
+    if (p.in_dtypes[k] == p.dtype && a.in_si[k] != 0 && a.in_si[k] != 1) return false;
+  return true;
+}
+
 void interpret_fused(const FusedProgram& p, const DuetFusedArgs& a, int64_t begin, int64_t end) {
   if (begin >= end) return;
   if (p.dtype == DType::f32) {
@@ -350,6 +356,7 @@ void FusedKernel::run(const DuetFusedArgs& a) {
   const int64_t w = work(a);
   if (w <= 0) return;
   DuetFusedFn f = compiled.load(std::memory_order_acquire);
+  if (f && !generated_layout(program, a)) f = nullptr;
   // The grain: about kParallelGrain elements of the space per thread.
   const int64_t per = program.reduce == FusedReduce::None    ? 1
                       : program.reduce == FusedReduce::Inner ? std::max<int64_t>(a.inner, 1)

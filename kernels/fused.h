@@ -63,6 +63,11 @@ bool fusable_op(OpId op);
 /// The interpreter: runs [begin, end) of the work (Note [Fused iteration]) on this thread.
 void interpret_fused(const FusedProgram& p, const DuetFusedArgs& a, int64_t begin, int64_t end);
 
+/// Whether generated code may run a call: every input of the compute dtype is contiguous along
+/// the row or broadcast (Note [Generated layouts] in kernels/codegen/cpu.cpp). The interpreter
+/// runs the others.
+bool generated_layout(const FusedProgram& p, const DuetFusedArgs& a);
+
 /// A fused kernel as the executor holds it: the program, and the generated code once ready.
 struct FusedKernel {
   FusedProgram program;

@@ -269,7 +269,13 @@ void check(kernels::DuetFusedFn fn, const FusedProgram& p, Shape2 s, std::vector
   CAPTURE(s.inner);
   CAPTURE(seed);
   Work g = make_work(p, s, st, seed, specials), r = make_work(p, s, st, seed, specials);
-  run_chunks(g, [&](const DuetFusedArgs& a, int64_t b, int64_t e) { fn(&a, b, e); });
+  // As FusedKernel::run chooses: generated code for the layouts it takes, else the interpreter.
+  run_chunks(g, [&](const DuetFusedArgs& a, int64_t b, int64_t e) {
+    if (kernels::generated_layout(p, a))
+      fn(&a, b, e);
+    else
+      kernels::interpret_fused(p, a, b, e);
+  });
   run_chunks(r, [&](const DuetFusedArgs& a, int64_t b, int64_t e) {
     kernels::interpret_fused(p, a, b, e);
   });
@@ -394,8 +400,8 @@ TEST_CASE("codegen: a program's source names its ops, operands and entry point")
   CHECK(src.find("//   r2 = mul(r0, r1)") != std::string::npos);
   CHECK(src.find("P t0 = apply2<duet::fn::Mul>(x0, x1);") != std::string::npos);
   CHECK(src.find("P t1 = apply1<duet::fn::Exp>(t0);") != std::string::npos);
-  CHECK(src.find("out0.template put<Tail>(j, t1, n);") != std::string::npos);
-  CHECK(src.find("run_none<Body, true>(a, begin, end)") != std::string::npos);
+  CHECK(src.find("out0.put(j, t1);") != std::string::npos);
+  CHECK(src.find("run_none<Body>(a, begin, end)") != std::string::npos);
   CHECK(src.find("extern \"C\"") != std::string::npos);
 }
 
@@ -436,6 +442,56 @@ TEST_CASE("codegen: unary ops, f32 and f64, dense, strided and broadcast inputs"
       run({3, 3}, {0, 0}, 5);     // one scalar
     }
   }
+}
+
+// Stands in for generated code: marks every element of its range.
+void fake_generated(const DuetFusedArgs* a, int64_t begin, int64_t end) {
+  for (int64_t i = begin; i < end; ++i) static_cast<float*>(a->out[0])[i] = 42.0f;
+}
+
+TEST_CASE("codegen: FusedKernel::run gives generated code only the layouts it takes") {
+  Builder b(DType::f32, {DType::f32, DType::i64});
+  b.out(b.op(OpId::Add, 0, 1), DType::f32);
+  FusedKernel k;
+  k.program = b.p;
+  k.compiled.store(fake_generated);
+  std::vector<float> x(64);
+  std::vector<int64_t> y(64);
+  for (int i = 0; i < 64; ++i) {
+    x[i] = 0.5f * static_cast<float>(i);
+    y[i] = i % 3;
+  }
+  std::vector<float> out(8);
+  DuetFusedArgs a{};
+  a.outer = 2;
+  a.inner = 4;
+  a.in[0] = x.data();
+  a.in[1] = y.data();
+  a.out[0] = out.data();
+  // Dense rows, and an i64 input at any stride: generated code.
+  for (auto [so, si, yso, ysi] : {std::array<int64_t, 4>{4, 1, 4, 1}, {0, 1, 8, 3}, {1, 0, 0, 5}}) {
+    CAPTURE(so);
+    CAPTURE(si);
+    CAPTURE(ysi);
+    a.in_so[0] = so;
+    a.in_si[0] = si;
+    a.in_so[1] = yso;
+    a.in_si[1] = ysi;
+    std::fill(out.begin(), out.end(), 0.0f);
+    CHECK(kernels::generated_layout(k.program, a));
+    k.run(a);
+    for (float v : out) CHECK(v == 42.0f);
+  }
+  // An f32 input strided along the row: the interpreter, whatever generated code there is.
+  a.in_so[0] = 16;
+  a.in_si[0] = 2;
+  a.in_so[1] = 4;
+  a.in_si[1] = 1;
+  CHECK_FALSE(kernels::generated_layout(k.program, a));
+  k.run(a);
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 4; ++j)
+      CHECK(out[i * 4 + j] == x[i * 16 + j * 2] + static_cast<float>(y[i * 4 + j]));
 }
 
 TEST_CASE("codegen: binary ops, comparisons, where and casts, f32 and f64") {

@@ -40,6 +40,7 @@ using P = ei::packet_traits<T>::type;
 constexpr int W = ei::unpacket_traits<P>::size;
 
 #define DUET_INLINE inline __attribute__((always_inline))
+#define DUET_TAIL __attribute__((noinline, cold))
 // The interpreter rounds each op's result to T in memory. This keeps the compiler from
 // contracting one op's multiply and the next op's add into an FMA, so results match bit for bit.
 #if defined(__x86_64__) || defined(__i386__)
@@ -86,13 +87,26 @@ DUET_INLINE P pwhere(const P& c, const P& a, const P& b) {
   return ei::pselect(ei::pcmp_eq(c, ei::pzero(c)), b, a);
 }
 
-// n <= W elements p[0], p[s], ... converted to T; the lanes past n are 0.
+// W elements p[0], p[s], ... converted to T.
 template <class S>
-DUET_INLINE P load_lanes(const S* p, int64_t s, int n) {
-  alignas(64) T b[W] = {};
-  for (int l = 0; l < n; ++l) b[l] = static_cast<T>(p[l * s]);
+DUET_INLINE P load_lanes(const S* p, int64_t s) {
+  alignas(64) T b[W];
+  for (int l = 0; l < W; ++l) b[l] = static_cast<T>(p[l * s]);
   return ei::pload<P>(b);
 }
+
+// Note [Generated layouts]
+// Generated code runs a call only when every input of dtype T is contiguous along the row or a
+// broadcast (FusedKernel::run checks, and gives other calls to the interpreter): its loads of T
+// are then one ploadu each. An input of another dtype converts lane by lane.
+//
+// Note [Generated tails]
+// Each kernel's body is compiled once: the loop drivers below call it only on whole packets,
+// from one function per iteration mode that is not inlined. The last, partial packet of a row
+// runs that same function on a padded copy of the row's cursors: its inputs copied into W-lane
+// buffers (zero past the row's end), its outputs written to buffers and copied out, and only
+// the row's lanes of a reduction folded. A second, tail copy of the body cost more to compile
+// than the body itself.
 
 // Input k along one row: element j is p[j * s]. A broadcast (s == 0) is converted once per row.
 template <class S>
@@ -102,28 +116,33 @@ struct Input {
   const S* p;
   const T* q;  // packets of T load from q + j * s: p, or c for a broadcast
   int64_t s;
-  // Whether the fast loop may load it with ploadu: T values, contiguous or broadcast.
-  static bool fast(const DuetFusedArgs* a, int k) {
-    return !kSame || a->in_si[k] == 0 || a->in_si[k] == 1;
-  }
   DUET_INLINE void row(const DuetFusedArgs* a, int k, int64_t i) {
     p = static_cast<const S*>(a->in[k]) + i * a->in_so[k];
     s = a->in_si[k];
     if (s == 0) std::fill(c, c + W, static_cast<T>(*p));
     if constexpr (kSame) q = s == 0 ? c : reinterpret_cast<const T*>(p);
   }
-  template <bool Fast, bool Tail>
-  DUET_INLINE P load(int64_t j, int n) const {
-    if constexpr (Tail) {
-      return s == 0 ? ei::pload<P>(c) : load_lanes(p + j * s, s, n);
-    } else if constexpr (kSame) {
-      if (Fast || s == 0 || s == 1) return ei::ploadu<P>(q + j * s);
-      return load_lanes(p + j * s, s, W);
+  DUET_INLINE P load(int64_t j) const {
+    if constexpr (kSame) {
+      return ei::ploadu<P>(q + j * s);
     } else {
       if (s == 0) return ei::pload<P>(c);
-      if (s == 1) return load_lanes(p + j, 1, W);
-      return load_lanes(p + j * s, s, W);
+      return load_lanes(p + j * s, s);
     }
+  }
+  // The n < W values of `from` at j onwards, as a contiguous row in buf (zero past n). Out of
+  // line and cold: one copy per dtype, not one per input, and not vectorized (cheap to build).
+  DUET_TAIL void pad(const Input& from, int64_t j, int n, void* buf) {
+    *this = from;
+    if (from.s == 0) {
+      if constexpr (kSame) q = c;
+      return;
+    }
+    S* b = static_cast<S*>(buf);
+    for (int l = 0; l < W; ++l) b[l] = l < n ? from.p[(j + l) * from.s] : S(0);
+    p = b;
+    s = 1;
+    if constexpr (kSame) q = b;
   }
 };
 
@@ -134,21 +153,25 @@ struct Output {
   DUET_INLINE void row(const DuetFusedArgs* a, int k, int64_t i) {
     p = static_cast<S*>(a->out[k]) + i * a->inner;
   }
-  template <bool Tail>
-  DUET_INLINE void put(int64_t j, const P& x, int n) const {
-    if constexpr (std::is_same_v<S, T> && !Tail) {
+  DUET_INLINE void put(int64_t j, const P& x) const {
+    if constexpr (std::is_same_v<S, T>) {
       ei::pstoreu(p + j, x);
     } else {
       alignas(64) T b[W];
       ei::pstore(b, x);
-      for (int l = 0; l < n; ++l) {
-        if constexpr (std::is_same_v<S, bool>)
-          p[j + l] = b[l] != T(0);
-        else
-          p[j + l] = b[l];
-      }
+      for (int l = 0; l < W; ++l) p[j + l] = b[l] != T(0);
     }
   }
+  DUET_INLINE void pad(void* buf) { p = static_cast<S*>(buf); }
+  DUET_TAIL void unpad(const Output& to, int64_t j, int n) const {
+    for (int l = 0; l < n; ++l) to.p[j + l] = p[l];
+  }
+};
+
+// A padded row's buffers: one W-lane buffer per input and output, of their widest dtype.
+template <class B>
+struct Pad {
+  alignas(64) unsigned char buf[B::kBufs][W * 8];
 };
 
 struct RedSum {
@@ -167,48 +190,70 @@ struct RedMin {
   static T scalar(T a, T b) { return duet::fn::Minimum{}(a, b); }
 };
 
+#define DUET_BODY_ONCE __attribute__((noinline))
+
 // Elementwise: [begin, end) are flat elements; a range may cross rows.
-template <class B, bool Fast>
+template <class B>
+DUET_BODY_ONCE void packets_none(B& b, int64_t j, int64_t e) {
+  for (; j < e; j += W) b.step(j);
+}
+template <class B>
 void run_none(const DuetFusedArgs* a, int64_t begin, int64_t end) {
   const int64_t inner = a->inner;
   if (inner <= 0) return;
   B b;
+  Pad<B> pad;
   int64_t i = begin / inner, j = begin % inner;
   while (begin < end) {
     const int64_t e = std::min(inner, j + (end - begin));
     b.row(a, i);
     begin += e - j;
-    for (; j + W <= e; j += W) b.template step<Fast, false>(j, W);
-    if (j < e) b.template step<Fast, true>(j, static_cast<int>(e - j));
+    const int64_t full = j + (e - j) / W * W;
+    packets_none(b, j, full);
+    if (full < e) {
+      const int n = static_cast<int>(e - full);
+      B t;
+      t.pad(b, full, n, pad.buf);
+      packets_none(t, 0, W);
+      t.unpad(b, full, n);
+    }
     ++i;
     j = 0;
   }
 }
 
 // Inner reduction: [begin, end) are rows, each folded into red_out[i].
-template <class B, class R, bool Fast>
+template <class B, class R>
+DUET_BODY_ONCE P packets_inner(B& b, int64_t n) {
+  P acc0 = ei::pset1<P>(R::identity()), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+  int64_t j = 0;
+  for (; j + 4 * W <= n; j += 4 * W) {
+    acc0 = R::packet(acc0, b.step(j));
+    acc1 = R::packet(acc1, b.step(j + W));
+    acc2 = R::packet(acc2, b.step(j + 2 * W));
+    acc3 = R::packet(acc3, b.step(j + 3 * W));
+  }
+  for (; j < n; j += W) acc0 = R::packet(acc0, b.step(j));
+  return R::packet(R::packet(acc0, acc1), R::packet(acc2, acc3));
+}
+template <class B, class R>
 void run_inner(const DuetFusedArgs* a, int64_t begin, int64_t end) {
-  const int64_t n = a->inner;
+  const int64_t n = a->inner, full = n / W * W;
   T* red = static_cast<T*>(a->red_out);
   B b;
+  Pad<B> pad;
   alignas(64) T buf[W];
   for (int64_t i = begin; i < end; ++i) {
     b.row(a, i);
-    P acc0 = ei::pset1<P>(R::identity()), acc1 = acc0, acc2 = acc0, acc3 = acc0;
-    int64_t j = 0;
-    for (; j + 4 * W <= n; j += 4 * W) {
-      acc0 = R::packet(acc0, b.template step<Fast, false>(j, W));
-      acc1 = R::packet(acc1, b.template step<Fast, false>(j + W, W));
-      acc2 = R::packet(acc2, b.template step<Fast, false>(j + 2 * W, W));
-      acc3 = R::packet(acc3, b.template step<Fast, false>(j + 3 * W, W));
-    }
-    for (; j + W <= n; j += W) acc0 = R::packet(acc0, b.template step<Fast, false>(j, W));
-    ei::pstore(buf, R::packet(R::packet(acc0, acc1), R::packet(acc2, acc3)));
+    ei::pstore(buf, packets_inner<B, R>(b, full));
     T r = R::identity();
     for (int l = 0; l < W; ++l) r = R::scalar(r, buf[l]);
-    if (j < n) {
-      const int m = static_cast<int>(n - j);
-      ei::pstore(buf, b.template step<Fast, true>(j, m));
+    if (full < n) {
+      const int m = static_cast<int>(n - full);
+      B t;
+      t.pad(b, full, m, pad.buf);
+      ei::pstore(buf, packets_inner<B, R>(t, W));
+      t.unpad(b, full, m);
       for (int l = 0; l < m; ++l) r = R::scalar(r, buf[l]);
     }
     red[i] = r;
@@ -217,24 +262,31 @@ void run_inner(const DuetFusedArgs* a, int64_t begin, int64_t end) {
 
 // Outer reduction: [begin, end) are columns, each folded over the rows into red_out[j]. The
 // rows stream through a block of columns whose accumulators stay in L1.
-template <class B, class R, bool Fast>
+template <class B, class R>
+DUET_BODY_ONCE void packets_outer(B& b, T* acc, int64_t j0, int64_t width) {
+  for (int64_t q = 0; q < width; q += W)
+    ei::pstore(acc + q, R::packet(ei::pload<P>(acc + q), b.step(j0 + q)));
+}
+template <class B, class R>
 void run_outer(const DuetFusedArgs* a, int64_t begin, int64_t end) {
   constexpr int64_t kCols = 8192 / sizeof(T);
   const int64_t outer = a->outer;
   T* red = static_cast<T*>(a->red_out);
   B b;
+  Pad<B> pad;
   alignas(64) T acc[kCols];
   for (int64_t j0 = begin; j0 < end; j0 += kCols) {
     const int64_t width = std::min(end - j0, kCols), full = width / W * W;
     std::fill(acc, acc + (width > full ? full + W : full), R::identity());
     for (int64_t i = 0; i < outer; ++i) {
       b.row(a, i);
-      for (int64_t q = 0; q < full; q += W)
-        ei::pstore(acc + q,
-                   R::packet(ei::pload<P>(acc + q), b.template step<Fast, false>(j0 + q, W)));
+      packets_outer<B, R>(b, acc, j0, full);
       if (full < width) {
-        const P v = b.template step<Fast, true>(j0 + full, static_cast<int>(width - full));
-        ei::pstore(acc + full, R::packet(ei::pload<P>(acc + full), v));
+        const int m = static_cast<int>(width - full);
+        B t;
+        t.pad(b, j0 + full, m, pad.buf);
+        packets_outer<B, R>(t, acc + full, 0, W);
+        t.unpad(b, j0 + full, m);
       }
     }
     std::copy(acc, acc + width, red + j0);
@@ -307,7 +359,7 @@ std::string generate_fused_source(const FusedProgram& p) {
   std::string stores;
   for (int k = 0; k < nout; ++k) {
     DUET_ASSERT(p.out_dtypes[k] == p.dtype || p.out_dtypes[k] == DType::b8);
-    stores += fmt::format("    out{}.template put<Tail>(j, {}, n);\n", k, read(p.outputs[k]));
+    stores += fmt::format("    out{}.put(j, {});\n", k, read(p.outputs[k]));
     header +=
         fmt::format("//   output {} = r{} ({})\n", k, p.outputs[k], dtype_name(p.out_dtypes[k]));
   }
@@ -328,7 +380,8 @@ std::string generate_fused_source(const FusedProgram& p) {
   std::string s = header + kPreludeHead + fmt::format("\nnamespace {{\nusing T = {};\n}}\n", T);
   s += kPreludeBody;
   s += "\nstruct Body {\n";
-  std::string fast, row;
+  std::string row, pad, unpad;
+  int bufs = 0;
   for (int k = 0; k < nin; ++k) {
     if (!used[k]) continue;
     const char* S = kernels::jit::c_type(p.in_dtypes[k]);
@@ -336,31 +389,35 @@ std::string generate_fused_source(const FusedProgram& p) {
                  "[codegen] input {} has dtype {}, not computed on the CPU", k,
                  dtype_name(p.in_dtypes[k]));
     s += fmt::format("  Input<{}> in{};\n", S, k);
-    fast += fmt::format("{}Input<{}>::fast(a, {})", fast.empty() ? "" : " && ", S, k);
     row += fmt::format("    in{}.row(a, {}, i);\n", k, k);
+    pad += fmt::format("    in{}.pad(b.in{}, j, n, buf[{}]);\n", k, k, bufs++);
   }
   for (int k = 0; k < nout; ++k) {
     s += fmt::format("  Output<{}> out{};\n", p.out_dtypes[k] == DType::b8 ? "bool" : "T", k);
     row += fmt::format("    out{}.row(a, {}, i);\n", k, k);
+    pad += fmt::format("    out{}.pad(buf[{}]);\n", k, bufs++);
+    unpad += fmt::format("    out{}.unpad(b.out{}, j, n);\n", k, k);
   }
-  s += fmt::format("  static bool fast(const DuetFusedArgs* a) {{ return {}; }}\n",
-                   fast.empty() ? "true" : fast);
+  s += fmt::format("  static constexpr int kBufs = {};\n", std::max(bufs, 1));
   s += fmt::format("  DUET_INLINE void row(const DuetFusedArgs* a, int64_t i) {{\n{}  }}\n", row);
-  s += "  template <bool Fast, bool Tail>\n  DUET_INLINE P step(int64_t j, int n) {\n";
+  s += fmt::format(
+      "  DUET_INLINE void pad(const Body& b, int64_t j, int n, unsigned char (*buf)[W * 8]) "
+      "{{\n{}  }}\n",
+      pad);
+  s += fmt::format("  DUET_INLINE void unpad(const Body& b, int64_t j, int n) const {{\n{}  }}\n",
+                   unpad);
+  s += "  DUET_INLINE P step(int64_t j) {\n";
   for (int k = 0; k < nin; ++k)
-    if (used[k])
-      s += fmt::format("    const P x{} = in{}.template load<Fast, Tail>(j, n);\n", k, k);
+    if (used[k]) s += fmt::format("    const P x{} = in{}.load(j);\n", k, k);
   s += code + stores + fmt::format("    return {};\n  }}\n}};\n}}  // namespace\n\n", result);
 
-  std::string run = p.reduce == FusedReduce::None ? "run_none<Body, {}>"
-                    : p.reduce == FusedReduce::Inner
-                        ? fmt::format("run_inner<Body, {}, {{}}>", reducer)
-                        : fmt::format("run_outer<Body, {}, {{}}>", reducer);
+  const std::string run = p.reduce == FusedReduce::None ? "run_none<Body>"
+                          : p.reduce == FusedReduce::Inner
+                              ? fmt::format("run_inner<Body, {}>", reducer)
+                              : fmt::format("run_outer<Body, {}>", reducer);
   s += "extern \"C\" __attribute__((visibility(\"default\"))) void duet_fused(\n"
        "    const DuetFusedArgs* a, int64_t begin, int64_t end) {\n";
-  s += fmt::format(
-      "  if (Body::fast(a))\n    {}(a, begin, end);\n  else\n    {}(a, begin, end);\n}}\n",
-      fmt::format(fmt::runtime(run), "true"), fmt::format(fmt::runtime(run), "false"));
+  s += fmt::format("  {}(a, begin, end);\n}}\n", run);
   return s;
 }
 
