@@ -207,7 +207,7 @@ void run_cuda(const Config&, const std::function<bool(const char*)>& want, std::
 
 /// W2 floors: memcpy of n floats, and the hand-fused Eigen loop on the configured threads.
 void w2_floor_memcpy(const float* x, float* y, int64_t n);
-void w2_floor_fused(const float* x, float* y, int64_t n);
+void w2_floor_fused(const float* x, float* y, int64_t n, bool eigen_logistic);
 /// W3 floors: C = A B, row-major n x n, directly on oneDNN and on OpenBLAS.
 void sgemm_onednn(const float* a, const float* b, float* c, int64_t n);
 void sgemm_openblas(const float* a, const float* b, float* c, int64_t n);

@@ -101,7 +101,7 @@ void run_w2(const Config& c, std::vector<Result>& out) {
   // Each mode runs in its own loop, and the floors after eager and compiled: x stays warm in the
   // 32 MB L3 for them, which makes them the stronger (stricter) floors; interleaving would
   // flush it.
-  std::vector<std::vector<double>> t(4);
+  std::vector<std::vector<double>> t(5);
   t[0] = time_reps([&] { y = w2_expr(x); }, c.reps);
   const double peak_eager = static_cast<double>(duet::cpu_memory_stats().peak);
   std::vector<float> ye = y.to_vector<float>();
@@ -115,8 +115,9 @@ void run_w2(const Config& c, std::vector<Result>& out) {
   t[1] = time_reps([&] { y = f(x); }, c.reps);
   const double peak_compiled = static_cast<double>(duet::cpu_memory_stats().peak);
   std::vector<float> yco = y.to_vector<float>();
-  t[2] = time_reps([&] { w2_floor_fused(px, yf.data(), n); }, c.reps);
+  t[2] = time_reps([&] { w2_floor_fused(px, yf.data(), n, false); }, c.reps);
   t[3] = time_reps([&] { w2_floor_memcpy(px, yc.data(), n); }, c.reps);
+  t[4] = time_reps([&] { w2_floor_fused(px, yc.data(), n, true); }, c.reps);
   report("eager", t[0]);
   out.push_back(single(base("W2", "eager", c, "peak_tensor_bytes"), peak_eager));
   report("compiled", t[1]);
@@ -128,9 +129,9 @@ void run_w2(const Config& c, std::vector<Result>& out) {
   if (err > 1e-5 || errc > 1e-5)
     std::fprintf(stderr, "W2: duet (eager %g, compiled %g) and the fused floor differ\n", err,
                  errc);
-  for (int k : {2, 3}) {
+  for (int k : {2, 3, 4}) {
     Result fr = base("W2", "floor", c, "ms");
-    fr.variant = k == 2 ? "fused_eigen" : "memcpy";
+    fr.variant = k == 2 ? "fused_eigen" : k == 3 ? "memcpy" : "fused_eigen_logistic";
     out.push_back(summarize(fr, t[k], [](double s) { return s * 1e3; }));
     fr.metric = "gbps";
     out.push_back(summarize(fr, t[k], [&](double s) { return bytes / s / 1e9; }));
