@@ -828,12 +828,13 @@ void run_ablation(const Config& c, const std::function<bool(const char*)>& want,
 // call, on a cold kernel cache (a fresh cache directory): fused groups run on the interpreter
 // until their generated kernels are built. Each rep steps for a few seconds from the first
 // call (8 s for W4, 6 s for W6), then waits for every build and takes the warm median;
-// s_to_steady is the earliest time t after the first call from which every 9 consecutive calls
-// have a median within 1.1x the warm median. after_1s_ratio is the median of the calls starting
-// between 1 and 3 s after the first call, over the warm median (the target: at most 1.1);
-// s_to_kernels, when the last of the step's kernels was swapped in. warm_cache_ratio: the same
-// step compiled again on the warm disk cache, the median of its calls 2 to 20 over the warm
-// median (the target: at most 1.1 from the first call; its first call also traces and plans).
+// s_to_steady is the earliest time t (in steps of 0.1 s) after the first call from which the
+// calls of every 0.1 s window have a median within 1.1x the warm median. after_1s_ratio is the
+// median of the calls starting between 1 and 3 s after the first call, over the warm median (the
+// target: at most 1.1); s_to_kernels, when the last of the step's kernels was swapped in.
+// warm_cache_ratio: the same step compiled again on the warm disk cache, the median of its calls 2
+// to 20 over the warm median (the target: at most 1.1 from the first call; its first call also
+// traces and plans).
 void run_cs(const Config& c, std::vector<Result>& out) {
   using Clock = std::chrono::steady_clock;
   auto median = [](std::vector<double> v) {
@@ -899,17 +900,21 @@ void run_cs(const Config& c, std::vector<Result>& out) {
         }
         warm_cache.push_back(median(early) / warm_median);
       }
-      // The earliest start from which every run of 9 consecutive calls has its median within
-      // 1.1x the warm median (the window's last call when none does).
-      auto window_median = [&](size_t i) {
-        std::vector<double> w;
-        for (size_t k = i; k < std::min(calls.size(), i + 9); ++k) w.push_back(calls[k].second);
-        return median(w);
-      };
-      double steady = calls.back().first;
-      for (size_t i = calls.size(); i-- > 0;) {
-        if (window_median(i) > 1.1 * warm_median) break;
-        steady = calls[i].first;
+      // The earliest start of a 0.1 s window (from the first call on) from which every window
+      // has the median of its calls within 1.1x the warm median: the last window's start when
+      // none does. A window of time, not of calls: 9 calls of W6 last half a millisecond, where
+      // one preemption by another process decides the median.
+      constexpr double kWindow = 0.1;
+      std::vector<std::vector<double>> windows;
+      for (const auto& [start, secs] : calls) {
+        const size_t w = static_cast<size_t>(start / kWindow);
+        if (windows.size() <= w) windows.resize(w + 1);
+        windows[w].push_back(secs);
+      }
+      double steady = kWindow * static_cast<double>(windows.size() - 1);
+      for (size_t w = windows.size(); w-- > 0;) {
+        if (!windows[w].empty() && median(windows[w]) > 1.1 * warm_median) break;
+        steady = kWindow * static_cast<double>(w);
       }
       // The criterion over the calls that start between 1 and 3 s after the first.
       std::vector<double> late;
