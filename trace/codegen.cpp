@@ -170,13 +170,20 @@ class Worker {
   // Note [Codegen priority]
   // ~~~~~~~~~~~~~~~~~~~~~~~~
   // The compilers run while the program goes on, on the interpreter, and on a machine with few
-  // cores they take CPU time from it: on 2 cores, two builds beside W4's two-threaded step made
-  // its steps 18% slower for as long as they ran. A builder thread lowers its own priority (on
-  // Linux a nice value belongs to the thread, and the compilers it starts inherit it), so that
-  // the builds take the time the program leaves and the program keeps the cores it uses.
-  // DUET_CODEGEN_NICE sets the value (0 to 19; default kDefaultNice, the lowest: at 10, two
-  // builds still made W4's steps 34% slower in their first seconds, at 19 6%).
-  static constexpr int kDefaultNice = 19;
+  // cores they take CPU time from it. A builder thread sets its own priority (on Linux a nice
+  // value belongs to the thread, and the compilers it starts inherit it) to DUET_CODEGEN_NICE
+  // (0 to 19; default kDefaultNice = 0, the program's own). Measured with duet_bench's CS on 2
+  // cores, W4 (a training step that keeps both cores busy) and W6:
+  // - nice 0: the builds share the cores for about a second. W4's steps run 2.3x slower in
+  //   that second, W6's 1.2x; then every kernel is in (W4 at 1.2 s, W6 at 1.0 s), and the
+  //   steps are at full speed (1.01x and 0.99x the warm-cache median).
+  // - nice 19: the builds take only what the program leaves. W4's first second is at 1.02x,
+  //   but it leaves nothing: W4's kernels were still not built 8 s later, and its steps stayed
+  //   on the interpreter at 1.1x for as long as it ran. W6 was in at 1.2 s.
+  // - nice 5: both costs, W4 at 1.6x for 4 s.
+  // A program that runs for more than a few seconds gains from the short build, so 0 is the
+  // default; DUET_CODEGEN_NICE=19 keeps the builds out of a short program's way.
+  static constexpr int kDefaultNice = 0;
   static void lower_priority() {
     int nice = kDefaultNice;
     if (const char* e = std::getenv("DUET_CODEGEN_NICE"); e && *e) {
