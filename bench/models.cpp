@@ -913,6 +913,11 @@ void run_cs(const Config& c, std::vector<Result>& out) {
         windows[w].push_back(secs);
       }
       double steady = kWindow * static_cast<double>(windows.size() - 1);
+      if (std::getenv("DUET_CS_DEBUG"))
+        for (size_t w = 0; w < windows.size(); ++w)
+          if (!windows[w].empty() && median(windows[w]) > 1.1 * warm_median)
+            std::fprintf(stderr, "CS %s: window %.1f s: %zu calls, median %.3fx\n", name,
+                         kWindow * double(w), windows[w].size(), median(windows[w]) / warm_median);
       for (size_t w = windows.size(); w-- > 0;) {
         if (!windows[w].empty() && median(windows[w]) > 1.1 * warm_median) break;
         steady = kWindow * static_cast<double>(w);

@@ -140,8 +140,11 @@ class Worker {
       if (stop_) return;
       queue_.push_back(std::move(k));
       ++stats_.queued;
-      // One more builder while there are queued kernels and cores for them.
-      const size_t cores = std::max(1u, std::min(4u, std::thread::hardware_concurrency()));
+      // One more builder while there are queued kernels, up to half the cores (at most 4): the
+      // program keeps the other half. On 2 cores one builder had W4's kernels in at 1.1 s where
+      // two, each paying the compiler's start and competing with the program's two threads,
+      // took 1.3 s (W6: 1.2 s and 1.05 s).
+      const size_t cores = std::max(1u, std::min(4u, std::thread::hardware_concurrency() / 2));
       if (threads_.size() < cores && queue_.size() + busy_ > threads_.size())
         threads_.emplace_back([this] { loop(); });
     }
@@ -174,8 +177,8 @@ class Worker {
   // value belongs to the thread, and the compilers it starts inherit it) to DUET_CODEGEN_NICE
   // (0 to 19; default kDefaultNice = 0, the program's own). Measured with duet_bench's CS on 2
   // cores, W4 (a training step that keeps both cores busy) and W6:
-  // - nice 0: the builds share the cores for about a second. W4's steps run 2.3x slower in
-  //   that second, W6's 1.2x; then every kernel is in (W4 at 1.2 s, W6 at 1.0 s), and the
+  // - nice 0: the build shares the cores for about a second. W4's steps run 2.3x slower in
+  //   that second, W6's 1.2x; then every kernel is in (W4 at 1.1 s, W6 at 1.2 s), and the
   //   steps are at full speed (1.01x and 0.99x the warm-cache median).
   // - nice 19: the builds take only what the program leaves. W4's first second is at 1.02x,
   //   but it leaves nothing: W4's kernels were still not built 8 s later, and its steps stayed
