@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -135,6 +136,47 @@ Comm& comm_for(Device device, const char* op) {
   const int t = static_cast<int>(device.type);
   DUET_CHECK_DEVICE(w.comm[t], "[{}] no transport for {} tensors: {}", op, device, w.why[t]);
   return *w.comm[t];
+}
+
+void describe_call(const CollectiveCall& c, int64_t* d) {
+  std::fill(d, d + kCallDescLen, 0);
+  d[0] = static_cast<int64_t>(c.op);
+  d[1] = static_cast<int64_t>(c.dtype);
+  d[2] = static_cast<int64_t>(c.reduce);
+  d[3] = c.root;
+  d[4] = c.count;
+  d[5] = c.shape.size();
+  for (int64_t i = 0; i < c.shape.size() && i < 6; ++i) d[6 + i] = c.shape[i];
+}
+
+namespace {
+std::string desc_str(const int64_t* d) {
+  std::string shape = "(";
+  const int64_t nd = d[5];
+  for (int64_t i = 0; i < nd && i < 6; ++i) shape += fmt::format("{}{}", i ? ", " : "", d[6 + i]);
+  if (nd > 6) shape += ", ...";
+  shape += nd == 1 ? ",)" : ")";
+  const auto op = static_cast<OpId>(d[0]);
+  return fmt::format("{}({} {}{}{})", op_name(op), dtype_name(static_cast<DType>(d[1])), shape,
+                     op == OpId::Broadcast ? fmt::format(", root {}", d[3]) : "",
+                     op == OpId::AllReduce || op == OpId::ReduceScatter
+                         ? fmt::format(", {}", d[2] == 0 ? "sum" : "max")
+                         : "");
+}
+}  // namespace
+
+void check_descriptions(const CollectiveCall& c, int rank, int world, const int64_t* all) {
+  int64_t mine[kCallDescLen];
+  describe_call(c, mine);
+  std::string diff;
+  for (int r = 0; r < world; ++r) {
+    const int64_t* d = all + static_cast<ptrdiff_t>(kCallDescLen) * r;
+    if (!std::equal(d, d + kCallDescLen, mine))
+      diff += fmt::format("; rank {} calls {}", r, desc_str(d));
+  }
+  if (!diff.empty())
+    throw DistError(fmt::format("[{}] the ranks disagree: rank {} calls {}{}", c.name, rank,
+                                desc_str(mine), diff));
 }
 
 void tcp_broadcast(std::string& bytes, int rank, int world, const std::string& addr, int port,

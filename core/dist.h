@@ -44,11 +44,15 @@ enum class ReduceOp : uint8_t { Sum, Mean, Max };
 
 struct InitOptions {
   /// How long a collective (or barrier) waits for the other ranks before it throws a DistError
-  /// "[all_reduce] timed out after N s waiting for rank 1". CPU collectives (MPI) honour it;
-  /// NCCL's run on the GPU's stream, where no host deadline can reach them.
+  /// "[all_reduce] timed out after N s waiting for rank 1". CPU collectives (MPI) honour it.
+  /// NCCL's run on the GPU's stream, which the host does not wait for: there it bounds the
+  /// rendezvous, barrier() and, with check_consistency, each collective's check (Note [NCCL
+  /// deadlines] in cuda/nccl.cpp).
   double timeout_s = 300;
   /// Before each collective, compare its op, dtype and shape across ranks and throw a DistError
-  /// naming the collective and the ranks that differ (off by default: one more round trip).
+  /// naming the collective and the ranks that differ (off by default: one more round trip; on
+  /// CUDA the host waits for it, so compiled plans with collectives are not captured as CUDA
+  /// graphs while it is on).
   bool check_consistency = false;
 };
 
@@ -148,6 +152,15 @@ Comm& comm_for(Device device, const char* op);
 const InitOptions& options();
 /// Whether op is one of the collectives, or the wait for a started one.
 bool is_collective(OpId op);
+
+/// The consistency check (InitOptions::check_consistency): a call as kCallDescLen integers (op,
+/// dtype, reduction, root, count, rank of the shape, up to 6 of its dims), which every rank
+/// gathers from every other through its transport, and the comparison of what was gathered
+/// (`all`, world ranks one after another), which throws the DistError "[all_reduce] the ranks
+/// disagree: rank 0 calls all_reduce(f32 (4, 3), sum); rank 1 calls all_reduce(f32 (4,), sum)".
+inline constexpr int kCallDescLen = 12;
+void describe_call(const CollectiveCall& c, int64_t* desc);
+void check_descriptions(const CollectiveCall& c, int rank, int world, const int64_t* all);
 
 /// Rank 0 hands `bytes` to every rank through a TCP rendezvous at addr:port (rank 0 listens;
 /// the others connect, retrying until timeout_s). bytes has the same size on every rank; the

@@ -7,12 +7,25 @@
 // of one needs neither. Collectives are enqueued on duet's stream of the device, in program
 // order, so they order with duet's kernels, and a compiled step that holds them can be captured
 // into a CUDA graph (NCCL supports capture since 2.9). The host cannot put a deadline on work
-// that runs on the stream: InitOptions::timeout_s bounds the rendezvous, not the collectives.
+// it does not wait for: InitOptions::timeout_s bounds the rendezvous, barrier(), and, with
+// InitOptions::check_consistency, each collective, whose check the host waits for (Note [NCCL
+// deadlines]).
+//
+// Note [NCCL deadlines]
+// Where the host waits for the stream (barrier(), the consistency check), it polls the stream
+// until timeout_s. At the deadline it aborts the communicator (ncclCommAbort ends the kernels
+// that wait for the missing ranks) and throws "[all_reduce] timed out after N s ...". NCCL does
+// not say which rank is missing. The transport is then unusable, as MPI's is after a timeout:
+// every later collective throws the same error. A collective without the check runs on the
+// stream and is not waited for, so a missing rank shows as a stream that does not finish.
 #include <nccl.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <thread>
+#include <vector>
 
 #include "core/dist.h"
 #include "cuda/check.h"
@@ -53,9 +66,11 @@ class NcclComm final : public Comm {
 
   void run(const CollectiveCall& c) override {
     std::lock_guard<std::mutex> lock(mu_);
+    check_usable(c.name);
     ncclComm_t comm = get(c.device, c.name);
     cuda::detail::set_device(c.device);
     cudaStream_t s = cuda::detail::stream(c.device);
+    if (options().check_consistency) check_consistency(c, comm, s);
     const ncclDataType_t t = nccl_type(c.dtype);
     const ncclRedOp_t op = c.reduce == ReduceOp::Max ? ncclMax : ncclSum;
     const size_t n = static_cast<size_t>(c.count);
@@ -83,6 +98,7 @@ class NcclComm final : public Comm {
     float* buf = nullptr;
     {
       std::lock_guard<std::mutex> lock(mu_);
+      check_usable("barrier");
       ncclComm_t comm = get(d, "barrier");
       cuda::detail::set_device(d);
       cudaStream_t s = cuda::detail::stream(d);
@@ -91,7 +107,7 @@ class NcclComm final : public Comm {
       check_nccl(ncclAllReduce(buf, buf, 1, ncclFloat32, ncclSum, comm, s), "ncclAllReduce",
                  "barrier");
       DUET_CUDA_CHECK(cudaFreeAsync(buf, s));
-      DUET_CUDA_CHECK(cudaStreamSynchronize(s));
+      wait_stream(d, comm, s, "barrier", "");
     }
   }
 
@@ -107,6 +123,66 @@ class NcclComm final : public Comm {
     DUET_CUDA_CHECK(cudaGetDeviceCount(&n));
     DUET_CHECK_DEVICE(n > 0, "[barrier] no CUDA device");
     return n;
+  }
+
+  void check_usable(const char* op) const {
+    if (!broken_.empty())
+      throw DistError(fmt::format("[{}] the NCCL transport is unusable after an earlier error: {}",
+                                  op, broken_));
+  }
+
+  // Waits for the stream's work until the deadline (Note [NCCL deadlines]).
+  void wait_stream(Device d, ncclComm_t comm, cudaStream_t s, const char* op, const char* what) {
+    using clock = std::chrono::steady_clock;
+    const auto deadline =
+        clock::now() + std::chrono::milliseconds(static_cast<int64_t>(options().timeout_s * 1e3));
+    for (int spins = 0;; ++spins) {
+      const cudaError_t e = cudaStreamQuery(s);
+      if (e == cudaSuccess) return;
+      if (e != cudaErrorNotReady) DUET_CUDA_CHECK(e);
+      ncclResult_t async = ncclSuccess;
+      check_nccl(ncclCommGetAsyncError(comm, &async), "ncclCommGetAsyncError", op);
+      check_nccl(async, "a collective", op);
+      if (clock::now() >= deadline) {
+        ncclCommAbort(comm);
+        comms_.erase(d.index);
+        broken_ = fmt::format(
+            "[{}] timed out after {:g} s{}: a rank did not take part (NCCL does not say which)", op,
+            options().timeout_s, what);
+        throw DistError(broken_);
+      }
+      if (spins > 100)
+        std::this_thread::sleep_for(std::chrono::microseconds(spins > 2000 ? 200 : 20));
+    }
+  }
+
+  // Gathers every rank's description of this call through NCCL and compares them on the host
+  // (InitOptions::check_consistency): the call waits for the stream, so a plan whose steps
+  // call collectives is not captured into a CUDA graph while the check is on.
+  void check_consistency(const CollectiveCall& c, ncclComm_t comm, cudaStream_t s) {
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    DUET_CUDA_CHECK(cudaStreamIsCapturing(s, &capturing));
+    if (capturing != cudaStreamCaptureStatusNone)
+      throw DistError(fmt::format(
+          "[{}] the consistency check waits on the host, which a CUDA graph capture cannot: "
+          "turn InitOptions::check_consistency on before compiling (its plans are then not "
+          "captured)",
+          c.name));
+    const int w = world_size();
+    int64_t mine[kCallDescLen];
+    describe_call(c, mine);
+    std::vector<int64_t> all(static_cast<size_t>(kCallDescLen) * w);
+    const size_t one = sizeof mine;
+    int64_t* buf = nullptr;
+    DUET_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&buf), one * (w + 1), s));
+    DUET_CUDA_CHECK(cudaMemcpyAsync(buf, mine, one, cudaMemcpyHostToDevice, s));
+    check_nccl(ncclAllGather(buf, buf + kCallDescLen, kCallDescLen, ncclInt64, comm, s),
+               "ncclAllGather", c.name);
+    DUET_CUDA_CHECK(
+        cudaMemcpyAsync(all.data(), buf + kCallDescLen, one * w, cudaMemcpyDeviceToHost, s));
+    DUET_CUDA_CHECK(cudaFreeAsync(buf, s));
+    wait_stream(c.device, comm, s, c.name, " in the consistency check");
+    check_descriptions(c, rank(), w, all.data());
   }
 
   // The communicator of a device (Note [NCCL communicators]).
@@ -134,6 +210,7 @@ class NcclComm final : public Comm {
   }
 
   std::map<int, ncclComm_t> comms_;
+  std::string broken_;  // why the transport is unusable (a timeout), or ""
   std::mutex mu_;
 };
 

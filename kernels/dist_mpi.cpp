@@ -56,23 +56,6 @@ void check_mpi(int rc, const char* what, const char* op) {
   throw DistError(fmt::format("[{}] {} failed: {}", op, what, std::string(msg, len)));
 }
 
-constexpr int kDescLen = 12;  // op, dtype, reduce, root, count, rank, shape (up to 6 dims)
-
-std::string desc_str(const int64_t* d) {
-  std::string shape = "(";
-  const int64_t nd = d[5];
-  for (int64_t i = 0; i < nd && i < 6; ++i) shape += fmt::format("{}{}", i ? ", " : "", d[6 + i]);
-  if (nd > 6) shape += ", ...";
-  shape += nd == 1 ? ",)" : ")";
-  const char* reduce = d[2] == 0 ? "sum" : "max";
-  return fmt::format(
-      "{}({} {}{}{})", op_name(static_cast<OpId>(d[0])), dtype_name(static_cast<DType>(d[1])),
-      shape, static_cast<OpId>(d[0]) == OpId::Broadcast ? fmt::format(", root {}", d[3]) : "",
-      static_cast<OpId>(d[0]) == OpId::AllReduce || static_cast<OpId>(d[0]) == OpId::ReduceScatter
-          ? fmt::format(", {}", reduce)
-          : "");
-}
-
 class MpiComm;
 MpiComm* g_mpi = nullptr;  // the process's MPI transport (owned by the world), for NCCL's id
 
@@ -273,28 +256,15 @@ class MpiComm final : public Comm {
 
   // Gathers every rank's description of this call and compares (InitOptions::check_consistency).
   void check_consistency(const CollectiveCall& c) {
-    int64_t mine[kDescLen] = {static_cast<int64_t>(c.op),
-                              static_cast<int64_t>(c.dtype),
-                              static_cast<int64_t>(c.reduce),
-                              c.root,
-                              c.count,
-                              static_cast<int64_t>(c.shape.size())};
-    for (int64_t i = 0; i < c.shape.size() && i < 6; ++i) mine[6 + i] = c.shape[i];
-    std::vector<int64_t> all(static_cast<size_t>(kDescLen * size_));
+    int64_t mine[kCallDescLen];
+    describe_call(c, mine);
+    std::vector<int64_t> all(static_cast<size_t>(kCallDescLen * size_));
     MPI_Request req = MPI_REQUEST_NULL;
-    check_mpi(
-        MPI_Iallgather(mine, kDescLen, MPI_INT64_T, all.data(), kDescLen, MPI_INT64_T, comm_, &req),
-        "the consistency check", c.name);
+    check_mpi(MPI_Iallgather(mine, kCallDescLen, MPI_INT64_T, all.data(), kCallDescLen, MPI_INT64_T,
+                             comm_, &req),
+              "the consistency check", c.name);
     wait(req, c.name);
-    std::string diff;
-    for (int r = 0; r < size_; ++r) {
-      const int64_t* d = all.data() + kDescLen * r;
-      if (!std::equal(d, d + kDescLen, mine))
-        diff += fmt::format("; rank {} calls {}", r, desc_str(d));
-    }
-    if (!diff.empty())
-      throw DistError(fmt::format("[{}] the ranks disagree: rank {} calls {}{}", c.name, rank_,
-                                  desc_str(mine), diff));
+    check_descriptions(c, rank_, size_, all.data());
   }
 
   bool owns_;

@@ -810,6 +810,31 @@ TEST_CASE(
   dist::barrier();
 }
 
+TEST_CASE(
+    "cuda compiled: with the consistency check on, NCCL collectives run checked, uncaptured") {
+  if (!gpu()) return;
+  // A world of one cannot disagree with itself: this runs the check's gather, its wait with a
+  // deadline, and the plan that is not captured because of it (two GPUs test the disagreement,
+  // tests/test_dist_mpi.cpp).
+  dist::InitOptions o;
+  o.timeout_s = 30;
+  o.check_consistency = true;
+  dist::init(o);
+  const Tensor x = randn({4, 6});
+  const Tensor xc = x.to(Device::cuda());
+  CHECK(bitwise_equal(dist::all_reduce(xc).to(Device::cpu()), x));
+  CHECK(bitwise_equal(dist::all_gather(xc, 1).to(Device::cpu()), x));
+  auto f = compile([](Tensor t) { return dist::all_reduce(t * 2.0); });
+  for (int i = 0; i < 3; ++i) CHECK(bitwise_equal(f(xc).to(Device::cpu()), x * 2.0));
+  CHECK(f.stats().cuda_graph_plans == 0);
+  dist::barrier();
+  o.check_consistency = false;
+  dist::init(o);
+  auto g = compile([](Tensor t) { return dist::all_reduce(t * 2.0); });
+  for (int i = 0; i < 3; ++i) CHECK(bitwise_equal(g(xc).to(Device::cpu()), x * 2.0));
+  if (dist::backend(DeviceType::CUDA) == "nccl") CHECK(g.stats().cuda_graph_plans >= 1);
+}
+
 TEST_CASE("cuda: a saved program moved to the GPU, and the shadow-eager check of a CUDA step") {
   if (!gpu()) return;
   manual_seed(21);

@@ -5,6 +5,7 @@
 #include <mutex>
 #include <utility>
 
+#include "core/dist.h"
 #include "core/allocator.h"
 #include "core/tensor_impl.h"
 #include "trace/compile.h"
@@ -43,13 +44,16 @@ int64_t Plan::graph_replays() const {
 
 void Plan::prepare_graph_replay() {
   // CUDA-graph replay: every step on one device whose backend captures graphs; no control
-  // steps (their trip counts are decided on the host) and no transfers (host memory).
+  // steps (their trip counts are decided on the host), no transfers (host memory), and no
+  // collectives while the consistency check, which waits on the host, is on.
   if (!opt_.cuda_graph || !controls_.empty() || !wave_begin_.empty()) return;
+  const bool checked = dist::is_initialized() && dist::detail::options().check_consistency;
   Device dev;
   bool any = false;
   for (const GraphNode& n : graph_.nodes) {
     if (n.kind != NodeKind::Op && n.kind != NodeKind::Input) continue;
     if (n.kind == NodeKind::Op && n.op == OpId::Transfer) return;
+    if (checked && n.kind == NodeKind::Op && dist::detail::is_collective(n.op)) return;
     if (n.meta.device.is_cpu()) {
       if (n.kind == NodeKind::Input || op_class(n.op) != OpClass::View) return;
       continue;
