@@ -219,6 +219,28 @@ TEST_CASE("dist mpi: the consistency check names a collective the ranks call dif
   dist::init(o);
 }
 
+// The fault cases' end: rank 1 stops taking part; rank 0's all_reduce on `d` should fail with
+// `want` within seconds. Neither can finalize its transport after that, so each prints its
+// verdict ("fault test passed: <verdict>", which ctest looks for) and leaves.
+[[noreturn]] void rank_1_stops(Device d, const char* want, const char* verdict) {
+  if (dist::rank() == 1) {
+    std::this_thread::sleep_for(std::chrono::seconds(20));
+    std::_Exit(0);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string m;
+  try {
+    (void)dist::all_reduce(ones({1000}).to(d));
+  } catch (const DistError& e) {
+    m = e.what();
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("rank 0: %s (after %.1f s)\n", m.c_str(), s);
+  if (contains(m, want) && s < 10) std::printf("fault test passed: %s\n", verdict);
+  std::fflush(stdout);
+  std::_Exit(0);
+}
+
 // Run alone (-tc=), by the ctest entry dist_mpi_timeout: rank 1 stops taking part; rank 0's
 // all_reduce gives up after 2 s naming it. Neither can finalize MPI after that, so each prints
 // its verdict and leaves.
@@ -227,23 +249,7 @@ TEST_CASE("dist mpi fault: a rank that never arrives times out the others, namin
   dist::InitOptions o;
   o.timeout_s = 2;
   dist::init(o);
-  if (dist::rank() == 1) {
-    std::this_thread::sleep_for(std::chrono::seconds(20));
-    std::_Exit(0);
-  }
-  const auto t0 = std::chrono::steady_clock::now();
-  std::string m;
-  try {
-    (void)dist::all_reduce(ones({1000}));
-  } catch (const DistError& e) {
-    m = e.what();
-  }
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("rank 0: %s (after %.1f s)\n", m.c_str(), s);
-  if (contains(m, "[all_reduce] timed out after 2 s waiting for rank 1") && s < 10)
-    std::printf("fault test passed: timeout\n");
-  std::fflush(stdout);
-  std::_Exit(0);
+  rank_1_stops(Device::cpu(), "[all_reduce] timed out after 2 s waiting for rank 1", "timeout");
 }
 
 // The same through NCCL (Note [NCCL deadlines] in cuda/nccl.cpp), where each rank has a GPU of
@@ -263,23 +269,7 @@ TEST_CASE("dist mpi fault: NCCL with the consistency check times out a missing r
   }
   const Device d = Device::cuda(dist::local_rank());
   (void)dist::all_reduce(ones({4}).to(d));  // both ranks make the communicator
-  if (dist::rank() == 1) {
-    std::this_thread::sleep_for(std::chrono::seconds(20));
-    std::_Exit(0);
-  }
-  const auto t0 = std::chrono::steady_clock::now();
-  std::string m;
-  try {
-    (void)dist::all_reduce(ones({1000}).to(d));
-  } catch (const DistError& e) {
-    m = e.what();
-  }
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("rank 0: %s (after %.1f s)\n", m.c_str(), s);
-  if (contains(m, "[all_reduce] timed out after 2 s in the consistency check") && s < 10)
-    std::printf("fault test passed: nccl timeout\n");
-  std::fflush(stdout);
-  std::_Exit(0);
+  rank_1_stops(d, "[all_reduce] timed out after 2 s in the consistency check", "nccl timeout");
 }
 
 TEST_CASE("dist mpi: DistributedDataParallel buckets, eager and compiled, with no_sync") {
