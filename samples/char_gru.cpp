@@ -5,7 +5,6 @@
 // It exits with 1 when the faces disagree or the model did not learn, so CI runs it as a test.
 //
 //   char_gru [--steps N] [--seed S]
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -14,6 +13,7 @@
 #include <vector>
 
 #include "duet.h"
+#include "side_by_side.h"
 
 using namespace duet;
 
@@ -103,25 +103,10 @@ Tensor train_step(CharGRU& model, optim::Optimizer& opt, const Tensor& x, const 
   return loss;
 }
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
 }  // namespace
 
 int main(int argc, char** argv) try {
-  int64_t steps = kCheckedSteps;
-  uint64_t seed = 0;
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    DUET_CHECK_VALUE(i + 1 < argc && (k == "--steps" || k == "--seed"),
-                     "[char_gru] the options are --steps N and --seed S, got {}", k);
-    if (k == "--steps")
-      steps = std::stoll(argv[++i]);
-    else
-      seed = std::stoull(argv[++i]);
-  }
-  DUET_CHECK_VALUE(steps >= 1, "[char_gru] --steps must be at least 1, got {}", steps);
+  const auto [steps, seed] = samples::parse_args("char_gru", argc, argv, kCheckedSteps);
 
   const std::string text = kText;
   const Vocab vocab(text);
@@ -161,43 +146,19 @@ int main(int argc, char** argv) try {
     return train_step(compiled_model, compiled_opt, x, y);
   });
 
-  std::printf("\n step      eager   compiled   relative difference\n");
-  double worst = 0, later = 0, eager_s = 0, compiled_s = 0, last = 0;
-  for (int64_t s = 0; s < steps; ++s) {
-    double t = now_s();
-    const double e = train_step(eager_model, eager_opt, xs[s], ys[s]).item<float>();
-    eager_s += now_s() - t;
-    t = now_s();
-    const double c = compiled_step(xs[s], ys[s]).item<float>();
-    compiled_s += now_s() - t;
-    const double d = std::abs(e - c) / std::abs(e);
-    double& largest = s < kCheckedSteps ? worst : later;
-    largest = std::max(largest, d);
-    last = e;
-    if (s < 5 || (s + 1) % 10 == 0 || s + 1 == steps)
-      std::printf("%5lld   %8.5f   %8.5f   %.1e\n", static_cast<long long>(s + 1), e, c, d);
-  }
+  const samples::SideBySide r = samples::side_by_side(
+      steps, kCheckedSteps,
+      [&](int64_t s) { return train_step(eager_model, eager_opt, xs[s], ys[s]); },
+      [&](int64_t s) { return compiled_step(xs[s], ys[s]); });
   const CompileStats st = compiled_step.stats();
   std::printf(
       "\ntime: eager %.2f s, compiled %.2f s (%d trace, %d hits); the loss of a uniform "
       "guess is ln(%lld) = %.3f\n",
-      eager_s, compiled_s, st.traces, st.hits, static_cast<long long>(V),
+      r.eager_s, r.compiled_s, st.traces, st.hits, static_cast<long long>(V),
       std::log(static_cast<double>(V)));
 
-  std::printf(
-      "largest relative difference of a step's loss: %.1e over steps 1 to %lld "
-      "(tolerance %.0e)\n",
-      worst, static_cast<long long>(std::min(steps, kCheckedSteps)), kTolerance);
-  if (steps > kCheckedSteps)
-    std::printf("later steps, not checked (Note [Eager against compiled, step by step]): %.1e\n",
-                later);
-  int failures = 0;
-  if (!(worst <= kTolerance)) {
-    std::printf("CHECK FAILED: the eager and compiled losses differ by more than %.0e\n",
-                kTolerance);
-    ++failures;
-  }
-  if (steps >= kCheckedSteps && !(last < 0.8 * std::log(static_cast<double>(V)))) {
+  int failures = samples::check_agreement(r, steps, kCheckedSteps, kTolerance);
+  if (steps >= kCheckedSteps && !(r.last < 0.8 * std::log(static_cast<double>(V)))) {
     std::printf("CHECK FAILED: the loss did not fall well below a uniform guess's\n");
     ++failures;
   }

@@ -10,7 +10,6 @@
 // The model reads it left to right and is scored on its predictions of the second half.
 //
 //   transformer [--steps N] [--seed S]
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -18,6 +17,7 @@
 #include <vector>
 
 #include "duet.h"
+#include "side_by_side.h"
 
 using namespace duet;
 
@@ -126,25 +126,10 @@ std::string show(const Tensor& row) {
   return s;
 }
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
 }  // namespace
 
 int main(int argc, char** argv) try {
-  int64_t steps = kCheckedSteps;
-  uint64_t seed = 0;
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    DUET_CHECK_VALUE(i + 1 < argc && (k == "--steps" || k == "--seed"),
-                     "[transformer] the options are --steps N and --seed S, got {}", k);
-    if (k == "--steps")
-      steps = std::stoll(argv[++i]);
-    else
-      seed = std::stoull(argv[++i]);
-  }
-  DUET_CHECK_VALUE(steps >= 1, "[transformer] --steps must be at least 1, got {}", steps);
+  const auto [steps, seed] = samples::parse_args("transformer", argc, argv, kCheckedSteps);
   std::printf(
       "transformer: reverse %lld digits; %lld pre-LayerNorm blocks, width %lld, %lld "
       "heads, MLP %lld; batch %lld, AdamW, %lld steps\n",
@@ -168,38 +153,17 @@ int main(int argc, char** argv) try {
   auto compiled_step =
       compile([&](const Tensor& seq) { return train_step(compiled_model, compiled_opt, seq); });
 
-  std::printf("\n step      eager   compiled   relative difference\n");
-  double worst = 0, later = 0, eager_s = 0, compiled_s = 0;
-  for (int64_t s = 0; s < steps; ++s) {
-    double t = now_s();
-    const double e = train_step(eager_model, eager_opt, batches[s]).item<float>();
-    eager_s += now_s() - t;
-    t = now_s();
-    const double c = compiled_step(batches[s]).item<float>();
-    compiled_s += now_s() - t;
-    const double d = std::abs(e - c) / std::abs(e);
-    double& largest = s < kCheckedSteps ? worst : later;
-    largest = std::max(largest, d);
-    if (s < 5 || (s + 1) % 10 == 0 || s + 1 == steps)
-      std::printf("%5lld   %8.5f   %8.5f   %.1e\n", static_cast<long long>(s + 1), e, c, d);
-  }
+  const samples::SideBySide r = samples::side_by_side(
+      steps, kCheckedSteps,
+      [&](int64_t s) { return train_step(eager_model, eager_opt, batches[s]); },
+      [&](int64_t s) { return compiled_step(batches[s]); });
   const CompileStats st = compiled_step.stats();
   std::printf(
       "\ntime: eager %.2f s, compiled %.2f s (%d trace, %d hits); the loss of a uniform "
       "guess over the %lld tokens is ln(%lld) = %.3f\n",
-      eager_s, compiled_s, st.traces, st.hits, static_cast<long long>(kVocab),
+      r.eager_s, r.compiled_s, st.traces, st.hits, static_cast<long long>(kVocab),
       static_cast<long long>(kVocab), std::log(static_cast<double>(kVocab)));
-  std::printf(
-      "largest relative difference of a step's loss: %.1e over steps 1 to %lld "
-      "(tolerance %.0e)\n",
-      worst, static_cast<long long>(std::min(steps, kCheckedSteps)), kTolerance);
-  if (steps > kCheckedSteps) std::printf("later steps, not checked: %.1e\n", later);
-  int failures = 0;
-  if (!(worst <= kTolerance)) {
-    std::printf("CHECK FAILED: the eager and compiled losses differ by more than %.0e\n",
-                kTolerance);
-    ++failures;
-  }
+  int failures = samples::check_agreement(r, steps, kCheckedSteps, kTolerance);
 
   // Greedy decoding of the held-out sequences by the compiled model.
   compiled_model.eval();

@@ -1,0 +1,85 @@
+// What the training samples (char_gru, transformer) share: their options, --steps N and --seed
+// S, and the run of an eager step and a compiled step side by side on the same batches, with
+// the check that the two losses agree.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+#include "duet.h"
+
+namespace samples {
+
+struct Args {
+  int64_t steps;
+  uint64_t seed = 0;
+};
+
+/// --steps N (at least 1; default `steps`) and --seed S (default 0); anything else is an error
+/// naming the sample.
+inline Args parse_args(const char* name, int argc, char** argv, int64_t steps) {
+  Args a{steps};
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    DUET_CHECK_VALUE(i + 1 < argc && (k == "--steps" || k == "--seed"),
+                     "[{}] the options are --steps N and --seed S, got {}", name, k);
+    if (k == "--steps")
+      a.steps = std::stoll(argv[++i]);
+    else
+      a.seed = std::stoull(argv[++i]);
+  }
+  DUET_CHECK_VALUE(a.steps >= 1, "[{}] --steps must be at least 1, got {}", name, a.steps);
+  return a;
+}
+
+struct SideBySide {
+  double worst = 0;  ///< the largest relative difference of a loss over the checked steps
+  double later = 0;  ///< the same over the steps after them
+  double eager_s = 0, compiled_s = 0;
+  double last = 0;  ///< the eager loss of the last step
+};
+
+inline double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+/// Runs eager(s) and compiled(s), each returning step s's loss, for s in [0, steps), and prints
+/// both losses and their relative difference for the first 5 steps and every 10th.
+template <class Eager, class Compiled>
+SideBySide side_by_side(int64_t steps, int64_t checked, Eager eager, Compiled compiled) {
+  SideBySide r;
+  std::printf("\n step      eager   compiled   relative difference\n");
+  for (int64_t s = 0; s < steps; ++s) {
+    double t = now_s();
+    const double e = eager(s).template item<float>();
+    r.eager_s += now_s() - t;
+    t = now_s();
+    const double c = compiled(s).template item<float>();
+    r.compiled_s += now_s() - t;
+    const double d = std::abs(e - c) / std::abs(e);
+    double& largest = s < checked ? r.worst : r.later;
+    largest = std::max(largest, d);
+    r.last = e;
+    if (s < 5 || (s + 1) % 10 == 0 || s + 1 == steps)
+      std::printf("%5lld   %8.5f   %8.5f   %.1e\n", static_cast<long long>(s + 1), e, c, d);
+  }
+  return r;
+}
+
+/// Prints how far the losses were apart and checks it against `tolerance`: 1 when they were
+/// further apart (with a CHECK FAILED line), else 0.
+inline int check_agreement(const SideBySide& r, int64_t steps, int64_t checked, double tolerance) {
+  std::printf(
+      "largest relative difference of a step's loss: %.1e over steps 1 to %lld "
+      "(tolerance %.0e)\n",
+      r.worst, static_cast<long long>(std::min(steps, checked)), tolerance);
+  if (steps > checked) std::printf("later steps, not checked: %.1e\n", r.later);
+  if (r.worst <= tolerance) return 0;
+  std::printf("CHECK FAILED: the eager and compiled losses differ by more than %.0e\n", tolerance);
+  return 1;
+}
+
+}  // namespace samples
