@@ -323,19 +323,17 @@ def rnn_case(c, kind, layers, bidirectional, batch_first, with_state, **kw):
         state = c.randn("h0", layers * dirs, n, 4)
         if kind == "lstm":
             state = (state, c.randn("c0", layers * dirs, n, 4))
-    out, s = m(x, state)
-    c.out("out", out)
-    if kind == "lstm":
-        c.out("h_n", s[0])
-        c.out("c_n", s[1])
-    else:
-        c.out("h_n", s)
+    rnn_outputs(c, kind, *m(x, state))
 
 
 def rnn_unbatched(c, kind):
     cls = {"rnn": nn.RNN, "gru": nn.GRU, "lstm": nn.LSTM}[kind]
     m = c.load(cls(3, 4))
-    out, s = m(c.randn("x", 5, 3))
+    rnn_outputs(c, kind, *m(c.randn("x", 5, 3)))
+
+
+def rnn_outputs(c, kind, out, s):
+    """A recurrent layer's results: out, then h_n (and c_n for an LSTM)."""
     c.out("out", out)
     if kind == "lstm":
         c.out("h_n", s[0])
