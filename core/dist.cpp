@@ -165,9 +165,8 @@ std::string desc_str(const int64_t* d) {
 }
 }  // namespace
 
-void check_descriptions(const CollectiveCall& c, int rank, int world, const int64_t* all) {
-  int64_t mine[kCallDescLen];
-  describe_call(c, mine);
+void check_descriptions(const char* op, const int64_t* mine, int rank, int world,
+                        const int64_t* all) {
   std::string diff;
   for (int r = 0; r < world; ++r) {
     const int64_t* d = all + static_cast<ptrdiff_t>(kCallDescLen) * r;
@@ -175,8 +174,8 @@ void check_descriptions(const CollectiveCall& c, int rank, int world, const int6
       diff += fmt::format("; rank {} calls {}", r, desc_str(d));
   }
   if (!diff.empty())
-    throw DistError(fmt::format("[{}] the ranks disagree: rank {} calls {}{}", c.name, rank,
-                                desc_str(mine), diff));
+    throw DistError(
+        fmt::format("[{}] the ranks disagree: rank {} calls {}{}", op, rank, desc_str(mine), diff));
 }
 
 void tcp_broadcast(std::string& bytes, int rank, int world, const std::string& addr, int port,

@@ -156,11 +156,13 @@ bool is_collective(OpId op);
 /// The consistency check (InitOptions::check_consistency): a call as kCallDescLen integers (op,
 /// dtype, reduction, root, count, rank of the shape, up to 6 of its dims), which every rank
 /// gathers from every other through its transport, and the comparison of what was gathered
-/// (`all`, world ranks one after another), which throws the DistError "[all_reduce] the ranks
-/// disagree: rank 0 calls all_reduce(f32 (4, 3), sum); rank 1 calls all_reduce(f32 (4,), sum)".
+/// (`all`, world ranks one after another) with this rank's `mine`, which throws the DistError
+/// "[all_reduce] the ranks disagree: rank 0 calls all_reduce(f32 (4, 3), sum); rank 1 calls
+/// all_reduce(f32 (4,), sum)".
 inline constexpr int kCallDescLen = 12;
 void describe_call(const CollectiveCall& c, int64_t* desc);
-void check_descriptions(const CollectiveCall& c, int rank, int world, const int64_t* all);
+void check_descriptions(const char* op, const int64_t* mine, int rank, int world,
+                        const int64_t* all);
 
 /// Rank 0 hands `bytes` to every rank through a TCP rendezvous at addr:port (rank 0 listens;
 /// the others connect, retrying until timeout_s). bytes has the same size on every rank; the

@@ -182,7 +182,7 @@ class NcclComm final : public Comm {
         cudaMemcpyAsync(all.data(), buf + kCallDescLen, one * w, cudaMemcpyDeviceToHost, s));
     DUET_CUDA_CHECK(cudaFreeAsync(buf, s));
     wait_stream(c.device, comm, s, c.name, " in the consistency check");
-    check_descriptions(c, rank(), w, all.data());
+    check_descriptions(c.name, mine, rank(), w, all.data());
   }
 
   // The communicator of a device (Note [NCCL communicators]).

@@ -264,7 +264,7 @@ class MpiComm final : public Comm {
                              comm_, &req),
               "the consistency check", c.name);
     wait(req, c.name);
-    check_descriptions(c, rank_, size_, all.data());
+    check_descriptions(c.name, mine, rank_, size_, all.data());
   }
 
   bool owns_;
