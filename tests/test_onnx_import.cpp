@@ -9,13 +9,13 @@
 #include <unistd.h>
 
 #include <cmath>
-#include <variant>
 
 #include "duet.h"
-#include "trace/onnx_proto.h"
+#include "onnx_models.h"
 #include "util.h"
 
 using namespace duet;
+using namespace duet::test::onnx_models;
 
 namespace {
 
@@ -33,52 +33,6 @@ struct TempFile {
       : path(fmt::format("/tmp/duet_test_onnx_{}_{}", static_cast<long>(::getpid()), name)) {}
   ~TempFile() { std::remove(path.c_str()); }
 };
-
-void add_input(onnx::GraphProto& g, const std::string& name, int32_t elem,
-               const std::vector<std::variant<int64_t, std::string>>& dims) {
-  onnx::ValueInfoProto* v = g.add_input();
-  v->set_name(name);
-  auto* t = v->mutable_type()->mutable_tensor_type();
-  t->set_elem_type(elem);
-  for (const auto& d : dims) {
-    auto* dim = t->mutable_shape()->add_dim();
-    if (std::holds_alternative<int64_t>(d))
-      dim->set_dim_value(std::get<int64_t>(d));
-    else
-      dim->set_dim_param(std::get<std::string>(d));
-  }
-}
-
-void add_output(onnx::GraphProto& g, const std::string& name, int32_t elem) {
-  onnx::ValueInfoProto* v = g.add_output();
-  v->set_name(name);
-  v->mutable_type()->mutable_tensor_type()->set_elem_type(elem);
-}
-
-onnx::NodeProto* add_node(onnx::GraphProto& g, const std::string& op,
-                          const std::vector<std::string>& in, const std::vector<std::string>& out) {
-  onnx::NodeProto* n = g.add_node();
-  n->set_op_type(op);
-  n->set_name(out.at(0));
-  for (const auto& i : in) n->add_input(i);
-  for (const auto& o : out) n->add_output(o);
-  return n;
-}
-
-void add_initializer(onnx::GraphProto& g, const std::string& name, const Tensor& t) {
-  onnx::TensorProto* p = g.add_initializer();
-  detail::onnx_io::tensor_to_proto(t, *p);
-  p->set_name(name);
-}
-
-void write_model(onnx::GraphProto g, const std::string& path, int opset = 17) {
-  onnx::ModelProto m;
-  m.set_ir_version(8);
-  m.add_opset_import()->set_version(opset);
-  *m.mutable_graph() = std::move(g);
-  std::ofstream f(path, std::ios::binary);
-  REQUIRE(m.SerializeToOstream(&f));
-}
 
 // A two-layer MLP: relu(x @ w1 + b1), then Gemm with w2 transposed (as nn::Linear keeps it).
 struct Mlp {
