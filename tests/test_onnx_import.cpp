@@ -245,3 +245,102 @@ TEST_CASE("an imported program checks each call's inputs against the model's") {
                        ShapeError);
   CHECK_THROWS_WITH_AS(p({}), doctest::Contains("takes 1 inputs (x), got 0"), ValueError);
 }
+
+namespace {
+
+// Conv -> BatchNormalization -> Relu -> GlobalAveragePool, as PyTorch exports a conv block in
+// eval mode: the batch norm's running mean and var are initializers, like its weights.
+struct ConvBn {
+  Tensor w = randn({4, 3, 3, 3}, Options().dtype(DType::f64)),
+         b = randn({4}, Options().dtype(DType::f64)),
+         scale = randn({4}, Options().dtype(DType::f64)),
+         bias = randn({4}, Options().dtype(DType::f64)),
+         mean = randn({4}, Options().dtype(DType::f64)),
+         var = rand({4}, Options().dtype(DType::f64)) + 0.5;
+
+  // With `mean_too`, the running mean is also added to the output: read otherwise than as a
+  // statistic, it is a parameter.
+  void write(const std::string& path, bool mean_too = false) const {
+    onnx::GraphProto g;
+    add_input(g, "x", onnx::TensorProto::DOUBLE, {int64_t(2), int64_t(3), int64_t(5), int64_t(5)});
+    add_initializer(g, "conv.weight", w);
+    add_initializer(g, "conv.bias", b);
+    add_initializer(g, "bn.weight", scale);
+    add_initializer(g, "bn.bias", bias);
+    add_initializer(g, "bn.running_mean", mean);
+    add_initializer(g, "bn.running_var", var);
+    add_ints_attr(add_node(g, "Conv", {"x", "conv.weight", "conv.bias"}, {"c"}), "pads",
+                  {1, 1, 1, 1});
+    add_node(g, "BatchNormalization",
+             {"c", "bn.weight", "bn.bias", "bn.running_mean", "bn.running_var"}, {"n"});
+    add_node(g, "Relu", {"n"}, {"r"});
+    add_node(g, "GlobalAveragePool", {"r"}, {mean_too ? "p" : "y"});
+    if (mean_too) {
+      add_node(g, "Flatten", {"p"}, {"f"});
+      add_node(g, "Add", {"f", "bn.running_mean"}, {"y"});
+    }
+    add_output(g, "y", onnx::TensorProto::DOUBLE);
+    write_model(std::move(g), path);
+  }
+  Tensor forward(const Tensor& x) const {
+    auto ch = [](const Tensor& t) { return reshape(t, {1, -1, 1, 1}); };
+    Tensor c = conv2d(x, w, b, 1, 1);
+    Tensor n = (c - ch(mean)) / sqrt(ch(var) + 1e-5) * ch(scale) + ch(bias);
+    return mean_of(relu(n));
+  }
+  static Tensor mean_of(const Tensor& t) { return duet::mean(t, Dims({2, 3}), true); }
+};
+
+std::vector<std::string> names_of(const std::vector<std::pair<std::string, Tensor>>& v) {
+  std::vector<std::string> r;
+  for (const auto& [n, t] : v) r.push_back(n);
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("an imported batch norm's running statistics are constants, not parameters") {
+  manual_seed(6);
+  ConvBn m;
+  TempFile f("conv_bn.onnx");
+  m.write(f.path);
+  Program p = import_onnx(f.path);
+  // The statistics are neither parameters nor trained: only the weights are.
+  CHECK(names_of(p.named_parameters()) ==
+        std::vector<std::string>{"conv.weight", "conv.bias", "bn.weight", "bn.bias"});
+  Tensor x = randn({2, 3, 5, 5}, Options().dtype(DType::f64));
+  for (bool compiled : {false, true}) {
+    CAPTURE(compiled);
+    for (auto [n, t] : p.named_parameters()) t.set_grad({});
+    Tensor y = compiled ? p({x})[0] : p.eager({x})[0];
+    CHECK(allclose(y, m.forward(x), 1e-10, 1e-10));
+    sum(y * y).backward();
+    for (const auto& [n, t] : p.named_parameters()) {
+      CAPTURE(n);
+      CHECK(t.requires_grad());
+      CHECK(t.grad().defined());
+    }
+  }
+  // The parameters are the model's weights: an SGD step on them changes what it computes.
+  std::vector<Tensor> params;
+  for (const auto& [n, t] : p.named_parameters()) params.push_back(t);
+  optim::SGD opt(params, optim::SGDOptions(0.1));
+  opt.step();
+  CHECK(!allclose(p.eager({x})[0], m.forward(x), 1e-6, 1e-6));
+}
+
+TEST_CASE(
+    "an initializer that batch norm reads as a statistic and another node reads too is a "
+    "parameter") {
+  manual_seed(7);
+  ConvBn m;
+  TempFile f("conv_bn_shared.onnx");
+  m.write(f.path, true);
+  Program p = import_onnx(f.path);
+  CHECK(names_of(p.named_parameters()) == std::vector<std::string>{"conv.weight", "conv.bias",
+                                                                   "bn.weight", "bn.bias",
+                                                                   "bn.running_mean"});
+  Tensor y = p.eager({randn({2, 3, 5, 5}, Options().dtype(DType::f64))})[0];
+  sum(y * y).backward();
+  CHECK(param(p, "bn.running_mean").grad().defined());
+}

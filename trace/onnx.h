@@ -69,7 +69,9 @@ struct OnnxImportOptions {
   /// dim_param are not made symbolic by themselves; name them here to trace them symbolic.
   CompileOptions compile{};
   /// Floating initializers become parameters that require grad (Program::named_parameters), so
-  /// that an imported model can be fine-tuned. Off: they are constants.
+  /// that an imported model can be fine-tuned; those that only BatchNormalization's statistics
+  /// inputs (mean, var) read stay constants, as a module's running statistics are buffers. Off:
+  /// every initializer is a constant.
   bool trainable = true;
 };
 

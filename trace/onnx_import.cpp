@@ -12,6 +12,7 @@
 #include "trace/onnx_import.h"
 
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <set>
 #include <unordered_map>
@@ -123,8 +124,9 @@ struct Imported {
     bool has_shape = false;
   };
   std::vector<Spec> specs;
-  std::vector<std::pair<std::string, Tensor>> params;  // floating initializers (trainable)
-  std::map<std::string, Tensor> consts;                // the other initializers
+  // The floating initializers (trainable), but for batch norm statistics (statistics_only).
+  std::vector<std::pair<std::string, Tensor>> params;
+  std::map<std::string, Tensor> consts;  // the other initializers, those statistics included
 };
 
 // The element type of a graph input or output, or a DTypeError naming it.
@@ -237,6 +239,54 @@ void check_nodes(const onnx::GraphProto& g, int opset) {
   }
 }
 
+// How often a name of an enclosing graph is read: as a BatchNormalization's statistics (its
+// inputs 3 and 4, mean and var), and otherwise.
+struct Uses {
+  int stats = 0, other = 0;
+};
+
+// Adds up the reads of names g does not define in `local` (the names of the subgraphs around
+// it, which hide those of the graphs outside), its subgraphs' included.
+void count_uses(const onnx::GraphProto& g, const std::set<std::string>& local,
+                std::map<std::string, Uses>& uses) {
+  auto read = [&](const std::string& name, bool stats) {
+    if (name.empty() || local.count(name)) return;
+    (stats ? uses[name].stats : uses[name].other)++;
+  };
+  for (const onnx::NodeProto& n : g.node()) {
+    const bool bn = detail::onnx_import::op_key(n) == "BatchNormalization";
+    for (int i = 0; i < n.input_size(); ++i) read(n.input(i), bn && (i == 3 || i == 4));
+    for (const onnx::AttributeProto& a : n.attribute()) {
+      std::vector<const onnx::GraphProto*> subs;
+      if (a.has_g()) subs.push_back(&a.g());
+      for (const onnx::GraphProto& sub : a.graphs()) subs.push_back(&sub);
+      for (const onnx::GraphProto* sub : subs) {
+        std::set<std::string> inner = local;
+        for (const onnx::ValueInfoProto& v : sub->input()) inner.insert(v.name());
+        for (const onnx::TensorProto& t : sub->initializer()) inner.insert(t.name());
+        for (const onnx::NodeProto& sn : sub->node())
+          for (const std::string& o : sn.output()) inner.insert(o);
+        count_uses(*sub, inner, uses);
+      }
+    }
+  }
+  for (const onnx::ValueInfoProto& v : g.output()) read(v.name(), false);
+}
+
+// The initializers of g that only BatchNormalization's statistics read: buffers, not
+// parameters. Gradients do not train running statistics; they are constants of the model, as
+// nn::BatchNorm2d's running_mean and running_var are buffers.
+std::set<std::string> statistics_only(const onnx::GraphProto& g) {
+  std::map<std::string, Uses> uses;
+  count_uses(g, {}, uses);
+  std::set<std::string> r;
+  for (const onnx::TensorProto& t : g.initializer()) {
+    auto it = uses.find(t.name());
+    if (it != uses.end() && it->second.stats > 0 && it->second.other == 0) r.insert(t.name());
+  }
+  return r;
+}
+
 std::vector<Tensor> run_graph(const Imported& m, const std::vector<Tensor>& in) {
   DUET_CHECK_VALUE(in.size() == m.inputs.size(), "[{}] takes {} inputs ({}), got {}", m.label,
                    m.inputs.size(), fmt::join(m.inputs, ", "), in.size());
@@ -315,10 +365,11 @@ Program import_onnx(const std::string& path, const OnnxImportOptions& options) {
   m->label = fmt::format("ONNX model {}", std::filesystem::path(path).filename().string());
 
   std::set<std::string> initialized;
+  const std::set<std::string> buffers = statistics_only(g);
   for (const onnx::TensorProto& t : g.initializer()) {
     initialized.insert(t.name());
     Tensor v = io::tensor_from_proto(t, fmt::format("initializer \"{}\"", t.name()));
-    if (options.trainable && is_floating(v.dtype())) {
+    if (options.trainable && is_floating(v.dtype()) && !buffers.count(t.name())) {
       v.requires_grad_(true);
       m->params.emplace_back(t.name(), v);
     } else {
