@@ -221,6 +221,32 @@ TEST_CASE("import errors name the op, the node and the opset, or the element typ
                                            "positive blocksize"),
                          ValueError);
   }
+  SUBCASE("an op on sequences, a type duet has no dtype for") {
+    onnx::GraphProto g;
+    add_input(g, "x", onnx::TensorProto::FLOAT, {int64_t(6)});
+    add_node(g, "SplitToSequence", {"x"}, {"s"});
+    add_int_attr(add_node(g, "ConcatFromSequence", {"s"}, {"y"}), "axis", 0);
+    add_output(g, "y", onnx::TensorProto::FLOAT);
+    write_model(std::move(g), f.path);
+    CHECK_THROWS_WITH_AS(
+        import_onnx(f.path),
+        doctest::Contains("node \"s\" (SplitToSequence, opset 17): op SplitToSequence computes "
+                          "on values of ONNX type sequence, which duet has no dtype for"),
+        DTypeError);
+  }
+  SUBCASE("an op on optionals, a type duet has no dtype for") {
+    onnx::GraphProto g;
+    add_input(g, "x", onnx::TensorProto::FLOAT, {int64_t(6)});
+    add_node(g, "Optional", {"x"}, {"o"});
+    add_node(g, "OptionalGetElement", {"o"}, {"y"});
+    add_output(g, "y", onnx::TensorProto::FLOAT);
+    write_model(std::move(g), f.path, 18);
+    CHECK_THROWS_WITH_AS(
+        import_onnx(f.path),
+        doctest::Contains("node \"o\" (Optional, opset 18): op Optional computes on values of "
+                          "ONNX type optional, which duet has no dtype for"),
+        DTypeError);
+  }
   SUBCASE("a file that is not a model") {
     std::ofstream(f.path) << "not a model at all";
     CHECK_THROWS_WITH_AS(import_onnx(f.path), doctest::Contains("is not an ONNX model"),

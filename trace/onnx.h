@@ -80,8 +80,9 @@ struct OnnxImportOptions {
 /// graph outputs. Calling it (Program::operator(), Program::run) runs compiled; Program::eager
 /// runs it node by node. A node whose op has no mapping raises a ValueError naming the op, the
 /// node and the opset; a tensor of an element type duet has no dtype for (int8, uint8, string,
-/// ...) raises a DTypeError naming it. Tensors kept in external data files are read from the
-/// model's folder (Note [External data] in trace/onnx_external.cpp).
+/// ...), and a sequence or optional (a graph input or output, or an op such as SplitToSequence
+/// or OptionalHasElement), raises a DTypeError naming it. Tensors kept in external data files
+/// are read from the model's folder (Note [External data] in trace/onnx_external.cpp).
 Program import_onnx(const std::string& path, const OnnxImportOptions& options = {});
 
 }  // namespace duet

@@ -218,12 +218,33 @@ void run_node(const onnx::NodeProto& n, int opset, Scope& env) {
   }
 }
 
+// The kind of value an op of the default domain computes on when it is not a tensor: "sequence"
+// for the sequence ops, "optional" for the optional ones; null for the others.
+const char* non_tensor_kind(const std::string& op_key) {
+  static const std::set<std::string> sequence_ops = {
+      "ConcatFromSequence", "SequenceAt",    "SequenceConstruct",
+      "SequenceEmpty",      "SequenceErase", "SequenceInsert",
+      "SequenceLength",     "SequenceMap",   "SplitToSequence"};
+  static const std::set<std::string> optional_ops = {"Optional", "OptionalGetElement",
+                                                     "OptionalHasElement"};
+  if (sequence_ops.count(op_key)) return "sequence";
+  if (optional_ops.count(op_key)) return "optional";
+  return nullptr;
+}
+
 // Every node's op, domain and element types, before anything runs; subgraphs' nodes included.
+// An op on sequences or optionals is a type duet has no dtype for (a DTypeError, as for a graph
+// input of such a type), rather than an op without a mapping.
 void check_nodes(const onnx::GraphProto& g, int opset) {
   for (const onnx::NodeProto& n : g.node()) {
     const std::string where = fmt::format(
         "node \"{}\" ({}, opset {})", n.name().empty() && n.output_size() ? n.output(0) : n.name(),
         n.op_type(), opset);
+    if (const char* kind = non_tensor_kind(detail::onnx_import::op_key(n)))
+      throw DTypeError(fmt::format(
+          "[import_onnx] {}: op {} computes on values of ONNX type {}, which duet has no dtype "
+          "for: duet imports tensors of FLOAT, DOUBLE, INT32, INT64 and BOOL",
+          where, n.op_type(), kind));
     DUET_CHECK_VALUE(!detail::onnx_import::op_key(n).empty(),
                      "[import_onnx] {}: op {} of domain \"{}\" has no mapping in duet (only the "
                      "default domain's ops and ai.onnx.preview.training's optimizers do)",
