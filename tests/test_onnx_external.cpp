@@ -196,6 +196,43 @@ TEST_CASE("external data: a symlink in the model's folder is followed") {
   check_same((dir.path / "snapshot" / "model.onnx").string(), (dir.path / "inline.onnx").string());
 }
 
+TEST_CASE("external data: a subgraph's initializer reads from the model's folder too") {
+  // If(c) returns its then branch's initializer, kept in a file, or its else branch's, inline.
+  TempDir dir;
+  const Tensor t = randn({3}), e = randn({3});
+  auto branch = [](const std::string& name, const Tensor& v) {
+    onnx::GraphProto b;
+    b.set_name(name);
+    add_initializer(b, name, v);
+    add_node(b, "Identity", {name}, {name + "_out"});
+    add_output(b, name + "_out", onnx::TensorProto::FLOAT);
+    return b;
+  };
+  onnx::GraphProto then_branch = branch("then_value", t), else_branch = branch("else_value", e);
+  std::string data;
+  move_out(*then_branch.mutable_initializer(0), data, "branch.data");
+  write_bytes(dir.path / "branch.data", data);
+  onnx::GraphProto g;
+  add_input(g, "c", onnx::TensorProto::BOOL, {});
+  onnx::NodeProto* n = add_node(g, "If", {"c"}, {"y"});
+  for (const auto& [attr, body] :
+       {std::pair<const char*, const onnx::GraphProto*>{"then_branch", &then_branch},
+        {"else_branch", &else_branch}}) {
+    onnx::AttributeProto* a = n->add_attribute();
+    a->set_name(attr);
+    a->set_type(onnx::AttributeProto::GRAPH);
+    *a->mutable_g() = *body;
+  }
+  add_output(g, "y", onnx::TensorProto::FLOAT);
+  write_model(std::move(g), (dir.path / "model.onnx").string());
+  Program p = import_onnx((dir.path / "model.onnx").string());
+  const Tensor yes = full({}, 1, Options().dtype(DType::b8)),
+               no = full({}, 0, Options().dtype(DType::b8));
+  CHECK(test::bitwise_equal(p.eager({yes})[0], t));
+  CHECK(test::bitwise_equal(p.eager({no})[0], e));
+  CHECK(test::bitwise_equal(p({yes})[0], t));
+}
+
 TEST_CASE(
     "external data duet refuses: locations outside the model's folder, ranges past the "
     "end of the file, files that are not regular files") {
