@@ -331,9 +331,11 @@ TEST_CASE("an imported batch norm's running statistics are constants, not parame
   TempFile f("conv_bn.onnx");
   m.write(f.path);
   Program p = import_onnx(f.path);
-  // The statistics are neither parameters nor trained: only the weights are.
+  // The statistics are buffers, not parameters: only the weights are trained.
   CHECK(names_of(p.named_parameters()) ==
         std::vector<std::string>{"conv.weight", "conv.bias", "bn.weight", "bn.bias"});
+  REQUIRE(names_of(p.named_buffers()) ==
+          std::vector<std::string>{"bn.running_mean", "bn.running_var"});
   Tensor x = randn({2, 3, 5, 5}, Options().dtype(DType::f64));
   for (bool compiled : {false, true}) {
     CAPTURE(compiled);
@@ -346,13 +348,20 @@ TEST_CASE("an imported batch norm's running statistics are constants, not parame
       CHECK(t.requires_grad());
       CHECK(t.grad().defined());
     }
+    for (const auto& [n, t] : p.named_buffers()) {
+      CAPTURE(n);
+      CHECK(!t.requires_grad());
+      CHECK(!t.grad().defined());
+    }
   }
-  // The parameters are the model's weights: an SGD step on them changes what it computes.
+  // An SGD step on the parameters changes what the model computes, and leaves the statistics.
   std::vector<Tensor> params;
   for (const auto& [n, t] : p.named_parameters()) params.push_back(t);
   optim::SGD opt(params, optim::SGDOptions(0.1));
   opt.step();
   CHECK(!allclose(p.eager({x})[0], m.forward(x), 1e-6, 1e-6));
+  CHECK(test::bitwise_equal(p.named_buffers()[0].second, m.mean));
+  CHECK(test::bitwise_equal(p.named_buffers()[1].second, m.var));
 }
 
 TEST_CASE(
@@ -366,6 +375,7 @@ TEST_CASE(
   CHECK(names_of(p.named_parameters()) == std::vector<std::string>{"conv.weight", "conv.bias",
                                                                    "bn.weight", "bn.bias",
                                                                    "bn.running_mean"});
+  CHECK(names_of(p.named_buffers()) == std::vector<std::string>{"bn.running_var"});
   Tensor y = p.eager({randn({2, 3, 5, 5}, Options().dtype(DType::f64))})[0];
   sum(y * y).backward();
   CHECK(param(p, "bn.running_mean").grad().defined());

@@ -70,8 +70,8 @@ struct OnnxImportOptions {
   CompileOptions compile{};
   /// Floating initializers become parameters that require grad (Program::named_parameters), so
   /// that an imported model can be fine-tuned; those that only BatchNormalization's statistics
-  /// inputs (mean, var) read stay constants, as a module's running statistics are buffers. Off:
-  /// every initializer is a constant.
+  /// inputs (mean, var) read stay constants, as a module's running statistics are buffers
+  /// (Program::named_buffers). Off: every initializer is a constant.
   bool trainable = true;
 };
 

@@ -127,6 +127,7 @@ struct Imported {
   // The floating initializers (trainable), but for batch norm statistics (statistics_only).
   std::vector<std::pair<std::string, Tensor>> params;
   std::map<std::string, Tensor> consts;  // the other initializers, those statistics included
+  std::vector<std::string> buffers;      // the statistics, in the model's order
 };
 
 // The element type of a graph input or output, or a DTypeError naming it.
@@ -390,6 +391,7 @@ Program import_onnx(const std::string& path, const OnnxImportOptions& options) {
   for (const onnx::TensorProto& t : g.initializer()) {
     initialized.insert(t.name());
     Tensor v = io::tensor_from_proto(t, fmt::format("initializer \"{}\"", t.name()));
+    if (buffers.count(t.name())) m->buffers.push_back(t.name());
     if (options.trainable && is_floating(v.dtype()) && !buffers.count(t.name())) {
       v.requires_grad_(true);
       m->params.emplace_back(t.name(), v);
@@ -427,6 +429,11 @@ Program import_onnx(const std::string& path, const OnnxImportOptions& options) {
     for (auto& [name, t] : m->params) t = t.detach().to(d).requires_grad_(t.requires_grad());
     for (auto& [name, t] : m->consts) t = t.to(d);
     return m->params;
+  };
+  f.buffers = [m] {
+    std::vector<std::pair<std::string, Tensor>> r;
+    for (const std::string& name : m->buffers) r.emplace_back(name, m->consts.at(name));
+    return r;
   };
   CompileOptions co = options.compile;
   co.guard_data_reads = true;
