@@ -9,13 +9,13 @@
 #include <unistd.h>
 
 #include <cmath>
-#include <variant>
 
 #include "duet.h"
-#include "trace/onnx_proto.h"
+#include "onnx_models.h"
 #include "util.h"
 
 using namespace duet;
+using namespace duet::test::onnx_models;
 
 namespace {
 
@@ -33,52 +33,6 @@ struct TempFile {
       : path(fmt::format("/tmp/duet_test_onnx_{}_{}", static_cast<long>(::getpid()), name)) {}
   ~TempFile() { std::remove(path.c_str()); }
 };
-
-void add_input(onnx::GraphProto& g, const std::string& name, int32_t elem,
-               const std::vector<std::variant<int64_t, std::string>>& dims) {
-  onnx::ValueInfoProto* v = g.add_input();
-  v->set_name(name);
-  auto* t = v->mutable_type()->mutable_tensor_type();
-  t->set_elem_type(elem);
-  for (const auto& d : dims) {
-    auto* dim = t->mutable_shape()->add_dim();
-    if (std::holds_alternative<int64_t>(d))
-      dim->set_dim_value(std::get<int64_t>(d));
-    else
-      dim->set_dim_param(std::get<std::string>(d));
-  }
-}
-
-void add_output(onnx::GraphProto& g, const std::string& name, int32_t elem) {
-  onnx::ValueInfoProto* v = g.add_output();
-  v->set_name(name);
-  v->mutable_type()->mutable_tensor_type()->set_elem_type(elem);
-}
-
-onnx::NodeProto* add_node(onnx::GraphProto& g, const std::string& op,
-                          const std::vector<std::string>& in, const std::vector<std::string>& out) {
-  onnx::NodeProto* n = g.add_node();
-  n->set_op_type(op);
-  n->set_name(out.at(0));
-  for (const auto& i : in) n->add_input(i);
-  for (const auto& o : out) n->add_output(o);
-  return n;
-}
-
-void add_initializer(onnx::GraphProto& g, const std::string& name, const Tensor& t) {
-  onnx::TensorProto* p = g.add_initializer();
-  detail::onnx_io::tensor_to_proto(t, *p);
-  p->set_name(name);
-}
-
-void write_model(onnx::GraphProto g, const std::string& path, int opset = 17) {
-  onnx::ModelProto m;
-  m.set_ir_version(8);
-  m.add_opset_import()->set_version(opset);
-  *m.mutable_graph() = std::move(g);
-  std::ofstream f(path, std::ios::binary);
-  REQUIRE(m.SerializeToOstream(&f));
-}
 
 // A two-layer MLP: relu(x @ w1 + b1), then Gemm with w2 transposed (as nn::Linear keeps it).
 struct Mlp {
@@ -267,6 +221,32 @@ TEST_CASE("import errors name the op, the node and the opset, or the element typ
                                            "positive blocksize"),
                          ValueError);
   }
+  SUBCASE("an op on sequences, a type duet has no dtype for") {
+    onnx::GraphProto g;
+    add_input(g, "x", onnx::TensorProto::FLOAT, {int64_t(6)});
+    add_node(g, "SplitToSequence", {"x"}, {"s"});
+    add_int_attr(add_node(g, "ConcatFromSequence", {"s"}, {"y"}), "axis", 0);
+    add_output(g, "y", onnx::TensorProto::FLOAT);
+    write_model(std::move(g), f.path);
+    CHECK_THROWS_WITH_AS(
+        import_onnx(f.path),
+        doctest::Contains("node \"s\" (SplitToSequence, opset 17): op SplitToSequence computes "
+                          "on values of ONNX type sequence, which duet has no dtype for"),
+        DTypeError);
+  }
+  SUBCASE("an op on optionals, a type duet has no dtype for") {
+    onnx::GraphProto g;
+    add_input(g, "x", onnx::TensorProto::FLOAT, {int64_t(6)});
+    add_node(g, "Optional", {"x"}, {"o"});
+    add_node(g, "OptionalGetElement", {"o"}, {"y"});
+    add_output(g, "y", onnx::TensorProto::FLOAT);
+    write_model(std::move(g), f.path, 18);
+    CHECK_THROWS_WITH_AS(
+        import_onnx(f.path),
+        doctest::Contains("node \"o\" (Optional, opset 18): op Optional computes on values of "
+                          "ONNX type optional, which duet has no dtype for"),
+        DTypeError);
+  }
   SUBCASE("a file that is not a model") {
     std::ofstream(f.path) << "not a model at all";
     CHECK_THROWS_WITH_AS(import_onnx(f.path), doctest::Contains("is not an ONNX model"),
@@ -290,4 +270,113 @@ TEST_CASE("an imported program checks each call's inputs against the model's") {
                        doctest::Contains("input \"x\" expects f64 (?, 4), got shape (2, 5)"),
                        ShapeError);
   CHECK_THROWS_WITH_AS(p({}), doctest::Contains("takes 1 inputs (x), got 0"), ValueError);
+}
+
+namespace {
+
+// Conv -> BatchNormalization -> Relu -> GlobalAveragePool, as PyTorch exports a conv block in
+// eval mode: the batch norm's running mean and var are initializers, like its weights.
+struct ConvBn {
+  Tensor w = randn({4, 3, 3, 3}, Options().dtype(DType::f64)),
+         b = randn({4}, Options().dtype(DType::f64)),
+         scale = randn({4}, Options().dtype(DType::f64)),
+         bias = randn({4}, Options().dtype(DType::f64)),
+         mean = randn({4}, Options().dtype(DType::f64)),
+         var = rand({4}, Options().dtype(DType::f64)) + 0.5;
+
+  // With `mean_too`, the running mean is also added to the output: read otherwise than as a
+  // statistic, it is a parameter.
+  void write(const std::string& path, bool mean_too = false) const {
+    onnx::GraphProto g;
+    add_input(g, "x", onnx::TensorProto::DOUBLE, {int64_t(2), int64_t(3), int64_t(5), int64_t(5)});
+    add_initializer(g, "conv.weight", w);
+    add_initializer(g, "conv.bias", b);
+    add_initializer(g, "bn.weight", scale);
+    add_initializer(g, "bn.bias", bias);
+    add_initializer(g, "bn.running_mean", mean);
+    add_initializer(g, "bn.running_var", var);
+    add_ints_attr(add_node(g, "Conv", {"x", "conv.weight", "conv.bias"}, {"c"}), "pads",
+                  {1, 1, 1, 1});
+    add_node(g, "BatchNormalization",
+             {"c", "bn.weight", "bn.bias", "bn.running_mean", "bn.running_var"}, {"n"});
+    add_node(g, "Relu", {"n"}, {"r"});
+    add_node(g, "GlobalAveragePool", {"r"}, {mean_too ? "p" : "y"});
+    if (mean_too) {
+      add_node(g, "Flatten", {"p"}, {"f"});
+      add_node(g, "Add", {"f", "bn.running_mean"}, {"y"});
+    }
+    add_output(g, "y", onnx::TensorProto::DOUBLE);
+    write_model(std::move(g), path);
+  }
+  Tensor forward(const Tensor& x) const {
+    auto ch = [](const Tensor& t) { return reshape(t, {1, -1, 1, 1}); };
+    Tensor c = conv2d(x, w, b, 1, 1);
+    Tensor n = (c - ch(mean)) / sqrt(ch(var) + 1e-5) * ch(scale) + ch(bias);
+    return mean_of(relu(n));
+  }
+  static Tensor mean_of(const Tensor& t) { return duet::mean(t, Dims({2, 3}), true); }
+};
+
+std::vector<std::string> names_of(const std::vector<std::pair<std::string, Tensor>>& v) {
+  std::vector<std::string> r;
+  for (const auto& [n, t] : v) r.push_back(n);
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("an imported batch norm's running statistics are constants, not parameters") {
+  manual_seed(6);
+  ConvBn m;
+  TempFile f("conv_bn.onnx");
+  m.write(f.path);
+  Program p = import_onnx(f.path);
+  // The statistics are buffers, not parameters: only the weights are trained.
+  CHECK(names_of(p.named_parameters()) ==
+        std::vector<std::string>{"conv.weight", "conv.bias", "bn.weight", "bn.bias"});
+  REQUIRE(names_of(p.named_buffers()) ==
+          std::vector<std::string>{"bn.running_mean", "bn.running_var"});
+  Tensor x = randn({2, 3, 5, 5}, Options().dtype(DType::f64));
+  for (bool compiled : {false, true}) {
+    CAPTURE(compiled);
+    for (auto [n, t] : p.named_parameters()) t.set_grad({});
+    Tensor y = compiled ? p({x})[0] : p.eager({x})[0];
+    CHECK(allclose(y, m.forward(x), 1e-10, 1e-10));
+    sum(y * y).backward();
+    for (const auto& [n, t] : p.named_parameters()) {
+      CAPTURE(n);
+      CHECK(t.requires_grad());
+      CHECK(t.grad().defined());
+    }
+    for (const auto& [n, t] : p.named_buffers()) {
+      CAPTURE(n);
+      CHECK(!t.requires_grad());
+      CHECK(!t.grad().defined());
+    }
+  }
+  // An SGD step on the parameters changes what the model computes, and leaves the statistics.
+  std::vector<Tensor> params;
+  for (const auto& [n, t] : p.named_parameters()) params.push_back(t);
+  optim::SGD opt(params, optim::SGDOptions(0.1));
+  opt.step();
+  CHECK(!allclose(p.eager({x})[0], m.forward(x), 1e-6, 1e-6));
+  CHECK(test::bitwise_equal(p.named_buffers()[0].second, m.mean));
+  CHECK(test::bitwise_equal(p.named_buffers()[1].second, m.var));
+}
+
+TEST_CASE(
+    "an initializer that batch norm reads as a statistic and another node reads too is a "
+    "parameter") {
+  manual_seed(7);
+  ConvBn m;
+  TempFile f("conv_bn_shared.onnx");
+  m.write(f.path, true);
+  Program p = import_onnx(f.path);
+  CHECK(names_of(p.named_parameters()) == std::vector<std::string>{"conv.weight", "conv.bias",
+                                                                   "bn.weight", "bn.bias",
+                                                                   "bn.running_mean"});
+  CHECK(names_of(p.named_buffers()) == std::vector<std::string>{"bn.running_var"});
+  Tensor y = p.eager({randn({2, 3, 5, 5}, Options().dtype(DType::f64))})[0];
+  sum(y * y).backward();
+  CHECK(param(p, "bn.running_mean").grad().defined());
 }

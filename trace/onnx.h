@@ -69,7 +69,9 @@ struct OnnxImportOptions {
   /// dim_param are not made symbolic by themselves; name them here to trace them symbolic.
   CompileOptions compile{};
   /// Floating initializers become parameters that require grad (Program::named_parameters), so
-  /// that an imported model can be fine-tuned. Off: they are constants.
+  /// that an imported model can be fine-tuned; those that only BatchNormalization's statistics
+  /// inputs (mean, var) read stay constants, as a module's running statistics are buffers
+  /// (Program::named_buffers). Off: every initializer is a constant.
   bool trainable = true;
 };
 
@@ -78,7 +80,9 @@ struct OnnxImportOptions {
 /// graph outputs. Calling it (Program::operator(), Program::run) runs compiled; Program::eager
 /// runs it node by node. A node whose op has no mapping raises a ValueError naming the op, the
 /// node and the opset; a tensor of an element type duet has no dtype for (int8, uint8, string,
-/// ...) raises a DTypeError naming it.
+/// ...), and a sequence or optional (a graph input or output, or an op such as SplitToSequence
+/// or OptionalHasElement), raises a DTypeError naming it. Tensors kept in external data files
+/// are read from the model's folder (Note [External data] in trace/onnx_external.cpp).
 Program import_onnx(const std::string& path, const OnnxImportOptions& options = {});
 
 }  // namespace duet

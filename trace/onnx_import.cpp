@@ -12,6 +12,7 @@
 #include "trace/onnx_import.h"
 
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <set>
 #include <unordered_map>
@@ -123,8 +124,10 @@ struct Imported {
     bool has_shape = false;
   };
   std::vector<Spec> specs;
-  std::vector<std::pair<std::string, Tensor>> params;  // floating initializers (trainable)
-  std::map<std::string, Tensor> consts;                // the other initializers
+  // The floating initializers (trainable), but for batch norm statistics (statistics_only).
+  std::vector<std::pair<std::string, Tensor>> params;
+  std::map<std::string, Tensor> consts;  // the other initializers, those statistics included
+  std::vector<std::string> buffers;      // the statistics, in the model's order
 };
 
 // The element type of a graph input or output, or a DTypeError naming it.
@@ -216,12 +219,33 @@ void run_node(const onnx::NodeProto& n, int opset, Scope& env) {
   }
 }
 
+// The kind of value an op of the default domain computes on when it is not a tensor: "sequence"
+// for the sequence ops, "optional" for the optional ones; null for the others.
+const char* non_tensor_kind(const std::string& op_key) {
+  static const std::set<std::string> sequence_ops = {
+      "ConcatFromSequence", "SequenceAt",    "SequenceConstruct",
+      "SequenceEmpty",      "SequenceErase", "SequenceInsert",
+      "SequenceLength",     "SequenceMap",   "SplitToSequence"};
+  static const std::set<std::string> optional_ops = {"Optional", "OptionalGetElement",
+                                                     "OptionalHasElement"};
+  if (sequence_ops.count(op_key)) return "sequence";
+  if (optional_ops.count(op_key)) return "optional";
+  return nullptr;
+}
+
 // Every node's op, domain and element types, before anything runs; subgraphs' nodes included.
+// An op on sequences or optionals is a type duet has no dtype for (a DTypeError, as for a graph
+// input of such a type), rather than an op without a mapping.
 void check_nodes(const onnx::GraphProto& g, int opset) {
   for (const onnx::NodeProto& n : g.node()) {
     const std::string where = fmt::format(
         "node \"{}\" ({}, opset {})", n.name().empty() && n.output_size() ? n.output(0) : n.name(),
         n.op_type(), opset);
+    if (const char* kind = non_tensor_kind(detail::onnx_import::op_key(n)))
+      throw DTypeError(fmt::format(
+          "[import_onnx] {}: op {} computes on values of ONNX type {}, which duet has no dtype "
+          "for: duet imports tensors of FLOAT, DOUBLE, INT32, INT64 and BOOL",
+          where, n.op_type(), kind));
     DUET_CHECK_VALUE(!detail::onnx_import::op_key(n).empty(),
                      "[import_onnx] {}: op {} of domain \"{}\" has no mapping in duet (only the "
                      "default domain's ops and ai.onnx.preview.training's optimizers do)",
@@ -235,6 +259,54 @@ void check_nodes(const onnx::GraphProto& g, int opset) {
       for (const onnx::GraphProto& sub : a.graphs()) check_nodes(sub, opset);
     }
   }
+}
+
+// How often a name of an enclosing graph is read: as a BatchNormalization's statistics (its
+// inputs 3 and 4, mean and var), and otherwise.
+struct Uses {
+  int stats = 0, other = 0;
+};
+
+// Adds up the reads of names g does not define in `local` (the names of the subgraphs around
+// it, which hide those of the graphs outside), its subgraphs' included.
+void count_uses(const onnx::GraphProto& g, const std::set<std::string>& local,
+                std::map<std::string, Uses>& uses) {
+  auto read = [&](const std::string& name, bool stats) {
+    if (name.empty() || local.count(name)) return;
+    (stats ? uses[name].stats : uses[name].other)++;
+  };
+  for (const onnx::NodeProto& n : g.node()) {
+    const bool bn = detail::onnx_import::op_key(n) == "BatchNormalization";
+    for (int i = 0; i < n.input_size(); ++i) read(n.input(i), bn && (i == 3 || i == 4));
+    for (const onnx::AttributeProto& a : n.attribute()) {
+      std::vector<const onnx::GraphProto*> subs;
+      if (a.has_g()) subs.push_back(&a.g());
+      for (const onnx::GraphProto& sub : a.graphs()) subs.push_back(&sub);
+      for (const onnx::GraphProto* sub : subs) {
+        std::set<std::string> inner = local;
+        for (const onnx::ValueInfoProto& v : sub->input()) inner.insert(v.name());
+        for (const onnx::TensorProto& t : sub->initializer()) inner.insert(t.name());
+        for (const onnx::NodeProto& sn : sub->node())
+          for (const std::string& o : sn.output()) inner.insert(o);
+        count_uses(*sub, inner, uses);
+      }
+    }
+  }
+  for (const onnx::ValueInfoProto& v : g.output()) read(v.name(), false);
+}
+
+// The initializers of g that only BatchNormalization's statistics read: buffers, not
+// parameters. Gradients do not train running statistics; they are constants of the model, as
+// nn::BatchNorm2d's running_mean and running_var are buffers.
+std::set<std::string> statistics_only(const onnx::GraphProto& g) {
+  std::map<std::string, Uses> uses;
+  count_uses(g, {}, uses);
+  std::set<std::string> r;
+  for (const onnx::TensorProto& t : g.initializer()) {
+    auto it = uses.find(t.name());
+    if (it != uses.end() && it->second.stats > 0 && it->second.other == 0) r.insert(t.name());
+  }
+  return r;
 }
 
 std::vector<Tensor> run_graph(const Imported& m, const std::vector<Tensor>& in) {
@@ -315,10 +387,12 @@ Program import_onnx(const std::string& path, const OnnxImportOptions& options) {
   m->label = fmt::format("ONNX model {}", std::filesystem::path(path).filename().string());
 
   std::set<std::string> initialized;
+  const std::set<std::string> buffers = statistics_only(g);
   for (const onnx::TensorProto& t : g.initializer()) {
     initialized.insert(t.name());
     Tensor v = io::tensor_from_proto(t, fmt::format("initializer \"{}\"", t.name()));
-    if (options.trainable && is_floating(v.dtype())) {
+    if (buffers.count(t.name())) m->buffers.push_back(t.name());
+    if (options.trainable && is_floating(v.dtype()) && !buffers.count(t.name())) {
       v.requires_grad_(true);
       m->params.emplace_back(t.name(), v);
     } else {
@@ -355,6 +429,11 @@ Program import_onnx(const std::string& path, const OnnxImportOptions& options) {
     for (auto& [name, t] : m->params) t = t.detach().to(d).requires_grad_(t.requires_grad());
     for (auto& [name, t] : m->consts) t = t.to(d);
     return m->params;
+  };
+  f.buffers = [m] {
+    std::vector<std::pair<std::string, Tensor>> r;
+    for (const std::string& name : m->buffers) r.emplace_back(name, m->consts.at(name));
+    return r;
   };
   CompileOptions co = options.compile;
   co.guard_data_reads = true;

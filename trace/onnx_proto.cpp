@@ -74,30 +74,36 @@ void copy_field(const Field& f, Tensor& t, int64_t n, const std::string& what, c
 }
 }  // namespace
 
-Tensor tensor_from_proto(const TensorProto& p, const std::string& what) {
-  DUET_CHECK_VALUE(p.data_location() != TensorProto::EXTERNAL,
-                   "[import_onnx] {} keeps its data in an external file, which duet does not read",
-                   what);
+int64_t data_bytes(const TensorProto& p, const std::string& what) {
   std::optional<DType> dt = dtype_of(p.data_type());
   if (!dt) unsupported_elem_type(p.data_type(), what);
-  std::vector<int64_t> dims;
   int64_t n = 1;
   for (int64_t d : p.dims()) {
     DUET_CHECK_VALUE(d >= 0 && (d == 0 || n <= (int64_t(1) << 40) / d),
                      "[import_onnx] {} has a dim {} out of range", what, d);
-    dims.push_back(d);
     n *= d;
   }
+  return n * itemsize(*dt);
+}
+
+Tensor tensor_from_proto(const TensorProto& p, const std::string& what) {
+  DUET_CHECK_VALUE(p.data_location() != TensorProto::EXTERNAL,
+                   "[import_onnx] {} keeps its data in an external file, which duet reads only "
+                   "for the tensors of a model (import_onnx)",
+                   what);
+  const int64_t bytes = data_bytes(p, what);
+  const DType dt = *dtype_of(p.data_type());
+  const std::vector<int64_t> dims(p.dims().begin(), p.dims().end());
+  const int64_t n = bytes / itemsize(dt);
   // The data must hold every element before anything is allocated for them.
-  const int64_t bytes = n * itemsize(*dt);
   int64_t held = 0;
   if (p.has_raw_data()) {
-    held = static_cast<int64_t>(p.raw_data().size()) / itemsize(*dt);
+    held = static_cast<int64_t>(p.raw_data().size()) / itemsize(dt);
     DUET_CHECK_VALUE(static_cast<int64_t>(p.raw_data().size()) == bytes,
                      "[import_onnx] {}: raw_data holds {} bytes for {} elements of {}", what,
                      p.raw_data().size(), n, elem_type_name(p.data_type()));
   } else {
-    switch (*dt) {
+    switch (dt) {
       case DType::f32:
         held = p.float_data_size();
         break;
@@ -113,12 +119,12 @@ Tensor tensor_from_proto(const TensorProto& p, const std::string& what) {
     }
     DUET_CHECK_VALUE(held == n, "[import_onnx] {} holds {} values for {} elements", what, held, n);
   }
-  Tensor t = ::duet::detail::empty(Shape(dims), *dt);
+  Tensor t = ::duet::detail::empty(Shape(dims), dt);
   if (p.has_raw_data()) {
     if (bytes) std::memcpy(t.raw_data(), p.raw_data().data(), static_cast<size_t>(bytes));
     return t;
   }
-  switch (*dt) {
+  switch (dt) {
     case DType::f32:
       copy_field<float>(p.float_data(), t, n, what, "float_data");
       break;
@@ -166,6 +172,7 @@ onnx::ModelProto read_model(const std::string& path) {
                    "[import_onnx] {} is not an ONNX model (it does not parse as a ModelProto)",
                    path);
   DUET_CHECK_VALUE(m.has_graph(), "[import_onnx] {} is a ModelProto without a graph", path);
+  load_external_data(m, path);
   return m;
 }
 

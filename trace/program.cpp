@@ -174,6 +174,11 @@ std::vector<std::pair<std::string, Tensor>> Program::named_parameters() const {
   return r;
 }
 
+std::vector<std::pair<std::string, Tensor>> Program::named_buffers() const {
+  if (s_->fn && s_->fn->buffers) return s_->fn->buffers();
+  return {};
+}
+
 std::vector<Tensor> Program::operator()(const std::vector<Tensor>& inputs) {
   DUET_CHECK_VALUE(inputs.size() == s_->inputs.size(), "[Program] takes {} inputs ({}), got {}",
                    s_->inputs.size(), fmt::join(s_->inputs, ", "), inputs.size());

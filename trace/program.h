@@ -35,6 +35,8 @@ struct FunctionProgram {
   /// Moves what fn reads (its parameters and constants) to a device (Program::to); it returns
   /// the moved parameters.
   std::function<std::vector<std::pair<std::string, Tensor>>(Device)> to;
+  /// The state fn reads that is not trained (Program::named_buffers), as it is now; may be empty.
+  std::function<std::vector<std::pair<std::string, Tensor>>()> buffers;
 };
 Program make_function_program(FunctionProgram f, const CompileOptions& options);
 /// Whether p is a function program (import_onnx) rather than one traced or loaded graph.
@@ -75,6 +77,10 @@ class Program {
   /// The tensors the graph captured (parameters, buffers, optimizer state), by name: a loaded
   /// program's own values, which a run reads and, for a training step, updates.
   std::vector<std::pair<std::string, Tensor>> named_parameters() const;
+  /// An imported program's state that gradients do not train, by name: its batch norms' running
+  /// statistics (import_onnx). None for a traced or loaded program, whose named_parameters()
+  /// holds every tensor it captured.
+  std::vector<std::pair<std::string, Tensor>> named_buffers() const;
 
   Program(Program&&) noexcept;
   Program& operator=(Program&&) noexcept;
