@@ -315,6 +315,45 @@ TEST_CASE("a data-dependent Loop with scan outputs counts its iterations, then s
   check_case(p, c, tensor({-5.0, 0.0, 2.0}, f64()));
 }
 
+TEST_CASE("a Loop whose body reads its iteration number unrolls, eagerly and compiled alike") {
+  // v = v + table[i : i + 1] (a Slice whose bounds are data inside the body): neither scan nor
+  // while_loop can read them, so the compiled loop unrolls.
+  onnx::GraphProto body;
+  body.set_name("body");
+  add_value(body.mutable_input(), "i", onnx::TensorProto::INT64, std::vector<int64_t>{});
+  add_value(body.mutable_input(), "c_in", onnx::TensorProto::BOOL, std::vector<int64_t>{});
+  add_value(body.mutable_input(), "v_in", onnx::TensorProto::DOUBLE, std::vector<int64_t>{3});
+  add_initializer(body, "axes", tensor({0}, Options().dtype(DType::i64)));
+  add_initializer(body, "one", tensor({1}, Options().dtype(DType::i64)));
+  add_node(body, "Unsqueeze", {"i", "axes"}, {"start"});
+  add_node(body, "Add", {"start", "one"}, {"end"});
+  add_node(body, "Slice", {"table", "start", "end"}, {"t_i"});
+  add_node(body, "Add", {"v_in", "t_i"}, {"v_out"});
+  add_node(body, "Identity", {"c_in"}, {"c_out"});
+  add_value(body.mutable_output(), "c_out", onnx::TensorProto::BOOL, std::vector<int64_t>{});
+  add_value(body.mutable_output(), "v_out", onnx::TensorProto::DOUBLE, std::vector<int64_t>{3});
+  onnx::GraphProto g;
+  g.set_name("slice_loop");
+  add_value(g.mutable_input(), "x", onnx::TensorProto::DOUBLE, std::vector<int64_t>{3});
+  add_initializer(g, "M", i64_scalar(5));
+  add_initializer(g, "cond", bool_scalar(true));
+  add_initializer(g, "table", tensor({0.5, 1.0, 1.5, 2.0, 2.5}, f64()));
+  onnx::NodeProto* loop = add_node(g, "Loop", {"M", "cond", "x"}, {"y"});
+  onnx::AttributeProto* a = loop->add_attribute();
+  a->set_name("body");
+  a->set_type(onnx::AttributeProto::GRAPH);
+  *a->mutable_g() = std::move(body);
+  add_value(g.mutable_output(), "y", onnx::TensorProto::DOUBLE, std::nullopt);
+  TempFile f("slice_loop.onnx");
+  write_model(std::move(g), f.path);
+  Program p = import_onnx(f.path, OnnxImportOptions{.trainable = false});
+  Tensor x = tensor({1.0, -2.0, 0.0}, f64());
+  CHECK(same_values(p.eager({x})[0], {8.5, 5.5, 7.5}));
+  CHECK(same_values(p({x})[0], {8.5, 5.5, 7.5}));
+  CHECK(count_control(p.graph(), ControlKind::Scan) == 0);
+  CHECK(count_control(p.graph(), ControlKind::WhileLoop) == 0);
+}
+
 TEST_CASE("gradients flow through a compiled Loop as through the eager one") {
   LoopCase c;
   c.weight = true;
