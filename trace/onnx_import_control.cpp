@@ -15,7 +15,8 @@
 //   - scan, when the trip count M is known at trace time (or is data and the loop has scan
 //     outputs: then M is read, guarded) and the condition is known to hold at every iteration
 //     (no condition input, or a known true one, and a body condition computed from constants
-//     alone). Scan outputs are scan's stacked results, and gradients flow;
+//     and its condition input alone). Scan outputs are scan's stacked results, and gradients
+//     flow;
 //   - while_loop over {iteration, condition, values...} otherwise: M and the condition stay
 //     data, read in the graph, so a new trip count does not trace again. while_loop has no
 //     per-iteration results and no gradient: when the loop has scan outputs or its results need
@@ -23,7 +24,9 @@
 //     scan of that many iterations computes the results;
 //   - unrolled, as eagerly, where neither can express the body: it reads a value computed in the
 //     body (a Slice whose start is the iteration number) or changes a carried value's shape.
-//     The trip count and the conditions are then read, guarded when they are data.
+//     The trip count and the conditions are then read, guarded when they are data. A known
+//     condition is read with the modes suspended: read as a guarded value, each iteration's
+//     read evaluated the graph traced so far, and the trace took time quadratic in the trips.
 // - Scan unrolls: a Scan's length is a shape, and each step runs the body again.
 // - RNN, GRU and LSTM unroll over the sequence with matmul and the gates' activations, one
 //   direction after the other; sequence_lens masks the steps past each batch entry's length
@@ -248,7 +251,8 @@ struct DynamicCondition {};
 
 // The Loop as duet::scan over `trips` iterations, carrying {iteration number, values...} and
 // stacking the scan outputs. With `condition_known`, the body's condition (when the node has a
-// condition) must be known to hold at every iteration (computed from constants alone), else
+// condition) must be known to hold at every iteration (computed from constants and the
+// condition input, which is true while the body runs), else
 // DynamicCondition; without, its value is ignored: the trip count was counted with it.
 V loop_scan(const Node& n, const LoopSpec& s, int64_t trips, bool condition_known) {
   V init{iteration(0)};
