@@ -417,6 +417,7 @@ Program import_onnx(const std::string& path, const OnnxImportOptions& options) {
   }
 
   check_nodes(g, m->opset);
+  detail::onnx_import::check_loop_types(g, m->opset);
 
   detail::FunctionProgram f;
   f.label = m->label;

@@ -89,6 +89,12 @@ struct OpEntry {
   const char* name;
   ImportFn fn;
 };
+/// Checks, before anything runs, that each Loop's carried values whose element types the model
+/// declares (graph inputs, initializers, value_info) have the types its body declares for
+/// them, as ONNX's type inference does: a DTypeError naming the node otherwise
+/// (trace/onnx_import_control.cpp).
+void check_loop_types(const onnx::GraphProto& g, int opset);
+
 /// The mappings, by file: elementwise, shape, reduction, nn and loss ops
 /// (trace/onnx_import_ops.cpp); ops placed or chosen by data, signal processing and the training
 /// domain's optimizers (trace/onnx_import_data.cpp); resampling and transposed convolution

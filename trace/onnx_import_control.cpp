@@ -8,21 +8,41 @@
 //   type each, it becomes duet::cond (traced, both branches go into the graph). Otherwise the
 //   condition is read and only the chosen branch runs: compiled, that read is a guarded data
 //   read (import sets guard_data_reads), so a call with the other value traces again.
-// - Loop and Scan unroll: the trip count and the loop condition are read (guarded when they are
-//   data), a Scan's length is a shape. Each iteration runs the body again on the values the
-//   previous one carried, so carried values may change shape between iterations as ONNX allows.
+// - Loop, eagerly, unrolls: the body runs once per iteration on the values the previous one
+//   carried, so carried values may change shape between iterations as ONNX allows. Traced, it
+//   becomes one construct whose body is traced once, so a graph's size does not grow with the
+//   trip count:
+//   - scan, when the trip count M is known at trace time (or is data and the loop has scan
+//     outputs: then M is read, guarded) and the condition is known to hold at every iteration
+//     (no condition input, or a known true one, and a body condition computed from constants
+//     and its condition input alone). Scan outputs are scan's stacked results, and gradients
+//     flow;
+//   - while_loop over {iteration, condition, values...} otherwise: M and the condition stay
+//     data, read in the graph, so a new trip count does not trace again. while_loop has no
+//     per-iteration results and no gradient: when the loop has scan outputs or its results need
+//     a gradient, the while_loop only counts the iterations, the count is read (guarded), and a
+//     scan of that many iterations computes the results;
+//   - unrolled, as eagerly, where neither can express the body: it reads a value computed in the
+//     body (a Slice whose start is the iteration number) or changes a carried value's shape.
+//     The trip count and the conditions are then read, guarded when they are data. A known
+//     condition is read with the modes suspended: read as a guarded value, each iteration's
+//     read evaluated the graph traced so far, and the trace took time quadratic in the trips.
+// - Scan unrolls: a Scan's length is a shape, and each step runs the body again.
 // - RNN, GRU and LSTM unroll over the sequence with matmul and the gates' activations, one
 //   direction after the other; sequence_lens masks the steps past each batch entry's length
 //   (the state stops changing, Y is zero there).
 #include <algorithm>
 #include <cctype>
 #include <functional>
+#include <optional>
+#include <unordered_map>
 
 #include "core/dispatch.h"
 #include "core/ops.h"
 #include "trace/control_flow.h"
 #include "trace/onnx_import.h"
 #include "trace/onnx_proto.h"
+#include "trace/tracer.h"
 
 namespace duet::detail::onnx_import {
 
@@ -47,9 +67,6 @@ V tensors(const std::vector<Value>& v) {
   for (const Value& x : v) r.push_back(x.t);
   return r;
 }
-
-// The one value of t as a truth value (a guarded data read when t is traced).
-bool truth(const Tensor& t) { return t.to(Device::cpu()).to(DType::f64).to_vector<double>()[0]; }
 
 // The static shape and dtype of a subgraph output, or nullopt when it declares no full shape.
 std::optional<std::pair<std::vector<int64_t>, DType>> static_type(const onnx::ValueInfoProto& v) {
@@ -118,37 +135,251 @@ Tensor iteration(int64_t i) {
   return reshape(i64s({i}), Shape{});
 }
 
-// Loop(M, cond, v...): the body (iteration, cond, v...) -> (cond, v..., scan outputs...) runs
-// while the iteration is below M (when given) and cond holds (when given; the body's cond is
-// ignored otherwise, as the specification says).
-V op_loop(const Node& n) {
-  const onnx::GraphProto& body = graph_attr(n, "body");
+// A Loop node as its mappings see it: the body, its carried values and its scan outputs.
+struct LoopSpec {
+  const onnx::GraphProto* body = nullptr;
+  size_t carried = 0, scans = 0;
+};
+
+// The dtype a body declares for one of its values (nullopt: none declared, or no duet dtype).
+std::optional<DType> declared_dtype(const onnx::ValueInfoProto& v) {
+  if (!v.type().has_tensor_type() || !v.type().tensor_type().has_elem_type()) return std::nullopt;
+  return onnx_io::dtype_of(v.type().tensor_type().elem_type());
+}
+
+// Checks what can be checked before an iteration runs: the body's signature and the types of
+// the carried values, which ONNX's type inference (and ONNX Runtime's) checks against the
+// body's declared inputs.
+LoopSpec loop_spec(const Node& n) {
+  LoopSpec s;
+  s.body = &graph_attr(n, "body");
+  const onnx::GraphProto& body = *s.body;
   if (!n.has(0) && !n.has(1)) n.fail("it has neither a trip count nor a condition: it never ends");
-  const size_t carried = n.size() - 2;
-  if (static_cast<size_t>(body.output_size()) < 1 + carried)
+  s.carried = n.size() > 2 ? n.size() - 2 : 0;
+  if (static_cast<size_t>(body.input_size()) != 2 + s.carried)
+    n.fail(
+        fmt::format("its body takes {} inputs, not 2 + {} carried values (iteration number, "
+                    "condition, carried values)",
+                    body.input_size(), s.carried));
+  if (static_cast<size_t>(body.output_size()) < 1 + s.carried)
     n.fail(fmt::format("its body computes {} outputs, fewer than 1 + {} carried values",
-                       body.output_size(), carried));
-  const size_t scans = static_cast<size_t>(body.output_size()) - 1 - carried;
+                       body.output_size(), s.carried));
+  for (int k = 0; k < body.output_size(); ++k)
+    if (body.output(k).name().empty())
+      n.fail(fmt::format("its body's output {} ({}) has no name", k,
+                         k == 0 ? "the condition" : "a carried value or scan output"));
+  s.scans = static_cast<size_t>(body.output_size()) - 1 - s.carried;
+  for (size_t k = 0; k < s.carried; ++k) {
+    const onnx::ValueInfoProto& decl = body.input(static_cast<int>(2 + k));
+    const std::optional<DType> want = declared_dtype(decl);
+    const Tensor& v = n.in(2 + k);
+    if (want && *want != v.dtype())
+      throw DTypeError(fmt::format(
+          "its carried value {} is {} {}, but its body declares that input (\"{}\") as {}: a "
+          "loop-carried value keeps its type from one iteration to the next",
+          k, v.dtype(), detail::hint_sizes(v), decl.name(), *want));
+  }
+  return s;
+}
+
+// The one value of v as a truth value: read with the modes suspended when v is known (data even
+// inside a traced body), else a guarded data read; `what` names v in the error when it does not
+// hold exactly one value.
+bool truth(const Node& n, const Value& v, const std::string& what) {
+  if (detail::hint_sizes(v.t).numel() != 1)
+    n.fail(fmt::format("{} must hold one value, got shape {}", what, detail::hint_sizes(v.t)));
+  auto read = [&v] { return v.t.to(Device::cpu()).to(DType::f64).to_vector<double>()[0] != 0; };
+  if (!v.known) return read();
+  SuspendModes eager;
+  return read();
+}
+
+std::string body_condition(const LoopSpec& s) {
+  return fmt::format("its body's condition \"{}\"", s.body->output(0).name());
+}
+
+// The trip count M (a guarded data read when M is data).
+int64_t trip_count(const Node& n) {
   // Read as integers: exporters write INT64_MAX for "no bound", which a double cannot hold.
-  const std::vector<int64_t> m = n.has(0) ? n.ints(0) : std::vector<int64_t>{INT64_MAX};
+  const std::vector<int64_t> m = n.ints(0);
   if (m.size() != 1) n.fail(fmt::format("its trip count holds {} values, not one", m.size()));
-  const int64_t trips = m[0];
-  bool go = !n.has(1) || n.number(1) != 0;
+  return m[0];
+}
+
+// One run of the body: {condition, carried values..., scan outputs...}, the carried values
+// checked to keep their dtypes.
+std::vector<Value> run_body(const Node& n, const LoopSpec& s, Value i, Value cond,
+                            std::vector<Value> state) {
+  std::vector<Value> in{std::move(i), std::move(cond)};
+  in.insert(in.end(), state.begin(), state.end());
+  std::vector<Value> out = run_subgraph(n, *s.body, std::move(in));
+  for (size_t k = 0; k < s.carried; ++k)
+    if (out[1 + k].t.dtype() != state[k].t.dtype())
+      throw DTypeError(fmt::format(
+          "its body turns carried value {} (\"{}\") from {} into {}: a loop-carried value keeps "
+          "its type from one iteration to the next",
+          k, s.body->output(static_cast<int>(1 + k)).name(), state[k].t.dtype(),
+          out[1 + k].t.dtype()));
+  return out;
+}
+
+// The Loop unrolled: the trip count and the condition are read (guarded when they are data)
+// and the body runs once per iteration, on the values the previous one carried, so carried
+// values may change shape between iterations.
+V loop_unrolled(const Node& n, const LoopSpec& s) {
+  const int64_t trips = n.has(0) ? trip_count(n) : INT64_MAX;
+  bool go = !n.has(1) || truth(n, {n.in(1), n.known(1)}, "its condition");
   std::vector<Value> state;
   for (size_t i = 2; i < n.size(); ++i) state.push_back({n.in(i), n.known(i)});
-  std::vector<V> ys(scans);
+  std::vector<V> ys(s.scans);
   for (int64_t i = 0; i < trips && go; ++i) {
-    std::vector<Value> in{{iteration(i), true}, {constant(true, DType::b8), true}};
-    in.insert(in.end(), state.begin(), state.end());
-    std::vector<Value> out = run_subgraph(n, body, std::move(in));
-    if (n.has(1)) go = truth(out[0].t);
-    state.assign(out.begin() + 1, out.begin() + 1 + static_cast<int64_t>(carried));
-    for (size_t k = 0; k < scans; ++k) ys[k].push_back(out[1 + carried + k].t);
+    std::vector<Value> out =
+        run_body(n, s, {iteration(i), true}, {constant(true, DType::b8), true}, state);
+    if (n.has(1)) go = truth(n, out[0], body_condition(s));
+    state.assign(out.begin() + 1, out.begin() + 1 + static_cast<int64_t>(s.carried));
+    for (size_t k = 0; k < s.scans; ++k) ys[k].push_back(out[1 + s.carried + k].t);
   }
   V r = tensors(state);
-  for (size_t k = 0; k < scans; ++k)
-    r.push_back(stack_steps(n, ys[k], 0, body.output(static_cast<int>(1 + carried + k))));
+  for (size_t k = 0; k < s.scans; ++k)
+    r.push_back(stack_steps(n, ys[k], 0, s.body->output(static_cast<int>(1 + s.carried + k))));
   return r;
+}
+
+// Thrown out of a traced body when its condition depends on data, where the mapping assumed it
+// does not: the loop is then mapped onto while_loop.
+struct DynamicCondition {};
+
+// The Loop as duet::scan over `trips` iterations, carrying {iteration number, values...} and
+// stacking the scan outputs. With `condition_known`, the body's condition (when the node has a
+// condition) must be known to hold at every iteration (computed from constants and the
+// condition input, which is true while the body runs), else
+// DynamicCondition; without, its value is ignored: the trip count was counted with it.
+V loop_scan(const Node& n, const LoopSpec& s, int64_t trips, bool condition_known) {
+  V init{iteration(0)};
+  for (size_t k = 0; k < s.carried; ++k) init.push_back(n.in(2 + k));
+  // Only its length is read: a scalar broadcast, no memory per iteration.
+  const Tensor steps = expand(constant(false, DType::b8), Shape{trips});
+  Fn step = [&n, &s, condition_known](const V& in) {
+    std::vector<Value> state;
+    for (size_t k = 0; k < s.carried; ++k) state.push_back({in[1 + k], false});
+    std::vector<Value> out =
+        run_body(n, s, {in[0], false}, {constant(true, DType::b8), true}, std::move(state));
+    if (n.has(1)) {
+      if (detail::hint_sizes(out[0].t).numel() != 1)
+        n.fail(fmt::format("{} must hold one value, got shape {}", body_condition(s),
+                           detail::hint_sizes(out[0].t)));
+      if (condition_known && !(out[0].known && truth(n, out[0], body_condition(s))))
+        throw DynamicCondition{};
+    }
+    V r{as(in[0] + 1, DType::i64)};
+    for (size_t k = 1; k < out.size(); ++k) r.push_back(out[k].t);
+    return r;
+  };
+  V r = scan(step, init, {steps});
+  return V(r.begin() + 1, r.end());
+}
+
+// Thrown out of a traced body that would loop forever; op_loop raises it as the node's error
+// (unrolling would not end).
+struct NeverEnds {
+  std::string why;
+};
+
+// Both one-element b8 tensors hold.
+Tensor both(const Tensor& a, const Tensor& b) {
+  return eq(as(a, DType::i32) + as(b, DType::i32), 2);
+}
+
+// The Loop as duet::while_loop over {iteration number, condition, values...}, while the
+// iteration number is below M (when given) and the condition holds (when given). M and the
+// condition may be data: they are read in the graph, not at trace time. Returns the final
+// state; the scan outputs are not computed.
+V loop_while(const Node& n, const LoopSpec& s) {
+  Tensor bound;
+  if (n.has(0)) {
+    if (detail::hint_sizes(n.in(0)).numel() != 1)
+      n.fail(fmt::format("its trip count must hold one value, got shape {}",
+                         detail::hint_sizes(n.in(0))));
+    bound = n.known(0) ? iteration(trip_count(n)) : reshape(as(n.in(0), DType::i64), Shape{});
+  }
+  Tensor go = constant(true, DType::b8);
+  if (n.has(1)) {
+    if (detail::hint_sizes(n.in(1)).numel() != 1)
+      n.fail(fmt::format("its condition must hold one value, got shape {}",
+                         detail::hint_sizes(n.in(1))));
+    go = reshape(as(n.in(1), DType::b8), Shape{});
+  }
+  V init{iteration(0), go};
+  for (size_t k = 0; k < s.carried; ++k) init.push_back(n.in(2 + k));
+  Fn cond_fn = [bound](const V& st) {
+    return V{bound.defined() ? both(lt(st[0], bound), st[1]) : st[1]};
+  };
+  Fn body_fn = [&n, &s](const V& st) {
+    std::vector<Value> state;
+    for (size_t k = 0; k < s.carried; ++k) state.push_back({st[2 + k], false});
+    std::vector<Value> out = run_body(n, s, {st[0], false}, {st[1], false}, std::move(state));
+    Tensor go = st[1];
+    if (n.has(1)) {
+      if (detail::hint_sizes(out[0].t).numel() != 1)
+        n.fail(fmt::format("{} must hold one value, got shape {}", body_condition(s),
+                           detail::hint_sizes(out[0].t)));
+      // The condition input itself (true while the body runs), or a known true: for ever.
+      if (!n.has(0) &&
+          (out[0].t.is_same(st[1]) || (out[0].known && truth(n, out[0], body_condition(s)))))
+        throw NeverEnds{fmt::format("it has no trip count, and {} is always true: it never ends",
+                                    body_condition(s))};
+      go = reshape(as(out[0].t, DType::b8), Shape{});
+    }
+    V r{as(st[0] + 1, DType::i64), go};
+    for (size_t k = 0; k < s.carried; ++k) r.push_back(out[1 + k].t);
+    return r;
+  };
+  return while_loop(cond_fn, body_fn, init);
+}
+
+// The Loop traced (Note [Imported control flow]), or nullopt where unrolling is the mapping.
+std::optional<V> loop_traced(const Node& n, const LoopSpec& s) {
+  if (n.has(1) && n.known(1) && !truth(n, {n.in(1), n.known(1)}, "its condition"))
+    return std::nullopt;
+  const bool condition_known = !n.has(1) || n.known(1);
+  if (condition_known && n.has(0) && (n.known(0) || s.scans > 0)) {
+    const int64_t trips = trip_count(n);  // a guarded read when M is data
+    if (trips <= 0) return std::nullopt;
+    try {
+      return loop_scan(n, s, trips, true);
+    } catch (const DynamicCondition&) {
+    }
+  }
+  const V w = loop_while(n, s);
+  V out(w.begin() + 2, w.end());
+  bool grad = false;
+  for (const Tensor& t : out) grad = grad || t.requires_grad();
+  if (s.scans == 0 && !grad) return out;
+  // Scan outputs, or a gradient (while_loop has none): count the iterations, then scan them.
+  const int64_t trips = w[0].to(Device::cpu()).to_vector<int64_t>()[0];  // a guarded read
+  if (trips <= 0) return std::nullopt;
+  return loop_scan(n, s, trips, false);
+}
+
+// Loop(M, cond, v...): the body (iteration, cond, v...) -> (cond, v..., scan outputs...) runs
+// while the iteration is below M (when given) and cond holds (when given; the body's cond is
+// ignored otherwise, as the specification says). Eagerly it unrolls; traced, it becomes scan or
+// while_loop where they can express it (Note [Imported control flow]).
+V op_loop(const Node& n) {
+  const LoopSpec s = loop_spec(n);
+  if (detail::Tracer::current()) {
+    try {
+      if (std::optional<V> r = loop_traced(n, s)) return *r;
+    } catch (const NeverEnds& e) {
+      n.fail(e.why);
+    } catch (const InternalError&) {
+      throw;
+    } catch (const Error&) {
+      // A body that reads a value computed in it, or whose carried values change shape: what
+      // scan and while_loop cannot express. Unrolling reports the model's own errors again.
+    }
+  }
+  return loop_unrolled(n, s);
 }
 
 // ---- Scan ----
@@ -503,6 +734,48 @@ V op_lstm(const Node& n) {
 }
 
 }  // namespace
+
+namespace {
+
+// ONNX element types by value name, as a graph and the graphs around it declare them.
+using Declared = std::unordered_map<std::string, int32_t>;
+
+void declare(Declared& d, const onnx::ValueInfoProto& v) {
+  if (v.type().has_tensor_type() && v.type().tensor_type().has_elem_type())
+    d[v.name()] = v.type().tensor_type().elem_type();
+}
+
+void check_loops(const onnx::GraphProto& g, Declared declared, int opset) {
+  for (const onnx::ValueInfoProto& v : g.input()) declare(declared, v);
+  for (const onnx::ValueInfoProto& v : g.value_info()) declare(declared, v);
+  for (const onnx::TensorProto& t : g.initializer()) declared[t.name()] = t.data_type();
+  for (const onnx::NodeProto& n : g.node()) {
+    for (const onnx::AttributeProto& a : n.attribute()) {
+      if (a.type() == onnx::AttributeProto::GRAPH) check_loops(a.g(), declared, opset);
+      for (const onnx::GraphProto& sub : a.graphs()) check_loops(sub, declared, opset);
+      if (n.op_type() != "Loop" || a.name() != "body" || a.type() != onnx::AttributeProto::GRAPH)
+        continue;
+      for (int k = 2; k < n.input_size() && k < a.g().input_size(); ++k) {
+        const onnx::ValueInfoProto& decl = a.g().input(k);
+        auto outer = declared.find(n.input(k));
+        if (outer == declared.end() || !decl.type().has_tensor_type()) continue;
+        const std::optional<DType> got = onnx_io::dtype_of(outer->second);
+        const std::optional<DType> want = onnx_io::dtype_of(decl.type().tensor_type().elem_type());
+        if (got && want && *got != *want)
+          throw DTypeError(fmt::format(
+              "[import_onnx] node \"{}\" (Loop, opset {}): its carried value {} (\"{}\") is "
+              "declared {}, but its body declares that input (\"{}\") as {}: a loop-carried "
+              "value keeps its type from one iteration to the next",
+              n.name().empty() && n.output_size() ? n.output(0) : n.name(), opset, k - 2,
+              n.input(k), *got, decl.name(), *want));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void check_loop_types(const onnx::GraphProto& g, int opset) { check_loops(g, {}, opset); }
 
 std::vector<OpEntry> control_ops() {
   return {
