@@ -5,12 +5,26 @@
 // MPI's blocking collectives wait forever for a rank that never comes. So every collective is
 // posted non-blocking (MPI_Iallreduce, ...) and polled against InitOptions::timeout_s. To say
 // *which* rank is missing, each rank also posts a one-integer "arrived at collective #k"
-// message to every other rank on a second communicator: when the deadline passes, the ranks
-// whose message has not come are the ones named. A timed-out collective cannot be cancelled
-// (MPI has no cancel for collectives), so the transport is broken from then on: later
-// collectives and finalize() refuse, and the process should exit.
+// message to every other rank on a second communicator, with the collective's fingerprint
+// exchange (below): when the deadline passes, the ranks whose message has not come are the ones
+// named. A timed-out collective cannot be cancelled (MPI has no cancel for collectives), so the
+// transport is broken from then on: later collectives and finalize() refuse, and the process
+// should exit.
+//
+// Note [Collective fingerprints]
+// Every collective (barrier() and NCCL's id included) first all-reduces a fingerprint of its
+// call: the hash h of its description (op, dtype, reduction, root, count, shape and sequence
+// number; core/dist.h), sent as the pair (h, ~h) under MPI_MAX, so that every rank gets the
+// largest h and the complement of the smallest in one 16-byte all-reduce. They are equal on every
+// rank or on none; where they differ, every rank all-gathers the whole descriptions and throws
+// the same DistError naming each rank's call, before any data has moved, and the group stays
+// usable. Only then are the data posted, so two different calls never pair up inside MPI (where
+// mismatched counts and operations are undefined: a wrong sum on one rank, MPI_ERR_IN_STATUS on
+// the other). A barrier is the fingerprint exchange alone. The check costs one small all-reduce
+// per collective, on every call; InitOptions::check_consistency does not change it.
 #include <mpi.h>
 
+#include <array>
 #include <chrono>
 #include <cstring>
 #include <map>
@@ -59,6 +73,8 @@ void check_mpi(int rc, const char* what, const char* op) {
 class MpiComm;
 MpiComm* g_mpi = nullptr;  // the process's MPI transport (owned by the world), for NCCL's id
 
+using Desc = std::array<int64_t, kCallDescLen>;
+
 class MpiComm final : public Comm {
  public:
   explicit MpiComm(bool owns) : owns_(owns) {
@@ -72,13 +88,11 @@ class MpiComm final : public Comm {
   void run(const CollectiveCall& c) override {
     std::lock_guard<std::mutex> lock(mu_);
     check_usable(c.name);
-    if (options().check_consistency) check_consistency(c);
+    const Desc desc = agree(c);
     const bool reduce = c.op == OpId::AllReduce || c.op == OpId::ReduceScatter;
     const MPI_Datatype t = mpi_type(c.dtype, reduce, c.name);
     const MPI_Op mop = c.reduce == ReduceOp::Max ? MPI_MAX : MPI_SUM;
     const int n = static_cast<int>(c.count);
-    DUET_CHECK_VALUE(c.count <= INT32_MAX, "[{}] {} elements per rank is more than MPI's int count",
-                     c.name, c.count);
     MPI_Request req = MPI_REQUEST_NULL;
     int rc = MPI_SUCCESS;
     switch (c.op) {
@@ -100,7 +114,7 @@ class MpiComm final : public Comm {
         DUET_ASSERT(false, "{} is not a collective", op_name(c.op));
     }
     check_mpi(rc, "posting the collective", c.name);
-    wait(req, c.name);
+    wait_for(in_flight(req, c.name, desc));
   }
 
   // An all-reduce in place in c.dst, posted and left in flight (Note [Overlapped collectives]).
@@ -108,16 +122,14 @@ class MpiComm final : public Comm {
     if (c.op != OpId::AllReduce) return run(c);
     std::lock_guard<std::mutex> lock(mu_);
     check_usable(c.name);
-    if (options().check_consistency) check_consistency(c);
+    const Desc desc = agree(c);
     const MPI_Datatype t = mpi_type(c.dtype, true, c.name);
-    DUET_CHECK_VALUE(c.count <= INT32_MAX, "[{}] {} elements per rank is more than MPI's int count",
-                     c.name, c.count);
     if (c.dst != c.src) std::memcpy(c.dst, c.src, static_cast<size_t>(c.count) * itemsize(c.dtype));
     MPI_Request req = MPI_REQUEST_NULL;
     check_mpi(MPI_Iallreduce(MPI_IN_PLACE, c.dst, static_cast<int>(c.count), t,
                              c.reduce == ReduceOp::Max ? MPI_MAX : MPI_SUM, comm_, &req),
               "posting the collective", c.name);
-    in_flight_[c.dst] = post_arrivals(req, c.name);
+    in_flight_[c.dst] = in_flight(req, c.name, desc);
     g_started.fetch_add(1, std::memory_order_relaxed);
   }
 
@@ -129,7 +141,7 @@ class MpiComm final : public Comm {
     in_flight_.erase(it);
     g_started.fetch_sub(1, std::memory_order_relaxed);
     check_usable(op);
-    wait_for(*f);
+    wait_for(std::move(f));
   }
 
   void progress() override {
@@ -141,12 +153,13 @@ class MpiComm final : public Comm {
     }
   }
 
+  // The fingerprint exchange alone: it completes when every rank has reached it.
   void barrier() override {
     std::lock_guard<std::mutex> lock(mu_);
     check_usable("barrier");
-    MPI_Request req = MPI_REQUEST_NULL;
-    check_mpi(MPI_Ibarrier(comm_, &req), "MPI_Ibarrier", "barrier");
-    wait(req, "barrier");
+    Desc desc;
+    describe_barrier(++calls_, desc.data());
+    agree("barrier", desc);
   }
 
   void finalize() override {
@@ -161,14 +174,18 @@ class MpiComm final : public Comm {
     if (owns_ && !done) MPI_Finalize();
   }
 
-  // Rank 0's bytes on every rank (NCCL's unique id).
+  // Rank 0's bytes on every rank (NCCL's unique id): a broadcast of b8 like any other.
   void broadcast_bytes(std::string& bytes) {
     std::lock_guard<std::mutex> lock(mu_);
     check_usable("dist.init");
+    const auto n = static_cast<int64_t>(bytes.size());
+    const CollectiveCall c{OpId::Broadcast, "dist.init", bytes.data(),  bytes.data(), n, DType::b8,
+                           ReduceOp::Sum,   0,           Device::cpu(), Shape{n}};
+    const Desc desc = agree(c);
     MPI_Request req = MPI_REQUEST_NULL;
-    check_mpi(MPI_Ibcast(bytes.data(), static_cast<int>(bytes.size()), MPI_BYTE, 0, comm_, &req),
-              "MPI_Ibcast", "dist.init");
-    wait(req, "dist.init");
+    check_mpi(MPI_Ibcast(bytes.data(), static_cast<int>(n), MPI_BYTE, 0, comm_, &req), "MPI_Ibcast",
+              "dist.init");
+    wait_for(in_flight(req, "dist.init", desc));
   }
 
  private:
@@ -179,40 +196,76 @@ class MpiComm final : public Comm {
                  op, broken_);
   }
 
-  // One posted collective and its arrival messages (Note [Collective deadlines]); kept at one
-  // address while MPI writes into it.
+  // One posted collective, with its arrival messages when it is a fingerprint exchange (Note
+  // [Collective deadlines]); kept at one address while MPI writes into it.
   struct InFlight {
     std::vector<MPI_Request> reqs;  // [0] the collective, then per peer: a receive, a send
     std::vector<int> peers;
     std::vector<int> got;
     int me = 0;
     const char* op = "";
+    Desc desc{};
+    int64_t pair[2] = {0, 0}, reduced[2] = {0, 0};  // the fingerprint exchange's buffers
   };
 
-  std::unique_ptr<InFlight> post_arrivals(MPI_Request req, const char* op) {
+  std::unique_ptr<InFlight> in_flight(MPI_Request req, const char* op, const Desc& desc) {
     auto f = std::make_unique<InFlight>();
-    const int tag = static_cast<int>(seq_++ % 32768);
     f->op = op;
-    f->me = rank_;
+    f->desc = desc;
     f->reqs.push_back(req);
-    f->got.assign(static_cast<size_t>(size_), 0);
-    f->reqs.reserve(1 + 2 * static_cast<size_t>(size_));
-    for (int r = 0; r < size_; ++r) {
-      if (r == rank_) continue;
-      f->peers.push_back(r);
-      f->reqs.emplace_back();
-      MPI_Irecv(&f->got[static_cast<size_t>(r)], 1, MPI_INT, r, tag, arrive_, &f->reqs.back());
-      f->reqs.emplace_back();
-      MPI_Isend(&f->me, 1, MPI_INT, r, tag, arrive_, &f->reqs.back());
-    }
     return f;
   }
 
-  // Waits for `req` and this collective's arrival messages, or throws at the deadline
-  // (Note [Collective deadlines]).
-  void wait(MPI_Request req, const char* op) { wait_for(*post_arrivals(req, op)); }
+  void post_arrivals(InFlight& f) {
+    const int tag = static_cast<int>(f.desc[kCallDescLen - 1] % 32768);
+    f.me = rank_;
+    f.got.assign(static_cast<size_t>(size_), 0);
+    f.reqs.reserve(1 + 2 * static_cast<size_t>(size_));
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      f.peers.push_back(r);
+      f.reqs.emplace_back();
+      MPI_Irecv(&f.got[static_cast<size_t>(r)], 1, MPI_INT, r, tag, arrive_, &f.reqs.back());
+      f.reqs.emplace_back();
+      MPI_Isend(&f.me, 1, MPI_INT, r, tag, arrive_, &f.reqs.back());
+    }
+  }
 
-  void wait_for(InFlight& f) {
+  Desc agree(const CollectiveCall& c) {
+    DUET_CHECK_VALUE(c.count <= INT32_MAX, "[{}] {} elements per rank is more than MPI's int count",
+                     c.name, c.count);
+    Desc desc;
+    describe_call(c, ++calls_, desc.data());
+    agree(c.name, desc);
+    return desc;
+  }
+
+  // The fingerprint exchange (Note [Collective fingerprints]); throws on every rank when the
+  // ranks' calls differ.
+  void agree(const char* op, const Desc& desc) {
+    auto f = in_flight(MPI_REQUEST_NULL, op, desc);
+    const uint64_t h = fingerprint(desc.data());
+    f->pair[0] = static_cast<int64_t>(h);
+    f->pair[1] = static_cast<int64_t>(~h);
+    check_mpi(MPI_Iallreduce(f->pair, f->reduced, 2, MPI_INT64_T, MPI_MAX, comm_, &f->reqs[0]),
+              "the fingerprint exchange", op);
+    post_arrivals(*f);
+    InFlight& done = wait_for(std::move(f));
+    if (done.reduced[0] == ~done.reduced[1]) return;
+    std::vector<int64_t> all(static_cast<size_t>(kCallDescLen) * static_cast<size_t>(size_));
+    MPI_Request req = MPI_REQUEST_NULL;
+    check_mpi(MPI_Iallgather(desc.data(), kCallDescLen, MPI_INT64_T, all.data(), kCallDescLen,
+                             MPI_INT64_T, comm_, &req),
+              "gathering the calls", op);
+    wait_for(in_flight(req, op, desc));
+    check_descriptions(op, desc.data(), rank_, size_, all.data());
+  }
+
+  // Waits for f's requests, or throws at the deadline (Note [Collective deadlines]). Returns f,
+  // which it keeps while MPI may still write into it.
+  InFlight& wait_for(std::unique_ptr<InFlight> owned) {
+    InFlight& f = *owned;
+    done_ = std::move(owned);
     using clock = std::chrono::steady_clock;
     const auto start = clock::now();
     const auto deadline =
@@ -226,7 +279,7 @@ class MpiComm final : public Comm {
         g_blocked_ns.fetch_add(
             std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now() - start).count(),
             std::memory_order_relaxed);
-        return;
+        return f;
       }
       if (clock::now() >= deadline) break;
       // Spin briefly (small collectives finish in microseconds), then sleep a little.
@@ -242,36 +295,33 @@ class MpiComm final : public Comm {
         MPI_Test(&f.reqs[1 + 2 * k], &arrived, MPI_STATUS_IGNORE);
       if (!arrived) missing += fmt::format("{}{}", missing.empty() ? "" : ", ", f.peers[k]);
     }
+    const std::string where = fmt::format("this rank's collective #{}, {}",
+                                          f.desc[kCallDescLen - 1], call_str(f.desc.data()));
     const std::string what =
         missing.empty()
             ? fmt::format(
                   "[{}] timed out after {:g} s: every rank arrived, but the transport did "
-                  "not finish",
-                  f.op, options().timeout_s)
-            : fmt::format("[{}] timed out after {:g} s waiting for rank {}", f.op,
-                          options().timeout_s, missing);
-    broken_ = what;
-    throw DistError(what);
+                  "not finish ({})",
+                  f.op, options().timeout_s, where)
+            : fmt::format("[{}] timed out after {:g} s waiting for rank {} ({})", f.op,
+                          options().timeout_s, missing, where);
+    fail(what);
   }
 
-  // Gathers every rank's description of this call and compares (InitOptions::check_consistency).
-  void check_consistency(const CollectiveCall& c) {
-    int64_t mine[kCallDescLen];
-    describe_call(c, mine);
-    std::vector<int64_t> all(static_cast<size_t>(kCallDescLen * size_));
-    MPI_Request req = MPI_REQUEST_NULL;
-    check_mpi(MPI_Iallgather(mine, kCallDescLen, MPI_INT64_T, all.data(), kCallDescLen, MPI_INT64_T,
-                             comm_, &req),
-              "the consistency check", c.name);
-    wait(req, c.name);
-    check_descriptions(c.name, mine, rank_, size_, all.data());
+  [[noreturn]] void fail(const std::string& what) {
+    broken_ = what;
+    // MPI may still write into the posted requests' buffers: keep them.
+    if (done_) abandoned_.push_back(std::move(done_));
+    throw DistError(what);
   }
 
   bool owns_;
   MPI_Comm comm_ = MPI_COMM_NULL, arrive_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
-  uint64_t seq_ = 0;
+  int64_t calls_ = 0;  // collectives made, the sequence number of the last
   std::map<const void*, std::unique_ptr<InFlight>> in_flight_;
+  std::unique_ptr<InFlight> done_;  // the last waited-for collective
+  std::vector<std::unique_ptr<InFlight>> abandoned_;
   std::string broken_;
   std::mutex mu_;
 };

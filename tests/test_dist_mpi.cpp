@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <thread>
 
 #include "util.h"
@@ -218,6 +219,60 @@ TEST_CASE("dist mpi: the consistency check names a collective the ranks call dif
   }
   o.check_consistency = false;
   dist::init(o);
+}
+
+// Calls that differ, with the consistency check off (the default): the fingerprint every MPI
+// collective exchanges first (Note [Collective fingerprints] in kernels/dist_mpi.cpp) finds
+// each difference before any data moves, and every rank throws, naming both calls.
+TEST_CASE("dist mpi: calls that differ raise on every rank, naming both, with no check asked") {
+  init();
+  REQUIRE_FALSE(dist::detail::options().check_consistency);
+  const bool r0 = dist::rank() == 0;
+  const Tensor x = full({4, 3}, double(dist::rank() + 1));
+  struct Row {
+    const char* name;
+    std::function<Tensor()> call;
+    const char* on_rank_0;
+    const char* on_rank_1;
+  };
+  const std::vector<Row> rows = {
+      {"reduce op",
+       [&] { return dist::all_reduce(x, r0 ? dist::ReduceOp::Sum : dist::ReduceOp::Max); },
+       "all_reduce(f32 (4, 3), sum)", "all_reduce(f32 (4, 3), max)"},
+      {"shape", [&] { return dist::all_reduce(r0 ? x : full({4}, 2.0)); },
+       "all_reduce(f32 (4, 3), sum)", "all_reduce(f32 (4,), sum)"},
+      {"a larger shape",
+       [&] { return dist::all_reduce(r0 ? full({4}, 1.0) : full({1000000}, 2.0)); },
+       "all_reduce(f32 (4,), sum)", "all_reduce(f32 (1000000,), sum)"},
+      {"dtype", [&] { return dist::all_reduce(r0 ? x : x.to(DType::f64)); },
+       "all_reduce(f32 (4, 3), sum)", "all_reduce(f64 (4, 3), sum)"},
+      {"collective", [&] { return r0 ? dist::all_reduce(x) : dist::broadcast(x, 0); },
+       "all_reduce(f32 (4, 3), sum)", "broadcast(f32 (4, 3), root 0)"},
+      {"gathered rows",
+       [&] {
+         return dist::all_gather(r0 ? x : full({2, 3}, 2.0), 0);
+       },
+       "all_gather(f32 (4, 3))", "all_gather(f32 (2, 3))"},
+      {"a barrier",
+       [&] {
+         if (r0) return dist::all_reduce(x);
+         dist::barrier();
+         return x;
+       },
+       "all_reduce(f32 (4, 3), sum)", "barrier()"},
+  };
+  for (const Row& row : rows) {
+    INFO(std::string(row.name));
+    const std::string m = error_of<DistError>([&] { (void)row.call(); });
+    CHECK_MESSAGE(contains(m, "the ranks disagree"), m);
+    CHECK_MESSAGE(contains(m, fmt::format("rank 0 calls {} as its collective #", row.on_rank_0)),
+                  m);
+    CHECK_MESSAGE(contains(m, fmt::format("rank 1 calls {} as its collective #", row.on_rank_1)),
+                  m);
+  }
+  // The group is still usable: the next collectives agree and run.
+  check_tensor(dist::all_reduce(ones({2})), {2}, DType::f32, {2, 2});
+  dist::barrier();
 }
 
 namespace {
