@@ -9,7 +9,19 @@
 // exchange (below): when the deadline passes, the ranks whose message has not come are the ones
 // named. A timed-out collective cannot be cancelled (MPI has no cancel for collectives), so the
 // transport is broken from then on: later collectives and finalize() refuse, and the process
-// should exit.
+// should exit. The wait backs off as it goes (spins, then sleeps of 20 us, 200 us, and 5 ms
+// after a second), so that a rank waiting for a slow peer does not burn a core.
+//
+// Note [Departed ranks]
+// A rank that ends (dist::finalize(), which also runs at exit) tells every other rank, on a
+// third communicator, how many collectives it made and which was the last. Each rank keeps a
+// receive for that message posted from the start, and a waiting collective looks at it while it
+// waits: a rank that waits for a peer that has left throws at once, "[all_reduce] rank 1 has
+// left (dist::finalize) after 26 collectives, the last all_reduce(f32 (4, 3), sum); this rank
+// waits in its collective #27, all_reduce(f32 (4, 3), sum)", instead of waiting out timeout_s.
+// That is also how a rank that skipped one of a run of identical collectives shows: the calls
+// pair up one off (nothing in them differs), and the rank with one more is told at the end. A
+// rank that dies without finalize() (a crash, _exit) is mpirun's to handle: it ends the job.
 //
 // Note [Collective fingerprints]
 // Every collective (barrier() and NCCL's id included) first all-reduces a fingerprint of its
@@ -80,8 +92,17 @@ class MpiComm final : public Comm {
   explicit MpiComm(bool owns) : owns_(owns) {
     MPI_Comm_dup(MPI_COMM_WORLD, &comm_);
     MPI_Comm_dup(MPI_COMM_WORLD, &arrive_);
+    MPI_Comm_dup(MPI_COMM_WORLD, &bye_);
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
+    // Note [Departed ranks]: one receive per peer, posted for the whole run.
+    bye_in_.resize(static_cast<size_t>(size_));
+    bye_req_.assign(static_cast<size_t>(size_), MPI_REQUEST_NULL);
+    left_.assign(static_cast<size_t>(size_), 0);
+    for (int r = 0; r < size_; ++r)
+      if (r != rank_)
+        MPI_Irecv(bye_in_[static_cast<size_t>(r)].data(), kByeLen, MPI_INT64_T, r, 0, bye_,
+                  &bye_req_[static_cast<size_t>(r)]);
   }
   std::string name() const override { return "mpi"; }
 
@@ -165,10 +186,17 @@ class MpiComm final : public Comm {
   void finalize() override {
     std::lock_guard<std::mutex> lock(mu_);
     g_mpi = nullptr;
+    const bool sent = say_goodbye();
     // A timed-out or never-waited collective is still posted: MPI_Finalize would hang.
-    if (!broken_.empty() || !in_flight_.empty()) return;
+    if (!broken_.empty() || !in_flight_.empty() || !sent) return;
+    for (MPI_Request& r : bye_req_)
+      if (r != MPI_REQUEST_NULL) {
+        MPI_Cancel(&r);
+        MPI_Wait(&r, MPI_STATUS_IGNORE);
+      }
     MPI_Comm_free(&comm_);
     MPI_Comm_free(&arrive_);
+    MPI_Comm_free(&bye_);
     int done = 0;
     MPI_Finalized(&done);
     if (owns_ && !done) MPI_Finalize();
@@ -189,6 +217,9 @@ class MpiComm final : public Comm {
   }
 
  private:
+  // A departing rank's message: its collective count, then its last call's description.
+  static constexpr int kByeLen = 1 + kCallDescLen;
+
   void check_usable(const char* op) const {
     DUET_CHECK_T(broken_.empty(), DistError,
                  "[{}] the process group is unusable after an earlier failure ({}): exit this "
@@ -243,6 +274,7 @@ class MpiComm final : public Comm {
   // The fingerprint exchange (Note [Collective fingerprints]); throws on every rank when the
   // ranks' calls differ.
   void agree(const char* op, const Desc& desc) {
+    last_ = desc;
     auto f = in_flight(MPI_REQUEST_NULL, op, desc);
     const uint64_t h = fingerprint(desc.data());
     f->pair[0] = static_cast<int64_t>(h);
@@ -261,8 +293,9 @@ class MpiComm final : public Comm {
     check_descriptions(op, desc.data(), rank_, size_, all.data());
   }
 
-  // Waits for f's requests, or throws at the deadline (Note [Collective deadlines]). Returns f,
-  // which it keeps while MPI may still write into it.
+  // Waits for f's requests, or throws at the deadline (Note [Collective deadlines]) or when a
+  // rank it waits for has left (Note [Departed ranks]). Returns f, which it keeps while MPI may
+  // still write into it.
   InFlight& wait_for(std::unique_ptr<InFlight> owned) {
     InFlight& f = *owned;
     done_ = std::move(owned);
@@ -281,10 +314,13 @@ class MpiComm final : public Comm {
             std::memory_order_relaxed);
         return f;
       }
-      if (clock::now() >= deadline) break;
-      // Spin briefly (small collectives finish in microseconds), then sleep a little.
-      if (spins > 100)
-        std::this_thread::sleep_for(std::chrono::microseconds(spins > 2000 ? 200 : 20));
+      if (spins <= 100) continue;  // small collectives finish in microseconds
+      check_departed(f);
+      const auto now = clock::now();
+      if (now >= deadline) break;
+      int64_t sleep_us = 20;
+      if (spins >= 2000) sleep_us = now - start < std::chrono::seconds(1) ? 200 : 5000;
+      std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
     }
     std::string missing;
     for (size_t k = 0; k < f.peers.size(); ++k) {
@@ -308,6 +344,30 @@ class MpiComm final : public Comm {
     fail(what);
   }
 
+  // Note [Departed ranks]: throws when a rank has left before making the collective f waits in.
+  // One that left after making it has its data on the way: the wait goes on.
+  void check_departed(const InFlight& f) {
+    const int64_t seq = f.desc[kCallDescLen - 1];
+    for (int r = 0; r < size_; ++r) {
+      const auto k = static_cast<size_t>(r);
+      if (!left_[k]) {
+        if (bye_req_[k] == MPI_REQUEST_NULL) continue;
+        int arrived = 0;
+        MPI_Test(&bye_req_[k], &arrived, MPI_STATUS_IGNORE);
+        if (!arrived) continue;
+        left_[k] = 1;
+      }
+      const auto& bye = bye_in_[k];
+      if (bye[0] >= seq) continue;
+      fail(fmt::format(
+          "[{}] rank {} has left (dist::finalize) after {} collectives{}; this rank waits in its "
+          "collective #{}, {} (every rank must call the same collectives: one skipped a "
+          "collective or stopped early)",
+          f.op, r, bye[0], bye[0] > 0 ? ", the last " + call_str(bye.data() + 1) : "", seq,
+          call_str(f.desc.data())));
+    }
+  }
+
   [[noreturn]] void fail(const std::string& what) {
     broken_ = what;
     // MPI may still write into the posted requests' buffers: keep them.
@@ -315,13 +375,38 @@ class MpiComm final : public Comm {
     throw DistError(what);
   }
 
+  // Tells every other rank that this one leaves (Note [Departed ranks]); false when the messages
+  // did not go out within a second.
+  bool say_goodbye() {
+    bye_out_[0] = calls_;
+    std::copy(last_.begin(), last_.end(), bye_out_.begin() + 1);
+    std::vector<MPI_Request> sends;
+    for (int r = 0; r < size_; ++r)
+      if (r != rank_) {
+        sends.emplace_back();
+        MPI_Isend(bye_out_.data(), kByeLen, MPI_INT64_T, r, 0, bye_, &sends.back());
+      }
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    int done = 0;
+    while (MPI_Testall(static_cast<int>(sends.size()), sends.data(), &done, MPI_STATUSES_IGNORE) ==
+               MPI_SUCCESS &&
+           !done && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    return done != 0;
+  }
+
   bool owns_;
-  MPI_Comm comm_ = MPI_COMM_NULL, arrive_ = MPI_COMM_NULL;
+  MPI_Comm comm_ = MPI_COMM_NULL, arrive_ = MPI_COMM_NULL, bye_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
   int64_t calls_ = 0;  // collectives made, the sequence number of the last
+  Desc last_{};        // the last collective's description
   std::map<const void*, std::unique_ptr<InFlight>> in_flight_;
   std::unique_ptr<InFlight> done_;  // the last waited-for collective
   std::vector<std::unique_ptr<InFlight>> abandoned_;
+  std::vector<std::array<int64_t, kByeLen>> bye_in_;
+  std::vector<MPI_Request> bye_req_;
+  std::vector<char> left_;  // the ranks whose goodbye has come
+  std::array<int64_t, kByeLen> bye_out_{};
   std::string broken_;
   std::mutex mu_;
 };

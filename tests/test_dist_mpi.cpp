@@ -309,6 +309,35 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   verdict(contains(m, want) && s < 10, m, s);
 }
 
+// Rank 1 makes `calls` all-reduces (skipping the sixth of rank 0's when skip_one) and leaves
+// through dist::finalize(); rank 0 goes on, and should be told by its next one, within seconds,
+// although the timeout is the default 300 s.
+[[noreturn]] void rank_1_leaves_early(int calls, bool skip_one) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const Tensor x = full({4, 3}, 1.0);
+  if (dist::rank() == 1) {
+    for (int k = 0, made = 0; made < calls; ++k)
+      if (!(skip_one && k == 5)) {
+        (void)dist::all_reduce(x);
+        ++made;
+      }
+    std::exit(0);  // dist::finalize() runs at exit
+  }
+  std::string m = "no error";
+  try {
+    for (int k = 0; k < calls + (skip_one ? 1 : 10); ++k) (void)dist::all_reduce(x);
+  } catch (const DistError& e) {
+    m = e.what();
+  }
+  const double s = seconds_since(t0);
+  const std::string want = fmt::format(
+      "[all_reduce] rank 1 has left (dist::finalize) after {} collectives, the last "
+      "all_reduce(f32 (4, 3), sum); this rank waits in its collective #{}, all_reduce(f32 (4, 3), "
+      "sum)",
+      calls, calls + 1);
+  verdict(contains(m, want) && s < 30, m, s);
+}
+
 }  // namespace
 
 // Run alone (-tc=), by the ctest entry test_dist_mpi_timeout: rank 1 stops taking part; rank 0's
@@ -319,6 +348,24 @@ TEST_CASE("dist mpi fault: a rank that never arrives times out the others, namin
   o.timeout_s = 2;
   dist::init(o);
   rank_1_stops(Device::cpu(), "[all_reduce] timed out after 2 s waiting for rank 1");
+}
+
+// Run alone, by test_dist_mpi_skipped: rank 1 skips one of a run of identical all-reduces (the
+// sixth of 27). Nothing tells the calls apart, so they pair up one off; rank 0's last one has no
+// partner, and is told so as soon as rank 1 leaves, instead of at the timeout.
+TEST_CASE("dist mpi fault: a rank that skips one collective is found when it leaves" *
+          doctest::skip(std::getenv("DUET_DIST_FAULT") == nullptr)) {
+  dist::init();
+  rank_1_leaves_early(26, true);
+}
+
+// Run alone, by test_dist_mpi_departed: rank 1 exits mid-run (std::exit, whose dist::finalize()
+// says goodbye); rank 0, with the default timeout of 300 s, reports it within seconds.
+TEST_CASE("dist mpi fault: a rank that exits mid-run is reported at once" *
+          doctest::skip(std::getenv("DUET_DIST_FAULT") == nullptr)) {
+  dist::init();
+  REQUIRE(dist::detail::options().timeout_s == 300);
+  rank_1_leaves_early(3, false);
 }
 
 // The same through NCCL (Note [NCCL deadlines] in cuda/nccl.cpp), where each rank has a GPU of
