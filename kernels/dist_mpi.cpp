@@ -21,7 +21,11 @@
 // waits in its collective #27, all_reduce(f32 (4, 3), sum)", instead of waiting out timeout_s.
 // That is also how a rank that skipped one of a run of identical collectives shows: the calls
 // pair up one off (nothing in them differs), and the rank with one more is told at the end. A
-// rank that dies without finalize() (a crash, _exit) is mpirun's to handle: it ends the job.
+// rank that dies without finalize() (a crash, a signal, _exit) is seen when it shares this
+// machine (and process namespace): at start the ranks exchange their host, namespace and process
+// id, and a waiting rank looks every 100 ms whether such a peer's process still runs; one that
+// is gone (or a zombie) on two looks in a row, and has not said goodbye, is reported as died.
+// mpirun also ends the job when one of its processes ends without finalize().
 //
 // Note [Collective fingerprints]
 // Every collective (barrier() and NCCL's id included) first all-reduces a fingerprint of its
@@ -35,10 +39,15 @@
 // the other). A barrier is the fingerprint exchange alone. The check costs one small all-reduce
 // per collective, on every call; InitOptions::check_consistency does not change it.
 #include <mpi.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <array>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -95,10 +104,14 @@ class MpiComm final : public Comm {
     MPI_Comm_dup(MPI_COMM_WORLD, &bye_);
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
-    // Note [Departed ranks]: one receive per peer, posted for the whole run.
+    // Note [Departed ranks]: who runs where, then one receive per peer, posted for the whole run.
+    const Identity me = identity();
+    ids_.resize(static_cast<size_t>(size_));
+    MPI_Allgather(&me, 3, MPI_INT64_T, ids_.data(), 3, MPI_INT64_T, bye_);
     bye_in_.resize(static_cast<size_t>(size_));
     bye_req_.assign(static_cast<size_t>(size_), MPI_REQUEST_NULL);
     left_.assign(static_cast<size_t>(size_), 0);
+    gone_looks_.assign(static_cast<size_t>(size_), 0);
     for (int r = 0; r < size_; ++r)
       if (r != rank_)
         MPI_Irecv(bye_in_[static_cast<size_t>(r)].data(), kByeLen, MPI_INT64_T, r, 0, bye_,
@@ -219,6 +232,32 @@ class MpiComm final : public Comm {
  private:
   // A departing rank's message: its collective count, then its last call's description.
   static constexpr int kByeLen = 1 + kCallDescLen;
+
+  // Where a rank's process runs: a hash of the host name, the process namespace (0 where it
+  // cannot be read), the process id.
+  struct Identity {
+    int64_t host = 0, pid_ns = 0, pid = 0;
+  };
+  static Identity identity() {
+    char host[256] = {};
+    gethostname(host, sizeof host - 1);
+    int64_t desc[kCallDescLen] = {};
+    std::memcpy(desc, host, std::min(sizeof desc, std::strlen(host)));
+    struct stat ns {};
+    return {static_cast<int64_t>(fingerprint(desc)),
+            stat("/proc/self/ns/pid", &ns) == 0 ? static_cast<int64_t>(ns.st_ino) : 0,
+            static_cast<int64_t>(getpid())};
+  }
+  // Whether a process of this machine has ended: no such process, or a zombie.
+  static bool process_gone(int64_t pid) {
+    if (kill(static_cast<pid_t>(pid), 0) != 0) return errno == ESRCH;
+    std::ifstream stat_file(fmt::format("/proc/{}/stat", pid));
+    std::string line;
+    std::getline(stat_file, line);
+    const size_t paren = line.rfind(')');
+    return paren != std::string::npos && paren + 2 < line.size() &&
+           (line[paren + 2] == 'Z' || line[paren + 2] == 'X');
+  }
 
   void check_usable(const char* op) const {
     DUET_CHECK_T(broken_.empty(), DistError,
@@ -366,6 +405,32 @@ class MpiComm final : public Comm {
           f.op, r, bye[0], bye[0] > 0 ? ", the last " + call_str(bye.data() + 1) : "", seq,
           call_str(f.desc.data())));
     }
+    check_alive(f);
+  }
+
+  // The peers of this machine that have not said goodbye: is each one's process still there?
+  void check_alive(const InFlight& f) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_look_ < std::chrono::milliseconds(100)) return;
+    last_look_ = now;
+    const Identity& me = ids_[static_cast<size_t>(rank_)];
+    for (int r = 0; r < size_; ++r) {
+      const auto k = static_cast<size_t>(r);
+      const Identity& peer = ids_[k];
+      if (r == rank_ || left_[k] || peer.host != me.host || peer.pid_ns != me.pid_ns ||
+          me.pid_ns == 0)
+        continue;
+      if (!process_gone(peer.pid)) {
+        gone_looks_[k] = 0;
+        continue;
+      }
+      // Gone on one look: data it sent may still be landing; on two, it is dead.
+      if (++gone_looks_[k] < 2) continue;
+      fail(fmt::format(
+          "[{}] rank {} (process {} on this machine) has died without dist::finalize (a crash, "
+          "a signal or _exit); this rank waits in its collective #{}, {}",
+          f.op, r, peer.pid, f.desc[kCallDescLen - 1], call_str(f.desc.data())));
+    }
   }
 
   [[noreturn]] void fail(const std::string& what) {
@@ -406,6 +471,9 @@ class MpiComm final : public Comm {
   std::vector<std::array<int64_t, kByeLen>> bye_in_;
   std::vector<MPI_Request> bye_req_;
   std::vector<char> left_;  // the ranks whose goodbye has come
+  std::vector<Identity> ids_;
+  std::vector<int> gone_looks_;  // looks in a row that found a peer's process gone
+  std::chrono::steady_clock::time_point last_look_{};
   std::array<int64_t, kByeLen> bye_out_{};
   std::string broken_;
   std::mutex mu_;

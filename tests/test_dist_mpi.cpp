@@ -309,32 +309,43 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   verdict(contains(m, want) && s < 10, m, s);
 }
 
-// Rank 1 makes `calls` all-reduces (skipping the sixth of rank 0's when skip_one) and leaves
-// through dist::finalize(); rank 0 goes on, and should be told by its next one, within seconds,
-// although the timeout is the default 300 s.
-[[noreturn]] void rank_1_leaves_early(int calls, bool skip_one) {
+// How rank 1 leaves early in the cases below.
+enum class Leaves { SkippingOne, Exiting, Dying };
+
+// Rank 1 makes `calls` all-reduces (skipping the sixth of rank 0's when SkippingOne) and leaves:
+// through dist::finalize() (std::exit runs it), or dying without it (_Exit). Rank 0 goes on, and
+// should be told by its next one, within seconds, although the timeout is the default 300 s.
+[[noreturn]] void rank_1_leaves_early(int calls, Leaves how) {
   const auto t0 = std::chrono::steady_clock::now();
   const Tensor x = full({4, 3}, 1.0);
+  const bool skip = how == Leaves::SkippingOne;
   if (dist::rank() == 1) {
     for (int k = 0, made = 0; made < calls; ++k)
-      if (!(skip_one && k == 5)) {
+      if (!(skip && k == 5)) {
         (void)dist::all_reduce(x);
         ++made;
       }
+    if (how == Leaves::Dying) std::_Exit(0);
     std::exit(0);  // dist::finalize() runs at exit
   }
   std::string m = "no error";
   try {
-    for (int k = 0; k < calls + (skip_one ? 1 : 10); ++k) (void)dist::all_reduce(x);
+    for (int k = 0; k < calls + (skip ? 1 : 10); ++k) (void)dist::all_reduce(x);
   } catch (const DistError& e) {
     m = e.what();
   }
   const double s = seconds_since(t0);
-  const std::string want = fmt::format(
-      "[all_reduce] rank 1 has left (dist::finalize) after {} collectives, the last "
-      "all_reduce(f32 (4, 3), sum); this rank waits in its collective #{}, all_reduce(f32 (4, 3), "
-      "sum)",
-      calls, calls + 1);
+  const std::string want =
+      how == Leaves::Dying
+          ? fmt::format(
+                "has died without dist::finalize (a crash, a signal or _exit); this rank waits "
+                "in its collective #{}, all_reduce(f32 (4, 3), sum)",
+                calls + 1)
+          : fmt::format(
+                "[all_reduce] rank 1 has left (dist::finalize) after {} collectives, the last "
+                "all_reduce(f32 (4, 3), sum); this rank waits in its collective #{}, "
+                "all_reduce(f32 (4, 3), sum)",
+                calls, calls + 1);
   verdict(contains(m, want) && s < 30, m, s);
 }
 
@@ -356,7 +367,7 @@ TEST_CASE("dist mpi fault: a rank that never arrives times out the others, namin
 TEST_CASE("dist mpi fault: a rank that skips one collective is found when it leaves" *
           doctest::skip(std::getenv("DUET_DIST_FAULT") == nullptr)) {
   dist::init();
-  rank_1_leaves_early(26, true);
+  rank_1_leaves_early(26, Leaves::SkippingOne);
 }
 
 // Run alone, by test_dist_mpi_departed: rank 1 exits mid-run (std::exit, whose dist::finalize()
@@ -365,7 +376,17 @@ TEST_CASE("dist mpi fault: a rank that exits mid-run is reported at once" *
           doctest::skip(std::getenv("DUET_DIST_FAULT") == nullptr)) {
   dist::init();
   REQUIRE(dist::detail::options().timeout_s == 300);
-  rank_1_leaves_early(3, false);
+  rank_1_leaves_early(3, Leaves::Exiting);
+}
+
+// Run alone, by test_dist_mpi_died: rank 1 dies mid-run without dist::finalize (_Exit: no
+// goodbye); rank 0, on the same machine, finds its process gone and reports it within seconds.
+// (The entry runs with orte_allowed_exit_without_sync, so mpirun does not end the job first.)
+TEST_CASE("dist mpi fault: a rank that dies mid-run is reported within seconds" *
+          doctest::skip(std::getenv("DUET_DIST_FAULT") == nullptr)) {
+  dist::init();
+  REQUIRE(dist::detail::options().timeout_s == 300);
+  rank_1_leaves_early(3, Leaves::Dying);
 }
 
 // The same through NCCL (Note [NCCL deadlines] in cuda/nccl.cpp), where each rank has a GPU of
