@@ -260,6 +260,13 @@ TEST_CASE("dist mpi: calls that differ raise on every rank, naming both, with no
          return x;
        },
        "all_reduce(f32 (4, 3), sum)", "barrier()"},
+      {"DDP over models of different shapes",
+       [&] {
+         nn::Linear m(4, r0 ? 3 : 5);
+         nn::DistributedDataParallel ddp(m);  // broadcasts rank 0's parameters
+         return x;
+       },
+       "broadcast(f32 (3, 4), root 0)", "broadcast(f32 (5, 4), root 0)"},
   };
   for (const Row& row : rows) {
     INFO(std::string(row.name));
