@@ -46,10 +46,11 @@ enum class ReduceOp : uint8_t { Sum, Mean, Max };
 
 struct InitOptions {
   /// How long a collective (or barrier) waits for the other ranks before it throws a DistError
-  /// "[all_reduce] timed out after N s waiting for rank 1". CPU collectives (MPI) honour it.
-  /// NCCL's run on the GPU's stream, which the host does not wait for: there it bounds the
-  /// rendezvous, barrier() and, with check_consistency, each collective's check (Note [NCCL
-  /// deadlines] in cuda/nccl.cpp).
+  /// "[all_reduce] timed out after N s waiting for rank 1". CPU collectives (MPI) honour it; a
+  /// rank that has left (dist::finalize, or a dead process on the same machine) is reported at
+  /// once instead (Note [Departed ranks] in kernels/dist_mpi.cpp). NCCL's run on the GPU's stream,
+  /// which the host does not wait for: there it bounds the rendezvous, barrier() and, with
+  /// check_consistency, each collective's check (Note [NCCL deadlines] in cuda/nccl.cpp).
   double timeout_s = 300;
   /// Before each NCCL collective, compare its op, dtype and shape across ranks and throw a
   /// DistError naming the collective and the ranks that differ (off by default: the host waits
