@@ -199,9 +199,9 @@ class MpiComm final : public Comm {
   void finalize() override {
     std::lock_guard<std::mutex> lock(mu_);
     g_mpi = nullptr;
-    const bool sent = say_goodbye();
+    say_goodbye();
     // A timed-out or never-waited collective is still posted: MPI_Finalize would hang.
-    if (!broken_.empty() || !in_flight_.empty() || !sent) return;
+    if (!broken_.empty() || !in_flight_.empty()) return;
     for (MPI_Request& r : bye_req_)
       if (r != MPI_REQUEST_NULL) {
         MPI_Cancel(&r);
@@ -440,24 +440,27 @@ class MpiComm final : public Comm {
     throw DistError(what);
   }
 
-  // Tells every other rank that this one leaves (Note [Departed ranks]); false when the messages
-  // did not go out within a second.
-  bool say_goodbye() {
+  // Tells every other rank that this one leaves (Note [Departed ranks]), waiting up to a second
+  // for the messages to go out; one that has not by then (its peer is gone) is cancelled.
+  void say_goodbye() {
     bye_out_[0] = calls_;
     std::copy(last_.begin(), last_.end(), bye_out_.begin() + 1);
-    std::vector<MPI_Request> sends;
+    std::vector<MPI_Request> sends(static_cast<size_t>(size_), MPI_REQUEST_NULL);
     for (int r = 0; r < size_; ++r)
-      if (r != rank_) {
-        sends.emplace_back();
-        MPI_Isend(bye_out_.data(), kByeLen, MPI_INT64_T, r, 0, bye_, &sends.back());
-      }
+      if (r != rank_)
+        MPI_Isend(bye_out_.data(), kByeLen, MPI_INT64_T, r, 0, bye_,
+                  &sends[static_cast<size_t>(r)]);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-    int done = 0;
-    while (MPI_Testall(static_cast<int>(sends.size()), sends.data(), &done, MPI_STATUSES_IGNORE) ==
-               MPI_SUCCESS &&
-           !done && std::chrono::steady_clock::now() < deadline)
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
-    return done != 0;
+    for (MPI_Request& send : sends) {
+      int done = 0;
+      while (send != MPI_REQUEST_NULL && MPI_Test(&send, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS &&
+             !done && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      if (!done && send != MPI_REQUEST_NULL) {
+        MPI_Cancel(&send);
+        MPI_Request_free(&send);
+      }
+    }
   }
 
   bool owns_;

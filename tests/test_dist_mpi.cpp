@@ -396,6 +396,17 @@ TEST_CASE("dist mpi fault: a rank that dies mid-run is reported within seconds" 
   rank_1_leaves_early(3, Leaves::Dying);
 }
 
+// Run alone, by test_dist_mpi_finish_apart, under plain mpirun (which fails the job when a rank
+// ends without finalizing MPI): rank 0 finishes and exits first; rank 1's goodbye then goes to a
+// rank that is gone, and it must still finalize and exit cleanly.
+TEST_CASE("dist mpi fault: ranks that finish a second apart both end cleanly" *
+          doctest::skip(std::getenv("DUET_DIST_FAULT") == nullptr)) {
+  init();
+  check_tensor(dist::all_reduce(ones({2})), {2}, DType::f32, {2, 2});
+  if (dist::rank() == 1) std::this_thread::sleep_for(std::chrono::seconds(1));
+  std::exit(0);  // dist::finalize() runs at exit
+}
+
 // The same through NCCL (Note [NCCL deadlines] in cuda/nccl.cpp), where each rank has a GPU of
 // its own: with the consistency check on, the host waits for each collective's check, with the
 // deadline. Run alone, like the case above; on a machine with fewer GPUs than ranks every rank
