@@ -4,7 +4,8 @@
 // nn::DistributedDataParallel, and compile over the plain step. Per rank, one step of batch
 // 256 / world_size(), eager and compiled; and the compiled step under no_sync() (no
 // communication), so that the difference is what the gradient all-reduces cost. Rank 0 reports;
-// with one process (no mpirun) it is the single-process baseline at batch 256.
+// with one process (no mpirun) it is the single-process baseline at batch 256. Also the time of
+// one small collective: an all-reduce of one float.
 //   mpirun -np 2 --oversubscribe ./build/bench/duet_bench --only DP --threads 1
 //   ./build/bench/duet_bench --only DP --threads 2
 #include <cstdio>
@@ -95,6 +96,17 @@ void run_dp(const Config& c, std::vector<Result>& out) {
     sps.variant = r.variant;
     out.push_back(summarize(sps, t[k], [&](double s) { return double(global) / s; }));
   }
+  // One collective alone: an all-reduce of one float, 1000 of them per timed call; what a small
+  // collective costs, its fingerprint exchange included (docs/distributed.md).
+  const Tensor one = duet::ones({1});
+  const auto small = time_interleaved({[&] {
+                                        for (int i = 0; i < 1000; ++i)
+                                          (void)duet::dist::all_reduce(one);
+                                      }},
+                                      c.reps, 1);
+  Result ar = base("DP", "all_reduce_1_float", c, "us_per_call");
+  ar.variant = fmt::format("world{}", world);
+  out.push_back(summarize(ar, small[0], [](double s) { return s * 1e3; }));
   if (rank == 0) {
     auto med = [](std::vector<double> v) {
       std::sort(v.begin(), v.end());

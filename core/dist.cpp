@@ -138,7 +138,7 @@ Comm& comm_for(Device device, const char* op) {
   return *w.comm[t];
 }
 
-void describe_call(const CollectiveCall& c, int64_t* d) {
+void describe_call(const CollectiveCall& c, int64_t seq, int64_t* d) {
   std::fill(d, d + kCallDescLen, 0);
   d[0] = static_cast<int64_t>(c.op);
   d[1] = static_cast<int64_t>(c.dtype);
@@ -147,21 +147,47 @@ void describe_call(const CollectiveCall& c, int64_t* d) {
   d[4] = c.count;
   d[5] = c.shape.size();
   for (int64_t i = 0; i < c.shape.size() && i < 6; ++i) d[6 + i] = c.shape[i];
+  d[12] = seq;
 }
 
-namespace {
-std::string desc_str(const int64_t* d) {
+void describe_barrier(int64_t seq, int64_t* d) {
+  std::fill(d, d + kCallDescLen, 0);
+  d[0] = kBarrierDesc;
+  d[12] = seq;
+}
+
+uint64_t fingerprint(const int64_t* d) {
+  // FNV-1a over the bytes, then a final mix (splitmix64's) so that near descriptions spread.
+  uint64_t h = 14695981039346656037ull;
+  for (int i = 0; i < kCallDescLen; ++i) {
+    const auto v = static_cast<uint64_t>(d[i]);
+    for (int b = 0; b < 8; ++b) h = (h ^ ((v >> (8 * b)) & 0xff)) * 1099511628211ull;
+  }
+  h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
+  h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
+  return h ^ (h >> 31);
+}
+
+std::string call_str(const int64_t* d) {
+  if (d[0] == kBarrierDesc) return "barrier()";
   std::string shape = "(";
   const int64_t nd = d[5];
   for (int64_t i = 0; i < nd && i < 6; ++i) shape += fmt::format("{}{}", i ? ", " : "", d[6 + i]);
   if (nd > 6) shape += ", ...";
   shape += nd == 1 ? ",)" : ")";
   const auto op = static_cast<OpId>(d[0]);
-  return fmt::format("{}({} {}{}{})", op_name(op), dtype_name(static_cast<DType>(d[1])), shape,
-                     op == OpId::Broadcast ? fmt::format(", root {}", d[3]) : "",
-                     op == OpId::AllReduce || op == OpId::ReduceScatter
-                         ? fmt::format(", {}", d[2] == 0 ? "sum" : "max")
-                         : "");
+  const char* reduce = d[2] == static_cast<int64_t>(ReduceOp::Max)    ? "max"
+                       : d[2] == static_cast<int64_t>(ReduceOp::Mean) ? "mean"
+                                                                      : "sum";
+  return fmt::format(
+      "{}({} {}{}{})", op_name(op), dtype_name(static_cast<DType>(d[1])), shape,
+      op == OpId::Broadcast ? fmt::format(", root {}", d[3]) : "",
+      op == OpId::AllReduce || op == OpId::ReduceScatter ? fmt::format(", {}", reduce) : "");
+}
+
+namespace {
+std::string call_str_seq(const int64_t* d) {
+  return d[12] > 0 ? fmt::format("{} as its collective #{}", call_str(d), d[12]) : call_str(d);
 }
 }  // namespace
 
@@ -171,11 +197,13 @@ void check_descriptions(const char* op, const int64_t* mine, int rank, int world
   for (int r = 0; r < world; ++r) {
     const int64_t* d = all + static_cast<ptrdiff_t>(kCallDescLen) * r;
     if (!std::equal(d, d + kCallDescLen, mine))
-      diff += fmt::format("; rank {} calls {}", r, desc_str(d));
+      diff += fmt::format("; rank {} calls {}", r, call_str_seq(d));
   }
   if (!diff.empty())
-    throw DistError(
-        fmt::format("[{}] the ranks disagree: rank {} calls {}{}", op, rank, desc_str(mine), diff));
+    throw DistError(fmt::format(
+        "[{}] the ranks disagree: rank {} calls {}{} (every rank must call the same collectives "
+        "in the same order, with the same shapes and dtypes)",
+        op, rank, call_str_seq(mine), diff));
 }
 
 void tcp_broadcast(std::string& bytes, int rank, int world, const std::string& addr, int port,

@@ -9,8 +9,10 @@
 // collectives in the same order, with the same shapes and dtypes: each rank traces its own code,
 // so a compiled step holds its collectives in one fixed order, and the graph passes treat them as
 // effects (never removed, merged, folded or reordered past one another; detail::has_effect), and
-// a plan never runs two of them side by side. InitOptions::check_consistency compares the call
-// across ranks before each collective (a debugging aid: it costs a round trip).
+// a plan never runs two of them side by side. Every MPI collective compares a fingerprint of its
+// call across ranks before it moves data, and throws on every rank when they differ (Note
+// [Collective fingerprints] in kernels/dist_mpi.cpp); on NCCL, InitOptions::check_consistency
+// does so (a debugging aid: the host waits for it).
 //
 // Note [Overlapped collectives]
 // A collective normally completes inside its kernel. all_reduce_start() posts it and returns:
@@ -44,15 +46,17 @@ enum class ReduceOp : uint8_t { Sum, Mean, Max };
 
 struct InitOptions {
   /// How long a collective (or barrier) waits for the other ranks before it throws a DistError
-  /// "[all_reduce] timed out after N s waiting for rank 1". CPU collectives (MPI) honour it.
-  /// NCCL's run on the GPU's stream, which the host does not wait for: there it bounds the
-  /// rendezvous, barrier() and, with check_consistency, each collective's check (Note [NCCL
-  /// deadlines] in cuda/nccl.cpp).
+  /// "[all_reduce] timed out after N s waiting for rank 1". CPU collectives (MPI) honour it; a
+  /// rank that has left (dist::finalize, or a dead process on the same machine) is reported at
+  /// once instead (Note [Departed ranks] in kernels/dist_mpi.cpp). NCCL's run on the GPU's stream,
+  /// which the host does not wait for: there it bounds the rendezvous, barrier() and, with
+  /// check_consistency, each collective's check (Note [NCCL deadlines] in cuda/nccl.cpp).
   double timeout_s = 300;
-  /// Before each collective, compare its op, dtype and shape across ranks and throw a DistError
-  /// naming the collective and the ranks that differ (off by default: one more round trip; on
-  /// CUDA the host waits for it, so compiled plans with collectives are not captured as CUDA
-  /// graphs while it is on).
+  /// Before each NCCL collective, compare its op, dtype and shape across ranks and throw a
+  /// DistError naming the collective and the ranks that differ (off by default: the host waits
+  /// for it, so compiled plans with collectives are not captured as CUDA graphs while it is on).
+  /// MPI collectives are always checked, whatever this says (Note [Collective fingerprints] in
+  /// kernels/dist_mpi.cpp).
   bool check_consistency = false;
 };
 
@@ -153,14 +157,22 @@ const InitOptions& options();
 /// Whether op is one of the collectives, or the wait for a started one.
 bool is_collective(OpId op);
 
-/// The consistency check (InitOptions::check_consistency): a call as kCallDescLen integers (op,
-/// dtype, reduction, root, count, rank of the shape, up to 6 of its dims), which every rank
-/// gathers from every other through its transport, and the comparison of what was gathered
-/// (`all`, world ranks one after another) with this rank's `mine`, which throws the DistError
-/// "[all_reduce] the ranks disagree: rank 0 calls all_reduce(f32 (4, 3), sum); rank 1 calls
-/// all_reduce(f32 (4,), sum)".
-inline constexpr int kCallDescLen = 12;
-void describe_call(const CollectiveCall& c, int64_t* desc);
+/// A call as kCallDescLen integers: op (kBarrierDesc for a barrier), dtype, reduction, root,
+/// count, rank of the shape, up to 6 of its dims, and the call's sequence number in its transport
+/// (1 for the first collective, 0 where the transport does not count). What every rank compares
+/// (Note [Collective fingerprints] in kernels/dist_mpi.cpp): a fingerprint of it on every MPI
+/// collective, the whole of it with InitOptions::check_consistency on NCCL.
+inline constexpr int kCallDescLen = 13;
+inline constexpr int64_t kBarrierDesc = -1;
+void describe_call(const CollectiveCall& c, int64_t seq, int64_t* desc);
+void describe_barrier(int64_t seq, int64_t* desc);
+/// A hash of a description: equal descriptions, equal fingerprints.
+uint64_t fingerprint(const int64_t* desc);
+/// A description in words: "all_reduce(f32 (4, 3), sum)", "barrier()".
+std::string call_str(const int64_t* desc);
+/// Compares what was gathered (`all`, world ranks one after another) with this rank's `mine`, and
+/// throws the DistError "[all_reduce] the ranks disagree: rank 0 calls all_reduce(f32 (4, 3),
+/// sum) as its collective #3; rank 1 calls all_reduce(f32 (4,), sum) as its collective #3".
 void check_descriptions(const char* op, const int64_t* mine, int rank, int world,
                         const int64_t* all);
 

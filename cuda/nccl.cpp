@@ -70,7 +70,9 @@ class NcclComm final : public Comm {
     ncclComm_t comm = get(c.device, c.name);
     cuda::detail::set_device(c.device);
     cudaStream_t s = cuda::detail::stream(c.device);
-    if (options().check_consistency) check_consistency(c, comm, s);
+    int64_t desc[kCallDescLen];
+    describe_call(c, ++calls_[c.device.index], desc);
+    if (options().check_consistency) check_consistency(c.name, desc, c.device, comm, s);
     const ncclDataType_t t = nccl_type(c.dtype);
     const ncclRedOp_t op = c.reduce == ReduceOp::Max ? ncclMax : ncclSum;
     const size_t n = static_cast<size_t>(c.count);
@@ -92,23 +94,26 @@ class NcclComm final : public Comm {
     }
   }
 
-  // An all-reduce of one element on the process's GPU, waited for.
+  // An all-reduce of one element on the process's GPU, waited for; with the consistency check,
+  // the check's all-gather of a barrier's description instead, so that a barrier against
+  // another collective is named as one.
   void barrier() override {
     const Device d = Device::cuda(local_rank() % device_count());
+    std::lock_guard<std::mutex> lock(mu_);
+    check_usable("barrier");
+    ncclComm_t comm = get(d, "barrier");
+    cuda::detail::set_device(d);
+    cudaStream_t s = cuda::detail::stream(d);
+    int64_t desc[kCallDescLen];
+    describe_barrier(++calls_[d.index], desc);
+    if (options().check_consistency) return check_consistency("barrier", desc, d, comm, s);
     float* buf = nullptr;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      check_usable("barrier");
-      ncclComm_t comm = get(d, "barrier");
-      cuda::detail::set_device(d);
-      cudaStream_t s = cuda::detail::stream(d);
-      DUET_CUDA_CHECK(cudaMallocAsync(&buf, sizeof(float), s));
-      DUET_CUDA_CHECK(cudaMemsetAsync(buf, 0, sizeof(float), s));
-      check_nccl(ncclAllReduce(buf, buf, 1, ncclFloat32, ncclSum, comm, s), "ncclAllReduce",
-                 "barrier");
-      DUET_CUDA_CHECK(cudaFreeAsync(buf, s));
-      wait_stream(d, comm, s, "barrier", "");
-    }
+    DUET_CUDA_CHECK(cudaMallocAsync(&buf, sizeof(float), s));
+    DUET_CUDA_CHECK(cudaMemsetAsync(buf, 0, sizeof(float), s));
+    check_nccl(ncclAllReduce(buf, buf, 1, ncclFloat32, ncclSum, comm, s), "ncclAllReduce",
+               "barrier");
+    DUET_CUDA_CHECK(cudaFreeAsync(buf, s));
+    wait_stream(d, comm, s, "barrier", "");
   }
 
   void finalize() override {
@@ -159,7 +164,8 @@ class NcclComm final : public Comm {
   // Gathers every rank's description of this call through NCCL and compares them on the host
   // (InitOptions::check_consistency): the call waits for the stream, so a plan whose steps
   // call collectives is not captured into a CUDA graph while the check is on.
-  void check_consistency(const CollectiveCall& c, ncclComm_t comm, cudaStream_t s) {
+  void check_consistency(const char* op, const int64_t* mine, Device d, ncclComm_t comm,
+                         cudaStream_t s) {
     cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
     DUET_CUDA_CHECK(cudaStreamIsCapturing(s, &capturing));
     if (capturing != cudaStreamCaptureStatusNone)
@@ -167,22 +173,20 @@ class NcclComm final : public Comm {
           "[{}] the consistency check waits on the host, which a CUDA graph capture cannot: "
           "turn InitOptions::check_consistency on before compiling (its plans are then not "
           "captured)",
-          c.name));
+          op));
     const int w = world_size();
-    int64_t mine[kCallDescLen];
-    describe_call(c, mine);
     std::vector<int64_t> all(static_cast<size_t>(kCallDescLen) * w);
-    const size_t one = sizeof mine;
+    const size_t one = sizeof(int64_t) * kCallDescLen;
     int64_t* buf = nullptr;
     DUET_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&buf), one * (w + 1), s));
     DUET_CUDA_CHECK(cudaMemcpyAsync(buf, mine, one, cudaMemcpyHostToDevice, s));
     check_nccl(ncclAllGather(buf, buf + kCallDescLen, kCallDescLen, ncclInt64, comm, s),
-               "ncclAllGather", c.name);
+               "ncclAllGather", op);
     DUET_CUDA_CHECK(
         cudaMemcpyAsync(all.data(), buf + kCallDescLen, one * w, cudaMemcpyDeviceToHost, s));
     DUET_CUDA_CHECK(cudaFreeAsync(buf, s));
-    wait_stream(c.device, comm, s, c.name, " in the consistency check");
-    check_descriptions(c.name, mine, rank(), w, all.data());
+    wait_stream(d, comm, s, op, " in the consistency check");
+    check_descriptions(op, mine, rank(), w, all.data());
   }
 
   // The communicator of a device (Note [NCCL communicators]).
@@ -210,7 +214,8 @@ class NcclComm final : public Comm {
   }
 
   std::map<int, ncclComm_t> comms_;
-  std::string broken_;  // why the transport is unusable (a timeout), or ""
+  std::map<int, int64_t> calls_;  // collectives made per device, the sequence number of the last
+  std::string broken_;            // why the transport is unusable (a timeout), or ""
   std::mutex mu_;
 };
 

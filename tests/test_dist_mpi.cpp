@@ -1,12 +1,14 @@
 // duet::dist across processes: run by ctest as `mpirun -np 2 test_dist_mpi` (tests/CMakeLists.txt).
 // Every rank runs every case; a case that fails on one rank makes the other time out (the
 // timeout here is 30 s) instead of hanging. The fault cases run as entries of their own, since a
-// timed-out rank cannot finalize MPI: they print a line that ctest looks for.
+// timed-out rank cannot finalize MPI: each rank exits with its verdict, which ctest reads from
+// mpirun's exit status.
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <thread>
 
 #include "util.h"
@@ -219,42 +221,196 @@ TEST_CASE("dist mpi: the consistency check names a collective the ranks call dif
   dist::init(o);
 }
 
+// Calls that differ, with the consistency check off (the default): the fingerprint every MPI
+// collective exchanges first (Note [Collective fingerprints] in kernels/dist_mpi.cpp) finds
+// each difference before any data moves, and every rank throws, naming both calls.
+TEST_CASE("dist mpi: calls that differ raise on every rank, naming both, with no check asked") {
+  init();
+  REQUIRE_FALSE(dist::detail::options().check_consistency);
+  const bool r0 = dist::rank() == 0;
+  const Tensor x = full({4, 3}, double(dist::rank() + 1));
+  struct Row {
+    const char* name;
+    std::function<Tensor()> call;
+    const char* on_rank_0;
+    const char* on_rank_1;
+  };
+  const std::vector<Row> rows = {
+      {"reduce op",
+       [&] { return dist::all_reduce(x, r0 ? dist::ReduceOp::Sum : dist::ReduceOp::Max); },
+       "all_reduce(f32 (4, 3), sum)", "all_reduce(f32 (4, 3), max)"},
+      {"shape", [&] { return dist::all_reduce(r0 ? x : full({4}, 2.0)); },
+       "all_reduce(f32 (4, 3), sum)", "all_reduce(f32 (4,), sum)"},
+      {"a larger shape",
+       [&] { return dist::all_reduce(r0 ? full({4}, 1.0) : full({1000000}, 2.0)); },
+       "all_reduce(f32 (4,), sum)", "all_reduce(f32 (1000000,), sum)"},
+      {"dtype", [&] { return dist::all_reduce(r0 ? x : x.to(DType::f64)); },
+       "all_reduce(f32 (4, 3), sum)", "all_reduce(f64 (4, 3), sum)"},
+      {"collective", [&] { return r0 ? dist::all_reduce(x) : dist::broadcast(x, 0); },
+       "all_reduce(f32 (4, 3), sum)", "broadcast(f32 (4, 3), root 0)"},
+      {"gathered rows",
+       [&] {
+         return dist::all_gather(r0 ? x : full({2, 3}, 2.0), 0);
+       },
+       "all_gather(f32 (4, 3))", "all_gather(f32 (2, 3))"},
+      {"a barrier",
+       [&] {
+         if (r0) return dist::all_reduce(x);
+         dist::barrier();
+         return x;
+       },
+       "all_reduce(f32 (4, 3), sum)", "barrier()"},
+      {"DDP over models of different shapes",
+       [&] {
+         nn::Linear m(4, r0 ? 3 : 5);
+         nn::DistributedDataParallel ddp(m);  // broadcasts rank 0's parameters
+         return x;
+       },
+       "broadcast(f32 (3, 4), root 0)", "broadcast(f32 (5, 4), root 0)"},
+  };
+  for (const Row& row : rows) {
+    INFO(std::string(row.name));
+    const std::string m = error_of<DistError>([&] { (void)row.call(); });
+    CHECK_MESSAGE(contains(m, "the ranks disagree"), m);
+    CHECK_MESSAGE(contains(m, fmt::format("rank 0 calls {} as its collective #", row.on_rank_0)),
+                  m);
+    CHECK_MESSAGE(contains(m, fmt::format("rank 1 calls {} as its collective #", row.on_rank_1)),
+                  m);
+  }
+  // The group is still usable: the next collectives agree and run.
+  check_tensor(dist::all_reduce(ones({2})), {2}, DType::f32, {2, 2});
+  dist::barrier();
+}
+
+namespace {
+
+// A fault case's verdict, as its exit status: ctest runs the fault entries under mpirun with
+// orte_allowed_exit_without_sync, since a rank whose collective failed cannot finalize MPI, and
+// judges them by mpirun's status, the first non-zero one of the ranks.
+[[noreturn]] void verdict(bool passed, const std::string& what, double seconds) {
+  std::printf("rank %d: %s (after %.1f s): %s\n", dist::rank(), what.c_str(), seconds,
+              passed ? "as expected" : "NOT as expected");
+  std::fflush(stdout);
+  std::_Exit(passed ? 0 : 1);
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 // The fault cases' end: rank 1 stops taking part; rank 0's all_reduce on `d` should fail with
-// `want` within seconds. Neither can finalize its transport after that, so each prints its
-// verdict ("fault test passed: <verdict>", which ctest looks for) and leaves.
-[[noreturn]] void rank_1_stops(Device d, const char* want, const char* verdict) {
+// `want` within seconds.
+[[noreturn]] void rank_1_stops(Device d, const char* want) {
   if (dist::rank() == 1) {
-    std::this_thread::sleep_for(std::chrono::seconds(20));
+    std::this_thread::sleep_for(std::chrono::seconds(6));
     std::_Exit(0);
   }
   const auto t0 = std::chrono::steady_clock::now();
-  std::string m;
+  std::string m = "no error";
   try {
     (void)dist::all_reduce(ones({1000}).to(d));
   } catch (const DistError& e) {
     m = e.what();
   }
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("rank 0: %s (after %.1f s)\n", m.c_str(), s);
-  if (contains(m, want) && s < 10) std::printf("fault test passed: %s\n", verdict);
-  std::fflush(stdout);
-  std::_Exit(0);
+  const double s = seconds_since(t0);
+  verdict(contains(m, want) && s < 10, m, s);
 }
 
-// Run alone (-tc=), by the ctest entry dist_mpi_timeout: rank 1 stops taking part; rank 0's
-// all_reduce gives up after 2 s naming it. Neither can finalize MPI after that, so each prints
-// its verdict and leaves.
+// How rank 1 leaves early in the cases below.
+enum class Leaves { SkippingOne, Exiting, Dying };
+
+// Rank 1 makes `calls` all-reduces (skipping the sixth of rank 0's when SkippingOne) and leaves:
+// through dist::finalize() (std::exit runs it), or dying without it (_Exit). Rank 0 goes on, and
+// should be told by its next one, within seconds, although the timeout is the default 300 s.
+[[noreturn]] void rank_1_leaves_early(int calls, Leaves how) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const Tensor x = full({4, 3}, 1.0);
+  const bool skip = how == Leaves::SkippingOne;
+  if (dist::rank() == 1) {
+    for (int k = 0, made = 0; made < calls; ++k)
+      if (!(skip && k == 5)) {
+        (void)dist::all_reduce(x);
+        ++made;
+      }
+    if (how == Leaves::Dying) std::_Exit(0);
+    std::exit(0);  // dist::finalize() runs at exit
+  }
+  std::string m = "no error";
+  try {
+    for (int k = 0; k < calls + (skip ? 1 : 10); ++k) (void)dist::all_reduce(x);
+  } catch (const DistError& e) {
+    m = e.what();
+  }
+  const double s = seconds_since(t0);
+  const std::string want =
+      how == Leaves::Dying
+          ? fmt::format(
+                "has died without dist::finalize (a crash, a signal or _exit); this rank waits "
+                "in its collective #{}, all_reduce(f32 (4, 3), sum)",
+                calls + 1)
+          : fmt::format(
+                "[all_reduce] rank 1 has left (dist::finalize) after {} collectives, the last "
+                "all_reduce(f32 (4, 3), sum); this rank waits in its collective #{}, "
+                "all_reduce(f32 (4, 3), sum)",
+                calls, calls + 1);
+  verdict(contains(m, want) && s < 30, m, s);
+}
+
+}  // namespace
+
+// Run alone (-tc=), by the ctest entry test_dist_mpi_timeout: rank 1 stops taking part; rank 0's
+// all_reduce gives up after 2 s naming it.
 TEST_CASE("dist mpi fault: a rank that never arrives times out the others, naming it" *
           doctest::skip(std::getenv("DUET_DIST_FAULT") == nullptr)) {
   dist::InitOptions o;
   o.timeout_s = 2;
   dist::init(o);
-  rank_1_stops(Device::cpu(), "[all_reduce] timed out after 2 s waiting for rank 1", "timeout");
+  rank_1_stops(Device::cpu(), "[all_reduce] timed out after 2 s waiting for rank 1");
+}
+
+// Run alone, by test_dist_mpi_skipped: rank 1 skips one of a run of identical all-reduces (the
+// sixth of 27). Nothing tells the calls apart, so they pair up one off; rank 0's last one has no
+// partner, and is told so as soon as rank 1 leaves, instead of at the timeout.
+TEST_CASE("dist mpi fault: a rank that skips one collective is found when it leaves" *
+          doctest::skip(std::getenv("DUET_DIST_FAULT") == nullptr)) {
+  dist::init();
+  rank_1_leaves_early(26, Leaves::SkippingOne);
+}
+
+// Run alone, by test_dist_mpi_departed: rank 1 exits mid-run (std::exit, whose dist::finalize()
+// says goodbye); rank 0, with the default timeout of 300 s, reports it within seconds.
+TEST_CASE("dist mpi fault: a rank that exits mid-run is reported at once" *
+          doctest::skip(std::getenv("DUET_DIST_FAULT") == nullptr)) {
+  dist::init();
+  REQUIRE(dist::detail::options().timeout_s == 300);
+  rank_1_leaves_early(3, Leaves::Exiting);
+}
+
+// Run alone, by test_dist_mpi_died: rank 1 dies mid-run without dist::finalize (_Exit: no
+// goodbye); rank 0, on the same machine, finds its process gone and reports it within seconds.
+// (The entry runs with orte_allowed_exit_without_sync, so mpirun does not end the job first.)
+TEST_CASE("dist mpi fault: a rank that dies mid-run is reported within seconds" *
+          doctest::skip(std::getenv("DUET_DIST_FAULT") == nullptr)) {
+  dist::init();
+  REQUIRE(dist::detail::options().timeout_s == 300);
+  rank_1_leaves_early(3, Leaves::Dying);
+}
+
+// Run alone, by test_dist_mpi_finish_apart, under plain mpirun (which fails the job when a rank
+// ends without finalizing MPI): rank 0 finishes and exits first; rank 1's goodbye then goes to a
+// rank that is gone, and it must still finalize and exit cleanly.
+TEST_CASE("dist mpi fault: ranks that finish a second apart both end cleanly" *
+          doctest::skip(std::getenv("DUET_DIST_FAULT") == nullptr)) {
+  init();
+  check_tensor(dist::all_reduce(ones({2})), {2}, DType::f32, {2, 2});
+  if (dist::rank() == 1) std::this_thread::sleep_for(std::chrono::seconds(1));
+  std::exit(0);  // dist::finalize() runs at exit
 }
 
 // The same through NCCL (Note [NCCL deadlines] in cuda/nccl.cpp), where each rank has a GPU of
 // its own: with the consistency check on, the host waits for each collective's check, with the
-// deadline. Run alone, like the case above; a machine with fewer GPUs than ranks prints so.
+// deadline. Run alone, like the case above; on a machine with fewer GPUs than ranks every rank
+// exits with 77, which ctest reports as skipped.
 TEST_CASE("dist mpi fault: NCCL with the consistency check times out a missing rank" *
           doctest::skip(std::getenv("DUET_DIST_FAULT") == nullptr)) {
   dist::InitOptions o;
@@ -263,13 +419,13 @@ TEST_CASE("dist mpi fault: NCCL with the consistency check times out a missing r
   dist::init(o);
   if (!(cuda::is_available() && cuda::device_count() >= dist::world_size() &&
         dist::backend(DeviceType::CUDA) == "nccl")) {
-    std::printf("fault test skipped: NCCL needs a GPU per rank\n");
+    std::printf("skipped: NCCL needs a GPU per rank\n");
     std::fflush(stdout);
-    std::_Exit(0);
+    std::_Exit(77);
   }
   const Device d = Device::cuda(dist::local_rank());
   (void)dist::all_reduce(ones({4}).to(d));  // both ranks make the communicator
-  rank_1_stops(d, "[all_reduce] timed out after 2 s in the consistency check", "nccl timeout");
+  rank_1_stops(d, "[all_reduce] timed out after 2 s in the consistency check");
 }
 
 TEST_CASE("dist mpi: DistributedDataParallel buckets, eager and compiled, with no_sync") {
