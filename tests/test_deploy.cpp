@@ -2,6 +2,8 @@
 // scan and a training step; symbolic dims and the errors of calls that do not fit; files that
 // are not programs, truncated, corrupt or from a newer format.
 #include <fmt/format.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 
 #include <cstdio>
 #include <fstream>
@@ -27,6 +29,18 @@ std::string read_file(const std::string& path) {
 void write_file(const std::string& path, const std::string& bytes) {
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
   f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+// A file of tests/data/deploy (its README says what each is).
+std::string data_file(const std::string& name) {
+  return std::string(DUET_SOURCE_DIR) + "/tests/data/deploy/" + name;
+}
+
+// The exit code of a shell command, or 128 + the signal that ended it (an abort: 134).
+int exit_code(const std::string& command) {
+  const int s = std::system(command.c_str());
+  if (s == -1) return -1;
+  return WIFEXITED(s) ? WEXITSTATUS(s) : 128 + WTERMSIG(s);
 }
 
 }  // namespace
@@ -231,7 +245,29 @@ TEST_CASE("deploy: .npy files are read and written with their dtype, shape and o
   CHECK(contains(error_of<ValueError>([&] { data::read_npy(path); }), "truncated data: 12 bytes"));
   write_file(path, "not numpy");
   CHECK(contains(error_of<ValueError>([&] { data::read_npy(path); }), "not a .npy file"));
+  // A shape is a tuple of sizes, as in Python: a trailing comma is allowed, and needed for one.
+  const std::string four(16, '\0');
+  write_file(path, npy("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 2,), }", four));
+  CHECK(data::read_npy(path).sizes() == Shape{2, 2});
+  for (const std::string shape : {"(4)", "(2,, 2)", "(, 4)", "(2 2)", "(-4,)", "[4]", "4", ""}) {
+    CAPTURE(shape);
+    write_file(path,
+               npy("{'descr': '<f4', 'fortran_order': False, 'shape': " + shape + ", }", four));
+    CHECK(
+        contains(error_of<ValueError>([&] { data::read_npy(path); }), "expected a tuple of sizes"));
+  }
   std::remove(path.c_str());
+}
+
+// Headers whose shape has no value, or is a number: an error, not an escaped
+// std::out_of_range, nor a 0-d tensor of the first value.
+TEST_CASE("deploy: a .npy shape that is not a tuple is an error") {
+  CHECK(contains(error_of<ValueError>([] { data::read_npy(data_file("npy_shape_empty.npy")); }),
+                 "'shape' is empty, expected a tuple of sizes"));
+  CHECK(contains(error_of<ValueError>([] { data::read_npy(data_file("npy_shape_12.npy")); }),
+                 "'shape' is 12, expected a tuple of sizes"));
+  CHECK(exit_code(std::string(DUET_RUN) + " " + data_file("print_ok.duet") + " --input " +
+                  data_file("npy_shape_empty.npy") + " 2> /dev/null") == 1);
 }
 
 #ifdef DUET_NUMPY_PYTHON
@@ -307,6 +343,23 @@ TEST_CASE("deploy: duet-run runs a saved program on .npy files, and times it") {
   CHECK(std::system((run + " " + model + " --frobnicate 2> " + log).c_str()) != 0);
   CHECK(contains(read_file(log), "unknown option --frobnicate"));
   for (const std::string& p : {model, in, out, log}) std::remove(p.c_str());
+}
+
+TEST_CASE("deploy: duet-run refuses a device or a FIFO as a program or an input") {
+  auto f = compile([](Tensor x) { return x * 2; });
+  const std::string model = temp_path("devices"), fifo = model + ".fifo", log = model + ".log";
+  save(f, model, randn({2}));
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  // `timeout`: a run that blocks on the FIFO, or reads /dev/zero without end, exits 124.
+  const std::string run = "timeout 60 " + std::string(DUET_RUN) + " ";
+  for (const std::string& bad : {std::string("/dev/zero"), fifo}) {
+    CAPTURE(bad);
+    CHECK(exit_code(run + bad + " 2> " + log) == 1);
+    CHECK(contains(read_file(log), "is not a regular file"));
+    CHECK(exit_code(run + model + " --input " + bad + " 2> " + log) == 1);
+    CHECK(contains(read_file(log), "is not a regular file"));
+  }
+  for (const std::string& path : {model, fifo, log}) std::remove(path.c_str());
 }
 
 // The fuzz target's seed corpus (tests/fuzz/corpus): small programs of each kind of node. It

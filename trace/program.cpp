@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/dispatch.h"
+#include "core/input_file.h"
 #include "eager/autograd.h"
 #include "trace/compile.h"
 #include "trace/control_flow.h"
@@ -11,9 +12,6 @@
 #include "trace/passes.h"
 #include "trace/serialize.h"
 #include "trace/tracer.h"
-
-#include <fstream>
-#include <sstream>
 
 namespace duet {
 
@@ -398,11 +396,12 @@ Program detail::make_function_program(FunctionProgram f, const CompileOptions& o
 }
 
 Program load(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  DUET_CHECK_VALUE(f.good(), "[load] cannot open {}: {}", path, std::strerror(errno));
-  std::ostringstream buf;
-  buf << f.rdbuf();
-  detail::SavedProgram saved = detail::decode_program(buf.str(), path);
+  // Only a regular file, and no more than its size (Note [Reading user files]). A file that
+  // does not start as a program is decoded, and refused, from its first bytes alone.
+  detail::InputFile file(path, "load", "a duet program file");
+  std::string bytes = file.read(8);
+  if (bytes == "DUETPROG") bytes += file.read(file.left());
+  detail::SavedProgram saved = detail::decode_program(bytes, path);
   Program p;
   Program::State& s = *p.s_;
   s.graph = std::move(saved.graph);
