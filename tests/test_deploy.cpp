@@ -43,6 +43,12 @@ int exit_code(const std::string& command) {
   return WIFEXITED(s) ? WEXITSTATUS(s) : 128 + WTERMSIG(s);
 }
 
+// Swallows what duet::print writes while it lives.
+struct QuietPrints {
+  detail::PrintSink prev = detail::set_print_sink([](const std::string&) {});
+  ~QuietPrints() { detail::set_print_sink(prev); }
+};
+
 }  // namespace
 
 TEST_CASE("deploy: a compiled MLP saved and loaded computes what it computed") {
@@ -343,6 +349,38 @@ TEST_CASE("deploy: duet-run runs a saved program on .npy files, and times it") {
   CHECK(std::system((run + " " + model + " --frobnicate 2> " + log).c_str()) != 0);
   CHECK(contains(read_file(log), "unknown option --frobnicate"));
   for (const std::string& p : {model, in, out, log}) std::remove(p.c_str());
+}
+
+// A saved print whose format fmt refuses (print_bad_format.duet: "x = {:d}") aborted duet-run
+// with an uncaught fmt::format_error at the first run. It is refused at load, naming the format.
+TEST_CASE("deploy: a print format that does not format a tensor is an error, never an abort") {
+  QuietPrints quiet;
+  const Tensor x = data::read_npy(data_file("x23.npy"));
+  Program ok = load(data_file("print_ok.duet"));  // a file of format version 1 still loads
+  CHECK(close(ok({x})[0], full({2}, 3.0), 0));
+  const std::string e = error_of<ValueError>([] { load(data_file("print_bad_format.duet")); });
+  CHECK(contains(e,
+                 "print_bad_format.duet is corrupt: a print's format \"x = {:d}\" does not "
+                 "format one tensor"));
+  const std::string run = DUET_RUN, log = temp_path("print") + ".log";
+  CHECK(exit_code(run + " " + data_file("print_bad_format.duet") + " --input " +
+                  data_file("x23.npy") + " 2> " + log) == 1);
+  CHECK(contains(read_file(log), "does not format one tensor"));
+  CHECK(exit_code(run + " " + data_file("print_ok.duet") + " --input " + data_file("x23.npy") +
+                  " > " + log) == 0);
+  std::remove(log.c_str());
+  // At the call, eagerly and traced; and a Print node with a bad format fails its shape rule.
+  CHECK(contains(error_of<ValueError>([&] { print(x, "x = {:d}"); }), "does not format one"));
+  auto f = compile([](Tensor t) {
+    print(t, "t = {:d}");
+    return t * 2;
+  });
+  CHECK(contains(error_of<ValueError>([&] { f(x); }), "does not format one tensor"));
+  Attrs a;
+  a.dim = detail::intern_format("{} {}");
+  const Tensor* in[] = {&x};
+  CHECK(contains(error_of<ValueError>([&] { detail::call(OpId::Print, TensorRefs(in, 1), a); }),
+                 "[print] the format \"{} {}\" does not format one tensor"));
 }
 
 TEST_CASE("deploy: duet-run refuses a device or a FIFO as a program or an input") {
