@@ -351,6 +351,42 @@ TEST_CASE("deploy: duet-run runs a saved program on .npy files, and times it") {
   for (const std::string& p : {model, in, out, log}) std::remove(p.c_str());
 }
 
+TEST_CASE("deploy: duet-run names the inputs a run lacks, and the flag that gives them") {
+  manual_seed(7);
+  nn::Linear fc(5, 2);
+  CompileOptions o;
+  o.dynamic = {{0, 0}};
+  auto f = compile([&](Tensor x) { return fc(x); }, o);
+  const std::string model = temp_path("missing"), log = model + ".log";
+  save(f, model, randn({8, 5}));
+  Program p = load(model);
+  CHECK(contains(error_of<ValueError>([&] { p.run({}); }),
+                 "[Program::run] input \"arg0\" (f32 (s0, 5) cpu) was not fed: the saved "
+                 "program takes its size s0 from it"));
+  CHECK(exit_code(std::string(DUET_RUN) + " " + model + " 2> " + log) == 1);
+  const std::string e = read_file(log);
+  CHECK(contains(e, "takes 1 input (arg0); not given: arg0"));
+  CHECK(contains(e, "--input arg0=FILE.npy"));
+  for (const std::string& path : {model, log}) std::remove(path.c_str());
+}
+
+TEST_CASE("deploy: --bench takes a whole number of runs, strictly") {
+  auto f = compile([](Tensor x) { return x * 2; });
+  const std::string model = temp_path("bench"), in = model + ".in.npy", log = model + ".log";
+  save(f, model, randn({2}));
+  data::write_npy(in, randn({2}));
+  const std::string run = std::string(DUET_RUN) + " " + model + " --input " + in + " --bench ";
+  // 99999999999 overflowed atoi into 1.2e9 runs; 1e3 ran once.
+  for (const char* bad : {"99999999999", "1e3", "0", "-5", "5x", "\"\"", "10000001"}) {
+    CAPTURE(bad);
+    CHECK(exit_code(run + bad + " > /dev/null 2> " + log) == 2);
+    CHECK(contains(read_file(log), "--bench takes a whole number of runs from 1 to 10000000"));
+  }
+  CHECK(exit_code(run + "2 > " + log) == 0);
+  CHECK(contains(read_file(log), "2 runs on cpu"));
+  for (const std::string& path : {model, in, log}) std::remove(path.c_str());
+}
+
 // A saved print whose format fmt refuses (print_bad_format.duet: "x = {:d}") aborted duet-run
 // with an uncaught fmt::format_error at the first run. It is refused at load, naming the format.
 TEST_CASE("deploy: a print format that does not format a tensor is an error, never an abort") {
