@@ -419,6 +419,53 @@ TEST_CASE("deploy: a print format that does not format a tensor is an error, nev
                  "[print] the format \"{} {}\" does not format one tensor"));
 }
 
+TEST_CASE("deploy: save names captured tensors as the module names its parameters") {
+  manual_seed(8);
+  nn::Sequential mlp(nn::Linear(4, 8), nn::ReLU(), nn::Linear(8, 2));
+  auto f = compile([&](Tensor x) { return mlp(x); });
+  const std::string path = temp_path("named");
+  const nn::NamedTensors want = mlp.named_parameters();
+  auto names_of = [](const Program& p) {
+    std::map<std::string, Tensor> r;
+    for (const auto& [name, t] : p.named_parameters()) r.emplace(name, t);
+    return r;
+  };
+  auto check_named = [&](const Program& p) {
+    const std::map<std::string, Tensor> got = names_of(p);
+    CHECK(got.size() == want.size());
+    for (const auto& [name, t] : want) {
+      CAPTURE(name);
+      REQUIRE(got.count(name));
+      CHECK(bitwise_equal(got.at(name), t));
+    }
+  };
+  save(f, path, SaveOptions{.parameter_names = want}, randn({3, 4}));
+  Program p = load(path);
+  check_named(p);
+  CHECK(names_of(p).count("0.weight"));
+  CHECK(names_of(p).count("2.bias"));
+  const Tensor x = randn({3, 4});
+  CHECK(close(p({x})[0], mlp(x), 1e-6));
+  // Options as an lvalue, const or not, are options, not an example argument.
+  SaveOptions o;
+  o.parameter_names = want;
+  save(f, path, o, randn({3, 4}));
+  check_named(load(path));
+  const SaveOptions& co = o;
+  save(f, path, co, randn({3, 4}));
+  check_named(load(path));
+  // Without names: by position.
+  save(f, path, randn({3, 4}));
+  CHECK(names_of(load(path)).count("captured0"));
+  // One name for two tensors is refused.
+  o.parameter_names = {{"w", want[0].second}, {"w", want[2].second}};
+  CHECK(contains(error_of<ValueError>([&] {
+                   save(f, path, o, randn({3, 4}));
+                 }),
+                 "would both be named \"w\""));
+  std::remove(path.c_str());
+}
+
 TEST_CASE("deploy: duet-run refuses a device or a FIFO as a program or an input") {
   auto f = compile([](Tensor x) { return x * 2; });
   const std::string model = temp_path("devices"), fifo = model + ".fifo", log = model + ".log";
