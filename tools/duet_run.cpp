@@ -3,12 +3,13 @@
 //   duet-run MODEL.duet [--input [NAME=]FILE.npy]... [--output [NAME=]FILE.npy]...
 //            [--bench N] [--device cpu|cuda]
 //
-// Inputs are given by name (the program's input names: arg0, arg1, ...) or in order. Without
-// --output, each output is printed; with it, written as .npy (an output named, or the outputs
-// in order). --bench N runs the program N more times after three warm-up runs and prints the
-// median and the fastest time of a run. --device cuda moves the program and its inputs to the
-// GPU. Errors are printed as duet reports them, and the exit status is 1; bad usage exits 2.
-// Nothing aborts: an error that is not a duet::Error is printed too, and exits 1.
+// Inputs are given by name (the program's input names: arg0, arg1, ...) or in order, and every
+// input must be given. Without --output, each output is printed; with it, written as .npy (an
+// output named, or the outputs in order). --bench N (digits, 1 to 10000000) runs the program N
+// more times after three warm-up runs and prints the median and the fastest time of a run.
+// --device cuda moves the program and its inputs to the GPU. Errors are printed as duet reports
+// them, and the exit status is 1; bad usage exits 2. Nothing aborts: an exception that is not a
+// duet::Error is printed too, and exits 1.
 #include <algorithm>
 #include <charconv>
 #include <chrono>
