@@ -244,6 +244,9 @@ void register_image_rules(OpDef* table);
 void register_random_rules(OpDef* table);
 void register_debug_rules(OpDef* table);
 void register_collective_rules(OpDef* table);
+/// Why `format` cannot be duet::print's format (fmt's message: a bad field, a second field, a
+/// spec a string does not take), or "" when it formats one tensor.
+std::string print_format_error(const std::string& format);
 /// duet::print's format strings, interned: Print's attrs.dim is the index.
 int64_t intern_format(const std::string& format);
 const std::string& interned_format(int64_t id);

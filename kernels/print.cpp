@@ -6,7 +6,15 @@ namespace duet::kernels {
 namespace {
 
 void print_kernel(TensorRefs in, const Attrs& a, const Tensor&) {
-  detail::write_print(fmt::format(fmt::runtime(detail::interned_format(a.dim)), in[0]) + "\n");
+  const std::string& format = detail::interned_format(a.dim);
+  std::string line;
+  try {  // the shape rule checked the format; a fmt error must still not escape as one
+    line = fmt::format(fmt::runtime(format), in[0]);
+  } catch (const fmt::format_error& e) {
+    throw ValueError(
+        fmt::format("[print] the format \"{}\" does not format one tensor ({})", format, e.what()));
+  }
+  detail::write_print(line + "\n");
 }
 
 }  // namespace

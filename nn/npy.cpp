@@ -7,9 +7,9 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
-#include <sstream>
 
 #include "core/dispatch.h"
+#include "core/input_file.h"
 #include "core/ops.h"
 #include "nn/data.h"
 
@@ -46,34 +46,62 @@ std::string dict_value(const std::string& h, const std::string& key, const std::
   return v;
 }
 
+// A Python tuple of sizes, as numpy writes a shape: "()", "(3,)", "(2, 3)"; a trailing comma
+// is allowed, and needed for one element ("(3)" is the number 3, which numpy refuses too).
+Shape parse_shape(const std::string& text, const std::string& path) {
+  auto refuse = [&] {
+    bad(path, fmt::format("'shape' is {}, expected a tuple of sizes such as (2, 3) or (3,)",
+                          text.empty() ? "empty" : text));
+  };
+  if (text.size() < 2 || text.front() != '(' || text.back() != ')') refuse();
+  Shape shape;
+  size_t i = 1, commas = 0;
+  const size_t end = text.size() - 1;
+  auto skip_spaces = [&] {
+    while (i < end && text[i] == ' ') ++i;
+  };
+  skip_spaces();
+  while (i < end) {
+    const size_t from = i;
+    while (i < end && std::isdigit(static_cast<unsigned char>(text[i]))) ++i;
+    if (i == from || i - from > 15) refuse();  // not a size, or over 10^15
+    shape.push_back(std::stoll(text.substr(from, i - from)));
+    skip_spaces();
+    if (i == end) break;
+    if (text[i] != ',') refuse();
+    ++i;
+    ++commas;
+    skip_spaces();
+  }
+  if (shape.size() == 1 && commas == 0) refuse();  // "(3)"
+  return shape;
+}
+
 }  // namespace
 
 Tensor read_npy(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) bad(path, fmt::format("cannot open it ({})", std::strerror(errno)));
-  std::ostringstream buf;
-  buf << f.rdbuf();
-  const std::string b = buf.str();
+  // Only a regular file, read no further than the header declares (Note [Reading user files]).
+  detail::InputFile file(path, "read_npy", "a .npy file");
+  std::string b = file.read(10);
   if (b.size() < 10 || b.compare(0, 6, "\x93NUMPY") != 0) bad(path, "not a .npy file (bad magic)");
   const int major = static_cast<unsigned char>(b[6]);
   if (major < 1 || major > 3) bad(path, fmt::format("format version {} is not 1, 2 or 3", major));
-  size_t hlen, at;
+  size_t hlen;
   if (major == 1) {
     hlen = static_cast<unsigned char>(b[8]) | (static_cast<unsigned char>(b[9]) << 8);
-    at = 10;
   } else {
+    b += file.read(2);
     if (b.size() < 12) bad(path, "truncated header");
     hlen = 0;
     for (int k = 3; k >= 0; --k) hlen = (hlen << 8) | static_cast<unsigned char>(b[8 + k]);
-    at = 12;
   }
-  if (b.size() < at + hlen) bad(path, "truncated header");
-  const std::string h = b.substr(at, hlen);
-  at += hlen;
+  const std::string h = file.read(hlen);
+  if (h.size() < hlen) bad(path, "truncated header");
   std::string descr = dict_value(h, "descr", path);
   const std::string fortran = dict_value(h, "fortran_order", path);
-  const std::string shape_text = dict_value(h, "shape", path);
-  if (descr.size() < 4) bad(path, fmt::format("descr {} is no dtype", descr));
+  const Shape shape = parse_shape(dict_value(h, "shape", path), path);
+  if (descr.size() < 4 || (descr[0] != '\'' && descr[0] != '"'))
+    bad(path, fmt::format("descr {} is no dtype", descr));
   descr = descr.substr(1, descr.size() - 2);  // without the quotes
   const char order = descr[0];
   const std::string kind = descr.substr(1);
@@ -95,32 +123,18 @@ Tensor read_npy(const std::string& path) {
         "[read_npy] {}: dtype '{}' is not one duet has (f4, f8, f2, i4, i8, b1)", path, descr));
   if (order != '<' && order != '>' && order != '|' && order != '=')
     bad(path, fmt::format("descr '{}' has no byte order", descr));
-  Shape shape;
-  {
-    std::string s = shape_text.substr(1, shape_text.size() - 2);
-    std::stringstream ss(s);
-    std::string item;
-    while (std::getline(ss, item, ',')) {
-      item.erase(std::remove(item.begin(), item.end(), ' '), item.end());
-      if (item.empty()) continue;
-      if (!std::all_of(item.begin(), item.end(), [](char c) { return std::isdigit(c); }) ||
-          item.size() > 15)
-        bad(path, fmt::format("shape {} is not a tuple of sizes", shape_text));
-      shape.push_back(std::stoll(item));
-    }
-  }
   int64_t numel = 1;
   for (int64_t d : shape) {
     if (d != 0 && numel > (int64_t(1) << 40) / d) bad(path, "the shape is too large");
     numel *= d;
   }
   const size_t bytes = static_cast<size_t>(numel * itemsize(dt));
-  if (b.size() - at < bytes)
+  if (file.left() < bytes)
     bad(path, fmt::format("truncated data: {} bytes for shape {} {}, the file holds {}", bytes,
-                          shape, descr, b.size() - at));
-  if (b.size() - at > bytes)
+                          shape, descr, file.left()));
+  if (file.left() > bytes)
     bad(path,
-        fmt::format("{} bytes after the data of shape {} {}", b.size() - at - bytes, shape, descr));
+        fmt::format("{} bytes after the data of shape {} {}", file.left() - bytes, shape, descr));
   const bool fortran_order = fortran == "True";
   if (!fortran_order && fortran != "False") bad(path, fmt::format("fortran_order is {}", fortran));
   detail::SuspendModes eager;
@@ -132,7 +146,9 @@ Tensor read_npy(const std::string& path) {
   }
   Tensor t = detail::empty(stored, dt);
   char* out = static_cast<char*>(t.raw_data());
-  std::memcpy(out, b.data() + at, bytes);
+  const std::string data = file.read(bytes);
+  if (data.size() < bytes) bad(path, "truncated data");
+  std::memcpy(out, data.data(), bytes);
   const size_t item = static_cast<size_t>(itemsize(dt));
   if (order == '>' && item > 1)
     for (size_t i = 0; i < bytes; i += item) std::reverse(out + i, out + i + item);

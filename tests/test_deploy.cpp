@@ -2,6 +2,8 @@
 // scan and a training step; symbolic dims and the errors of calls that do not fit; files that
 // are not programs, truncated, corrupt or from a newer format.
 #include <fmt/format.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 
 #include <cstdio>
 #include <fstream>
@@ -28,6 +30,24 @@ void write_file(const std::string& path, const std::string& bytes) {
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
   f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
+
+// A file of tests/data/deploy (its README says what each is).
+std::string data_file(const std::string& name) {
+  return std::string(DUET_SOURCE_DIR) + "/tests/data/deploy/" + name;
+}
+
+// The exit code of a shell command, or 128 + the signal that ended it (an abort: 134).
+int exit_code(const std::string& command) {
+  const int s = std::system(command.c_str());
+  if (s == -1) return -1;
+  return WIFEXITED(s) ? WEXITSTATUS(s) : 128 + WTERMSIG(s);
+}
+
+// Swallows what duet::print writes while it lives.
+struct QuietPrints {
+  detail::PrintSink prev = detail::set_print_sink([](const std::string&) {});
+  ~QuietPrints() { detail::set_print_sink(prev); }
+};
 
 }  // namespace
 
@@ -231,7 +251,29 @@ TEST_CASE("deploy: .npy files are read and written with their dtype, shape and o
   CHECK(contains(error_of<ValueError>([&] { data::read_npy(path); }), "truncated data: 12 bytes"));
   write_file(path, "not numpy");
   CHECK(contains(error_of<ValueError>([&] { data::read_npy(path); }), "not a .npy file"));
+  // A shape is a tuple of sizes, as in Python: a trailing comma is allowed, and needed for one.
+  const std::string four(16, '\0');
+  write_file(path, npy("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 2,), }", four));
+  CHECK(data::read_npy(path).sizes() == Shape{2, 2});
+  for (const std::string shape : {"(4)", "(2,, 2)", "(, 4)", "(2 2)", "(-4,)", "[4]", "4", ""}) {
+    CAPTURE(shape);
+    write_file(path,
+               npy("{'descr': '<f4', 'fortran_order': False, 'shape': " + shape + ", }", four));
+    CHECK(
+        contains(error_of<ValueError>([&] { data::read_npy(path); }), "expected a tuple of sizes"));
+  }
   std::remove(path.c_str());
+}
+
+// Headers whose shape has no value, or is a number: an error, not an escaped
+// std::out_of_range, nor a 0-d tensor of the first value.
+TEST_CASE("deploy: a .npy shape that is not a tuple is an error") {
+  CHECK(contains(error_of<ValueError>([] { data::read_npy(data_file("npy_shape_empty.npy")); }),
+                 "'shape' is empty, expected a tuple of sizes"));
+  CHECK(contains(error_of<ValueError>([] { data::read_npy(data_file("npy_shape_12.npy")); }),
+                 "'shape' is 12, expected a tuple of sizes"));
+  CHECK(exit_code(std::string(DUET_RUN) + " " + data_file("print_ok.duet") + " --input " +
+                  data_file("npy_shape_empty.npy") + " 2> /dev/null") == 1);
 }
 
 #ifdef DUET_NUMPY_PYTHON
@@ -307,6 +349,138 @@ TEST_CASE("deploy: duet-run runs a saved program on .npy files, and times it") {
   CHECK(std::system((run + " " + model + " --frobnicate 2> " + log).c_str()) != 0);
   CHECK(contains(read_file(log), "unknown option --frobnicate"));
   for (const std::string& p : {model, in, out, log}) std::remove(p.c_str());
+}
+
+TEST_CASE("deploy: duet-run names the inputs a run lacks, and the flag that gives them") {
+  manual_seed(7);
+  nn::Linear fc(5, 2);
+  CompileOptions o;
+  o.dynamic = {{0, 0}};
+  auto f = compile([&](Tensor x) { return fc(x); }, o);
+  const std::string model = temp_path("missing"), log = model + ".log";
+  save(f, model, randn({8, 5}));
+  Program p = load(model);
+  CHECK(contains(error_of<ValueError>([&] { p.run({}); }),
+                 "[Program::run] input \"arg0\" (f32 (s0, 5) cpu) was not fed: the saved "
+                 "program takes its size s0 from it"));
+  CHECK(exit_code(std::string(DUET_RUN) + " " + model + " 2> " + log) == 1);
+  const std::string e = read_file(log);
+  CHECK(contains(e, "takes 1 input (arg0); not given: arg0"));
+  CHECK(contains(e, "--input arg0=FILE.npy"));
+  for (const std::string& path : {model, log}) std::remove(path.c_str());
+}
+
+TEST_CASE("deploy: --bench takes a whole number of runs, strictly") {
+  auto f = compile([](Tensor x) { return x * 2; });
+  const std::string model = temp_path("bench"), in = model + ".in.npy", log = model + ".log";
+  save(f, model, randn({2}));
+  data::write_npy(in, randn({2}));
+  const std::string run = std::string(DUET_RUN) + " " + model + " --input " + in + " --bench ";
+  // 99999999999 overflowed atoi into 1.2e9 runs; 1e3 ran once.
+  for (const char* bad : {"99999999999", "1e3", "0", "-5", "5x", "\"\"", "10000001"}) {
+    CAPTURE(bad);
+    CHECK(exit_code(run + bad + " > /dev/null 2> " + log) == 2);
+    CHECK(contains(read_file(log), "--bench takes a whole number of runs from 1 to 10000000"));
+  }
+  CHECK(exit_code(run + "2 > " + log) == 0);
+  CHECK(contains(read_file(log), "2 runs on cpu"));
+  for (const std::string& path : {model, in, log}) std::remove(path.c_str());
+}
+
+// A saved print whose format fmt refuses (print_bad_format.duet: "x = {:d}") aborted duet-run
+// with an uncaught fmt::format_error at the first run. It is refused at load, naming the format.
+TEST_CASE("deploy: a print format that does not format a tensor is an error, never an abort") {
+  QuietPrints quiet;
+  const Tensor x = data::read_npy(data_file("x23.npy"));
+  Program ok = load(data_file("print_ok.duet"));  // a file of format version 1 still loads
+  CHECK(close(ok({x})[0], full({2}, 3.0), 0));
+  const std::string e = error_of<ValueError>([] { load(data_file("print_bad_format.duet")); });
+  CHECK(contains(e,
+                 "print_bad_format.duet is corrupt: a print's format \"x = {:d}\" does not "
+                 "format one tensor"));
+  const std::string run = DUET_RUN, log = temp_path("print") + ".log";
+  CHECK(exit_code(run + " " + data_file("print_bad_format.duet") + " --input " +
+                  data_file("x23.npy") + " 2> " + log) == 1);
+  CHECK(contains(read_file(log), "does not format one tensor"));
+  CHECK(exit_code(run + " " + data_file("print_ok.duet") + " --input " + data_file("x23.npy") +
+                  " > " + log) == 0);
+  std::remove(log.c_str());
+  // At the call, eagerly and traced; and a Print node with a bad format fails its shape rule.
+  CHECK(contains(error_of<ValueError>([&] { print(x, "x = {:d}"); }), "does not format one"));
+  auto f = compile([](Tensor t) {
+    print(t, "t = {:d}");
+    return t * 2;
+  });
+  CHECK(contains(error_of<ValueError>([&] { f(x); }), "does not format one tensor"));
+  Attrs a;
+  a.dim = detail::intern_format("{} {}");
+  const Tensor* in[] = {&x};
+  CHECK(contains(error_of<ValueError>([&] { detail::call(OpId::Print, TensorRefs(in, 1), a); }),
+                 "[print] the format \"{} {}\" does not format one tensor"));
+}
+
+TEST_CASE("deploy: save names captured tensors as the module names its parameters") {
+  manual_seed(8);
+  nn::Sequential mlp(nn::Linear(4, 8), nn::ReLU(), nn::Linear(8, 2));
+  auto f = compile([&](Tensor x) { return mlp(x); });
+  const std::string path = temp_path("named");
+  const nn::NamedTensors want = mlp.named_parameters();
+  auto names_of = [](const Program& p) {
+    std::map<std::string, Tensor> r;
+    for (const auto& [name, t] : p.named_parameters()) r.emplace(name, t);
+    return r;
+  };
+  auto check_named = [&](const Program& p) {
+    const std::map<std::string, Tensor> got = names_of(p);
+    CHECK(got.size() == want.size());
+    for (const auto& [name, t] : want) {
+      CAPTURE(name);
+      REQUIRE(got.count(name));
+      CHECK(bitwise_equal(got.at(name), t));
+    }
+  };
+  save(f, path, SaveOptions{.parameter_names = want}, randn({3, 4}));
+  Program p = load(path);
+  check_named(p);
+  CHECK(names_of(p).count("0.weight"));
+  CHECK(names_of(p).count("2.bias"));
+  const Tensor x = randn({3, 4});
+  CHECK(close(p({x})[0], mlp(x), 1e-6));
+  // Options as an lvalue, const or not, are options, not an example argument.
+  SaveOptions o;
+  o.parameter_names = want;
+  save(f, path, o, randn({3, 4}));
+  check_named(load(path));
+  const SaveOptions& co = o;
+  save(f, path, co, randn({3, 4}));
+  check_named(load(path));
+  // Without names: by position.
+  save(f, path, randn({3, 4}));
+  CHECK(names_of(load(path)).count("captured0"));
+  // One name for two tensors is refused.
+  o.parameter_names = {{"w", want[0].second}, {"w", want[2].second}};
+  CHECK(contains(error_of<ValueError>([&] {
+                   save(f, path, o, randn({3, 4}));
+                 }),
+                 "would both be named \"w\""));
+  std::remove(path.c_str());
+}
+
+TEST_CASE("deploy: duet-run refuses a device or a FIFO as a program or an input") {
+  auto f = compile([](Tensor x) { return x * 2; });
+  const std::string model = temp_path("devices"), fifo = model + ".fifo", log = model + ".log";
+  save(f, model, randn({2}));
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  // `timeout`: a run that blocks on the FIFO, or reads /dev/zero without end, exits 124.
+  const std::string run = "timeout 60 " + std::string(DUET_RUN) + " ";
+  for (const std::string& bad : {std::string("/dev/zero"), fifo}) {
+    CAPTURE(bad);
+    CHECK(exit_code(run + bad + " 2> " + log) == 1);
+    CHECK(contains(read_file(log), "is not a regular file"));
+    CHECK(exit_code(run + model + " --input " + bad + " 2> " + log) == 1);
+    CHECK(contains(read_file(log), "is not a regular file"));
+  }
+  for (const std::string& path : {model, fifo, log}) std::remove(path.c_str());
 }
 
 // The fuzz target's seed corpus (tests/fuzz/corpus): small programs of each kind of node. It

@@ -1,12 +1,16 @@
 // Reproducers of misuse that once crashed, hung or gave a wrong answer with no error.
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <thread>
 
 #include "nn/data.h"
 #include "util.h"
@@ -196,6 +200,52 @@ TEST_CASE("hardening: IDX reader refuses non-regular files") {
     CHECK(contains(msg, path));
     CHECK(contains(msg, "regular file"));
   }
+}
+
+// While it lives, opens `fifo` for writing once a reader has waited 5 s, and again every 50 ms:
+// a reader that blocks opening the FIFO (the bug) then reads an empty file and fails its check,
+// instead of hanging the test.
+struct FifoWriter {
+  std::string fifo;
+  std::atomic<bool> done{false};
+  std::thread thread;
+  explicit FifoWriter(std::string path)
+      : fifo(std::move(path)), thread([this] {
+          for (int k = 0; k < 100 && !done; ++k)
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+          while (!done) {
+            const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);  // fails with no reader
+            if (fd >= 0) ::close(fd);
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+          }
+        }) {}
+  ~FifoWriter() {
+    done = true;
+    thread.join();
+  }
+};
+
+// /dev/zero was read until bad_alloc, and a FIFO blocked the reader forever.
+TEST_CASE("hardening: program, .npy and state dict readers refuse devices, FIFOs, directories") {
+  TempFile fifo("fifo");
+  REQUIRE(::mkfifo(fifo.path.c_str(), 0600) == 0);
+  FifoWriter writer(fifo.path);
+  const std::string dir = std::filesystem::temp_directory_path().string();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const std::string& path :
+       {std::string("/dev/zero"), std::string("/dev/urandom"), fifo.path}) {
+    CAPTURE(path);
+    std::string msg = error_of<ValueError>([&] { load(path); });
+    CHECK(starts_with(msg, "[load] cannot read " + path + ": it is not a regular file"));
+    CHECK(contains(msg, "expected a duet program file"));
+    msg = error_of<ValueError>([&] { data::read_npy(path); });
+    CHECK(starts_with(msg, "[read_npy] cannot read " + path + ": it is not a regular file"));
+    msg = error_of<ValueError>([&] { nn::read_state_dict(path); });
+    CHECK(contains(msg, "not a regular file"));
+  }
+  CHECK(contains(error_of<ValueError>([&] { load(dir); }), "it is a directory"));
+  CHECK(contains(error_of<ValueError>([&] { data::read_npy(dir); }), "it is a directory"));
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
 }
 
 uint32_t crc32_of(const unsigned char* p, size_t n) {

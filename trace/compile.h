@@ -559,10 +559,26 @@ CheckReport check_against_eager(Compiled<F>& f, A&&... a) {
   return check_against_eager(CheckOptions{}, f, std::forward<A>(a)...);
 }
 
+/// How duet::save names what it writes.
+struct SaveOptions {
+  /// Names for the captured tensors, as a Program's named_parameters() gives them back: a
+  /// tensor the function captures that is listed here (the very tensor, not an equal one) takes
+  /// its name, such as a module's named_parameters() ("fc1.weight", "0.bias"; append
+  /// named_buffers() for the buffers). Others are "captured0", "captured1", ... (by position).
+  std::vector<std::pair<std::string, Tensor>> parameter_names{};
+};
+
 namespace detail {
 /// duet::save of a compiled function (trace/deploy.cpp).
 void save_compiled(const CompileOptions& options, const std::string& label, const FlatArgs& args,
-                   const TraceFn& fn, const std::string& path);
+                   const TraceFn& fn, const std::string& path,
+                   const SaveOptions& save_options = {});
+/// Whether a pack of arguments starts with a SaveOptions (then it is no example argument).
+template <class... A>
+inline constexpr bool leads_with_save_options = false;
+template <class A0, class... A>
+inline constexpr bool leads_with_save_options<A0, A...> =
+    std::is_same_v<std::remove_cvref_t<A0>, SaveOptions>;
 }  // namespace detail
 
 /// Writes the compiled function f, traced for the signature of its example arguments, to a
@@ -573,10 +589,23 @@ void save_compiled(const CompileOptions& options, const std::string& label, cons
 /// computation only: a loaded program has no backward of its outputs, though a function that
 /// runs backward() and an optimizer step itself is saved with them.
 template <class F, class... A>
-void save(Compiled<F>& f, const std::string& path, A&&... example_args) {
+requires(!detail::leads_with_save_options<A...>) void save(Compiled<F>& f, const std::string& path,
+                                                           A&&... example_args) {
   f.with_flat_args(
       [&](const detail::FlatArgs& flat, const detail::TraceFn& run) {
         detail::save_compiled(f.options(), f.label(), flat, run, path);
+        return 0;
+      },
+      std::forward<A>(example_args)...);
+}
+/// save(f, path, example_args...), with the captured tensors named as options say:
+/// `save(f, "mlp.duet", {.parameter_names = model.named_parameters()}, x)`.
+template <class F, class... A>
+void save(Compiled<F>& f, const std::string& path, const SaveOptions& options,
+          A&&... example_args) {
+  f.with_flat_args(
+      [&](const detail::FlatArgs& flat, const detail::TraceFn& run) {
+        detail::save_compiled(f.options(), f.label(), flat, run, path, options);
         return 0;
       },
       std::forward<A>(example_args)...);

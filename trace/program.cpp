@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/dispatch.h"
+#include "core/input_file.h"
 #include "eager/autograd.h"
 #include "trace/compile.h"
 #include "trace/control_flow.h"
@@ -11,9 +12,6 @@
 #include "trace/passes.h"
 #include "trace/serialize.h"
 #include "trace/tracer.h"
-
-#include <fstream>
-#include <sstream>
 
 namespace duet {
 
@@ -196,6 +194,16 @@ std::vector<Tensor> Program::operator()(const std::vector<Tensor>& inputs) {
 // The sizes of a loaded program's symbols in a call, after checking each input against the
 // saved signature and the guards (in words when something does not fit).
 namespace {
+// A saved input's signature in words: "f32 (s0, 12) cpu".
+std::string saved_signature(const detail::SavedInput& in) {
+  std::string want;
+  for (size_t d = 0; d < in.sizes.size(); ++d)
+    want +=
+        fmt::format("{}{}", d ? ", " : "",
+                    in.syms[d] >= 0 ? fmt::format("s{}", in.syms[d]) : std::to_string(in.sizes[d]));
+  return fmt::format("{} ({}) {}", in.dtype, want, in.device);
+}
+
 std::vector<int64_t> bind_loaded(const std::vector<detail::SavedInput>& saved, int32_t num_symbols,
                                  const std::vector<detail::SavedGuard>& guards,
                                  const std::map<std::string, Tensor>& feeds) {
@@ -205,15 +213,7 @@ std::vector<int64_t> bind_loaded(const std::vector<detail::SavedInput>& saved, i
     auto f = feeds.find(in.name);
     if (f == feeds.end()) continue;  // run() says so, if it is needed
     const Tensor& t = f->second;
-    // The saved signature in words, for the messages only.
-    auto sig_of = [&in] {
-      std::string want;
-      for (size_t d = 0; d < in.sizes.size(); ++d)
-        want += fmt::format(
-            "{}{}", d ? ", " : "",
-            in.syms[d] >= 0 ? fmt::format("s{}", in.syms[d]) : std::to_string(in.sizes[d]));
-      return fmt::format("{} ({}) {}", in.dtype, want, in.device);
-    };
+    auto sig_of = [&in] { return saved_signature(in); };
     DUET_CHECK_VALUE(t.defined(), "[Program::run] input \"{}\" is an undefined tensor", in.name);
     DUET_CHECK_DTYPE(t.dtype() == in.dtype, "[Program::run] input \"{}\" expects {}, got {} {}",
                      in.name, sig_of(), t.dtype(), t.sizes());
@@ -239,6 +239,20 @@ std::vector<int64_t> bind_loaded(const std::vector<detail::SavedInput>& saved, i
       v[id] = got;
       from[id] = {&in, d};
     }
+  }
+  // A size no fed input gives: the inputs that give it were not fed.
+  for (size_t k = 0; k < v.size(); ++k) {
+    if (v[k] >= 0) continue;
+    std::vector<std::string> missing;
+    for (const detail::SavedInput& in : saved)
+      if (std::find(in.syms.begin(), in.syms.end(), int32_t(k)) != in.syms.end())
+        missing.push_back(fmt::format("\"{}\" ({})", in.name, saved_signature(in)));
+    DUET_CHECK_VALUE(!missing.empty(), "[Program::run] no input gives the saved program's size s{}",
+                     k);
+    DUET_CHECK_VALUE(false,
+                     "[Program::run] input {} was not fed: the saved program takes its size s{} "
+                     "from it",
+                     fmt::join(missing, " or "), k);
   }
   for (const detail::SavedGuard& g : guards) {
     int64_t a = 0, b = 0;
@@ -301,10 +315,6 @@ std::vector<Tensor> Program::run(const std::map<std::string, Tensor>& feeds,
                                 : std::vector<int64_t>{};
   auto it = s_->plans.find({fetch, values});
   if (it == s_->plans.end()) {
-    for (int64_t x : values)
-      DUET_CHECK_VALUE(x >= 0,
-                       "[Program::run] the inputs that give the saved program's sizes "
-                       "(s0, s1, ...) must all be fed");
     Graph g = values.empty() ? s_->graph : detail::instantiate(s_->graph, values);
     g.outputs.clear();
     for (const std::string& f : fetch) {
@@ -403,11 +413,12 @@ Program detail::make_function_program(FunctionProgram f, const CompileOptions& o
 }
 
 Program load(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  DUET_CHECK_VALUE(f.good(), "[load] cannot open {}: {}", path, std::strerror(errno));
-  std::ostringstream buf;
-  buf << f.rdbuf();
-  detail::SavedProgram saved = detail::decode_program(buf.str(), path);
+  // Only a regular file, and no more than its size (Note [Reading user files]). A file that
+  // does not start as a program is decoded, and refused, from its first bytes alone.
+  detail::InputFile file(path, "load", "a duet program file");
+  std::string bytes = file.read(8);
+  if (bytes == "DUETPROG") bytes += file.read(file.left());
+  detail::SavedProgram saved = detail::decode_program(bytes, path);
   Program p;
   Program::State& s = *p.s_;
   s.graph = std::move(saved.graph);

@@ -318,9 +318,14 @@ struct Reader {
       span *= std::max<int64_t>(m, 1);
       a.ints.push_back(v);
     }
-    if (op == OpId::Print)
-      a.dim = intern_format(str("print format"));
-    else
+    if (op == OpId::Print) {
+      const std::string format = str("print format");
+      const std::string why = print_format_error(format);
+      if (!why.empty())
+        corrupt(path, fmt::format("a print's format \"{}\" does not format one tensor ({})", format,
+                                  why));
+      a.dim = intern_format(format);
+    } else
       a.dim = i64("attribute dim");
     a.start = i64("attribute start");
     a.end = i64("attribute end");

@@ -24,7 +24,12 @@ void infer_print(const OpDef&, TensorRefs in, const Attrs& a, TensorMeta& out) {
     DUET_CHECK_DTYPE(in[1].dtype() == DType::b8 && in[1].numel() == 0,
                      "[print] the second input is a print's token (b8 (0)), got {} {}",
                      in[1].dtype(), in[1].sizes());
-  (void)interned_format(a.dim);
+  const std::string& format = interned_format(a.dim);
+  const std::string why = print_format_error(format);
+  DUET_CHECK_VALUE(why.empty(),
+                   "[print] the format \"{}\" does not format one tensor ({}); write \"{{}}\" "
+                   "where its values go",
+                   format, why);
   out.shape = Shape{0};
   out.dtype = DType::b8;
   out.device = Device::cpu();
@@ -56,6 +61,17 @@ std::atomic<PrintSink> g_sink{stdout_sink};
 
 }  // namespace
 
+std::string print_format_error(const std::string& format) {
+  // A tensor formats as its text (fmt::formatter<Tensor> in core/tensor.h): what formats a
+  // string formats a tensor.
+  try {
+    (void)fmt::format(fmt::runtime(format), std::string());
+    return "";
+  } catch (const fmt::format_error& e) {
+    return e.what();
+  }
+}
+
 int64_t intern_format(const std::string& format) {
   std::lock_guard<std::mutex> lock(format_mutex());
   auto [it, fresh] = format_ids().emplace(format, static_cast<int64_t>(formats().size()));
@@ -85,14 +101,11 @@ void register_debug_rules(OpDef* t) {
 void print(const Tensor& t, std::string format, std::source_location loc) {
   detail::SiteGuard site(loc);
   DUET_CHECK_VALUE(t.defined(), "[print] an undefined tensor");
-  try {
-    (void)fmt::format(fmt::runtime(format), std::string());
-  } catch (const fmt::format_error& e) {
-    DUET_CHECK_VALUE(false,
-                     "[print] the format \"{}\" does not format one tensor ({}); write \"{{}}\" "
-                     "where its values go",
-                     format, e.what());
-  }
+  const std::string why = detail::print_format_error(format);
+  DUET_CHECK_VALUE(why.empty(),
+                   "[print] the format \"{}\" does not format one tensor ({}); write \"{{}}\" "
+                   "where its values go",
+                   format, why);
   Attrs a;
   a.dim = detail::intern_format(format);
   const Tensor host = t.device().is_cpu() ? t.detach() : t.detach().to(Device::cpu());
