@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/call_site.h"
+#include "core/loss_options.h"
 #include "core/tensor.h"
 
 namespace duet {

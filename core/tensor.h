@@ -191,6 +191,10 @@ class Tensor {
 #undef DUET_API_METHOD_Free
 #undef DUET_API_METHOD_Like
 
+  /// select(0, index): the sub-tensor at `index` along the first dim, a view without it
+  /// (LibTorch's Tensor::operator[]).
+  Tensor operator[](int64_t index) const;
+
   /// In-place arithmetic, with broadcasting of the argument to this tensor's shape.
   Tensor& add_(const Tensor& other, DUET_HERE);
   Tensor& add_(Scalar other, DUET_HERE);

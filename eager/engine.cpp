@@ -100,15 +100,11 @@ std::mutex& leaf_lock(const TensorImpl* leaf) {
 void accumulate(TensorImpl* leaf, Tensor g, bool create_graph) {
   std::lock_guard<std::mutex> lock(leaf_lock(leaf));
   AutogradMeta& m = autograd_meta(*leaf);
-  if (!m.grad && mode_depth() > 0 && !create_graph) {
-    DUET_CHECK(!leaf->trace,
-               "[backward] reached an argument of shape {} of {} that requires grad: a compiled "
-               "function writes .grad only of tensors it captures (parameters). Return "
-               "duet::grad(loss, {{x}}) from the function instead, or call backward() on its "
-               "output outside it",
-               leaf->shape, leaf->trace ? leaf->trace->name : std::string());
-    materialize_grad(leaf);
-  }
+  // A captured leaf's missing .grad becomes a real buffer the trace captures ("Missing .grad"
+  // in docs/design.md). A traced leaf (an argument of a compiled function) keeps its gradient
+  // as a traced value, which the compiled call writes into the argument's .grad (Note
+  // [Argument gradients] in trace/compile.cpp).
+  if (!m.grad && mode_depth() > 0 && !create_graph && !leaf->trace) materialize_grad(leaf);
   if (!m.grad) {
     if (!create_graph && !(g.is_unique() && g.is_contiguous() && !g.requires_grad()))
       g = g.contiguous().is_same(g) ? g.clone() : g.contiguous();
@@ -117,6 +113,11 @@ void accumulate(TensorImpl* leaf, Tensor g, bool create_graph) {
   }
   Tensor cur(m.grad);
   if (create_graph) {
+    m.grad = (cur + g).impl_ptr();
+  } else if (leaf->trace) {
+    // An argument's .grad is an input of the trace, which may not be written in place: the sum
+    // is a new value, which the call copies into the argument's .grad buffer.
+    NoGradGuard ng;
     m.grad = (cur + g).impl_ptr();
   } else {
     NoGradGuard ng;

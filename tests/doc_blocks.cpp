@@ -21,7 +21,10 @@
 //
 // Those lines open the block's function. #line directives point every error at the markdown
 // file and line. The blocks are compiled and linked (each function is referenced from a table,
-// so nothing is dropped before the linker), not run: some need a GPU, a data set or a file.
+// so nothing is dropped before the linker). A statement block with such a prelude is also run
+// by test_docs, so an example that throws fails the suite, unless its prelude has a line
+// `// not run: <why>` (it needs a GPU that may be missing, several processes, ...): test_docs
+// lists those with their reasons.
 // A ```cmake block is tested by configuring a project made of it, with `path/to/duet` standing
 // for this source tree.
 #include <cctype>
@@ -132,7 +135,7 @@ int cpp(const std::string& out_path, const std::string& doc, const std::string& 
     for (const std::string& l : b.lines)
       if (starts_with(trim(l), "#include")) o << trim(l) << "\n";
   }
-  std::vector<std::string> statements, mains;
+  std::vector<std::string> statements, mains, runs;
   std::string id;  // the namespaces differ between docs, which link into one binary
   for (char c : shown) id += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
   int n = 0;
@@ -161,17 +164,26 @@ int cpp(const std::string& out_path, const std::string& doc, const std::string& 
       for (const std::string& l : b.lines) o << (starts_with(trim(l), "#include") ? "" : l) << "\n";
       o << "}\n";
       statements.push_back(ns + "::run");
+      std::string not_run;
+      for (const std::string& l : b.context)
+        if (starts_with(trim(l), "// not run:")) not_run = trim(trim(l).substr(11));
+      if (b.context_line)
+        runs.push_back("{" + std::to_string(b.first_line) + ", " + ns + "::run, " +
+                       quoted(not_run) + "}");
     }
     o << "}  // namespace " << ns << "\n";
   }
   o << "#line " << 1 << " " << quoted(out_path) << "\n";
-  o << "namespace duet_docs {\nvoid add(const char* doc, int blocks, std::vector<void (*)()> "
-       "statements,\n         std::vector<int (*)()> mains);\n}\n";
+  o << "namespace duet_docs {\nstruct Run {\n  int line;\n  void (*fn)();\n  const char* "
+       "not_run;\n};\nvoid add(const char* doc, int blocks, std::vector<void (*)()> "
+       "statements,\n         std::vector<int (*)()> mains, std::vector<Run> runs);\n}\n";
   o << "static const bool doc_blocks_registered = (duet_docs::add(" << quoted(shown) << ", " << n
     << ", {";
   for (const std::string& f : statements) o << f << ", ";
   o << "}, {";
   for (const std::string& f : mains) o << f << ", ";
+  o << "}, {";
+  for (const std::string& r : runs) o << r << ", ";
   o << "}), true);\n";
   write_if_changed(out_path, o.str());
   return 0;

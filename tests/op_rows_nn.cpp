@@ -219,30 +219,86 @@ OpRow mse_row(Shape s) {
           {}};
 }
 
-// logits (N, C) or (C); targets as class indices (a 0-d target for 1-D logits).
-OpRow cross_entropy_row(std::string name, Shape ls, std::vector<double> targets) {
-  const bool one = ls.size() == 1;
+// cross_entropy's options as a row states them; the reference below computes PyTorch's formulas
+// on plain doubles.
+struct CeCase {
+  std::string reduction = "mean";
+  int64_t ignore = -100;
+  double smoothing = 0;
+  std::vector<double> weight;  ///< per class; empty: none
+  bool probabilities = false;  ///< targets are a second input of the logits' shape
+};
+
+// The class dim is 1 (0 for 1-D logits); position p of the targets is the logits' position with
+// the class dim removed.
+std::vector<double> ref_cross_entropy(const Values& v, const Shape& ls,
+                                      const std::vector<double>& targets, const CeCase& o) {
+  const size_t cdim = ls.size() == 1 ? 0 : 1;
+  const int64_t c = ls[cdim];
+  Shape ts;
+  for (size_t d = 0; d < ls.size(); ++d)
+    if (d != cdim) ts.push_back(ls[d]);
+  auto w = [&](int64_t k) { return o.weight.empty() ? 1.0 : o.weight[size_t(k)]; };
+  std::vector<double> each;
+  double total = 0, denominator = 0;
+  for (int64_t i = 0; i < ts.numel(); ++i) {
+    std::vector<int64_t> p = unravel(i, ts);
+    auto at = [&](int64_t k) {
+      std::vector<int64_t> q = p;
+      q.insert(q.begin() + cdim, k);
+      return ravel(q, ls);
+    };
+    double m = -INFINITY, z = 0;
+    for (int64_t k = 0; k < c; ++k) m = std::max(m, v[0][at(k)]);
+    for (int64_t k = 0; k < c; ++k) z += std::exp(v[0][at(k)] - m);
+    auto lp = [&](int64_t k) { return v[0][at(k)] - m - std::log(z); };
+    double loss = 0;
+    if (o.probabilities) {
+      for (int64_t k = 0; k < c; ++k) {
+        const double pk = v[1][at(k)] * (1 - o.smoothing) + o.smoothing / double(c);
+        loss -= w(k) * pk * lp(k);
+      }
+      denominator += 1;
+    } else if (const int64_t t = int64_t(targets[size_t(i)]); t != o.ignore) {
+      double smooth = 0;
+      for (int64_t k = 0; k < c; ++k) smooth -= w(k) * lp(k);
+      loss = (1 - o.smoothing) * -w(t) * lp(t) + o.smoothing / double(c) * smooth;
+      denominator += w(t);
+    }
+    each.push_back(loss);
+    total += loss;
+  }
+  if (o.reduction == "none") return each;
+  return {o.reduction == "sum" ? total : total / denominator};
+}
+
+// logits (N, C, d1, ...) or (C); targets as class indices (N, d1, ...) (a 0-d target for 1-D
+// logits), or as probabilities (a second input).
+OpRow cross_entropy_row(std::string name, Shape ls, std::vector<double> targets, CeCase o = {}) {
+  const size_t cdim = ls.size() == 1 ? 0 : 1;
+  Shape ts;
+  for (size_t d = 0; d < ls.size(); ++d)
+    if (d != cdim) ts.push_back(ls[d]);
+  std::vector<Shape> shapes{ls};
+  if (o.probabilities) shapes.push_back(ls);
   OpRow r{name,
-          OpId::Gather,
+          o.probabilities ? OpId::Sum : OpId::Gather,
           true,
-          {ls},
+          shapes,
           [=](const Ins& in) {
-            Shape ts = one ? Shape{} : Shape{ls[0]};
-            return cross_entropy(in[0], make(targets, ts, DType::i64));
+            CrossEntropyOptions opts;
+            opts.ignore_index(o.ignore).label_smoothing(o.smoothing);
+            opts.reduction(o.reduction == "none"  ? Reduction::None
+                           : o.reduction == "sum" ? Reduction::Sum
+                                                  : Reduction::Mean);
+            if (!o.weight.empty()) opts.weight(make(o.weight, {ls[cdim]}, in[0].dtype()));
+            Tensor t = o.probabilities ? in[1] : make(targets, ts, DType::i64);
+            return cross_entropy(in[0], t, opts);
           },
-          [=](const Values& v) {
-            const int64_t c = ls[ls.size() - 1], n = one ? 1 : ls[0];
-            double acc = 0;
-            for (int64_t k = 0; k < n; ++k) {
-              double m = -INFINITY, total = 0;
-              for (int64_t j = 0; j < c; ++j) m = std::max(m, v[0][k * c + j]);
-              for (int64_t j = 0; j < c; ++j) total += std::exp(v[0][k * c + j] - m);
-              acc += m + std::log(total) - v[0][k * c + static_cast<int64_t>(targets[k])];
-            }
-            return std::vector<double>{acc / double(n)};
-          },
-          {}};
+          [=](const Values& v) { return ref_cross_entropy(v, ls, targets, o); },
+          o.reduction == "none" ? ts : Shape{}};
   r.domains = {kWide};
+  if (o.probabilities) r.domains = {kWide, Domain{0, 1, 0, 1}};
   return r;
 }
 
@@ -449,6 +505,28 @@ const std::vector<OpRow>& nn_rows() {
       cross_entropy_row("cross_entropy (3, 5), repeated targets", {3, 5}, {4, 4, 0}),
       cross_entropy_row("cross_entropy (4) with a 0-d target", {4}, {3}),
       cross_entropy_row("cross_entropy (1, 1)", {1, 1}, {0}),
+      cross_entropy_row("cross_entropy (4, 3) none", {4, 3}, {2, 0, 1, 2}, {.reduction = "none"}),
+      cross_entropy_row("cross_entropy (4, 3) sum", {4, 3}, {2, 0, 1, 2}, {.reduction = "sum"}),
+      cross_entropy_row("cross_entropy (5, 3) ignore_index -100", {5, 3}, {2, -100, 1, 0, -100}),
+      cross_entropy_row("cross_entropy (4, 3) ignore_index 1 none", {4, 3}, {1, 0, 1, 2},
+                        {.reduction = "none", .ignore = 1}),
+      cross_entropy_row("cross_entropy (4, 3) weight", {4, 3}, {2, 0, 1, 2},
+                        {.weight = {0.2, 1.5, 0.7}}),
+      cross_entropy_row("cross_entropy (4, 3) weight, ignore_index, smoothing", {4, 3},
+                        {2, 0, 1, 2}, {.ignore = 0, .smoothing = 0.1, .weight = {0.2, 1.5, 0.7}}),
+      cross_entropy_row("cross_entropy (4, 3) smoothing sum", {4, 3}, {2, 0, 1, 1},
+                        {.reduction = "sum", .smoothing = 0.3}),
+      cross_entropy_row("cross_entropy (2, 3, 4) K-dim smoothing", {2, 3, 4},
+                        {0, 1, 2, 1, 2, 2, 0, 0}, {.smoothing = 0.2}),
+      cross_entropy_row("cross_entropy (2, 3, 2) K-dim weight none", {2, 3, 2}, {0, 2, 1, 1},
+                        {.reduction = "none", .weight = {1.0, 0.5, 2.0}}),
+      cross_entropy_row("cross_entropy (3) 0-d target, smoothing", {3}, {1}, {.smoothing = 0.2}),
+      cross_entropy_row("cross_entropy (3, 4) probabilities", {3, 4}, {}, {.probabilities = true}),
+      cross_entropy_row("cross_entropy (3, 4) probabilities, weight, smoothing none", {3, 4}, {},
+                        {.reduction = "none",
+                         .smoothing = 0.1,
+                         .weight = {0.5, 1, 1.5, 2},
+                         .probabilities = true}),
       bce_row({3, 4}),
       bce_row({5}),
       bce_row({}),

@@ -780,4 +780,70 @@ TEST_CASE("probe: a pinned intermediate is read after each call, through fusion,
   CHECK(contains(error_of([] { probed("h"); }), "no value was pinned eagerly under \"h\""));
 }
 
+TEST_CASE("backward() inside a compiled function fills the .grad of its arguments, as eagerly") {
+  nn::Linear fc(3, 2);
+  auto step = [&](const Tensor& x) {
+    Tensor loss = (fc(x * x)).sum() + x.sum();
+    loss.backward();
+    // Reading the argument's .grad inside the function reads its accumulated value.
+    return std::vector<Tensor>{loss.detach(), x.grad() * 1.0};
+  };
+  auto f = compile(step);
+  const Tensor data = randn({4, 3}, Options().dtype(DType::f64));
+  fc.to(DType::f64);
+  auto run = [&](bool compiled, int calls) {
+    fc.zero_grad();
+    Tensor x = data.clone().requires_grad_();
+    std::vector<Tensor> outs;
+    for (int k = 0; k < calls; ++k) outs = compiled ? f(x) : step(x);
+    return std::make_pair(x, outs);
+  };
+  for (int calls : {1, 3}) {
+    CAPTURE(calls);
+    auto [xe, oe] = run(false, calls);
+    Tensor eager_w = fc.weight.grad().clone();
+    auto [xc, oc] = run(true, calls);
+    REQUIRE(xc.grad().defined());
+    CHECK(close(xc.grad(), xe.grad(), 1e-12));
+    CHECK(close(oc[1], oe[1], 1e-12));
+    CHECK(close(fc.weight.grad(), eager_w, 1e-12));
+  }
+  // Later calls add into the same buffer: a handle taken after the first call sees the sum.
+  Tensor x = data.clone().requires_grad_();
+  f(x);
+  Tensor held = x.grad();
+  f(x);
+  CHECK(x.grad().is_same(held));
+  CHECK(close(held, step(data.clone().requires_grad_())[1] * 2.0, 1e-12));
+  // A fresh leaf gets a .grad of its own.
+  Tensor y = data.clone().requires_grad_();
+  f(y);
+  CHECK(!y.grad().is_same(held));
+  // With and without a .grad: two entries, and the retrace says why.
+  CHECK(f.stats().traces == 2);
+  bool said = false;
+  for (const std::string& r : f.stats().retrace_reasons)
+    said = said || contains(r, "the arguments that have a .grad changed: none -> arg 0");
+  CHECK(said);
+}
+
+TEST_CASE("backward() inside a compiled function: a non-leaf argument, and one passed twice") {
+  auto f = compile([](const Tensor& a) {
+    (a * a).sum().backward();
+    return a.detach();
+  });
+  Tensor leaf = randn({3}).requires_grad_();
+  Tensor non_leaf = leaf * 2;
+  const std::string msg = error_of([&] { f(non_leaf); });
+  CHECK_MESSAGE(contains(msg, "not a leaf"), msg);
+  auto g = compile([](const Tensor& a, const Tensor& b) {
+    (a * b).sum().backward();
+    return a.detach();
+  });
+  Tensor z = randn({3}).requires_grad_();
+  CHECK(contains(error_of([&] { g(z, z); }), "are the same tensor"));
+  // Saving such a function is refused: a program cannot write its caller's tensors.
+  CHECK(contains(error_of([&] { save(f, "/tmp/duet_arg_grad.duet", leaf); }), "writes its .grad"));
+}
+
 }  // namespace duet::test

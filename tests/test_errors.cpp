@@ -525,17 +525,22 @@ const std::vector<ErrorRow>& error_rows() {
        [] {
          cross_entropy(f32({2, 3}), of({2}, D::f32));
        },
-       Kind::DType, "[cross_entropy] targets must be i64 class indices, got f32 of shape (2)"},
+       Kind::Shape,
+       "[cross_entropy] class probabilities must have the logits' shape: logits (2, 3) and "
+       "targets (2)"},
       {"nn",
        [] {
          cross_entropy(f32({2, 3}), of({2}, D::i32));
        },
-       Kind::DType, "[cross_entropy]"},
+       Kind::DType,
+       "[cross_entropy] targets must be i64 class indices or floating class probabilities, got "
+       "i32 of shape (2)"},
       {"nn",
        [] {
          cross_entropy(f32({2, 3}), of({3}, D::i64));
        },
-       Kind::Shape, "[cross_entropy] expected logits (N, C) with targets (N)"},
+       Kind::Shape,
+       "[cross_entropy] expected logits (N, C, d1, ...) with class indices (N, d1, ...)"},
       {"nn",
        [] {
          cross_entropy(f32({2, 3, 4}), of({2}, D::i64));

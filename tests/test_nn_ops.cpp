@@ -176,6 +176,51 @@ TEST_CASE("gradients of the composites against hand-written closed forms") {
   check_closed("mse_loss (target)", gm[1], want);
 }
 
+TEST_CASE("cross_entropy's options: the string and enum reductions, and typed errors") {
+  const Tensor x = randn({4, 3}, kF64), y = make({2, 0, 1, 2}, {4}, DType::i64);
+  // The reduction as PyTorch spells it, as the enum, and in the options give one value.
+  CHECK(values(cross_entropy(x, y, "none")) == values(cross_entropy(x, y, Reduction::None)));
+  CHECK(cross_entropy(x, y, "none").sizes() == Shape{4});
+  CHECK(values(cross_entropy(x, y, "sum")) ==
+        values(cross_entropy(x, y, CrossEntropyOptions().reduction(Reduction::Sum))));
+  CHECK(values(cross_entropy(x, y, "mean")) == values(cross_entropy(x, y)));
+  // The default ignore_index is -100, as PyTorch's: such a target leaves the mean.
+  const Tensor padded = make({2, -100, 1, 2}, {4}, DType::i64);
+  const std::vector<double> each = values(cross_entropy(x, padded, "none"));
+  CHECK(each[1] == 0);
+  CHECK(std::abs(cross_entropy(x, padded).item<double>() - (each[0] + each[2] + each[3]) / 3) <
+        1e-14);
+  // Every target ignored: the mean of nothing is NaN, as in PyTorch.
+  CHECK(std::isnan(cross_entropy(x, full({4}, -100, Options().dtype(DType::i64))).item<double>()));
+  CHECK(starts_with(error_of<ValueError>([&] { cross_entropy(x, y, "average"); }),
+                    "[cross_entropy] reduction must be"));
+  CHECK(starts_with(error_of<ValueError>(
+                        [&] { cross_entropy(x, y, CrossEntropyOptions().label_smoothing(1.5)); }),
+                    "[cross_entropy] label_smoothing"));
+  const std::string shape_msg = error_of<ShapeError>(
+      [&] { cross_entropy(x, y, CrossEntropyOptions().weight(ones({4}, kF64))); });
+  CHECK_MESSAGE(starts_with(shape_msg, "[cross_entropy] weight must be 1-D"), shape_msg);
+  CHECK_MESSAGE(contains(shape_msg, "(4, 3)"), shape_msg);
+  CHECK(starts_with(
+      error_of<DTypeError>([&] { cross_entropy(x, y, CrossEntropyOptions().weight(ones({3}))); }),
+      "[cross_entropy] weight must have the logits' dtype"));
+  CHECK(starts_with(error_of<DTypeError>([&] { cross_entropy(x, y.to(DType::i32)); }),
+                    "[cross_entropy] targets must be i64"));
+  CHECK(starts_with(error_of<ShapeError>([&] {
+                      cross_entropy(x, make({1, 2}, {2}, DType::i64));
+                    }),
+                    "[cross_entropy] expected logits"));
+  CHECK(starts_with(error_of<ShapeError>([&] {
+                      cross_entropy(x, zeros({4, 2}, kF64));
+                    }),
+                    "[cross_entropy] class probabilities must have the logits' shape"));
+  // A class index out of range that is not ignore_index names cross_entropy.
+  const std::string range = error_of<ValueError>([&] {
+    cross_entropy(x, make({2, 0, 3, 2}, {4}, DType::i64));
+  });
+  CHECK_MESSAGE(starts_with(range, "[cross_entropy]"), range);
+}
+
 TEST_CASE("binary_cross_entropy_with_logits: gradient sigmoid(x) - y, also at x = 0") {
   const std::vector<double> xv = {0, 0, -0.0, 1e4, -1e4, 30, -30, 0.5},
                             yv = {0, 1, 0.5, 0, 1, 1, 0, 0.25};

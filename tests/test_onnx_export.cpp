@@ -404,6 +404,36 @@ TEST_CASE(
   std::remove(path.c_str());
 }
 
+TEST_CASE(
+    "export_onnx: cross_entropy with every option, and its gradient, under a symbolic batch, "
+    "in ONNX Runtime" *
+    doctest::skip(skip_ort())) {
+  // Class weights, label smoothing, an ignored class, each reduction, and the gradient of the
+  // logits: one model, a symbolic batch.
+  const Tensor weight = tensor({0.5, 1.0, 2.0, 0.25});
+  auto f = compile([&](const Tensor& logits, const Tensor& y) {
+    CrossEntropyOptions o;
+    o.weight(weight).label_smoothing(0.1).ignore_index(3);
+    Tensor mean_loss = cross_entropy(logits, y, o);
+    Tensor sum_loss = cross_entropy(logits, y, CrossEntropyOptions(o).reduction(Reduction::Sum));
+    Tensor each = cross_entropy(logits, y, "none");
+    std::vector<Tensor> g = grad({mean_loss}, {logits});
+    return std::vector<Tensor>{mean_loss, sum_loss, each, g[0]};
+  });
+  const std::string path = temp("cross_entropy.onnx");
+  OnnxExportOptions eo;
+  eo.dynamic = {{0, 0}, {1, 0}};
+  export_onnx(f, path, eo, randn({5, 4}).requires_grad_(), randint(4, {5}));
+  for (int64_t batch : {5, 7}) {
+    CAPTURE(batch);
+    const Tensor x = randn({batch, 4}).requires_grad_();
+    Tensor y = randint(4, {batch});
+    y.data_ptr<int64_t>()[0] = 3;  // one ignored target
+    run_and_compare(path, {x, y}, f(x, y));
+  }
+  std::remove(path.c_str());
+}
+
 TEST_CASE("export_onnx: a Program's gradient (grad() in the builder) runs in ONNX Runtime" *
           doctest::skip(skip_ort())) {
   Program p([] {

@@ -167,6 +167,14 @@ std::vector<MethodRow> method_rows() {
   row(
       "slice", [=] { return one(x.slice(1, 1, 4, 2)); }, [=] { return one(slice(x, 1, 1, 4, 2)); });
   row(
+      "select",
+      [=] {
+        return Results{x.select(1, -2), x[1]};
+      },
+      [=] {
+        return Results{select(x, 1, -2), select(x, 0, 1)};
+      });
+  row(
       "slice_scatter", [=] { return one(x.slice_scatter(y.slice(0, 0, 1), 0, 2, 3)); },
       [=] { return one(slice_scatter(x, slice(y, 0, 0, 1), 0, 2, 3)); });
   row(
@@ -360,6 +368,47 @@ TEST_CASE("flatten, t and expand_as: torch's shapes, errors, symbolic dims under
     CHECK(close(f(a), flat + expand(mean(flat, 1, true), {n, 6}), 1e-12));
   }
   CHECK(f.stats().traces == 1);
+}
+
+TEST_CASE("select and x[i]: views without the dim, negative indices, typed errors, compiled") {
+  Tensor x = arange(24, f64()).reshape({2, 3, 4});
+  CHECK(x[1].sizes() == Shape{3, 4});
+  CHECK(x.select(2, -1).sizes() == Shape{2, 3});
+  CHECK(values(x.select(2, -1)) == std::vector<double>{3, 7, 11, 15, 19, 23});
+  CHECK(values(x[-1][0]) == std::vector<double>{12, 13, 14, 15});
+  CHECK(x[0][2][3].dim() == 0);
+  CHECK(x[0][2][3].item<double>() == 11);
+  // A view: a write through it reaches x.
+  Tensor row = x[1][0];
+  CHECK(same_storage(row, x));
+  row.mul_(0);
+  CHECK(values(x)[12] == 0);
+  CHECK(values(x)[11] == 11);
+  for (int64_t bad : {3, -4}) {
+    const std::string msg = error_of<ValueError>([&] { x.select(1, bad); });
+    CHECK_MESSAGE(starts_with(msg, "[select]"), msg);
+    CHECK_MESSAGE(contains(msg, "(2, 3, 4)"), msg);
+  }
+  CHECK(starts_with(error_of<ValueError>([&] { x[2]; }), "[select]"));
+  CHECK(starts_with(error_of<ValueError>([&] { scalar(1.0)[0]; }), "[select]"));
+  CHECK(starts_with(error_of<ValueError>([&] { x.select(3, 0); }), "[select]"));
+  // Gradients flow back into the selected elements only.
+  Tensor w = randn({3, 4}, f64()).requires_grad_();
+  (w[1] * 2).sum().backward();
+  std::vector<double> g = values(w.grad());
+  for (size_t i = 0; i < g.size(); ++i) CHECK(g[i] == (i / 4 == 1 ? 2.0 : 0.0));
+  // Compiled, with a symbolic first dim: -1 picks the last row of every size, one trace.
+  CompileOptions o;
+  o.dynamic = {{0, 0}};
+  auto f = compile([](const Tensor& a) { return a[-1] * 2 + a.select(1, 0).sum(); }, o);
+  for (int64_t n : {2, 3, 5}) {
+    Tensor a = randn({n, 4}, f64());
+    CHECK(close(f(a), select(a, 0, n - 1) * 2 + sum(select(a, 1, 0)), 1e-12));
+  }
+  CHECK(f.stats().traces == 1);
+  // Out of range under compile is the same error.
+  auto g1 = compile([](const Tensor& a) { return a.select(0, 7); });
+  CHECK(starts_with(error_of<ValueError>([&] { g1(zeros({3, 2})); }), "[select]"));
 }
 
 }  // namespace duet::test

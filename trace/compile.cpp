@@ -10,6 +10,7 @@
 #include "cuda/cuda.h"
 #include "eager/autograd.h"
 #include "eager/node.h"
+#include "trace/arg_grads.h"
 #include "trace/executor.h"
 #include "trace/guards.h"
 #include "trace/passes.h"
@@ -181,8 +182,7 @@ struct CompiledCore::Entry : EntryGuards {
     std::string why;
   };
   std::vector<ValueGuard> value_guards;
-  std::vector<std::string> labels;  ///< per tensor argument: "arg 0", "arg 1[2]"
-  uint64_t used = 0;                ///< CompiledCore::clock_ at its latest call
+  uint64_t used = 0;  ///< CompiledCore::clock_ at its latest call
   /// Its timings (CompileStats::signatures); recent holds the latest cached calls' durations
   /// in microseconds, a ring of kRecent.
   SignatureStats timing;
@@ -191,8 +191,11 @@ struct CompiledCore::Entry : EntryGuards {
   size_t next_recent = 0;
 
   size_t num_outputs = 0;
-  /// The names of the probes, whose values are the last of the num_outputs results.
+  /// The names of the probes, whose values come after the function's results.
   std::vector<std::string> probe_names;
+  /// The arguments whose .grad the function writes, whose values are the last results (Note
+  /// [Argument gradients] in trace/arg_grads.cpp).
+  std::vector<size_t> arg_grads;
   /// Differentiation: the tensors gradients flow to (an argument index, or a captured tensor).
   struct Source {
     int arg = -1;
@@ -347,10 +350,12 @@ CacheExplanation CompiledCore::explain() const {
   return x;
 }
 
-std::vector<Tensor> CompiledCore::call(const FlatArgs& args, const TraceFn& fn) {
+std::vector<Tensor> CompiledCore::call(const FlatArgs& plain, const TraceFn& fn) {
   // Inside another trace, a compiled function is inlined into it (as nested jit in JAX).
-  if (Tracer::current()) return fn(args.tensors);
+  if (Tracer::current()) return fn(plain.tensors);
   const auto call_start = std::chrono::steady_clock::now();
+  FlatArgs with_grads;
+  const FlatArgs& args = with_arg_grads(plain, with_grads) ? with_grads : plain;
   std::vector<TensorSig> sig = call_signature(args, label_);
   const bool gm = grad_mode();
   std::unique_lock<std::mutex> lock(mu_);
@@ -359,6 +364,7 @@ std::vector<Tensor> CompiledCore::call(const FlatArgs& args, const TraceFn& fn) 
   std::vector<Tensor> outs;
   std::string value_why;
   if (run_cached(args, sig, gm, outs, value_why, lock)) {
+    write_arg_grads(last_->arg_grads, args, outs);
     take_probes(*last_, outs);
     return outs;
   }
@@ -389,7 +395,7 @@ std::vector<Tensor> CompiledCore::call(const FlatArgs& args, const TraceFn& fn) 
       }
       ++stats_.eager_calls;
       lock.unlock();
-      return fn(args.tensors);
+      return fn(plain.tensors);
     }
     stats_.retrace_reasons.push_back(why);
     warn_changed_again(args, sig);
@@ -417,6 +423,7 @@ std::vector<Tensor> CompiledCore::call(const FlatArgs& args, const TraceFn& fn) 
   e->timing.plan_ms = stats_.plan_ms;
   e->timing.codegen_ms = cuda::codegen_stats().build_ms - nvrtc_before;
   e->timing.first_call_ms = ms_since(call_start);
+  write_arg_grads(e->arg_grads, args, outs);
   take_probes(*e, outs);
   return outs;
 }
@@ -431,6 +438,11 @@ CompiledCore::Prepared CompiledCore::prepare(const FlatArgs& args, const TraceFn
     it = sig[it->first].contiguous ? std::next(it) : dynamic.erase(it);
   std::vector<int64_t> hints;
   Entry* e = trace_specializing(args, fn, sig, dynamic, hints);
+  DUET_CHECK_VALUE(e->arg_grads.empty(),
+                   "[compile] {} runs a backward that reaches {} and writes its .grad: save, "
+                   "export_onnx and check_against_eager take functions that write none of "
+                   "their arguments. Return duet::grad(loss, {{x}}) from the function instead",
+                   label_, args.labels[e->arg_grads[0]]);
   e->sig = std::move(sig);
   e->labels = args.labels;
   e->statics = args.statics;
@@ -575,7 +587,7 @@ CompiledCore::Entry* CompiledCore::trace(const FlatArgs& args, const TraceFn& fn
                              symbolic_dims(args.tensors[i], dim_sym, i)));
     SymContextGuard sym_scope(dim_sym.empty() ? nullptr : &syms);
     ModeGuard mode(&tr);
-    outs = fn(sym);
+    outs = fn(bind_arg_grads(args, sym));
     for (size_t i = 0; i < outs.size(); ++i)
       DUET_CHECK(outs[i].defined(), "[compile] {} returned an undefined tensor as output {}",
                  label_, i);
@@ -584,6 +596,8 @@ CompiledCore::Entry* CompiledCore::trace(const FlatArgs& args, const TraceFn& fn
       e->probe_names.push_back(name);
       outs.push_back(t);
     }
+    // Then the .grad values of the arguments a backward reached.
+    e->arg_grads = collect_arg_grads(args, sym, label_, outs);
     // A tensor returned without being read by an op (a parameter returned as it is) is captured
     // now, so that it is among the sources below and its gradient reaches it.
     for (const Tensor& o : outs)

@@ -187,6 +187,9 @@ struct FlatArgs {
   std::vector<Tensor> tensors;
   std::vector<std::string> labels;   ///< per tensor: "arg 0", "arg 1[2]"
   std::vector<std::string> statics;  ///< per static argument: "arg 2 = 3"
+  /// The last grad_of.size() tensors are the .grad buffers of these tensors (Note [Argument
+  /// gradients] in trace/arg_grads.cpp); the function takes the others.
+  std::vector<size_t> grad_of;
 };
 using TraceFn = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
 

@@ -115,6 +115,17 @@ std::string miss_reason(const EntryGuards& p, const std::vector<TensorSig>& sig,
     std::string b = i < args.statics.size() ? args.statics[i] : "nothing";
     if (a != b) why = fmt::format("static argument changed: {} -> {}", a, b);
   }
+  // The .grad of an argument is an input of its own (Note [Argument gradients]).
+  auto grads_of = [](const std::vector<std::string>& labels) {
+    std::string r;
+    for (const std::string& l : labels)
+      if (l.size() > 5 && l.compare(l.size() - 5, 5, ".grad") == 0)
+        r += fmt::format("{}{}", r.empty() ? "" : ", ", l.substr(0, l.size() - 5));
+    return r.empty() ? std::string("none") : r;
+  };
+  if (why.empty() && grads_of(p.labels) != grads_of(args.labels))
+    why = fmt::format("the arguments that have a .grad changed: {} -> {}", grads_of(p.labels),
+                      grads_of(args.labels));
   std::string dims_changed;
   for (size_t i = 0; why.empty() && i < sig.size() && i < p.sig.size(); ++i) {
     const TensorSig& a = p.sig[i];

@@ -84,6 +84,7 @@ struct EntryGuards {
   int32_t num_symbols = 0;
   std::vector<SymGuard> guards;
   std::vector<std::string> statics;
+  std::vector<std::string> labels;  ///< per tensor input: "arg 0", "arg 1[2]", "arg 0.grad"
   bool grad_mode = true;
   /// Captured tensors that require grad at trace time, and those that do not: the trace
   /// depends on the flags.

@@ -243,24 +243,143 @@ Tensor mse_loss(const Tensor& pred, const Tensor& target, std::source_location l
   });
 }
 
-Tensor cross_entropy(const Tensor& logits, const Tensor& targets, std::source_location loc) {
+namespace {
+
+// The per-class weight laid along the class dim of a (N, C, d1, ...) input: (C, 1, ..., 1).
+Tensor weight_along_classes(const Tensor& w, const Tensor& lp, int64_t cdim) {
+  if (cdim == 0) return w;
+  Shape s{w.size(0)};
+  for (int64_t d = cdim + 1; d < lp.dim(); ++d) s.push_back(1);
+  return reshape(w, s);
+}
+
+void check_ce_options(const Tensor& logits, const CrossEntropyOptions& o, int64_t cdim) {
+  const double s = o.label_smoothing();
+  DUET_CHECK_VALUE(s >= 0.0 && s <= 1.0,
+                   "[cross_entropy] label_smoothing must be in [0, 1], got {}", s);
+  const Tensor& w = o.weight();
+  if (!w.defined()) return;
+  DUET_CHECK_SHAPE(
+      w.dim() == 1 && detail::size_is(w, 0, detail::sym_dims(logits)[cdim], "cross_entropy"),
+      "[cross_entropy] weight must be 1-D with one element per class: logits {} "
+      "have {} classes, weight has shape {}",
+      detail::dims_str(detail::sym_dims(logits)), detail::sym_dims(logits)[cdim].str(), w.sizes());
+  DUET_CHECK_DTYPE(w.dtype() == logits.dtype(),
+                   "[cross_entropy] weight must have the logits' dtype {}, got {}", logits.dtype(),
+                   w.dtype());
+}
+
+// Class-index targets: PyTorch's nll_loss of log_softmax, with the label-smoothing term
+// -sum_c w_c lp_c on the targets not ignored, both reduced over the same denominator.
+Tensor ce_indices(const Tensor& lp, const Tensor& targets, const CrossEntropyOptions& o,
+                  int64_t cdim) {
+  const SymDims ls = detail::sym_dims(lp);
+  bool fits =
+      (lp.dim() == 1 && targets.dim() == 0) || (lp.dim() >= 2 && targets.dim() == lp.dim() - 1);
+  for (int64_t d = 0; fits && lp.dim() >= 2 && d < targets.dim(); ++d)
+    fits = detail::size_is(targets, d, ls[d == 0 ? 0 : d + 1], "cross_entropy");
+  DUET_CHECK_SHAPE(fits,
+                   "[cross_entropy] expected logits (N, C, d1, ...) with class indices (N, d1, "
+                   "...), or (C) with a 0-d index; got logits {} and targets {}",
+                   detail::dims_str(ls), detail::dims_str(detail::sym_dims(targets)));
+  Tensor valid = ne(targets, o.ignore_index());
+  Tensor safe = where(valid, targets, 0);  // an ignored target reads class 0, then is zeroed
+  Tensor nll = where(valid, neg(squeeze(gather(lp, cdim, unsqueeze(safe, cdim)), cdim)), 0.0);
+  const Tensor& w = o.weight();
+  // Per target: its class's weight, 0 where ignored (the mean's denominator adds them).
+  Tensor wt = valid.to(lp.dtype());
+  if (w.defined()) {
+    wt = wt * detail::reshape_dims(index_select(w, 0, flatten(safe)), detail::sym_dims(targets));
+    nll = nll * wt;
+  }
+  Tensor loss = nll;
+  if (const double s = o.label_smoothing(); s > 0) {
+    Tensor terms = w.defined() ? lp * weight_along_classes(w, lp, cdim) : lp;
+    Tensor smooth = where(valid, neg(sum(terms, cdim)), 0.0);
+    loss = nll * (1.0 - s) + smooth * (s / static_cast<double>(lp.size(cdim)));
+  }
+  switch (o.reduction()) {
+    case Reduction::None:
+      return loss;
+    case Reduction::Sum:
+      return sum(loss);
+    case Reduction::Mean:
+      break;
+  }
+  return sum(loss) / sum(wt);
+}
+
+// Class-probability targets: -sum_c w_c p_c lp_c per row, smoothed towards uniform; the mean is
+// over the rows (PyTorch's).
+Tensor ce_probabilities(const Tensor& lp, const Tensor& targets, const CrossEntropyOptions& o,
+                        int64_t cdim) {
+  DUET_CHECK_SHAPE(detail::same_shape(lp, targets, "cross_entropy"),
+                   "[cross_entropy] class probabilities must have the logits' shape: logits {} "
+                   "and targets {}",
+                   detail::dims_str(detail::sym_dims(lp)),
+                   detail::dims_str(detail::sym_dims(targets)));
+  DUET_CHECK_DTYPE(targets.dtype() == lp.dtype(),
+                   "[cross_entropy] class probabilities must have the logits' dtype {}, got {}",
+                   lp.dtype(), targets.dtype());
+  Tensor p = targets;
+  if (const double s = o.label_smoothing(); s > 0)
+    p = p * (1.0 - s) + s / static_cast<double>(lp.size(cdim));
+  Tensor terms = lp * p;
+  if (o.weight().defined()) terms = terms * weight_along_classes(o.weight(), lp, cdim);
+  Tensor loss = neg(sum(terms, cdim));
+  switch (o.reduction()) {
+    case Reduction::None:
+      return loss;
+    case Reduction::Sum:
+      return sum(loss);
+    case Reduction::Mean:
+      break;
+  }
+  return mean(loss);
+}
+
+Reduction parse_reduction(std::string_view r) {
+  if (r == "none") return Reduction::None;
+  if (r == "sum") return Reduction::Sum;
+  DUET_CHECK_VALUE(r == "mean",
+                   "[cross_entropy] reduction must be \"none\", \"mean\" or \"sum\", got \"{}\"",
+                   r);
+  return Reduction::Mean;
+}
+
+}  // namespace
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets,
+                     const CrossEntropyOptions& options, std::source_location loc) {
   detail::SiteGuard site(loc);
   return detail::as_op("cross_entropy", [&]() -> Tensor {
     DUET_CHECK_DTYPE(is_floating(logits.dtype()), "[cross_entropy] logits must be floating, got {}",
                      logits.dtype());
-    DUET_CHECK_DTYPE(targets.dtype() == DType::i64,
-                     "[cross_entropy] targets must be i64 class indices, got {} of shape {}",
-                     targets.dtype(), targets.sizes());
-    DUET_CHECK_SHAPE((logits.dim() == 2 && targets.dim() == 1 &&
-                      detail::size_is(targets, 0, detail::sym_dims(logits)[0], "cross_entropy")) ||
-                         (logits.dim() == 1 && targets.dim() == 0),
-                     "[cross_entropy] expected logits (N, C) with targets (N), or (C) with a 0-d "
-                     "target; got {} and {}",
-                     logits.sizes(), targets.sizes());
-    const int64_t cdim = logits.dim() - 1;
+    DUET_CHECK_SHAPE(logits.dim() >= 1,
+                     "[cross_entropy] logits must have a class dim: (N, C, d1, ...) or (C), got a "
+                     "0-d tensor");
+    const int64_t cdim = logits.dim() == 1 ? 0 : 1;
+    check_ce_options(logits, options, cdim);
     Tensor lp = log_softmax(logits, cdim);
-    return neg(mean(gather(lp, cdim, unsqueeze(targets, cdim))));
+    if (is_floating(targets.dtype())) return ce_probabilities(lp, targets, options, cdim);
+    DUET_CHECK_DTYPE(targets.dtype() == DType::i64,
+                     "[cross_entropy] targets must be i64 class indices or floating class "
+                     "probabilities, got {} of shape {}",
+                     targets.dtype(), detail::dims_str(detail::sym_dims(targets)));
+    return ce_indices(lp, targets, options, cdim);
   });
+}
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, Reduction reduction,
+                     std::source_location loc) {
+  return cross_entropy(logits, targets, CrossEntropyOptions().reduction(reduction), loc);
+}
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, std::string_view reduction,
+                     std::source_location loc) {
+  detail::SiteGuard site(loc);
+  return cross_entropy(logits, targets, CrossEntropyOptions().reduction(parse_reduction(reduction)),
+                       loc);
 }
 
 Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& targets,

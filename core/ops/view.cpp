@@ -1,6 +1,7 @@
 // Views: reshape, permute, slice and expand are new metadata over the same storage. transpose,
 // squeeze and unsqueeze are composed from them. Reshape copies only when no strides express it.
 #include <algorithm>
+#include <limits>
 
 #include "core/dispatch.h"
 #include "core/ops.h"
@@ -413,6 +414,35 @@ Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end, int64_t s
              std::source_location loc) {
   detail::SiteGuard site(loc);
   return detail::view_call(OpId::Slice, x, slice_attrs("slice", x, dim, start, end, step));
+}
+
+// select is slice(index, index + 1) without the dim: a view of the same storage, so eager and
+// traced code share slice's view rule. With a symbolic size the bound check is decided at the
+// traced size and guarded, as slice's bounds are.
+Tensor select(const Tensor& x, int64_t dim, int64_t index, std::source_location loc) {
+  detail::SiteGuard site(loc);
+  DUET_CHECK_VALUE(x.dim() > 0, "[select] cannot select index {} of a 0-d {} tensor", index,
+                   x.dtype());
+  dim = detail::wrap_dim("select", dim, x.dim());
+  const SymDims dims = detail::sym_dims(x);
+  const SymInt& n = dims[static_cast<size_t>(dim)];
+  using detail::SymRel;
+  const bool in_range = index >= 0 ? detail::sym_decide(SymInt(index), SymRel::Lt, n, "select")
+                                   : detail::sym_decide(SymInt(-index), SymRel::Le, n, "select");
+  DUET_CHECK_VALUE(in_range,
+                   "[select] index {} is out of range for dim {} of size {} (shape {}, {}): "
+                   "expected an index in [-{}, {})",
+                   index, dim, n.str(), detail::dims_str(dims), x.dtype(), n.str(), n.str());
+  // -1 selects the last element: its slice runs to the end, not to 0.
+  const int64_t end = index == -1 ? std::numeric_limits<int64_t>::max() : index + 1;
+  Tensor s = slice(x, dim, index, end, 1, loc);
+  SymDims out = detail::sym_dims(s);
+  out.erase(out.begin() + dim);
+  return detail::reshape_dims(s, out);
+}
+
+Tensor Tensor::operator[](int64_t index) const {
+  return duet::select(*this, 0, index, std::source_location::current());
 }
 
 Tensor slice_scatter(const Tensor& base, const Tensor& src, int64_t dim, int64_t start, int64_t end,
