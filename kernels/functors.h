@@ -469,7 +469,7 @@ DUET_COMPARE_FUNCTOR(Ne, a != b)
 // and so mean, var, softmax's and layer_norm's statistics; eager, fused, generated and CUDA)
 // adds in a cascade instead, as NumPy's pairwise and PyTorch's cascade sums do:
 //  - values are added serially only within a short block: on the CPU kCascadeBlock packets in
-//    four accumulators (eight deep in each lane), a block of rows for a sum over columns
+//    four accumulators (sixteen deep in each lane), a block of rows for a sum over columns
 //    (ColumnCascade), a few values per CUDA thread (CascadeRun);
 //  - block sums go into a binary counter (Cascade): level k holds the sum of 2^k blocks, and
 //    each new block carries upwards as in an increment, so blocks add as a balanced tree;
@@ -535,8 +535,8 @@ struct CascadeRun {
 };
 
 #if !defined(__CUDACC__)
-/// Packets in one block of cascade_packets: four accumulators, eight packets deep.
-inline constexpr int kCascadeBlock = 32;
+/// Packets in one block of cascade_packets: four accumulators, sixteen packets deep.
+inline constexpr int kCascadeBlock = 64;
 
 /// The sum reduction as cascade_packets, fold_lanes and ColumnCascade take one (the generated
 /// kernels' RedMax and RedMin have the same three members).
@@ -628,7 +628,7 @@ class ColumnCascade {
  public:
   using P = typename ei::packet_traits<T>::type;
   static constexpr int64_t W = ei::packet_traits<T>::size;
-  static constexpr int kRows = 16, kLevels = 20;
+  static constexpr int kRows = 32, kLevels = 20;
   static_assert(kCols % W == 0, "whole packets of columns");
 
   explicit ColumnCascade(int64_t width) : width_((width + W - 1) / W * W) { clear(block_); }

@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <limits>
+#include <memory>
 
 #include "kernels/functors.h"
 #include "kernels/loops.h"
@@ -298,12 +299,20 @@ class Interp {
   };
   template <class R>
   void run_outer_with(int64_t begin, int64_t end) {
-    constexpr int64_t kCols = 4096 / sizeof(T);
+    // Rows of up to 16 KiB, which the prefetchers stream; the accumulators are too large for a
+    // worker's stack: one per thread, reused (trivially destructible).
+    constexpr int64_t kCols = 16384 / sizeof(T);
+    using Columns = fn::ColumnCascade<T, R, kCols>;
+    static thread_local std::unique_ptr<Columns> columns;
     T* out = static_cast<T*>(a_.red_out);
     const int64_t width = std::min(block_, kCols);
     for (int64_t j = begin; j < end; j += width) {
       const int64_t m = std::min(width, end - j);
-      fn::ColumnCascade<T, R, kCols> acc(m);
+      if (columns)
+        std::construct_at(columns.get(), m);
+      else
+        columns = std::make_unique<Columns>(m);
+      Columns& acc = *columns;
       for (int64_t i = 0; i < a_.outer; ++i) {
         block(i * a_.inner + j, m);
         acc.add(reg_[p_.reduce_src], m);

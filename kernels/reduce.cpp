@@ -178,23 +178,35 @@ void reduce_outputs(const T* px, const Dims& kept, const Dims& red, T* po) {
 }
 
 // By columns: the innermost kept dim (C outputs side by side, contiguous in the input) in tiles
-// of up to kCols, each tile folded over every reduced element; work unit u is tile u % tiles of
-// the outputs' row u / tiles.
+// of up to kCols (whole rows of up to 16 KiB, which the prefetchers stream; narrower when the
+// tiles would leave threads idle), each tile folded over every reduced element; work unit u is
+// tile u % tiles of the outputs' row u / tiles. A column's sum does not depend on the tiles.
 template <class Op, class T>
 void reduce_columns(const T* px, const Dims& kept, const Dims& red, T* po) {
-  constexpr int64_t kCols = std::is_floating_point_v<T> ? 4096 / sizeof(T) : 1024;
+  constexpr int64_t kCols = std::is_floating_point_v<T> ? 16384 / sizeof(T) : 1024;
   const int64_t C = kept.size[kept.n - 1], nrows = kept.numel() / C, nred = red.numel();
-  const int64_t tiles = (C + kCols - 1) / kCols;
-  const int64_t grain = std::max<int64_t>(1, kParallelGrain / (std::min(C, kCols) * nred));
+  const int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
+  int64_t tile = kCols;
+  if (nrows * ((C + tile - 1) / tile) < nt)
+    tile = std::min(kCols, std::max<int64_t>(64, ((C + nt - 1) / nt + 63) / 64 * 64));
+  const int64_t tiles = (C + tile - 1) / tile;
+  const int64_t grain = std::max<int64_t>(1, kParallelGrain / (std::min(C, tile) * nred));
   parallel_for(
       nrows * tiles, grain,
       [&](int64_t b, int64_t e) {
         for (int64_t u = b; u < e; ++u) {
-          const int64_t q = u / tiles, j0 = u % tiles * kCols, m = std::min(kCols, C - j0);
+          const int64_t q = u / tiles, j0 = u % tiles * tile, m = std::min(tile, C - j0);
           const T* base = px + kept.offset(q, kept.n - 1) + j0;
           T* out = po + q * C + j0;
           if constexpr (std::is_floating_point_v<T>) {
-            fn::ColumnCascade<T, typename Op::R, kCols> cc(m);
+            // Too large for a worker's stack: one per thread, reused (trivially destructible).
+            using Columns = fn::ColumnCascade<T, typename Op::R, kCols>;
+            static thread_local std::unique_ptr<Columns> columns;
+            if (columns)
+              std::construct_at(columns.get(), m);
+            else
+              columns = std::make_unique<Columns>(m);
+            Columns& cc = *columns;
             walk(red, 0, nred, [&](int64_t off, int64_t cnt) {
               for (int64_t i = 0; i < cnt; ++i) cc.add(base + off + i * red.stride[red.n - 1], m);
             });

@@ -260,7 +260,7 @@ DUET_BODY_ONCE void packets_outer(B& b, T* acc, int64_t j0, int64_t width) {
 }
 template <class B, class R>
 void run_outer(const DuetFusedArgs* a, int64_t begin, int64_t end) {
-  constexpr int64_t kCols = 4096 / sizeof(T);
+  constexpr int64_t kCols = 8192 / sizeof(T);
   const int64_t outer = a->outer;
   T* red = static_cast<T*>(a->red_out);
   B b;
