@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <limits>
+#include <memory>
 
 #include "kernels/functors.h"
 #include "kernels/loops.h"
@@ -109,11 +110,11 @@ class Interp {
     }
     // Note [Interpreter blocks]
     // Registers that are neither read in place (dense inputs) nor written in place (direct
-    // outputs) share an L1-sized scratch, in blocks of B elements (B a multiple of 64), as does
-    // an outer reduction's accumulator. The fewer such registers, the longer the block, up to
-    // kMaxBlock: a program of adds from dense inputs into direct outputs runs each instruction
-    // once over a W6 weight (4096 values) instead of in ten pieces, one call each.
-    int scratch_regs = p.reduce == FusedReduce::Outer ? 1 : 0;
+    // outputs) share an L1-sized scratch, in blocks of B elements (B a multiple of 64). The fewer
+    // such registers, the longer the block, up to kMaxBlock: a program of adds from dense inputs
+    // into direct outputs runs each instruction once over a W6 weight (4096 values) instead of in
+    // ten pieces, one call each.
+    int scratch_regs = 0;
     for (int r = 0; r < p.num_regs; ++r) scratch_regs += own_needed(r) ? 1 : 0;
     block_ = std::clamp<int64_t>(kL1Bytes / (sizeof(T) * std::max(scratch_regs, 1)) / 64 * 64, 64,
                                  kMaxBlock);
@@ -125,7 +126,6 @@ class Interp {
     while (reinterpret_cast<uintptr_t>(base) % 64) ++base;
     int used = 0;
     for (int r = 0; r < p.num_regs; ++r) own_[r] = own_needed(r) ? base + block_ * used++ : nullptr;
-    acc_ = base + block_ * used;
   }
 
   void run(int64_t begin, int64_t end) {
@@ -216,19 +216,31 @@ class Interp {
     return p_.reduce_op == OpId::Max ? -std::numeric_limits<T>::infinity()
                                      : std::numeric_limits<T>::infinity();
   }
-  T fold(T acc, const T* x, int64_t n) const {
+  // A row (or a piece of one) folded; sums in a cascade (Note [Cascade sums]).
+  T fold(const T* x, int64_t n) const {
     Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>> v(x, n);
     switch (p_.reduce_op) {
       case OpId::Sum:
-        return acc + v.sum();
+        return fn::cascade_sum(x, n);
       case OpId::Max:
-        return fn::Maximum{}(acc, v.template maxCoeff<Eigen::PropagateNaN>());
+        return v.template maxCoeff<Eigen::PropagateNaN>();
       default:
-        return fn::Minimum{}(acc, v.template minCoeff<Eigen::PropagateNaN>());
+        return v.template minCoeff<Eigen::PropagateNaN>();
+    }
+  }
+  T combine(T a, T b) const {
+    switch (p_.reduce_op) {
+      case OpId::Sum:
+        return a + b;
+      case OpId::Max:
+        return fn::Maximum{}(a, b);
+      default:
+        return fn::Minimum{}(a, b);
     }
   }
 
-  // Rows [begin, end): a block holds whole rows when they fit, else a row goes in pieces.
+  // Rows [begin, end): a block holds whole rows when they fit, else a row goes in pieces, whose
+  // sums add in a cascade.
   void run_inner(int64_t begin, int64_t end) {
     const int64_t inner = a_.inner;
     T* out = static_cast<T*>(a_.red_out);
@@ -242,39 +254,70 @@ class Interp {
         const int64_t r = std::min(rows, end - i);
         block(i * inner, r * inner);
         const T* v = reg_[p_.reduce_src];
-        for (int64_t q = 0; q < r; ++q) out[i + q] = fold(identity(), v + q * inner, inner);
+        for (int64_t q = 0; q < r; ++q) out[i + q] = fold(v + q * inner, inner);
       }
       return;
     }
     for (int64_t i = begin; i < end; ++i) {
+      fn::Cascade<T, fn::ScalarOf<fn::SumOf<T>>> sum;
       T acc = identity();
       for (int64_t j = 0; j < inner; j += block_) {
         const int64_t m = std::min(block_, inner - j);
         block(i * inner + j, m);
-        acc = fold(acc, reg_[p_.reduce_src], m);
+        const T v = fold(reg_[p_.reduce_src], m);
+        if (p_.reduce_op == OpId::Sum)
+          sum.push(v);
+        else
+          acc = combine(acc, v);
       }
-      out[i] = acc;
+      out[i] = p_.reduce_op == OpId::Sum ? sum.total(T(0)) : acc;
     }
   }
 
-  // Columns [begin, end), in blocks of columns: every row adds its piece to the accumulators.
+  // Columns [begin, end), in blocks of columns: every row adds its piece to the block's
+  // accumulators, a ColumnCascade (Note [Cascade sums]).
   void run_outer(int64_t begin, int64_t end) {
+    switch (p_.reduce_op) {
+      case OpId::Sum:
+        return run_outer_with<fn::SumOf<T>>(begin, end);
+      case OpId::Max:
+        return run_outer_with<Extremum<fn::Maximum, true>>(begin, end);
+      default:
+        return run_outer_with<Extremum<fn::Minimum, false>>(begin, end);
+    }
+  }
+  template <class F, bool kMax>
+  struct Extremum {
+    static T identity() {
+      return kMax ? -std::numeric_limits<T>::infinity() : std::numeric_limits<T>::infinity();
+    }
+    template <class P>
+    static P packet(const P& a, const P& b) {
+      return F{}.packet(a, b);
+    }
+    static T scalar(T a, T b) { return F{}(a, b); }
+  };
+  template <class R>
+  void run_outer_with(int64_t begin, int64_t end) {
+    // Rows of up to 16 KiB, which the prefetchers stream; the accumulators are too large for a
+    // worker's stack: one per thread, reused (trivially destructible).
+    constexpr int64_t kCols = 16384 / sizeof(T);
+    using Columns = fn::ColumnCascade<T, R, kCols>;
+    static thread_local std::unique_ptr<Columns> columns;
     T* out = static_cast<T*>(a_.red_out);
-    const OpId op = p_.reduce_op;
-    for (int64_t j = begin; j < end; j += block_) {
-      const int64_t m = std::min(block_, end - j);
-      std::fill(acc_, acc_ + m, identity());
+    const int64_t width = std::min(block_, kCols);
+    for (int64_t j = begin; j < end; j += width) {
+      const int64_t m = std::min(width, end - j);
+      if (columns)
+        std::construct_at(columns.get(), m);
+      else
+        columns = std::make_unique<Columns>(m);
+      Columns& acc = *columns;
       for (int64_t i = 0; i < a_.outer; ++i) {
         block(i * a_.inner + j, m);
-        const T* v = reg_[p_.reduce_src];
-        if (op == OpId::Sum)
-          binary_dense<T>(fn::Add{}, acc_, false, v, false, acc_, m);
-        else if (op == OpId::Max)
-          binary_dense<T>(fn::Maximum{}, acc_, false, v, false, acc_, m);
-        else
-          binary_dense<T>(fn::Minimum{}, acc_, false, v, false, acc_, m);
+        acc.add(reg_[p_.reduce_src], m);
       }
-      std::memcpy(out + j, acc_, m * sizeof(T));
+      acc.finish(out + j, m);
     }
   }
 
@@ -316,7 +359,6 @@ class Interp {
   bool dense_[DUET_FUSED_MAX_INPUTS];
   bool scalar_[DUET_FUSED_MAX_INPUTS];
   bool filled_[DUET_FUSED_MAX_INPUTS];
-  T* acc_ = nullptr;
 };
 
 }  // namespace

@@ -1,11 +1,17 @@
 // CPU kernels of sum, max and min over any dims.
 //
-// The output is viewed at the input's shape with stride 0 along reduced dims, so one strided
-// walk accumulates every input element into its output element. Rows run on packets: a row
-// along a reduced dim folds into one value, a row along a kept dim is an elementwise update.
-// Threads split a kept dim (so they write disjoint outputs), or, for a full reduction of a
-// dense tensor, split the input and combine partials in a fixed order.
+// The input's dims split into kept dims (the output's, in order) and reduced dims, each list
+// merged where the strides allow. Two walks then cover every layout:
+//  - by output: each output folds its reduced elements, a row of the innermost reduced dim at a
+//    time (contiguous rows on packets, strided ones gathered);
+//  - by columns: when the innermost kept dim is contiguous and the reduced dims are not (a sum
+//    over the batch), neighbouring outputs fold together, a row of them per reduced element.
+// Floating-point sums add in a cascade, a row's packets and the rows alike (Note [Cascade sums]
+// in kernels/functors.h). Threads split the outputs and, for a long reduction, the reduced
+// elements too: into pieces of a fixed length (kPiece), whatever the thread count, folded in
+// order, so that a sum does not depend on the number of threads.
 #include <limits>
+#include <memory>
 
 #include "kernels/cpu_kernels.h"
 #include "kernels/loops.h"
@@ -13,99 +19,210 @@
 namespace duet::kernels {
 namespace {
 
+/// The reduced elements of one output are split into pieces of this many, each folded on its
+/// own (by any thread), then folded in order.
+constexpr int64_t kPiece = int64_t(1) << 16;
+
 template <class T>
 struct SumOp {
-  using F = fn::Add;
+  using R = fn::SumOf<T>;
   static T identity() { return T(0); }
-  static T fold(const T* x, int64_t n) {
+  static T combine(T a, T b) { return fn::wrap_add(a, b); }
+  static T fold(const T* x, int64_t n, int64_t s) {
+    if constexpr (std::is_floating_point_v<T>) {
+      return fn::cascade_sum(x, n, s);
+    } else {
+      T acc = 0;
+      for (int64_t i = 0; i < n; ++i) acc = fn::wrap_add(acc, x[i * s]);
+      return acc;
+    }
+  }
+};
+template <class T, class F, bool kMax>
+struct ExtremumOp {
+  struct R {
+    static T identity() { return ExtremumOp::identity(); }
+    template <class P>
+    static P packet(const P& a, const P& b) {
+      return F{}.packet(a, b);
+    }
+    static T scalar(T a, T b) { return F{}(a, b); }
+  };
+  static T identity() {
     if constexpr (std::is_floating_point_v<T>)
-      return Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>(x, n).sum();
-    T acc = 0;
-    for (int64_t i = 0; i < n; ++i) acc = fn::wrap_add(acc, x[i]);
+      return kMax ? -std::numeric_limits<T>::infinity() : std::numeric_limits<T>::infinity();
+    return kMax ? std::numeric_limits<T>::lowest() : std::numeric_limits<T>::max();
+  }
+  static T combine(T a, T b) { return F{}(a, b); }
+  static T fold(const T* x, int64_t n, int64_t s) {
+    if constexpr (std::is_floating_point_v<T>) {
+      if (s == 1) {
+        Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>> v(x, n);
+        return kMax ? v.template maxCoeff<Eigen::PropagateNaN>()
+                    : v.template minCoeff<Eigen::PropagateNaN>();
+      }
+    }
+    T acc = identity();
+    for (int64_t i = 0; i < n; ++i) acc = F{}(acc, x[i * s]);
     return acc;
   }
 };
 template <class T>
-struct MaxOp {
-  using F = fn::Maximum;
-  static T identity() {
-    if constexpr (std::is_floating_point_v<T>) return -std::numeric_limits<T>::infinity();
-    return std::numeric_limits<T>::lowest();
-  }
-  static T fold(const T* x, int64_t n) {
-    if constexpr (std::is_floating_point_v<T>)
-      return Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>(x, n)
-          .template maxCoeff<Eigen::PropagateNaN>();
-    T acc = identity();
-    for (int64_t i = 0; i < n; ++i) acc = F{}(acc, x[i]);
-    return acc;
-  }
-};
+using MaxOp = ExtremumOp<T, fn::Maximum, true>;
 template <class T>
-struct MinOp {
-  using F = fn::Minimum;
-  static T identity() {
-    if constexpr (std::is_floating_point_v<T>) return std::numeric_limits<T>::infinity();
-    return std::numeric_limits<T>::max();
-  }
-  static T fold(const T* x, int64_t n) {
-    if constexpr (std::is_floating_point_v<T>)
-      return Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>(x, n)
-          .template minCoeff<Eigen::PropagateNaN>();
-    T acc = identity();
-    for (int64_t i = 0; i < n; ++i) acc = F{}(acc, x[i]);
-    return acc;
+using MinOp = ExtremumOp<T, fn::Minimum, false>;
+
+template <class Op>
+struct Combine {
+  template <class T>
+  T operator()(T a, T b) const {
+    return Op::combine(a, b);
   }
 };
 
-// Accumulates x into out_view (out at x's shape, stride 0 on reduced dims), serially.
+// Dims of the input, merged where one stride steps through both; strides in elements.
+struct Dims {
+  int n = 0;
+  int64_t size[64];
+  int64_t stride[64];
+  int64_t numel() const {
+    int64_t k = 1;
+    for (int d = 0; d < n; ++d) k *= size[d];
+    return k;
+  }
+  void add(int64_t sz, int64_t st) {
+    if (sz == 1) return;
+    if (n > 0 && stride[n - 1] == st * sz) {
+      size[n - 1] *= sz;
+      stride[n - 1] = st;
+      return;
+    }
+    size[n] = sz;
+    stride[n++] = st;
+  }
+  // The offset of element i (row-major over the dims) of the first `dims` dims.
+  int64_t offset(int64_t i, int dims) const {
+    int64_t off = 0;
+    for (int d = dims - 1; d >= 0; --d) {
+      off += i % size[d] * stride[d];
+      i /= size[d];
+    }
+    return off;
+  }
+};
+
+// Calls row(offset, count) over the rows (along the innermost dim) that hold elements [b, e)
+// of dims d, in order.
+template <class F>
+void walk(const Dims& d, int64_t b, int64_t e, F&& row) {
+  const int n = d.n;
+  const int64_t inner = d.size[n - 1], st = d.stride[n - 1];
+  int64_t idx[64];
+  int64_t rest = b / inner;
+  for (int k = n - 2; k >= 0; --k) {
+    idx[k] = rest % d.size[k];
+    rest /= d.size[k];
+  }
+  int64_t pos = b % inner;
+  while (b < e) {
+    const int64_t cnt = std::min(inner - pos, e - b);
+    int64_t off = pos * st;
+    for (int k = 0; k < n - 1; ++k) off += idx[k] * d.stride[k];
+    row(off, cnt);
+    b += cnt;
+    pos = 0;
+    for (int k = n - 2; k >= 0; --k) {
+      if (++idx[k] < d.size[k]) break;
+      idx[k] = 0;
+    }
+  }
+}
+
+// Elements [b, e) of the reduced dims at base, folded.
 template <class Op, class T>
-void accumulate(const Tensor& out_view, const Tensor& x) {
-  using F = typename Op::F;
-  const F f{};
-  Loop<2> L = make_loop<2>(x.sizes(), {&out_view, &x});
-  auto row = [&](char** p, const int64_t* s, int64_t n) {
-    T* o = reinterpret_cast<T*>(p[0]);
-    const T* v = reinterpret_cast<const T*>(p[1]);
-    if (s[0] == 0) {  // fold the row into one output
-      if (s[1] == sizeof(T)) {
-        *o = f(*o, Op::fold(v, n));
-      } else {
-        T acc = *o;
-        for (int64_t i = 0; i < n; ++i) acc = f(acc, *reinterpret_cast<const T*>(p[1] + i * s[1]));
-        *o = acc;
-      }
-    } else if (s[0] == sizeof(T) && s[1] == sizeof(T)) {
-      binary_dense<T>(f, o, false, v, false, o, n);
-    } else {
-      for (int64_t i = 0; i < n; ++i) {
-        T* oi = reinterpret_cast<T*>(p[0] + i * s[0]);
-        *oi = f(*oi, *reinterpret_cast<const T*>(p[1] + i * s[1]));
-      }
-    }
-  };
-  if (L.overflow) {
-    run_slow<2>(x.sizes(), {&out_view, &x}, row);
-    return;
+T fold_range(const T* base, const Dims& red, int64_t b, int64_t e) {
+  fn::Cascade<T, Combine<Op>> acc;
+  const int64_t s = red.stride[red.n - 1];
+  walk(red, b, e, [&](int64_t off, int64_t cnt) { acc.push(Op::fold(base + off, cnt, s)); });
+  return acc.total(Op::identity());
+}
+
+// By output: work unit u is piece u % pieces of output u / pieces.
+template <class Op, class T>
+void reduce_outputs(const T* px, const Dims& kept, const Dims& red, T* po) {
+  const int64_t nout = kept.numel(), nred = red.numel();
+  const int64_t pieces = (nred + kPiece - 1) / kPiece, units = nout * pieces;
+  std::unique_ptr<T[]> part(pieces > 1 ? new T[units] : nullptr);
+  const int64_t grain = std::max<int64_t>(1, kParallelGrain / std::min(nred, kPiece));
+  parallel_for(
+      units, grain,
+      [&](int64_t b, int64_t e) {
+        for (int64_t u = b; u < e; ++u) {
+          const int64_t o = u / pieces, lo = u % pieces * kPiece;
+          const T* base = px + kept.offset(o, kept.n);
+          if (pieces == 1 && red.n == 1)  // one row
+            po[o] = Op::fold(base, nred, red.stride[0]);
+          else if (pieces == 1)
+            po[o] = fold_range<Op>(base, red, 0, nred);
+          else
+            part[u] = fold_range<Op>(base, red, lo, std::min(nred, lo + kPiece));
+        }
+      },
+      1);
+  if (pieces == 1) return;
+  for (int64_t o = 0; o < nout; ++o) {
+    fn::Cascade<T, Combine<Op>> acc;
+    for (int64_t p = 0; p < pieces; ++p) acc.push(part[o * pieces + p]);
+    po[o] = acc.total(Op::identity());
   }
-  // Serial walk of the coalesced loop (threads are split by the caller).
-  const int64_t nd = L.nd, inner = L.shape[nd - 1];
-  int64_t idx[16] = {};
-  int64_t rows = L.numel / std::max<int64_t>(inner, 1);
-  int64_t ist[2] = {L.strides[0][nd - 1], L.strides[1][nd - 1]};
-  for (int64_t r = 0; r < rows; ++r) {
-    char* p[2];
-    for (int k = 0; k < 2; ++k) {
-      int64_t off = 0;
-      for (int64_t d = 0; d < nd - 1; ++d) off += idx[d] * L.strides[k][d];
-      p[k] = L.base[k] + off;
-    }
-    row(p, ist, inner);
-    for (int64_t d = nd - 2; d >= 0; --d) {
-      if (++idx[d] < L.shape[d]) break;
-      idx[d] = 0;
-    }
-  }
+}
+
+// By columns: the innermost kept dim (C outputs side by side, contiguous in the input) in tiles
+// of up to kCols (whole rows of up to 16 KiB, which the prefetchers stream; narrower when the
+// tiles would leave threads idle), each tile folded over every reduced element; work unit u is
+// tile u % tiles of the outputs' row u / tiles. A column's sum does not depend on the tiles.
+template <class Op, class T>
+void reduce_columns(const T* px, const Dims& kept, const Dims& red, T* po) {
+  constexpr int64_t kCols = std::is_floating_point_v<T> ? 16384 / sizeof(T) : 1024;
+  const int64_t C = kept.size[kept.n - 1], nrows = kept.numel() / C, nred = red.numel();
+  const int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
+  int64_t tile = kCols;
+  if (nrows * ((C + tile - 1) / tile) < nt)
+    tile = std::min(kCols, std::max<int64_t>(64, ((C + nt - 1) / nt + 63) / 64 * 64));
+  const int64_t tiles = (C + tile - 1) / tile;
+  const int64_t grain = std::max<int64_t>(1, kParallelGrain / (std::min(C, tile) * nred));
+  parallel_for(
+      nrows * tiles, grain,
+      [&](int64_t b, int64_t e) {
+        for (int64_t u = b; u < e; ++u) {
+          const int64_t q = u / tiles, j0 = u % tiles * tile, m = std::min(tile, C - j0);
+          const T* base = px + kept.offset(q, kept.n - 1) + j0;
+          T* out = po + q * C + j0;
+          if constexpr (std::is_floating_point_v<T>) {
+            // Too large for a worker's stack: one per thread, reused (trivially destructible).
+            using Columns = fn::ColumnCascade<T, typename Op::R, kCols>;
+            static thread_local std::unique_ptr<Columns> columns;
+            if (columns)
+              std::construct_at(columns.get(), m);
+            else
+              columns = std::make_unique<Columns>(m);
+            Columns& cc = *columns;
+            walk(red, 0, nred, [&](int64_t off, int64_t cnt) {
+              for (int64_t i = 0; i < cnt; ++i) cc.add(base + off + i * red.stride[red.n - 1], m);
+            });
+            cc.finish(out, m);
+          } else {  // exact in any order (integer sums wrap)
+            std::fill(out, out + m, Op::identity());
+            walk(red, 0, nred, [&](int64_t off, int64_t cnt) {
+              for (int64_t i = 0; i < cnt; ++i) {
+                const T* row = base + off + i * red.stride[red.n - 1];
+                for (int64_t j = 0; j < m; ++j) out[j] = Op::combine(out[j], row[j]);
+              }
+            });
+          }
+        }
+      },
+      1);
 }
 
 template <template <class> class OpT>
@@ -128,56 +245,17 @@ void reduce_kernel(TensorRefs in, const Attrs& attrs, const Tensor& out) {
       const int64_t nout = out.numel();
       std::fill(po, po + nout, Op::identity());
       if (x.numel() == 0 || nout == 0) return;
-      // The output seen at x's shape: stride 0 along reduced dims.
-      Strides vs(nd);
-      int64_t st = 1;
-      for (int64_t d = nd - 1; d >= 0; --d) {
-        vs[d] = reduced[d] ? 0 : st;
-        if (!reduced[d]) st *= x.sizes()[d];
+      Dims kept, red;
+      for (int64_t d = 0; d < nd; ++d) (reduced[d] ? red : kept).add(x.sizes()[d], x.strides()[d]);
+      if (red.n == 0) {  // one element each: a row of one
+        red.n = 1;
+        red.size[0] = red.stride[0] = 1;
       }
-      Tensor ov = detail::make_view(out, x.sizes(), vs, out.storage_offset());
-      // Full reduction of a dense input: per-thread partials, combined in thread order.
-      if (nout == 1 && x.is_contiguous()) {
-        const T* px = static_cast<const T*>(x.raw_data());
-        const int64_t n = x.numel();
-        T partial[64];
-        int used = 1;
-        int nt = static_cast<int>(std::min<int64_t>(std::min(omp_get_max_threads(), 64),
-                                                    std::max<int64_t>(1, n / kParallelGrain)));
-        parallel_threads(nt, [&](int t, int k) {
-          int64_t chunk = (n + k - 1) / k;
-          int64_t b = std::min(n, t * chunk), e = std::min(n, b + chunk);
-          partial[t] = b < e ? Op::fold(px + b, e - b) : Op::identity();
-          if (t == 0) used = k;
-        });
-        T acc = Op::identity();
-        for (int t = 0; t < used; ++t) acc = typename Op::F{}(acc, partial[t]);
-        po[0] = acc;
-        return;
-      }
-      // Split the largest kept dim across threads.
-      int64_t split = -1;
-      for (int64_t d = 0; d < nd; ++d)
-        if (!reduced[d] && (split < 0 || x.sizes()[d] > x.sizes()[split])) split = d;
-      int nt = omp_get_max_threads();
-      if (split < 0 || nt <= 1 || x.numel() < 2 * kParallelGrain || omp_in_parallel() ||
-          x.sizes()[split] < 2) {
-        accumulate<Op, T>(ov, x);
-        return;
-      }
-      const int64_t len = x.sizes()[split];
-      nt = static_cast<int>(std::min<int64_t>(nt, len));
-      parallel_threads(nt, [&](int t, int k) {
-        int64_t chunk = (len + k - 1) / k;
-        int64_t b = std::min(len, t * chunk), e = std::min(len, b + chunk);
-        if (b >= e) return;
-        Shape s = x.sizes();
-        s[split] = e - b;
-        Tensor xs =
-            detail::make_view(x, s, x.strides(), x.storage_offset() + b * x.strides()[split]);
-        Tensor os = detail::make_view(ov, s, vs, ov.storage_offset() + b * vs[split]);
-        accumulate<Op, T>(os, xs);
-      });
+      const T* px = static_cast<const T*>(x.raw_data());
+      if (kept.n > 0 && kept.stride[kept.n - 1] == 1 && red.stride[red.n - 1] != 1)
+        reduce_columns<Op>(px, kept, red, po);
+      else
+        reduce_outputs<Op>(px, kept, red, po);
     }
   });
 }

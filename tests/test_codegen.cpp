@@ -13,6 +13,7 @@
 
 #include "kernels/functors.h"
 #include "kernels/fused.h"
+#include "long_sums.h"
 #include "trace/codegen.h"
 #include "util.h"
 
@@ -563,6 +564,11 @@ TEST_CASE("codegen: inner and outer reductions, Sum, Max and Min, with NaN") {
     check<double>(fn, b.p, {1, 5}, {{5, 1}, {5, 1}}, 51, false);
     check<double>(fn, b.p, {33, 129}, {{1, 33}, {129, 1}}, 52, false);
   }
+}
+
+TEST_CASE("codegen: long f32 sums on generated kernels stay within a few ulps") {
+  setup();
+  check_long_sums_compiled(Device::cpu(), true);
 }
 
 TEST_CASE("codegen: the disk cache is hit by a second build, and clear_cache empties it") {

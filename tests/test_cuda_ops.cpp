@@ -15,6 +15,7 @@
 #include "cuda/cuda.h"
 #include "grad_samples.h"
 #include "layouts.h"
+#include "long_sums.h"
 #include "op_rows.h"
 
 namespace duet::test {
@@ -257,6 +258,21 @@ TEST_CASE("cuda reduce rows: dims sets, keepdim, layouts, dtypes") {
             const double tol = c.shape.numel() > 100000 ? 1e-3 : c.shape.numel() > 1000 ? 1e-4 : 0;
             check_same(row.fn(cuda_like(x), dims, keepdim), row.fn(x, dims, keepdim), false, tol);
           }
+}
+
+TEST_CASE("cuda long f32 sums stay within a few ulps: eager, and compiled as fused kernels") {
+  if (!gpu()) return;
+  for (const LongSum& c : long_sums()) {
+    INFO(c.name);
+    const Tensor x = long_sum_input(c).to(Device::cuda());
+    const std::vector<double> want = long_sum_reference(c);
+    const Dims dims(c.dims);
+    const std::string e = long_sum_errors(c, want, sum(x, dims), false);
+    CHECK_MESSAGE(e.empty(), e);
+    const std::string em = long_sum_errors(c, want, mean(x, dims), true);
+    CHECK_MESSAGE(em.empty(), em);
+  }
+  check_long_sums_compiled(Device::cuda(), false);
 }
 
 TEST_CASE("cuda reductions: NaN propagates, integers sum in i64, argmax takes the first") {

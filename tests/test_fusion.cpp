@@ -13,6 +13,7 @@
 
 #include "trace/codegen.h"
 #include "kernels/fused.h"
+#include "long_sums.h"
 #include "trace/compile.h"
 #include "trace/fusion.h"
 #include "random_program.h"
@@ -141,6 +142,13 @@ TEST_CASE("fusion: reductions take their elementwise prologue") {
     CHECK(near(ce(x, labels), cross_entropy(x, labels)));
     CHECK(ce.stats().fused_kernels >= 2);
   }
+}
+
+TEST_CASE("fusion: long f32 sums on the interpreter stay within a few ulps, at 1 and 2 threads") {
+  const bool was = codegen::enabled();
+  codegen::set_enabled(false);
+  check_long_sums_compiled(Device::cpu(), false);
+  codegen::set_enabled(was);
 }
 
 TEST_CASE("fusion: an output that is also an intermediate, and a training step") {

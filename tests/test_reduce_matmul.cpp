@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "long_sums.h"
 #include "op_rows.h"
 
 namespace duet::test {
@@ -156,6 +157,27 @@ TEST_CASE("reductions: sums of empty tensors are zero; means are NaN") {
   check_tensor(sum(zeros({2, 0}), 0), {0}, DType::f32, {});
   CHECK(std::isnan(mean(zeros({0})).item<float>()));
   check_tensor(max(zeros({0, 3}), 1), {0}, DType::f32, {});
+}
+
+TEST_CASE("reductions: long f32 sums and means stay within a few ulps, at 1 and 2 threads") {
+  for (const LongSum& c : long_sums()) {
+    INFO(c.name);
+    const Tensor x = long_sum_input(c);
+    const std::vector<double> want = long_sum_reference(c);
+    const Dims dims(c.dims);
+    std::vector<double> sums[2];
+    for (int threads : {1, 2})
+      with_threads(threads, [&] {
+        INFO(threads << " threads");
+        const Tensor s = sum(x, dims);
+        const std::string e = long_sum_errors(c, want, s, false);
+        CHECK_MESSAGE(e.empty(), e);
+        const std::string em = long_sum_errors(c, want, mean(x, dims), true);
+        CHECK_MESSAGE(em.empty(), em);
+        sums[threads - 1] = values(s);
+      });
+    CHECK_MESSAGE(sums[0] == sums[1], "a sum depends on the thread count");
+  }
 }
 
 // ---- more than 16 dims ------------------------------------------------------------------------

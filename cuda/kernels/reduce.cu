@@ -1,11 +1,12 @@
 // CUDA kernels of sum, max, min and argmax: each output folds its reduced elements in a warp
 // (few elements), a block (many) or a thread (outputs side by side in the input), threads
 // striding over the elements and combining with warp shuffles, then across warps through shared
-// memory. When the outputs alone would leave most of the device idle, each output's elements are
-// folded in slices by blocks of their own, then the slices' partials in order (two passes). The
-// semantics are the CPU's: integers and b8 sum in i64 (wrapping), max/min propagate NaN
-// (fn::Maximum/Minimum), argmax keeps the first index of the largest value with NaN counting as
-// largest.
+// memory; a thread adds its floating-point share in a cascade (Note [Cascade sums] in
+// kernels/functors.h). When the outputs alone would leave most of the device idle, each output's
+// elements are folded in slices by blocks of their own, then the slices' partials in order (two
+// passes). The semantics are the CPU's: integers and b8 sum in i64 (wrapping), max/min
+// propagate NaN (fn::Maximum/Minimum), argmax keeps the first index of the largest value with
+// NaN counting as largest.
 #include <cfloat>
 #include <climits>
 
@@ -28,6 +29,7 @@ __device__ __forceinline__ T shfl_down(T v, int d) {
 template <class T>
 struct SumOp {
   using Acc = T;
+  static constexpr bool kCascade = fn::is_float_v<T>;  // Note [Cascade sums]
   __device__ static Acc identity() { return T(0); }
   template <class S>
   __device__ static Acc make(S v, int64_t) {
@@ -68,6 +70,7 @@ __device__ __forceinline__ T highest() {
 template <class T, bool IsMax>
 struct ExtremumOp {
   using Acc = T;
+  static constexpr bool kCascade = false;  // exact in any order
   __device__ static Acc identity() { return IsMax ? lowest<T>() : highest<T>(); }
   __device__ static Acc make(T v, int64_t) { return v; }
   __device__ static Acc combine(Acc a, Acc b) {
@@ -88,6 +91,7 @@ struct ArgPair {
 template <class T>
 struct ArgmaxOp {
   using Acc = ArgPair<T>;
+  static constexpr bool kCascade = false;
   __device__ static Acc identity() { return {T(0), -1}; }
   __device__ static Acc make(T v, int64_t i) { return {v, i}; }
   __device__ static bool isnan_(T v) {
@@ -131,15 +135,36 @@ __device__ __forceinline__ typename Op::Acc warp_fold(typename Op::Acc a) {
   return a;
 }
 
+// One thread's fold of values given one at a time: floating-point sums add in a cascade (Note
+// [Cascade sums] in kernels/functors.h), the others in any order.
+template <class Op>
+struct ThreadFold {
+  using Acc = typename Op::Acc;
+  fn::CascadeRun<Acc, fn::Add> run{Op::identity()};
+  Acc acc = Op::identity();
+  __device__ __forceinline__ void add(Acc v) {
+    if constexpr (Op::kCascade)
+      run.add(v);
+    else
+      acc = Op::combine(acc, v);
+  }
+  __device__ __forceinline__ Acc total() const {
+    if constexpr (Op::kCascade)
+      return run.total();
+    else
+      return acc;
+  }
+};
+
 // Lanes [0, nlanes) fold output o's elements [lo, hi).
 template <class Op, class S>
 __device__ __forceinline__ typename Op::Acc partial(const ReduceArg& A, int64_t o, int64_t lo,
                                                     int64_t hi, int lane, int nlanes) {
   const S* in = static_cast<const S*>(A.in) + offset_of(o, A.nkept, A.kept_sizes, A.kept_strides);
-  typename Op::Acc acc = Op::identity();
+  ThreadFold<Op> f;
   for (int64_t r = lo + lane; r < hi; r += nlanes)
-    acc = Op::combine(acc, Op::make(in[offset_of(r, A.nreduced, A.red_sizes, A.red_strides)], r));
-  return acc;
+    f.add(Op::make(in[offset_of(r, A.nreduced, A.red_sizes, A.red_strides)], r));
+  return f.total();
 }
 
 // Folds one value per thread of the block; the result is valid in thread 0. Every thread of the
@@ -232,9 +257,9 @@ __global__ void reduce_thread_partials(ReduceArg A) {
   const auto* part = static_cast<const typename Op::Acc*>(A.scratch);
   const int64_t step = int64_t(gridDim.x) * blockDim.x;
   for (int64_t o = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; o < A.nout; o += step) {
-    typename Op::Acc acc = Op::identity();
-    for (int64_t c = 0; c < A.nsplit; ++c) acc = Op::combine(acc, part[c * A.nout + o]);
-    Op::store(A.out, o, acc);
+    ThreadFold<Op> f;
+    for (int64_t c = 0; c < A.nsplit; ++c) f.add(part[c * A.nout + o]);
+    Op::store(A.out, o, f.total());
   }
 }
 

@@ -222,19 +222,12 @@ void run_none(const DuetFusedArgs* a, int64_t begin, int64_t end) {
   }
 }
 
-// Inner reduction: [begin, end) are rows, each folded into red_out[i].
+// Inner reduction: [begin, end) are rows, each folded into red_out[i]: the row's packets in a
+// cascade, its lanes as a tree (Note [Cascade sums] in duet_functors.h).
 template <class B, class R>
 DUET_BODY_ONCE P packets_inner(B& b, int64_t n) {
-  P acc0 = ei::pset1<P>(R::identity()), acc1 = acc0, acc2 = acc0, acc3 = acc0;
-  int64_t j = 0;
-  for (; j + 4 * W <= n; j += 4 * W) {
-    acc0 = R::packet(acc0, b.step(j));
-    acc1 = R::packet(acc1, b.step(j + W));
-    acc2 = R::packet(acc2, b.step(j + 2 * W));
-    acc3 = R::packet(acc3, b.step(j + 3 * W));
-  }
-  for (; j < n; j += W) acc0 = R::packet(acc0, b.step(j));
-  return R::packet(R::packet(acc0, acc1), R::packet(acc2, acc3));
+  return duet::fn::cascade_packets<P, R>(
+      [&b](int64_t j) __attribute__((always_inline)) { return b.step(j); }, n);
 }
 template <class B, class R>
 void run_inner(const DuetFusedArgs* a, int64_t begin, int64_t end) {
@@ -245,9 +238,7 @@ void run_inner(const DuetFusedArgs* a, int64_t begin, int64_t end) {
   alignas(64) T buf[W];
   for (int64_t i = begin; i < end; ++i) {
     b.row(a, i);
-    ei::pstore(buf, packets_inner<B, R>(b, full));
-    T r = R::identity();
-    for (int l = 0; l < W; ++l) r = R::scalar(r, buf[l]);
+    T r = duet::fn::fold_lanes<R>(packets_inner<B, R>(b, full));
     if (full < n) {
       const int m = static_cast<int>(n - full);
       B t;
@@ -261,7 +252,7 @@ void run_inner(const DuetFusedArgs* a, int64_t begin, int64_t end) {
 }
 
 // Outer reduction: [begin, end) are columns, each folded over the rows into red_out[j]. The
-// rows stream through a block of columns whose accumulators stay in L1.
+// rows stream through a block of columns whose accumulators (a ColumnCascade) stay in L1.
 template <class B, class R>
 DUET_BODY_ONCE void packets_outer(B& b, T* acc, int64_t j0, int64_t width) {
   for (int64_t q = 0; q < width; q += W)
@@ -274,22 +265,22 @@ void run_outer(const DuetFusedArgs* a, int64_t begin, int64_t end) {
   T* red = static_cast<T*>(a->red_out);
   B b;
   Pad<B> pad;
-  alignas(64) T acc[kCols];
   for (int64_t j0 = begin; j0 < end; j0 += kCols) {
     const int64_t width = std::min(end - j0, kCols), full = width / W * W;
-    std::fill(acc, acc + (width > full ? full + W : full), R::identity());
+    duet::fn::ColumnCascade<T, R, kCols> acc(width);
     for (int64_t i = 0; i < outer; ++i) {
       b.row(a, i);
-      packets_outer<B, R>(b, acc, j0, full);
+      packets_outer<B, R>(b, acc.row(), j0, full);
       if (full < width) {
         const int m = static_cast<int>(width - full);
         B t;
         t.pad(b, j0 + full, m, pad.buf);
-        packets_outer<B, R>(t, acc + full, 0, W);
+        packets_outer<B, R>(t, acc.row() + full, 0, W);
         t.unpad(b, j0 + full, m);
       }
+      acc.next();
     }
-    std::copy(acc, acc + width, red + j0);
+    acc.finish(red + j0, width);
   }
 }
 )duet_src";

@@ -66,6 +66,24 @@ __device__ __forceinline__ T block_reduce(T v, T* sh) {
   return v;
 }
 
+// A thread's share of a fold: a sum adds in a cascade (Note [Cascade sums] in
+// duet_functors.h), max and min in any order.
+struct RedFn {
+  __device__ __forceinline__ T operator()(T a, T b) const { return Red::op(a, b); }
+};
+struct ThreadFold {
+  duet::fn::CascadeRun<T, RedFn> run;
+  T acc;
+  __device__ __forceinline__ ThreadFold() : run(Red::id()), acc(Red::id()) {}
+  __device__ __forceinline__ void add(T v) {
+    if (Red::kCascade)
+      run.add(v);
+    else
+      acc = Red::op(acc, v);
+  }
+  __device__ __forceinline__ T total() const { return Red::kCascade ? run.total() : acc; }
+};
+
 struct alignas(16) Vec {
   T v[V];
 };
@@ -164,9 +182,9 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
   for (int64_t b = blockIdx.x; b < a.outer * nsplit; b += gridDim.x) {
     const int64_t i = b / nsplit, lo = (b % nsplit) * chunk;
     const int64_t hi = lo + chunk < a.inner ? lo + chunk : a.inner;
-    T acc = Red::id();
-    for (int64_t j = lo + threadIdx.x; j < hi; j += blockDim.x) acc = Red::op(acc, element(a, i, j));
-    acc = block_reduce(acc, sh);
+    ThreadFold f;
+    for (int64_t j = lo + threadIdx.x; j < hi; j += blockDim.x) f.add(element(a, i, j));
+    const T acc = block_reduce(f.total(), sh);
     if (threadIdx.x == 0) static_cast<T*>(a.red_out)[b] = acc;
   }
 #else
@@ -178,11 +196,11 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
   for (int64_t j0 = int64_t(blockIdx.x) * kOuterCols; j0 < a.inner;
        j0 += int64_t(gridDim.x) * kOuterCols) {
     const int64_t j = j0 + threadIdx.x;
-    T acc = Red::id();
+    ThreadFold f;
     if (j < a.inner) {
-      for (int64_t i = lo + threadIdx.y; i < hi; i += blockDim.y) acc = Red::op(acc, element(a, i, j));
+      for (int64_t i = lo + threadIdx.y; i < hi; i += blockDim.y) f.add(element(a, i, j));
     }
-    sh[threadIdx.y][threadIdx.x] = acc;
+    sh[threadIdx.y][threadIdx.x] = f.total();
     __syncthreads();
     if (threadIdx.y == 0 && j < a.inner) {
       T v = sh[0][threadIdx.x];
@@ -201,9 +219,9 @@ extern "C" __global__ void __launch_bounds__(kFoldThreads)
     duet_fused_fold(const T* part, T* out, int64_t n, int nsplit, int64_t ps, int64_t pc) {
   for (int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; r < n;
        r += int64_t(gridDim.x) * blockDim.x) {
-    T acc = Red::id();
-    for (int c = 0; c < nsplit; ++c) acc = Red::op(acc, part[r * ps + c * pc]);
-    out[r] = acc;
+    ThreadFold f;
+    for (int c = 0; c < nsplit; ++c) f.add(part[r * ps + c * pc]);
+    out[r] = f.total();
   }
 }
 #endif
@@ -315,8 +333,9 @@ std::string fused_source(const FusedProgram& p) {
       "struct Red {{\n"
       "  static __device__ __forceinline__ T op(T a, T b) {{ return apply2<duet::fn::{}>(a, b); "
       "}}\n"
-      "  static __device__ __forceinline__ T id() {{ return {}; }}\n}};\n",
-      red_op, red_id);
+      "  static __device__ __forceinline__ T id() {{ return {}; }}\n"
+      "  static constexpr bool kCascade = {};\n}};\n",
+      red_op, red_id, p.reduce == FusedReduce::None || p.reduce_op == OpId::Sum);
   s += kKernels;
   return s;
 }
