@@ -340,9 +340,14 @@ V op_resize(const Node& n) {
     }
   } else {
     if (static_cast<int64_t>(scales.size()) != r) n.fail("scales must hold one value per axis");
+    std::vector<double> want(static_cast<size_t>(r));
     for (int64_t a = 0; a < r; ++a)
-      shape[a] = static_cast<int64_t>(std::floor(scales[a] * static_cast<double>(shape[a])));
+      want[static_cast<size_t>(a)] = std::floor(scales[a] * static_cast<double>(shape[a]));
+    check_fits(n, "the output", want, x.dtype());
+    for (int64_t a = 0; a < r; ++a) shape[a] = static_cast<int64_t>(want[static_cast<size_t>(a)]);
   }
+  // The sizes, before the taps of each axis are computed for them on the host.
+  check_fits(n, "the output", std::vector<double>(shape.begin(), shape.end()), x.dtype());
   return {resize(n, x, s, scales, shape, roi)};
 }
 

@@ -198,7 +198,11 @@ ARITH(op_mul, mul)
 V op_div(const Node& n) {
   const Tensor &a = n.in(0), &b = n.in(1);
   if (is_floating(a.dtype())) return {div(a, b)};
-  return {as(trunc(div(as(a, DType::f64), as(b, DType::f64))), a.dtype())};
+  // Integers divide through f64 and truncate; by 0, the ONNX reference (NumPy's division, then
+  // a cast of the infinity or NaN) gives the dtype's lowest value.
+  Tensor q = as(trunc(div(as(a, DType::f64), as(b, DType::f64))), a.dtype());
+  const double lowest = a.dtype() == DType::i32 ? INT32_MIN : static_cast<double>(INT64_MIN);
+  return {where(eq(b, 0), full({}, lowest, like(q)), q)};
 }
 
 V op_pow(const Node& n) {
@@ -214,6 +218,8 @@ V op_mod(const Node& n) {
   Tensor x = as(a, DType::f64), y = as(b, DType::f64);
   Tensor q = x / y;
   Tensor r = n.attr_i("fmod", 0) ? x - y * trunc(q) : x - y * floor(q);
+  // An integer modulo 0 is 0, as the ONNX reference's (NumPy's) mod and fmod.
+  if (!is_floating(d)) r = where(eq(y, 0), full({}, 0, like(r)), r);
   return {as(r, d)};
 }
 
@@ -562,10 +568,15 @@ Tensor pad_nd(const Node& n, Tensor x, const std::vector<int64_t>& pads, const s
   for (int64_t a = 0; a < r; ++a) {
     int64_t b = pads[static_cast<size_t>(a)], e = pads[static_cast<size_t>(a + r)];
     const int64_t len = x.sizes()[a];
+    if (len + b + e < 0 || -b > len || -e > len)
+      n.fail(fmt::format("pads {} and {} on dim {} of shape {} crop more than the dim holds", b, e,
+                         a, x.sizes()));
     if (b < 0) x = slice(x, a, -b, len), b = 0;
     if (e < 0) x = slice(x, a, 0, x.sizes()[a] + e), e = 0;
     if (b == 0 && e == 0) continue;
     const int64_t m = x.sizes()[a];
+    if (m == 0 && mode != "constant")
+      n.fail(fmt::format("pad mode \"{}\" has no elements to pad from on dim {}", mode, a));
     if (mode == "constant") {
       std::vector<Tensor> parts;
       std::vector<int64_t> s = dims_of(x);
