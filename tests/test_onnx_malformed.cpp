@@ -198,3 +198,47 @@ TEST_CASE("a float Mod without fmod is refused, as the ONNX specification asks")
   Program p = m.import();
   check_refused(p, {randn({3})}, "node \"y\" (Mod, opset 17)", "fmod must be 1 for f32 inputs");
 }
+
+TEST_CASE("inputs of a rank the op cannot index are refused (cases the import fuzzer found)") {
+  struct Case {
+    const char* op;
+    Shape x;
+    std::vector<std::pair<std::string, Tensor>> inputs;  // initializers after x
+    int64_t blocksize;                                   // DepthToSpace's; 0: none
+    const char* what;
+  };
+  const Options i64 = Options().dtype(DType::i64);
+  const std::vector<Case> cases = {
+      {"ScatterND",
+       {4},
+       {{"i", full({}, 0, i64)}, {"u", full({}, 1)}},
+       0,
+       "indices () do not index data (4) with batch_dims 0"},
+      {"GatherND",
+       {2, 2},
+       {{"i", full({}, 0, i64)}},
+       0,
+       "indices () do not index data (2, 2) with batch_dims 0"},
+      {"NonMaxSuppression",
+       {4},
+       {{"s", full({4}, 1)}},
+       0,
+       "boxes must be (batch, boxes, 4) and scores (batch, classes, boxes), got (4) and (4)"},
+      {"TopK", {}, {{"k", full({1}, 1, i64)}}, 0, "input 0 must have rank 1 or more"},
+      {"Hardmax", {}, {}, 0, "input 0 must have rank 1 or more"},
+      {"Gather", {}, {{"i", full({}, 0, i64)}}, 0, "input 0 must have rank 1 or more"},
+      {"DepthToSpace",
+       {1, 4, 2, 2},
+       {},
+       int64_t(1) << 40,
+       "blocksize 1099511627776 does not divide the channels"},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.op);
+    OneNode m(c.op, c.x);
+    for (const auto& [name, t] : c.inputs) m.input(name, t);
+    if (c.blocksize) m.attr_i("blocksize", c.blocksize);
+    Program p = m.import();
+    check_refused(p, {randn(c.x)}, fmt::format("node \"y\" ({}, opset 17)", c.op), c.what);
+  }
+}

@@ -94,12 +94,44 @@ void check_lrn(const Node& n) {
 }
 
 void check_concat(const Node& n) {
+  bool any = false;
   for (size_t i = 0; i < n.size(); ++i)
-    if (n.has(i)) return;
-  n.fail("needs at least one input");
+    if (n.has(i)) any = true, rank_at_least(n, i, 1, "a dim to join along");
+  if (!any) n.fail("needs at least one input");
 }
 
+// Ops that index the dim their axis names (Gather, TopK, CumSum, Slice, ...): a rank of 1 or
+// more, where Node::axis would take a 0-d input's axis 0 as valid.
+void check_has_dims(const Node& n) { rank_at_least(n, 0, 1, "a dim to work along"); }
+
+// Squeeze with axes; Compress and Unique with an axis: the same, when the axes are given.
+void check_axes_given(const Node& n) {
+  const bool given = n.op() == "Squeeze" ? n.has_attr("axes") || (n.has(1) && n.in(1).numel())
+                                         : n.has_attr("axis");
+  if (given) check_has_dims(n);
+}
+
+// DepthToSpace, SpaceToDepth: x (N, C, H, W) and a blocksize that divides what it splits.
+void check_blocks(const Node& n) {
+  const Tensor& x = n.in(0);
+  const int64_t b = n.attr_i("blocksize", 1);
+  if (x.dim() != 4 || b < 1)
+    n.fail(fmt::format("needs a 4-D input and a positive blocksize, got shape {} and {}", x.sizes(),
+                       b));
+  const int64_t C = x.sizes()[1], H = x.sizes()[2], W = x.sizes()[3];
+  const bool fits =
+      n.op() == "DepthToSpace" ? b <= C / b && C % (b * b) == 0 : H % b == 0 && W % b == 0;
+  if (!fits)
+    throw ShapeError(fmt::format(
+        "blocksize {} does not divide {} of shape {}", b,
+        n.op() == "DepthToSpace" ? "the channels (by its square)" : "the height and width",
+        x.sizes()));
+}
+
+void check_reverse_sequence(const Node& n) { rank_at_least(n, 0, 2, "time and batch dims"); }
+
 void check_topk(const Node& n) {
+  check_has_dims(n);
   if (n.opset() >= 10) one_value(n, 1, "k");
 }
 
@@ -117,6 +149,7 @@ void check_range(const Node& n) {
 
 // Split: sizes of 0 or more; num_outputs (opset 18), when given, the count of outputs listed.
 void check_split(const Node& n) {
+  check_has_dims(n);
   const std::vector<int64_t> parts =
       n.opset() < 13 ? n.attr_ints("split") : (n.has(1) ? n.ints(1) : std::vector<int64_t>{});
   for (int64_t p : parts)
@@ -171,6 +204,38 @@ void check_dft(const Node& n) {
   if (n.opset() >= 20) one_value(n, 2, "axis");
 }
 
+// GatherND, ScatterND: indices (..., k) of rank 1 or more, whose first batch_dims dims are data's
+// and whose k names at most the dims of data after them.
+void check_nd(const Node& n) {
+  const Tensor &x = n.in(0), &idx = n.in(1);
+  const int64_t b = n.attr_i("batch_dims", 0);
+  if (idx.dim() < 1 || b < 0 || b >= std::min(x.dim(), idx.dim()) ||
+      b + idx.sizes()[idx.dim() - 1] > x.dim())
+    throw ShapeError(fmt::format(
+        "indices {} do not index data {} with batch_dims {} (indices of rank 1 or more, whose "
+        "last dim names at most the data's dims after the batch dims)",
+        idx.sizes(), x.sizes(), b));
+  for (int64_t i = 0; i < b; ++i)
+    if (x.sizes()[i] != idx.sizes()[i])
+      throw ShapeError(
+          fmt::format("the batch dims of data {} and indices {} differ", x.sizes(), idx.sizes()));
+}
+
+// NonMaxSuppression: boxes (batch, boxes, 4), scores (batch, classes, boxes); one value each
+// for max_output_boxes_per_class, iou_threshold and score_threshold.
+void check_nms(const Node& n) {
+  const Tensor &b = n.in(0), &s = n.in(1);
+  if (b.dim() != 3 || b.sizes()[2] != 4 || s.dim() != 3 || s.sizes()[0] != b.sizes()[0] ||
+      s.sizes()[2] != b.sizes()[1])
+    throw ShapeError(
+        fmt::format("boxes must be (batch, boxes, 4) and scores (batch, classes, "
+                    "boxes), got {} and {}",
+                    b.sizes(), s.sizes()));
+  const char* names[] = {"max_output_boxes_per_class", "iou_threshold", "score_threshold"};
+  for (size_t i = 2; i < 5; ++i)
+    if (n.has(i) && n.in(i).numel()) one_value(n, i, names[i - 2]);
+}
+
 // Mod of floats must ask for fmod (the C remainder), as the ONNX specification says.
 void check_mod(const Node& n) {
   if (is_floating(n.in(0).dtype()) && n.attr_i("fmod", 0) == 0)
@@ -179,23 +244,43 @@ void check_mod(const Node& n) {
 
 const std::map<std::string, void (*)(const Node&)>& checks() {
   static const std::map<std::string, void (*)(const Node&)> table = {
+      {"ArgMax", check_has_dims},
+      {"ArgMin", check_has_dims},
       {"AveragePool", check_pool},
       {"BatchNormalization", check_batch_norm},
+      {"Compress", check_axes_given},
       {"Concat", check_concat},
       {"Conv", check_conv},
       {"ConvTranspose", check_conv_transpose},
+      {"CumSum", check_has_dims},
       {"DFT", check_dft},
+      {"DepthToSpace", check_blocks},
+      {"Gather", check_has_dims},
+      {"GatherElements", check_has_dims},
+      {"GatherND", check_nd},
       {"GlobalAveragePool", check_global_pool},
       {"GlobalMaxPool", check_global_pool},
+      {"Hardmax", check_has_dims},
       {"InstanceNormalization", check_instance_norm},
       {"LRN", check_lrn},
+      {"LogSoftmax", check_has_dims},
       {"MaxPool", check_pool},
       {"Mod", check_mod},
+      {"NonMaxSuppression", check_nms},
       {"Pad", check_pad},
       {"Range", check_range},
+      {"ReverseSequence", check_reverse_sequence},
       {"STFT", check_stft},
+      {"Scatter", check_has_dims},
+      {"ScatterElements", check_has_dims},
+      {"ScatterND", check_nd},
+      {"Slice", check_has_dims},
+      {"Softmax", check_has_dims},
+      {"SpaceToDepth", check_blocks},
       {"Split", check_split},
+      {"Squeeze", check_axes_given},
       {"TopK", check_topk},
+      {"Unique", check_axes_given},
       {"Unsqueeze", check_unsqueeze},
   };
   return table;

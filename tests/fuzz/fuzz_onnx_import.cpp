@@ -5,7 +5,8 @@
 // shapes and the opset. Each mutant is imported and, when that succeeds, run eagerly on small
 // inputs (the seed's own when they still fit, else random ones of the declared shapes). A
 // duet::Error is a pass; anything else (an escaped std:: exception, a signal, a time-out) is
-// reported with the mutant's index and written to --artifacts, so that it replays with --only.
+// reported with the mutant's index and written to --artifacts, so that it replays with --only
+// (which also writes the mutant there).
 //
 //   fuzz_onnx_import [--seconds S] [--mutations N] [--seed K] [--only I] [--timeout T]
 //                    [--artifacts DIR] SEED...
@@ -424,6 +425,13 @@ int main(int argc, char** argv) {
   int64_t start = o.only >= 0 ? o.only : 0;
   const int64_t first = start;
   const int64_t end = o.only >= 0 ? o.only + 1 : o.mutations >= 0 ? o.mutations : INT64_MAX;
+  if (o.only >= 0) {  // the mutant, to look at
+    fs::create_directories(o.artifacts);
+    const std::string path = fmt::format("{}/mutant-{}-{}.onnx", o.artifacts, o.seed, o.only);
+    std::ofstream f(path, std::ios::binary);
+    mutant(seeds, ops, o.seed, o.only).SerializeToOstream(&f);
+    std::cout << "mutant " << o.only << " written to " << path << std::endl;
+  }
   auto* at = static_cast<volatile int64_t*>(
       mmap(nullptr, sizeof(int64_t), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
   const auto t0 = std::chrono::steady_clock::now();
