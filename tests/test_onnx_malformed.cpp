@@ -242,3 +242,20 @@ TEST_CASE("inputs of a rank the op cannot index are refused (cases the import fu
     check_refused(p, {randn(c.x)}, fmt::format("node \"y\" ({}, opset 17)", c.op), c.what);
   }
 }
+
+TEST_CASE("an LRN window wider than the channels sums them all, in time independent of its size") {
+  // A size of 2^31 ran one slice and add per position of the window: a hang.
+  const double size = 2147483648.0, alpha = 1e-4, beta = 0.75, bias = 1.0;
+  OneNode m("LRN", {1, 3, 2, 2});
+  m.attr_i("size", static_cast<int64_t>(size));
+  Program p = m.import();
+  Tensor x = randn({1, 3, 2, 2});
+  Tensor want = x / pow(sum(x * x, Dims{1}, true) * (alpha / size) + bias, beta);
+  for (bool eager : {true, false}) {
+    CAPTURE(eager);
+    Tensor got = eager ? p.eager({x})[0] : p({x})[0];
+    std::vector<double> g = test::values(got), w = test::values(want);
+    REQUIRE(g.size() == w.size());
+    for (size_t i = 0; i < g.size(); ++i) CHECK(g[i] == doctest::Approx(w[i]).epsilon(1e-5));
+  }
+}

@@ -912,13 +912,15 @@ V op_lrn(const Node& n) {
   const int64_t size = n.attr_i("size", 1);
   const double alpha = n.attr_f("alpha", 1e-4), beta = n.attr_f("beta", 0.75),
                bias = n.attr_f("bias", 1.0);
-  const int64_t C = x.sizes()[1], lo = (size - 1) / 2, hi = size - 1 - lo;
+  // The window, cut to the channels: beyond them it sums only zeros (a size of 2^31 included).
+  const int64_t C = x.sizes()[1], lo = std::min((size - 1) / 2, C),
+                hi = std::min(size - 1 - (size - 1) / 2, C);
   std::vector<int64_t> pads(static_cast<size_t>(2 * x.dim()), 0);
   pads[1] = lo;
   pads[static_cast<size_t>(x.dim() + 1)] = hi;
   Tensor sq = pad_nd(n, x * x, pads, "constant", full({}, 0, like(x)));
   Tensor s = slice(sq, 1, 0, C);
-  for (int64_t k = 1; k < size; ++k) s = s + slice(sq, 1, k, k + C);
+  for (int64_t k = 1; k <= lo + hi; ++k) s = s + slice(sq, 1, k, k + C);
   return {x / pow(s * (alpha / static_cast<double>(size)) + bias, beta)};
 }
 
