@@ -150,7 +150,8 @@ struct OneNode {
 
 TEST_CASE("a malformed ONNX model imports, and each call raises an error naming the node") {
   for (const Malformed& c : malformed()) {
-    CAPTURE(c.file);
+    const std::string file = c.file;
+    CAPTURE(file);
     Program p = import_onnx(model_path(c.file));
     check_refused(p, {randn(c.input)}, c.where, c.what);
   }
