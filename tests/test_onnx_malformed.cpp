@@ -133,6 +133,12 @@ struct OneNode {
     a->set_type(onnx::AttributeProto::INT);
     a->set_i(v);
   }
+  void attr_s(const std::string& name, const std::string& v) {
+    onnx::AttributeProto* a = node->add_attribute();
+    a->set_name(name);
+    a->set_type(onnx::AttributeProto::STRING);
+    a->set_s(v);
+  }
   Program import() {
     const std::string path =
         fmt::format("/tmp/duet_test_onnx_malformed_{}.onnx", static_cast<long>(::getpid()));
@@ -258,5 +264,18 @@ TEST_CASE("an LRN window wider than the channels sums them all, in time independ
     std::vector<double> g = test::values(got), w = test::values(want);
     REQUIRE(g.size() == w.size());
     for (size_t i = 0; i < g.size(); ++i) CHECK(g[i] == doctest::Approx(w[i]).epsilon(1e-5));
+  }
+}
+
+TEST_CASE("a reflect or edge Pad of a dim with no elements is refused, not looped on") {
+  for (const char* mode : {"reflect", "edge"}) {
+    CAPTURE(mode);
+    OneNode m("Pad", {2, 0});
+    m.input("pads", tensor({0.0, 1.0, 0.0, 1.0}, Options().dtype(DType::i64)));
+    m.attr_s("mode", mode);
+    Program p = m.import();
+    check_refused(
+        p, {randn({2, 0})}, "node \"y\" (Pad, opset 17)",
+        fmt::format("pad mode \"{}\" has no elements to pad from on dim 1 of shape (2, 0)", mode));
   }
 }

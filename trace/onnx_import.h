@@ -96,6 +96,11 @@ void check_node(const Node& n);
 /// a size computed from a huge scale is checked before it is rounded to an integer.
 void check_fits(const Node& n, const std::string& what, const std::vector<double>& dims, DType d);
 
+/// Pads b and e (negative: crops) on dim a of `shape`: a ValueError when they crop more than the
+/// dim holds, or when mode "reflect" or "edge" has no element left to pad from.
+void check_pad_dim(const Node& n, const Shape& shape, int64_t a, int64_t b, int64_t e,
+                   const std::string& mode);
+
 /// Runs subgraph g of node n (an If branch, a Loop or Scan body) in a scope inside n's, with g's
 /// inputs bound in order to `inputs`: g's outputs, in order (trace/onnx_import.cpp).
 std::vector<Value> run_subgraph(const Node& n, const onnx::GraphProto& g,

@@ -293,6 +293,18 @@ void check_node(const Node& n) {
   if (it != checks().end()) it->second(n);
 }
 
+void check_pad_dim(const Node& n, const Shape& shape, int64_t a, int64_t b, int64_t e,
+                   const std::string& mode) {
+  const int64_t len = shape[a];
+  if (len + b + e < 0 || -b > len || -e > len)
+    n.fail(fmt::format("pads {} and {} on dim {} of shape {} crop more than the dim holds", b, e, a,
+                       shape));
+  if (mode != "constant" && (b > 0 || e > 0) &&
+      len + std::min<int64_t>(b, 0) + std::min<int64_t>(e, 0) == 0)
+    n.fail(fmt::format("pad mode \"{}\" has no elements to pad from on dim {} of shape {}", mode, a,
+                       shape));
+}
+
 void check_fits(const Node& n, const std::string& what, const std::vector<double>& dims, DType d) {
   static const double machine =
       static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE));

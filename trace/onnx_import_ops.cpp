@@ -568,15 +568,11 @@ Tensor pad_nd(const Node& n, Tensor x, const std::vector<int64_t>& pads, const s
   for (int64_t a = 0; a < r; ++a) {
     int64_t b = pads[static_cast<size_t>(a)], e = pads[static_cast<size_t>(a + r)];
     const int64_t len = x.sizes()[a];
-    if (len + b + e < 0 || -b > len || -e > len)
-      n.fail(fmt::format("pads {} and {} on dim {} of shape {} crop more than the dim holds", b, e,
-                         a, x.sizes()));
+    check_pad_dim(n, x.sizes(), a, b, e, mode);
     if (b < 0) x = slice(x, a, -b, len), b = 0;
     if (e < 0) x = slice(x, a, 0, x.sizes()[a] + e), e = 0;
     if (b == 0 && e == 0) continue;
     const int64_t m = x.sizes()[a];
-    if (m == 0 && mode != "constant")
-      n.fail(fmt::format("pad mode \"{}\" has no elements to pad from on dim {}", mode, a));
     if (mode == "constant") {
       std::vector<Tensor> parts;
       std::vector<int64_t> s = dims_of(x);
