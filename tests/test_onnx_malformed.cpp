@@ -279,3 +279,15 @@ TEST_CASE("a reflect or edge Pad of a dim with no elements is refused, not loope
         fmt::format("pad mode \"{}\" has no elements to pad from on dim 1 of shape (2, 0)", mode));
   }
 }
+
+TEST_CASE("a Pad of opset 7 with an axes input and no pads is refused (found by the fuzzer)") {
+  // The mapping read the pads of each axis named from an empty list.
+  OneNode m("Pad", {2, 3});
+  m.m.mutable_opset_import(0)->set_version(7);
+  m.input("", Tensor());
+  m.input("", Tensor());
+  m.input("a", full({1}, 0, Options().dtype(DType::i64)));
+  Program p = m.import();
+  check_refused(p, {randn({2, 3})}, "node \"y\" (Pad, opset 7)",
+                "pads must hold 2 values per axis of input 3 (1), got 0");
+}

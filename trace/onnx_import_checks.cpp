@@ -172,12 +172,14 @@ void check_unsqueeze(const Node& n) {
       n.fail(fmt::format("axes [{}] name one axis twice", fmt::join(axes, ", ")));
 }
 
-// Pad (opset 18, with axes): 2 pads per axis named.
+// Pad: 2 pads per dim, or with axes (input 3, opset 18) per axis named; before opset 11 the
+// pads are an attribute.
 void check_pad(const Node& n) {
-  if (n.opset() < 11 || !n.has(3)) return;
-  const size_t pads = n.ints(1).size(), axes = n.ints(3).size();
+  const size_t pads = n.opset() < 11 ? n.attr_ints("pads").size() : n.ints(1).size();
+  const size_t axes = n.has(3) ? n.ints(3).size() : static_cast<size_t>(n.in(0).dim());
   if (pads != 2 * axes)
-    n.fail(fmt::format("pads must hold 2 values per axis of input 3 ({}), got {}", axes, pads));
+    n.fail(fmt::format("pads must hold 2 values per {} ({}), got {}",
+                       n.has(3) ? "axis of input 3" : "dim of input 0", axes, pads));
 }
 
 // STFT: signal (batch, length, 1 or 2), frame_step (one value, 1 or more), window (1-D),
