@@ -3,13 +3,14 @@
 // inputs' dims, divides by strides and groups, and reads the one value of small inputs that stand
 // for attributes (TopK's k); a malformed model must get an error that names the node and what was
 // expected, as the ONNX checker and ONNX Runtime give, rather than a division by zero, a read past
-// an end or a silently wrong result. Checks that need an input's values beyond its shape (a Range's
-// delta, a Split's sizes) stay in the mappings, which read those values; check_fits is the one
-// refusal of sizes the machine cannot hold.
+// an end or a silently wrong result. The checks read the small inputs they need (a Range's bounds,
+// a Split's sizes) as the mappings do. What depends on sizes a mapping computes is checked there,
+// with the helpers at the end: check_fits, the one refusal of sizes the machine cannot hold, and
+// check_pad_dim.
 #include <unistd.h>
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <set>
 
@@ -32,8 +33,8 @@ void ints_at_least(const Node& n, const char* name, size_t count, int64_t lowest
   if (!n.has_attr(name)) return;
   const std::vector<int64_t> v = n.attr_ints(name);
   if (count && v.size() != count)
-    n.fail(
-        fmt::format("{} must hold {} values, one per spatial dim, got {}", name, count, v.size()));
+    n.fail(fmt::format("{} must hold {} values for {} spatial dims, got {}", name, count,
+                       n.in(0).dim() - 2, v.size()));
   for (int64_t x : v)
     if (x < lowest)
       n.fail(fmt::format("{} must be {} or more, got [{}]", name, lowest, fmt::join(v, ", ")));
