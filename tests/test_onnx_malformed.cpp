@@ -291,3 +291,15 @@ TEST_CASE("a Pad of opset 7 with an axes input and no pads is refused (found by 
   check_refused(p, {randn({2, 3})}, "node \"y\" (Pad, opset 7)",
                 "pads must hold 2 values per axis of input 3 (1), got 0");
 }
+
+TEST_CASE("a RoiAlign of 2^31 bins a side is refused before its samples are computed") {
+  OneNode m("RoiAlign", {1, 1, 10, 10});
+  m.input("rois", full({3, 4}, 1));
+  m.input("batch", full({3}, 0, Options().dtype(DType::i64)));
+  m.attr_i("output_height", INT32_MAX);
+  m.attr_i("output_width", 5);
+  m.attr_i("sampling_ratio", 2);
+  Program p = m.import();
+  check_refused(p, {randn({1, 1, 10, 10})}, "node \"y\" (RoiAlign, opset 17)",
+                "the samples of shape (3, 1, 4294967294, 10) and dtype f32 would take");
+}

@@ -706,6 +706,8 @@ V op_roi_align(const Node& n) {
   if (S <= 0) n.fail("sampling_ratio 0 (adaptive, from the rois' values) is not supported");
   const double scale = n.attr_f("spatial_scale", 1.0), offset = ctm == "half_pixel" ? 0.5 : 0.0;
   const int64_t R = rois.sizes()[0], C = x.sizes()[1], H = x.sizes()[2], W = x.sizes()[3];
+  if (PH < 1 || PW < 1) n.fail(fmt::format("an output of {} x {} bins", PH, PW));
+  check_fits(n, "the samples", {1.0 * R, 1.0 * C, 1.0 * PH * S, 1.0 * PW * S}, x.dtype());
   const Tensor r = as(rois, is_floating(x.dtype()) ? x.dtype() : DType::f32);
   auto col = [&](int64_t j) { return reshape(slice(r, 1, j, j + 1), {R}) * scale - offset; };
   Tensor x0 = col(0), y0 = col(1), w = col(2) - x0, h = col(3) - y0;
