@@ -3,7 +3,8 @@
 # build (with the CUDA backend when nvcc is present; CUDA tests skip without a GPU), the
 # CPU-only suite under ASan + UBSan, then the thread tests under ThreadSanitizer (only those:
 # a TSan build of the whole suite would not fit the time budget), then 60 s of libFuzzer on the
-# program loader (tests/fuzz, built with clang).
+# program loader (tests/fuzz, built with clang). After the Release tests, 60 s of mutated ONNX
+# models through import_onnx (tests/fuzz/fuzz_onnx_import.cpp, built with the Release build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup_deps.sh
@@ -17,6 +18,14 @@ echo "== Release build"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DDUET_BUILD_TESTS=ON >/dev/null
 cmake --build build -j "$jobs"
 ctest --test-dir build --output-on-failure -j "$jobs"
+
+echo "== Fuzzing ONNX import (60 s, tests/fuzz/fuzz_onnx_import.cpp)"
+if [ -x build/tests/fuzz_onnx_import ]; then
+  ./build/tests/fuzz_onnx_import --seconds 60 --artifacts build/fuzz-onnx-artifacts \
+    tests/data/onnx-node /usr/share/libonnx-testdata/data/node tests/data/onnx_malformed
+else
+  echo "skipped: this build has no ONNX import (libonnx-dev not found)"
+fi
 
 echo "== ASan + UBSan build (CPU only)"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DDUET_SANITIZE=ON \

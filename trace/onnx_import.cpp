@@ -47,34 +47,52 @@ double Node::number(size_t i) const {
   return t.to(Device::cpu()).to(DType::f64).to_vector<double>()[0];
 }
 
+int64_t Node::int1(size_t i) const {
+  const Tensor& t = in(i);
+  if (t.numel() != 1)
+    fail(fmt::format("input {} must hold one integer, got shape {}", i, t.sizes()));
+  return ints(i)[0];
+}
+
 const onnx::AttributeProto* Node::attr(const char* name) const {
   for (const onnx::AttributeProto& a : proto_.attribute())
     if (a.name() == name) return &a;
   return nullptr;
 }
 
-int64_t Node::attr_i(const char* name, int64_t fallback) const {
+const onnx::AttributeProto* Node::attr(const char* name,
+                                       onnx::AttributeProto::AttributeType type) const {
   const onnx::AttributeProto* a = attr(name);
+  // UNDEFINED: a model written before attributes carried their type; the field decides.
+  if (a && a->type() != type && a->type() != onnx::AttributeProto::UNDEFINED)
+    fail(fmt::format("attribute {} must be of type {}, got {}", name,
+                     onnx::AttributeProto::AttributeType_Name(type),
+                     onnx::AttributeProto::AttributeType_Name(a->type())));
+  return a;
+}
+
+int64_t Node::attr_i(const char* name, int64_t fallback) const {
+  const onnx::AttributeProto* a = attr(name, onnx::AttributeProto::INT);
   return a ? a->i() : fallback;
 }
 
 double Node::attr_f(const char* name, double fallback) const {
-  const onnx::AttributeProto* a = attr(name);
+  const onnx::AttributeProto* a = attr(name, onnx::AttributeProto::FLOAT);
   return a ? a->f() : fallback;
 }
 
 std::string Node::attr_s(const char* name, const std::string& fallback) const {
-  const onnx::AttributeProto* a = attr(name);
+  const onnx::AttributeProto* a = attr(name, onnx::AttributeProto::STRING);
   return a ? a->s() : fallback;
 }
 
 std::vector<int64_t> Node::attr_ints(const char* name) const {
-  const onnx::AttributeProto* a = attr(name);
+  const onnx::AttributeProto* a = attr(name, onnx::AttributeProto::INTS);
   return a ? std::vector<int64_t>(a->ints().begin(), a->ints().end()) : std::vector<int64_t>{};
 }
 
 std::vector<float> Node::attr_floats(const char* name) const {
-  const onnx::AttributeProto* a = attr(name);
+  const onnx::AttributeProto* a = attr(name, onnx::AttributeProto::FLOATS);
   return a ? std::vector<float>(a->floats().begin(), a->floats().end()) : std::vector<float>{};
 }
 
@@ -196,8 +214,10 @@ void run_node(const onnx::NodeProto& n, int opset, Scope& env) {
     if (known) {
       detail::SuspendModes eager;
       NoGradGuard ng;
+      oi::check_node(node);
       out = fn(node);
     } else {
+      oi::check_node(node);
       out = fn(node);
     }
   } catch (const ShapeError& e) {
@@ -207,6 +227,17 @@ void run_node(const onnx::NodeProto& n, int opset, Scope& env) {
   } catch (const ValueError& e) {
     if (std::string_view(e.what()).starts_with("[import_onnx]")) throw;
     throw ValueError(fmt::format("[import_onnx] {}: {}", node.where(), e.what()));
+  } catch (const Error&) {
+    throw;
+  } catch (const std::bad_alloc&) {
+    // check_fits refuses the sizes it knows of before allocating; this names any other.
+    throw Error(
+        fmt::format("[import_onnx] {}: out of memory while running the node", node.where()));
+  } catch (const std::exception& e) {
+    // No mapping should get here: its checks come first (check_node). A malformed model must
+    // still raise an error that names its node, never terminate the program.
+    throw ValueError(fmt::format("[import_onnx] {}: the node does not fit duet's mapping ({})",
+                                 node.where(), e.what()));
   }
   if (out.size() < static_cast<size_t>(n.output_size()))
     node.fail(fmt::format("duet's mapping gives {} outputs, the node lists {}", out.size(),

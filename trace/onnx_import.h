@@ -55,14 +55,22 @@ class Node {
   /// The values of input i as integers / numbers: it must be known while tracing.
   std::vector<int64_t> ints(size_t i) const;
   double number(size_t i) const;
+  /// The one integer input i holds (a 0-d tensor or one of one element); a ValueError naming
+  /// the node when it holds none or several.
+  int64_t int1(size_t i) const;
 
   bool has_attr(const char* name) const { return attr(name) != nullptr; }
+  /// An attribute's value, or the fallback when absent; a ValueError naming the node when the
+  /// attribute has another type (an axis given as a FLOAT), as the ONNX checker raises.
   int64_t attr_i(const char* name, int64_t fallback) const;
   double attr_f(const char* name, double fallback) const;
   std::string attr_s(const char* name, const std::string& fallback) const;
   std::vector<int64_t> attr_ints(const char* name) const;  ///< empty when absent
   std::vector<float> attr_floats(const char* name) const;
   const onnx::AttributeProto* attr(const char* name) const;
+  /// The attribute, when present; a ValueError when its type is not `type`.
+  const onnx::AttributeProto* attr(const char* name,
+                                   onnx::AttributeProto::AttributeType type) const;
 
   /// "node "n1" (Reshape, opset 13)".
   std::string where() const;
@@ -77,6 +85,21 @@ class Node {
   std::vector<Value> in_;
   const Scope* scope_;
 };
+
+/// What node n's mapping assumes of it, checked before it runs (trace/onnx_import_checks.cpp):
+/// the ranks of its inputs, the count and range of its attributes and of the small inputs that
+/// stand for attributes (TopK's k, STFT's frame_step). A ValueError or ShapeError naming the node
+/// and what was expected, so that no mapping divides by zero or indexes past an end.
+void check_node(const Node& n);
+/// Refuses an output of `dims` elements of dtype d that the machine cannot hold, before anything
+/// is allocated: a ValueError naming the node, `what` and the size. The dims are doubles so that
+/// a size computed from a huge scale is checked before it is rounded to an integer.
+void check_fits(const Node& n, const std::string& what, const std::vector<double>& dims, DType d);
+
+/// Pads b and e (negative: crops) on dim a of `shape`: a ValueError when they crop more than the
+/// dim holds, or when mode "reflect" or "edge" has no element left to pad from.
+void check_pad_dim(const Node& n, const Shape& shape, int64_t a, int64_t b, int64_t e,
+                   const std::string& mode);
 
 /// Runs subgraph g of node n (an If branch, a Loop or Scan body) in a scope inside n's, with g's
 /// inputs bound in order to `inputs`: g's outputs, in order (trace/onnx_import.cpp).

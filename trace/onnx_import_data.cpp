@@ -129,7 +129,7 @@ V op_reverse_sequence(const Node& n) {
 V op_topk(const Node& n) {
   const Tensor& x = n.in(0);
   const int64_t a = n.axis(n.attr_i("axis", -1), x.dim());
-  const int64_t k = n.opset() < 10 ? n.attr_i("k", 1) : n.ints(1).at(0);
+  const int64_t k = n.opset() < 10 ? n.attr_i("k", 1) : n.int1(1);
   if (k < 0 || k > x.sizes()[a])
     n.fail(fmt::format("k = {} for a dim of size {}", k, x.sizes()[a]));
   const bool largest = n.attr_i("largest", 1);
@@ -219,6 +219,7 @@ template <int kind>  // 0 Hann, 1 Hamming, 2 Blackman
 V op_window(const Node& n) {
   const int64_t size = static_cast<int64_t>(n.number(0));
   const DType d = dtype_attr(n, "output_datatype", DType::f32);
+  check_fits(n, "the window", {static_cast<double>(size)}, DType::f64);
   const double den = static_cast<double>(n.attr_i("periodic", 1) ? size : size - 1);
   Tensor i = arange(size, Options().dtype(DType::f64)) * (2 * M_PI / den);
   Tensor w = kind == 0   ? 0.5 - cos(i) * 0.5
@@ -284,7 +285,7 @@ bool suppresses(const double* a, const double* b, bool center, double iou_thresh
 // read (guarded under compile), and the selected (batch, class, box) triples come out as i64.
 V op_nms(const Node& n) {
   const Tensor &boxes = n.in(0), &scores = n.in(1);
-  const int64_t max_out = n.has(2) && n.in(2).numel() ? std::max<int64_t>(n.ints(2).at(0), 0) : 0;
+  const int64_t max_out = n.has(2) && n.in(2).numel() ? std::max<int64_t>(n.int1(2), 0) : 0;
   const double iou = n.has(3) && n.in(3).numel() ? n.number(3) : 0;
   const bool thresholded = n.has(4) && n.in(4).numel();
   const double min_score = thresholded ? n.number(4) : 0;
@@ -352,24 +353,28 @@ Tensor dft_along(const Tensor& x, int64_t axis, int64_t length, int64_t out, boo
 V op_dft(const Node& n) {
   Tensor x = n.in(0);
   const int64_t rank = x.dim();
-  int64_t axis = n.opset() < 20 ? n.attr_i("axis", 1) : (n.has(2) ? n.ints(2).at(0) : -2);
+  int64_t axis = n.opset() < 20 ? n.attr_i("axis", 1) : (n.has(2) ? n.int1(2) : -2);
   if (axis < 0) axis += rank;
   if (axis < 0 || axis >= rank - 1)
     n.fail(fmt::format("axis {} for a signal of rank {}", axis, rank));
   if (x.sizes()[rank - 1] == 1) x = cat({x, full(x.sizes(), 0, like(x))}, -1);  // real input
-  const int64_t length = n.has(1) && n.in(1).numel() ? n.ints(1).at(0) : x.sizes()[axis];
+  const int64_t length = n.has(1) && n.in(1).numel() ? n.int1(1) : x.sizes()[axis];
   const bool onesided = n.attr_i("onesided", 0), inverse = n.attr_i("inverse", 0);
   const int64_t out = onesided ? length / 2 + 1 : length;
+  check_fits(n, "the DFT's matrix", {static_cast<double>(out), static_cast<double>(length)},
+             DType::f64);
   return {dft_along(x, axis, length, out, inverse)};
 }
 
 V op_stft(const Node& n) {
   Tensor x = n.in(0);  // (batch, length, 1 or 2)
-  const int64_t step = n.ints(1).at(0);
+  const int64_t step = n.int1(1);
   const bool has_window = n.has(2) && n.in(2).numel();
   int64_t frame = has_window ? n.in(2).sizes()[0] : 0;
-  if (n.has(3) && n.in(3).numel()) frame = n.ints(3).at(0);
+  if (n.has(3) && n.in(3).numel()) frame = n.int1(3);
   if (frame <= 0) n.fail("needs a window or a frame_length");
+  if (frame > x.sizes()[1])
+    n.fail(fmt::format("a frame of {} for a signal of length {}", frame, x.sizes()[1]));
   if (x.sizes()[2] == 1) x = cat({x, full(x.sizes(), 0, like(x))}, -1);
   const int64_t frames = (x.sizes()[1] - frame) / step + 1;
   const bool onesided = n.attr_i("onesided", 1);

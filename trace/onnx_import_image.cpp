@@ -340,9 +340,14 @@ V op_resize(const Node& n) {
     }
   } else {
     if (static_cast<int64_t>(scales.size()) != r) n.fail("scales must hold one value per axis");
+    std::vector<double> want(static_cast<size_t>(r));
     for (int64_t a = 0; a < r; ++a)
-      shape[a] = static_cast<int64_t>(std::floor(scales[a] * static_cast<double>(shape[a])));
+      want[static_cast<size_t>(a)] = std::floor(scales[a] * static_cast<double>(shape[a]));
+    check_fits(n, "the output", want, x.dtype());
+    for (int64_t a = 0; a < r; ++a) shape[a] = static_cast<int64_t>(want[static_cast<size_t>(a)]);
   }
+  // The sizes, before the taps of each axis are computed for them on the host.
+  check_fits(n, "the output", std::vector<double>(shape.begin(), shape.end()), x.dtype());
   return {resize(n, x, s, scales, shape, roi)};
 }
 
@@ -701,6 +706,8 @@ V op_roi_align(const Node& n) {
   if (S <= 0) n.fail("sampling_ratio 0 (adaptive, from the rois' values) is not supported");
   const double scale = n.attr_f("spatial_scale", 1.0), offset = ctm == "half_pixel" ? 0.5 : 0.0;
   const int64_t R = rois.sizes()[0], C = x.sizes()[1], H = x.sizes()[2], W = x.sizes()[3];
+  if (PH < 1 || PW < 1) n.fail(fmt::format("an output of {} x {} bins", PH, PW));
+  check_fits(n, "the samples", {1.0 * R, 1.0 * C, 1.0 * PH * S, 1.0 * PW * S}, x.dtype());
   const Tensor r = as(rois, is_floating(x.dtype()) ? x.dtype() : DType::f32);
   auto col = [&](int64_t j) { return reshape(slice(r, 1, j, j + 1), {R}) * scale - offset; };
   Tensor x0 = col(0), y0 = col(1), w = col(2) - x0, h = col(3) - y0;

@@ -198,7 +198,11 @@ ARITH(op_mul, mul)
 V op_div(const Node& n) {
   const Tensor &a = n.in(0), &b = n.in(1);
   if (is_floating(a.dtype())) return {div(a, b)};
-  return {as(trunc(div(as(a, DType::f64), as(b, DType::f64))), a.dtype())};
+  // Integers divide through f64 and truncate; by 0, the ONNX reference (NumPy's division, then
+  // a cast of the infinity or NaN) gives the dtype's lowest value.
+  Tensor q = as(trunc(div(as(a, DType::f64), as(b, DType::f64))), a.dtype());
+  const double lowest = a.dtype() == DType::i32 ? INT32_MIN : static_cast<double>(INT64_MIN);
+  return {where(eq(b, 0), full({}, lowest, like(q)), q)};
 }
 
 V op_pow(const Node& n) {
@@ -214,6 +218,8 @@ V op_mod(const Node& n) {
   Tensor x = as(a, DType::f64), y = as(b, DType::f64);
   Tensor q = x / y;
   Tensor r = n.attr_i("fmod", 0) ? x - y * trunc(q) : x - y * floor(q);
+  // An integer modulo 0 is 0, as the ONNX reference's (NumPy's) mod and fmod.
+  if (!is_floating(d)) r = where(eq(y, 0), full({}, 0, like(r)), r);
   return {as(r, d)};
 }
 
@@ -562,6 +568,7 @@ Tensor pad_nd(const Node& n, Tensor x, const std::vector<int64_t>& pads, const s
   for (int64_t a = 0; a < r; ++a) {
     int64_t b = pads[static_cast<size_t>(a)], e = pads[static_cast<size_t>(a + r)];
     const int64_t len = x.sizes()[a];
+    check_pad_dim(n, x.sizes(), a, b, e, mode);
     if (b < 0) x = slice(x, a, -b, len), b = 0;
     if (e < 0) x = slice(x, a, 0, x.sizes()[a] + e), e = 0;
     if (b == 0 && e == 0) continue;
@@ -901,13 +908,15 @@ V op_lrn(const Node& n) {
   const int64_t size = n.attr_i("size", 1);
   const double alpha = n.attr_f("alpha", 1e-4), beta = n.attr_f("beta", 0.75),
                bias = n.attr_f("bias", 1.0);
-  const int64_t C = x.sizes()[1], lo = (size - 1) / 2, hi = size - 1 - lo;
+  // The window, cut to the channels: beyond them it sums only zeros (a size of 2^31 included).
+  const int64_t C = x.sizes()[1], lo = std::min((size - 1) / 2, C),
+                hi = std::min(size - 1 - (size - 1) / 2, C);
   std::vector<int64_t> pads(static_cast<size_t>(2 * x.dim()), 0);
   pads[1] = lo;
   pads[static_cast<size_t>(x.dim() + 1)] = hi;
   Tensor sq = pad_nd(n, x * x, pads, "constant", full({}, 0, like(x)));
   Tensor s = slice(sq, 1, 0, C);
-  for (int64_t k = 1; k < size; ++k) s = s + slice(sq, 1, k, k + C);
+  for (int64_t k = 1; k <= lo + hi; ++k) s = s + slice(sq, 1, k, k + C);
   return {x / pow(s * (alpha / static_cast<double>(size)) + bias, beta)};
 }
 
