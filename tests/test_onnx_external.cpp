@@ -356,3 +356,26 @@ TEST_CASE(
     refused("its external data has an entry \"basepath\" duet does not know");
   }
 }
+
+TEST_CASE("import_onnx reads a regular model file only: /dev/zero, a FIFO and a folder refused") {
+  // Read whole, /dev/zero would grow until memory runs out and a FIFO would wait for a writer.
+  TempDir dir;
+  const fs::path fifo = dir.path / "model.onnx";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  for (const std::string path : {std::string("/dev/zero"), fifo.string(), dir.path.string()}) {
+    CAPTURE(path);
+    std::string msg;
+    CHECK_THROWS_AS(
+        [&] {
+          try {
+            import_onnx(path);
+          } catch (const ValueError& e) {
+            msg = e.what();
+            throw;
+          }
+        }(),
+        ValueError);
+    CHECK_MESSAGE(msg.find("[import_onnx]") == 0, msg);
+    CHECK_MESSAGE(msg.find("expected an ONNX file") != std::string::npos, msg);
+  }
+}

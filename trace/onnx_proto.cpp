@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/input_file.h"
 #include "core/ops.h"
 
 namespace duet::detail::onnx_io {
@@ -157,12 +158,11 @@ void tensor_to_proto(const Tensor& t, TensorProto& p) {
 }
 
 namespace {
+// A regular file only, read no further than its size (Note [Reading user files] in
+// core/input_file.h): /dev/zero would grow until memory runs out, and a FIFO would block.
 std::string read_file(const std::string& path, const char* what) {
-  std::ifstream f(path, std::ios::binary);
-  DUET_CHECK_VALUE(f.good(), "[{}] cannot open {}: {}", what, path, std::strerror(errno));
-  std::ostringstream buf;
-  buf << f.rdbuf();
-  return buf.str();
+  InputFile f(path, what, "an ONNX file");
+  return f.read(f.size());
 }
 }  // namespace
 
