@@ -269,6 +269,15 @@ void check_ce_options(const Tensor& logits, const CrossEntropyOptions& o, int64_
                    w.dtype());
 }
 
+// None keeps one loss per target, Sum adds them, Mean is mean_of(loss) (each kind of target
+// has its own denominator).
+template <class MeanOf>
+Tensor reduced(const Tensor& loss, Reduction r, MeanOf&& mean_of) {
+  if (r == Reduction::None) return loss;
+  if (r == Reduction::Sum) return sum(loss);
+  return mean_of(loss);
+}
+
 // Class-index targets: PyTorch's nll_loss of log_softmax, with the label-smoothing term
 // -sum_c w_c lp_c on the targets not ignored, both reduced over the same denominator.
 Tensor ce_indices(const Tensor& lp, const Tensor& targets, const CrossEntropyOptions& o,
@@ -298,15 +307,7 @@ Tensor ce_indices(const Tensor& lp, const Tensor& targets, const CrossEntropyOpt
     Tensor smooth = where(valid, neg(sum(terms, cdim)), 0.0);
     loss = nll * (1.0 - s) + smooth * (s / static_cast<double>(lp.size(cdim)));
   }
-  switch (o.reduction()) {
-    case Reduction::None:
-      return loss;
-    case Reduction::Sum:
-      return sum(loss);
-    case Reduction::Mean:
-      break;
-  }
-  return sum(loss) / sum(wt);
+  return reduced(loss, o.reduction(), [&](const Tensor& l) { return sum(l) / sum(wt); });
 }
 
 // Class-probability targets: -sum_c w_c p_c lp_c per row, smoothed towards uniform; the mean is
@@ -327,15 +328,7 @@ Tensor ce_probabilities(const Tensor& lp, const Tensor& targets, const CrossEntr
   Tensor terms = lp * p;
   if (o.weight().defined()) terms = terms * weight_along_classes(o.weight(), lp, cdim);
   Tensor loss = neg(sum(terms, cdim));
-  switch (o.reduction()) {
-    case Reduction::None:
-      return loss;
-    case Reduction::Sum:
-      return sum(loss);
-    case Reduction::Mean:
-      break;
-  }
-  return mean(loss);
+  return reduced(loss, o.reduction(), [](const Tensor& l) { return mean(l); });
 }
 
 Reduction parse_reduction(std::string_view r) {
