@@ -7,7 +7,7 @@
 
 #include "bench/bench.h"
 #include "duet.h"
-#include "trace/codegen.h"
+#include "trace/plan/codegen.h"
 
 namespace bench {
 

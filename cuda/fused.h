@@ -1,4 +1,4 @@
-// duet: fused CUDA kernels. The fusion pass (trace/fusion.h) groups elementwise ops, with an
+// duet: fused CUDA kernels. The fusion pass (trace/plan/fusion.h) groups elementwise ops, with an
 // optional closing reduction, into a kernels::FusedProgram for CUDA as for the CPU. Here each
 // program becomes CUDA C++ that calls the same scalar functors as every other kernel
 // (kernels/functors.h), compiled at run time by NVRTC into a CUBIN for the device's

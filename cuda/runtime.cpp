@@ -256,10 +256,10 @@ bool started(int index) { return g_devices[index].allocator.load() != nullptr; }
 
 // Note [CUDA graph capture]
 // A compiled plan on a CUDA device is captured once as a CUDA graph and replayed (Note [CUDA graph
-// replay] in trace/executor.h). While a thread captures, its allocations on that device come from
-// a private pool (a caching allocator of its own, as PyTorch's graph pools): blocks freed during
-// the capture may be reused later in the same capture (one stream: the graph runs its nodes in
-// that order), but never by other work, because every replay writes them again. The pool goes
+// replay] in trace/plan/executor.h). While a thread captures, its allocations on that device come
+// from a private pool (a caching allocator of its own, as PyTorch's graph pools): blocks freed
+// during the capture may be reused later in the same capture (one stream: the graph runs its nodes
+// in that order), but never by other work, because every replay writes them again. The pool goes
 // back to the driver when the graph is destroyed. The capture is in relaxed mode, so the pool
 // may call cudaMalloc; a call that cannot be captured (a copy to the host, a synchronization)
 // fails the capture, and the plan runs without a graph.

@@ -1,7 +1,7 @@
-// duet: fused CPU kernels. A fused group (trace/fusion.cpp finds them) is a small register
+// duet: fused CPU kernels. A fused group (trace/plan/fusion.cpp finds them) is a small register
 // program over the elementwise ops of core/ops.def, optionally ending in one reduction. Two
 // tiers run it, like a JIT: the interpreter here, which walks the program block by block over
-// L1-sized blocks with the eager kernels' packet functors, and the C++ that trace/codegen.cpp
+// L1-sized blocks with the eager kernels' packet functors, and the C++ that trace/plan/codegen.cpp
 // generates for a group that runs often, compiled in the background and swapped in.
 //
 // Note [Fused registers]

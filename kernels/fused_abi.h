@@ -1,5 +1,5 @@
 // duet: the calling convention of a fused CPU kernel, shared by the interpreter (kernels/fused.cpp)
-// and by the C++ that codegen (trace/codegen.cpp) generates and the system compiler builds. It
+// and by the C++ that codegen (trace/plan/codegen.cpp) generates and the system compiler builds. It
 // uses only C types, so the generated code includes it without the rest of duet.
 //
 // Note [Fused iteration]

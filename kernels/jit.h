@@ -1,4 +1,4 @@
-// duet: what both run-time code generators share: the CPU tier (trace/codegen.cpp, C++ built
+// duet: what both run-time code generators share: the CPU tier (trace/plan/codegen.cpp, C++ built
 // by the system compiler) and the CUDA one (cuda/fused.cpp, NVRTC). The C type of a dtype in
 // generated code, the hash that keys their caches, and the write that makes a cache entry
 // appear whole or not at all.

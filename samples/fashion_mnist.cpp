@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "duet.h"
-#include "trace/codegen.h"
+#include "trace/plan/codegen.h"
 
 using namespace duet;
 

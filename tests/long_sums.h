@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "trace/codegen.h"
+#include "trace/plan/codegen.h"
 #include "trace/compile.h"
 #include "util.h"
 

@@ -14,7 +14,7 @@
 
 #include <cstdio>
 
-#include "trace/codegen.h"
+#include "trace/plan/codegen.h"
 #include "util.h"
 
 namespace {

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "duet.h"
-#include "trace/onnx_proto.h"
+#include "trace/onnx/onnx_proto.h"
 #include "util.h"
 
 namespace duet::test::onnx_models {

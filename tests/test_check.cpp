@@ -5,7 +5,7 @@
 #include <fmt/format.h>
 
 #include "broken_passes.h"
-#include "trace/passes.h"
+#include "trace/ir/passes.h"
 #include "util.h"
 
 using namespace duet;

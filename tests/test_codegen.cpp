@@ -1,5 +1,5 @@
-// The generated-C++ tier of fused kernels (trace/codegen.h). Programs built by hand run through
-// the interpreter and through their generated code: elementwise results bit for bit,
+// The generated-C++ tier of fused kernels (trace/plan/codegen.h). Programs built by hand run
+// through the interpreter and through their generated code: elementwise results bit for bit,
 // reductions to a rounding tolerance, both against a scalar reference too. Then the machinery:
 // the disk cache, clearing it, the switch, the threshold, and a compiler that fails.
 #include <unistd.h>
@@ -14,7 +14,7 @@
 #include "kernels/functors.h"
 #include "kernels/fused.h"
 #include "long_sums.h"
-#include "trace/codegen.h"
+#include "trace/plan/codegen.h"
 #include "util.h"
 
 namespace duet::test {

@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "trace/passes.h"
+#include "trace/ir/passes.h"
 #include "trace/tracer.h"
 #include "util.h"
 

@@ -39,7 +39,7 @@
 #include <vector>
 
 #include "random_program.h"
-#include "trace/executor.h"
+#include "trace/plan/executor.h"
 #include "util.h"
 
 namespace duet::test {

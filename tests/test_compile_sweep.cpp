@@ -21,7 +21,7 @@
 #include "grad_samples.h"
 #include "layouts.h"
 #include "op_rows.h"
-#include "trace/codegen.h"
+#include "trace/plan/codegen.h"
 
 namespace duet::test {
 namespace {

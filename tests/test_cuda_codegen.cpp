@@ -21,7 +21,7 @@
 #include "cuda/fused.h"
 #include "random_program.h"
 #include "trace/compile.h"
-#include "trace/fusion.h"
+#include "trace/plan/fusion.h"
 #include "util.h"
 
 namespace duet::detail {

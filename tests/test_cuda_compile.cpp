@@ -1,6 +1,6 @@
 // The compiled face on CUDA: fused groups as NVRTC kernels (cuda/fused.h) and plans replayed as
-// CUDA graphs (Note [CUDA graph replay] in trace/executor.h). Every compiled function here runs
-// at least four times: the first call runs the plan kernel by kernel (and builds its kernels),
+// CUDA graphs (Note [CUDA graph replay] in trace/plan/executor.h). Every compiled function here
+// runs at least four times: the first call runs the plan kernel by kernel (and builds its kernels),
 // the second captures the graph, later ones replay it; each call is compared with eager on CUDA
 // with new input values. Tables: the elementwise rows of op_rows.h in fusable chains ending in
 // reductions; random programs of the fusion and mixed mixes; a training step on CUDA against

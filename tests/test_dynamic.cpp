@@ -3,7 +3,7 @@
 // plan from it, and code that needs a concrete size specializes with the reason recorded.
 #include <set>
 
-#include "trace/codegen.h"
+#include "trace/plan/codegen.h"
 #include "trace/compile.h"
 #include "trace/control_flow.h"
 #include "util.h"

@@ -11,13 +11,13 @@
 #include <string>
 #include <vector>
 
-#include "trace/codegen.h"
+#include "trace/plan/codegen.h"
 #include "kernels/fused.h"
 #include "long_sums.h"
 #include "trace/compile.h"
-#include "trace/fusion.h"
+#include "trace/plan/fusion.h"
 #include "random_program.h"
-#include "trace/memory_plan.h"
+#include "trace/plan/memory_plan.h"
 #include "util.h"
 
 namespace duet::test {
@@ -168,7 +168,7 @@ TEST_CASE("fusion: an output that is also an intermediate, and a training step")
   }
 }
 
-// The example of Fuser::depends_on (trace/fusion.cpp): A = {a1, a2} and B = {b1, b2} with
+// The example of Fuser::depends_on (trace/plan/fusion.cpp): A = {a1, a2} and B = {b1, b2} with
 // a1 -> b1 and b2 -> a2 have no path between them in the graph, yet as steps A needs B and B
 // needs A. Here B is an f64 group {c = f64(a1), b1 = c * y, b2 = exp(y)} (b2 joins as a sibling
 // through y) and a2 = a1 + f32(b2) reads it back: a2 may not join a1's group, nor may the group

@@ -1,4 +1,4 @@
-// ONNX export (trace/onnx.h, docs/onnx_export.md): the Fashion-MNIST MLP with a dynamic and a
+// ONNX export (trace/onnx/onnx.h, docs/onnx_export.md): the Fashion-MNIST MLP with a dynamic and a
 // fixed batch, the CNN of samples/cnn.cpp, the seed's DynamicModel (cond -> If), an Elman RNN
 // (scan -> Scan), a while_loop (Loop), Programs traced and loaded, and the errors. The first case
 // checks the models' structure in C++ (no ONNX Runtime); the others run each model in ONNX
@@ -13,8 +13,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "trace/onnx.h"
-#include "trace/onnx_proto.h"
+#include "trace/onnx/onnx.h"
+#include "trace/onnx/onnx_proto.h"
 #include "util.h"
 
 namespace duet::test {

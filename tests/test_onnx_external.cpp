@@ -1,5 +1,5 @@
 // import_onnx of models that keep tensors in external data files (Note [External data] in
-// trace/onnx_external.cpp): the layouts exporters write, each computing what the same model
+// trace/onnx/onnx_external.cpp): the layouts exporters write, each computing what the same model
 // with its data inline computes, eagerly and compiled; and every location, range and file duet
 // refuses, each with a ValueError naming the model, the tensor and what is wrong.
 #include <onnx/onnx_pb.h>

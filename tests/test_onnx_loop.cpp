@@ -1,6 +1,6 @@
 // import_onnx of Loop: eagerly it unrolls; compiled it becomes scan or while_loop, so that a
 // graph's size does not grow with the trip count (Note [Imported control flow] in
-// trace/onnx_import_control.cpp). Each case runs both faces against a loop written on plain
+// trace/onnx/onnx_import_control.cpp). Each case runs both faces against a loop written on plain
 // doubles; the errors are those of malformed Loops.
 #include <onnx/onnx_pb.h>
 
@@ -13,7 +13,7 @@
 #include <optional>
 
 #include "duet.h"
-#include "trace/onnx_proto.h"
+#include "trace/onnx/onnx_proto.h"
 #include "util.h"
 
 using namespace duet;

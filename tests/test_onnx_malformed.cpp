@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "duet.h"
-#include "trace/onnx_proto.h"
+#include "trace/onnx/onnx_proto.h"
 #include "util.h"
 
 using namespace duet;

@@ -2,7 +2,7 @@
 """Prints every function longer than N lines (default 150) in the given C++ files.
 
     python3 tools/fn_lengths.py trace/*.cpp            functions over 150 lines
-    python3 tools/fn_lengths.py -n 80 trace/executor.cpp
+    python3 tools/fn_lengths.py -n 80 trace/plan/executor.cpp
     python3 tools/fn_lengths.py --all trace/compile.cpp every function, with its length
 
 A function is the body of a free function, a member function (defined inside its class or

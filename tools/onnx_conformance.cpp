@@ -18,8 +18,8 @@
 #include <sstream>
 
 #include "duet.h"
-#include "trace/onnx_import.h"
-#include "trace/onnx_proto.h"
+#include "trace/onnx/onnx_import.h"
+#include "trace/onnx/onnx_proto.h"
 
 namespace fs = std::filesystem;
 using namespace duet;
@@ -108,8 +108,8 @@ std::string compare(const Tensor& got_in, const Tensor& want, size_t k) {
   return "";
 }
 
-// The DTypeError of a tensor type duet has no dtype for (trace/onnx_proto.cpp), as opposed to an
-// op refusing a dtype.
+// The DTypeError of a tensor type duet has no dtype for (trace/onnx/onnx_proto.cpp), as opposed to
+// an op refusing a dtype.
 bool unsupported_dtype(const DTypeError& e) {
   const std::string_view w = e.what();
   return w.find("which duet has no dtype for") != std::string_view::npos ||

@@ -10,10 +10,10 @@
 #include "core/ops.h"
 #include "core/tensor_impl.h"
 #include "eager/autograd.h"
-#include "trace/codegen.h"
+#include "trace/plan/codegen.h"
 #include "trace/compile.h"
-#include "trace/executor.h"
-#include "trace/passes.h"
+#include "trace/plan/executor.h"
+#include "trace/ir/passes.h"
 #include "trace/tracer.h"
 
 namespace duet {

@@ -19,7 +19,7 @@
 //    captured tensors and .grad buffers after it, are compared with eager's, element by element:
 //    |compiled - eager| <= atol + rtol * |eager|, NaN equal to NaN (default_tolerance()).
 // 3. On a difference, the passes are switched on one at a time in pipeline order
-//    (pipeline_passes() in trace/passes.h, those the options disable staying off), each
+//    (pipeline_passes() in trace/ir/passes.h, those the options disable staying off), each
 //    configuration traced and run afresh. The first configuration that differs from eager names
 //    the pass. When the function differs with every pass off, no pass is to blame: the trace
 //    itself differs from the eager run (a C++ value read at trace time, state the trace does not

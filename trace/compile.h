@@ -46,7 +46,8 @@
 
 #include "core/tensor.h"
 #include "trace/check.h"
-#include "trace/graph.h"
+#include "trace/plan/cuda_graph.h"
+#include "trace/ir/graph.h"
 
 namespace duet {
 
@@ -143,7 +144,7 @@ struct CompileStats {
   int64_t intermediate_bytes = 0;
   int64_t hoisted_nodes = 0;   ///< nodes that depend only on parameters, run once per version
   int64_t parallel_plans = 0;  ///< plans that run independent branches on two threads
-  /// Plans that run as CUDA graphs (Note [CUDA graph replay] in trace/executor.h): captured at
+  /// Plans that run as CUDA graphs (Note [CUDA graph replay] in trace/plan/executor.h): captured at
   /// their second run, replayed from the third. cuda_graph_stats() says how captures went.
   int64_t cuda_graph_plans = 0;
   /// Runs of those plans that replayed their graph (a capture that failed, or a plan that is
@@ -152,21 +153,6 @@ struct CompileStats {
   /// matmul + bias (+ relu) pairs run as one device GEMM with an epilogue (cuBLASLt).
   int64_t gemm_epilogues = 0;
 };
-
-/// Process-wide counters of CUDA-graph replay (Note [CUDA graph replay] in trace/executor.h).
-struct CudaGraphStats {
-  int64_t captured = 0;      ///< plans captured as a graph
-  int64_t replays = 0;       ///< graph launches
-  int64_t failed = 0;        ///< captures that failed: those plans run kernel by kernel
-  std::string last_failure;  ///< why the most recent capture failed ("" if none has)
-  /// Replays that first copied the call's inputs into a graph's static buffers (the inputs were
-  /// elsewhere than where a graph reads them); the other replays read the caller's tensors.
-  int64_t input_copies = 0;
-  /// Calls of a plan with graphs that ran kernel by kernel: the caller held results of each of
-  /// its graphs (a graph's results are views of its buffers, which it writes at every replay).
-  int64_t ungraphed_runs = 0;
-};
-CudaGraphStats cuda_graph_stats();
 
 /// Pins an intermediate value under a name and returns t. Inside a compiled function the value
 /// becomes an extra result of the plan, so it is stored even when its op is fused with others,

@@ -7,7 +7,7 @@
 // of their own.
 // Traced (inside compile or a Program), each function is traced once into a subgraph (Note
 // [Sub-traces] in trace/tracer.h) and the construct becomes one Control node (Note [Control
-// flow nodes] in trace/graph.h): both branches of a cond, one step of a scan. Its gradient rule
+// flow nodes] in trace/ir/graph.h): both branches of a cond, one step of a scan. Its gradient rule
 // is written in these same constructs, so a traced backward is again a graph: the gradient of a
 // cond is a cond of the branches' vector-Jacobian products, and the gradient of a scan is a
 // reverse scan of its body's, reading the carries that the forward scan stacks for it.

@@ -14,7 +14,7 @@
 
 #include "core/symbolic.h"
 #include "trace/compile.h"
-#include "trace/executor.h"
+#include "trace/plan/executor.h"
 
 namespace duet::detail {
 

@@ -7,9 +7,9 @@
 #include "eager/autograd.h"
 #include "trace/compile.h"
 #include "trace/control_flow.h"
-#include "trace/executor.h"
+#include "trace/plan/executor.h"
 #include "trace/guards.h"
-#include "trace/passes.h"
+#include "trace/ir/passes.h"
 #include "trace/serialize.h"
 #include "trace/tracer.h"
 

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "trace/graph.h"
+#include "trace/ir/graph.h"
 
 namespace duet {
 

@@ -15,7 +15,7 @@
 //
 // Note [Sub-traces]
 // The functions of cond, scan and while_loop are traced by a child tracer into subgraphs
-// (Note [Control flow nodes] in trace/graph.h). A tensor the function reads from outside (a
+// (Note [Control flow nodes] in trace/ir/graph.h). A tensor the function reads from outside (a
 // value of an enclosing trace, a parameter, a tensor built from C++ data) is lifted: the parent
 // gives it a value (capturing it if needed), and the subgraph gets a runtime input for it after
 // its explicit ones. Sibling subgraphs (the two branches of a cond) share one list of lifted
@@ -42,7 +42,7 @@
 #include <vector>
 
 #include "core/dispatch.h"
-#include "trace/graph.h"
+#include "trace/ir/graph.h"
 
 namespace duet::detail {
 

@@ -1,5 +1,5 @@
 // Print: duet::print's op. An effect: its result (an empty b8 token) is read by nothing, so the
-// graph passes keep it by its op (detail::has_effect in trace/graph.h), and a trace chains each
+// graph passes keep it by its op (detail::has_effect in trace/ir/graph.h), and a trace chains each
 // print to the one before it through a second input, so that a plan runs them in program order.
 #include <cstdio>
 #include <mutex>

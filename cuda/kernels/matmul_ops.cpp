@@ -334,7 +334,7 @@ void matmul_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
 // Note [cuBLASLt epilogues]
 // A compiled plan whose 2-D matmul is read only by the add of a bias along its last dim (an add,
 // or a fused group of the add and a relu) runs both as one cublasLtMatmul with the BIAS or
-// RELU_BIAS epilogue (the executor asks, trace/executor.cpp). Row-major D = A B + bias is
+// RELU_BIAS epilogue (the executor asks, trace/plan/executor.cpp). Row-major D = A B + bias is
 // column-major D^T = B^T A^T + bias, the bias along D^T's rows, as cuBLASLt adds it. Whatever
 // cuBLASLt does not take (a layout, a dtype, no algorithm) returns false, and the plan runs the
 // matmul and the group as two kernels.

@@ -1,7 +1,7 @@
 // The CPU code generator: a fused program (kernels/fused.h) as C++ over Eigen packets, computing
 // what the interpreter computes (kernels/fused.cpp) bit for bit. Its twin for CUDA is
 // kernels/codegen/cuda.cpp; both read each op from one expression table (kernels/codegen/exprs.h).
-// trace/codegen.cpp builds, caches and loads what this writes.
+// trace/plan/codegen.cpp builds, caches and loads what this writes.
 #include <string>
 #include <vector>
 

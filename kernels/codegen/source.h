@@ -1,6 +1,6 @@
 // duet: the two code generators of fused kernels, side by side. Each writes the source of one
 // kernel for a fused program (kernels/fused.h) from the same expression table
-// (kernels/codegen/exprs.h): trace/codegen.cpp compiles the C++ one with the system compiler,
+// (kernels/codegen/exprs.h): trace/plan/codegen.cpp compiles the C++ one with the system compiler,
 // cuda/fused.cpp the CUDA one with NVRTC.
 #pragma once
 
@@ -14,7 +14,7 @@ namespace duet::detail {
 /// bit for bit). It includes "duet_fused_abi.h" and "duet_functors.h" (the embedded headers).
 std::string generate_fused_source(const kernels::FusedProgram& p);
 /// The #include lines every generated CPU kernel starts with (a batch of kernels built as one
-/// translation unit starts with them once; trace/codegen.cpp).
+/// translation unit starts with them once; trace/plan/codegen.cpp).
 const char* fused_source_includes();
 }  // namespace duet::detail
 

@@ -34,7 +34,7 @@
 #include <typeinfo>
 
 #include "duet.h"
-#include "trace/onnx_proto.h"
+#include "trace/onnx/onnx_proto.h"
 
 namespace fs = std::filesystem;
 using namespace duet;

@@ -3,8 +3,8 @@
 #include <utility>
 
 #include "core/error.h"
-#include "trace/fusion.h"
-#include "trace/passes.h"
+#include "trace/plan/fusion.h"
+#include "trace/ir/passes.h"
 
 namespace duet::testing {
 namespace {

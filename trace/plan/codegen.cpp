@@ -1,6 +1,6 @@
 // The generated-C++ tier of fused kernels: the source generator, then the background builder
 // with its disk cache (Note [Codegen cache]).
-#include "trace/codegen.h"
+#include "trace/plan/codegen.h"
 
 #include <dlfcn.h>
 #include <fcntl.h>

@@ -1,6 +1,6 @@
-// ONNX import (trace/onnx.h): a model becomes a Program whose function runs the graph's nodes in
-// order, each through its mapping (trace/onnx_import_ops.cpp) onto duet ops. Run eagerly, those
-// ops go on the tape; run compiled, the same function is traced once per input signature. So
+// ONNX import (trace/onnx/onnx.h): a model becomes a Program whose function runs the graph's nodes
+// in order, each through its mapping (trace/onnx/onnx_import_ops.cpp) onto duet ops. Run eagerly,
+// those ops go on the tape; run compiled, the same function is traced once per input signature. So
 // an imported model has one definition for both faces, and gradients reach its initializers.
 //
 // Note [Known values]: ONNX passes shapes, axes and bounds as tensors (Reshape's shape, Slice's
@@ -9,7 +9,7 @@
 // holds only the computation on the model's inputs. A shape input computed from data (or fed as
 // a graph input) is read too: import sets CompileOptions::guard_data_reads, so a compiled call
 // guards the value it read and traces again when it changes.
-#include "trace/onnx_import.h"
+#include "trace/onnx/onnx_import.h"
 
 #include <filesystem>
 #include <map>
@@ -19,8 +19,8 @@
 
 #include "core/dispatch.h"
 #include "eager/autograd.h"
-#include "trace/onnx.h"
-#include "trace/onnx_proto.h"
+#include "trace/onnx/onnx.h"
+#include "trace/onnx/onnx_proto.h"
 
 namespace duet {
 

@@ -4,8 +4,8 @@
 // Note [Plan buffers]
 // Values are of four kinds. Static ones are fixed for the plan's life and set up once:
 // constants, captured tensors (read by reference: the plan holds the tensor, and its storage is
-// read at every run), the buffers of intermediate results (one arena, trace/memory_plan.h), and
-// views of any of those. Fresh ones are allocated at every run: results whose buffer reaches an
+// read at every run), the buffers of intermediate results (one arena, trace/plan/memory_plan.h),
+// and views of any of those. Fresh ones are allocated at every run: results whose buffer reaches an
 // output (the caller keeps them, so the next run must not overwrite them). Runtime inputs and
 // views of runtime inputs are bound per run. After the steps, write-backs copy the new values
 // of captured tensors into their storage and bump its version, as an in-place op does.
@@ -13,7 +13,7 @@
 // copy of the plan instead, built on first need and kept for the next such call.
 //
 // Note [Schedule]
-// The steps are the graph's op nodes, with each fusion group (trace/fusion.h) one step that
+// The steps are the graph's op nodes, with each fusion group (trace/plan/fusion.h) one step that
 // runs a fused kernel; a topological order of those steps is the schedule. It follows the graph's
 // own order, except that (with plan_memory) a ready step that frees more bytes than it makes runs
 // first. Intermediate values inside a group live in the kernel's registers only.
@@ -26,7 +26,7 @@
 // device's stream is captured (Note [CUDA graph capture] in cuda/runtime.cpp). A graph bakes in
 // every address it touches: the arena and the captured tensors (fixed), the inputs, and its
 // results, which it writes into buffers of its own private pool. So that a replay costs no
-// copies, a plan keeps up to four graphs (trace/cuda_graph.cpp):
+// copies, a plan keeps up to four graphs (trace/plan/cuda_graph.cpp):
 //   - inputs: a graph reads the caller's input tensors where they were at its capture, and a
 //     call whose inputs are at those addresses (the same tensors, or new ones the caching
 //     allocator put there) replays it as is. Once a call's inputs are elsewhere (a new batch
@@ -60,8 +60,8 @@
 
 #include "core/tensor_impl.h"
 #include "kernels/fused.h"
-#include "trace/graph.h"
-#include "trace/memory_plan.h"
+#include "trace/ir/graph.h"
+#include "trace/plan/memory_plan.h"
 
 namespace duet::detail {
 
@@ -80,7 +80,7 @@ struct PlanOptions {
   /// The names switched off, for registered fusion passes (Note [Registered passes]).
   std::vector<std::string> disabled;
   /// Shared by the plans of one graph at different sizes of its symbols (Note [Fusion across
-  /// sizes] in trace/plan_build.cpp): the fusion groups the first found, and their kernels.
+  /// sizes] in trace/plan/plan_build.cpp): the fusion groups the first found, and their kernels.
   /// Null: nothing shared. The plans of a control node's subgraphs get none.
   std::shared_ptr<FusionShare> share;
   static PlanOptions from_disabled(const std::vector<std::string>& disabled);
@@ -149,7 +149,7 @@ class Plan {
   std::vector<Epilogue> epilogues_;
   std::vector<int32_t> step_epilogue_;  ///< per step of steps_: index into epilogues_, or -1
   std::vector<Tensor> run_graphed(const std::vector<Tensor>& inputs);
-  int64_t graph_replays_ = 0;  ///< under the CUDA-graph counters' lock (trace/cuda_graph.cpp)
+  int64_t graph_replays_ = 0;  ///< under the CUDA-graph counters' lock (trace/plan/cuda_graph.cpp)
   void run_hoisted_if_stale();
   std::vector<Tensor> run_unprofiled(const std::vector<Tensor>& inputs);
   const Step* run_one(const Step* sp, const Step* end);
@@ -157,9 +157,9 @@ class Plan {
   void step_values(const Step& s, std::vector<Tensor>& in, std::vector<Tensor>& out) const;
   void check_step(const Step& s, const std::vector<Tensor>& in) const;
   std::string fused_culprit(const FusedStep& f, const std::vector<Tensor>& in) const;
-  struct Builder;  ///< the state of one build() (trace/plan_build.cpp)
+  struct Builder;  ///< the state of one build() (trace/plan/plan_build.cpp)
   void build();
-  /// Sets cuda_graph_ up when the plan qualifies for replay (trace/cuda_graph.cpp).
+  /// Sets cuda_graph_ up when the plan qualifies for replay (trace/plan/cuda_graph.cpp).
   void prepare_graph_replay();
   void run_control(ControlStep& c);
   std::vector<Tensor> execute(const std::vector<Tensor>& inputs);

@@ -38,7 +38,7 @@ onnx::TensorProto read_tensor(const std::string& path);
 /// Reads the data of every tensor of m kept in an external file (data_location EXTERNAL: an
 /// initializer, a node attribute's value, a subgraph's, at any depth) into its raw_data, from
 /// the file its "location" names in `folder`, the folder of the model file `model`
-/// (trace/onnx_external.cpp, Note [External data]). A location outside the folder, a file that
+/// (trace/onnx/onnx_external.cpp, Note [External data]). A location outside the folder, a file that
 /// is not a regular file, or an offset or length past its end raises a ValueError naming the
 /// model, the tensor and the file.
 void load_external_data(onnx::ModelProto& m, const std::string& model);

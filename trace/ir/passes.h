@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "trace/graph.h"
+#include "trace/ir/graph.h"
 
 namespace duet::detail {
 

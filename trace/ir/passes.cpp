@@ -1,4 +1,4 @@
-#include "trace/passes.h"
+#include "trace/ir/passes.h"
 
 #include <algorithm>
 #include <cmath>
@@ -321,23 +321,37 @@ Graph fold(const Graph& old) {
 // broadcast in registers. The rule keeps types and values exactly: every operand has the op's
 // dtype (so promotion, which treats 0-d tensors apart, cannot change), another operand has the
 // op's shape (so the result's shape cannot change), and the op computes with the same numbers.
-Graph simplify(const Graph& old) {
-  Rebuild r(old);
-  auto node = [&](int32_t v) -> const GraphNode& { return r.g.nodes[v]; };
-  auto is_scalar = [&](int32_t v, double want) {
+namespace {
+
+// The rewrites of simplify, one method per rule; Simplifier::run rebuilds the graph through them.
+struct Simplifier {
+  const Graph& old;
+  Rebuild r;
+  std::vector<int32_t> uses;  // of each old value (outputs and write-backs count)
+
+  explicit Simplifier(const Graph& g) : old(g), r(g), uses(g.nodes.size(), 0) {
+    for (const GraphNode& n : old.nodes)
+      for (int32_t in : n.inputs) ++uses[in];
+    for (int32_t o : old.outputs) ++uses[o];
+    for (const WriteBack& w : old.writebacks) ++uses[w.value];
+  }
+
+  const GraphNode& node(int32_t v) const { return r.g.nodes[v]; }
+  bool is_scalar(int32_t v, double want) const {
     double x;
     return r.g.scalar_value(v, &x) && x == want;
-  };
+  }
   // Whether v is a zero that adding (sub: subtracting) leaves every value of dtype d as it is.
   // In IEEE arithmetic that takes the zero of the right sign: -0.0 + +0.0 is +0.0, so x + 0.0
   // is not x at x = -0.0, and x - -0.0 = x + 0.0 is not either; x + -0.0 and x - 0.0 are x
   // (NaN and infinities included).
-  auto is_identity_zero = [&](int32_t v, DType d, bool sub) {
+  bool is_identity_zero(int32_t v, DType d, bool sub) const {
     double x;
     return r.g.scalar_value(v, &x) && x == 0 && (!is_floating(d) || std::signbit(x) != sub);
-  };
+  }
+
   // permute(x, identity) = x; permute(permute(x, a), b) = permute(x, a[b]).
-  auto simplify_permute = [&](GraphNode& n) -> int32_t {
+  int32_t simplify_permute(GraphNode& n) {
     bool identity = true;
     for (int64_t d = 0; d < n.attrs.ints.size(); ++d) identity &= n.attrs.ints[d] == d;
     if (identity) return n.inputs[0];
@@ -353,28 +367,24 @@ Graph simplify(const Graph& old) {
     n.attrs.ints = q;
     n.inputs = {p.inputs[0]};
     return -1;
-  };
+  }
+
   // reshape(reshape(x)) = reshape(x); a reshape to x's own shape is x.
-  auto simplify_reshape = [&](GraphNode& n) -> int32_t {
+  int32_t simplify_reshape(GraphNode& n) {
     const GraphNode& p = node(n.inputs[0]);
     int32_t src = n.inputs[0];
     if (p.kind == NodeKind::Op && p.op == OpId::Reshape) src = p.inputs[0];
     if (same_value_meta(node(src).meta, n.meta)) return src;
     n.inputs = {src};
     return -1;
-  };
-  // Uses of each old value (outputs and write-backs count).
-  std::vector<int32_t> uses(old.nodes.size(), 0);
-  for (const GraphNode& n : old.nodes)
-    for (int32_t in : n.inputs) ++uses[in];
-  for (int32_t o : old.outputs) ++uses[o];
-  for (const WriteBack& w : old.writebacks) ++uses[w.value];
+  }
+
   // The transpose of a 2-D product read only transposed: permute(matmul(a, b)) =
   // matmul(permute(b), permute(a)), so the product is computed in the layout it is read in.
   // A linear layer's weight gradient (x^T dy)^T then arrives contiguous in the weight's (out,
   // in) layout: BLAS takes the operands' transposes as flags, and the update and the write-back
   // into .grad read it in order instead of striding across it.
-  auto transposed_product = [&](const GraphNode& n, int32_t old_in) -> int32_t {
+  int32_t transposed_product(const GraphNode& n, int32_t old_in) {
     const GraphNode& m = node(n.inputs[0]);
     if (uses[old_in] != 1 || m.kind != NodeKind::Op || m.op != OpId::MatMul ||
         n.attrs.ints.size() != 2 || n.attrs.ints[0] != 1 || !m.name.empty() ||
@@ -399,10 +409,11 @@ Graph simplify(const Graph& old) {
     p.meta = n.meta;
     p.scope = n.scope;
     return r.emit(std::move(p));
-  };
+  }
+
   // A fill of an elementwise op's whole shape read as an operand: a 0-d fill of the same value
   // and dtype gives the same values (Note [Fills as operands]).
-  auto shrink_fills = [&](GraphNode& n) {
+  void shrink_fills(GraphNode& n) {
     if (n.inputs.size() < 2 || op_class(n.op) != OpClass::Elementwise || symbolic(n.meta)) return;
     const DType d = n.meta.dtype;
     bool full_shaped = false;
@@ -423,78 +434,91 @@ Graph simplify(const Graph& old) {
       m.sym.clear();
       v = r.emit(full_node(m, s.attrs.value, s.scope));
     }
-  };
-  for (size_t i = 0; i < old.nodes.size(); ++i) {
-    GraphNode n = r.remapped(int32_t(i));
-    int32_t same = -1;  // an existing value equal to this node
-    if (n.kind == NodeKind::Op && n.name.empty()) {
-      shrink_fills(n);
-      const auto& in = n.inputs;
-      auto fits = [&](int32_t v) { return same_value_meta(node(v).meta, n.meta); };
-      switch (n.op) {
-        case OpId::Add:
-          if (is_identity_zero(in[1], n.meta.dtype, false) && fits(in[0]))
-            same = in[0];
-          else if (is_identity_zero(in[0], n.meta.dtype, false) && fits(in[1]))
-            same = in[1];
-          break;
-        case OpId::Sub:
-          if (is_identity_zero(in[1], n.meta.dtype, true) && fits(in[0])) same = in[0];
-          break;
-        case OpId::Mul:
-          if (is_scalar(in[1], 1) && fits(in[0]))
-            same = in[0];
-          else if (is_scalar(in[0], 1) && fits(in[1]))
-            same = in[1];
-          break;
-        case OpId::Div:
-          if (is_scalar(in[1], 1) && fits(in[0])) same = in[0];
-          break;
-        case OpId::Neg:
-          if (node(in[0]).kind == NodeKind::Op && node(in[0]).op == OpId::Neg)
-            same = node(in[0]).inputs[0];
-          break;
-        case OpId::Where:
-          if (in[1] == in[2] && fits(in[1])) same = in[1];
-          break;
-        case OpId::Cast:
-        case OpId::Copy:
-        case OpId::Reshape:
-        case OpId::Permute:
-        case OpId::Expand: {
-          double v;
-          if (r.g.scalar_value(in[0], &v) && n.meta.shape.numel() > 0) {
-            // A filled constant converted, cloned or reshaped is a filled constant.
-            const DType from = node(in[0]).meta.dtype;
-            n = full_node(n.meta, stored_as(stored_as(v, from).to<double>(), n.meta.dtype),
-                          n.scope);
-            break;
-          }
-          if (n.op == OpId::Permute) {
-            same = simplify_permute(n);
-            if (same < 0 && n.inputs[0] == r.map[old.nodes[i].inputs[0]])
-              same = transposed_product(n, old.nodes[i].inputs[0]);
-            break;
-          }
-          if (n.op == OpId::Reshape) {
-            same = simplify_reshape(n);
-            break;
-          }
-          if (fits(in[0]) && n.op != OpId::Copy) same = in[0];
-          // A clone of a fresh op result is that result: values in the graph are immutable.
-          if (n.op == OpId::Copy && fits(in[0]) && node(in[0]).kind == NodeKind::Op &&
-              op_class(node(in[0]).op) != OpClass::View)
-            same = in[0];
+  }
+
+  // An existing value equal to node i (rebuilt as n), or -1; n may be rewritten in place.
+  int32_t rewrite(GraphNode& n, size_t i) {
+    int32_t same = -1;
+    const auto& in = n.inputs;
+    auto fits = [&](int32_t v) { return same_value_meta(node(v).meta, n.meta); };
+    switch (n.op) {
+      case OpId::Add:
+        if (is_identity_zero(in[1], n.meta.dtype, false) && fits(in[0]))
+          same = in[0];
+        else if (is_identity_zero(in[0], n.meta.dtype, false) && fits(in[1]))
+          same = in[1];
+        break;
+      case OpId::Sub:
+        if (is_identity_zero(in[1], n.meta.dtype, true) && fits(in[0])) same = in[0];
+        break;
+      case OpId::Mul:
+        if (is_scalar(in[1], 1) && fits(in[0]))
+          same = in[0];
+        else if (is_scalar(in[0], 1) && fits(in[1]))
+          same = in[1];
+        break;
+      case OpId::Div:
+        if (is_scalar(in[1], 1) && fits(in[0])) same = in[0];
+        break;
+      case OpId::Neg:
+        if (node(in[0]).kind == NodeKind::Op && node(in[0]).op == OpId::Neg)
+          same = node(in[0]).inputs[0];
+        break;
+      case OpId::Where:
+        if (in[1] == in[2] && fits(in[1])) same = in[1];
+        break;
+      case OpId::Cast:
+      case OpId::Copy:
+      case OpId::Reshape:
+      case OpId::Permute:
+      case OpId::Expand: {
+        double v;
+        if (r.g.scalar_value(in[0], &v) && n.meta.shape.numel() > 0) {
+          // A filled constant converted, cloned or reshaped is a filled constant.
+          const DType from = node(in[0]).meta.dtype;
+          n = full_node(n.meta, stored_as(stored_as(v, from).to<double>(), n.meta.dtype), n.scope);
           break;
         }
-        default:
+        if (n.op == OpId::Permute) {
+          same = simplify_permute(n);
+          if (same < 0 && n.inputs[0] == r.map[old.nodes[i].inputs[0]])
+            same = transposed_product(n, old.nodes[i].inputs[0]);
           break;
+        }
+        if (n.op == OpId::Reshape) {
+          same = simplify_reshape(n);
+          break;
+        }
+        if (fits(in[0]) && n.op != OpId::Copy) same = in[0];
+        // A clone of a fresh op result is that result: values in the graph are immutable.
+        if (n.op == OpId::Copy && fits(in[0]) && node(in[0]).kind == NodeKind::Op &&
+            op_class(node(in[0]).op) != OpClass::View)
+          same = in[0];
+        break;
       }
+      default:
+        break;
     }
-    r.map[i] = same >= 0 ? same : r.emit(std::move(n));
+    return same;
   }
-  return r.done();
-}
+
+  Graph run() {
+    for (size_t i = 0; i < old.nodes.size(); ++i) {
+      GraphNode n = r.remapped(int32_t(i));
+      int32_t same = -1;
+      if (n.kind == NodeKind::Op && n.name.empty()) {
+        shrink_fills(n);
+        same = rewrite(n, i);
+      }
+      r.map[i] = same >= 0 ? same : r.emit(std::move(n));
+    }
+    return r.done();
+  }
+};
+
+}  // namespace
+
+Graph simplify(const Graph& old) { return Simplifier(old).run(); }
 
 namespace {
 

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "kernels/fused.h"
-#include "trace/graph.h"
+#include "trace/ir/graph.h"
 
 namespace duet::detail {
 

@@ -44,7 +44,7 @@ struct OnnxExportOptions {
 void export_onnx(const Program& p, const std::string& path, const OnnxExportOptions& options = {});
 
 namespace detail {
-/// export_onnx of a compiled function (trace/onnx_export.cpp): traced as duet::save traces it.
+/// export_onnx of a compiled function (trace/onnx/onnx_export.cpp): traced as duet::save traces it.
 void export_onnx_compiled(const CompileOptions& options, const std::string& label,
                           const FlatArgs& args, const TraceFn& fn, const std::string& path,
                           const OnnxExportOptions& onnx_options);
@@ -82,7 +82,7 @@ struct OnnxImportOptions {
 /// node and the opset; a tensor of an element type duet has no dtype for (int8, uint8, string,
 /// ...), and a sequence or optional (a graph input or output, or an op such as SplitToSequence
 /// or OptionalHasElement), raises a DTypeError naming it. Tensors kept in external data files
-/// are read from the model's folder (Note [External data] in trace/onnx_external.cpp).
+/// are read from the model's folder (Note [External data] in trace/onnx/onnx_external.cpp).
 Program import_onnx(const std::string& path, const OnnxImportOptions& options = {});
 
 }  // namespace duet

@@ -34,7 +34,7 @@
 #include <set>
 
 #include "core/error.h"
-#include "trace/onnx_proto.h"
+#include "trace/onnx/onnx_proto.h"
 
 namespace duet::detail::onnx_io {
 

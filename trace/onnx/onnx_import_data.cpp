@@ -1,14 +1,14 @@
 // ONNX import: the mappings of ops whose results are placed or chosen by data (scatter and
 // gather by index, TopK, Unique, NonZero, Compress, NonMaxSuppression), of signal processing
 // (the window functions, DFT, STFT), of Det, and of the training domain's optimizers
-// (trace/onnx_import.h).
+// (trace/onnx/onnx_import.h).
 #include <algorithm>
 #include <cmath>
 #include <map>
 #include <numeric>
 
 #include "core/ops.h"
-#include "trace/onnx_import.h"
+#include "trace/onnx/onnx_import.h"
 
 namespace duet::detail::onnx_import {
 

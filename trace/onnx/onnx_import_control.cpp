@@ -1,5 +1,5 @@
 // ONNX import: the mappings of control flow (If, Loop, Scan) and recurrent layers (RNN, GRU,
-// LSTM) (trace/onnx_import.h), written in duet's public ops like the others.
+// LSTM) (trace/onnx/onnx_import.h), written in duet's public ops like the others.
 //
 // Note [Imported control flow]
 // Subgraphs (If's branches, Loop's and Scan's bodies) run through run_subgraph, in a scope
@@ -40,8 +40,8 @@
 #include "core/dispatch.h"
 #include "core/ops.h"
 #include "trace/control_flow.h"
-#include "trace/onnx_import.h"
-#include "trace/onnx_proto.h"
+#include "trace/onnx/onnx_import.h"
+#include "trace/onnx/onnx_proto.h"
 #include "trace/tracer.h"
 
 namespace duet::detail::onnx_import {
@@ -123,7 +123,7 @@ V op_if(const Node& n) {
 // ---- Loop ----
 
 // A scalar constant: made with the modes suspended, so that it is data even while tracing, as
-// a known value must be (Note [Known values] in trace/onnx_import.cpp).
+// a known value must be (Note [Known values] in trace/onnx/onnx_import.cpp).
 Tensor constant(Scalar v, DType d) {
   SuspendModes eager;
   return full(Shape{}, v, Options().dtype(d));

@@ -1,4 +1,4 @@
-#include "trace/onnx_proto.h"
+#include "trace/onnx/onnx_proto.h"
 
 #include <cerrno>
 #include <cstring>

@@ -1,5 +1,5 @@
 // export_onnx and import_onnx in a build without Debian's libonnx-dev (or a sanitizer build).
-#include "trace/onnx.h"
+#include "trace/onnx/onnx.h"
 
 namespace duet {
 

@@ -1,5 +1,5 @@
-// The memory planner: see trace/memory_plan.h.
-#include "trace/memory_plan.h"
+// The memory planner: see trace/plan/memory_plan.h.
+#include "trace/plan/memory_plan.h"
 
 #include <algorithm>
 #include <map>

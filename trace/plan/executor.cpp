@@ -1,4 +1,4 @@
-#include "trace/executor.h"
+#include "trace/plan/executor.h"
 
 #include "core/dist.h"
 
@@ -16,8 +16,8 @@
 #include "eager/autograd.h"
 #include "kernels/cpu_kernels.h"
 #include "kernels/loops.h"
-#include "trace/codegen.h"
-#include "trace/plan_internal.h"
+#include "trace/plan/codegen.h"
+#include "trace/plan/plan_internal.h"
 
 namespace duet::detail {
 

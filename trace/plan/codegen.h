@@ -63,7 +63,7 @@ CodegenStats stats();
 namespace duet::detail {
 
 /// Loads k's generated code now when the disk cache holds it (Note [Codegen warm start] in
-/// trace/codegen.cpp); otherwise does nothing. Called as a plan's CPU kernels are made.
+/// trace/plan/codegen.cpp); otherwise does nothing. Called as a plan's CPU kernels are made.
 void codegen_probe(const std::shared_ptr<kernels::FusedKernel>& k);
 
 /// The slow path of codegen_note_run: queues k when codegen is on and allowed for it and k has

@@ -1,4 +1,4 @@
-// ONNX import: the mappings of resampling and transposed convolution (trace/onnx_import.h).
+// ONNX import: the mappings of resampling and transposed convolution (trace/onnx/onnx_import.h).
 //
 // Resize and Upsample are separable: along each resized axis, every output position is a
 // weighted sum of a few input positions ("taps"), and since the sizes are known while tracing,
@@ -10,7 +10,7 @@
 #include <cmath>
 
 #include "core/ops.h"
-#include "trace/onnx_import.h"
+#include "trace/onnx/onnx_import.h"
 
 namespace duet::detail::onnx_import {
 

@@ -1,5 +1,5 @@
 // ONNX import: what each mapping assumes of its node, checked in one place before it runs
-// (check_node, called by the graph runner in trace/onnx_import.cpp). A mapping indexes its
+// (check_node, called by the graph runner in trace/onnx/onnx_import.cpp). A mapping indexes its
 // inputs' dims, divides by strides and groups, and reads the one value of small inputs that stand
 // for attributes (TopK's k); a malformed model must get an error that names the node and what was
 // expected, as the ONNX checker and ONNX Runtime give, rather than a division by zero, a read past
@@ -14,7 +14,7 @@
 #include <map>
 #include <set>
 
-#include "trace/onnx_import.h"
+#include "trace/onnx/onnx_import.h"
 
 namespace duet::detail::onnx_import {
 

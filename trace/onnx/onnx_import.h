@@ -1,5 +1,5 @@
-// ONNX import, internal: what an op's mapping sees of its node (trace/onnx_import.cpp runs the
-// graph; trace/onnx_import_ops.cpp maps each ONNX op onto duet ops).
+// ONNX import, internal: what an op's mapping sees of its node (trace/onnx/onnx_import.cpp runs the
+// graph; trace/onnx/onnx_import_ops.cpp maps each ONNX op onto duet ops).
 #pragma once
 
 #include <onnx/onnx_pb.h>
@@ -86,7 +86,7 @@ class Node {
   const Scope* scope_;
 };
 
-/// What node n's mapping assumes of it, checked before it runs (trace/onnx_import_checks.cpp):
+/// What node n's mapping assumes of it, checked before it runs (trace/onnx/onnx_import_checks.cpp):
 /// the ranks of its inputs, the count and range of its attributes and of the small inputs that
 /// stand for attributes (TopK's k, STFT's frame_step). A ValueError or ShapeError naming the node
 /// and what was expected, so that no mapping divides by zero or indexes past an end.
@@ -102,7 +102,7 @@ void check_pad_dim(const Node& n, const Shape& shape, int64_t a, int64_t b, int6
                    const std::string& mode);
 
 /// Runs subgraph g of node n (an If branch, a Loop or Scan body) in a scope inside n's, with g's
-/// inputs bound in order to `inputs`: g's outputs, in order (trace/onnx_import.cpp).
+/// inputs bound in order to `inputs`: g's outputs, in order (trace/onnx/onnx_import.cpp).
 std::vector<Value> run_subgraph(const Node& n, const onnx::GraphProto& g,
                                 std::vector<Value> inputs);
 
@@ -115,15 +115,19 @@ struct OpEntry {
 /// Checks, before anything runs, that each Loop's carried values whose element types the model
 /// declares (graph inputs, initializers, value_info) have the types its body declares for
 /// them, as ONNX's type inference does: a DTypeError naming the node otherwise
-/// (trace/onnx_import_control.cpp).
+/// (trace/onnx/onnx_import_control.cpp).
 void check_loop_types(const onnx::GraphProto& g, int opset);
 
-/// The mappings, by file: elementwise, shape, reduction, nn and loss ops
-/// (trace/onnx_import_ops.cpp); ops placed or chosen by data, signal processing and the training
-/// domain's optimizers (trace/onnx_import_data.cpp); resampling and transposed convolution
-/// (trace/onnx_import_image.cpp); control flow and recurrent layers
-/// (trace/onnx_import_control.cpp). find_op looks in all of them.
-std::vector<OpEntry> core_ops();
+/// The mappings, by file: elementwise, reduction and linear-algebra ops
+/// (trace/onnx/onnx_import_math.cpp); constants, shapes and indexing
+/// (trace/onnx/onnx_import_shape.cpp); normalization, convolution, pooling and losses
+/// (trace/onnx/onnx_import_nn.cpp); ops placed or chosen by data, signal processing and the
+/// training domain's optimizers (trace/onnx/onnx_import_data.cpp); resampling and transposed
+/// convolution (trace/onnx/onnx_import_image.cpp); control flow and recurrent layers
+/// (trace/onnx/onnx_import_control.cpp). find_op looks in all of them.
+std::vector<OpEntry> math_ops();
+std::vector<OpEntry> shape_ops();
+std::vector<OpEntry> nn_ops();
 std::vector<OpEntry> data_ops();
 std::vector<OpEntry> image_ops();
 std::vector<OpEntry> control_ops();
@@ -133,7 +137,7 @@ std::string op_key(const onnx::NodeProto& n);
 /// The mapping of an op by that name; null when duet has none.
 ImportFn find_op(const std::string& op_type);
 
-// Helpers the mapping files share (trace/onnx_import_ops.cpp).
+// Helpers the mapping files share (trace/onnx/onnx_import_ops.cpp).
 /// t in dtype d (t itself when it is already).
 Tensor as(const Tensor& t, DType d);
 /// A 1-D i64 tensor of exactly these values, on `device`.
@@ -156,6 +160,12 @@ DType dtype_attr(const Node& n, const char* name, DType fallback);
 /// "constant" (with value), "reflect" or "edge".
 Tensor pad_nd(const Node& n, Tensor x, const std::vector<int64_t>& pads, const std::string& mode,
               const Tensor& value);
+/// A b8 tensor of this shape, every element v.
+Tensor bools(const Shape& shape, bool v, Device d);
+/// The (rows, cols) mask of the last two dims where col - row compares with k: col - row.
+Tensor diagonal_offsets(int64_t rows, int64_t cols, Device d);
+/// matmul, through f64 for integer operands (ONNX MatMul takes integers; duet's matmul does not).
+Tensor matmul_any(const Tensor& a, const Tensor& b);
 /// Every op with a mapping, sorted (docs/onnx.md).
 std::vector<std::string> mapped_ops();
 /// Ops whose results may not be computed at import time even from known inputs (draws).

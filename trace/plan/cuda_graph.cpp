@@ -1,5 +1,6 @@
-// duet: CUDA-graph replay of a plan (Note [CUDA graph replay] in trace/executor.h): which plans
-// qualify, the capture at their second run, the replays after it, and the process-wide counters.
+// duet: CUDA-graph replay of a plan (Note [CUDA graph replay] in trace/plan/executor.h): which
+// plans qualify, the capture at their second run, the replays after it, and the process-wide
+// counters.
 #include <algorithm>
 #include <exception>
 #include <mutex>
@@ -8,8 +9,8 @@
 #include "core/dist.h"
 #include "core/allocator.h"
 #include "core/tensor_impl.h"
-#include "trace/compile.h"
-#include "trace/plan_internal.h"
+#include "trace/plan/cuda_graph.h"
+#include "trace/plan/plan_internal.h"
 
 namespace duet::detail {
 

@@ -1,5 +1,5 @@
-// The fusion pass: see Note [Fusion rules] in trace/fusion.h.
-#include "trace/fusion.h"
+// The fusion pass: see Note [Fusion rules] in trace/plan/fusion.h.
+#include "trace/plan/fusion.h"
 
 #include <algorithm>
 #include <unordered_map>
@@ -13,7 +13,7 @@ bool is_float(DType d) { return d == DType::f32 || d == DType::f64; }
 
 // Whether m has the shape (and, where either is symbolic, the symbolic dims) of a group:
 // groups are then the same at every size of the symbols (Note [Fusion across sizes] in
-// trace/plan_build.cpp).
+// trace/plan/plan_build.cpp).
 bool same_dims(const Shape& shape, const SymDims& sym, const TensorMeta& m) {
   if (!(shape == m.shape)) return false;
   if (sym.empty() && m.sym.empty()) return true;

@@ -1,4 +1,4 @@
-#include "trace/graph.h"
+#include "trace/ir/graph.h"
 
 #include "core/dist.h"
 
