@@ -15,10 +15,11 @@
 # --peers it also runs bench/peers/peers.py (PyTorch and JAX beside duet; a venv of about 5 GB)
 # and rewrites the block of its table (region bench_peers). Run those on a quiet machine: every
 # figure is a time. --bench-json FILE,... builds the table from saved `duet_bench --json` runs
-# instead of running the bench.
+# instead of running the bench; --bench-where 'MACHINE, DATE' then says where and when they ran.
 #
 # Usage: tools/refresh_docs.sh [--build DIR] [--jobs N] [--only NAME,...] [--list]
-#                              [--bench [--runs N] [--reps N] [--peers]] [--bench-json F,...]
+#                              [--bench [--runs N] [--reps N] [--peers]]
+#                              [--bench-json F,... --bench-where 'MACHINE, DATE']
 #   --only NAME,...  refresh only these (ops, fashion_mnist, demo, seeds, deploy, deploy_run,
 #                    deploy_onnx, ddp, debugging, debugging_stderr, char_gru, transformer;
 #                    bench_cpu, bench_peers)
@@ -38,6 +39,7 @@ peers=0
 runs=3
 reps=7
 bench_json=""
+bench_where=""
 list=0
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -50,6 +52,7 @@ while [ $# -gt 0 ]; do
     --runs) runs="$2"; shift ;;
     --reps) reps="$2"; shift ;;
     --bench-json) bench_json="$2"; bench=1; shift ;;
+    --bench-where) bench_where="$2"; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "refresh_docs: unknown argument $1 (--help)" >&2; exit 1 ;;
   esac
@@ -239,7 +242,11 @@ if [ "$bench" = 1 ] && want bench_cpu; then
   jsons=()
   if [ -n "$bench_json" ]; then
     IFS=, read -r -a jsons <<<"$bench_json"
-    what="the saved runs ${bench_json//,/, }"
+    if [ -z "$bench_where" ]; then
+      echo "refresh_docs: --bench-json needs --bench-where 'MACHINE, DATE' (the runs' own)" >&2
+      exit 1
+    fi
+    what="${#jsons[@]} saved runs of \`duet_bench --json\` on $bench_where"
   else
     for i in $(seq 1 "$runs"); do
       echo "refresh_docs: duet_bench run $i of $runs"
