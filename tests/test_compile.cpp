@@ -780,6 +780,34 @@ TEST_CASE("probe: a pinned intermediate is read after each call, through fusion,
   CHECK(contains(error_of([] { probed("h"); }), "no value was pinned eagerly under \"h\""));
 }
 
+TEST_CASE("probe: after a call that pins nothing, f.probe names nothing from the call before") {
+  // A static argument picks what a trace pins: "h", "g" or nothing, each its own trace. The
+  // second round of calls runs the cached plans, the first traces them.
+  auto f = compile([](Tensor x, int64_t which) {
+    Tensor h = x * 2.0;
+    if (which == 1) probe(h, "h");
+    if (which == 2) probe(h + 1.0, "g");
+    return sum(h);
+  });
+  for (int round = 0; round < 2; ++round) {
+    CAPTURE(round);
+    const Tensor x = make({1.0 + round, 2.0, 3.0}, {3});
+    f(x, int64_t(1));
+    CHECK(values(f.probe("h")) == values(x * 2.0));
+    // This call pins nothing: f.probe reads this call's probes, which are none, never the
+    // value the call before pinned.
+    f(x * 10.0, int64_t(0));
+    CHECK(
+        contains(error_of([&] { f.probe("h"); }), "pinned no value named \"h\" (it pinned none)"));
+    f(x, int64_t(1));
+    f(x * 10.0, int64_t(2));
+    CHECK(values(f.probe("g")) == values(x * 20.0 + 1.0));
+    CHECK(
+        contains(error_of([&] { f.probe("h"); }), "pinned no value named \"h\" (it pinned \"g\")"));
+  }
+  CHECK(f.stats().traces == 3);
+}
+
 TEST_CASE("backward() inside a compiled function fills the .grad of its arguments, as eagerly") {
   nn::Linear fc(3, 2);
   auto step = [&](const Tensor& x) {

@@ -380,3 +380,69 @@ TEST_CASE(
   sum(y * y).backward();
   CHECK(param(p, "bn.running_mean").grad().defined());
 }
+
+namespace {
+
+// Softmax, LogSoftmax or Hardmax of `x` (row-major values, dims `d`) on plain doubles, over
+// groups of `inner` consecutive values: ONNX's opsets before 13 coerce the input to 2-D at the
+// axis (dims [0, axis) and [axis, n) each flattened) and reduce over the whole second part, so
+// the groups are prod(d[axis:]) long; from opset 13 the op runs along dim `axis` alone.
+std::vector<double> softmax_reference(const std::string& op, const std::vector<double>& x,
+                                      const std::vector<int64_t>& d, int64_t axis, bool coerce) {
+  int64_t len = d[static_cast<size_t>(axis)], inner = 1;
+  for (size_t k = static_cast<size_t>(axis) + 1; k < d.size(); ++k) inner *= d[k];
+  if (coerce) len *= inner, inner = 1;
+  std::vector<double> y(x.size());
+  for (size_t base = 0; base < x.size(); base += static_cast<size_t>(len * inner))
+    for (int64_t j = 0; j < inner; ++j) {
+      auto at = [&](int64_t i) { return base + static_cast<size_t>(i * inner + j); };
+      int64_t arg = 0;
+      for (int64_t i = 1; i < len; ++i)
+        if (x[at(i)] > x[at(arg)]) arg = i;
+      double total = 0;
+      for (int64_t i = 0; i < len; ++i) total += std::exp(x[at(i)] - x[at(arg)]);
+      for (int64_t i = 0; i < len; ++i) {
+        const double s = x[at(i)] - x[at(arg)];
+        y[at(i)] = op == "Softmax"      ? std::exp(s) / total
+                   : op == "LogSoftmax" ? s - std::log(total)
+                                        : (i == arg ? 1.0 : 0.0);
+      }
+    }
+  return y;
+}
+
+}  // namespace
+
+// The conformance tables run these ops at the test data's own opsets (13 and later), and a 2-D
+// input reads the same either way: only a model of rank 3 or more before opset 13 tells the old
+// default axis (1, with the input coerced to 2-D) from the new one (-1, that dim alone).
+TEST_CASE(
+    "Softmax LogSoftmax and Hardmax without an axis: opset 11 over the dims from 1 on "
+    "flattened; opset 13 along the last dim") {
+  manual_seed(8);
+  for (const std::string op : {"Softmax", "LogSoftmax", "Hardmax"})
+    for (const std::vector<int64_t>& d : {std::vector<int64_t>{2, 3, 4}, {2, 3, 2, 5}})
+      for (int opset : {11, 13})
+        for (int64_t axis : {int64_t(-100), int64_t(2)}) {  // -100: no axis attribute
+          CAPTURE(op);
+          CAPTURE(d.size());
+          CAPTURE(opset);
+          CAPTURE(axis);
+          onnx::GraphProto g;
+          std::vector<std::variant<int64_t, std::string>> dims(d.begin(), d.end());
+          add_input(g, "x", onnx::TensorProto::DOUBLE, dims);
+          onnx::NodeProto* n = add_node(g, op, {"x"}, {"y"});
+          if (axis != -100) add_int_attr(n, "axis", axis);
+          add_output(g, "y", onnx::TensorProto::DOUBLE);
+          TempFile f("softmax_axis.onnx");
+          write_model(std::move(g), f.path, opset);
+          Program p = import_onnx(f.path);
+          const Tensor x = randn(Shape(d), Options().dtype(DType::f64));
+          int64_t a = axis;  // the default: 1 before opset 13, the last dim from 13
+          if (axis == -100) a = opset < 13 ? 1 : static_cast<int64_t>(d.size()) - 1;
+          const Tensor want = test::make(softmax_reference(op, test::values(x), d, a, opset < 13),
+                                         Shape(d), DType::f64);
+          CHECK(allclose(p.eager({x})[0], want, 1e-12, 1e-12));
+          CHECK(allclose(p({x})[0], want, 1e-12, 1e-12));
+        }
+}

@@ -8,7 +8,8 @@
 // results go to stdout, one line per case, then the totals. --write puts them into TABLE (the
 // section of NAME in docs/onnx.md, between its markers), --check fails (exit 1) when a case TABLE
 // lists as passing in a mode fails now, or one it lists as unsupported fails otherwise than with
-// the DTypeError of an element type duet has no dtype for.
+// the DTypeError of an element type duet does not import (one it has no dtype for, or FLOAT16 and
+// BFLOAT16, which its CPU kernels do not compute).
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -108,8 +109,9 @@ std::string compare(const Tensor& got_in, const Tensor& want, size_t k) {
   return "";
 }
 
-// The DTypeError of a tensor type duet has no dtype for (trace/onnx/onnx_proto.cpp), as opposed to
-// an op refusing a dtype.
+// The DTypeError of a tensor type duet does not import (trace/onnx/onnx_proto.cpp): one it has no
+// dtype for, or FLOAT16 and BFLOAT16, which its CPU kernels do not compute; as opposed to an op
+// refusing a dtype.
 bool unsupported_dtype(const DTypeError& e) {
   const std::string_view w = e.what();
   return w.find("which duet has no dtype for") != std::string_view::npos ||
@@ -172,7 +174,7 @@ std::string section(const std::string& set, const std::vector<Row>& rows) {
   std::ostringstream o;
   o << begin_marker(set) << "\n\n";
   o << fmt::format(
-      "{} cases: {} of an element type duet has no dtype for (unsupported), {} supported.\n\n",
+      "{} cases: {} with an element type duet does not import (unsupported), {} supported.\n\n",
       rows.size(), unsupported, supported);
   o << "| mode | pass | fail | pass rate of the supported cases |\n|---|---|---|---|\n";
   o << fmt::format("| eager | {} | {} | {:.1f}% |\n", pass_e, supported - pass_e, pct(pass_e));
