@@ -3,13 +3,16 @@
 #
 # Makes a minimal Debian 12 (bookworm) root with debootstrap in build-fresh/, clones this
 # repository into it, and runs the first two ```sh blocks of README.md inside a chroot, word for
-# word, taken from the README itself. Prints how long each step took. Needs root (debootstrap,
-# mount, chroot) and this machine's Debian mirror; the root is remade on every run.
+# word, taken from the README itself. After the first, it installs that build and builds a project
+# against the install with find_package(duet) (tests/install_consumer/run.sh). Prints how long
+# each step took. Needs root (debootstrap, mount, chroot) and this machine's Debian mirror; the
+# root is remade on every run.
 #
 #   bash tests/fresh_machine.sh               both README commands, CPU only
 #   bash tests/fresh_machine.sh --with-cuda   the host's CUDA toolkit is bind-mounted read-only at
 #                                             /usr/local/cuda, so the CUDA backend builds too
-#   bash tests/fresh_machine.sh --first-only  only the first command (set-up, build, demo)
+#   bash tests/fresh_machine.sh --first-only  only the first command (set-up, build, demo) and the
+#                                             install check
 #   bash tests/fresh_machine.sh --keep        leave the root in place afterwards (it is unmounted)
 #
 # What is cloned is the repository's committed HEAD: commit before running it.
@@ -24,7 +27,7 @@ for arg in "$@"; do
     --first-only) first_only=1 ;;
     --keep) keep=1 ;;
     -h | --help)
-      sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'
+      sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
       exit 0
       ;;
     *)
@@ -172,6 +175,21 @@ in_root "$cmd1" 2>&1 | tee "$area/first.log"
 t_first="$(elapsed "$t")"
 say "first README command passed in $t_first"
 
+# The install, as a user's own project gets it: the first command's build installed into a fresh
+# prefix, and a project that only calls find_package(duet) and links duet::duet configured, built
+# and run against it (the ctest test_install_consumer). The first command built the sample and
+# the library; `cmake --install` also installs duet-run.
+consumer_cmd="cmake --build build --target duet-run && bash tests/install_consumer/run.sh build"
+say "installed duet: $consumer_cmd"
+t=$(date +%s)
+in_root "$consumer_cmd" >"$area/install.log" 2>&1 || {
+  tail -60 "$area/install.log" >&2
+  say "installed duet FAILED after $(elapsed "$t") (log: $area/install.log)"
+  exit 1
+}
+t_install="$(elapsed "$t")"
+say "installed duet passed in $t_install"
+
 t_second="(not run: --first-only)"
 if [ "$first_only" -eq 0 ]; then
   say "second README command: $cmd2"
@@ -189,6 +207,7 @@ fi
 say "summary (logs in $area):"
 printf '  debootstrap (minbase bookworm)   %s\n' "$t_boot"
 printf '  first command (set-up, demo)     %s\n' "$t_first"
+printf '  install, find_package consumer   %s\n' "$t_install"
 printf '  second command (every test)      %s\n' "$t_second"
 printf '  in all                           %s\n' "$(elapsed "$start_all")"
 [ "$with_cuda" -eq 1 ] && printf '  CUDA toolkit                     bind-mounted (%s)\n' "$cuda"
