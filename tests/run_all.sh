@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Builds duet and runs every test: the formatting check (tests/check_format.sh), the Release
-# build (with the CUDA backend when nvcc is present; CUDA tests skip without a GPU), the
-# CPU-only suite under ASan + UBSan, then the thread tests under ThreadSanitizer (only those:
+# Builds duet and runs every test: the formatting check (tests/check_format.sh), the size budgets
+# (tools/check_budgets.sh), the Release build (with the CUDA backend when nvcc is present; CUDA
+# tests skip without a GPU), the CPU-only suite under ASan + UBSan, then the thread tests under ThreadSanitizer (only those:
 # a TSan build of the whole suite would not fit the time budget), then 60 s of libFuzzer on the
 # program loader (tests/fuzz, built with clang). After the Release tests, 60 s of mutated ONNX
 # models through import_onnx (tests/fuzz/fuzz_onnx_import.cpp, built with the Release build).
@@ -13,6 +13,9 @@ export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/ccache}"
 
 echo "== Formatting"
 bash tests/check_format.sh
+
+echo "== Budgets (files within 900 lines, functions within 150)"
+bash tools/check_budgets.sh
 
 echo "== Release build"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DDUET_BUILD_TESTS=ON >/dev/null

@@ -191,8 +191,10 @@ std::string Writer::emit_op(Frame& f, Values& vals, int32_t v) {
     case OpId::MatMul:
       return emit(f, "MatMul", {in(0), in(1)});
     case OpId::Reshape:
-      return emit(f, "Reshape", {in(0), shape(f, detail::attr_dims(n.attrs))});
+      return reshape(f, in(0), shape(f, detail::attr_dims(n.attrs)));
     case OpId::Permute: {
+      // A 0-d tensor's permutation is empty, which an attribute of ints cannot hold.
+      if (n.attrs.ints.size() == 0) return emit(f, "Identity", {in(0)});
       const std::vector<int64_t> perm(n.attrs.ints.begin(), n.attrs.ints.end());
       return emit(f, "Transpose", {in(0)}, [&](NodeProto& p) { attr_ints(p, "perm", perm); });
     }
@@ -264,7 +266,7 @@ std::string Writer::emit_unfold(Frame& f, const std::string& x, const GraphNode&
   const std::string cols = emit(f, "Gather", {plane, index}, [](NodeProto& p) {
     attr_int(p, "axis", 2);  // (N, C, kh * kw, L)
   });
-  return emit(f, "Reshape", {cols, shape(f, detail::meta_dims(n.meta))});
+  return reshape(f, cols, shape(f, detail::meta_dims(n.meta)));
 }
 
 // col2im, unfold's adjoint: every column element added into its place in a zero padded plane
@@ -273,7 +275,7 @@ std::string Writer::emit_fold(Frame& f, const std::string& x, const GraphNode& n
   const Window w(n.attrs);
   const SymDims od = detail::meta_dims(n.meta);  // (N, C, H, W)
   const int64_t per_channel = w.kh * w.kw * w.ho * w.wo;
-  const std::string cols = emit(f, "Reshape", {x, shape(f, {od[0], od[1], per_channel})});
+  const std::string cols = reshape(f, x, shape(f, {od[0], od[1], per_channel}));
   const std::string index = emit(
       f, "Expand",
       {constant(f, int64_proto(w.positions(), {1, 1, per_channel})), emit(f, "Shape", {cols})});
@@ -287,7 +289,7 @@ std::string Writer::emit_fold(Frame& f, const std::string& x, const GraphNode& n
     attr_int(p, "axis", 2);
     attr_str(p, "reduction", "add");
   });
-  const std::string planes = emit(f, "Reshape", {sums, shape(f, {od[0], od[1], w.hp, w.wp})});
+  const std::string planes = reshape(f, sums, shape(f, {od[0], od[1], w.hp, w.wp}));
   if (!w.ph && !w.pw) return planes;
   return emit(f, "Slice",
               {planes, ints(f, {w.ph, w.pw}), ints(f, {w.ph + w.h, w.pw + w.w}), ints(f, {2, 3})});
@@ -306,7 +308,7 @@ std::string Writer::emit_slice_scatter(Frame& f, Values& vals, const GraphNode& 
   along[static_cast<size_t>(a.dim)] = -1;
   const std::string src = vals.names[static_cast<size_t>(n.inputs[1])];
   const std::string index =
-      emit(f, "Expand", {emit(f, "Reshape", {idx, ints(f, along)}), emit(f, "Shape", {src})});
+      emit(f, "Expand", {reshape(f, idx, ints(f, along)), emit(f, "Shape", {src})});
   return emit(f, "ScatterElements", {vals.names[static_cast<size_t>(n.inputs[0])], index, src},
               [&](NodeProto& p) { attr_int(p, "axis", a.dim); });
 }

@@ -15,6 +15,8 @@
 
 namespace duet::detail::onnx_import {
 
+namespace io = onnx_io;
+
 Tensor as(const Tensor& t, DType d) { return t.dtype() == d ? t : t.to(d); }
 
 // Exact values: tensor() goes through double.

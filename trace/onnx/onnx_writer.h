@@ -137,6 +137,11 @@ class Writer {
   std::string cast(Frame& f, const std::string& x, DType d) {
     return emit(f, "Cast", {x}, [&](NodeProto& n) { attr_int(n, "to", io::elem_type_of(d)); });
   }
+  // x reshaped to dims, a 0 in dims meaning a dim of size 0 (allowzero), not "as in x": duet's
+  // sizes are exact, and an empty tensor's are 0.
+  std::string reshape(Frame& f, const std::string& x, const std::string& dims) {
+    return emit(f, "Reshape", {x, dims}, [](NodeProto& n) { attr_int(n, "allowzero", 1); });
+  }
   std::string to_scalar(Frame& f, const std::string& x) {
     return emit(f, "Reshape", {x, ints(f, {})});
   }

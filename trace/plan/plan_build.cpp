@@ -21,6 +21,8 @@ std::shared_ptr<FusionShare> make_fusion_share() { return std::make_shared<Fusio
 
 namespace {
 
+int64_t nbytes(const TensorMeta& m) { return m.shape.numel() * int64_t(itemsize(m.dtype)); }
+
 bool is_step_node(const GraphNode& g) {
   return g.kind == NodeKind::Op || g.kind == NodeKind::Control || g.kind == NodeKind::Project;
 }
