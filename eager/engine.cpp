@@ -5,6 +5,7 @@
 #include <queue>
 #include <unordered_map>
 
+#include "core/autograd_hooks.h"
 #include "core/ops.h"
 #include "eager/autograd.h"
 
@@ -16,9 +17,6 @@ namespace duet {
 NoGradGuard::NoGradGuard() : prev_(detail::grad_mode()) { detail::set_grad_mode(false); }
 NoGradGuard::~NoGradGuard() { detail::set_grad_mode(prev_); }
 bool grad_enabled() { return detail::grad_mode(); }
-
-detail::GradModeScope::GradModeScope(bool on) : prev_(grad_mode()) { set_grad_mode(on); }
-detail::GradModeScope::~GradModeScope() { set_grad_mode(prev_); }
 
 namespace detail {
 namespace {
@@ -61,11 +59,14 @@ uint32_t version_now(const SavedTensor& s) {
 }
 bool is_stale(const SavedTensor& s) { return s.value.defined() && version_now(s) != s.version; }
 
-[[noreturn]] void throw_stale(const Node& n, const SavedTensor& s) {
-  throw Error(::duet::detail::with_context(fmt::format(
+std::string stale_message(const Node& n, const SavedTensor& s) {
+  return fmt::format(
       "[backward] a tensor of shape {} saved by {} was modified in place after it was saved "
       "(version {}, now {}); clone() it before the in-place op, or use an out-of-place op",
-      s.value.sizes(), n.def->name, s.version, version_now(s))));
+      s.value.sizes(), n.def->name, s.version, version_now(s));
+}
+[[noreturn]] void throw_stale(const Node& n, const SavedTensor& s) {
+  throw Error(::duet::detail::with_context(stale_message(n, s)));
 }
 
 // The saved output, checked here (every rule that saves it reads it); saved inputs are checked
@@ -396,21 +397,31 @@ void at_backward_end(std::function<void()> callback) {
   tls_backward_end->push_back(std::move(callback));
 }
 
-void throw_stale_input(const Node& n, int64_t i) { throw_stale(n, n.saved[i]); }
+namespace {
 
-}  // namespace detail
-
-void Tensor::backward(Tensor grad_output, bool retain_graph, std::source_location loc) const {
-  detail::SiteGuard site(loc);
-  detail::check_not_escaped(*this, "backward");
-  detail::check_not_escaped(grad_output, "backward");
-  DUET_CHECK(requires_grad(),
+// Tensor::backward (core/autograd_hooks.cpp opens the call site's guard).
+void backward_from(const Tensor& root, const Tensor& grad_output, bool retain_graph) {
+  check_not_escaped(root, "backward");
+  check_not_escaped(grad_output, "backward");
+  DUET_CHECK(root.requires_grad(),
              "[backward] the tensor (shape {}) does not require grad: no input of the ops that "
              "made it requires grad, or it was computed under NoGradGuard",
-             sizes());
-  Tensor g = detail::default_grad("backward", *this, grad_output, 0);
-  detail::run_backward({*this}, {g}, retain_graph, /*create_graph=*/false, nullptr);
+             root.sizes());
+  Tensor g = default_grad("backward", root, grad_output, 0);
+  run_backward({root}, {g}, retain_graph, /*create_graph=*/false, nullptr);
 }
+
+std::string stale_input_message(const Node& n, int64_t i) { return stale_message(n, n.saved[i]); }
+
+// Note [Autograd hooks] in core/autograd_hooks.h.
+constexpr AutogradHooks kEagerHooks{&autograd_record, &autograd_prepare,    &autograd_finish,
+                                    &autograd_alias,  &stale_input_message, &backward_from};
+
+}  // namespace
+
+void register_autograd() { set_autograd_hooks(&kEagerHooks); }
+
+}  // namespace detail
 
 std::vector<Tensor> grad(std::vector<Tensor> outputs, std::vector<Tensor> inputs,
                          std::vector<Tensor> grad_outputs, bool create_graph) {
