@@ -9,7 +9,6 @@
 
 #include "core/dispatch.h"
 #include "core/ops.h"
-#include "eager/autograd.h"
 
 namespace duet {
 namespace detail {
@@ -53,7 +52,7 @@ bool anomaly_busy() { return tls_busy; }
 bool anomaly_inputs_clean(const OpDef& def, TensorRefs in) {
   if (def.cls == OpClass::Source || def.cls == OpClass::View) return false;
   AnomalyPause busy;
-  NoGradGuard no_grad;
+  GradModeScope no_grad(false);
   for (int64_t i = 0; i < in.size(); ++i)
     if (count(non_finite(in[i])) > 0) return false;
   return true;
@@ -63,7 +62,7 @@ void anomaly_check_output(const OpDef& def, TensorRefs in, const Tensor& out) {
   std::string msg;
   {
     AnomalyPause busy;
-    NoGradGuard no_grad;
+    GradModeScope no_grad(false);
     const Tensor bad = non_finite(out);
     const int64_t n = count(bad);
     if (n == 0) return;
@@ -83,7 +82,7 @@ AnomalyPause::~AnomalyPause() { tls_busy = prev; }
 
 bool anomaly_all_finite(TensorRefs in) {
   AnomalyPause busy;
-  NoGradGuard no_grad;
+  GradModeScope no_grad(false);
   for (int64_t i = 0; i < in.size(); ++i)
     if (count(non_finite(in[i])) > 0) return false;
   return true;
@@ -91,7 +90,7 @@ bool anomaly_all_finite(TensorRefs in) {
 
 std::string anomaly_describe(const Tensor& out) {
   AnomalyPause busy;
-  NoGradGuard no_grad;
+  GradModeScope no_grad(false);
   const Tensor bad = non_finite(out);
   const int64_t n = count(bad);
   if (n == 0) return "";

@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "core/anomaly.h"
+#include "core/autograd_hooks.h"
 #include "core/call_site.h"
 #include "core/profiler.h"
 #include "core/check_shape.h"
@@ -213,7 +214,7 @@ Tensor call(OpId op, TensorRefs inputs, const Attrs& attrs, unsigned expiring) {
   Tensor out = run_from(tls_depth, def, c, (tls_depth || record || check) ? 0 : expiring);
   if (__builtin_expect(prof.has_value(), 0)) profile_op(def, *prof, out);
   if (__builtin_expect(check, 0)) anomaly_check_output(def, inputs, out);
-  if (record) autograd_finish(autograd_prepare(def, inputs, attrs, nullptr), out);
+  if (record) autograd_hooks().record(def, inputs, attrs, out);  // Note [Autograd hooks]
   return out;
 }
 
@@ -286,7 +287,7 @@ void call_inplace(OpId op, TensorRefs inputs, const Attrs& attrs, const Tensor& 
     // Self is read through an alias with its current autograd identity: the op's node may save
     // it, and a handle to self would make a cycle once self gets the Copy node as its grad_fn
     // (Note [Saved tensors]).
-    Tensor self_alias = record ? autograd_alias(self) : Tensor();
+    Tensor self_alias = record ? autograd_hooks().alias(self) : Tensor();
     std::vector<const Tensor*> args(static_cast<size_t>(inputs.size()));
     for (int64_t i = 0; i < inputs.size(); ++i)
       args[i] = record && inputs[i].unsafe_impl() == si ? &self_alias : &inputs[i];
@@ -302,17 +303,20 @@ void call_inplace(OpId op, TensorRefs inputs, const Attrs& attrs, const Tensor& 
   OpCall c{op, inputs, attrs, meta, &self};
   // The node is prepared before the write, so that it saves self's old autograd identity and
   // version: a rule that needs self's overwritten value then fails loudly at backward time.
-  std::shared_ptr<Node> node = record ? autograd_prepare(def, inputs, attrs, &self) : nullptr;
+  std::shared_ptr<Node> node =
+      record ? autograd_hooks().prepare(def, inputs, attrs, &self) : nullptr;
   std::optional<ProfiledInputs> prof;
   if (__builtin_expect(tls_depth == 0 && profiling(), 0)) prof = profile_inputs(inputs);
   run_from(tls_depth, def, c, 0);
   if (__builtin_expect(prof.has_value(), 0)) profile_op(def, *prof, self);
   if (__builtin_expect(check, 0)) anomaly_check_output(def, inputs, self);
-  if (record) autograd_finish(std::move(node), self);
+  if (record) autograd_hooks().finish(std::move(node), self);
 }
 
 bool grad_mode() { return tls_grad; }
 void set_grad_mode(bool enabled) { tls_grad = enabled; }
+GradModeScope::GradModeScope(bool on) : prev_(tls_grad) { tls_grad = on; }
+GradModeScope::~GradModeScope() { tls_grad = prev_; }
 
 Tensor redispatch(const DispatchMode* self, const OpCall& c) {
   int depth = tls_depth;

@@ -92,15 +92,16 @@ class ValueReaderGuard {
 /// Grad mode of this thread (NoGradGuard turns it off).
 bool grad_mode();
 void set_grad_mode(bool enabled);
-/// Autograd's recording, defined in eager/record.cpp: prepare() makes the tape node of a call
-/// (edges to the inputs' history, saved inputs and their versions); finish() attaches it to the
-/// output. In-place calls pass the tensor they overwrite as `inplace_self`.
-std::shared_ptr<Node> autograd_prepare(const OpDef& def, TensorRefs inputs, const Attrs& attrs,
-                                       const Tensor* inplace_self);
-void autograd_finish(std::shared_ptr<Node> node, const Tensor& out);
-/// An alias of t over the same storage with t's current autograd identity (requires_grad,
-/// grad_fn) but a TensorImpl of its own: how a node saves the target of an in-place op.
-Tensor autograd_alias(const Tensor& t);
+/// Sets grad mode for its lifetime (RAII), either way (NoGradGuard only turns it off).
+struct GradModeScope {
+  explicit GradModeScope(bool on);
+  ~GradModeScope();
+  GradModeScope(const GradModeScope&) = delete;
+  GradModeScope& operator=(const GradModeScope&) = delete;
+
+ private:
+  bool prev_;
+};
 }  // namespace detail
 
 }  // namespace duet

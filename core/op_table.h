@@ -160,7 +160,7 @@ using SymInferFn = void (*)(const OpDef& def, TensorRefs in, const Attrs& attrs,
 
 namespace detail {
 /// Throws the error for a gradient rule reading input i of `node` after that input was modified
-/// in place (defined in eager/engine.cpp).
+/// in place; autograd words it (Note [Autograd hooks] in core/autograd_hooks.h).
 [[noreturn]] void throw_stale_input(const Node& node, int64_t i);
 }  // namespace detail
 

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "core/dispatch.h"
 #include "core/tensor.h"
 
 namespace duet {
@@ -32,16 +33,12 @@ std::vector<Tensor> grad(std::vector<Tensor> outputs, std::vector<Tensor> inputs
                          std::vector<Tensor> grad_outputs = {}, bool create_graph = false);
 
 namespace detail {
-/// Sets grad mode for its lifetime (RAII), either way (NoGradGuard only turns it off).
-struct GradModeScope {
-  explicit GradModeScope(bool on);
-  ~GradModeScope();
-  GradModeScope(const GradModeScope&) = delete;
-  GradModeScope& operator=(const GradModeScope&) = delete;
-
- private:
-  bool prev_;
-};
+/// Fills core's autograd hook table with this engine (Note [Autograd hooks] in
+/// core/autograd_hooks.h); idempotent.
+void register_autograd();
+/// Note [Autograd hooks]: each file that includes this header registers autograd while its
+/// statics are initialized, which also links the engine into every program that includes it.
+[[maybe_unused]] static const bool autograd_linked = (register_autograd(), true);
 /// Queues `callback` to run once the backward() running on this thread has reached every leaf
 /// (data-parallel training all-reduces the gradient buckets that no hook completed). Called
 /// from a gradient hook; an Error outside a backward.

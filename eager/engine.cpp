@@ -5,6 +5,7 @@
 #include <queue>
 #include <unordered_map>
 
+#include "core/autograd_hooks.h"
 #include "core/ops.h"
 #include "eager/autograd.h"
 
@@ -16,9 +17,6 @@ namespace duet {
 NoGradGuard::NoGradGuard() : prev_(detail::grad_mode()) { detail::set_grad_mode(false); }
 NoGradGuard::~NoGradGuard() { detail::set_grad_mode(prev_); }
 bool grad_enabled() { return detail::grad_mode(); }
-
-detail::GradModeScope::GradModeScope(bool on) : prev_(grad_mode()) { set_grad_mode(on); }
-detail::GradModeScope::~GradModeScope() { set_grad_mode(prev_); }
 
 namespace detail {
 namespace {
@@ -61,11 +59,14 @@ uint32_t version_now(const SavedTensor& s) {
 }
 bool is_stale(const SavedTensor& s) { return s.value.defined() && version_now(s) != s.version; }
 
-[[noreturn]] void throw_stale(const Node& n, const SavedTensor& s) {
-  throw Error(::duet::detail::with_context(fmt::format(
+std::string stale_message(const Node& n, const SavedTensor& s) {
+  return fmt::format(
       "[backward] a tensor of shape {} saved by {} was modified in place after it was saved "
       "(version {}, now {}); clone() it before the in-place op, or use an out-of-place op",
-      s.value.sizes(), n.def->name, s.version, version_now(s))));
+      s.value.sizes(), n.def->name, s.version, version_now(s));
+}
+[[noreturn]] void throw_stale(const Node& n, const SavedTensor& s) {
+  throw Error(::duet::detail::with_context(stale_message(n, s)));
 }
 
 // The saved output, checked here (every rule that saves it reads it); saved inputs are checked
@@ -168,196 +169,265 @@ struct Capture {
 // buffers across nodes: an eager training step's backward allocates little beyond its tensors.
 // The records are per backward call, not fields of Node, since two threads may run backwards
 // through graphs that share nodes.
-void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& root_grads,
-                  bool retain_graph, bool create_graph, Capture* capture) {
-  GradModeScope mode(create_graph);
-  BackwardEndScope end;
+class BackwardRun {
+ public:
+  BackwardRun(bool retain_graph, bool create_graph, Capture* capture)
+      : retain_graph_(retain_graph), create_graph_(create_graph), capture_(capture) {
+    st_.reserve(64);
+    index_.reserve(64);
+  }
+  // Sums each root's gradient into its node's buffer; a root without history is a leaf, whose
+  // gradient is captured (grad()) or accumulated into .grad at once.
+  void seed(const std::vector<Tensor>& roots, const std::vector<Tensor>& root_grads);
+  // Finds the nodes that lead to something that wants a gradient, and counts their consumers
+  // and each leaf's uses.
+  void plan() {
+    mark_useful();
+    count_uses();
+  }
+  // Runs the nodes, each once all its useful consumers have, later nodes first.
+  void run();
+
+ private:
   struct NodeState {
     Node* node;
-    Tensor buffer;  // the gradient of the node's output, summed over its consumers so far
-    int deps = 0;   // useful consumers that have not run yet
+    Tensor buffer{};  // the gradient of the node's output, summed over its consumers so far
+    int deps = 0;     // useful consumers that have not run yet
     bool visited = false, useful = false, queued = false;
   };
-  std::vector<NodeState> st;
-  std::unordered_map<Node*, int32_t> index;
-  st.reserve(64);
-  index.reserve(64);
-  auto slot = [&](Node* n) -> int32_t {
-    auto [it, fresh] = index.try_emplace(n, static_cast<int32_t>(st.size()));
-    if (fresh) st.push_back(NodeState{n});
-    return it->second;
-  };
-  // The record of a node the traversal below reached (every input edge of a reached node is).
-  auto state = [&](Node* n) -> NodeState& { return st[index.at(n)]; };
   // A leaf's gradient is summed over its uses, then accumulated into .grad once, as PyTorch's
   // AccumulateGrad does (two backwards then add the same tensor twice, bit for bit).
   struct LeafState {
     TensorImpl* leaf;
-    Tensor grad;
+    Tensor grad{};
     int uses = 0;
   };
-  std::vector<LeafState> leaves;
-  std::unordered_map<TensorImpl*, int32_t> leaf_index;
-  auto add_to = [&](Tensor& slot, const Tensor& g) { slot = slot.defined() ? slot + g : g; };
-  std::vector<int32_t> starts;
+  struct LaterFirst {
+    const std::vector<NodeState>* st;
+    bool operator()(int32_t a, int32_t b) const {
+      return (*st)[a].node->sequence < (*st)[b].node->sequence;
+    }
+  };
+
+  static void add_to(Tensor& slot, const Tensor& g) { slot = slot.defined() ? slot + g : g; }
+  int32_t slot(Node* n) {
+    auto [it, fresh] = index_.try_emplace(n, static_cast<int32_t>(st_.size()));
+    if (fresh) st_.push_back(NodeState{n});
+    return it->second;
+  }
+  // The record of a node the traversal reached (every input edge of a reached node is).
+  NodeState& state(Node* n) { return st_[index_.at(n)]; }
+  // Whether a gradient along e is wanted: e leads to a useful node, or to a leaf that wants
+  // one (every leaf for backward(), the inputs for grad()).
+  bool wanted(const InputEdge& e) {
+    return e.fn ? state(e.fn.get()).useful
+                : e.leaf && (!capture_ || capture_->leaves.count(e.leaf.get()));
+  }
+  void enqueue(int32_t i) {
+    st_[i].queued = true;
+    ready_.push(i);
+  }
+  void mark_useful();
+  void count_uses();
+  bool gather_inputs(const Node& n, uint32_t& stale);
+  void apply_rule(Node& n, const Tensor& g, uint32_t stale);
+  void release(Node& n);
+  void send_grads(const Node& n);
+
+  const bool retain_graph_, create_graph_;
+  Capture* const capture_;
+  std::vector<NodeState> st_;
+  std::unordered_map<Node*, int32_t> index_;
+  std::vector<LeafState> leaves_;
+  std::unordered_map<TensorImpl*, int32_t> leaf_index_;
+  std::vector<int32_t> starts_;
+  std::priority_queue<int32_t, std::vector<int32_t>, LaterFirst> ready_{LaterFirst{&st_}};
+  // Scratch of one node's rule, reused from node to node.
+  std::vector<const Tensor*> ptrs_;
+  SmallVec<bool, 16> needs_;
+  std::vector<TensorMeta> metas_;
+  std::vector<Tensor> gi_;
+};
+
+void BackwardRun::seed(const std::vector<Tensor>& roots, const std::vector<Tensor>& root_grads) {
   for (size_t i = 0; i < roots.size(); ++i) {
     TensorImpl* r = roots[i].unsafe_impl();
     if (r->autograd && r->autograd->grad_fn) {
       const int32_t n = slot(current_grad_fn(r).get());
-      add_to(st[n].buffer, root_grads[i]);
-      starts.push_back(n);
-    } else if (capture) {
-      auto it = capture->leaves.find(r);
-      if (it != capture->leaves.end()) add_to(capture->results[it->second], root_grads[i]);
+      add_to(st_[n].buffer, root_grads[i]);
+      starts_.push_back(n);
+    } else if (capture_) {
+      auto it = capture_->leaves.find(r);
+      if (it != capture_->leaves.end()) add_to(capture_->results[it->second], root_grads[i]);
     } else {
-      accumulate(const_cast<TensorImpl*>(r), root_grads[i], create_graph);
+      accumulate(const_cast<TensorImpl*>(r), root_grads[i], create_graph_);
       run_post_accumulate_hooks(roots[i]);
     }
   }
-  // Nodes that lead to something that wants a gradient, and their dependency counts.
+}
+
+// Depth first from the roots, without recursion: a node is useful once its inputs are visited
+// and one of them is wanted (or, for grad(), it is itself an input).
+void BackwardRun::mark_useful() {
   std::vector<std::pair<int32_t, bool>> stack;
-  for (int32_t s : starts) stack.push_back({s, false});
+  for (int32_t s : starts_) stack.push_back({s, false});
   while (!stack.empty()) {
     auto [i, expanded] = stack.back();
     stack.pop_back();
-    Node* n = st[i].node;
+    Node* n = st_[i].node;
     if (expanded) {
-      bool u = !capture || capture->nodes.count(n);
-      for (const InputEdge& e : n->inputs) {
-        if (e.fn)
-          u |= state(e.fn.get()).useful;
-        else if (e.leaf)
-          u |= !capture || capture->leaves.count(e.leaf.get());
-      }
-      st[i].useful = u;
+      bool u = !capture_ || capture_->nodes.count(n);
+      for (const InputEdge& e : n->inputs) u |= wanted(e);
+      st_[i].useful = u;
       continue;
     }
-    if (st[i].visited) continue;
-    st[i].visited = true;  // and not useful while its inputs are visited
+    if (st_[i].visited) continue;
+    st_[i].visited = true;  // and not useful while its inputs are visited
     stack.push_back({i, true});
     for (const InputEdge& e : n->inputs)
       if (e.fn) {
         const int32_t j = slot(e.fn.get());
-        if (!st[j].visited) stack.push_back({j, false});
+        if (!st_[j].visited) stack.push_back({j, false});
       }
   }
-  for (size_t i = 0; i < st.size(); ++i) {
-    if (!st[i].useful) continue;
-    for (const InputEdge& e : st[i].node->inputs) {
+}
+
+void BackwardRun::count_uses() {
+  for (size_t i = 0; i < st_.size(); ++i) {
+    if (!st_[i].useful) continue;
+    for (const InputEdge& e : st_[i].node->inputs) {
       if (e.fn) {
         NodeState& p = state(e.fn.get());
         if (p.useful) ++p.deps;
-      } else if (e.leaf && !capture) {
+      } else if (e.leaf && !capture_) {
         auto [it, fresh] =
-            leaf_index.try_emplace(e.leaf.get(), static_cast<int32_t>(leaves.size()));
-        if (fresh) leaves.push_back(LeafState{e.leaf.get()});
-        ++leaves[it->second].uses;
+            leaf_index_.try_emplace(e.leaf.get(), static_cast<int32_t>(leaves_.size()));
+        if (fresh) leaves_.push_back(LeafState{e.leaf.get()});
+        ++leaves_[it->second].uses;
       }
     }
   }
-  auto later_first = [&](int32_t a, int32_t b) {
-    return st[a].node->sequence < st[b].node->sequence;
-  };
-  std::priority_queue<int32_t, std::vector<int32_t>, decltype(later_first)> ready(later_first);
-  for (int32_t s : starts)
-    if (st[s].useful && st[s].deps == 0 && !st[s].queued) {
-      st[s].queued = true;
-      ready.push(s);
-    }
+}
 
-  // Scratch of one node's rule, reused from node to node.
-  std::vector<const Tensor*> ptrs;
-  SmallVec<bool, 16> needs;
-  std::vector<TensorMeta> metas;
-  std::vector<Tensor> gi;
-  while (!ready.empty()) {
-    const int32_t ni = ready.top();
-    ready.pop();
-    Node* n = st[ni].node;
-    Tensor g = std::move(st[ni].buffer);
-    if (capture) {
-      auto it = capture->nodes.find(n);
-      if (it != capture->nodes.end()) add_to(capture->results[it->second], g);
+// Fills the scratch for n's rule: its saved inputs, their metadata and which need a gradient;
+// sets bit i of `stale` for a saved input written in place since. False when none is needed.
+bool BackwardRun::gather_inputs(const Node& n, uint32_t& stale) {
+  const int64_t k = n.inputs.size();
+  ptrs_.resize(static_cast<size_t>(k));
+  needs_.resize(k);
+  metas_.resize(static_cast<size_t>(k));
+  bool any_needed = false;
+  for (int64_t i = 0; i < k; ++i) {
+    ptrs_[i] = &n.saved[i].value;
+    if (is_stale(n.saved[i])) stale |= 1u << i;  // only inputs 0..6 are ever saved
+    metas_[i] = n.inputs[i].meta;
+    const InputEdge& e = n.inputs[i];
+    needs_[i] = e.needs && wanted(e);
+    any_needed |= needs_[i];
+  }
+  gi_.clear();
+  gi_.resize(static_cast<size_t>(k));
+  return any_needed;
+}
+
+// Runs n's compiled backward or its gradient rule on g, into the input gradients gi_.
+void BackwardRun::apply_rule(Node& n, const Tensor& g, uint32_t stale) {
+  const bool* need = needs_.data();
+  if (n.backward_fn) {
+    DUET_CHECK(!create_graph_ || n.backward_fn_differentiable,
+               "[backward] {} has a compiled backward, which is not itself differentiable: "
+               "create_graph (double backward) needs the function run eagerly",
+               n.def->name);
+    n.backward_fn(g, need, gi_.data());
+    return;
+  }
+  Tensor out = unpack_output(n, create_graph_);
+  const int64_t k = n.inputs.size();
+  GradCtx ctx{n.attrs, SavedInputs(TensorRefs(ptrs_.data(), k), stale, &n), out, metas_.data(),
+              need};
+  try {
+    n.def->grad(ctx, g, gi_.data());
+  } catch (const AnomalyError& e) {  // Note [Anomaly mode]: name the forward op too
+    throw AnomalyError(::duet::detail::with_context(
+        fmt::format("{}; in backward, inside the gradient rule of {}", e.what(), n.def->name)));
+  }
+}
+
+// Without retain_graph a node's saved tensors are freed once its rule has run.
+void BackwardRun::release(Node& n) {
+  n.released = true;
+  for (SavedTensor& s : n.saved) s.value = Tensor();
+  n.saved_output.value = Tensor();
+  n.backward_fn = nullptr;
+}
+
+// Sends each needed input gradient, summed back to its input's shape and dtype, to the node
+// that made the input (queued once it has all its gradients), to grad()'s capture, or to the
+// leaf (accumulated into .grad at its last use).
+void BackwardRun::send_grads(const Node& n) {
+  const int64_t k = n.inputs.size();
+  for (int64_t i = 0; i < k; ++i) {
+    if (!needs_[i]) continue;
+    const InputEdge& e = n.inputs[i];
+    DUET_ASSERT(gi_[i].defined(), "gradient rule of {} gave no gradient for input {}", n.def->name,
+                i);
+    Tensor gin = sum_to(std::move(gi_[i]), e.meta);
+    if (e.fn) {
+      const int32_t p = index_.at(e.fn.get());
+      add_to(st_[p].buffer, gin);
+      if (--st_[p].deps == 0 && !st_[p].queued) enqueue(p);
+    } else if (capture_) {
+      add_to(capture_->results[capture_->leaves.at(e.leaf.get())], gin);
+    } else {
+      LeafState& l = leaves_[leaf_index_.at(e.leaf.get())];
+      add_to(l.grad, gin);
+      if (--l.uses == 0) {  // its last use
+        accumulate(l.leaf, std::move(l.grad), create_graph_);
+        l.grad = Tensor();
+        run_post_accumulate_hooks(Tensor(e.leaf));
+      }
+    }
+  }
+}
+
+void BackwardRun::run() {
+  for (int32_t s : starts_)
+    if (st_[s].useful && st_[s].deps == 0 && !st_[s].queued) enqueue(s);
+  while (!ready_.empty()) {
+    const int32_t ni = ready_.top();
+    ready_.pop();
+    Node* n = st_[ni].node;
+    Tensor g = std::move(st_[ni].buffer);
+    if (capture_) {
+      auto it = capture_->nodes.find(n);
+      if (it != capture_->nodes.end()) add_to(capture_->results[it->second], g);
     }
     DUET_CHECK(!n->released,
                "[backward] trying to backward through the graph a second time ({} already "
                "freed its saved tensors); pass retain_graph=true to the first backward",
                n->def->name);
-    const int64_t k = n->inputs.size();
-    ptrs.resize(static_cast<size_t>(k));
-    needs.resize(k);
-    metas.resize(static_cast<size_t>(k));
-    bool any_needed = false;
     uint32_t stale = 0;
-    for (int64_t i = 0; i < k; ++i) {
-      ptrs[i] = &n->saved[i].value;
-      if (is_stale(n->saved[i])) stale |= 1u << i;  // only inputs 0..6 are ever saved
-      metas[i] = n->inputs[i].meta;
-      const InputEdge& e = n->inputs[i];
-      bool wanted = e.fn ? state(e.fn.get()).useful
-                         : e.leaf && (!capture || capture->leaves.count(e.leaf.get()));
-      needs[i] = e.needs && wanted;
-      any_needed |= needs[i];
-    }
-    gi.clear();
-    gi.resize(static_cast<size_t>(k));
-    const bool* need = needs.data();
-    if (any_needed && n->backward_fn) {
-      DUET_CHECK(!create_graph || n->backward_fn_differentiable,
-                 "[backward] {} has a compiled backward, which is not itself differentiable: "
-                 "create_graph (double backward) needs the function run eagerly",
-                 n->def->name);
-      n->backward_fn(g, need, gi.data());
-    } else if (any_needed) {
-      Tensor out = unpack_output(*n, create_graph);
-      GradCtx ctx{n->attrs, SavedInputs(TensorRefs(ptrs.data(), k), stale, n), out, metas.data(),
-                  need};
-      try {
-        n->def->grad(ctx, g, gi.data());
-      } catch (const AnomalyError& e) {  // Note [Anomaly mode]: name the forward op too
-        throw AnomalyError(::duet::detail::with_context(fmt::format(
-            "{}; in backward, inside the gradient rule of {}", e.what(), n->def->name)));
-      }
-    }
+    if (gather_inputs(*n, stale)) apply_rule(*n, g, stale);
     // Started collectives (data-parallel gradient buckets) move data only inside the
     // transport's calls: give them a turn between nodes.
     if (__builtin_expect(dist::detail::g_started.load(std::memory_order_relaxed) > 0, 0))
       dist::detail::progress();
-    if (!retain_graph) {
-      n->released = true;
-      for (SavedTensor& s : n->saved) s.value = Tensor();
-      n->saved_output.value = Tensor();
-      n->backward_fn = nullptr;
-    }
-    for (int64_t i = 0; i < k; ++i) {
-      if (!needs[i]) continue;
-      const InputEdge& e = n->inputs[i];
-      DUET_ASSERT(gi[i].defined(), "gradient rule of {} gave no gradient for input {}",
-                  n->def->name, i);
-      Tensor gin = sum_to(std::move(gi[i]), e.meta);
-      if (e.fn) {
-        const int32_t p = index.at(e.fn.get());
-        add_to(st[p].buffer, gin);
-        if (--st[p].deps == 0 && !st[p].queued) {
-          st[p].queued = true;
-          ready.push(p);
-        }
-      } else if (capture) {
-        add_to(capture->results[capture->leaves.at(e.leaf.get())], gin);
-      } else {
-        LeafState& l = leaves[leaf_index.at(e.leaf.get())];
-        add_to(l.grad, gin);
-        if (--l.uses == 0) {  // its last use
-          accumulate(l.leaf, std::move(l.grad), create_graph);
-          l.grad = Tensor();
-          run_post_accumulate_hooks(Tensor(e.leaf));
-        }
-      }
-    }
+    if (!retain_graph_) release(*n);
+    send_grads(*n);
   }
   int64_t pending = 0;
-  for (const LeafState& l : leaves) pending += l.grad.defined();
+  for (const LeafState& l : leaves_) pending += l.grad.defined();
   DUET_ASSERT(pending == 0, "{} leaf gradients were never accumulated", pending);
+}
+
+void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& root_grads,
+                  bool retain_graph, bool create_graph, Capture* capture) {
+  GradModeScope mode(create_graph);
+  BackwardEndScope end;
+  BackwardRun backward(retain_graph, create_graph, capture);
+  backward.seed(roots, root_grads);
+  backward.plan();
+  backward.run();
   end.run();
 }
 
@@ -396,21 +466,31 @@ void at_backward_end(std::function<void()> callback) {
   tls_backward_end->push_back(std::move(callback));
 }
 
-void throw_stale_input(const Node& n, int64_t i) { throw_stale(n, n.saved[i]); }
+namespace {
 
-}  // namespace detail
-
-void Tensor::backward(Tensor grad_output, bool retain_graph, std::source_location loc) const {
-  detail::SiteGuard site(loc);
-  detail::check_not_escaped(*this, "backward");
-  detail::check_not_escaped(grad_output, "backward");
-  DUET_CHECK(requires_grad(),
+// Tensor::backward (core/autograd_hooks.cpp opens the call site's guard).
+void backward_from(const Tensor& root, const Tensor& grad_output, bool retain_graph) {
+  check_not_escaped(root, "backward");
+  check_not_escaped(grad_output, "backward");
+  DUET_CHECK(root.requires_grad(),
              "[backward] the tensor (shape {}) does not require grad: no input of the ops that "
              "made it requires grad, or it was computed under NoGradGuard",
-             sizes());
-  Tensor g = detail::default_grad("backward", *this, grad_output, 0);
-  detail::run_backward({*this}, {g}, retain_graph, /*create_graph=*/false, nullptr);
+             root.sizes());
+  Tensor g = default_grad("backward", root, grad_output, 0);
+  run_backward({root}, {g}, retain_graph, /*create_graph=*/false, nullptr);
 }
+
+std::string stale_input_message(const Node& n, int64_t i) { return stale_message(n, n.saved[i]); }
+
+// Note [Autograd hooks] in core/autograd_hooks.h.
+constexpr AutogradHooks kEagerHooks{&autograd_record, &autograd_prepare,    &autograd_finish,
+                                    &autograd_alias,  &stale_input_message, &backward_from};
+
+}  // namespace
+
+void register_autograd() { set_autograd_hooks(&kEagerHooks); }
+
+}  // namespace detail
 
 std::vector<Tensor> grad(std::vector<Tensor> outputs, std::vector<Tensor> inputs,
                          std::vector<Tensor> grad_outputs, bool create_graph) {

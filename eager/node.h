@@ -90,5 +90,17 @@ void set_input_edge(InputEdge& e, const Tensor& t);
 /// t's grad_fn (t must have one), regenerated first when t is a view whose base was written in
 /// place since (Note [Views of written tensors] in eager/record.cpp).
 const std::shared_ptr<Node>& current_grad_fn(TensorImpl* t);
+/// Autograd's recording, called from dispatch through core's hook table (Note [Autograd
+/// hooks] in core/autograd_hooks.h): prepare() makes the tape node of a call (edges to the
+/// inputs' history, saved inputs and their versions); finish() attaches it to the output.
+/// In-place calls pass the tensor they overwrite as `inplace_self`; record() is both halves of
+/// an out-of-place call.
+std::shared_ptr<Node> autograd_prepare(const OpDef& def, TensorRefs inputs, const Attrs& attrs,
+                                       const Tensor* inplace_self);
+void autograd_finish(std::shared_ptr<Node> node, const Tensor& out);
+void autograd_record(const OpDef& def, TensorRefs inputs, const Attrs& attrs, const Tensor& out);
+/// An alias of t over the same storage with t's current autograd identity (requires_grad,
+/// grad_fn) but a TensorImpl of its own: how a node saves the target of an in-place op.
+Tensor autograd_alias(const Tensor& t);
 
 }  // namespace duet::detail

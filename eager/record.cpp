@@ -1,4 +1,5 @@
-// duet: recording op calls on the autograd tape (called from dispatch; see core/dispatch.h).
+// duet: recording op calls on the autograd tape (called from dispatch through core's hook table,
+// Note [Autograd hooks] in core/autograd_hooks.h).
 //
 // Note [Releasing deep tapes]
 // A tape is a chain: a tensor holds its grad_fn, a node holds its inputs' nodes and its saved
@@ -176,6 +177,10 @@ void autograd_finish(std::shared_ptr<Node> node, const Tensor& out) {
   // An in-place write: the tensor's old history is superseded (Note [Views of written tensors]).
   if (fn && fn != node) fn->superseded_by = node;
   fn = std::move(node);
+}
+
+void autograd_record(const OpDef& def, TensorRefs in, const Attrs& attrs, const Tensor& out) {
+  autograd_finish(autograd_prepare(def, in, attrs, nullptr), out);
 }
 
 }  // namespace duet::detail

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <thread>
 
+#include "core/autograd_hooks.h"
 #include "util.h"
 
 namespace duet::test {
@@ -30,6 +31,11 @@ std::vector<double> iota(int64_t n, double scale = 1) {
 }
 
 }  // namespace
+
+// Note [Autograd hooks] in core/autograd_hooks.h: a program that includes eager/autograd.h
+// (here through duet.h) has registered autograd before main; tests/autograd_unlinked.cpp is one
+// that has not.
+TEST_CASE("eager autograd has filled core's hook table") { CHECK(detail::autograd_registered()); }
 
 TEST_CASE("seed examples: c = a * b and (x1 * x2 + x1) / x2") {
   Tensor a = scalar(15.0, Options().requires_grad());
