@@ -18,7 +18,13 @@ layer. The top-level duet.h includes every layer, so no layer may include it. Wh
 autograd it reaches through the hook table of core/autograd_hooks.h, which eager fills in, never
 by an include.
 
-A layer is a top-level folder and everything under it, however deep (trace/ir/graph.h is trace).
+Inside trace/, the compiled face's stages are layers of their own, lowest first:
+
+    trace/ir  ->  trace/plan  ->  trace (its own files)  ->  trace/onnx
+
+so the IR and its passes know nothing of plans, plans nothing of compile(), and only ONNX
+interop sees everything. A layer is a top-level folder and everything under it, however deep,
+except that trace/'s stage folders are their own (trace/ir/graph.h is the stage trace/ir).
 Every file under a layer folder is scanned, and every #include "..." or #include <...> in it is
 resolved as the compiler would: beside the including file first, then from the top of the tree;
 an include that names no file of the tree (a system or generated header) is not a layer's.
@@ -39,12 +45,34 @@ SUFFIXES = (".h", ".hpp", ".cpp", ".cc", ".cu", ".cuh", ".def", ".inc")
 INCLUDE = re.compile(r'^\s*#\s*include\s*(?:"([^"]+)"|<([^>]+)>)')
 
 
-def rank_of(rel):
-    """The layer rank of a path relative to the root, or None for a path outside the layers."""
+# trace/'s stages, lowest first; trace's own files sit between plan and onnx.
+TRACE_STAGES = {"trace/ir": 0, "trace/plan": 1, "trace": 2, "trace/onnx": 3}
+
+
+def stage_of(rel):
+    """The name of the layer or trace stage of a root-relative path (None outside the layers)."""
     if rel in ABOVE_ALL:
-        return ABOVE_ALL[rel]
-    top = rel.split("/", 1)[0]
-    return RANK.get(top) if "/" in rel else None
+        return rel
+    if "/" not in rel:
+        return None
+    top, rest = rel.split("/", 1)
+    if top not in RANK:
+        return None
+    if top == "trace" and "/" in rest and "trace/" + rest.split("/", 1)[0] in TRACE_STAGES:
+        return "trace/" + rest.split("/", 1)[0]
+    return top
+
+
+def rank_of(rel):
+    """The (layer, stage) rank of a root-relative path, or None for a path outside the layers."""
+    s = stage_of(rel)
+    if s is None:
+        return None
+    if s in ABOVE_ALL:
+        return (ABOVE_ALL[s], 0)
+    if s.startswith("trace"):
+        return (RANK["trace"], TRACE_STAGES[s])
+    return (RANK[s], 0)
 
 
 def resolve(root, including, name, quoted):
@@ -87,11 +115,12 @@ def violations(root):
                     if target is None:
                         continue
                     r = rank_of(target)
-                    if r is not None and r > RANK[layer]:
-                        what = target.split("/", 1)[0] if "/" in target else target
-                        out.append(
-                            f"{rel}:{n}: {layer}/ includes {target}, of {what}, a layer above "
-                            f"it (order: {' -> '.join(LAYERS)})")
+                    if r is not None and r > rank_of(rel):
+                        what, own = stage_of(target), stage_of(rel)
+                        order = (" -> ".join(TRACE_STAGES) if what.startswith("trace") and
+                                 own.startswith("trace") else " -> ".join(LAYERS))
+                        out.append(f"{rel}:{n}: {own}/ includes {target}, of {what}, a layer "
+                                   f"above it (order: {order})")
     return out
 
 
@@ -105,6 +134,9 @@ def self_test():
         ("eager/e.cpp", "trace/ir/g.h"),
         ("trace/ir/g.cpp", "nn/m.h"),
         ("nn/m.cpp", "duet.h"),
+        ("trace/ir/g2.cpp", "trace/plan/p.h"),
+        ("trace/plan/p.cpp", "trace/t.h"),
+        ("trace/t.cpp", "trace/onnx/o.h"),
     ]
     allowed = [
         ("cuda/c.h", "kernels/k.h"),
@@ -114,6 +146,9 @@ def self_test():
         ("core/a.h", "core/sub/b.h"),
         ("trace/ir/g.h", "g2.h"),  # beside the including file
         ("core/a.h", "fmt/format.h"),  # not a file of the tree
+        ("trace/plan/p.h", "trace/ir/g.h"),
+        ("trace/t.h", "trace/plan/p.h"),
+        ("trace/onnx/o.h", "trace/t.h"),
     ]
     root = tempfile.mkdtemp(prefix="check_layers_")
     try:
