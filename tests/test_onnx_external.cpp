@@ -362,7 +362,7 @@ TEST_CASE("import_onnx reads a regular model file only: /dev/zero, a FIFO and a 
   TempDir dir;
   const fs::path fifo = dir.path / "model.onnx";
   REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
-  for (const std::string path : {std::string("/dev/zero"), fifo.string(), dir.path.string()}) {
+  for (const std::string& path : {std::string("/dev/zero"), fifo.string(), dir.path.string()}) {
     CAPTURE(path);
     std::string msg;
     CHECK_THROWS_AS(
