@@ -179,26 +179,27 @@ say "first README command passed in $t_first"
 # prefix, and a project that only calls find_package(duet) and links duet::duet configured, built
 # and run against it (the ctest test_install_consumer). The first command built the sample and
 # the library; `cmake --install` also installs duet-run.
+# run_logged WHAT COMMAND LOG: runs COMMAND in the root with its output in LOG, from t=now; on a
+# failure prints the log's end and exits 1.
+run_logged() {
+  t=$(date +%s)
+  in_root "$2" >"$3" 2>&1 || {
+    tail -60 "$3" >&2
+    say "$1 FAILED after $(elapsed "$t") (log: $3)"
+    exit 1
+  }
+}
+
 consumer_cmd="cmake --build build --target duet-run && bash tests/install_consumer/run.sh build"
 say "installed duet: $consumer_cmd"
-t=$(date +%s)
-in_root "$consumer_cmd" >"$area/install.log" 2>&1 || {
-  tail -60 "$area/install.log" >&2
-  say "installed duet FAILED after $(elapsed "$t") (log: $area/install.log)"
-  exit 1
-}
+run_logged "installed duet" "$consumer_cmd" "$area/install.log"
 t_install="$(elapsed "$t")"
 say "installed duet passed in $t_install"
 
 t_second="(not run: --first-only)"
 if [ "$first_only" -eq 0 ]; then
   say "second README command: $cmd2"
-  t=$(date +%s)
-  in_root "$cmd2" >"$area/second.log" 2>&1 || {
-    tail -60 "$area/second.log" >&2
-    say "second README command FAILED after $(elapsed "$t") (log: $area/second.log)"
-    exit 1
-  }
+  run_logged "second README command" "$cmd2" "$area/second.log"
   grep -E '^(== |[0-9]+% tests passed|Total Test time)' "$area/second.log" || true
   t_second="$(elapsed "$t")"
   say "second README command passed in $t_second"
