@@ -4,6 +4,7 @@
 
 #include "core/allocator.h"
 #include "core/anomaly.h"
+#include "core/autocast.h"
 #include "core/profiler.h"
 #include "core/dispatch.h"
 #include "core/dist.h"
@@ -19,6 +20,7 @@
 #include "nn/norm.h"
 #include "nn/parallel.h"
 #include "nn/rnn.h"
+#include "nn/optim/grad_scaler.h"
 #include "nn/optim/optim.h"
 #include "nn/optim/schedulers.h"
 #include "nn/utils.h"

@@ -94,6 +94,8 @@ int main(int argc, char** argv) {
   }
   duet::set_num_threads(cfg.threads);
   bench::set_blas_threads(cfg.threads);
+  // Which kernels oneDNN runs here decides the bf16 rows (AMX, AVX512-BF16, or emulation).
+  std::fprintf(stderr, "duet_bench: oneDNN dispatches to %s\n", bench::onednn_isa().c_str());
   auto want = [&](const char* w) { return only.empty() || only.count(w); };
   std::vector<bench::Result> rs;
   const bool cpu = cfg.device != "cuda";

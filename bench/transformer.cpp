@@ -85,8 +85,9 @@ struct W8 {
   std::shared_ptr<TinyTransformer> model;
   std::unique_ptr<duet::optim::AdamW> opt;
   Tensor x, y;
+  bool autocast = false;  ///< the forward pass and the loss under Autocast(cpu, bf16)
 
-  explicit W8(uint64_t seed) {
+  explicit W8(uint64_t seed, bool amp = false) : autocast(amp) {
     duet::manual_seed(seed);
     model = std::make_shared<TinyTransformer>();
     opt = std::make_unique<duet::optim::AdamW>(model->parameters());
@@ -97,8 +98,12 @@ struct W8 {
 
   Tensor step(const Tensor& xs, const Tensor& ys) {
     opt->zero_grad();
-    Tensor logits = (*model)(xs);
-    Tensor loss = duet::cross_entropy(duet::reshape(logits, {-1, kVocab}), duet::reshape(ys, {-1}));
+    Tensor loss;
+    {
+      duet::Autocast ac(duet::Device::cpu(), duet::DType::bf16, autocast);
+      Tensor logits = (*model)(xs);
+      loss = duet::cross_entropy(duet::reshape(logits, {-1, kVocab}), duet::reshape(ys, {-1}));
+    }
     loss.backward();
     opt->step();
     return loss;
@@ -276,6 +281,35 @@ void run_w8(const Config& c, std::vector<Result>& out) {
                "floor\n",
                floor.count(), floor.gflop(), rows[1].median / rows[2].median,
                rows[0].median / rows[2].median);
+
+  // The same step under Autocast(cpu, bf16): the products in bf16, the rest as PyTorch's
+  // autocast runs it, eager and compiled, beside the f32 rows above.
+  W8 ea(81, true), ka(81, true);
+  auto amp_step = ka.compile();
+  for (int i = 0; i < warmup_calls(); ++i) {
+    ea.step(ea.x, ea.y);
+    amp_step(ka.x, ka.y);
+  }
+  wait_codegen("W8");
+  auto ta = time_interleaved({[&] {
+                                for (int i = 0; i < kStepsPerRep; ++i) ea.step(ea.x, ea.y);
+                              },
+                              [&] {
+                                for (int i = 0; i < kStepsPerRep; ++i) amp_step(ka.x, ka.y);
+                              }},
+                             c.reps);
+  std::vector<Result> amp_rows;
+  for (int i = 0; i < 2; ++i) {
+    Result r = base("W8", modes[i], c, "ms_per_step");
+    r.variant = "autocast_bf16";
+    amp_rows.push_back(summarize(r, ta[i], ms));
+    out.push_back(amp_rows.back());
+  }
+  std::fprintf(stderr,
+               "W8 autocast bf16: eager %.1f ms, compiled %.1f ms per step; f32 over bf16: eager "
+               "%.2fx, compiled %.2fx\n",
+               amp_rows[0].median, amp_rows[1].median, rows[0].median / amp_rows[0].median,
+               rows[1].median / amp_rows[1].median);
 }
 
 void run_ct_w8(const Config& c, std::vector<Result>& out) {

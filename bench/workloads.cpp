@@ -197,6 +197,20 @@ void run_w3(const Config& c, std::vector<Result>& out) {
       r.n = n;
       out.push_back(summarize(r, t[k], gflops));
     }
+    // bf16: the same product on bf16 operands (duet's matmul goes to oneDNN's bf16 primitive),
+    // against that primitive called directly.
+    const duet::DType bf16 = duet::DType::bf16;
+    Tensor ab = a.to(bf16), bb = b.to(bf16), cb = duet::zeros({n, n}, duet::Options().dtype(bf16));
+    auto tb = time_interleaved(
+        {repeat([&] { y = duet::matmul(ab, bb); }), repeat([&] { y = mm(ab, bb); }),
+         repeat([&] { matmul_onednn_bf16(ab.raw_data(), bb.raw_data(), cb.raw_data(), n); })},
+        c.reps);
+    for (int k = 0; k < 3; ++k) {
+      Result r = base("W3", modes[k], c, "gflops");
+      r.variant = k == 2 ? "bf16 onednn" : "bf16";
+      r.n = n;
+      out.push_back(summarize(r, tb[k], gflops));
+    }
   }
 }
 

@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "core/anomaly.h"
+#include "core/autocast.h"
 #include "core/autograd_hooks.h"
 #include "core/call_site.h"
 #include "core/profiler.h"
@@ -11,6 +12,9 @@
 
 namespace duet {
 namespace detail {
+
+extern thread_local uint32_t tls_autocast;  // core/autocast.cpp
+
 namespace {
 
 constexpr int kMaxModes = 16;
@@ -177,6 +181,16 @@ static void profile_op(const OpDef& def, const ProfiledInputs& p, const Tensor& 
 
 Tensor call(OpId op, TensorRefs inputs, const Attrs& attrs, unsigned expiring) {
   const OpDef& def = op_def(op);
+  // Autocast (Note [Autocast] in core/autocast.h): the inputs cast by Cast calls of their own,
+  // before any mode sees the call, so that autograd and traces record the casts.
+  if (__builtin_expect(tls_autocast != 0, 0) && def.autocast != AutocastClass::None) {
+    std::vector<Tensor> cast;
+    if (autocast_inputs(def.autocast == AutocastClass::Lower, inputs, cast)) {
+      std::vector<const Tensor*> p;
+      for (const Tensor& t : cast) p.push_back(&t);
+      return call(op, TensorRefs(p.data(), inputs.size()), attrs, 0);
+    }
+  }
   // One pass over the inputs for the flags and the device check: this is the eager hot path.
   bool requires_grad = false, traced = false, mixed = false;
   const StorageImpl* first = nullptr;  // of the first input that is not a wrapped number

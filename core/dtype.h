@@ -6,8 +6,9 @@
 
 namespace duet {
 
-/// Element types. f32 is the default float dtype. f16 and bf16 are named for later backends;
-/// the CPU computes f32, f64, i32, i64 and b8.
+/// Element types. f32 is the default float dtype. f16 (IEEE half) and bf16 (bfloat16) are the
+/// low-precision floats (Note [Low precision] in kernels/low_precision.h): stored in 2 bytes,
+/// computed in f32 inside the kernels.
 enum class DType : uint8_t { f32, f64, f16, bf16, i32, i64, b8 };
 inline constexpr int kNumDTypes = 7;
 
@@ -34,8 +35,13 @@ constexpr bool is_floating(DType d) {
   return d == DType::f32 || d == DType::f64 || d == DType::f16 || d == DType::bf16;
 }
 constexpr bool is_integral(DType d) { return d == DType::i32 || d == DType::i64; }
-/// True for the dtypes the CPU kernels compute (not f16/bf16 yet).
-constexpr bool is_cpu_computed(DType d) { return d != DType::f16 && d != DType::bf16; }
+/// f16 and bf16: stored in 2 bytes, computed in f32.
+constexpr bool is_low_precision(DType d) { return d == DType::f16 || d == DType::bf16; }
+
+/// The value of an f16 or bf16 element from its bits, and the bits of a float rounded to
+/// nearest-even in f16 or bf16 (NaN stays NaN; f16 overflows to infinity).
+float low_precision_to_float(uint16_t bits, DType d);
+uint16_t float_to_low_precision(float v, DType d);
 
 /// PyTorch's promote_types: the smallest dtype both convert to without losing kind.
 DType promote_types(DType a, DType b);
@@ -68,36 +74,36 @@ struct dtype_of<bool> {
 };
 }  // namespace detail
 
-/// Calls f(T{}) with T the C++ type of a CPU-computed dtype; throws for f16/bf16.
-#define DUET_DISPATCH_DTYPE(dtype, op_name, ...)                     \
-  [&] {                                                              \
-    switch (dtype) {                                                 \
-      case ::duet::DType::f32: {                                     \
-        using scalar_t = float;                                      \
-        return __VA_ARGS__();                                        \
-      }                                                              \
-      case ::duet::DType::f64: {                                     \
-        using scalar_t = double;                                     \
-        return __VA_ARGS__();                                        \
-      }                                                              \
-      case ::duet::DType::i32: {                                     \
-        using scalar_t = int32_t;                                    \
-        return __VA_ARGS__();                                        \
-      }                                                              \
-      case ::duet::DType::i64: {                                     \
-        using scalar_t = int64_t;                                    \
-        return __VA_ARGS__();                                        \
-      }                                                              \
-      case ::duet::DType::b8: {                                      \
-        using scalar_t = bool;                                       \
-        return __VA_ARGS__();                                        \
-      }                                                              \
-      default:                                                       \
-        throw ::duet::DTypeError(                                    \
-            fmt::format("[{}] dtype {} is not computed on the CPU; " \
-                        "convert with .to(DType::f32)",              \
-                        op_name, ::duet::dtype_name(dtype)));        \
-    }                                                                \
+/// Calls f(T{}) with T the C++ type of dtype, for the dtypes kernels compute in their own type;
+/// throws for f16/bf16, which kernels compute in f32 (kernels/low_precision.h has the dispatch
+/// that includes them, as Eigen::half and Eigen::bfloat16).
+#define DUET_DISPATCH_DTYPE(dtype, op_name, ...)                                                 \
+  [&] {                                                                                          \
+    switch (dtype) {                                                                             \
+      case ::duet::DType::f32: {                                                                 \
+        using scalar_t = float;                                                                  \
+        return __VA_ARGS__();                                                                    \
+      }                                                                                          \
+      case ::duet::DType::f64: {                                                                 \
+        using scalar_t = double;                                                                 \
+        return __VA_ARGS__();                                                                    \
+      }                                                                                          \
+      case ::duet::DType::i32: {                                                                 \
+        using scalar_t = int32_t;                                                                \
+        return __VA_ARGS__();                                                                    \
+      }                                                                                          \
+      case ::duet::DType::i64: {                                                                 \
+        using scalar_t = int64_t;                                                                \
+        return __VA_ARGS__();                                                                    \
+      }                                                                                          \
+      case ::duet::DType::b8: {                                                                  \
+        using scalar_t = bool;                                                                   \
+        return __VA_ARGS__();                                                                    \
+      }                                                                                          \
+      default:                                                                                   \
+        throw ::duet::DTypeError(                                                                \
+            fmt::format("[{}] has no kernel for dtype {}", op_name, ::duet::dtype_name(dtype))); \
+    }                                                                                            \
   }()
 
 }  // namespace duet

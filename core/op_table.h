@@ -66,6 +66,11 @@ constexpr bool is_fusable(OpId op) {
   return kOpClass[static_cast<int>(op)] == OpClass::Elementwise;
 }
 
+/// What autocast does to an op's inputs (Note [Autocast] in core/autocast.h): None leaves them,
+/// Lower casts f32/f16/bf16 inputs to the scope's low dtype (products), F32 casts f16/bf16
+/// inputs to f32 (numerically sensitive ops).
+enum class AutocastClass : uint8_t { None, Lower, F32 };
+
 /// The dtype rule of a unary elementwise op (core/elementwise.def): Float computes integers and
 /// b8 in f32, Same keeps the dtype and refuses b8. None: not a unary family op.
 enum class UnaryMath : uint8_t { None, Float, Same };
@@ -216,6 +221,7 @@ struct OpDef {
   SymInferFn sym_infer = nullptr;
   uint8_t save = 0;            ///< kSave* bits: what the gradient rule reads
   bool differentiable = true;  ///< false: outputs never require grad (comparisons, sources)
+  AutocastClass autocast = AutocastClass::None;  ///< set with the op's rules (core/ops/)
   KernelFn kernel[kNumDeviceTypes] = {};
 };
 

@@ -95,8 +95,8 @@ std::string Tensor::str() const {
     return fmt::format("tensor(<traced %{} of {}{}>, ", impl()->value, impl()->trace->name,
                        impl()->trace->alive ? "" : ", trace ended") +
            suffix;
-  // Device tensors print their values through a copy to the CPU, as in PyTorch.
-  if (!is_cpu_computed(dtype())) return "tensor(<values not shown>, " + suffix;
+  // Device tensors print their values through a copy to the CPU, as in PyTorch; f16 and bf16
+  // through f64, which holds each of their values exactly.
   if (p.floating)
     p.f = to_vector<double>();
   else

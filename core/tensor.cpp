@@ -210,6 +210,8 @@ double read_double(const Tensor& t, int64_t i) {
     i /= n;
   }
   const char* base = static_cast<const char*>(x->data());
+  if (is_low_precision(x->dtype))
+    return low_precision_to_float(reinterpret_cast<const uint16_t*>(base)[off], x->dtype);
   return DUET_DISPATCH_DTYPE(x->dtype, "read", [&] {
     return static_cast<double>(reinterpret_cast<const scalar_t*>(base)[off]);
   });

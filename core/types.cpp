@@ -1,4 +1,5 @@
 // duet: DType, Device, Shape, Dims helpers and errors.
+#include <Eigen/Core>
 #include <algorithm>
 #include <ostream>
 
@@ -56,6 +57,17 @@ DType promote_types(DType a, DType b) {
   if ((a == DType::f16 && b == DType::bf16) || (a == DType::bf16 && b == DType::f16))
     return DType::f32;
   return rank(a) >= rank(b) ? a : b;
+}
+
+// Eigen's half and bfloat16 convert with round-to-nearest-even, keep NaN a NaN and overflow
+// f16 to infinity.
+float low_precision_to_float(uint16_t bits, DType d) {
+  if (d == DType::bf16) return static_cast<float>(Eigen::numext::bit_cast<Eigen::bfloat16>(bits));
+  return static_cast<float>(Eigen::numext::bit_cast<Eigen::half>(bits));
+}
+uint16_t float_to_low_precision(float v, DType d) {
+  if (d == DType::bf16) return Eigen::numext::bit_cast<uint16_t>(Eigen::bfloat16(v));
+  return Eigen::numext::bit_cast<uint16_t>(Eigen::half(v));
 }
 
 std::string Device::str() const {

@@ -5,6 +5,7 @@
 #include <queue>
 #include <unordered_map>
 
+#include "core/autocast.h"
 #include "core/autograd_hooks.h"
 #include "core/ops.h"
 #include "eager/autograd.h"
@@ -423,6 +424,8 @@ void BackwardRun::run() {
 void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& root_grads,
                   bool retain_graph, bool create_graph, Capture* capture) {
   GradModeScope mode(create_graph);
+  // Gradient rules run in the dtypes their forward ops had (Note [Autocast] in core/autocast.h).
+  AutocastOff autocast_off;
   BackwardEndScope end;
   BackwardRun backward(retain_graph, create_graph, capture);
   backward.seed(roots, root_grads);

@@ -19,6 +19,7 @@
 
 #include "kernels/composed.h"
 #include "kernels/cpu_kernels.h"
+#include "kernels/low_precision.h"
 
 namespace duet::kernels {
 namespace {
@@ -319,9 +320,11 @@ void conv2d_weight_grad_composed_kernel(TensorRefs in, const Attrs& a, const Ten
 }
 
 void register_conv_kernels(OpDef* t) {
-  detail::register_kernel(t, OpId::Conv2d, DeviceType::CPU, cpu_kernel<Pass::Forward>);
-  detail::register_kernel(t, OpId::Conv2dInputGrad, DeviceType::CPU, cpu_kernel<Pass::InputGrad>);
-  detail::register_kernel(t, OpId::Conv2dWeightGrad, DeviceType::CPU, cpu_kernel<Pass::WeightGrad>);
+  detail::register_kernel(t, OpId::Conv2d, DeviceType::CPU, via_f32<cpu_kernel<Pass::Forward>>);
+  detail::register_kernel(t, OpId::Conv2dInputGrad, DeviceType::CPU,
+                          via_f32<cpu_kernel<Pass::InputGrad>>);
+  detail::register_kernel(t, OpId::Conv2dWeightGrad, DeviceType::CPU,
+                          via_f32<cpu_kernel<Pass::WeightGrad>>);
 }
 
 }  // namespace duet::kernels

@@ -5,6 +5,7 @@
 #include "kernels/cpu_kernels.h"
 #include "kernels/functors.h"
 #include "kernels/loops.h"
+#include "kernels/low_precision.h"
 
 namespace duet::kernels {
 namespace {
@@ -82,11 +83,91 @@ const Tensor& in_dtype(const Tensor& t, DType ct, Tensor& tmp) {
   return tmp;
 }
 
+// ---- f16 and bf16: blocks converted to f32 around the f32 functors (Note [Low precision]) ----
+
+constexpr int64_t kLowBlock = 256;
+
+// m elements of dtype dt (f32 or L) at p, stepping by s bytes, as floats in d.
+template <class L>
+void load_f32(const char* p, int64_t s, DType dt, float* d, int64_t m) {
+  if (dt == DType::f32) {
+    for (int64_t i = 0; i < m; ++i) d[i] = *reinterpret_cast<const float*>(p + i * s);
+  } else if (s == int64_t(sizeof(L))) {
+    Eigen::Map<Eigen::ArrayXf>(d, m) =
+        Eigen::Map<const Eigen::Array<L, Eigen::Dynamic, 1>>(reinterpret_cast<const L*>(p), m)
+            .template cast<float>();
+  } else {
+    for (int64_t i = 0; i < m; ++i)
+      d[i] = static_cast<float>(*reinterpret_cast<const L*>(p + i * s));
+  }
+}
+template <class L>
+void store_low(const float* v, char* p, int64_t s, int64_t m) {
+  if (s == int64_t(sizeof(L))) {
+    Eigen::Map<Eigen::Array<L, Eigen::Dynamic, 1>>(reinterpret_cast<L*>(p), m) =
+        Eigen::Map<const Eigen::ArrayXf>(v, m).template cast<L>();
+  } else {
+    for (int64_t i = 0; i < m; ++i) *reinterpret_cast<L*>(p + i * s) = L(v[i]);
+  }
+}
+
+template <class F, class L>
+void unary_low(const Tensor& x, const Tensor& out) {
+  const F f{};
+  for_each<2>(out.sizes(), {&out, &x}, [&](char** p, const int64_t* s, int64_t n) {
+    alignas(64) float xs[kLowBlock], ys[kLowBlock];
+    for (int64_t i0 = 0; i0 < n; i0 += kLowBlock) {
+      const int64_t m = std::min(kLowBlock, n - i0);
+      load_f32<L>(p[1] + i0 * s[1], s[1], x.dtype(), xs, m);
+      unary_dense<float>(f, xs, ys, m);
+      store_low<L>(ys, p[0] + i0 * s[0], s[0], m);
+    }
+  });
+}
+
+// a and b are L, or f32 when 0-d: a 0-d operand (a wrapped number) enters the f32 math as it
+// is, without first rounding to L, as in PyTorch. R: L, or bool for comparisons.
+template <class F, class L, class R>
+void binary_low(const Tensor& a, const Tensor& b, const Tensor& out) {
+  const F f{};
+  for_each<3>(out.sizes(), {&out, &a, &b}, [&](char** p, const int64_t* s, int64_t n) {
+    alignas(64) float xa[kLowBlock], xb[kLowBlock], ys[kLowBlock];
+    const bool sa = s[1] == 0, sb = s[2] == 0;
+    if (sa) load_f32<L>(p[1], 0, a.dtype(), xa, 1);
+    if (sb) load_f32<L>(p[2], 0, b.dtype(), xb, 1);
+    for (int64_t i0 = 0; i0 < n; i0 += kLowBlock) {
+      const int64_t m = std::min(kLowBlock, n - i0);
+      if (!sa) load_f32<L>(p[1] + i0 * s[1], s[1], a.dtype(), xa, m);
+      if (!sb) load_f32<L>(p[2] + i0 * s[2], s[2], b.dtype(), xb, m);
+      if constexpr (std::is_same_v<R, bool>) {
+        for (int64_t i = 0; i < m; ++i)
+          *reinterpret_cast<bool*>(p[0] + (i0 + i) * s[0]) = f(xa[sa ? 0 : i], xb[sb ? 0 : i]);
+      } else {
+        binary_dense<float>(f, xa, sa, xb, sb, ys, m);
+        store_low<L>(ys, p[0] + i0 * s[0], s[0], m);
+      }
+    }
+  });
+}
+
+// Calls body.template operator()<L>() for f16 or bf16.
+template <class Body>
+void dispatch_low(DType d, Body&& body) {
+  if (d == DType::bf16)
+    body.template operator()<bf16_t>();
+  else
+    body.template operator()<f16_t>();
+}
+
 template <class F, bool FloatOnly>
 void unary_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
   DType ct = out.dtype();
   Tensor tx;
   const Tensor& x = in_dtype(in[0], ct, tx);
+  if (is_low_precision(ct)) {
+    dispatch_low(ct, [&]<class L>() { unary_low<F, L>(x, out); });
+    return;
+  }
   if constexpr (FloatOnly) {
     DUET_DISPATCH_FLOAT(ct, "unary", [&] { unary_typed<F, scalar_t>(x, out); });
   } else {
@@ -143,6 +224,16 @@ template <class F, bool Compare>
 void binary_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
   DType ct = Compare ? detail::result_type(in) : out.dtype();
   Tensor ta, tb;
+  if (is_low_precision(ct)) {
+    auto operand = [&](const Tensor& t, Tensor& tmp) -> const Tensor& {
+      return in_dtype(t, t.dim() == 0 ? DType::f32 : ct, tmp);
+    };
+    const Tensor& a = operand(in[0], ta);
+    const Tensor& b = operand(in[1], tb);
+    dispatch_low(
+        ct, [&]<class L>() { binary_low<F, L, std::conditional_t<Compare, bool, L>>(a, b, out); });
+    return;
+  }
   const Tensor& a = in_dtype(in[0], ct, ta);
   const Tensor& b = in_dtype(in[1], ct, tb);
   DUET_DISPATCH_DTYPE(ct, "binary", [&] {
@@ -190,9 +281,9 @@ void convert_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
                    [&](int64_t b, int64_t e) { std::memcpy(dst + b, src + b, e - b); });
     return;
   }
-  DUET_DISPATCH_DTYPE(out.dtype(), "copy", [&] {
+  DUET_DISPATCH_WITH_LOW(out.dtype(), "copy", [&] {
     using D = scalar_t;
-    DUET_DISPATCH_DTYPE(x.dtype(), "copy", [&] {
+    DUET_DISPATCH_WITH_LOW(x.dtype(), "copy", [&] {
       using S = scalar_t;
       for_each<2>(out.sizes(), {&out, &x}, [&](char** p, const int64_t* s, int64_t n) {
         if (s[0] == sizeof(D) && s[1] == sizeof(S)) {
@@ -253,11 +344,11 @@ void register_elementwise_kernels(OpDef* t) {
 #define DUET_BINARY(Name, name, doc) reg(OpId::Name, binary_kernel<fn::Name, false>);
 #define DUET_COMPARE(Name, name, expr, doc) reg(OpId::Name, binary_kernel<fn::Name, true>);
 #include "core/elementwise.def"
-  reg(OpId::Where, where_kernel);
+  reg(OpId::Where, via_f32<where_kernel>);
   reg(OpId::Cast, convert_kernel);
   reg(OpId::Copy, convert_kernel);
-  reg(OpId::Full, full_kernel);
-  reg(OpId::Arange, arange_kernel);
+  reg(OpId::Full, via_f32<full_kernel>);
+  reg(OpId::Arange, via_f32<arange_kernel>);
 }
 
 }  // namespace duet::kernels

@@ -9,6 +9,7 @@
 
 #include "kernels/functors.h"
 #include "kernels/loops.h"
+#include "kernels/low_precision.h"
 
 namespace duet::kernels {
 namespace {
@@ -154,6 +155,8 @@ class Interp {
       const FusedInstr& in = p_.code[i];
       auto src = [&](int j) -> const T* { return in.src[j] >= 0 ? reg_[in.src[j]] : nullptr; };
       fns_[i](reg_[in.dst], src(0), src(1), src(2), n);
+      if constexpr (std::is_same_v<T, float>)
+        if (in.round != DType::f32) round_block(reg_[in.dst], n, in.round);
     }
     for (size_t o = 0; o < p_.outputs.size(); ++o) {
       const int r = p_.outputs[o];
@@ -162,6 +165,8 @@ class Interp {
       if (p_.out_dtypes[o] == DType::b8) {
         bool* d = static_cast<bool*>(a_.out[o]) + s;
         for (int64_t i = 0; i < n; ++i) d[i] = v[i] != T(0);
+      } else if (is_low_precision(p_.out_dtypes[o])) {  // exact: the register was rounded
+        if constexpr (std::is_same_v<T, float>) store_low(v, p_.out_dtypes[o], a_.out[o], s, n);
       } else {
         std::memcpy(static_cast<T*>(a_.out[o]) + s, v, n * sizeof(T));
       }
@@ -195,7 +200,7 @@ class Interp {
       } else if (si == 0) {
         std::fill(d + done, d + done + m, read(dt, a_.in[k], off));
       } else {
-        DUET_DISPATCH_DTYPE(dt, "fused", [&] {
+        DUET_DISPATCH_WITH_LOW(dt, "fused", [&] {
           const scalar_t* x = static_cast<const scalar_t*>(a_.in[k]) + off;
           for (int64_t q = 0; q < m; ++q) d[done + q] = static_cast<T>(x[q * si]);
         });
@@ -207,8 +212,26 @@ class Interp {
   }
 
   static T read(DType dt, const void* p, int64_t off) {
-    return DUET_DISPATCH_DTYPE(
+    return DUET_DISPATCH_WITH_LOW(
         dt, "fused", [&] { return static_cast<T>(static_cast<const scalar_t*>(p)[off]); });
+  }
+
+  // Rounds n values to f16 or bf16 in place (the values the eager kernel would store).
+  static void round_block(float* v, int64_t n, DType d) {
+    Eigen::Map<Eigen::ArrayXf> x(v, n);
+    if (d == DType::bf16)
+      x = x.template cast<bf16_t>().template cast<float>();
+    else
+      x = x.template cast<f16_t>().template cast<float>();
+  }
+  static void store_low(const float* v, DType d, void* out, int64_t s, int64_t n) {
+    Eigen::Map<const Eigen::ArrayXf> x(v, n);
+    if (d == DType::bf16)
+      Eigen::Map<Eigen::Array<bf16_t, Eigen::Dynamic, 1>>(static_cast<bf16_t*>(out) + s, n) =
+          x.template cast<bf16_t>();
+    else
+      Eigen::Map<Eigen::Array<f16_t, Eigen::Dynamic, 1>>(static_cast<f16_t*>(out) + s, n) =
+          x.template cast<f16_t>();
   }
 
   T identity() const {
@@ -416,6 +439,16 @@ void FusedKernel::run(const DuetFusedArgs& a) {
       align);
 }
 
+bool FusedProgram::has_low_precision() const {
+  for (DType d : in_dtypes)
+    if (is_low_precision(d)) return true;
+  for (DType d : out_dtypes)
+    if (is_low_precision(d)) return true;
+  for (const FusedInstr& in : code)
+    if (in.round != DType::f32) return true;
+  return false;
+}
+
 std::string FusedProgram::str() const {
   std::string s = fmt::format("fused {} ({} inputs", dtype, num_inputs());
   for (int k = 0; k < num_inputs(); ++k)
@@ -425,7 +458,8 @@ std::string FusedProgram::str() const {
     s += fmt::format("  r{} = {}(", in.dst, op_name(in.op));
     for (int j = 0; j < 3 && in.src[j] >= 0; ++j)
       s += fmt::format("{}r{}", j ? ", " : "", in.src[j]);
-    s += in.op == OpId::Cast ? fmt::format(") to {}\n", in.to) : ")\n";
+    s += in.op == OpId::Cast ? fmt::format(") to {}", in.to) : ")";
+    s += in.round != DType::f32 ? fmt::format(", rounded to {}\n", in.round) : "\n";
   }
   for (size_t o = 0; o < outputs.size(); ++o)
     s += fmt::format("  out{} = r{} ({})\n", o, outputs[o], out_dtypes[o]);
@@ -448,6 +482,7 @@ uint64_t FusedProgram::hash() const {
     mix(static_cast<uint64_t>(in.dst + 1));
     for (int16_t s : in.src) mix(static_cast<uint64_t>(s + 2));
     mix(static_cast<uint64_t>(in.to));
+    mix(static_cast<uint64_t>(in.round) + 31);
   }
   mix(static_cast<uint64_t>(num_regs));
   for (size_t o = 0; o < outputs.size(); ++o) {

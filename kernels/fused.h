@@ -11,6 +11,13 @@
 // comparisons write 1 or 0, where() tests != 0, a cast to b8 writes (x != 0), a cast to T
 // keeps the value, and an output of dtype b8 stores (x != 0). Every instruction reads and
 // writes whole registers, so the result of each element is what the eager op computes.
+//
+// f16 and bf16 values live in f32 registers (a group with them computes in f32). An
+// instruction whose op result is f16 or bf16 (FusedInstr::round) rounds its register to that
+// dtype after computing, as the eager kernel rounds what it stores (Note [Low precision] in
+// kernels/low_precision.h): so a fused bf16 chain equals the eager ops bit for bit. Inputs of
+// those dtypes are converted as they are loaded, outputs as they are stored. The interpreter
+// runs such programs; the code generators do not take them yet.
 #pragma once
 
 #include <atomic>
@@ -30,6 +37,9 @@ struct FusedInstr {
   int16_t dst = -1;
   int16_t src[3] = {-1, -1, -1};
   DType to = DType::f32;  ///< Cast: the target dtype (T or b8)
+  /// f16 or bf16: the op's result has that dtype, and the register is rounded to it after the
+  /// instruction (Note [Fused registers]); otherwise (f32, the default) no rounding.
+  DType round = DType::f32;
 };
 
 enum class FusedReduce : uint8_t { None = 0, Inner = 1, Outer = 2 };
@@ -47,6 +57,8 @@ struct FusedProgram {
   int16_t reduce_src = -1;     ///< the register reduced into DuetFusedArgs::red_out (dtype T)
 
   int num_inputs() const { return static_cast<int>(in_dtypes.size()); }
+  /// Whether an input, an output or an instruction's result is f16 or bf16.
+  bool has_low_precision() const;
   /// Readable text, one instruction per line ("r3 = mul(r0, r1)").
   std::string str() const;
   /// A stable hash of the program (the codegen cache key includes it).

@@ -1,11 +1,19 @@
 // CPU matmul. f32 goes to oneDNN's sgemm, which measured fastest on these machines (see
-// bench W3: oneDNN against OpenBLAS); other dtypes go to Eigen's GEMM. Transposed operands are
-// passed as transposes, not copied; other strided operands are made contiguous first.
+// bench W3: oneDNN against OpenBLAS); bf16 and f16 to oneDNN's matmul primitive, which
+// accumulates in f32 and uses AMX or AVX512-BF16 where the CPU has them (sgemm on f32 copies
+// where oneDNN has no kernel for the dtype); other dtypes go to Eigen's GEMM. Transposed
+// operands are passed as transposes, not copied; other strided operands are made contiguous
+// first.
 #include <oneapi/dnnl/dnnl.h>
 
 #include <Eigen/Core>
+#include <array>
+#include <map>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <optional>
 
 #include "kernels/cpu_kernels.h"
+#include "kernels/low_precision.h"
 #include "kernels/loops.h"
 
 namespace duet::kernels {
@@ -26,10 +34,95 @@ MatLayout layout(int64_t rows, int64_t cols, int64_t s0, int64_t s1) {
   return {'N', 0, false};
 }
 
+// ---- f16 and bf16 ------------------------------------------------------------------------------
+
+template <class L>
+constexpr dnnl::memory::data_type dnnl_type() {
+  return std::is_same_v<L, bf16_t> ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f16;
+}
+
+// One matmul shape and layout of one low dtype: the primitive and its operands' layouts, or
+// nothing where oneDNN has no kernel for it on this CPU (f16 before AVX512-FP16, say).
+using LowKey = std::array<int64_t, 8>;
+struct LowMatmul {
+  dnnl::matmul prim;
+  dnnl::memory::desc a, b, c;
+};
+
+dnnl::engine& cpu_engine() {
+  static dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  return eng;
+}
+
+template <class L>
+std::optional<LowMatmul> make_low_matmul(const LowKey& key) {
+  const auto [m, n, k, ta, lda, tb, ldb, threads] = key;
+  using dims = dnnl::memory::dims;
+  const auto dt = dnnl_type<L>();
+  const dnnl::memory::desc a(dims{m, k}, dt, ta ? dims{1, lda} : dims{lda, 1});
+  const dnnl::memory::desc b(dims{k, n}, dt, tb ? dims{1, ldb} : dims{ldb, 1});
+  const dnnl::memory::desc c(dims{m, n}, dt, dims{n, 1});
+  try {
+    return LowMatmul{
+        dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), cpu_engine())), a, b,
+        c};
+  } catch (const dnnl::error&) {
+    return std::nullopt;
+  }
+}
+
+// c (m x n, dense) = a @ b on oneDNN's primitive; false where there is none.
+template <class L>
+bool low_gemm_onednn(const L* a, MatLayout la, const L* b, MatLayout lb, L* c, int64_t m, int64_t n,
+                     int64_t k) {
+  const LowKey key = {
+      m, n, k, la.trans == 'T', la.ld, lb.trans == 'T', lb.ld, omp_get_max_threads()};
+  // Per thread (a primitive runs on one thread at a time), bounded like the convolutions'.
+  thread_local std::map<LowKey, std::optional<LowMatmul>> cache;
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    if (cache.size() >= 96) cache.clear();
+    it = cache.emplace(key, make_low_matmul<L>(key)).first;
+  }
+  if (!it->second) return false;
+  const LowMatmul& mm = *it->second;
+  dnnl::engine& eng = cpu_engine();
+  dnnl::memory ma(mm.a, eng, const_cast<L*>(a)), mb(mm.b, eng, const_cast<L*>(b)), mc(mm.c, eng, c);
+  dnnl::stream s(eng);
+  mm.prim.execute(s, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
+  s.wait();
+  return true;
+}
+
+void sgemm(const float* a, MatLayout la, const float* b, MatLayout lb, float* c, int64_t m,
+           int64_t n, int64_t k) {
+  dnnl_status_t st = dnnl_sgemm(la.trans, lb.trans, m, n, k, 1.0f, a, la.ld, b, lb.ld, 0.0f, c, n);
+  DUET_ASSERT(st == dnnl_success, "dnnl_sgemm failed with status {}", static_cast<int>(st));
+}
+
+// The same product on f32 copies, rounded once (where oneDNN has no low-precision kernel).
+template <class L>
+void low_gemm_f32(const L* a, MatLayout la, const L* b, MatLayout lb, L* c, int64_t m, int64_t n,
+                  int64_t k) {
+  auto widen = [](const L* p, MatLayout l, int64_t r, int64_t cc) {
+    std::vector<float> v(static_cast<size_t>(r * cc));
+    for (int64_t i = 0; i < r; ++i)
+      for (int64_t j = 0; j < cc; ++j)
+        v[i * cc + j] = static_cast<float>(l.trans == 'N' ? p[i * l.ld + j] : p[j * l.ld + i]);
+    return v;
+  };
+  const std::vector<float> fa = widen(a, la, m, k), fb = widen(b, lb, k, n);
+  std::vector<float> fc(static_cast<size_t>(m * n));
+  sgemm(fa.data(), {'N', k, true}, fb.data(), {'N', n, true}, fc.data(), m, n, k);
+  for (int64_t i = 0; i < m * n; ++i) c[i] = L(fc[i]);
+}
+
 template <class T>
 void gemm(const T* a, MatLayout la, const T* b, MatLayout lb, T* c, int64_t m, int64_t n,
           int64_t k) {
-  if constexpr (std::is_integral_v<T> && std::is_signed_v<T>) {
+  if constexpr (std::is_same_v<T, bf16_t> || std::is_same_v<T, f16_t>) {
+    if (!low_gemm_onednn(a, la, b, lb, c, m, n, k)) low_gemm_f32(a, la, b, lb, c, m, n, k);
+  } else if constexpr (std::is_integral_v<T> && std::is_signed_v<T>) {
     // Integer products and sums wrap around (two's complement), as in PyTorch. Signed overflow
     // is undefined behaviour in C++, so the GEMM runs on the same bits as unsigned integers
     // (reading an object through its unsigned type is allowed), where wrapping is defined.
@@ -37,9 +130,7 @@ void gemm(const T* a, MatLayout la, const T* b, MatLayout lb, T* c, int64_t m, i
     gemm<U>(reinterpret_cast<const U*>(a), la, reinterpret_cast<const U*>(b), lb,
             reinterpret_cast<U*>(c), m, n, k);
   } else if constexpr (std::is_same_v<T, float>) {
-    dnnl_status_t st =
-        dnnl_sgemm(la.trans, lb.trans, m, n, k, 1.0f, a, la.ld, b, lb.ld, 0.0f, c, n);
-    DUET_ASSERT(st == dnnl_success, "dnnl_sgemm failed with status {}", static_cast<int>(st));
+    sgemm(a, la, b, lb, c, m, n, k);
   } else {
     using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
     using Stride = Eigen::Stride<Eigen::Dynamic, Eigen::Dynamic>;
@@ -89,7 +180,7 @@ void matmul_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
   // Batch offsets of a and b for each output batch (broadcast batch dims step by 0).
   const Shape& os = out.sizes();
   const int64_t nb = os.numel() / std::max<int64_t>(m * n, 1), bd = os.size() - 2;
-  DUET_DISPATCH_DTYPE(out.dtype(), "matmul", [&] {
+  DUET_DISPATCH_WITH_LOW(out.dtype(), "matmul", [&] {
     using T = scalar_t;
     if constexpr (std::is_same_v<T, bool>) {
       DUET_ASSERT(false, "the matmul shape rule rejects b8");

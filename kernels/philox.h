@@ -45,6 +45,20 @@ DUET_PHILOX_HD double to_double(uint32_t hi, uint32_t lo) {
   return ((uint64_t(hi) << 21) ^ (lo >> 11)) * (1.0 / 9007199254740992.0);
 }
 
+/// Element i of a draw in f16 (digits 11) or bf16 (digits 8), as a float that the dtype holds
+/// exactly for uniform draws: they keep `digits` random bits, so that rounding cannot reach 1
+/// (as PyTorch's reduced-precision draws). Normal and integer draws are the f32 draw, which the
+/// caller rounds.
+template <class T>
+DUET_PHILOX_HD T draw(int dist, int64_t high, uint64_t key, uint64_t offset, int64_t i);
+DUET_PHILOX_HD float draw_low(int dist, int64_t high, uint64_t key, uint64_t offset, int64_t i,
+                              int digits) {
+  if (dist != 0) return draw<float>(dist, high, key, offset, i);
+  const Block b = generate(key, offset + static_cast<uint64_t>(i / 2));
+  const uint32_t hi = b.w[2 * static_cast<int>(i % 2)];
+  return static_cast<float>(hi >> (32 - digits)) / static_cast<float>(1u << digits);
+}
+
 /// Element i of a Random draw at state {key, offset}: the one definition that the CPU kernel
 /// and the CUDA kernel both run, so that every device draws the same numbers. dist 0 is
 /// uniform [0, 1), 1 standard normal, 2 integers in [0, high). Element i reads block

@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "kernels/cpu_kernels.h"
+#include "kernels/low_precision.h"
 #include "kernels/loops.h"
 #include "kernels/philox.h"
 
@@ -19,6 +20,18 @@ void random_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
   const int64_t* st = static_cast<const int64_t*>(state.raw_data());
   const uint64_t key = static_cast<uint64_t>(st[0]), offset = static_cast<uint64_t>(st[1]);
   const int dist = static_cast<int>(a.dim);
+  if (is_low_precision(out.dtype())) {
+    const bool bf = out.dtype() == DType::bf16;
+    uint16_t* o = static_cast<uint16_t*>(out.raw_data());
+    parallel_for(out.numel(), kParallelGrain / 8, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        const float v = philox::draw_low(dist, a.end, key, offset, i, bf ? 8 : 11);
+        o[i] = bf ? Eigen::numext::bit_cast<uint16_t>(bf16_t(v))
+                  : Eigen::numext::bit_cast<uint16_t>(f16_t(v));
+      }
+    });
+    return;
+  }
   DUET_DISPATCH_DTYPE(out.dtype(), "random", [&] {
     using T = scalar_t;
     if constexpr (std::is_same_v<T, bool>) {

@@ -14,6 +14,7 @@
 #include <memory>
 
 #include "kernels/cpu_kernels.h"
+#include "kernels/low_precision.h"
 #include "kernels/loops.h"
 
 namespace duet::kernels {
@@ -263,9 +264,9 @@ void reduce_kernel(TensorRefs in, const Attrs& attrs, const Tensor& out) {
 }  // namespace
 
 void register_reduction_kernels(OpDef* t) {
-  detail::register_kernel(t, OpId::Sum, DeviceType::CPU, reduce_kernel<SumOp>);
-  detail::register_kernel(t, OpId::Max, DeviceType::CPU, reduce_kernel<MaxOp>);
-  detail::register_kernel(t, OpId::Min, DeviceType::CPU, reduce_kernel<MinOp>);
+  detail::register_kernel(t, OpId::Sum, DeviceType::CPU, via_f32<reduce_kernel<SumOp>>);
+  detail::register_kernel(t, OpId::Max, DeviceType::CPU, via_f32<reduce_kernel<MaxOp>>);
+  detail::register_kernel(t, OpId::Min, DeviceType::CPU, via_f32<reduce_kernel<MinOp>>);
 }
 
 }  // namespace duet::kernels

@@ -11,11 +11,11 @@
 namespace duet::nn::init {
 namespace {
 
-// The dtype to draw in: the tensor's own when the CPU computes it, else f32 (copy_ converts).
+// The dtype to draw in: the tensor's own (f16 and bf16 draw in f32 and round, as PyTorch's).
 DType draw_dtype(const char* op, const Tensor& t) {
   DUET_CHECK_DTYPE(is_floating(t.dtype()), "[{}] needs a floating tensor, got {} of shape {}", op,
                    t.dtype(), t.sizes());
-  return is_cpu_computed(t.dtype()) ? t.dtype() : DType::f32;
+  return t.dtype();
 }
 
 int64_t fan(const Tensor& t, FanMode mode) {

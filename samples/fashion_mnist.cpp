@@ -7,7 +7,7 @@
 // (losses at every step, parameters at the end). Both loss curves go to an SVG image.
 //
 //   fashion_mnist [--epochs N] [--optimizer adam|sgd] [--lr X] [--batch B] [--seed S]
-//                 [--limit STEPS] [--svg PATH] [--data DIR] [--no-codegen]
+//                 [--limit STEPS] [--svg PATH] [--data DIR] [--no-codegen] [--autocast bf16|f16]
 #include <unistd.h>
 
 #include <algorithm>
@@ -40,6 +40,9 @@ struct Args {
   // timed steps and reports it in the table (a build on 2 cores would otherwise take a core
   // from a 3-second epoch). --no-codegen runs fused groups on the interpreter instead.
   bool codegen = true;
+  // --autocast bf16|f16: the forward pass and the loss in an Autocast scope (the linear layers
+  // in the low dtype, the loss in f32); the parameters stay f32.
+  std::string autocast;
 };
 
 Args parse(int argc, char** argv) {
@@ -66,18 +69,23 @@ Args parse(int argc, char** argv) {
       a.svg = value();
     else if (k == "--data")
       a.data = value();
+    else if (k == "--autocast")
+      a.autocast = value();
     else if (k == "--no-codegen")
       a.codegen = false;
     else
       DUET_CHECK_VALUE(
           false,
           "[fashion_mnist] unknown option {}; the options are --epochs, "
-          "--optimizer adam|sgd, --lr, --batch, --seed, --limit, --svg, --data, --no-codegen",
+          "--optimizer adam|sgd, --lr, --batch, --seed, --limit, --svg, --data, --no-codegen, "
+          "--autocast bf16|f16",
           k);
   }
   DUET_CHECK_VALUE(a.optimizer == "adam" || a.optimizer == "sgd",
                    "[fashion_mnist] --optimizer is adam or sgd, got {}", a.optimizer);
   DUET_CHECK_VALUE(a.epochs >= 1 && a.batch >= 1, "[fashion_mnist] --epochs and --batch are >= 1");
+  DUET_CHECK_VALUE(a.autocast.empty() || a.autocast == "bf16" || a.autocast == "f16",
+                   "[fashion_mnist] --autocast is bf16 or f16, got {}", a.autocast);
   return a;
 }
 
@@ -150,9 +158,15 @@ Run train(const std::string& face, bool compiled, nn::Module& model, const Args&
   r.face = face;
   std::unique_ptr<optim::Optimizer> opt = make_optimizer(a, model);
   data::DataLoader loader(train_set.inputs, train_set.targets, a.batch, /*shuffle=*/true, a.seed);
+  const bool amp = !a.autocast.empty();
+  const DType low = a.autocast == "f16" ? DType::f16 : DType::bf16;
   auto step = [&](const Tensor& x, const Tensor& y) {
     opt->zero_grad();
-    Tensor loss = cross_entropy(model(x), y);
+    Tensor loss;
+    {
+      Autocast ac(Device::cpu(), low, /*enabled=*/amp);
+      loss = cross_entropy(model(x), y);
+    }
     loss.backward();
     opt->step();
     return loss;
@@ -254,8 +268,9 @@ int main(int argc, char** argv) try {
   const Args a = parse(argc, argv);
   std::printf(
       "duet Fashion-MNIST: W4 MLP 784-1024-1024-10, batch %lld, %s, %d epoch(s) per "
-      "face, %d threads\n",
-      static_cast<long long>(a.batch), a.optimizer.c_str(), a.epochs, get_num_threads());
+      "face, %d threads%s%s\n",
+      static_cast<long long>(a.batch), a.optimizer.c_str(), a.epochs, get_num_threads(),
+      a.autocast.empty() ? "" : ", autocast ", a.autocast.c_str());
   const double t_load = now_s();
   data::Dataset train_set = data::load_fashion_mnist(true, a.data);
   data::Dataset test_set = data::load_fashion_mnist(false, a.data);

@@ -656,7 +656,12 @@ double ref_draw(int dist, DType dtype, int64_t high, uint64_t seed, uint64_t off
   };
   const uint32_t hi = w[2 * (i % 2)], lo = w[2 * (i % 2) + 1];
   if (dist == 2) return round_to(double(((uint64_t(hi) << 32) | lo) % uint64_t(high)), dtype);
-  if (dist == 0) return dtype == DType::f32 ? double(hi >> 8) / 16777216.0 : u53(hi, lo);
+  // Uniform draws keep as many random bits as the dtype has digits, so they stay below 1.
+  const int digits = dtype == DType::f32    ? 24
+                     : dtype == DType::f16  ? 11
+                     : dtype == DType::bf16 ? 8
+                                            : 0;
+  if (dist == 0) return digits ? std::ldexp(double(hi >> (32 - digits)), -digits) : u53(hi, lo);
   const double r = std::sqrt(-2 * std::log(1 - u53(w[0], w[1])));
   const double theta = 2 * M_PI * u53(w[2], w[3]);
   return round_to(i % 2 ? r * std::sin(theta) : r * std::cos(theta), dtype);

@@ -193,17 +193,24 @@ TEST_CASE("import errors name the op, the node and the opset, or the element typ
                           "no dtype for"),
         DTypeError);
   }
-  SUBCASE("a Cast to float16, which the CPU kernels do not compute") {
-    onnx::GraphProto g;
-    add_input(g, "x", onnx::TensorProto::FLOAT, {int64_t(8)});
-    onnx::NodeProto* n = add_node(g, "Cast", {"x"}, {"y"});
-    onnx::AttributeProto* a = n->add_attribute();
-    a->set_name("to");
-    a->set_type(onnx::AttributeProto::INT);
-    a->set_i(onnx::TensorProto::FLOAT16);
-    add_output(g, "y", onnx::TensorProto::FLOAT);
-    write_model(std::move(g), f.path);
-    CHECK_THROWS_WITH_AS(import_onnx(f.path), doctest::Contains("FLOAT16"), DTypeError);
+  SUBCASE("a Cast to float16 and bfloat16 rounds as .to() does") {
+    for (auto [elem, dt] : {std::pair{onnx::TensorProto::FLOAT16, DType::f16},
+                            std::pair{onnx::TensorProto::BFLOAT16, DType::bf16}}) {
+      onnx::GraphProto g;
+      add_input(g, "x", onnx::TensorProto::FLOAT, {int64_t(8)});
+      onnx::NodeProto* n = add_node(g, "Cast", {"x"}, {"y"});
+      onnx::AttributeProto* a = n->add_attribute();
+      a->set_name("to");
+      a->set_type(onnx::AttributeProto::INT);
+      a->set_i(elem);
+      add_output(g, "y", elem);
+      write_model(std::move(g), f.path);
+      Program p = import_onnx(f.path);
+      const Tensor x = randn({8});
+      const Tensor y = p.eager({x})[0];
+      CHECK(y.dtype() == dt);
+      CHECK(duet::test::bitwise_equal(y, x.to(dt)));
+    }
   }
   SUBCASE("an attribute out of range raises at the call, never divides by zero") {
     onnx::GraphProto g;

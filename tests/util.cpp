@@ -24,8 +24,11 @@ double round_to(double v, DType dtype) {
       return static_cast<double>(static_cast<int64_t>(v));
     case DType::b8:
       return v != 0 ? 1.0 : 0.0;
+    case DType::f16:
+    case DType::bf16:  // through f32, as a cast from f64 rounds (and as PyTorch's does)
+      return low_precision_to_float(float_to_low_precision(static_cast<float>(v), dtype), dtype);
     default:
-      FAIL("round_to: dtype not computed on the CPU");
+      FAIL("round_to: unknown dtype");
   }
   return 0;
 }
@@ -49,6 +52,10 @@ void write_at(void* base, DType dtype, int64_t i, double v) {
     case DType::b8:
       static_cast<bool*>(base)[i] = v != 0;
       break;
+    case DType::f16:
+    case DType::bf16:
+      static_cast<uint16_t*>(base)[i] = float_to_low_precision(static_cast<float>(v), dtype);
+      break;
     default:
       FAIL("write_at: dtype not computed on the CPU");
   }
@@ -66,8 +73,11 @@ double read_at(const void* base, DType dtype, int64_t i) {
       return static_cast<double>(static_cast<const int64_t*>(base)[i]);
     case DType::b8:
       return static_cast<const bool*>(base)[i] ? 1.0 : 0.0;
+    case DType::f16:
+    case DType::bf16:
+      return low_precision_to_float(static_cast<const uint16_t*>(base)[i], dtype);
     default:
-      FAIL("read_at: dtype not computed on the CPU");
+      FAIL("read_at: unknown dtype");
   }
   return 0;
 }

@@ -21,9 +21,9 @@ inline bool starts_with(const std::string& s, const std::string& prefix) {
   return s.rfind(prefix, 0) == 0;
 }
 
-/// The C++ types the CPU computes, as a list to loop over.
-inline const std::vector<DType> kAllDTypes = {DType::f32, DType::f64, DType::i32, DType::i64,
-                                              DType::b8};
+/// Every dtype, as a list to loop over.
+inline const std::vector<DType> kAllDTypes = {DType::f32, DType::f64, DType::f16, DType::bf16,
+                                              DType::i32, DType::i64, DType::b8};
 
 /// A double rounded as storing it in `dtype` rounds it (b8: nonzero is 1, ints truncate).
 double round_to(double v, DType dtype);

@@ -8,8 +8,7 @@
 // results go to stdout, one line per case, then the totals. --write puts them into TABLE (the
 // section of NAME in docs/onnx.md, between its markers), --check fails (exit 1) when a case TABLE
 // lists as passing in a mode fails now, or one it lists as unsupported fails otherwise than with
-// the DTypeError of an element type duet does not import (one it has no dtype for, or FLOAT16 and
-// BFLOAT16, which its CPU kernels do not compute).
+// the DTypeError of an element type duet has no dtype for.
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -110,12 +109,10 @@ std::string compare(const Tensor& got_in, const Tensor& want, size_t k) {
 }
 
 // The DTypeError of a tensor type duet does not import (trace/onnx/onnx_proto.cpp): one it has no
-// dtype for, or FLOAT16 and BFLOAT16, which its CPU kernels do not compute; as opposed to an op
-// refusing a dtype.
+// dtype for; as opposed to an op refusing a dtype.
 bool unsupported_dtype(const DTypeError& e) {
   const std::string_view w = e.what();
-  return w.find("which duet has no dtype for") != std::string_view::npos ||
-         w.find("which duet's CPU kernels do not compute") != std::string_view::npos;
+  return w.find("which duet has no dtype for") != std::string_view::npos;
 }
 
 // Runs one case in one mode.

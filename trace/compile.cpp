@@ -261,6 +261,7 @@ std::vector<Tensor> CompiledCore::call(const FlatArgs& plain, const TraceFn& fn)
   e->labels = args.labels;
   e->statics = args.statics;
   e->grad_mode = gm;
+  e->autocast = detail::autocast_key();
   last_ = e;
   std::string why;
   // The trace read its guarded values from this call's data with the kernels the guards' plan
@@ -296,6 +297,7 @@ CompiledCore::Prepared CompiledCore::prepare(const FlatArgs& args, const TraceFn
   e->labels = args.labels;
   e->statics = args.statics;
   e->grad_mode = grad_mode();
+  e->autocast = detail::autocast_key();
   Prepared p;
   p.forward = e->num_symbols ? instantiate(e->traced_forward, hints) : e->traced_forward;
   p.num_outputs = e->num_outputs;

@@ -6,10 +6,23 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/autocast.h"
 #include "core/dispatch.h"
 #include "eager/autograd.h"
 
 namespace duet::detail {
+
+// An autocast state (autocast_key()) in words: "off", "cpu bf16", "cpu bf16, cuda f16".
+static std::string autocast_text(uint32_t key) {
+  std::string s;
+  for (int t = 0; t < kNumDeviceTypes; ++t) {
+    const uint32_t b = key >> (4 * t) & 0xf;
+    if (!(b & 8)) continue;
+    s += fmt::format("{}{} {}", s.empty() ? "" : ", ", t == 0 ? "cpu" : "cuda",
+                     static_cast<DType>(b & 7));
+  }
+  return s.empty() ? "off" : s;
+}
 
 TensorSig sig_of(const Tensor& t) {
   const TensorImpl* x = t.impl();
@@ -74,7 +87,8 @@ bool bind_symbols(const std::vector<std::vector<int32_t>>& dim_sym, int32_t num_
 
 bool fits(const EntryGuards& e, const std::vector<TensorSig>& sig, const FlatArgs& args,
           bool grad_mode, std::vector<int64_t>& values) {
-  if (e.grad_mode != grad_mode || e.statics != args.statics) return false;
+  if (e.grad_mode != grad_mode || e.autocast != detail::autocast_key() || e.statics != args.statics)
+    return false;
   for (const auto& [t, rg] : e.captured_flags)
     if (t.requires_grad() != rg) return false;
   for (const auto& [leaf, buf] : e.grad_buffers) {
@@ -86,7 +100,8 @@ bool fits(const EntryGuards& e, const std::vector<TensorSig>& sig, const FlatArg
 
 bool differs_in_sizes_only(const EntryGuards& e, const std::vector<TensorSig>& sig,
                            const FlatArgs& args, bool grad_mode) {
-  if (e.grad_mode != grad_mode || e.statics != args.statics || e.sig.size() != sig.size())
+  if (e.grad_mode != grad_mode || e.autocast != detail::autocast_key() ||
+      e.statics != args.statics || e.sig.size() != sig.size())
     return false;
   bool same = true;
   for (const auto& [t, rg] : e.captured_flags) same = same && t.requires_grad() == rg;
@@ -110,6 +125,9 @@ std::string miss_reason(const EntryGuards& p, const std::vector<TensorSig>& sig,
     same_structure = p.sig[i].shape.size() == sig[i].shape.size();
   if (p.grad_mode != gm)
     why = fmt::format("grad mode changed {} -> {}", p.grad_mode ? "on" : "off", gm ? "on" : "off");
+  else if (p.autocast != detail::autocast_key())
+    why = fmt::format("autocast changed {} -> {}", autocast_text(p.autocast),
+                      autocast_text(detail::autocast_key()));
   for (size_t i = 0; why.empty() && i < std::max(p.statics.size(), args.statics.size()); ++i) {
     std::string a = i < p.statics.size() ? p.statics[i] : "nothing";
     std::string b = i < args.statics.size() ? args.statics[i] : "nothing";

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/autocast.h"
 #include "core/symbolic.h"
 #include "trace/compile.h"
 #include "trace/plan/executor.h"
@@ -86,6 +87,9 @@ struct EntryGuards {
   std::vector<std::string> statics;
   std::vector<std::string> labels;  ///< per tensor input: "arg 0", "arg 1[2]", "arg 0.grad"
   bool grad_mode = true;
+  /// The autocast state traced under (detail::autocast_key(), Note [Autocast]): the casts are
+  /// in the trace.
+  uint32_t autocast = 0;
   /// Captured tensors that require grad at trace time, and those that do not: the trace
   /// depends on the flags.
   std::vector<std::pair<Tensor, bool>> captured_flags;

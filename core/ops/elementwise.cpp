@@ -141,9 +141,6 @@ void infer_cast(const OpDef&, TensorRefs in, const Attrs& attrs, TensorMeta& out
   out.shape = in[0].sizes();
   out.dtype = attrs.dtype;
   out.device = in[0].device();
-  DUET_CHECK_DTYPE(!out.device.is_cpu() || is_cpu_computed(out.dtype),
-                   "[cast] dtype {} is not computed on the CPU; use f32, f64, i32, i64 or b8",
-                   out.dtype);
 }
 
 void infer_copy(const OpDef&, TensorRefs in, const Attrs&, TensorMeta& out) {
@@ -251,6 +248,10 @@ void register_elementwise_rules(OpDef* t) {
   t[int(OpId::Where)].infer = infer_where;
   t[int(OpId::Cast)].infer = infer_cast;
   t[int(OpId::Copy)].infer = infer_copy;
+  // Under autocast these run in f32, as on PyTorch's autocast lists (Note [Autocast] in
+  // core/autocast.h).
+  for (OpId op : {OpId::Exp, OpId::Expm1, OpId::Log, OpId::Log1p, OpId::Rsqrt, OpId::Pow})
+    t[int(op)].autocast = AutocastClass::F32;
 }
 
 }  // namespace detail

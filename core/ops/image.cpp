@@ -3,6 +3,7 @@
 // conv2d (Conv2d plus a broadcast bias), max_pool2d and avg_pool2d composed of them.
 //
 // attrs.ints = {kh, kw, sh, sw, ph, pw, H, W} for all five (see kernels/image.cpp).
+#include "core/autocast.h"
 #include "core/dispatch.h"
 #include "core/op_table.h"
 #include "core/op_errors.h"
@@ -195,6 +196,9 @@ void register_image_rules(OpDef* t) {
   set_grad(t, OpId::Conv2d, grad_conv2d, kSaveIn0 | kSaveIn1);
   set_grad(t, OpId::Conv2dInputGrad, grad_conv2d_input_grad, kSaveIn0 | kSaveIn1);
   set_grad(t, OpId::Conv2dWeightGrad, grad_conv2d_weight_grad, kSaveIn0 | kSaveIn1);
+  // Products: under autocast they run in the low dtype (Note [Autocast] in core/autocast.h).
+  for (OpId op : {OpId::Conv2d, OpId::Conv2dInputGrad, OpId::Conv2dWeightGrad})
+    t[int(op)].autocast = AutocastClass::Lower;
 }
 
 }  // namespace detail
@@ -217,10 +221,16 @@ Tensor fold(const Tensor& cols, int64_t height, int64_t width, int64_t kernel, i
 // The Conv2d primitive (Note [Conv2d]) plus a broadcast bias. The batch size N (and the
 // channels C) stay SymInts, so that a symbolic batch dim stays symbolic; H, W and the weight's
 // sizes are read as integers (the windows need them).
-Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, int64_t stride, int64_t padding,
-              std::source_location loc) {
+Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, int64_t stride,
+              int64_t padding, std::source_location loc) {
   detail::SiteGuard site(loc);
   return detail::as_op("conv2d", [&]() -> Tensor {
+    Tensor held_x;  // Note [Autocast]
+    const Tensor& x = detail::autocast_lower(x_in, held_x);
+    Tensor held_w;  // Note [Autocast]
+    const Tensor& w = detail::autocast_lower(w_in, held_w);
+    Tensor held_b;  // Note [Autocast]
+    const Tensor& b = detail::autocast_lower(b_in, held_b);
     DUET_CHECK_SHAPE(x.dim() == 4, "[conv2d] input must be (N, C, H, W), got {}", x.sizes());
     DUET_CHECK_SHAPE(w.dim() == 4 && w.size(2) == w.size(3),
                      "[conv2d] weight must be (out, in, k, k), got {}", w.sizes());

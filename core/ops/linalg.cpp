@@ -60,6 +60,7 @@ void grad_matmul(const GradCtx& c, const Tensor& g, Tensor* gi) {
 void register_linalg_rules(OpDef* t) {
   t[int(OpId::MatMul)].infer = infer_matmul;
   set_grad(t, OpId::MatMul, grad_matmul, kSaveIn0 | kSaveIn1);
+  t[int(OpId::MatMul)].autocast = AutocastClass::Lower;  // a product (Note [Autocast])
 }
 
 }  // namespace detail

@@ -4,6 +4,7 @@
 // logistic losses use the LogSigmoid primitive, whose gradient is exact at 0.
 #include <cmath>
 
+#include "core/autocast.h"
 #include "core/op_table.h"
 #include "core/op_errors.h"
 #include "core/ops.h"
@@ -29,27 +30,33 @@ Tensor stable_max(const Tensor& x, int64_t dim) {
 }
 }  // namespace
 
-Tensor softmax(const Tensor& x, int64_t dim, std::source_location loc) {
+Tensor softmax(const Tensor& x_in, int64_t dim, std::source_location loc) {
   detail::SiteGuard site(loc);
   return detail::as_op("softmax", [&]() -> Tensor {
+    Tensor held_x;
+    const Tensor& x = detail::autocast_f32(x_in, held_x);
     dim = check_soft("softmax", x, dim);
     Tensor e = exp(x - stable_max(x, dim));
     return e / sum(e, dim, /*keepdim=*/true);
   });
 }
 
-Tensor log_softmax(const Tensor& x, int64_t dim, std::source_location loc) {
+Tensor log_softmax(const Tensor& x_in, int64_t dim, std::source_location loc) {
   detail::SiteGuard site(loc);
   return detail::as_op("log_softmax", [&]() -> Tensor {
+    Tensor held_x;
+    const Tensor& x = detail::autocast_f32(x_in, held_x);
     dim = check_soft("log_softmax", x, dim);
     Tensor z = x - stable_max(x, dim);
     return z - log(sum(exp(z), dim, /*keepdim=*/true));
   });
 }
 
-Tensor logsumexp(const Tensor& x, int64_t dim, std::source_location loc) {
+Tensor logsumexp(const Tensor& x_in, int64_t dim, std::source_location loc) {
   detail::SiteGuard site(loc);
   return detail::as_op("logsumexp", [&]() -> Tensor {
+    Tensor held_x;
+    const Tensor& x = detail::autocast_f32(x_in, held_x);
     dim = check_soft("logsumexp", x, dim);
     Tensor m = stable_max(x, dim);
     return squeeze(m + log(sum(exp(x - m), dim, /*keepdim=*/true)), dim);
@@ -91,6 +98,9 @@ Tensor softplus(const Tensor& x, double beta, double threshold, std::source_loca
   DUET_CHECK_VALUE(std::isfinite(beta) && beta != 0,
                    "[softplus] beta must be finite and nonzero, got {} (input {} of dtype {})",
                    beta, x.sizes(), x.dtype());
+  // f16 and bf16 compute in f32 and round once, as one kernel would (exp overflows f16 at 11).
+  if (is_low_precision(x.dtype()))
+    return softplus(x.to(DType::f32), beta, threshold, loc).to(x.dtype());
   Tensor z = x * beta;
   Tensor linear = gt(z, threshold);
   return where(linear, x, log1p(exp(where(linear, 0, z))) / beta);
@@ -99,9 +109,16 @@ Tensor softplus(const Tensor& x, double beta, double threshold, std::source_loca
 // An input of rank > 2 is multiplied as one (rows, in) matrix, reshaped back afterwards: one
 // GEMM rather than one per leading index, and the weight's gradient is one product x^T dy in the
 // weight's layout instead of a batch of products summed over the batch.
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, std::source_location loc) {
+Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in,
+              std::source_location loc) {
   detail::SiteGuard site(loc);
   return detail::as_op("linear", [&]() -> Tensor {
+    Tensor held_x;
+    const Tensor& x = detail::autocast_lower(x_in, held_x);
+    Tensor held_weight;
+    const Tensor& weight = detail::autocast_lower(weight_in, held_weight);
+    Tensor held_bias;
+    const Tensor& bias = detail::autocast_lower(bias_in, held_bias);
     DUET_CHECK_SHAPE(weight.dim() == 2, "[linear] weight must be (out, in), got {}",
                      weight.sizes());
     DUET_CHECK_SHAPE(
@@ -176,11 +193,17 @@ Tensor attention_weights(const char* op, const Tensor& q, const Tensor& k, const
 }
 }  // namespace detail
 
-Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
                                     const Tensor& attn_mask, bool is_causal, double scale,
                                     std::source_location loc) {
   detail::SiteGuard site(loc);
   return detail::as_op("scaled_dot_product_attention", [&]() -> Tensor {
+    Tensor held_q;
+    const Tensor& q = detail::autocast_lower(q_in, held_q);
+    Tensor held_k;
+    const Tensor& k = detail::autocast_lower(k_in, held_k);
+    Tensor held_v;
+    const Tensor& v = detail::autocast_lower(v_in, held_v);
     const char* op = "scaled_dot_product_attention";
     DUET_CHECK_DTYPE(is_floating(q.dtype()) && k.dtype() == q.dtype() && v.dtype() == q.dtype(),
                      "[{}] query, key and value must share a floating dtype, got {}, {} and {}", op,
@@ -199,10 +222,16 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   });
 }
 
-Tensor layer_norm(const Tensor& x, Shape normalized, const Tensor& weight, const Tensor& bias,
-                  double eps, std::source_location loc) {
+Tensor layer_norm(const Tensor& x_in, Shape normalized, const Tensor& weight_in,
+                  const Tensor& bias_in, double eps, std::source_location loc) {
   detail::SiteGuard site(loc);
   return detail::as_op("layer_norm", [&]() -> Tensor {
+    Tensor held_x;
+    const Tensor& x = detail::autocast_f32(x_in, held_x);
+    Tensor held_weight;
+    const Tensor& weight = detail::autocast_f32(weight_in, held_weight);
+    Tensor held_bias;
+    const Tensor& bias = detail::autocast_f32(bias_in, held_bias);
     const int64_t k = normalized.size(), nd = x.dim();
     DUET_CHECK_DTYPE(is_floating(x.dtype()), "[layer_norm] needs a floating input, got {}",
                      x.dtype());
@@ -212,6 +241,12 @@ Tensor layer_norm(const Tensor& x, Shape normalized, const Tensor& weight, const
       DUET_CHECK_SHAPE(detail::size_is(x, nd - k + i, normalized[i], "layer_norm"),
                        "[layer_norm] normalized shape {} does not match the last dims of {}",
                        normalized, x.sizes());
+    // f16 and bf16 compute in f32 and round once (a square overflows f16 above 256).
+    if (is_low_precision(x.dtype()))
+      return layer_norm(x.to(DType::f32), normalized,
+                        weight.defined() ? weight.to(DType::f32) : weight,
+                        bias.defined() ? bias.to(DType::f32) : bias, eps)
+          .to(x.dtype());
     Dims dims;
     for (int64_t i = nd - k; i < nd; ++i) dims.push_back(i);
     Tensor mu = mean(x, dims, /*keepdim=*/true);
@@ -232,9 +267,13 @@ Tensor layer_norm(const Tensor& x, Shape normalized, const Tensor& weight, const
   });
 }
 
-Tensor mse_loss(const Tensor& pred, const Tensor& target, std::source_location loc) {
+Tensor mse_loss(const Tensor& pred_in, const Tensor& target_in, std::source_location loc) {
   detail::SiteGuard site(loc);
   return detail::as_op("mse_loss", [&]() -> Tensor {
+    Tensor held_pred;
+    const Tensor& pred = detail::autocast_f32(pred_in, held_pred);
+    Tensor held_target;
+    const Tensor& target = detail::autocast_f32(target_in, held_target);
     DUET_CHECK_SHAPE(detail::same_shape(pred, target, "mse_loss"),
                      "[mse_loss] prediction {} and target {} must have the same shape",
                      pred.sizes(), target.sizes());
@@ -342,10 +381,13 @@ Reduction parse_reduction(std::string_view r) {
 
 }  // namespace
 
-Tensor cross_entropy(const Tensor& logits, const Tensor& targets,
+Tensor cross_entropy(const Tensor& logits_in, const Tensor& targets_in,
                      const CrossEntropyOptions& options, std::source_location loc) {
   detail::SiteGuard site(loc);
   return detail::as_op("cross_entropy", [&]() -> Tensor {
+    Tensor held_logits, held_targets;  // a loss: f32 under autocast (Note [Autocast])
+    const Tensor& logits = detail::autocast_f32(logits_in, held_logits);
+    const Tensor& targets = detail::autocast_f32(targets_in, held_targets);
     DUET_CHECK_DTYPE(is_floating(logits.dtype()), "[cross_entropy] logits must be floating, got {}",
                      logits.dtype());
     DUET_CHECK_SHAPE(logits.dim() >= 1,
@@ -375,10 +417,14 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, std::string_vi
                        loc);
 }
 
-Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& targets,
+Tensor binary_cross_entropy_with_logits(const Tensor& logits_in, const Tensor& targets_in,
                                         std::source_location loc) {
   detail::SiteGuard site(loc);
   return detail::as_op("binary_cross_entropy_with_logits", [&]() -> Tensor {
+    Tensor held_logits;
+    const Tensor& logits = detail::autocast_f32(logits_in, held_logits);
+    Tensor held_targets;
+    const Tensor& targets = detail::autocast_f32(targets_in, held_targets);
     DUET_CHECK_SHAPE(detail::same_shape(logits, targets, "binary_cross_entropy_with_logits"),
                      "[binary_cross_entropy_with_logits] logits {} and targets {} must have the "
                      "same shape",

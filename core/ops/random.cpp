@@ -42,18 +42,18 @@ void infer_random(const OpDef&, TensorRefs in, const Attrs& a, TensorMeta& out) 
                      "[randint] dtype must be numeric, got {}", a.dtype);
     DUET_CHECK_VALUE(a.end > 0, "[randint] high must be positive, got {}", a.end);
     // Every value below high must be exact in the dtype (PyTorch's bound for floats too).
-    const int bits = a.dtype == DType::i32   ? 31
-                     : a.dtype == DType::f32 ? 24
-                     : a.dtype == DType::f64 ? 53
-                                             : 63;
+    const int bits = a.dtype == DType::i32    ? 31
+                     : a.dtype == DType::bf16 ? 8
+                     : a.dtype == DType::f16  ? 11
+                     : a.dtype == DType::f32  ? 24
+                     : a.dtype == DType::f64  ? 53
+                                              : 63;
     DUET_CHECK_VALUE(bits == 63 || a.end <= (int64_t(1) << bits),
                      "[randint] high {} is out of range for {} (at most 2^{})", a.end, a.dtype,
                      bits);
   } else {
     DUET_CHECK_DTYPE(is_floating(a.dtype), "[{}] dtype must be floating, got {}", op, a.dtype);
   }
-  DUET_CHECK_DTYPE(is_cpu_computed(a.dtype), "[{}] dtype {} is not computed on the CPU", op,
-                   a.dtype);
   out.dtype = a.dtype;
   out.device = st.device();
 }

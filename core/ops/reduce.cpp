@@ -75,6 +75,7 @@ void register_reduction_rules(OpDef* t) {
   set_grad(t, OpId::Sum, grad_sum, 0);
   set_grad(t, OpId::Max, grad_extremum, kSaveIn0 | kSaveOut);
   set_grad(t, OpId::Min, grad_extremum, kSaveIn0 | kSaveOut);
+  t[int(OpId::Sum)].autocast = AutocastClass::F32;  // sums run in f32 (Note [Autocast])
 }
 
 /// Wraps, deduplicates and sorts user dims into attrs.ints.

@@ -9,11 +9,6 @@ namespace duet {
 namespace detail {
 namespace {
 
-void check_computable(const char* op, DType d, Device dev) {
-  DUET_CHECK_DTYPE(!dev.is_cpu() || is_cpu_computed(d),
-                   "[{}] dtype {} is not computed on the CPU; use f32, f64, i32, i64 or b8", op, d);
-}
-
 // attrs.ints: shape; attrs.value: fill; attrs.dtype.
 void infer_full(const OpDef&, TensorRefs, const Attrs& a, TensorMeta& out) {
   out.shape = Shape(a.ints.data(), a.ints.size());
@@ -21,7 +16,6 @@ void infer_full(const OpDef&, TensorRefs, const Attrs& a, TensorMeta& out) {
     DUET_CHECK_VALUE(d >= 0, "[full] negative size {} in shape {}", d, out.shape);
   out.dtype = a.dtype;
   out.device = a.device;
-  check_computable("full", a.dtype, out.device);
   check_fits("full", a.value, a.dtype);  // full({1}, 1LL << 40, i32) is an error, not 0
 }
 
@@ -30,7 +24,6 @@ void infer_arange(const OpDef&, TensorRefs, const Attrs& a, TensorMeta& out) {
   DUET_CHECK_VALUE(a.end >= 0, "[arange] length must be non-negative, got {}", a.end);
   DUET_CHECK_DTYPE(a.dtype != DType::b8, "[arange] cannot count in b8");
   out.device = a.device;
-  check_computable("arange", a.dtype, out.device);
   out.shape = Shape{a.end};
   out.dtype = a.dtype;
   DUET_CHECK_VALUE(a.end == 0 || Scalar(a.end - 1).fits(a.dtype),
@@ -109,7 +102,6 @@ Tensor eye(int64_t n, Options options, std::source_location loc) {
   detail::SiteGuard site(loc);
   DUET_CHECK_VALUE(n >= 0, "[eye] size must be non-negative, got {}", n);
   const DType dtype = options.dtype_.value_or(DType::f32);
-  detail::check_computable("eye", dtype, options.device_);
   Tensor i = arange(n, Options().device(options.device_));
   Tensor t = eq(unsqueeze(i, 1), unsqueeze(i, 0)).to(dtype);
   if (options.requires_grad_) t.requires_grad_(true);
@@ -130,7 +122,6 @@ Tensor tensor(std::vector<double> values, Shape shape, Options options, std::sou
                    shape.numel());
   detail::check_device_usable(options.device_, "tensor");
   const DType dtype = options.dtype_.value_or(DType::f32);
-  detail::check_computable("tensor", dtype, options.device_);
   if (dtype != DType::f64)
     for (double v : values) detail::check_fits("tensor", Scalar(v), dtype);
   Tensor f64 = detail::empty(shape, DType::f64);

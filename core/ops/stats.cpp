@@ -14,6 +14,7 @@
 // (O(n) per element), which is simple and stable but quadratic in work for very long rows.
 #include <algorithm>
 
+#include "core/autocast.h"
 #include "core/dispatch.h"
 #include "core/op_errors.h"
 #include "core/op_table.h"
@@ -44,9 +45,11 @@ std::vector<int64_t> wrap_dims(const char* op, const Tensor& x, const Dims& dims
 // same rounds shifted the other way, the reverse cumsum. Each round's condition k < n is decided
 // with sym_decide, so under compile a symbolic n is guarded to the range (k/2, k] rather than
 // specialized to one size.
-Tensor cumsum(const Tensor& x, int64_t dim, std::source_location loc) {
+Tensor cumsum(const Tensor& x_in, int64_t dim, std::source_location loc) {
   detail::SiteGuard site(loc);
   return detail::as_op("cumsum", [&]() -> Tensor {
+    Tensor held_x;  // Note [Autocast]
+    const Tensor& x = detail::autocast_f32(x_in, held_x);
     dim = detail::wrap_dim("cumsum", dim, x.dim());
     Tensor y = is_floating(x.dtype()) ? x : x.to(DType::i64);  // PyTorch: integers sum in i64
     if (x.dim() == 0) return y.impl() == x.impl() ? x.clone() : y;
@@ -183,10 +186,12 @@ Tensor one_hot(const Tensor& indices, int64_t num_classes, std::source_location 
   });
 }
 
-Tensor nll_loss(const Tensor& log_probs, const Tensor& target, std::string_view reduction,
+Tensor nll_loss(const Tensor& log_probs_in, const Tensor& target, std::string_view reduction,
                 int64_t ignore_index, std::source_location loc) {
   detail::SiteGuard site(loc);
   return detail::as_op("nll_loss", [&]() -> Tensor {
+    Tensor held_log_probs;  // Note [Autocast]
+    const Tensor& log_probs = detail::autocast_f32(log_probs_in, held_log_probs);
     DUET_CHECK_VALUE(reduction == "mean" || reduction == "sum" || reduction == "none",
                      "[nll_loss] reduction must be \"mean\", \"sum\" or \"none\", got \"{}\"",
                      reduction);

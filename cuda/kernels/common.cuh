@@ -9,6 +9,9 @@
 #include <type_traits>
 #include <utility>
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include "cuda/kernels/launch.h"
 
 namespace duet::cuda::kern {
@@ -38,6 +41,38 @@ cudaError_t dispatch_dt(DT dt, F&& f) {
     default:
       return cudaErrorNotSupported;
   }
+}
+
+// dispatch_dt with f16 and bf16 too (as __half and __nv_bfloat16): for the conversions.
+template <class F>
+cudaError_t dispatch_dt_all(DT dt, F&& f) {
+  switch (dt) {
+    case DT::f16:
+      return f(__half{});
+    case DT::bf16:
+      return f(__nv_bfloat16{});
+    default:
+      return dispatch_dt(dt, f);
+  }
+}
+
+template <class T>
+inline constexpr bool is_low_v = std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>;
+
+// A low-precision value as a float, and a float rounded to nearest-even in a low dtype.
+template <class T>
+__device__ __forceinline__ float low_to_float(T v) {
+  if constexpr (std::is_same_v<T, __half>)
+    return __half2float(v);
+  else
+    return __bfloat162float(v);
+}
+template <class T>
+__device__ __forceinline__ T float_to_low(float v) {
+  if constexpr (std::is_same_v<T, __half>)
+    return __float2half_rn(v);
+  else
+    return __float2bfloat16_rn(v);
 }
 
 template <class T>

@@ -11,14 +11,27 @@ struct Select {
   }
 };
 
+// Any dtype to any dtype. f16 and bf16 go through f32 (as Eigen's conversions on the CPU do:
+// one rounding from f32, or a double or an integer converted to f32 first).
 template <class D>
 struct Convert {
   template <class S>
   __device__ D operator()(S v) const {
-    if constexpr (std::is_same_v<D, bool>)
+    if constexpr (is_low_v<S>) {
+      const float f = low_to_float(v);
+      if constexpr (is_low_v<D>)
+        return float_to_low<D>(f);
+      else if constexpr (std::is_same_v<D, bool>)
+        return f != 0.0f;
+      else
+        return static_cast<D>(f);
+    } else if constexpr (is_low_v<D>) {
+      return float_to_low<D>(static_cast<float>(v));
+    } else if constexpr (std::is_same_v<D, bool>) {
       return v != S(0);
-    else
+    } else {
       return static_cast<D>(v);
+    }
   }
 };
 
@@ -44,9 +57,9 @@ cudaError_t launch_where(DT dt, const Loop& L, cudaStream_t s) {
 }
 
 cudaError_t launch_convert(DT to, DT from, const Loop& L, cudaStream_t s) {
-  return dispatch_dt(to, [&](auto d) -> cudaError_t {
+  return dispatch_dt_all(to, [&](auto d) -> cudaError_t {
     using D = decltype(d);
-    return dispatch_dt(from, [&](auto v) -> cudaError_t {
+    return dispatch_dt_all(from, [&](auto v) -> cudaError_t {
       using S = decltype(v);
       return run_elementwise<Convert<D>, D, S>(L, Convert<D>{}, s);
     });

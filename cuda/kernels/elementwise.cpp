@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "kernels/composed.h"
+#include "kernels/low_precision.h"
 #include "cuda/kernels/adapt.h"
 #include "cuda/runtime.h"
 
@@ -19,6 +20,12 @@ kern::Operand make_operand(const Tensor& t, DType dtype) {
   if (!t.device().is_cuda()) {
     DUET_ASSERT(t.numel() == 1, "a host operand of a CUDA kernel must be a single number");
     o.by_value = true;
+    if (is_low_precision(dtype)) {  // a number converted to f16 or bf16, through f32
+      const uint16_t bits =
+          float_to_low_precision(static_cast<float>(duet::detail::read_double(t, 0)), dtype);
+      std::memcpy(o.value, &bits, sizeof(bits));
+      return o;
+    }
     DUET_DISPATCH_DTYPE(dtype, "cuda", [&] {
       using T = scalar_t;
       const T v = DUET_DISPATCH_DTYPE(t.dtype(), "cuda", [&] {
@@ -213,17 +220,21 @@ void register_elementwise(OpDef* t) {
   auto reg = [&](OpId op, KernelFn k) {
     duet::detail::register_kernel(t, op, DeviceType::CUDA, k);
   };
+  // f16 and bf16 compute in f32 around the f32 kernels (Note [Low precision] in
+  // kernels/low_precision.h); the conversions and the copies handle them themselves.
+  using duet::kernels::via_f32;
 #define DUET_UNARY(Name, name, math, doc) \
-  reg(OpId::Name, unary_kernel<Unary::Name, UnaryMath::math == UnaryMath::Float>);
-#define DUET_BINARY(Name, name, doc) reg(OpId::Name, binary_kernel<Binary::Name, false>);
-#define DUET_COMPARE(Name, name, expr, doc) reg(OpId::Name, binary_kernel<Binary::Name, true>);
+  reg(OpId::Name, via_f32<unary_kernel<Unary::Name, UnaryMath::math == UnaryMath::Float>>);
+#define DUET_BINARY(Name, name, doc) reg(OpId::Name, via_f32<binary_kernel<Binary::Name, false>>);
+#define DUET_COMPARE(Name, name, expr, doc) \
+  reg(OpId::Name, via_f32<binary_kernel<Binary::Name, true>>);
 #include "core/elementwise.def"
-  reg(OpId::Where, where_kernel);
+  reg(OpId::Where, via_f32<where_kernel>);
   reg(OpId::Cast, convert_kernel);
   reg(OpId::Copy, convert_kernel);
   reg(OpId::SliceScatter, duet::kernels::slice_scatter_kernel);
-  reg(OpId::Full, full_kernel);
-  reg(OpId::Arange, arange_kernel);
+  reg(OpId::Full, via_f32<full_kernel>);
+  reg(OpId::Arange, via_f32<arange_kernel>);
 }
 
 }  // namespace duet::cuda::detail

@@ -11,9 +11,8 @@ void random_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
   DUET_CHECK_DEVICE(state.device() == out.device(),
                     "[random] the generator state is on {}, the draw on {}", state.device(),
                     out.device());
-  DUET_CHECK_DTYPE(out.dtype() == DType::f32 || out.dtype() == DType::f64 ||
-                       out.dtype() == DType::i32 || out.dtype() == DType::i64,
-                   "[random] has no CUDA kernel for dtype {}", dtype_name(out.dtype()));
+  DUET_CHECK_DTYPE(out.dtype() != DType::b8, "[random] has no CUDA kernel for dtype {}",
+                   dtype_name(out.dtype()));
   kern::RandomArg A;
   A.out = out.raw_data();
   A.n = out.numel();

@@ -2,6 +2,7 @@
 // into kept dims (the output, contiguous) and reduced dims, each list merged where its strides
 // allow, so the kernel's offset calculator walks few dims.
 #include "cuda/kernels/adapt.h"
+#include "kernels/low_precision.h"
 
 namespace duet::cuda::detail {
 namespace {
@@ -107,10 +108,14 @@ void argmax_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
 }  // namespace
 
 void register_reductions(OpDef* t) {
-  duet::detail::register_kernel(t, OpId::Sum, DeviceType::CUDA, reduce_kernel<kern::Reduce::Sum>);
-  duet::detail::register_kernel(t, OpId::Max, DeviceType::CUDA, reduce_kernel<kern::Reduce::Max>);
-  duet::detail::register_kernel(t, OpId::Min, DeviceType::CUDA, reduce_kernel<kern::Reduce::Min>);
-  duet::detail::register_kernel(t, OpId::Argmax, DeviceType::CUDA, argmax_kernel);
+  duet::detail::register_kernel(t, OpId::Sum, DeviceType::CUDA,
+                                duet::kernels::via_f32<reduce_kernel<kern::Reduce::Sum>>);
+  duet::detail::register_kernel(t, OpId::Max, DeviceType::CUDA,
+                                duet::kernels::via_f32<reduce_kernel<kern::Reduce::Max>>);
+  duet::detail::register_kernel(t, OpId::Min, DeviceType::CUDA,
+                                duet::kernels::via_f32<reduce_kernel<kern::Reduce::Min>>);
+  duet::detail::register_kernel(t, OpId::Argmax, DeviceType::CUDA,
+                                duet::kernels::via_f32<argmax_kernel>);
 }
 
 }  // namespace duet::cuda::detail

@@ -21,8 +21,11 @@ void fill(Tensor& t, double v) {
   t.copy_(duet::detail::wrap_scalar(Scalar(v), DType::f64, Device::cpu()));
 }
 
+/// State of the parameter's shape: f32 for f16 and bf16 parameters (pure low-precision
+/// training keeps its moments in f32; the updates compute in f32 and round once into p).
 Tensor zeros_like(const Tensor& p) {
-  return zeros(p.shape(), Options().dtype(p.dtype()).device(p.device()));
+  const DType d = is_low_precision(p.dtype()) ? DType::f32 : p.dtype();
+  return zeros(p.shape(), Options().dtype(d).device(p.device()));
 }
 
 void check_lr(const std::string& name, double lr) {
@@ -246,6 +249,42 @@ void RMSprop::step() {
       p.sub_(g / avg * lr_tensor(i));
     }
   }
+}
+
+// ---- state, for GradScaler's skipped steps ----
+
+namespace {
+void add_defined(std::vector<Tensor>& out, const Tensor& t) {
+  if (t.defined()) out.push_back(t);
+}
+}  // namespace
+
+std::vector<Tensor> SGD::state_tensors() const {
+  std::vector<Tensor> out;
+  for (const Tensor& b : buffers_) add_defined(out, b);
+  return out;
+}
+
+std::vector<Tensor> Adam::state_tensors() const {
+  std::vector<Tensor> out;
+  for (const detail::AdamState& s : state_)
+    for (const Tensor* t : {&s.exp_avg, &s.exp_avg_sq, &s.step}) add_defined(out, *t);
+  return out;
+}
+
+std::vector<Tensor> AdamW::state_tensors() const {
+  std::vector<Tensor> out;
+  for (const detail::AdamState& s : state_)
+    for (const Tensor* t : {&s.exp_avg, &s.exp_avg_sq, &s.step}) add_defined(out, *t);
+  return out;
+}
+
+std::vector<Tensor> RMSprop::state_tensors() const {
+  std::vector<Tensor> out;
+  for (const detail::RMSpropState& s : state_)
+    for (const Tensor* t : {&s.square_avg, &s.grad_avg, &s.momentum_buffer, &s.step})
+      add_defined(out, *t);
+  return out;
 }
 
 }  // namespace duet::optim

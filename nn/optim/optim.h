@@ -37,6 +37,10 @@ class Optimizer {
   /// Applies one update to every parameter whose .grad is defined (others are skipped and
   /// their state is left as it is, as in PyTorch).
   virtual void step() = 0;
+  /// Every tensor step() updates in place besides the parameters (momentum buffers, moments,
+  /// step counts): what GradScaler restores when it skips a step. An optimizer of your own
+  /// lists its state here; the default lists none.
+  virtual std::vector<Tensor> state_tensors() const { return {}; }
   /// Zeroes every existing .grad buffer in place; it does not free them (so a compiled step
   /// keeps stable buffers). Undefined gradients stay undefined.
   void zero_grad();
@@ -86,6 +90,7 @@ class SGD : public Optimizer {
  public:
   SGD(std::vector<Tensor> params, SGDOptions options = {});
   void step() override;
+  std::vector<Tensor> state_tensors() const override;
   const SGDOptions& options() const { return options_; }
   /// The momentum buffer of parameter i (undefined without momentum).
   const Tensor& momentum_buffer(size_t i) const { return buffers_.at(i); }
@@ -122,6 +127,7 @@ class Adam : public Optimizer {
  public:
   Adam(std::vector<Tensor> params, AdamOptions options = {});
   void step() override;
+  std::vector<Tensor> state_tensors() const override;
   const AdamOptions& options() const { return options_; }
   /// The moments and step count of parameter i.
   const detail::AdamState& state(size_t i) const { return state_.at(i); }
@@ -137,6 +143,7 @@ class AdamW : public Optimizer {
  public:
   AdamW(std::vector<Tensor> params, AdamWOptions options = {});
   void step() override;
+  std::vector<Tensor> state_tensors() const override;
   const AdamWOptions& options() const { return options_; }
   /// The moments and step count of parameter i.
   const detail::AdamState& state(size_t i) const { return state_.at(i); }
@@ -169,6 +176,7 @@ class RMSprop : public Optimizer {
  public:
   RMSprop(std::vector<Tensor> params, RMSpropOptions options = {});
   void step() override;
+  std::vector<Tensor> state_tensors() const override;
   const RMSpropOptions& options() const { return options_; }
   /// The running averages, momentum buffer and step count of parameter i.
   const detail::RMSpropState& state(size_t i) const { return state_.at(i); }

@@ -75,6 +75,10 @@ Scalar stored_as(double v, DType d) {
       return Scalar(v);
     case DType::b8:
       return Scalar(v != 0);
+    case DType::f16:
+    case DType::bf16:  // through f32, as the Cast kernels round
+      return Scalar(static_cast<double>(
+          low_precision_to_float(float_to_low_precision(static_cast<float>(v), d), d)));
     default:
       return Scalar(static_cast<int64_t>(v));
   }

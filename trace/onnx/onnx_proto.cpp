@@ -25,6 +25,10 @@ std::optional<DType> dtype_of(int32_t e) {
       return DType::i64;
     case TensorProto::BOOL:
       return DType::b8;
+    case TensorProto::FLOAT16:
+      return DType::f16;
+    case TensorProto::BFLOAT16:
+      return DType::bf16;
     default:
       return std::nullopt;
   }
@@ -57,12 +61,10 @@ std::string elem_type_name(int32_t e) {
 }
 
 void unsupported_elem_type(int32_t e, const std::string& what) {
-  const bool half = e == TensorProto::FLOAT16 || e == TensorProto::BFLOAT16;
   throw DTypeError(fmt::format(
-      "[import_onnx] {} has ONNX element type {}, {}: duet imports tensors of FLOAT, DOUBLE, "
-      "INT32, INT64 and BOOL",
-      what, elem_type_name(e),
-      half ? "which duet's CPU kernels do not compute" : "which duet has no dtype for"));
+      "[import_onnx] {} has ONNX element type {}, which duet has no dtype for: duet imports "
+      "tensors of FLOAT, DOUBLE, FLOAT16, BFLOAT16, INT32, INT64 and BOOL",
+      what, elem_type_name(e)));
 }
 
 namespace {
@@ -141,6 +143,13 @@ Tensor tensor_from_proto(const TensorProto& p, const std::string& what) {
     case DType::b8:
       copy_field<bool>(p.int32_data(), t, n, what, "int32_data");
       break;
+    case DType::f16:
+    case DType::bf16: {  // int32_data holds each element's 16 bits
+      uint16_t* out = static_cast<uint16_t*>(t.raw_data());
+      for (int64_t i = 0; i < n; ++i)
+        out[i] = static_cast<uint16_t>(p.int32_data(static_cast<int>(i)) & 0xffff);
+      break;
+    }
     default:
       unsupported_elem_type(p.data_type(), what);
   }

@@ -69,13 +69,24 @@ class Fuser {
     const Device dev = n.meta.device;
     if (n.meta.shape.numel() == 0) return false;
     if (!dev.is_cpu() && !kernels::fused_device_runner(dev.type)) return false;
+    bool low = is_low_precision(n.meta.dtype);
     for (int32_t in : n.inputs) {
       const GraphNode& s = graph_.nodes[in];
+      low |= is_low_precision(s.meta.dtype);
       if (!(s.meta.device == dev) &&
           !(s.kind == NodeKind::Constant && s.meta.device.is_cpu() && s.meta.shape.numel() == 1))
         return false;
     }
+    // f16 and bf16 fuse on the CPU, in f32 registers (Note [Fused registers] in
+    // kernels/fused.h); the CUDA code generator does not take them yet.
+    if (low && !dev.is_cpu()) return false;
     const DType out = n.meta.dtype;
+    if (is_low_precision(out)) {
+      if (n.op == OpId::Where && graph_.nodes[n.inputs[0]].meta.dtype != DType::b8) return false;
+      if (n.op != OpId::Cast && !rounds_like_eager(n, out)) return false;
+      *t = DType::f32;
+      return true;
+    }
     if (is_float(out)) {
       if (n.op == OpId::Where && graph_.nodes[n.inputs[0]].meta.dtype != DType::b8) return false;
       *t = out;
@@ -84,6 +95,7 @@ class Fuser {
     if (out != DType::b8) return false;
     if (n.op == OpId::Cast) {  // to b8: only from the compute dtype itself
       *t = graph_.nodes[n.inputs[0]].meta.dtype;
+      if (is_low_precision(*t)) *t = DType::f32;  // a register holds the value exactly
       return is_float(*t);
     }
     if (n.op == OpId::Where || n.op == OpId::Copy) return false;
@@ -95,7 +107,24 @@ class Fuser {
     }
     const Tensor* p[2] = {&ins[0], &ins[1]};
     *t = result_type(TensorRefs(p, 2));
+    if (is_low_precision(*t)) {
+      if (!rounds_like_eager(n, *t)) return false;
+      *t = DType::f32;
+    }
     return is_float(*t);
+  }
+
+  // Whether an op computing in f16 or bf16 (`low`) reads each input as a register holds it: the
+  // eager kernels round a tensor input of another dtype (an i64 tensor added to a bf16 one) to
+  // `low` first, and a register holds it unrounded, so such an op runs alone. 0-d inputs
+  // (numbers) enter the f32 math as they are on both sides; Where's condition is b8.
+  bool rounds_like_eager(const GraphNode& n, DType low) const {
+    for (size_t j = 0; j < n.inputs.size(); ++j) {
+      const GraphNode& s = graph_.nodes[n.inputs[j]];
+      if (n.op == OpId::Where && j == 0) continue;
+      if (s.meta.dtype != low && s.meta.shape.size() != 0) return false;
+    }
+    return true;
   }
 
   // Whether value u depends on group a or b (b may be -1) in the graph of steps, where a group
@@ -319,6 +348,7 @@ class Fuser {
       ins.op = node.op;
       for (size_t j = 0; j < node.inputs.size(); ++j) ins.src[j] = reg.at(node.inputs[j]);
       if (node.op == OpId::Cast) ins.to = node.meta.dtype == DType::b8 ? DType::b8 : gr.dtype;
+      if (is_low_precision(node.meta.dtype)) ins.round = node.meta.dtype;
       // Inputs dead after this instruction give their registers back (never an input
       // register, an output, or the reduced value).
       const bool keep =

@@ -1,0 +1,338 @@
+// f16 and bf16 (Note [Low precision] in kernels/low_precision.h): conversions, printing,
+// promotion, and the op table's bf16 and f16 columns. Each column runs the row on inputs rounded
+// to the low dtype and compares with the row's f32 result on the same (rounded) values: an
+// elementwise primitive and a reduction give that result rounded once, bit for bit; other rows
+// agree within torch.testing's tolerances (bf16 rtol 1.6e-2, f16 rtol 1e-3), against the
+// result's magnitude where the row chains several rounded ops.
+#include <cmath>
+#include <limits>
+
+#include "op_rows.h"
+
+namespace duet::test {
+namespace {
+
+const DType kLow[] = {DType::bf16, DType::f16};
+
+double rtol_of(DType d) { return d == DType::bf16 ? 1.6e-2 : 1e-3; }
+
+// The values rounded to `low`, in f32 (what the f32 reference computes on).
+std::vector<double> rounded(std::vector<double> v, DType low) {
+  for (double& x : v) x = round_to(x, low);
+  return v;
+}
+
+// Rounds every value of an f32 result to `low` (the elementwise columns' exact expectation).
+std::vector<double> rounded_result(const Tensor& r32, DType low) {
+  return rounded(values(r32), low);
+}
+
+// |got - want| within atol + rtol * |want|, with atol at least rtol times the largest |want|
+// (a row of several rounded ops loses digits against the result's scale, not each element's).
+std::string scaled_differences(const std::vector<double>& got, const std::vector<double>& want,
+                               double rtol) {
+  double scale = 0;
+  for (double w : want)
+    if (std::isfinite(w)) scale = std::max(scale, std::fabs(w));
+  return differences(got, want, rtol, std::max(1e-5, rtol * scale));
+}
+
+}  // namespace
+
+TEST_CASE("low precision: .to() rounds to nearest even, keeps NaN, overflows f16 to infinity") {
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::nan("");
+  // bf16 keeps 8 significant bits: 1 + 2^-8 is halfway between 1 and 1 + 2^-7 and goes to the
+  // even one (1); 1 + 3 * 2^-8 goes up to 1 + 2^-6.
+  const Tensor x =
+      make({1 + std::ldexp(1, -8), 1 + 3 * std::ldexp(1, -8), -2.5, nan, inf, 3.39e38, 1e-40}, {7});
+  const Tensor b = x.to(DType::bf16);
+  CHECK(b.dtype() == DType::bf16);
+  const std::vector<double> vb = values(b);
+  CHECK(vb[0] == 1.0);
+  CHECK(vb[1] == 1 + std::ldexp(1, -6));
+  CHECK(vb[2] == -2.5);
+  CHECK(std::isnan(vb[3]));
+  CHECK(vb[4] == inf);
+  CHECK(vb[5] == 3.3895313892515355e38);  // the largest bf16, to nearest (3.4e38 rounds to inf)
+  // f16: 11 significant bits, largest finite 65504; 65519 rounds down, 65520 to infinity.
+  const Tensor h =
+      make({1 + std::ldexp(1, -11), 65519, 65520, -70000, nan, 6e-8}, {6}).to(DType::f16);
+  const std::vector<double> vh = values(h);
+  CHECK(vh[0] == 1.0);
+  CHECK(vh[1] == 65504);
+  CHECK(vh[2] == inf);
+  CHECK(vh[3] == -inf);
+  CHECK(std::isnan(vh[4]));
+  CHECK(vh[5] == std::ldexp(1, -24));  // the smallest subnormal
+  // Back to f32 and f64 exactly; between the two low dtypes through f32 (one rounding).
+  CHECK(differences(values(b.to(DType::f32)), vb, 0, 0).empty());
+  CHECK(differences(values(h.to(DType::f64)), vh, 0, 0).empty());
+  CHECK(values(make({1 + std::ldexp(1, -10)}, {1}, DType::f16).to(DType::bf16))[0] == 1.0);
+  // Integers and booleans convert both ways.
+  CHECK(values(make({257, -3}, {2}, DType::i64).to(DType::bf16)) == std::vector<double>{256, -3});
+  CHECK(values(make({2.75, -0.5, 0}, {3}, DType::bf16).to(DType::i32)) ==
+        std::vector<double>{2, 0, 0});
+  CHECK(values(make({2.75, 0}, {2}, DType::f16).to(DType::b8)) == std::vector<double>{1, 0});
+}
+
+TEST_CASE("low precision: creation, printing and item()") {
+  const Tensor z = zeros({2, 3}, Options().dtype(DType::bf16));
+  CHECK(z.dtype() == DType::bf16);
+  CHECK(values(z) == std::vector<double>(6, 0.0));
+  const Tensor t = tensor({1.5, -0.1, 3}, Options().dtype(DType::f16));
+  CHECK(t.dtype() == DType::f16);
+  CHECK(values(t)[1] == round_to(-0.1, DType::f16));
+  CHECK(t.str() == "tensor([ 1.5000, -0.1000,  3.0000], shape=(3), dtype=f16, device=cpu)");
+  CHECK(make({1, 2}, {2}, DType::bf16).str() ==
+        "tensor([1., 2.], shape=(2), dtype=bf16, device=cpu)");
+  CHECK(make({0.3}, {}, DType::bf16).item<float>() == float(round_to(0.3, DType::bf16)));
+  CHECK(values(arange(4, Options().dtype(DType::bf16))) == std::vector<double>{0, 1, 2, 3});
+  CHECK(values(full({2}, 0.1, Options().dtype(DType::bf16)))[0] == round_to(0.1, DType::bf16));
+  CHECK(values(eye(2, Options().dtype(DType::f16))) == std::vector<double>{1, 0, 0, 1});
+  // Uniform draws stay below 1 in every dtype (they keep the dtype's digits).
+  for (DType d : kLow) {
+    manual_seed(3);
+    const std::vector<double> u = values(rand({4096}, Options().dtype(d)));
+    CHECK(*std::max_element(u.begin(), u.end()) < 1.0);
+    CHECK(*std::min_element(u.begin(), u.end()) >= 0.0);
+  }
+}
+
+TEST_CASE("low precision: PyTorch's promotion; a number enters the f32 math unrounded") {
+  const Tensor b = make({1, 2}, {2}, DType::bf16), h = make({1, 2}, {2}, DType::f16);
+  CHECK((b + h).dtype() == DType::f32);
+  CHECK((b + make({1, 2}, {2})).dtype() == DType::f32);
+  CHECK((b + make({1, 2}, {2}, DType::f64)).dtype() == DType::f64);
+  CHECK((b + make({1, 2}, {2}, DType::i64)).dtype() == DType::bf16);
+  CHECK((b * 2.5).dtype() == DType::bf16);
+  CHECK((h + make({3}, {}, DType::f32)).dtype() == DType::f16);  // a 0-d tensor does not promote
+  CHECK((b < 1.5).dtype() == DType::b8);
+  CHECK(exp(make({1, 2}, {2}, DType::i64)).dtype() == DType::f32);
+  // x * 0.1 multiplies by the f32 nearest 0.1, not by 0.1 rounded to bf16 first, then rounds.
+  Rng rng(5);
+  const std::vector<double> v = rounded(random_values(64, Domain{}, DType::f32, rng), DType::bf16);
+  const Tensor x = make(v, {64}, DType::bf16);
+  const Tensor want = (make(v, {64}) * 0.1).to(DType::bf16);
+  CHECK(bitwise_equal(x * 0.1, want));
+  CHECK(bitwise_equal(x * make({0.1}, {}, DType::f64), want));
+}
+
+TEST_CASE("low precision columns: elementwise primitives are the f32 result rounded once") {
+  Rng rng(21);
+  int checks = 0;
+  std::vector<ElementwiseRow> rows = elementwise_rows();
+  for (const ElementwiseRow& r : special_function_rows()) rows.push_back(r);
+  for (const ElementwiseRow& row : rows) {
+    if (std::find(row.dtypes.begin(), row.dtypes.end(), DType::f32) == row.dtypes.end()) continue;
+    for (DType low : kLow) {
+      // A contiguous operand and a transposed one, broadcast against a row.
+      const std::vector<Shape> shapes = {{6, 7}, {7}, {6, 7}};
+      std::vector<Tensor> in32, inlow;
+      for (int i = 0; i < row.arity; ++i) {
+        const bool cond = row.cond_first && i == 0;
+        const DType dt = cond ? DType::b8 : low;
+        const Shape& s = shapes[i];
+        const std::vector<double> v = rounded(
+            random_values(s.numel(), row.domains[i], cond ? DType::b8 : DType::f32, rng), dt);
+        const Layout l = i == 0 ? Layout::Transposed : Layout::Contiguous;
+        in32.push_back(make_layout(v, s, cond ? DType::b8 : DType::f32, l));
+        inlow.push_back(make_layout(v, s, dt, l));
+      }
+      INFO(std::string(row.name) << " in " << dtype_name(low));
+      const Tensor r32 = row.fn(in32), got = row.fn(inlow);
+      const DType want_dtype = r32.dtype() == DType::f32 ? low : r32.dtype();
+      CHECK(got.dtype() == want_dtype);
+      const std::vector<double> want = want_dtype == low ? rounded_result(r32, low) : values(r32);
+      // A composite (gelu, silu) rounds after each of its ops.
+      const std::string diff = row.composite
+                                   ? scaled_differences(values(got), values(r32), rtol_of(low))
+                                   : differences(values(got), want, 0, 0);
+      CHECK_MESSAGE(diff.empty(), diff);
+      ++checks;
+    }
+  }
+  CHECK(checks > 40);
+}
+
+TEST_CASE("low precision columns: sum, max and min accumulate in f32 and round once") {
+  Rng rng(22);
+  for (const ReduceRow& row : reduce_rows()) {
+    if (std::find(row.dtypes.begin(), row.dtypes.end(), DType::f32) == row.dtypes.end()) continue;
+    for (DType low : kLow) {
+      const std::vector<double> v =
+          rounded(random_values(300 * 70, Domain{}, DType::f32, rng), low);
+      for (const Dims& dims : {Dims{}, Dims{0}, Dims{1}}) {
+        INFO(std::string(row.name) << " in " << dtype_name(low) << " over " << dims.str());
+        const Tensor r32 = row.fn(make(v, {300, 70}), dims, false);
+        const Tensor got = row.fn(make(v, {300, 70}, low), dims, false);
+        CHECK(got.dtype() == low);
+        if (row.composite) {
+          CHECK_MESSAGE(scaled_differences(values(got), values(r32), rtol_of(low)).empty(),
+                        scaled_differences(values(got), values(r32), rtol_of(low)));
+        } else {
+          CHECK(differences(values(got), rounded_result(r32, low), 0, 0).empty());
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("low precision columns: matmul rows accumulate in f32") {
+  Rng rng(23);
+  for (const MatmulRow& row : matmul_rows()) {
+    for (DType low : kLow) {
+      const std::vector<double> va =
+          rounded(random_values(row.a.numel(), Domain{}, DType::f32, rng), low);
+      const std::vector<double> vb =
+          rounded(random_values(row.b.numel(), Domain{}, DType::f32, rng), low);
+      INFO(std::string(row.name) << " in " << dtype_name(low));
+      const Tensor r32 = matmul(make_layout(va, row.a, DType::f32, row.la),
+                                make_layout(vb, row.b, DType::f32, row.lb));
+      const Tensor got =
+          matmul(make_layout(va, row.a, low, row.la), make_layout(vb, row.b, low, row.lb));
+      CHECK(got.dtype() == low);
+      CHECK(got.sizes() == r32.sizes());
+      CHECK_MESSAGE(scaled_differences(values(got), values(r32), rtol_of(low)).empty(),
+                    scaled_differences(values(got), values(r32), rtol_of(low)));
+    }
+  }
+}
+
+TEST_CASE("low precision columns: every op row against its f32 result") {
+  Rng rng(24);
+  int checks = 0;
+  for (const OpRow& row : op_rows()) {
+    if (row.shapes.empty()) continue;  // random draws: their own test
+    if (std::find(row.dtypes.begin(), row.dtypes.end(), DType::f32) == row.dtypes.end()) continue;
+    for (DType low : kLow) {
+      std::vector<Tensor> in32, inlow;
+      for (size_t i = 0; i < row.shapes.size(); ++i) {
+        const Domain& d = row.domains[std::min(i, row.domains.size() - 1)];
+        const std::vector<double> v =
+            rounded(random_values(row.shapes[i].numel(), d, DType::f32, rng), low);
+        in32.push_back(make(v, row.shapes[i]));
+        inlow.push_back(make(v, row.shapes[i], low));
+      }
+      INFO(row.name << " in " << dtype_name(low));
+      const Tensor r32 = row.fn(in32), got = row.fn(inlow);
+      CHECK(got.dtype() == (row.index_result ? DType::i64 : low));
+      CHECK(got.sizes() == r32.sizes());
+      if (row.index_result)
+        CHECK(differences(values(got), values(r32), 0, 0).empty());
+      else
+        CHECK_MESSAGE(scaled_differences(values(got), values(r32), rtol_of(low)).empty(),
+                      scaled_differences(values(got), values(r32), rtol_of(low)));
+      ++checks;
+    }
+  }
+  CHECK(checks > 60);
+}
+
+TEST_CASE("low precision: gradients flow in the low dtype and match f32's") {
+  Rng rng(25);
+  for (DType low : kLow) {
+    const std::vector<double> vx = rounded(random_values(12, Domain{}, DType::f32, rng), low);
+    const std::vector<double> vw = rounded(random_values(12, Domain{}, DType::f32, rng), low);
+    auto grads = [&](DType dt) {
+      Tensor x = make(vx, {3, 4}, dt).requires_grad_(true);
+      Tensor w = make(vw, {4, 3}, dt).requires_grad_(true);
+      // Weights that differ along the softmax dim (a plain sum of a softmax has gradient 0).
+      sum(softmax(tanh(matmul(x, w)), -1) * make({1, -2, 3}, {3}, dt)).backward();
+      return std::pair{x.grad(), w.grad()};
+    };
+    const auto [gx, gw] = grads(low);
+    const auto [fx, fw] = grads(DType::f32);
+    CHECK(gx.dtype() == low);
+    CHECK(gw.dtype() == low);
+    CHECK(scaled_differences(values(gx), values(fx), 4 * rtol_of(low)).empty());
+    CHECK(scaled_differences(values(gw), values(fw), 4 * rtol_of(low)).empty());
+  }
+}
+
+TEST_CASE("low precision: a compiled function equals the eager one bit for bit") {
+  Rng rng(26);
+  for (DType low : kLow) {
+    const Tensor x = make(random_values(32, Domain{}, DType::f32, rng), {4, 8}, low);
+    const Tensor w = make(random_values(48, Domain{}, DType::f32, rng), {8, 6}, low);
+    const Tensor b = make(random_values(6, Domain{}, DType::f32, rng), {6}, low);
+    auto step = [](Tensor x, Tensor w, Tensor b) {
+      Tensor wl = w.detach().requires_grad_(true);
+      Tensor h = relu(matmul(x, wl) + b) * 0.5;
+      Tensor y = log_softmax(h, -1);
+      Tensor loss = -mean(y);
+      Tensor gw = grad({loss}, {wl})[0];
+      return std::vector<Tensor>{y.detach(), loss.detach(), gw,
+                                 sum(h.detach().to(DType::f32), {0})};
+    };
+    const std::vector<Tensor> eager = step(x, w, b);
+    auto compiled = compile(step);
+    for (int call = 0; call < 2; ++call) {
+      const std::vector<Tensor> got = compiled(x, w, b);
+      REQUIRE(got.size() == eager.size());
+      for (size_t i = 0; i < got.size(); ++i) {
+        INFO(dtype_name(low) << " output " << i << " call " << call);
+        CHECK(bitwise_equal(got[i], eager[i]));
+      }
+    }
+  }
+}
+
+}  // namespace duet::test
+
+namespace duet::test {
+
+TEST_CASE("low precision: constants of a compiled function keep their values") {
+  // The graph passes store a folded constant's value in its dtype; they once stored it as an
+  // integer for f16 and bf16 (a * 0.5 became a * 0). The compiled test above catches that; this
+  // one checks the values a user writes.
+  for (DType low : kLow) {
+    auto body = [low](Tensor x) { return x * 2.7 + full({3}, 0.3).to(low); };
+    auto f = compile(body);
+    const Tensor x = make({1, 2, 3}, {3}, low);
+    const Tensor eager = body(x);
+    CHECK(bitwise_equal(f(x), eager));
+    CHECK(values(eager)[0] ==
+          round_to(round_to(round_to(2.7, DType::f32), low) + round_to(0.3, low), low));
+  }
+}
+
+}  // namespace duet::test
+
+namespace duet::test {
+
+TEST_CASE("low precision: bf16 and f16 chains fuse, and equal the eager ops bit for bit") {
+  // Each fused instruction rounds its register to the op's dtype, as the eager kernel rounds
+  // what it stores (Note [Fused registers] in kernels/fused.h).
+  Rng rng(27);
+  for (DType low : kLow) {
+    INFO(dtype_name(low));
+    auto body = [low](Tensor x, Tensor y, Tensor i) {
+      Tensor a = tanh(x * 1.7 + y);
+      Tensor b = where(a > 0.2, exp(a), -a) / 3.0;
+      // b + i rounds the i32 tensor to `low` first: it runs alone, outside the fused groups.
+      return std::vector<Tensor>{b,
+                                 (b + i).to(DType::f32),
+                                 sum(b.to(DType::f32), {1}),
+                                 b < 0.5,
+                                 x.to(DType::f32) * 2.0 + 1.0,
+                                 (x * 3.0).to(low == DType::bf16 ? DType::f16 : DType::bf16)};
+    };
+    auto f = compile(body);
+    for (int call = 0; call < 2; ++call) {
+      const Tensor x = make_layout(rounded(random_values(42, Domain{}, DType::f32, rng), low),
+                                   {6, 7}, low, Layout::Transposed);
+      const Tensor y = make(random_values(7, Domain{}, low, rng), {7}, low);
+      const Tensor i = make(random_values(42, Domain{}, DType::i32, rng), {6, 7}, DType::i32);
+      const std::vector<Tensor> want = body(x, y, i), got = f(x, y, i);
+      REQUIRE(got.size() == want.size());
+      for (size_t k = 0; k < got.size(); ++k) {
+        INFO("output " << k << ", call " << call);
+        CHECK(bitwise_equal(got[k], want[k]));
+      }
+    }
+    CHECK(f.stats().fused_kernels >= 1);
+    CHECK(f.stats().fused_nodes >= 6);
+  }
+}
+
+}  // namespace duet::test
