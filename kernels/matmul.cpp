@@ -46,7 +46,7 @@ constexpr dnnl::memory::data_type dnnl_type() {
 using LowKey = std::array<int64_t, 8>;
 struct LowMatmul {
   dnnl::matmul prim;
-  dnnl::memory::desc a, b, c;
+  dnnl::memory a, b, c;  ///< made once, pointed at each call's data (set_data_handle)
 };
 
 dnnl::engine& cpu_engine() {
@@ -63,9 +63,10 @@ std::optional<LowMatmul> make_low_matmul(const LowKey& key) {
   const dnnl::memory::desc b(dims{k, n}, dt, tb ? dims{1, ldb} : dims{ldb, 1});
   const dnnl::memory::desc c(dims{m, n}, dt, dims{n, 1});
   try {
-    return LowMatmul{
-        dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), cpu_engine())), a, b,
-        c};
+    dnnl::engine& eng = cpu_engine();
+    return LowMatmul{dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), eng)),
+                     dnnl::memory(a, eng, DNNL_MEMORY_NONE), dnnl::memory(b, eng, DNNL_MEMORY_NONE),
+                     dnnl::memory(c, eng, DNNL_MEMORY_NONE)};
   } catch (const dnnl::error&) {
     return std::nullopt;
   }
@@ -85,11 +86,12 @@ bool low_gemm_onednn(const L* a, MatLayout la, const L* b, MatLayout lb, L* c, i
     it = cache.emplace(key, make_low_matmul<L>(key)).first;
   }
   if (!it->second) return false;
-  const LowMatmul& mm = *it->second;
-  dnnl::engine& eng = cpu_engine();
-  dnnl::memory ma(mm.a, eng, const_cast<L*>(a)), mb(mm.b, eng, const_cast<L*>(b)), mc(mm.c, eng, c);
-  dnnl::stream s(eng);
-  mm.prim.execute(s, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
+  LowMatmul& mm = *it->second;
+  mm.a.set_data_handle(const_cast<L*>(a));
+  mm.b.set_data_handle(const_cast<L*>(b));
+  mm.c.set_data_handle(c);
+  thread_local dnnl::stream s(cpu_engine());
+  mm.prim.execute(s, {{DNNL_ARG_SRC, mm.a}, {DNNL_ARG_WEIGHTS, mm.b}, {DNNL_ARG_DST, mm.c}});
   s.wait();
   return true;
 }

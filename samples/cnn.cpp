@@ -2,6 +2,7 @@
 // accuracy (90% by default) or runs out of epochs.
 //
 //   cnn [--epochs N] [--target PERCENT] [--batch B] [--lr X] [--seed S] [--data DIR]
+//       [--autocast bf16|f16]   the forward pass under Autocast (docs/low-precision.md)
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -45,7 +46,7 @@ int main(int argc, char** argv) try {
   double target = 90, lr = 1e-3;
   int64_t batch = 128;
   uint64_t seed = 0;
-  std::string dir = data::kFashionMnistDir;
+  std::string dir = data::kFashionMnistDir, autocast;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--epochs")
@@ -60,9 +61,14 @@ int main(int argc, char** argv) try {
       seed = std::stoull(v);
     else if (k == "--data")
       dir = v;
+    else if (k == "--autocast")
+      autocast = v;
     else
       DUET_CHECK_VALUE(false, "[cnn] unknown option {}", k);
   }
+  DUET_CHECK_VALUE(autocast.empty() || autocast == "bf16" || autocast == "f16",
+                   "[cnn] --autocast is bf16 or f16, got {}", autocast);
+  const DType low = autocast == "f16" ? DType::f16 : DType::bf16;
   data::Dataset train_set = data::load_fashion_mnist(true, dir);
   data::Dataset test_set = data::load_fashion_mnist(false, dir);
   // Standardized with the training set's mean and standard deviation, as torchvision's
@@ -76,7 +82,11 @@ int main(int argc, char** argv) try {
   optim::Adam opt(model.parameters(), optim::AdamOptions{lr});
   auto step = compile([&](const Tensor& x, const Tensor& y) {
     opt.zero_grad();
-    Tensor loss = cross_entropy(model(reshape(x, {-1, 1, 28, 28})), y);
+    Tensor loss;
+    {
+      Autocast ac(Device::cpu(), low, /*enabled=*/!autocast.empty());
+      loss = cross_entropy(model(reshape(x, {-1, 1, 28, 28})), y);
+    }
     loss.backward();
     opt.step();
     return loss;
@@ -84,8 +94,8 @@ int main(int argc, char** argv) try {
   data::DataLoader loader(train_set.inputs, train_set.targets, batch, /*shuffle=*/true, seed);
   std::printf(
       "duet cnn: conv(1->16, 5x5) pool conv(16->32, 5x5) pool linear(1568->10), batch "
-      "%lld, Adam lr %g, compiled step\n",
-      static_cast<long long>(batch), lr);
+      "%lld, Adam lr %g, compiled step%s%s\n",
+      static_cast<long long>(batch), lr, autocast.empty() ? "" : ", autocast ", autocast.c_str());
   for (int epoch = 1; epoch <= epochs; ++epoch) {
     loader.set_epoch(epoch - 1);
     const double t0 = now_s();

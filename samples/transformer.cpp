@@ -9,10 +9,14 @@
 //   3 1 4 1 5 9 2 6 | 6 2 9 5 1 4 1 3
 // The model reads it left to right and is scored on its predictions of the second half.
 //
-//   transformer [--steps N] [--seed S]
+//   transformer [--steps N] [--seed S] [--autocast bf16|f16]
+//
+// --autocast runs the forward pass and the loss of both faces under Autocast: the products in
+// the low dtype, the norms, the softmax and the loss in f32 (docs/low-precision.md).
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -95,12 +99,17 @@ Tensor make_sequences(int64_t n) {
 // One training step, the same code for both faces: the input is the sequence but its last
 // token, the targets are the sequence shifted by one, and only the predictions of the reversed
 // half count (the first half is random digits, which nothing can predict).
-Tensor train_step(Decoder& model, optim::Optimizer& opt, const Tensor& seq) {
+Tensor train_step(Decoder& model, optim::Optimizer& opt, const Tensor& seq,
+                  std::optional<DType> autocast) {
   opt.zero_grad();
-  Tensor logits = model(slice(seq, 1, 0, kLen - 1));          // (N, 2K, V)
-  Tensor scored = slice(logits, 1, kK, 2 * kK).contiguous();  // the predictions after the sep
-  Tensor targets = slice(seq, 1, kK + 1, kLen).contiguous();  // the reversed digits
-  Tensor loss = cross_entropy(reshape(scored, {-1, kVocab}), reshape(targets, {-1}));
+  Tensor loss;
+  {
+    Autocast ac(Device::cpu(), autocast.value_or(DType::bf16), autocast.has_value());
+    Tensor logits = model(slice(seq, 1, 0, kLen - 1));          // (N, 2K, V)
+    Tensor scored = slice(logits, 1, kK, 2 * kK).contiguous();  // the predictions after the sep
+    Tensor targets = slice(seq, 1, kK + 1, kLen).contiguous();  // the reversed digits
+    loss = cross_entropy(reshape(scored, {-1, kVocab}), reshape(targets, {-1}));
+  }
   loss.backward();
   opt.step();
   return loss;
@@ -129,13 +138,28 @@ std::string show(const Tensor& row) {
 }  // namespace
 
 int main(int argc, char** argv) try {
-  const auto [steps, seed] = samples::parse_args("transformer", argc, argv, kCheckedSteps);
+  // --autocast bf16|f16, taken out before the shared options are parsed.
+  std::optional<DType> autocast;
+  std::vector<char*> args;
+  for (int i = 0; i < argc; ++i) {
+    if (std::string(argv[i]) != "--autocast") {
+      args.push_back(argv[i]);
+      continue;
+    }
+    const std::string v = i + 1 < argc ? argv[++i] : "";
+    DUET_CHECK_VALUE(v == "bf16" || v == "f16", "[transformer] --autocast is bf16 or f16, got {}",
+                     v);
+    autocast = v == "bf16" ? DType::bf16 : DType::f16;
+  }
+  const auto [steps, seed] =
+      samples::parse_args("transformer", static_cast<int>(args.size()), args.data(), kCheckedSteps);
   std::printf(
       "transformer: reverse %lld digits; %lld pre-LayerNorm blocks, width %lld, %lld "
-      "heads, MLP %lld; batch %lld, AdamW, %lld steps\n",
+      "heads, MLP %lld; batch %lld, AdamW, %lld steps%s%s\n",
       static_cast<long long>(kK), static_cast<long long>(kBlocks), static_cast<long long>(kWidth),
       static_cast<long long>(kHeads), static_cast<long long>(kHidden),
-      static_cast<long long>(kBatch), static_cast<long long>(steps));
+      static_cast<long long>(kBatch), static_cast<long long>(steps), autocast ? ", autocast " : "",
+      autocast ? dtype_name(*autocast).data() : "");
 
   // The batches, drawn once so that both faces see the same ones, and a held-out set.
   manual_seed(seed);
@@ -150,12 +174,12 @@ int main(int argc, char** argv) try {
   Decoder compiled_model;
   optim::AdamW eager_opt(eager_model.parameters(), {.lr = 3e-3});
   optim::AdamW compiled_opt(compiled_model.parameters(), {.lr = 3e-3});
-  auto compiled_step =
-      compile([&](const Tensor& seq) { return train_step(compiled_model, compiled_opt, seq); });
+  auto compiled_step = compile(
+      [&](const Tensor& seq) { return train_step(compiled_model, compiled_opt, seq, autocast); });
 
   const samples::SideBySide r = samples::side_by_side(
       steps, kCheckedSteps,
-      [&](int64_t s) { return train_step(eager_model, eager_opt, batches[s]); },
+      [&](int64_t s) { return train_step(eager_model, eager_opt, batches[s], autocast); },
       [&](int64_t s) { return compiled_step(batches[s]); });
   const CompileStats st = compiled_step.stats();
   std::printf(
