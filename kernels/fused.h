@@ -16,8 +16,9 @@
 // instruction whose op result is f16 or bf16 (FusedInstr::round) rounds its register to that
 // dtype after computing, as the eager kernel rounds what it stores (Note [Low precision] in
 // kernels/low_precision.h): so a fused bf16 chain equals the eager ops bit for bit. Inputs of
-// those dtypes are converted as they are loaded, outputs as they are stored. The interpreter
-// runs such programs; the code generators do not take them yet.
+// those dtypes are converted as they are loaded, outputs as they are stored. The interpreter and
+// the C++ generator run such programs; the CUDA generator does not take them yet (the fusion
+// pass keeps f16 and bf16 ops on CUDA unfused).
 #pragma once
 
 #include <atomic>

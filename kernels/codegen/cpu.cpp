@@ -87,6 +87,17 @@ DUET_INLINE P pwhere(const P& c, const P& a, const P& b) {
   return ei::pselect(ei::pcmp_eq(c, ei::pzero(c)), b, a);
 }
 
+// An op whose result is f16 or bf16 (L) rounds it, as the eager kernel rounds what it stores
+// (Note [Fused registers]): the interpreter's conversion, lane for lane.
+template <class L>
+DUET_INLINE P round_to(const P& x) {
+  alignas(64) T a[W];
+  ei::pstore(a, x);
+  Eigen::Map<Eigen::Array<T, W, 1>> v(a);
+  v = v.template cast<L>().template cast<T>();
+  return ei::pload<P>(a);
+}
+
 // W elements p[0], p[s], ... converted to T.
 template <class S>
 DUET_INLINE P load_lanes(const S* p, int64_t s) {
@@ -156,10 +167,14 @@ struct Output {
   DUET_INLINE void put(int64_t j, const P& x) const {
     if constexpr (std::is_same_v<S, T>) {
       ei::pstoreu(p + j, x);
-    } else {
+    } else if constexpr (std::is_same_v<S, bool>) {
       alignas(64) T b[W];
       ei::pstore(b, x);
       for (int l = 0; l < W; ++l) p[j + l] = b[l] != T(0);
+    } else {  // f16 or bf16: exact, the value was rounded when it was computed
+      alignas(64) T b[W];
+      ei::pstore(b, x);
+      for (int l = 0; l < W; ++l) p[j + l] = static_cast<S>(b[l]);
     }
   }
   DUET_INLINE void pad(void* buf) { p = static_cast<S*>(buf); }
@@ -285,6 +300,13 @@ void run_outer(const DuetFusedArgs* a, int64_t begin, int64_t end) {
 }
 )duet_src";
 
+// The C++ type of a dtype in generated CPU code: jit::c_type's, and Eigen's for f16 and bf16.
+const char* cpu_type(DType d) {
+  if (d == DType::f16) return "Eigen::half";
+  if (d == DType::bf16) return "Eigen::bfloat16";
+  return kernels::jit::c_type(d);
+}
+
 std::string reg_list(const FusedInstr& in, int arity) {
   std::string s;
   for (int k = 0; k < arity; ++k) s += fmt::format("{}r{}", k ? ", " : "", in.src[k]);
@@ -339,9 +361,17 @@ std::string generate_fused_source(const FusedProgram& p) {
       expr = fmt::format(fmt::runtime(pattern), a[0], a[1], a[2]);
       text = fmt::format("r{} = {}({})", in.dst, op_name(in.op), reg_list(in, arity));
     }
+    const bool rounds = in.round != DType::f32;
+    if (rounds) {
+      DUET_CHECK_T(p.dtype == DType::f32 && is_low_precision(in.round), DTypeError,
+                   "[codegen] an f32 program rounds to f16 or bf16, not {} in {}",
+                   dtype_name(in.round), dtype_name(p.dtype));
+      expr = fmt::format("round_to<{}>({})", cpu_type(in.round), expr);
+      text += fmt::format(", rounded to {}", dtype_name(in.round));
+    }
     header += "//   " + text + "\n";
-    if (in.op == OpId::Copy || (in.op == OpId::Cast && in.to != DType::b8)) {  // a rename
-      reg[in.dst] = reg[in.src[0]];
+    if (!rounds && (in.op == OpId::Copy || (in.op == OpId::Cast && in.to != DType::b8))) {
+      reg[in.dst] = reg[in.src[0]];  // a rename
       continue;
     }
     reg[in.dst] = {fmt::format("t{}", n)};
@@ -349,7 +379,8 @@ std::string generate_fused_source(const FusedProgram& p) {
   }
   std::string stores;
   for (int k = 0; k < nout; ++k) {
-    DUET_ASSERT(p.out_dtypes[k] == p.dtype || p.out_dtypes[k] == DType::b8);
+    DUET_ASSERT(p.out_dtypes[k] == p.dtype || p.out_dtypes[k] == DType::b8 ||
+                (p.dtype == DType::f32 && is_low_precision(p.out_dtypes[k])));
     stores += fmt::format("    out{}.put(j, {});\n", k, read(p.outputs[k]));
     header +=
         fmt::format("//   output {} = r{} ({})\n", k, p.outputs[k], dtype_name(p.out_dtypes[k]));
@@ -375,7 +406,7 @@ std::string generate_fused_source(const FusedProgram& p) {
   int bufs = 0;
   for (int k = 0; k < nin; ++k) {
     if (!used[k]) continue;
-    const char* S = kernels::jit::c_type(p.in_dtypes[k]);
+    const char* S = cpu_type(p.in_dtypes[k]);
     DUET_CHECK_T(S != nullptr, DTypeError,
                  "[codegen] input {} has dtype {}, not computed on the CPU", k,
                  dtype_name(p.in_dtypes[k]));
@@ -384,7 +415,12 @@ std::string generate_fused_source(const FusedProgram& p) {
     pad += fmt::format("    in{}.pad(b.in{}, j, n, buf[{}]);\n", k, k, bufs++);
   }
   for (int k = 0; k < nout; ++k) {
-    s += fmt::format("  Output<{}> out{};\n", p.out_dtypes[k] == DType::b8 ? "bool" : "T", k);
+    const DType od = p.out_dtypes[k];
+    s += fmt::format("  Output<{}> out{};\n",
+                     od == DType::b8        ? "bool"
+                     : is_low_precision(od) ? cpu_type(od)
+                                            : "T",
+                     k);
     row += fmt::format("    out{}.row(a, {}, i);\n", k, k);
     pad += fmt::format("    out{}.pad(buf[{}]);\n", k, bufs++);
     unpad += fmt::format("    out{}.unpad(b.out{}, j, n);\n", k, k);

@@ -231,6 +231,8 @@ extern "C" __global__ void __launch_bounds__(kFoldThreads)
 
 std::string fused_source(const FusedProgram& p) {
   duet::detail::check_generatable(p, "fused");
+  DUET_CHECK_T(!p.has_low_precision(), DTypeError,
+               "[fused] the CUDA code generator does not take f16 or bf16 values yet");
   const int nin = p.num_inputs(), nout = static_cast<int>(p.outputs.size());
   std::string s = fmt::format(
       "// duet: generated fused CUDA kernel (kernels/codegen/cuda.cpp), T = {}\n"

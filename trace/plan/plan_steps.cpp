@@ -115,8 +115,7 @@ void Plan::Builder::make_fused_step(int32_t u) {
   if (made) {
     fs->kernel = std::make_shared<kernels::FusedKernel>();
     fs->kernel->program = std::move(f.program);
-    // The code generators do not take f16 and bf16 yet (Note [Fused registers]).
-    fs->kernel->codegen_allowed = opt.codegen && !fs->kernel->program.has_low_precision();
+    fs->kernel->codegen_allowed = opt.codegen;
   }
   for (int32_t m : f.members)
     if (m != f.reduction) fs->instr_sites.push_back(graph.nodes[m].site);
