@@ -257,6 +257,13 @@ namespace {
 void add_defined(std::vector<Tensor>& out, const Tensor& t) {
   if (t.defined()) out.push_back(t);
 }
+
+std::vector<Tensor> adam_state_tensors(const std::vector<detail::AdamState>& state) {
+  std::vector<Tensor> out;
+  for (const detail::AdamState& s : state)
+    for (const Tensor* t : {&s.exp_avg, &s.exp_avg_sq, &s.step}) add_defined(out, *t);
+  return out;
+}
 }  // namespace
 
 std::vector<Tensor> SGD::state_tensors() const {
@@ -265,19 +272,9 @@ std::vector<Tensor> SGD::state_tensors() const {
   return out;
 }
 
-std::vector<Tensor> Adam::state_tensors() const {
-  std::vector<Tensor> out;
-  for (const detail::AdamState& s : state_)
-    for (const Tensor* t : {&s.exp_avg, &s.exp_avg_sq, &s.step}) add_defined(out, *t);
-  return out;
-}
+std::vector<Tensor> Adam::state_tensors() const { return adam_state_tensors(state_); }
 
-std::vector<Tensor> AdamW::state_tensors() const {
-  std::vector<Tensor> out;
-  for (const detail::AdamState& s : state_)
-    for (const Tensor* t : {&s.exp_avg, &s.exp_avg_sq, &s.step}) add_defined(out, *t);
-  return out;
-}
+std::vector<Tensor> AdamW::state_tensors() const { return adam_state_tensors(state_); }
 
 std::vector<Tensor> RMSprop::state_tensors() const {
   std::vector<Tensor> out;
