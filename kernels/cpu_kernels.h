@@ -8,6 +8,9 @@ namespace duet::kernels {
 /// Fills every CPU kernel slot of the table.
 void register_cpu_kernels(OpDef* table);
 void register_elementwise_kernels(OpDef* table);
+/// The unary and the binary/comparison families, which register_elementwise_kernels calls.
+void register_unary_kernels(OpDef* table);
+void register_binary_kernels(OpDef* table);
 void register_reduction_kernels(OpDef* table);
 void register_matmul_kernels(OpDef* table);
 

@@ -31,13 +31,13 @@ else
 fi
 
 echo "== ASan + UBSan build (CPU only)"
-cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DDUET_SANITIZE=ON \
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DDUET_SANITIZE=ON -DDUET_UNITY_BUILD=ON \
   -DDUET_BUILD_TESTS=ON -DDUET_BUILD_BENCH=OFF -DDUET_BUILD_SAMPLES=OFF >/dev/null
 cmake --build build-asan -j "$jobs"
 ctest --test-dir build-asan --output-on-failure -j "$jobs"
 
 echo "== ThreadSanitizer build (CPU only, the thread tests)"
-cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DDUET_TSAN=ON -DDUET_CUDA=OFF \
+cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DDUET_TSAN=ON -DDUET_CUDA=OFF -DDUET_UNITY_BUILD=ON \
   -DDUET_BUILD_TESTS=ON -DDUET_BUILD_BENCH=OFF -DDUET_BUILD_SAMPLES=OFF >/dev/null
 cmake --build build-tsan -j "$jobs" --target test_threads
 ctest --test-dir build-tsan --output-on-failure -R '^test_threads$'

@@ -21,8 +21,6 @@ std::shared_ptr<FusionShare> make_fusion_share() { return std::make_shared<Fusio
 
 namespace {
 
-int64_t nbytes(const TensorMeta& m) { return m.shape.numel() * int64_t(itemsize(m.dtype)); }
-
 bool is_step_node(const GraphNode& g) {
   return g.kind == NodeKind::Op || g.kind == NodeKind::Control || g.kind == NodeKind::Project;
 }
@@ -63,7 +61,7 @@ void Plan::Builder::find_roots_and_results() {
     const GraphNode& g = graph.nodes[i];
     root[i] = is_view_node(g) ? root[g.inputs[0]] : i;
     if (g.kind == NodeKind::Op && op_class(g.op) != OpClass::View)
-      stats.intermediate_bytes += nbytes(g.meta);
+      stats.intermediate_bytes += meta_nbytes(g.meta);
   }
   fresh.assign(n, false);
   plan.clone_output_.assign(graph.outputs.size(), false);
@@ -191,7 +189,7 @@ void Plan::Builder::schedule() {
     for (int32_t v : unit_nodes[u]) {
       const GraphNode& g = graph.nodes[v];
       if (!is_view_node(g) && g.kind != NodeKind::Control && materialized[v] && !kept[v])
-        made_bytes[u] += nbytes(g.meta);
+        made_bytes[u] += meta_nbytes(g.meta);
       for (int32_t in : g.inputs) {
         const int32_t r = root[in];
         const NodeKind rk = graph.nodes[r].kind;
@@ -207,7 +205,7 @@ void Plan::Builder::schedule() {
   auto net_freed = [&](int32_t u) {
     int64_t freed = -made_bytes[u];
     for (int32_t r : unit_reads[u])
-      if (readers_left[r] == 1) freed += nbytes(graph.nodes[r].meta);
+      if (readers_left[r] == 1) freed += meta_nbytes(graph.nodes[r].meta);
     return freed;
   };
   std::vector<int32_t> ready;
@@ -536,7 +534,7 @@ void Plan::Builder::request_buffers() {
     for (int32_t v : made) {
       if (!needs_buffer(v)) continue;
       BufferRequest r;
-      r.bytes = nbytes(graph.nodes[v].meta);
+      r.bytes = meta_nbytes(graph.nodes[v].meta);
       // One arena per device: a CPU buffer of a plan that also runs on a GPU must not be
       // placed in device memory, nor the other way round.
       const Device dev = graph.nodes[v].meta.device;

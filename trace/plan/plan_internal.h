@@ -16,6 +16,11 @@
 
 namespace duet::detail {
 
+/// Bytes of a value of this meta.
+inline int64_t meta_nbytes(const TensorMeta& m) {
+  return m.shape.numel() * int64_t(itemsize(m.dtype));
+}
+
 /// The fusion groups and kernels that the plans of one graph share across sizes (Note [Fusion
 /// across sizes] in trace/plan/plan_build.cpp). Plans may be built on several threads at once (a
 /// spare copy of a busy plan): mu guards the rest.

@@ -47,8 +47,6 @@ Tensor tensor_in(const StoragePtr& storage, int64_t byte_offset, const TensorMet
   return Tensor(std::move(p));
 }
 
-int64_t nbytes(const TensorMeta& m) { return m.shape.numel() * int64_t(itemsize(m.dtype)); }
-
 }  // namespace
 
 void Plan::Builder::make_steps() {
@@ -88,7 +86,7 @@ void Plan::Builder::set_buffer(int32_t v) {
     is_static[v] = true;
   } else if (hoisted[v]) {
     plan.vals_[v] = empty(g.meta.shape, g.meta.dtype, g.meta.device);
-    stats.buffer_bytes += nbytes(g.meta);
+    stats.buffer_bytes += meta_nbytes(g.meta);
     is_static[v] = true;
   } else if (request_of[v] >= 0) {
     if (opt.plan_memory)
@@ -98,7 +96,7 @@ void Plan::Builder::set_buffer(int32_t v) {
         plan.vals_[v] = empty(g.meta.shape, g.meta.dtype, g.meta.device);
     else
       plan.vals_[v] = empty(g.meta.shape, g.meta.dtype, g.meta.device);
-    if (!opt.plan_memory) stats.buffer_bytes += nbytes(g.meta);
+    if (!opt.plan_memory) stats.buffer_bytes += meta_nbytes(g.meta);
     is_static[v] = true;
   }
   if (!is_static[v]) plan.dynamic_.push_back(v);
