@@ -32,13 +32,6 @@ namespace duet::kernels::ew {
     }                                                                             \
   }()
 
-template <class T>
-T read_as(const Tensor& t) {
-  const void* p = t.raw_data();
-  return DUET_DISPATCH_DTYPE(t.dtype(), "read",
-                             [&] { return static_cast<T>(*static_cast<const scalar_t*>(p)); });
-}
-
 inline bool dense_like(const Tensor& t, const Tensor& out) {
   return t.is_contiguous() && t.sizes() == out.sizes();
 }
