@@ -8,9 +8,11 @@ namespace duet {
 
 /// Element types. f32 is the default float dtype. f16 (IEEE half) and bf16 (bfloat16) are the
 /// low-precision floats (Note [Low precision] in kernels/low_precision.h): stored in 2 bytes,
-/// computed in f32 inside the kernels.
-enum class DType : uint8_t { f32, f64, f16, bf16, i32, i64, b8 };
-inline constexpr int kNumDTypes = 7;
+/// computed in f32 inside the kernels. i8, u8 and i16 are the narrow integers (images, ONNX
+/// models): stored in their own width, computed in i32 inside the kernels and wrapped back to
+/// their width on store, as PyTorch's arithmetic wraps.
+enum class DType : uint8_t { f32, f64, f16, bf16, i32, i64, b8, i8, u8, i16 };
+inline constexpr int kNumDTypes = 10;
 
 /// "f32", "i64", ...
 std::string_view dtype_name(DType);
@@ -25,8 +27,11 @@ constexpr int64_t itemsize(DType d) {
       return 4;
     case DType::f16:
     case DType::bf16:
+    case DType::i16:
       return 2;
     case DType::b8:
+    case DType::i8:
+    case DType::u8:
       return 1;
   }
   return 0;
@@ -34,9 +39,23 @@ constexpr int64_t itemsize(DType d) {
 constexpr bool is_floating(DType d) {
   return d == DType::f32 || d == DType::f64 || d == DType::f16 || d == DType::bf16;
 }
-constexpr bool is_integral(DType d) { return d == DType::i32 || d == DType::i64; }
+/// i32, i64 and the narrow integers (b8 is not integral).
+constexpr bool is_integral(DType d) {
+  return d == DType::i32 || d == DType::i64 || d == DType::i8 || d == DType::u8 || d == DType::i16;
+}
 /// f16 and bf16: stored in 2 bytes, computed in f32.
 constexpr bool is_low_precision(DType d) { return d == DType::f16 || d == DType::bf16; }
+/// i8, u8 and i16: stored in their width, computed in i32.
+constexpr bool is_narrow_integral(DType d) {
+  return d == DType::i8 || d == DType::u8 || d == DType::i16;
+}
+/// The dtype a kernel computes a dtype in: f32 for f16 and bf16, i32 for the narrow integers,
+/// the dtype itself otherwise.
+constexpr DType compute_dtype(DType d) {
+  return is_low_precision(d) ? DType::f32 : is_narrow_integral(d) ? DType::i32 : d;
+}
+/// Whether kernels compute a dtype in a wider one (compute_dtype differs).
+constexpr bool is_storage_only(DType d) { return is_low_precision(d) || is_narrow_integral(d); }
 
 /// The value of an f16 or bf16 element from its bits, and the bits of a float rounded to
 /// nearest-even in f16 or bf16 (NaN stays NaN; f16 overflows to infinity).
@@ -47,6 +66,25 @@ uint16_t float_to_low_precision(float v, DType d);
 DType promote_types(DType a, DType b);
 
 namespace detail {
+/// The least and the greatest value of an integral dtype.
+struct IntRange {
+  int64_t least, most;
+};
+constexpr IntRange integral_range(DType d) {
+  switch (d) {
+    case DType::i8:
+      return {-128, 127};
+    case DType::u8:
+      return {0, 255};
+    case DType::i16:
+      return {-32768, 32767};
+    case DType::i32:
+      return {-2147483648LL, 2147483647LL};
+    default:
+      return {INT64_MIN, INT64_MAX};
+  }
+}
+
 /// 0 bool, 1 integer, 2 floating: the category order of PyTorch's promotion.
 constexpr int category(DType d) { return d == DType::b8 ? 0 : is_integral(d) ? 1 : 2; }
 
@@ -69,14 +107,26 @@ struct dtype_of<int64_t> {
   static constexpr DType value = DType::i64;
 };
 template <>
+struct dtype_of<int8_t> {
+  static constexpr DType value = DType::i8;
+};
+template <>
+struct dtype_of<uint8_t> {
+  static constexpr DType value = DType::u8;
+};
+template <>
+struct dtype_of<int16_t> {
+  static constexpr DType value = DType::i16;
+};
+template <>
 struct dtype_of<bool> {
   static constexpr DType value = DType::b8;
 };
 }  // namespace detail
 
 /// Calls f(T{}) with T the C++ type of dtype, for the dtypes kernels compute in their own type;
-/// throws for f16/bf16, which kernels compute in f32 (kernels/low_precision.h has the dispatch
-/// that includes them, as Eigen::half and Eigen::bfloat16).
+/// throws for f16/bf16 and the narrow integers, which kernels compute in f32 and i32
+/// (kernels/low_precision.h has the dispatches that include them).
 #define DUET_DISPATCH_DTYPE(dtype, op_name, ...)                                                 \
   [&] {                                                                                          \
     switch (dtype) {                                                                             \

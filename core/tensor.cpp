@@ -210,8 +210,19 @@ double read_double(const Tensor& t, int64_t i) {
     i /= n;
   }
   const char* base = static_cast<const char*>(x->data());
-  if (is_low_precision(x->dtype))
-    return low_precision_to_float(reinterpret_cast<const uint16_t*>(base)[off], x->dtype);
+  switch (x->dtype) {
+    case DType::f16:
+    case DType::bf16:
+      return low_precision_to_float(reinterpret_cast<const uint16_t*>(base)[off], x->dtype);
+    case DType::i8:
+      return reinterpret_cast<const int8_t*>(base)[off];
+    case DType::u8:
+      return reinterpret_cast<const uint8_t*>(base)[off];
+    case DType::i16:
+      return reinterpret_cast<const int16_t*>(base)[off];
+    default:
+      break;
+  }
   return DUET_DISPATCH_DTYPE(x->dtype, "read", [&] {
     return static_cast<double>(reinterpret_cast<const scalar_t*>(base)[off]);
   });
@@ -316,6 +327,9 @@ DUET_INSTANTIATE(float)
 DUET_INSTANTIATE(double)
 DUET_INSTANTIATE(int32_t)
 DUET_INSTANTIATE(int64_t)
+DUET_INSTANTIATE(int8_t)
+DUET_INSTANTIATE(uint8_t)
+DUET_INSTANTIATE(int16_t)
 template bool Tensor::item<bool>(std::source_location) const;
 #undef DUET_INSTANTIATE
 
@@ -466,6 +480,9 @@ template double* Tensor::data_ptr<double>(std::source_location) const;
 template int32_t* Tensor::data_ptr<int32_t>(std::source_location) const;
 template int64_t* Tensor::data_ptr<int64_t>(std::source_location) const;
 template bool* Tensor::data_ptr<bool>(std::source_location) const;
+template int8_t* Tensor::data_ptr<int8_t>(std::source_location) const;
+template uint8_t* Tensor::data_ptr<uint8_t>(std::source_location) const;
+template int16_t* Tensor::data_ptr<int16_t>(std::source_location) const;
 
 bool Tensor::requires_grad() const { return impl()->requires_grad; }
 

@@ -27,6 +27,12 @@ std::string_view dtype_name(DType d) {
       return "i64";
     case DType::b8:
       return "b8";
+    case DType::i8:
+      return "i8";
+    case DType::u8:
+      return "u8";
+    case DType::i16:
+      return "i16";
   }
   return "?";
 }
@@ -34,28 +40,34 @@ std::string_view dtype_name(DType d) {
 DType promote_types(DType a, DType b) {
   if (a == b) return a;
   // Order within a category by width; across categories the higher category wins, except that
-  // mixing f16 and bf16 gives f32 (PyTorch's table).
+  // mixing f16 and bf16 gives f32, and mixing u8 with i8 gives i16 (PyTorch's table: the
+  // smallest signed type that holds both).
   auto rank = [](DType d) {
     switch (d) {
       case DType::b8:
         return 0;
-      case DType::i32:
+      case DType::u8:
+      case DType::i8:
         return 1;
-      case DType::i64:
+      case DType::i16:
         return 2;
-      case DType::f16:
+      case DType::i32:
         return 3;
-      case DType::bf16:
-        return 3;
-      case DType::f32:
+      case DType::i64:
         return 4;
-      case DType::f64:
+      case DType::f16:
+      case DType::bf16:
         return 5;
+      case DType::f32:
+        return 6;
+      case DType::f64:
+        return 7;
     }
     return 0;
   };
-  if ((a == DType::f16 && b == DType::bf16) || (a == DType::bf16 && b == DType::f16))
-    return DType::f32;
+  auto pair = [&](DType x, DType y) { return (a == x && b == y) || (a == y && b == x); };
+  if (pair(DType::f16, DType::bf16)) return DType::f32;
+  if (pair(DType::u8, DType::i8)) return DType::i16;
   return rank(a) >= rank(b) ? a : b;
 }
 

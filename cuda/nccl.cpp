@@ -49,7 +49,12 @@ ncclDataType_t nccl_type(DType t) {
     case DType::i64:
       return ncclInt64;
     case DType::b8:
+    case DType::u8:
       return ncclUint8;
+    case DType::i8:
+      return ncclInt8;
+    case DType::i16:
+      throw DTypeError("[dist] NCCL has no 16-bit integer type: cast an i16 tensor to i32 first");
   }
   return ncclUint8;
 }

@@ -320,11 +320,11 @@ void conv2d_weight_grad_composed_kernel(TensorRefs in, const Attrs& a, const Ten
 }
 
 void register_conv_kernels(OpDef* t) {
-  detail::register_kernel(t, OpId::Conv2d, DeviceType::CPU, via_f32<cpu_kernel<Pass::Forward>>);
+  detail::register_kernel(t, OpId::Conv2d, DeviceType::CPU, via_wide<cpu_kernel<Pass::Forward>>);
   detail::register_kernel(t, OpId::Conv2dInputGrad, DeviceType::CPU,
-                          via_f32<cpu_kernel<Pass::InputGrad>>);
+                          via_wide<cpu_kernel<Pass::InputGrad>>);
   detail::register_kernel(t, OpId::Conv2dWeightGrad, DeviceType::CPU,
-                          via_f32<cpu_kernel<Pass::WeightGrad>>);
+                          via_wide<cpu_kernel<Pass::WeightGrad>>);
 }
 
 }  // namespace duet::kernels

@@ -71,7 +71,12 @@ MPI_Datatype mpi_type(DType t, bool reduce, const char* op) {
     case DType::i64:
       return MPI_INT64_T;
     case DType::b8:
+    case DType::u8:
       return MPI_UINT8_T;
+    case DType::i8:
+      return MPI_INT8_T;
+    case DType::i16:
+      return MPI_INT16_T;
     case DType::f16:
     case DType::bf16:
       DUET_CHECK_DTYPE(!reduce,

@@ -25,12 +25,27 @@ void where_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
   });
 }
 
+template <class T>
+constexpr bool is_narrow_int_v =
+    std::is_same_v<T, int8_t> || std::is_same_v<T, uint8_t> || std::is_same_v<T, int16_t>;
+
 template <class D, class S>
 D convert(S v) {
-  if constexpr (std::is_same_v<D, bool>)
+  if constexpr (std::is_same_v<D, bool>) {
     return v != S(0);
-  else
+  } else if constexpr (is_narrow_int_v<D> && !std::is_integral_v<S>) {
+    // A float to a narrow integer: truncated toward zero to i64, then its low bits, as PyTorch's
+    // CPU conversion does (-1.0 to u8 is 255, 300.0 is 44). NaN and values beyond i64 give 0.
+    double x;
+    if constexpr (std::is_floating_point_v<S>)
+      x = v;
+    else
+      x = static_cast<float>(v);  // Eigen's half and bfloat16
+    const bool fits = x > -9223372036854775808.0 && x < 9223372036854775808.0;
+    return static_cast<D>(fits ? static_cast<int64_t>(x) : int64_t(0));
+  } else {
     return static_cast<D>(v);
+  }
 }
 
 // Cast and Copy share this kernel: out may have any dtype and layout, x any dtype and layout.
@@ -46,9 +61,9 @@ void convert_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
                    [&](int64_t b, int64_t e) { std::memcpy(dst + b, src + b, e - b); });
     return;
   }
-  DUET_DISPATCH_WITH_LOW(out.dtype(), "copy", [&] {
+  DUET_DISPATCH_ALL(out.dtype(), "copy", [&] {
     using D = scalar_t;
-    DUET_DISPATCH_WITH_LOW(x.dtype(), "copy", [&] {
+    DUET_DISPATCH_ALL(x.dtype(), "copy", [&] {
       using S = scalar_t;
       for_each<2>(out.sizes(), {&out, &x}, [&](char** p, const int64_t* s, int64_t n) {
         if (s[0] == sizeof(D) && s[1] == sizeof(S)) {
@@ -106,11 +121,11 @@ void register_elementwise_kernels(OpDef* t) {
   auto reg = [&](OpId op, KernelFn k) { detail::register_kernel(t, op, DeviceType::CPU, k); };
   register_unary_kernels(t);
   register_binary_kernels(t);
-  reg(OpId::Where, via_f32<where_kernel>);
+  reg(OpId::Where, via_wide<where_kernel>);
   reg(OpId::Cast, convert_kernel);
   reg(OpId::Copy, convert_kernel);
-  reg(OpId::Full, via_f32<full_kernel>);
-  reg(OpId::Arange, via_f32<arange_kernel>);
+  reg(OpId::Full, via_wide<full_kernel>);
+  reg(OpId::Arange, via_wide<arange_kernel>);
 }
 
 }  // namespace duet::kernels

@@ -157,7 +157,10 @@ void dispatch_low(DType d, Body&& body) {
 }
 
 template <class F, bool FloatOnly>
-void unary_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
+void unary_kernel(TensorRefs in, const Attrs& attrs, const Tensor& out) {
+  // The narrow integers compute in i32 (Note [Low precision]).
+  if (is_narrow_integral(out.dtype()) || is_narrow_integral(in[0].dtype())) [[unlikely]]
+    return run_wide(unary_kernel<F, FloatOnly>, in, attrs, out);
   DType ct = out.dtype();
   Tensor tx;
   const Tensor& x = in_dtype(in[0], ct, tx);
@@ -218,7 +221,11 @@ void binary_typed(const Tensor& a, const Tensor& b, const Tensor& out) {
 // Inputs whose dtype differs from the compute dtype are converted first. A 0-d operand becomes a
 // 0-d tensor of the compute dtype (one element, so the conversion is negligible).
 template <class F, bool Compare>
-void binary_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
+void binary_kernel(TensorRefs in, const Attrs& attrs, const Tensor& out) {
+  // The narrow integers compute in i32 (Note [Low precision]).
+  if (is_narrow_integral(out.dtype()) || is_narrow_integral(in[0].dtype()) ||
+      is_narrow_integral(in[1].dtype())) [[unlikely]]
+    return run_wide(binary_kernel<F, Compare>, in, attrs, out);
   DType ct = Compare ? detail::result_type(in) : out.dtype();
   Tensor ta, tb;
   if (is_low_precision(ct)) {

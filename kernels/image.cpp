@@ -109,8 +109,8 @@ void window_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
 }  // namespace
 
 void register_image_kernels(OpDef* t) {
-  detail::register_kernel(t, OpId::Unfold, DeviceType::CPU, via_f32<window_kernel<true>>);
-  detail::register_kernel(t, OpId::Fold, DeviceType::CPU, via_f32<window_kernel<false>>);
+  detail::register_kernel(t, OpId::Unfold, DeviceType::CPU, via_wide<window_kernel<true>>);
+  detail::register_kernel(t, OpId::Fold, DeviceType::CPU, via_wide<window_kernel<false>>);
 }
 
 }  // namespace duet::kernels

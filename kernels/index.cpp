@@ -230,13 +230,13 @@ void transfer_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
 }
 
 void register_index_kernels(OpDef* t) {
-  detail::register_kernel(t, OpId::Gather, DeviceType::CPU, via_f32<gather_kernel>);
-  detail::register_kernel(t, OpId::ScatterAdd, DeviceType::CPU, via_f32<scatter_add_kernel>);
+  detail::register_kernel(t, OpId::Gather, DeviceType::CPU, via_wide<gather_kernel>);
+  detail::register_kernel(t, OpId::ScatterAdd, DeviceType::CPU, via_wide<scatter_add_kernel>);
   detail::register_kernel(t, OpId::Cat, DeviceType::CPU, cat_kernel);
   detail::register_kernel(t, OpId::Transfer, DeviceType::CPU, transfer_kernel);
   detail::register_kernel(t, OpId::SliceScatter, DeviceType::CPU, slice_scatter_kernel);
-  detail::register_kernel(t, OpId::Argmax, DeviceType::CPU, via_f32<argmax_kernel>);
-  detail::register_kernel(t, OpId::Argsort, DeviceType::CPU, via_f32<argsort_kernel>);
+  detail::register_kernel(t, OpId::Argmax, DeviceType::CPU, via_wide<argmax_kernel>);
+  detail::register_kernel(t, OpId::Argsort, DeviceType::CPU, via_wide<argsort_kernel>);
 }
 
 }  // namespace duet::kernels

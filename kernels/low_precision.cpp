@@ -1,4 +1,5 @@
-// f16 and bf16 computed in f32 around a kernel (Note [Low precision] in kernels/low_precision.h).
+// f16 and bf16 computed in f32, and the narrow integers in i32, around a kernel (Note [Low
+// precision] in kernels/low_precision.h).
 #include "kernels/low_precision.h"
 
 #include "core/tensor_impl.h"
@@ -18,35 +19,35 @@ Tensor convert_on(const Tensor& t, DType dtype, Device device) {
 
 }  // namespace
 
-bool has_low_precision(TensorRefs in, const Tensor& out) {
-  if (is_low_precision(out.unsafe_impl()->dtype)) return true;
+bool has_storage_only(TensorRefs in, const Tensor& out) {
+  if (is_storage_only(out.unsafe_impl()->dtype)) return true;
   for (int64_t i = 0; i < in.size(); ++i)
-    if (in[i].defined() && is_low_precision(in[i].unsafe_impl()->dtype)) return true;
+    if (in[i].defined() && is_storage_only(in[i].unsafe_impl()->dtype)) return true;
   return false;
 }
 
-void run_in_f32(KernelFn k, TensorRefs in, const Attrs& attrs, const Tensor& out) {
+void run_wide(KernelFn k, TensorRefs in, const Attrs& attrs, const Tensor& out) {
   std::vector<Tensor> held(static_cast<size_t>(in.size()));
   std::vector<const Tensor*> refs(static_cast<size_t>(in.size()));
   for (int64_t i = 0; i < in.size(); ++i) {
     const Tensor& t = in[i];
     // A wrapped number stays where it is (on the CPU); kernels of every device read it there.
-    if (t.defined() && is_low_precision(t.dtype())) {
-      held[i] = convert_on(t, DType::f32, t.device());
+    if (t.defined() && is_storage_only(t.dtype())) {
+      held[i] = convert_on(t, compute_dtype(t.dtype()), t.device());
       refs[i] = &held[i];
     } else {
       refs[i] = &t;
     }
   }
   Attrs a = attrs;
-  if (is_low_precision(a.dtype)) a.dtype = DType::f32;  // Cast, Full, Arange, Random
-  const TensorRefs f32_in(refs.data(), in.size());
-  if (!is_low_precision(out.dtype())) {
-    k(f32_in, a, out);
+  a.dtype = compute_dtype(a.dtype);  // Cast, Full, Arange, Random
+  const TensorRefs wide_in(refs.data(), in.size());
+  if (!is_storage_only(out.dtype())) {
+    k(wide_in, a, out);
     return;
   }
-  Tensor tmp = detail::empty(out.sizes(), DType::f32, out.device());
-  k(f32_in, a, tmp);
+  Tensor tmp = detail::empty(out.sizes(), compute_dtype(out.dtype()), out.device());
+  k(wide_in, a, tmp);
   const Tensor* src[] = {&tmp};
   Attrs c;
   c.dtype = out.dtype();

@@ -1,4 +1,4 @@
-// duet: f16 and bf16 in the kernels.
+// duet: f16 and bf16, and the narrow integers, in the kernels.
 //
 // Note [Low precision]
 // f16 and bf16 tensors store 2-byte elements and compute in f32, as PyTorch's do: a kernel
@@ -11,11 +11,16 @@
 //  - kernels written for the low dtypes themselves: Cast and Copy, the elementwise families
 //    (blocks converted to f32 and back around the f32 functors), and the products that have
 //    library kernels (matmul through oneDNN's bf16 primitives);
-//  - every other kernel is registered through via_f32<kernel>, which converts the f16 and bf16
+//  - every other kernel is registered through via_wide<kernel>, which converts the f16 and bf16
 //    inputs to f32 with the Cast kernel of the output's device, runs the f32 kernel into an f32
 //    temporary, and casts that into the output. Data movement (gather, cat, unfold) is exact
 //    that way; sums and products accumulate in f32.
-// f32 and every other dtype pass through via_f32 at the cost of a dtype test.
+// f32 and every other dtype pass through via_wide at the cost of a dtype test.
+//
+// The narrow integers (i8, u8, i16) go the same way through i32 (compute_dtype in core/dtype.h),
+// in every kernel but Cast and Copy, which convert them directly. i32 holds every value of each,
+// and the cast back keeps the low bits, so a sum or product wraps as it does in PyTorch
+// (uint8 250 + 10 is 4); comparisons, data movement and max/min are exact.
 #pragma once
 
 #include <Eigen/Core>
@@ -28,16 +33,17 @@ namespace duet::kernels {
 using f16_t = Eigen::half;
 using bf16_t = Eigen::bfloat16;
 
-/// Whether an input or the output of a call is f16 or bf16.
-bool has_low_precision(TensorRefs in, const Tensor& out);
-/// Runs kernel k with its f16/bf16 inputs and output in f32 (Note [Low precision]).
-void run_in_f32(KernelFn k, TensorRefs in, const Attrs& attrs, const Tensor& out);
+/// Whether an input or the output of a call has a dtype kernels compute in a wider one (f16, bf16,
+/// i8, u8, i16: is_storage_only).
+bool has_storage_only(TensorRefs in, const Tensor& out);
+/// Runs kernel k with those inputs and its output in their compute dtypes (Note [Low precision]).
+void run_wide(KernelFn k, TensorRefs in, const Attrs& attrs, const Tensor& out);
 
-/// Kernel K, computing f16 and bf16 in f32 (Note [Low precision]).
+/// Kernel K, computing f16 and bf16 in f32 and the narrow integers in i32 (Note [Low precision]).
 template <KernelFn K>
-void via_f32(TensorRefs in, const Attrs& attrs, const Tensor& out) {
-  if (has_low_precision(in, out)) [[unlikely]]
-    return run_in_f32(K, in, attrs, out);
+void via_wide(TensorRefs in, const Attrs& attrs, const Tensor& out) {
+  if (has_storage_only(in, out)) [[unlikely]]
+    return run_wide(K, in, attrs, out);
   K(in, attrs, out);
 }
 
@@ -58,4 +64,25 @@ void via_f32(TensorRefs in, const Attrs& attrs, const Tensor& out) {
       default:                                                   \
         return DUET_DISPATCH_DTYPE(dtype, op_name, __VA_ARGS__); \
     }                                                            \
+  }()
+
+/// DUET_DISPATCH_WITH_LOW with the narrow integers too: the conversions' dispatch.
+#define DUET_DISPATCH_ALL(dtype, op_name, ...)                      \
+  [&] {                                                             \
+    switch (dtype) {                                                \
+      case ::duet::DType::i8: {                                     \
+        using scalar_t = int8_t;                                    \
+        return __VA_ARGS__();                                       \
+      }                                                             \
+      case ::duet::DType::u8: {                                     \
+        using scalar_t = uint8_t;                                   \
+        return __VA_ARGS__();                                       \
+      }                                                             \
+      case ::duet::DType::i16: {                                    \
+        using scalar_t = int16_t;                                   \
+        return __VA_ARGS__();                                       \
+      }                                                             \
+      default:                                                      \
+        return DUET_DISPATCH_WITH_LOW(dtype, op_name, __VA_ARGS__); \
+    }                                                               \
   }()

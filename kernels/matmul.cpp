@@ -153,8 +153,11 @@ MatLayout operand_layout(const Tensor& t) {
   return layout(x->shape[d - 2], x->shape[d - 1], x->strides[d - 2], x->strides[d - 1]);
 }
 
-void matmul_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
+void matmul_kernel(TensorRefs in, const Attrs& attrs, const Tensor& out) {
   DUET_ASSERT(out.is_contiguous(), "matmul writes a fresh contiguous output");
+  // The narrow integers multiply in i32 (Note [Low precision]).
+  if (is_narrow_integral(out.dtype())) [[unlikely]]
+    return run_wide(matmul_kernel, in, attrs, out);
   // The common case: two 2-D f32 operands that a GEMM reads in place, a non-empty product.
   {
     const detail::TensorImpl *a = in[0].unsafe_impl(), *b = in[1].unsafe_impl();

@@ -20,6 +20,9 @@ void random_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
   const int64_t* st = static_cast<const int64_t*>(state.raw_data());
   const uint64_t key = static_cast<uint64_t>(st[0]), offset = static_cast<uint64_t>(st[1]);
   const int dist = static_cast<int>(a.dim);
+  // The narrow integers draw as i32 (randint's range fits them; Note [Low precision]).
+  if (is_narrow_integral(out.dtype())) [[unlikely]]
+    return run_wide(random_kernel, in, a, out);
   if (is_low_precision(out.dtype())) {
     const bool bf = out.dtype() == DType::bf16;
     uint16_t* o = static_cast<uint16_t*>(out.raw_data());

@@ -264,9 +264,9 @@ void reduce_kernel(TensorRefs in, const Attrs& attrs, const Tensor& out) {
 }  // namespace
 
 void register_reduction_kernels(OpDef* t) {
-  detail::register_kernel(t, OpId::Sum, DeviceType::CPU, via_f32<reduce_kernel<SumOp>>);
-  detail::register_kernel(t, OpId::Max, DeviceType::CPU, via_f32<reduce_kernel<MaxOp>>);
-  detail::register_kernel(t, OpId::Min, DeviceType::CPU, via_f32<reduce_kernel<MinOp>>);
+  detail::register_kernel(t, OpId::Sum, DeviceType::CPU, via_wide<reduce_kernel<SumOp>>);
+  detail::register_kernel(t, OpId::Max, DeviceType::CPU, via_wide<reduce_kernel<MaxOp>>);
+  detail::register_kernel(t, OpId::Min, DeviceType::CPU, via_wide<reduce_kernel<MinOp>>);
 }
 
 }  // namespace duet::kernels

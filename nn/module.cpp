@@ -319,8 +319,8 @@ constexpr uint32_t kMaxRank = 64;
 
 // dtype codes in the file: fixed here, independent of the order of the DType enum.
 constexpr std::pair<DType, uint8_t> kDTypeCodes[] = {
-    {DType::f32, 1}, {DType::f64, 2}, {DType::f16, 3}, {DType::bf16, 4},
-    {DType::i32, 5}, {DType::i64, 6}, {DType::b8, 7}};
+    {DType::f32, 1}, {DType::f64, 2}, {DType::f16, 3}, {DType::bf16, 4}, {DType::i32, 5},
+    {DType::i64, 6}, {DType::b8, 7},  {DType::i8, 8},  {DType::u8, 9},   {DType::i16, 10}};
 
 uint8_t dtype_code(DType d) {
   for (auto [dt, code] : kDTypeCodes)

@@ -118,9 +118,17 @@ Tensor read_npy(const std::string& path) {
     dt = DType::i64;
   else if (kind == "b1")
     dt = DType::b8;
+  else if (kind == "i1")
+    dt = DType::i8;
+  else if (kind == "u1")
+    dt = DType::u8;
+  else if (kind == "i2")
+    dt = DType::i16;
   else
-    throw DTypeError(fmt::format(
-        "[read_npy] {}: dtype '{}' is not one duet has (f4, f8, f2, i4, i8, b1)", path, descr));
+    throw DTypeError(
+        fmt::format("[read_npy] {}: dtype '{}' is not one duet has (f4, f8, f2, i4, i8, i2, i1, "
+                    "u1, b1)",
+                    path, descr));
   if (order != '<' && order != '>' && order != '|' && order != '=')
     bad(path, fmt::format("descr '{}' has no byte order", descr));
   int64_t numel = 1;
@@ -184,6 +192,15 @@ void write_npy(const std::string& path, const Tensor& t) {
       break;
     case DType::b8:
       descr = "|b1";
+      break;
+    case DType::i8:
+      descr = "|i1";
+      break;
+    case DType::u8:
+      descr = "|u1";
+      break;
+    case DType::i16:
+      descr = "<i2";
       break;
     default:
       throw DTypeError(fmt::format("[write_npy] {}: numpy has no dtype for {}", path, c.dtype()));

@@ -183,13 +183,13 @@ TEST_CASE("import errors name the op, the node and the opset, or the element typ
   }
   SUBCASE("an element type duet has no dtype for") {
     onnx::GraphProto g;
-    add_input(g, "x", onnx::TensorProto::UINT8, {int64_t(8)});
+    add_input(g, "x", onnx::TensorProto::UINT16, {int64_t(8)});
     add_node(g, "Identity", {"x"}, {"y"});
-    add_output(g, "y", onnx::TensorProto::UINT8);
+    add_output(g, "y", onnx::TensorProto::UINT16);
     write_model(std::move(g), f.path);
     CHECK_THROWS_WITH_AS(
         import_onnx(f.path),
-        doctest::Contains("input \"x\" has ONNX element type UINT8, which duet has "
+        doctest::Contains("input \"x\" has ONNX element type UINT16, which duet has "
                           "no dtype for"),
         DTypeError);
   }

@@ -27,6 +27,12 @@ double round_to(double v, DType dtype) {
     case DType::f16:
     case DType::bf16:  // through f32, as a cast from f64 rounds (and as PyTorch's does)
       return low_precision_to_float(float_to_low_precision(static_cast<float>(v), dtype), dtype);
+    case DType::i8:  // truncated, then the low bits (PyTorch's CPU cast: -1.0 to u8 is 255)
+      return static_cast<int8_t>(static_cast<int64_t>(v));
+    case DType::u8:
+      return static_cast<uint8_t>(static_cast<int64_t>(v));
+    case DType::i16:
+      return static_cast<int16_t>(static_cast<int64_t>(v));
     default:
       FAIL("round_to: unknown dtype");
   }
@@ -56,6 +62,15 @@ void write_at(void* base, DType dtype, int64_t i, double v) {
     case DType::bf16:
       static_cast<uint16_t*>(base)[i] = float_to_low_precision(static_cast<float>(v), dtype);
       break;
+    case DType::i8:
+      static_cast<int8_t*>(base)[i] = static_cast<int8_t>(round_to(v, dtype));
+      break;
+    case DType::u8:
+      static_cast<uint8_t*>(base)[i] = static_cast<uint8_t>(round_to(v, dtype));
+      break;
+    case DType::i16:
+      static_cast<int16_t*>(base)[i] = static_cast<int16_t>(round_to(v, dtype));
+      break;
     default:
       FAIL("write_at: dtype not computed on the CPU");
   }
@@ -76,6 +91,12 @@ double read_at(const void* base, DType dtype, int64_t i) {
     case DType::f16:
     case DType::bf16:
       return low_precision_to_float(static_cast<const uint16_t*>(base)[i], dtype);
+    case DType::i8:
+      return static_cast<const int8_t*>(base)[i];
+    case DType::u8:
+      return static_cast<const uint8_t*>(base)[i];
+    case DType::i16:
+      return static_cast<const int16_t*>(base)[i];
     default:
       FAIL("read_at: unknown dtype");
   }
@@ -149,8 +170,12 @@ std::vector<double> random_values(int64_t n, const Domain& d, DType dtype, Rng& 
     if (dtype == DType::b8) {
       x = static_cast<double>(rng.next() & 1);
     } else if (is_integral(dtype)) {
-      x = std::floor(rng.uniform(d.ilo, d.ihi + 1));
-      if (x > d.ihi) x = d.ihi;
+      // Within the dtype's range (a u8 draw of a domain [-5, 5] is in [0, 5]).
+      const auto range = detail::integral_range(dtype);
+      const double lo = std::max<double>(d.ilo, static_cast<double>(range.least));
+      const double hi = std::min<double>(d.ihi, static_cast<double>(range.most));
+      x = std::floor(rng.uniform(lo, hi + 1));
+      if (x > hi) x = hi;
     } else {
       x = rng.uniform(d.lo, d.hi);
       if (d.discrete) x = std::round(x * 2) / 2;

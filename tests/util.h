@@ -23,7 +23,8 @@ inline bool starts_with(const std::string& s, const std::string& prefix) {
 
 /// Every dtype, as a list to loop over.
 inline const std::vector<DType> kAllDTypes = {DType::f32, DType::f64, DType::f16, DType::bf16,
-                                              DType::i32, DType::i64, DType::b8};
+                                              DType::i32, DType::i64, DType::b8,  DType::i8,
+                                              DType::u8,  DType::i16};
 
 /// A double rounded as storing it in `dtype` rounds it (b8: nonzero is 1, ints truncate).
 double round_to(double v, DType dtype);

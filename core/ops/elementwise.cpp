@@ -121,7 +121,7 @@ void infer_binary(const OpDef& def, TensorRefs in, const Attrs&, TensorMeta& out
     default:
       break;
   }
-  if (__builtin_expect(wrapped, 0) && out.dtype == DType::i32)
+  if (__builtin_expect(wrapped, 0) && is_integral(out.dtype) && out.dtype != DType::i64)
     check_wrapped_fit(def, in, out.dtype);
 }
 
@@ -134,7 +134,8 @@ void infer_where(const OpDef& def, TensorRefs in, const Attrs&, TensorMeta& out)
   const Tensor* ab[] = {&in[1], &in[2]};
   out.dtype = result_type(TensorRefs(ab, 2));
   out.device = common_device(def, in);
-  if (out.dtype == DType::i32) check_wrapped_fit(def, TensorRefs(ab, 2), out.dtype);
+  if (is_integral(out.dtype) && out.dtype != DType::i64)
+    check_wrapped_fit(def, TensorRefs(ab, 2), out.dtype);
 }
 
 void infer_cast(const OpDef&, TensorRefs in, const Attrs& attrs, TensorMeta& out) {
@@ -316,12 +317,14 @@ Tensor wrap(const Scalar& s, const Tensor& like) {
 #undef DUET_DEFINE_BINARY
 
 namespace {
-// A comparison with an integer Scalar outside an i32 tensor's range has an exact answer: the
-// tensor is widened to i64 first (PyTorch promotes the same way for a float Scalar, which
-// already promotes to f32 here). In range, it is the plain call.
+// A comparison with an integer Scalar outside the range of an i32 (or narrower) tensor has an
+// exact answer: the tensor is widened to i64 first (PyTorch promotes the same way for a float
+// Scalar, which already promotes to f32 here). In range, it is the plain call.
 Tensor compare(OpId op, const Tensor& t, const Scalar& s, bool scalar_first) {
   Tensor w = wrap(s, t);
-  if (__builtin_expect(t.dtype() == DType::i32 && s.is_integral() && !s.fits(DType::i32), 0)) {
+  if (__builtin_expect(is_integral(t.dtype()) && t.dtype() != DType::i64 && s.is_integral() &&
+                           !s.fits(t.dtype()),
+                       0)) {
     Tensor wide = t.to(DType::i64);
     return scalar_first ? binary(op, w, wide, 0) : binary(op, wide, w, 0);
   }
@@ -414,12 +417,11 @@ Tensor isfinite(const Tensor& x, std::source_location loc) {
 // (maximum would split it at a boundary), and NaN passes through, as torch.clamp.
 Tensor clamp(const Tensor& x, Scalar lo, Scalar hi, std::source_location loc) {
   detail::SiteGuard site(loc);
-  // An integer bound beyond an i32 tensor's range clamps nothing on that side.
-  if (x.dtype() == DType::i32) {
-    if (lo.is_integral() && lo.to<int64_t>() < std::numeric_limits<int32_t>::min())
-      lo = Scalar(std::numeric_limits<int32_t>::min());
-    if (hi.is_integral() && hi.to<int64_t>() > std::numeric_limits<int32_t>::max())
-      hi = Scalar(std::numeric_limits<int32_t>::max());
+  // An integer bound beyond the range of an i32 (or narrower) tensor clamps nothing on that side.
+  if (is_integral(x.dtype()) && x.dtype() != DType::i64) {
+    const auto [least, most] = detail::integral_range(x.dtype());
+    if (lo.is_integral() && lo.to<int64_t>() < least) lo = Scalar(least);
+    if (hi.is_integral() && hi.to<int64_t>() > most) hi = Scalar(most);
   }
   Tensor r = where(lt(x, lo), lo, x);
   return where(gt(r, hi), hi, r);

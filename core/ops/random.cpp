@@ -43,6 +43,9 @@ void infer_random(const OpDef&, TensorRefs in, const Attrs& a, TensorMeta& out) 
     DUET_CHECK_VALUE(a.end > 0, "[randint] high must be positive, got {}", a.end);
     // Every value below high must be exact in the dtype (PyTorch's bound for floats too).
     const int bits = a.dtype == DType::i32    ? 31
+                     : a.dtype == DType::i16  ? 15
+                     : a.dtype == DType::u8   ? 8
+                     : a.dtype == DType::i8   ? 7
                      : a.dtype == DType::bf16 ? 8
                      : a.dtype == DType::f16  ? 11
                      : a.dtype == DType::f32  ? 24

@@ -43,7 +43,8 @@ cudaError_t dispatch_dt(DT dt, F&& f) {
   }
 }
 
-// dispatch_dt with f16 and bf16 too (as __half and __nv_bfloat16): for the conversions.
+// dispatch_dt with f16 and bf16 too (as __half and __nv_bfloat16) and the narrow integers: for
+// the conversions.
 template <class F>
 cudaError_t dispatch_dt_all(DT dt, F&& f) {
   switch (dt) {
@@ -51,6 +52,12 @@ cudaError_t dispatch_dt_all(DT dt, F&& f) {
       return f(__half{});
     case DT::bf16:
       return f(__nv_bfloat16{});
+    case DT::i8:
+      return f(int8_t{});
+    case DT::u8:
+      return f(uint8_t{});
+    case DT::i16:
+      return f(int16_t{});
     default:
       return dispatch_dt(dt, f);
   }

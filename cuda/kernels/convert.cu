@@ -11,6 +11,18 @@ struct Select {
   }
 };
 
+template <class T>
+inline constexpr bool is_narrow_int_v =
+    std::is_same_v<T, int8_t> || std::is_same_v<T, uint8_t> || std::is_same_v<T, int16_t>;
+
+// A float to a narrow integer as the CPU kernel converts it: truncated to i64, then its low bits;
+// NaN and values beyond i64 give 0.
+template <class D>
+__device__ D narrow_from_float(double x) {
+  const bool fits = x > -9223372036854775808.0 && x < 9223372036854775808.0;
+  return static_cast<D>(fits ? static_cast<int64_t>(x) : int64_t(0));
+}
+
 // Any dtype to any dtype. f16 and bf16 go through f32 (as Eigen's conversions on the CPU do:
 // one rounding from f32, or a double or an integer converted to f32 first).
 template <class D>
@@ -23,8 +35,12 @@ struct Convert {
         return float_to_low<D>(f);
       else if constexpr (std::is_same_v<D, bool>)
         return f != 0.0f;
+      else if constexpr (is_narrow_int_v<D>)
+        return narrow_from_float<D>(f);
       else
         return static_cast<D>(f);
+    } else if constexpr (is_narrow_int_v<D> && std::is_floating_point_v<S>) {
+      return narrow_from_float<D>(static_cast<double>(v));
     } else if constexpr (is_low_v<D>) {
       return float_to_low<D>(static_cast<float>(v));
     } else if constexpr (std::is_same_v<D, bool>) {

@@ -222,19 +222,19 @@ void register_elementwise(OpDef* t) {
   };
   // f16 and bf16 compute in f32 around the f32 kernels (Note [Low precision] in
   // kernels/low_precision.h); the conversions and the copies handle them themselves.
-  using duet::kernels::via_f32;
+  using duet::kernels::via_wide;
 #define DUET_UNARY(Name, name, math, doc) \
-  reg(OpId::Name, via_f32<unary_kernel<Unary::Name, UnaryMath::math == UnaryMath::Float>>);
-#define DUET_BINARY(Name, name, doc) reg(OpId::Name, via_f32<binary_kernel<Binary::Name, false>>);
+  reg(OpId::Name, via_wide<unary_kernel<Unary::Name, UnaryMath::math == UnaryMath::Float>>);
+#define DUET_BINARY(Name, name, doc) reg(OpId::Name, via_wide<binary_kernel<Binary::Name, false>>);
 #define DUET_COMPARE(Name, name, expr, doc) \
-  reg(OpId::Name, via_f32<binary_kernel<Binary::Name, true>>);
+  reg(OpId::Name, via_wide<binary_kernel<Binary::Name, true>>);
 #include "core/elementwise.def"
-  reg(OpId::Where, via_f32<where_kernel>);
+  reg(OpId::Where, via_wide<where_kernel>);
   reg(OpId::Cast, convert_kernel);
   reg(OpId::Copy, convert_kernel);
   reg(OpId::SliceScatter, duet::kernels::slice_scatter_kernel);
-  reg(OpId::Full, via_f32<full_kernel>);
-  reg(OpId::Arange, via_f32<arange_kernel>);
+  reg(OpId::Full, via_wide<full_kernel>);
+  reg(OpId::Arange, via_wide<arange_kernel>);
 }
 
 }  // namespace duet::cuda::detail

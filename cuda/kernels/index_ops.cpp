@@ -100,9 +100,9 @@ void register_index(OpDef* t) {
   auto reg = [&](OpId op, KernelFn k) {
     duet::detail::register_kernel(t, op, DeviceType::CUDA, k);
   };
-  reg(OpId::Gather, duet::kernels::via_f32<gather_kernel>);
-  reg(OpId::ScatterAdd, duet::kernels::via_f32<scatter_add_kernel>);
-  reg(OpId::Argsort, duet::kernels::via_f32<argsort_kernel>);
+  reg(OpId::Gather, duet::kernels::via_wide<gather_kernel>);
+  reg(OpId::ScatterAdd, duet::kernels::via_wide<scatter_add_kernel>);
+  reg(OpId::Argsort, duet::kernels::via_wide<argsort_kernel>);
   reg(OpId::Cat, duet::kernels::cat_kernel);
   reg(OpId::Transfer, duet::kernels::transfer_kernel);
   reg(OpId::AllReduce, duet::kernels::collective_kernel<OpId::AllReduce>);
@@ -110,14 +110,14 @@ void register_index(OpDef* t) {
   reg(OpId::AllGather, duet::kernels::collective_kernel<OpId::AllGather>);
   reg(OpId::ReduceScatter, duet::kernels::collective_kernel<OpId::ReduceScatter>);
   reg(OpId::CollectiveWait, duet::kernels::collective_wait_kernel);
-  reg(OpId::Unfold, duet::kernels::via_f32<window_kernel<true>>);
-  reg(OpId::Fold, duet::kernels::via_f32<window_kernel<false>>);
+  reg(OpId::Unfold, duet::kernels::via_wide<window_kernel<true>>);
+  reg(OpId::Fold, duet::kernels::via_wide<window_kernel<false>>);
   // Conv2d and its gradients: unfold, fold and cuBLAS GEMMs on temporaries (kernels/conv.cpp).
-  reg(OpId::Conv2d, duet::kernels::via_f32<duet::kernels::conv2d_composed_kernel>);
+  reg(OpId::Conv2d, duet::kernels::via_wide<duet::kernels::conv2d_composed_kernel>);
   reg(OpId::Conv2dInputGrad,
-      duet::kernels::via_f32<duet::kernels::conv2d_input_grad_composed_kernel>);
+      duet::kernels::via_wide<duet::kernels::conv2d_input_grad_composed_kernel>);
   reg(OpId::Conv2dWeightGrad,
-      duet::kernels::via_f32<duet::kernels::conv2d_weight_grad_composed_kernel>);
+      duet::kernels::via_wide<duet::kernels::conv2d_weight_grad_composed_kernel>);
 }
 
 }  // namespace duet::cuda::detail

@@ -18,7 +18,7 @@
 namespace duet::cuda::kern {
 
 /// Mirrors duet::DType (core/dtype.h), value for value.
-enum class DT : uint8_t { f32, f64, f16, bf16, i32, i64, b8 };
+enum class DT : uint8_t { f32, f64, f16, bf16, i32, i64, b8, i8, u8, i16 };
 
 inline constexpr int kMaxDims = 8;
 

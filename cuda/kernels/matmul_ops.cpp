@@ -435,7 +435,7 @@ bool gemm_bias_act(const Tensor& a, const Tensor& b, const Tensor& bias, bool re
 
 void register_matmul(OpDef* t) {
   duet::detail::register_kernel(t, OpId::MatMul, DeviceType::CUDA,
-                                duet::kernels::via_f32<matmul_kernel>);
+                                duet::kernels::via_wide<matmul_kernel>);
   kernels::set_gemm_epilogue(DeviceType::CUDA, gemm_bias_act);
 }
 

@@ -1,6 +1,7 @@
 // duet: CUDA adapter of Random (kernel in random.cu). The generator state {seed, offset} lives
 // on the output's device and the kernel reads it there, so a draw needs no host sync.
 #include "cuda/kernels/adapt.h"
+#include "kernels/low_precision.h"
 
 namespace duet::cuda::detail {
 namespace {
@@ -13,6 +14,8 @@ void random_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
                     out.device());
   DUET_CHECK_DTYPE(out.dtype() != DType::b8, "[random] has no CUDA kernel for dtype {}",
                    dtype_name(out.dtype()));
+  // The narrow integers draw as i32, as on the CPU (Note [Low precision]).
+  if (is_narrow_integral(out.dtype())) return duet::kernels::run_wide(random_kernel, in, a, out);
   kern::RandomArg A;
   A.out = out.raw_data();
   A.n = out.numel();

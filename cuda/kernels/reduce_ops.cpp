@@ -109,13 +109,13 @@ void argmax_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
 
 void register_reductions(OpDef* t) {
   duet::detail::register_kernel(t, OpId::Sum, DeviceType::CUDA,
-                                duet::kernels::via_f32<reduce_kernel<kern::Reduce::Sum>>);
+                                duet::kernels::via_wide<reduce_kernel<kern::Reduce::Sum>>);
   duet::detail::register_kernel(t, OpId::Max, DeviceType::CUDA,
-                                duet::kernels::via_f32<reduce_kernel<kern::Reduce::Max>>);
+                                duet::kernels::via_wide<reduce_kernel<kern::Reduce::Max>>);
   duet::detail::register_kernel(t, OpId::Min, DeviceType::CUDA,
-                                duet::kernels::via_f32<reduce_kernel<kern::Reduce::Min>>);
+                                duet::kernels::via_wide<reduce_kernel<kern::Reduce::Min>>);
   duet::detail::register_kernel(t, OpId::Argmax, DeviceType::CUDA,
-                                duet::kernels::via_f32<argmax_kernel>);
+                                duet::kernels::via_wide<argmax_kernel>);
 }
 
 }  // namespace duet::cuda::detail

@@ -79,6 +79,12 @@ Scalar stored_as(double v, DType d) {
     case DType::bf16:  // through f32, as the Cast kernels round
       return Scalar(static_cast<double>(
           low_precision_to_float(float_to_low_precision(static_cast<float>(v), d), d)));
+    case DType::i8:  // the low bits, as the Cast kernels keep them
+      return Scalar(static_cast<int64_t>(static_cast<int8_t>(static_cast<int64_t>(v))));
+    case DType::u8:
+      return Scalar(static_cast<int64_t>(static_cast<uint8_t>(static_cast<int64_t>(v))));
+    case DType::i16:
+      return Scalar(static_cast<int64_t>(static_cast<int16_t>(static_cast<int64_t>(v))));
     default:
       return Scalar(static_cast<int64_t>(v));
   }

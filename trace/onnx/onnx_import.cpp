@@ -157,8 +157,8 @@ int32_t elem_type_of(const onnx::ValueInfoProto& v, const char* what) {
                                                       : "non-tensor";
     throw DTypeError(fmt::format(
         "[import_onnx] {} \"{}\" has ONNX type {}, which duet has no dtype for: duet imports "
-        "tensors of FLOAT, DOUBLE, INT32, INT64 and BOOL",
-        what, v.name(), kind));
+        "tensors of {}",
+        what, v.name(), kind, detail::onnx_io::kImportedElemTypes));
   }
   return v.type().tensor_type().elem_type();
 }
@@ -275,8 +275,8 @@ void check_nodes(const onnx::GraphProto& g, int opset) {
     if (const char* kind = non_tensor_kind(detail::onnx_import::op_key(n)))
       throw DTypeError(fmt::format(
           "[import_onnx] {}: op {} computes on values of ONNX type {}, which duet has no dtype "
-          "for: duet imports tensors of FLOAT, DOUBLE, INT32, INT64 and BOOL",
-          where, n.op_type(), kind));
+          "for: duet imports tensors of {}",
+          where, n.op_type(), kind, detail::onnx_io::kImportedElemTypes));
     DUET_CHECK_VALUE(!detail::onnx_import::op_key(n).empty(),
                      "[import_onnx] {}: op {} of domain \"{}\" has no mapping in duet (only the "
                      "default domain's ops and ai.onnx.preview.training's optimizers do)",

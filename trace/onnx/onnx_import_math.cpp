@@ -155,7 +155,7 @@ V op_div(const Node& n) {
   // Integers divide through f64 and truncate; by 0, the ONNX reference (NumPy's division, then
   // a cast of the infinity or NaN) gives the dtype's lowest value.
   Tensor q = as(trunc(div(as(a, DType::f64), as(b, DType::f64))), a.dtype());
-  const double lowest = a.dtype() == DType::i32 ? INT32_MIN : static_cast<double>(INT64_MIN);
+  const double lowest = static_cast<double>(::duet::detail::integral_range(a.dtype()).least);
   return {where(eq(b, 0), full({}, lowest, like(q)), q)};
 }
 

@@ -243,7 +243,9 @@ Tensor pool_indices(const Node& n, const Tensor& x, const Window& w, const Tenso
 V op_max_pool(const Node& n) {
   const Tensor& x = n.in(0);
   const Window w = window(n, x, spatial_kernel(n, x, nullptr), n.attr_i("ceil_mode", 0));
-  const double lowest = is_floating(x.dtype()) ? -INFINITY : -9.2e18;
+  const double lowest = is_floating(x.dtype())
+                            ? -INFINITY
+                            : static_cast<double>(detail::integral_range(x.dtype()).least);
   Tensor stacked = windows(n, x, w, lowest);
   Tensor y = max(stacked, Dims{0});
   if (!n.wants(1)) return {y};

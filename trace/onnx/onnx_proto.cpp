@@ -29,6 +29,12 @@ std::optional<DType> dtype_of(int32_t e) {
       return DType::f16;
     case TensorProto::BFLOAT16:
       return DType::bf16;
+    case TensorProto::INT8:
+      return DType::i8;
+    case TensorProto::UINT8:
+      return DType::u8;
+    case TensorProto::INT16:
+      return DType::i16;
     default:
       return std::nullopt;
   }
@@ -50,6 +56,12 @@ int32_t elem_type_of(DType d) {
       return TensorProto::INT64;
     case DType::b8:
       return TensorProto::BOOL;
+    case DType::i8:
+      return TensorProto::INT8;
+    case DType::u8:
+      return TensorProto::UINT8;
+    case DType::i16:
+      return TensorProto::INT16;
   }
   return TensorProto::UNDEFINED;
 }
@@ -63,8 +75,8 @@ std::string elem_type_name(int32_t e) {
 void unsupported_elem_type(int32_t e, const std::string& what) {
   throw DTypeError(fmt::format(
       "[import_onnx] {} has ONNX element type {}, which duet has no dtype for: duet imports "
-      "tensors of FLOAT, DOUBLE, FLOAT16, BFLOAT16, INT32, INT64 and BOOL",
-      what, elem_type_name(e)));
+      "tensors of {}",
+      what, elem_type_name(e), kImportedElemTypes));
 }
 
 namespace {
@@ -142,6 +154,15 @@ Tensor tensor_from_proto(const TensorProto& p, const std::string& what) {
       break;
     case DType::b8:
       copy_field<bool>(p.int32_data(), t, n, what, "int32_data");
+      break;
+    case DType::i8:  // int32_data holds each element's value
+      copy_field<int8_t>(p.int32_data(), t, n, what, "int32_data");
+      break;
+    case DType::u8:
+      copy_field<uint8_t>(p.int32_data(), t, n, what, "int32_data");
+      break;
+    case DType::i16:
+      copy_field<int16_t>(p.int32_data(), t, n, what, "int32_data");
       break;
     case DType::f16:
     case DType::bf16: {  // int32_data holds each element's 16 bits

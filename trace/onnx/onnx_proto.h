@@ -17,6 +17,9 @@ std::optional<DType> dtype_of(int32_t elem_type);
 int32_t elem_type_of(DType dtype);
 /// "FLOAT", "UINT8", ...
 std::string elem_type_name(int32_t elem_type);
+/// The element types that have a dtype, for error messages.
+inline constexpr const char* kImportedElemTypes =
+    "FLOAT, DOUBLE, FLOAT16, BFLOAT16, INT8, UINT8, INT16, INT32, INT64 and BOOL";
 /// The DTypeError for an element type duet has no dtype for; `what` names the tensor.
 [[noreturn]] void unsupported_elem_type(int32_t elem_type, const std::string& what);
 

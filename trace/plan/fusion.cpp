@@ -73,6 +73,8 @@ class Fuser {
     for (int32_t in : n.inputs) {
       const GraphNode& s = graph_.nodes[in];
       low |= is_low_precision(s.meta.dtype);
+      // The narrow integers (i8, u8, i16) run unfused: the fused loads read the kernels' dtypes.
+      if (is_narrow_integral(s.meta.dtype)) return false;
       if (!(s.meta.device == dev) &&
           !(s.kind == NodeKind::Constant && s.meta.device.is_cpu() && s.meta.shape.numel() == 1))
         return false;
