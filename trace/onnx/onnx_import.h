@@ -146,6 +146,8 @@ Tensor i64s(const std::vector<int64_t>& v, Device device = Device::cpu());
 Tensor flip(const Tensor& x, int64_t dim);
 /// Options of t's dtype and device; t's sizes; the product of v[from, to).
 Options like(const Tensor& t);
+/// The elementwise and of two b8 tensors.
+Tensor logical_and_(const Tensor& a, const Tensor& b);
 std::vector<int64_t> dims_of(const Tensor& t);
 int64_t prod(const std::vector<int64_t>& v, size_t from = 0, size_t to = SIZE_MAX);
 /// x with dim a moved last / first; movedim_back undoes movedim_last.

@@ -50,8 +50,6 @@ namespace {
 
 using V = std::vector<Tensor>;
 
-Options like(const Tensor& t) { return Options().dtype(t.dtype()).device(t.device()); }
-
 // x[i] along dim: the slice without that dim.
 Tensor at(const Tensor& x, int64_t dim, int64_t i) { return squeeze(slice(x, dim, i, i + 1), dim); }
 

@@ -24,11 +24,6 @@ std::vector<double> numbers(const Node& n, size_t i) {
   return n.in(i).to(Device::cpu()).to(DType::f64).to_vector<double>();
 }
 
-// Elementwise and of two b8 tensors.
-Tensor logical_and_(const Tensor& a, const Tensor& b) {
-  return eq(as(a, DType::i32) + as(b, DType::i32), 2);
-}
-
 // A 1-D vector of values along dim `a` of a rank-r tensor (sizes 1 elsewhere), in dtype d.
 Tensor along(const std::vector<double>& v, int64_t a, int64_t r, DType d, Device dev) {
   std::vector<int64_t> s(static_cast<size_t>(r), 1);

@@ -20,10 +20,6 @@ namespace io = onnx_io;
 
 Tensor trunc(const Tensor& q) { return where(q < 0, neg(floor(neg(q))), floor(q)); }
 
-Tensor logical_and_(const Tensor& a, const Tensor& b) {
-  return eq(as(a, DType::i32) + as(b, DType::i32), 2);
-}
-
 // ---- elementwise ----
 
 #define UNARY(Name, expr)      \

@@ -28,6 +28,10 @@ Tensor i64s(const std::vector<int64_t>& v, Device device) {
 
 Options like(const Tensor& t) { return Options().dtype(t.dtype()).device(t.device()); }
 
+Tensor logical_and_(const Tensor& a, const Tensor& b) {
+  return eq(as(a, DType::i32) + as(b, DType::i32), 2);
+}
+
 std::vector<int64_t> dims_of(const Tensor& t) { return t.sizes().vec(); }
 
 int64_t prod(const std::vector<int64_t>& v, size_t from, size_t to) {
