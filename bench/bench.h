@@ -218,6 +218,9 @@ void sgemm_openblas(const float* a, const float* b, float* c, int64_t n);
 /// Row-major C = op(A) op(B) on oneDNN (trans 'N' or 'T').
 void sgemm_onednn_mnk(char ta, char tb, int64_t m, int64_t n, int64_t k, const float* a,
                       const float* b, float* c);
+/// The same on bf16 operands (2-byte elements), f32 accumulation, a bf16 C: oneDNN's matmul.
+void matmul_onednn_bf16_mnk(char ta, char tb, int64_t m, int64_t n, int64_t k, const void* a,
+                            const void* b, void* c);
 void set_blas_threads(int n);
 
 }  // namespace bench

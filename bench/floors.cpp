@@ -10,6 +10,7 @@
 #include <cstring>
 #include <map>
 #include <string>
+#include <tuple>
 
 #include "bench/bench.h"
 
@@ -59,6 +60,31 @@ void sgemm_onednn(const float* a, const float* b, float* c, int64_t n) {
 void sgemm_onednn_mnk(char ta, char tb, int64_t m, int64_t n, int64_t k, const float* a,
                       const float* b, float* c) {
   dnnl_sgemm(ta, tb, m, n, k, 1.0f, a, ta == 'N' ? k : m, b, tb == 'N' ? n : k, 0.0f, c, n);
+}
+
+// Row-major C = op(A) op(B) on bf16 operands with f32 accumulation and a bf16 C, on oneDNN's
+// matmul primitive: a transposed operand is the same memory read with swapped strides, as
+// dnnl_sgemm reads it. One primitive per shape and transpose pair, built on first use.
+void matmul_onednn_bf16_mnk(char ta, char tb, int64_t m, int64_t n, int64_t k, const void* a,
+                            const void* b, void* c) {
+  using dims = dnnl::memory::dims;
+  using dt = dnnl::memory::data_type;
+  static dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  static std::map<std::tuple<char, char, int64_t, int64_t, int64_t>, dnnl::matmul> prims;
+  const dnnl::memory::desc ad(dims{m, k}, dt::bf16, ta == 'N' ? dims{k, 1} : dims{1, m});
+  const dnnl::memory::desc bd(dims{k, n}, dt::bf16, tb == 'N' ? dims{n, 1} : dims{1, k});
+  const dnnl::memory::desc cd(dims{m, n}, dt::bf16, dims{n, 1});
+  const auto key = std::make_tuple(ta, tb, m, n, k);
+  auto it = prims.find(key);
+  if (it == prims.end())
+    it = prims
+             .emplace(key, dnnl::matmul(
+                               dnnl::matmul::primitive_desc(dnnl::matmul::desc(ad, bd, cd), eng)))
+             .first;
+  dnnl::memory ma(ad, eng, const_cast<void*>(a)), mb(bd, eng, const_cast<void*>(b)), mc(cd, eng, c);
+  dnnl::stream s(eng);
+  it->second.execute(s, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
+  s.wait();
 }
 
 // oneDNN's matmul primitive on n x n row-major bf16 operands, f32 accumulation, bf16 result:

@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -121,7 +122,7 @@ enum class Loss { CrossEntropy, Mse };
 /// duet::compile.
 template <class Fwd>
 Tensor train_step(const std::vector<Tensor>& params, duet::optim::SGD* sgd, const Fwd& fwd,
-                  const Tensor& y, Loss kind, double lr) {
+                  const Tensor& y, Loss kind, double lr, bool autocast = false) {
   if (sgd) {
     sgd->zero_grad();
   } else {
@@ -131,8 +132,13 @@ Tensor train_step(const std::vector<Tensor>& params, duet::optim::SGD* sgd, cons
       if (g.defined()) g.zero_();
     }
   }
-  Tensor out = fwd();
-  Tensor loss = kind == Loss::CrossEntropy ? duet::cross_entropy(out, y) : duet::mse_loss(out, y);
+  Tensor loss;
+  {
+    // As PyTorch's recipe writes it: the forward pass and the loss under autocast, backward after.
+    duet::Autocast ac(duet::Device::cpu(), duet::DType::bf16, autocast);
+    Tensor out = fwd();
+    loss = kind == Loss::CrossEntropy ? duet::cross_entropy(out, y) : duet::mse_loss(out, y);
+  }
   loss.backward();
   if (sgd) {
     sgd->step();
@@ -152,16 +158,17 @@ struct Training {
   Loss kind = Loss::CrossEntropy;
   double lr = 0.01;
   std::shared_ptr<duet::optim::SGD> sgd;  ///< Path::User: the optimizer (lr above)
+  bool autocast = false;  ///< the forward pass and the loss under Autocast(cpu, bf16)
 
   Tensor eager() {
     auto fwd = [&] { return forward(x); };
-    return train_step(params, sgd.get(), fwd, y, kind, lr);
+    return train_step(params, sgd.get(), fwd, y, kind, lr, autocast);
   }
   /// The step under duet::compile (one type whatever the options).
   auto compile(duet::CompileOptions o = {}) {
     auto step = [this](Tensor xs, Tensor ys) {
       auto fwd = [&] { return forward(xs); };
-      return train_step(params, sgd.get(), fwd, ys, kind, lr);
+      return train_step(params, sgd.get(), fwd, ys, kind, lr, autocast);
     };
     return duet::compile(step, std::move(o));
   }
@@ -243,7 +250,9 @@ std::vector<float> random_floats(int64_t n, uint32_t seed) {
 /// the gradient of the transposed view that linear() multiplies by.
 class GemmFloor {
  public:
-  GemmFloor(const std::vector<int64_t>& sizes, int64_t batch, bool wt)
+  /// `bf16`: the same products on bf16 operands with f32 accumulation (oneDNN's matmul), the
+  /// floor of a step under Autocast(cpu, bf16).
+  GemmFloor(const std::vector<int64_t>& sizes, int64_t batch, bool wt, bool bf16 = false)
       : sizes_(sizes), batch_(batch), wt_(wt) {
     for (size_t l = 0; l + 1 < sizes.size(); ++l) {
       const int64_t in = sizes[l], out = sizes[l + 1];
@@ -254,9 +263,17 @@ class GemmFloor {
       dx_.emplace_back(batch * in);
       dw_.emplace_back(in * out);
     }
+    if (bf16)
+      for (const Buffers* v : {&x_, &w_, &y_, &dy_, &dx_, &dw_}) {
+        low_.emplace_back();
+        for (const std::vector<float>& f : *v)
+          low_.back().push_back(
+              duet::tensor(std::vector<double>(f.begin(), f.end())).to(duet::DType::bf16));
+      }
   }
   void operator()() {
     const size_t layers = w_.size();
+    if (!low_.empty()) return run_bf16();
     for (size_t l = 0; l < layers; ++l)
       sgemm_onednn_mnk('N', wt_ ? 'N' : 'T', batch_, sizes_[l + 1], sizes_[l], x_[l].data(),
                        w_[l].data(), y_[l].data());
@@ -270,10 +287,28 @@ class GemmFloor {
   }
 
  private:
+  using Buffers = std::vector<std::vector<float>>;
+  enum Buf { X, W, Y, DY, DX, DW };  // the order of low_
+  void* low(Buf b, size_t l) { return low_[b][l].raw_data(); }
+  void run_bf16() {
+    const size_t layers = w_.size();
+    for (size_t l = 0; l < layers; ++l)
+      matmul_onednn_bf16_mnk('N', wt_ ? 'N' : 'T', batch_, sizes_[l + 1], sizes_[l], low(X, l),
+                             low(W, l), low(Y, l));
+    for (size_t l = layers; l-- > 0;) {
+      if (l > 0)
+        matmul_onednn_bf16_mnk('N', wt_ ? 'T' : 'N', batch_, sizes_[l], sizes_[l + 1], low(DY, l),
+                               low(W, l), low(DX, l));
+      matmul_onednn_bf16_mnk('T', 'N', sizes_[l], sizes_[l + 1], batch_, low(X, l), low(DY, l),
+                             low(DW, l));
+    }
+  }
+
   std::vector<int64_t> sizes_;
   int64_t batch_;
   bool wt_;
-  std::vector<std::vector<float>> x_, w_, y_, dy_, dx_, dw_;
+  Buffers x_, w_, y_, dy_, dx_, dw_;
+  std::vector<std::vector<Tensor>> low_;  ///< bf16 copies (x, w, y, dy, dx, dw), when asked for
 };
 
 /// W5's floor: the MLP forward at batch 1 as three BLAS matrix-vector products, each followed
@@ -646,12 +681,17 @@ void print_compiled(const std::string& w, const std::string& variant, const duet
 
 // W4: MLP 784-1024-1024-10, ReLU, batch 256, softmax cross-entropy, SGD lr 0.01.
 // The headline row as users write it (nn::Linear, optim::SGD), then the (in, out) row.
+// Then the headline step under Autocast(cpu, bf16), against the same GEMMs in bf16.
 void run_w4(const Config& c, std::vector<Result>& out) {
   for (Path p : {Path::User, Path::WeightsInOut}) {
     auto t = mlp_training(kW4Sizes, 256, Act::Relu, false, Loss::CrossEntropy, p);
     run_training("W4", p == Path::User ? "" : "weights_in_out", "ms_per_step", 1e3, c, *t,
                  GemmFloor(kW4Sizes, 256, p == Path::WeightsInOut), 4, out);
   }
+  auto t = mlp_training(kW4Sizes, 256, Act::Relu, false, Loss::CrossEntropy, Path::User);
+  t->autocast = true;
+  run_training("W4", "autocast_bf16", "ms_per_step", 1e3, c, *t,
+               GemmFloor(kW4Sizes, 256, false, true), 4, out);
 }
 
 // W6: 20 x (Linear(64, 64) + tanh), batch 8, mse against a fixed random target, SGD lr 0.01.

@@ -237,13 +237,34 @@ void run_c1(const Config& c, std::vector<Result>& out) {
       sgemm_onednn_mnk('T', 'N', ckk, l, co, wa.data(), y.data(), gc.data());    // grad columns
     }
   };
-  auto t = time_interleaved({step, gemms}, c.reps);
-  Result r = base("C1", "eager", c, "gflops");
-  r.variant = "conv2d_fwd_bwd";
-  out.push_back(summarize(r, t[0], [&](double s) { return flop / s / 1e9; }));
-  r.mode = "floor";
-  r.variant = "onednn_gemms";
-  out.push_back(summarize(r, t[1], [&](double s) { return flop / s / 1e9; }));
+  // bf16: the same step on bf16 x, w and g (oneDNN's bf16 convolutions, f32 accumulation),
+  // against the same GEMMs on bf16 operands.
+  const duet::DType bf16 = duet::DType::bf16;
+  Tensor xb = x.detach().to(bf16).requires_grad_(), wb = w.detach().to(bf16).requires_grad_();
+  Tensor gb = g.to(bf16);
+  auto step_bf16 = [&] {
+    Tensor y = duet::conv2d(xb, wb, {}, 1, 1);
+    y.backward(gb);
+  };
+  auto low = [&](int64_t n) { return duet::zeros({n}, duet::Options().dtype(bf16)); };
+  Tensor wab = low(co * ckk), colsb = low(ckk * l), yb = low(co * l), gwb = low(co * ckk),
+         gcb = low(ckk * l);
+  auto gemms_bf16 = [&] {
+    for (int64_t i = 0; i < n; ++i) {
+      matmul_onednn_bf16_mnk('N', 'N', co, l, ckk, wab.raw_data(), colsb.raw_data(), yb.raw_data());
+      matmul_onednn_bf16_mnk('N', 'T', co, ckk, l, yb.raw_data(), colsb.raw_data(), gwb.raw_data());
+      matmul_onednn_bf16_mnk('T', 'N', ckk, l, co, wab.raw_data(), yb.raw_data(), gcb.raw_data());
+    }
+  };
+  auto t = time_interleaved({step, gemms, step_bf16, gemms_bf16}, c.reps);
+  const char* modes[] = {"eager", "floor", "eager", "floor"};
+  const char* variants[] = {"conv2d_fwd_bwd", "onednn_gemms", "conv2d_fwd_bwd bf16",
+                            "onednn_gemms bf16"};
+  for (int k = 0; k < 4; ++k) {
+    Result r = base("C1", modes[k], c, "gflops");
+    r.variant = variants[k];
+    out.push_back(summarize(r, t[k], [&](double s) { return flop / s / 1e9; }));
+  }
 }
 
 }  // namespace bench
