@@ -93,11 +93,16 @@ struct Buffer {
 // zeros sprinkled in when `specials`.
 Buffer random_buffer(DType d, int64_t n, Rng& rng, bool specials) {
   Buffer b{d, std::vector<char>(std::max<int64_t>(n, 1) * itemsize(d))};
-  const double kSpecial[] = {std::nan(""), INFINITY, -INFINITY, 0.0, -0.0, 1.0};
+  // Beside NaN of both signs and the infinities: the largest f32, which rounds to inf in bf16,
+  // and two values halfway between bf16 neighbours (1 + 2^-8 and 1 + 3 * 2^-8), which round to
+  // the even one (Note [bf16 by its bits] in kernels/codegen/cpu.cpp).
+  const double kSpecial[] = {std::nan(""), -std::nan(""), INFINITY, -INFINITY,  0.0,
+                             -0.0,         1.0,           3.4e38,   1.00390625, 1.01171875};
+  constexpr uint64_t kSpecials = sizeof(kSpecial) / sizeof(kSpecial[0]);
   for (int64_t i = 0; i < n; ++i) {
     double v = rng.uniform(-3, 3);
     if (rng.next() % 2) v = std::round(v * 2) / 2;
-    if (specials && rng.next() % 16 == 0) v = kSpecial[rng.next() % 6];
+    if (specials && rng.next() % 16 == 0) v = kSpecial[rng.next() % kSpecials];
     switch (d) {
       case DType::f32:
         reinterpret_cast<float*>(b.bytes.data())[i] = static_cast<float>(v);
