@@ -91,18 +91,19 @@ DUET_INLINE P pwhere(const P& c, const P& a, const P& b) {
 // A bf16 is the high half of an f32. Rounding an f32 to bf16 adds 0x7FFF plus the lowest kept bit
 // and clears the low half (round to nearest, ties to even; a carry into the exponent gives inf);
 // a NaN becomes the quiet NaN of its sign. That is Eigen's conversion to the bit, but written
-// on whole arrays of lanes the compiler vectorizes: Eigen's cast of a packet converts one lane
-// at a time, which made a bf16 fused kernel several times slower than its f32 twin.
+// on a whole packet as one vector of lanes (the compilers' vector extension): Eigen's cast of a
+// packet converts one lane at a time, and so did a loop over the lanes, which made a bf16 fused
+// kernel several times slower than its f32 twin.
 constexpr bool kBf16Bits = std::is_same_v<T, float>;
+typedef uint32_t LaneBits __attribute__((vector_size(W * 4)));
 DUET_INLINE void round_bf16_bits(T* a) {
-  uint32_t u[W];
-  __builtin_memcpy(u, a, sizeof(u));
-  for (int l = 0; l < W; ++l) {
-    const uint32_t b = u[l];
-    const uint32_t r = (b + 0x7FFFu + ((b >> 16) & 1u)) & 0xFFFF0000u;
-    u[l] = (b & 0x7FFFFFFFu) > 0x7F800000u ? ((b & 0x80000000u) | 0x7FC00000u) : r;
-  }
-  __builtin_memcpy(a, u, sizeof(u));
+  LaneBits b;
+  __builtin_memcpy(&b, a, sizeof(b));
+  const LaneBits r = (b + 0x7FFFu + ((b >> 16) & 1u)) & 0xFFFF0000u;
+  const LaneBits nan = (LaneBits)((b & 0x7FFFFFFFu) > 0x7F800000u);  // all ones where NaN
+  const LaneBits q = (b & 0x80000000u) | 0x7FC00000u;
+  b = (nan & q) | (~nan & r);
+  __builtin_memcpy(a, &b, sizeof(b));
 }
 
 // An op whose result is f16 or bf16 (L) rounds it, as the eager kernel rounds what it stores
