@@ -84,6 +84,8 @@ constexpr IntRange integral_range(DType d) {
       return {INT64_MIN, INT64_MAX};
   }
 }
+/// i32 and the narrow integers: the integral dtypes whose range a Scalar may exceed.
+constexpr bool is_narrower_than_i64(DType d) { return is_integral(d) && d != DType::i64; }
 
 /// 0 bool, 1 integer, 2 floating: the category order of PyTorch's promotion.
 constexpr int category(DType d) { return d == DType::b8 ? 0 : is_integral(d) ? 1 : 2; }

@@ -36,33 +36,17 @@ class Scalar {
   /// dtype must hold it when finite (infinities and NaN fit), and b8 holds every value.
   bool fits(DType d) const {
     if (kind_ == Kind::Bool) return true;
-    if (kind_ == Kind::Int) {
-      switch (d) {
-        case DType::i32:
-          return i_ >= std::numeric_limits<int32_t>::min() &&
-                 i_ <= std::numeric_limits<int32_t>::max();
-        case DType::i16:
-          return i_ >= -32768 && i_ <= 32767;
-        case DType::i8:
-          return i_ >= -128 && i_ <= 127;
-        case DType::u8:
-          return i_ >= 0 && i_ <= 255;
-        case DType::f16:
-          return i_ >= -65504 && i_ <= 65504;
-        default:  // i64, b8, f32, bf16 and f64 hold every int64 value (rounded)
-          return true;
-      }
+    if (detail::is_narrower_than_i64(d)) {
+      // A float truncates toward zero: (least - 1, most + 1).
+      const auto [least, most] = detail::integral_range(d);
+      return kind_ == Kind::Int
+                 ? i_ >= least && i_ <= most
+                 : d_ > static_cast<double>(least) - 1.0 && d_ < static_cast<double>(most) + 1.0;
     }
+    if (kind_ == Kind::Int)  // i64, b8, f32, bf16 and f64 hold every int64 value (rounded)
+      return d != DType::f16 || (i_ >= -65504 && i_ <= 65504);
     const double v = d_;
     switch (d) {
-      case DType::i32:  // truncates toward zero: (-2^31 - 1, 2^31)
-        return v > -2147483649.0 && v < 2147483648.0;
-      case DType::i16:
-        return v > -32769.0 && v < 32768.0;
-      case DType::i8:
-        return v > -129.0 && v < 128.0;
-      case DType::u8:
-        return v > -1.0 && v < 256.0;
       case DType::i64:  // [-2^63, 2^63)
         return v >= -9223372036854775808.0 && v < 9223372036854775808.0;
       case DType::f32:

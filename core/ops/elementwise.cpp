@@ -121,7 +121,7 @@ void infer_binary(const OpDef& def, TensorRefs in, const Attrs&, TensorMeta& out
     default:
       break;
   }
-  if (__builtin_expect(wrapped, 0) && is_integral(out.dtype) && out.dtype != DType::i64)
+  if (__builtin_expect(wrapped, 0) && detail::is_narrower_than_i64(out.dtype))
     check_wrapped_fit(def, in, out.dtype);
 }
 
@@ -134,8 +134,7 @@ void infer_where(const OpDef& def, TensorRefs in, const Attrs&, TensorMeta& out)
   const Tensor* ab[] = {&in[1], &in[2]};
   out.dtype = result_type(TensorRefs(ab, 2));
   out.device = common_device(def, in);
-  if (is_integral(out.dtype) && out.dtype != DType::i64)
-    check_wrapped_fit(def, TensorRefs(ab, 2), out.dtype);
+  if (detail::is_narrower_than_i64(out.dtype)) check_wrapped_fit(def, TensorRefs(ab, 2), out.dtype);
 }
 
 void infer_cast(const OpDef&, TensorRefs in, const Attrs& attrs, TensorMeta& out) {
@@ -322,9 +321,8 @@ namespace {
 // Scalar, which already promotes to f32 here). In range, it is the plain call.
 Tensor compare(OpId op, const Tensor& t, const Scalar& s, bool scalar_first) {
   Tensor w = wrap(s, t);
-  if (__builtin_expect(is_integral(t.dtype()) && t.dtype() != DType::i64 && s.is_integral() &&
-                           !s.fits(t.dtype()),
-                       0)) {
+  if (__builtin_expect(
+          detail::is_narrower_than_i64(t.dtype()) && s.is_integral() && !s.fits(t.dtype()), 0)) {
     Tensor wide = t.to(DType::i64);
     return scalar_first ? binary(op, w, wide, 0) : binary(op, wide, w, 0);
   }
@@ -418,7 +416,7 @@ Tensor isfinite(const Tensor& x, std::source_location loc) {
 Tensor clamp(const Tensor& x, Scalar lo, Scalar hi, std::source_location loc) {
   detail::SiteGuard site(loc);
   // An integer bound beyond the range of an i32 (or narrower) tensor clamps nothing on that side.
-  if (is_integral(x.dtype()) && x.dtype() != DType::i64) {
+  if (detail::is_narrower_than_i64(x.dtype())) {
     const auto [least, most] = detail::integral_range(x.dtype());
     if (lo.is_integral() && lo.to<int64_t>() < least) lo = Scalar(least);
     if (hi.is_integral() && hi.to<int64_t>() > most) hi = Scalar(most);
