@@ -142,11 +142,15 @@ class SmallVec {
     }
     // n > N here whenever p is another SmallVec's inline buffer is impossible, but GCC 12
     // cannot relate the two and reports -Warray-bounds / -Wstringop-overread on the source.
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Warray-bounds"
 #pragma GCC diagnostic ignored "-Wstringop-overread"
+#endif
     if (n) std::memmove(heap_, p, sizeof(T) * n);
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
+#endif
     size_ = static_cast<int32_t>(n);
   }
 

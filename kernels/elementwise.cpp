@@ -48,41 +48,72 @@ D convert(S v) {
   }
 }
 
+// The rows of a conversion from S to D: p[0] the output, p[1] the input, s their strides in bytes.
+template <class D, class S>
+void convert_rows(char** p, const int64_t* s, int64_t n) {
+  if (s[0] == sizeof(D) && s[1] == sizeof(S)) {
+    D* o = reinterpret_cast<D*>(p[0]);
+    const S* v = reinterpret_cast<const S*>(p[1]);
+    for (int64_t i = 0; i < n; ++i) o[i] = convert<D>(v[i]);
+  } else if (s[0] == sizeof(D) && s[1] == 0) {
+    // A broadcast source (zero_(), fill_, copy_ of a 0-d tensor): one conversion, then a fill
+    // the compiler vectorizes, instead of a strided loop converting each element.
+    D* o = reinterpret_cast<D*>(p[0]);
+    std::fill(o, o + n, convert<D>(*reinterpret_cast<const S*>(p[1])));
+  } else {
+    for (int64_t i = 0; i < n; ++i)
+      *reinterpret_cast<D*>(p[0] + i * s[0]) =
+          convert<D>(*reinterpret_cast<const S*>(p[1] + i * s[1]));
+  }
+}
+
+using ConvertRows = void (*)(char**, const int64_t*, int64_t);
+
 // Cast and Copy share this kernel: out may have any dtype and layout, x any dtype and layout.
+// A copy within one dtype (contiguous() of a transpose, a strided assignment) keeps its rows
+// inlined into the loop (for_each_inline): it is the common case, and its rows are short and
+// cheap. A conversion between dtypes instantiates the loop once, around a pointer to the rows of
+// the pair (Note [Rows by reference] in kernels/loops.h): instantiated for each of the 90 pairs,
+// the loop doubled this file's compile time.
 void convert_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
   const Tensor& x = in[0];
-  if (x.dtype() == out.dtype() && x.is_contiguous() && out.is_contiguous() &&
-      x.sizes() == out.sizes()) {
-    const char* src = static_cast<const char*>(x.raw_data());
-    char* dst = static_cast<char*>(out.raw_data());
-    const int64_t isz = itemsize(x.dtype());
-    if (src != dst)
-      parallel_for(x.numel() * isz, kParallelGrain * 4,
-                   [&](int64_t b, int64_t e) { std::memcpy(dst + b, src + b, e - b); });
-    return;
-  }
-  DUET_DISPATCH_ALL(out.dtype(), "copy", [&] {
-    using D = scalar_t;
-    DUET_DISPATCH_ALL(x.dtype(), "copy", [&] {
-      using S = scalar_t;
-      for_each<2>(out.sizes(), {&out, &x}, [&](char** p, const int64_t* s, int64_t n) {
-        if (s[0] == sizeof(D) && s[1] == sizeof(S)) {
-          D* o = reinterpret_cast<D*>(p[0]);
-          const S* v = reinterpret_cast<const S*>(p[1]);
-          for (int64_t i = 0; i < n; ++i) o[i] = convert<D>(v[i]);
-        } else if (s[0] == sizeof(D) && s[1] == 0) {
-          // A broadcast source (zero_(), fill_, copy_ of a 0-d tensor): one conversion, then a
-          // fill the compiler vectorizes, instead of a strided loop converting each element.
-          D* o = reinterpret_cast<D*>(p[0]);
-          std::fill(o, o + n, convert<D>(*reinterpret_cast<const S*>(p[1])));
+  if (x.dtype() == out.dtype()) {
+    if (x.is_contiguous() && out.is_contiguous() && x.sizes() == out.sizes()) {
+      const char* src = static_cast<const char*>(x.raw_data());
+      char* dst = static_cast<char*>(out.raw_data());
+      const int64_t isz = itemsize(x.dtype());
+      if (src != dst)
+        parallel_for(x.numel() * isz, kParallelGrain * 4,
+                     [&](int64_t b, int64_t e) { std::memcpy(dst + b, src + b, e - b); });
+      return;
+    }
+    DUET_DISPATCH_ALL(out.dtype(), "copy", [&] {
+      using T = scalar_t;
+      for_each_inline<2>(out.sizes(), {&out, &x}, [&](char** p, const int64_t* s, int64_t n) {
+        if (s[0] == sizeof(T) && s[1] == sizeof(T)) {
+          T* o = reinterpret_cast<T*>(p[0]);
+          const T* v = reinterpret_cast<const T*>(p[1]);
+          for (int64_t i = 0; i < n; ++i) o[i] = v[i];
+        } else if (s[0] == sizeof(T) && s[1] == 0) {
+          T* o = reinterpret_cast<T*>(p[0]);
+          std::fill(o, o + n, *reinterpret_cast<const T*>(p[1]));
         } else {
           for (int64_t i = 0; i < n; ++i)
-            *reinterpret_cast<D*>(p[0] + i * s[0]) =
-                convert<D>(*reinterpret_cast<const S*>(p[1] + i * s[1]));
+            *reinterpret_cast<T*>(p[0] + i * s[0]) = *reinterpret_cast<const T*>(p[1] + i * s[1]);
         }
       });
     });
+    return;
+  }
+  ConvertRows rows = DUET_DISPATCH_ALL(out.dtype(), "copy", [&] {
+    using D = scalar_t;
+    return DUET_DISPATCH_ALL(x.dtype(), "copy", [&] {
+      using S = scalar_t;
+      return ConvertRows(&convert_rows<D, S>);
+    });
   });
+  for_each<2>(out.sizes(), {&out, &x},
+              [rows](char** p, const int64_t* s, int64_t n) { rows(p, s, n); });
 }
 
 void full_kernel(TensorRefs, const Attrs& a, const Tensor& out) {

@@ -24,6 +24,13 @@
 #include "nn/module.h"
 #include "nn/options.h"
 
+// The recurrent layers' forward takes the state and returns two tensors, and so hides
+// Module::forward(Tensor) on purpose (as in LibTorch); clang's -Woverloaded-virtual says so.
+#if defined(__clang__)
+#pragma clang diagnostic push
+#pragma clang diagnostic ignored "-Woverloaded-virtual"
+#endif
+
 namespace duet::nn {
 
 /// The options every recurrent layer shares (LibTorch's RNN, GRU and LSTM options).
@@ -256,3 +263,7 @@ class LSTMCell : public RNNCellBase {
 };
 
 }  // namespace duet::nn
+
+#if defined(__clang__)
+#pragma clang diagnostic pop
+#endif

@@ -29,9 +29,12 @@ std::vector<double> reference(const ElementwiseRow& row, const std::vector<std::
   std::vector<std::vector<double>> bv;
   for (size_t i = 0; i < v.size(); ++i) bv.push_back(broadcast_values(v[i], shapes[i], *out));
   std::vector<double> r(static_cast<size_t>(out->numel()));
+  const double* in[3] = {};
+  const size_t k = v.size();
+  for (size_t i = 0; i < k; ++i) in[i] = bv[i].data();
   double args[3];
   for (size_t e = 0; e < r.size(); ++e) {
-    for (size_t i = 0; i < v.size(); ++i) args[i] = bv[i][e];
+    for (size_t i = 0; i < k; ++i) args[i] = in[i][e];
     r[e] = round_to(row.ref(args), out_dtype);
   }
   return r;

@@ -108,44 +108,56 @@ double read_at(const void* base, DType dtype, int64_t i) {
 Tensor make(const std::vector<double>& v, const Shape& shape, DType dtype) {
   REQUIRE(static_cast<int64_t>(v.size()) == shape.numel());
   Tensor t = detail::empty(shape, dtype);
-  for (size_t i = 0; i < v.size(); ++i)
-    write_at(t.raw_data(), dtype, static_cast<int64_t>(i), v[i]);
+  void* base = t.raw_data();
+  for (size_t i = 0; i < v.size(); ++i) write_at(base, dtype, static_cast<int64_t>(i), v[i]);
   return t;
 }
 
+// Calls f(i, offset) for element i (row-major) of a layout of `sizes` and `strides` (elements),
+// stepping the offset as an odometer does: no division per element, and no call into the
+// tensor per element (an unoptimised or instrumented build pays for each).
+namespace {
+template <class F>
+void for_offsets(const Shape& sizes, const Strides& strides, F&& f) {
+  const int64_t nd = sizes.size(), n = sizes.numel();
+  std::vector<int64_t> sz(static_cast<size_t>(nd)), st(static_cast<size_t>(nd)),
+      idx(static_cast<size_t>(nd), 0);
+  for (int64_t d = 0; d < nd; ++d) {
+    sz[d] = sizes[d];
+    st[d] = strides[d];
+  }
+  int64_t off = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    f(i, off);
+    for (int64_t d = nd - 1; d >= 0; --d) {
+      off += st[d];
+      if (++idx[d] < sz[d]) break;
+      off -= st[d] * sz[d];
+      idx[d] = 0;
+    }
+  }
+}
+}  // namespace
+
 std::vector<double> values(const Tensor& t) {
   if (!t.device().is_cpu()) return values(t.to(Device::cpu()));  // device memory: read a copy
-  const int64_t n = t.numel(), nd = t.dim();
-  std::vector<double> out(static_cast<size_t>(n));
-  const Shape& s = t.sizes();
-  const Strides& st = t.strides();
-  for (int64_t i = 0; i < n; ++i) {
-    int64_t off = 0, r = i;
-    for (int64_t d = nd - 1; d >= 0; --d) {
-      off += (r % s[d]) * st[d];
-      r /= s[d];
-    }
-    out[static_cast<size_t>(i)] = read_at(t.raw_data(), t.dtype(), off);
-  }
+  std::vector<double> out(static_cast<size_t>(t.numel()));
+  const void* base = t.raw_data();
+  const DType dtype = t.dtype();
+  for_offsets(t.sizes(), t.strides(), [&](int64_t i, int64_t off) {
+    out[static_cast<size_t>(i)] = read_at(base, dtype, off);
+  });
   return out;
 }
 
 std::vector<unsigned char> element_bytes(const Tensor& t) {
   if (!t.device().is_cpu()) return element_bytes(t.to(Device::cpu()));
-  const int64_t n = t.numel(), nd = t.dim();
   const size_t isz = itemsize(t.dtype());
-  std::vector<unsigned char> out(static_cast<size_t>(n) * isz);
-  const Shape& s = t.sizes();
-  const Strides& st = t.strides();
+  std::vector<unsigned char> out(static_cast<size_t>(t.numel()) * isz);
   const auto* base = static_cast<const unsigned char*>(t.raw_data());
-  for (int64_t i = 0; i < n; ++i) {
-    int64_t off = 0, r = i;
-    for (int64_t d = nd - 1; d >= 0; --d) {
-      off += (r % s[d]) * st[d];
-      r /= s[d];
-    }
+  for_offsets(t.sizes(), t.strides(), [&](int64_t i, int64_t off) {
     std::memcpy(out.data() + static_cast<size_t>(i) * isz, base + off * int64_t(isz), isz);
-  }
+  });
   return out;
 }
 
@@ -278,20 +290,19 @@ int64_t ravel(const std::vector<int64_t>& idx, const Shape& s) {
 
 std::vector<double> broadcast_values(const std::vector<double>& v, const Shape& from,
                                      const Shape& to) {
-  const int64_t n = to.numel(), nd = to.size(), lead = to.size() - from.size();
-  std::vector<double> out(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) {
-    int64_t r = i, src = 0, mul = 1;
-    for (int64_t d = nd - 1; d >= 0; --d) {
-      int64_t c = r % to[d];
-      r /= to[d];
-      if (d < lead) continue;
-      int64_t fs = from[d - lead];
-      src += (fs == 1 ? 0 : c) * mul;
-      mul *= fs;
-    }
-    out[static_cast<size_t>(i)] = v[static_cast<size_t>(src)];
+  // `from`'s row-major strides aligned to `to`, 0 where a dim broadcasts.
+  const int64_t nd = to.size(), lead = to.size() - from.size();
+  Strides st(nd, 0);
+  int64_t mul = 1;
+  for (int64_t d = nd - 1; d >= lead; --d) {
+    const int64_t fs = from[d - lead];
+    st[d] = fs == 1 ? 0 : mul;
+    mul *= fs;
   }
+  std::vector<double> out(static_cast<size_t>(to.numel()));
+  for_offsets(to, st, [&](int64_t i, int64_t off) {
+    out[static_cast<size_t>(i)] = v[static_cast<size_t>(off)];
+  });
   return out;
 }
 

@@ -4,14 +4,14 @@
 set -euo pipefail
 # ocl-icd-opencl-dev: libdnnl-dev only recommends it, but dnnl's CMake config requires OpenCL.
 # clang-format: the test command checks the tree's formatting.
-# clang-16 and libclang-rt-16-dev: the loader's fuzz target (libFuzzer; clang 14 has no
-# std::source_location).
+# clang-16, libclang-rt-16-dev and libomp-16-dev: the sanitizer builds and the loader's fuzz
+# target (libFuzzer; clang 14 has no std::source_location), with clang's OpenMP runtime.
 # libopenmpi-dev and openmpi-bin: the MPI transport of CPU collectives and mpirun for its tests.
 # libonnx-dev and libprotobuf-dev: ONNX export and import; libonnx-testdata: ONNX 1.12's node
 # tests (conformance); python3-venv: the ONNX Runtime environment below.
 pkgs=(g++ cmake ninja-build ccache git libeigen3-dev libfmt-dev doctest-dev
       libdnnl-dev ocl-icd-opencl-dev libopenblas-openmp-dev zlib1g-dev clang-format
-      clang-16 libclang-rt-16-dev libopenmpi-dev openmpi-bin dataset-fashion-mnist
+      clang-16 libclang-rt-16-dev libomp-16-dev libopenmpi-dev openmpi-bin dataset-fashion-mnist
       libonnx-dev libprotobuf-dev libonnx-testdata python3-venv)
 missing=()
 for p in "${pkgs[@]}"; do
