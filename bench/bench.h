@@ -210,8 +210,6 @@ void w2_floor_memcpy(const float* x, float* y, int64_t n);
 void w2_floor_fused(const float* x, float* y, int64_t n, bool eigen_logistic);
 /// W3 floors: C = A B, row-major n x n, directly on oneDNN and on OpenBLAS.
 void sgemm_onednn(const float* a, const float* b, float* c, int64_t n);
-/// c = a @ b, n x n row-major bf16 (2-byte elements), on oneDNN's matmul primitive.
-void matmul_onednn_bf16(const void* a, const void* b, void* c, int64_t n);
 /// The instruction set oneDNN dispatches to on this CPU, in words.
 std::string onednn_isa();
 void sgemm_openblas(const float* a, const float* b, float* c, int64_t n);

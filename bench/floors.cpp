@@ -87,25 +87,6 @@ void matmul_onednn_bf16_mnk(char ta, char tb, int64_t m, int64_t n, int64_t k, c
   s.wait();
 }
 
-// oneDNN's matmul primitive on n x n row-major bf16 operands, f32 accumulation, bf16 result:
-// the primitive built once per size, as a program that calls oneDNN itself would.
-void matmul_onednn_bf16(const void* a, const void* b, void* c, int64_t n) {
-  using dims = dnnl::memory::dims;
-  static dnnl::engine eng(dnnl::engine::kind::cpu, 0);
-  static std::map<int64_t, dnnl::matmul> prims;
-  const dnnl::memory::desc md(dims{n, n}, dnnl::memory::data_type::bf16, dims{n, 1});
-  auto it = prims.find(n);
-  if (it == prims.end())
-    it = prims
-             .emplace(
-                 n, dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(md, md, md), eng)))
-             .first;
-  dnnl::memory ma(md, eng, const_cast<void*>(a)), mb(md, eng, const_cast<void*>(b)), mc(md, eng, c);
-  dnnl::stream s(eng);
-  it->second.execute(s, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
-  s.wait();
-}
-
 std::string onednn_isa() {
   switch (dnnl::get_effective_cpu_isa()) {
     case dnnl::cpu_isa::avx512_core_amx:

@@ -202,8 +202,9 @@ void run_w3(const Config& c, std::vector<Result>& out) {
     const duet::DType bf16 = duet::DType::bf16;
     Tensor ab = a.to(bf16), bb = b.to(bf16), cb = duet::zeros({n, n}, duet::Options().dtype(bf16));
     auto tb = time_interleaved(
-        {repeat([&] { y = duet::matmul(ab, bb); }), repeat([&] { y = mm(ab, bb); }),
-         repeat([&] { matmul_onednn_bf16(ab.raw_data(), bb.raw_data(), cb.raw_data(), n); })},
+        {repeat([&] { y = duet::matmul(ab, bb); }), repeat([&] { y = mm(ab, bb); }), repeat([&] {
+           matmul_onednn_bf16_mnk('N', 'N', n, n, n, ab.raw_data(), bb.raw_data(), cb.raw_data());
+         })},
         c.reps);
     for (int k = 0; k < 3; ++k) {
       Result r = base("W3", modes[k], c, "gflops");

@@ -103,20 +103,9 @@ double read_at(const void* base, DType dtype, int64_t i) {
   return 0;
 }
 
-}  // namespace
-
-Tensor make(const std::vector<double>& v, const Shape& shape, DType dtype) {
-  REQUIRE(static_cast<int64_t>(v.size()) == shape.numel());
-  Tensor t = detail::empty(shape, dtype);
-  void* base = t.raw_data();
-  for (size_t i = 0; i < v.size(); ++i) write_at(base, dtype, static_cast<int64_t>(i), v[i]);
-  return t;
-}
-
 // Calls f(i, offset) for element i (row-major) of a layout of `sizes` and `strides` (elements),
 // stepping the offset as an odometer does: no division per element, and no call into the
 // tensor per element (an unoptimised or instrumented build pays for each).
-namespace {
 template <class F>
 void for_offsets(const Shape& sizes, const Strides& strides, F&& f) {
   const int64_t nd = sizes.size(), n = sizes.numel();
@@ -137,7 +126,16 @@ void for_offsets(const Shape& sizes, const Strides& strides, F&& f) {
     }
   }
 }
+
 }  // namespace
+
+Tensor make(const std::vector<double>& v, const Shape& shape, DType dtype) {
+  REQUIRE(static_cast<int64_t>(v.size()) == shape.numel());
+  Tensor t = detail::empty(shape, dtype);
+  void* base = t.raw_data();
+  for (size_t i = 0; i < v.size(); ++i) write_at(base, dtype, static_cast<int64_t>(i), v[i]);
+  return t;
+}
 
 std::vector<double> values(const Tensor& t) {
   if (!t.device().is_cpu()) return values(t.to(Device::cpu()));  // device memory: read a copy
