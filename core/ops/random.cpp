@@ -13,6 +13,7 @@
 // shape on cuda:i gives the same uniform and integer bits as the n-th draw on the CPU (the
 // kernels read the same Philox blocks; normals agree within 2 ulp of the device's log/sin/cos).
 #include <array>
+#include <limits>
 #include <mutex>
 
 #include "core/dispatch.h"
@@ -78,7 +79,8 @@ struct DeviceGenerator {
   Tensor unit;
 };
 
-constexpr int kMaxDevices = 128;  // Device::index is an int8_t
+// One slot per value a Device::index (an int8_t) can hold, so an index never exceeds the table.
+constexpr int kMaxDevices = std::numeric_limits<int8_t>::max() + 1;
 
 // A CPU i64 tensor {a, b}.
 Tensor pair(int64_t a, int64_t b) {
@@ -101,8 +103,7 @@ std::array<DeviceGenerator*, kMaxDevices>& device_generators() {
 // are used until exit, and freeing device memory after the CUDA runtime is torn down fails.
 DeviceGenerator& device_generator(Device device, const char* op) {
   check_device_usable(device, op);
-  DUET_CHECK_DEVICE(device.index >= 0 && device.index < kMaxDevices, "[{}] bad device {}", op,
-                    device);
+  DUET_CHECK_DEVICE(device.index >= 0, "[{}] bad device {}", op, device);
   DeviceGenerator*& g = device_generators()[static_cast<size_t>(device.index)];
   if (__builtin_expect(g == nullptr, 0)) {
     SuspendModes eager;
