@@ -6,8 +6,6 @@
 // count. The reference is the float64 sum of the same f32 values, which is exact for them.
 #pragma once
 
-#include <cfloat>
-#include <cmath>
 #include <string>
 #include <vector>
 
@@ -41,56 +39,21 @@ inline const std::vector<LongSum>& long_sums() {
 /// The value at flat index i of the stored tensor: 1e4, or a hash of i from 1e4 to 1e4 + 64 in
 /// steps of 2^-12 (float64 sums of up to 2^26 of them are exact). Added one after another to a
 /// running sum of 2^29 or more, each rounds the same way, up to the sum's ulp, as 1e4 does.
-inline float long_sum_value(const LongSum& c, int64_t i) {
-  const uint64_t h = static_cast<uint64_t>(i) * 0x9E3779B97F4A7C15ull;
-  return c.constant ? 1e4f : 1e4f + static_cast<float>(h >> 46) / 4096.0f;
-}
+float long_sum_value(const LongSum& c, int64_t i);
 
 /// The row's input, on the CPU.
-inline Tensor long_sum_input(const LongSum& c) {
-  const Shape stored = c.transposed ? Shape{c.shape[1], c.shape[0]} : c.shape;
-  Tensor x = zeros(stored);
-  float* p = x.data_ptr<float>();
-  for (int64_t i = 0; i < stored.numel(); ++i) p[i] = long_sum_value(c, i);
-  return c.transposed ? x.t() : x;
-}
+Tensor long_sum_input(const LongSum& c);
 
 /// The exact sums (float64 over the f32 values), one per output, row-major.
-inline std::vector<double> long_sum_reference(const LongSum& c) {
-  const int64_t rows = c.shape.size() == 1 ? 1 : c.shape[0];
-  const int64_t cols = c.shape.size() == 1 ? c.shape[0] : c.shape[1];
-  const bool all = c.dims.empty();
-  const bool over_rows = !all && c.dims[0] == 0;
-  std::vector<double> out(all ? 1 : over_rows ? cols : rows, 0.0);
-  for (int64_t i = 0; i < rows; ++i)
-    for (int64_t j = 0; j < cols; ++j) {
-      const int64_t stored = c.transposed ? j * rows + i : i * cols + j;
-      out[all ? 0 : over_rows ? j : i] += long_sum_value(c, stored);
-    }
-  return out;
-}
+std::vector<double> long_sum_reference(const LongSum& c);
 
 /// How many elements each output of the row sums.
-inline double long_sum_count(const LongSum& c) {
-  return c.dims.empty() ? double(c.shape.numel()) : double(c.shape[c.dims[0]]);
-}
+double long_sum_count(const LongSum& c);
 
 /// Empty when every value of got (a sum, or a mean when `mean`) is within 4 ulps (relative) of
 /// the exact one (want: long_sum_reference); else the first that is not.
-inline std::string long_sum_errors(const LongSum& c, const std::vector<double>& want,
-                                   const Tensor& got, bool mean) {
-  const std::vector<double> v = values(got);
-  if (v.size() != want.size())
-    return "got " + std::to_string(v.size()) + " values, want " + std::to_string(want.size());
-  for (size_t k = 0; k < v.size(); ++k) {
-    const double w = mean ? want[k] / long_sum_count(c) : want[k];
-    if (std::fabs(v[k] - w) <= 4 * FLT_EPSILON * std::fabs(w)) continue;
-    return std::string(mean ? "mean" : "sum") + " " + std::to_string(k) + ": got " +
-           std::to_string(v[k]) + ", want " + std::to_string(w) + " (relative error " +
-           std::to_string(std::fabs(v[k] - w) / std::fabs(w)) + ")";
-  }
-  return "";
-}
+std::string long_sum_errors(const LongSum& c, const std::vector<double>& want, const Tensor& got,
+                            bool mean);
 
 /// Every row as sum(abs(x)) and mean(abs(x)) over its dims, compiled (abs makes the sum the end
 /// of a fused group), with x on `device`, checked at 1 and 2 threads. With `generated`, each

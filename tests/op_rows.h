@@ -165,5 +165,7 @@ std::vector<double> ref_slice_scatter(const std::vector<double>& base, const Sha
 /// Reference reduction: dims already wrapped (empty: all).
 std::vector<double> ref_reduce(ReduceKind kind, const std::vector<double>& x, const Shape& s,
                                const std::vector<int64_t>& dims, bool keepdim, Shape* out);
+/// The shape of a reduction of shape s over dims (already wrapped; empty: all).
+Shape reduced_shape(const Shape& s, const std::vector<int64_t>& dims, bool keepdim);
 
 }  // namespace duet::test

@@ -39,22 +39,24 @@ std::vector<double> ref_matmul(const std::vector<double>& a, const Shape& as,
 std::vector<double> ref_reduce(ReduceKind kind, const std::vector<double>& x, const Shape& s,
                                const std::vector<int64_t>& dims, bool keepdim, Shape* out) {
   const int64_t nd = s.size();
-  std::vector<bool> red(static_cast<size_t>(nd), dims.empty());
+  std::vector<char> red(static_cast<size_t>(nd), dims.empty());
   for (int64_t d : dims) red[d] = true;
-  Shape kept;  // the output shape with keepdim (1 on reduced dims)
-  for (int64_t d = 0; d < nd; ++d) kept.push_back(red[d] ? 1 : s[d]);
-  const int64_t nout = kept.numel();
+  // The output shape with keepdim (1 on reduced dims), and the step in the output of one step
+  // along each input dim (0 on reduced dims).
+  std::vector<int64_t> sizes(s.begin(), s.end()), kept(sizes), ostep(static_cast<size_t>(nd));
+  int64_t nout = 1;
+  for (int64_t d = nd - 1; d >= 0; --d) {
+    if (red[d]) kept[d] = 1;
+    ostep[d] = red[d] ? 0 : nout;
+    nout *= kept[d];
+  }
   std::vector<double> acc(static_cast<size_t>(nout));
-  std::vector<int64_t> cnt(static_cast<size_t>(nout), 0);
-  for (int64_t i = 0; i < static_cast<int64_t>(x.size()); ++i) {
-    int64_t r = i, o = 0, mul = 1;
-    for (int64_t d = nd - 1; d >= 0; --d) {
-      int64_t c = r % s[d];
-      r /= s[d];
-      if (!red[d]) o += c * mul;
-      mul *= kept[d];
-    }
-    double v = x[i], &a = acc[o];
+  std::vector<int64_t> cnt(static_cast<size_t>(nout), 0), idx(static_cast<size_t>(nd), 0);
+  // Row-major over x, the output offset o stepped like an odometer alongside.
+  int64_t o = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double v = x[i];
+    double& a = acc[o];
     if (cnt[o]++ == 0) {
       a = v;
     } else if (kind == ReduceKind::Max) {
@@ -64,15 +66,31 @@ std::vector<double> ref_reduce(ReduceKind kind, const std::vector<double>& x, co
     } else {
       a += v;
     }
+    for (int64_t d = nd - 1; d >= 0; --d) {
+      o += ostep[d];
+      if (++idx[d] < sizes[d]) break;
+      o -= ostep[d] * sizes[d];
+      idx[d] = 0;
+    }
   }
-  for (int64_t o = 0; o < nout; ++o) {
-    if (kind == ReduceKind::Mean) acc[o] = cnt[o] ? acc[o] / cnt[o] : NAN;
-    if (kind == ReduceKind::Sum && cnt[o] == 0) acc[o] = 0;
+  for (int64_t k = 0; k < nout; ++k) {
+    if (kind == ReduceKind::Mean) acc[k] = cnt[k] ? acc[k] / cnt[k] : NAN;
+    if (kind == ReduceKind::Sum && cnt[k] == 0) acc[k] = 0;
   }
-  *out = Shape();
-  for (int64_t d = 0; d < nd; ++d)
-    if (!red[d] || keepdim) out->push_back(kept[d]);
+  *out = reduced_shape(s, dims, keepdim);
   return acc;
+}
+
+Shape reduced_shape(const Shape& s, const std::vector<int64_t>& dims, bool keepdim) {
+  Shape out;
+  for (int64_t d = 0; d < s.size(); ++d) {
+    const bool red = dims.empty() || std::find(dims.begin(), dims.end(), d) != dims.end();
+    if (!red)
+      out.push_back(s[d]);
+    else if (keepdim)
+      out.push_back(1);
+  }
+  return out;
 }
 
 std::vector<double> ref_slice_scatter(const std::vector<double>& base, const Shape& bs,

@@ -2,7 +2,11 @@
 // create_graph, version counters, in-place ops, views, broadcasting, dtypes, errors, and the
 // reuse of expiring temporaries while recording. The per-op gradients are checked by the op
 // sweep (test_op_grads.cpp).
+#include <pthread.h>
+
 #include <cmath>
+#include <exception>
+#include <functional>
 #include <thread>
 
 #include "core/autograd_hooks.h"
@@ -536,25 +540,60 @@ TEST_CASE("pow with a Scalar exponent keeps the precision of its input") {
 
 namespace duet::test {
 
-TEST_CASE("deep tapes: a million-op chain is released and differentiated without recursion") {
-  // Before: destroying y recursed once per node (a stack overflow at 300,000 nodes, and at
-  // 100,000 under ASan), and backward() over 1M ops crashed the same way.
-  constexpr int kDepth = 1000000;
-  Tensor x = ones({1}, Options().requires_grad());
-  {
-    Tensor y = x;
+namespace {
+
+// Runs fn on a thread whose stack holds `bytes`, and rethrows what it threw.
+void on_stack_of(size_t bytes, const std::function<void()>& fn) {
+  struct Call {
+    const std::function<void()>* fn;
+    std::exception_ptr error;
+  } call{&fn, nullptr};
+  pthread_attr_t attr;
+  REQUIRE(pthread_attr_init(&attr) == 0);
+  REQUIRE(pthread_attr_setstacksize(&attr, bytes) == 0);
+  pthread_t thread;
+  const int made = pthread_create(
+      &thread, &attr,
+      [](void* p) -> void* {
+        Call* c = static_cast<Call*>(p);
+        try {
+          (*c->fn)();
+        } catch (...) {
+          c->error = std::current_exception();
+        }
+        return nullptr;
+      },
+      &call);
+  pthread_attr_destroy(&attr);
+  REQUIRE(made == 0);
+  pthread_join(thread, nullptr);
+  if (call.error) std::rethrow_exception(call.error);
+}
+
+}  // namespace
+
+TEST_CASE("deep tapes: a 100,000-op chain is released and differentiated without recursion") {
+  // Before: destroying y recursed once per node (a stack overflow at 300,000 nodes on the main
+  // thread's 8 MiB, and at 100,000 under ASan), and backward() over 1M ops crashed the same way.
+  // On a stack of 512 KiB, a recursion of even 6 bytes a node overflows long before 100,000.
+  constexpr int kDepth = 100000;
+  on_stack_of(512 << 10, [] {
+    Tensor x = ones({1}, Options().requires_grad());
+    {
+      Tensor y = x;
+      for (int i = 0; i < kDepth; ++i) y = y + 1;
+      CHECK(y.item<float>() == doctest::Approx(kDepth + 1));
+    }  // y and its whole tape die here
+    Tensor y = x * 1;
     for (int i = 0; i < kDepth; ++i) y = y + 1;
-    CHECK(y.item<float>() == doctest::Approx(kDepth + 1));
-  }  // y and its whole tape die here
-  Tensor y = x * 1;
-  for (int i = 0; i < kDepth; ++i) y = y + 1;
-  y.backward();
-  CHECK(x.grad().item<float>() == 1);
-  y = Tensor();  // the released tape is freed too
-  // A deep chain that keeps its saved tensors (mul saves both inputs) dies without backward.
-  Tensor z = x * 1;
-  for (int i = 0; i < kDepth / 4; ++i) z = z * 1.0;
-  z = Tensor();
+    y.backward();
+    CHECK(x.grad().item<float>() == 1);
+    y = Tensor();  // the released tape is freed too
+    // A deep chain that keeps its saved tensors (mul saves both inputs) dies without backward.
+    Tensor z = x * 1;
+    for (int i = 0; i < kDepth; ++i) z = z * 1.0;
+    z = Tensor();
+  });
 }
 
 TEST_CASE("a view taken before an in-place write to its base differentiates through the write") {
