@@ -295,9 +295,11 @@ TEST_CASE("cuda codegen: a reduction of a few long rows or columns splits across
 
 namespace {
 
-// What the host needs of CUDA to run an elementwise kernel: threads run one after another.
+// What the host needs of CUDA to run a generated kernel. A block's threads are fibers
+// (ucontext) on the calling thread: each runs until it waits at a barrier (__syncthreads, or its
+// warp's half of a shuffle), then the next runnable one goes on. One block runs at a time.
 constexpr const char* kShim = R"duet_src(#pragma once
-#include <barrier>
+#include <ucontext.h>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -305,27 +307,50 @@ constexpr const char* kShim = R"duet_src(#pragma once
 struct dim3 {
   unsigned x = 1, y = 1, z = 1;
 };
-inline thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
+inline dim3 threadIdx, blockIdx, blockDim, gridDim;
 #define __device__
 #define __forceinline__ inline
 #define __global__
 #define __shared__ static
 #define __launch_bounds__(...)
-// One block runs at a time, each of its threads on a thread of its own, meeting at a barrier.
-// Shuffles meet at their warp's barrier (blocks are whole warps of 32).
-inline std::barrier<>* duet_emu_barrier = nullptr;
-inline std::barrier<>* duet_emu_warps[32];
+// A barrier for `count` fibers: the last to arrive starts a new generation, which lets the others
+// go on.
+struct DuetEmuBarrier {
+  unsigned count = 0, arrived = 0, generation = 0;
+};
+struct DuetEmuFiber {
+  ucontext_t ctx;
+  dim3 thread;
+  const DuetEmuBarrier* waits_on = nullptr;  // null: runnable
+  unsigned generation = 0;
+  bool done = false;
+};
+inline ucontext_t duet_emu_scheduler;
+inline DuetEmuFiber* duet_emu_current = nullptr;
+inline DuetEmuBarrier duet_emu_block, duet_emu_warps[32];
 inline double duet_emu_lanes[1024];
-inline void __syncthreads() { duet_emu_barrier->arrive_and_wait(); }
+inline void duet_emu_wait(DuetEmuBarrier& b) {
+  if (++b.arrived == b.count) {
+    b.arrived = 0;
+    ++b.generation;
+    return;
+  }
+  DuetEmuFiber* f = duet_emu_current;
+  f->waits_on = &b;
+  f->generation = b.generation;
+  swapcontext(&f->ctx, &duet_emu_scheduler);
+  threadIdx = f->thread;
+}
+inline void __syncthreads() { duet_emu_wait(duet_emu_block); }
 // Lane l gets lane l + off's value within its warp of 32, else its own (CUDA's rule).
 template <class T>
 T __shfl_down_sync(unsigned, T v, int off) {
   const unsigned tid = threadIdx.x + threadIdx.y * blockDim.x;
-  std::barrier<>& warp = *duet_emu_warps[tid / 32];
+  DuetEmuBarrier& warp = duet_emu_warps[tid / 32];
   duet_emu_lanes[tid] = static_cast<double>(v);
-  warp.arrive_and_wait();
+  duet_emu_wait(warp);
   const T r = (tid % 32) + off < 32 ? static_cast<T>(duet_emu_lanes[tid + off]) : v;
-  warp.arrive_and_wait();
+  duet_emu_wait(warp);
   return r;
 }
 inline float __int_as_float(int i) { return std::bit_cast<float>(i); }
@@ -343,7 +368,7 @@ std::string replace_all(std::string s, const std::string& from, const std::strin
   return s;
 }
 
-using EmulateFn = void (*)(int prog, const kernels::DuetFusedArgs* a, unsigned vmask, int vec,
+using EmulateFn = bool (*)(int prog, const kernels::DuetFusedArgs* a, unsigned vmask, int vec,
                            int nsplit, unsigned grid, unsigned grid_y, unsigned block_x,
                            unsigned block_y);
 // A split reduction's second pass (duet_fused_fold) of program `prog`, on one thread.
@@ -373,37 +398,66 @@ Emulator build_host_kernels(const std::vector<FusedProgram>& progs, std::string*
     src += fmt::format("#undef DUET_REDUCE\nnamespace prog{} {{\n{}\n}}\n", i, k);
   }
   src += R"EMU(#include <algorithm>
-#include <memory>
-#include <thread>
+#include <cstdio>
+#include <cstdlib>
 #include <vector>
-extern "C" void emulate(int prog, const duet::kernels::DuetFusedArgs* a, unsigned vmask, int vec,
-                        int nsplit, unsigned grid, unsigned grid_y, unsigned bx, unsigned by) {
-  for (unsigned b = 0; b < grid * grid_y; ++b) {
-    std::barrier<> bar(bx * by);
-    duet_emu_barrier = &bar;
-    std::vector<std::unique_ptr<std::barrier<>>> warps;
-    for (unsigned w = 0; w * 32 < bx * by; ++w) {
-      warps.push_back(std::make_unique<std::barrier<>>(std::min(32u, bx * by - w * 32)));
-      duet_emu_warps[w] = warps.back().get();
-    }
-    std::vector<std::thread> threads;
-    for (unsigned ty = 0; ty < by; ++ty)
-      for (unsigned tx = 0; tx < bx; ++tx)
-        threads.emplace_back([=] {
-          gridDim.x = grid;
-          gridDim.y = grid_y;
-          blockDim.x = bx;
-          blockDim.y = by;
-          blockIdx.x = b % grid;
-          blockIdx.y = b / grid;
-          threadIdx.x = tx;
-          threadIdx.y = ty;
-          switch (prog) {
+namespace {
+int emu_prog, emu_vec, emu_nsplit;
+unsigned emu_vmask;
+const duet::kernels::DuetFusedArgs* emu_args;
+void emu_body() {
+  switch (emu_prog) {
 )EMU";
   for (size_t i = 0; i < progs.size(); ++i)
     src += fmt::format(
-        "            case {0}: prog{0}::duet_fused(*a, vmask, vec, nsplit); break;\n", i);
-  src += "          }\n        });\n    for (std::thread& t : threads) t.join();\n  }\n}\n";
+        "    case {0}: prog{0}::duet_fused(*emu_args, emu_vmask, emu_vec, emu_nsplit); break;\n",
+        i);
+  src += R"EMU(  }
+  duet_emu_current->done = true;
+}
+}  // namespace
+// Runs the grid one block at a time; returns false where the block's fibers deadlock (a barrier
+// that not all of them reach).
+extern "C" bool emulate(int prog, const duet::kernels::DuetFusedArgs* a, unsigned vmask, int vec,
+                        int nsplit, unsigned grid, unsigned grid_y, unsigned bx, unsigned by) {
+  emu_prog = prog, emu_args = a, emu_vmask = vmask, emu_vec = vec, emu_nsplit = nsplit;
+  const unsigned n = bx * by;
+  constexpr size_t kStack = 64 << 10;
+  std::vector<DuetEmuFiber> fibers(n);
+  std::vector<char> stacks(kStack * n);
+  gridDim = dim3{grid, grid_y, 1};
+  blockDim = dim3{bx, by, 1};
+  for (unsigned b = 0; b < grid * grid_y; ++b) {
+    blockIdx = dim3{b % grid, b / grid, 0};
+    duet_emu_block = DuetEmuBarrier{n};
+    for (unsigned w = 0; w * 32 < n; ++w) duet_emu_warps[w] = DuetEmuBarrier{std::min(32u, n - w * 32)};
+    for (unsigned t = 0; t < n; ++t) {
+      DuetEmuFiber& f = fibers[t];
+      f = DuetEmuFiber{};
+      f.thread = dim3{t % bx, t / bx, 0};
+      getcontext(&f.ctx);
+      f.ctx.uc_stack.ss_sp = stacks.data() + kStack * t;
+      f.ctx.uc_stack.ss_size = kStack;
+      f.ctx.uc_link = &duet_emu_scheduler;
+      makecontext(&f.ctx, emu_body, 0);
+    }
+    for (unsigned left = n; left > 0;) {
+      bool ran = false;
+      for (DuetEmuFiber& f : fibers) {
+        if (f.done || (f.waits_on && f.waits_on->generation == f.generation)) continue;
+        f.waits_on = nullptr;
+        duet_emu_current = &f;
+        threadIdx = f.thread;
+        swapcontext(&duet_emu_scheduler, &f.ctx);
+        ran = true;
+        if (f.done) --left;
+      }
+      if (!ran) return false;
+    }
+  }
+  return true;
+}
+)EMU";
   src +=
       "extern \"C\" void emulate_fold(int prog, const void* part, void* out, int64_t n, int "
       "nsplit,\n"
@@ -430,7 +484,7 @@ extern "C" void emulate(int prog, const duet::kernels::DuetFusedArgs* a, unsigne
     p = e ? e + 1 : p + d.size();
   }
   const std::string cmd = fmt::format(
-      "{} -std=c++20 -O1 -fPIC -shared -pthread -w -I{} {} -include {} {} -o {} > {} 2>&1",
+      "{} -std=c++20 -O1 -fPIC -shared -w -I{} {} -include {} {} -o {} > {} 2>&1",
       detail::kCodegenCompiler, dir.string(), eigen, (dir / "shim.h").string(),
       (dir / "emu.cpp").string(), (dir / "emu.so").string(), (dir / "log.txt").string());
   if (std::system(cmd.c_str()) != 0) {
@@ -547,8 +601,9 @@ TEST_CASE("cuda codegen: generated kernels run on the host equal the interpreter
         partials = zeros({l.partials}, Options().dtype(p.dtype));
         a.red_out = partials.raw_data();
       }
-      emu.run(static_cast<int>(pi), &a, l.vmask, l.vec, l.nsplit, l.grid, l.grid_y, l.block_x,
-              l.block_y);
+      const bool ran = emu.run(static_cast<int>(pi), &a, l.vmask, l.vec, l.nsplit, l.grid, l.grid_y,
+                               l.block_x, l.block_y);
+      REQUIRE_MESSAGE(ran, "the block's threads deadlocked at a barrier");
       if (l.nsplit > 1)
         emu.fold(static_cast<int>(pi), partials.raw_data(), red_got.raw_data(), l.results, l.nsplit,
                  l.part_stride, l.split_stride);
