@@ -1,6 +1,8 @@
 #include "layouts.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <limits>
 #include <map>
 
 namespace duet::test {
@@ -81,6 +83,20 @@ const Sample& sample(const std::string& name) {
     if (name == s.name) return s;
   FAIL("no sample " << name);
   return table()[0];
+}
+
+bool runs_large(int64_t elements, size_t k) {
+  static const int64_t first = [] {
+    const char* env = std::getenv("DUET_LARGE_SAMPLE_DTYPES");
+    return env && *env ? std::atoll(env) : std::numeric_limits<int64_t>::max();
+  }();
+  return elements <= 2 * 32768 || static_cast<int64_t>(k) < first;
+}
+
+int64_t sample_elements(const Sample& s) {
+  int64_t n = 0;
+  for (const Shape& shape : s.shapes) n = std::max(n, shape.numel());
+  return n;
 }
 
 Built build(const ElementwiseRow& row, const std::vector<DType>& dts, const Sample& s, Rng& rng) {
