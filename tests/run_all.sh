@@ -22,28 +22,50 @@ bash tests/check_format.sh
 stage "Budgets (files within 900 lines, functions within 150)"
 bash tools/check_budgets.sh
 
+# Each sanitizer build starts in the background, at the lowest priority, while the tests before
+# it run: it takes only the CPU they leave idle (a test waiting on a timeout, on a child process or
+# on one slow case), and the foreground build that follows finishes it (and reports its errors).
+# It runs in a session of its own, so that a failing stage stops its whole process group.
+early_pid=""
+early_build() {  # early_build <log> <shell command>
+  setsid nice -n 19 bash -c "$2" >"$1" 2>&1 &
+  early_pid=$!
+}
+finish_early_build() {
+  if [ -n "$early_pid" ]; then
+    wait "$early_pid" || true  # a failure shows in the foreground build that follows
+    early_pid=""
+  fi
+}
+trap 'if [ -n "$early_pid" ]; then kill -- "-$early_pid" 2>/dev/null || true; fi' EXIT
+
 stage "Release build"
 # Unity batches here too: on a fresh clone every build is cold. Configure a folder of your own
 # without DUET_UNITY_BUILD for quick one-file rebuilds.
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DDUET_BUILD_TESTS=ON -DDUET_UNITY_BUILD=ON >/dev/null
 cmake --build build -j "$jobs"
+cmake -S . -B build-asan -G Ninja -DCMAKE_CXX_COMPILER="$san_cxx" -DCMAKE_BUILD_TYPE=Debug -DDUET_SANITIZE=ON -DDUET_UNITY_BUILD=ON \
+  -DDUET_BUILD_TESTS=ON -DDUET_BUILD_BENCH=OFF -DDUET_BUILD_SAMPLES=OFF >/dev/null
+early_build build-asan/early-build.log "cmake --build build-asan -j $jobs"
 ctest --test-dir build --output-on-failure -j "$jobs"
 
 stage "ASan + UBSan build (CPU only)"
-cmake -S . -B build-asan -G Ninja -DCMAKE_CXX_COMPILER="$san_cxx" -DCMAKE_BUILD_TYPE=Debug -DDUET_SANITIZE=ON -DDUET_UNITY_BUILD=ON \
-  -DDUET_BUILD_TESTS=ON -DDUET_BUILD_BENCH=OFF -DDUET_BUILD_SAMPLES=OFF >/dev/null
+finish_early_build
 cmake --build build-asan -j "$jobs"
+cmake -S . -B build-tsan -G Ninja -DCMAKE_CXX_COMPILER="$san_cxx" -DCMAKE_BUILD_TYPE=Debug -DDUET_TSAN=ON -DDUET_CUDA=OFF -DDUET_UNITY_BUILD=ON \
+  -DDUET_BUILD_TESTS=ON -DDUET_BUILD_BENCH=OFF -DDUET_BUILD_SAMPLES=OFF >/dev/null
+cmake -S tests/fuzz -B build-fuzz -G Ninja -DCMAKE_CXX_COMPILER="$san_cxx" \
+  -DCMAKE_CXX_COMPILER_LAUNCHER=ccache >/dev/null
+early_build build-tsan/early-build.log \
+  "cmake --build build-tsan -j $jobs --target test_threads && cmake --build build-fuzz -j $jobs"
 ctest --test-dir build-asan --output-on-failure -j "$jobs"
 
 stage "ThreadSanitizer build (CPU only, the thread tests)"
-cmake -S . -B build-tsan -G Ninja -DCMAKE_CXX_COMPILER="$san_cxx" -DCMAKE_BUILD_TYPE=Debug -DDUET_TSAN=ON -DDUET_CUDA=OFF -DDUET_UNITY_BUILD=ON \
-  -DDUET_BUILD_TESTS=ON -DDUET_BUILD_BENCH=OFF -DDUET_BUILD_SAMPLES=OFF >/dev/null
+finish_early_build
 cmake --build build-tsan -j "$jobs" --target test_threads
 ctest --test-dir build-tsan --output-on-failure -R '^test_threads$'
 
 stage "Fuzzing, 60 s each, side by side (one core each): the program loader and ONNX import"
-cmake -S tests/fuzz -B build-fuzz -G Ninja -DCMAKE_CXX_COMPILER="$san_cxx" \
-  -DCMAKE_CXX_COMPILER_LAUNCHER=ccache >/dev/null
 cmake --build build-fuzz -j "$jobs"
 # ONNX import (tests/fuzz/fuzz_onnx_import.cpp, from the Release build), in the background.
 onnx_pid=""
