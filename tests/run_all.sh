@@ -25,11 +25,16 @@ bash tools/check_budgets.sh
 # Each sanitizer build starts in the background, at the lowest priority, while the tests before
 # it run: it takes only the CPU they leave idle (a test waiting on a timeout, on a child process or
 # on one slow case), and the foreground build that follows finishes it (and reports its errors).
-# It runs in a session of its own, so that a failing stage stops its whole process group.
+# It runs in a process group of its own (set -m), so that a failing stage stops all of it, but in
+# this session: a session of its own (setsid) would get a scheduling group of its own under the
+# kernel's autogroup, where nice 19 no longer yields to the tests (the Release ctest took 310 s
+# instead of 181 s so).
 early_pid=""
 early_build() {  # early_build <log> <shell command>
-  setsid nice -n 19 bash -c "$2" >"$1" 2>&1 &
+  set -m
+  nice -n 19 bash -c "$2" >"$1" 2>&1 &
   early_pid=$!
+  set +m
 }
 finish_early_build() {
   if [ -n "$early_pid" ]; then
