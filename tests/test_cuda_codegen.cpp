@@ -484,7 +484,7 @@ extern "C" bool emulate(int prog, const duet::kernels::DuetFusedArgs* a, unsigne
     p = e ? e + 1 : p + d.size();
   }
   const std::string cmd = fmt::format(
-      "{} -std=c++20 -O1 -fPIC -shared -w -I{} {} -include {} {} -o {} > {} 2>&1",
+      "{} -std=c++20 -O0 -fPIC -shared -w -I{} {} -include {} {} -o {} > {} 2>&1",
       detail::kCodegenCompiler, dir.string(), eigen, (dir / "shim.h").string(),
       (dir / "emu.cpp").string(), (dir / "emu.so").string(), (dir / "log.txt").string());
   if (std::system(cmd.c_str()) != 0) {
