@@ -86,17 +86,19 @@ const Sample& sample(const std::string& name) {
 }
 
 bool runs_large(int64_t elements, size_t k) {
+  // Twice kernels::kParallelGrain (kernels/loops.h, not included here: it needs OpenMP's header).
+  constexpr int64_t kLarge = 2 * 32768;
   static const int64_t first = [] {
     const char* env = std::getenv("DUET_LARGE_SAMPLE_DTYPES");
     return env && *env ? std::atoll(env) : std::numeric_limits<int64_t>::max();
   }();
-  return elements <= 2 * 32768 || static_cast<int64_t>(k) < first;
+  return elements <= kLarge || static_cast<int64_t>(k) < first;
 }
 
-int64_t sample_elements(const Sample& s) {
+bool runs_large(const Sample& s, size_t k) {
   int64_t n = 0;
   for (const Shape& shape : s.shapes) n = std::max(n, shape.numel());
-  return n;
+  return runs_large(n, k);
 }
 
 Built build(const ElementwiseRow& row, const std::vector<DType>& dts, const Sample& s, Rng& rng) {

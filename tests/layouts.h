@@ -35,14 +35,14 @@ const std::vector<Sample>& samples(Sweep sweep);
 /// The sample called `name` (fails the test case when there is none).
 const Sample& sample(const std::string& name);
 
-/// Whether a sweep runs a sample with `elements` elements at the k-th dtype (or dtype pair) it
-/// tries for a row. Every dtype runs, except where DUET_LARGE_SAMPLE_DTYPES=n (the sanitized
-/// suite sets 2): a large sample, above the kernels' parallel threshold (2 x 32768 elements),
-/// then runs at the first n only. Its threaded walks are the same code at every dtype; the
-/// Release suite runs them all.
+/// Whether a sweep runs an input of `elements` elements at the k-th dtype (or dtype pair) it tries
+/// for a row. Every dtype runs, except where DUET_LARGE_SAMPLE_DTYPES=n (the sanitized suite sets
+/// 2): a large input, above the kernels' parallel threshold (2 x kernels::kParallelGrain), then
+/// runs at the first n only. Its threaded walks are the same code at every dtype; the Release
+/// suite runs them all.
 bool runs_large(int64_t elements, size_t k);
-/// The most elements of a sample's inputs (its shapes).
-int64_t sample_elements(const Sample& s);
+/// The same for a sample, by its largest input.
+bool runs_large(const Sample& s, size_t k);
 
 /// One layout of a conversion row's input (cast, copy): with `small`, the input is made at that
 /// shape, then expanded to `shape`.

@@ -41,14 +41,12 @@ std::vector<double> ref_reduce(ReduceKind kind, const std::vector<double>& x, co
   const int64_t nd = s.size();
   std::vector<char> red(static_cast<size_t>(nd), dims.empty());
   for (int64_t d : dims) red[d] = true;
-  // The output shape with keepdim (1 on reduced dims), and the step in the output of one step
-  // along each input dim (0 on reduced dims).
-  std::vector<int64_t> sizes(s.begin(), s.end()), kept(sizes), ostep(static_cast<size_t>(nd));
+  // The step in the output of one step along each input dim (0 on reduced dims).
+  std::vector<int64_t> sizes(s.begin(), s.end()), ostep(static_cast<size_t>(nd));
   int64_t nout = 1;
   for (int64_t d = nd - 1; d >= 0; --d) {
-    if (red[d]) kept[d] = 1;
     ostep[d] = red[d] ? 0 : nout;
-    nout *= kept[d];
+    if (!red[d]) nout *= sizes[d];
   }
   std::vector<double> acc(static_cast<size_t>(nout));
   std::vector<int64_t> cnt(static_cast<size_t>(nout), 0), idx(static_cast<size_t>(nd), 0);

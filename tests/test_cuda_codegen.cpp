@@ -338,8 +338,7 @@ inline void duet_emu_wait(DuetEmuBarrier& b) {
   DuetEmuFiber* f = duet_emu_current;
   f->waits_on = &b;
   f->generation = b.generation;
-  swapcontext(&f->ctx, &duet_emu_scheduler);
-  threadIdx = f->thread;
+  swapcontext(&f->ctx, &duet_emu_scheduler);  // the scheduler sets threadIdx on the way back
 }
 inline void __syncthreads() { duet_emu_wait(duet_emu_block); }
 // Lane l gets lane l + off's value within its warp of 32, else its own (CUDA's rule).

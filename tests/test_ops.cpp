@@ -67,7 +67,7 @@ TEST_CASE("elementwise rows: every sample, every dtype, against the float64 refe
     for (size_t k = 0; k < row.dtypes.size(); ++k) {
       const DType dt = row.dtypes[k], out_dtype = result_dtype(row.result, dt);
       for (const Sample& s : samples(kEagerSweep)) {
-        if (row.arity < s.min_arity || !runs_large(sample_elements(s), k)) continue;
+        if (row.arity < s.min_arity || !runs_large(s, k)) continue;
         INFO(std::string(row.name)
              << " on " << dtype_name(dt) << ", sample " << std::string(s.name));
         Built b = build(row, {dt}, s, rng);
@@ -89,7 +89,7 @@ TEST_CASE("elementwise rows: a result's bits do not depend on its operands' layo
     for (size_t k = 0; k < row.dtypes.size(); ++k) {
       const DType dt = row.dtypes[k];
       for (const Sample& s : samples(kEagerSweep)) {
-        if (row.arity < s.min_arity || !runs_large(sample_elements(s), k)) continue;
+        if (row.arity < s.min_arity || !runs_large(s, k)) continue;
         INFO(std::string(row.name)
              << " on " << dtype_name(dt) << ", sample " << std::string(s.name));
         Built b = build(row, {dt}, s, rng);
@@ -144,7 +144,7 @@ TEST_CASE("elementwise rows on mixed dtypes promote like PyTorch") {
         for (const char* name :
              {"normal", "broadcast (3,1) (1,4) (4)", "mixed layouts", "offset", "big strided"}) {
           const Sample& s = sample(name);
-          if (!runs_large(sample_elements(s), pair)) continue;
+          if (!runs_large(s, pair)) continue;
           INFO(std::string(row.name) << " on " << dtype_name(da) << " and " << dtype_name(db)
                                      << ", sample " << std::string(name));
           Built b = build(row, {da, db}, s, rng);
@@ -303,7 +303,7 @@ TEST_CASE("elementwise rows: rvalue operands reuse only buffers nobody else sees
     for (size_t k = 0; k < row.dtypes.size(); ++k) {
       const DType dt = row.dtypes[k], out_dtype = result_dtype(row.result, dt);
       for (const Sample* s : {&normal, &bcast, &big}) {
-        if (row.arity < s->min_arity || !runs_large(sample_elements(*s), k)) continue;
+        if (row.arity < s->min_arity || !runs_large(*s, k)) continue;
         INFO(std::string(row.name)
              << " on " << dtype_name(dt) << ", sample " << std::string(s->name));
         Built b = build(row, {dt}, *s, rng);
