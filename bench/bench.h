@@ -176,6 +176,9 @@ void run_w6(const Config&, std::vector<Result>&);
 /// W8: a transformer training step (nn modules, AdamW), eager and compiled, against the GEMM
 /// floor of its products (transformer.cpp).
 void run_w8(const Config&, std::vector<Result>&);
+/// AT (not a standard workload): scaled_dot_product_attention forward and backward, the fused
+/// primitive against the composite, at 1024 and 4096 tokens (attention.cpp).
+void run_at(const Config&, std::vector<Result>&);
 /// TT (not a standard workload): two MLP towers on one input, joined, a head and a training
 /// step, at batch 16 and 128, compiled with and without parallel branches.
 void run_tt(const Config&, std::vector<Result>&);

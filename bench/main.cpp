@@ -19,10 +19,11 @@
 namespace {
 
 void usage() {
-  std::fprintf(stderr,
-               "usage: duet_bench [--only W1,...,W8,C1,CT,CS,TT,RN,DP,W2cuda,W3cuda,W4cuda,W6cuda] "
-               "[--threads N] "
-               "[--device cpu|cuda|all] [--reps N] [--json] [--ablate] [--profile DIR]\n");
+  std::fprintf(
+      stderr,
+      "usage: duet_bench [--only W1,...,W8,C1,CT,CS,TT,RN,DP,AT,W2cuda,W3cuda,W4cuda,W6cuda] "
+      "[--threads N] "
+      "[--device cpu|cuda|all] [--reps N] [--json] [--ablate] [--profile DIR]\n");
 }
 
 std::string json(const std::vector<bench::Result>& rs) {
@@ -124,6 +125,7 @@ int main(int argc, char** argv) {
     if (only.count("TT")) run("TT", bench::run_tt);
     if (only.count("RN")) run("RN", bench::run_rn);
     if (only.count("DP")) run("DP", bench::run_dp);
+    if (only.count("AT")) run("AT", bench::run_at);
   }
   // CUDA workloads: on --device cuda or all, or when --only names them.
   const bool on_cuda = cfg.device != "cpu" && !ablation;

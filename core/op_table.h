@@ -204,7 +204,7 @@ struct GradCtx {
 using GradFn = void (*)(const GradCtx& ctx, const Tensor& grad, Tensor* grad_in);
 
 /// OpDef::save bits: which values a gradient rule reads.
-inline constexpr uint8_t kSaveIn0 = 1, kSaveIn1 = 2, kSaveIn2 = 4, kSaveOut = 0x80;
+inline constexpr uint8_t kSaveIn0 = 1, kSaveIn1 = 2, kSaveIn2 = 4, kSaveIn3 = 8, kSaveOut = 0x80;
 
 struct OpDef {
   OpId id;
@@ -247,6 +247,7 @@ void register_view_rules(OpDef* table);
 void register_source_rules(OpDef* table);
 void register_index_rules(OpDef* table);
 void register_image_rules(OpDef* table);
+void register_attention_rules(OpDef* table);
 void register_random_rules(OpDef* table);
 void register_debug_rules(OpDef* table);
 void register_collective_rules(OpDef* table);
@@ -264,6 +265,8 @@ void register_symbolic_rules(OpDef* table);
 // Symbolic dims (core/ops/symbolic_rules.cpp; Note [Symbolic dims] in trace/compile.h).
 /// The product of the dims.
 SymInt sym_numel(const SymDims& d);
+/// The dims a and b broadcast to (guards when symbolic); errors name `op`.
+SymDims sym_broadcast(const SymDims& a, const SymDims& b, const char* op);
 /// Whether every dim is concrete.
 bool all_concrete(const SymDims& d);
 /// The dims of a meta as SymInts (its sym, or its concrete shape).

@@ -74,6 +74,15 @@ Tensor arange_dims(const SymInt& n, Options options);
 /// the weights (nn::MultiheadAttention).
 Tensor attention_weights(const char* op, const Tensor& q, const Tensor& k, const Tensor& attn_mask,
                          bool is_causal, double scale);
+/// attention_weights' checks of the scale and the mask (errors name `op`).
+void check_attention_options(const char* op, const Tensor& q, const Tensor& attn_mask,
+                             bool is_causal, double scale);
+/// scaled_dot_product_attention as matmul, softmax and matmul (the primitive's reference, and
+/// its path where the fused kernels do not apply: Note [Attention] in core/ops/attention.cpp).
+Tensor attention_composite(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                           const Tensor& attn_mask, bool is_causal, double scale);
+/// The largest head dim (E and F) the fused attention kernels take.
+inline constexpr int64_t kMaxHeadDim = 256;
 /// A 0-d tensor of `dtype` holding the size n: a wrapped number when n is concrete (it goes with
 /// tensors on any device), else a Full on `device` whose value is symbolic.
 Tensor size_scalar(const SymInt& n, DType dtype, Device device = Device::cpu());

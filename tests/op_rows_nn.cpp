@@ -158,8 +158,8 @@ OpRow sdpa_row(Shape batch, int64_t l, int64_t s, int64_t e, int64_t f, int mask
   OpRow r{fmt::format("scaled_dot_product_attention q {} k {} v {}{}{}", shapes[0].str(),
                       shapes[1].str(), shapes[2].str(), kinds[mask],
                       scale ? fmt::format(", scale {}", scale) : ""),
-          OpId::MatMul,
-          true,
+          OpId::Attention,
+          false,
           shapes,
           [=](const Ins& in) {
             Tensor m;
@@ -201,6 +201,107 @@ OpRow sdpa_row(Shape batch, int64_t l, int64_t s, int64_t e, int64_t f, int mask
           },
           with(l, f)};
   r.domains = {Domain{-2, 2}};
+  return r;
+}
+
+// The float64 attention of q (l, e), k (s, e) and v (s, f) and its gradient for g (l, f): dq, dk
+// and dv one after another. mask as sdpa_row's (no floating mask).
+std::vector<double> ref_attention_grads(const double* q, const double* k, const double* v,
+                                        const double* g, int64_t l, int64_t s, int64_t e, int64_t f,
+                                        int mask) {
+  const double sc = 1 / std::sqrt(double(e));
+  std::vector<double> p(l * s), dp(l * s), out(l * e + s * e + s * f, 0.0);
+  for (int64_t i = 0; i < l; ++i) {
+    double m = -INFINITY, total = 0;
+    for (int64_t j = 0; j < s; ++j) {
+      double acc = 0;
+      for (int64_t c = 0; c < e; ++c) acc += q[i * e + c] * k[j * e + c];
+      acc *= sc;
+      if ((mask == 1 && j > i) || (mask == 2 && (i + j) % 3 == 0)) acc = -INFINITY;
+      p[i * s + j] = acc;
+      m = std::max(m, acc);
+    }
+    for (int64_t j = 0; j < s; ++j) total += (p[i * s + j] = std::exp(p[i * s + j] - m));
+    for (int64_t j = 0; j < s; ++j) p[i * s + j] /= total;
+  }
+  double* dq = out.data();
+  double* dk = dq + l * e;
+  double* dv = dk + s * e;
+  for (int64_t i = 0; i < l; ++i) {
+    double d = 0;
+    for (int64_t j = 0; j < s; ++j) {
+      double acc = 0;
+      for (int64_t c = 0; c < f; ++c) acc += g[i * f + c] * v[j * f + c];
+      dp[i * s + j] = acc;
+      d += acc * p[i * s + j];
+    }
+    for (int64_t j = 0; j < s; ++j) {
+      const double ds = p[i * s + j] * (dp[i * s + j] - d) * sc;
+      for (int64_t c = 0; c < e; ++c) {
+        dq[i * e + c] += ds * k[j * e + c];
+        dk[j * e + c] += ds * q[i * e + c];
+      }
+      for (int64_t c = 0; c < f; ++c) dv[j * f + c] += p[i * s + j] * g[i * f + c];
+    }
+  }
+  return out;
+}
+
+// attention_backward through grad() of scaled_dot_product_attention: inputs q, k, v and the
+// output's gradient g; the result is dq, dk and dv of each batch, flattened and joined.
+OpRow attention_backward_row(Shape batch, int64_t l, int64_t s, int64_t e, int64_t f, int mask) {
+  auto with = [&](int64_t a, int64_t b) {
+    Shape r = batch;
+    r.push_back(a);
+    r.push_back(b);
+    return r;
+  };
+  static const char* kinds[] = {"", ", causal", ", b8 mask"};
+  const int64_t nb = batch.numel(), per = l * e + s * e + s * f;
+  OpRow r{fmt::format("attention_backward (grad of scaled_dot_product_attention) q {} k {} v {}{}",
+                      with(l, e).str(), with(s, e).str(), with(s, f).str(), kinds[mask]),
+          OpId::AttentionBackward,
+          false,
+          {with(l, e), with(s, e), with(s, f), with(l, f)},
+          [=](const Ins& in) {
+            std::vector<Tensor> x;
+            for (int i = 0; i < 3; ++i) x.push_back(in[i].detach().requires_grad_(true));
+            Tensor m;
+            if (mask == 2) {
+              std::vector<double> keep;
+              for (int64_t i = 0; i < l; ++i)
+                for (int64_t j = 0; j < s; ++j) keep.push_back((i + j) % 3 != 0);
+              m = make(keep, {l, s}, DType::b8);
+            }
+            Tensor y = scaled_dot_product_attention(x[0], x[1], x[2], m, mask == 1);
+            std::vector<Tensor> gs = grad({y}, x, {in[3]});
+            Shape flat = batch;
+            flat.push_back(-1);
+            return cat({gs[0].reshape(flat), gs[1].reshape(flat), gs[2].reshape(flat)}, -1);
+          },
+          [=](const Values& v) {
+            std::vector<double> y;
+            for (int64_t b = 0; b < nb; ++b) {
+              std::vector<double> one =
+                  ref_attention_grads(&v[0][b * l * e], &v[1][b * s * e], &v[2][b * s * f],
+                                      &v[3][b * l * f], l, s, e, f, mask);
+              y.insert(y.end(), one.begin(), one.end());
+            }
+            return y;
+          },
+          [&] {
+            Shape o = batch;
+            o.push_back(per);
+            return o;
+          }()};
+  r.domains = {Domain{-2, 2}};
+  r.grad = false;  // second derivatives go through the composite (Note [Attention])
+  r.tol32 = 1e-4;
+  return r;
+}
+
+OpRow forward_only(OpRow r) {
+  r.grad = false;
   return r;
 }
 
@@ -498,6 +599,15 @@ const std::vector<OpRow>& nn_rows() {
       sdpa_row({2}, 3, 4, 2, 3, 2, 0),
       sdpa_row({2}, 3, 4, 2, 3, 3, 0.5),
       sdpa_row({}, 4, 3, 3, 2, 1, 0),
+      // Past one tile of 64 queries and of 64 keys (the fused kernels' tiles), L != S; too large
+      // for the gradient sweep, so attention_backward_row covers their gradients.
+      forward_only(sdpa_row({2}, 70, 130, 8, 5, 1, 0)),
+      forward_only(sdpa_row({1}, 65, 67, 4, 3, 2, 0)),
+      forward_only(sdpa_row({}, 66, 129, 3, 4, 3, 0.25)),
+      sdpa_row({2}, 3, 0, 2, 3, 0, 0),
+      attention_backward_row({2}, 3, 4, 2, 3, 0),
+      attention_backward_row({2}, 3, 4, 2, 3, 1),
+      attention_backward_row({}, 70, 67, 4, 3, 2),
       mse_row({3, 4}),
       mse_row({5}),
       mse_row({}),

@@ -630,4 +630,33 @@ TEST_CASE("cuda Philox draws: bit-identical to the CPU for the same state") {
     }
 }
 
+// The fused attention kernels (cuda/kernels/attention.cu) against the CPU's, at head dims that
+// fill the warp's lanes and past them, L != S, each mask kind, forward and backward; the op
+// rows cover the small shapes and every layout.
+TEST_CASE("attention: CUDA against CPU, forward and backward") {
+  if (!gpu()) return skip("no GPU");
+  manual_seed(13);
+  for (int kind = 0; kind < 4; ++kind) {
+    const int64_t e = kind == 3 ? 200 : 64, f = kind == 3 ? 40 : 48;
+    Tensor q = randn({2, 70, e}), k = randn({2, 90, e}), v = randn({2, 90, f});
+    Tensor g = randn({2, 70, f}), mask;
+    if (kind == 2) mask = gt(rand({70, 90}), 0.2);
+    auto run = [&](const Tensor& q0, const Tensor& k0, const Tensor& v0, const Tensor& m,
+                   const Tensor& g0) {
+      Tensor a = q0.detach().requires_grad_(), b = k0.detach().requires_grad_(),
+             c = v0.detach().requires_grad_();
+      Tensor y = scaled_dot_product_attention(a, b, c, m, kind == 1);
+      std::vector<Tensor> gs = grad({y}, {a, b, c}, {g0});
+      return std::vector<Tensor>{y.detach(), gs[0], gs[1], gs[2]};
+    };
+    const std::vector<Tensor> want = run(q, k, v, mask, g);
+    const std::vector<Tensor> got = run(cuda_like(q), cuda_like(k), cuda_like(v),
+                                        mask.defined() ? cuda_like(mask) : mask, cuda_like(g));
+    for (int i = 0; i < 4; ++i) {
+      INFO("mask kind " << kind << ", result " << i);
+      CHECK(close(got[i].to(Device::cpu()), want[i], 1e-4));
+    }
+  }
+}
+
 }  // namespace duet::test

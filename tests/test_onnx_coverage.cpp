@@ -33,6 +33,8 @@ const std::map<OpId, const char*>& no_onnx_form() {
       {OpId::CollectiveWait, "a collective of a multi-process job"},
       {OpId::Conv2dInputGrad, "conv2d's gradient: training graphs, which inference models omit"},
       {OpId::Conv2dWeightGrad, "conv2d's gradient: training graphs, which inference models omit"},
+      {OpId::AttentionBackward,
+       "attention's gradient: training graphs, which inference models omit"},
   };
   return m;
 }

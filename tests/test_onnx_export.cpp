@@ -325,6 +325,33 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "export_onnx: the fused attention (causal with a symbolic length, b8 and float masks) runs "
+    "in ONNX Runtime" *
+    doctest::skip(skip_ort())) {
+  manual_seed(4);
+  const Tensor bmask = gt(rand({5, 7}), 0.3), fmask = randn({5, 7});
+  for (int kind = 0; kind < 3; ++kind) {
+    CAPTURE(kind);
+    const Tensor m = kind == 1 ? bmask : kind == 2 ? fmask : Tensor();
+    auto attend = [&](const Tensor& q, const Tensor& k, const Tensor& v) {
+      return scaled_dot_product_attention(q, k, v, m, kind == 0);
+    };
+    auto f = compile(attend);
+    const std::string path = temp("attention.onnx");
+    OnnxExportOptions o;
+    if (kind == 0) o.dynamic = {{0, 1}, {1, 1}, {2, 1}};  // L = S, symbolic
+    export_onnx(f, path, o, randn({2, 5, 8}), randn({2, 7, 8}), randn({2, 7, 4}));
+    const Tensor q = randn({2, 5, 8}), k = randn({2, 7, 8}), v = randn({2, 7, 4});
+    run_and_compare(path, {q, k, v}, {attend(q, k, v)});
+    if (kind == 0) {
+      const Tensor q2 = randn({2, 9, 8}), k2 = randn({2, 9, 8}), v2 = randn({2, 9, 4});
+      run_and_compare(path, {q2, k2, v2}, {attend(q2, k2, v2)});
+    }
+    std::remove(path.c_str());
+  }
+}
+
+TEST_CASE(
     "export_onnx: the CNN of samples/cnn.cpp (conv2d, max pooling, linear) runs in ONNX "
     "Runtime" *
     doctest::skip(skip_ort())) {

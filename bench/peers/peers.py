@@ -50,8 +50,9 @@ import time
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 VENV = os.path.join(ROOT, ".venv-peers")
 # The peers on the CPU: exact versions from PyPI (wheels for Python 3.11 on x86-64 Linux).
+AT_HEADS, AT_LEN, AT_DIM = 12, 1024, 64
 PINS = ["torch==2.11.0", "jax==0.10.2", "jaxlib==0.10.2", "numpy==2.4.6"]
-WORKLOADS = ["W1", "W2", "W3", "W4", "W5", "W6", "W8", "C1"]
+WORKLOADS = ["W1", "W2", "W3", "W4", "W5", "W6", "W8", "C1", "AT"]
 ROW_TAG = "PEERROW "  # a worker's result lines on stdout start with this
 
 # ---------------------------------------------------------------------------------------------
@@ -422,6 +423,28 @@ class TorchWorker(Worker):
         for mode, t in zip(["eager", "compiled"], secs):
             self.emit("C1", mode, "gflops", t, lambda v: c1_flop() / v / 1e9, "conv2d_fwd_bwd")
 
+    def at(self):
+        """AT: scaled_dot_product_attention at L = S = 1024, 12 heads of 64, causal, f32,
+        forward + backward and forward alone (PyTorch picks its CPU flash kernel)."""
+        torch = self.torch
+        shape = (1, AT_HEADS, AT_LEN, AT_DIM)
+        q, k, v, g = (self.tensor(lcg_uniform(AT_HEADS * AT_LEN * AT_DIM, 90 + i)
+                                  .reshape(shape)) for i in range(4))
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+
+        def fwd_bwd():
+            a, b, c = (t.detach().requires_grad_() for t in (q, k, v))
+            torch.autograd.grad(sdpa(a, b, c, is_causal=True), (a, b, c), g)
+            self.sync()
+
+        def fwd():
+            with torch.no_grad():
+                sdpa(q, k, v, is_causal=True)
+            self.sync()
+        secs = time_interleaved([fwd_bwd, fwd], self.reps)
+        self.emit("AT", "eager", "fwd_bwd_ms", secs[0], lambda t: t * 1e3, "L1024 h12")
+        self.emit("AT", "eager", "fwd_ms", secs[1], lambda t: t * 1e3, "L1024 h12")
+
 
 def w8_tokens():
     """W8's batch: token ids (batch, seq + 1); inputs are the first seq, targets the last."""
@@ -657,6 +680,26 @@ class JaxWorker(Worker):
         self.emit("C1", "compiled", "gflops", secs[0], lambda t: c1_flop() / t / 1e9,
                   "conv2d_fwd_bwd")
 
+    def at(self):
+        """AT: jax.nn.dot_product_attention, causal, under jit, forward + backward (vjp) and
+        forward alone; jax's layout is (batch, length, heads, dim)."""
+        jax = self.jax
+        shape = (1, AT_LEN, AT_HEADS, AT_DIM)
+        q, k, v, g = (self.put(lcg_uniform(AT_HEADS * AT_LEN * AT_DIM, 90 + i).reshape(shape))
+                      for i in range(4))
+
+        def attend(a, b, c):
+            return jax.nn.dot_product_attention(a, b, c, is_causal=True)
+
+        def fwd_bwd(a, b, c, dy):
+            y, vjp = jax.vjp(attend, a, b, c)
+            return (y, *vjp(dy))
+        fb, f = jax.jit(fwd_bwd), jax.jit(attend)
+        secs = time_interleaved([lambda: self.ready(fb(q, k, v, g)),
+                                 lambda: self.ready(f(q, k, v))], self.reps)
+        self.emit("AT", "compiled", "fwd_bwd_ms", secs[0], lambda t: t * 1e3, "L1024 h12")
+        self.emit("AT", "compiled", "fwd_ms", secs[1], lambda t: t * 1e3, "L1024 h12")
+
 
 def worker_main(a):
     """A peer in this process (--worker): the CPU affinity first, before the framework starts
@@ -803,7 +846,8 @@ TABLE = [("W1", "no_grad", "ns_per_op"), ("W1", "tape", "ns_per_op"), ("W2", "",
          ("W3", "n=1024", "gflops"), ("W3", "n=256", "gflops"), ("W3", "n=64", "gflops"),
          ("W4", "", "ms_per_step"), ("W5", "", "us_per_call"), ("W6", "", "us_per_step"),
          ("W8", "", "ms_per_step"), ("C1", "conv2d_fwd_bwd", "gflops"),
-         ("W4", "compile", "s"), ("W6", "compile", "s")]
+         ("W4", "compile", "s"), ("W6", "compile", "s"),
+         ("AT", "L1024 h12", "fwd_bwd_ms"), ("AT", "L1024 h12", "fwd_ms")]
 PEER_COLUMNS = [("torch eager", "torch", ("eager",)), ("torch.compile", "torch", ("compiled",)),
                 ("jax jit", "jax", ("compiled", "op_by_op"))]
 NOTES = {
@@ -812,6 +856,7 @@ NOTES = {
     ("C1", "conv2d_fwd_bwd"): "duet eager only: the compiled ratios use it",
     ("W4", "compile"): "duet: CS s_to_steady; torch: first call; jax: lower+compile",
     ("W6", "compile"): "duet: CS s_to_steady; torch: first call; jax: lower+compile",
+    ("AT", "L1024 h12"): "causal sdpa; duet eager: the fused kernels; torch: eager SDPA",
 }
 
 

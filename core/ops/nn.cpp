@@ -30,12 +30,16 @@ Tensor stable_max(const Tensor& x, int64_t dim) {
 }
 }  // namespace
 
+// The softmax family computes f16 and bf16 in f32 and rounds once, as PyTorch's kernels do:
+// x - max and x - logsumexp cancel, and rounding each step to 11 or 8 bits lost a few percent of
+// a log-probability near 0 (cross_entropy of a confident prediction).
 Tensor softmax(const Tensor& x_in, int64_t dim, std::source_location loc) {
   detail::SiteGuard site(loc);
   return detail::as_op("softmax", [&]() -> Tensor {
     Tensor held_x;
     const Tensor& x = detail::autocast_f32(x_in, held_x);
     dim = check_soft("softmax", x, dim);
+    if (is_low_precision(x.dtype())) return softmax(x.to(DType::f32), dim).to(x.dtype());
     Tensor e = exp(x - stable_max(x, dim));
     return e / sum(e, dim, /*keepdim=*/true);
   });
@@ -47,6 +51,7 @@ Tensor log_softmax(const Tensor& x_in, int64_t dim, std::source_location loc) {
     Tensor held_x;
     const Tensor& x = detail::autocast_f32(x_in, held_x);
     dim = check_soft("log_softmax", x, dim);
+    if (is_low_precision(x.dtype())) return log_softmax(x.to(DType::f32), dim).to(x.dtype());
     Tensor z = x - stable_max(x, dim);
     return z - log(sum(exp(z), dim, /*keepdim=*/true));
   });
@@ -58,6 +63,7 @@ Tensor logsumexp(const Tensor& x_in, int64_t dim, std::source_location loc) {
     Tensor held_x;
     const Tensor& x = detail::autocast_f32(x_in, held_x);
     dim = check_soft("logsumexp", x, dim);
+    if (is_low_precision(x.dtype())) return logsumexp(x.to(DType::f32), dim).to(x.dtype());
     Tensor m = stable_max(x, dim);
     return squeeze(m + log(sum(exp(x - m), dim, /*keepdim=*/true)), dim);
   });
@@ -149,6 +155,19 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
 }
 
 namespace detail {
+void check_attention_options(const char* op, const Tensor& q, const Tensor& attn_mask,
+                             bool is_causal, double scale) {
+  DUET_CHECK_VALUE(std::isfinite(scale) && scale >= 0,
+                   "[{}] scale must be finite and non-negative (0: 1/sqrt(E)), got {}", op, scale);
+  DUET_CHECK_VALUE(!(is_causal && attn_mask.defined()),
+                   "[{}] is_causal cannot be combined with an attn_mask (mask {} of dtype {})", op,
+                   attn_mask.sizes(), attn_mask.dtype());
+  if (attn_mask.defined())
+    DUET_CHECK_DTYPE(attn_mask.dtype() == DType::b8 || attn_mask.dtype() == q.dtype(),
+                     "[{}] attn_mask must be b8 or the query's dtype {}, got {} of shape {}", op,
+                     q.dtype(), attn_mask.dtype(), attn_mask.sizes());
+}
+
 Tensor attention_weights(const char* op, const Tensor& q, const Tensor& k, const Tensor& attn_mask,
                          bool is_causal, double scale) {
   DUET_CHECK_DTYPE(is_floating(q.dtype()) && k.dtype() == q.dtype(),
@@ -162,15 +181,7 @@ Tensor attention_weights(const char* op, const Tensor& q, const Tensor& k, const
   DUET_CHECK_SHAPE(size_is(k, k.dim() - 1, qd.back(), op),
                    "[{}] query {} (..., L, E) and key {} (..., S, E) differ in E", op, q.sizes(),
                    k.sizes());
-  DUET_CHECK_VALUE(std::isfinite(scale) && scale >= 0,
-                   "[{}] scale must be finite and non-negative (0: 1/sqrt(E)), got {}", op, scale);
-  DUET_CHECK_VALUE(!(is_causal && attn_mask.defined()),
-                   "[{}] is_causal cannot be combined with an attn_mask (mask {} of dtype {})", op,
-                   attn_mask.sizes(), attn_mask.dtype());
-  if (attn_mask.defined())
-    DUET_CHECK_DTYPE(attn_mask.dtype() == DType::b8 || attn_mask.dtype() == q.dtype(),
-                     "[{}] attn_mask must be b8 or the query's dtype {}, got {} of shape {}", op,
-                     q.dtype(), attn_mask.dtype(), attn_mask.sizes());
+  check_attention_options(op, q, attn_mask, is_causal, scale);
   // The default scale of a symbolic E is a tensor of its size, not a constant of the trace.
   const SymInt e = qd.back();
   Tensor scores = matmul(q, transpose(k, -1, -2));
@@ -192,35 +203,6 @@ Tensor attention_weights(const char* op, const Tensor& q, const Tensor& k, const
   return softmax(scores, -1);
 }
 }  // namespace detail
-
-Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
-                                    const Tensor& attn_mask, bool is_causal, double scale,
-                                    std::source_location loc) {
-  detail::SiteGuard site(loc);
-  return detail::as_op("scaled_dot_product_attention", [&]() -> Tensor {
-    Tensor held_q;
-    const Tensor& q = detail::autocast_lower(q_in, held_q);
-    Tensor held_k;
-    const Tensor& k = detail::autocast_lower(k_in, held_k);
-    Tensor held_v;
-    const Tensor& v = detail::autocast_lower(v_in, held_v);
-    const char* op = "scaled_dot_product_attention";
-    DUET_CHECK_DTYPE(is_floating(q.dtype()) && k.dtype() == q.dtype() && v.dtype() == q.dtype(),
-                     "[{}] query, key and value must share a floating dtype, got {}, {} and {}", op,
-                     q.dtype(), k.dtype(), v.dtype());
-    DUET_CHECK_SHAPE(
-        q.dim() >= 2 && k.dim() >= 2 && v.dim() >= 2,
-        "[{}] query, key and value need at least 2 dims (..., L, E), got {}, {} and {}", op,
-        q.sizes(), k.sizes(), v.sizes());
-    const SymDims qd = detail::sym_dims(q), kd = detail::sym_dims(k);
-    DUET_CHECK_SHAPE(detail::size_is(k, k.dim() - 1, qd.back(), op) &&
-                         detail::size_is(v, v.dim() - 2, kd[kd.size() - 2], op),
-                     "[{}] query {} (..., L, E), key {} (..., S, E) and value {} (..., S, Ev) do "
-                     "not fit",
-                     op, q.sizes(), k.sizes(), v.sizes());
-    return matmul(detail::attention_weights(op, q, k, attn_mask, is_causal, scale), v);
-  });
-}
 
 Tensor layer_norm(const Tensor& x_in, Shape normalized, const Tensor& weight_in,
                   const Tensor& bias_in, double eps, std::source_location loc) {

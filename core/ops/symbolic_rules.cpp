@@ -298,5 +298,9 @@ void register_symbolic_rules(OpDef* t) {
   t[int(OpId::Conv2dWeightGrad)].sym_infer = sym_conv2d_weight_grad;
 }
 
+SymDims sym_broadcast(const SymDims& a, const SymDims& b, const char* op) {
+  return broadcast(a, b, op);
+}
+
 }  // namespace detail
 }  // namespace duet

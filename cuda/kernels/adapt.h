@@ -36,6 +36,7 @@ void copy_into(const Tensor& src, const Tensor& dst);
 void register_elementwise(OpDef* table);
 void register_reductions(OpDef* table);
 void register_index(OpDef* table);
+void register_attention(OpDef* table);
 void register_matmul(OpDef* table);
 void register_random(OpDef* table);
 

@@ -137,6 +137,30 @@ struct WindowArg {
   int64_t in_strides[4] = {};
 };
 cudaError_t launch_unfold(DT dt, const WindowArg& arg, cudaStream_t s);
+/// Attention and its gradient (Note [Attention] in core/ops/attention.cpp). Each operand is
+/// addressed by its strides over the batch dims (batch_sizes, at most kMaxDims - 2 of them) and
+/// its last two dims; a broadcast dim has stride 0.
+struct AttnOperand {
+  const void* data = nullptr;
+  int64_t batch[kMaxDims - 2] = {};
+  int64_t rs = 0, cs = 0;
+};
+struct AttnArg {
+  int nbatch = 0;
+  int64_t batch_sizes[kMaxDims - 2] = {};
+  int64_t nb = 0, l = 0, s = 0, e = 0, f = 0;
+  double scale = 0;
+  bool causal = false;
+  int mask = 0;  ///< 0: none, 1: b8 (true keeps), 2: added, of the inputs' dtype
+  AttnOperand q, k, v, m;
+  AttnOperand r, g;         ///< the forward's result (its output: `out`) and its gradient
+  void* out = nullptr;      ///< forward: r's data; backward: (nb, l*e + s*e + s*f), contiguous
+  void* scratch = nullptr;  ///< backward: nb * l of the accumulation dtype
+};
+/// `dt`: the inputs' dtype (f32, f64, f16 or bf16); the result is f64 for f64, else f32.
+cudaError_t launch_attention(DT dt, const AttnArg& arg, cudaStream_t s);
+cudaError_t launch_attention_backward(DT dt, const AttnArg& arg, cudaStream_t s);
+
 cudaError_t launch_fold(DT dt, const WindowArg& arg, cudaStream_t s);
 
 /// One integer GEMM (no cuBLAS for integers): c[m, n] (contiguous) = a[m, k] b[k, n], wrapping.

@@ -9,6 +9,7 @@ void register_cuda_kernels(OpDef* table) {
   register_elementwise(table);
   register_reductions(table);
   register_index(table);
+  register_attention(table);
   register_matmul(table);
   register_random(table);
   register_fused_runner();  // fused groups of compiled functions (cuda/fused.h)

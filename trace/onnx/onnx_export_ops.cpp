@@ -184,9 +184,12 @@ std::string Writer::emit_op(Frame& f, Values& vals, int32_t v) {
         attr_ints(p, "pads", {w.ph, w.pw, w.ph, w.pw});
       });
     }
-    // conv2d's gradients: training graphs, which an inference model does not hold.
+    case OpId::Attention:
+      return emit_attention(f, vals, n);
+    // Gradients: training graphs, which an inference model does not hold.
     case OpId::Conv2dInputGrad:
     case OpId::Conv2dWeightGrad:
+    case OpId::AttentionBackward:
       no_form(n);
     case OpId::MatMul:
       return emit(f, "MatMul", {in(0), in(1)});
@@ -334,6 +337,50 @@ std::string Writer::emit_arange(Frame& f, const GraphNode& n) {
   const std::string end =
       s && s->end ? cast(f, to_scalar(f, size(f, *s->end)), d) : scalar(f, n.attrs.end, d);
   return emit(f, "Range", {scalar(f, 0, d), end, scalar(f, 1, d)});
+}
+
+// Attention (Note [Attention] in core/ops/attention.cpp) as the composite it fuses, in its
+// result's dtype: the scores, their softmax times v, and the rows' logsumexp as the last column.
+std::string Writer::emit_attention(Frame& f, Values& vals, const GraphNode& n) {
+  const DType d = n.meta.dtype;
+  const auto arg = [&](size_t i, DType t) { return as(f, vals, n.inputs[i], t); };
+  const SymDims qd = detail::meta_dims(vals.g.nodes[static_cast<size_t>(n.inputs[0])].meta);
+  const SymDims kd = detail::meta_dims(vals.g.nodes[static_cast<size_t>(n.inputs[1])].meta);
+  const int64_t rank = static_cast<int64_t>(qd.size());
+  std::vector<int64_t> perm(static_cast<size_t>(rank));
+  for (int64_t i = 0; i < rank; ++i) perm[static_cast<size_t>(i)] = i;
+  std::swap(perm[static_cast<size_t>(rank - 1)], perm[static_cast<size_t>(rank - 2)]);
+  const std::string kt =
+      emit(f, "Transpose", {arg(1, d)}, [&](NodeProto& p) { attr_ints(p, "perm", perm); });
+  std::string s = emit(f, "MatMul", {arg(0, d), kt});
+  const double given = n.attrs.value.to<double>();
+  const SymInt& e = qd.back();
+  const std::string scale =
+      given > 0 ? scalar(f, given, d)
+      : e.is_concrete()
+          ? scalar(f, 1 / std::sqrt(static_cast<double>(e.concrete())), d)
+          : emit(f, "Reciprocal", {emit(f, "Sqrt", {cast(f, to_scalar(f, size(f, e)), d)})});
+  s = emit(f, "Mul", {s, scale});
+  const std::string ninf = scalar(f, -INFINITY, d);
+  if (n.attrs.keepdim) {  // causal: keys j <= query i
+    const auto range = [&](const SymInt& len) {
+      return emit(f, "Range",
+                  {scalar(f, 0, DType::i64), to_scalar(f, size(f, len)), scalar(f, 1, DType::i64)});
+    };
+    const std::string rows = emit(f, "Unsqueeze", {range(qd[qd.size() - 2]), ints(f, {1})});
+    s = emit(f, "Where", {emit(f, "GreaterOrEqual", {rows, range(kd[kd.size() - 2])}), s, ninf});
+  } else if (n.inputs.size() == 4) {
+    const DType md = vals.g.nodes[static_cast<size_t>(n.inputs[3])].meta.dtype;
+    s = md == DType::b8 ? emit(f, "Where", {arg(3, DType::b8), s, ninf})
+                        : emit(f, "Add", {s, arg(3, d)});
+  }
+  const std::string p = emit(f, "Softmax", {s}, [](NodeProto& q) { attr_int(q, "axis", -1); });
+  const std::string lse = emit(f, "ReduceLogSumExp", {s}, [](NodeProto& q) {
+    attr_ints(q, "axes", {-1});
+    attr_int(q, "keepdims", 1);
+  });
+  return emit(f, "Concat", {emit(f, "MatMul", {p, arg(2, d)}), lse},
+              [](NodeProto& q) { attr_int(q, "axis", -1); });
 }
 
 // ---- control flow -----------------------------------------------------------------------------

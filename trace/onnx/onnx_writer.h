@@ -176,6 +176,7 @@ class Writer {
   std::string emit_slice_scatter(Frame& f, Values& vals, const GraphNode& n);
   std::string emit_full(Frame& f, const GraphNode& n);
   std::string emit_arange(Frame& f, const GraphNode& n);
+  std::string emit_attention(Frame& f, Values& vals, const GraphNode& n);
   Names emit_control(Frame& f, Values& vals, int32_t v);
   Names emit_cond(Frame& f, const ControlFlow& c, const Names& ins);
   Names emit_scan(Frame& f, const ControlFlow& c, const Names& ins,
