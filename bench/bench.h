@@ -176,6 +176,9 @@ void run_w6(const Config&, std::vector<Result>&);
 /// W8: a transformer training step (nn modules, AdamW), eager and compiled, against the GEMM
 /// floor of its products (transformer.cpp).
 void run_w8(const Config&, std::vector<Result>&);
+/// W9: GPT-2 small training and forward steps on 1 x 1024 tokens, eager and compiled, f32 and
+/// bf16 autocast, tokens per second and peak memory (gpt.cpp).
+void run_w9(const Config&, std::vector<Result>&);
 /// AT (not a standard workload): scaled_dot_product_attention forward and backward, the fused
 /// primitive against the composite, at 1024 and 4096 tokens (attention.cpp).
 void run_at(const Config&, std::vector<Result>&);

@@ -21,7 +21,7 @@ namespace {
 void usage() {
   std::fprintf(
       stderr,
-      "usage: duet_bench [--only W1,...,W8,C1,CT,CS,TT,RN,DP,AT,W2cuda,W3cuda,W4cuda,W6cuda] "
+      "usage: duet_bench [--only W1,...,W9,C1,CT,CS,TT,RN,DP,AT,W2cuda,W3cuda,W4cuda,W6cuda] "
       "[--threads N] "
       "[--device cpu|cuda|all] [--reps N] [--json] [--ablate] [--profile DIR]\n");
 }
@@ -118,6 +118,7 @@ int main(int argc, char** argv) {
     if (want("W5")) run("W5", bench::run_w5);
     if (want("W6")) run("W6", bench::run_w6);
     if (want("W8")) run("W8", bench::run_w8);
+    if (want("W9")) run("W9", bench::run_w9);
     // On request, not standard workloads: conv2d, compile time, the two-tower model.
     if (only.count("C1")) run("C1", bench::run_c1);
     if (only.count("CT")) run("CT", bench::run_ct);

@@ -7,11 +7,11 @@
 // Eigen's vectorized exp.
 //  - The forward runs one (batch, query tile) per task, with the online softmax: a running row
 //    maximum m, sum l and output accumulator rescaled by exp(m_old - m_new) at each key tile.
-//  - The backward runs one key tile per task (its dk and dv stay in the task's buffers) over the
-//    query tiles that see it; dq is summed across key tiles. With at least as many batches as
-//    threads a task is a whole batch and writes its dq in place; otherwise the key tiles of one
-//    batch are split over the threads, each summing into its own dq, and the partial sums are
-//    added in thread order. Both orders are fixed, so two backwards agree bit for bit.
+//  - The backward walks each key tile (its dk and dv stay in the task's buffers) over the query
+//    tiles that see it; dq is summed across key tiles. With at least kParts batches a task is a
+//    whole batch and writes its dq in place; otherwise the key tiles of a batch are dealt to
+//    kParts tasks, each summing into its own dq, and the partial sums are added in order. The
+//    split follows the sizes only, so the result is the same bits on any number of threads.
 // Causal attention skips the tiles above the diagonal in both.
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
@@ -31,6 +31,9 @@ namespace duet::kernels {
 namespace attention_cpu {  // named: unity builds join this file with others
 
 constexpr int64_t kTileQ = 64, kTileK = 64;
+// The backward splits the key tiles of a batch into this many parts when there are fewer
+// batches (so that two threads, or four, have work at L = 4096 with one head).
+constexpr int64_t kParts = 4;
 // Below this many multiply-adds a call runs on one thread.
 constexpr double kSerialWork = 1 << 18;
 
@@ -398,46 +401,38 @@ void backward(TensorRefs in, const Attrs& a, const Tensor& out_in) {
   const Operand r = operand(in[3], p.batch, p.l, p.f + 1),
                 g = operand(in[4], p.batch, p.l, p.f + 1);
   const int64_t tiles = (p.s + kTileK - 1) / kTileK;
+  // The split depends on the sizes alone, never on the threads, so that the sums' order (and so
+  // every bit of the result) is the same on any thread count: with fewer than kParts batches,
+  // the key tiles of a batch go round-robin to kParts parts, each summing its own dq (from duet's
+  // allocator, so that memory statistics count them), added in part order at the end.
+  const int64_t parts = p.nb >= kParts ? 1 : std::min(kParts, tiles);
+  const Tensor held = parts > 1
+                          ? detail::empty(Shape{p.nb, parts, p.l * p.e}, out.dtype(), out.device())
+                          : Tensor();
+  Acc* partial = parts > 1 ? static_cast<Acc*>(held.raw_data()) : nullptr;
+  if (partial) std::fill(partial, partial + p.nb * parts * p.l * p.e, Acc(0));
+  std::vector<Acc> lse(static_cast<size_t>(p.nb * p.l)), d(static_cast<size_t>(p.nb * p.l));
+  for (int64_t b = 0; b < p.nb; ++b) row_terms(p, r, g, b, &lse[b * p.l], &d[b * p.l]);
   const double work = double(p.nb) * double(p.l) * double(p.s) * double(p.e + p.f);
-  const int threads = work > kSerialWork ? omp_get_max_threads() : 1;
-  std::vector<Acc> lse(static_cast<size_t>(p.l)), d(static_cast<size_t>(p.l));
-  if (p.nb >= threads) {
-#pragma omp parallel num_threads(threads)
-    {
-      pin_gemm_threads();
-      BackwardScratch<Acc> w(p);
-      std::vector<Acc> lse_b(static_cast<size_t>(p.l)), d_b(static_cast<size_t>(p.l));
+  const int64_t tasks = p.nb * parts;
+#pragma omp parallel if (work > kSerialWork && tasks > 1)
+  {
+    pin_gemm_threads();
+    BackwardScratch<Acc> w(p);
 #pragma omp for schedule(dynamic, 1)
-      for (int64_t b = 0; b < p.nb; ++b) {
-        Acc* flat = base + b * per;
-        row_terms(p, r, g, b, lse_b.data(), d_b.data());
-        for (int64_t t = 0; t < tiles; ++t)
-          backward_tile(p, g, lse_b.data(), d_b.data(), b, t * kTileK,
-                        std::min(kTileK, p.s - t * kTileK), flat, flat, w);
-      }
-    }
-  } else {
-    // Fewer batches than threads: the key tiles of each batch across the threads, one dq each.
-    std::vector<Acc> partial(static_cast<size_t>(threads * p.l * p.e));
-    for (int64_t b = 0; b < p.nb; ++b) {
+    for (int64_t task = 0; task < tasks; ++task) {
+      const int64_t b = task / parts, part = task % parts;
       Acc* flat = base + b * per;
-      row_terms(p, r, g, b, lse.data(), d.data());
-      std::fill(partial.begin(), partial.end(), Acc(0));
-#pragma omp parallel num_threads(threads)
-      {
-        pin_gemm_threads();
-        pin_gemm_threads();
-        BackwardScratch<Acc> w(p);
-        Acc* dq = partial.data() + omp_get_thread_num() * p.l * p.e;
-#pragma omp for schedule(static, 1)
-        for (int64_t t = 0; t < tiles; ++t)
-          backward_tile(p, g, lse.data(), d.data(), b, t * kTileK,
-                        std::min(kTileK, p.s - t * kTileK), dq, flat, w);
-      }
-      for (int th = 0; th < threads; ++th)
-        Row<Acc>(flat, p.l * p.e) += Row<Acc>(partial.data() + th * p.l * p.e, p.l * p.e);
+      Acc* dq = partial ? partial + task * p.l * p.e : flat;
+      for (int64_t t = part; t < tiles; t += parts)
+        backward_tile(p, g, &lse[b * p.l], &d[b * p.l], b, t * kTileK,
+                      std::min(kTileK, p.s - t * kTileK), dq, flat, w);
     }
   }
+  for (int64_t b = 0; partial && b < p.nb; ++b)
+    for (int64_t part = 0; part < parts; ++part)
+      Row<Acc>(base + b * per, p.l * p.e) +=
+          Row<Acc>(partial + (b * parts + part) * p.l * p.e, p.l * p.e);
   if (!out.is_same(out_in)) copy_on_device(out, out_in);
 }
 

@@ -140,6 +140,23 @@ TEST_CASE("attention: compiled equals eager bit for bit, forward and backward") 
   for (int i = 0; i < 4; ++i) CHECK(bitwise_equal(e[i], c[i]));
 }
 
+TEST_CASE("attention: every bit of forward and backward is the same on 1 and 2 threads") {
+  // One batch (the key tiles split into parts) and eight (a batch per task), causal.
+  manual_seed(17);
+  for (int64_t nb : {1, 8}) {
+    CAPTURE(nb);
+    Tensor q = randn({nb, 300, 32}), k = randn({nb, 300, 32}), v = randn({nb, 300, 32});
+    Tensor g = randn({nb, 300, 32});
+    Run one, two;
+    with_threads(1, [&] { one = run(true, q, k, v, {}, true, 0, g); });
+    with_threads(2, [&] { two = run(true, q, k, v, {}, true, 0, g); });
+    CHECK(bitwise_equal(one.out, two.out));
+    CHECK(bitwise_equal(one.dq, two.dq));
+    CHECK(bitwise_equal(one.dk, two.dk));
+    CHECK(bitwise_equal(one.dv, two.dv));
+  }
+}
+
 TEST_CASE("attention: forward and backward at 4096 tokens hold O(L) memory, eager and compiled") {
   // One head of 64 at L = S = 4096: the composite holds the 4096 x 4096 scores and
   // probabilities (64 MiB each); the fused kernels hold their tiles, the result and dq's

@@ -52,7 +52,7 @@ VENV = os.path.join(ROOT, ".venv-peers")
 # The peers on the CPU: exact versions from PyPI (wheels for Python 3.11 on x86-64 Linux).
 AT_HEADS, AT_LEN, AT_DIM = 12, 1024, 64
 PINS = ["torch==2.11.0", "jax==0.10.2", "jaxlib==0.10.2", "numpy==2.4.6"]
-WORKLOADS = ["W1", "W2", "W3", "W4", "W5", "W6", "W8", "C1", "AT"]
+WORKLOADS = ["W1", "W2", "W3", "W4", "W5", "W6", "W8", "W9", "C1", "AT"]
 ROW_TAG = "PEERROW "  # a worker's result lines on stdout start with this
 
 # ---------------------------------------------------------------------------------------------
@@ -126,6 +126,9 @@ W5_SIZES, W5_CALLS = [784, 1024, 1024, 10], 200
 W1_OPS = 100_000
 W2_N = 1 << 22
 C1_SHAPE = dict(n=32, ci=16, h=28, co=32, k=3)
+# W9: GPT-2 small (bench/gpt.cpp); the CPU runs batch 1 x 1024, CUDA batch 8 x 1024.
+W9_CFG = dict(vocab=50257, context=1024, width=768, heads=12, layers=12, seq=1024, batch=1,
+              cuda_batch=8, reps=3)
 W8_CFG = dict(vocab=1024, width=256, heads=4, hidden=1024, blocks=2, batch=8, seq=128,
               steps=2)
 
@@ -445,6 +448,104 @@ class TorchWorker(Worker):
         self.emit("AT", "eager", "fwd_bwd_ms", secs[0], lambda t: t * 1e3, "L1024 h12")
         self.emit("AT", "eager", "fwd_ms", secs[1], lambda t: t * 1e3, "L1024 h12")
 
+    def w9(self):
+        """W9: GPT-2 small as nanoGPT writes it (tied embeddings, SDPA, tanh-GELU), AdamW
+        (0.9, 0.95, weight decay 0.1), clip_grad_norm_(1.0); f32 and torch.autocast bf16, eager
+        and torch.compile over the whole step; tokens per second of a step and of a forward."""
+        torch, nn, F, c = self.torch, self.torch.nn, self.torch.nn.functional, W9_CFG
+        batch = c["cuda_batch"] if self.device == "cuda" else c["batch"]
+
+        class Attn(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.c_attn = nn.Linear(c["width"], 3 * c["width"])
+                self.c_proj = nn.Linear(c["width"], c["width"])
+
+            def forward(self, x):
+                n, t, w = x.shape
+                q, k, v = (z.view(n, t, c["heads"], w // c["heads"]).transpose(1, 2)
+                           for z in self.c_attn(x).split(w, dim=2))
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                return self.c_proj(y.transpose(1, 2).reshape(n, t, w))
+
+        class Block(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.ln_1, self.attn = nn.LayerNorm(c["width"]), Attn()
+                self.ln_2 = nn.LayerNorm(c["width"])
+                self.mlp = nn.Sequential(nn.Linear(c["width"], 4 * c["width"]),
+                                         nn.GELU(approximate="tanh"),
+                                         nn.Linear(4 * c["width"], c["width"]))
+
+            def forward(self, x):
+                x = x + self.attn(self.ln_1(x))
+                return x + self.mlp(self.ln_2(x))
+
+        class Gpt(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.wte = nn.Embedding(c["vocab"], c["width"])
+                self.wpe = nn.Embedding(c["context"], c["width"])
+                self.h = nn.ModuleList(Block() for _ in range(c["layers"]))
+                self.ln_f = nn.LayerNorm(c["width"])
+                for name, p in self.named_parameters():
+                    if "ln_" in name:
+                        continue
+                    if name.endswith(".bias"):
+                        nn.init.zeros_(p)
+                    else:
+                        std = 0.02 / (2 * c["layers"]) ** 0.5 if "c_proj.weight" in name \
+                            or "mlp.2.weight" in name else 0.02
+                        nn.init.normal_(p, 0, std)
+
+            def forward(self, idx):
+                x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
+                for b in self.h:
+                    x = b(x)
+                return F.linear(self.ln_f(x), self.wte.weight)
+
+        import numpy as np
+        rng = np.random.default_rng(91)
+        tokens = self.tensor(rng.integers(0, c["vocab"], (batch, c["seq"] + 1)))
+        x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+        on = "cuda" if self.device == "cuda" else "cpu"
+
+        for variant, ac in (("f32", False), ("bf16 autocast", True)):
+            def make():
+                torch.manual_seed(90)
+                model = Gpt().to(self.dev)
+                opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95),
+                                        weight_decay=0.1)
+
+                def loss_of():
+                    with torch.autocast(on, dtype=torch.bfloat16, enabled=ac):
+                        logits = model(x)
+                        return F.cross_entropy(logits.reshape(-1, c["vocab"]), y.reshape(-1))
+
+                def step():
+                    opt.zero_grad(set_to_none=True)
+                    loss = loss_of()
+                    loss.backward()
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                    opt.step()
+                    return loss
+
+                def forward():
+                    with torch.no_grad():
+                        return loss_of()
+                return step, forward
+            (es, ef), (cs, cf) = make(), make()
+            cs, cf = self.compile(cs), self.compile(cf)
+            cs(), cf()
+            reps = max(c["reps"], self.reps // 2)
+            ts = time_interleaved([self.synced(es), self.synced(cs)], reps)
+            tf = time_interleaved([self.synced(ef), self.synced(cf)], reps)
+            per = batch * c["seq"]
+            for mode, a, b in (("eager", ts[0], tf[0]), ("compiled", ts[1], tf[1])):
+                self.emit("W9", mode, "train_tok_s", a, lambda t: per / t, variant)
+                self.emit("W9", mode, "fwd_tok_s", b, lambda t: per / t, variant)
+            del es, ef, cs, cf
+
 
 def w8_tokens():
     """W8's batch: token ids (batch, seq + 1); inputs are the first seq, targets the last."""
@@ -700,6 +801,87 @@ class JaxWorker(Worker):
         self.emit("AT", "compiled", "fwd_bwd_ms", secs[0], lambda t: t * 1e3, "L1024 h12")
         self.emit("AT", "compiled", "fwd_ms", secs[1], lambda t: t * 1e3, "L1024 h12")
 
+    def w9(self):
+        """W9: GPT-2 small in plain JAX functions (weights (in, out), tied embeddings,
+        dot_product_attention, tanh-GELU), AdamW (0.9, 0.95, weight decay 0.1) and global-norm
+        clipping written out, the step under jax.jit with the state donated. bf16: the products
+        in bf16 over f32 weights, as autocast runs them."""
+        jax, jnp, c = self.jax, self.jax.numpy, W9_CFG
+        import numpy as np
+        batch = c["cuda_batch"] if self.device == "cuda" else c["batch"]
+        w, layers, heads = c["width"], c["layers"], c["heads"]
+        keys = iter(jax.random.split(jax.random.PRNGKey(90), 2 + 4 * layers))
+
+        def normal(shape, std=0.02):
+            return std * jax.random.normal(next(keys), shape, jnp.float32)
+        zeros, ones, pstd = jnp.zeros, jnp.ones, 0.02 / (2 * layers) ** 0.5
+        params = dict(
+            wte=normal((c["vocab"], w)), wpe=normal((c["context"], w)),
+            lnf_g=ones(w), lnf_b=zeros(w),
+            blocks=[dict(ln1_g=ones(w), ln1_b=zeros(w), attn_w=normal((w, 3 * w)),
+                         attn_b=zeros(3 * w), proj_w=normal((w, w), pstd), proj_b=zeros(w),
+                         ln2_g=ones(w), ln2_b=zeros(w), fc_w=normal((w, 4 * w)),
+                         fc_b=zeros(4 * w), out_w=normal((4 * w, w), pstd), out_b=zeros(w))
+                    for _ in range(layers)])
+
+        def ln(x, g, b):
+            m = x.mean(-1, keepdims=True)
+            v = ((x - m) ** 2).mean(-1, keepdims=True)
+            return (x - m) * jax.lax.rsqrt(v + 1e-5) * g + b
+
+        def loss_fn(p, x, y, dt):
+            n, t = x.shape
+
+            def mm(a, wt, bias):
+                return (a.astype(dt) @ wt.astype(dt) + bias.astype(dt)).astype(jnp.float32)
+            h = p["wte"][x] + p["wpe"][:t]
+            for b in p["blocks"]:
+                qkv = mm(ln(h, b["ln1_g"], b["ln1_b"]), b["attn_w"], b["attn_b"]).astype(dt)
+                q, k, v = (z.reshape(n, t, heads, w // heads) for z in jnp.split(qkv, 3, -1))
+                a = jax.nn.dot_product_attention(q, k, v, is_causal=True).reshape(n, t, w)
+                h = h + mm(a, b["proj_w"], b["proj_b"])
+                f = jax.nn.gelu(mm(ln(h, b["ln2_g"], b["ln2_b"]), b["fc_w"], b["fc_b"]),
+                                approximate=True)
+                h = h + mm(f, b["out_w"], b["out_b"])
+            logits = (ln(h, p["lnf_g"], p["lnf_b"]).astype(dt) @ p["wte"].T.astype(dt))
+            logp = jax.nn.log_softmax(logits.astype(jnp.float32), -1)
+            return -jnp.take_along_axis(logp, y[..., None], -1).mean()
+
+        def make(dt):
+            def step(p, m, v, t, x, y):
+                loss, g = jax.value_and_grad(loss_fn)(p, x, y, dt)
+                norm = jnp.sqrt(sum(jnp.sum(z * z) for z in jax.tree_util.tree_leaves(g)))
+                g = jax.tree_util.tree_map(lambda z: z * jnp.minimum(1.0, 1.0 / (norm + 1e-6)), g)
+                t = t + 1
+                m = jax.tree_util.tree_map(lambda a, z: 0.9 * a + 0.1 * z, m, g)
+                v = jax.tree_util.tree_map(lambda a, z: 0.95 * a + 0.05 * z * z, v, g)
+                lr, c1, c2 = 3e-4, 1 - 0.9 ** t, 1 - 0.95 ** t
+                p = jax.tree_util.tree_map(
+                    lambda q, a, b: q * (1 - lr * 0.1) - lr * (a / c1) / (jnp.sqrt(b / c2) + 1e-8),
+                    p, m, v)
+                return p, m, v, t, loss
+            return jax.jit(step, donate_argnums=(0, 1, 2)), jax.jit(
+                lambda p, x, y: loss_fn(p, x, y, dt))
+
+        rng = np.random.default_rng(91)
+        tokens = rng.integers(0, c["vocab"], (batch, c["seq"] + 1))
+        x, y = self.put(tokens[:, :-1]), self.put(tokens[:, 1:])
+        per = batch * c["seq"]
+        for variant, dt in (("f32", jnp.float32), ("bf16 autocast", jnp.bfloat16)):
+            step, fwd = make(dt)
+            zero = jax.tree_util.tree_map(jnp.zeros_like, params)
+            state = [jax.tree_util.tree_map(jnp.array, params), zero,
+                     jax.tree_util.tree_map(jnp.zeros_like, params), jnp.float32(0)]
+
+            def train():
+                p, m, v, t, loss = step(*state, x, y)
+                state[:] = [p, m, v, t]
+                self.ready(loss)
+            reps = max(c["reps"], self.reps // 2)
+            secs = time_interleaved([train, lambda: self.ready(fwd(state[0], x, y))], reps)
+            self.emit("W9", "compiled", "train_tok_s", secs[0], lambda t: per / t, variant)
+            self.emit("W9", "compiled", "fwd_tok_s", secs[1], lambda t: per / t, variant)
+
 
 def worker_main(a):
     """A peer in this process (--worker): the CPU affinity first, before the framework starts
@@ -821,7 +1003,7 @@ def run_workers(a, python, only):
     return rows
 
 
-HIGHER_IS_BETTER = {"gflops", "gbps"}
+HIGHER_IS_BETTER = {"gflops", "gbps", "train_tok_s", "fwd_tok_s"}
 
 
 def better(r, old):
@@ -847,7 +1029,9 @@ TABLE = [("W1", "no_grad", "ns_per_op"), ("W1", "tape", "ns_per_op"), ("W2", "",
          ("W4", "", "ms_per_step"), ("W5", "", "us_per_call"), ("W6", "", "us_per_step"),
          ("W8", "", "ms_per_step"), ("C1", "conv2d_fwd_bwd", "gflops"),
          ("W4", "compile", "s"), ("W6", "compile", "s"),
-         ("AT", "L1024 h12", "fwd_bwd_ms"), ("AT", "L1024 h12", "fwd_ms")]
+         ("AT", "L1024 h12", "fwd_bwd_ms"), ("AT", "L1024 h12", "fwd_ms"),
+         ("W9", "f32", "train_tok_s"), ("W9", "f32", "fwd_tok_s"),
+         ("W9", "bf16 autocast", "train_tok_s"), ("W9", "bf16 autocast", "fwd_tok_s")]
 PEER_COLUMNS = [("torch eager", "torch", ("eager",)), ("torch.compile", "torch", ("compiled",)),
                 ("jax jit", "jax", ("compiled", "op_by_op"))]
 NOTES = {
