@@ -3,6 +3,7 @@
 #include "cuda/fused.h"
 
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 #include <nvrtc.h>
 #include <unistd.h>
 
@@ -72,8 +73,34 @@ struct NvrtcOutput {
   bool ptx = false;
 };
 
+// NVRTC loads its builtins library (libnvrtc-builtins.so.<major>.<minor>) with dlopen by name
+// at its first compilation, which searches the loader's paths, not where libnvrtc itself was
+// found. duet's binaries find libnvrtc through their run path, so where the toolkit's directory
+// is not in the loader's configuration (a toolkit unpacked or mounted, not installed) NVRTC
+// failed with NVRTC_ERROR_BUILTIN_OPERATION_FAILURE. Loading the builtins first from libnvrtc's
+// own directory makes NVRTC's dlopen find them already loaded (by their soname). Where that file
+// does not exist, NVRTC's own lookup runs and reports as before.
+void preload_nvrtc_builtins() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    Dl_info info;
+    int major = 0, minor = 0;
+    if (!dladdr(reinterpret_cast<void*>(&nvrtcVersion), &info) || !info.dli_fname ||
+        nvrtcVersion(&major, &minor) != NVRTC_SUCCESS)
+      return;
+    const std::string lib = info.dli_fname;
+    const std::string dir = lib.substr(0, lib.rfind('/') + 1);
+    for (const char* kind : {"", ".alt"}) {  // the .alt variant serves some options
+      const std::string builtins =
+          fmt::format("{}libnvrtc-builtins{}.so.{}.{}", dir, kind, major, minor);
+      if (std::filesystem::exists(builtins)) dlopen(builtins.c_str(), RTLD_NOW | RTLD_GLOBAL);
+    }
+  });
+}
+
 NvrtcOutput nvrtc_build(const std::string& source, const std::vector<NvrtcHeader>& headers,
                         const NvrtcOptions& o, const std::string& name) {
+  preload_nvrtc_builtins();
   std::vector<const char*> argv, texts, names;
   for (const std::string& s : o.options) argv.push_back(s.c_str());
   for (const NvrtcHeader& h : headers) {
