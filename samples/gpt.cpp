@@ -7,9 +7,11 @@
 // checks that the loss fell, and that the compiled decoder writes what the eager model does; it
 // exits with 1 otherwise, so CI runs it (briefly) as a test.
 //
-//   gpt [--seconds S] [--seed N] [--config small|gpt2]
+//   gpt [--seconds S | --steps N] [--seed N] [--config small|gpt2]
 //
-// --seconds: how long to train (60 by default); --config gpt2 trains GPT-2 small's shape
+// --seconds: how long to train (60 by default); --steps: train this many steps instead (CI runs
+// a fixed number, so that what it checks does not depend on the machine's speed); --config gpt2
+// trains GPT-2 small's shape
 // (12 layers of width 768, 124M parameters with a 50257 vocabulary, here 256) instead of the
 // default 4 layers of width 128.
 #include <chrono>
@@ -104,13 +106,18 @@ std::string one_line(std::string s) {
 
 int main(int argc, char** argv) try {
   double seconds = 60;
+  int64_t max_steps = 0;  // 0: train for `seconds`
   uint64_t seed = 1;
   std::string config = "small";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const std::string v = i + 1 < argc ? argv[i + 1] : "";
-    DUET_CHECK_VALUE(i + 1 < argc && (a == "--seconds" || a == "--seed" || a == "--config"),
-                     "usage: gpt [--seconds S] [--seed N] [--config small|gpt2], got '{}'", a);
+    DUET_CHECK_VALUE(
+        i + 1 < argc && (a == "--seconds" || a == "--steps" || a == "--seed" || a == "--config"),
+        "usage: gpt [--seconds S | --steps N] [--seed N] [--config small|gpt2], got "
+        "'{}'",
+        a);
+    if (a == "--steps") max_steps = std::stoll(v);
     if (a == "--seconds") seconds = std::stod(v);
     if (a == "--seed") seed = std::stoull(v);
     if (a == "--config") config = v;
@@ -133,10 +140,11 @@ int main(int argc, char** argv) try {
       compile([&](const Tensor& x, const Tensor& y) { return gpt::train_step(model, opt, x, y); });
   std::printf(
       "gpt: %lld layers, width %lld, %lld heads, %lld parameters; %zu bytes of text; "
-      "batch %lld x %lld; training for %.0f s\n",
+      "batch %lld x %lld; training for %s\n",
       static_cast<long long>(c.layers), static_cast<long long>(c.width),
       static_cast<long long>(c.heads), static_cast<long long>(params), text.size(),
-      static_cast<long long>(kBatch), static_cast<long long>(t), seconds);
+      static_cast<long long>(kBatch), static_cast<long long>(t),
+      (max_steps ? fmt::format("{} steps", max_steps) : fmt::format("{:.0f} s", seconds)).c_str());
 
   const auto start = std::chrono::steady_clock::now();
   auto elapsed = [&] {
@@ -144,14 +152,15 @@ int main(int argc, char** argv) try {
   };
   double first = 0, last = 0;
   int64_t steps = 0;
-  for (double next_report = 0; steps == 0 || elapsed() < seconds; ++steps) {
+  auto training = [&] { return max_steps ? steps < max_steps : elapsed() < seconds; };
+  for (double next_report = 0; steps == 0 || training(); ++steps) {
     auto [x, y] = batch_of(bytes, t);
     last = step(x, y).item<float>();
     if (steps == 0) first = last;
     if (elapsed() >= next_report) {
       std::printf("  step %5lld  %5.1f s  loss %.3f\n", static_cast<long long>(steps), elapsed(),
                   last);
-      next_report += std::max(seconds / 6, 1.0);
+      next_report += max_steps ? 1.0 : std::max(seconds / 6, 1.0);
     }
   }
   std::printf("%lld steps, %.0f tokens/s; loss %.3f -> %.3f (a uniform guess: ln 256 = %.3f)\n\n",

@@ -254,6 +254,13 @@ class TorchWorker(Worker):
             secs = time_interleaved([rep(lambda p, q: p @ q), rep(mm)], self.reps)
             for mode, s in zip(["eager", "compiled"], secs):
                 self.emit("W3", mode, "gflops", s, lambda t: flop * calls / t / 1e9, f"n={n}")
+            # bf16 operands (duet's bf16 rows), f32 accumulation inside the library.
+            a, b = a.to(self.torch.bfloat16), b.to(self.torch.bfloat16)
+            mm(a, b)
+            secs = time_interleaved([rep(lambda p, q: p @ q), rep(mm)], self.reps)
+            for mode, s in zip(["eager", "compiled"], secs):
+                self.emit("W3", mode, "gflops", s, lambda t: flop * calls / t / 1e9,
+                          f"n={n} bf16")
 
     def mlp(self, cfg):
         nn = self.torch.nn
@@ -270,10 +277,12 @@ class TorchWorker(Worker):
                 layers.append(act())
         return nn.Sequential(*layers).to(self.dev), self.tensor(x), self.tensor(y)
 
-    def training(self, w, cfg):
+    def training(self, w, cfg, autocast=False):
         """W4 and W6: one SGD step (lr 0.01) as a PyTorch user writes it, eager and compiled,
-        each on its own copy of the model; the compiled step's first call is its compile."""
+        each on its own copy of the model; the compiled step's first call is its compile.
+        autocast: the forward and the loss under torch.autocast(bf16), variant autocast_bf16."""
         torch, nn = self.torch, self.torch.nn
+        on = "cuda" if self.device == "cuda" else "cpu"
 
         def make_step():
             model, x, y = self.mlp(cfg)
@@ -282,7 +291,8 @@ class TorchWorker(Worker):
 
             def step():
                 opt.zero_grad(set_to_none=True)
-                loss = loss_fn(model(x), y)
+                with torch.autocast(on, dtype=torch.bfloat16, enabled=autocast):
+                    loss = loss_fn(model(x), y)
                 loss.backward()
                 opt.step()
                 return loss
@@ -309,14 +319,17 @@ class TorchWorker(Worker):
             return body
         secs = time_interleaved([rep(eager), rep(compiled_step)], self.reps)
         per_step = lambda s: s / steps * cfg["unit"]
-        self.emit(w, "eager", cfg["metric"], secs[0], per_step)
-        self.emit(w, "compiled", cfg["metric"], secs[1], per_step)
-        self.emit(w, "compiled", "s", [calls[0]], lambda s: s, "compile",
-                  what="torch.compile first call, empty Inductor cache",
-                  second_call_s=calls[1])
+        variant = "autocast_bf16" if autocast else ""
+        self.emit(w, "eager", cfg["metric"], secs[0], per_step, variant)
+        self.emit(w, "compiled", cfg["metric"], secs[1], per_step, variant)
+        if not autocast:
+            self.emit(w, "compiled", "s", [calls[0]], lambda s: s, "compile",
+                      what="torch.compile first call, empty Inductor cache",
+                      second_call_s=calls[1])
 
     def w4(self):
         self.training("W4", W4)
+        self.training("W4", W4, autocast=True)
 
     def w6(self):
         self.training("W6", W6)
@@ -375,34 +388,37 @@ class TorchWorker(Worker):
         tokens = self.tensor(w8_tokens())
         x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
         mask = nn.Transformer.generate_square_subsequent_mask(c["seq"], device=self.dev)
+        on = "cuda" if self.device == "cuda" else "cpu"
 
-        def make_step():
-            torch.manual_seed(81)
-            model = TinyTransformer().to(self.dev)
-            opt = torch.optim.AdamW(model.parameters())
+        for variant, autocast in (("", False), ("autocast_bf16", True)):
+            def make_step():
+                torch.manual_seed(81)
+                model = TinyTransformer().to(self.dev)
+                opt = torch.optim.AdamW(model.parameters())
 
-            def step():
-                opt.zero_grad(set_to_none=True)
-                logits = model(x, mask)
-                loss = nn.functional.cross_entropy(logits.reshape(-1, c["vocab"]),
-                                                   y.reshape(-1))
-                loss.backward()
-                opt.step()
-                return loss
-            return step
-        eager, compiled = make_step(), self.compile(make_step())
-        for _ in range(6):
-            compiled()
+                def step():
+                    opt.zero_grad(set_to_none=True)
+                    with torch.autocast(on, dtype=torch.bfloat16, enabled=autocast):
+                        logits = model(x, mask)
+                        loss = nn.functional.cross_entropy(logits.reshape(-1, c["vocab"]),
+                                                           y.reshape(-1))
+                    loss.backward()
+                    opt.step()
+                    return loss
+                return step
+            eager, compiled = make_step(), self.compile(make_step())
+            for _ in range(6):
+                compiled()
 
-        def rep(step):
-            def body():
-                for _ in range(c["steps"]):
-                    step()
-                self.sync()
-            return body
-        secs = time_interleaved([rep(eager), rep(compiled)], self.reps)
-        for mode, s in zip(["eager", "compiled"], secs):
-            self.emit("W8", mode, "ms_per_step", s, lambda t: t / c["steps"] * 1e3)
+            def rep(step):
+                def body():
+                    for _ in range(c["steps"]):
+                        step()
+                    self.sync()
+                return body
+            secs = time_interleaved([rep(eager), rep(compiled)], self.reps)
+            for mode, s in zip(["eager", "compiled"], secs):
+                self.emit("W8", mode, "ms_per_step", s, lambda t: t / c["steps"] * 1e3, variant)
 
     def c1(self):
         torch, s = self.torch, C1_SHAPE
@@ -425,6 +441,16 @@ class TorchWorker(Worker):
         secs = time_interleaved([rep(conv), rep(compiled)], self.reps)
         for mode, t in zip(["eager", "compiled"], secs):
             self.emit("C1", mode, "gflops", t, lambda v: c1_flop() / v / 1e9, "conv2d_fwd_bwd")
+        # bf16 input, filters and gradient (duet's bf16 row).
+        bf = torch.bfloat16
+        x = x.detach().to(bf).requires_grad_()
+        w = w.detach().to(bf).requires_grad_()
+        g = g.to(bf)
+        compiled(x, w)
+        secs = time_interleaved([rep(conv), rep(compiled)], self.reps)
+        for mode, t in zip(["eager", "compiled"], secs):
+            self.emit("C1", mode, "gflops", t, lambda v: c1_flop() / v / 1e9,
+                      "conv2d_fwd_bwd bf16")
 
     def at(self):
         """AT: scaled_dot_product_attention at L = S = 1024, 12 heads of 64, causal, f32,
@@ -618,24 +644,34 @@ class JaxWorker(Worker):
             secs = time_interleaved([body], self.reps)
             self.emit("W3", "compiled", "gflops", secs[0], lambda t: flop * calls / t / 1e9,
                       f"n={n}")
+            a, b = a.astype(self.jnp.bfloat16), b.astype(self.jnp.bfloat16)
+            secs = time_interleaved([body], self.reps)
+            self.emit("W3", "compiled", "gflops", secs[0], lambda t: flop * calls / t / 1e9,
+                      f"n={n} bf16")
 
-    def mlp_forward(self, act, act_last):
+    def mlp_forward(self, act, act_last, dtype=None):
+        """The MLP's forward; with dtype (bf16), each product in that dtype over the f32
+        parameters, as autocast runs it, and the result in f32 for the loss."""
         jax = self.jax
         f = jax.nn.relu if act == "relu" else self.jnp.tanh
 
         def forward(params, h):
             for i, (w, b) in enumerate(params):
-                h = h @ w + b
+                if dtype is None:
+                    h = h @ w + b
+                else:
+                    h = h.astype(dtype) @ w.astype(dtype) + b.astype(dtype)
                 if i + 1 < len(params) or act_last:
                     h = f(h)
-            return h
+            return h if dtype is None else h.astype(self.jnp.float32)
         return forward
 
-    def training(self, w, cfg):
+    def training(self, w, cfg, bf16=False):
         """W4 and W6: the SGD step (lr 0.01) under jit, parameters donated; and the time of
-        jit(step).lower(...).compile() (median of three, caches cleared before each)."""
+        jit(step).lower(...).compile() (median of three, caches cleared before each). bf16: the
+        products in bf16 (variant autocast_bf16), no compile time."""
         jax, jnp = self.jax, self.jnp
-        forward = self.mlp_forward(cfg["act"], cfg["act_last"])
+        forward = self.mlp_forward(cfg["act"], cfg["act_last"], jnp.bfloat16 if bf16 else None)
 
         def loss_fn(params, x, y):
             out = forward(params, x)
@@ -651,7 +687,7 @@ class JaxWorker(Worker):
         params, x, y = mlp_data(cfg["sizes"], cfg["batch"], cfg["loss"], cfg["seed"])
         params, x, y = self.put(params), self.put(x), self.put(y)
         compile_s = []
-        for _ in range(3):
+        for _ in range(0 if bf16 else 3):
             jax.clear_caches()
             t0 = time.perf_counter()
             jax.jit(step, donate_argnums=0).lower(params, x, y).compile()
@@ -665,12 +701,15 @@ class JaxWorker(Worker):
                 p, loss = jstep(p, x, y)
             state[0] = self.ready(p)
         secs = time_interleaved([body], self.reps)
-        self.emit(w, "compiled", cfg["metric"], secs[0], lambda s: s / steps * cfg["unit"])
-        self.emit(w, "compiled", "s", compile_s, lambda s: s, "compile",
-                  what="jit(step).lower(...).compile()")
+        self.emit(w, "compiled", cfg["metric"], secs[0], lambda s: s / steps * cfg["unit"],
+                  "autocast_bf16" if bf16 else "")
+        if not bf16:
+            self.emit(w, "compiled", "s", compile_s, lambda s: s, "compile",
+                      what="jit(step).lower(...).compile()")
 
     def w4(self):
         self.training("W4", W4)
+        self.training("W4", W4, bf16=True)
 
     def w6(self):
         self.training("W6", W6)
@@ -713,8 +752,13 @@ class JaxWorker(Worker):
             var = jnp.mean(jnp.square(x - mu), -1, keepdims=True)
             return (x - mu) * jax.lax.rsqrt(var + 1e-5) * p["g"] + p["b"]
 
+        dt = [None]  # the products' dtype: None (f32), or bf16 over the f32 parameters
+
         def lin(x, p):
-            return x @ p["w"] + p["b"]
+            if dt[0] is None:
+                return x @ p["w"] + p["b"]
+            d = dt[0]
+            return (x.astype(d) @ p["w"].astype(d) + p["b"].astype(d)).astype(jnp.float32)
 
         def loss_fn(params, tokens, targets):
             x = params["tok"][tokens]
@@ -722,7 +766,9 @@ class JaxWorker(Worker):
             for blk in params["blocks"]:
                 q, k, v = jnp.split(lin(layer_norm(x, blk["ln1"]), blk["qkv"]), 3, axis=-1)
                 q, k, v = (a.reshape(n, t, heads, e // heads) for a in (q, k, v))
-                o = jax.nn.dot_product_attention(q, k, v, is_causal=True)
+                if dt[0] is not None:
+                    q, k, v = (a.astype(dt[0]) for a in (q, k, v))
+                o = jax.nn.dot_product_attention(q, k, v, is_causal=True).astype(jnp.float32)
                 x = x + lin(o.reshape(n, t, e), blk["out"])
                 h = jax.nn.gelu(lin(layer_norm(x, blk["ln2"]), blk["fc1"]), approximate=True)
                 x = x + lin(h, blk["fc2"])
@@ -746,19 +792,23 @@ class JaxWorker(Worker):
 
         tokens = w8_tokens()
         x, y = self.put(tokens[:, :-1].astype(np.int32)), self.put(tokens[:, 1:].astype(np.int32))
-        params = self.put(params)
-        zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
-        state = [params, zeros, jax.tree_util.tree_map(jnp.zeros_like, params),
-                 jnp.zeros((), jnp.float32)]
-        jstep = jax.jit(step, donate_argnums=(0, 1, 2))
+        host_params = params
+        for variant, dtype in (("", None), ("autocast_bf16", jnp.bfloat16)):
+            dt[0] = dtype
+            params = self.put(host_params)
+            zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
+            state = [params, zeros, jax.tree_util.tree_map(jnp.zeros_like, params),
+                     jnp.zeros((), jnp.float32)]
+            jstep = jax.jit(step, donate_argnums=(0, 1, 2))
 
-        def body():
-            s = state
-            for _ in range(c["steps"]):
-                *s, loss = jstep(*s, x, y)
-            state[:] = self.ready(s)
-        secs = time_interleaved([body], self.reps)
-        self.emit("W8", "compiled", "ms_per_step", secs[0], lambda t: t / c["steps"] * 1e3)
+            def body():
+                s = state
+                for _ in range(c["steps"]):
+                    *s, loss = jstep(*s, x, y)
+                state[:] = self.ready(s)
+            secs = time_interleaved([body], self.reps)
+            self.emit("W8", "compiled", "ms_per_step", secs[0], lambda t: t / c["steps"] * 1e3,
+                      variant)
 
     def c1(self):
         jax, s = self.jax, C1_SHAPE
@@ -780,6 +830,11 @@ class JaxWorker(Worker):
         secs = time_interleaved([lambda: self.ready(f(x, w, g))], self.reps)
         self.emit("C1", "compiled", "gflops", secs[0], lambda t: c1_flop() / t / 1e9,
                   "conv2d_fwd_bwd")
+        bf = self.jnp.bfloat16
+        x, w, g = x.astype(bf), w.astype(bf), g.astype(bf)
+        secs = time_interleaved([lambda: self.ready(f(x, w, g))], self.reps)
+        self.emit("C1", "compiled", "gflops", secs[0], lambda t: c1_flop() / t / 1e9,
+                  "conv2d_fwd_bwd bf16")
 
     def at(self):
         """AT: jax.nn.dot_product_attention, causal, under jit, forward + backward (vjp) and
@@ -961,7 +1016,7 @@ def duet_rows(raw):
         if r.get("n"):
             if variant.endswith("tf32"):  # W3cuda with TF32 on: the peers multiply in f32
                 continue
-            variant = f"n={r['n']}"
+            variant = f"n={r['n']}" + (" bf16" if variant == "bf16" else "")
         if w.endswith("cuda"):
             w = w[:-4]
             if metric == "first_call_s":
@@ -1026,6 +1081,9 @@ def best_rows(rows):
 # The table's rows: (workload, variant, metric); and which peer rows fill which column.
 TABLE = [("W1", "no_grad", "ns_per_op"), ("W1", "tape", "ns_per_op"), ("W2", "", "ms"),
          ("W3", "n=1024", "gflops"), ("W3", "n=256", "gflops"), ("W3", "n=64", "gflops"),
+         ("W3", "n=1024 bf16", "gflops"), ("W3", "n=256 bf16", "gflops"),
+         ("W3", "n=64 bf16", "gflops"), ("W4", "autocast_bf16", "ms_per_step"),
+         ("W8", "autocast_bf16", "ms_per_step"), ("C1", "conv2d_fwd_bwd bf16", "gflops"),
          ("W4", "", "ms_per_step"), ("W5", "", "us_per_call"), ("W6", "", "us_per_step"),
          ("W8", "", "ms_per_step"), ("C1", "conv2d_fwd_bwd", "gflops"),
          ("W4", "compile", "s"), ("W6", "compile", "s"),
