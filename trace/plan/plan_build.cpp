@@ -443,14 +443,26 @@ bool Plan::Builder::can_write_back_in_place(
 // result at every run until a captured tensor changes: it runs once, and again only when the
 // version of a storage it reads has changed (an optimizer step, a load). Its buffer is its
 // own, outside the arena. Results, in-place write-backs and random draws stay per run.
+//
+// A captured tensor that the plan itself writes back (the parameters of a compiled training
+// step) changes at every run, so a step reading it would run at every run all the same, and a
+// hoisted buffer would only hold memory between runs: such steps stay in the schedule and their
+// buffers in the arena, freed at their last use. (A training step under autocast kept a bf16
+// copy of every weight between its calls so, tests/test_fusion.cpp's "hoisting: a training
+// step ...".)
 void Plan::Builder::hoist() {
   std::vector<bool> param_only(n, false);
   hoisted.assign(n, false);
   hoisted_unit.assign(ng + n, false);
+  std::vector<const StorageImpl*> written;
+  for (const WriteBack& w : graph.writebacks)  // target: an index into graph.captured
+    written.push_back(graph.captured[static_cast<size_t>(w.target)].unsafe_impl()->storage.get());
   for (int32_t i = 0; i < n; ++i) {
     const GraphNode& g = graph.nodes[i];
-    param_only[i] = g.kind == NodeKind::Constant ||
-                    (g.kind == NodeKind::Input && g.role == InputRole::Captured);
+    param_only[i] =
+        g.kind == NodeKind::Constant ||
+        (g.kind == NodeKind::Input && g.role == InputRole::Captured &&
+         std::find(written.begin(), written.end(), storage_of_root(i)) == written.end());
   }
   if (!opt.hoist) return;
   for (int32_t s = 0; s < num_steps; ++s) {
