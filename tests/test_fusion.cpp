@@ -367,6 +367,37 @@ TEST_CASE("hoisting: a training step keeps no buffers for work on the parameters
   CHECK(step.stats().hoisted_nodes < forward.stats().hoisted_nodes);
 }
 
+TEST_CASE("hoisting: a large value made of sources alone is made at each run, in the arena") {
+  // An embedding's gradient adds rows into zeros of the table's shape (1 MiB here). Hoisted,
+  // the zeros were kept for the function's life; made at each run, they share the arena.
+  manual_seed(9);
+  nn::Embedding eager_emb(4096, 64), emb(4096, 64);
+  {
+    NoGradGuard ng;
+    emb.weight.copy_(eager_emb.weight);
+  }
+  const Tensor idx = randint(4096, {32});
+  auto make_step = [&](nn::Embedding& e, optim::SGD& opt) {
+    return [&e, &opt](const Tensor& i) {
+      opt.zero_grad();
+      Tensor h = e(i);
+      Tensor loss = mean(h * h);
+      loss.backward();
+      opt.step();
+      return loss;
+    };
+  };
+  optim::SGD eager_opt(std::vector<Tensor>{eager_emb.weight}, {.lr = 0.5});
+  optim::SGD opt(std::vector<Tensor>{emb.weight}, {.lr = 0.5});
+  auto eager_step = make_step(eager_emb, eager_opt);
+  auto step = compile(make_step(emb, opt));
+  for (int k = 0; k < 3; ++k) CHECK(bitwise_equal(step(idx), eager_step(idx)));
+  CHECK(bitwise_equal(emb.weight, eager_emb.weight));
+  const int64_t kept = step.stats().buffer_bytes - step.stats().arena_bytes;
+  CAPTURE(kept);
+  CHECK(kept < 64 * 1024);  // before: the 1 MiB of zeros
+}
+
 TEST_CASE("hoisting: a copied view of a parameter follows the parameter's new values") {
   // Regression (found by the random programs, seed 844): a reshape of a transposed parameter
   // is a copy made by a hoisted view step, which once ran only at the first call.

@@ -450,6 +450,9 @@ bool Plan::Builder::can_write_back_in_place(
 // buffers in the arena, freed at their last use. (A training step under autocast kept a bf16
 // copy of every weight between its calls so, tests/test_fusion.cpp's "hoisting: a training
 // step ...".)
+// The largest value made of sources alone (no parameter read) that a plan hoists.
+constexpr int64_t kHoistedSourceBytes = 64 << 10;
+
 void Plan::Builder::hoist() {
   std::vector<bool> param_only(n, false);
   hoisted.assign(n, false);
@@ -468,14 +471,23 @@ void Plan::Builder::hoist() {
   for (int32_t s = 0; s < num_steps; ++s) {
     const int32_t u = order[s];
     bool ok = true;
-    bool any_kernel = false;
+    bool any_kernel = false, reads_params = false;
+    int64_t bytes = 0;
     for (int32_t v : unit_nodes[u]) {
       const GraphNode& g = graph.nodes[v];
       ok = ok && g.kind == NodeKind::Op && !fresh[v] && inplace[v] < 0 && g.op != OpId::Random &&
            !has_effect(g);
       any_kernel = any_kernel || !is_view_node(g);
-      for (int32_t in : g.inputs) ok = ok && (param_only[in] || unit_of(in) == u);
+      if (!is_view_node(g)) bytes += meta_nbytes(g.meta);
+      for (int32_t in : g.inputs) {
+        ok = ok && (param_only[in] || unit_of(in) == u);
+        reads_params = reads_params || unit_of(in) != u;
+      }
     }
+    // A large value made of nothing (zeros for a scatter's or a slice's gradient to write into)
+    // costs one pass to make again, and its bytes for the function's life if hoisted: it is
+    // made at every run, in the arena.
+    if (!reads_params && bytes > kHoistedSourceBytes) ok = false;
     if (!ok) continue;
     for (int32_t v : unit_nodes[u]) param_only[v] = true;
     // A view of parameters is static (made once below) unless no strides express it; then
