@@ -79,3 +79,51 @@ TEST_CASE("gpt: decoding with a key-value cache, compiled at a symbolic length, 
 }
 
 }  // namespace duet::test
+namespace duet::test {
+
+TEST_CASE("gpt: a compiled training step holds less memory than the eager one, f32 and bf16") {
+  // One block of width 256 over 256 tokens, vocabulary 4096, AdamW. The eager step's peak
+  // beyond what it starts with, against the compiled step's: what a call adds, plus the buffers
+  // its plan keeps between calls. Under autocast the compiled step once held 36.8 MB against
+  // 27.8 eager: the fusion pass joined each weight's bf16 cast (forward) with the optimizer's
+  // decay of the same weight (the last step) as siblings, which kept the decayed weight live
+  // through the whole step.
+  const gpt::GptConfig c{.vocab = 4096, .context = 256, .width = 256, .heads = 4, .layers = 1};
+  manual_seed(23);
+  const Tensor tokens = randint(c.vocab, {1, 257});
+  const Tensor x = slice(tokens, 1, 0, 256).contiguous(), y = slice(tokens, 1, 1, 257).contiguous();
+  for (bool bf16 : {false, true}) {
+    CAPTURE(bf16);
+    manual_seed(1);
+    gpt::Gpt model(c);
+    optim::AdamW opt(model.parameters(), gpt::adamw_options(1e-3));
+    auto train = [&](const Tensor& a, const Tensor& b) {
+      opt.zero_grad();
+      Tensor loss;
+      {
+        Autocast scope(Device::cpu(), DType::bf16, bf16);
+        loss = gpt::loss_of(model, a, b);
+      }
+      loss.backward();
+      opt.step();
+      return loss;
+    };
+    auto held = [](auto&& f) {
+      const int64_t before = cpu_memory_stats().current;
+      reset_peak_memory();
+      f();
+      return cpu_memory_stats().peak - before;
+    };
+    train(x, y);
+    const int64_t eager = held([&] { train(x, y); });
+    auto step = compile(train);
+    step(x, y);
+    step(x, y);
+    const int64_t compiled = held([&] { step(x, y); }) + step.stats().buffer_bytes;
+    MESSAGE(std::string(bf16 ? "bf16" : "f32")
+            << ": eager " << eager / 1024 << " KiB, compiled " << compiled / 1024 << " KiB");
+    CHECK(compiled < eager);
+  }
+}
+
+}  // namespace duet::test

@@ -184,8 +184,14 @@ class Fuser {
     for (int32_t in : n.inputs)
       if (group_of_[in] >= 0) cands.push_back(group_of_[in]);
     const size_t producers = cands.size();
-    for (int32_t in : n.inputs)
+    // Not through a captured tensor (a parameter): its readers are far apart (the forward, the
+    // gradient, the optimizer's update), and joining them would keep an optimizer's value live
+    // from the forward on, for one read of the parameter saved.
+    for (int32_t in : n.inputs) {
+      const GraphNode& src = graph_.nodes[in];
+      if (src.kind == NodeKind::Input && src.role == InputRole::Captured) continue;
       for (auto it = readers_[in].rbegin(); it != readers_[in].rend(); ++it) cands.push_back(*it);
+    }
     int chosen = -1;
     for (int gi : cands)
       if (compatible(gi, v, t) && can_join(gi, v)) {

@@ -10,7 +10,9 @@
 // the group's shape, computing in the group's dtype T (f32 or f64; b8 values ride along as 0/1),
 // and when none of its other inputs depends on the group (which would make a cycle). It looks
 // for a group among its producers first, then among the groups that read the same inputs
-// (siblings, as tanh(x) and sigmoid(x) in W2); a node that reads two groups merges them when
+// (siblings, as tanh(x) and sigmoid(x) in W2), but not through a captured tensor: a parameter's
+// readers are far apart (forward, gradient, optimizer), and a sibling group would keep the
+// optimizer's values live from the forward on; a node that reads two groups merges them when
 // that makes no cycle. A reduction whose input is in a group closes it. A cast to b8 of a value
 // of another dtype stays out (its rounding differs from the eager cast). Groups of one op are
 // dissolved: the eager kernel runs them.
