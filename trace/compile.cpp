@@ -428,9 +428,11 @@ Plans CompiledCore::build_plans(Entry& e, const std::vector<int64_t>& values) {
   const PlanOptions popt = PlanOptions::from_disabled(options_.disable_passes);
   if (e.num_symbols && e.shares.empty())
     for (size_t k = 0; k <= bgs.size(); ++k) e.shares.push_back(make_fusion_share());
+  if (!arena_share_) arena_share_ = make_arena_share();
   auto opts = [&](size_t k) {
     PlanOptions o = popt;
     if (e.num_symbols) o.share = e.shares[k];
+    o.arenas = arena_share_;  // Note [One arena per function] in trace/plan/plan_build.cpp
     return o;
   };
   Plans p;

@@ -210,6 +210,8 @@ struct CacheExplanation {
 
 namespace detail {
 
+struct ArenaShare;
+
 class CompiledCore {
  public:
   CompiledCore(CompileOptions options, std::string label);
@@ -298,6 +300,9 @@ class CompiledCore {
   std::string label_;
   CompileStats stats_;
   std::vector<std::unique_ptr<Entry>> entries_;
+  /// The arenas all of this function's plans share (Note [One arena per function] in
+  /// trace/plan/plan_build.cpp).
+  std::shared_ptr<ArenaShare> arena_share_;
   Entry* last_ = nullptr;
   uint64_t clock_ = 0;  ///< counts calls: Entry::used
   /// When the call holding the lock started (CompileStats::new_size_ms).

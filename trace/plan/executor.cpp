@@ -225,6 +225,12 @@ std::vector<Tensor> Plan::run(const std::vector<Tensor>& inputs) {
 
 std::vector<Tensor> Plan::run_unprofiled(const std::vector<Tensor>& inputs) {
   std::unique_lock<std::mutex> lock(busy_, std::try_to_lock);
+  // The function's shared arenas too (Note [One arena per function] in plan_build.cpp).
+  std::unique_lock<std::mutex> arenas;
+  if (lock.owns_lock() && shares_arena_) {
+    arenas = std::unique_lock<std::mutex>(opt_.arenas->busy, std::try_to_lock);
+    if (!arenas.owns_lock()) lock.unlock();
+  }
   if (!lock.owns_lock()) {
     // Busy: re-entered, or called from another thread. A spare copy of the plan runs the call;
     // spares are kept, so that threads calling one plan side by side build each copy once.
@@ -236,7 +242,11 @@ std::vector<Tensor> Plan::run_unprofiled(const std::vector<Tensor>& inputs) {
         spares_.pop_back();
       }
     }
-    if (!spare) spare = std::make_unique<Plan>(graph_, opt_);
+    if (!spare) {
+      PlanOptions own = opt_;
+      own.arenas = nullptr;  // a spare runs beside the plans that share the function's arenas
+      spare = std::make_unique<Plan>(graph_, own);
+    }
     std::vector<Tensor> out = spare->run(inputs);
     std::lock_guard<std::mutex> l(spares_mu_);
     spares_.push_back(std::move(spare));

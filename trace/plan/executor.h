@@ -68,6 +68,9 @@ namespace duet::detail {
 struct FusionShare;
 /// A new, empty FusionShare (PlanOptions::share).
 std::shared_ptr<FusionShare> make_fusion_share();
+struct ArenaShare;
+/// A new ArenaShare (PlanOptions::arenas): one per compiled function.
+std::shared_ptr<ArenaShare> make_arena_share();
 
 /// Which plan-level passes run (CompileOptions::disable_passes names them).
 struct PlanOptions {
@@ -83,6 +86,9 @@ struct PlanOptions {
   /// sizes] in trace/plan/plan_build.cpp): the fusion groups the first found, and their kernels.
   /// Null: nothing shared. The plans of a control node's subgraphs get none.
   std::shared_ptr<FusionShare> share;
+  /// The arenas shared by the plans of one compiled function (Note [One arena per function] in
+  /// trace/plan/plan_build.cpp). Null: the plan's own arenas.
+  std::shared_ptr<ArenaShare> arenas;
   static PlanOptions from_disabled(const std::vector<std::string>& disabled);
 };
 
@@ -196,6 +202,7 @@ class Plan {
   MemoryPlan memory_;
   std::unique_ptr<GraphState> cuda_graph_;  ///< CUDA-graph replay, when the plan qualifies
   std::mutex busy_;                         ///< held by the run in progress
+  bool shares_arena_ = false;               ///< its arenas are its function's (PlanOptions::arenas)
   std::mutex spares_mu_;
   std::vector<std::unique_ptr<Plan>> spares_;  ///< copies for calls that find the plan busy
 };

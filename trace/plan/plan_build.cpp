@@ -611,9 +611,38 @@ void Plan::Builder::plan_arena() {
       }
   }
   arenas.assign(pool_devices.size(), StoragePtr());
-  for (size_t p = 0; p < pool_devices.size(); ++p)
-    if (plan.memory_.pool_bytes[p] > 0)
-      arenas[p] = new_storage(static_cast<size_t>(plan.memory_.pool_bytes[p]), pool_devices[p]);
+  for (size_t p = 0; p < pool_devices.size(); ++p) {
+    const auto bytes = static_cast<size_t>(plan.memory_.pool_bytes[p]);
+    if (bytes == 0) continue;
+    arenas[p] = opt.arenas ? shared_arena(*opt.arenas, pool_devices[p], bytes)
+                           : new_storage(bytes, pool_devices[p]);
+  }
+  plan.shares_arena_ = opt.arenas != nullptr;
 }
+
+// Note [One arena per function]
+// A compiled function keeps a plan per signature (a new batch size, the short last batch of an
+// epoch) and per symbolic size, and each plan used to keep an arena of its own: the
+// Fashion-MNIST step kept 10.6 MiB for batch 256 and 8.4 MiB for the last batch of 96. The
+// plans of one function (forward, backward, guard, at every size) now share one arena per
+// device, as large as the largest of them needs; a plan runs on it while it holds the share's
+// `busy` lock. A call that finds the arenas busy (another thread running one of the function's
+// plans, or a plan run from inside another) runs a spare copy of its plan with arenas of its
+// own, as a call that finds the plan itself busy does. A plan built when the shared arena is too
+// small gets a larger one, which later plans share; the plans built before keep the old one.
+// Results, saved values and hoisted buffers are never in the arena, so what one plan leaves
+// there is dead when the next one runs.
+StoragePtr shared_arena(ArenaShare& share, Device device, size_t bytes) {
+  std::lock_guard<std::mutex> l(share.mu);
+  for (auto& [d, st] : share.storages)
+    if (d == device) {
+      if (st->nbytes < bytes) st = new_storage(bytes, device);
+      return st;
+    }
+  share.storages.emplace_back(device, new_storage(bytes, device));
+  return share.storages.back().second;
+}
+
+std::shared_ptr<ArenaShare> make_arena_share() { return std::make_shared<ArenaShare>(); }
 
 }  // namespace duet::detail

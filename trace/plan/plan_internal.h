@@ -31,6 +31,17 @@ struct FusionShare {
   std::vector<std::shared_ptr<kernels::FusedKernel>> kernels;  ///< per group, once made
 };
 
+/// The arenas of the plans of one compiled function, one per device (Note [One arena per
+/// function] in trace/plan/plan_build.cpp). `busy` is held by the plan running on them.
+struct ArenaShare {
+  std::mutex busy;
+  std::mutex mu;  ///< guards `storages` (plans are built on several threads)
+  std::vector<std::pair<Device, StoragePtr>> storages;
+};
+
+/// The share's arena on `device`, at least `bytes` large (made or grown here).
+StoragePtr shared_arena(ArenaShare& share, Device device, size_t bytes);
+
 /// One fused group as the plan runs it.
 struct Plan::FusedStep {
   std::shared_ptr<kernels::FusedKernel> kernel;

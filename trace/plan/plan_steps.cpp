@@ -192,7 +192,8 @@ void Plan::Builder::make_control_step(int32_t u) {
     if (cf.kind == ControlKind::Scan) fresh_count = size_t(cf.num_carry);
     if (cf.kind == ControlKind::WhileLoop && k == 0) fresh_count = 0;
     PlanOptions sub = opt;
-    sub.share = nullptr;  // another graph
+    sub.share = nullptr;   // another graph
+    sub.arenas = nullptr;  // it runs while this plan holds the function's arenas
     c->plans.push_back(
         std::make_unique<Plan>(ensure_fresh_results(cf.graphs[k], fresh_count), std::move(sub)));
   }
