@@ -142,6 +142,15 @@ OpRow layer_norm_row(std::string name, Shape xs, Shape norm, bool weight, bool b
   return r;
 }
 
+// The b8 mask of the attention rows: keeps (i, j) where (i + j) % 3 != 0 (every row keeps one
+// at least when S >= 2).
+Tensor keep_mask(int64_t l, int64_t s) {
+  std::vector<double> keep;
+  for (int64_t i = 0; i < l; ++i)
+    for (int64_t j = 0; j < s; ++j) keep.push_back((i + j) % 3 != 0);
+  return make(keep, {l, s}, DType::b8);
+}
+
 // scaled_dot_product_attention over q (batch..., L, E), k (batch..., S, E), v (batch..., S, F),
 // the same batch dims on all three. mask: 0 none, 1 causal, 2 a b8 mask keeping (i + j) % 3 != 0
 // (every row keeps one at least when S >= 2), 3 a floating (L, S) mask, the row's 4th input.
@@ -162,15 +171,7 @@ OpRow sdpa_row(Shape batch, int64_t l, int64_t s, int64_t e, int64_t f, int mask
           false,
           shapes,
           [=](const Ins& in) {
-            Tensor m;
-            if (mask == 2) {
-              std::vector<double> keep;
-              for (int64_t i = 0; i < l; ++i)
-                for (int64_t j = 0; j < s; ++j) keep.push_back((i + j) % 3 != 0);
-              m = make(keep, {l, s}, DType::b8);
-            } else if (mask == 3) {
-              m = in[3];
-            }
+            const Tensor m = mask == 2 ? keep_mask(l, s) : mask == 3 ? in[3] : Tensor();
             return scaled_dot_product_attention(in[0], in[1], in[2], m, mask == 1, scale);
           },
           [=](const Values& v) {
@@ -267,12 +268,7 @@ OpRow attention_backward_row(Shape batch, int64_t l, int64_t s, int64_t e, int64
             std::vector<Tensor> x;
             for (int i = 0; i < 3; ++i) x.push_back(in[i].detach().requires_grad_(true));
             Tensor m;
-            if (mask == 2) {
-              std::vector<double> keep;
-              for (int64_t i = 0; i < l; ++i)
-                for (int64_t j = 0; j < s; ++j) keep.push_back((i + j) % 3 != 0);
-              m = make(keep, {l, s}, DType::b8);
-            }
+            if (mask == 2) m = keep_mask(l, s);
             Tensor y = scaled_dot_product_attention(x[0], x[1], x[2], m, mask == 1);
             std::vector<Tensor> gs = grad({y}, x, {in[3]});
             Shape flat = batch;

@@ -35,6 +35,26 @@ __device__ __forceinline__ int64_t batch_offset(const AttnArg& a, const AttnOper
   return off;
 }
 
+// The warp's row: index i (a query, or a key for attention_dkdv) of batch b, with the operands'
+// offsets for batch b. `rows`: rows per batch (L or S).
+struct WarpRow {
+  int lane;
+  int64_t row, b, i, qb, kb, vb, mb;
+};
+__device__ __forceinline__ WarpRow warp_row(const AttnArg& a, int64_t rows) {
+  WarpRow w;
+  w.lane = threadIdx.x & 31;
+  w.row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  w.b = w.row / rows;
+  w.i = w.row % rows;
+  const int64_t b = w.b < a.nb ? w.b : 0;  // rows past the end return before reading
+  w.qb = batch_offset(a, a.q, b);
+  w.kb = batch_offset(a, a.k, b);
+  w.vb = batch_offset(a, a.v, b);
+  w.mb = a.mask ? batch_offset(a, a.m, b) : 0;
+  return w;
+}
+
 template <class A>
 __device__ __forceinline__ A warp_sum(A x) {
 #pragma unroll
@@ -62,12 +82,10 @@ __device__ __forceinline__ A score(const AttnArg& a, const A* qv, int64_t kb, in
 
 template <class T, class A>
 __global__ void attention_forward(AttnArg a) {
-  const int lane = threadIdx.x & 31;
-  const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
-  if (row >= a.nb * a.l) return;
-  const int64_t b = row / a.l, i = row % a.l;
-  const int64_t qb = batch_offset(a, a.q, b), kb = batch_offset(a, a.k, b),
-                vb = batch_offset(a, a.v, b), mb = a.mask ? batch_offset(a, a.m, b) : 0;
+  const WarpRow w = warp_row(a, a.l);
+  if (w.row >= a.nb * a.l) return;
+  const int lane = w.lane;
+  const int64_t b = w.b, i = w.i, kb = w.kb, vb = w.vb, mb = w.mb, qb = w.qb;
   A qv[kPerLane], acc[kPerLane];
 #pragma unroll
   for (int t = 0; t < kPerLane; ++t) {
@@ -105,12 +123,10 @@ __global__ void attention_forward(AttnArg a) {
 // dq of query row i, and D_i = rowsum(dO * O) - g_lse into the scratch.
 template <class T, class A>
 __global__ void attention_dq(AttnArg a) {
-  const int lane = threadIdx.x & 31;
-  const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
-  if (row >= a.nb * a.l) return;
-  const int64_t b = row / a.l, i = row % a.l;
-  const int64_t qb = batch_offset(a, a.q, b), kb = batch_offset(a, a.k, b),
-                vb = batch_offset(a, a.v, b), mb = a.mask ? batch_offset(a, a.m, b) : 0;
+  const WarpRow w = warp_row(a, a.l);
+  if (w.row >= a.nb * a.l) return;
+  const int lane = w.lane;
+  const int64_t row = w.row, b = w.b, i = w.i, qb = w.qb, kb = w.kb, vb = w.vb, mb = w.mb;
   const A* r = static_cast<const A*>(a.r.data) + batch_offset(a, a.r, b) + i * a.r.rs;
   const A* g = static_cast<const A*>(a.g.data) + batch_offset(a, a.g, b) + i * a.g.rs;
   A qv[kPerLane], go[kPerLane], dq[kPerLane];
@@ -153,12 +169,10 @@ __global__ void attention_dq(AttnArg a) {
 // dk and dv of key row j (after attention_dq has written the D_i).
 template <class T, class A>
 __global__ void attention_dkdv(AttnArg a) {
-  const int lane = threadIdx.x & 31;
-  const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
-  if (row >= a.nb * a.s) return;
-  const int64_t b = row / a.s, j = row % a.s;
-  const int64_t qb = batch_offset(a, a.q, b), kb = batch_offset(a, a.k, b),
-                vb = batch_offset(a, a.v, b), mb = a.mask ? batch_offset(a, a.m, b) : 0;
+  const WarpRow w = warp_row(a, a.s);
+  if (w.row >= a.nb * a.s) return;
+  const int lane = w.lane;
+  const int64_t b = w.b, j = w.i, qb = w.qb, kb = w.kb, vb = w.vb, mb = w.mb;
   const int64_t rb = batch_offset(a, a.r, b), gb = batch_offset(a, a.g, b);
   const A* ra = static_cast<const A*>(a.r.data);
   const A* ga = static_cast<const A*>(a.g.data);
