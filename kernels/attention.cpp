@@ -80,13 +80,20 @@ Operand operand(const Tensor& t, const Shape& batch, int64_t rows, int64_t cols)
 
 template <class Acc, class T>
 void load_rows(const Operand& o, const char* p, int64_t rows, int64_t cols, Acc* dst) {
+  // f16 and bf16 convert through float (Eigen's types); f32 and f64 directly.
+  const auto acc = [](T x) {
+    if constexpr (std::is_same_v<T, bf16_t> || std::is_same_v<T, f16_t>)
+      return static_cast<Acc>(static_cast<float>(x));
+    else
+      return static_cast<Acc>(x);
+  };
   for (int64_t r = 0; r < rows; ++r) {
     const T* src = reinterpret_cast<const T*>(p + r * o.rs * o.item);
     Acc* d = dst + r * cols;
     if (o.cs == 1) {
-      for (int64_t c = 0; c < cols; ++c) d[c] = static_cast<Acc>(static_cast<float>(src[c]));
+      for (int64_t c = 0; c < cols; ++c) d[c] = acc(src[c]);
     } else {
-      for (int64_t c = 0; c < cols; ++c) d[c] = static_cast<Acc>(static_cast<float>(src[c * o.cs]));
+      for (int64_t c = 0; c < cols; ++c) d[c] = acc(src[c * o.cs]);
     }
   }
 }
@@ -94,11 +101,7 @@ template <class Acc>
 void load_rows(const Operand& o, const char* p, int64_t rows, int64_t cols, Acc* dst) {
   switch (o.dtype) {
     case DType::f64:
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t c = 0; c < cols; ++c)
-          dst[r * cols + c] = static_cast<Acc>(
-              *reinterpret_cast<const double*>(p + (r * o.rs + c * o.cs) * o.item));
-      return;
+      return load_rows<Acc, double>(o, p, rows, cols, dst);
     case DType::f32:
       if (std::is_same_v<Acc, float> && o.cs == 1) {
         for (int64_t r = 0; r < rows; ++r)
@@ -323,7 +326,7 @@ void forward(TensorRefs in, const Attrs& a, const Tensor& out) {
 
 template <class Acc>
 struct BackwardScratch {
-  Buffer<Acc> q, k, v, go, sc, dp, dk, dv, lse, d, mrow;
+  Buffer<Acc> q, k, v, go, sc, dp, dk, dv, mrow;
   explicit BackwardScratch(const Problem& p) {
     q.resize(static_cast<size_t>(kTileQ * p.e));
     go.resize(static_cast<size_t>(kTileQ * p.f));

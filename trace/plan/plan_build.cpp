@@ -450,7 +450,10 @@ bool Plan::Builder::can_write_back_in_place(
 // buffers in the arena, freed at their last use. (A training step under autocast kept a bf16
 // copy of every weight between its calls so, tests/test_fusion.cpp's "hoisting: a training
 // step ...".)
-// The largest value made of sources alone (no parameter read) that a plan hoists.
+//
+// A step that reads no parameter and makes more than kHoistedSourceBytes (zeros for a scatter's
+// or a slice's gradient to write into) is not hoisted either: making it again costs one pass,
+// keeping it costs its bytes for the function's life.
 constexpr int64_t kHoistedSourceBytes = 64 << 10;
 
 void Plan::Builder::hoist() {
@@ -484,9 +487,6 @@ void Plan::Builder::hoist() {
         reads_params = reads_params || unit_of(in) != u;
       }
     }
-    // A large value made of nothing (zeros for a scatter's or a slice's gradient to write into)
-    // costs one pass to make again, and its bytes for the function's life if hoisted: it is
-    // made at every run, in the arena.
     if (!reads_params && bytes > kHoistedSourceBytes) ok = false;
     if (!ok) continue;
     for (int32_t v : unit_nodes[u]) param_only[v] = true;
