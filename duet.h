@@ -13,6 +13,7 @@
 #include "core/tensor.h"
 #include "cuda/cuda.h"
 #include "eager/autograd.h"
+#include "eager/checkpoint.h"
 #include "nn/data.h"
 #include "nn/init.h"
 #include "nn/layers.h"

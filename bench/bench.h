@@ -182,6 +182,8 @@ void run_w9(const Config&, std::vector<Result>&);
 /// AT (not a standard workload): scaled_dot_product_attention forward and backward, the fused
 /// primitive against the composite, at 1024 and 4096 tokens (attention.cpp).
 void run_at(const Config&, std::vector<Result>&);
+/// MEM: the memory of training steps, eager and compiled, with and without checkpoints.
+void run_mem(const Config&, std::vector<Result>&);
 /// TT (not a standard workload): two MLP towers on one input, joined, a head and a training
 /// step, at batch 16 and 128, compiled with and without parallel branches.
 void run_tt(const Config&, std::vector<Result>&);

@@ -44,6 +44,8 @@ bool autocast_any() { return tls_autocast != 0; }
 
 AutocastOff::AutocastOff() : saved_(tls_autocast) { tls_autocast = 0; }
 AutocastOff::~AutocastOff() { tls_autocast = saved_; }
+AutocastState::AutocastState(uint32_t key) : saved_(tls_autocast) { tls_autocast = key; }
+AutocastState::~AutocastState() { tls_autocast = saved_; }
 
 const Tensor& autocast_lower(const Tensor& x, Tensor& held) {
   if (tls_autocast == 0 || !x.defined() || target(x.unsafe_impl(), true) == x.dtype()) return x;

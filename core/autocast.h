@@ -73,6 +73,19 @@ class AutocastOff {
   uint32_t saved_;
 };
 
+/// Sets this thread's autocast state to one autocast_key() returned, for a scope (a checkpoint
+/// reruns its function under the state it first ran under).
+class AutocastState {
+ public:
+  explicit AutocastState(uint32_t key);
+  ~AutocastState();
+  AutocastState(const AutocastState&) = delete;
+  AutocastState& operator=(const AutocastState&) = delete;
+
+ private:
+  uint32_t saved_;
+};
+
 /// The inputs of a call of a Lower (`lower`) or F32 op, cast as the autocast state asks, in
 /// `out`; false (and `out` untouched) when none needs a cast.
 bool autocast_inputs(bool lower, TensorRefs in, std::vector<Tensor>& out);

@@ -89,6 +89,12 @@ Tensor size_scalar(const SymInt& n, DType dtype, Device device = Device::cpu());
 /// slice and slice_scatter with the attributes of a recorded Slice (gradient rules).
 Tensor slice_with(const Tensor& x, const Attrs& a);
 Tensor slice_scatter_with(const Tensor& base, const Tensor& src, const Attrs& a);
+/// The default generators' state tensors (Note [Default generators] in core/ops/random.cpp): the
+/// CPU's, then each device's made so far. Draws advance them in place.
+std::vector<Tensor> generator_states();
+/// x, as a view that exists only once `after` does (Note [Optimization barrier] in
+/// core/ops/view.cpp): where a checkpoint's recomputation starts.
+Tensor optimization_barrier(const Tensor& x, const Tensor& after);
 }  // namespace detail
 
 /// Threads used by CPU kernels (OpenMP) and by the BLAS.

@@ -122,6 +122,9 @@ struct CachedObjectAllocator {
   }
 };
 
+/// The serial number of the newest storage made (StorageImpl::serial).
+inline std::atomic<uint64_t> g_storage_serial{0};
+
 /// A block of device memory shared by a tensor and its views.
 struct StorageImpl {
   static void* operator new(size_t n) { return cached_object_new(0, n); }
@@ -134,9 +137,16 @@ struct StorageImpl {
   Device device;
   /// Frees `data` when the storage dies; null for memory duet does not own.
   Allocator* allocator = nullptr;
+  /// Increasing in the order storages are made: a storage with a serial above a number read
+  /// earlier was made since (a checkpoint tells the values its region computed by it).
+  uint64_t serial;
 
   StorageImpl(void* d, size_t n, Device dev, Allocator* a)
-      : data(d), nbytes(n), device(dev), allocator(a) {}
+      : data(d),
+        nbytes(n),
+        device(dev),
+        allocator(a),
+        serial(g_storage_serial.fetch_add(1, std::memory_order_relaxed) + 1) {}
   StorageImpl(const StorageImpl&) = delete;
   StorageImpl& operator=(const StorageImpl&) = delete;
   ~StorageImpl() {

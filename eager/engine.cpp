@@ -136,7 +136,9 @@ void run_post_accumulate_hooks(const Tensor& leaf) {
 }
 
 thread_local std::vector<std::function<void()>>* tls_backward_end = nullptr;
-thread_local uint64_t tls_backward_id = 0;  // counts the backwards run on this thread
+thread_local uint64_t tls_backward_id = 0;     // counts the backwards run on this thread
+thread_local int tls_backward_depth = 0;       // backwards running on this thread
+thread_local uint64_t tls_backward_edges = 0;  // starts and ends of outermost backwards
 
 // The callbacks at_backward_end() queued during one backward, run at its end (also on a throw,
 // so none leaks into the next backward, but then not run).
@@ -146,8 +148,12 @@ struct BackwardEndScope {
   BackwardEndScope() : prev(tls_backward_end) {
     tls_backward_end = &callbacks;
     ++tls_backward_id;
+    if (tls_backward_depth++ == 0) ++tls_backward_edges;
   }
-  ~BackwardEndScope() { tls_backward_end = prev; }
+  ~BackwardEndScope() {
+    tls_backward_end = prev;
+    if (--tls_backward_depth == 0) ++tls_backward_edges;
+  }
   void run() {
     for (size_t i = 0; i < callbacks.size(); ++i) callbacks[i]();  // may queue more
     callbacks.clear();
@@ -360,6 +366,7 @@ void BackwardRun::release(Node& n) {
   for (SavedTensor& s : n.saved) s.value = Tensor();
   n.saved_output.value = Tensor();
   n.backward_fn = nullptr;
+  n.recompute = nullptr;
 }
 
 // Sends each needed input gradient, summed back to its input's shape and dtype, to the node
@@ -407,6 +414,15 @@ void BackwardRun::run() {
                "[backward] trying to backward through the graph a second time ({} already "
                "freed its saved tensors); pass retain_graph=true to the first backward",
                n->def->name);
+    if (n->recompute) {  // Note [Checkpoint]: a checkpointed region gave up n's saved values
+      DUET_CHECK(!create_graph_,
+                 "[backward] {} ran inside duet::checkpoint, whose backward reruns the function "
+                 "without a graph of its own: create_graph (double backward) needs it run "
+                 "without checkpoint",
+                 n->def->name);
+      std::shared_ptr<Recompute> r = n->recompute;
+      r->run(g);
+    }
     uint32_t stale = 0;
     if (gather_inputs(*n, stale)) apply_rule(*n, g, stale);
     // Started collectives (data-parallel gradient buckets) move data only inside the
@@ -462,6 +478,8 @@ void check_not_escaped(const Tensor& t, const char* what) {
 }  // namespace
 
 uint64_t backward_id() { return tls_backward_id; }
+bool in_backward() { return tls_backward_depth > 0; }
+uint64_t backward_edges() { return tls_backward_edges; }
 
 void at_backward_end(std::function<void()> callback) {
   DUET_CHECK(tls_backward_end != nullptr,

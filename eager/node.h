@@ -21,6 +21,14 @@
 
 namespace duet::detail {
 
+/// What refills the saved values that a checkpoint dropped from the nodes of its region (Note
+/// [Checkpoint] in eager/checkpoint.cpp): run() reruns the region, once, when the backward first
+/// reaches one of them, with the gradient that reached it.
+struct Recompute {
+  virtual ~Recompute() = default;
+  virtual void run(const Tensor& grad) = 0;
+};
+
 struct SavedTensor {
   Tensor value;
   uint32_t version = 0;
@@ -65,6 +73,9 @@ struct Node : std::enable_shared_from_this<Node> {
   /// Set when the tensor whose grad_fn this node is gets written in place: the node that
   /// replaced this one as its history (weak: the new node points back at this one).
   std::weak_ptr<Node> superseded_by;
+  /// Set on a node of a checkpointed region that gave up saved values: the backward runs it
+  /// before the node's rule, which refills them.
+  std::shared_ptr<Recompute> recompute;
 };
 
 /// A new tape node, from the thread's cache of freed ones (Note [Tensor object cache]).
@@ -85,6 +96,9 @@ inline OpDef opaque_node_def(const char* name) {
   d.doc = "";
   return d;
 }
+/// While not null, each tape node that autograd_prepare makes on this thread is appended to
+/// the list (a checkpoint collects the nodes of its region).
+std::vector<std::weak_ptr<Node>>*& checkpoint_nodes();
 /// Fills the edge along which an input's gradient flows: to its grad_fn, or to it as a leaf.
 void set_input_edge(InputEdge& e, const Tensor& t);
 /// t's grad_fn (t must have one), regenerated first when t is a view whose base was written in

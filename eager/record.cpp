@@ -87,6 +87,11 @@ Tensor alias(const Tensor& t, const TensorImpl* identity) {
 
 Tensor autograd_alias(const Tensor& t) { return alias(t, t.unsafe_impl()); }
 
+std::vector<std::weak_ptr<Node>>*& checkpoint_nodes() {
+  thread_local std::vector<std::weak_ptr<Node>>* nodes = nullptr;
+  return nodes;
+}
+
 uint64_t next_sequence() { return g_sequence.fetch_add(1, std::memory_order_relaxed); }
 
 Node::~Node() {
@@ -161,6 +166,7 @@ std::shared_ptr<Node> autograd_prepare(const OpDef& def, TensorRefs in, const At
     if (i < 7 && (def.save >> i & 1)) node->saved[i] = save(is_self ? autograd_alias(t) : t);
   }
   if (def.cls == OpClass::View && n == 1) node->view_source = in[0].unsafe_impl()->storage.get();
+  if (std::vector<std::weak_ptr<Node>>* region = checkpoint_nodes()) region->push_back(node);
   return node;
 }
 

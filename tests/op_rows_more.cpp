@@ -1,7 +1,7 @@
 // Rows of the composites of core/api.def from masked_fill to einsum (masked_fill, tril, triu,
 // split, chunk, flip, roll, pad, cumsum, var, std, amax, amin, max/min_with_indices, argsort, sort,
-// topk, nll_loss, einsum), with references on plain doubles written without duet's ops (see
-// op_rows.h). The ops returning several tensors have one row per result.
+// topk, nll_loss, einsum) and of optimization_barrier, with references on plain doubles written
+// without duet's ops (see op_rows.h). The ops returning several tensors have one row per result.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -497,6 +497,20 @@ OpRow einsum_row(std::string eq, std::vector<Shape> shapes, OpId op = OpId::MatM
 
 }  // namespace
 
+// ---- optimization_barrier -----------------------------------------------------------------------
+
+// x itself, after a second input of any shape that it does not read.
+OpRow barrier_row(Shape xs, Shape after) {
+  OpRow r = row(
+      fmt::format("optimization_barrier {} after {}", xs.str(), after.str()),
+      OpId::OptimizationBarrier, {xs, after},
+      [](const Ins& in) { return detail::optimization_barrier(in[0], in[1]); },
+      [](const Values& v) { return v[0]; }, xs);
+  r.composite = false;
+  r.dtypes = kAll;
+  return r;
+}
+
 const std::vector<OpRow>& more_rows() {
   static const std::vector<OpRow> rows = [] {
     std::vector<OpRow> r = {
@@ -593,6 +607,9 @@ const std::vector<OpRow>& more_rows() {
         einsum_row("bi,bj->bij", {{2, 3}, {2, 2}}),
         einsum_row("ij,kj->ik", {{0, 3}, {2, 3}}),
         einsum_row("ij,j->i", {{3, 4}, {4}}),
+        barrier_row({3, 4}, {2}),
+        barrier_row({}, {3, 1}),
+        barrier_row({0, 2}, {}),
     };
     add_pieces(r, "split (5, 3) size 2", {5, 3}, 0, {2, 2, 1},
                [](const Tensor& x) { return split(x, 2, 0); });

@@ -459,6 +459,7 @@ Plans CompiledCore::build_plans(Entry& e, const std::vector<int64_t>& values) {
   add_stats(*p.forward);
   if (p.guard) add_stats(*p.guard);
   for (const auto& b : p.backward) add_stats(*b);
+  stats_.plans = plan_memory_stats(p, e.num_outputs);
   stats_.plan_ms = ms_since(t2);
   ++stats_.plans_built;
   return p;

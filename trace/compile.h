@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "core/tensor_tree.h"
 #include "trace/check.h"
 #include "trace/plan/cuda_graph.h"
 #include "trace/ir/graph.h"
@@ -102,6 +103,15 @@ struct SignatureStats {
   double steady_median_us = 0;
 };
 
+/// The memory of one plan of a compiled function (Note [Plan memory] in
+/// trace/plan/plan_memory.cpp).
+struct PlanMemoryStats {
+  std::string plan;         ///< "step" (forward and backward in one), "forward", "backward 0"
+  int64_t arena_bytes = 0;  ///< the arena it needs (the function's plans share one)
+  int64_t saved_bytes = 0;  ///< activations: values made before the backward and read in it
+  int64_t peak_bytes = 0;   ///< its arena plus what a run allocates outside it (results)
+};
+
 struct CompileStats {
   /// Traces of the function, the first included. A trace restarted because code read a
   /// symbolic size (the dim made concrete) counts again: it ran the function again. The cache
@@ -152,6 +162,31 @@ struct CompileStats {
   int64_t cuda_graph_replays = 0;
   /// matmul + bias (+ relu) pairs run as one device GEMM with an epilogue (cuBLASLt).
   int64_t gemm_epilogues = 0;
+  /// Per plan of the most recent call's signature: its arena, saved activations and peak.
+  std::vector<PlanMemoryStats> plans;
+};
+
+/// Where a compiled function's memory goes (Compiled::memory_report()).
+struct MemoryReport {
+  /// One buffer live at the peak.
+  struct Buffer {
+    int64_t bytes = 0;
+    std::string value;   ///< "%12 = matmul(%3, %7) : f32 (256, 512)", as graph().str() shows it
+    std::string op;      ///< "matmul"
+    std::string site;    ///< the user's line that made it ("model.cpp:12"), or ""
+    std::string scope;   ///< its duet::scope path, or ""
+    bool saved = false;  ///< an activation: made before the backward, read in it
+  };
+  std::string function;            ///< "compiled function at model.cpp:12"
+  int64_t peak_bytes = 0;          ///< the largest peak of its plans
+  int64_t arena_bytes = 0;         ///< the arena its plans share (the largest they need)
+  int64_t intermediate_bytes = 0;  ///< all intermediate values, as if each had a buffer
+  int64_t saved_bytes = 0;         ///< activations, over its plans
+  std::vector<PlanMemoryStats> plans;
+  std::string peak_plan;             ///< the plan whose arena is largest
+  std::vector<Buffer> live_at_peak;  ///< its buffers live at its peak step, largest first
+  /// A table: the figures, then the buffers live at the peak with their ops and lines.
+  std::string str() const;
 };
 
 /// Pins an intermediate value under a name and returns t. Inside a compiled function the value
@@ -222,6 +257,7 @@ class CompiledCore {
   /// A copy, taken under the lock: calls on other threads may update the counters meanwhile.
   CompileStats stats() const;
   CacheExplanation explain() const;
+  MemoryReport memory_report() const;
   Tensor probe(const std::string& name) const;
   const Graph& graph() const;
   const std::string& label() const { return label_; }
@@ -321,11 +357,6 @@ class CompiledCore {
 // ---- flattening of arguments and results ----
 
 template <class T>
-struct is_tuple : std::false_type {};
-template <class... T>
-struct is_tuple<std::tuple<T...>> : std::true_type {};
-
-template <class T>
 std::string static_key(const T& v) {
   using U = std::decay_t<T>;
   if constexpr (std::is_same_v<U, bool>) {
@@ -364,51 +395,6 @@ void flatten_arg(FlatArgs& f, const T& a, const std::string& label) {
         a);
   } else {
     f.statics.push_back(fmt::format("{} = {}", label, static_key(a)));
-  }
-}
-
-/// The argument rebuilt with tensors taken in order from ts.
-template <class T>
-decltype(auto) substitute(const T& a, const std::vector<Tensor>& ts, size_t& pos) {
-  using U = std::decay_t<T>;
-  if constexpr (std::is_same_v<U, Tensor>) {
-    return Tensor(ts[pos++]);
-  } else if constexpr (std::is_same_v<U, std::vector<Tensor>>) {
-    std::vector<Tensor> v;
-    for (size_t i = 0; i < a.size(); ++i) v.push_back(ts[pos++]);
-    return v;
-  } else if constexpr (is_tuple<U>::value) {
-    return std::apply([&](const auto&... x) { return U{substitute(x, ts, pos)...}; }, a);
-  } else {
-    return static_cast<const T&>(a);
-  }
-}
-
-template <class R>
-void flatten_result(const R& r, std::vector<Tensor>& out) {
-  if constexpr (std::is_same_v<R, Tensor>) {
-    out.push_back(r);
-  } else if constexpr (std::is_same_v<R, std::vector<Tensor>>) {
-    out.insert(out.end(), r.begin(), r.end());
-  } else if constexpr (is_tuple<R>::value) {
-    std::apply([&](const auto&... x) { (flatten_result(x, out), ...); }, r);
-  } else {
-    static_assert(sizeof(R) == 0,
-                  "duet::compile: fn must return a Tensor, a std::vector<Tensor>, a std::tuple of "
-                  "those, or nothing");
-  }
-}
-
-template <class R>
-R unflatten_result(const std::vector<Tensor>& v, size_t& pos) {
-  if constexpr (std::is_same_v<R, Tensor>) {
-    return v[pos++];
-  } else if constexpr (std::is_same_v<R, std::vector<Tensor>>) {
-    std::vector<Tensor> r(v.begin() + pos, v.end());
-    pos = v.size();
-    return r;
-  } else {
-    return std::apply([&](auto... x) { return R{unflatten_result<decltype(x)>(v, pos)...}; }, R{});
   }
 }
 
@@ -524,6 +510,10 @@ class Compiled : public detail::CallOperator<Compiled<F>, typename detail::signa
   CacheExplanation explain() const { return core_->explain(); }
   /// The optimized graph of the most recent signature; Error before the first call.
   const Graph& graph() const { return core_->graph(); }
+  /// Where the memory of the most recent signature's plans goes: their peak, the buffers live
+  /// there with their ops and lines, the arena against all intermediates, the saved
+  /// activations. Error before the first call.
+  MemoryReport memory_report() const { return core_->memory_report(); }
   /// The value duet::probe(t, name) pinned in the most recent call; a ValueError naming the
   /// probes there are when that call made none of that name.
   Tensor probe(const std::string& name) const { return core_->probe(name); }

@@ -29,6 +29,11 @@ struct Plans {
   std::vector<std::shared_ptr<Plan>> backward;  ///< per Entry::backward
 };
 
+/// Per plan of `p`, its memory (Note [Plan memory] in trace/plan/plan_memory.cpp): the guards,
+/// the forward (outputs past `num_outputs` are the values it saves for its backwards), the
+/// backwards.
+std::vector<PlanMemoryStats> plan_memory_stats(const Plans& p, size_t num_outputs);
+
 // One traced signature: what its guards compare (EntryGuards), and what it runs.
 struct CompiledCore::Entry : EntryGuards {
   /// Values read into C++ in guard mode: their data at the traced call, and what read them.

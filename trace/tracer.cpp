@@ -181,6 +181,7 @@ int32_t Tracer::add_op(OpId op, const Attrs& attrs, std::vector<int32_t> inputs,
   n.meta = m;
   n.scope = scope_index();
   n.site = detail::tls_site;
+  n.phase = static_cast<uint16_t>(std::min<uint64_t>(backward_edges() - edges_at_start_, 0xffff));
   return graph_.add(std::move(n));
 }
 

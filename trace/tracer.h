@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "core/dispatch.h"
+#include "eager/autograd.h"
 #include "trace/ir/graph.h"
 
 namespace duet::detail {
@@ -143,6 +144,7 @@ class Tracer final : public DispatchMode, public ValueReader {
 
   Graph graph_;
   IntrusivePtr<TraceTag> tag_;
+  uint64_t edges_at_start_ = backward_edges();  ///< GraphNode::phase counts from here
   Tracer* prev_;
   Tracer* parent_ = nullptr;  ///< sub-traces: the enclosing construct's tracer
   Lifts* lifts_ = nullptr;

@@ -128,6 +128,14 @@ Tensor& generator_state() {
   return *state;
 }
 
+std::vector<Tensor> generator_states() {
+  std::lock_guard<std::mutex> lock(generator_mutex());
+  std::vector<Tensor> r{generator_state()};
+  for (DeviceGenerator* g : device_generators())
+    if (g) r.push_back(g->state);
+  return r;
+}
+
 void register_random_rules(OpDef* t) {
   t[int(OpId::Random)].infer = infer_random;
   set_not_differentiable(t, OpId::Random);

@@ -127,6 +127,23 @@ Tensor view_expand(const Tensor& x, const Attrs&, const TensorMeta& out) {
   return make_view(x, out.shape, st, x.storage_offset());
 }
 
+// Note [Optimization barrier]
+// optimization_barrier(x, after) is x, as a view, with `after` as a second input that it does
+// not read: the value exists only once `after` does. A checkpoint's recomputation (Note
+// [Checkpoint] in eager/checkpoint.cpp) starts from its inputs passed through a barrier after the
+// gradient that reached it, so that in a compiled step no pass finds the recomputed ops equal to
+// the forward's (CSE would keep the forward's values alive instead), sibling fusion never joins
+// them to a forward kernel, and the schedule cannot run them before the backward gets there (as
+// jax.lax.optimization_barrier).
+void infer_barrier(const OpDef&, TensorRefs in, const Attrs&, TensorMeta& out) {
+  out.shape = in[0].sizes();
+  out.dtype = in[0].dtype();
+  out.device = in[0].device();
+}
+Tensor view_barrier(const Tensor& x, const Attrs&, const TensorMeta&) {
+  return make_view(x, x.sizes(), x.strides(), x.storage_offset());
+}
+
 // in[0]: the base, in[1]: what goes into its slice (dim, start, end, step as for Slice).
 void infer_slice_scatter(const OpDef& def, TensorRefs in, const Attrs& a, TensorMeta& out) {
   TensorMeta slice_meta;
@@ -160,6 +177,13 @@ void grad_slice(const GradCtx& c, const Tensor& g, Tensor* gi) {
   gi[0] = slice_scatter_with(z, g, c.attrs);
 }
 void grad_expand(const GradCtx&, const Tensor& g, Tensor* gi) { gi[0] = g; }  // engine sums
+void grad_barrier(const GradCtx& c, const Tensor& g, Tensor* gi) {
+  gi[0] = g;
+  if (c.needs_grad(1)) {  // `after` is only waited for
+    const TensorMeta& m = c.input_meta[1];
+    gi[1] = full_dims(meta_dims(m), 0, Options().dtype(m.dtype).device(m.device));
+  }
+}
 void grad_slice_scatter(const GradCtx& c, const Tensor& g, Tensor* gi) {
   const Attrs& a = c.attrs;
   if (c.needs_grad(0)) {
@@ -186,12 +210,15 @@ void register_view_rules(OpDef* t) {
   t[int(OpId::Slice)].view = view_slice;
   t[int(OpId::Expand)].infer = infer_expand;
   t[int(OpId::Expand)].view = view_expand;
+  t[int(OpId::OptimizationBarrier)].infer = infer_barrier;
+  t[int(OpId::OptimizationBarrier)].view = view_barrier;
   t[int(OpId::SliceScatter)].infer = infer_slice_scatter;
   set_grad(t, OpId::Reshape, grad_reshape, 0);
   set_grad(t, OpId::Permute, grad_permute, 0);
   set_grad(t, OpId::Slice, grad_slice, 0);
   set_grad(t, OpId::Expand, grad_expand, 0);
   set_grad(t, OpId::SliceScatter, grad_slice_scatter, 0);
+  set_grad(t, OpId::OptimizationBarrier, grad_barrier, 0);
 }
 
 }  // namespace detail
@@ -471,6 +498,11 @@ Tensor expand_dims(const Tensor& x, const SymDims& dims) {
 }
 
 Tensor slice_with(const Tensor& x, const Attrs& a) { return view_call(OpId::Slice, x, a); }
+
+Tensor optimization_barrier(const Tensor& x, const Tensor& after) {
+  const Tensor* in[] = {&x, &after};
+  return call(OpId::OptimizationBarrier, TensorRefs(in, 2), Attrs{});
+}
 
 Tensor slice_scatter_with(const Tensor& base, const Tensor& src, const Attrs& a) {
   const Tensor* in[] = {&base, &src};

@@ -63,6 +63,12 @@ struct GraphNode {
   std::string name;    ///< placeholder name, or a name given by duet::name()
   int32_t scope = -1;  ///< index into Graph::scopes; -1: no scope
   CallSite site;       ///< the user's line that made it (Note [Call sites] in core/call_site.h)
+  /// Which phase of the traced code recorded it: 0 before the first backward, then one more at
+  /// each start and each end of a backward. Odd phases are backwards (gradient rules, a
+  /// checkpoint's recomputation); a value made in phase p and read in p + 1 is an activation
+  /// saved for the backward, which fusion does not join to its readers there (Note [Fusion
+  /// rules]) and the memory report counts as saved.
+  uint16_t phase = 0;
   /// Control nodes: the construct (shared and immutable: passes make a new one to change it).
   /// Project nodes read result `index` of the Control node inputs[0].
   std::shared_ptr<const ControlFlow> control;
@@ -135,6 +141,9 @@ namespace detail {
 inline bool same_meta(const TensorMeta& a, const TensorMeta& b) {
   return a.shape == b.shape && a.dtype == b.dtype && a.device == b.device;
 }
+/// Whether phase q is the backward of forward phase p (a node of q reading a value of p reads a
+/// saved activation).
+inline bool backward_of(uint16_t p, uint16_t q) { return p % 2 == 0 && q == p + 1; }
 /// Whether a node is a view op (its value lives in its input's buffer).
 inline bool is_view_node(const GraphNode& n) {
   return n.kind == NodeKind::Op && op_class(n.op) == OpClass::View;

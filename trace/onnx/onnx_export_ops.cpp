@@ -195,6 +195,8 @@ std::string Writer::emit_op(Frame& f, Values& vals, int32_t v) {
       return emit(f, "MatMul", {in(0), in(1)});
     case OpId::Reshape:
       return reshape(f, in(0), shape(f, detail::attr_dims(n.attrs)));
+    case OpId::OptimizationBarrier:  // an order, which ONNX runtimes choose themselves
+      return emit(f, "Identity", {in(0)});
     case OpId::Permute: {
       // A 0-d tensor's permutation is empty, which an attribute of ints cannot hold.
       if (n.attrs.ints.size() == 0) return emit(f, "Identity", {in(0)});

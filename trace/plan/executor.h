@@ -104,6 +104,12 @@ struct PlanStats {
   bool parallel = false;
   bool cuda_graph = false;     ///< replayed as a CUDA graph (Note [CUDA graph replay])
   int64_t gemm_epilogues = 0;  ///< matmul + bias (+ relu) as one device GEMM call
+  // Memory (Note [Plan memory] in trace/plan/plan_memory.cpp).
+  int64_t fresh_bytes = 0;  ///< results (and saved values) allocated outside the arena per run
+  int64_t saved_bytes = 0;  ///< values made before the backward and read in it (activations)
+  int64_t peak_bytes = 0;   ///< arena_bytes + fresh_bytes: what one run holds at most
+  int32_t peak_step = -1;   ///< the step where the arena's live buffers are largest
+  std::vector<int32_t> live_at_peak;  ///< the values whose buffers are live there, largest first
 };
 
 /// When set, every plan checks its memory plan's invariant as it is built and throws

@@ -36,7 +36,16 @@ struct Group {
   int32_t reduce_dims = 0;
   kernels::FusedReduce reduce = kernels::FusedReduce::None;
   bool alive = true;
+  uint16_t lo_phase = 0xffff, hi_phase = 0;  ///< the members' GraphNode::phase, lowest and highest
 };
+
+// Whether one group may hold nodes of phases lo..hi: never a forward phase and its backward
+// (Note [Fusion rules]).
+bool phases_fit(uint16_t lo, uint16_t hi) {
+  for (uint32_t p = lo; p < hi; ++p)
+    if (backward_of(static_cast<uint16_t>(p), static_cast<uint16_t>(p + 1))) return false;
+  return true;
+}
 
 class Fuser {
  public:
@@ -159,7 +168,8 @@ class Fuser {
     const Group& gr = groups_[gi];
     const GraphNode& n = graph_.nodes[v];
     return gr.alive && gr.reduction < 0 && gr.dtype == t && same_dims(gr.shape, gr.sym, n.meta) &&
-           gr.device == n.meta.device && int(gr.members.size()) < kMaxMembers;
+           gr.device == n.meta.device && int(gr.members.size()) < kMaxMembers &&
+           phases_fit(std::min(gr.lo_phase, n.phase), std::max(gr.hi_phase, n.phase));
   }
 
   // Whether v can join group gi: no input of v outside the group depends on it.
@@ -172,6 +182,8 @@ class Fuser {
   void add(int gi, int32_t v) {
     Group& gr = groups_[gi];
     gr.members.push_back(v);
+    gr.lo_phase = std::min(gr.lo_phase, graph_.nodes[v].phase);
+    gr.hi_phase = std::max(gr.hi_phase, graph_.nodes[v].phase);
     group_of_[v] = gi;
     for (int32_t in : graph_.nodes[v].inputs)
       if (group_of_[in] != gi) readers_[in].push_back(gi);
@@ -187,9 +199,14 @@ class Fuser {
     // Not through a captured tensor (a parameter): its readers are far apart (the forward, the
     // gradient, the optimizer's update), and joining them would keep an optimizer's value live
     // from the forward on, for one read of the parameter saved.
+    // Nor through a constant (or a fill): reading it once saves nothing, and the sibling would
+    // run where the other group runs (relu's masks of every layer in one kernel, each then kept
+    // until its layer's gradient).
     for (int32_t in : n.inputs) {
       const GraphNode& src = graph_.nodes[in];
       if (src.kind == NodeKind::Input && src.role == InputRole::Captured) continue;
+      if (src.kind == NodeKind::Constant || (src.kind == NodeKind::Op && src.op == OpId::Full))
+        continue;
       for (auto it = readers_[in].rbegin(); it != readers_[in].rend(); ++it) cands.push_back(*it);
     }
     int chosen = -1;
@@ -222,7 +239,8 @@ class Fuser {
     Group& gb = groups_[b];
     if (gb.reduction >= 0 || ga.reduction >= 0 || gb.dtype != ga.dtype ||
         !same_dims(ga.shape, ga.sym, TensorMeta{gb.shape, gb.dtype, gb.device, gb.sym}) ||
-        !(gb.device == ga.device) || int(ga.members.size() + gb.members.size()) > kMaxMembers)
+        !(gb.device == ga.device) || int(ga.members.size() + gb.members.size()) > kMaxMembers ||
+        !phases_fit(std::min(ga.lo_phase, gb.lo_phase), std::max(ga.hi_phase, gb.hi_phase)))
       return;
     for (const Group* gr : {&ga, &gb})
       for (int32_t m : gr->members)
@@ -232,6 +250,8 @@ class Fuser {
       group_of_[m] = a;
       ga.members.push_back(m);
     }
+    ga.lo_phase = std::min(ga.lo_phase, gb.lo_phase);
+    ga.hi_phase = std::max(ga.hi_phase, gb.hi_phase);
     std::sort(ga.members.begin(), ga.members.end());
     gb.members.clear();
     gb.alive = false;
@@ -249,7 +269,8 @@ class Fuser {
     if (gi < 0) return false;
     Group& gr = groups_[gi];
     if (!gr.alive || gr.reduction >= 0 || n.meta.dtype != gr.dtype || !is_float(n.meta.dtype) ||
-        n.meta.device != gr.device)
+        n.meta.device != gr.device ||
+        !phases_fit(std::min(gr.lo_phase, n.phase), std::max(gr.hi_phase, n.phase)))
       return false;
     const int64_t nd = gr.shape.size();
     std::vector<int64_t> dims(n.attrs.ints.begin(), n.attrs.ints.end());
@@ -267,6 +288,8 @@ class Fuser {
     gr.reduce_dims = static_cast<int32_t>(k);
     gr.reduction = v;
     gr.members.push_back(v);
+    gr.lo_phase = std::min(gr.lo_phase, n.phase);
+    gr.hi_phase = std::max(gr.hi_phase, n.phase);
     group_of_[v] = gi;
     return true;
   }

@@ -12,9 +12,12 @@
 // for a group among its producers first, then among the groups that read the same inputs
 // (siblings, as tanh(x) and sigmoid(x) in W2), but not through a captured tensor: a parameter's
 // readers are far apart (forward, gradient, optimizer), and a sibling group would keep the
-// optimizer's values live from the forward on; a node that reads two groups merges them when
-// that makes no cycle. A reduction whose input is in a group closes it. A cast to b8 of a value
-// of another dtype stays out (its rounding differs from the eager cast). Groups of one op are
+// optimizer's values live from the forward on; nor through a constant; a node that reads two groups
+// merges them when that makes no cycle. A group never holds nodes of a forward phase and of its
+// backward (GraphNode::phase): a backward op joined to the forward op that makes its input would
+// run in the forward, and its result (relu's mask for its gradient) would live until the backward,
+// as an activation of its own. A reduction whose input is in a group closes it. A cast to b8 of a
+// value of another dtype stays out (its rounding differs from the eager cast). Groups of one op are
 // dissolved: the eager kernel runs them.
 #pragma once
 

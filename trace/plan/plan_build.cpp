@@ -42,6 +42,7 @@ void Plan::Builder::build() {
   hoist();
   request_buffers();
   plan_arena();
+  measure_memory();
   SuspendModes eager;  // static views, buffers and subplans are made eagerly
   make_steps();
   // plan.args_ grew while steps were made: its pointers point into plan.vals_, which did not
@@ -156,38 +157,68 @@ int32_t Plan::Builder::unit_of(int32_t v) const {
   return ng + owner;
 }
 
+// Note [Write-backs wait for their readers]
+// A step that computes the new value of a captured tensor (an optimizer's update of a parameter)
+// can write it into the tensor's storage in place only once every other step reading the old
+// value has run; else the new value waits in the arena until the end of the run. The schedule
+// therefore orders those readers before it, as the program did: in a training step, the
+// parameter's gradient products before its update. With that, an update can run as soon as its
+// gradient is ready, and the gradient's buffer (fused into the update, with its accumulation
+// into .grad) dies there, instead of every gradient of the step living until the optimizer's
+// steps at the end (the Fashion-MNIST step held both weight gradients, 7 MiB, at once). Tiny
+// steps (scalars: an optimizer's bias corrections) run as soon as they are ready, as views do,
+// so that they never hold back the steps that free memory.
+constexpr int64_t kTinyStepBytes = 4 << 10;
+
+// Per unit: the units it waits for; with `war`, also the readers of the captured tensors it
+// writes back (Note [Write-backs wait for their readers]).
+std::vector<std::vector<int32_t>> Plan::Builder::unit_deps(bool war) const {
+  std::vector<std::vector<int32_t>> deps(ng + n);
+  std::unordered_map<const StorageImpl*, std::vector<int32_t>> readers;
+  for (int32_t u = 0; u < ng + n; ++u)
+    for (int32_t v : unit_nodes[u])
+      for (int32_t in : graph.nodes[v].inputs) {
+        if (is_step_node(graph.nodes[in]) && unit_of(in) != u) deps[u].push_back(unit_of(in));
+        if (const StorageImpl* st = war ? storage_of_root(in) : nullptr) readers[st].push_back(u);
+      }
+  for (const WriteBack& w : war ? graph.writebacks : std::vector<WriteBack>{}) {
+    if (!is_step_node(graph.nodes[w.value])) continue;
+    const int32_t writer = unit_of(w.value);
+    const auto it = readers.find(graph.captured[w.target].unsafe_impl()->storage.get());
+    if (it == readers.end()) continue;
+    for (int32_t r : it->second)
+      if (r != writer) deps[writer].push_back(r);
+  }
+  for (auto& d : deps) {
+    std::sort(d.begin(), d.end());
+    d.erase(std::unique(d.begin(), d.end()), d.end());
+  }
+  return deps;
+}
+
 // The order of the units: Kahn's algorithm, choosing among the ready units by memory.
 void Plan::Builder::schedule() {
-  std::vector<int32_t> indeg(ng + n, 0);
-  std::vector<std::vector<int32_t>> users(ng + n);
-  for (int32_t u = 0; u < ng + n; ++u) {
-    std::vector<int32_t> deps;
-    for (int32_t v : unit_nodes[u])
-      for (int32_t in : graph.nodes[v].inputs)
-        if (is_step_node(graph.nodes[in]) && unit_of(in) != u) deps.push_back(unit_of(in));
-    std::sort(deps.begin(), deps.end());
-    deps.erase(std::unique(deps.begin(), deps.end()), deps.end());
-    indeg[u] = static_cast<int32_t>(deps.size());
-    for (int32_t d : deps) users[d].push_back(u);
-  }
   // Memory-aware choice (with plan_memory): of the ready steps, the one that frees the most
   // bytes net (the buffers it reads for the last time, less the buffers it makes) runs first
   // when that is positive; else the one first in the graph. In a backward pass this runs a
   // weight gradient (which frees the activation it reads) before the input gradient beside it.
-  // Views cost nothing and run as soon as they can, so that their readers are ready to choose.
+  // Views and tiny steps cost nothing and run as soon as they can, so that their readers are
+  // ready to choose.
   std::vector<int64_t> made_bytes(ng + n, 0);
   std::vector<std::vector<int32_t>> unit_reads(ng + n);
   std::vector<int32_t> readers_left(n, 0);
   std::vector<bool> kept(n, false);  // results and write-backs: live to the end anyway
   for (int32_t o : graph.outputs) kept[root[o]] = true;
   for (const WriteBack& w : graph.writebacks) kept[root[w.value]] = true;
-  std::vector<bool> view_unit(ng + n, false);
+  std::vector<bool> view_unit(ng + n, false), free_unit(ng + n, false);
   for (int32_t u = ng; u < ng + n; ++u)
     view_unit[u] = first_node[u] >= 0 && is_view_node(graph.nodes[u - ng]);
   for (int32_t u = 0; u < ng + n; ++u) {
     if (view_unit[u]) continue;  // its readers read the buffer
+    bool effect = false;
     for (int32_t v : unit_nodes[u]) {
       const GraphNode& g = graph.nodes[v];
+      effect = effect || has_effect(g);
       if (!is_view_node(g) && g.kind != NodeKind::Control && materialized[v] && !kept[v])
         made_bytes[u] += meta_nbytes(g.meta);
       for (int32_t in : g.inputs) {
@@ -197,46 +228,62 @@ void Plan::Builder::schedule() {
           unit_reads[u].push_back(r);
       }
     }
+    free_unit[u] = first_node[u] >= 0 && !effect && made_bytes[u] <= kTinyStepBytes &&
+                   graph.nodes[first_node[u]].kind != NodeKind::Control;
     std::sort(unit_reads[u].begin(), unit_reads[u].end());
     unit_reads[u].erase(std::unique(unit_reads[u].begin(), unit_reads[u].end()),
                         unit_reads[u].end());
     for (int32_t r : unit_reads[u]) ++readers_left[r];
   }
+  for (int32_t u = 0; u < ng + n; ++u) free_unit[u] = free_unit[u] || view_unit[u];
   auto net_freed = [&](int32_t u) {
     int64_t freed = -made_bytes[u];
     for (int32_t r : unit_reads[u])
       if (readers_left[r] == 1) freed += meta_nbytes(graph.nodes[r].meta);
     return freed;
   };
-  std::vector<int32_t> ready;
-  for (int32_t u = 0; u < ng + n; ++u)
-    if (first_node[u] >= 0 && indeg[u] == 0) ready.push_back(u);
-  while (!ready.empty()) {
-    size_t pick = 0;
-    int64_t best_freed = 0;
-    for (size_t k = 0; k < ready.size(); ++k) {
-      if (opt.plan_memory && view_unit[ready[k]]) {  // free: lets its readers become ready
-        pick = k;
-        break;
-      }
-      const int64_t f = opt.plan_memory ? std::max<int64_t>(net_freed(ready[k]), 0) : 0;
-      if (f > best_freed || (f == best_freed && first_node[ready[k]] < first_node[ready[pick]])) {
-        pick = k;
-        best_freed = f;
-      }
-    }
-    const int32_t u = ready[pick];
-    ready[pick] = ready.back();
-    ready.pop_back();
-    order.push_back(u);
-    for (int32_t r : unit_reads[u]) --readers_left[r];
-    for (int32_t w : users[u])
-      if (--indeg[w] == 0) ready.push_back(w);
-  }
   int32_t units = 0;
   for (int32_t u = 0; u < ng + n; ++u) units += first_node[u] >= 0;
-  DUET_ASSERT(static_cast<int32_t>(order.size()) == units,
-              "[compile] the fused schedule of {} has a cycle ({} of {} steps ordered)",
+  const std::vector<int32_t> readers = readers_left;
+  // A write-back that must wait for a reader which depends on it (a cycle) drops that order.
+  for (bool war : {true, false}) {
+    const std::vector<std::vector<int32_t>> deps = unit_deps(war && opt.plan_memory);
+    std::vector<int32_t> indeg(ng + n, 0);
+    std::vector<std::vector<int32_t>> users(ng + n);
+    for (int32_t u = 0; u < ng + n; ++u) {
+      indeg[u] = static_cast<int32_t>(deps[u].size());
+      for (int32_t d : deps[u]) users[d].push_back(u);
+    }
+    readers_left = readers;
+    order.clear();
+    std::vector<int32_t> ready;
+    for (int32_t u = 0; u < ng + n; ++u)
+      if (first_node[u] >= 0 && indeg[u] == 0) ready.push_back(u);
+    while (!ready.empty()) {
+      size_t pick = 0;
+      int64_t best_freed = 0;
+      for (size_t k = 0; k < ready.size(); ++k) {
+        if (opt.plan_memory && free_unit[ready[k]]) {  // lets its readers become ready
+          pick = k;
+          break;
+        }
+        const int64_t f = opt.plan_memory ? std::max<int64_t>(net_freed(ready[k]), 0) : 0;
+        if (f > best_freed || (f == best_freed && first_node[ready[k]] < first_node[ready[pick]])) {
+          pick = k;
+          best_freed = f;
+        }
+      }
+      const int32_t u = ready[pick];
+      ready[pick] = ready.back();
+      ready.pop_back();
+      order.push_back(u);
+      for (int32_t r : unit_reads[u]) --readers_left[r];
+      for (int32_t w : users[u])
+        if (--indeg[w] == 0) ready.push_back(w);
+    }
+    if (static_cast<int32_t>(order.size()) == units) return;
+  }
+  DUET_ASSERT(false, "[compile] the fused schedule of {} has a cycle ({} of {} steps ordered)",
               graph.label, order.size(), units);
 }
 
@@ -393,6 +440,49 @@ void Plan::Builder::find_inplace_writebacks() {
     const WriteBack& w = graph.writebacks[k];
     inplace[w.value] = w.target;
     plan.inplace_writeback_[k] = true;
+  }
+  if (!parallel) find_products_into_targets(last_read);
+}
+
+// Note [Products computed into write-back targets]
+// A training step's weight gradient is a product that one fused group reads, the optimizer's
+// update, which also accumulates it into .grad and writes .grad back in place, at the same
+// index. Nothing reads the old .grad (zero_grad zeroed it, so the trace adds a constant zero):
+// the product can be computed into .grad's storage itself, and the group then reads and writes
+// each element there. The gradient then needs no buffer of its own (in eager it is a
+// temporary as large as the weight). Conditions: the product is an op outside groups, read by
+// this one group only and through no view, of the group's shape, dtype and device, and nothing
+// reads the target's storage from the product's step on.
+void Plan::Builder::find_products_into_targets(
+    const std::unordered_map<const StorageImpl*, int32_t>& last_read) {
+  std::vector<int32_t> reader_unit(n, -2);  // per value: -2 none, -1 several or a view, else unit
+  for (int32_t i = 0; i < n; ++i)
+    for (int32_t in : graph.nodes[i].inputs) {
+      const int32_t u = is_view_node(graph.nodes[i]) ? -1 : unit_of(i);
+      reader_unit[in] = reader_unit[in] == -2 || reader_unit[in] == u ? u : -1;
+    }
+  std::vector<bool> written(n, false);
+  for (const WriteBack& w : graph.writebacks) written[root[w.value]] = true;
+  for (int32_t gi = 0; gi < ng; ++gi) {
+    const FusionGroup& grp = groups[gi];
+    if (grp.reduction >= 0) continue;
+    for (int32_t o : grp.outputs) {
+      if (inplace[o] < 0) continue;
+      const TensorMeta& m = graph.nodes[o].meta;
+      const StorageImpl* st = graph.captured[inplace[o]].unsafe_impl()->storage.get();
+      for (int32_t v : grp.inputs) {
+        const GraphNode& p = graph.nodes[v];
+        if (p.kind != NodeKind::Op || op_class(p.op) == OpClass::View || group_of[v] >= 0 ||
+            fresh[v] || inplace[v] >= 0 || written[v] || !materialized[v] || reader_unit[v] != gi ||
+            !same_meta(p.meta, m) || !p.meta.sym.empty())
+          continue;
+        const auto lr = last_read.find(st);
+        if (lr != last_read.end() && lr->second >= pos[v]) continue;
+        inplace[v] = inplace[o];
+        if (debug) fmt::print(stderr, "--- %{} computed into the storage %{} writes back\n", v, o);
+        break;
+      }
+    }
   }
 }
 

@@ -148,6 +148,7 @@ struct Plan::Builder {
   void find_roots_and_results();
   void find_units();
   int32_t unit_of(int32_t v) const;
+  std::vector<std::vector<int32_t>> unit_deps(bool war) const;
   void schedule();
   void find_waves();
   double step_cost(int32_t u, double* speedup) const;
@@ -157,11 +158,13 @@ struct Plan::Builder {
   bool can_write_back_in_place(size_t k,
                                const std::unordered_map<const StorageImpl*, int32_t>& last_read);
   void find_inplace_writebacks();
+  void find_products_into_targets(const std::unordered_map<const StorageImpl*, int32_t>& last_read);
   void hoist();
   bool needs_buffer(int32_t v) const;
   bool can_reuse(int32_t v, int32_t in, const std::vector<int32_t>& step_inputs) const;
   void request_buffers();
   void plan_arena();
+  void measure_memory();
   void set_buffer(int32_t v);
   void make_fused_step(int32_t u);
   void make_control_step(int32_t u);

@@ -1,0 +1,272 @@
+// Memory (docs/memory.md): duet::checkpoint (Note [Checkpoint] in eager/checkpoint.cpp), whose
+// gradients equal the unchecked ones with dropout inside, eagerly and compiled, nested too, the
+// memory it saves and its errors; a compiled function's memory report.
+#include <doctest/doctest.h>
+
+#include "util.h"
+
+namespace duet::test {
+namespace {
+
+// A residual MLP of `depth` blocks, each linear -> gelu -> dropout, for checkpointing per block.
+struct Mlp {
+  std::vector<std::shared_ptr<nn::Linear>> fc;
+  nn::Dropout drop{0.25};
+  Mlp(int64_t width, int depth) {
+    for (int i = 0; i < depth; ++i) fc.push_back(std::make_shared<nn::Linear>(width, width));
+  }
+  Tensor block(int i, const Tensor& h) { return h + drop(gelu((*fc[static_cast<size_t>(i)])(h))); }
+  std::vector<Tensor> parameters() {
+    std::vector<Tensor> p;
+    for (auto& f : fc)
+      for (const Tensor& t : f->parameters()) p.push_back(t);
+    return p;
+  }
+  void zero_grad() {
+    NoGradGuard no_grad;
+    for (const Tensor& p : parameters())
+      if (Tensor g = p.grad(); g.defined()) g.zero_();
+  }
+};
+
+enum class Mode { Plain, PerBlock, Nested };
+
+Tensor loss_of(Mlp& m, const Tensor& x, Mode mode) {
+  Tensor h = x;
+  const int depth = static_cast<int>(m.fc.size());
+  if (mode == Mode::Nested) {
+    // Pairs of blocks, each pair and each block in it checkpointed.
+    for (int i = 0; i + 1 < depth; i += 2)
+      h = checkpoint(
+          [&m, i](const Tensor& a) {
+            Tensor b = checkpoint([&m, i](const Tensor& t) { return m.block(i, t); }, a);
+            return checkpoint([&m, i](const Tensor& t) { return m.block(i + 1, t); }, b);
+          },
+          h);
+  } else {
+    for (int i = 0; i < depth; ++i)
+      h = mode == Mode::PerBlock ? checkpoint([&m, i](const Tensor& t) { return m.block(i, t); }, h)
+                                 : m.block(i, h);
+  }
+  return (h * h).mean();
+}
+
+// One step's loss and gradients (the parameters', then x's), from generator seed `seed`.
+std::vector<Tensor> step(Mlp& m, Tensor x, Mode mode, uint64_t seed) {
+  m.zero_grad();
+  x.set_grad(Tensor());
+  manual_seed(seed);
+  Tensor loss = loss_of(m, x, mode);
+  loss.backward();
+  std::vector<Tensor> r{loss.detach()};
+  for (const Tensor& p : m.parameters()) r.push_back(p.grad().clone());
+  r.push_back(x.grad().clone());
+  return r;
+}
+
+void check_same(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    CAPTURE(i);
+    CHECK(bitwise_equal(a[i], b[i]));
+  }
+}
+
+// The CPU generator's state.
+Tensor generator_states_copy() { return detail::generator_states()[0].clone(); }
+
+// The peak of tensor memory over fn, above what was held when it began.
+template <class F>
+int64_t peak_during(F fn) {
+  const int64_t base = cpu_memory_stats().current;
+  reset_peak_memory();
+  fn();
+  return cpu_memory_stats().peak - base;
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint: gradients equal unchecked ones, with dropout inside, bit for bit") {
+  manual_seed(1);
+  Mlp m(16, 4);
+  Tensor x = randn({8, 16}).requires_grad_(true);
+  const std::vector<Tensor> plain = step(m, x, Mode::Plain, 7);
+  const Tensor next_plain = rand({4});  // the generator advanced as far
+  check_same(plain, step(m, x, Mode::PerBlock, 7));
+  CHECK(bitwise_equal(rand({4}), next_plain));
+  SUBCASE("nested") { check_same(plain, step(m, x, Mode::Nested, 7)); }
+  SUBCASE("duet::grad") {
+    manual_seed(7);
+    Tensor loss = loss_of(m, x, Mode::PerBlock);
+    std::vector<Tensor> g = grad({loss}, {x});
+    CHECK(bitwise_equal(g[0], plain.back()));
+  }
+}
+
+TEST_CASE("checkpoint: several results, a vector argument and a number") {
+  manual_seed(2);
+  Tensor a = randn({3, 4}).requires_grad_(true), b = randn({3, 4}).requires_grad_(true);
+  auto fn = [](const std::vector<Tensor>& v, double s) {
+    return std::make_tuple(tanh(v[0] * s), exp(v[1]) * v[0]);
+  };
+  auto [p, q] = fn({a, b}, 0.5);
+  (p.sum() + (q * q).sum()).backward();
+  const Tensor ga = a.grad().clone(), gb = b.grad().clone();
+  a.set_grad(Tensor());
+  b.set_grad(Tensor());
+  auto [pc, qc] = checkpoint(fn, std::vector<Tensor>{a, b}, 0.5);
+  CHECK(bitwise_equal(p, pc));
+  (pc.sum() + (qc * qc).sum()).backward();
+  CHECK(bitwise_equal(a.grad(), ga));
+  CHECK(bitwise_equal(b.grad(), gb));
+}
+
+TEST_CASE("checkpoint: a compiled step with checkpointed blocks equals the eager one") {
+  manual_seed(3);
+  Mlp m(16, 4);
+  const Tensor x = randn({8, 16});
+  auto compiled = compile([&](const Tensor& in) {
+    Tensor xr = in;
+    Tensor loss = loss_of(m, xr, Mode::PerBlock);
+    loss.backward();
+    return loss;
+  });
+  for (int s = 0; s < 3; ++s) {
+    CAPTURE(s);
+    m.zero_grad();
+    manual_seed(10 + s);
+    const Tensor le = [&] {
+      Tensor loss = loss_of(m, x, Mode::Plain);
+      loss.backward();
+      return loss;
+    }();
+    std::vector<Tensor> ge;
+    for (const Tensor& p : m.parameters()) ge.push_back(p.grad().clone());
+    const Tensor after_eager = generator_states_copy();
+    m.zero_grad();
+    manual_seed(10 + s);
+    const Tensor lc = compiled(x);
+    CHECK(bitwise_equal(le, lc));
+    const std::vector<Tensor> ps = m.parameters();
+    for (size_t i = 0; i < ps.size(); ++i) {
+      CAPTURE(i);
+      CHECK(bitwise_equal(ps[i].grad(), ge[i]));
+    }
+    CHECK(bitwise_equal(generator_states_copy(), after_eager));
+  }
+  CHECK(compiled.stats().traces == 1);
+}
+
+TEST_CASE("checkpoint: per block, a step holds at most 0.6x the memory, eager and compiled") {
+  manual_seed(4);
+  Mlp m(256, 8);
+  const Tensor x = randn({256, 256});
+  auto run = [&](Mode mode) {
+    loss_of(m, x, mode).backward();  // .grad buffers exist before the measured step
+    return peak_during([&] { loss_of(m, x, mode).backward(); });
+  };
+  const int64_t plain = run(Mode::Plain), checked = run(Mode::PerBlock);
+  MESSAGE("eager peak: " << plain << " B unchecked, " << checked << " B checkpointed");
+  CHECK(checked <= 0.6 * plain);
+  auto arena = [&](Mode mode) {
+    auto f = compile([&](const Tensor& in) { loss_of(m, in, mode).backward(); });
+    f(x);
+    return f.stats().arena_bytes;
+  };
+  const int64_t plain_arena = arena(Mode::Plain), checked_arena = arena(Mode::PerBlock);
+  MESSAGE("compiled arena: " << plain_arena << " B unchecked, " << checked_arena
+                             << " B checkpointed");
+  CHECK(checked_arena <= 0.6 * plain_arena);
+}
+
+TEST_CASE("checkpoint: without grad mode it is a plain call; its errors") {
+  manual_seed(5);
+  Tensor w = randn({4, 4}).requires_grad_(true);
+  const Tensor x = randn({2, 4});
+  // The inner tanh's result is made inside and saved (by the outer tanh): given up, recomputed.
+  auto f = [&](const Tensor& t) { return tanh(tanh(matmul(t, w))); };
+  {
+    NoGradGuard no_grad;
+    const Tensor y = checkpoint(f, x);
+    CHECK(!y.requires_grad());
+    CHECK(bitwise_equal(y, f(x)));
+  }
+  SUBCASE("double backward through it") {
+    const Tensor y = checkpoint(f, x).sum();
+    CHECK_THROWS_AS(grad({y}, {w}, {}, true), Error);
+  }
+  SUBCASE("a function that tapes other ops when rerun") {
+    int calls = 0;
+    const Tensor y = checkpoint(
+        [&](const Tensor& t) {
+          const Tensor h = tanh(matmul(t, w));
+          return ++calls == 1 ? tanh(h) : exp(h);
+        },
+        x);
+    CHECK_THROWS_AS(y.sum().backward(), ValueError);
+  }
+}
+
+}  // namespace duet::test
+
+namespace duet::test {
+
+TEST_CASE("memory report: a compiled step's plans, its saved activations and its peak buffers") {
+  manual_seed(6);
+  Mlp m(64, 3);
+  const Tensor x = randn({32, 64});
+  auto report = [&](Mode mode) {
+    auto f = compile([&](const Tensor& in) { loss_of(m, in, mode).backward(); });
+    CHECK_THROWS_AS(f.memory_report(), Error);  // not called yet
+    f(x);
+    const CompileStats s = f.stats();
+    REQUIRE(s.plans.size() == 1);
+    CHECK(s.plans[0].plan == "step");
+    CHECK(s.plans[0].arena_bytes == s.arena_bytes);
+    const MemoryReport r = f.memory_report();
+    CHECK(r.peak_bytes == s.plans[0].peak_bytes);
+    CHECK(r.peak_bytes >= r.arena_bytes);
+    CHECK(r.arena_bytes <= r.intermediate_bytes);
+    CHECK(r.saved_bytes == s.plans[0].saved_bytes);
+    REQUIRE(!r.live_at_peak.empty());
+    int64_t live = 0;
+    for (size_t i = 0; i < r.live_at_peak.size(); ++i) {
+      const MemoryReport::Buffer& b = r.live_at_peak[i];
+      CAPTURE(b.value);
+      if (i > 0) CHECK(b.bytes <= r.live_at_peak[i - 1].bytes);
+      CHECK(!b.op.empty());
+      live += b.bytes;
+    }
+    CHECK(live <= r.arena_bytes);
+    CHECK(!r.str().empty());
+    return r;
+  };
+  const MemoryReport plain = report(Mode::Plain), checked = report(Mode::PerBlock);
+  // Each block saves at least its input (32 x 64 f32) and gelu's input for the backward; with
+  // checkpoints only the blocks' inputs are saved.
+  CHECK(plain.saved_bytes >= 3 * 2 * 32 * 64 * 4);
+  CHECK(checked.saved_bytes < plain.saved_bytes);
+  // Some buffer at the peak was made on a line of this file.
+  bool here = false;
+  for (const MemoryReport::Buffer& b : plain.live_at_peak)
+    here = here || b.site.find("test_memory.cpp") != std::string::npos;
+  CHECK(here);
+}
+
+TEST_CASE("memory report: a compiled forward saves values for the eager backward") {
+  manual_seed(7);
+  nn::Linear l1(16, 32), l2(32, 4);
+  const Tensor x = randn({8, 16});
+  auto f = compile([&](const Tensor& in) { return l2(tanh(l1(in))).sum(); });
+  Tensor loss = f(x);
+  loss.backward();
+  const CompileStats s = f.stats();
+  REQUIRE(s.plans.size() == 2);
+  CHECK(s.plans[0].plan == "forward");
+  CHECK(s.plans[1].plan == "backward 0");
+  // tanh's result (8 x 32) at least is saved for the backward.
+  CHECK(s.plans[0].saved_bytes >= 8 * 32 * 4);
+  CHECK(s.plans[1].saved_bytes == 0);
+}
+
+}  // namespace duet::test

@@ -1,0 +1,123 @@
+// duet: a compiled function's memory, per plan and at its peak (Compiled::memory_report(),
+// CompileStats::plans; Note [Plan memory] in trace/plan/plan_memory.cpp).
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "trace/compile_entry.h"
+
+namespace duet {
+namespace detail {
+
+namespace {
+
+int64_t nbytes(const TensorMeta& m) { return m.shape.numel() * int64_t(itemsize(m.dtype)); }
+
+bool has_backward(const Graph& g) {
+  for (const GraphNode& n : g.nodes)
+    if (n.phase % 2) return true;
+  return false;
+}
+
+PlanMemoryStats of_plan(const Plan& p, std::string name) {
+  const PlanStats& s = p.stats();
+  return {std::move(name), s.arena_bytes, s.saved_bytes, s.peak_bytes};
+}
+
+}  // namespace
+
+std::vector<PlanMemoryStats> plan_memory_stats(const Plans& p, size_t num_outputs) {
+  std::vector<PlanMemoryStats> r;
+  if (p.guard) r.push_back(of_plan(*p.guard, "guards"));
+  const Graph& fg = p.forward->graph();
+  PlanMemoryStats f = of_plan(*p.forward, !p.backward.empty() ? "forward"
+                                          : has_backward(fg)  ? "step"
+                                                              : "forward");
+  for (size_t k = num_outputs; k < fg.outputs.size(); ++k)
+    f.saved_bytes += nbytes(fg.nodes[fg.outputs[k]].meta);
+  r.push_back(f);
+  for (size_t k = 0; k < p.backward.size(); ++k)
+    r.push_back(of_plan(*p.backward[k], fmt::format("backward {}", k)));
+  return r;
+}
+
+MemoryReport CompiledCore::memory_report() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  DUET_CHECK(last_ && last_->last_plans,
+             "[memory_report] {} has not been called yet, so it has no plans", label_);
+  const Entry& e = *last_;
+  const Plans& p = *e.last_plans;
+  MemoryReport r;
+  r.function = label_;
+  r.plans = plan_memory_stats(p, e.num_outputs);
+  std::vector<const Plan*> plans;
+  if (p.guard) plans.push_back(p.guard.get());
+  plans.push_back(p.forward.get());
+  for (const auto& b : p.backward) plans.push_back(b.get());
+  const Plan* largest = plans[0];
+  for (size_t k = 0; k < plans.size(); ++k) {
+    const PlanStats& s = plans[k]->stats();
+    r.peak_bytes = std::max(r.peak_bytes, s.peak_bytes);
+    r.arena_bytes = std::max(r.arena_bytes, s.arena_bytes);
+    r.intermediate_bytes += s.intermediate_bytes;
+    r.saved_bytes += r.plans[k].saved_bytes;
+    if (s.arena_bytes > largest->stats().arena_bytes) {
+      largest = plans[k];
+      r.peak_plan = r.plans[k].plan;
+    }
+  }
+  if (r.peak_plan.empty()) r.peak_plan = r.plans[0].plan;
+  const Graph& g = largest->graph();
+  std::vector<bool> saved(g.nodes.size(), false);
+  for (const GraphNode& n : g.nodes)
+    for (int32_t in : n.inputs)
+      if (backward_of(g.nodes[buffer_root(g, in)].phase, n.phase)) saved[buffer_root(g, in)] = true;
+  for (int32_t v : largest->stats().live_at_peak) {
+    const GraphNode& n = g.nodes[v];
+    MemoryReport::Buffer b;
+    b.bytes = nbytes(n.meta);
+    b.value = node_str(g, v);
+    b.op = n.kind == NodeKind::Op ? std::string(op_name(n.op)) : "";
+    b.site = n.site.str();
+    b.scope = n.scope >= 0 ? g.scopes[n.scope] : "";
+    b.saved = saved[v];
+    r.live_at_peak.push_back(std::move(b));
+  }
+  return r;
+}
+
+std::string human_bytes(int64_t b) {
+  const double v = static_cast<double>(b);
+  if (b < 1024) return fmt::format("{} B", b);
+  if (b < (1 << 20)) return fmt::format("{:.1f} KiB", v / 1024);
+  if (b < (int64_t(1) << 30)) return fmt::format("{:.2f} MiB", v / (1 << 20));
+  return fmt::format("{:.2f} GiB", v / (1 << 30));
+}
+
+}  // namespace detail
+
+std::string MemoryReport::str() const {
+  using detail::human_bytes;
+  std::string s = fmt::format("memory of {}\n", function);
+  s += fmt::format("  peak {} (arena {}, against {} if every intermediate value had a buffer)\n",
+                   human_bytes(peak_bytes), human_bytes(arena_bytes),
+                   human_bytes(intermediate_bytes));
+  s += fmt::format("  saved activations {}\n", human_bytes(saved_bytes));
+  s += fmt::format("  {:<12} {:>12} {:>12} {:>12}\n", "plan", "arena", "saved", "peak");
+  for (const PlanMemoryStats& p : plans)
+    s += fmt::format("  {:<12} {:>12} {:>12} {:>12}\n", p.plan, human_bytes(p.arena_bytes),
+                     human_bytes(p.saved_bytes), human_bytes(p.peak_bytes));
+  s += fmt::format("  buffers live at the peak of the {} plan, largest first:\n", peak_plan);
+  size_t shown = 0;
+  for (const Buffer& b : live_at_peak) {
+    if (++shown > 20) {
+      s += fmt::format("    ... and {} more\n", live_at_peak.size() - 20);
+      break;
+    }
+    s += fmt::format("    {:>10}  {}{}\n", human_bytes(b.bytes), b.value,
+                     b.saved ? "  (saved for the backward)" : "");
+  }
+  return s;
+}
+
+}  // namespace duet
