@@ -107,10 +107,29 @@ void infer_argsort(const OpDef& def, TensorRefs in, const Attrs& a, TensorMeta& 
   out.device = x.device();
 }
 
+// One index per row along dim (cross_entropy's pick of the target's log-probability): the
+// gradient is g where the row's index is, else 0, an elementwise where that fuses with its
+// neighbours; otherwise g is added into zeros at the indices. The where form gives g itself
+// where scatter_add gives 0 + g, which differ only for g = -0.0.
 void grad_gather(const GradCtx& c, const Tensor& g, Tensor* gi) {
   const TensorMeta& m = c.input_meta[0];
-  Tensor z = full_dims(meta_dims(m), 0, Options().dtype(g.dtype()).device(m.device));
-  gi[0] = scatter_add(z, c.attrs.dim, c.inputs[1], g);
+  const Tensor& index = c.inputs[1];
+  const int64_t dim = c.attrs.dim;
+  const SymDims xd = meta_dims(m), id = sym_dims(index);
+  bool one_per_row =
+      xd.size() == id.size() && dim < static_cast<int64_t>(xd.size()) && id[dim] == SymInt(1);
+  for (size_t d = 0; one_per_row && d < xd.size(); ++d)
+    one_per_row = static_cast<int64_t>(d) == dim || id[d] == xd[d];
+  if (one_per_row) {
+    SymDims along(xd.size(), SymInt(1));
+    along[dim] = xd[dim];
+    const Tensor pos =
+        reshape_dims(arange_dims(xd[dim], Options().dtype(index.dtype()).device(m.device)), along);
+    gi[0] = where(eq(pos, index), g, 0);
+    return;
+  }
+  Tensor z = full_dims(xd, 0, Options().dtype(g.dtype()).device(m.device));
+  gi[0] = scatter_add(z, dim, index, g);
 }
 void grad_scatter_add(const GradCtx& c, const Tensor& g, Tensor* gi) {
   if (c.needs_grad(0)) gi[0] = g;
