@@ -532,7 +532,7 @@ Graph simplify(const Graph& old) { return Simplifier(old).run(); }
 
 namespace {
 
-const char* const kGraphPasses[] = {"fold", "simplify", "cse", "dce"};
+const char* const kGraphPasses[] = {"fold", "simplify", "cse", "dce", "remat"};
 const char* const kPlanPasses[] = {"codegen", "plan_memory", "hoist", "parallel", "cuda_graph"};
 
 std::mutex& registry_mutex() {
@@ -613,6 +613,10 @@ Graph optimize(const Graph& g, const std::vector<std::string>& disabled) {
     if (on("cse")) cur = cse(cur);
     // Dead nodes are dropped between rounds so later rounds see single uses.
     if (on("dce")) cur = dce(cur);
+  }
+  if (on("remat")) {
+    cur = remat(cur);
+    if (on("dce")) cur = dce(cur);  // forward values only the backward read
   }
   for (const RegisteredPass& p : registered_passes())
     if (p.graph && on(p.name)) cur = p.graph(cur);

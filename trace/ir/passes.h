@@ -7,6 +7,8 @@
 //   simplify  algebraic identities: x*1, x/1, x+0, x-0, -(-x), where(c, x, x), permutes and
 //             reshapes of permutes and reshapes, identity expand/permute/reshape/cast, clone of a
 //             fresh value, and casts, copies and expands of a filled constant
+//   remat     a backward recomputes cheap elementwise values from what it saves anyway
+//             (Note [Rematerialization] in trace/ir/remat.cpp)
 //
 // Every pass keeps graph inputs (their slots are the calling convention) and value metadata.
 #pragma once
@@ -25,6 +27,7 @@ Graph dce(const Graph& g);
 Graph cse(const Graph& g);
 Graph fold(const Graph& g);
 Graph simplify(const Graph& g);
+Graph remat(const Graph& g);
 
 /// The standard pipeline, skipping the passes named in `disabled`. Unknown names are an Error
 /// listing the known ones.
@@ -53,7 +56,7 @@ void unregister_pass(const std::string& name);
 /// The registered passes, in order (a copy).
 std::vector<RegisteredPass> registered_passes();
 /// Every pass of the pipeline in the order it runs: the graph passes (fold, simplify, cse,
-/// dce), registered graph passes, fuse, registered fusion passes, codegen, plan_memory, hoist,
+/// dce, remat), registered graph passes, fuse, registered fusion passes, codegen, plan_memory, hoist,
 /// parallel and cuda_graph.
 std::vector<std::string> pipeline_passes();
 

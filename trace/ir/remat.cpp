@@ -1,0 +1,192 @@
+// duet: rematerialization (the "remat" pass): a backward recomputes cheap elementwise values
+// from what it saves anyway, instead of keeping them from the forward.
+//
+// Note [Rematerialization]
+// A training step's backward reads values its forward made (GraphNode::phase: a value of an
+// even phase read in the next, odd one): the activations. Eagerly, every value an op's gradient
+// rule saves is kept until the backward, though many are elementwise functions of others that
+// are kept anyway: tanh-GELU keeps its input, its square, a sigmoid and its result, four tensors
+// where the input alone determines the rest. As torch.compile's min-cut partitioner does, this
+// pass lets the backward compute such values again:
+//  - a saved value is recomputable when it is made by an elementwise op or a view (never a
+//    reduction, a product, a random draw or an effect); its frontier is what its recomputable
+//    ancestors in its phase read: values that are not recomputable, graph inputs, constants,
+//    and values the pass keeps;
+//  - in topological order, a recomputable saved value is recomputed when the frontier values
+//    that would be saved only for it take fewer bytes than it does (then they are kept);
+//    otherwise it stays saved and is a frontier for the values after it;
+//  - each backward phase gets copies of the recomputed values (and of their recomputable
+//    ancestors), made just before their first reader there, with that phase. They read the
+//    frontier through optimization_barrier after a value of the backward (Note [Optimization
+//    barrier] in core/ops/view.cpp), so that no pass merges them with the forward's values and
+//    the schedule cannot run them in the forward; fusion then joins them to the backward's
+//    elementwise kernels, where recomputing them costs no extra pass over memory.
+// The copies run the same kernels on the same inputs, so results are the same bit for bit.
+#include <unordered_map>
+
+#include "trace/ir/passes.h"
+
+namespace duet::detail {
+namespace remat_pass {
+
+bool recomputable(const GraphNode& n) {
+  if (n.kind != NodeKind::Op || has_effect(n)) return false;
+  const OpClass c = op_class(n.op);
+  return c == OpClass::Elementwise || c == OpClass::View;
+}
+
+int64_t bytes_of(const GraphNode& n) {
+  return n.meta.shape.numel() * int64_t(itemsize(n.meta.dtype));
+}
+
+// The largest chain of ancestors a recomputed value may bring along.
+constexpr size_t kMaxRecomputed = 64;
+
+class Remat {
+ public:
+  explicit Remat(const Graph& g) : g_(g), n_(static_cast<int32_t>(g.nodes.size())) {}
+
+  Graph run() {
+    if (!decide()) return g_;
+    return rewrite();
+  }
+
+ private:
+  // Marks the saved values to recompute; false when there are none.
+  bool decide() {
+    saved_.assign(n_, false);
+    for (int32_t i = 0; i < n_; ++i)
+      for (int32_t in : g_.nodes[i].inputs)
+        if (backward_of(g_.nodes[in].phase, g_.nodes[i].phase) &&
+            (g_.nodes[in].kind == NodeKind::Op || g_.nodes[in].kind == NodeKind::Project))
+          saved_[in] = true;
+    keep_.assign(n_, false);
+    recompute_.assign(n_, false);
+    bool any = false;
+    for (int32_t v = 0; v < n_; ++v) {
+      if (!saved_[v]) continue;
+      std::vector<int32_t> chain, frontier;
+      if (!recomputable(g_.nodes[v]) || !walk(v, chain, frontier)) {
+        keep_[v] = true;
+        continue;
+      }
+      int64_t extra = 0;
+      for (int32_t f : frontier)
+        if (!keep_[f] &&
+            (g_.nodes[f].kind == NodeKind::Op || g_.nodes[f].kind == NodeKind::Project))
+          extra += bytes_of(g_.nodes[f]);
+      if (extra >= bytes_of(g_.nodes[v])) {
+        keep_[v] = true;
+        continue;
+      }
+      for (int32_t f : frontier) keep_[f] = true;
+      for (int32_t c : chain) recompute_[c] = true;
+      any = true;
+    }
+    return any;
+  }
+
+  // The recomputable ancestors of v in v's phase (chain, v included) and what they read from
+  // outside it (frontier). False when the chain would be too long.
+  bool walk(int32_t v, std::vector<int32_t>& chain, std::vector<int32_t>& frontier) {
+    const uint16_t phase = g_.nodes[v].phase;
+    std::vector<int32_t> stack{v};
+    std::unordered_map<int32_t, bool> seen;
+    while (!stack.empty()) {
+      const int32_t x = stack.back();
+      stack.pop_back();
+      if (seen.count(x)) continue;
+      const GraphNode& n = g_.nodes[x];
+      const bool inside = x == v || (!keep_[x] && recomputable(n) && n.phase == phase);
+      seen[x] = inside;
+      if (!inside) {
+        if (n.kind != NodeKind::Constant) frontier.push_back(x);
+        continue;
+      }
+      chain.push_back(x);
+      if (chain.size() > kMaxRecomputed) return false;
+      for (int32_t in : n.inputs) stack.push_back(in);
+    }
+    return true;
+  }
+
+  // The graph with the backward's reads of recomputed values going to copies.
+  Graph rewrite() {
+    Graph out = g_;
+    out.nodes.clear();
+    map_.assign(n_, -1);
+    for (int32_t i = 0; i < n_; ++i) {
+      GraphNode n = g_.nodes[i];
+      const bool backward = n.phase % 2 == 1;
+      for (int32_t& in : n.inputs) {
+        if (backward && recompute_[in] && backward_of(g_.nodes[in].phase, n.phase))
+          in = copy_of(in, n.phase, out);
+        else
+          in = map_[in];
+      }
+      map_[i] = out.add(std::move(n));
+      if (backward) last_backward_ = map_[i];
+    }
+    for (int32_t& o : out.outputs) o = map_[o];
+    for (WriteBack& w : out.writebacks) w.value = map_[w.value];
+    return out;
+  }
+
+  // The copy of recomputed value v for backward phase `phase`, made now (with the copies of its
+  // recomputed inputs) unless it exists.
+  int32_t copy_of(int32_t v, uint16_t phase, Graph& out) {
+    auto key = std::make_pair(v, phase);
+    if (auto it = copies_.find(key); it != copies_.end()) return it->second;
+    GraphNode n = g_.nodes[v];
+    for (int32_t& in : n.inputs) {
+      if (recompute_[in] && g_.nodes[in].phase == g_.nodes[v].phase)
+        in = copy_of(in, phase, out);
+      else if (g_.nodes[in].kind == NodeKind::Constant)
+        in = map_[in];
+      else
+        in = barrier_of(in, phase, out);
+    }
+    n.phase = phase;
+    const int32_t c = out.add(std::move(n));
+    copies_[key] = c;
+    return c;
+  }
+
+  // Frontier value f as the backward phase reads it: through a barrier after the backward's
+  // latest value, once per phase.
+  int32_t barrier_of(int32_t f, uint16_t phase, Graph& out) {
+    if (last_backward_ < 0) return map_[f];
+    auto key = std::make_pair(f, phase);
+    if (auto it = barriers_.find(key); it != barriers_.end()) return it->second;
+    GraphNode b;
+    b.kind = NodeKind::Op;
+    b.op = OpId::OptimizationBarrier;
+    b.inputs = {map_[f], last_backward_};
+    b.meta = g_.nodes[f].meta;
+    b.scope = g_.nodes[f].scope;
+    b.site = g_.nodes[f].site;
+    b.phase = phase;
+    const int32_t r = out.add(std::move(b));
+    barriers_[key] = r;
+    return r;
+  }
+
+  struct PairHash {
+    size_t operator()(const std::pair<int32_t, uint16_t>& p) const {
+      return std::hash<int64_t>()((int64_t(p.first) << 16) | p.second);
+    }
+  };
+
+  const Graph& g_;
+  const int32_t n_;
+  std::vector<bool> saved_, keep_, recompute_;
+  std::vector<int32_t> map_;
+  int32_t last_backward_ = -1;
+  std::unordered_map<std::pair<int32_t, uint16_t>, int32_t, PairHash> copies_, barriers_;
+};
+
+}  // namespace remat_pass
+
+Graph remat(const Graph& g) { return remat_pass::Remat(g).run(); }
+
+}  // namespace duet::detail
