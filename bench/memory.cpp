@@ -11,7 +11,11 @@
 //    activations and temporaries, and a compiled function's arena and kept buffers, as
 //    samples/fashion_mnist measures it;
 //  - ms_per_step: the median step time (the modes interleaved, rep by rep).
-// Modes: eager, compiled, and "checkpoint" variants of both (each block under duet::checkpoint).
+// Modes: eager, compiled, and "checkpoint" variants of both (each block under duet::checkpoint);
+// for MLP12 and W8 also "compiled budget 0.N": CompileOptions::memory_budget at the smallest
+// of 0.5, 0.6, ... times the plan peak of the unconstrained compiled step (plan_peak_MiB: a
+// compiled step's plan, arena and results) that it meets, whose losses must equal the compiled
+// step's bit for bit (the budgets it could not meet are printed with the smallest peak reached).
 #include <cstdio>
 #include <functional>
 #include <map>
@@ -27,11 +31,21 @@ namespace bench {
 
 namespace {
 
-/// One way of running a case: its step at a batch size.
+/// One way of running a case: its step at a batch size (returning the loss), and for a
+/// compiled step the peak of the plan that ran it (0 eagerly).
 struct Runner {
   std::string mode;
-  std::function<void(int64_t batch)> step;
+  std::function<float(int64_t batch)> step;
+  std::function<int64_t()> plan_peak = [] { return int64_t(0); };
+  std::vector<float> losses;  ///< of the measured pass
 };
+
+/// A compiled step behind a Runner: calls, and its most recent plan's peak.
+template <class F>
+void set_compiled(Runner& r, std::shared_ptr<F> f, std::function<float(F&, int64_t)> call) {
+  r.step = [f, call](int64_t b) { return call(*f, b); };
+  r.plan_peak = [f] { return f->memory_report().peak_bytes; };
+}
 
 /// An MLP of `depth` blocks Linear(width, width) + ReLU and a head, optionally checkpointed per
 /// block.
@@ -71,7 +85,8 @@ struct Classifier {
 };
 
 Runner classifier_runner(std::shared_ptr<duet::nn::Module> model, int64_t in, int64_t classes,
-                         const std::vector<int64_t>& sizes, bool compiled, std::string mode) {
+                         const std::vector<int64_t>& sizes, bool compiled, std::string mode,
+                         int64_t budget = 0) {
   auto c = std::make_shared<Classifier>();
   c->model = std::move(model);
   c->opt = std::make_unique<duet::optim::Adam>(c->model->parameters());
@@ -80,40 +95,77 @@ Runner classifier_runner(std::shared_ptr<duet::nn::Module> model, int64_t in, in
   Runner r;
   r.mode = std::move(mode);
   if (compiled) {
-    auto fn = duet::compile([c](Tensor x, Tensor y) { return c->step(x, y); });
-    auto f = std::make_shared<decltype(fn)>(std::move(fn));
-    r.step = [c, f](int64_t b) {
+    duet::CompileOptions o;
+    o.memory_budget = budget;
+    auto fn = duet::compile([c](Tensor x, Tensor y) { return c->step(x, y); }, o);
+    using F = decltype(fn);
+    set_compiled<F>(r, std::make_shared<F>(std::move(fn)), [c](F& f, int64_t b) {
       const auto& [x, y] = c->batches.at(b);
-      (*f)(x, y).item<float>();
-    };
+      return f(x, y).template item<float>();
+    });
   } else {
     r.step = [c](int64_t b) {
       const auto& [x, y] = c->batches.at(b);
-      c->step(x, y).item<float>();
+      return c->step(x, y).item<float>();
     };
   }
   return r;
 }
 
-Runner w8_runner(bool compiled, bool ckpt, std::string mode) {
+Runner w8_runner(bool compiled, bool ckpt, std::string mode, int64_t budget = 0) {
   auto w = std::make_shared<W8>(81);
   w->model->checkpoint_blocks = ckpt;
   Runner r;
   r.mode = std::move(mode);
   if (compiled) {
-    auto f = std::make_shared<decltype(w->compile())>(w->compile());
-    r.step = [w, f](int64_t) { (*f)(w->x, w->y).item<float>(); };
+    duet::CompileOptions o;
+    o.memory_budget = budget;
+    auto fn = duet::compile([w](Tensor xs, Tensor ys) { return w->step(xs, ys); }, o);
+    using F = decltype(fn);
+    set_compiled<F>(r, std::make_shared<F>(std::move(fn)),
+                    [w](F& f, int64_t) { return f(w->x, w->y).template item<float>(); });
   } else {
-    r.step = [w](int64_t) { w->step(w->x, w->y).item<float>(); };
+    r.step = [w](int64_t) { return w->step(w->x, w->y).item<float>(); };
   }
   return r;
+}
+
+/// The largest plan peak of a fresh runner's steps over `sizes` (the unconstrained compiled
+/// step's, which the budget rows halve).
+int64_t plan_peak_of(Runner r, const std::vector<int64_t>& sizes) {
+  int64_t peak = 0;
+  for (int64_t b : sizes) {
+    r.step(b);
+    peak = std::max(peak, r.plan_peak());
+  }
+  return peak;
+}
+
+/// A compiled runner at the smallest fraction of `full` bytes (0.5, 0.6, ...) that its
+/// memory_budget can meet: make(budget) makes a fresh one. Prints the budgets that failed.
+Runner budget_runner(const char* name, const std::function<Runner(int64_t)>& make, int64_t full,
+                     const std::vector<int64_t>& sizes) {
+  for (int tenths = 5; tenths <= 9; ++tenths) {
+    const int64_t budget = full * tenths / 10;
+    try {
+      plan_peak_of(make(budget), sizes);
+    } catch (const duet::ValueError& e) {
+      std::fprintf(stderr, "MEM %s: a budget of 0.%d x the plan peak is not met: %s\n", name,
+                   tenths, e.what());
+      continue;
+    }
+    Runner r = make(budget);
+    r.mode = fmt::format("compiled budget 0.{}", tenths);
+    return r;
+  }
+  return make(0);
 }
 
 /// Runs each runner's steps over `sizes`: warm-up, then the peak over one pass of the sizes, then
 /// the interleaved timing; appends the rows of case `name`.
 void measure(const char* name, const Config& c, std::vector<Runner>& runners,
              const std::vector<int64_t>& sizes, std::vector<Result>& out) {
-  std::vector<double> peaks;
+  std::vector<double> peaks, plans;
   for (Runner& r : runners) {
     // What the other runners hold stays the same while this one steps.
     const int64_t before = duet::cpu_memory_stats().current;
@@ -121,8 +173,13 @@ void measure(const char* name, const Config& c, std::vector<Runner>& runners,
       for (int64_t b : sizes) r.step(b);
     wait_codegen();
     duet::reset_peak_memory();
-    for (int64_t b : sizes) r.step(b);
+    int64_t plan = 0;
+    for (int64_t b : sizes) {
+      r.losses.push_back(r.step(b));
+      plan = std::max(plan, r.plan_peak());
+    }
     peaks.push_back(double(duet::cpu_memory_stats().peak - before) / (1 << 20));
+    plans.push_back(double(plan) / (1 << 20));
   }
   std::vector<std::function<void()>> bodies;
   for (Runner& r : runners)
@@ -136,8 +193,20 @@ void measure(const char* name, const Config& c, std::vector<Runner>& runners,
     out.push_back(single(r, peaks[i]));
     r.metric = "ms_per_step";
     out.push_back(summarize(r, t[i], [&](double s) { return 1e3 * s / double(sizes.size()); }));
-    std::fprintf(stderr, "MEM %s %s: peak %.2f MiB (%.2fx eager), %.2f ms per step\n", name,
-                 runners[i].mode.c_str(), peaks[i], peaks[i] / peaks[0], out.back().median);
+    const double ms = out.back().median;
+    if (plans[i] > 0) {
+      r.metric = "plan_peak_MiB";
+      out.push_back(single(r, plans[i]));
+    }
+    // A budgeted step must train as the unconstrained compiled one does, bit for bit.
+    std::string same;
+    for (const Runner& o : runners)
+      if (o.mode == "compiled" && runners[i].mode.find("budget") != std::string::npos)
+        same = o.losses == runners[i].losses ? ", losses identical to compiled"
+                                             : ", LOSSES DIFFER from compiled";
+    std::fprintf(
+        stderr, "MEM %s %s: peak %.2f MiB (%.2fx eager), plan %.2f MiB, %.2f ms per step%s\n", name,
+        runners[i].mode.c_str(), peaks[i], peaks[i] / peaks[0], plans[i], ms, same.c_str());
   }
 }
 
@@ -165,6 +234,19 @@ void run_mem(const Config& c, std::vector<Result>& out) {
             std::string(compiled ? "compiled" : "eager") + (ckpt ? " checkpoint" : "");
         rs.push_back(classifier_runner(m, 512, 10, {256, 96}, compiled, mode));
       }
+    duet::manual_seed(12);
+    const int64_t full =
+        plan_peak_of(classifier_runner(std::make_shared<BlockMlp>(512, 512, 12, 10, false), 512, 10,
+                                       {256, 96}, true, "compiled"),
+                     {256, 96});
+    rs.push_back(budget_runner("MLP12",
+                               [](int64_t budget) {
+                                 duet::manual_seed(12);
+                                 return classifier_runner(
+                                     std::make_shared<BlockMlp>(512, 512, 12, 10, false), 512, 10,
+                                     {256, 96}, true, "compiled budget", budget);
+                               },
+                               full, {256, 96}));
     measure("MLP12", c, rs, {256, 96}, out);
   }
   {
@@ -174,6 +256,10 @@ void run_mem(const Config& c, std::vector<Result>& out) {
         rs.push_back(
             w8_runner(compiled, ckpt,
                       std::string(compiled ? "compiled" : "eager") + (ckpt ? " checkpoint" : "")));
+    const int64_t full = plan_peak_of(w8_runner(true, false, "compiled"), {8});
+    rs.push_back(budget_runner(
+        "W8", [](int64_t budget) { return w8_runner(true, false, "compiled budget", budget); },
+        full, {8}));
     measure("W8", c, rs, {8}, out);
   }
 }

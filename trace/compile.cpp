@@ -437,7 +437,9 @@ Plans CompiledCore::build_plans(Entry& e, const std::vector<int64_t>& values) {
   };
   Plans p;
   if (!e.value_guards.empty()) p.guard = std::make_unique<Plan>(std::move(gg), plain_plan());
-  p.forward = std::make_unique<Plan>(std::move(fg), opts(0));
+  p.forward = options_.memory_budget > 0
+                  ? plan_within_budget(std::move(fg), opts(0), options_.memory_budget)
+                  : std::make_unique<Plan>(std::move(fg), opts(0));
   for (size_t k = 0; k < bgs.size(); ++k)
     p.backward.push_back(std::make_shared<Plan>(std::move(bgs[k]), opts(k + 1)));
   stats_.buffer_bytes = stats_.fused_kernels = stats_.fused_nodes = stats_.epilogues =
@@ -460,6 +462,11 @@ Plans CompiledCore::build_plans(Entry& e, const std::vector<int64_t>& values) {
   if (p.guard) add_stats(*p.guard);
   for (const auto& b : p.backward) add_stats(*b);
   stats_.plans = plan_memory_stats(p, e.num_outputs);
+  const RematRecord& rr = p.forward->graph().remat;
+  stats_.recomputed_values = rr.values;
+  stats_.recomputed_bytes = rr.bytes;
+  stats_.recomputed_flops = rr.flops;
+  stats_.recomputed_for_budget = rr.forced;
   stats_.plan_ms = ms_since(t2);
   ++stats_.plans_built;
   return p;

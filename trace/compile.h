@@ -75,6 +75,12 @@ struct CompileOptions {
   /// prints a warning once and records why (CompileStats::eager_reason); each counts in
   /// eager_calls.
   int cache_limit = 8;
+  /// Bytes one call's plan may hold at most (its arena and the results it allocates; 0: no
+  /// limit). Past it, the backward of a training step recomputes forward ops instead of keeping
+  /// their results, cheapest per byte first (after the cheap elementwise ones that the remat
+  /// pass recomputes anyway), until the plan fits; a budget that cannot be met is a ValueError
+  /// naming the smallest peak reached. CompileStats says what was recomputed (docs/memory.md).
+  int64_t memory_budget = 0;
   /// Data-dependent reads (Note [Data-dependent reads] in trace/tracer.h). Off (strict): item()
   /// or to_vector() of a traced value is an error pointing to cond and scan. On: the read gets
   /// the value at the traced call and records it as a guard; a call where the value differs
@@ -165,6 +171,13 @@ struct CompileStats {
   int64_t gemm_epilogues = 0;
   /// Per plan of the most recent call's signature: its arena, saved activations and peak.
   std::vector<PlanMemoryStats> plans;
+  /// What the backward of the most recent plans computes again instead of keeping it (Note
+  /// [Rematerialization] in trace/ir/remat.cpp): the saved values, their bytes, the work (a
+  /// product's multiply-adds, one per element otherwise), and the ops recomputed to meet
+  /// memory_budget, in words with their work.
+  int64_t recomputed_values = 0, recomputed_bytes = 0;
+  double recomputed_flops = 0;
+  std::vector<std::string> recomputed_for_budget;
 };
 
 /// Where a compiled function's memory goes (Compiled::memory_report()).

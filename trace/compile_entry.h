@@ -29,6 +29,11 @@ struct Plans {
   std::vector<std::shared_ptr<Plan>> backward;  ///< per Entry::backward
 };
 
+/// The forward plan of g within `budget` bytes (CompileOptions::memory_budget; Note [Memory
+/// budget] in trace/memory_report.cpp); a ValueError naming the smallest peak reached when no
+/// recomputation fits it.
+std::unique_ptr<Plan> plan_within_budget(Graph g, PlanOptions o, int64_t budget);
+
 /// Per plan of `p`, its memory (Note [Plan memory] in trace/plan/plan_memory.cpp): the guards,
 /// the forward (outputs past `num_outputs` are the values it saves for its backwards), the
 /// backwards.

@@ -4,7 +4,9 @@
 
 #include <fmt/format.h>
 
+#include "core/error.h"
 #include "trace/compile_entry.h"
+#include "trace/ir/passes.h"
 
 namespace duet {
 namespace detail {
@@ -84,6 +86,68 @@ MemoryReport CompiledCore::memory_report() const {
     r.live_at_peak.push_back(std::move(b));
   }
   return r;
+}
+
+std::string human_bytes(int64_t b);
+
+// Note [Memory budget]
+// With CompileOptions::memory_budget, the forward plan of a signature is planned first as the
+// passes left it (the remat pass has made the backward recompute cheap elementwise values). If
+// its peak (arena and results: PlanStats::peak_bytes) is over the budget, the backward
+// recomputes forward ops too. In each round, the ops whose recomputation frees the most of
+// what the backward keeps per unit of work (remat_candidates, the cheapest kCandidates) are
+// tried: the graph is rewritten from the passes' graph with the op recomputed besides those
+// chosen before (remat_forced), and a trial plan, which plans the schedule and the memory but
+// allocates nothing, measures the peak. The one with the lowest peak joins the chosen ones (a
+// recomputation that chains into another recomputed value brings the whole chain back at once,
+// so what the backward keeps is no measure of the peak; the trials are). The first graph that
+// fits is planned for real; the same kernels run on the same inputs, so results are the same
+// bit for bit. When no trial lowers the peak, the budget cannot be met: a ValueError names the
+// smallest peak reached. A compiled forward whose backward runs apart (split graphs) keeps its
+// saved values as results, which recomputation inside the plan cannot lower.
+constexpr int kMaxBudgetRounds = 64;
+constexpr size_t kCandidates = 12;
+constexpr int kStalledRounds = 4;
+
+std::unique_ptr<Plan> plan_within_budget(Graph g, PlanOptions o, int64_t budget) {
+  o.share = nullptr;  // each size may recompute other ops: its graph is its own
+  PlanOptions trial = o;
+  trial.measure_only = true;
+  trial.arenas = nullptr;
+  auto peak_of = [&](const Graph& h) { return Plan(h, trial).stats().peak_bytes; };
+  int64_t best = peak_of(g);
+  if (best <= budget) return std::make_unique<Plan>(std::move(g), o);
+  std::vector<int32_t> forced;
+  int stalled = 0;  // rounds in a row that found no lower peak
+  for (int round = 0; round < kMaxBudgetRounds && stalled < kStalledRounds; ++round) {
+    const std::vector<int32_t> candidates = remat_candidates(g, forced);
+    int32_t chosen = -1;
+    int64_t chosen_peak = 0;
+    Graph chosen_graph;
+    for (size_t k = 0; k < candidates.size() && k < kCandidates; ++k) {
+      std::vector<int32_t> trial_forced = forced;
+      trial_forced.push_back(candidates[k]);
+      Graph h = dce(remat_forced(g, trial_forced));
+      const int64_t peak = peak_of(h);
+      if (chosen < 0 || peak < chosen_peak) {
+        chosen = candidates[k];
+        chosen_peak = peak;
+        chosen_graph = std::move(h);
+      }
+    }
+    if (chosen < 0) break;
+    // The best trial is taken even when it is no lower: the next recomputation may need it
+    // (every other block's activation recomputed lowers the peak only once both neighbours are).
+    forced.push_back(chosen);
+    stalled = chosen_peak < best ? 0 : stalled + 1;
+    best = std::min(best, chosen_peak);
+    if (chosen_peak <= budget) return std::make_unique<Plan>(std::move(chosen_graph), o);
+  }
+  throw ValueError(::duet::detail::with_context(fmt::format(
+      "[compile] memory_budget of {} bytes ({}) cannot be met by {}: the smallest peak the "
+      "planner reached is {} bytes ({}), recomputing {} ops in the backward. Raise the budget, "
+      "use a smaller batch, or checkpoint the model's blocks (duet::checkpoint)",
+      budget, human_bytes(budget), g.label, best, human_bytes(best), forced.size())));
 }
 
 std::string human_bytes(int64_t b) {

@@ -74,6 +74,15 @@ struct GraphNode {
   std::shared_ptr<const ControlFlow> control;
 };
 
+/// What the remat pass recomputed (Note [Rematerialization] in trace/ir/remat.cpp).
+struct RematRecord {
+  int64_t values = 0;  ///< saved values the backward computes again instead
+  int64_t bytes = 0;   ///< their bytes
+  double flops = 0;    ///< the work of computing them again (one per element of elementwise ops)
+  /// The ops recomputed to meet CompileOptions::memory_budget, in words.
+  std::vector<std::string> forced;
+};
+
 /// A captured tensor updated in place: after a run, value is written into captured[target].
 struct WriteBack {
   int32_t value;
@@ -89,6 +98,7 @@ class Graph {
   std::vector<std::string> scopes;  ///< scope paths ("encoder/layer1")
   int32_t num_runtime_inputs = 0;   ///< inputs given at each run (all but captured)
   std::string label;                ///< the compiled function or Program, for messages
+  RematRecord remat;                ///< what the remat pass recomputed
 
   /// The number of op nodes (inputs and constants are not counted).
   int64_t num_nodes() const;

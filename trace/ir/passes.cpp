@@ -23,6 +23,7 @@ struct Rebuild {
     g.scopes = o.scopes;
     g.num_runtime_inputs = o.num_runtime_inputs;
     g.label = o.label;
+    g.remat = o.remat;
   }
   // The old node with its inputs remapped.
   GraphNode remapped(int32_t i) const {

@@ -28,6 +28,12 @@ Graph cse(const Graph& g);
 Graph fold(const Graph& g);
 Graph simplify(const Graph& g);
 Graph remat(const Graph& g);
+/// remat, with these ops (not elementwise: products, reductions) recomputable too, and each
+/// named in Graph::remat.forced (CompileOptions::memory_budget).
+Graph remat_forced(const Graph& g, const std::vector<int32_t>& forced);
+/// The forward ops whose recomputation would lower what the backward keeps from the forward
+/// (beyond `forced`), cheapest per byte first.
+std::vector<int32_t> remat_candidates(const Graph& g, const std::vector<int32_t>& forced);
 
 /// The standard pipeline, skipping the passes named in `disabled`. Unknown names are an Error
 /// listing the known ones.
@@ -56,8 +62,8 @@ void unregister_pass(const std::string& name);
 /// The registered passes, in order (a copy).
 std::vector<RegisteredPass> registered_passes();
 /// Every pass of the pipeline in the order it runs: the graph passes (fold, simplify, cse,
-/// dce, remat), registered graph passes, fuse, registered fusion passes, codegen, plan_memory, hoist,
-/// parallel and cuda_graph.
+/// dce, remat), registered graph passes, fuse, registered fusion passes, codegen, plan_memory,
+/// hoist, parallel and cuda_graph.
 std::vector<std::string> pipeline_passes();
 
 }  // namespace duet::detail

@@ -22,7 +22,10 @@
 //    the schedule cannot run them in the forward; fusion then joins them to the backward's
 //    elementwise kernels, where recomputing them costs no extra pass over memory.
 // The copies run the same kernels on the same inputs, so results are the same bit for bit.
+#include <algorithm>
 #include <unordered_map>
+
+#include <fmt/format.h>
 
 #include "trace/ir/passes.h"
 
@@ -39,16 +42,65 @@ int64_t bytes_of(const GraphNode& n) {
   return n.meta.shape.numel() * int64_t(itemsize(n.meta.dtype));
 }
 
+// What computing n costs, roughly: a product's multiply-adds, one per element otherwise.
+double flops_of(const Graph& g, const GraphNode& n) {
+  if (n.kind != NodeKind::Op || op_class(n.op) == OpClass::View) return 0;
+  const double out = static_cast<double>(n.meta.shape.numel());
+  if (n.op == OpId::MatMul && !n.inputs.empty()) {
+    const Shape& a = g.nodes[n.inputs[0]].meta.shape;
+    return 2 * out * static_cast<double>(a.size() ? a[a.size() - 1] : 1);
+  }
+  double in = 0;
+  for (int32_t i : n.inputs) in = std::max(in, static_cast<double>(g.nodes[i].meta.shape.numel()));
+  return std::max(out, in);
+}
+
+// Ops the memory budget may recompute besides elementwise ones: deterministic, no effect.
+bool forcible(const GraphNode& n) {
+  if (n.kind != NodeKind::Op || has_effect(n) || n.op == OpId::Random) return false;
+  switch (n.op) {
+    case OpId::AllReduce:
+    case OpId::Broadcast:
+    case OpId::AllGather:
+    case OpId::ReduceScatter:
+    case OpId::CollectiveWait:
+    case OpId::Transfer:
+      return false;
+    default:
+      return true;
+  }
+}
+
 // The largest chain of ancestors a recomputed value may bring along.
 constexpr size_t kMaxRecomputed = 64;
 
 class Remat {
  public:
-  explicit Remat(const Graph& g) : g_(g), n_(static_cast<int32_t>(g.nodes.size())) {}
+  Remat(const Graph& g, const std::vector<int32_t>& forced)
+      : g_(g), n_(static_cast<int32_t>(g.nodes.size())), forced_(n_, false) {
+    for (int32_t f : forced) forced_[f] = true;
+  }
 
   Graph run() {
     if (!decide()) return g_;
-    return rewrite();
+    Graph out = rewrite();
+    for (int32_t v = 0; v < n_; ++v)
+      if (recompute_[v] && saved_[v]) {
+        ++out.remat.values;
+        out.remat.bytes += bytes_of(g_.nodes[v]);
+      }
+    for (int32_t v = 0; v < n_; ++v)
+      if (recompute_[v]) out.remat.flops += flops_of(g_, g_.nodes[v]);
+    return out;
+  }
+
+  /// The bytes of the values the backward would still read from the forward.
+  int64_t kept_bytes() {
+    decide();
+    int64_t b = 0;
+    for (int32_t v = 0; v < n_; ++v)
+      if (saved_[v] && !recompute_[v]) b += bytes_of(g_.nodes[v]);
+    return b;
   }
 
  private:
@@ -66,7 +118,7 @@ class Remat {
     for (int32_t v = 0; v < n_; ++v) {
       if (!saved_[v]) continue;
       std::vector<int32_t> chain, frontier;
-      if (!recomputable(g_.nodes[v]) || !walk(v, chain, frontier)) {
+      if (!can_recompute(v) || !walk(v, chain, frontier)) {
         keep_[v] = true;
         continue;
       }
@@ -97,7 +149,7 @@ class Remat {
       stack.pop_back();
       if (seen.count(x)) continue;
       const GraphNode& n = g_.nodes[x];
-      const bool inside = x == v || (!keep_[x] && recomputable(n) && n.phase == phase);
+      const bool inside = x == v || (!keep_[x] && can_recompute(x) && n.phase == phase);
       seen[x] = inside;
       if (!inside) {
         if (n.kind != NodeKind::Constant) frontier.push_back(x);
@@ -108,6 +160,10 @@ class Remat {
       for (int32_t in : n.inputs) stack.push_back(in);
     }
     return true;
+  }
+
+  bool can_recompute(int32_t v) const {
+    return recomputable(g_.nodes[v]) || (forced_[v] && forcible(g_.nodes[v]));
   }
 
   // The graph with the backward's reads of recomputed values going to copies.
@@ -179,6 +235,7 @@ class Remat {
 
   const Graph& g_;
   const int32_t n_;
+  std::vector<bool> forced_;
   std::vector<bool> saved_, keep_, recompute_;
   std::vector<int32_t> map_;
   int32_t last_backward_ = -1;
@@ -187,6 +244,40 @@ class Remat {
 
 }  // namespace remat_pass
 
-Graph remat(const Graph& g) { return remat_pass::Remat(g).run(); }
+Graph remat(const Graph& g) { return remat_pass::Remat(g, {}).run(); }
+
+Graph remat_forced(const Graph& g, const std::vector<int32_t>& forced) {
+  Graph out = remat_pass::Remat(g, forced).run();
+  for (int32_t f : forced)
+    out.remat.forced.push_back(fmt::format("{} ({:.3g} MFLOP)", node_str(g, f),
+                                           remat_pass::flops_of(g, g.nodes[f]) / 1e6));
+  return out;
+}
+
+std::vector<int32_t> remat_candidates(const Graph& g, const std::vector<int32_t>& forced) {
+  using namespace remat_pass;
+  const int64_t before = Remat(g, forced).kept_bytes();
+  struct Option {
+    double cost_per_byte;
+    int32_t v;
+  };
+  std::vector<Option> options;
+  std::vector<bool> is_forced(g.nodes.size(), false);
+  for (int32_t f : forced) is_forced[f] = true;
+  for (int32_t v = 0; v < static_cast<int32_t>(g.nodes.size()); ++v) {
+    const GraphNode& n = g.nodes[v];
+    if (is_forced[v] || n.phase % 2 || recomputable(n) || !forcible(n)) continue;
+    std::vector<int32_t> more = forced;
+    more.push_back(v);
+    const int64_t freed = before - Remat(g, more).kept_bytes();
+    if (freed > 0) options.push_back({flops_of(g, n) / static_cast<double>(freed), v});
+  }
+  std::stable_sort(options.begin(), options.end(), [](const Option& a, const Option& b) {
+    return a.cost_per_byte < b.cost_per_byte;
+  });
+  std::vector<int32_t> r;
+  for (const Option& o : options) r.push_back(o.v);
+  return r;
+}
 
 }  // namespace duet::detail

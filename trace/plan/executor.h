@@ -89,6 +89,9 @@ struct PlanOptions {
   /// The arenas shared by the plans of one compiled function (Note [One arena per function] in
   /// trace/plan/plan_build.cpp). Null: the plan's own arenas.
   std::shared_ptr<ArenaShare> arenas;
+  /// Plan the schedule and the memory only, for their figures (PlanStats): no arena is
+  /// allocated and no step made, so the plan cannot run (CompileOptions::memory_budget's trials).
+  bool measure_only = false;
   static PlanOptions from_disabled(const std::vector<std::string>& disabled);
 };
 

@@ -43,6 +43,7 @@ void Plan::Builder::build() {
   request_buffers();
   plan_arena();
   measure_memory();
+  if (opt.measure_only) return;
   SuspendModes eager;  // static views, buffers and subplans are made eagerly
   make_steps();
   // plan.args_ grew while steps were made: its pointers point into plan.vals_, which did not
@@ -700,6 +701,7 @@ void Plan::Builder::plan_arena() {
                    r.reuse >= 0 ? " (in place)" : "");
       }
   }
+  if (opt.measure_only) return;
   arenas.assign(pool_devices.size(), StoragePtr());
   for (size_t p = 0; p < pool_devices.size(); ++p) {
     const auto bytes = static_cast<size_t>(plan.memory_.pool_bytes[p]);
