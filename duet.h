@@ -27,6 +27,7 @@
 #include "nn/utils.h"
 #include "trace/plan/codegen.h"
 #include "trace/compile.h"
+#include "trace/compare.h"
 #include "trace/control_flow.h"
 #include "trace/ir/graph.h"
 #include "trace/onnx/onnx.h"

@@ -378,3 +378,43 @@ TEST_CASE("memory_budget: the backward recomputes until the plan fits, with the 
 }
 
 }  // namespace duet::test
+
+namespace duet::test {
+
+TEST_CASE(
+    "compare: a training step's two faces, from the caller's state, which it leaves as it was") {
+  manual_seed(15);
+  nn::Sequential m(nn::Linear(32, 64), nn::Tanh(), nn::Dropout(0.2), nn::Linear(64, 8));
+  optim::Adam opt(m.parameters());
+  const Tensor x = randn({16, 32}), y = randint(8, {16});
+  auto step = [&](const Tensor& in, const Tensor& target) {
+    opt.zero_grad();
+    Tensor loss = cross_entropy(m(in), target);
+    loss.backward();
+    opt.step();
+    return loss;
+  };
+  step(x, y);  // gradients and optimizer state exist
+  std::vector<Tensor> before;
+  for (const Tensor& p : m.parameters()) before.push_back(p.clone());
+  const Tensor rng = detail::generator_states()[0].clone();
+  const FacesReport r = compare(step, x, y);
+  CAPTURE(r.str());
+  CHECK(r.traces == 1);
+  CHECK(r.calls > 0);
+  CHECK(r.eager_seconds > 0);
+  CHECK(r.compiled_seconds > 0);
+  CHECK(r.eager_min_seconds <= r.eager_seconds);
+  CHECK(r.eager_seconds <= r.eager_max_seconds);
+  CHECK(r.first_call_seconds > 0);
+  CHECK(r.eager_peak_bytes > 0);
+  CHECK(r.compiled_peak_bytes > 0);
+  // Same state, same dropout mask: the faces agree to rounding.
+  CHECK(r.max_abs_difference <= 1e-5);
+  CHECK(r.json().find("\"max_abs_difference\": ") != std::string::npos);
+  const std::vector<Tensor> after = m.parameters();
+  for (size_t i = 0; i < before.size(); ++i) CHECK(bitwise_equal(after[i], before[i]));
+  CHECK(bitwise_equal(detail::generator_states()[0], rng));
+}
+
+}  // namespace duet::test
