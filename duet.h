@@ -5,6 +5,7 @@
 #include "core/allocator.h"
 #include "core/anomaly.h"
 #include "core/autocast.h"
+#include "core/memory_profile.h"
 #include "core/profiler.h"
 #include "core/dispatch.h"
 #include "core/dist.h"

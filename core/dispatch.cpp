@@ -225,6 +225,21 @@ Tensor call(OpId op, TensorRefs inputs, const Attrs& attrs, unsigned expiring) {
   const bool check = tls_depth == 0 && anomaly_on() && anomaly_inputs_clean(def, inputs);
   std::optional<ProfiledInputs> prof;
   if (__builtin_expect(tls_depth == 0 && profiling(), 0)) prof = profile_inputs(inputs);
+  // Note [Memory profile]: the op that makes the storages allocated now.
+  struct ProfiledOp {
+    const char* saved = nullptr;
+    bool set;
+    explicit ProfiledOp(const char* name)
+        : set(g_memory_profiles.load(std::memory_order_relaxed) > 0) {
+      if (__builtin_expect(set, 0)) {
+        saved = tls_profiled_op;
+        tls_profiled_op = name;
+      }
+    }
+    ~ProfiledOp() {
+      if (__builtin_expect(set, 0)) tls_profiled_op = saved;
+    }
+  } profiled_op(def.name);
   Tensor out = run_from(tls_depth, def, c, (tls_depth || record || check) ? 0 : expiring);
   if (__builtin_expect(prof.has_value(), 0)) profile_op(def, *prof, out);
   if (__builtin_expect(check, 0)) anomaly_check_output(def, inputs, out);

@@ -12,6 +12,8 @@
 
 #include <fmt/format.h>
 
+#include "core/allocator.h"
+
 namespace duet {
 
 struct Profiler::State {
@@ -81,10 +83,23 @@ void profile_event(const std::string& name, const char* category, double start_u
       "\"tid\": {}, \"args\": {{{}}}}}",
       quoted(name), category, start_us, end_us - start_us,
       std::hash<std::thread::id>()(std::this_thread::get_id()) % 100000, args);
+  // A counter of the CPU tensor memory at the event's end, when it changed: chrome://tracing and
+  // Perfetto draw it as a track under the events.
+  const int64_t bytes = cpu_memory_stats().current;
   std::lock_guard<std::mutex> lock(g_mu);
+  static int64_t last_bytes = -1;
+  const bool counter = bytes != last_bytes;
+  last_bytes = bytes;
+  const std::string c =
+      counter ? fmt::format(
+                    "{{\"name\": \"tensor memory\", \"cat\": \"memory\", \"ph\": \"C\", "
+                    "\"ts\": {:.3f}, \"pid\": 1, \"args\": {{\"cpu_bytes\": {}}}}}",
+                    end_us, bytes)
+              : std::string();
   for (Profiler::State* s : active()) {
     std::lock_guard<std::mutex> l(s->mu);
     s->events.push_back(e);
+    if (counter) s->events.push_back(c);
   }
 }
 

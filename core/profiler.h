@@ -8,8 +8,10 @@
 // once, the output written once: an add of n f32 values moves 12n bytes) and its FLOPs (2mnk
 // for a product, one per output element for elementwise ops). A compiled call's event encloses
 // one event per step of its plan (a kernel, a fused group, a view), so eager and compiled runs
-// of the same code read side by side in chrome://tracing or Perfetto. Times are host times: on
-// a GPU they measure launches, not kernels. Off, it costs one relaxed atomic load per op.
+// of the same code read side by side in chrome://tracing or Perfetto. After an event, a counter
+// event ("tensor memory", category "memory") gives the CPU tensor memory when it changed, drawn
+// as a track. Times are host times: on a GPU they measure launches, not kernels. Off, it costs
+// one relaxed atomic load per op.
 #pragma once
 
 #include <atomic>

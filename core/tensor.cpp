@@ -91,7 +91,10 @@ StoragePtr new_storage(size_t nbytes, Device device) {
   }
   Allocator& a = *alloc;
   void* p = a.allocate(nbytes);
-  return StoragePtr::adopt(new StorageImpl(p, nbytes, device, &a));
+  StoragePtr st = StoragePtr::adopt(new StorageImpl(p, nbytes, device, &a));
+  if (__builtin_expect(g_memory_profiles.load(std::memory_order_relaxed) > 0, 0) && device.is_cpu())
+    memory_profile_made(st.get(), static_cast<int64_t>(nbytes));  // Note [Memory profile]
+  return st;
 }
 
 TensorImpl::TensorImpl() = default;

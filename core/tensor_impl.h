@@ -18,6 +18,7 @@
 #include "core/device.h"
 #include "core/symbolic.h"
 #include "core/dtype.h"
+#include "core/memory_profile.h"
 #include "core/shape.h"
 
 namespace duet {
@@ -150,6 +151,9 @@ struct StorageImpl {
   StorageImpl(const StorageImpl&) = delete;
   StorageImpl& operator=(const StorageImpl&) = delete;
   ~StorageImpl() {
+    if (__builtin_expect(g_memory_profiles.load(std::memory_order_relaxed) > 0, 0) && allocator &&
+        device.is_cpu())
+      memory_profile_freed(this, static_cast<int64_t>(nbytes));
     if (allocator) allocator->deallocate(data, nbytes);
   }
 };

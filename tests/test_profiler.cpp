@@ -225,3 +225,23 @@ TEST_CASE("profiler: the parser used here rejects bad JSON") {
 
 }  // namespace
 }  // namespace duet::test
+
+namespace duet::test {
+
+TEST_CASE("profiler: a counter track of tensor memory follows the events") {
+  Profiler prof;
+  const Tensor a = ones({1000});
+  const Tensor b = a + a;         // 4000 bytes more
+  const Tensor c = ones({2000});  // 8000 more
+  const std::vector<Json> ev = events_of(prof.json());
+  std::vector<double> bytes;
+  for (const Json& e : ev)
+    if (e["name"].str() == "tensor memory") {
+      CHECK(e["ph"].str() == "C");
+      bytes.push_back(e["args"]["cpu_bytes"].number());
+    }
+  REQUIRE(bytes.size() >= 2);
+  CHECK(bytes.back() - bytes.front() >= 8000);
+}
+
+}  // namespace duet::test
