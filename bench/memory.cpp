@@ -84,6 +84,32 @@ struct Classifier {
   }
 };
 
+/// A runner of step(x, y) on batch(size), eager or compiled (under `budget`); `owner` keeps the
+/// model and optimizer alive.
+Runner runner_of(std::function<Tensor(Tensor, Tensor)> step,
+                 std::function<std::pair<Tensor, Tensor>(int64_t)> batch,
+                 std::shared_ptr<void> owner, bool compiled, std::string mode, int64_t budget) {
+  Runner r;
+  r.mode = std::move(mode);
+  if (compiled) {
+    duet::CompileOptions o;
+    o.memory_budget = budget;
+    auto fn = duet::compile(
+        [step, owner](Tensor x, Tensor y) { return step(std::move(x), std::move(y)); }, o);
+    using F = decltype(fn);
+    set_compiled<F>(r, std::make_shared<F>(std::move(fn)), [batch](F& f, int64_t b) {
+      const auto [x, y] = batch(b);
+      return f(x, y).template item<float>();
+    });
+  } else {
+    r.step = [step, batch, owner](int64_t b) {
+      const auto [x, y] = batch(b);
+      return step(x, y).item<float>();
+    };
+  }
+  return r;
+}
+
 Runner classifier_runner(std::shared_ptr<duet::nn::Module> model, int64_t in, int64_t classes,
                          const std::vector<int64_t>& sizes, bool compiled, std::string mode,
                          int64_t budget = 0) {
@@ -92,42 +118,17 @@ Runner classifier_runner(std::shared_ptr<duet::nn::Module> model, int64_t in, in
   c->opt = std::make_unique<duet::optim::Adam>(c->model->parameters());
   duet::manual_seed(5);
   for (int64_t b : sizes) c->batches[b] = {duet::randn({b, in}), duet::randint(classes, {b})};
-  Runner r;
-  r.mode = std::move(mode);
-  if (compiled) {
-    duet::CompileOptions o;
-    o.memory_budget = budget;
-    auto fn = duet::compile([c](Tensor x, Tensor y) { return c->step(x, y); }, o);
-    using F = decltype(fn);
-    set_compiled<F>(r, std::make_shared<F>(std::move(fn)), [c](F& f, int64_t b) {
-      const auto& [x, y] = c->batches.at(b);
-      return f(x, y).template item<float>();
-    });
-  } else {
-    r.step = [c](int64_t b) {
-      const auto& [x, y] = c->batches.at(b);
-      return c->step(x, y).item<float>();
-    };
-  }
-  return r;
+  return runner_of([c](Tensor x, Tensor y) { return c->step(x, y); },
+                   [c](int64_t b) { return c->batches.at(b); }, c, compiled, std::move(mode),
+                   budget);
 }
 
 Runner w8_runner(bool compiled, bool ckpt, std::string mode, int64_t budget = 0) {
   auto w = std::make_shared<W8>(81);
   w->model->checkpoint_blocks = ckpt;
-  Runner r;
-  r.mode = std::move(mode);
-  if (compiled) {
-    duet::CompileOptions o;
-    o.memory_budget = budget;
-    auto fn = duet::compile([w](Tensor xs, Tensor ys) { return w->step(xs, ys); }, o);
-    using F = decltype(fn);
-    set_compiled<F>(r, std::make_shared<F>(std::move(fn)),
-                    [w](F& f, int64_t) { return f(w->x, w->y).template item<float>(); });
-  } else {
-    r.step = [w](int64_t) { return w->step(w->x, w->y).item<float>(); };
-  }
-  return r;
+  return runner_of([w](Tensor x, Tensor y) { return w->step(x, y); },
+                   [w](int64_t) { return std::make_pair(w->x, w->y); }, w, compiled,
+                   std::move(mode), budget);
 }
 
 /// The largest plan peak of a fresh runner's steps over `sizes` (the unconstrained compiled

@@ -73,7 +73,7 @@ void check_qkv(const char* op, TensorRefs in, int64_t n_in) {
     full.push_back(qs[qs.size() - 2]);
     full.push_back(ks[ks.size() - 2]);
     bool fits = m.dim() == q.dim();
-    for (size_t d = 0; fits && d < full.size(); ++d)
+    for (int64_t d = 0; fits && d < full.size(); ++d)
       fits = m.sizes()[d] == 1 || m.sizes()[d] == full[d];
     DUET_CHECK_SHAPE(fits, "[{}] mask {} must have {} dims, each 1 or that of {}", op, m.sizes(),
                      full.size(), full);
