@@ -457,3 +457,73 @@ TEST_CASE("MemoryProfile: an eager step's peak and the buffers live there, with 
 }
 
 }  // namespace duet::test
+
+namespace duet::test {
+
+TEST_CASE("checkpoint: parameters only, a result that is an input, autocast, symbolic batch") {
+  manual_seed(17);
+  nn::Linear fc(16, 16);
+  const Tensor x = randn({8, 16});
+  auto grads = [&](auto&& loss_fn) {
+    for (Tensor p : fc.parameters()) p.set_grad(Tensor());
+    loss_fn().backward();
+    std::vector<Tensor> g;
+    for (const Tensor& p : fc.parameters()) g.push_back(p.grad().clone());
+    return g;
+  };
+  auto same = [](const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
+    REQUIRE(a.size() == b.size());
+    for (size_t i = 0; i < a.size(); ++i) CHECK(bitwise_equal(a[i], b[i]));
+  };
+  SUBCASE("no input requires grad: the parameters still get theirs") {
+    auto f = [&](const Tensor& t) { return tanh(fc(t)) * 2; };
+    same(grads([&] { return f(x).sum(); }), grads([&] { return checkpoint(f, x).sum(); }));
+  }
+  SUBCASE("a result that is an input, beside one computed") {
+    auto f = [&](const Tensor& t) { return std::make_tuple(t, sigmoid(fc(t))); };
+    auto plain = [&] {
+      auto [a, b] = f(x);
+      return (a * b).sum();
+    };
+    auto checked = [&] {
+      auto [a, b] = checkpoint(f, x);
+      return (a * b).sum();
+    };
+    same(grads(plain), grads(checked));
+  }
+  SUBCASE("under autocast: the rerun casts as the first run did") {
+    auto f = [&](const Tensor& t) { return gelu(fc(t)); };
+    auto under = [&](bool ck) {
+      return grads([&] {
+        Autocast ac(Device::cpu(), DType::bf16);
+        return (ck ? checkpoint(f, x) : f(x)).to(DType::f32).sum();
+      });
+    };
+    same(under(false), under(true));
+  }
+  SUBCASE("compiled with a symbolic batch") {
+    auto step = [&](const Tensor& in) {
+      Tensor h = checkpoint([&](const Tensor& t) { return tanh(fc(t)); }, in);
+      (h * h).sum().backward();
+      return h;
+    };
+    CompileOptions o;
+    o.dynamic = {{0, 0}};
+    auto f = compile(step, o);
+    for (int64_t b : {4, 7, 5}) {
+      CAPTURE(b);
+      const Tensor xb = randn({b, 16});
+      fc.zero_grad();
+      const Tensor he = step(xb);
+      const std::vector<Tensor> ge{fc.weight.grad().clone(), fc.bias.grad().clone()};
+      fc.zero_grad();
+      const Tensor hc = f(xb);
+      CHECK(bitwise_equal(he, hc));
+      CHECK(bitwise_equal(ge[0], fc.weight.grad()));
+      CHECK(bitwise_equal(ge[1], fc.bias.grad()));
+    }
+    CHECK(f.stats().traces == 1);
+  }
+}
+
+}  // namespace duet::test
