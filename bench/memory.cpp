@@ -123,8 +123,9 @@ Runner classifier_runner(std::shared_ptr<duet::nn::Module> model, int64_t in, in
                    budget);
 }
 
-Runner w8_runner(bool compiled, bool ckpt, std::string mode, int64_t budget = 0) {
-  auto w = std::make_shared<W8>(81);
+Runner w8_runner(bool compiled, bool ckpt, std::string mode, int64_t budget = 0,
+                 int64_t batch = kBatch) {
+  auto w = std::make_shared<W8>(81, false, batch);
   w->model->checkpoint_blocks = ckpt;
   return runner_of([w](Tensor x, Tensor y) { return w->step(x, y); },
                    [w](int64_t) { return std::make_pair(w->x, w->y); }, w, compiled,
@@ -211,7 +212,70 @@ void measure(const char* name, const Config& c, std::vector<Runner>& runners,
   }
 }
 
+/// The most memory one W8 step holds beyond what was allocated before it, compiled plus the
+/// peak of its plan (W9's peak_MiB), after warm-up, in MiB; `plan` gets the plan's part. -1
+/// when the budget cannot be met.
+double w8_step_peak(bool compiled, bool ckpt, int64_t budget, int64_t batch, double* plan) {
+  Runner r = w8_runner(compiled, ckpt, "", budget, batch);
+  try {
+    for (int i = 0; i < warmup_calls(); ++i) r.step(batch);
+  } catch (const duet::ValueError&) {
+    return -1;
+  }
+  wait_codegen();
+  const int64_t before = duet::cpu_memory_stats().current;
+  duet::reset_peak_memory();
+  r.step(batch);
+  const int64_t kept = compiled ? r.plan_peak() : 0;
+  if (plan) *plan = double(kept) / (1 << 20);
+  return double(duet::cpu_memory_stats().peak - before + kept) / (1 << 20);
+}
+
 }  // namespace
+
+// MB (docs/benchmarks.md): the largest W8 batch whose training step fits kMbBudgetMiB, eager
+// and compiled, with and without checkpoints around the blocks, and compiled under
+// memory_budget at that many bytes; bench/peers/memory_batch.py runs PyTorch beside it.
+void run_mb(const Config& c, std::vector<Result>& out) {
+  constexpr double kMbBudgetMiB = 256;
+  const std::vector<int64_t> batches = {8, 16, 24, 32, 48, 64};
+  struct Mode {
+    const char* name;
+    bool compiled, ckpt, budget;
+  };
+  const Mode modes[] = {{"eager", false, false, false},
+                        {"eager checkpoint", false, true, false},
+                        {"compiled", true, false, false},
+                        {"compiled checkpoint", true, true, false},
+                        {"compiled budget", true, false, true}};
+  for (const Mode& m : modes) {
+    int64_t largest = 0;
+    for (int64_t b : batches) {
+      // The budget is the plan's: what the step holds outside its plan (its part measured
+      // unconstrained) comes off the fixed memory first, as a user sizing it would.
+      double peak = -1;
+      if (m.budget) {
+        double plan = 0;
+        const double outside = w8_step_peak(true, false, 0, b, &plan) - plan;
+        if (kMbBudgetMiB - outside > 0)
+          peak =
+              w8_step_peak(true, false, int64_t((kMbBudgetMiB - outside) * (1 << 20)), b, nullptr);
+      } else {
+        peak = w8_step_peak(m.compiled, m.ckpt, 0, b, nullptr);
+      }
+      Result r = base("MB", m.name, c, "step_peak_MiB");
+      r.n = b;
+      r.variant = fmt::format("batch {}", b);
+      out.push_back(single(r, peak));
+      std::fprintf(stderr, "MB %s batch %lld: %s\n", m.name, static_cast<long long>(b),
+                   peak < 0 ? "budget not met" : fmt::format("{:.1f} MiB", peak).c_str());
+      if (peak >= 0 && peak <= kMbBudgetMiB) largest = b;
+    }
+    Result r = base("MB", m.name, c, "largest_batch");
+    r.variant = fmt::format("within {:.0f} MiB", kMbBudgetMiB);
+    out.push_back(single(r, double(largest)));
+  }
+}
 
 void run_mem(const Config& c, std::vector<Result>& out) {
   {

@@ -75,11 +75,11 @@ struct W8 {
   Tensor x, y;
   bool autocast = false;  ///< the forward pass and the loss under Autocast(cpu, bf16)
 
-  explicit W8(uint64_t seed, bool amp = false) : autocast(amp) {
+  explicit W8(uint64_t seed, bool amp = false, int64_t batch = kBatch) : autocast(amp) {
     duet::manual_seed(seed);
     model = std::make_shared<TinyTransformer>();
     opt = std::make_unique<duet::optim::AdamW>(model->parameters());
-    Tensor tokens = duet::randint(kVocab, {kBatch, kSeq + 1});
+    Tensor tokens = duet::randint(kVocab, {batch, kSeq + 1});
     x = duet::slice(tokens, 1, 0, kSeq).clone();
     y = duet::slice(tokens, 1, 1, kSeq + 1).clone();
   }
