@@ -19,11 +19,11 @@
 namespace {
 
 void usage() {
-  std::fprintf(
-      stderr,
-      "usage: duet_bench [--only W1,...,W9,C1,CT,CS,TT,RN,DP,AT,MEM,MB,W2cuda,W3cuda,W4cuda,W6cuda] "
-      "[--threads N] "
-      "[--device cpu|cuda|all] [--reps N] [--json] [--ablate] [--profile DIR]\n");
+  std::fprintf(stderr,
+               "usage: duet_bench [--only "
+               "W1,...,W9,C1,CT,CS,TT,RN,DP,AT,MEM,MB,W2cuda,W3cuda,W4cuda,W6cuda] "
+               "[--threads N] "
+               "[--device cpu|cuda|all] [--reps N] [--json] [--ablate] [--profile DIR]\n");
 }
 
 std::string json(const std::vector<bench::Result>& rs) {
