@@ -42,8 +42,6 @@ Tensor cast_for(const Tensor& x, bool lower) {
 uint32_t autocast_key() { return tls_autocast; }
 bool autocast_any() { return tls_autocast != 0; }
 
-AutocastOff::AutocastOff() : saved_(tls_autocast) { tls_autocast = 0; }
-AutocastOff::~AutocastOff() { tls_autocast = saved_; }
 AutocastState::AutocastState(uint32_t key) : saved_(tls_autocast) { tls_autocast = key; }
 AutocastState::~AutocastState() { tls_autocast = saved_; }
 

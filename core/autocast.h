@@ -61,18 +61,6 @@ uint32_t autocast_key();
 /// Whether autocast is on for some device type on this thread (the dispatcher's fast test).
 bool autocast_any();
 
-/// Turns autocast off for a scope (the backward engine runs gradient rules under it).
-class AutocastOff {
- public:
-  AutocastOff();
-  ~AutocastOff();
-  AutocastOff(const AutocastOff&) = delete;
-  AutocastOff& operator=(const AutocastOff&) = delete;
-
- private:
-  uint32_t saved_;
-};
-
 /// Sets this thread's autocast state to one autocast_key() returned, for a scope (a checkpoint
 /// reruns its function under the state it first ran under).
 class AutocastState {
@@ -84,6 +72,12 @@ class AutocastState {
 
  private:
   uint32_t saved_;
+};
+
+/// Turns autocast off for a scope (the backward engine runs gradient rules under it).
+class AutocastOff : public AutocastState {
+ public:
+  AutocastOff() : AutocastState(0) {}
 };
 
 /// The inputs of a call of a Lower (`lower`) or F32 op, cast as the autocast state asks, in

@@ -30,8 +30,9 @@ std::vector<Profiler::State*>& active() {
   return *v;
 }
 
-// The JSON string of s, quoted and escaped.
-std::string quoted(const std::string& s) {
+}  // namespace
+
+std::string json_quoted(const std::string& s) {
   std::string out = "\"";
   for (char c : s) {
     if (c == '"' || c == '\\') {
@@ -45,6 +46,8 @@ std::string quoted(const std::string& s) {
   }
   return out + "\"";
 }
+
+namespace {
 
 std::string events_json(const std::vector<std::string>& events) {
   std::string s = "{\"traceEvents\": [\n";
@@ -81,7 +84,7 @@ void profile_event(const std::string& name, const char* category, double start_u
       "{{\"name\": {}, \"cat\": \"{}\", \"ph\": \"X\", \"ts\": {:.3f}, \"dur\": {:.3f}, \"pid\": "
       "1, "
       "\"tid\": {}, \"args\": {{{}}}}}",
-      quoted(name), category, start_us, end_us - start_us,
+      json_quoted(name), category, start_us, end_us - start_us,
       std::hash<std::thread::id>()(std::this_thread::get_id()) % 100000, args);
   // A counter of the CPU tensor memory at the event's end, when it changed: chrome://tracing and
   // Perfetto draw it as a track under the events.

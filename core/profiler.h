@@ -52,6 +52,8 @@ inline bool profiling() {
   }
   return n > 0;
 }
+/// s as a JSON string: quoted, with quotes, backslashes and control characters escaped.
+std::string json_quoted(const std::string& s);
 /// Microseconds on the profiler's clock.
 double profile_clock_us();
 /// Adds one complete event to every active profiler: `args` is a JSON object's inside

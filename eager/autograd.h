@@ -47,9 +47,6 @@ void at_backward_end(std::function<void()> callback);
 /// can tell a new backward from the one it was called in before (one that threw never ran its
 /// at_backward_end callbacks).
 uint64_t backward_id();
-/// Whether a backward (or grad()) is running on this thread: ops traced now are the backward's
-/// (GraphNode::backward).
-bool in_backward();
 /// How many times a backward (the outermost one) began or ended on this thread: a tracer numbers
 /// the phases of what it records with it (GraphNode::phase).
 uint64_t backward_edges();

@@ -478,7 +478,6 @@ void check_not_escaped(const Tensor& t, const char* what) {
 }  // namespace
 
 uint64_t backward_id() { return tls_backward_id; }
-bool in_backward() { return tls_backward_depth > 0; }
 uint64_t backward_edges() { return tls_backward_edges; }
 
 void at_backward_end(std::function<void()> callback) {

@@ -22,6 +22,7 @@
 #include <fmt/format.h>
 
 #include "core/allocator.h"
+#include "core/profiler.h"
 #include "trace/compile_entry.h"
 #include "trace/plan/codegen.h"
 
@@ -173,16 +174,8 @@ std::string FacesReport::str() const {
 }
 
 namespace {
-// A JSON number (null for NaN and infinities, which JSON has no spelling of) and a JSON string.
+// A JSON number: null for NaN and infinities, which JSON has no spelling of.
 std::string num(double v) { return std::isfinite(v) ? fmt::format("{}", v) : "null"; }
-std::string quoted(const std::string& s) {
-  std::string r = "\"";
-  for (char ch : s) {
-    if (ch == '"' || ch == '\\') r += '\\';
-    r += ch;
-  }
-  return r + "\"";
-}
 }  // namespace
 
 std::string FacesReport::json() const {
@@ -193,11 +186,11 @@ std::string FacesReport::json() const {
       "\"optimize_ms\": {}, \"plan_ms\": {}, \"kernels_built\": {}, \"eager_peak_bytes\": {}, "
       "\"compiled_peak_bytes\": {}, \"traces\": {}, \"max_abs_difference\": {}, "
       "\"largest_difference\": {}}}",
-      quoted(function), calls, num(eager_seconds), num(eager_min_seconds), num(eager_max_seconds),
-      num(compiled_seconds), num(compiled_min_seconds), num(compiled_max_seconds),
-      num(first_call_seconds), num(trace_ms), num(optimize_ms), num(plan_ms), kernels_built,
-      eager_peak_bytes, compiled_peak_bytes, traces, num(max_abs_difference),
-      quoted(largest_difference));
+      detail::json_quoted(function), calls, num(eager_seconds), num(eager_min_seconds),
+      num(eager_max_seconds), num(compiled_seconds), num(compiled_min_seconds),
+      num(compiled_max_seconds), num(first_call_seconds), num(trace_ms), num(optimize_ms),
+      num(plan_ms), kernels_built, eager_peak_bytes, compiled_peak_bytes, traces,
+      num(max_abs_difference), detail::json_quoted(largest_difference));
 }
 
 }  // namespace duet

@@ -15,12 +15,6 @@ namespace {
 
 int64_t nbytes(const TensorMeta& m) { return m.shape.numel() * int64_t(itemsize(m.dtype)); }
 
-bool has_backward(const Graph& g) {
-  for (const GraphNode& n : g.nodes)
-    if (n.phase % 2) return true;
-  return false;
-}
-
 PlanMemoryStats of_plan(const Plan& p, std::string name) {
   const PlanStats& s = p.stats();
   return {std::move(name), s.arena_bytes, s.saved_bytes, s.peak_bytes};
@@ -32,9 +26,9 @@ std::vector<PlanMemoryStats> plan_memory_stats(const Plans& p, size_t num_output
   std::vector<PlanMemoryStats> r;
   if (p.guard) r.push_back(of_plan(*p.guard, "guards"));
   const Graph& fg = p.forward->graph();
-  PlanMemoryStats f = of_plan(*p.forward, !p.backward.empty() ? "forward"
-                                          : has_backward(fg)  ? "step"
-                                                              : "forward");
+  PlanMemoryStats f = of_plan(*p.forward, !p.backward.empty()      ? "forward"
+                                          : has_backward_phase(fg) ? "step"
+                                                                   : "forward");
   for (size_t k = num_outputs; k < fg.outputs.size(); ++k)
     f.saved_bytes += nbytes(fg.nodes[fg.outputs[k]].meta);
   r.push_back(f);
@@ -70,11 +64,9 @@ MemoryReport CompiledCore::memory_report() const {
   }
   if (r.peak_plan.empty()) r.peak_plan = r.plans[0].plan;
   const Graph& g = largest->graph();
-  std::vector<bool> saved(g.nodes.size(), false);
-  for (const GraphNode& n : g.nodes)
-    for (int32_t in : n.inputs)
-      if (backward_of(g.nodes[buffer_root(g, in)].phase, n.phase)) saved[buffer_root(g, in)] = true;
-  for (int32_t v : largest->stats().live_at_peak) {
+  const PlanStats& ls = largest->stats();
+  for (size_t i = 0; i < ls.live_at_peak.size(); ++i) {
+    const int32_t v = ls.live_at_peak[i];
     const GraphNode& n = g.nodes[v];
     MemoryReport::Buffer b;
     b.bytes = nbytes(n.meta);
@@ -82,7 +74,7 @@ MemoryReport CompiledCore::memory_report() const {
     b.op = n.kind == NodeKind::Op ? std::string(op_name(n.op)) : "";
     b.site = n.site.str();
     b.scope = n.scope >= 0 ? g.scopes[n.scope] : "";
-    b.saved = saved[v];
+    b.saved = ls.live_at_peak_saved[i];
     r.live_at_peak.push_back(std::move(b));
   }
   return r;

@@ -41,26 +41,9 @@ def probe(mode, batch):
     torch.set_num_threads(2)
     c = peers.W8_CFG
 
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.ln1 = nn.LayerNorm(c["width"])
-            self.attn = nn.MultiheadAttention(c["width"], c["heads"], batch_first=True)
-            self.ln2 = nn.LayerNorm(c["width"])
-            self.fc1 = nn.Linear(c["width"], c["hidden"])
-            self.act = nn.GELU(approximate="tanh")
-            self.fc2 = nn.Linear(c["hidden"], c["width"])
-
-        def forward(self, x, mask):
-            h = self.ln1(x)
-            x = x + self.attn(h, h, h, attn_mask=mask, is_causal=True, need_weights=False)[0]
-            return x + self.fc2(self.act(self.fc1(self.ln2(x))))
-
     torch.manual_seed(81)
-    tok = nn.Embedding(c["vocab"], c["width"])
-    blocks = nn.ModuleList(Block() for _ in range(c["blocks"]))
-    ln_f, head = nn.LayerNorm(c["width"]), nn.Linear(c["width"], c["vocab"])
-    model = nn.ModuleList([tok, blocks, ln_f, head])
+    model = peers.torch_w8_model(torch)
+    tok, blocks, ln_f, head = model.tok, model.blocks, model.ln_f, model.head
     opt = torch.optim.AdamW(model.parameters())
     tokens = torch.randint(0, c["vocab"], (batch, c["seq"] + 1))
     x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()

@@ -355,36 +355,6 @@ class TorchWorker(Worker):
     def w8(self):
         torch, nn, c = self.torch, self.torch.nn, W8_CFG
 
-        class Block(nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.ln1 = nn.LayerNorm(c["width"])
-                self.attn = nn.MultiheadAttention(c["width"], c["heads"], batch_first=True)
-                self.ln2 = nn.LayerNorm(c["width"])
-                self.fc1 = nn.Linear(c["width"], c["hidden"])
-                self.act = nn.GELU(approximate="tanh")
-                self.fc2 = nn.Linear(c["hidden"], c["width"])
-
-            def forward(self, x, mask):
-                h = self.ln1(x)
-                x = x + self.attn(h, h, h, attn_mask=mask, is_causal=True,
-                                  need_weights=False)[0]
-                return x + self.fc2(self.act(self.fc1(self.ln2(x))))
-
-        class TinyTransformer(nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.tok = nn.Embedding(c["vocab"], c["width"])
-                self.blocks = nn.ModuleList(Block() for _ in range(c["blocks"]))
-                self.ln_f = nn.LayerNorm(c["width"])
-                self.head = nn.Linear(c["width"], c["vocab"])
-
-            def forward(self, tokens, mask):
-                x = self.tok(tokens)
-                for b in self.blocks:
-                    x = b(x, mask)
-                return self.head(self.ln_f(x))
-
         tokens = self.tensor(w8_tokens())
         x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
         mask = nn.Transformer.generate_square_subsequent_mask(c["seq"], device=self.dev)
@@ -393,7 +363,7 @@ class TorchWorker(Worker):
         for variant, autocast in (("", False), ("autocast_bf16", True)):
             def make_step():
                 torch.manual_seed(81)
-                model = TinyTransformer().to(self.dev)
+                model = torch_w8_model(torch).to(self.dev)
                 opt = torch.optim.AdamW(model.parameters())
 
                 def step():
@@ -571,6 +541,43 @@ class TorchWorker(Worker):
                 self.emit("W9", mode, "train_tok_s", a, lambda t: per / t, variant)
                 self.emit("W9", mode, "fwd_tok_s", b, lambda t: per / t, variant)
             del es, ef, cs, cf
+
+
+def torch_w8_model(torch):
+    """W8's transformer as PyTorch users write it (bench/w8.h): tok, blocks, ln_f, head; called as
+    model(tokens, mask)."""
+    nn, c = torch.nn, W8_CFG
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln1 = nn.LayerNorm(c["width"])
+            self.attn = nn.MultiheadAttention(c["width"], c["heads"], batch_first=True)
+            self.ln2 = nn.LayerNorm(c["width"])
+            self.fc1 = nn.Linear(c["width"], c["hidden"])
+            self.act = nn.GELU(approximate="tanh")
+            self.fc2 = nn.Linear(c["hidden"], c["width"])
+
+        def forward(self, x, mask):
+            h = self.ln1(x)
+            x = x + self.attn(h, h, h, attn_mask=mask, is_causal=True, need_weights=False)[0]
+            return x + self.fc2(self.act(self.fc1(self.ln2(x))))
+
+    class TinyTransformer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tok = nn.Embedding(c["vocab"], c["width"])
+            self.blocks = nn.ModuleList(Block() for _ in range(c["blocks"]))
+            self.ln_f = nn.LayerNorm(c["width"])
+            self.head = nn.Linear(c["width"], c["vocab"])
+
+        def forward(self, tokens, mask):
+            x = self.tok(tokens)
+            for b in self.blocks:
+                x = b(x, mask)
+            return self.head(self.ln_f(x))
+
+    return TinyTransformer()
 
 
 def w8_tokens():

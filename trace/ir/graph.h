@@ -154,6 +154,12 @@ inline bool same_meta(const TensorMeta& a, const TensorMeta& b) {
 /// Whether phase q is the backward of forward phase p (a node of q reading a value of p reads a
 /// saved activation).
 inline bool backward_of(uint16_t p, uint16_t q) { return p % 2 == 0 && q == p + 1; }
+/// Whether g records a backward (a node of an odd phase): a training step's graph.
+inline bool has_backward_phase(const Graph& g) {
+  for (const GraphNode& n : g.nodes)
+    if (n.phase % 2) return true;
+  return false;
+}
 /// Whether a node is a view op (its value lives in its input's buffer).
 inline bool is_view_node(const GraphNode& n) {
   return n.kind == NodeKind::Op && op_class(n.op) == OpClass::View;

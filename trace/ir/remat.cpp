@@ -24,6 +24,7 @@
 // The copies run the same kernels on the same inputs, so results are the same bit for bit.
 #include <algorithm>
 #include <unordered_map>
+#include <unordered_set>
 
 #include <fmt/format.h>
 
@@ -143,14 +144,13 @@ class Remat {
   bool walk(int32_t v, std::vector<int32_t>& chain, std::vector<int32_t>& frontier) {
     const uint16_t phase = g_.nodes[v].phase;
     std::vector<int32_t> stack{v};
-    std::unordered_map<int32_t, bool> seen;
+    std::unordered_set<int32_t> seen;
     while (!stack.empty()) {
       const int32_t x = stack.back();
       stack.pop_back();
-      if (seen.count(x)) continue;
+      if (!seen.insert(x).second) continue;
       const GraphNode& n = g_.nodes[x];
       const bool inside = x == v || (!keep_[x] && can_recompute(x) && n.phase == phase);
-      seen[x] = inside;
       if (!inside) {
         if (n.kind != NodeKind::Constant) frontier.push_back(x);
         continue;

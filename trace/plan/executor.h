@@ -112,7 +112,8 @@ struct PlanStats {
   int64_t saved_bytes = 0;  ///< values made before the backward and read in it (activations)
   int64_t peak_bytes = 0;   ///< arena_bytes + fresh_bytes: what one run holds at most
   int32_t peak_step = -1;   ///< the step where the arena's live buffers are largest
-  std::vector<int32_t> live_at_peak;  ///< the values whose buffers are live there, largest first
+  std::vector<int32_t> live_at_peak;     ///< the values whose buffers are live there, largest first
+  std::vector<bool> live_at_peak_saved;  ///< per value of live_at_peak: a saved activation
 };
 
 /// When set, every plan checks its memory plan's invariant as it is built and throws

@@ -387,8 +387,7 @@ void Plan::Builder::choose_parallel() {
     // computed into .grad, nor its updates done in place, and its activations and gradients
     // are the larger buffers; it takes waves only for a tenth of its time (W8: estimated 5%
     // faster in waves, measured 7% slower and 11% larger).
-    bool training = false;
-    for (const GraphNode& g : graph.nodes) training = training || g.phase % 2 == 1;
+    const bool training = has_backward_phase(graph);
     parallel = cpu &&
                std::any_of(plan.wave_parallel_.begin(), plan.wave_parallel_.end(),
                            [](bool b) { return b; }) &&

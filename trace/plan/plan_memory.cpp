@@ -74,7 +74,10 @@ void Plan::Builder::measure_memory() {
     if (holder[o] >= 0) at_peak.push_back({req[o].bytes, holder[o]});
   std::stable_sort(at_peak.begin(), at_peak.end(),
                    [](const auto& a, const auto& b) { return a.first > b.first; });
-  for (const auto& [bytes, v] : at_peak) stats.live_at_peak.push_back(v);
+  for (const auto& [bytes, v] : at_peak) {
+    stats.live_at_peak.push_back(v);
+    stats.live_at_peak_saved.push_back(saved[v]);
+  }
 }
 
 }  // namespace duet::detail
