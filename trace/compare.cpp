@@ -22,7 +22,9 @@
 #include <fmt/format.h>
 
 #include "core/allocator.h"
+#include "core/ops.h"
 #include "core/profiler.h"
+#include "eager/autograd.h"
 #include "trace/compile_entry.h"
 #include "trace/plan/codegen.h"
 
