@@ -502,7 +502,7 @@ int tt_steps(int64_t batch) { return batch <= 16 ? 25 : 8; }
 // ---- --ablate ----
 
 const char* const kPasses[] = {"dce",     "cse",         "fold",     "simplify", "fuse",
-                               "codegen", "plan_memory", "parallel", "hoist"};
+                               "codegen", "plan_memory", "parallel", "hoist",    "donate"};
 
 /// A training workload as an ablation case: each build restores the parameters to the values
 /// they had when the case was made, so that every variant's check starts from the same state.

@@ -340,7 +340,7 @@ TEST_CASE("memory_budget: the backward recomputes until the plan fits, with the 
     }
     return m;
   };
-  const Tensor x = randn({64, 128}), y = randn({64, 128});
+  const Tensor x = randn({512, 128}), y = randn({512, 128});  // activations well above the .grads
   auto run = [&](int64_t budget, int steps) {
     auto m = make();
     auto opt = std::make_shared<optim::SGD>(m->parameters(), optim::SGDOptions{.lr = 0.05});

@@ -69,7 +69,9 @@ struct CompileOptions {
   /// and reduction-prologue fusion), "codegen" (the generated-C++ tier of fused kernels),
   /// "plan_memory" (one arena, buffers reused), "parallel" (independent branches on both
   /// cores), "hoist" (work on captured parameters done once per parameter version),
-  /// "cuda_graph" (a plan on a CUDA device replayed as one CUDA graph).
+  /// "cuda_graph" (a plan on a CUDA device replayed as one CUDA graph), "donate" (intermediates
+  /// placed in a write-back target, such as a .grad, while its old value is dead:
+  /// docs/memory.md).
   std::vector<std::string> disable_passes{};
   /// Signatures traced at most. A new signature beyond them runs eagerly: the first such call
   /// prints a warning once and records why (CompileStats::eager_reason); each counts in
@@ -117,6 +119,9 @@ struct PlanMemoryStats {
   int64_t arena_bytes = 0;  ///< the arena it needs (the function's plans share one)
   int64_t saved_bytes = 0;  ///< activations: values made before the backward and read in it
   int64_t peak_bytes = 0;   ///< its arena plus what a run allocates outside it (results)
+  /// Arena bytes saved by placing intermediates in write-back targets (a .grad) while their
+  /// old value is dead (docs/memory.md)
+  int64_t donated_bytes = 0;
 };
 
 struct CompileStats {
@@ -196,6 +201,7 @@ struct MemoryReport {
   int64_t arena_bytes = 0;         ///< the arena its plans share (the largest they need)
   int64_t intermediate_bytes = 0;  ///< all intermediate values, as if each had a buffer
   int64_t saved_bytes = 0;         ///< activations, over its plans
+  int64_t donated_bytes = 0;       ///< arena saved in dead write-back targets, its largest plan
   std::vector<PlanMemoryStats> plans;
   std::string peak_plan;             ///< the plan whose arena is largest
   std::vector<Buffer> live_at_peak;  ///< its buffers live at its peak step, largest first

@@ -176,7 +176,10 @@ CompiledCore::Entry* CompiledCore::trace(const FlatArgs& args, const TraceFn& fn
   Graph joint = std::move(tr.graph());
   joint.verify();
   stats_.trace_ms = ms_since(t0);
-  for (const Tensor& c : joint.captured) e->captured_flags.push_back({c, c.requires_grad()});
+  for (const Tensor& c : joint.captured) {
+    e->captured_flags.push_back({c, c.requires_grad()});
+    e->captured_storage.push_back(storage_serial(c));
+  }
   {
     std::unordered_set<const detail::TensorImpl*> captured;
     for (const Tensor& c : joint.captured) captured.insert(c.unsafe_impl());

@@ -89,8 +89,10 @@ bool fits(const EntryGuards& e, const std::vector<TensorSig>& sig, const FlatArg
           bool grad_mode, std::vector<int64_t>& values) {
   if (e.grad_mode != grad_mode || e.autocast != detail::autocast_key() || e.statics != args.statics)
     return false;
-  for (const auto& [t, rg] : e.captured_flags)
-    if (t.requires_grad() != rg) return false;
+  for (size_t i = 0; i < e.captured_flags.size(); ++i)
+    if (e.captured_flags[i].first.requires_grad() != e.captured_flags[i].second ||
+        storage_serial(e.captured_flags[i].first) != e.captured_storage[i])
+      return false;
   for (const auto& [leaf, buf] : e.grad_buffers) {
     const Tensor g = leaf.grad();
     if (g.defined() && !g.is_same(buf)) return false;
@@ -186,6 +188,10 @@ std::string miss_reason(const EntryGuards& p, const std::vector<TensorSig>& sig,
       why = fmt::format("captured tensor {} (shape {}) requires_grad changed {} -> {}", i,
                         t.sizes(), rg, !rg);
   }
+  for (size_t i = 0; why.empty() && i < p.captured_flags.size(); ++i)
+    if (storage_serial(p.captured_flags[i].first) != p.captured_storage[i])
+      why = fmt::format("captured tensor {} (shape {}) was given new storage (Module::to)", i,
+                        p.captured_flags[i].first.sizes());
   for (size_t i = 0; why.empty() && i < p.grad_buffers.size(); ++i) {
     const auto& [leaf, buf] = p.grad_buffers[i];
     const Tensor g = leaf.grad();

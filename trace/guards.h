@@ -93,12 +93,22 @@ struct EntryGuards {
   /// Captured tensors that require grad at trace time, and those that do not: the trace
   /// depends on the flags.
   std::vector<std::pair<Tensor, bool>> captured_flags;
+  /// Per captured tensor (as captured_flags): the serial of its storage at trace time. A
+  /// tensor given new storage in place since (Module::to) is a miss: plans hold views of the
+  /// storage they were built over.
+  std::vector<uint64_t> captured_storage;
   /// Captured leaves whose .grad buffer the graph also captured (reads and accumulates into),
   /// with that buffer. A call finds each leaf's .grad still that buffer, or none (set_grad of
   /// an undefined tensor, or zero_grad(set_to_none)): the buffer is then zeroed and attached
   /// again (restore_grad_buffers), the state the trace saw. Another tensor there is a miss.
   std::vector<std::pair<Tensor, Tensor>> grad_buffers;
 };
+
+/// The serial of t's storage (0: none).
+inline uint64_t storage_serial(const Tensor& t) {
+  const StorageImpl* s = t.unsafe_impl()->storage.get();
+  return s ? s->serial : 0;
+}
 
 /// Attaches each of the entry's gradient buffers whose leaf has no .grad now, zeroed.
 void restore_grad_buffers(const EntryGuards& e);

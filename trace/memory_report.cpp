@@ -17,7 +17,7 @@ int64_t nbytes(const TensorMeta& m) { return m.shape.numel() * int64_t(itemsize(
 
 PlanMemoryStats of_plan(const Plan& p, std::string name) {
   const PlanStats& s = p.stats();
-  return {std::move(name), s.arena_bytes, s.saved_bytes, s.peak_bytes};
+  return {std::move(name), s.arena_bytes, s.saved_bytes, s.peak_bytes, s.donated_bytes};
 }
 
 }  // namespace
@@ -57,6 +57,7 @@ MemoryReport CompiledCore::memory_report() const {
     r.arena_bytes = std::max(r.arena_bytes, s.arena_bytes);
     r.intermediate_bytes += s.intermediate_bytes;
     r.saved_bytes += r.plans[k].saved_bytes;
+    r.donated_bytes = std::max(r.donated_bytes, s.donated_bytes);
     if (s.arena_bytes > largest->stats().arena_bytes) {
       largest = plans[k];
       r.peak_plan = r.plans[k].plan;
@@ -159,6 +160,11 @@ std::string MemoryReport::str() const {
                    human_bytes(peak_bytes), human_bytes(arena_bytes),
                    human_bytes(intermediate_bytes));
   s += fmt::format("  saved activations {}\n", human_bytes(saved_bytes));
+  if (donated_bytes > 0)
+    s += fmt::format(
+        "  arena {} smaller with intermediates placed in write-back targets (.grad) before "
+        "they are written\n",
+        human_bytes(donated_bytes));
   s += fmt::format("  {:<12} {:>12} {:>12} {:>12}\n", "plan", "arena", "saved", "peak");
   for (const PlanMemoryStats& p : plans)
     s += fmt::format("  {:<12} {:>12} {:>12} {:>12}\n", p.plan, human_bytes(p.arena_bytes),

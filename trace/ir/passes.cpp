@@ -534,7 +534,8 @@ Graph simplify(const Graph& old) { return Simplifier(old).run(); }
 namespace {
 
 const char* const kGraphPasses[] = {"fold", "simplify", "cse", "dce", "remat"};
-const char* const kPlanPasses[] = {"codegen", "plan_memory", "hoist", "parallel", "cuda_graph"};
+const char* const kPlanPasses[] = {"codegen",  "plan_memory", "hoist",
+                                   "parallel", "cuda_graph",  "donate"};
 
 std::mutex& registry_mutex() {
   static std::mutex m;

@@ -42,6 +42,7 @@ PlanOptions PlanOptions::from_disabled(const std::vector<std::string>& disabled)
   o.parallel = on("parallel");
   o.hoist = on("hoist");
   o.cuda_graph = on("cuda_graph");
+  o.donate = on("donate");
   o.disabled = disabled;
   return o;
 }
@@ -96,7 +97,7 @@ Plan::~Plan() = default;
 
 std::string Plan::check_memory() const {
   if (!opt_.plan_memory) return "";
-  return check_memory_plan(requests_, memory_);
+  return check_memory_plan(requests_, memory_, regions_);
 }
 
 std::string Plan::schedule_str() const {
@@ -584,11 +585,26 @@ void Plan::run_waves() {
   }
 }
 
+void Plan::check_regions() {
+  for (size_t g = 0; g < regions_.size(); ++g) {
+    const Tensor& target = graph_.captured[region_target_[g]];
+    const StorageImpl* st = target.unsafe_impl()->storage.get();
+    DUET_CHECK_VALUE(st == region_storage_[g],
+                     "[compile] plan of {}: captured tensor {} (shape {}, {}) was given new "
+                     "storage after the plan was built (Module::to?); compile the function again",
+                     graph_.label, region_target_[g], target.sizes(), target.dtype());
+    for (int32_t v : slot_value_)
+      if (v >= 0 && vals_[v].defined() && vals_[v].unsafe_impl()->storage.get() == st)
+        vals_[v] = vals_[v].clone();
+  }
+}
+
 std::vector<Tensor> Plan::execute(const std::vector<Tensor>& inputs) {
   DUET_ASSERT(int32_t(inputs.size()) == graph_.num_runtime_inputs, "plan of {} given {} inputs",
               graph_.num_runtime_inputs, inputs.size());
   for (size_t k = 0; k < inputs.size(); ++k)
     if (slot_value_[k] >= 0) vals_[slot_value_[k]] = inputs[k];
+  if (!regions_.empty()) check_regions();
   struct Clear {  // drop per-run references (the caller's tensors) even when a kernel throws
     Plan* p;
     ~Clear() {

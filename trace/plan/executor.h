@@ -80,6 +80,7 @@ struct PlanOptions {
   bool parallel = true;
   bool hoist = true;
   bool cuda_graph = true;
+  bool donate = true;
   /// The names switched off, for registered fusion passes (Note [Registered passes]).
   std::vector<std::string> disabled;
   /// Shared by the plans of one graph at different sizes of its symbols (Note [Fusion across
@@ -97,10 +98,13 @@ struct PlanOptions {
 
 /// What a plan did with its graph (CompileStats sums them).
 struct PlanStats {
-  int64_t fused_kernels = 0;       ///< fused groups
-  int64_t fused_nodes = 0;         ///< op nodes inside them
-  int64_t epilogues = 0;           ///< groups finishing a matmul's output in place
-  int64_t arena_bytes = 0;         ///< the planned arena
+  int64_t fused_kernels = 0;  ///< fused groups
+  int64_t fused_nodes = 0;    ///< op nodes inside them
+  int64_t epilogues = 0;      ///< groups finishing a matmul's output in place
+  int64_t arena_bytes = 0;    ///< the planned arena
+  /// Arena bytes saved by placing intermediates in dead write-back targets (Note
+  /// [Intermediates in dead write-back targets] in trace/plan/plan_build.cpp)
+  int64_t donated_bytes = 0;
   int64_t buffer_bytes = 0;        ///< all buffers the plan keeps (arena or separate)
   int64_t intermediate_bytes = 0;  ///< the sizes of all values the steps compute, summed
   int64_t hoisted_nodes = 0;
@@ -210,6 +214,19 @@ class Plan {
   std::vector<bool> inplace_writeback_;  ///< write-backs computed straight into their target
   std::vector<BufferRequest> requests_;  ///< the memory plan's input, kept for check_memory()
   MemoryPlan memory_;
+  /// Write-back targets that hold intermediates while their old value is dead (Note
+  /// [Intermediates in dead write-back targets] in trace/plan/plan_build.cpp): per region, its
+  /// captured tensor, the storage its values were placed in, and those values.
+  std::vector<DonatedRegion> regions_;
+  std::vector<int32_t> region_target_;
+  std::vector<const StorageImpl*> region_storage_;
+  std::vector<std::vector<int32_t>> region_values_;
+  /// Places the values of region g in its target's storage as it is now.
+  void place_in_region(size_t g);
+  /// Before a run, with the inputs bound: an argument sharing storage with a region's target is
+  /// copied (the steps would overwrite what it reads), and a target given new storage is an
+  /// error.
+  void check_regions();
   std::unique_ptr<GraphState> cuda_graph_;  ///< CUDA-graph replay, when the plan qualifies
   std::mutex busy_;                         ///< held by the run in progress
   bool shares_arena_ = false;               ///< its arenas are its function's (PlanOptions::arenas)

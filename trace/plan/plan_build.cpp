@@ -41,6 +41,7 @@ void Plan::Builder::build() {
   find_inplace_writebacks();
   hoist();
   request_buffers();
+  find_donated_regions();
   plan_arena();
   measure_memory();
   if (opt.measure_only) return;
@@ -383,10 +384,10 @@ void Plan::Builder::choose_parallel() {
     }
     // Waves cost memory (no buffer is reused in place: steps of one wave may run together), so
     // a plan runs in waves only when they save a few percent of its time. A training step's
-    // plan (one with a backward phase) gives up more in waves: its gradients are no longer
-    // computed into .grad, nor its updates done in place, and its activations and gradients
-    // are the larger buffers; it takes waves only for a tenth of its time (W8: estimated 5%
-    // faster in waves, measured 7% slower and 11% larger).
+    // plan (one with a backward phase) gives up more in waves: its activations and gradients
+    // are the larger buffers, and a wave holds all of its steps' buffers at once; it takes
+    // waves only for a tenth of its time (W8: estimated 5% faster in waves, measured 7% slower
+    // and 11% larger).
     const bool training = has_backward_phase(graph);
     parallel = cpu &&
                std::any_of(plan.wave_parallel_.begin(), plan.wave_parallel_.end(),
@@ -447,7 +448,7 @@ void Plan::Builder::find_inplace_writebacks() {
     inplace[w.value] = w.target;
     plan.inplace_writeback_[k] = true;
   }
-  if (!parallel) find_products_into_targets(last_read);
+  find_products_into_targets(last_read);
 }
 
 // Note [Products computed into write-back targets]
@@ -684,13 +685,107 @@ void Plan::Builder::request_buffers() {
   }
 }
 
+// Note [Intermediates in dead write-back targets]
+// A write-back target whose old value nothing reads after some step holds nothing from then
+// until the plan writes its new value there. A training step's .grad is the usual one: zero_grad
+// zeroed it, the trace added the zero as a constant, and the backward computes the gradient
+// into it (Note [Products computed into write-back targets]); until then, its bytes are dead.
+// The gradients of the first layers are computed last, so their .grad buffers are free for
+// nearly the whole step, while the activations that the arena holds are largest. The memory
+// planner may place intermediates there (a DonatedRegion per target, trace/plan/memory_plan.h),
+// as XLA places temporaries in donated argument buffers; the arena shrinks by what moved. The
+// window of a target runs from the step after the last read of its old value (through the
+// captured tensor or a view of it) to the step before the first one writing it in place, or to
+// the last step when its write-back is a copy after the steps. A target qualifies when it is
+// contiguous, 64-byte aligned, the only captured tensor on its storage, and no result aliases
+// it. Mid-call, the target holds other values: another thread reading that .grad during the
+// call sees them, as it would see a half-accumulated gradient eagerly; disable_passes =
+// {"donate"} turns this off. A plan checks at each run that the targets still have the storage
+// it planned in (Module::to gives a tensor a new one) and places those values again if not, and
+// an argument sharing a target's storage is copied before the steps (execute()). Serial plans
+// only: steps of one wave may run together, and control steps read captured tensors in their
+// subplans. Plans that the memory planner made larger this way (best fit is not monotone)
+// plan without the regions.
+void Plan::Builder::find_donated_regions() {
+  if (!opt.plan_memory || !opt.donate || has_control || graph.writebacks.empty()) return;
+  std::unordered_map<const StorageImpl*, int32_t> captured_on;  // storage -> captured tensors
+  for (const Tensor& c : graph.captured) ++captured_on[c.unsafe_impl()->storage.get()];
+  std::unordered_map<const StorageImpl*, int32_t> last_read;
+  for (int32_t i = 0; i < n; ++i)
+    for (int32_t in : graph.nodes[i].inputs)
+      if (const StorageImpl* st = storage_of_root(in))
+        last_read[st] = std::max(last_read.count(st) ? last_read[st] : -1, pos[i]);
+  std::vector<int32_t> first_write(graph.captured.size(), end_pos);
+  for (int32_t v = 0; v < n; ++v)
+    if (inplace[v] >= 0) first_write[inplace[v]] = std::min(first_write[inplace[v]], pos[v]);
+  std::unordered_map<const StorageImpl*, bool> aliased;  // a result or staged write-back is on it
+  for (int32_t o : graph.outputs)
+    if (const StorageImpl* st = storage_of_root(o)) aliased[st] = true;
+  for (size_t k = 0; k < graph.writebacks.size(); ++k)
+    if (plan.stage_writeback_[k])
+      if (const StorageImpl* st = storage_of_root(graph.writebacks[k].value)) aliased[st] = true;
+  std::vector<bool> done(graph.captured.size(), false);
+  for (const WriteBack& w : graph.writebacks) {
+    const auto t = static_cast<size_t>(w.target);
+    if (done[t]) continue;
+    done[t] = true;
+    const TensorImpl* d = graph.captured[t].unsafe_impl();
+    const StorageImpl* st = d->storage.get();
+    const int64_t bytes = d->shape.numel() * static_cast<int64_t>(itemsize(d->dtype));
+    const int64_t base = d->offset * static_cast<int64_t>(itemsize(d->dtype));
+    const auto lr = last_read.find(st);
+    DonatedRegion r;
+    r.bytes = bytes;
+    r.from = lr == last_read.end() ? 0 : lr->second + 1;
+    r.until = first_write[t] - 1;
+    const auto pool = std::find(pool_devices.begin(), pool_devices.end(), d->device());
+    if (!d->contiguous || bytes < 4096 || base % 64 != 0 || captured_on[st] != 1 ||
+        aliased.count(st) || r.until < r.from || pool == pool_devices.end() ||
+        reinterpret_cast<uintptr_t>(st->data) % 64 != 0)
+      continue;
+    r.pool = static_cast<int32_t>(pool - pool_devices.begin());
+    regions.push_back(r);
+    region_target.push_back(w.target);
+    if (debug)
+      fmt::print(stderr, "--- captured {} ({} bytes) holds intermediates from step {} to {}\n",
+                 w.target, bytes, r.from, r.until);
+  }
+}
+
+constexpr int kLendingRounds = 8;
+
 // With plan_memory, the buffers' places in one arena per device (trace/plan/memory_plan.h), and the
 // arenas.
 void Plan::Builder::plan_arena() {
   if (!opt.plan_memory) return;
   plan.memory_ = plan_memory(plan.requests_);
+  if (!regions.empty()) {
+    // Which buffers go in the regions: any, as they come; or, over a few rounds, those live
+    // at the arena's peak, adding the buffers of each round's new peak. The smallest arena wins.
+    MemoryPlan lent = plan_memory(plan.requests_, regions);
+    std::vector<bool> lendable(plan.requests_.size(), false);
+    MemoryPlan round = plan.memory_;
+    for (int k = 0; k < kLendingRounds; ++k) {
+      bool more = false;
+      for (int32_t i : live_at_arena_peak(plan.requests_, round))
+        if (!lendable[i]) more = lendable[i] = true;
+      if (!more) break;
+      round = plan_memory(plan.requests_, regions, lendable);
+      if (debug)
+        fmt::print(stderr, "--- lending round {}: arena {} bytes (lent as they come {}, none {})\n",
+                   k, round.arena_bytes, lent.arena_bytes, plan.memory_.arena_bytes);
+      if (round.arena_bytes < lent.arena_bytes) lent = round;
+    }
+    if (lent.arena_bytes < plan.memory_.arena_bytes) {
+      stats.donated_bytes = plan.memory_.arena_bytes - lent.arena_bytes;
+      plan.memory_ = std::move(lent);
+    } else {
+      regions.clear();
+      region_target.clear();
+    }
+  }
   if (verify_plans()) {
-    const std::string bad = check_memory_plan(plan.requests_, plan.memory_);
+    const std::string bad = check_memory_plan(plan.requests_, plan.memory_, regions);
     DUET_ASSERT(bad.empty(), "[compile] memory plan of {}: {}", graph.label, bad);
   }
   stats.arena_bytes = plan.memory_.arena_bytes;
@@ -701,11 +796,15 @@ void Plan::Builder::plan_arena() {
     for (int32_t i = 0; i < n; ++i)
       if (request_of[i] >= 0) {
         const BufferRequest& r = plan.requests_[request_of[i]];
-        fmt::print(stderr, "%{}: {} bytes at {}, steps {}..{}{}\n", i, r.bytes,
-                   plan.memory_.offsets[request_of[i]], r.first, r.last,
+        const int32_t g = plan.memory_.region[request_of[i]];
+        fmt::print(stderr, "%{}: {} bytes at {}{}, steps {}..{}{}\n", i, r.bytes,
+                   plan.memory_.offsets[request_of[i]],
+                   g >= 0 ? fmt::format(" of captured {}", region_target[g]) : "", r.first, r.last,
                    r.reuse >= 0 ? " (in place)" : "");
       }
   }
+  plan.regions_ = regions;
+  plan.region_target_ = region_target;
   if (opt.measure_only) return;
   arenas.assign(pool_devices.size(), StoragePtr());
   for (size_t p = 0; p < pool_devices.size(); ++p) {

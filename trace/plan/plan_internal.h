@@ -136,6 +136,8 @@ struct Plan::Builder {
   std::vector<Device> pool_devices;  ///< per memory pool: its device (one arena each)
   std::vector<StoragePtr> arenas;    ///< per memory pool
   std::vector<bool> is_static;       ///< per value: its tensor is set up once, for the plan's life
+  std::vector<DonatedRegion> regions;  ///< write-back targets lent to intermediates
+  std::vector<int32_t> region_target;  ///< per region: its captured tensor
 
   explicit Builder(Plan& p)
       : plan(p),
@@ -163,6 +165,7 @@ struct Plan::Builder {
   bool needs_buffer(int32_t v) const;
   bool can_reuse(int32_t v, int32_t in, const std::vector<int32_t>& step_inputs) const;
   void request_buffers();
+  void find_donated_regions();
   void plan_arena();
   void measure_memory();
   void set_buffer(int32_t v);

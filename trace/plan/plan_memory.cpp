@@ -7,8 +7,10 @@
 // the step where the live buffers add up to the most is the peak step, and the values live there
 // are what a user would cut to make the plan smaller (memory_report() names their ops and call
 // sites). A value is saved when a node of a forward phase made it and a node of that phase's
-// backward reads it (GraphNode::phase): the activations of a training step. The figures are the
-// planner's: they hold on any machine, without running the plan.
+// backward reads it (GraphNode::phase): the activations of a training step. Buffers placed in
+// write-back targets (Note [Intermediates in dead write-back targets] in plan_build.cpp) take no
+// arena bytes and are not counted live. The figures are the planner's: they hold on any machine,
+// without running the plan.
 #include <algorithm>
 
 #include "trace/plan/plan_internal.h"
@@ -46,8 +48,12 @@ void Plan::Builder::measure_memory() {
   int32_t steps = 0;
   for (int32_t i = 0; i < k; ++i) steps = std::max(steps, last[owner[i]] + 1);
   std::vector<int64_t> delta(static_cast<size_t>(steps) + 2, 0);  // live bytes, as differences
+  // Buffers in write-back targets (Note [Intermediates in dead write-back targets]) cost nothing.
+  auto lent = [&](int32_t i) {
+    return i < static_cast<int32_t>(plan.memory_.region.size()) && plan.memory_.region[i] >= 0;
+  };
   for (int32_t i = 0; i < k; ++i)
-    if (owner[i] == i) {
+    if (owner[i] == i && !lent(i)) {
       delta[req[i].first] += req[i].bytes;
       delta[last[i] + 1] -= req[i].bytes;
     }
@@ -65,7 +71,9 @@ void Plan::Builder::measure_memory() {
   std::vector<int32_t> holder(k, -1);
   for (int32_t v = 0; v < n; ++v) {
     const int32_t r = request_of[v];
-    if (r < 0 || req[owner[r]].first > p || last[owner[r]] < p || req[r].first > p) continue;
+    if (r < 0 || lent(owner[r]) || req[owner[r]].first > p || last[owner[r]] < p ||
+        req[r].first > p)
+      continue;
     int32_t& h = holder[owner[r]];
     if (h < 0 || req[request_of[h]].first < req[r].first) h = v;
   }

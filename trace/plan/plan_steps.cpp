@@ -51,6 +51,9 @@ Tensor tensor_in(const StoragePtr& storage, int64_t byte_offset, const TensorMet
 
 void Plan::Builder::make_steps() {
   is_static.assign(n, false);
+  plan.region_values_.assign(plan.regions_.size(), {});
+  for (int32_t t : plan.region_target_)
+    plan.region_storage_.push_back(graph.captured[t].unsafe_impl()->storage.get());
   for (int32_t i = 0; i < n; ++i) {
     const GraphNode& g = graph.nodes[i];
     if (g.kind == NodeKind::Constant) {
@@ -87,6 +90,15 @@ void Plan::Builder::set_buffer(int32_t v) {
   } else if (hoisted[v]) {
     plan.vals_[v] = empty(g.meta.shape, g.meta.dtype, g.meta.device);
     stats.buffer_bytes += meta_nbytes(g.meta);
+    is_static[v] = true;
+  } else if (request_of[v] >= 0 && opt.plan_memory && plan.memory_.region[request_of[v]] >= 0) {
+    // In a write-back target while its old value is dead (Note [Intermediates in dead
+    // write-back targets] in trace/plan/plan_build.cpp).
+    const auto r = static_cast<size_t>(plan.memory_.region[request_of[v]]);
+    plan.region_values_[r].push_back(v);
+    const TensorImpl* d = graph.captured[plan.region_target_[r]].unsafe_impl();
+    const int64_t base = d->offset * static_cast<int64_t>(itemsize(d->dtype));
+    plan.vals_[v] = tensor_in(d->storage, base + plan.memory_.offsets[request_of[v]], g.meta);
     is_static[v] = true;
   } else if (request_of[v] >= 0) {
     if (opt.plan_memory)
