@@ -616,17 +616,26 @@ bool Plan::Builder::needs_buffer(int32_t v) const {
 }
 
 // In place: a step writing value v at the same index it reads input `in`, which dies there.
-// No other input of the step may read that buffer through a view (a shifted slice of it
-// would see the new values).
-bool Plan::Builder::can_reuse(int32_t v, int32_t in,
-                              const std::vector<int32_t>& step_inputs) const {
-  if (in < 0 || request_of[in] < 0 || root[in] != in) return false;
+// `in` is a buffer, or a reshape of one (a buffer is contiguous, so a reshape reads its
+// elements in the same order: the gradient of a Linear's 3-D input arrives as a reshape of a
+// 2-D product). No other input of the step may read that buffer through a view (a shifted
+// slice of it would see the new values). Returns the buffer reused, or -1.
+int32_t Plan::Builder::reusable(int32_t v, int32_t in,
+                                const std::vector<int32_t>& step_inputs) const {
+  if (in < 0) return -1;
+  const int32_t base = root[in];
+  for (int32_t x = in; x != base; x = graph.nodes[x].inputs[0])
+    if (graph.nodes[x].op != OpId::Reshape) return -1;
+  if (request_of[base] < 0) return -1;
   for (int32_t x : step_inputs)
-    if (x != in && root[x] == in) return false;
+    if (x != in && root[x] == base) return -1;
   const GraphNode& a = graph.nodes[v];
   const GraphNode& b = graph.nodes[in];
-  return last_use[in] == pos[v] && a.meta.shape == b.meta.shape && a.meta.dtype == b.meta.dtype &&
-         a.meta.device == b.meta.device;
+  const GraphNode& c = graph.nodes[base];
+  const bool ok = last_use[base] == pos[v] && a.meta.shape == b.meta.shape &&
+                  b.meta.shape.numel() == c.meta.shape.numel() && a.meta.dtype == c.meta.dtype &&
+                  a.meta.device == c.meta.device;
+  return ok ? base : -1;
 }
 
 // A buffer is live from its step to the last step reading it or a view of it; write-backs
@@ -671,13 +680,15 @@ void Plan::Builder::request_buffers() {
           (!is_group && op_class(node.op) == OpClass::Elementwise && node.op != OpId::Cast);
       if (opt.plan_memory && elementwise_step && !parallel) {
         const std::vector<int32_t>& ins = is_group ? groups[u].inputs : node.inputs;
-        for (int32_t in : ins)
-          if (can_reuse(v, in, ins) && std::find(taken.begin(), taken.end(), in) == taken.end()) {
-            r.reuse = request_of[in];
-            taken.push_back(in);
-            if (is_group && graph.nodes[in].op == OpId::MatMul) ++stats.epilogues;
+        for (int32_t in : ins) {
+          const int32_t base = reusable(v, in, ins);
+          if (base >= 0 && std::find(taken.begin(), taken.end(), base) == taken.end()) {
+            r.reuse = request_of[base];
+            taken.push_back(base);
+            if (is_group && graph.nodes[base].op == OpId::MatMul) ++stats.epilogues;
             break;
           }
+        }
       }
       request_of[v] = static_cast<int32_t>(plan.requests_.size());
       plan.requests_.push_back(r);

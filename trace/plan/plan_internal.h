@@ -163,7 +163,7 @@ struct Plan::Builder {
   void find_products_into_targets(const std::unordered_map<const StorageImpl*, int32_t>& last_read);
   void hoist();
   bool needs_buffer(int32_t v) const;
-  bool can_reuse(int32_t v, int32_t in, const std::vector<int32_t>& step_inputs) const;
+  int32_t reusable(int32_t v, int32_t in, const std::vector<int32_t>& step_inputs) const;
   void request_buffers();
   void find_donated_regions();
   void plan_arena();
