@@ -54,7 +54,13 @@ void convert_rows(char** p, const int64_t* s, int64_t n) {
   if (s[0] == sizeof(D) && s[1] == sizeof(S)) {
     D* o = reinterpret_cast<D*>(p[0]);
     const S* v = reinterpret_cast<const S*>(p[1]);
-    for (int64_t i = 0; i < n; ++i) o[i] = convert<D>(v[i]);
+    // Note [bf16 rows by their bits] in kernels/low_precision.h.
+    if constexpr (std::is_same_v<D, float> && std::is_same_v<S, bf16_t>)
+      widen_bf16(v, o, n);
+    else if constexpr (std::is_same_v<D, bf16_t> && std::is_same_v<S, float>)
+      round_to_bf16(v, o, n);
+    else
+      for (int64_t i = 0; i < n; ++i) o[i] = convert<D>(v[i]);
   } else if (s[0] == sizeof(D) && s[1] == 0) {
     // A broadcast source (zero_(), fill_, copy_ of a 0-d tensor): one conversion, then a fill
     // the compiler vectorizes, instead of a strided loop converting each element.

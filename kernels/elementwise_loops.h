@@ -89,6 +89,8 @@ template <class L>
 void load_f32(const char* p, int64_t s, DType dt, float* d, int64_t m) {
   if (dt == DType::f32) {
     for (int64_t i = 0; i < m; ++i) d[i] = *reinterpret_cast<const float*>(p + i * s);
+  } else if (std::is_same_v<L, bf16_t> && s == int64_t(sizeof(L))) {
+    widen_bf16(reinterpret_cast<const bf16_t*>(p), d, m);  // Note [bf16 rows by their bits]
   } else if (s == int64_t(sizeof(L))) {
     Eigen::Map<Eigen::ArrayXf>(d, m) =
         Eigen::Map<const Eigen::Array<L, Eigen::Dynamic, 1>>(reinterpret_cast<const L*>(p), m)
@@ -100,7 +102,9 @@ void load_f32(const char* p, int64_t s, DType dt, float* d, int64_t m) {
 }
 template <class L>
 void store_low(const float* v, char* p, int64_t s, int64_t m) {
-  if (s == int64_t(sizeof(L))) {
+  if (std::is_same_v<L, bf16_t> && s == int64_t(sizeof(L))) {
+    round_to_bf16(v, reinterpret_cast<bf16_t*>(p), m);  // Note [bf16 rows by their bits]
+  } else if (s == int64_t(sizeof(L))) {
     Eigen::Map<Eigen::Array<L, Eigen::Dynamic, 1>>(reinterpret_cast<L*>(p), m) =
         Eigen::Map<const Eigen::ArrayXf>(v, m).template cast<L>();
   } else {

@@ -217,18 +217,18 @@ class Interp {
   }
 
   // Rounds n values to f16 or bf16 in place (the values the eager kernel would store).
+  // bf16 by its bits (Note [bf16 rows by their bits] in kernels/low_precision.h).
   static void round_block(float* v, int64_t n, DType d) {
     Eigen::Map<Eigen::ArrayXf> x(v, n);
     if (d == DType::bf16)
-      x = x.template cast<bf16_t>().template cast<float>();
+      round_bf16_in_place(v, n);
     else
       x = x.template cast<f16_t>().template cast<float>();
   }
   static void store_low(const float* v, DType d, void* out, int64_t s, int64_t n) {
     Eigen::Map<const Eigen::ArrayXf> x(v, n);
     if (d == DType::bf16)
-      Eigen::Map<Eigen::Array<bf16_t, Eigen::Dynamic, 1>>(static_cast<bf16_t*>(out) + s, n) =
-          x.template cast<bf16_t>();
+      round_to_bf16(v, static_cast<bf16_t*>(out) + s, n);
     else
       Eigen::Map<Eigen::Array<f16_t, Eigen::Dynamic, 1>>(static_cast<f16_t*>(out) + s, n) =
           x.template cast<f16_t>();

@@ -8,8 +8,10 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 
+#include "kernels/low_precision.h"
 #include "op_rows.h"
 
 namespace duet::test {
@@ -384,6 +386,55 @@ TEST_CASE("low precision: optimizers train bf16 parameters with f32 state") {
   CHECK(w.dtype() == DType::bf16);
   const std::vector<double> after = values(w);
   for (size_t i = 0; i < after.size(); ++i) CHECK(std::fabs(after[i]) < std::fabs(before[i]));
+}
+
+}  // namespace duet::test
+
+namespace duet::test {
+
+TEST_CASE("low precision: bf16 rows convert by their bits exactly as Eigen converts each value") {
+  // Note [bf16 rows by their bits] in kernels/low_precision.h: the kernels' row conversions
+  // (casts, the elementwise families, the fused interpreter) against Eigen's conversion of each
+  // value: every bf16 widened, and the f32 values at the edges (signed zeros, denormals, ties,
+  // the carry into inf, NaNs with payloads) and a million random bit patterns rounded.
+  using kernels::bf16_t;
+  std::vector<bf16_t> all(65536);
+  for (int i = 0; i < 65536; ++i) all[i] = Eigen::numext::bit_cast<bf16_t>(uint16_t(i));
+  std::vector<float> wide(65536);
+  kernels::widen_bf16(all.data(), wide.data(), 65536);
+  int64_t bad = 0;
+  for (int i = 0; i < 65536; ++i)
+    bad += Eigen::numext::bit_cast<uint32_t>(wide[i]) !=
+           Eigen::numext::bit_cast<uint32_t>(static_cast<float>(all[i]));
+  CHECK(bad == 0);
+  std::vector<uint32_t> bits = {0x00000000u, 0x80000000u, 0x00000001u, 0x807FFFFFu, 0x3F808000u,
+                                0x3F818000u, 0x3F80FFFFu, 0x7F7FFFFFu, 0x7F7F8000u, 0xFF7F8000u,
+                                0x7F800000u, 0xFF800000u, 0x7F800001u, 0xFFC12345u, 0x7FFFFFFFu};
+  uint64_t s = 0x9E3779B97F4A7C15ull;
+  for (int i = 0; i < 1 << 20; ++i) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    bits.push_back(static_cast<uint32_t>(s >> 32));
+  }
+  const int64_t n = static_cast<int64_t>(bits.size());
+  std::vector<float> f(bits.size()), in_place(bits.size());
+  for (int64_t i = 0; i < n; ++i) f[i] = Eigen::numext::bit_cast<float>(bits[i]);
+  std::vector<bf16_t> low(bits.size());
+  kernels::round_to_bf16(f.data(), low.data(), n);
+  in_place = f;
+  kernels::round_bf16_in_place(in_place.data(), n);
+  int64_t bad_round = 0, bad_in_place = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t want = Eigen::numext::bit_cast<uint16_t>(bf16_t(f[i]));
+    bad_round += Eigen::numext::bit_cast<uint16_t>(low[i]) != want;
+    bad_in_place += Eigen::numext::bit_cast<uint32_t>(in_place[i]) != uint32_t(want) << 16;
+  }
+  CHECK(bad_round == 0);
+  CHECK(bad_in_place == 0);
+  // Through the kernels: a cast of a row and an elementwise op.
+  Tensor x = zeros({n});
+  std::memcpy(x.raw_data(), f.data(), bits.size() * 4);
+  const Tensor y = x.to(DType::bf16);
+  CHECK(std::memcmp(y.raw_data(), low.data(), bits.size() * 2) == 0);
 }
 
 }  // namespace duet::test
