@@ -38,13 +38,25 @@ void check_concrete(const OpDef& def, TensorRefs in) {
 
 const char* device_type_name(DeviceType t) { return t == DeviceType::CPU ? "cpu" : "cuda"; }
 
-// Inputs on different devices (wrapped numbers, 0-d CPU tensors made from C++ scalars, go
-// anywhere): the op names both devices. Called only when the hot path saw a mismatch.
+// Note [CPU scalars beside device tensors]
+// Wrapped numbers (0-d CPU tensors made from C++ scalars) go anywhere. So does any 0-d CPU
+// tensor read by an elementwise op, as in PyTorch: a count or a scale computed on the host (batch
+// norm's n - 1, a loss's 1 / n) meets CUDA tensors as a number. The CUDA kernels read such an
+// operand on the host and pass its value (cuda/kernels/elementwise.cpp, make_operand), and its
+// gradient comes back to the CPU (sum_to in eager/engine.cpp). Other ops (matmul, index, cat)
+// still want all their inputs on one device.
+inline bool goes_anywhere(const OpDef& def, const TensorImpl* x, const StorageImpl* st) {
+  return x->wrapped_number || !st ||
+         (def.cls == OpClass::Elementwise && x->shape.size() == 0 && st->device.is_cpu());
+}
+
+// Inputs on different devices: the op names both devices. Called only when the hot path saw a
+// mismatch.
 [[noreturn]] void throw_mixed_devices(const OpDef& def, TensorRefs in) {
   const TensorImpl* first = nullptr;
   for (int64_t i = 0; i < in.size(); ++i) {
     const TensorImpl* x = in[i].unsafe_impl();
-    if (x->wrapped_number || !x->storage) continue;
+    if (goes_anywhere(def, x, x->storage.get())) continue;
     if (!first) {
       first = x;
     } else if (!(x->device() == first->device())) {
@@ -58,13 +70,13 @@ const char* device_type_name(DeviceType t) { return t == DeviceType::CPU ? "cpu"
       ::duet::detail::with_context(fmt::format("[{}] inputs are on different devices", def.name)));
 }
 
-// Whether the inputs that are not wrapped numbers are all on one device.
-inline bool one_device(TensorRefs in) {
+// Whether the inputs that cannot go anywhere are all on one device.
+inline bool one_device(const OpDef& def, TensorRefs in) {
   const StorageImpl* first = nullptr;
   for (int64_t i = 0; i < in.size(); ++i) {
     const TensorImpl* x = in[i].unsafe_impl();
     const StorageImpl* s = x->storage.get();
-    if (x->wrapped_number || !s) continue;
+    if (goes_anywhere(def, x, s)) continue;
     if (!first)
       first = s;
     else if (s != first && !(s->device == first->device))
@@ -205,7 +217,7 @@ Tensor call(OpId op, TensorRefs inputs, const Attrs& attrs, unsigned expiring) {
     else
       mixed |= st != first && !(st->device == first->device);
   }
-  if (__builtin_expect(mixed, 0)) throw_mixed_devices(def, inputs);
+  if (__builtin_expect(mixed, 0) && !one_device(def, inputs)) throw_mixed_devices(def, inputs);
   TensorMeta meta;
   if (__builtin_expect(traced, 0)) {
     HintReads hints;  // the symbolic rule says how the result depends on symbolic sizes
@@ -249,7 +261,7 @@ Tensor call(OpId op, TensorRefs inputs, const Attrs& attrs, unsigned expiring) {
 
 void call_inplace(OpId op, TensorRefs inputs, const Attrs& attrs, const Tensor& self) {
   const OpDef& def = op_def(op);
-  if (__builtin_expect(inputs.size() > 1 && !one_device(inputs), 0))
+  if (__builtin_expect(inputs.size() > 1 && !one_device(def, inputs), 0))
     throw_mixed_devices(def, inputs);
   TensorMeta meta;
   if (__builtin_expect(tls_depth > 0, 0)) {

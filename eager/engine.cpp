@@ -22,7 +22,8 @@ bool grad_enabled() { return detail::grad_mode(); }
 namespace detail {
 namespace {
 
-// Sums a gradient over the dims that broadcasting added or expanded, and converts its dtype.
+// Sums a gradient over the dims that broadcasting added or expanded, and converts its dtype and
+// device.
 Tensor sum_to(Tensor g, const TensorMeta& m) {
   if (__builtin_expect(!m.sym.empty() || !g.impl()->sym.empty(), 0)) {
     // Symbolic dims: the same rule, with size-1 tests decided (and guarded) on SymInts.
@@ -40,6 +41,7 @@ Tensor sum_to(Tensor g, const TensorMeta& m) {
       g = reshape_dims(g, ms);
     }
     if (g.dtype() != m.dtype) g = g.to(m.dtype);
+    if (!(g.device() == m.device)) g = g.to(m.device);
     return g;
   }
   if (g.sizes() != m.shape) {
@@ -52,6 +54,9 @@ Tensor sum_to(Tensor g, const TensorMeta& m) {
     g = reshape(g, m.shape);
   }
   if (g.dtype() != m.dtype) g = g.to(m.dtype);
+  // A CPU number that met CUDA tensors (Note [CPU scalars beside device tensors]) gets its
+  // gradient on the CPU.
+  if (!(g.device() == m.device)) g = g.to(m.device);
   return g;
 }
 

@@ -175,6 +175,69 @@ TEST_CASE("cuda: inputs on the CPU and a GPU raise the mixed-device error; scala
   CHECK(r.to_vector<float>() == std::vector<float>{2, 4});
 }
 
+TEST_CASE("cuda: a 0-d CPU tensor meets CUDA tensors as a number, its gradient on the CPU") {
+  // Note [CPU scalars beside device tensors] in core/dispatch.cpp: batch norm's unbiased
+  // variance divided by (n - 1), a 0-d CPU tensor computed from a size, and failed on CUDA.
+  if (!gpu()) return;
+  Tensor s = make({3}, {});  // 0-d, on the CPU
+  Tensor c = make({1, 2, 4}, {3});
+  Tensor g = c.to(Device::cuda());
+  s.requires_grad_();
+  g.requires_grad_();
+  Tensor r = g * s + s / 2.0;
+  CHECK(r.device() == Device::cuda());
+  CHECK(r.to_vector<float>() == std::vector<float>{4.5f, 7.5f, 13.5f});
+  r.sum().backward();
+  CHECK(s.grad().device() == Device::cpu());
+  CHECK(s.grad().item<float>() == 7 + 1.5f);
+  CHECK(g.grad().device() == Device::cuda());
+  CHECK(g.grad().to_vector<float>() == std::vector<float>{3, 3, 3});
+  // Compiled, the same.
+  auto f = compile([](const Tensor& a, const Tensor& b) { return a * b + b / 2.0; });
+  CHECK(f(g.detach(), s.detach()).to_vector<float>() == std::vector<float>{4.5f, 7.5f, 13.5f});
+  // Not a number: a 1-element tensor of rank 1, or an op that is not elementwise.
+  CHECK(contains(error_of<DeviceError>([&] { (void)(g * make({3}, {1})); }), "different devices"));
+  CHECK(contains(error_of<DeviceError>([&] {
+                   (void)matmul(g.reshape({3, 1}), make({1}, {1, 1}));
+                 }),
+                 "different devices"));
+}
+
+TEST_CASE("cuda: batch norm trains on the GPU as on the CPU, eager and compiled") {
+  if (!gpu()) return;
+  for (bool compiled : {false, true}) {
+    CAPTURE(compiled);
+    auto make_model = [] {
+      manual_seed(41);
+      return std::make_shared<nn::Sequential>(nn::Conv2d(3, 4, 3), nn::BatchNorm2d(4), nn::ReLU(),
+                                              nn::Flatten(), nn::Linear(4 * 6 * 6, 5));
+    };
+    auto cm = make_model(), gm = make_model();
+    gm->to(Device::cuda());
+    optim::SGD co(cm->parameters(), {.lr = 0.05, .momentum = 0.9});
+    optim::SGD go(gm->parameters(), {.lr = 0.05, .momentum = 0.9});
+    manual_seed(42);
+    const Tensor x = randn({6, 3, 8, 8}), y = randint(5, {6});
+    const Tensor xg = x.to(Device::cuda()), yg = y.to(Device::cuda());
+    auto step = [](nn::Module& m, optim::Optimizer& o, const Tensor& in, const Tensor& t) {
+      o.zero_grad();
+      Tensor loss = cross_entropy(m(in), t);
+      loss.backward();
+      o.step();
+      return loss;
+    };
+    auto cf = compile([&](const Tensor& in, const Tensor& t) { return step(*cm, co, in, t); });
+    auto gf = compile([&](const Tensor& in, const Tensor& t) { return step(*gm, go, in, t); });
+    for (int s = 0; s < 3; ++s) {
+      const Tensor lc = compiled ? cf(x, y) : step(*cm, co, x, y);
+      const Tensor lg = compiled ? gf(xg, yg) : step(*gm, go, xg, yg);
+      CHECK(close(lg.to(Device::cpu()), lc, 1e-4));
+    }
+    const auto pc = cm->parameters(), pg = gm->parameters();
+    for (size_t i = 0; i < pc.size(); ++i) CHECK(close(pg[i].to(Device::cpu()), pc[i], 1e-4));
+  }
+}
+
 TEST_CASE("cuda: creation functions make tensors on the device") {
   if (!gpu()) return;
   const Device dev = Device::cuda();
