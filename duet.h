@@ -30,6 +30,7 @@
 #include "trace/compile.h"
 #include "trace/compare.h"
 #include "trace/control_flow.h"
+#include "trace/func.h"
 #include "trace/ir/graph.h"
 #include "trace/onnx/onnx.h"
 #include "trace/program.h"

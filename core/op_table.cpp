@@ -26,6 +26,7 @@ OpDef* build_table() {
   register_debug_rules(table);
   register_collective_rules(table);
   register_symbolic_rules(table);
+  register_batching_rules(table);
   register_backends(table);
   for (const OpDef& d : table) {
     DUET_ASSERT(d.infer, "op {} has no shape rule", d.name);

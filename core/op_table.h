@@ -206,6 +206,18 @@ using GradFn = void (*)(const GradCtx& ctx, const Tensor& grad, Tensor* grad_in)
 /// OpDef::save bits: which values a gradient rule reads.
 inline constexpr uint8_t kSaveIn0 = 1, kSaveIn1 = 2, kSaveIn2 = 4, kSaveIn3 = 8, kSaveOut = 0x80;
 
+/// One operand of a batching rule: a tensor and its dim that holds the batch (-1: none, the
+/// operand is the same for every sample).
+struct BatchedArg {
+  Tensor value;
+  int64_t bdim = -1;
+};
+/// Batching rule (func::vmap; Note [Batching rules] in core/ops/batching.cpp): the op applied
+/// to every sample of its operands at once, `batch` samples, some operand batched. The result
+/// names its batch dim.
+using BatchFn = BatchedArg (*)(const OpDef& def, const std::vector<BatchedArg>& in,
+                               const Attrs& attrs, int64_t batch);
+
 struct OpDef {
   OpId id;
   const char* name;
@@ -222,6 +234,7 @@ struct OpDef {
   uint8_t save = 0;            ///< kSave* bits: what the gradient rule reads
   bool differentiable = true;  ///< false: outputs never require grad (comparisons, sources)
   AutocastClass autocast = AutocastClass::None;  ///< set with the op's rules (core/ops/)
+  BatchFn batch = nullptr;  ///< null: vmap runs the op once per sample (batch_loop)
   KernelFn kernel[kNumDeviceTypes] = {};
 };
 
@@ -251,6 +264,13 @@ void register_attention_rules(OpDef* table);
 void register_random_rules(OpDef* table);
 void register_debug_rules(OpDef* table);
 void register_collective_rules(OpDef* table);
+void register_batching_rules(OpDef* table);
+/// The op once per sample of the batched operands, the results stacked at dim 0: what vmap does
+/// for an op without a batching rule.
+BatchedArg batch_loop(const OpDef& def, const std::vector<BatchedArg>& in, const Attrs& attrs,
+                      int64_t batch);
+/// How many times batch_loop ran, in this process (the tests check which ops batch in one call).
+int64_t batch_loop_calls();
 /// Why `format` cannot be duet::print's format (fmt's message: a bad field, a second field, a
 /// spec a string does not take), or "" when it formats one tensor.
 std::string print_format_error(const std::string& format);

@@ -160,15 +160,17 @@ int main() {
       "the same in every build; a build with the CUDA backend checks it against the kernels\n"
       "that `cuda/kernels/` registers. The autocast column is the op's class inside an\n"
       "`Autocast` scope ([low precision](low-precision.md)): *low* casts its inputs to the\n"
-      "scope's low dtype, *f32* casts f16 and bf16 inputs to f32.\n\n"
-      "| op | class | inputs | what it computes | CPU kernel | CUDA kernel | autocast |\n"
-      "|---|---|---|---|---|---|---|\n");
+      "scope's low dtype, *f32* casts f16 and bf16 inputs to f32. The vmap column says how\n"
+      "`func::vmap` batches the op ([function transforms](func.md)): *rule*, one call on the\n"
+      "batch; *loop*, once per sample.\n\n"
+      "| op | class | inputs | what it computes | CPU kernel | CUDA kernel | autocast | vmap |\n"
+      "|---|---|---|---|---|---|---|---|\n");
   for (int i = 0; i < kNumOps; ++i) {
     const OpDef& d = detail::op_def(static_cast<OpId>(i));
     bool view = d.cls == OpClass::View;
     bool cpu = d.kernel[static_cast<int>(DeviceType::CPU)] != nullptr;
-    std::printf("| `%s` | %s | %d | %s | %s | %s | %s |\n", d.name, kClass[static_cast<int>(d.cls)],
-                d.arity, d.doc,
+    std::printf("| `%s` | %s | %d | %s | %s | %s | %s | %s |\n", d.name,
+                kClass[static_cast<int>(d.cls)], d.arity, d.doc,
                 view  ? "view (no kernel)"
                 : cpu ? "yes"
                       : "no",
@@ -177,7 +179,8 @@ int main() {
                                 : "no",
                 d.autocast == AutocastClass::Lower ? "low"
                 : d.autocast == AutocastClass::F32 ? "f32"
-                                                   : "");
+                                                   : "",
+                d.batch ? "rule" : "loop");
   }
   return 0;
 }

@@ -1,0 +1,188 @@
+// duet: batching rules, one per op row (OpDef::batch), for func::vmap.
+//
+// Note [Batching rules]
+// A batching rule runs an op on every sample of a batch as one call on the batched tensors, as
+// JAX's batching rules and torch.func's do. An operand is a tensor and the dim that holds its
+// batch (BatchedArg), or no dim when the operand is the same for every sample (a parameter, a
+// constant); at least one operand is batched. Rules follow from the op's family:
+//  - elementwise ops (and where, cast, copy): the batched operands get their batch dim first and
+//    1s after it up to the largest per-sample rank, so that broadcasting lines the per-sample
+//    dims up from the right as it did for one sample, with the batch in front;
+//  - reductions (sum, max, min, argmax): the reduced dims move up by one, and "all dims" becomes
+//    every per-sample dim;
+//  - views: reshape and expand get the batch size in front of their shape, permute keeps the
+//    batch dim first, slice moves its dim up by one;
+//  - matmul: the batch dim is one more leading (broadcast) dim of the product;
+//  - ops along one dim (gather, scatter_add, slice_scatter, cat, argsort): every operand gets
+//    the batch in front (an unbatched one is expanded, a view) and the dim moves up by one.
+// The result of every rule holds the batch at dim 0 (a view's at its input's). An op without a
+// rule (convolution, attention, unfold) runs once per sample and the results are stacked
+// (batch_loop), with a warning naming the op the first time. Rules call ops through the
+// dispatcher, so an enclosing trace records the batched calls and autograd differentiates
+// them.
+#include <atomic>
+#include <mutex>
+#include <set>
+
+#include "core/dispatch.h"
+#include "core/ops.h"
+
+namespace duet::detail {
+
+namespace {
+
+Tensor call_on(OpId op, const std::vector<Tensor>& ts, const Attrs& a) {
+  std::vector<const Tensor*> p;
+  for (const Tensor& t : ts) p.push_back(&t);
+  return call(op, TensorRefs(p.data(), static_cast<int64_t>(p.size())), a);
+}
+
+int64_t sample_rank(const BatchedArg& x) { return x.value.dim() - (x.bdim >= 0 ? 1 : 0); }
+
+// The operand with its batch dim first (a view), or as it is when unbatched.
+Tensor batch_first(const BatchedArg& x) {
+  if (x.bdim <= 0) return x.value;
+  Dims order{x.bdim};
+  for (int64_t d = 0; d < x.value.dim(); ++d)
+    if (d != x.bdim) order.push_back(d);
+  return permute(x.value, order);
+}
+
+// x (batch first) with 1s after the batch dim, up to per-sample rank r.
+Tensor pad_rank(const Tensor& x, int64_t r) {
+  const int64_t have = x.dim() - 1;
+  if (have >= r) return x;
+  Shape s{x.sizes()[0]};
+  for (int64_t i = 0; i < r - have; ++i) s.push_back(1);
+  for (int64_t d = 1; d < x.dim(); ++d) s.push_back(x.sizes()[d]);
+  return reshape(x, s);
+}
+
+// Every operand batched, batch first: an unbatched one expanded (a view).
+Tensor batched_first(const BatchedArg& x, int64_t batch) {
+  if (x.bdim >= 0) return batch_first(x);
+  Shape s{batch};
+  for (int64_t d = 0; d < x.value.dim(); ++d) s.push_back(x.value.sizes()[d]);
+  return expand(unsqueeze(x.value, 0), s);
+}
+
+// A symbolic attribute (a trace with symbolic sizes) is not shifted: such calls loop.
+bool symbolic(const Attrs& a) { return a.sym != nullptr; }
+
+// Operands that broadcast against each other: elementwise ops, and matmul, whose batch dims
+// broadcast as elementwise operands do (its batch is one more leading dim of the product).
+BatchedArg broadcast_rule(const OpDef& def, const std::vector<BatchedArg>& in, const Attrs& a,
+                          int64_t) {
+  int64_t r = 0;
+  for (const BatchedArg& x : in) r = std::max(r, sample_rank(x));
+  std::vector<Tensor> ts;
+  for (const BatchedArg& x : in) ts.push_back(x.bdim < 0 ? x.value : pad_rank(batch_first(x), r));
+  return {call_on(def.id, ts, a), 0};
+}
+
+BatchedArg reduce_rule(const OpDef& def, const std::vector<BatchedArg>& in, const Attrs& a,
+                       int64_t batch) {
+  if (symbolic(a)) return batch_loop(def, in, a, batch);
+  const Tensor x = batch_first(in[0]);
+  const int64_t n = x.dim() - 1;
+  if (n == 0) return {x, 0};  // a reduction of one number over no dims is the number
+  Attrs b = a;
+  b.ints.clear();
+  if (a.ints.empty())
+    for (int64_t d = 1; d <= n; ++d) b.ints.push_back(d);
+  else
+    for (int64_t d : a.ints) b.ints.push_back(wrap_dim(def.name, d, n) + 1);
+  return {call_on(def.id, {x}, b), 0};
+}
+
+// Ops along attrs.dim over operands of one rank: every operand batched first, the dim up by one.
+BatchedArg dim_rule(const OpDef& def, const std::vector<BatchedArg>& in, const Attrs& a,
+                    int64_t batch) {
+  if (symbolic(a)) return batch_loop(def, in, a, batch);
+  if (sample_rank(in[0]) == 0) return batch_loop(def, in, a, batch);
+  std::vector<Tensor> ts;
+  for (const BatchedArg& x : in) ts.push_back(batched_first(x, batch));
+  Attrs b = a;
+  b.dim = wrap_dim(def.name, a.dim, ts[0].dim() - 1) + 1;
+  return {call_on(def.id, ts, b), 0};
+}
+
+BatchedArg view_rule(const OpDef& def, const std::vector<BatchedArg>& in, const Attrs& a,
+                     int64_t batch) {
+  if (symbolic(a)) return batch_loop(def, in, a, batch);
+  Attrs b = a;
+  Tensor x = batch_first(in[0]);
+  switch (def.id) {
+    case OpId::Reshape:
+    case OpId::Expand: {
+      b.ints.clear();
+      b.ints.push_back(batch);
+      for (int64_t s : a.ints) b.ints.push_back(s);
+      if (def.id == OpId::Expand) x = pad_rank(x, static_cast<int64_t>(a.ints.size()));
+      break;
+    }
+    case OpId::Permute: {
+      b.ints.clear();
+      b.ints.push_back(0);
+      for (int64_t d : a.ints) b.ints.push_back(wrap_dim(def.name, d, x.dim() - 1) + 1);
+      break;
+    }
+    case OpId::Slice:
+      b.dim = wrap_dim(def.name, a.dim, x.dim() - 1) + 1;
+      break;
+    default:
+      return batch_loop(def, in, a, batch);
+  }
+  return {call_on(def.id, {x}, b), 0};
+}
+
+// in[0] itself, once in[1] is ready: the result is batched as in[0] is.
+BatchedArg barrier_rule(const OpDef& def, const std::vector<BatchedArg>& in, const Attrs& a,
+                        int64_t) {
+  return {call_on(def.id, {in[0].value, in[1].value}, a), in[0].bdim};
+}
+
+}  // namespace
+
+namespace {
+std::atomic<int64_t> g_batch_loops{0};
+}  // namespace
+
+int64_t batch_loop_calls() { return g_batch_loops.load(); }
+
+BatchedArg batch_loop(const OpDef& def, const std::vector<BatchedArg>& in, const Attrs& a,
+                      int64_t batch) {
+  g_batch_loops.fetch_add(1);
+  {
+    static std::mutex mu;
+    static std::set<OpId> warned;
+    std::lock_guard<std::mutex> l(mu);
+    if (warned.insert(def.id).second)
+      fmt::print(stderr,
+                 "duet: warning: [vmap] {} has no batching rule for these operands: it runs once "
+                 "per sample\n",
+                 def.name);
+  }
+  std::vector<Tensor> outs;
+  for (int64_t b = 0; b < batch; ++b) {
+    std::vector<Tensor> ts;
+    for (const BatchedArg& x : in) ts.push_back(x.bdim < 0 ? x.value : select(x.value, x.bdim, b));
+    outs.push_back(call_on(def.id, ts, a));
+  }
+  return {stack(outs, 0), 0};
+}
+
+void register_batching_rules(OpDef* t) {
+  for (int i = 0; i < kNumOps; ++i)
+    if (t[i].cls == OpClass::Elementwise) t[i].batch = broadcast_rule;
+  for (OpId op : {OpId::Sum, OpId::Max, OpId::Min}) t[int(op)].batch = reduce_rule;
+  for (OpId op :
+       {OpId::Argmax, OpId::Gather, OpId::ScatterAdd, OpId::SliceScatter, OpId::Cat, OpId::Argsort})
+    t[int(op)].batch = dim_rule;
+  t[int(OpId::MatMul)].batch = broadcast_rule;
+  for (OpId op : {OpId::Reshape, OpId::Permute, OpId::Slice, OpId::Expand})
+    t[int(op)].batch = view_rule;
+  t[int(OpId::OptimizationBarrier)].batch = barrier_rule;
+}
+
+}  // namespace duet::detail

@@ -1,0 +1,189 @@
+// func::vmap and func::grad (trace/func.h, Note [vmap] in trace/func.cpp, Note [Batching rules] in
+// core/ops/batching.cpp): every op row vmapped over a batch against the row run per sample, with
+// an argument shared by every sample too; in_dims and out_dim; nesting, compile(vmap(f)) and
+// gradients through vmap; per-sample gradients; random ops; the errors.
+#include <doctest/doctest.h>
+
+#include "op_rows.h"
+
+namespace duet::test {
+namespace {
+
+constexpr int64_t kBatch = 3;
+
+using func::detail::vmap_call;
+
+// The row's result per sample, stacked; and vmapped, the first input shared when `share`.
+void check_row(const OpRow& row, DType dt, Rng& rng, bool share) {
+  std::vector<std::vector<Tensor>> samples(kBatch);
+  std::vector<Tensor> batched;
+  for (size_t i = 0; i < row.shapes.size(); ++i) {
+    const Domain& d = row.domains[std::min(i, row.domains.size() - 1)];
+    std::vector<Tensor> per;
+    for (int64_t b = 0; b < kBatch; ++b) {
+      per.push_back(make(random_values(row.shapes[i].numel(), d, dt, rng), row.shapes[i], dt));
+      if (share && i == 0 && b > 0) per.back() = per[0];
+      samples[static_cast<size_t>(b)].push_back(per.back());
+    }
+    batched.push_back(share && i == 0 ? per[0] : stack(per, 0));
+  }
+  std::vector<Tensor> want;
+  for (const std::vector<Tensor>& s : samples) want.push_back(row.fn(s));
+  std::vector<std::optional<int64_t>> dims(row.shapes.size(), 0);
+  if (share) dims[0] = std::nullopt;
+  const std::vector<Tensor> got =
+      vmap_call([&](std::vector<Tensor> in) { return std::vector<Tensor>{row.fn(in)}; }, batched,
+                dims, 0, func::Randomness::Error, "vmap of " + row.name);
+  REQUIRE(got.size() == 1);
+  const Tensor w = stack(want, 0);
+  REQUIRE(got[0].sizes() == w.sizes());
+  const std::string m = row.index_result || !is_floating(dt)
+                            ? differences(values(got[0]), values(w), 0, 0)
+                            : differences(values(got[0]), values(w), row.tol32, row.tol32);
+  CHECK_MESSAGE(m.empty(), m);
+}
+
+}  // namespace
+
+TEST_CASE("vmap: every op row on a batch equals the row run per sample") {
+  Rng rng(501);
+  int rows = 0, random = 0;
+  for (const OpRow& row : op_rows()) {
+    if (row.shapes.empty()) continue;  // random draws: see the randomness case
+    const DType dt = row.dtypes[0];
+    for (bool share : {false, true}) {
+      if (share && row.shapes.size() < 2) continue;
+      INFO(row.name << " on " << dtype_name(dt) << (share ? ", first input shared" : ""));
+      try {
+        check_row(row, dt, rng, share);
+      } catch (const ValueError& e) {
+        // Rows that draw (dropout): Randomness::Error refuses them (see the randomness case).
+        CHECK_MESSAGE(std::string(e.what()).find("a random op") != std::string::npos, e.what());
+        ++random;
+        break;
+      }
+    }
+    ++rows;
+  }
+  CHECK(rows > 100);
+  CHECK(random < 5);
+}
+
+TEST_CASE("vmap: the op families batch in one call each, not per sample") {
+  // Note [Batching rules]: elementwise ops, reductions, views and matmul have rules; an op
+  // without one runs once per sample (batch_loop). A plant that drops a family's rule fails here.
+  manual_seed(502);
+  const Tensor x = randn({4, 3, 5}), w = randn({5, 2});
+  auto f = [&](const Tensor& a) {
+    Tensor h = matmul(a, w).relu().permute({1, 0}).reshape({6});
+    return h.slice(0, 1, 5).sum() + a.max();
+  };
+  const int64_t before = detail::batch_loop_calls();
+  const Tensor got = func::vmap(f)(x);
+  CHECK(detail::batch_loop_calls() == before);
+  std::vector<Tensor> want;
+  for (int64_t b = 0; b < 4; ++b) want.push_back(f(x.select(0, b)));
+  CHECK(close(got, stack(want, 0), 1e-5));
+  // conv2d has no rule: it loops, and is still right.
+  const Tensor imgs = randn({2, 1, 3, 6, 6}), k = randn({4, 3, 3, 3});
+  auto c = [&](const Tensor& a) { return conv2d(a, k); };
+  const Tensor cg = func::vmap(c)(imgs);
+  CHECK(detail::batch_loop_calls() > before);
+  CHECK(close(cg, stack({c(imgs.select(0, 0)), c(imgs.select(0, 1))}, 0), 1e-4));
+}
+
+TEST_CASE("vmap: in_dims, out_dim, shared arguments and unbatched results") {
+  manual_seed(503);
+  const Tensor y = randn({3, 5, 4}), v = randn({4});
+  auto g = [](const Tensor& a, const Tensor& b) { return a * b + a.sum(); };
+  const Tensor got = func::vmap(g, {1, std::nullopt}, 1)(y, v);
+  REQUIRE(got.sizes() == Shape{3, 5, 4});
+  for (int64_t b = 0; b < 5; ++b) CHECK(close(got.select(1, b), g(y.select(1, b), v), 1e-5));
+  // A result that does not depend on the batch is expanded to it.
+  const Tensor c = func::vmap([&](const Tensor&) { return v * 2.0; })(y);
+  CHECK(c.sizes() == Shape{3, 4});
+  CHECK(close(c.select(0, 2), v * 2.0, 0));
+  // Several results.
+  auto two = [](const Tensor& a) { return std::vector<Tensor>{a.exp(), a.sum()}; };
+  const std::vector<Tensor> r = func::vmap(two)(y);
+  REQUIRE(r.size() == 2);
+  CHECK(r[1].sizes() == Shape{3});
+  CHECK(close(r[1], y.sum({1, 2}), 1e-5));
+}
+
+TEST_CASE("vmap: nested, compiled and differentiated") {
+  manual_seed(504);
+  const Tensor z = randn({2, 3, 4});
+  auto inner = [](const Tensor& a) { return (a.exp() * a).sum(); };
+  CHECK(close(func::vmap(func::vmap(inner))(z), (z.exp() * z).sum(2), 1e-5));
+  // compile(vmap(f)) equals vmap(f); a parameter read inside is shared.
+  const Tensor w = randn({4, 2});
+  auto f = [&](const Tensor& a) { return matmul(a, w).tanh(); };
+  auto cf = compile([&](const Tensor& a) { return func::vmap(f)(a); });
+  CHECK(close(cf(z), func::vmap(f)(z), 1e-6));
+  CHECK(close(cf(z), matmul(z, w).tanh(), 1e-6));
+  // Gradients flow through vmap to its arguments.
+  Tensor xa = z.detach();
+  xa.requires_grad_();
+  func::vmap(inner)(xa).sum().backward();
+  Tensor xb = z.detach();
+  xb.requires_grad_();
+  (xb.exp() * xb).sum().backward();
+  CHECK(close(xa.grad(), xb.grad(), 1e-5));
+}
+
+TEST_CASE("grad: the gradient as a function; per-sample gradients are vmap(grad(loss))") {
+  manual_seed(505);
+  auto loss = [](const Tensor& w, const Tensor& x, const Tensor& y) {
+    Tensor e = matmul(x.reshape({1, 4}), w) - y;
+    return (e * e).sum();
+  };
+  const Tensor w = randn({4, 1}), x = randn({6, 4}), y = randn({6, 1});
+  const Tensor per = func::vmap(func::grad(loss), {std::nullopt, 0, 0})(w, x, y);
+  REQUIRE(per.sizes() == Shape{6, 4, 1});
+  for (int64_t b = 0; b < 6; ++b) {
+    // d/dw (x w - y)^2 = 2 x^T (x w - y)
+    const Tensor xb = x.select(0, b).reshape({1, 4});
+    const Tensor want = matmul(xb.permute({1, 0}), matmul(xb, w) - y.select(0, b)) * 2.0;
+    CHECK(close(per.select(0, b), want, 1e-5));
+  }
+  // grad of grad: d2/dx2 of x^3 summed is 6x.
+  auto cube = [](const Tensor& a) { return (a * a * a).sum(); };
+  const Tensor a = randn({5});
+  auto first = func::grad(cube);
+  auto second = func::grad([&](const Tensor& t) { return first(t).sum(); });
+  CHECK(close(second(a), a * 6.0, 1e-5));
+  // Errors: a result that is not one element, an argnum out of range.
+  CHECK_THROWS_WITH_AS(func::grad([](const Tensor& t) { return t * 2.0; })(a),
+                       doctest::Contains("one floating-point element"), ValueError);
+  CHECK_THROWS_WITH_AS(func::grad(cube, 2)(a), doctest::Contains("argnum 2 is out of range"),
+                       ValueError);
+}
+
+TEST_CASE("vmap: random ops are an error by default; Randomness::Same draws once") {
+  auto noisy = [](const Tensor& a) { return a + rand({3}); };
+  const Tensor x = zeros({4, 3});
+  CHECK_THROWS_WITH_AS(func::vmap(noisy)(x), doctest::Contains("Randomness::Same"), ValueError);
+  manual_seed(506);
+  const Tensor got = func::vmap(noisy, {}, 0, func::Randomness::Same)(x);
+  manual_seed(506);
+  const Tensor once = rand({3});
+  for (int64_t b = 0; b < 4; ++b) CHECK(close(got.select(0, b), once, 0));
+  // The generator moved on, as after one draw.
+  CHECK(!close(rand({3}), once, 0));
+}
+
+TEST_CASE("vmap: its errors name the arguments") {
+  auto g = [](const Tensor& a, const Tensor& b) { return a + b; };
+  CHECK_THROWS_WITH_AS(func::vmap(g)(zeros({2, 3}), zeros({3, 3})),
+                       doctest::Contains("argument 1 (shape (3, 3)) has 3 samples along dim 0"),
+                       ValueError);
+  CHECK_THROWS_WITH_AS(func::vmap(g, {std::nullopt, std::nullopt})(zeros({2}), zeros({2})),
+                       doctest::Contains("no argument is batched"), ValueError);
+  CHECK_THROWS_WITH_AS(func::vmap(g, {0})(zeros({2}), zeros({2})),
+                       doctest::Contains("in_dims has 1 entries for 2 arguments"), ValueError);
+  CHECK_THROWS_WITH_AS(func::vmap(g)(zeros({}), zeros({2})), doctest::Contains("is 0-d"),
+                       ValueError);
+}
+
+}  // namespace duet::test
