@@ -84,12 +84,22 @@ TEST_CASE("vmap: the op families batch in one call each, not per sample") {
   std::vector<Tensor> want;
   for (int64_t b = 0; b < 4; ++b) want.push_back(f(x.select(0, b)));
   CHECK(close(got, stack(want, 0), 1e-5));
-  // conv2d has no rule: it loops, and is still right.
+  // conv2d with a shared filter: the samples' images are one batch; attention: one more
+  // leading dim.
   const Tensor imgs = randn({2, 1, 3, 6, 6}), k = randn({4, 3, 3, 3});
   auto c = [&](const Tensor& a) { return conv2d(a, k); };
   const Tensor cg = func::vmap(c)(imgs);
-  CHECK(detail::batch_loop_calls() > before);
   CHECK(close(cg, stack({c(imgs.select(0, 0)), c(imgs.select(0, 1))}, 0), 1e-4));
+  const Tensor q = randn({3, 2, 5, 8});
+  auto att = [](const Tensor& t) { return scaled_dot_product_attention(t, t, t, {}, 0.0, true); };
+  CHECK(close(func::vmap(att)(q), att(q), 1e-5));
+  CHECK(detail::batch_loop_calls() == before);
+  // A per-sample filter has no rule: conv2d loops, and is still right.
+  const Tensor ks = randn({2, 4, 3, 3, 3});
+  auto pc = [](const Tensor& a, const Tensor& f) { return conv2d(a, f); };
+  const Tensor pg = func::vmap(pc)(imgs, ks);
+  CHECK(detail::batch_loop_calls() > before);
+  CHECK(close(pg.select(0, 1), pc(imgs.select(0, 1), ks.select(0, 1)), 1e-4));
 }
 
 TEST_CASE("vmap: in_dims, out_dim, shared arguments and unbatched results") {

@@ -14,9 +14,13 @@
 //    batch dim first, slice moves its dim up by one;
 //  - matmul: the batch dim is one more leading (broadcast) dim of the product;
 //  - ops along one dim (gather, scatter_add, slice_scatter, cat, argsort): every operand gets
-//    the batch in front (an unbatched one is expanded, a view) and the dim moves up by one.
+//    the batch in front (an unbatched one is expanded, a view) and the dim moves up by one;
+//  - attention and its gradient: the batch is one more leading dim of every operand;
+//  - ops on a batch of images with shared filters (conv2d, its input gradient, unfold, fold):
+//    the samples' images are one batch of B * N images.
 // The result of every rule holds the batch at dim 0 (a view's at its input's). An op without a
-// rule (convolution, attention, unfold) runs once per sample and the results are stacked
+// rule, or operands its rule does not take (conv2d's weight gradient, a per-sample filter),
+// runs once per sample and the results are stacked
 // (batch_loop), with a warning naming the op the first time. Rules call ops through the
 // dispatcher, so an enclosing trace records the batched calls and autograd differentiates
 // them.
@@ -136,6 +140,33 @@ BatchedArg view_rule(const OpDef& def, const std::vector<BatchedArg>& in, const 
   return {call_on(def.id, {x}, b), 0};
 }
 
+// Ops whose operands share their leading dims (attention and its gradient): every operand gets
+// the batch in front, one more leading dim.
+BatchedArg leading_rule(const OpDef& def, const std::vector<BatchedArg>& in, const Attrs& a,
+                        int64_t batch) {
+  std::vector<Tensor> ts;
+  for (const BatchedArg& x : in) ts.push_back(batched_first(x, batch));
+  return {call_on(def.id, ts, a), 0};
+}
+
+// Ops over a batch of images (N, ...) with shared filters (conv2d and its input gradient,
+// unfold, fold): the samples' images become one batch of B * N. Batched filters loop.
+BatchedArg images_rule(const OpDef& def, const std::vector<BatchedArg>& in, const Attrs& a,
+                       int64_t batch) {
+  for (size_t i = 1; i < in.size(); ++i)
+    if (in[i].bdim >= 0) return batch_loop(def, in, a, batch);
+  if (in[0].bdim < 0 || symbolic(a)) return batch_loop(def, in, a, batch);
+  const Tensor x = batch_first(in[0]);
+  Shape flat{batch * x.sizes()[1]};
+  for (int64_t d = 2; d < x.dim(); ++d) flat.push_back(x.sizes()[d]);
+  std::vector<Tensor> ts{reshape(x, flat)};
+  for (size_t i = 1; i < in.size(); ++i) ts.push_back(in[i].value);
+  const Tensor y = call_on(def.id, ts, a);
+  Shape out{batch, x.sizes()[1]};
+  for (int64_t d = 1; d < y.dim(); ++d) out.push_back(y.sizes()[d]);
+  return {reshape(y, out), 0};
+}
+
 // in[0] itself, once in[1] is ready: the result is batched as in[0] is.
 BatchedArg barrier_rule(const OpDef& def, const std::vector<BatchedArg>& in, const Attrs& a,
                         int64_t) {
@@ -183,6 +214,9 @@ void register_batching_rules(OpDef* t) {
   for (OpId op : {OpId::Reshape, OpId::Permute, OpId::Slice, OpId::Expand})
     t[int(op)].batch = view_rule;
   t[int(OpId::OptimizationBarrier)].batch = barrier_rule;
+  for (OpId op : {OpId::Attention, OpId::AttentionBackward}) t[int(op)].batch = leading_rule;
+  for (OpId op : {OpId::Conv2d, OpId::Conv2dInputGrad, OpId::Unfold, OpId::Fold})
+    t[int(op)].batch = images_rule;
 }
 
 }  // namespace duet::detail
