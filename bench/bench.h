@@ -186,6 +186,9 @@ void run_at(const Config&, std::vector<Result>&);
 void run_mem(const Config&, std::vector<Result>&);
 /// MB: the largest W8 batch whose training step fits a fixed memory, per face (memory.cpp).
 void run_mb(const Config&, std::vector<Result>&);
+/// VM (not a standard workload): per-sample gradients with func::vmap(func::grad), against a
+/// loop over the samples and the gradients batched by hand (func.cpp).
+void run_vm(const Config&, std::vector<Result>&);
 /// TT (not a standard workload): two MLP towers on one input, joined, a head and a training
 /// step, at batch 16 and 128, compiled with and without parallel branches.
 void run_tt(const Config&, std::vector<Result>&);
