@@ -12,7 +12,8 @@
 //    every per-sample dim;
 //  - views: reshape and expand get the batch size in front of their shape, permute keeps the
 //    batch dim first, slice moves its dim up by one;
-//  - matmul: the batch dim is one more leading (broadcast) dim of the product;
+//  - matmul: a batched matrix times a shared one is one product over all the batch's rows;
+//    otherwise the batch dim is one more leading (broadcast) dim of the product;
 //  - ops along one dim (gather, scatter_add, slice_scatter, cat, argsort): every operand gets
 //    the batch in front (an unbatched one is expanded, a view) and the dim moves up by one;
 //  - attention and its gradient: the batch is one more leading dim of every operand;
@@ -140,6 +141,22 @@ BatchedArg view_rule(const OpDef& def, const std::vector<BatchedArg>& in, const 
   return {call_on(def.id, {x}, b), 0};
 }
 
+// matmul: a batched left operand times a shared matrix is one product of all the batch's rows
+// (B x ... x n, k) @ (k, m), as PyTorch folds it; otherwise the batch is one more leading
+// (broadcast) dim of the product, as for elementwise operands.
+BatchedArg matmul_rule(const OpDef& def, const std::vector<BatchedArg>& in, const Attrs& a,
+                       int64_t batch) {
+  if (in[0].bdim < 0 || in[1].bdim >= 0 || in[1].value.dim() != 2 || symbolic(a))
+    return broadcast_rule(def, in, a, batch);
+  const Tensor x = batch_first(in[0]);
+  const int64_t k = x.sizes()[x.dim() - 1];
+  const Tensor y =
+      call_on(def.id, {reshape(x, Shape{x.numel() / std::max<int64_t>(k, 1), k}), in[1].value}, a);
+  Shape out = x.sizes();
+  out[out.size() - 1] = in[1].value.sizes()[1];
+  return {reshape(y, out), 0};
+}
+
 // Ops whose operands share their leading dims (attention and its gradient): every operand gets
 // the batch in front, one more leading dim.
 BatchedArg leading_rule(const OpDef& def, const std::vector<BatchedArg>& in, const Attrs& a,
@@ -210,7 +227,7 @@ void register_batching_rules(OpDef* t) {
   for (OpId op :
        {OpId::Argmax, OpId::Gather, OpId::ScatterAdd, OpId::SliceScatter, OpId::Cat, OpId::Argsort})
     t[int(op)].batch = dim_rule;
-  t[int(OpId::MatMul)].batch = broadcast_rule;
+  t[int(OpId::MatMul)].batch = matmul_rule;
   for (OpId op : {OpId::Reshape, OpId::Permute, OpId::Slice, OpId::Expand})
     t[int(op)].batch = view_rule;
   t[int(OpId::OptimizationBarrier)].batch = barrier_rule;
