@@ -13,6 +13,19 @@
 namespace duet {
 namespace detail {
 
+// Note [CPU scalars beside device tensors]
+// Wrapped numbers (0-d CPU tensors made from C++ scalars) go anywhere. So does any 0-d CPU
+// tensor read by an elementwise op, as in PyTorch: a count or a scale computed on the host (batch
+// norm's n - 1, a loss's 1 / n) meets CUDA tensors as a number. The CUDA kernels read such an
+// operand on the host and pass its value (cuda/kernels/elementwise.cpp, make_operand), and its
+// gradient comes back to the CPU (sum_to in eager/engine.cpp). Other ops (matmul, index, cat)
+// still want all their inputs on one device.
+bool goes_anywhere(const OpDef& def, const TensorImpl* x) {
+  const StorageImpl* st = x->storage.get();
+  return x->wrapped_number || !st ||
+         (def.cls == OpClass::Elementwise && x->shape.size() == 0 && st->device.is_cpu());
+}
+
 extern thread_local uint32_t tls_autocast;  // core/autocast.cpp
 
 namespace {
@@ -38,25 +51,13 @@ void check_concrete(const OpDef& def, TensorRefs in) {
 
 const char* device_type_name(DeviceType t) { return t == DeviceType::CPU ? "cpu" : "cuda"; }
 
-// Note [CPU scalars beside device tensors]
-// Wrapped numbers (0-d CPU tensors made from C++ scalars) go anywhere. So does any 0-d CPU
-// tensor read by an elementwise op, as in PyTorch: a count or a scale computed on the host (batch
-// norm's n - 1, a loss's 1 / n) meets CUDA tensors as a number. The CUDA kernels read such an
-// operand on the host and pass its value (cuda/kernels/elementwise.cpp, make_operand), and its
-// gradient comes back to the CPU (sum_to in eager/engine.cpp). Other ops (matmul, index, cat)
-// still want all their inputs on one device.
-inline bool goes_anywhere(const OpDef& def, const TensorImpl* x, const StorageImpl* st) {
-  return x->wrapped_number || !st ||
-         (def.cls == OpClass::Elementwise && x->shape.size() == 0 && st->device.is_cpu());
-}
-
 // Inputs on different devices: the op names both devices. Called only when the hot path saw a
 // mismatch.
 [[noreturn]] void throw_mixed_devices(const OpDef& def, TensorRefs in) {
   const TensorImpl* first = nullptr;
   for (int64_t i = 0; i < in.size(); ++i) {
     const TensorImpl* x = in[i].unsafe_impl();
-    if (goes_anywhere(def, x, x->storage.get())) continue;
+    if (goes_anywhere(def, x)) continue;
     if (!first) {
       first = x;
     } else if (!(x->device() == first->device())) {
@@ -76,7 +77,7 @@ inline bool one_device(const OpDef& def, TensorRefs in) {
   for (int64_t i = 0; i < in.size(); ++i) {
     const TensorImpl* x = in[i].unsafe_impl();
     const StorageImpl* s = x->storage.get();
-    if (goes_anywhere(def, x, s)) continue;
+    if (goes_anywhere(def, x)) continue;
     if (!first)
       first = s;
     else if (s != first && !(s->device == first->device))

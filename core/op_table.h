@@ -244,6 +244,10 @@ namespace detail {
 DType result_type(TensorRefs in);
 /// Checks that the inputs share a device (wrapped numbers go anywhere) and returns it.
 Device common_device(const OpDef& def, TensorRefs in);
+/// Whether input x of op def goes with tensors of any device: a wrapped number, or a 0-d CPU
+/// tensor read by an elementwise op (Note [CPU scalars beside device tensors] in
+/// core/dispatch.cpp).
+bool goes_anywhere(const OpDef& def, const TensorImpl* x);
 /// The table, built on first use: core's rules, then every backend's kernels.
 OpDef* op_table();
 inline const OpDef& op_def(OpId id) { return op_table()[static_cast<int>(id)]; }

@@ -51,15 +51,20 @@ inline void widen_bf16(const bf16_t* s, float* d, int64_t n) {
   }
 }
 
+/// The f32 bits u rounded to bf16, as Eigen's conversion rounds them: the bf16 in the high half.
+inline uint32_t bf16_rounded_bits(uint32_t u) {
+  const uint32_t r = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+  const uint32_t q = (u & 0x80000000u) | 0x7FC00000u;
+  return (u & 0x7FFFFFFFu) > 0x7F800000u ? q : r;
+}
+
 /// n f32 values rounded to bf16, as Eigen's conversion rounds them.
 inline void round_to_bf16(const float* s, bf16_t* d, int64_t n) {
   auto* h = reinterpret_cast<uint16_t*>(d);
   for (int64_t i = 0; i < n; ++i) {
     uint32_t u;
     __builtin_memcpy(&u, s + i, 4);
-    const uint32_t r = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-    const uint32_t q = ((u >> 16) & 0x8000u) | 0x7FC0u;
-    h[i] = static_cast<uint16_t>((u & 0x7FFFFFFFu) > 0x7F800000u ? q : r);
+    h[i] = static_cast<uint16_t>(bf16_rounded_bits(u) >> 16);
   }
 }
 
@@ -68,9 +73,7 @@ inline void round_bf16_in_place(float* v, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     uint32_t u;
     __builtin_memcpy(&u, v + i, 4);
-    const uint32_t r = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
-    const uint32_t q = (u & 0x80000000u) | 0x7FC00000u;
-    const uint32_t b = (u & 0x7FFFFFFFu) > 0x7F800000u ? q : r;
+    const uint32_t b = bf16_rounded_bits(u);
     __builtin_memcpy(v + i, &b, 4);
   }
 }

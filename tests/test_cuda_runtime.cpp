@@ -219,13 +219,7 @@ TEST_CASE("cuda: batch norm trains on the GPU as on the CPU, eager and compiled"
     manual_seed(42);
     const Tensor x = randn({6, 3, 8, 8}), y = randint(5, {6});
     const Tensor xg = x.to(Device::cuda()), yg = y.to(Device::cuda());
-    auto step = [](nn::Module& m, optim::Optimizer& o, const Tensor& in, const Tensor& t) {
-      o.zero_grad();
-      Tensor loss = cross_entropy(m(in), t);
-      loss.backward();
-      o.step();
-      return loss;
-    };
+    const auto step = classifier_step;
     auto cf = compile([&](const Tensor& in, const Tensor& t) { return step(*cm, co, in, t); });
     auto gf = compile([&](const Tensor& in, const Tensor& t) { return step(*gm, go, in, t); });
     for (int s = 0; s < 3; ++s) {

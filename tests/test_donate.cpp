@@ -28,13 +28,7 @@ struct Mlp12 {
     model->push_back(nn::Linear(width, 10));
     opt = std::make_unique<optim::Adam>(model->parameters());
   }
-  Tensor step(const Tensor& x, const Tensor& y) {
-    opt->zero_grad();
-    Tensor loss = cross_entropy((*model)(x), y);
-    loss.backward();
-    opt->step();
-    return loss;
-  }
+  Tensor step(const Tensor& x, const Tensor& y) { return classifier_step(*model, *opt, x, y); }
 };
 
 }  // namespace
@@ -150,13 +144,7 @@ TEST_CASE("compile: a captured tensor given new storage (Module::to) is retraced
   optim::SGD eo(em->parameters(), {.lr = 0.1}), co(cm->parameters(), {.lr = 0.1});
   manual_seed(25);
   const Tensor x = randn({32, 64}), y = randint(10, {32});
-  auto step = [](nn::Module& m, optim::Optimizer& o, const Tensor& in, const Tensor& t) {
-    o.zero_grad();
-    Tensor loss = cross_entropy(m(in), t);
-    loss.backward();
-    o.step();
-    return loss;
-  };
+  const auto step = classifier_step;
   auto f = compile([&](const Tensor& in, const Tensor& t) { return step(*cm, co, in, t); });
   for (int s = 0; s < 2; ++s) CHECK(close(step(*em, eo, x, y), f(x, y), 1e-5));
   for (auto* m : {em.get(), cm.get()}) {

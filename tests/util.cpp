@@ -470,4 +470,12 @@ bool close(const Tensor& a, const Tensor& b, double tol) {
   return differences(values(a), values(b), tol, tol).empty();
 }
 
+Tensor classifier_step(nn::Module& m, optim::Optimizer& o, const Tensor& x, const Tensor& y) {
+  o.zero_grad();
+  Tensor loss = cross_entropy(m(x), y);
+  loss.backward();
+  o.step();
+  return loss;
+}
+
 }  // namespace duet::test

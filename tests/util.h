@@ -47,6 +47,9 @@ bool close(const Tensor& a, const Tensor& b, double tol = 1e-6);
 /// binary then exits with 77 if nothing failed, which ctest reports as skipped
 /// (SKIP_RETURN_CODE, tests/CMakeLists.txt).
 bool gpu();
+/// One training step as users write it: zero_grad, the cross-entropy of m(x) against the labels
+/// y, backward, step; returns the loss.
+Tensor classifier_step(nn::Module& m, optim::Optimizer& o, const Tensor& x, const Tensor& y);
 /// The same logical tensor on cuda:0, with the same sizes, strides and offset: the elements the
 /// CPU tensor's view can reach are copied, and the view is rebuilt over the copy. Wrapped numbers
 /// stay on the host (they go anywhere).

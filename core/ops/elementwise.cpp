@@ -40,12 +40,9 @@ DType result_type(TensorRefs in) {
 Device common_device(const OpDef& def, TensorRefs in) {
   Device dev = Device::cpu();
   bool found = false;
-  // A 0-d CPU tensor read by an elementwise op is a number (Note [CPU scalars beside device
-  // tensors] in core/dispatch.cpp): the others decide the device.
-  const bool numbers = def.cls == OpClass::Elementwise;
   for (int64_t i = 0; i < in.size(); ++i) {
     const TensorImpl* t = in[i].impl();
-    if (t->wrapped_number || (numbers && t->shape.size() == 0 && t->device().is_cpu())) continue;
+    if (goes_anywhere(def, t)) continue;  // the others decide the device
     Device d = t->device();
     if (!found) {
       dev = d;

@@ -48,6 +48,17 @@ struct Holes {
 
 }  // namespace
 
+void reuse_chains(const std::vector<BufferRequest>& req, std::vector<int32_t>& owner,
+                  std::vector<int32_t>& last) {
+  const auto n = static_cast<int32_t>(req.size());
+  owner.assign(n, 0);
+  last.assign(n, 0);
+  for (int32_t i = 0; i < n; ++i) {
+    owner[i] = req[i].reuse >= 0 ? owner[req[i].reuse] : i;
+    last[owner[i]] = std::max(req[i].last, req[i].reuse >= 0 ? last[owner[i]] : req[i].last);
+  }
+}
+
 MemoryPlan plan_memory(const std::vector<BufferRequest>& req,
                        const std::vector<DonatedRegion>& regions,
                        const std::vector<bool>& lendable) {
@@ -56,12 +67,8 @@ MemoryPlan plan_memory(const std::vector<BufferRequest>& req,
   plan.offsets.assign(n, -1);
   plan.region.assign(n, -1);
   // Chains of in-place reuse become one buffer, live from the first write to the last read.
-  std::vector<int32_t> owner(n);
-  std::vector<int32_t> last(n);
-  for (int32_t i = 0; i < n; ++i) {
-    owner[i] = req[i].reuse >= 0 ? owner[req[i].reuse] : i;
-    last[owner[i]] = std::max(req[i].last, req[i].reuse >= 0 ? last[owner[i]] : req[i].last);
-  }
+  std::vector<int32_t> owner, last;
+  reuse_chains(req, owner, last);
   int32_t pools = 0;
   for (const BufferRequest& r : req) pools = std::max(pools, r.pool + 1);
   plan.pool_bytes.assign(pools, 0);
@@ -138,13 +145,10 @@ MemoryPlan plan_memory(const std::vector<BufferRequest>& req,
 std::vector<int32_t> live_at_arena_peak(const std::vector<BufferRequest>& req,
                                         const MemoryPlan& plan) {
   const int32_t n = static_cast<int32_t>(req.size());
-  std::vector<int32_t> owner(n), last(n);
+  std::vector<int32_t> owner, last;
+  reuse_chains(req, owner, last);
   int32_t steps = 0;
-  for (int32_t i = 0; i < n; ++i) {
-    owner[i] = req[i].reuse >= 0 ? owner[req[i].reuse] : i;
-    last[owner[i]] = std::max(req[i].last, req[i].reuse >= 0 ? last[owner[i]] : req[i].last);
-    steps = std::max(steps, req[i].last + 1);
-  }
+  for (const BufferRequest& r : req) steps = std::max(steps, r.last + 1);
   std::vector<int64_t> delta(static_cast<size_t>(steps) + 1, 0);
   for (int32_t i = 0; i < n; ++i)
     if (owner[i] == i && plan.region[i] < 0) {
@@ -171,8 +175,8 @@ std::vector<int32_t> live_at_arena_peak(const std::vector<BufferRequest>& req,
 std::string check_memory_plan(const std::vector<BufferRequest>& req, const MemoryPlan& plan,
                               const std::vector<DonatedRegion>& regions) {
   const int32_t n = static_cast<int32_t>(req.size());
-  std::vector<int32_t> owner(n);
-  for (int32_t i = 0; i < n; ++i) owner[i] = req[i].reuse >= 0 ? owner[req[i].reuse] : i;
+  std::vector<int32_t> owner, last;
+  reuse_chains(req, owner, last);
   std::vector<int32_t> order(n);
   for (int32_t i = 0; i < n; ++i) order[i] = i;
   std::sort(order.begin(), order.end(),

@@ -57,6 +57,11 @@ MemoryPlan plan_memory(const std::vector<BufferRequest>& requests,
                        const std::vector<DonatedRegion>& regions = {},
                        const std::vector<bool>& lendable = {});
 
+/// Chains of in-place reuse: per request, the first request of its chain (owner), and per owner
+/// the last step any request of its chain is read (last).
+void reuse_chains(const std::vector<BufferRequest>& requests, std::vector<int32_t>& owner,
+                  std::vector<int32_t>& last);
+
 /// The step where the buffers in the arena (not in regions) add up to the most, and the
 /// requests live there (chains of in-place reuse: their first).
 std::vector<int32_t> live_at_arena_peak(const std::vector<BufferRequest>& requests,

@@ -437,18 +437,17 @@ const StorageImpl* Plan::Builder::storage_of_root(int32_t v) const {
 void Plan::Builder::find_inplace_writebacks() {
   inplace.assign(n, -1);
   plan.inplace_writeback_.assign(graph.writebacks.size(), false);
-  std::unordered_map<const StorageImpl*, int32_t> last_read;
   for (int32_t i = 0; i < n; ++i)
     for (int32_t in : graph.nodes[i].inputs)
       if (const StorageImpl* st = storage_of_root(in))
         last_read[st] = std::max(last_read.count(st) ? last_read[st] : -1, pos[i]);
   for (size_t k = 0; k < graph.writebacks.size(); ++k) {
-    if (!can_write_back_in_place(k, last_read)) continue;
+    if (!can_write_back_in_place(k)) continue;
     const WriteBack& w = graph.writebacks[k];
     inplace[w.value] = w.target;
     plan.inplace_writeback_[k] = true;
   }
-  find_products_into_targets(last_read);
+  find_products_into_targets();
 }
 
 // Note [Products computed into write-back targets]
@@ -460,8 +459,7 @@ void Plan::Builder::find_inplace_writebacks() {
 // temporary as large as the weight). Conditions: the product is an op outside groups, read by
 // this one group only and through no view, of the group's shape, dtype and device, and nothing
 // reads the target's storage from the product's step on.
-void Plan::Builder::find_products_into_targets(
-    const std::unordered_map<const StorageImpl*, int32_t>& last_read) {
+void Plan::Builder::find_products_into_targets() {
   std::vector<int32_t> reader_unit(n, -2);  // per value: -2 none, -1 several or a view, else unit
   for (int32_t i = 0; i < n; ++i)
     for (int32_t in : graph.nodes[i].inputs) {
@@ -493,8 +491,7 @@ void Plan::Builder::find_products_into_targets(
   }
 }
 
-bool Plan::Builder::can_write_back_in_place(
-    size_t k, const std::unordered_map<const StorageImpl*, int32_t>& last_read) {
+bool Plan::Builder::can_write_back_in_place(size_t k) {
   const WriteBack& w = graph.writebacks[k];
   const GraphNode& v = graph.nodes[w.value];
   const Tensor& dst = graph.captured[w.target];
@@ -721,11 +718,6 @@ void Plan::Builder::find_donated_regions() {
   if (!opt.plan_memory || !opt.donate || has_control || graph.writebacks.empty()) return;
   std::unordered_map<const StorageImpl*, int32_t> captured_on;  // storage -> captured tensors
   for (const Tensor& c : graph.captured) ++captured_on[c.unsafe_impl()->storage.get()];
-  std::unordered_map<const StorageImpl*, int32_t> last_read;
-  for (int32_t i = 0; i < n; ++i)
-    for (int32_t in : graph.nodes[i].inputs)
-      if (const StorageImpl* st = storage_of_root(in))
-        last_read[st] = std::max(last_read.count(st) ? last_read[st] : -1, pos[i]);
   std::vector<int32_t> first_write(graph.captured.size(), end_pos);
   for (int32_t v = 0; v < n; ++v)
     if (inplace[v] >= 0) first_write[inplace[v]] = std::min(first_write[inplace[v]], pos[v]);

@@ -127,8 +127,10 @@ struct Plan::Builder {
   std::vector<int32_t> step_pos;  ///< per step of the schedule: its step, or its wave
   std::vector<int32_t> pos;       ///< per value: its step's step_pos (inputs, constants: -1)
   int32_t num_steps = 0;
-  int32_t end_pos = 0;               ///< where write-backs read: after the last step_pos
-  std::vector<int32_t> inplace;      ///< per value: the captured tensor it is computed into, or -1
+  int32_t end_pos = 0;           ///< where write-backs read: after the last step_pos
+  std::vector<int32_t> inplace;  ///< per value: the captured tensor it is computed into, or -1
+  /// Per captured storage: the last step_pos reading it (its tensor or a view of it).
+  std::unordered_map<const StorageImpl*, int32_t> last_read;
   std::vector<bool> hoisted;         ///< per value: computed by a hoisted kernel
   std::vector<bool> hoisted_unit;    ///< per unit: hoisted (a static view's too)
   std::vector<int32_t> last_use;     ///< per value: the last step_pos reading it or a view of it
@@ -157,10 +159,9 @@ struct Plan::Builder {
   void choose_parallel();
   void place_steps();
   const StorageImpl* storage_of_root(int32_t v) const;
-  bool can_write_back_in_place(size_t k,
-                               const std::unordered_map<const StorageImpl*, int32_t>& last_read);
+  bool can_write_back_in_place(size_t k);
   void find_inplace_writebacks();
-  void find_products_into_targets(const std::unordered_map<const StorageImpl*, int32_t>& last_read);
+  void find_products_into_targets();
   void hoist();
   bool needs_buffer(int32_t v) const;
   int32_t reusable(int32_t v, int32_t in, const std::vector<int32_t>& step_inputs) const;

@@ -40,11 +40,8 @@ void Plan::Builder::measure_memory() {
   // to its last read (as the planner sees it).
   const auto& req = plan.requests_;
   const int32_t k = static_cast<int32_t>(req.size());
-  std::vector<int32_t> owner(k), last(k);
-  for (int32_t i = 0; i < k; ++i) {
-    owner[i] = req[i].reuse >= 0 ? owner[req[i].reuse] : i;
-    last[owner[i]] = std::max(req[i].last, req[i].reuse >= 0 ? last[owner[i]] : req[i].last);
-  }
+  std::vector<int32_t> owner, last;
+  reuse_chains(req, owner, last);
   int32_t steps = 0;
   for (int32_t i = 0; i < k; ++i) steps = std::max(steps, last[owner[i]] + 1);
   std::vector<int64_t> delta(static_cast<size_t>(steps) + 2, 0);  // live bytes, as differences
