@@ -13,6 +13,7 @@
 #include "core/ops.h"
 #include "core/tensor.h"
 #include "cuda/cuda.h"
+#include "eager/autobatch.h"
 #include "eager/autograd.h"
 #include "eager/checkpoint.h"
 #include "nn/data.h"

@@ -189,6 +189,10 @@ void run_mb(const Config&, std::vector<Result>&);
 /// VM (not a standard workload): per-sample gradients with func::vmap(func::grad), against a
 /// loop over the samples and the gradients batched by hand (func.cpp).
 void run_vm(const Config&, std::vector<Result>&);
+/// B1, B2: per-sample models (a BiLSTM tagger, a TreeLSTM) in an Autobatch scope against the
+/// loop over samples and, for B1, the model padded and batched by hand (autobatch.cpp).
+void run_b1(const Config&, std::vector<Result>&);
+void run_b2(const Config&, std::vector<Result>&);
 /// TT (not a standard workload): two MLP towers on one input, joined, a head and a training
 /// step, at batch 16 and 128, compiled with and without parallel branches.
 void run_tt(const Config&, std::vector<Result>&);

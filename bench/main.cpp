@@ -21,7 +21,7 @@ namespace {
 void usage() {
   std::fprintf(stderr,
                "usage: duet_bench [--only "
-               "W1,...,W9,C1,CT,CS,TT,RN,DP,AT,MEM,MB,VM,W2cuda,W3cuda,W4cuda,W6cuda] "
+               "W1,...,W9,C1,CT,CS,TT,RN,DP,AT,MEM,MB,VM,B1,B2,B3,W2cuda,W3cuda,W4cuda,W6cuda] "
                "[--threads N] "
                "[--device cpu|cuda|all] [--reps N] [--json] [--ablate] [--profile DIR]\n");
 }
@@ -130,6 +130,8 @@ int main(int argc, char** argv) {
     if (only.count("MEM")) run("MEM", bench::run_mem);
     if (only.count("MB")) run("MB", bench::run_mb);
     if (only.count("VM")) run("VM", bench::run_vm);
+    if (only.count("B1")) run("B1", bench::run_b1);
+    if (only.count("B2")) run("B2", bench::run_b2);
   }
   // CUDA workloads: on --device cuda or all, or when --only names them.
   const bool on_cuda = cfg.device != "cpu" && !ablation;

@@ -1,7 +1,9 @@
 #include "core/dispatch.h"
 
+#include <algorithm>
 #include <cstring>
 #include <optional>
+#include <utility>
 
 #include "core/anomaly.h"
 #include "core/autocast.h"
@@ -376,8 +378,36 @@ ValueReader* value_reader() { return tls_reader; }
 ValueReaderGuard::ValueReaderGuard(ValueReader* r) : prev_(tls_reader) { tls_reader = r; }
 ValueReaderGuard::~ValueReaderGuard() { tls_reader = prev_; }
 
-SuspendModes::SuspendModes() : saved_(tls_depth) { tls_depth = 0; }
-SuspendModes::~SuspendModes() { tls_depth = saved_; }
+namespace {
+thread_local LazyRunner* tls_lazy_runner = nullptr;
+}
+LazyRunner* set_lazy_runner(LazyRunner* r) { return std::exchange(tls_lazy_runner, r); }
+bool lazy_runner_active() { return tls_lazy_runner != nullptr; }
+void run_lazy_work() {
+  if (tls_lazy_runner) tls_lazy_runner->run_lazy();
+}
+
+void force_lazy(const StorageImpl* st) {
+  if (tls_lazy_runner) tls_lazy_runner->run_lazy();
+  DUET_CHECK(!st->lazy,
+             "[autobatch] a tensor ({} bytes on {}) that an Autobatch scope computes lazily was "
+             "read {}. Read it on the scope's thread, while the scope is open or after it closed",
+             st->nbytes, st->device,
+             tls_lazy_runner ? "but its scope's pending work did not compute it (an earlier run "
+                               "of that work failed with an error)"
+                             : "on a thread with no Autobatch scope, or after its scope's run "
+                               "failed with an error");
+}
+
+static_assert(kMaxModes == 16, "SuspendModes::modes_ holds the whole stack");
+SuspendModes::SuspendModes() : saved_(tls_depth) {
+  std::copy(tls_modes, tls_modes + saved_, modes_);
+  tls_depth = 0;
+}
+SuspendModes::~SuspendModes() {
+  std::copy(modes_, modes_ + saved_, tls_modes);
+  tls_depth = saved_;
+}
 
 void throw_traced_use(const Tensor& t, const char* what, const char* file, unsigned line) {
   const TensorImpl* x = t.unsafe_impl();

@@ -58,6 +58,7 @@ class SuspendModes {
 
  private:
   int saved_;
+  DispatchMode* modes_[16];  // the stack's slots, which modes pushed meanwhile overwrite
 };
 /// True for a tensor that stands for a traced value and has no data (see TraceTag).
 inline bool is_traced(const Tensor& t) { return t.unsafe_impl()->trace.get() != nullptr; }
@@ -89,6 +90,19 @@ class ValueReaderGuard {
  private:
   ValueReader* prev_;
 };
+/// What computes lazy storages on this thread (an Autobatch scope, eager/autobatch.h): a read of
+/// a lazy storage's data (TensorImpl::data) calls run(), which runs the pending work.
+class LazyRunner {
+ public:
+  virtual ~LazyRunner() = default;
+  virtual void run_lazy() = 0;
+};
+/// Makes `r` this thread's runner (null: none); returns the previous one.
+LazyRunner* set_lazy_runner(LazyRunner* r);
+/// Runs this thread's pending lazy work, if any (a trace starts from computed tensors).
+void run_lazy_work();
+/// Whether ops on this thread may be recorded lazily (an Autobatch scope is open).
+bool lazy_runner_active();
 /// Grad mode of this thread (NoGradGuard turns it off).
 bool grad_mode();
 void set_grad_mode(bool enabled);

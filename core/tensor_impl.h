@@ -136,8 +136,17 @@ struct StorageImpl {
   void* data = nullptr;
   size_t nbytes = 0;
   Device device;
+  /// A storage whose value an Autobatch scope has not computed yet (data is null until it
+  /// runs; Note [Autobatch] in eager/autobatch.cpp). Reading its data runs the scope's pending
+  /// work first.
+  bool lazy = false;
+  /// A lazy storage's op in its scope's pending list.
+  int32_t lazy_op = -1;
   /// Frees `data` when the storage dies; null for memory duet does not own.
   Allocator* allocator = nullptr;
+  /// The storage whose memory `data` points into, held alive (an Autobatch result: one sample of
+  /// a batched kernel's output); null when this storage owns its memory or borrows it.
+  IntrusivePtr<StorageImpl> base;
   /// Increasing in the order storages are made: a storage with a serial above a number read
   /// earlier was made since (a checkpoint tells the values its region computed by it).
   uint64_t serial;
@@ -158,6 +167,10 @@ struct StorageImpl {
   }
 };
 using StoragePtr = IntrusivePtr<StorageImpl>;
+
+/// Computes a lazy storage (StorageImpl::lazy): runs this thread's Autobatch scope, or throws
+/// the Error that says why it cannot (another thread's scope, or a scope whose run failed).
+void force_lazy(const StorageImpl* st);
 
 /// Allocates storage for nbytes on a device through its caching allocator.
 StoragePtr new_storage(size_t nbytes, Device device);
@@ -207,7 +220,10 @@ struct TensorImpl {
   int64_t numel() const { return shape.numel(); }
   int64_t ndim() const { return shape.size(); }
   Device device() const { return storage ? storage->device : Device::cpu(); }
-  void* data() const { return static_cast<char*>(storage->data) + offset * itemsize(dtype); }
+  void* data() const {
+    if (__builtin_expect(storage->lazy, 0)) force_lazy(storage.get());
+    return static_cast<char*>(storage->data) + offset * itemsize(dtype);
+  }
   /// Recomputes `contiguous` after shape or strides changed.
   void refresh_contiguous();
 };

@@ -8,6 +8,7 @@
 #include "core/autocast.h"
 #include "core/autograd_hooks.h"
 #include "core/ops.h"
+#include "eager/autobatch.h"
 #include "eager/autograd.h"
 
 #include "core/dist.h"
@@ -181,6 +182,42 @@ struct Capture {
 // buffers across nodes: an eager training step's backward allocates little beyond its tensors.
 // The records are per backward call, not fields of Node, since two threads may run backwards
 // through graphs that share nodes.
+// Note [Gradient sums under Autobatch]
+// A gradient summed over its uses (a node's output read by several ops, a leaf). Eagerly each
+// part is added as it comes. Under Autobatch (eager/autobatch.h) a weight shared by every sample
+// gets one part per use, and adds one after another would be a chain, each waiting for the last;
+// so the parts are kept and summed in pairs, level by level, when the sum is taken: each
+// level's adds are ready at once and run as one batched add.
+class GradSum {
+ public:
+  void add(Tensor g) {
+    if (lazy_runner_active())
+      parts_.push_back(std::move(g));
+    else
+      sum_ = sum_.defined() ? sum_ + g : std::move(g);
+  }
+  bool empty() const { return !sum_.defined() && parts_.empty(); }
+  Tensor take() {
+    if (sum_.defined() && !parts_.empty()) parts_.push_back(std::move(sum_));
+    // One gradient per use of a weight: summed as one product (Note [Sums of products]).
+    if (parts_.size() > 1)
+      if (Tensor p = sum_of_products(parts_); p.defined()) parts_ = {std::move(p)};
+    while (parts_.size() > 1) {
+      std::vector<Tensor> next;
+      for (size_t i = 0; i + 1 < parts_.size(); i += 2) next.push_back(parts_[i] + parts_[i + 1]);
+      if (parts_.size() % 2) next.push_back(std::move(parts_.back()));
+      parts_ = std::move(next);
+    }
+    if (!parts_.empty()) sum_ = std::move(parts_[0]);
+    parts_.clear();
+    return std::exchange(sum_, Tensor());
+  }
+
+ private:
+  Tensor sum_;
+  std::vector<Tensor> parts_;
+};
+
 class BackwardRun {
  public:
   BackwardRun(bool retain_graph, bool create_graph, Capture* capture)
@@ -203,15 +240,15 @@ class BackwardRun {
  private:
   struct NodeState {
     Node* node;
-    Tensor buffer{};  // the gradient of the node's output, summed over its consumers so far
-    int deps = 0;     // useful consumers that have not run yet
+    GradSum buffer{};  // the gradient of the node's output, summed over its consumers so far
+    int deps = 0;      // useful consumers that have not run yet
     bool visited = false, useful = false, queued = false;
   };
   // A leaf's gradient is summed over its uses, then accumulated into .grad once, as PyTorch's
   // AccumulateGrad does (two backwards then add the same tensor twice, bit for bit).
   struct LeafState {
     TensorImpl* leaf;
-    Tensor grad{};
+    GradSum grad{};
     int uses = 0;
   };
   struct LaterFirst {
@@ -222,6 +259,7 @@ class BackwardRun {
   };
 
   static void add_to(Tensor& slot, const Tensor& g) { slot = slot.defined() ? slot + g : g; }
+
   int32_t slot(Node* n) {
     auto [it, fresh] = index_.try_emplace(n, static_cast<int32_t>(st_.size()));
     if (fresh) st_.push_back(NodeState{n});
@@ -251,6 +289,7 @@ class BackwardRun {
   std::vector<NodeState> st_;
   std::unordered_map<Node*, int32_t> index_;
   std::vector<LeafState> leaves_;
+  std::vector<std::pair<TensorImplPtr, Tensor>> deferred_;  // leaf accumulations under Autobatch
   std::unordered_map<TensorImpl*, int32_t> leaf_index_;
   std::vector<int32_t> starts_;
   std::priority_queue<int32_t, std::vector<int32_t>, LaterFirst> ready_{LaterFirst{&st_}};
@@ -266,7 +305,7 @@ void BackwardRun::seed(const std::vector<Tensor>& roots, const std::vector<Tenso
     TensorImpl* r = roots[i].unsafe_impl();
     if (r->autograd && r->autograd->grad_fn) {
       const int32_t n = slot(current_grad_fn(r).get());
-      add_to(st_[n].buffer, root_grads[i]);
+      st_[n].buffer.add(root_grads[i]);
       starts_.push_back(n);
     } else if (capture_) {
       auto it = capture_->leaves.find(r);
@@ -387,17 +426,22 @@ void BackwardRun::send_grads(const Node& n) {
     Tensor gin = sum_to(std::move(gi_[i]), e.meta);
     if (e.fn) {
       const int32_t p = index_.at(e.fn.get());
-      add_to(st_[p].buffer, gin);
+      st_[p].buffer.add(std::move(gin));
       if (--st_[p].deps == 0 && !st_[p].queued) enqueue(p);
     } else if (capture_) {
       add_to(capture_->results[capture_->leaves.at(e.leaf.get())], gin);
     } else {
       LeafState& l = leaves_[leaf_index_.at(e.leaf.get())];
-      add_to(l.grad, gin);
+      l.grad.add(std::move(gin));
       if (--l.uses == 0) {  // its last use
-        accumulate(l.leaf, std::move(l.grad), create_graph_);
-        l.grad = Tensor();
-        run_post_accumulate_hooks(Tensor(e.leaf));
+        // Under Autobatch the accumulation (an in-place add, which runs what is pending) waits
+        // for the end of the backward, so that every leaf's sum is pending, and batched, at once.
+        if (lazy_runner_active()) {
+          deferred_.push_back({TensorImplPtr(e.leaf), l.grad.take()});
+        } else {
+          accumulate(l.leaf, l.grad.take(), create_graph_);
+          run_post_accumulate_hooks(Tensor(e.leaf));
+        }
       }
     }
   }
@@ -410,7 +454,7 @@ void BackwardRun::run() {
     const int32_t ni = ready_.top();
     ready_.pop();
     Node* n = st_[ni].node;
-    Tensor g = std::move(st_[ni].buffer);
+    Tensor g = st_[ni].buffer.take();
     if (capture_) {
       auto it = capture_->nodes.find(n);
       if (it != capture_->nodes.end()) add_to(capture_->results[it->second], g);
@@ -437,8 +481,13 @@ void BackwardRun::run() {
     if (!retain_graph_) release(*n);
     send_grads(*n);
   }
+  for (auto& [leaf, g] : deferred_) {
+    accumulate(leaf.get(), std::move(g), create_graph_);
+    run_post_accumulate_hooks(Tensor(leaf));
+  }
+  deferred_.clear();
   int64_t pending = 0;
-  for (const LeafState& l : leaves_) pending += l.grad.defined();
+  for (const LeafState& l : leaves_) pending += !l.grad.empty();
   DUET_ASSERT(pending == 0, "{} leaf gradients were never accumulated", pending);
 }
 

@@ -84,21 +84,41 @@ std::vector<Tensor> projections(const Tensor& x, const Tensor& w_ih, const Tenso
 }
 
 // Note [Gates by blocks]
-// Each gate has its own products, with row blocks of the weights, instead of one product of all
-// gates sliced afterwards: a slice inside the step would have a slice_scatter of a zero (N,
-// gates * H) tensor per gate and step in the backward, where a block of a parameter, taken
-// outside the scan, sends its gradient back through one slice per sequence.
+// In the layers (over scan), each gate has its own products, with row blocks of the weights,
+// instead of one product of all gates sliced afterwards: a slice inside the step would have a
+// slice_scatter of a zero (N, gates * H) tensor per gate and step in the backward, where a block
+// of a parameter, taken outside the scan, sends its gradient back through one slice per
+// sequence. A cell (one step) is the other way round: blocks taken at every call would send
+// each call's weight gradient through a slice_scatter of a zero (gates * H, in) tensor per gate,
+// so a cell takes one product of all gates and slices it (a zero (N, gates * H) per gate).
+
+// The input projections of a cell, one product sliced per gate (Note [Gates by blocks]).
+std::vector<Tensor> cell_projections(const Tensor& x, const Tensor& w_ih, const Tensor& b_ih,
+                                     int64_t gates, int64_t hs) {
+  const Tensor all = linear(x, w_ih, b_ih);
+  std::vector<Tensor> out;
+  for (int64_t k = 0; k < gates; ++k) out.push_back(slice(all, -1, k * hs, (k + 1) * hs));
+  return out;
+}
 
 // One time step: {h, (c), x_0, ..., x_{gates-1}} (x_k the input projection of gate k) ->
-// {h', (c'), h'}, PyTorch's equations (Note [Gates by blocks]).
-Fn step_fn(Mode mode, const Tensor& w_hh, const Tensor& b_hh, int64_t hs) {
+// {h', (c'), h'}, PyTorch's equations; by blocks of the weights in a layer, by one product in a
+// cell (`cell`; Note [Gates by blocks]).
+Fn step_fn(Mode mode, const Tensor& w_hh, const Tensor& b_hh, int64_t hs, bool cell = false) {
   const int64_t gates = gates_of(mode);
-  return [mode, w = blocks(w_hh, gates, hs),
-          b = blocks(b_hh, gates, hs)](const std::vector<Tensor>& in) -> std::vector<Tensor> {
+  return [mode, hs, cell, w_all = w_hh, b_all = b_hh,
+          w = cell ? std::vector<Tensor>() : blocks(w_hh, gates, hs),
+          b = cell ? std::vector<Tensor>() : blocks(b_hh, gates, hs)](
+             const std::vector<Tensor>& in) -> std::vector<Tensor> {
     const Tensor& h = in[0];
     const size_t first = mode == Mode::LSTM ? 2 : 1;  // x_0's place
     auto x = [&](size_t k) -> const Tensor& { return in[first + k]; };
-    auto hp = [&](size_t k) { return linear(h, w[k], b[k]); };
+    const Tensor all = cell ? linear(h, w_all, b_all) : Tensor();
+    auto hp = [&](size_t k) {
+      if (cell)
+        return slice(all, -1, static_cast<int64_t>(k) * hs, static_cast<int64_t>(k + 1) * hs);
+      return linear(h, w[k], b[k]);
+    };
     switch (mode) {
       case Mode::RNNTanh:
       case Mode::RNNReLU: {
@@ -327,9 +347,9 @@ std::vector<Tensor> RNNCellBase::step(const Tensor& input, const Tensor& hx, con
   };
   std::vector<Tensor> in{start(hx, lstm ? "h_0" : "hx")};
   if (lstm) in.push_back(start(cx, "c_0"));
-  for (Tensor& p : projections(x, weight_ih, bias_ih, gates_of(mode_), hidden_size))
+  for (Tensor& p : cell_projections(x, weight_ih, bias_ih, gates_of(mode_), hidden_size))
     in.push_back(std::move(p));
-  std::vector<Tensor> out = step_fn(mode_, weight_hh, bias_hh, hidden_size)(in);
+  std::vector<Tensor> out = step_fn(mode_, weight_hh, bias_hh, hidden_size, /*cell=*/true)(in);
   out.pop_back();  // the per-step result, a copy of h'
   if (!batched)
     for (Tensor& t : out) t = squeeze(t, 0);

@@ -20,6 +20,8 @@ Tracer::Tracer(std::string label)
     : tag_(IntrusivePtr<TraceTag>::adopt(new TraceTag(label))), prev_(tls_tracer) {
   graph_.label = std::move(label);
   tls_tracer = this;
+  // Work pending in an Autobatch scope runs first: the trace reads tensors by their data.
+  run_lazy_work();
 }
 
 Tracer::Tracer(std::string label, Tracer* parent, Lifts* lifts) : Tracer(std::move(label)) {

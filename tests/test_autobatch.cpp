@@ -1,0 +1,258 @@
+// Autobatch (eager/autobatch.h, Note [Autobatch]): per-sample models (a tree RNN over random
+// binary trees, a BiLSTM tagger over sentences of different lengths) give the values and
+// gradients of the unbatched eager run in far fewer kernels; reads, in-place writes, dead ops,
+// batches that are views, random ops, traces, and the errors.
+#include <doctest/doctest.h>
+
+#include <random>
+#include <thread>
+
+#include "util.h"
+
+namespace duet::test {
+namespace {
+
+struct Tree {
+  Tensor word;  // a leaf's word (i64, shape (1)); undefined for an inner node
+  std::unique_ptr<Tree> left, right;
+};
+
+std::unique_ptr<Tree> random_tree(std::mt19937& g, int leaves, int64_t vocab) {
+  auto t = std::make_unique<Tree>();
+  if (leaves == 1) {
+    t->word = full({1}, static_cast<double>(g() % vocab), Options().dtype(DType::i64));
+    return t;
+  }
+  const int k = 1 + static_cast<int>(g() % static_cast<unsigned>(leaves - 1));
+  t->left = random_tree(g, k, vocab);
+  t->right = random_tree(g, leaves - k, vocab);
+  return t;
+}
+
+// A tree RNN: a leaf is tanh of its word's embedding, an inner node tanh(W [l; r] + b).
+struct TreeRnn {
+  nn::Embedding emb{20, 8};
+  nn::Linear join{16, 8}, out{8, 3};
+  std::vector<Tensor> parameters() {
+    std::vector<Tensor> p;
+    for (nn::Module* m : std::initializer_list<nn::Module*>{&emb, &join, &out})
+      for (const Tensor& t : m->parameters()) p.push_back(t);
+    return p;
+  }
+  Tensor encode(const Tree& t) {
+    if (t.word.defined()) return tanh(emb(t.word)).reshape({8});
+    return tanh(join(cat({encode(*t.left), encode(*t.right)}, 0)));
+  }
+  Tensor loss(const std::vector<std::unique_ptr<Tree>>& trees, const std::vector<int64_t>& y) {
+    Tensor total;
+    for (size_t i = 0; i < trees.size(); ++i) {
+      Tensor l = cross_entropy(out(encode(*trees[i])).reshape({1, 3}),
+                               full({1}, static_cast<double>(y[i]), Options().dtype(DType::i64)));
+      total = total.defined() ? total + l : l;
+    }
+    return total;
+  }
+};
+
+// A BiLSTM tagger: LSTM cells left to right and right to left over each sentence's embeddings,
+// and a tag per word from both states.
+struct Tagger {
+  nn::Embedding emb{30, 8};
+  nn::LSTMCell fwd{8, 6}, bwd{8, 6};
+  nn::Linear tag{12, 4};
+  std::vector<Tensor> parameters() {
+    std::vector<Tensor> p;
+    for (nn::Module* m : std::initializer_list<nn::Module*>{&emb, &fwd, &bwd, &tag})
+      for (const Tensor& t : m->parameters()) p.push_back(t);
+    return p;
+  }
+  Tensor loss(const Tensor& words, const Tensor& tags) {
+    const int64_t n = words.sizes()[0];
+    Tensor x = emb(words);
+    std::vector<Tensor> hf(static_cast<size_t>(n)), hb(static_cast<size_t>(n));
+    std::optional<nn::LSTMCell::State> s;
+    for (int64_t t = 0; t < n; ++t) {
+      s = fwd(x.select(0, t), s);
+      hf[static_cast<size_t>(t)] = std::get<0>(*s);
+    }
+    s.reset();
+    for (int64_t t = n - 1; t >= 0; --t) {
+      s = bwd(x.select(0, t), s);
+      hb[static_cast<size_t>(t)] = std::get<0>(*s);
+    }
+    std::vector<Tensor> h;
+    for (int64_t t = 0; t < n; ++t)
+      h.push_back(cat({hf[static_cast<size_t>(t)], hb[static_cast<size_t>(t)]}, 0));
+    return cross_entropy(tag(stack(h, 0)), tags);
+  }
+};
+
+// The loss and the parameters' gradients of one step, in an Autobatch scope or not.
+std::pair<Tensor, std::vector<Tensor>> step(std::vector<Tensor> params,
+                                            const std::function<Tensor()>& loss, bool batched) {
+  for (Tensor& p : params)
+    if (p.grad().defined()) p.grad().zero_();
+  Tensor l;
+  {
+    std::optional<Autobatch> scope;
+    if (batched) scope.emplace();
+    l = loss();
+    l.backward();
+  }
+  std::vector<Tensor> g;
+  for (const Tensor& p : params) g.push_back(p.grad().clone());
+  return {l, g};
+}
+
+void check_same_step(std::vector<Tensor> params, const std::function<Tensor()>& loss) {
+  auto [want, want_g] = step(params, loss, false);
+  auto [got, got_g] = step(params, loss, true);
+  CHECK(close(got, want, 1e-5));
+  REQUIRE(got_g.size() == want_g.size());
+  for (size_t i = 0; i < got_g.size(); ++i) CHECK(close(got_g[i], want_g[i], 1e-4));
+}
+
+TEST_CASE("autobatch: a tree RNN over random trees, values and gradients") {
+  manual_seed(3);
+  TreeRnn m;
+  std::mt19937 g(5);
+  std::vector<std::unique_ptr<Tree>> trees;
+  std::vector<int64_t> y;
+  for (int i = 0; i < 12; ++i) {
+    trees.push_back(random_tree(g, 2 + static_cast<int>(g() % 9), 20));
+    y.push_back(static_cast<int64_t>(g() % 3));
+  }
+  check_same_step(m.parameters(), [&] { return m.loss(trees, y); });
+  const AutobatchStats s = autobatch_stats();
+  CHECK(s.runs == 1);  // the backward defers the leaves' accumulation: one run at the end
+  CHECK(s.batches > 0);
+  CHECK(s.kernels_launched * 4 < s.ops_recorded);
+}
+
+TEST_CASE("autobatch: a BiLSTM tagger over sentences of different lengths") {
+  manual_seed(4);
+  Tagger m;
+  std::mt19937 g(7);
+  std::vector<Tensor> words, tags;
+  for (int i = 0; i < 8; ++i) {
+    const int n = 2 + static_cast<int>(g() % 6);
+    std::vector<double> w, t;
+    for (int k = 0; k < n; ++k) {
+      w.push_back(static_cast<double>(g() % 30));
+      t.push_back(static_cast<double>(g() % 4));
+    }
+    words.push_back(tensor(w, Options().dtype(DType::i64)));
+    tags.push_back(tensor(t, Options().dtype(DType::i64)));
+  }
+  check_same_step(m.parameters(), [&] {
+    Tensor total;
+    for (size_t i = 0; i < words.size(); ++i) {
+      Tensor l = m.loss(words[i], tags[i]);
+      total = total.defined() ? total + l : l;
+    }
+    return total;
+  });
+  const AutobatchStats s = autobatch_stats();
+  CHECK(s.kernels_launched * 3 < s.ops_recorded);
+}
+
+TEST_CASE("autobatch: results of one batched op feed the next as views, without gathers") {
+  Tensor x = randn({6, 5}), w = randn({5});
+  std::vector<Tensor> y;
+  {
+    Autobatch scope;
+    for (int64_t i = 0; i < 6; ++i) y.push_back(tanh(x.select(0, i) * w).exp());
+  }
+  const AutobatchStats s = autobatch_stats();
+  CHECK(s.ops_recorded == 18);
+  CHECK(s.kernels_launched == 3);  // mul, tanh and exp, once each
+  CHECK(s.gathers == 0);           // x's rows and each result's samples lie at a fixed stride
+  for (int64_t i = 0; i < 6; ++i) CHECK(close(y[static_cast<size_t>(i)], tanh(x[i] * w).exp()));
+}
+
+TEST_CASE("autobatch: a read runs what is pending; an in-place write runs after it") {
+  Tensor a = tensor({1, 2, 3});
+  Autobatch scope;
+  Tensor y = a * 2;
+  CHECK(autobatch_stats().kernels_launched == 0);  // recorded only
+  a.add_(1);                                       // y was recorded before the write
+  CHECK(y.to_vector<float>() == std::vector<float>{2, 4, 6});
+  Tensor z = a * 2;
+  CHECK(z.sum().item<float>() == 18);
+  CHECK(autobatch_stats().runs >= 2);
+}
+
+TEST_CASE("autobatch: ops whose results nobody holds do not run") {
+  Tensor x = randn({4});
+  Tensor kept;
+  {
+    Autobatch scope;
+    (void)(x * 3);  // dropped at once
+    kept = x + 1;
+  }
+  CHECK(autobatch_stats().ops_recorded == 2);
+  CHECK(autobatch_stats().kernels_launched == 1);
+  CHECK(close(kept, x + 1));
+}
+
+TEST_CASE("autobatch: random ops draw what they draw eagerly") {
+  Tensor x = ones({4, 8});
+  manual_seed(11);
+  std::vector<Tensor> want;
+  for (int64_t i = 0; i < 4; ++i) want.push_back(dropout(x[i], 0.5, true));
+  manual_seed(11);
+  std::vector<Tensor> got;
+  {
+    Autobatch scope;
+    for (int64_t i = 0; i < 4; ++i) got.push_back(dropout(x[i], 0.5, true));
+  }
+  for (size_t i = 0; i < 4; ++i) CHECK(bitwise_equal(got[i], want[i]));
+}
+
+TEST_CASE("autobatch: compile inside a scope, and a scope inside a compiled function") {
+  Tensor x = randn({3});
+  auto f = compile([](const Tensor& v) { return v * v + 1; });
+  Tensor before = f(x);
+  {
+    Autobatch scope;
+    Tensor p = x * 2;  // pending when the compiled call reads it
+    CHECK(close(f(p), p * p + 1));
+  }
+  auto g = compile([](const Tensor& v) {
+    Autobatch inner;  // a trace records the ops: the scope does nothing
+    return v.exp() * 2;
+  });
+  CHECK(close(g(x), x.exp() * 2));
+  CHECK(close(before, x * x + 1));
+}
+
+TEST_CASE("autobatch: a failed run is an Error, and so is reading what it did not compute") {
+  Tensor table = randn({4, 3});
+  Tensor bad = full({1}, 9, Options().dtype(DType::i64));  // out of range for 4 rows
+  Tensor r;
+  {
+    Autobatch scope;
+    r = embedding(table, bad) * 2;
+    CHECK_THROWS_AS(scope.flush(), Error);
+  }
+  CHECK_THROWS_AS(r.sum().item<float>(), Error);
+}
+
+TEST_CASE("autobatch: a pending tensor read on another thread is an Error") {
+  Autobatch scope;
+  Tensor y = randn({3}) * 2;
+  bool threw = false;
+  std::thread t([&] {
+    try {
+      (void)y.data_ptr<float>();
+    } catch (const Error&) {
+      threw = true;
+    }
+  });
+  t.join();
+  CHECK(threw);
+  CHECK(y.numel() == 3);
+}
+
+}  // namespace
+}  // namespace duet::test
