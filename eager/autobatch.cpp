@@ -20,8 +20,9 @@
 //     operand that is one tensor for the whole group (a weight) is passed once; the others form
 //     a batch. When the samples' operands lie in one buffer at a fixed stride (the results of the
 //     previous batched op, in order, or the rows of one input), the batch is a strided view of it;
-//     otherwise it is gathered with one stack. A group of one, an op without a rule, and random
-//     ops run as they would eagerly.
+//     otherwise it is gathered with one copy. Sources of one signature (zeros, aranges) are made
+//     once and copied into a batch. A group of one, an op without a rule, and random ops run as
+//     they would eagerly.
 //  5. Each op's result is its sample of the batched result: the lazy storage points into the
 //     batched result's buffer and holds it alive (StorageImpl::base), so no copy is made unless
 //     the sample is not contiguous. Gathered batches are temporaries, freed (back to the caching
@@ -85,18 +86,27 @@ size_t mix(size_t h, uint64_t v) {
 // An op's operands: up to four inline (no allocation per op), the rest (cat's) on the heap.
 class Operands {
  public:
-  void push_back(const Tensor& t) {
-    if (n_ < kInline)
+  // `producer`: the pending op that computes t (-1: t is computed), kept so that a run finds
+  // the dependencies without reading each tensor again.
+  void push_back(const Tensor& t, int32_t producer) {
+    if (n_ < kInline) {
       inline_[n_] = t;
-    else
+      producer_[n_] = producer;
+    } else {
       more_.push_back(t);
+      more_producers_.push_back(producer);
+    }
     ++n_;
   }
   size_t size() const { return n_; }
   const Tensor& operator[](size_t i) const { return i < kInline ? inline_[i] : more_[i - kInline]; }
+  int32_t producer(size_t i) const {
+    return i < kInline ? producer_[i] : more_producers_[i - kInline];
+  }
   void clear() {
     for (size_t i = 0; i < std::min(n_, kInline); ++i) inline_[i] = Tensor();
     more_ = {};
+    more_producers_ = {};
     n_ = 0;
   }
   struct Iter {
@@ -115,7 +125,9 @@ class Operands {
  private:
   static constexpr size_t kInline = 4;
   Tensor inline_[kInline];
+  int32_t producer_[kInline];
   std::vector<Tensor> more_;
+  std::vector<int32_t> more_producers_;
   size_t n_ = 0;
 };
 
@@ -156,6 +168,10 @@ struct Autobatch::Impl final : DispatchMode, LazyRunner {
   int32_t record(const OpCall& c, const TensorImplPtr& out);
   void run_group(std::vector<PendingOp>& ops, const Attrs& attrs, const std::vector<int32_t>& ids);
   Tensor gather(std::vector<PendingOp>& ops, const std::vector<int32_t>& ids, size_t p);
+  BatchedArg run_rule(std::vector<PendingOp>& ops, const OpDef& def, const Attrs& attrs,
+                      const std::vector<int32_t>& ids);
+  void place_batch(std::vector<PendingOp>& ops, const std::vector<int32_t>& ids,
+                   const BatchedArg& r);
   void place(PendingOp& op, const Tensor& r);
 
   // The op of a lazy storage of this scope, or -1.
@@ -171,6 +187,7 @@ struct Autobatch::Impl final : DispatchMode, LazyRunner {
   std::vector<SigKey> keys_;  // by signature id: the op's attributes too
   std::unordered_map<SigKey, int32_t, SigHash> sigs_;
   SigKey scratch_;
+  std::vector<const char*> addresses_;  // gather's scratch
   bool running_ = false;
   KernelCounter counter_;
   AutobatchStats stats_;
@@ -192,13 +209,13 @@ Tensor Autobatch::Impl::handle(const OpCall& c) {
     Tensor v = def.view(c.inputs[0], c.attrs, c.meta);
     if (v.defined()) return v;
   }
-  // Sources read nothing pending; in-place writes and effects run after what is pending.
+  // In-place writes and effects run after what is pending.
   const bool effect = c.inplace_out || c.op == OpId::Print || c.op == OpId::Transfer ||
                       c.op == OpId::OptimizationBarrier || c.op == OpId::AllReduce ||
                       c.op == OpId::Broadcast || c.op == OpId::AllGather ||
                       c.op == OpId::ReduceScatter || c.op == OpId::CollectiveWait;
-  if (effect || def.cls == OpClass::Source) {
-    if (effect) run();
+  if (effect) {
+    run();
     if (!view) ++stats_.kernels_launched;
     return detail::redispatch(this, c);
   }
@@ -228,12 +245,13 @@ int32_t Autobatch::Impl::record(const OpCall& c, const TensorImplPtr& out) {
   for (int64_t i = 0; i < c.inputs.size(); ++i) {
     const Tensor& x = c.inputs[i];
     const TensorImpl* xi = x.unsafe_impl();
-    op.inputs.push_back(x);
+    int32_t p = -1;
     if (xi->storage && xi->storage->lazy) {
-      const int32_t p = producer(xi->storage.get());
+      p = producer(xi->storage.get());
       if (p < 0) detail::force_lazy(xi->storage.get());  // not this scope's: throws
       op.depth = std::max(op.depth, ops_[static_cast<size_t>(p)].depth + 1);
     }
+    op.inputs.push_back(x, p);
     OperandSig s{xi->dtype, x.device(), xi->wrapped_number, 0, xi->shape};
     if (s.wrapped) std::memcpy(&s.bits, xi->data(), itemsize(xi->dtype));
     key.hash = mix(key.hash, s.bits ^ static_cast<uint64_t>(xi->dtype) << 56);
@@ -282,10 +300,9 @@ void Autobatch::Impl::run() {
   // How many pending operands each op waits for, and each op's consumers (as CSR arrays).
   std::vector<int32_t> waiting(n, 0), first_consumer(n + 1, 0), consumer;
   auto for_each_producer = [&](size_t i, auto&& f) {
-    for (const Tensor& x : ops[i].inputs) {
-      const StorageImpl* st = x.unsafe_impl()->storage.get();
-      if (st && st->lazy) f(static_cast<size_t>(st->lazy_op));
-    }
+    const Operands& in = ops[i].inputs;
+    for (size_t k = 0; k < in.size(); ++k)
+      if (in.producer(k) >= 0) f(static_cast<size_t>(in.producer(k)));
   };
   for (size_t i = 0; i < n; ++i)
     if (live[i]) for_each_producer(i, [&](size_t p) { ++first_consumer[p + 1]; });
@@ -361,7 +378,27 @@ void Autobatch::Impl::run_group(std::vector<PendingOp>& ops, const Attrs& attrs,
       place(o, detail::call(o.op, TensorRefs(in.data(), static_cast<int64_t>(in.size())), attrs));
     }
   };
-  if (ids.size() == 1 || !def.batch || first.op == OpId::Random) return run_each();
+  const auto b = static_cast<int64_t>(ids.size());
+  BatchedArg r;
+  if (def.cls == OpClass::Source && b > 1) {
+    // Sources of one signature make one value: made once and copied into the batch.
+    Tensor one = detail::call(first.op, TensorRefs(), attrs);
+    Shape s{b};
+    for (int64_t d = 0; d < one.dim(); ++d) s.push_back(one.sizes()[d]);
+    r = {expand(unsqueeze(one, 0), s).contiguous(), 0};
+  } else {
+    if (ids.size() == 1 || !def.batch || first.op == OpId::Random) return run_each();
+    r = run_rule(ops, def, attrs, ids);
+  }
+  ++stats_.batches;
+  stats_.batched_ops += b;
+  place_batch(ops, ids, r);
+}
+
+// The group's batching rule on its operands, shared or batched (step 4 of Note [Autobatch]).
+BatchedArg Autobatch::Impl::run_rule(std::vector<PendingOp>& ops, const OpDef& def,
+                                     const Attrs& attrs, const std::vector<int32_t>& ids) {
+  const PendingOp& first = ops[static_cast<size_t>(ids[0])];
   const auto b = static_cast<int64_t>(ids.size());
   std::vector<BatchedArg> in;
   for (size_t p = 0; p < first.inputs.size(); ++p) {
@@ -379,9 +416,14 @@ void Autobatch::Impl::run_group(std::vector<PendingOp>& ops, const Attrs& attrs,
     else
       in.push_back({gather(ops, ids, p), 0});
   }
-  BatchedArg r = def.batch(def, in, attrs, b);
-  ++stats_.batches;
-  stats_.batched_ops += b;
+  return def.batch(def, in, attrs, b);
+}
+
+// Each op of the group gets its sample of the batched result r (step 5 of Note [Autobatch]).
+void Autobatch::Impl::place_batch(std::vector<PendingOp>& ops, const std::vector<int32_t>& ids,
+                                  const BatchedArg& r) {
+  const PendingOp& first = ops[static_cast<size_t>(ids[0])];
+  const auto b = static_cast<int64_t>(ids.size());
   if (r.bdim < 0) {  // the same result for every sample (each gets its own copy)
     for (int32_t id : ids) place(ops[static_cast<size_t>(id)], r.value.clone());
     return;
@@ -428,16 +470,21 @@ Tensor Autobatch::Impl::gather(std::vector<PendingOp>& ops, const std::vector<in
   StorageImpl* root = root_of(x0);
   const int64_t item = itemsize(x0->dtype);
   const auto* base = static_cast<const char*>(root->data);
-  const auto* a0 = static_cast<const char*>(x0->data());
+  // One pass over the samples: where each starts, whether all lie in one buffer at a fixed
+  // stride, and whether each is contiguous.
+  addresses_.resize(ids.size());
   bool strided = ids.size() > 1 && !x0->wrapped_number;
-  int64_t step = 0;
-  for (size_t k = 0; strided && k < ids.size(); ++k) {
+  bool copyable = x0->device().is_cpu() && !x0->wrapped_number;
+  for (size_t k = 0; k < ids.size(); ++k) {
     const TensorImpl* x = ops[static_cast<size_t>(ids[k])].inputs[p].unsafe_impl();
-    const auto* a = static_cast<const char*>(x->data());
-    if (k == 1) step = a - a0;
-    strided = root_of(x) == root && x->strides == x0->strides &&
-              a - a0 == static_cast<std::ptrdiff_t>(k) * step;
+    addresses_[k] = static_cast<const char*>(x->data());
+    copyable = copyable && x->contiguous;
+    strided = strided && root_of(x) == root && x->strides == x0->strides &&
+              addresses_[k] - addresses_[0] ==
+                  static_cast<std::ptrdiff_t>(k) * (addresses_[1] - addresses_[0]);
   }
+  const char* a0 = addresses_[0];
+  const int64_t step = ids.size() > 1 ? addresses_[1] - a0 : 0;
   if (strided && step > 0 && step % item == 0 && (a0 - base) % item == 0) {
     auto* t = new TensorImpl();
     TensorImplPtr v = TensorImplPtr::adopt(t);
@@ -457,18 +504,13 @@ Tensor Autobatch::Impl::gather(std::vector<PendingOp>& ops, const std::vector<in
   ++stats_.gathers;
   // On the CPU, contiguous samples are copied into the batch one after another: one pass, where
   // stack would make a view per sample first.
-  bool copyable = x0->device().is_cpu() && !x0->wrapped_number;
-  for (size_t k = 0; copyable && k < ids.size(); ++k)
-    copyable = ops[static_cast<size_t>(ids[k])].inputs[p].unsafe_impl()->contiguous;
   if (copyable) {
     Shape shape{static_cast<int64_t>(ids.size())};
     for (int64_t d = 0; d < x0->shape.size(); ++d) shape.push_back(x0->shape[d]);
     Tensor batch = detail::empty(shape, x0->dtype, x0->device());
     const auto bytes = static_cast<size_t>(x0->shape.numel() * item);
     auto* dst = static_cast<char*>(batch.unsafe_impl()->data());
-    for (size_t k = 0; k < ids.size(); ++k)
-      std::memcpy(dst + k * bytes, ops[static_cast<size_t>(ids[k])].inputs[p].unsafe_impl()->data(),
-                  bytes);
+    for (size_t k = 0; k < ids.size(); ++k) std::memcpy(dst + k * bytes, addresses_[k], bytes);
     ++counter_.kernels;
     return batch;
   }
