@@ -1,4 +1,4 @@
-// Autobatch (eager/autobatch.h, Note [Autobatch]): per-sample models (a tree RNN over random
+// Autobatch (eager/autobatch.h, Note [Autobatch]): per-sample models (a TreeLSTM over random
 // binary trees, a BiLSTM tagger over sentences of different lengths) give the values and
 // gradients of the unbatched eager run in far fewer kernels; reads, in-place writes, dead ops,
 // batches that are views, random ops, traces, and the errors.
@@ -29,24 +29,39 @@ std::unique_ptr<Tree> random_tree(std::mt19937& g, int leaves, int64_t vocab) {
   return t;
 }
 
-// A tree RNN: a leaf is tanh of its word's embedding, an inner node tanh(W [l; r] + b).
-struct TreeRnn {
+// B2's model, small: a binary TreeLSTM (Tai et al. 2015). A leaf's gates come from its word's
+// embedding, an inner node's from its children's states, with a forget gate per child.
+struct TreeLstm {
+  static constexpr int64_t h = 6;
   nn::Embedding emb{20, 8};
-  nn::Linear join{16, 8}, out{8, 3};
+  nn::Linear leaf{8, 3 * h}, join{2 * h, 5 * h}, out{h, 3};
   std::vector<Tensor> parameters() {
     std::vector<Tensor> p;
-    for (nn::Module* m : std::initializer_list<nn::Module*>{&emb, &join, &out})
+    for (nn::Module* m : std::initializer_list<nn::Module*>{&emb, &leaf, &join, &out})
       for (const Tensor& t : m->parameters()) p.push_back(t);
     return p;
   }
-  Tensor encode(const Tree& t) {
-    if (t.word.defined()) return tanh(emb(t.word)).reshape({8});
-    return tanh(join(cat({encode(*t.left), encode(*t.right)}, 0)));
+  std::pair<Tensor, Tensor> encode(const Tree& t) {
+    Tensor iou, fl, fr;
+    std::pair<Tensor, Tensor> a, b;
+    if (t.word.defined()) {
+      iou = leaf(emb(t.word)).reshape({3 * h});
+    } else {
+      a = encode(*t.left);
+      b = encode(*t.right);
+      Tensor z = join(cat({a.first, b.first}, 0));
+      iou = z.slice(0, 0, 3 * h);
+      fl = sigmoid(z.slice(0, 3 * h, 4 * h));
+      fr = sigmoid(z.slice(0, 4 * h, 5 * h));
+    }
+    Tensor c = sigmoid(iou.slice(0, 0, h)) * tanh(iou.slice(0, 2 * h, 3 * h));
+    if (!t.word.defined()) c = c + fl * a.second + fr * b.second;
+    return {sigmoid(iou.slice(0, h, 2 * h)) * tanh(c), c};
   }
   Tensor loss(const std::vector<std::unique_ptr<Tree>>& trees, const std::vector<int64_t>& y) {
     Tensor total;
     for (size_t i = 0; i < trees.size(); ++i) {
-      Tensor l = cross_entropy(out(encode(*trees[i])).reshape({1, 3}),
+      Tensor l = cross_entropy(out(encode(*trees[i]).first).reshape({1, 3}),
                                full({1}, static_cast<double>(y[i]), Options().dtype(DType::i64)));
       total = total.defined() ? total + l : l;
     }
@@ -112,9 +127,9 @@ void check_same_step(std::vector<Tensor> params, const std::function<Tensor()>& 
   for (size_t i = 0; i < got_g.size(); ++i) CHECK(close(got_g[i], want_g[i], 1e-4));
 }
 
-TEST_CASE("autobatch: a tree RNN over random trees, values and gradients") {
+TEST_CASE("autobatch: a TreeLSTM over random trees, values and gradients") {
   manual_seed(3);
-  TreeRnn m;
+  TreeLstm m;
   std::mt19937 g(5);
   std::vector<std::unique_ptr<Tree>> trees;
   std::vector<int64_t> y;
@@ -168,6 +183,30 @@ TEST_CASE("autobatch: results of one batched op feed the next as views, without 
   CHECK(s.kernels_launched == 3);  // mul, tanh and exp, once each
   CHECK(s.gathers == 0);           // x's rows and each result's samples lie at a fixed stride
   for (int64_t i = 0; i < 6; ++i) CHECK(close(y[static_cast<size_t>(i)], tanh(x[i] * w).exp()));
+}
+
+TEST_CASE("autobatch: a weight's per-use products sum as one product") {
+  // Note [Sums of products]: the backward sums a shared weight's gradients, one product per use.
+  std::vector<Tensor> a, b;
+  for (int i = 0; i < 5; ++i) {
+    a.push_back(randn({4, 1 + i % 2}));
+    b.push_back(randn({1 + i % 2, 3}));
+  }
+  Tensor want = zeros({4, 3});
+  for (int i = 0; i < 5; ++i) want = want + matmul(a[i], b[i]);
+  Autobatch scope;
+  std::vector<Tensor> parts, transposed, mixed;
+  for (int i = 0; i < 5; ++i) {
+    parts.push_back(matmul(a[i], b[i]));
+    transposed.push_back(matmul(b[i].t(), a[i].t()).t());  // the layout of x W^T's weight grad
+    mixed.push_back(i == 2 ? parts.back() + 0 : parts.back());
+  }
+  const Tensor sum = detail::sum_of_products(parts), sum_t = detail::sum_of_products(transposed);
+  REQUIRE(sum.defined());
+  REQUIRE(sum_t.defined());
+  CHECK(close(sum, want, 1e-5));
+  CHECK(close(sum_t, want, 1e-5));
+  CHECK(!detail::sum_of_products(mixed).defined());  // a part that is no product: summed as is
 }
 
 TEST_CASE("autobatch: a read runs what is pending; an in-place write runs after it") {

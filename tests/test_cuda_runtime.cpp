@@ -315,6 +315,40 @@ TEST_CASE("cuda: transfers inside a compiled function are traced, forward and ba
   }
 }
 
+TEST_CASE("cuda: Autobatch on the GPU gives the CPU's eager values and gradients") {
+  if (!gpu()) return;
+  // An Elman RNN per sentence, sentences of 2 to 6 words: the steps of all sentences batch.
+  manual_seed(61);
+  const Tensor w = randn({5, 4}) * 0.5, u = randn({5, 5}) * 0.5;
+  std::vector<Tensor> xs;
+  for (int64_t n : {2, 6, 3, 5, 4, 2}) xs.push_back(randn({n, 4}));
+  auto loss = [](const Tensor& wi, const Tensor& ui, const std::vector<Tensor>& sentences) {
+    Tensor total;
+    for (const Tensor& x : sentences) {
+      Tensor h = zeros({5}, Options().device(x.device()));
+      for (int64_t t = 0; t < x.sizes()[0]; ++t) h = tanh(matmul(wi, x[t]) + matmul(ui, h));
+      total = total.defined() ? total + h.sum() : h.sum();
+    }
+    return total;
+  };
+  Tensor wc = w.clone().requires_grad_(), uc = u.clone().requires_grad_();
+  const Tensor want = loss(wc, uc, xs);
+  want.backward();
+  Tensor wg = w.to(Device::cuda()).requires_grad_(), ug = u.to(Device::cuda()).requires_grad_();
+  std::vector<Tensor> xg;
+  for (const Tensor& x : xs) xg.push_back(x.to(Device::cuda()));
+  Tensor got;
+  {
+    Autobatch scope;
+    got = loss(wg, ug, xg);
+    got.backward();
+  }
+  CHECK(autobatch_stats().kernels_launched * 3 < autobatch_stats().ops_recorded);
+  CHECK(close(got.to(Device::cpu()), want, 1e-5));
+  CHECK(close(wg.grad().to(Device::cpu()), wc.grad(), 1e-4));
+  CHECK(close(ug.grad().to(Device::cpu()), uc.grad(), 1e-4));
+}
+
 TEST_CASE("cuda: DUET_CUDA_CHECK turns a failed call into a DeviceError") {
   if (!gpu()) return;
 #ifdef DUET_WITH_CUDA

@@ -94,6 +94,15 @@ TEST_CASE("vmap: the op families batch in one call each, not per sample") {
   auto att = [](const Tensor& t) { return scaled_dot_product_attention(t, t, t, {}, 0.0, true); };
   CHECK(close(func::vmap(att)(q), att(q), 1e-5));
   CHECK(detail::batch_loop_calls() == before);
+  // Per-sample gradients of a shared filter: conv2d's weight gradient has a rule too.
+  auto closs = [](const Tensor& kf, const Tensor& a) {
+    return conv2d(a, kf, {}, 2, 1).pow(2).sum();
+  };
+  const Tensor pk = func::vmap(func::grad(closs), {std::nullopt, 0})(k, imgs);
+  CHECK(detail::batch_loop_calls() == before);
+  REQUIRE(pk.sizes() == Shape{2, 4, 3, 3, 3});
+  for (int64_t b = 0; b < 2; ++b)
+    CHECK(close(pk.select(0, b), func::grad(closs)(k, imgs.select(0, b)), 1e-4));
   // A per-sample filter has no rule: conv2d loops, and is still right.
   const Tensor ks = randn({2, 4, 3, 3, 3});
   auto pc = [](const Tensor& a, const Tensor& f) { return conv2d(a, f); };
@@ -181,6 +190,67 @@ TEST_CASE("vmap: random ops are an error by default; Randomness::Same draws once
   for (int64_t b = 0; b < 4; ++b) CHECK(close(got.select(0, b), once, 0));
   // The generator moved on, as after one draw.
   CHECK(!close(rand({3}), once, 0));
+}
+
+TEST_CASE("vmap: Randomness::Different draws for each sample") {
+  auto noisy = [](const Tensor& a) { return a + rand({3}); };
+  const Tensor x = zeros({4, 3});
+  manual_seed(507);
+  const Tensor got = func::vmap(noisy, {}, 0, func::Randomness::Different)(x);
+  const Tensor after = rand({2});
+  manual_seed(507);
+  const Tensor all = rand({4, 3});  // one draw of the batch's shape
+  CHECK(close(got, all, 0));
+  CHECK(!close(got.select(0, 0), got.select(0, 1), 0));
+  CHECK(!close(rand({2}), after, 1e-3));  // vmap moved the generator on further
+  // Dropout in a vmapped function: a mask per sample.
+  auto drop = [](const Tensor& a) { return dropout(a, 0.5, true); };
+  const Tensor d = func::vmap(drop, {}, 0, func::Randomness::Different)(ones({8, 16}));
+  CHECK(!close(d.select(0, 0), d.select(0, 1), 0));
+}
+
+TEST_CASE("vmap: cond, scan and while_loop batch (Note [vmap of control flow])") {
+  manual_seed(508);
+  const Tensor x = randn({5, 4, 3});  // 5 samples of 4 steps of 3
+  // scan: a running sum and a per-step result, against the loop over samples.
+  auto cumulative = [](const Tensor& s) {
+    auto body = [](const std::vector<Tensor>& in) {
+      Tensor c = in[0] + in[1];
+      return std::vector<Tensor>{c, c.tanh()};
+    };
+    std::vector<Tensor> r = scan(body, {zeros({3})}, {s});
+    return r[0] + r[1].sum(0);
+  };
+  // cond on a per-sample predicate: each sample takes its branch.
+  auto branch = [](const Tensor& s) {
+    return cond(
+        s.sum() > 0, [](const std::vector<Tensor>& o) { return std::vector<Tensor>{o[0] * 2}; },
+        [](const std::vector<Tensor>& o) { return std::vector<Tensor>{-o[0]}; }, {s})[0];
+  };
+  // while_loop with a per-sample trip count: halve until below 1.
+  auto halve = [](const Tensor& s) {
+    return while_loop(
+        [](const std::vector<Tensor>& st) { return std::vector<Tensor>{st[0].abs().sum() > 1}; },
+        [](const std::vector<Tensor>& st) { return std::vector<Tensor>{st[0] * 0.5}; }, {s})[0];
+  };
+  const std::vector<std::function<Tensor(const Tensor&)>> fns{cumulative, branch, halve};
+  const int64_t before = detail::batch_loop_calls();
+  for (const auto& f : fns) {
+    const Tensor got = func::vmap(f)(x);
+    std::vector<Tensor> want;
+    for (int64_t b = 0; b < 5; ++b) want.push_back(f(x.select(0, b)));
+    CHECK(close(got, stack(want, 0), 1e-5));
+  }
+  CHECK(detail::batch_loop_calls() == before);
+  // The batch along another dim, compiled, and with gradients through the scan.
+  const Tensor xt = x.permute({1, 0, 2}).contiguous();  // (4, 5, 3): samples along dim 1
+  auto compiled = compile([&](const Tensor& a) { return func::vmap(cumulative, {1})(a); });
+  CHECK(close(compiled(xt), func::vmap(cumulative)(x), 1e-5));
+  Tensor xg = x.clone().requires_grad_();
+  func::vmap(cumulative)(xg).sum().backward();
+  Tensor xl = x.clone().requires_grad_();
+  for (int64_t b = 0; b < 5; ++b) cumulative(xl.select(0, b)).sum().backward();
+  CHECK(close(xg.grad(), xl.grad(), 1e-5));
 }
 
 TEST_CASE("vmap: its errors name the arguments") {

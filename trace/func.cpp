@@ -12,10 +12,15 @@
 // other. What vmap refuses, each with a ValueError:
 //  - arguments whose batch sizes differ, or no batched argument;
 //  - a random op under Randomness::Error (the default, as torch.func's randomness="error");
-//  - cond, scan and while_loop inside the function, and in-place writes of a batched value into
-//    a tensor from outside it.
+//    Randomness::Same runs it once for every sample, Randomness::Different draws the batch's
+//    shape at once (the state advance the trace recorded for one sample runs after it);
+//  - in-place writes of a batched value into a tensor from outside it.
+// cond, scan and while_loop inside the function batch too (Note [vmap of control flow]).
 // An unbatched result is expanded to the batch, as torch.func does.
 #include "trace/func.h"
+
+#include <algorithm>
+#include <unordered_map>
 
 #include "core/dispatch.h"
 #include "core/ops.h"
@@ -23,6 +28,8 @@
 
 namespace duet::func::detail {
 
+using duet::ControlFlow;
+using duet::ControlKind;
 using duet::Graph;
 using duet::GraphNode;
 using duet::InputRole;
@@ -87,11 +94,22 @@ Tensor place_result(const BatchedArg& v, int64_t batch, int64_t out_dim) {
 BatchedArg run_op(const GraphNode& n, const std::vector<BatchedArg>& in, int64_t batch,
                   Randomness randomness, const std::string& label) {
   const OpDef& def = duet::detail::op_def(n.op);
-  if (n.op == OpId::Random)
-    DUET_CHECK_VALUE(randomness == Randomness::Same,
+  if (n.op == OpId::Random) {
+    DUET_CHECK_VALUE(randomness != Randomness::Error,
                      "[vmap] {}: a random op ({}) under vmap; pass Randomness::Same to draw the "
-                     "same values for every sample (torch.func's randomness=\"same\")",
+                     "same values for every sample (torch.func's randomness=\"same\"), or "
+                     "Randomness::Different to draw for each",
                      label, n.site ? n.site.str() : "random");
+    if (randomness == Randomness::Different) {
+      // One draw of the batch's shape (what a loop over the samples would draw, as one call),
+      // from the generator of the state's device, which moves on by as much.
+      const Attrs& a = n.attrs;
+      Shape s{batch};
+      for (int64_t d : a.ints) s.push_back(d);
+      const Options o = Options().dtype(a.dtype).device(in.at(0).value.device());
+      return {a.dim == 0 ? rand(s, o) : a.dim == 1 ? randn(s, o) : randint(a.end, s, o), 0};
+    }
+  }
   bool batched = false;
   for (const BatchedArg& x : in) batched = batched || x.bdim >= 0;
   if (!batched) {
@@ -104,11 +122,117 @@ BatchedArg run_op(const GraphNode& n, const std::vector<BatchedArg>& in, int64_t
   return rule(def, in, n.attrs, batch);
 }
 
-// The traced graph on the batched arguments (Note [vmap]).
-std::vector<Tensor> run_graph(const Graph& g, const std::vector<BatchedArg>& args,
-                              const Tracer::Lifts* lifts, int64_t batch, int64_t out_dim,
-                              Randomness randomness, const std::string& label) {
+std::vector<BatchedArg> run_values(const Graph& g, const std::vector<BatchedArg>& args,
+                                   const Tracer::Lifts* lifts, int64_t batch, Randomness randomness,
+                                   const std::string& label);
+
+// x with its batch first, expanded to the batch when unbatched.
+Tensor batch_first(const BatchedArg& x, int64_t batch) { return place_result(x, batch, 0); }
+
+// A per-sample predicate (one element) of the batch, as (B, 1, ..., 1) with `rank` 1s.
+Tensor batch_mask(const BatchedArg& pred, int64_t batch, int64_t rank) {
+  Shape s{batch};
+  for (int64_t d = 0; d < rank; ++d) s.push_back(1);
+  return reshape(batch_first(pred, batch), s);
+}
+
+// Per sample, a where b: where(mask, a, b) with the batch first.
+BatchedArg select_samples(const BatchedArg& pred, const BatchedArg& a, const BatchedArg& b,
+                          int64_t batch) {
+  const Tensor ta = batch_first(a, batch), tb = batch_first(b, batch);
+  return {where(batch_mask(pred, batch, ta.dim() - 1), ta, tb), 0};
+}
+
+// Whether a predicate with no batch holds: read on the host, unless a trace is running (then
+// both ways are taken, as for a batched one).
+std::optional<bool> host_predicate(const BatchedArg& pred) {
+  if (pred.bdim >= 0 || Tracer::current()) return std::nullopt;
+  return pred.value.item<bool>();
+}
+
+// Note [vmap of control flow]
+// cond, scan and while_loop run on the batch as JAX's batching rules run them:
+//  - scan: the body runs once per step on the whole batch (its subgraph through run_values),
+//    the xs sliced at the step along their per-sample dim 0 and the ys stacked along it;
+//  - cond: with a batched predicate both branches run on the batch and each sample takes its
+//    branch's results (where); an unbatched one picks its branch;
+//  - while_loop: with a batched predicate the body runs while any sample's predicate holds, and
+//    a sample whose predicate failed keeps its state (where).
+std::vector<BatchedArg> run_control(const ControlFlow& cf, const std::vector<BatchedArg>& in,
+                                    int64_t batch, Randomness randomness,
+                                    const std::string& label) {
+  auto run = [&](const Graph& sub, const std::vector<BatchedArg>& a) {
+    return run_values(sub, a, nullptr, batch, randomness, label);
+  };
+  const auto nc = static_cast<size_t>(cf.num_carry);
+  if (cf.kind == ControlKind::Cond) {
+    const std::vector<BatchedArg> rest(in.begin() + 1, in.end());
+    if (std::optional<bool> p = host_predicate(in[0])) return run(cf.graphs[*p ? 0 : 1], rest);
+    const std::vector<BatchedArg> t = run(cf.graphs[0], rest), f = run(cf.graphs[1], rest);
+    std::vector<BatchedArg> out;
+    for (size_t k = 0; k < t.size(); ++k) out.push_back(select_samples(in[0], t[k], f[k], batch));
+    return out;
+  }
+  if (cf.kind == ControlKind::WhileLoop) {
+    std::vector<BatchedArg> state(in.begin(), in.begin() + static_cast<std::ptrdiff_t>(nc));
+    const std::vector<BatchedArg> free(in.begin() + static_cast<std::ptrdiff_t>(nc), in.end());
+    for (;;) {
+      std::vector<BatchedArg> a = state;
+      a.insert(a.end(), free.begin(), free.end());
+      const BatchedArg p = run(cf.graphs[0], a).at(0);
+      if (std::optional<bool> h = host_predicate(p)) {
+        if (!*h) return state;
+        state = run(cf.graphs[1], a);
+        continue;
+      }
+      if (!(batch_first(p, batch).to(DType::i64).sum().item<int64_t>() > 0)) return state;
+      const std::vector<BatchedArg> next = run(cf.graphs[1], a);
+      for (size_t k = 0; k < nc; ++k) state[k] = select_samples(p, next[k], state[k], batch);
+    }
+  }
+  // scan
+  const auto nx = static_cast<size_t>(cf.num_xs);
+  std::vector<BatchedArg> carry(in.begin(), in.begin() + static_cast<std::ptrdiff_t>(nc));
+  const std::vector<BatchedArg> free(in.begin() + static_cast<std::ptrdiff_t>(nc + nx), in.end());
+  std::vector<BatchedArg> xs;  // batch first when batched: the steps along dim 1
+  for (size_t k = 0; k < nx; ++k)
+    xs.push_back(in[nc + k].bdim < 0 ? in[nc + k] : BatchedArg{batch_first(in[nc + k], batch), 0});
+  const int64_t length = nx == 0 ? 0 : xs[0].value.sizes()[xs[0].bdim < 0 ? 0 : 1];
+  std::vector<std::vector<BatchedArg>> ys(cf.results.size() - nc);
+  for (int64_t s = 0; s < length; ++s) {
+    const int64_t t = cf.reverse ? length - 1 - s : s;
+    std::vector<BatchedArg> a = carry;
+    for (const BatchedArg& x : xs)
+      a.push_back(x.bdim < 0 ? BatchedArg{select(x.value, 0, t), -1}
+                             : BatchedArg{select(x.value, 1, t), 0});
+    a.insert(a.end(), free.begin(), free.end());
+    const std::vector<BatchedArg> out = run(cf.graphs[0], a);
+    carry.assign(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(nc));
+    for (size_t k = 0; k < ys.size(); ++k) ys[k].push_back(out[nc + k]);
+  }
+  std::vector<BatchedArg> out = carry;
+  for (size_t k = 0; k < ys.size(); ++k) {
+    const TensorMeta& m = cf.results[nc + k];
+    if (ys[k].empty()) {  // no steps: the per-sample stack is empty
+      out.push_back({zeros(m.shape, Options().dtype(m.dtype).device(m.device)), -1});
+      continue;
+    }
+    if (cf.reverse) std::reverse(ys[k].begin(), ys[k].end());
+    bool any = false;
+    for (const BatchedArg& y : ys[k]) any = any || y.bdim >= 0;
+    std::vector<Tensor> parts;
+    for (const BatchedArg& y : ys[k]) parts.push_back(any ? batch_first(y, batch) : y.value);
+    out.push_back({stack(parts, any ? 1 : 0), any ? 0 : -1});
+  }
+  return out;
+}
+
+// The traced graph on the batched arguments (Note [vmap]): the batched value of each output.
+std::vector<BatchedArg> run_values(const Graph& g, const std::vector<BatchedArg>& args,
+                                   const Tracer::Lifts* lifts, int64_t batch, Randomness randomness,
+                                   const std::string& label) {
   std::vector<BatchedArg> v(g.nodes.size());
+  std::unordered_map<size_t, std::vector<BatchedArg>> tuples;  // of Control nodes
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const GraphNode& n = g.nodes[i];
     switch (n.kind) {
@@ -129,11 +253,15 @@ std::vector<Tensor> run_graph(const Graph& g, const std::vector<BatchedArg>& arg
         v[i] = run_op(n, in, batch, randomness, label);
         break;
       }
-      default:
-        DUET_CHECK_VALUE(false,
-                         "[vmap] {}: cond, scan and while_loop inside a vmapped function are not "
-                         "supported",
-                         label);
+      case NodeKind::Control: {
+        std::vector<BatchedArg> in;
+        for (int32_t x : n.inputs) in.push_back(v[static_cast<size_t>(x)]);
+        tuples[i] = run_control(*n.control, in, batch, randomness, label);
+        break;
+      }
+      case NodeKind::Project:
+        v[i] = tuples.at(static_cast<size_t>(n.inputs[0])).at(static_cast<size_t>(n.index));
+        break;
     }
   }
   for (const duet::WriteBack& w : g.writebacks) {
@@ -145,9 +273,8 @@ std::vector<Tensor> run_graph(const Graph& g, const std::vector<BatchedArg>& arg
     NoGradGuard ng;
     Tensor(g.captured[static_cast<size_t>(w.target)]).copy_(x.value);
   }
-  std::vector<Tensor> out;
-  for (int32_t o : g.outputs)
-    out.push_back(place_result(v[static_cast<size_t>(o)], batch, out_dim));
+  std::vector<BatchedArg> out;
+  for (int32_t o : g.outputs) out.push_back(v[static_cast<size_t>(o)]);
   return out;
 }
 
@@ -185,7 +312,10 @@ std::vector<Tensor> vmap_call(const std::function<std::vector<Tensor>(std::vecto
   tr.reset();
   std::vector<BatchedArg> batched;
   for (size_t i = 0; i < args.size(); ++i) batched.push_back({args[i], dims[i]});
-  return run_graph(g, batched, &lifts, batch, out_dim, randomness, label);
+  std::vector<Tensor> out;
+  for (const BatchedArg& r : run_values(g, batched, &lifts, batch, randomness, label))
+    out.push_back(place_result(r, batch, out_dim));
+  return out;
 }
 
 void check_argnum(int argnum, size_t args, const std::string& label) {

@@ -18,8 +18,9 @@
 namespace duet::func {
 
 /// What vmap does with a random op inside the function, as torch.func's `randomness`: an error
-/// (the default), or the same draws for every sample.
-enum class Randomness { Error, Same };
+/// (the default), the same draws for every sample, or different draws for each (one draw of the
+/// batch's shape: the values `rand({batch, ...})` would give).
+enum class Randomness { Error, Same, Different };
 
 namespace detail {
 

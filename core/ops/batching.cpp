@@ -18,9 +18,10 @@
 //    the batch in front (an unbatched one is expanded, a view) and the dim moves up by one;
 //  - attention and its gradient: the batch is one more leading dim of every operand;
 //  - ops on a batch of images with shared filters (conv2d, its input gradient, unfold, fold):
-//    the samples' images are one batch of B * N images.
+//    the samples' images are one batch of B * N images; conv2d's weight gradient per sample is
+//    one unfold of the B * N images and one batched product;
 // The result of every rule holds the batch at dim 0 (a view's at its input's). An op without a
-// rule, or operands its rule does not take (conv2d's weight gradient, a per-sample filter),
+// rule, or operands its rule does not take (a per-sample filter),
 // runs once per sample and the results are stacked
 // (batch_loop), with a warning naming the op the first time. Rules call ops through the
 // dispatcher, so an enclosing trace records the batched calls and autograd differentiates
@@ -184,6 +185,23 @@ BatchedArg images_rule(const OpDef& def, const std::vector<BatchedArg>& in, cons
   return {reshape(y, out), 0};
 }
 
+// conv2d's weight gradient per sample, dw_b = sum over n of gy_b,n (O, L) cols_b,n^T (L, C*kk),
+// with cols the unfolded images: one unfold of all B * N images and one batched product.
+BatchedArg weight_grad_rule(const OpDef& def, const std::vector<BatchedArg>& in, const Attrs& a,
+                            int64_t batch) {
+  if (symbolic(a)) return batch_loop(def, in, a, batch);
+  const Tensor x = batched_first(in[0], batch), gy = batched_first(in[1], batch);  // (B, N, ...)
+  const Shape &xs = x.sizes(), &gs = gy.sizes();
+  const int64_t n = xs[1], c = xs[2], o = gs[2], l = gs[3] * gs[4], kk = a.ints[0] * a.ints[1];
+  const Tensor cols = call_on(OpId::Unfold, {reshape(x, {batch * n, c, xs[3], xs[4]})}, a);
+  // (B, O, N * L) times (B, N * L, C * kk)
+  const Tensor lhs =
+      reshape(permute(reshape(gy, {batch, n, o, l}), {0, 2, 1, 3}), {batch, o, n * l});
+  const Tensor rhs =
+      reshape(permute(reshape(cols, {batch, n, c * kk, l}), {0, 1, 3, 2}), {batch, n * l, c * kk});
+  return {reshape(matmul(lhs, rhs), {batch, o, c, a.ints[0], a.ints[1]}), 0};
+}
+
 // in[0] itself, once in[1] is ready: the result is batched as in[0] is.
 BatchedArg barrier_rule(const OpDef& def, const std::vector<BatchedArg>& in, const Attrs& a,
                         int64_t) {
@@ -234,6 +252,7 @@ void register_batching_rules(OpDef* t) {
   for (OpId op : {OpId::Attention, OpId::AttentionBackward}) t[int(op)].batch = leading_rule;
   for (OpId op : {OpId::Conv2d, OpId::Conv2dInputGrad, OpId::Unfold, OpId::Fold})
     t[int(op)].batch = images_rule;
+  t[int(OpId::Conv2dWeightGrad)].batch = weight_grad_rule;
 }
 
 }  // namespace duet::detail
