@@ -192,6 +192,9 @@ void run_vm(const Config&, std::vector<Result>&);
 /// B1, B2: per-sample models (a BiLSTM tagger, a TreeLSTM) in an Autobatch scope against the
 /// loop over samples and, for B1, the model padded and batched by hand (autobatch.cpp).
 void run_b1(const Config&, std::vector<Result>&);
+/// B3: per-sample gradients of the W4 MLP's last weight at batch 64, vmap(grad) against the loop
+/// (func.cpp).
+void run_b3(const Config&, std::vector<Result>&);
 void run_b2(const Config&, std::vector<Result>&);
 /// TT (not a standard workload): two MLP towers on one input, joined, a head and a training
 /// step, at batch 16 and 128, compiled with and without parallel branches.

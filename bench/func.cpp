@@ -56,4 +56,43 @@ void run_vm(const Config& c, std::vector<Result>& out) {
   }
 }
 
+// B3: per-sample gradients of the W4 MLP (784-1024-1024-10, ReLU, softmax cross-entropy) at
+// batch 64, with respect to its last weight (1024 x 10), as func::vmap(func::grad(loss)) against
+// the loop of func::grad per sample; the two are checked to agree first. ms per call.
+void run_b3(const Config& c, std::vector<Result>& out) {
+  constexpr int64_t kSamples = 64;
+  duet::manual_seed(37);
+  const Tensor w1 = duet::randn({784, 1024}) * 0.03, w2 = duet::randn({1024, 1024}) * 0.03;
+  const Tensor w3 = duet::randn({1024, 10}) * 0.03;
+  const Tensor x = duet::rand({kSamples, 784});
+  const Tensor y = duet::randint(10, {kSamples}, duet::Options().dtype(duet::DType::i64));
+  auto loss = [&](const Tensor& w, const Tensor& xi, const Tensor& yi) {
+    Tensor h = duet::relu(duet::matmul(duet::relu(duet::matmul(xi.reshape({1, 784}), w1)), w2));
+    return duet::cross_entropy(duet::matmul(h, w), yi.reshape({1}));
+  };
+  auto per_sample = duet::func::vmap(duet::func::grad(loss), {std::nullopt, 0, 0});
+  auto loop = [&] {
+    std::vector<Tensor> g;
+    for (int64_t i = 0; i < kSamples; ++i)
+      g.push_back(duet::func::grad(loss)(w3, x.select(0, i), y.select(0, i)));
+    return duet::stack(g, 0);
+  };
+  auto compiled = duet::compile(
+      [&](const Tensor& w, const Tensor& xs, const Tensor& ys) { return per_sample(w, xs, ys); });
+  const Tensor want = loop();
+  for (const Tensor& got : {per_sample(w3, x, y), compiled(w3, x, y)}) {
+    const double diff = duet::abs(got - want).max().item<float>();
+    if (!(diff <= 1e-4))
+      throw duet::Error(fmt::format("B3: vmap(grad) and the loop differ by {}", diff));
+  }
+  const auto t = time_interleaved(
+      {[&] { per_sample(w3, x, y); }, [&] { compiled(w3, x, y); }, [&] { loop(); }}, c.reps);
+  const char* modes[] = {"eager", "compiled", "loop"};
+  for (size_t k = 0; k < t.size(); ++k) {
+    Result r = base("B3", modes[k], c, "ms_per_call");
+    r.variant = k == 2 ? "grad_per_sample" : "vmap_grad";
+    out.push_back(summarize(r, t[k], [](double s) { return 1e3 * s; }));
+  }
+}
+
 }  // namespace bench

@@ -132,6 +132,7 @@ int main(int argc, char** argv) {
     if (only.count("VM")) run("VM", bench::run_vm);
     if (only.count("B1")) run("B1", bench::run_b1);
     if (only.count("B2")) run("B2", bench::run_b2);
+    if (only.count("B3")) run("B3", bench::run_b3);
   }
   // CUDA workloads: on --device cuda or all, or when --only names them.
   const bool on_cuda = cfg.device != "cpu" && !ablation;
