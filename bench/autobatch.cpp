@@ -7,14 +7,14 @@
 //    5-60 tokens; the hand-batched version runs both cells over (64, 64) padded steps, keeps
 //    each sentence's state where its tokens end (masks), and averages the tags' losses over
 //    the real tokens.
-//  - B2: a binary TreeLSTM (Tai et al. 2015; embeddings and hidden 64, 5 classes) over random
-//    binary trees of 2-40 leaves: each tree embeds its words at once, leaves and inner nodes
-//    are TreeLSTM cells, and the root's state is classified.
+//  - B2: the binary TreeLSTM of samples/treelstm.h (embeddings and hidden 64, 5 classes) over
+//    random binary trees of 2-40 leaves.
 #include <optional>
 #include <random>
 
 #include "bench/bench.h"
 #include "duet.h"
+#include "samples/treelstm.h"
 
 namespace bench {
 
@@ -68,73 +68,17 @@ void report(const char* name, const Config& c, std::vector<Result>& out,
 void run_b2(const Config& c, std::vector<Result>& out) {
   constexpr int64_t kVocab = 1000, kClasses = 5;
   duet::manual_seed(41);
-  nn::Embedding emb(kVocab, kDim);
-  nn::Linear leaf(kDim, 3 * kDim), inner(2 * kDim, 5 * kDim), cls(kDim, kClasses);
-  struct Tree {
-    Tensor pick;  // a leaf's word position in its sentence, shape (1)
-    std::unique_ptr<Tree> l, r;
-  };
-  std::function<std::unique_ptr<Tree>(std::mt19937&, int, int)> build = [&](std::mt19937& g, int lo,
-                                                                            int hi) {
-    auto t = std::make_unique<Tree>();
-    if (hi - lo == 1) {
-      t->pick = duet::full({1}, lo, duet::Options().dtype(duet::DType::i64));
-      return t;
-    }
-    const int k = lo + 1 + static_cast<int>(g() % static_cast<unsigned>(hi - lo - 1));
-    t->l = build(g, lo, k);
-    t->r = build(g, k, hi);
-    return t;
-  };
-  struct Sample {
-    Tensor words, label;
-    std::unique_ptr<Tree> tree;
-  };
+  duet::treelstm::TreeLSTM model(kVocab, kDim, kClasses);
   std::mt19937 g(43);
-  std::vector<Sample> batch;
-  for (int64_t i = 0; i < kBatch; ++i) {
-    const int n = 2 + static_cast<int>(g() % 39);
-    std::vector<double> w;
-    for (int k = 0; k < n; ++k) w.push_back(static_cast<double>(g() % kVocab));
-    batch.push_back({duet::tensor(w, duet::Options().dtype(duet::DType::i64)),
-                     duet::full({1}, static_cast<double>(g() % kClasses),
-                                duet::Options().dtype(duet::DType::i64)),
-                     build(g, 0, n)});
-  }
-  struct State {
-    Tensor h, c;
-  };
-  std::function<State(const Tree&, const Tensor&)> cell = [&](const Tree& t, const Tensor& xs) {
-    Tensor iou, fl, fr;
-    State a, b;
-    if (t.pick.defined()) {
-      iou = duet::index_select(xs, 0, t.pick).reshape({3 * kDim});
-    } else {
-      a = cell(*t.l, xs);
-      b = cell(*t.r, xs);
-      Tensor z = inner(duet::cat({a.h, b.h}, 0));
-      iou = z.slice(0, 0, 3 * kDim);
-      fl = duet::sigmoid(z.slice(0, 3 * kDim, 4 * kDim));
-      fr = duet::sigmoid(z.slice(0, 4 * kDim, 5 * kDim));
-    }
-    Tensor c1 = duet::sigmoid(iou.slice(0, 0, kDim)) * duet::tanh(iou.slice(0, 2 * kDim, 3 * kDim));
-    if (!t.pick.defined()) c1 = c1 + fl * a.c + fr * b.c;
-    return State{duet::sigmoid(iou.slice(0, kDim, 2 * kDim)) * duet::tanh(c1), c1};
-  };
-  std::vector<Tensor> params;
-  for (nn::Module* m : std::initializer_list<nn::Module*>{&emb, &leaf, &inner, &cls})
-    for (const Tensor& p : m->parameters()) params.push_back(p);
+  const std::vector<duet::treelstm::Sample> batch =
+      duet::treelstm::random_batch(g, kBatch, 2, 40, kVocab, kClasses);
+  const std::vector<Tensor> params = model.parameters();
   auto step = [&](bool batched) {
-    for (Tensor& p : params)
+    for (const Tensor& p : params)
       if (p.grad().defined()) p.grad().zero_();
     std::optional<duet::Autobatch> scope;
     if (batched) scope.emplace();
-    Tensor loss;
-    for (const Sample& s : batch) {
-      Tensor l = duet::cross_entropy(
-          cls(cell(*s.tree, leaf(emb(s.words))).h).reshape({1, kClasses}), s.label);
-      loss = loss.defined() ? loss + l : l;
-    }
+    Tensor loss = model.loss(batch);
     loss.backward();
     return loss.item<float>();
   };

@@ -7,67 +7,11 @@
 #include <random>
 #include <thread>
 
+#include "samples/treelstm.h"
 #include "util.h"
 
 namespace duet::test {
 namespace {
-
-struct Tree {
-  Tensor word;  // a leaf's word (i64, shape (1)); undefined for an inner node
-  std::unique_ptr<Tree> left, right;
-};
-
-std::unique_ptr<Tree> random_tree(std::mt19937& g, int leaves, int64_t vocab) {
-  auto t = std::make_unique<Tree>();
-  if (leaves == 1) {
-    t->word = full({1}, static_cast<double>(g() % vocab), Options().dtype(DType::i64));
-    return t;
-  }
-  const int k = 1 + static_cast<int>(g() % static_cast<unsigned>(leaves - 1));
-  t->left = random_tree(g, k, vocab);
-  t->right = random_tree(g, leaves - k, vocab);
-  return t;
-}
-
-// B2's model, small: a binary TreeLSTM (Tai et al. 2015). A leaf's gates come from its word's
-// embedding, an inner node's from its children's states, with a forget gate per child.
-struct TreeLstm {
-  static constexpr int64_t h = 6;
-  nn::Embedding emb{20, 8};
-  nn::Linear leaf{8, 3 * h}, join{2 * h, 5 * h}, out{h, 3};
-  std::vector<Tensor> parameters() {
-    std::vector<Tensor> p;
-    for (nn::Module* m : std::initializer_list<nn::Module*>{&emb, &leaf, &join, &out})
-      for (const Tensor& t : m->parameters()) p.push_back(t);
-    return p;
-  }
-  std::pair<Tensor, Tensor> encode(const Tree& t) {
-    Tensor iou, fl, fr;
-    std::pair<Tensor, Tensor> a, b;
-    if (t.word.defined()) {
-      iou = leaf(emb(t.word)).reshape({3 * h});
-    } else {
-      a = encode(*t.left);
-      b = encode(*t.right);
-      Tensor z = join(cat({a.first, b.first}, 0));
-      iou = z.slice(0, 0, 3 * h);
-      fl = sigmoid(z.slice(0, 3 * h, 4 * h));
-      fr = sigmoid(z.slice(0, 4 * h, 5 * h));
-    }
-    Tensor c = sigmoid(iou.slice(0, 0, h)) * tanh(iou.slice(0, 2 * h, 3 * h));
-    if (!t.word.defined()) c = c + fl * a.second + fr * b.second;
-    return {sigmoid(iou.slice(0, h, 2 * h)) * tanh(c), c};
-  }
-  Tensor loss(const std::vector<std::unique_ptr<Tree>>& trees, const std::vector<int64_t>& y) {
-    Tensor total;
-    for (size_t i = 0; i < trees.size(); ++i) {
-      Tensor l = cross_entropy(out(encode(*trees[i]).first).reshape({1, 3}),
-                               full({1}, static_cast<double>(y[i]), Options().dtype(DType::i64)));
-      total = total.defined() ? total + l : l;
-    }
-    return total;
-  }
-};
 
 // A BiLSTM tagger: LSTM cells left to right and right to left over each sentence's embeddings,
 // and a tag per word from both states.
@@ -128,16 +72,12 @@ void check_same_step(std::vector<Tensor> params, const std::function<Tensor()>& 
 }
 
 TEST_CASE("autobatch: a TreeLSTM over random trees, values and gradients") {
+  // B2's model (samples/treelstm.h), small.
   manual_seed(3);
-  TreeLstm m;
+  treelstm::TreeLSTM m(20, 6, 3);
   std::mt19937 g(5);
-  std::vector<std::unique_ptr<Tree>> trees;
-  std::vector<int64_t> y;
-  for (int i = 0; i < 12; ++i) {
-    trees.push_back(random_tree(g, 2 + static_cast<int>(g() % 9), 20));
-    y.push_back(static_cast<int64_t>(g() % 3));
-  }
-  check_same_step(m.parameters(), [&] { return m.loss(trees, y); });
+  const std::vector<treelstm::Sample> batch = treelstm::random_batch(g, 12, 2, 10, 20, 3);
+  check_same_step(m.parameters(), [&] { return m.loss(batch); });
   const AutobatchStats s = autobatch_stats();
   CHECK(s.runs == 1);  // the backward defers the leaves' accumulation: one run at the end
   CHECK(s.batches > 0);
