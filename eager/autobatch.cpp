@@ -134,6 +134,7 @@ class Operands {
 struct PendingOp {
   OpId op;
   Operands inputs;
+  CallSite site;   // the user's line that called it: an error at the run names it
   StoragePtr out;  // the lazy storage of the result
   Shape shape;
   DType dtype;
@@ -235,7 +236,7 @@ Tensor Autobatch::Impl::handle(const OpCall& c) {
 
 int32_t Autobatch::Impl::record(const OpCall& c, const TensorImplPtr& out) {
   const auto id = static_cast<int32_t>(ops_.size());
-  PendingOp op{c.op, {}, out->storage, c.meta.shape, c.meta.dtype, -1, 0};
+  PendingOp op{c.op, {}, detail::tls_site, out->storage, c.meta.shape, c.meta.dtype, -1, 0};
   // The signature is built in a scratch key, copied into the table only when new.
   SigKey& key = scratch_;
   key.op = c.op;
@@ -370,9 +371,11 @@ void Autobatch::Impl::run_group(std::vector<PendingOp>& ops, const Attrs& attrs,
                                 const std::vector<int32_t>& ids) {
   PendingOp& first = ops[static_cast<size_t>(ids[0])];
   const OpDef& def = detail::op_def(first.op);
+  detail::SiteGuard at(first.site);  // a batch's error names its first sample's line
   auto run_each = [&] {
     for (int32_t id : ids) {
       PendingOp& o = ops[static_cast<size_t>(id)];
+      detail::SiteGuard at(o.site);
       std::vector<const Tensor*> in;
       for (const Tensor& x : o.inputs) in.push_back(&x);
       place(o, detail::call(o.op, TensorRefs(in.data(), static_cast<int64_t>(in.size())), attrs));
