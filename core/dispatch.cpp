@@ -388,7 +388,7 @@ void run_lazy_work() {
 }
 
 void force_lazy(const StorageImpl* st) {
-  if (tls_lazy_runner) tls_lazy_runner->run_lazy();
+  run_lazy_work();
   DUET_CHECK(!st->lazy,
              "[autobatch] a tensor ({} bytes on {}) that an Autobatch scope computes lazily was "
              "read {}. Read it on the scope's thread, while the scope is open or after it closed",

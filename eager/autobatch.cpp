@@ -147,6 +147,24 @@ StorageImpl* root_of(const TensorImpl* x) {
   StorageImpl* s = x->storage.get();
   return s->base ? s->base.get() : s;
 }
+const StoragePtr& owner_of(const TensorImpl* x) {
+  return x->storage->base ? x->storage->base : x->storage;
+}
+
+// Whether an op's result, in the buffer owned by `root`, shares memory with one of its operands.
+bool aliases_operand(const PendingOp& op, const StorageImpl* root) {
+  for (const Tensor& x : op.inputs)
+    if (root_of(x.unsafe_impl()) == root) return true;
+  return false;
+}
+
+// A lazy storage computed: its value is at `data`, in the buffer `root` owns.
+void fill(StorageImpl* st, void* data, const StoragePtr& root) {
+  st->data = st->nbytes ? data : nullptr;
+  st->base = root;
+  st->lazy = false;
+  st->lazy_op = -1;
+}
 
 // The ops of an Autobatch scope's thread that only a run may see: they count the kernels.
 class KernelCounter final : public DispatchMode {
@@ -390,7 +408,8 @@ void Autobatch::Impl::run_group(std::vector<PendingOp>& ops, const Attrs& attrs,
     for (int64_t d = 0; d < one.dim(); ++d) s.push_back(one.sizes()[d]);
     r = {expand(unsqueeze(one, 0), s).contiguous(), 0};
   } else {
-    if (ids.size() == 1 || !def.batch || first.op == OpId::Random) return run_each();
+    // (Random ops have signatures of their own: they come alone.)
+    if (ids.size() == 1 || !def.batch) return run_each();
     r = run_rule(ops, def, attrs, ids);
   }
   ++stats_.batches;
@@ -447,22 +466,15 @@ void Autobatch::Impl::place_batch(std::vector<PendingOp>& ops, const std::vector
     dense = v.sizes()[d] == 1 || vi->strides[d] == want[d - 1];
   if (!dense || vi->dtype != first.dtype) v = v.contiguous();
   vi = v.unsafe_impl();
-  StoragePtr root(vi->storage->base ? vi->storage->base : vi->storage);
+  const StoragePtr root = owner_of(vi);
   const int64_t step = (dense ? vi->strides[0] : first.shape.numel()) * itemsize(first.dtype);
   char* base = static_cast<char*>(vi->data());
   for (size_t k = 0; k < ids.size(); ++k) {
     PendingOp& o = ops[static_cast<size_t>(ids[k])];
-    bool aliases = false;  // the result shares memory with an operand: copied
-    for (const Tensor& x : o.inputs) aliases = aliases || root_of(x.unsafe_impl()) == root.get();
-    if (aliases) {
+    if (aliases_operand(o, root.get()))  // copied, as eager makes one
       place(o, select(v, 0, static_cast<int64_t>(k)).clone());
-      continue;
-    }
-    StorageImpl* st = o.out.get();
-    st->data = st->nbytes ? base + static_cast<int64_t>(k) * step : nullptr;
-    st->base = root;
-    st->lazy = false;
-    st->lazy_op = -1;
+    else
+      fill(o.out.get(), base + static_cast<int64_t>(k) * step, root);
   }
 }
 
@@ -499,7 +511,7 @@ Tensor Autobatch::Impl::gather(std::vector<PendingOp>& ops, const std::vector<in
       t->strides.push_back(x0->strides[d]);
     }
     t->offset = (a0 - base) / item;
-    t->storage = StoragePtr(x0->storage->base ? x0->storage->base : x0->storage);
+    t->storage = owner_of(x0);
     t->is_view = true;
     t->refresh_contiguous();
     return Tensor(std::move(v));
@@ -527,17 +539,10 @@ void Autobatch::Impl::place(PendingOp& op, const Tensor& r) {
   DUET_ASSERT(r.sizes() == op.shape && r.dtype() == op.dtype,
               "[autobatch] {} gave {} {} where its shape rule said {} {}",
               detail::op_def(op.op).name, r.sizes(), r.dtype(), op.shape, op.dtype);
-  Tensor m = r;
-  const StorageImpl* root = root_of(r.unsafe_impl());
-  bool aliases = false;  // the result shares memory with an operand: copied, as eager makes one
-  for (const Tensor& x : op.inputs) aliases = aliases || root_of(x.unsafe_impl()) == root;
-  if (!r.is_contiguous() || aliases) m = r.clone();
-  StorageImpl* st = op.out.get();
-  TensorImpl* mi = m.unsafe_impl();
-  st->data = st->nbytes ? mi->data() : nullptr;
-  st->base = mi->storage->base ? mi->storage->base : mi->storage;
-  st->lazy = false;
-  st->lazy_op = -1;
+  // A result that shares memory with an operand is copied, as eager makes one.
+  const Tensor m =
+      !r.is_contiguous() || aliases_operand(op, root_of(r.unsafe_impl())) ? r.clone() : r;
+  fill(op.out.get(), m.unsafe_impl()->data(), owner_of(m.unsafe_impl()));
 }
 
 Autobatch::Autobatch() {

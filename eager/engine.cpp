@@ -172,16 +172,6 @@ struct Capture {
   std::vector<Tensor> results;
 };
 
-// Note [Backward bookkeeping]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// A backward keeps, per node it reaches, the gradient summed so far, the count of consumers
-// still to run, whether it leads to a wanted gradient and whether it is queued; per leaf, the
-// gradient summed so far and its uses still to come. Each lives in one record of a vector,
-// found through one hash map from the node (or leaf) to its record, so a node costs one map
-// entry, and the per-node scratch (input pointers, needs, metadata, input gradients) reuses
-// buffers across nodes: an eager training step's backward allocates little beyond its tensors.
-// The records are per backward call, not fields of Node, since two threads may run backwards
-// through graphs that share nodes.
 // Note [Gradient sums under Autobatch]
 // A gradient summed over its uses (a node's output read by several ops, a leaf). Eagerly each
 // part is added as it comes. Under Autobatch (eager/autobatch.h) a weight shared by every sample
@@ -218,6 +208,16 @@ class GradSum {
   std::vector<Tensor> parts_;
 };
 
+// Note [Backward bookkeeping]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A backward keeps, per node it reaches, the gradient summed so far, the count of consumers
+// still to run, whether it leads to a wanted gradient and whether it is queued; per leaf, the
+// gradient summed so far and its uses still to come. Each lives in one record of a vector,
+// found through one hash map from the node (or leaf) to its record, so a node costs one map
+// entry, and the per-node scratch (input pointers, needs, metadata, input gradients) reuses
+// buffers across nodes: an eager training step's backward allocates little beyond its tensors.
+// The records are per backward call, not fields of Node, since two threads may run backwards
+// through graphs that share nodes.
 class BackwardRun {
  public:
   BackwardRun(bool retain_graph, bool create_graph, Capture* capture)
