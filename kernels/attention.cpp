@@ -90,6 +90,12 @@ void load_rows(const Operand& o, const char* p, int64_t rows, int64_t cols, Acc*
   for (int64_t r = 0; r < rows; ++r) {
     const T* src = reinterpret_cast<const T*>(p + r * o.rs * o.item);
     Acc* d = dst + r * cols;
+    if constexpr (std::is_same_v<T, bf16_t> && std::is_same_v<Acc, float>) {
+      if (o.cs == 1) {  // by the bits (Note [bf16 rows by their bits])
+        widen_bf16(src, d, cols);
+        continue;
+      }
+    }
     if (o.cs == 1) {
       for (int64_t c = 0; c < cols; ++c) d[c] = acc(src[c]);
     } else {
