@@ -166,6 +166,49 @@ void fill(StorageImpl* st, void* data, const StoragePtr& root) {
   st->lazy_op = -1;
 }
 
+// Whether two operands are the same tensor: one memory, read the same way.
+bool same_operand(const TensorImpl* x, const TensorImpl* y) {
+  return x == y || (x->storage == y->storage && x->offset == y->offset &&
+                    x->strides == y->strides && x->dtype == y->dtype);
+}
+
+// Note [Groups by operand]
+// Ops of one signature may read one of a few tensors at an operand: the weights of two cells of
+// one shape (an LSTM's w_ih and w_hh, a forward and a backward cell) multiply vectors of one
+// shape. Gathering that operand would copy a whole weight per sample. Where an operand takes at
+// most kMaxParts distinct tensors and each is read by at least kMinShare samples on average,
+// the group runs as one batch per tensor instead, each passing its tensor once (as shared
+// operands are, step 4 of Note [Autobatch]). An operand that differs in most samples (their
+// activations, read once or twice each) is gathered as before.
+constexpr size_t kMaxParts = 64, kMinShare = 4;
+
+// The group's ops split by the first operand that calls for it, or {} (Note [Groups by
+// operand]).
+std::vector<std::vector<int32_t>> split_by_operand(const std::vector<PendingOp>& ops,
+                                                   const std::vector<int32_t>& ids) {
+  const PendingOp& first = ops[static_cast<size_t>(ids[0])];
+  std::vector<const TensorImpl*> distinct;
+  std::vector<uint32_t> part(ids.size());
+  for (size_t p = 0; p < first.inputs.size(); ++p) {
+    if (first.inputs[p].unsafe_impl()->wrapped_number) continue;
+    distinct.clear();
+    bool split = true;
+    for (size_t k = 0; k < ids.size() && split; ++k) {
+      const TensorImpl* x = ops[static_cast<size_t>(ids[k])].inputs[p].unsafe_impl();
+      size_t d = 0;
+      while (d < distinct.size() && !same_operand(distinct[d], x)) ++d;
+      if (d == distinct.size()) distinct.push_back(x);
+      part[k] = static_cast<uint32_t>(d);
+      split = distinct.size() <= kMaxParts && distinct.size() * kMinShare <= ids.size();
+    }
+    if (!split || distinct.size() < 2) continue;
+    std::vector<std::vector<int32_t>> parts(distinct.size());
+    for (size_t k = 0; k < ids.size(); ++k) parts[part[k]].push_back(ids[k]);
+    return parts;
+  }
+  return {};
+}
+
 // The ops of an Autobatch scope's thread that only a run may see: they count the kernels.
 class KernelCounter final : public DispatchMode {
  public:
@@ -217,7 +260,11 @@ struct Autobatch::Impl final : DispatchMode, LazyRunner {
 
 namespace {
 thread_local Autobatch::Impl* tls_open = nullptr;
-}
+// A training step's scope records hundreds of thousands of ops. A fresh list per scope grew by
+// doubling into new pages at every step (a quarter of B1's page faults): the thread keeps the
+// largest list's memory for its next scope, as the caching allocator keeps tensors' memory.
+thread_local std::vector<PendingOp> tls_spare_ops;
+}  // namespace
 
 Tensor Autobatch::Impl::handle(const OpCall& c) {
   const OpDef& def = detail::op_def(c.op);
@@ -297,9 +344,9 @@ int32_t Autobatch::Impl::record(const OpCall& c, const TensorImplPtr& out) {
 
 void Autobatch::Impl::run() {
   if (ops_.empty() || running_) return;
-  std::vector<PendingOp> ops = std::move(ops_);
+  std::vector<PendingOp> ops;
+  ops.swap(ops_);
   std::vector<SigKey> keys = std::move(keys_);
-  ops_.clear();
   keys_.clear();
   sigs_.clear();
   struct Running {
@@ -383,6 +430,8 @@ void Autobatch::Impl::run() {
   }
   stats_.kernels_launched += counter_.kernels - kernels_before;
   tls_stats = stats_;
+  ops.clear();  // (nothing records while a run runs: ops_ is empty)
+  if (ops.capacity() > ops_.capacity()) ops_.swap(ops);
 }
 
 void Autobatch::Impl::run_group(std::vector<PendingOp>& ops, const Attrs& attrs,
@@ -410,6 +459,10 @@ void Autobatch::Impl::run_group(std::vector<PendingOp>& ops, const Attrs& attrs,
   } else {
     // (Random ops have signatures of their own: they come alone.)
     if (ids.size() == 1 || !def.batch) return run_each();
+    if (auto parts = split_by_operand(ops, ids); !parts.empty()) {
+      for (const std::vector<int32_t>& part : parts) run_group(ops, attrs, part);
+      return;
+    }
     r = run_rule(ops, def, attrs, ids);
   }
   ++stats_.batches;
@@ -429,9 +482,7 @@ BatchedArg Autobatch::Impl::run_rule(std::vector<PendingOp>& ops, const OpDef& d
     for (int32_t id : ids) {
       const TensorImpl* x = ops[static_cast<size_t>(id)].inputs[p].unsafe_impl();
       // Wrapped numbers of a signature hold one value (step 2), and promote as numbers.
-      shared = shared && (x == x0 || x->wrapped_number ||
-                          (x->storage == x0->storage && x->offset == x0->offset &&
-                           x->strides == x0->strides && x->dtype == x0->dtype));
+      shared = shared && (x->wrapped_number || same_operand(x, x0));
     }
     if (shared)
       in.push_back({first.inputs[p], -1});
@@ -549,6 +600,7 @@ Autobatch::Autobatch() {
   // Inside another scope, or while a trace or vmap runs: nothing to do (see the header).
   if (detail::mode_depth() > 0) return;
   impl_ = new Impl();
+  impl_->ops_.swap(tls_spare_ops);
   impl_->prev_runner_ = detail::set_lazy_runner(impl_);
   impl_->mode_.emplace(impl_);
   tls_open = impl_;
@@ -567,6 +619,8 @@ Autobatch::~Autobatch() noexcept(false) {
   detail::set_lazy_runner(impl->prev_runner_);
   tls_open = nullptr;
   tls_stats = impl->stats_;
+  if (impl->ops_.empty() && impl->ops_.capacity() > tls_spare_ops.capacity())
+    tls_spare_ops.swap(impl->ops_);
   // The error of the last run, unless the scope ends because of another error.
   if (error && std::uncaught_exceptions() == impl->uncaught_) std::rethrow_exception(error);
 }

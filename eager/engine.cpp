@@ -1,6 +1,7 @@
 // duet: the backward engine. It walks the tape from the outputs in reverse creation order,
 // calls each node's gradient rule (duet ops), sums gradients back to each input's shape and
 // dtype, and accumulates into leaves' .grad, or captures them for grad().
+#include <atomic>
 #include <mutex>
 #include <queue>
 #include <unordered_map>
@@ -212,19 +213,25 @@ class GradSum {
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A backward keeps, per node it reaches, the gradient summed so far, the count of consumers
 // still to run, whether it leads to a wanted gradient and whether it is queued; per leaf, the
-// gradient summed so far and its uses still to come. Each lives in one record of a vector,
-// found through one hash map from the node (or leaf) to its record, so a node costs one map
-// entry, and the per-node scratch (input pointers, needs, metadata, input gradients) reuses
-// buffers across nodes: an eager training step's backward allocates little beyond its tensors.
-// The records are per backward call, not fields of Node, since two threads may run backwards
-// through graphs that share nodes.
+// gradient summed so far and its uses still to come. Each lives in one record of a vector, and
+// the per-node scratch (input pointers, needs, metadata, input gradients) reuses buffers across
+// nodes: an eager training step's backward allocates little beyond its tensors.
+// A node's record is found through the node itself (Node::walk, Node::walk_slot: the backward's
+// number and the record's index). A hash map from node to record cost a fifth of a per-sample
+// loop's time (BiLSTM steps of 64 wide: its lookups missed the cache three times per edge). Two
+// threads may run backwards through graphs that share nodes, and a gradient hook may start a
+// backward inside one, so only a backward that starts while no other runs anywhere uses the
+// fields; any other keeps its records in a hash map of its own, and leaves the fields alone.
 class BackwardRun {
  public:
   BackwardRun(bool retain_graph, bool create_graph, Capture* capture)
       : retain_graph_(retain_graph), create_graph_(create_graph), capture_(capture) {
     st_.reserve(64);
-    index_.reserve(64);
+    if (!fields_) index_.reserve(64);
   }
+  ~BackwardRun() { g_running.fetch_sub(1, std::memory_order_acq_rel); }
+  BackwardRun(const BackwardRun&) = delete;
+  BackwardRun& operator=(const BackwardRun&) = delete;
   // Sums each root's gradient into its node's buffer; a root without history is a leaf, whose
   // gradient is captured (grad()) or accumulated into .grad at once.
   void seed(const std::vector<Tensor>& roots, const std::vector<Tensor>& root_grads);
@@ -240,8 +247,9 @@ class BackwardRun {
  private:
   struct NodeState {
     Node* node;
-    GradSum buffer{};  // the gradient of the node's output, summed over its consumers so far
-    int deps = 0;      // useful consumers that have not run yet
+    uint64_t sequence;  // the node's, kept here for the queue's comparisons
+    GradSum buffer{};   // the gradient of the node's output, summed over its consumers so far
+    int deps = 0;       // useful consumers that have not run yet
     bool visited = false, useful = false, queued = false;
   };
   // A leaf's gradient is summed over its uses, then accumulated into .grad once, as PyTorch's
@@ -253,20 +261,34 @@ class BackwardRun {
   };
   struct LaterFirst {
     const std::vector<NodeState>* st;
-    bool operator()(int32_t a, int32_t b) const {
-      return (*st)[a].node->sequence < (*st)[b].node->sequence;
-    }
+    bool operator()(int32_t a, int32_t b) const { return (*st)[a].sequence < (*st)[b].sequence; }
   };
 
   static void add_to(Tensor& slot, const Tensor& g) { slot = slot.defined() ? slot + g : g; }
 
   int32_t slot(Node* n) {
+    if (fields_) {
+      if (n->walk != walk_) {
+        n->walk = walk_;
+        n->walk_slot = static_cast<int32_t>(st_.size());
+        st_.push_back(NodeState{n, n->sequence});
+      }
+      return n->walk_slot;
+    }
     auto [it, fresh] = index_.try_emplace(n, static_cast<int32_t>(st_.size()));
-    if (fresh) st_.push_back(NodeState{n});
+    if (fresh) st_.push_back(NodeState{n, n->sequence});
     return it->second;
   }
   // The record of a node the traversal reached (every input edge of a reached node is).
-  NodeState& state(Node* n) { return st_[index_.at(n)]; }
+  int32_t index_of(Node* n) const {
+    if (fields_) {
+      DUET_ASSERT(n->walk == walk_, "[backward] a node ({}) the traversal did not reach",
+                  n->def ? n->def->name : "?");
+      return n->walk_slot;
+    }
+    return index_.at(n);
+  }
+  NodeState& state(Node* n) { return st_[static_cast<size_t>(index_of(n))]; }
   // Whether a gradient along e is wanted: e leads to a useful node, or to a leaf that wants
   // one (every leaf for backward(), the inputs for grad()).
   bool wanted(const InputEdge& e) {
@@ -284,6 +306,11 @@ class BackwardRun {
   void release(Node& n);
   void send_grads(const Node& n);
 
+  static inline std::atomic<int> g_running{0};
+  static inline std::atomic<uint64_t> g_walks{0};
+  // Whether this backward keeps its records' places in the nodes (none other ran as it began).
+  const bool fields_ = g_running.fetch_add(1, std::memory_order_acq_rel) == 0;
+  const uint64_t walk_ = g_walks.fetch_add(1, std::memory_order_relaxed) + 1;
   const bool retain_graph_, create_graph_;
   Capture* const capture_;
   std::vector<NodeState> st_;
@@ -425,7 +452,7 @@ void BackwardRun::send_grads(const Node& n) {
                 i);
     Tensor gin = sum_to(std::move(gi_[i]), e.meta);
     if (e.fn) {
-      const int32_t p = index_.at(e.fn.get());
+      const int32_t p = index_of(e.fn.get());
       st_[p].buffer.add(std::move(gin));
       if (--st_[p].deps == 0 && !st_[p].queued) enqueue(p);
     } else if (capture_) {

@@ -55,6 +55,10 @@ struct Node : std::enable_shared_from_this<Node> {
   SavedTensor saved_output;
   TensorMeta output_meta;
   uint64_t sequence = 0;  ///< creation order: later nodes run first in backward
+  /// The backward that reached this node last, and the node's record in it (Note [Backward
+  /// bookkeeping] in eager/engine.cpp); only a backward that starts while none runs uses them.
+  uint64_t walk = 0;
+  int32_t walk_slot = -1;
   bool released = false;  ///< saved tensors freed by a backward without retain_graph
   /// Set for a call of a compiled function (trace/compile.cpp): runs its compiled backward
   /// instead of def->grad. Arguments: the output's gradient, needs[i] per input, and the

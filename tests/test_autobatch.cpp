@@ -125,6 +125,28 @@ TEST_CASE("autobatch: results of one batched op feed the next as views, without 
   for (int64_t i = 0; i < 6; ++i) CHECK(close(y[static_cast<size_t>(i)], tanh(x[i] * w).exp()));
 }
 
+TEST_CASE("autobatch: ops that read one of a few weights batch per weight, not by copies") {
+  // Note [Groups by operand]: two layers of one shape make one signature; gathering their
+  // weights would copy a weight per sample.
+  nn::Linear a(5, 7), b(5, 7);
+  std::vector<Tensor> x;
+  for (int i = 0; i < 16; ++i) x.push_back(randn({1, 5}));
+  std::vector<Tensor> y;
+  {
+    NoGradGuard no_grad;
+    Autobatch scope;
+    for (int i = 0; i < 16; ++i)
+      y.push_back(i % 3 == 0 ? a(x[static_cast<size_t>(i)]) : b(x[static_cast<size_t>(i)]));
+  }
+  const AutobatchStats s = autobatch_stats();
+  CHECK(s.gathers == 2);  // the inputs of each weight's batch; never a weight
+  CHECK(s.batches == 4);  // a product and a bias add per weight
+  for (int i = 0; i < 16; ++i) {
+    const Tensor& xi = x[static_cast<size_t>(i)];
+    CHECK(close(y[static_cast<size_t>(i)], i % 3 == 0 ? a(xi) : b(xi), 1e-6));
+  }
+}
+
 TEST_CASE("autobatch: a weight's per-use products sum as one product") {
   // Note [Sums of products]: the backward sums a shared weight's gradients, one product per use.
   std::vector<Tensor> a, b;

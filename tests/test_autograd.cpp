@@ -96,6 +96,25 @@ TEST_CASE("a leaf used twice: its uses are summed, then accumulated into .grad o
   CHECK(x.grad().item<double>() == 2 * (0.1 + 3.3));
 }
 
+TEST_CASE("a backward inside a gradient hook leaves the records of the one it runs in alone") {
+  // Note [Backward bookkeeping]: the outer backward finds its records through the nodes; the
+  // inner one, which walks the same nodes (s, sin, x * x) while the outer has reached them, must
+  // keep its records elsewhere.
+  Tensor x = scalar(0.7, f64_leaf()), u = scalar(2.0, f64_leaf());
+  Tensor s = sum(sin(x * x));
+  Tensor loss = s + u * 5;  // u's product is recorded last, so the engine reaches it first
+  Tensor inner;
+  u.register_post_accumulate_grad_hook([&](const Tensor&) {
+    inner = detail::grad({s}, {x}, {}, /*create_graph=*/false, /*retain_graph=*/true)[0];
+  });
+  loss.backward();
+  const double want = std::cos(0.7 * 0.7) * 2 * 0.7;
+  REQUIRE(inner.defined());
+  CHECK(inner.item<double>() == doctest::Approx(want).epsilon(1e-12));
+  CHECK(x.grad().item<double>() == doctest::Approx(want).epsilon(1e-12));
+  CHECK(u.grad().item<double>() == 5);
+}
+
 TEST_CASE("a second backward needs retain_graph") {
   Tensor a = scalar(15.0, Options().requires_grad());
   Tensor b = scalar(20.0, Options().requires_grad());
