@@ -236,6 +236,23 @@ struct Autobatch::Impl final : DispatchMode, LazyRunner {
                    const BatchedArg& r);
   void place(PendingOp& op, const Tensor& r);
 
+  // The pending op `want` that made t, when t is all of its result (or a reshape of it); else
+  // nullptr.
+  const PendingOp* pending_result(const Tensor& t, OpId want) const {
+    const TensorImpl* x = t.unsafe_impl();
+    const StorageImpl* st = x->storage.get();
+    if (!st || !st->lazy || x->offset != 0 || !x->contiguous) return nullptr;
+    const int32_t id = producer(st);
+    if (id < 0) return nullptr;
+    const PendingOp& op = ops_[static_cast<size_t>(id)];
+    return op.op == want && op.shape.numel() == x->numel() ? &op : nullptr;
+  }
+  // Whether t is a pending zero tensor of this scope (a gradient rule's base).
+  bool pending_zeros(const Tensor& t) const {
+    const PendingOp* op = pending_result(t, OpId::Full);
+    return op && keys_[static_cast<size_t>(op->sig)].attrs.value.to<double>() == 0;
+  }
+
   // The op of a lazy storage of this scope, or -1.
   int32_t producer(const StorageImpl* st) const {
     const int32_t id = st->lazy_op;
@@ -664,6 +681,135 @@ Tensor detail::sum_of_products(const std::vector<Tensor>& parts) {
   }
   Tensor r = matmul(cat(as, 1), cat(bs, 0));
   return transposed ? r.t() : r;
+}
+
+// Note [Sums of slices]
+// A tensor sliced into pieces (an LSTM cell's gates, four slices of one product) gets one
+// gradient per piece, each a zero tensor of the whole with the piece's gradient scattered in
+// (Slice's rule), and the backward sums them: per sample, a zero tensor, a scatter and an add
+// per piece. When the pieces are disjoint ranges of one dim, the sum is their gradients
+// concatenated in order, with zeros for the gaps: one op, as the gradient of PyTorch's split is
+// one cat. The zero tensors and scatters, which nothing else reads, are dropped as dead (step 1
+// of Note [Autobatch]). The values are the same: each element is one piece's value, or 0.
+Tensor detail::sum_of_slices(const std::vector<Tensor>& parts) {
+  Autobatch::Impl* ab = tls_open;
+  if (!ab || parts.size() < 2) return {};
+  auto made_by = [ab](const Tensor& t, OpId want) { return ab->pending_result(t, want); };
+  struct Piece {
+    int64_t start, end;
+    Tensor grad;
+  };
+  std::vector<Piece> pieces;
+  Shape base_shape;
+  int64_t dim = -1;
+  for (const Tensor& t : parts) {
+    const PendingOp* op = made_by(t, OpId::SliceScatter);
+    if (!op || t.sizes() != parts[0].sizes() || t.dtype() != parts[0].dtype()) return {};
+    const Attrs& a = ab->keys_[static_cast<size_t>(op->sig)].attrs;
+    if (a.step != 1 || (dim >= 0 && a.dim != dim)) return {};
+    dim = a.dim;
+    if (!ab->pending_zeros(op->inputs[0])) return {};
+    if (pieces.empty()) base_shape = op->shape;
+    if (op->shape != base_shape) return {};
+    pieces.push_back({a.start, a.end, op->inputs[1]});
+  }
+  std::stable_sort(pieces.begin(), pieces.end(), [](const Piece& x, const Piece& y) {
+    return x.start < y.start || (x.start == y.start && x.end < y.end);
+  });
+  // The same slice read twice (a row read by two cells) sums its gradients first; slices that
+  // overlap otherwise are summed as they are.
+  for (size_t i = 1; i < pieces.size(); ++i)
+    if (pieces[i].start < pieces[i - 1].end &&
+        (pieces[i].start != pieces[i - 1].start || pieces[i].end != pieces[i - 1].end))
+      return {};
+  std::vector<Piece> merged;
+  for (Piece& p : pieces) {
+    if (!merged.empty() && merged.back().start == p.start)
+      merged.back().grad = merged.back().grad + p.grad;
+    else
+      merged.push_back(std::move(p));
+  }
+  const Tensor& first = parts[0];
+  const Shape shape = base_shape;  // the scatters' (the parts may be reshapes of them)
+  auto zeros_of = [&](int64_t n) {
+    Shape s = shape;
+    s[dim] = n;
+    return zeros(s, Options().dtype(first.dtype()).device(first.device()));
+  };
+  std::vector<Tensor> in;
+  int64_t at = 0;
+  for (const Piece& p : merged) {
+    if (p.start > at) in.push_back(zeros_of(p.start - at));
+    in.push_back(p.grad);
+    at = p.end;
+  }
+  if (at < shape[dim]) in.push_back(zeros_of(shape[dim] - at));
+  return reshape(cat(in, dim), first.sizes());
+}
+
+// Note [Sums of scatters]
+// An embedding's gradient, per sentence, is its rows' gradients added into a zero tensor of the
+// whole table at the sentence's indices (scatter_add, Gather's rule): one dense table per
+// sample, all pending at once under Autobatch, then summed. Their sum is one scatter_add of all
+// the samples' rows at all their indices (concatenated along the scattered dim) into one zero
+// table, as a hand-batched embedding's gradient is. The sums' order differs from the loop's,
+// so the values agree within float tolerance, as Autobatch promises.
+Tensor detail::sum_of_scatter_adds(const std::vector<Tensor>& parts) {
+  Autobatch::Impl* ab = tls_open;
+  if (!ab || parts.size() < 2) return {};
+  std::vector<Tensor> index, src;
+  int64_t dim = -1;
+  Tensor base;  // copies: recording the cats below may move ops_ and keys_
+  for (const Tensor& t : parts) {
+    const PendingOp* op = ab->pending_result(t, OpId::ScatterAdd);
+    if (!op || t.sizes() != parts[0].sizes() || t.dtype() != parts[0].dtype()) return {};
+    const int64_t d = ab->keys_[static_cast<size_t>(op->sig)].attrs.dim;
+    if ((dim >= 0 && d != dim) || !ab->pending_zeros(op->inputs[0])) return {};
+    dim = d;
+    base = op->inputs[0];
+    index.push_back(op->inputs[1]);
+    src.push_back(op->inputs[2]);
+    // cat needs the other dims equal
+    for (int64_t k = 0; k < src.back().dim(); ++k)
+      if (k != dim && (src.back().sizes()[k] != src[0].sizes()[k] ||
+                       index.back().sizes()[k] != index[0].sizes()[k]))
+        return {};
+  }
+  return reshape(scatter_add(base, dim, cat(index, dim), cat(src, dim)), parts[0].sizes());
+}
+
+// Note [Sums of sums]
+// A bias added to every sample's row gets, per use, its gradient summed over the row's leading
+// dim (the engine's sum back to the bias's shape), and the backward sums those: a reduction and
+// an add per use. Their sum is one reduction over the uses' gradients concatenated along that
+// dim, as a hand-batched bias's gradient is.
+Tensor detail::sum_of_sums(const std::vector<Tensor>& parts) {
+  Autobatch::Impl* ab = tls_open;
+  if (!ab || parts.size() < 2) return {};
+  std::vector<Tensor> in;
+  std::optional<Attrs> attrs;  // a copy: recording the cat below may move keys_
+  for (const Tensor& t : parts) {
+    const PendingOp* op = ab->pending_result(t, OpId::Sum);
+    if (!op || t.sizes() != parts[0].sizes() || t.dtype() != parts[0].dtype()) return {};
+    const Attrs& a = ab->keys_[static_cast<size_t>(op->sig)].attrs;
+    if (attrs && !(a == *attrs)) return {};
+    attrs = a;
+    const Tensor& x = op->inputs[0];
+    // Along dim 0, which the sum must reduce (no dims: all of them).
+    bool reduces_first = a.ints.size() == 0;
+    for (int64_t k = 0; k < a.ints.size(); ++k) reduces_first |= a.ints[k] == 0;
+    if (!reduces_first || x.dim() == 0) return {};
+    if (!in.empty()) {
+      const Tensor& x0 = in[0];
+      if (x.dim() != x0.dim() || x.dtype() != x0.dtype()) return {};
+      for (int64_t k = 1; k < x.dim(); ++k)
+        if (x.sizes()[k] != x0.sizes()[k]) return {};
+    }
+    in.push_back(x);
+  }
+  const Tensor all = cat(in, 0);
+  const Tensor* args[] = {&all};
+  return reshape(call(OpId::Sum, TensorRefs(args, 1), *attrs), parts[0].sizes());
 }
 
 AutobatchStats autobatch_stats() { return tls_open ? tls_open->stats_ : tls_stats; }

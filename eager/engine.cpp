@@ -193,6 +193,15 @@ class GradSum {
     // One gradient per use of a weight: summed as one product (Note [Sums of products]).
     if (parts_.size() > 1)
       if (Tensor p = sum_of_products(parts_); p.defined()) parts_ = {std::move(p)};
+    // One gradient per slice of a tensor: one concatenation (Note [Sums of slices]).
+    if (parts_.size() > 1)
+      if (Tensor p = sum_of_slices(parts_); p.defined()) parts_ = {std::move(p)};
+    // One gradient per sample of an embedding: one scatter_add (Note [Sums of scatters]).
+    if (parts_.size() > 1)
+      if (Tensor p = sum_of_scatter_adds(parts_); p.defined()) parts_ = {std::move(p)};
+    // One gradient per use of a bias: one sum (Note [Sums of sums]).
+    if (parts_.size() > 1)
+      if (Tensor p = sum_of_sums(parts_); p.defined()) parts_ = {std::move(p)};
     while (parts_.size() > 1) {
       std::vector<Tensor> next;
       for (size_t i = 0; i + 1 < parts_.size(); i += 2) next.push_back(parts_[i] + parts_[i + 1]);

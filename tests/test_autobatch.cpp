@@ -171,6 +171,42 @@ TEST_CASE("autobatch: a weight's per-use products sum as one product") {
   CHECK(!detail::sum_of_products(mixed).defined());  // a part that is no product: summed as is
 }
 
+TEST_CASE("autobatch: the gradients of slices, scatters and sums add up as one op each") {
+  // Note [Sums of slices], [Sums of scatters], [Sums of sums]: what the backward sums.
+  const Tensor g1 = randn({2, 3}), g2 = randn({2, 4}), g3 = randn({2, 3});
+  const Tensor i1 = tensor({3, 1, 0, 3, 4, 4}, {2, 3}, Options().dtype(DType::i64));
+  const Tensor i2 = tensor({0, 0, 2}, {1, 3}, Options().dtype(DType::i64));
+  const Tensor s1 = randn({2, 3}), s2 = randn({1, 3});
+  const Tensor a1 = randn({2, 4}), a2 = randn({3, 4}), b = randn({4, 4});
+  Autobatch scope;
+  auto into_zeros = [](const Tensor& g, int64_t start) {
+    return slice_scatter(zeros({2, 12}), g, 1, start, start + g.sizes()[1]);
+  };
+  // The same slice twice (added), a slice before it, gaps at 4 and from 8.
+  const std::vector<Tensor> slices = {into_zeros(g1, 5), into_zeros(g2, 0), into_zeros(g3, 5)};
+  const Tensor got = detail::sum_of_slices(slices);
+  REQUIRE(got.defined());
+  CHECK(close(got, slices[0] + slices[1] + slices[2], 1e-6));
+  CHECK(!detail::sum_of_slices({into_zeros(g1, 0), into_zeros(g2, 1)}).defined());  // overlap
+  CHECK(!detail::sum_of_slices({into_zeros(g1, 0), g2.sum() + zeros({2, 12})}).defined());
+
+  const std::vector<Tensor> scatters = {scatter_add(zeros({5, 3}), 0, i1, s1),
+                                        scatter_add(zeros({5, 3}), 0, i2, s2)};
+  const Tensor sc = detail::sum_of_scatter_adds(scatters);
+  REQUIRE(sc.defined());
+  CHECK(close(sc, scatters[0] + scatters[1], 1e-6));
+  CHECK(!detail::sum_of_scatter_adds({scatters[0], scatter_add(ones({5, 3}), 0, i2, s2)})
+             .defined());  // a base that is not zero
+
+  // A bias's gradients: sums over the leading dim, kept as (1, 4) and reshaped.
+  const std::vector<Tensor> sums = {reshape(sum(a1, {0}, true), {4}),
+                                    reshape(sum(a2, {0}, true), {4})};
+  const Tensor su = detail::sum_of_sums(sums);
+  REQUIRE(su.defined());
+  CHECK(close(su, sum(a1, {0}) + sum(a2, {0}), 1e-6));
+  CHECK(!detail::sum_of_sums({sum(b, {0}), sum(b, {1})}).defined());  // other dims
+}
+
 TEST_CASE("autobatch: a read runs what is pending; an in-place write runs after it") {
   Tensor a = tensor({1, 2, 3});
   Autobatch scope;
