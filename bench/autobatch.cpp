@@ -32,9 +32,19 @@ void check_agree(const char* name, float want, float got) {
         fmt::format("{}: the step's loss is {} one way and {} the other", name, want, got));
 }
 
+// Counts the kernels of the ops called under it (views run none), as an Autobatch scope counts
+// what it runs.
+struct CountKernels final : duet::DispatchMode {
+  Tensor handle(const duet::OpCall& c) override {
+    if (duet::detail::op_def(c.op).cls != duet::OpClass::View || c.inplace_out) ++kernels;
+    return duet::detail::redispatch(this, c);
+  }
+  int64_t kernels = 0;
+};
+
 // Times each mode's step, and writes the rows: samples/s; kernels per step (an Autobatch
-// scope counts what it runs; the loop runs one kernel per op the scope recorded); and the peak
-// of the CPU allocator over a step, above what was allocated before it.
+// scope counts what it runs; the others are counted by a dispatch mode); and the peak of the
+// CPU allocator over a step, above what was allocated before it.
 void report(const char* name, const Config& c, std::vector<Result>& out,
             const std::vector<std::pair<const char*, std::function<void()>>>& modes) {
   std::vector<std::function<void()>> bodies;
@@ -51,15 +61,20 @@ void report(const char* name, const Config& c, std::vector<Result>& out,
     p.median = p.min = p.max =
         static_cast<double>(duet::cpu_memory_stats().peak - before) / (1 << 20);
     out.push_back(p);
+    int64_t kernels = 0;
     if (mode == "autobatch") {
-      const duet::AutobatchStats st = duet::autobatch_stats();
-      for (const auto& [m, n] : {std::pair<const char*, int64_t>{"loop", st.ops_recorded},
-                                 {"autobatch", st.kernels_launched}}) {
-        Result kr = base(name, m, c, "kernels_per_step");
-        kr.median = kr.min = kr.max = static_cast<double>(n);
-        out.push_back(kr);
+      kernels = duet::autobatch_stats().kernels_launched;
+    } else {
+      CountKernels count;
+      {
+        duet::ModeGuard counting(&count);
+        modes[k].second();
       }
+      kernels = count.kernels;
     }
+    Result kr = base(name, mode.c_str(), c, "kernels_per_step");
+    kr.median = kr.min = kr.max = static_cast<double>(kernels);
+    out.push_back(kr);
   }
 }
 

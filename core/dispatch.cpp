@@ -36,6 +36,7 @@ constexpr int kMaxModes = 16;
 thread_local DispatchMode* tls_modes[kMaxModes];
 thread_local int tls_depth = 0;
 thread_local bool tls_grad = true;
+thread_local bool tls_autograd_claimed = false;  // claim_autograd()
 
 bool any_requires_grad(TensorRefs in) {
   for (int64_t i = 0; i < in.size(); ++i)
@@ -258,7 +259,9 @@ Tensor call(OpId op, TensorRefs inputs, const Attrs& attrs, unsigned expiring) {
   Tensor out = run_from(tls_depth, def, c, (tls_depth || record || check) ? 0 : expiring);
   if (__builtin_expect(prof.has_value(), 0)) profile_op(def, *prof, out);
   if (__builtin_expect(check, 0)) anomaly_check_output(def, inputs, out);
-  if (record) autograd_hooks().record(def, inputs, attrs, out);  // Note [Autograd hooks]
+  // Note [Autograd hooks]; a mode that claimed the call records its gradient itself.
+  const bool claimed = std::exchange(tls_autograd_claimed, false);
+  if (record && !claimed) autograd_hooks().record(def, inputs, attrs, out);
   return out;
 }
 
@@ -383,6 +386,7 @@ thread_local LazyRunner* tls_lazy_runner = nullptr;
 }
 LazyRunner* set_lazy_runner(LazyRunner* r) { return std::exchange(tls_lazy_runner, r); }
 bool lazy_runner_active() { return tls_lazy_runner != nullptr; }
+void claim_autograd() { tls_autograd_claimed = true; }
 void run_lazy_work() {
   if (tls_lazy_runner) tls_lazy_runner->run_lazy();
 }

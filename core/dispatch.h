@@ -103,6 +103,10 @@ LazyRunner* set_lazy_runner(LazyRunner* r);
 void run_lazy_work();
 /// Whether ops on this thread may be recorded lazily (an Autobatch scope is open).
 bool lazy_runner_active();
+/// Called by a mode's handle() for the call it handles: the mode records the call's gradient
+/// itself, so the dispatcher makes no tape node for it (an Autobatch scope differentiates the
+/// batched ops it runs, Note [Autobatch's tape] in eager/autobatch.cpp).
+void claim_autograd();
 /// Grad mode of this thread (NoGradGuard turns it off).
 bool grad_mode();
 void set_grad_mode(bool enabled);

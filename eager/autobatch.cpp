@@ -140,6 +140,11 @@ struct PendingOp {
   DType dtype;
   int32_t sig;
   int32_t depth;
+  TensorImplPtr impl;  // the result (Note [Autobatch's tape]: a survivor gets its history)
+  bool grad = false;   // the result needs a gradient (a tape node, had it run eagerly)
+  Tensor batch;        // once run as part of a differentiated batch: that batch, samples first
+  int64_t index = 0;   // and the result's sample in it (-1: batch is the result, as every
+                       // sample of its group computed the same value)
 };
 
 // The storage that owns a tensor's memory.
@@ -172,6 +177,18 @@ bool same_operand(const TensorImpl* x, const TensorImpl* y) {
                     x->strides == y->strides && x->dtype == y->dtype);
 }
 
+// The value computed once for the whole group that made operand p of op id (a weight's
+// transpose, Note [Autobatch's tape]), or null.
+const TensorImpl* uniform_value(const std::vector<PendingOp>& ops, int32_t id, size_t p) {
+  const PendingOp& o = ops[static_cast<size_t>(id)];
+  const int32_t prod = o.inputs.producer(p);
+  if (prod < 0) return nullptr;
+  const PendingOp& src = ops[static_cast<size_t>(prod)];
+  return src.index < 0 && src.batch.defined() && o.inputs[p].unsafe_impl() == src.impl.get()
+             ? src.batch.unsafe_impl()
+             : nullptr;
+}
+
 // Note [Groups by operand]
 // Ops of one signature may read one of a few tensors at an operand: the weights of two cells of
 // one shape (an LSTM's w_ih and w_hh, a forward and a backward cell) multiply vectors of one
@@ -192,15 +209,20 @@ std::vector<std::vector<int32_t>> split_by_operand(const std::vector<PendingOp>&
   for (size_t p = 0; p < first.inputs.size(); ++p) {
     if (first.inputs[p].unsafe_impl()->wrapped_number) continue;
     distinct.clear();
-    bool split = true;
+    bool split = true, whole = true;
     for (size_t k = 0; k < ids.size() && split; ++k) {
-      const TensorImpl* x = ops[static_cast<size_t>(ids[k])].inputs[p].unsafe_impl();
+      // A result its whole group computed once (a weight's transpose) stands for that value.
+      const TensorImpl* u = uniform_value(ops, ids[k], p);
+      whole = whole && u;
+      const TensorImpl* x = u ? u : ops[static_cast<size_t>(ids[k])].inputs[p].unsafe_impl();
       size_t d = 0;
       while (d < distinct.size() && !same_operand(distinct[d], x)) ++d;
       if (d == distinct.size()) distinct.push_back(x);
       part[k] = static_cast<uint32_t>(d);
-      split = distinct.size() <= kMaxParts && distinct.size() * kMinShare <= ids.size();
+      split = distinct.size() <= kMaxParts;
     }
+    // Such values always split: gathered, each sample would carry a copy.
+    split = split && (whole || distinct.size() * kMinShare <= ids.size());
     if (!split || distinct.size() < 2) continue;
     std::vector<std::vector<int32_t>> parts(distinct.size());
     for (size_t k = 0; k < ids.size(); ++k) parts[part[k]].push_back(ids[k]);
@@ -227,31 +249,20 @@ struct Autobatch::Impl final : DispatchMode, LazyRunner {
   void run_lazy() override { run(); }
   void run();
 
-  int32_t record(const OpCall& c, const TensorImplPtr& out);
+  int32_t record(const OpCall& c, const TensorImplPtr& out, bool grad);
+  Tensor gather_grad(std::vector<PendingOp>& ops, const std::vector<int32_t>& ids, size_t p);
+  Tensor with_history(std::vector<PendingOp>& ops, const PendingOp& o, size_t p);
+  bool same_value(const std::vector<PendingOp>& ops, int32_t a, int32_t b, size_t p) const;
+  void give_history(std::vector<PendingOp>& ops);
   void run_group(std::vector<PendingOp>& ops, const Attrs& attrs, const std::vector<int32_t>& ids);
   Tensor gather(std::vector<PendingOp>& ops, const std::vector<int32_t>& ids, size_t p);
   BatchedArg run_rule(std::vector<PendingOp>& ops, const OpDef& def, const Attrs& attrs,
-                      const std::vector<int32_t>& ids);
+                      const std::vector<int32_t>& ids, bool grad = false);
+  void run_each_differentiated(std::vector<PendingOp>& ops, const Attrs& attrs,
+                               const std::vector<int32_t>& ids);
   void place_batch(std::vector<PendingOp>& ops, const std::vector<int32_t>& ids,
-                   const BatchedArg& r);
+                   const BatchedArg& r, bool keep = false);
   void place(PendingOp& op, const Tensor& r);
-
-  // The pending op `want` that made t, when t is all of its result (or a reshape of it); else
-  // nullptr.
-  const PendingOp* pending_result(const Tensor& t, OpId want) const {
-    const TensorImpl* x = t.unsafe_impl();
-    const StorageImpl* st = x->storage.get();
-    if (!st || !st->lazy || x->offset != 0 || !x->contiguous) return nullptr;
-    const int32_t id = producer(st);
-    if (id < 0) return nullptr;
-    const PendingOp& op = ops_[static_cast<size_t>(id)];
-    return op.op == want && op.shape.numel() == x->numel() ? &op : nullptr;
-  }
-  // Whether t is a pending zero tensor of this scope (a gradient rule's base).
-  bool pending_zeros(const Tensor& t) const {
-    const PendingOp* op = pending_result(t, OpId::Full);
-    return op && keys_[static_cast<size_t>(op->sig)].attrs.value.to<double>() == 0;
-  }
 
   // The op of a lazy storage of this scope, or -1.
   int32_t producer(const StorageImpl* st) const {
@@ -287,8 +298,15 @@ Tensor Autobatch::Impl::handle(const OpCall& c) {
   const OpDef& def = detail::op_def(c.op);
   const bool view = def.cls == OpClass::View && !c.inplace_out;
   if (!view) ++stats_.ops_recorded;
-  // Views read no data: made at once over the lazy storage (OptimizationBarrier orders work).
-  if (view && c.op != OpId::OptimizationBarrier) {
+  // What the dispatcher would record on the tape (core/dispatch.cpp) is differentiated batched
+  // instead (Note [Autobatch's tape]).
+  bool needs = false;
+  for (int64_t i = 0; i < c.inputs.size(); ++i) needs |= c.inputs[i].unsafe_impl()->requires_grad;
+  const bool grad = needs && !c.inplace_out && detail::grad_mode() && def.differentiable &&
+                    is_floating(c.meta.dtype);
+  // Views read no data: made at once over the lazy storage (OptimizationBarrier orders work),
+  // unless a gradient flows through them.
+  if (view && !grad && c.op != OpId::OptimizationBarrier) {
     Tensor v = def.view(c.inputs[0], c.attrs, c.meta);
     if (v.defined()) return v;
   }
@@ -312,13 +330,17 @@ Tensor Autobatch::Impl::handle(const OpCall& c) {
                       c.meta.device, nullptr));
   t->storage->lazy = true;
   t->refresh_contiguous();
-  record(c, p);
+  t->requires_grad = grad;
+  record(c, p, grad);
+  if (grad) detail::claim_autograd();
   return Tensor(std::move(p));
 }
 
-int32_t Autobatch::Impl::record(const OpCall& c, const TensorImplPtr& out) {
+int32_t Autobatch::Impl::record(const OpCall& c, const TensorImplPtr& out, bool grad) {
   const auto id = static_cast<int32_t>(ops_.size());
   PendingOp op{c.op, {}, detail::tls_site, out->storage, c.meta.shape, c.meta.dtype, -1, 0};
+  op.impl = out;
+  op.grad = grad;
   // The signature is built in a scratch key, copied into the table only when new.
   SigKey& key = scratch_;
   key.op = c.op;
@@ -376,7 +398,8 @@ void Autobatch::Impl::run() {
   // Step 1: dead ops, newest first.
   std::vector<char> live(n, 1);
   for (size_t i = n; i-- > 0;) {
-    if (ops[i].out.use_count() > 1) continue;
+    // Held by a tensor (the result, a consumer's operand) or a view of the storage.
+    if (ops[i].impl.use_count() > 1 || ops[i].out.use_count() > 2) continue;
     live[i] = 0;
     ops[i].inputs.clear();
   }
@@ -445,6 +468,7 @@ void Autobatch::Impl::run() {
       }
     }
   }
+  give_history(ops);
   stats_.kernels_launched += counter_.kernels - kernels_before;
   tls_stats = stats_;
   ops.clear();  // (nothing records while a run runs: ops_ is empty)
@@ -474,50 +498,120 @@ void Autobatch::Impl::run_group(std::vector<PendingOp>& ops, const Attrs& attrs,
     for (int64_t d = 0; d < one.dim(); ++d) s.push_back(one.sizes()[d]);
     r = {expand(unsqueeze(one, 0), s).contiguous(), 0};
   } else {
-    // (Random ops have signatures of their own: they come alone.)
-    if (ids.size() == 1 || !def.batch) return run_each();
+    bool grad = false;
+    for (int32_t id : ids) grad |= ops[static_cast<size_t>(id)].grad;
+    // (Random ops have signatures of their own: they come alone.) A differentiated op runs
+    // batched even alone: its operands are slices of their batches (Note [Autobatch's tape]).
+    if ((ids.size() == 1 && !grad) || !def.batch) {
+      if (!grad) return run_each();
+      return run_each_differentiated(ops, attrs, ids);
+    }
     if (auto parts = split_by_operand(ops, ids); !parts.empty()) {
       for (const std::vector<int32_t>& part : parts) run_group(ops, attrs, part);
       return;
     }
-    r = run_rule(ops, def, attrs, ids);
+    GradModeScope tape(grad);
+    r = run_rule(ops, def, attrs, ids, grad);
+    if (grad) {
+      ++stats_.batches;
+      stats_.batched_ops += b;
+      place_batch(ops, ids, r, /*keep=*/true);
+      return;
+    }
   }
   ++stats_.batches;
   stats_.batched_ops += b;
   place_batch(ops, ids, r);
 }
 
+// An op without a batching rule whose results need gradients: each sample runs alone on
+// operands with their history (slices of their batches), and its result is a batch of one.
+void Autobatch::Impl::run_each_differentiated(std::vector<PendingOp>& ops, const Attrs& attrs,
+                                              const std::vector<int32_t>& ids) {
+  GradModeScope tape(true);
+  for (int32_t id : ids) {
+    PendingOp& o = ops[static_cast<size_t>(id)];
+    detail::SiteGuard at(o.site);
+    const std::vector<int32_t> one{id};
+    std::vector<Tensor> in;
+    for (size_t p = 0; p < o.inputs.size(); ++p) in.push_back(with_history(ops, o, p));
+    std::vector<const Tensor*> ptrs;
+    for (const Tensor& x : in) ptrs.push_back(&x);
+    const Tensor r =
+        detail::call(o.op, TensorRefs(ptrs.data(), static_cast<int64_t>(ptrs.size())), attrs);
+    place_batch(ops, one, {unsqueeze(r, 0), 0}, /*keep=*/true);
+  }
+}
+
 // The group's batching rule on its operands, shared or batched (step 4 of Note [Autobatch]).
 BatchedArg Autobatch::Impl::run_rule(std::vector<PendingOp>& ops, const OpDef& def,
-                                     const Attrs& attrs, const std::vector<int32_t>& ids) {
+                                     const Attrs& attrs, const std::vector<int32_t>& ids,
+                                     bool grad) {
   const PendingOp& first = ops[static_cast<size_t>(ids[0])];
   const auto b = static_cast<int64_t>(ids.size());
   std::vector<BatchedArg> in;
+  bool batched = false;
   for (size_t p = 0; p < first.inputs.size(); ++p) {
     const TensorImpl* x0 = first.inputs[p].unsafe_impl();
     bool shared = true;
     for (int32_t id : ids) {
       const TensorImpl* x = ops[static_cast<size_t>(id)].inputs[p].unsafe_impl();
       // Wrapped numbers of a signature hold one value (step 2), and promote as numbers.
-      shared = shared && (x->wrapped_number || same_operand(x, x0));
+      shared =
+          shared && (x->wrapped_number || same_operand(x, x0) || same_value(ops, id, ids[0], p));
     }
-    if (shared)
+    bool needs = false;  // a gradient flows through this operand
+    for (int32_t id : ids)
+      needs |= grad && ops[static_cast<size_t>(id)].inputs[p].unsafe_impl()->requires_grad;
+    if (shared && needs)  // one tensor for all, with its history
+      in.push_back({with_history(ops, first, p), -1});
+    else if (shared)
       in.push_back({first.inputs[p], -1});
     else
-      in.push_back({gather(ops, ids, p), 0});
+      in.push_back({needs ? gather_grad(ops, ids, p) : gather(ops, ids, p), 0});
+    batched |= !shared;
+  }
+  if (!batched) {  // every sample computes one value (a weight's transpose): computed once
+    std::vector<const Tensor*> ptrs;
+    for (const BatchedArg& x : in) ptrs.push_back(&x.value);
+    return {detail::call(def.id, TensorRefs(ptrs.data(), static_cast<int64_t>(ptrs.size())), attrs),
+            -1};
   }
   return def.batch(def, in, attrs, b);
 }
 
 // Each op of the group gets its sample of the batched result r (step 5 of Note [Autobatch]).
 void Autobatch::Impl::place_batch(std::vector<PendingOp>& ops, const std::vector<int32_t>& ids,
-                                  const BatchedArg& r) {
+                                  const BatchedArg& r, bool keep) {
   const PendingOp& first = ops[static_cast<size_t>(ids[0])];
   const auto b = static_cast<int64_t>(ids.size());
+  // keep: the ops' consumers read them as samples of this batch (Note [Autobatch's tape]).
+  auto kept = [&](const Tensor& v) {
+    if (!keep) return;
+    for (size_t k = 0; k < ids.size(); ++k) {
+      PendingOp& o = ops[static_cast<size_t>(ids[k])];
+      o.batch = v;
+      o.index = static_cast<int64_t>(k);
+    }
+  };
+  if (r.bdim < 0 && keep) {
+    // The same result for every sample, held once: a sample that outlives the run gets a copy
+    // of its own (give_history), so no write to one reaches the others.
+    const Tensor one = r.value.contiguous();
+    for (int32_t id : ids)
+      fill(ops[static_cast<size_t>(id)].out.get(), one.unsafe_impl()->data(),
+           owner_of(one.unsafe_impl()));
+    for (int32_t id : ids) {  // index -1: the batch is the one value itself
+      ops[static_cast<size_t>(id)].batch = r.value;
+      ops[static_cast<size_t>(id)].index = -1;
+    }
+    return;
+  }
   if (r.bdim < 0) {  // the same result for every sample (each gets its own copy)
     for (int32_t id : ids) place(ops[static_cast<size_t>(id)], r.value.clone());
     return;
   }
+  const bool view = detail::op_def(first.op).cls == OpClass::View;
   // Sample k of a result with the batch first and each sample contiguous starts k samples in.
   Tensor v = r.value;
   if (r.bdim != 0) {
@@ -539,10 +633,116 @@ void Autobatch::Impl::place_batch(std::vector<PendingOp>& ops, const std::vector
   char* base = static_cast<char*>(vi->data());
   for (size_t k = 0; k < ids.size(); ++k) {
     PendingOp& o = ops[static_cast<size_t>(ids[k])];
-    if (aliases_operand(o, root.get()))  // copied, as eager makes one
+    // Copied, as eager makes one (a view shares its operand's memory, eagerly too).
+    if (!view && aliases_operand(o, root.get()))
       place(o, select(v, 0, static_cast<int64_t>(k)).clone());
     else
       fill(o.out.get(), base + static_cast<int64_t>(k) * step, root);
+  }
+  kept(v);
+}
+
+// Operand p of a differentiated group as one batch at dim 0, with its history: a run of samples
+// that are results of one batch at evenly spaced places is a slice of that batch; any other
+// sample (a tensor computed before the run, a result that needs no gradient) is itself, with a
+// batch dim; the pieces are concatenated (Note [Autobatch's tape]).
+Tensor Autobatch::Impl::gather_grad(std::vector<PendingOp>& ops, const std::vector<int32_t>& ids,
+                                    size_t p) {
+  // The batch and place of the sample of op `id` at operand p, or null.
+  auto source = [&](int32_t id, int64_t* index) -> const Tensor* {
+    const PendingOp& o = ops[static_cast<size_t>(id)];
+    const int32_t prod = o.inputs.producer(p);
+    if (prod < 0) return nullptr;
+    const PendingOp& src = ops[static_cast<size_t>(prod)];
+    if (!src.batch.defined() || o.inputs[p].unsafe_impl() != src.impl.get()) return nullptr;
+    *index = src.index;
+    return &src.batch;
+  };
+  std::vector<Tensor> pieces;
+  for (size_t k = 0; k < ids.size();) {
+    int64_t start = 0;
+    const Tensor* batch = source(ids[k], &start);
+    if (!batch || start < 0) {  // a tensor of its own, or one value for its whole group
+      const Tensor one = batch ? *batch : Tensor(ops[static_cast<size_t>(ids[k])].inputs[p]);
+      size_t e = k + 1;
+      int64_t at = 0;
+      while (batch && e < ids.size() && source(ids[e], &at) == batch) ++e;
+      Shape s{static_cast<int64_t>(e - k)};
+      for (int64_t d = 0; d < one.dim(); ++d) s.push_back(one.sizes()[d]);
+      pieces.push_back(expand(unsqueeze(one, 0), s));
+      k = e;
+      continue;
+    }
+    // The run of samples from this batch: a slice where evenly spaced, else an index_select
+    // (one op either way, whose gradient is one scatter into the batch's).
+    size_t e = k + 1;
+    int64_t step = 0, at = 0;
+    bool even = true;
+    std::vector<double> where{static_cast<double>(start)};
+    for (; e < ids.size(); ++e) {
+      const Tensor* next = source(ids[e], &at);
+      if (!next || next->unsafe_impl() != batch->unsafe_impl() || at < 0) break;
+      if (e == k + 1) step = at - start;
+      even = even && step > 0 && at == start + step * static_cast<int64_t>(e - k);
+      where.push_back(static_cast<double>(at));
+    }
+    const int64_t n = static_cast<int64_t>(e - k);
+    if (n == 1 || even)
+      pieces.push_back(n == batch->sizes()[0] && start == 0 && step <= 1
+                           ? *batch
+                           : slice(*batch, 0, start,
+                                   start + std::max<int64_t>(step, 1) * (n - 1) + 1,
+                                   std::max<int64_t>(step, 1)));
+    else
+      pieces.push_back(index_select(
+          *batch, 0, tensor(where, Options().dtype(DType::i64).device(batch->device()))));
+    k = e;
+  }
+  if (pieces.size() == 1) return pieces[0];
+  ++stats_.gathers;
+  return cat(pieces, 0);
+}
+
+// Whether ops a and b read at operand p results of one group that computed one value for all.
+bool Autobatch::Impl::same_value(const std::vector<PendingOp>& ops, int32_t a, int32_t b,
+                                 size_t p) const {
+  const TensorImpl* x = uniform_value(ops, a, p);
+  return x && x == uniform_value(ops, b, p);
+}
+
+// Operand p of op o as a tensor with its history: its sample of the batch that computed it in
+// this run, or itself (Note [Autobatch's tape]).
+Tensor Autobatch::Impl::with_history(std::vector<PendingOp>& ops, const PendingOp& o, size_t p) {
+  const int32_t prod = o.inputs.producer(p);
+  if (prod >= 0) {
+    const PendingOp& src = ops[static_cast<size_t>(prod)];
+    if (src.batch.defined() && o.inputs[p].unsafe_impl() == src.impl.get())
+      return src.index < 0 ? src.batch : select(src.batch, 0, src.index);
+  }
+  return o.inputs[p];
+}
+
+// Note [Autobatch's tape]
+// In a scope, an op whose result needs a gradient (grad mode on, an input that requires one) is
+// recorded without a tape node of its own: the mode claims it from the dispatcher
+// (detail::claim_autograd). Its views are recorded too, rather than made at once, so that the
+// gradient can flow through them. A run differentiates the batched ops instead: a group with
+// such ops runs its batching rule with grad mode on, on operands gathered with their history
+// (gather_grad: slices of the batches that made them), so the tape holds one node per batched
+// op, and its backward is one batched op per node. The per-sample tape, and its per-sample
+// backward, never exist. After the run, each such result still held (by the user: a loss, an
+// output) gets its history: a copy of its sample of the batch, whose tape node it takes, so that
+// an in-place write to it cannot change what the batched tape saved. A backward (or grad()) of
+// a pending tensor first runs what is pending, then walks the tape with the scope's mode set
+// aside (AutobatchBackward): its ops are batched already and run at once.
+void Autobatch::Impl::give_history(std::vector<PendingOp>& ops) {
+  GradModeScope tape(true);
+  for (PendingOp& o : ops) {
+    if (!o.grad || !o.batch.defined() || o.impl.use_count() <= 1) continue;
+    const Tensor s = (o.index < 0 ? o.batch : select(o.batch, 0, o.index)).clone();
+    fill(o.out.get(), s.unsafe_impl()->data(), owner_of(s.unsafe_impl()));
+    if (s.unsafe_impl()->autograd)
+      detail::autograd_meta(*o.impl).grad_fn = s.unsafe_impl()->autograd->grad_fn;
   }
 }
 
@@ -646,170 +846,31 @@ void Autobatch::flush() {
   if (impl_) impl_->run();
 }
 
-// Note [Sums of products]
-// A weight used by every sample gets one gradient per use, a product such as g_k x_k^T, which
-// the backward sums. Batched, the products would be one (N, m, n) result summed back over N:
-// N times the weight's size written and read. Their sum is one product over the concatenated
-// operands instead (sum_k A_k B_k = [A_1 ... A_N] [B_1; ...; B_N]), as hand-batched code
-// computes it: the concatenations copy the small per-sample operands, and the per-sample
-// products, which nothing else reads, are dropped as dead (step 1 of Note [Autobatch]).
-Tensor detail::sum_of_products(const std::vector<Tensor>& parts) {
+struct detail::AutobatchBackward::State {
+  Autobatch::Impl* impl;
+  LazyRunner* runner;
+  detail::SuspendModes suspend;
+  ModeGuard count;
+  int64_t before;
+  State(Autobatch::Impl* i, LazyRunner* r)
+      : impl(i), runner(r), count(&i->counter_), before(i->counter_.kernels) {}
+};
+
+detail::AutobatchBackward::AutobatchBackward() {
   Autobatch::Impl* ab = tls_open;
-  if (!ab || parts.size() < 2) return {};
-  std::vector<Tensor> as, bs;
-  bool transposed = false;
-  for (size_t i = 0; i < parts.size(); ++i) {
-    const TensorImpl* x = parts[i].unsafe_impl();
-    const StorageImpl* st = x->storage.get();
-    if (!st || !st->lazy || x->ndim() != 2 || x->offset != 0) return {};
-    const int32_t id = ab->producer(st);
-    if (id < 0) return {};
-    const PendingOp& op = ab->ops_[static_cast<size_t>(id)];
-    if (op.op != OpId::MatMul || op.shape.size() != 2 || op.inputs[0].dim() != 2 ||
-        op.inputs[1].dim() != 2 || op.shape.numel() != x->numel() ||
-        parts[i].sizes() != parts[0].sizes() || x->dtype != parts[0].dtype())
-      return {};
-    // The part is the product or its transpose (a weight's gradient of x W^T).
-    const bool t = x->shape[0] != 1 && x->shape[1] != 1 && x->strides[0] == 1;
-    if (t ? (x->shape[0] != op.shape[1] || x->shape[1] != op.shape[0])
-          : (!x->contiguous || x->shape != op.shape))
-      return {};
-    if (i == 0) transposed = t;
-    if (t != transposed) return {};
-    as.push_back(op.inputs[0]);
-    bs.push_back(op.inputs[1]);
-  }
-  Tensor r = matmul(cat(as, 1), cat(bs, 0));
-  return transposed ? r.t() : r;
+  if (!ab || detail::mode_depth() != 1) return;  // a trace inside the scope records it
+  ab->run();
+  state_ = std::make_unique<State>(ab, detail::set_lazy_runner(nullptr));
 }
 
-// Note [Sums of slices]
-// A tensor sliced into pieces (an LSTM cell's gates, four slices of one product) gets one
-// gradient per piece, each a zero tensor of the whole with the piece's gradient scattered in
-// (Slice's rule), and the backward sums them: per sample, a zero tensor, a scatter and an add
-// per piece. When the pieces are disjoint ranges of one dim, the sum is their gradients
-// concatenated in order, with zeros for the gaps: one op, as the gradient of PyTorch's split is
-// one cat. The zero tensors and scatters, which nothing else reads, are dropped as dead (step 1
-// of Note [Autobatch]). The values are the same: each element is one piece's value, or 0.
-Tensor detail::sum_of_slices(const std::vector<Tensor>& parts) {
-  Autobatch::Impl* ab = tls_open;
-  if (!ab || parts.size() < 2) return {};
-  auto made_by = [ab](const Tensor& t, OpId want) { return ab->pending_result(t, want); };
-  struct Piece {
-    int64_t start, end;
-    Tensor grad;
-  };
-  std::vector<Piece> pieces;
-  Shape base_shape;
-  int64_t dim = -1;
-  for (const Tensor& t : parts) {
-    const PendingOp* op = made_by(t, OpId::SliceScatter);
-    if (!op || t.sizes() != parts[0].sizes() || t.dtype() != parts[0].dtype()) return {};
-    const Attrs& a = ab->keys_[static_cast<size_t>(op->sig)].attrs;
-    if (a.step != 1 || (dim >= 0 && a.dim != dim)) return {};
-    dim = a.dim;
-    if (!ab->pending_zeros(op->inputs[0])) return {};
-    if (pieces.empty()) base_shape = op->shape;
-    if (op->shape != base_shape) return {};
-    pieces.push_back({a.start, a.end, op->inputs[1]});
-  }
-  std::stable_sort(pieces.begin(), pieces.end(), [](const Piece& x, const Piece& y) {
-    return x.start < y.start || (x.start == y.start && x.end < y.end);
-  });
-  // The same slice read twice (a row read by two cells) sums its gradients first; slices that
-  // overlap otherwise are summed as they are.
-  for (size_t i = 1; i < pieces.size(); ++i)
-    if (pieces[i].start < pieces[i - 1].end &&
-        (pieces[i].start != pieces[i - 1].start || pieces[i].end != pieces[i - 1].end))
-      return {};
-  std::vector<Piece> merged;
-  for (Piece& p : pieces) {
-    if (!merged.empty() && merged.back().start == p.start)
-      merged.back().grad = merged.back().grad + p.grad;
-    else
-      merged.push_back(std::move(p));
-  }
-  const Tensor& first = parts[0];
-  const Shape shape = base_shape;  // the scatters' (the parts may be reshapes of them)
-  auto zeros_of = [&](int64_t n) {
-    Shape s = shape;
-    s[dim] = n;
-    return zeros(s, Options().dtype(first.dtype()).device(first.device()));
-  };
-  std::vector<Tensor> in;
-  int64_t at = 0;
-  for (const Piece& p : merged) {
-    if (p.start > at) in.push_back(zeros_of(p.start - at));
-    in.push_back(p.grad);
-    at = p.end;
-  }
-  if (at < shape[dim]) in.push_back(zeros_of(shape[dim] - at));
-  return reshape(cat(in, dim), first.sizes());
-}
-
-// Note [Sums of scatters]
-// An embedding's gradient, per sentence, is its rows' gradients added into a zero tensor of the
-// whole table at the sentence's indices (scatter_add, Gather's rule): one dense table per
-// sample, all pending at once under Autobatch, then summed. Their sum is one scatter_add of all
-// the samples' rows at all their indices (concatenated along the scattered dim) into one zero
-// table, as a hand-batched embedding's gradient is. The sums' order differs from the loop's,
-// so the values agree within float tolerance, as Autobatch promises.
-Tensor detail::sum_of_scatter_adds(const std::vector<Tensor>& parts) {
-  Autobatch::Impl* ab = tls_open;
-  if (!ab || parts.size() < 2) return {};
-  std::vector<Tensor> index, src;
-  int64_t dim = -1;
-  Tensor base;  // copies: recording the cats below may move ops_ and keys_
-  for (const Tensor& t : parts) {
-    const PendingOp* op = ab->pending_result(t, OpId::ScatterAdd);
-    if (!op || t.sizes() != parts[0].sizes() || t.dtype() != parts[0].dtype()) return {};
-    const int64_t d = ab->keys_[static_cast<size_t>(op->sig)].attrs.dim;
-    if ((dim >= 0 && d != dim) || !ab->pending_zeros(op->inputs[0])) return {};
-    dim = d;
-    base = op->inputs[0];
-    index.push_back(op->inputs[1]);
-    src.push_back(op->inputs[2]);
-    // cat needs the other dims equal
-    for (int64_t k = 0; k < src.back().dim(); ++k)
-      if (k != dim && (src.back().sizes()[k] != src[0].sizes()[k] ||
-                       index.back().sizes()[k] != index[0].sizes()[k]))
-        return {};
-  }
-  return reshape(scatter_add(base, dim, cat(index, dim), cat(src, dim)), parts[0].sizes());
-}
-
-// Note [Sums of sums]
-// A bias added to every sample's row gets, per use, its gradient summed over the row's leading
-// dim (the engine's sum back to the bias's shape), and the backward sums those: a reduction and
-// an add per use. Their sum is one reduction over the uses' gradients concatenated along that
-// dim, as a hand-batched bias's gradient is.
-Tensor detail::sum_of_sums(const std::vector<Tensor>& parts) {
-  Autobatch::Impl* ab = tls_open;
-  if (!ab || parts.size() < 2) return {};
-  std::vector<Tensor> in;
-  std::optional<Attrs> attrs;  // a copy: recording the cat below may move keys_
-  for (const Tensor& t : parts) {
-    const PendingOp* op = ab->pending_result(t, OpId::Sum);
-    if (!op || t.sizes() != parts[0].sizes() || t.dtype() != parts[0].dtype()) return {};
-    const Attrs& a = ab->keys_[static_cast<size_t>(op->sig)].attrs;
-    if (attrs && !(a == *attrs)) return {};
-    attrs = a;
-    const Tensor& x = op->inputs[0];
-    // Along dim 0, which the sum must reduce (no dims: all of them).
-    bool reduces_first = a.ints.size() == 0;
-    for (int64_t k = 0; k < a.ints.size(); ++k) reduces_first |= a.ints[k] == 0;
-    if (!reduces_first || x.dim() == 0) return {};
-    if (!in.empty()) {
-      const Tensor& x0 = in[0];
-      if (x.dim() != x0.dim() || x.dtype() != x0.dtype()) return {};
-      for (int64_t k = 1; k < x.dim(); ++k)
-        if (x.sizes()[k] != x0.sizes()[k]) return {};
-    }
-    in.push_back(x);
-  }
-  const Tensor all = cat(in, 0);
-  const Tensor* args[] = {&all};
-  return reshape(call(OpId::Sum, TensorRefs(args, 1), *attrs), parts[0].sizes());
+detail::AutobatchBackward::~AutobatchBackward() {
+  if (!state_) return;
+  Autobatch::Impl* ab = state_->impl;
+  ab->stats_.kernels_launched += ab->counter_.kernels - state_->before;
+  tls_stats = ab->stats_;
+  LazyRunner* runner = state_->runner;
+  state_.reset();
+  detail::set_lazy_runner(runner);
 }
 
 AutobatchStats autobatch_stats() { return tls_open ? tls_open->stats_ : tls_stats; }

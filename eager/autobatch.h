@@ -4,6 +4,8 @@
 // [Autobatch] in eager/autobatch.cpp).
 #pragma once
 
+#include <memory>
+
 #include <cstdint>
 #include <vector>
 
@@ -52,23 +54,22 @@ class Autobatch {
 };
 
 namespace detail {
-/// Under an open Autobatch scope: the sum of `parts` when each is the pending result of a matrix
-/// product (a weight's gradient from each use), as one product over the concatenated operands;
-/// an undefined tensor otherwise (Note [Sums of products] in eager/autobatch.cpp).
-Tensor sum_of_products(const std::vector<Tensor>& parts);
-/// Under an open Autobatch scope: the sum of `parts` when each is the pending gradient of a
-/// slice (a zero tensor with the slice's gradient scattered in) and the slices are disjoint
-/// ranges of one dim, as one concatenation; an undefined tensor otherwise (Note [Sums of
-/// slices] in eager/autobatch.cpp).
-Tensor sum_of_slices(const std::vector<Tensor>& parts);
-/// Under an open Autobatch scope: the sum of `parts` when each is the pending scatter_add of
-/// rows into a zero tensor (an embedding's gradient per sample), as one scatter_add of all the
-/// rows; an undefined tensor otherwise (Note [Sums of scatters] in eager/autobatch.cpp).
-Tensor sum_of_scatter_adds(const std::vector<Tensor>& parts);
-/// Under an open Autobatch scope: the sum of `parts` when each is the pending sum of a tensor
-/// over its leading dim (among others; a bias's gradient per use), as one sum over the tensors
-/// concatenated; an undefined tensor otherwise (Note [Sums of sums] in eager/autobatch.cpp).
-Tensor sum_of_sums(const std::vector<Tensor>& parts);
+/// Opened by a backward (or grad()) on the thread of an Autobatch scope whose mode is the
+/// innermost: runs what is pending, so that the roots have their history, then sets the scope's
+/// mode aside while the backward walks the tape, whose ops are batched already (Note
+/// [Autobatch's tape] in eager/autobatch.cpp). The backward's kernels count in the scope's
+/// statistics. Does nothing elsewhere.
+class AutobatchBackward {
+ public:
+  AutobatchBackward();
+  ~AutobatchBackward();
+  AutobatchBackward(const AutobatchBackward&) = delete;
+  AutobatchBackward& operator=(const AutobatchBackward&) = delete;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
 }  // namespace detail
 
 /// The statistics of the last Autobatch scope that ended on this thread (or of the open one).

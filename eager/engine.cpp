@@ -173,49 +173,36 @@ struct Capture {
   std::vector<Tensor> results;
 };
 
-// Note [Gradient sums under Autobatch]
-// A gradient summed over its uses (a node's output read by several ops, a leaf). Eagerly each
-// part is added as it comes. Under Autobatch (eager/autobatch.h) a weight shared by every sample
-// gets one part per use, and adds one after another would be a chain, each waiting for the last;
-// so the parts are kept and summed in pairs, level by level, when the sum is taken: each
-// level's adds are ready at once and run as one batched add.
+// A gradient summed over its uses (a node's output read by several ops, a leaf): each part is
+// added as it comes, or, for a slice's gradient, added into a buffer of the whole (Note
+// [Slices' gradients]).
 class GradSum {
  public:
   void add(Tensor g) {
-    if (lazy_runner_active())
-      parts_.push_back(std::move(g));
-    else
-      sum_ = sum_.defined() ? sum_ + g : std::move(g);
+    sum_ = sum_.defined() ? sum_ + g : std::move(g);
+    owned_ = false;
   }
-  bool empty() const { return !sum_.defined() && parts_.empty(); }
-  Tensor take() {
-    if (sum_.defined() && !parts_.empty()) parts_.push_back(std::move(sum_));
-    // One gradient per use of a weight: summed as one product (Note [Sums of products]).
-    if (parts_.size() > 1)
-      if (Tensor p = sum_of_products(parts_); p.defined()) parts_ = {std::move(p)};
-    // One gradient per slice of a tensor: one concatenation (Note [Sums of slices]).
-    if (parts_.size() > 1)
-      if (Tensor p = sum_of_slices(parts_); p.defined()) parts_ = {std::move(p)};
-    // One gradient per sample of an embedding: one scatter_add (Note [Sums of scatters]).
-    if (parts_.size() > 1)
-      if (Tensor p = sum_of_scatter_adds(parts_); p.defined()) parts_ = {std::move(p)};
-    // One gradient per use of a bias: one sum (Note [Sums of sums]).
-    if (parts_.size() > 1)
-      if (Tensor p = sum_of_sums(parts_); p.defined()) parts_ = {std::move(p)};
-    while (parts_.size() > 1) {
-      std::vector<Tensor> next;
-      for (size_t i = 0; i + 1 < parts_.size(); i += 2) next.push_back(parts_[i] + parts_[i + 1]);
-      if (parts_.size() % 2) next.push_back(std::move(parts_.back()));
-      parts_ = std::move(next);
+  // Adds g into the slice `a` of a gradient of the whole's shape (Note [Slices' gradients]).
+  void add_slice(const Tensor& g, const Attrs& a, const TensorMeta& whole) {
+    NoGradGuard no_grad;
+    if (!owned_) {
+      Tensor z = zeros(whole.shape, Options().dtype(g.dtype()).device(whole.device));
+      if (sum_.defined()) z.add_(sum_);
+      sum_ = std::move(z);
+      owned_ = true;
     }
-    if (!parts_.empty()) sum_ = std::move(parts_[0]);
-    parts_.clear();
+    Tensor part = slice(sum_, a.dim, a.start, a.end, a.step);
+    part.add_(g);
+  }
+  bool empty() const { return !sum_.defined(); }
+  Tensor take() {
+    owned_ = false;
     return std::exchange(sum_, Tensor());
   }
 
  private:
   Tensor sum_;
-  std::vector<Tensor> parts_;
+  bool owned_ = false;  // sum_ is a buffer of this sum's own, which add_slice writes into
 };
 
 // Note [Backward bookkeeping]
@@ -314,6 +301,7 @@ class BackwardRun {
   void apply_rule(Node& n, const Tensor& g, uint32_t stale);
   void release(Node& n);
   void send_grads(const Node& n);
+  bool add_into_slice(const Node& n, const Tensor& g);
 
   static inline std::atomic<int> g_running{0};
   static inline std::atomic<uint64_t> g_walks{0};
@@ -325,7 +313,6 @@ class BackwardRun {
   std::vector<NodeState> st_;
   std::unordered_map<Node*, int32_t> index_;
   std::vector<LeafState> leaves_;
-  std::vector<std::pair<TensorImplPtr, Tensor>> deferred_;  // leaf accumulations under Autobatch
   std::unordered_map<TensorImpl*, int32_t> leaf_index_;
   std::vector<int32_t> starts_;
   std::priority_queue<int32_t, std::vector<int32_t>, LaterFirst> ready_{LaterFirst{&st_}};
@@ -470,17 +457,33 @@ void BackwardRun::send_grads(const Node& n) {
       LeafState& l = leaves_[leaf_index_.at(e.leaf.get())];
       l.grad.add(std::move(gin));
       if (--l.uses == 0) {  // its last use
-        // Under Autobatch the accumulation (an in-place add, which runs what is pending) waits
-        // for the end of the backward, so that every leaf's sum is pending, and batched, at once.
-        if (lazy_runner_active()) {
-          deferred_.push_back({TensorImplPtr(e.leaf), l.grad.take()});
-        } else {
-          accumulate(l.leaf, l.grad.take(), create_graph_);
-          run_post_accumulate_hooks(Tensor(e.leaf));
-        }
+        accumulate(l.leaf, l.grad.take(), create_graph_);
+        run_post_accumulate_hooks(Tensor(e.leaf));
       }
     }
   }
+}
+
+// Note [Slices' gradients]
+// The gradient of a slice is a zero tensor of the whole with the slice's gradient written in,
+// and the whole's gradient sums those over its slices: for a tensor read slice by slice (a
+// sentence's embeddings, token by token; under Autobatch, a batch read by many later groups),
+// each slice costs three passes over the whole (zeros, scatter, add). Eagerly, without
+// create_graph, the engine adds each slice's gradient into one zero buffer of the whole
+// instead, at the slice: one pass over the whole, and one over each slice. The sums are the
+// same, element by element (each is a sum of the slices' values at that element, zeros
+// included, in the same order).
+bool BackwardRun::add_into_slice(const Node& n, const Tensor& g) {
+  if (create_graph_ || capture_ || n.def->id != OpId::Slice || n.backward_fn || n.recompute ||
+      n.inputs.size() != 1 || is_traced(g))
+    return false;
+  const InputEdge& e = n.inputs[0];
+  if (!e.fn || !e.needs || !wanted(e) || e.meta.dtype != g.dtype() || !e.meta.sym.empty())
+    return false;
+  const int32_t p = index_of(e.fn.get());
+  st_[p].buffer.add_slice(g, n.attrs, e.meta);
+  if (--st_[p].deps == 0 && !st_[p].queued) enqueue(p);
+  return true;
 }
 
 void BackwardRun::run() {
@@ -508,6 +511,10 @@ void BackwardRun::run() {
       std::shared_ptr<Recompute> r = n->recompute;
       r->run(g);
     }
+    if (add_into_slice(*n, g)) {
+      if (!retain_graph_) release(*n);
+      continue;
+    }
     uint32_t stale = 0;
     if (gather_inputs(*n, stale)) apply_rule(*n, g, stale);
     // Started collectives (data-parallel gradient buckets) move data only inside the
@@ -517,11 +524,6 @@ void BackwardRun::run() {
     if (!retain_graph_) release(*n);
     send_grads(*n);
   }
-  for (auto& [leaf, g] : deferred_) {
-    accumulate(leaf.get(), std::move(g), create_graph_);
-    run_post_accumulate_hooks(Tensor(leaf));
-  }
-  deferred_.clear();
   int64_t pending = 0;
   for (const LeafState& l : leaves_) pending += !l.grad.empty();
   DUET_ASSERT(pending == 0, "{} leaf gradients were never accumulated", pending);
@@ -529,6 +531,10 @@ void BackwardRun::run() {
 
 void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& root_grads,
                   bool retain_graph, bool create_graph, Capture* capture) {
+  // Under an Autobatch scope: the pending ops run first, and the tape they made is walked
+  // with the scope set aside (Note [Autobatch's tape]).
+  std::optional<AutobatchBackward> batched;
+  if (lazy_runner_active()) batched.emplace();
   GradModeScope mode(create_graph);
   // Gradient rules run in the dtypes their forward ops had (Note [Autocast] in core/autocast.h).
   AutocastOff autocast_off;
