@@ -3,7 +3,9 @@
 // Note [Autobatch]
 // An Autobatch scope is a dispatch mode. An op call in it is recorded, and returns a tensor whose
 // storage is lazy (StorageImpl::lazy: metadata and no data yet). Views of it are made at once
-// (they read no data), and autograd records per sample as usual, saving the lazy tensors. When a
+// (they read no data), unless a gradient flows through them. Ops whose results need gradients
+// get no per-sample tape node: the run differentiates the batched ops (Note [Autobatch's tape]
+// in eager/autobatch_tape.cpp). When a
 // value is needed (a data read: TensorImpl::data() calls force_lazy), before an in-place write,
 // before an op with effects (print, collectives, transfers, optimization barriers), before a
 // trace starts, and when the scope ends, the pending ops run:
@@ -17,25 +19,29 @@
 //     (the steps of a long sentence, the root of a tree) wait, so that more of their kind
 //     become ready and join them.
 //  4. A group runs through the op's batching rule (OpDef::batch, the rules of func::vmap). An
-//     operand that is one tensor for the whole group (a weight) is passed once; the others form
-//     a batch. When the samples' operands lie in one buffer at a fixed stride (the results of the
-//     previous batched op, in order, or the rows of one input), the batch is a strided view of it;
-//     otherwise it is gathered with one copy. Sources of one signature (zeros, aranges) are made
-//     once and copied into a batch. A group of one, an op without a rule, and random ops run as
-//     they would eagerly.
+//     operand that is one tensor for the whole group (a weight) is passed once; a group whose
+//     ops read one of a few weights runs once per weight (Note [Groups by operand]); the other
+//     operands form a batch. When the samples' operands lie in one buffer at a fixed stride (the
+//     results of the previous batched op, in order, or the rows of one input), the batch is a
+//     strided view of it; otherwise it is gathered with one copy. Sources of one signature (zeros,
+//     aranges) are made once and copied into a batch. A group of one, an op without a rule, and
+//     random ops run as they would eagerly.
 //  5. Each op's result is its sample of the batched result: the lazy storage points into the
 //     batched result's buffer and holds it alive (StorageImpl::base), so no copy is made unless
 //     the sample is not contiguous. Gathered batches are temporaries, freed (back to the caching
 //     allocator, for the next gather) right after their op.
-// The ops run with grad mode off and autocast off: autograd recorded the per-sample calls, and
-// autocast cast their operands, when they were recorded.
+// The ops run with autocast off (autocast cast their operands when they were recorded), and with
+// grad mode on only for groups whose results need gradients.
 #include "eager/autobatch.h"
+
+#include "eager/autobatch_impl.h"
 
 #include <algorithm>
 #include <cstring>
 #include <exception>
 #include <memory>
 #include <optional>
+#include <queue>
 #include <unordered_map>
 #include <vector>
 
@@ -45,149 +51,10 @@
 
 namespace duet {
 
-using detail::GradModeScope;
-using detail::LazyRunner;
-using detail::StorageImpl;
-using detail::StoragePtr;
-using detail::TensorImpl;
-using detail::TensorImplPtr;
-
 namespace autobatch {
 
 thread_local AutobatchStats tls_stats;
-
-// The signature of a recorded op (step 2 of Note [Autobatch]).
-struct OperandSig {
-  DType dtype;
-  Device device;
-  bool wrapped;
-  uint64_t bits;  // a wrapped number's value
-  Shape shape;
-  bool operator==(const OperandSig& o) const {
-    return dtype == o.dtype && device == o.device && wrapped == o.wrapped && bits == o.bits &&
-           shape == o.shape;
-  }
-};
-struct SigKey {
-  OpId op;
-  Attrs attrs;
-  std::vector<OperandSig> in;
-  size_t hash = 0;
-  bool operator==(const SigKey& o) const { return op == o.op && attrs == o.attrs && in == o.in; }
-};
-struct SigHash {
-  size_t operator()(const SigKey& k) const { return k.hash; }
-};
-
-size_t mix(size_t h, uint64_t v) {
-  return h ^ (std::hash<uint64_t>{}(v) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2));
-}
-
-// An op's operands: up to four inline (no allocation per op), the rest (cat's) on the heap.
-class Operands {
- public:
-  // `producer`: the pending op that computes t (-1: t is computed), kept so that a run finds
-  // the dependencies without reading each tensor again.
-  void push_back(const Tensor& t, int32_t producer) {
-    if (n_ < kInline) {
-      inline_[n_] = t;
-      producer_[n_] = producer;
-    } else {
-      more_.push_back(t);
-      more_producers_.push_back(producer);
-    }
-    ++n_;
-  }
-  size_t size() const { return n_; }
-  const Tensor& operator[](size_t i) const { return i < kInline ? inline_[i] : more_[i - kInline]; }
-  int32_t producer(size_t i) const {
-    return i < kInline ? producer_[i] : more_producers_[i - kInline];
-  }
-  void clear() {
-    for (size_t i = 0; i < std::min(n_, kInline); ++i) inline_[i] = Tensor();
-    more_ = {};
-    more_producers_ = {};
-    n_ = 0;
-  }
-  struct Iter {
-    const Operands* o;
-    size_t i;
-    const Tensor& operator*() const { return (*o)[i]; }
-    Iter& operator++() {
-      ++i;
-      return *this;
-    }
-    bool operator!=(const Iter& b) const { return i != b.i; }
-  };
-  Iter begin() const { return {this, 0}; }
-  Iter end() const { return {this, n_}; }
-
- private:
-  static constexpr size_t kInline = 4;
-  Tensor inline_[kInline];
-  int32_t producer_[kInline];
-  std::vector<Tensor> more_;
-  std::vector<int32_t> more_producers_;
-  size_t n_ = 0;
-};
-
-struct PendingOp {
-  OpId op;
-  Operands inputs;
-  CallSite site;   // the user's line that called it: an error at the run names it
-  StoragePtr out;  // the lazy storage of the result
-  Shape shape;
-  DType dtype;
-  int32_t sig;
-  int32_t depth;
-  TensorImplPtr impl;  // the result (Note [Autobatch's tape]: a survivor gets its history)
-  bool grad = false;   // the result needs a gradient (a tape node, had it run eagerly)
-  Tensor batch;        // once run as part of a differentiated batch: that batch, samples first
-  int64_t index = 0;   // and the result's sample in it (-1: batch is the result, as every
-                       // sample of its group computed the same value)
-};
-
-// The storage that owns a tensor's memory.
-StorageImpl* root_of(const TensorImpl* x) {
-  StorageImpl* s = x->storage.get();
-  return s->base ? s->base.get() : s;
-}
-const StoragePtr& owner_of(const TensorImpl* x) {
-  return x->storage->base ? x->storage->base : x->storage;
-}
-
-// Whether an op's result, in the buffer owned by `root`, shares memory with one of its operands.
-bool aliases_operand(const PendingOp& op, const StorageImpl* root) {
-  for (const Tensor& x : op.inputs)
-    if (root_of(x.unsafe_impl()) == root) return true;
-  return false;
-}
-
-// A lazy storage computed: its value is at `data`, in the buffer `root` owns.
-void fill(StorageImpl* st, void* data, const StoragePtr& root) {
-  st->data = st->nbytes ? data : nullptr;
-  st->base = root;
-  st->lazy = false;
-  st->lazy_op = -1;
-}
-
-// Whether two operands are the same tensor: one memory, read the same way.
-bool same_operand(const TensorImpl* x, const TensorImpl* y) {
-  return x == y || (x->storage == y->storage && x->offset == y->offset &&
-                    x->strides == y->strides && x->dtype == y->dtype);
-}
-
-// The value computed once for the whole group that made operand p of op id (a weight's
-// transpose, Note [Autobatch's tape]), or null.
-const TensorImpl* uniform_value(const std::vector<PendingOp>& ops, int32_t id, size_t p) {
-  const PendingOp& o = ops[static_cast<size_t>(id)];
-  const int32_t prod = o.inputs.producer(p);
-  if (prod < 0) return nullptr;
-  const PendingOp& src = ops[static_cast<size_t>(prod)];
-  return src.index < 0 && src.batch.defined() && o.inputs[p].unsafe_impl() == src.impl.get()
-             ? src.batch.unsafe_impl()
-             : nullptr;
-}
+thread_local Autobatch::Impl* tls_open = nullptr;
 
 // Note [Groups by operand]
 // Ops of one signature may read one of a few tensors at an operand: the weights of two cells of
@@ -231,63 +98,10 @@ std::vector<std::vector<int32_t>> split_by_operand(const std::vector<PendingOp>&
   return {};
 }
 
-// The ops of an Autobatch scope's thread that only a run may see: they count the kernels.
-class KernelCounter final : public DispatchMode {
- public:
-  Tensor handle(const OpCall& c) override {
-    if (detail::op_def(c.op).cls != OpClass::View || c.inplace_out) ++kernels;
-    return detail::redispatch(this, c);
-  }
-  int64_t kernels = 0;
-};
-
 }  // namespace autobatch
 using namespace autobatch;
 
-struct Autobatch::Impl final : DispatchMode, LazyRunner {
-  Tensor handle(const OpCall& c) override;
-  void run_lazy() override { run(); }
-  void run();
-
-  int32_t record(const OpCall& c, const TensorImplPtr& out, bool grad);
-  Tensor gather_grad(std::vector<PendingOp>& ops, const std::vector<int32_t>& ids, size_t p);
-  Tensor with_history(std::vector<PendingOp>& ops, const PendingOp& o, size_t p);
-  bool same_value(const std::vector<PendingOp>& ops, int32_t a, int32_t b, size_t p) const;
-  void give_history(std::vector<PendingOp>& ops);
-  void run_group(std::vector<PendingOp>& ops, const Attrs& attrs, const std::vector<int32_t>& ids);
-  Tensor gather(std::vector<PendingOp>& ops, const std::vector<int32_t>& ids, size_t p);
-  BatchedArg run_rule(std::vector<PendingOp>& ops, const OpDef& def, const Attrs& attrs,
-                      const std::vector<int32_t>& ids, bool grad = false);
-  void run_each_differentiated(std::vector<PendingOp>& ops, const Attrs& attrs,
-                               const std::vector<int32_t>& ids);
-  void place_batch(std::vector<PendingOp>& ops, const std::vector<int32_t>& ids,
-                   const BatchedArg& r, bool keep = false);
-  void place(PendingOp& op, const Tensor& r);
-
-  // The op of a lazy storage of this scope, or -1.
-  int32_t producer(const StorageImpl* st) const {
-    const int32_t id = st->lazy_op;
-    return id >= 0 && static_cast<size_t>(id) < ops_.size() &&
-                   ops_[static_cast<size_t>(id)].out.get() == st
-               ? id
-               : -1;
-  }
-
-  std::vector<PendingOp> ops_;
-  std::vector<SigKey> keys_;  // by signature id: the op's attributes too
-  std::unordered_map<SigKey, int32_t, SigHash> sigs_;
-  SigKey scratch_;
-  std::vector<const char*> addresses_;  // gather's scratch
-  bool running_ = false;
-  KernelCounter counter_;
-  AutobatchStats stats_;
-  LazyRunner* prev_runner_ = nullptr;
-  int uncaught_ = std::uncaught_exceptions();
-  std::optional<ModeGuard> mode_;
-};
-
 namespace {
-thread_local Autobatch::Impl* tls_open = nullptr;
 // A training step's scope records hundreds of thousands of ops. A fresh list per scope grew by
 // doubling into new pages at every step (a quarter of B1's page faults): the thread keeps the
 // largest list's memory for its next scope, as the caching allocator keeps tensors' memory.
@@ -447,24 +261,49 @@ void Autobatch::Impl::run() {
   detail::AutocastOff no_autocast;
   const int64_t kernels_before = counter_.kernels;
   std::vector<int32_t> group;
-  for (;;) {
-    size_t best = nsig;
-    for (size_t s = 0; s < nsig; ++s)
-      if (!ready[s].empty() &&
-          (best == nsig || depth_sum[s] * static_cast<double>(count[best]) <
-                               depth_sum[best] * static_cast<double>(count[s])))
-        best = s;
-    if (best == nsig) break;
+  // The signatures with ready ops, the least deep on average on top (ties: the lower id).
+  auto deeper = [&](int32_t a, int32_t b) {
+    const double x = depth_sum[static_cast<size_t>(a)] *
+                     static_cast<double>(count[static_cast<size_t>(b)]),
+                 y = depth_sum[static_cast<size_t>(b)] *
+                     static_cast<double>(count[static_cast<size_t>(a)]);
+    return x > y || (x == y && a > b);
+  };
+  std::priority_queue<int32_t, std::vector<int32_t>, decltype(deeper)> agenda(deeper);
+  std::vector<char> queued(nsig, 0);
+  auto offer = [&](size_t t) {
+    if (!queued[t] && !ready[t].empty()) {
+      queued[t] = 1;
+      agenda.push(static_cast<int32_t>(t));
+    }
+  };
+  for (size_t t = 0; t < nsig; ++t) offer(t);
+  while (!agenda.empty()) {
+    const auto best = static_cast<size_t>(agenda.top());
+    agenda.pop();
+    queued[best] = 0;
     group.swap(ready[best]);
     ready[best].clear();
     run_group(ops, keys[best].attrs, group);
+    // Consumers become ready in the order of their operands in the batches (a group split by
+    // operand made several): a later group then gathers whole runs of a batch, not samples
+    // from alternating ones.
+    std::stable_sort(group.begin(), group.end(), [&](int32_t a, int32_t b) {
+      const PendingOp &x = ops[static_cast<size_t>(a)], &y = ops[static_cast<size_t>(b)];
+      const auto bx = reinterpret_cast<uintptr_t>(x.batch.unsafe_impl()),
+                 by = reinterpret_cast<uintptr_t>(y.batch.unsafe_impl());
+      return bx < by || (bx == by && x.index < y.index);
+    });
     for (int32_t id : group) {
       ops[static_cast<size_t>(id)].inputs.clear();
       for (int32_t k = first_consumer[static_cast<size_t>(id)];
            k < first_consumer[static_cast<size_t>(id) + 1]; ++k) {
         const int32_t c = consumer[static_cast<size_t>(k)];
-        if (--waiting[static_cast<size_t>(c)] == 0)
-          ready[static_cast<size_t>(sig[static_cast<size_t>(c)])].push_back(c);
+        if (--waiting[static_cast<size_t>(c)] == 0) {
+          const auto t = static_cast<size_t>(sig[static_cast<size_t>(c)]);
+          ready[t].push_back(c);
+          offer(t);
+        }
       }
     }
   }
@@ -522,25 +361,6 @@ void Autobatch::Impl::run_group(std::vector<PendingOp>& ops, const Attrs& attrs,
   ++stats_.batches;
   stats_.batched_ops += b;
   place_batch(ops, ids, r);
-}
-
-// An op without a batching rule whose results need gradients: each sample runs alone on
-// operands with their history (slices of their batches), and its result is a batch of one.
-void Autobatch::Impl::run_each_differentiated(std::vector<PendingOp>& ops, const Attrs& attrs,
-                                              const std::vector<int32_t>& ids) {
-  GradModeScope tape(true);
-  for (int32_t id : ids) {
-    PendingOp& o = ops[static_cast<size_t>(id)];
-    detail::SiteGuard at(o.site);
-    const std::vector<int32_t> one{id};
-    std::vector<Tensor> in;
-    for (size_t p = 0; p < o.inputs.size(); ++p) in.push_back(with_history(ops, o, p));
-    std::vector<const Tensor*> ptrs;
-    for (const Tensor& x : in) ptrs.push_back(&x);
-    const Tensor r =
-        detail::call(o.op, TensorRefs(ptrs.data(), static_cast<int64_t>(ptrs.size())), attrs);
-    place_batch(ops, one, {unsqueeze(r, 0), 0}, /*keep=*/true);
-  }
 }
 
 // The group's batching rule on its operands, shared or batched (step 4 of Note [Autobatch]).
@@ -642,110 +462,6 @@ void Autobatch::Impl::place_batch(std::vector<PendingOp>& ops, const std::vector
   kept(v);
 }
 
-// Operand p of a differentiated group as one batch at dim 0, with its history: a run of samples
-// that are results of one batch at evenly spaced places is a slice of that batch; any other
-// sample (a tensor computed before the run, a result that needs no gradient) is itself, with a
-// batch dim; the pieces are concatenated (Note [Autobatch's tape]).
-Tensor Autobatch::Impl::gather_grad(std::vector<PendingOp>& ops, const std::vector<int32_t>& ids,
-                                    size_t p) {
-  // The batch and place of the sample of op `id` at operand p, or null.
-  auto source = [&](int32_t id, int64_t* index) -> const Tensor* {
-    const PendingOp& o = ops[static_cast<size_t>(id)];
-    const int32_t prod = o.inputs.producer(p);
-    if (prod < 0) return nullptr;
-    const PendingOp& src = ops[static_cast<size_t>(prod)];
-    if (!src.batch.defined() || o.inputs[p].unsafe_impl() != src.impl.get()) return nullptr;
-    *index = src.index;
-    return &src.batch;
-  };
-  std::vector<Tensor> pieces;
-  for (size_t k = 0; k < ids.size();) {
-    int64_t start = 0;
-    const Tensor* batch = source(ids[k], &start);
-    if (!batch || start < 0) {  // a tensor of its own, or one value for its whole group
-      const Tensor one = batch ? *batch : Tensor(ops[static_cast<size_t>(ids[k])].inputs[p]);
-      size_t e = k + 1;
-      int64_t at = 0;
-      while (batch && e < ids.size() && source(ids[e], &at) == batch) ++e;
-      Shape s{static_cast<int64_t>(e - k)};
-      for (int64_t d = 0; d < one.dim(); ++d) s.push_back(one.sizes()[d]);
-      pieces.push_back(expand(unsqueeze(one, 0), s));
-      k = e;
-      continue;
-    }
-    // The run of samples from this batch: a slice where evenly spaced, else an index_select
-    // (one op either way, whose gradient is one scatter into the batch's).
-    size_t e = k + 1;
-    int64_t step = 0, at = 0;
-    bool even = true;
-    std::vector<double> where{static_cast<double>(start)};
-    for (; e < ids.size(); ++e) {
-      const Tensor* next = source(ids[e], &at);
-      if (!next || next->unsafe_impl() != batch->unsafe_impl() || at < 0) break;
-      if (e == k + 1) step = at - start;
-      even = even && step > 0 && at == start + step * static_cast<int64_t>(e - k);
-      where.push_back(static_cast<double>(at));
-    }
-    const int64_t n = static_cast<int64_t>(e - k);
-    if (n == 1 || even)
-      pieces.push_back(n == batch->sizes()[0] && start == 0 && step <= 1
-                           ? *batch
-                           : slice(*batch, 0, start,
-                                   start + std::max<int64_t>(step, 1) * (n - 1) + 1,
-                                   std::max<int64_t>(step, 1)));
-    else
-      pieces.push_back(index_select(
-          *batch, 0, tensor(where, Options().dtype(DType::i64).device(batch->device()))));
-    k = e;
-  }
-  if (pieces.size() == 1) return pieces[0];
-  ++stats_.gathers;
-  return cat(pieces, 0);
-}
-
-// Whether ops a and b read at operand p results of one group that computed one value for all.
-bool Autobatch::Impl::same_value(const std::vector<PendingOp>& ops, int32_t a, int32_t b,
-                                 size_t p) const {
-  const TensorImpl* x = uniform_value(ops, a, p);
-  return x && x == uniform_value(ops, b, p);
-}
-
-// Operand p of op o as a tensor with its history: its sample of the batch that computed it in
-// this run, or itself (Note [Autobatch's tape]).
-Tensor Autobatch::Impl::with_history(std::vector<PendingOp>& ops, const PendingOp& o, size_t p) {
-  const int32_t prod = o.inputs.producer(p);
-  if (prod >= 0) {
-    const PendingOp& src = ops[static_cast<size_t>(prod)];
-    if (src.batch.defined() && o.inputs[p].unsafe_impl() == src.impl.get())
-      return src.index < 0 ? src.batch : select(src.batch, 0, src.index);
-  }
-  return o.inputs[p];
-}
-
-// Note [Autobatch's tape]
-// In a scope, an op whose result needs a gradient (grad mode on, an input that requires one) is
-// recorded without a tape node of its own: the mode claims it from the dispatcher
-// (detail::claim_autograd). Its views are recorded too, rather than made at once, so that the
-// gradient can flow through them. A run differentiates the batched ops instead: a group with
-// such ops runs its batching rule with grad mode on, on operands gathered with their history
-// (gather_grad: slices of the batches that made them), so the tape holds one node per batched
-// op, and its backward is one batched op per node. The per-sample tape, and its per-sample
-// backward, never exist. After the run, each such result still held (by the user: a loss, an
-// output) gets its history: a copy of its sample of the batch, whose tape node it takes, so that
-// an in-place write to it cannot change what the batched tape saved. A backward (or grad()) of
-// a pending tensor first runs what is pending, then walks the tape with the scope's mode set
-// aside (AutobatchBackward): its ops are batched already and run at once.
-void Autobatch::Impl::give_history(std::vector<PendingOp>& ops) {
-  GradModeScope tape(true);
-  for (PendingOp& o : ops) {
-    if (!o.grad || !o.batch.defined() || o.impl.use_count() <= 1) continue;
-    const Tensor s = (o.index < 0 ? o.batch : select(o.batch, 0, o.index)).clone();
-    fill(o.out.get(), s.unsafe_impl()->data(), owner_of(s.unsafe_impl()));
-    if (s.unsafe_impl()->autograd)
-      detail::autograd_meta(*o.impl).grad_fn = s.unsafe_impl()->autograd->grad_fn;
-  }
-}
-
 // Operand p of the group as one batch at dim 0 (step 4 of Note [Autobatch]).
 Tensor Autobatch::Impl::gather(std::vector<PendingOp>& ops, const std::vector<int32_t>& ids,
                                size_t p) {
@@ -844,33 +560,6 @@ Autobatch::~Autobatch() noexcept(false) {
 
 void Autobatch::flush() {
   if (impl_) impl_->run();
-}
-
-struct detail::AutobatchBackward::State {
-  Autobatch::Impl* impl;
-  LazyRunner* runner;
-  detail::SuspendModes suspend;
-  ModeGuard count;
-  int64_t before;
-  State(Autobatch::Impl* i, LazyRunner* r)
-      : impl(i), runner(r), count(&i->counter_), before(i->counter_.kernels) {}
-};
-
-detail::AutobatchBackward::AutobatchBackward() {
-  Autobatch::Impl* ab = tls_open;
-  if (!ab || detail::mode_depth() != 1) return;  // a trace inside the scope records it
-  ab->run();
-  state_ = std::make_unique<State>(ab, detail::set_lazy_runner(nullptr));
-}
-
-detail::AutobatchBackward::~AutobatchBackward() {
-  if (!state_) return;
-  Autobatch::Impl* ab = state_->impl;
-  ab->stats_.kernels_launched += ab->counter_.kernels - state_->before;
-  tls_stats = ab->stats_;
-  LazyRunner* runner = state_->runner;
-  state_.reset();
-  detail::set_lazy_runner(runner);
 }
 
 AutobatchStats autobatch_stats() { return tls_open ? tls_open->stats_ : tls_stats; }

@@ -1,0 +1,228 @@
+// duet: Autobatch's internal state (eager/autobatch.h): the pending ops of a scope and the
+// scope itself, shared by its recording and run (eager/autobatch.cpp) and its tape
+// (eager/autobatch_tape.cpp). Not part of the public API.
+#pragma once
+
+#include <cstring>
+#include <exception>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "core/dispatch.h"
+#include "core/ops.h"
+#include "eager/autobatch.h"
+
+namespace duet {
+
+using detail::GradModeScope;
+using detail::LazyRunner;
+using detail::StorageImpl;
+using detail::StoragePtr;
+using detail::TensorImpl;
+using detail::TensorImplPtr;
+
+namespace autobatch {
+
+// The statistics of the last scope that ended on this thread.
+extern thread_local AutobatchStats tls_stats;
+
+// The signature of a recorded op (step 2 of Note [Autobatch]).
+struct OperandSig {
+  DType dtype;
+  Device device;
+  bool wrapped;
+  uint64_t bits;  // a wrapped number's value
+  Shape shape;
+  bool operator==(const OperandSig& o) const {
+    return dtype == o.dtype && device == o.device && wrapped == o.wrapped && bits == o.bits &&
+           shape == o.shape;
+  }
+};
+struct SigKey {
+  OpId op;
+  Attrs attrs;
+  std::vector<OperandSig> in;
+  size_t hash = 0;
+  bool operator==(const SigKey& o) const { return op == o.op && attrs == o.attrs && in == o.in; }
+};
+struct SigHash {
+  size_t operator()(const SigKey& k) const { return k.hash; }
+};
+
+inline size_t mix(size_t h, uint64_t v) {
+  return h ^ (std::hash<uint64_t>{}(v) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2));
+}
+
+// An op's operands: up to four inline (no allocation per op), the rest (cat's) on the heap.
+class Operands {
+ public:
+  // `producer`: the pending op that computes t (-1: t is computed), kept so that a run finds
+  // the dependencies without reading each tensor again.
+  void push_back(const Tensor& t, int32_t producer) {
+    if (n_ < kInline) {
+      inline_[n_] = t;
+      producer_[n_] = producer;
+    } else {
+      more_.push_back(t);
+      more_producers_.push_back(producer);
+    }
+    ++n_;
+  }
+  size_t size() const { return n_; }
+  const Tensor& operator[](size_t i) const { return i < kInline ? inline_[i] : more_[i - kInline]; }
+  int32_t producer(size_t i) const {
+    return i < kInline ? producer_[i] : more_producers_[i - kInline];
+  }
+  void clear() {
+    for (size_t i = 0; i < std::min(n_, kInline); ++i) inline_[i] = Tensor();
+    more_ = {};
+    more_producers_ = {};
+    n_ = 0;
+  }
+  struct Iter {
+    const Operands* o;
+    size_t i;
+    const Tensor& operator*() const { return (*o)[i]; }
+    Iter& operator++() {
+      ++i;
+      return *this;
+    }
+    bool operator!=(const Iter& b) const { return i != b.i; }
+  };
+  Iter begin() const { return {this, 0}; }
+  Iter end() const { return {this, n_}; }
+
+ private:
+  static constexpr size_t kInline = 4;
+  Tensor inline_[kInline];
+  int32_t producer_[kInline];
+  std::vector<Tensor> more_;
+  std::vector<int32_t> more_producers_;
+  size_t n_ = 0;
+};
+
+struct PendingOp {
+  OpId op;
+  Operands inputs;
+  CallSite site;   // the user's line that called it: an error at the run names it
+  StoragePtr out;  // the lazy storage of the result
+  Shape shape;
+  DType dtype;
+  int32_t sig;
+  int32_t depth;
+  TensorImplPtr impl;  // the result (Note [Autobatch's tape]: a survivor gets its history)
+  bool grad = false;   // the result needs a gradient (a tape node, had it run eagerly)
+  Tensor batch;        // once run as part of a differentiated batch: that batch, samples first
+  int64_t index = 0;   // and the result's sample in it (-1: batch is the result, as every
+                       // sample of its group computed the same value)
+};
+
+// The storage that owns a tensor's memory.
+inline StorageImpl* root_of(const TensorImpl* x) {
+  StorageImpl* s = x->storage.get();
+  return s->base ? s->base.get() : s;
+}
+inline const StoragePtr& owner_of(const TensorImpl* x) {
+  return x->storage->base ? x->storage->base : x->storage;
+}
+
+// Whether an op's result, in the buffer owned by `root`, shares memory with one of its operands.
+inline bool aliases_operand(const PendingOp& op, const StorageImpl* root) {
+  for (const Tensor& x : op.inputs)
+    if (root_of(x.unsafe_impl()) == root) return true;
+  return false;
+}
+
+// A lazy storage computed: its value is at `data`, in the buffer `root` owns.
+inline void fill(StorageImpl* st, void* data, const StoragePtr& root) {
+  st->data = st->nbytes ? data : nullptr;
+  st->base = root;
+  st->lazy = false;
+  st->lazy_op = -1;
+}
+
+// Whether two operands are the same tensor: one memory, read the same way.
+inline bool same_operand(const TensorImpl* x, const TensorImpl* y) {
+  return x == y || (x->storage == y->storage && x->offset == y->offset &&
+                    x->strides == y->strides && x->dtype == y->dtype);
+}
+
+// The value computed once for the whole group that made operand p of op id (a weight's
+// transpose, Note [Autobatch's tape]), or null.
+inline const TensorImpl* uniform_value(const std::vector<PendingOp>& ops, int32_t id, size_t p) {
+  const PendingOp& o = ops[static_cast<size_t>(id)];
+  const int32_t prod = o.inputs.producer(p);
+  if (prod < 0) return nullptr;
+  const PendingOp& src = ops[static_cast<size_t>(prod)];
+  return src.index < 0 && src.batch.defined() && o.inputs[p].unsafe_impl() == src.impl.get()
+             ? src.batch.unsafe_impl()
+             : nullptr;
+}
+
+// The group's ops split by the first operand that calls for it, or {} (Note [Groups by
+// operand] in eager/autobatch.cpp).
+std::vector<std::vector<int32_t>> split_by_operand(const std::vector<PendingOp>& ops,
+                                                   const std::vector<int32_t>& ids);
+
+// The ops of an Autobatch scope's thread that only a run may see: they count the kernels.
+class KernelCounter final : public DispatchMode {
+ public:
+  Tensor handle(const OpCall& c) override {
+    if (detail::op_def(c.op).cls != OpClass::View || c.inplace_out) ++kernels;
+    return detail::redispatch(this, c);
+  }
+  int64_t kernels = 0;
+};
+
+}  // namespace autobatch
+using namespace autobatch;
+
+struct Autobatch::Impl final : DispatchMode, LazyRunner {
+  Tensor handle(const OpCall& c) override;
+  void run_lazy() override { run(); }
+  void run();
+
+  int32_t record(const OpCall& c, const TensorImplPtr& out, bool grad);
+  Tensor gather_grad(std::vector<PendingOp>& ops, const std::vector<int32_t>& ids, size_t p);
+  Tensor with_history(std::vector<PendingOp>& ops, const PendingOp& o, size_t p);
+  bool same_value(const std::vector<PendingOp>& ops, int32_t a, int32_t b, size_t p) const;
+  void give_history(std::vector<PendingOp>& ops);
+  void run_group(std::vector<PendingOp>& ops, const Attrs& attrs, const std::vector<int32_t>& ids);
+  Tensor gather(std::vector<PendingOp>& ops, const std::vector<int32_t>& ids, size_t p);
+  BatchedArg run_rule(std::vector<PendingOp>& ops, const OpDef& def, const Attrs& attrs,
+                      const std::vector<int32_t>& ids, bool grad = false);
+  void run_each_differentiated(std::vector<PendingOp>& ops, const Attrs& attrs,
+                               const std::vector<int32_t>& ids);
+  void place_batch(std::vector<PendingOp>& ops, const std::vector<int32_t>& ids,
+                   const BatchedArg& r, bool keep = false);
+  void place(PendingOp& op, const Tensor& r);
+
+  // The op of a lazy storage of this scope, or -1.
+  int32_t producer(const StorageImpl* st) const {
+    const int32_t id = st->lazy_op;
+    return id >= 0 && static_cast<size_t>(id) < ops_.size() &&
+                   ops_[static_cast<size_t>(id)].out.get() == st
+               ? id
+               : -1;
+  }
+
+  std::vector<PendingOp> ops_;
+  std::vector<SigKey> keys_;  // by signature id: the op's attributes too
+  std::unordered_map<SigKey, int32_t, SigHash> sigs_;
+  SigKey scratch_;
+  std::vector<const char*> addresses_;  // gather's scratch
+  bool running_ = false;
+  KernelCounter counter_;
+  AutobatchStats stats_;
+  LazyRunner* prev_runner_ = nullptr;
+  int uncaught_ = std::uncaught_exceptions();
+  std::optional<ModeGuard> mode_;
+};
+
+namespace autobatch {
+// The open scope of this thread (null: none).
+extern thread_local Autobatch::Impl* tls_open;
+}  // namespace autobatch
+
+}  // namespace duet
