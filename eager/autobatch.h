@@ -15,8 +15,9 @@ namespace duet {
 
 /// What the last run Autobatch scope on this thread did.
 struct AutobatchStats {
-  int64_t ops_recorded = 0;      ///< op calls the scope saw, except views (no kernel)
-  int64_t kernels_launched = 0;  ///< kernels run for them: batched ops, gathers, copies
+  int64_t ops_recorded = 0;      ///< op calls the scope saw, except views (no kernel); a
+                                 ///< backward walks the batched tape, and is not recorded
+  int64_t kernels_launched = 0;  ///< kernels run: batched ops, gathers, copies, the backward
   int64_t batches = 0;           ///< groups of more than one op run as one batched op
   int64_t batched_ops = 0;       ///< ops run inside those groups
   int64_t gathers = 0;           ///< operands copied into a batch (the others were views)
