@@ -330,6 +330,9 @@ void Autobatch::Impl::run_group(std::vector<PendingOp>& ops, const Attrs& attrs,
   };
   const auto b = static_cast<int64_t>(ids.size());
   BatchedArg r;
+  bool grad = false;
+  for (int32_t id : ids) grad |= ops[static_cast<size_t>(id)].grad;
+  GradModeScope tape(grad);  // a differentiated group records its batched ops on the tape
   if (def.cls == OpClass::Source && b > 1) {
     // Sources of one signature make one value: made once and copied into the batch.
     Tensor one = detail::call(first.op, TensorRefs(), attrs);
@@ -337,8 +340,6 @@ void Autobatch::Impl::run_group(std::vector<PendingOp>& ops, const Attrs& attrs,
     for (int64_t d = 0; d < one.dim(); ++d) s.push_back(one.sizes()[d]);
     r = {expand(unsqueeze(one, 0), s).contiguous(), 0};
   } else {
-    bool grad = false;
-    for (int32_t id : ids) grad |= ops[static_cast<size_t>(id)].grad;
     // (Random ops have signatures of their own: they come alone.) A differentiated op runs
     // batched even alone: its operands are slices of their batches (Note [Autobatch's tape]).
     if ((ids.size() == 1 && !grad) || !def.batch) {
@@ -349,18 +350,11 @@ void Autobatch::Impl::run_group(std::vector<PendingOp>& ops, const Attrs& attrs,
       for (const std::vector<int32_t>& part : parts) run_group(ops, attrs, part);
       return;
     }
-    GradModeScope tape(grad);
     r = run_rule(ops, def, attrs, ids, grad);
-    if (grad) {
-      ++stats_.batches;
-      stats_.batched_ops += b;
-      place_batch(ops, ids, r, /*keep=*/true);
-      return;
-    }
   }
   ++stats_.batches;
   stats_.batched_ops += b;
-  place_batch(ops, ids, r);
+  place_batch(ops, ids, r, /*keep=*/grad);
 }
 
 // The group's batching rule on its operands, shared or batched (step 4 of Note [Autobatch]).

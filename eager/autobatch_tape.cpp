@@ -70,7 +70,9 @@ Tensor Autobatch::Impl::gather_grad(std::vector<PendingOp>& ops, const std::vect
       const Tensor one = batch ? *batch : Tensor(ops[static_cast<size_t>(ids[k])].inputs[p]);
       size_t e = k + 1;
       int64_t at = 0;
-      while (batch && e < ids.size() && source(ids[e], &at) == batch) ++e;
+      for (const Tensor* next = nullptr; batch && e < ids.size() && (next = source(ids[e], &at)) &&
+                                         next->unsafe_impl() == batch->unsafe_impl() && at < 0;)
+        ++e;
       Shape s{static_cast<int64_t>(e - k)};
       for (int64_t d = 0; d < one.dim(); ++d) s.push_back(one.sizes()[d]);
       pieces.push_back(expand(unsqueeze(one, 0), s));

@@ -90,7 +90,11 @@ std::vector<Tensor> projections(const Tensor& x, const Tensor& w_ih, const Tenso
 // of a parameter, taken outside the scan, sends its gradient back through one slice per
 // sequence. A cell (one step) is the other way round: blocks taken at every call would send
 // each call's weight gradient through a slice_scatter of a zero (gates * H, in) tensor per gate,
-// so a cell takes one product of all gates and slices it (a zero (N, gates * H) per gate).
+// so a cell takes one product of all gates and slices it (a zero (N, gates * H) per gate); a
+// cell other than GRU's first adds the input's product of all gates, as PyTorch's cells do, so
+// that its gates are four slices of one sum rather than eight slices and four sums (the same
+// values: an element of a slice of a sum is the sum of the elements). GRU's candidate gate
+// multiplies the hidden product by r before the sum, so its products are sliced apart.
 
 // The input projections of a cell, one product sliced per gate (Note [Gates by blocks]).
 std::vector<Tensor> cell_projections(const Tensor& x, const Tensor& w_ih, const Tensor& b_ih,
@@ -113,16 +117,18 @@ Fn step_fn(Mode mode, const Tensor& w_hh, const Tensor& b_hh, int64_t hs, bool c
     const Tensor& h = in[0];
     const size_t first = mode == Mode::LSTM ? 2 : 1;  // x_0's place
     auto x = [&](size_t k) -> const Tensor& { return in[first + k]; };
-    const Tensor all = cell ? linear(h, w_all, b_all) : Tensor();
-    auto hp = [&](size_t k) {
-      if (cell)
-        return slice(all, -1, static_cast<int64_t>(k) * hs, static_cast<int64_t>(k + 1) * hs);
-      return linear(h, w[k], b[k]);
+    auto gate = [&](const Tensor& t, size_t k) {
+      return slice(t, -1, static_cast<int64_t>(k) * hs, static_cast<int64_t>(k + 1) * hs);
     };
+    const Tensor all = cell ? linear(h, w_all, b_all) : Tensor();
+    // A cell other than GRU's gets the input's product of all gates whole, adds it, then slices.
+    const Tensor sum = cell && mode != Mode::GRU ? x(0) + all : Tensor();
+    auto hp = [&](size_t k) { return cell ? gate(all, k) : linear(h, w[k], b[k]); };
+    auto pre = [&](size_t k) { return sum.defined() ? gate(sum, k) : x(k) + hp(k); };
     switch (mode) {
       case Mode::RNNTanh:
       case Mode::RNNReLU: {
-        Tensor next = mode == Mode::RNNTanh ? tanh(x(0) + hp(0)) : relu(x(0) + hp(0));
+        Tensor next = mode == Mode::RNNTanh ? tanh(pre(0)) : relu(pre(0));
         return {next, next};
       }
       case Mode::GRU: {
@@ -134,8 +140,8 @@ Fn step_fn(Mode mode, const Tensor& w_hh, const Tensor& b_hh, int64_t hs, bool c
       }
       case Mode::LSTM: {
         const Tensor& c = in[1];
-        Tensor i = sigmoid(x(0) + hp(0)), f = sigmoid(x(1) + hp(1));
-        Tensor cell = tanh(x(2) + hp(2)), o = sigmoid(x(3) + hp(3));
+        Tensor i = sigmoid(pre(0)), f = sigmoid(pre(1));
+        Tensor cell = tanh(pre(2)), o = sigmoid(pre(3));
         Tensor c_next = f * c + i * cell;
         Tensor h_next = o * tanh(c_next);
         return {h_next, c_next, h_next};
@@ -347,8 +353,12 @@ std::vector<Tensor> RNNCellBase::step(const Tensor& input, const Tensor& hx, con
   };
   std::vector<Tensor> in{start(hx, lstm ? "h_0" : "hx")};
   if (lstm) in.push_back(start(cx, "c_0"));
-  for (Tensor& p : cell_projections(x, weight_ih, bias_ih, gates_of(mode_), hidden_size))
-    in.push_back(std::move(p));
+  if (mode_ == Mode::GRU) {
+    for (Tensor& p : cell_projections(x, weight_ih, bias_ih, gates_of(mode_), hidden_size))
+      in.push_back(std::move(p));
+  } else {
+    in.push_back(linear(x, weight_ih, bias_ih));  // all gates, added before slicing
+  }
   std::vector<Tensor> out = step_fn(mode_, weight_hh, bias_hh, hidden_size, /*cell=*/true)(in);
   out.pop_back();  // the per-step result, a copy of h'
   if (!batched)
