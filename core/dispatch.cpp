@@ -267,6 +267,10 @@ Tensor call(OpId op, TensorRefs inputs, const Attrs& attrs, unsigned expiring) {
 
 void call_inplace(OpId op, TensorRefs inputs, const Attrs& attrs, const Tensor& self) {
   const OpDef& def = op_def(op);
+  // A pending result of an Autobatch scope gets its history when its run runs: before the
+  // autograd checks below, which would take it for a leaf (Note [Autobatch's tape]).
+  if (__builtin_expect(self.unsafe_impl()->storage && self.unsafe_impl()->storage->lazy, 0))
+    run_lazy_work();
   if (__builtin_expect(inputs.size() > 1 && !one_device(def, inputs), 0))
     throw_mixed_devices(def, inputs);
   TensorMeta meta;

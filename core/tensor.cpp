@@ -491,6 +491,9 @@ bool Tensor::requires_grad() const { return impl()->requires_grad; }
 
 bool Tensor::is_leaf() const {
   const detail::TensorImpl* t = impl();
+  // A pending result of an Autobatch scope that needs a gradient gets its history when its run
+  // runs (Note [Autobatch's tape] in eager/autobatch_tape.cpp).
+  if (t->requires_grad && t->storage && t->storage->lazy) detail::run_lazy_work();
   return !t->autograd || !t->autograd->grad_fn;
 }
 

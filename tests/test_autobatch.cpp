@@ -200,6 +200,33 @@ TEST_CASE("autobatch: a backward walks a tape of batched ops, whatever reads the
   CHECK(close(grad({got}, {w})[0], want_grad, 1e-5));
 }
 
+TEST_CASE("autobatch: an in-place write to a pending result that needs a gradient") {
+  // The pending result has no history until its run: the write runs it first, and is then
+  // recorded on the result's own copy (Note [Autobatch's tape]).
+  Tensor w = randn({4}).requires_grad_(true);
+  std::vector<Tensor> x;
+  for (int i = 0; i < 5; ++i) x.push_back(randn({4}));
+  auto step = [&](bool batched) {
+    if (w.grad().defined()) w.grad().zero_();
+    std::optional<Autobatch> scope;
+    if (batched) scope.emplace();
+    Tensor total;
+    for (int i = 0; i < 5; ++i) {
+      Tensor y = x[static_cast<size_t>(i)] * w;
+      CHECK(!y.is_leaf());  // (pending in the scope: asking runs it)
+      y.mul_(2);
+      const Tensor l = sum(exp(y) * y);
+      total = total.defined() ? total + l : l;
+    }
+    total.backward();
+    return std::pair{total, w.grad().clone()};
+  };
+  const auto [want, want_g] = step(false);
+  const auto [got, got_g] = step(true);
+  CHECK(close(got, want, 1e-6));
+  CHECK(close(got_g, want_g, 1e-5));
+}
+
 TEST_CASE("autobatch: grad() and a second backward inside a scope") {
   Tensor w = randn({4}).requires_grad_(true);
   std::vector<Tensor> x;
