@@ -227,6 +227,39 @@ TEST_CASE("autobatch: an in-place write to a pending result that needs a gradien
   CHECK(close(got_g, want_g, 1e-5));
 }
 
+TEST_CASE("autobatch: an op without a batching rule runs per sample on the batched tape") {
+  // Every differentiable primitive has a rule; take tanh's away for the test, as an op added
+  // without one would be: each sample then runs alone, on operands with their history.
+  OpDef& def = detail::op_table()[static_cast<int>(OpId::Tanh)];
+  const auto rule = def.batch;
+  def.batch = nullptr;
+  struct Restore {
+    OpDef& d;
+    decltype(rule) r;
+    ~Restore() { d.batch = r; }
+  } restore{def, rule};
+  Tensor w = randn({5}).requires_grad_(true);
+  std::vector<Tensor> x;
+  for (int i = 0; i < 4; ++i) x.push_back(randn({5}));
+  auto step = [&](bool batched) {
+    if (w.grad().defined()) w.grad().zero_();
+    std::optional<Autobatch> scope;
+    if (batched) scope.emplace();
+    Tensor total;
+    for (int i = 0; i < 4; ++i) {
+      const Tensor c = tanh(x[static_cast<size_t>(i)] * w) * 3;
+      const Tensor l = sum(c * c);
+      total = total.defined() ? total + l : l;
+    }
+    total.backward();
+    return std::pair{total, w.grad().clone()};
+  };
+  const auto [want, want_g] = step(false);
+  const auto [got, got_g] = step(true);
+  CHECK(close(got, want, 1e-6));
+  CHECK(close(got_g, want_g, 1e-5));
+}
+
 TEST_CASE("autobatch: grad() and a second backward inside a scope") {
   Tensor w = randn({4}).requires_grad_(true);
   std::vector<Tensor> x;
