@@ -241,6 +241,17 @@ TEST_CASE("caching allocator counters") {
   const int64_t reserved_large = cpu_memory_stats().reserved;
   { Tensor w = zeros({784, 1024}); }
   CHECK(cpu_memory_stats().reserved == reserved_large);
+  // A small class keeps at most 1,024 freed blocks: the rest go back to malloc.
+  {
+    cpu_allocator().empty_cache();
+    const int64_t before = cpu_memory_stats().reserved;
+    {
+      std::vector<Tensor> many;
+      for (int i = 0; i < 3000; ++i) many.push_back(zeros({16}));  // 64 bytes each
+      CHECK(cpu_memory_stats().reserved - before == 3000 * 64);
+    }
+    CHECK(cpu_memory_stats().reserved - before == 1024 * 64);
+  }
   // empty_cache returns cached blocks to the system.
   cpu_allocator().empty_cache();
   CHECK(cpu_memory_stats().reserved <= reserved - (1 << 20));
