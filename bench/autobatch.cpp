@@ -32,16 +32,6 @@ void check_agree(const char* name, float want, float got) {
         fmt::format("{}: the step's loss is {} one way and {} the other", name, want, got));
 }
 
-// Counts the kernels of the ops called under it (views run none), as an Autobatch scope counts
-// what it runs.
-struct CountKernels final : duet::DispatchMode {
-  Tensor handle(const duet::OpCall& c) override {
-    if (duet::detail::op_def(c.op).cls != duet::OpClass::View || c.inplace_out) ++kernels;
-    return duet::detail::redispatch(this, c);
-  }
-  int64_t kernels = 0;
-};
-
 // Times each mode's step, and writes the rows: samples/s; kernels per step (an Autobatch
 // scope counts what it runs; the others are counted by a dispatch mode); and the peak of the
 // CPU allocator over a step, above what was allocated before it.
@@ -65,7 +55,7 @@ void report(const char* name, const Config& c, std::vector<Result>& out,
     if (mode == "autobatch") {
       kernels = duet::autobatch_stats().kernels_launched;
     } else {
-      CountKernels count;
+      duet::detail::KernelCounter count;
       {
         duet::ModeGuard counting(&count);
         modes[k].second();

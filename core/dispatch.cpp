@@ -260,7 +260,8 @@ Tensor call(OpId op, TensorRefs inputs, const Attrs& attrs, unsigned expiring) {
   if (__builtin_expect(prof.has_value(), 0)) profile_op(def, *prof, out);
   if (__builtin_expect(check, 0)) anomaly_check_output(def, inputs, out);
   // Note [Autograd hooks]; a mode that claimed the call records its gradient itself.
-  const bool claimed = std::exchange(tls_autograd_claimed, false);
+  // Only a mode claims (claim_autograd), so with none on the stack there is nothing to reset.
+  const bool claimed = tls_depth > 0 && std::exchange(tls_autograd_claimed, false);
   if (record && !claimed) autograd_hooks().record(def, inputs, attrs, out);
   return out;
 }
@@ -391,6 +392,11 @@ thread_local LazyRunner* tls_lazy_runner = nullptr;
 LazyRunner* set_lazy_runner(LazyRunner* r) { return std::exchange(tls_lazy_runner, r); }
 bool lazy_runner_active() { return tls_lazy_runner != nullptr; }
 void claim_autograd() { tls_autograd_claimed = true; }
+
+Tensor KernelCounter::handle(const OpCall& c) {
+  if (op_def(c.op).cls != OpClass::View || c.inplace_out) ++kernels;
+  return redispatch(this, c);
+}
 void run_lazy_work() {
   if (tls_lazy_runner) tls_lazy_runner->run_lazy();
 }

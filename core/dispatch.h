@@ -38,6 +38,13 @@ class ModeGuard {
 };
 
 namespace detail {
+/// A mode that counts the kernels of the ops called under it (a view runs none) and runs them:
+/// an Autobatch scope's statistics, and the benchmarks' and tests' counts of eager kernels.
+class KernelCounter final : public DispatchMode {
+ public:
+  Tensor handle(const OpCall& c) override;
+  int64_t kernels = 0;
+};
 /// Calls op with its inputs. Bit i of `expiring` says input i is an rvalue the caller will drop:
 /// its buffer may be reused for the output when nothing else holds it.
 Tensor call(OpId op, TensorRefs inputs, const Attrs& attrs, unsigned expiring = 0);

@@ -152,7 +152,7 @@ Tensor Autobatch::Impl::handle(const OpCall& c) {
 
 int32_t Autobatch::Impl::record(const OpCall& c, const TensorImplPtr& out, bool grad) {
   const auto id = static_cast<int32_t>(ops_.size());
-  PendingOp op{c.op, {}, detail::tls_site, out->storage, c.meta.shape, c.meta.dtype, -1, 0};
+  PendingOp op{c.op, {}, detail::tls_site, -1, 0};
   op.impl = out;
   op.grad = grad;
   // The signature is built in a scratch key, copied into the table only when new.
@@ -213,7 +213,7 @@ void Autobatch::Impl::run() {
   std::vector<char> live(n, 1);
   for (size_t i = n; i-- > 0;) {
     // Held by a tensor (the result, a consumer's operand) or a view of the storage.
-    if (ops[i].impl.use_count() > 1 || ops[i].out.use_count() > 2) continue;
+    if (ops[i].impl.use_count() > 1 || ops[i].impl->storage.use_count() > 1) continue;
     live[i] = 0;
     ops[i].inputs.clear();
   }
@@ -233,7 +233,7 @@ void Autobatch::Impl::run() {
     for (size_t i = 0; i < n; ++i)
       if (live[i])
         for_each_producer(i, [&](size_t p) {
-          DUET_ASSERT(p < n && ops[p].out.get() && live[p],
+          DUET_ASSERT(p < n && ops[p].out() && live[p],
                       "a pending op reads a lazy tensor "
                       "of no pending op");
           ++waiting[i];
@@ -367,12 +367,13 @@ BatchedArg Autobatch::Impl::run_rule(std::vector<PendingOp>& ops, const OpDef& d
   bool batched = false;
   for (size_t p = 0; p < first.inputs.size(); ++p) {
     const TensorImpl* x0 = first.inputs[p].unsafe_impl();
+    const TensorImpl* u0 = uniform_value(ops, ids[0], p);  // one value for all, computed once
     bool shared = true;
     for (int32_t id : ids) {
       const TensorImpl* x = ops[static_cast<size_t>(id)].inputs[p].unsafe_impl();
       // Wrapped numbers of a signature hold one value (step 2), and promote as numbers.
-      shared =
-          shared && (x->wrapped_number || same_operand(x, x0) || same_value(ops, id, ids[0], p));
+      shared = shared && (x->wrapped_number || same_operand(x, x0) ||
+                          (u0 && uniform_value(ops, id, p) == u0));
     }
     bool needs = false;  // a gradient flows through this operand
     for (int32_t id : ids)
@@ -413,7 +414,7 @@ void Autobatch::Impl::place_batch(std::vector<PendingOp>& ops, const std::vector
     // of its own (give_history), so no write to one reaches the others.
     const Tensor one = r.value.contiguous();
     for (int32_t id : ids)
-      fill(ops[static_cast<size_t>(id)].out.get(), one.unsafe_impl()->data(),
+      fill(ops[static_cast<size_t>(id)].out(), one.unsafe_impl()->data(),
            owner_of(one.unsafe_impl()));
     for (int32_t id : ids) {  // index -1: the batch is the one value itself
       ops[static_cast<size_t>(id)].batch = r.value;
@@ -435,15 +436,15 @@ void Autobatch::Impl::place_batch(std::vector<PendingOp>& ops, const std::vector
     v = permute(v, order);
   }
   const TensorImpl* vi = v.unsafe_impl();
-  bool dense = v.dim() == first.shape.size() + 1 && v.sizes()[0] == b;
-  for (int64_t d = 1; dense && d < v.dim(); ++d) dense = v.sizes()[d] == first.shape[d - 1];
-  Strides want = detail::contiguous_strides(first.shape);
+  bool dense = v.dim() == first.shape().size() + 1 && v.sizes()[0] == b;
+  for (int64_t d = 1; dense && d < v.dim(); ++d) dense = v.sizes()[d] == first.shape()[d - 1];
+  Strides want = detail::contiguous_strides(first.shape());
   for (int64_t d = 1; dense && d < v.dim(); ++d)
     dense = v.sizes()[d] == 1 || vi->strides[d] == want[d - 1];
-  if (!dense || vi->dtype != first.dtype) v = v.contiguous();
+  if (!dense || vi->dtype != first.dtype()) v = v.contiguous();
   vi = v.unsafe_impl();
   const StoragePtr root = owner_of(vi);
-  const int64_t step = (dense ? vi->strides[0] : first.shape.numel()) * itemsize(first.dtype);
+  const int64_t step = (dense ? vi->strides[0] : first.shape().numel()) * itemsize(first.dtype());
   char* base = static_cast<char*>(vi->data());
   for (size_t k = 0; k < ids.size(); ++k) {
     PendingOp& o = ops[static_cast<size_t>(ids[k])];
@@ -451,7 +452,7 @@ void Autobatch::Impl::place_batch(std::vector<PendingOp>& ops, const std::vector
     if (!view && aliases_operand(o, root.get()))
       place(o, select(v, 0, static_cast<int64_t>(k)).clone());
     else
-      fill(o.out.get(), base + static_cast<int64_t>(k) * step, root);
+      fill(o.out(), base + static_cast<int64_t>(k) * step, root);
   }
   kept(v);
 }
@@ -514,13 +515,13 @@ Tensor Autobatch::Impl::gather(std::vector<PendingOp>& ops, const std::vector<in
 
 // The lazy storage of `op` gets the memory of its result r (step 5 of Note [Autobatch]).
 void Autobatch::Impl::place(PendingOp& op, const Tensor& r) {
-  DUET_ASSERT(r.sizes() == op.shape && r.dtype() == op.dtype,
+  DUET_ASSERT(r.sizes() == op.shape() && r.dtype() == op.dtype(),
               "[autobatch] {} gave {} {} where its shape rule said {} {}",
-              detail::op_def(op.op).name, r.sizes(), r.dtype(), op.shape, op.dtype);
+              detail::op_def(op.op).name, r.sizes(), r.dtype(), op.shape(), op.dtype());
   // A result that shares memory with an operand is copied, as eager makes one.
   const Tensor m =
       !r.is_contiguous() || aliases_operand(op, root_of(r.unsafe_impl())) ? r.clone() : r;
-  fill(op.out.get(), m.unsafe_impl()->data(), owner_of(m.unsafe_impl()));
+  fill(op.out(), m.unsafe_impl()->data(), owner_of(m.unsafe_impl()));
 }
 
 Autobatch::Autobatch() {

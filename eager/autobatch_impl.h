@@ -105,10 +105,7 @@ class Operands {
 struct PendingOp {
   OpId op;
   Operands inputs;
-  CallSite site;   // the user's line that called it: an error at the run names it
-  StoragePtr out;  // the lazy storage of the result
-  Shape shape;
-  DType dtype;
+  CallSite site;  // the user's line that called it: an error at the run names it
   int32_t sig;
   int32_t depth;
   TensorImplPtr impl;  // the result (Note [Autobatch's tape]: a survivor gets its history)
@@ -116,6 +113,10 @@ struct PendingOp {
   Tensor batch;        // once run as part of a differentiated batch: that batch, samples first
   int64_t index = 0;   // and the result's sample in it (-1: batch is the result, as every
                        // sample of its group computed the same value)
+  // The result's lazy storage, shape and dtype.
+  StorageImpl* out() const { return impl->storage.get(); }
+  const Shape& shape() const { return impl->shape; }
+  DType dtype() const { return impl->dtype; }
 };
 
 // The storage that owns a tensor's memory.
@@ -148,32 +149,27 @@ inline bool same_operand(const TensorImpl* x, const TensorImpl* y) {
                     x->strides == y->strides && x->dtype == y->dtype);
 }
 
-// The value computed once for the whole group that made operand p of op id (a weight's
-// transpose, Note [Autobatch's tape]), or null.
-inline const TensorImpl* uniform_value(const std::vector<PendingOp>& ops, int32_t id, size_t p) {
-  const PendingOp& o = ops[static_cast<size_t>(id)];
+// The pending op whose result operand p of op o is, once a differentiated batch computed it
+// (PendingOp::batch), or null (Note [Autobatch's tape]).
+inline const PendingOp* batch_source(const std::vector<PendingOp>& ops, const PendingOp& o,
+                                     size_t p) {
   const int32_t prod = o.inputs.producer(p);
   if (prod < 0) return nullptr;
   const PendingOp& src = ops[static_cast<size_t>(prod)];
-  return src.index < 0 && src.batch.defined() && o.inputs[p].unsafe_impl() == src.impl.get()
-             ? src.batch.unsafe_impl()
-             : nullptr;
+  return src.batch.defined() && o.inputs[p].unsafe_impl() == src.impl.get() ? &src : nullptr;
+}
+
+// The value computed once for the whole group that made operand p of op id (a weight's
+// transpose, Note [Autobatch's tape]), or null.
+inline const TensorImpl* uniform_value(const std::vector<PendingOp>& ops, int32_t id, size_t p) {
+  const PendingOp* src = batch_source(ops, ops[static_cast<size_t>(id)], p);
+  return src && src->index < 0 ? src->batch.unsafe_impl() : nullptr;
 }
 
 // The group's ops split by the first operand that calls for it, or {} (Note [Groups by
 // operand] in eager/autobatch.cpp).
 std::vector<std::vector<int32_t>> split_by_operand(const std::vector<PendingOp>& ops,
                                                    const std::vector<int32_t>& ids);
-
-// The ops of an Autobatch scope's thread that only a run may see: they count the kernels.
-class KernelCounter final : public DispatchMode {
- public:
-  Tensor handle(const OpCall& c) override {
-    if (detail::op_def(c.op).cls != OpClass::View || c.inplace_out) ++kernels;
-    return detail::redispatch(this, c);
-  }
-  int64_t kernels = 0;
-};
 
 }  // namespace autobatch
 using namespace autobatch;
@@ -186,7 +182,6 @@ struct Autobatch::Impl final : DispatchMode, LazyRunner {
   int32_t record(const OpCall& c, const TensorImplPtr& out, bool grad);
   Tensor gather_grad(std::vector<PendingOp>& ops, const std::vector<int32_t>& ids, size_t p);
   Tensor with_history(std::vector<PendingOp>& ops, const PendingOp& o, size_t p);
-  bool same_value(const std::vector<PendingOp>& ops, int32_t a, int32_t b, size_t p) const;
   void give_history(std::vector<PendingOp>& ops);
   void run_group(std::vector<PendingOp>& ops, const Attrs& attrs, const std::vector<int32_t>& ids);
   Tensor gather(std::vector<PendingOp>& ops, const std::vector<int32_t>& ids, size_t p);
@@ -202,7 +197,7 @@ struct Autobatch::Impl final : DispatchMode, LazyRunner {
   int32_t producer(const StorageImpl* st) const {
     const int32_t id = st->lazy_op;
     return id >= 0 && static_cast<size_t>(id) < ops_.size() &&
-                   ops_[static_cast<size_t>(id)].out.get() == st
+                   ops_[static_cast<size_t>(id)].out() == st
                ? id
                : -1;
   }
@@ -213,7 +208,7 @@ struct Autobatch::Impl final : DispatchMode, LazyRunner {
   SigKey scratch_;
   std::vector<const char*> addresses_;  // gather's scratch
   bool running_ = false;
-  KernelCounter counter_;
+  detail::KernelCounter counter_;  // the kernels a run (and the scope's backward) calls
   AutobatchStats stats_;
   LazyRunner* prev_runner_ = nullptr;
   int uncaught_ = std::uncaught_exceptions();

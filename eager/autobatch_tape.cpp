@@ -54,13 +54,10 @@ Tensor Autobatch::Impl::gather_grad(std::vector<PendingOp>& ops, const std::vect
                                     size_t p) {
   // The batch and place of the sample of op `id` at operand p, or null.
   auto source = [&](int32_t id, int64_t* index) -> const Tensor* {
-    const PendingOp& o = ops[static_cast<size_t>(id)];
-    const int32_t prod = o.inputs.producer(p);
-    if (prod < 0) return nullptr;
-    const PendingOp& src = ops[static_cast<size_t>(prod)];
-    if (!src.batch.defined() || o.inputs[p].unsafe_impl() != src.impl.get()) return nullptr;
-    *index = src.index;
-    return &src.batch;
+    const PendingOp* src = batch_source(ops, ops[static_cast<size_t>(id)], p);
+    if (!src) return nullptr;
+    *index = src->index;
+    return &src->batch;
   };
   std::vector<Tensor> pieces;
   for (size_t k = 0; k < ids.size();) {
@@ -109,23 +106,12 @@ Tensor Autobatch::Impl::gather_grad(std::vector<PendingOp>& ops, const std::vect
   return cat(pieces, 0);
 }
 
-// Whether ops a and b read at operand p results of one group that computed one value for all.
-bool Autobatch::Impl::same_value(const std::vector<PendingOp>& ops, int32_t a, int32_t b,
-                                 size_t p) const {
-  const TensorImpl* x = uniform_value(ops, a, p);
-  return x && x == uniform_value(ops, b, p);
-}
-
 // Operand p of op o as a tensor with its history: its sample of the batch that computed it in
 // this run, or itself (Note [Autobatch's tape]).
 Tensor Autobatch::Impl::with_history(std::vector<PendingOp>& ops, const PendingOp& o, size_t p) {
-  const int32_t prod = o.inputs.producer(p);
-  if (prod >= 0) {
-    const PendingOp& src = ops[static_cast<size_t>(prod)];
-    if (src.batch.defined() && o.inputs[p].unsafe_impl() == src.impl.get())
-      return src.index < 0 ? src.batch : select(src.batch, 0, src.index);
-  }
-  return o.inputs[p];
+  const PendingOp* src = batch_source(ops, o, p);
+  if (!src) return o.inputs[p];
+  return src->index < 0 ? src->batch : select(src->batch, 0, src->index);
 }
 
 // A result still held after the run gets its history (Note [Autobatch's tape]).
@@ -134,7 +120,7 @@ void Autobatch::Impl::give_history(std::vector<PendingOp>& ops) {
   for (PendingOp& o : ops) {
     if (!o.grad || !o.batch.defined() || o.impl.use_count() <= 1) continue;
     const Tensor s = (o.index < 0 ? o.batch : select(o.batch, 0, o.index)).clone();
-    fill(o.out.get(), s.unsafe_impl()->data(), owner_of(s.unsafe_impl()));
+    fill(o.out(), s.unsafe_impl()->data(), owner_of(s.unsafe_impl()));
     if (s.unsafe_impl()->autograd)
       detail::autograd_meta(*o.impl).grad_fn = s.unsafe_impl()->autograd->grad_fn;
   }

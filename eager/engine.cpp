@@ -295,6 +295,10 @@ class BackwardRun {
     st_[i].queued = true;
     ready_.push(i);
   }
+  // Node i received the gradient of one of its consumers: queued once it has them all.
+  void got_gradient(int32_t i) {
+    if (--st_[i].deps == 0 && !st_[i].queued) enqueue(i);
+  }
   void mark_useful();
   void count_uses();
   bool gather_inputs(const Node& n, uint32_t& stale);
@@ -450,7 +454,7 @@ void BackwardRun::send_grads(const Node& n) {
     if (e.fn) {
       const int32_t p = index_of(e.fn.get());
       st_[p].buffer.add(std::move(gin));
-      if (--st_[p].deps == 0 && !st_[p].queued) enqueue(p);
+      got_gradient(p);
     } else if (capture_) {
       add_to(capture_->results[capture_->leaves.at(e.leaf.get())], gin);
     } else {
@@ -482,7 +486,7 @@ bool BackwardRun::add_into_slice(const Node& n, const Tensor& g) {
     return false;
   const int32_t p = index_of(e.fn.get());
   st_[p].buffer.add_slice(g, n.attrs, e.meta);
-  if (--st_[p].deps == 0 && !st_[p].queued) enqueue(p);
+  got_gradient(p);
   return true;
 }
 
