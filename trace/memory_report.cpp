@@ -86,8 +86,9 @@ std::string human_bytes(int64_t b);
 // Note [Memory budget]
 // With CompileOptions::memory_budget, the forward plan of a signature is planned first as the
 // passes left it (the remat pass has made the backward recompute cheap elementwise values). If
-// its peak (arena and results: PlanStats::peak_bytes) is over the budget, the backward
-// recomputes forward ops too. In each round, the ops whose recomputation frees the most of
+// its peak (arena and results: PlanStats::peak_bytes) is over the budget, it is planned with its
+// steps in order (steps side by side reuse no buffer in place), then the backward recomputes
+// forward ops too. In each round, the ops whose recomputation frees the most of
 // what the backward keeps per unit of work (remat_candidates, the cheapest kCandidates) are
 // tried: the graph is rewritten from the passes' graph with the op recomputed besides those
 // chosen before (remat_forced), and a trial plan, which plans the schedule and the memory but
@@ -110,6 +111,13 @@ std::unique_ptr<Plan> plan_within_budget(Graph g, PlanOptions o, int64_t budget)
   auto peak_of = [&](const Graph& h) { return Plan(h, trial).stats().peak_bytes; };
   int64_t best = peak_of(g);
   if (best <= budget) return std::make_unique<Plan>(std::move(g), o);
+  // Steps side by side reuse no buffer in place (Note [Parallel waves]): over its budget, a
+  // plan runs its steps in order before it recomputes anything.
+  if (o.parallel) {
+    o.parallel = trial.parallel = false;
+    best = peak_of(g);
+    if (best <= budget) return std::make_unique<Plan>(std::move(g), o);
+  }
   std::vector<int32_t> forced;
   int stalled = 0;  // rounds in a row that found no lower peak
   for (int round = 0; round < kMaxBudgetRounds && stalled < kStalledRounds; ++round) {

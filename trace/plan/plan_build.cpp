@@ -615,17 +615,24 @@ bool Plan::Builder::needs_buffer(int32_t v) const {
 // In place: a step writing value v at the same index it reads input `in`, which dies there.
 // `in` is a buffer, or a reshape of one (a buffer is contiguous, so a reshape reads its
 // elements in the same order: the gradient of a Linear's 3-D input arrives as a reshape of a
-// 2-D product). No other input of the step may read that buffer through a view (a shifted
-// slice of it would see the new values). Returns the buffer reused, or -1.
+// 2-D product), or an optimization_barrier of those (a recomputed value, Note
+// [Rematerialization], read by the backward's kernels). Another input of the step may read that
+// buffer only so too: element i of it at index i, which a kernel loads before it stores element
+// i (a shifted slice would see the new values). Returns the buffer reused, or -1.
 int32_t Plan::Builder::reusable(int32_t v, int32_t in,
                                 const std::vector<int32_t>& step_inputs) const {
   if (in < 0) return -1;
   const int32_t base = root[in];
-  for (int32_t x = in; x != base; x = graph.nodes[x].inputs[0])
-    if (graph.nodes[x].op != OpId::Reshape) return -1;
-  if (request_of[base] < 0) return -1;
+  // Whether x reads base's elements in their order, at the step's index.
+  auto same_elements = [&](int32_t x) {
+    for (; x != base; x = graph.nodes[x].inputs[0])
+      if (graph.nodes[x].op != OpId::Reshape && graph.nodes[x].op != OpId::OptimizationBarrier)
+        return false;
+    return graph.nodes[base].meta.shape.numel() == graph.nodes[v].meta.shape.numel();
+  };
+  if (!same_elements(in) || request_of[base] < 0) return -1;
   for (int32_t x : step_inputs)
-    if (x != in && root[x] == base) return -1;
+    if (x != in && root[x] == base && !same_elements(x)) return -1;
   const GraphNode& a = graph.nodes[v];
   const GraphNode& b = graph.nodes[in];
   const GraphNode& c = graph.nodes[base];
