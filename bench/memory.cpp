@@ -238,7 +238,7 @@ double w8_step_peak(bool compiled, bool ckpt, int64_t budget, int64_t batch, dou
 // memory_budget at that many bytes; bench/peers/memory_batch.py runs PyTorch beside it.
 void run_mb(const Config& c, std::vector<Result>& out) {
   constexpr double kMbBudgetMiB = 256;
-  const std::vector<int64_t> batches = {8, 16, 24, 32, 48, 64, 80, 96};
+  const std::vector<int64_t> batches = {8, 16, 24, 32, 48, 64, 80, 96, 112, 128};
   struct Mode {
     const char* name;
     bool compiled, ckpt, budget;

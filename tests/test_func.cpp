@@ -209,6 +209,35 @@ TEST_CASE("vmap: Randomness::Different draws for each sample") {
   CHECK(!close(d.select(0, 0), d.select(0, 1), 0));
 }
 
+TEST_CASE("vmap: random ops under compile draw what eager vmap draws") {
+  // The traced draw advances the generator's state in place, a write from vmap's sub-trace into a
+  // tensor from outside it (Tracer::allow_outside_writes).
+  auto noisy = [](const Tensor& a) { return a + rand({3}); };
+  const Tensor x = zeros({4, 3});
+  for (func::Randomness mode : {func::Randomness::Same, func::Randomness::Different}) {
+    CAPTURE(static_cast<int>(mode));
+    auto v = func::vmap(noisy, {}, 0, mode);
+    auto f = compile([v](const Tensor& a) { return v(a); });
+    manual_seed(508);
+    const Tensor e1 = v(x), e2 = v(x), e_next = rand({5});
+    manual_seed(508);
+    const Tensor c1 = f(x), c2 = f(x), c_next = rand({5});
+    CHECK(f.stats().traces == 1);
+    CHECK(bitwise_equal(c1, e1));
+    CHECK(bitwise_equal(c2, e2));
+    CHECK(!bitwise_equal(c1, c2));         // each call draws anew
+    CHECK(bitwise_equal(c_next, e_next));  // and moves the generator on as eager vmap does
+  }
+  // The functions of cond, scan and while_loop still may not write outside tensors.
+  auto f = compile([](const Tensor& a) {
+    return cond(
+        sum(a) > 0,
+        [](const std::vector<Tensor>& t) { return std::vector<Tensor>{t[0] + rand({3})}; },
+        [](const std::vector<Tensor>& t) { return t; }, {a})[0];
+  });
+  CHECK_THROWS_WITH_AS(f(ones({3})), doctest::Contains("from outside the function"), Error);
+}
+
 TEST_CASE("vmap: cond, scan and while_loop batch (Note [vmap of control flow])") {
   manual_seed(508);
   const Tensor x = randn({5, 4, 3});  // 5 samples of 4 steps of 3

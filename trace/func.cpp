@@ -13,7 +13,10 @@
 //  - arguments whose batch sizes differ, or no batched argument;
 //  - a random op under Randomness::Error (the default, as torch.func's randomness="error");
 //    Randomness::Same runs it once for every sample, Randomness::Different draws the batch's
-//    shape at once (the state advance the trace recorded for one sample runs after it);
+//    shape at once (the state advance the trace recorded for one sample runs after it). The
+//    advance writes the generator's state in place, which vmap's sub-trace may do (unlike the
+//    bodies of cond, scan and while_loop): it runs once, in order, so compile(vmap(f)) draws
+//    what vmap(f) does;
 //  - in-place writes of a batched value into a tensor from outside it.
 // cond, scan and while_loop inside the function batch too (Note [vmap of control flow]).
 // An unbatched result is expanded to the batch, as torch.func does.
@@ -292,6 +295,7 @@ std::vector<Tensor> vmap_call(const std::function<std::vector<Tensor>(std::vecto
   lifts.first_slot = static_cast<int32_t>(args.size());  // lifted values follow the arguments
   std::unique_ptr<Tracer> tr =
       outer ? std::make_unique<Tracer>(label, outer, &lifts) : std::make_unique<Tracer>(label);
+  tr->allow_outside_writes();  // a draw's state advance, applied by run_values
   std::vector<Tensor> samples;
   for (size_t i = 0; i < args.size(); ++i) {
     const Tensor& a = args[i];

@@ -294,11 +294,15 @@ Tensor Tracer::handle(const OpCall& c) {
         DUET_ASSERT(eq, "[{}_] result {} into {}", def.name, dims_str(r), dims_str(t));
       }
     }
-    DUET_CHECK(!parent_ || owns_storage(x->storage.get()),
-               "[{}_] while tracing {}: a tensor of shape {} from outside the function is "
-               "written in place. The functions of cond, scan and while_loop may write in place "
-               "only tensors they create; return the new value instead",
-               def.name, graph_.label, x->shape);
+    {
+      const StorageImpl* s = x->storage.get();
+      const bool concrete = !(s->data == nullptr && s->allocator == nullptr && x->trace);
+      DUET_CHECK(!parent_ || owns_storage(s) || (outside_writes_ && concrete),
+                 "[{}_] while tracing {}: a tensor of shape {} from outside the function is "
+                 "written in place. The functions of cond, scan and while_loop may write in "
+                 "place only tensors they create; return the new value instead",
+                 def.name, graph_.label, x->shape);
+    }
     int32_t v = add_op(c.op, c.attrs, std::move(ins), meta);
     if (c.meta.dtype != x->dtype) {
       Attrs a;

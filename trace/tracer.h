@@ -101,6 +101,11 @@ class Tracer final : public DispatchMode, public ValueReader {
                               const std::vector<Tensor>& inputs);
   /// The tracer of the enclosing construct, or null for a top-level trace.
   Tracer* parent() const { return parent_; }
+  /// Lets this sub-trace write in place into concrete tensors from outside (the generator's
+  /// state): a write-back of its graph, which vmap applies once, in order (Note [vmap]). The
+  /// bodies of cond, scan and while_loop may not: a write there would be a side effect of a
+  /// branch or of a loop step.
+  void allow_outside_writes() { outside_writes_ = true; }
   /// duet::probe under this trace: `t` pinned as an extra result named `name`.
   void add_probe(std::string name, const Tensor& t);
   /// The probes, in the order they were made.
@@ -146,7 +151,8 @@ class Tracer final : public DispatchMode, public ValueReader {
   IntrusivePtr<TraceTag> tag_;
   uint64_t edges_at_start_ = backward_edges();  ///< GraphNode::phase counts from here
   Tracer* prev_;
-  Tracer* parent_ = nullptr;  ///< sub-traces: the enclosing construct's tracer
+  Tracer* parent_ = nullptr;     ///< sub-traces: the enclosing construct's tracer
+  bool outside_writes_ = false;  ///< allow_outside_writes()
   Lifts* lifts_ = nullptr;
   std::unordered_map<size_t, int32_t> lifted_;  ///< position in lifts_ -> this graph's input
   std::unordered_map<const StorageImpl*, Written> written_;

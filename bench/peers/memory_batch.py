@@ -25,7 +25,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import peers  # noqa: E402  (the venv and the pinned versions)
 
-BATCHES = [8, 16, 24, 32, 48, 64, 80, 96]
+BATCHES = [8, 16, 24, 32, 48, 64, 80, 96, 112, 128]
 MODES = ["eager", "eager checkpoint", "compiled", "compiled checkpoint"]
 
 
