@@ -178,12 +178,29 @@ void reduce_outputs(const T* px, const Dims& kept, const Dims& red, T* po) {
   }
 }
 
+// A row of m elements of type S as T*: the row itself, or (an f16 or bf16 row summed in f32)
+// its values widened into `buf`.
+template <class T, class S>
+const T* row_as(const S* row, int64_t m, T* buf) {
+  if constexpr (std::is_same_v<S, T>) {
+    return row;
+  } else if constexpr (std::is_same_v<S, bf16_t>) {
+    widen_bf16(row, buf, m);
+    return buf;
+  } else {
+    for (int64_t j = 0; j < m; ++j) buf[j] = static_cast<T>(row[j]);
+    return buf;
+  }
+}
+
 // By columns: the innermost kept dim (C outputs side by side, contiguous in the input) in tiles
 // of up to kCols (whole rows of up to 16 KiB, which the prefetchers stream; narrower when the
 // tiles would leave threads idle), each tile folded over every reduced element; work unit u is
 // tile u % tiles of the outputs' row u / tiles. A column's sum does not depend on the tiles.
-template <class Op, class T>
-void reduce_columns(const T* px, const Dims& kept, const Dims& red, T* po) {
+// An f16 or bf16 input (S) is summed in f32 (T), each row of a tile widened as it is read
+// (Note [Low precision sums]).
+template <class Op, class T, class S = T>
+void reduce_columns(const S* px, const Dims& kept, const Dims& red, T* po) {
   constexpr int64_t kCols = std::is_floating_point_v<T> ? 16384 / sizeof(T) : 1024;
   const int64_t C = kept.size[kept.n - 1], nrows = kept.numel() / C, nred = red.numel();
   const int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
@@ -197,9 +214,11 @@ void reduce_columns(const T* px, const Dims& kept, const Dims& red, T* po) {
       [&](int64_t b, int64_t e) {
         for (int64_t u = b; u < e; ++u) {
           const int64_t q = u / tiles, j0 = u % tiles * tile, m = std::min(tile, C - j0);
-          const T* base = px + kept.offset(q, kept.n - 1) + j0;
+          const S* base = px + kept.offset(q, kept.n - 1) + j0;
           T* out = po + q * C + j0;
           if constexpr (std::is_floating_point_v<T>) {
+            static thread_local std::unique_ptr<T[]> wide;  // a widened row (S != T)
+            if (!std::is_same_v<S, T> && !wide) wide.reset(new T[kCols]);
             // Too large for a worker's stack: one per thread, reused (trivially destructible).
             using Columns = fn::ColumnCascade<T, typename Op::R, kCols>;
             static thread_local std::unique_ptr<Columns> columns;
@@ -209,10 +228,12 @@ void reduce_columns(const T* px, const Dims& kept, const Dims& red, T* po) {
               columns = std::make_unique<Columns>(m);
             Columns& cc = *columns;
             walk(red, 0, nred, [&](int64_t off, int64_t cnt) {
-              for (int64_t i = 0; i < cnt; ++i) cc.add(base + off + i * red.stride[red.n - 1], m);
+              for (int64_t i = 0; i < cnt; ++i)
+                cc.add(row_as(base + off + i * red.stride[red.n - 1], m, wide.get()), m);
             });
             cc.finish(out, m);
           } else {  // exact in any order (integer sums wrap)
+            static_assert(std::is_same_v<S, T>);
             std::fill(out, out + m, Op::identity());
             walk(red, 0, nred, [&](int64_t off, int64_t cnt) {
               for (int64_t i = 0; i < cnt; ++i) {
@@ -261,10 +282,50 @@ void reduce_kernel(TensorRefs in, const Attrs& attrs, const Tensor& out) {
   });
 }
 
+// Note [Low precision sums]
+// A sum of an f16 or bf16 tensor accumulates in f32 (Note [Low precision]). Through via_wide it
+// widened the whole input into an f32 copy first: a bf16 bias gradient (a column sum of a
+// Linear's output gradient under autocast) wrote and read twice as many bytes as the input has,
+// and ran at a third of the f32 sum's speed. The column sums widen each row of a tile as they
+// read it instead, into a buffer the size of a tile; on a dense input they add the same f32
+// values in the same order as via_wide did, so the result is the same, bit for bit. Other sums
+// go through via_wide.
+void sum_kernel(TensorRefs in, const Attrs& attrs, const Tensor& out) {
+  const Tensor& x = in[0];
+  const DType dt = x.dtype();
+  if ((dt == DType::bf16 || dt == DType::f16) && out.dtype() == dt && x.numel() > 0 &&
+      out.numel() > 0) {
+    const int64_t nd = x.dim();
+    bool reduced[64] = {};
+    if (attrs.ints.empty())
+      for (int64_t d = 0; d < nd; ++d) reduced[d] = true;
+    else
+      for (int64_t d : attrs.ints) reduced[d] = true;
+    Dims kept, red;
+    for (int64_t d = 0; d < nd; ++d) (reduced[d] ? red : kept).add(x.sizes()[d], x.strides()[d]);
+    if (red.n > 0 && kept.n > 0 && kept.stride[kept.n - 1] == 1 && red.stride[red.n - 1] != 1) {
+      Tensor wide = detail::empty(out.sizes(), DType::f32, out.device());
+      float* po = static_cast<float*>(wide.raw_data());
+      std::fill(po, po + out.numel(), 0.0f);
+      if (dt == DType::bf16)
+        reduce_columns<SumOp<float>>(static_cast<const bf16_t*>(x.raw_data()), kept, red, po);
+      else
+        reduce_columns<SumOp<float>>(static_cast<const f16_t*>(x.raw_data()), kept, red, po);
+      const Tensor* src[] = {&wide};
+      Attrs c;
+      c.dtype = dt;
+      detail::op_def(OpId::Cast)
+          .kernel[static_cast<int>(DeviceType::CPU)](TensorRefs(src, 1), c, out);
+      return;
+    }
+  }
+  via_wide<reduce_kernel<SumOp>>(in, attrs, out);
+}
+
 }  // namespace
 
 void register_reduction_kernels(OpDef* t) {
-  detail::register_kernel(t, OpId::Sum, DeviceType::CPU, via_wide<reduce_kernel<SumOp>>);
+  detail::register_kernel(t, OpId::Sum, DeviceType::CPU, sum_kernel);
   detail::register_kernel(t, OpId::Max, DeviceType::CPU, via_wide<reduce_kernel<MaxOp>>);
   detail::register_kernel(t, OpId::Min, DeviceType::CPU, via_wide<reduce_kernel<MinOp>>);
 }

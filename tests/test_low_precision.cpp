@@ -209,6 +209,33 @@ TEST_CASE("low precision columns: sum, max and min accumulate in f32 and round o
   }
 }
 
+TEST_CASE("low precision: column sums widen row by row and equal the f32 sum rounded") {
+  // Note [Low precision sums]: wide tiles, several tiles, a strided (transposed) input, and sums
+  // over two leading dims, each the f32 sum of the same values rounded once.
+  Rng rng(23);
+  struct Case {
+    Shape shape;
+    Dims dims;
+    bool transposed;
+  };
+  for (DType low : kLow)
+    for (const Case& c : {Case{{33, 5000}, Dims{0}, false}, Case{{4, 8, 300}, Dims{0, 1}, false},
+                          Case{{70, 300}, Dims{1}, true}, Case{{1, 9000}, Dims{0}, false}}) {
+      INFO(dtype_name(low) << " " << c.shape << " over " << c.dims.str()
+                           << (c.transposed ? " transposed" : ""));
+      const std::vector<double> v =
+          rounded(random_values(c.shape.numel(), Domain{}, DType::f32, rng), low);
+      Tensor x = make(v, c.shape, low), x32 = make(v, c.shape);
+      if (c.transposed) {
+        x = x.transpose(0, 1);
+        x32 = x32.transpose(0, 1);
+      }
+      const Tensor got = sum(x, c.dims);
+      CHECK(got.dtype() == low);
+      CHECK(differences(values(got), rounded_result(sum(x32, c.dims), low), 0, 0).empty());
+    }
+}
+
 TEST_CASE("low precision columns: matmul rows accumulate in f32") {
   Rng rng(23);
   for (const MatmulRow& row : matmul_rows()) {

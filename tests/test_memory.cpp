@@ -323,6 +323,39 @@ TEST_CASE("remat: the backward recomputes tanh-GELU's pieces from its input, bit
   for (size_t i = 0; i < pe.size(); ++i) CHECK(bitwise_equal(pe[i], with[i]));
 }
 
+TEST_CASE("remat: a parameter's bf16 copy under autocast is kept for the backward, not recast") {
+  // Note [Rematerialization]: a value made from captured tensors alone does not grow with the
+  // batch; recomputing it would cast the weight again at every step.
+  manual_seed(20);
+  nn::Sequential fc(nn::Linear(64, 64), nn::Linear(64, 64));
+  optim::SGD opt(fc.parameters(), {.lr = 0.1});
+  const Tensor x = randn({32, 64});
+  auto f = compile([&](const Tensor& in) {
+    opt.zero_grad();
+    Tensor loss;
+    {
+      Autocast ac(Device::cpu(), DType::bf16);
+      loss = fc(in).to(DType::f32).mean();  // the first layer's gradient reads the second's weight
+    }
+    loss.backward();
+    opt.step();
+    return loss;
+  });
+  f(x);
+  const Graph& g = f.graph();
+  int weight_casts = 0;
+  for (const GraphNode& n : g.nodes)
+    if (n.kind == NodeKind::Op && n.op == OpId::Cast && n.meta.dtype == DType::bf16 &&
+        n.meta.shape == Shape{64, 64}) {
+      int32_t v = n.inputs[0];  // a recast reads its weight through a barrier
+      while (g.nodes[v].kind == NodeKind::Op && g.nodes[v].op == OpId::OptimizationBarrier)
+        v = g.nodes[v].inputs[0];
+      weight_casts += g.nodes[v].kind == NodeKind::Input && g.nodes[v].role == InputRole::Captured;
+    }
+  CAPTURE(g.str());
+  CHECK(weight_casts == 2);  // once per layer, in the forward
+}
+
 }  // namespace duet::test
 
 namespace duet::test {

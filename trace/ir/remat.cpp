@@ -15,6 +15,10 @@
 //  - in topological order, a recomputable saved value is recomputed when the frontier values
 //    that would be saved only for it take fewer bytes than it does (then they are kept);
 //    otherwise it stays saved and is a frontier for the values after it;
+//  - a value computed from captured tensors and constants alone (a parameter cast to bf16 under
+//    autocast, a weight's transpose) stays saved: it does not grow with the batch, and
+//    recomputing it would cost a pass over the parameter at every step. A memory budget may
+//    still recompute it (remat_forced);
 //  - each backward phase gets copies of the recomputed values (and of their recomputable
 //    ancestors), made just before their first reader there, with that phase. They read the
 //    frontier through optimization_barrier after a value of the backward (Note [Optimization
@@ -77,8 +81,11 @@ constexpr size_t kMaxRecomputed = 64;
 
 class Remat {
  public:
-  Remat(const Graph& g, const std::vector<int32_t>& forced)
-      : g_(g), n_(static_cast<int32_t>(g.nodes.size())), forced_(n_, false) {
+  Remat(const Graph& g, const std::vector<int32_t>& forced, bool keep_parameter_values)
+      : g_(g),
+        n_(static_cast<int32_t>(g.nodes.size())),
+        forced_(n_, false),
+        keep_parameter_values_(keep_parameter_values) {
     for (int32_t f : forced) forced_[f] = true;
   }
 
@@ -123,6 +130,10 @@ class Remat {
         keep_[v] = true;
         continue;
       }
+      if (keep_parameter_values_ && from_captured_only(frontier)) {
+        keep_[v] = true;
+        continue;
+      }
       int64_t extra = 0;
       for (int32_t f : frontier)
         if (!keep_[f] &&
@@ -158,6 +169,15 @@ class Remat {
       chain.push_back(x);
       if (chain.size() > kMaxRecomputed) return false;
       for (int32_t in : n.inputs) stack.push_back(in);
+    }
+    return true;
+  }
+
+  // Whether a chain's frontier holds captured tensors alone (constants are not in it).
+  bool from_captured_only(const std::vector<int32_t>& frontier) const {
+    for (int32_t f : frontier) {
+      const GraphNode& n = g_.nodes[f];
+      if (n.kind != NodeKind::Input || n.role != InputRole::Captured) return false;
     }
     return true;
   }
@@ -236,6 +256,7 @@ class Remat {
   const Graph& g_;
   const int32_t n_;
   std::vector<bool> forced_;
+  const bool keep_parameter_values_;
   std::vector<bool> saved_, keep_, recompute_;
   std::vector<int32_t> map_;
   int32_t last_backward_ = -1;
@@ -244,10 +265,10 @@ class Remat {
 
 }  // namespace remat_pass
 
-Graph remat(const Graph& g) { return remat_pass::Remat(g, {}).run(); }
+Graph remat(const Graph& g) { return remat_pass::Remat(g, {}, true).run(); }
 
 Graph remat_forced(const Graph& g, const std::vector<int32_t>& forced) {
-  Graph out = remat_pass::Remat(g, forced).run();
+  Graph out = remat_pass::Remat(g, forced, false).run();
   for (int32_t f : forced)
     out.remat.forced.push_back(fmt::format("{} ({:.3g} MFLOP)", node_str(g, f),
                                            remat_pass::flops_of(g, g.nodes[f]) / 1e6));
@@ -256,7 +277,7 @@ Graph remat_forced(const Graph& g, const std::vector<int32_t>& forced) {
 
 std::vector<int32_t> remat_candidates(const Graph& g, const std::vector<int32_t>& forced) {
   using namespace remat_pass;
-  const int64_t before = Remat(g, forced).kept_bytes();
+  const int64_t before = Remat(g, forced, false).kept_bytes();
   struct Option {
     double cost_per_byte;
     int32_t v;
@@ -269,7 +290,7 @@ std::vector<int32_t> remat_candidates(const Graph& g, const std::vector<int32_t>
     if (is_forced[v] || n.phase % 2 || recomputable(n) || !forcible(n)) continue;
     std::vector<int32_t> more = forced;
     more.push_back(v);
-    const int64_t freed = before - Remat(g, more).kept_bytes();
+    const int64_t freed = before - Remat(g, more, false).kept_bytes();
     if (freed > 0) options.push_back({flops_of(g, n) / static_cast<double>(freed), v});
   }
   std::stable_sort(options.begin(), options.end(), [](const Option& a, const Option& b) {
