@@ -605,6 +605,36 @@ struct TinyTransformer : nn::Module {
 
 }  // namespace
 
+TEST_CASE("plan: a view no strides express reads a copy, or its cast computed in that order") {
+  // Note [Copies for views no strides express]: heads merged back into rows, in f32 (a copy
+  // step) and cast to bf16 first (the cast runs on the permuted view: no copy at all).
+  const Tensor x = randn({2, 4, 8, 16});
+  for (bool cast_first : {false, true}) {
+    CAPTURE(cast_first);
+    auto fn = [cast_first](const Tensor& a) {
+      Tensor h = tanh(a);  // a value of the plan's own
+      if (cast_first) h = h.to(DType::bf16);
+      return reshape(permute(h, {0, 2, 1, 3}), {2, 8, 64}) * 2.0;
+    };
+    auto f = compile(fn);
+    const Tensor got = f(x), want = fn(x);
+    CHECK(bitwise_equal(got, want));
+    const Graph& g = f.graph();  // the plan's graph
+    int copies = 0, casts_of_views = 0;
+    for (const GraphNode& n : g.nodes) {
+      if (n.kind != NodeKind::Op) continue;
+      copies += n.op == OpId::Copy;
+      casts_of_views += n.op == OpId::Cast && detail::is_view_node(g.nodes[n.inputs[0]]);
+    }
+    CAPTURE(g.str());
+    CHECK(copies == (cast_first ? 0 : 1));
+    CHECK(casts_of_views == (cast_first ? 1 : 0));
+    // Nothing is allocated outside the plan but its result.
+    CHECK(peak_during([&] { f(x); }) <=
+          want.numel() * static_cast<int64_t>(itemsize(want.dtype())) + 64);
+  }
+}
+
 TEST_CASE("compiled transformer step: nothing outside its plan; half its plan's peak as a budget") {
   // Note [Copies for views no strides express]: attention merges its heads back into rows by a
   // reshape of a permuted value, which no strides express. The plan copies it into its arena as

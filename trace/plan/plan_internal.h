@@ -21,6 +21,16 @@ inline int64_t meta_nbytes(const TensorMeta& m) {
   return m.shape.numel() * int64_t(itemsize(m.dtype));
 }
 
+/// A view that no strides over its input's buffer express, and what it reads instead (Note
+/// [Copies for views no strides express] in trace/plan/view_copies.cpp): a copy of its input,
+/// or, when `op` >= 0, that elementwise op computed on the views `chain` (from the op up to the
+/// view's input) of the op's own input.
+struct ViewFix {
+  int32_t view = -1;
+  int32_t op = -1;
+  std::vector<int32_t> chain;
+};
+
 /// The fusion groups and kernels that the plans of one graph share across sizes (Note [Fusion
 /// across sizes] in trace/plan/plan_build.cpp). Plans may be built on several threads at once (a
 /// spare copy of a busy plan): mu guards the rest.
@@ -30,7 +40,7 @@ struct FusionShare {
   std::vector<FusionGroup> groups;  ///< as the first plan found them (its sizes in `shape`)
   std::vector<std::shared_ptr<kernels::FusedKernel>> kernels;  ///< per group, once made
   bool copies_found = false;
-  std::vector<int32_t> copied_views;  ///< the views that read a copy (copy_unviewable_views)
+  std::vector<ViewFix> view_fixes;  ///< what copy_unviewable_views decided
 };
 
 /// g with an explicit copy before each view that no strides over its input's buffer express
