@@ -247,16 +247,21 @@ void reduce_columns(const S* px, const Dims& kept, const Dims& red, T* po) {
       1);
 }
 
-template <template <class> class OpT>
-void reduce_kernel(TensorRefs in, const Attrs& attrs, const Tensor& out) {
-  // Sums of integers accumulate in the output dtype (i64).
-  Tensor x = in[0].dtype() == out.dtype() ? in[0] : cast_to(in[0], out.dtype());
+// x's dims split into the kept ones and the reduced ones (attrs.ints; none: all), each merged.
+void split_dims(const Tensor& x, const Attrs& attrs, Dims& kept, Dims& red) {
   const int64_t nd = x.dim();
   bool reduced[64] = {};
   if (attrs.ints.empty())
     for (int64_t d = 0; d < nd; ++d) reduced[d] = true;
   else
     for (int64_t d : attrs.ints) reduced[d] = true;
+  for (int64_t d = 0; d < nd; ++d) (reduced[d] ? red : kept).add(x.sizes()[d], x.strides()[d]);
+}
+
+template <template <class> class OpT>
+void reduce_kernel(TensorRefs in, const Attrs& attrs, const Tensor& out) {
+  // Sums of integers accumulate in the output dtype (i64).
+  Tensor x = in[0].dtype() == out.dtype() ? in[0] : cast_to(in[0], out.dtype());
   DUET_DISPATCH_DTYPE(out.dtype(), "reduce", [&] {
     using T = scalar_t;
     using Op = OpT<T>;
@@ -268,7 +273,7 @@ void reduce_kernel(TensorRefs in, const Attrs& attrs, const Tensor& out) {
       std::fill(po, po + nout, Op::identity());
       if (x.numel() == 0 || nout == 0) return;
       Dims kept, red;
-      for (int64_t d = 0; d < nd; ++d) (reduced[d] ? red : kept).add(x.sizes()[d], x.strides()[d]);
+      split_dims(x, attrs, kept, red);
       if (red.n == 0) {  // one element each: a row of one
         red.n = 1;
         red.size[0] = red.stride[0] = 1;
@@ -295,14 +300,8 @@ void sum_kernel(TensorRefs in, const Attrs& attrs, const Tensor& out) {
   const DType dt = x.dtype();
   if ((dt == DType::bf16 || dt == DType::f16) && out.dtype() == dt && x.numel() > 0 &&
       out.numel() > 0) {
-    const int64_t nd = x.dim();
-    bool reduced[64] = {};
-    if (attrs.ints.empty())
-      for (int64_t d = 0; d < nd; ++d) reduced[d] = true;
-    else
-      for (int64_t d : attrs.ints) reduced[d] = true;
     Dims kept, red;
-    for (int64_t d = 0; d < nd; ++d) (reduced[d] ? red : kept).add(x.sizes()[d], x.strides()[d]);
+    split_dims(x, attrs, kept, red);
     if (red.n > 0 && kept.n > 0 && kept.stride[kept.n - 1] == 1 && red.stride[red.n - 1] != 1) {
       Tensor wide = detail::empty(out.sizes(), DType::f32, out.device());
       float* po = static_cast<float*>(wide.raw_data());
