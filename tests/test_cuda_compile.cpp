@@ -24,6 +24,7 @@
 #include "op_rows.h"
 #include "random_program.h"
 #include "trace/check.h"
+#include "trace/compare.h"
 #include "trace/compile.h"
 #include "trace/program.h"
 
@@ -926,6 +927,34 @@ TEST_CASE("cuda compiled: RMSprop, clip_grad_norm_ and OneCycleLR on CUDA match 
   CHECK(cuda_step.stats().traces == 1);
   MESSAGE("RMSprop + clipping + OneCycleLR on CUDA: " << cuda_step.stats().cuda_graph_replays
                                                       << " graph replays");
+}
+
+TEST_CASE("cuda: compare() of a CUDA training step counts each face's GPU memory") {
+  // Note [Comparing the faces]: the plans' CUDA arena counts in the GPU's figure, not the CPU's,
+  // and the timed calls wait for the GPU.
+  if (!gpu()) return;
+  manual_seed(9);
+  nn::Sequential m(nn::Linear(256, 512), nn::ReLU(), nn::Linear(512, 10));
+  m.to(Device::cuda());
+  optim::SGD opt(m.parameters(), {.lr = 0.1});
+  const Tensor x = randn({128, 256}).to(Device::cuda());
+  const Tensor y = randint(10, {128}).to(Device::cuda());
+  auto step = [&](const Tensor& in, const Tensor& t) {
+    opt.zero_grad();
+    Tensor loss = cross_entropy(m(in), t);
+    loss.backward();
+    opt.step();
+    return loss;
+  };
+  step(x, y);
+  const FacesReport r = compare(step, x, y);
+  CAPTURE(r.str());
+  const int64_t hidden = 128 * 512 * 4;
+  CHECK(r.eager_cuda_peak_bytes >= hidden);
+  CHECK(r.compiled_cuda_peak_bytes > 0);
+  CHECK(r.compiled_cuda_peak_bytes <= r.eager_cuda_peak_bytes);
+  CHECK(r.compiled_peak_bytes < hidden);  // the CPU holds no activation of it
+  CHECK(r.max_abs_difference <= 1e-4);
 }
 
 }  // namespace duet::test

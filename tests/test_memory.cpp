@@ -445,6 +445,11 @@ TEST_CASE(
   // Same state, same dropout mask: the faces agree to rounding.
   CHECK(r.max_abs_difference <= 1e-5);
   CHECK(r.json().find("\"max_abs_difference\": ") != std::string::npos);
+  // A CPU function holds nothing in a GPU's memory (tests/test_cuda_compile.cpp counts a CUDA
+  // step's).
+  CHECK(r.eager_cuda_peak_bytes == 0);
+  CHECK(r.compiled_cuda_peak_bytes == 0);
+  CHECK(r.json().find("\"compiled_cuda_peak_bytes\": 0") != std::string::npos);
   const std::vector<Tensor> after = m.parameters();
   for (size_t i = 0; i < before.size(); ++i) CHECK(bitwise_equal(after[i], before[i]));
   CHECK(bitwise_equal(detail::generator_states()[0], rng));

@@ -13,6 +13,9 @@
 //  3. Compiled time and memory: the same, on the compiled function of stage 1, after enough
 //     calls for the codegen tier to build its kernels (waited for, and not timed); its peak
 //     adds the buffers its plans keep between calls.
+// With a GPU, each timed call waits for the work it queued there, and each face's peak on CUDA
+// device 0 is taken as on the CPU, from its caching allocator; a plan's CUDA arena counts there,
+// its CPU arena on the CPU.
 #include "trace/compare.h"
 
 #include <algorithm>
@@ -24,6 +27,7 @@
 #include "core/allocator.h"
 #include "core/ops.h"
 #include "core/profiler.h"
+#include "cuda/cuda.h"
 #include "eager/autograd.h"
 #include "trace/compile_entry.h"
 #include "trace/plan/codegen.h"
@@ -72,26 +76,38 @@ double max_abs(const Tensor& a, const Tensor& b) {
 
 struct Timing {
   double median = 0, min = 0, max = 0;
-  int64_t peak = 0;
+  int64_t peak = 0, cuda_peak = 0;
 };
+
+// A call's GPU work is queued: with a GPU, a timed call waits for it.
+void finish_gpu_work() {
+  if (cuda::is_available()) cuda::synchronize();
+}
 
 // Warm-up, timed calls, and the peak of one call above what was allocated before it.
 Timing time_face(const std::function<void()>& call, int warmup, const Saved& state) {
   state.restore();
   for (int i = 0; i < warmup; ++i) call();
   codegen::wait_idle();
+  finish_gpu_work();
   std::vector<double> t;
   for (int i = 0; i < kTimedCalls; ++i) {
     const double a = now_s();
     call();
+    finish_gpu_work();
     t.push_back(now_s() - a);
   }
   std::sort(t.begin(), t.end());
-  Timing r{t[t.size() / 2], t.front(), t.back(), 0};
+  Timing r{t[t.size() / 2], t.front(), t.back(), 0, 0};
   const int64_t before = cpu_memory_stats().current;
   reset_peak_memory();
+  const bool gpu = cuda::is_available();
+  const int64_t cuda_before = gpu ? cuda::memory_stats().current : 0;
+  if (gpu) cuda::reset_peak_memory_stats();
   call();
+  finish_gpu_work();
   r.peak = cpu_memory_stats().peak - before;
+  if (gpu) r.cuda_peak = cuda::memory_stats().peak - cuda_before;
   state.restore();
   return r;
 }
@@ -144,8 +160,14 @@ FacesReport compare_faces(const std::string& label, const FlatArgs& args, const 
   r.compiled_seconds = c.median;
   r.compiled_min_seconds = c.min;
   r.compiled_max_seconds = c.max;
+  // The plans' arenas live between calls: each counts in the memory of its device.
+  const CompileStats cs = core.stats();
   r.eager_peak_bytes = e.peak;
-  r.compiled_peak_bytes = c.peak + core.stats().buffer_bytes;
+  r.compiled_peak_bytes = c.peak + cs.buffer_bytes - cs.device_buffer_bytes;
+  r.eager_cuda_peak_bytes = e.cuda_peak;
+  r.compiled_cuda_peak_bytes = e.cuda_peak || c.cuda_peak || cs.device_buffer_bytes
+                                   ? c.cuda_peak + cs.device_buffer_bytes
+                                   : 0;
   r.traces = core.stats().traces;
   r.kernels_built = codegen::stats().built - built_before;
   return r;
@@ -170,6 +192,11 @@ std::string FacesReport::str() const {
   s += fmt::format("{:<30} {:>12} {:>12}   ({:.2f}x)\n", "peak memory of a call",
                    mib(eager_peak_bytes), mib(compiled_peak_bytes),
                    double(compiled_peak_bytes) / double(std::max<int64_t>(eager_peak_bytes, 1)));
+  if (eager_cuda_peak_bytes > 0 || compiled_cuda_peak_bytes > 0)
+    s += fmt::format(
+        "{:<30} {:>12} {:>12}   ({:.2f}x)\n", "peak CUDA memory of a call",
+        mib(eager_cuda_peak_bytes), mib(compiled_cuda_peak_bytes),
+        double(compiled_cuda_peak_bytes) / double(std::max<int64_t>(eager_cuda_peak_bytes, 1)));
   s += fmt::format("{:<30} {:.3g}{}\n", "largest difference", max_abs_difference,
                    largest_difference.empty() ? "" : " (" + largest_difference + ")");
   return s;
@@ -186,13 +213,15 @@ std::string FacesReport::json() const {
       "\"eager_max_seconds\": {}, \"compiled_seconds\": {}, \"compiled_min_seconds\": {}, "
       "\"compiled_max_seconds\": {}, \"first_call_seconds\": {}, \"trace_ms\": {}, "
       "\"optimize_ms\": {}, \"plan_ms\": {}, \"kernels_built\": {}, \"eager_peak_bytes\": {}, "
-      "\"compiled_peak_bytes\": {}, \"traces\": {}, \"max_abs_difference\": {}, "
+      "\"compiled_peak_bytes\": {}, \"eager_cuda_peak_bytes\": {}, "
+      "\"compiled_cuda_peak_bytes\": {}, \"traces\": {}, \"max_abs_difference\": {}, "
       "\"largest_difference\": {}}}",
       detail::json_quoted(function), calls, num(eager_seconds), num(eager_min_seconds),
       num(eager_max_seconds), num(compiled_seconds), num(compiled_min_seconds),
       num(compiled_max_seconds), num(first_call_seconds), num(trace_ms), num(optimize_ms),
-      num(plan_ms), kernels_built, eager_peak_bytes, compiled_peak_bytes, traces,
-      num(max_abs_difference), detail::json_quoted(largest_difference));
+      num(plan_ms), kernels_built, eager_peak_bytes, compiled_peak_bytes, eager_cuda_peak_bytes,
+      compiled_cuda_peak_bytes, traces, num(max_abs_difference),
+      detail::json_quoted(largest_difference));
 }
 
 }  // namespace duet

@@ -24,6 +24,9 @@ struct FacesReport {
   /// The most memory one call holds beyond what was allocated before it; compiled, with the
   /// buffers its plans keep between calls (their arena).
   int64_t eager_peak_bytes = 0, compiled_peak_bytes = 0;
+  /// The same in CUDA device 0's memory, from its caching allocator (cuda::memory_stats); 0
+  /// when the function allocates nothing there, and without a GPU.
+  int64_t eager_cuda_peak_bytes = 0, compiled_cuda_peak_bytes = 0;
   int64_t traces = 0;
   /// The largest |compiled - eager| over the results and every tensor the function updates (its
   /// parameters, their .grad, an optimizer's state), each face run once from the same state;

@@ -442,12 +442,13 @@ Plans CompiledCore::build_plans(Entry& e, const std::vector<int64_t>& values) {
                   : std::make_unique<Plan>(std::move(fg), opts(0));
   for (size_t k = 0; k < bgs.size(); ++k)
     p.backward.push_back(std::make_shared<Plan>(std::move(bgs[k]), opts(k + 1)));
-  stats_.buffer_bytes = stats_.fused_kernels = stats_.fused_nodes = stats_.epilogues =
-      stats_.arena_bytes = stats_.intermediate_bytes = stats_.hoisted_nodes =
+  stats_.buffer_bytes = stats_.device_buffer_bytes = stats_.fused_kernels = stats_.fused_nodes =
+      stats_.epilogues = stats_.arena_bytes = stats_.intermediate_bytes = stats_.hoisted_nodes =
           stats_.parallel_plans = stats_.cuda_graph_plans = stats_.gemm_epilogues = 0;
   auto add_stats = [&](const Plan& pl) {
     const PlanStats& s = pl.stats();
     stats_.buffer_bytes += s.buffer_bytes;
+    stats_.device_buffer_bytes += s.device_buffer_bytes;
     stats_.fused_kernels += s.fused_kernels;
     stats_.fused_nodes += s.fused_nodes;
     stats_.epilogues += s.epilogues;

@@ -154,13 +154,14 @@ struct CompileStats {
   // In milliseconds: tracing fn and the passes (the most recent trace), and building the most
   // recent plans (those of a new size included).
   double trace_ms = 0, optimize_ms = 0, plan_ms = 0;
-  int64_t nodes_before = 0;   ///< op nodes of the most recent trace (forward and backward)
-  int64_t nodes_after = 0;    ///< after the passes
-  int64_t buffer_bytes = 0;   ///< intermediate buffers the most recent plans keep (arena included)
-  int64_t fused_kernels = 0;  ///< fused groups in the most recent plans (each one kernel)
-  int64_t fused_nodes = 0;    ///< op nodes those groups absorbed
-  int64_t epilogues = 0;      ///< fused groups that finish a matmul's output in place
-  int64_t arena_bytes = 0;    ///< the planned arena of the most recent plans
+  int64_t nodes_before = 0;  ///< op nodes of the most recent trace (forward and backward)
+  int64_t nodes_after = 0;   ///< after the passes
+  int64_t buffer_bytes = 0;  ///< intermediate buffers the most recent plans keep (arena included)
+  int64_t device_buffer_bytes = 0;  ///< those of them in a device's memory (a GPU's)
+  int64_t fused_kernels = 0;        ///< fused groups in the most recent plans (each one kernel)
+  int64_t fused_nodes = 0;          ///< op nodes those groups absorbed
+  int64_t epilogues = 0;            ///< fused groups that finish a matmul's output in place
+  int64_t arena_bytes = 0;          ///< the planned arena of the most recent plans
   /// The sum of the sizes of all their intermediate values, as if each had a buffer of its own:
   /// every op value of the optimized graphs, those a fused kernel keeps in registers included.
   int64_t intermediate_bytes = 0;

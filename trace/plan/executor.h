@@ -105,8 +105,9 @@ struct PlanStats {
   /// Arena bytes saved by placing intermediates in dead write-back targets (Note
   /// [Intermediates in dead write-back targets] in trace/plan/plan_build.cpp)
   int64_t donated_bytes = 0;
-  int64_t buffer_bytes = 0;        ///< all buffers the plan keeps (arena or separate)
-  int64_t intermediate_bytes = 0;  ///< the sizes of all values the steps compute, summed
+  int64_t buffer_bytes = 0;         ///< all buffers the plan keeps (arena or separate)
+  int64_t device_buffer_bytes = 0;  ///< those of them in a device's memory (a GPU's)
+  int64_t intermediate_bytes = 0;   ///< the sizes of all values the steps compute, summed
   int64_t hoisted_nodes = 0;
   bool parallel = false;
   bool cuda_graph = false;     ///< replayed as a CUDA graph (Note [CUDA graph replay])

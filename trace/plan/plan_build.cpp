@@ -800,6 +800,8 @@ void Plan::Builder::plan_arena() {
   }
   stats.arena_bytes = plan.memory_.arena_bytes;
   stats.buffer_bytes = plan.memory_.arena_bytes;
+  for (size_t p = 0; p < pool_devices.size(); ++p)
+    if (!pool_devices[p].is_cpu()) stats.device_buffer_bytes += plan.memory_.pool_bytes[p];
   if (debug) {
     fmt::print(stderr, "--- buffers of {} (arena {} bytes)\n", graph.label,
                plan.memory_.arena_bytes);

@@ -186,6 +186,7 @@ struct Plan::Builder {
   void find_donated_regions();
   void plan_arena();
   void measure_memory();
+  void count_buffer(const TensorMeta& m);  // a buffer kept outside the arena, in the stats
   void set_buffer(int32_t v);
   void make_fused_step(int32_t u);
   void make_control_step(int32_t u);

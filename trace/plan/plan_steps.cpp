@@ -82,6 +82,11 @@ void Plan::Builder::make_steps() {
 
 // The tensor of value v, a step's result: its captured tensor (computed in place), a buffer of
 // its own (hoisted), its place in the arena, or none yet (allocated at every run).
+void Plan::Builder::count_buffer(const TensorMeta& m) {
+  stats.buffer_bytes += meta_nbytes(m);
+  if (!m.device.is_cpu()) stats.device_buffer_bytes += meta_nbytes(m);
+}
+
 void Plan::Builder::set_buffer(int32_t v) {
   const GraphNode& g = graph.nodes[v];
   if (inplace[v] >= 0) {
@@ -89,7 +94,7 @@ void Plan::Builder::set_buffer(int32_t v) {
     is_static[v] = true;
   } else if (hoisted[v]) {
     plan.vals_[v] = empty(g.meta.shape, g.meta.dtype, g.meta.device);
-    stats.buffer_bytes += meta_nbytes(g.meta);
+    count_buffer(g.meta);
     is_static[v] = true;
   } else if (request_of[v] >= 0 && opt.plan_memory && plan.memory_.region[request_of[v]] >= 0) {
     // In a write-back target while its old value is dead (Note [Intermediates in dead
@@ -108,7 +113,7 @@ void Plan::Builder::set_buffer(int32_t v) {
         plan.vals_[v] = empty(g.meta.shape, g.meta.dtype, g.meta.device);
     else
       plan.vals_[v] = empty(g.meta.shape, g.meta.dtype, g.meta.device);
-    if (!opt.plan_memory) stats.buffer_bytes += meta_nbytes(g.meta);
+    if (!opt.plan_memory) count_buffer(g.meta);
     is_static[v] = true;
   }
   if (!is_static[v]) plan.dynamic_.push_back(v);
