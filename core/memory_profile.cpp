@@ -1,11 +1,11 @@
 // duet: MemoryProfile (core/memory_profile.h).
 //
 // Note [Memory profile]
-// While a MemoryProfile lives, new_storage reports each CPU storage it makes, with the op that
+// While a MemoryProfile lives, new_storage reports each storage it makes, with the op that
 // dispatch is running on the thread (tls_profiled_op, set only while a profile lives) and the
-// user's line (tls_site), and ~StorageImpl reports each one freed. Every live profile keeps the
-// bytes held relative to its start, its high-water mark, and the events up to it: replaying
-// them gives the storages live at the peak. A storage made before the profile began and freed
+// user's line (tls_site), and ~StorageImpl reports each one freed. Every live profile keeps, for
+// the CPU and for the GPUs apart, the bytes held relative to its start, its high-water mark, and
+// the storages live when it was reached. A storage made before the profile began and freed
 // during it lowers the count (the peak is above the start).
 #include "core/memory_profile.h"
 
@@ -25,10 +25,15 @@ struct MemoryProfile::State {
     const char* op;
     CallSite site;
   };
+  // One memory: the CPU's, or the GPUs'.
+  struct Account {
+    int64_t current = 0, peak = 0;
+    std::unordered_map<const void*, Made> live;  // made since the start, not yet freed
+    std::vector<Made> at_peak;                   // `live` when the peak was reached
+    bool used = false;                           // a storage was made or freed there
+  };
   std::mutex mu;
-  int64_t current = 0, peak = 0;
-  std::unordered_map<const void*, Made> live;  // made since the start, not yet freed
-  std::vector<Made> at_peak;                   // `live` when the peak was reached
+  Account account[2];  // 0: the CPU, 1: the GPUs
 };
 
 namespace detail {
@@ -46,27 +51,31 @@ std::vector<MemoryProfile::State*>& profiles() {
 
 }  // namespace
 
-void memory_profile_made(const void* key, int64_t bytes) {
+void memory_profile_made(const void* key, int64_t bytes, bool gpu) {
   const MemoryProfile::State::Made m{bytes, tls_profiled_op, tls_site};
   std::lock_guard<std::mutex> lock(g_profiles_mu);
   for (MemoryProfile::State* s : profiles()) {
     std::lock_guard<std::mutex> l(s->mu);
-    s->current += bytes;
-    s->live[key] = m;
-    if (s->current > s->peak) {
-      s->peak = s->current;
-      s->at_peak.clear();
-      for (const auto& [k, v] : s->live) s->at_peak.push_back(v);
+    MemoryProfile::State::Account& a = s->account[gpu ? 1 : 0];
+    a.used = true;
+    a.current += bytes;
+    a.live[key] = m;
+    if (a.current > a.peak) {
+      a.peak = a.current;
+      a.at_peak.clear();
+      for (const auto& [k, v] : a.live) a.at_peak.push_back(v);
     }
   }
 }
 
-void memory_profile_freed(const void* key, int64_t bytes) {
+void memory_profile_freed(const void* key, int64_t bytes, bool gpu) {
   std::lock_guard<std::mutex> lock(g_profiles_mu);
   for (MemoryProfile::State* s : profiles()) {
     std::lock_guard<std::mutex> l(s->mu);
-    s->current -= bytes;
-    s->live.erase(key);
+    MemoryProfile::State::Account& a = s->account[gpu ? 1 : 0];
+    a.used = true;
+    a.current -= bytes;
+    a.live.erase(key);
   }
 }
 
@@ -88,33 +97,62 @@ MemoryProfile::~MemoryProfile() {
   delete state_;
 }
 
-int64_t MemoryProfile::peak_bytes() const {
-  std::lock_guard<std::mutex> l(state_->mu);
-  return state_->peak;
-}
+namespace {
 
-std::vector<MemoryProfile::Buffer> MemoryProfile::live_at_peak() const {
-  std::vector<Buffer> r;
-  {
-    std::lock_guard<std::mutex> l(state_->mu);
-    for (const State::Made& m : state_->at_peak)
-      r.push_back({m.bytes, m.op ? m.op : "", m.site.str()});
-  }
+std::vector<MemoryProfile::Buffer> buffers_of(const MemoryProfile::State::Account& a) {
+  std::vector<MemoryProfile::Buffer> r;
+  for (const MemoryProfile::State::Made& m : a.at_peak)
+    r.push_back({m.bytes, m.op ? m.op : "", m.site.str()});
   std::stable_sort(r.begin(), r.end(),
-                   [](const Buffer& a, const Buffer& b) { return a.bytes > b.bytes; });
+                   [](const MemoryProfile::Buffer& x, const MemoryProfile::Buffer& y) {
+                     return x.bytes > y.bytes;
+                   });
   return r;
 }
 
-std::string MemoryProfile::str() const {
-  const std::vector<Buffer> live = live_at_peak();
-  std::string s = fmt::format("memory of an eager region: peak {:.2f} MiB above its start\n",
-                              double(peak_bytes()) / (1 << 20));
+std::string table(const char* memory, int64_t peak,
+                  const std::vector<MemoryProfile::Buffer>& live) {
+  std::string s = fmt::format("memory of an eager region{}: peak {:.2f} MiB above its start\n",
+                              memory, double(peak) / (1 << 20));
   s += "  buffers live at the peak, largest first:\n";
   for (size_t i = 0; i < live.size() && i < 20; ++i)
     s += fmt::format("    {:>10.1f} KiB  {}{}\n", double(live[i].bytes) / 1024,
                      live[i].op.empty() ? "(no op)" : live[i].op,
                      live[i].site.empty() ? "" : "  at " + live[i].site);
   if (live.size() > 20) s += fmt::format("    ... and {} more\n", live.size() - 20);
+  return s;
+}
+
+}  // namespace
+
+int64_t MemoryProfile::peak_bytes() const {
+  std::lock_guard<std::mutex> l(state_->mu);
+  return state_->account[0].peak;
+}
+
+std::vector<MemoryProfile::Buffer> MemoryProfile::live_at_peak() const {
+  std::lock_guard<std::mutex> l(state_->mu);
+  return buffers_of(state_->account[0]);
+}
+
+int64_t MemoryProfile::cuda_peak_bytes() const {
+  std::lock_guard<std::mutex> l(state_->mu);
+  return state_->account[1].peak;
+}
+
+std::vector<MemoryProfile::Buffer> MemoryProfile::cuda_live_at_peak() const {
+  std::lock_guard<std::mutex> l(state_->mu);
+  return buffers_of(state_->account[1]);
+}
+
+std::string MemoryProfile::str() const {
+  bool gpu = false;
+  {
+    std::lock_guard<std::mutex> l(state_->mu);
+    gpu = state_->account[1].used;
+  }
+  std::string s = table("", peak_bytes(), live_at_peak());
+  if (gpu) s += table(" on the GPU", cuda_peak_bytes(), cuda_live_at_peak());
   return s;
 }
 

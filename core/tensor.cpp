@@ -92,8 +92,9 @@ StoragePtr new_storage(size_t nbytes, Device device) {
   Allocator& a = *alloc;
   void* p = a.allocate(nbytes);
   StoragePtr st = StoragePtr::adopt(new StorageImpl(p, nbytes, device, &a));
-  if (__builtin_expect(g_memory_profiles.load(std::memory_order_relaxed) > 0, 0) && device.is_cpu())
-    memory_profile_made(st.get(), static_cast<int64_t>(nbytes));  // Note [Memory profile]
+  if (__builtin_expect(g_memory_profiles.load(std::memory_order_relaxed) > 0, 0))
+    memory_profile_made(st.get(), static_cast<int64_t>(nbytes),
+                        !device.is_cpu());  // Note [Memory profile]
   return st;
 }
 

@@ -160,9 +160,8 @@ struct StorageImpl {
   StorageImpl(const StorageImpl&) = delete;
   StorageImpl& operator=(const StorageImpl&) = delete;
   ~StorageImpl() {
-    if (__builtin_expect(g_memory_profiles.load(std::memory_order_relaxed) > 0, 0) && allocator &&
-        device.is_cpu())
-      memory_profile_freed(this, static_cast<int64_t>(nbytes));
+    if (__builtin_expect(g_memory_profiles.load(std::memory_order_relaxed) > 0, 0) && allocator)
+      memory_profile_freed(this, static_cast<int64_t>(nbytes), !device.is_cpu());
     if (allocator) allocator->deallocate(data, nbytes);
   }
 };

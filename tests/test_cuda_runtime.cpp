@@ -121,6 +121,24 @@ TEST_CASE("cuda: a device transfer is differentiable (the gradient goes back)") 
   }
 }
 
+TEST_CASE("cuda: a MemoryProfile counts GPU storages apart, with their ops") {
+  if (!gpu()) return;
+  const Tensor x = randn({256, 256});
+  MemoryProfile prof;
+  {
+    Tensor a = x.to(Device::cuda());  // 256 KiB on the GPU
+    Tensor b = tanh(a);               // 256 KiB more, made by tanh
+    CHECK(prof.cuda_peak_bytes() >= 2 * 256 * 256 * 4);
+  }
+  CHECK(prof.cuda_peak_bytes() >= 2 * 256 * 256 * 4);
+  CHECK(prof.peak_bytes() < 256 * 256 * 4);  // nothing of that size on the CPU
+  bool tanh_here = false;
+  for (const MemoryProfile::Buffer& b : prof.cuda_live_at_peak())
+    tanh_here = tanh_here || b.op == "tanh";
+  CHECK(tanh_here);
+  CHECK(prof.str().find("on the GPU") != std::string::npos);
+}
+
 TEST_CASE("cuda: the caching allocator counts, reuses and returns blocks") {
   if (!gpu()) return;
 #ifdef DUET_WITH_CUDA

@@ -490,6 +490,14 @@ TEST_CASE("MemoryProfile: an eager step's peak and the buffers live there, with 
   }
   CHECK(sum == peak);
   CHECK(tanh_here);
+  // A CPU region holds nothing on a GPU (tests/test_cuda_runtime.cpp profiles one that does).
+  {
+    MemoryProfile prof;
+    Tensor h = tanh(l1(x));
+    CHECK(prof.cuda_peak_bytes() == 0);
+    CHECK(prof.cuda_live_at_peak().empty());
+    CHECK(prof.str().find("GPU") == std::string::npos);
+  }
   // Without a profile, storages report to none.
   CHECK(detail::g_memory_profiles.load() == 0);
 }
