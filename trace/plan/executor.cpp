@@ -89,7 +89,7 @@ bool collapse(const int64_t* st, const Shape& shape, int64_t lo, int64_t hi, int
 }  // namespace
 
 Plan::Plan(Graph graph, PlanOptions options)
-    : graph_(copy_unviewable_views(graph, options.share.get())), opt_(options) {
+    : graph_(copy_unviewable_views(std::move(graph), options.share.get())), opt_(options) {
   build();
   find_epilogues();
   prepare_graph_replay();

@@ -46,7 +46,7 @@ struct FusionShare {
 /// g with an explicit copy before each view that no strides over its input's buffer express
 /// (Note [Copies for views no strides express] in trace/plan/view_copies.cpp); `share` (may be
 /// null) makes the plans of one graph at other sizes copy at the same views.
-Graph copy_unviewable_views(const Graph& g, FusionShare* share);
+Graph copy_unviewable_views(Graph g, FusionShare* share);
 
 /// The arenas of the plans of one compiled function, one per device (Note [One arena per
 /// function] in trace/plan/plan_build.cpp). `busy` is held by the plan running on them.

@@ -87,7 +87,7 @@ std::vector<ViewFix> find_view_fixes(const Graph& g) {
 
 }  // namespace
 
-Graph copy_unviewable_views(const Graph& g, FusionShare* share) {
+Graph copy_unviewable_views(Graph g, FusionShare* share) {
   std::vector<ViewFix> fixes;
   bool decided = false;
   if (share) {
@@ -110,7 +110,10 @@ Graph copy_unviewable_views(const Graph& g, FusionShare* share) {
     }
   }
   if (fixes.empty()) return g;
-  const auto n = static_cast<int32_t>(g.nodes.size());
+  // The nodes move out; the rest of the graph (captured tensors, outputs) stays in g.
+  const std::vector<GraphNode> old = std::move(g.nodes);
+  g.nodes.clear();
+  const auto n = static_cast<int32_t>(old.size());
   // The op and views a moved op replaces are dropped: the view was their only reader.
   std::vector<bool> dropped(n, false);
   for (const ViewFix& f : fixes)
@@ -118,13 +121,12 @@ Graph copy_unviewable_views(const Graph& g, FusionShare* share) {
       dropped[f.op] = true;
       for (int32_t w : f.chain) dropped[w] = true;
     }
-  Graph out = g;
-  out.nodes.clear();
+  Graph& out = g;
   std::vector<int32_t> map(n, -1);
   size_t next = 0;
   for (int32_t i = 0; i < n; ++i) {
     if (dropped[i]) continue;
-    GraphNode node = g.nodes[i];
+    GraphNode node = old[i];
     for (int32_t& in : node.inputs) in = map[in];
     if (next < fixes.size() && fixes[next].view == i) {
       const ViewFix& f = fixes[next++];
@@ -133,17 +135,17 @@ Graph copy_unviewable_views(const Graph& g, FusionShare* share) {
         copy.kind = NodeKind::Op;
         copy.op = OpId::Copy;
         copy.inputs = {node.inputs[0]};
-        copy.meta = g.nodes[g.nodes[i].inputs[0]].meta;
+        copy.meta = old[old[i].inputs[0]].meta;
         copy.scope = node.scope;
         copy.site = node.site;
         copy.phase = node.phase;
         node.inputs[0] = out.add(std::move(copy));
       } else {
-        const GraphNode& c = g.nodes[f.op];
-        const DType in_dtype = g.nodes[c.inputs[0]].meta.dtype;
+        const GraphNode& c = old[f.op];
+        const DType in_dtype = old[c.inputs[0]].meta.dtype;
         int32_t cur = map[c.inputs[0]];
         for (int32_t w : f.chain) {
-          GraphNode v = g.nodes[w];
+          GraphNode v = old[w];
           for (size_t k = 1; k < v.inputs.size(); ++k) v.inputs[k] = map[v.inputs[k]];
           v.inputs[0] = cur;
           v.meta.dtype = in_dtype;
@@ -151,7 +153,7 @@ Graph copy_unviewable_views(const Graph& g, FusionShare* share) {
         }
         GraphNode moved = c;
         moved.inputs = {cur};
-        moved.meta = g.nodes[f.chain.back()].meta;
+        moved.meta = old[f.chain.back()].meta;
         moved.meta.dtype = c.meta.dtype;
         node.inputs[0] = out.add(std::move(moved));
       }
@@ -160,7 +162,7 @@ Graph copy_unviewable_views(const Graph& g, FusionShare* share) {
   }
   for (int32_t& o : out.outputs) o = map[o];
   for (WriteBack& w : out.writebacks) w.value = map[w.value];
-  return out;
+  return std::move(out);
 }
 
 }  // namespace duet::detail
