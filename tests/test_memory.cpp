@@ -646,6 +646,25 @@ TEST_CASE("plan: a view no strides express reads a copy, or its cast computed in
     CHECK(peak_during([&] { f(x); }) <=
           want.numel() * static_cast<int64_t>(itemsize(want.dtype())) + 64);
   }
+  // A symbolic dim: the plans of other sizes follow the first plan's decisions (Note [Copies
+  // for views no strides express]), and a size at which the reshape is a plain view (a
+  // sequence of one) agrees too.
+  for (int dim : {0, 2})
+    for (DType dt : {DType::f32, DType::bf16}) {
+      CAPTURE(dim);
+      CAPTURE(dtype_name(dt));
+      auto fn = [dt](const Tensor& a) {  // a fused chain after the copy or the moved cast
+        return (reshape(permute(tanh(a).to(dt), {0, 2, 1, 3}), {-1, 64}) + 1.0) * 3.0;
+      };
+      CompileOptions o;
+      o.dynamic = {{0, dim}};
+      auto f = compile(fn, o);
+      for (int64_t size : {3, 1, 8, 2}) {
+        const Tensor a = randn(dim == 0 ? Shape{size, 4, 8, 16} : Shape{2, 4, size, 16});
+        CHECK(bitwise_equal(f(a), fn(a)));
+      }
+      CHECK(f.stats().traces == 1);
+    }
 }
 
 TEST_CASE("compiled transformer step: nothing outside its plan; half its plan's peak as a budget") {
