@@ -247,6 +247,12 @@ void reduce_columns(const S* px, const Dims& kept, const Dims& red, T* po) {
       1);
 }
 
+// Whether the sums go by columns (reduce_columns): the innermost kept dim is contiguous and the
+// innermost reduced one is not.
+bool by_columns(const Dims& kept, const Dims& red) {
+  return kept.n > 0 && red.n > 0 && kept.stride[kept.n - 1] == 1 && red.stride[red.n - 1] != 1;
+}
+
 // x's dims split into the kept ones and the reduced ones (attrs.ints; none: all), each merged.
 void split_dims(const Tensor& x, const Attrs& attrs, Dims& kept, Dims& red) {
   const int64_t nd = x.dim();
@@ -279,7 +285,7 @@ void reduce_kernel(TensorRefs in, const Attrs& attrs, const Tensor& out) {
         red.size[0] = red.stride[0] = 1;
       }
       const T* px = static_cast<const T*>(x.raw_data());
-      if (kept.n > 0 && kept.stride[kept.n - 1] == 1 && red.stride[red.n - 1] != 1)
+      if (by_columns(kept, red))
         reduce_columns<Op>(px, kept, red, po);
       else
         reduce_outputs<Op>(px, kept, red, po);
@@ -302,7 +308,7 @@ void sum_kernel(TensorRefs in, const Attrs& attrs, const Tensor& out) {
       out.numel() > 0) {
     Dims kept, red;
     split_dims(x, attrs, kept, red);
-    if (red.n > 0 && kept.n > 0 && kept.stride[kept.n - 1] == 1 && red.stride[red.n - 1] != 1) {
+    if (by_columns(kept, red)) {
       Tensor wide = detail::empty(out.sizes(), DType::f32, out.device());
       float* po = static_cast<float*>(wide.raw_data());
       std::fill(po, po + out.numel(), 0.0f);

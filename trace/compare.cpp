@@ -165,10 +165,8 @@ FacesReport compare_faces(const std::string& label, const FlatArgs& args, const 
   r.eager_peak_bytes = e.peak;
   r.compiled_peak_bytes = c.peak + cs.buffer_bytes - cs.device_buffer_bytes;
   r.eager_cuda_peak_bytes = e.cuda_peak;
-  r.compiled_cuda_peak_bytes = e.cuda_peak || c.cuda_peak || cs.device_buffer_bytes
-                                   ? c.cuda_peak + cs.device_buffer_bytes
-                                   : 0;
-  r.traces = core.stats().traces;
+  r.compiled_cuda_peak_bytes = c.cuda_peak + cs.device_buffer_bytes;
+  r.traces = cs.traces;
   r.kernels_built = codegen::stats().built - built_before;
   return r;
 }

@@ -294,27 +294,23 @@ Tensor Tracer::handle(const OpCall& c) {
         DUET_ASSERT(eq, "[{}_] result {} into {}", def.name, dims_str(r), dims_str(t));
       }
     }
-    {
-      const StorageImpl* s = x->storage.get();
-      const bool concrete = !(s->data == nullptr && s->allocator == nullptr && x->trace);
-      DUET_CHECK(!parent_ || owns_storage(s) || (outside_writes_ && concrete),
-                 "[{}_] while tracing {}: a tensor of shape {} from outside the function is "
-                 "written in place. The functions of cond, scan and while_loop may write in "
-                 "place only tensors they create; return the new value instead",
-                 def.name, graph_.label, x->shape);
-    }
+    StorageImpl* st = x->storage.get();
+    const bool symbolic_storage = st->data == nullptr && st->allocator == nullptr && x->trace;
+    DUET_CHECK(!parent_ || owns_storage(st) || (outside_writes_ && !symbolic_storage),
+               "[{}_] while tracing {}: a tensor of shape {} from outside the function is "
+               "written in place. The functions of cond, scan and while_loop may write in place "
+               "only tensors they create; return the new value instead",
+               def.name, graph_.label, x->shape);
     int32_t v = add_op(c.op, c.attrs, std::move(ins), meta);
     if (c.meta.dtype != x->dtype) {
       Attrs a;
       a.dtype = x->dtype;
       v = add_op(OpId::Cast, a, {v}, TensorMeta{meta.shape, x->dtype, meta.device, meta.sym});
     }
-    StorageImpl* st = x->storage.get();
     const Layout lay = layout_of(x);
     auto it = written_.find(st);
     if (it != written_.end() && !(it->second.layout == lay))
       throw_stale_view(def.name, x, it->second.layout);
-    const bool symbolic_storage = st->data == nullptr && st->allocator == nullptr && x->trace;
     DUET_CHECK(
         std::find(input_storages_.begin(), input_storages_.end(), st) == input_storages_.end(),
         "[{}_] while tracing {}: an argument (shape {}) is written in place. A compiled "

@@ -636,9 +636,9 @@ int32_t Plan::Builder::reusable(int32_t v, int32_t in,
   const GraphNode& a = graph.nodes[v];
   const GraphNode& b = graph.nodes[in];
   const GraphNode& c = graph.nodes[base];
+  // (same_elements: the buffer has as many elements as v.)
   const bool ok = last_use[base] == pos[v] && a.meta.shape == b.meta.shape &&
-                  b.meta.shape.numel() == c.meta.shape.numel() && a.meta.dtype == c.meta.dtype &&
-                  a.meta.device == c.meta.device;
+                  a.meta.dtype == c.meta.dtype && a.meta.device == c.meta.device;
   return ok ? base : -1;
 }
 

@@ -80,13 +80,13 @@ void Plan::Builder::make_steps() {
   }
 }
 
-// The tensor of value v, a step's result: its captured tensor (computed in place), a buffer of
-// its own (hoisted), its place in the arena, or none yet (allocated at every run).
 void Plan::Builder::count_buffer(const TensorMeta& m) {
   stats.buffer_bytes += meta_nbytes(m);
   if (!m.device.is_cpu()) stats.device_buffer_bytes += meta_nbytes(m);
 }
 
+// The tensor of value v, a step's result: its captured tensor (computed in place), a buffer of
+// its own (hoisted), its place in the arena, or none yet (allocated at every run).
 void Plan::Builder::set_buffer(int32_t v) {
   const GraphNode& g = graph.nodes[v];
   if (inplace[v] >= 0) {
