@@ -152,7 +152,10 @@ Tensor Autobatch::Impl::handle(const OpCall& c) {
 
 int32_t Autobatch::Impl::record(const OpCall& c, const TensorImplPtr& out, bool grad) {
   const auto id = static_cast<int32_t>(ops_.size());
-  PendingOp op{c.op, {}, detail::tls_site, -1, 0};
+  PendingOp op{};
+  op.op = c.op;
+  op.site = detail::tls_site;
+  op.sig = -1;
   op.impl = out;
   op.grad = grad;
   // The signature is built in a scratch key, copied into the table only when new.
@@ -160,7 +163,14 @@ int32_t Autobatch::Impl::record(const OpCall& c, const TensorImplPtr& out, bool 
   key.op = c.op;
   key.attrs = c.attrs;
   key.in.clear();
-  key.hash = c.attrs.hash() ^ static_cast<size_t>(c.op);
+  // A pick's signature leaves out its input's length and a slice's start (Note [Picks]).
+  key.pick = is_pick(c);
+  if (key.pick && c.op == OpId::Slice) {
+    op.start = c.attrs.start;
+    key.attrs.start = 0;
+    key.attrs.end = c.attrs.end - c.attrs.start;
+  }
+  key.hash = key.attrs.hash() ^ static_cast<size_t>(c.op) ^ (key.pick ? 0x5bd1e995u : 0u);
   for (int64_t i = 0; i < c.inputs.size(); ++i) {
     const Tensor& x = c.inputs[i];
     const TensorImpl* xi = x.unsafe_impl();
@@ -173,9 +183,10 @@ int32_t Autobatch::Impl::record(const OpCall& c, const TensorImplPtr& out, bool 
     op.inputs.push_back(x, p);
     OperandSig s{xi->dtype, x.device(), xi->wrapped_number, 0, xi->shape};
     if (s.wrapped) std::memcpy(&s.bits, xi->data(), itemsize(xi->dtype));
+    if (key.pick && i == 0) s.shape[0] = -1;
     key.hash = mix(key.hash, s.bits ^ static_cast<uint64_t>(xi->dtype) << 56);
-    for (int64_t d = 0; d < xi->shape.size(); ++d)
-      key.hash = mix(key.hash, static_cast<uint64_t>(xi->shape[d]));
+    for (int64_t d = 0; d < s.shape.size(); ++d)
+      key.hash = mix(key.hash, static_cast<uint64_t>(s.shape[d]));
     key.in.push_back(std::move(s));
   }
   // Random ops never batch: each draws from its own state, so each has a signature of its own.
@@ -284,7 +295,10 @@ void Autobatch::Impl::run() {
     queued[best] = 0;
     group.swap(ready[best]);
     ready[best].clear();
-    run_group(ops, keys[best].attrs, group);
+    if (keys[best].pick)
+      run_picks(ops, keys[best].attrs, group);
+    else
+      run_group(ops, keys[best].attrs, group);
     // Consumers become ready in the order of their operands in the batches (a group split by
     // operand made several): a later group then gathers whole runs of a batch, not samples
     // from alternating ones.

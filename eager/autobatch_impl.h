@@ -44,7 +44,10 @@ struct SigKey {
   Attrs attrs;
   std::vector<OperandSig> in;
   size_t hash = 0;
-  bool operator==(const SigKey& o) const { return op == o.op && attrs == o.attrs && in == o.in; }
+  bool pick = false;  // a pick of rows (Note [Picks] in eager/autobatch_pick.cpp)
+  bool operator==(const SigKey& o) const {
+    return op == o.op && pick == o.pick && attrs == o.attrs && in == o.in;
+  }
 };
 struct SigHash {
   size_t operator()(const SigKey& k) const { return k.hash; }
@@ -113,6 +116,7 @@ struct PendingOp {
   Tensor batch;        // once run as part of a differentiated batch: that batch, samples first
   int64_t index = 0;   // and the result's sample in it (-1: batch is the result, as every
                        // sample of its group computed the same value)
+  int64_t start = 0;   // a pick's first row, which its signature leaves out (Note [Picks])
   // The result's lazy storage, shape and dtype.
   StorageImpl* out() const { return impl->storage.get(); }
   const Shape& shape() const { return impl->shape; }
@@ -166,6 +170,10 @@ inline const TensorImpl* uniform_value(const std::vector<PendingOp>& ops, int32_
   return src && src->index < 0 ? src->batch.unsafe_impl() : nullptr;
 }
 
+// Whether an op call picks rows of its input along dim 0 such that ops of one signature may
+// read inputs of different lengths (Note [Picks] in eager/autobatch_pick.cpp).
+bool is_pick(const OpCall& c);
+
 // The group's ops split by the first operand that calls for it, or {} (Note [Groups by
 // operand] in eager/autobatch.cpp).
 std::vector<std::vector<int32_t>> split_by_operand(const std::vector<PendingOp>& ops,
@@ -184,6 +192,9 @@ struct Autobatch::Impl final : DispatchMode, LazyRunner {
   Tensor with_history(std::vector<PendingOp>& ops, const PendingOp& o, size_t p);
   void give_history(std::vector<PendingOp>& ops);
   void run_group(std::vector<PendingOp>& ops, const Attrs& attrs, const std::vector<int32_t>& ids);
+  void run_picks(std::vector<PendingOp>& ops, const Attrs& attrs, std::vector<int32_t> ids);
+  bool copy_picks(std::vector<PendingOp>& ops, const std::vector<int32_t>& ids,
+                  const std::vector<int64_t>& rows);
   Tensor gather(std::vector<PendingOp>& ops, const std::vector<int32_t>& ids, size_t p);
   BatchedArg run_rule(std::vector<PendingOp>& ops, const OpDef& def, const Attrs& attrs,
                       const std::vector<int32_t>& ids, bool grad = false);

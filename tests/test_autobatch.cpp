@@ -265,6 +265,68 @@ TEST_CASE("autobatch: grad() and a second backward inside a scope") {
   CHECK(close(gg, want_gg, 1e-5));
 }
 
+TEST_CASE("autobatch: rows picked from inputs of different lengths batch as one") {
+  // Note [Picks]: each sample's rows of its own (n_i, 3) input, by select (a slice of dim 0,
+  // recorded as its gradient flows through it) and by index_select, from inputs the scope
+  // computes (batched by length) and from inputs made before it.
+  Tensor w = randn({3}).requires_grad_(true);
+  std::vector<Tensor> x, picks;
+  const int64_t lens[] = {3, 7, 4, 7, 5, 2, 6, 3};
+  for (int64_t n : lens) {
+    x.push_back(randn({n, 3}));
+    picks.push_back(tensor({0.0, static_cast<double>(n - 1)}, Options().dtype(DType::i64)));
+  }
+  auto loss = [&] {
+    Tensor total;
+    for (size_t i = 0; i < x.size(); ++i) {
+      const Tensor h = x[i] * w;  // computed in the scope, batched by length
+      const int64_t n = lens[i];
+      Tensor l = sum(exp(h.select(0, n - 1)) * h.select(0, n / 2));  // slices
+      l = l + sum(tanh(index_select(h, 0, picks[i])));               // a Gather
+      l = l + sum(sigmoid(index_select(x[i], 0, picks[i]) * w));     // of an input
+      total = total.defined() ? total + l : l;
+    }
+    return total;
+  };
+  check_same_step({w}, loss, 1e-6, 1e-5);
+  const AutobatchStats s = autobatch_stats();
+  // One batch of products per length (6), one of the two selects, one of each index_select:
+  // never a pick per sample (at least 8 x 3 batches of picks).
+  CHECK(s.batches < 30);
+  // Samples that alternate between two sources (parameters of different lengths): each
+  // source's rows are taken at once, and each sample still gets its own.
+  Tensor a = randn({3, 3}).requires_grad_(true), b = randn({6, 3}).requires_grad_(true);
+  check_same_step({a, b}, [&] {
+    Tensor total;
+    for (size_t i = 0; i < x.size(); ++i) {
+      const Tensor& src = i % 2 ? b : a;
+      const Tensor rows = tensor({static_cast<double>(i % 3), 2.0}, Options().dtype(DType::i64));
+      const Tensor l = sum(index_select(src, 0, rows) * static_cast<double>(i + 1));
+      total = total.defined() ? total + l * l : l * l;
+    }
+    return total;
+  });
+  // Without a gradient, the rows are copied straight into the batch.
+  std::vector<Tensor> got;
+  {
+    NoGradGuard no_grad;
+    Autobatch scope;
+    for (size_t i = 0; i < x.size(); ++i) got.push_back(index_select(x[i] * 2, 0, picks[i]));
+  }
+  for (size_t i = 0; i < x.size(); ++i)
+    CHECK(bitwise_equal(got[i], index_select(x[i] * 2, 0, picks[i])));
+}
+
+TEST_CASE("autobatch: a picked index out of range is the eager error") {
+  std::vector<Tensor> x{randn({3, 2}), randn({5, 2})};
+  const Tensor ok = full({1}, 1, Options().dtype(DType::i64));
+  const Tensor bad = full({1}, 4, Options().dtype(DType::i64));  // in range of the longer only
+  Tensor r;
+  Autobatch scope;
+  r = index_select(x[0], 0, bad) + index_select(x[1], 0, ok);
+  CHECK_THROWS_WITH_AS(scope.flush(), doctest::Contains("out of range"), Error);
+}
+
 TEST_CASE("autobatch: a read runs what is pending; an in-place write runs after it") {
   Tensor a = tensor({1, 2, 3});
   Autobatch scope;
