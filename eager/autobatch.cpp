@@ -86,7 +86,8 @@ std::vector<std::vector<int32_t>> split_by_operand(const std::vector<PendingOp>&
       while (d < distinct.size() && !same_operand(distinct[d], x)) ++d;
       if (d == distinct.size()) distinct.push_back(x);
       part[k] = static_cast<uint32_t>(d);
-      split = distinct.size() <= kMaxParts;
+      // (Once a sample is not a group's one value, too many distinct values already decide.)
+      split = distinct.size() <= kMaxParts && (whole || distinct.size() * kMinShare <= ids.size());
     }
     // Such values always split: gathered, each sample would carry a copy.
     split = split && (whole || distinct.size() * kMinShare <= ids.size());
@@ -302,12 +303,14 @@ void Autobatch::Impl::run() {
     // Consumers become ready in the order of their operands in the batches (a group split by
     // operand made several): a later group then gathers whole runs of a batch, not samples
     // from alternating ones.
-    std::stable_sort(group.begin(), group.end(), [&](int32_t a, int32_t b) {
+    auto before = [&](int32_t a, int32_t b) {
       const PendingOp &x = ops[static_cast<size_t>(a)], &y = ops[static_cast<size_t>(b)];
       const auto bx = reinterpret_cast<uintptr_t>(x.batch.unsafe_impl()),
                  by = reinterpret_cast<uintptr_t>(y.batch.unsafe_impl());
       return bx < by || (bx == by && x.index < y.index);
-    });
+    };
+    if (!std::is_sorted(group.begin(), group.end(), before))
+      std::stable_sort(group.begin(), group.end(), before);
     for (int32_t id : group) {
       ops[static_cast<size_t>(id)].inputs.clear();
       for (int32_t k = first_consumer[static_cast<size_t>(id)];

@@ -176,6 +176,19 @@ struct Capture {
 // A gradient summed over its uses (a node's output read by several ops, a leaf): each part is
 // added as it comes, or, for a slice's gradient, added into a buffer of the whole (Note
 // [Slices' gradients]).
+// Whether a Gather's index is one increasing index along dim 0, broadcast along the others
+// (stride 0): index_select's, with no row twice.
+bool increasing_rows(const Tensor& index) {
+  const TensorImpl* i = index.unsafe_impl();
+  if (i->dtype != DType::i64 || i->shape.size() == 0) return false;
+  for (int64_t d = 1; d < i->shape.size(); ++d)
+    if (i->shape[d] != 1 && i->strides[d] != 0) return false;
+  const auto* at = static_cast<const int64_t*>(i->data());
+  for (int64_t k = 1; k < i->shape[0]; ++k)
+    if (at[k * i->strides[0]] <= at[(k - 1) * i->strides[0]]) return false;
+  return true;
+}
+
 class GradSum {
  public:
   void add(Tensor g) {
@@ -185,16 +198,29 @@ class GradSum {
   // Adds g into the slice `a` of a gradient of the whole's shape (Note [Slices' gradients]).
   void add_slice(const Tensor& g, const Attrs& a, const TensorMeta& whole) {
     NoGradGuard no_grad;
+    Tensor part = slice(own(g, whole), a.dim, a.start, a.end, a.step);
+    part.add_(g);
+  }
+  // Adds g into the rows `index` (increasing: no row twice) of a gradient of the whole's shape.
+  void add_rows(const Tensor& g, const Tensor& index, const TensorMeta& whole) {
+    NoGradGuard no_grad;
+    Tensor& sum = own(g, whole);
+    const Tensor* in[] = {&sum, &index, &g};
+    Attrs a;
+    a.dim = 0;
+    detail::call_inplace(OpId::ScatterAdd, TensorRefs(in, 3), a, sum);
+  }
+  bool empty() const { return !sum_.defined(); }
+  // The sum as a buffer of its own, of the whole's shape (the sum so far added into zeros).
+  Tensor& own(const Tensor& g, const TensorMeta& whole) {
     if (!owned_) {
       Tensor z = zeros(whole.shape, Options().dtype(g.dtype()).device(whole.device));
       if (sum_.defined()) z.add_(sum_);
       sum_ = std::move(z);
       owned_ = true;
     }
-    Tensor part = slice(sum_, a.dim, a.start, a.end, a.step);
-    part.add_(g);
+    return sum_;
   }
-  bool empty() const { return !sum_.defined(); }
   Tensor take() {
     owned_ = false;
     return std::exchange(sum_, Tensor());
@@ -477,15 +503,30 @@ void BackwardRun::send_grads(const Node& n) {
 // instead, at the slice: one pass over the whole, and one over each slice. The sums are the
 // same, element by element (each is a sum of the slices' values at that element, zeros
 // included, in the same order).
+// The same holds for the rows an index_select reads (a Gather along dim 0 whose index is one
+// index broadcast along the other dims; under Autobatch, a batch's samples read by a later
+// group), when its indices increase, so that no row is added to twice: each index_select then
+// costs one pass over the rows it read, where zeros, scatter_add and add each passed over the
+// whole.
 bool BackwardRun::add_into_slice(const Node& n, const Tensor& g) {
-  if (create_graph_ || capture_ || n.def->id != OpId::Slice || n.backward_fn || n.recompute ||
-      n.inputs.size() != 1 || is_traced(g))
+  const bool slice = n.def->id == OpId::Slice, rows = n.def->id == OpId::Gather;
+  if (create_graph_ || capture_ || !(slice || rows) || n.backward_fn || n.recompute ||
+      n.inputs.size() != (slice ? 1u : 2u) || is_traced(g))
     return false;
   const InputEdge& e = n.inputs[0];
   if (!e.fn || !e.needs || !wanted(e) || e.meta.dtype != g.dtype() || !e.meta.sym.empty())
     return false;
   const int32_t p = index_of(e.fn.get());
-  st_[p].buffer.add_slice(g, n.attrs, e.meta);
+  if (slice) {
+    st_[p].buffer.add_slice(g, n.attrs, e.meta);
+  } else {
+    if (n.attrs.dim != 0 || n.saved.size() < 2 || is_stale(n.saved[1])) return false;
+    const Tensor& index = n.saved[1].value;
+    if (!index.defined() || !index.device().is_cpu() || !g.device().is_cpu() ||
+        !increasing_rows(index))
+      return false;
+    st_[p].buffer.add_rows(g, index, e.meta);
+  }
   got_gradient(p);
   return true;
 }

@@ -69,7 +69,10 @@ void gather_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
 // hit the same element.
 void scatter_add_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
   const Tensor &base = in[0], &index = in[1], &src = in[2];
-  copy_into(base, out);
+  // In place (scatter_add_, which the backward uses to add rows into a gradient), base is out.
+  const auto *b = base.unsafe_impl(), *o = out.unsafe_impl();
+  if (b->storage.get() != o->storage.get() || b->offset != o->offset || b->strides != o->strides)
+    copy_into(base, out);
   if (index.numel() == 0) return;
   check_indices("scatter_add", index, size_along(out, a.dim), a.dim);
   Tensor ov = base_view(out, index, a.dim);

@@ -403,6 +403,50 @@ TEST_CASE("gradients through views: transpose, strided slice, expand, reshape, p
   });
 }
 
+TEST_CASE("a tensor read row by row: the rows' gradients add into one buffer, as summed") {
+  // Note [Slices' gradients] in eager/engine.cpp: slices and index_selects with increasing
+  // indices add their gradients into one buffer of the whole; create_graph takes the general
+  // path (zeros, scatter, add per read), and the sums agree bit for bit. A decreasing or
+  // repeated index takes the general path too.
+  manual_seed(1);
+  Tensor w = randn({40, 3}).requires_grad_(true);
+  const Tensor c = randn({3, 3});  // each read's gradient differs by position
+  auto loss = [&](int64_t reads) {
+    const Tensor x = tanh(w);  // a non-leaf whole, read many times
+    Tensor total = sum(x) * 0.5;
+    for (int64_t k = 0; k < reads; ++k) {
+      const Tensor rows = tensor({double(k % 7), double(k % 7 + 3), double(39 - k % 5)},
+                                 Options().dtype(DType::i64));  // increasing
+      const double a = double(k % 11);
+      const Tensor back = k % 2
+                              ? tensor({a + 1, a, a}, Options().dtype(DType::i64))
+                              : tensor({a, a, a + 2}, Options().dtype(DType::i64));  // a row twice
+      total = total + sum(exp(index_select(x, 0, rows)) * double(k + 1)) +
+              sum(index_select(x, 0, back) * c) + sum(slice(x, 0, k % 9, k % 9 + 4) * 3.0);
+    }
+    return total;
+  };
+  // backward() adds into the buffers; grad() collects its results apart, by the general path.
+  Tensor general;
+  auto kernels = [&](bool backward) {
+    Tensor l = loss(30);
+    detail::KernelCounter count;
+    {
+      ModeGuard counting(&count);
+      if (backward)
+        l.backward();
+      else
+        general = grad({l}, {w})[0];
+    }
+    return count.kernels;
+  };
+  const int64_t fast_kernels = kernels(true);
+  const int64_t general_kernels = kernels(false);
+  CHECK(bitwise_equal(w.grad(), general));
+  // One scatter per read into the buffer: no zeros and no add of the whole per read.
+  CHECK(fast_kernels + 40 <= general_kernels);
+}
+
 TEST_CASE("broadcasting: gradients are summed back to each input's shape") {
   const std::vector<double> av = {1, 2, 3}, bv = {0.5, -1, 2, 4};
   Tensor a = tensor(av, Shape{3, 1}, f64_leaf()), b = tensor(bv, f64_leaf());

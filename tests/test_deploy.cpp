@@ -419,6 +419,19 @@ TEST_CASE("deploy: a print format that does not format a tensor is an error, nev
                  "[print] the format \"{} {}\" does not format one tensor"));
 }
 
+TEST_CASE("deploy: an argmax whose dim a loaded program got wrong is an error, never an abort") {
+  // Found by the loader's fuzzer: a program's Argmax node with its dim out of range reached the
+  // shape rule, which indexed the shape with it.
+  const Tensor x = randn({2, 3});
+  const Tensor* in[] = {&x};
+  for (int64_t dim : {2, 7, -1}) {
+    Attrs a;
+    a.dim = dim;
+    CHECK(contains(error_of<ValueError>([&] { detail::call(OpId::Argmax, TensorRefs(in, 1), a); }),
+                   "[argmax] dim"));
+  }
+}
+
 TEST_CASE("deploy: save names captured tensors as the module names its parameters") {
   manual_seed(8);
   nn::Sequential mlp(nn::Linear(4, 8), nn::ReLU(), nn::Linear(8, 2));

@@ -84,6 +84,9 @@ void infer_argmax(const OpDef&, TensorRefs in, const Attrs& a, TensorMeta& out) 
   const Tensor& x = in[0];
   DUET_CHECK_DTYPE(x.dtype() != DType::b8, "[argmax] is not defined for b8 input of shape {}",
                    x.sizes());
+  // (The builder wraps dim; a loaded program's attributes come unchecked.)
+  DUET_CHECK_VALUE(a.dim >= 0 && a.dim < std::max<int64_t>(x.dim(), 1),
+                   "[argmax] dim {} is out of range for shape {}", a.dim, x.sizes());
   out.shape = x.sizes();
   if (x.dim()) {
     DUET_CHECK_VALUE(x.sizes()[a.dim] > 0, "[argmax] cannot reduce over dim {} of size 0 ({})",
