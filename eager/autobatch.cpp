@@ -107,6 +107,7 @@ namespace {
 // doubling into new pages at every step (a quarter of B1's page faults): the thread keeps the
 // largest list's memory for its next scope, as the caching allocator keeps tensors' memory.
 thread_local std::vector<PendingOp> tls_spare_ops;
+thread_local OpIndex tls_spare_index;
 }  // namespace
 
 Tensor Autobatch::Impl::handle(const OpCall& c) {
@@ -156,8 +157,8 @@ int32_t Autobatch::Impl::record(const OpCall& c, const TensorImplPtr& out, bool 
   PendingOp op{};
   op.op = c.op;
   op.site = detail::tls_site;
-  op.sig = -1;
   op.impl = out;
+  int32_t sig = -1, depth = 0;
   op.grad = grad;
   // The signature is built in a scratch key, copied into the table only when new.
   SigKey& key = scratch_;
@@ -179,7 +180,8 @@ int32_t Autobatch::Impl::record(const OpCall& c, const TensorImplPtr& out, bool 
     if (xi->storage && xi->storage->lazy) {
       p = producer(xi->storage.get());
       if (p < 0) detail::force_lazy(xi->storage.get());  // not this scope's: throws
-      op.depth = std::max(op.depth, ops_[static_cast<size_t>(p)].depth + 1);
+      depth = std::max(depth, index_.depth[static_cast<size_t>(p)] + 1);
+      index_.edges.push_back(p);
     }
     op.inputs.push_back(x, p);
     OperandSig s{xi->dtype, x.device(), xi->wrapped_number, 0, xi->shape};
@@ -192,7 +194,7 @@ int32_t Autobatch::Impl::record(const OpCall& c, const TensorImplPtr& out, bool 
   }
   // Random ops never batch: each draws from its own state, so each has a signature of its own.
   if (c.op == OpId::Random) {
-    op.sig = static_cast<int32_t>(keys_.size());
+    sig = static_cast<int32_t>(keys_.size());
     keys_.push_back(key);
   } else {
     auto it = sigs_.find(key);
@@ -200,9 +202,13 @@ int32_t Autobatch::Impl::record(const OpCall& c, const TensorImplPtr& out, bool 
       it = sigs_.emplace(key, static_cast<int32_t>(keys_.size())).first;
       keys_.push_back(key);
     }
-    op.sig = it->second;
+    sig = it->second;
   }
   out->storage->lazy_op = id;
+  index_.out.push_back(out->storage.get());
+  index_.sig.push_back(sig);
+  index_.depth.push_back(depth);
+  index_.edge_at.push_back(static_cast<int32_t>(index_.edges.size()));
   ops_.push_back(std::move(op));
   return id;
 }
@@ -211,6 +217,9 @@ void Autobatch::Impl::run() {
   if (ops_.empty() || running_) return;
   std::vector<PendingOp> ops;
   ops.swap(ops_);
+  OpIndex index;
+  std::swap(index, index_);
+  index_.clear();
   std::vector<SigKey> keys = std::move(keys_);
   keys_.clear();
   sigs_.clear();
@@ -232,9 +241,8 @@ void Autobatch::Impl::run() {
   // How many pending operands each op waits for, and each op's consumers (as CSR arrays).
   std::vector<int32_t> waiting(n, 0), first_consumer(n + 1, 0), consumer;
   auto for_each_producer = [&](size_t i, auto&& f) {
-    const Operands& in = ops[i].inputs;
-    for (size_t k = 0; k < in.size(); ++k)
-      if (in.producer(k) >= 0) f(static_cast<size_t>(in.producer(k)));
+    for (int32_t e = index.edge_at[i]; e < index.edge_at[i + 1]; ++e)
+      f(static_cast<size_t>(index.edges[static_cast<size_t>(e)]));
   };
   for (size_t i = 0; i < n; ++i)
     if (live[i]) for_each_producer(i, [&](size_t p) { ++first_consumer[p + 1]; });
@@ -245,9 +253,7 @@ void Autobatch::Impl::run() {
     for (size_t i = 0; i < n; ++i)
       if (live[i])
         for_each_producer(i, [&](size_t p) {
-          DUET_ASSERT(p < n && ops[p].out() && live[p],
-                      "a pending op reads a lazy tensor "
-                      "of no pending op");
+          DUET_ASSERT(p < n && live[p], "a pending op reads a lazy tensor of no pending op");
           ++waiting[i];
           consumer[static_cast<size_t>(fill[p]++)] = static_cast<int32_t>(i);
         });
@@ -256,13 +262,12 @@ void Autobatch::Impl::run() {
   const size_t nsig = keys.size();
   std::vector<double> depth_sum(nsig, 0);
   std::vector<int64_t> count(nsig, 0);
+  const std::vector<int32_t>& sig = index.sig;
   for (size_t i = 0; i < n; ++i) {
     if (!live[i]) continue;
-    depth_sum[static_cast<size_t>(ops[i].sig)] += ops[i].depth;
-    ++count[static_cast<size_t>(ops[i].sig)];
+    depth_sum[static_cast<size_t>(sig[i])] += index.depth[i];
+    ++count[static_cast<size_t>(sig[i])];
   }
-  std::vector<int32_t> sig(n);
-  for (size_t i = 0; i < n; ++i) sig[i] = ops[i].sig;
   std::vector<std::vector<int32_t>> ready(nsig);
   for (size_t i = 0; i < n; ++i)
     if (live[i] && waiting[i] == 0) ready[static_cast<size_t>(sig[i])].push_back(int32_t(i));
@@ -327,8 +332,10 @@ void Autobatch::Impl::run() {
   give_history(ops);
   stats_.kernels_launched += counter_.kernels - kernels_before;
   tls_stats = stats_;
-  ops.clear();  // (nothing records while a run runs: ops_ is empty)
+  ops.clear();  // (nothing records while a run runs: ops_ and index_ are empty)
   if (ops.capacity() > ops_.capacity()) ops_.swap(ops);
+  index.clear();
+  if (index.out.capacity() > index_.out.capacity()) std::swap(index, index_);
 }
 
 void Autobatch::Impl::run_group(std::vector<PendingOp>& ops, const Attrs& attrs,
@@ -546,6 +553,7 @@ Autobatch::Autobatch() {
   if (detail::mode_depth() > 0) return;
   impl_ = new Impl();
   impl_->ops_.swap(tls_spare_ops);
+  std::swap(impl_->index_, tls_spare_index);
   impl_->prev_runner_ = detail::set_lazy_runner(impl_);
   impl_->mode_.emplace(impl_);
   tls_open = impl_;
@@ -566,6 +574,8 @@ Autobatch::~Autobatch() noexcept(false) {
   tls_stats = impl->stats_;
   if (impl->ops_.empty() && impl->ops_.capacity() > tls_spare_ops.capacity())
     tls_spare_ops.swap(impl->ops_);
+  if (impl->index_.out.empty() && impl->index_.out.capacity() > tls_spare_index.out.capacity())
+    std::swap(impl->index_, tls_spare_index);
   // The error of the last run, unless the scope ends because of another error.
   if (error && std::uncaught_exceptions() == impl->uncaught_) std::rethrow_exception(error);
 }

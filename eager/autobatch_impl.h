@@ -108,9 +108,7 @@ class Operands {
 struct PendingOp {
   OpId op;
   Operands inputs;
-  CallSite site;  // the user's line that called it: an error at the run names it
-  int32_t sig;
-  int32_t depth;
+  CallSite site;       // the user's line that called it: an error at the run names it
   TensorImplPtr impl;  // the result (Note [Autobatch's tape]: a survivor gets its history)
   bool grad = false;   // the result needs a gradient (a tape node, had it run eagerly)
   Tensor batch;        // once run as part of a differentiated batch: that batch, samples first
@@ -179,6 +177,22 @@ bool is_pick(const OpCall& c);
 std::vector<std::vector<int32_t>> split_by_operand(const std::vector<PendingOp>& ops,
                                                    const std::vector<int32_t>& ids);
 
+// What recording and a run's passes read of each pending op, in arrays of their own: reading
+// it from the PendingOps (and their result tensors) missed the cache at every op and edge.
+struct OpIndex {
+  std::vector<const StorageImpl*> out;  // the op's result's storage
+  std::vector<int32_t> sig, depth;      // its signature and depth (step 3 of Note [Autobatch])
+  std::vector<int32_t> edge_at{0};      // its pending operands' producers: edges[edge_at[i]..]
+  std::vector<int32_t> edges;
+  void clear() {
+    out.clear();
+    sig.clear();
+    depth.clear();
+    edge_at.assign(1, 0);
+    edges.clear();
+  }
+};
+
 }  // namespace autobatch
 using namespace autobatch;
 
@@ -208,12 +222,13 @@ struct Autobatch::Impl final : DispatchMode, LazyRunner {
   int32_t producer(const StorageImpl* st) const {
     const int32_t id = st->lazy_op;
     return id >= 0 && static_cast<size_t>(id) < ops_.size() &&
-                   ops_[static_cast<size_t>(id)].out() == st
+                   index_.out[static_cast<size_t>(id)] == st
                ? id
                : -1;
   }
 
   std::vector<PendingOp> ops_;
+  OpIndex index_;             // beside ops_, one entry per op
   std::vector<SigKey> keys_;  // by signature id: the op's attributes too
   std::unordered_map<SigKey, int32_t, SigHash> sigs_;
   SigKey scratch_;
