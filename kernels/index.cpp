@@ -67,6 +67,32 @@ void gather_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
 // in[0]: base, in[1]: index, in[2]: src (index's shape); attrs.dim. out = base, then
 // out[..., index[p], ...] += src[p]. Serial, in row-major order of the index: two positions may
 // hit the same element.
+// scatter_add along dim 0 of an index broadcast along the other dims (index_select's
+// gradient), into a contiguous out from a contiguous src of out's rows: whole rows added, one
+// after another (false: another layout, for the general loop).
+bool add_rows(const Tensor& index, const Tensor& src, const Attrs& a, const Tensor& out) {
+  const auto *i = index.unsafe_impl(), *s = src.unsafe_impl(), *o = out.unsafe_impl();
+  if (a.dim != 0 || o->shape.size() == 0 || !o->contiguous || !s->contiguous ||
+      s->shape.size() != o->shape.size() || s->shape != i->shape || s->dtype != o->dtype)
+    return false;
+  for (int64_t d = 1; d < o->shape.size(); ++d)
+    if (s->shape[d] != o->shape[d] || (i->shape[d] != 1 && i->strides[d] != 0)) return false;
+  const int64_t rows = s->shape[0], len = s->shape.numel() / std::max<int64_t>(rows, 1);
+  const auto* at = index.data_ptr<int64_t>();
+  const int64_t step = i->strides[0];
+  DUET_DISPATCH_DTYPE(out.dtype(), "scatter_add", [&] {
+    using T = scalar_t;
+    T* dst = out.data_ptr<T>();
+    const T* from = src.data_ptr<T>();
+    for (int64_t r = 0; r < rows; ++r) {
+      T* row = dst + at[r * step] * len;
+      const T* add = from + r * len;
+      for (int64_t k = 0; k < len; ++k) row[k] = fn::wrap_add(row[k], add[k]);
+    }
+  });
+  return true;
+}
+
 void scatter_add_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
   const Tensor &base = in[0], &index = in[1], &src = in[2];
   // In place (scatter_add_, which the backward uses to add rows into a gradient), base is out.
@@ -75,6 +101,7 @@ void scatter_add_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
     copy_into(base, out);
   if (index.numel() == 0) return;
   check_indices("scatter_add", index, size_along(out, a.dim), a.dim);
+  if (add_rows(index, src, a, out)) return;
   Tensor ov = base_view(out, index, a.dim);
   const int64_t step = stride_along(out, a.dim);
   DUET_DISPATCH_DTYPE(out.dtype(), "scatter_add", [&] {
