@@ -173,22 +173,33 @@ struct Capture {
   std::vector<Tensor> results;
 };
 
-// A gradient summed over its uses (a node's output read by several ops, a leaf): each part is
-// added as it comes, or, for a slice's gradient, added into a buffer of the whole (Note
-// [Slices' gradients]).
-// Whether a Gather's index is one increasing index along dim 0, broadcast along the others
-// (stride 0): index_select's, with no row twice.
-bool increasing_rows(const Tensor& index) {
+// Whether a Gather's index is one index along dim 0, broadcast along the others (stride 0):
+// index_select's, each of its values a row of `rows`, and no row twice.
+bool distinct_rows(const Tensor& index, int64_t rows) {
   const TensorImpl* i = index.unsafe_impl();
   if (i->dtype != DType::i64 || i->shape.size() == 0) return false;
   for (int64_t d = 1; d < i->shape.size(); ++d)
     if (i->shape[d] != 1 && i->strides[d] != 0) return false;
   const auto* at = static_cast<const int64_t*>(i->data());
-  for (int64_t k = 1; k < i->shape[0]; ++k)
-    if (at[k * i->strides[0]] <= at[(k - 1) * i->strides[0]]) return false;
+  const int64_t n = i->shape[0], step = i->strides[0];
+  bool increasing = true;
+  for (int64_t k = 0; k < n && increasing; ++k)
+    increasing =
+        at[k * step] >= 0 && at[k * step] < rows && (k == 0 || at[k * step] > at[(k - 1) * step]);
+  if (increasing) return true;
+  thread_local std::vector<char> seen;
+  seen.assign(static_cast<size_t>(rows), 0);
+  for (int64_t k = 0; k < n; ++k) {
+    const int64_t r = at[k * step];
+    if (r < 0 || r >= rows || seen[static_cast<size_t>(r)]) return false;
+    seen[static_cast<size_t>(r)] = 1;
+  }
   return true;
 }
 
+// A gradient summed over its uses (a node's output read by several ops, a leaf): each part is
+// added as it comes, or, for a slice's gradient, added into a buffer of the whole (Note
+// [Slices' gradients]).
 class GradSum {
  public:
   void add(Tensor g) {
@@ -505,9 +516,9 @@ void BackwardRun::send_grads(const Node& n) {
 // included, in the same order).
 // The same holds for the rows an index_select reads (a Gather along dim 0 whose index is one
 // index broadcast along the other dims; under Autobatch, a batch's samples read by a later
-// group), when its indices increase, so that no row is added to twice: each index_select then
-// costs one pass over the rows it read, where zeros, scatter_add and add each passed over the
-// whole.
+// group), when no row is read twice: each index_select then costs one pass over the rows it
+// read, where zeros, scatter_add and add each passed over the whole. (A row read twice would
+// sum its two gradients into the buffer one after the other, not with each other first.)
 bool BackwardRun::add_into_slice(const Node& n, const Tensor& g) {
   const bool slice = n.def->id == OpId::Slice, rows = n.def->id == OpId::Gather;
   if (create_graph_ || capture_ || !(slice || rows) || n.backward_fn || n.recompute ||
@@ -523,7 +534,7 @@ bool BackwardRun::add_into_slice(const Node& n, const Tensor& g) {
     if (n.attrs.dim != 0 || n.saved.size() < 2 || is_stale(n.saved[1])) return false;
     const Tensor& index = n.saved[1].value;
     if (!index.defined() || !index.device().is_cpu() || !g.device().is_cpu() ||
-        !increasing_rows(index))
+        e.meta.shape.size() == 0 || !distinct_rows(index, e.meta.shape[0]))
       return false;
     st_[p].buffer.add_rows(g, index, e.meta);
   }

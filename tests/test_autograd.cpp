@@ -404,10 +404,10 @@ TEST_CASE("gradients through views: transpose, strided slice, expand, reshape, p
 }
 
 TEST_CASE("a tensor read row by row: the rows' gradients add into one buffer, as summed") {
-  // Note [Slices' gradients] in eager/engine.cpp: slices and index_selects with increasing
-  // indices add their gradients into one buffer of the whole; create_graph takes the general
-  // path (zeros, scatter, add per read), and the sums agree bit for bit. A decreasing or
-  // repeated index takes the general path too.
+  // Note [Slices' gradients] in eager/engine.cpp: slices and index_selects that read no row
+  // twice add their gradients into one buffer of the whole; grad() takes the general path
+  // (zeros, scatter, add per read), and the sums agree bit for bit. An index_select that reads
+  // a row twice takes the general path too.
   manual_seed(1);
   Tensor w = randn({40, 3}).requires_grad_(true);
   const Tensor c = randn({3, 3});  // each read's gradient differs by position
@@ -418,9 +418,10 @@ TEST_CASE("a tensor read row by row: the rows' gradients add into one buffer, as
       const Tensor rows = tensor({double(k % 7), double(k % 7 + 3), double(39 - k % 5)},
                                  Options().dtype(DType::i64));  // increasing
       const double a = double(k % 11);
-      const Tensor back = k % 2
-                              ? tensor({a + 1, a, a}, Options().dtype(DType::i64))
-                              : tensor({a, a, a + 2}, Options().dtype(DType::i64));  // a row twice
+      const std::vector<double> order = k % 3 == 0   ? std::vector<double>{a + 1, a, a}
+                                        : k % 3 == 1 ? std::vector<double>{a, a, a + 2}
+                                                     : std::vector<double>{a + 2, a, a + 1};
+      const Tensor back = tensor(order, Options().dtype(DType::i64));  // a row twice; unordered
       total = total + sum(exp(index_select(x, 0, rows)) * double(k + 1)) +
               sum(index_select(x, 0, back) * c) + sum(slice(x, 0, k % 9, k % 9 + 4) * 3.0);
     }
