@@ -228,6 +228,10 @@ void Autobatch::Impl::run() {
     explicit Running(bool& f) : flag(f) { flag = true; }
     ~Running() { flag = false; }
   } running(running_);
+  struct Release {  // the run's batches, once its ops (which point at them) are done
+    std::deque<Batch>& batches;
+    ~Release() { batches.clear(); }
+  } release{batches_};
   ++stats_.runs;
   const size_t n = ops.size();
   // Step 1: dead ops, newest first.
@@ -310,8 +314,7 @@ void Autobatch::Impl::run() {
     // from alternating ones.
     auto before = [&](int32_t a, int32_t b) {
       const PendingOp &x = ops[static_cast<size_t>(a)], &y = ops[static_cast<size_t>(b)];
-      const auto bx = reinterpret_cast<uintptr_t>(x.batch.unsafe_impl()),
-                 by = reinterpret_cast<uintptr_t>(y.batch.unsafe_impl());
+      const int32_t bx = x.batch ? x.batch->seq : -1, by = y.batch ? y.batch->seq : -1;
       return bx < by || (bx == by && x.index < y.index);
     };
     if (!std::is_sorted(group.begin(), group.end(), before))
@@ -427,9 +430,10 @@ void Autobatch::Impl::place_batch(std::vector<PendingOp>& ops, const std::vector
   // keep: the ops' consumers read them as samples of this batch (Note [Autobatch's tape]).
   auto kept = [&](const Tensor& v) {
     if (!keep) return;
+    const Batch* held = hold(v);
     for (size_t k = 0; k < ids.size(); ++k) {
       PendingOp& o = ops[static_cast<size_t>(ids[k])];
-      o.batch = v;
+      o.batch = held;
       o.index = static_cast<int64_t>(k);
     }
   };
@@ -440,8 +444,9 @@ void Autobatch::Impl::place_batch(std::vector<PendingOp>& ops, const std::vector
     for (int32_t id : ids)
       fill(ops[static_cast<size_t>(id)].out(), one.unsafe_impl()->data(),
            owner_of(one.unsafe_impl()));
+    const Batch* held = hold(r.value);
     for (int32_t id : ids) {  // index -1: the batch is the one value itself
-      ops[static_cast<size_t>(id)].batch = r.value;
+      ops[static_cast<size_t>(id)].batch = held;
       ops[static_cast<size_t>(id)].index = -1;
     }
     return;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstring>
+#include <deque>
 #include <exception>
 #include <optional>
 #include <unordered_map>
@@ -105,16 +106,24 @@ class Operands {
   size_t n_ = 0;
 };
 
+// A differentiated group's batched result, held by the run (Autobatch::Impl::batches_) while
+// its samples' consumers read it (Note [Autobatch's tape]); `seq` numbers the run's batches.
+struct Batch {
+  Tensor value;
+  int32_t seq;
+};
+
 struct PendingOp {
   OpId op;
   Operands inputs;
   CallSite site;       // the user's line that called it: an error at the run names it
   TensorImplPtr impl;  // the result (Note [Autobatch's tape]: a survivor gets its history)
   bool grad = false;   // the result needs a gradient (a tape node, had it run eagerly)
-  Tensor batch;        // once run as part of a differentiated batch: that batch, samples first
-  int64_t index = 0;   // and the result's sample in it (-1: batch is the result, as every
-                       // sample of its group computed the same value)
-  int64_t start = 0;   // a pick's first row, which its signature leaves out (Note [Picks])
+  const Batch* batch = nullptr;  // once run as part of a differentiated batch: that batch,
+                                 // samples first
+  int64_t index = 0;             // and the result's sample in it (-1: batch is the result, as every
+                                 // sample of its group computed the same value)
+  int64_t start = 0;  // a pick's first row, which its signature leaves out (Note [Picks])
   // The result's lazy storage, shape and dtype.
   StorageImpl* out() const { return impl->storage.get(); }
   const Shape& shape() const { return impl->shape; }
@@ -158,14 +167,14 @@ inline const PendingOp* batch_source(const std::vector<PendingOp>& ops, const Pe
   const int32_t prod = o.inputs.producer(p);
   if (prod < 0) return nullptr;
   const PendingOp& src = ops[static_cast<size_t>(prod)];
-  return src.batch.defined() && o.inputs[p].unsafe_impl() == src.impl.get() ? &src : nullptr;
+  return src.batch && o.inputs[p].unsafe_impl() == src.impl.get() ? &src : nullptr;
 }
 
 // The value computed once for the whole group that made operand p of op id (a weight's
 // transpose, Note [Autobatch's tape]), or null.
 inline const TensorImpl* uniform_value(const std::vector<PendingOp>& ops, int32_t id, size_t p) {
   const PendingOp* src = batch_source(ops, ops[static_cast<size_t>(id)], p);
-  return src && src->index < 0 ? src->batch.unsafe_impl() : nullptr;
+  return src && src->index < 0 ? src->batch->value.unsafe_impl() : nullptr;
 }
 
 // Whether an op call picks rows of its input along dim 0 such that ops of one signature may
@@ -227,9 +236,16 @@ struct Autobatch::Impl final : DispatchMode, LazyRunner {
                : -1;
   }
 
+  // The batch that holds v for the rest of the run.
+  const Batch* hold(const Tensor& v) {
+    batches_.push_back({v, static_cast<int32_t>(batches_.size())});
+    return &batches_.back();
+  }
+
   std::vector<PendingOp> ops_;
-  OpIndex index_;             // beside ops_, one entry per op
-  std::vector<SigKey> keys_;  // by signature id: the op's attributes too
+  OpIndex index_;              // beside ops_, one entry per op
+  std::deque<Batch> batches_;  // a run's differentiated batches (stable addresses)
+  std::vector<SigKey> keys_;   // by signature id: the op's attributes too
   std::unordered_map<SigKey, int32_t, SigHash> sigs_;
   SigKey scratch_;
   std::vector<const char*> addresses_;  // gather's scratch

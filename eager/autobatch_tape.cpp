@@ -57,7 +57,7 @@ Tensor Autobatch::Impl::gather_grad(std::vector<PendingOp>& ops, const std::vect
     const PendingOp* src = batch_source(ops, ops[static_cast<size_t>(id)], p);
     if (!src) return nullptr;
     *index = src->index;
-    return &src->batch;
+    return &src->batch->value;
   };
   std::vector<Tensor> pieces;
   for (size_t k = 0; k < ids.size();) {
@@ -111,15 +111,16 @@ Tensor Autobatch::Impl::gather_grad(std::vector<PendingOp>& ops, const std::vect
 Tensor Autobatch::Impl::with_history(std::vector<PendingOp>& ops, const PendingOp& o, size_t p) {
   const PendingOp* src = batch_source(ops, o, p);
   if (!src) return o.inputs[p];
-  return src->index < 0 ? src->batch : select(src->batch, 0, src->index);
+  return src->index < 0 ? src->batch->value : select(src->batch->value, 0, src->index);
 }
 
 // A result still held after the run gets its history (Note [Autobatch's tape]).
 void Autobatch::Impl::give_history(std::vector<PendingOp>& ops) {
   GradModeScope tape(true);
   for (PendingOp& o : ops) {
-    if (!o.grad || !o.batch.defined() || o.impl.use_count() <= 1) continue;
-    const Tensor s = (o.index < 0 ? o.batch : select(o.batch, 0, o.index)).clone();
+    if (!o.grad || !o.batch || o.impl.use_count() <= 1) continue;
+    const Tensor& b = o.batch->value;
+    const Tensor s = (o.index < 0 ? b : select(b, 0, o.index)).clone();
     fill(o.out(), s.unsafe_impl()->data(), owner_of(s.unsafe_impl()));
     if (s.unsafe_impl()->autograd)
       detail::autograd_meta(*o.impl).grad_fn = s.unsafe_impl()->autograd->grad_fn;
