@@ -402,6 +402,7 @@ void run_lazy_work() {
 }
 
 void force_lazy(const StorageImpl* st) {
+  if (tls_lazy_runner && tls_lazy_runner->resolve(st)) return;
   run_lazy_work();
   DUET_CHECK(!st->lazy,
              "[autobatch] a tensor ({} bytes on {}) that an Autobatch scope computes lazily was "

@@ -103,6 +103,12 @@ class LazyRunner {
  public:
   virtual ~LazyRunner() = default;
   virtual void run_lazy() = 0;
+  /// Gives `st` its value now if it is computed but not yet placed (a run in progress places
+  /// the samples of its differentiated batches only when read); true when it did.
+  virtual bool resolve(const StorageImpl* st) {
+    (void)st;
+    return false;
+  }
 };
 /// Makes `r` this thread's runner (null: none); returns the previous one.
 LazyRunner* set_lazy_runner(LazyRunner* r);

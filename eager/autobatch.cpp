@@ -28,8 +28,9 @@
 //     random ops run as they would eagerly.
 //  5. Each op's result is its sample of the batched result: the lazy storage points into the
 //     batched result's buffer and holds it alive (StorageImpl::base), so no copy is made unless
-//     the sample is not contiguous. Gathered batches are temporaries, freed (back to the caching
-//     allocator, for the next gather) right after their op.
+//     the sample is not contiguous (a differentiated group's samples are placed only when read,
+//     Note [Placed when read] in eager/autobatch_tape.cpp). Gathered batches are temporaries,
+//     freed (back to the caching allocator, for the next gather) right after their op.
 // The ops run with autocast off (autocast cast their operands when they were recorded), and with
 // grad mode on only for groups whose results need gradients.
 #include "eager/autobatch.h"
@@ -229,9 +230,15 @@ void Autobatch::Impl::run() {
     ~Running() { flag = false; }
   } running(running_);
   struct Release {  // the run's batches, once its ops (which point at them) are done
-    std::deque<Batch>& batches;
-    ~Release() { batches.clear(); }
-  } release{batches_};
+    Autobatch::Impl& impl;
+    ~Release() {
+      impl.batches_.clear();
+      impl.run_ops_ = nullptr;
+      impl.run_index_ = nullptr;
+    }
+  } release{*this};
+  run_ops_ = &ops;
+  run_index_ = &index;
   ++stats_.runs;
   const size_t n = ops.size();
   // Step 1: dead ops, newest first.
@@ -381,7 +388,8 @@ void Autobatch::Impl::run_group(std::vector<PendingOp>& ops, const Attrs& attrs,
   }
   ++stats_.batches;
   stats_.batched_ops += b;
-  place_batch(ops, ids, r, /*keep=*/grad);
+  place_batch(ops, ids, r, /*keep=*/grad,
+              /*defer=*/grad && (def.cls == OpClass::View || rule_fresh_));
 }
 
 // The group's batching rule on its operands, shared or batched (step 4 of Note [Autobatch]).
@@ -419,12 +427,19 @@ BatchedArg Autobatch::Impl::run_rule(std::vector<PendingOp>& ops, const OpDef& d
     return {detail::call(def.id, TensorRefs(ptrs.data(), static_cast<int64_t>(ptrs.size())), attrs),
             -1};
   }
-  return def.batch(def, in, attrs, b);
+  BatchedArg r = def.batch(def, in, attrs, b);
+  // Whether the result shares memory with an operand's batch (so with a sample that lies in
+  // it), which place_batch would copy per sample, as eager makes a copy.
+  const StorageImpl* root = r.value.defined() ? root_of(r.value.unsafe_impl()) : nullptr;
+  rule_fresh_ = root != nullptr;
+  for (const BatchedArg& x : in)
+    rule_fresh_ = rule_fresh_ && root_of(x.value.unsafe_impl()) != root;
+  return r;
 }
 
 // Each op of the group gets its sample of the batched result r (step 5 of Note [Autobatch]).
 void Autobatch::Impl::place_batch(std::vector<PendingOp>& ops, const std::vector<int32_t>& ids,
-                                  const BatchedArg& r, bool keep) {
+                                  const BatchedArg& r, bool keep, bool defer) {
   const PendingOp& first = ops[static_cast<size_t>(ids[0])];
   const auto b = static_cast<int64_t>(ids.size());
   // keep: the ops' consumers read them as samples of this batch (Note [Autobatch's tape]).
@@ -472,6 +487,10 @@ void Autobatch::Impl::place_batch(std::vector<PendingOp>& ops, const std::vector
     dense = v.sizes()[d] == 1 || vi->strides[d] == want[d - 1];
   if (!dense || vi->dtype != first.dtype()) v = v.contiguous();
   vi = v.unsafe_impl();
+  if (defer && keep) {  // each sample is placed when read, or at the run's end (Note [Placed
+    kept(v);            // when read])
+    return;
+  }
   const StoragePtr root = owner_of(vi);
   const int64_t step = (dense ? vi->strides[0] : first.shape().numel()) * itemsize(first.dtype());
   char* base = static_cast<char*>(vi->data());
@@ -490,6 +509,7 @@ void Autobatch::Impl::place_batch(std::vector<PendingOp>& ops, const std::vector
 Tensor Autobatch::Impl::gather(std::vector<PendingOp>& ops, const std::vector<int32_t>& ids,
                                size_t p) {
   const TensorImpl* x0 = ops[static_cast<size_t>(ids[0])].inputs[p].unsafe_impl();
+  (void)x0->data();  // placed first (Note [Placed when read]), so that its buffer is known
   StorageImpl* root = root_of(x0);
   const int64_t item = itemsize(x0->dtype);
   const auto* base = static_cast<const char*>(root->data);

@@ -208,6 +208,8 @@ using namespace autobatch;
 struct Autobatch::Impl final : DispatchMode, LazyRunner {
   Tensor handle(const OpCall& c) override;
   void run_lazy() override { run(); }
+  bool resolve(const StorageImpl* st) override;
+  void place_sample(PendingOp& o);
   void run();
 
   int32_t record(const OpCall& c, const TensorImplPtr& out, bool grad);
@@ -224,7 +226,7 @@ struct Autobatch::Impl final : DispatchMode, LazyRunner {
   void run_each_differentiated(std::vector<PendingOp>& ops, const Attrs& attrs,
                                const std::vector<int32_t>& ids);
   void place_batch(std::vector<PendingOp>& ops, const std::vector<int32_t>& ids,
-                   const BatchedArg& r, bool keep = false);
+                   const BatchedArg& r, bool keep = false, bool defer = false);
   void place(PendingOp& op, const Tensor& r);
 
   // The op of a lazy storage of this scope, or -1.
@@ -245,7 +247,11 @@ struct Autobatch::Impl final : DispatchMode, LazyRunner {
   std::vector<PendingOp> ops_;
   OpIndex index_;              // beside ops_, one entry per op
   std::deque<Batch> batches_;  // a run's differentiated batches (stable addresses)
-  std::vector<SigKey> keys_;   // by signature id: the op's attributes too
+  // The run in progress (Note [Placed when read]): its ops and their index.
+  std::vector<PendingOp>* run_ops_ = nullptr;
+  const OpIndex* run_index_ = nullptr;
+  bool rule_fresh_ = false;   // the last rule's result shares no memory with its operands
+  std::vector<SigKey> keys_;  // by signature id: the op's attributes too
   std::unordered_map<SigKey, int32_t, SigHash> sigs_;
   SigKey scratch_;
   std::vector<const char*> addresses_;  // gather's scratch

@@ -114,11 +114,48 @@ Tensor Autobatch::Impl::with_history(std::vector<PendingOp>& ops, const PendingO
   return src->index < 0 ? src->batch->value : select(src->batch->value, 0, src->index);
 }
 
-// A result still held after the run gets its history (Note [Autobatch's tape]).
+// Note [Placed when read]
+// A differentiated group's consumers read its samples through its batch (batch_source), not
+// through each sample's storage, so placing each sample (step 5 of Note [Autobatch]: its lazy
+// storage pointed into the batch, holding the batch's buffer) is work no one reads for most
+// of them. Such a group's samples stay lazy while the run goes on, unless the batched result
+// shares memory with an operand (which eager copies, per sample): a read of one during the
+// run (a consumer without a gradient, an op run alone) places it then (resolve, from
+// force_lazy), and at the run's end each sample still held, by a tensor or a view of its
+// storage, is placed (or, needing a gradient, gets its own copy with its history,
+// give_history). The others are freed unplaced.
+
+// Places sample o.index of o's batch: its storage points into the batch.
+void Autobatch::Impl::place_sample(PendingOp& o) {
+  const TensorImpl* b = o.batch->value.unsafe_impl();
+  const int64_t step = b->shape.size() ? b->strides[0] * itemsize(b->dtype) : 0;
+  fill(o.out(), static_cast<char*>(b->data()) + o.index * step, owner_of(b));
+}
+
+bool Autobatch::Impl::resolve(const StorageImpl* st) {
+  if (!run_ops_ || !st->lazy) return false;
+  const int32_t id = st->lazy_op;
+  if (id < 0 || static_cast<size_t>(id) >= run_ops_->size() ||
+      run_index_->out[static_cast<size_t>(id)] != st)
+    return false;
+  PendingOp& o = (*run_ops_)[static_cast<size_t>(id)];
+  if (!o.batch || o.index < 0) return false;
+  place_sample(o);
+  return true;
+}
+
+// A result still held after the run gets its history (Note [Autobatch's tape]); one that needs
+// none, or is held only through a view of its storage, is placed (Note [Placed when read]).
 void Autobatch::Impl::give_history(std::vector<PendingOp>& ops) {
   GradModeScope tape(true);
   for (PendingOp& o : ops) {
-    if (!o.grad || !o.batch || o.impl.use_count() <= 1) continue;
+    if (!o.batch) continue;
+    const bool held = o.impl.use_count() > 1;
+    if (!o.grad || !held) {
+      if (o.out()->lazy && o.index >= 0 && (held || o.impl->storage.use_count() > 1))
+        place_sample(o);
+      continue;
+    }
     const Tensor& b = o.batch->value;
     const Tensor s = (o.index < 0 ? b : select(b, 0, o.index)).clone();
     fill(o.out(), s.unsafe_impl()->data(), owner_of(s.unsafe_impl()));

@@ -327,6 +327,34 @@ TEST_CASE("autobatch: a picked index out of range is the eager error") {
   CHECK_THROWS_WITH_AS(scope.flush(), doctest::Contains("out of range"), Error);
 }
 
+TEST_CASE("autobatch: samples of differentiated batches are placed when read") {
+  // Note [Placed when read]: their storages stay lazy in the run unless something reads them:
+  // a consumer recorded without a gradient, a view of the storage made without one, a tensor
+  // kept after the run.
+  Tensor w = randn({4}).requires_grad_(true);
+  std::vector<Tensor> x;
+  for (int i = 0; i < 6; ++i) x.push_back(randn({3, 4}));
+  std::vector<Tensor> read, views, kept;
+  {
+    Autobatch scope;
+    for (int i = 0; i < 6; ++i) {
+      Tensor y = tanh(x[static_cast<size_t>(i)] * w);  // differentiated: batched
+      Tensor z = sigmoid(x[static_cast<size_t>(i)] * w);
+      NoGradGuard no_grad;
+      read.push_back(z * 2 + 1);        // a consumer without a gradient reads z's samples
+      views.push_back(y.select(0, 1));  // a view made at once; y itself is dropped
+      if (i == 2) kept.push_back(y);
+    }
+  }
+  for (int i = 0; i < 6; ++i) {
+    const Tensor want = tanh(x[static_cast<size_t>(i)] * w).detach();
+    const Tensor z = sigmoid(x[static_cast<size_t>(i)] * w).detach();
+    CHECK(close(read[static_cast<size_t>(i)], z * 2 + 1, 1e-6));
+    CHECK(close(views[static_cast<size_t>(i)], want.select(0, 1), 1e-6));
+  }
+  CHECK(close(kept[0].detach(), tanh(x[2] * w).detach(), 1e-6));
+}
+
 TEST_CASE("autobatch: a read runs what is pending; an in-place write runs after it") {
   Tensor a = tensor({1, 2, 3});
   Autobatch scope;
