@@ -76,6 +76,8 @@ std::vector<std::vector<int32_t>> split_by_operand(const std::vector<PendingOp>&
   std::vector<uint32_t> part(ids.size());
   for (size_t p = 0; p < first.inputs.size(); ++p) {
     if (first.inputs[p].unsafe_impl()->wrapped_number) continue;
+    // A sample of a batch (an activation) is read by its own sample: gathered, never split.
+    if (const PendingOp* src = batch_source(ops, first, p); src && src->index >= 0) continue;
     distinct.clear();
     bool split = true, whole = true;
     for (size_t k = 0; k < ids.size() && split; ++k) {
