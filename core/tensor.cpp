@@ -29,14 +29,20 @@ constexpr bool kObjectCache = true;
 // through their first bytes. Trivially destructible, so that an object
 // freed during exit, after the thread's destructors ran, still finds it; `closed` then sends
 // it to plain delete.
+// Within object_cache_scope (`scopes` > 0), StorageImpls and TensorImpls (classes 0 and 1) are
+// freed to and drawn from lists of their own, of up to kMaxScopeObjects each.
 struct ObjectLists {
   void* head[kCachedObjectClasses];
   int count[kCachedObjectClasses];
+  void* scope_head[2];
+  int scope_count[2];
+  int scopes;
   bool registered;
   bool closed;
 };
 thread_local ObjectLists tls_objects{};
 constexpr int kMaxCachedObjects = 256;
+constexpr int kMaxScopeObjects = 1 << 17;
 
 struct ObjectListsFlush {
   bool armed = false;
@@ -48,6 +54,11 @@ struct ObjectListsFlush {
         l.head[c] = *static_cast<void**>(p);
         ::operator delete(p);
       }
+    for (int c = 0; c < 2; ++c)
+      while (void* p = l.scope_head[c]) {
+        l.scope_head[c] = *static_cast<void**>(p);
+        ::operator delete(p);
+      }
   }
 };
 thread_local ObjectListsFlush tls_objects_flush;
@@ -57,6 +68,12 @@ thread_local ObjectListsFlush tls_objects_flush;
 void* cached_object_new(int cls, size_t n) {
   if (kObjectCache) {
     ObjectLists& l = tls_objects;
+    if (l.scopes > 0 && cls < 2)
+      if (void* p = l.scope_head[cls]) {
+        l.scope_head[cls] = *static_cast<void**>(p);
+        --l.scope_count[cls];
+        return p;
+      }
     if (void* p = l.head[cls]) {
       l.head[cls] = *static_cast<void**>(p);
       --l.count[cls];
@@ -69,19 +86,23 @@ void* cached_object_new(int cls, size_t n) {
 void cached_object_delete(int cls, void* p) noexcept {
   if (kObjectCache) {
     ObjectLists& l = tls_objects;
-    if (!l.closed && l.count[cls] < kMaxCachedObjects) {
+    const bool scope = l.scopes > 0 && cls < 2 && l.scope_count[cls] < kMaxScopeObjects;
+    if (!l.closed && (scope || l.count[cls] < kMaxCachedObjects)) {
       if (!l.registered) {
         l.registered = true;
         tls_objects_flush.armed = true;  // its destructor empties the lists when the thread exits
       }
-      *static_cast<void**>(p) = l.head[cls];
-      l.head[cls] = p;
-      ++l.count[cls];
+      void*& head = scope ? l.scope_head[cls] : l.head[cls];
+      *static_cast<void**>(p) = head;
+      head = p;
+      ++(scope ? l.scope_count[cls] : l.count[cls]);
       return;
     }
   }
   ::operator delete(p);
 }
+
+void object_cache_scope(int delta) { tls_objects.scopes += delta; }
 
 StoragePtr new_storage(size_t nbytes, Device device) {
   Allocator* alloc = &cpu_allocator();

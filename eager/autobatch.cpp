@@ -139,6 +139,7 @@ Tensor Autobatch::Impl::handle(const OpCall& c) {
     if (!view) ++stats_.kernels_launched;
     return detail::redispatch(this, c);
   }
+  detail::object_cache_scope(+1);  // (Note [Tensor object cache])
   auto* t = new TensorImpl();
   TensorImplPtr p = TensorImplPtr::adopt(t);
   t->dtype = c.meta.dtype;
@@ -147,6 +148,7 @@ Tensor Autobatch::Impl::handle(const OpCall& c) {
   t->storage = StoragePtr::adopt(
       new StorageImpl(nullptr, static_cast<size_t>(c.meta.shape.numel()) * itemsize(c.meta.dtype),
                       c.meta.device, nullptr));
+  detail::object_cache_scope(-1);
   t->storage->lazy = true;
   t->refresh_contiguous();
   t->requires_grad = grad;
@@ -344,7 +346,9 @@ void Autobatch::Impl::run() {
   give_history(ops);
   stats_.kernels_launched += counter_.kernels - kernels_before;
   tls_stats = stats_;
-  ops.clear();  // (nothing records while a run runs: ops_ and index_ are empty)
+  detail::object_cache_scope(+1);  // the pending ops' tensors, for the next step's (Note [Tensor
+  ops.clear();                     // object cache]; nothing records while a run runs)
+  detail::object_cache_scope(-1);
   if (ops.capacity() > ops_.capacity()) ops_.swap(ops);
   index.clear();
   if (index.out.capacity() > index_.out.capacity()) std::swap(index, index_);
