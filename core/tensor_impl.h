@@ -105,6 +105,13 @@ void cached_object_delete(int cls, void* p) noexcept;
 /// Marks (+1) and ends (-1) a stretch of code on this thread whose StorageImpls and TensorImpls
 /// go to and come from the long lists of Note [Tensor object cache].
 void object_cache_scope(int delta);
+/// object_cache_scope(+1) for its lifetime.
+struct ObjectCacheScope {
+  ObjectCacheScope() { object_cache_scope(+1); }
+  ~ObjectCacheScope() { object_cache_scope(-1); }
+  ObjectCacheScope(const ObjectCacheScope&) = delete;
+  ObjectCacheScope& operator=(const ObjectCacheScope&) = delete;
+};
 
 /// An allocator of single objects from class Cls's cache, for std::allocate_shared (the tape's
 /// nodes): every allocation through one rebound type has one size.

@@ -139,16 +139,18 @@ Tensor Autobatch::Impl::handle(const OpCall& c) {
     if (!view) ++stats_.kernels_launched;
     return detail::redispatch(this, c);
   }
-  detail::object_cache_scope(+1);  // (Note [Tensor object cache])
-  auto* t = new TensorImpl();
-  TensorImplPtr p = TensorImplPtr::adopt(t);
+  TensorImplPtr p;
+  {
+    detail::ObjectCacheScope pending;  // Note [Tensor object cache]
+    p = TensorImplPtr::adopt(new TensorImpl());
+    p->storage = StoragePtr::adopt(
+        new StorageImpl(nullptr, static_cast<size_t>(c.meta.shape.numel()) * itemsize(c.meta.dtype),
+                        c.meta.device, nullptr));
+  }
+  TensorImpl* t = p.get();
   t->dtype = c.meta.dtype;
   t->shape = c.meta.shape;
   t->strides = detail::contiguous_strides(c.meta.shape);
-  t->storage = StoragePtr::adopt(
-      new StorageImpl(nullptr, static_cast<size_t>(c.meta.shape.numel()) * itemsize(c.meta.dtype),
-                      c.meta.device, nullptr));
-  detail::object_cache_scope(-1);
   t->storage->lazy = true;
   t->refresh_contiguous();
   t->requires_grad = grad;
@@ -346,9 +348,10 @@ void Autobatch::Impl::run() {
   give_history(ops);
   stats_.kernels_launched += counter_.kernels - kernels_before;
   tls_stats = stats_;
-  detail::object_cache_scope(+1);  // the pending ops' tensors, for the next step's (Note [Tensor
-  ops.clear();                     // object cache]; nothing records while a run runs)
-  detail::object_cache_scope(-1);
+  {
+    detail::ObjectCacheScope pending;  // for the next step's (Note [Tensor object cache])
+    ops.clear();                       // (nothing records while a run runs)
+  }
   if (ops.capacity() > ops_.capacity()) ops_.swap(ops);
   index.clear();
   if (index.out.capacity() > index_.out.capacity()) std::swap(index, index_);
