@@ -102,6 +102,41 @@ std::vector<std::vector<int32_t>> split_by_operand(const std::vector<PendingOp>&
   return {};
 }
 
+// A wrapped number's value (its signature holds it: wrapped numbers promote as numbers), or 0.
+uint64_t operand_bits(const TensorImpl* x) {
+  uint64_t bits = 0;
+  if (x->wrapped_number) std::memcpy(&bits, x->data(), itemsize(x->dtype));
+  return bits;
+}
+
+SigKey make_key(const SigProbe& p) {
+  SigKey k{p.op, *p.attrs, {}, p.hash, p.pick};
+  for (int64_t i = 0; i < p.inputs.size(); ++i) {
+    const TensorImpl* x = p.inputs[i].unsafe_impl();
+    OperandSig s{x->dtype, p.inputs[i].device(), x->wrapped_number, operand_bits(x), x->shape};
+    if (p.pick && i == 0) s.shape[0] = -1;
+    k.in.push_back(std::move(s));
+  }
+  return k;
+}
+
+bool same_signature(const SigKey& k, const SigProbe& p) {
+  if (k.op != p.op || k.pick != p.pick || k.in.size() != static_cast<size_t>(p.inputs.size()) ||
+      !(k.attrs == *p.attrs))
+    return false;
+  for (int64_t i = 0; i < p.inputs.size(); ++i) {
+    const TensorImpl* x = p.inputs[i].unsafe_impl();
+    const OperandSig& s = k.in[static_cast<size_t>(i)];
+    if (s.dtype != x->dtype || s.wrapped != x->wrapped_number ||
+        s.shape.size() != x->shape.size() || s.device != p.inputs[i].device() ||
+        (s.wrapped && s.bits != operand_bits(x)))
+      return false;
+    for (int64_t d = 0; d < x->shape.size(); ++d)
+      if (s.shape[d] != (p.pick && i == 0 && d == 0 ? -1 : x->shape[d])) return false;
+  }
+  return true;
+}
+
 }  // namespace autobatch
 using namespace autobatch;
 
@@ -167,19 +202,20 @@ int32_t Autobatch::Impl::record(const OpCall& c, const TensorImplPtr& out, bool 
   op.impl = out;
   int32_t sig = -1, depth = 0;
   op.grad = grad;
-  // The signature is built in a scratch key, copied into the table only when new.
-  SigKey& key = scratch_;
-  key.op = c.op;
-  key.attrs = c.attrs;
-  key.in.clear();
-  // A pick's signature leaves out its input's length and a slice's start (Note [Picks]).
-  key.pick = is_pick(c);
-  if (key.pick && c.op == OpId::Slice) {
+  // The signature (step 2 of Note [Autobatch]), hashed from the call; a key is made only for a
+  // signature not seen before. A pick's leaves out its input's length and a slice's start
+  // (Note [Picks]).
+  const bool pick = is_pick(c);
+  Attrs normalized;
+  const Attrs* attrs = &c.attrs;
+  if (pick && c.op == OpId::Slice) {
     op.start = c.attrs.start;
-    key.attrs.start = 0;
-    key.attrs.end = c.attrs.end - c.attrs.start;
+    normalized = c.attrs;
+    normalized.start = 0;
+    normalized.end = c.attrs.end - c.attrs.start;
+    attrs = &normalized;
   }
-  key.hash = key.attrs.hash() ^ static_cast<size_t>(c.op) ^ (key.pick ? 0x5bd1e995u : 0u);
+  size_t hash = attrs->hash() ^ static_cast<size_t>(c.op) ^ (pick ? 0x5bd1e995u : 0u);
   for (int64_t i = 0; i < c.inputs.size(); ++i) {
     const Tensor& x = c.inputs[i];
     const TensorImpl* xi = x.unsafe_impl();
@@ -191,23 +227,20 @@ int32_t Autobatch::Impl::record(const OpCall& c, const TensorImplPtr& out, bool 
       index_.edges.push_back(p);
     }
     op.inputs.push_back(x, p);
-    OperandSig s{xi->dtype, x.device(), xi->wrapped_number, 0, xi->shape};
-    if (s.wrapped) std::memcpy(&s.bits, xi->data(), itemsize(xi->dtype));
-    if (key.pick && i == 0) s.shape[0] = -1;
-    key.hash = mix(key.hash, s.bits ^ static_cast<uint64_t>(xi->dtype) << 56);
-    for (int64_t d = 0; d < s.shape.size(); ++d)
-      key.hash = mix(key.hash, static_cast<uint64_t>(s.shape[d]));
-    key.in.push_back(std::move(s));
+    hash = mix(hash, operand_bits(xi) ^ static_cast<uint64_t>(xi->dtype) << 56);
+    for (int64_t d = 0; d < xi->shape.size(); ++d)
+      hash = mix(hash, static_cast<uint64_t>(pick && i == 0 && d == 0 ? -1 : xi->shape[d]));
   }
+  const SigProbe probe{c.op, attrs, c.inputs, pick, hash};
   // Random ops never batch: each draws from its own state, so each has a signature of its own.
   if (c.op == OpId::Random) {
     sig = static_cast<int32_t>(keys_.size());
-    keys_.push_back(key);
+    keys_.push_back(make_key(probe));
   } else {
-    auto it = sigs_.find(key);
+    auto it = sigs_.find(probe);
     if (it == sigs_.end()) {
-      it = sigs_.emplace(key, static_cast<int32_t>(keys_.size())).first;
-      keys_.push_back(key);
+      it = sigs_.emplace(make_key(probe), static_cast<int32_t>(keys_.size())).first;
+      keys_.push_back(it->first);
     }
     sig = it->second;
   }

@@ -50,8 +50,26 @@ struct SigKey {
     return op == o.op && pick == o.pick && attrs == o.attrs && in == o.in;
   }
 };
+// A call's signature before it is a SigKey: the table is searched with it, and a key is made
+// only for a signature not seen before.
+struct SigProbe {
+  OpId op;
+  const Attrs* attrs;
+  TensorRefs inputs;
+  bool pick;
+  size_t hash;
+};
+bool same_signature(const SigKey& k, const SigProbe& p);
 struct SigHash {
+  using is_transparent = void;
   size_t operator()(const SigKey& k) const { return k.hash; }
+  size_t operator()(const SigProbe& p) const { return p.hash; }
+};
+struct SigEq {
+  using is_transparent = void;
+  bool operator()(const SigKey& a, const SigKey& b) const { return a == b; }
+  bool operator()(const SigProbe& p, const SigKey& k) const { return same_signature(k, p); }
+  bool operator()(const SigKey& k, const SigProbe& p) const { return same_signature(k, p); }
 };
 
 inline size_t mix(size_t h, uint64_t v) {
@@ -252,8 +270,7 @@ struct Autobatch::Impl final : DispatchMode, LazyRunner {
   const OpIndex* run_index_ = nullptr;
   bool rule_fresh_ = false;   // the last rule's result shares no memory with its operands
   std::vector<SigKey> keys_;  // by signature id: the op's attributes too
-  std::unordered_map<SigKey, int32_t, SigHash> sigs_;
-  SigKey scratch_;
+  std::unordered_map<SigKey, int32_t, SigHash, SigEq> sigs_;
   std::vector<const char*> addresses_;  // gather's scratch
   bool running_ = false;
   detail::KernelCounter counter_;  // the kernels a run (and the scope's backward) calls
