@@ -95,6 +95,9 @@ std::vector<Tensor> generator_states();
 /// x, as a view that exists only once `after` does (Note [Optimization barrier] in
 /// core/ops/view.cpp): where a checkpoint's recomputation starts.
 Tensor optimization_barrier(const Tensor& x, const Tensor& after);
+/// Whether a Gather's index (along dim 0) has index_select's form: one i64 index along dim 0,
+/// broadcast (stride 0) along every other dim.
+bool index_rows(const Tensor& index);
 }  // namespace detail
 
 /// Threads used by CPU kernels (OpenMP) and by the BLAS.

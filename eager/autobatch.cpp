@@ -89,11 +89,10 @@ std::vector<std::vector<int32_t>> split_by_operand(const std::vector<PendingOp>&
       while (d < distinct.size() && !same_operand(distinct[d], x)) ++d;
       if (d == distinct.size()) distinct.push_back(x);
       part[k] = static_cast<uint32_t>(d);
-      // (Once a sample is not a group's one value, too many distinct values already decide.)
+      // Values a whole group computed once always split (gathered, each sample would carry a
+      // copy); once a sample is not one, too many distinct values already decide.
       split = distinct.size() <= kMaxParts && (whole || distinct.size() * kMinShare <= ids.size());
     }
-    // Such values always split: gathered, each sample would carry a copy.
-    split = split && (whole || distinct.size() * kMinShare <= ids.size());
     if (!split || distinct.size() < 2) continue;
     std::vector<std::vector<int32_t>> parts(distinct.size());
     for (size_t k = 0; k < ids.size(); ++k) parts[part[k]].push_back(ids[k]);
@@ -406,7 +405,7 @@ void Autobatch::Impl::run_group(std::vector<PendingOp>& ops, const Attrs& attrs,
   };
   const auto b = static_cast<int64_t>(ids.size());
   BatchedArg r;
-  bool grad = false;
+  bool grad = false, fresh = false;
   for (int32_t id : ids) grad |= ops[static_cast<size_t>(id)].grad;
   GradModeScope tape(grad);  // a differentiated group records its batched ops on the tape
   if (def.cls == OpClass::Source && b > 1) {
@@ -426,18 +425,18 @@ void Autobatch::Impl::run_group(std::vector<PendingOp>& ops, const Attrs& attrs,
       for (const std::vector<int32_t>& part : parts) run_group(ops, attrs, part);
       return;
     }
-    r = run_rule(ops, def, attrs, ids, grad);
+    r = run_rule(ops, def, attrs, ids, grad, &fresh);
   }
   ++stats_.batches;
   stats_.batched_ops += b;
   place_batch(ops, ids, r, /*keep=*/grad,
-              /*defer=*/grad && (def.cls == OpClass::View || rule_fresh_));
+              /*defer=*/grad && (def.cls == OpClass::View || fresh));
 }
 
 // The group's batching rule on its operands, shared or batched (step 4 of Note [Autobatch]).
 BatchedArg Autobatch::Impl::run_rule(std::vector<PendingOp>& ops, const OpDef& def,
-                                     const Attrs& attrs, const std::vector<int32_t>& ids,
-                                     bool grad) {
+                                     const Attrs& attrs, const std::vector<int32_t>& ids, bool grad,
+                                     bool* fresh) {
   const PendingOp& first = ops[static_cast<size_t>(ids[0])];
   const auto b = static_cast<int64_t>(ids.size());
   std::vector<BatchedArg> in;
@@ -470,12 +469,11 @@ BatchedArg Autobatch::Impl::run_rule(std::vector<PendingOp>& ops, const OpDef& d
             -1};
   }
   BatchedArg r = def.batch(def, in, attrs, b);
-  // Whether the result shares memory with an operand's batch (so with a sample that lies in
-  // it), which place_batch would copy per sample, as eager makes a copy.
+  // Whether the result shares no memory with an operand's batch (so with no sample that lies
+  // in it), which place_batch would copy per sample, as eager makes a copy.
   const StorageImpl* root = r.value.defined() ? root_of(r.value.unsafe_impl()) : nullptr;
-  rule_fresh_ = root != nullptr;
-  for (const BatchedArg& x : in)
-    rule_fresh_ = rule_fresh_ && root_of(x.value.unsafe_impl()) != root;
+  *fresh = root != nullptr;
+  for (const BatchedArg& x : in) *fresh = *fresh && root_of(x.value.unsafe_impl()) != root;
   return r;
 }
 
@@ -529,8 +527,8 @@ void Autobatch::Impl::place_batch(std::vector<PendingOp>& ops, const std::vector
     dense = v.sizes()[d] == 1 || vi->strides[d] == want[d - 1];
   if (!dense || vi->dtype != first.dtype()) v = v.contiguous();
   vi = v.unsafe_impl();
-  if (defer && keep) {  // each sample is placed when read, or at the run's end (Note [Placed
-    kept(v);            // when read])
+  if (defer) {  // each sample is placed when read, or at the run's end (Note [Placed when
+    kept(v);    // read]); deferring implies keeping
     return;
   }
   const StoragePtr root = owner_of(vi);

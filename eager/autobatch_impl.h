@@ -239,8 +239,9 @@ struct Autobatch::Impl final : DispatchMode, LazyRunner {
   bool copy_picks(std::vector<PendingOp>& ops, const std::vector<int32_t>& ids,
                   const std::vector<int64_t>& rows);
   Tensor gather(std::vector<PendingOp>& ops, const std::vector<int32_t>& ids, size_t p);
+  // *fresh: the result shares no memory with the operands' batches.
   BatchedArg run_rule(std::vector<PendingOp>& ops, const OpDef& def, const Attrs& attrs,
-                      const std::vector<int32_t>& ids, bool grad = false);
+                      const std::vector<int32_t>& ids, bool grad, bool* fresh);
   void run_each_differentiated(std::vector<PendingOp>& ops, const Attrs& attrs,
                                const std::vector<int32_t>& ids);
   void place_batch(std::vector<PendingOp>& ops, const std::vector<int32_t>& ids,
@@ -268,7 +269,6 @@ struct Autobatch::Impl final : DispatchMode, LazyRunner {
   // The run in progress (Note [Placed when read]): its ops and their index.
   std::vector<PendingOp>* run_ops_ = nullptr;
   const OpIndex* run_index_ = nullptr;
-  bool rule_fresh_ = false;   // the last rule's result shares no memory with its operands
   std::vector<SigKey> keys_;  // by signature id: the op's attributes too
   std::unordered_map<SigKey, int32_t, SigHash, SigEq> sigs_;
   std::vector<const char*> addresses_;  // gather's scratch

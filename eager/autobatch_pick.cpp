@@ -46,10 +46,10 @@ Shape rows_of(const TensorImpl* x) {
 // Gather): i64 on the CPU, of x's rank, x's sizes after dim 0, stride 0 along them.
 bool broadcast_index(const TensorImpl* x, const Tensor& index) {
   const TensorImpl* i = index.unsafe_impl();
-  if (i->dtype != DType::i64 || !index.device().is_cpu() || i->shape.size() != x->shape.size())
+  if (!detail::index_rows(index) || !index.device().is_cpu() || i->shape.size() != x->shape.size())
     return false;
   for (int64_t d = 1; d < x->shape.size(); ++d)
-    if (i->shape[d] != x->shape[d] || (i->shape[d] != 1 && i->strides[d] != 0)) return false;
+    if (i->shape[d] != x->shape[d]) return false;
   return true;
 }
 

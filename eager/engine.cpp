@@ -176,10 +176,8 @@ struct Capture {
 // Whether a Gather's index is one index along dim 0, broadcast along the others (stride 0):
 // index_select's, each of its values a row of `rows`, and no row twice.
 bool distinct_rows(const Tensor& index, int64_t rows) {
+  if (!detail::index_rows(index)) return false;
   const TensorImpl* i = index.unsafe_impl();
-  if (i->dtype != DType::i64 || i->shape.size() == 0) return false;
-  for (int64_t d = 1; d < i->shape.size(); ++d)
-    if (i->shape[d] != 1 && i->strides[d] != 0) return false;
   const auto* at = static_cast<const int64_t*>(i->data());
   const int64_t n = i->shape[0], step = i->strides[0];
   bool increasing = true;
@@ -212,7 +210,8 @@ class GradSum {
     Tensor part = slice(own(g, whole), a.dim, a.start, a.end, a.step);
     part.add_(g);
   }
-  // Adds g into the rows `index` (increasing: no row twice) of a gradient of the whole's shape.
+  // Adds g into the rows `index` (no row twice: distinct_rows) of a gradient of the whole's
+  // shape.
   void add_rows(const Tensor& g, const Tensor& index, const TensorMeta& whole) {
     NoGradGuard no_grad;
     Tensor& sum = own(g, whole);

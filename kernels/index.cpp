@@ -5,6 +5,7 @@
 #include <numeric>
 #include <vector>
 
+#include "core/ops.h"
 #include "kernels/composed.h"
 #include "kernels/cpu_kernels.h"
 #include "kernels/low_precision.h"
@@ -64,19 +65,17 @@ void gather_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
   });
 }
 
-// in[0]: base, in[1]: index, in[2]: src (index's shape); attrs.dim. out = base, then
-// out[..., index[p], ...] += src[p]. Serial, in row-major order of the index: two positions may
-// hit the same element.
 // scatter_add along dim 0 of an index broadcast along the other dims (index_select's
 // gradient), into a contiguous out from a contiguous src of out's rows: whole rows added, one
 // after another (false: another layout, for the general loop).
 bool add_rows(const Tensor& index, const Tensor& src, const Attrs& a, const Tensor& out) {
   const auto *i = index.unsafe_impl(), *s = src.unsafe_impl(), *o = out.unsafe_impl();
   if (a.dim != 0 || o->shape.size() == 0 || !o->contiguous || !s->contiguous ||
-      s->shape.size() != o->shape.size() || s->shape != i->shape || s->dtype != o->dtype)
+      s->shape.size() != o->shape.size() || s->shape != i->shape || s->dtype != o->dtype ||
+      !detail::index_rows(index))
     return false;
   for (int64_t d = 1; d < o->shape.size(); ++d)
-    if (s->shape[d] != o->shape[d] || (i->shape[d] != 1 && i->strides[d] != 0)) return false;
+    if (s->shape[d] != o->shape[d]) return false;
   const int64_t rows = s->shape[0], len = s->shape.numel() / std::max<int64_t>(rows, 1);
   const auto* at = index.data_ptr<int64_t>();
   const int64_t step = i->strides[0];
@@ -93,6 +92,9 @@ bool add_rows(const Tensor& index, const Tensor& src, const Attrs& a, const Tens
   return true;
 }
 
+// in[0]: base, in[1]: index, in[2]: src (index's shape); attrs.dim. out = base, then
+// out[..., index[p], ...] += src[p]. Serial, in row-major order of the index: two positions may
+// hit the same element.
 void scatter_add_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
   const Tensor &base = in[0], &index = in[1], &src = in[2];
   // In place (scatter_add_, which the backward uses to add rows into a gradient), base is out.

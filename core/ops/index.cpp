@@ -194,6 +194,14 @@ Tensor scatter_add(const Tensor& base, int64_t dim, const Tensor& index, const T
   return detail::call(OpId::ScatterAdd, TensorRefs(in, 3), a);
 }
 
+bool detail::index_rows(const Tensor& index) {
+  const TensorImpl* i = index.unsafe_impl();
+  if (i->dtype != DType::i64 || i->shape.size() == 0) return false;
+  for (int64_t d = 1; d < i->shape.size(); ++d)
+    if (i->shape[d] != 1 && i->strides[d] != 0) return false;
+  return true;
+}
+
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index, std::source_location loc) {
   detail::SiteGuard site(loc);
   return detail::as_op("index_select", [&]() -> Tensor {
