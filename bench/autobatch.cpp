@@ -39,7 +39,9 @@ void report(const char* name, const Config& c, std::vector<Result>& out,
             const std::vector<std::pair<const char*, std::function<void()>>>& modes) {
   std::vector<std::function<void()>> bodies;
   for (const auto& m : modes) bodies.push_back(m.second);
-  const auto t = time_interleaved(bodies, c.reps);
+  // Each timed step follows an untimed one of its mode (a loop step leaves malloc work that
+  // the next step would pay).
+  const auto t = time_interleaved(bodies, c.reps, /*warmup=*/1, /*settle=*/1);
   for (size_t k = 0; k < modes.size(); ++k) {
     const std::string mode = modes[k].first;
     Result r = base(name, mode.c_str(), c, "samples_per_s");

@@ -47,13 +47,18 @@ inline std::vector<double> time_reps(const std::function<void()>& body, int reps
 /// Times several bodies rep by rep, interleaved (A B C A B C ...), so that a workload and its
 /// floors see the same machine conditions on a shared, noisy host. Returns seconds per call
 /// of each rep, per body.
+/// `settle`: untimed calls of a body right before each of its timed ones. Steps that make and
+/// free a few hundred thousand small objects leave malloc work behind (freed chunks that glibc
+/// coalesces at a later allocation), which the next step pays; settling makes each timed step
+/// pay its own mode's, as in a run of that mode alone.
 inline std::vector<std::vector<double>> time_interleaved(
-    const std::vector<std::function<void()>>& bodies, int reps, int warmup = 2) {
+    const std::vector<std::function<void()>>& bodies, int reps, int warmup = 2, int settle = 0) {
   for (int i = 0; i < warmup; ++i)
     for (const auto& b : bodies) b();
   std::vector<std::vector<double>> t(bodies.size());
   for (int r = 0; r < reps; ++r)
     for (size_t k = 0; k < bodies.size(); ++k) {
+      for (int i = 0; i < settle; ++i) bodies[k]();
       auto a = std::chrono::steady_clock::now();
       bodies[k]();
       auto e = std::chrono::steady_clock::now();

@@ -46,64 +46,108 @@ void Autobatch::Impl::run_each_differentiated(std::vector<PendingOp>& ops, const
   }
 }
 
+// Note [Pieces by source]
+// A group's samples come in the order its ops became ready, which follows the batches of one
+// operand (Autobatch::Impl::run orders consumers so); another operand may then come from many
+// batches in turns: the children of a tree's nodes, the backward states of sentences of
+// different lengths. Taken run by run, each run is a piece (a slice or an index_select with its
+// tape node, and its gradient in the backward): B2's cell products gathered their children in
+// 950 pieces a step from about a hundred batches. Where that saves ops, each source gives one
+// piece for all its samples, and one index_select puts the concatenation in the group's order
+// (its gradient one scatter into the concatenation's, Note [Slices' gradients] in
+// eager/engine.cpp).
+
 // Operand p of a differentiated group as one batch at dim 0, with its history (Note
-// [Autobatch's tape]): a run of samples from one batch is a slice of it, or an index_select;
-// any other sample (a tensor computed before the run, a result that needs no gradient, a value
-// its group computed once) is itself with a batch dim; the pieces are concatenated.
+// [Autobatch's tape]): the samples of one batch are a slice of it, or an index_select; any other
+// sample (a tensor computed before the run, a result that needs no gradient, a value its group
+// computed once) is itself with a batch dim; the pieces are concatenated. Each piece is an op
+// on the tape, and its gradient one more in the backward, so the pieces are as few as the order
+// allows (Note [Pieces by source]).
 Tensor Autobatch::Impl::gather_grad(std::vector<PendingOp>& ops, const std::vector<int32_t>& ids,
                                     size_t p) {
-  // The batch and place of the sample of op `id` at operand p, or null.
-  auto source = [&](int32_t id, int64_t* index) -> const Tensor* {
-    const PendingOp* src = batch_source(ops, ops[static_cast<size_t>(id)], p);
-    if (!src) return nullptr;
-    *index = src->index;
-    return &src->batch->value;
-  };
-  std::vector<Tensor> pieces;
-  for (size_t k = 0; k < ids.size();) {
-    int64_t start = 0;
-    const Tensor* batch = source(ids[k], &start);
-    if (!batch || start < 0) {  // a tensor of its own, or one value for its whole group
-      const Tensor one = batch ? *batch : Tensor(ops[static_cast<size_t>(ids[k])].inputs[p]);
-      size_t e = k + 1;
-      int64_t at = 0;
-      for (const Tensor* next = nullptr; batch && e < ids.size() && (next = source(ids[e], &at)) &&
-                                         next->unsafe_impl() == batch->unsafe_impl() && at < 0;)
-        ++e;
-      Shape s{static_cast<int64_t>(e - k)};
-      for (int64_t d = 0; d < one.dim(); ++d) s.push_back(one.sizes()[d]);
-      pieces.push_back(expand(unsqueeze(one, 0), s));
-      k = e;
-      continue;
-    }
-    // The run of samples from this batch: a slice where evenly spaced, else an index_select
-    // (one op either way, whose gradient is one scatter into the batch's).
-    size_t e = k + 1;
-    int64_t step = 0, at = 0;
-    bool even = true;
-    std::vector<double> where{static_cast<double>(start)};
-    for (; e < ids.size(); ++e) {
-      const Tensor* next = source(ids[e], &at);
-      if (!next || next->unsafe_impl() != batch->unsafe_impl() || at < 0) break;
-      if (e == k + 1) step = at - start;
-      even = even && step > 0 && at == start + step * static_cast<int64_t>(e - k);
-      where.push_back(static_cast<double>(at));
-    }
-    const int64_t n = static_cast<int64_t>(e - k);
-    if (n == 1 || even)
-      pieces.push_back(n == batch->sizes()[0] && start == 0 && step <= 1
-                           ? *batch
-                           : slice(*batch, 0, start,
-                                   start + std::max<int64_t>(step, 1) * (n - 1) + 1,
-                                   std::max<int64_t>(step, 1)));
-    else
-      pieces.push_back(index_select(
-          *batch, 0, tensor(where, Options().dtype(DType::i64).device(batch->device()))));
-    k = e;
+  // Where each sample comes from: its batch's value (or the operand itself when it comes from
+  // no batch) and its row there (-1: the whole value, a value computed once or an own tensor).
+  const size_t n = ids.size();
+  std::vector<const Tensor*> from(n);
+  std::vector<int64_t> row(n);
+  std::vector<char> own(n);
+  for (size_t k = 0; k < n; ++k) {
+    const PendingOp& o = ops[static_cast<size_t>(ids[k])];
+    const PendingOp* src = batch_source(ops, o, p);
+    from[k] = src ? &src->batch->value : &o.inputs[p];
+    row[k] = src ? src->index : -1;
+    own[k] = !src;
   }
-  if (pieces.size() == 1) return pieces[0];
+  // Whether samples j and k read one source the same way (rows of a batch, or its one value).
+  auto same_source = [&](size_t j, size_t k) {
+    return from[j]->unsafe_impl() == from[k]->unsafe_impl() && (row[j] >= 0) == (row[k] >= 0);
+  };
+  // A run continues with the same source; each own tensor is a run of its own.
+  size_t runs = 0;
+  for (size_t k = 0; k < n; ++k) runs += !(k > 0 && !own[k] && same_source(k - 1, k));
+  // The sources in order of first use, each with the group positions that read it.
+  std::vector<const Tensor*> sources;
+  std::vector<std::vector<size_t>> readers;
+  for (size_t k = 0; k < n; ++k) {
+    size_t s = 0;
+    while (s < sources.size() && !same_source(readers[s][0], k)) ++s;
+    if (s == sources.size()) {
+      sources.push_back(from[k]);
+      readers.emplace_back();
+    }
+    readers[s].push_back(k);
+  }
+  // By source only where it saves ops: its pieces, their concatenation and one reordering.
+  const bool by_source = sources.size() + 2 < runs;
+  std::vector<Tensor> pieces;
+  std::vector<double> order(n);  // by source: group position k's row in the concatenation
+  auto piece = [&](const Tensor& value, const std::vector<size_t>& at) {
+    const auto m = static_cast<int64_t>(at.size());
+    ++stats_.pieces;       // (but for a whole batch, below)
+    if (row[at[0]] < 0) {  // one value for each of these samples
+      Shape s{m};
+      for (int64_t d = 0; d < value.dim(); ++d) s.push_back(value.sizes()[d]);
+      return expand(unsqueeze(value, 0), s);
+    }
+    const int64_t first = row[at[0]], step = m > 1 ? row[at[1]] - first : 1;
+    bool even = step > 0;
+    for (int64_t j = 1; even && j < m; ++j) even = row[at[j]] == first + step * j;
+    if (even && m == value.sizes()[0] && first == 0 && step == 1) {
+      --stats_.pieces;
+      return value;
+    }
+    if (even) return slice(value, 0, first, first + step * (m - 1) + 1, step);
+    std::vector<double> where;
+    for (size_t k : at) where.push_back(static_cast<double>(row[k]));
+    return index_select(value, 0,
+                        tensor(where, Options().dtype(DType::i64).device(value.device())));
+  };
+  if (by_source) {
+    double at = 0;
+    for (size_t s = 0; s < sources.size(); ++s) {
+      pieces.push_back(piece(*sources[s], readers[s]));
+      for (size_t k : readers[s]) order[k] = at++;
+    }
+  } else {
+    std::vector<size_t> run;
+    for (size_t k = 0; k < n; ++k) {
+      if (!run.empty() && (own[k] || !same_source(run[0], k))) {
+        pieces.push_back(piece(*from[run[0]], run));
+        run.clear();
+      }
+      run.push_back(k);
+    }
+    pieces.push_back(piece(*from[run[0]], run));
+  }
+  if (pieces.size() == 1 && !by_source) return pieces[0];
   ++stats_.gathers;
-  return cat(pieces, 0);
+  Tensor all = pieces.size() == 1 ? pieces[0] : cat(pieces, 0);
+  bool in_order = true;
+  for (size_t k = 0; by_source && in_order && k < n; ++k)
+    in_order = order[k] == static_cast<double>(k);
+  return in_order ? all
+                  : index_select(all, 0,
+                                 tensor(order, Options().dtype(DType::i64).device(all.device())));
 }
 
 // Operand p of op o as a tensor with its history: its sample of the batch that computed it in

@@ -132,6 +132,42 @@ TEST_CASE("autobatch: results of one batched op feed the next as views, without 
   for (int64_t i = 0; i < 6; ++i) CHECK(close(y[static_cast<size_t>(i)], tanh(x[i] * w).exp()));
 }
 
+TEST_CASE("autobatch: an operand read from batches in turns is gathered once per batch") {
+  // Note [Pieces by source]: z_i = a_i * c_i runs in a_i's order, and c_i comes from two
+  // batches in turns (even i and odd i): one piece per batch, not one per sample.
+  Tensor w = randn({4}).requires_grad_(true);
+  std::vector<Tensor> x, y;
+  for (int i = 0; i < 8; ++i) {
+    x.push_back(randn({4}));
+    y.push_back(randn({4}));
+  }
+  auto loss_of = [&](bool batched, bool turns) {
+    if (w.grad().defined()) w.grad().zero_();
+    std::optional<Autobatch> scope;
+    if (batched) scope.emplace();
+    Tensor total;
+    for (int i = 0; i < 8; ++i) {
+      const Tensor& xi = x[static_cast<size_t>(i)];
+      const Tensor& yi = y[static_cast<size_t>(i)];
+      Tensor a = tanh(tanh(tanh(xi * w)));  // deeper: its group runs last
+      Tensor c = i % 2 == 0 || !turns ? sigmoid(yi * w) : exp(yi + w);
+      Tensor z = sum(a * c);
+      total = total.defined() ? total + z : z;
+    }
+    total.backward();
+    return total;
+  };
+  const Tensor want = loss_of(false, true);
+  const Tensor want_grad = w.grad().clone();
+  const Tensor got = loss_of(true, true);
+  CHECK(close(got, want, 1e-6));
+  CHECK(close(w.grad(), want_grad, 1e-5));
+  const int64_t pieces = autobatch_stats().pieces;
+  loss_of(true, false);  // c from one batch, in order: c is that batch
+  // The two batches in turns are each whole: no piece more (before: a slice per sample).
+  CHECK(pieces == autobatch_stats().pieces);
+}
+
 TEST_CASE("autobatch: ops that read one of a few weights batch per weight, not by copies") {
   // Note [Groups by operand]: two layers of one shape make one signature; gathering their
   // weights would copy a weight per sample.
