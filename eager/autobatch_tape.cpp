@@ -2,6 +2,8 @@
 // run with their history, and a backward walks the batched ops they recorded.
 #include "eager/autobatch_impl.h"
 
+#include <unordered_map>
+
 namespace duet {
 using namespace autobatch;
 
@@ -86,12 +88,26 @@ Tensor Autobatch::Impl::gather_grad(std::vector<PendingOp>& ops, const std::vect
   size_t runs = 0;
   for (size_t k = 0; k < n; ++k) runs += !(k > 0 && !own[k] && same_source(k - 1, k));
   // The sources in order of first use, each with the group positions that read it.
+  // Found by a scan while they are few, then through a table (a group of many samples, each
+  // with a tensor of its own, would scan quadratically).
   std::vector<const Tensor*> sources;
   std::vector<std::vector<size_t>> readers;
+  std::unordered_map<uintptr_t, size_t> source_at;
+  auto key = [&](size_t k) {  // the source's tensor, and whether it is read by rows
+    return reinterpret_cast<uintptr_t>(from[k]->unsafe_impl()) | (row[k] >= 0 ? 1 : 0);
+  };
   for (size_t k = 0; k < n; ++k) {
     size_t s = 0;
-    while (s < sources.size() && !same_source(readers[s][0], k)) ++s;
+    if (sources.size() <= 16) {
+      while (s < sources.size() && !same_source(readers[s][0], k)) ++s;
+    } else {
+      if (source_at.empty())
+        for (size_t j = 0; j < sources.size(); ++j) source_at.emplace(key(readers[j][0]), j);
+      const auto it = source_at.find(key(k));
+      s = it == source_at.end() ? sources.size() : it->second;
+    }
     if (s == sources.size()) {
+      if (!source_at.empty()) source_at.emplace(key(k), s);
       sources.push_back(from[k]);
       readers.emplace_back();
     }

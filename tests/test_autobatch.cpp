@@ -168,6 +168,45 @@ TEST_CASE("autobatch: an operand read from batches in turns is gathered once per
   CHECK(pieces == autobatch_stats().pieces);
 }
 
+TEST_CASE("autobatch: samples of a batch in turns with tensors of their own, gathered by source") {
+  // Note [Pieces by source]: c_i is a batch's sample for even i and a leaf of its own for odd
+  // i; gathered by source, each leaf is a piece, and each gets its own gradient. 48 samples
+  // find their sources through a table rather than a scan.
+  for (const int n : {8, 48}) {
+    CAPTURE(n);
+    Tensor w = randn({4}).requires_grad_(true);
+    std::vector<Tensor> x, y, leaf;
+    for (int i = 0; i < n; ++i) {
+      x.push_back(randn({4}));
+      y.push_back(randn({4}));
+      leaf.push_back(randn({4}).requires_grad_(true));
+    }
+    auto grads = [&](bool batched) {
+      if (w.grad().defined()) w.grad().zero_();
+      for (int i = 1; i < n; i += 2)
+        if (leaf[static_cast<size_t>(i)].grad().defined())
+          leaf[static_cast<size_t>(i)].grad().zero_();
+      std::optional<Autobatch> scope;
+      if (batched) scope.emplace();
+      Tensor total;
+      for (int i = 0; i < n; ++i) {
+        const auto k = static_cast<size_t>(i);
+        Tensor a = tanh(tanh(tanh(x[k] * w)));
+        Tensor c = i % 2 == 0 ? sigmoid(y[k] * w) : leaf[k];
+        Tensor z = sum(a * c);
+        total = total.defined() ? total + z : z;
+      }
+      total.backward();
+      std::vector<Tensor> g{total.detach(), w.grad().clone()};
+      for (int i = 1; i < n; i += 2) g.push_back(leaf[static_cast<size_t>(i)].grad().clone());
+      return g;
+    };
+    const std::vector<Tensor> want = grads(false), got = grads(true);
+    REQUIRE(got.size() == want.size());
+    for (size_t i = 0; i < got.size(); ++i) CHECK(close(got[i], want[i], 1e-5));
+  }
+}
+
 TEST_CASE("autobatch: ops that read one of a few weights batch per weight, not by copies") {
   // Note [Groups by operand]: two layers of one shape make one signature; gathering their
   // weights would copy a weight per sample.
