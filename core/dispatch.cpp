@@ -269,9 +269,13 @@ Tensor call(OpId op, TensorRefs inputs, const Attrs& attrs, unsigned expiring) {
 void call_inplace(OpId op, TensorRefs inputs, const Attrs& attrs, const Tensor& self) {
   const OpDef& def = op_def(op);
   // A pending result of an Autobatch scope gets its history when its run runs: before the
-  // autograd checks below, which would take it for a leaf (Note [Autobatch's tape]).
-  if (__builtin_expect(self.unsafe_impl()->storage && self.unsafe_impl()->storage->lazy, 0))
-    run_lazy_work();
+  // autograd checks below, which would take it for a leaf, and before the node below takes
+  // its inputs' edges (Note [Autobatch's tape]). An input may be pending when self is not: the
+  // out-of-place result that a write of another dtype copies in (below).
+  bool lazy = self.unsafe_impl()->storage && self.unsafe_impl()->storage->lazy;
+  for (int64_t i = 0; !lazy && i < inputs.size(); ++i)
+    lazy = inputs[i].unsafe_impl()->storage && inputs[i].unsafe_impl()->storage->lazy;
+  if (__builtin_expect(lazy, 0)) run_lazy_work();
   if (__builtin_expect(inputs.size() > 1 && !one_device(def, inputs), 0))
     throw_mixed_devices(def, inputs);
   TensorMeta meta;

@@ -242,6 +242,14 @@ namespace detail {
 /// PyTorch's result_type: the dtype inputs promote to. Tensors with dims outrank 0-d tensors,
 /// which outrank wrapped numbers (Scalars), except when a lower rank brings a higher category.
 DType result_type(TensorRefs in);
+/// What result_type reads of an operand: its dtype, whether it has no dims, whether it is a
+/// wrapped number.
+struct PromotionArg {
+  DType dtype;
+  bool zero_dim, wrapped;
+};
+/// result_type of operands given by what it reads of them (a batching rule's per-sample view).
+DType result_type(const PromotionArg* in, int64_t n);
 /// Checks that the inputs share a device (wrapped numbers go anywhere) and returns it.
 Device common_device(const OpDef& def, TensorRefs in);
 /// Whether input x of op def goes with tensors of any device: a wrapped number, or a 0-d CPU

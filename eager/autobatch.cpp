@@ -593,7 +593,8 @@ Tensor Autobatch::Impl::gather(std::vector<PendingOp>& ops, const std::vector<in
     Tensor batch = detail::empty(shape, x0->dtype, x0->device());
     const auto bytes = static_cast<size_t>(x0->shape.numel() * item);
     auto* dst = static_cast<char*>(batch.unsafe_impl()->data());
-    for (size_t k = 0; k < ids.size(); ++k) std::memcpy(dst + k * bytes, addresses_[k], bytes);
+    if (bytes)  // (empty samples have no data: null, which memcpy may not read)
+      for (size_t k = 0; k < ids.size(); ++k) std::memcpy(dst + k * bytes, addresses_[k], bytes);
     ++counter_.kernels;
     return batch;
   }

@@ -44,6 +44,8 @@ class Autobatch {
   Autobatch();
   /// Runs what is pending, and throws the error that run raises (unless the scope ends because
   /// of another exception). Tensors a failed run did not compute raise an Error when read.
+  /// A holder whose destructor is noexcept (std::optional, std::unique_ptr) turns that error
+  /// into std::terminate: call flush() before such a holder lets the scope go.
   ~Autobatch() noexcept(false);
   Autobatch(const Autobatch&) = delete;
   Autobatch& operator=(const Autobatch&) = delete;

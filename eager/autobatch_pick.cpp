@@ -93,7 +93,7 @@ bool Autobatch::Impl::copy_picks(std::vector<PendingOp>& ops, const std::vector<
   Tensor batch = detail::empty(shape, x0->dtype, Device::cpu());
   const auto bytes = static_cast<size_t>(row.numel() * item);
   auto* dst = static_cast<char*>(batch.unsafe_impl()->data());
-  for (size_t k = 0; k < ids.size(); ++k) {
+  for (size_t k = 0; bytes && k < ids.size(); ++k) {  // (empty rows have no data to read)
     const TensorImpl* x = ops[static_cast<size_t>(ids[k])].inputs[0].unsafe_impl();
     const auto* src = static_cast<const char*>(x->data());
     for (int64_t j = 0; j < len; ++j, dst += bytes)

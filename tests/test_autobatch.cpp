@@ -486,6 +486,32 @@ TEST_CASE("autobatch: compile inside a scope, and a scope inside a compiled func
   CHECK(close(before, x * x + 1));
 }
 
+TEST_CASE("autobatch: an in-place write of another dtype keeps its gradient") {
+  // t.sub_(x) with x f64 and t f32 computes t - x out of place (pending) and copies it into t.
+  // The copy's tape node took its input's edge while the result was pending, before it had
+  // its history, and x's gradient was lost (found by Autobatch's random programs).
+  for (const DType dt : {DType::f64, DType::f32}) {
+    CAPTURE(dt);
+    Tensor x = randn({3, 4}, Options().dtype(dt)).requires_grad_(true);
+    {
+      Autobatch scope;
+      Tensor t = ne(x, x).to(DType::f32) * 1.25;  // pending, needs no gradient
+      t.sub_(x);
+      logsumexp(t, {1}).sum().backward();
+    }
+    REQUIRE(x.grad().defined());
+    Tensor want;
+    {
+      Tensor x2 = x.detach().requires_grad_(true);
+      Tensor t = ne(x2, x2).to(DType::f32) * 1.25;
+      t.sub_(x2);
+      logsumexp(t, {1}).sum().backward();
+      want = x2.grad();
+    }
+    CHECK(close(x.grad(), want, 1e-6));
+  }
+}
+
 TEST_CASE("autobatch: a failed run is an Error, and so is reading what it did not compute") {
   Tensor table = randn({4, 3});
   Tensor bad = full({1}, 9, Options().dtype(DType::i64));  // out of range for 4 rows

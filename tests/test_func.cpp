@@ -130,6 +130,32 @@ TEST_CASE("vmap: in_dims, out_dim, shared arguments and unbatched results") {
   CHECK(close(r[1], y.sum({1, 2}), 1e-5));
 }
 
+TEST_CASE("vmap: 0-d samples keep their place in type promotion; a 0-d sum keeps its dtype") {
+  // Note [Batching rules]: batched, a 0-d sample gets a dim, which would move it up a tier of
+  // result_type (f32 samples with an f64 0-d sample are f32; an f32 batch with an f64 batch is
+  // f64). Autobatch's random programs found the f64 results read as f32 samples: garbage.
+  manual_seed(504);
+  const Tensor x = randn({4, 3}), m = randn({4}, Options().dtype(DType::f64));
+  for (auto f : {+[](const Tensor&a, const Tensor&b) { return minimum(a, b); },
+                 +[](const Tensor&a, const Tensor&b) { return a + b; },
+                 +[](const Tensor&a, const Tensor&b) { return lt(a, b).to(DType::f32); }}) {
+    const Tensor got = func::vmap(f)(x, m);
+    REQUIRE(got.dtype() == DType::f32);
+    for (int64_t b = 0; b < 4; ++b) CHECK(close(got.select(0, b), f(x[b], m[b]), 0));
+  }
+  // where's condition does not promote; its operands do.
+  auto w = [](const Tensor& c, const Tensor& a, const Tensor& b) { return where(c, a, b); };
+  const Tensor c = gt(randn({4}), 0.0);
+  const Tensor gw = func::vmap(w)(c, x, m);
+  REQUIRE(gw.dtype() == DType::f32);
+  for (int64_t b = 0; b < 4; ++b) CHECK(close(gw.select(0, b), w(c[b], x[b], m[b]), 0));
+  // The sum of a 0-d bool is an i64, batched too.
+  const Tensor flags = gt(randn({5}), 0.0);
+  const Tensor s = func::vmap([](const Tensor& t) { return sum(t); })(flags);
+  CHECK(s.dtype() == DType::i64);
+  CHECK(close(s, flags.to(DType::i64), 0));
+}
+
 TEST_CASE("vmap: nested, compiled and differentiated") {
   manual_seed(504);
   const Tensor z = randn({2, 3, 4});

@@ -75,6 +75,29 @@ Tensor batched_first(const BatchedArg& x, int64_t batch) {
 // A symbolic attribute (a trace with symbolic sizes) is not shifted: such calls loop.
 bool symbolic(const Attrs& a) { return a.sym != nullptr; }
 
+// A batched operand whose samples have no dims gets one (the batch), which moves it up a tier
+// of PyTorch's promotion (result_type: dimensioned tensors, then 0-d ones, then numbers): f32
+// samples times an f64 0-d sample are f32, but an f32 batch times an f64 batch is f64. Such an
+// operand is cast first to what each sample promotes to, as the sample's kernel would convert
+// it; the others keep their tiers. Where's condition does not promote.
+std::vector<Tensor> keep_promotion(const OpDef& def, const std::vector<BatchedArg>& in,
+                                   std::vector<Tensor> ts) {
+  bool moved = false;
+  for (const BatchedArg& x : in)
+    moved = moved || (x.bdim >= 0 && sample_rank(x) == 0 && in.size() > 1);
+  if (!moved) return ts;
+  const size_t first = def.id == OpId::Where ? 1 : 0;
+  std::vector<PromotionArg> args;
+  for (size_t i = first; i < in.size(); ++i) {
+    const TensorImpl* t = in[i].value.unsafe_impl();
+    args.push_back({t->dtype, sample_rank(in[i]) == 0, t->wrapped_number});
+  }
+  const DType r = result_type(args.data(), static_cast<int64_t>(args.size()));
+  for (size_t i = first; i < in.size(); ++i)
+    if (in[i].bdim >= 0 && sample_rank(in[i]) == 0 && ts[i].dtype() != r) ts[i] = ts[i].to(r);
+  return ts;
+}
+
 // Operands that broadcast against each other: elementwise ops, and matmul, whose batch dims
 // broadcast as elementwise operands do (its batch is one more leading dim of the product).
 BatchedArg broadcast_rule(const OpDef& def, const std::vector<BatchedArg>& in, const Attrs& a,
@@ -83,7 +106,7 @@ BatchedArg broadcast_rule(const OpDef& def, const std::vector<BatchedArg>& in, c
   for (const BatchedArg& x : in) r = std::max(r, sample_rank(x));
   std::vector<Tensor> ts;
   for (const BatchedArg& x : in) ts.push_back(x.bdim < 0 ? x.value : pad_rank(batch_first(x), r));
-  return {call_on(def.id, ts, a), 0};
+  return {call_on(def.id, keep_promotion(def, in, std::move(ts)), a), 0};
 }
 
 BatchedArg reduce_rule(const OpDef& def, const std::vector<BatchedArg>& in, const Attrs& a,
@@ -91,7 +114,12 @@ BatchedArg reduce_rule(const OpDef& def, const std::vector<BatchedArg>& in, cons
   if (symbolic(a)) return batch_loop(def, in, a, batch);
   const Tensor x = batch_first(in[0]);
   const int64_t n = x.dim() - 1;
-  if (n == 0) return {x, 0};  // a reduction of one number over no dims is the number
+  if (n == 0) {  // a reduction of one number over no dims is the number, in the op's dtype
+    const Tensor* xs[] = {&x};
+    TensorMeta m;
+    def.infer(def, TensorRefs(xs, 1), a, m);  // (a sum of bools or integers is i64)
+    return {m.dtype == x.dtype() ? x : x.to(m.dtype), 0};
+  }
   Attrs b = a;
   b.ints.clear();
   if (a.ints.empty())

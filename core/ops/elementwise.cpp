@@ -9,21 +9,30 @@ namespace duet {
 namespace detail {
 
 DType result_type(TensorRefs in) {
+  SmallVec<PromotionArg, 4> args;
+  for (int64_t i = 0; i < in.size(); ++i) {
+    const TensorImpl* t = in[i].impl();
+    args.push_back({t->dtype, t->shape.size() == 0, t->wrapped_number});
+  }
+  return result_type(args.data(), args.size());
+}
+
+DType result_type(const PromotionArg* in, int64_t n) {
   // PyTorch's three-tier promotion: dimensioned tensors, then 0-d tensors, then wrapped numbers.
   int dim_r = -1, zero_r = -1, wrap_r = -1;
   auto up = [](int cur, DType d) {
     return cur < 0 ? static_cast<int>(d) : static_cast<int>(promote_types(DType(cur), d));
   };
-  for (int64_t i = 0; i < in.size(); ++i) {
-    const TensorImpl* t = in[i].impl();
-    if (t->wrapped_number) {
+  for (int64_t i = 0; i < n; ++i) {
+    const PromotionArg& t = in[i];
+    if (t.wrapped) {
       // A Python-like number only contributes its kind: float -> default float, int -> i64.
-      DType k = is_floating(t->dtype) ? DType::f32 : t->dtype;
+      DType k = is_floating(t.dtype) ? DType::f32 : t.dtype;
       wrap_r = up(wrap_r, k);
-    } else if (t->shape.size() == 0) {
-      zero_r = up(zero_r, t->dtype);
+    } else if (t.zero_dim) {
+      zero_r = up(zero_r, t.dtype);
     } else {
-      dim_r = up(dim_r, t->dtype);
+      dim_r = up(dim_r, t.dtype);
     }
   }
   auto combine = [](int higher, int lower) {
