@@ -215,16 +215,7 @@ bool has_control_flow(const Program& p) {
 /// them as they come.)
 bool mixes_precision(const Program& p) {
   if (p.mix != Mix::Fusion && !has_control_flow(p)) return false;
-  bool f32 = false, f64 = false;
-  for (const InputSpec& in : p.inputs) {
-    f32 |= in.dtype == DType::f32;
-    f64 |= in.dtype == DType::f64;
-  }
-  for (const Step& st : p.steps) {
-    f32 |= st.result.starts_with("f32");
-    f64 |= st.result.starts_with("f64");
-  }
-  return f32 && f64;
+  return has_dtype(p, DType::f32) && has_dtype(p, DType::f64);
 }
 
 /// Per input, a factor for the absolute tolerance of its gradients: in the fusion mix, for an
@@ -458,11 +449,6 @@ std::string check(const Program& p, const Sample& a, const Sample& b, CompileOpt
   return err;
 }
 
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::atoi(v) : fallback;
-}
-
 struct Coverage {
   std::vector<int> ops = std::vector<int>(size_t(Op::Count), 0);
   int programs = 0, steps = 0, skipped = 0, failed = 0;
@@ -487,18 +473,6 @@ Sample rerun(const Program& p, const Sample& s, uint64_t gseed) {
   return r;
 }
 
-// p without step k; its uses read value `rep` instead (-1: it has none).
-Program without_step(const Program& p, size_t k, int rep) {
-  Program q = p;
-  const int v = int(p.inputs.size() + k);
-  auto fix = [&](int& x) { x = x == v ? rep : x > v ? x - 1 : x; };
-  q.steps.erase(q.steps.begin() + std::ptrdiff_t(k));
-  for (size_t j = k; j < q.steps.size(); ++j)
-    for (int& x : q.steps[j].args) fix(x);
-  for (int& x : q.outputs) fix(x);
-  return q;
-}
-
 // Shrinks a failing program (DUET_REDUCE=1, for reports): drops outputs, steps (whose uses then
 // read one of their operands of the same shape and dtype) and non-contiguous layouts while the
 // compiled function still differs from eager with the passes on and matches it with them off.
@@ -508,60 +482,28 @@ Program reduce_program(Program p, const Sample& a, const Sample& b) {
     return qa.finite && qb.finite && !check(q, qa, qb, {}).empty() &&
            check(q, qa, qb, CompileOptions{.disable_passes = kPasses, .cache_limit = 8}).empty();
   };
-  for (bool changed = true; changed;) {
-    changed = false;
-    for (size_t i = 0; p.outputs.size() > 1 && i < p.outputs.size();) {
-      Program q = p;
-      q.outputs.erase(q.outputs.begin() + std::ptrdiff_t(i));
-      if (fails(q)) {
-        p = q;
-        changed = true;
-      } else {
-        ++i;
-      }
-    }
-    for (size_t k = p.steps.size(); k-- > 0;) {
-      std::vector<Tensor> v;
-      {
-        NoGradGuard ng;
-        manual_seed(kRandSeed);
-        v = run_values(p, build_inputs(p, a.values, false));
-      }
-      const int self = int(p.inputs.size() + k);
-      bool used = std::count(p.outputs.begin(), p.outputs.end(), self) > 0;
-      bool taken = false;  // a control-flow step whose other results Take steps read stays
-      for (size_t j = k + 1; j < p.steps.size(); ++j) {
-        used |= std::count(p.steps[j].args.begin(), p.steps[j].args.end(), self) > 0;
-        taken |= p.steps[j].op == Op::Take && p.steps[j].args[0] == self;
-      }
-      if (taken) continue;
-      std::vector<int> reps;
-      if (!used) reps.push_back(-1);
-      for (int x : p.steps[k].args)
-        if (used && v[size_t(x)].sizes() == v[size_t(self)].sizes() &&
-            v[size_t(x)].dtype() == v[size_t(self)].dtype())
-          reps.push_back(x);
-      for (int rep : reps) {
-        Program q = without_step(p, k, rep);
-        if (fails(q)) {
-          p = q;
-          changed = true;
-          break;
-        }
-      }
-    }
-    for (InputSpec& in : p.inputs) {
+  auto values = [&](const Program& q) {
+    NoGradGuard ng;
+    manual_seed(kRandSeed);
+    return run_values(q, build_inputs(q, a.values, false));
+  };
+  // And inputs made contiguous and passed rather than captured.
+  auto layouts = [&](Program& q) {
+    bool changed = false;
+    for (size_t i = 0; i < q.inputs.size(); ++i) {
+      const InputSpec& in = q.inputs[i];
       if (in.layout == Layout::Contiguous && !in.captured) continue;
-      Program q = p;
-      q.inputs[size_t(&in - p.inputs.data())].layout = Layout::Contiguous;
-      q.inputs[size_t(&in - p.inputs.data())].captured = false;
-      if (fails(q)) {
-        p = q;
+      Program r = q;
+      r.inputs[i].layout = Layout::Contiguous;
+      r.inputs[i].captured = false;
+      if (fails(r)) {
+        q = r;
         changed = true;
       }
     }
-  }
-  return p;
+    return changed;
+  };
+  return shrink_program(std::move(p), values, fails, layouts);
 }
 
 // Builds, runs and checks the program of one seed; returns the failure report ("" if none).
@@ -612,18 +554,6 @@ std::string run_seed(uint64_t seed, Coverage& cov, double perturb = 0, Mix mix =
         "reduced:\n" + program_text(q) + check(q, rerun(q, a, seed + 1), rerun(q, b, seed + 2), {});
   }
   return report;
-}
-
-// The seeds to run: 0..n-1 with n from the variable `count` (else `fallback`), or the one seed
-// the variable `one` names.
-std::vector<uint64_t> seeds_from_env(const char* count, int fallback, const char* one) {
-  std::vector<uint64_t> seeds;
-  const char* s = std::getenv(one);
-  if (s && *s)
-    seeds.push_back(std::strtoull(s, nullptr, 10));
-  else
-    for (int i = 0, n = env_int(count, fallback); i < n; ++i) seeds.push_back(uint64_t(i));
-  return seeds;
 }
 
 // Runs and checks every seed's program, failing (with the first ten reports) on a mismatch.

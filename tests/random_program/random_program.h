@@ -69,6 +69,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -236,6 +237,25 @@ std::vector<Tensor> build_inputs(const Program& p, const Values& vals, bool rg,
 
 /// The largest magnitude in t (infinity when an element is not finite).
 double max_abs(const Tensor& t);
+
+/// Whether an input or a step result of p (as its listing shows it) has dtype d.
+bool has_dtype(const Program& p, DType d);
+
+/// p without step k; its uses read value `rep` instead (-1: it has none). For reducers.
+Program without_step(const Program& p, size_t k, int rep);
+/// Shrinks a failing program for a report, while `fails` holds: drops outputs, and steps whose
+/// uses can read one of their operands of the same shape and dtype instead (`values` runs a
+/// program to give every value, for the shapes); `more`, when given, tries further shrinks on
+/// each round and says whether it made one.
+Program shrink_program(Program p, const std::function<std::vector<Tensor>(const Program&)>& values,
+                       const std::function<bool(const Program&)>& fails,
+                       const std::function<bool(Program&)>& more = {});
+
+/// The integer in the environment variable `name`, or `fallback` when it is unset or empty.
+int env_int(const char* name, int fallback);
+/// The seeds to run: 0..n-1 with n from the variable `count` (else `fallback`), or the one seed
+/// the variable `one` names.
+std::vector<uint64_t> seeds_from_env(const char* count, int fallback, const char* one);
 
 /// The seed manual_seed() gets before every run, eager or compiled (randn, dropout).
 inline constexpr uint64_t kRandSeed = 1234;

@@ -3,6 +3,7 @@
 // programs is in random_program.cpp.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -556,6 +557,84 @@ std::vector<Tensor> run_values(const Program& p, const std::vector<Tensor>& inpu
   Tuples more;
   for (const Step& st : p.steps) v.push_back(apply_step(st, v, &more));
   return v;
+}
+
+Program shrink_program(Program p, const std::function<std::vector<Tensor>(const Program&)>& values,
+                       const std::function<bool(const Program&)>& fails,
+                       const std::function<bool(Program&)>& more) {
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (size_t i = 0; p.outputs.size() > 1 && i < p.outputs.size();) {
+      Program q = p;
+      q.outputs.erase(q.outputs.begin() + std::ptrdiff_t(i));
+      if (fails(q)) {
+        p = q;
+        changed = true;
+      } else {
+        ++i;
+      }
+    }
+    for (size_t k = p.steps.size(); k-- > 0;) {
+      const std::vector<Tensor> v = values(p);
+      const int self = int(p.inputs.size() + k);
+      bool used = std::count(p.outputs.begin(), p.outputs.end(), self) > 0;
+      bool taken = false;  // a control-flow step whose other results Take steps read stays
+      for (size_t j = k + 1; j < p.steps.size(); ++j) {
+        used |= std::count(p.steps[j].args.begin(), p.steps[j].args.end(), self) > 0;
+        taken |= p.steps[j].op == Op::Take && p.steps[j].args[0] == self;
+      }
+      if (taken) continue;
+      std::vector<int> reps;
+      if (!used) reps.push_back(-1);
+      for (int x : p.steps[k].args)
+        if (used && v[size_t(x)].sizes() == v[size_t(self)].sizes() &&
+            v[size_t(x)].dtype() == v[size_t(self)].dtype())
+          reps.push_back(x);
+      for (int rep : reps)
+        if (Program q = without_step(p, k, rep); fails(q)) {
+          p = q;
+          changed = true;
+          break;
+        }
+    }
+    if (more && more(p)) changed = true;
+  }
+  return p;
+}
+
+bool has_dtype(const Program& p, DType d) {
+  for (const InputSpec& in : p.inputs)
+    if (in.dtype == d) return true;
+  const std::string name(dtype_name(d));
+  for (const Step& st : p.steps)
+    if (st.result.starts_with(name)) return true;
+  return false;
+}
+
+Program without_step(const Program& p, size_t k, int rep) {
+  Program q = p;
+  const int v = int(p.inputs.size() + k);
+  auto fix = [&](int& x) { x = x == v ? rep : x > v ? x - 1 : x; };
+  q.steps.erase(q.steps.begin() + std::ptrdiff_t(k));
+  for (size_t j = k; j < q.steps.size(); ++j)
+    for (int& x : q.steps[j].args) fix(x);
+  for (int& x : q.outputs) fix(x);
+  return q;
+}
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : fallback;
+}
+
+std::vector<uint64_t> seeds_from_env(const char* count, int fallback, const char* one) {
+  std::vector<uint64_t> seeds;
+  const char* s = std::getenv(one);
+  if (s && *s)
+    seeds.push_back(std::strtoull(s, nullptr, 10));
+  else
+    for (int i = 0, n = env_int(count, fallback); i < n; ++i) seeds.push_back(uint64_t(i));
+  return seeds;
 }
 
 /// The program as a function of its inputs: what runs eagerly and what compile() traces.

@@ -1,0 +1,201 @@
+// Random programs (random_program.h) run per sample in an Autobatch scope, against the same
+// per-sample loop run eagerly (Note [Autobatch] in eager/autobatch.cpp).
+//
+// Each program of the batch mix is a function of its batch size; its samples are the program at
+// every size of kBatchSizes, each with inputs of its own, so that a scope holds ops of one
+// signature (the sizes that repeat) beside ops of others, as per-sample code of different
+// lengths does. The samples run one after another; the loss sums sin(output) over each
+// sample's floating outputs that require grad, and its backward gives every input's gradient.
+// Outputs and gradients must match the eager loop's: f32 within rtol 1e-4 and atol 1e-4, f64
+// within 1e-9, or f32's tolerance in a program that computes in both (atol scaled by the
+// tensor's largest magnitude; the batched kernels sum in another order), integers and bools
+// exactly. One difference is allowed and counted: a
+// gradient of zeros where eager leaves none (docs/func.md, "Not there yet"). A program whose
+// eager run gives a value that is not finite is skipped.
+//
+// DUET_AUTOBATCH_PROGRAMS=n runs seeds 0..n-1 (default 1000); DUET_AUTOBATCH_SEED=s runs seed s.
+// DUET_REDUCE=1 also shrinks each failing program (reduce_program) and prints the result.
+#include <cmath>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "random_program.h"
+#include "util.h"
+
+namespace duet::test {
+namespace {
+
+struct SampleRun {
+  std::vector<std::vector<Tensor>> outs;   ///< per sample, its outputs (values)
+  std::vector<std::vector<Tensor>> grads;  ///< per sample, its inputs' gradients (or undefined)
+};
+
+// The samples' programs, one after another, in an Autobatch scope or not.
+SampleRun run_samples(const std::vector<Program>& ps, const std::vector<Values>& vals,
+                      bool batched) {
+  manual_seed(kRandSeed);
+  std::vector<std::vector<Tensor>> ins(ps.size()), outs(ps.size());
+  {
+    std::optional<Autobatch> scope;
+    if (batched) scope.emplace();
+    Tensor loss;
+    for (size_t k = 0; k < ps.size(); ++k) {
+      ins[k] = build_inputs(ps[k], vals[k], /*rg=*/true);
+      outs[k] = run_program(ps[k], ins[k]);
+      for (const Tensor& o : outs[k])
+        if (o.defined() && floating(o) && o.requires_grad()) {
+          Tensor term = sum(sin(o));
+          loss = loss.defined() ? loss + term : term;
+        }
+    }
+    if (loss.defined()) loss.backward();
+    if (scope) scope->flush();  // errors propagate here, not from the optional's destructor
+  }
+  SampleRun r;
+  for (size_t k = 0; k < ps.size(); ++k) {
+    std::vector<Tensor> o, g;
+    for (const Tensor& t : outs[k]) o.push_back(t.defined() ? t.detach().clone() : t);
+    for (const Tensor& t : ins[k]) g.push_back(t.requires_grad() ? t.grad() : Tensor());
+    r.outs.push_back(std::move(o));
+    r.grads.push_back(std::move(g));
+  }
+  return r;
+}
+
+bool finite(const SampleRun& r) {
+  for (const auto* part : {&r.outs, &r.grads})
+    for (const std::vector<Tensor>& ts : *part)
+      for (const Tensor& t : ts)
+        if (t.defined() && !std::isfinite(max_abs(t))) return false;
+  return true;
+}
+
+// Gradients autobatching gave as zeros where eager gave none (docs/func.md, "Not there yet"):
+// a tensor whose ops ran batched with ops on the loss's path, while its own are not on it.
+int zero_for_none = 0;
+
+// What differs between the autobatched tensor and the eager one, or "". `through_f32`: f64
+// values may have been computed in f32 (a program of both), and compare at f32's tolerance.
+std::string compare(const Tensor& got, const Tensor& want, const std::string& what,
+                    bool through_f32) {
+  if (got.defined() && !want.defined() && is_floating(got.dtype()) && max_abs(got) == 0) {
+    ++zero_for_none;
+    return "";
+  }
+  if (got.defined() != want.defined())
+    return fmt::format("{}: {} autobatched, {} eagerly\n", what,
+                       got.defined() ? "defined" : "undefined",
+                       want.defined() ? "defined" : "undefined");
+  if (!want.defined()) return "";
+  if (got.sizes() != want.sizes() || got.dtype() != want.dtype())
+    return fmt::format("{}: autobatched {} {}, eagerly {} {}\n", what, dtype_name(got.dtype()),
+                       got.sizes(), dtype_name(want.dtype()), want.sizes());
+  const double tol = want.dtype() == DType::f64 && !through_f32 ? 1e-9
+                     : is_floating(want.dtype())                ? 1e-4
+                                                                : 0;
+  const double scale = is_floating(want.dtype()) ? std::max(1.0, max_abs(want)) : 1.0;
+  const std::string d = differences(values(got), values(want), tol, tol * scale);
+  return d.empty()
+             ? ""
+             : fmt::format("{} ({} {}): {}\n", what, dtype_name(want.dtype()), want.sizes(), d);
+}
+
+// The differences between the program's samples run autobatched and eagerly; "" when they
+// match, or when the eager run throws or gives a value that is not finite (*skipped).
+std::string check_program(const Program& p, const std::vector<Values>& vals, bool* skipped) {
+  std::vector<Program> ps;
+  for (int64_t b : kBatchSizes) ps.push_back(at_batch(p, b));
+  SampleRun want;
+  try {
+    want = run_samples(ps, vals, false);
+  } catch (const std::exception&) {
+    *skipped = true;  // the generator's guards should prevent it; nothing to compare
+    return "";
+  }
+  if (!finite(want)) {
+    *skipped = true;
+    return "";
+  }
+  std::string err;
+  const bool mixed = has_dtype(p, DType::f32) && has_dtype(p, DType::f64);
+  try {
+    const SampleRun got = run_samples(ps, vals, true);
+    for (size_t k = 0; k < ps.size(); ++k) {
+      for (size_t i = 0; i < want.outs[k].size(); ++i)
+        err += compare(got.outs[k][i], want.outs[k][i], fmt::format("sample {} output {}", k, i),
+                       mixed);
+      for (size_t i = 0; i < want.grads[k].size(); ++i)
+        err += compare(got.grads[k][i], want.grads[k][i],
+                       fmt::format("sample {} gradient of input {}", k, i), mixed);
+    }
+  } catch (const std::exception& ex) {
+    err += fmt::format("autobatched, threw: {}\n", ex.what());
+  }
+  return err;
+}
+
+// Shrinks a failing program (DUET_REDUCE=1, for reports) while it still fails.
+Program reduce_program(const Program& p, const std::vector<Values>& vals) {
+  auto fails = [&](const Program& q) {
+    bool skipped = false;
+    return !check_program(q, vals, &skipped).empty() && !skipped;
+  };
+  auto values = [&](const Program& q) {
+    NoGradGuard ng;
+    manual_seed(kRandSeed);
+    const Program first = at_batch(q, kBatchSizes[0]);
+    return run_values(first, build_inputs(first, vals[0], false));
+  };
+  return shrink_program(p, values, fails);
+}
+
+// The seed's program checked; "" when it matches (or is skipped: *skipped is set).
+std::string check_seed(uint64_t seed, bool* skipped) {
+  Program p;
+  p.seed = seed;
+  Generator gen(p, seed, Mix::Batch);
+  gen.make_inputs();
+  if (std::string err = gen.make_steps(gen.random_length()); !err.empty()) {
+    *skipped = true;
+    return "";
+  }
+  gen.choose_outputs();
+  Rng rng = rng_for(seed, 7);
+  std::vector<Values> vals;
+  for (int64_t b : kBatchSizes) vals.push_back(random_inputs(at_batch(p, b), rng));
+  const std::string err = check_program(p, vals, skipped);
+  if (err.empty()) return "";
+  std::string report = fmt::format("seed {}:\n{}{}", seed, program_text(p), err);
+  if (env_int("DUET_REDUCE", 0)) {
+    const Program q = reduce_program(p, vals);
+    bool skip = false;
+    report += "reduced:\n" + program_text(q) + check_program(q, vals, &skip);
+  }
+  return report;
+}
+
+}  // namespace
+
+TEST_CASE("random programs: autobatched samples match the per-sample loop") {
+  const std::vector<uint64_t> seeds =
+      seeds_from_env("DUET_AUTOBATCH_PROGRAMS", 1000, "DUET_AUTOBATCH_SEED");
+  int failed = 0, skipped = 0, batched = 0;
+  for (uint64_t seed : seeds) {
+    bool skip = false;
+    const std::string report = check_seed(seed, &skip);
+    skipped += skip;
+    if (!report.empty() && ++failed <= 10) MESSAGE(report);
+    batched += !skip && autobatch_stats().batches > 0;
+  }
+  MESSAGE(
+      fmt::format("{} programs: {} skipped, {} batched something, {} failed; {} gradients "
+                  "zero where eager left none",
+                  seeds.size(), skipped, batched, failed, zero_for_none));
+  CHECK(failed == 0);
+  // Most programs compare, and most of those batch something, or the test would prove little.
+  CHECK(skipped * 5 <= int(seeds.size()));
+  CHECK(batched * 2 >= int(seeds.size()) - skipped);
+}
+
+}  // namespace duet::test
