@@ -525,7 +525,12 @@ void Autobatch::Impl::place_batch(std::vector<PendingOp>& ops, const std::vector
   Strides want = detail::contiguous_strides(first.shape());
   for (int64_t d = 1; dense && d < v.dim(); ++d)
     dense = v.sizes()[d] == 1 || vi->strides[d] == want[d - 1];
-  if (!dense || vi->dtype != first.dtype()) v = v.contiguous();
+  // A rule's result of another dtype would be read as the samples' dtype: garbage, not an error.
+  DUET_ASSERT(vi->dtype == first.dtype(),
+              "[autobatch] {}'s batching rule gave {} where its shape "
+              "rule said {}",
+              detail::op_def(first.op).name, vi->dtype, first.dtype());
+  if (!dense) v = v.contiguous();
   vi = v.unsafe_impl();
   if (defer) {  // each sample is placed when read, or at the run's end (Note [Placed when
     kept(v);    // read]); deferring implies keeping
