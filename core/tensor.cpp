@@ -394,8 +394,23 @@ Tensor Tensor::clone(std::source_location loc) const {
 
 Tensor Tensor::detach() const {
   const detail::TensorImpl* x = impl();
+  // Traced: a view recorded with grad mode off, so that the graph holds the cut (vmap replays
+  // the graph with autograd on: Note [vmap] in trace/func.cpp).
+  if (x->trace && x->trace->alive) {
+    detail::GradModeScope off(false);
+    Dims order;
+    for (int64_t d = 0; d < x->shape.size(); ++d) order.push_back(d);
+    Tensor v = duet::permute(*this, order);
+    v.impl()->wrapped_number = x->wrapped_number;
+    return v;
+  }
+  return detail::detached_alias(*this);
+}
+
+Tensor detail::detached_alias(const Tensor& t) {
+  const detail::TensorImpl* x = t.impl();
   // A new leaf over the same storage (and version counter), outside autograd.
-  Tensor v = detail::make_view(*this, x->shape, x->strides, x->offset);
+  Tensor v = detail::make_view(t, x->shape, x->strides, x->offset);
   v.impl()->wrapped_number = x->wrapped_number;
   v.impl()->is_view = false;
   return v;

@@ -29,6 +29,10 @@ void read_symbolic_sizes(const Tensor& t, int64_t dim, const std::source_locatio
 inline const Shape& hint_sizes(const Tensor& t);
 /// The dims of t as SymInts (concrete ones when it has no symbolic dims).
 SymDims sym_dims(const Tensor& t);
+/// What detach() makes of an untraced tensor, for any tensor: a leaf over the same storage, and
+/// in a trace the same value (detach() of a traced tensor records a view with grad mode off).
+/// For the library's own aliases of traced values (a leaf to differentiate with respect to).
+Tensor detached_alias(const Tensor& t);
 /// The error for reading the data of a traced tensor (core/dispatch.h), for raw_data().
 [[noreturn]] void throw_traced_use(const Tensor& t, const char* what, const char* file,
                                    unsigned line);

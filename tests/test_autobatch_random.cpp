@@ -13,7 +13,15 @@
 // gradient of zeros where eager leaves none (docs/func.md, "Not there yet"). A program whose
 // eager run gives a value that is not finite is skipped.
 //
+// The same programs of the mixed mix run through func::vmap over three samples stacked along a
+// new dim 0 (every input batched), against the program run on each sample; outputs and the
+// gradients of the stacked inputs are compared the same way. Programs that draw random numbers
+// (vmap refuses them by default) are skipped, and a duet::Error vmap raises for what it does
+// not support (an in-place write of a batched value into an unbatched one) is counted, not a
+// failure; an InternalError is.
+//
 // DUET_AUTOBATCH_PROGRAMS=n runs seeds 0..n-1 (default 1000); DUET_AUTOBATCH_SEED=s runs seed s.
+// DUET_VMAP_PROGRAMS and DUET_VMAP_SEED do the same for vmap (default 1000).
 // DUET_REDUCE=1 also shrinks each failing program (reduce_program) and prints the result.
 #include <cmath>
 #include <optional>
@@ -175,6 +183,127 @@ std::string check_seed(uint64_t seed, bool* skipped) {
   return report;
 }
 
+// Whether the steps draw random numbers (vmap's default randomness refuses them).
+bool draws(const std::vector<Step>& steps) {
+  for (const Step& st : steps)
+    if (st.op == Op::RandnLike || st.op == Op::Dropout || st.op == Op::Multinomial ||
+        draws(st.body) || draws(st.body2))
+      return true;
+  return false;
+}
+
+constexpr int64_t kSamples = 3;  // vmap's
+
+// The program through vmap over the samples `vals`, stacked, against each sample run alone;
+// "" when it matches (or is skipped or refused: *skipped, *refused).
+std::string check_vmap_program(const Program& p, const std::vector<Values>& vals, bool* skipped,
+                               bool* refused) {  // Each sample alone: its outputs, and its inputs'
+                                                 // gradients of sum(sin(output)).
+  std::vector<std::vector<Tensor>> outs, grads;
+  try {
+    for (int64_t k = 0; k < kSamples; ++k) {
+      manual_seed(kRandSeed);
+      const std::vector<Tensor> ins = build_inputs(p, vals[size_t(k)], true, true);
+      std::vector<Tensor> o = run_program(p, ins);
+      Tensor loss;
+      for (const Tensor& t : o)
+        if (t.defined() && floating(t) && t.requires_grad())
+          loss = loss.defined() ? loss + sum(sin(t)) : sum(sin(t));
+      if (loss.defined()) loss.backward();
+      std::vector<Tensor> g;
+      for (const Tensor& t : ins) g.push_back(t.requires_grad() ? t.grad() : Tensor());
+      for (Tensor& t : o) t = t.defined() ? t.detach() : t;
+      outs.push_back(std::move(o));
+      grads.push_back(std::move(g));
+    }
+  } catch (const std::exception&) {
+    *skipped = true;
+    return "";
+  }
+  for (int64_t k = 0; k < kSamples; ++k) {
+    SampleRun r{{outs[size_t(k)]}, {grads[size_t(k)]}};
+    if (!finite(r)) {
+      *skipped = true;
+      return "";
+    }
+  }
+  // The samples stacked, through vmap.
+  std::string err;
+  const bool mixed = has_dtype(p, DType::f32) && has_dtype(p, DType::f64);
+  try {
+    std::vector<Tensor> stacked;
+    for (size_t i = 0; i < p.inputs.size(); ++i) {
+      std::vector<Tensor> per;
+      for (int64_t k = 0; k < kSamples; ++k)
+        per.push_back(build_inputs(p, vals[size_t(k)], false, true)[i]);
+      Tensor t = stack(per, 0);
+      if (is_floating(p.inputs[i].dtype) && !p.inputs[i].buffer) t.requires_grad_(true);
+      stacked.push_back(t);
+    }
+    manual_seed(kRandSeed);
+    const std::vector<Tensor> got =
+        func::detail::vmap_call([&](std::vector<Tensor> args) { return run_program(p, args); },
+                                stacked, {}, 0, func::Randomness::Error, "random program");
+    Tensor loss;
+    for (const Tensor& t : got)
+      if (t.defined() && floating(t) && t.requires_grad())
+        loss = loss.defined() ? loss + sum(sin(t)) : sum(sin(t));
+    if (loss.defined()) loss.backward();
+    for (int64_t k = 0; k < kSamples; ++k) {
+      for (size_t i = 0; i < got.size(); ++i)
+        err += compare(got[i].defined() ? got[i].detach().select(0, k) : Tensor(),
+                       outs[size_t(k)][i], fmt::format("sample {} output {}", k, i), mixed);
+      for (size_t i = 0; i < stacked.size(); ++i) {
+        const Tensor g = stacked[i].requires_grad() && stacked[i].grad().defined()
+                             ? stacked[i].grad().select(0, k)
+                             : Tensor();
+        err += compare(g, grads[size_t(k)][i], fmt::format("sample {} gradient of input {}", k, i),
+                       mixed);
+      }
+    }
+  } catch (const InternalError& ex) {
+    err += fmt::format("vmap threw: {}\n", ex.what());
+  } catch (const Error&) {
+    *refused = true;
+    return "";
+  }
+  return err;
+}
+
+// The program of a seed of the mixed mix checked by check_vmap_program; "" when it matches.
+std::string check_vmap_seed(uint64_t seed, bool* skipped, bool* refused) {
+  Program p;
+  p.seed = seed;
+  Generator gen(p, seed);
+  gen.make_inputs();
+  if (std::string err = gen.make_steps(gen.random_length()); !err.empty() || draws(p.steps)) {
+    *skipped = true;
+    return "";
+  }
+  gen.choose_outputs();
+  Rng rng = rng_for(seed, 8);
+  std::vector<Values> vals;
+  for (int64_t k = 0; k < kSamples; ++k) vals.push_back(random_inputs(p, rng));
+  const std::string err = check_vmap_program(p, vals, skipped, refused);
+  if (err.empty()) return "";
+  std::string report = fmt::format("seed {}:\n{}{}", seed, program_text(p), err);
+  if (env_int("DUET_REDUCE", 0)) {
+    auto fails = [&](const Program& q) {
+      bool s = false, r = false;
+      return !check_vmap_program(q, vals, &s, &r).empty() && !s && !r;
+    };
+    auto values = [&](const Program& q) {
+      NoGradGuard ng;
+      manual_seed(kRandSeed);
+      return run_values(q, build_inputs(q, vals[0], false, true));
+    };
+    const Program q = shrink_program(p, values, fails);
+    bool s = false, r = false;
+    report += "reduced:\n" + program_text(q) + check_vmap_program(q, vals, &s, &r);
+  }
+  return report;
+}
+
 }  // namespace
 
 TEST_CASE("random programs: autobatched samples match the per-sample loop") {
@@ -196,6 +325,26 @@ TEST_CASE("random programs: autobatched samples match the per-sample loop") {
   // Most programs compare, and most of those batch something, or the test would prove little.
   CHECK(skipped * 5 <= int(seeds.size()));
   CHECK(batched * 2 >= int(seeds.size()) - skipped);
+}
+
+}  // namespace duet::test
+
+namespace duet::test {
+
+TEST_CASE("random programs: vmap of a program matches it run per sample") {
+  const std::vector<uint64_t> seeds = seeds_from_env("DUET_VMAP_PROGRAMS", 1000, "DUET_VMAP_SEED");
+  int failed = 0, skipped = 0, refused = 0;
+  for (uint64_t seed : seeds) {
+    bool skip = false, refuse = false;
+    const std::string report = check_vmap_seed(seed, &skip, &refuse);
+    skipped += skip;
+    refused += refuse;
+    if (!report.empty() && ++failed <= 10) MESSAGE(report);
+  }
+  MESSAGE(fmt::format("{} programs: {} skipped, {} refused by vmap, {} failed", seeds.size(),
+                      skipped, refused, failed));
+  CHECK(failed == 0);
+  CHECK((skipped + refused) * 2 <= int(seeds.size()));
 }
 
 }  // namespace duet::test

@@ -156,6 +156,31 @@ TEST_CASE("vmap: 0-d samples keep their place in type promotion; a 0-d sum keeps
   CHECK(close(s, flags.to(DType::i64), 0));
 }
 
+TEST_CASE("vmap: detach and NoGradGuard inside the function stop gradients through it") {
+  // Note [vmap]: the traced graph is replayed with autograd on; a detach was an alias in it, and
+  // ops under NoGradGuard were plain ops, so gradients flowed through both (found by random
+  // programs under vmap).
+  const Tensor xs = tensor({0.7, -1.3, 2.1}, Options().dtype(DType::f64));
+  auto detached = [](const Tensor& x) { return (x * 0.25) / (abs(x) + 0.5).detach(); };
+  auto no_grad = [](const Tensor& x) {
+    Tensor s;
+    {
+      NoGradGuard ng;
+      s = abs(x) + 0.5;
+    }
+    return x * s;
+  };
+  for (auto f : {+detached, +no_grad}) {
+    Tensor xb = xs.clone().requires_grad_(true);
+    sum(sin(func::vmap(f)(xb))).backward();
+    for (int64_t k = 0; k < 3; ++k) {
+      Tensor x = xs[k].detach().requires_grad_(true);
+      sum(sin(f(x))).backward();
+      CHECK(close(xb.grad()[k], x.grad(), 1e-12));
+    }
+  }
+}
+
 TEST_CASE("vmap: nested, compiled and differentiated") {
   manual_seed(504);
   const Tensor z = randn({2, 3, 4});

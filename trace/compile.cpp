@@ -597,7 +597,7 @@ Tensor probe(const Tensor& t, std::string name, std::source_location loc) {
   detail::SiteGuard site(loc);
   DUET_CHECK_VALUE(!name.empty(), "[probe] a probe needs a name (a tensor of shape {})", t.sizes());
   if (detail::Tracer* tr = detail::Tracer::current()) {
-    tr->add_probe(std::move(name), t.detach());
+    tr->add_probe(std::move(name), detail::detached_alias(t));  // t's own value
     return t;
   }
   std::lock_guard<std::mutex> lock(g_probe_mu);

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <optional>
 
 #include "core/dispatch.h"
 #include "core/ops.h"
@@ -98,7 +99,7 @@ TensorMeta without_leading(TensorMeta m) {
 // A leaf standing for t (same value, and a value of the same trace), for a vector-Jacobian
 // product taken with respect to it.
 Tensor leaf_of(const Tensor& t) {
-  Tensor l = t.detach();
+  Tensor l = detail::detached_alias(t);
   l.requires_grad_(true);
   return l;
 }
@@ -113,15 +114,18 @@ struct SubTrace {
 SubTrace trace_sub(detail::Tracer& parent, const std::string& what, const Fn& fn,
                    const std::vector<TensorMeta>& inputs, detail::Tracer::Lifts& lifts,
                    const char* op) {
+  // Bodies are traced with grad mode off (their gradients are traced apart), from the start, so
+  // that their ops are not taken for ops the function ran outside autograd (GraphNode::no_grad).
+  std::optional<GradModeScope> no_grad(std::in_place, false);
   detail::Tracer sub(fmt::format("{} in {}", what, parent.graph().label), &parent, &lifts);
   std::vector<Tensor> in;
   for (const TensorMeta& m : inputs) in.push_back(sub.input(InputRole::Argument, m, false));
   std::vector<Tensor> out;
   {
     ModeGuard mode(&sub);
-    GradModeScope no_grad(false);
     out = fn(in);
   }
+  no_grad.reset();
   check_defined(op, "result", out);
   SubTrace r;
   for (const Tensor& o : out) r.results.push_back(meta_of(o));

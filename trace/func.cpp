@@ -19,6 +19,9 @@
 //    what vmap(f) does;
 //  - in-place writes of a batched value into a tensor from outside it.
 // cond, scan and while_loop inside the function batch too (Note [vmap of control flow]).
+// The graph is replayed with autograd on, so what the function did outside autograd is recorded
+// in it: ops traced with grad mode off (NoGradGuard) are replayed with it off, and a detach of a
+// traced tensor is a view traced with it off (GraphNode::no_grad).
 // An unbatched result is expanded to the batch, as torch.func does.
 #include "trace/func.h"
 
@@ -97,6 +100,8 @@ Tensor place_result(const BatchedArg& v, int64_t batch, int64_t out_dim) {
 BatchedArg run_op(const GraphNode& n, const std::vector<BatchedArg>& in, int64_t batch,
                   Randomness randomness, const std::string& label) {
   const OpDef& def = duet::detail::op_def(n.op);
+  // Traced with grad mode off (NoGradGuard, a detach): so replayed, and gradients stop here.
+  duet::detail::GradModeScope grad(duet::detail::grad_mode() && !n.no_grad);
   if (n.op == OpId::Random) {
     DUET_CHECK_VALUE(randomness != Randomness::Error,
                      "[vmap] {}: a random op ({}) under vmap; pass Randomness::Same to draw the "

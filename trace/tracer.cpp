@@ -184,6 +184,7 @@ int32_t Tracer::add_op(OpId op, const Attrs& attrs, std::vector<int32_t> inputs,
   n.scope = scope_index();
   n.site = detail::tls_site;
   n.phase = static_cast<uint16_t>(std::min<uint64_t>(backward_edges() - edges_at_start_, 0xffff));
+  n.no_grad = grad_at_start_ && !detail::grad_mode();
   return graph_.add(std::move(n));
 }
 

@@ -150,6 +150,9 @@ class Tracer final : public DispatchMode, public ValueReader {
   Graph graph_;
   IntrusivePtr<TraceTag> tag_;
   uint64_t edges_at_start_ = backward_edges();  ///< GraphNode::phase counts from here
+  /// Grad mode where the trace started: an op traced with it off when it was on is
+  /// GraphNode::no_grad (the function turned it off: NoGradGuard, a detach).
+  bool grad_at_start_ = detail::grad_mode();
   Tracer* prev_;
   Tracer* parent_ = nullptr;     ///< sub-traces: the enclosing construct's tracer
   bool outside_writes_ = false;  ///< allow_outside_writes()

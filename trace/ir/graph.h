@@ -69,6 +69,9 @@ struct GraphNode {
   /// saved for the backward, which fusion does not join to its readers there (Note [Fusion
   /// rules]) and the memory report counts as saved.
   uint16_t phase = 0;
+  /// Op nodes recorded with grad mode off (under NoGradGuard, or a detach): vmap's replay runs
+  /// them so, and gradients stop there as they did where the function was traced (Note [vmap]).
+  bool no_grad = false;
   /// Control nodes: the construct (shared and immutable: passes make a new one to change it).
   /// Project nodes read result `index` of the Control node inputs[0].
   std::shared_ptr<const ControlFlow> control;
