@@ -4,7 +4,8 @@
 // Each program of the batch mix is a function of its batch size; its samples are the program at
 // every size of kBatchSizes, each with inputs of its own, so that a scope holds ops of one
 // signature (the sizes that repeat) beside ops of others, as per-sample code of different
-// lengths does. The samples run one after another; the loss sums sin(output) over each
+// lengths does. Programs of the mixed mix run four samples of one shape, so that every op
+// batches. The samples run one after another; the loss sums sin(output) over each
 // sample's floating outputs that require grad, and its backward gives every input's gradient.
 // Outputs and gradients must match the eager loop's: f32 within rtol 1e-4 and atol 1e-4, f64
 // within 1e-9, or f32's tolerance in a program that computes in both (atol scaled by the
@@ -109,11 +110,21 @@ std::string compare(const Tensor& got, const Tensor& want, const std::string& wh
              : fmt::format("{} ({} {}): {}\n", what, dtype_name(want.dtype()), want.sizes(), d);
 }
 
+// The samples of a program: in the batch mix, the program at each size of kBatchSizes; in the
+// mixed mix, four of it (one shape: every op batches).
+std::vector<Program> samples_of(const Program& p) {
+  std::vector<Program> ps;
+  if (p.mix == Mix::Batch)
+    for (int64_t b : kBatchSizes) ps.push_back(at_batch(p, b));
+  else
+    ps.assign(4, p);
+  return ps;
+}
+
 // The differences between the program's samples run autobatched and eagerly; "" when they
 // match, or when the eager run throws or gives a value that is not finite (*skipped).
 std::string check_program(const Program& p, const std::vector<Values>& vals, bool* skipped) {
-  std::vector<Program> ps;
-  for (int64_t b : kBatchSizes) ps.push_back(at_batch(p, b));
+  const std::vector<Program> ps = samples_of(p);
   SampleRun want;
   try {
     want = run_samples(ps, vals, false);
@@ -152,17 +163,17 @@ Program reduce_program(const Program& p, const std::vector<Values>& vals) {
   auto values = [&](const Program& q) {
     NoGradGuard ng;
     manual_seed(kRandSeed);
-    const Program first = at_batch(q, kBatchSizes[0]);
+    const Program first = samples_of(q)[0];
     return run_values(first, build_inputs(first, vals[0], false));
   };
   return shrink_program(p, values, fails);
 }
 
-// The seed's program checked; "" when it matches (or is skipped: *skipped is set).
-std::string check_seed(uint64_t seed, bool* skipped) {
+// The seed's program of the mix checked; "" when it matches (or is skipped: *skipped is set).
+std::string check_seed(uint64_t seed, Mix mix, bool* skipped) {
   Program p;
   p.seed = seed;
-  Generator gen(p, seed, Mix::Batch);
+  Generator gen(p, seed, mix);
   gen.make_inputs();
   if (std::string err = gen.make_steps(gen.random_length()); !err.empty()) {
     *skipped = true;
@@ -171,7 +182,7 @@ std::string check_seed(uint64_t seed, bool* skipped) {
   gen.choose_outputs();
   Rng rng = rng_for(seed, 7);
   std::vector<Values> vals;
-  for (int64_t b : kBatchSizes) vals.push_back(random_inputs(at_batch(p, b), rng));
+  for (const Program& q : samples_of(p)) vals.push_back(random_inputs(q, rng));
   const std::string err = check_program(p, vals, skipped);
   if (err.empty()) return "";
   std::string report = fmt::format("seed {}:\n{}{}", seed, program_text(p), err);
@@ -197,8 +208,8 @@ constexpr int64_t kSamples = 3;  // vmap's
 // The program through vmap over the samples `vals`, stacked, against each sample run alone;
 // "" when it matches (or is skipped or refused: *skipped, *refused).
 std::string check_vmap_program(const Program& p, const std::vector<Values>& vals, bool* skipped,
-                               bool* refused) {  // Each sample alone: its outputs, and its inputs'
-                                                 // gradients of sum(sin(output)).
+                               bool* refused) {
+  // Each sample alone: its outputs, and its inputs' gradients of sum(sin(output)).
   std::vector<std::vector<Tensor>> outs, grads;
   try {
     for (int64_t k = 0; k < kSamples; ++k) {
@@ -309,22 +320,27 @@ std::string check_vmap_seed(uint64_t seed, bool* skipped, bool* refused) {
 TEST_CASE("random programs: autobatched samples match the per-sample loop") {
   const std::vector<uint64_t> seeds =
       seeds_from_env("DUET_AUTOBATCH_PROGRAMS", 1000, "DUET_AUTOBATCH_SEED");
-  int failed = 0, skipped = 0, batched = 0;
-  for (uint64_t seed : seeds) {
-    bool skip = false;
-    const std::string report = check_seed(seed, &skip);
-    skipped += skip;
-    if (!report.empty() && ++failed <= 10) MESSAGE(report);
-    batched += !skip && autobatch_stats().batches > 0;
+  for (const Mix mix : {Mix::Batch, Mix::Mixed}) {
+    CAPTURE(int(mix));
+    int failed = 0, skipped = 0, batched = 0;
+    zero_for_none = 0;
+    for (uint64_t seed : seeds) {
+      bool skip = false;
+      const std::string report = check_seed(seed, mix, &skip);
+      skipped += skip;
+      if (!report.empty() && ++failed <= 10) MESSAGE(report);
+      batched += !skip && autobatch_stats().batches > 0;
+    }
+    MESSAGE(
+        fmt::format("{} programs of the {} mix: {} skipped, {} batched something, {} failed; "
+                    "{} gradients zero where eager left none",
+                    seeds.size(), mix == Mix::Batch ? "batch" : "mixed", skipped, batched, failed,
+                    zero_for_none));
+    CHECK(failed == 0);
+    // Most programs compare, and most of those batch something, or the test would prove little.
+    CHECK(skipped * 5 <= int(seeds.size()));
+    CHECK(batched * 2 >= int(seeds.size()) - skipped);
   }
-  MESSAGE(
-      fmt::format("{} programs: {} skipped, {} batched something, {} failed; {} gradients "
-                  "zero where eager left none",
-                  seeds.size(), skipped, batched, failed, zero_for_none));
-  CHECK(failed == 0);
-  // Most programs compare, and most of those batch something, or the test would prove little.
-  CHECK(skipped * 5 <= int(seeds.size()));
-  CHECK(batched * 2 >= int(seeds.size()) - skipped);
 }
 
 }  // namespace duet::test
