@@ -23,6 +23,8 @@
 //
 // DUET_AUTOBATCH_PROGRAMS=n runs seeds 0..n-1 (default 1000); DUET_AUTOBATCH_SEED=s runs seed s.
 // DUET_VMAP_PROGRAMS and DUET_VMAP_SEED do the same for vmap (default 1000).
+// The same programs also run through compile(vmap(f)) against vmap(f) run eagerly, outputs only
+// (DUET_CVMAP_PROGRAMS, DUET_CVMAP_SEED; default 300).
 // DUET_REDUCE=1 also shrinks each failing program (reduce_program) and prints the result.
 #include <cmath>
 #include <optional>
@@ -315,6 +317,64 @@ std::string check_vmap_seed(uint64_t seed, bool* skipped, bool* refused) {
   return report;
 }
 
+// The program of a seed of the mixed mix through compile(vmap(f)) against vmap(f) run eagerly,
+// outputs only; "" when they match (or it is skipped or refused).
+std::string check_compiled_vmap_seed(uint64_t seed, bool* skipped, bool* refused) {
+  Program p;
+  p.seed = seed;
+  Generator gen(p, seed);
+  gen.make_inputs();
+  if (std::string err = gen.make_steps(gen.random_length()); !err.empty() || draws(p.steps)) {
+    *skipped = true;
+    return "";
+  }
+  gen.choose_outputs();
+  Rng rng = rng_for(seed, 9);
+  std::vector<Tensor> stacked;
+  std::vector<Values> vals;
+  for (int64_t k = 0; k < kSamples; ++k) vals.push_back(random_inputs(p, rng));
+  for (size_t i = 0; i < p.inputs.size(); ++i) {
+    std::vector<Tensor> per;
+    for (int64_t k = 0; k < kSamples; ++k)
+      per.push_back(build_inputs(p, vals[size_t(k)], false, true)[i]);
+    stacked.push_back(stack(per, 0));
+  }
+  auto batched = [&](std::vector<Tensor> args) {
+    return func::detail::vmap_call([&](std::vector<Tensor> a) { return run_program(p, a); }, args,
+                                   {}, 0, func::Randomness::Error, "random program");
+  };
+  std::vector<Tensor> want;
+  try {
+    NoGradGuard ng;
+    std::vector<Tensor> in;
+    for (const Tensor& t : stacked) in.push_back(t.clone());
+    want = batched(in);
+    for (Tensor& t : want) t = t.defined() ? t.detach().clone() : t;
+  } catch (const Error&) {
+    *refused = true;
+    return "";
+  }
+  for (const Tensor& t : want)
+    if (t.defined() && !std::isfinite(max_abs(t))) {
+      *skipped = true;
+      return "";
+    }
+  std::string err;
+  const bool mixed = has_dtype(p, DType::f32) && has_dtype(p, DType::f64);
+  try {
+    NoGradGuard ng;
+    auto cf = compile(batched);
+    std::vector<Tensor> in;
+    for (const Tensor& t : stacked) in.push_back(t.clone());
+    const std::vector<Tensor> got = cf(in);
+    for (size_t i = 0; i < want.size(); ++i)
+      err += compare(got[i], want[i], fmt::format("output {}", i), mixed);
+  } catch (const std::exception& ex) {
+    err += fmt::format("compile(vmap) threw: {}\n", ex.what());
+  }
+  return err.empty() ? "" : fmt::format("seed {}:\n{}{}", seed, program_text(p), err);
+}
+
 }  // namespace
 
 TEST_CASE("random programs: autobatched samples match the per-sample loop") {
@@ -359,6 +419,26 @@ TEST_CASE("random programs: vmap of a program matches it run per sample") {
   }
   MESSAGE(fmt::format("{} programs: {} skipped, {} refused by vmap, {} failed", seeds.size(),
                       skipped, refused, failed));
+  CHECK(failed == 0);
+  CHECK((skipped + refused) * 2 <= int(seeds.size()));
+}
+
+}  // namespace duet::test
+
+namespace duet::test {
+
+TEST_CASE("random programs: compile(vmap(f)) matches vmap(f)") {
+  const std::vector<uint64_t> seeds = seeds_from_env("DUET_CVMAP_PROGRAMS", 300, "DUET_CVMAP_SEED");
+  int failed = 0, skipped = 0, refused = 0;
+  for (uint64_t seed : seeds) {
+    bool skip = false, refuse = false;
+    const std::string report = check_compiled_vmap_seed(seed, &skip, &refuse);
+    skipped += skip;
+    refused += refuse;
+    if (!report.empty() && ++failed <= 10) MESSAGE(report);
+  }
+  MESSAGE(fmt::format("{} programs: {} skipped, {} refused, {} failed", seeds.size(), skipped,
+                      refused, failed));
   CHECK(failed == 0);
   CHECK((skipped + refused) * 2 <= int(seeds.size()));
 }

@@ -326,6 +326,11 @@ TEST_CASE("vmap: cond, scan and while_loop batch (Note [vmap of control flow])")
   const Tensor xt = x.permute({1, 0, 2}).contiguous();  // (4, 5, 3): samples along dim 1
   auto compiled = compile([&](const Tensor& a) { return func::vmap(cumulative, {1})(a); });
   CHECK(close(compiled(xt), func::vmap(cumulative)(x), 1e-5));
+  // A per-sample while_loop under compile: one while_loop construct of the batch, not a host
+  // read of "does any sample go on" (which a trace cannot make; found by random programs).
+  auto compiled_halve = compile([&](const Tensor& a) { return func::vmap(halve)(a); });
+  CHECK(close(compiled_halve(x), func::vmap(halve)(x), 1e-6));
+  CHECK(close(compiled_halve(x * 3.0), func::vmap(halve)(x * 3.0), 1e-6));  // other trip counts
   Tensor xg = x.clone().requires_grad_();
   func::vmap(cumulative)(xg).sum().backward();
   Tensor xl = x.clone().requires_grad_();

@@ -30,6 +30,7 @@
 
 #include "core/dispatch.h"
 #include "core/ops.h"
+#include "trace/control_flow.h"
 #include "trace/tracer.h"
 
 namespace duet::func::detail {
@@ -158,6 +159,40 @@ std::optional<bool> host_predicate(const BatchedArg& pred) {
   return pred.value.item<bool>();
 }
 
+// while_loop of the batch while a trace runs (compile(vmap(f))), where no predicate can be read
+// on the host: one while_loop construct, on the state with the batch first, whose predicate is
+// that any sample's holds and whose body moves only the samples whose predicate holds.
+template <class Run>
+std::vector<BatchedArg> traced_while(const ControlFlow& cf, const std::vector<BatchedArg>& state,
+                                     const std::vector<BatchedArg>& free, int64_t batch,
+                                     const Run& run) {
+  auto args = [&](const std::vector<Tensor>& st) {
+    std::vector<BatchedArg> a;
+    for (const Tensor& t : st) a.push_back({t, 0});
+    a.insert(a.end(), free.begin(), free.end());
+    return a;
+  };
+  auto holds = [&](const std::vector<Tensor>& st) { return run(cf.graphs[0], args(st)).at(0); };
+  std::vector<Tensor> init;
+  for (const BatchedArg& x : state) init.push_back(batch_first(x, batch).contiguous());
+  const std::vector<Tensor> out = duet::while_loop(
+      [&](const std::vector<Tensor>& st) -> std::vector<Tensor> {
+        return {gt(batch_first(holds(st), batch).to(DType::i64).sum(), 0)};
+      },
+      [&](const std::vector<Tensor>& st) {
+        const BatchedArg p = holds(st);
+        const std::vector<BatchedArg> next = run(cf.graphs[1], args(st));
+        std::vector<Tensor> moved;
+        for (size_t k = 0; k < st.size(); ++k)
+          moved.push_back(select_samples(p, next[k], {st[k], 0}, batch).value.contiguous());
+        return moved;
+      },
+      init);
+  std::vector<BatchedArg> r;
+  for (const Tensor& t : out) r.push_back({t, 0});
+  return r;
+}
+
 // Note [vmap of control flow]
 // cond, scan and while_loop run on the batch as JAX's batching rules run them:
 //  - scan: the body runs once per step on the whole batch (its subgraph through run_values),
@@ -165,7 +200,8 @@ std::optional<bool> host_predicate(const BatchedArg& pred) {
 //  - cond: with a batched predicate both branches run on the batch and each sample takes its
 //    branch's results (where); an unbatched one picks its branch;
 //  - while_loop: with a batched predicate the body runs while any sample's predicate holds, and
-//    a sample whose predicate failed keeps its state (where).
+//    a sample whose predicate failed keeps its state (where). Under a trace (compile(vmap(f)))
+//    that loop is itself one while_loop construct (traced_while), as no predicate can be read.
 std::vector<BatchedArg> run_control(const ControlFlow& cf, const std::vector<BatchedArg>& in,
                                     int64_t batch, Randomness randomness,
                                     const std::string& label) {
@@ -184,6 +220,7 @@ std::vector<BatchedArg> run_control(const ControlFlow& cf, const std::vector<Bat
   if (cf.kind == ControlKind::WhileLoop) {
     std::vector<BatchedArg> state(in.begin(), in.begin() + static_cast<std::ptrdiff_t>(nc));
     const std::vector<BatchedArg> free(in.begin() + static_cast<std::ptrdiff_t>(nc), in.end());
+    if (Tracer::current()) return traced_while(cf, state, free, batch, run);
     for (;;) {
       std::vector<BatchedArg> a = state;
       a.insert(a.end(), free.begin(), free.end());
