@@ -207,6 +207,20 @@ bool draws(const std::vector<Step>& steps) {
 
 constexpr int64_t kSamples = 3;  // vmap's
 
+// The samples' inputs stacked along a new dim 0, floats requiring grad when asked (as
+// build_inputs marks them).
+std::vector<Tensor> stacked_inputs(const Program& p, const std::vector<Values>& vals, bool rg) {
+  std::vector<Tensor> stacked;
+  for (size_t i = 0; i < p.inputs.size(); ++i) {
+    std::vector<Tensor> per;
+    for (const Values& v : vals) per.push_back(build_inputs(p, v, false, true)[i]);
+    Tensor t = stack(per, 0);
+    if (rg && is_floating(p.inputs[i].dtype) && !p.inputs[i].buffer) t.requires_grad_(true);
+    stacked.push_back(t);
+  }
+  return stacked;
+}
+
 // The program through vmap over the samples `vals`, stacked, against each sample run alone;
 // "" when it matches (or is skipped or refused: *skipped, *refused).
 std::string check_vmap_program(const Program& p, const std::vector<Values>& vals, bool* skipped,
@@ -244,15 +258,7 @@ std::string check_vmap_program(const Program& p, const std::vector<Values>& vals
   std::string err;
   const bool mixed = has_dtype(p, DType::f32) && has_dtype(p, DType::f64);
   try {
-    std::vector<Tensor> stacked;
-    for (size_t i = 0; i < p.inputs.size(); ++i) {
-      std::vector<Tensor> per;
-      for (int64_t k = 0; k < kSamples; ++k)
-        per.push_back(build_inputs(p, vals[size_t(k)], false, true)[i]);
-      Tensor t = stack(per, 0);
-      if (is_floating(p.inputs[i].dtype) && !p.inputs[i].buffer) t.requires_grad_(true);
-      stacked.push_back(t);
-    }
+    const std::vector<Tensor> stacked = stacked_inputs(p, vals, true);
     manual_seed(kRandSeed);
     const std::vector<Tensor> got =
         func::detail::vmap_call([&](std::vector<Tensor> args) { return run_program(p, args); },
@@ -283,20 +289,28 @@ std::string check_vmap_program(const Program& p, const std::vector<Values>& vals
   return err;
 }
 
+// The program of a seed of the mixed mix for vmap, and kSamples draws of its inputs (from the
+// generator stream `stream`); false when it cannot be made or draws random numbers.
+bool vmap_program(uint64_t seed, uint64_t stream, Program* p, std::vector<Values>* vals) {
+  p->seed = seed;
+  Generator gen(*p, seed);
+  gen.make_inputs();
+  if (std::string err = gen.make_steps(gen.random_length()); !err.empty() || draws(p->steps))
+    return false;
+  gen.choose_outputs();
+  Rng rng = rng_for(seed, stream);
+  for (int64_t k = 0; k < kSamples; ++k) vals->push_back(random_inputs(*p, rng));
+  return true;
+}
+
 // The program of a seed of the mixed mix checked by check_vmap_program; "" when it matches.
 std::string check_vmap_seed(uint64_t seed, bool* skipped, bool* refused) {
   Program p;
-  p.seed = seed;
-  Generator gen(p, seed);
-  gen.make_inputs();
-  if (std::string err = gen.make_steps(gen.random_length()); !err.empty() || draws(p.steps)) {
+  std::vector<Values> vals;
+  if (!vmap_program(seed, 8, &p, &vals)) {
     *skipped = true;
     return "";
   }
-  gen.choose_outputs();
-  Rng rng = rng_for(seed, 8);
-  std::vector<Values> vals;
-  for (int64_t k = 0; k < kSamples; ++k) vals.push_back(random_inputs(p, rng));
   const std::string err = check_vmap_program(p, vals, skipped, refused);
   if (err.empty()) return "";
   std::string report = fmt::format("seed {}:\n{}{}", seed, program_text(p), err);
@@ -321,24 +335,12 @@ std::string check_vmap_seed(uint64_t seed, bool* skipped, bool* refused) {
 // outputs only; "" when they match (or it is skipped or refused).
 std::string check_compiled_vmap_seed(uint64_t seed, bool* skipped, bool* refused) {
   Program p;
-  p.seed = seed;
-  Generator gen(p, seed);
-  gen.make_inputs();
-  if (std::string err = gen.make_steps(gen.random_length()); !err.empty() || draws(p.steps)) {
+  std::vector<Values> vals;
+  if (!vmap_program(seed, 9, &p, &vals)) {
     *skipped = true;
     return "";
   }
-  gen.choose_outputs();
-  Rng rng = rng_for(seed, 9);
-  std::vector<Tensor> stacked;
-  std::vector<Values> vals;
-  for (int64_t k = 0; k < kSamples; ++k) vals.push_back(random_inputs(p, rng));
-  for (size_t i = 0; i < p.inputs.size(); ++i) {
-    std::vector<Tensor> per;
-    for (int64_t k = 0; k < kSamples; ++k)
-      per.push_back(build_inputs(p, vals[size_t(k)], false, true)[i]);
-    stacked.push_back(stack(per, 0));
-  }
+  const std::vector<Tensor> stacked = stacked_inputs(p, vals, false);
   auto batched = [&](std::vector<Tensor> args) {
     return func::detail::vmap_call([&](std::vector<Tensor> a) { return run_program(p, a); }, args,
                                    {}, 0, func::Randomness::Error, "random program");
