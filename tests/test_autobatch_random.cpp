@@ -24,7 +24,9 @@
 // DUET_AUTOBATCH_PROGRAMS=n runs seeds 0..n-1 (default 1000); DUET_AUTOBATCH_SEED=s runs seed s.
 // DUET_VMAP_PROGRAMS and DUET_VMAP_SEED do the same for vmap (default 1000).
 // The same programs also run through compile(vmap(f)) against vmap(f) run eagerly, outputs only
-// (DUET_CVMAP_PROGRAMS, DUET_CVMAP_SEED; default 300).
+// (DUET_CVMAP_PROGRAMS, DUET_CVMAP_SEED; default 300), and as per-sample gradients,
+// vmap(grad(loss)) against grad(loss) run on each sample (DUET_VMAP_GRAD_PROGRAMS,
+// DUET_VMAP_GRAD_SEED; default 500).
 // DUET_REDUCE=1 also shrinks each failing program (reduce_program) and prints the result.
 #include <cmath>
 #include <optional>
@@ -72,6 +74,24 @@ SampleRun run_samples(const std::vector<Program>& ps, const std::vector<Values>&
     r.grads.push_back(std::move(g));
   }
   return r;
+}
+
+// Whether the program computes in f32 and f64: its f64 values may have passed through f32.
+bool mixes_precision(const Program& p) {
+  return has_dtype(p, DType::f32) && has_dtype(p, DType::f64);
+}
+
+// Sets the flag (a program skipped or refused) and reports nothing.
+std::string skip(bool* flag) {
+  *flag = true;
+  return "";
+}
+
+// Whether every floating element of the tensors is finite.
+bool all_finite(const std::vector<Tensor>& ts) {
+  for (const Tensor& t : ts)
+    if (t.defined() && !std::isfinite(max_abs(t))) return false;
+  return true;
 }
 
 bool finite(const SampleRun& r) {
@@ -139,7 +159,7 @@ std::string check_program(const Program& p, const std::vector<Values>& vals, boo
     return "";
   }
   std::string err;
-  const bool mixed = has_dtype(p, DType::f32) && has_dtype(p, DType::f64);
+  const bool mixed = mixes_precision(p);
   try {
     const SampleRun got = run_samples(ps, vals, true);
     for (size_t k = 0; k < ps.size(); ++k) {
@@ -256,7 +276,7 @@ std::string check_vmap_program(const Program& p, const std::vector<Values>& vals
   }
   // The samples stacked, through vmap.
   std::string err;
-  const bool mixed = has_dtype(p, DType::f32) && has_dtype(p, DType::f64);
+  const bool mixed = mixes_precision(p);
   try {
     const std::vector<Tensor> stacked = stacked_inputs(p, vals, true);
     manual_seed(kRandSeed);
@@ -290,13 +310,15 @@ std::string check_vmap_program(const Program& p, const std::vector<Values>& vals
 }
 
 // The program of a seed of the mixed mix for vmap, and kSamples draws of its inputs (from the
-// generator stream `stream`); false when it cannot be made or draws random numbers.
-bool vmap_program(uint64_t seed, uint64_t stream, Program* p, std::vector<Values>* vals) {
+// generator stream `stream`); false (and *skipped) when it cannot be made or draws random
+// numbers.
+bool vmap_program(uint64_t seed, uint64_t stream, Program* p, std::vector<Values>* vals,
+                  bool* skipped) {
   p->seed = seed;
   Generator gen(*p, seed);
   gen.make_inputs();
   if (std::string err = gen.make_steps(gen.random_length()); !err.empty() || draws(p->steps))
-    return false;
+    return !(*skipped = true);
   gen.choose_outputs();
   Rng rng = rng_for(seed, stream);
   for (int64_t k = 0; k < kSamples; ++k) vals->push_back(random_inputs(*p, rng));
@@ -307,10 +329,7 @@ bool vmap_program(uint64_t seed, uint64_t stream, Program* p, std::vector<Values
 std::string check_vmap_seed(uint64_t seed, bool* skipped, bool* refused) {
   Program p;
   std::vector<Values> vals;
-  if (!vmap_program(seed, 8, &p, &vals)) {
-    *skipped = true;
-    return "";
-  }
+  if (!vmap_program(seed, 8, &p, &vals, skipped)) return "";
   const std::string err = check_vmap_program(p, vals, skipped, refused);
   if (err.empty()) return "";
   std::string report = fmt::format("seed {}:\n{}{}", seed, program_text(p), err);
@@ -336,10 +355,7 @@ std::string check_vmap_seed(uint64_t seed, bool* skipped, bool* refused) {
 std::string check_compiled_vmap_seed(uint64_t seed, bool* skipped, bool* refused) {
   Program p;
   std::vector<Values> vals;
-  if (!vmap_program(seed, 9, &p, &vals)) {
-    *skipped = true;
-    return "";
-  }
+  if (!vmap_program(seed, 9, &p, &vals, skipped)) return "";
   const std::vector<Tensor> stacked = stacked_inputs(p, vals, false);
   auto batched = [&](std::vector<Tensor> args) {
     return func::detail::vmap_call([&](std::vector<Tensor> a) { return run_program(p, a); }, args,
@@ -356,13 +372,8 @@ std::string check_compiled_vmap_seed(uint64_t seed, bool* skipped, bool* refused
     *refused = true;
     return "";
   }
-  for (const Tensor& t : want)
-    if (t.defined() && !std::isfinite(max_abs(t))) {
-      *skipped = true;
-      return "";
-    }
+  if (!all_finite(want)) return skip(skipped);
   std::string err;
-  const bool mixed = has_dtype(p, DType::f32) && has_dtype(p, DType::f64);
   try {
     NoGradGuard ng;
     auto cf = compile(batched);
@@ -370,9 +381,61 @@ std::string check_compiled_vmap_seed(uint64_t seed, bool* skipped, bool* refused
     for (const Tensor& t : stacked) in.push_back(t.clone());
     const std::vector<Tensor> got = cf(in);
     for (size_t i = 0; i < want.size(); ++i)
-      err += compare(got[i], want[i], fmt::format("output {}", i), mixed);
+      err += compare(got[i], want[i], fmt::format("output {}", i), mixes_precision(p));
   } catch (const std::exception& ex) {
     err += fmt::format("compile(vmap) threw: {}\n", ex.what());
+  }
+  return err.empty() ? "" : fmt::format("seed {}:\n{}{}", seed, program_text(p), err);
+}
+
+// The program of a seed of the mixed mix as per-sample gradients, vmap(grad(loss)) with loss
+// the sum of sin(output) over the floating outputs, against grad(loss) run on each sample;
+// "" when they match (or it is skipped or refused).
+std::string check_vmap_grad_seed(uint64_t seed, bool* skipped, bool* refused) {
+  Program p;
+  std::vector<Values> vals;
+  if (!vmap_program(seed, 10, &p, &vals, skipped)) return "";
+  int64_t arg = -1;  // the input differentiated: the first float that is not a buffer
+  for (size_t i = 0; arg < 0 && i < p.inputs.size(); ++i)
+    if (is_floating(p.inputs[i].dtype) && !p.inputs[i].buffer) arg = int64_t(i);
+  if (arg < 0) {
+    *skipped = true;
+    return "";
+  }
+  auto grad_of = [&](std::vector<Tensor> a) -> std::vector<Tensor> {
+    Tensor& x = a[size_t(arg)];
+    if (!x.requires_grad()) x = x.detach().requires_grad_(true);
+    Tensor loss;
+    for (const Tensor& t : run_program(p, a))
+      if (t.defined() && floating(t) && t.requires_grad())
+        loss = loss.defined() ? loss + sum(sin(t)) : sum(sin(t));
+    if (!loss.defined()) return {zeros_like(x)};
+    return {duet::grad({loss}, {x}, {}, /*create_graph=*/true)[0]};
+  };
+  std::vector<Tensor> want;
+  try {
+    for (const Values& v : vals) {
+      manual_seed(kRandSeed);
+      want.push_back(grad_of(build_inputs(p, v, false, true))[0].detach());
+    }
+  } catch (const std::exception&) {
+    *skipped = true;
+    return "";
+  }
+  if (!all_finite(want)) return skip(skipped);
+  std::string err;
+  try {
+    manual_seed(kRandSeed);
+    const std::vector<Tensor> got = func::detail::vmap_call(grad_of, stacked_inputs(p, vals, false),
+                                                            {}, 0, func::Randomness::Error, "grad");
+    for (int64_t k = 0; k < kSamples; ++k)
+      err += compare(got[0].detach().select(0, k), want[size_t(k)],
+                     fmt::format("sample {} gradient of input {}", k, arg), mixes_precision(p));
+  } catch (const InternalError& ex) {
+    err += fmt::format("vmap(grad) threw: {}\n", ex.what());
+  } catch (const Error&) {
+    *refused = true;
+    return "";
   }
   return err.empty() ? "" : fmt::format("seed {}:\n{}{}", seed, program_text(p), err);
 }
@@ -408,33 +471,17 @@ TEST_CASE("random programs: autobatched samples match the per-sample loop") {
 }  // namespace duet::test
 
 namespace duet::test {
+namespace {
 
-TEST_CASE("random programs: vmap of a program matches it run per sample") {
-  const std::vector<uint64_t> seeds = seeds_from_env("DUET_VMAP_PROGRAMS", 1000, "DUET_VMAP_SEED");
+// Runs `check` on each seed (0..n-1 with n from the variable `count`, else `fallback`, or the one
+// seed `one` names), and fails with the first ten reports; most programs must compare.
+void run_seeds(const char* count, int fallback, const char* one,
+               std::string (*check)(uint64_t, bool*, bool*)) {
+  const std::vector<uint64_t> seeds = seeds_from_env(count, fallback, one);
   int failed = 0, skipped = 0, refused = 0;
   for (uint64_t seed : seeds) {
     bool skip = false, refuse = false;
-    const std::string report = check_vmap_seed(seed, &skip, &refuse);
-    skipped += skip;
-    refused += refuse;
-    if (!report.empty() && ++failed <= 10) MESSAGE(report);
-  }
-  MESSAGE(fmt::format("{} programs: {} skipped, {} refused by vmap, {} failed", seeds.size(),
-                      skipped, refused, failed));
-  CHECK(failed == 0);
-  CHECK((skipped + refused) * 2 <= int(seeds.size()));
-}
-
-}  // namespace duet::test
-
-namespace duet::test {
-
-TEST_CASE("random programs: compile(vmap(f)) matches vmap(f)") {
-  const std::vector<uint64_t> seeds = seeds_from_env("DUET_CVMAP_PROGRAMS", 300, "DUET_CVMAP_SEED");
-  int failed = 0, skipped = 0, refused = 0;
-  for (uint64_t seed : seeds) {
-    bool skip = false, refuse = false;
-    const std::string report = check_compiled_vmap_seed(seed, &skip, &refuse);
+    const std::string report = check(seed, &skip, &refuse);
     skipped += skip;
     refused += refuse;
     if (!report.empty() && ++failed <= 10) MESSAGE(report);
@@ -443,6 +490,20 @@ TEST_CASE("random programs: compile(vmap(f)) matches vmap(f)") {
                       refused, failed));
   CHECK(failed == 0);
   CHECK((skipped + refused) * 2 <= int(seeds.size()));
+}
+
+}  // namespace
+
+TEST_CASE("random programs: vmap of a program matches it run per sample") {
+  run_seeds("DUET_VMAP_PROGRAMS", 1000, "DUET_VMAP_SEED", check_vmap_seed);
+}
+
+TEST_CASE("random programs: compile(vmap(f)) matches vmap(f)") {
+  run_seeds("DUET_CVMAP_PROGRAMS", 300, "DUET_CVMAP_SEED", check_compiled_vmap_seed);
+}
+
+TEST_CASE("random programs: vmap(grad(loss)) matches grad(loss) per sample") {
+  run_seeds("DUET_VMAP_GRAD_PROGRAMS", 500, "DUET_VMAP_GRAD_SEED", check_vmap_grad_seed);
 }
 
 }  // namespace duet::test
