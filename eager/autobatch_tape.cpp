@@ -87,16 +87,17 @@ Tensor Autobatch::Impl::gather_grad(std::vector<PendingOp>& ops, const std::vect
   // A run continues with the same source; each own tensor is a run of its own.
   size_t runs = 0;
   for (size_t k = 0; k < n; ++k) runs += !(k > 0 && !own[k] && same_source(k - 1, k));
-  // The sources in order of first use, each with the group positions that read it.
-  // Found by a scan while they are few, then through a table (a group of many samples, each
-  // with a tensor of its own, would scan quadratically).
+  // The sources in order of first use, each with the group positions that read it: only where
+  // by source could take fewer ops than the runs (at least 4). Found by a scan while they are
+  // few, then through a table (a group of many samples, each with a tensor of its own, would
+  // scan quadratically).
   std::vector<const Tensor*> sources;
   std::vector<std::vector<size_t>> readers;
   std::unordered_map<uintptr_t, size_t> source_at;
   auto key = [&](size_t k) {  // the source's tensor, and whether it is read by rows
     return reinterpret_cast<uintptr_t>(from[k]->unsafe_impl()) | (row[k] >= 0 ? 1 : 0);
   };
-  for (size_t k = 0; k < n; ++k) {
+  for (size_t k = 0; runs > 3 && k < n; ++k) {
     size_t s = 0;
     if (sources.size() <= 16) {
       while (s < sources.size() && !same_source(readers[s][0], k)) ++s;
@@ -114,9 +115,9 @@ Tensor Autobatch::Impl::gather_grad(std::vector<PendingOp>& ops, const std::vect
     readers[s].push_back(k);
   }
   // By source only where it saves ops: its pieces, their concatenation and one reordering.
-  const bool by_source = sources.size() + 2 < runs;
+  const bool by_source = runs > 3 && sources.size() + 2 < runs;
   std::vector<Tensor> pieces;
-  std::vector<double> order(n);  // by source: group position k's row in the concatenation
+  std::vector<double> order;  // by source: group position k's row in the concatenation
   auto piece = [&](const Tensor& value, const std::vector<size_t>& at) {
     const auto m = static_cast<int64_t>(at.size());
     ++stats_.pieces;       // (but for a whole batch, below)
@@ -139,6 +140,7 @@ Tensor Autobatch::Impl::gather_grad(std::vector<PendingOp>& ops, const std::vect
                         tensor(where, Options().dtype(DType::i64).device(value.device())));
   };
   if (by_source) {
+    order.resize(n);
     double at = 0;
     for (size_t s = 0; s < sources.size(); ++s) {
       pieces.push_back(piece(*sources[s], readers[s]));

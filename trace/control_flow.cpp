@@ -4,7 +4,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <optional>
 
 #include "core/dispatch.h"
 #include "core/ops.h"
@@ -116,7 +115,7 @@ SubTrace trace_sub(detail::Tracer& parent, const std::string& what, const Fn& fn
                    const char* op) {
   // Bodies are traced with grad mode off (their gradients are traced apart), from the start, so
   // that their ops are not taken for ops the function ran outside autograd (GraphNode::no_grad).
-  std::optional<GradModeScope> no_grad(std::in_place, false);
+  GradModeScope no_grad(false);
   detail::Tracer sub(fmt::format("{} in {}", what, parent.graph().label), &parent, &lifts);
   std::vector<Tensor> in;
   for (const TensorMeta& m : inputs) in.push_back(sub.input(InputRole::Argument, m, false));
@@ -125,7 +124,6 @@ SubTrace trace_sub(detail::Tracer& parent, const std::string& what, const Fn& fn
     ModeGuard mode(&sub);
     out = fn(in);
   }
-  no_grad.reset();
   check_defined(op, "result", out);
   SubTrace r;
   for (const Tensor& o : out) r.results.push_back(meta_of(o));

@@ -26,6 +26,7 @@
 // (batch_loop), with a warning naming the op the first time. Rules call ops through the
 // dispatcher, so an enclosing trace records the batched calls and autograd differentiates
 // them.
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <set>
@@ -82,10 +83,8 @@ bool symbolic(const Attrs& a) { return a.sym != nullptr; }
 // it; the others keep their tiers. Where's condition does not promote.
 std::vector<Tensor> keep_promotion(const OpDef& def, const std::vector<BatchedArg>& in,
                                    std::vector<Tensor> ts) {
-  bool moved = false;
-  for (const BatchedArg& x : in)
-    moved = moved || (x.bdim >= 0 && sample_rank(x) == 0 && in.size() > 1);
-  if (!moved) return ts;
+  auto moves = [](const BatchedArg& x) { return x.bdim >= 0 && sample_rank(x) == 0; };
+  if (in.size() < 2 || std::none_of(in.begin(), in.end(), moves)) return ts;
   const size_t first = def.id == OpId::Where ? 1 : 0;
   std::vector<PromotionArg> args;
   for (size_t i = first; i < in.size(); ++i) {
@@ -94,7 +93,7 @@ std::vector<Tensor> keep_promotion(const OpDef& def, const std::vector<BatchedAr
   }
   const DType r = result_type(args.data(), static_cast<int64_t>(args.size()));
   for (size_t i = first; i < in.size(); ++i)
-    if (in[i].bdim >= 0 && sample_rank(in[i]) == 0 && ts[i].dtype() != r) ts[i] = ts[i].to(r);
+    if (moves(in[i]) && ts[i].dtype() != r) ts[i] = ts[i].to(r);
   return ts;
 }
 
