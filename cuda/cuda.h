@@ -33,7 +33,8 @@ struct CodegenStats {
   int64_t built = 0;        ///< programs NVRTC compiled
   int64_t disk_hits = 0;    ///< found in the on-disk cache
   int64_t memory_hits = 0;  ///< already loaded by this process
-  double build_ms = 0;      ///< wall time spent in NVRTC
+  double build_ms = 0;      ///< wall time spent in NVRTC (a plan's batch, built side by side,
+                            ///< counts its wall time once)
 };
 CodegenStats codegen_stats();
 

@@ -18,6 +18,7 @@
 #include <mutex>
 #include <sstream>
 #include <string_view>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -186,71 +187,157 @@ const DeviceInfo& device_info(Device device) {
   return d;
 }
 
-void prepare(kernels::FusedKernel& k, Device device, const std::string& dir) {
-  if (k.device_code.load(std::memory_order_acquire)) return;
-  const DeviceInfo& info = device_info(device);
-  const std::string source = fused_source(k.program);
-  // What NVRTC reads is what the key hashes: the same headers and options build the kernel.
-  const std::vector<NvrtcHeader> headers = fused_headers();
-  const NvrtcOptions options = nvrtc_options(info.arch);
-  const uint64_t key = kernel_cache_key(source, headers, options.options);
-  Cache& c = cache();
-  std::lock_guard<std::mutex> lock(c.mu);  // one build at a time; a hit is a lookup
-  if (auto it = c.kernels.find(key); it != c.kernels.end()) {
-    ++g_memory_hits;
-    k.device_code.store(it->second.get(), std::memory_order_release);
-    return;
+// Note [Parallel NVRTC builds]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A plan's first run prepares all its CUDA kernels at once (prepare_many). Those in neither cache
+// are built side by side, one NVRTC program per thread (NVRTC compiles separate programs
+// concurrently), on up to nvrtc_threads() threads: a training step's dozen programs cost about
+// the longest one instead of their sum. Time goes to NVVM and ptxas, which grow with the
+// program; the front end reads only the two embedded headers (about a tenth of a small build).
+// Loading is serial, under the cache's lock, which NVRTC never holds: two threads preparing
+// plans at once build side by side too, and where both built one key the first load stays.
+// build_ms counts a batch's wall time once.
+struct Job {
+  std::vector<kernels::FusedKernel*> ks;  // the kernels of one key
+  std::string source, base, image, log;
+  uint64_t key = 0;
+  bool from_disk = false, ptx = false;
+};
+
+int nvrtc_threads() {
+  if (const char* e = std::getenv("DUET_NVRTC_THREADS"); e && *e) {
+    const int n = std::atoi(e);
+    if (n >= 1) return n;
   }
-  const std::string base = fmt::format("{}/duet-cuda-{:016x}", dir, key);
-  auto build = [&] {
-    const auto t0 = std::chrono::steady_clock::now();
+  return static_cast<int>(std::clamp<unsigned>(std::thread::hardware_concurrency(), 1, 16));
+}
+
+// Runs fn(i) for i in [0, n) on up to `threads` threads (this one among them).
+template <class Fn>
+void run_parallel(size_t n, int threads, const Fn& fn) {
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < n;) fn(i);
+  };
+  std::vector<std::thread> pool;
+  const size_t extra = std::min<size_t>(n, static_cast<size_t>(std::max(threads, 1))) - 1;
+  for (size_t t = 0; t < extra; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+}
+
+// Builds each job's source (the image, or NVRTC's log), `threads` at once.
+void build_jobs(const std::vector<Job*>& jobs, const std::vector<NvrtcHeader>& headers,
+                const NvrtcOptions& options, int threads) {
+  if (jobs.empty()) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  run_parallel(jobs.size(), threads, [&](size_t i) {
+    Job& j = *jobs[i];
     NvrtcOutput out =
-        nvrtc_build(source, headers, options, fmt::format("duet-cuda-{:016x}.cu", key));
-    g_build_us +=
-        std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0)
-            .count();
+        nvrtc_build(j.source, headers, options, fmt::format("duet-cuda-{:016x}.cu", j.key));
+    j.log = std::move(out.log);
+    j.image = std::move(out.image);
+    j.ptx = out.ptx;
+  });
+  g_build_us +=
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0)
+          .count();
+  for (Job* j : jobs) {
     std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    kernels::jit::write_file_once(base + ".cu", source + kernels::jit::sites_comment(k.sites));
-    if (!out.log.empty()) {
-      kernels::jit::write_file_once(base + ".log", out.log);
+    std::filesystem::create_directories(std::filesystem::path(j->base).parent_path(), ec);
+    kernels::jit::write_file_once(j->base + ".cu",
+                                  j->source + kernels::jit::sites_comment(j->ks[0]->sites));
+    if (!j->log.empty()) {
+      kernels::jit::write_file_once(j->base + ".log", j->log);
       throw InternalError(fmt::format(
           "[fused] NVRTC could not compile a generated kernel ({}.cu) for the ops of {}: "
           "{}\nprogram:\n{}",
-          base, k.sites, out.log, k.program.str()));
+          j->base, j->ks[0]->sites, j->log, j->ks[0]->program.str()));
     }
-    kernels::jit::write_file_once(base + (out.ptx ? ".ptx" : ".cubin"), out.image);
+    kernels::jit::write_file_once(j->base + (j->ptx ? ".ptx" : ".cubin"), j->image);
     ++g_built;
-    return std::move(out.image);
-  };
-  std::string image;
-  bool from_disk = false;
-  for (const char* ext : {".cubin", ".ptx"})
-    if (read_file(base + ext, &image)) {
-      from_disk = true;
-      break;
-    }
-  if (!from_disk) image = build();
+  }
+}
+
+// Loads a job's image; false when it does not load (a damaged or foreign file from the disk).
+bool load_job(Job& j, Device device, const FusedReduce reduce) {
   set_device(device);
   cudaLibrary_t lib;
-  cudaError_t e = cudaLibraryLoadData(&lib, image.data(), nullptr, nullptr, 0, nullptr, nullptr, 0);
-  if (e != cudaSuccess && from_disk) {
-    // A damaged or foreign file in the cache: build again and replace it.
+  const cudaError_t e =
+      cudaLibraryLoadData(&lib, j.image.data(), nullptr, nullptr, 0, nullptr, nullptr, 0);
+  if (e != cudaSuccess && j.from_disk) {
     cudaGetLastError();
-    std::error_code ec;
-    for (const char* ext : {".cubin", ".ptx"}) std::filesystem::remove(base + ext, ec);
-    from_disk = false;
-    image = build();
-    e = cudaLibraryLoadData(&lib, image.data(), nullptr, nullptr, 0, nullptr, nullptr, 0);
+    return false;
   }
   DUET_CUDA_CHECK(e);
-  if (from_disk) ++g_disk_hits;
   auto loaded = std::make_unique<Loaded>();
   DUET_CUDA_CHECK(cudaLibraryGetKernel(&loaded->main, lib, "duet_fused"));
-  if (k.program.reduce != FusedReduce::None)
+  if (reduce != FusedReduce::None)
     DUET_CUDA_CHECK(cudaLibraryGetKernel(&loaded->fold, lib, "duet_fused_fold"));
-  k.device_code.store(loaded.get(), std::memory_order_release);
-  c.kernels.emplace(key, std::move(loaded));
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  auto [it, fresh] = c.kernels.emplace(j.key, nullptr);
+  if (fresh) it->second = std::move(loaded);  // else another thread loaded it first: use that
+  for (kernels::FusedKernel* k : j.ks)
+    k->device_code.store(it->second.get(), std::memory_order_release);
+  if (j.from_disk) ++g_disk_hits;
+  return true;
+}
+
+void prepare_many(kernels::FusedKernel* const* ks, size_t n, Device device,
+                  const std::string& dir) {
+  const DeviceInfo& info = device_info(device);
+  // What NVRTC reads is what the key hashes: the same headers and options build the kernel.
+  const std::vector<NvrtcHeader> headers = fused_headers();
+  const NvrtcOptions options = nvrtc_options(info.arch);
+  std::vector<std::unique_ptr<Job>> jobs;
+  Cache& c = cache();
+  for (size_t i = 0; i < n; ++i) {
+    kernels::FusedKernel& k = *ks[i];
+    if (k.device_code.load(std::memory_order_acquire)) continue;
+    std::string source = fused_source(k.program);
+    const uint64_t key = kernel_cache_key(source, headers, options.options);
+    {
+      std::lock_guard<std::mutex> lock(c.mu);
+      if (auto it = c.kernels.find(key); it != c.kernels.end()) {
+        ++g_memory_hits;
+        k.device_code.store(it->second.get(), std::memory_order_release);
+        continue;
+      }
+    }
+    auto same =
+        std::find_if(jobs.begin(), jobs.end(), [&](const auto& j) { return j->key == key; });
+    if (same != jobs.end()) {
+      (*same)->ks.push_back(&k);
+      continue;
+    }
+    auto j = std::make_unique<Job>();
+    j->ks = {&k};
+    j->source = std::move(source);
+    j->key = key;
+    j->base = fmt::format("{}/duet-cuda-{:016x}", dir, key);
+    jobs.push_back(std::move(j));
+  }
+  std::vector<Job*> to_build;
+  for (auto& j : jobs) {
+    for (const char* ext : {".cubin", ".ptx"})
+      if (read_file(j->base + ext, &j->image)) {
+        j->from_disk = true;
+        break;
+      }
+    if (!j->from_disk) to_build.push_back(j.get());
+  }
+  build_jobs(to_build, headers, options, nvrtc_threads());
+  for (auto& j : jobs) {
+    const FusedReduce reduce = j->ks[0]->program.reduce;
+    if (load_job(*j, device, reduce)) continue;
+    // A damaged or foreign file in the cache: build again and replace it.
+    std::error_code ec;
+    for (const char* ext : {".cubin", ".ptx"}) std::filesystem::remove(j->base + ext, ec);
+    j->from_disk = false;
+    build_jobs({j.get()}, headers, options, 1);
+    load_job(*j, device, reduce);
+  }
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
@@ -381,6 +468,11 @@ NvrtcOptions nvrtc_options(int arch) {
   }
   o.options = {fmt::format("--gpu-architecture={}_{}", o.cubin ? "sm" : "compute", target),
                "-std=c++17", "-DNDEBUG"};
+  // -minimal (NVRTC 12.4 on) leaves out the texture, surface and device-runtime declarations,
+  // which no generated kernel calls: about 4% of a small program's build.
+  int major = 0, minor = 0;
+  DUET_NVRTC_CHECK(nvrtcVersion(&major, &minor));
+  if (major > 12 || (major == 12 && minor >= 4)) o.options.push_back("-minimal");
   for (std::string& i : include_options()) o.options.push_back(std::move(i));
   return o;
 }
@@ -410,9 +502,22 @@ std::string nvrtc_check(const std::string& source, int arch) {
   return nvrtc_build(source, fused_headers(), nvrtc_options(arch), "duet-check.cu").log;
 }
 
+std::vector<NvrtcBuilt> nvrtc_build_all(const std::vector<std::string>& sources, int arch,
+                                        int threads) {
+  const std::vector<NvrtcHeader> headers = fused_headers();
+  const NvrtcOptions options = nvrtc_options(arch);
+  std::vector<NvrtcBuilt> out(sources.size());
+  run_parallel(sources.size(), threads, [&](size_t i) {
+    NvrtcOutput o = nvrtc_build(sources[i], headers, options, fmt::format("duet-check-{}.cu", i));
+    out[i].log = std::move(o.log);
+    out[i].image = std::move(o.image);
+  });
+  return out;
+}
+
 void register_fused_runner() {
   kernels::FusedDeviceRunner r;
-  r.prepare = prepare;
+  r.prepare = prepare_many;
   r.run = run;
   kernels::set_fused_device_runner(DeviceType::CUDA, r);
 }

@@ -56,6 +56,15 @@ namespace duet::cuda::detail {
 /// machines to check every generated program compiles).
 std::string nvrtc_check(const std::string& source, int arch);
 
+/// What NVRTC made of one source: its image (CUBIN, or PTX), or its log when it failed.
+struct NvrtcBuilt {
+  std::string log, image;
+};
+/// Builds each source as a fused kernel is built for sm_<arch>, `threads` programs at once, as a
+/// plan's first run does (Note [Parallel NVRTC builds] in cuda/fused.cpp). Needs no GPU.
+std::vector<NvrtcBuilt> nvrtc_build_all(const std::vector<std::string>& sources, int arch,
+                                        int threads);
+
 /// A header that generated kernels include, as NVRTC is given it (no file is read).
 struct NvrtcHeader {
   std::string name, text;

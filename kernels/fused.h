@@ -103,10 +103,12 @@ struct FusedKernel {
 
 /// What a device backend lends the executor to run fused groups on its devices (the CUDA
 /// backend registers one, cuda/fused.cpp: kernels generated from the same functors and
-/// compiled at run time). prepare() makes k.device_code ready (building it, or finding it in
-/// the caches under cache_dir); run() launches it on the device's stream, asynchronously.
+/// compiled at run time). prepare() makes the device_code of each of n kernels ready (finding
+/// it in the caches under cache_dir, or building those missing, side by side); run() launches
+/// one on the device's stream, asynchronously.
 struct FusedDeviceRunner {
-  void (*prepare)(FusedKernel& k, Device device, const std::string& cache_dir) = nullptr;
+  void (*prepare)(FusedKernel* const* ks, size_t n, Device device,
+                  const std::string& cache_dir) = nullptr;
   void (*run)(FusedKernel& k, const DuetFusedArgs& a, Device device) = nullptr;
 };
 void set_fused_device_runner(DeviceType type, const FusedDeviceRunner& runner);

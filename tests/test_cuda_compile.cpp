@@ -12,8 +12,11 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <functional>
 #include <thread>
+
+#include <unistd.h>
 
 #include "cuda/cuda.h"
 #include "nn/layers.h"
@@ -26,6 +29,7 @@
 #include "trace/check.h"
 #include "trace/compare.h"
 #include "trace/compile.h"
+#include "trace/plan/codegen.h"
 #include "trace/program.h"
 
 namespace duet::test {
@@ -659,6 +663,47 @@ TEST_CASE("cuda compiled: graphs update captured tensors, recapture on new stora
   auto moved = compile([](Tensor a) { return (a * 2.0).to(Device::cpu()); });
   for (int i = 0; i < 3; ++i) CHECK(moved(a).to_vector<float>() == std::vector<float>{2, 2, 2});
   CHECK(moved.stats().cuda_graph_plans == 0);
+}
+
+// Note [Parallel NVRTC builds]: the first run builds all of a plan's kernels in one batch, side
+// by side. Each must load as its own program (a kernel handed another's image computes the wrong
+// thing), and a second function with the same programs finds them loaded.
+TEST_CASE("cuda compiled: a plan's first run builds its kernels side by side, each its own") {
+  if (!gpu()) return;
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / fmt::format("duet-cuda-batch-{}", getpid());
+  fs::remove_all(dir);
+  const std::string before_dir = codegen::cache_dir();
+  codegen::set_cache_dir(dir.string());
+  Rng rng(7);
+  // A salt no other test uses, so that every program is new to this process too.
+  const double salt = 0.123456789;
+  auto fn = [salt](const Ins& x) {
+    const Tensor a = tanh(x[0] * salt + 0.25);
+    const Tensor b = matmul(a, x[1]);
+    const Tensor c = sigmoid(b) * b - salt;
+    const Tensor d = matmul(c, x[1]);
+    return sum(exp(d * salt), {1}) + sum(a * a, {1}) + max(c, {1});
+  };
+  auto make_in = [&] {
+    return Ins{
+        cuda_like(make(random_values(8 * 16, Domain{-1, 1}, DType::f32, rng), {8, 16}, DType::f32)),
+        cuda_like(
+            make(random_values(16 * 16, Domain{-1, 1}, DType::f32, rng), {16, 16}, DType::f32))};
+  };
+  const cuda::CodegenStats s0 = cuda::codegen_stats();
+  const CompileStats st = check_calls(fn, make_in, 3);
+  const cuda::CodegenStats s1 = cuda::codegen_stats();
+  CHECK(st.fused_kernels >= 3);
+  CHECK(s1.built - s0.built >= 3);
+  CHECK(s1.built - s0.built <= st.fused_kernels);
+  check_calls(fn, make_in, 2);  // another function, the same programs: loaded already
+  const cuda::CodegenStats s2 = cuda::codegen_stats();
+  CHECK(s2.built == s1.built);
+  CHECK(s2.memory_hits - s1.memory_hits >= 3);
+  codegen::set_cache_dir(before_dir);
+  std::error_code ec;
+  fs::remove_all(dir, ec);
 }
 
 TEST_CASE("cuda compiled: matmul + bias (+ relu) runs as one cuBLASLt call with an epilogue") {

@@ -206,12 +206,37 @@ void Plan::run_fused(FusedStep& f) {
     const kernels::FusedDeviceRunner* r = kernels::fused_device_runner(f.device.type);
     DUET_ASSERT(r, "[fused] no fused runner for {}", f.device);
     if (!f.prepared) {
-      r->prepare(*f.kernel, f.device, codegen::cache_dir());
+      kernels::FusedKernel* k = f.kernel.get();
+      r->prepare(&k, 1, f.device, codegen::cache_dir());
       f.prepared = true;
     }
     r->run(*f.kernel, a, f.device);
   }
   if (!f.tmp.empty()) f.tmp.clear();
+}
+
+void Plan::prepare_device_kernels() {
+  device_kernels_ready_ = true;
+  // Per device, its steps' kernels in one call.
+  std::vector<FusedStep*> left;
+  for (auto& f : fused_)
+    if (!f->device.is_cpu() && !f->prepared) left.push_back(f.get());
+  while (!left.empty()) {
+    const Device d = left[0]->device;
+    std::vector<kernels::FusedKernel*> ks;
+    std::vector<FusedStep*> rest;
+    for (FusedStep* f : left)
+      if (f->device == d)
+        ks.push_back(f->kernel.get());
+      else
+        rest.push_back(f);
+    const kernels::FusedDeviceRunner* r = kernels::fused_device_runner(d.type);
+    DUET_ASSERT(r, "[fused] no fused runner for {}", d);
+    r->prepare(ks.data(), ks.size(), d, codegen::cache_dir());
+    for (FusedStep* f : left)
+      if (f->device == d) f->prepared = true;
+    left = std::move(rest);
+  }
 }
 
 std::vector<Tensor> Plan::run(const std::vector<Tensor>& inputs) {
@@ -606,6 +631,7 @@ std::vector<Tensor> Plan::execute(const std::vector<Tensor>& inputs) {
   for (size_t k = 0; k < inputs.size(); ++k)
     if (slot_value_[k] >= 0) vals_[slot_value_[k]] = inputs[k];
   if (!regions_.empty()) check_regions();
+  if (!device_kernels_ready_) prepare_device_kernels();
   struct Clear {  // drop per-run references (the caller's tensors) even when a kernel throws
     Plan* p;
     ~Clear() {

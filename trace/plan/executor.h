@@ -185,6 +185,9 @@ class Plan {
   void run_control(ControlStep& c);
   std::vector<Tensor> execute(const std::vector<Tensor>& inputs);
   void run_fused(FusedStep& f);
+  /// At the first run: every device kernel of the plan made ready in one call to its runner, so
+  /// that those to build are built side by side (Note [Parallel NVRTC builds] in cuda/fused.cpp).
+  void prepare_device_kernels();
   void run_steps(const std::vector<Step>& steps);
   void run_steps_range(const Step* begin, const Step* end);
   void run_step(const Step& s);
@@ -204,7 +207,8 @@ class Plan {
   std::vector<int32_t> wave_begin_;  ///< parallel plans: the first step of each wave
   std::vector<bool> wave_parallel_;  ///< per wave: its steps run side by side
   std::vector<std::pair<StorageImpl*, uint32_t>> hoist_versions_;
-  bool hoisted_ready_ = false;  ///< the hoisted steps ran at least once
+  bool hoisted_ready_ = false;         ///< the hoisted steps ran at least once
+  bool device_kernels_ready_ = false;  ///< prepare_device_kernels() ran
   std::vector<std::unique_ptr<FusedStep>> fused_;
   std::vector<std::unique_ptr<ControlStep>> controls_;
   std::vector<int32_t> slot_value_;      ///< runtime slot -> value
