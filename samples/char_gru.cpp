@@ -3,8 +3,10 @@
 // eagerly, once with the training step under duet::compile. The program prints the two losses
 // side by side, checks that they agree to rounding, and then lets the model write a few lines.
 // It exits with 1 when the faces disagree or the model did not learn, so CI runs it as a test.
+// With --device cuda the models and batches live on the GPU (it exits with 77, skipped, where
+// there is none).
 //
-//   char_gru [--steps N] [--seed S]
+//   char_gru [--steps N] [--seed S] [--device cpu|cuda]
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -106,7 +108,8 @@ Tensor train_step(CharGRU& model, optim::Optimizer& opt, const Tensor& x, const 
 }  // namespace
 
 int main(int argc, char** argv) try {
-  const auto [steps, seed] = samples::parse_args("char_gru", argc, argv, kCheckedSteps);
+  const auto [steps, seed, device] = samples::parse_args("char_gru", argc, argv, kCheckedSteps);
+  if (!samples::device_usable("char_gru", device)) return samples::kSkipped;
 
   const std::string text = kText;
   const Vocab vocab(text);
@@ -116,11 +119,12 @@ int main(int argc, char** argv) try {
   const Tensor data = tensor(ids, Options().dtype(DType::i64));
   std::printf(
       "char_gru: %lld characters, %lld distinct; Embedding(%lld, %lld) -> GRU(%lld, %lld) "
-      "-> Linear(%lld, %lld); batch %lld x %lld characters, Adam, %lld steps\n",
+      "-> Linear(%lld, %lld); batch %lld x %lld characters, Adam, %lld steps on %s\n",
       static_cast<long long>(n), static_cast<long long>(V), static_cast<long long>(V),
       static_cast<long long>(kEmbed), static_cast<long long>(kEmbed),
       static_cast<long long>(kHidden), static_cast<long long>(kHidden), static_cast<long long>(V),
-      static_cast<long long>(kBatch), static_cast<long long>(kSeq), static_cast<long long>(steps));
+      static_cast<long long>(kBatch), static_cast<long long>(kSeq), static_cast<long long>(steps),
+      device.str().c_str());
 
   // The batches, drawn once so that both faces see the same ones: windows of kSeq + 1
   // characters at random offsets; the model reads the first kSeq and predicts the last kSeq.
@@ -131,8 +135,8 @@ int main(int argc, char** argv) try {
     Tensor window =
         index_select(data, 0, reshape(start + reshape(arange(kSeq + 1), {1, -1}), {-1}));
     window = reshape(window, {kBatch, kSeq + 1});
-    xs.push_back(slice(window, 1, 0, kSeq).contiguous());
-    ys.push_back(slice(window, 1, 1, kSeq + 1).contiguous());
+    xs.push_back(slice(window, 1, 0, kSeq).contiguous().to(device));
+    ys.push_back(slice(window, 1, 1, kSeq + 1).contiguous().to(device));
   }
 
   // The same initialization twice: the initializers draw from the seeded generator.
@@ -140,6 +144,8 @@ int main(int argc, char** argv) try {
   CharGRU eager_model(V);
   manual_seed(seed + 1);
   CharGRU compiled_model(V);
+  eager_model.to(device);
+  compiled_model.to(device);
   optim::Adam eager_opt(eager_model.parameters(), {.lr = 1e-2});
   optim::Adam compiled_opt(compiled_model.parameters(), {.lr = 1e-2});
   auto compiled_step = compile([&](const Tensor& x, const Tensor& y) {
@@ -173,7 +179,8 @@ int main(int argc, char** argv) try {
   for (char ch : prompt) prompt_ids.push_back(static_cast<double>(vocab.id.at(ch)));
   auto [logits, h] =
       compiled_model.step(tensor(prompt_ids, Shape{1, static_cast<int64_t>(prompt_ids.size())},
-                                 Options().dtype(DType::i64)),
+                                 Options().dtype(DType::i64))
+                              .to(device),
                           Tensor());
   // (1, 1, V): the prediction after the prompt's last character.
   Tensor next = slice(logits, 1, logits.size(1) - 1, logits.size(1));

@@ -3,6 +3,8 @@
 //
 //   cnn [--epochs N] [--target PERCENT] [--batch B] [--lr X] [--seed S] [--data DIR]
 //       [--autocast bf16|f16]   the forward pass under Autocast (docs/low-precision.md)
+//       [--device cpu|cuda]     where the model and the batches live (exit status 77, skipped,
+//                               for cuda without a usable GPU)
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -25,15 +27,16 @@ nn::Sequential make_model() {
                         nn::Linear(32 * 7 * 7, 10));
 }
 
-double accuracy(nn::Module& model, const data::Dataset& test) {
+double accuracy(nn::Module& model, const data::Dataset& test, Device device) {
   NoGradGuard no_grad;
   model.eval();
   int64_t correct = 0;
   const int64_t n = test.inputs.size(0), chunk = 500;
   for (int64_t i = 0; i < n; i += chunk) {
     const int64_t end = std::min(n, i + chunk);
-    Tensor x = reshape(slice(test.inputs, 0, i, end), {end - i, 1, 28, 28});
-    correct += sum(eq(argmax(model(x), 1), slice(test.targets, 0, i, end))).item<int64_t>();
+    Tensor x = reshape(slice(test.inputs, 0, i, end), {end - i, 1, 28, 28}).to(device);
+    correct +=
+        sum(eq(argmax(model(x), 1), slice(test.targets, 0, i, end).to(device))).item<int64_t>();
   }
   model.train();
   return 100.0 * static_cast<double>(correct) / static_cast<double>(n);
@@ -46,7 +49,7 @@ int main(int argc, char** argv) try {
   double target = 90, lr = 1e-3;
   int64_t batch = 128;
   uint64_t seed = 0;
-  std::string dir = data::kFashionMnistDir, autocast;
+  std::string dir = data::kFashionMnistDir, autocast, device_name = "cpu";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--epochs")
@@ -63,12 +66,21 @@ int main(int argc, char** argv) try {
       dir = v;
     else if (k == "--autocast")
       autocast = v;
+    else if (k == "--device")
+      device_name = v;
     else
       DUET_CHECK_VALUE(false, "[cnn] unknown option {}", k);
   }
   DUET_CHECK_VALUE(autocast.empty() || autocast == "bf16" || autocast == "f16",
                    "[cnn] --autocast is bf16 or f16, got {}", autocast);
   const DType low = autocast == "f16" ? DType::f16 : DType::bf16;
+  DUET_CHECK_VALUE(device_name == "cpu" || device_name == "cuda",
+                   "[cnn] --device is cpu or cuda, got {}", device_name);
+  const Device device = device_name == "cpu" ? Device::cpu() : Device::cuda();
+  if (device.is_cuda() && !cuda::is_available()) {
+    std::printf("cnn: --device cuda, but no usable CUDA GPU here: skipped\n");
+    return 77;
+  }
   data::Dataset train_set = data::load_fashion_mnist(true, dir);
   data::Dataset test_set = data::load_fashion_mnist(false, dir);
   // Standardized with the training set's mean and standard deviation, as torchvision's
@@ -79,12 +91,13 @@ int main(int argc, char** argv) try {
   test_set.inputs = (test_set.inputs - mu) / sd;
   manual_seed(seed);
   nn::Sequential model = make_model();
+  model.to(device);
   optim::Adam opt(model.parameters(), optim::AdamOptions{lr});
   auto step = compile([&](const Tensor& x, const Tensor& y) {
     opt.zero_grad();
     Tensor loss;
     {
-      Autocast ac(Device::cpu(), low, /*enabled=*/!autocast.empty());
+      Autocast ac(device, low, /*enabled=*/!autocast.empty());
       loss = cross_entropy(model(reshape(x, {-1, 1, 28, 28})), y);
     }
     loss.backward();
@@ -94,18 +107,19 @@ int main(int argc, char** argv) try {
   data::DataLoader loader(train_set.inputs, train_set.targets, batch, /*shuffle=*/true, seed);
   std::printf(
       "duet cnn: conv(1->16, 5x5) pool conv(16->32, 5x5) pool linear(1568->10), batch "
-      "%lld, Adam lr %g, compiled step%s%s\n",
-      static_cast<long long>(batch), lr, autocast.empty() ? "" : ", autocast ", autocast.c_str());
+      "%lld, Adam lr %g, compiled step on %s%s%s\n",
+      static_cast<long long>(batch), lr, device.str().c_str(),
+      autocast.empty() ? "" : ", autocast ", autocast.c_str());
   for (int epoch = 1; epoch <= epochs; ++epoch) {
     loader.set_epoch(epoch - 1);
     const double t0 = now_s();
     double loss_sum = 0;
     int64_t steps = 0;
     for (const data::Batch& b : loader) {
-      loss_sum += step(b.inputs, b.targets).item<float>();
+      loss_sum += step(b.inputs.to(device), b.targets.to(device)).item<float>();
       ++steps;
     }
-    const double acc = accuracy(model, test_set);
+    const double acc = accuracy(model, test_set, device);
     std::printf("epoch %d: mean loss %.4f, test accuracy %.2f %%, %.1f s\n", epoch,
                 loss_sum / double(steps), acc, now_s() - t0);
     if (acc >= target) {

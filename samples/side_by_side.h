@@ -1,6 +1,6 @@
-// What the training samples (char_gru, transformer) share: their options, --steps N and --seed
-// S, and the run of an eager step and a compiled step side by side on the same batches, with
-// the check that the two losses agree.
+// What the training samples (char_gru, transformer) share: their options, --steps N, --seed S
+// and --device cpu|cuda, and the run of an eager step and a compiled step side by side on the same
+// batches, with the check that the two losses agree.
 #pragma once
 
 #include <algorithm>
@@ -16,23 +16,42 @@ namespace samples {
 struct Args {
   int64_t steps;
   uint64_t seed = 0;
+  duet::Device device = duet::Device::cpu();  ///< where the models and batches live
 };
 
-/// --steps N (at least 1; default `steps`) and --seed S (default 0); anything else is an error
-/// naming the sample.
+/// --steps N (at least 1; default `steps`), --seed S (default 0) and --device cpu|cuda (default
+/// cpu); anything else is an error naming the sample.
 inline Args parse_args(const char* name, int argc, char** argv, int64_t steps) {
   Args a{steps};
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
-    DUET_CHECK_VALUE(i + 1 < argc && (k == "--steps" || k == "--seed"),
-                     "[{}] the options are --steps N and --seed S, got {}", name, k);
-    if (k == "--steps")
-      a.steps = std::stoll(argv[++i]);
-    else
-      a.seed = std::stoull(argv[++i]);
+    DUET_CHECK_VALUE(i + 1 < argc && (k == "--steps" || k == "--seed" || k == "--device"),
+                     "[{}] the options are --steps N, --seed S and --device cpu|cuda, got {}", name,
+                     k);
+    const std::string v = argv[++i];
+    if (k == "--steps") {
+      a.steps = std::stoll(v);
+    } else if (k == "--seed") {
+      a.seed = std::stoull(v);
+    } else {
+      DUET_CHECK_VALUE(v == "cpu" || v == "cuda", "[{}] --device is cpu or cuda, got {}", name, v);
+      a.device = v == "cpu" ? duet::Device::cpu() : duet::Device::cuda();
+    }
   }
   DUET_CHECK_VALUE(a.steps >= 1, "[{}] --steps must be at least 1, got {}", name, a.steps);
   return a;
+}
+
+/// The exit status of a sample asked for a device this machine cannot give (--device cuda
+/// without a usable GPU): 77, which the test runner reports as skipped.
+inline constexpr int kSkipped = 77;
+
+/// Whether `device` is usable here; if not, says so (naming the sample) for the caller to exit
+/// with kSkipped.
+inline bool device_usable(const char* name, duet::Device device) {
+  if (device.is_cpu() || duet::cuda::is_available()) return true;
+  std::printf("%s: --device cuda, but no usable CUDA GPU here: skipped\n", name);
+  return false;
 }
 
 struct SideBySide {

@@ -9,10 +9,12 @@
 //   3 1 4 1 5 9 2 6 | 6 2 9 5 1 4 1 3
 // The model reads it left to right and is scored on its predictions of the second half.
 //
-//   transformer [--steps N] [--seed S] [--autocast bf16|f16]
+//   transformer [--steps N] [--seed S] [--device cpu|cuda] [--autocast bf16|f16]
 //
 // --autocast runs the forward pass and the loss of both faces under Autocast: the products in
-// the low dtype, the norms, the softmax and the loss in f32 (docs/low-precision.md).
+// the low dtype, the norms, the softmax and the loss in f32 (docs/low-precision.md). With
+// --device cuda the models and batches live on the GPU (it exits with 77, skipped, where there
+// is none).
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -79,7 +81,8 @@ class Decoder : public nn::Module {
   }
 
   Tensor forward(const Tensor& tokens) override {
-    Tensor x = tok(tokens) + pos(arange(tokens.size(1)));  // (N, T, E) + (T, E)
+    // (N, T, E) + (T, E), the positions where the tokens are
+    Tensor x = tok(tokens) + pos(arange(tokens.size(1), Options().device(tokens.device())));
     for (const auto& b : blocks) x = b->forward(x);
     return head(ln_f(x));
   }
@@ -104,7 +107,7 @@ Tensor train_step(Decoder& model, optim::Optimizer& opt, const Tensor& seq,
   opt.zero_grad();
   Tensor loss;
   {
-    Autocast ac(Device::cpu(), autocast.value_or(DType::bf16), autocast.has_value());
+    Autocast ac(seq.device(), autocast.value_or(DType::bf16), autocast.has_value());
     Tensor logits = model(slice(seq, 1, 0, kLen - 1));          // (N, 2K, V)
     Tensor scored = slice(logits, 1, kK, 2 * kK).contiguous();  // the predictions after the sep
     Tensor targets = slice(seq, 1, kK + 1, kLen).contiguous();  // the reversed digits
@@ -151,27 +154,30 @@ int main(int argc, char** argv) try {
                      v);
     autocast = v == "bf16" ? DType::bf16 : DType::f16;
   }
-  const auto [steps, seed] =
+  const auto [steps, seed, device] =
       samples::parse_args("transformer", static_cast<int>(args.size()), args.data(), kCheckedSteps);
+  if (!samples::device_usable("transformer", device)) return samples::kSkipped;
   std::printf(
       "transformer: reverse %lld digits; %lld pre-LayerNorm blocks, width %lld, %lld "
-      "heads, MLP %lld; batch %lld, AdamW, %lld steps%s%s\n",
+      "heads, MLP %lld; batch %lld, AdamW, %lld steps on %s%s%s\n",
       static_cast<long long>(kK), static_cast<long long>(kBlocks), static_cast<long long>(kWidth),
       static_cast<long long>(kHeads), static_cast<long long>(kHidden),
-      static_cast<long long>(kBatch), static_cast<long long>(steps), autocast ? ", autocast " : "",
-      autocast ? dtype_name(*autocast).data() : "");
+      static_cast<long long>(kBatch), static_cast<long long>(steps), device.str().c_str(),
+      autocast ? ", autocast " : "", autocast ? dtype_name(*autocast).data() : "");
 
   // The batches, drawn once so that both faces see the same ones, and a held-out set.
   manual_seed(seed);
   std::vector<Tensor> batches;
-  for (int64_t s = 0; s < steps; ++s) batches.push_back(make_sequences(kBatch));
-  const Tensor held_out = make_sequences(256);
+  for (int64_t s = 0; s < steps; ++s) batches.push_back(make_sequences(kBatch).to(device));
+  const Tensor held_out = make_sequences(256).to(device);
 
   // The same initialization twice: the initializers draw from the seeded generator.
   manual_seed(seed + 1);
   Decoder eager_model;
   manual_seed(seed + 1);
   Decoder compiled_model;
+  eager_model.to(device);
+  compiled_model.to(device);
   optim::AdamW eager_opt(eager_model.parameters(), {.lr = 3e-3});
   optim::AdamW compiled_opt(compiled_model.parameters(), {.lr = 3e-3});
   auto compiled_step = compile(

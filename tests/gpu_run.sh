@@ -2,8 +2,9 @@
 # Everything a GPU machine should run, in one command (device time is short): build (or unpack
 # a bundle built elsewhere), run the CUDA tests (ctest -L cuda) and the CUDA benchmarks (W7:
 # W2cuda, W3cuda, W4cuda, W6cuda), and the PyTorch and JAX peers of W4 and W6 on the same GPU
-# (bench/peers/peers.py) when the machine's python3 has torch. Logs go to $OUT (or
-# build-gpu/): gpu.txt, ctest.log, bench.json, bench.log, peers.json, peers.log.
+# (bench/peers/peers.py) when the machine's python3 has torch, with compute-sanitizer (memcheck
+# and racecheck) over the CUDA tests between. Logs go to $OUT (or build-gpu/): gpu.txt,
+# ctest.log, sanitizer.log, bench.json, bench.log, peers.json, peers.log.
 #
 # Without --bundle it configures and builds build-gpu (with the bundled packages of
 # tools/bundle_deps.sh when .deps/prefix exists, for machines without a package mirror). With
@@ -12,15 +13,17 @@
 #
 # Where nvidia-smi lists a GPU, DUET_REQUIRE_GPU=1 makes a test fail, not skip, when duet cannot
 # use it (a driver older than the CUDA runtime, say): a GPU run must not pass by testing nothing.
-# Each stage runs under a time limit (seconds; GPU_RUN_TESTS_S, GPU_RUN_BENCH_S, GPU_RUN_PEERS_S),
+# Each stage runs under a time limit (seconds; GPU_RUN_TESTS_S, GPU_RUN_SANITIZE_S per sanitizer
+# run, GPU_RUN_BENCH_S, GPU_RUN_PEERS_S),
 # so that a hang leaves the later stages their time and the logs come back.
-# Usage: tests/gpu_run.sh [--bundle FILE] [--no-bench] [--no-peers] [--reps N]
+# Usage: tests/gpu_run.sh [--bundle FILE] [--no-bench] [--no-peers] [--no-sanitize] [--reps N]
 #                         [--only W2cuda,...] [--test-timeout S]
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 bench=1
 peers=1
+sanitize=1
 reps=7
 bundle=""
 only="W2cuda,W3cuda,W4cuda,W6cuda"
@@ -30,6 +33,7 @@ while [ $# -gt 0 ]; do
     --bundle) bundle="$2"; shift ;;
     --no-bench) bench=0 ;;
     --no-peers) peers=0 ;;
+    --no-sanitize) sanitize=0 ;;
     --reps) reps="$2"; shift ;;
     --only) only="$2"; shift ;;
     --test-timeout) test_timeout="$2"; shift ;;
@@ -53,7 +57,8 @@ if [ -n "$bundle" ]; then
   rm -rf build-gpu && mkdir -p build-gpu
   python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
     "$bundle" build-gpu || exit 1
-  sed -i "s#@BUILD@#$root/build-gpu#g" build-gpu/tests/CTestTestfile.cmake
+  sed -i "s#@BUILD@#$root/build-gpu#g" build-gpu/tests/CTestTestfile.cmake \
+    build-gpu/samples/CTestTestfile.cmake
   # The CUDA libraries are this machine's: its toolkit's, or the pip wheels' of its PyTorch.
   libs="$root/build-gpu/lib"
   for need in libcublasLt.so.13 libnvrtc.so.13 libcudart.so.13 libnccl.so.2; do
@@ -83,6 +88,31 @@ export DUET_CACHE_DIR="$root/build-gpu/kernel-cache"
   > "$out/ctest.log" 2>&1
 rc=$?
 tail -30 "$out/ctest.log"
+# compute-sanitizer over the CUDA tests: memcheck over the op sweep (every kernel) and the
+# compiled face's fused and reduction kernels, racecheck over the fused and reduction kernels
+# (shared memory). A report, or no compute-sanitizer, fails the run. Each under its own limit.
+if [ "$sanitize" = 1 ]; then
+  cs="$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)"
+  if [ -z "$cs" ]; then
+    echo "gpu_run: compute-sanitizer not found; the sanitizer stage did not run" | tee "$out/sanitizer.log"
+    rc=1
+  else
+    fused='-tc=*fused chains*,*fused reductions*,*random programs*'
+    for run in "memcheck|test_cuda_ops|" "memcheck|test_cuda_compile|$fused" \
+               "racecheck|test_cuda_compile|$fused" "racecheck|test_cuda_ops|-tc=*reduc*"; do
+      IFS='|' read -r tool bin filter <<< "$run"
+      echo "== compute-sanitizer --tool $tool $bin $filter" >> "$out/sanitizer.log"
+      (cd build-gpu/tests && timeout "${GPU_RUN_SANITIZE_S:-150}" "$cs" --tool "$tool" \
+         --error-exitcode 99 --print-limit 20 ./"$bin" ${filter:+"$filter"}) >> "$out/sanitizer.log" 2>&1
+      s=$?
+      echo "== exit status $s" >> "$out/sanitizer.log"
+      # 77: the binary skipped (no usable GPU); anything else but 0 is a report, a failure or
+      # the time limit.
+      [ "$s" = 0 ] || [ "$s" = 77 ] || rc=1
+    done
+    grep -E "^== |ERROR SUMMARY|RACECHECK SUMMARY" "$out/sanitizer.log"
+  fi
+fi
 # A saved program (samples/deploy) on the GPU with duet-run, against its CPU result.
 if [ -x build-gpu/tools/duet-run ] && [ -f build-gpu/samples/mlp.duet ]; then
   (cd build-gpu/samples &&

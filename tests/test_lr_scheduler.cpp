@@ -9,6 +9,7 @@
 #include "nn/layers.h"
 #include "nn/optim/schedulers.h"
 #include "nn/utils.h"
+#include "nn_rows.h"
 #include "util.h"
 
 namespace duet::test {
@@ -269,36 +270,11 @@ Tensor train_step(Net& m, optim::Optimizer& opt, const Tensor& x, const Tensor& 
   return loss;
 }
 
-/// Makes a scheduler (and any it sequences) for `opt`; the holder keeps them alive.
-using MakeSchedule = std::function<std::unique_ptr<LRScheduler>(
-    optim::Optimizer&, std::vector<std::unique_ptr<LRScheduler>>&)>;
-
 TEST_CASE("lr_scheduler: a compiled step follows each schedule like eager, with one trace") {
-  struct Row {
-    const char* name;
-    MakeSchedule make;
-  };
-  const std::vector<Row> rows = {
-      {"StepLR", [](optim::Optimizer& o, auto&) { return std::make_unique<StepLR>(o, 3, 0.5); }},
-      {"CosineAnnealingLR",
-       [](optim::Optimizer& o, auto&) { return std::make_unique<CosineAnnealingLR>(o, 6, 0.01); }},
-      {"LinearLR",
-       [](optim::Optimizer& o, auto&) { return std::make_unique<LinearLR>(o, 0.2, 1.0, 5); }},
-      {"OneCycleLR",
-       [](optim::Optimizer& o, auto&) {
-         return std::make_unique<OneCycleLR>(o, 0.3, 16, optim::OneCycleLROptions{});
-       }},
-      {"SequentialLR",
-       [](optim::Optimizer& o, std::vector<std::unique_ptr<LRScheduler>>& held) {
-         held.push_back(std::make_unique<LinearLR>(o, 0.1, 1.0, 4));
-         held.push_back(std::make_unique<CosineAnnealingLR>(o, 10));
-         return std::make_unique<SequentialLR>(
-             o, std::vector<std::reference_wrapper<LRScheduler>>{*held[0], *held[1]},
-             std::vector<int64_t>{4});
-       }},
-  };
+  const std::vector<ScheduleRow>& rows = schedule_rows();
+
   const int n = 15;
-  for (const Row& r : rows) {
+  for (const ScheduleRow& r : rows) {
     for (bool adam : {false, true}) {
       CAPTURE(r.name);
       CAPTURE(adam);

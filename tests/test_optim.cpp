@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "nn/optim/optim.h"
+#include "nn_rows.h"
 #include "util.h"
 
 namespace duet::test {
@@ -18,101 +19,9 @@ using optim::SGD;
 
 // ---- the cases: one row per optimizer and option combination ----
 
-enum class Kind { SGD, Adam, AdamW, RMSprop };
-
-struct Case {
-  const char* name;
-  Kind kind;
-  double lr;
-  double momentum = 0, weight_decay = 0;
-  bool nesterov = false;
-  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
-  double alpha = 0.99;    // RMSprop
-  bool centered = false;  // RMSprop
-};
-
-std::unique_ptr<Optimizer> make_optimizer(const Case& c, std::vector<Tensor> params) {
-  switch (c.kind) {
-    case Kind::SGD:
-      return std::make_unique<SGD>(params, optim::SGDOptions{.lr = c.lr,
-                                                             .momentum = c.momentum,
-                                                             .weight_decay = c.weight_decay,
-                                                             .nesterov = c.nesterov});
-    case Kind::Adam:
-      return std::make_unique<Adam>(params, optim::AdamOptions{.lr = c.lr,
-                                                               .betas = {c.beta1, c.beta2},
-                                                               .eps = c.eps,
-                                                               .weight_decay = c.weight_decay});
-    case Kind::AdamW:
-      return std::make_unique<AdamW>(params, optim::AdamWOptions{.lr = c.lr,
-                                                                 .betas = {c.beta1, c.beta2},
-                                                                 .eps = c.eps,
-                                                                 .weight_decay = c.weight_decay});
-    case Kind::RMSprop:
-      return std::make_unique<RMSprop>(params, optim::RMSpropOptions{.lr = c.lr,
-                                                                     .alpha = c.alpha,
-                                                                     .eps = c.eps,
-                                                                     .weight_decay = c.weight_decay,
-                                                                     .momentum = c.momentum,
-                                                                     .centered = c.centered});
-  }
-  return nullptr;
-}
-
-const std::vector<Case> kCases = {
-    {.name = "SGD", .kind = Kind::SGD, .lr = 0.1},
-    {.name = "SGD weight_decay", .kind = Kind::SGD, .lr = 0.1, .weight_decay = 0.05},
-    {.name = "SGD momentum", .kind = Kind::SGD, .lr = 0.05, .momentum = 0.9},
-    {.name = "SGD momentum weight_decay",
-     .kind = Kind::SGD,
-     .lr = 0.05,
-     .momentum = 0.8,
-     .weight_decay = 0.1},
-    {.name = "SGD nesterov",
-     .kind = Kind::SGD,
-     .lr = 0.05,
-     .momentum = 0.7,
-     .weight_decay = 0.01,
-     .nesterov = true},
-    {.name = "Adam", .kind = Kind::Adam, .lr = 0.01},
-    {.name = "Adam betas eps weight_decay",
-     .kind = Kind::Adam,
-     .lr = 0.02,
-     .weight_decay = 0.05,
-     .beta1 = 0.8,
-     .beta2 = 0.95,
-     .eps = 1e-3},
-    {.name = "Adam beta1 0", .kind = Kind::Adam, .lr = 0.01, .beta1 = 0, .beta2 = 0.5},
-    {.name = "AdamW", .kind = Kind::AdamW, .lr = 0.01, .weight_decay = 1e-2},
-    {.name = "AdamW strong decay",
-     .kind = Kind::AdamW,
-     .lr = 0.05,
-     .weight_decay = 0.3,
-     .beta1 = 0.5,
-     .beta2 = 0.9,
-     .eps = 1e-4},
-    {.name = "RMSprop", .kind = Kind::RMSprop, .lr = 0.01},
-    {.name = "RMSprop momentum weight_decay",
-     .kind = Kind::RMSprop,
-     .lr = 0.005,
-     .momentum = 0.9,
-     .weight_decay = 0.05,
-     .eps = 1e-3,
-     .alpha = 0.9},
-    {.name = "RMSprop centered",
-     .kind = Kind::RMSprop,
-     .lr = 0.01,
-     .alpha = 0.95,
-     .centered = true},
-    // alpha < 0.5 takes lerp's other form for the centered average.
-    {.name = "RMSprop centered momentum alpha 0.3",
-     .kind = Kind::RMSprop,
-     .lr = 0.002,
-     .momentum = 0.5,
-     .weight_decay = 0.01,
-     .alpha = 0.3,
-     .centered = true},
-};
+using Kind = OptimKind;
+using Case = OptimCase;
+const std::vector<OptimCase>& kCases = optimizer_cases();
 
 // ---- the reference: the textbook update rules on plain doubles ----
 
