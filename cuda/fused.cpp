@@ -400,6 +400,15 @@ FusedLaunch fused_launch(const FusedProgram& p, const kernels::DuetFusedArgs& a,
       if (p.in_dtypes[i] == p.dtype && a.in_si[i] == 1 && aligned16(a.in[i]) &&
           (a.outer == 1 || (a.in_so[i] * esize) % 16 == 0))
         l.vmask |= 1u << i;
+    // Dense (vec 2): every input whole or dense at the output's offsets, and 32-bit offsets.
+    bool dense = l.vec && n % V == 0 && n <= int64_t(INT32_MAX);
+    for (int i = 0; dense && i < p.num_inputs(); ++i) {
+      const bool whole = a.in_si[i] == 0 && (a.outer == 1 || a.in_so[i] == 0);
+      const bool at_out = a.in_si[i] == 1 && (a.outer == 1 || a.in_so[i] == a.inner) &&
+                          (p.in_dtypes[i] != p.dtype || aligned16(a.in[i]));
+      dense = whole || at_out;
+    }
+    if (dense) l.vec = 2;
     const int64_t work = l.vec ? n / V : n;
     const int64_t threads = kFusedElementwiseBlock;
     // A thread per V elements up to 128 blocks a multiprocessor (W2's 2^22 floats in one pass),

@@ -12,7 +12,10 @@
 //     `vec` is set (rows a multiple of V long, outputs 16-byte aligned), loading an input of
 //     dtype T with one 16-byte load when its bit in `vmask` says its rows are contiguous and
 //     aligned, a broadcast input once, and any other input lane by lane; else one element per
-//     thread;
+//     thread. `vec` 2 is the dense case: every input is a number (constant over the space) or
+//     laid out as the output (aligned, when of dtype T), and every offset fits 32 bits; its loop
+//     has no per-input layout test and no 64-bit index arithmetic (an elementwise chain over
+//     whole tensors, as W2, is this case);
 //   - inner reduction: one block per row (grid-stride over rows), threads striding along it,
 //     then a warp-shuffle and shared-memory tree;
 //   - outer reduction: 32 columns per block, its threads' rows striding down, then a

@@ -452,7 +452,8 @@ bool FusedProgram::has_low_precision() const {
 std::string FusedProgram::str() const {
   std::string s = fmt::format("fused {} ({} inputs", dtype, num_inputs());
   for (int k = 0; k < num_inputs(); ++k)
-    s += fmt::format("{}r{}:{}", k ? ", " : ": ", k, in_dtypes[k]);
+    s += fmt::format("{}r{}:{}{}", k ? ", " : ": ", k, in_dtypes[k],
+                     scalar_inputs >> k & 1u ? " number" : "");
   s += ")\n";
   for (const FusedInstr& in : code) {
     s += fmt::format("  r{} = {}(", in.dst, op_name(in.op));
@@ -492,6 +493,7 @@ uint64_t FusedProgram::hash() const {
   mix(static_cast<uint64_t>(reduce));
   mix(static_cast<uint64_t>(reduce_op));
   mix(static_cast<uint64_t>(reduce_src + 3));
+  mix(static_cast<uint64_t>(scalar_inputs) + 7);
   return h;
 }
 

@@ -56,6 +56,9 @@ struct FusedProgram {
   FusedReduce reduce = FusedReduce::None;
   OpId reduce_op = OpId::Sum;  ///< Sum, Max or Min
   int16_t reduce_src = -1;     ///< the register reduced into DuetFusedArgs::red_out (dtype T)
+  /// Bit k: input k is one number for the whole space (a one-element constant of the graph),
+  /// which the CUDA generator loads once, knowing it when it writes the kernel.
+  uint32_t scalar_inputs = 0;
 
   int num_inputs() const { return static_cast<int>(in_dtypes.size()); }
   /// Whether an input, an output or an instruction's result is f16 or bf16.

@@ -555,7 +555,8 @@ TEST_CASE("cuda codegen: generated kernels run on the host equal the interpreter
     FusedReduce split = FusedReduce::None;
   };
   const std::vector<Case> cases = {
-      {"dense, one row (vector path)", 1, 1024, {{0, 1}}},
+      {"dense, one row (dense path)", 1, 1024, {{0, 1}}},
+      {"dense rows and numbers (dense path)", 4, 48, {{48, 1}, {0, 0}, {48, 1}}},
       {"rows, row and column broadcasts, strided (vector path)",
        7,
        36,
@@ -582,7 +583,10 @@ TEST_CASE("cuda codegen: generated kernels run on the host equal the interpreter
       a.outer = c.outer;
       a.inner = c.inner;
       for (int k = 0; k < ni; ++k) {
-        const InLayout& l = c.layouts[static_cast<size_t>(k) % c.layouts.size()];
+        // A number of the graph (scalar_inputs) is one element wherever it is read.
+        const InLayout l = p.scalar_inputs >> k & 1u
+                               ? InLayout{0, 0}
+                               : c.layouts[static_cast<size_t>(k) % c.layouts.size()];
         const int64_t extent = l.shift + (c.outer - 1) * l.so + (c.inner - 1) * l.si + 1;
         const DType d = p.in_dtypes[k];
         ins.push_back(make(random_values(extent, Domain{0.1, 2, 0.1, 2}, d, rng), {extent}, d));
@@ -612,6 +616,11 @@ TEST_CASE("cuda codegen: generated kernels run on the host equal the interpreter
       // Elementwise grids cover the work in one pass up to 128 blocks a multiprocessor: two
       // blocks here, so that the grid-stride loop goes round (any grid computes the same).
       if (p.reduce == FusedReduce::None) l.grid = std::min(l.grid, 2u);
+      // Inputs whole or laid out as the output take the dense step; a transposed input does not.
+      const std::string name = c.name;
+      if (p.reduce == FusedReduce::None && name.find("dense path") != std::string::npos)
+        CHECK(l.vec == 2);
+      if (name == "transposed" && !(p.scalar_inputs & 1u)) CHECK(l.vec != 2);
       CHECK((l.nsplit > 1) == (c.split != FusedReduce::None));
       Tensor partials;
       if (l.nsplit > 1) {

@@ -100,6 +100,24 @@ __device__ __forceinline__ T element(const DuetFusedArgs& a, int64_t i, int64_t 
   return r;
 }
 
+// Outputs of V consecutive elements from e: 16-byte stores of T outputs (vec: rows a multiple of V
+// long, outputs aligned), lane stores of the others.
+template <class I>
+__device__ __forceinline__ void store_vec(const DuetFusedArgs& a, const T (&y)[V][NOA], I e) {
+#pragma unroll
+  for (int o = 0; o < NO; ++o) {
+    if (kOutT[o]) {
+      Vec w;
+#pragma unroll
+      for (int l = 0; l < V; ++l) w.v[l] = y[l][o];
+      *reinterpret_cast<Vec*>(static_cast<T*>(a.out[o]) + e) = w;
+    } else {
+#pragma unroll
+      for (int l = 0; l < V; ++l) store_out(a, o, e + l, y[l][o]);
+    }
+  }
+}
+
 // V consecutive elements (i, j..j+V) of an elementwise program: an input whose bit in wmask is
 // set is the constant whole[k]; one whose bit in vmask is set is read with one 16-byte load (its
 // rows dense and aligned); a row broadcast once; any other lane by lane. Outputs are written
@@ -110,7 +128,7 @@ __device__ __forceinline__ void vec_step(const DuetFusedArgs& a, unsigned vmask,
   T x[V][NIA], y[V][NOA], r;
 #pragma unroll
   for (int k = 0; k < NI; ++k) {
-    if (wmask >> k & 1u) {
+    if (kScalar[k] || (wmask >> k & 1u)) {
 #pragma unroll
       for (int l = 0; l < V; ++l) x[l][k] = whole[k];
       continue;
@@ -131,18 +149,32 @@ __device__ __forceinline__ void vec_step(const DuetFusedArgs& a, unsigned vmask,
   }
 #pragma unroll
   for (int l = 0; l < V; ++l) compute(x[l], y[l], r);
+  store_vec(a, y, e);
+}
+
+// The dense step (vec == 2): every input is whole (its bit in wmask) or dense at the output's
+// own offsets, and every offset fits 32 bits. No per-input layout or index arithmetic: one
+// 16-byte load per input of dtype T, lane loads for the others.
+__device__ __forceinline__ void dense_step(const DuetFusedArgs& a, unsigned wmask, const T* whole,
+                                           unsigned e) {
+  T x[V][NIA], y[V][NOA], r;
 #pragma unroll
-  for (int o = 0; o < NO; ++o) {
-    if (kOutT[o]) {
-      Vec w;
+  for (int k = 0; k < NI; ++k) {
+    if (kScalar[k] || (wmask >> k & 1u)) {
 #pragma unroll
-      for (int l = 0; l < V; ++l) w.v[l] = y[l][o];
-      *reinterpret_cast<Vec*>(static_cast<T*>(a.out[o]) + e) = w;
+      for (int l = 0; l < V; ++l) x[l][k] = whole[k];
+    } else if (kInT[k]) {
+      const Vec w = *reinterpret_cast<const Vec*>(static_cast<const T*>(a.in[k]) + e);
+#pragma unroll
+      for (int l = 0; l < V; ++l) x[l][k] = w.v[l];
     } else {
 #pragma unroll
-      for (int l = 0; l < V; ++l) store_out(a, o, e + l, y[l][o]);
+      for (int l = 0; l < V; ++l) x[l][k] = load_in(a, k, e + l);
     }
   }
+#pragma unroll
+  for (int l = 0; l < V; ++l) compute(x[l], y[l], r);
+  store_vec(a, y, e);
 }
 
 // nsplit > 1 (reductions): each row's or column's reduced range in nsplit slices, each folded
@@ -160,14 +192,20 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
     unsigned wmask = 0;
 #pragma unroll
     for (int k = 0; k < NI; ++k)
-      if (a.in_si[k] == 0 && (a.outer == 1 || a.in_so[k] == 0)) {
+      if (kScalar[k] || (a.in_si[k] == 0 && (a.outer == 1 || a.in_so[k] == 0))) {
         whole[k] = load_in(a, k, 0);
         wmask |= 1u << k;
       }
-    // One copy of the step (a second, for one row, doubled NVRTC's time for little gain).
-    for (int64_t q = t; q * V < n; q += stride) {
-      const int64_t e = q * V, i = a.outer == 1 ? 0 : e / a.inner;
-      vec_step(a, vmask, wmask, whole, i, e - i * a.inner);
+    if (vec == 2) {
+      // Dense (fused_launch checked it): 32-bit offsets, n a multiple of V.
+      const unsigned nv = static_cast<unsigned>(n) / V, st = gridDim.x * blockDim.x;
+      for (unsigned q = static_cast<unsigned>(t); q < nv; q += st)
+        dense_step(a, wmask, whole, q * V);
+    } else {
+      for (int64_t q = t; q * V < n; q += stride) {
+        const int64_t e = q * V, i = a.outer == 1 ? 0 : e / a.inner;
+        vec_step(a, vmask, wmask, whole, i, e - i * a.inner);
+      }
     }
   } else {
     for (int64_t e = t; e < n; e += stride) {
@@ -250,8 +288,13 @@ std::string fused_source(const FusedProgram& p) {
     in_t += fmt::format("{}{}", k ? ", " : "", p.in_dtypes[k] == p.dtype);
   for (int k = 0; k < nout; ++k)
     out_t += fmt::format("{}{}", k ? ", " : "", p.out_dtypes[k] == p.dtype);
-  s += fmt::format("constexpr bool kInT[NIA] = {{{}}};\nconstexpr bool kOutT[NOA] = {{{}}};\n",
-                   nin ? in_t : "false", nout ? out_t : "false");
+  std::string scalar;
+  for (int k = 0; k < nin; ++k)
+    scalar += fmt::format("{}{}", k ? ", " : "", (p.scalar_inputs >> k & 1u) != 0);
+  s += fmt::format(
+      "constexpr bool kInT[NIA] = {{{}}};\nconstexpr bool kOutT[NOA] = {{{}}};\n"
+      "constexpr bool kScalar[NIA] = {{{}}};\n",
+      nin ? in_t : "false", nout ? out_t : "false", nin ? scalar : "false");
   // Loads convert to T; stores write T, or b8 as != 0.
   s += "__device__ __forceinline__ T load_in(const DuetFusedArgs& a, int k, int64_t off) {\n"
        "  switch (k) {\n";

@@ -357,8 +357,11 @@ class Fuser {
       for (int32_t in : graph_.nodes[m].inputs)
         if (group_of_[in] != gi && !reg.count(in)) {
           reg[in] = static_cast<int16_t>(f.inputs.size());
+          const GraphNode& node = graph_.nodes[in];
+          if (node.kind == NodeKind::Constant && node.constant.numel() == 1 && f.inputs.size() < 32)
+            p.scalar_inputs |= 1u << f.inputs.size();
           f.inputs.push_back(in);
-          p.in_dtypes.push_back(graph_.nodes[in].meta.dtype);
+          p.in_dtypes.push_back(node.meta.dtype);
         }
     if (f.inputs.size() > DUET_FUSED_MAX_INPUTS) return false;
     // Last use of each member inside the group, for register reuse.
