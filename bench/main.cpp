@@ -5,7 +5,8 @@
 // of --only) with each pass switched off in turn (models.cpp). The CUDA workloads of W7, W2cuda,
 // W3cuda, W4cuda and W6cuda (cuda.cpp), run with --device cuda or all (W2, W3, W4 and W6 in
 // --only select them there too), or when --only names them or W7. With --profile DIR each CPU
-// workload writes a Chrome-trace profile, DIR/<workload>.json (Note [Profiler]).
+// workload writes a Chrome-trace profile, DIR/<workload>.json (Note [Profiler]), and the CUDA
+// workloads one, DIR/W7.json, with each kernel's device time.
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -149,6 +150,11 @@ int main(int argc, char** argv) {
     if (want_w7(w)) cuda_wanted += (cuda_wanted.empty() ? "" : ", ") + std::string(w);
   if (!cuda_wanted.empty()) {
 #ifdef DUET_WITH_CUDA
+    // With --profile DIR, the CUDA workloads run under one Profiler writing DIR/W7.json, with
+    // each kernel's device time (Note [Device time in profiles]); compiled calls then run their
+    // plans step by step, not as CUDA graphs, so the timings are not the benchmark's.
+    std::unique_ptr<duet::Profiler> prof;
+    if (!profile_dir.empty()) prof = std::make_unique<duet::Profiler>(profile_dir + "/W7.json");
     bench::run_cuda(cfg, want_w7, rs);
 #else
     std::fprintf(stderr, "%s: skipped (duet_bench was built without CUDA)\n", cuda_wanted.c_str());

@@ -57,6 +57,13 @@ struct DeviceBackend {
   void (*launch_graph)(void* graph, Device device) = nullptr;
   /// Frees a graph and its pool once the device is done with it.
   void (*destroy_graph)(void* graph, Device device) = nullptr;
+  // Device time for the profiler (Note [Device time in profiles] in core/profiler.h); null
+  // where the backend keeps none. record_event marks the device's stream now (null while it is
+  // captured); elapsed_ms waits for `end` and gives the milliseconds from `start` to it;
+  // destroy_event frees an event.
+  void* (*record_event)(Device device) = nullptr;
+  double (*elapsed_ms)(void* start, void* end) = nullptr;
+  void (*destroy_event)(void* event) = nullptr;
 };
 
 namespace detail {

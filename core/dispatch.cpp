@@ -150,6 +150,8 @@ struct ProfiledInputs {
   int64_t first_numel = 0;
   int64_t second_numel = 0;  // conv2d's FLOPs need the second operand's size
   int64_t second_dim0 = 1;
+  DeviceSpan
+      span;  // the op's device time, when it runs on a device (Note [Device time in profiles])
 };
 
 static ProfiledInputs profile_inputs(TensorRefs inputs) {
@@ -166,12 +168,13 @@ static ProfiledInputs profile_inputs(TensorRefs inputs) {
     if (x->wrapped_number) continue;
     p.shapes += fmt::format("{}\"{} {}\"", p.shapes.empty() ? "" : ", ", x->dtype, x->shape);
     p.bytes += x->shape.numel() * itemsize(x->dtype);
+    if (!x->device().is_cpu() && !p.span.start) p.span = profile_device_begin(x->device());
   }
   p.start_us = profile_clock_us();
   return p;
 }
 
-static void profile_op(const OpDef& def, const ProfiledInputs& p, const Tensor& out) {
+static void profile_op(const OpDef& def, ProfiledInputs& p, const Tensor& out) {
   const double end_us = profile_clock_us();
   const TensorImpl* o = out.unsafe_impl();
   const int64_t n = o->shape.numel();
@@ -188,11 +191,12 @@ static void profile_op(const OpDef& def, const ProfiledInputs& p, const Tensor& 
     flops = n;
   else if (def.cls == OpClass::Reduction)
     flops = p.first_numel;
-  profile_event(def.name, "op", p.start_us, end_us,
-                fmt::format("\"inputs\": [{}], \"output\": \"{} {}\", \"bytes\": {}, "
-                            "\"flops\": {}, \"site\": \"{}\"",
-                            p.shapes, o->dtype, o->shape, p.bytes + n * itemsize(o->dtype), flops,
-                            tls_site.str()));
+  const std::string args = fmt::format(
+      "\"inputs\": [{}], \"output\": \"{} {}\", \"bytes\": {}, \"flops\": {}, "
+      "\"site\": \"{}\"",
+      p.shapes, o->dtype, o->shape, p.bytes + n * itemsize(o->dtype), flops, tls_site.str());
+  profile_device_end(p.span, def.name, args);
+  profile_event(def.name, "op", p.start_us, end_us, args);
 }
 
 Tensor call(OpId op, TensorRefs inputs, const Attrs& attrs, unsigned expiring) {

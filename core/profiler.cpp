@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -13,12 +14,30 @@
 #include <fmt/format.h>
 
 #include "core/allocator.h"
+#include "core/error.h"
 
 namespace duet {
 
+namespace {
+// A device's events of one profiler (Note [Device time in profiles]): `ref`, recorded before any
+// span of the profiler on that device, and the host time when the device passed it.
+struct DeviceRef {
+  std::shared_ptr<void> event;
+  double host_us = 0;
+  bool named = false;  // the track's name event was written
+};
+struct PendingSpan {
+  Device device;
+  std::shared_ptr<void> start, end;
+  std::string name, args;
+};
+}  // namespace
+
 struct Profiler::State {
   mutable std::mutex mu;
-  std::vector<std::string> events;  // one JSON object each
+  std::vector<std::string> events;   // one JSON object each
+  std::map<int, DeviceRef> refs;     // by device index
+  std::vector<PendingSpan> pending;  // device events not read yet
 };
 
 namespace detail {
@@ -106,6 +125,93 @@ void profile_event(const std::string& name, const char* category, double start_u
   }
 }
 
+namespace {
+
+// An event on `device` now, freed by the backend when the last holder lets go; null where the
+// backend keeps none (or its stream is being captured).
+std::shared_ptr<void> device_event(const DeviceBackend& b, Device device) {
+  void* e = b.record_event(device);
+  if (!e) return nullptr;
+  void (*destroy)(void*) = b.destroy_event;
+  return std::shared_ptr<void>(e, [destroy](void* p) { destroy(p); });
+}
+
+const DeviceBackend* timing_backend(Device device) {
+  if (device.is_cpu()) return nullptr;
+  const DeviceBackend* b = device_backend(device.type);
+  return b && b->record_event && b->elapsed_ms && b->destroy_event ? b : nullptr;
+}
+
+// The pending device spans of s as events, on one track per device (called with s->mu held).
+void read_device_events(Profiler::State& s) {
+  for (const PendingSpan& p : s.pending) {
+    const DeviceBackend* b = timing_backend(p.device);
+    DeviceRef& ref = s.refs[p.device.index];
+    if (!b || !ref.event) continue;
+    const int64_t tid = 900000 + p.device.index;
+    if (!ref.named) {
+      s.events.push_back(
+          fmt::format("{{\"name\": \"thread_name\", \"cat\": \"__metadata\", \"ph\": \"M\", "
+                      "\"pid\": 1, \"tid\": {}, "
+                      "\"args\": {{\"name\": \"{}\"}}}}",
+                      tid, p.device.str()));
+      ref.named = true;
+    }
+    double ts = 0, dur = 0;
+    try {
+      ts = ref.host_us + 1000 * b->elapsed_ms(ref.event.get(), p.start.get());
+      dur = 1000 * b->elapsed_ms(p.start.get(), p.end.get());
+    } catch (const Error&) {
+      continue;  // the device failed (or is gone, at exit): no time to show
+    }
+    s.events.push_back(
+        fmt::format("{{\"name\": {}, \"cat\": \"device\", \"ph\": \"X\", \"ts\": {:.3f}, \"dur\": "
+                    "{:.3f}, \"pid\": 1, \"tid\": {}, \"args\": {{{}}}}}",
+                    json_quoted(p.name), ts, dur, tid, p.args));
+  }
+  s.pending.clear();
+}
+
+}  // namespace
+
+DeviceSpan profile_device_begin(Device device) {
+  DeviceSpan span{device, nullptr};
+  const DeviceBackend* b = timing_backend(device);
+  if (!b) return span;
+  std::lock_guard<std::mutex> lock(g_mu);
+  // Each active profiler's first span on this device waits for a reference event.
+  std::shared_ptr<void> ref;
+  double host_us = 0;
+  for (Profiler::State* s : active()) {
+    std::lock_guard<std::mutex> l(s->mu);
+    DeviceRef& r = s->refs[device.index];
+    if (r.event) continue;
+    if (!ref) {
+      ref = device_event(*b, device);
+      if (!ref) return span;
+      b->elapsed_ms(ref.get(), ref.get());  // waits until the device passed it
+      host_us = profile_clock_us();
+    }
+    r.event = ref;
+    r.host_us = host_us;
+  }
+  span.start = device_event(*b, device);
+  return span;
+}
+
+void profile_device_end(DeviceSpan& span, const std::string& name, const std::string& args) {
+  if (!span.start) return;
+  const DeviceBackend* b = timing_backend(span.device);
+  std::shared_ptr<void> end = device_event(*b, span.device);
+  if (!end) return;
+  std::lock_guard<std::mutex> lock(g_mu);
+  for (Profiler::State* s : active()) {
+    std::lock_guard<std::mutex> l(s->mu);
+    if (s->refs[span.device.index].event)
+      s->pending.push_back(PendingSpan{span.device, span.start, end, name, args});
+  }
+}
+
 }  // namespace detail
 
 Profiler::Profiler(std::string path) : state_(new State), path_(std::move(path)) {
@@ -137,11 +243,13 @@ Profiler::~Profiler() {
 
 std::string Profiler::json() const {
   std::lock_guard<std::mutex> l(state_->mu);
+  detail::read_device_events(*state_);
   return detail::events_json(state_->events);
 }
 
 size_t Profiler::size() const {
   std::lock_guard<std::mutex> l(state_->mu);
+  detail::read_device_events(*state_);
   return state_->events.size();
 }
 

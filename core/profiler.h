@@ -10,12 +10,23 @@
 // one event per step of its plan (a kernel, a fused group, a view), so eager and compiled runs
 // of the same code read side by side in chrome://tracing or Perfetto. After an event, a counter
 // event ("tensor memory", category "memory") gives the CPU tensor memory when it changed, drawn
-// as a track. Times are host times: on a GPU they measure launches, not kernels. Off, it costs
-// one relaxed atomic load per op.
+// as a track. Off, it costs one relaxed atomic load per op.
+//
+// Note [Device time in profiles]
+// Host times of work on a GPU measure its launches. So an op or a plan's step that runs on a
+// device whose backend keeps events also records an event on the device's stream before and
+// after it, and the profile gains a "device" event on a track of that device ("cuda:0"): the
+// kernels' time, placed on the host clock through a reference event that the first such span
+// waits for. The events are read when the profile is (json(), or when it is written), so the
+// device is not waited for op by op. A compiled call under a profiler runs its plan step by
+// step rather than as its CUDA graph, so that each kernel has its own device event.
 #pragma once
 
 #include <atomic>
+#include <memory>
 #include <string>
+
+#include "core/device.h"
 
 namespace duet {
 
@@ -60,6 +71,16 @@ double profile_clock_us();
 /// ("\"shapes\": ..., \"bytes\": 12") or empty.
 void profile_event(const std::string& name, const char* category, double start_us, double end_us,
                    const std::string& args);
+
+/// Device work between begin and end (Note [Device time in profiles]): an event on `device`'s
+/// stream, or none on the CPU and where the backend keeps no events (end then does nothing).
+struct DeviceSpan {
+  Device device;
+  std::shared_ptr<void> start;
+};
+DeviceSpan profile_device_begin(Device device);
+/// Ends `span` with a second event and gives every active profiler a device event to read later.
+void profile_device_end(DeviceSpan& span, const std::string& name, const std::string& args);
 }  // namespace detail
 
 }  // namespace duet

@@ -435,6 +435,33 @@ int64_t cache_hits(Device device) { return state(device).allocator.load()->hits(
 
 bool allow_tf32() { return g_allow_tf32.load(std::memory_order_relaxed); }
 
+namespace {
+
+void* record_event(Device device) {
+  const cudaStream_t s = stream(device);
+  if (capturing(s)) return nullptr;
+  set_device(device);
+  cudaEvent_t e;
+  DUET_CUDA_CHECK(cudaEventCreate(&e));
+  DUET_CUDA_CHECK(cudaEventRecord(e, s));
+  return e;
+}
+
+double elapsed_ms(void* start, void* end) {
+  DUET_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(end)));
+  float ms = 0;
+  DUET_CUDA_CHECK(
+      cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start), static_cast<cudaEvent_t>(end)));
+  return ms;
+}
+
+void destroy_event(void* event) {
+  cudaEventDestroy(static_cast<cudaEvent_t>(event));  // never throws: runs in destructors
+  cudaGetLastError();
+}
+
+}  // namespace
+
 // Called once from register_backends() (kernels/backends.cpp): lends core this backend.
 void register_runtime() {
   DeviceBackend b;
@@ -445,6 +472,9 @@ void register_runtime() {
   b.end_capture = &end_capture;
   b.launch_graph = &launch_graph;
   b.destroy_graph = &destroy_graph;
+  b.record_event = &record_event;
+  b.elapsed_ms = &elapsed_ms;
+  b.destroy_event = &destroy_event;
   ::duet::detail::set_device_backend(DeviceType::CUDA, b);
 }
 

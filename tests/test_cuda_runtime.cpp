@@ -250,6 +250,43 @@ TEST_CASE("cuda: batch norm trains on the GPU as on the CPU, eager and compiled"
   }
 }
 
+// Note [Device time in profiles]: host times of GPU work measure launches, so ops and steps on
+// a GPU also get "device" events from CUDA events, on a track named after the device; a
+// compiled call under a profiler runs its plan step by step, not as its graph.
+TEST_CASE("cuda: a profile gives eager ops and compiled steps their device time") {
+  if (!gpu()) return;
+  manual_seed(3);
+  const Tensor a = randn({512, 512}).to(Device::cuda());
+  auto f = compile([](Tensor x) { return relu(matmul(x, x)) * 2.0; });
+  for (int i = 0; i < 3; ++i) f(a);  // built, captured and replayed before the profile
+  std::string js;
+  {
+    Profiler p;
+    const Tensor y = matmul(a, a);
+    const Tensor z = f(a);
+    cuda::synchronize();
+    js = p.json();
+  }
+  auto count = [&js](const std::string& needle) {
+    int n = 0;
+    for (size_t at = js.find(needle); at != std::string::npos; at = js.find(needle, at + 1)) ++n;
+    return n;
+  };
+  // The eager matmul, and the compiled plan's matmul and fused steps, each on the device track.
+  CHECK(count("\"cat\": \"device\"") >= 3);
+  CHECK(count("\"cat\": \"step\"") >= 2);
+  CHECK(count("\"name\": \"thread_name\"") == 1);
+  CHECK(js.find("\"name\": \"cuda:0\"") != std::string::npos);
+  // The eager matmul's device time: 2 * 512^3 FLOPs take microseconds on any GPU.
+  const size_t at = js.find("{\"name\": \"matmul\", \"cat\": \"device\"");
+  REQUIRE(at != std::string::npos);
+  const size_t dur = js.find("\"dur\": ", at);
+  REQUIRE(dur != std::string::npos);
+  const double us = std::stod(js.substr(dur + 7, 20));
+  CHECK(us > 0.5);
+  CHECK(us < 1e5);
+}
+
 TEST_CASE("cuda: creation functions make tensors on the device") {
   if (!gpu()) return;
   const Device dev = Device::cuda();

@@ -244,4 +244,72 @@ TEST_CASE("profiler: a counter track of tensor memory follows the events") {
   CHECK(bytes.back() - bytes.front() >= 8000);
 }
 
+// Note [Device time in profiles], without a GPU: a backend whose events read a clock that the
+// test moves stands in for CUDA's (lent for this case, the real one given back after).
+namespace fake_device {
+double now_ms = 0;
+int live = 0;
+void* record(Device) {
+  ++live;
+  return new double(now_ms);
+}
+double elapsed(void* a, void* b) { return *static_cast<double*>(b) - *static_cast<double*>(a); }
+void destroy(void* e) {
+  --live;
+  delete static_cast<double*>(e);
+}
+Allocator& alloc(Device) { return cpu_allocator(); }
+}  // namespace fake_device
+
+TEST_CASE("profiler: device spans become device events on the device's track, read late") {
+  const DeviceBackend* real = detail::device_backend(DeviceType::CUDA);
+  const DeviceBackend saved = real ? *real : DeviceBackend{};
+  DeviceBackend b = saved;
+  if (!b.allocator) b.allocator = &fake_device::alloc;
+  b.record_event = &fake_device::record;
+  b.elapsed_ms = &fake_device::elapsed;
+  b.destroy_event = &fake_device::destroy;
+  detail::set_device_backend(DeviceType::CUDA, b);
+  std::string js, outer_js;
+  double begun_us = 0;
+  {
+    Profiler outer;
+    {
+      Profiler p;
+      fake_device::now_ms = 10;
+      begun_us = detail::profile_clock_us();
+      detail::DeviceSpan s = detail::profile_device_begin(Device::cuda());
+      fake_device::now_ms = 12.5;
+      detail::profile_device_end(s, "kernel a", "\"k\": 1");
+      detail::DeviceSpan t = detail::profile_device_begin(Device::cuda());
+      fake_device::now_ms = 13;
+      detail::profile_device_end(t, "kernel b", "");
+      CHECK(!detail::profile_device_begin(Device::cpu()).start);  // the CPU has no device time
+      js = p.json();
+      CHECK(p.json() == js);  // read once: the pending spans became events
+    }
+    outer_js = outer.json();
+  }
+  detail::set_device_backend(DeviceType::CUDA, saved);
+  CHECK(fake_device::live == 0);  // every event freed once read
+  for (const std::string* text : {&js, &outer_js}) {
+    const std::vector<Json> ev = events_of(*text);
+    const Json* a = find_event(ev, "kernel a");
+    const Json* k = find_event(ev, "kernel b");
+    const Json* track = find_event(ev, "thread_name");
+    REQUIRE(a != nullptr);
+    REQUIRE(k != nullptr);
+    REQUIRE(track != nullptr);
+    CHECK((*a)["cat"].str() == "device");
+    CHECK((*a)["dur"].number() == doctest::Approx(2500));
+    CHECK((*k)["dur"].number() == doctest::Approx(500));
+    // On the host clock from the reference: b starts 2.5 ms after a.
+    CHECK((*k)["ts"].number() - (*a)["ts"].number() == doctest::Approx(2500));
+    CHECK((*a)["ts"].number() >= begun_us - 1e-3);
+    CHECK((*a)["args"]["k"].number() == 1);
+    CHECK((*track)["args"]["name"].str() == "cuda:0");
+    CHECK((*a)["tid"].number() == (*track)["tid"].number());
+  }
+}
+
 }  // namespace duet::test

@@ -279,8 +279,9 @@ std::vector<Tensor> Plan::run_unprofiled(const std::vector<Tensor>& inputs) {
     spares_.push_back(std::move(spare));
     return out;
   }
-  // A graph replays no host steps: while anomaly detection is on, the plan runs step by step.
-  if (cuda_graph_ && !anomaly_on()) return run_graphed(inputs);
+  // A graph replays no host steps: while anomaly detection or a profiler is on, the plan runs
+  // step by step (each kernel then has its device time, Note [Device time in profiles]).
+  if (cuda_graph_ && !anomaly_on() && !profiling()) return run_graphed(inputs);
   return execute(inputs);
 }
 
@@ -499,6 +500,13 @@ void Plan::run_steps_range(const Step* begin, const Step* end) {
       clean = sp->kind != StepKind::View && sp->kind != StepKind::Control && all_finite(ins);
     }
     const double t0 = prof ? profile_clock_us() : 0;
+    // The step's device time (Note [Device time in profiles]), where it runs on a device.
+    DeviceSpan span;
+    if (prof && sp->kind != StepKind::Control) {
+      const Device d =
+          sp->kind == StepKind::Fused ? fused_[sp->out]->device : graph_.nodes[sp->out].meta.device;
+      if (!d.is_cpu()) span = profile_device_begin(d);
+    }
     const Step* last = run_one(sp, end);
     if (prof) {
       std::string shape;
@@ -506,10 +514,11 @@ void Plan::run_steps_range(const Step* begin, const Step* end) {
         shape = fmt::format("{}", fused_[sp->out]->shape);
       else if (sp->kind != StepKind::Control)
         shape = fmt::format("{}", graph_.nodes[sp->out].meta.shape);
-      profile_event(step_name(*sp) + (last != sp ? " + epilogue" : ""), "step", t0,
-                    profile_clock_us(),
-                    fmt::format("\"plan\": \"{}\", \"shape\": \"{}\", \"site\": \"{}\"",
-                                graph_.label, shape, step_site(*sp).str()));
+      const std::string name = step_name(*sp) + (last != sp ? " + epilogue" : "");
+      const std::string args = fmt::format("\"plan\": \"{}\", \"shape\": \"{}\", \"site\": \"{}\"",
+                                           graph_.label, shape, step_site(*sp).str());
+      profile_device_end(span, name, args);
+      profile_event(name, "step", t0, profile_clock_us(), args);
     }
     if (clean) {
       // A GEMM epilogue ran two steps: the second's outputs are the pair's.
