@@ -2,8 +2,8 @@
 # Everything a GPU machine should run, in one command (device time is short): build (or unpack
 # a bundle built elsewhere), run the CUDA tests (ctest -L cuda) and the CUDA benchmarks (W7:
 # W2cuda, W3cuda, W4cuda, W6cuda), and the PyTorch and JAX peers of W4 and W6 on the same GPU
-# (bench/peers/peers.py) when the machine's python3 has torch, with compute-sanitizer (memcheck
-# and racecheck) over the CUDA tests between. Logs go to $OUT (or build-gpu/): gpu.txt,
+# (bench/peers/peers.py) when the machine's python3 has torch, then compute-sanitizer (memcheck
+# and racecheck) over the CUDA tests. Logs go to $OUT (or build-gpu/): gpu.txt,
 # ctest.log, sanitizer.log, bench.json, bench.log, peers.json, peers.log.
 #
 # Without --bundle it configures and builds build-gpu (with the bundled packages of
@@ -88,31 +88,6 @@ export DUET_CACHE_DIR="$root/build-gpu/kernel-cache"
   > "$out/ctest.log" 2>&1
 rc=$?
 tail -30 "$out/ctest.log"
-# compute-sanitizer over the CUDA tests: memcheck over the op sweep (every kernel) and the
-# compiled face's fused and reduction kernels, racecheck over the fused and reduction kernels
-# (shared memory). A report, or no compute-sanitizer, fails the run. Each under its own limit.
-if [ "$sanitize" = 1 ]; then
-  cs="$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)"
-  if [ -z "$cs" ]; then
-    echo "gpu_run: compute-sanitizer not found; the sanitizer stage did not run" | tee "$out/sanitizer.log"
-    rc=1
-  else
-    fused='-tc=*fused chains*,*fused reductions*,*random programs*'
-    for run in "memcheck|test_cuda_ops|" "memcheck|test_cuda_compile|$fused" \
-               "racecheck|test_cuda_compile|$fused" "racecheck|test_cuda_ops|-tc=*reduc*"; do
-      IFS='|' read -r tool bin filter <<< "$run"
-      echo "== compute-sanitizer --tool $tool $bin $filter" >> "$out/sanitizer.log"
-      (cd build-gpu/tests && timeout "${GPU_RUN_SANITIZE_S:-150}" "$cs" --tool "$tool" \
-         --error-exitcode 99 --print-limit 20 ./"$bin" ${filter:+"$filter"}) >> "$out/sanitizer.log" 2>&1
-      s=$?
-      echo "== exit status $s" >> "$out/sanitizer.log"
-      # 77: the binary skipped (no usable GPU); anything else but 0 is a report, a failure or
-      # the time limit.
-      [ "$s" = 0 ] || [ "$s" = 77 ] || rc=1
-    done
-    grep -E "^== |ERROR SUMMARY|RACECHECK SUMMARY" "$out/sanitizer.log"
-  fi
-fi
 # A saved program (samples/deploy) on the GPU with duet-run, against its CPU result.
 if [ -x build-gpu/tools/duet-run ] && [ -f build-gpu/samples/mlp.duet ]; then
   (cd build-gpu/samples &&
@@ -139,5 +114,31 @@ if [ "$peers" = 1 ] && python3 -c 'import torch' 2>/dev/null; then
     --only W4,W6 --peers "$peer_list" --reps "$reps" "${duet_rows[@]}" --json "$out/peers.json" \
     > "$out/peers.log" 2>&1
   cat "$out/peers.log"
+fi
+# Last (its runs are the slowest, and a time limit there costs nothing else), compute-sanitizer
+# over the CUDA tests: memcheck over the op sweep (every kernel) and the compiled face's fused
+# and reduction kernels, racecheck over the fused and reduction kernels (shared memory). A
+# report, or no compute-sanitizer, fails the run. Each run under its own limit.
+if [ "$sanitize" = 1 ]; then
+  cs="$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)"
+  if [ -z "$cs" ]; then
+    echo "gpu_run: compute-sanitizer not found; the sanitizer stage did not run" | tee "$out/sanitizer.log"
+    rc=1
+  else
+    fused='-tc=*fused chains*,*fused reductions*,*random programs*'
+    for run in "memcheck|test_cuda_ops|" "memcheck|test_cuda_compile|$fused" \
+               "racecheck|test_cuda_compile|$fused" "racecheck|test_cuda_ops|-tc=*reduc*"; do
+      IFS='|' read -r tool bin filter <<< "$run"
+      echo "== compute-sanitizer --tool $tool $bin $filter" >> "$out/sanitizer.log"
+      (cd build-gpu/tests && timeout "${GPU_RUN_SANITIZE_S:-150}" "$cs" --tool "$tool" \
+         --error-exitcode 99 --print-limit 20 ./"$bin" ${filter:+"$filter"}) >> "$out/sanitizer.log" 2>&1
+      s=$?
+      echo "== exit status $s" >> "$out/sanitizer.log"
+      # 77: the binary skipped (no usable GPU); anything else but 0 is a report, a failure or
+      # the time limit.
+      [ "$s" = 0 ] || [ "$s" = 77 ] || rc=1
+    done
+    grep -E "^== |ERROR SUMMARY|RACECHECK SUMMARY" "$out/sanitizer.log"
+  fi
 fi
 exit $rc
