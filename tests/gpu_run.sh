@@ -125,6 +125,7 @@ if [ "$sanitize" = 1 ]; then
     echo "gpu_run: compute-sanitizer not found; the sanitizer stage did not run" | tee "$out/sanitizer.log"
     rc=1
   else
+    : > "$out/sanitizer.log"
     fused='-tc=*fused chains*,*fused reductions*,*random programs*'
     for run in "memcheck|test_cuda_ops|" "memcheck|test_cuda_compile|$fused" \
                "racecheck|test_cuda_compile|$fused" "racecheck|test_cuda_ops|-tc=*reduc*"; do
