@@ -96,7 +96,12 @@ KernelFn kernel_for(const OpDef& def, Device device) {
 }
 
 // The default behaviour of a call below all modes: view, or allocate and run the kernel.
+thread_local int64_t* tls_kernel_count = nullptr;  // KernelCountScope's counter, or null
+
 Tensor execute(const OpDef& def, const OpCall& c, unsigned expiring) {
+  if (__builtin_expect(tls_kernel_count != nullptr, 0) &&
+      (def.cls != OpClass::View || c.inplace_out))
+    ++*tls_kernel_count;
   if (def.cls == OpClass::View && !c.inplace_out) {
     Tensor v = def.view(c.inputs[0], c.attrs, c.meta);
     if (v.defined()) return v;
@@ -400,6 +405,11 @@ thread_local LazyRunner* tls_lazy_runner = nullptr;
 LazyRunner* set_lazy_runner(LazyRunner* r) { return std::exchange(tls_lazy_runner, r); }
 bool lazy_runner_active() { return tls_lazy_runner != nullptr; }
 void claim_autograd() { tls_autograd_claimed = true; }
+
+KernelCountScope::KernelCountScope(int64_t* count) : saved_(tls_kernel_count) {
+  tls_kernel_count = count;
+}
+KernelCountScope::~KernelCountScope() { tls_kernel_count = saved_; }
 
 Tensor KernelCounter::handle(const OpCall& c) {
   if (op_def(c.op).cls != OpClass::View || c.inplace_out) ++kernels;

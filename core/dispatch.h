@@ -45,6 +45,19 @@ class KernelCounter final : public DispatchMode {
   Tensor handle(const OpCall& c) override;
   int64_t kernels = 0;
 };
+/// Counts the kernels this thread runs (each op but a view; an in-place op counts) into
+/// `*count` for its lifetime, as KernelCounter does, but with no mode on the stack: the ops
+/// keep eager's fast path (an Autobatch scope's runs and backward count so).
+class KernelCountScope {
+ public:
+  explicit KernelCountScope(int64_t* count);
+  ~KernelCountScope();
+  KernelCountScope(const KernelCountScope&) = delete;
+  KernelCountScope& operator=(const KernelCountScope&) = delete;
+
+ private:
+  int64_t* saved_;
+};
 /// Calls op with its inputs. Bit i of `expiring` says input i is an rvalue the caller will drop:
 /// its buffer may be reused for the output when nothing else holds it.
 Tensor call(OpId op, TensorRefs inputs, const Attrs& attrs, unsigned expiring = 0);

@@ -320,12 +320,13 @@ void Autobatch::Impl::run() {
   std::vector<std::vector<int32_t>> ready(nsig);
   for (size_t i = 0; i < n; ++i)
     if (live[i] && waiting[i] == 0) ready[static_cast<size_t>(sig[i])].push_back(int32_t(i));
-  // Steps 3-5, with modes off (but the kernel counter), grad mode off and autocast off.
+  // Steps 3-5, with modes off (kernels counted by a KernelCountScope, no mode: eager's fast path),
+  // grad mode off and autocast off.
   detail::SuspendModes eager;
-  ModeGuard count_kernels(&counter_);
+  detail::KernelCountScope count_kernels(&kernels_);
   GradModeScope no_grad(false);
   detail::AutocastOff no_autocast;
-  const int64_t kernels_before = counter_.kernels;
+  const int64_t kernels_before = kernels_;
   std::vector<int32_t> group;
   // The signatures with ready ops, the least deep on average on top (ties: the lower id).
   auto deeper = [&](int32_t a, int32_t b) {
@@ -378,7 +379,7 @@ void Autobatch::Impl::run() {
     }
   }
   give_history(ops);
-  stats_.kernels_launched += counter_.kernels - kernels_before;
+  stats_.kernels_launched += kernels_ - kernels_before;
   tls_stats = stats_;
   {
     detail::ObjectCacheScope pending;  // for the next step's (Note [Tensor object cache])
@@ -600,7 +601,7 @@ Tensor Autobatch::Impl::gather(std::vector<PendingOp>& ops, const std::vector<in
     auto* dst = static_cast<char*>(batch.unsafe_impl()->data());
     if (bytes)  // (empty samples have no data: null, which memcpy may not read)
       for (size_t k = 0; k < ids.size(); ++k) std::memcpy(dst + k * bytes, addresses_[k], bytes);
-    ++counter_.kernels;
+    ++kernels_;
     return batch;
   }
   std::vector<Tensor> parts;

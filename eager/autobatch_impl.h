@@ -273,7 +273,7 @@ struct Autobatch::Impl final : DispatchMode, LazyRunner {
   std::unordered_map<SigKey, int32_t, SigHash, SigEq> sigs_;
   std::vector<const char*> addresses_;  // gather's scratch
   bool running_ = false;
-  detail::KernelCounter counter_;  // the kernels a run (and the scope's backward) calls
+  int64_t kernels_ = 0;  // the kernels a run (and the scope's backward) calls (KernelCountScope)
   AutobatchStats stats_;
   LazyRunner* prev_runner_ = nullptr;
   int uncaught_ = std::uncaught_exceptions();

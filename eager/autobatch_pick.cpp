@@ -102,7 +102,7 @@ bool Autobatch::Impl::copy_picks(std::vector<PendingOp>& ops, const std::vector<
           src + rows[k * static_cast<size_t>(len) + static_cast<size_t>(j)] * x->strides[0] * item,
           bytes);
   }
-  ++counter_.kernels;
+  ++kernels_;
   ++stats_.batches;
   stats_.batched_ops += static_cast<int64_t>(ids.size());
   place_batch(ops, ids, {batch, 0});

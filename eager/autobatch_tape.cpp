@@ -230,10 +230,10 @@ struct detail::AutobatchBackward::State {
   Autobatch::Impl* impl;
   LazyRunner* runner;
   detail::SuspendModes suspend;
-  ModeGuard count;
+  detail::KernelCountScope count;
   int64_t before;
   State(Autobatch::Impl* i, LazyRunner* r)
-      : impl(i), runner(r), count(&i->counter_), before(i->counter_.kernels) {}
+      : impl(i), runner(r), count(&i->kernels_), before(i->kernels_) {}
 };
 
 detail::AutobatchBackward::AutobatchBackward() {
@@ -246,7 +246,7 @@ detail::AutobatchBackward::AutobatchBackward() {
 detail::AutobatchBackward::~AutobatchBackward() {
   if (!state_) return;
   Autobatch::Impl* ab = state_->impl;
-  ab->stats_.kernels_launched += ab->counter_.kernels - state_->before;
+  ab->stats_.kernels_launched += ab->kernels_ - state_->before;
   tls_stats = ab->stats_;
   LazyRunner* runner = state_->runner;
   state_.reset();

@@ -131,8 +131,13 @@ void grad_gather(const GradCtx& c, const Tensor& g, Tensor* gi) {
     gi[0] = where(eq(pos, index), g, 0);
     return;
   }
+  // The zeros are a temporary: scatter_add adds into their buffer rather than into a copy
+  // (docs/design.md, "Expiring temporaries").
   Tensor z = full_dims(xd, 0, Options().dtype(g.dtype()).device(m.device));
-  gi[0] = scatter_add(z, dim, index, g);
+  Attrs a;
+  a.dim = dim;
+  const Tensor* in[] = {&z, &index, &g};
+  gi[0] = call(OpId::ScatterAdd, TensorRefs(in, 3), a, /*expiring=*/1u);
 }
 void grad_scatter_add(const GradCtx& c, const Tensor& g, Tensor* gi) {
   if (c.needs_grad(0)) gi[0] = g;
