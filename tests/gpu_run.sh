@@ -14,7 +14,9 @@
 # Where nvidia-smi lists a GPU, DUET_REQUIRE_GPU=1 makes a test fail, not skip, when duet cannot
 # use it (a driver older than the CUDA runtime, say): a GPU run must not pass by testing nothing.
 # Each stage runs under a time limit (seconds; GPU_RUN_TESTS_S, GPU_RUN_SANITIZE_S per sanitizer
-# run, GPU_RUN_BENCH_S, GPU_RUN_PEERS_S),
+# run, GPU_RUN_BENCH_S, GPU_RUN_PEERS_S), cut to what is left of GPU_RUN_TOTAL_S (all stages
+# together, from the script's start; default no limit) so that a short lease runs every stage
+# it can and still returns its logs; a stage with under 20 s left is skipped, and says so,
 # so that a hang leaves the later stages their time and the logs come back.
 # Usage: tests/gpu_run.sh [--bundle FILE] [--no-bench] [--no-peers] [--no-sanitize] [--reps N]
 #                         [--only W2cuda,...] [--test-timeout S]
@@ -42,6 +44,27 @@ while [ $# -gt 0 ]; do
   shift
 done
 out="${OUT:-$root/build-gpu}"
+started=$SECONDS
+# The limit of a stage: its own ($1), or what is left of GPU_RUN_TOTAL_S when that is less;
+# 0 when under 20 s are left.
+limit() {
+  local own="$1" left
+  [ -z "${GPU_RUN_TOTAL_S:-}" ] && { echo "$own"; return; }
+  left=$((GPU_RUN_TOTAL_S - (SECONDS - started)))
+  [ "$left" -lt 20 ] && { echo 0; return; }
+  [ "$left" -lt "$own" ] && own="$left"
+  echo "$own"
+}
+# Runs "$@" under `timeout $1`, or says the stage ($2) was skipped when its limit is 0.
+staged() {
+  local t="$1" name="$2"
+  shift 2
+  if [ "$t" = 0 ]; then
+    echo "gpu_run: $name skipped: GPU_RUN_TOTAL_S is spent" >&2
+    return 124
+  fi
+  timeout "$t" "$@"
+}
 mkdir -p "$out"
 {
   date -u
@@ -84,8 +107,8 @@ else
 fi
 # Kernels NVRTC builds go to this build's cache, kept between runs on the same machine.
 export DUET_CACHE_DIR="$root/build-gpu/kernel-cache"
-(cd build-gpu && timeout "${GPU_RUN_TESTS_S:-420}" ctest -L cuda --output-on-failure -j 4 --timeout "$test_timeout") \
-  > "$out/ctest.log" 2>&1
+(cd build-gpu && staged "$(limit "${GPU_RUN_TESTS_S:-420}")" tests \
+   ctest -L cuda --output-on-failure -j 4 --timeout "$test_timeout") > "$out/ctest.log" 2>&1
 rc=$?
 tail -30 "$out/ctest.log"
 # A saved program (samples/deploy) on the GPU with duet-run, against its CPU result.
@@ -98,7 +121,7 @@ if [ -x build-gpu/tools/duet-run ] && [ -f build-gpu/samples/mlp.duet ]; then
 fi
 if [ "$bench" = 1 ]; then
   # A cache of its own, empty: the first-call figures are cold starts.
-  DUET_CACHE_DIR="$(mktemp -d)" timeout "${GPU_RUN_BENCH_S:-300}" \
+  DUET_CACHE_DIR="$(mktemp -d)" staged "$(limit "${GPU_RUN_BENCH_S:-300}")" bench \
     ./build-gpu/bench/duet_bench --device cuda --only "$only" --reps "$reps" --json \
     > "$out/bench.json" 2> "$out/bench.log"
   cat "$out/bench.log"
@@ -110,7 +133,7 @@ if [ "$peers" = 1 ] && python3 -c 'import torch' 2>/dev/null; then
   if python3 -c 'import jax' 2>/dev/null; then peer_list=torch,jax; fi
   duet_rows=(--duet build-gpu/bench/duet_bench)
   if [ -s "$out/bench.json" ]; then duet_rows=(--duet-json "$out/bench.json"); fi
-  PYTHONUNBUFFERED=1 timeout "${GPU_RUN_PEERS_S:-300}" python3 bench/peers/peers.py --device cuda \
+  PYTHONUNBUFFERED=1 staged "$(limit "${GPU_RUN_PEERS_S:-300}")" peers python3 bench/peers/peers.py --device cuda \
     --only W4,W6 --peers "$peer_list" --reps "$reps" "${duet_rows[@]}" --json "$out/peers.json" \
     > "$out/peers.log" 2>&1
   cat "$out/peers.log"
@@ -131,7 +154,7 @@ if [ "$sanitize" = 1 ]; then
                "racecheck|test_cuda_compile|$fused" "racecheck|test_cuda_ops|-tc=*reduc*"; do
       IFS='|' read -r tool bin filter <<< "$run"
       echo "== compute-sanitizer --tool $tool $bin $filter" >> "$out/sanitizer.log"
-      (cd build-gpu/tests && timeout "${GPU_RUN_SANITIZE_S:-150}" "$cs" --tool "$tool" \
+      (cd build-gpu/tests && staged "$(limit "${GPU_RUN_SANITIZE_S:-150}")" sanitizer "$cs" --tool "$tool" \
          --error-exitcode 99 --print-limit 20 ./"$bin" ${filter:+"$filter"}) >> "$out/sanitizer.log" 2>&1
       s=$?
       echo "== exit status $s" >> "$out/sanitizer.log"
