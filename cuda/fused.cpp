@@ -10,9 +10,11 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <exception>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <memory>
 #include <mutex>
@@ -212,26 +214,12 @@ int nvrtc_threads() {
   return static_cast<int>(std::clamp<unsigned>(std::thread::hardware_concurrency(), 1, 16));
 }
 
-// Runs fn(i) for i in [0, n) on up to `threads` threads (this one among them).
-template <class Fn>
-void run_parallel(size_t n, int threads, const Fn& fn) {
-  std::atomic<size_t> next{0};
-  auto work = [&] {
-    for (size_t i; (i = next.fetch_add(1)) < n;) fn(i);
-  };
-  std::vector<std::thread> pool;
-  const size_t extra = std::min<size_t>(n, static_cast<size_t>(std::max(threads, 1))) - 1;
-  for (size_t t = 0; t < extra; ++t) pool.emplace_back(work);
-  work();
-  for (std::thread& t : pool) t.join();
-}
-
 // Builds each job's source (the image, or NVRTC's log), `threads` at once.
 void build_jobs(const std::vector<Job*>& jobs, const std::vector<NvrtcHeader>& headers,
                 const NvrtcOptions& options, int threads) {
   if (jobs.empty()) return;
   const auto t0 = std::chrono::steady_clock::now();
-  run_parallel(jobs.size(), threads, [&](size_t i) {
+  run_side_by_side(jobs.size(), threads, [&](size_t i) {
     Job& j = *jobs[i];
     NvrtcOutput out =
         nvrtc_build(j.source, headers, options, fmt::format("duet-cuda-{:016x}.cu", j.key));
@@ -277,7 +265,10 @@ bool load_job(Job& j, Device device, const FusedReduce reduce) {
   Cache& c = cache();
   std::lock_guard<std::mutex> lock(c.mu);
   auto [it, fresh] = c.kernels.emplace(j.key, nullptr);
-  if (fresh) it->second = std::move(loaded);  // else another thread loaded it first: use that
+  if (fresh)
+    it->second = std::move(loaded);
+  else
+    cudaLibraryUnload(lib);  // another thread loaded this key first: use that
   for (kernels::FusedKernel* k : j.ks)
     k->device_code.store(it->second.get(), std::memory_order_release);
   if (j.from_disk) ++g_disk_hits;
@@ -383,6 +374,29 @@ int split_count(int64_t blocks, int64_t length, int64_t min_slice, int sms) {
 }
 
 }  // namespace
+
+void run_side_by_side(size_t n, int threads, const std::function<void(size_t)>& fn) {
+  std::atomic<size_t> next{0};
+  std::mutex mu;
+  std::exception_ptr error;
+  auto work = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < n;) {
+      try {
+        fn(i);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!error) error = std::current_exception();
+        next.store(n);
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  const size_t extra = std::min<size_t>(n, static_cast<size_t>(std::max(threads, 1))) - 1;
+  for (size_t t = 0; t < extra; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+  if (error) std::rethrow_exception(error);
+}
 
 FusedLaunch fused_launch(const FusedProgram& p, const kernels::DuetFusedArgs& a, int sms) {
   FusedLaunch l;
@@ -516,7 +530,7 @@ std::vector<NvrtcBuilt> nvrtc_build_all(const std::vector<std::string>& sources,
   const std::vector<NvrtcHeader> headers = fused_headers();
   const NvrtcOptions options = nvrtc_options(arch);
   std::vector<NvrtcBuilt> out(sources.size());
-  run_parallel(sources.size(), threads, [&](size_t i) {
+  run_side_by_side(sources.size(), threads, [&](size_t i) {
     NvrtcOutput o = nvrtc_build(sources[i], headers, options, fmt::format("duet-check-{}.cu", i));
     out[i].log = std::move(o.log);
     out[i].image = std::move(o.image);

@@ -46,6 +46,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -67,6 +68,11 @@ struct NvrtcBuilt {
 /// plan's first run does (Note [Parallel NVRTC builds] in cuda/fused.cpp). Needs no GPU.
 std::vector<NvrtcBuilt> nvrtc_build_all(const std::vector<std::string>& sources, int arch,
                                         int threads);
+
+/// Runs fn(i) for i in [0, n) on up to `threads` threads, this one among them (the side-by-side
+/// builds of Note [Parallel NVRTC builds]). The first exception of fn stops the work not yet
+/// started and is rethrown here once every thread is done.
+void run_side_by_side(size_t n, int threads, const std::function<void(size_t)>& fn);
 
 /// A header that generated kernels include, as NVRTC is given it (no file is read).
 struct NvrtcHeader {

@@ -11,12 +11,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <thread>
 
 #include "cuda/fused.h"
 #include "random_program.h"
@@ -166,6 +168,31 @@ TEST_CASE("cuda codegen: the fused groups of random fusion programs compile with
         cuda::detail::nvrtc_build_all({sources[i]}, 90, 1);
     CHECK(alone[0].image == built[i].image);
   }
+}
+
+// Note [Parallel NVRTC builds]: an error on a builder thread must reach the caller (an escaping
+// exception would end the process), and the work not yet started is dropped.
+TEST_CASE("cuda codegen: side-by-side builds rethrow a builder's error once all are done") {
+  for (int threads : {1, 4}) {
+    INFO(threads << " threads");
+    std::atomic<int> ran{0};
+    bool threw = false;
+    try {
+      cuda::detail::run_side_by_side(200, threads, [&](size_t i) {
+        ++ran;
+        if (i == 3) throw ValueError("build 3 failed");
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));  // a build takes a while
+      });
+    } catch (const ValueError& e) {
+      threw = std::string(e.what()).find("build 3 failed") != std::string::npos;
+    }
+    CHECK(threw);
+    CHECK(ran.load() >= 4);
+    CHECK(ran.load() < 200);
+  }
+  std::vector<int> seen(50, 0);
+  cuda::detail::run_side_by_side(50, 4, [&](size_t i) { ++seen[i]; });
+  CHECK(std::count(seen.begin(), seen.end(), 1) == 50);  // each index once
 }
 
 TEST_CASE("cuda codegen: the kernel cache key covers the source, the headers and every option") {
