@@ -173,7 +173,8 @@ static ProfiledInputs profile_inputs(TensorRefs inputs) {
     if (x->wrapped_number) continue;
     p.shapes += fmt::format("{}\"{} {}\"", p.shapes.empty() ? "" : ", ", x->dtype, x->shape);
     p.bytes += x->shape.numel() * itemsize(x->dtype);
-    if (!x->device().is_cpu() && !p.span.start) p.span = profile_device_begin(x->device());
+    // The first device input decides (its backend may keep no events: then no span at all).
+    if (!x->device().is_cpu() && p.span.device.is_cpu()) p.span = profile_device_begin(x->device());
   }
   p.start_us = profile_clock_us();
   return p;

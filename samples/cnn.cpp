@@ -10,6 +10,7 @@
 #include <string>
 
 #include "duet.h"
+#include "side_by_side.h"
 
 using namespace duet;
 
@@ -74,13 +75,8 @@ int main(int argc, char** argv) try {
   DUET_CHECK_VALUE(autocast.empty() || autocast == "bf16" || autocast == "f16",
                    "[cnn] --autocast is bf16 or f16, got {}", autocast);
   const DType low = autocast == "f16" ? DType::f16 : DType::bf16;
-  DUET_CHECK_VALUE(device_name == "cpu" || device_name == "cuda",
-                   "[cnn] --device is cpu or cuda, got {}", device_name);
-  const Device device = device_name == "cpu" ? Device::cpu() : Device::cuda();
-  if (device.is_cuda() && !cuda::is_available()) {
-    std::printf("cnn: --device cuda, but no usable CUDA GPU here: skipped\n");
-    return 77;
-  }
+  const Device device = samples::parse_device("cnn", device_name);
+  if (!samples::device_usable("cnn", device)) return samples::kSkipped;
   data::Dataset train_set = data::load_fashion_mnist(true, dir);
   data::Dataset test_set = data::load_fashion_mnist(false, dir);
   // Standardized with the training set's mean and standard deviation, as torchvision's

@@ -1,6 +1,6 @@
-// What the training samples (char_gru, transformer) share: their options, --steps N, --seed S
-// and --device cpu|cuda, and the run of an eager step and a compiled step side by side on the same
-// batches, with the check that the two losses agree.
+// What the training samples (char_gru, transformer, and cnn's --device) share: their options,
+// --steps N, --seed S and --device cpu|cuda, and the run of an eager step and a compiled step side
+// by side on the same batches, with the check that the two losses agree.
 #pragma once
 
 #include <algorithm>
@@ -12,6 +12,12 @@
 #include "duet.h"
 
 namespace samples {
+
+/// The value of --device: cpu or cuda; anything else is an error naming the sample.
+inline duet::Device parse_device(const char* name, const std::string& v) {
+  DUET_CHECK_VALUE(v == "cpu" || v == "cuda", "[{}] --device is cpu or cuda, got {}", name, v);
+  return v == "cpu" ? duet::Device::cpu() : duet::Device::cuda();
+}
 
 struct Args {
   int64_t steps;
@@ -34,8 +40,7 @@ inline Args parse_args(const char* name, int argc, char** argv, int64_t steps) {
     } else if (k == "--seed") {
       a.seed = std::stoull(v);
     } else {
-      DUET_CHECK_VALUE(v == "cpu" || v == "cuda", "[{}] --device is cpu or cuda, got {}", name, v);
-      a.device = v == "cpu" ? duet::Device::cpu() : duet::Device::cuda();
+      a.device = parse_device(name, v);
     }
   }
   DUET_CHECK_VALUE(a.steps >= 1, "[{}] --steps must be at least 1, got {}", name, a.steps);

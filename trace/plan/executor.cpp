@@ -217,25 +217,18 @@ void Plan::run_fused(FusedStep& f) {
 
 void Plan::prepare_device_kernels() {
   device_kernels_ready_ = true;
-  // Per device, its steps' kernels in one call.
-  std::vector<FusedStep*> left;
-  for (auto& f : fused_)
-    if (!f->device.is_cpu() && !f->prepared) left.push_back(f.get());
-  while (!left.empty()) {
-    const Device d = left[0]->device;
+  // Each device's unprepared steps in one call: the first such step names the device.
+  for (const auto& first : fused_) {
+    if (first->device.is_cpu() || first->prepared) continue;
+    const Device d = first->device;
     std::vector<kernels::FusedKernel*> ks;
-    std::vector<FusedStep*> rest;
-    for (FusedStep* f : left)
-      if (f->device == d)
-        ks.push_back(f->kernel.get());
-      else
-        rest.push_back(f);
+    for (const auto& f : fused_)
+      if (f->device == d && !f->prepared) ks.push_back(f->kernel.get());
     const kernels::FusedDeviceRunner* r = kernels::fused_device_runner(d.type);
     DUET_ASSERT(r, "[fused] no fused runner for {}", d);
     r->prepare(ks.data(), ks.size(), d, codegen::cache_dir());
-    for (FusedStep* f : left)
+    for (const auto& f : fused_)
       if (f->device == d) f->prepared = true;
-    left = std::move(rest);
   }
 }
 
@@ -502,7 +495,7 @@ void Plan::run_steps_range(const Step* begin, const Step* end) {
     const double t0 = prof ? profile_clock_us() : 0;
     // The step's device time (Note [Device time in profiles]), where it runs on a device.
     DeviceSpan span;
-    if (prof && sp->kind != StepKind::Control) {
+    if (prof && (sp->kind == StepKind::Kernel || sp->kind == StepKind::Fused)) {
       const Device d =
           sp->kind == StepKind::Fused ? fused_[sp->out]->device : graph_.nodes[sp->out].meta.device;
       if (!d.is_cpu()) span = profile_device_begin(d);
