@@ -25,6 +25,15 @@ void register_collective_kernels(OpDef* table);
 /// Copies src into dst (same shape; any dtypes and layouts) with the Copy kernel.
 void copy_into(const Tensor& src, const Tensor& dst);
 
+/// c (m x n, rows ldc apart, f32) = a @ b, or c += a @ b where `accumulate`: a and b of one low
+/// dtype (bf16 or f16), each row-major or transposed (ta, tb) with leading dims lda and ldb, on
+/// oneDNN's matmul primitive, which multiplies the low values exactly and sums in f32 (with
+/// AVX512-BF16 or AMX where the CPU has them). Runs on the calling thread's OpenMP threads.
+/// False, with c untouched, where oneDNN has no kernel for the dtype on this CPU.
+bool low_gemm_to_f32(DType dt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* a,
+                     int64_t lda, const void* b, int64_t ldb, float* c, int64_t ldc,
+                     bool accumulate);
+
 /// A contiguous copy of `t` converted to `dtype`, made by calling the Cast kernel directly
 /// (kernels never re-enter dispatch).
 Tensor cast_to(const Tensor& t, DType dtype);

@@ -7,6 +7,7 @@
 #include <oneapi/dnnl/dnnl.h>
 
 #include <Eigen/Core>
+#include <algorithm>
 #include <array>
 #include <map>
 #include <oneapi/dnnl/dnnl.hpp>
@@ -213,7 +214,67 @@ void matmul_kernel(TensorRefs in, const Attrs& attrs, const Tensor& out) {
   });
 }
 
+// One product of low_gemm_to_f32: the dtype, sizes, layouts, whether it accumulates, threads.
+using ToF32Key = std::array<int64_t, 12>;
+
+std::optional<LowMatmul> make_low_matmul_to_f32(const ToF32Key& key) {
+  const auto [dt, m, n, k, ta, lda, tb, ldb, ldc, accumulate, threads, unused] = key;
+  (void)threads;
+  (void)unused;
+  using dims = dnnl::memory::dims;
+  const auto t = static_cast<DType>(dt) == DType::bf16 ? dnnl::memory::data_type::bf16
+                                                       : dnnl::memory::data_type::f16;
+  const dnnl::memory::desc a(dims{m, k}, t, ta ? dims{1, lda} : dims{lda, 1});
+  const dnnl::memory::desc b(dims{k, n}, t, tb ? dims{1, ldb} : dims{ldb, 1});
+  const dnnl::memory::desc c(dims{m, n}, dnnl::memory::data_type::f32, dims{ldc, 1});
+  try {
+    dnnl::engine& eng = cpu_engine();
+    dnnl::primitive_attr attr;
+    if (accumulate) {  // c += a @ b: the product, summed in f32, then added to c
+      dnnl::post_ops ops;
+      ops.append_sum(1.0f);
+      attr.set_post_ops(ops);
+    }
+    return LowMatmul{
+        dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), attr, eng)),
+        dnnl::memory(a, eng, DNNL_MEMORY_NONE), dnnl::memory(b, eng, DNNL_MEMORY_NONE),
+        dnnl::memory(c, eng, DNNL_MEMORY_NONE)};
+  } catch (const dnnl::error&) {
+    return std::nullopt;
+  }
+}
+
 }  // namespace
+
+bool low_gemm_to_f32(DType dt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* a,
+                     int64_t lda, const void* b, int64_t ldb, float* c, int64_t ldc,
+                     bool accumulate) {
+  if (dt != DType::bf16 && dt != DType::f16) return false;
+  if (m == 0 || n == 0) return true;
+  if (k == 0) {  // (a product of nothing: zeros; oneDNN refuses an empty inner dim)
+    if (!accumulate)
+      for (int64_t i = 0; i < m; ++i) std::fill(c + i * ldc, c + i * ldc + n, 0.0f);
+    return true;
+  }
+  const ToF32Key key = {static_cast<int64_t>(dt), m, n, k, ta, lda, tb, ldb, ldc, accumulate,
+                        omp_get_max_threads(),    0};
+  // Per thread (a primitive runs on one thread at a time), bounded like low_gemm_onednn's.
+  thread_local std::map<ToF32Key, std::optional<LowMatmul>> cache;
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    if (cache.size() >= 96) cache.clear();
+    it = cache.emplace(key, make_low_matmul_to_f32(key)).first;
+  }
+  if (!it->second) return false;
+  LowMatmul& mm = *it->second;
+  mm.a.set_data_handle(const_cast<void*>(a));
+  mm.b.set_data_handle(const_cast<void*>(b));
+  mm.c.set_data_handle(c);
+  thread_local dnnl::stream s(cpu_engine());
+  mm.prim.execute(s, {{DNNL_ARG_SRC, mm.a}, {DNNL_ARG_WEIGHTS, mm.b}, {DNNL_ARG_DST, mm.c}});
+  s.wait();
+  return true;
+}
 
 void register_matmul_kernels(OpDef* t) {
   detail::register_kernel(t, OpId::MatMul, DeviceType::CPU, matmul_kernel);

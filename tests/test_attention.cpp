@@ -101,6 +101,25 @@ TEST_CASE("attention: f16 and bf16 accumulate in f32, as the f32 result rounded"
     // The inputs' rounding (2^-8 for bf16) moves the result by about that much.
     CHECK(near(y.to(DType::f32), want, dt == DType::bf16 ? 3e-2 : 4e-3));
   }
+  // The gradients too: bf16 multiplies its tiles in bf16 where oneDNN can (Note [Low-precision
+  // tiles] in kernels/attention.cpp), over several tiles each way, causal, with a padding mask,
+  // with L != S; against f32 on the same rounded inputs. (Four batches: each sums its dq over
+  // its three key tiles itself.)
+  const Tensor pad = arange(150).lt(140).reshape({1, 1, 150}).expand({4, 70, 150});
+  for (const bool causal : {true, false}) {
+    INFO("causal " << causal);
+    const Tensor qr = randn({4, 70, 32}).to(DType::bf16), kr = randn({4, 150, 32}).to(DType::bf16),
+                 vr = randn({4, 150, 32}).to(DType::bf16);
+    const Tensor mask = causal ? Tensor() : pad;
+    const Tensor g = randn({4, 70, 32});
+    const Run want32 =
+        run(true, qr.to(DType::f32), kr.to(DType::f32), vr.to(DType::f32), mask, causal, 0, g);
+    const Run got = run(true, qr, kr, vr, mask, causal, 0, g.to(DType::bf16));
+    CHECK(near(got.out.to(DType::f32), want32.out, 3e-2));
+    CHECK(near(got.dq.to(DType::f32), want32.dq, 3e-2));
+    CHECK(near(got.dk.to(DType::f32), want32.dk, 3e-2));
+    CHECK(near(got.dv.to(DType::f32), want32.dv, 3e-2));
+  }
   // Under autocast the f32 inputs run in bf16 and the result is bf16.
   {
     Autocast ac(Device::cpu());
