@@ -288,6 +288,11 @@ SymDims detail::sym_dims(const Tensor& t) {
   return SymDims(x->shape.begin(), x->shape.end());
 }
 
+SymInt detail::sym_dim(const Tensor& t, int64_t d) {
+  const TensorImpl* x = t.impl();
+  return x->sym.empty() ? SymInt(x->shape[d]) : x->sym[static_cast<size_t>(d)];
+}
+
 namespace {
 // The tensor whose data a read of t's values reads: t, or (while tracing) what the tracer
 // answers (Note [Data-dependent reads] in trace/tracer.h).

@@ -112,7 +112,7 @@ Tensor Conv1d::forward(const Tensor& input) {
                    weight.dtype());
   const bool batched = input.dim() == 3;
   Tensor x = batched ? input : unsqueeze(input, 0);
-  const SymInt n = duet::detail::sym_dims(x)[0];
+  const SymInt n = duet::detail::sym_dim(x, 0);
   const int64_t c = in_channels, k = kernel_size, s = stride, p = padding;
   if (p > 0) {
     Tensor z = duet::detail::full_dims({n, c, p}, 0, Options().dtype(x.dtype()).device(x.device()));

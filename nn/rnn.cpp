@@ -186,7 +186,7 @@ void RNNBase::reset_parameters() {
 std::tuple<Tensor, Tensor> RNNBase::run(const Tensor& input, const Tensor& hx, const Tensor& cx,
                                         Tensor* c_n) {
   using duet::detail::size_is;
-  using duet::detail::sym_dims;
+  using duet::detail::sym_dim;
   const Config& c = config_;
   const char* op = kind_name(c.mode);
   const bool lstm = c.mode == Mode::LSTM;
@@ -203,7 +203,7 @@ std::tuple<Tensor, Tensor> RNNBase::run(const Tensor& input, const Tensor& hx, c
                    w0.dtype());
   // x: (L, N, input_size), time first.
   Tensor x = !batched ? unsqueeze(input, 1) : c.batch_first ? transpose(input, 0, 1) : input;
-  const SymInt n = sym_dims(x)[1];
+  const SymInt n = sym_dim(x, 1);
   const int64_t states = c.num_layers * dirs;
   auto start = [&](const Tensor& s, const char* what) -> Tensor {
     if (!s.defined())
@@ -335,7 +335,7 @@ std::vector<Tensor> RNNCellBase::step(const Tensor& input, const Tensor& hx, con
                    "[{}] input ({}) and parameters ({}) must share a dtype", op, input.dtype(),
                    weight_ih.dtype());
   const Tensor x = batched ? input : unsqueeze(input, 0);
-  const SymInt n = duet::detail::sym_dims(x)[0];
+  const SymInt n = duet::detail::sym_dim(x, 0);
   auto start = [&](const Tensor& s, const char* what) -> Tensor {
     if (!s.defined())
       return duet::detail::full_dims({n, hidden_size}, 0,

@@ -263,7 +263,7 @@ std::vector<Tensor> traced_scan(detail::Tracer& tr, const Fn& fn, const std::vec
                "[scan] the body must return the carry first, with its shapes and dtypes: "
                "expected {}, got {}",
                metas_str(carry_in), metas_str(b.results));
-  const SymInt length = detail::sym_dims(xs[0])[0];
+  const SymInt length = detail::sym_dim(xs[0], 0);
   auto cf = std::make_shared<ControlFlow>();
   cf->kind = ControlKind::Scan;
   cf->num_carry = static_cast<int32_t>(nc);
@@ -435,8 +435,8 @@ std::vector<Tensor> detail::scan_impl(const Fn& fn, std::vector<Tensor> init_car
   DUET_CHECK_T(!xs.empty(), ValueError,
                "[scan] needs at least one tensor in xs to scan along (its dim 0 is the length)");
   for (const Tensor& x : xs)
-    DUET_CHECK_T(x.dim() >= 1 && detail::sym_decide(detail::sym_dims(x)[0], detail::SymRel::Eq,
-                                                    detail::sym_dims(xs[0])[0], "scan"),
+    DUET_CHECK_T(x.dim() >= 1 && detail::sym_decide(detail::sym_dim(x, 0), detail::SymRel::Eq,
+                                                    detail::sym_dim(xs[0], 0), "scan"),
                  ShapeError,
                  "[scan] every xs tensor is scanned along dim 0, so they need one length; got {}",
                  metas_str(xs));

@@ -234,7 +234,7 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, int64_
     DUET_CHECK_SHAPE(x.dim() == 4, "[conv2d] input must be (N, C, H, W), got {}", x.sizes());
     DUET_CHECK_SHAPE(w.dim() == 4 && w.size(2) == w.size(3),
                      "[conv2d] weight must be (out, in, k, k), got {}", w.sizes());
-    DUET_CHECK_SHAPE(detail::size_is(x, 1, detail::sym_dims(w)[1], "conv2d"),
+    DUET_CHECK_SHAPE(detail::size_is(x, 1, detail::sym_dim(w, 1), "conv2d"),
                      "[conv2d] input has {} channels but the weight {} expects {}", x.sizes()[1],
                      w.sizes(), w.sizes()[1]);
     DUET_CHECK_DTYPE(x.dtype() == w.dtype(),

@@ -238,7 +238,7 @@ Tensor embedding(const Tensor& weight, const Tensor& indices, std::source_locati
                      indices.sizes());
     Tensor rows = index_select(weight, 0, reshape(indices, {-1}));
     SymDims out = detail::sym_dims(indices);
-    out.push_back(detail::sym_dims(weight)[1]);
+    out.push_back(detail::sym_dim(weight, 1));
     return detail::reshape_dims(rows, out);
   });
 }
@@ -252,7 +252,7 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim, std::source_location
   SymDims lens;  // sizes along dim, for the grad
   for (const Tensor& t : tensors) {
     in.push_back(&t);
-    lens.push_back(t.dim() > a.dim ? detail::sym_dims(t)[a.dim] : SymInt(0));
+    lens.push_back(t.dim() > a.dim ? detail::sym_dim(t, a.dim) : SymInt(0));
   }
   const Attrs sizes = detail::shape_attrs(lens);
   a.ints = sizes.ints;

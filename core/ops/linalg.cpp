@@ -77,10 +77,9 @@ Tensor matmul(const Tensor& a, const Tensor& b, std::source_location loc) {
   // 1-D operands: a vector on the left is a row, on the right a column; the added dim is
   // removed from the result. (The inner sizes compared as SymInts: reading them as integers
   // would specialize a symbolic batch dim of either operand.)
-  DUET_CHECK_SHAPE(
-      detail::size_is(a, a.dim() - 1, detail::sym_dims(b)[std::max<int64_t>(b.dim() - 2, 0)],
-                      "matmul"),
-      "[matmul] inner dimensions differ: {} @ {}", a.sizes(), b.sizes());
+  DUET_CHECK_SHAPE(detail::size_is(a, a.dim() - 1,
+                                   detail::sym_dim(b, std::max<int64_t>(b.dim() - 2, 0)), "matmul"),
+                   "[matmul] inner dimensions differ: {} @ {}", a.sizes(), b.sizes());
   Tensor a2 = a.dim() == 1 ? unsqueeze(a, 0) : a;
   Tensor b2 = b.dim() == 1 ? unsqueeze(b, 1) : b;
   Tensor r = matmul(a2, b2);

@@ -209,7 +209,7 @@ Tensor pad(const Tensor& x, const std::vector<int64_t>& pads, std::string_view m
         DUET_CHECK_VALUE(left >= 0 && right >= 0,
                          "[pad] reflect padding must be non-negative, got {}", Dims(pads).str());
         if (left == 0 && right == 0) continue;
-        const SymInt n = detail::sym_dims(y)[d];
+        const SymInt n = detail::sym_dim(y, d);
         DUET_CHECK_VALUE(
             detail::sym_decide(SymInt(std::max(left, right)), detail::SymRel::Lt, n, "pad"),
             "[pad] reflect padding ({}, {}) of dim {} must be below its size {} (input {})", left,
@@ -225,7 +225,7 @@ Tensor pad(const Tensor& x, const std::vector<int64_t>& pads, std::string_view m
       // Negative pads crop, the others add a block of value.
       if (left < 0) y = slice(y, d, -left, kToEnd);
       if (right < 0) {
-        const SymInt n = detail::sym_dims(y)[d];
+        const SymInt n = detail::sym_dim(y, d);
         DUET_CHECK_VALUE(detail::sym_decide(SymInt(-right), detail::SymRel::Le, n, "pad"),
                          "[pad] padding {} crops more than dim {} holds", Dims(pads).str(), d);
         y = slice(y, d, 0, -right == 0 ? kToEnd : right);

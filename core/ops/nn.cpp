@@ -138,7 +138,7 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
     DUET_CHECK_SHAPE(weight.dim() == 2, "[linear] weight must be (out, in), got {}",
                      weight.sizes());
     DUET_CHECK_SHAPE(
-        x.dim() >= 1 && detail::size_is(x, x.dim() - 1, detail::sym_dims(weight)[1], "linear"),
+        x.dim() >= 1 && detail::size_is(x, x.dim() - 1, detail::sym_dim(weight, 1), "linear"),
         "[linear] input {} has {} features but the weight {} expects {}", x.sizes(),
         x.dim() ? x.sizes()[x.dim() - 1] : 0, weight.sizes(), weight.sizes()[1]);
     DUET_CHECK_DTYPE(x.dtype() == weight.dtype(),
@@ -146,7 +146,7 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
                      weight.dtype());
     if (bias.defined())
       DUET_CHECK_SHAPE(
-          bias.dim() == 1 && detail::size_is(bias, 0, detail::sym_dims(weight)[0], "linear"),
+          bias.dim() == 1 && detail::size_is(bias, 0, detail::sym_dim(weight, 0), "linear"),
           "[linear] bias must be ({}), got {}", weight.sizes()[0], bias.sizes());
     const SymDims xd = detail::sym_dims(x);
     Tensor x2 = x;
@@ -159,7 +159,7 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
     if (bias.defined()) y = std::move(y) + bias;
     if (x.dim() <= 2) return y;
     SymDims yd(xd.begin(), xd.end() - 1);
-    yd.push_back(detail::sym_dims(weight)[0]);
+    yd.push_back(detail::sym_dim(weight, 0));
     return detail::reshape_dims(y, yd);
   });
 }
@@ -291,10 +291,10 @@ void check_ce_options(const Tensor& logits, const CrossEntropyOptions& o, int64_
   const Tensor& w = o.weight();
   if (!w.defined()) return;
   DUET_CHECK_SHAPE(
-      w.dim() == 1 && detail::size_is(w, 0, detail::sym_dims(logits)[cdim], "cross_entropy"),
+      w.dim() == 1 && detail::size_is(w, 0, detail::sym_dim(logits, cdim), "cross_entropy"),
       "[cross_entropy] weight must be 1-D with one element per class: logits {} "
       "have {} classes, weight has shape {}",
-      detail::dims_str(detail::sym_dims(logits)), detail::sym_dims(logits)[cdim].str(), w.sizes());
+      detail::dims_str(detail::sym_dims(logits)), detail::sym_dim(logits, cdim).str(), w.sizes());
   DUET_CHECK_DTYPE(w.dtype() == logits.dtype(),
                    "[cross_entropy] weight must have the logits' dtype {}, got {}", logits.dtype(),
                    w.dtype());

@@ -53,7 +53,7 @@ Tensor cumsum(const Tensor& x_in, int64_t dim, std::source_location loc) {
     dim = detail::wrap_dim("cumsum", dim, x.dim());
     Tensor y = is_floating(x.dtype()) ? x : x.to(DType::i64);  // PyTorch: integers sum in i64
     if (x.dim() == 0) return y.impl() == x.impl() ? x.clone() : y;
-    const SymInt n = detail::sym_dims(y)[dim];
+    const SymInt n = detail::sym_dim(y, dim);
     const Options o = Options().dtype(y.dtype()).device(y.device());
     for (int64_t k = 1; detail::sym_decide(SymInt(k), detail::SymRel::Lt, n, "cumsum"); k *= 2) {
       SymDims zs = detail::sym_dims(y);
@@ -153,7 +153,7 @@ std::tuple<Tensor, Tensor> topk(const Tensor& x, int64_t k, int64_t dim, bool la
   (void)sorted;  // the k values always come sorted, which `sorted = false` allows
   return detail::as_op("topk", [&]() -> std::tuple<Tensor, Tensor> {
     dim = detail::wrap_dim("topk", dim, x.dim());
-    const SymInt n = x.dim() ? detail::sym_dims(x)[dim] : SymInt(1);
+    const SymInt n = x.dim() ? detail::sym_dim(x, dim) : SymInt(1);
     DUET_CHECK_VALUE(k >= 0 && detail::sym_decide(SymInt(k), detail::SymRel::Le, n, "topk"),
                      "[topk] k = {} is out of range for dim {} of size {} (shape {})", k, dim,
                      n.str(), detail::dims_str(detail::sym_dims(x)));

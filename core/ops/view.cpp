@@ -403,7 +403,7 @@ Attrs slice_attrs(const char* op, const Tensor& x, int64_t dim, int64_t start, i
   Attrs a;
   a.dim = dim;
   a.step = step;
-  const SymInt n = detail::sym_dims(x)[dim];
+  const SymInt n = detail::sym_dim(x, dim);
   if (!n.is_concrete()) {
     // Python's rules on a symbolic size: each comparison with n is decided at the traced sizes
     // and guarded.
