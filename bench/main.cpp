@@ -9,6 +9,7 @@
 // workloads one, DIR/W7.json, with each kernel's device time.
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <set>
 #include <sstream>
@@ -87,6 +88,17 @@ int main(int argc, char** argv) {
       profile_dir = next();
     } else {
       usage();
+      return 2;
+    }
+  }
+  // The profiles' folder is made now, with its parents: a folder found missing only when the
+  // first profile is written would cost the whole run.
+  if (!profile_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(profile_dir, ec);
+    if (ec) {
+      std::fprintf(stderr, "duet_bench: cannot make the folder %s for --profile: %s\n",
+                   profile_dir.c_str(), ec.message().c_str());
       return 2;
     }
   }

@@ -2,11 +2,14 @@
 #include "core/profiler.h"
 
 #include <chrono>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -34,6 +37,7 @@ struct PendingSpan {
 }  // namespace
 
 struct Profiler::State {
+  std::ofstream out;  // the file it writes when it ends, opened when it starts
   mutable std::mutex mu;
   std::vector<std::string> events;   // one JSON object each
   std::map<int, DeviceRef> refs;     // by device index
@@ -90,8 +94,16 @@ void read_profile_env() {
     int expected = -1;
     g_profilers.compare_exchange_strong(expected, 0);
     if (path && *path) {
-      // A profiler for the whole process, written when it exits.
-      static Profiler* whole = new Profiler(path);
+      // A profiler for the whole process, written when it exits. This runs inside the first op
+      // call, which must not fail for it: a path that cannot be written is reported, once.
+      static Profiler* whole = nullptr;
+      try {
+        whole = new Profiler(path);
+      } catch (const Error& e) {
+        std::fprintf(stderr, "duet: warning: DUET_PROFILE: %s; the process is not profiled\n",
+                     e.what());
+        return;
+      }
       std::atexit([] { delete whole; });
     }
   });
@@ -214,7 +226,16 @@ void profile_device_end(DeviceSpan& span, const std::string& name, const std::st
 
 }  // namespace detail
 
-Profiler::Profiler(std::string path) : state_(new State), path_(std::move(path)) {
+Profiler::Profiler(std::string path) : state_(nullptr), path_(std::move(path)) {
+  // The file is opened now, so that a path that cannot be written fails before the work it
+  // would profile, not after it.
+  auto state = std::make_unique<State>();
+  if (!path_.empty()) {
+    state->out.open(path_);
+    DUET_CHECK(state->out.is_open(), "[Profiler] cannot open '{}' for writing: {}", path_,
+               std::strerror(errno));
+  }
+  state_ = state.release();
   detail::profiling();  // reads DUET_PROFILE first, so that the count starts from it
   std::lock_guard<std::mutex> lock(detail::g_mu);
   detail::active().push_back(state_);
@@ -233,9 +254,10 @@ Profiler::~Profiler() {
     detail::g_profilers.fetch_sub(1, std::memory_order_relaxed);
   }
   if (!path_.empty()) {
-    std::ofstream f(path_);
+    std::ofstream& f = state_->out;
     f << json();
-    if (!f)
+    f.close();
+    if (!f)  // (a destructor must not throw: a full disk, say, is reported)
       std::fprintf(stderr, "duet: warning: could not write the profile to %s\n", path_.c_str());
   }
   delete state_;

@@ -31,8 +31,9 @@
 namespace duet {
 
 /// Records what runs while it lives (Note [Profiler]) and, when `path` is given, writes the
-/// Chrome-trace JSON there when it goes out of scope. Process-wide; profilers may nest, and
-/// each sees the events of its own lifetime.
+/// Chrome-trace JSON there when it goes out of scope. The file is opened when the profiler is
+/// made: a path that cannot be written throws duet::Error then, before the profiled work.
+/// Process-wide; profilers may nest, and each sees the events of its own lifetime.
 class Profiler {
  public:
   explicit Profiler(std::string path = "");

@@ -217,6 +217,14 @@ TEST_CASE("profiler: nothing is recorded outside it; a path gets the JSON when i
   CHECK(events_of(later.json()).empty());
 }
 
+TEST_CASE("profiler: a path that cannot be written fails when the profiler is made") {
+  // Before the work it would profile, with the path and the reason, not a warning at its end.
+  CHECK_THROWS_WITH_AS(Profiler("no_such_folder_for_duet/profile.json"),
+                       doctest::Contains("no_such_folder_for_duet/profile.json"), Error);
+  CHECK(detail::g_profilers.load() == 0);  // nothing registered by the failed one
+  (void)(ones({3}) * 2.0);                 // and ops still run
+}
+
 TEST_CASE("profiler: the parser used here rejects bad JSON") {
   for (const char* bad : {"{", "{\"a\": }", "[1, 2", "{\"a\": 1} x", "\"\\q\""})
     CHECK_THROWS_AS(Parser(bad).parse(), std::runtime_error);
