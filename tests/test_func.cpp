@@ -84,6 +84,19 @@ TEST_CASE("vmap: the op families batch in one call each, not per sample") {
   std::vector<Tensor> want;
   for (int64_t b = 0; b < 4; ++b) want.push_back(f(x.select(0, b)));
   CHECK(close(got, stack(want, 0), 1e-5));
+  // A shared matrix times each sample's vector (an unbatched RNN cell's products): one product
+  // of the matrix and the samples' vectors as rows, and its per-sample gradients.
+  const Tensor m = randn({7, 5}), vs = randn({4, 5});
+  auto mv = [&](const Tensor& v) { return matmul(m, v).tanh(); };
+  const Tensor mg = func::vmap(mv)(vs);
+  REQUIRE(mg.sizes() == Shape{4, 7});
+  for (int64_t b = 0; b < 4; ++b) CHECK(close(mg.select(0, b), mv(vs.select(0, b)), 1e-5));
+  auto mloss = [](const Tensor& mm, const Tensor& v) { return matmul(mm, v).tanh().sum(); };
+  const Tensor pm = func::vmap(func::grad(mloss), {std::nullopt, 0})(m, vs);
+  REQUIRE(pm.sizes() == Shape{4, 7, 5});
+  for (int64_t b = 0; b < 4; ++b)
+    CHECK(close(pm.select(0, b), func::grad(mloss)(m, vs.select(0, b)), 1e-5));
+  CHECK(detail::batch_loop_calls() == before);
   // conv2d with a shared filter: the samples' images are one batch; attention: one more
   // leading dim.
   const Tensor imgs = randn({2, 1, 3, 6, 6}), k = randn({4, 3, 3, 3});

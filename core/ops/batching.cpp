@@ -170,10 +170,20 @@ BatchedArg view_rule(const OpDef& def, const std::vector<BatchedArg>& in, const 
 }
 
 // matmul: a batched left operand times a shared matrix is one product of all the batch's rows
-// (B x ... x n, k) @ (k, m), as PyTorch folds it; otherwise the batch is one more leading
-// (broadcast) dim of the product, as for elementwise operands.
+// (B x ... x n, k) @ (k, m), as PyTorch folds it; a shared matrix times a batched column (a
+// matrix times a vector, per sample: (n, k) @ (k, 1)) is one product of the columns as rows and
+// the matrix transposed, (B, k) @ (k, n), each sample's result a row; otherwise the batch is
+// one more leading (broadcast) dim of the product, as for elementwise operands.
 BatchedArg matmul_rule(const OpDef& def, const std::vector<BatchedArg>& in, const Attrs& a,
                        int64_t batch) {
+  if (in[0].bdim < 0 && in[0].value.dim() == 2 && in[1].bdim >= 0 && in[1].value.dim() == 3 &&
+      !symbolic(a)) {
+    const Tensor x = batch_first(in[1]);  // (B, k, 1)
+    if (x.sizes()[2] == 1) {              // (the transpose is a view: the GEMM reads it transposed)
+      const Tensor y = call_on(def.id, {squeeze(x, 2), transpose(in[0].value, 0, 1)}, a);
+      return {unsqueeze(y, 2), 0};  // (B, n, 1)
+    }
+  }
   if (in[0].bdim < 0 || in[1].bdim >= 0 || in[1].value.dim() != 2 || symbolic(a))
     return broadcast_rule(def, in, a, batch);
   const Tensor x = batch_first(in[0]);
