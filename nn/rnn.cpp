@@ -3,7 +3,6 @@
 
 #include <cmath>
 
-#include "core/autocast.h"
 #include "core/op_table.h"
 #include "core/ops.h"
 #include "nn/init.h"
@@ -100,27 +99,16 @@ std::vector<Tensor> projections(const Tensor& x, const Tensor& w_ih, const Tenso
 // The input projections of a cell, one product sliced per gate (Note [Gates by blocks]).
 // Note [Unbatched cells]
 // A cell's unbatched step (one sample's vector, as per-sample code calls it, one token at a
-// time) computes on vectors: each product is the weight times the vector as a column, and the
-// state stays a vector. Run as a batch of one, it made a row of the input and of each state
-// and squeezed the new state back, and each product transposed its weight: 11 views a step,
-// where there are 8 now (the gates' slices and the products' columns). Each view is a tape
-// node eagerly, and under Autobatch an op to record and run (matmul's batching rule then makes
-// the samples' columns one product, (B, k) @ (k, n)). The sums are the same dot products.
-
-// x @ w^T + b for x of shape (..., in); a vector x as w @ x (Note [Unbatched cells]).
-Tensor project(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in) {
-  if (x_in.dim() != 1) return linear(x_in, w_in, b_in);
-  Tensor hx, hw, hb;  // what linear does under autocast: the products, the bias too, lowered
-  const Tensor& x = duet::detail::autocast_lower(x_in, hx);
-  const Tensor& w = duet::detail::autocast_lower(w_in, hw);
-  const Tensor& b = duet::detail::autocast_lower(b_in, hb);
-  Tensor y = matmul(w, x);
-  return b.defined() ? y + b : y;
-}
+// time) computes on vectors: its products are linear() of a vector (the weight times it as a
+// column) and the state stays a vector. Run as a batch of one, it made a row of the input and
+// of each state and squeezed the new state back, and each product transposed its weight: 11
+// views a step, where there are 8 now (the gates' slices and the products' columns). Each view
+// is a tape node eagerly, and under Autobatch an op to record and run (matmul's batching rule
+// makes the samples' columns one product). The sums are the same dot products.
 
 std::vector<Tensor> cell_projections(const Tensor& x, const Tensor& w_ih, const Tensor& b_ih,
                                      int64_t gates, int64_t hs) {
-  const Tensor all = project(x, w_ih, b_ih);
+  const Tensor all = linear(x, w_ih, b_ih);
   std::vector<Tensor> out;
   for (int64_t k = 0; k < gates; ++k) out.push_back(slice(all, -1, k * hs, (k + 1) * hs));
   return out;
@@ -141,7 +129,7 @@ Fn step_fn(Mode mode, const Tensor& w_hh, const Tensor& b_hh, int64_t hs, bool c
     auto gate = [&](const Tensor& t, size_t k) {
       return slice(t, -1, static_cast<int64_t>(k) * hs, static_cast<int64_t>(k + 1) * hs);
     };
-    const Tensor all = cell ? project(h, w_all, b_all) : Tensor();
+    const Tensor all = cell ? linear(h, w_all, b_all) : Tensor();
     // A cell other than GRU's gets the input's product of all gates whole, adds it, then slices.
     const Tensor sum = cell && mode != Mode::GRU ? x(0) + all : Tensor();
     auto hp = [&](size_t k) { return cell ? gate(all, k) : linear(h, w[k], b[k]); };
@@ -381,7 +369,7 @@ std::vector<Tensor> RNNCellBase::step(const Tensor& input, const Tensor& hx, con
     for (Tensor& p : cell_projections(x, weight_ih, bias_ih, gates_of(mode_), hidden_size))
       in.push_back(std::move(p));
   } else {
-    in.push_back(project(x, weight_ih, bias_ih));  // all gates, added before slicing
+    in.push_back(linear(x, weight_ih, bias_ih));  // all gates, added before slicing
   }
   std::vector<Tensor> out = step_fn(mode_, weight_hh, bias_hh, hidden_size, /*cell=*/true)(in);
   out.pop_back();  // the per-step result, a copy of h'

@@ -124,7 +124,10 @@ Tensor softplus(const Tensor& x, double beta, double threshold, std::source_loca
 
 // An input of rank > 2 is multiplied as one (rows, in) matrix, reshaped back afterwards: one
 // GEMM rather than one per leading index, and the weight's gradient is one product x^T dy in the
-// weight's layout instead of a batch of products summed over the batch.
+// weight's layout instead of a batch of products summed over the batch. A vector (one sample,
+// per-sample code) is the weight times it as a column: no transposed weight, one view fewer a
+// call (a tape node eagerly, an op to record and run under Autobatch, whose batching rule makes
+// the samples' columns one product again).
 Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in,
               std::source_location loc) {
   detail::SiteGuard site(loc);
@@ -148,6 +151,10 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
       DUET_CHECK_SHAPE(
           bias.dim() == 1 && detail::size_is(bias, 0, detail::sym_dim(weight, 0), "linear"),
           "[linear] bias must be ({}), got {}", weight.sizes()[0], bias.sizes());
+    if (x.dim() == 1) {
+      Tensor y = matmul(weight, x);
+      return bias.defined() ? std::move(y) + bias : y;
+    }
     const SymDims xd = detail::sym_dims(x);
     Tensor x2 = x;
     if (x.dim() > 2) {
