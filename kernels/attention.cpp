@@ -144,6 +144,12 @@ void load(const Operand& o, int64_t b, int64_t r0, int64_t rows, int64_t cols, A
 
 using LowBuffer = std::vector<uint16_t>;
 
+// Each buffer sized for a rows x cols tile.
+template <class... B>
+void size_tiles(int64_t rows, int64_t cols, B&... buffers) {
+  (buffers.resize(static_cast<size_t>(rows * cols)), ...);
+}
+
 // n f32 values rounded to the low dtype (bf16 or f16), as its bits.
 void round_low(const float* src, int64_t n, DType low, uint16_t* dst) {
   if (low == DType::bf16) return round_to_bf16(src, reinterpret_cast<bf16_t*>(dst), n);
@@ -314,15 +320,17 @@ struct ForwardScratch {
   LowBuffer ql, kl, vl, pl;  // the low tiles (Note [Low-precision tiles])
   std::vector<float> row;
   explicit ForwardScratch(const Problem& p) {
+    // The operands' tiles in the low dtype or in Acc, whichever the products read.
     if (p.low != DType::f32) {
-      ql.resize(static_cast<size_t>(kTileQ * p.e));
-      kl.resize(static_cast<size_t>(kTileK * p.e));
-      vl.resize(static_cast<size_t>(kTileK * p.f));
-      pl.resize(static_cast<size_t>(kTileQ * kTileK));
+      size_tiles(kTileQ, p.e, ql);
+      size_tiles(kTileK, p.e, kl);
+      size_tiles(kTileK, p.f, vl);
+      size_tiles(kTileQ, kTileK, pl);
+    } else {
+      size_tiles(kTileQ, p.e, q);
+      size_tiles(kTileK, p.e, k);
+      size_tiles(kTileK, p.f, v);
     }
-    q.resize(static_cast<size_t>(kTileQ * p.e));
-    k.resize(static_cast<size_t>(kTileK * p.e));
-    v.resize(static_cast<size_t>(kTileK * p.f));
     sc.resize(static_cast<size_t>(kTileQ * kTileK));
     acc.resize(static_cast<size_t>(kTileQ * p.f));
     m.resize(kTileQ);
@@ -430,22 +438,22 @@ struct BackwardScratch {
   LowBuffer ql, kl, vl, gol, pl, dsl;  // the low tiles (Note [Low-precision tiles])
   std::vector<float> row;
   explicit BackwardScratch(const Problem& p) {
+    // The operands' tiles in the low dtype or in Acc, whichever the products read.
     if (p.low != DType::f32) {
-      ql.resize(static_cast<size_t>(kTileQ * p.e));
-      gol.resize(static_cast<size_t>(kTileQ * p.f));
-      kl.resize(static_cast<size_t>(kTileK * p.e));
-      vl.resize(static_cast<size_t>(kTileK * p.f));
-      pl.resize(static_cast<size_t>(kTileQ * kTileK));
-      dsl.resize(static_cast<size_t>(kTileQ * kTileK));
+      size_tiles(kTileQ, p.e, ql);
+      size_tiles(kTileQ, p.f, gol);
+      size_tiles(kTileK, p.e, kl);
+      size_tiles(kTileK, p.f, vl);
+      size_tiles(kTileQ, kTileK, pl, dsl);
+    } else {
+      size_tiles(kTileQ, p.e, q);
+      size_tiles(kTileQ, p.f, go);
+      size_tiles(kTileK, p.e, k);
+      size_tiles(kTileK, p.f, v);
     }
-    q.resize(static_cast<size_t>(kTileQ * p.e));
-    go.resize(static_cast<size_t>(kTileQ * p.f));
-    k.resize(static_cast<size_t>(kTileK * p.e));
-    v.resize(static_cast<size_t>(kTileK * p.f));
-    dk.resize(static_cast<size_t>(kTileK * p.e));
-    dv.resize(static_cast<size_t>(kTileK * p.f));
-    sc.resize(static_cast<size_t>(kTileQ * kTileK));
-    dp.resize(static_cast<size_t>(kTileQ * kTileK));
+    size_tiles(kTileK, p.e, dk);
+    size_tiles(kTileK, p.f, dv);
+    size_tiles(kTileQ, kTileK, sc, dp);
   }
 };
 
