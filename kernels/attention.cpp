@@ -21,7 +21,9 @@
 // operands that the kernel computes (the probabilities P, the output's gradient dO, and dS)
 // are rounded to the dtype before their products, as PyTorch's CPU flash attention and
 // FlashAttention-2 round them. Each product still runs on one thread, so the bits do not
-// depend on the thread count, and eager and compiled calls agree.
+// depend on the thread count, and eager and compiled calls agree. Small products (a decoding
+// step's single query, ragged last tiles: kLowMinWork) widen their low operands and go to
+// sgemm instead, as each new shape would cost a oneDNN primitive.
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
 
@@ -176,9 +178,35 @@ void load_low(const Operand& o, int64_t b, int64_t r0, int64_t rows, int64_t col
   }
 }
 
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+// The rows x cols low matrix at p (rows ld apart) widened to f32 into w, with the same layout.
+void widen_low(DType low, const uint16_t* p, int64_t rows, int64_t cols, int64_t ld,
+               std::vector<float>& w) {
+  const int64_t n = rows == 0 ? 0 : (rows - 1) * ld + cols;
+  w.resize(static_cast<size_t>(n));
+  if (low == DType::bf16) return widen_bf16(reinterpret_cast<const bf16_t*>(p), w.data(), n);
+  for (int64_t i = 0; i < n; ++i)
+    w[static_cast<size_t>(i)] = static_cast<float>(Eigen::numext::bit_cast<f16_t>(p[i]));
+}
+
+// Products below this many multiply-adds (a decoding step's one query, the ragged last tiles)
+// widen their operands and go to sgemm: each new shape would cost oneDNN a primitive (about
+// 75 µs to make, against a fraction of one for such a product), and a growing key length
+// makes a new last tile at every step.
+constexpr int64_t kLowMinWork = 1 << 15;
+
 // gemm() below with alpha 1 and beta 0 (or 1: `accumulate`), on low operands.
 void low_gemm(DType low, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const uint16_t* a,
               int64_t lda, const uint16_t* b, int64_t ldb, bool accumulate, float* c, int64_t ldc) {
+  if (m * n * k < kLowMinWork) {
+    thread_local std::vector<float> wa, wb;
+    widen_low(low, a, ta ? k : m, ta ? m : k, lda, wa);
+    widen_low(low, b, tb ? n : k, tb ? k : n, ldb, wb);
+    return gemm(ta, tb, m, n, k, 1.0f, wa.data(), lda, wb.data(), ldb, accumulate ? 1.0f : 0.0f, c,
+                ldc);
+  }
   const bool ok = low_gemm_to_f32(low, ta, tb, m, n, k, a, lda, b, ldb, c, ldc, accumulate);
   DUET_ASSERT(ok, "[attention] oneDNN made no {} product of {}x{}x{}, though it made one of 16^3",
               low, m, n, k);
