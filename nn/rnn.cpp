@@ -96,7 +96,6 @@ std::vector<Tensor> projections(const Tensor& x, const Tensor& w_ih, const Tenso
 // values: an element of a slice of a sum is the sum of the elements). GRU's candidate gate
 // multiplies the hidden product by r before the sum, so its products are sliced apart.
 
-// The input projections of a cell, one product sliced per gate (Note [Gates by blocks]).
 // Note [Unbatched cells]
 // A cell's unbatched step (one sample's vector, as per-sample code calls it, one token at a
 // time) computes on vectors: its products are linear() of a vector (the weight times it as a
@@ -106,6 +105,7 @@ std::vector<Tensor> projections(const Tensor& x, const Tensor& w_ih, const Tenso
 // is a tape node eagerly, and under Autobatch an op to record and run (matmul's batching rule
 // makes the samples' columns one product). The sums are the same dot products.
 
+// The input projections of a cell, one product sliced per gate (Note [Gates by blocks]).
 std::vector<Tensor> cell_projections(const Tensor& x, const Tensor& w_ih, const Tensor& b_ih,
                                      int64_t gates, int64_t hs) {
   const Tensor all = linear(x, w_ih, b_ih);
