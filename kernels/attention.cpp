@@ -272,17 +272,13 @@ struct Problem {
 
 // Whether oneDNN multiplies dtype dt here (tried once per dtype, on a small product).
 bool low_tiles_available(DType dt) {
-  static const bool bf16 = [] {
+  auto probe = [](DType t) {
     uint16_t a[16 * 16] = {}, b[16 * 16] = {};
     float c[16 * 16];
-    return low_gemm_to_f32(DType::bf16, false, false, 16, 16, 16, a, 16, b, 16, c, 16, false);
-  }();
-  static const bool f16 = [] {
-    uint16_t a[16 * 16] = {}, b[16 * 16] = {};
-    float c[16 * 16];
-    return low_gemm_to_f32(DType::f16, false, false, 16, 16, 16, a, 16, b, 16, c, 16, false);
-  }();
-  return dt == DType::bf16 ? bf16 : dt == DType::f16 ? f16 : false;
+    return low_gemm_to_f32(t, false, false, 16, 16, 16, a, 16, b, 16, c, 16, false);
+  };
+  static const bool bf16 = probe(DType::bf16), f16 = probe(DType::f16);
+  return dt == DType::bf16 ? bf16 : dt == DType::f16 && f16;
 }
 
 Problem problem(TensorRefs in, int64_t mask_at, const Attrs& a) {

@@ -37,14 +37,33 @@ MatLayout layout(int64_t rows, int64_t cols, int64_t s0, int64_t s1) {
 
 // ---- f16 and bf16 ------------------------------------------------------------------------------
 
-template <class L>
-constexpr dnnl::memory::data_type dnnl_type() {
-  return std::is_same_v<L, bf16_t> ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f16;
+dnnl::memory::data_type dnnl_type(DType dt) {
+  return dt == DType::bf16  ? dnnl::memory::data_type::bf16
+         : dt == DType::f16 ? dnnl::memory::data_type::f16
+                            : dnnl::memory::data_type::f32;
 }
 
-// One matmul shape and layout of one low dtype: the primitive and its operands' layouts, or
-// nothing where oneDNN has no kernel for it on this CPU (f16 before AVX512-FP16, say).
-using LowKey = std::array<int64_t, 8>;
+// One matmul of low operands: their dtype and the result's, the sizes and layouts (transposed,
+// leading dims), whether it accumulates (c += a @ b), and the threads it runs on.
+using LowKey = std::array<int64_t, 12>;
+LowKey low_key(DType in, DType out, int64_t m, int64_t n, int64_t k, bool ta, int64_t lda, bool tb,
+               int64_t ldb, int64_t ldc, bool accumulate) {
+  return {static_cast<int64_t>(in),
+          static_cast<int64_t>(out),
+          m,
+          n,
+          k,
+          ta,
+          lda,
+          tb,
+          ldb,
+          ldc,
+          accumulate,
+          omp_get_max_threads()};
+}
+
+// Its primitive and its operands' layouts, or nothing where oneDNN has no kernel for it on this
+// CPU (f16 before AVX512-FP16, say).
 struct LowMatmul {
   dnnl::matmul prim;
   dnnl::memory a, b, c;  ///< made once, pointed at each call's data (set_data_handle)
@@ -55,46 +74,58 @@ dnnl::engine& cpu_engine() {
   return eng;
 }
 
-template <class L>
 std::optional<LowMatmul> make_low_matmul(const LowKey& key) {
-  const auto [m, n, k, ta, lda, tb, ldb, threads] = key;
+  const auto [in, out, m, n, k, ta, lda, tb, ldb, ldc, accumulate, threads] = key;
+  (void)threads;
   using dims = dnnl::memory::dims;
-  const auto dt = dnnl_type<L>();
-  const dnnl::memory::desc a(dims{m, k}, dt, ta ? dims{1, lda} : dims{lda, 1});
-  const dnnl::memory::desc b(dims{k, n}, dt, tb ? dims{1, ldb} : dims{ldb, 1});
-  const dnnl::memory::desc c(dims{m, n}, dt, dims{n, 1});
+  const auto t = dnnl_type(static_cast<DType>(in));
+  const dnnl::memory::desc a(dims{m, k}, t, ta ? dims{1, lda} : dims{lda, 1});
+  const dnnl::memory::desc b(dims{k, n}, t, tb ? dims{1, ldb} : dims{ldb, 1});
+  const dnnl::memory::desc c(dims{m, n}, dnnl_type(static_cast<DType>(out)), dims{ldc, 1});
   try {
     dnnl::engine& eng = cpu_engine();
-    return LowMatmul{dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), eng)),
-                     dnnl::memory(a, eng, DNNL_MEMORY_NONE), dnnl::memory(b, eng, DNNL_MEMORY_NONE),
-                     dnnl::memory(c, eng, DNNL_MEMORY_NONE)};
+    dnnl::primitive_attr attr;
+    if (accumulate) {  // c += a @ b: the product, summed in f32, then added to c
+      dnnl::post_ops ops;
+      ops.append_sum(1.0f);
+      attr.set_post_ops(ops);
+    }
+    return LowMatmul{
+        dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), attr, eng)),
+        dnnl::memory(a, eng, DNNL_MEMORY_NONE), dnnl::memory(b, eng, DNNL_MEMORY_NONE),
+        dnnl::memory(c, eng, DNNL_MEMORY_NONE)};
   } catch (const dnnl::error&) {
     return std::nullopt;
   }
+}
+
+// The product of `key` on its primitive, made on first use; false where there is none.
+bool run_low_matmul(const LowKey& key, const void* a, const void* b, void* c) {
+  // Per thread (a primitive runs on one thread at a time), bounded like the convolutions'.
+  thread_local std::map<LowKey, std::optional<LowMatmul>> cache;
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    if (cache.size() >= 96) cache.clear();
+    it = cache.emplace(key, make_low_matmul(key)).first;
+  }
+  if (!it->second) return false;
+  LowMatmul& mm = *it->second;
+  mm.a.set_data_handle(const_cast<void*>(a));
+  mm.b.set_data_handle(const_cast<void*>(b));
+  mm.c.set_data_handle(c);
+  thread_local dnnl::stream s(cpu_engine());
+  mm.prim.execute(s, {{DNNL_ARG_SRC, mm.a}, {DNNL_ARG_WEIGHTS, mm.b}, {DNNL_ARG_DST, mm.c}});
+  s.wait();
+  return true;
 }
 
 // c (m x n, dense) = a @ b on oneDNN's primitive; false where there is none.
 template <class L>
 bool low_gemm_onednn(const L* a, MatLayout la, const L* b, MatLayout lb, L* c, int64_t m, int64_t n,
                      int64_t k) {
-  const LowKey key = {
-      m, n, k, la.trans == 'T', la.ld, lb.trans == 'T', lb.ld, omp_get_max_threads()};
-  // Per thread (a primitive runs on one thread at a time), bounded like the convolutions'.
-  thread_local std::map<LowKey, std::optional<LowMatmul>> cache;
-  auto it = cache.find(key);
-  if (it == cache.end()) {
-    if (cache.size() >= 96) cache.clear();
-    it = cache.emplace(key, make_low_matmul<L>(key)).first;
-  }
-  if (!it->second) return false;
-  LowMatmul& mm = *it->second;
-  mm.a.set_data_handle(const_cast<L*>(a));
-  mm.b.set_data_handle(const_cast<L*>(b));
-  mm.c.set_data_handle(c);
-  thread_local dnnl::stream s(cpu_engine());
-  mm.prim.execute(s, {{DNNL_ARG_SRC, mm.a}, {DNNL_ARG_WEIGHTS, mm.b}, {DNNL_ARG_DST, mm.c}});
-  s.wait();
-  return true;
+  const DType dt = std::is_same_v<L, bf16_t> ? DType::bf16 : DType::f16;
+  return run_low_matmul(
+      low_key(dt, dt, m, n, k, la.trans == 'T', la.ld, lb.trans == 'T', lb.ld, n, false), a, b, c);
 }
 
 void sgemm(const float* a, MatLayout la, const float* b, MatLayout lb, float* c, int64_t m,
@@ -214,36 +245,6 @@ void matmul_kernel(TensorRefs in, const Attrs& attrs, const Tensor& out) {
   });
 }
 
-// One product of low_gemm_to_f32: the dtype, sizes, layouts, whether it accumulates, threads.
-using ToF32Key = std::array<int64_t, 12>;
-
-std::optional<LowMatmul> make_low_matmul_to_f32(const ToF32Key& key) {
-  const auto [dt, m, n, k, ta, lda, tb, ldb, ldc, accumulate, threads, unused] = key;
-  (void)threads;
-  (void)unused;
-  using dims = dnnl::memory::dims;
-  const auto t = static_cast<DType>(dt) == DType::bf16 ? dnnl::memory::data_type::bf16
-                                                       : dnnl::memory::data_type::f16;
-  const dnnl::memory::desc a(dims{m, k}, t, ta ? dims{1, lda} : dims{lda, 1});
-  const dnnl::memory::desc b(dims{k, n}, t, tb ? dims{1, ldb} : dims{ldb, 1});
-  const dnnl::memory::desc c(dims{m, n}, dnnl::memory::data_type::f32, dims{ldc, 1});
-  try {
-    dnnl::engine& eng = cpu_engine();
-    dnnl::primitive_attr attr;
-    if (accumulate) {  // c += a @ b: the product, summed in f32, then added to c
-      dnnl::post_ops ops;
-      ops.append_sum(1.0f);
-      attr.set_post_ops(ops);
-    }
-    return LowMatmul{
-        dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), attr, eng)),
-        dnnl::memory(a, eng, DNNL_MEMORY_NONE), dnnl::memory(b, eng, DNNL_MEMORY_NONE),
-        dnnl::memory(c, eng, DNNL_MEMORY_NONE)};
-  } catch (const dnnl::error&) {
-    return std::nullopt;
-  }
-}
-
 }  // namespace
 
 bool low_gemm_to_f32(DType dt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* a,
@@ -256,24 +257,8 @@ bool low_gemm_to_f32(DType dt, bool ta, bool tb, int64_t m, int64_t n, int64_t k
       for (int64_t i = 0; i < m; ++i) std::fill(c + i * ldc, c + i * ldc + n, 0.0f);
     return true;
   }
-  const ToF32Key key = {static_cast<int64_t>(dt), m, n, k, ta, lda, tb, ldb, ldc, accumulate,
-                        omp_get_max_threads(),    0};
-  // Per thread (a primitive runs on one thread at a time), bounded like low_gemm_onednn's.
-  thread_local std::map<ToF32Key, std::optional<LowMatmul>> cache;
-  auto it = cache.find(key);
-  if (it == cache.end()) {
-    if (cache.size() >= 96) cache.clear();
-    it = cache.emplace(key, make_low_matmul_to_f32(key)).first;
-  }
-  if (!it->second) return false;
-  LowMatmul& mm = *it->second;
-  mm.a.set_data_handle(const_cast<void*>(a));
-  mm.b.set_data_handle(const_cast<void*>(b));
-  mm.c.set_data_handle(c);
-  thread_local dnnl::stream s(cpu_engine());
-  mm.prim.execute(s, {{DNNL_ARG_SRC, mm.a}, {DNNL_ARG_WEIGHTS, mm.b}, {DNNL_ARG_DST, mm.c}});
-  s.wait();
-  return true;
+  return run_low_matmul(low_key(dt, DType::f32, m, n, k, ta, lda, tb, ldb, ldc, accumulate), a, b,
+                        c);
 }
 
 void register_matmul_kernels(OpDef* t) {

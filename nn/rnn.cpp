@@ -348,10 +348,8 @@ std::vector<Tensor> RNNCellBase::step(const Tensor& input, const Tensor& hx, con
   const SymInt n = batched ? duet::detail::sym_dim(x, 0) : SymInt(1);
   auto start = [&](const Tensor& s, const char* what) -> Tensor {
     if (!s.defined())
-      return batched ? duet::detail::full_dims({n, hidden_size}, 0,
-                                               Options().dtype(x.dtype()).device(x.device()))
-                     : duet::detail::full_dims({SymInt(hidden_size)}, 0,
-                                               Options().dtype(x.dtype()).device(x.device()));
+      return duet::detail::full_dims(batched ? SymDims{n, hidden_size} : SymDims{hidden_size}, 0,
+                                     Options().dtype(x.dtype()).device(x.device()));
     const bool fits = batched
                           ? s.dim() == 2 && size_is(s, 0, n, op) && size_is(s, 1, hidden_size, op)
                           : s.dim() == 1 && size_is(s, 0, hidden_size, op);
