@@ -22,6 +22,7 @@ OpDef* build_table() {
   register_index_rules(table);
   register_image_rules(table);
   register_attention_rules(table);
+  register_rnn_rules(table);
   register_random_rules(table);
   register_debug_rules(table);
   register_collective_rules(table);

@@ -273,6 +273,7 @@ void register_source_rules(OpDef* table);
 void register_index_rules(OpDef* table);
 void register_image_rules(OpDef* table);
 void register_attention_rules(OpDef* table);
+void register_rnn_rules(OpDef* table);
 void register_random_rules(OpDef* table);
 void register_debug_rules(OpDef* table);
 void register_collective_rules(OpDef* table);

@@ -90,11 +90,10 @@ std::vector<Tensor> projections(const Tensor& x, const Tensor& w_ih, const Tenso
 // of a parameter, taken outside the scan, sends its gradient back through one slice per
 // sequence. A cell (one step) is the other way round: blocks taken at every call would send
 // each call's weight gradient through a slice_scatter of a zero (gates * H, in) tensor per gate,
-// so a cell takes one product of all gates and slices it (a zero (N, gates * H) per gate); a
-// cell other than GRU's first adds the input's product of all gates, as PyTorch's cells do, so
-// that its gates are four slices of one sum rather than eight slices and four sums (the same
-// values: an element of a slice of a sum is the sum of the elements). GRU's candidate gate
-// multiplies the hidden product by r before the sum, so its products are sliced apart.
+// so a cell takes one product of all gates. An LSTM cell passes its two products whole to the
+// fused cell op (Note [LSTM cell] in core/ops/rnn.cpp), which slices nothing; an RNN cell adds
+// them; GRU's candidate gate multiplies the hidden product by r before the sum, so its products
+// are sliced apart (a zero (N, gates * H) per gate in the backward).
 
 // Note [Unbatched cells]
 // A cell's unbatched step (one sample's vector, as per-sample code calls it, one token at a
@@ -130,8 +129,9 @@ Fn step_fn(Mode mode, const Tensor& w_hh, const Tensor& b_hh, int64_t hs, bool c
       return slice(t, -1, static_cast<int64_t>(k) * hs, static_cast<int64_t>(k + 1) * hs);
     };
     const Tensor all = cell ? linear(h, w_all, b_all) : Tensor();
-    // A cell other than GRU's gets the input's product of all gates whole, adds it, then slices.
-    const Tensor sum = cell && mode != Mode::GRU ? x(0) + all : Tensor();
+    // An RNN cell gets the input's product whole and adds it; an LSTM cell passes both products
+    // to its fused op; GRU's are sliced apart.
+    const Tensor sum = cell && mode != Mode::GRU && mode != Mode::LSTM ? x(0) + all : Tensor();
     auto hp = [&](size_t k) { return cell ? gate(all, k) : linear(h, w[k], b[k]); };
     auto pre = [&](size_t k) { return sum.defined() ? gate(sum, k) : x(k) + hp(k); };
     switch (mode) {
@@ -149,6 +149,10 @@ Fn step_fn(Mode mode, const Tensor& w_hh, const Tensor& b_hh, int64_t hs, bool c
       }
       case Mode::LSTM: {
         const Tensor& c = in[1];
+        if (cell) {  // one op on the products of all gates (Note [LSTM cell] in core/ops/rnn.cpp)
+          auto [h_next, c_next] = fused_lstm_cell(x(0), all, c);
+          return {h_next, c_next, h_next};
+        }
         Tensor i = sigmoid(pre(0)), f = sigmoid(pre(1));
         Tensor cell = tanh(pre(2)), o = sigmoid(pre(3));
         Tensor c_next = f * c + i * cell;

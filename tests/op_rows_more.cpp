@@ -511,6 +511,85 @@ OpRow barrier_row(Shape xs, Shape after) {
   return r;
 }
 
+// ---- fused_lstm_cell and its gradient ---------------------------------------------------------
+
+double sigmoid_of(double x) { return 1 / (1 + std::exp(-x)); }
+
+// PyTorch's LSTM cell in doubles, row by row: h' then c' (forward), or the gradient of the
+// summed gates then of c, given the result's gradient v[3] (backward).
+Vec ref_lstm(const Values& v, int64_t h, bool backward) {
+  const int64_t rows = h ? static_cast<int64_t>(v[2].size()) / h : 0;
+  Vec out(static_cast<size_t>(rows * (backward ? 5 : 2) * h));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < h; ++j) {
+      auto a = [&](int64_t k) {
+        const auto at = static_cast<size_t>(r * 4 * h + k * h + j);
+        return v[0][at] + v[1][at];
+      };
+      const double i = sigmoid_of(a(0)), f = sigmoid_of(a(1)), g = std::tanh(a(2)),
+                   o = sigmoid_of(a(3)), c = v[2][static_cast<size_t>(r * h + j)];
+      const double cn = f * c + i * g, tc = std::tanh(cn);
+      double* y = &out[static_cast<size_t>(r * (backward ? 5 : 2) * h + j)];
+      if (!backward) {
+        y[0] = o * tc;
+        y[h] = cn;
+        continue;
+      }
+      const double dh = v[3][static_cast<size_t>(r * 2 * h + j)];
+      const double dc = v[3][static_cast<size_t>(r * 2 * h + h + j)] + dh * o * (1 - tc * tc);
+      y[0] = dc * g * i * (1 - i);
+      y[h] = dc * c * f * (1 - f);
+      y[2 * h] = dc * i * (1 - g * g);
+      y[3 * h] = dh * tc * o * (1 - o);
+      y[4 * h] = dc * f;
+    }
+  return out;
+}
+
+Shape with_last(Shape s, int64_t n) {
+  s.push_back(n);
+  return s;
+}
+
+// fused_lstm_cell on gates (lead..., 4H) and c (lead..., H); the row's value is h' then c'. Rows
+// too large for the gradient sweep (inputs of at most 24 elements) are forward only; the
+// backward rows cover their gradients.
+OpRow lstm_row(Shape lead, int64_t h) {
+  OpRow r = row(
+      fmt::format("fused_lstm_cell {} hidden {}", lead.str(), h), OpId::LstmCell,
+      {with_last(lead, 4 * h), with_last(lead, 4 * h), with_last(lead, h)},
+      [](const Ins& in) {
+        auto [hn, cn] = fused_lstm_cell(in[0], in[1], in[2]);
+        return cat({hn, cn}, -1);
+      },
+      [h](const Values& v) { return ref_lstm(v, h, false); }, with_last(lead, 2 * h));
+  r.composite = false;
+  r.domains = {Domain{-3, 3}};
+  r.grad = lead.numel() * 4 * h <= 24;
+  return r;
+}
+
+// lstm_cell_backward, reached through the gradient of fused_lstm_cell with respect to its three
+// operands, given the result's gradient (the fourth input).
+OpRow lstm_backward_row(Shape lead, int64_t h) {
+  OpRow r = row(
+      fmt::format("lstm_cell_backward (grad of fused_lstm_cell) {} hidden {}", lead.str(), h),
+      OpId::LstmCellBackward,
+      {with_last(lead, 4 * h), with_last(lead, 4 * h), with_last(lead, h), with_last(lead, 2 * h)},
+      [](const Ins& in) {
+        std::vector<Tensor> x;
+        for (int k = 0; k < 3; ++k) x.push_back(in[k].detach().requires_grad_(true));
+        auto [hn, cn] = fused_lstm_cell(x[0], x[1], x[2]);
+        std::vector<Tensor> gs = grad({cat({hn, cn}, -1)}, {x[0], x[2]}, {in[3]});
+        return cat({gs[0], gs[1]}, -1);
+      },
+      [h](const Values& v) { return ref_lstm(v, h, true); }, with_last(lead, 5 * h));
+  r.composite = false;
+  r.domains = {Domain{-3, 3}};
+  r.grad = false;  // second derivatives go through elementwise ops (Note [LSTM cell])
+  return r;
+}
+
 const std::vector<OpRow>& more_rows() {
   static const std::vector<OpRow> rows = [] {
     std::vector<OpRow> r = {
@@ -610,6 +689,14 @@ const std::vector<OpRow>& more_rows() {
         barrier_row({3, 4}, {2}),
         barrier_row({}, {3, 1}),
         barrier_row({0, 2}, {}),
+        lstm_row({2}, 2),
+        lstm_row({}, 3),
+        lstm_row({2, 3}, 5),
+        lstm_row({0}, 2),
+        lstm_row({3}, 300),  // past one block of 256 units
+        lstm_backward_row({2}, 2),
+        lstm_backward_row({3, 2}, 4),
+        lstm_backward_row({2}, 300),
     };
     add_pieces(r, "split (5, 3) size 2", {5, 3}, 0, {2, 2, 1},
                [](const Tensor& x) { return split(x, 2, 0); });

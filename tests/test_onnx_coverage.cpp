@@ -35,6 +35,8 @@ const std::map<OpId, const char*>& no_onnx_form() {
       {OpId::Conv2dWeightGrad, "conv2d's gradient: training graphs, which inference models omit"},
       {OpId::AttentionBackward,
        "attention's gradient: training graphs, which inference models omit"},
+      {OpId::LstmCellBackward,
+       "lstm_cell's gradient: training graphs, which inference models omit"},
   };
   return m;
 }

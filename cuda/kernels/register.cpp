@@ -5,11 +5,15 @@
 
 namespace duet::cuda::detail {
 
+// LstmCell and its gradient (rnn_ops.cpp).
+void register_rnn(OpDef* table);
+
 void register_cuda_kernels(OpDef* table) {
   register_elementwise(table);
   register_reductions(table);
   register_index(table);
   register_attention(table);
+  register_rnn(table);
   register_matmul(table);
   register_random(table);
   register_fused_runner();  // fused groups of compiled functions (cuda/fused.h)

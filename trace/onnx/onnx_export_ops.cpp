@@ -22,7 +22,8 @@ const char* compare_op(OpId op) {
 
 }  // namespace
 
-// The unary and binary arithmetic ops, in the dtype their result has (emit_op's families).
+// The unary and binary arithmetic ops, in the dtype their result has (emit_op's families), and
+// LstmCell, which fuses a few of them.
 std::string Writer::emit_arithmetic(Frame& f, Values& vals, const GraphNode& n) {
   const TensorMeta& out = n.meta;
   const auto arg = [&](size_t i, DType d) { return as(f, vals, n.inputs[i], d); };
@@ -82,6 +83,22 @@ std::string Writer::emit_arithmetic(Frame& f, Values& vals, const GraphNode& n) 
       return binary("Max");
     case OpId::Minimum:
       return binary("Min");
+    case OpId::LstmCell: {
+      // The composite it fuses (core/ops/rnn.cpp), in its result's dtype. Split without sizes
+      // cuts the summed gates into as many equal parts as it has outputs: i, f, g and o, H wide
+      // each, whether H is a number or a symbol.
+      const std::string sum = binary("Add");
+      const Names gate{fresh("gate_i"), fresh("gate_f"), fresh("gate_g"), fresh("gate_o")};
+      NodeProto& split = add_node(f, "Split", {sum}, gate);
+      split.set_name(fresh("Split"));
+      attr_int(split, "axis", -1);
+      const std::string i = emit(f, "Sigmoid", {gate[0]}), forget = emit(f, "Sigmoid", {gate[1]});
+      const std::string g = emit(f, "Tanh", {gate[2]}), o = emit(f, "Sigmoid", {gate[3]});
+      const std::string c =
+          emit(f, "Add", {emit(f, "Mul", {forget, arg(2, out.dtype)}), emit(f, "Mul", {i, g})});
+      const std::string h = emit(f, "Mul", {o, emit(f, "Tanh", {c})});
+      return emit(f, "Concat", {h, c}, [](NodeProto& p) { attr_int(p, "axis", -1); });
+    }
     default:
       throw InternalError(fmt::format("[export_onnx] {} is not an arithmetic op", op_name(n.op)));
   }
@@ -119,6 +136,7 @@ std::string Writer::emit_op(Frame& f, Values& vals, int32_t v) {
     case OpId::Pow:
     case OpId::Maximum:
     case OpId::Minimum:
+    case OpId::LstmCell:
       return emit_arithmetic(f, vals, n);
     case OpId::Lt:
     case OpId::Le:
@@ -190,6 +208,7 @@ std::string Writer::emit_op(Frame& f, Values& vals, int32_t v) {
     case OpId::Conv2dInputGrad:
     case OpId::Conv2dWeightGrad:
     case OpId::AttentionBackward:
+    case OpId::LstmCellBackward:
       no_form(n);
     case OpId::MatMul:
       return emit(f, "MatMul", {in(0), in(1)});

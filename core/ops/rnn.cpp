@@ -1,0 +1,174 @@
+// Recurrent cells: the LSTM cell as one primitive, and its gradient.
+//
+// Note [LSTM cell]
+// PyTorch's LSTM cell, after its two products: with a = gates_x + gates_h, cut into the gates
+// i, f, g, o (H each, in that order),
+//     c' = sigmoid(a_f) * c + sigmoid(a_i) * tanh(a_g),    h' = sigmoid(a_o) * tanh(c').
+// Written with duet's elementwise ops that is one add, four slices and nine elementwise ops,
+// each a dispatch and a tape node eagerly, a pending op under Autobatch, and about twice as
+// many in the backward. A cell stepped one token at a time (per-sample code, a decoder) pays
+// that per step, so the cell is one op here, as in PyTorch (its fused LSTM cell kernels) and
+// cuDNN:
+//     LstmCell(gates_x (..., 4H), gates_h (..., 4H), c (..., H)) -> (..., 2H): h', then c';
+//     LstmCellBackward(gates_x, gates_h, c, g) -> (..., 5H): the gradient of a (that of gates_x
+//     and of gates_h alike), then that of c.
+// g is the gradient of the packed result: dh' then dc'. The backward recomputes the gates from
+// the inputs (four elementwise functions per element) instead of saving them.
+//
+// Both take operands of one floating dtype with the same leading dims. The kernels compute f16
+// and bf16 in f32 and round the result once, where the composite rounds after every op, so the
+// low-precision values are closer to the exact ones than the composite's.
+//
+// Second derivatives: with create_graph the gradient rule writes the same gradient with
+// elementwise ops, which the tape differentiates again; LstmCellBackward is never recorded with
+// grad mode on, and is not differentiable itself (as AttentionBackward, Note [Attention]).
+#include "core/dispatch.h"
+#include "core/op_errors.h"
+#include "core/op_table.h"
+#include "core/ops.h"
+
+namespace duet {
+namespace detail {
+namespace rnn_rules {  // named: unity builds join this file with others
+
+// Checks the operands of a cell op: `wide` of them (gates, gradients) end in `widths[i]` * H,
+// the others in H; one floating dtype and the same leading dims. Returns H.
+int64_t check_cell(const char* op, TensorRefs in, const int64_t* widths) {
+  const Tensor& c = in[2];
+  DUET_CHECK_SHAPE(c.dim() >= 1, "[{}] c must have a last dim of the hidden size, got {}", op,
+                   c.sizes());
+  const int64_t h = c.size(-1);
+  const Shape lead(c.sizes().data(), c.dim() - 1);
+  for (int64_t i = 0; i < in.size(); ++i) {
+    const Tensor& x = in[i];
+    DUET_CHECK_DTYPE(is_floating(x.dtype()) && x.dtype() == c.dtype(),
+                     "[{}] operands must share a floating dtype, got {} (input {}) and {} (c)", op,
+                     x.dtype(), i, c.dtype());
+    Shape want = lead;
+    want.push_back(widths[i] * h);
+    DUET_CHECK_SHAPE(x.sizes() == want,
+                     "[{}] input {} must be {} (c is {}: {} times the hidden size {}), got {}",
+                     op, i, want, c.sizes(), widths[i], h, x.sizes());
+  }
+  return h;
+}
+
+constexpr int64_t kCellWidths[] = {4, 4, 1}, kBackwardWidths[] = {4, 4, 1, 2};
+
+void infer_lstm_cell(const OpDef& def, TensorRefs in, const Attrs&, TensorMeta& out) {
+  const int64_t h = check_cell("lstm_cell", in, kCellWidths);
+  out.shape = in[2].sizes();
+  out.shape[out.shape.size() - 1] = 2 * h;
+  out.dtype = in[2].dtype();
+  out.device = common_device(def, in);
+}
+
+void infer_lstm_cell_backward(const OpDef& def, TensorRefs in, const Attrs&, TensorMeta& out) {
+  const int64_t h = check_cell("lstm_cell_backward", in, kBackwardWidths);
+  out.shape = in[2].sizes();
+  out.shape[out.shape.size() - 1] = 5 * h;
+  out.dtype = in[2].dtype();
+  out.device = common_device(def, in);
+}
+
+// The leading dims of c (symbolic where traced so), then `width` times its last dim.
+void sym_cell(TensorRefs in, int64_t width, SymDims& out) {
+  out = sym_dims(in[2]);
+  out.back() = out.back() * SymInt(width);
+}
+void sym_lstm_cell(const OpDef&, TensorRefs in, const Attrs&, const TensorMeta&, SymDims& out) {
+  sym_cell(in, 2, out);
+}
+void sym_lstm_cell_backward(const OpDef&, TensorRefs in, const Attrs&, const TensorMeta&,
+                            SymDims& out) {
+  sym_cell(in, 5, out);
+}
+
+Tensor last(const Tensor& x, int64_t start, int64_t end) { return slice(x, -1, start, end); }
+
+// The gradient in elementwise ops (create_graph: differentiable again). g: dh' then dc'.
+void composite_grads(const GradCtx& ctx, const Tensor& g, Tensor* gi, int64_t h) {
+  const Tensor& c = ctx.inputs[2];
+  const Tensor a = ctx.inputs[0] + ctx.inputs[1];
+  const Tensor i = sigmoid(last(a, 0, h)), f = sigmoid(last(a, h, 2 * h));
+  const Tensor gg = tanh(last(a, 2 * h, 3 * h)), o = sigmoid(last(a, 3 * h, 4 * h));
+  const Tensor tc = tanh(f * c + i * gg), dh = last(g, 0, h);
+  const Tensor dc = last(g, h, 2 * h) + dh * o * (1 - tc * tc);
+  if (ctx.needs_grad(0) || ctx.needs_grad(1)) {
+    const Tensor da = cat({dc * gg * i * (1 - i), dc * c * f * (1 - f), dc * i * (1 - gg * gg),
+                           dh * tc * o * (1 - o)},
+                          -1);
+    for (int k : {0, 1})
+      if (ctx.needs_grad(k)) gi[k] = da;
+  }
+  if (ctx.needs_grad(2)) gi[2] = dc * f;
+}
+
+void grad_lstm_cell(const GradCtx& ctx, const Tensor& g, Tensor* gi) {
+  const Tensor& c = ctx.inputs[2];
+  const int64_t h = c.size(-1);
+  if (grad_mode()) return composite_grads(ctx, g, gi, h);
+  const Tensor gc = g.dtype() == c.dtype() ? g : g.to(c.dtype());
+  const Tensor* in[] = {&ctx.inputs[0], &ctx.inputs[1], &c, &gc};
+  const Tensor r = call(OpId::LstmCellBackward, TensorRefs(in, 4), Attrs());
+  if (ctx.needs_grad(0) || ctx.needs_grad(1)) {
+    const Tensor da = last(r, 0, 4 * h);
+    for (int k : {0, 1})
+      if (ctx.needs_grad(k)) gi[k] = da;
+  }
+  if (ctx.needs_grad(2)) gi[2] = last(r, 4 * h, 5 * h);
+}
+
+}  // namespace rnn_rules
+
+void register_rnn_rules(OpDef* t) {
+  using namespace rnn_rules;
+  t[int(OpId::LstmCell)].infer = infer_lstm_cell;
+  t[int(OpId::LstmCell)].sym_infer = sym_lstm_cell;
+  set_grad(t, OpId::LstmCell, grad_lstm_cell, kSaveIn0 | kSaveIn1 | kSaveIn2);
+  t[int(OpId::LstmCellBackward)].infer = infer_lstm_cell_backward;
+  t[int(OpId::LstmCellBackward)].sym_infer = sym_lstm_cell_backward;
+  set_not_differentiable(t, OpId::LstmCellBackward);  // Note [LSTM cell]: never with grad mode
+}
+
+}  // namespace detail
+
+std::tuple<Tensor, Tensor> fused_lstm_cell(const Tensor& gates_x, const Tensor& gates_h,
+                                           const Tensor& c, std::source_location loc) {
+  detail::SiteGuard site(loc);
+  Tensor h_next, c_next;
+  detail::as_op("fused_lstm_cell", [&]() -> Tensor {
+    constexpr const char* op = "fused_lstm_cell";
+    DUET_CHECK_VALUE(gates_x.defined() && gates_h.defined() && c.defined(),
+                     "[{}] gates_x, gates_h and c must be defined tensors", op);
+    const Tensor* all[] = {&gates_x, &gates_h, &c};
+    // Mixed floating dtypes (autocast's bf16 gates beside an f32 state) promote, as the
+    // elementwise ops of the cell would.
+    const DType dt = detail::result_type(TensorRefs(all, 3));
+    DUET_CHECK_DTYPE(is_floating(dt), "[{}] needs floating operands, got {}, {} and {}", op,
+                     gates_x.dtype(), gates_h.dtype(), c.dtype());
+    DUET_CHECK_SHAPE(c.dim() >= 1, "[{}] c must be (..., H), got {}", op, c.sizes());
+    const SymDims cd = detail::sym_dims(c);
+    SymDims gd = cd;
+    gd.back() = cd.back() * SymInt(4);
+    for (const Tensor* x : {&gates_x, &gates_h}) {
+      bool fits = x->dim() == c.dim();
+      for (int64_t d = 0; fits && d < c.dim(); ++d)
+        fits = detail::size_is(*x, d, gd[static_cast<size_t>(d)], op);
+      DUET_CHECK_SHAPE(fits,
+                       "[{}] gates_x and gates_h must be (..., 4H) for c (..., H) {}, got {} "
+                       "and {}",
+                       op, c.sizes(), gates_x.sizes(), gates_h.sizes());
+    }
+    const Tensor gx = gates_x.to(dt), gh = gates_h.to(dt), cc = c.to(dt);
+    const Tensor* in[] = {&gx, &gh, &cc};
+    const Tensor r = detail::call(OpId::LstmCell, TensorRefs(in, 3), Attrs());
+    const int64_t h = c.size(-1);
+    h_next = slice(r, -1, 0, h);
+    c_next = slice(r, -1, h, 2 * h);
+    return r;
+  });
+  return {h_next, c_next};
+}
+
+}  // namespace duet

@@ -1,0 +1,97 @@
+// duet: CUDA adapters of LstmCell and LstmCellBackward (kernels in rnn.cu). The kernels address
+// each operand by one stride over its leading dims, flattened into rows, and one along its last
+// dim. That covers contiguous operands and the usual views (c as the second half of the previous
+// step's (..., 2H) result, a gate block sliced out of a wider product); an operand whose leading
+// dims do not flatten (a transposed batch) is first copied into a contiguous temporary by the
+// convert kernel.
+#include "core/ops.h"
+#include "cuda/kernels/adapt.h"
+#include "cuda/runtime.h"
+
+namespace duet::cuda::detail {
+namespace {
+
+// t's strides as an LstmOperand, when its leading dims step through memory as one dim (size-1
+// dims aside); false when they do not.
+bool flat_rows(const Tensor& t, kern::LstmOperand& o) {
+  const Shape& s = t.sizes();
+  const Strides& st = t.strides();
+  const int64_t last = t.dim() - 1;
+  int64_t rs = 0, next = -1;  // next: the stride the dim outside the last one seen must have
+  for (int64_t d = last - 1; d >= 0; --d) {
+    if (s[d] == 1) continue;
+    if (next < 0)
+      rs = st[d];
+    else if (st[d] != next)
+      return false;
+    next = st[d] * s[d];
+  }
+  o.data = t.raw_data();
+  o.rs = rs;
+  o.cs = st[last];
+  return true;
+}
+
+// The operand for input t, through a contiguous copy in tmp when its rows do not flatten.
+kern::LstmOperand lstm_operand(const Tensor& t, Tensor& tmp) {
+  kern::LstmOperand o;
+  if (flat_rows(t, o)) return o;
+  tmp = duet::detail::empty(t.sizes(), t.dtype(), t.device());
+  copy_into(t, tmp);
+  flat_rows(tmp, o);
+  return o;
+}
+
+// The rows, H and the operands both passes share. Holds the copies of the inputs that needed
+// one until the kernel is queued; freeing them then is safe, as the next user of their memory
+// queues behind it on the same stream (Note [CUDA streams and the cache] in cuda/runtime.cpp).
+struct LstmCall {
+  kern::LstmArg arg;
+  Tensor tmp[4];
+  LstmCall(const char* op, TensorRefs in, const Tensor& out) {
+    const DType dt = in[0].dtype();
+    DUET_CHECK_DTYPE(is_floating(dt), "[{}] has no CUDA kernel for dtype {}", op, dtype_name(dt));
+    const Tensor& c = in[2];
+    const int64_t last = c.dim() - 1;
+    arg.h = c.sizes()[last];
+    arg.rows = 1;
+    for (int64_t d = 0; d < last; ++d) arg.rows *= c.sizes()[d];
+    if (out.numel() == 0) return;  // nothing to read
+    arg.gx = lstm_operand(in[0], tmp[0]);
+    arg.gh = lstm_operand(in[1], tmp[1]);
+    arg.c = lstm_operand(c, tmp[2]);
+    if (in.size() > 3) arg.g = lstm_operand(in[3], tmp[3]);
+  }
+};
+
+// Runs launch on a contiguous result: out itself, or a temporary copied into it.
+template <class Launch>
+void run_lstm(const LstmCall& L, const Tensor& out, Launch launch) {
+  if (out.numel() == 0) return;
+  Tensor dense =
+      out.is_contiguous() ? out : duet::detail::empty(out.sizes(), out.dtype(), out.device());
+  kern::LstmArg arg = L.arg;
+  arg.out = dense.raw_data();
+  DUET_CUDA_CHECK(launch(to_dt(out.dtype()), arg, stream_for(out)));
+  if (!dense.is_same(out)) copy_into(dense, out);
+}
+
+void lstm_cell_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
+  const LstmCall L("lstm_cell", in, out);
+  run_lstm(L, out, kern::launch_lstm_cell);
+}
+
+void lstm_cell_backward_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
+  const LstmCall L("lstm_cell_backward", in, out);
+  run_lstm(L, out, kern::launch_lstm_cell_backward);
+}
+
+}  // namespace
+
+void register_rnn(OpDef* t) {
+  duet::detail::register_kernel(t, OpId::LstmCell, DeviceType::CUDA, lstm_cell_kernel);
+  duet::detail::register_kernel(t, OpId::LstmCellBackward, DeviceType::CUDA,
+                                lstm_cell_backward_kernel);
+}
+
+}  // namespace duet::cuda::detail

@@ -1,0 +1,137 @@
+// CPU kernels of LstmCell and LstmCellBackward (Note [LSTM cell] in core/ops/rnn.cpp).
+//
+// A row is one cell: its gates' sums, activations and the new state are computed in blocks of
+// kBlock hidden units in stack buffers, with the vectorized sigmoid and tanh of the elementwise
+// kernels (Eigen's packets for f32), so each element sees the math the elementwise ops would
+// apply. Rows are independent and each is computed the same way wherever it lands, so the bits
+// do not depend on the thread count. Operands that are not contiguous are copied first; f16
+// and bf16 run in f32 (via_wide).
+#include <algorithm>
+
+#include "kernels/cpu_kernels.h"
+#include "kernels/loops.h"
+#include "kernels/low_precision.h"
+
+namespace duet::kernels {
+namespace rnn_cpu {  // named: unity builds join this file with others
+
+constexpr int64_t kBlock = 256;
+
+// t itself when contiguous, else a contiguous copy held in `tmp`.
+const Tensor& dense(const Tensor& t, Tensor& tmp) {
+  if (t.is_contiguous()) return t;
+  tmp = cast_to(t, t.dtype());
+  return tmp;
+}
+
+// The activated gates of units [j0, j0 + m) of one row: i, f, g, o, each m long at stride kBlock.
+template <class T>
+void gates(const T* gx, const T* gh, int64_t h, int64_t j0, int64_t m, T* act) {
+  for (int64_t k = 0; k < 4; ++k) {
+    const T *x = gx + k * h + j0, *y = gh + k * h + j0;
+    T* a = act + k * kBlock;
+    for (int64_t j = 0; j < m; ++j) a[j] = x[j] + y[j];
+    if (k == 2)
+      unary_dense<T>(fn::Tanh{}, a, a, m);
+    else
+      unary_dense<T>(fn::Sigmoid{}, a, a, m);
+  }
+}
+
+// Runs body(row, j0, m) over every block of every row, rows spread over the threads.
+template <class F>
+void for_blocks(int64_t rows, int64_t h, F&& body) {
+  parallel_for(rows, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(h, 1)),
+               [&](int64_t r0, int64_t r1) {
+                 for (int64_t r = r0; r < r1; ++r)
+                   for (int64_t j0 = 0; j0 < h; j0 += kBlock) body(r, j0, std::min(kBlock, h - j0));
+               },
+               /*align=*/1);
+}
+
+template <class T>
+void forward(const T* gx, const T* gh, const T* c, T* out, int64_t rows, int64_t h) {
+  for_blocks(rows, h, [&](int64_t r, int64_t j0, int64_t m) {
+    alignas(64) T act[4 * kBlock], tc[kBlock];
+    gates(gx + r * 4 * h, gh + r * 4 * h, h, j0, m, act);
+    const T *i = act, *f = act + kBlock, *g = act + 2 * kBlock, *o = act + 3 * kBlock;
+    const T* cr = c + r * h + j0;
+    T* hn = out + r * 2 * h + j0;
+    T* cn = hn + h;
+    for (int64_t j = 0; j < m; ++j) cn[j] = f[j] * cr[j] + i[j] * g[j];
+    unary_dense<T>(fn::Tanh{}, cn, tc, m);
+    for (int64_t j = 0; j < m; ++j) hn[j] = o[j] * tc[j];
+  });
+}
+
+template <class T>
+void backward(const T* gx, const T* gh, const T* c, const T* grad, T* out, int64_t rows,
+              int64_t h) {
+  for_blocks(rows, h, [&](int64_t r, int64_t j0, int64_t m) {
+    alignas(64) T act[4 * kBlock], tc[kBlock];
+    gates(gx + r * 4 * h, gh + r * 4 * h, h, j0, m, act);
+    const T *i = act, *f = act + kBlock, *g = act + 2 * kBlock, *o = act + 3 * kBlock;
+    const T* cr = c + r * h + j0;
+    for (int64_t j = 0; j < m; ++j) tc[j] = f[j] * cr[j] + i[j] * g[j];
+    unary_dense<T>(fn::Tanh{}, tc, tc, m);
+    const T *dh = grad + r * 2 * h + j0, *dcn = dh + h;
+    T* da = out + r * 5 * h + j0;
+    for (int64_t j = 0; j < m; ++j) {
+      const T dc = dcn[j] + dh[j] * o[j] * (T(1) - tc[j] * tc[j]);
+      da[j] = dc * g[j] * i[j] * (T(1) - i[j]);
+      da[h + j] = dc * cr[j] * f[j] * (T(1) - f[j]);
+      da[2 * h + j] = dc * i[j] * (T(1) - g[j] * g[j]);
+      da[3 * h + j] = dh[j] * tc[j] * o[j] * (T(1) - o[j]);
+      da[4 * h + j] = dc * f[j];
+    }
+  });
+}
+
+// Both kernels: the operands made dense, then `run` on typed pointers into `out` (or into a
+// dense temporary copied there, should the output be strided).
+template <class Run>
+void run_cell(TensorRefs in, const Tensor& out, Run&& run) {
+  Tensor tmp[4];
+  const Tensor* d[4] = {};
+  for (int64_t k = 0; k < in.size(); ++k) d[k] = &dense(in[k], tmp[k]);
+  const Tensor& c = in[2];
+  const int64_t h = c.sizes()[c.dim() - 1];
+  const int64_t rows = h == 0 ? 0 : c.numel() / h;
+  const Tensor o = out.is_contiguous() ? out : detail::empty(out.sizes(), out.dtype(), out.device());
+  if (rows > 0) {
+    if (out.dtype() == DType::f64)
+      run(d, static_cast<double*>(o.raw_data()), rows, h, double{});
+    else
+      run(d, static_cast<float*>(o.raw_data()), rows, h, float{});
+  }
+  if (!out.is_contiguous()) copy_into(o, out);
+}
+
+template <class T>
+const T* data(const Tensor* t) {
+  return static_cast<const T*>(t->raw_data());
+}
+
+void lstm_cell_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
+  run_cell(in, out, [](const Tensor* const* d, auto* o, int64_t rows, int64_t h, auto zero) {
+    using T = decltype(zero);
+    forward<T>(data<T>(d[0]), data<T>(d[1]), data<T>(d[2]), o, rows, h);
+  });
+}
+
+void lstm_cell_backward_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
+  run_cell(in, out, [](const Tensor* const* d, auto* o, int64_t rows, int64_t h, auto zero) {
+    using T = decltype(zero);
+    backward<T>(data<T>(d[0]), data<T>(d[1]), data<T>(d[2]), data<T>(d[3]), o, rows, h);
+  });
+}
+
+}  // namespace rnn_cpu
+
+void register_rnn_kernels(OpDef* t) {
+  detail::register_kernel(t, OpId::LstmCell, DeviceType::CPU, via_wide<rnn_cpu::lstm_cell_kernel>);
+  detail::register_kernel(t, OpId::LstmCellBackward, DeviceType::CPU,
+                          via_wide<rnn_cpu::lstm_cell_backward_kernel>);
+}
+
+}  // namespace duet::kernels
