@@ -1,4 +1,5 @@
-// CPU kernels of LstmCell and LstmCellBackward (Note [LSTM cell] in core/ops/rnn.cpp).
+// CPU kernels of the LSTM and GRU cells and their gradients (Note [LSTM cell] in
+// core/ops/rnn.cpp).
 //
 // A row is one cell: its gates' sums, activations and the new state are computed in blocks of
 // kBlock hidden units in stack buffers, with the vectorized sigmoid and tanh of the elementwise
@@ -41,12 +42,13 @@ void gates(const T* gx, const T* gh, int64_t h, int64_t j0, int64_t m, T* act) {
 // Runs body(row, j0, m) over every block of every row, rows spread over the threads.
 template <class F>
 void for_blocks(int64_t rows, int64_t h, F&& body) {
-  parallel_for(rows, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(h, 1)),
-               [&](int64_t r0, int64_t r1) {
-                 for (int64_t r = r0; r < r1; ++r)
-                   for (int64_t j0 = 0; j0 < h; j0 += kBlock) body(r, j0, std::min(kBlock, h - j0));
-               },
-               /*align=*/1);
+  parallel_for(
+      rows, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(h, 1)),
+      [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r)
+          for (int64_t j0 = 0; j0 < h; j0 += kBlock) body(r, j0, std::min(kBlock, h - j0));
+      },
+      /*align=*/1);
 }
 
 template <class T>
@@ -87,7 +89,57 @@ void backward(const T* gx, const T* gh, const T* c, const T* grad, T* out, int64
   });
 }
 
-// Both kernels: the operands made dense, then `run` on typed pointers into `out` (or into a
+// GRU's gates of units [j0, j0 + m) of one row: r, z, n, each m long at stride kBlock.
+template <class T>
+void gru_gates(const T* gx, const T* gh, int64_t h, int64_t j0, int64_t m, T* act) {
+  T *r = act, *z = act + kBlock, *n = act + 2 * kBlock;
+  for (int64_t j = 0; j < m; ++j) {
+    r[j] = gx[j0 + j] + gh[j0 + j];
+    z[j] = gx[h + j0 + j] + gh[h + j0 + j];
+  }
+  unary_dense<T>(fn::Sigmoid{}, r, r, m);
+  unary_dense<T>(fn::Sigmoid{}, z, z, m);
+  for (int64_t j = 0; j < m; ++j) n[j] = gx[2 * h + j0 + j] + r[j] * gh[2 * h + j0 + j];
+  unary_dense<T>(fn::Tanh{}, n, n, m);
+}
+
+template <class T>
+void gru_forward(const T* gx, const T* gh, const T* hp, T* out, int64_t rows, int64_t h) {
+  for_blocks(rows, h, [&](int64_t r, int64_t j0, int64_t m) {
+    alignas(64) T act[3 * kBlock];
+    gru_gates(gx + r * 3 * h, gh + r * 3 * h, h, j0, m, act);
+    const T *z = act + kBlock, *n = act + 2 * kBlock, *hr = hp + r * h + j0;
+    T* o = out + r * h + j0;
+    for (int64_t j = 0; j < m; ++j) o[j] = (T(1) - z[j]) * n[j] + z[j] * hr[j];
+  });
+}
+
+template <class T>
+void gru_backward(const T* gx, const T* gh, const T* hp, const T* grad, T* out, int64_t rows,
+                  int64_t h) {
+  for_blocks(rows, h, [&](int64_t r, int64_t j0, int64_t m) {
+    alignas(64) T act[3 * kBlock];
+    const T* ghr = gh + r * 3 * h;
+    gru_gates(gx + r * 3 * h, ghr, h, j0, m, act);
+    const T *rg = act, *z = act + kBlock, *n = act + 2 * kBlock;
+    const T *hr = hp + r * h + j0, *g = grad + r * h + j0, *hn = ghr + 2 * h + j0;
+    T* d = out + r * 7 * h + j0;
+    for (int64_t j = 0; j < m; ++j) {
+      const T dn = g[j] * (T(1) - z[j]) * (T(1) - n[j] * n[j]);
+      const T dz = g[j] * (hr[j] - n[j]) * z[j] * (T(1) - z[j]);
+      const T dr = dn * hn[j] * rg[j] * (T(1) - rg[j]);
+      d[j] = dr;
+      d[h + j] = dz;
+      d[2 * h + j] = dn;
+      d[3 * h + j] = dr;
+      d[4 * h + j] = dz;
+      d[5 * h + j] = dn * rg[j];
+      d[6 * h + j] = g[j] * z[j];
+    }
+  });
+}
+
+// Every kernel: the operands made dense, then `run` on typed pointers into `out` (or into a
 // dense temporary copied there, should the output be strided).
 template <class Run>
 void run_cell(TensorRefs in, const Tensor& out, Run&& run) {
@@ -97,7 +149,8 @@ void run_cell(TensorRefs in, const Tensor& out, Run&& run) {
   const Tensor& c = in[2];
   const int64_t h = c.sizes()[c.dim() - 1];
   const int64_t rows = h == 0 ? 0 : c.numel() / h;
-  const Tensor o = out.is_contiguous() ? out : detail::empty(out.sizes(), out.dtype(), out.device());
+  const Tensor o =
+      out.is_contiguous() ? out : detail::empty(out.sizes(), out.dtype(), out.device());
   if (rows > 0) {
     if (out.dtype() == DType::f64)
       run(d, static_cast<double*>(o.raw_data()), rows, h, double{});
@@ -126,12 +179,29 @@ void lstm_cell_backward_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
   });
 }
 
+void gru_cell_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
+  run_cell(in, out, [](const Tensor* const* d, auto* o, int64_t rows, int64_t h, auto zero) {
+    using T = decltype(zero);
+    gru_forward<T>(data<T>(d[0]), data<T>(d[1]), data<T>(d[2]), o, rows, h);
+  });
+}
+
+void gru_cell_backward_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
+  run_cell(in, out, [](const Tensor* const* d, auto* o, int64_t rows, int64_t h, auto zero) {
+    using T = decltype(zero);
+    gru_backward<T>(data<T>(d[0]), data<T>(d[1]), data<T>(d[2]), data<T>(d[3]), o, rows, h);
+  });
+}
+
 }  // namespace rnn_cpu
 
 void register_rnn_kernels(OpDef* t) {
   detail::register_kernel(t, OpId::LstmCell, DeviceType::CPU, via_wide<rnn_cpu::lstm_cell_kernel>);
   detail::register_kernel(t, OpId::LstmCellBackward, DeviceType::CPU,
                           via_wide<rnn_cpu::lstm_cell_backward_kernel>);
+  detail::register_kernel(t, OpId::GruCell, DeviceType::CPU, via_wide<rnn_cpu::gru_cell_kernel>);
+  detail::register_kernel(t, OpId::GruCellBackward, DeviceType::CPU,
+                          via_wide<rnn_cpu::gru_cell_backward_kernel>);
 }
 
 }  // namespace duet::kernels

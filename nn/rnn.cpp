@@ -65,98 +65,43 @@ Mode rnn_mode(const RNNOptions& o) {
   return o.nonlinearity() == "tanh" ? Mode::RNNTanh : Mode::RNNReLU;
 }
 
-// The row blocks of a weight or bias, one per gate (views of the parameter); undefined blocks
-// for an undefined bias.
-std::vector<Tensor> blocks(const Tensor& t, int64_t gates, int64_t hs) {
-  std::vector<Tensor> out(static_cast<size_t>(gates));
-  if (t.defined())
-    for (int64_t k = 0; k < gates; ++k) out[k] = slice(t, 0, k * hs, (k + 1) * hs);
-  return out;
-}
-
-// The input projections of every gate, x W_ih_k^T + b_ih_k (Note [Recurrent layers over scan]).
-std::vector<Tensor> projections(const Tensor& x, const Tensor& w_ih, const Tensor& b_ih,
-                                int64_t gates, int64_t hs) {
-  const std::vector<Tensor> w = blocks(w_ih, gates, hs), b = blocks(b_ih, gates, hs);
-  std::vector<Tensor> out;
-  for (int64_t k = 0; k < gates; ++k) out.push_back(linear(x, w[k], b[k]));
-  return out;
-}
-
-// Note [Gates by blocks]
-// In the layers (over scan), each gate has its own products, with row blocks of the weights,
-// instead of one product of all gates sliced afterwards: a slice inside the step would have a
-// slice_scatter of a zero (N, gates * H) tensor per gate and step in the backward, where a block
-// of a parameter, taken outside the scan, sends its gradient back through one slice per
-// sequence. A cell (one step) is the other way round: blocks taken at every call would send
-// each call's weight gradient through a slice_scatter of a zero (gates * H, in) tensor per gate,
-// so a cell takes one product of all gates. An LSTM cell passes its two products whole to the
-// fused cell op (Note [LSTM cell] in core/ops/rnn.cpp), which slices nothing; an RNN cell adds
-// them; GRU's candidate gate multiplies the hidden product by r before the sum, so its products
-// are sliced apart (a zero (N, gates * H) per gate in the backward).
+// Note [Whole products]
+// Every step multiplies its state by all the gates' rows of W_hh at once, one product, and the
+// input's product of all gates comes whole too (computed before the scan for a whole sequence
+// in a layer, Note [Recurrent layers over scan] in nn/rnn.h). No gate is sliced out of a
+// product: the LSTM and GRU cells are one op each on the two products (Note [LSTM cell] in
+// core/ops/rnn.cpp), which reads its gates inside, and the RNN has a single gate. A slice per
+// gate would cost a slice_scatter of a zero (N, gates * H) tensor per gate and step in the
+// backward, and blocks of the weights (per gate, outside the scan) would cost a product per gate
+// and step instead of one.
 
 // Note [Unbatched cells]
 // A cell's unbatched step (one sample's vector, as per-sample code calls it, one token at a
 // time) computes on vectors: its products are linear() of a vector (the weight times it as a
 // column) and the state stays a vector. Run as a batch of one, it made a row of the input and
-// of each state and squeezed the new state back, and each product transposed its weight: 11
-// views a step, where there are 8 now (the gates' slices and the products' columns). Each view
-// is a tape node eagerly, and under Autobatch an op to record and run (matmul's batching rule
-// makes the samples' columns one product). The sums are the same dot products.
+// of each state and squeezed the new state back, and each product transposed its weight. Each
+// view is a tape node eagerly, and under Autobatch an op to record and run (matmul's batching
+// rule makes the samples' columns one product). The sums are the same dot products.
 
-// The input projections of a cell, one product sliced per gate (Note [Gates by blocks]).
-std::vector<Tensor> cell_projections(const Tensor& x, const Tensor& w_ih, const Tensor& b_ih,
-                                     int64_t gates, int64_t hs) {
-  const Tensor all = linear(x, w_ih, b_ih);
-  std::vector<Tensor> out;
-  for (int64_t k = 0; k < gates; ++k) out.push_back(slice(all, -1, k * hs, (k + 1) * hs));
-  return out;
-}
-
-// One time step: {h, (c), x_0, ..., x_{gates-1}} (x_k the input projection of gate k) ->
-// {h', (c'), h'}, PyTorch's equations; by blocks of the weights in a layer, by one product in a
-// cell (`cell`; Note [Gates by blocks]).
-Fn step_fn(Mode mode, const Tensor& w_hh, const Tensor& b_hh, int64_t hs, bool cell = false) {
-  const int64_t gates = gates_of(mode);
-  return [mode, hs, cell, w_all = w_hh, b_all = b_hh,
-          w = cell ? std::vector<Tensor>() : blocks(w_hh, gates, hs),
-          b = cell ? std::vector<Tensor>() : blocks(b_hh, gates, hs)](
-             const std::vector<Tensor>& in) -> std::vector<Tensor> {
+// One time step: {h, (c), x} (x the input's product of all gates) -> {h', (c'), h'}, PyTorch's
+// equations (Note [Whole products]).
+Fn step_fn(Mode mode, const Tensor& w_hh, const Tensor& b_hh) {
+  return [mode, w_hh, b_hh](const std::vector<Tensor>& in) -> std::vector<Tensor> {
     const Tensor& h = in[0];
-    const size_t first = mode == Mode::LSTM ? 2 : 1;  // x_0's place
-    auto x = [&](size_t k) -> const Tensor& { return in[first + k]; };
-    auto gate = [&](const Tensor& t, size_t k) {
-      return slice(t, -1, static_cast<int64_t>(k) * hs, static_cast<int64_t>(k + 1) * hs);
-    };
-    const Tensor all = cell ? linear(h, w_all, b_all) : Tensor();
-    // An RNN cell gets the input's product whole and adds it; an LSTM cell passes both products
-    // to its fused op; GRU's are sliced apart.
-    const Tensor sum = cell && mode != Mode::GRU && mode != Mode::LSTM ? x(0) + all : Tensor();
-    auto hp = [&](size_t k) { return cell ? gate(all, k) : linear(h, w[k], b[k]); };
-    auto pre = [&](size_t k) { return sum.defined() ? gate(sum, k) : x(k) + hp(k); };
+    const Tensor& x = in.back();
+    const Tensor hp = linear(h, w_hh, b_hh);
     switch (mode) {
       case Mode::RNNTanh:
       case Mode::RNNReLU: {
-        Tensor next = mode == Mode::RNNTanh ? tanh(pre(0)) : relu(pre(0));
+        Tensor next = mode == Mode::RNNTanh ? tanh(x + hp) : relu(x + hp);
         return {next, next};
       }
       case Mode::GRU: {
-        Tensor r = sigmoid(x(0) + hp(0));
-        Tensor z = sigmoid(x(1) + hp(1));
-        Tensor n = tanh(x(2) + r * hp(2));
-        Tensor next = (1.0 - z) * n + z * h;
+        Tensor next = fused_gru_cell(x, hp, h);
         return {next, next};
       }
       case Mode::LSTM: {
-        const Tensor& c = in[1];
-        if (cell) {  // one op on the products of all gates (Note [LSTM cell] in core/ops/rnn.cpp)
-          auto [h_next, c_next] = fused_lstm_cell(x(0), all, c);
-          return {h_next, c_next, h_next};
-        }
-        Tensor i = sigmoid(pre(0)), f = sigmoid(pre(1));
-        Tensor cell = tanh(pre(2)), o = sigmoid(pre(3));
-        Tensor c_next = f * c + i * cell;
-        Tensor h_next = o * tanh(c_next);
+        auto [h_next, c_next] = fused_lstm_cell(x, hp, in[1]);
         return {h_next, c_next, h_next};
       }
     }
@@ -246,12 +191,12 @@ std::tuple<Tensor, Tensor> RNNBase::run(const Tensor& input, const Tensor& hx, c
     for (int64_t d = 0; d < dirs; ++d) {
       const int64_t k = layer * dirs + d;
       const Weights& w = weights_[static_cast<size_t>(k)];
-      // Note [Recurrent layers over scan]: the input projections of all steps at once.
-      std::vector<Tensor> xs = projections(layer_in, w.w_ih, w.b_ih, gates_of(c.mode), hs);
+      // Note [Recurrent layers over scan]: the input's products of all steps at once.
+      std::vector<Tensor> xs{linear(layer_in, w.w_ih, w.b_ih)};
       std::vector<Tensor> carry{row(h0, k)};
       if (lstm) carry.push_back(row(c0, k));
       std::vector<Tensor> r =
-          duet::detail::scan_impl(step_fn(c.mode, w.w_hh, w.b_hh, hs), carry, xs, d == 1);
+          duet::detail::scan_impl(step_fn(c.mode, w.w_hh, w.b_hh), carry, xs, d == 1);
       h_last.push_back(r[0]);
       if (lstm) c_last.push_back(r[1]);
       outs.push_back(r.back());
@@ -367,13 +312,8 @@ std::vector<Tensor> RNNCellBase::step(const Tensor& input, const Tensor& hx, con
   };
   std::vector<Tensor> in{start(hx, lstm ? "h_0" : "hx")};
   if (lstm) in.push_back(start(cx, "c_0"));
-  if (mode_ == Mode::GRU) {
-    for (Tensor& p : cell_projections(x, weight_ih, bias_ih, gates_of(mode_), hidden_size))
-      in.push_back(std::move(p));
-  } else {
-    in.push_back(linear(x, weight_ih, bias_ih));  // all gates, added before slicing
-  }
-  std::vector<Tensor> out = step_fn(mode_, weight_hh, bias_hh, hidden_size, /*cell=*/true)(in);
+  in.push_back(linear(x, weight_ih, bias_ih));  // all gates (Note [Whole products])
+  std::vector<Tensor> out = step_fn(mode_, weight_hh, bias_hh)(in);
   out.pop_back();  // the per-step result, a copy of h'
   return out;
 }

@@ -8,8 +8,8 @@
 // is a reverse scan of the step's. The input projections of every time step, x_t W_ih^T + b_ih,
 // do not depend on the carry: they are computed before the scan as products over the whole
 // sequence (what cuDNN and PyTorch's CPU path do too), and the scan steps over their rows; a
-// step then holds the products h W_hh^T + b_hh and the elementwise gate math. Each gate has
-// its own products, with row blocks of the weights (Note [Gates by blocks] in nn/rnn.cpp).
+// step then holds the product h W_hh^T + b_hh of all gates and the cell's op on both products
+// (Note [Whole products] in nn/rnn.cpp).
 // The reverse direction of a bidirectional layer is the same scan run from the last step to the
 // first. A start state not given is zeros built from the input's symbolic batch dim
 // (full_dims), so one compiled trace serves every batch size.

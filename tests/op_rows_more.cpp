@@ -590,6 +590,64 @@ OpRow lstm_backward_row(Shape lead, int64_t h) {
   return r;
 }
 
+// PyTorch's GRU cell in doubles, row by row: h' (forward), or the gradients of gates_x,
+// gates_h and h given h''s gradient v[3] (backward).
+Vec ref_gru(const Values& v, int64_t h, bool backward) {
+  const int64_t rows = h ? static_cast<int64_t>(v[2].size()) / h : 0;
+  Vec out(static_cast<size_t>(rows * (backward ? 7 : 1) * h));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < h; ++j) {
+      auto gx = [&](int64_t k) { return v[0][static_cast<size_t>(r * 3 * h + k * h + j)]; };
+      auto gh = [&](int64_t k) { return v[1][static_cast<size_t>(r * 3 * h + k * h + j)]; };
+      const double rg = sigmoid_of(gx(0) + gh(0)), z = sigmoid_of(gx(1) + gh(1));
+      const double n = std::tanh(gx(2) + rg * gh(2)), hp = v[2][static_cast<size_t>(r * h + j)];
+      if (!backward) {
+        out[static_cast<size_t>(r * h + j)] = (1 - z) * n + z * hp;
+        continue;
+      }
+      const double g = v[3][static_cast<size_t>(r * h + j)];
+      const double dn = g * (1 - z) * (1 - n * n), dz = g * (hp - n) * z * (1 - z);
+      const double dr = dn * gh(2) * rg * (1 - rg);
+      double* y = &out[static_cast<size_t>(r * 7 * h + j)];
+      const double d[] = {dr, dz, dn, dr, dz, dn * rg, g * z};
+      for (int64_t k = 0; k < 7; ++k) y[k * h] = d[k];
+    }
+  return out;
+}
+
+// fused_gru_cell on gates (lead..., 3H) and h (lead..., H); forward only where too large for
+// the gradient sweep.
+OpRow gru_row(Shape lead, int64_t h) {
+  OpRow r = row(
+      fmt::format("fused_gru_cell {} hidden {}", lead.str(), h), OpId::GruCell,
+      {with_last(lead, 3 * h), with_last(lead, 3 * h), with_last(lead, h)},
+      [](const Ins& in) { return fused_gru_cell(in[0], in[1], in[2]); },
+      [h](const Values& v) { return ref_gru(v, h, false); }, with_last(lead, h));
+  r.composite = false;
+  r.domains = {Domain{-3, 3}};
+  r.grad = lead.numel() * 3 * h <= 24;
+  return r;
+}
+
+// gru_cell_backward through the gradient of fused_gru_cell, given h''s gradient (input 4).
+OpRow gru_backward_row(Shape lead, int64_t h) {
+  OpRow r = row(
+      fmt::format("gru_cell_backward (grad of fused_gru_cell) {} hidden {}", lead.str(), h),
+      OpId::GruCellBackward,
+      {with_last(lead, 3 * h), with_last(lead, 3 * h), with_last(lead, h), with_last(lead, h)},
+      [](const Ins& in) {
+        std::vector<Tensor> x;
+        for (int k = 0; k < 3; ++k) x.push_back(in[k].detach().requires_grad_(true));
+        std::vector<Tensor> gs = grad({fused_gru_cell(x[0], x[1], x[2])}, x, {in[3]});
+        return cat({gs[0], gs[1], gs[2]}, -1);
+      },
+      [h](const Values& v) { return ref_gru(v, h, true); }, with_last(lead, 7 * h));
+  r.composite = false;
+  r.domains = {Domain{-3, 3}};
+  r.grad = false;  // second derivatives go through elementwise ops (Note [LSTM cell])
+  return r;
+}
+
 const std::vector<OpRow>& more_rows() {
   static const std::vector<OpRow> rows = [] {
     std::vector<OpRow> r = {
@@ -697,6 +755,14 @@ const std::vector<OpRow>& more_rows() {
         lstm_backward_row({2}, 2),
         lstm_backward_row({3, 2}, 4),
         lstm_backward_row({2}, 300),
+        gru_row({2}, 2),
+        gru_row({}, 3),
+        gru_row({2, 3}, 5),
+        gru_row({0}, 2),
+        gru_row({3}, 300),
+        gru_backward_row({2}, 2),
+        gru_backward_row({3, 2}, 4),
+        gru_backward_row({2}, 300),
     };
     add_pieces(r, "split (5, 3) size 2", {5, 3}, 0, {2, 2, 1},
                [](const Tensor& x) { return split(x, 2, 0); });

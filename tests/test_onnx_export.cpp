@@ -178,7 +178,7 @@ std::vector<Tensor> doubling(const Tensor& x, const Tensor& limit) {
 // Most primitives at once, under a symbolic batch: the unary, binary and comparison families
 // (with dtype promotion), where, casts, reductions (integer sums in i64), gather, scatter_add,
 // cat, slicing with a step, reshape and mean of symbolic sizes, unfold and fold with stride and
-// padding, arange, argmax and the LSTM cell.
+// padding, arange, argmax and the LSTM and GRU cells.
 std::vector<Tensor> op_zoo(const Tensor& x, const Tensor& idx, const Tensor& img) {
   const Tensor u = exp(x) + log1p(abs(x)) + expm1(x * 0.1) + rsqrt(abs(x) + 1) + atan(x) + erf(x) +
                    log_sigmoid(x) + floor(x * 3) + sin(x) * cos(x) + sigmoid(x) + tanh(x) +
@@ -199,8 +199,25 @@ std::vector<Tensor> op_zoo(const Tensor& x, const Tensor& idx, const Tensor& img
   const Tensor counted = x + arange(6).to(DType::f32);
   const Tensor gates = cat({x, x * 0.5, x - 1, x * 2}, 1);  // (batch, 4 * 6)
   const auto [cell_h, cell_c] = fused_lstm_cell(gates, gates * 0.3, x);
-  return {cell_h, cell_c, u,    p,      c,       ints,         red,           g,
-          joined, cols,   back, pooled, counted, argmax(x, 1), softmax(x, 1), layer_norm(x, {6})};
+  const Tensor gru_gates = slice(gates, 1, 0, 18);  // (batch, 3 * 6)
+  const Tensor gru_h = fused_gru_cell(gru_gates, gru_gates * 0.7, x);
+  return {cell_h,
+          cell_c,
+          gru_h,
+          u,
+          p,
+          c,
+          ints,
+          red,
+          g,
+          joined,
+          cols,
+          back,
+          pooled,
+          counted,
+          argmax(x, 1),
+          softmax(x, 1),
+          layer_norm(x, {6})};
 }
 
 Program make_program() {

@@ -1,4 +1,4 @@
-// Recurrent cells: the LSTM cell as one primitive, and its gradient.
+// Recurrent cells: the LSTM and GRU cells as one primitive each, and their gradients.
 //
 // Note [LSTM cell]
 // PyTorch's LSTM cell, after its two products: with a = gates_x + gates_h, cut into the gates
@@ -22,6 +22,15 @@
 // Second derivatives: with create_graph the gradient rule writes the same gradient with
 // elementwise ops, which the tape differentiates again; LstmCellBackward is never recorded with
 // grad mode on, and is not differentiable itself (as AttentionBackward, Note [Attention]).
+//
+// The GRU cell is the same kind of op, where PyTorch's fused GRU cell kernels are: with gates
+// r, z, n of gates_x (x_r, x_z, x_n) and gates_h (h_r, h_z, h_n), r and z the sigmoids of the
+// sums, n = tanh(x_n + r * h_n) and h' = (1 - z) * n + z * h;
+//     GruCell(gates_x (..., 3H), gates_h (..., 3H), h (..., H)) -> h' (..., H);
+//     GruCellBackward(gates_x, gates_h, h, g) -> (..., 7H): the gradients of gates_x, gates_h
+//     (whose n block is r times that of gates_x) and h.
+// Its composite is seven elementwise ops and six slices, and the products stay whole: only the
+// hidden one of n is scaled by r, inside the op.
 #include "core/dispatch.h"
 #include "core/op_errors.h"
 #include "core/op_table.h"
@@ -47,13 +56,14 @@ int64_t check_cell(const char* op, TensorRefs in, const int64_t* widths) {
     Shape want = lead;
     want.push_back(widths[i] * h);
     DUET_CHECK_SHAPE(x.sizes() == want,
-                     "[{}] input {} must be {} (c is {}: {} times the hidden size {}), got {}",
-                     op, i, want, c.sizes(), widths[i], h, x.sizes());
+                     "[{}] input {} must be {} (c is {}: {} times the hidden size {}), got {}", op,
+                     i, want, c.sizes(), widths[i], h, x.sizes());
   }
   return h;
 }
 
 constexpr int64_t kCellWidths[] = {4, 4, 1}, kBackwardWidths[] = {4, 4, 1, 2};
+constexpr int64_t kGruWidths[] = {3, 3, 1}, kGruBackwardWidths[] = {3, 3, 1, 1};
 
 void infer_lstm_cell(const OpDef& def, TensorRefs in, const Attrs&, TensorMeta& out) {
   const int64_t h = check_cell("lstm_cell", in, kCellWidths);
@@ -71,6 +81,21 @@ void infer_lstm_cell_backward(const OpDef& def, TensorRefs in, const Attrs&, Ten
   out.device = common_device(def, in);
 }
 
+void infer_gru_cell(const OpDef& def, TensorRefs in, const Attrs&, TensorMeta& out) {
+  check_cell("gru_cell", in, kGruWidths);
+  out.shape = in[2].sizes();
+  out.dtype = in[2].dtype();
+  out.device = common_device(def, in);
+}
+
+void infer_gru_cell_backward(const OpDef& def, TensorRefs in, const Attrs&, TensorMeta& out) {
+  const int64_t h = check_cell("gru_cell_backward", in, kGruBackwardWidths);
+  out.shape = in[2].sizes();
+  out.shape[out.shape.size() - 1] = 7 * h;
+  out.dtype = in[2].dtype();
+  out.device = common_device(def, in);
+}
+
 // The leading dims of c (symbolic where traced so), then `width` times its last dim.
 void sym_cell(TensorRefs in, int64_t width, SymDims& out) {
   out = sym_dims(in[2]);
@@ -82,6 +107,13 @@ void sym_lstm_cell(const OpDef&, TensorRefs in, const Attrs&, const TensorMeta&,
 void sym_lstm_cell_backward(const OpDef&, TensorRefs in, const Attrs&, const TensorMeta&,
                             SymDims& out) {
   sym_cell(in, 5, out);
+}
+void sym_gru_cell(const OpDef&, TensorRefs in, const Attrs&, const TensorMeta&, SymDims& out) {
+  sym_cell(in, 1, out);
+}
+void sym_gru_cell_backward(const OpDef&, TensorRefs in, const Attrs&, const TensorMeta&,
+                           SymDims& out) {
+  sym_cell(in, 7, out);
 }
 
 Tensor last(const Tensor& x, int64_t start, int64_t end) { return slice(x, -1, start, end); }
@@ -119,6 +151,30 @@ void grad_lstm_cell(const GradCtx& ctx, const Tensor& g, Tensor* gi) {
   if (ctx.needs_grad(2)) gi[2] = last(r, 4 * h, 5 * h);
 }
 
+// GRU's gradient in elementwise ops (create_graph: differentiable again). g: dh'.
+void gru_composite_grads(const GradCtx& ctx, const Tensor& g, Tensor* gi, int64_t h) {
+  const Tensor &gx = ctx.inputs[0], &gh = ctx.inputs[1], &hp = ctx.inputs[2];
+  const Tensor r = sigmoid(last(gx, 0, h) + last(gh, 0, h));
+  const Tensor z = sigmoid(last(gx, h, 2 * h) + last(gh, h, 2 * h));
+  const Tensor hn = last(gh, 2 * h, 3 * h), n = tanh(last(gx, 2 * h, 3 * h) + r * hn);
+  const Tensor dn = g * (1 - z) * (1 - n * n), dz = g * (hp - n) * z * (1 - z);
+  const Tensor dr = dn * hn * r * (1 - r);
+  if (ctx.needs_grad(0)) gi[0] = cat({dr, dz, dn}, -1);
+  if (ctx.needs_grad(1)) gi[1] = cat({dr, dz, dn * r}, -1);
+  if (ctx.needs_grad(2)) gi[2] = g * z;
+}
+
+void grad_gru_cell(const GradCtx& ctx, const Tensor& g, Tensor* gi) {
+  const Tensor& hp = ctx.inputs[2];
+  const int64_t h = hp.size(-1);
+  if (grad_mode()) return gru_composite_grads(ctx, g, gi, h);
+  const Tensor gc = g.dtype() == hp.dtype() ? g : g.to(hp.dtype());
+  const Tensor* in[] = {&ctx.inputs[0], &ctx.inputs[1], &hp, &gc};
+  const Tensor r = call(OpId::GruCellBackward, TensorRefs(in, 4), Attrs());
+  for (int k = 0; k < 3; ++k)
+    if (ctx.needs_grad(k)) gi[k] = last(r, 3 * k * h, k == 2 ? 7 * h : 3 * (k + 1) * h);
+}
+
 }  // namespace rnn_rules
 
 void register_rnn_rules(OpDef* t) {
@@ -129,46 +185,66 @@ void register_rnn_rules(OpDef* t) {
   t[int(OpId::LstmCellBackward)].infer = infer_lstm_cell_backward;
   t[int(OpId::LstmCellBackward)].sym_infer = sym_lstm_cell_backward;
   set_not_differentiable(t, OpId::LstmCellBackward);  // Note [LSTM cell]: never with grad mode
+  t[int(OpId::GruCell)].infer = infer_gru_cell;
+  t[int(OpId::GruCell)].sym_infer = sym_gru_cell;
+  set_grad(t, OpId::GruCell, grad_gru_cell, kSaveIn0 | kSaveIn1 | kSaveIn2);
+  t[int(OpId::GruCellBackward)].infer = infer_gru_cell_backward;
+  t[int(OpId::GruCellBackward)].sym_infer = sym_gru_cell_backward;
+  set_not_differentiable(t, OpId::GruCellBackward);
 }
 
 }  // namespace detail
+
+namespace {
+// A cell op on gates_x and gates_h (..., gates * H) and the state s (..., H), checked as the
+// public function `op` (naming the state `state`) and promoted to one floating dtype: mixed
+// floating dtypes (autocast's bf16 gates beside an f32 state) promote, as the elementwise ops
+// of the cell would.
+Tensor call_cell(const char* op, const char* state, OpId id, int64_t gates, const Tensor& gates_x,
+                 const Tensor& gates_h, const Tensor& s) {
+  DUET_CHECK_VALUE(gates_x.defined() && gates_h.defined() && s.defined(),
+                   "[{}] gates_x, gates_h and {} must be defined tensors", op, state);
+  const Tensor* all[] = {&gates_x, &gates_h, &s};
+  const DType dt = detail::result_type(TensorRefs(all, 3));
+  DUET_CHECK_DTYPE(is_floating(dt), "[{}] needs floating operands, got {}, {} and {}", op,
+                   gates_x.dtype(), gates_h.dtype(), s.dtype());
+  DUET_CHECK_SHAPE(s.dim() >= 1, "[{}] {} must be (..., H), got {}", op, state, s.sizes());
+  SymDims gd = detail::sym_dims(s);
+  gd.back() = gd.back() * SymInt(gates);
+  for (const Tensor* x : {&gates_x, &gates_h}) {
+    bool fits = x->dim() == s.dim();
+    for (int64_t d = 0; fits && d < s.dim(); ++d)
+      fits = detail::size_is(*x, d, gd[static_cast<size_t>(d)], op);
+    DUET_CHECK_SHAPE(
+        fits, "[{}] gates_x and gates_h must be (..., {}H) for {} (..., H) {}, got {} and {}", op,
+        gates, state, s.sizes(), gates_x.sizes(), gates_h.sizes());
+  }
+  const Tensor gx = gates_x.to(dt), gh = gates_h.to(dt), sc = s.to(dt);
+  const Tensor* in[] = {&gx, &gh, &sc};
+  return detail::call(id, TensorRefs(in, 3), Attrs());
+}
+}  // namespace
 
 std::tuple<Tensor, Tensor> fused_lstm_cell(const Tensor& gates_x, const Tensor& gates_h,
                                            const Tensor& c, std::source_location loc) {
   detail::SiteGuard site(loc);
   Tensor h_next, c_next;
   detail::as_op("fused_lstm_cell", [&]() -> Tensor {
-    constexpr const char* op = "fused_lstm_cell";
-    DUET_CHECK_VALUE(gates_x.defined() && gates_h.defined() && c.defined(),
-                     "[{}] gates_x, gates_h and c must be defined tensors", op);
-    const Tensor* all[] = {&gates_x, &gates_h, &c};
-    // Mixed floating dtypes (autocast's bf16 gates beside an f32 state) promote, as the
-    // elementwise ops of the cell would.
-    const DType dt = detail::result_type(TensorRefs(all, 3));
-    DUET_CHECK_DTYPE(is_floating(dt), "[{}] needs floating operands, got {}, {} and {}", op,
-                     gates_x.dtype(), gates_h.dtype(), c.dtype());
-    DUET_CHECK_SHAPE(c.dim() >= 1, "[{}] c must be (..., H), got {}", op, c.sizes());
-    const SymDims cd = detail::sym_dims(c);
-    SymDims gd = cd;
-    gd.back() = cd.back() * SymInt(4);
-    for (const Tensor* x : {&gates_x, &gates_h}) {
-      bool fits = x->dim() == c.dim();
-      for (int64_t d = 0; fits && d < c.dim(); ++d)
-        fits = detail::size_is(*x, d, gd[static_cast<size_t>(d)], op);
-      DUET_CHECK_SHAPE(fits,
-                       "[{}] gates_x and gates_h must be (..., 4H) for c (..., H) {}, got {} "
-                       "and {}",
-                       op, c.sizes(), gates_x.sizes(), gates_h.sizes());
-    }
-    const Tensor gx = gates_x.to(dt), gh = gates_h.to(dt), cc = c.to(dt);
-    const Tensor* in[] = {&gx, &gh, &cc};
-    const Tensor r = detail::call(OpId::LstmCell, TensorRefs(in, 3), Attrs());
+    const Tensor r = call_cell("fused_lstm_cell", "c", OpId::LstmCell, 4, gates_x, gates_h, c);
     const int64_t h = c.size(-1);
     h_next = slice(r, -1, 0, h);
     c_next = slice(r, -1, h, 2 * h);
     return r;
   });
   return {h_next, c_next};
+}
+
+Tensor fused_gru_cell(const Tensor& gates_x, const Tensor& gates_h, const Tensor& h,
+                      std::source_location loc) {
+  detail::SiteGuard site(loc);
+  return detail::as_op("fused_gru_cell", [&]() -> Tensor {
+    return call_cell("fused_gru_cell", "h", OpId::GruCell, 3, gates_x, gates_h, h);
+  });
 }
 
 }  // namespace duet

@@ -161,21 +161,27 @@ struct AttnArg {
 cudaError_t launch_attention(DT dt, const AttnArg& arg, cudaStream_t s);
 cudaError_t launch_attention_backward(DT dt, const AttnArg& arg, cudaStream_t s);
 
-/// LstmCell and its gradient (core/ops/rnn.cpp), the operands' leading dims flattened into rows:
-/// element (r, k) of an operand is data[r * rs + k * cs].
-struct LstmOperand {
+/// LstmCell, GruCell and their gradients (core/ops/rnn.cpp), the operands' leading dims flattened
+/// into rows: element (r, k) of an operand is data[r * rs + k * cs].
+struct CellOperand {
   const void* data = nullptr;
   int64_t rs = 0, cs = 0;
 };
-struct LstmArg {
+/// G gates: 4 for the LSTM (i, f, g, o), 3 for the GRU (r, z, n).
+struct CellArg {
   int64_t rows = 0, h = 0;
-  LstmOperand gx, gh, c;  ///< (rows, 4H), (rows, 4H), (rows, H)
-  LstmOperand g;          ///< backward: the gradient of the forward's result, (rows, 2H)
-  void* out = nullptr;    ///< contiguous: (rows, 2H) forward, (rows, 5H) backward
+  CellOperand gx, gh;  ///< (rows, G*H) each
+  CellOperand state;   ///< (rows, H): c for the LSTM, h for the GRU
+  CellOperand g;       ///< backward: the gradient of the forward's result, (rows, 2H) or (rows, H)
+  /// Contiguous: (rows, 2H) forward and (rows, 5H) backward for the LSTM, (rows, H) forward and
+  /// (rows, 7H) backward for the GRU.
+  void* out = nullptr;
 };
 /// `dt`: the inputs' and the result's dtype (f32, f64, f16 or bf16); f16 and bf16 compute in f32.
-cudaError_t launch_lstm_cell(DT dt, const LstmArg& arg, cudaStream_t s);
-cudaError_t launch_lstm_cell_backward(DT dt, const LstmArg& arg, cudaStream_t s);
+cudaError_t launch_lstm_cell(DT dt, const CellArg& arg, cudaStream_t s);
+cudaError_t launch_lstm_cell_backward(DT dt, const CellArg& arg, cudaStream_t s);
+cudaError_t launch_gru_cell(DT dt, const CellArg& arg, cudaStream_t s);
+cudaError_t launch_gru_cell_backward(DT dt, const CellArg& arg, cudaStream_t s);
 
 cudaError_t launch_fold(DT dt, const WindowArg& arg, cudaStream_t s);
 

@@ -5,7 +5,7 @@
 
 namespace duet::cuda::detail {
 
-// LstmCell and its gradient (rnn_ops.cpp).
+// The LSTM and GRU cells and their gradients (rnn_ops.cpp).
 void register_rnn(OpDef* table);
 
 void register_cuda_kernels(OpDef* table) {

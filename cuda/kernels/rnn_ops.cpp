@@ -1,9 +1,9 @@
-// duet: CUDA adapters of LstmCell and LstmCellBackward (kernels in rnn.cu). The kernels address
-// each operand by one stride over its leading dims, flattened into rows, and one along its last
-// dim. That covers contiguous operands and the usual views (c as the second half of the previous
-// step's (..., 2H) result, a gate block sliced out of a wider product); an operand whose leading
-// dims do not flatten (a transposed batch) is first copied into a contiguous temporary by the
-// convert kernel.
+// duet: CUDA adapters of LstmCell, GruCell and their gradients (kernels in rnn.cu). The kernels
+// address each operand by one stride over its leading dims, flattened into rows, and one along
+// its last dim. That covers contiguous operands and the usual views (c as the second half of the
+// previous LSTM step's (..., 2H) result, a gate block sliced out of a wider product); an operand
+// whose leading dims do not flatten (a transposed batch) is first copied into a contiguous
+// temporary by the convert kernel.
 #include "core/ops.h"
 #include "cuda/kernels/adapt.h"
 #include "cuda/runtime.h"
@@ -11,9 +11,9 @@
 namespace duet::cuda::detail {
 namespace {
 
-// t's strides as an LstmOperand, when its leading dims step through memory as one dim (size-1
+// t's strides as a CellOperand, when its leading dims step through memory as one dim (size-1
 // dims aside); false when they do not.
-bool flat_rows(const Tensor& t, kern::LstmOperand& o) {
+bool flat_rows(const Tensor& t, kern::CellOperand& o) {
   const Shape& s = t.sizes();
   const Strides& st = t.strides();
   const int64_t last = t.dim() - 1;
@@ -33,8 +33,8 @@ bool flat_rows(const Tensor& t, kern::LstmOperand& o) {
 }
 
 // The operand for input t, through a contiguous copy in tmp when its rows do not flatten.
-kern::LstmOperand lstm_operand(const Tensor& t, Tensor& tmp) {
-  kern::LstmOperand o;
+kern::CellOperand cell_operand(const Tensor& t, Tensor& tmp) {
+  kern::CellOperand o;
   if (flat_rows(t, o)) return o;
   tmp = duet::detail::empty(t.sizes(), t.dtype(), t.device());
   copy_into(t, tmp);
@@ -42,48 +42,59 @@ kern::LstmOperand lstm_operand(const Tensor& t, Tensor& tmp) {
   return o;
 }
 
-// The rows, H and the operands both passes share. Holds the copies of the inputs that needed
-// one until the kernel is queued; freeing them then is safe, as the next user of their memory
-// queues behind it on the same stream (Note [CUDA streams and the cache] in cuda/runtime.cpp).
-struct LstmCall {
-  kern::LstmArg arg;
+// The rows, H and the operands that both passes of both cells share. Holds the copies of the inputs
+// that needed one until the kernel is queued; freeing them then is safe, as the next user of their
+// memory queues behind it on the same stream (Note [CUDA streams and the cache] in
+// cuda/runtime.cpp).
+struct CellCall {
+  kern::CellArg arg;
   Tensor tmp[4];
-  LstmCall(const char* op, TensorRefs in, const Tensor& out) {
+  CellCall(const char* op, TensorRefs in, const Tensor& out) {
     const DType dt = in[0].dtype();
     DUET_CHECK_DTYPE(is_floating(dt), "[{}] has no CUDA kernel for dtype {}", op, dtype_name(dt));
-    const Tensor& c = in[2];
-    const int64_t last = c.dim() - 1;
-    arg.h = c.sizes()[last];
+    const Tensor& state = in[2];  // c or h, (..., H)
+    const int64_t last = state.dim() - 1;
+    arg.h = state.sizes()[last];
     arg.rows = 1;
-    for (int64_t d = 0; d < last; ++d) arg.rows *= c.sizes()[d];
+    for (int64_t d = 0; d < last; ++d) arg.rows *= state.sizes()[d];
     if (out.numel() == 0) return;  // nothing to read
-    arg.gx = lstm_operand(in[0], tmp[0]);
-    arg.gh = lstm_operand(in[1], tmp[1]);
-    arg.c = lstm_operand(c, tmp[2]);
-    if (in.size() > 3) arg.g = lstm_operand(in[3], tmp[3]);
+    arg.gx = cell_operand(in[0], tmp[0]);
+    arg.gh = cell_operand(in[1], tmp[1]);
+    arg.state = cell_operand(state, tmp[2]);
+    if (in.size() > 3) arg.g = cell_operand(in[3], tmp[3]);
   }
 };
 
 // Runs launch on a contiguous result: out itself, or a temporary copied into it.
 template <class Launch>
-void run_lstm(const LstmCall& L, const Tensor& out, Launch launch) {
+void run_cell(const CellCall& L, const Tensor& out, Launch launch) {
   if (out.numel() == 0) return;
   Tensor dense =
       out.is_contiguous() ? out : duet::detail::empty(out.sizes(), out.dtype(), out.device());
-  kern::LstmArg arg = L.arg;
+  kern::CellArg arg = L.arg;
   arg.out = dense.raw_data();
   DUET_CUDA_CHECK(launch(to_dt(out.dtype()), arg, stream_for(out)));
   if (!dense.is_same(out)) copy_into(dense, out);
 }
 
 void lstm_cell_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
-  const LstmCall L("lstm_cell", in, out);
-  run_lstm(L, out, kern::launch_lstm_cell);
+  const CellCall L("lstm_cell", in, out);
+  run_cell(L, out, kern::launch_lstm_cell);
 }
 
 void lstm_cell_backward_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
-  const LstmCall L("lstm_cell_backward", in, out);
-  run_lstm(L, out, kern::launch_lstm_cell_backward);
+  const CellCall L("lstm_cell_backward", in, out);
+  run_cell(L, out, kern::launch_lstm_cell_backward);
+}
+
+void gru_cell_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
+  const CellCall L("gru_cell", in, out);
+  run_cell(L, out, kern::launch_gru_cell);
+}
+
+void gru_cell_backward_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
+  const CellCall L("gru_cell_backward", in, out);
+  run_cell(L, out, kern::launch_gru_cell_backward);
 }
 
 }  // namespace
@@ -92,6 +103,9 @@ void register_rnn(OpDef* t) {
   duet::detail::register_kernel(t, OpId::LstmCell, DeviceType::CUDA, lstm_cell_kernel);
   duet::detail::register_kernel(t, OpId::LstmCellBackward, DeviceType::CUDA,
                                 lstm_cell_backward_kernel);
+  duet::detail::register_kernel(t, OpId::GruCell, DeviceType::CUDA, gru_cell_kernel);
+  duet::detail::register_kernel(t, OpId::GruCellBackward, DeviceType::CUDA,
+                                gru_cell_backward_kernel);
 }
 
 }  // namespace duet::cuda::detail

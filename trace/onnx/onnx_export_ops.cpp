@@ -23,7 +23,7 @@ const char* compare_op(OpId op) {
 }  // namespace
 
 // The unary and binary arithmetic ops, in the dtype their result has (emit_op's families), and
-// LstmCell, which fuses a few of them.
+// LstmCell and GruCell, which fuse a few of them.
 std::string Writer::emit_arithmetic(Frame& f, Values& vals, const GraphNode& n) {
   const TensorMeta& out = n.meta;
   const auto arg = [&](size_t i, DType d) { return as(f, vals, n.inputs[i], d); };
@@ -32,6 +32,16 @@ std::string Writer::emit_arithmetic(Frame& f, Values& vals, const GraphNode& n) 
     return emit(f, op, {arg(0, out.dtype), arg(1, out.dtype)});
   };
   const auto one = [&] { return scalar(f, 1, out.dtype); };
+  // A cell's gates (core/ops/rnn.cpp): Split without sizes cuts x into as many equal parts as it
+  // has outputs, one per name, along the last axis, whether H is a number or a symbol.
+  const auto gates = [&](const std::string& x, std::initializer_list<const char*> names) {
+    Names parts;
+    for (const char* name : names) parts.push_back(fresh(name));
+    NodeProto& split = add_node(f, "Split", {x}, parts);
+    split.set_name(fresh("Split"));
+    attr_int(split, "axis", -1);
+    return parts;
+  };
   switch (n.op) {
     case OpId::Neg:
       return unary("Neg");
@@ -84,20 +94,26 @@ std::string Writer::emit_arithmetic(Frame& f, Values& vals, const GraphNode& n) 
     case OpId::Minimum:
       return binary("Min");
     case OpId::LstmCell: {
-      // The composite it fuses (core/ops/rnn.cpp), in its result's dtype. Split without sizes
-      // cuts the summed gates into as many equal parts as it has outputs: i, f, g and o, H wide
-      // each, whether H is a number or a symbol.
-      const std::string sum = binary("Add");
-      const Names gate{fresh("gate_i"), fresh("gate_f"), fresh("gate_g"), fresh("gate_o")};
-      NodeProto& split = add_node(f, "Split", {sum}, gate);
-      split.set_name(fresh("Split"));
-      attr_int(split, "axis", -1);
+      // The composite it fuses, in its result's dtype, on the summed gates i, f, g and o.
+      const Names gate = gates(binary("Add"), {"gate_i", "gate_f", "gate_g", "gate_o"});
       const std::string i = emit(f, "Sigmoid", {gate[0]}), forget = emit(f, "Sigmoid", {gate[1]});
       const std::string g = emit(f, "Tanh", {gate[2]}), o = emit(f, "Sigmoid", {gate[3]});
       const std::string c =
           emit(f, "Add", {emit(f, "Mul", {forget, arg(2, out.dtype)}), emit(f, "Mul", {i, g})});
       const std::string h = emit(f, "Mul", {o, emit(f, "Tanh", {c})});
       return emit(f, "Concat", {h, c}, [](NodeProto& p) { attr_int(p, "axis", -1); });
+    }
+    case OpId::GruCell: {
+      // The composite it fuses, in its result's dtype: the gates r, z and n of gates_x and of
+      // gates_h apart, as r scales n's hidden part before the sum.
+      const Names x = gates(arg(0, out.dtype), {"gate_x_r", "gate_x_z", "gate_x_n"});
+      const Names hid = gates(arg(1, out.dtype), {"gate_h_r", "gate_h_z", "gate_h_n"});
+      const std::string r = emit(f, "Sigmoid", {emit(f, "Add", {x[0], hid[0]})});
+      const std::string z = emit(f, "Sigmoid", {emit(f, "Add", {x[1], hid[1]})});
+      const std::string cand =
+          emit(f, "Tanh", {emit(f, "Add", {x[2], emit(f, "Mul", {r, hid[2]})})});
+      const std::string keep = emit(f, "Mul", {z, arg(2, out.dtype)});
+      return emit(f, "Add", {emit(f, "Mul", {emit(f, "Sub", {one(), z}), cand}), keep});
     }
     default:
       throw InternalError(fmt::format("[export_onnx] {} is not an arithmetic op", op_name(n.op)));
@@ -137,6 +153,7 @@ std::string Writer::emit_op(Frame& f, Values& vals, int32_t v) {
     case OpId::Maximum:
     case OpId::Minimum:
     case OpId::LstmCell:
+    case OpId::GruCell:
       return emit_arithmetic(f, vals, n);
     case OpId::Lt:
     case OpId::Le:
@@ -209,6 +226,7 @@ std::string Writer::emit_op(Frame& f, Values& vals, int32_t v) {
     case OpId::Conv2dWeightGrad:
     case OpId::AttentionBackward:
     case OpId::LstmCellBackward:
+    case OpId::GruCellBackward:
       no_form(n);
     case OpId::MatMul:
       return emit(f, "MatMul", {in(0), in(1)});
