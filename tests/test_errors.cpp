@@ -623,6 +623,15 @@ const std::vector<ErrorRow>& error_rows() {
        "[tensor] shape (-1, -3) has a negative size"},
       {"sizes", [] { detail::empty(Shape{int64_t(1) << 61}, DType::f64); }, Kind::Value,
        "[empty] shape (2305843009213693952) is too large"},
+      // The fused recurrent cells (Note [LSTM cell] in core/ops/rnn.cpp).
+      {"rnn cells", [] { fused_lstm_cell(randn({2, 8}), randn({2, 8}), randn({2, 3})); },
+       Kind::Shape, "[fused_lstm_cell] gates_x and gates_h must be (..., 4H) for c (..., H) (2, 3)"},
+      {"rnn cells", [] { fused_gru_cell(randn({2, 6}), randn({2, 6}), randn({3, 2})); },
+       Kind::Shape, "[fused_gru_cell] gates_x and gates_h must be (..., 3H) for h (..., H) (3, 2)"},
+      {"rnn cells", [] { fused_gru_cell(arange(6), arange(6), arange(2)); }, Kind::DType,
+       "[fused_gru_cell] needs floating operands, got i64, i64 and i64"},
+      {"rnn cells", [] { fused_lstm_cell(Tensor(), randn({8}), randn({2})); }, Kind::Value,
+       "[fused_lstm_cell] gates_x, gates_h and c must be defined tensors"},
   };
   return rows;
 }
@@ -677,7 +686,7 @@ TEST_CASE("error rows: the right error type, and a message that starts with [op]
   CHECK(sited == sited_total);
   // At least three bad inputs per op family.
   for (const auto& [family, n] : per_family) CHECK_MESSAGE(n >= 3, family);
-  CHECK(per_family.size() == 13);
+  CHECK(per_family.size() == 14);
 }
 
 // ---- call sites (core/call_site.h) ------------------------------------------------------------
