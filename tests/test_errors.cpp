@@ -625,7 +625,8 @@ const std::vector<ErrorRow>& error_rows() {
        "[empty] shape (2305843009213693952) is too large"},
       // The fused recurrent cells (Note [LSTM cell] in core/ops/rnn.cpp).
       {"rnn cells", [] { fused_lstm_cell(randn({2, 8}), randn({2, 8}), randn({2, 3})); },
-       Kind::Shape, "[fused_lstm_cell] gates_x and gates_h must be (..., 4H) for c (..., H) (2, 3)"},
+       Kind::Shape,
+       "[fused_lstm_cell] gates_x and gates_h must be (..., 4H) for c (..., H) (2, 3)"},
       {"rnn cells", [] { fused_gru_cell(randn({2, 6}), randn({2, 6}), randn({3, 2})); },
        Kind::Shape, "[fused_gru_cell] gates_x and gates_h must be (..., 3H) for h (..., H) (3, 2)"},
       {"rnn cells", [] { fused_gru_cell(arange(6), arange(6), arange(2)); }, Kind::DType,
