@@ -52,7 +52,7 @@ VENV = os.path.join(ROOT, ".venv-peers")
 # The peers on the CPU: exact versions from PyPI (wheels for Python 3.11 on x86-64 Linux).
 AT_HEADS, AT_LEN, AT_DIM = 12, 1024, 64
 PINS = ["torch==2.11.0", "jax==0.10.2", "jaxlib==0.10.2", "numpy==2.4.6"]
-WORKLOADS = ["W1", "W2", "W3", "W4", "W5", "W6", "W8", "W9", "C1", "AT"]
+WORKLOADS = ["W1", "W2", "W3", "W4", "W5", "W6", "W8", "W9", "C1", "AT", "B1"]
 ROW_TAG = "PEERROW "  # a worker's result lines on stdout start with this
 
 # ---------------------------------------------------------------------------------------------
@@ -133,6 +133,42 @@ W8_CFG = dict(vocab=1024, width=256, heads=4, hidden=1024, blocks=2, batch=8, se
               steps=2)
 
 
+def mt19937(seed):
+    """C++'s std::mt19937(seed): its outputs in turn (duet_bench draws B1's sentences so)."""
+    mt = [0] * 624
+    mt[0] = seed & 0xFFFFFFFF
+    for i in range(1, 624):
+        mt[i] = (1812433253 * (mt[i - 1] ^ (mt[i - 1] >> 30)) + i) & 0xFFFFFFFF
+    while True:
+        for i in range(624):
+            y = (mt[i] & 0x80000000) | (mt[(i + 1) % 624] & 0x7FFFFFFF)
+            mt[i] = mt[(i + 397) % 624] ^ (y >> 1) ^ (0x9908B0DF if y & 1 else 0)
+        for i in range(624):
+            y = mt[i]
+            y ^= y >> 11
+            y ^= (y << 7) & 0x9D2C5680
+            y ^= (y << 15) & 0xEFC60000
+            yield y ^ (y >> 18)
+
+
+B1_BATCH, B1_DIM, B1_VOCAB, B1_TAGS = 64, 64, 1000, 8
+
+
+def b1_sentences():
+    """B1's 64 sentences of 5-60 tokens, words and tags as duet_bench draws them
+    (bench/autobatch.cpp, std::mt19937 seeded 53)."""
+    g = mt19937(53)
+    out = []
+    for _ in range(B1_BATCH):
+        n = 5 + next(g) % 56
+        words, tags = [], []
+        for _ in range(n):
+            words.append(next(g) % B1_VOCAB)
+            tags.append(next(g) % B1_TAGS)
+        out.append((words, tags))
+    return out
+
+
 def c1_flop():
     s = C1_SHAPE
     return 3 * 2.0 * s["n"] * s["co"] * s["ci"] * s["k"] ** 2 * s["h"] ** 2
@@ -163,6 +199,8 @@ class Worker:
 
     def run(self, only):
         for w in only:
+            if not hasattr(self, w.lower()):  # (B1: per-sample code, which jit does not take)
+                continue
             try:
                 getattr(self, w.lower())()
             except Exception as e:  # one failing workload must not lose the others' rows
@@ -221,6 +259,78 @@ class TorchWorker(Worker):
         per_op = lambda s: s / W1_OPS * 1e9
         self.emit("W1", "eager", "ns_per_op", secs[0], per_op, "no_grad")
         self.emit("W1", "eager", "ns_per_op", secs[1], per_op, "tape")
+
+    def b1(self):
+        """B1: the BiLSTM tagger one sentence at a time (the loop), and padded and masked by
+        hand, as bench/autobatch.cpp writes both; samples per second."""
+        torch, nn, F = self.torch, self.torch.nn, self.torch.nn.functional
+        torch.manual_seed(47)
+        emb, fwd, bwd = nn.Embedding(B1_VOCAB, B1_DIM), nn.LSTMCell(B1_DIM, B1_DIM), \
+            nn.LSTMCell(B1_DIM, B1_DIM)
+        tag = nn.Linear(2 * B1_DIM, B1_TAGS)
+        mods = [m.to(self.dev) for m in (emb, fwd, bwd, tag)]
+        params = [p for m in mods for p in m.parameters()]
+        data = b1_sentences()
+        sents = [(torch.tensor(w, device=self.dev), torch.tensor(t, device=self.dev))
+                 for w, t in data]
+        longest = max(len(w) for w, _ in data)
+        lens = torch.tensor([len(w) for w, _ in data], device=self.dev)
+        pad = lambda rows: torch.tensor([r + [0] * (longest - len(r)) for r in rows],
+                                        device=self.dev)
+        pwords, ptags = pad([w for w, _ in data]), pad([t for _, t in data])
+        mask = (torch.arange(longest, device=self.dev)[None, :] < lens[:, None]).float()
+        inv_len = (1.0 / lens.float())[:, None]
+
+        def sentence_loss(w, t):
+            x, n = emb(w), w.shape[0]
+            hf, hb, s = [None] * n, [None] * n, None
+            for k in range(n):
+                s = fwd(x[k], s)
+                hf[k] = s[0]
+            s = None
+            for k in range(n - 1, -1, -1):
+                s = bwd(x[k], s)
+                hb[k] = s[0]
+            h = torch.stack([torch.cat([hf[k], hb[k]], 0) for k in range(n)], 0)
+            return F.cross_entropy(tag(h), t)
+
+        def loop():
+            for p in params:
+                p.grad = None
+            loss = sum(sentence_loss(w, t) for w, t in sents)
+            loss.backward()
+            return loss.item()
+
+        def run(cell, reverse, x):
+            hs = [None] * longest
+            h = torch.zeros(B1_BATCH, B1_DIM, device=self.dev)
+            c = torch.zeros_like(h)
+            for s in range(longest):
+                k = longest - 1 - s if reverse else s
+                h1, c1 = cell(x[:, k], (h, c))
+                m = mask[:, k:k + 1]
+                h, c = m * h1 + (1 - m) * h, m * c1 + (1 - m) * c
+                hs[k] = h
+            return torch.stack(hs, 1)
+
+        def padded():
+            for p in params:
+                p.grad = None
+            x = emb(pwords)
+            h = torch.cat([run(fwd, False, x), run(bwd, True, x)], 2)
+            lp = F.log_softmax(tag(h), -1)
+            picked = lp.gather(2, ptags[:, :, None])[:, :, 0]
+            loss = -(picked * mask * inv_len).sum()
+            loss.backward()
+            return loss.item()
+
+        want, got = loop(), padded()
+        if abs(got - want) > 1e-4 * (1 + abs(want)):
+            raise RuntimeError(f"B1: the loop's loss {want} and the padded one's {got} differ")
+        secs = time_interleaved([loop, padded], self.reps, warmup=1)
+        per = lambda t: B1_BATCH / t
+        self.emit("B1", "eager", "samples_per_s", secs[0], per, "loop")
+        self.emit("B1", "eager", "samples_per_s", secs[1], per, "padded")
 
     def w2(self):
         torch = self.torch
@@ -1018,6 +1128,9 @@ def duet_rows(raw):
     rows = {}
     for r in raw:
         w, variant, metric, mode = r["workload"], r.get("variant", ""), r["metric"], r["mode"]
+        if w == "B1":  # the loop and the padded model eagerly; Autobatch over the loop
+            variant, mode = {"loop": ("loop", "eager"), "padded": ("padded", "eager"),
+                             "autobatch": ("loop", "compiled")}.get(mode, ("", ""))
         if mode not in ("eager", "compiled"):
             continue
         if r.get("n"):
@@ -1065,7 +1178,7 @@ def run_workers(a, python, only):
     return rows
 
 
-HIGHER_IS_BETTER = {"gflops", "gbps", "train_tok_s", "fwd_tok_s"}
+HIGHER_IS_BETTER = {"gflops", "gbps", "train_tok_s", "fwd_tok_s", "samples_per_s"}
 
 
 def better(r, old):
@@ -1096,7 +1209,8 @@ TABLE = [("W1", "no_grad", "ns_per_op"), ("W1", "tape", "ns_per_op"), ("W2", "",
          ("W4", "compile", "s"), ("W6", "compile", "s"),
          ("AT", "L1024 h12", "fwd_bwd_ms"), ("AT", "L1024 h12", "fwd_ms"),
          ("W9", "f32", "train_tok_s"), ("W9", "f32", "fwd_tok_s"),
-         ("W9", "bf16 autocast", "train_tok_s"), ("W9", "bf16 autocast", "fwd_tok_s")]
+         ("W9", "bf16 autocast", "train_tok_s"), ("W9", "bf16 autocast", "fwd_tok_s"),
+         ("B1", "loop", "samples_per_s"), ("B1", "padded", "samples_per_s")]
 PEER_COLUMNS = [("torch eager", "torch", ("eager",)), ("torch.compile", "torch", ("compiled",)),
                 ("jax jit", "jax", ("compiled", "op_by_op"))]
 NOTES = {
@@ -1106,6 +1220,8 @@ NOTES = {
     ("W4", "compile"): "duet: CS s_to_steady; torch: first call; jax: lower+compile",
     ("W6", "compile"): "duet: CS s_to_steady; torch: first call; jax: lower+compile",
     ("AT", "L1024 h12"): "causal sdpa; duet eager: the fused kernels; torch: eager SDPA",
+    ("B1", "loop"): "one sentence at a time; duet comp: the same loop in an Autobatch scope",
+    ("B1", "padded"): "padded and masked by hand, eagerly",
 }
 
 
