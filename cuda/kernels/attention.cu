@@ -221,27 +221,11 @@ unsigned blocks_for_rows(int64_t rows) {
   return static_cast<unsigned>((rows + kWarps - 1) / kWarps);
 }
 
-template <class F>
-cudaError_t dispatch_attention(DT dt, F&& f) {
-  switch (dt) {
-    case DT::f32:
-      return f(float{}, float{});
-    case DT::f64:
-      return f(double{}, double{});
-    case DT::f16:
-      return f(__half{}, float{});
-    case DT::bf16:
-      return f(__nv_bfloat16{}, float{});
-    default:
-      return cudaErrorNotSupported;
-  }
-}
-
 }  // namespace
 
 cudaError_t launch_attention(DT dt, const AttnArg& arg, cudaStream_t s) {
   if (arg.nb * arg.l == 0) return cudaSuccess;
-  return dispatch_attention(dt, [&](auto t, auto acc) -> cudaError_t {
+  return dispatch_floating(dt, [&](auto t, auto acc) -> cudaError_t {
     using T = decltype(t);
     using A = decltype(acc);
     attention_forward<T, A><<<blocks_for_rows(arg.nb * arg.l), 32 * kWarps, 0, s>>>(arg);
@@ -251,7 +235,7 @@ cudaError_t launch_attention(DT dt, const AttnArg& arg, cudaStream_t s) {
 
 cudaError_t launch_attention_backward(DT dt, const AttnArg& arg, cudaStream_t s) {
   if (arg.nb * arg.l == 0 || arg.s == 0) return cudaSuccess;  // the adapter zeroed the result
-  return dispatch_attention(dt, [&](auto t, auto acc) -> cudaError_t {
+  return dispatch_floating(dt, [&](auto t, auto acc) -> cudaError_t {
     using T = decltype(t);
     using A = decltype(acc);
     attention_dq<T, A><<<blocks_for_rows(arg.nb * arg.l), 32 * kWarps, 0, s>>>(arg);

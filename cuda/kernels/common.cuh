@@ -63,6 +63,24 @@ cudaError_t dispatch_dt_all(DT dt, F&& f) {
   }
 }
 
+// Calls f(T{}, A{}) for the floating dtypes: the storage type T and the type A the math runs
+// in (f32 for f16 and bf16, which are loaded as floats and rounded once when stored).
+template <class F>
+cudaError_t dispatch_floating(DT dt, F&& f) {
+  switch (dt) {
+    case DT::f32:
+      return f(float{}, float{});
+    case DT::f64:
+      return f(double{}, double{});
+    case DT::f16:
+      return f(__half{}, float{});
+    case DT::bf16:
+      return f(__nv_bfloat16{}, float{});
+    default:
+      return cudaErrorNotSupported;
+  }
+}
+
 template <class T>
 inline constexpr bool is_low_v = std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>;
 

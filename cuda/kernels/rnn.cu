@@ -154,28 +154,11 @@ __global__ void gru_cell_backward(CellArg a) {
   });
 }
 
-// Calls f(T{}, A{}): the storage type and the type the math runs in.
-template <class F>
-cudaError_t dispatch_cell(DT dt, F&& f) {
-  switch (dt) {
-    case DT::f32:
-      return f(float{}, float{});
-    case DT::f64:
-      return f(double{}, double{});
-    case DT::f16:
-      return f(__half{}, float{});
-    case DT::bf16:
-      return f(__nv_bfloat16{}, float{});
-    default:
-      return cudaErrorNotSupported;
-  }
-}
-
 // Launches the kernel pick(T{}, A{}) returns over the rows * H units.
 template <class Pick>
 cudaError_t launch_cell(DT dt, const CellArg& arg, cudaStream_t s, Pick pick) {
   if (arg.rows * arg.h == 0) return cudaSuccess;
-  return dispatch_cell(dt, [&](auto t, auto acc) -> cudaError_t {
+  return dispatch_floating(dt, [&](auto t, auto acc) -> cudaError_t {
     const auto kernel = pick(t, acc);
     kernel<<<blocks_for(arg.rows * arg.h), kThreads, 0, s>>>(arg);
     return cudaGetLastError();
