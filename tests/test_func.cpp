@@ -107,6 +107,19 @@ TEST_CASE("vmap: the op families batch in one call each, not per sample") {
   auto att = [](const Tensor& t) { return scaled_dot_product_attention(t, t, t, {}, 0.0, true); };
   CHECK(close(func::vmap(att)(q), att(q), 1e-5));
   CHECK(detail::batch_loop_calls() == before);
+  // The fused cells, and the per-sample gradients of their gates (the backward ops batch too).
+  const Tensor g4 = randn({3, 2, 8}), g3 = randn({3, 2, 6}), st = randn({3, 2, 2});
+  auto lstm = [](const Tensor& x, const Tensor& c) {
+    return std::get<1>(fused_lstm_cell(x, x, c));
+  };
+  auto gru = [](const Tensor& x, const Tensor& h) { return fused_gru_cell(x, x * 2, h); };
+  CHECK(close(func::vmap(lstm)(g4, st), lstm(g4, st), 1e-6));
+  CHECK(close(func::vmap(gru)(g3, st), gru(g3, st), 1e-6));
+  auto gloss = [&](const Tensor& x, const Tensor& h) { return gru(x, h).pow(2).sum(); };
+  const Tensor pg3 = func::vmap(func::grad(gloss))(g3, st);
+  for (int64_t b = 0; b < 3; ++b)
+    CHECK(close(pg3.select(0, b), func::grad(gloss)(g3.select(0, b), st.select(0, b)), 1e-5));
+  CHECK(detail::batch_loop_calls() == before);
   // Per-sample gradients of a shared filter: conv2d's weight gradient has a rule too.
   auto closs = [](const Tensor& kf, const Tensor& a) {
     return conv2d(a, kf, {}, 2, 1).pow(2).sum();

@@ -195,8 +195,8 @@ BatchedArg matmul_rule(const OpDef& def, const std::vector<BatchedArg>& in, cons
   return {reshape(y, out), 0};
 }
 
-// Ops whose operands share their leading dims (attention, the LSTM cell and their gradients):
-// every operand gets the batch in front, one more leading dim.
+// Ops whose operands share their leading dims (attention, the LSTM and GRU cells, and their
+// gradients): every operand gets the batch in front, one more leading dim.
 BatchedArg leading_rule(const OpDef& def, const std::vector<BatchedArg>& in, const Attrs& a,
                         int64_t batch) {
   std::vector<Tensor> ts;
@@ -286,7 +286,8 @@ void register_batching_rules(OpDef* t) {
   for (OpId op : {OpId::Reshape, OpId::Permute, OpId::Slice, OpId::Expand})
     t[int(op)].batch = view_rule;
   t[int(OpId::OptimizationBarrier)].batch = barrier_rule;
-  for (OpId op : {OpId::Attention, OpId::AttentionBackward, OpId::LstmCell, OpId::LstmCellBackward})
+  for (OpId op : {OpId::Attention, OpId::AttentionBackward, OpId::LstmCell, OpId::LstmCellBackward,
+                  OpId::GruCell, OpId::GruCellBackward})
     t[int(op)].batch = leading_rule;
   for (OpId op : {OpId::Conv2d, OpId::Conv2dInputGrad, OpId::Unfold, OpId::Fold})
     t[int(op)].batch = images_rule;
