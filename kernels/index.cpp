@@ -68,14 +68,17 @@ void gather_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
 // scatter_add along dim 0 of an index broadcast along the other dims (index_select's
 // gradient), into a contiguous out from a contiguous src of out's rows: whole rows added, one
 // after another (false: another layout, for the general loop).
-bool add_rows(const Tensor& index, const Tensor& src, const Attrs& a, const Tensor& out) {
-  const auto *i = index.unsafe_impl(), *s = src.unsafe_impl(), *o = out.unsafe_impl();
-  if (a.dim != 0 || o->shape.size() == 0 || !o->contiguous || !s->contiguous ||
-      s->shape.size() != o->shape.size() || s->shape != i->shape || s->dtype != o->dtype ||
-      !detail::index_rows(index))
+bool add_rows(const Tensor& index, const Tensor& src_in, const Attrs& a, const Tensor& out) {
+  const auto *i = index.unsafe_impl(), *s = src_in.unsafe_impl(), *o = out.unsafe_impl();
+  if (a.dim != 0 || o->shape.size() == 0 || !o->contiguous || s->shape.size() != o->shape.size() ||
+      s->shape != i->shape || s->dtype != o->dtype || !detail::index_rows(index))
     return false;
   for (int64_t d = 1; d < o->shape.size(); ++d)
     if (s->shape[d] != o->shape[d]) return false;
+  // A strided src (a gradient that is a slice or an expand of another) is copied first: one
+  // pass, where the element-by-element loop below would look up the index at every element.
+  Tensor held;
+  const Tensor& src = s->contiguous ? src_in : (held = cast_to(src_in, src_in.dtype()));
   const int64_t rows = s->shape[0], len = s->shape.numel() / std::max<int64_t>(rows, 1);
   const auto* at = index.data_ptr<int64_t>();
   const int64_t step = i->strides[0];

@@ -144,6 +144,29 @@ OpRow scatter_add_row(std::string name, Shape bs, int64_t dim, Idx idx, Shape is
   return r;
 }
 
+// Whole rows added at distinct rows, the index one column broadcast along them (stride 0), as
+// the backward of index_select adds its gradient (Note [Slices' gradients] in
+// eager/engine.cpp): the kernel's row by row path, with src in every layout.
+OpRow rows_scatter_add_row() {
+  const Idx rows = {2, 0, 3};
+  Idx flat;
+  for (int64_t r : rows) flat.insert(flat.end(), 3, r);
+  OpRow r{"scatter_add dim 0, whole rows (index_select's gradient)",
+          OpId::ScatterAdd,
+          false,
+          {{4, 3}, {3, 3}},
+          [=](const Ins& in) {
+            const Tensor column = ix(rows, {3, 1});
+            return scatter_add(in[0], 0, expand(column, {3, 3}), in[1]);
+          },
+          [=](const Values& v) {
+            return ref_scatter_add(v[0], {4, 3}, 0, flat, {3, 3}, v[1]);
+          },
+          {4, 3}};
+  r.dtypes = kNumeric;
+  return r;
+}
+
 OpRow cat_row(std::string name, std::vector<Shape> shapes, int64_t dim, Shape out) {
   OpRow r{name,
           OpId::Cat,
@@ -251,6 +274,7 @@ const std::vector<OpRow>& index_rows() {
         scatter_add_row("scatter_add transposed index", {2, 4}, 1, {0, 3, 3, 0, 1, 1}, {2, 3},
                         L::Transposed),
         scatter_add_row("scatter_add 0-d", {}, 0, {0}, {}),
+        rows_scatter_add_row(),
         scatter_add_row("scatter_add empty index", {3, 4}, 0, {}, {0, 4}),
         scatter_add_row("scatter_add into an empty base", {0, 3}, 0, {}, {0, 2}),
         cat_row("cat dim 0", {{2, 3}, {1, 3}, {3, 3}}, 0, {6, 3}),
