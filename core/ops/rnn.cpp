@@ -40,8 +40,8 @@ namespace duet {
 namespace detail {
 namespace rnn_rules {  // named: unity builds join this file with others
 
-// Checks the operands of a cell op: `wide` of them (gates, gradients) end in `widths[i]` * H,
-// the others in H; one floating dtype and the same leading dims. Returns H.
+// Checks the operands of a cell op: input i ends in widths[i] * H, H the state's (input 2)
+// last dim; one floating dtype, and the same leading dims. Returns H.
 int64_t check_cell(const char* op, TensorRefs in, const int64_t* widths) {
   const Tensor& c = in[2];
   DUET_CHECK_SHAPE(c.dim() >= 1, "[{}] c must have a last dim of the hidden size, got {}", op,
@@ -62,38 +62,30 @@ int64_t check_cell(const char* op, TensorRefs in, const int64_t* widths) {
   return h;
 }
 
+// A cell op's result: the state's leading dims, then `width` times H, in the state's dtype.
+void infer_cell(const char* op, const int64_t* widths, int64_t width, const OpDef& def,
+                TensorRefs in, TensorMeta& out) {
+  const int64_t h = check_cell(op, in, widths);
+  out.shape = in[2].sizes();
+  out.shape[out.shape.size() - 1] = width * h;
+  out.dtype = in[2].dtype();
+  out.device = common_device(def, in);
+}
+
 constexpr int64_t kCellWidths[] = {4, 4, 1}, kBackwardWidths[] = {4, 4, 1, 2};
 constexpr int64_t kGruWidths[] = {3, 3, 1}, kGruBackwardWidths[] = {3, 3, 1, 1};
 
 void infer_lstm_cell(const OpDef& def, TensorRefs in, const Attrs&, TensorMeta& out) {
-  const int64_t h = check_cell("lstm_cell", in, kCellWidths);
-  out.shape = in[2].sizes();
-  out.shape[out.shape.size() - 1] = 2 * h;
-  out.dtype = in[2].dtype();
-  out.device = common_device(def, in);
+  infer_cell("lstm_cell", kCellWidths, 2, def, in, out);
 }
-
 void infer_lstm_cell_backward(const OpDef& def, TensorRefs in, const Attrs&, TensorMeta& out) {
-  const int64_t h = check_cell("lstm_cell_backward", in, kBackwardWidths);
-  out.shape = in[2].sizes();
-  out.shape[out.shape.size() - 1] = 5 * h;
-  out.dtype = in[2].dtype();
-  out.device = common_device(def, in);
+  infer_cell("lstm_cell_backward", kBackwardWidths, 5, def, in, out);
 }
-
 void infer_gru_cell(const OpDef& def, TensorRefs in, const Attrs&, TensorMeta& out) {
-  check_cell("gru_cell", in, kGruWidths);
-  out.shape = in[2].sizes();
-  out.dtype = in[2].dtype();
-  out.device = common_device(def, in);
+  infer_cell("gru_cell", kGruWidths, 1, def, in, out);
 }
-
 void infer_gru_cell_backward(const OpDef& def, TensorRefs in, const Attrs&, TensorMeta& out) {
-  const int64_t h = check_cell("gru_cell_backward", in, kGruBackwardWidths);
-  out.shape = in[2].sizes();
-  out.shape[out.shape.size() - 1] = 7 * h;
-  out.dtype = in[2].dtype();
-  out.device = common_device(def, in);
+  infer_cell("gru_cell_backward", kGruBackwardWidths, 7, def, in, out);
 }
 
 // The leading dims of c (symbolic where traced so), then `width` times its last dim.
@@ -118,6 +110,14 @@ void sym_gru_cell_backward(const OpDef&, TensorRefs in, const Attrs&, const Tens
 
 Tensor last(const Tensor& x, int64_t start, int64_t end) { return slice(x, -1, start, end); }
 
+// The backward op on the call's gates, state and g (in the state's dtype).
+Tensor backward_call(OpId op, const GradCtx& ctx, const Tensor& g) {
+  const Tensor& s = ctx.inputs[2];
+  const Tensor gs = g.dtype() == s.dtype() ? g : g.to(s.dtype());
+  const Tensor* in[] = {&ctx.inputs[0], &ctx.inputs[1], &s, &gs};
+  return call(op, TensorRefs(in, 4), Attrs());
+}
+
 // The gradient in elementwise ops (create_graph: differentiable again). g: dh' then dc'.
 void composite_grads(const GradCtx& ctx, const Tensor& g, Tensor* gi, int64_t h) {
   const Tensor& c = ctx.inputs[2];
@@ -137,12 +137,9 @@ void composite_grads(const GradCtx& ctx, const Tensor& g, Tensor* gi, int64_t h)
 }
 
 void grad_lstm_cell(const GradCtx& ctx, const Tensor& g, Tensor* gi) {
-  const Tensor& c = ctx.inputs[2];
-  const int64_t h = c.size(-1);
+  const int64_t h = ctx.inputs[2].size(-1);
   if (grad_mode()) return composite_grads(ctx, g, gi, h);
-  const Tensor gc = g.dtype() == c.dtype() ? g : g.to(c.dtype());
-  const Tensor* in[] = {&ctx.inputs[0], &ctx.inputs[1], &c, &gc};
-  const Tensor r = call(OpId::LstmCellBackward, TensorRefs(in, 4), Attrs());
+  const Tensor r = backward_call(OpId::LstmCellBackward, ctx, g);
   if (ctx.needs_grad(0) || ctx.needs_grad(1)) {
     const Tensor da = last(r, 0, 4 * h);
     for (int k : {0, 1})
@@ -165,12 +162,9 @@ void gru_composite_grads(const GradCtx& ctx, const Tensor& g, Tensor* gi, int64_
 }
 
 void grad_gru_cell(const GradCtx& ctx, const Tensor& g, Tensor* gi) {
-  const Tensor& hp = ctx.inputs[2];
-  const int64_t h = hp.size(-1);
+  const int64_t h = ctx.inputs[2].size(-1);
   if (grad_mode()) return gru_composite_grads(ctx, g, gi, h);
-  const Tensor gc = g.dtype() == hp.dtype() ? g : g.to(hp.dtype());
-  const Tensor* in[] = {&ctx.inputs[0], &ctx.inputs[1], &hp, &gc};
-  const Tensor r = call(OpId::GruCellBackward, TensorRefs(in, 4), Attrs());
+  const Tensor r = backward_call(OpId::GruCellBackward, ctx, g);
   for (int k = 0; k < 3; ++k)
     if (ctx.needs_grad(k)) gi[k] = last(r, 3 * k * h, k == 2 ? 7 * h : 3 * (k + 1) * h);
 }
