@@ -14,8 +14,9 @@
 #include <optional>
 
 #include "kernels/cpu_kernels.h"
-#include "kernels/low_precision.h"
 #include "kernels/loops.h"
+#include "kernels/low_precision.h"
+#include "kernels/matrices.h"
 
 namespace duet::kernels {
 namespace {
@@ -261,8 +262,28 @@ bool low_gemm_to_f32(DType dt, bool ta, bool tb, int64_t m, int64_t n, int64_t k
                         c);
 }
 
+void run_as_matrices(KernelFn k, TensorRefs in, const Attrs& attrs, const Tensor& out) {
+  const detail::TensorImpl *a = in[0].unsafe_impl(), *b = in[1].unsafe_impl();
+  const bool av = a->shape.size() == 1, bv = b->shape.size() == 1;
+  // A row (1, k) and a column (k, 1), strided as unsqueeze makes them.
+  const Tensor a2 =
+      av ? detail::make_view(in[0], Shape{1, a->shape[0]},
+                             Strides{a->shape[0] * a->strides[0], a->strides[0]}, a->offset)
+         : in[0];
+  const Tensor b2 =
+      bv ? detail::make_view(in[1], Shape{b->shape[0], 1}, Strides{b->strides[0], 1}, b->offset)
+         : in[1];
+  Shape s = out.sizes();
+  if (av) s.insert(s.size() - (bv ? 0 : 1), 1);
+  if (bv) s.push_back(1);
+  const Tensor out2 =
+      detail::make_view(out, s, detail::contiguous_strides(s), out.unsafe_impl()->offset);
+  const Tensor* ab[] = {&a2, &b2};
+  k(TensorRefs(ab, 2), attrs, out2);
+}
+
 void register_matmul_kernels(OpDef* t) {
-  detail::register_kernel(t, OpId::MatMul, DeviceType::CPU, matmul_kernel);
+  detail::register_kernel(t, OpId::MatMul, DeviceType::CPU, with_matrices<matmul_kernel>);
 }
 
 }  // namespace duet::kernels

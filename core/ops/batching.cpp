@@ -174,8 +174,28 @@ BatchedArg view_rule(const OpDef& def, const std::vector<BatchedArg>& in, const 
 // matrix times a vector, per sample: (n, k) @ (k, 1)) is one product of the columns as rows and
 // the matrix transposed, (B, k) @ (k, n), each sample's result a row; otherwise the batch is
 // one more leading (broadcast) dim of the product, as for elementwise operands.
+// A vector operand (Note [Vector operands] in core/ops/linalg.cpp) is a row or a column again
+// for those rules, and the result loses its dim after; a shared matrix times batched vectors is
+// the vectors as rows times the matrix transposed at once.
 BatchedArg matmul_rule(const OpDef& def, const std::vector<BatchedArg>& in, const Attrs& a,
                        int64_t batch) {
+  const bool av = sample_rank(in[0]) == 1, bv = sample_rank(in[1]) == 1;
+  if (av || bv) {
+    if (!av && in[0].bdim < 0 && in[0].value.dim() == 2 && in[1].bdim >= 0 && !symbolic(a))
+      return {call_on(def.id, {batch_first(in[1]), transpose(in[0].value, 0, 1)}, a), 0};
+    std::vector<BatchedArg> m = in;
+    if (av)
+      m[0] = in[0].bdim < 0 ? BatchedArg{unsqueeze(in[0].value, 0), -1}
+                            : BatchedArg{unsqueeze(batch_first(in[0]), 1), 0};
+    if (bv)
+      m[1] = in[1].bdim < 0 ? BatchedArg{unsqueeze(in[1].value, 1), -1}
+                            : BatchedArg{unsqueeze(batch_first(in[1]), 2), 0};
+    const BatchedArg r = matmul_rule(def, m, a, batch);
+    Tensor y = batch_first(r);
+    if (bv) y = squeeze(y, -1);
+    if (av) y = squeeze(y, bv ? -1 : -2);
+    return {y, r.bdim < 0 ? -1 : 0};
+  }
   if (in[0].bdim < 0 && in[0].value.dim() == 2 && in[1].bdim >= 0 && in[1].value.dim() == 3 &&
       !symbolic(a)) {
     const Tensor x = batch_first(in[1]);  // (B, k, 1)
@@ -188,8 +208,9 @@ BatchedArg matmul_rule(const OpDef& def, const std::vector<BatchedArg>& in, cons
     return broadcast_rule(def, in, a, batch);
   const Tensor x = batch_first(in[0]);
   const int64_t k = x.sizes()[x.dim() - 1];
-  const Tensor y =
-      call_on(def.id, {reshape(x, Shape{x.numel() / std::max<int64_t>(k, 1), k}), in[1].value}, a);
+  int64_t rows = 1;  // (the leading dims' product: with k = 0, numel / k says nothing)
+  for (int64_t d = 0; d + 1 < x.dim(); ++d) rows *= x.sizes()[d];
+  const Tensor y = call_on(def.id, {reshape(x, Shape{rows, k}), in[1].value}, a);
   Shape out = x.sizes();
   out[out.size() - 1] = in[1].value.sizes()[1];
   return {reshape(y, out), 0};

@@ -1,5 +1,14 @@
-// matmul: the MatMul primitive takes operands of rank >= 2 with broadcast batch dims; 1-D
-// operands (torch.matmul's rules) are composed around it with unsqueeze and squeeze.
+// matmul: the MatMul primitive takes torch.matmul's operands (Note [Vector operands]).
+//
+// Note [Vector operands]
+// Operands of rank >= 2 are batches of matrices with broadcast batch dims. A 1-D operand is a
+// vector: on the left a row, on the right a column, and its dim is not in the result (a matrix
+// times a vector is a vector; two vectors give their dot product, 0-d). The primitive takes
+// vectors itself, as PyTorch's mv and dot: per-sample code multiplies vectors one at a time,
+// and a row or a column made around the product would be two more views per call, each a tape
+// node eagerly and an op to record and run under Autobatch. Kernels see matrices (kernels/
+// matrices.h views the vectors as rows and columns), and the gradient and batching rules put the
+// vectors' dims back the same way.
 #include <algorithm>
 
 #include "core/dispatch.h"
@@ -12,23 +21,24 @@ namespace {
 void infer_matmul(const OpDef& def, TensorRefs in, const Attrs&, TensorMeta& out) {
   const Shape& a = in[0].sizes();
   const Shape& b = in[1].sizes();
-  DUET_CHECK_SHAPE(a.size() >= 2 && b.size() >= 2,
-                   "[matmul] the primitive needs operands of rank >= 2, got {} and {}", a, b);
+  DUET_CHECK_SHAPE(a.size() >= 1 && b.size() >= 1,
+                   "[matmul] both operands need at least one dim, got {} and {}", a, b);
   DUET_CHECK_DTYPE(in[0].dtype() == in[1].dtype(),
                    "[matmul] operands must have the same dtype, got {} {} and {} {}", in[0].dtype(),
                    a, in[1].dtype(), b);
   DUET_CHECK_DTYPE(in[0].dtype() != DType::b8, "[matmul] is not defined for b8 operands {} and {}",
                    a, b);
-  int64_t m = a[a.size() - 2], k = a[a.size() - 1];
-  int64_t k2 = b[b.size() - 2], n = b[b.size() - 1];
+  // A vector on the left is a row, on the right a column (Note [Vector operands]).
+  const bool av = a.size() == 1, bv = b.size() == 1;
+  const int64_t k = a[a.size() - 1], k2 = b[bv ? 0 : b.size() - 2];
   DUET_CHECK_SHAPE(k == k2, "[matmul] inner dimensions differ: {} @ {}", a, b);
   if (a.size() == 2 && b.size() == 2) {
-    out.shape = Shape{m, n};
+    out.shape = Shape{a[0], b[1]};
   } else {
-    Shape ba(a.data(), a.size() - 2), bb(b.data(), b.size() - 2);
+    Shape ba(a.data(), av ? 0 : a.size() - 2), bb(b.data(), bv ? 0 : b.size() - 2);
     out.shape = broadcast_shapes(def.name, ba, bb);
-    out.shape.push_back(m);
-    out.shape.push_back(n);
+    if (!av) out.shape.push_back(a[a.size() - 2]);
+    if (!bv) out.shape.push_back(b[b.size() - 1]);
   }
   out.dtype = in[0].dtype();
   out.device = common_device(def, in);
@@ -45,11 +55,27 @@ bool column_major(const Tensor& t) {
 // right operand is made in that operand's layout: for linear()'s transposed weight view,
 // (g^T a)^T rather than a^T g, so that it arrives contiguous in the weight's own (out, in)
 // layout and accumulating it into .grad reads it in order (BLAS takes the transposes as flags).
+// Vectors are rows and columns again, and g gets their dims back (Note [Vector operands]).
 void grad_matmul(const GradCtx& c, const Tensor& g, Tensor* gi) {
-  if (c.needs_grad(0)) gi[0] = matmul(g, transpose(c.inputs[1], -1, -2));
+  const Tensor &a = c.inputs[0], &b = c.inputs[1];
+  const bool av = a.dim() == 1, bv = b.dim() == 1;
+  if (av || bv) {
+    const Tensor a2 = av ? unsqueeze(a, 0) : a, b2 = bv ? unsqueeze(b, 1) : b;
+    Tensor g2 = bv ? unsqueeze(g, -1) : g;
+    if (av) g2 = unsqueeze(g2, -2);
+    if (c.needs_grad(0)) {
+      Tensor r = matmul(g2, transpose(b2, -1, -2));
+      gi[0] = av ? squeeze(r, -2) : r;
+    }
+    if (c.needs_grad(1)) {
+      Tensor r = matmul(transpose(a2, -1, -2), g2);
+      gi[1] = bv ? squeeze(r, -1) : r;
+    }
+    return;
+  }
+  if (c.needs_grad(0)) gi[0] = matmul(g, transpose(b, -1, -2));
   if (c.needs_grad(1)) {
-    const Tensor& a = c.inputs[0];
-    gi[1] = a.dim() == 2 && g.dim() == 2 && column_major(c.inputs[1])
+    gi[1] = a.dim() == 2 && g.dim() == 2 && column_major(b)
                 ? transpose(matmul(transpose(g, 0, 1), a), 0, 1)
                 : matmul(transpose(a, -1, -2), g);
   }
@@ -67,25 +93,8 @@ void register_linalg_rules(OpDef* t) {
 
 Tensor matmul(const Tensor& a, const Tensor& b, std::source_location loc) {
   detail::SiteGuard site(loc);
-  DUET_CHECK_SHAPE(a.dim() >= 1 && b.dim() >= 1,
-                   "[matmul] both operands need at least one dim, got {} and {}", a.sizes(),
-                   b.sizes());
-  if (a.dim() >= 2 && b.dim() >= 2) {
-    const Tensor* in[] = {&a, &b};
-    return detail::call(OpId::MatMul, TensorRefs(in, 2), {});
-  }
-  // 1-D operands: a vector on the left is a row, on the right a column; the added dim is
-  // removed from the result. (The inner sizes compared as SymInts: reading them as integers
-  // would specialize a symbolic batch dim of either operand.)
-  DUET_CHECK_SHAPE(detail::size_is(a, a.dim() - 1,
-                                   detail::sym_dim(b, std::max<int64_t>(b.dim() - 2, 0)), "matmul"),
-                   "[matmul] inner dimensions differ: {} @ {}", a.sizes(), b.sizes());
-  Tensor a2 = a.dim() == 1 ? unsqueeze(a, 0) : a;
-  Tensor b2 = b.dim() == 1 ? unsqueeze(b, 1) : b;
-  Tensor r = matmul(a2, b2);
-  if (b.dim() == 1) r = squeeze(r, -1);
-  if (a.dim() == 1) r = squeeze(r, -2 + (b.dim() == 1 ? 1 : 0));
-  return r;
+  const Tensor* in[] = {&a, &b};
+  return detail::call(OpId::MatMul, TensorRefs(in, 2), {});
 }
 
 }  // namespace duet

@@ -125,9 +125,10 @@ Tensor softplus(const Tensor& x, double beta, double threshold, std::source_loca
 // An input of rank > 2 is multiplied as one (rows, in) matrix, reshaped back afterwards: one
 // GEMM rather than one per leading index, and the weight's gradient is one product x^T dy in the
 // weight's layout instead of a batch of products summed over the batch. A vector (one sample,
-// per-sample code) is the weight times it as a column: no transposed weight, one view fewer a
-// call (a tape node eagerly, an op to record and run under Autobatch, whose batching rule makes
-// the samples' columns one product again).
+// per-sample code) is the weight times it, one op (Note [Vector operands] in
+// core/ops/linalg.cpp): no transposed weight, no view around the product (each a tape node
+// eagerly, an op to record and run under Autobatch, whose batching rule makes the samples'
+// vectors one product again).
 Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in,
               std::source_location loc) {
   detail::SiteGuard site(loc);

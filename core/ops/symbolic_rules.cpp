@@ -137,11 +137,15 @@ void sym_argmax(const OpDef&, TensorRefs in, const Attrs& a, const TensorMeta&, 
 }
 
 void sym_matmul(const OpDef& def, TensorRefs in, const Attrs&, const TensorMeta&, SymDims& out) {
+  // A vector on the left is a row, on the right a column (Note [Vector operands] in
+  // core/ops/linalg.cpp).
   const SymDims a = sym_dims(in[0]), b = sym_dims(in[1]);
-  require_eq(a[a.size() - 1], b[b.size() - 2], def.name);
-  out = broadcast(SymDims(a.begin(), a.end() - 2), SymDims(b.begin(), b.end() - 2), def.name);
-  out.push_back(a[a.size() - 2]);
-  out.push_back(b[b.size() - 1]);
+  const bool av = a.size() == 1, bv = b.size() == 1;
+  require_eq(a[a.size() - 1], b[bv ? 0 : b.size() - 2], def.name);
+  out = broadcast(SymDims(a.begin(), av ? a.begin() : a.end() - 2),
+                  SymDims(b.begin(), bv ? b.begin() : b.end() - 2), def.name);
+  if (!av) out.push_back(a[a.size() - 2]);
+  if (!bv) out.push_back(b[b.size() - 1]);
 }
 
 void sym_reshape(const OpDef& def, TensorRefs in, const Attrs& a, const TensorMeta&, SymDims& out) {

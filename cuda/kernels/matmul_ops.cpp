@@ -15,6 +15,7 @@
 #include "cuda/kernels/adapt.h"
 #include "kernels/fused.h"
 #include "kernels/low_precision.h"
+#include "kernels/matrices.h"
 #include "cuda/runtime.h"
 
 namespace duet::cuda::detail {
@@ -434,8 +435,9 @@ bool gemm_bias_act(const Tensor& a, const Tensor& b, const Tensor& bias, bool re
 }  // namespace
 
 void register_matmul(OpDef* t) {
-  duet::detail::register_kernel(t, OpId::MatMul, DeviceType::CUDA,
-                                duet::kernels::via_wide<matmul_kernel>);
+  duet::detail::register_kernel(
+      t, OpId::MatMul, DeviceType::CUDA,
+      duet::kernels::with_matrices<duet::kernels::via_wide<matmul_kernel>>);
   kernels::set_gemm_epilogue(DeviceType::CUDA, gemm_bias_act);
 }
 

@@ -1,0 +1,21 @@
+// duet: matmul's vector operands as matrices, for the kernels (Note [Vector operands] in
+// core/ops/linalg.cpp).
+#pragma once
+
+#include "core/op_table.h"
+
+namespace duet::kernels {
+
+/// Runs matmul kernel k with a 1-D operand as a row (left) or a column (right) and the output
+/// with that dim put back: views, no copy.
+void run_as_matrices(KernelFn k, TensorRefs in, const Attrs& attrs, const Tensor& out);
+
+/// Matmul kernel K, which multiplies operands of rank >= 2, for vector operands too.
+template <KernelFn K>
+void with_matrices(TensorRefs in, const Attrs& attrs, const Tensor& out) {
+  if (in[0].unsafe_impl()->shape.size() < 2 || in[1].unsafe_impl()->shape.size() < 2) [[unlikely]]
+    return run_as_matrices(K, in, attrs, out);
+  K(in, attrs, out);
+}
+
+}  // namespace duet::kernels
