@@ -1,7 +1,8 @@
 // func::vmap and func::grad (trace/func.h, Note [vmap] in trace/func.cpp, Note [Batching rules] in
 // core/ops/batching.cpp): every op row vmapped over a batch against the row run per sample, with
 // an argument shared by every sample too; in_dims and out_dim; nesting, compile(vmap(f)) and
-// gradients through vmap; per-sample gradients; random ops; the errors.
+// gradients through vmap; per-sample gradients; random ops; the errors. test_vmap_sweep.cpp
+// sweeps the typed rows (elementwise, conversion, reduce, view, slice_scatter, matmul).
 #include <doctest/doctest.h>
 
 #include "op_rows.h"
@@ -67,45 +68,6 @@ TEST_CASE("vmap: every op row on a batch equals the row run per sample") {
   }
   CHECK(rows > 100);
   CHECK(random < 5);
-}
-
-TEST_CASE("vmap: every matmul row on a batch equals the row run per sample") {
-  // Vectors, matrices and batches on either side (Note [Vector operands] in
-  // core/ops/linalg.cpp), each operand batched or shared by every sample.
-  Rng rng(503);
-  int rows = 0;
-  for (const MatmulRow& row : matmul_rows()) {
-    if (row.a.numel() > 4096 || row.b.numel() > 4096) continue;
-    for (int shared = -1; shared < 2; ++shared) {
-      const std::string what = std::string(row.name) + (shared < 0    ? ""
-                                                        : shared == 0 ? ", a shared"
-                                                                      : ", b shared");
-      INFO(what);
-      std::vector<Tensor> as, bs;
-      for (int64_t k = 0; k < kBatch; ++k) {
-        as.push_back(make(random_values(row.a.numel(), Domain{-1, 1}, DType::f32, rng), row.a));
-        bs.push_back(make(random_values(row.b.numel(), Domain{-1, 1}, DType::f32, rng), row.b));
-        if (shared == 0) as.back() = as[0];
-        if (shared == 1) bs.back() = bs[0];
-      }
-      std::vector<Tensor> want;
-      for (int64_t k = 0; k < kBatch; ++k)
-        want.push_back(matmul(as[static_cast<size_t>(k)], bs[static_cast<size_t>(k)]));
-      std::vector<std::optional<int64_t>> dims{0, 0};
-      if (shared >= 0) dims[static_cast<size_t>(shared)] = std::nullopt;
-      const std::vector<Tensor> got = vmap_call(
-          [](std::vector<Tensor> in) { return std::vector<Tensor>{matmul(in[0], in[1])}; },
-          {shared == 0 ? as[0] : stack(as, 0), shared == 1 ? bs[0] : stack(bs, 0)}, dims, 0,
-          func::Randomness::Error, std::string("vmap of matmul ") + row.name);
-      REQUIRE(got.size() == 1);
-      const Tensor w = stack(want, 0);
-      REQUIRE(got[0].sizes() == w.sizes());
-      const std::string m = differences(values(got[0]), values(w), 1e-5, 1e-5);
-      CHECK_MESSAGE(m.empty(), m);
-    }
-    ++rows;
-  }
-  CHECK(rows > 20);
 }
 
 TEST_CASE("vmap: the op families batch in one call each, not per sample") {
