@@ -14,8 +14,10 @@ constexpr int64_t kBatch = 3;
 
 using func::detail::vmap_call;
 
-// The row's result per sample, stacked; and vmapped, the first input shared when `share`.
-void check_row(const OpRow& row, DType dt, Rng& rng, bool share) {
+// The row's result per sample, stacked; and vmapped, input i batched at dims[i] (the samples
+// stacked there) or, where dims[i] is nullopt, sample 0's input shared by every sample.
+void check_row(const OpRow& row, DType dt, Rng& rng,
+               const std::vector<std::optional<int64_t>>& dims) {
   std::vector<std::vector<Tensor>> samples(kBatch);
   std::vector<Tensor> batched;
   for (size_t i = 0; i < row.shapes.size(); ++i) {
@@ -23,15 +25,13 @@ void check_row(const OpRow& row, DType dt, Rng& rng, bool share) {
     std::vector<Tensor> per;
     for (int64_t b = 0; b < kBatch; ++b) {
       per.push_back(make(random_values(row.shapes[i].numel(), d, dt, rng), row.shapes[i], dt));
-      if (share && i == 0 && b > 0) per.back() = per[0];
+      if (!dims[i] && b > 0) per.back() = per[0];
       samples[static_cast<size_t>(b)].push_back(per.back());
     }
-    batched.push_back(share && i == 0 ? per[0] : stack(per, 0));
+    batched.push_back(dims[i] ? stack(per, *dims[i]) : per[0]);
   }
   std::vector<Tensor> want;
   for (const std::vector<Tensor>& s : samples) want.push_back(row.fn(s));
-  std::vector<std::optional<int64_t>> dims(row.shapes.size(), 0);
-  if (share) dims[0] = std::nullopt;
   const std::vector<Tensor> got =
       vmap_call([&](std::vector<Tensor> in) { return std::vector<Tensor>{row.fn(in)}; }, batched,
                 dims, 0, func::Randomness::Error, "vmap of " + row.name);
@@ -52,11 +52,21 @@ TEST_CASE("vmap: every op row on a batch equals the row run per sample") {
   for (const OpRow& row : op_rows()) {
     if (row.shapes.empty()) continue;  // random draws: see the randomness case
     const DType dt = row.dtypes[0];
-    for (bool share : {false, true}) {
-      if (share && row.shapes.size() < 2) continue;
-      INFO(row.name << " on " << dtype_name(dt) << (share ? ", first input shared" : ""));
+    // Every input batched at dim 0, then at its last dim (after the sample's dims), then each
+    // input in turn shared by every sample.
+    const size_t n = row.shapes.size();
+    std::vector<std::pair<std::string, std::vector<std::optional<int64_t>>>> ways{
+        {"batched at dim 0", std::vector<std::optional<int64_t>>(n, 0)}};
+    ways.push_back({"batched at the last dim", {}});
+    for (const Shape& s : row.shapes) ways.back().second.push_back(s.size());
+    for (size_t i = 0; n > 1 && i < n; ++i) {
+      ways.push_back({"input " + std::to_string(i) + " shared", ways[0].second});
+      ways.back().second[i] = std::nullopt;
+    }
+    for (const auto& [how, dims] : ways) {
+      INFO(row.name << " on " << dtype_name(dt) << ", " << how);
       try {
-        check_row(row, dt, rng, share);
+        check_row(row, dt, rng, dims);
       } catch (const ValueError& e) {
         // Rows that draw (dropout): Randomness::Error refuses them (see the randomness case).
         CHECK_MESSAGE(std::string(e.what()).find("a random op") != std::string::npos, e.what());
