@@ -282,8 +282,17 @@ void run_as_matrices(KernelFn k, TensorRefs in, const Attrs& attrs, const Tensor
   k(TensorRefs(ab, 2), attrs, out2);
 }
 
+void addmv_kernel(TensorRefs in, const Attrs& attrs, const Tensor& out) {
+  const auto dev = static_cast<int>(out.device().type);
+  const Tensor* product[] = {&in[1], &in[2]};
+  detail::op_def(OpId::MatMul).kernel[dev](TensorRefs(product, 2), attrs, out);
+  const Tensor* sum[] = {&out, &in[0]};
+  detail::op_def(OpId::Add).kernel[dev](TensorRefs(sum, 2), Attrs{}, out);
+}
+
 void register_matmul_kernels(OpDef* t) {
   detail::register_kernel(t, OpId::MatMul, DeviceType::CPU, with_matrices<matmul_kernel>);
+  detail::register_kernel(t, OpId::Addmv, DeviceType::CPU, addmv_kernel);
 }
 
 }  // namespace duet::kernels

@@ -10,6 +10,10 @@ namespace duet::kernels {
 /// with that dim put back: views, no copy.
 void run_as_matrices(KernelFn k, TensorRefs in, const Attrs& attrs, const Tensor& out);
 
+/// addmv (Note [addmv] in core/ops/linalg.cpp) on any device: the MatMul kernel of the output's
+/// device stores mat @ vec, and its Add kernel adds the input in place.
+void addmv_kernel(TensorRefs in, const Attrs& attrs, const Tensor& out);
+
 /// Matmul kernel K, which multiplies operands of rank >= 2, for vector operands too.
 template <KernelFn K>
 void with_matrices(TensorRefs in, const Attrs& attrs, const Tensor& out) {

@@ -86,7 +86,7 @@ OpRow linear_row(std::string name, Shape xs, int64_t out_features, bool bias) {
   std::vector<Shape> shapes = {xs, {out_features, in_features}};
   if (bias) shapes.push_back({out_features});
   OpRow r{name,
-          OpId::MatMul,
+          xs.size() == 1 && bias ? OpId::Addmv : OpId::MatMul,  // (a vector's: Note [addmv])
           true,
           shapes,
           [=](const Ins& in) { return bias ? linear(in[0], in[1], in[2]) : linear(in[0], in[1]); },
@@ -102,6 +102,32 @@ OpRow linear_row(std::string name, Shape xs, int64_t out_features, bool bias) {
             return y;
           },
           out};
+  return r;
+}
+
+// addmv(input (n or broadcast), mat (n, k), vec (k), beta, alpha): one op (Addmv) where beta and
+// alpha are 1 and the input is (n), its composite otherwise.
+OpRow addmv_row(Shape input, int64_t n, int64_t k, double beta, double alpha) {
+  const bool one = beta == 1 && alpha == 1 && input == Shape{n};
+  OpRow r{
+      fmt::format("addmv input {} mat ({}, {}) beta {} alpha {}", input.str(), n, k, beta, alpha),
+      one ? OpId::Addmv : OpId::MatMul,
+      !one,
+      {input, {n, k}, {k}},
+      [=](const Ins& in) { return addmv(in[0], in[1], in[2], beta, alpha); },
+      [=](const Values& v) {
+        std::vector<double> y;
+        for (int64_t o = 0; o < n; ++o) {
+          double acc = 0;
+          for (int64_t i = 0; i < k; ++i) acc += v[1][o * k + i] * v[2][i];
+          const double b = v[0][input.numel() == 1 ? 0 : o];
+          y.push_back(alpha * acc + (beta == 0 ? 0 : beta * b));
+        }
+        return y;
+      },
+      {n}};
+  r.dtypes = {DType::f32, DType::f64};
+  if (beta == std::floor(beta) && alpha == std::floor(alpha)) r.dtypes.push_back(DType::i64);
   return r;
 }
 
@@ -582,6 +608,14 @@ const std::vector<OpRow>& nn_rows() {
       soft_row(Soft::LogSumExp, {0, 3}, 1),
       linear_row("linear (3, 4) -> 2, bias", {3, 4}, 2, true),
       linear_row("linear (4) -> 3, no bias", {4}, 3, false),
+      linear_row("linear (4) -> 3, bias", {4}, 3, true),
+      addmv_row({3}, 3, 4, 1, 1),
+      addmv_row({0}, 0, 4, 1, 1),
+      addmv_row({3}, 3, 0, 1, 1),
+      addmv_row({2}, 2, 1, 1, 1),
+      addmv_row({3}, 3, 4, 0.5, 2),
+      addmv_row({1}, 3, 2, 1, 1),
+      addmv_row({}, 3, 2, 0, 1),
       linear_row("linear (2, 2, 3) -> 2, bias", {2, 2, 3}, 2, true),
       linear_row("linear (0, 4) -> 3, bias", {0, 4}, 3, true),
       layer_norm_row("layer_norm (3, 4) over (4), weight and bias", {3, 4}, {4}, true, true),

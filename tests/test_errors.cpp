@@ -133,6 +133,30 @@ const std::vector<ErrorRow>& error_rows() {
          matmul(of({2, 2}, D::b8), of({2, 2}, D::b8));
        },
        Kind::DType, "[matmul] is not defined for b8"},
+      // addmv (Note [addmv] in core/ops/linalg.cpp): the op and its composite.
+      {"matmul",
+       [] {
+         addmv(f32({3}), f32({3, 4}), f32({5}));
+       },
+       Kind::Shape, "[addmv] needs input (n), mat (n, k) and vec (k), got (3), (3, 4) and (5)"},
+      {"matmul", [] { addmv(f32({3}), f32({3}), f32({3})); }, Kind::Shape,
+       "[addmv] needs mat (n, k) and vec (k), got (3) and (3)"},
+      {"matmul",
+       [] {
+         addmv(f32({2}), f32({3, 4}), f32({4}));
+       },
+       Kind::Shape, "[addmv] input (2) does not broadcast to (3)"},
+      {"matmul",
+       [] {
+         addmv(f32({3}), f32({3, 4}), of({4}, D::f64));
+       },
+       Kind::DType,
+       "[addmv] input, mat and vec must share a dtype other than b8, got f32, f32 and f64"},
+      {"matmul",
+       [] {
+         addmv(Tensor(), f32({3, 4}), f32({4}));
+       },
+       Kind::Value, "[addmv] input, mat and vec must be defined tensors"},
       {"matmul",
        [] {
          matmul(f32({2, 2}), of({2, 2}, D::f64));
@@ -602,11 +626,8 @@ const std::vector<ErrorRow>& error_rows() {
       // elements, 2^32 x 2^32 had 0, and INT64_MAX elements were reported as a duet bug.
       {"sizes", [] { arange(int64_t(1) << 62); }, Kind::Value,
        "[arange] shape (4611686018427387904) is too large"},
-      {"sizes",
-       [] {
-         zeros({(int64_t(1) << 62) + 1, 4});
-       },
-       Kind::Value, "[full] shape (4611686018427387905, 4) is too large"},
+      {"sizes", [] { zeros({(int64_t(1) << 62) + 1, 4}); }, Kind::Value,
+       "[full] shape (4611686018427387905, 4) is too large"},
       {"sizes", [] { zeros({int64_t(1) << 32, int64_t(1) << 32}); }, Kind::Value,
        "[full] shape (4294967296, 4294967296) is too large"},
       {"sizes", [] { ones({3037000500, 3037000500}); }, Kind::Value,

@@ -81,12 +81,42 @@ void grad_matmul(const GradCtx& c, const Tensor& g, Tensor* gi) {
   }
 }
 
+// Note [addmv]
+// addmv(input, mat, vec) = input + mat @ vec: linear() of one sample's vector with a bias, one
+// op where a product and an add were two (each a tape node eagerly, an op to record and run
+// under Autobatch). Its kernel stores the product and adds the input in place; its batching
+// rule is matmul's then the add's, so a group of samples is one product and one add.
+void infer_addmv(const OpDef& def, TensorRefs in, const Attrs&, TensorMeta& out) {
+  const Tensor &input = in[0], &mat = in[1], &vec = in[2];
+  DUET_CHECK_SHAPE(mat.dim() == 2 && vec.dim() == 1 && mat.sizes()[1] == vec.sizes()[0] &&
+                       input.dim() == 1 && input.sizes()[0] == mat.sizes()[0],
+                   "[addmv] needs input (n), mat (n, k) and vec (k), got {}, {} and {}",
+                   input.sizes(), mat.sizes(), vec.sizes());
+  DUET_CHECK_DTYPE(
+      mat.dtype() == vec.dtype() && input.dtype() == mat.dtype() && mat.dtype() != DType::b8,
+      "[addmv] input, mat and vec must share a dtype other than b8, got {}, {} and {}",
+      input.dtype(), mat.dtype(), vec.dtype());
+  out.shape = Shape{mat.sizes()[0]};
+  out.dtype = mat.dtype();
+  out.device = common_device(def, in);
+}
+
+void grad_addmv(const GradCtx& c, const Tensor& g, Tensor* gi) {
+  const Tensor &mat = c.inputs[1], &vec = c.inputs[2];
+  if (c.needs_grad(0)) gi[0] = g;
+  if (c.needs_grad(1)) gi[1] = matmul(unsqueeze(g, 1), unsqueeze(vec, 0));
+  if (c.needs_grad(2)) gi[2] = matmul(transpose(mat, 0, 1), g);
+}
+
 }  // namespace
 
 void register_linalg_rules(OpDef* t) {
   t[int(OpId::MatMul)].infer = infer_matmul;
   set_grad(t, OpId::MatMul, grad_matmul, kSaveIn0 | kSaveIn1);
   t[int(OpId::MatMul)].autocast = AutocastClass::Lower;  // a product (Note [Autocast])
+  t[int(OpId::Addmv)].infer = infer_addmv;
+  set_grad(t, OpId::Addmv, grad_addmv, kSaveIn1 | kSaveIn2);
+  t[int(OpId::Addmv)].autocast = AutocastClass::Lower;
 }
 
 }  // namespace detail
@@ -95,6 +125,32 @@ Tensor matmul(const Tensor& a, const Tensor& b, std::source_location loc) {
   detail::SiteGuard site(loc);
   const Tensor* in[] = {&a, &b};
   return detail::call(OpId::MatMul, TensorRefs(in, 2), {});
+}
+
+// One op where it can be (Note [addmv]); otherwise its composite, as PyTorch computes it.
+Tensor addmv(const Tensor& input, const Tensor& mat, const Tensor& vec, double beta, double alpha,
+             std::source_location loc) {
+  detail::SiteGuard site(loc);
+  DUET_CHECK_VALUE(input.defined() && mat.defined() && vec.defined(),
+                   "[addmv] input, mat and vec must be defined tensors");
+  DUET_CHECK_SHAPE(mat.dim() == 2 && vec.dim() == 1,
+                   "[addmv] needs mat (n, k) and vec (k), got {} and {}", mat.sizes(), vec.sizes());
+  if (beta == 1 && alpha == 1 && input.dim() == 1 && input.dtype() == mat.dtype() &&
+      detail::size_is(input, 0, detail::sym_dim(mat, 0), "addmv")) {
+    const Tensor* in[] = {&input, &mat, &vec};
+    return detail::call(OpId::Addmv, TensorRefs(in, 3), {});
+  }
+  Tensor product = matmul(mat, vec);
+  if (alpha != 1) product = product * alpha;
+  DUET_CHECK_SHAPE(
+      input.dim() <= 1 &&
+          (input.dim() == 0 || input.sizes()[0] == 1 || input.sizes()[0] == product.sizes()[0]),
+      "[addmv] input {} does not broadcast to ({})", input.sizes(), product.sizes()[0]);
+  if (beta == 0)  // zeros in the input's place: no value of it (NaN) reaches the result, and
+                  // its gradient is zero, as PyTorch's is
+    return masked_fill(input, ones({}, Options().dtype(DType::b8).device(input.device())), 0) +
+           product;
+  return (beta == 1 ? input : input * beta) + product;
 }
 
 }  // namespace duet

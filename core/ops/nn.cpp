@@ -125,10 +125,10 @@ Tensor softplus(const Tensor& x, double beta, double threshold, std::source_loca
 // An input of rank > 2 is multiplied as one (rows, in) matrix, reshaped back afterwards: one
 // GEMM rather than one per leading index, and the weight's gradient is one product x^T dy in the
 // weight's layout instead of a batch of products summed over the batch. A vector (one sample,
-// per-sample code) is the weight times it, one op (Note [Vector operands] in
-// core/ops/linalg.cpp): no transposed weight, no view around the product (each a tape node
-// eagerly, an op to record and run under Autobatch, whose batching rule makes the samples'
-// vectors one product again).
+// per-sample code) is the weight times it, one op with the bias (addmv; Note [Vector operands]
+// in core/ops/linalg.cpp): no transposed weight, no view around the product and no add after it
+// (each a tape node eagerly, an op to record and run under Autobatch, whose batching rule makes
+// the samples' vectors one product again).
 Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in,
               std::source_location loc) {
   detail::SiteGuard site(loc);
@@ -152,7 +152,8 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
       DUET_CHECK_SHAPE(
           bias.dim() == 1 && detail::size_is(bias, 0, detail::sym_dim(weight, 0), "linear"),
           "[linear] bias must be ({}), got {}", weight.sizes()[0], bias.sizes());
-    if (x.dim() == 1) {
+    if (x.dim() == 1) {  // one op with its bias (Note [addmv] in core/ops/linalg.cpp)
+      if (bias.defined() && bias.dtype() == x.dtype()) return addmv(bias, weight, x);
       Tensor y = matmul(weight, x);
       return bias.defined() ? std::move(y) + bias : y;
     }

@@ -148,6 +148,13 @@ void sym_matmul(const OpDef& def, TensorRefs in, const Attrs&, const TensorMeta&
   if (!bv) out.push_back(b[b.size() - 1]);
 }
 
+void sym_addmv(const OpDef& def, TensorRefs in, const Attrs&, const TensorMeta&, SymDims& out) {
+  const SymDims input = sym_dims(in[0]), mat = sym_dims(in[1]), vec = sym_dims(in[2]);
+  require_eq(mat[1], vec[0], def.name);
+  require_eq(input[0], mat[0], def.name);
+  out = {mat[0]};
+}
+
 void sym_reshape(const OpDef& def, TensorRefs in, const Attrs& a, const TensorMeta&, SymDims& out) {
   out = attr_dims(a);
   require_eq(sym_numel(sym_dims(in[0])), sym_numel(out), def.name);
@@ -283,6 +290,7 @@ void register_symbolic_rules(OpDef* t) {
   for (OpId op : {OpId::Sum, OpId::Max, OpId::Min}) t[int(op)].sym_infer = sym_reduce;
   t[int(OpId::Argmax)].sym_infer = sym_argmax;
   t[int(OpId::MatMul)].sym_infer = sym_matmul;
+  t[int(OpId::Addmv)].sym_infer = sym_addmv;
   t[int(OpId::Reshape)].sym_infer = sym_reshape;
   t[int(OpId::Permute)].sym_infer = sym_permute;
   t[int(OpId::Slice)].sym_infer = sym_slice;

@@ -438,6 +438,7 @@ void register_matmul(OpDef* t) {
   duet::detail::register_kernel(
       t, OpId::MatMul, DeviceType::CUDA,
       duet::kernels::with_matrices<duet::kernels::via_wide<matmul_kernel>>);
+  duet::detail::register_kernel(t, OpId::Addmv, DeviceType::CUDA, duet::kernels::addmv_kernel);
   kernels::set_gemm_epilogue(DeviceType::CUDA, gemm_bias_act);
 }
 

@@ -230,6 +230,8 @@ std::string Writer::emit_op(Frame& f, Values& vals, int32_t v) {
       no_form(n);
     case OpId::MatMul:
       return emit(f, "MatMul", {in(0), in(1)});
+    case OpId::Addmv:  // (Note [addmv] in core/ops/linalg.cpp)
+      return emit(f, "Add", {emit(f, "MatMul", {in(1), in(2)}), in(0)});
     case OpId::Reshape:
       return reshape(f, in(0), shape(f, detail::attr_dims(n.attrs)));
     case OpId::OptimizationBarrier:  // an order, which ONNX runtimes choose themselves
