@@ -171,6 +171,7 @@ Tensor Autobatch::Impl::handle(const OpCall& c) {
   if (effect) {
     run();
     if (!view) ++stats_.kernels_launched;
+    if (!view) count_group(c.op, 1);  // (run alone, at once)
     return detail::redispatch(this, c);
   }
   TensorImplPtr p;
@@ -380,7 +381,7 @@ void Autobatch::Impl::run() {
   }
   give_history(ops);
   stats_.kernels_launched += kernels_ - kernels_before;
-  tls_stats = stats_;
+  tls_stats = stats();
   {
     detail::ObjectCacheScope pending;  // for the next step's (Note [Tensor object cache])
     ops.clear();                       // (nothing records while a run runs)
@@ -398,6 +399,7 @@ void Autobatch::Impl::run_group(std::vector<PendingOp>& ops, const Attrs& attrs,
   auto run_each = [&] {
     for (int32_t id : ids) {
       PendingOp& o = ops[static_cast<size_t>(id)];
+      count_group(o.op, 1);
       detail::SiteGuard at(o.site);
       std::vector<const Tensor*> in;
       for (const Tensor& x : o.inputs) in.push_back(&x);
@@ -430,6 +432,7 @@ void Autobatch::Impl::run_group(std::vector<PendingOp>& ops, const Attrs& attrs,
   }
   ++stats_.batches;
   stats_.batched_ops += b;
+  count_group(first.op, b);
   place_batch(ops, ids, r, /*keep=*/grad,
               /*defer=*/grad && (def.cls == OpClass::View || fresh));
 }
@@ -643,7 +646,7 @@ Autobatch::~Autobatch() noexcept(false) {
   impl->mode_.reset();
   detail::set_lazy_runner(impl->prev_runner_);
   tls_open = nullptr;
-  tls_stats = impl->stats_;
+  tls_stats = impl->stats();
   if (impl->ops_.empty() && impl->ops_.capacity() > tls_spare_ops.capacity())
     tls_spare_ops.swap(impl->ops_);
   if (impl->index_.out.empty() && impl->index_.out.capacity() > tls_spare_index.out.capacity())
@@ -656,6 +659,18 @@ void Autobatch::flush() {
   if (impl_) impl_->run();
 }
 
-AutobatchStats autobatch_stats() { return tls_open ? tls_open->stats_ : tls_stats; }
+const AutobatchStats& Autobatch::Impl::stats() {
+  stats_.by_op.clear();
+  for (size_t i = 0; i < per_op_.size(); ++i)
+    if (per_op_[i].first)
+      stats_.by_op.push_back(
+          {std::string(op_name(static_cast<OpId>(i))), per_op_[i].first, per_op_[i].second});
+  std::stable_sort(
+      stats_.by_op.begin(), stats_.by_op.end(),
+      [](const AutobatchOpStats& a, const AutobatchOpStats& b) { return a.groups > b.groups; });
+  return stats_;
+}
+
+AutobatchStats autobatch_stats() { return tls_open ? tls_open->stats() : tls_stats; }
 
 }  // namespace duet

@@ -7,11 +7,20 @@
 #include <memory>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/tensor.h"
 
 namespace duet {
+
+/// How one op's recorded calls ran in a scope: in how many groups (batched calls, or calls run
+/// alone), for how many calls.
+struct AutobatchOpStats {
+  std::string op;      ///< the op's name, as docs/ops.md lists it
+  int64_t groups = 0;  ///< calls run: one per batch, one per call run alone
+  int64_t ops = 0;     ///< recorded calls they ran
+};
 
 /// What the last run Autobatch scope on this thread did.
 struct AutobatchStats {
@@ -24,6 +33,10 @@ struct AutobatchStats {
   int64_t pieces = 0;  ///< slices, index_selects and expands that gathered a differentiated
                        ///< group's operands from parts of batches: each a tape node
   int64_t runs = 0;    ///< times the pending ops ran (reads, in-place writes, the end)
+  /// Per op, the most groups first: where calls did not batch. An op with about as many groups
+  /// as calls ran per sample, as its samples' signatures differ (shapes, attributes) or its
+  /// calls became ready one at a time (docs/func.md, "Why a scope is slow").
+  std::vector<AutobatchOpStats> by_op;
 };
 
 /// DyNet-style autobatching for its lifetime (RAII), as an eager scope:

@@ -247,6 +247,14 @@ struct Autobatch::Impl final : DispatchMode, LazyRunner {
   void place_batch(std::vector<PendingOp>& ops, const std::vector<int32_t>& ids,
                    const BatchedArg& r, bool keep = false, bool defer = false);
   void place(PendingOp& op, const Tensor& r);
+  // One group of n calls of op ran (AutobatchStats::by_op).
+  void count_group(OpId op, int64_t n) {
+    auto& [groups, calls] = per_op_[static_cast<size_t>(op)];
+    ++groups;
+    calls += n;
+  }
+  // stats_ with by_op made from per_op_.
+  const AutobatchStats& stats();
 
   // The op of a lazy storage of this scope, or -1.
   int32_t producer(const StorageImpl* st) const {
@@ -275,6 +283,8 @@ struct Autobatch::Impl final : DispatchMode, LazyRunner {
   bool running_ = false;
   int64_t kernels_ = 0;  // the kernels a run (and the scope's backward) calls (KernelCountScope)
   AutobatchStats stats_;
+  std::vector<std::pair<int64_t, int64_t>> per_op_ =  // groups and calls, by OpId
+      std::vector<std::pair<int64_t, int64_t>>(kNumOps);
   LazyRunner* prev_runner_ = nullptr;
   int uncaught_ = std::uncaught_exceptions();
   std::optional<ModeGuard> mode_;

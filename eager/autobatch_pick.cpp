@@ -105,6 +105,7 @@ bool Autobatch::Impl::copy_picks(std::vector<PendingOp>& ops, const std::vector<
   ++kernels_;
   ++stats_.batches;
   stats_.batched_ops += static_cast<int64_t>(ids.size());
+  count_group(first.op, static_cast<int64_t>(ids.size()));
   place_batch(ops, ids, {batch, 0});
   return true;
 }
@@ -204,6 +205,7 @@ void Autobatch::Impl::run_picks(std::vector<PendingOp>& ops, const Attrs& attrs,
   for (int64_t d = 0; d < row.size(); ++d) shape.push_back(row[d]);
   ++stats_.batches;
   stats_.batched_ops += static_cast<int64_t>(ids.size());
+  count_group(first.op, static_cast<int64_t>(ids.size()));
   place_batch(ops, sorted, {reshape(all, shape), 0}, /*keep=*/grad);
 }
 

@@ -36,6 +36,7 @@ void Autobatch::Impl::run_each_differentiated(std::vector<PendingOp>& ops, const
   GradModeScope tape(true);
   for (int32_t id : ids) {
     PendingOp& o = ops[static_cast<size_t>(id)];
+    count_group(o.op, 1);
     detail::SiteGuard at(o.site);
     const std::vector<int32_t> one{id};
     std::vector<Tensor> in;
@@ -247,7 +248,7 @@ detail::AutobatchBackward::~AutobatchBackward() {
   if (!state_) return;
   Autobatch::Impl* ab = state_->impl;
   ab->stats_.kernels_launched += ab->kernels_ - state_->before;
-  tls_stats = ab->stats_;
+  tls_stats = ab->stats();
   LazyRunner* runner = state_->runner;
   state_.reset();
   detail::set_lazy_runner(runner);

@@ -132,6 +132,45 @@ TEST_CASE("autobatch: results of one batched op feed the next as views, without 
   for (int64_t i = 0; i < 6; ++i) CHECK(close(y[static_cast<size_t>(i)], tanh(x[i] * w).exp()));
 }
 
+TEST_CASE("autobatch: by_op says which ops batched and which ran per sample") {
+  // Vectors of one shape batch; rows of different lengths do not (their signatures differ), so
+  // their exp runs once per sample, and a chain of adds once per link.
+  std::vector<Tensor> vectors, rows, keep;
+  for (int64_t n : {2, 3, 4, 5}) {
+    vectors.push_back(randn({7}));
+    rows.push_back(randn({n, 3}));
+  }
+  {
+    Autobatch scope;
+    Tensor total;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      keep.push_back(tanh(vectors[i]));
+      Tensor l = sum(exp(rows[i]));
+      total = total.defined() ? total + l : l;
+    }
+    keep.push_back(total);
+  }
+  const AutobatchStats s = autobatch_stats();
+  auto find = [&](const char* op) {
+    for (const AutobatchOpStats& o : s.by_op)
+      if (o.op == op) return o;
+    FAIL("no entry for " << op);
+    return AutobatchOpStats{};
+  };
+  CHECK(find("tanh").groups == 1);
+  CHECK(find("tanh").ops == 4);
+  CHECK(find("exp").groups == 4);
+  CHECK(find("exp").ops == 4);
+  CHECK(find("add").groups == 3);
+  CHECK(find("add").ops == 3);
+  int64_t calls = 0;
+  for (size_t i = 0; i < s.by_op.size(); ++i) {
+    calls += s.by_op[i].ops;
+    if (i) CHECK(s.by_op[i - 1].groups >= s.by_op[i].groups);  // the most groups first
+  }
+  CHECK(calls == s.ops_recorded);  // every recorded call ran in some group (no view here)
+}
+
 TEST_CASE("autobatch: an operand read from batches in turns is gathered once per batch") {
   // Note [Pieces by source]: z_i = a_i * c_i runs in a_i's order, and c_i comes from two
   // batches in turns (even i and odd i): one piece per batch, not one per sample.
