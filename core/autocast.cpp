@@ -56,6 +56,10 @@ const Tensor& autocast_f32(const Tensor& x, Tensor& held) {
   return held;
 }
 
+DType autocast_f32_dtype(const Tensor& x) {
+  return tls_autocast == 0 || !x.defined() ? x.dtype() : target(x.unsafe_impl(), false);
+}
+
 bool autocast_inputs(bool lower, TensorRefs in, std::vector<Tensor>& out) {
   bool any = false;
   for (int64_t i = 0; i < in.size() && !any; ++i)

@@ -88,6 +88,8 @@ bool autocast_inputs(bool lower, TensorRefs in, std::vector<Tensor>& out);
 const Tensor& autocast_lower(const Tensor& x, Tensor& held);
 /// x cast as an F32 op's input under the current autocast state (into `held`), or x itself.
 const Tensor& autocast_f32(const Tensor& x, Tensor& held);
+/// The dtype autocast_f32 would give x (x's own where it would not cast it).
+DType autocast_f32_dtype(const Tensor& x);
 
 }  // namespace detail
 }  // namespace duet

@@ -19,6 +19,7 @@ void register_image_kernels(OpDef* table);
 void register_conv_kernels(OpDef* table);
 void register_attention_kernels(OpDef* table);
 void register_rnn_kernels(OpDef* table);
+void register_softmax_kernels(OpDef* table);
 void register_random_kernels(OpDef* table);
 void register_print_kernels(OpDef* table);
 void register_collective_kernels(OpDef* table);

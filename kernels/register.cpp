@@ -11,6 +11,7 @@ void register_cpu_kernels(OpDef* table) {
   register_conv_kernels(table);
   register_attention_kernels(table);
   register_rnn_kernels(table);
+  register_softmax_kernels(table);
   register_random_kernels(table);
   register_print_kernels(table);
   register_collective_kernels(table);

@@ -59,12 +59,12 @@ std::vector<double> ref_soft(Soft kind, const std::vector<double>& x, const Shap
 
 OpRow soft_row(Soft kind, Shape xs, int64_t dim) {
   static const char* names[] = {"softmax", "log_softmax", "logsumexp"};
-  static const OpId ops[] = {OpId::Exp, OpId::Log, OpId::Log};
+  static const OpId ops[] = {OpId::Exp, OpId::LogSoftmax, OpId::Log};
   Shape out = xs;
   if (kind == Soft::LogSumExp && xs.size()) out.erase(wrap(dim, xs.size()));
   OpRow r{fmt::format("{} {} dim {}", names[int(kind)], xs.str(), dim),
           ops[int(kind)],
-          true,
+          kind != Soft::LogSoftmax,  // log_softmax is one op (Note [log_softmax])
           {xs},
           [=](const Ins& in) {
             return kind == Soft::Softmax      ? softmax(in[0], dim)

@@ -52,6 +52,10 @@ TEST_CASE("autocast: products run in the low dtype, sensitive ops in f32, the re
     CHECK(mse_loss(low, low).dtype() == DType::f32);
     // softmax computes on the f32 values, as on an f32 input.
     CHECK(bitwise_equal(softmax(low, -1), softmax(low.to(DType::f32), -1)));
+    // log_softmax reads the bf16 input as it is and gives f32 (Note [log_softmax]): the values
+    // of its f32 copy, along the last dim and along another.
+    CHECK(bitwise_equal(log_softmax(low, -1), log_softmax(low.to(DType::f32), -1)));
+    CHECK(bitwise_equal(log_softmax(low, 0), log_softmax(low.to(DType::f32), 0)));
     CHECK(relu(low).dtype() == DType::bf16);
     CHECK(relu(a).dtype() == DType::f32);
     CHECK((low + a).dtype() == DType::f32);  // promotion as usual

@@ -127,7 +127,8 @@ TEST_CASE("fusion: reductions take their elementwise prologue") {
   auto all = compile([](Tensor x, Tensor y) { return sum(x * y); });
   auto rows = compile([](Tensor x, Tensor y) { return sum(x * y, {1}); });
   auto cols = compile([](Tensor x, Tensor y) { return max(exp(x) - y, {0}); });
-  // softmax and cross_entropy: the exp-and-sum and the normalization fuse.
+  // softmax: the exp-and-sum and the normalization fuse. cross_entropy: its log_softmax is one
+  // op (Note [log_softmax] in core/ops/nn.cpp), and the gather and the mean after it fuse.
   auto sm = compile([](Tensor x) { return softmax(x, 1); });
   auto ce = compile([](Tensor x, Tensor l) { return cross_entropy(x, l); });
   for (int t = 0; t < tiers(); ++t, next_tier()) {
@@ -140,7 +141,7 @@ TEST_CASE("fusion: reductions take their elementwise prologue") {
     CHECK(near(sm(x), softmax(x, 1)));
     CHECK(sm.stats().fused_kernels >= 2);
     CHECK(near(ce(x, labels), cross_entropy(x, labels)));
-    CHECK(ce.stats().fused_kernels >= 2);
+    CHECK(ce.stats().fused_kernels >= 1);
   }
 }
 

@@ -225,6 +225,16 @@ BatchedArg addmv_rule(const OpDef&, const std::vector<BatchedArg>& in, const Att
   return broadcast_rule(op_def(OpId::Add), {in[0], p}, Attrs{}, batch);
 }
 
+// log_softmax along attrs.dim, one up for the batch; a 0-d sample is a row of one.
+BatchedArg log_softmax_rule(const OpDef& def, const std::vector<BatchedArg>& in, const Attrs& a,
+                            int64_t) {
+  const Tensor x = batch_first(in[0]);
+  Attrs b = a;
+  b.dim = a.dim + 1;
+  if (x.dim() == 1) return {squeeze(call_on(def.id, {unsqueeze(x, 1)}, b), 1), 0};
+  return {call_on(def.id, {x}, b), 0};
+}
+
 // Ops whose operands share their leading dims (attention, the LSTM and GRU cells, and their
 // gradients): every operand gets the batch in front, one more leading dim.
 BatchedArg leading_rule(const OpDef& def, const std::vector<BatchedArg>& in, const Attrs& a,
@@ -314,6 +324,7 @@ void register_batching_rules(OpDef* t) {
     t[int(op)].batch = dim_rule;
   t[int(OpId::MatMul)].batch = matmul_rule;
   t[int(OpId::Addmv)].batch = addmv_rule;
+  t[int(OpId::LogSoftmax)].batch = log_softmax_rule;
   for (OpId op : {OpId::Reshape, OpId::Permute, OpId::Slice, OpId::Expand})
     t[int(op)].batch = view_rule;
   t[int(OpId::OptimizationBarrier)].batch = barrier_rule;

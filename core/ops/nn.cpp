@@ -7,6 +7,7 @@
 #include "core/autocast.h"
 #include "core/op_table.h"
 #include "core/op_errors.h"
+#include "core/dispatch.h"
 #include "core/ops.h"
 
 namespace duet {
@@ -45,16 +46,23 @@ Tensor softmax(const Tensor& x_in, int64_t dim, std::source_location loc) {
   });
 }
 
-Tensor log_softmax(const Tensor& x_in, int64_t dim, std::source_location loc) {
+// Note [log_softmax]
+// log_softmax is one op: cross_entropy starts with it, and as nine ops (the stable maximum and
+// its guard, the difference, exp, sum, log and the last difference) it was nine tape nodes per
+// call eagerly, and nine groups per length of per-sample logits under Autobatch. Its kernel
+// (kernels/softmax.cpp) runs those steps' kernels in that order, so its values are the
+// composite's: x - m - log(sum(exp(x - m))), m the row's maximum, or 0 where that is +-inf;
+// f16 and bf16 in f32, rounded once. Its gradient is g - exp(out) * sum(g) along the dim.
+// attrs.dtype is the result's: the input's, or f32 for an f16 or bf16 input under autocast,
+// which reads the input as it is (PyTorch's half_to_float): an f32 copy of the input would be
+// one more buffer of the logits' size (a language model's: vocabulary x tokens).
+Tensor log_softmax(const Tensor& x, int64_t dim, std::source_location loc) {
   detail::SiteGuard site(loc);
-  return detail::as_op("log_softmax", [&]() -> Tensor {
-    Tensor held_x;
-    const Tensor& x = detail::autocast_f32(x_in, held_x);
-    dim = check_soft("log_softmax", x, dim);
-    if (is_low_precision(x.dtype())) return log_softmax(x.to(DType::f32), dim).to(x.dtype());
-    Tensor z = x - stable_max(x, dim);
-    return z - log(sum(exp(z), dim, /*keepdim=*/true));
-  });
+  Attrs a;
+  a.dim = check_soft("log_softmax", x, dim);
+  a.dtype = detail::autocast_f32_dtype(x);
+  const Tensor* in[] = {&x};
+  return detail::call(OpId::LogSoftmax, TensorRefs(in, 1), a);
 }
 
 Tensor logsumexp(const Tensor& x_in, int64_t dim, std::source_location loc) {
@@ -386,8 +394,10 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& targets_in,
                      const CrossEntropyOptions& options, std::source_location loc) {
   detail::SiteGuard site(loc);
   return detail::as_op("cross_entropy", [&]() -> Tensor {
-    Tensor held_logits, held_targets;  // a loss: f32 under autocast (Note [Autocast])
-    const Tensor& logits = detail::autocast_f32(logits_in, held_logits);
+    // A loss: f32 under autocast (Note [Autocast]); log_softmax reads f16 or bf16 logits as
+    // they are and gives f32 (Note [log_softmax]).
+    Tensor held_targets;
+    const Tensor& logits = logits_in;
     const Tensor& targets = detail::autocast_f32(targets_in, held_targets);
     DUET_CHECK_DTYPE(is_floating(logits.dtype()), "[cross_entropy] logits must be floating, got {}",
                      logits.dtype());
@@ -395,8 +405,8 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& targets_in,
                      "[cross_entropy] logits must have a class dim: (N, C, d1, ...) or (C), got a "
                      "0-d tensor");
     const int64_t cdim = logits.dim() == 1 ? 0 : 1;
-    check_ce_options(logits, options, cdim);
     Tensor lp = log_softmax(logits, cdim);
+    check_ce_options(lp, options, cdim);
     if (is_floating(targets.dtype())) return ce_probabilities(lp, targets, options, cdim);
     DUET_CHECK_DTYPE(targets.dtype() == DType::i64,
                      "[cross_entropy] targets must be i64 class indices or floating class "

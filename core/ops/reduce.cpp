@@ -1,4 +1,4 @@
-// Reductions: sum, max, min over any dims with keepdim; mean composed from sum.
+// Reductions: sum, max, min over any dims with keepdim; mean composed from sum; log_softmax.
 #include <algorithm>
 
 #include "core/dispatch.h"
@@ -68,9 +68,40 @@ void grad_extremum(const GradCtx& c, const Tensor& g, Tensor* gi) {
   gi[0] = where(mask, reshape_dims(g, ks) / count, 0);
 }
 
+// log_softmax along attrs.dim (Note [log_softmax] in core/ops/nn.cpp): the input's shape.
+void infer_log_softmax(const OpDef&, TensorRefs in, const Attrs& attrs, TensorMeta& out) {
+  const Tensor& x = in[0];
+  DUET_CHECK_DTYPE(is_floating(x.dtype()), "[log_softmax] needs a floating input, got {} {}",
+                   x.dtype(), x.sizes());
+  DUET_CHECK_VALUE(attrs.dim >= 0 && attrs.dim < std::max<int64_t>(x.dim(), 1),
+                   "[log_softmax] dim {} is out of range for an input of shape {}", attrs.dim,
+                   x.sizes());
+  DUET_CHECK_DTYPE(
+      attrs.dtype == x.dtype() || (is_low_precision(x.dtype()) && attrs.dtype == DType::f32),
+      "[log_softmax] computes {} in its own dtype or, for f16 and bf16, in f32; "
+      "asked for {}",
+      x.dtype(), attrs.dtype);
+  out.shape = x.sizes();
+  out.dtype = attrs.dtype;
+  out.device = x.device();
+}
+
+// d out_i / d x_j = [i == j] - softmax_j along the dim: g - exp(out) * sum(g).
+void grad_log_softmax(const GradCtx& c, const Tensor& g, Tensor* gi) {
+  const int64_t dim = c.attrs.dim;
+  if (c.output.dim() == 0) {  // one element alone: out = x - x where x is finite
+    gi[0] = g - exp(c.output) * g;
+    return;
+  }
+  gi[0] = g - exp(c.output) * sum(g, Dims{dim}, /*keepdim=*/true);
+}
+
 }  // namespace
 
 void register_reduction_rules(OpDef* t) {
+  t[int(OpId::LogSoftmax)].infer = infer_log_softmax;
+  set_grad(t, OpId::LogSoftmax, grad_log_softmax, kSaveOut);
+  // Autocast: its public function sets the result's dtype (Note [log_softmax]).
   for (OpId op : {OpId::Sum, OpId::Max, OpId::Min}) t[int(op)].infer = infer_reduce;
   set_grad(t, OpId::Sum, grad_sum, 0);
   set_grad(t, OpId::Max, grad_extremum, kSaveIn0 | kSaveOut);

@@ -303,6 +303,7 @@ void register_symbolic_rules(OpDef* t) {
   t[int(OpId::Gather)].sym_infer = sym_gather;
   t[int(OpId::ScatterAdd)].sym_infer = sym_first;
   t[int(OpId::Argsort)].sym_infer = sym_first;
+  t[int(OpId::LogSoftmax)].sym_infer = sym_first;
   t[int(OpId::OptimizationBarrier)].sym_infer = sym_first;
   t[int(OpId::Unfold)].sym_infer = sym_unfold;
   t[int(OpId::Fold)].sym_infer = sym_fold;

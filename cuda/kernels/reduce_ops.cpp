@@ -3,6 +3,7 @@
 // allow, so the kernel's offset calculator walks few dims.
 #include "cuda/kernels/adapt.h"
 #include "kernels/low_precision.h"
+#include "kernels/softmax.h"
 
 namespace duet::cuda::detail {
 namespace {
@@ -108,6 +109,8 @@ void argmax_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
 }  // namespace
 
 void register_reductions(OpDef* t) {
+  duet::detail::register_kernel(t, OpId::LogSoftmax, DeviceType::CUDA,
+                                duet::kernels::via_wide<duet::kernels::log_softmax_composed>);
   duet::detail::register_kernel(t, OpId::Sum, DeviceType::CUDA,
                                 duet::kernels::via_wide<reduce_kernel<kern::Reduce::Sum>>);
   duet::detail::register_kernel(t, OpId::Max, DeviceType::CUDA,

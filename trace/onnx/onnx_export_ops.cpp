@@ -181,6 +181,7 @@ std::string Writer::emit_op(Frame& f, Values& vals, int32_t v) {
     case OpId::Sum:
     case OpId::Max:
     case OpId::Min:
+    case OpId::LogSoftmax:
       return emit_reduce(f, vals, n);
     case OpId::SliceScatter:
       return emit_slice_scatter(f, vals, n);
@@ -273,6 +274,16 @@ std::string Writer::emit_op(Frame& f, Values& vals, int32_t v) {
 
 std::string Writer::emit_reduce(Frame& f, Values& vals, const GraphNode& n) {
   const TensorMeta& x = vals.g.nodes[static_cast<size_t>(n.inputs[0])].meta;
+  if (n.op == OpId::LogSoftmax) {  // (Note [log_softmax] in core/ops/nn.cpp)
+    // In f32 for f16 and bf16, as the kernel computes; a 0-d input is x - x (0, or NaN).
+    const DType out = n.meta.dtype, wide = is_low_precision(out) ? DType::f32 : out;
+    const std::string xs = as(f, vals, n.inputs[0], wide);
+    const std::string r =
+        x.shape.size() == 0
+            ? emit(f, "Sub", {xs, xs})
+            : emit(f, "LogSoftmax", {xs}, [&](NodeProto& p) { attr_int(p, "axis", n.attrs.dim); });
+    return wide == out ? r : cast(f, r, out);
+  }
   // Sum accumulates integers in i64 (its result's dtype); ONNX has no ReduceMax of bools.
   const DType compute = n.op == OpId::Sum           ? n.meta.dtype
                         : n.meta.dtype == DType::b8 ? DType::i32
