@@ -49,13 +49,17 @@ Tensor softmax(const Tensor& x_in, int64_t dim, std::source_location loc) {
 // Note [log_softmax]
 // log_softmax is one op: cross_entropy starts with it, and as nine ops (the stable maximum and
 // its guard, the difference, exp, sum, log and the last difference) it was nine tape nodes per
-// call eagerly, and nine groups per length of per-sample logits under Autobatch. Its kernel
-// (kernels/softmax.cpp) runs those steps' kernels in that order, so its values are the
-// composite's: x - m - log(sum(exp(x - m))), m the row's maximum, or 0 where that is +-inf;
-// f16 and bf16 in f32, rounded once. Its gradient is g - exp(out) * sum(g) along the dim.
-// attrs.dtype is the result's: the input's, or f32 for an f16 or bf16 input under autocast,
-// which reads the input as it is (PyTorch's half_to_float): an f32 copy of the input would be
-// one more buffer of the logits' size (a language model's: vocabulary x tokens).
+// call eagerly, and nine groups per length of per-sample logits under Autobatch. Its values are
+// the composite's, x - m - log(sum(exp(x - m))), m the row's maximum or 0 where that is +-inf:
+// the CPU kernel computes them in one pass per row, other devices with their own kernels of
+// those steps (kernels/softmax.cpp); f16 and bf16 in f32, rounded once. Its gradient is
+// g - exp(out) * sum(g) along the dim, from the saved result, as PyTorch's: a compiled step
+// keeps that result to the backward, where the fused composite had kept the input and two
+// values per row (W9's compiled bf16 step: 27 MiB more; recomputing the softmax from the input
+// instead materialized an f32 copy of it in the backward, which was worse). attrs.dtype is the
+// result's: the input's, or f32 for an f16 or bf16 input under autocast, which reads the input
+// as it is (PyTorch's half_to_float): an f32 copy of the input would be one more buffer of the
+// logits' size (a language model's: vocabulary x tokens).
 Tensor log_softmax(const Tensor& x, int64_t dim, std::source_location loc) {
   detail::SiteGuard site(loc);
   Attrs a;
