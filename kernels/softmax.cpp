@@ -73,7 +73,8 @@ void log_softmax_rows(const In* px, Out* py, int64_t rows, int64_t n, int64_t in
   });
 }
 
-// The CPU kernel: rows along the dim, each in one pass over its own memory (or a row's buffer);
+// The CPU kernel: row by row along the dim, each row's steps (its maximum, the difference, the
+// sum of exp, the log subtracted) run while it is in cache, with no scratch but a row's buffer;
 // f16 and bf16 read and written as they are, computed in f32.
 void log_softmax_cpu(TensorRefs in, const Attrs& attrs, const Tensor& out) {
   if (out.numel() == 0) return;

@@ -7,8 +7,8 @@ namespace duet::kernels {
 
 /// log_softmax along attrs.dim on any device, made of the output device's kernels (max, sub,
 /// eq, where, exp, sum, log) in the composite's order; its scratch is one value per row. f32
-/// and f64; f16 and bf16 through via_wide. The CPU has a kernel of its own, one pass per row
-/// with no scratch.
+/// and f64; f16 and bf16 through via_wide. The CPU has a kernel of its own, row by row, each
+/// row's steps run while it is in cache, with no scratch.
 void log_softmax_composed(TensorRefs in, const Attrs& attrs, const Tensor& out);
 
 }  // namespace duet::kernels

@@ -51,7 +51,7 @@ Tensor softmax(const Tensor& x_in, int64_t dim, std::source_location loc) {
 // its guard, the difference, exp, sum, log and the last difference) it was nine tape nodes per
 // call eagerly, and nine groups per length of per-sample logits under Autobatch. Its values are
 // the composite's, x - m - log(sum(exp(x - m))), m the row's maximum or 0 where that is +-inf:
-// the CPU kernel computes them in one pass per row, other devices with their own kernels of
+// the CPU kernel computes them row by row in cache, other devices with their own kernels of
 // those steps (kernels/softmax.cpp); f16 and bf16 in f32, rounded once. Its gradient is
 // g - exp(out) * sum(g) along the dim, from the saved result, as PyTorch's: a compiled step
 // keeps that result to the backward, where the fused composite had kept the input and two
