@@ -39,12 +39,6 @@ ConvGeom conv_geom(const Attrs& a, int64_t n, int64_t c, int64_t o) {
   return g;
 }
 
-void run_kernel(OpId op, std::initializer_list<const Tensor*> in, const Attrs& a,
-                const Tensor& out) {
-  detail::op_def(op).kernel[static_cast<int>(out.device().type)](
-      TensorRefs(in.begin(), static_cast<int64_t>(in.size())), a, out);
-}
-
 // t itself when contiguous, else a contiguous copy on its device.
 Tensor dense(const Tensor& t) {
   if (t.is_contiguous()) return t;

@@ -1,6 +1,8 @@
 // duet: CPU kernels, registered into the op table by register_cpu_kernels().
 #pragma once
 
+#include <initializer_list>
+
 #include "core/op_table.h"
 
 namespace duet::kernels {
@@ -23,6 +25,11 @@ void register_softmax_kernels(OpDef* table);
 void register_random_kernels(OpDef* table);
 void register_print_kernels(OpDef* table);
 void register_collective_kernels(OpDef* table);
+
+/// Runs op's kernel for out's device on `in` (no dispatch, no tape): kernels made of other
+/// ops' kernels (conv2d's products, addmv, log_softmax on devices without its own).
+void run_kernel(OpId op, std::initializer_list<const Tensor*> in, const Attrs& a,
+                const Tensor& out);
 
 /// Copies src into dst (same shape; any dtypes and layouts) with the Copy kernel.
 void copy_into(const Tensor& src, const Tensor& dst);

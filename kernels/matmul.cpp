@@ -283,11 +283,8 @@ void run_as_matrices(KernelFn k, TensorRefs in, const Attrs& attrs, const Tensor
 }
 
 void addmv_kernel(TensorRefs in, const Attrs& attrs, const Tensor& out) {
-  const auto dev = static_cast<int>(out.device().type);
-  const Tensor* product[] = {&in[1], &in[2]};
-  detail::op_def(OpId::MatMul).kernel[dev](TensorRefs(product, 2), attrs, out);
-  const Tensor* sum[] = {&out, &in[0]};
-  detail::op_def(OpId::Add).kernel[dev](TensorRefs(sum, 2), Attrs{}, out);
+  run_kernel(OpId::MatMul, {&in[1], &in[2]}, attrs, out);
+  run_kernel(OpId::Add, {&out, &in[0]}, Attrs{}, out);
 }
 
 void register_matmul_kernels(OpDef* t) {

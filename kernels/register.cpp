@@ -2,6 +2,12 @@
 
 namespace duet::kernels {
 
+void run_kernel(OpId op, std::initializer_list<const Tensor*> in, const Attrs& a,
+                const Tensor& out) {
+  detail::op_def(op).kernel[static_cast<int>(out.device().type)](
+      TensorRefs(in.begin(), static_cast<int64_t>(in.size())), a, out);
+}
+
 void register_cpu_kernels(OpDef* table) {
   register_elementwise_kernels(table);
   register_reduction_kernels(table);

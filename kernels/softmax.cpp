@@ -103,11 +103,6 @@ void log_softmax_cpu(TensorRefs in, const Attrs& attrs, const Tensor& out) {
 
 void log_softmax_composed(TensorRefs in, const Attrs& attrs, const Tensor& out) {
   if (out.numel() == 0) return;
-  const int dev = static_cast<int>(out.device().type);
-  auto run = [dev](OpId op, std::initializer_list<const Tensor*> ins, const Attrs& a,
-                   const Tensor& o) {
-    detail::op_def(op).kernel[dev](TensorRefs(ins.begin(), static_cast<int64_t>(ins.size())), a, o);
-  };
   // A 0-d input is a row of one.
   const Tensor& x0 = in[0];
   const bool scalar = x0.dim() == 0;
@@ -126,17 +121,17 @@ void log_softmax_composed(TensorRefs in, const Attrs& attrs, const Tensor& out) 
   const Tensor m = detail::empty(row, dt, dv), s = detail::empty(row, dt, dv);
   const Tensor finite = detail::empty(row, DType::b8, dv);
   const Tensor zero = detail::wrap_scalar(0.0, DType::f64, dv);
-  run(OpId::Max, {&x}, along, m);
-  run(OpId::Sub, {&m, &m}, {}, s);
-  run(OpId::Eq, {&s, &zero}, {}, finite);
-  run(OpId::Where, {&finite, &m, &zero}, {}, m);
+  run_kernel(OpId::Max, {&x}, along, m);
+  run_kernel(OpId::Sub, {&m, &m}, {}, s);
+  run_kernel(OpId::Eq, {&s, &zero}, {}, finite);
+  run_kernel(OpId::Where, {&finite, &m, &zero}, {}, m);
   // y = z - log(sum(exp(z))), z = x - m; exp(z) is made in y, then z again.
-  run(OpId::Sub, {&x, &m}, {}, y);
-  run(OpId::Exp, {&y}, {}, y);
-  run(OpId::Sum, {&y}, along, s);
-  run(OpId::Log, {&s}, {}, s);
-  run(OpId::Sub, {&x, &m}, {}, y);
-  run(OpId::Sub, {&y, &s}, {}, y);
+  run_kernel(OpId::Sub, {&x, &m}, {}, y);
+  run_kernel(OpId::Exp, {&y}, {}, y);
+  run_kernel(OpId::Sum, {&y}, along, s);
+  run_kernel(OpId::Log, {&s}, {}, s);
+  run_kernel(OpId::Sub, {&x, &m}, {}, y);
+  run_kernel(OpId::Sub, {&y, &s}, {}, y);
 }
 
 void register_softmax_kernels(OpDef* t) {

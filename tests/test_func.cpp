@@ -1,84 +1,12 @@
 // func::vmap and func::grad (trace/func.h, Note [vmap] in trace/func.cpp, Note [Batching rules] in
-// core/ops/batching.cpp): every op row vmapped over a batch against the row run per sample, with
-// an argument shared by every sample too; in_dims and out_dim; nesting, compile(vmap(f)) and
-// gradients through vmap; per-sample gradients; random ops; the errors. test_vmap_sweep.cpp
-// sweeps the typed rows (elementwise, conversion, reduce, view, slice_scatter, matmul).
+// core/ops/batching.cpp): the op families batched in one call; in_dims and out_dim; nesting,
+// compile(vmap(f)) and gradients through vmap; per-sample gradients; random ops; the errors.
+// test_vmap_sweep.cpp sweeps every op row against the row run per sample.
 #include <doctest/doctest.h>
 
 #include "op_rows.h"
 
 namespace duet::test {
-namespace {
-
-constexpr int64_t kBatch = 3;
-
-using func::detail::vmap_call;
-
-// The row's result per sample, stacked; and vmapped, input i batched at dims[i] (the samples
-// stacked there) or, where dims[i] is nullopt, sample 0's input shared by every sample.
-void check_row(const OpRow& row, DType dt, Rng& rng,
-               const std::vector<std::optional<int64_t>>& dims) {
-  std::vector<std::vector<Tensor>> samples(kBatch);
-  std::vector<Tensor> batched;
-  for (size_t i = 0; i < row.shapes.size(); ++i) {
-    const Domain& d = row.domains[std::min(i, row.domains.size() - 1)];
-    std::vector<Tensor> per;
-    for (int64_t b = 0; b < kBatch; ++b) {
-      per.push_back(make(random_values(row.shapes[i].numel(), d, dt, rng), row.shapes[i], dt));
-      if (!dims[i] && b > 0) per.back() = per[0];
-      samples[static_cast<size_t>(b)].push_back(per.back());
-    }
-    batched.push_back(dims[i] ? stack(per, *dims[i]) : per[0]);
-  }
-  std::vector<Tensor> want;
-  for (const std::vector<Tensor>& s : samples) want.push_back(row.fn(s));
-  const std::vector<Tensor> got =
-      vmap_call([&](std::vector<Tensor> in) { return std::vector<Tensor>{row.fn(in)}; }, batched,
-                dims, 0, func::Randomness::Error, "vmap of " + row.name);
-  REQUIRE(got.size() == 1);
-  const Tensor w = stack(want, 0);
-  REQUIRE(got[0].sizes() == w.sizes());
-  const std::string m = row.index_result || !is_floating(dt)
-                            ? differences(values(got[0]), values(w), 0, 0)
-                            : differences(values(got[0]), values(w), row.tol32, row.tol32);
-  CHECK_MESSAGE(m.empty(), m);
-}
-
-}  // namespace
-
-TEST_CASE("vmap: every op row on a batch equals the row run per sample") {
-  Rng rng(501);
-  int rows = 0, random = 0;
-  for (const OpRow& row : op_rows()) {
-    if (row.shapes.empty()) continue;  // random draws: see the randomness case
-    const DType dt = row.dtypes[0];
-    // Every input batched at dim 0, then at its last dim (after the sample's dims), then each
-    // input in turn shared by every sample.
-    const size_t n = row.shapes.size();
-    std::vector<std::pair<std::string, std::vector<std::optional<int64_t>>>> ways{
-        {"batched at dim 0", std::vector<std::optional<int64_t>>(n, 0)}};
-    ways.push_back({"batched at the last dim", {}});
-    for (const Shape& s : row.shapes) ways.back().second.push_back(s.size());
-    for (size_t i = 0; n > 1 && i < n; ++i) {
-      ways.push_back({"input " + std::to_string(i) + " shared", ways[0].second});
-      ways.back().second[i] = std::nullopt;
-    }
-    for (const auto& [how, dims] : ways) {
-      INFO(row.name << " on " << dtype_name(dt) << ", " << how);
-      try {
-        check_row(row, dt, rng, dims);
-      } catch (const ValueError& e) {
-        // Rows that draw (dropout): Randomness::Error refuses them (see the randomness case).
-        CHECK_MESSAGE(std::string(e.what()).find("a random op") != std::string::npos, e.what());
-        ++random;
-        break;
-      }
-    }
-    ++rows;
-  }
-  CHECK(rows > 100);
-  CHECK(random < 5);
-}
 
 TEST_CASE("vmap: the op families batch in one call each, not per sample") {
   // Note [Batching rules]: elementwise ops, reductions, views and matmul have rules; an op

@@ -1,8 +1,8 @@
-// func::vmap over the op table's typed rows (op_rows.h): elementwise, conversion, reduce, view,
-// slice_scatter and matmul rows, each vmapped over a batch against the row run per sample. Every
-// operand batched at dim 0, then at its last dim (a batching rule must move or read the batch
-// where it is), then each operand in turn shared by every sample (unbatched). test_func.cpp
-// sweeps the OpRows (index, nn, image and the other rows) the same way.
+// func::vmap over the op table's rows (op_rows.h): the OpRows (index, nn, image and the others)
+// and the typed rows (elementwise, conversion, reduce, view, slice_scatter, matmul), each
+// vmapped over a batch against the row run per sample. Every operand batched at dim 0, then at
+// its last dim (a batching rule must move or read the batch where it is), then each operand in
+// turn shared by every sample (unbatched).
 #include <doctest/doctest.h>
 
 #include <functional>
@@ -80,6 +80,37 @@ void sweep(const std::string& what, const std::function<Tensor(const Inputs&)>& 
 }
 
 }  // namespace
+
+TEST_CASE("vmap: every op row on a batch equals the row run per sample") {
+  Rng rng(501);
+  int rows = 0, random = 0;
+  for (const OpRow& row : op_rows()) {
+    if (row.shapes.empty()) continue;  // random draws: see the randomness case (test_func.cpp)
+    const DType dt = row.dtypes[0];
+    try {
+      sweep(
+          row.name + " on " + std::string(dtype_name(dt)),
+          [&](const Inputs& in) { return row.fn(in); },
+          [&] {
+            Inputs in;
+            for (size_t i = 0; i < row.shapes.size(); ++i) {
+              const Domain& d = row.domains[std::min(i, row.domains.size() - 1)];
+              in.push_back(
+                  make(random_values(row.shapes[i].numel(), d, dt, rng), row.shapes[i], dt));
+            }
+            return in;
+          },
+          row.index_result || !is_floating(dt) ? 0 : row.tol32);
+    } catch (const ValueError& e) {
+      // Rows that draw (dropout): Randomness::Error refuses them (see the randomness case).
+      CHECK_MESSAGE(std::string(e.what()).find("a random op") != std::string::npos, e.what());
+      ++random;
+    }
+    ++rows;
+  }
+  CHECK(rows > 100);
+  CHECK(random < 5);
+}
 
 TEST_CASE("vmap: every elementwise row on a batch equals the row run per sample") {
   Rng rng(511);
