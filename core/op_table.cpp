@@ -28,6 +28,7 @@ OpDef* build_table() {
   register_collective_rules(table);
   register_symbolic_rules(table);
   register_batching_rules(table);
+  register_row_rules(table);
   register_backends(table);
   for (const OpDef& d : table) {
     DUET_ASSERT(d.infer, "op {} has no shape rule", d.name);

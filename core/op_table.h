@@ -217,6 +217,16 @@ struct BatchedArg {
 /// names its batch dim.
 using BatchFn = BatchedArg (*)(const OpDef& def, const std::vector<BatchedArg>& in,
                                const Attrs& attrs, int64_t batch);
+/// What a row rule says of one call (Note [Rows] in core/ops/batching.cpp).
+struct RowsUse {
+  uint32_t operands = 0;  ///< bit i: operand i's rows are the result's (0: the call is not by rows)
+  bool summed = false;    ///< the result sums those rows (a sum over dim 0), instead
+  bool joined = false;    ///< the result is every operand's rows, one after another (cat along
+                          ///< dim 0): `operands` is 1, and every operand gives rows
+};
+/// Row rule: whether, and through which operands, the call computes its result row by row
+/// along dim 0, so that samples of different lengths along it run as one call on their rows.
+using RowsFn = RowsUse (*)(TensorRefs in, const Attrs& attrs, const TensorMeta& out);
 
 struct OpDef {
   OpId id;
@@ -235,6 +245,7 @@ struct OpDef {
   bool differentiable = true;  ///< false: outputs never require grad (comparisons, sources)
   AutocastClass autocast = AutocastClass::None;  ///< set with the op's rules (core/ops/)
   BatchFn batch = nullptr;  ///< null: vmap runs the op once per sample (batch_loop)
+  RowsFn rows = nullptr;    ///< null: never by rows (Autobatch groups its calls by shape)
   KernelFn kernel[kNumDeviceTypes] = {};
 };
 
@@ -278,6 +289,7 @@ void register_random_rules(OpDef* table);
 void register_debug_rules(OpDef* table);
 void register_collective_rules(OpDef* table);
 void register_batching_rules(OpDef* table);
+void register_row_rules(OpDef* table);  // core/ops/rows.cpp
 /// The op once per sample of the batched operands, the results stacked at dim 0: what vmap does
 /// for an op without a batching rule.
 BatchedArg batch_loop(const OpDef& def, const std::vector<BatchedArg>& in, const Attrs& attrs,

@@ -109,21 +109,22 @@ uint64_t operand_bits(const TensorImpl* x) {
 }
 
 SigKey make_key(const SigProbe& p) {
-  SigKey k{p.op, *p.attrs, {}, p.hash, p.pick};
-  for (int64_t i = 0; i < p.inputs.size(); ++i) {
+  SigKey k{p.op, *p.attrs, {}, p.hash, p.pick, p.rows};
+  for (int64_t i = 0; i < p.count(); ++i) {
     const TensorImpl* x = p.inputs[i].unsafe_impl();
     OperandSig s{x->dtype, p.inputs[i].device(), x->wrapped_number, operand_bits(x), x->shape};
-    if (p.pick && i == 0) s.shape[0] = -1;
+    if (p.free0(i)) s.shape[0] = -1;
     k.in.push_back(std::move(s));
   }
   return k;
 }
 
 bool same_signature(const SigKey& k, const SigProbe& p) {
-  if (k.op != p.op || k.pick != p.pick || k.in.size() != static_cast<size_t>(p.inputs.size()) ||
-      !(k.attrs == *p.attrs))
+  if (k.op != p.op || k.pick != p.pick || k.rows.operands != p.rows.operands ||
+      k.rows.summed != p.rows.summed || k.rows.joined != p.rows.joined ||
+      k.in.size() != static_cast<size_t>(p.count()) || !(k.attrs == *p.attrs))
     return false;
-  for (int64_t i = 0; i < p.inputs.size(); ++i) {
+  for (int64_t i = 0; i < p.count(); ++i) {
     const TensorImpl* x = p.inputs[i].unsafe_impl();
     const OperandSig& s = k.in[static_cast<size_t>(i)];
     if (s.dtype != x->dtype || s.wrapped != x->wrapped_number ||
@@ -131,7 +132,7 @@ bool same_signature(const SigKey& k, const SigProbe& p) {
         (s.wrapped && s.bits != operand_bits(x)))
       return false;
     for (int64_t d = 0; d < x->shape.size(); ++d)
-      if (s.shape[d] != (p.pick && i == 0 && d == 0 ? -1 : x->shape[d])) return false;
+      if (s.shape[d] != (d == 0 && p.free0(i) ? -1 : x->shape[d])) return false;
   }
   return true;
 }
@@ -215,7 +216,26 @@ int32_t Autobatch::Impl::record(const OpCall& c, const TensorImplPtr& out, bool 
     normalized.end = c.attrs.end - c.attrs.start;
     attrs = &normalized;
   }
-  size_t hash = attrs->hash() ^ static_cast<size_t>(c.op) ^ (pick ? 0x5bd1e995u : 0u);
+  // By rows (Note [Rows]): the signature leaves out the row operands' dim 0, a reshape's size
+  // along it, and a join's operands after its first.
+  RowsUse rows;
+  if (!pick && c.op != OpId::Random && !c.attrs.sym) {
+    const OpDef& def = detail::op_def(c.op);
+    if (def.rows) rows = def.rows(c.inputs, c.attrs, c.meta);
+  }
+  if (rows.operands && c.op == OpId::Reshape) {
+    normalized = c.attrs;
+    normalized.ints[0] = -1;
+    attrs = &normalized;
+  }
+  if (rows.joined) {  // (a cat's attributes hold each operand's length)
+    normalized = c.attrs;
+    normalized.ints.clear();
+    attrs = &normalized;
+  }
+  size_t hash = attrs->hash() ^ static_cast<size_t>(c.op) ^ (pick ? 0x5bd1e995u : 0u) ^
+                (static_cast<size_t>(rows.operands) << 40) ^ (rows.summed ? 0x27d4eb2fu : 0u) ^
+                (rows.joined ? 0x165667b1u : 0u);
   for (int64_t i = 0; i < c.inputs.size(); ++i) {
     const Tensor& x = c.inputs[i];
     const TensorImpl* xi = x.unsafe_impl();
@@ -227,11 +247,14 @@ int32_t Autobatch::Impl::record(const OpCall& c, const TensorImplPtr& out, bool 
       index_.edges.push_back(p);
     }
     op.inputs.push_back(x, p);
+    if (rows.joined && i > 0) continue;  // (a join's signature holds its first operand only)
     hash = mix(hash, operand_bits(xi) ^ static_cast<uint64_t>(xi->dtype) << 56);
     for (int64_t d = 0; d < xi->shape.size(); ++d)
-      hash = mix(hash, static_cast<uint64_t>(pick && i == 0 && d == 0 ? -1 : xi->shape[d]));
+      hash = mix(hash,
+                 static_cast<uint64_t>(
+                     d == 0 && ((pick && i <= 1) || (rows.operands >> i & 1)) ? -1 : xi->shape[d]));
   }
-  const SigProbe probe{c.op, attrs, c.inputs, pick, hash};
+  SigProbe probe{c.op, attrs, c.inputs, pick, rows, hash};
   // Random ops never batch: each draws from its own state, so each has a signature of its own.
   if (c.op == OpId::Random) {
     sig = static_cast<int32_t>(keys_.size());
@@ -354,6 +377,8 @@ void Autobatch::Impl::run() {
     ready[best].clear();
     if (keys[best].pick)
       run_picks(ops, keys[best].attrs, group);
+    else if (keys[best].rows.operands)
+      run_rows(ops, keys[best], group);
     else
       run_group(ops, keys[best].attrs, group);
     // Consumers become ready in the order of their operands in the batches (a group split by

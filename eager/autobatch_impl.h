@@ -46,9 +46,14 @@ struct SigKey {
   std::vector<OperandSig> in;
   size_t hash = 0;
   bool pick = false;  // a pick of rows (Note [Picks] in eager/autobatch_pick.cpp)
+  RowsUse rows;       // by rows: the operands whose dim 0 it leaves out (Note [Rows])
   bool operator==(const SigKey& o) const {
-    return op == o.op && pick == o.pick && attrs == o.attrs && in == o.in;
+    return op == o.op && pick == o.pick && rows.operands == o.rows.operands &&
+           rows.summed == o.rows.summed && rows.joined == o.rows.joined && attrs == o.attrs &&
+           in == o.in;
   }
+  // Whether the signature leaves out operand i's dim 0.
+  bool free0(size_t i) const { return (pick && i <= 1) || (rows.operands >> i & 1); }
 };
 // A call's signature before it is a SigKey: the table is searched with it, and a key is made
 // only for a signature not seen before.
@@ -57,7 +62,11 @@ struct SigProbe {
   const Attrs* attrs;
   TensorRefs inputs;
   bool pick;
+  RowsUse rows;
   size_t hash;
+  bool free0(int64_t i) const { return (pick && i <= 1) || (rows.operands >> i & 1); }
+  // The operands the signature holds: a join's first only (Note [Groups by rows]).
+  int64_t count() const { return rows.joined ? 1 : inputs.size(); }
 };
 bool same_signature(const SigKey& k, const SigProbe& p);
 struct SigHash {
@@ -142,6 +151,8 @@ struct PendingOp {
   int64_t index = 0;             // and the result's sample in it (-1: batch is the result, as every
                                  // sample of its group computed the same value)
   int64_t start = 0;  // a pick's first row, which its signature leaves out (Note [Picks])
+  int64_t rows = -1;  // once run by rows (Note [Rows]): the result is rows index..index + rows
+                      // of its batch, rather than sample index
   // The result's lazy storage, shape and dtype.
   StorageImpl* out() const { return impl->storage.get(); }
   const Shape& shape() const { return impl->shape; }
@@ -186,6 +197,15 @@ inline const PendingOp* batch_source(const std::vector<PendingOp>& ops, const Pe
   if (prod < 0) return nullptr;
   const PendingOp& src = ops[static_cast<size_t>(prod)];
   return src.batch && o.inputs[p].unsafe_impl() == src.impl.get() ? &src : nullptr;
+}
+
+// A differentiated op's result as its part of its batch (PendingOp::batch): the batch itself
+// (index -1), its rows (Note [Rows]), or its sample.
+inline Tensor part_of_batch(const PendingOp& src) {
+  const Tensor& b = src.batch->value;
+  if (src.index < 0) return b;
+  if (src.rows >= 0) return slice(b, 0, src.index, src.index + src.rows);
+  return select(b, 0, src.index);
 }
 
 // The value computed once for the whole group that made operand p of op id (a weight's
@@ -237,8 +257,14 @@ struct Autobatch::Impl final : DispatchMode, LazyRunner {
   void run_group(std::vector<PendingOp>& ops, const Attrs& attrs, const std::vector<int32_t>& ids);
   void run_picks(std::vector<PendingOp>& ops, const Attrs& attrs, std::vector<int32_t> ids);
   bool copy_picks(std::vector<PendingOp>& ops, const std::vector<int32_t>& ids,
-                  const std::vector<int64_t>& rows);
+                  const std::vector<int64_t>& rows, const std::vector<int64_t>& at);
   Tensor gather(std::vector<PendingOp>& ops, const std::vector<int32_t>& ids, size_t p);
+  void run_rows(std::vector<PendingOp>& ops, const SigKey& key, const std::vector<int32_t>& ids);
+  // Operand .second of op .first, for each item: their rows, one after another.
+  Tensor gather_rows(std::vector<PendingOp>& ops,
+                     const std::vector<std::pair<int32_t, uint32_t>>& items, bool grad);
+  void place_rows(std::vector<PendingOp>& ops, const std::vector<int32_t>& ids, Tensor r,
+                  bool keep);
   // *fresh: the result shares no memory with the operands' batches.
   BatchedArg run_rule(std::vector<PendingOp>& ops, const OpDef& def, const Attrs& attrs,
                       const std::vector<int32_t>& ids, bool grad, bool* fresh);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <numeric>
+#include <tuple>
 #include <unordered_map>
 
 #include "eager/autobatch_impl.h"
@@ -18,20 +19,24 @@ using namespace autobatch;
 // sentence length, and each token's position, would make a signature of its own: thousands of
 // groups of a few ops, whose batching rule (vmap's) also gives each sample's gradient the size
 // of its whole input.
-// A pick's signature therefore leaves out its input's length along dim 0 and a slice's start
-// (kept per op, PendingOp::start); rows (the dims after 0) must still agree, and so must the
-// number of rows it takes. Its input must have at least two dims (a vector's slices are views
-// of their batch, as before), and lie on the CPU, as a Gather's index must (its values are read
-// when the group runs).
-// A group of picks whose inputs all have one length (and one start) runs by the op's own rule.
+// A pick's signature therefore leaves out its input's length along dim 0, a slice's start
+// (kept per op, PendingOp::start) and a Gather's number of rows (an embedding's lookup of a
+// sentence's words); rows (the dims after 0) must still agree, and so must the number of rows
+// a slice takes. Its input must have at least two dims (a vector's slices are views of their
+// batch, as before), and lie on the CPU, as a Gather's index must (its values are read when
+// the group runs).
+// A group of picks whose inputs all have one length (and one start), and whose ops take as
+// many rows, runs by the op's own rule.
 // Otherwise the group takes, for each sample, the rows it picks, in its source: the batch that
 // computed the sample in this run, flattened to rows (the sample's rows start at its index
 // times its length), or the input itself. The samples are ordered by source (the order in which
 // sources first appear, so that runs are deterministic), and each source gives one
 // index_select of its rows; the pieces are concatenated. The index_selects record the gradient:
 // one scatter_add per source in the backward. Without a gradient, on the CPU, the rows are
-// copied directly into the batch. An index out of range falls back to the groups by length,
-// which raise the eager error.
+// copied directly into the batch. Where the ops take different numbers of rows, the batch
+// holds them one sample after another, by rows (Note [Groups by rows] in
+// eager/autobatch_rows.cpp). An index out of range falls back to the groups by length, which
+// raise the eager error.
 
 namespace {
 
@@ -50,6 +55,14 @@ bool broadcast_index(const TensorImpl* x, const Tensor& index) {
     return false;
   for (int64_t d = 1; d < x->shape.size(); ++d)
     if (i->shape[d] != x->shape[d]) return false;
+  return true;
+}
+
+// Whether every op of the group picks as many rows.
+bool same_length(const std::vector<PendingOp>& ops, const std::vector<int32_t>& ids) {
+  for (int32_t id : ids)
+    if (ops[static_cast<size_t>(id)].shape()[0] != ops[static_cast<size_t>(ids[0])].shape()[0])
+      return false;
   return true;
 }
 
@@ -79,16 +92,19 @@ bool is_pick(const OpCall& c) {
 }  // namespace autobatch
 
 // Without a gradient, on the CPU: each sample's rows copied into the batch (false: a sample's
-// rows are not each contiguous, and the caller takes them as tensors).
+// rows are not each contiguous, and the caller takes them as tensors). at[k]: sample k's first
+// pick in `rows`.
 bool Autobatch::Impl::copy_picks(std::vector<PendingOp>& ops, const std::vector<int32_t>& ids,
-                                 const std::vector<int64_t>& rows) {
+                                 const std::vector<int64_t>& rows, const std::vector<int64_t>& at) {
   const PendingOp& first = ops[static_cast<size_t>(ids[0])];
   for (int32_t id : ids)
     if (!rows_contiguous(ops[static_cast<size_t>(id)].inputs[0].unsafe_impl())) return false;
   const TensorImpl* x0 = first.inputs[0].unsafe_impl();
-  const int64_t len = first.shape()[0], item = itemsize(x0->dtype);
-  Shape shape{static_cast<int64_t>(ids.size()), len};
+  const int64_t item = itemsize(x0->dtype);
   const Shape row = rows_of(x0);
+  const bool same = same_length(ops, ids);
+  Shape shape{same ? static_cast<int64_t>(ids.size()) : static_cast<int64_t>(rows.size())};
+  if (same) shape.push_back(first.shape()[0]);
   for (int64_t d = 0; d < row.size(); ++d) shape.push_back(row[d]);
   Tensor batch = detail::empty(shape, x0->dtype, Device::cpu());
   const auto bytes = static_cast<size_t>(row.numel() * item);
@@ -96,17 +112,17 @@ bool Autobatch::Impl::copy_picks(std::vector<PendingOp>& ops, const std::vector<
   for (size_t k = 0; bytes && k < ids.size(); ++k) {  // (empty rows have no data to read)
     const TensorImpl* x = ops[static_cast<size_t>(ids[k])].inputs[0].unsafe_impl();
     const auto* src = static_cast<const char*>(x->data());
-    for (int64_t j = 0; j < len; ++j, dst += bytes)
-      std::memcpy(
-          dst,
-          src + rows[k * static_cast<size_t>(len) + static_cast<size_t>(j)] * x->strides[0] * item,
-          bytes);
+    for (int64_t j = at[k]; j < at[k + 1]; ++j, dst += bytes)
+      std::memcpy(dst, src + rows[static_cast<size_t>(j)] * x->strides[0] * item, bytes);
   }
   ++kernels_;
   ++stats_.batches;
   stats_.batched_ops += static_cast<int64_t>(ids.size());
   count_group(first.op, static_cast<int64_t>(ids.size()));
-  place_batch(ops, ids, {batch, 0});
+  if (same)
+    place_batch(ops, ids, {batch, 0});
+  else
+    place_rows(ops, ids, batch, /*keep=*/false);
   return true;
 }
 
@@ -118,48 +134,53 @@ void Autobatch::Impl::run_picks(std::vector<PendingOp>& ops, const Attrs& attrs,
   auto length = [&](int32_t id) {
     return ops[static_cast<size_t>(id)].inputs[0].unsafe_impl()->shape[0];
   };
-  // By length and start: each part runs by the op's rule, with the slice's own attributes.
+  // By length, start and picks: each part runs by the op's rule, with the slice's own
+  // attributes.
   auto by_length = [&] {
-    std::map<std::pair<int64_t, int64_t>, std::vector<int32_t>> parts;
-    for (int32_t id : ids) parts[{length(id), ops[static_cast<size_t>(id)].start}].push_back(id);
+    std::map<std::tuple<int64_t, int64_t, int64_t>, std::vector<int32_t>> parts;
+    for (int32_t id : ids) {
+      const PendingOp& o = ops[static_cast<size_t>(id)];
+      parts[{length(id), o.start, o.shape()[0]}].push_back(id);
+    }
     for (const auto& [where, part] : parts) {
       Attrs a = attrs;
       if (slice) {
-        a.start = where.second;
-        a.end = where.second + attrs.end;
+        a.start = std::get<1>(where);
+        a.end = std::get<1>(where) + attrs.end;
       }
       run_group(ops, a, part);
     }
   };
-  bool uniform = true;
+  const bool same = same_length(ops, ids);
+  bool uniform = same;
   for (int32_t id : ids)
     uniform = uniform && length(id) == length(ids[0]) &&
               ops[static_cast<size_t>(id)].start == first.start;
   if (uniform) return by_length();
-  // Each sample's rows in its input, in group order.
-  const int64_t len = first.shape()[0];
-  std::vector<int64_t> rows;
-  rows.reserve(ids.size() * static_cast<size_t>(len));
+  // Each sample's rows in its input, in group order: sample k's from at[k] to at[k + 1].
+  std::vector<int64_t> rows, at{0};
   for (int32_t id : ids) {
     const PendingOp& o = ops[static_cast<size_t>(id)];
+    const int64_t len = o.shape()[0];
     if (slice) {
       for (int64_t j = 0; j < len; ++j) rows.push_back(o.start + j * attrs.step);
-      continue;
+    } else {
+      const TensorImpl* index = o.inputs[1].unsafe_impl();
+      const auto* in = static_cast<const int64_t*>(index->data());
+      for (int64_t j = 0; j < len; ++j) {
+        const int64_t r = in[j * index->strides[0]];
+        if (r < 0 || r >= length(id)) return by_length();  // the eager error, from its sample
+        rows.push_back(r);
+      }
     }
-    const TensorImpl* index = o.inputs[1].unsafe_impl();
-    const auto* at = static_cast<const int64_t*>(index->data());
-    for (int64_t j = 0; j < len; ++j) {
-      const int64_t r = at[j * index->strides[0]];
-      if (r < 0 || r >= length(id)) return by_length();  // the eager error, from its sample
-      rows.push_back(r);
-    }
+    at.push_back(static_cast<int64_t>(rows.size()));
   }
   bool grad = false;
   for (int32_t id : ids) grad |= ops[static_cast<size_t>(id)].grad;
-  if (!grad && copy_picks(ops, ids, rows)) return;
+  if (!grad && copy_picks(ops, ids, rows, at)) return;
   // Each sample's source (its batch in this run, with its history, or its input) and the row
   // at which the sample starts there; sources numbered as they first appear.
-  detail::SiteGuard at(first.site);
+  detail::SiteGuard site(first.site);
   GradModeScope tape(grad);
   std::unordered_map<const TensorImpl*, int32_t> source_of;
   std::vector<Tensor> sources;
@@ -169,7 +190,8 @@ void Autobatch::Impl::run_picks(std::vector<PendingOp>& ops, const Attrs& attrs,
     const PendingOp& o = ops[static_cast<size_t>(ids[k])];
     const PendingOp* b = grad ? batch_source(ops, o, 0) : nullptr;
     const Tensor& s = b ? b->batch->value : o.inputs[0];
-    if (b && b->index >= 0) base[k] = b->index * length(ids[k]);
+    // (A sample of a batch by rows starts at its index, Note [Rows].)
+    if (b && b->index >= 0) base[k] = b->rows >= 0 ? b->index : b->index * length(ids[k]);
     auto [it, fresh] = source_of.emplace(s.unsafe_impl(), static_cast<int32_t>(sources.size()));
     if (fresh) sources.push_back(s);
     source[k] = it->second;
@@ -191,8 +213,8 @@ void Autobatch::Impl::run_picks(std::vector<PendingOp>& ops, const Attrs& attrs,
     for (; e < order.size() && source[order[e]] == s; ++e) {
       const size_t i = order[e];
       sorted.push_back(ids[i]);
-      for (int64_t j = 0; j < len; ++j)
-        at_rows.push_back(base[i] + rows[i * static_cast<size_t>(len) + static_cast<size_t>(j)]);
+      for (int64_t j = at[i]; j < at[i + 1]; ++j)
+        at_rows.push_back(base[i] + rows[static_cast<size_t>(j)]);
     }
     Tensor index = detail::empty({static_cast<int64_t>(at_rows.size())}, DType::i64, Device::cpu());
     std::copy(at_rows.begin(), at_rows.end(), static_cast<int64_t*>(index.unsafe_impl()->data()));
@@ -201,11 +223,12 @@ void Autobatch::Impl::run_picks(std::vector<PendingOp>& ops, const Attrs& attrs,
   }
   if (pieces.size() > 1) ++stats_.gathers;
   Tensor all = pieces.size() == 1 ? pieces[0] : cat(pieces, 0);
-  Shape shape{static_cast<int64_t>(ids.size()), len};
-  for (int64_t d = 0; d < row.size(); ++d) shape.push_back(row[d]);
   ++stats_.batches;
   stats_.batched_ops += static_cast<int64_t>(ids.size());
   count_group(first.op, static_cast<int64_t>(ids.size()));
+  if (!same) return place_rows(ops, sorted, all, /*keep=*/grad);  // (Note [Rows])
+  Shape shape{static_cast<int64_t>(ids.size()), first.shape()[0]};
+  for (int64_t d = 0; d < row.size(); ++d) shape.push_back(row[d]);
   place_batch(ops, sorted, {reshape(all, shape), 0}, /*keep=*/grad);
 }
 

@@ -72,13 +72,14 @@ Tensor Autobatch::Impl::gather_grad(std::vector<PendingOp>& ops, const std::vect
   // no batch) and its row there (-1: the whole value, a value computed once or an own tensor).
   const size_t n = ids.size();
   std::vector<const Tensor*> from(n);
-  std::vector<int64_t> row(n);
+  std::vector<int64_t> row(n), rows(n);
   std::vector<char> own(n);
   for (size_t k = 0; k < n; ++k) {
     const PendingOp& o = ops[static_cast<size_t>(ids[k])];
     const PendingOp* src = batch_source(ops, o, p);
     from[k] = src ? &src->batch->value : &o.inputs[p];
     row[k] = src ? src->index : -1;
+    rows[k] = src ? src->rows : -1;  // (a batch by rows: the sample's first row and its rows)
     own[k] = !src;
   }
   // Whether samples j and k read one source the same way (rows of a batch, or its one value).
@@ -119,6 +120,28 @@ Tensor Autobatch::Impl::gather_grad(std::vector<PendingOp>& ops, const std::vect
   const bool by_source = runs > 3 && sources.size() + 2 < runs;
   std::vector<Tensor> pieces;
   std::vector<double> order;  // by source: group position k's row in the concatenation
+  // Samples of one batch by rows (Note [Rows]), all of one length here (the group's signature
+  // holds it): their rows, as one batch of samples.
+  auto rows_piece = [&](const Tensor& value, const std::vector<size_t>& at) {
+    const auto m = static_cast<int64_t>(at.size());
+    const int64_t len = rows[at[0]], first = row[at[0]];
+    bool next = true;
+    for (int64_t j = 1; next && j < m; ++j) next = row[at[j]] == first + j * len;
+    Tensor v;
+    if (next && first == 0 && m * len == value.sizes()[0]) {
+      v = value;
+    } else if (next) {
+      v = slice(value, 0, first, first + m * len);
+    } else {
+      std::vector<double> where;
+      for (size_t k : at)
+        for (int64_t j = 0; j < len; ++j) where.push_back(static_cast<double>(row[k] + j));
+      v = index_select(value, 0, tensor(where, Options().dtype(DType::i64).device(value.device())));
+    }
+    Shape s{m, len};
+    for (int64_t d = 1; d < value.dim(); ++d) s.push_back(value.sizes()[d]);
+    return reshape(v, s);
+  };
   auto piece = [&](const Tensor& value, const std::vector<size_t>& at) {
     const auto m = static_cast<int64_t>(at.size());
     ++stats_.pieces;       // (but for a whole batch, below)
@@ -127,6 +150,7 @@ Tensor Autobatch::Impl::gather_grad(std::vector<PendingOp>& ops, const std::vect
       for (int64_t d = 0; d < value.dim(); ++d) s.push_back(value.sizes()[d]);
       return expand(unsqueeze(value, 0), s);
     }
+    if (rows[at[0]] >= 0) return rows_piece(value, at);
     const int64_t first = row[at[0]], step = m > 1 ? row[at[1]] - first : 1;
     bool even = step > 0;
     for (int64_t j = 1; even && j < m; ++j) even = row[at[j]] == first + step * j;
@@ -173,8 +197,7 @@ Tensor Autobatch::Impl::gather_grad(std::vector<PendingOp>& ops, const std::vect
 // this run, or itself (Note [Autobatch's tape]).
 Tensor Autobatch::Impl::with_history(std::vector<PendingOp>& ops, const PendingOp& o, size_t p) {
   const PendingOp* src = batch_source(ops, o, p);
-  if (!src) return o.inputs[p];
-  return src->index < 0 ? src->batch->value : select(src->batch->value, 0, src->index);
+  return src ? part_of_batch(*src) : o.inputs[p];
 }
 
 // Note [Placed when read]
@@ -219,8 +242,7 @@ void Autobatch::Impl::give_history(std::vector<PendingOp>& ops) {
         place_sample(o);
       continue;
     }
-    const Tensor& b = o.batch->value;
-    const Tensor s = (o.index < 0 ? b : select(b, 0, o.index)).clone();
+    const Tensor s = part_of_batch(o).clone();
     fill(o.out(), s.unsafe_impl()->data(), owner_of(s.unsafe_impl()));
     if (s.unsafe_impl()->autograd)
       detail::autograd_meta(*o.impl).grad_fn = s.unsafe_impl()->autograd->grad_fn;

@@ -162,14 +162,16 @@ int main() {
       "`Autocast` scope ([low precision](low-precision.md)): *low* casts its inputs to the\n"
       "scope's low dtype, *f32* casts f16 and bf16 inputs to f32. The vmap column says how\n"
       "`func::vmap` batches the op ([function transforms](func.md)): *rule*, one call on the\n"
-      "batch; *loop*, once per sample.\n\n"
-      "| op | class | inputs | what it computes | CPU kernel | CUDA kernel | autocast | vmap |\n"
-      "|---|---|---|---|---|---|---|---|\n");
+      "batch; *loop*, once per sample. The rows column says whether `Autobatch` runs calls on\n"
+      "rows of different lengths along dim 0 as one call ([per-sample code](func.md)).\n\n"
+      "| op | class | inputs | what it computes | CPU kernel | CUDA kernel | autocast | vmap | "
+      "rows |\n"
+      "|---|---|---|---|---|---|---|---|---|\n");
   for (int i = 0; i < kNumOps; ++i) {
     const OpDef& d = detail::op_def(static_cast<OpId>(i));
     bool view = d.cls == OpClass::View;
     bool cpu = d.kernel[static_cast<int>(DeviceType::CPU)] != nullptr;
-    std::printf("| `%s` | %s | %d | %s | %s | %s | %s | %s |\n", d.name,
+    std::printf("| `%s` | %s | %d | %s | %s | %s | %s | %s | %s |\n", d.name,
                 kClass[static_cast<int>(d.cls)], d.arity, d.doc,
                 view  ? "view (no kernel)"
                 : cpu ? "yes"
@@ -180,7 +182,7 @@ int main() {
                 d.autocast == AutocastClass::Lower ? "low"
                 : d.autocast == AutocastClass::F32 ? "f32"
                                                    : "",
-                d.batch ? "rule" : "loop");
+                d.batch ? "rule" : "loop", d.rows ? "yes" : "");
   }
   return 0;
 }
