@@ -110,6 +110,9 @@ TEST_CASE("autobatch: ops on rows of different lengths run as one call") {
        [&](const Tensor& x, size_t) {
          return cat({x, exp(x)}, 1);
        }},
+      // (More operands than RowsUse has bits for: grouped by shape.)
+      {"cat along dim 1, of 40 operands", nullptr, 0,
+       [&](const Tensor& x, size_t) { return cat(std::vector<Tensor>(40, x * v), 1); }},
       {"cat along dim 0, of any count", "cat", 1,
        [&](const Tensor& x, size_t i) {
          std::vector<Tensor> parts{x * v};

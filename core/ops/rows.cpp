@@ -59,7 +59,9 @@ RowsUse elementwise_rows(TensorRefs in, const Attrs&, const TensorMeta& out) {
 
 // Ops along attrs.dim: by rows where that dim is not 0, every operand of the result's dim 0.
 RowsUse along_dim_rows(TensorRefs in, const Attrs& a, const TensorMeta& out) {
-  if (in.size() == 0 || rank(in[0]) < 2 || a.dim == 0 || a.dim == -rank(in[0])) return {};
+  // (RowsUse::operands has a bit per operand: a cat of more operands groups by shape.)
+  if (in.size() == 0 || in.size() > 31 || rank(in[0]) < 2 || a.dim == 0 || a.dim == -rank(in[0]))
+    return {};
   return these(in, out, (1u << in.size()) - 1);
 }
 
