@@ -223,6 +223,8 @@ struct RowsUse {
   bool summed = false;    ///< the result sums those rows (a sum over dim 0), instead
   bool joined = false;    ///< the result is every operand's rows, one after another (cat along
                           ///< dim 0): `operands` is 1, and every operand gives rows
+  /// Whether operand i is in `operands` (a call of more operands than its bits has none there).
+  bool has(int64_t i) const { return i < 32 && (operands >> i & 1); }
 };
 /// Row rule: whether, and through which operands, the call computes its result row by row
 /// along dim 0, so that samples of different lengths along it run as one call on their rows.

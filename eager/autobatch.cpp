@@ -38,6 +38,7 @@
 #include "eager/autobatch_impl.h"
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -250,9 +251,10 @@ int32_t Autobatch::Impl::record(const OpCall& c, const TensorImplPtr& out, bool 
     if (rows.joined && i > 0) continue;  // (a join's signature holds its first operand only)
     hash = mix(hash, operand_bits(xi) ^ static_cast<uint64_t>(xi->dtype) << 56);
     for (int64_t d = 0; d < xi->shape.size(); ++d)
-      hash = mix(hash,
-                 static_cast<uint64_t>(
-                     d == 0 && ((pick && i <= 1) || (rows.operands >> i & 1)) ? -1 : xi->shape[d]));
+      hash = mix(hash, static_cast<uint64_t>(
+                           d == 0 && ((pick && i <= 1) || rows.has(static_cast<int64_t>(i)))
+                               ? -1
+                               : xi->shape[d]));
   }
   SigProbe probe{c.op, attrs, c.inputs, pick, rows, hash};
   // Random ops never batch: each draws from its own state, so each has a signature of its own.
@@ -266,6 +268,12 @@ int32_t Autobatch::Impl::record(const OpCall& c, const TensorImplPtr& out, bool 
       keys_.push_back(it->first);
     }
     sig = it->second;
+  }
+  if (rows.operands && !rows.joined) {  // (Note [Groups by rows]: one length, or several)
+    SigKey& k = keys_[static_cast<size_t>(sig)];
+    const int64_t len = c.inputs[std::countr_zero(rows.operands)].unsafe_impl()->shape[0];
+    if (k.rows_len < 0) k.rows_len = len;
+    k.mixed = k.mixed || k.rows_len != len;
   }
   out->storage->lazy_op = id;
   index_.out.push_back(out->storage.get());
@@ -375,12 +383,13 @@ void Autobatch::Impl::run() {
     queued[best] = 0;
     group.swap(ready[best]);
     ready[best].clear();
-    if (keys[best].pick)
-      run_picks(ops, keys[best].attrs, group);
-    else if (keys[best].rows.operands)
-      run_rows(ops, keys[best], group);
-    else
-      run_group(ops, keys[best].attrs, group);
+    const SigKey& key = keys[best];
+    if (key.pick)
+      run_picks(ops, key.attrs, group);
+    else if (key.rows.operands && (key.mixed || key.rows.joined))
+      run_rows(ops, key, group);
+    else  // (calls by rows of one length run by shape)
+      run_group(ops, key.attrs_of_length(key.rows_len), group);
     // Consumers become ready in the order of their operands in the batches (a group split by
     // operand made several): a later group then gathers whole runs of a batch, not samples
     // from alternating ones.

@@ -53,7 +53,17 @@ struct SigKey {
            in == o.in;
   }
   // Whether the signature leaves out operand i's dim 0.
-  bool free0(size_t i) const { return (pick && i <= 1) || (rows.operands >> i & 1); }
+  bool free0(size_t i) const { return (pick && i <= 1) || rows.has(static_cast<int64_t>(i)); }
+  // By rows: the first call's length, and whether a call of another length came (not part of
+  // the signature: recorded with its calls, so that a group of one length runs by shape at once).
+  int64_t rows_len = -1;
+  bool mixed = false;
+  // The attributes of the calls of length len (a reshape's size along dim 0 is left out).
+  Attrs attrs_of_length(int64_t len) const {
+    Attrs a = attrs;
+    if (op == OpId::Reshape && rows.operands) a.ints[0] = len;
+    return a;
+  }
 };
 // A call's signature before it is a SigKey: the table is searched with it, and a key is made
 // only for a signature not seen before.
@@ -64,7 +74,7 @@ struct SigProbe {
   bool pick;
   RowsUse rows;
   size_t hash;
-  bool free0(int64_t i) const { return (pick && i <= 1) || (rows.operands >> i & 1); }
+  bool free0(int64_t i) const { return (pick && i <= 1) || rows.has(static_cast<int64_t>(i)); }
   // The operands the signature holds: a join's first only (Note [Groups by rows]).
   int64_t count() const { return rows.joined ? 1 : inputs.size(); }
 };

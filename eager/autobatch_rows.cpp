@@ -15,7 +15,8 @@ using namespace autobatch;
 // out) holds calls of several lengths. Its group, once ready:
 //  - runs by its op's batching rule, one group per length, when its samples have one length
 //    (the rule stacks them, as for any signature), or when an operand that is not by rows
-//    differs between samples (a per-sample bias);
+//    differs between samples (a per-sample bias). A signature whose calls all had one length
+//    (SigKey::mixed, kept as they are recorded) goes to the rule at once;
 //  - otherwise concatenates each operand by rows along dim 0 (gather_rows), calls the op once
 //    on the concatenations and the shared operands, and gives each op its rows of the result:
 //    its storage points there, or, when a gradient flows, its batch (PendingOp::batch) is the
@@ -187,17 +188,10 @@ void Autobatch::Impl::run_rows(std::vector<PendingOp>& ops, const SigKey& key,
   auto length = [&](int32_t id) {
     return ops[static_cast<size_t>(id)].inputs[r0].unsafe_impl()->shape[0];
   };
-  // The signature's attributes for rows of this length (a reshape's size along dim 0 is left
-  // out of it).
-  auto attrs_for = [&](int64_t len) {
-    Attrs a = key.attrs;
-    if (key.op == OpId::Reshape) a.ints[0] = len;
-    return a;
-  };
   auto by_length = [&] {
     std::map<int64_t, std::vector<int32_t>> parts;
     for (int32_t id : ids) parts[length(id)].push_back(id);
-    for (const auto& [len, part] : parts) run_group(ops, attrs_for(len), part);
+    for (const auto& [len, part] : parts) run_group(ops, key.attrs_of_length(len), part);
   };
   bool grad = false;
   for (int32_t id : ids) grad |= ops[static_cast<size_t>(id)].grad;
@@ -215,11 +209,11 @@ void Autobatch::Impl::run_rows(std::vector<PendingOp>& ops, const SigKey& key,
   }
   bool uniform = true;
   for (int32_t id : ids) uniform = uniform && length(id) == length(ids[0]);
-  if (uniform) return run_group(ops, attrs_for(length(ids[0])), ids);
+  if (uniform) return run_group(ops, key.attrs_of_length(length(ids[0])), ids);
   // The other operands: one tensor for the whole group, or the group runs by length.
   std::vector<Tensor> in;
   for (size_t p = 0; p < first.inputs.size(); ++p) {
-    if (key.rows.operands >> p & 1) {
+    if (key.rows.has(static_cast<int64_t>(p))) {
       in.emplace_back();
       continue;
     }
@@ -238,7 +232,7 @@ void Autobatch::Impl::run_rows(std::vector<PendingOp>& ops, const SigKey& key,
   detail::SiteGuard at(first.site);  // an error names its first sample's line
   GradModeScope tape(grad);
   for (size_t p = 0; p < first.inputs.size(); ++p) {
-    if (!(key.rows.operands >> p & 1)) continue;
+    if (!key.rows.has(static_cast<int64_t>(p))) continue;
     std::vector<std::pair<int32_t, uint32_t>> items;
     for (int32_t id : ids) items.emplace_back(id, static_cast<uint32_t>(p));
     in[p] = gather_rows(ops, items, grad);
@@ -250,7 +244,7 @@ void Autobatch::Impl::run_rows(std::vector<PendingOp>& ops, const SigKey& key,
   for (const Tensor& x : in) ptrs.push_back(&x);
   if (!key.rows.summed) {
     Tensor r = detail::call(def.id, TensorRefs(ptrs.data(), static_cast<int64_t>(ptrs.size())),
-                            attrs_for(in[r0].sizes()[0]));
+                            key.attrs_of_length(in[r0].sizes()[0]));
     // A result that shares memory with an operand (which eager copies) is copied once.
     const StorageImpl* root = root_of(r.unsafe_impl());
     bool shares = false;
