@@ -59,9 +59,10 @@ int64_t groups_of(const AutobatchStats& s, const char* op) {
 TEST_CASE("autobatch: ops on rows of different lengths run as one call") {
   manual_seed(5);
   const int64_t lens[] = {3, 1, 5, 2, 5, 0, 4};
-  std::vector<Tensor> xs, idx, mask;
+  std::vector<Tensor> xs, idx, mask, cols;
   for (int64_t n : lens) {
     xs.push_back(randn({n, 3}));
+    cols.push_back(randn({3, n}));  // (its transpose: rows that are not contiguous)
     std::vector<double> at;
     for (int64_t j = 0; j < n; ++j) at.push_back(static_cast<double>((j * 7 + n) % 3));
     idx.push_back(tensor(at, Options().dtype(DType::i64)).reshape({n, 1}));
@@ -85,6 +86,8 @@ TEST_CASE("autobatch: ops on rows of different lengths run as one call") {
        [&](const Tensor& x, size_t) {
          return x * v.reshape({1, 3});
        }},
+      {"rows that are not contiguous", "exp", 1,
+       [&](const Tensor& x, size_t i) { return exp(cols[i].t()) * x + sin(x.t()).t(); }},
       {"where", "where", 1,
        [&](const Tensor& x, size_t i) {
          return where(mask[i].reshape({-1, 1}), x, x * 0.1);
