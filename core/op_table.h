@@ -225,6 +225,7 @@ struct RowsUse {
                           ///< dim 0): `operands` is 1, and every operand gives rows
   /// Whether operand i is in `operands` (a call of more operands than its bits has none there).
   bool has(int64_t i) const { return i < 32 && (operands >> i & 1); }
+  bool operator==(const RowsUse&) const = default;
 };
 /// Row rule: whether, and through which operands, the call computes its result row by row
 /// along dim 0, so that samples of different lengths along it run as one call on their rows.

@@ -102,6 +102,18 @@ std::vector<std::vector<int32_t>> split_by_operand(const std::vector<PendingOp>&
   return {};
 }
 
+bool shared_operand(const std::vector<PendingOp>& ops, const std::vector<int32_t>& ids, size_t p) {
+  const TensorImpl* x0 = ops[static_cast<size_t>(ids[0])].inputs[p].unsafe_impl();
+  const TensorImpl* u0 = uniform_value(ops, ids[0], p);  // one value for all, computed once
+  for (int32_t id : ids) {
+    const TensorImpl* x = ops[static_cast<size_t>(id)].inputs[p].unsafe_impl();
+    // Wrapped numbers of a signature hold one value (step 2), and promote as numbers.
+    if (!(x->wrapped_number || same_operand(x, x0) || (u0 && uniform_value(ops, id, p) == u0)))
+      return false;
+  }
+  return true;
+}
+
 // A wrapped number's value (its signature holds it: wrapped numbers promote as numbers), or 0.
 uint64_t operand_bits(const TensorImpl* x) {
   uint64_t bits = 0;
@@ -121,8 +133,7 @@ SigKey make_key(const SigProbe& p) {
 }
 
 bool same_signature(const SigKey& k, const SigProbe& p) {
-  if (k.op != p.op || k.pick != p.pick || k.rows.operands != p.rows.operands ||
-      k.rows.summed != p.rows.summed || k.rows.joined != p.rows.joined ||
+  if (k.op != p.op || k.pick != p.pick || !(k.rows == p.rows) ||
       k.in.size() != static_cast<size_t>(p.count()) || !(k.attrs == *p.attrs))
     return false;
   for (int64_t i = 0; i < p.count(); ++i) {
@@ -251,10 +262,8 @@ int32_t Autobatch::Impl::record(const OpCall& c, const TensorImplPtr& out, bool 
     if (rows.joined && i > 0) continue;  // (a join's signature holds its first operand only)
     hash = mix(hash, operand_bits(xi) ^ static_cast<uint64_t>(xi->dtype) << 56);
     for (int64_t d = 0; d < xi->shape.size(); ++d)
-      hash = mix(hash, static_cast<uint64_t>(
-                           d == 0 && ((pick && i <= 1) || rows.has(static_cast<int64_t>(i)))
-                               ? -1
-                               : xi->shape[d]));
+      hash = mix(hash,
+                 static_cast<uint64_t>(d == 0 && leaves_dim0(pick, rows, i) ? -1 : xi->shape[d]));
   }
   SigProbe probe{c.op, attrs, c.inputs, pick, rows, hash};
   // Random ops never batch: each draws from its own state, so each has a signature of its own.
@@ -480,15 +489,7 @@ BatchedArg Autobatch::Impl::run_rule(std::vector<PendingOp>& ops, const OpDef& d
   std::vector<BatchedArg> in;
   bool batched = false;
   for (size_t p = 0; p < first.inputs.size(); ++p) {
-    const TensorImpl* x0 = first.inputs[p].unsafe_impl();
-    const TensorImpl* u0 = uniform_value(ops, ids[0], p);  // one value for all, computed once
-    bool shared = true;
-    for (int32_t id : ids) {
-      const TensorImpl* x = ops[static_cast<size_t>(id)].inputs[p].unsafe_impl();
-      // Wrapped numbers of a signature hold one value (step 2), and promote as numbers.
-      shared = shared && (x->wrapped_number || same_operand(x, x0) ||
-                          (u0 && uniform_value(ops, id, p) == u0));
-    }
+    const bool shared = shared_operand(ops, ids, p);
     bool needs = false;  // a gradient flows through this operand
     for (int32_t id : ids)
       needs |= grad && ops[static_cast<size_t>(id)].inputs[p].unsafe_impl()->requires_grad;

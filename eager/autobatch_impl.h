@@ -3,6 +3,7 @@
 // (eager/autobatch_tape.cpp). Not part of the public API.
 #pragma once
 
+#include <algorithm>
 #include <cstring>
 #include <deque>
 #include <exception>
@@ -28,6 +29,12 @@ namespace autobatch {
 // The statistics of the last scope that ended on this thread.
 extern thread_local AutobatchStats tls_stats;
 
+// Whether a signature leaves out operand i's dim 0: a pick's input and index (Note [Picks] in
+// eager/autobatch_pick.cpp), or an operand by rows (Note [Rows] in core/ops/rows.cpp).
+inline bool leaves_dim0(bool pick, const RowsUse& rows, int64_t i) {
+  return (pick && i <= 1) || rows.has(i);
+}
+
 // The signature of a recorded op (step 2 of Note [Autobatch]).
 struct OperandSig {
   DType dtype;
@@ -48,12 +55,10 @@ struct SigKey {
   bool pick = false;  // a pick of rows (Note [Picks] in eager/autobatch_pick.cpp)
   RowsUse rows;       // by rows: the operands whose dim 0 it leaves out (Note [Rows])
   bool operator==(const SigKey& o) const {
-    return op == o.op && pick == o.pick && rows.operands == o.rows.operands &&
-           rows.summed == o.rows.summed && rows.joined == o.rows.joined && attrs == o.attrs &&
-           in == o.in;
+    return op == o.op && pick == o.pick && rows == o.rows && attrs == o.attrs && in == o.in;
   }
   // Whether the signature leaves out operand i's dim 0.
-  bool free0(size_t i) const { return (pick && i <= 1) || rows.has(static_cast<int64_t>(i)); }
+  bool free0(size_t i) const { return leaves_dim0(pick, rows, static_cast<int64_t>(i)); }
   // By rows: the first call's length, and whether a call of another length came (not part of
   // the signature: recorded with its calls, so that a group of one length runs by shape at once).
   int64_t rows_len = -1;
@@ -74,7 +79,7 @@ struct SigProbe {
   bool pick;
   RowsUse rows;
   size_t hash;
-  bool free0(int64_t i) const { return (pick && i <= 1) || rows.has(static_cast<int64_t>(i)); }
+  bool free0(int64_t i) const { return leaves_dim0(pick, rows, i); }
   // The operands the signature holds: a join's first only (Note [Groups by rows]).
   int64_t count() const { return rows.joined ? 1 : inputs.size(); }
 };
@@ -223,6 +228,17 @@ inline Tensor part_of_batch(const PendingOp& src) {
 inline const TensorImpl* uniform_value(const std::vector<PendingOp>& ops, int32_t id, size_t p) {
   const PendingOp* src = batch_source(ops, ops[static_cast<size_t>(id)], p);
   return src && src->index < 0 ? src->batch->value.unsafe_impl() : nullptr;
+}
+
+// Whether operand p is one tensor for the whole group: a wrapped number (a signature holds its
+// value), one tensor, or one value its group computed once (step 4 of Note [Autobatch]).
+bool shared_operand(const std::vector<PendingOp>& ops, const std::vector<int32_t>& ids, size_t p);
+
+// Index values as an i64 vector on `device`.
+inline Tensor index_tensor(const std::vector<int64_t>& at, Device device) {
+  Tensor i = detail::empty({static_cast<int64_t>(at.size())}, DType::i64, Device::cpu());
+  std::copy(at.begin(), at.end(), static_cast<int64_t*>(i.unsafe_impl()->data()));
+  return device.is_cpu() ? i : i.to(device);
 }
 
 // Whether an op call picks rows of its input along dim 0 such that ops of one signature may

@@ -216,9 +216,8 @@ void Autobatch::Impl::run_picks(std::vector<PendingOp>& ops, const Attrs& attrs,
       for (int64_t j = at[i]; j < at[i + 1]; ++j)
         at_rows.push_back(base[i] + rows[static_cast<size_t>(j)]);
     }
-    Tensor index = detail::empty({static_cast<int64_t>(at_rows.size())}, DType::i64, Device::cpu());
-    std::copy(at_rows.begin(), at_rows.end(), static_cast<int64_t*>(index.unsafe_impl()->data()));
-    pieces.push_back(index_select(reshape(sources[static_cast<size_t>(s)], flat), 0, index));
+    pieces.push_back(index_select(reshape(sources[static_cast<size_t>(s)], flat), 0,
+                                  index_tensor(at_rows, Device::cpu())));
     k = e;
   }
   if (pieces.size() > 1) ++stats_.gathers;

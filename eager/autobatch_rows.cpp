@@ -42,12 +42,6 @@ Tensor rows_of_batch(const Tensor& v, bool by_rows) {
   return reshape(v, s);
 }
 
-Tensor index_tensor(const std::vector<int64_t>& at, Device device) {
-  Tensor i = detail::empty({static_cast<int64_t>(at.size())}, DType::i64, Device::cpu());
-  std::copy(at.begin(), at.end(), static_cast<int64_t*>(i.unsafe_impl()->data()));
-  return device.is_cpu() ? i : i.to(device);
-}
-
 }  // namespace
 
 // The rows of the items (operand .second of op .first), one after another along dim 0 (Note
@@ -217,15 +211,10 @@ void Autobatch::Impl::run_rows(std::vector<PendingOp>& ops, const SigKey& key,
       in.emplace_back();
       continue;
     }
-    const TensorImpl* x0 = first.inputs[p].unsafe_impl();
-    const TensorImpl* u0 = uniform_value(ops, ids[0], p);
+    if (!shared_operand(ops, ids, p)) return by_length();
     bool needs = false;
-    for (int32_t id : ids) {
-      const TensorImpl* x = ops[static_cast<size_t>(id)].inputs[p].unsafe_impl();
-      if (!(x->wrapped_number || same_operand(x, x0) || (u0 && uniform_value(ops, id, p) == u0)))
-        return by_length();
-      needs |= grad && x->requires_grad;
-    }
+    for (int32_t id : ids)
+      needs |= grad && ops[static_cast<size_t>(id)].inputs[p].unsafe_impl()->requires_grad;
     in.push_back(needs ? with_history(ops, first, p) : first.inputs[p]);
   }
   const OpDef& def = detail::op_def(first.op);

@@ -133,10 +133,10 @@ Tensor Autobatch::Impl::gather_grad(std::vector<PendingOp>& ops, const std::vect
     } else if (next) {
       v = slice(value, 0, first, first + m * len);
     } else {
-      std::vector<double> where;
+      std::vector<int64_t> where;
       for (size_t k : at)
-        for (int64_t j = 0; j < len; ++j) where.push_back(static_cast<double>(row[k] + j));
-      v = index_select(value, 0, tensor(where, Options().dtype(DType::i64).device(value.device())));
+        for (int64_t j = 0; j < len; ++j) where.push_back(row[k] + j);
+      v = index_select(value, 0, index_tensor(where, value.device()));
     }
     Shape s{m, len};
     for (int64_t d = 1; d < value.dim(); ++d) s.push_back(value.sizes()[d]);
