@@ -58,7 +58,9 @@ void run_vm(const Config& c, std::vector<Result>& out) {
 
 // B3: per-sample gradients of the W4 MLP (784-1024-1024-10, ReLU, softmax cross-entropy) at
 // batch 64, with respect to its last weight (1024 x 10), as func::vmap(func::grad(loss)) against
-// the loop of func::grad per sample; the two are checked to agree first. ms per call.
+// the loop of func::grad per sample, and against the floor: the gradients written out batched,
+// h_i (softmax(h_i W3) - onehot(y_i)) for all i at once, whose two products of the batch by W1
+// and W2 any batched way must compute. The four are checked to agree first. ms per call.
 void run_b3(const Config& c, std::vector<Result>& out) {
   constexpr int64_t kSamples = 64;
   duet::manual_seed(37);
@@ -79,18 +81,28 @@ void run_b3(const Config& c, std::vector<Result>& out) {
   };
   auto compiled = duet::compile(
       [&](const Tensor& w, const Tensor& xs, const Tensor& ys) { return per_sample(w, xs, ys); });
+  const Tensor onehot =
+      (duet::arange(10, duet::Options().dtype(duet::DType::i64)).unsqueeze(0) == y.unsqueeze(1))
+          .to(duet::DType::f32);
+  auto floor = [&] {
+    const Tensor h = duet::relu(duet::matmul(duet::relu(duet::matmul(x, w1)), w2));  // (64, 1024)
+    const Tensor g = duet::exp(duet::log_softmax(duet::matmul(h, w3), 1)) - onehot;  // (64, 10)
+    return duet::matmul(h.unsqueeze(2), g.unsqueeze(1));  // (64, 1024, 10)
+  };
   const Tensor want = loop();
-  for (const Tensor& got : {per_sample(w3, x, y), compiled(w3, x, y)}) {
+  for (const Tensor& got : {per_sample(w3, x, y), compiled(w3, x, y), floor()}) {
     const double diff = duet::abs(got - want).max().item<float>();
     if (!(diff <= 1e-4))
-      throw duet::Error(fmt::format("B3: vmap(grad) and the loop differ by {}", diff));
+      throw duet::Error(
+          fmt::format("B3: the per-sample gradients and the loop's differ by {}", diff));
   }
-  const auto t = time_interleaved(
-      {[&] { per_sample(w3, x, y); }, [&] { compiled(w3, x, y); }, [&] { loop(); }}, c.reps);
-  const char* modes[] = {"eager", "compiled", "loop"};
+  const auto t = time_interleaved({[&] { per_sample(w3, x, y); }, [&] { compiled(w3, x, y); },
+                                   [&] { loop(); }, [&] { floor(); }},
+                                  c.reps);
+  const char* modes[] = {"eager", "compiled", "loop", "floor"};
   for (size_t k = 0; k < t.size(); ++k) {
     Result r = base("B3", modes[k], c, "ms_per_call");
-    r.variant = k == 2 ? "grad_per_sample" : "vmap_grad";
+    r.variant = k == 3 ? "hand_batched" : k == 2 ? "grad_per_sample" : "vmap_grad";
     out.push_back(summarize(r, t[k], [](double s) { return 1e3 * s; }));
   }
 }
