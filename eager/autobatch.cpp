@@ -425,10 +425,7 @@ void Autobatch::Impl::run() {
   give_history(ops);
   stats_.kernels_launched += kernels_ - kernels_before;
   tls_stats = stats();
-  {
-    detail::ObjectCacheScope pending;  // for the next step's (Note [Tensor object cache])
-    ops.clear();                       // (nothing records while a run runs)
-  }
+  ops.clear();  // (their results let go of by give_history; nothing records while a run runs)
   if (ops.capacity() > ops_.capacity()) ops_.swap(ops);
   index.clear();
   if (index.out.capacity() > index_.out.capacity()) std::swap(index, index_);
