@@ -410,7 +410,6 @@ void Autobatch::Impl::run() {
     if (!std::is_sorted(group.begin(), group.end(), before))
       std::stable_sort(group.begin(), group.end(), before);
     for (int32_t id : group) {
-      ops[static_cast<size_t>(id)].inputs.clear();
       for (int32_t k = first_consumer[static_cast<size_t>(id)];
            k < first_consumer[static_cast<size_t>(id) + 1]; ++k) {
         const int32_t c = consumer[static_cast<size_t>(k)];
