@@ -217,7 +217,8 @@ Tensor Autobatch::Impl::with_history(std::vector<PendingOp>& ops, const PendingO
 // reaches it; then the result is decided and let go of. Passes of their own (operands let go of
 // as each group ended, the results in one more pass) each read every op's operands, tensor and
 // storage again, missing the cache at most ops: B1's step took 1.9 to 2.0 ms longer (of 27 to
-// 30) and B2's 0.5 to 1.4 (of 18 to 20), in harnesses alternating the two within one process.
+// 30) and B2's 0.5 to 1.4 (of 18 to 20) in harnesses alternating the two within one process,
+// though in duet_bench, run four times each way in turn, the two were within its noise.
 // The results go, newest first, to the list the next step's pending tensors are drawn from,
 // which then draws them in the order they were made (Note [Tensor object cache]).
 
