@@ -421,10 +421,10 @@ void Autobatch::Impl::run() {
       }
     }
   }
-  give_history(ops);
+  end_run(ops);
   stats_.kernels_launched += kernels_ - kernels_before;
   tls_stats = stats();
-  ops.clear();  // (their results let go of by give_history; nothing records while a run runs)
+  ops.clear();  // (end_run let go of their results; nothing records while a run runs)
   if (ops.capacity() > ops_.capacity()) ops_.swap(ops);
   index.clear();
   if (index.out.capacity() > index_.out.capacity()) std::swap(index, index_);
@@ -529,7 +529,7 @@ void Autobatch::Impl::place_batch(std::vector<PendingOp>& ops, const std::vector
   };
   if (r.bdim < 0 && keep) {
     // The same result for every sample, held once: a sample that outlives the run gets a copy
-    // of its own (give_history), so no write to one reaches the others.
+    // of its own (end_run), so no write to one reaches the others.
     const Tensor one = r.value.contiguous();
     for (int32_t id : ids)
       fill(ops[static_cast<size_t>(id)].out(), one.unsafe_impl()->data(),

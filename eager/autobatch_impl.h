@@ -279,7 +279,7 @@ struct Autobatch::Impl final : DispatchMode, LazyRunner {
   int32_t record(const OpCall& c, const TensorImplPtr& out, bool grad);
   Tensor gather_grad(std::vector<PendingOp>& ops, const std::vector<int32_t>& ids, size_t p);
   Tensor with_history(std::vector<PendingOp>& ops, const PendingOp& o, size_t p);
-  void give_history(std::vector<PendingOp>& ops);
+  void end_run(std::vector<PendingOp>& ops);  // Note [The run's end] in eager/autobatch_tape.cpp
   void run_group(std::vector<PendingOp>& ops, const Attrs& attrs, const std::vector<int32_t>& ids);
   void run_picks(std::vector<PendingOp>& ops, const Attrs& attrs, std::vector<int32_t> ids);
   bool copy_picks(std::vector<PendingOp>& ops, const std::vector<int32_t>& ids,

@@ -206,7 +206,7 @@ Tensor Autobatch::Impl::with_history(std::vector<PendingOp>& ops, const PendingO
 // run (a consumer without a gradient, an op run alone) places it then (resolve, from
 // force_lazy), and at the run's end each sample still held, by a tensor or a view of its
 // storage, is placed (or, needing a gradient, gets its own copy with its history,
-// give_history). The others are freed unplaced.
+// end_run). The others are freed unplaced.
 
 // Note [The run's end]
 // Once its groups ran, a run lets go of what its ops hold, and tells which results are still
@@ -242,7 +242,7 @@ bool Autobatch::Impl::resolve(const StorageImpl* st) {
 }
 
 // The run's end, one pass over its ops, newest first (Note [The run's end]).
-void Autobatch::Impl::give_history(std::vector<PendingOp>& ops) {
+void Autobatch::Impl::end_run(std::vector<PendingOp>& ops) {
   GradModeScope tape(true);
   for (size_t i = ops.size(); i-- > 0;) {
     PendingOp& o = ops[i];
