@@ -221,7 +221,7 @@ int32_t Autobatch::Impl::record(const OpCall& c, const TensorImplPtr& out, bool 
   const bool pick = is_pick(c);
   Attrs normalized;
   const Attrs* attrs = &c.attrs;
-  if (pick && c.op == OpId::Slice) {
+  if (pick && (c.op == OpId::Slice || c.op == OpId::Select)) {
     op.start = c.attrs.start;
     normalized = c.attrs;
     normalized.start = 0;

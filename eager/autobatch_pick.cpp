@@ -13,20 +13,19 @@ using namespace autobatch;
 
 // Note [Picks]
 // Per-sample code reads rows of per-sample tensors: a BiLSTM's token k of its sentence
-// (x.select(0, k), a slice of dim 0 when a gradient flows through it), a tree's leaf's row of
+// (x.select(0, k), a Select of dim 0 when a gradient flows through it), a tree's leaf's row of
 // its sentence's projections (index_select(xs, 0, pick), a Gather on dim 0 whose index is
 // broadcast along the other dims). By the signature of step 2 of Note [Autobatch], each
 // sentence length, and each token's position, would make a signature of its own: thousands of
 // groups of a few ops, whose batching rule (vmap's) also gives each sample's gradient the size
 // of its whole input.
-// A pick's signature therefore leaves out its input's length along dim 0, a slice's start
-// (kept per op, PendingOp::start) and a Gather's number of rows (an embedding's lookup of a
-// sentence's words); rows (the dims after 0) must still agree, and so must the number of rows
-// a slice takes. Its input must have at least two dims (a vector's slices are views of their
-// batch, as before), and lie on the CPU, as a Gather's index must (its values are read when
-// the group runs).
-// A group of picks whose inputs all have one length (and one start), and whose ops take as
-// many rows, runs by the op's own rule.
+// A pick's signature therefore leaves out its input's length along dim 0, a slice's or a
+// select's start (kept per op, PendingOp::start) and a Gather's number of rows (an embedding's
+// lookup of a sentence's words); rows (the dims after 0) must still agree, and so must the
+// number of rows a slice takes. A select takes one row, without its dim 0. Its input must have at
+// least two dims (a vector's slices are views of their batch, as before), and lie on the CPU, as a
+// Gather's index must (its values are read when the group runs). A group of picks whose inputs all
+// have one length (and one start), and whose ops take as many rows, runs by the op's own rule.
 // Otherwise the group takes, for each sample, the rows it picks, in its source: the batch that
 // computed the sample in this run, flattened to rows (the sample's rows start at its index
 // times its length), or the input itself. The samples are ordered by source (the order in which
@@ -58,10 +57,13 @@ bool broadcast_index(const TensorImpl* x, const Tensor& index) {
   return true;
 }
 
+// The rows a pick takes: a select's one, a slice's or a Gather's dim 0.
+int64_t picked(const PendingOp& o) { return o.op == OpId::Select ? 1 : o.shape()[0]; }
+
 // Whether every op of the group picks as many rows.
 bool same_length(const std::vector<PendingOp>& ops, const std::vector<int32_t>& ids) {
   for (int32_t id : ids)
-    if (ops[static_cast<size_t>(id)].shape()[0] != ops[static_cast<size_t>(ids[0])].shape()[0])
+    if (picked(ops[static_cast<size_t>(id)]) != picked(ops[static_cast<size_t>(ids[0])]))
       return false;
   return true;
 }
@@ -81,12 +83,12 @@ bool rows_contiguous(const TensorImpl* x) {
 namespace autobatch {
 
 bool is_pick(const OpCall& c) {
-  if ((c.op != OpId::Slice && c.op != OpId::Gather) || c.inplace_out || c.attrs.dim != 0 ||
-      c.attrs.sym)
+  if ((c.op != OpId::Slice && c.op != OpId::Select && c.op != OpId::Gather) || c.inplace_out ||
+      c.attrs.dim != 0 || c.attrs.sym)
     return false;
   const TensorImpl* x = c.inputs[0].unsafe_impl();
   if (x->shape.size() < 2 || !c.inputs[0].device().is_cpu() || x->wrapped_number) return false;
-  return c.op == OpId::Slice ? c.attrs.step >= 1 : broadcast_index(x, c.inputs[1]);
+  return c.op != OpId::Gather ? c.attrs.step >= 1 : broadcast_index(x, c.inputs[1]);
 }
 
 }  // namespace autobatch
@@ -104,7 +106,7 @@ bool Autobatch::Impl::copy_picks(std::vector<PendingOp>& ops, const std::vector<
   const Shape row = rows_of(x0);
   const bool same = same_length(ops, ids);
   Shape shape{same ? static_cast<int64_t>(ids.size()) : static_cast<int64_t>(rows.size())};
-  if (same) shape.push_back(first.shape()[0]);
+  if (same && first.op != OpId::Select) shape.push_back(first.shape()[0]);
   for (int64_t d = 0; d < row.size(); ++d) shape.push_back(row[d]);
   Tensor batch = detail::empty(shape, x0->dtype, Device::cpu());
   const auto bytes = static_cast<size_t>(row.numel() * item);
@@ -130,7 +132,7 @@ bool Autobatch::Impl::copy_picks(std::vector<PendingOp>& ops, const std::vector<
 void Autobatch::Impl::run_picks(std::vector<PendingOp>& ops, const Attrs& attrs,
                                 std::vector<int32_t> ids) {
   const PendingOp& first = ops[static_cast<size_t>(ids[0])];
-  const bool slice = first.op == OpId::Slice;
+  const bool slice = first.op != OpId::Gather;  // a slice or a select: rows from o.start
   auto length = [&](int32_t id) {
     return ops[static_cast<size_t>(id)].inputs[0].unsafe_impl()->shape[0];
   };
@@ -140,7 +142,7 @@ void Autobatch::Impl::run_picks(std::vector<PendingOp>& ops, const Attrs& attrs,
     std::map<std::tuple<int64_t, int64_t, int64_t>, std::vector<int32_t>> parts;
     for (int32_t id : ids) {
       const PendingOp& o = ops[static_cast<size_t>(id)];
-      parts[{length(id), o.start, o.shape()[0]}].push_back(id);
+      parts[{length(id), o.start, picked(o)}].push_back(id);
     }
     for (const auto& [where, part] : parts) {
       Attrs a = attrs;
@@ -161,7 +163,7 @@ void Autobatch::Impl::run_picks(std::vector<PendingOp>& ops, const Attrs& attrs,
   std::vector<int64_t> rows, at{0};
   for (int32_t id : ids) {
     const PendingOp& o = ops[static_cast<size_t>(id)];
-    const int64_t len = o.shape()[0];
+    const int64_t len = picked(o);
     if (slice) {
       for (int64_t j = 0; j < len; ++j) rows.push_back(o.start + j * attrs.step);
     } else {
@@ -226,7 +228,8 @@ void Autobatch::Impl::run_picks(std::vector<PendingOp>& ops, const Attrs& attrs,
   stats_.batched_ops += static_cast<int64_t>(ids.size());
   count_group(first.op, static_cast<int64_t>(ids.size()));
   if (!same) return place_rows(ops, sorted, all, /*keep=*/grad);  // (Note [Rows])
-  Shape shape{static_cast<int64_t>(ids.size()), first.shape()[0]};
+  Shape shape{static_cast<int64_t>(ids.size())};
+  if (first.op != OpId::Select) shape.push_back(first.shape()[0]);
   for (int64_t d = 0; d < row.size(); ++d) shape.push_back(row[d]);
   place_batch(ops, sorted, {reshape(all, shape), 0}, /*keep=*/grad);
 }

@@ -205,9 +205,11 @@ class GradSum {
     owned_ = false;
   }
   // Adds g into the slice `a` of a gradient of the whole's shape (Note [Slices' gradients]).
-  void add_slice(const Tensor& g, const Attrs& a, const TensorMeta& whole) {
+  void add_slice(const Tensor& g, const Attrs& a, const TensorMeta& whole, bool select) {
     NoGradGuard no_grad;
-    Tensor part = slice(own(g, whole), a.dim, a.start, a.end, a.step);
+    Tensor& sum = own(g, whole);
+    Tensor part =
+        select ? duet::select(sum, a.dim, a.start) : slice(sum, a.dim, a.start, a.end, a.step);
     part.add_(g);
   }
   // Adds g into the rows `index` (no row twice: distinct_rows) of a gradient of the whole's
@@ -505,9 +507,9 @@ void BackwardRun::send_grads(const Node& n) {
 }
 
 // Note [Slices' gradients]
-// The gradient of a slice is a zero tensor of the whole with the slice's gradient written in,
-// and the whole's gradient sums those over its slices: for a tensor read slice by slice (a
-// sentence's embeddings, token by token; under Autobatch, a batch read by many later groups),
+// The gradient of a slice (or a select) is a zero tensor of the whole with the slice's gradient
+// written in, and the whole's gradient sums those over its slices: for a tensor read slice by slice
+// (a sentence's embeddings, token by token; under Autobatch, a batch read by many later groups),
 // each slice costs three passes over the whole (zeros, scatter, add). Eagerly, without
 // create_graph, the engine adds each slice's gradient into one zero buffer of the whole
 // instead, at the slice: one pass over the whole, and one over each slice. The sums are the
@@ -519,7 +521,8 @@ void BackwardRun::send_grads(const Node& n) {
 // read, where zeros, scatter_add and add each passed over the whole. (A row read twice would
 // sum its two gradients into the buffer one after the other, not with each other first.)
 bool BackwardRun::add_into_slice(const Node& n, const Tensor& g) {
-  const bool slice = n.def->id == OpId::Slice, rows = n.def->id == OpId::Gather;
+  const OpId id = n.def->id;
+  const bool slice = id == OpId::Slice || id == OpId::Select, rows = id == OpId::Gather;
   if (create_graph_ || capture_ || !(slice || rows) || n.backward_fn || n.recompute ||
       n.inputs.size() != (slice ? 1u : 2u) || is_traced(g))
     return false;
@@ -528,7 +531,7 @@ bool BackwardRun::add_into_slice(const Node& n, const Tensor& g) {
     return false;
   const int32_t p = index_of(e.fn.get());
   if (slice) {
-    st_[p].buffer.add_slice(g, n.attrs, e.meta);
+    st_[p].buffer.add_slice(g, n.attrs, e.meta, id == OpId::Select);
   } else {
     if (n.attrs.dim != 0 || n.saved.size() < 2 || is_stale(n.saved[1])) return false;
     const Tensor& index = n.saved[1].value;

@@ -161,6 +161,7 @@ BatchedArg view_rule(const OpDef& def, const std::vector<BatchedArg>& in, const 
       break;
     }
     case OpId::Slice:
+    case OpId::Select:
       b.dim = wrap_dim(def.name, a.dim, x.dim() - 1) + 1;
       break;
     default:
@@ -325,7 +326,7 @@ void register_batching_rules(OpDef* t) {
   t[int(OpId::MatMul)].batch = matmul_rule;
   t[int(OpId::Addmv)].batch = addmv_rule;
   t[int(OpId::LogSoftmax)].batch = log_softmax_rule;
-  for (OpId op : {OpId::Reshape, OpId::Permute, OpId::Slice, OpId::Expand})
+  for (OpId op : {OpId::Reshape, OpId::Permute, OpId::Slice, OpId::Select, OpId::Expand})
     t[int(op)].batch = view_rule;
   t[int(OpId::OptimizationBarrier)].batch = barrier_rule;
   for (OpId op : {OpId::Attention, OpId::AttentionBackward, OpId::LstmCell, OpId::LstmCellBackward,

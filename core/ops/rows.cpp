@@ -19,7 +19,7 @@
 //  - matmul of a matrix (n, k) by a shared matrix or vector, and addmv of a matrix (n, k) (and
 //    an input (n)) by a shared vector;
 //  - the views that keep dim 0 and each row's elements (a reshape of the other dims, a slice
-//    along another dim);
+//    or a select along another dim);
 //  - a sum over dim 0 (and any others) sums each sample's rows: RowsUse::summed, whose result is
 //    one value per sample, as a group by shape makes;
 //  - cat along dim 0 joins its operands' rows, however many (RowsUse::joined): a sentence's
@@ -113,7 +113,7 @@ RowsUse reshape_rows(TensorRefs in, const Attrs& a, const TensorMeta& out) {
   return these(in, out, 1);
 }
 
-// A slice along a dim other than 0.
+// A slice or a select along a dim other than 0.
 RowsUse slice_rows(TensorRefs in, const Attrs& a, const TensorMeta& out) {
   if (rank(in[0]) < 2 || a.dim == 0 || a.dim == -rank(in[0])) return {};
   return these(in, out, 1);
@@ -134,6 +134,7 @@ void register_row_rules(OpDef* t) {
   t[int(OpId::Addmv)].rows = addmv_rows;
   t[int(OpId::Reshape)].rows = reshape_rows;
   t[int(OpId::Slice)].rows = slice_rows;
+  t[int(OpId::Select)].rows = slice_rows;
 }
 
 }  // namespace duet::detail

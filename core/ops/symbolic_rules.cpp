@@ -180,6 +180,11 @@ void sym_slice(const OpDef& def, TensorRefs in, const Attrs& a, const TensorMeta
   out[a.dim] = slice_len(start, end, a.step);
 }
 
+void sym_select(const OpDef&, TensorRefs in, const Attrs& a, const TensorMeta&, SymDims& out) {
+  out = sym_dims(in[0]);
+  out.erase(out.begin() + a.dim);
+}
+
 void sym_slice_scatter(const OpDef& def, TensorRefs in, const Attrs& a, const TensorMeta& m,
                        SymDims& out) {
   const Tensor* base[] = {&in[0]};
@@ -294,6 +299,7 @@ void register_symbolic_rules(OpDef* t) {
   t[int(OpId::Reshape)].sym_infer = sym_reshape;
   t[int(OpId::Permute)].sym_infer = sym_permute;
   t[int(OpId::Slice)].sym_infer = sym_slice;
+  t[int(OpId::Select)].sym_infer = sym_select;
   t[int(OpId::SliceScatter)].sym_infer = sym_slice_scatter;
   t[int(OpId::Expand)].sym_infer = sym_expand;
   t[int(OpId::Full)].sym_infer = sym_source;

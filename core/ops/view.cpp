@@ -100,6 +100,28 @@ Tensor view_slice(const Tensor& x, const Attrs& a, const TensorMeta& out) {
   return make_view(x, out.shape, st, out.shape.numel() ? off : x.storage_offset());
 }
 
+// Select's attributes are those of the slice start:start + 1 along dim (so that its gradient is
+// slice's), normalized by the builder: 0 <= start < size.
+void infer_select(const OpDef&, TensorRefs in, const Attrs& a, TensorMeta& out) {
+  const Shape& s = in[0].sizes();
+  DUET_CHECK_VALUE(a.dim >= 0 && a.dim < s.size(), "[select] dim {} is out of range for shape {}",
+                   a.dim, s);
+  DUET_CHECK_VALUE(0 <= a.start && a.start < s[a.dim] && a.end == a.start + 1 && a.step == 1,
+                   "[select] index {} is outside dim {} of shape {}", a.start, a.dim, s);
+  out.shape = Shape();
+  for (int64_t d = 0; d < s.size(); ++d)
+    if (d != a.dim) out.shape.push_back(s[d]);
+  out.dtype = in[0].dtype();
+  out.device = in[0].device();
+}
+
+Tensor view_select(const Tensor& x, const Attrs& a, const TensorMeta& out) {
+  Strides st;
+  for (int64_t d = 0; d < x.dim(); ++d)
+    if (d != a.dim) st.push_back(x.strides()[d]);
+  return make_view(x, out.shape, st, x.storage_offset() + a.start * x.strides()[a.dim]);
+}
+
 // attrs.ints: the target shape, -1 already resolved.
 void infer_expand(const OpDef&, TensorRefs in, const Attrs& a, TensorMeta& out) {
   const Shape& s = in[0].sizes();
@@ -176,6 +198,11 @@ void grad_slice(const GradCtx& c, const Tensor& g, Tensor* gi) {
   Tensor z = full_dims(meta_dims(m), 0, Options().dtype(g.dtype()).device(m.device));
   gi[0] = slice_scatter_with(z, g, c.attrs);
 }
+void grad_select(const GradCtx& c, const Tensor& g, Tensor* gi) {
+  const TensorMeta& m = c.input_meta[0];
+  Tensor z = full_dims(meta_dims(m), 0, Options().dtype(g.dtype()).device(m.device));
+  gi[0] = slice_scatter_with(z, unsqueeze(g, c.attrs.dim), c.attrs);
+}
 void grad_expand(const GradCtx&, const Tensor& g, Tensor* gi) { gi[0] = g; }  // engine sums
 void grad_barrier(const GradCtx& c, const Tensor& g, Tensor* gi) {
   gi[0] = g;
@@ -208,6 +235,8 @@ void register_view_rules(OpDef* t) {
   t[int(OpId::Permute)].view = view_permute;
   t[int(OpId::Slice)].infer = infer_slice;
   t[int(OpId::Slice)].view = view_slice;
+  t[int(OpId::Select)].infer = infer_select;
+  t[int(OpId::Select)].view = view_select;
   t[int(OpId::Expand)].infer = infer_expand;
   t[int(OpId::Expand)].view = view_expand;
   t[int(OpId::OptimizationBarrier)].infer = infer_barrier;
@@ -216,6 +245,7 @@ void register_view_rules(OpDef* t) {
   set_grad(t, OpId::Reshape, grad_reshape, 0);
   set_grad(t, OpId::Permute, grad_permute, 0);
   set_grad(t, OpId::Slice, grad_slice, 0);
+  set_grad(t, OpId::Select, grad_select, 0);
   set_grad(t, OpId::Expand, grad_expand, 0);
   set_grad(t, OpId::SliceScatter, grad_slice_scatter, 0);
   set_grad(t, OpId::OptimizationBarrier, grad_barrier, 0);
@@ -443,9 +473,12 @@ Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end, int64_t s
   return detail::view_call(OpId::Slice, x, slice_attrs("slice", x, dim, start, end, step));
 }
 
-// select is slice(index, index + 1) without the dim: a view of the same storage, so eager and
-// traced code share slice's view rule. With a symbolic size the bound check is decided at the
-// traced size and guarded, as slice's bounds are.
+// select is one view op, as PyTorch's: index `index` of dim `dim`, that dim dropped (its
+// attributes are those of the slice index:index + 1, whose gradient rule it shares). One op
+// rather than a slice and a reshape, since per-sample code selects a row per token: each view
+// is a tape node eagerly and a pending op under Autobatch. With a symbolic size the bound check
+// is decided at the traced size and guarded, as slice's bounds are; a negative index of a
+// symbolic size is the slice to its end, reshaped.
 Tensor select(const Tensor& x, int64_t dim, int64_t index, std::source_location loc) {
   detail::SiteGuard site(loc);
   DUET_CHECK_VALUE(x.dim() > 0, "[select] cannot select index {} of a 0-d {} tensor", index,
@@ -460,12 +493,19 @@ Tensor select(const Tensor& x, int64_t dim, int64_t index, std::source_location 
                    "[select] index {} is out of range for dim {} of size {} (shape {}, {}): "
                    "expected an index in [-{}, {})",
                    index, dim, n.str(), detail::dims_str(dims), x.dtype(), n.str(), n.str());
-  // -1 selects the last element: its slice runs to the end, not to 0.
-  const int64_t end = index == -1 ? std::numeric_limits<int64_t>::max() : index + 1;
-  Tensor s = slice(x, dim, index, end, 1, loc);
-  SymDims out = detail::sym_dims(s);
-  out.erase(out.begin() + dim);
-  return detail::reshape_dims(s, out);
+  if (index < 0 && !n.is_concrete()) {
+    // -1 selects the last element: its slice runs to the end, not to 0.
+    const int64_t end = index == -1 ? std::numeric_limits<int64_t>::max() : index + 1;
+    Tensor s = slice(x, dim, index, end, 1, loc);
+    SymDims out = detail::sym_dims(s);
+    out.erase(out.begin() + dim);
+    return detail::reshape_dims(s, out);
+  }
+  Attrs a;
+  a.dim = dim;
+  a.start = index < 0 ? index + n.concrete() : index;
+  a.end = a.start + 1;
+  return detail::view_call(OpId::Select, x, a);
 }
 
 Tensor Tensor::operator[](int64_t index) const {

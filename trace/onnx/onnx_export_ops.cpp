@@ -234,23 +234,12 @@ std::string Writer::emit_op(Frame& f, Values& vals, int32_t v) {
     case OpId::Addmv:  // (Note [addmv] in core/ops/linalg.cpp)
       return emit(f, "Add", {emit(f, "MatMul", {in(1), in(2)}), in(0)});
     case OpId::Reshape:
-      return reshape(f, in(0), shape(f, detail::attr_dims(n.attrs)));
-    case OpId::OptimizationBarrier:  // an order, which ONNX runtimes choose themselves
-      return emit(f, "Identity", {in(0)});
-    case OpId::Permute: {
-      // A 0-d tensor's permutation is empty, which an attribute of ints cannot hold.
-      if (n.attrs.ints.size() == 0) return emit(f, "Identity", {in(0)});
-      const std::vector<int64_t> perm(n.attrs.ints.begin(), n.attrs.ints.end());
-      return emit(f, "Transpose", {in(0)}, [&](NodeProto& p) { attr_ints(p, "perm", perm); });
-    }
-    case OpId::Slice: {
-      const SymAttrs* s = n.attrs.sym.get();
-      const std::string start = size(f, s && s->start ? *s->start : SymInt(n.attrs.start));
-      const std::string end = size(f, s && s->end ? *s->end : SymInt(n.attrs.end));
-      return emit(f, "Slice", {in(0), start, end, ints(f, {n.attrs.dim}), ints(f, {n.attrs.step})});
-    }
+    case OpId::OptimizationBarrier:
+    case OpId::Permute:
+    case OpId::Slice:
+    case OpId::Select:
     case OpId::Expand:
-      return emit(f, "Expand", {in(0), shape(f, detail::attr_dims(n.attrs))});
+      return emit_view(f, in(0), n);
     case OpId::Full:
       return emit_full(f, n);
     case OpId::Arange:
@@ -270,6 +259,35 @@ std::string Writer::emit_op(Frame& f, Values& vals, int32_t v) {
       no_form(n);
   }
   no_form(n);
+}
+
+// The views: each a copy in ONNX, whose values are immutable.
+std::string Writer::emit_view(Frame& f, const std::string& x, const GraphNode& n) {
+  switch (n.op) {
+    case OpId::Reshape:
+      return reshape(f, x, shape(f, detail::attr_dims(n.attrs)));
+    case OpId::OptimizationBarrier:  // an order, which ONNX runtimes choose themselves
+      return emit(f, "Identity", {x});
+    case OpId::Permute: {
+      // A 0-d tensor's permutation is empty, which an attribute of ints cannot hold.
+      if (n.attrs.ints.size() == 0) return emit(f, "Identity", {x});
+      const std::vector<int64_t> perm(n.attrs.ints.begin(), n.attrs.ints.end());
+      return emit(f, "Transpose", {x}, [&](NodeProto& p) { attr_ints(p, "perm", perm); });
+    }
+    case OpId::Slice: {
+      const SymAttrs* s = n.attrs.sym.get();
+      const std::string start = size(f, s && s->start ? *s->start : SymInt(n.attrs.start));
+      const std::string end = size(f, s && s->end ? *s->end : SymInt(n.attrs.end));
+      return emit(f, "Slice", {x, start, end, ints(f, {n.attrs.dim}), ints(f, {n.attrs.step})});
+    }
+    case OpId::Select:  // a 0-d index drops the axis
+      return emit(f, "Gather", {x, scalar(f, n.attrs.start, DType::i64)},
+                  [&](NodeProto& p) { attr_int(p, "axis", n.attrs.dim); });
+    case OpId::Expand:
+      return emit(f, "Expand", {x, shape(f, detail::attr_dims(n.attrs))});
+    default:
+      throw InternalError(fmt::format("[export_onnx] {} is not a view", op_name(n.op)));
+  }
 }
 
 std::string Writer::emit_reduce(Frame& f, Values& vals, const GraphNode& n) {
