@@ -15,7 +15,7 @@
 namespace duet::treelstm {
 
 struct Tree {
-  Tensor pick;  ///< a leaf's position among its sentence's words (i64, shape (1)); else undefined
+  int64_t word = -1;  ///< a leaf's position among its sentence's words; -1 for an inner node
   std::unique_ptr<Tree> left, right;
 };
 
@@ -28,7 +28,7 @@ struct Sample {
 inline std::unique_ptr<Tree> random_tree(std::mt19937& g, int lo, int hi) {
   auto t = std::make_unique<Tree>();
   if (hi - lo == 1) {
-    t->pick = full({1}, lo, Options().dtype(DType::i64));
+    t->word = lo;
     return t;
   }
   const int k = lo + 1 + static_cast<int>(g() % static_cast<unsigned>(hi - lo - 1));
@@ -78,8 +78,8 @@ struct TreeLSTM : nn::Module {
   State node(const Tree& t, const Tensor& xs) {
     Tensor iou, fl, fr;
     State a, b;
-    if (t.pick.defined()) {
-      iou = index_select(xs, 0, t.pick).reshape({3 * h});
+    if (t.word >= 0) {
+      iou = xs[t.word];
     } else {
       a = node(*t.left, xs);
       b = node(*t.right, xs);
@@ -89,7 +89,7 @@ struct TreeLSTM : nn::Module {
       fr = sigmoid(z.slice(0, 4 * h, 5 * h));
     }
     Tensor c = sigmoid(iou.slice(0, 0, h)) * tanh(iou.slice(0, 2 * h, 3 * h));
-    if (!t.pick.defined()) c = c + fl * a.c + fr * b.c;
+    if (t.word < 0) c = c + fl * a.c + fr * b.c;
     return {sigmoid(iou.slice(0, h, 2 * h)) * tanh(c), c};
   }
   /// The cross-entropy of each tree, summed over the batch, one tree at a time.

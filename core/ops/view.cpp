@@ -479,11 +479,30 @@ Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end, int64_t s
 // is a tape node eagerly and a pending op under Autobatch. With a symbolic size the bound check
 // is decided at the traced size and guarded, as slice's bounds are; a negative index of a
 // symbolic size is the slice to its end, reshaped.
+namespace {
+// The Select of index (in range, >= 0) along dim.
+Tensor select_at(const Tensor& x, int64_t dim, int64_t index) {
+  Attrs a;
+  a.dim = dim;
+  a.start = index;
+  a.end = index + 1;
+  return detail::view_call(OpId::Select, x, a);
+}
+}  // namespace
+
 Tensor select(const Tensor& x, int64_t dim, int64_t index, std::source_location loc) {
   detail::SiteGuard site(loc);
   DUET_CHECK_VALUE(x.dim() > 0, "[select] cannot select index {} of a 0-d {} tensor", index,
                    x.dtype());
   dim = detail::wrap_dim("select", dim, x.dim());
+  if (__builtin_expect(x.impl()->sym.empty(), 1)) {  // concrete sizes: no SymDims to make
+    const int64_t n = x.sizes()[dim];
+    DUET_CHECK_VALUE(index >= -n && index < n,
+                     "[select] index {} is out of range for dim {} of size {} (shape {}, {}): "
+                     "expected an index in [-{}, {})",
+                     index, dim, n, x.sizes(), x.dtype(), n, n);
+    return select_at(x, dim, index < 0 ? index + n : index);
+  }
   const SymDims dims = detail::sym_dims(x);
   const SymInt& n = dims[static_cast<size_t>(dim)];
   using detail::SymRel;
@@ -493,19 +512,14 @@ Tensor select(const Tensor& x, int64_t dim, int64_t index, std::source_location 
                    "[select] index {} is out of range for dim {} of size {} (shape {}, {}): "
                    "expected an index in [-{}, {})",
                    index, dim, n.str(), detail::dims_str(dims), x.dtype(), n.str(), n.str());
-  if (index < 0 && !n.is_concrete()) {
-    // -1 selects the last element: its slice runs to the end, not to 0.
-    const int64_t end = index == -1 ? std::numeric_limits<int64_t>::max() : index + 1;
-    Tensor s = slice(x, dim, index, end, 1, loc);
-    SymDims out = detail::sym_dims(s);
-    out.erase(out.begin() + dim);
-    return detail::reshape_dims(s, out);
-  }
-  Attrs a;
-  a.dim = dim;
-  a.start = index < 0 ? index + n.concrete() : index;
-  a.end = a.start + 1;
-  return detail::view_call(OpId::Select, x, a);
+  if (index >= 0 || n.is_concrete())
+    return select_at(x, dim, index < 0 ? index + n.concrete() : index);
+  // -1 selects the last element: its slice runs to the end, not to 0.
+  const int64_t end = index == -1 ? std::numeric_limits<int64_t>::max() : index + 1;
+  Tensor s = slice(x, dim, index, end, 1, loc);
+  SymDims out = detail::sym_dims(s);
+  out.erase(out.begin() + dim);
+  return detail::reshape_dims(s, out);
 }
 
 Tensor Tensor::operator[](int64_t index) const {
