@@ -1,6 +1,10 @@
 #include "core/tensor.h"
 
+#include <sys/mman.h>
+
+#include <atomic>
 #include <cstring>
+#include <mutex>
 #include <ostream>
 
 #include "core/check_shape.h"
@@ -44,6 +48,47 @@ thread_local ObjectLists tls_objects{};
 constexpr int kMaxCachedObjects = 256;
 constexpr int kMaxScopeObjects = 1 << 17;
 
+// Within object_cache_scope, new StorageImpls and TensorImpls come from one region per class,
+// made once per process and cut in the order asked for, when the scope's list is empty: the
+// pending tensors of a step then lie in the order they are made, whatever the heap's state.
+// Objects of the heap, from malloc, lie where a program's earlier work left holes: after a
+// per-sample loop had churned the heap, B2's autobatched step took 23-25 ms where it took 19
+// in a fresh process (recording 8.4 ms against 6.3), and 19 with the regions in either.
+// A region's objects are never given back to malloc: freed, they join the freeing thread's scope
+// list whatever its length (the region bounds their number), and those of a thread that exits
+// are not used again. Once a region is used up, objects come from malloc as before.
+struct ObjectRegion {
+  std::atomic<char*> base{nullptr};  // published once bytes is set
+  size_t bytes = 0;
+  std::atomic<size_t> used{0};
+  bool holds(const void* p) const {
+    const char* b = base.load(std::memory_order_acquire);
+    return b && static_cast<const char*>(p) >= b && static_cast<const char*>(p) < b + bytes;
+  }
+};
+ObjectRegion g_object_regions[2];
+std::once_flag g_object_regions_made;
+
+void* object_region_new(int cls, size_t n) {
+  std::call_once(g_object_regions_made, [] {
+    for (int c = 0; c < 2; ++c) {
+      const size_t bytes =
+          size_t{kMaxScopeObjects} * (c == 0 ? sizeof(StorageImpl) : sizeof(TensorImpl));
+      // Address space only: pages are backed as objects are first written.
+      void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      if (p == MAP_FAILED) continue;
+      g_object_regions[c].bytes = bytes;
+      g_object_regions[c].base.store(static_cast<char*>(p), std::memory_order_release);
+    }
+  });
+  ObjectRegion& r = g_object_regions[cls];
+  char* base = r.base.load(std::memory_order_acquire);
+  if (!base || r.used.load(std::memory_order_relaxed) + n > r.bytes) return nullptr;
+  const size_t at = r.used.fetch_add(n, std::memory_order_relaxed);
+  return at + n <= r.bytes ? base + at : nullptr;
+}
+
 struct ObjectListsFlush {
   bool armed = false;
   ~ObjectListsFlush() {
@@ -57,7 +102,7 @@ struct ObjectListsFlush {
     for (int c = 0; c < 2; ++c)
       while (void* p = l.scope_head[c]) {
         l.scope_head[c] = *static_cast<void**>(p);
-        ::operator delete(p);
+        if (!g_object_regions[c].holds(p)) ::operator delete(p);
       }
   }
 };
@@ -68,12 +113,14 @@ thread_local ObjectListsFlush tls_objects_flush;
 void* cached_object_new(int cls, size_t n) {
   if (kObjectCache) {
     ObjectLists& l = tls_objects;
-    if (l.scopes > 0 && cls < 2)
+    if (l.scopes > 0 && cls < 2) {
       if (void* p = l.scope_head[cls]) {
         l.scope_head[cls] = *static_cast<void**>(p);
         --l.scope_count[cls];
         return p;
       }
+      if (void* p = object_region_new(cls, n)) return p;
+    }
     if (void* p = l.head[cls]) {
       l.head[cls] = *static_cast<void**>(p);
       --l.count[cls];
@@ -86,7 +133,9 @@ void* cached_object_new(int cls, size_t n) {
 void cached_object_delete(int cls, void* p) noexcept {
   if (kObjectCache) {
     ObjectLists& l = tls_objects;
-    const bool scope = l.scopes > 0 && cls < 2 && l.scope_count[cls] < kMaxScopeObjects;
+    const bool region = cls < 2 && g_object_regions[cls].holds(p);
+    const bool scope = region || (l.scopes > 0 && cls < 2 && l.scope_count[cls] < kMaxScopeObjects);
+    if (region && l.closed) return;  // (never malloc's)
     if (!l.closed && (scope || l.count[cls] < kMaxCachedObjects)) {
       if (!l.registered) {
         l.registered = true;

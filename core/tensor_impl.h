@@ -97,6 +97,10 @@ class IntrusivePtr {
 // a step, B2 26 -> 24, and a loop step in between no longer leaves the next one malloc's
 // scattered blocks (B2: 34 -> 30 ms). The short lists stay short: a per-sample loop that drew
 // from long ones got its objects scattered over the heap, and ran a third slower.
+// When a scope's list is empty, its objects are cut from a region of their own (one per class
+// and process, 2^17 objects), in the order made, rather than from malloc: a heap churned by
+// earlier work (a per-sample loop) otherwise scattered them, and B2's step took a fifth longer.
+// A region's objects never go back to malloc (core/tensor.cpp).
 // object_cache_scope(+1) and (-1) bracket such a stretch on the calling thread.
 // The sanitizer builds use plain new and delete, so that a use after free is caught.
 inline constexpr int kCachedObjectClasses = 4;

@@ -580,5 +580,34 @@ TEST_CASE("autobatch: a pending tensor read on another thread is an Error") {
   CHECK(y.numel() == 3);
 }
 
+// Note [Tensor object cache]: a scope's tensor objects come from regions that malloc never made.
+// Results kept past their scope, freed outside any scope, on another thread, by a thread that
+// exits, and many more than a short list holds, must never reach free(); their values stay right.
+TEST_CASE("autobatch: results outlive their scope and their thread") {
+  auto made = [](int n) {
+    std::vector<Tensor> kept;
+    Autobatch scope;
+    for (int i = 0; i < n; ++i) kept.push_back(full({2}, static_cast<double>(i)) * 2 + 1);
+    return kept;
+  };
+  std::vector<Tensor> here = made(3000), there;
+  std::thread t([&] {
+    std::vector<Tensor> own = made(3000);  // freed as the thread ends
+    there = made(3000);                    // freed on the main thread
+    CHECK(own[2999].to_vector<float>()[1] == 5999.0f);
+  });
+  t.join();
+  for (int i : {0, 1234, 2999}) {
+    CHECK(here[static_cast<size_t>(i)].to_vector<float>()[0] == 2.0f * i + 1);
+    CHECK(there[static_cast<size_t>(i)].to_vector<float>()[1] == 2.0f * i + 1);
+  }
+  here.clear();  // outside any scope: more than a short list holds
+  there.clear();
+  for (int round = 0; round < 3; ++round) {  // the objects freed above are drawn again
+    std::vector<Tensor> again = made(3000);
+    CHECK(again[2999].to_vector<float>()[0] == 5999.0f);
+  }
+}
+
 }  // namespace
 }  // namespace duet::test
