@@ -198,10 +198,9 @@ void grad_slice(const GradCtx& c, const Tensor& g, Tensor* gi) {
   Tensor z = full_dims(meta_dims(m), 0, Options().dtype(g.dtype()).device(m.device));
   gi[0] = slice_scatter_with(z, g, c.attrs);
 }
+// (Select's attributes are its slice's.)
 void grad_select(const GradCtx& c, const Tensor& g, Tensor* gi) {
-  const TensorMeta& m = c.input_meta[0];
-  Tensor z = full_dims(meta_dims(m), 0, Options().dtype(g.dtype()).device(m.device));
-  gi[0] = slice_scatter_with(z, unsqueeze(g, c.attrs.dim), c.attrs);
+  grad_slice(c, unsqueeze(g, c.attrs.dim), gi);
 }
 void grad_expand(const GradCtx&, const Tensor& g, Tensor* gi) { gi[0] = g; }  // engine sums
 void grad_barrier(const GradCtx& c, const Tensor& g, Tensor* gi) {
@@ -495,12 +494,13 @@ Tensor select(const Tensor& x, int64_t dim, int64_t index, std::source_location 
   DUET_CHECK_VALUE(x.dim() > 0, "[select] cannot select index {} of a 0-d {} tensor", index,
                    x.dtype());
   dim = detail::wrap_dim("select", dim, x.dim());
+  constexpr const char* kOutOfRange =
+      "[select] index {} is out of range for dim {} of size {} (shape {}, {}): expected an index "
+      "in [-{}, {})";
   if (__builtin_expect(x.impl()->sym.empty(), 1)) {  // concrete sizes: no SymDims to make
     const int64_t n = x.sizes()[dim];
-    DUET_CHECK_VALUE(index >= -n && index < n,
-                     "[select] index {} is out of range for dim {} of size {} (shape {}, {}): "
-                     "expected an index in [-{}, {})",
-                     index, dim, n, x.sizes(), x.dtype(), n, n);
+    DUET_CHECK_VALUE(index >= -n && index < n, kOutOfRange, index, dim, n, x.sizes(), x.dtype(), n,
+                     n);
     return select_at(x, dim, index < 0 ? index + n : index);
   }
   const SymDims dims = detail::sym_dims(x);
@@ -508,10 +508,8 @@ Tensor select(const Tensor& x, int64_t dim, int64_t index, std::source_location 
   using detail::SymRel;
   const bool in_range = index >= 0 ? detail::sym_decide(SymInt(index), SymRel::Lt, n, "select")
                                    : detail::sym_decide(SymInt(-index), SymRel::Le, n, "select");
-  DUET_CHECK_VALUE(in_range,
-                   "[select] index {} is out of range for dim {} of size {} (shape {}, {}): "
-                   "expected an index in [-{}, {})",
-                   index, dim, n.str(), detail::dims_str(dims), x.dtype(), n.str(), n.str());
+  DUET_CHECK_VALUE(in_range, kOutOfRange, index, dim, n.str(), detail::dims_str(dims), x.dtype(),
+                   n.str(), n.str());
   if (index >= 0 || n.is_concrete())
     return select_at(x, dim, index < 0 ? index + n.concrete() : index);
   // -1 selects the last element: its slice runs to the end, not to 0.
