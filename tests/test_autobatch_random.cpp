@@ -12,7 +12,9 @@
 // tensor's largest magnitude; the batched kernels sum in another order), integers and bools
 // exactly. One difference is allowed and counted: a
 // gradient of zeros where eager leaves none (docs/func.md, "Not there yet"). A program whose
-// eager run gives a value that is not finite is skipped.
+// eager run gives a value that is not finite is skipped, and so is one whose differences lie
+// within a few times what the eager loop itself moves when its inputs move by a few ulps
+// (counted as ill-conditioned: see ill_conditioned).
 //
 // The same programs of the mixed mix run through func::vmap over three samples stacked along a
 // new dim 0 (every input batched), against the program run on each sample; outputs and the
@@ -143,8 +145,65 @@ std::vector<Program> samples_of(const Program& p) {
   return ps;
 }
 
+// Programs whose differences lie where the eager loop itself moves when its inputs move by a
+// few f32 ulps (skipped: see ill_conditioned).
+int ill_conditioned_count = 0;
+bool allow_noise = true;  // (off in the test of the allowance itself)
+
+// The values with each floating input's elements moved by 2^-21 of themselves (about four f32
+// ulps), up and down in turn.
+std::vector<Values> nudged(const Program& p, const std::vector<Values>& vals) {
+  std::vector<Values> out = vals;
+  for (Values& v : out)
+    for (size_t i = 0; i < v.size() && i < p.inputs.size(); ++i)
+      if (is_floating(p.inputs[i].dtype))
+        for (size_t j = 0; j < v[i].size(); ++j) v[i][j] *= 1 + std::ldexp(j % 2 ? 1.0 : -1.0, -21);
+  return out;
+}
+
+// Whether each element of got is within the tolerance of want, or within kNoise times the
+// distance the eager loop's value moved to on nudged inputs.
+constexpr double kNoise = 4;
+bool within_noise(const Tensor& got, const Tensor& want, const Tensor& moved, bool through_f32) {
+  if (got.defined() != want.defined() || want.defined() != moved.defined()) return false;
+  if (!want.defined()) return true;
+  if (!is_floating(want.dtype()) || got.sizes() != want.sizes() || moved.sizes() != want.sizes())
+    return false;
+  const double tol = want.dtype() == DType::f64 && !through_f32 ? 1e-9 : 1e-4;
+  const double atol = tol * std::max(1.0, max_abs(want));
+  const std::vector<double> g = values(got), w = values(want), m = values(moved);
+  for (size_t j = 0; j < w.size(); ++j)
+    if (!(std::abs(g[j] - w[j]) <= atol + tol * std::abs(w[j]) + kNoise * std::abs(m[j] - w[j])))
+      return false;
+  return true;
+}
+
+// Whether the program is too ill-conditioned for its comparison to say anything: every
+// difference lies within a few times what the eager loop itself moves when its inputs move by
+// a few ulps (nudged). Batched kernels sum in another order, so they differ from the loop by
+// rounding errors of that size. sin() of a large output (the loss's), or a quotient near its
+// pole, amplifies them beyond any fixed tolerance; the f32 results then differ from the exact
+// ones as much as from each other.
+bool ill_conditioned(const std::vector<Program>& ps, const std::vector<Values>& moved_vals,
+                     const SampleRun& got, const SampleRun& want, bool mixed) {
+  SampleRun moved;
+  try {
+    moved = run_samples(ps, moved_vals, false);
+  } catch (const std::exception&) {
+    return false;
+  }
+  for (size_t k = 0; k < ps.size(); ++k) {
+    for (size_t i = 0; i < want.outs[k].size(); ++i)
+      if (!within_noise(got.outs[k][i], want.outs[k][i], moved.outs[k][i], mixed)) return false;
+    for (size_t i = 0; i < want.grads[k].size(); ++i)
+      if (!within_noise(got.grads[k][i], want.grads[k][i], moved.grads[k][i], mixed)) return false;
+  }
+  return true;
+}
+
 // The differences between the program's samples run autobatched and eagerly; "" when they
-// match, or when the eager run throws or gives a value that is not finite (*skipped).
+// match, or when the eager run throws or gives a value that is not finite, or the program is
+// ill-conditioned (*skipped).
 std::string check_program(const Program& p, const std::vector<Values>& vals, bool* skipped) {
   const std::vector<Program> ps = samples_of(p);
   SampleRun want;
@@ -160,8 +219,9 @@ std::string check_program(const Program& p, const std::vector<Values>& vals, boo
   }
   std::string err;
   const bool mixed = mixes_precision(p);
+  SampleRun got;
   try {
-    const SampleRun got = run_samples(ps, vals, true);
+    got = run_samples(ps, vals, true);
     for (size_t k = 0; k < ps.size(); ++k) {
       for (size_t i = 0; i < want.outs[k].size(); ++i)
         err += compare(got.outs[k][i], want.outs[k][i], fmt::format("sample {} output {}", k, i),
@@ -171,7 +231,12 @@ std::string check_program(const Program& p, const std::vector<Values>& vals, boo
                        fmt::format("sample {} gradient of input {}", k, i), mixed);
     }
   } catch (const std::exception& ex) {
-    err += fmt::format("autobatched, threw: {}\n", ex.what());
+    return err + fmt::format("autobatched, threw: {}\n", ex.what());
+  }
+  if (!err.empty() && allow_noise && ill_conditioned(ps, nudged(p, vals), got, want, mixed)) {
+    ++ill_conditioned_count;
+    *skipped = true;
+    return "";
   }
   return err;
 }
@@ -449,6 +514,7 @@ TEST_CASE("random programs: autobatched samples match the per-sample loop") {
     CAPTURE(int(mix));
     int failed = 0, skipped = 0, batched = 0;
     zero_for_none = 0;
+    ill_conditioned_count = 0;
     for (uint64_t seed : seeds) {
       bool skip = false;
       const std::string report = check_seed(seed, mix, &skip);
@@ -457,10 +523,10 @@ TEST_CASE("random programs: autobatched samples match the per-sample loop") {
       batched += !skip && autobatch_stats().batches > 0;
     }
     MESSAGE(
-        fmt::format("{} programs of the {} mix: {} skipped, {} batched something, {} failed; "
-                    "{} gradients zero where eager left none",
-                    seeds.size(), mix == Mix::Batch ? "batch" : "mixed", skipped, batched, failed,
-                    zero_for_none));
+        fmt::format("{} programs of the {} mix: {} skipped ({} ill-conditioned), {} batched "
+                    "something, {} failed; {} gradients zero where eager left none",
+                    seeds.size(), mix == Mix::Batch ? "batch" : "mixed", skipped,
+                    ill_conditioned_count, batched, failed, zero_for_none));
     CHECK(failed == 0);
     // Most programs compare, and most of those batch something, or the test would prove little.
     CHECK(skipped * 5 <= int(seeds.size()));
@@ -493,6 +559,27 @@ void run_seeds(const char* count, int fallback, const char* one,
 }
 
 }  // namespace
+
+// Seed 6472 of the mixed mix, found beyond the default seeds: a product of the input's outer
+// product with itself, then sin() of outputs in the hundreds. Batched, a gradient element came
+// out 0.045% from the loop's. Its reduced program, run on 300 random inputs in f32 (the loop
+// and batched) and in f64, gave f32 gradients up to 18 times their own size from the f64 ones,
+// the loop's as far as the batched. It differs beyond the tolerance, and only within what the
+// loop itself moves on inputs nudged by a few ulps: skipped as ill-conditioned, not failed.
+TEST_CASE("random programs: an ill-conditioned program is skipped, not failed") {
+  bool skipped = false;
+  allow_noise = false;
+  const std::string report = check_seed(6472, Mix::Mixed, &skipped);
+  allow_noise = true;
+  CHECK_MESSAGE(!report.empty(),
+                "seed 6472 no longer differs beyond the tolerance: the "
+                "generator changed, and this test needs another such seed");
+  ill_conditioned_count = 0;
+  skipped = false;
+  CHECK(check_seed(6472, Mix::Mixed, &skipped).empty());
+  CHECK(skipped);
+  CHECK(ill_conditioned_count == 1);
+}
 
 TEST_CASE("random programs: vmap of a program matches it run per sample") {
   run_seeds("DUET_VMAP_PROGRAMS", 1000, "DUET_VMAP_SEED", check_vmap_seed);
