@@ -312,6 +312,8 @@ void Autobatch::Impl::run() {
     Autobatch::Impl& impl;
     ~Release() {
       impl.batches_.clear();
+      impl.gates_.clear();  // (keep_graph did, unless the run failed)
+      impl.graph_.reset();
       impl.run_ops_ = nullptr;
       impl.run_index_ = nullptr;
     }
@@ -422,6 +424,7 @@ void Autobatch::Impl::run() {
     }
   }
   end_run(ops);
+  keep_graph(ops, index);
   stats_.kernels_launched += kernels_ - kernels_before;
   tls_stats = stats();
   ops.clear();  // (end_run let go of their results; nothing records while a run runs)
@@ -490,7 +493,7 @@ BatchedArg Autobatch::Impl::run_rule(std::vector<PendingOp>& ops, const OpDef& d
     for (int32_t id : ids)
       needs |= grad && ops[static_cast<size_t>(id)].inputs[p].unsafe_impl()->requires_grad;
     if (shared && needs)  // one tensor for all, with its history
-      in.push_back({with_history(ops, first, p), -1});
+      in.push_back({with_history(ops, first, p, &ids), -1});
     else if (shared)
       in.push_back({first.inputs[p], -1});
     else

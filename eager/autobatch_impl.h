@@ -7,6 +7,7 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <memory>
 #include <optional>
 #include <unordered_map>
 #include <vector>
@@ -266,6 +267,20 @@ struct OpIndex {
   }
 };
 
+// A run's per-sample graph, kept for the backward through its batches (Note [Gradients off
+// the loss's path] in eager/autobatch_reach.cpp).
+struct SampleGraph {
+  std::vector<int32_t> edge_at, edges;  // each op's pending operands' producers (as OpIndex's)
+  std::vector<uint64_t> reached;        // by op: the backward (backward_id) that reached it
+  std::vector<char> grad;               // by op: whether it records a gradient (PendingOp::grad)
+  std::vector<std::vector<int32_t>> readers;  // by gate: the ops that read its tensor
+  bool open = false;  // a backward with create_graph ran: every gate passes its gradient on
+  // Op `op` and the ops behind it were reached in backward `backward`.
+  void mark(int32_t op, uint64_t backward);
+  // Whether backward `backward` reached one of gate's readers.
+  bool read_by_reached(size_t gate, uint64_t backward) const;
+};
+
 }  // namespace autobatch
 using namespace autobatch;
 
@@ -278,7 +293,18 @@ struct Autobatch::Impl final : DispatchMode, LazyRunner {
 
   int32_t record(const OpCall& c, const TensorImplPtr& out, bool grad);
   Tensor gather_grad(std::vector<PendingOp>& ops, const std::vector<int32_t>& ids, size_t p);
-  Tensor with_history(std::vector<PendingOp>& ops, const PendingOp& o, size_t p);
+  // Operand p of op o with its history: its sample of a batch, or the operand through its gate
+  // (read by `readers`, or by o alone when null).
+  Tensor with_history(std::vector<PendingOp>& ops, const PendingOp& o, size_t p,
+                      const std::vector<int32_t>* readers = nullptr);
+  // Note [Gradients off the loss's path] in eager/autobatch_reach.cpp: the run's graph, a
+  // tensor from outside the run through its gate (x itself when it needs none), a survivor's
+  // mark, and the graph kept for the backward as the run ends.
+  SampleGraph& graph();
+  Tensor gated(const Tensor& x, const int32_t* readers, size_t count);
+  Tensor gated(const Tensor& x, int32_t reader) { return gated(x, &reader, 1); }
+  void mark_survivor(PendingOp& o, int32_t id, const Tensor& history);
+  void keep_graph(const std::vector<PendingOp>& ops, const OpIndex& index);
   void end_run(std::vector<PendingOp>& ops);  // Note [The run's end] in eager/autobatch_tape.cpp
   void run_group(std::vector<PendingOp>& ops, const Attrs& attrs, const std::vector<int32_t>& ids);
   void run_picks(std::vector<PendingOp>& ops, const Attrs& attrs, std::vector<int32_t> ids);
@@ -332,6 +358,10 @@ struct Autobatch::Impl final : DispatchMode, LazyRunner {
   std::vector<SigKey> keys_;  // by signature id: the op's attributes too
   std::unordered_map<SigKey, int32_t, SigHash, SigEq> sigs_;
   std::vector<const char*> addresses_;  // gather's scratch
+  // The run's per-sample graph and gates, by the tensor each lets in (Note [Gradients off the
+  // loss's path]).
+  std::shared_ptr<SampleGraph> graph_;
+  std::unordered_map<const TensorImpl*, std::pair<Tensor, size_t>> gates_;
   bool running_ = false;
   int64_t kernels_ = 0;  // the kernels a run (and the scope's backward) calls (KernelCountScope)
   AutobatchStats stats_;

@@ -191,7 +191,7 @@ void Autobatch::Impl::run_picks(std::vector<PendingOp>& ops, const Attrs& attrs,
   for (size_t k = 0; k < ids.size(); ++k) {
     const PendingOp& o = ops[static_cast<size_t>(ids[k])];
     const PendingOp* b = grad ? batch_source(ops, o, 0) : nullptr;
-    const Tensor& s = b ? b->batch->value : o.inputs[0];
+    const Tensor s = b ? b->batch->value : grad ? gated(o.inputs[0], ids[k]) : o.inputs[0];
     // (A sample of a batch by rows starts at its index, Note [Rows].)
     if (b && b->index >= 0) base[k] = b->rows >= 0 ? b->index : b->index * length(ids[k]);
     auto [it, fresh] = source_of.emplace(s.unsafe_impl(), static_cast<int32_t>(sources.size()));

@@ -90,9 +90,11 @@ Tensor Autobatch::Impl::gather_rows(std::vector<PendingOp>& ops,
     len[k] = x.unsafe_impl()->shape[0];
     const void* key = src ? static_cast<const void*>(src->batch) : x.unsafe_impl();
     auto [it, fresh] = source_at.emplace(key, sources.size());
+    // (A tensor from outside the run comes through its gate, each reader registered.)
+    const Tensor in = src || !grad ? Tensor() : gated(x, items[k].first);
     if (fresh) {
       if (!src || src->index < 0)
-        sources.push_back(src ? src->batch->value : x);
+        sources.push_back(src ? src->batch->value : grad ? in : x);
       else
         sources.push_back(rows_of_batch(src->batch->value, src->rows >= 0));
     }
@@ -215,7 +217,7 @@ void Autobatch::Impl::run_rows(std::vector<PendingOp>& ops, const SigKey& key,
     bool needs = false;
     for (int32_t id : ids)
       needs |= grad && ops[static_cast<size_t>(id)].inputs[p].unsafe_impl()->requires_grad;
-    in.push_back(needs ? with_history(ops, first, p) : first.inputs[p]);
+    in.push_back(needs ? with_history(ops, first, p, &ids) : first.inputs[p]);
   }
   const OpDef& def = detail::op_def(first.op);
   detail::SiteGuard at(first.site);  // an error names its first sample's line

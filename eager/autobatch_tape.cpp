@@ -74,10 +74,12 @@ Tensor Autobatch::Impl::gather_grad(std::vector<PendingOp>& ops, const std::vect
   std::vector<const Tensor*> from(n);
   std::vector<int64_t> row(n), rows(n);
   std::vector<char> own(n);
+  std::vector<Tensor> gates(n);  // each own operand through its gate
   for (size_t k = 0; k < n; ++k) {
     const PendingOp& o = ops[static_cast<size_t>(ids[k])];
     const PendingOp* src = batch_source(ops, o, p);
-    from[k] = src ? &src->batch->value : &o.inputs[p];
+    if (!src) gates[k] = gated(o.inputs[p], ids[k]);
+    from[k] = src ? &src->batch->value : &gates[k];
     row[k] = src ? src->index : -1;
     rows[k] = src ? src->rows : -1;  // (a batch by rows: the sample's first row and its rows)
     own[k] = !src;
@@ -192,9 +194,11 @@ Tensor Autobatch::Impl::gather_grad(std::vector<PendingOp>& ops, const std::vect
 
 // Operand p of op o as a tensor with its history: its sample of the batch that computed it in
 // this run, or itself (Note [Autobatch's tape]).
-Tensor Autobatch::Impl::with_history(std::vector<PendingOp>& ops, const PendingOp& o, size_t p) {
-  const PendingOp* src = batch_source(ops, o, p);
-  return src ? part_of_batch(*src) : o.inputs[p];
+Tensor Autobatch::Impl::with_history(std::vector<PendingOp>& ops, const PendingOp& o, size_t p,
+                                     const std::vector<int32_t>* readers) {
+  if (const PendingOp* src = batch_source(ops, o, p)) return part_of_batch(*src);
+  if (readers) return gated(o.inputs[p], readers->data(), readers->size());
+  return gated(o.inputs[p], static_cast<int32_t>(&o - ops.data()));
 }
 
 // Note [Placed when read]
@@ -255,8 +259,8 @@ void Autobatch::Impl::end_run(std::vector<PendingOp>& ops) {
       } else {
         const Tensor s = part_of_batch(o).clone();
         fill(o.out(), s.unsafe_impl()->data(), owner_of(s.unsafe_impl()));
-        if (s.unsafe_impl()->autograd)
-          detail::autograd_meta(*o.impl).grad_fn = s.unsafe_impl()->autograd->grad_fn;
+        if (s.unsafe_impl()->autograd && s.unsafe_impl()->autograd->grad_fn)
+          mark_survivor(o, static_cast<int32_t>(i), s);
       }
     }
     detail::ObjectCacheScope pending;

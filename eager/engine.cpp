@@ -342,7 +342,7 @@ class BackwardRun {
   bool gather_inputs(const Node& n, uint32_t& stale);
   void apply_rule(Node& n, const Tensor& g, uint32_t stale);
   void release(Node& n);
-  void send_grads(const Node& n);
+  void send_grads(const Node& n, bool none_ok = false);
   bool add_into_slice(const Node& n, const Tensor& g);
 
   static inline std::atomic<int> g_running{0};
@@ -481,24 +481,31 @@ void BackwardRun::release(Node& n) {
 // Sends each needed input gradient, summed back to its input's shape and dtype, to the node
 // that made the input (queued once it has all its gradients), to grad()'s capture, or to the
 // leaf (accumulated into .grad at its last use).
-void BackwardRun::send_grads(const Node& n) {
+// Note [No gradient]
+// A node may send no gradient along an edge: an Autobatch gate whose readers the backward did
+// not reach (Note [Gradients off the loss's path] in eager/autobatch_reach.cpp), and then any
+// node all of whose consumers sent none. The input's node counts the edge as run all the same;
+// a node that got no gradient at all runs no rule and sends none on, and a leaf that got none
+// keeps the .grad it had (undefined, if it had none), as if the backward had not reached it.
+// Only nodes with a backward_fn may send none; a gradient rule that gives none is a bug.
+void BackwardRun::send_grads(const Node& n, bool none_ok) {
   const int64_t k = n.inputs.size();
   for (int64_t i = 0; i < k; ++i) {
     if (!needs_[i]) continue;
     const InputEdge& e = n.inputs[i];
-    DUET_ASSERT(gi_[i].defined(), "gradient rule of {} gave no gradient for input {}", n.def->name,
-                i);
-    Tensor gin = sum_to(std::move(gi_[i]), e.meta);
+    DUET_ASSERT(none_ok || gi_[i].defined(), "gradient rule of {} gave no gradient for input {}",
+                n.def->name, i);
+    Tensor gin = gi_[i].defined() ? sum_to(std::move(gi_[i]), e.meta) : Tensor();
     if (e.fn) {
       const int32_t p = index_of(e.fn.get());
-      st_[p].buffer.add(std::move(gin));
+      if (gin.defined()) st_[p].buffer.add(std::move(gin));
       got_gradient(p);
     } else if (capture_) {
-      add_to(capture_->results[capture_->leaves.at(e.leaf.get())], gin);
+      if (gin.defined()) add_to(capture_->results[capture_->leaves.at(e.leaf.get())], gin);
     } else {
       LeafState& l = leaves_[leaf_index_.at(e.leaf.get())];
-      l.grad.add(std::move(gin));
-      if (--l.uses == 0) {  // its last use
+      if (gin.defined()) l.grad.add(std::move(gin));
+      if (--l.uses == 0 && !l.grad.empty()) {  // its last use
         accumulate(l.leaf, l.grad.take(), create_graph_);
         run_post_accumulate_hooks(Tensor(e.leaf));
       }
@@ -552,6 +559,12 @@ void BackwardRun::run() {
     ready_.pop();
     Node* n = st_[ni].node;
     Tensor g = st_[ni].buffer.take();
+    if (!g.defined()) {  // every consumer sent none (Note [No gradient]): none goes on
+      uint32_t stale = 0;
+      gather_inputs(*n, stale);
+      send_grads(*n, /*none_ok=*/true);
+      continue;
+    }
     if (capture_) {
       auto it = capture_->nodes.find(n);
       if (it != capture_->nodes.end()) add_to(capture_->results[it->second], g);
@@ -574,13 +587,14 @@ void BackwardRun::run() {
       continue;
     }
     uint32_t stale = 0;
+    const bool none_ok = n->backward_fn != nullptr;  // (release drops it)
     if (gather_inputs(*n, stale)) apply_rule(*n, g, stale);
     // Started collectives (data-parallel gradient buckets) move data only inside the
     // transport's calls: give them a turn between nodes.
     if (__builtin_expect(dist::detail::g_started.load(std::memory_order_relaxed) > 0, 0))
       dist::detail::progress();
     if (!retain_graph_) release(*n);
-    send_grads(*n);
+    send_grads(*n, none_ok);
   }
   int64_t pending = 0;
   for (const LeafState& l : leaves_) pending += !l.grad.empty();

@@ -1,0 +1,160 @@
+// duet: which samples of a run a backward reached (Note [Gradients off the loss's path]).
+//
+// Note [Gradients off the loss's path]
+// The batched backward reaches every sample of a batch. A sample whose result is not on the
+// loss's path gets a gradient of zeros, and so would a tensor only such samples read: a weight of
+// a head computed and kept but left out of the loss, a per-sample input whose sample was not
+// summed in. Eagerly that tensor gets no gradient at all (`grad()` stays undefined), and an
+// optimizer that skips tensors without one (Adam, set_to_none) must not update it. So the run
+// keeps its per-sample graph (each pending op's producers, as OpIndex holds them), and:
+//  - a tensor from outside the run that requires grad (a weight, an input, a result of an
+//    earlier run) enters the batched tape through a gate: an alias of it whose tape node knows
+//    which ops read it (gated);
+//  - a result that outlives the run with its history (Note [The run's end]) gets a mark: a node
+//    between it and its sample of the batch that, when a gradient reaches it, marks its op and
+//    the ops behind it as reached in this backward (SampleGraph::mark), through the operands of
+//    ops that record a gradient only (not through a comparison's, say);
+//  - a gate passes its gradient on only when one of its readers was reached in this backward;
+//    otherwise it gives none, and the engine sends none on (eager/engine.cpp: a node whose
+//    inputs gave no gradient runs no rule, and a leaf that got none keeps the .grad it had).
+// The backward runs a gate after every batched node that read its tensor (they consume its
+// alias), so after every mark behind them: each reader's fate is known when its gate runs. The
+// zeros a gate holds back are exactly what the samples off the path added, so the gradients
+// of everything that is on it are unchanged. A later backward from another result (a second
+// loss, with retain_graph) marks its own samples: reached holds the backward's number.
+// A backward with create_graph opens the graph for good: the gradient it records reads the
+// batches' saved values, so a backward through that gradient enters the batches at any node,
+// not through the marks. An open graph's gates pass every gradient on, zeros included.
+#include <algorithm>
+
+#include "eager/autobatch_impl.h"
+#include "eager/autograd.h"
+#include "eager/node.h"
+
+namespace duet {
+
+namespace autobatch {
+
+void SampleGraph::mark(int32_t op, uint64_t backward) {
+  if (static_cast<size_t>(op) >= reached.size() || reached[static_cast<size_t>(op)] == backward)
+    return;
+  reached[static_cast<size_t>(op)] = backward;
+  std::vector<int32_t> todo{op};
+  while (!todo.empty()) {
+    const auto i = static_cast<size_t>(todo.back());
+    todo.pop_back();
+    if (!grad[i]) continue;  // (a comparison's operands get no gradient through it)
+    for (int32_t e = edge_at[i]; e < edge_at[i + 1]; ++e) {
+      const int32_t p = edges[static_cast<size_t>(e)];
+      if (reached[static_cast<size_t>(p)] == backward) continue;
+      reached[static_cast<size_t>(p)] = backward;
+      todo.push_back(p);
+    }
+  }
+}
+
+bool SampleGraph::read_by_reached(size_t gate, uint64_t backward) const {
+  if (reached.empty()) return true;  // (a run that failed kept no graph: pass it all)
+  for (int32_t r : readers[gate])
+    if (reached[static_cast<size_t>(r)] == backward) return true;
+  return false;
+}
+
+namespace {
+
+const OpDef& gate_def() {
+  static const OpDef d = detail::opaque_node_def("autobatch_gate");
+  return d;
+}
+const OpDef& mark_def() {
+  static const OpDef d = detail::opaque_node_def("autobatch_mark");
+  return d;
+}
+
+// A tape node of one input, x, running `fn` as its backward.
+std::shared_ptr<detail::Node> node_over(
+    const OpDef& def, const Tensor& x,
+    std::function<void(const Tensor&, const bool*, Tensor*)> fn) {
+  auto node = detail::make_node();
+  node->def = &def;
+  node->sequence = detail::next_sequence();
+  node->inputs.resize(1);
+  node->saved.resize(1);
+  detail::set_input_edge(node->inputs[0], x);
+  const TensorImpl* t = x.unsafe_impl();
+  node->output_meta = {t->shape, t->dtype, t->device(), t->sym};
+  node->backward_fn = std::move(fn);
+  node->backward_fn_differentiable = true;  // (the identity, or nothing)
+  return node;
+}
+
+}  // namespace
+
+}  // namespace autobatch
+
+SampleGraph& Autobatch::Impl::graph() {
+  if (!graph_) graph_ = std::make_shared<SampleGraph>();
+  return *graph_;
+}
+
+Tensor Autobatch::Impl::gated(const Tensor& x, const int32_t* readers, size_t count) {
+  TensorImpl* xi = x.unsafe_impl();
+  if (!xi->requires_grad || !detail::grad_mode()) return x;
+  auto [it, fresh] = gates_.try_emplace(xi);
+  if (fresh) {
+    SampleGraph& g = graph();
+    const size_t at = g.readers.size();
+    g.readers.emplace_back();
+    // An alias of x (its memory, read the same way) whose history is the gate.
+    auto* t = new TensorImpl();
+    TensorImplPtr alias = TensorImplPtr::adopt(t);
+    t->dtype = xi->dtype;
+    t->shape = xi->shape;
+    t->strides = xi->strides;
+    t->offset = xi->offset;
+    t->storage = xi->storage;
+    t->sym = xi->sym;
+    t->is_view = true;
+    t->refresh_contiguous();
+    t->requires_grad = true;
+    std::shared_ptr<SampleGraph> held = graph_;
+    detail::autograd_meta(*t).grad_fn =
+        node_over(gate_def(), x, [held, at](const Tensor& grad, const bool* needs, Tensor* gi) {
+          held->open = held->open || detail::grad_mode();
+          if (needs[0] && (held->open || held->read_by_reached(at, detail::backward_id())))
+            gi[0] = grad;
+        });
+    it->second = {Tensor(std::move(alias)), at};
+  }
+  std::vector<int32_t>& r = graph_->readers[it->second.second];
+  r.insert(r.end(), readers, readers + count);
+  return it->second.first;
+}
+
+void Autobatch::Impl::mark_survivor(PendingOp& o, int32_t id, const Tensor& history) {
+  std::shared_ptr<SampleGraph> held = graph_;
+  if (!held) {
+    graph();
+    held = graph_;
+  }
+  detail::autograd_meta(*o.impl).grad_fn =
+      node_over(mark_def(), history, [held, id](const Tensor& grad, const bool* needs, Tensor* gi) {
+        held->open = held->open || detail::grad_mode();
+        held->mark(id, detail::backward_id());
+        if (needs[0]) gi[0] = grad;
+      });
+}
+
+void Autobatch::Impl::keep_graph(const std::vector<PendingOp>& ops, const OpIndex& index) {
+  if (graph_) {
+    graph_->edge_at = index.edge_at;
+    graph_->edges = index.edges;
+    graph_->reached.assign(ops.size(), 0);
+    graph_->grad.resize(ops.size());
+    for (size_t i = 0; i < ops.size(); ++i) graph_->grad[i] = ops[i].grad;
+  }
+  graph_.reset();
+  gates_.clear();
+}
+
+}  // namespace duet

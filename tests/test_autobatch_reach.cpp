@@ -1,0 +1,106 @@
+// Autobatch: a tensor that only samples off the loss's path read gets no gradient, as eagerly
+// (Note [Gradients off the loss's path] in eager/autobatch_reach.cpp).
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "util.h"
+
+namespace duet::test {
+namespace {
+
+// Per sample: a head on the loss's path (x * w_on) and one computed and kept but left out of it
+// (x * w_off), the two of one signature, so that they batch together.
+struct TwoHeads {
+  Tensor w_on = randn({3}).requires_grad_(true);
+  Tensor w_off = randn({3}).requires_grad_(true);
+  std::vector<Tensor> x;
+  TwoHeads() {
+    for (int i = 0; i < 4; ++i) x.push_back(randn({3}).requires_grad_(true));
+  }
+  // The loss (samples 0 and 2 of the first head; with `all`, every sample of both) and the sum
+  // of the second heads, kept.
+  std::pair<Tensor, Tensor> forward(bool all) const {
+    Tensor loss, kept;
+    for (int i = 0; i < 4; ++i) {
+      const Tensor on = sum(tanh(x[static_cast<size_t>(i)] * w_on));
+      const Tensor off = sum(tanh(x[static_cast<size_t>(i)] * w_off));
+      if (all || i % 2 == 0) loss = loss.defined() ? loss + on : on;
+      if (all) loss = loss + off;
+      kept = kept.defined() ? kept + off : off;
+    }
+    return {loss, kept};
+  }
+  // forward(false) and its backward (keeping the graph), in an Autobatch scope or not.
+  std::pair<Tensor, Tensor> step(bool batched) {
+    std::optional<Autobatch> scope;
+    if (batched) scope.emplace();
+    auto r = forward(false);
+    r.first.backward({}, /*retain_graph=*/true);
+    return r;
+  }
+  void clear() {
+    for (Tensor& t : {std::ref(w_on), std::ref(w_off)}) t.set_grad(Tensor());
+    for (Tensor& t : x) t.set_grad(Tensor());
+  }
+};
+
+TEST_CASE("autobatch: a weight only samples off the loss's path read gets no gradient") {
+  TwoHeads m;
+  auto [eager_loss, eager_kept] = m.step(false);
+  const Tensor want_on = m.w_on.grad().clone();
+  std::vector<Tensor> want_x;
+  for (const Tensor& x : m.x) want_x.push_back(x.grad().defined() ? x.grad().clone() : Tensor());
+  CHECK_FALSE(m.w_off.grad().defined());
+  m.clear();
+
+  auto [loss, kept] = m.step(true);
+  CHECK(autobatch_stats().batches > 0);
+  CHECK(close(loss, eager_loss, 1e-6));
+  CHECK(close(m.w_on.grad(), want_on, 1e-5));
+  CHECK_FALSE(m.w_off.grad().defined());  // the batched backward reached it with zeros
+  for (size_t i = 0; i < m.x.size(); ++i) {
+    CAPTURE(i);
+    // Samples 1 and 3 are off the path: their inputs get no gradient either.
+    REQUIRE(m.x[i].grad().defined() == want_x[i].defined());
+    if (want_x[i].defined()) CHECK(close(m.x[i].grad(), want_x[i], 1e-5));
+  }
+
+  // A second backward, from the kept heads, reaches the other samples and w_off, not w_on.
+  kept.backward();
+  REQUIRE(m.w_off.grad().defined());
+  CHECK(close(m.w_on.grad(), want_on, 1e-5));
+  const Tensor got_off = m.w_off.grad().clone();
+  m.clear();
+  eager_kept.backward();
+  CHECK(close(got_off, m.w_off.grad(), 1e-5));
+}
+
+TEST_CASE("autobatch: Adam leaves a parameter off the loss's path alone") {
+  // After a step on both heads, Adam's moments of w_off are not zero: a gradient of zeros in the
+  // next step would still move it. Eagerly it gets none there, and Adam skips it.
+  TwoHeads m;
+  optim::Adam opt({m.w_on, m.w_off}, {.lr = 0.1});
+  m.forward(/*all=*/true).first.backward();
+  opt.step();
+  m.clear();
+  const Tensor before = m.w_off.clone();
+  m.step(true);
+  opt.step();
+  CHECK(close(m.w_off, before, 0));
+}
+
+TEST_CASE("autobatch: grad() of a tensor off the loss's path is zeros, as eagerly") {
+  TwoHeads m;
+  const Tensor eager = grad({m.forward(false).first}, {m.w_off})[0];
+  Tensor batched;
+  {
+    Autobatch scope;
+    batched = grad({m.forward(false).first}, {m.w_off})[0];
+  }
+  CHECK(close(eager, zeros({3}), 0));
+  CHECK(close(batched, eager, 0));
+}
+
+}  // namespace
+}  // namespace duet::test
