@@ -102,5 +102,37 @@ TEST_CASE("autobatch: grad() of a tensor off the loss's path is zeros, as eagerl
   CHECK(close(batched, eager, 0));
 }
 
+TEST_CASE("autobatch: ops by rows read a weight off the loss's path through its gate") {
+  // Samples of different lengths, (n_i, 3) rows times a shared weight: one call on their rows
+  // (Note [Groups by rows] in eager/autobatch_rows.cpp).
+  Tensor w_on = randn({3}).requires_grad_(true), w_off = randn({3}).requires_grad_(true);
+  std::vector<Tensor> x;
+  for (int64_t n : {2, 5, 3, 4}) x.push_back(randn({n, 3}));
+  // Samples 0 and 2 on the loss's path (x + w_on), 1 and 3 off it (x * w_off, one group of
+  // their own that reads w_off whole), and tanh of all four as one group.
+  auto run = [&](bool batched) {
+    w_on.set_grad(Tensor());
+    w_off.set_grad(Tensor());
+    std::optional<Autobatch> scope;
+    if (batched) scope.emplace();
+    Tensor loss;
+    std::vector<Tensor> kept;
+    for (size_t i = 0; i < x.size(); ++i) {
+      const Tensor t = sum(tanh(i % 2 == 0 ? x[i] + w_on : x[i] * w_off));
+      if (i % 2 == 0)
+        loss = loss.defined() ? loss + t : t;
+      else
+        kept.push_back(t);
+    }
+    loss.backward();
+    return w_on.grad().clone();
+  };
+  const Tensor want = run(false);
+  CHECK_FALSE(w_off.grad().defined());
+  const Tensor got = run(true);
+  CHECK(close(got, want, 1e-5));
+  CHECK_FALSE(w_off.grad().defined());
+}
+
 }  // namespace
 }  // namespace duet::test
