@@ -321,6 +321,15 @@ void Autobatch::Impl::run() {
   run_ops_ = &ops;
   run_index_ = &index;
   ++stats_.runs;
+  // The run's tape nodes keep their saved values while a result not yet reached reads them
+  // (Note [Batches shared by losses] in eager/autobatch_reach.cpp).
+  std::shared_ptr<detail::Keeper> keeper = std::static_pointer_cast<detail::Keeper>(
+      graph_ ? graph_ : (graph_ = std::make_shared<SampleGraph>()));
+  struct KeeperScope {
+    std::shared_ptr<detail::Keeper>* prev = detail::node_keeper();
+    explicit KeeperScope(std::shared_ptr<detail::Keeper>* k) { detail::node_keeper() = k; }
+    ~KeeperScope() { detail::node_keeper() = prev; }
+  } keeping(&keeper);
   const size_t n = ops.size();
   // Step 1: dead ops, newest first.
   std::vector<char> live(n, 1);

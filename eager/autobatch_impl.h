@@ -15,6 +15,7 @@
 #include "core/dispatch.h"
 #include "core/ops.h"
 #include "eager/autobatch.h"
+#include "eager/node.h"
 
 namespace duet {
 
@@ -269,12 +270,19 @@ struct OpIndex {
 
 // A run's per-sample graph, kept for the backward through its batches (Note [Gradients off
 // the loss's path] in eager/autobatch_reach.cpp).
-struct SampleGraph {
+struct SampleGraph final : detail::Keeper {
   std::vector<int32_t> edge_at, edges;  // each op's pending operands' producers (as OpIndex's)
   std::vector<uint64_t> reached;        // by op: the backward (backward_id) that reached it
   std::vector<char> grad;               // by op: whether it records a gradient (PendingOp::grad)
   std::vector<std::vector<int32_t>> readers;  // by gate: the ops that read its tensor
   bool open = false;  // a backward with create_graph ran: every gate passes its gradient on
+  std::vector<int32_t> survivors;  // the ops whose results outlived the run with their history
+  // Whether the run's nodes keep their saved values past the running backward: a survivor was
+  // not reached (yet). Cached per backward and marks made (Note [Batches shared by losses]).
+  bool keep() override;
+  uint64_t marks = 0, cached_backward = 0, cached_marks = 0;
+  bool cached = false;
+  std::vector<char> consumed;  // by survivor: reached by a backward that did not retain
   // Op `op` and the ops behind it were reached in backward `backward`.
   void mark(int32_t op, uint64_t backward);
   // Whether backward `backward` reached one of gate's readers.

@@ -22,6 +22,18 @@
 // zeros a gate holds back are exactly what the samples off the path added, so the gradients
 // of everything that is on it are unchanged. A later backward from another result (a second
 // loss, with retain_graph) marks its own samples: reached holds the backward's number.
+//
+// Note [Batches shared by losses]
+// Eagerly, two losses of separate samples have separate graphs: a backward from one frees its
+// graph's saved values, and a backward from the other still runs. Batched, their samples share
+// the batches' tape nodes, so the first backward would free what the second needs. So the run's
+// nodes (made while it runs: node_keeper) have the run's graph as their keeper, and a backward
+// that does not retain the graph frees their saved values only once every survivor was
+// reached by it or by an earlier such backward (SampleGraph::keep). A survivor that the loss was
+// computed from counts as reached, as eagerly the loss's backward frees its graph too. A
+// backward from a survivor spent so raises the engine's error, as eagerly; until then the saved
+// values live as long as the results that hold the nodes.
+//
 // A backward with create_graph opens the graph for good: the gradient it records reads the
 // batches' saved values, so a backward through that gradient enters the batches at any node,
 // not through the marks. An open graph's gates pass every gradient on, zeros included.
@@ -38,6 +50,7 @@ namespace autobatch {
 void SampleGraph::mark(int32_t op, uint64_t backward) {
   if (static_cast<size_t>(op) >= reached.size() || reached[static_cast<size_t>(op)] == backward)
     return;
+  ++marks;
   reached[static_cast<size_t>(op)] = backward;
   std::vector<int32_t> todo{op};
   while (!todo.empty()) {
@@ -58,6 +71,23 @@ bool SampleGraph::read_by_reached(size_t gate, uint64_t backward) const {
   for (int32_t r : readers[gate])
     if (reached[static_cast<size_t>(r)] == backward) return true;
   return false;
+}
+
+bool SampleGraph::keep() {
+  const uint64_t backward = detail::backward_id();
+  if (cached_backward == backward && cached_marks == marks && cached_backward != 0) return cached;
+  // (Asked only by a backward that does not retain the graph: what it reached is spent.)
+  consumed.resize(survivors.size());
+  bool waiting = false;
+  for (size_t k = 0; k < survivors.size(); ++k) {
+    const auto s = static_cast<size_t>(survivors[k]);
+    if (s < reached.size() && reached[s] == backward) consumed[k] = 1;
+    waiting = waiting || !consumed[k];
+  }
+  cached_backward = backward;
+  cached_marks = marks;
+  cached = waiting;
+  return waiting;
 }
 
 namespace {
@@ -118,12 +148,13 @@ Tensor Autobatch::Impl::gated(const Tensor& x, const int32_t* readers, size_t co
     t->refresh_contiguous();
     t->requires_grad = true;
     std::shared_ptr<SampleGraph> held = graph_;
-    detail::autograd_meta(*t).grad_fn =
-        node_over(gate_def(), x, [held, at](const Tensor& grad, const bool* needs, Tensor* gi) {
-          held->open = held->open || detail::grad_mode();
-          if (needs[0] && (held->open || held->read_by_reached(at, detail::backward_id())))
-            gi[0] = grad;
-        });
+    std::shared_ptr<detail::Node>& fn = detail::autograd_meta(*t).grad_fn;
+    fn = node_over(gate_def(), x, [held, at](const Tensor& grad, const bool* needs, Tensor* gi) {
+      held->open = held->open || detail::grad_mode();
+      if (needs[0] && (held->open || held->read_by_reached(at, detail::backward_id())))
+        gi[0] = grad;
+    });
+    fn->keeper = held;  // (a later loss's backward may pass it again)
     it->second = {Tensor(std::move(alias)), at};
   }
   std::vector<int32_t>& r = graph_->readers[it->second.second];
@@ -132,11 +163,8 @@ Tensor Autobatch::Impl::gated(const Tensor& x, const int32_t* readers, size_t co
 }
 
 void Autobatch::Impl::mark_survivor(PendingOp& o, int32_t id, const Tensor& history) {
+  graph().survivors.push_back(id);
   std::shared_ptr<SampleGraph> held = graph_;
-  if (!held) {
-    graph();
-    held = graph_;
-  }
   detail::autograd_meta(*o.impl).grad_fn =
       node_over(mark_def(), history, [held, id](const Tensor& grad, const bool* needs, Tensor* gi) {
         held->open = held->open || detail::grad_mode();

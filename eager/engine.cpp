@@ -342,6 +342,7 @@ class BackwardRun {
   bool gather_inputs(const Node& n, uint32_t& stale);
   void apply_rule(Node& n, const Tensor& g, uint32_t stale);
   void release(Node& n);
+  static bool kept(const Node& n);
   void send_grads(const Node& n, bool none_ok = false);
   bool add_into_slice(const Node& n, const Tensor& g);
 
@@ -469,6 +470,10 @@ void BackwardRun::apply_rule(Node& n, const Tensor& g, uint32_t stale) {
   }
 }
 
+// Whether a node's keeper keeps its saved values past this backward (Note [Batches shared by
+// losses] in eager/autobatch_reach.cpp).
+bool BackwardRun::kept(const Node& n) { return n.keeper && n.keeper->keep(); }
+
 // Without retain_graph a node's saved tensors are freed once its rule has run.
 void BackwardRun::release(Node& n) {
   n.released = true;
@@ -583,7 +588,7 @@ void BackwardRun::run() {
       r->run(g);
     }
     if (add_into_slice(*n, g)) {
-      if (!retain_graph_) release(*n);
+      if (!retain_graph_ && !kept(*n)) release(*n);
       continue;
     }
     uint32_t stale = 0;
@@ -593,7 +598,7 @@ void BackwardRun::run() {
     // transport's calls: give them a turn between nodes.
     if (__builtin_expect(dist::detail::g_started.load(std::memory_order_relaxed) > 0, 0))
       dist::detail::progress();
-    if (!retain_graph_) release(*n);
+    if (!retain_graph_ && !kept(*n)) release(*n);
     send_grads(*n, none_ok);
   }
   int64_t pending = 0;

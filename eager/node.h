@@ -42,6 +42,14 @@ struct InputEdge {
   bool needs = false;        ///< the input requires grad
 };
 
+/// What keeps a node's saved values past a backward that does not retain the graph, while
+/// keep() says so: the nodes of an Autobatch run whose batches results not yet reached still
+/// read (Note [Batches shared by losses] in eager/autobatch_reach.cpp).
+struct Keeper {
+  virtual ~Keeper() = default;
+  virtual bool keep() = 0;
+};
+
 struct Node : std::enable_shared_from_this<Node> {
   Node() = default;
   Node(const Node&) = delete;
@@ -80,6 +88,9 @@ struct Node : std::enable_shared_from_this<Node> {
   /// Set on a node of a checkpointed region that gave up saved values: the backward runs it
   /// before the node's rule, which refills them.
   std::shared_ptr<Recompute> recompute;
+  /// Set on the nodes of an Autobatch run (node_keeper()): asked before the node's saved values
+  /// are freed.
+  std::shared_ptr<Keeper> keeper;
 };
 
 /// A new tape node, from the thread's cache of freed ones (Note [Tensor object cache]).
@@ -103,6 +114,9 @@ inline OpDef opaque_node_def(const char* name) {
 /// While not null, each tape node that autograd_prepare makes on this thread is appended to
 /// the list (a checkpoint collects the nodes of its region).
 std::vector<std::weak_ptr<Node>>*& checkpoint_nodes();
+/// While not null, each tape node that autograd_prepare makes on this thread gets it as its
+/// keeper (an Autobatch run's).
+std::shared_ptr<Keeper>*& node_keeper();
 /// Fills the edge along which an input's gradient flows: to its grad_fn, or to it as a leaf.
 void set_input_edge(InputEdge& e, const Tensor& t);
 /// t's grad_fn (t must have one), regenerated first when t is a view whose base was written in

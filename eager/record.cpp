@@ -92,6 +92,11 @@ std::vector<std::weak_ptr<Node>>*& checkpoint_nodes() {
   return nodes;
 }
 
+std::shared_ptr<Keeper>*& node_keeper() {
+  thread_local std::shared_ptr<Keeper>* keeper = nullptr;
+  return keeper;
+}
+
 uint64_t next_sequence() { return g_sequence.fetch_add(1, std::memory_order_relaxed); }
 
 Node::~Node() {
@@ -167,6 +172,7 @@ std::shared_ptr<Node> autograd_prepare(const OpDef& def, TensorRefs in, const At
   }
   if (def.cls == OpClass::View && n == 1) node->view_source = in[0].unsafe_impl()->storage.get();
   if (std::vector<std::weak_ptr<Node>>* region = checkpoint_nodes()) region->push_back(node);
+  if (std::shared_ptr<Keeper>* keeper = node_keeper()) node->keeper = *keeper;
   return node;
 }
 

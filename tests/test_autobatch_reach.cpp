@@ -76,6 +76,32 @@ TEST_CASE("autobatch: a weight only samples off the loss's path read gets no gra
   CHECK(close(got_off, m.w_off.grad(), 1e-5));
 }
 
+TEST_CASE("autobatch: a second loss's backward runs after the first's, as eagerly") {
+  // The two losses' samples share batches; eagerly their graphs are separate, and the first
+  // backward (not retaining its graph) leaves the second's alone (Note [Batches shared by
+  // losses] in eager/autobatch_reach.cpp). A third backward, from a loss spent, raises.
+  TwoHeads m;
+  std::vector<Tensor> want;
+  for (bool batched : {false, true}) {
+    CAPTURE(batched);
+    m.clear();
+    std::optional<Autobatch> scope;
+    if (batched) scope.emplace();
+    auto [loss, kept] = m.forward(false);
+    loss.backward();
+    kept.backward();
+    REQUIRE(m.w_on.grad().defined());
+    REQUIRE(m.w_off.grad().defined());
+    if (!batched) {
+      want = {m.w_on.grad().clone(), m.w_off.grad().clone()};
+    } else {
+      CHECK(close(m.w_on.grad(), want[0], 1e-5));
+      CHECK(close(m.w_off.grad(), want[1], 1e-5));
+    }
+    CHECK_THROWS_AS(loss.backward(), Error);
+  }
+}
+
 TEST_CASE("autobatch: Adam leaves a parameter off the loss's path alone") {
   // After a step on both heads, Adam's moments of w_off are not zero: a gradient of zeros in the
   // next step would still move it. Eagerly it gets none there, and Adam skips it.
