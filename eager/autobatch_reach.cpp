@@ -21,7 +21,10 @@
 // alias), so after every mark behind them: each reader's fate is known when its gate runs. The
 // zeros a gate holds back are exactly what the samples off the path added, so the gradients
 // of everything that is on it are unchanged. A later backward from another result (a second
-// loss, with retain_graph) marks its own samples: reached holds the backward's number.
+// loss) marks its own samples: reached holds the backward's number.
+// A backward with create_graph opens the graph for good: the gradient it records reads the
+// batches' saved values, so a backward through that gradient enters the batches at any node,
+// not through the marks. An open graph's gates pass every gradient on, zeros included.
 //
 // Note [Batches shared by losses]
 // Eagerly, two losses of separate samples have separate graphs: a backward from one frees its
@@ -33,10 +36,6 @@
 // computed from counts as reached, as eagerly the loss's backward frees its graph too. A
 // backward from a survivor spent so raises the engine's error, as eagerly; until then the saved
 // values live as long as the results that hold the nodes.
-//
-// A backward with create_graph opens the graph for good: the gradient it records reads the
-// batches' saved values, so a backward through that gradient enters the batches at any node,
-// not through the marks. An open graph's gates pass every gradient on, zeros included.
 #include <algorithm>
 
 #include "eager/autobatch_impl.h"
