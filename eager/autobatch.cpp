@@ -288,6 +288,7 @@ int32_t Autobatch::Impl::record(const OpCall& c, const TensorImplPtr& out, bool 
   index_.out.push_back(out->storage.get());
   index_.sig.push_back(sig);
   index_.depth.push_back(depth);
+  index_.grad.push_back(grad);
   index_.edge_at.push_back(static_cast<int32_t>(index_.edges.size()));
   ops_.push_back(std::move(op));
   return id;
@@ -433,7 +434,7 @@ void Autobatch::Impl::run() {
     }
   }
   end_run(ops);
-  keep_graph(ops, index);
+  keep_graph(index);
   stats_.kernels_launched += kernels_ - kernels_before;
   tls_stats = stats();
   ops.clear();  // (end_run let go of their results; nothing records while a run runs)

@@ -257,12 +257,14 @@ std::vector<std::vector<int32_t>> split_by_operand(const std::vector<PendingOp>&
 struct OpIndex {
   std::vector<const StorageImpl*> out;  // the op's result's storage
   std::vector<int32_t> sig, depth;      // its signature and depth (step 3 of Note [Autobatch])
+  std::vector<char> grad;               // whether it records a gradient (PendingOp::grad)
   std::vector<int32_t> edge_at{0};      // its pending operands' producers: edges[edge_at[i]..]
   std::vector<int32_t> edges;
   void clear() {
     out.clear();
     sig.clear();
     depth.clear();
+    grad.clear();
     edge_at.assign(1, 0);
     edges.clear();
   }
@@ -312,7 +314,7 @@ struct Autobatch::Impl final : DispatchMode, LazyRunner {
   Tensor gated(const Tensor& x, const int32_t* readers, size_t count);
   Tensor gated(const Tensor& x, int32_t reader) { return gated(x, &reader, 1); }
   void mark_survivor(PendingOp& o, int32_t id, const Tensor& history);
-  void keep_graph(const std::vector<PendingOp>& ops, const OpIndex& index);
+  void keep_graph(const OpIndex& index);
   void end_run(std::vector<PendingOp>& ops);  // Note [The run's end] in eager/autobatch_tape.cpp
   void run_group(std::vector<PendingOp>& ops, const Attrs& attrs, const std::vector<int32_t>& ids);
   void run_picks(std::vector<PendingOp>& ops, const Attrs& attrs, std::vector<int32_t> ids);

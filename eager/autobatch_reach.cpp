@@ -172,13 +172,12 @@ void Autobatch::Impl::mark_survivor(PendingOp& o, int32_t id, const Tensor& hist
       });
 }
 
-void Autobatch::Impl::keep_graph(const std::vector<PendingOp>& ops, const OpIndex& index) {
+void Autobatch::Impl::keep_graph(const OpIndex& index) {
   if (graph_) {
     graph_->edge_at = index.edge_at;
     graph_->edges = index.edges;
-    graph_->reached.assign(ops.size(), 0);
-    graph_->grad.resize(ops.size());
-    for (size_t i = 0; i < ops.size(); ++i) graph_->grad[i] = ops[i].grad;
+    graph_->grad = index.grad;
+    graph_->reached.assign(index.grad.size(), 0);
   }
   graph_.reset();
   gates_.clear();
