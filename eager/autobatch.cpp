@@ -313,7 +313,7 @@ void Autobatch::Impl::run() {
     Autobatch::Impl& impl;
     ~Release() {
       impl.batches_.clear();
-      impl.gates_.clear();  // (keep_graph did, unless the run failed)
+      impl.gates_.clear();  // (the nodes that need them hold them)
       impl.graph_.reset();
       impl.run_ops_ = nullptr;
       impl.run_index_ = nullptr;
@@ -324,8 +324,8 @@ void Autobatch::Impl::run() {
   ++stats_.runs;
   // The run's tape nodes keep their saved values while a result not yet reached reads them
   // (Note [Batches shared by losses] in eager/autobatch_reach.cpp).
-  std::shared_ptr<detail::Keeper> keeper = std::static_pointer_cast<detail::Keeper>(
-      graph_ ? graph_ : (graph_ = std::make_shared<SampleGraph>()));
+  graph_ = std::make_shared<SampleGraph>();
+  std::shared_ptr<detail::Keeper> keeper = graph_;
   struct KeeperScope {
     std::shared_ptr<detail::Keeper>* prev = detail::node_keeper();
     explicit KeeperScope(std::shared_ptr<detail::Keeper>* k) { detail::node_keeper() = k; }

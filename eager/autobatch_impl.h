@@ -307,10 +307,9 @@ struct Autobatch::Impl final : DispatchMode, LazyRunner {
   // (read by `readers`, or by o alone when null).
   Tensor with_history(std::vector<PendingOp>& ops, const PendingOp& o, size_t p,
                       const std::vector<int32_t>* readers = nullptr);
-  // Note [Gradients off the loss's path] in eager/autobatch_reach.cpp: the run's graph, a
-  // tensor from outside the run through its gate (x itself when it needs none), a survivor's
-  // mark, and the graph kept for the backward as the run ends.
-  SampleGraph& graph();
+  // Note [Gradients off the loss's path] in eager/autobatch_reach.cpp: a tensor from outside the
+  // run through its gate (x itself when it needs none), a survivor's mark, and the run's graph
+  // (graph_, made as the run starts) kept for the backward as the run ends.
   Tensor gated(const Tensor& x, const int32_t* readers, size_t count);
   Tensor gated(const Tensor& x, int32_t reader) { return gated(x, &reader, 1); }
   void mark_survivor(PendingOp& o, int32_t id, const Tensor& history);

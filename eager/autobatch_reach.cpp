@@ -121,40 +121,25 @@ std::shared_ptr<detail::Node> node_over(
 
 }  // namespace autobatch
 
-SampleGraph& Autobatch::Impl::graph() {
-  if (!graph_) graph_ = std::make_shared<SampleGraph>();
-  return *graph_;
-}
-
 Tensor Autobatch::Impl::gated(const Tensor& x, const int32_t* readers, size_t count) {
-  TensorImpl* xi = x.unsafe_impl();
+  const TensorImpl* xi = x.unsafe_impl();
   if (!xi->requires_grad) return x;  // (callers ask only for groups that record a gradient)
   auto [it, fresh] = gates_.try_emplace(xi);
   if (fresh) {
-    SampleGraph& g = graph();
-    const size_t at = g.readers.size();
-    g.readers.emplace_back();
+    const size_t at = graph_->readers.size();
+    graph_->readers.emplace_back();
     // An alias of x (its memory, read the same way) whose history is the gate.
-    auto* t = new TensorImpl();
-    TensorImplPtr alias = TensorImplPtr::adopt(t);
-    t->dtype = xi->dtype;
-    t->shape = xi->shape;
-    t->strides = xi->strides;
-    t->offset = xi->offset;
-    t->storage = xi->storage;
-    t->sym = xi->sym;
-    t->is_view = true;
-    t->refresh_contiguous();
-    t->requires_grad = true;
+    Tensor alias = detail::make_view(x, xi->shape, xi->strides, xi->offset);
+    alias.unsafe_impl()->requires_grad = true;
     std::shared_ptr<SampleGraph> held = graph_;
-    std::shared_ptr<detail::Node>& fn = detail::autograd_meta(*t).grad_fn;
+    std::shared_ptr<detail::Node>& fn = detail::autograd_meta(*alias.unsafe_impl()).grad_fn;
     fn = node_over(gate_def(), x, [held, at](const Tensor& grad, const bool* needs, Tensor* gi) {
       held->open = held->open || detail::grad_mode();
       if (needs[0] && (held->open || held->read_by_reached(at, detail::backward_id())))
         gi[0] = grad;
     });
     fn->keeper = held;  // (a later loss's backward may pass it again)
-    it->second = {Tensor(std::move(alias)), at};
+    it->second = {std::move(alias), at};
   }
   std::vector<int32_t>& r = graph_->readers[it->second.second];
   r.insert(r.end(), readers, readers + count);
@@ -162,7 +147,7 @@ Tensor Autobatch::Impl::gated(const Tensor& x, const int32_t* readers, size_t co
 }
 
 void Autobatch::Impl::mark_survivor(PendingOp& o, int32_t id, const Tensor& history) {
-  graph().survivors.push_back(id);
+  graph_->survivors.push_back(id);
   std::shared_ptr<SampleGraph> held = graph_;
   detail::autograd_meta(*o.impl).grad_fn =
       node_over(mark_def(), history, [held, id](const Tensor& grad, const bool* needs, Tensor* gi) {
@@ -173,14 +158,10 @@ void Autobatch::Impl::mark_survivor(PendingOp& o, int32_t id, const Tensor& hist
 }
 
 void Autobatch::Impl::keep_graph(const OpIndex& index) {
-  if (graph_) {
-    graph_->edge_at = index.edge_at;
-    graph_->edges = index.edges;
-    graph_->grad = index.grad;
-    graph_->reached.assign(index.grad.size(), 0);
-  }
-  graph_.reset();
-  gates_.clear();
+  graph_->edge_at = index.edge_at;
+  graph_->edges = index.edges;
+  graph_->grad = index.grad;
+  graph_->reached.assign(index.grad.size(), 0);
 }
 
 }  // namespace duet

@@ -107,6 +107,11 @@ bool finite(const SampleRun& r) {
   return true;
 }
 
+// The relative tolerance for want's dtype (the absolute one is it times max(1, max |want|)).
+double tolerance(const Tensor& want, bool through_f32) {
+  return want.dtype() == DType::f64 && !through_f32 ? 1e-9 : is_floating(want.dtype()) ? 1e-4 : 0;
+}
+
 // What differs between the autobatched tensor and the eager one, or "". `through_f32`: f64
 // values may have been computed in f32 (a program of both), and compare at f32's tolerance.
 // `zeros_for_none`: zeros may stand for no gradient (a sample's part of the gradient of an
@@ -124,9 +129,7 @@ std::string compare(const Tensor& got, const Tensor& want, const std::string& wh
   if (got.sizes() != want.sizes() || got.dtype() != want.dtype())
     return fmt::format("{}: autobatched {} {}, eagerly {} {}\n", what, dtype_name(got.dtype()),
                        got.sizes(), dtype_name(want.dtype()), want.sizes());
-  const double tol = want.dtype() == DType::f64 && !through_f32 ? 1e-9
-                     : is_floating(want.dtype())                ? 1e-4
-                                                                : 0;
+  const double tol = tolerance(want, through_f32);
   const double scale = is_floating(want.dtype()) ? std::max(1.0, max_abs(want)) : 1.0;
   const std::string d = differences(values(got), values(want), tol, tol * scale);
   return d.empty()
@@ -169,7 +172,7 @@ bool within_noise(const Tensor& got, const Tensor& want, const Tensor& moved, bo
   if (!want.defined()) return true;
   if (!is_floating(want.dtype()) || got.sizes() != want.sizes() || moved.sizes() != want.sizes())
     return false;
-  const double tol = want.dtype() == DType::f64 && !through_f32 ? 1e-9 : 1e-4;
+  const double tol = tolerance(want, through_f32);
   const double atol = tol * std::max(1.0, max_abs(want));
   const std::vector<double> g = values(got), w = values(want), m = values(moved);
   for (size_t j = 0; j < w.size(); ++j)
