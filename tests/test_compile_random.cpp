@@ -8,7 +8,8 @@
 // output and of all outputs together) are compared, and the number of traces is checked (no
 // retrace for new values; one for each new signature). Tolerances: f32 rtol 1.3e-5 and atol
 // 1.5e-5, f64 1e-7 (f32's in programs of the fusion mix or with control flow that compute in
-// both, see mixes_precision), integers and bools exactly; atol scales with the tensor's largest
+// both, see mixes_precision), bf16 and f16 values, integers and bools exactly (bf16 and f16
+// gradients within two ulps); atol scales with the tensor's largest
 // magnitude (compare_tensors and compare_grads say why), and in the fusion mix, for the
 // gradients of broadcast operands, with the square root of how many terms each of their elements
 // sums (gradient_widening). On a mismatch the seed, the program (one line per step, with the
@@ -28,8 +29,9 @@
 // the batch dim symbolic, and that the ops meeting the batch dim met it.
 //
 // DUET_RANDOM_PROGRAMS=n runs seeds 0..n-1 (default 2000); DUET_RANDOM_SEED=s runs seed s only.
-// DUET_FUSION_PROGRAMS and DUET_FUSION_SEED do the same for the fusion mix (default 600), and
-// DUET_BATCH_PROGRAMS and DUET_BATCH_SEED for the batch mix (default 300).
+// DUET_FUSION_PROGRAMS and DUET_FUSION_SEED do the same for the fusion mix (default 600),
+// DUET_LOW_FUSION_PROGRAMS and DUET_LOW_FUSION_SEED for its bf16 and f16 programs (default 300),
+// and DUET_BATCH_PROGRAMS and DUET_BATCH_SEED for the batch mix (default 300).
 // DUET_REDUCE=1 also shrinks each failing program (reduce_program) and prints the result.
 #include <algorithm>
 #include <cmath>
@@ -51,15 +53,19 @@ namespace {
 
 // ---- running and comparing ----
 
-struct Tol {
-  double rtol, atol;
-};
+using Tol = Tolerance;
 // `through_f32`: f64 values may have been computed in f32 (see mixes_precision); `widen`
-// multiplies atol (see gradient_widening).
-Tol tolerance(DType d, bool through_f32 = false, double widen = 1) {
-  if (d == DType::f32 || (d == DType::f64 && through_f32)) return {1.3e-5, 1.5e-5 * widen};
-  if (d == DType::f64) return {1e-7, 1e-7 * widen};
-  return {0, 0};
+// multiplies atol (see gradient_widening); `gradient`: a bf16 or f16 gradient may be a few ulps
+// off where a low-precision sum on its way rounded the other way, its values not at all (Note
+// [Low-precision fusion programs] in random_program_fusion.cpp).
+Tol tolerance(DType d, bool through_f32 = false, double widen = 1, bool gradient = false) {
+  if (gradient && (d == DType::bf16 || d == DType::f16)) {
+    const double two_ulps = d == DType::bf16 ? 0x1p-6 : 0x1p-9;  // at magnitude 1
+    return {two_ulps, two_ulps};
+  }
+  Tol t = value_tolerance(d == DType::f64 && through_f32 ? DType::f32 : d);
+  t.atol *= widen;
+  return t;
 }
 
 // Compares a compiled result with the eager one. Floating absolute tolerances scale with the
@@ -68,11 +74,11 @@ Tol tolerance(DType d, bool through_f32 = false, double widen = 1) {
 // from, and those are bounded by the tensor's scale, not by the element. Values stay O(1) by
 // construction (see the generator), so the scale is 1 for most tensors.
 std::string compare_tensors(const Tensor& got, const Tensor& want, const std::string& what,
-                            bool through_f32 = false, double widen = 1) {
+                            bool through_f32 = false, double widen = 1, bool gradient = false) {
   if (got.sizes() != want.sizes() || got.dtype() != want.dtype())
     return fmt::format("{}: compiled gives {} {}, eager {} {}\n", what, dtype_name(got.dtype()),
                        got.sizes(), dtype_name(want.dtype()), want.sizes());
-  Tol t = tolerance(want.dtype(), through_f32, widen);
+  Tol t = tolerance(want.dtype(), through_f32, widen, gradient);
   const double scale = is_floating(want.dtype()) ? std::max(1.0, max_abs(want)) : 1.0;
   std::string d = differences(values(got), values(want), t.rtol, t.atol * scale);
   return d.empty()
@@ -85,7 +91,7 @@ std::string compare_tensors(const Tensor& got, const Tensor& want, const std::st
 std::string combined_differences(const Tensor& got, const std::vector<Tensor>& terms,
                                  const std::string& what, bool through_f32 = false,
                                  double widen = 1) {
-  const Tol t = tolerance(got.dtype(), through_f32, widen);
+  const Tol t = tolerance(got.dtype(), through_f32, widen, true);
   std::vector<double> want(size_t(got.numel()), 0.0), tol(want.size(), 0.0);
   for (const Tensor& term : terms) {
     if (term.sizes() != got.sizes()) return fmt::format("{}: shapes differ\n", what);
@@ -214,7 +220,7 @@ bool has_control_flow(const Program& p) {
 /// gradients from inside and outside the construct, or step by step, where eager's tape adds
 /// them as they come.)
 bool mixes_precision(const Program& p) {
-  if (p.mix != Mix::Fusion && !has_control_flow(p)) return false;
+  if (!fusion_mix(p.mix) && !has_control_flow(p)) return false;
   return has_dtype(p, DType::f32) && has_dtype(p, DType::f64);
 }
 
@@ -226,7 +232,7 @@ bool mixes_precision(const Program& p) {
 /// size of the terms, not of the result.
 std::vector<double> gradient_widening(const Program& p) {
   std::vector<double> w(p.inputs.size(), 1.0);
-  if (p.mix != Mix::Fusion) return w;
+  if (!fusion_mix(p.mix)) return w;
   int64_t most = 1;
   for (const InputSpec& in : p.inputs) most = std::max(most, in.shape.numel());
   for (size_t i = 0; i < w.size(); ++i)
@@ -330,7 +336,7 @@ struct Calls {
         err += compare_tensors(
             g[i], e.per_output[j][i],
             fmt::format("{}, gradient of input %{} from output {}", which, e.wrt[i], e.diff[j]),
-            loose, widen[size_t(e.wrt[i])]);
+            loose, widen[size_t(e.wrt[i])], true);
     }
     std::vector<Tensor> g = gradients(outs, e.diff, in, e.wrt, e.gouts, false);
     for (size_t i = 0; i < g.size(); ++i) {
@@ -797,15 +803,23 @@ TEST_CASE("random programs: compiled outputs and gradients match eager") {
 
 // Programs of elementwise chains, diamonds, broadcasts and reductions (the fusion mix): the same
 // comparison, and most of them must have run fused kernels, or the test would prove nothing
-// about fusion.
-TEST_CASE("random programs built to stress fusion") {
+// about fusion. Its bf16 and f16 programs (Note [Low-precision fusion programs] in
+// random_program_fusion.cpp) must agree bit for bit on every low-precision value.
+void run_fusion_seeds(Mix mix, const char* count, int fallback, const char* one) {
   Coverage cov;
-  const std::vector<uint64_t> seeds =
-      seeds_from_env("DUET_FUSION_PROGRAMS", 600, "DUET_FUSION_SEED");
-  run_seeds(seeds, cov, Mix::Fusion);
+  const std::vector<uint64_t> seeds = seeds_from_env(count, fallback, one);
+  run_seeds(seeds, cov, mix);
   CHECK(cov.failed == 0);
   CHECK(cov.skipped * 50 <= int(seeds.size()));
   CHECK(cov.fused * 4 >= cov.programs * 3);
+}
+
+TEST_CASE("random programs built to stress fusion") {
+  run_fusion_seeds(Mix::Fusion, "DUET_FUSION_PROGRAMS", 600, "DUET_FUSION_SEED");
+}
+
+TEST_CASE("random bf16 and f16 programs built to stress fusion") {
+  run_fusion_seeds(Mix::LowFusion, "DUET_LOW_FUSION_PROGRAMS", 300, "DUET_LOW_FUSION_SEED");
 }
 
 // Programs with a batch dim (the batch mix, random_program.h), compiled with that dim symbolic:
@@ -864,8 +878,9 @@ TEST_CASE("random programs with a symbolic batch dim") {
   }
 }
 
-// The comparison itself: compiled outputs off by 1e-4 (relative and absolute; about 800 f32 ulps)
-// must be noticed in nearly every program (not in those with integer and bool outputs only).
+// The comparison itself: compiled outputs off by 1e-4 (relative and absolute; about 800 f32 ulps;
+// a bf16 ulp in the low-precision programs) must be noticed in nearly every program (not in those
+// with integer and bool outputs only).
 TEST_CASE("random programs: the comparison notices an error of 1e-4") {
   Coverage cov;
   int noticed = 0;
@@ -878,6 +893,13 @@ TEST_CASE("random programs: the comparison notices an error of 1e-4") {
     fused += !run_seed(seed, cov, 1e-4, Mix::Fusion).empty();
   INFO(fused << " of 30 fusion-mix programs noticed");
   CHECK(fused >= 28);
+  // And in its bf16 and f16 programs, compared bit for bit: an error of 1e-4 rounds away in
+  // most low-precision values, one ulp (2^-7 for bf16 at magnitude 1) does not.
+  int low = 0;
+  for (uint64_t seed = 0; seed < 30; ++seed)
+    low += !run_seed(seed, cov, 0x1p-7, Mix::LowFusion).empty();
+  INFO(low << " of 30 low-precision fusion-mix programs noticed");
+  CHECK(low >= 28);
   // And in programs of the batch mix, at every batch size.
   BatchCoverage bc;
   int batched = 0;

@@ -95,9 +95,7 @@ std::vector<FusedProgram> random_fusion_groups(uint64_t seeds) {
     Program p;
     p.seed = seed;
     Generator gen(p, seed, Mix::Fusion);
-    gen.make_inputs();
-    if (!gen.make_steps(gen.random_length()).empty()) continue;
-    gen.choose_outputs();
+    if (!gen.build()) continue;
     auto f = compile([&p](std::vector<Tensor> xs) { return run_program(p, xs); });
     try {
       f(build_inputs(p, gen.first_values(), false));

@@ -264,9 +264,7 @@ std::pair<int, int> random_programs(const std::function<Ins(const Ins&)>& to_dev
       Program p;
       p.seed = seed;
       Generator gen(p, seed, mix);
-      gen.make_inputs();
-      if (!gen.make_steps(gen.random_length()).empty()) continue;
-      gen.choose_outputs();
+      if (!gen.build()) continue;
       INFO("seed " << seed << "\n" << program_text(p));
       Rng r = rng_for(seed, 9);
       std::vector<Tensor> cap_eager(p.inputs.size()), cap_compiled(p.inputs.size());

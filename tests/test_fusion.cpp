@@ -205,49 +205,56 @@ TEST_CASE("fusion: groups never need each other (a cycle through a third group)"
 }
 
 // The generated kernels on programs nobody wrote by hand: random programs of the fusion mix
-// (random_program.h: elementwise chains, diamonds, broadcasts, reductions), each run compiled
-// on the interpreter and then, in test_fusion_codegen, on its generated kernels, against eager.
-// (test_compile_random_codegen runs many more programs with the generated tier on, but its
-// kernels are built in the background and most programs end before theirs are swapped in.)
+// (random_program.h: elementwise chains, diamonds, broadcasts, reductions), in f32 and f64 and
+// in bf16 and f16, each run compiled on the interpreter and then, in test_fusion_codegen, on its
+// generated kernels, against eager: bf16 and f16 values bit for bit (Note [Low-precision fusion
+// programs] in random_program_fusion.cpp). (test_compile_random_codegen runs many more programs
+// with the generated tier on, but its kernels are built in the background and most programs end
+// before theirs are swapped in.)
 TEST_CASE("fusion: random programs of the fusion mix equal eager, on generated kernels too") {
-  const int64_t loaded_before = codegen::stats().loaded;
-  int programs = 0, fused = 0;
-  for (uint64_t seed = 0; seed < 12; ++seed) {
-    Program p;
-    p.seed = seed;
-    Generator gen(p, seed, Mix::Fusion);
-    gen.make_inputs();
-    if (!gen.make_steps(gen.random_length()).empty()) continue;
-    gen.choose_outputs();
-    INFO("seed " << seed << "\n" << program_text(p));
-    auto fn = [&p](const std::vector<Tensor>& xs) { return run_program(p, xs); };
-    auto c = compile(fn);
-    Rng r = rng_for(seed, 9);
-    for (int t = 0; t < tiers(); ++t, next_tier()) {
-      INFO("tier " << t);
-      const Values vals = t == 0 ? gen.first_values() : gen.sample_values(r);
-      const std::vector<Tensor> in = build_inputs(p, vals, false);
-      manual_seed(kRandSeed);
-      const std::vector<Tensor> want = fn(in);
-      manual_seed(kRandSeed);
-      const std::vector<Tensor> got = c(in);
-      REQUIRE(got.size() == want.size());
-      for (size_t k = 0; k < got.size(); ++k) {
-        INFO("output " << k);
-        if (floating(want[k]) && max_abs(want[k]) > 1e4) continue;  // ill-conditioned
-        CHECK(got[k].sizes() == want[k].sizes());
-        CHECK(got[k].dtype() == want[k].dtype());
-        if (got[k].sizes() != want[k].sizes() || got[k].dtype() != want[k].dtype()) continue;
-        const std::string m = differences(values(got[k]), values(want[k]), 1e-4, 1e-4);
-        CHECK_MESSAGE(m.empty(), m);
+  for (Mix mix : {Mix::Fusion, Mix::LowFusion}) {
+    INFO((mix == Mix::Fusion ? "fusion mix" : "fusion mix in bf16 and f16"));
+    const int64_t loaded_before = codegen::stats().loaded;
+    int programs = 0, fused = 0;
+    for (uint64_t seed = 0; seed < 12; ++seed) {
+      Program p;
+      p.seed = seed;
+      Generator gen(p, seed, mix);
+      if (!gen.build()) continue;
+      INFO("seed " << seed << "\n" << program_text(p));
+      auto fn = [&p](const std::vector<Tensor>& xs) { return run_program(p, xs); };
+      auto c = compile(fn);
+      Rng r = rng_for(seed, 9);
+      for (int t = 0; t < tiers(); ++t, next_tier()) {
+        INFO("tier " << t);
+        const Values vals = t == 0 ? gen.first_values() : gen.sample_values(r);
+        const std::vector<Tensor> in = build_inputs(p, vals, false);
+        manual_seed(kRandSeed);
+        const std::vector<Tensor> want = fn(in);
+        manual_seed(kRandSeed);
+        const std::vector<Tensor> got = c(in);
+        REQUIRE(got.size() == want.size());
+        for (size_t k = 0; k < got.size(); ++k) {
+          INFO("output " << k);
+          if (floating(want[k]) && max_abs(want[k]) > 1e4) continue;  // ill-conditioned
+          CHECK(got[k].sizes() == want[k].sizes());
+          CHECK(got[k].dtype() == want[k].dtype());
+          if (got[k].sizes() != want[k].sizes() || got[k].dtype() != want[k].dtype()) continue;
+          if (is_low_precision(want[k].dtype())) {
+            CHECK(bitwise_equal(got[k], want[k]));
+            continue;
+          }
+          const std::string m = differences(values(got[k]), values(want[k]), 1e-4, 1e-4);
+          CHECK_MESSAGE(m.empty(), m);
+        }
       }
+      ++programs;
+      fused += c.stats().fused_kernels > 0;
     }
-    ++programs;
-    fused += c.stats().fused_kernels > 0;
+    CHECK(programs >= 10);
+    CHECK(fused * 4 >= programs * 3);  // else the test would say little about fusion
+    if (codegen::enabled()) CHECK(codegen::stats().loaded - loaded_before >= programs);
   }
-  CHECK(programs >= 10);
-  CHECK(fused * 4 >= programs * 3);  // else the test would say little about fusion
-  if (codegen::enabled()) CHECK(codegen::stats().loaded - loaded_before >= programs);
 }
 
 TEST_CASE("memory planner: buffers of two devices go to two arenas") {

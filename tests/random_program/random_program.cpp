@@ -58,7 +58,7 @@ bool can_broadcast(const Shape& a, const Shape& b) {
 }
 
 void Generator::make_inputs() {
-  if (p_.mix == Mix::Fusion) return make_fusion_inputs();
+  if (fusion_mix(p_.mix)) return make_fusion_inputs();
   if (p_.mix == Mix::Batch) return make_batch_inputs();
   max_numel_ = kMaxNumel;
   int64_t vocab[4];
@@ -829,11 +829,11 @@ int Generator::commit(Step st, std::string& err) {
   const double m = floating(out) ? max_abs(out) : 0;
   if (out.numel() == 0 || out.numel() > max_numel_ || !std::isfinite(m)) return -1;
   double e = 0;  // the fusion mix: Note [Inexact values]
-  if (p_.mix == Mix::Fusion && (e = error_estimate(st, out)) < 0) return -1;
+  if (fusion_mix(p_.mix) && (e = error_estimate(st, out)) < 0) return -1;
   // The batch mix: the step at the other batch sizes, and the magnitude at all of them.
   double mag = m;
   if (batch_mode() && (mag = commit_shadows(st, out, m)) < 0) return -1;
-  if (p_.mix == Mix::Fusion) err_.push_back(e);
+  if (fusion_mix(p_.mix)) err_.push_back(e);
   st.result = meta_text(out);
   if (st.op == Op::Cond || st.op == Op::Scan || st.op == Op::While) {
     st.result.clear();
@@ -859,13 +859,13 @@ int Generator::commit(Step st, std::string& err) {
     p_.steps.push_back(t);
     pool_.push_back(o);
     blocked_.push_back(false);
-    if (p_.mix == Mix::Fusion) err_.push_back(e * t.s);
+    if (fusion_mix(p_.mix)) err_.push_back(e * t.s);
   }
   return int(pool_.size()) - 1;
 }
 
 std::string Generator::make_steps(int n) {
-  if (p_.mix == Mix::Fusion) return make_fusion_steps(n);
+  if (fusion_mix(p_.mix)) return make_fusion_steps(n);
   std::vector<double> cum;
   double total = 0;
   for (int i = 0; i < int(Op::Count); ++i) cum.push_back(total += op_weight(Op(i)));
@@ -909,7 +909,7 @@ std::string Generator::make_steps(int n) {
 }
 
 void Generator::choose_outputs() {
-  if (p_.mix == Mix::Fusion) return choose_fusion_outputs();
+  if (fusion_mix(p_.mix)) return choose_fusion_outputs();
   const int first = int(p_.inputs.size()), last = int(pool_.size()) - 1;
   p_.outputs = {last};
   const int extra = int(irand(0, 2));

@@ -171,7 +171,13 @@ enum class Mix : uint8_t {
   Mixed,   ///< the whole op table
   Fusion,  ///< elementwise chains, diamonds, broadcasts and reductions (see the top)
   Batch,   ///< the whole op table over arguments with a batch dim of any size (see the top)
+  /// The fusion mix in bf16 and f16: the inputs of the iteration shape in one of them, the others
+  /// in it, the other one, f32 or an integer type (Note [Low-precision fusion programs])
+  LowFusion,
 };
+
+/// Whether programs of `m` are built by the fusion generator (Fusion and LowFusion).
+inline bool fusion_mix(Mix m) { return m == Mix::Fusion || m == Mix::LowFusion; }
 
 /// The batch sizes a program of the batch mix is called at, in this order (1 and a repeat
 /// included); the first is the size it is generated at.
@@ -257,6 +263,18 @@ int env_int(const char* name, int fallback);
 /// the variable `one` names.
 std::vector<uint64_t> seeds_from_env(const char* count, int fallback, const char* one);
 
+/// How far a compiled value may be from eager's (the comparisons of test_compile_random):
+/// relative, and absolute at magnitude 1. bf16 and f16 values are compared bit for bit (Note
+/// [Low-precision fusion programs]); integers and bools always are.
+struct Tolerance {
+  double rtol, atol;
+};
+inline Tolerance value_tolerance(DType d) {
+  if (d == DType::f32) return {1.3e-5, 1.5e-5};
+  if (d == DType::f64) return {1e-7, 1e-7};
+  return {0, 0};
+}
+
 /// The seed manual_seed() gets before every run, eager or compiled (randn, dropout).
 inline constexpr uint64_t kRandSeed = 1234;
 
@@ -270,9 +288,10 @@ class Generator {
  public:
   Generator(Program& p, uint64_t seed, Mix mix = Mix::Mixed)
       : p_(p),
-        rng_(rng_for(seed, mix == Mix::Fusion  ? 2
-                           : mix == Mix::Batch ? 4
-                                               : 0)),
+        rng_(rng_for(seed, mix == Mix::Fusion      ? 2
+                           : mix == Mix::Batch     ? 4
+                           : mix == Mix::LowFusion ? 6
+                                                   : 0)),
         side_(rng_for(seed, mix == Mix::Batch ? 5 : 3)) {
     p_.mix = mix;
   }
@@ -296,10 +315,18 @@ class Generator {
   /// Picks the outputs: the last value and a few others, and each control-flow step that no
   /// output reads.
   void choose_outputs();
+  /// The whole program: inputs, random_length() steps and the outputs; false when the
+  /// generator gave up on the steps (the tests that only count programs skip it then).
+  bool build() {
+    make_inputs();
+    if (!make_steps(random_length()).empty()) return false;
+    choose_outputs();
+    return true;
+  }
   /// How many steps make_steps should aim at: 5-30, or 20-60 in the fusion mix (20-30 for its
   /// largest shapes).
   int random_length() {
-    if (p_.mix != Mix::Fusion) return int(irand(5, 30));
+    if (!fusion_mix(p_.mix)) return int(irand(5, 30));
     return int(irand(20, shape_.numel() > 65536 ? 30 : 60));
   }
 
@@ -437,6 +464,10 @@ class Generator {
   double kink_distance(const Step& st) const;
   /// The estimated error of st's result `out` (Note [Inexact values]), -1 to reject st.
   double error_estimate(const Step& st, const Tensor& out) const;
+  /// For a reduction step (sum, mean, softmax, log_softmax, logsumexp) with a bf16 or f16
+  /// result from exact operands: whether every element rounds to one value however its f32
+  /// math is ordered (Note [Low-precision fusion programs]).
+  bool rounding_settled(const Step& st, const Tensor& out) const;
   /// Appends a diamond: two branches from one value, joined again.
   std::string add_diamond();
 

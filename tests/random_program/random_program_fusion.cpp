@@ -26,6 +26,21 @@ namespace duet::test {
 // tolerance, a kink step whose operands come within ten times their error of the kink, and max and
 // min over dims of inexact values.
 
+// Note [Low-precision fusion programs]
+// Programs of the fusion mix in bf16 and f16 (Mix::LowFusion) check that a fused kernel rounds
+// as the eager kernels do: each op computes in f32 and rounds its result to the op's dtype once,
+// so fused and eager agree bit for bit on every elementwise value, and the comparison allows no
+// difference. Their inputs of the iteration shape are bf16 or f16, the others that, the other
+// one, f32, i32 or b8; casts go between the three floating dtypes. A low-precision sum, mean,
+// softmax, log_softmax or logsumexp accumulates in f32, in another order when fused, and rounds
+// once at the end: it is kept only where that rounding is settled, where every element's exact
+// value lies further from the dtype's rounding boundaries than any order of f32 math can move
+// it (rounding_settled); elsewhere the step is rejected, as a step with too large an error is.
+// So a low-precision value is exact or absent, while f32 values keep the errors of Note
+// [Inexact values]. Low-precision gradients are allowed two of their dtype's ulps: a broadcast
+// operand's gradient is a low-precision sum of the same kind, whose rounding a later rule may
+// carry on (none differed at all over 1,000 programs, but nothing settles those sums).
+
 namespace {
 
 // The smallest |a - b| over the broadcast elements.
@@ -71,6 +86,9 @@ std::vector<long double> exact_reduction(const Step& st, const Tensor& x) {
   }
   return out;
 }
+
+// bf16's sibling is f16, and f16's bf16.
+DType low_sibling(DType d) { return d == DType::bf16 ? DType::f16 : DType::bf16; }
 
 template <class T>
 T one_of(Generator& g, std::initializer_list<T> v) {
@@ -128,6 +146,10 @@ double Generator::error_estimate(const Step& st, const Tensor& out) const {
   }
   if (in > 0 && kink_distance(st) <= 10 * in) return -1;
   if (!floating(out)) return 0;
+  const bool low = out.dtype() == DType::bf16 || out.dtype() == DType::f16;
+  if (low && (st.op == Op::Sum || st.op == Op::Mean || st.op == Op::Softmax ||
+              st.op == Op::LogSoftmax || st.op == Op::LogSumExp))
+    return in == 0 && rounding_settled(st, out) ? 0 : -1;
   const double eps = out.dtype() == DType::f32 ? 6e-8 : 1.2e-16;
   double e = 0;
   if (st.op == Op::Cast) {
@@ -162,8 +184,47 @@ double Generator::error_estimate(const Step& st, const Tensor& out) const {
     e += (8 + 2 * std::sqrt(double(x.sizes()[d]))) * eps * std::max(1.0, max_abs(out));
   }
   // Against the comparison's absolute tolerance for f32 (for f64 too: a program that computes
-  // in both compares f64 values with it, and f64 errors are far smaller otherwise).
-  return e <= 0.2 * 1.5e-5 * std::max(1.0, max_abs(out)) ? e : -1;
+  // in both compares f64 values with it, and f64 errors are far smaller otherwise); bf16 and f16
+  // values are compared bit for bit (Note [Low-precision fusion programs]).
+  return e <= 0.2 * value_tolerance(low ? out.dtype() : DType::f32).atol *
+                     std::max(1.0, max_abs(out))
+             ? e
+             : -1;
+}
+
+bool Generator::rounding_settled(const Step& st, const Tensor& out) const {
+  const Tensor x = at(st.args[0]).to(DType::f64);
+  const int64_t n = std::max<int64_t>(1, x.numel() / std::max<int64_t>(1, out.numel()));
+  std::vector<long double> exact;
+  std::vector<double> bound;
+  if (st.op == Op::Sum || st.op == Op::Mean) {
+    // Any order of f32 additions is within (n - 1) u of the sum of magnitudes (u = 2^-24);
+    // a mean divides once more.
+    exact = exact_reduction(st, x);
+    Step sum = st;
+    sum.op = Op::Sum;
+    const std::vector<long double> mags = exact_reduction(sum, abs(x));
+    for (size_t i = 0; i < exact.size(); ++i) {
+      double b = double(n + 1) * 0x1p-24 * double(mags[i]);
+      if (st.op == Op::Mean) b = b / double(n) + 0x1p-23 * std::fabs(double(exact[i]));
+      bound.push_back(b);
+    }
+  } else {
+    // softmax, log_softmax, logsumexp in f32: as in error_estimate, about sqrt(n) rounding
+    // errors relative to the magnitudes the exponentials and logarithms work at.
+    std::vector<Tensor> base = pool_;
+    base[size_t(st.args[0])] = x;
+    const double scale = 1 + max_abs(x);
+    for (double v : values(apply_step(st, base))) {
+      exact.push_back(v);
+      bound.push_back((8 + 2 * std::sqrt(double(n))) * 0x1p-24 * scale * (1 + std::fabs(v)));
+    }
+  }
+  for (size_t i = 0; i < exact.size(); ++i) {
+    const double v = double(exact[i]);
+    if (round_to(v - bound[i], out.dtype()) != round_to(v + bound[i], out.dtype())) return false;
+  }
+  return true;
 }
 
 // Iteration shapes by size: a few elements (partial blocks), about a thousand (rows longer than
@@ -198,8 +259,12 @@ void Generator::make_fusion_inputs() {
   p_.domain.lo = -2;
   p_.domain.hi = 2;
   p_.domain.discrete = chance(0.15);
-  const DType main = chance(0.5) ? DType::f32 : DType::f64;
-  const DType other = main == DType::f32 ? DType::f64 : DType::f32;
+  DType main = chance(0.5) ? DType::f32 : DType::f64;
+  DType other = main == DType::f32 ? DType::f64 : DType::f32;
+  if (p_.mix == Mix::LowFusion) {  // Note [Low-precision fusion programs]
+    main = chance(0.5) ? DType::bf16 : DType::f16;
+    other = chance(0.6) ? DType::f32 : main == DType::bf16 ? DType::f16 : DType::bf16;
+  }
   shape_ = fusion_shape();
   max_numel_ = std::max(shape_.numel(), kMaxNumel);
   const int64_t rank = shape_.size();
@@ -406,13 +471,19 @@ bool Generator::propose_fusion(Step& st, int kind) {
       st.op = Op::Cast;
       st.args = {a};
       const DType from = at(a).dtype();
-      const DType other_float = from == DType::f32 ? DType::f64 : DType::f32;
+      const bool low = p_.mix == Mix::LowFusion;
+      const DType wide = low ? DType::f32 : DType::f64;  // the widest float of the mix
+      DType other_float = from == DType::f32 ? DType::f64 : DType::f32;
+      if (low)
+        other_float = from != DType::f32 ? (chance(0.6) ? DType::f32 : low_sibling(from))
+                      : chance(0.5)      ? DType::bf16
+                                         : DType::f16;
       const double r = urand(0, 1);
       DType to;
       if (is_floating(from))
         to = r < 0.5 ? other_float : r < 0.6 ? from : r < 0.85 ? DType::b8 : DType::i32;
       else
-        to = r < 0.6 ? p_.inputs[0].dtype : r < 0.9 ? DType::f64 : DType::f32;
+        to = r < 0.6 ? p_.inputs[0].dtype : r < 0.9 ? wide : low ? DType::bf16 : DType::f32;
       st.mode = int(to);
       return true;
     }

@@ -98,9 +98,10 @@ std::string step_text(const Step& st, size_t value, const char* sigil) {
 std::string program_text(const Program& p) {
   std::string s =
       fmt::format("seed {} ({}{} inputs, {} steps{}):\n", p.seed,
-                  p.mix == Mix::Fusion  ? "fusion mix, "
-                  : p.mix == Mix::Batch ? "batch mix, "
-                                        : "",
+                  p.mix == Mix::Fusion      ? "fusion mix, "
+                  : p.mix == Mix::LowFusion ? "fusion mix in bf16 and f16, "
+                  : p.mix == Mix::Batch     ? "batch mix, "
+                                            : "",
                   p.inputs.size(), p.steps.size(), p.domain.discrete ? ", discrete values" : "");
   for (size_t i = 0; i < p.inputs.size(); ++i) {
     const InputSpec& in = p.inputs[i];
