@@ -68,12 +68,25 @@ TEST_CASE("vmap: the op families batch in one call each, not per sample") {
   REQUIRE(pk.sizes() == Shape{2, 4, 3, 3, 3});
   for (int64_t b = 0; b < 2; ++b)
     CHECK(close(pk.select(0, b), func::grad(closs)(k, imgs.select(0, b)), 1e-4));
-  // A per-sample filter has no rule: conv2d loops, and is still right.
+  // Per-sample filters (an ensemble of models) have no rule: conv2d loops, over per-sample
+  // images and over images every sample shares, and is still right, with its per-sample
+  // gradients of filters and images.
   const Tensor ks = randn({2, 4, 3, 3, 3});
-  auto pc = [](const Tensor& a, const Tensor& f) { return conv2d(a, f); };
+  auto pc = [](const Tensor& a, const Tensor& f) { return conv2d(a, f, {}, 2, 1); };
   const Tensor pg = func::vmap(pc)(imgs, ks);
   CHECK(detail::batch_loop_calls() > before);
-  CHECK(close(pg.select(0, 1), pc(imgs.select(0, 1), ks.select(0, 1)), 1e-4));
+  const Tensor one = imgs.select(0, 0);
+  const Tensor ps = func::vmap(pc, {std::nullopt, 0})(one, ks);
+  auto ploss = [&](const Tensor& a, const Tensor& f) { return pc(a, f).tanh().sum(); };
+  const Tensor pgx = func::vmap(func::grad(ploss, 0))(imgs, ks);
+  const Tensor pgw = func::vmap(func::grad(ploss, 1))(imgs, ks);
+  for (int64_t b = 0; b < 2; ++b) {
+    const Tensor a = imgs.select(0, b), f = ks.select(0, b);
+    CHECK(close(pg.select(0, b), pc(a, f), 1e-4));
+    CHECK(close(ps.select(0, b), pc(one, f), 1e-4));
+    CHECK(close(pgx.select(0, b), func::grad(ploss, 0)(a, f), 1e-4));
+    CHECK(close(pgw.select(0, b), func::grad(ploss, 1)(a, f), 1e-4));
+  }
 }
 
 TEST_CASE("vmap: in_dims, out_dim, shared arguments and unbatched results") {
