@@ -31,6 +31,7 @@
 // DUET_RANDOM_PROGRAMS=n runs seeds 0..n-1 (default 2000); DUET_RANDOM_SEED=s runs seed s only.
 // DUET_FUSION_PROGRAMS and DUET_FUSION_SEED do the same for the fusion mix (default 600),
 // DUET_LOW_FUSION_PROGRAMS and DUET_LOW_FUSION_SEED for its bf16 and f16 programs (default 300),
+// DUET_AUTOCAST_PROGRAMS and DUET_AUTOCAST_SEED for mixed programs under autocast (default 600),
 // and DUET_BATCH_PROGRAMS and DUET_BATCH_SEED for the batch mix (default 300).
 // DUET_REDUCE=1 also shrinks each failing program (reduce_program) and prints the result.
 #include <algorithm>
@@ -463,6 +464,8 @@ struct Coverage {
   int both_branches = 0;      ///< those whose branches the two samples both took
   int fused = 0;              ///< programs whose plans had a fused kernel
   int64_t fused_kernels = 0;  ///< their kernels, summed
+  int refused = 0;            ///< under autocast: programs not compared (run_seed says why)
+  int low = 0;                ///< under autocast: programs with a value in the low dtype
   std::string failed_seeds;
 };
 
@@ -514,20 +517,45 @@ Program reduce_program(Program p, const Sample& a, const Sample& b) {
 
 // Builds, runs and checks the program of one seed; returns the failure report ("" if none).
 // With `perturb`, the compiled outputs are moved by it (see check) and the bare differences are
-// returned (the self-test).
-std::string run_seed(uint64_t seed, Coverage& cov, double perturb = 0, Mix mix = Mix::Mixed) {
+// returned (the self-test). With `autocast` (bf16 or f16), the program runs inside an autocast
+// scope (Program::autocast). The generator does not know that its products then give the low
+// dtype, so some programs are not compared (Coverage::refused): those with control flow, whose
+// cond branches, scan steps and loop bodies must keep their operands' dtypes (as torch.cond's
+// and lax.scan's must), and those that eager refuses with a DTypeError (a scatter_add of a
+// product's bf16 result into an f32 tensor, refused by PyTorch's CPU autocast too).
+std::string run_seed(uint64_t seed, Coverage& cov, double perturb = 0, Mix mix = Mix::Mixed,
+                     DType autocast = DType::f32) {
   Program p;
   p.seed = seed;
+  p.autocast = autocast;
   Generator gen(p, seed, mix);
   gen.make_inputs();
   Rng r = rng_for(seed, 1);
   std::string err = gen.make_steps(gen.random_length());
   if (!err.empty()) return program_text(p) + err;
   gen.choose_outputs();
+  const bool cast = is_low_precision(autocast);
+  if (cast && has_control_flow(p)) {
+    ++cov.refused;
+    return "";
+  }
   for (const Step& st : p.steps) ++cov.ops[size_t(st.op)];
   cov.steps += int(p.steps.size());
-  Sample a = sample(p, r, seed + 1, &gen.first_values());
-  Sample b = sample(p, r, seed + 2, nullptr, &a);
+  Sample a, b;
+  try {
+    a = sample(p, r, seed + 1, &gen.first_values());
+    b = sample(p, r, seed + 2, nullptr, &a);
+  } catch (const DTypeError&) {
+    if (!cast) throw;
+    ++cov.refused;
+    return "";
+  }
+  if (cast) {  // does any value of the program have the low dtype (a product's result)?
+    Autocast scope(Device::cpu(), autocast);
+    const std::vector<Tensor> v = run_values(p, build_inputs(p, a.values, false));
+    cov.low += std::any_of(v.begin(), v.end(),
+                           [&](const Tensor& t) { return t.defined() && t.dtype() == autocast; });
+  }
   if (!a.finite || !b.finite) {
     ++cov.skipped;
     return "";
@@ -563,9 +591,10 @@ std::string run_seed(uint64_t seed, Coverage& cov, double perturb = 0, Mix mix =
 }
 
 // Runs and checks every seed's program, failing (with the first ten reports) on a mismatch.
-void run_seeds(const std::vector<uint64_t>& seeds, Coverage& cov, Mix mix) {
+void run_seeds(const std::vector<uint64_t>& seeds, Coverage& cov, Mix mix, bool autocast = false) {
   for (uint64_t seed : seeds) {
-    std::string report = run_seed(seed, cov, 0, mix);
+    const DType cast = !autocast ? DType::f32 : seed % 2 ? DType::f16 : DType::bf16;
+    std::string report = run_seed(seed, cov, 0, mix, cast);
     if (!report.empty()) {
       ++cov.failed;
       cov.failed_seeds += fmt::format(" {}", seed);
@@ -579,12 +608,18 @@ void run_seeds(const std::vector<uint64_t>& seeds, Coverage& cov, Mix mix) {
       cov.control ? fmt::format("; {} with control flow, {} of {} conds ran both branches",
                                 cov.control, cov.both_branches, cov.conds)
                   : "";
+  const std::string cast = autocast
+                               ? fmt::format(
+                                     "; under autocast, {} not compared (run_seed says why) and {} "
+                                     "with values in the low dtype",
+                                     cov.refused, cov.low)
+                               : "";
   MESSAGE(fmt::format(
       "{} programs compared ({} steps), {} skipped for non-finite values, {} failed{}; {} with "
-      "fused kernels ({} kernels){}; steps per op:{}",
+      "fused kernels ({} kernels){}{}; steps per op:{}",
       cov.programs, cov.steps, cov.skipped, cov.failed,
       cov.failed ? " (seeds" + cov.failed_seeds + ")" : "", cov.fused, cov.fused_kernels, control,
-      ops));
+      cast, ops));
 }
 
 // ---- the batch mix: a symbolic batch dim ----
@@ -820,6 +855,23 @@ TEST_CASE("random programs built to stress fusion") {
 
 TEST_CASE("random bf16 and f16 programs built to stress fusion") {
   run_fusion_seeds(Mix::LowFusion, "DUET_LOW_FUSION_PROGRAMS", 300, "DUET_LOW_FUSION_SEED");
+}
+
+// Mixed programs of f32 and f64 run inside an autocast scope, bf16 for even seeds and f16 for odd
+// ones (Program::autocast): the trace records the casts autocast makes, so compiled equals eager
+// as it does without the scope, the low-precision values bit for bit. Most programs must be
+// compared (a quarter of the mixed programs have control flow, which is not), and many must
+// have had values in the low dtype (a product's result), or the test would say little about
+// autocast.
+TEST_CASE("random programs under autocast: compiled matches eager") {
+  Coverage cov;
+  const std::vector<uint64_t> seeds =
+      seeds_from_env("DUET_AUTOCAST_PROGRAMS", 600, "DUET_AUTOCAST_SEED");
+  run_seeds(seeds, cov, Mix::Mixed, true);
+  CHECK(cov.failed == 0);
+  INFO(cov.refused << " not compared, " << cov.low << " with low-precision values");
+  CHECK(cov.programs * 10 >= int(seeds.size()) * 6);
+  CHECK(cov.low * 5 >= cov.programs);
 }
 
 // Programs with a batch dim (the batch mix, random_program.h), compiled with that dim symbolic:

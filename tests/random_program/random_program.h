@@ -186,6 +186,9 @@ inline constexpr int64_t kBatchSizes[] = {3, 5, 1, 8, 5};
 struct Program {
   uint64_t seed = 0;
   Mix mix = Mix::Mixed;
+  /// bf16 or f16: run_program runs the steps inside Autocast(Device::cpu(), autocast), so that
+  /// the products compute in it (test_compile_random's autocast test); f32: no scope.
+  DType autocast = DType::f32;
   std::vector<InputSpec> inputs;
   std::vector<Step> steps;
   std::vector<int> outputs;
@@ -222,7 +225,8 @@ Tensor apply_step(const Step& st, const std::vector<Tensor>& v, Tuples* more = n
 Tensor apply_more(const Step& st, const std::vector<Tensor>& v);
 /// Every value of the program (inputs, then one per step).
 std::vector<Tensor> run_values(const Program& p, const std::vector<Tensor>& inputs);
-/// The program as a function of its inputs: what runs eagerly and what compile() traces.
+/// The program as a function of its inputs: what runs eagerly and what compile() traces (inside
+/// an autocast scope when p.autocast says so).
 std::vector<Tensor> run_program(const Program& p, const std::vector<Tensor>& inputs);
 
 /// Per Cond step of p, run eagerly on the inputs `vals`: 1 when it takes the true branch, 0 the

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -637,8 +638,9 @@ std::vector<uint64_t> seeds_from_env(const char* count, int fallback, const char
   return seeds;
 }
 
-/// The program as a function of its inputs: what runs eagerly and what compile() traces.
 std::vector<Tensor> run_program(const Program& p, const std::vector<Tensor>& inputs) {
+  std::optional<Autocast> scope;
+  if (is_low_precision(p.autocast)) scope.emplace(Device::cpu(), p.autocast);
   const std::vector<Tensor> v = run_values(p, inputs);
   std::vector<Tensor> out;
   for (int o : p.outputs) out.push_back(v[size_t(o)]);

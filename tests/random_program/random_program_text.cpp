@@ -103,6 +103,8 @@ std::string program_text(const Program& p) {
                   : p.mix == Mix::Batch     ? "batch mix, "
                                             : "",
                   p.inputs.size(), p.steps.size(), p.domain.discrete ? ", discrete values" : "");
+  if (is_low_precision(p.autocast))
+    s += fmt::format("  (run inside Autocast(Device::cpu(), {}))\n", dtype_name(p.autocast));
   for (size_t i = 0; i < p.inputs.size(); ++i) {
     const InputSpec& in = p.inputs[i];
     s += fmt::format("  %{} = input {} {} {}", i, dtype_name(in.dtype), in.shape,
