@@ -109,6 +109,14 @@ TEST_CASE("scan: a carry that changes shape, or xs of two lengths, is an error")
   auto id = [](const std::vector<Tensor>& in) { return in; };
   CHECK_THROWS_AS(scan(id, {}, {f64({1, 2}, {2}), f64({1, 2, 3}, {3})}), ShapeError);
   CHECK_THROWS_AS(scan(id, {f64({0}, {})}, {}), ValueError);
+  // A carry that changes dtype only, eagerly and compiled: a DTypeError.
+  auto narrows = [](const std::vector<Tensor>& in) {
+    return std::vector<Tensor>{(in[0] + in[1]).to(DType::f32)};
+  };
+  const Tensor c0 = f64({0, 0}, {2}), xs = f64({1, 2, 3, 4}, {2, 2});
+  CHECK_THROWS_AS(scan(narrows, {c0}, {xs}), DTypeError);
+  auto traced = compile([&](Tensor c, Tensor x) { return scan(narrows, {c}, {x})[0]; });
+  CHECK_THROWS_AS(traced(c0, xs), DTypeError);
 }
 
 TEST_CASE("while_loop: runs while the predicate holds; a gradient through it points to scan") {
@@ -125,6 +133,12 @@ TEST_CASE("while_loop: runs while the predicate holds; a gradient through it poi
                                       "through it. For a loop with a gradient use scan"));
   auto grows = [](const std::vector<Tensor>& s) { return std::vector<Tensor>{cat({s[0], s[0]})}; };
   CHECK_THROWS_AS(while_loop(below, grows, {f64({3}, {1})}), ShapeError);
+  auto narrows = [](const std::vector<Tensor>& s) {
+    return std::vector<Tensor>{(s[0] * 2).to(DType::f32)};
+  };
+  CHECK_THROWS_AS(while_loop(below, narrows, {f64({3}, {})}), DTypeError);
+  auto traced = compile([&](Tensor x) { return while_loop(below, narrows, {x})[0]; });
+  CHECK_THROWS_AS(traced(f64({3}, {})), DTypeError);
 }
 
 TEST_CASE("cond compiled: one trace runs both branches, as eager does") {
@@ -177,7 +191,7 @@ TEST_CASE("cond compiled: branches of different shapes or dtypes are an error at
   CHECK_THROWS_WITH_AS(f(f64({1, 2}, {2})),
                        "[cond] the branches must return tensors of the same shapes and dtypes: "
                        "the true branch returns f64 (2), the false branch f64 () while tracing "
-                       "compiled function at test_control_flow.cpp:171",
+                       "compiled function at test_control_flow.cpp:185",
                        ShapeError);
   auto g = compile([](Tensor x) {
     return cond(
@@ -185,7 +199,8 @@ TEST_CASE("cond compiled: branches of different shapes or dtypes are an error at
         [](const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0].to(DType::f32)}; },
         {x})[0];
   });
-  CHECK_THROWS_AS(g(f64({1, 2}, {2})), ShapeError);
+  // Shapes that agree and dtypes that do not (a product's result under autocast): a DTypeError.
+  CHECK_THROWS_AS(g(f64({1, 2}, {2})), DTypeError);
 }
 
 TEST_CASE("cond compiled: a captured tensor read by a branch is lifted into the node") {

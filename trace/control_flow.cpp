@@ -47,15 +47,30 @@ bool same_dims(const SymDims& a, const SymDims& b, const char* op) {
   return true;
 }
 
+// How a construct's results differ from what they must match: not at all, in dtypes only (an
+// autocast scope's product inside a branch gives the low dtype), or in count or shapes.
+enum class Mismatch : uint8_t { None, DTypes, Shapes };
+
+// Throws for a mismatch: a DTypeError when only dtypes differ, else a ShapeError.
+void check_match(Mismatch m, const std::string& message) {
+  DUET_CHECK_T(m != Mismatch::DTypes, DTypeError, "{}", message);
+  DUET_CHECK_T(m != Mismatch::Shapes, ShapeError, "{}", message);
+}
+
 // Whether got has the count, shapes and dtypes of want; else an error naming both.
 void check_like(const char* op, const char* what, const std::vector<Tensor>& want,
                 const std::vector<Tensor>& got, size_t count) {
-  bool same = got.size() >= count && want.size() >= count;
-  for (size_t i = 0; same && i < count; ++i)
-    same = got[i].defined() && got[i].dtype() == want[i].dtype() &&
-           same_dims(detail::sym_dims(got[i]), detail::sym_dims(want[i]), op);
-  DUET_CHECK_T(same, ShapeError, "[{}] {}: expected {}, got {}", op, what,
-               metas_str(std::vector<Tensor>(want.begin(), want.begin() + count)), metas_str(got));
+  Mismatch m = got.size() >= count && want.size() >= count ? Mismatch::None : Mismatch::Shapes;
+  for (size_t i = 0; m != Mismatch::Shapes && i < count; ++i) {
+    if (!got[i].defined() || !same_dims(detail::sym_dims(got[i]), detail::sym_dims(want[i]), op))
+      m = Mismatch::Shapes;
+    else if (got[i].dtype() != want[i].dtype())
+      m = Mismatch::DTypes;
+  }
+  if (m != Mismatch::None)
+    check_match(m, fmt::format("[{}] {}: expected {}, got {}", op, what,
+                               metas_str(std::vector<Tensor>(want.begin(), want.begin() + count)),
+                               metas_str(got)));
 }
 
 using detail::GradModeScope;
@@ -140,14 +155,16 @@ std::string metas_str(const std::vector<TensorMeta>& ms) {
   return s.empty() ? "nothing" : s;
 }
 
-bool same_metas(const std::vector<TensorMeta>& a, const std::vector<TensorMeta>& b, size_t n,
-                const char* op) {
-  if (a.size() < n || b.size() < n) return false;
-  for (size_t i = 0; i < n; ++i)
-    if (a[i].dtype != b[i].dtype ||
-        !same_dims(detail::meta_dims(a[i]), detail::meta_dims(b[i]), op))
-      return false;
-  return true;
+// How b's first n metas differ from a's (Mismatch).
+Mismatch metas_mismatch(const std::vector<TensorMeta>& a, const std::vector<TensorMeta>& b,
+                        size_t n, const char* op) {
+  if (a.size() < n || b.size() < n) return Mismatch::Shapes;
+  Mismatch m = Mismatch::None;
+  for (size_t i = 0; i < n; ++i) {
+    if (!same_dims(detail::meta_dims(a[i]), detail::meta_dims(b[i]), op)) return Mismatch::Shapes;
+    if (a[i].dtype != b[i].dtype) m = Mismatch::DTypes;
+  }
+  return m;
 }
 
 // A gradient rule of a traced construct for one of its results: the result's gradient, which
@@ -195,12 +212,12 @@ std::vector<Tensor> traced_cond(detail::Tracer& tr, const Tensor& pred, const Fn
   for (const Tensor& t : operands) in.push_back(meta_of(t));
   SubTrace t = trace_sub(tr, "cond true branch", true_fn, in, lifts, "cond");
   SubTrace f = trace_sub(tr, "cond false branch", false_fn, in, lifts, "cond");
-  DUET_CHECK_T(t.results.size() == f.results.size() &&
-                   same_metas(t.results, f.results, t.results.size(), "cond"),
-               ShapeError,
-               "[cond] the branches must return tensors of the same shapes and dtypes: the true "
-               "branch returns {}, the false branch {}",
-               metas_str(t.results), metas_str(f.results));
+  check_match(t.results.size() != f.results.size()
+                  ? Mismatch::Shapes
+                  : metas_mismatch(t.results, f.results, t.results.size(), "cond"),
+              fmt::format("[cond] the branches must return tensors of the same shapes and dtypes: "
+                          "the true branch returns {}, the false branch {}",
+                          metas_str(t.results), metas_str(f.results)));
   auto cf = std::make_shared<ControlFlow>();
   cf->kind = ControlKind::Cond;
   const int32_t nin = lifts.first_slot + static_cast<int32_t>(lifts.tensors.size());
@@ -259,10 +276,10 @@ std::vector<Tensor> traced_scan(detail::Tracer& tr, const Fn& fn, const std::vec
   }
   SubTrace b = trace_sub(tr, "scan body", fn, in, lifts, "scan");
   std::vector<TensorMeta> carry_in(in.begin(), in.begin() + static_cast<std::ptrdiff_t>(nc));
-  DUET_CHECK_T(same_metas(carry_in, b.results, nc, "scan"), ShapeError,
-               "[scan] the body must return the carry first, with its shapes and dtypes: "
-               "expected {}, got {}",
-               metas_str(carry_in), metas_str(b.results));
+  check_match(metas_mismatch(carry_in, b.results, nc, "scan"),
+              fmt::format("[scan] the body must return the carry first, with its shapes and "
+                          "dtypes: expected {}, got {}",
+                          metas_str(carry_in), metas_str(b.results)));
   const SymInt length = detail::sym_dim(xs[0], 0);
   auto cf = std::make_shared<ControlFlow>();
   cf->kind = ControlKind::Scan;
@@ -389,10 +406,12 @@ std::vector<Tensor> traced_while(detail::Tracer& tr, const Fn& cond_fn, const Fn
                "[while_loop] cond_fn must return one one-element b8 tensor, returned {}",
                metas_str(c.results));
   SubTrace b = trace_sub(tr, "while_loop body", body_fn, in, lifts, "while_loop");
-  DUET_CHECK_T(b.results.size() == in.size() && same_metas(in, b.results, in.size(), "while_loop"),
-               ShapeError,
-               "[while_loop] body_fn must keep the state's shapes and dtypes: expected {}, got {}",
-               metas_str(in), metas_str(b.results));
+  check_match(b.results.size() != in.size()
+                  ? Mismatch::Shapes
+                  : metas_mismatch(in, b.results, in.size(), "while_loop"),
+              fmt::format("[while_loop] body_fn must keep the state's shapes and dtypes: expected "
+                          "{}, got {}",
+                          metas_str(in), metas_str(b.results)));
   auto cf = std::make_shared<ControlFlow>();
   cf->kind = ControlKind::WhileLoop;
   cf->num_carry = static_cast<int32_t>(init.size());
