@@ -21,6 +21,10 @@ the median of --reps repetitions. What a peer cannot map exactly is labelled in 
     weight (out, in)), torch.optim.SGD / AdamW and zero_grad(set_to_none=True); JAX with plain
     functions over a parameter tree (weights (in, out), x @ w + b) and the update written out.
     The W4, W5 and W6 peers start from the same parameter values (drawn here, seeds as duet's).
+  - VM and B3 (per-sample gradients of the last weight): torch.func.vmap(torch.func.grad(loss))
+    eagerly and under torch.compile, against torch.func.grad once per sample; JAX
+    jit(vmap(grad(loss))), against jit(grad(loss)) called once per sample. Weights from numpy
+    (duet's randn cannot be reproduced; the timings do not depend on the values).
   - JAX calls are blocked on (block_until_ready) at the end of each call where the result is
     needed at once (W2, W3, W5, C1) and at the end of each repetition for training steps, whose
     parameters chain one step to the next.
@@ -52,7 +56,7 @@ VENV = os.path.join(ROOT, ".venv-peers")
 # The peers on the CPU: exact versions from PyPI (wheels for Python 3.11 on x86-64 Linux).
 AT_HEADS, AT_LEN, AT_DIM = 12, 1024, 64
 PINS = ["torch==2.11.0", "jax==0.10.2", "jaxlib==0.10.2", "numpy==2.4.6"]
-WORKLOADS = ["W1", "W2", "W3", "W4", "W5", "W6", "W8", "W9", "C1", "AT", "B1"]
+WORKLOADS = ["W1", "W2", "W3", "W4", "W5", "W6", "W8", "W9", "C1", "AT", "B1", "VM", "B3"]
 ROW_TAG = "PEERROW "  # a worker's result lines on stdout start with this
 
 # ---------------------------------------------------------------------------------------------
@@ -152,6 +156,27 @@ def mt19937(seed):
 
 
 B1_BATCH, B1_DIM, B1_VOCAB, B1_TAGS = 64, 64, 1000, 8
+# VM and B3 (bench/func.cpp): per-sample gradients of the last weight, vmap(grad) against the
+# loop of grad calls. VM: 256 samples of (tanh(x W1) W2 - y)^2, 64-128-1; B3: 64 samples of the
+# W4 MLP's cross-entropy, 784-1024-1024-10 with ReLU.
+VM_SAMPLES, VM_IN, VM_HIDDEN = 256, 64, 128
+B3_SAMPLES, B3_SIZES = 64, (784, 1024, 1024, 10)
+
+
+def per_sample_problem(workload):
+    """VM's or B3's weights and samples as numpy arrays (the values duet_bench's randn draws
+    cannot be reproduced here; the timings do not depend on them): the fixed weights, the
+    differentiated last weight, the inputs and the targets (B3: class indices)."""
+    import numpy as np
+    g = np.random.default_rng(31 if workload == "VM" else 37)
+    f32 = lambda *shape: g.standard_normal(shape).astype(np.float32)
+    if workload == "VM":
+        return ([f32(VM_IN, VM_HIDDEN) * 0.1], f32(VM_HIDDEN, 1) * 0.1,
+                f32(VM_SAMPLES, VM_IN), f32(VM_SAMPLES, 1))
+    i, h1, h2, o = B3_SIZES
+    return ([f32(i, h1) * 0.03, f32(h1, h2) * 0.03], f32(h2, o) * 0.03,
+            g.random((B3_SAMPLES, i), dtype=np.float32),
+            g.integers(0, o, B3_SAMPLES).astype(np.int64))
 
 
 def b1_sentences():
@@ -331,6 +356,44 @@ class TorchWorker(Worker):
         per = lambda t: B1_BATCH / t
         self.emit("B1", "eager", "samples_per_s", secs[0], per, "loop")
         self.emit("B1", "eager", "samples_per_s", secs[1], per, "padded")
+
+    def per_sample_grads(self, workload):
+        """VM or B3: torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0, 0)) eagerly and
+        under torch.compile, against torch.func.grad once per sample (the loop); ms per call."""
+        torch, F = self.torch, self.torch.nn.functional
+        fixed, w, x, y = per_sample_problem(workload)
+        fixed, w, x = [self.tensor(a) for a in fixed], self.tensor(w), self.tensor(x)
+        y = self.tensor(y)
+
+        def loss(wl, xi, yi):
+            if workload == "VM":
+                e = torch.tanh(xi[None] @ fixed[0]) @ wl - yi
+                return (e * e).sum()
+            h = torch.relu(torch.relu(xi[None] @ fixed[0]) @ fixed[1])
+            return F.cross_entropy(h @ wl, yi[None])
+        grad = torch.func.grad(loss)
+        per_sample = torch.func.vmap(grad, in_dims=(None, 0, 0))
+        compiled = self.compile(per_sample)
+
+        def loop():
+            return torch.stack([grad(w, x[i], y[i]) for i in range(x.shape[0])])
+        want = loop()
+        for got in (per_sample(w, x, y), compiled(w, x, y)):
+            if not torch.allclose(got, want, rtol=1e-4, atol=1e-4):
+                raise RuntimeError(f"{workload}: vmap(grad) and the loop of grad differ")
+        secs = time_interleaved([self.synced(lambda: per_sample(w, x, y)),
+                                 self.synced(lambda: compiled(w, x, y)), self.synced(loop)],
+                                self.reps)
+        ms = lambda t: t * 1e3
+        self.emit(workload, "eager", "ms_per_call", secs[0], ms, "vmap_grad")
+        self.emit(workload, "compiled", "ms_per_call", secs[1], ms, "vmap_grad")
+        self.emit(workload, "eager", "ms_per_call", secs[2], ms, "loop")
+
+    def vm(self):
+        self.per_sample_grads("VM")
+
+    def b3(self):
+        self.per_sample_grads("B3")
 
     def w2(self):
         torch = self.torch
@@ -738,6 +801,40 @@ class JaxWorker(Worker):
         self.emit("W1", "op_by_op", "ns_per_op", secs[0], lambda s: s / W1_OPS * 1e9,
                   "no_grad", what="op-by-op dispatch without jit")
 
+    def per_sample_grads(self, workload):
+        """VM or B3: jit(vmap(grad(loss), in_axes=(None, 0, 0))), against jit(grad(loss)) called
+        once per sample (the loop); ms per call."""
+        jax, jnp = self.jax, self.jnp
+        fixed, w, x, y = per_sample_problem(workload)
+        fixed, w, x, y = [self.put(a) for a in fixed], self.put(w), self.put(x), self.put(y)
+
+        def loss(wl, xi, yi):
+            if workload == "VM":
+                e = jnp.tanh(xi[None] @ fixed[0]) @ wl - yi
+                return (e * e).sum()
+            h = jax.nn.relu(jax.nn.relu(xi[None] @ fixed[0]) @ fixed[1])
+            return -jax.nn.log_softmax(h @ wl)[0, yi]
+        grad = jax.jit(jax.grad(loss))
+        per_sample = jax.jit(jax.vmap(jax.grad(loss), in_axes=(None, 0, 0)))
+        rows = [(x[i], y[i]) for i in range(x.shape[0])]
+
+        def loop():
+            return self.ready(jnp.stack([grad(w, xi, yi) for xi, yi in rows]))
+        want, got = loop(), self.ready(per_sample(w, x, y))
+        if not jnp.allclose(got, want, rtol=1e-4, atol=1e-4):
+            raise RuntimeError(f"{workload}: vmap(grad) and the loop of grad differ")
+        secs = time_interleaved([lambda: self.ready(per_sample(w, x, y)), loop], self.reps)
+        ms = lambda t: t * 1e3
+        self.emit(workload, "compiled", "ms_per_call", secs[0], ms, "vmap_grad")
+        self.emit(workload, "compiled", "ms_per_call", secs[1], ms, "loop",
+                  what="jit(grad) called once per sample")
+
+    def vm(self):
+        self.per_sample_grads("VM")
+
+    def b3(self):
+        self.per_sample_grads("B3")
+
     def w2(self):
         jnp = self.jnp
         x = self.put(lcg_uniform(W2_N, 3))
@@ -1131,6 +1228,9 @@ def duet_rows(raw):
         if w == "B1":  # the loop and the padded model eagerly; Autobatch over the loop
             variant, mode = {"loop": ("loop", "eager"), "padded": ("padded", "eager"),
                              "autobatch": ("loop", "compiled")}.get(mode, ("", ""))
+        if w in ("VM", "B3"):  # vmap(grad) eagerly and compiled; the loop of grad calls eagerly
+            variant, mode = {"eager": ("vmap_grad", "eager"), "compiled": ("vmap_grad", "compiled"),
+                             "loop": ("loop", "eager")}.get(mode, ("", ""))
         if mode not in ("eager", "compiled"):
             continue
         if r.get("n"):
@@ -1210,7 +1310,9 @@ TABLE = [("W1", "no_grad", "ns_per_op"), ("W1", "tape", "ns_per_op"), ("W2", "",
          ("AT", "L1024 h12", "fwd_bwd_ms"), ("AT", "L1024 h12", "fwd_ms"),
          ("W9", "f32", "train_tok_s"), ("W9", "f32", "fwd_tok_s"),
          ("W9", "bf16 autocast", "train_tok_s"), ("W9", "bf16 autocast", "fwd_tok_s"),
-         ("B1", "loop", "samples_per_s"), ("B1", "padded", "samples_per_s")]
+         ("B1", "loop", "samples_per_s"), ("B1", "padded", "samples_per_s"),
+         ("VM", "vmap_grad", "ms_per_call"), ("VM", "loop", "ms_per_call"),
+         ("B3", "vmap_grad", "ms_per_call"), ("B3", "loop", "ms_per_call")]
 PEER_COLUMNS = [("torch eager", "torch", ("eager",)), ("torch.compile", "torch", ("compiled",)),
                 ("jax jit", "jax", ("compiled", "op_by_op"))]
 NOTES = {
@@ -1222,6 +1324,10 @@ NOTES = {
     ("AT", "L1024 h12"): "causal sdpa; duet eager: the fused kernels; torch: eager SDPA",
     ("B1", "loop"): "one sentence at a time; duet comp: the same loop in an Autobatch scope",
     ("B1", "padded"): "padded and masked by hand, eagerly",
+    ("VM", "vmap_grad"): "vmap(grad) of the last weight; torch: torch.func",
+    ("VM", "loop"): "grad once per sample; jax: jit(grad) per sample",
+    ("B3", "vmap_grad"): "vmap(grad) of the last weight; torch: torch.func",
+    ("B3", "loop"): "grad once per sample; jax: jit(grad) per sample",
 }
 
 
