@@ -21,6 +21,9 @@ the median of --reps repetitions. What a peer cannot map exactly is labelled in 
     weight (out, in)), torch.optim.SGD / AdamW and zero_grad(set_to_none=True); JAX with plain
     functions over a parameter tree (weights (in, out), x @ w + b) and the update written out.
     The W4, W5 and W6 peers start from the same parameter values (drawn here, seeds as duet's).
+  - B1 and B2 (per-sample models): PyTorch eagerly, one sample at a time, and B1 also padded and
+    masked by hand; duet's compiled column is its loop in an Autobatch scope. JAX's jit does
+    not take per-sample code of data-dependent structure, so it has no B rows.
   - VM and B3 (per-sample gradients of the last weight): torch.func.vmap(torch.func.grad(loss))
     eagerly and under torch.compile, against torch.func.grad once per sample; JAX
     jit(vmap(grad(loss))), against jit(grad(loss)) called once per sample. Weights from numpy
@@ -56,7 +59,7 @@ VENV = os.path.join(ROOT, ".venv-peers")
 # The peers on the CPU: exact versions from PyPI (wheels for Python 3.11 on x86-64 Linux).
 AT_HEADS, AT_LEN, AT_DIM = 12, 1024, 64
 PINS = ["torch==2.11.0", "jax==0.10.2", "jaxlib==0.10.2", "numpy==2.4.6"]
-WORKLOADS = ["W1", "W2", "W3", "W4", "W5", "W6", "W8", "W9", "C1", "AT", "B1", "VM", "B3"]
+WORKLOADS = ["W1", "W2", "W3", "W4", "W5", "W6", "W8", "W9", "C1", "AT", "B1", "B2", "VM", "B3"]
 ROW_TAG = "PEERROW "  # a worker's result lines on stdout start with this
 
 # ---------------------------------------------------------------------------------------------
@@ -177,6 +180,29 @@ def per_sample_problem(workload):
     return ([f32(i, h1) * 0.03, f32(h1, h2) * 0.03], f32(h2, o) * 0.03,
             g.random((B3_SAMPLES, i), dtype=np.float32),
             g.integers(0, o, B3_SAMPLES).astype(np.int64))
+
+
+B2_BATCH, B2_DIM, B2_VOCAB, B2_CLASSES = 64, 64, 1000, 5
+
+
+def b2_trees():
+    """B2's 64 random binary trees of 2-40 leaves, as duet_bench draws them (samples/treelstm.h,
+    std::mt19937 seeded 43): per tree, its words, its label (the first word modulo the classes)
+    and its tree, a leaf as its word's position and an inner node as (left, right)."""
+    g = mt19937(43)
+
+    def tree(lo, hi):
+        if hi - lo == 1:
+            return lo
+        k = lo + 1 + next(g) % (hi - lo - 1)
+        left = tree(lo, k)
+        return (left, tree(k, hi))
+    out = []
+    for _ in range(B2_BATCH):
+        leaves = 2 + next(g) % 39
+        words = [next(g) % B2_VOCAB for _ in range(leaves)]
+        out.append((words, words[0] % B2_CLASSES, tree(0, leaves)))
+    return out
 
 
 def b1_sentences():
@@ -394,6 +420,41 @@ class TorchWorker(Worker):
 
     def b3(self):
         self.per_sample_grads("B3")
+
+    def b2(self):
+        """B2: the binary TreeLSTM of samples/treelstm.h one tree at a time, as a PyTorch user
+        writes it (there is no batched version to write by hand); samples per second."""
+        torch, nn, F = self.torch, self.torch.nn, self.torch.nn.functional
+        torch.manual_seed(41)
+        h = B2_DIM
+        emb, leaf = nn.Embedding(B2_VOCAB, h), nn.Linear(h, 3 * h)
+        inner, out = nn.Linear(2 * h, 5 * h), nn.Linear(h, B2_CLASSES)
+        mods = [m.to(self.dev) for m in (emb, leaf, inner, out)]
+        params = [p for m in mods for p in m.parameters()]
+        trees = [(torch.tensor(w, device=self.dev), torch.tensor([c], device=self.dev), t)
+                 for w, c, t in b2_trees()]
+
+        def node(t, xs):
+            if isinstance(t, int):
+                iou = xs[t]
+            else:
+                (ha, ca), (hb, cb) = node(t[0], xs), node(t[1], xs)
+                z = inner(torch.cat([ha, hb], 0))
+                iou, fl, fr = z[:3 * h], torch.sigmoid(z[3 * h:4 * h]), torch.sigmoid(z[4 * h:])
+            c = torch.sigmoid(iou[:h]) * torch.tanh(iou[2 * h:])
+            if not isinstance(t, int):
+                c = c + fl * ca + fr * cb
+            return torch.sigmoid(iou[h:2 * h]) * torch.tanh(c), c
+
+        def loop():
+            for p in params:
+                p.grad = None
+            loss = sum(F.cross_entropy(out(node(t, leaf(emb(w)))[0]).reshape(1, -1), c)
+                       for w, c, t in trees)
+            loss.backward()
+            return loss.item()
+        secs = time_interleaved([loop], self.reps, warmup=1)
+        self.emit("B2", "eager", "samples_per_s", secs[0], lambda t: B2_BATCH / t, "loop")
 
     def w2(self):
         torch = self.torch
@@ -1225,7 +1286,7 @@ def duet_rows(raw):
     rows = {}
     for r in raw:
         w, variant, metric, mode = r["workload"], r.get("variant", ""), r["metric"], r["mode"]
-        if w == "B1":  # the loop and the padded model eagerly; Autobatch over the loop
+        if w in ("B1", "B2"):  # the loop and the padded model eagerly; Autobatch over the loop
             variant, mode = {"loop": ("loop", "eager"), "padded": ("padded", "eager"),
                              "autobatch": ("loop", "compiled")}.get(mode, ("", ""))
         if w in ("VM", "B3"):  # vmap(grad) eagerly and compiled; the loop of grad calls eagerly
@@ -1311,6 +1372,7 @@ TABLE = [("W1", "no_grad", "ns_per_op"), ("W1", "tape", "ns_per_op"), ("W2", "",
          ("W9", "f32", "train_tok_s"), ("W9", "f32", "fwd_tok_s"),
          ("W9", "bf16 autocast", "train_tok_s"), ("W9", "bf16 autocast", "fwd_tok_s"),
          ("B1", "loop", "samples_per_s"), ("B1", "padded", "samples_per_s"),
+         ("B2", "loop", "samples_per_s"),
          ("VM", "vmap_grad", "ms_per_call"), ("VM", "loop", "ms_per_call"),
          ("B3", "vmap_grad", "ms_per_call"), ("B3", "loop", "ms_per_call")]
 PEER_COLUMNS = [("torch eager", "torch", ("eager",)), ("torch.compile", "torch", ("compiled",)),
@@ -1324,6 +1386,7 @@ NOTES = {
     ("AT", "L1024 h12"): "causal sdpa; duet eager: the fused kernels; torch: eager SDPA",
     ("B1", "loop"): "one sentence at a time; duet comp: the same loop in an Autobatch scope",
     ("B1", "padded"): "padded and masked by hand, eagerly",
+    ("B2", "loop"): "one tree at a time; duet comp: the same loop in an Autobatch scope",
     ("VM", "vmap_grad"): "vmap(grad) of the last weight; torch: torch.func",
     ("VM", "loop"): "grad once per sample; jax: jit(grad) per sample",
     ("B3", "vmap_grad"): "vmap(grad) of the last weight; torch: torch.func",
