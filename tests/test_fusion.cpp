@@ -208,15 +208,16 @@ TEST_CASE("fusion: groups never need each other (a cycle through a third group)"
 // (random_program.h: elementwise chains, diamonds, broadcasts, reductions), in f32 and f64 and
 // in bf16 and f16, each run compiled on the interpreter and then, in test_fusion_codegen, on its
 // generated kernels, against eager: bf16 and f16 values bit for bit (Note [Low-precision fusion
-// programs] in random_program_fusion.cpp). (test_compile_random_codegen runs many more programs
-// with the generated tier on, but its kernels are built in the background and most programs end
-// before theirs are swapped in.)
+// programs] in random_program_fusion.cpp); DUET_FUSION_MIX_SEEDS programs of each (default 12).
+// (test_compile_random_codegen runs many more programs with the generated tier on, but its
+// kernels are built in the background and most programs end before theirs are swapped in.)
 TEST_CASE("fusion: random programs of the fusion mix equal eager, on generated kernels too") {
   for (Mix mix : {Mix::Fusion, Mix::LowFusion}) {
     INFO((mix == Mix::Fusion ? "fusion mix" : "fusion mix in bf16 and f16"));
     const int64_t loaded_before = codegen::stats().loaded;
     int programs = 0, fused = 0;
-    for (uint64_t seed = 0; seed < 12; ++seed) {
+    const auto seeds = uint64_t(env_int("DUET_FUSION_MIX_SEEDS", 12));
+    for (uint64_t seed = 0; seed < seeds; ++seed) {
       Program p;
       p.seed = seed;
       Generator gen(p, seed, mix);
