@@ -8,8 +8,9 @@
 // output and of all outputs together) are compared, and the number of traces is checked (no
 // retrace for new values; one for each new signature). Tolerances: f32 rtol 1.3e-5 and atol
 // 1.5e-5, f64 1e-7 (f32's in programs of the fusion mix or with control flow that compute in
-// both, see mixes_precision), bf16 and f16 values, integers and bools exactly (bf16 and f16
-// gradients within two ulps); atol scales with the tensor's largest
+// both, see looseness), bf16 and f16 values, integers and bools exactly (bf16 and f16
+// gradients within two ulps; every floating value within two bf16 ulps in the mixed mix in bf16
+// and f16); atol scales with the tensor's largest
 // magnitude (compare_tensors and compare_grads say why), and in the fusion mix, for the
 // gradients of broadcast operands, with the square root of how many terms each of their elements
 // sums (gradient_widening). On a mismatch the seed, the program (one line per step, with the
@@ -31,7 +32,9 @@
 // DUET_RANDOM_PROGRAMS=n runs seeds 0..n-1 (default 2000); DUET_RANDOM_SEED=s runs seed s only.
 // DUET_FUSION_PROGRAMS and DUET_FUSION_SEED do the same for the fusion mix (default 600),
 // DUET_LOW_FUSION_PROGRAMS and DUET_LOW_FUSION_SEED for its bf16 and f16 programs (default 300),
-// DUET_AUTOCAST_PROGRAMS and DUET_AUTOCAST_SEED for mixed programs under autocast (default 600),
+// DUET_LOW_MIXED_PROGRAMS and DUET_LOW_MIXED_SEED for mixed programs in bf16 and f16 (default
+// 500), DUET_AUTOCAST_PROGRAMS and DUET_AUTOCAST_SEED for mixed programs under autocast (default
+// 600),
 // and DUET_BATCH_PROGRAMS and DUET_BATCH_SEED for the batch mix (default 300).
 // DUET_REDUCE=1 also shrinks each failing program (reduce_program) and prints the result.
 #include <algorithm>
@@ -55,16 +58,19 @@ namespace {
 // ---- running and comparing ----
 
 using Tol = Tolerance;
-// `through_f32`: f64 values may have been computed in f32 (see mixes_precision); `widen`
-// multiplies atol (see gradient_widening); `gradient`: a bf16 or f16 gradient may be a few ulps
-// off where a low-precision sum on its way rounded the other way, its values not at all (Note
-// [Low-precision fusion programs] in random_program_fusion.cpp).
-Tol tolerance(DType d, bool through_f32 = false, double widen = 1, bool gradient = false) {
-  if (gradient && (d == DType::bf16 || d == DType::f16)) {
-    const double two_ulps = d == DType::bf16 ? 0x1p-6 : 0x1p-9;  // at magnitude 1
+/// How much looser than its dtype's a value's comparison is: not at all; f64 values at f32's
+/// tolerances (they may have been computed in f32, see looseness); every floating value at two
+/// bf16 ulps (a program of the mixed mix in bf16 and f16, see looseness).
+enum class Loose : uint8_t { None, F32, Low };
+// `widen` multiplies atol (see gradient_widening); `gradient`: a bf16 or f16 gradient may be a
+// few ulps off where a low-precision sum on its way rounded the other way, its values not at
+// all (Note [Low-precision fusion programs] in random_program_fusion.cpp).
+Tol tolerance(DType d, Loose loose = Loose::None, double widen = 1, bool gradient = false) {
+  if ((gradient && is_low_precision(d)) || (loose == Loose::Low && is_floating(d))) {
+    const double two_ulps = d == DType::f16 && loose != Loose::Low ? 0x1p-9 : 0x1p-6;
     return {two_ulps, two_ulps};
   }
-  Tol t = value_tolerance(d == DType::f64 && through_f32 ? DType::f32 : d);
+  Tol t = value_tolerance(d == DType::f64 && loose == Loose::F32 ? DType::f32 : d);
   t.atol *= widen;
   return t;
 }
@@ -75,11 +81,11 @@ Tol tolerance(DType d, bool through_f32 = false, double widen = 1, bool gradient
 // from, and those are bounded by the tensor's scale, not by the element. Values stay O(1) by
 // construction (see the generator), so the scale is 1 for most tensors.
 std::string compare_tensors(const Tensor& got, const Tensor& want, const std::string& what,
-                            bool through_f32 = false, double widen = 1, bool gradient = false) {
+                            Loose loose = Loose::None, double widen = 1, bool gradient = false) {
   if (got.sizes() != want.sizes() || got.dtype() != want.dtype())
     return fmt::format("{}: compiled gives {} {}, eager {} {}\n", what, dtype_name(got.dtype()),
                        got.sizes(), dtype_name(want.dtype()), want.sizes());
-  Tol t = tolerance(want.dtype(), through_f32, widen, gradient);
+  Tol t = tolerance(want.dtype(), loose, widen, gradient);
   const double scale = is_floating(want.dtype()) ? std::max(1.0, max_abs(want)) : 1.0;
   std::string d = differences(values(got), values(want), t.rtol, t.atol * scale);
   return d.empty()
@@ -90,9 +96,9 @@ std::string compare_tensors(const Tensor& got, const Tensor& want, const std::st
 // A gradient from several outputs against the exact sum of the per-output gradients `terms`,
 // each term allowed its own tolerance: atol (scaled as in compare_tensors) + rtol * |term|.
 std::string combined_differences(const Tensor& got, const std::vector<Tensor>& terms,
-                                 const std::string& what, bool through_f32 = false,
+                                 const std::string& what, Loose loose = Loose::None,
                                  double widen = 1) {
-  const Tol t = tolerance(got.dtype(), through_f32, widen, true);
+  const Tol t = tolerance(got.dtype(), loose, widen, true);
   std::vector<double> want(size_t(got.numel()), 0.0), tol(want.size(), 0.0);
   for (const Tensor& term : terms) {
     if (term.sizes() != got.sizes()) return fmt::format("{}: shapes differ\n", what);
@@ -214,15 +220,18 @@ bool has_control_flow(const Program& p) {
   });
 }
 
-/// Whether f64 results of p may carry f32 rounding from sums in another order than eager's: a
-/// program that computes in both, of the fusion mix or with control flow. (A gradient of an f64
-/// input read by an f32 op is computed in f32; fused and eager f32 sums of thousands of terms add
-/// in different orders, and so do the gradient rules of cond and scan, which add a value's
-/// gradients from inside and outside the construct, or step by step, where eager's tape adds
-/// them as they come.)
-bool mixes_precision(const Program& p) {
-  if (!fusion_mix(p.mix) && !has_control_flow(p)) return false;
-  return has_dtype(p, DType::f32) && has_dtype(p, DType::f64);
+/// How loosely p's results are compared (Loose). Loose::F32 for a program that computes in f32
+/// and f64, of the fusion mix or with control flow: its f64 results may carry f32 rounding (a
+/// gradient of an f64 input read by an f32 op is computed in f32; fused and eager f32 sums of
+/// thousands of terms add in different orders, and so do the gradient rules of cond and scan,
+/// which add a value's gradients from inside and outside the construct, or step by step, where
+/// eager's tape adds them as they come). Loose::Low for the mixed mix in bf16 and f16, which has
+/// no error model (the fusion mix's): an f32 sum fused in another order may round the other way
+/// when cast to bf16, and cond and scan add bf16 gradients in another order.
+Loose looseness(const Program& p) {
+  if (p.mix == Mix::LowMixed) return Loose::Low;
+  if (!fusion_mix(p.mix) && !has_control_flow(p)) return Loose::None;
+  return has_dtype(p, DType::f32) && has_dtype(p, DType::f64) ? Loose::F32 : Loose::None;
 }
 
 /// Per input, a factor for the absolute tolerance of its gradients: in the fusion mix, for an
@@ -268,15 +277,12 @@ bool grad_retraces(const Program& p) {
 struct Calls {
   const Program& p;
   std::vector<Tensor> caps;
-  const bool loose;
+  const Loose loose;
   const std::vector<double> widen;
   std::string err;
 
   explicit Calls(const Program& prog)
-      : p(prog),
-        caps(prog.inputs.size()),
-        loose(mixes_precision(prog)),
-        widen(gradient_widening(prog)) {}
+      : p(prog), caps(prog.inputs.size()), loose(looseness(prog)), widen(gradient_widening(prog)) {}
 
   /// The inputs of one call on the values of s (p's inputs at the sizes of `at`, when given):
   /// fresh argument tensors; the captured ones get the values in place.
@@ -857,6 +863,18 @@ TEST_CASE("random bf16 and f16 programs built to stress fusion") {
   run_fusion_seeds(Mix::LowFusion, "DUET_LOW_FUSION_PROGRAMS", 300, "DUET_LOW_FUSION_SEED");
 }
 
+// Programs of the whole op table in bf16 and f16 (the mixed mix in bf16 and f16): every op's
+// low-precision path through the trace, the passes, the memory plan and the executor, against
+// eager within two bf16 ulps (looseness).
+TEST_CASE("random bf16 and f16 programs of the whole op table") {
+  Coverage cov;
+  const std::vector<uint64_t> seeds =
+      seeds_from_env("DUET_LOW_MIXED_PROGRAMS", 500, "DUET_LOW_MIXED_SEED");
+  run_seeds(seeds, cov, Mix::LowMixed);
+  CHECK(cov.failed == 0);
+  CHECK(cov.skipped * 10 <= int(seeds.size()));
+}
+
 // Mixed programs of f32 and f64 run inside an autocast scope, bf16 for even seeds and f16 for odd
 // ones (Program::autocast): the trace records the casts autocast makes, so compiled equals eager
 // as it does without the scope, the low-precision values bit for bit. Most programs must be
@@ -952,6 +970,15 @@ TEST_CASE("random programs: the comparison notices an error of 1e-4") {
     low += !run_seed(seed, cov, 0x1p-7, Mix::LowFusion).empty();
   INFO(low << " of 30 low-precision fusion-mix programs noticed");
   CHECK(low >= 28);
+  // And in the mixed mix in bf16 and f16, whose floating values are compared within two bf16
+  // ulps: an error of 2^-4 (four times that) is noticed. (Four of its first 30 programs are not:
+  // three have integer outputs only, and one's output lies near -1, where the move o * 2^-4 +
+  // 2^-4 nearly cancels.)
+  int low_mixed = 0;
+  for (uint64_t seed = 0; seed < 30; ++seed)
+    low_mixed += !run_seed(seed, cov, 0x1p-4, Mix::LowMixed).empty();
+  INFO(low_mixed << " of 30 low-precision mixed-mix programs noticed");
+  CHECK(low_mixed >= 25);
   // And in programs of the batch mix, at every batch size.
   BatchCoverage bc;
   int batched = 0;

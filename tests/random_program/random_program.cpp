@@ -67,7 +67,9 @@ void Generator::make_inputs() {
   p_.domain.lo = -2;
   p_.domain.hi = 2;
   p_.domain.discrete = chance(0.2);  // ties: equal values for eq/ne, and for max/min gradients
-  const DType main = chance(0.6) ? DType::f32 : DType::f64;
+  DType main = chance(0.6) ? DType::f32 : DType::f64, other = DType::f32;
+  if (p_.mix == Mix::LowMixed) main = main == DType::f32 ? DType::bf16 : DType::f16;
+  if (main == DType::f32) other = DType::f64;
   const int n = int(irand(1, 4));
   for (int i = 0; i < n; ++i) {
     InputSpec in;
@@ -78,7 +80,7 @@ void Generator::make_inputs() {
       if (chance(0.1)) s = irand(1, 5);
       in.shape.push_back(s);
     }
-    in.dtype = chance(0.85) ? main : main == DType::f32 ? DType::f64 : DType::f32;
+    in.dtype = chance(0.85) ? main : other;
     if (chance(0.1))
       in.dtype = chance(0.5) ? DType::i64 : DType::i32;
     else if (chance(0.04))

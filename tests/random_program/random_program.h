@@ -174,6 +174,9 @@ enum class Mix : uint8_t {
   /// The fusion mix in bf16 and f16: the inputs of the iteration shape in one of them, the others
   /// in it, the other one, f32 or an integer type (Note [Low-precision fusion programs])
   LowFusion,
+  /// The mixed mix in bf16 and f16: floating inputs in one of them, some in f32 (where the mixed
+  /// mix has f64), and the whole op table over them (test_compile_random's looseness)
+  LowMixed,
 };
 
 /// Whether programs of `m` are built by the fusion generator (Fusion and LowFusion).
@@ -295,6 +298,7 @@ class Generator {
         rng_(rng_for(seed, mix == Mix::Fusion      ? 2
                            : mix == Mix::Batch     ? 4
                            : mix == Mix::LowFusion ? 6
+                           : mix == Mix::LowMixed  ? 7
                                                    : 0)),
         side_(rng_for(seed, mix == Mix::Batch ? 5 : 3)) {
     p_.mix = mix;

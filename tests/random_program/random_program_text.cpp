@@ -100,6 +100,7 @@ std::string program_text(const Program& p) {
       fmt::format("seed {} ({}{} inputs, {} steps{}):\n", p.seed,
                   p.mix == Mix::Fusion      ? "fusion mix, "
                   : p.mix == Mix::LowFusion ? "fusion mix in bf16 and f16, "
+                  : p.mix == Mix::LowMixed  ? "mixed mix in bf16 and f16, "
                   : p.mix == Mix::Batch     ? "batch mix, "
                                             : "",
                   p.inputs.size(), p.steps.size(), p.domain.discrete ? ", discrete values" : "");
