@@ -472,6 +472,7 @@ struct Coverage {
   int64_t fused_kernels = 0;  ///< their kernels, summed
   int refused = 0;            ///< under autocast: programs not compared (run_seed says why)
   int low = 0;                ///< under autocast: programs with a value in the low dtype
+  int seeds = 0;              ///< the seeds run
   std::string failed_seeds;
 };
 
@@ -824,19 +825,26 @@ std::string run_batch_seed(uint64_t seed, BatchCoverage& cov, double perturb = 0
 
 }  // namespace
 
-TEST_CASE("random programs: compiled outputs and gradients match eager") {
+// Runs the seeds of a mix that the environment names (`count` of them, else `fallback`, or the
+// one seed `one` names), checks that none failed, and returns the coverage for the test's checks.
+Coverage run_mix(Mix mix, const char* count, int fallback, const char* one, bool autocast = false) {
   Coverage cov;
-  const std::vector<uint64_t> seeds =
-      seeds_from_env("DUET_RANDOM_PROGRAMS", 2000, "DUET_RANDOM_SEED");
-  run_seeds(seeds, cov, Mix::Mixed);
+  const std::vector<uint64_t> seeds = seeds_from_env(count, fallback, one);
+  cov.seeds = int(seeds.size());
+  run_seeds(seeds, cov, mix, autocast);
   CHECK(cov.failed == 0);
+  return cov;
+}
+
+TEST_CASE("random programs: compiled outputs and gradients match eager") {
+  const Coverage cov = run_mix(Mix::Mixed, "DUET_RANDOM_PROGRAMS", 2000, "DUET_RANDOM_SEED");
   // Resampling makes non-finite programs rare; many would mean the generator lost its guards.
-  CHECK(cov.skipped * 50 <= int(seeds.size()));
+  CHECK(cov.skipped * 50 <= cov.seeds);
   // The issue asks for at least 500 programs per run.
-  if (seeds.size() >= 500) CHECK(cov.programs >= 500);
+  if (cov.seeds >= 500) CHECK(cov.programs >= 500);
   // A quarter of the programs have control flow (random_program.h), and the second sample
   // takes the other branch of most conds (sample): else the branches would go unchecked.
-  if (seeds.size() >= 500) {
+  if (cov.seeds >= 500) {
     CHECK(cov.control * 5 >= cov.programs);
     CHECK(cov.both_branches * 4 >= cov.conds * 3);
   }
@@ -847,11 +855,8 @@ TEST_CASE("random programs: compiled outputs and gradients match eager") {
 // about fusion. Its bf16 and f16 programs (Note [Low-precision fusion programs] in
 // random_program_fusion.cpp) must agree bit for bit on every low-precision value.
 void run_fusion_seeds(Mix mix, const char* count, int fallback, const char* one) {
-  Coverage cov;
-  const std::vector<uint64_t> seeds = seeds_from_env(count, fallback, one);
-  run_seeds(seeds, cov, mix);
-  CHECK(cov.failed == 0);
-  CHECK(cov.skipped * 50 <= int(seeds.size()));
+  const Coverage cov = run_mix(mix, count, fallback, one);
+  CHECK(cov.skipped * 50 <= cov.seeds);
   CHECK(cov.fused * 4 >= cov.programs * 3);
 }
 
@@ -867,12 +872,9 @@ TEST_CASE("random bf16 and f16 programs built to stress fusion") {
 // low-precision path through the trace, the passes, the memory plan and the executor, against
 // eager within two bf16 ulps (looseness).
 TEST_CASE("random bf16 and f16 programs of the whole op table") {
-  Coverage cov;
-  const std::vector<uint64_t> seeds =
-      seeds_from_env("DUET_LOW_MIXED_PROGRAMS", 500, "DUET_LOW_MIXED_SEED");
-  run_seeds(seeds, cov, Mix::LowMixed);
-  CHECK(cov.failed == 0);
-  CHECK(cov.skipped * 10 <= int(seeds.size()));
+  const Coverage cov =
+      run_mix(Mix::LowMixed, "DUET_LOW_MIXED_PROGRAMS", 500, "DUET_LOW_MIXED_SEED");
+  CHECK(cov.skipped * 10 <= cov.seeds);
 }
 
 // Mixed programs of f32 and f64 run inside an autocast scope, bf16 for even seeds and f16 for odd
@@ -882,13 +884,10 @@ TEST_CASE("random bf16 and f16 programs of the whole op table") {
 // have had values in the low dtype (a product's result), or the test would say little about
 // autocast.
 TEST_CASE("random programs under autocast: compiled matches eager") {
-  Coverage cov;
-  const std::vector<uint64_t> seeds =
-      seeds_from_env("DUET_AUTOCAST_PROGRAMS", 600, "DUET_AUTOCAST_SEED");
-  run_seeds(seeds, cov, Mix::Mixed, true);
-  CHECK(cov.failed == 0);
+  const Coverage cov =
+      run_mix(Mix::Mixed, "DUET_AUTOCAST_PROGRAMS", 600, "DUET_AUTOCAST_SEED", true);
   INFO(cov.refused << " not compared, " << cov.low << " with low-precision values");
-  CHECK(cov.programs * 10 >= int(seeds.size()) * 6);
+  CHECK(cov.programs * 10 >= cov.seeds * 6);
   CHECK(cov.low * 5 >= cov.programs);
 }
 
