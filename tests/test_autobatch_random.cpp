@@ -27,6 +27,9 @@
 // one) is counted, not a failure; an InternalError is.
 //
 // DUET_AUTOBATCH_PROGRAMS=n runs seeds 0..n-1 (default 1000); DUET_AUTOBATCH_SEED=s runs seed s.
+// DUET_AUTOBATCH_AUTOCAST_PROGRAMS and DUET_AUTOBATCH_AUTOCAST_SEED do the same for the samples
+// run inside an autocast scope (bf16 for even seeds, f16 for odd; default 300), compared within
+// two bf16 ulps.
 // DUET_VMAP_PROGRAMS and DUET_VMAP_SEED do the same for vmap (default 1000).
 // The same programs also run through compile(vmap(f)) against vmap(f) run eagerly, outputs only
 // (DUET_CVMAP_PROGRAMS, DUET_CVMAP_SEED; default 300), and as per-sample gradients,
@@ -81,9 +84,14 @@ SampleRun run_samples(const std::vector<Program>& ps, const std::vector<Values>&
   return r;
 }
 
-// Whether the program computes in f32 and f64: its f64 values may have passed through f32.
-bool mixes_precision(const Program& p) {
-  return has_dtype(p, DType::f32) && has_dtype(p, DType::f64);
+// How precisely a program's results compare: by their dtypes; f64 values at f32's tolerance (a
+// program computing in f32 and f64, whose f64 values may have passed through f32); or every
+// floating value within two bf16 ulps (a program run under autocast: its batched products in
+// bf16 or f16 sum in another order than the loop's, and may round the other way).
+enum class Precision : uint8_t { ByDtype, F32, Low };
+Precision precision_of(const Program& p) {
+  if (is_low_precision(p.autocast)) return Precision::Low;
+  return has_dtype(p, DType::f32) && has_dtype(p, DType::f64) ? Precision::F32 : Precision::ByDtype;
 }
 
 // Sets the flag (a program skipped or refused) and reports nothing.
@@ -107,17 +115,19 @@ bool finite(const SampleRun& r) {
   return true;
 }
 
-// The relative tolerance for want's dtype (the absolute one is it times max(1, max |want|)).
-double tolerance(const Tensor& want, bool through_f32) {
-  return want.dtype() == DType::f64 && !through_f32 ? 1e-9 : is_floating(want.dtype()) ? 1e-4 : 0;
+// The relative tolerance for want's dtype and the program's Precision (the absolute one is it
+// times max(1, max |want|)).
+double tolerance(const Tensor& want, Precision precision) {
+  if (!is_floating(want.dtype())) return 0;
+  if (precision == Precision::Low) return 0x1p-6;
+  return want.dtype() == DType::f64 && precision == Precision::ByDtype ? 1e-9 : 1e-4;
 }
 
-// What differs between the autobatched tensor and the eager one, or "". `through_f32`: f64
-// values may have been computed in f32 (a program of both), and compare at f32's tolerance.
-// `zeros_for_none`: zeros may stand for no gradient (a sample's part of the gradient of an
-// input stacked for vmap, which one sample's use defines for all).
+// What differs between the autobatched tensor and the eager one, or "", at the program's
+// Precision. `zeros_for_none`: zeros may stand for no gradient (a sample's part of the gradient
+// of an input stacked for vmap, which one sample's use defines for all).
 std::string compare(const Tensor& got, const Tensor& want, const std::string& what,
-                    bool through_f32, bool zeros_for_none = false) {
+                    Precision precision, bool zeros_for_none = false) {
   if (zeros_for_none && got.defined() && !want.defined() && is_floating(got.dtype()) &&
       max_abs(got) == 0)
     return "";
@@ -129,7 +139,7 @@ std::string compare(const Tensor& got, const Tensor& want, const std::string& wh
   if (got.sizes() != want.sizes() || got.dtype() != want.dtype())
     return fmt::format("{}: autobatched {} {}, eagerly {} {}\n", what, dtype_name(got.dtype()),
                        got.sizes(), dtype_name(want.dtype()), want.sizes());
-  const double tol = tolerance(want, through_f32);
+  const double tol = tolerance(want, precision);
   const double scale = is_floating(want.dtype()) ? std::max(1.0, max_abs(want)) : 1.0;
   const std::string d = differences(values(got), values(want), tol, tol * scale);
   return d.empty()
@@ -167,12 +177,12 @@ std::vector<Values> nudged(const Program& p, const std::vector<Values>& vals) {
 // Whether each element of got is within the tolerance of want, or within kNoise times the
 // distance the eager loop's value moved to on nudged inputs.
 constexpr double kNoise = 4;
-bool within_noise(const Tensor& got, const Tensor& want, const Tensor& moved, bool through_f32) {
+bool within_noise(const Tensor& got, const Tensor& want, const Tensor& moved, Precision precision) {
   if (got.defined() != want.defined() || want.defined() != moved.defined()) return false;
   if (!want.defined()) return true;
   if (!is_floating(want.dtype()) || got.sizes() != want.sizes() || moved.sizes() != want.sizes())
     return false;
-  const double tol = tolerance(want, through_f32);
+  const double tol = tolerance(want, precision);
   const double atol = tol * std::max(1.0, max_abs(want));
   const std::vector<double> g = values(got), w = values(want), m = values(moved);
   for (size_t j = 0; j < w.size(); ++j)
@@ -188,7 +198,7 @@ bool within_noise(const Tensor& got, const Tensor& want, const Tensor& moved, bo
 // pole, amplifies them beyond any fixed tolerance; the f32 results then differ from the exact
 // ones as much as from each other.
 bool ill_conditioned(const std::vector<Program>& ps, const std::vector<Values>& moved_vals,
-                     const SampleRun& got, const SampleRun& want, bool mixed) {
+                     const SampleRun& got, const SampleRun& want, Precision mixed) {
   SampleRun moved;
   try {
     moved = run_samples(ps, moved_vals, false);
@@ -221,7 +231,7 @@ std::string check_program(const Program& p, const std::vector<Values>& vals, boo
     return "";
   }
   std::string err;
-  const bool mixed = mixes_precision(p);
+  const Precision mixed = precision_of(p);
   SampleRun got;
   try {
     got = run_samples(ps, vals, true);
@@ -260,9 +270,11 @@ Program reduce_program(const Program& p, const std::vector<Values>& vals) {
 }
 
 // The seed's program of the mix checked; "" when it matches (or is skipped: *skipped is set).
-std::string check_seed(uint64_t seed, Mix mix, bool* skipped) {
+// `autocast` (bf16 or f16): the samples run inside an autocast scope (Program::autocast).
+std::string check_seed(uint64_t seed, Mix mix, bool* skipped, DType autocast = DType::f32) {
   Program p;
   p.seed = seed;
+  p.autocast = autocast;
   Generator gen(p, seed, mix);
   gen.make_inputs();
   if (std::string err = gen.make_steps(gen.random_length()); !err.empty()) {
@@ -344,7 +356,7 @@ std::string check_vmap_program(const Program& p, const std::vector<Values>& vals
   }
   // The samples stacked, through vmap.
   std::string err;
-  const bool mixed = mixes_precision(p);
+  const Precision mixed = precision_of(p);
   try {
     const std::vector<Tensor> stacked = stacked_inputs(p, vals, true);
     manual_seed(kRandSeed);
@@ -449,7 +461,7 @@ std::string check_compiled_vmap_seed(uint64_t seed, bool* skipped, bool* refused
     for (const Tensor& t : stacked) in.push_back(t.clone());
     const std::vector<Tensor> got = cf(in);
     for (size_t i = 0; i < want.size(); ++i)
-      err += compare(got[i], want[i], fmt::format("output {}", i), mixes_precision(p));
+      err += compare(got[i], want[i], fmt::format("output {}", i), precision_of(p));
   } catch (const std::exception& ex) {
     err += fmt::format("compile(vmap) threw: {}\n", ex.what());
   }
@@ -498,7 +510,7 @@ std::string check_vmap_grad_seed(uint64_t seed, bool* skipped, bool* refused) {
                                                             {}, 0, func::Randomness::Error, "grad");
     for (int64_t k = 0; k < kSamples; ++k)
       err += compare(got[0].detach().select(0, k), want[size_t(k)],
-                     fmt::format("sample {} gradient of input {}", k, arg), mixes_precision(p));
+                     fmt::format("sample {} gradient of input {}", k, arg), precision_of(p));
   } catch (const InternalError& ex) {
     err += fmt::format("vmap(grad) threw: {}\n", ex.what());
   } catch (const Error&) {
@@ -508,18 +520,17 @@ std::string check_vmap_grad_seed(uint64_t seed, bool* skipped, bool* refused) {
   return err.empty() ? "" : fmt::format("seed {}:\n{}{}", seed, program_text(p), err);
 }
 
-}  // namespace
-
-TEST_CASE("random programs: autobatched samples match the per-sample loop") {
-  const std::vector<uint64_t> seeds =
-      seeds_from_env("DUET_AUTOBATCH_PROGRAMS", 1000, "DUET_AUTOBATCH_SEED");
+// The seeds of both mixes checked (under autocast: bf16 for even seeds, f16 for odd ones);
+// most programs must compare, and most of those must batch something.
+void check_mixes(const std::vector<uint64_t>& seeds, bool autocast) {
   for (const Mix mix : {Mix::Batch, Mix::Mixed}) {
     CAPTURE(int(mix));
     int failed = 0, skipped = 0, batched = 0;
     ill_conditioned_count = 0;
     for (uint64_t seed : seeds) {
       bool skip = false;
-      const std::string report = check_seed(seed, mix, &skip);
+      const DType cast = !autocast ? DType::f32 : seed % 2 ? DType::f16 : DType::bf16;
+      const std::string report = check_seed(seed, mix, &skip, cast);
       skipped += skip;
       if (!report.empty() && ++failed <= 10) MESSAGE(report);
       batched += !skip && autobatch_stats().batches > 0;
@@ -534,6 +545,21 @@ TEST_CASE("random programs: autobatched samples match the per-sample loop") {
     CHECK(skipped * 5 <= int(seeds.size()));
     CHECK(batched * 2 >= int(seeds.size()) - skipped);
   }
+}
+
+}  // namespace
+
+TEST_CASE("random programs: autobatched samples match the per-sample loop") {
+  check_mixes(seeds_from_env("DUET_AUTOBATCH_PROGRAMS", 1000, "DUET_AUTOBATCH_SEED"), false);
+}
+
+// The same inside an autocast scope: the casts autocast makes are pending ops like any other,
+// and the products batch in the low dtype. Every floating value within two bf16 ulps
+// (Precision::Low).
+TEST_CASE("random programs under autocast: autobatched samples match the per-sample loop") {
+  check_mixes(
+      seeds_from_env("DUET_AUTOBATCH_AUTOCAST_PROGRAMS", 300, "DUET_AUTOBATCH_AUTOCAST_SEED"),
+      true);
 }
 
 }  // namespace duet::test
