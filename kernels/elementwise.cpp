@@ -59,6 +59,10 @@ void convert_rows(char** p, const int64_t* s, int64_t n) {
       widen_bf16(v, o, n);
     else if constexpr (std::is_same_v<D, bf16_t> && std::is_same_v<S, float>)
       round_to_bf16(v, o, n);
+    else if constexpr (std::is_same_v<D, float> && std::is_same_v<S, f16_t>)
+      widen_f16(v, o, n);  // Note [f16 rows with F16C]
+    else if constexpr (std::is_same_v<D, f16_t> && std::is_same_v<S, float>)
+      round_to_f16(v, o, n);
     else if constexpr (std::is_same_v<S, bool> && sizeof(D) == 2 && !std::is_integral_v<D>) {
       // A mask (ReLU's gradient, a comparison) as bf16 or f16 numbers: 1.0's bits where the byte
       // is 1, without a branch, so that it vectorizes. Each element through float, with a branch

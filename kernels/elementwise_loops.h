@@ -91,6 +91,8 @@ void load_f32(const char* p, int64_t s, DType dt, float* d, int64_t m) {
     for (int64_t i = 0; i < m; ++i) d[i] = *reinterpret_cast<const float*>(p + i * s);
   } else if (std::is_same_v<L, bf16_t> && s == int64_t(sizeof(L))) {
     widen_bf16(reinterpret_cast<const bf16_t*>(p), d, m);  // Note [bf16 rows by their bits]
+  } else if (std::is_same_v<L, f16_t> && s == int64_t(sizeof(L))) {
+    widen_f16(reinterpret_cast<const f16_t*>(p), d, m);  // Note [f16 rows with F16C]
   } else if (s == int64_t(sizeof(L))) {
     Eigen::Map<Eigen::ArrayXf>(d, m) =
         Eigen::Map<const Eigen::Array<L, Eigen::Dynamic, 1>>(reinterpret_cast<const L*>(p), m)
@@ -104,6 +106,8 @@ template <class L>
 void store_low(const float* v, char* p, int64_t s, int64_t m) {
   if (std::is_same_v<L, bf16_t> && s == int64_t(sizeof(L))) {
     round_to_bf16(v, reinterpret_cast<bf16_t*>(p), m);  // Note [bf16 rows by their bits]
+  } else if (std::is_same_v<L, f16_t> && s == int64_t(sizeof(L))) {
+    round_to_f16(v, reinterpret_cast<f16_t*>(p), m);  // Note [f16 rows with F16C]
   } else if (s == int64_t(sizeof(L))) {
     Eigen::Map<Eigen::Array<L, Eigen::Dynamic, 1>>(reinterpret_cast<L*>(p), m) =
         Eigen::Map<const Eigen::ArrayXf>(v, m).template cast<L>();

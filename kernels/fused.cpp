@@ -197,6 +197,13 @@ class Interp {
       const int64_t off = i * so + j * si;
       if (dt == p_.dtype && si == 1) {
         std::memcpy(d + done, static_cast<const T*>(a_.in[k]) + off, m * sizeof(T));
+      } else if (std::is_same_v<T, float> && si == 1 && is_low_precision(dt)) {
+        // Dense f16 and bf16 rows widen as the eager kernels' do (kernels/low_precision.h).
+        float* f = reinterpret_cast<float*>(d + done);
+        if (dt == DType::bf16)
+          widen_bf16(static_cast<const bf16_t*>(a_.in[k]) + off, f, m);
+        else
+          widen_f16(static_cast<const f16_t*>(a_.in[k]) + off, f, m);
       } else if (si == 0) {
         std::fill(d + done, d + done + m, read(dt, a_.in[k], off));
       } else {
@@ -218,20 +225,18 @@ class Interp {
 
   // Rounds n values to f16 or bf16 in place (the values the eager kernel would store).
   // bf16 by its bits (Note [bf16 rows by their bits] in kernels/low_precision.h).
+  // f16 with F16C (Note [f16 rows with F16C] there).
   static void round_block(float* v, int64_t n, DType d) {
-    Eigen::Map<Eigen::ArrayXf> x(v, n);
     if (d == DType::bf16)
       round_bf16_in_place(v, n);
     else
-      x = x.template cast<f16_t>().template cast<float>();
+      round_f16_in_place(v, n);
   }
   static void store_low(const float* v, DType d, void* out, int64_t s, int64_t n) {
-    Eigen::Map<const Eigen::ArrayXf> x(v, n);
     if (d == DType::bf16)
       round_to_bf16(v, static_cast<bf16_t*>(out) + s, n);
     else
-      Eigen::Map<Eigen::Array<f16_t, Eigen::Dynamic, 1>>(static_cast<f16_t*>(out) + s, n) =
-          x.template cast<f16_t>();
+      round_to_f16(v, static_cast<f16_t*>(out) + s, n);
   }
 
   T identity() const {
@@ -264,11 +269,20 @@ class Interp {
 
   // Rows [begin, end): a block holds whole rows when they fit, else a row goes in pieces, whose
   // sums add in a cascade.
+  // Stores reduced value i: as T, or rounded once to red_round.
+  void put_reduced(int64_t i, T v) const {
+    if (p_.red_round == DType::bf16)
+      static_cast<bf16_t*>(a_.red_out)[i] = bf16_t(static_cast<float>(v));
+    else if (p_.red_round == DType::f16)
+      static_cast<f16_t*>(a_.red_out)[i] = f16_t(static_cast<float>(v));
+    else
+      static_cast<T*>(a_.red_out)[i] = v;
+  }
+
   void run_inner(int64_t begin, int64_t end) {
     const int64_t inner = a_.inner;
-    T* out = static_cast<T*>(a_.red_out);
     if (inner == 0) {
-      for (int64_t i = begin; i < end; ++i) out[i] = identity();
+      for (int64_t i = begin; i < end; ++i) put_reduced(i, identity());
       return;
     }
     if (inner <= block_) {
@@ -277,7 +291,7 @@ class Interp {
         const int64_t r = std::min(rows, end - i);
         block(i * inner, r * inner);
         const T* v = reg_[p_.reduce_src];
-        for (int64_t q = 0; q < r; ++q) out[i + q] = fold(v + q * inner, inner);
+        for (int64_t q = 0; q < r; ++q) put_reduced(i + q, fold(v + q * inner, inner));
       }
       return;
     }
@@ -293,7 +307,7 @@ class Interp {
         else
           acc = combine(acc, v);
       }
-      out[i] = p_.reduce_op == OpId::Sum ? sum.total(T(0)) : acc;
+      put_reduced(i, p_.reduce_op == OpId::Sum ? sum.total(T(0)) : acc);
     }
   }
 
@@ -327,7 +341,9 @@ class Interp {
     constexpr int64_t kCols = 16384 / sizeof(T);
     using Columns = fn::ColumnCascade<T, R, kCols>;
     static thread_local std::unique_ptr<Columns> columns;
-    T* out = static_cast<T*>(a_.red_out);
+    // A result rounded to red_round is finished in T first.
+    alignas(64) static thread_local T wide[kCols];
+    const bool direct = p_.red_round == DType::f32;
     const int64_t width = std::min(block_, kCols);
     for (int64_t j = begin; j < end; j += width) {
       const int64_t m = std::min(width, end - j);
@@ -340,7 +356,12 @@ class Interp {
         block(i * a_.inner + j, m);
         acc.add(reg_[p_.reduce_src], m);
       }
-      acc.finish(out + j, m);
+      if (direct) {
+        acc.finish(static_cast<T*>(a_.red_out) + j, m);
+        continue;
+      }
+      acc.finish(wide, m);
+      for (int64_t q = 0; q < m; ++q) put_reduced(j + q, wide[q]);
     }
   }
 
@@ -446,7 +467,7 @@ bool FusedProgram::has_low_precision() const {
     if (is_low_precision(d)) return true;
   for (const FusedInstr& in : code)
     if (in.round != DType::f32) return true;
-  return false;
+  return red_round != DType::f32;
 }
 
 std::string FusedProgram::str() const {
@@ -465,8 +486,9 @@ std::string FusedProgram::str() const {
   for (size_t o = 0; o < outputs.size(); ++o)
     s += fmt::format("  out{} = r{} ({})\n", o, outputs[o], out_dtypes[o]);
   if (reduce != FusedReduce::None)
-    s += fmt::format("  {} r{} over the {} dims\n", op_name(reduce_op), reduce_src,
-                     reduce == FusedReduce::Inner ? "inner" : "outer");
+    s += fmt::format("  {} r{} over the {} dims{}\n", op_name(reduce_op), reduce_src,
+                     reduce == FusedReduce::Inner ? "inner" : "outer",
+                     red_round != DType::f32 ? fmt::format(", rounded to {}", red_round) : "");
   return s;
 }
 
@@ -493,6 +515,7 @@ uint64_t FusedProgram::hash() const {
   mix(static_cast<uint64_t>(reduce));
   mix(static_cast<uint64_t>(reduce_op));
   mix(static_cast<uint64_t>(reduce_src + 3));
+  mix(static_cast<uint64_t>(red_round) + 53);
   mix(static_cast<uint64_t>(scalar_inputs) + 7);
   return h;
 }

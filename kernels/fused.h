@@ -15,7 +15,9 @@
 // f16 and bf16 values live in f32 registers (a group with them computes in f32). An
 // instruction whose op result is f16 or bf16 (FusedInstr::round) rounds its register to that
 // dtype after computing, as the eager kernel rounds what it stores (Note [Low precision] in
-// kernels/low_precision.h): so a fused bf16 chain equals the eager ops bit for bit. Inputs of
+// kernels/low_precision.h): so a fused bf16 chain equals the eager ops bit for bit.
+// A reduction of such values accumulates them in f32 and rounds the result once into a
+// red_out of their dtype (FusedProgram::red_round), as the eager reduction does. Inputs of
 // those dtypes are converted as they are loaded, outputs as they are stored. The interpreter and
 // the C++ generator run such programs; the CUDA generator does not take them yet (the fusion
 // pass keeps f16 and bf16 ops on CUDA unfused).
@@ -55,7 +57,11 @@ struct FusedProgram {
   std::vector<DType> out_dtypes;  ///< per output: T or b8
   FusedReduce reduce = FusedReduce::None;
   OpId reduce_op = OpId::Sum;  ///< Sum, Max or Min
-  int16_t reduce_src = -1;     ///< the register reduced into DuetFusedArgs::red_out (dtype T)
+  int16_t reduce_src = -1;     ///< the register reduced into DuetFusedArgs::red_out
+  /// f16 or bf16: the reduced value (of a register that holds that dtype's values) is rounded
+  /// once to it and stored in it, as the eager reduction accumulates in f32 and rounds once;
+  /// otherwise (f32, the default) red_out has dtype T.
+  DType red_round = DType::f32;
   /// Bit k: input k is one number for the whole space (a one-element constant of the graph),
   /// which the CUDA generator loads once, knowing it when it writes the kernel.
   uint32_t scalar_inputs = 0;

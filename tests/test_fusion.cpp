@@ -145,6 +145,59 @@ TEST_CASE("fusion: reductions take their elementwise prologue") {
   }
 }
 
+TEST_CASE("fusion: f16 and bf16 reductions take their prologue and round once, as eager does") {
+  // Multiples of 1/8 in [-2, 2): their products are exact in either dtype, and any order of f32
+  // additions of 300 of them is exact, so the sums round once to the same value however the
+  // fused kernel orders them, and compiled equals eager bit for bit.
+  manual_seed(5);
+  for (DType low : {DType::bf16, DType::f16}) {
+    INFO(dtype_name(low));
+    auto eighths = [low] { return ((randint(32, {64, 300}).to(DType::f32) - 16) * 0.125).to(low); };
+    const Tensor x = eighths(), y = eighths();
+    auto all = compile([](Tensor a, Tensor b) { return sum(a * b); });
+    auto rows = compile([](Tensor a, Tensor b) { return sum(a * b, {1}); });
+    auto cols = compile([](Tensor a, Tensor b) { return sum(a * b, {0}); });
+    auto top = compile([](Tensor a, Tensor b) { return max(a - b, {0}); });
+    for (int t = 0; t < tiers(); ++t, next_tier()) {
+      CHECK(bitwise_equal(all(x, y), sum(x * y)));
+      CHECK(bitwise_equal(rows(x, y), sum(x * y, {1})));
+      CHECK(bitwise_equal(cols(x, y), sum(x * y, {0})));
+      CHECK(bitwise_equal(top(x, y), max(x - y, {0})));
+      auto one_kernel = [](const auto& f) {  // the product and the reduction
+        CHECK(f.stats().fused_kernels == 1);
+        CHECK(f.stats().fused_nodes == 2);
+      };
+      one_kernel(all);
+      one_kernel(rows);
+      one_kernel(cols);
+      one_kernel(top);
+    }
+  }
+}
+
+TEST_CASE("fusion: every f16 and bf16 value through a fused chain, as eager gives it") {
+  // Note [f16 with F16C] and [bf16 by its bits] in kernels/codegen/cpu.cpp: the generated loads,
+  // roundings and stores convert whole packets and redo the NaN lanes, so that every value (NaNs
+  // with payloads, signaling ones, infinities, subnormals) comes out as eager's ops give it.
+  for (DType low : {DType::f16, DType::bf16}) {
+    INFO(dtype_name(low));
+    Tensor x = zeros({256, 256}, Options().dtype(low));
+    auto* bits = static_cast<uint16_t*>(x.raw_data());
+    for (int i = 0; i < 65536; ++i) bits[i] = static_cast<uint16_t>(i);
+    auto body = [](Tensor a) {
+      return std::vector<Tensor>{(a + 0.0) * 1.0, (a * 0.5).to(DType::f32)};
+    };
+    auto f = compile(body);
+    const std::vector<Tensor> want = body(x);
+    for (int t = 0; t < tiers(); ++t, next_tier()) {
+      const std::vector<Tensor> got = f(x);
+      CHECK(bitwise_equal(got[0], want[0]));
+      CHECK(bitwise_equal(got[1], want[1]));
+      CHECK(f.stats().fused_kernels == 1);
+    }
+  }
+}
+
 TEST_CASE("fusion: long f32 sums on the interpreter stay within a few ulps, at 1 and 2 threads") {
   const bool was = codegen::enabled();
   codegen::set_enabled(false);

@@ -446,29 +446,44 @@ TEST_CASE("low precision: optimizers train bf16 parameters with f32 state") {
 
 namespace duet::test {
 
+// Every value of the 16-bit type L (bf16_t or f16_t) in `all`, widened by `widen` into `wide`;
+// how many differ from Eigen's conversion of each.
+template <class L>
+int64_t widened_differently(void (*widen)(const L*, float*, int64_t), std::vector<L>& all,
+                            std::vector<float>& wide) {
+  all.resize(65536);
+  wide.resize(65536);
+  for (int i = 0; i < 65536; ++i) all[i] = Eigen::numext::bit_cast<L>(uint16_t(i));
+  widen(all.data(), wide.data(), 65536);
+  int64_t bad = 0;
+  for (int i = 0; i < 65536; ++i)
+    bad += Eigen::numext::bit_cast<uint32_t>(wide[i]) !=
+           Eigen::numext::bit_cast<uint32_t>(static_cast<float>(all[i]));
+  return bad;
+}
+
+// A million f32 bit patterns from a fixed LCG, after the edge cases a test lists.
+void append_random_bits(std::vector<uint32_t>& bits) {
+  uint64_t s = 0x9E3779B97F4A7C15ull;
+  for (int i = 0; i < 1 << 20; ++i) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    bits.push_back(static_cast<uint32_t>(s >> 32));
+  }
+}
+
 TEST_CASE("low precision: bf16 rows convert by their bits exactly as Eigen converts each value") {
   // Note [bf16 rows by their bits] in kernels/low_precision.h: the kernels' row conversions
   // (casts, the elementwise families, the fused interpreter) against Eigen's conversion of each
   // value: every bf16 widened, and the f32 values at the edges (signed zeros, denormals, ties,
   // the carry into inf, NaNs with payloads) and a million random bit patterns rounded.
   using kernels::bf16_t;
-  std::vector<bf16_t> all(65536);
-  for (int i = 0; i < 65536; ++i) all[i] = Eigen::numext::bit_cast<bf16_t>(uint16_t(i));
-  std::vector<float> wide(65536);
-  kernels::widen_bf16(all.data(), wide.data(), 65536);
-  int64_t bad = 0;
-  for (int i = 0; i < 65536; ++i)
-    bad += Eigen::numext::bit_cast<uint32_t>(wide[i]) !=
-           Eigen::numext::bit_cast<uint32_t>(static_cast<float>(all[i]));
-  CHECK(bad == 0);
+  std::vector<bf16_t> all;
+  std::vector<float> wide;
+  CHECK(widened_differently<bf16_t>(kernels::widen_bf16, all, wide) == 0);
   std::vector<uint32_t> bits = {0x00000000u, 0x80000000u, 0x00000001u, 0x807FFFFFu, 0x3F808000u,
                                 0x3F818000u, 0x3F80FFFFu, 0x7F7FFFFFu, 0x7F7F8000u, 0xFF7F8000u,
                                 0x7F800000u, 0xFF800000u, 0x7F800001u, 0xFFC12345u, 0x7FFFFFFFu};
-  uint64_t s = 0x9E3779B97F4A7C15ull;
-  for (int i = 0; i < 1 << 20; ++i) {
-    s = s * 6364136223846793005ull + 1442695040888963407ull;
-    bits.push_back(static_cast<uint32_t>(s >> 32));
-  }
+  append_random_bits(bits);
   const int64_t n = static_cast<int64_t>(bits.size());
   std::vector<float> f(bits.size()), in_place(bits.size());
   for (int64_t i = 0; i < n; ++i) f[i] = Eigen::numext::bit_cast<float>(bits[i]);
@@ -489,6 +504,70 @@ TEST_CASE("low precision: bf16 rows convert by their bits exactly as Eigen conve
   std::memcpy(x.raw_data(), f.data(), bits.size() * 4);
   const Tensor y = x.to(DType::bf16);
   CHECK(std::memcmp(y.raw_data(), low.data(), bits.size() * 2) == 0);
+}
+
+TEST_CASE("low precision: f16 rows convert with F16C exactly as Eigen converts each value") {
+  // Note [f16 rows with F16C] in kernels/low_precision.h: the rows against Eigen's conversion of
+  // each value: every f16 widened (signaling NaNs included, which F16C quiets and Eigen keeps),
+  // and f32 values at the edges (signed zeros, f16 subnormals and their ties, the largest f16
+  // and the carry into inf, NaNs with payloads) and a million random bit patterns rounded, in
+  // rows of every length up to 40 (the lanes, and the tail after them).
+  using kernels::f16_t;
+  std::vector<f16_t> all;
+  std::vector<float> wide;
+  CHECK(widened_differently<f16_t>(kernels::widen_f16, all, wide) == 0);
+  std::vector<uint32_t> bits = {0x00000000u, 0x80000000u, 0x00000001u, 0x807FFFFFu, 0x33000000u,
+                                0x33000001u, 0x337FFFFFu, 0x387FC000u, 0x38800000u, 0x477FE000u,
+                                0x477FEFFFu, 0x477FF000u, 0x477FFFFFu, 0xC77FF000u, 0x7F7FFFFFu,
+                                0x7F800000u, 0xFF800000u, 0x7F800001u, 0xFFC12345u, 0x7FFFFFFFu,
+                                0x3F801000u, 0x3F803000u, 0x3F802FFFu};
+  append_random_bits(bits);
+  // The f16 values themselves, widened and moved by an f32 ulp either way (ties and their
+  // neighbours everywhere in the range).
+  for (int i = 0; i < 65536; ++i) {
+    const uint32_t u = Eigen::numext::bit_cast<uint32_t>(wide[i]);
+    for (uint32_t v : {u, u + 1, u - 1, u + 0x1000u, u + 0xFFFu}) bits.push_back(v);
+  }
+  const int64_t n = static_cast<int64_t>(bits.size());
+  std::vector<float> f(bits.size()), in_place(bits.size());
+  for (int64_t i = 0; i < n; ++i) f[i] = Eigen::numext::bit_cast<float>(bits[i]);
+  std::vector<f16_t> low(bits.size());
+  kernels::round_to_f16(f.data(), low.data(), n);
+  in_place = f;
+  kernels::round_f16_in_place(in_place.data(), n);
+  int64_t bad_round = 0, bad_in_place = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const f16_t want = f16_t(f[i]);
+    bad_round +=
+        Eigen::numext::bit_cast<uint16_t>(low[i]) != Eigen::numext::bit_cast<uint16_t>(want);
+    bad_in_place += Eigen::numext::bit_cast<uint32_t>(in_place[i]) !=
+                    Eigen::numext::bit_cast<uint32_t>(static_cast<float>(want));
+  }
+  CHECK(bad_round == 0);
+  CHECK(bad_in_place == 0);
+  int64_t bad_rows = 0;  // short rows: every lane count, and the tails
+  for (int64_t len = 1; len <= 40; ++len) {
+    std::vector<f16_t> r(static_cast<size_t>(len));
+    std::vector<float> back(static_cast<size_t>(len));
+    kernels::round_to_f16(f.data() + len, r.data(), len);
+    kernels::widen_f16(all.data() + 0x7C00 - 3 * len, back.data(), len);
+    for (int64_t i = 0; i < len; ++i) {
+      bad_rows += Eigen::numext::bit_cast<uint16_t>(r[size_t(i)]) !=
+                  Eigen::numext::bit_cast<uint16_t>(f16_t(f[size_t(len + i)]));
+      bad_rows += Eigen::numext::bit_cast<uint32_t>(back[size_t(i)]) !=
+                  Eigen::numext::bit_cast<uint32_t>(static_cast<float>(all[0x7C00 - 3 * len + i]));
+    }
+  }
+  CHECK(bad_rows == 0);
+  // Through the kernels: a cast of a row, and back.
+  Tensor x = zeros({n});
+  std::memcpy(x.raw_data(), f.data(), bits.size() * 4);
+  const Tensor y = x.to(DType::f16);
+  CHECK(std::memcmp(y.raw_data(), low.data(), bits.size() * 2) == 0);
+  Tensor h = zeros({65536}, Options().dtype(DType::f16));
+  std::memcpy(h.raw_data(), all.data(), 65536 * 2);
+  const Tensor w = h.to(DType::f32);
+  CHECK(std::memcmp(w.raw_data(), wide.data(), 65536 * 4) == 0);
 }
 
 }  // namespace duet::test

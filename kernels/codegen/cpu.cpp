@@ -106,6 +106,45 @@ DUET_INLINE void round_bf16_bits(T* a) {
   __builtin_memcpy(a, &b, sizeof(b));
 }
 
+// Note [f16 with F16C]
+// f16 lanes convert 8 at a time with the CPU's F16C instructions, and the lanes that hold a NaN
+// again with Eigen's conversion, whose NaNs F16C does not give: Eigen's conversion to the bit,
+// as the kernels' rows convert (Note [f16 rows with F16C] in kernels/low_precision.h), where
+// Eigen's cast of a packet converts one lane at a time (an f16 fused kernel ran 30x slower
+// than its bf16 twin).
+#if defined(__F16C__)
+constexpr bool kF16C = std::is_same_v<T, float> && W % 8 == 0;
+#else
+constexpr bool kF16C = false;
+#endif
+#if defined(__AVX512F__) && defined(DUET_T_F32)
+constexpr bool kF16C512 = std::is_same_v<T, float> && W == 16;  // P is __m512
+#else
+constexpr bool kF16C512 = false;
+#endif
+// W lanes of a rounded to f16 in h, and W f16 lanes of h widened into a.
+DUET_INLINE void f16_from_lanes(const T* a, Eigen::half* h) {
+#if defined(__F16C__)
+  for (int l = 0; l < W; l += 8) {
+    const __m256 v = _mm256_loadu_ps(reinterpret_cast<const float*>(a + l));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(h + l),
+                     _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    if (__builtin_expect(_mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)) != 0, 0))
+      for (int k = 0; k < 8; ++k) h[l + k] = Eigen::half(a[l + k]);
+  }
+#endif
+}
+DUET_INLINE void f16_to_lanes(const Eigen::half* h, T* a) {
+#if defined(__F16C__)
+  for (int l = 0; l < W; l += 8) {
+    const __m256 v = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + l)));
+    _mm256_storeu_ps(reinterpret_cast<float*>(a + l), v);
+    if (__builtin_expect(_mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)) != 0, 0))
+      for (int k = 0; k < 8; ++k) a[l + k] = static_cast<T>(h[l + k]);
+  }
+#endif
+}
+
 // An op whose result is f16 or bf16 (L) rounds it, as the eager kernel rounds what it stores
 // (Note [Fused registers]): the interpreter's conversion, lane for lane.
 template <class L>
@@ -114,6 +153,17 @@ DUET_INLINE P round_to(const P& x) {
   ei::pstore(a, x);
   if constexpr (kBf16Bits && std::is_same_v<L, Eigen::bfloat16>) {
     round_bf16_bits(a);
+  } else if constexpr (kF16C512 && std::is_same_v<L, Eigen::half>) {
+#if defined(__AVX512F__) && defined(DUET_T_F32)
+    // In registers: both conversions on the whole packet, Eigen's lanes where a NaN is.
+    const __m512 r = _mm512_cvtph_ps(_mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    if (__builtin_expect(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q) == 0, 1)) return r;
+    for (int l = 0; l < W; ++l) a[l] = static_cast<T>(Eigen::half(a[l]));
+#endif
+  } else if constexpr (kF16C && std::is_same_v<L, Eigen::half>) {
+    alignas(64) Eigen::half h[W];
+    f16_from_lanes(a, h);
+    f16_to_lanes(h, a);
   } else {
     Eigen::Map<Eigen::Array<T, W, 1>> v(a);
     v = v.template cast<L>().template cast<T>();
@@ -121,10 +171,23 @@ DUET_INLINE P round_to(const P& x) {
   return ei::pload<P>(a);
 }
 
-// W elements p[0], p[s], ... converted to T. A dense bf16 row widens by its bits.
+// W elements p[0], p[s], ... converted to T. A dense bf16 row widens by its bits, a dense f16
+// one with F16C.
 template <class S>
 DUET_INLINE P load_lanes(const S* p, int64_t s) {
   alignas(64) T b[W];
+  if constexpr (kF16C && std::is_same_v<S, Eigen::half>) {
+    if (s == 1) {
+#if defined(__AVX512F__) && defined(DUET_T_F32)
+      if constexpr (kF16C512) {
+        const __m512 v = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+        if (__builtin_expect(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q) == 0, 1)) return v;
+      }
+#endif
+      f16_to_lanes(p, b);
+      return ei::pload<P>(b);
+    }
+  }
   if constexpr (kBf16Bits && std::is_same_v<S, Eigen::bfloat16>) {
     if (s == 1) {
       uint16_t h[W];
@@ -213,6 +276,19 @@ struct Output {
       __builtin_memcpy(u, b, sizeof(u));
       for (int l = 0; l < W; ++l) h[l] = static_cast<uint16_t>(u[l] >> 16);
       __builtin_memcpy(p + j, h, sizeof(h));
+    } else if constexpr (kF16C && std::is_same_v<S, Eigen::half>) {  // exact, as below
+#if defined(__AVX512F__) && defined(DUET_T_F32)
+      if constexpr (kF16C512) {
+        if (__builtin_expect(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q) == 0, 1)) {
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + j),
+                              _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+          return;
+        }
+      }
+#endif
+      alignas(64) T b[W];
+      ei::pstore(b, x);
+      f16_from_lanes(b, p + j);
     } else {  // f16: exact, the value was rounded when it was computed
       alignas(64) T b[W];
       ei::pstore(b, x);
@@ -289,7 +365,7 @@ DUET_BODY_ONCE P packets_inner(B& b, int64_t n) {
 template <class B, class R>
 void run_inner(const DuetFusedArgs* a, int64_t begin, int64_t end) {
   const int64_t n = a->inner, full = n / W * W;
-  T* red = static_cast<T*>(a->red_out);
+  RedT* red = static_cast<RedT*>(a->red_out);
   B b;
   Pad<B> pad;
   alignas(64) T buf[W];
@@ -304,7 +380,7 @@ void run_inner(const DuetFusedArgs* a, int64_t begin, int64_t end) {
       t.unpad(b, full, m);
       for (int l = 0; l < m; ++l) r = R::scalar(r, buf[l]);
     }
-    red[i] = r;
+    red[i] = static_cast<RedT>(r);  // (rounded once, where RedT is f16 or bf16)
   }
 }
 
@@ -319,7 +395,7 @@ template <class B, class R>
 void run_outer(const DuetFusedArgs* a, int64_t begin, int64_t end) {
   constexpr int64_t kCols = 8192 / sizeof(T);
   const int64_t outer = a->outer;
-  T* red = static_cast<T*>(a->red_out);
+  RedT* red = static_cast<RedT*>(a->red_out);
   B b;
   Pad<B> pad;
   for (int64_t j0 = begin; j0 < end; j0 += kCols) {
@@ -337,7 +413,13 @@ void run_outer(const DuetFusedArgs* a, int64_t begin, int64_t end) {
       }
       acc.next();
     }
-    acc.finish(red + j0, width);
+    if constexpr (std::is_same_v<RedT, T>) {
+      acc.finish(red + j0, width);
+    } else {  // finished in T, then rounded once
+      alignas(64) T wide[kCols];
+      acc.finish(wide, width);
+      for (int64_t q = 0; q < width; ++q) red[j0 + q] = static_cast<RedT>(wide[q]);
+    }
   }
 }
 )duet_src";
@@ -437,11 +519,23 @@ std::string generate_fused_source(const FusedProgram& p) {
     DUET_CHECK_T(reducer != nullptr, ValueError, "[codegen] {} is not a fused reduction",
                  op_name(p.reduce_op));
     result = read(p.reduce_src);
-    header += fmt::format("//   {} over the {} dims of r{}\n", op_name(p.reduce_op),
-                          p.reduce == FusedReduce::Inner ? "inner" : "outer", p.reduce_src);
+    header += fmt::format(
+        "//   {} over the {} dims of r{}{}\n", op_name(p.reduce_op),
+        p.reduce == FusedReduce::Inner ? "inner" : "outer", p.reduce_src,
+        p.red_round != DType::f32 ? fmt::format(", rounded to {}", dtype_name(p.red_round)) : "");
   }
 
-  std::string s = header + kPreludeHead + fmt::format("\nnamespace {{\nusing T = {};\n}}\n", T);
+  const char* red_t = "T";
+  if (p.red_round != DType::f32) {
+    DUET_CHECK_T(p.dtype == DType::f32 && is_low_precision(p.red_round), DTypeError,
+                 "[codegen] an f32 program rounds its reduction to f16 or bf16, not {} in {}",
+                 dtype_name(p.red_round), dtype_name(p.dtype));
+    red_t = cpu_type(p.red_round);
+  }
+  std::string s =
+      header + kPreludeHead +
+      fmt::format("\nnamespace {{\nusing T = {};\nusing RedT = {};\n}}\n{}", T, red_t,
+                  p.dtype == DType::f32 ? "#define DUET_T_F32 1  // P is float's packet\n" : "");
   s += kPreludeBody;
   s += "\nstruct Body {\n";
   std::string row, pad, unpad;

@@ -261,6 +261,8 @@ class Fuser {
   }
 
   // A Sum, Max or Min over the trailing or the leading dims of a group member closes the group.
+  // One of f16 or bf16 values (an f32 group's member of that dtype) accumulates in f32 and
+  // rounds once, as the eager reduction does (FusedProgram::red_round).
   bool try_reduction(int32_t v) {
     const GraphNode& n = graph_.nodes[v];
     if (n.op != OpId::Sum && n.op != OpId::Max && n.op != OpId::Min) return false;
@@ -268,8 +270,10 @@ class Fuser {
     const int gi = group_of_[in];
     if (gi < 0) return false;
     Group& gr = groups_[gi];
-    if (!gr.alive || gr.reduction >= 0 || n.meta.dtype != gr.dtype || !is_float(n.meta.dtype) ||
-        n.meta.device != gr.device ||
+    const bool low = is_low_precision(n.meta.dtype) && gr.dtype == DType::f32 &&
+                     graph_.nodes[in].meta.dtype == n.meta.dtype;
+    if (!gr.alive || gr.reduction >= 0 || !(low || n.meta.dtype == gr.dtype) ||
+        !(low || is_float(n.meta.dtype)) || n.meta.device != gr.device ||
         !phases_fit(std::min(gr.lo_phase, n.phase), std::max(gr.hi_phase, n.phase)))
       return false;
     const int64_t nd = gr.shape.size();
@@ -376,6 +380,7 @@ class Fuser {
       if (m == gr.reduction) {
         p.reduce_op = node.op;
         p.reduce_src = reg.at(node.inputs[0]);
+        if (is_low_precision(node.meta.dtype)) p.red_round = node.meta.dtype;
         break;
       }
       kernels::FusedInstr ins;
