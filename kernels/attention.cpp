@@ -107,6 +107,12 @@ void load_rows(const Operand& o, const char* p, int64_t rows, int64_t cols, Acc*
         continue;
       }
     }
+    if constexpr (std::is_same_v<T, f16_t> && std::is_same_v<Acc, float>) {
+      if (o.cs == 1) {  // Note [f16 rows with F16C]
+        widen_f16(src, d, cols);
+        continue;
+      }
+    }
     if (o.cs == 1) {
       for (int64_t c = 0; c < cols; ++c) d[c] = acc(src[c]);
     } else {
@@ -155,10 +161,7 @@ void size_tiles(int64_t rows, int64_t cols, B&... buffers) {
 // n f32 values rounded to the low dtype (bf16 or f16), as its bits.
 void round_low(const float* src, int64_t n, DType low, uint16_t* dst) {
   if (low == DType::bf16) return round_to_bf16(src, reinterpret_cast<bf16_t*>(dst), n);
-  for (int64_t i = 0; i < n; ++i) {
-    const f16_t h(src[i]);
-    std::memcpy(dst + i, &h, 2);
-  }
+  round_to_f16(src, reinterpret_cast<f16_t*>(dst), n);  // Note [f16 rows with F16C]
 }
 
 // rows x cols of operand o for batch b from row r0 in the low dtype (row-major, cols wide): its
@@ -187,8 +190,7 @@ void widen_low(DType low, const uint16_t* p, int64_t rows, int64_t cols, int64_t
   const int64_t n = rows == 0 ? 0 : (rows - 1) * ld + cols;
   w.resize(static_cast<size_t>(n));
   if (low == DType::bf16) return widen_bf16(reinterpret_cast<const bf16_t*>(p), w.data(), n);
-  for (int64_t i = 0; i < n; ++i)
-    w[static_cast<size_t>(i)] = static_cast<float>(Eigen::numext::bit_cast<f16_t>(p[i]));
+  widen_f16(reinterpret_cast<const f16_t*>(p), w.data(), n);  // Note [f16 rows with F16C]
 }
 
 // Products below this many multiply-adds (a decoding step's one query, the ragged last tiles)

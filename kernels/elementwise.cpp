@@ -9,18 +9,54 @@ using ew::in_dtype;
 
 // ---- where, cast, copy, sources -------------------------------------------------------------
 
+// A dense row of where: each value's bits kept under a mask of all ones where c holds, so the
+// loop vectorizes. A branch on a mask of random bits mispredicts half the time: a 1M-element f32
+// where took 2.0 ms against 0.07 for a mul. DX and DY: 1 for a row, 0 for one broadcast value.
+template <class T, int DX, int DY>
+void where_rows(const bool* __restrict c, const T* __restrict x, const T* __restrict y,
+                T* __restrict o, int64_t n) {
+  using U =
+      std::conditional_t<sizeof(T) == 8, uint64_t,
+                         std::conditional_t<sizeof(T) == 4, uint32_t,
+                                            std::conditional_t<sizeof(T) == 2, uint16_t, uint8_t>>>;
+  static_assert(sizeof(U) == sizeof(T));
+  for (int64_t i = 0; i < n; ++i) {
+    U u, v;
+    std::memcpy(&u, x + i * DX, sizeof(T));
+    std::memcpy(&v, y + i * DY, sizeof(T));
+    const U m = U(0) - U(c[i] != 0);
+    const U r = (u & m) | (v & ~m);
+    std::memcpy(o + i, &r, sizeof(T));
+  }
+}
+
 void where_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
   DType ct = out.dtype();
   Tensor ta, tb;
   const Tensor& a = in_dtype(in[1], ct, ta);
   const Tensor& b = in_dtype(in[2], ct, tb);
+  // Dense rows pick by the bits, without a branch (where_rows); others read both values and keep
+  // one.
   DUET_DISPATCH_DTYPE(ct, "where", [&] {
     using T = scalar_t;
     for_each<4>(out.sizes(), {&out, &in[0], &a, &b}, [&](char** p, const int64_t* s, int64_t n) {
-      for (int64_t i = 0; i < n; ++i)
-        *reinterpret_cast<T*>(p[0] + i * s[0]) = *reinterpret_cast<const bool*>(p[1] + i * s[1])
-                                                     ? *reinterpret_cast<const T*>(p[2] + i * s[2])
-                                                     : *reinterpret_cast<const T*>(p[3] + i * s[3]);
+      constexpr int64_t z = sizeof(T);
+      if (s[0] == z && s[1] == 1 && (s[2] == z || s[2] == 0) && (s[3] == z || s[3] == 0)) {
+        const auto* c = reinterpret_cast<const bool*>(p[1]);
+        const auto* x = reinterpret_cast<const T*>(p[2]);
+        const auto* y = reinterpret_cast<const T*>(p[3]);
+        T* o = reinterpret_cast<T*>(p[0]);
+        if (s[2] && s[3]) return where_rows<T, 1, 1>(c, x, y, o, n);
+        if (s[2]) return where_rows<T, 1, 0>(c, x, y, o, n);
+        if (s[3]) return where_rows<T, 0, 1>(c, x, y, o, n);
+        return where_rows<T, 0, 0>(c, x, y, o, n);
+      }
+      for (int64_t i = 0; i < n; ++i) {
+        const T u = *reinterpret_cast<const T*>(p[2] + i * s[2]);
+        const T v = *reinterpret_cast<const T*>(p[3] + i * s[3]);
+        *reinterpret_cast<T*>(p[0] + i * s[0]) =
+            *reinterpret_cast<const bool*>(p[1] + i * s[1]) ? u : v;
+      }
     });
   });
 }
