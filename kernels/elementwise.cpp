@@ -20,11 +20,12 @@ void where_rows(const bool* __restrict c, const T* __restrict x, const T* __rest
                          std::conditional_t<sizeof(T) == 4, uint32_t,
                                             std::conditional_t<sizeof(T) == 2, uint16_t, uint8_t>>>;
   static_assert(sizeof(U) == sizeof(T));
+  const auto* cb = reinterpret_cast<const uint8_t*>(c);  // (read as bytes, the loop vectorizes)
   for (int64_t i = 0; i < n; ++i) {
     U u, v;
     std::memcpy(&u, x + i * DX, sizeof(T));
     std::memcpy(&v, y + i * DY, sizeof(T));
-    const U m = U(0) - U(c[i] != 0);
+    const U m = U(0) - U(cb[i] != 0);
     const U r = (u & m) | (v & ~m);
     std::memcpy(o + i, &r, sizeof(T));
   }
