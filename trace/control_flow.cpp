@@ -51,10 +51,12 @@ bool same_dims(const SymDims& a, const SymDims& b, const char* op) {
 // autocast scope's product inside a branch gives the low dtype), or in count or shapes.
 enum class Mismatch : uint8_t { None, DTypes, Shapes };
 
-// Throws for a mismatch: a DTypeError when only dtypes differ, else a ShapeError.
-void check_match(Mismatch m, const std::string& message) {
-  DUET_CHECK_T(m != Mismatch::DTypes, DTypeError, "{}", message);
-  DUET_CHECK_T(m != Mismatch::Shapes, ShapeError, "{}", message);
+// Throws for a mismatch: a DTypeError when only dtypes differ, else a ShapeError, with the
+// message `message()` makes (only then: a trace that matches formats nothing).
+template <class F>
+void check_match(Mismatch m, F&& message) {
+  DUET_CHECK_T(m != Mismatch::DTypes, DTypeError, "{}", message());
+  DUET_CHECK_T(m != Mismatch::Shapes, ShapeError, "{}", message());
 }
 
 // Whether got has the count, shapes and dtypes of want; else an error naming both.
@@ -67,10 +69,11 @@ void check_like(const char* op, const char* what, const std::vector<Tensor>& wan
     else if (got[i].dtype() != want[i].dtype())
       m = Mismatch::DTypes;
   }
-  if (m != Mismatch::None)
-    check_match(m, fmt::format("[{}] {}: expected {}, got {}", op, what,
-                               metas_str(std::vector<Tensor>(want.begin(), want.begin() + count)),
-                               metas_str(got)));
+  check_match(m, [&] {
+    return fmt::format("[{}] {}: expected {}, got {}", op, what,
+                       metas_str(std::vector<Tensor>(want.begin(), want.begin() + count)),
+                       metas_str(got));
+  });
 }
 
 using detail::GradModeScope;
@@ -215,9 +218,12 @@ std::vector<Tensor> traced_cond(detail::Tracer& tr, const Tensor& pred, const Fn
   check_match(t.results.size() != f.results.size()
                   ? Mismatch::Shapes
                   : metas_mismatch(t.results, f.results, t.results.size(), "cond"),
-              fmt::format("[cond] the branches must return tensors of the same shapes and dtypes: "
-                          "the true branch returns {}, the false branch {}",
-                          metas_str(t.results), metas_str(f.results)));
+              [&] {
+                return fmt::format(
+                    "[cond] the branches must return tensors of the same shapes and dtypes: the "
+                    "true branch returns {}, the false branch {}",
+                    metas_str(t.results), metas_str(f.results));
+              });
   auto cf = std::make_shared<ControlFlow>();
   cf->kind = ControlKind::Cond;
   const int32_t nin = lifts.first_slot + static_cast<int32_t>(lifts.tensors.size());
@@ -276,10 +282,12 @@ std::vector<Tensor> traced_scan(detail::Tracer& tr, const Fn& fn, const std::vec
   }
   SubTrace b = trace_sub(tr, "scan body", fn, in, lifts, "scan");
   std::vector<TensorMeta> carry_in(in.begin(), in.begin() + static_cast<std::ptrdiff_t>(nc));
-  check_match(metas_mismatch(carry_in, b.results, nc, "scan"),
-              fmt::format("[scan] the body must return the carry first, with its shapes and "
-                          "dtypes: expected {}, got {}",
-                          metas_str(carry_in), metas_str(b.results)));
+  check_match(metas_mismatch(carry_in, b.results, nc, "scan"), [&] {
+    return fmt::format(
+        "[scan] the body must return the carry first, with its shapes and dtypes: "
+        "expected {}, got {}",
+        metas_str(carry_in), metas_str(b.results));
+  });
   const SymInt length = detail::sym_dim(xs[0], 0);
   auto cf = std::make_shared<ControlFlow>();
   cf->kind = ControlKind::Scan;
@@ -409,9 +417,12 @@ std::vector<Tensor> traced_while(detail::Tracer& tr, const Fn& cond_fn, const Fn
   check_match(b.results.size() != in.size()
                   ? Mismatch::Shapes
                   : metas_mismatch(in, b.results, in.size(), "while_loop"),
-              fmt::format("[while_loop] body_fn must keep the state's shapes and dtypes: expected "
-                          "{}, got {}",
-                          metas_str(in), metas_str(b.results)));
+              [&] {
+                return fmt::format(
+                    "[while_loop] body_fn must keep the state's shapes and dtypes: expected {}, "
+                    "got {}",
+                    metas_str(in), metas_str(b.results));
+              });
   auto cf = std::make_shared<ControlFlow>();
   cf->kind = ControlKind::WhileLoop;
   cf->num_carry = static_cast<int32_t>(init.size());
