@@ -9,7 +9,9 @@
 #include <Eigen/Core>
 #include <algorithm>
 #include <array>
+#include <exception>
 #include <map>
+#include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <optional>
 
@@ -186,6 +188,39 @@ MatLayout operand_layout(const Tensor& t) {
   return layout(x->shape[d - 2], x->shape[d - 1], x->strides[d - 2], x->strides[d - 1]);
 }
 
+// Note [Products by batch]
+// A batched product runs its batch's GEMMs on the threads, each GEMM on one thread, where there
+// are enough of them: a GEMM too small to split well (a vmapped outer product, 64 of
+// (1024 x 1) @ (1 x 10), took 0.18 ms one after the other and 0.07 ms two at a time), or a
+// batch that the threads share evenly. Otherwise the GEMMs run in turn, each on all threads. A
+// GEMM in a parallel region runs on its own thread, so its sums are in the order they are in
+// a compiled plan's parallel wave (Note [Parallel waves]), where kernels stay on their thread.
+bool by_batch(int64_t nb, int64_t m, int64_t n, int64_t k) {
+  const int64_t nt = omp_in_parallel() ? 1 : omp_get_max_threads();
+  if (nt <= 1 || nb < nt) return false;
+  constexpr int64_t kSmallGemm = int64_t(128) * 128 * 128;  // multiply-adds
+  return m * n * k <= kSmallGemm || nb % nt == 0 || nb >= 4 * nt;
+}
+
+// product(i) for each batch i, on the threads; the first error is rethrown here.
+template <class F>
+void for_each_batch(int64_t nb, F&& product) {
+  std::exception_ptr error;
+  std::mutex lock;
+  parallel_for(
+      nb, 1,
+      [&](int64_t lo, int64_t hi) {
+        try {
+          for (int64_t i = lo; i < hi; ++i) product(i);
+        } catch (...) {
+          std::lock_guard<std::mutex> g(lock);
+          if (!error) error = std::current_exception();
+        }
+      },
+      1);
+  if (error) std::rethrow_exception(error);
+}
+
 void matmul_kernel(TensorRefs in, const Attrs& attrs, const Tensor& out) {
   DUET_ASSERT(out.is_contiguous(), "matmul writes a fresh contiguous output");
   // The narrow integers multiply in i32 (Note [Low precision]).
@@ -231,7 +266,7 @@ void matmul_kernel(TensorRefs in, const Attrs& attrs, const Tensor& out) {
       }
       const T* pa = static_cast<const T*>(a.raw_data());
       const T* pb = static_cast<const T*>(b.raw_data());
-      for (int64_t i = 0; i < nb; ++i) {
+      auto product = [&](int64_t i) {
         int64_t oa = 0, ob = 0, r = i;
         for (int64_t d = bd - 1; d >= 0; --d) {
           int64_t c = r % os[d];
@@ -241,7 +276,11 @@ void matmul_kernel(TensorRefs in, const Attrs& attrs, const Tensor& out) {
           if (db >= 0 && b.sizes()[db] != 1) ob += c * b.strides()[db];
         }
         gemm<T>(pa + oa, la, pb + ob, lb, pc + i * m * n, m, n, k);
-      }
+      };
+      if (by_batch(nb, m, n, k))
+        for_each_batch(nb, product);
+      else
+        for (int64_t i = 0; i < nb; ++i) product(i);
     }
   });
 }
