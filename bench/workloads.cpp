@@ -197,8 +197,8 @@ void run_w3(const Config& c, std::vector<Result>& out) {
       r.n = n;
       out.push_back(summarize(r, t[k], gflops));
     }
-    // bf16: the same product on bf16 operands (duet's matmul goes to oneDNN's bf16 primitive),
-    // against that primitive called directly.
+    // bf16: the same product on bf16 operands, against oneDNN called directly, its faster way
+    // on this CPU (its bf16 primitive, or sgemm on f32 copies where it emulates bf16).
     const duet::DType bf16 = duet::DType::bf16;
     Tensor ab = a.to(bf16), bb = b.to(bf16), cb = duet::zeros({n, n}, duet::Options().dtype(bf16));
     auto tb = time_interleaved(

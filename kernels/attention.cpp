@@ -14,12 +14,13 @@
 //    split follows the sizes only, so the result is the same bits on any number of threads.
 // Causal attention skips the tiles above the diagonal in both.
 // Note [Low-precision tiles]
-// With q, k and v all bf16 (or all f16) and a oneDNN kernel for that dtype on this CPU, the
-// tile products take the low values themselves (low_gemm_to_f32: AVX512-BF16 or AMX, exact
-// products summed in f32) instead of f32 copies through sgemm: a bf16 64x64x64 product ran
-// 2.6x faster so. The softmax, the masks and every sum between the products stay in f32; the
-// operands that the kernel computes (the probabilities P, the output's gradient dO, and dS)
-// are rounded to the dtype before their products, as PyTorch's CPU flash attention and
+// With q, k and v all bf16 (or all f16) and instructions for that dtype on this CPU
+// (low_products_native), the tile products take the low values themselves (low_gemm_to_f32:
+// AVX512-BF16 or AMX, exact products summed in f32) instead of f32 copies through sgemm: a bf16
+// 64x64x64 product ran 2.6x faster so. Without them, oneDNN's emulated products are slower than
+// sgemm, and the tiles stay in f32. The softmax, the masks and every sum between the products stay
+// in f32; the operands that the kernel computes (the probabilities P, the output's gradient dO, and
+// dS) are rounded to the dtype before their products, as PyTorch's CPU flash attention and
 // FlashAttention-2 round them. Each product still runs on one thread, so the bits do not
 // depend on the thread count, and eager and compiled calls agree. Small products (a decoding
 // step's single query, ragged last tiles: kLowMinWork) widen their low operands and go to
@@ -279,7 +280,8 @@ bool low_tiles_available(DType dt) {
     float c[16 * 16];
     return low_gemm_to_f32(t, false, false, 16, 16, 16, a, 16, b, 16, c, 16, false);
   };
-  static const bool bf16 = probe(DType::bf16), f16 = probe(DType::f16);
+  static const bool bf16 = low_products_native(DType::bf16) && probe(DType::bf16),
+                    f16 = low_products_native(DType::f16) && probe(DType::f16);
   return dt == DType::bf16 ? bf16 : dt == DType::f16 && f16;
 }
 

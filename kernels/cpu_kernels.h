@@ -43,6 +43,13 @@ bool low_gemm_to_f32(DType dt, bool ta, bool tb, int64_t m, int64_t n, int64_t k
                      int64_t lda, const void* b, int64_t ldb, float* c, int64_t ldc,
                      bool accumulate);
 
+/// Whether this CPU has instructions for products of `dt` (bf16 or f16) that oneDNN uses:
+/// AVX512-BF16 or AMX for bf16; none for f16 in the oneDNN 2 that Debian ships. Without them
+/// oneDNN emulates the low products, slower than its f32 sgemm on f32 copies (Note [Low-precision
+/// products without the instructions] in kernels/matmul.cpp). DUET_LOW_MATMUL=onednn or f32
+/// sets the answer (tests run both); it is read once.
+bool low_products_native(DType dt);
+
 /// A contiguous copy of `t` converted to `dtype`, made by calling the Cast kernel directly
 /// (kernels never re-enter dispatch).
 Tensor cast_to(const Tensor& t, DType dtype);
