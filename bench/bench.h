@@ -245,7 +245,6 @@ void sgemm_onednn_mnk(char ta, char tb, int64_t m, int64_t n, int64_t k, const f
 /// oneDNN has on this CPU: its bf16 matmul primitive where the CPU has AVX512-BF16 or AMX;
 /// elsewhere, where that primitive emulates them (about 5x slower than sgemm), sgemm on f32
 /// copies, rounded.
-bool onednn_has_bf16_instructions();
 void matmul_onednn_bf16_mnk(char ta, char tb, int64_t m, int64_t n, int64_t k, const void* a,
                             const void* b, void* c);
 void set_blas_threads(int n);

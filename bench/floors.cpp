@@ -120,17 +120,18 @@ void bf16_by_sgemm(char ta, char tb, int64_t m, int64_t n, int64_t k, const void
     out[i] = static_cast<uint16_t>((r[i] + 0x7fffu + ((r[i] >> 16) & 1u)) >> 16);
 }
 
-}  // namespace
-
 bool onednn_has_bf16_instructions() {
   const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
   const auto want = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);
   return (isa & want) == want;  // (the levels are bit masks: AMX's holds AVX512-BF16's)
 }
 
+}  // namespace
+
 void matmul_onednn_bf16_mnk(char ta, char tb, int64_t m, int64_t n, int64_t k, const void* a,
                             const void* b, void* c) {
-  if (onednn_has_bf16_instructions()) return bf16_primitive(ta, tb, m, n, k, a, b, c);
+  static const bool native = onednn_has_bf16_instructions();
+  if (native) return bf16_primitive(ta, tb, m, n, k, a, b, c);
   bf16_by_sgemm(ta, tb, m, n, k, a, b, c);
 }
 
