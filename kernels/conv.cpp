@@ -1,13 +1,25 @@
 // Kernels of Conv2d, Conv2dInputGrad and Conv2dWeightGrad (Note [Conv2d] in core/ops/image.cpp).
 //
 // Two ways to compute each op, chosen per call:
-//  - oneDNN's convolution primitives (CPU, f32): convolution_forward, convolution_backward_data
-//    and convolution_backward_weights, on the layouts oneDNN picks for the shape (blocked ones
-//    on AVX-512 and AVX2 machines), with reorders from and to duet's NCHW / OIHW. On the
-//    machines duet is developed on this is faster than the im2col GEMMs themselves (bench C1).
+//  - oneDNN's convolution primitives (CPU, f32; bf16 and f16 where the CPU multiplies them,
+//    Note [Low-precision convolutions]): convolution_forward, convolution_backward_data and
+//    convolution_backward_weights, on the layouts oneDNN picks for the shape (blocked ones on
+//    AVX-512 and AVX2 machines), with reorders from and to duet's NCHW / OIHW. On the machines
+//    duet is developed on this is faster than the im2col GEMMs themselves (bench C1).
 //  - composed of the Unfold, Fold, MatMul and Copy kernels of the output's device, on
 //    temporaries: every other dtype on CPU, shapes that oneDNN refuses, and CUDA (which
 //    registers the composed kernels, cuda/kernels/index_ops.cpp).
+//
+// Note [Low-precision convolutions]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Where the CPU has instructions for bf16 products (AVX512-BF16 or AMX: low_products_native,
+// as for matmul), a bf16 convolution runs on oneDNN's bf16 primitives: every operand and the
+// result in bf16, the sums in f32 inside the primitive, rounded once, as PyTorch's CPU bf16
+// convolutions are. On an AMX Xeon the composed way (im2col, then a bf16 matmul) ran bench C1 at
+// 89 GFLOP/s, below f32's 102 and half PyTorch's 185. Without those instructions oneDNN would
+// emulate bf16, slower than the composed way, whose matmul widens to f32 (Note [Low-precision
+// products without the instructions] in kernels/matmul.cpp). f16 takes oneDNN's primitives
+// only where DUET_LOW_MATMUL=onednn asks, and the composed way wherever oneDNN has none.
 //
 // attrs.ints = {kh, kw, sh, sw, ph, pw, H, W} (kernels/image.cpp).
 #include <omp.h>
@@ -124,7 +136,7 @@ struct OneDnnConv {
   memory::desc src, weights, dst;  // diff_src, diff_weights, diff_dst for the gradients
 };
 
-using ConvKey = std::array<int64_t, 15>;
+using ConvKey = std::array<int64_t, 16>;
 
 // Below this many FLOPs a convolution runs on the calling thread: oneDNN opens a parallel
 // region for any size, and its fork and join cost more than they save on a few microseconds
@@ -144,7 +156,7 @@ struct ThreadsGuard {
 };
 
 // Builds the primitive, or nothing when oneDNN has no implementation for the shape.
-std::optional<OneDnnConv> make_conv(const ConvGeom& g, Pass pass) {
+std::optional<OneDnnConv> make_conv(const ConvGeom& g, Pass pass, memory::data_type dt) {
   const memory::dims xd = {g.n, g.c, g.h, g.w}, wd = {g.o, g.c, g.kh, g.kw},
                      yd = {g.n, g.o, g.ho, g.wo};
   const memory::dims strides = {g.sh, g.sw}, pad = {g.ph, g.pw};
@@ -152,8 +164,7 @@ std::optional<OneDnnConv> make_conv(const ConvGeom& g, Pass pass) {
   // window may stop short of the padded edge when the stride does not divide it).
   const memory::dims pad_r = {(g.ho - 1) * g.sh + g.kh - g.h - g.ph,
                               (g.wo - 1) * g.sw + g.kw - g.w - g.pw};
-  const auto f32 = memory::data_type::f32;
-  const memory::desc x(xd, f32, Tag::any), w(wd, f32, Tag::any), y(yd, f32, Tag::any);
+  const memory::desc x(xd, dt, Tag::any), w(wd, dt, Tag::any), y(yd, dt, Tag::any);
   try {
     dnnl::engine& eng = cpu_engine();
     const dnnl::convolution_forward::primitive_desc fwd(
@@ -191,15 +202,20 @@ std::optional<OneDnnConv> make_conv(const ConvGeom& g, Pass pass) {
 // makes a second thread's construction of the same shape cheap). Bounded: a model called at
 // many batch sizes starts over once it has used kMaxCached shapes.
 constexpr size_t kMaxCached = 96;
-const OneDnnConv* cached_conv(const ConvGeom& g, Pass pass, int threads) {
+const OneDnnConv* cached_conv(const ConvGeom& g, Pass pass, int threads, memory::data_type dt) {
   thread_local std::map<ConvKey, std::optional<OneDnnConv>> cache;
-  const ConvKey key = {g.n,    g.c,  g.h,  g.w,  g.o,  g.kh, g.kw,
-                       g.sh,   g.sw, g.ph, g.pw, g.ho, g.wo, static_cast<int64_t>(pass),
-                       threads};
+  const ConvKey key = {g.n,     g.c,
+                       g.h,     g.w,
+                       g.o,     g.kh,
+                       g.kw,    g.sh,
+                       g.sw,    g.ph,
+                       g.pw,    g.ho,
+                       g.wo,    static_cast<int64_t>(pass),
+                       threads, static_cast<int64_t>(dt)};
   auto it = cache.find(key);
   if (it == cache.end()) {
     if (cache.size() >= kMaxCached) cache.clear();
-    it = cache.emplace(key, make_conv(g, pass)).first;
+    it = cache.emplace(key, make_conv(g, pass, dt)).first;
   }
   return it->second ? &*it->second : nullptr;
 }
@@ -213,7 +229,7 @@ struct Operand {
 Operand operand(const memory::desc& inner, const memory::dims& dims, Tag tag, void* data,
                 bool reorder_in, dnnl::stream& s) {
   dnnl::engine& eng = cpu_engine();
-  Operand o{memory({dims, memory::data_type::f32, tag}, eng, data), {}};
+  Operand o{memory({dims, inner.data_type(), tag}, eng, data), {}};
   if (inner == o.user.get_desc()) {
     o.inner = o.user;
   } else {
@@ -223,14 +239,39 @@ Operand operand(const memory::desc& inner, const memory::dims& dims, Tag tag, vo
   return o;
 }
 
+// Whether each filter tap meets the input (not only the padding) at some output position,
+// along both dims. oneDNN's bf16 weight gradient (jit:avx512_core_amx_bf16, oneDNN 2.6) gave a
+// tap that meets only the padding garbage instead of zero, now and then (a 2x2 filter at stride 3
+// and padding 1); such shapes take the f32 primitives.
+bool taps_reach_input(const ConvGeom& g) {
+  auto reach = [](int64_t k, int64_t s, int64_t p, int64_t in, int64_t out) {
+    for (int64_t t = 0; t < k; ++t) {
+      bool met = false;
+      for (int64_t o = 0; o < out && !met; ++o) met = o * s - p + t >= 0 && o * s - p + t < in;
+      if (!met) return false;
+    }
+    return true;
+  };
+  return reach(g.kh, g.sh, g.ph, g.h, g.ho) && reach(g.kw, g.sw, g.pw, g.w, g.wo);
+}
+
 // Runs one pass with oneDNN; false when it has no primitive for the shape (then the caller
 // composes the kernels).
 bool onednn_conv(Pass pass, const Tensor& a, const Tensor& b, const Tensor& out,
                  const ConvGeom& g) {
   if (g.n == 0 || g.c == 0 || g.o == 0 || g.ho <= 0 || g.wo <= 0) return false;
+  const DType dt = out.dtype();
+  if (a.dtype() != dt || b.dtype() != dt) return false;
+  memory::data_type type = memory::data_type::f32;
+  if (dt == DType::bf16 || dt == DType::f16) {  // Note [Low-precision convolutions]
+    if (!low_products_native(dt) || !taps_reach_input(g)) return false;
+    type = dt == DType::bf16 ? memory::data_type::bf16 : memory::data_type::f16;
+  } else if (dt != DType::f32) {
+    return false;
+  }
   const double flops = 2.0 * static_cast<double>(g.n * g.o * g.l()) * static_cast<double>(g.ckk());
   const ThreadsGuard threads(flops < kSerialFlops ? 1 : omp_get_max_threads());
-  const OneDnnConv* conv = cached_conv(g, pass, omp_get_max_threads());
+  const OneDnnConv* conv = cached_conv(g, pass, omp_get_max_threads(), type);
   if (!conv) return false;
   const Tensor ad = dense(a), bd = dense(b);
   auto ptr = [](const Tensor& t) { return const_cast<void*>(t.raw_data()); };
@@ -296,9 +337,19 @@ void composed_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
 template <Pass pass>
 void cpu_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
   DUET_ASSERT(out.is_contiguous(), "the conv2d kernels write a fresh contiguous output");
-  if (out.dtype() == DType::f32 && onednn_conv(pass, in[0], in[1], out, geometry(pass, in, a)))
-    return;
+  if (onednn_conv(pass, in[0], in[1], out, geometry(pass, in, a))) return;
   composed_kernel<pass>(in, a, out);
+}
+
+// bf16 and f16 on oneDNN's primitives for them where it has them (Note [Low-precision
+// convolutions]); elsewhere every dtype but f32 computes in its wide dtype (via_wide).
+template <Pass pass>
+void conv_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
+  const DType dt = out.dtype();
+  if ((dt == DType::bf16 || dt == DType::f16) && out.is_contiguous() &&
+      onednn_conv(pass, in[0], in[1], out, geometry(pass, in, a)))
+    return;
+  via_wide<cpu_kernel<pass>>(in, a, out);
 }
 
 }  // namespace
@@ -314,11 +365,10 @@ void conv2d_weight_grad_composed_kernel(TensorRefs in, const Attrs& a, const Ten
 }
 
 void register_conv_kernels(OpDef* t) {
-  detail::register_kernel(t, OpId::Conv2d, DeviceType::CPU, via_wide<cpu_kernel<Pass::Forward>>);
-  detail::register_kernel(t, OpId::Conv2dInputGrad, DeviceType::CPU,
-                          via_wide<cpu_kernel<Pass::InputGrad>>);
+  detail::register_kernel(t, OpId::Conv2d, DeviceType::CPU, conv_kernel<Pass::Forward>);
+  detail::register_kernel(t, OpId::Conv2dInputGrad, DeviceType::CPU, conv_kernel<Pass::InputGrad>);
   detail::register_kernel(t, OpId::Conv2dWeightGrad, DeviceType::CPU,
-                          via_wide<cpu_kernel<Pass::WeightGrad>>);
+                          conv_kernel<Pass::WeightGrad>);
 }
 
 }  // namespace duet::kernels
