@@ -92,7 +92,7 @@ TEST_CASE("attention: the call is one Attention node and its gradient one Attent
 
 TEST_CASE("attention: f16 and bf16 accumulate in f32, as the f32 result rounded") {
   manual_seed(3);
-  Tensor q = randn({2, 70, 32}), k = randn({2, 90, 32}), v = randn({2, 90, 32});
+  Tensor q = randn({2, 140, 32}), k = randn({2, 180, 32}), v = randn({2, 180, 32});
   const Tensor want = scaled_dot_product_attention(q, k, v, {}, true);
   for (DType dt : {DType::bf16, DType::f16}) {
     INFO(dtype_name(dt));
@@ -105,13 +105,13 @@ TEST_CASE("attention: f16 and bf16 accumulate in f32, as the f32 result rounded"
   // tiles] in kernels/attention.cpp), over several tiles each way, causal, with a padding mask,
   // with L != S; against f32 on the same rounded inputs. (Four batches: each sums its dq over
   // its three key tiles itself.)
-  const Tensor pad = arange(150).lt(140).reshape({1, 1, 150}).expand({4, 70, 150});
+  const Tensor pad = arange(300).lt(280).reshape({1, 1, 300}).expand({4, 140, 300});
   for (const bool causal : {true, false}) {
     INFO("causal " << causal);
-    const Tensor qr = randn({4, 70, 32}).to(DType::bf16), kr = randn({4, 150, 32}).to(DType::bf16),
-                 vr = randn({4, 150, 32}).to(DType::bf16);
+    const Tensor qr = randn({4, 140, 32}).to(DType::bf16), kr = randn({4, 300, 32}).to(DType::bf16),
+                 vr = randn({4, 300, 32}).to(DType::bf16);
     const Tensor mask = causal ? Tensor() : pad;
-    const Tensor g = randn({4, 70, 32});
+    const Tensor g = randn({4, 140, 32});
     const Run want32 =
         run(true, qr.to(DType::f32), kr.to(DType::f32), vr.to(DType::f32), mask, causal, 0, g);
     const Run got = run(true, qr, kr, vr, mask, causal, 0, g.to(DType::bf16));
@@ -145,8 +145,8 @@ TEST_CASE("attention: second derivatives (create_graph) are the composite's") {
 
 TEST_CASE("attention: compiled equals eager bit for bit, forward and backward") {
   manual_seed(7);
-  Tensor q = randn({2, 3, 67, 16}), k = randn({2, 3, 80, 16}), v = randn({2, 3, 80, 16});
-  Tensor mask = gt(rand({1, 1, 67, 80}), 0.1);
+  Tensor q = randn({2, 3, 135, 16}), k = randn({2, 3, 160, 16}), v = randn({2, 3, 160, 16});
+  Tensor mask = gt(rand({1, 1, 135, 160}), 0.1);
   auto step = [&](Tensor q_, Tensor k_, Tensor v_) {
     Tensor a = q_.detach().requires_grad_(), b = k_.detach().requires_grad_(),
            c = v_.detach().requires_grad_();
@@ -164,8 +164,8 @@ TEST_CASE("attention: every bit of forward and backward is the same on 1 and 2 t
   manual_seed(17);
   for (int64_t nb : {1, 8}) {
     CAPTURE(nb);
-    Tensor q = randn({nb, 300, 32}), k = randn({nb, 300, 32}), v = randn({nb, 300, 32});
-    Tensor g = randn({nb, 300, 32});
+    Tensor q = randn({nb, 600, 32}), k = randn({nb, 600, 32}), v = randn({nb, 600, 32});
+    Tensor g = randn({nb, 600, 32});
     Run one, two;
     with_threads(1, [&] { one = run(true, q, k, v, {}, true, 0, g); });
     with_threads(2, [&] { two = run(true, q, k, v, {}, true, 0, g); });
