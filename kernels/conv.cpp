@@ -15,11 +15,12 @@
 // Where the CPU has instructions for bf16 products (AVX512-BF16 or AMX: low_products_native,
 // as for matmul), a bf16 convolution runs on oneDNN's bf16 primitives: every operand and the
 // result in bf16, the sums in f32 inside the primitive, rounded once, as PyTorch's CPU bf16
-// convolutions are. On an AMX Xeon the composed way (im2col, then a bf16 matmul) ran bench C1 at
-// 89 GFLOP/s, below f32's 102 and half PyTorch's 185. Without those instructions oneDNN would
-// emulate bf16, slower than the composed way, whose matmul widens to f32 (Note [Low-precision
-// products without the instructions] in kernels/matmul.cpp). f16 takes oneDNN's primitives
-// only where DUET_LOW_MATMUL=onednn asks, and the composed way wherever oneDNN has none.
+// convolutions are. Before, they ran as every other low-precision kernel does (via_wide: f32
+// copies, the f32 primitive, the result rounded), and on an AMX Xeon bench C1 ran at 89 GFLOP/s
+// in bf16, below f32's 102 and half PyTorch's 185. Without those instructions oneDNN would
+// emulate bf16, slower than that f32 way, which they keep there (as matmul does, Note
+// [Low-precision products without the instructions] in kernels/matmul.cpp). f16 takes oneDNN's
+// primitives only where DUET_LOW_MATMUL=onednn asks, and the f32 way wherever oneDNN has none.
 //
 // attrs.ints = {kh, kw, sh, sw, ph, pw, H, W} (kernels/image.cpp).
 #include <omp.h>
