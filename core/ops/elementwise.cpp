@@ -191,6 +191,18 @@ DUET_GRAD(Erf, kSaveIn0) {
   gi[0] = g * exp(neg(x * x)) * 1.12837916709551257390;  // 2 / sqrt(pi)
 }
 DUET_GRAD(LogSigmoid, kSaveIn0) { gi[0] = g * sigmoid(neg(c.inputs[0])); }
+// Note [GELU's tanh form as one op] in kernels/functors.h: the derivative is an op of its own;
+// its own derivative (for a second backward) is composed: with k = 2 sqrt(2/pi), c = 0.044715,
+// u = k (x + c x^3), s = sigmoid(u), u' = k (1 + 3c x^2) and t = s (1 - s) u', gelu' = s + x t
+// and gelu'' = 2t + x (t (1 - 2s) u' + s (1 - s) 6ck x).
+DUET_GRAD(GeluTanh, kSaveIn0) { gi[0] = g * gelu_tanh_grad(c.inputs[0]); }
+DUET_GRAD(GeluTanhGrad, kSaveIn0) {
+  const Tensor& x = c.inputs[0];
+  constexpr double k = 1.5957691216057307118, c3 = 0.044715;
+  const Tensor s = sigmoid((x + x * x * x * c3) * k), ds = s * (1 - s);
+  const Tensor du = (1 + x * x * (3 * c3)) * k, t = ds * du;
+  gi[0] = g * (2 * t + x * (t * (1 - 2 * s) * du + ds * x * (6 * c3 * k)));
+}
 DUET_GRAD(Add, 0) {
   gi[0] = g;
   gi[1] = g;

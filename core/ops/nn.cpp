@@ -94,7 +94,7 @@ Tensor gelu(const Tensor& x, std::source_location loc) {
   return x * 0.5 * (1 + erf(x * 0.70710678118654752440));
 }
 
-// The tanh form reads x^3 as x * x * x (elementwise, so it fuses with the rest), and
+// The tanh form, one op (GeluTanh), reads x^3 as x * x * x, and
 // sqrt(2/pi) to double precision. Its 0.5 (1 + tanh(u)) is computed as sigmoid(2u), the same
 // function: for negative x, 1 + tanh(u) cancels (tanh(u) near -1), and so do 1 - tanh(u)^2 and
 // 1 + tanh(u) in the gradient, which lost a thousandth of its value in f32 at x = -4 (twice
@@ -108,8 +108,7 @@ Tensor gelu(const Tensor& x, std::string_view approximate, std::source_location 
                    "dtype {})",
                    approximate, x.sizes(), x.dtype());
   if (is_low_precision(x.dtype())) return gelu(x.to(DType::f32), approximate, loc).to(x.dtype());
-  constexpr double kSqrt2OverPi = 0.79788456080286535588;
-  return x * sigmoid((x + x * x * x * 0.044715) * (2 * kSqrt2OverPi));
+  return gelu_tanh(x);  // one op (Note [GELU's tanh form as one op] in kernels/functors.h)
 }
 
 Tensor silu(const Tensor& x, std::source_location loc) {

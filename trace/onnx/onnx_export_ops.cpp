@@ -79,6 +79,23 @@ std::string Writer::emit_arithmetic(Frame& f, Values& vals, const GraphNode& n) 
     // log(sigmoid(x)) = -softplus(-x), finite for any finite x as duet's kernel.
     case OpId::LogSigmoid:
       return emit(f, "Neg", {emit(f, "Softplus", {emit(f, "Neg", {arg(0, out.dtype)})})});
+    // Opset 17 has no Gelu: x s with s = Sigmoid(k (x + c x^3)), and the derivative
+    // s + x s (1 - s) k (1 + 3c x^2) (Note [GELU's tanh form as one op] in kernels/functors.h).
+    case OpId::GeluTanh:
+    case OpId::GeluTanhGrad: {
+      const std::string x = arg(0, out.dtype);
+      const auto mul = [&](const std::string& a, const std::string& b) {
+        return emit(f, "Mul", {a, b});
+      };
+      const auto num = [&](double v) { return scalar(f, v, out.dtype); };
+      const std::string xx = mul(x, x), k = num(1.5957691216057307118);
+      const std::string u = mul(emit(f, "Add", {x, mul(mul(xx, x), num(0.044715))}), k);
+      const std::string s = emit(f, "Sigmoid", {u});
+      if (n.op == OpId::GeluTanh) return mul(x, s);
+      const std::string du = mul(emit(f, "Add", {one(), mul(xx, num(0.134145))}), k);
+      const std::string ds = mul(s, emit(f, "Sub", {one(), s}));
+      return emit(f, "Add", {s, mul(mul(x, ds), du)});
+    }
     case OpId::Add:
       return binary("Add");
     case OpId::Sub:
@@ -145,6 +162,8 @@ std::string Writer::emit_op(Frame& f, Values& vals, int32_t v) {
     case OpId::Floor:
     case OpId::Erf:
     case OpId::LogSigmoid:
+    case OpId::GeluTanh:
+    case OpId::GeluTanhGrad:
     case OpId::Add:
     case OpId::Sub:
     case OpId::Mul:
