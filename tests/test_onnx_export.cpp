@@ -182,7 +182,7 @@ std::vector<Tensor> doubling(const Tensor& x, const Tensor& limit) {
 std::vector<Tensor> op_zoo(const Tensor& x, const Tensor& idx, const Tensor& img) {
   const Tensor u = exp(x) + log1p(abs(x)) + expm1(x * 0.1) + rsqrt(abs(x) + 1) + atan(x) + erf(x) +
                    log_sigmoid(x) + floor(x * 3) + sin(x) * cos(x) + sigmoid(x) + tanh(x) +
-                   sqrt(abs(x)) + log(abs(x) + 1) - neg(relu(x));
+                   sqrt(abs(x)) + log(abs(x) + 1) - neg(relu(x)) + gelu_tanh(x) + gelu_tanh_grad(x);
   const Tensor p = pow(abs(x) + 0.5, 1.5) + maximum(x, scalar(0.2f)) - minimum(x, scalar(-0.1f)) +
                    x / 3 + idx / 4;
   const Tensor c = where(x > 0, x, x * 0.5) + (idx >= 3).to(DType::f32) +
