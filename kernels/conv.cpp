@@ -156,6 +156,22 @@ struct ThreadsGuard {
   }
 };
 
+// Whether each filter tap meets the input (not only the padding) at some output position,
+// along both dims. oneDNN's bf16 weight gradient (jit:avx512_core_amx_bf16, oneDNN 2.6) gave a
+// tap that meets only the padding garbage instead of zero, now and then (a 2x2 filter at stride 3
+// and padding 1); such shapes get no low-precision primitive, and take the f32 ones.
+bool taps_reach_input(const ConvGeom& g) {
+  auto reach = [](int64_t k, int64_t s, int64_t p, int64_t in, int64_t out) {
+    for (int64_t t = 0; t < k; ++t) {
+      bool met = false;
+      for (int64_t o = 0; o < out && !met; ++o) met = o * s - p + t >= 0 && o * s - p + t < in;
+      if (!met) return false;
+    }
+    return true;
+  };
+  return reach(g.kh, g.sh, g.ph, g.h, g.ho) && reach(g.kw, g.sw, g.pw, g.w, g.wo);
+}
+
 // Builds the primitive, or nothing when oneDNN has no implementation for the shape.
 std::optional<OneDnnConv> make_conv(const ConvGeom& g, Pass pass, memory::data_type dt) {
   const memory::dims xd = {g.n, g.c, g.h, g.w}, wd = {g.o, g.c, g.kh, g.kw},
@@ -165,6 +181,7 @@ std::optional<OneDnnConv> make_conv(const ConvGeom& g, Pass pass, memory::data_t
   // window may stop short of the padded edge when the stride does not divide it).
   const memory::dims pad_r = {(g.ho - 1) * g.sh + g.kh - g.h - g.ph,
                               (g.wo - 1) * g.sw + g.kw - g.w - g.pw};
+  if (dt != memory::data_type::f32 && !taps_reach_input(g)) return std::nullopt;
   const memory::desc x(xd, dt, Tag::any), w(wd, dt, Tag::any), y(yd, dt, Tag::any);
   try {
     dnnl::engine& eng = cpu_engine();
@@ -240,22 +257,6 @@ Operand operand(const memory::desc& inner, const memory::dims& dims, Tag tag, vo
   return o;
 }
 
-// Whether each filter tap meets the input (not only the padding) at some output position,
-// along both dims. oneDNN's bf16 weight gradient (jit:avx512_core_amx_bf16, oneDNN 2.6) gave a
-// tap that meets only the padding garbage instead of zero, now and then (a 2x2 filter at stride 3
-// and padding 1); such shapes take the f32 primitives.
-bool taps_reach_input(const ConvGeom& g) {
-  auto reach = [](int64_t k, int64_t s, int64_t p, int64_t in, int64_t out) {
-    for (int64_t t = 0; t < k; ++t) {
-      bool met = false;
-      for (int64_t o = 0; o < out && !met; ++o) met = o * s - p + t >= 0 && o * s - p + t < in;
-      if (!met) return false;
-    }
-    return true;
-  };
-  return reach(g.kh, g.sh, g.ph, g.h, g.ho) && reach(g.kw, g.sw, g.pw, g.w, g.wo);
-}
-
 // Runs one pass with oneDNN; false when it has no primitive for the shape (then the caller
 // composes the kernels).
 bool onednn_conv(Pass pass, const Tensor& a, const Tensor& b, const Tensor& out,
@@ -265,7 +266,7 @@ bool onednn_conv(Pass pass, const Tensor& a, const Tensor& b, const Tensor& out,
   if (a.dtype() != dt || b.dtype() != dt) return false;
   memory::data_type type = memory::data_type::f32;
   if (dt == DType::bf16 || dt == DType::f16) {  // Note [Low-precision convolutions]
-    if (!low_products_native(dt) || !taps_reach_input(g)) return false;
+    if (!low_products_native(dt)) return false;
     type = dt == DType::bf16 ? memory::data_type::bf16 : memory::data_type::f16;
   } else if (dt != DType::f32) {
     return false;
@@ -346,9 +347,8 @@ void cpu_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
 // convolutions]); elsewhere every dtype but f32 computes in its wide dtype (via_wide).
 template <Pass pass>
 void conv_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
-  const DType dt = out.dtype();
-  if ((dt == DType::bf16 || dt == DType::f16) && out.is_contiguous() &&
-      onednn_conv(pass, in[0], in[1], out, geometry(pass, in, a)))
+  DUET_ASSERT(out.is_contiguous(), "the conv2d kernels write a fresh contiguous output");
+  if (is_low_precision(out.dtype()) && onednn_conv(pass, in[0], in[1], out, geometry(pass, in, a)))
     return;
   via_wide<cpu_kernel<pass>>(in, a, out);
 }
