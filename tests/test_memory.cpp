@@ -658,6 +658,31 @@ TEST_CASE("plan: a view no strides express reads a copy, or its cast computed in
     CHECK(peak_during([&] { f(x); }) <=
           want.numel() * static_cast<int64_t>(itemsize(want.dtype())) + 64);
   }
+  // Two views of one permuted value that both need a copy (a linear layer's weight and bias
+  // gradients reshape attention's merged heads as rows and as (batch, seq, width)): one copy,
+  // or one moved cast, serves both.
+  for (bool cast_first : {false, true}) {
+    CAPTURE(cast_first);
+    auto fn = [cast_first](const Tensor& a) {
+      Tensor h = tanh(a);
+      if (cast_first) h = h.to(DType::bf16);
+      const Tensor p = permute(h, {0, 2, 1, 3});
+      return std::vector<Tensor>{sum(reshape(p, {2, 8, 64}), {0, 1}), reshape(p, {16, 64}) * 2.0};
+    };
+    auto f = compile(fn);
+    const std::vector<Tensor> got = f(x), want = fn(x);
+    for (size_t k = 0; k < got.size(); ++k) CHECK(bitwise_equal(got[k], want[k]));
+    const Graph& g = f.graph();
+    int copies = 0, casts = 0;
+    for (const GraphNode& n : g.nodes) {
+      if (n.kind != NodeKind::Op) continue;
+      copies += n.op == OpId::Copy;
+      casts += n.op == OpId::Cast;
+    }
+    CAPTURE(g.str());
+    CHECK(copies == (cast_first ? 0 : 1));
+    CHECK(casts == (cast_first ? 1 : 0));
+  }
   // A symbolic dim: the plans of other sizes follow the first plan's decisions (Note [Copies
   // for views no strides express]), and a size at which the reshape is a plain view (a
   // sequence of one) agrees too.

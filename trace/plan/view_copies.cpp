@@ -18,7 +18,9 @@
 // computed on the same chain of views of its own input instead: its result is then dense in the
 // order the view reads it, and one pass does what a cast and a copy did. An elementwise op
 // gives the same value at each element whatever the layout it reads, so results are the same,
-// bit for bit.
+// bit for bit. Several such views of one value (a linear layer's weight and bias gradients both
+// reshape the permuted gradient of attention's heads, as rows and as (batch, seq, width)) read
+// one copy, or one moved op, made before the first of them.
 //
 // The plans of one graph at other sizes (Note [Fusion across sizes] in plan_build.cpp) share its
 // fusion groups by node, so they must have the same nodes: the first plan records its decisions
@@ -32,7 +34,9 @@
 namespace duet::detail {
 namespace {
 
-// The views of g that no strides express, and what each reads instead.
+// The views of g that no strides express, and what each reads instead. Views of one value that
+// all need a copy (the weight's and the bias's gradients of a linear layer both reshape the
+// permuted gradient of attention's heads) read one copy, or one moved op.
 std::vector<ViewFix> find_view_fixes(const Graph& g) {
   const auto n = static_cast<int32_t>(g.nodes.size());
   std::vector<int32_t> readers(n, 0);
@@ -42,7 +46,8 @@ std::vector<ViewFix> find_view_fixes(const Graph& g) {
   for (const WriteBack& w : g.writebacks) readers[w.value] += 2;
   // Layouts (metadata-only tensors) of values in buffers the plan makes, and of their views.
   std::vector<Tensor> layout(n);
-  std::vector<ViewFix> fixes;
+  std::vector<int32_t> unviewable;        // the views no strides express, in order
+  std::vector<int32_t> fixed_readers(n);  // per value: how many of those read it
   for (int32_t i = 0; i < n; ++i) {
     const GraphNode& node = g.nodes[i];
     if (node.kind != NodeKind::Op) continue;
@@ -56,12 +61,26 @@ std::vector<ViewFix> find_view_fixes(const Graph& g) {
     layout[i] = def.view(base, node.attrs, node.meta);
     if (layout[i].defined()) continue;
     layout[i] = def.view(make_meta_tensor(g.nodes[node.inputs[0]].meta), node.attrs, node.meta);
+    unviewable.push_back(i);
+    ++fixed_readers[node.inputs[0]];
+  }
+  std::vector<ViewFix> fixes;
+  std::vector<int32_t> first_fix(n, -1);  // per value read: the fix of its first such view
+  for (int32_t i : unviewable) {
+    const int32_t x0 = g.nodes[i].inputs[0];
     ViewFix fix;
+    if (first_fix[x0] >= 0) fix = fixes[static_cast<size_t>(first_fix[x0])];
     fix.view = i;
-    // The chain of views (each read once) down to the op that made their buffer.
+    if (first_fix[x0] >= 0) {
+      fixes.push_back(std::move(fix));
+      continue;
+    }
+    first_fix[x0] = static_cast<int32_t>(fixes.size());
+    // The chain of views down to the op that made their buffer: the first read only by the
+    // views fixed here, the others once.
     std::vector<int32_t> chain;
-    int32_t x = node.inputs[0];
-    while (is_view_node(g.nodes[x]) && readers[x] == 1) {
+    int32_t x = x0;
+    while (is_view_node(g.nodes[x]) && readers[x] == (chain.empty() ? fixed_readers[x] : 1)) {
       chain.push_back(x);
       x = g.nodes[x].inputs[0];
     }
@@ -123,6 +142,7 @@ Graph copy_unviewable_views(Graph g, FusionShare* share) {
     }
   Graph& out = g;
   std::vector<int32_t> map(n, -1);
+  std::vector<int32_t> replaced(n, -1);  // per value read by fixed views: the copy they read
   size_t next = 0;
   for (int32_t i = 0; i < n; ++i) {
     if (dropped[i]) continue;
@@ -130,7 +150,10 @@ Graph copy_unviewable_views(Graph g, FusionShare* share) {
     for (int32_t& in : node.inputs) in = map[in];
     if (next < fixes.size() && fixes[next].view == i) {
       const ViewFix& f = fixes[next++];
-      if (f.op < 0) {
+      const int32_t x0 = old[i].inputs[0];
+      if (replaced[x0] >= 0) {
+        node.inputs[0] = replaced[x0];
+      } else if (f.op < 0) {
         GraphNode copy;
         copy.kind = NodeKind::Op;
         copy.op = OpId::Copy;
@@ -139,7 +162,7 @@ Graph copy_unviewable_views(Graph g, FusionShare* share) {
         copy.scope = node.scope;
         copy.site = node.site;
         copy.phase = node.phase;
-        node.inputs[0] = out.add(std::move(copy));
+        node.inputs[0] = replaced[x0] = out.add(std::move(copy));
       } else {
         const GraphNode& c = old[f.op];
         const DType in_dtype = old[c.inputs[0]].meta.dtype;
@@ -155,7 +178,7 @@ Graph copy_unviewable_views(Graph g, FusionShare* share) {
         moved.inputs = {cur};
         moved.meta = old[f.chain.back()].meta;
         moved.meta.dtype = c.meta.dtype;
-        node.inputs[0] = out.add(std::move(moved));
+        node.inputs[0] = replaced[x0] = out.add(std::move(moved));
       }
     }
     map[i] = out.add(std::move(node));
