@@ -144,8 +144,25 @@ void convert_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
                      [&](int64_t b, int64_t e) { std::memcpy(dst + b, src + b, e - b); });
       return;
     }
-    DUET_DISPATCH_ALL(out.dtype(), "copy", [&] {
-      using T = scalar_t;
+    // Elements are moved as their bits, in an unsigned integer of their size: the loops over
+    // Eigen's bfloat16 and half (class types) did not vectorize, and a bf16 copy of a
+    // permuted (8, 128, 4, 64) tensor took 5x the time of the same copy in f32.
+    auto bits_of_size = [&](auto body) {
+      switch (itemsize(out.dtype())) {
+        case 1:
+          return body(uint8_t{});
+        case 2:
+          return body(uint16_t{});
+        case 4:
+          return body(uint32_t{});
+        default:
+          DUET_ASSERT(itemsize(out.dtype()) == 8, "[copy] element of {} bytes",
+                      itemsize(out.dtype()));
+          return body(uint64_t{});
+      }
+    };
+    bits_of_size([&](auto zero) {
+      using T = decltype(zero);
       for_each_inline<2>(out.sizes(), {&out, &x}, [&](char** p, const int64_t* s, int64_t n) {
         if (s[0] == sizeof(T) && s[1] == sizeof(T)) {
           T* o = reinterpret_cast<T*>(p[0]);
