@@ -332,6 +332,17 @@ Graph fold(const Graph& old) {
 // broadcast in registers. The rule keeps types and values exactly: every operand has the op's
 // dtype (so promotion, which treats 0-d tensors apart, cannot change), another operand has the
 // op's shape (so the result's shape cannot change), and the op computes with the same numbers.
+// Note [Sums of slice writes]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The gradient of a tensor read slice by slice (a packed query-key-value weight, a product's
+// result split into query, key and value) is the sum of each slice's gradient written into
+// zeros of the whole: for k slices, k fills, k slice_scatters and k - 1 adds, each a pass over
+// the whole. When the slices are disjoint, each element of the sum is one slice's value plus
+// zeros: x + 0.0, which is x except at x = -0.0 (IEEE: -0.0 + 0.0 is +0.0). So the sum is the
+// writes of x + 0.0 into one fill, and where they cover the whole along their dim, the
+// concatenation of the x + 0.0 (the adds fuse with the slices' producers, or run over the
+// slices alone): one pass over the whole. Results are the same bits, -0.0 included. The rule
+// takes concrete sizes, step 1 and floating dtypes only, and slices along one dim.
 namespace {
 
 // The rewrites of simplify, one method per rule; Simplifier::run rebuilds the graph through them.
@@ -447,6 +458,105 @@ struct Simplifier {
     }
   }
 
+  // Writes of disjoint slices along one dim into a +0.0 fill (Note [Sums of slice writes]).
+  struct SliceWrite {
+    int32_t src;
+    int64_t start, end;
+  };
+  // Whether v is such writes (none: the fill itself), along *dim; appends them to *w.
+  bool slice_writes(int32_t v, int64_t* dim, std::vector<SliceWrite>* w) const {
+    const GraphNode& s = node(v);
+    if (s.kind != NodeKind::Op || s.attrs.sym || symbolic(s.meta)) return false;
+    if (s.op == OpId::Full) {
+      double x;
+      return r.g.scalar_value(v, &x) && x == 0 && !std::signbit(x);
+    }
+    if (s.op != OpId::SliceScatter || s.attrs.step != 1 || !slice_writes(s.inputs[0], dim, w))
+      return false;
+    const GraphNode& src = node(s.inputs[1]);
+    if (src.meta.dtype != s.meta.dtype || !(src.meta.device == s.meta.device) ||
+        (!w->empty() && *dim != s.attrs.dim))
+      return false;
+    for (const SliceWrite& o : *w)
+      if (s.attrs.start < o.end && o.start < s.attrs.end) return false;
+    *dim = s.attrs.dim;
+    w->push_back({s.inputs[1], s.attrs.start, s.attrs.end});
+    return true;
+  }
+
+  // add(a, b) of two sets of disjoint slice writes into zeros: the writes of x + 0.0 into one
+  // fill, or, where they cover the whole dim, their concatenation (Note [Sums of slice writes]).
+  int32_t sum_of_slice_writes(const GraphNode& n) {
+    if (n.inputs.size() != 2 || symbolic(n.meta) || !is_floating(n.meta.dtype)) return -1;
+    int64_t dim = -1, dim_b = -1;
+    std::vector<SliceWrite> w, wb;
+    if (!slice_writes(n.inputs[0], &dim, &w) || !slice_writes(n.inputs[1], &dim_b, &wb) ||
+        w.empty() || wb.empty() || dim != dim_b ||
+        !same_value_meta(node(n.inputs[0]).meta, n.meta) ||
+        !same_value_meta(node(n.inputs[1]).meta, n.meta))
+      return -1;
+    for (const SliceWrite& b : wb) {
+      for (const SliceWrite& a : w)
+        if (b.start < a.end && a.start < b.end) return -1;
+      w.push_back(b);
+    }
+    std::sort(w.begin(), w.end(),
+              [](const SliceWrite& a, const SliceWrite& b) { return a.start < b.start; });
+    // New nodes belong where the add was: its phase (Note [Fusion rules]), scope and line.
+    auto emit = [&](GraphNode g) {
+      g.scope = n.scope;
+      g.site = n.site;
+      g.phase = n.phase;
+      g.no_grad = n.no_grad;
+      return r.emit(std::move(g));
+    };
+    // Each value as the sum has it: x + 0.0, once (a write made by this rule already is).
+    TensorMeta zero_meta{Shape{}, n.meta.dtype, n.meta.device, {}};
+    const int32_t zero = emit(full_node(zero_meta, Scalar(0.0), n.scope));
+    for (SliceWrite& x : w) {
+      const GraphNode& src = node(x.src);
+      if (src.kind == NodeKind::Op && src.op == OpId::Add && src.inputs.size() == 2 &&
+          node(src.inputs[1]).kind == NodeKind::Op && node(src.inputs[1]).op == OpId::Full &&
+          node(src.inputs[1]).meta.shape.numel() == 1 && is_scalar(src.inputs[1], 0) &&
+          !std::signbit(node(src.inputs[1]).attrs.value.to<double>()))
+        continue;
+      GraphNode a;
+      a.kind = NodeKind::Op;
+      a.op = OpId::Add;
+      a.inputs = {x.src, zero};
+      a.meta = src.meta;
+      x.src = emit(std::move(a));
+    }
+    bool whole = w.front().start == 0 && w.back().end == n.meta.shape[dim];
+    for (size_t k = 1; k < w.size(); ++k) whole &= w[k].start == w[k - 1].end;
+    if (whole) {
+      GraphNode c;
+      c.kind = NodeKind::Op;
+      c.op = OpId::Cat;
+      c.attrs.dim = dim;
+      for (const SliceWrite& x : w) {
+        c.inputs.push_back(x.src);
+        c.attrs.ints.push_back(x.end - x.start);
+      }
+      c.meta = n.meta;
+      return emit(std::move(c));
+    }
+    int32_t cur = emit(full_node(n.meta, Scalar(0.0), n.scope));
+    for (const SliceWrite& x : w) {
+      GraphNode ss;
+      ss.kind = NodeKind::Op;
+      ss.op = OpId::SliceScatter;
+      ss.inputs = {cur, x.src};
+      ss.attrs.dim = dim;
+      ss.attrs.start = x.start;
+      ss.attrs.end = x.end;
+      ss.attrs.step = 1;
+      ss.meta = n.meta;
+      cur = emit(std::move(ss));
+    }
+    return cur;
+  }
+
   // An existing value equal to node i (rebuilt as n), or -1; n may be rewritten in place.
   int32_t rewrite(GraphNode& n, size_t i) {
     int32_t same = -1;
@@ -458,6 +568,8 @@ struct Simplifier {
           same = in[0];
         else if (is_identity_zero(in[0], n.meta.dtype, false) && fits(in[1]))
           same = in[1];
+        else
+          same = sum_of_slice_writes(n);
         break;
       case OpId::Sub:
         if (is_identity_zero(in[1], n.meta.dtype, true) && fits(in[0])) same = in[0];
