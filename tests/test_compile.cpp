@@ -762,10 +762,21 @@ TEST_CASE("passes: simplify sums disjoint slice writes as one concatenation") {
   CHECK(count(" add(") == 2);
   // Compiled and eager agree bit for bit, -0.0 included (each value is x + 0.0 either way); a
   // packed parameter's gradient through its slices is a concatenation in the compiled graph.
-  auto f = compile([&](Tensor a, Tensor b, Tensor c) { return writes({a, b, c}, 3); });
-  const Tensor a = tensor({-0.0, 1, -2, 3.5, 0, -1e-30, 2, -0.0}, {2, 4});
-  const Tensor b = -a, c = a * 3;
-  CHECK(bitwise_equal(f(a, b, c), writes({a, b, c}, 3)));
+  for (DType dt : {DType::f32, DType::bf16}) {
+    CAPTURE(dtype_name(dt));
+    auto typed = [dt](const std::vector<Tensor>& in) {
+      const Tensor z = zeros({6, 4}, Options().dtype(dt));
+      return slice_scatter(z, in[0], 0, 0, 2) + slice_scatter(z, in[1], 0, 2, 4) +
+             slice_scatter(z, in[2], 0, 4, 6);
+    };
+    auto f = compile([&](Tensor a, Tensor b, Tensor c) { return typed({a, b, c}); });
+    const Tensor a = tensor({-0.0, 1, -2, 3.5, 0, -1e-30, 2, -0.0}, {2, 4}).to(dt);
+    const Tensor b = -a, c = a * 3;
+    CHECK(bitwise_equal(f(a, b, c), typed({a, b, c})));
+    int cats = 0;
+    for (const GraphNode& n : f.graph().nodes) cats += n.kind == NodeKind::Op && n.op == OpId::Cat;
+    CHECK(cats == 1);
+  }
   manual_seed(5);
   Tensor w = randn({6, 4}).requires_grad_();
   const Tensor x = randn({3, 4});
