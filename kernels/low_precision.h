@@ -9,8 +9,10 @@
 //
 // Two kinds of kernel do that:
 //  - kernels written for the low dtypes themselves: Cast and Copy, the elementwise families
-//    (blocks converted to f32 and back around the f32 functors), and the products that have
-//    library kernels (matmul through oneDNN's bf16 primitives);
+//    (blocks converted to f32 and back around the f32 functors), the products that have
+//    library kernels (matmul through oneDNN's bf16 primitives), Gather, which moves each
+//    element's bits (bits_of_size; an embedding lookup no longer widens its whole table), and
+//    Full, which rounds its value once;
 //  - every other kernel is registered through via_wide<kernel>, which converts the f16 and bf16
 //    inputs to f32 with the Cast kernel of the output's device, runs the f32 kernel into an f32
 //    temporary, and casts that into the output. Data movement (gather, cat, unfold) is exact
@@ -151,6 +153,24 @@ inline void round_f16_in_place(float* v, int64_t n) {
 bool has_storage_only(TensorRefs in, const Tensor& out);
 /// Runs kernel k with those inputs and its output in their compute dtypes (Note [Low precision]).
 void run_wide(KernelFn k, TensorRefs in, const Attrs& attrs, const Tensor& out);
+
+/// body(U{}) with U the unsigned integer of `size` bytes (1, 2, 4 or 8): kernels that only move
+/// elements (copies, gathers) move their bits, whatever the dtype. (Loops over Eigen's half and
+/// bfloat16, class types, did not vectorize.)
+template <class Body>
+decltype(auto) bits_of_size(int64_t size, Body&& body) {
+  switch (size) {
+    case 1:
+      return body(uint8_t{});
+    case 2:
+      return body(uint16_t{});
+    case 4:
+      return body(uint32_t{});
+    default:
+      DUET_ASSERT(size == 8, "[kernels] an element of {} bytes", size);
+      return body(uint64_t{});
+  }
+}
 
 /// Kernel K, computing f16 and bf16 in f32 and the narrow integers in i32 (Note [Low precision]).
 template <KernelFn K>
