@@ -125,6 +125,72 @@ void scatter_add_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
   });
 }
 
+// index_select's gradient in f16 or bf16 (add_rows' case: whole rows of a contiguous out, dim
+// 0): via_wide widened the whole of out (an embedding's table) to f32, added the rows and rounded
+// it all back, a pass over the table each way for a few rows. Only the rows the index touches are
+// widened here, each once; the rows of src are added in f32 in the index's order and each touched
+// row is rounded once at the end: the same values as via_wide's, where a row that appears twice
+// sums in f32 before its one rounding. Untouched rows keep their bits. False: another case.
+bool add_rows_low(TensorRefs in, const Attrs& a, const Tensor& out) {
+  const Tensor &base = in[0], &index = in[1], &src_in = in[2];
+  const DType dt = out.dtype();
+  const auto *i = index.unsafe_impl(), *s = src_in.unsafe_impl(), *o = out.unsafe_impl();
+  if (!is_low_precision(dt) || base.dtype() != dt || src_in.dtype() != dt || a.dim != 0 ||
+      o->shape.size() == 0 || !o->contiguous || s->shape.size() != o->shape.size() ||
+      s->shape != i->shape || !detail::index_rows(index))
+    return false;
+  for (int64_t d = 1; d < o->shape.size(); ++d)
+    if (s->shape[d] != o->shape[d]) return false;
+  const auto* bi = base.unsafe_impl();
+  if (bi->storage.get() != o->storage.get() || bi->offset != o->offset || bi->strides != o->strides)
+    copy_into(base, out);
+  if (index.numel() == 0) return true;
+  check_indices("scatter_add", index, o->shape[0], 0);
+  Tensor held;
+  const Tensor& src = s->contiguous ? src_in : (held = cast_to(src_in, dt));
+  const int64_t rows = s->shape[0], len = s->shape.numel() / std::max<int64_t>(rows, 1);
+  const auto* at = index.data_ptr<int64_t>();
+  const int64_t step = i->strides[0];
+  auto* dst = static_cast<uint16_t*>(out.raw_data());
+  const auto* from = static_cast<const uint16_t*>(src.raw_data());
+  auto widen = [&](const uint16_t* p, float* w, int64_t n) {
+    if (dt == DType::bf16)
+      widen_bf16(reinterpret_cast<const bf16_t*>(p), w, n);
+    else
+      widen_f16(reinterpret_cast<const f16_t*>(p), w, n);
+  };
+  std::vector<int32_t> slot(static_cast<size_t>(o->shape[0]), -1);
+  std::vector<int64_t> touched;
+  std::vector<float> acc, row(static_cast<size_t>(len));
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t j = at[r * step];
+    int32_t& k = slot[static_cast<size_t>(j)];
+    if (k < 0) {
+      k = static_cast<int32_t>(touched.size());
+      touched.push_back(j);
+      acc.resize(touched.size() * static_cast<size_t>(len));
+      widen(dst + j * len, acc.data() + static_cast<size_t>(k) * len, len);
+    }
+    widen(from + r * len, row.data(), len);
+    float* sum = acc.data() + static_cast<size_t>(k) * len;
+    for (int64_t c = 0; c < len; ++c) sum[c] += row[static_cast<size_t>(c)];
+  }
+  for (size_t k = 0; k < touched.size(); ++k) {
+    uint16_t* d = dst + touched[k] * len;
+    const float* sum = acc.data() + k * static_cast<size_t>(len);
+    if (dt == DType::bf16)
+      round_to_bf16(sum, reinterpret_cast<bf16_t*>(d), len);
+    else
+      round_to_f16(sum, reinterpret_cast<f16_t*>(d), len);
+  }
+  return true;
+}
+
+void scatter_add_any_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
+  if (add_rows_low(in, a, out)) return;
+  via_wide<scatter_add_kernel>(in, a, out);
+}
+
 // The first index of the largest value along attrs.dim (NaN counts as largest, as PyTorch).
 void argmax_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
   const Tensor& x = in[0];
@@ -269,7 +335,7 @@ void transfer_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
 
 void register_index_kernels(OpDef* t) {
   detail::register_kernel(t, OpId::Gather, DeviceType::CPU, gather_kernel);
-  detail::register_kernel(t, OpId::ScatterAdd, DeviceType::CPU, via_wide<scatter_add_kernel>);
+  detail::register_kernel(t, OpId::ScatterAdd, DeviceType::CPU, scatter_add_any_kernel);
   detail::register_kernel(t, OpId::Cat, DeviceType::CPU, cat_kernel);
   detail::register_kernel(t, OpId::Transfer, DeviceType::CPU, transfer_kernel);
   detail::register_kernel(t, OpId::SliceScatter, DeviceType::CPU, slice_scatter_kernel);

@@ -11,8 +11,9 @@
 //  - kernels written for the low dtypes themselves: Cast and Copy, the elementwise families
 //    (blocks converted to f32 and back around the f32 functors), the products that have
 //    library kernels (matmul through oneDNN's bf16 primitives), Gather, which moves each
-//    element's bits (bits_of_size; an embedding lookup no longer widens its whole table), and
-//    Full, which rounds its value once;
+//    element's bits (bits_of_size; an embedding lookup no longer widens its whole table), its
+//    gradient's rows added into a table (ScatterAdd, add_rows_low: only the touched rows
+//    widened), and Full, which rounds its value once;
 //  - every other kernel is registered through via_wide<kernel>, which converts the f16 and bf16
 //    inputs to f32 with the Cast kernel of the output's device, runs the f32 kernel into an f32
 //    temporary, and casts that into the output. Data movement (gather, cat, unfold) is exact

@@ -594,7 +594,8 @@ TEST_CASE("low precision: f16 rows convert with F16C exactly as Eigen converts e
 
 namespace duet::test {
 
-TEST_CASE("low precision: gathers and fills move bits, with no f32 copy of their input") {
+TEST_CASE(
+    "low precision: gathers, their gradients and fills run without f32 copies of their input") {
   // A bf16 embedding lookup converted its whole table to f32 and the rows back (via_wide):
   // 100x the time of the f32 lookup at GPT-2's vocabulary. Gathers now move each element's
   // bits, and fills round their value once; a NaN's payload rides along, as in PyTorch.
@@ -615,6 +616,33 @@ TEST_CASE("low precision: gathers and fills move bits, with no f32 copy of their
       const int64_t src = static_cast<int64_t>(ids.to_vector<double>()[static_cast<size_t>(r)]);
       CHECK(std::memcmp(static_cast<const char*>(rows.raw_data()) + r * 128,
                         static_cast<const char*>(table.raw_data()) + src * 128, 128) == 0);
+    }
+    // index_select's gradient (rows added into a table): only the touched rows are widened,
+    // summed in f32 in the index's order and rounded once, as via_wide's f32 sum rounded; a row
+    // hit twice (id 3) sums before its one rounding; the other rows keep their bits.
+    const Tensor grads = randn({4, 64}).to(dt);
+    const Tensor idx2 = expand(reshape(ids, {4, 1}), {4, 64});
+    scatter_add(table, 0, idx2, grads);  // (warm-up)
+    reset_peak_memory();
+    const int64_t before_add = cpu_memory_stats().current;
+    const Tensor added = scatter_add(table, 0, idx2, grads);
+    CHECK(cpu_memory_stats().peak - before_add <= table.numel() * 2 + 64 * 1024);
+    const Tensor want = scatter_add(table.to(DType::f32), 0, idx2, grads.to(DType::f32)).to(dt);
+    for (int64_t r : {0, 3, 1, 3999, 2000}) {
+      CAPTURE(r);
+      const bool keeps_nan = r == 3;  // row 3 holds the NaN, whose payload via f32 is lost
+      if (!keeps_nan)
+        CHECK(std::memcmp(static_cast<const char*>(added.raw_data()) + r * 128,
+                          static_cast<const char*>(want.raw_data()) + r * 128, 128) == 0);
+    }
+    // Row 3: every element but the NaN as the f32 sum rounded; the NaN stays a NaN.
+    const std::vector<double> got3 = slice(added, 0, 3, 4).to_vector<double>(),
+                              want3 = slice(want, 0, 3, 4).to_vector<double>();
+    for (size_t c = 0; c < got3.size(); ++c) {
+      if (c == 5)
+        CHECK(std::isnan(got3[c]));
+      else
+        CHECK(got3[c] == want3[c]);
     }
     // A fill: the f32 value rounded once, as the cast rounds it.
     for (double v : {1.0 / 3.0, -2.5e-5, 60001.0, std::numeric_limits<double>::infinity()}) {
