@@ -161,12 +161,6 @@ void size_tiles(int64_t rows, int64_t cols, B&... buffers) {
   (buffers.resize(static_cast<size_t>(rows * cols)), ...);
 }
 
-// n f32 values rounded to the low dtype (bf16 or f16), as its bits.
-void round_low(const float* src, int64_t n, DType low, uint16_t* dst) {
-  if (low == DType::bf16) return round_to_bf16(src, reinterpret_cast<bf16_t*>(dst), n);
-  round_to_f16(src, reinterpret_cast<f16_t*>(dst), n);  // Note [f16 rows with F16C]
-}
-
 // rows x cols of operand o for batch b from row r0 in the low dtype (row-major, cols wide): its
 // bits where o holds that dtype along dense rows, else rounded from f32 (through `row`).
 void load_low(const Operand& o, int64_t b, int64_t r0, int64_t rows, int64_t cols, DType low,
@@ -192,8 +186,7 @@ void widen_low(DType low, const uint16_t* p, int64_t rows, int64_t cols, int64_t
                std::vector<float>& w) {
   const int64_t n = rows == 0 ? 0 : (rows - 1) * ld + cols;
   w.resize(static_cast<size_t>(n));
-  if (low == DType::bf16) return widen_bf16(reinterpret_cast<const bf16_t*>(p), w.data(), n);
-  widen_f16(reinterpret_cast<const f16_t*>(p), w.data(), n);  // Note [f16 rows with F16C]
+  widen_low_row(low, p, w.data(), n);
 }
 
 // Products below this many multiply-adds (a decoding step's one query, the ragged last tiles)

@@ -191,10 +191,7 @@ void full_any_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
   if (!is_low_precision(out.dtype())) return via_wide<full_kernel>(in, a, out);
   const float v = a.value.to<float>();
   uint16_t bits;
-  if (out.dtype() == DType::bf16)
-    round_to_bf16(&v, reinterpret_cast<bf16_t*>(&bits), 1);
-  else
-    round_to_f16(&v, reinterpret_cast<f16_t*>(&bits), 1);
+  round_low(&v, 1, out.dtype(), &bits);
   auto* o = static_cast<uint16_t*>(out.raw_data());
   parallel_for(out.numel(), kParallelGrain,
                [&](int64_t b, int64_t e) { std::fill(o + b, o + e, bits); });

@@ -68,16 +68,23 @@ void gather_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
   });
 }
 
-// scatter_add along dim 0 of an index broadcast along the other dims (index_select's
-// gradient), into a contiguous out from a contiguous src of out's rows: whole rows added, one
-// after another (false: another layout, for the general loop).
-bool add_rows(const Tensor& index, const Tensor& src_in, const Attrs& a, const Tensor& out) {
-  const auto *i = index.unsafe_impl(), *s = src_in.unsafe_impl(), *o = out.unsafe_impl();
+// Whether a scatter_add is index_select's gradient: along dim 0 of an index broadcast along the
+// other dims, into a contiguous out, from a src of out's rows and dtype.
+bool whole_rows(const Tensor& index, const Tensor& src, const Attrs& a, const Tensor& out) {
+  const auto *i = index.unsafe_impl(), *s = src.unsafe_impl(), *o = out.unsafe_impl();
   if (a.dim != 0 || o->shape.size() == 0 || !o->contiguous || s->shape.size() != o->shape.size() ||
       s->shape != i->shape || s->dtype != o->dtype || !detail::index_rows(index))
     return false;
   for (int64_t d = 1; d < o->shape.size(); ++d)
     if (s->shape[d] != o->shape[d]) return false;
+  return true;
+}
+
+// That scatter_add: whole rows added, one after another (false: another layout, for the general
+// loop).
+bool add_rows(const Tensor& index, const Tensor& src_in, const Attrs& a, const Tensor& out) {
+  if (!whole_rows(index, src_in, a, out)) return false;
+  const auto *i = index.unsafe_impl(), *s = src_in.unsafe_impl();
   // A strided src (a gradient that is a slice or an expand of another) is copied first: one
   // pass, where the element-by-element loop below would look up the index at every element.
   Tensor held;
@@ -134,13 +141,9 @@ void scatter_add_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
 bool add_rows_low(TensorRefs in, const Attrs& a, const Tensor& out) {
   const Tensor &base = in[0], &index = in[1], &src_in = in[2];
   const DType dt = out.dtype();
-  const auto *i = index.unsafe_impl(), *s = src_in.unsafe_impl(), *o = out.unsafe_impl();
-  if (!is_low_precision(dt) || base.dtype() != dt || src_in.dtype() != dt || a.dim != 0 ||
-      o->shape.size() == 0 || !o->contiguous || s->shape.size() != o->shape.size() ||
-      s->shape != i->shape || !detail::index_rows(index))
+  if (!is_low_precision(dt) || base.dtype() != dt || !whole_rows(index, src_in, a, out))
     return false;
-  for (int64_t d = 1; d < o->shape.size(); ++d)
-    if (s->shape[d] != o->shape[d]) return false;
+  const auto *i = index.unsafe_impl(), *s = src_in.unsafe_impl(), *o = out.unsafe_impl();
   const auto* bi = base.unsafe_impl();
   if (bi->storage.get() != o->storage.get() || bi->offset != o->offset || bi->strides != o->strides)
     copy_into(base, out);
@@ -153,12 +156,6 @@ bool add_rows_low(TensorRefs in, const Attrs& a, const Tensor& out) {
   const int64_t step = i->strides[0];
   auto* dst = static_cast<uint16_t*>(out.raw_data());
   const auto* from = static_cast<const uint16_t*>(src.raw_data());
-  auto widen = [&](const uint16_t* p, float* w, int64_t n) {
-    if (dt == DType::bf16)
-      widen_bf16(reinterpret_cast<const bf16_t*>(p), w, n);
-    else
-      widen_f16(reinterpret_cast<const f16_t*>(p), w, n);
-  };
   std::vector<int32_t> slot(static_cast<size_t>(o->shape[0]), -1);
   std::vector<int64_t> touched;
   std::vector<float> acc, row(static_cast<size_t>(len));
@@ -169,20 +166,14 @@ bool add_rows_low(TensorRefs in, const Attrs& a, const Tensor& out) {
       k = static_cast<int32_t>(touched.size());
       touched.push_back(j);
       acc.resize(touched.size() * static_cast<size_t>(len));
-      widen(dst + j * len, acc.data() + static_cast<size_t>(k) * len, len);
+      widen_low_row(dt, dst + j * len, acc.data() + static_cast<size_t>(k) * len, len);
     }
-    widen(from + r * len, row.data(), len);
+    widen_low_row(dt, from + r * len, row.data(), len);
     float* sum = acc.data() + static_cast<size_t>(k) * len;
     for (int64_t c = 0; c < len; ++c) sum[c] += row[static_cast<size_t>(c)];
   }
-  for (size_t k = 0; k < touched.size(); ++k) {
-    uint16_t* d = dst + touched[k] * len;
-    const float* sum = acc.data() + k * static_cast<size_t>(len);
-    if (dt == DType::bf16)
-      round_to_bf16(sum, reinterpret_cast<bf16_t*>(d), len);
-    else
-      round_to_f16(sum, reinterpret_cast<f16_t*>(d), len);
-  }
+  for (size_t k = 0; k < touched.size(); ++k)
+    round_low(acc.data() + k * static_cast<size_t>(len), len, dt, dst + touched[k] * len);
   return true;
 }
 

@@ -155,6 +155,18 @@ bool has_storage_only(TensorRefs in, const Tensor& out);
 /// Runs kernel k with those inputs and its output in their compute dtypes (Note [Low precision]).
 void run_wide(KernelFn k, TensorRefs in, const Attrs& attrs, const Tensor& out);
 
+/// n f32 values rounded to the low dtype (bf16 or f16), as its bits.
+inline void round_low(const float* src, int64_t n, DType low, uint16_t* dst) {
+  if (low == DType::bf16) return round_to_bf16(src, reinterpret_cast<bf16_t*>(dst), n);
+  round_to_f16(src, reinterpret_cast<f16_t*>(dst), n);  // Note [f16 rows with F16C]
+}
+
+/// n values of the low dtype (bf16 or f16, as their bits) widened to f32.
+inline void widen_low_row(DType low, const uint16_t* src, float* dst, int64_t n) {
+  if (low == DType::bf16) return widen_bf16(reinterpret_cast<const bf16_t*>(src), dst, n);
+  widen_f16(reinterpret_cast<const f16_t*>(src), dst, n);  // Note [f16 rows with F16C]
+}
+
 /// body(U{}) with U the unsigned integer of `size` bytes (1, 2, 4 or 8): kernels that only move
 /// elements (copies, gathers) move their bits, whatever the dtype. (Loops over Eigen's half and
 /// bfloat16, class types, did not vectorize.)

@@ -68,14 +68,15 @@ std::vector<ViewFix> find_view_fixes(const Graph& g) {
   std::vector<int32_t> first_fix(n, -1);  // per value read: the fix of its first such view
   for (int32_t i : unviewable) {
     const int32_t x0 = g.nodes[i].inputs[0];
-    ViewFix fix;
-    if (first_fix[x0] >= 0) fix = fixes[static_cast<size_t>(first_fix[x0])];
-    fix.view = i;
-    if (first_fix[x0] >= 0) {
-      fixes.push_back(std::move(fix));
+    if (first_fix[x0] >= 0) {  // reads what the first view of x0 reads
+      ViewFix shared = fixes[static_cast<size_t>(first_fix[x0])];
+      shared.view = i;
+      fixes.push_back(std::move(shared));
       continue;
     }
     first_fix[x0] = static_cast<int32_t>(fixes.size());
+    ViewFix fix;
+    fix.view = i;
     // The chain of views down to the op that made their buffer: the first read only by the
     // views fixed here, the others once.
     std::vector<int32_t> chain;
