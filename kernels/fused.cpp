@@ -199,11 +199,8 @@ class Interp {
         std::memcpy(d + done, static_cast<const T*>(a_.in[k]) + off, m * sizeof(T));
       } else if (std::is_same_v<T, float> && si == 1 && is_low_precision(dt)) {
         // Dense f16 and bf16 rows widen as the eager kernels' do (kernels/low_precision.h).
-        float* f = reinterpret_cast<float*>(d + done);
-        if (dt == DType::bf16)
-          widen_bf16(static_cast<const bf16_t*>(a_.in[k]) + off, f, m);
-        else
-          widen_f16(static_cast<const f16_t*>(a_.in[k]) + off, f, m);
+        widen_low_row(dt, static_cast<const uint16_t*>(a_.in[k]) + off,
+                      reinterpret_cast<float*>(d + done), m);
       } else if (si == 0) {
         std::fill(d + done, d + done + m, read(dt, a_.in[k], off));
       } else {
@@ -233,10 +230,7 @@ class Interp {
       round_f16_in_place(v, n);
   }
   static void store_low(const float* v, DType d, void* out, int64_t s, int64_t n) {
-    if (d == DType::bf16)
-      round_to_bf16(v, static_cast<bf16_t*>(out) + s, n);
-    else
-      round_to_f16(v, static_cast<f16_t*>(out) + s, n);
+    round_low(v, n, d, static_cast<uint16_t*>(out) + s);
   }
 
   T identity() const {
