@@ -116,12 +116,49 @@ void store_low(const float* v, char* p, int64_t s, int64_t m) {
   }
 }
 
+// Whether functor F runs dense bf16 rows in one pass of packets (Note [bf16 packets]).
+template <class F, class L>
+inline constexpr bool kBf16Packets = std::is_same_v<L, bf16_t>&& F::template has_packet<float>;
+
+// The whole packets of a dense bf16 row of n (x, or the constant *cx where cx is set) in one
+// pass (Note [bf16 packets]); returns how many elements it did, a multiple of W.
+template <class F>
+int64_t unary_bf16_packets(const F& f, const bf16_t* x, bf16_t* y, int64_t n) {
+  namespace bp = bf16_packets;
+  int64_t i = 0;
+  for (; i + bp::W <= n; i += bp::W) bp::store(y + i, f.packet(bp::load(x + i)));
+  return i;
+}
+template <class F>
+int64_t binary_bf16_packets(const F& f, const bf16_t* a, const float* ca, const bf16_t* b,
+                            const float* cb, bf16_t* y, int64_t n) {
+  namespace bp = bf16_packets;
+  namespace ei = Eigen::internal;
+  int64_t i = 0;
+  if (ca) {
+    const bp::P va = ei::pset1<bp::P>(*ca);
+    for (; i + bp::W <= n; i += bp::W) bp::store(y + i, f.packet(va, bp::load(b + i)));
+  } else if (cb) {
+    const bp::P vb = ei::pset1<bp::P>(*cb);
+    for (; i + bp::W <= n; i += bp::W) bp::store(y + i, f.packet(bp::load(a + i), vb));
+  } else {
+    for (; i + bp::W <= n; i += bp::W) bp::store(y + i, f.packet(bp::load(a + i), bp::load(b + i)));
+  }
+  return i;
+}
+
 template <class F, class L>
 void unary_low(const Tensor& x, const Tensor& out) {
   const F f{};
   for_each<2>(out.sizes(), {&out, &x}, [&](char** p, const int64_t* s, int64_t n) {
     alignas(64) float xs[kLowBlock], ys[kLowBlock];
-    for (int64_t i0 = 0; i0 < n; i0 += kLowBlock) {
+    int64_t done = 0;
+    if constexpr (kBf16Packets<F, L>) {
+      if (s[0] == 2 && s[1] == 2 && x.dtype() == DType::bf16)
+        done = unary_bf16_packets(f, reinterpret_cast<const bf16_t*>(p[1]),
+                                  reinterpret_cast<bf16_t*>(p[0]), n);
+    }
+    for (int64_t i0 = done; i0 < n; i0 += kLowBlock) {
       const int64_t m = std::min(kLowBlock, n - i0);
       load_f32<L>(p[1] + i0 * s[1], s[1], x.dtype(), xs, m);
       unary_dense<float>(f, xs, ys, m);
@@ -140,7 +177,15 @@ void binary_low(const Tensor& a, const Tensor& b, const Tensor& out) {
     const bool sa = s[1] == 0, sb = s[2] == 0;
     if (sa) load_f32<L>(p[1], 0, a.dtype(), xa, 1);
     if (sb) load_f32<L>(p[2], 0, b.dtype(), xb, 1);
-    for (int64_t i0 = 0; i0 < n; i0 += kLowBlock) {
+    int64_t done = 0;
+    if constexpr (kBf16Packets<F, L> && !std::is_same_v<R, bool>) {
+      // (An operand of stride 2 is a bf16 row: only a 0-d one may be f32, and it is broadcast.)
+      if (s[0] == 2 && (sa || s[1] == 2) && (sb || s[2] == 2) && !(sa && sb))
+        done = binary_bf16_packets(f, reinterpret_cast<const bf16_t*>(p[1]), sa ? xa : nullptr,
+                                   reinterpret_cast<const bf16_t*>(p[2]), sb ? xb : nullptr,
+                                   reinterpret_cast<bf16_t*>(p[0]), n);
+    }
+    for (int64_t i0 = done; i0 < n; i0 += kLowBlock) {
       const int64_t m = std::min(kLowBlock, n - i0);
       if (!sa) load_f32<L>(p[1] + i0 * s[1], s[1], a.dtype(), xa, m);
       if (!sb) load_f32<L>(p[2] + i0 * s[2], s[2], b.dtype(), xb, m);
