@@ -361,23 +361,39 @@ struct LogSigmoid {
 // sigmoid(2u): core/ops/nn.cpp), and its derivative
 // s + x s (1 - s) 2 sqrt(2/pi) (1 + 3 * 0.044715 x^2), as single ops: eagerly the composite
 // ran seven kernels forward and about fifteen backward over the activations, PyTorch's one each.
-// 1 - s is computed as sigmoid(-u): from s, it rounds to 0 where s rounds to 1 (x near 4 in f32),
-// and the derivative's bump above 1 there would be lost.
+// 1 - s is sigmoid(-u), not 1 - s: from s, it rounds to 0 where s rounds to 1 (x near 4 in f32),
+// and the derivative's bump above 1 there would be lost. Both sigmoids come from one exponential,
+// t = exp(-|u|) in (0, 1]: 1 / (1 + t) is the sigmoid of |u| and t / (1 + t) that of -|u|, each
+// without cancellation or overflow. (Two exponentials made the derivative's kernel, and a fused
+// kernel of both, about a third slower.) t is 0 where |u| is infinite (or NaN): Eigen's exp clamps
+// its argument, and a tiny t there would make gelu(-inf) -inf where PyTorch's is NaN.
+template <class T>
+DUET_HD T gelu_exp(T u) {
+  const T a = math::fabs(u);
+  return a - a == T(0) ? math::exp(-a) : T(0);  // (a - a is 0 where a is finite)
+}
 struct GeluTanh {
   template <class T>
   static constexpr bool has_packet = is_float_v<T>;
   template <class T>
   DUET_HD T operator()(T x) const {
     const T u = (x + x * x * x * T(0.044715)) * T(1.5957691216057307118);
-    return x * (T(1) / (T(1) + math::exp(-u)));
+    const T t = gelu_exp(u), d = T(1) / (T(1) + t);
+    return x * (u >= T(0) ? d : t * d);
   }
 #if !defined(__CUDACC__)
+  template <class P>
+  static P exp_packet(const P& u) {  // gelu_exp's
+    const P a = ei::pabs(u);
+    return ei::pand(ei::pexp(ei::pnegate(a)), ei::pcmp_eq(ei::psub(a, a), ei::pzero(a)));
+  }
   template <class P>
   P packet(const P& x) const {
     const P one = ei::pset1<P>(1);
     const P u = ei::pmul(ei::padd(x, ei::pmul(ei::pmul(ei::pmul(x, x), x), ei::pset1<P>(0.044715))),
                          ei::pset1<P>(1.5957691216057307118));
-    return ei::pmul(x, ei::pdiv(one, ei::padd(one, ei::pexp(ei::pnegate(u)))));
+    const P t = exp_packet(u), d = ei::pdiv(one, ei::padd(one, t));
+    return ei::pmul(x, ei::pselect(ei::pcmp_le(ei::pzero(u), u), d, ei::pmul(t, d)));
   }
 #endif
 };
@@ -387,7 +403,8 @@ struct GeluTanhGrad {
   template <class T>
   DUET_HD T operator()(T x) const {
     const T u = (x + x * x * x * T(0.044715)) * T(1.5957691216057307118);
-    const T s = T(1) / (T(1) + math::exp(-u)), r = T(1) / (T(1) + math::exp(u));  // r = 1 - s
+    const T t = gelu_exp(u), d = T(1) / (T(1) + t), td = t * d;
+    const T s = u >= T(0) ? d : td, r = u >= T(0) ? td : d;  // r = 1 - s
     const T du = (T(1) + x * x * T(0.134145)) * T(1.5957691216057307118);
     return s + x * (s * r) * du;
   }
@@ -397,8 +414,9 @@ struct GeluTanhGrad {
     const P one = ei::pset1<P>(1), k = ei::pset1<P>(1.5957691216057307118);
     const P xx = ei::pmul(x, x);
     const P u = ei::pmul(ei::padd(x, ei::pmul(ei::pmul(xx, x), ei::pset1<P>(0.044715))), k);
-    const P s = ei::pdiv(one, ei::padd(one, ei::pexp(ei::pnegate(u))));
-    const P r = ei::pdiv(one, ei::padd(one, ei::pexp(u)));
+    const P t = GeluTanh::exp_packet(u), d = ei::pdiv(one, ei::padd(one, t));
+    const P td = ei::pmul(t, d), pos = ei::pcmp_le(ei::pzero(u), u);
+    const P s = ei::pselect(pos, d, td), r = ei::pselect(pos, td, d);
     const P du = ei::pmul(ei::padd(one, ei::pmul(xx, ei::pset1<P>(0.134145))), k);
     return ei::padd(s, ei::pmul(ei::pmul(x, ei::pmul(s, r)), du));
   }
