@@ -475,16 +475,32 @@ TEST_CASE(
     const int c = rounded(b.op(OpId::Cast, 2, -1, -1, DType::f32));  // f32 -> low
     const int s = b.op(OpId::Add, e, 2);                             // low + f32 -> f32
     const int lt = b.op(OpId::Lt, e, c);
+    // Rounded and only stored: the store rounds (Note [Rounding at the store]).
+    const int only = rounded(b.op(OpId::Mul, 0, 2));
     b.out(e, low);
     b.out(s, DType::f32);
     b.out(lt, DType::b8);
     b.out(c, low);
+    b.out(only, low);
     kernels::DuetFusedFn fn = compiled(b.p);
     REQUIRE(reinterpret_cast<void*>(fn) != nullptr);
     for (auto [shape, st] :
          {std::pair{Shape2{5, 37}, Strides{37, 1}}, std::pair{Shape2{6, 21}, Strides{50, 2}},
           std::pair{Shape2{9, 13}, Strides{1, 0}}}) {
       Work g = make_work(b.p, shape, {st, st, st}, 7), r = make_work(b.p, shape, {st, st, st}, 7);
+      // f32 denormals in every seventh element of the f32 input, whose products with the low
+      // values are denormals, which f16 and bf16 keep, and NaNs with payloads in every eleventh,
+      // which rounding makes the quiet NaN of their sign (AVX512-BF16's conversion flushes the
+      // first and keeps the payloads: Note [Rounding at the store]).
+      for (Work* w : {&g, &r}) {
+        auto* f = reinterpret_cast<float*>(w->in[2].bytes.data());
+        const size_t n = w->in[2].bytes.size() / sizeof(float);
+        for (size_t i = 0; i < n; i += 7) f[i] = i % 2 ? 1.0001e-39f : -2.5e-39f;
+        for (size_t i = 5; i < n; i += 11) {
+          const uint32_t bits = i % 2 ? 0x7F812345u : 0xFFA0F00Du;
+          std::memcpy(f + i, &bits, sizeof(bits));
+        }
+      }
       run_chunks(g, [&](const DuetFusedArgs& a, int64_t lo, int64_t hi) {
         if (kernels::generated_layout(b.p, a))
           fn(&a, lo, hi);
