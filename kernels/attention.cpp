@@ -484,13 +484,21 @@ struct BackwardScratch {
 template <class Acc>
 void row_terms(const Problem& p, const Operand& r, const Operand& g, int64_t b, Acc* lse, Acc* d) {
   std::vector<Acc> ro(static_cast<size_t>(p.f + 1)), go(static_cast<size_t>(p.f + 1));
+  // Rows of Acc along contiguous columns (the primitive's result and its gradient, as a
+  // backward receives them) are read in place; others through copies.
+  auto row = [&](const Operand& o, int64_t i, std::vector<Acc>& buf) -> const Acc* {
+    if (o.dtype == (std::is_same_v<Acc, float> ? DType::f32 : DType::f64) && o.cs == 1)
+      return reinterpret_cast<const Acc*>(o.base) + o.batch[static_cast<size_t>(b)] + i * o.rs;
+    load(o, b, i, 1, p.f + 1, buf.data());
+    return buf.data();
+  };
   for (int64_t i = 0; i < p.l; ++i) {
-    load(r, b, i, 1, p.f + 1, ro.data());
-    load(g, b, i, 1, p.f + 1, go.data());
+    const Acc* rr = row(r, i, ro);
+    const Acc* gr = row(g, i, go);
     Acc acc = 0;
-    for (int64_t c = 0; c < p.f; ++c) acc += ro[c] * go[c];
-    lse[i] = ro[p.f];
-    d[i] = acc - go[p.f];
+    for (int64_t c = 0; c < p.f; ++c) acc += rr[c] * gr[c];
+    lse[i] = rr[p.f];
+    d[i] = acc - gr[p.f];
   }
 }
 
