@@ -108,39 +108,32 @@ constexpr bool kBf16Bits = std::is_same_v<T, float>;
 typedef uint32_t LaneBits __attribute__((vector_size(W * 4)));
 typedef uint16_t HalfBits __attribute__((vector_size(W * 2)));
 // (Templates, so that only an f32 kernel, whose P has W * 4 bytes, instantiates them.)
-template <class Q>
-DUET_INLINE LaneBits bits_of(const Q& x) {
-  static_assert(sizeof(Q) == sizeof(LaneBits));
-  LaneBits b;
-  __builtin_memcpy(&b, &x, sizeof(b));
-  return b;
-}
-template <class Q>
-DUET_INLINE Q of_bits(const LaneBits& b) {
-  static_assert(sizeof(Q) == sizeof(LaneBits));
-  Q x;
-  __builtin_memcpy(&x, &b, sizeof(x));
-  return x;
+template <class To, class From>
+DUET_INLINE To bitcast(const From& x) {
+  static_assert(sizeof(To) == sizeof(From));
+  To y;
+  __builtin_memcpy(&y, &x, sizeof(y));
+  return y;
 }
 template <class Q>
 DUET_INLINE Q round_bf16_bits(const Q& x) {
-  const LaneBits b = bits_of(x);
+  const LaneBits b = bitcast<LaneBits>(x);
   const LaneBits r = (b + 0x7FFFu + ((b >> 16) & 1u)) & 0xFFFF0000u;
   const LaneBits nan = (LaneBits)((b & 0x7FFFFFFFu) > 0x7F800000u);  // all ones where NaN
   const LaneBits q = (b & 0x80000000u) | 0x7FC00000u;
-  return of_bits<Q>((nan & q) | (~nan & r));
+  return bitcast<Q>((nan & q) | (~nan & r));
 }
 // W dense bf16 values at p, widened (exact).
 template <class Q>
 DUET_INLINE Q load_bf16_bits(const void* p) {
   HalfBits h;
   __builtin_memcpy(&h, p, sizeof(h));
-  return of_bits<Q>(__builtin_convertvector(h, LaneBits) << 16);
+  return bitcast<Q>(__builtin_convertvector(h, LaneBits) << 16);
 }
 // W values already rounded to bf16, stored as their high halves (exact).
 template <class Q>
 DUET_INLINE void store_bf16_bits(void* p, const Q& x) {
-  const HalfBits h = __builtin_convertvector(bits_of(x) >> 16, HalfBits);
+  const HalfBits h = __builtin_convertvector(bitcast<LaneBits>(x) >> 16, HalfBits);
   __builtin_memcpy(p, &h, sizeof(h));
 }
 
