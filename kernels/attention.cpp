@@ -487,7 +487,7 @@ void row_terms(const Problem& p, const Operand& r, const Operand& g, int64_t b, 
   // Rows of Acc along contiguous columns (the primitive's result and its gradient, as a
   // backward receives them) are read in place; others through copies.
   auto row = [&](const Operand& o, int64_t i, std::vector<Acc>& buf) -> const Acc* {
-    if (o.dtype == (std::is_same_v<Acc, float> ? DType::f32 : DType::f64) && o.cs == 1)
+    if (o.dtype == detail::dtype_of<Acc>::value && o.cs == 1)
       return reinterpret_cast<const Acc*>(o.base) + o.batch[static_cast<size_t>(b)] + i * o.rs;
     load(o, b, i, 1, p.f + 1, buf.data());
     return buf.data();

@@ -154,7 +154,7 @@ void unary_low(const Tensor& x, const Tensor& out) {
     alignas(64) float xs[kLowBlock], ys[kLowBlock];
     int64_t done = 0;
     if constexpr (kBf16Packets<F, L>) {
-      if (s[0] == 2 && s[1] == 2 && x.dtype() == DType::bf16)
+      if (s[0] == 2 && s[1] == 2)  // (x has the output's dtype: unary_kernel converts it)
         done = unary_bf16_packets(f, reinterpret_cast<const bf16_t*>(p[1]),
                                   reinterpret_cast<bf16_t*>(p[0]), n);
     }

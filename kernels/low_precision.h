@@ -52,7 +52,7 @@ using bf16_t = Eigen::bfloat16;
 // packet: a bf16 add of (1024, 256) and a bias took 35 us, 32 in one pass, 24 so (f32: 16).
 namespace bf16_packets {
 using P = Eigen::internal::packet_traits<float>::type;
-inline constexpr int W = Eigen::internal::unpacket_traits<P>::size;
+inline constexpr int W = Eigen::internal::packet_traits<float>::size;
 typedef uint32_t Bits __attribute__((vector_size(W * 4)));
 typedef uint16_t Halves __attribute__((vector_size(W * 2)));
 static_assert(sizeof(P) == sizeof(Bits));

@@ -471,14 +471,12 @@ std::string reg_list(const FusedInstr& in, int arity) {
 // (Note [Rounding at the store]): no later instruction or the reduction reads it, and each output
 // that stores it is bf16.
 std::vector<bool> rounded_at_store(const FusedProgram& p) {
-  const int nin = p.num_inputs();
   std::vector<int> writer(p.num_regs, -1);  // instruction holding each register, -1: an input
   std::vector<bool> read(p.code.size(), false), stored(p.code.size(), false),
       other(p.code.size(), false);
   auto use = [&](int r) {
     if (r >= 0 && r < p.num_regs && writer[r] >= 0) read[writer[r]] = true;
   };
-  for (int k = 0; k < nin; ++k) writer[k] = -1;
   for (size_t n = 0; n < p.code.size(); ++n) {
     const FusedInstr& in = p.code[n];
     const int arity = in.op == OpId::Cast || in.op == OpId::Copy ? 1 : op_arity(in.op);
