@@ -11,7 +11,8 @@ namespace duet::kernels {
 void run_as_matrices(KernelFn k, TensorRefs in, const Attrs& attrs, const Tensor& out);
 
 /// addmv (Note [addmv] in core/ops/linalg.cpp) on any device: the MatMul kernel of the output's
-/// device stores mat @ vec, and its Add kernel adds the input in place.
+/// device stores mat @ vec, and its Add kernel adds the input in place. addmm's kernels (Note
+/// [addmm]) fall back on it where they have no GEMM that adds the bias itself.
 void addmv_kernel(TensorRefs in, const Attrs& attrs, const Tensor& out);
 
 /// Matmul kernel K, which multiplies operands of rank >= 2, for vector operands too.

@@ -134,6 +134,9 @@ struct OpRow {
   std::vector<Domain> domains = {Domain{}};              ///< per input; the last one repeats
   bool index_result = false;  ///< the result is i64 (argmax); else the inputs' dtype
   double tol32 = 1e-5;        ///< rtol and atol of f32 results; f64 1e-12; integers exact
+  /// The bf16/f16 columns' rtol, as a multiple of torch.testing's: 1 for one rounding; more for a
+  /// composite that rounds intermediates (a chain of products, each rounded to the low dtype).
+  double low_rtol_scale = 1;
   bool grad = true;  ///< in the gradient sweep (inputs of at most 24 elements); false: forward only
 };
 const std::vector<OpRow>& index_rows();   ///< gather, scatter_add, cat, argmax and composites

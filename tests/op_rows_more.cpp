@@ -492,6 +492,14 @@ OpRow einsum_row(std::string eq, std::vector<Shape> shapes, OpId op = OpId::MatM
       fmt::format("einsum \"{}\"", eq), op, shapes, [=](const Ins& in) { return einsum(eq, in); },
       [=](const Values& v) { return ref_einsum(lhs, outl, v, shapes, nullptr); }, out);
   r.tol32 = 1e-5;
+  // A chain of n products rounds n - 1 intermediates to the low dtype (as PyTorch's einsum
+  // does), and each later product carries that error on; with cancelling sums it exceeds one
+  // rounding's rtol (a 3-operand chain in f16 measured 3x).
+  r.low_rtol_scale = shapes.size() > 2 ? 4.0 * static_cast<double>(shapes.size() - 2) : 1.0;
+  // A chain of n products rounds n - 1 intermediates to the low dtype (as PyTorch's einsum
+  // does), and each later product carries that error on; with cancelling sums it exceeds one
+  // rounding's rtol (a 3-operand chain in f16 measured 3x).
+  r.low_rtol_scale = shapes.size() > 2 ? 4.0 * static_cast<double>(shapes.size() - 2) : 1.0;
   return r;
 }
 

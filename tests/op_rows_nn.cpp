@@ -86,9 +86,11 @@ OpRow linear_row(std::string name, Shape xs, int64_t out_features, bool bias) {
   std::vector<Shape> shapes = {xs, {out_features, in_features}};
   if (bias) shapes.push_back({out_features});
   OpRow r{name,
-          xs.size() == 1 && bias ? OpId::Addmv : OpId::MatMul,  // (a vector's: Note [addmv])
-          true,
-          shapes,
+          // (a vector's: Note [addmv]; a batch's: Note [addmm])
+          !bias            ? OpId::MatMul
+          : xs.size() == 1 ? OpId::Addmv
+                           : OpId::Addmm,
+          true, shapes,
           [=](const Ins& in) { return bias ? linear(in[0], in[1], in[2]) : linear(in[0], in[1]); },
           [=](const Values& v) {
             std::vector<double> y;
@@ -126,6 +128,36 @@ OpRow addmv_row(Shape input, int64_t n, int64_t k, double beta, double alpha) {
         return y;
       },
       {n}};
+  r.dtypes = {DType::f32, DType::f64};
+  if (beta == std::floor(beta) && alpha == std::floor(alpha)) r.dtypes.push_back(DType::i64);
+  return r;
+}
+
+// addmm(input (n or broadcast), mat1 (m, k), mat2 (k, n), beta, alpha): one op (Addmm) where
+// beta and alpha are 1 and the input is (n), its composite otherwise.
+OpRow addmm_row(Shape input, int64_t m, int64_t k, int64_t n, double beta, double alpha) {
+  const bool one = beta == 1 && alpha == 1 && input == Shape{n};
+  OpRow r{fmt::format("addmm input {} mat1 ({}, {}) mat2 ({}, {}) beta {} alpha {}", input.str(), m,
+                      k, k, n, beta, alpha),
+          one ? OpId::Addmm : OpId::MatMul,
+          !one,
+          {input, {m, k}, {k, n}},
+          [=](const Ins& in) { return addmm(in[0], in[1], in[2], beta, alpha); },
+          [=](const Values& v) {
+            std::vector<double> y;
+            for (int64_t i = 0; i < m; ++i)
+              for (int64_t j = 0; j < n; ++j) {
+                double acc = 0;
+                for (int64_t l = 0; l < k; ++l) acc += v[1][i * k + l] * v[2][l * n + j];
+                // the input broadcast from the right: (n), (1), (m, 1), (1, n), (m, n) or ()
+                const int64_t d = static_cast<int64_t>(input.size());
+                const int64_t rows = d == 2 ? input[0] : 1, cols = d >= 1 ? input[d - 1] : 1;
+                const double b = v[0][(rows == 1 ? 0 : i) * cols + (cols == 1 ? 0 : j)];
+                y.push_back(alpha * acc + (beta == 0 ? 0 : beta * b));
+              }
+            return y;
+          },
+          {m, n}};
   r.dtypes = {DType::f32, DType::f64};
   if (beta == std::floor(beta) && alpha == std::floor(alpha)) r.dtypes.push_back(DType::i64);
   return r;
@@ -647,6 +679,15 @@ const std::vector<OpRow>& nn_rows() {
       addmv_row({3}, 3, 4, 0.5, 2),
       addmv_row({1}, 3, 2, 1, 1),
       addmv_row({}, 3, 2, 0, 1),
+      addmm_row({3}, 2, 4, 3, 1, 1),
+      addmm_row({0}, 2, 4, 0, 1, 1),
+      addmm_row({3}, 0, 4, 3, 1, 1),
+      addmm_row({3}, 2, 0, 3, 1, 1),
+      addmm_row({3}, 2, 4, 3, 0.5, 2),
+      addmm_row({1}, 2, 3, 4, 1, 1),
+      addmm_row({2, 1}, 2, 3, 4, 1, 1),
+      addmm_row({2, 4}, 2, 3, 4, 1, 1),
+      addmm_row({}, 2, 3, 4, 0, 1),
       linear_row("linear (2, 2, 3) -> 2, bias", {2, 2, 3}, 2, true),
       linear_row("linear (0, 4) -> 3, bias", {0, 4}, 3, true),
       layer_norm_row("layer_norm (3, 4) over (4), weight and bias", {3, 4}, {4}, true, true),

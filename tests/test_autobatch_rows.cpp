@@ -76,7 +76,8 @@ TEST_CASE("autobatch: ops on rows of different lengths run as one call") {
       {"matmul then a bias", "matmul", 1,
        [&](const Tensor& x, size_t) { return matmul(x, w) + b; }},
       {"matmul by a vector", "matmul", 1, [&](const Tensor& x, size_t) { return matmul(x, v); }},
-      {"linear", "matmul", 1, [&](const Tensor& x, size_t) { return linear(x, w.t(), b); }},
+      {"linear", "addmm", 1, [&](const Tensor& x, size_t) { return linear(x, w.t(), b); }},
+      {"addmm with rows", "addmm", 1, [&](const Tensor& x, size_t) { return addmm(b, x, w); }},
       {"elementwise with numbers", "exp", 1,
        [&](const Tensor& x, size_t) { return exp(x) * 0.5 + x; }},
       // (The loss, sum(y * y), adds a group of mul and of sum; a sample of one row reads the

@@ -157,6 +157,34 @@ const std::vector<ErrorRow>& error_rows() {
          addmv(Tensor(), f32({3, 4}), f32({4}));
        },
        Kind::Value, "[addmv] input, mat and vec must be defined tensors"},
+      // addmm (Note [addmm] in core/ops/linalg.cpp): the op and its composite.
+      {"matmul",
+       [] {
+         addmm(f32({3}), f32({2, 4}), f32({5, 3}));
+       },
+       Kind::Shape,
+       "[addmm] needs input (n), mat1 (m, k) and mat2 (k, n), got (3), (2, 4) and (5, 3)"},
+      {"matmul",
+       [] {
+         addmm(f32({3}), f32({2}), f32({2, 3}));
+       },
+       Kind::Shape, "[addmm] needs mat1 (m, k) and mat2 (k, n), got (2) and (2, 3)"},
+      {"matmul",
+       [] {
+         addmm(f32({3, 3}), f32({2, 4}), f32({4, 3}));
+       },
+       Kind::Shape, "[addmm] input (3, 3) does not broadcast to (2, 3)"},
+      {"matmul",
+       [] {
+         addmm(of({3}, D::f64), f32({2, 4}), f32({4, 3}));
+       },
+       Kind::DType,
+       "[addmm] input, mat1 and mat2 must share a dtype other than b8, got f64, f32 and f32"},
+      {"matmul",
+       [] {
+         addmm(f32({3}), f32({2, 4}), Tensor());
+       },
+       Kind::Value, "[addmm] input, mat1 and mat2 must be defined tensors"},
       {"matmul",
        [] {
          matmul(f32({2, 2}), of({2, 2}, D::f64));

@@ -217,9 +217,10 @@ BatchedArg matmul_rule(const OpDef& def, const std::vector<BatchedArg>& in, cons
   return {reshape(y, out), 0};
 }
 
-// addmv (Note [addmv] in core/ops/linalg.cpp): matmul's rule, then the add's.
-BatchedArg addmv_rule(const OpDef&, const std::vector<BatchedArg>& in, const Attrs& a,
-                      int64_t batch) {
+// addmv and addmm (Notes [addmv] and [addmm] in core/ops/linalg.cpp): matmul's rule, then the
+// add's.
+BatchedArg input_plus_product_rule(const OpDef&, const std::vector<BatchedArg>& in, const Attrs& a,
+                                   int64_t batch) {
   const BatchedArg p = in[1].bdim < 0 && in[2].bdim < 0  // (only the input batched)
                            ? BatchedArg{call_on(OpId::MatMul, {in[1].value, in[2].value}, a), -1}
                            : matmul_rule(op_def(OpId::MatMul), {in[1], in[2]}, a, batch);
@@ -324,7 +325,7 @@ void register_batching_rules(OpDef* t) {
        {OpId::Argmax, OpId::Gather, OpId::ScatterAdd, OpId::SliceScatter, OpId::Cat, OpId::Argsort})
     t[int(op)].batch = dim_rule;
   t[int(OpId::MatMul)].batch = matmul_rule;
-  t[int(OpId::Addmv)].batch = addmv_rule;
+  for (OpId op : {OpId::Addmv, OpId::Addmm}) t[int(op)].batch = input_plus_product_rule;
   t[int(OpId::LogSoftmax)].batch = log_softmax_rule;
   for (OpId op : {OpId::Reshape, OpId::Permute, OpId::Slice, OpId::Select, OpId::Expand})
     t[int(op)].batch = view_rule;

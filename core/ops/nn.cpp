@@ -135,7 +135,8 @@ Tensor softplus(const Tensor& x, double beta, double threshold, std::source_loca
 
 // An input of rank > 2 is multiplied as one (rows, in) matrix, reshaped back afterwards: one
 // GEMM rather than one per leading index, and the weight's gradient is one product x^T dy in the
-// weight's layout instead of a batch of products summed over the batch. A vector (one sample,
+// weight's layout instead of a batch of products summed over the batch. A bias is added inside
+// that GEMM (addmm, Note [addmm] in core/ops/linalg.cpp). A vector (one sample,
 // per-sample code) is the weight times it, one op with the bias (addmv; Note [Vector operands]
 // in core/ops/linalg.cpp): no transposed weight, no view around the product and no add after it
 // (each a tape node eagerly, an op to record and run under Autobatch, whose batching rule makes
@@ -175,8 +176,11 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
       for (size_t i = 0; i + 1 < xd.size(); ++i) rows *= xd[i];
       x2 = detail::reshape_dims(x, {rows, xd.back()});
     }
-    Tensor y = matmul(x2, transpose(weight, 0, 1));
-    if (bias.defined()) y = std::move(y) + bias;
+    // With a bias of the product's dtype, one op that adds it inside the GEMM (Note [addmm]).
+    Tensor y = bias.defined() && bias.dtype() == x.dtype()
+                   ? addmm(bias, x2, transpose(weight, 0, 1))
+                   : matmul(x2, transpose(weight, 0, 1));
+    if (bias.defined() && bias.dtype() != x.dtype()) y = std::move(y) + bias;
     if (x.dim() <= 2) return y;
     SymDims yd(xd.begin(), xd.end() - 1);
     yd.push_back(detail::sym_dim(weight, 0));

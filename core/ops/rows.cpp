@@ -16,8 +16,9 @@
 //    the result's; the others broadcast along the rows (lower rank, or dim 0 of size 1);
 //  - reductions over dims other than 0, and ops along a dim other than 0 (log_softmax, gather,
 //    cat, argmax, argsort, scatter_add, slice_scatter): every operand, all of one dim 0;
-//  - matmul of a matrix (n, k) by a shared matrix or vector, and addmv of a matrix (n, k) (and
-//    an input (n)) by a shared vector;
+//  - matmul of a matrix (n, k) by a shared matrix or vector, addmv of a matrix (n, k) (and
+//    an input (n)) by a shared vector, and addmm of a matrix (n, k) by a shared matrix (and
+//    bias);
 //  - the views that keep dim 0 and each row's elements (a reshape of the other dims, a slice
 //    or a select along another dim);
 //  - a sum over dim 0 (and any others) sums each sample's rows: RowsUse::summed, whose result is
@@ -106,6 +107,11 @@ RowsUse addmv_rows(TensorRefs in, const Attrs&, const TensorMeta& out) {
   return these(in, out, along_rows(in[0], out) ? 3u : 2u);
 }
 
+// input (n) + mat1 (m, k) @ mat2, the input and mat2 shared.
+RowsUse addmm_rows(TensorRefs in, const Attrs&, const TensorMeta& out) {
+  return these(in, out, 2u);
+}
+
 // A reshape that keeps dim 0 (each row keeps its elements, in order).
 RowsUse reshape_rows(TensorRefs in, const Attrs& a, const TensorMeta& out) {
   if (rank(in[0]) == 0 || a.ints.empty() || a.ints[0] != out.shape[0] || in[0].numel() == 0)
@@ -132,6 +138,7 @@ void register_row_rules(OpDef* t) {
   t[int(OpId::Cat)].rows = cat_rows;
   t[int(OpId::MatMul)].rows = matmul_rows;
   t[int(OpId::Addmv)].rows = addmv_rows;
+  t[int(OpId::Addmm)].rows = addmm_rows;
   t[int(OpId::Reshape)].rows = reshape_rows;
   t[int(OpId::Slice)].rows = slice_rows;
   t[int(OpId::Select)].rows = slice_rows;

@@ -155,6 +155,13 @@ void sym_addmv(const OpDef& def, TensorRefs in, const Attrs&, const TensorMeta&,
   out = {mat[0]};
 }
 
+void sym_addmm(const OpDef& def, TensorRefs in, const Attrs&, const TensorMeta&, SymDims& out) {
+  const SymDims input = sym_dims(in[0]), a = sym_dims(in[1]), b = sym_dims(in[2]);
+  require_eq(a[1], b[0], def.name);
+  require_eq(input[0], b[1], def.name);
+  out = {a[0], b[1]};
+}
+
 void sym_reshape(const OpDef& def, TensorRefs in, const Attrs& a, const TensorMeta&, SymDims& out) {
   out = attr_dims(a);
   require_eq(sym_numel(sym_dims(in[0])), sym_numel(out), def.name);
@@ -296,6 +303,7 @@ void register_symbolic_rules(OpDef* t) {
   t[int(OpId::Argmax)].sym_infer = sym_argmax;
   t[int(OpId::MatMul)].sym_infer = sym_matmul;
   t[int(OpId::Addmv)].sym_infer = sym_addmv;
+  t[int(OpId::Addmm)].sym_infer = sym_addmm;
   t[int(OpId::Reshape)].sym_infer = sym_reshape;
   t[int(OpId::Permute)].sym_infer = sym_permute;
   t[int(OpId::Slice)].sym_infer = sym_slice;

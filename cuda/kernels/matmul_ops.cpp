@@ -432,6 +432,13 @@ bool gemm_bias_act(const Tensor& a, const Tensor& b, const Tensor& bias, bool re
                         stream(device)) == CUBLAS_STATUS_SUCCESS;
 }
 
+// addmm (Note [addmm] in core/ops/linalg.cpp): cuBLASLt with its bias epilogue, else the
+// product and then the add (f16 and bf16 among others, rounded twice there).
+void addmm_kernel(TensorRefs in, const Attrs& attrs, const Tensor& out) {
+  if (gemm_bias_act(in[1], in[2], in[0], /*relu=*/false, out)) return;
+  duet::kernels::addmv_kernel(in, attrs, out);
+}
+
 }  // namespace
 
 void register_matmul(OpDef* t) {
@@ -439,6 +446,7 @@ void register_matmul(OpDef* t) {
       t, OpId::MatMul, DeviceType::CUDA,
       duet::kernels::with_matrices<duet::kernels::via_wide<matmul_kernel>>);
   duet::detail::register_kernel(t, OpId::Addmv, DeviceType::CUDA, duet::kernels::addmv_kernel);
+  duet::detail::register_kernel(t, OpId::Addmm, DeviceType::CUDA, addmm_kernel);
   kernels::set_gemm_epilogue(DeviceType::CUDA, gemm_bias_act);
 }
 

@@ -252,6 +252,8 @@ std::string Writer::emit_op(Frame& f, Values& vals, int32_t v) {
       return emit(f, "MatMul", {in(0), in(1)});
     case OpId::Addmv:  // (Note [addmv] in core/ops/linalg.cpp)
       return emit(f, "Add", {emit(f, "MatMul", {in(1), in(2)}), in(0)});
+    case OpId::Addmm:  // (Note [addmm] in core/ops/linalg.cpp): C broadcasts along the rows
+      return emit(f, "Gemm", {in(1), in(2), in(0)});
     case OpId::Reshape:
     case OpId::OptimizationBarrier:
     case OpId::Permute:
