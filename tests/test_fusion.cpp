@@ -145,6 +145,40 @@ TEST_CASE("fusion: reductions take their elementwise prologue") {
   }
 }
 
+TEST_CASE("fusion: eq of integers joins an f32 group where f32 decides it exactly") {
+  // Note [Integer equality in registers]: cross_entropy's gradient compares an arange with the
+  // targets; 2^24 + 1 rounds to 2^24 in f32, so a constant 2^24 must not be compared there.
+  const int64_t big = int64_t(1) << 24;
+  Tensor g = randn({5, 1});
+  Tensor idx = tensor({1.0, double(big + 1), double(-(big + 1)), 3.0, double(big)},
+                      Options().dtype(DType::i64))
+                   .reshape({5, 1});
+  auto by_arange = [](Tensor g, Tensor idx) {
+    return sum(where(eq(arange(6).reshape({1, 6}), idx), g, 0.0), {1});
+  };
+  auto by_big_constant = [big](Tensor g, Tensor idx) {
+    // (folded into a constant of the graph)
+    Tensor c = full({1, 2}, double(big - 1), Options().dtype(DType::i64)) + 1;
+    return sum(where(eq(c, idx), g, 0.0), {1});
+  };
+  auto by_inputs = [](Tensor g, Tensor idx, Tensor other) {
+    return sum(where(ne(other, idx), g, 0.0), {1});
+  };
+  Tensor other = tensor({0.0, double(big), 7.0}, Options().dtype(DType::i64)).reshape({1, 3});
+  auto f = compile(by_arange);
+  auto h = compile(by_big_constant);
+  auto k = compile(by_inputs);
+  for (int i = 0; i < tiers(); ++i, next_tier()) {
+    CHECK(bitwise_equal(f(g, idx), by_arange(g, idx)));
+    CHECK(f.stats().fused_kernels == 1);
+    CHECK(f.stats().fused_nodes == 3);  // eq, where and sum
+    CHECK(bitwise_equal(h(g, idx), by_big_constant(g, idx)));
+    CHECK(h.stats().fused_nodes == 2);  // where and sum; eq alone, in i64
+    CHECK(bitwise_equal(k(g, idx, other), by_inputs(g, idx, other)));
+    CHECK(k.stats().fused_nodes == 2);
+  }
+}
+
 TEST_CASE("fusion: f16 and bf16 reductions take their prologue and round once, as eager does") {
   // Multiples of 1/8 in [-2, 2): their products are exact in either dtype, and any order of f32
   // additions of 300 of them is exact, so the sums round once to the same value however the

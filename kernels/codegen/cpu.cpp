@@ -221,6 +221,17 @@ DUET_INLINE P load_lanes(const S* p, int64_t s) {
   if constexpr (kBf16Bits && std::is_same_v<S, Eigen::bfloat16>) {
     if (s == 1) return load_bf16_bits<P>(p);
   }
+  if constexpr (std::is_integral_v<S> && !std::is_same_v<S, bool> && sizeof(T) * W == sizeof(P)) {
+    // A dense row of integers (an i64 arange compared in f32: Note [Integer equality in
+    // registers] in trace/plan/fusion.cpp) converts as a vector (vcvtqq2ps), not lane by lane.
+    typedef S Lanes __attribute__((vector_size(W * sizeof(S))));
+    typedef T Wide __attribute__((vector_size(W * sizeof(T))));
+    if (s == 1) {
+      Lanes v;
+      __builtin_memcpy(&v, p, sizeof(v));
+      return bitcast<P>(__builtin_convertvector(v, Wide));
+    }
+  }
   for (int l = 0; l < W; ++l) b[l] = static_cast<T>(p[l * s]);
   return ei::pload<P>(b);
 }

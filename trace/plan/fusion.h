@@ -17,8 +17,9 @@
 // backward (GraphNode::phase): a backward op joined to the forward op that makes its input would
 // run in the forward, and its result (relu's mask for its gradient) would live until the backward,
 // as an activation of its own. A reduction whose input is in a group closes it. A cast to b8 of a
-// value of another dtype stays out (its rounding differs from the eager cast). Groups of one op are
-// dissolved: the eager kernel runs them.
+// value of another dtype stays out (its rounding differs from the eager cast). eq and ne of
+// integers join an f32 group where one operand holds integers f32 represents exactly (Note
+// [Integer equality in registers]). Groups of one op are dissolved: the eager kernel runs them.
 #pragma once
 
 #include <vector>
