@@ -179,6 +179,35 @@ TEST_CASE("fusion: eq of integers joins an f32 group where f32 decides it exactl
   }
 }
 
+TEST_CASE("duplicate: a mask of small inputs read by two kernels is computed in both") {
+  // Note [Duplicated producers]: log_softmax's gradient of cross_entropy's one-hot mask. Its row
+  // sum and the gradient each compute the mask from the targets instead of storing it.
+  const int64_t n = 64, c = 512;
+  Tensor g = randn({n, 1}), lp = randn({n, c});
+  Tensor idx = randint(c, {n, 1});
+  auto fn = [c](Tensor g, Tensor idx, Tensor lp) {
+    Tensor m = where(eq(arange(c).reshape({1, c}), idx), g, 0.0);
+    return m - exp(lp) * sum(m, {1}, true);
+  };
+  // A product of two large values is not duplicated: recomputing it reads more than it saves.
+  auto large = [](Tensor a, Tensor b) {
+    Tensor m = a * b;
+    return sum(m, {1}) + sum(exp(m), {1});
+  };
+  auto f = compile(fn), f0 = compile(fn, without({"duplicate"}));
+  auto h = compile(large), h0 = compile(large, without({"duplicate"}));
+  for (int i = 0; i < tiers(); ++i, next_tier()) {
+    CHECK(bitwise_equal(f(g, idx, lp), fn(g, idx, lp)));
+    CHECK(bitwise_equal(f0(g, idx, lp), fn(g, idx, lp)));
+    CHECK(f.stats().fused_kernels == 2);
+    CHECK(f.stats().fused_nodes == f0.stats().fused_nodes + 2);  // the copies of eq and where
+    CHECK(f.stats().arena_bytes + n * c * 4 <= f0.stats().arena_bytes);  // no mask stored
+    CHECK(bitwise_equal(h(lp, g * lp), large(lp, g * lp)));
+    CHECK(bitwise_equal(h0(lp, g * lp), large(lp, g * lp)));
+    CHECK(h.stats().fused_nodes == h0.stats().fused_nodes);
+  }
+}
+
 TEST_CASE("fusion: f16 and bf16 reductions take their prologue and round once, as eager does") {
   // Multiples of 1/8 in [-2, 2): their products are exact in either dtype, and any order of f32
   // additions of 300 of them is exact, so the sums round once to the same value however the

@@ -64,8 +64,10 @@ struct CompileOptions {
   /// {argument index, dim}: dims symbolic from the first trace (Note [Symbolic dims]). Without
   /// them, a dim becomes symbolic when its size changes between calls (automatic dynamic).
   std::vector<std::pair<int, int>> dynamic{};
-  /// Passes to switch off: "dce", "cse", "fold", "simplify", "remat" (graph passes; remat: the
-  /// backward recomputes cheap elementwise activations, docs/memory.md), "fuse" (elementwise
+  /// Passes to switch off: "dce", "cse", "fold", "simplify", "remat", "duplicate" (graph passes;
+  /// remat: the backward recomputes cheap elementwise activations, docs/memory.md; duplicate:
+  /// a large value made of small inputs is computed in each fused reader, Note [Duplicated
+  /// producers] in trace/ir/duplicate.cpp), "fuse" (elementwise
   /// and reduction-prologue fusion), "codegen" (the generated-C++ tier of fused kernels),
   /// "plan_memory" (one arena, buffers reused), "parallel" (independent branches on both
   /// cores), "hoist" (work on captured parameters done once per parameter version),

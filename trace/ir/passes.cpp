@@ -645,7 +645,7 @@ Graph simplify(const Graph& old) { return Simplifier(old).run(); }
 
 namespace {
 
-const char* const kGraphPasses[] = {"fold", "simplify", "cse", "dce", "remat"};
+const char* const kGraphPasses[] = {"fold", "simplify", "cse", "dce", "remat", "duplicate"};
 const char* const kPlanPasses[] = {"codegen",  "plan_memory", "hoist",
                                    "parallel", "cuda_graph",  "donate"};
 
@@ -732,6 +732,7 @@ Graph optimize(const Graph& g, const std::vector<std::string>& disabled) {
     cur = remat(cur);
     if (on("dce")) cur = dce(cur);  // forward values only the backward read
   }
+  if (on("duplicate")) cur = duplicate(cur);  // after cse, which would merge the copies
   for (const RegisteredPass& p : registered_passes())
     if (p.graph && on(p.name)) cur = p.graph(cur);
   return cur;

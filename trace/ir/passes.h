@@ -28,6 +28,8 @@ Graph cse(const Graph& g);
 Graph fold(const Graph& g);
 Graph simplify(const Graph& g);
 Graph remat(const Graph& g);
+/// Producer duplication (Note [Duplicated producers] in trace/ir/duplicate.cpp).
+Graph duplicate(const Graph& g);
 /// remat, with these ops (not elementwise: products, reductions) recomputable too, and each
 /// named in Graph::remat.forced (CompileOptions::memory_budget).
 Graph remat_forced(const Graph& g, const std::vector<int32_t>& forced);
