@@ -2,7 +2,7 @@
 // and the typed rows (elementwise, conversion, reduce, view, slice_scatter, matmul), each
 // vmapped over a batch against the row run per sample. Every operand batched at dim 0, then at
 // its last dim (a batching rule must move or read the batch where it is), then each operand in
-// turn shared by every sample (unbatched).
+// turn shared by every sample (unbatched), and with three or more operands each alone batched.
 #include <doctest/doctest.h>
 
 #include <functional>
@@ -54,7 +54,7 @@ void check_vmap(const std::function<Tensor(const Inputs&)>& f, const std::functi
 }
 
 // Every operand at dim 0; every operand at its last dim (after its own dims); each operand
-// shared in turn.
+// shared in turn; with three or more, each operand alone batched.
 std::vector<std::pair<std::string, InDims>> batchings(const Inputs& sample) {
   const size_t n = sample.size();
   std::vector<std::pair<std::string, InDims>> out;
@@ -66,6 +66,12 @@ std::vector<std::pair<std::string, InDims>> batchings(const Inputs& sample) {
     InDims d(n, 0);
     d[i] = std::nullopt;
     out.push_back({"operand " + std::to_string(i) + " shared", d});
+  }
+  // With three or more operands, each alone batched (a layer's input, its weights shared).
+  for (size_t i = 0; n > 2 && i < n; ++i) {
+    InDims d(n, std::nullopt);
+    d[i] = 0;
+    out.push_back({"only operand " + std::to_string(i) + " batched", d});
   }
   return out;
 }

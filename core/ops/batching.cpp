@@ -218,9 +218,19 @@ BatchedArg matmul_rule(const OpDef& def, const std::vector<BatchedArg>& in, cons
 }
 
 // addmv and addmm (Notes [addmv] and [addmm] in core/ops/linalg.cpp): matmul's rule, then the
-// add's.
-BatchedArg input_plus_product_rule(const OpDef&, const std::vector<BatchedArg>& in, const Attrs& a,
-                                   int64_t batch) {
+// add's; an addmm of batched rows by a shared matrix and bias (a vmapped linear layer), one
+// addmm of all the rows.
+BatchedArg input_plus_product_rule(const OpDef& def, const std::vector<BatchedArg>& in,
+                                   const Attrs& a, int64_t batch) {
+  if (def.id == OpId::Addmm && in[0].bdim < 0 && in[1].bdim >= 0 && in[2].bdim < 0 &&
+      !symbolic(a)) {
+    const Tensor x = batch_first(in[1]);  // (B, m, k)
+    const Tensor y = call_on(
+        def.id,
+        {in[0].value, reshape(x, Shape{x.sizes()[0] * x.sizes()[1], x.sizes()[2]}), in[2].value},
+        a);
+    return {reshape(y, Shape{x.sizes()[0], x.sizes()[1], in[2].value.sizes()[1]}), 0};
+  }
   const BatchedArg p = in[1].bdim < 0 && in[2].bdim < 0  // (only the input batched)
                            ? BatchedArg{call_on(OpId::MatMul, {in[1].value, in[2].value}, a), -1}
                            : matmul_rule(op_def(OpId::MatMul), {in[1], in[2]}, a, batch);
