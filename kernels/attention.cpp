@@ -480,25 +480,28 @@ struct BackwardScratch {
   }
 };
 
-// Each query row's logsumexp and D = rowsum(dO * O) - g_lse, of batch b.
+// Each query row's logsumexp and D = rowsum(dO * O) - g_lse, of batch b. g has F + 1 columns,
+// or F when the logsumexp's gradient is zero (Note [Attention]): then g_lse is +0.0, as the
+// zeros a slice's gradient writes it into hold.
 template <class Acc>
-void row_terms(const Problem& p, const Operand& r, const Operand& g, int64_t b, Acc* lse, Acc* d) {
+void row_terms(const Problem& p, const Operand& r, const Operand& g, bool g_lse, int64_t b,
+               Acc* lse, Acc* d) {
   std::vector<Acc> ro(static_cast<size_t>(p.f + 1)), go(static_cast<size_t>(p.f + 1));
   // Rows of Acc along contiguous columns (the primitive's result and its gradient, as a
   // backward receives them) are read in place; others through copies.
-  auto row = [&](const Operand& o, int64_t i, std::vector<Acc>& buf) -> const Acc* {
+  auto row = [&](const Operand& o, int64_t i, int64_t cols, std::vector<Acc>& buf) -> const Acc* {
     if (o.dtype == detail::dtype_of<Acc>::value && o.cs == 1)
       return reinterpret_cast<const Acc*>(o.base) + o.batch[static_cast<size_t>(b)] + i * o.rs;
-    load(o, b, i, 1, p.f + 1, buf.data());
+    load(o, b, i, 1, cols, buf.data());
     return buf.data();
   };
   for (int64_t i = 0; i < p.l; ++i) {
-    const Acc* rr = row(r, i, ro);
-    const Acc* gr = row(g, i, go);
+    const Acc* rr = row(r, i, p.f + 1, ro);
+    const Acc* gr = row(g, i, g_lse ? p.f + 1 : p.f, go);
     Acc acc = 0;
     for (int64_t c = 0; c < p.f; ++c) acc += rr[c] * gr[c];
     lse[i] = rr[p.f];
-    d[i] = acc - gr[p.f];
+    d[i] = acc - (g_lse ? gr[p.f] : Acc(0));
   }
 }
 
@@ -601,8 +604,9 @@ void backward(TensorRefs in, const Attrs& a, const Tensor& out_in) {
     if (!out.is_same(out_in)) copy_on_device(out, out_in);
     return;
   }
+  const bool g_lse = in[4].size(-1) == p.f + 1;  // (else F columns: Note [Attention])
   const Operand r = operand(in[3], p.batch, p.l, p.f + 1),
-                g = operand(in[4], p.batch, p.l, p.f + 1);
+                g = operand(in[4], p.batch, p.l, g_lse ? p.f + 1 : p.f);
   const int64_t tiles = (p.s + kTileK - 1) / kTileK;
   // The split depends on the sizes alone, never on the threads, so that the sums' order (and so
   // every bit of the result) is the same on any thread count: with fewer than kParts batches,
@@ -626,7 +630,7 @@ void backward(TensorRefs in, const Attrs& a, const Tensor& out_in) {
       std::fill(base + b * per, base + (b + 1) * per, Acc(0));
       if (partial)
         std::fill(partial + b * parts * p.l * p.e, partial + (b + 1) * parts * p.l * p.e, Acc(0));
-      row_terms(p, r, g, b, &lse[b * p.l], &d[b * p.l]);
+      row_terms(p, r, g, g_lse, b, &lse[b * p.l], &d[b * p.l]);
     }
     BackwardScratch<Acc> w(p);
 #pragma omp for schedule(dynamic, 1)

@@ -10,7 +10,11 @@
 //     r[..., :F]  the attention output, accumulated in f32 whatever the inputs' dtype;
 //     r[..., F]   each row's logsumexp of its masked, scaled scores (-inf for a row with none).
 //   AttentionBackward(q, k, v, r, g[, mask]) -> (..., L*E + S*E + S*F), f32 (f64):
-//     the gradients of q, k and v for the gradient g of r, row-major, one after another.
+//     the gradients of q, k and v for the gradient g of r, row-major, one after another. g may
+//     also be (..., L, F), the output columns' gradient alone, the logsumexp's then +0.0: the
+//     gradient rule passes r's whole gradient, which the public function's slice makes by
+//     writing the output's gradient into zeros, and a CPU plan's simplify pass takes those
+//     zeros away (Note [Attention's gradient without its zeros] in trace/ir/passes.cpp).
 //
 // q (..., L, E), k (..., S, E) and v (..., S, F) have the same batch dims (the public function
 // broadcasts them with expand, which copies nothing); the mask, b8 (true keeps a score) or of q's
@@ -106,10 +110,13 @@ void infer_attention_backward(const OpDef& def, TensorRefs in, const Attrs&, Ten
   Shape r = qs;
   r[r.size() - 1] = in[2].sizes()[in[2].dim() - 1] + 1;
   const DType acc = accumulation_dtype(in[0].dtype());
+  Shape output_only = r;  // the gradient may leave out the logsumexp's column (Note [Attention])
+  output_only[output_only.size() - 1] -= 1;
   for (int i : {3, 4})
-    DUET_CHECK_SHAPE(in[i].sizes() == r && in[i].dtype() == acc,
-                     "[attention_backward] input {} must be attention's result {} {}, got {} {}", i,
-                     r, acc, in[i].sizes(), in[i].dtype());
+    DUET_CHECK_SHAPE(
+        (in[i].sizes() == r || (i == 4 && in[i].sizes() == output_only)) && in[i].dtype() == acc,
+        "[attention_backward] input {} must be attention's result {} {}{}, got {} {}", i, r, acc,
+        i == 4 ? " (or its output columns)" : "", in[i].sizes(), in[i].dtype());
   const int64_t l = qs[qs.size() - 2], e = qs[qs.size() - 1], s = in[1].sizes()[qs.size() - 2],
                 f = in[2].sizes()[qs.size() - 1];
   out.shape = batch_of(qs);

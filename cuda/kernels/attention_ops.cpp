@@ -69,6 +69,11 @@ void attention_backward_kernel(TensorRefs in, const Attrs& a, const Tensor& out)
   kern::AttnArg A = attn_arg("attention_backward", in, 5, a);
   const Shape batch(in[0].sizes().data(), in[0].dim() - 2);
   A.r = attn_operand(in[3], batch, A.l, A.f + 1);
+  // (The F-column gradient, Note [Attention], is the CPU plan's alone: simplify makes it there.)
+  DUET_CHECK_SHAPE(in[4].size(-1) == A.f + 1,
+                   "[attention_backward] on CUDA takes the gradient of attention's whole result "
+                   "(..., L, {}), got {}",
+                   A.f + 1, in[4].sizes());
   A.g = attn_operand(in[4], batch, A.l, A.f + 1);
   Tensor dense =
       out.is_contiguous() ? out : duet::detail::empty(out.sizes(), out.dtype(), out.device());
