@@ -67,6 +67,12 @@ void log_softmax_rows(const In* px, Out* py, int64_t rows, int64_t n, int64_t in
         }
       }
       load_row(px + start, inner, n, in_row.data());
+      if constexpr (std::is_same_v<Out, C>) {
+        if (inner == 1) {  // (bf16 logits to f32 log-probabilities, as cross_entropy asks)
+          log_softmax_row(in_row.data(), py + start, n);
+          continue;
+        }
+      }
       log_softmax_row(in_row.data(), out_row.data(), n);
       store_row(out_row.data(), n, py + start, inner);
     }
