@@ -110,12 +110,14 @@ void grad_addmv(const GradCtx& c, const Tensor& g, Tensor* gi) {
 
 // Note [addmm]
 // addmm(input, mat1, mat2) = input + mat1 @ mat2 with input (n) along the rows: linear()'s
-// product and bias as one op, as PyTorch's linear calls addmm. Its kernels add the bias to the
-// GEMM's f32 sums before they are stored (oneDNN's bias argument, cuBLASLt's bias epilogue, or
-// the output filled with the bias rows and accumulated into by sgemm), so that an f16 or bf16
-// layer rounds once, and no pass over the product is left to add the bias: under autocast on
-// W8 a third of a millisecond per step went to those adds. Its gradient is matmul's, the
-// bias's the sum of g over the rows; its batching rule is matmul's then the add's.
+// product and bias as one op, as PyTorch's linear calls addmm. Its bf16 kernel hands the bias to
+// oneDNN's primitive, which adds it to the f32 sums before they are rounded, so that the layer
+// rounds once and no pass over the product is left to add the bias (under autocast, W8 spent
+// 0.7 ms a step on those adds); f16, and bf16 without the instructions, add it in f32 and round
+// once; f32 and the others store the product and add the bias in place (the same bits as
+// matmul then add); CUDA uses cuBLASLt's bias epilogue where it takes the call. Its gradient
+// is matmul's, the bias's the sum of g over the rows. Its batching rule is one addmm of all the
+// rows where only mat1 is batched (a vmapped linear layer), else matmul's then the add's.
 void infer_addmm(const OpDef& def, TensorRefs in, const Attrs&, TensorMeta& out) {
   const Tensor &input = in[0], &a = in[1], &b = in[2];
   DUET_CHECK_SHAPE(a.dim() == 2 && b.dim() == 2 && a.sizes()[1] == b.sizes()[0] &&
