@@ -335,6 +335,26 @@ TEST_CASE("remat: the backward recomputes a composed GELU's pieces from its inpu
   for (size_t i = 0; i < pe.size(); ++i) CHECK(bitwise_equal(pe[i], with[i]));
 }
 
+TEST_CASE(
+    "remat: a value that only a product reads, made from what only attention reads, is kept") {
+  // Note [Rematerialization]: the heads merged back into rows (a copy of attention's permuted
+  // output) are read in the backward by the weight gradient's product alone, and attention's
+  // result only by attention's backward: recomputed, the copy would be a kernel of its own.
+  manual_seed(21);
+  const Tensor w = randn({16, 16}), q = randn({2, 4, 8, 4});
+  auto step = [&](const Tensor& x) {
+    Tensor a = x.detach().requires_grad_(), b = w.detach().requires_grad_();
+    Tensor y = scaled_dot_product_attention(a, a, a, {}, true);
+    Tensor loss = matmul(y.permute({0, 2, 1, 3}).reshape({16, 16}), b).sum();
+    return grad({loss}, {a, b});
+  };
+  auto f = compile(step);
+  const std::vector<Tensor> got = f(q), want = step(q);
+  for (size_t i = 0; i < got.size(); ++i) CHECK(bitwise_equal(got[i], want[i]));
+  CAPTURE(f.graph().str());
+  CHECK(f.stats().recomputed_values == 0);
+}
+
 TEST_CASE("remat: a parameter's bf16 copy under autocast is kept for the backward, not recast") {
   // Note [Rematerialization]: a value made from captured tensors alone does not grow with the
   // batch; recomputing it would cast the weight again at every step.

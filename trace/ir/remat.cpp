@@ -19,6 +19,11 @@
 //    autocast, a weight's transpose) stays saved: it does not grow with the batch, and
 //    recomputing it would cost a pass over the parameter at every step. A memory budget may
 //    still recompute it (remat_forced);
+//  - so does a value whose recomputation no fused kernel of the backward could take in: no value
+//    of its chain, nor what the chain reads, is read there by an elementwise op or a reduction
+//    (under autocast, attention's output cast to bf16 for the out projection's weight gradient,
+//    read by a product, from attention's f32 result, read by attention's backward): recomputed, it
+//    would be a pass of its own (as torch.compile's partitioner, which recomputes what fuses);
 //  - each backward phase gets copies of the recomputed values (and of their recomputable
 //    ancestors), made just before their first reader there, with that phase. They read the
 //    frontier through optimization_barrier after a value of the backward (Note [Optimization
@@ -120,6 +125,16 @@ class Remat {
         if (backward_of(g_.nodes[in].phase, g_.nodes[i].phase) &&
             (g_.nodes[in].kind == NodeKind::Op || g_.nodes[in].kind == NodeKind::Project))
           saved_[in] = true;
+    // The values that an op a fused kernel takes (elementwise, a reduction) reads in a backward.
+    std::vector<bool> fused_read(n_, false);
+    for (int32_t i = 0; i < n_; ++i) {
+      const GraphNode& r = g_.nodes[i];
+      if (r.kind != NodeKind::Op ||
+          (op_class(r.op) != OpClass::Elementwise && op_class(r.op) != OpClass::Reduction))
+        continue;
+      for (int32_t in : r.inputs)
+        if (backward_of(g_.nodes[in].phase, r.phase)) fused_read[in] = true;
+    }
     keep_.assign(n_, false);
     recompute_.assign(n_, false);
     bool any = false;
@@ -128,6 +143,11 @@ class Remat {
       std::vector<int32_t> chain, frontier;
       if (!can_recompute(v) || !walk(v, chain, frontier)) {
         keep_[v] = true;
+        continue;
+      }
+      if (keep_parameter_values_ && !read_fused(chain, fused_read) &&
+          !read_fused(frontier, fused_read)) {
+        keep_[v] = true;  // its recomputation would be a kernel of its own
         continue;
       }
       if (keep_parameter_values_ && from_captured_only(frontier)) {
@@ -171,6 +191,15 @@ class Remat {
       for (int32_t in : n.inputs) stack.push_back(in);
     }
     return true;
+  }
+
+  // Whether a fused kernel of the backward reads one of these values (a chain's, or its
+  // frontier's), so that the chain's recomputation can join it (Note [Fusion rules]: a group
+  // takes the ops that read its inputs).
+  bool read_fused(const std::vector<int32_t>& values, const std::vector<bool>& fused_read) const {
+    for (int32_t f : values)
+      if (fused_read[f]) return true;
+    return false;
   }
 
   // Whether a chain's frontier holds captured tensors alone (constants are not in it).
