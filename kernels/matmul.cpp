@@ -16,6 +16,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 #include <optional>
 #include <string>
+#include <unordered_map>
 
 #include "kernels/cpu_kernels.h"
 #include "kernels/loops.h"
@@ -126,15 +127,13 @@ bool run_low_matmul(const LowKey& key, const void* a, const void* b, void* c,
   mm.b.set_data_handle(const_cast<void*>(b));
   mm.c.set_data_handle(c);
   thread_local dnnl::stream s(cpu_engine());
+  std::unordered_map<int, dnnl::memory> args{
+      {DNNL_ARG_SRC, mm.a}, {DNNL_ARG_WEIGHTS, mm.b}, {DNNL_ARG_DST, mm.c}};
   if (bias) {
     mm.bias.set_data_handle(const_cast<void*>(bias));
-    mm.prim.execute(s, {{DNNL_ARG_SRC, mm.a},
-                        {DNNL_ARG_WEIGHTS, mm.b},
-                        {DNNL_ARG_BIAS, mm.bias},
-                        {DNNL_ARG_DST, mm.c}});
-  } else {
-    mm.prim.execute(s, {{DNNL_ARG_SRC, mm.a}, {DNNL_ARG_WEIGHTS, mm.b}, {DNNL_ARG_DST, mm.c}});
+    args.emplace(DNNL_ARG_BIAS, mm.bias);
   }
+  mm.prim.execute(s, args);
   s.wait();
   return true;
 }
@@ -205,6 +204,14 @@ MatLayout operand_layout(const Tensor& t) {
   return layout(x->shape[d - 2], x->shape[d - 1], x->strides[d - 2], x->strides[d - 1]);
 }
 
+// The last two dims of t as a GEMM reads them: t itself, or a contiguous copy (in `held`) where no
+// layout expresses its strides.
+const Tensor& as_operand(const Tensor& t, Tensor& held) {
+  const int64_t d = t.dim();
+  if (layout(t.size(-2), t.size(-1), t.strides()[d - 2], t.strides()[d - 1]).ok) return t;
+  return held = cast_to(t, t.dtype());
+}
+
 // Note [Products by batch]
 // A batched product runs its batch's GEMMs on the threads, each GEMM on one thread, where there
 // are enough of them: a GEMM too small to split well (a vmapped outer product, 64 of
@@ -261,12 +268,8 @@ void matmul_kernel(TensorRefs in, const Attrs& attrs, const Tensor& out) {
   }
   // Operands that no GEMM layout expresses are made contiguous; others are used in place
   // (by reference: a handle copy costs two atomic operations per call).
-  auto fits = [](const Tensor& t) {
-    return layout(t.size(-2), t.size(-1), t.strides()[t.dim() - 2], t.strides()[t.dim() - 1]).ok;
-  };
   Tensor ta, tb;
-  const Tensor& a = fits(in[0]) ? in[0] : (ta = cast_to(in[0], in[0].dtype()));
-  const Tensor& b = fits(in[1]) ? in[1] : (tb = cast_to(in[1], in[1].dtype()));
+  const Tensor &a = as_operand(in[0], ta), &b = as_operand(in[1], tb);
   const int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
   const MatLayout la = layout(m, k, a.strides()[a.dim() - 2], a.strides()[a.dim() - 1]);
   const MatLayout lb = layout(k, n, b.strides()[b.dim() - 2], b.strides()[b.dim() - 1]);
@@ -373,12 +376,6 @@ void addmv_kernel(TensorRefs in, const Attrs& attrs, const Tensor& out) {
 }
 
 namespace {
-
-// The operand in[i] as a GEMM reads it: itself, or a contiguous copy where no layout fits.
-const Tensor& as_operand(const Tensor& t, Tensor& held) {
-  if (layout(t.size(0), t.size(1), t.strides()[0], t.strides()[1]).ok) return t;
-  return held = cast_to(t, t.dtype());
-}
 
 // addmm (Note [addmm] in core/ops/linalg.cpp): out (m, n) = bias (n) + a (m, k) @ b (k, n). bf16
 // on oneDNN's primitive, its bias argument added to the f32 sums before they are rounded; f16,

@@ -47,33 +47,32 @@ void store_row(const C* src, int64_t n, Out* y, int64_t step) {
 }
 
 // rows rows of n along the dim, inner apart (1: each row contiguous), computed in C: f64 for
-// f64, f32 for the others. A row that is not contiguous, or not of C, goes through a buffer.
+// f64, f32 for the others. A contiguous row of C is read in place, and one of the result is
+// written in place (bf16 logits to f32 log-probabilities, as cross_entropy asks); other rows go
+// through a buffer.
 template <class In, class Out>
 void log_softmax_rows(const In* px, Out* py, int64_t rows, int64_t n, int64_t inner) {
   using C = std::conditional_t<std::is_same_v<In, double>, double, float>;
-  constexpr bool direct = std::is_same_v<In, C> && std::is_same_v<Out, C>;
+  constexpr bool read_c = std::is_same_v<In, C>, write_c = std::is_same_v<Out, C>;
   parallel_for(rows, std::max<int64_t>(1, kParallelGrain / n), [&](int64_t b, int64_t e) {
     std::vector<C> in_row, out_row;
-    if (!direct || inner != 1) {
-      in_row.resize(static_cast<size_t>(n));
-      out_row.resize(static_cast<size_t>(n));
-    }
+    if (!read_c || inner != 1) in_row.resize(static_cast<size_t>(n));
+    if (!write_c || inner != 1) out_row.resize(static_cast<size_t>(n));
     for (int64_t r = b; r < e; ++r) {
       const int64_t start = (r / inner) * n * inner + r % inner;
-      if constexpr (direct) {
+      const C* x = nullptr;
+      if constexpr (read_c) x = px + start;
+      if (!read_c || inner != 1) {
+        load_row(px + start, inner, n, in_row.data());
+        x = in_row.data();
+      }
+      if constexpr (write_c) {
         if (inner == 1) {
-          log_softmax_row(px + start, py + start, n);
+          log_softmax_row(x, py + start, n);
           continue;
         }
       }
-      load_row(px + start, inner, n, in_row.data());
-      if constexpr (std::is_same_v<Out, C>) {
-        if (inner == 1) {  // (bf16 logits to f32 log-probabilities, as cross_entropy asks)
-          log_softmax_row(in_row.data(), py + start, n);
-          continue;
-        }
-      }
-      log_softmax_row(in_row.data(), out_row.data(), n);
+      log_softmax_row(x, out_row.data(), n);
       store_row(out_row.data(), n, py + start, inner);
     }
   });

@@ -29,10 +29,6 @@ namespace {
 constexpr int64_t kMinElements = 4096;
 constexpr size_t kMaxChain = 8;
 
-int64_t bytes_of(const GraphNode& n) {
-  return n.meta.shape.numel() * int64_t(itemsize(n.meta.dtype));
-}
-
 bool elementwise(const GraphNode& n) {
   return n.kind == NodeKind::Op && !has_effect(n) && op_class(n.op) == OpClass::Elementwise;
 }
@@ -66,10 +62,8 @@ class Duplicate {
     if (distinct.size() < 2) return false;
     for (int32_t r : distinct) {
       const GraphNode& rn = g_.nodes[r];
-      const bool fusable =
-          rn.kind == NodeKind::Op && !has_effect(rn) &&
-          (op_class(rn.op) == OpClass::Elementwise || op_class(rn.op) == OpClass::Reduction);
-      if (!fusable || rn.phase != n.phase || !(rn.meta.device == n.meta.device)) return false;
+      if (!fused_kernel_takes(rn) || rn.phase != n.phase || !(rn.meta.device == n.meta.device))
+        return false;
     }
     // The chain: v and its elementwise ancestors of its phase; the frontier: what it reads.
     std::vector<int32_t> chain, stack{v};
@@ -81,14 +75,14 @@ class Duplicate {
       if (!seen.insert(x).second) continue;
       const GraphNode& xn = g_.nodes[x];
       if (x != v && (!elementwise(xn) || xn.phase != n.phase || pinned_[x])) {
-        if (xn.kind != NodeKind::Constant) frontier += bytes_of(xn);
+        if (xn.kind != NodeKind::Constant) frontier += value_bytes(xn);
         continue;
       }
       chain.push_back(x);
       if (chain.size() > kMaxChain) return false;
       for (int32_t in : xn.inputs) stack.push_back(in);
     }
-    if (frontier * 8 > bytes_of(n)) return false;
+    if (frontier * 8 > value_bytes(n)) return false;
     std::sort(chain.begin(), chain.end());  // node order is topological
     chain_of_[v] = std::move(chain);
     return true;

@@ -23,6 +23,17 @@ namespace duet::detail {
 
 struct FusionGroup;
 
+/// The bytes of a node's value.
+inline int64_t value_bytes(const GraphNode& n) {
+  return n.meta.shape.numel() * int64_t(itemsize(n.meta.dtype));
+}
+/// Whether a fused kernel can take the op (an elementwise op or a reduction, without effect):
+/// what the remat and duplicate passes count on to absorb a recomputation.
+inline bool fused_kernel_takes(const GraphNode& n) {
+  return n.kind == NodeKind::Op && !has_effect(n) &&
+         (op_class(n.op) == OpClass::Elementwise || op_class(n.op) == OpClass::Reduction);
+}
+
 Graph dce(const Graph& g);
 Graph cse(const Graph& g);
 Graph fold(const Graph& g);

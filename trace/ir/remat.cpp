@@ -48,10 +48,6 @@ bool recomputable(const GraphNode& n) {
   return c == OpClass::Elementwise || c == OpClass::View;
 }
 
-int64_t bytes_of(const GraphNode& n) {
-  return n.meta.shape.numel() * int64_t(itemsize(n.meta.dtype));
-}
-
 // What computing n costs, roughly: a product's multiply-adds, one per element otherwise.
 double flops_of(const Graph& g, const GraphNode& n) {
   if (n.kind != NodeKind::Op || op_class(n.op) == OpClass::View) return 0;
@@ -100,7 +96,7 @@ class Remat {
     for (int32_t v = 0; v < n_; ++v)
       if (recompute_[v] && saved_[v]) {
         ++out.remat.values;
-        out.remat.bytes += bytes_of(g_.nodes[v]);
+        out.remat.bytes += value_bytes(g_.nodes[v]);
       }
     for (int32_t v = 0; v < n_; ++v)
       if (recompute_[v]) out.remat.flops += flops_of(g_, g_.nodes[v]);
@@ -112,7 +108,7 @@ class Remat {
     decide();
     int64_t b = 0;
     for (int32_t v = 0; v < n_; ++v)
-      if (saved_[v] && !recompute_[v]) b += bytes_of(g_.nodes[v]);
+      if (saved_[v] && !recompute_[v]) b += value_bytes(g_.nodes[v]);
     return b;
   }
 
@@ -125,13 +121,11 @@ class Remat {
         if (backward_of(g_.nodes[in].phase, g_.nodes[i].phase) &&
             (g_.nodes[in].kind == NodeKind::Op || g_.nodes[in].kind == NodeKind::Project))
           saved_[in] = true;
-    // The values that an op a fused kernel takes (elementwise, a reduction) reads in a backward.
+    // The values that an op a fused kernel takes reads in a backward.
     std::vector<bool> fused_read(n_, false);
     for (int32_t i = 0; i < n_; ++i) {
       const GraphNode& r = g_.nodes[i];
-      if (r.kind != NodeKind::Op ||
-          (op_class(r.op) != OpClass::Elementwise && op_class(r.op) != OpClass::Reduction))
-        continue;
+      if (!fused_kernel_takes(r)) continue;
       for (int32_t in : r.inputs)
         if (backward_of(g_.nodes[in].phase, r.phase)) fused_read[in] = true;
     }
@@ -158,8 +152,8 @@ class Remat {
       for (int32_t f : frontier)
         if (!keep_[f] &&
             (g_.nodes[f].kind == NodeKind::Op || g_.nodes[f].kind == NodeKind::Project))
-          extra += bytes_of(g_.nodes[f]);
-      if (extra >= bytes_of(g_.nodes[v])) {
+          extra += value_bytes(g_.nodes[f]);
+      if (extra >= value_bytes(g_.nodes[v])) {
         keep_[v] = true;
         continue;
       }
