@@ -673,6 +673,7 @@ const std::vector<OpRow>& nn_rows() {
       linear_row("linear (4) -> 3, no bias", {4}, 3, false),
       linear_row("linear (4) -> 3, bias", {4}, 3, true),
       addmv_row({3}, 3, 4, 1, 1),
+      addmv_row({4}, 4, 4, 1, 1),  // square: batched as mat^T, a transpose no shape checks
       addmv_row({0}, 0, 4, 1, 1),
       addmv_row({3}, 3, 0, 1, 1),
       addmv_row({2}, 2, 1, 1, 1),

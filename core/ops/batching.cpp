@@ -218,10 +218,17 @@ BatchedArg matmul_rule(const OpDef& def, const std::vector<BatchedArg>& in, cons
 }
 
 // addmv and addmm (Notes [addmv] and [addmm] in core/ops/linalg.cpp): matmul's rule, then the
-// add's; an addmm of batched rows by a shared matrix and bias (a vmapped linear layer), one
-// addmm of all the rows.
+// add's. A linear layer of a batch of samples is one addmm of all their rows, its bias added
+// inside the product: an addmv of batched vectors by a shared matrix and bias (per-sample
+// code: each sample's vector, as B1's cells step), and an addmm of batched rows by them (a
+// vmapped layer).
 BatchedArg input_plus_product_rule(const OpDef& def, const std::vector<BatchedArg>& in,
                                    const Attrs& a, int64_t batch) {
+  if (def.id == OpId::Addmv && in[0].bdim < 0 && in[1].bdim < 0 && in[2].bdim >= 0 &&
+      !symbolic(a))  // (B, k) @ mat^T + input: (B, n)
+    return {
+        call_on(OpId::Addmm, {in[0].value, batch_first(in[2]), transpose(in[1].value, 0, 1)}, a),
+        0};
   if (def.id == OpId::Addmm && in[0].bdim < 0 && in[1].bdim >= 0 && in[2].bdim < 0 &&
       !symbolic(a)) {
     const Tensor x = batch_first(in[1]);  // (B, m, k)

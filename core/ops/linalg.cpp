@@ -84,8 +84,9 @@ void grad_matmul(const GradCtx& c, const Tensor& g, Tensor* gi) {
 // Note [addmv]
 // addmv(input, mat, vec) = input + mat @ vec: linear() of one sample's vector with a bias, one
 // op where a product and an add were two (each a tape node eagerly, an op to record and run
-// under Autobatch). Its kernel stores the product and adds the input in place; its batching
-// rule is matmul's then the add's, so a group of samples is one product and one add.
+// under Autobatch). Its kernel stores the product and adds the input in place. Its batching
+// rule makes a group of samples' vectors one addmm, (B, k) @ mat^T + input, the bias added
+// inside the product; with a batched matrix or input, it is matmul's rule then the add's.
 void infer_addmv(const OpDef& def, TensorRefs in, const Attrs&, TensorMeta& out) {
   const Tensor &input = in[0], &mat = in[1], &vec = in[2];
   DUET_CHECK_SHAPE(mat.dim() == 2 && vec.dim() == 1 && mat.sizes()[1] == vec.sizes()[0] &&
