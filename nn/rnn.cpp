@@ -85,28 +85,33 @@ Mode rnn_mode(const RNNOptions& o) {
 
 // One time step: {h, (c), x} (x the input's product of all gates) -> {h', (c'), h'}, PyTorch's
 // equations (Note [Whole products]).
-Fn step_fn(Mode mode, const Tensor& w_hh, const Tensor& b_hh) {
-  return [mode, w_hh, b_hh](const std::vector<Tensor>& in) -> std::vector<Tensor> {
-    const Tensor& h = in[0];
-    const Tensor& x = in.back();
-    const Tensor hp = linear(h, w_hh, b_hh);
-    switch (mode) {
-      case Mode::RNNTanh:
-      case Mode::RNNReLU: {
-        Tensor next = mode == Mode::RNNTanh ? tanh(x + hp) : relu(x + hp);
-        return {next, next};
-      }
-      case Mode::GRU: {
-        Tensor next = fused_gru_cell(x, hp, h);
-        return {next, next};
-      }
-      case Mode::LSTM: {
-        auto [h_next, c_next] = fused_lstm_cell(x, hp, in[1]);
-        return {h_next, c_next, h_next};
-      }
+std::vector<Tensor> step_once(Mode mode, const Tensor& w_hh, const Tensor& b_hh,
+                              const std::vector<Tensor>& in) {
+  const Tensor& h = in[0];
+  const Tensor& x = in.back();
+  const Tensor hp = linear(h, w_hh, b_hh);
+  switch (mode) {
+    case Mode::RNNTanh:
+    case Mode::RNNReLU: {
+      Tensor next = mode == Mode::RNNTanh ? tanh(x + hp) : relu(x + hp);
+      return {next, next};
     }
-    return {};
-  };
+    case Mode::GRU: {
+      Tensor next = fused_gru_cell(x, hp, h);
+      return {next, next};
+    }
+    case Mode::LSTM: {
+      auto [h_next, c_next] = fused_lstm_cell(x, hp, in[1]);
+      return {h_next, c_next, h_next};
+    }
+  }
+  return {};
+}
+
+// The step as scan's body.
+Fn step_fn(Mode mode, const Tensor& w_hh, const Tensor& b_hh) {
+  return
+      [mode, w_hh, b_hh](const std::vector<Tensor>& in) { return step_once(mode, w_hh, b_hh, in); };
 }
 
 // Row i of a (rows, ...) tensor.
@@ -310,10 +315,12 @@ std::vector<Tensor> RNNCellBase::step(const Tensor& input, const Tensor& hx, con
                      what, s.dtype(), x.dtype());
     return s;
   };
-  std::vector<Tensor> in{start(hx, lstm ? "h_0" : "hx")};
+  std::vector<Tensor> in;
+  in.reserve(3);
+  in.push_back(start(hx, lstm ? "h_0" : "hx"));
   if (lstm) in.push_back(start(cx, "c_0"));
   in.push_back(linear(x, weight_ih, bias_ih));  // all gates (Note [Whole products])
-  std::vector<Tensor> out = step_fn(mode_, weight_hh, bias_hh)(in);
+  std::vector<Tensor> out = step_once(mode_, weight_hh, bias_hh, in);
   out.pop_back();  // the per-step result, a copy of h'
   return out;
 }
