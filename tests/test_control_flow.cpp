@@ -181,6 +181,57 @@ TEST_CASE("cond compiled: gradients flow through it (gradcheck), in both branche
   CHECK(df.stats().traces == 1);
 }
 
+// Note [Gradients a branch cannot reach] in trace/control_flow.cpp: s = std of one element is 0
+// and its gradient rule NaN there. Neither branch's result depends on s (the true branch reads it
+// in a comparison, the false one in a value it does not return), so eagerly no gradient reaches
+// the std, and compiled none may either: a zero through the std's rule was NaN.
+TEST_CASE("cond compiled: an operand no branch's result depends on gets no gradient, as eagerly") {
+  auto fn = [](const Tensor& x, const Tensor& y) {
+    const Tensor s = duet::std(x, {-1}, 0, false);  // (2), zeros
+    const Tensor out = cond(
+        sum(y) > 0,
+        [](const std::vector<Tensor>& in) {
+          return std::vector<Tensor>{where(in[0] > 1, in[1], in[1] * 2)};
+        },
+        [](const std::vector<Tensor>& in) {
+          const Tensor unused = pow(in[0], -1.0);  // (inf; not returned)
+          return std::vector<Tensor>{in[1] + 1};
+        },
+        {s, sin(y)})[0];
+    return sum(out) + sum(x);
+  };
+  auto f = compile(fn);
+  for (double v : {1.0, -1.0}) {  // both branches
+    Tensor x = f64({0.5, -2.0}, {2, 1}).requires_grad_();
+    Tensor y = f64({v, 0.25}, {2}).requires_grad_();
+    const std::vector<Tensor> ge = grad({fn(x, y)}, {x, y});
+    const std::vector<Tensor> gc = grad({f(x, y)}, {x, y});
+    CHECK(close(ge[0], ones({2, 1}, Options().dtype(DType::f64))));
+    for (size_t i = 0; i < 2; ++i) CHECK(bitwise_equal(ge[i], gc[i]));
+  }
+}
+
+// The same for scan: a value that no result of the body depends on (read only by a comparison
+// and by a value the body does not return) gets no gradient, eagerly and compiled.
+TEST_CASE("scan compiled: an input no result of the body depends on gets no gradient") {
+  auto fn = [](const Tensor& x, const Tensor& seq) {
+    const Tensor s = duet::std(x, {-1}, 0, false);  // (2), zeros; NaN gradient rule there
+    auto body = [s](const std::vector<Tensor>& c) {
+      const Tensor unused = pow(s, -1.0);
+      const Tensor h = where(s > 1, c[0] * c[1], c[0] + c[1]);
+      return std::vector<Tensor>{h, h};
+    };
+    return sum(scan(body, {zeros({2}, Options().dtype(DType::f64))}, {seq})[1]) + sum(x);
+  };
+  auto f = compile(fn);
+  Tensor x = f64({0.5, -2.0}, {2, 1}).requires_grad_();
+  Tensor seq = f64({1, 2, 3, 4, 5, 6}, {3, 2}).requires_grad_();
+  const std::vector<Tensor> ge = grad({fn(x, seq)}, {x, seq});
+  const std::vector<Tensor> gc = grad({f(x, seq)}, {x, seq});
+  CHECK(close(ge[0], ones({2, 1}, Options().dtype(DType::f64))));
+  for (size_t i = 0; i < 2; ++i) CHECK(bitwise_equal(ge[i], gc[i]));
+}
+
 TEST_CASE("cond compiled: branches of different shapes or dtypes are an error at trace time") {
   auto f = compile([](Tensor x) {
     return cond(
@@ -191,7 +242,7 @@ TEST_CASE("cond compiled: branches of different shapes or dtypes are an error at
   CHECK_THROWS_WITH_AS(f(f64({1, 2}, {2})),
                        "[cond] the branches must return tensors of the same shapes and dtypes: "
                        "the true branch returns f64 (2), the false branch f64 () while tracing "
-                       "compiled function at test_control_flow.cpp:185",
+                       "compiled function at test_control_flow.cpp:236",
                        ShapeError);
   auto g = compile([](Tensor x) {
     return cond(

@@ -205,6 +205,41 @@ const char* kWhileGradError =
     "[while_loop] is forward only: a gradient cannot flow through it. For a loop with a gradient "
     "use scan (a fixed number of steps, one per element of xs along dim 0)";
 
+// Note [Gradients a branch cannot reach]
+// Eagerly, a cond runs one branch and the tape holds its ops: an operand that the branch's
+// result does not depend on gets no gradient, and its producers' gradient rules do not run.
+// The traced gradient is a cond of the branches' vjps, where an operand that a branch's result
+// does not depend on gets zeros. Where neither branch's result depends on it (the branches
+// never read it, or read it only in ops whose values they do not return, or only through
+// comparisons), that zero would still flow into its producers' rules, and a rule that is NaN
+// at its point (std of a single element, pow at 0) turns 0 into NaN where eager had nothing.
+// So such an operand gets no gradient at all, as eagerly. An operand that one branch depends on
+// gets that branch's gradient and zeros from the other, as in JAX's cond: a rule that is NaN
+// there gives NaN in both faces' sum only when the branch that reads it ran eagerly as well.
+// Whether output k of a branch graph depends on each of its n inputs through ops that carry a
+// gradient (a control node inside counts every input as reaching every result).
+std::vector<char> reached_inputs(const Graph& g, size_t k, size_t n) {
+  std::vector<char> seen(g.nodes.size(), 0), reached(n, 0);
+  std::vector<int32_t> stack{g.outputs[k]};
+  while (!stack.empty()) {
+    const int32_t v = stack.back();
+    stack.pop_back();
+    if (seen[static_cast<size_t>(v)]) continue;
+    seen[static_cast<size_t>(v)] = 1;
+    const GraphNode& node = g.nodes[static_cast<size_t>(v)];
+    if (node.kind == NodeKind::Input) {
+      if (node.role == InputRole::Argument && node.index >= 0 && size_t(node.index) < n)
+        reached[static_cast<size_t>(node.index)] = 1;
+      continue;
+    }
+    if (!is_floating(node.meta.dtype) || node.no_grad ||
+        (node.kind == NodeKind::Op && !detail::op_def(node.op).differentiable))
+      continue;  // (no gradient flows back through it)
+    for (int32_t in : node.inputs) stack.push_back(in);
+  }
+  return reached;
+}
+
 // ---- cond, traced ----
 
 std::vector<Tensor> traced_cond(detail::Tracer& tr, const Tensor& pred, const Fn& true_fn,
@@ -235,12 +270,18 @@ std::vector<Tensor> traced_cond(detail::Tracer& tr, const Tensor& pred, const Fn
   inputs.insert(inputs.end(), lifts.tensors.begin(), lifts.tensors.end());
   std::vector<Tensor> out = tr.control(cf, inputs);
   // d/d(operands, free) of result k: cond(pred, vjp of the true branch, vjp of the false one).
+  // Operands that neither branch's result k depends on get no gradient (Note [Gradients a
+  // branch cannot reach]).
   attach_rules(ControlKind::Cond, out, out.size(), inputs, [cf, inputs](size_t k) -> Rule {
-    return [cf, inputs, k](const Tensor& g, const bool* needs, Tensor* grad_in) {
-      const size_t n = inputs.size() - 1;
+    const size_t n = inputs.size() - 1;
+    std::vector<char> reach = reached_inputs(cf->graphs[0], k, n);
+    const std::vector<char> other = reached_inputs(cf->graphs[1], k, n);
+    for (size_t j = 0; j < n; ++j) reach[j] = reach[j] || other[j];
+    return [cf, inputs, k, n, reach](const Tensor& g, const bool* needs, Tensor* grad_in) {
       std::vector<size_t> want;
       for (size_t j = 0; j < n; ++j)
-        if (needs[1 + j]) want.push_back(j);
+        if (needs[1 + j] && reach[j]) want.push_back(j);
+      if (want.empty()) return;
       auto vjp = [cf, k, want, n](int b) {
         return Fn([cf, k, want, n, b](const std::vector<Tensor>& ins) {
           std::vector<Tensor> xs(ins.begin(), ins.begin() + static_cast<std::ptrdiff_t>(n));
@@ -317,10 +358,17 @@ std::vector<Tensor> traced_scan(detail::Tracer& tr, const Fn& fn, const std::vec
   std::vector<Tensor> out(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(nc + ny));
   if (!needs_grad) return out;
   std::vector<Tensor> history(all.begin() + static_cast<std::ptrdiff_t>(nc + ny), all.end());
+  // Inputs that no result of the body depends on get no gradient (Note [Gradients a branch
+  // cannot reach]): eagerly, no step's ops would reach them.
+  std::vector<char> reach(inputs.size(), 0);
+  for (size_t k = 0; k < nc + ny; ++k) {
+    const std::vector<char> r = reached_inputs(cf->graphs[0], k, inputs.size());
+    for (size_t j = 0; j < inputs.size(); ++j) reach[j] = reach[j] || r[j];
+  }
   attach_rules(ControlKind::Scan, out, out.size(), inputs,
-               [cf, inputs, history, nc, nx, ny](size_t k) -> Rule {
-                 return [cf, inputs, history, nc, nx, ny, k](const Tensor& g, const bool* needs,
-                                                             Tensor* grad_in) {
+               [cf, inputs, history, nc, nx, ny, reach](size_t k) -> Rule {
+                 return [cf, inputs, history, nc, nx, ny, k, reach](
+                            const Tensor& g, const bool* needs, Tensor* grad_in) {
                    const size_t nf = inputs.size() - nc - nx;
                    // The body without the stacked carries.
                    auto body = std::make_shared<Graph>(cf->graphs[0]);
@@ -329,9 +377,9 @@ std::vector<Tensor> traced_scan(detail::Tracer& tr, const Fn& fn, const std::vec
                    for (size_t j = 0; j < nc; ++j)
                      if (is_floating(inputs[j].dtype())) fc.push_back(j);
                    for (size_t i = 0; i < nx; ++i)
-                     if (needs[nc + i]) want_x.push_back(i);
+                     if (needs[nc + i] && reach[nc + i]) want_x.push_back(i);
                    for (size_t j = 0; j < nf; ++j)
-                     if (needs[nc + nx + j]) want_f.push_back(j);
+                     if (needs[nc + nx + j] && reach[nc + nx + j]) want_f.push_back(j);
                    std::vector<Tensor> free(inputs.begin() + static_cast<std::ptrdiff_t>(nc + nx),
                                             inputs.end());
                    // Carry of the backward scan: d(carry), then the free values' gradients so far.
@@ -388,7 +436,7 @@ std::vector<Tensor> traced_scan(detail::Tracer& tr, const Fn& fn, const std::vec
                    };
                    std::vector<Tensor> r = detail::scan_impl(step, carry, bxs, !cf->reverse);
                    for (size_t i = 0; i < fc.size(); ++i)
-                     if (needs[fc[i]]) grad_in[fc[i]] = r[i];
+                     if (needs[fc[i]] && reach[fc[i]]) grad_in[fc[i]] = r[i];
                    for (size_t i = 0; i < want_f.size(); ++i)
                      grad_in[nc + nx + want_f[i]] = r[fc.size() + i];
                    for (size_t i = 0; i < want_x.size(); ++i)
