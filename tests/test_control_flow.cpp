@@ -211,6 +211,29 @@ TEST_CASE("cond compiled: an operand no branch's result depends on gets no gradi
   }
 }
 
+// A branch whose result depends on an operand only through a cond inside it: the operand's
+// gradient flows (a construct's node counts every input as reaching every result).
+TEST_CASE("cond compiled: gradients through a cond nested in a branch equal eager's") {
+  auto fn = [](const Tensor& x, const Tensor& y) {
+    auto inner = [](const std::vector<Tensor>& in) {
+      return cond(
+          sum(in[1]) > 0,
+          [](const std::vector<Tensor>& a) { return std::vector<Tensor>{a[0] * a[1]}; },
+          [](const std::vector<Tensor>& a) { return std::vector<Tensor>{a[0] - a[1]}; }, in);
+    };
+    auto outer_false = [](const std::vector<Tensor>& in) { return std::vector<Tensor>{in[1] * 3}; };
+    return sum(cond(sum(x) > 0, inner, outer_false, {x, y})[0]);
+  };
+  auto f = compile(fn);
+  for (double v : {1.0, -1.0}) {
+    Tensor x = f64({0.5, 2.0}, {2}).requires_grad_();
+    Tensor y = f64({v, 0.25}, {2}).requires_grad_();
+    const std::vector<Tensor> ge = grad({fn(x, y)}, {x, y});
+    const std::vector<Tensor> gc = grad({f(x, y)}, {x, y});
+    for (size_t i = 0; i < 2; ++i) CHECK(bitwise_equal(ge[i], gc[i]));
+  }
+}
+
 // The same for scan: a value that no result of the body depends on (read only by a comparison
 // and by a value the body does not return) gets no gradient, eagerly and compiled.
 TEST_CASE("scan compiled: an input no result of the body depends on gets no gradient") {
@@ -230,20 +253,37 @@ TEST_CASE("scan compiled: an input no result of the body depends on gets no grad
   const std::vector<Tensor> gc = grad({f(x, seq)}, {x, seq});
   CHECK(close(ge[0], ones({2, 1}, Options().dtype(DType::f64))));
   for (size_t i = 0; i < 2; ++i) CHECK(bitwise_equal(ge[i], gc[i]));
+  // A carry is different: a body whose results do not depend on the carry still returns it
+  // when it takes no steps, so the initial carry's gradient is the result's.
+  auto zero_steps = [](const Tensor& c0, const Tensor& seq) {
+    auto body = [](const std::vector<Tensor>& c) {
+      const Tensor h = tanh(where(c[0] > 0, c[1], c[1] * 2));
+      return std::vector<Tensor>{h, h};
+    };
+    return sum(scan(body, {c0 * 2}, {seq})[0]);
+  };
+  auto fz = compile(zero_steps);
+  Tensor c0 = f64({0.5, -1.0}, {2}).requires_grad_();
+  Tensor empty = zeros({0, 2}, Options().dtype(DType::f64)).requires_grad_();
+  const Tensor gze = grad({zero_steps(c0, empty)}, {c0})[0];
+  CHECK(close(gze, full({2}, 2.0, Options().dtype(DType::f64))));
+  CHECK(bitwise_equal(grad({fz(c0, empty)}, {c0})[0], gze));
 }
 
 TEST_CASE("cond compiled: branches of different shapes or dtypes are an error at trace time") {
+  const int line = __LINE__ + 1;  // the compile call's line, which the message names
   auto f = compile([](Tensor x) {
     return cond(
         sum(x) > 0, [](const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0]}; },
         [](const std::vector<Tensor>& in) { return std::vector<Tensor>{sum(in[0])}; }, {x})[0];
   });
   // The message, then where: the compiled function being traced (core/call_site.h).
-  CHECK_THROWS_WITH_AS(f(f64({1, 2}, {2})),
-                       "[cond] the branches must return tensors of the same shapes and dtypes: "
-                       "the true branch returns f64 (2), the false branch f64 () while tracing "
-                       "compiled function at test_control_flow.cpp:236",
-                       ShapeError);
+  const std::string want = fmt::format(
+      "[cond] the branches must return tensors of the same shapes and dtypes: the true branch "
+      "returns f64 (2), the false branch f64 () while tracing compiled function at "
+      "test_control_flow.cpp:{}",
+      line);
+  CHECK_THROWS_WITH_AS(f(f64({1, 2}, {2})), want.c_str(), ShapeError);
   auto g = compile([](Tensor x) {
     return cond(
         sum(x) > 0, [](const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0]}; },

@@ -213,9 +213,11 @@ const char* kWhileGradError =
 // never read it, or read it only in ops whose values they do not return, or only through
 // comparisons), that zero would still flow into its producers' rules, and a rule that is NaN
 // at its point (std of a single element, pow at 0) turns 0 into NaN where eager had nothing.
-// So such an operand gets no gradient at all, as eagerly. An operand that one branch depends on
-// gets that branch's gradient and zeros from the other, as in JAX's cond: a rule that is NaN
-// there gives NaN in both faces' sum only when the branch that reads it ran eagerly as well.
+// So such an operand gets no gradient at all, as eagerly; so do a scan's xs and free values
+// that no result of its body depends on (not its carries: with no steps, the result is the
+// initial carry). An operand that only one branch's result depends on still gets zeros when
+// the other branch runs, as in JAX's lax.cond: where its producers' rules are NaN at their
+// point, the compiled gradient is NaN where eager's is finite (docs/eager-vs-compiled.md).
 // Whether output k of a branch graph depends on each of its n inputs through ops that carry a
 // gradient (a control node inside counts every input as reaching every result).
 std::vector<char> reached_inputs(const Graph& g, size_t k, size_t n) {
@@ -232,8 +234,9 @@ std::vector<char> reached_inputs(const Graph& g, size_t k, size_t n) {
         reached[static_cast<size_t>(node.index)] = 1;
       continue;
     }
-    if (!is_floating(node.meta.dtype) || node.no_grad ||
-        (node.kind == NodeKind::Op && !detail::op_def(node.op).differentiable))
+    if (node.kind != NodeKind::Control &&  // (a construct's node holds no value of its own)
+        (!is_floating(node.meta.dtype) || node.no_grad ||
+         (node.kind == NodeKind::Op && !detail::op_def(node.op).differentiable)))
       continue;  // (no gradient flows back through it)
     for (int32_t in : node.inputs) stack.push_back(in);
   }
@@ -358,8 +361,9 @@ std::vector<Tensor> traced_scan(detail::Tracer& tr, const Fn& fn, const std::vec
   std::vector<Tensor> out(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(nc + ny));
   if (!needs_grad) return out;
   std::vector<Tensor> history(all.begin() + static_cast<std::ptrdiff_t>(nc + ny), all.end());
-  // Inputs that no result of the body depends on get no gradient (Note [Gradients a branch
-  // cannot reach]): eagerly, no step's ops would reach them.
+  // xs and free values that no result of the body depends on get no gradient (Note [Gradients
+  // a branch cannot reach]): eagerly, no step's ops would reach them. A carry always does: a
+  // scan of no steps returns its initial carry.
   std::vector<char> reach(inputs.size(), 0);
   for (size_t k = 0; k < nc + ny; ++k) {
     const std::vector<char> r = reached_inputs(cf->graphs[0], k, inputs.size());
@@ -436,7 +440,7 @@ std::vector<Tensor> traced_scan(detail::Tracer& tr, const Fn& fn, const std::vec
                    };
                    std::vector<Tensor> r = detail::scan_impl(step, carry, bxs, !cf->reverse);
                    for (size_t i = 0; i < fc.size(); ++i)
-                     if (needs[fc[i]] && reach[fc[i]]) grad_in[fc[i]] = r[i];
+                     if (needs[fc[i]]) grad_in[fc[i]] = r[i];
                    for (size_t i = 0; i < want_f.size(); ++i)
                      grad_in[nc + nx + want_f[i]] = r[fc.size() + i];
                    for (size_t i = 0; i < want_x.size(); ++i)
