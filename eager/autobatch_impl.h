@@ -200,10 +200,14 @@ inline void fill(StorageImpl* st, void* data, const StoragePtr& root) {
   st->lazy_op = -1;
 }
 
-// Whether two operands are the same tensor: one memory, read the same way.
+// Whether two operands are the same tensor: one memory, read the same way, and the same
+// history. Two tensors over one memory are interchangeable as values only where neither
+// requires grad: a detached alias of a tensor (x.detach()) and the tensor itself hold the same
+// values, but a group that ran them as one operand gave the tensor the alias's lack of history,
+// and its gradient was lost (autocast's casts of both, as matmul(x.detach(), x) asks).
 inline bool same_operand(const TensorImpl* x, const TensorImpl* y) {
-  return x == y || (x->storage == y->storage && x->offset == y->offset &&
-                    x->strides == y->strides && x->dtype == y->dtype);
+  return x == y || (!x->requires_grad && !y->requires_grad && x->storage == y->storage &&
+                    x->offset == y->offset && x->strides == y->strides && x->dtype == y->dtype);
 }
 
 // The pending op whose result operand p of op o is, once a differentiated batch computed it

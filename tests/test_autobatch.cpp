@@ -269,6 +269,43 @@ TEST_CASE("autobatch: ops that read one of a few weights batch per weight, not b
   }
 }
 
+// A detached alias and the tensor itself are one memory read the same way, but only the
+// tensor has a history: ops of one signature reading the alias first and the tensor next ran
+// as one op on the alias (a shared operand), and the tensor's gradient was lost. Autocast's
+// casts of matmul(x.detach(), x) made that group (a random program found it).
+TEST_CASE("autobatch: a detached alias and its tensor in one group keep their own histories") {
+  auto run = [](bool batched, bool autocast) {
+    std::vector<Tensor> xs;
+    for (int i = 0; i < 3; ++i)
+      xs.push_back(make({0.5 + i, -1.0 - i}, {2}, DType::f32).requires_grad_());
+    {
+      std::optional<Autobatch> scope;
+      if (batched) scope.emplace();
+      std::optional<Autocast> ac;
+      if (autocast) ac.emplace(Device::cpu(), DType::f16);
+      Tensor loss;
+      for (const Tensor& x : xs) {
+        const Tensor x1 = x * 3;
+        if (scope) scope->flush();  // x1 computed, as a read would leave it
+        const Tensor v = x1.detach();
+        const Tensor y = autocast ? matmul(v, x1) : sum((v * 2) * (x1 * 2));
+        loss = loss.defined() ? loss + sin(y) : sin(y);
+      }
+      loss.backward();
+    }
+    std::vector<Tensor> g;
+    for (const Tensor& x : xs) g.push_back(x.grad());
+    return g;
+  };
+  for (bool autocast : {false, true}) {
+    const std::vector<Tensor> want = run(false, autocast), got = run(true, autocast);
+    for (size_t i = 0; i < want.size(); ++i) {
+      REQUIRE(got[i].defined());
+      CHECK(close(got[i], want[i], 1e-6));
+    }
+  }
+}
+
 TEST_CASE("autobatch: a backward walks a tape of batched ops, whatever reads the results") {
   // Note [Autobatch's tape]: eight samples of one op make one batched node.
   Tensor w = randn({3, 4}).requires_grad_(true);
