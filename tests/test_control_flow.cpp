@@ -268,6 +268,27 @@ TEST_CASE("scan compiled: an input no result of the body depends on gets no grad
   const Tensor gze = grad({zero_steps(c0, empty)}, {c0})[0];
   CHECK(close(gze, full({2}, 2.0, Options().dtype(DType::f64))));
   CHECK(bitwise_equal(grad({fz(c0, empty)}, {c0})[0], gze));
+  // Per result: the first carry's result never depends on the second carry, at any number of
+  // steps, so the second's initial value (a std of one element, NaN gradient rule) gets no
+  // gradient from it.
+  auto two = [](const Tensor& x, const Tensor& seq) {
+    const Tensor s = duet::std(x, {-1}, 0, false);  // (2), zeros
+    auto body = [](const std::vector<Tensor>& c) {
+      const Tensor a = tanh(c[0] + c[2]), b = c[1] * 0.5 + c[2];
+      return std::vector<Tensor>{a, b, a};
+    };
+    return sum(scan(body, {zeros({2}, Options().dtype(DType::f64)), s}, {seq})[0]) + sum(x);
+  };
+  auto ft = compile(two);
+  for (int64_t steps : {0, 3}) {
+    Tensor xs = f64({0.5, -2.0}, {2, 1}).requires_grad_();
+    Tensor q = (arange(2.0 * static_cast<double>(steps), Options().dtype(DType::f64)) * 0.1)
+                   .reshape({steps, 2})
+                   .requires_grad_();
+    const Tensor ge = grad({two(xs, q)}, {xs})[0];
+    CHECK(close(ge, ones({2, 1}, Options().dtype(DType::f64))));
+    CHECK(bitwise_equal(grad({ft(xs, q)}, {xs})[0], ge));
+  }
 }
 
 TEST_CASE("cond compiled: branches of different shapes or dtypes are an error at trace time") {

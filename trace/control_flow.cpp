@@ -213,13 +213,14 @@ const char* kWhileGradError =
 // never read it, or read it only in ops whose values they do not return, or only through
 // comparisons), that zero would still flow into its producers' rules, and a rule that is NaN
 // at its point (std of a single element, pow at 0) turns 0 into NaN where eager had nothing.
-// So such an operand gets no gradient at all, as eagerly; so do a scan's xs and free values
-// that no result of its body depends on (not its carries: with no steps, the result is the
-// initial carry). An operand that only one branch's result depends on still gets zeros when
-// the other branch runs, as in JAX's lax.cond: where its producers' rules are NaN at their
-// point, the compiled gradient is NaN where eager's is finite (docs/eager-vs-compiled.md).
-// Whether output k of a branch graph depends on each of its n inputs through ops that carry a
-// gradient (a control node inside counts every input as reaching every result).
+// So such an operand gets no gradient at all, as eagerly; so does an input of a scan (an
+// initial carry, xs, a free value) that a result cannot depend on at any number of steps
+// (scan_reach: a carry result is its initial carry after no steps). An operand that only one
+// branch's result depends on still gets zeros when the other branch runs, as in JAX's lax.cond:
+// where its producers' rules are NaN at their point, the compiled gradient is NaN where eager's is
+// finite (docs/eager-vs-compiled.md). Whether output k of a branch graph depends on each of its n
+// inputs through ops that carry a gradient (a control node inside counts every input as reaching
+// every result).
 std::vector<char> reached_inputs(const Graph& g, size_t k, size_t n) {
   std::vector<char> seen(g.nodes.size(), 0), reached(n, 0);
   std::vector<int32_t> stack{g.outputs[k]};
@@ -312,6 +313,39 @@ std::vector<Tensor> traced_cond(detail::Tracer& tr, const Tensor& pred, const Fn
   return out;
 }
 
+// Per result k of a scan (its nc carries, then its ny stacked ys) with body `body`, the inputs
+// (carries, xs, free values; n in all) that k can depend on. A carry result is its initial carry
+// after no steps; a carry read at a step is the previous step's carry result, or the initial
+// one, so the carries a result reads close over the carries they read in turn.
+std::vector<std::vector<char>> scan_reach(const Graph& body, size_t nc, size_t ny, size_t n) {
+  std::vector<std::vector<char>> dep(nc + ny), reach(nc + ny, std::vector<char>(n, 0));
+  for (size_t j = 0; j < nc + ny; ++j) dep[j] = reached_inputs(body, j, n);
+  for (size_t k = 0; k < nc + ny; ++k) {
+    std::vector<char>& r = reach[k];
+    std::vector<size_t> carries;  // reached, their own dependencies still to add
+    auto add = [&](const std::vector<char>& d) {
+      for (size_t i = 0; i < n; ++i)
+        if (d[i] && !r[i]) {
+          r[i] = 1;
+          if (i < nc) carries.push_back(i);
+        }
+    };
+    if (k < nc) {
+      r[k] = 1;
+      carries.push_back(k);
+    } else {
+      add(dep[k]);
+    }
+    while (!carries.empty()) {
+      const size_t c = carries.back();
+      carries.pop_back();
+      add(dep[c]);
+    }
+  }
+  return reach;
+}
+
+// ---- scan, traced ----
 // ---- scan, traced ----
 
 std::vector<Tensor> traced_scan(detail::Tracer& tr, const Fn& fn, const std::vector<Tensor>& init,
@@ -361,17 +395,12 @@ std::vector<Tensor> traced_scan(detail::Tracer& tr, const Fn& fn, const std::vec
   std::vector<Tensor> out(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(nc + ny));
   if (!needs_grad) return out;
   std::vector<Tensor> history(all.begin() + static_cast<std::ptrdiff_t>(nc + ny), all.end());
-  // xs and free values that no result of the body depends on get no gradient (Note [Gradients
-  // a branch cannot reach]): eagerly, no step's ops would reach them. A carry always does: a
-  // scan of no steps returns its initial carry.
-  std::vector<char> reach(inputs.size(), 0);
-  for (size_t k = 0; k < nc + ny; ++k) {
-    const std::vector<char> r = reached_inputs(cf->graphs[0], k, inputs.size());
-    for (size_t j = 0; j < inputs.size(); ++j) reach[j] = reach[j] || r[j];
-  }
+  // Inputs that result k cannot depend on get no gradient from it (Note [Gradients a branch
+  // cannot reach]).
+  const std::vector<std::vector<char>> reach_of = scan_reach(cf->graphs[0], nc, ny, inputs.size());
   attach_rules(ControlKind::Scan, out, out.size(), inputs,
-               [cf, inputs, history, nc, nx, ny, reach](size_t k) -> Rule {
-                 return [cf, inputs, history, nc, nx, ny, k, reach](
+               [cf, inputs, history, nc, nx, ny, reach_of](size_t k) -> Rule {
+                 return [cf, inputs, history, nc, nx, ny, k, reach = reach_of[k]](
                             const Tensor& g, const bool* needs, Tensor* grad_in) {
                    const size_t nf = inputs.size() - nc - nx;
                    // The body without the stacked carries.
@@ -440,7 +469,7 @@ std::vector<Tensor> traced_scan(detail::Tracer& tr, const Fn& fn, const std::vec
                    };
                    std::vector<Tensor> r = detail::scan_impl(step, carry, bxs, !cf->reverse);
                    for (size_t i = 0; i < fc.size(); ++i)
-                     if (needs[fc[i]]) grad_in[fc[i]] = r[i];
+                     if (needs[fc[i]] && reach[fc[i]]) grad_in[fc[i]] = r[i];
                    for (size_t i = 0; i < want_f.size(); ++i)
                      grad_in[nc + nx + want_f[i]] = r[fc.size() + i];
                    for (size_t i = 0; i < want_x.size(); ++i)
