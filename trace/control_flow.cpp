@@ -218,9 +218,10 @@ const char* kWhileGradError =
 // (scan_reach: a carry result is its initial carry after no steps). An operand that only one
 // branch's result depends on still gets zeros when the other branch runs, as in JAX's lax.cond:
 // where its producers' rules are NaN at their point, the compiled gradient is NaN where eager's is
-// finite (docs/eager-vs-compiled.md). Whether output k of a branch graph depends on each of its n
-// inputs through ops that carry a gradient (a control node inside counts every input as reaching
-// every result).
+// finite (docs/eager-vs-compiled.md).
+
+// Whether output k of a branch graph depends on each of its n inputs through ops that carry a
+// gradient (a control node inside counts every input as reaching every result).
 std::vector<char> reached_inputs(const Graph& g, size_t k, size_t n) {
   std::vector<char> seen(g.nodes.size(), 0), reached(n, 0);
   std::vector<int32_t> stack{g.outputs[k]};
@@ -345,7 +346,6 @@ std::vector<std::vector<char>> scan_reach(const Graph& body, size_t nc, size_t n
   return reach;
 }
 
-// ---- scan, traced ----
 // ---- scan, traced ----
 
 std::vector<Tensor> traced_scan(detail::Tracer& tr, const Fn& fn, const std::vector<Tensor>& init,
