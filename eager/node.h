@@ -50,6 +50,17 @@ struct Keeper {
   virtual bool keep() = 0;
 };
 
+/// The tape nodes of the results of one traced construct (a scan's carries and stacked
+/// results), and a rule that takes the gradients of several of them at once (Note [Results of
+/// one construct] in eager/engine.cpp).
+struct NodeGroup {
+  /// The members, by result index (expired or null where a result has no node).
+  std::vector<std::weak_ptr<Node>> members;
+  /// Arguments: each member's gradient (undefined: none), needs[i] per input, and the input
+  /// gradients to fill; the members' inputs are the same, in the same order.
+  std::function<void(const std::vector<Tensor>& grads, const bool* needs, Tensor* grad_in)> rule;
+};
+
 struct Node : std::enable_shared_from_this<Node> {
   Node() = default;
   Node(const Node&) = delete;
@@ -91,6 +102,9 @@ struct Node : std::enable_shared_from_this<Node> {
   /// Set on the nodes of an Autobatch run (node_keeper()): asked before the node's saved values
   /// are freed.
   std::shared_ptr<Keeper> keeper;
+  /// Set on the result nodes of a traced construct: the group and this node's index in it.
+  std::shared_ptr<NodeGroup> group;
+  int32_t group_index = -1;
 };
 
 /// A new tape node, from the thread's cache of freed ones (Note [Tensor object cache]).

@@ -406,6 +406,96 @@ TEST_CASE("scan compiled: the backward is itself a scan, in the compiled trainin
   CHECK(g.find("reverse") != std::string::npos);
 }
 
+// The reverse scans of a compiled function's optimized graph.
+int reverse_scans(const Graph& g) {
+  int n = 0;
+  for (const auto& node : g.nodes)
+    n += node.kind == NodeKind::Control && node.control->kind == ControlKind::Scan &&
+         node.control->reverse;
+  return n;
+}
+
+TEST_CASE("scan compiled: one reverse scan for the gradients of its last carry and its stack") {
+  // Note [Results of one construct]: each result that the loss reads ran a reverse scan of its
+  // own, rerunning the body each time.
+  manual_seed(5);
+  Tensor W = (randn({3, 4}, Options().dtype(DType::f64)) * 0.5).requires_grad_();
+  Tensor U = (randn({4, 4}, Options().dtype(DType::f64)) * 0.5).requires_grad_();
+  Tensor h0 = zeros({2, 4}, Options().dtype(DType::f64));
+  auto lstm_like = [&](const Tensor& seq) {  // two carries and a stack
+    auto body = [&](const std::vector<Tensor>& s) {
+      Tensor h = tanh(matmul(s[2], W) + matmul(s[0], U)), c = s[1] * 0.5 + h;
+      return std::vector<Tensor>{h, c, h * c};
+    };
+    return scan(body, {h0, h0}, {seq});
+  };
+  using Loss = std::function<Tensor(const std::vector<Tensor>&)>;
+  const std::vector<std::pair<Loss, int>> losses = {
+      {[](const std::vector<Tensor>& o) { return sum(o[0]) + sum(o[1]) + sum(o[2] * o[2]); }, 1},
+      {[](const std::vector<Tensor>& o) { return sum(o[0] * o[1]); }, 1},
+      {[](const std::vector<Tensor>& o) { return sum(o[2]); }, 1},
+      {[](const std::vector<Tensor>& o) { return sum(o[1]); }, 1}};
+  Tensor seq = randn({5, 2, 3}, Options().dtype(DType::f64)).requires_grad_();
+  for (const auto& [loss, scans] : losses) {
+    auto step = compile([&](Tensor x) { return grad({loss(lstm_like(x))}, {x, W, U}); });
+    std::vector<Tensor> gc = step(seq);
+    std::vector<Tensor> ge = grad({loss(lstm_like(seq))}, {seq, W, U});
+    for (size_t i = 0; i < 3; ++i) CHECK(close(gc[i], ge[i], 1e-12));
+    CHECK(reverse_scans(step.graph()) == scans);
+  }
+  // The Elman RNN's loss reads its last carry and its stack.
+  auto step = compile([&](Tensor x) { return grad({rnn_loss(x, h0, W, U)}, {W, U}); });
+  std::vector<Tensor> gc = step(seq.detach());
+  std::vector<Tensor> ge = grad({rnn_loss(seq.detach(), h0, W, U)}, {W, U});
+  CHECK(close(gc[0], ge[0], 1e-12));
+  CHECK(close(gc[1], ge[1], 1e-12));
+  CHECK(reverse_scans(step.graph()) == 1);
+  // Twice through one traced tape (retain_graph), and the gradient of one result alone.
+  auto twice = compile([&](Tensor x) {
+    std::vector<Tensor> o = lstm_like(x);
+    Tensor l = losses[0].first(o);
+    std::vector<Tensor> a = detail::grad({l}, {x, W, U}, {}, false, /*retain_graph=*/true);
+    std::vector<Tensor> b = detail::grad({l}, {x, W, U}, {}, false, false);
+    std::vector<Tensor> c = grad({sum(lstm_like(x)[1])}, {x});
+    return std::vector<Tensor>{a[0], a[1], a[2], b[0], b[1], b[2], c[0]};
+  });
+  std::vector<Tensor> r = twice(seq);
+  std::vector<Tensor> want = grad({losses[0].first(lstm_like(seq))}, {seq, W, U});
+  for (size_t i = 0; i < 3; ++i) {
+    CHECK(close(r[i], want[i], 1e-12));
+    CHECK(close(r[3 + i], want[i], 1e-12));
+  }
+  CHECK(close(r[6], grad({sum(lstm_like(seq)[1])}, {seq})[0], 1e-12));
+}
+
+TEST_CASE("cond compiled: one cond for the gradients of several of its results") {
+  Tensor w = f64({0.5, -1.5, 2.0}, {3}).requires_grad_();
+  auto two = [&](const Tensor& x) {
+    return cond(
+        sum(x) > 0,
+        [&](const std::vector<Tensor>& in) {
+          return std::vector<Tensor>{in[0] * w, sin(in[0] * w), in[0] + 1};
+        },
+        [&](const std::vector<Tensor>& in) {
+          return std::vector<Tensor>{in[0] - w, in[0] * in[0], exp(in[0])};
+        },
+        {x});
+  };
+  auto loss = [](const std::vector<Tensor>& o) { return sum(o[0] * o[1]) + sum(o[2]); };
+  auto step = compile([&](Tensor x) { return grad({loss(two(x))}, {x, w}); });
+  for (double s : {1.0, -1.0}) {
+    Tensor x = (f64({0.3, 0.7, -0.2}, {3}) * s).requires_grad_();
+    std::vector<Tensor> gc = step(x);
+    std::vector<Tensor> ge = grad({loss(two(x))}, {x, w});
+    CHECK(close(gc[0], ge[0], 1e-12));
+    CHECK(close(gc[1], ge[1], 1e-12));
+  }
+  int conds = 0;  // the forward's and one for the gradients (it was one per result read)
+  for (const auto& node : step.graph().nodes)
+    conds += node.kind == NodeKind::Control && node.control->kind == ControlKind::Cond;
+  CHECK(conds == 2);
+}
+
 TEST_CASE("while_loop compiled: values equal eager; a gradient is the error pointing to scan") {
   auto below = [](const std::vector<Tensor>& s) { return std::vector<Tensor>{s[0] < 100}; };
   auto twice = [](const std::vector<Tensor>& s) { return std::vector<Tensor>{s[0] * 2, s[1] + 1}; };

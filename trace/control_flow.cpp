@@ -173,17 +173,28 @@ Mismatch metas_mismatch(const std::vector<TensorMeta>& a, const std::vector<Tens
 // A gradient rule of a traced construct for one of its results: the result's gradient, which
 // inputs need one, and where to write them (one per input of the Control node).
 using Rule = std::function<void(const Tensor& grad, const bool* needs, Tensor* grad_in)>;
+// The gradient of several results at once (NodeGroup::rule): one per result, undefined where none.
+using GroupRule =
+    std::function<void(const std::vector<Tensor>& grads, const bool* needs, Tensor* grad_in)>;
 
 // Puts each floating result of a traced construct on the tape, with the rule for that result,
 // when grad mode is on and an input requires grad. Each result has a node of its own (a
 // compiled function's outputs do too): a backward through several results of one construct runs
-// the rule once per result.
+// the rule once per result, unless `group` takes several results' gradients at once (Note
+// [Results of one construct] in eager/engine.cpp).
 void attach_rules(ControlKind kind, std::vector<Tensor>& results, size_t count,
-                  const std::vector<Tensor>& inputs, const std::function<Rule(size_t)>& rule) {
+                  const std::vector<Tensor>& inputs, const std::function<Rule(size_t)>& rule,
+                  GroupRule group = {}) {
   if (!detail::grad_mode()) return;
   bool any = false;
   for (const Tensor& t : inputs) any = any || t.requires_grad();
   if (!any) return;
+  std::shared_ptr<detail::NodeGroup> members;
+  if (group) {
+    members = std::make_shared<detail::NodeGroup>();
+    members->members.resize(count);
+    members->rule = std::move(group);
+  }
   for (size_t k = 0; k < count; ++k) {
     if (!is_floating(results[k].dtype())) continue;
     auto node = std::make_shared<detail::Node>();
@@ -195,6 +206,11 @@ void attach_rules(ControlKind kind, std::vector<Tensor>& results, size_t count,
     node->output_meta = meta_of(results[k]);
     node->backward_fn = rule(k);
     node->backward_fn_differentiable = true;
+    if (members) {
+      members->members[k] = node;
+      node->group = members;
+      node->group_index = static_cast<int32_t>(k);
+    }
     detail::TensorImpl* x = results[k].unsafe_impl();
     x->requires_grad = true;
     detail::autograd_meta(*x).grad_fn = std::move(node);
@@ -274,43 +290,70 @@ std::vector<Tensor> traced_cond(detail::Tracer& tr, const Tensor& pred, const Fn
   inputs.insert(inputs.end(), operands.begin(), operands.end());
   inputs.insert(inputs.end(), lifts.tensors.begin(), lifts.tensors.end());
   std::vector<Tensor> out = tr.control(cf, inputs);
-  // d/d(operands, free) of result k: cond(pred, vjp of the true branch, vjp of the false one).
-  // Operands that neither branch's result k depends on get no gradient (Note [Gradients a
-  // branch cannot reach]).
-  attach_rules(ControlKind::Cond, out, out.size(), inputs, [cf, inputs](size_t k) -> Rule {
-    const size_t n = inputs.size() - 1;
-    std::vector<char> reach = reached_inputs(cf->graphs[0], k, n);
+  // d/d(operands, free) of the results given in gs (undefined: none): cond(pred, vjp of the
+  // true branch, vjp of the false one), one for them all (Note [Results of one construct] in
+  // eager/engine.cpp). Operands that neither branch's results depend on get no gradient (Note
+  // [Gradients a branch cannot reach]).
+  const size_t n = inputs.size() - 1;
+  std::vector<std::vector<char>> reach_of(out.size());
+  for (size_t k = 0; k < out.size(); ++k) {
+    reach_of[k] = reached_inputs(cf->graphs[0], k, n);
     const std::vector<char> other = reached_inputs(cf->graphs[1], k, n);
-    for (size_t j = 0; j < n; ++j) reach[j] = reach[j] || other[j];
-    return [cf, inputs, k, n, reach](const Tensor& g, const bool* needs, Tensor* grad_in) {
-      std::vector<size_t> want;
-      for (size_t j = 0; j < n; ++j)
-        if (needs[1 + j] && reach[j]) want.push_back(j);
-      if (want.empty()) return;
-      auto vjp = [cf, k, want, n](int b) {
-        return Fn([cf, k, want, n, b](const std::vector<Tensor>& ins) {
-          std::vector<Tensor> xs(ins.begin(), ins.begin() + static_cast<std::ptrdiff_t>(n));
-          std::vector<Tensor> leaves;
-          for (size_t j : want) leaves.push_back(xs[j] = leaf_of(xs[j]));
-          std::vector<Tensor> outs;
-          {
-            GradModeScope grad_on(true);
-            outs = detail::call_graph(cf->graphs[b], xs);
+    for (size_t j = 0; j < n; ++j) reach_of[k][j] = reach_of[k][j] || other[j];
+  }
+  GroupRule vjps = [cf, inputs, n, reach_of](const std::vector<Tensor>& gs, const bool* needs,
+                                             Tensor* grad_in) {
+    std::vector<size_t> ks;  // the results with a gradient
+    std::vector<char> reach(n, 0);
+    for (size_t k = 0; k < gs.size(); ++k)
+      if (gs[k].defined()) {
+        ks.push_back(k);
+        for (size_t j = 0; j < n; ++j) reach[j] |= reach_of[k][j];
+      }
+    std::vector<size_t> want;
+    for (size_t j = 0; j < n; ++j)
+      if (needs[1 + j] && reach[j]) want.push_back(j);
+    if (want.empty() || ks.empty()) return;
+    auto vjp = [cf, ks, want, n](int b) {
+      return Fn([cf, ks, want, n, b](const std::vector<Tensor>& ins) {
+        std::vector<Tensor> xs(ins.begin(), ins.begin() + static_cast<std::ptrdiff_t>(n));
+        std::vector<Tensor> leaves;
+        for (size_t j : want) leaves.push_back(xs[j] = leaf_of(xs[j]));
+        std::vector<Tensor> outs;
+        {
+          GradModeScope grad_on(true);
+          outs = detail::call_graph(cf->graphs[b], xs);
+        }
+        std::vector<Tensor> roots, cots;
+        for (size_t i = 0; i < ks.size(); ++i)
+          if (outs[ks[i]].requires_grad()) {
+            roots.push_back(outs[ks[i]]);
+            cots.push_back(ins[n + i]);
           }
-          if (!outs[k].requires_grad()) {
-            std::vector<Tensor> z;
-            for (const Tensor& l : leaves) z.push_back(zeros_like(l));
-            return z;
-          }
-          return detail::grad({outs[k]}, leaves, {ins[n]}, false, false);
-        });
-      };
-      std::vector<Tensor> args(inputs.begin() + 1, inputs.end());
-      args.push_back(g);
-      std::vector<Tensor> r = cond(inputs[0], vjp(0), vjp(1), args);
-      for (size_t i = 0; i < want.size(); ++i) grad_in[1 + want[i]] = r[i];
+        if (roots.empty()) {
+          std::vector<Tensor> z;
+          for (const Tensor& l : leaves) z.push_back(zeros_like(l));
+          return z;
+        }
+        return detail::grad(roots, leaves, cots, false, false);
+      });
     };
-  });
+    std::vector<Tensor> args(inputs.begin() + 1, inputs.end());
+    for (size_t k : ks) args.push_back(gs[k]);
+    std::vector<Tensor> r = cond(inputs[0], vjp(0), vjp(1), args);
+    for (size_t i = 0; i < want.size(); ++i) grad_in[1 + want[i]] = r[i];
+  };
+  const size_t n_out = out.size();
+  attach_rules(
+      ControlKind::Cond, out, n_out, inputs,
+      [vjps, n_out](size_t k) -> Rule {
+        return [vjps, n_out, k](const Tensor& g, const bool* needs, Tensor* grad_in) {
+          std::vector<Tensor> gs(n_out);
+          gs[k] = g;
+          vjps(gs, needs, grad_in);
+        };
+      },
+      vjps);
   return out;
 }
 
@@ -398,84 +441,99 @@ std::vector<Tensor> traced_scan(detail::Tracer& tr, const Fn& fn, const std::vec
   // Inputs that result k cannot depend on get no gradient from it (Note [Gradients a branch
   // cannot reach]).
   const std::vector<std::vector<char>> reach_of = scan_reach(cf->graphs[0], nc, ny, inputs.size());
-  attach_rules(ControlKind::Scan, out, out.size(), inputs,
-               [cf, inputs, history, nc, nx, ny, reach_of](size_t k) -> Rule {
-                 return [cf, inputs, history, nc, nx, ny, k, reach = reach_of[k]](
-                            const Tensor& g, const bool* needs, Tensor* grad_in) {
-                   const size_t nf = inputs.size() - nc - nx;
-                   // The body without the stacked carries.
-                   auto body = std::make_shared<Graph>(cf->graphs[0]);
-                   body->outputs.resize(nc + ny);
-                   std::vector<size_t> fc, want_x, want_f;  // float carries, needed xs and free
-                   for (size_t j = 0; j < nc; ++j)
-                     if (is_floating(inputs[j].dtype())) fc.push_back(j);
-                   for (size_t i = 0; i < nx; ++i)
-                     if (needs[nc + i] && reach[nc + i]) want_x.push_back(i);
-                   for (size_t j = 0; j < nf; ++j)
-                     if (needs[nc + nx + j] && reach[nc + nx + j]) want_f.push_back(j);
-                   std::vector<Tensor> free(inputs.begin() + static_cast<std::ptrdiff_t>(nc + nx),
-                                            inputs.end());
-                   // Carry of the backward scan: d(carry), then the free values' gradients so far.
-                   std::vector<Tensor> carry;
-                   for (size_t j : fc) carry.push_back(j == k ? g : zeros_like(inputs[j]));
-                   for (size_t j : want_f) carry.push_back(zeros_like(free[j]));
-                   // Scanned: the carry each step started from, the xs, and d(ys) of result k.
-                   std::vector<Tensor> bxs = history;
-                   bxs.insert(bxs.end(), inputs.begin() + static_cast<std::ptrdiff_t>(nc),
-                              inputs.begin() + static_cast<std::ptrdiff_t>(nc + nx));
-                   if (k >= nc) bxs.push_back(g);
-                   Fn step = [body, free, fc, want_x, want_f, nc, nx,
-                              k](const std::vector<Tensor>& in) {
-                     size_t p = 0;
-                     std::vector<Tensor> dc(in.begin(), in.begin() + fc.size());
-                     p += fc.size();
-                     std::vector<Tensor> df(in.begin() + p, in.begin() + p + want_f.size());
-                     p += want_f.size();
-                     std::vector<Tensor> args(in.begin() + p, in.begin() + p + nc + nx);
-                     p += nc + nx;
-                     std::vector<Tensor> fr = free;
-                     std::vector<Tensor> leaves;
-                     for (size_t j : fc) leaves.push_back(args[j] = leaf_of(args[j]));
-                     for (size_t i : want_x) leaves.push_back(args[nc + i] = leaf_of(args[nc + i]));
-                     for (size_t j : want_f) leaves.push_back(fr[j] = leaf_of(fr[j]));
-                     args.insert(args.end(), fr.begin(), fr.end());
-                     std::vector<Tensor> outs;
-                     {
-                       GradModeScope grad_on(true);
-                       outs = detail::call_graph(*body, args);
-                     }
-                     std::vector<Tensor> roots, cots;
-                     for (size_t i = 0; i < fc.size(); ++i)
-                       if (outs[fc[i]].requires_grad()) {
-                         roots.push_back(outs[fc[i]]);
-                         cots.push_back(dc[i]);
-                       }
-                     if (k >= nc && outs[k].requires_grad()) {
-                       roots.push_back(outs[k]);
-                       cots.push_back(in[p]);
-                     }
-                     std::vector<Tensor> gr;
-                     if (roots.empty()) {
-                       for (const Tensor& l : leaves) gr.push_back(zeros_like(l));
-                     } else {
-                       gr = detail::grad(roots, leaves, cots, false, false);
-                     }
-                     // New carry: d(carry in), the free gradients summed; then d(x_t).
-                     std::vector<Tensor> r(gr.begin(), gr.begin() + fc.size());
-                     for (size_t i = 0; i < want_f.size(); ++i)
-                       r.push_back(df[i] + gr[fc.size() + want_x.size() + i]);
-                     for (size_t i = 0; i < want_x.size(); ++i) r.push_back(gr[fc.size() + i]);
-                     return r;
-                   };
-                   std::vector<Tensor> r = detail::scan_impl(step, carry, bxs, !cf->reverse);
-                   for (size_t i = 0; i < fc.size(); ++i)
-                     if (needs[fc[i]] && reach[fc[i]]) grad_in[fc[i]] = r[i];
-                   for (size_t i = 0; i < want_f.size(); ++i)
-                     grad_in[nc + nx + want_f[i]] = r[fc.size() + i];
-                   for (size_t i = 0; i < want_x.size(); ++i)
-                     grad_in[nc + want_x[i]] = r[fc.size() + want_f.size() + i];
-                 };
-               });
+  // The gradient of the results given in gs (undefined: none), as one reverse scan (Note
+  // [Results of one construct] in eager/engine.cpp).
+  GroupRule vjp = [cf, inputs, history, nc, nx, reach_of](const std::vector<Tensor>& gs,
+                                                          const bool* needs, Tensor* grad_in) {
+    std::vector<size_t> ys;  // the stacked results with a gradient
+    std::vector<char> reach(inputs.size(), 0);
+    for (size_t k = 0; k < gs.size(); ++k) {
+      if (!gs[k].defined()) continue;
+      if (k >= nc) ys.push_back(k);
+      for (size_t i = 0; i < inputs.size(); ++i) reach[i] |= reach_of[k][i];
+    }
+    const size_t nf = inputs.size() - nc - nx;
+    // The body without the stacked carries.
+    auto body = std::make_shared<Graph>(cf->graphs[0]);
+    body->outputs.resize(gs.size());
+    std::vector<size_t> fc, want_x, want_f;  // float carries, needed xs and free
+    for (size_t j = 0; j < nc; ++j)
+      if (is_floating(inputs[j].dtype())) fc.push_back(j);
+    for (size_t i = 0; i < nx; ++i)
+      if (needs[nc + i] && reach[nc + i]) want_x.push_back(i);
+    for (size_t j = 0; j < nf; ++j)
+      if (needs[nc + nx + j] && reach[nc + nx + j]) want_f.push_back(j);
+    std::vector<Tensor> free(inputs.begin() + static_cast<std::ptrdiff_t>(nc + nx), inputs.end());
+    // Carry of the backward scan: d(carry), then the free values' gradients so far.
+    std::vector<Tensor> carry;
+    for (size_t j : fc) carry.push_back(gs[j].defined() ? gs[j] : zeros_like(inputs[j]));
+    for (size_t j : want_f) carry.push_back(zeros_like(free[j]));
+    // Scanned: the carry each step started from, the xs, and d(ys) of each stacked result.
+    std::vector<Tensor> bxs = history;
+    bxs.insert(bxs.end(), inputs.begin() + static_cast<std::ptrdiff_t>(nc),
+               inputs.begin() + static_cast<std::ptrdiff_t>(nc + nx));
+    for (size_t k : ys) bxs.push_back(gs[k]);
+    Fn step = [body, free, fc, want_x, want_f, nc, nx, ys](const std::vector<Tensor>& in) {
+      size_t p = 0;
+      std::vector<Tensor> dc(in.begin(), in.begin() + fc.size());
+      p += fc.size();
+      std::vector<Tensor> df(in.begin() + p, in.begin() + p + want_f.size());
+      p += want_f.size();
+      std::vector<Tensor> args(in.begin() + p, in.begin() + p + nc + nx);
+      p += nc + nx;
+      std::vector<Tensor> fr = free;
+      std::vector<Tensor> leaves;
+      for (size_t j : fc) leaves.push_back(args[j] = leaf_of(args[j]));
+      for (size_t i : want_x) leaves.push_back(args[nc + i] = leaf_of(args[nc + i]));
+      for (size_t j : want_f) leaves.push_back(fr[j] = leaf_of(fr[j]));
+      args.insert(args.end(), fr.begin(), fr.end());
+      std::vector<Tensor> outs;
+      {
+        GradModeScope grad_on(true);
+        outs = detail::call_graph(*body, args);
+      }
+      std::vector<Tensor> roots, cots;
+      for (size_t i = 0; i < fc.size(); ++i)
+        if (outs[fc[i]].requires_grad()) {
+          roots.push_back(outs[fc[i]]);
+          cots.push_back(dc[i]);
+        }
+      for (size_t i = 0; i < ys.size(); ++i)
+        if (outs[ys[i]].requires_grad()) {
+          roots.push_back(outs[ys[i]]);
+          cots.push_back(in[p + i]);
+        }
+      std::vector<Tensor> gr;
+      if (roots.empty()) {
+        for (const Tensor& l : leaves) gr.push_back(zeros_like(l));
+      } else {
+        gr = detail::grad(roots, leaves, cots, false, false);
+      }
+      // New carry: d(carry in), the free gradients summed; then d(x_t).
+      std::vector<Tensor> r(gr.begin(), gr.begin() + fc.size());
+      for (size_t i = 0; i < want_f.size(); ++i)
+        r.push_back(df[i] + gr[fc.size() + want_x.size() + i]);
+      for (size_t i = 0; i < want_x.size(); ++i) r.push_back(gr[fc.size() + i]);
+      return r;
+    };
+    std::vector<Tensor> r = detail::scan_impl(step, carry, bxs, !cf->reverse);
+    for (size_t i = 0; i < fc.size(); ++i)
+      if (needs[fc[i]] && reach[fc[i]]) grad_in[fc[i]] = r[i];
+    for (size_t i = 0; i < want_f.size(); ++i) grad_in[nc + nx + want_f[i]] = r[fc.size() + i];
+    for (size_t i = 0; i < want_x.size(); ++i)
+      grad_in[nc + want_x[i]] = r[fc.size() + want_f.size() + i];
+  };
+  const size_t n_out = out.size();
+  attach_rules(
+      ControlKind::Scan, out, n_out, inputs,
+      [vjp, n_out](size_t k) -> Rule {
+        return [vjp, n_out, k](const Tensor& g, const bool* needs, Tensor* grad_in) {
+          std::vector<Tensor> gs(n_out);
+          gs[k] = g;
+          vjp(gs, needs, grad_in);
+        };
+      },
+      vjp);
   return out;
 }
 
