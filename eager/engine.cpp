@@ -490,8 +490,8 @@ void BackwardRun::apply_rule(Node& n, const Tensor& g, uint32_t stale) {
 // Nodes run latest first, and every consumer of a result was made after all the construct's
 // result nodes. So when the first member runs, every other member's consumers have run, and its
 // gradient is complete. A member whose record still waits for a consumer keeps its gradient and
-// runs its own rule later, which gives the same sum. Scan and cond have group rules; the
-// outputs of a compiled function still run a backward plan each.
+// runs its own rule later, which gives the same sum. Scan, cond and the outputs of a compiled
+// call have group rules (Note [One backward for several outputs] in trace/compile.cpp).
 bool BackwardRun::apply_group_rule(Node& n, const Tensor& g) {
   NodeGroup& group = *n.group;
   std::vector<Tensor> grads(group.members.size());

@@ -93,32 +93,6 @@ std::string compare_tensors(const Tensor& got, const Tensor& want, const std::st
              : fmt::format("{} ({} {}): {}\n", what, dtype_name(want.dtype()), want.sizes(), d);
 }
 
-// A gradient from several outputs against the exact sum of the per-output gradients `terms`,
-// each term allowed its own tolerance: atol (scaled as in compare_tensors) + rtol * |term|.
-std::string combined_differences(const Tensor& got, const std::vector<Tensor>& terms,
-                                 const std::string& what, Loose loose = Loose::None,
-                                 double widen = 1) {
-  const Tol t = tolerance(got.dtype(), loose, widen, true);
-  std::vector<double> want(size_t(got.numel()), 0.0), tol(want.size(), 0.0);
-  for (const Tensor& term : terms) {
-    if (term.sizes() != got.sizes()) return fmt::format("{}: shapes differ\n", what);
-    const std::vector<double> v = values(term);
-    const double atol = t.atol * std::max(1.0, max_abs(term));
-    for (size_t j = 0; j < v.size(); ++j) {
-      want[j] += v[j];
-      tol[j] += atol + t.rtol * std::fabs(v[j]);
-    }
-  }
-  const std::vector<double> v = values(got);
-  for (size_t j = 0; j < v.size(); ++j)
-    if (!(std::fabs(v[j] - want[j]) <= tol[j]))
-      return fmt::format(
-          "{} ({} {}): element {}: got {:.17g}, want {:.17g} (the sum of {} "
-          "outputs' gradients), tolerance {:.3g}\n",
-          what, dtype_name(got.dtype()), got.sizes(), j, v[j], want[j], terms.size(), tol[j]);
-  return "";
-}
-
 bool all_finite(const std::vector<Tensor>& ts) {
   for (const Tensor& t : ts)
     if (t.defined() && is_floating(t.dtype()))
@@ -327,13 +301,11 @@ struct Calls {
   }
 
   // Gradients from each output alone, against eager's: the compiled backward of one output is
-  // traced from the same tape, so it adds in eager's order. Then from all outputs together:
-  // the compiled path runs one backward per output and adds their results at the inputs, where
-  // eager adds the outputs' contributions at every value they share, and where that is
-  // ill-conditioned (intermediate gradients much larger than the result), eager's own sum is
-  // off by more than float tolerances from the exact one. So the combined compiled gradient is
-  // compared with the exact sum of eager's per-output gradients, within the tolerance of each
-  // term (combined_differences).
+  // traced from the same tape, so it adds in eager's order. Then from all outputs together,
+  // against eager's from all outputs together: a backward that reaches several outputs of a
+  // compiled call runs its joint backward, also traced from the same tape with every output's
+  // gradient (Note [One backward for several outputs] in trace/compile.cpp), so it adds the
+  // outputs' contributions where eager does, at every value they share.
   void grads(const std::vector<Tensor>& outs, const std::vector<Tensor>& in, const EagerRun& e,
              const std::string& which) {
     if (e.grads.empty()) return;
@@ -346,13 +318,11 @@ struct Calls {
             loose, widen[size_t(e.wrt[i])], true);
     }
     std::vector<Tensor> g = gradients(outs, e.diff, in, e.wrt, e.gouts, false);
-    for (size_t i = 0; i < g.size(); ++i) {
-      std::vector<Tensor> terms;
-      for (const auto& po : e.per_output) terms.push_back(po[i]);
-      err += combined_differences(
-          g[i], terms, fmt::format("{}, gradient of input %{} from all outputs", which, e.wrt[i]),
-          loose, widen[size_t(e.wrt[i])]);
-    }
+    for (size_t i = 0; i < g.size(); ++i)
+      err += compare_tensors(
+          g[i], e.grads[i],
+          fmt::format("{}, gradient of input %{} from all outputs", which, e.wrt[i]), loose,
+          widen[size_t(e.wrt[i])], true);
   }
 };
 

@@ -321,3 +321,41 @@ TEST_CASE("profiler: device spans become device events on the device's track, re
 }
 
 }  // namespace duet::test
+
+namespace duet::test {
+
+TEST_CASE("profiler: a loss over several outputs of a compiled call runs one backward plan") {
+  // Note [One backward for several outputs]: each output's tape node ran a backward plan of its
+  // own, a whole backward through the function per output the loss read.
+  manual_seed(3);
+  Tensor w = (randn({6, 4}) * 0.5).requires_grad_(), v = (randn({4, 4}) * 0.5).requires_grad_();
+  auto vae_like = [&](const Tensor& x) {
+    Tensor h = tanh(matmul(x, w));
+    return std::vector<Tensor>{matmul(h, v), h * 2, sum(h, Dims{1})};
+  };
+  auto f = compile([&](Tensor x) { return vae_like(x); });
+  const Tensor x = randn({5, 6});
+  auto loss = [](const std::vector<Tensor>& o) { return sum(o[0] * o[0]) + sum(o[1]) + sum(o[2]); };
+  f(x);  // traced outside the profile
+  std::vector<Tensor> got;
+  int plans = 0;
+  {
+    Profiler prof;
+    got = grad({loss(f(x))}, {w, v});
+    for (const Json& e : events_of(prof.json())) plans += e["cat"].str() == "compiled";
+  }
+  CHECK(plans == 2);  // the forward and one backward
+  const std::vector<Tensor> want = grad({loss(vae_like(x))}, {w, v});
+  CHECK(close(got[0], want[0], 1e-5));
+  CHECK(close(got[1], want[1], 1e-5));
+  // One output alone runs its own backward; two of three, the joint one with zeros for the
+  // third.
+  CHECK(close(grad({sum(f(x)[1])}, {w})[0], grad({sum(vae_like(x)[1])}, {w})[0], 1e-5));
+  auto two = [](const std::vector<Tensor>& o) { return sum(o[0]) + sum(o[2] * o[2]); };
+  const std::vector<Tensor> g2 = grad({two(f(x))}, {w, v}), e2 = grad({two(vae_like(x))}, {w, v});
+  CHECK(close(g2[0], e2[0], 1e-5));
+  CHECK(close(g2[1], e2[1], 1e-5));
+  CHECK(f.stats().traces == 1);
+}
+
+}  // namespace duet::test

@@ -473,6 +473,38 @@ Plans CompiledCore::build_plans(Entry& e, const std::vector<int64_t>& values) {
   return p;
 }
 
+// Note [One backward for several outputs]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Each differentiated output of a compiled call has a tape node of its own, which runs that
+// output's backward plan. A loss that read several outputs (a VAE's reconstruction, mean and
+// log-variance) ran one plan per output, each a whole backward through the function. A trace
+// with two or more differentiated outputs therefore also traces a joint backward, which takes
+// every output's gradient at once, as AOTAutograd's single backward does, and the outputs'
+// nodes form a group whose rule runs it once (Note [Results of one construct] in
+// eager/engine.cpp), with zeros for the outputs the backward did not reach. A backward that
+// reaches one output runs that output's own plan, which does only its part.
+static void attach_joint(const std::vector<std::shared_ptr<Node>>& nodes,
+                         const std::vector<TensorMeta>& metas,
+                         std::function<std::vector<Tensor>(std::vector<Tensor>)> run) {
+  auto group = std::make_shared<NodeGroup>();
+  for (size_t j = 0; j < nodes.size(); ++j) {
+    group->members.push_back(nodes[j]);
+    nodes[j]->group = group;
+    nodes[j]->group_index = static_cast<int32_t>(j);
+  }
+  group->rule = [metas, run = std::move(run)](const std::vector<Tensor>& gs, const bool*,
+                                              Tensor* gi) {
+    std::vector<Tensor> in;
+    for (size_t j = 0; j < gs.size(); ++j)
+      in.push_back(
+          gs[j].defined()
+              ? gs[j]
+              : zeros(metas[j].shape, Options().dtype(metas[j].dtype).device(metas[j].device)));
+    std::vector<Tensor> r = run(std::move(in));
+    for (size_t j = 0; j < r.size(); ++j) gi[j] = std::move(r[j]);
+  };
+}
+
 bool CompiledCore::run(Entry& e, const std::vector<int64_t>& values, const FlatArgs& args,
                        std::vector<Tensor>& outs, std::string* why,
                        std::unique_lock<std::mutex>& lock) {
@@ -537,7 +569,9 @@ bool CompiledCore::run(Entry& e, const std::vector<int64_t>& values, const FlatA
   for (const Entry::Source& s : e.wrt)
     sources.push_back(s.arg >= 0 ? &args.tensors[s.arg] : &s.captured);
   // Puts `out` on the tape: a node with edges to every source, running `fn` in backward.
-  auto attach = [&](Tensor& out, std::function<void(const Tensor&, const bool*, Tensor*)> fn) {
+  auto attach =
+      [&](Tensor& out,
+          std::function<void(const Tensor&, const bool*, Tensor*)> fn) -> std::shared_ptr<Node> {
     auto node = make_node();
     node->def = &compiled_def();
     node->sequence = next_sequence();
@@ -548,30 +582,50 @@ bool CompiledCore::run(Entry& e, const std::vector<int64_t>& values, const FlatA
     node->output_meta = {o->shape, o->dtype, o->device(), {}};
     node->backward_fn = std::move(fn);
     out.unsafe_impl()->requires_grad = true;
-    autograd_meta(*out.unsafe_impl()).grad_fn = std::move(node);
+    autograd_meta(*out.unsafe_impl()).grad_fn = node;
+    return node;
   };
+  // A backward plan's inputs: the saved values it reads (checked against in-place writes),
+  // then the gradients.
+  const std::string label = label_;
+  auto saved_inputs = [saved, label](const std::vector<size_t>& idx) {
+    std::vector<Tensor> in;
+    for (size_t i : idx) {
+      const SavedTensor& s = (*saved)[i];
+      DUET_CHECK(s.value.unsafe_impl()->storage->version_.load() == s.version,
+                 "[backward] a tensor of shape {} saved by {} was modified in place after the "
+                 "call that saved it; clone() it first, or update it after backward()",
+                 s.value.sizes(), label);
+      in.push_back(s.value);
+    }
+    return in;
+  };
+  std::vector<std::shared_ptr<Node>> nodes;  // per differentiated output
+  std::vector<TensorMeta> metas;
   for (size_t k = 0; k < e.backward.size(); ++k) {
     const Entry::Backward& b = e.backward[k];
+    std::shared_ptr<Plan> plan = plans.backward[k];
+    std::vector<size_t> idx = b.saved;
+    if (b.joint) {
+      attach_joint(nodes, metas, [plan, idx, saved_inputs](std::vector<Tensor> gs) {
+        std::vector<Tensor> in = saved_inputs(idx);
+        in.insert(in.end(), std::make_move_iterator(gs.begin()), std::make_move_iterator(gs.end()));
+        return plan->run(in);
+      });
+      continue;
+    }
     Tensor& out = outs[b.output];
     for (size_t j = 0; j < outs.size(); ++j)  // the same tensor twice: a second handle
       if (j != b.output && outs[j].is_same(out)) out = out.detach();
-    std::shared_ptr<Plan> plan = plans.backward[k];
-    std::vector<size_t> idx = b.saved;
-    std::string label = label_;
-    attach(out, [plan, idx, saved, label](const Tensor& g, const bool*, Tensor* gi) {
-      std::vector<Tensor> in;
-      for (size_t i : idx) {
-        const SavedTensor& s = (*saved)[i];
-        DUET_CHECK(s.value.unsafe_impl()->storage->version_.load() == s.version,
-                   "[backward] a tensor of shape {} saved by {} was modified in place after the "
-                   "call that saved it; clone() it first, or update it after backward()",
-                   s.value.sizes(), label);
-        in.push_back(s.value);
-      }
-      in.push_back(g);
-      std::vector<Tensor> r = plan->run(in);
-      for (size_t j = 0; j < r.size(); ++j) gi[j] = std::move(r[j]);
-    });
+    const TensorImpl* o = out.unsafe_impl();
+    metas.push_back({o->shape, o->dtype, o->device(), {}});
+    nodes.push_back(
+        attach(out, [plan, idx, saved_inputs](const Tensor& g, const bool*, Tensor* gi) {
+          std::vector<Tensor> in = saved_inputs(idx);
+          in.push_back(g);
+          std::vector<Tensor> r = plan->run(in);
+          for (size_t j = 0; j < r.size(); ++j) gi[j] = std::move(r[j]);
+        }));
   }
   for (const auto& [index, message] : e.failed) {
     Tensor& out = outs[index];

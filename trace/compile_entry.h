@@ -68,8 +68,12 @@ struct CompiledCore::Entry : EntryGuards {
   };
   std::vector<Source> wrt;
   struct Backward {
-    size_t output;              ///< the result it differentiates
+    size_t output;              ///< the result it differentiates (joint: unused)
     std::vector<size_t> saved;  ///< indices into the forward plan's saved values
+    /// The joint backward: the gradients of every differentiated result at once, read in the
+    /// order of the backwards before it (Note [One backward for several outputs] in
+    /// trace/compile.cpp). Only the last backward may be one.
+    bool joint = false;
   };
   std::vector<Backward> backward;
   /// Outputs whose backward failed while tracing: the index, and the error.
@@ -99,6 +103,9 @@ struct CompiledCore::Gradients {
   std::vector<std::vector<Tensor>> grads;  ///< per differentiated output
   std::vector<size_t> diff_outputs;        ///< the outputs differentiated
   std::vector<int32_t> gout_values;  ///< per differentiated output: its gradient's graph input
+  /// With two or more differentiated outputs: their gradients taken together (empty where that
+  /// failed).
+  std::vector<Tensor> joint;
 };
 
 }  // namespace duet::detail

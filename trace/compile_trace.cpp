@@ -172,6 +172,7 @@ CompiledCore::Entry* CompiledCore::trace(const FlatArgs& args, const TraceFn& fn
   }
   std::vector<Tensor> all = outs;
   for (const auto& gs : grads.grads) all.insert(all.end(), gs.begin(), gs.end());
+  all.insert(all.end(), grads.joint.begin(), grads.joint.end());
   tr.finish(all);
   Graph joint = std::move(tr.graph());
   joint.verify();
@@ -210,6 +211,7 @@ void CompiledCore::differentiate(Tracer& tr, const std::vector<Tensor>& sym,
       wrt.push_back(c);
       e.wrt.push_back({-1, c});
     }
+  std::vector<Tensor> gouts;  // the differentiated outputs' gradients, graph inputs
   for (size_t i = 0; i < outs.size(); ++i) {
     if (!outs[i].requires_grad() || is_same_as_arg(outs[i], sym)) continue;
     const TensorImpl* o = outs[i].unsafe_impl();
@@ -228,6 +230,17 @@ void CompiledCore::differentiate(Tracer& tr, const std::vector<Tensor>& sym,
     }
     grads.diff_outputs.push_back(i);
     grads.gout_values.push_back(g.unsafe_impl()->value);
+    gouts.push_back(g);
+  }
+  // Note [One backward for several outputs] in trace/compile.cpp.
+  if (grads.diff_outputs.size() >= 2 && e.failed.empty()) {
+    std::vector<Tensor> douts;
+    for (size_t i : grads.diff_outputs) douts.push_back(outs[i]);
+    try {
+      grads.joint = detail::grad(douts, wrt, gouts, false, /*retain_graph=*/true);
+    } catch (const Error&) {
+      grads.joint.clear();  // each output keeps a backward of its own
+    }
   }
   if (grads.grads.empty() && e.failed.empty()) e.wrt.clear();
 }
@@ -282,21 +295,26 @@ void CompiledCore::split_joint(const Graph& joint, const std::vector<ValueGuard>
   // (a scan's stacked carries) as saved values, never the construct's tuple itself.
   for (size_t i = 0; i < n; ++i)
     if (joint.nodes[i].kind == NodeKind::Project && fwd[joint.nodes[i].inputs[0]]) fwd[i] = true;
-  const size_t num_grads = grads.grads.size();
+  // One backward per differentiated output, then the joint one, if any.
+  const size_t num_grads = grads.grads.size() + (grads.joint.empty() ? 0 : 1);
   std::vector<std::set<int32_t>> saved_per(num_grads);
   std::vector<std::vector<bool>> bwd_sets;
   std::set<int32_t> saved_all;
   size_t pos = num_outputs;
   std::vector<std::vector<int32_t>> bwd_roots(num_grads);
   for (size_t k = 0; k < num_grads; ++k) {
-    const size_t count = grads.grads[k].size();
+    const bool is_joint = k == grads.grads.size();
+    const size_t count = is_joint ? grads.joint.size() : grads.grads[k].size();
     bwd_roots[k].assign(joint.outputs.begin() + pos, joint.outputs.begin() + pos + count);
     pos += count;
     std::vector<bool> in(n, false);
     ancestors(joint, bwd_roots[k], fwd, in, &saved_per[k]);
     // The gradient is an input of the plan even when no result reads it (all of them zeros):
-    // the tape node always passes it.
-    in[grads.gout_values[k]] = true;
+    // the tape node always passes it (the joint backward's, every output's).
+    if (is_joint)
+      for (int32_t v : grads.gout_values) in[v] = true;
+    else
+      in[grads.gout_values[k]] = true;
     saved_all.insert(saved_per[k].begin(), saved_per[k].end());
     bwd_sets.push_back(std::move(in));
   }
@@ -315,7 +333,8 @@ void CompiledCore::split_joint(const Graph& joint, const std::vector<ValueGuard>
     std::vector<int32_t> boundary(saved_per[k].begin(), saved_per[k].end());
     e.traced_backward.push_back(extract(joint, bwd_sets[k], boundary, bwd_roots[k]));
     Entry::Backward b;
-    b.output = grads.diff_outputs[k];
+    b.joint = k == grads.grads.size();
+    b.output = b.joint ? 0 : grads.diff_outputs[k];
     for (int32_t v : boundary)
       b.saved.push_back(
           size_t(std::lower_bound(saved_vec.begin(), saved_vec.end(), v) - saved_vec.begin()));
