@@ -346,6 +346,13 @@ class BackwardRun {
   void send_grads(const Node& n, bool none_ok = false);
   bool add_into_slice(const Node& n, const Tensor& g);
   bool apply_group_rule(Node& n, const Tensor& g);
+  // A backward_fn (or its group's rule) with create_graph must be written in duet ops.
+  void check_differentiable(const Node& n) const {
+    DUET_CHECK(!create_graph_ || n.backward_fn_differentiable,
+               "[backward] {} has a compiled backward, which is not itself differentiable: "
+               "create_graph (double backward) needs the function run eagerly",
+               n.def->name);
+  }
   // The record of n when this backward reached it, else -1.
   int32_t reached(Node* n) const {
     if (fields_) return n->walk == walk_ ? n->walk_slot : -1;
@@ -458,10 +465,7 @@ bool BackwardRun::gather_inputs(const Node& n, uint32_t& stale) {
 void BackwardRun::apply_rule(Node& n, const Tensor& g, uint32_t stale) {
   const bool* need = needs_.data();
   if (n.backward_fn) {
-    DUET_CHECK(!create_graph_ || n.backward_fn_differentiable,
-               "[backward] {} has a compiled backward, which is not itself differentiable: "
-               "create_graph (double backward) needs the function run eagerly",
-               n.def->name);
+    check_differentiable(n);
     n.backward_fn(g, need, gi_.data());
     return;
   }
@@ -512,10 +516,7 @@ bool BackwardRun::apply_group_rule(Node& n, const Tensor& g) {
     taken.push_back(std::move(m));
   }
   if (taken.empty()) return false;  // n's own rule does the same
-  DUET_CHECK(!create_graph_ || n.backward_fn_differentiable,
-             "[backward] {} has a compiled backward, which is not itself differentiable: "
-             "create_graph (double backward) needs the function run eagerly",
-             n.def->name);
+  check_differentiable(n);
   group.rule(grads, needs_.data(), gi_.data());
   if (!retain_graph_)
     for (const std::shared_ptr<Node>& m : taken)

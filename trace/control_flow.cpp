@@ -217,6 +217,23 @@ void attach_rules(ControlKind kind, std::vector<Tensor>& results, size_t count,
   }
 }
 
+// attach_rules for a construct whose rule takes several results' gradients at once: each
+// result's own rule is the group's, given that result's gradient alone.
+void attach_group_rules(ControlKind kind, std::vector<Tensor>& results,
+                        const std::vector<Tensor>& inputs, GroupRule group) {
+  const size_t n = results.size();
+  attach_rules(
+      kind, results, n, inputs,
+      [group, n](size_t k) -> Rule {
+        return [group, n, k](const Tensor& g, const bool* needs, Tensor* grad_in) {
+          std::vector<Tensor> gs(n);
+          gs[k] = g;
+          group(gs, needs, grad_in);
+        };
+      },
+      group);
+}
+
 const char* kWhileGradError =
     "[while_loop] is forward only: a gradient cannot flow through it. For a loop with a gradient "
     "use scan (a fixed number of steps, one per element of xs along dim 0)";
@@ -343,17 +360,7 @@ std::vector<Tensor> traced_cond(detail::Tracer& tr, const Tensor& pred, const Fn
     std::vector<Tensor> r = cond(inputs[0], vjp(0), vjp(1), args);
     for (size_t i = 0; i < want.size(); ++i) grad_in[1 + want[i]] = r[i];
   };
-  const size_t n_out = out.size();
-  attach_rules(
-      ControlKind::Cond, out, n_out, inputs,
-      [vjps, n_out](size_t k) -> Rule {
-        return [vjps, n_out, k](const Tensor& g, const bool* needs, Tensor* grad_in) {
-          std::vector<Tensor> gs(n_out);
-          gs[k] = g;
-          vjps(gs, needs, grad_in);
-        };
-      },
-      vjps);
+  attach_group_rules(ControlKind::Cond, out, inputs, std::move(vjps));
   return out;
 }
 
@@ -523,17 +530,7 @@ std::vector<Tensor> traced_scan(detail::Tracer& tr, const Fn& fn, const std::vec
     for (size_t i = 0; i < want_x.size(); ++i)
       grad_in[nc + want_x[i]] = r[fc.size() + want_f.size() + i];
   };
-  const size_t n_out = out.size();
-  attach_rules(
-      ControlKind::Scan, out, n_out, inputs,
-      [vjp, n_out](size_t k) -> Rule {
-        return [vjp, n_out, k](const Tensor& g, const bool* needs, Tensor* grad_in) {
-          std::vector<Tensor> gs(n_out);
-          gs[k] = g;
-          vjp(gs, needs, grad_in);
-        };
-      },
-      vjp);
+  attach_group_rules(ControlKind::Scan, out, inputs, std::move(vjp));
   return out;
 }
 
