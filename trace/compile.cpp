@@ -7,6 +7,7 @@
 #include <unordered_set>
 
 #include "core/dispatch.h"
+#include "core/ops.h"
 #include "cuda/cuda.h"
 #include "eager/autograd.h"
 #include "eager/node.h"
