@@ -63,6 +63,15 @@ void sgemm_onednn_mnk(char ta, char tb, int64_t m, int64_t n, int64_t k, const f
   dnnl_sgemm(ta, tb, m, n, k, 1.0f, a, ta == 'N' ? k : m, b, tb == 'N' ? n : k, 0.0f, c, n);
 }
 
+void sgemm_floor_mnk(char ta, char tb, int64_t m, int64_t n, int64_t k, const float* a,
+                     const float* b, float* c) {
+  if (m * n * k > int64_t(64) * 64 * 64) return sgemm_onednn_mnk(ta, tb, m, n, k, a, b, c);
+  auto t = [](char x) { return x == 'N' ? CblasNoTrans : CblasTrans; };
+  cblas_sgemm(CblasRowMajor, t(ta), t(tb), static_cast<blasint>(m), static_cast<blasint>(n),
+              static_cast<blasint>(k), 1.0f, a, static_cast<blasint>(ta == 'N' ? k : m), b,
+              static_cast<blasint>(tb == 'N' ? n : k), 0.0f, c, static_cast<blasint>(n));
+}
+
 namespace {
 
 // Row-major C = op(A) op(B) on bf16 operands with f32 accumulation and a bf16 C, on oneDNN's

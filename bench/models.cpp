@@ -275,14 +275,14 @@ class GemmFloor {
     const size_t layers = w_.size();
     if (!low_.empty()) return run_bf16();
     for (size_t l = 0; l < layers; ++l)
-      sgemm_onednn_mnk('N', wt_ ? 'N' : 'T', batch_, sizes_[l + 1], sizes_[l], x_[l].data(),
-                       w_[l].data(), y_[l].data());
+      sgemm_floor_mnk('N', wt_ ? 'N' : 'T', batch_, sizes_[l + 1], sizes_[l], x_[l].data(),
+                      w_[l].data(), y_[l].data());
     for (size_t l = layers; l-- > 0;) {
       if (l > 0)
-        sgemm_onednn_mnk('N', wt_ ? 'T' : 'N', batch_, sizes_[l], sizes_[l + 1], dy_[l].data(),
-                         w_[l].data(), dx_[l].data());
-      sgemm_onednn_mnk('T', 'N', sizes_[l], sizes_[l + 1], batch_, x_[l].data(), dy_[l].data(),
-                       dw_[l].data());
+        sgemm_floor_mnk('N', wt_ ? 'T' : 'N', batch_, sizes_[l], sizes_[l + 1], dy_[l].data(),
+                        w_[l].data(), dx_[l].data());
+      sgemm_floor_mnk('T', 'N', sizes_[l], sizes_[l + 1], batch_, x_[l].data(), dy_[l].data(),
+                      dw_[l].data());
     }
   }
 

@@ -91,8 +91,8 @@ class W8Floor {
     for (size_t i = 0; i < gemms_.size(); ++i) {
       const Gemm& g = gemms_[i];
       for (int64_t j = 0; j < g.batch; ++j)
-        sgemm_onednn_mnk(g.ta, g.tb, g.m, g.n, g.k, a_[i].data() + j * g.m * g.k,
-                         b_[i].data() + j * g.k * g.n, c_[i].data() + j * g.m * g.n);
+        sgemm_floor_mnk(g.ta, g.tb, g.m, g.n, g.k, a_[i].data() + j * g.m * g.k,
+                        b_[i].data() + j * g.k * g.n, c_[i].data() + j * g.m * g.n);
     }
   }
   double gflop() const {

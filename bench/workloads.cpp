@@ -233,9 +233,9 @@ void run_c1(const Config& c, std::vector<Result>& out) {
   std::vector<float> wa(co * ckk), cols(ckk * l), y(co * l), gw(co * ckk), gc(ckk * l);
   auto gemms = [&] {
     for (int64_t i = 0; i < n; ++i) {
-      sgemm_onednn_mnk('N', 'N', co, l, ckk, wa.data(), cols.data(), y.data());  // forward
-      sgemm_onednn_mnk('N', 'T', co, ckk, l, y.data(), cols.data(), gw.data());  // grad weight
-      sgemm_onednn_mnk('T', 'N', ckk, l, co, wa.data(), y.data(), gc.data());    // grad columns
+      sgemm_floor_mnk('N', 'N', co, l, ckk, wa.data(), cols.data(), y.data());  // forward
+      sgemm_floor_mnk('N', 'T', co, ckk, l, y.data(), cols.data(), gw.data());  // grad weight
+      sgemm_floor_mnk('T', 'N', ckk, l, co, wa.data(), y.data(), gc.data());    // grad columns
     }
   };
   // bf16: the same step on bf16 x, w and g (oneDNN's bf16 convolutions, f32 accumulation),

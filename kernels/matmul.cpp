@@ -5,6 +5,9 @@
 // operands are passed as transposes, not copied; other strided operands are made contiguous
 // first.
 #include <oneapi/dnnl/dnnl.h>
+#if DUET_WITH_OPENBLAS
+#include <cblas.h>
+#endif
 
 #include <Eigen/Core>
 #include <algorithm>
@@ -147,8 +150,29 @@ bool low_gemm_onednn(const L* a, MatLayout la, const L* b, MatLayout lb, L* c, i
       low_key(dt, dt, m, n, k, la.trans == 'T', la.ld, lb.trans == 'T', lb.ld, n, false), a, b, c);
 }
 
+// Note [Small products]
+// oneDNN's sgemm pays a cost per call (checks, its choice of kernel and of threads) that small
+// products feel: on a 2-core AMX Xeon, 148 GFLOP/s at 64^3 and 27 at 16^3, where OpenBLAS's
+// kernels for small matrices ran 181 and 94 (row-major, aligned operands, one call after
+// another, both on two threads). From 80^3 on oneDNN is faster (218 against 169, and 314
+// against 158 at 128^3: it splits the product over both threads where OpenBLAS keeps one).
+// Where the build found OpenBLAS (its OpenMP build), f32 products of at most kSmallProduct
+// multiply-adds run on it. The choice depends on the shape only, so a call gives the same sums
+// eagerly and compiled.
+constexpr int64_t kSmallProduct = int64_t(64) * 64 * 64;
+
 void sgemm(const float* a, MatLayout la, const float* b, MatLayout lb, float* c, int64_t m,
            int64_t n, int64_t k) {
+#if DUET_WITH_OPENBLAS
+  if (m * n * k <= kSmallProduct) {
+    auto trans = [](const MatLayout& l) { return l.trans == 'T' ? CblasTrans : CblasNoTrans; };
+    cblas_sgemm(CblasRowMajor, trans(la), trans(lb), static_cast<blasint>(m),
+                static_cast<blasint>(n), static_cast<blasint>(k), 1.0f, a,
+                static_cast<blasint>(la.ld), b, static_cast<blasint>(lb.ld), 0.0f, c,
+                static_cast<blasint>(n));
+    return;
+  }
+#endif
   dnnl_status_t st = dnnl_sgemm(la.trans, lb.trans, m, n, k, 1.0f, a, la.ld, b, lb.ld, 0.0f, c, n);
   DUET_ASSERT(st == dnnl_success, "dnnl_sgemm failed with status {}", static_cast<int>(st));
 }

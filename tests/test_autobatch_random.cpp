@@ -588,23 +588,23 @@ void run_seeds(const char* count, int fallback, const char* one,
 
 }  // namespace
 
-// Seed 6472 of the mixed mix, found beyond the default seeds: a product of the input's outer
-// product with itself, then sin() of outputs in the hundreds. Batched, a gradient element came
-// out 0.045% from the loop's. Its reduced program, run on 300 random inputs in f32 (the loop
-// and batched) and in f64, gave f32 gradients up to 18 times their own size from the f64 ones,
-// the loop's as far as the batched. It differs beyond the tolerance, and only within what the
-// loop itself moves on inputs nudged by a few ulps: skipped as ill-conditioned, not failed.
+// Seed 51289 of the mixed mix differs beyond the tolerance, and only within what the loop itself
+// moves on inputs nudged by a few ulps: skipped as ill-conditioned, not failed. It was found by
+// a sweep of seeds 0 to 69,999 (with 62200, the only other one) once small f32 products ran on
+// OpenBLAS (Note [Small products] in kernels/matmul.cpp): the seed used before, 6472 (a product
+// of the input's outer product with itself, then sin() of outputs in the hundreds), no longer
+// differs with OpenBLAS's sums.
 TEST_CASE("random programs: an ill-conditioned program is skipped, not failed") {
   bool skipped = false;
   allow_noise = false;
-  const std::string report = check_seed(6472, Mix::Mixed, &skipped);
+  const std::string report = check_seed(51289, Mix::Mixed, &skipped);
   allow_noise = true;
   CHECK_MESSAGE(!report.empty(),
-                "seed 6472 no longer differs beyond the tolerance: the "
+                "seed 51289 no longer differs beyond the tolerance: the "
                 "generator changed, and this test needs another such seed");
   ill_conditioned_count = 0;
   skipped = false;
-  CHECK(check_seed(6472, Mix::Mixed, &skipped).empty());
+  CHECK(check_seed(51289, Mix::Mixed, &skipped).empty());
   CHECK(skipped);
   CHECK(ill_conditioned_count == 1);
 }
