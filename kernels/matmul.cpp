@@ -157,9 +157,8 @@ bool low_gemm_onednn(const L* a, MatLayout la, const L* b, MatLayout lb, L* c, i
 // another, both on two threads). From 80^3 on oneDNN is faster (218 against 169, and 314
 // against 158 at 128^3: it splits the product over both threads where OpenBLAS keeps one).
 // Where the build found OpenBLAS (its OpenMP build), f32 products of at most kSmallProduct
-// multiply-adds run on it. The choice depends on the shape only, so a call gives the same sums
-// eagerly and compiled.
-constexpr int64_t kSmallProduct = int64_t(64) * 64 * 64;
+// (kernels/matrices.h) multiply-adds run on it. The choice depends on the shape only, so a call
+// gives the same sums eagerly and compiled.
 
 void sgemm(const float* a, MatLayout la, const float* b, MatLayout lb, float* c, int64_t m,
            int64_t n, int64_t k) {

@@ -15,6 +15,11 @@ void run_as_matrices(KernelFn k, TensorRefs in, const Attrs& attrs, const Tensor
 /// [addmm]) fall back on it where they have no GEMM that adds the bias itself.
 void addmv_kernel(TensorRefs in, const Attrs& attrs, const Tensor& out);
 
+/// The most multiply-adds an f32 product has that runs on OpenBLAS, where the build found it,
+/// rather than on oneDNN (Note [Small products] in kernels/matmul.cpp). The bench's GEMM floors
+/// choose their library by it too.
+inline constexpr int64_t kSmallProduct = int64_t(64) * 64 * 64;
+
 /// Matmul kernel K, which multiplies operands of rank >= 2, for vector operands too.
 template <KernelFn K>
 void with_matrices(TensorRefs in, const Attrs& attrs, const Tensor& out) {
