@@ -38,7 +38,7 @@ bool with_arg_grads(const FlatArgs& args, FlatArgs& aug) {
     Tensor g = t.grad();
     if (!g.defined()) continue;
     aug.tensors.push_back(g);
-    aug.labels.push_back(args.labels[i] + ".grad");
+    aug.labels.add_grad_of(i);
     aug.grad_of.push_back(i);
   }
   return true;

@@ -30,7 +30,48 @@
 // updates the same parameters race as they would eagerly, so train on one thread per model.
 // stats() returns a copy taken under the lock.
 
+// Note [Call overhead]
+// A call that hits the cache pays for what it does before its plan runs: flattening its
+// arguments, their signature, the lookup and the guards. On a 64^3 matmul (3 us) that was a
+// sixth of the call. The tensors' labels ("arg 1[2]") name them only in errors, explanations
+// and saved programs, so a call keeps their paths (ArgLabels) and formats them when read:
+// formatting each label and holding it as a string cost about a seventh of that. The clock is
+// read once, as the plan starts (Entry::recent, and the start of a plan built for new sizes);
+// a miss reads it again for its first call's time.
+
 namespace duet::detail {
+
+std::string ArgPath::str() const {
+  std::string s = fmt::format("arg {}", n ? at[0] : 0);
+  for (uint32_t k = 1; k < n; ++k) s += fmt::format("[{}]", at[k]);
+  return s;
+}
+
+std::string ArgLabels::operator[](size_t i) const {
+  const Label& l = labels_.at(i);
+  ArgPath p;
+  p.n = l.n;
+  std::copy(paths_.begin() + l.begin, paths_.begin() + l.begin + l.n, p.at);
+  return l.grad ? p.str() + ".grad" : p.str();
+}
+
+void ArgLabels::add(const ArgPath& p) {
+  labels_.push_back({static_cast<uint32_t>(paths_.size()), p.n, false});
+  paths_.insert(paths_.end(), p.at, p.at + p.n);
+}
+
+void ArgLabels::add_grad_of(size_t i) {
+  Label l = labels_.at(i);
+  l.grad = true;
+  labels_.push_back(l);
+}
+
+std::vector<std::string> ArgLabels::strings() const {
+  std::vector<std::string> s;
+  s.reserve(size());
+  for (size_t i = 0; i < size(); ++i) s.push_back((*this)[i]);
+  return s;
+}
 
 namespace {
 
@@ -203,13 +244,11 @@ CacheExplanation CompiledCore::explain() const {
 std::vector<Tensor> CompiledCore::call(const FlatArgs& plain, const TraceFn& fn) {
   // Inside another trace, a compiled function is inlined into it (as nested jit in JAX).
   if (Tracer::current()) return fn(plain.tensors);
-  const auto call_start = std::chrono::steady_clock::now();
   FlatArgs with_grads;
   const FlatArgs& args = with_arg_grads(plain, with_grads) ? with_grads : plain;
   std::vector<TensorSig> sig = call_signature(args, label_);
   const bool gm = grad_mode();
   std::unique_lock<std::mutex> lock(mu_);
-  call_start_ = call_start;
   probes_.clear();  // the last call's: a CUDA graph may replay into the buffers they view
   std::vector<Tensor> outs;
   std::string value_why;
@@ -218,6 +257,8 @@ std::vector<Tensor> CompiledCore::call(const FlatArgs& plain, const TraceFn& fn)
     take_probes(*last_, outs);
     return outs;
   }
+  const auto call_start = std::chrono::steady_clock::now();  // (Note [Call overhead])
+  call_start_ = call_start;
   // The dims the new trace makes symbolic: those CompileOptions::dynamic names, those symbolic
   // in the most recent entry, and (automatic dynamic) those whose size changed since it.
   std::set<std::pair<size_t, int64_t>> dynamic = requested_dynamic_dims(options_, args, label_);
@@ -259,7 +300,7 @@ std::vector<Tensor> CompiledCore::call(const FlatArgs& plain, const TraceFn& fn)
   Entry* e = trace_specializing(args, fn, sig, dynamic, hints);
   e->timing.trace_ms = ms_since(trace_start);
   e->sig = std::move(sig);
-  e->labels = args.labels;
+  e->labels = args.labels.strings();
   e->statics = args.statics;
   e->grad_mode = gm;
   e->autocast = detail::autocast_key();
@@ -295,7 +336,7 @@ CompiledCore::Prepared CompiledCore::prepare(const FlatArgs& args, const TraceFn
                    "their arguments. Return duet::grad(loss, {{x}}) from the function instead",
                    label_, args.labels[e->arg_grads[0]]);
   e->sig = std::move(sig);
-  e->labels = args.labels;
+  e->labels = args.labels.strings();
   e->statics = args.statics;
   e->grad_mode = grad_mode();
   e->autocast = detail::autocast_key();
@@ -349,6 +390,7 @@ bool CompiledCore::run_cached(const FlatArgs& args, const std::vector<TensorSig>
     restore_grad_buffers(e);
     std::string why;
     const auto t0 = std::chrono::steady_clock::now();
+    call_start_ = t0;  // (Note [Call overhead])
     if (!run(e, values, args, outs, &why, lock)) {
       if (value_why.empty()) value_why = std::move(why);
       return false;

@@ -226,10 +226,50 @@ void clear_probes();
 
 namespace detail {
 
+/// Where a tensor sits in a call's arguments: the argument's index, then its index in each
+/// vector or tuple around it ("arg 1[2]").
+struct ArgPath {
+  static constexpr size_t kDepth = 8;
+  uint32_t at[kDepth] = {};
+  uint32_t n = 0;
+  ArgPath() = default;
+  explicit ArgPath(uint32_t arg) : at{arg}, n(1) {}
+  ArgPath inner(uint32_t i) const {  // (a path deeper than kDepth keeps its first kDepth)
+    ArgPath p = *this;
+    if (p.n < kDepth) p.at[p.n++] = i;
+    return p;
+  }
+  std::string str() const;
+};
+
+/// The labels of a call's tensors ("arg 0", "arg 1[2]", "arg 0.grad"), kept as paths and
+/// formatted when read: a call that hits the cache reads none (Note [Call overhead] in
+/// trace/compile.cpp).
+class ArgLabels {
+ public:
+  size_t size() const { return labels_.size(); }
+  std::string operator[](size_t i) const;
+  void add(const ArgPath& p);
+  void add_grad_of(size_t i);  ///< label i's .grad buffer
+  void reserve(size_t n) {
+    labels_.reserve(n);
+    paths_.reserve(n);
+  }
+  std::vector<std::string> strings() const;
+
+ private:
+  struct Label {
+    uint32_t begin, n;  // the path, paths_[begin, begin + n)
+    bool grad;          // ".grad" after it
+  };
+  std::vector<Label> labels_;
+  std::vector<uint32_t> paths_;
+};
+
 /// The tensors of one call, flattened, with what guards the rest.
 struct FlatArgs {
   std::vector<Tensor> tensors;
-  std::vector<std::string> labels;   ///< per tensor: "arg 0", "arg 1[2]"
+  ArgLabels labels;                  ///< per tensor: "arg 0", "arg 1[2]"
   std::vector<std::string> statics;  ///< per static argument: "arg 2 = 3"
   /// The last grad_of.size() tensors are the .grad buffers of these tensors (Note [Argument
   /// gradients] in trace/arg_grads.cpp); the function takes the others.
@@ -401,23 +441,24 @@ std::string static_key(const T& v) {
 }
 
 template <class T>
-void flatten_arg(FlatArgs& f, const T& a, const std::string& label) {
+void flatten_arg(FlatArgs& f, const T& a, const ArgPath& path) {
   using U = std::decay_t<T>;
   if constexpr (std::is_same_v<U, Tensor>) {
     f.tensors.push_back(a);
-    f.labels.push_back(label);
+    f.labels.add(path);
   } else if constexpr (std::is_same_v<U, std::vector<Tensor>>) {
-    f.statics.push_back(fmt::format("{} has {} tensors", label, a.size()));
-    for (size_t i = 0; i < a.size(); ++i) flatten_arg(f, a[i], fmt::format("{}[{}]", label, i));
+    f.statics.push_back(fmt::format("{} has {} tensors", path.str(), a.size()));
+    for (size_t i = 0; i < a.size(); ++i)
+      flatten_arg(f, a[i], path.inner(static_cast<uint32_t>(i)));
   } else if constexpr (is_tuple<U>::value) {
     std::apply(
         [&](const auto&... x) {
-          size_t i = 0;
-          (flatten_arg(f, x, fmt::format("{}[{}]", label, i++)), ...);
+          uint32_t i = 0;
+          (flatten_arg(f, x, path.inner(i++)), ...);
         },
         a);
   } else {
-    f.statics.push_back(fmt::format("{} = {}", label, static_key(a)));
+    f.statics.push_back(fmt::format("{} = {}", path.str(), static_key(a)));
   }
 }
 
@@ -503,8 +544,10 @@ class Compiled : public detail::CallOperator<Compiled<F>, typename detail::signa
   auto with_flat_args(Body&& body, A&&... a) {
     using R = std::invoke_result_t<F&, A&&...>;
     detail::FlatArgs flat;
-    int i = 0;
-    (detail::flatten_arg(flat, a, fmt::format("arg {}", i++)), ...);
+    flat.tensors.reserve(sizeof...(A));
+    flat.labels.reserve(sizeof...(A));
+    uint32_t i = 0;
+    (detail::flatten_arg(flat, a, detail::ArgPath(i++)), ...);
     detail::TraceFn run = [&](const std::vector<Tensor>& ts) {
       size_t pos = 0;
       // Braced initialisation evaluates left to right, so tensors are taken in order.

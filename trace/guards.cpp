@@ -47,7 +47,7 @@ std::vector<TensorSig> call_signature(const FlatArgs& args, const std::string& l
 // dim differs, a symbol's dims disagree (duck sizing), or a guard fails (`why` says which).
 bool bind_symbols(const std::vector<std::vector<int32_t>>& dim_sym, int32_t num_symbols,
                   const std::vector<SymGuard>& guards, const std::vector<TensorSig>& want,
-                  const std::vector<TensorSig>& sig, const std::vector<std::string>& labels,
+                  const std::vector<TensorSig>& sig, const ArgLabels& labels,
                   std::vector<int64_t>& values, std::string* why) {
   values.assign(static_cast<size_t>(num_symbols), -1);
   if (want.size() != sig.size()) return false;
@@ -143,9 +143,9 @@ std::string miss_reason(const EntryGuards& p, const std::vector<TensorSig>& sig,
         r += fmt::format("{}{}", r.empty() ? "" : ", ", l.substr(0, l.size() - 5));
     return r.empty() ? std::string("none") : r;
   };
-  if (why.empty() && grads_of(p.labels) != grads_of(args.labels))
+  if (why.empty() && grads_of(p.labels) != grads_of(args.labels.strings()))
     why = fmt::format("the arguments that have a .grad changed: {} -> {}", grads_of(p.labels),
-                      grads_of(args.labels));
+                      grads_of(args.labels.strings()));
   std::string dims_changed;
   for (size_t i = 0; why.empty() && i < sig.size() && i < p.sig.size(); ++i) {
     const TensorSig& a = p.sig[i];

@@ -120,7 +120,7 @@ using DimSet = std::set<std::pair<size_t, int64_t>>;
 
 bool bind_symbols(const std::vector<std::vector<int32_t>>& dim_sym, int32_t num_symbols,
                   const std::vector<SymGuard>& guards, const std::vector<TensorSig>& want,
-                  const std::vector<TensorSig>& sig, const std::vector<std::string>& labels,
+                  const std::vector<TensorSig>& sig, const ArgLabels& labels,
                   std::vector<int64_t>& values, std::string* why);
 /// Whether a call (its signature `sig`, in grad mode `grad_mode`) fits entry e, with the values
 /// of e's symbols; its value guards are not checked here.

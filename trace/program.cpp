@@ -183,7 +183,8 @@ std::vector<Tensor> Program::operator()(const std::vector<Tensor>& inputs) {
   if (s_->fn) {
     detail::FlatArgs flat;
     flat.tensors = inputs;
-    for (size_t i = 0; i < inputs.size(); ++i) flat.labels.push_back(fmt::format("arg {}", i));
+    for (size_t i = 0; i < inputs.size(); ++i)
+      flat.labels.add(detail::ArgPath(static_cast<uint32_t>(i)));
     return s_->core->call(flat, s_->fn->fn);
   }
   std::map<std::string, Tensor> feeds;
