@@ -164,30 +164,43 @@ int ill_conditioned_count = 0;
 bool allow_noise = true;  // (off in the test of the allowance itself)
 
 // The values with each floating input's elements moved by 2^-21 of themselves (about four f32
-// ulps), up and down in turn.
-std::vector<Values> nudged(const Program& p, const std::vector<Values>& vals) {
+// ulps): up and down in turn (alternate), or all up. Both are needed: a sum of many equal
+// values (inputs of discrete values) barely moves when they move in turn, since the moves
+// cancel, while the batched sum still rounds differently (seed 65912 of the batch mix: sin()
+// of a sum of 384 exp(), one ulp apart, which sin() amplifies to 3e-4).
+std::vector<Values> nudged(const Program& p, const std::vector<Values>& vals, bool alternate) {
   std::vector<Values> out = vals;
   for (Values& v : out)
     for (size_t i = 0; i < v.size() && i < p.inputs.size(); ++i)
       if (is_floating(p.inputs[i].dtype))
-        for (size_t j = 0; j < v[i].size(); ++j) v[i][j] *= 1 + std::ldexp(j % 2 ? 1.0 : -1.0, -21);
+        for (size_t j = 0; j < v[i].size(); ++j)
+          v[i][j] *= 1 + std::ldexp(alternate && j % 2 ? -1.0 : 1.0, -21);
   return out;
 }
 
 // Whether each element of got is within the tolerance of want, or within kNoise times the
-// distance the eager loop's value moved to on nudged inputs.
+// farthest the eager loop's value moved on either nudge of the inputs. Integers and booleans have
+// no noise: they must be equal (a program with a boolean output besides an ill-conditioned float
+// one was failed for it, seed 65912 of the batch mix).
 constexpr double kNoise = 4;
-bool within_noise(const Tensor& got, const Tensor& want, const Tensor& moved, Precision precision) {
-  if (got.defined() != want.defined() || want.defined() != moved.defined()) return false;
+bool within_noise(const Tensor& got, const Tensor& want, const Tensor& moved,
+                  const Tensor& moved_too, Precision precision) {
+  if (got.defined() != want.defined() || want.defined() != moved.defined() ||
+      want.defined() != moved_too.defined())
+    return false;
   if (!want.defined()) return true;
-  if (!is_floating(want.dtype()) || got.sizes() != want.sizes() || moved.sizes() != want.sizes())
+  if (!is_floating(want.dtype())) return compare(got, want, "", precision).empty();
+  if (got.sizes() != want.sizes() || moved.sizes() != want.sizes() ||
+      moved_too.sizes() != want.sizes())
     return false;
   const double tol = tolerance(want, precision);
   const double atol = tol * std::max(1.0, max_abs(want));
-  const std::vector<double> g = values(got), w = values(want), m = values(moved);
-  for (size_t j = 0; j < w.size(); ++j)
-    if (!(std::abs(g[j] - w[j]) <= atol + tol * std::abs(w[j]) + kNoise * std::abs(m[j] - w[j])))
-      return false;
+  const std::vector<double> g = values(got), w = values(want), m = values(moved),
+                            m2 = values(moved_too);
+  for (size_t j = 0; j < w.size(); ++j) {
+    const double noise = std::max(std::abs(m[j] - w[j]), std::abs(m2[j] - w[j]));
+    if (!(std::abs(g[j] - w[j]) <= atol + tol * std::abs(w[j]) + kNoise * noise)) return false;
+  }
   return true;
 }
 
@@ -197,19 +210,25 @@ bool within_noise(const Tensor& got, const Tensor& want, const Tensor& moved, Pr
 // rounding errors of that size. sin() of a large output (the loss's), or a quotient near its
 // pole, amplifies them beyond any fixed tolerance; the f32 results then differ from the exact
 // ones as much as from each other.
-bool ill_conditioned(const std::vector<Program>& ps, const std::vector<Values>& moved_vals,
-                     const SampleRun& got, const SampleRun& want, Precision mixed) {
-  SampleRun moved;
+bool ill_conditioned(const std::vector<Program>& ps, const Program& p,
+                     const std::vector<Values>& vals, const SampleRun& got, const SampleRun& want,
+                     Precision mixed) {
+  SampleRun moved, moved_too;
   try {
-    moved = run_samples(ps, moved_vals, false);
+    moved = run_samples(ps, nudged(p, vals, true), false);
+    moved_too = run_samples(ps, nudged(p, vals, false), false);
   } catch (const std::exception&) {
     return false;
   }
   for (size_t k = 0; k < ps.size(); ++k) {
     for (size_t i = 0; i < want.outs[k].size(); ++i)
-      if (!within_noise(got.outs[k][i], want.outs[k][i], moved.outs[k][i], mixed)) return false;
+      if (!within_noise(got.outs[k][i], want.outs[k][i], moved.outs[k][i], moved_too.outs[k][i],
+                        mixed))
+        return false;
     for (size_t i = 0; i < want.grads[k].size(); ++i)
-      if (!within_noise(got.grads[k][i], want.grads[k][i], moved.grads[k][i], mixed)) return false;
+      if (!within_noise(got.grads[k][i], want.grads[k][i], moved.grads[k][i], moved_too.grads[k][i],
+                        mixed))
+        return false;
   }
   return true;
 }
@@ -246,7 +265,7 @@ std::string check_program(const Program& p, const std::vector<Values>& vals, boo
   } catch (const std::exception& ex) {
     return err + fmt::format("autobatched, threw: {}\n", ex.what());
   }
-  if (!err.empty() && allow_noise && ill_conditioned(ps, nudged(p, vals), got, want, mixed)) {
+  if (!err.empty() && allow_noise && ill_conditioned(ps, p, vals, got, want, mixed)) {
     ++ill_conditioned_count;
     *skipped = true;
     return "";
@@ -605,6 +624,26 @@ TEST_CASE("random programs: an ill-conditioned program is skipped, not failed") 
   ill_conditioned_count = 0;
   skipped = false;
   CHECK(check_seed(51289, Mix::Mixed, &skipped).empty());
+  CHECK(skipped);
+  CHECK(ill_conditioned_count == 1);
+}
+
+// Seed 65912 of the batch mix (found by the same sweep) sums exp() of 384 inputs of discrete
+// values, sin() of the sum amplifying a one-ulp difference of the batched sum to 3e-4, beside a
+// boolean output. It failed for two faults of the noise estimate, not of autobatching: inputs
+// nudged up and down in turn moved that sum by nothing (their moves cancel), and an integer or
+// boolean output counted as noise never. With both fixed it is skipped as ill-conditioned.
+TEST_CASE("random programs: an ill-conditioned sum beside a boolean output is skipped") {
+  bool skipped = false;
+  allow_noise = false;
+  const std::string report = check_seed(65912, Mix::Batch, &skipped);
+  allow_noise = true;
+  CHECK_MESSAGE(!report.empty(),
+                "seed 65912 no longer differs beyond the tolerance: the "
+                "generator changed, and this test needs another such seed");
+  ill_conditioned_count = 0;
+  skipped = false;
+  CHECK(check_seed(65912, Mix::Batch, &skipped).empty());
   CHECK(skipped);
   CHECK(ill_conditioned_count == 1);
 }
