@@ -14,6 +14,8 @@
 namespace duet {
 namespace detail {
 
+void throw_undefined_tensor() { DUET_CHECK(false, "[tensor] use of an undefined Tensor"); }
+
 namespace {
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)

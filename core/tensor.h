@@ -39,6 +39,9 @@ Tensor detached_alias(const Tensor& t);
 /// The error for reading the data of a traced tensor (core/dispatch.h), for raw_data().
 [[noreturn]] void throw_traced_use(const Tensor& t, const char* what, const char* file,
                                    unsigned line);
+/// The error for the use of an undefined Tensor, out of line: Tensor::impl() stays small
+/// enough to inline (with the message formatted in it, every op paid a call for it).
+[[noreturn]] void throw_undefined_tensor();
 }  // namespace detail
 
 // The ops that are also Tensor methods, declared before the class so that its methods can call
@@ -233,7 +236,7 @@ class Tensor {
 
   /// The implementation object (internal).
   detail::TensorImpl* impl() const {
-    DUET_CHECK(impl_, "[tensor] use of an undefined Tensor");
+    if (__builtin_expect(!impl_, 0)) detail::throw_undefined_tensor();
     return impl_.get();
   }
   detail::TensorImpl* unsafe_impl() const { return impl_.get(); }
