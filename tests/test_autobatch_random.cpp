@@ -605,6 +605,24 @@ void run_seeds(const char* count, int fallback, const char* one,
   CHECK((skipped + refused) * 2 <= int(seeds.size()));
 }
 
+// A seed that differs beyond the tolerance (checked with the noise allowance off) is skipped
+// as ill-conditioned, not failed, with the allowance on.
+void check_skipped_as_ill_conditioned(uint64_t seed, Mix mix) {
+  bool skipped = false;
+  allow_noise = false;
+  const std::string report = check_seed(seed, mix, &skipped);
+  allow_noise = true;
+  CHECK_MESSAGE(!report.empty(),
+                fmt::format("seed {} no longer differs beyond the tolerance: the generator "
+                            "changed, and this test needs another such seed",
+                            seed));
+  ill_conditioned_count = 0;
+  skipped = false;
+  CHECK(check_seed(seed, mix, &skipped).empty());
+  CHECK(skipped);
+  CHECK(ill_conditioned_count == 1);
+}
+
 }  // namespace
 
 // Seed 51289 of the mixed mix differs beyond the tolerance, and only within what the loop itself
@@ -614,18 +632,7 @@ void run_seeds(const char* count, int fallback, const char* one,
 // of the input's outer product with itself, then sin() of outputs in the hundreds), no longer
 // differs with OpenBLAS's sums.
 TEST_CASE("random programs: an ill-conditioned program is skipped, not failed") {
-  bool skipped = false;
-  allow_noise = false;
-  const std::string report = check_seed(51289, Mix::Mixed, &skipped);
-  allow_noise = true;
-  CHECK_MESSAGE(!report.empty(),
-                "seed 51289 no longer differs beyond the tolerance: the "
-                "generator changed, and this test needs another such seed");
-  ill_conditioned_count = 0;
-  skipped = false;
-  CHECK(check_seed(51289, Mix::Mixed, &skipped).empty());
-  CHECK(skipped);
-  CHECK(ill_conditioned_count == 1);
+  check_skipped_as_ill_conditioned(51289, Mix::Mixed);
 }
 
 // Seed 65912 of the batch mix (found by the same sweep) sums exp() of 384 inputs of discrete
@@ -634,18 +641,7 @@ TEST_CASE("random programs: an ill-conditioned program is skipped, not failed") 
 // nudged up and down in turn moved that sum by nothing (their moves cancel), and an integer or
 // boolean output counted as noise never. With both fixed it is skipped as ill-conditioned.
 TEST_CASE("random programs: an ill-conditioned sum beside a boolean output is skipped") {
-  bool skipped = false;
-  allow_noise = false;
-  const std::string report = check_seed(65912, Mix::Batch, &skipped);
-  allow_noise = true;
-  CHECK_MESSAGE(!report.empty(),
-                "seed 65912 no longer differs beyond the tolerance: the "
-                "generator changed, and this test needs another such seed");
-  ill_conditioned_count = 0;
-  skipped = false;
-  CHECK(check_seed(65912, Mix::Batch, &skipped).empty());
-  CHECK(skipped);
-  CHECK(ill_conditioned_count == 1);
+  check_skipped_as_ill_conditioned(65912, Mix::Batch);
 }
 
 TEST_CASE("random programs: vmap of a program matches it run per sample") {
