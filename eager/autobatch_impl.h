@@ -320,6 +320,10 @@ struct Autobatch::Impl final : DispatchMode, LazyRunner {
   void keep_graph(const OpIndex& index);
   void end_run(std::vector<PendingOp>& ops);  // Note [The run's end] in eager/autobatch_tape.cpp
   void run_group(std::vector<PendingOp>& ops, const Attrs& attrs, const std::vector<int32_t>& ids);
+  // Note [Joined parts] in eager/autobatch.cpp.
+  bool joins_parts(const std::vector<std::vector<int32_t>>& parts) const;
+  bool run_parts_joined(std::vector<PendingOp>& ops, const OpDef& def, const Attrs& attrs,
+                        const std::vector<std::vector<int32_t>>& parts);
   void run_picks(std::vector<PendingOp>& ops, const Attrs& attrs, std::vector<int32_t> ids);
   bool copy_picks(std::vector<PendingOp>& ops, const std::vector<int32_t>& ids,
                   const std::vector<int64_t>& rows, const std::vector<int64_t>& at);
@@ -368,6 +372,9 @@ struct Autobatch::Impl final : DispatchMode, LazyRunner {
   // The run in progress (Note [Placed when read]): its ops and their index.
   std::vector<PendingOp>* run_ops_ = nullptr;
   const OpIndex* run_index_ = nullptr;
+  // Its ops' consumers: op i's are run_consumer_[run_first_consumer_[i]..[i + 1]].
+  const int32_t* run_first_consumer_ = nullptr;
+  const int32_t* run_consumer_ = nullptr;
   std::vector<SigKey> keys_;  // by signature id: the op's attributes too
   std::unordered_map<SigKey, int32_t, SigHash, SigEq> sigs_;
   std::vector<const char*> addresses_;  // gather's scratch

@@ -269,6 +269,28 @@ TEST_CASE("autobatch: ops that read one of a few weights batch per weight, not b
   }
 }
 
+// Note [Joined parts]: a differentiated group split by weight, whose results one signature
+// reads across the weights, becomes one batch; its readers take it whole, not from two batches.
+TEST_CASE("autobatch: the parts of a group that one signature reads across are joined") {
+  manual_seed(8);
+  nn::Linear a(5, 7), b(5, 7);
+  std::vector<Tensor> x, params;
+  for (int i = 0; i < 16; ++i) x.push_back(randn({5}));
+  for (nn::Module* m : std::initializer_list<nn::Module*>{&a, &b})
+    for (const Tensor& p : m->parameters()) params.push_back(p);
+  auto loss = [&] {
+    std::vector<Tensor> y;
+    for (int i = 0; i < 16; ++i)
+      y.push_back(tanh(i % 3 == 0 ? a(x[static_cast<size_t>(i)]) : b(x[static_cast<size_t>(i)])));
+    return stack(y, 0).sum();
+  };
+  check_same_step(params, loss);
+  const AutobatchStats s = autobatch_stats();
+  // The inputs of each weight's product and the stack's rows; the tanh reads the joined
+  // products whole (apart, they were two pieces and a concatenation: 4 gathers).
+  CHECK(s.gathers == 3);
+}
+
 // A detached alias and the tensor itself are one memory read the same way, but only the
 // tensor has a history: ops of one signature reading the alias first and the tensor next ran
 // as one op on the alias (a shared operand), and the tensor's gradient was lost. Autocast's
