@@ -87,6 +87,22 @@ TEST_CASE("compile: retraces say why, in words") {
   CHECK(f.stats().traces == 6);
 }
 
+// Two non-contiguous layouts of one shape are two signatures: a hit compares each tensor's
+// strides with the entry's where the tensor lies (Note [Call overhead]).
+TEST_CASE("compile: another non-contiguous layout of one shape retraces") {
+  auto f = compile([](Tensor a) { return a.reshape({-1}) * 2.0; });
+  const Tensor x = arange(12.0).reshape({3, 4});
+  const Tensor t = transpose(x.reshape({4, 3}), 0, 1);               // (3, 4), strides (1, 3)
+  const Tensor s = slice(arange(24.0).reshape({3, 8}), 1, 0, 8, 2);  // (3, 4), strides (8, 2)
+  CHECK(close(f(t), t.reshape({-1}) * 2.0));
+  CHECK(close(f(s), s.reshape({-1}) * 2.0));
+  CHECK(f.stats().traces == 2);
+  CHECK(f.stats().retrace_reasons.at(0) ==
+        "arg 0 layout changed (strides (1, 3) -> strides (8, 2))");
+  CHECK(close(f(t), t.reshape({-1}) * 2.0));  // a hit
+  CHECK(f.stats().traces == 2);
+}
+
 TEST_CASE("compile: tuples and vectors in and out") {
   auto f = compile([](std::vector<Tensor> xs, std::tuple<Tensor, Tensor> p) {
     Tensor s = std::get<0>(p) * std::get<1>(p);
@@ -428,6 +444,26 @@ TEST_CASE("compile: stats() times each signature: trace, passes, plan, first cal
   CHECK(s[0].steady_median_us > 0);
   CHECK(s[0].steady_median_us < s[0].first_call_ms * 1e3);
   CHECK(s[1].steady_median_us == 0);
+}
+
+// Past its first calls, one call in Entry::kTimeEvery is timed (Note [Call overhead]): every
+// call still counts, the median stays, and a plan for new sizes built in an untimed call is
+// timed from its own start.
+TEST_CASE("compile: a long run of calls keeps its counts and times") {
+  CompileOptions o;
+  o.dynamic = {{0, 0}};
+  auto f = compile([](Tensor x) { return tanh(x * 2.0) + 1.0; }, o);
+  const Tensor a = ones({8});
+  for (int i = 0; i < 203; ++i) f(a);  // the 203rd call (the 202nd cached) is not timed
+  CHECK(f.stats().signatures.at(0).calls == 202);
+  CHECK(f.stats().signatures.at(0).steady_median_us > 0);
+  f(ones({5}));  // a new size of the symbolic dim: a plan built in an untimed call
+  const CompileStats s = f.stats();
+  CHECK(s.traces == 1);
+  CHECK(s.plans_built == 2);
+  CHECK(s.new_size_ms > 0);
+  CHECK(s.new_size_ms >= s.plan_ms);
+  CHECK(s.new_size_ms < 1e4);  // from the plan's start, not from a clock of zero
 }
 
 TEST_CASE("compile: explain() lists the entries, their guards, the retraces and why") {

@@ -44,6 +44,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "core/small_vector.h"
 #include "core/tensor.h"
 #include "core/tensor_tree.h"
 #include "trace/check.h"
@@ -247,13 +248,13 @@ struct ArgPath {
 /// trace/compile.cpp).
 class ArgLabels {
  public:
-  size_t size() const { return labels_.size(); }
+  size_t size() const { return static_cast<size_t>(labels_.size()); }
   std::string operator[](size_t i) const;
   void add(const ArgPath& p);
   void add_grad_of(size_t i);  ///< label i's .grad buffer
   void reserve(size_t n) {
-    labels_.reserve(n);
-    paths_.reserve(n);
+    labels_.reserve(static_cast<int64_t>(n));
+    paths_.reserve(static_cast<int64_t>(n));
   }
   std::vector<std::string> strings() const;
 
@@ -262,8 +263,9 @@ class ArgLabels {
     uint32_t begin, n;  // the path, paths_[begin, begin + n)
     bool grad;          // ".grad" after it
   };
-  std::vector<Label> labels_;
-  std::vector<uint32_t> paths_;
+  // (Inline for a few tensors: a call allocates nothing for them.)
+  SmallVec<Label, 4> labels_;
+  SmallVec<uint32_t, 8> paths_;
 };
 
 /// The tensors of one call, flattened, with what guards the rest.
@@ -358,9 +360,8 @@ class CompiledCore {
                const std::vector<std::vector<int32_t>>& dim_sym, const std::vector<int64_t>& hints);
   /// The steps of call(): a cached entry that fits (trace/guards.h) runs; else the reason for
   /// the miss; else a new trace, restarted with fewer symbolic dims while code needs sizes.
-  bool run_cached(const FlatArgs& args, const std::vector<TensorSig>& sig, bool grad_mode,
-                  std::vector<Tensor>& outs, std::string& value_why,
-                  std::unique_lock<std::mutex>& lock);
+  bool run_cached(const FlatArgs& args, bool grad_mode, std::vector<Tensor>& outs,
+                  std::string& value_why, std::unique_lock<std::mutex>& lock);
   void warn_changed_again(const FlatArgs& args, const std::vector<TensorSig>& sig);
   static std::string signature_text(const Entry& e, size_t i);
   std::string explain_miss(const FlatArgs& args, const std::vector<TensorSig>& sig, bool grad_mode,

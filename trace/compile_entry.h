@@ -48,10 +48,11 @@ struct CompiledCore::Entry : EntryGuards {
   };
   std::vector<ValueGuard> value_guards;
   uint64_t used = 0;  ///< CompiledCore::clock_ at its latest call
-  /// Its timings (CompileStats::signatures); recent holds the latest cached calls' durations
-  /// in microseconds, a ring of kRecent.
+  /// Its timings (CompileStats::signatures); recent holds cached calls' durations in
+  /// microseconds, a ring of kRecent: the first calls, then one in kTimeEvery.
   SignatureStats timing;
   static constexpr size_t kRecent = 64;
+  static constexpr int64_t kTimeEvery = 16;  ///< past kRecent calls, one in kTimeEvery is timed
   std::vector<double> recent;
   size_t next_recent = 0;
 

@@ -31,15 +31,18 @@ TensorSig sig_of(const Tensor& t) {
   return s;
 }
 
-std::vector<TensorSig> call_signature(const FlatArgs& args, const std::string& label) {
-  for (const Tensor& t : args.tensors)
+void check_call_tensors(const FlatArgs& args, const std::string& label) {
+  for (const Tensor& t : args.tensors) {
     DUET_CHECK(t.defined(), "[compile] {} was called with an undefined tensor", label);
+    if (is_traced(t)) throw_traced_use(t, "compile");
+  }
+}
+
+std::vector<TensorSig> call_signature(const FlatArgs& args, const std::string& label) {
+  check_call_tensors(args, label);
   std::vector<TensorSig> sig;
   sig.reserve(args.tensors.size());
-  for (const Tensor& t : args.tensors) {
-    if (is_traced(t)) throw_traced_use(t, "compile");
-    sig.push_back(sig_of(t));
-  }
+  for (const Tensor& t : args.tensors) sig.push_back(sig_of(t));
   return sig;
 }
 
@@ -47,27 +50,27 @@ std::vector<TensorSig> call_signature(const FlatArgs& args, const std::string& l
 // dim differs, a symbol's dims disagree (duck sizing), or a guard fails (`why` says which).
 bool bind_symbols(const std::vector<std::vector<int32_t>>& dim_sym, int32_t num_symbols,
                   const std::vector<SymGuard>& guards, const std::vector<TensorSig>& want,
-                  const std::vector<TensorSig>& sig, const ArgLabels& labels,
+                  const std::vector<Tensor>& tensors, const ArgLabels& labels,
                   std::vector<int64_t>& values, std::string* why) {
   values.assign(static_cast<size_t>(num_symbols), -1);
-  if (want.size() != sig.size()) return false;
-  for (size_t i = 0; i < sig.size(); ++i) {
+  if (want.size() != tensors.size()) return false;
+  for (size_t i = 0; i < tensors.size(); ++i) {
     const TensorSig& a = want[i];
-    const TensorSig& b = sig[i];
-    if (a.shape.size() != b.shape.size() || a.dtype != b.dtype || a.device != b.device ||
-        a.requires_grad != b.requires_grad || a.contiguous != b.contiguous ||
-        (!a.contiguous && a.strides != b.strides))
+    const TensorImpl* b = tensors[i].unsafe_impl();  // (as sig_of(tensors[i]) reads it)
+    if (a.shape.size() != b->shape.size() || a.dtype != b->dtype || a.device != b->device() ||
+        a.requires_grad != b->requires_grad || a.contiguous != b->contiguous ||
+        (!a.contiguous && a.strides != b->strides))
       return false;
     for (int64_t d = 0; d < a.shape.size(); ++d) {
       const int32_t id = dim_sym.empty() ? -1 : dim_sym[i][d];
       if (id < 0) {
-        if (a.shape[d] != b.shape[d]) return false;
+        if (a.shape[d] != b->shape[d]) return false;
       } else if (values[id] < 0) {
-        values[id] = b.shape[d];
-      } else if (values[id] != b.shape[d]) {
+        values[id] = b->shape[d];
+      } else if (values[id] != b->shape[d]) {
         if (why)
           *why = fmt::format("{} dim {} is {} but s{} (the dims that were equal when traced) is {}",
-                             labels[i], d, b.shape[d], id, values[id]);
+                             labels[i], d, b->shape[d], id, values[id]);
         return false;
       }
     }
@@ -85,8 +88,8 @@ bool bind_symbols(const std::vector<std::vector<int32_t>>& dim_sym, int32_t num_
   return true;
 }
 
-bool fits(const EntryGuards& e, const std::vector<TensorSig>& sig, const FlatArgs& args,
-          bool grad_mode, std::vector<int64_t>& values) {
+bool fits(const EntryGuards& e, const FlatArgs& args, bool grad_mode,
+          std::vector<int64_t>& values) {
   if (e.grad_mode != grad_mode || e.autocast != detail::autocast_key() || e.statics != args.statics)
     return false;
   for (size_t i = 0; i < e.captured_flags.size(); ++i)
@@ -97,7 +100,8 @@ bool fits(const EntryGuards& e, const std::vector<TensorSig>& sig, const FlatArg
     const Tensor g = leaf.grad();
     if (g.defined() && !g.is_same(buf)) return false;
   }
-  return bind_symbols(e.dim_sym, e.num_symbols, e.guards, e.sig, sig, args.labels, values, nullptr);
+  return bind_symbols(e.dim_sym, e.num_symbols, e.guards, e.sig, args.tensors, args.labels, values,
+                      nullptr);
 }
 
 bool differs_in_sizes_only(const EntryGuards& e, const std::vector<TensorSig>& sig,
@@ -203,7 +207,8 @@ std::string miss_reason(const EntryGuards& p, const std::vector<TensorSig>& sig,
     why = dims_changed + ": retraced with these dims symbolic";
   if (why.empty()) why = value_why;
   if (why.empty() && p.num_symbols && same_structure)
-    bind_symbols(p.dim_sym, p.num_symbols, p.guards, p.sig, sig, args.labels, values, &why);
+    bind_symbols(p.dim_sym, p.num_symbols, p.guards, p.sig, args.tensors, args.labels, values,
+                 &why);
   if (why.empty()) why = "a new combination of argument signatures seen before";
   if (same_structure)
     for (size_t i = 0; i < p.dim_sym.size(); ++i)

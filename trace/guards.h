@@ -37,6 +37,8 @@ struct TensorSig {
 TensorSig sig_of(const Tensor& t);
 /// The signatures of a call's tensors; throws for an undefined or a traced one.
 std::vector<TensorSig> call_signature(const FlatArgs& args, const std::string& label);
+/// Throws for an undefined or a traced tensor among a call's (call_signature checks the same).
+void check_call_tensors(const FlatArgs& args, const std::string& label);
 
 // A guard of a symbolic entry: a relation its graph assumes (Note [Symbolic dims]).
 struct SymGuard {
@@ -118,14 +120,15 @@ using DimSet = std::set<std::pair<size_t, int64_t>>;
 
 // ---- binding a call to an entry's symbols ----
 
+/// Binds a call's tensors (each one's signature, read from the tensor: a call that hits builds
+/// none) to the signature `want`, with the values of its symbols; false when they do not fit.
 bool bind_symbols(const std::vector<std::vector<int32_t>>& dim_sym, int32_t num_symbols,
                   const std::vector<SymGuard>& guards, const std::vector<TensorSig>& want,
-                  const std::vector<TensorSig>& sig, const ArgLabels& labels,
+                  const std::vector<Tensor>& tensors, const ArgLabels& labels,
                   std::vector<int64_t>& values, std::string* why);
-/// Whether a call (its signature `sig`, in grad mode `grad_mode`) fits entry e, with the values
+/// Whether a call (its tensors `args`, in grad mode `grad_mode`) fits entry e, with the values
 /// of e's symbols; its value guards are not checked here.
-bool fits(const EntryGuards& e, const std::vector<TensorSig>& sig, const FlatArgs& args,
-          bool grad_mode, std::vector<int64_t>& values);
+bool fits(const EntryGuards& e, const FlatArgs& args, bool grad_mode, std::vector<int64_t>& values);
 /// Whether e differs from the call in sizes at most (automatic dynamic compares sizes with it).
 bool differs_in_sizes_only(const EntryGuards& e, const std::vector<TensorSig>& sig,
                            const FlatArgs& args, bool grad_mode);
