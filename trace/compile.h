@@ -111,7 +111,9 @@ struct SignatureStats {
       0;  ///< NVRTC builds during its first call (CPU kernels build in the background)
   double first_call_ms = 0;  ///< the whole call that traced it, its first run included
   int64_t calls = 0;         ///< calls that ran it from the cache
-  /// The median of its most recent cached calls (up to 64), in microseconds; 0 before one.
+  /// The median of its recent timed cached calls, in microseconds; 0 before one. Its first 64
+  /// cached calls are timed, then one in 16 (Note [Call overhead] in trace/compile.cpp); the
+  /// median is over the latest 64 timed.
   double steady_median_us = 0;
 };
 
