@@ -289,6 +289,16 @@ TEST_CASE("autobatch: the parts of a group that one signature reads across are j
   // The inputs of each weight's product and the stack's rows; the tanh reads the joined
   // products whole (apart, they were two pieces and a concatenation: 4 gathers).
   CHECK(s.gathers == 3);
+  // Parts whose samples each compute one value (exp of one of two weights): each part's value
+  // is repeated over its samples in the joined batch.
+  Tensor wa = randn({3}).requires_grad_(), wb = randn({3}).requires_grad_();
+  std::vector<Tensor> z;
+  for (int i = 0; i < 16; ++i) z.push_back(randn({3}));
+  check_same_step({wa, wb}, [&] {
+    std::vector<Tensor> y;
+    for (int i = 0; i < 16; ++i) y.push_back(exp(i % 2 ? wa : wb) * z[static_cast<size_t>(i)]);
+    return stack(y, 0).sum();
+  });
 }
 
 // A detached alias and the tensor itself are one memory read the same way, but only the
