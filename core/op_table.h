@@ -212,6 +212,10 @@ struct BatchedArg {
   Tensor value;
   int64_t bdim = -1;
 };
+namespace detail {
+/// x with its batch first, as `batch` samples (a view): an unbatched operand expanded.
+Tensor batched_first(const BatchedArg& x, int64_t batch);
+}  // namespace detail
 /// Batching rule (func::vmap; Note [Batching rules] in core/ops/batching.cpp): the op applied
 /// to every sample of its operands at once, `batch` samples, some operand batched. The result
 /// names its batch dim.

@@ -537,18 +537,7 @@ bool Autobatch::Impl::run_parts_joined(std::vector<PendingOp>& ops, const OpDef&
     bool fresh = false;
     const BatchedArg r = run_rule(ops, def, attrs, part, /*grad=*/true, &fresh);
     const auto m = static_cast<int64_t>(part.size());
-    Tensor v = r.value;
-    if (r.bdim < 0) {  // one value for the whole part
-      Shape s{m};
-      for (int64_t d = 0; d < v.dim(); ++d) s.push_back(v.sizes()[d]);
-      v = expand(unsqueeze(v, 0), s);
-    } else if (r.bdim != 0) {
-      Dims order{r.bdim};
-      for (int64_t d = 0; d < v.dim(); ++d)
-        if (d != r.bdim) order.push_back(d);
-      v = permute(v, order);
-    }
-    values.push_back(v);
+    values.push_back(detail::batched_first(r, m));  // (one value for the part: repeated)
     all.insert(all.end(), part.begin(), part.end());
     ++stats_.batches;
     stats_.batched_ops += m;

@@ -65,14 +65,6 @@ Tensor pad_rank(const Tensor& x, int64_t r) {
   return reshape(x, s);
 }
 
-// Every operand batched, batch first: an unbatched one expanded (a view).
-Tensor batched_first(const BatchedArg& x, int64_t batch) {
-  if (x.bdim >= 0) return batch_first(x);
-  Shape s{batch};
-  for (int64_t d = 0; d < x.value.dim(); ++d) s.push_back(x.value.sizes()[d]);
-  return expand(unsqueeze(x.value, 0), s);
-}
-
 // A symbolic attribute (a trace with symbolic sizes) is not shifted: such calls loop.
 bool symbolic(const Attrs& a) { return a.sym != nullptr; }
 
@@ -305,6 +297,14 @@ BatchedArg barrier_rule(const OpDef& def, const std::vector<BatchedArg>& in, con
 }
 
 }  // namespace
+
+// Every operand batched, batch first: an unbatched one expanded (a view).
+Tensor batched_first(const BatchedArg& x, int64_t batch) {
+  if (x.bdim >= 0) return batch_first(x);
+  Shape s{batch};
+  for (int64_t d = 0; d < x.value.dim(); ++d) s.push_back(x.value.sizes()[d]);
+  return expand(unsqueeze(x.value, 0), s);
+}
 
 namespace {
 std::atomic<int64_t> g_batch_loops{0};
