@@ -365,6 +365,72 @@ size_t count_of(const std::string& s, const std::string& part) {
   return n;
 }
 
+// Note [Arguments that share memory with written captures]: a tensor that is, or views, one
+// the function writes in place (here the .grad its backward accumulates into) is read after
+// that write eagerly; its plan would read it before. Such calls run eagerly, the others stay
+// compiled.
+TEST_CASE("compile: an argument sharing memory with a captured tensor it writes runs eagerly") {
+  auto run = [](bool compiled) {
+    Tensor w = tensor({1.0, 2.0, 3.0}).requires_grad_();
+    auto body = [&](Tensor x) {
+      Tensor loss = (w * x).sum();
+      loss.backward();
+      return x + 1;
+    };
+    auto f = compile(body);
+    auto call = [&](const Tensor& x) { return compiled ? f(x) : body(x); };
+    std::vector<std::vector<double>> seen;
+    StderrCapture err;
+    // The first call already shares memory: w.grad from an eager backward.
+    (w * ones({3})).sum().backward();
+    seen.push_back(values(call(w.grad())));
+    seen.push_back(values(call(w.grad().slice(0, 0, 3))));  // a view of it
+    seen.push_back(values(call(full({3}, 2.0))));           // apart from it: compiled
+    seen.push_back(values(call(w.grad())));                 // a hit's entry, shared again
+    seen.push_back(values(w.grad()));
+    const std::string printed = err.text();
+    if (compiled) {
+      CHECK(f.stats().traces == 1);
+      CHECK(f.stats().eager_calls == 3);
+      CHECK(f.stats().eager_reason.find("arg 0 shares memory with a tensor the function "
+                                        "captures and writes in place") == 0);
+      CHECK(count_of(printed, "such calls run eagerly") == 1);
+    }
+    return seen;
+  };
+  CHECK(run(true) == run(false));
+}
+
+// Where the trace reads its arguments before writing any captured tensor, eager reads see the
+// values the call began with: the overlapping argument is copied as the call begins, and the
+// call stays compiled.
+TEST_CASE("compile: an argument sharing a written capture, read before the write, stays compiled") {
+  Tensor state = tensor({1.0, 2.0});
+  auto f = compile([&](Tensor x) {
+    Tensor y = x * 2.0;
+    state.mul_(10);
+    return y;
+  });
+  CHECK(values(f(full({2}, 3.0))) == std::vector<double>{6, 6});
+  CHECK(values(f(state)) == std::vector<double>{20, 40});  // eagerly: state * 2, then the write
+  CHECK(values(state) == std::vector<double>{100, 200});
+  CHECK(values(f(state.slice(0, 0, 2))) == std::vector<double>{200, 400});
+  CHECK(values(state) == std::vector<double>{1000, 2000});
+  CHECK(f.stats().traces == 1);
+  CHECK(f.stats().hits == 2);
+  CHECK(f.stats().eager_calls == 0);
+}
+
+// A captured tensor the function only reads may be an argument too: no overlap to guard.
+TEST_CASE("compile: an argument that is a captured tensor it only reads stays compiled") {
+  Tensor b = tensor({1.0, 2.0});
+  auto f = compile([&](Tensor x) { return x * b; });
+  f(ones({2}));
+  CHECK(values(f(b)) == std::vector<double>{1, 4});
+  CHECK(f.stats().hits == 1);
+  CHECK(f.stats().eager_calls == 0);
+}
+
 TEST_CASE("compile: cache_limit falls back to eager, warns once and records why") {
   CompileOptions o;
   o.cache_limit = 2;
@@ -543,6 +609,21 @@ TEST_CASE("Program: the TF-1 seed example, with gradients and an intermediate fe
   // Feeding only what the fetched nodes need.
   CHECK(
       close(p.run({{"X1", tensor({1, 2})}, {"X2", tensor({3, 4})}}, {"prod"})[0], tensor({3, 8})));
+}
+
+// A feed is a value: one that is a captured tensor the program updates in place is read as it
+// was when run() began, whichever order the plan gives the read and the write.
+TEST_CASE("Program: a feed that shares memory with a tensor the program writes is its old value") {
+  Tensor state = tensor({1.0, 2.0});
+  Program p([&] {
+    Tensor x = placeholder({2}, DType::f32, "X");
+    state.mul_(10);
+    return std::vector<Tensor>{name(x + 1, "Y")};
+  });
+  CHECK(values(p.run({{"X", full({2}, 5.0)}})[0]) == std::vector<double>{6, 6});
+  CHECK(values(state) == std::vector<double>{10, 20});
+  CHECK(values(p.run({{"X", state}})[0]) == std::vector<double>{11, 21});
+  CHECK(values(state) == std::vector<double>{100, 200});
 }
 
 TEST_CASE("Program: feed and fetch errors name the placeholder") {

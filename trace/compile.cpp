@@ -258,11 +258,13 @@ std::vector<Tensor> CompiledCore::call(const FlatArgs& plain, const TraceFn& fn)
   probes_.clear();  // the last call's: a CUDA graph may replay into the buffers they view
   std::vector<Tensor> outs;
   std::string value_why;
-  if (run_cached(args, gm, outs, value_why, lock)) {
+  int64_t overlap = -1;
+  if (run_cached(args, gm, outs, value_why, overlap, lock)) {
     write_arg_grads(last_->arg_grads, args, outs);
     take_probes(*last_, outs);
     return outs;
   }
+  if (overlap >= 0) return run_overlapping(args, overlap, plain, fn, lock);
   const auto call_start = std::chrono::steady_clock::now();  // (Note [Call overhead])
   call_start_ = call_start;
   std::vector<TensorSig> sig = call_signature(args, label_);
@@ -312,10 +314,13 @@ std::vector<Tensor> CompiledCore::call(const FlatArgs& plain, const TraceFn& fn)
   e->grad_mode = gm;
   e->autocast = detail::autocast_key();
   last_ = e;
+  std::optional<FlatArgs> snap;
+  if (const int64_t i = snapshot(*e, args, snap); i >= 0)
+    return run_overlapping(args, i, plain, fn, lock);
   std::string why;
   // The trace read its guarded values from this call's data with the kernels the guards' plan
   // runs, so they hold.
-  const bool ran = run(*e, hints, args, outs, &why, lock);
+  const bool ran = run(*e, hints, snap ? *snap : args, outs, &why, lock);
   DUET_ASSERT(ran, "a fresh trace failed its value guard: {}", why);
   // build_plans set the passes' and the plan's times for this entry's first plans.
   e->timing.optimize_ms = stats_.optimize_ms;
@@ -387,12 +392,63 @@ Tensor CompiledCore::probe(const std::string& name) const {
   return {};
 }
 
+// Note [Arguments that share memory with written captures]
+// A plan reads its arguments where they lie, at the step that reads them, and writes the
+// captured tensors it updates in place (a .grad a backward accumulates into, a parameter an
+// optimizer steps) at its end, or into their buffers as it goes (Notes [Products computed into
+// write-back targets] and [Intermediates in dead write-back targets] in
+// trace/plan/plan_build.cpp). The trace saw an argument and a captured tensor as two tensors,
+// but a call may pass one that shares the other's memory (`step(w.grad())`, a view of a
+// parameter). Eagerly, each read of the argument then sees the writes made before it. So:
+//  - where the trace read every argument before its first write to a captured tensor (Tracer::
+//    reads_arguments_after_writes), eager reads see the values of the call's start: the
+//    overlapping tensors are copied as the call begins, and the plan reads the copies, whatever
+//    order its steps take;
+//  - otherwise an argument read after a write sees it eagerly, which the plan cannot: the call
+//    runs eagerly, as PyTorch's compiled code would recompile for the aliasing. It warns once
+//    and counts in CompileStats::eager_calls, and the entry stays for calls that do not overlap.
+int64_t CompiledCore::snapshot(const Entry& e, const FlatArgs& args,
+                               std::optional<FlatArgs>& snap) {
+  const std::vector<size_t> overlap = overlapping_written(e, args);
+  if (overlap.empty()) return -1;
+  if (e.reads_args_after_writes) return static_cast<int64_t>(overlap[0]);
+  snap = args;
+  for (size_t i : overlap) snap->tensors[i] = args.tensors[i].clone();
+  return -1;
+}
+
+std::vector<Tensor> CompiledCore::run_overlapping(const FlatArgs& args, int64_t i,
+                                                  const FlatArgs& plain, const TraceFn& fn,
+                                                  std::unique_lock<std::mutex>& lock) {
+  const std::string why = fmt::format(
+      "{} shares memory with a tensor the function captures and writes in place (a parameter, "
+      "a buffer or a .grad)",
+      args.labels[static_cast<size_t>(i)]);
+  if (stats_.eager_reason.empty()) stats_.eager_reason = why;
+  if (!warned_overlap_) {
+    fmt::print(stderr,
+               "duet: warning: {}: {}; such calls run eagerly (CompileStats::eager_calls)\n",
+               label_, why);
+    warned_overlap_ = true;
+  }
+  ++stats_.eager_calls;
+  lock.unlock();
+  return fn(plain.tensors);
+}
+
 bool CompiledCore::run_cached(const FlatArgs& args, bool gm, std::vector<Tensor>& outs,
-                              std::string& value_why, std::unique_lock<std::mutex>& lock) {
+                              std::string& value_why, int64_t& overlap,
+                              std::unique_lock<std::mutex>& lock) {
   std::vector<int64_t> values;
   // The most recent entry first; an entry whose value guards fail says why in value_why.
   auto attempt = [&](Entry& e) {
     if (!fits(e, args, gm, values)) return false;
+    std::optional<FlatArgs> snap;  // (Note [Arguments that share memory with written captures])
+    if (!e.written.empty())
+      if (const int64_t i = snapshot(e, args, snap); i >= 0) {
+        overlap = i;
+        return false;
+      }
     restore_grad_buffers(e);
     std::string why;
     // Timed: the first kRecent calls, then one in kTimeEvery (Note [Call overhead]).
@@ -400,7 +456,7 @@ bool CompiledCore::run_cached(const FlatArgs& args, bool gm, std::vector<Tensor>
     const auto t0 =
         timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     call_start_ = t0;  // (untimed: a plan for new sizes reads the clock as it starts, in run())
-    if (!run(e, values, args, outs, &why, lock)) {
+    if (!run(e, values, snap ? *snap : args, outs, &why, lock)) {
       if (value_why.empty()) value_why = std::move(why);
       return false;
     }

@@ -37,6 +37,7 @@
 #include <map>
 #include <set>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <source_location>
 #include <string>
@@ -136,7 +137,8 @@ struct CompileStats {
   int traces = 0;
   int hits = 0;
   std::vector<std::string> retrace_reasons;  ///< one per retrace: "arg 0 dim 1 changed 31 -> 32"
-  int eager_calls = 0;  ///< calls run eagerly (cache_limit reached, or OnMiss::Eager)
+  int eager_calls = 0;  ///< calls run eagerly (cache_limit reached, OnMiss::Eager, or a tensor
+                        ///< sharing memory with one the function writes in place)
   /// Why the first of them ran eagerly: "cache_limit of 8 signatures reached; this call: arg 0
   /// rank changed 2 -> 3", or "on_miss = eager; ...". Empty while none has.
   std::string eager_reason;
@@ -362,8 +364,18 @@ class CompiledCore {
                const std::vector<std::vector<int32_t>>& dim_sym, const std::vector<int64_t>& hints);
   /// The steps of call(): a cached entry that fits (trace/guards.h) runs; else the reason for
   /// the miss; else a new trace, restarted with fewer symbolic dims while code needs sizes.
+  /// `overlap`: set to a call's tensor that shares memory with a tensor a fitting entry writes
+  /// in place (that entry does not run).
   bool run_cached(const FlatArgs& args, bool grad_mode, std::vector<Tensor>& outs,
-                  std::string& value_why, std::unique_lock<std::mutex>& lock);
+                  std::string& value_why, int64_t& overlap, std::unique_lock<std::mutex>& lock);
+  /// For a call whose tensors share memory with ones entry e writes in place: -1 with those
+  /// tensors copied into `snap`, or the first such tensor where the call must run eagerly (Note
+  /// [Arguments that share memory with written captures]).
+  static int64_t snapshot(const Entry& e, const FlatArgs& args, std::optional<FlatArgs>& snap);
+  /// A call whose tensor `i` shares memory with a tensor the function writes in place, run
+  /// eagerly (Note [Arguments that share memory with written captures]).
+  std::vector<Tensor> run_overlapping(const FlatArgs& args, int64_t i, const FlatArgs& plain,
+                                      const TraceFn& fn, std::unique_lock<std::mutex>& lock);
   void warn_changed_again(const FlatArgs& args, const std::vector<TensorSig>& sig);
   static std::string signature_text(const Entry& e, size_t i);
   std::string explain_miss(const FlatArgs& args, const std::vector<TensorSig>& sig, bool grad_mode,
@@ -410,7 +422,8 @@ class CompiledCore {
   /// When the call holding the lock started (CompileStats::new_size_ms).
   std::chrono::steady_clock::time_point call_start_{};
   bool warned_ = false;
-  bool warned_dims_ = false;  ///< the warning about a dim that changed again was printed
+  bool warned_overlap_ = false;  ///< the warning about a call run eagerly for an overlap
+  bool warned_dims_ = false;     ///< the warning about a dim that changed again was printed
   /// Argument dims whose change made a retrace: a second retrace of one of them warns once.
   std::set<std::pair<size_t, int64_t>> retraced_dims_;
   /// Dims kept concrete because the code needed their sizes, with the reason.

@@ -188,6 +188,9 @@ CompiledCore::Entry* CompiledCore::trace(const FlatArgs& args, const TraceFn& fn
       if (const Tensor g = c.grad(); g.defined() && captured.count(g.unsafe_impl()))
         e->grad_buffers.push_back({c, g});
   }
+  for (const WriteBack& w : joint.writebacks)
+    e->written.push_back(joint.captured[static_cast<size_t>(w.target)]);
+  e->reads_args_after_writes = tr.reads_arguments_after_writes();
   e->num_outputs = outs.size();
   record_guards(args, dim_sym, hints, syms, tr.value_guards(), *e);
   split_joint(joint, tr.value_guards(), grads, *e);

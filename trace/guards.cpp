@@ -378,6 +378,30 @@ bool same_data(const Tensor& a, const Tensor& b) {
                      static_cast<size_t>(ca.numel()) * itemsize(ca.dtype())) == 0;
 }
 
+bool shares_memory(const Tensor& a, const Tensor& b) {
+  // The bytes of the storage a tensor lies in, where its data is (not a lazy one's).
+  auto bytes_of = [](const Tensor& t) -> std::pair<const char*, const char*> {
+    const StorageImpl* s = t.unsafe_impl()->storage.get();
+    if (!s || !s->data) return {nullptr, nullptr};
+    const auto* lo = static_cast<const char*>(s->data);
+    return {lo, lo + s->nbytes};
+  };
+  const auto [alo, ahi] = bytes_of(a);
+  const auto [blo, bhi] = bytes_of(b);
+  return alo && blo && alo < bhi && blo < ahi;
+}
+
+std::vector<size_t> overlapping_written(const EntryGuards& e, const FlatArgs& args) {
+  std::vector<size_t> out;
+  for (size_t i = 0; i < args.tensors.size(); ++i)
+    for (const Tensor& w : e.written)
+      if (shares_memory(args.tensors[i], w)) {
+        out.push_back(i);
+        break;
+      }
+  return out;
+}
+
 void restore_grad_buffers(const EntryGuards& e) {
   for (const auto& [leaf, buf] : e.grad_buffers) {
     if (leaf.grad().defined()) continue;

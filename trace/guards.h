@@ -104,7 +104,21 @@ struct EntryGuards {
   /// an undefined tensor, or zero_grad(set_to_none)): the buffer is then zeroed and attached
   /// again (restore_grad_buffers), the state the trace saw. Another tensor there is a miss.
   std::vector<std::pair<Tensor, Tensor>> grad_buffers;
+  /// Captured tensors the function writes in place (its write-backs: parameters, buffers,
+  /// .grad): a call's tensor that shares memory with one is read as it was when the call began,
+  /// or the call runs eagerly (Note [Arguments that share memory with written captures] in
+  /// trace/compile.cpp).
+  std::vector<Tensor> written;
+  /// The trace read an argument after writing a captured tensor (Tracer::
+  /// reads_arguments_after_writes): a call whose tensor shares memory with a written one would
+  /// read it otherwise than eagerly, and runs eagerly.
+  bool reads_args_after_writes = false;
 };
+
+/// Whether the storages a and b lie in share bytes (a view of a tensor shares its memory).
+bool shares_memory(const Tensor& a, const Tensor& b);
+/// The call's tensors whose memory overlaps a captured tensor the entry writes in place.
+std::vector<size_t> overlapping_written(const EntryGuards& e, const FlatArgs& args);
 
 /// The serial of t's storage (0: none).
 inline uint64_t storage_serial(const Tensor& t) {

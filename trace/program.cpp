@@ -374,6 +374,12 @@ std::vector<Tensor> Program::run(const std::map<std::string, Tensor>& feeds,
                      t.dtype());
     inputs[n.index] = t.is_contiguous() ? t : t.contiguous();
   }
+  // A feed is a value: one that shares memory with a captured tensor the program writes in place
+  // is read as it was when run() began, not as the writes leave it partway (Note [Arguments
+  // that share memory with written captures] in trace/compile.cpp).
+  for (const WriteBack& w : g.writebacks)
+    for (Tensor& x : inputs)
+      if (detail::shares_memory(x, g.captured[static_cast<size_t>(w.target)])) x = x.clone();
   return p.plan->run(inputs);
 }
 

@@ -279,10 +279,22 @@ TensorMeta Tracer::symbolic_meta(const OpDef& def, const OpCall& c) {
   return m;
 }
 
+void Tracer::note_read(const Tensor& t) {
+  Tracer* root = this;
+  while (root->parent_) root = root->parent_;
+  if (!root->captured_written_ || root->args_after_writes_) return;
+  const StorageImpl* st = t.unsafe_impl()->storage.get();
+  const auto& in = root->input_storages_;
+  root->args_after_writes_ = std::find(in.begin(), in.end(), st) != in.end();
+}
+
 Tensor Tracer::handle(const OpCall& c) {
   const OpDef& def = op_def(c.op);
   std::vector<int32_t> ins(static_cast<size_t>(c.inputs.size()));
-  for (int64_t i = 0; i < c.inputs.size(); ++i) ins[i] = value_of(c.inputs[i]);
+  for (int64_t i = 0; i < c.inputs.size(); ++i) {
+    note_read(c.inputs[i]);
+    ins[i] = value_of(c.inputs[i]);
+  }
   const TensorMeta meta = symbolic_meta(def, c);
 
   if (c.inplace_out) {
@@ -330,6 +342,11 @@ Tensor Tracer::handle(const OpCall& c) {
     }
     const uint32_t version = st->version_.fetch_add(1, std::memory_order_relaxed) + 1;
     written_[st] = Written{lay, v, target};
+    if (target >= 0) {
+      Tracer* root = this;
+      while (root->parent_) root = root->parent_;
+      root->captured_written_ = true;
+    }
     if (x->trace) {
       x->value = v;
       x->sym_version = version;
@@ -364,7 +381,10 @@ Tensor Tracer::handle(const OpCall& c) {
 }
 
 void Tracer::finish(const std::vector<Tensor>& outputs) {
-  for (const Tensor& o : outputs) graph_.outputs.push_back(value_of(o));
+  for (const Tensor& o : outputs) {
+    note_read(o);  // (a result that is an argument is read as the call ends)
+    graph_.outputs.push_back(value_of(o));
+  }
   std::vector<WriteBack> wb;
   for (auto& [st, w] : written_)
     if (w.captured >= 0) wb.push_back({w.value, w.captured});

@@ -113,6 +113,10 @@ class Tracer final : public DispatchMode, public ValueReader {
 
   /// Closes the graph: outputs are resolved and write-backs of written captured tensors added.
   void finish(const std::vector<Tensor>& outputs);
+  /// Whether an op read an argument (or a view of one), or the function returned one, after a
+  /// captured tensor was written in place (Note [Arguments that share memory with written
+  /// captures] in trace/compile.cpp). A top-level trace's; sub-traces report to it.
+  bool reads_arguments_after_writes() const { return args_after_writes_; }
 
   Graph& graph() { return graph_; }
   const TraceTag* tag() const { return tag_.get(); }
@@ -154,8 +158,12 @@ class Tracer final : public DispatchMode, public ValueReader {
   /// GraphNode::no_grad (the function turned it off: NoGradGuard, a detach).
   bool grad_at_start_ = detail::grad_mode();
   Tracer* prev_;
-  Tracer* parent_ = nullptr;     ///< sub-traces: the enclosing construct's tracer
-  bool outside_writes_ = false;  ///< allow_outside_writes()
+  Tracer* parent_ = nullptr;        ///< sub-traces: the enclosing construct's tracer
+  bool outside_writes_ = false;     ///< allow_outside_writes()
+  bool captured_written_ = false;   ///< top level: a captured tensor was written in place
+  bool args_after_writes_ = false;  ///< top level: reads_arguments_after_writes()
+  /// Notes, on the top-level tracer, a read of t after a captured tensor was written.
+  void note_read(const Tensor& t);
   Lifts* lifts_ = nullptr;
   std::unordered_map<size_t, int32_t> lifted_;  ///< position in lifts_ -> this graph's input
   std::unordered_map<const StorageImpl*, Written> written_;

@@ -266,8 +266,8 @@ Program shrink_program(Program p, const std::function<std::vector<Tensor>(const 
 
 /// The integer in the environment variable `name`, or `fallback` when it is unset or empty.
 int env_int(const char* name, int fallback);
-/// The seeds to run: 0..n-1 with n from the variable `count` (else `fallback`), or the one seed
-/// the variable `one` names.
+/// The seeds to run: first..first+n-1 with n from the variable `count` (else `fallback`) and
+/// first from DUET_SEED_FIRST (else 0), or the one seed the variable `one` names.
 std::vector<uint64_t> seeds_from_env(const char* count, int fallback, const char* one);
 
 /// How far a compiled value may be from eager's (the comparisons of test_compile_random):

@@ -634,7 +634,8 @@ std::vector<uint64_t> seeds_from_env(const char* count, int fallback, const char
   if (s && *s)
     seeds.push_back(std::strtoull(s, nullptr, 10));
   else
-    for (int i = 0, n = env_int(count, fallback); i < n; ++i) seeds.push_back(uint64_t(i));
+    for (int i = 0, n = env_int(count, fallback), first = env_int("DUET_SEED_FIRST", 0); i < n; ++i)
+      seeds.push_back(uint64_t(first) + uint64_t(i));
   return seeds;
 }
 
