@@ -3,7 +3,9 @@
 //
 // Each program runs eagerly and through duet::compile(fn), on two sets of input values
 // (resampled when eager gives NaN or Inf), without and with inputs that require grad, then with
-// grad mode off and with contiguous arguments; outputs, buffers, requires_grad flags and
+// grad mode off, with contiguous arguments, and (where an argument has the shape and dtype of a
+// buffer the program writes in place) with that buffer passed as the argument; outputs,
+// buffers, requires_grad flags and
 // gradients (duet::grad through the compiled outputs, which runs the compiled backward; per
 // output and of all outputs together) are compared, and the number of traces is checked (no
 // retrace for new values; one for each new signature). Tolerances: f32 rtol 1.3e-5 and atol
@@ -326,13 +328,33 @@ struct Calls {
   }
 };
 
+/// The first argument (its input index and its position among the arguments) that has the
+/// shape and dtype of a buffer the program writes in place, and that buffer's input index; -1s
+/// when there is none.
+std::tuple<int, int, int> argument_like_buffer(const Program& p) {
+  for (size_t b = 0; b < p.inputs.size(); ++b) {
+    if (!p.inputs[b].buffer) continue;
+    int at = 0;
+    for (size_t i = 0; i < p.inputs.size(); ++i) {
+      if (p.inputs[i].captured) continue;
+      if (p.inputs[i].shape == p.inputs[b].shape && p.inputs[i].dtype == p.inputs[b].dtype)
+        return {int(i), at, int(b)};
+      ++at;
+    }
+  }
+  return {-1, -1, -1};
+}
+
 /// The differences between compiled and eager for one program; empty when they agree.
 /// `perturb` moves the compiled floating outputs by a relative and an absolute `perturb` (a
 /// self-test of the comparison).
 /// `fused`, when given, gets the most fused kernels the compiled function's plans had after a
 /// call (CompileStats::fused_kernels).
+/// `aliased`, when given, counts the calls with an argument that is a written buffer, and of
+/// them the calls that ran eagerly.
 std::string check(const Program& p, const Sample& a, const Sample& b, CompileOptions opts,
-                  double perturb = 0, int64_t* fused = nullptr) {
+                  double perturb = 0, int64_t* fused = nullptr,
+                  std::pair<int, int>* aliased = nullptr) {
   Calls calls(p);
   std::string& err = calls.err;
   std::vector<Tensor>& caps = calls.caps;
@@ -426,6 +448,24 @@ std::string check(const Program& p, const Sample& a, const Sample& b, CompileOpt
           "after grad mode off and contiguous calls: {} traces (want {}); "
           "retraced because: {}\n",
           c.stats().traces, want_traces, fmt::join(c.stats().retrace_reasons, "; "));
+    // An argument that is a buffer the program writes in place, where one has its shape and
+    // dtype (Note [Arguments that share memory with written captures] in trace/compile.cpp):
+    // eagerly each read of it sees the writes before it; the compiled call copies it as it
+    // begins or runs eagerly, and must agree.
+    if (const auto [j, at, b] = argument_like_buffer(p); j >= 0) {
+      std::vector<Tensor> ein = build_inputs(p, a.values, false, true);
+      ein[size_t(j)] = ein[size_t(b)];
+      EagerRun e = run_eager(p, ein, false, 0);
+      auto [in, args] = inputs(a, false, true);
+      args[size_t(at)] = caps[size_t(b)];
+      manual_seed(kRandSeed);
+      const int eager_before = c.stats().eager_calls;
+      compare_outputs(c(args), e, "values A (an argument that is a written buffer)");
+      if (aliased) {
+        ++aliased->first;
+        aliased->second += c.stats().eager_calls - eager_before;
+      }
+    }
   } catch (const std::exception& ex) {
     err += fmt::format("threw: {}\n", ex.what());
   }
@@ -441,6 +481,8 @@ struct Coverage {
   int fused = 0;              ///< programs whose plans had a fused kernel
   int64_t fused_kernels = 0;  ///< their kernels, summed
   int refused = 0;            ///< under autocast: programs not compared (run_seed says why)
+  int aliased = 0;            ///< calls with an argument that is a written buffer
+  int aliased_eager = 0;      ///< of them, those run eagerly (the others copied it)
   int low = 0;                ///< under autocast: programs with a value in the low dtype
   int seeds = 0;              ///< the seeds run
   std::string failed_seeds;
@@ -543,7 +585,10 @@ std::string run_seed(uint64_t seed, Coverage& cov, double perturb = 0, Mix mix =
   for (size_t k = 0; k < a.branches.size(); ++k)
     cov.both_branches += a.branches[k] != b.branches[k];
   int64_t fused = 0;
-  err = check(p, a, b, {}, perturb, &fused);
+  std::pair<int, int> aliased{0, 0};
+  err = check(p, a, b, {}, perturb, &fused, &aliased);
+  cov.aliased += aliased.first;
+  cov.aliased_eager += aliased.second;
   cov.fused += fused > 0;
   cov.fused_kernels += fused;
   if (err.empty() || perturb != 0) return err;
@@ -591,12 +636,18 @@ void run_seeds(const std::vector<uint64_t>& seeds, Coverage& cov, Mix mix, bool 
                                      "with values in the low dtype",
                                      cov.refused, cov.low)
                                : "";
+  const std::string aliased =
+      cov.aliased ? fmt::format(
+                        "; {} called with an argument that is a written buffer ({} of "
+                        "them run eagerly)",
+                        cov.aliased, cov.aliased_eager)
+                  : "";
   MESSAGE(fmt::format(
       "{} programs compared ({} steps), {} skipped for non-finite values, {} failed{}; {} with "
-      "fused kernels ({} kernels){}{}; steps per op:{}",
+      "fused kernels ({} kernels){}{}{}; steps per op:{}",
       cov.programs, cov.steps, cov.skipped, cov.failed,
       cov.failed ? " (seeds" + cov.failed_seeds + ")" : "", cov.fused, cov.fused_kernels, control,
-      cast, ops));
+      cast, aliased, ops));
 }
 
 // ---- the batch mix: a symbolic batch dim ----

@@ -217,6 +217,7 @@ void Tracer::throw_stale_view(const char* what, const TensorImpl* x, const Layou
 }
 
 int32_t Tracer::value_of(const Tensor& t) {
+  note_read(t);  // (ops, control flow and results read their tensors through here)
   const TensorImpl* x = t.unsafe_impl();
   const StorageImpl* st = x->storage.get();
   if (x->trace) {
@@ -291,10 +292,7 @@ void Tracer::note_read(const Tensor& t) {
 Tensor Tracer::handle(const OpCall& c) {
   const OpDef& def = op_def(c.op);
   std::vector<int32_t> ins(static_cast<size_t>(c.inputs.size()));
-  for (int64_t i = 0; i < c.inputs.size(); ++i) {
-    note_read(c.inputs[i]);
-    ins[i] = value_of(c.inputs[i]);
-  }
+  for (int64_t i = 0; i < c.inputs.size(); ++i) ins[i] = value_of(c.inputs[i]);
   const TensorMeta meta = symbolic_meta(def, c);
 
   if (c.inplace_out) {
@@ -381,10 +379,7 @@ Tensor Tracer::handle(const OpCall& c) {
 }
 
 void Tracer::finish(const std::vector<Tensor>& outputs) {
-  for (const Tensor& o : outputs) {
-    note_read(o);  // (a result that is an argument is read as the call ends)
-    graph_.outputs.push_back(value_of(o));
-  }
+  for (const Tensor& o : outputs) graph_.outputs.push_back(value_of(o));
   std::vector<WriteBack> wb;
   for (auto& [st, w] : written_)
     if (w.captured >= 0) wb.push_back({w.value, w.captured});

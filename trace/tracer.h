@@ -162,7 +162,8 @@ class Tracer final : public DispatchMode, public ValueReader {
   bool outside_writes_ = false;     ///< allow_outside_writes()
   bool captured_written_ = false;   ///< top level: a captured tensor was written in place
   bool args_after_writes_ = false;  ///< top level: reads_arguments_after_writes()
-  /// Notes, on the top-level tracer, a read of t after a captured tensor was written.
+  /// Notes, on the top-level tracer, a read of t (value_of) after a captured tensor was
+  /// written.
   void note_read(const Tensor& t);
   Lifts* lifts_ = nullptr;
   std::unordered_map<size_t, int32_t> lifted_;  ///< position in lifts_ -> this graph's input
