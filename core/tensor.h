@@ -219,7 +219,9 @@ class Tensor {
   /// Sets every element to zero.
   Tensor& zero_(DUET_HERE);
 
-  /// Typed pointer to the first element (CPU tensors); Error if T does not match dtype().
+  /// Typed pointer to the first element (CPU tensors); Error if T does not match dtype(). A write
+  /// through it is not an op: it leaves the tensor's version as it was, which autograd's checks
+  /// of saved tensors and a compiled function's hoisted steps go by (docs/eager-vs-compiled.md).
   template <class T>
   T* data_ptr(DUET_HERE) const;
   /// Untyped pointer to the first element. An Error for a traced tensor (in a trace, or one
