@@ -1,6 +1,8 @@
 // duet: nn::Module's registry, traversal, placement, state dicts and the state dict file.
 #include "nn/module.h"
 
+#include "trace/tracer.h"
+
 #include <zlib.h>
 
 #include <algorithm>
@@ -182,7 +184,13 @@ std::vector<std::pair<std::string, std::shared_ptr<Module>>> Module::named_child
 
 void Module::train(bool on) { state_->set_training(on); }
 
-bool Module::is_training() const { return state_->training; }
+bool Module::is_training() const {
+  // A trace that reads the flag depends on it (Note [Flags a trace read] in trace/compile.cpp).
+  if (detail::Tracer::current())
+    detail::guard_flag(state_, &state_->training,
+                       [&] { return fmt::format("module {}'s training flag", name()); });
+  return state_->training;
+}
 
 namespace {
 

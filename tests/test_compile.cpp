@@ -431,6 +431,36 @@ TEST_CASE("compile: an argument that is a captured tensor it only reads stays co
   CHECK(f.stats().eager_calls == 0);
 }
 
+// Note [Flags a trace read]: eval() after a trace in training mode traces again (dropout off,
+// running statistics), and train() finds the first trace again.
+TEST_CASE("compile: a module's training flag is guarded: eval() traces again, train() hits") {
+  manual_seed(5);
+  nn::BatchNorm1d bn(4);
+  nn::Dropout drop(0.5);
+  auto body = [&](Tensor x) { return drop(bn(x)); };
+  auto f = compile(body);
+  const Tensor x = randn({6, 4});
+  f(x);  // training: batch statistics, dropout, the running statistics updated
+  bn.eval();
+  drop.eval();
+  CHECK(close(f(x), body(x)));
+  CHECK(f.stats().traces == 2);
+  REQUIRE(f.stats().retrace_reasons.size() == 1);
+  CHECK(f.stats().retrace_reasons[0].find("training flag changed true -> false") !=
+        std::string::npos);
+  const CacheExplanation why = f.explain();
+  REQUIRE(why.entries.size() == 2);
+  REQUIRE(why.entries[1].flags.size() == 2);  // named by the modules' reprs
+  CHECK(why.entries[1].flags[0].starts_with("module BatchNorm1d(4, "));
+  CHECK(why.entries[1].flags[1] == "module Dropout(p=0.5)'s training flag: false");
+  CHECK(why.entries[0].flags[1] == "module Dropout(p=0.5)'s training flag: true");
+  bn.train();
+  drop.train();
+  f(x);
+  CHECK(f.stats().traces == 2);
+  CHECK(f.stats().hits == 1);
+}
+
 TEST_CASE("compile: cache_limit falls back to eager, warns once and records why") {
   CompileOptions o;
   o.cache_limit = 2;

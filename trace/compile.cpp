@@ -242,6 +242,7 @@ CacheExplanation CompiledCore::explain() const {
     }
     for (const SymGuard& g : e->guards) en.guards.push_back(g.str());
     for (const auto& v : e->value_guards) en.value_guards.push_back(v.why);
+    for (const FlagGuard& f : e->flags) en.flags.push_back(fmt::format("{}: {}", f.what, f.value));
     x.entries.push_back(std::move(en));
   }
   return x;
@@ -391,6 +392,15 @@ Tensor CompiledCore::probe(const std::string& name) const {
                    name, names.empty() ? "it pinned none" : "it pinned " + names);
   return {};
 }
+
+// Note [Flags a trace read]
+// A trace runs the function's C++ once, so a C++ value it branches on is fixed in the graph: a
+// module's training flag picks dropout or not, batch statistics or running ones. PyTorch's
+// compiled code guards on `module.training`; here Module::is_training() notes the flag on the
+// running trace (guard_flag), the entry keeps the flags it read with their values
+// (EntryGuards::flags), and a call fits only while each still has its value. After eval(), a
+// function traced in training mode traces again, and says why ("module Dropout(p=0.5)'s training
+// flag changed true -> false"); after train(), the first entry fits again.
 
 // Note [Arguments that share memory with written captures]
 // A plan reads its arguments where they lie, at the step that reads them, and writes the
@@ -799,6 +809,7 @@ std::string CacheExplanation::str() const {
     for (const std::string& a : e.symbolic_dims) s += "  symbolic: " + a + "\n";
     for (const std::string& a : e.guards) s += "  guard: " + a + "\n";
     for (const std::string& a : e.value_guards) s += "  value guard: " + a + "\n";
+    for (const std::string& a : e.flags) s += "  flag: " + a + "\n";
   }
   for (size_t k = 0; k < retraces.size(); ++k)
     s += fmt::format("retrace {}: {}\n", k + 1, retraces[k]);

@@ -300,6 +300,8 @@ struct CacheExplanation {
     std::vector<std::string> symbolic_dims;  ///< "arg 0 dim 0: s0"
     std::vector<std::string> guards;         ///< relations between sizes: "s0 != 1 (squeeze)"
     std::vector<std::string> value_guards;   ///< data read into C++ (guard_data_reads)
+    /// C++ flags the trace read: "module Dropout(p=0.5)'s training flag: true"
+    std::vector<std::string> flags;
   };
   std::string function;               ///< "compiled function at model.cpp:12"
   std::vector<Entry> entries;         ///< oldest first

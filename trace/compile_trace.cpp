@@ -191,6 +191,7 @@ CompiledCore::Entry* CompiledCore::trace(const FlatArgs& args, const TraceFn& fn
   for (const WriteBack& w : joint.writebacks)
     e->written.push_back(joint.captured[static_cast<size_t>(w.target)]);
   e->reads_args_after_writes = tr.reads_arguments_after_writes();
+  e->flags = tr.flags();
   e->num_outputs = outs.size();
   record_guards(args, dim_sym, hints, syms, tr.value_guards(), *e);
   split_joint(joint, tr.value_guards(), grads, *e);

@@ -88,9 +88,16 @@ bool bind_symbols(const std::vector<std::vector<int32_t>>& dim_sym, int32_t num_
   return true;
 }
 
+const FlagGuard* changed_flag(const EntryGuards& e) {
+  for (const FlagGuard& f : e.flags)
+    if (*f.flag != f.value) return &f;
+  return nullptr;
+}
+
 bool fits(const EntryGuards& e, const FlatArgs& args, bool grad_mode,
           std::vector<int64_t>& values) {
-  if (e.grad_mode != grad_mode || e.autocast != detail::autocast_key() || e.statics != args.statics)
+  if (e.grad_mode != grad_mode || e.autocast != detail::autocast_key() ||
+      e.statics != args.statics || changed_flag(e))
     return false;
   for (size_t i = 0; i < e.captured_flags.size(); ++i)
     if (e.captured_flags[i].first.requires_grad() != e.captured_flags[i].second ||
@@ -107,7 +114,7 @@ bool fits(const EntryGuards& e, const FlatArgs& args, bool grad_mode,
 bool differs_in_sizes_only(const EntryGuards& e, const std::vector<TensorSig>& sig,
                            const FlatArgs& args, bool grad_mode) {
   if (e.grad_mode != grad_mode || e.autocast != detail::autocast_key() ||
-      e.statics != args.statics || e.sig.size() != sig.size())
+      e.statics != args.statics || e.sig.size() != sig.size() || changed_flag(e))
     return false;
   bool same = true;
   for (const auto& [t, rg] : e.captured_flags) same = same && t.requires_grad() == rg;
@@ -134,6 +141,8 @@ std::string miss_reason(const EntryGuards& p, const std::vector<TensorSig>& sig,
   else if (p.autocast != detail::autocast_key())
     why = fmt::format("autocast changed {} -> {}", autocast_text(p.autocast),
                       autocast_text(detail::autocast_key()));
+  else if (const FlagGuard* f = changed_flag(p))
+    why = fmt::format("{} changed {} -> {}", f->what, f->value, !f->value);
   for (size_t i = 0; why.empty() && i < std::max(p.statics.size(), args.statics.size()); ++i) {
     std::string a = i < p.statics.size() ? p.statics[i] : "nothing";
     std::string b = i < args.statics.size() ? args.statics[i] : "nothing";

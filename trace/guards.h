@@ -16,6 +16,7 @@
 #include "core/symbolic.h"
 #include "trace/compile.h"
 #include "trace/plan/executor.h"
+#include "trace/tracer.h"
 
 namespace duet::detail {
 
@@ -113,7 +114,13 @@ struct EntryGuards {
   /// reads_arguments_after_writes): a call whose tensor shares memory with a written one would
   /// read it otherwise than eagerly, and runs eagerly.
   bool reads_args_after_writes = false;
+  /// The C++ flags the trace read (a module's training flag), each with its value then: a call
+  /// fits only while each still has it (Note [Flags a trace read] in trace/compile.cpp).
+  std::vector<FlagGuard> flags;
 };
+
+/// The first flag of e that no longer has its traced value, or null.
+const FlagGuard* changed_flag(const EntryGuards& e);
 
 /// Whether the storages a and b lie in share bytes (a view of a tensor shares its memory).
 bool shares_memory(const Tensor& a, const Tensor& b);

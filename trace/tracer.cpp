@@ -280,6 +280,16 @@ TensorMeta Tracer::symbolic_meta(const OpDef& def, const OpCall& c) {
   return m;
 }
 
+void guard_flag(std::shared_ptr<const void> owner, const bool* flag,
+                const std::function<std::string()>& what) {
+  Tracer* root = Tracer::current();
+  if (!root) return;
+  while (root->parent_) root = root->parent_;
+  for (const FlagGuard& f : root->flags_)
+    if (f.flag == flag) return;
+  root->flags_.push_back({std::move(owner), flag, *flag, what()});
+}
+
 void Tracer::note_read(const Tensor& t) {
   Tracer* root = this;
   while (root->parent_) root = root->parent_;

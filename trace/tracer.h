@@ -47,6 +47,22 @@
 
 namespace duet::detail {
 
+/// A C++ flag a trace read, such as a module's training flag: a compiled entry keeps `owner`
+/// alive and matches a call only while *flag is still `value` (Note [Flags a trace read] in
+/// trace/compile.cpp).
+struct FlagGuard {
+  std::shared_ptr<const void> owner;
+  const bool* flag;
+  bool value;
+  std::string what;  ///< "module Dropout's training flag"
+};
+
+/// While a trace runs on this thread, notes that it read *flag (which `owner` keeps alive), so
+/// that a compiled function traces again when the flag changes; `what` names it. Nothing
+/// otherwise.
+void guard_flag(std::shared_ptr<const void> owner, const bool* flag,
+                const std::function<std::string()>& what);
+
 /// A value read into C++ in guard mode (Note [Data-dependent reads]).
 struct ValueGuard {
   int32_t value;    ///< in the top-level graph
@@ -113,6 +129,8 @@ class Tracer final : public DispatchMode, public ValueReader {
 
   /// Closes the graph: outputs are resolved and write-backs of written captured tensors added.
   void finish(const std::vector<Tensor>& outputs);
+  /// The flags the trace read (guard_flag), each once; a top-level trace's.
+  const std::vector<FlagGuard>& flags() const { return flags_; }
   /// Whether an op read an argument (or a view of one), or the function returned one, after a
   /// captured tensor was written in place (Note [Arguments that share memory with written
   /// captures] in trace/compile.cpp). A top-level trace's; sub-traces report to it.
@@ -158,9 +176,12 @@ class Tracer final : public DispatchMode, public ValueReader {
   /// GraphNode::no_grad (the function turned it off: NoGradGuard, a detach).
   bool grad_at_start_ = detail::grad_mode();
   Tracer* prev_;
-  Tracer* parent_ = nullptr;        ///< sub-traces: the enclosing construct's tracer
-  bool outside_writes_ = false;     ///< allow_outside_writes()
-  bool captured_written_ = false;   ///< top level: a captured tensor was written in place
+  Tracer* parent_ = nullptr;       ///< sub-traces: the enclosing construct's tracer
+  bool outside_writes_ = false;    ///< allow_outside_writes()
+  bool captured_written_ = false;  ///< top level: a captured tensor was written in place
+  std::vector<FlagGuard> flags_;   ///< top level: flags()
+  friend void guard_flag(std::shared_ptr<const void>, const bool*,
+                         const std::function<std::string()>&);
   bool args_after_writes_ = false;  ///< top level: reads_arguments_after_writes()
   /// Notes, on the top-level tracer, a read of t (value_of) after a captured tensor was
   /// written.
