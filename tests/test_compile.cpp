@@ -461,6 +461,42 @@ TEST_CASE("compile: a module's training flag is guarded: eval() traces again, tr
   CHECK(f.stats().hits == 1);
 }
 
+// A post-accumulate-grad hook runs as ops of the traced backward: one added after the trace
+// traces again (it was ignored: the gradient came out twice what eager gives), and its removal
+// finds the first trace again.
+TEST_CASE("compile: a hook added to a captured leaf after the trace traces again") {
+  auto run = [](bool compiled) {
+    Tensor w = tensor({1.0, 2.0}).requires_grad_();
+    auto body = [&](Tensor x) {
+      Tensor l = (w * x).sum();
+      l.backward();
+      return l;
+    };
+    auto f = compile(body);
+    const Tensor x = tensor({3.0, 4.0});
+    auto call = [&] { compiled ? f(x) : body(x); };
+    std::vector<std::vector<double>> seen;
+    call();
+    const int64_t h = w.register_post_accumulate_grad_hook([](const Tensor& p) {
+      NoGradGuard ng;
+      p.grad().mul_(0.5);
+    });
+    call();
+    seen.push_back(values(w.grad()));
+    w.remove_post_accumulate_grad_hook(h);
+    call();
+    seen.push_back(values(w.grad()));
+    if (compiled) {
+      CHECK(f.stats().traces == 2);
+      CHECK(f.stats().hits == 1);
+      REQUIRE(f.stats().retrace_reasons.size() == 1);
+      CHECK(f.stats().retrace_reasons[0].find("post-accumulate-grad hook") != std::string::npos);
+    }
+    return seen;
+  };
+  CHECK(run(true) == run(false));
+}
+
 TEST_CASE("compile: cache_limit falls back to eager, warns once and records why") {
   CompileOptions o;
   o.cache_limit = 2;

@@ -180,6 +180,7 @@ CompiledCore::Entry* CompiledCore::trace(const FlatArgs& args, const TraceFn& fn
   for (const Tensor& c : joint.captured) {
     e->captured_flags.push_back({c, c.requires_grad()});
     e->captured_storage.push_back(storage_serial(c));
+    e->captured_hooks.push_back(hooks_key(c));
   }
   {
     std::unordered_set<const detail::TensorImpl*> captured;

@@ -101,7 +101,8 @@ bool fits(const EntryGuards& e, const FlatArgs& args, bool grad_mode,
     return false;
   for (size_t i = 0; i < e.captured_flags.size(); ++i)
     if (e.captured_flags[i].first.requires_grad() != e.captured_flags[i].second ||
-        storage_serial(e.captured_flags[i].first) != e.captured_storage[i])
+        storage_serial(e.captured_flags[i].first) != e.captured_storage[i] ||
+        hooks_key(e.captured_flags[i].first) != e.captured_hooks[i])
       return false;
   for (const auto& [leaf, buf] : e.grad_buffers) {
     const Tensor g = leaf.grad();
@@ -117,7 +118,9 @@ bool differs_in_sizes_only(const EntryGuards& e, const std::vector<TensorSig>& s
       e.statics != args.statics || e.sig.size() != sig.size() || changed_flag(e))
     return false;
   bool same = true;
-  for (const auto& [t, rg] : e.captured_flags) same = same && t.requires_grad() == rg;
+  for (size_t i = 0; same && i < e.captured_flags.size(); ++i)
+    same = e.captured_flags[i].first.requires_grad() == e.captured_flags[i].second &&
+           hooks_key(e.captured_flags[i].first) == e.captured_hooks[i];
   for (size_t i = 0; same && i < sig.size(); ++i) {
     const TensorSig& a = e.sig[i];
     const TensorSig& b = sig[i];
@@ -205,6 +208,11 @@ std::string miss_reason(const EntryGuards& p, const std::vector<TensorSig>& sig,
     if (storage_serial(p.captured_flags[i].first) != p.captured_storage[i])
       why = fmt::format("captured tensor {} (shape {}) was given new storage (Module::to)", i,
                         p.captured_flags[i].first.sizes());
+  for (size_t i = 0; why.empty() && i < p.captured_flags.size(); ++i)
+    if (hooks_key(p.captured_flags[i].first) != p.captured_hooks[i])
+      why = fmt::format(
+          "a post-accumulate-grad hook of captured tensor {} (shape {}) was added or removed", i,
+          p.captured_flags[i].first.sizes());
   for (size_t i = 0; why.empty() && i < p.grad_buffers.size(); ++i) {
     const auto& [leaf, buf] = p.grad_buffers[i];
     const Tensor g = leaf.grad();

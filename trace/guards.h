@@ -100,6 +100,10 @@ struct EntryGuards {
   /// tensor given new storage in place since (Module::to) is a miss: plans hold views of the
   /// storage they were built over.
   std::vector<uint64_t> captured_storage;
+  /// Per captured tensor (as captured_flags): its post-accumulate-grad hooks at trace time
+  /// (hooks_key). The trace ran them as ops of its backward, so a hook added or removed since is
+  /// a miss.
+  std::vector<uint64_t> captured_hooks;
   /// Captured leaves whose .grad buffer the graph also captured (reads and accumulates into),
   /// with that buffer. A call finds each leaf's .grad still that buffer, or none (set_grad of
   /// an undefined tensor, or zero_grad(set_to_none)): the buffer is then zeroed and attached
@@ -126,6 +130,17 @@ const FlagGuard* changed_flag(const EntryGuards& e);
 bool shares_memory(const Tensor& a, const Tensor& b);
 /// The call's tensors whose memory overlaps a captured tensor the entry writes in place.
 std::vector<size_t> overlapping_written(const EntryGuards& e, const FlatArgs& args);
+
+/// A key of t's post-accumulate-grad hooks (Tensor::register_post_accumulate_grad_hook), made of
+/// their handles in order; 0 for none.
+inline uint64_t hooks_key(const Tensor& t) {
+  const detail::TensorImpl* x = t.unsafe_impl();
+  if (!x->autograd || x->autograd->post_accumulate_hooks.empty()) return 0;
+  uint64_t k = x->autograd->post_accumulate_hooks.size();
+  for (const auto& h : x->autograd->post_accumulate_hooks)
+    k = k * 0x100000001b3ull ^ static_cast<uint64_t>(h.first);
+  return k;
+}
 
 /// The serial of t's storage (0: none).
 inline uint64_t storage_serial(const Tensor& t) {
