@@ -109,8 +109,7 @@ namespace {
 std::string trace_context() {
   Tracer* t = tls_tracer;
   if (!t) return "";
-  Tracer* root = t;
-  while (root->parent()) root = root->parent();
+  Tracer* root = t->top();
   std::string s = fmt::format(" while tracing {}", root->graph().label);
   const std::string& scope = current_scope();
   if (!scope.empty()) s += fmt::format(", scope {}", scope);
@@ -282,17 +281,19 @@ TensorMeta Tracer::symbolic_meta(const OpDef& def, const OpCall& c) {
 
 void guard_flag(std::shared_ptr<const void> owner, const bool* flag,
                 const std::function<std::string()>& what) {
-  Tracer* root = Tracer::current();
-  if (!root) return;
-  while (root->parent_) root = root->parent_;
+  if (Tracer* t = Tracer::current()) t->note_flag(std::move(owner), flag, what);
+}
+
+void Tracer::note_flag(std::shared_ptr<const void> owner, const bool* flag,
+                       const std::function<std::string()>& what) {
+  Tracer* root = top();
   for (const FlagGuard& f : root->flags_)
     if (f.flag == flag) return;
   root->flags_.push_back({std::move(owner), flag, *flag, what()});
 }
 
 void Tracer::note_read(const Tensor& t) {
-  Tracer* root = this;
-  while (root->parent_) root = root->parent_;
+  Tracer* root = top();
   if (!root->captured_written_ || root->args_after_writes_) return;
   const StorageImpl* st = t.unsafe_impl()->storage.get();
   const auto& in = root->input_storages_;
@@ -350,11 +351,7 @@ Tensor Tracer::handle(const OpCall& c) {
     }
     const uint32_t version = st->version_.fetch_add(1, std::memory_order_relaxed) + 1;
     written_[st] = Written{lay, v, target};
-    if (target >= 0) {
-      Tracer* root = this;
-      while (root->parent_) root = root->parent_;
-      root->captured_written_ = true;
-    }
+    if (target >= 0) top()->captured_written_ = true;
     if (x->trace) {
       x->value = v;
       x->sym_version = version;
@@ -415,8 +412,7 @@ std::string show_value(const Tensor& value) {
 }
 
 Tensor Tracer::read(const Tensor& t, const char* what, const char* file, unsigned line) {
-  Tracer* root = this;
-  while (root->parent_) root = root->parent_;
+  Tracer* root = top();
   const TensorImpl* x = t.unsafe_impl();
   const std::string site = call_site(file, line);
   if (x->trace) {

@@ -54,7 +54,7 @@ struct FlagGuard {
   std::shared_ptr<const void> owner;
   const bool* flag;
   bool value;
-  std::string what;  ///< "module Dropout's training flag"
+  std::string what;  ///< "module Dropout(p=0.5)'s training flag"
 };
 
 /// While a trace runs on this thread, notes that it read *flag (which `owner` keeps alive), so
@@ -117,6 +117,15 @@ class Tracer final : public DispatchMode, public ValueReader {
                               const std::vector<Tensor>& inputs);
   /// The tracer of the enclosing construct, or null for a top-level trace.
   Tracer* parent() const { return parent_; }
+  /// The top-level tracer of this one's constructs (this one at top level).
+  Tracer* top() {
+    Tracer* t = this;
+    while (t->parent_) t = t->parent_;
+    return t;
+  }
+  /// guard_flag on this trace: notes *flag, once, on the top-level tracer.
+  void note_flag(std::shared_ptr<const void> owner, const bool* flag,
+                 const std::function<std::string()>& what);
   /// Lets this sub-trace write in place into concrete tensors from outside (the generator's
   /// state): a write-back of its graph, which vmap applies once, in order (Note [vmap]). The
   /// bodies of cond, scan and while_loop may not: a write there would be a side effect of a
@@ -176,13 +185,11 @@ class Tracer final : public DispatchMode, public ValueReader {
   /// GraphNode::no_grad (the function turned it off: NoGradGuard, a detach).
   bool grad_at_start_ = detail::grad_mode();
   Tracer* prev_;
-  Tracer* parent_ = nullptr;       ///< sub-traces: the enclosing construct's tracer
-  bool outside_writes_ = false;    ///< allow_outside_writes()
-  bool captured_written_ = false;  ///< top level: a captured tensor was written in place
-  std::vector<FlagGuard> flags_;   ///< top level: flags()
-  friend void guard_flag(std::shared_ptr<const void>, const bool*,
-                         const std::function<std::string()>&);
+  Tracer* parent_ = nullptr;        ///< sub-traces: the enclosing construct's tracer
+  bool outside_writes_ = false;     ///< allow_outside_writes()
+  bool captured_written_ = false;   ///< top level: a captured tensor was written in place
   bool args_after_writes_ = false;  ///< top level: reads_arguments_after_writes()
+  std::vector<FlagGuard> flags_;    ///< top level: flags()
   /// Notes, on the top-level tracer, a read of t (value_of) after a captured tensor was
   /// written.
   void note_read(const Tensor& t);
