@@ -204,7 +204,8 @@ struct GradCtx {
 using GradFn = void (*)(const GradCtx& ctx, const Tensor& grad, Tensor* grad_in);
 
 /// OpDef::save bits: which values a gradient rule reads.
-inline constexpr uint8_t kSaveIn0 = 1, kSaveIn1 = 2, kSaveIn2 = 4, kSaveIn3 = 8, kSaveOut = 0x80;
+inline constexpr uint8_t kSaveIn0 = 1, kSaveIn1 = 2, kSaveIn2 = 4, kSaveIn3 = 8, kSaveIn4 = 16,
+                         kSaveOut = 0x80;
 
 /// One operand of a batching rule: a tensor and its dim that holds the batch (-1: none, the
 /// operand is the same for every sample).

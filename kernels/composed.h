@@ -21,6 +21,12 @@ void conv2d_composed_kernel(TensorRefs in, const Attrs& a, const Tensor& out);
 void conv2d_input_grad_composed_kernel(TensorRefs in, const Attrs& a, const Tensor& out);
 void conv2d_weight_grad_composed_kernel(TensorRefs in, const Attrs& a, const Tensor& out);
 
+/// LstmStep and LstmStepBackward (Note [LSTM step] in core/ops/rnn.cpp) composed of the Addmm,
+/// LstmCell, LstmCellBackward, Add, Full and Copy kernels of the output's device (kernels/rnn.cpp):
+/// the CUDA backend's; the CPU has kernels of its own, which the tests compare with these.
+void lstm_step_composed_kernel(TensorRefs in, const Attrs& a, const Tensor& out);
+void lstm_step_backward_composed_kernel(TensorRefs in, const Attrs& a, const Tensor& out);
+
 /// The collectives (AllReduce, Broadcast, AllGather, ReduceScatter): contiguous buffers handed
 /// to the transport of the output's device (kernels/collective.cpp).
 template <OpId op>

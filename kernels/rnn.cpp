@@ -9,6 +9,7 @@
 // and bf16 run in f32 (via_wide).
 #include <algorithm>
 
+#include "kernels/composed.h"
 #include "kernels/cpu_kernels.h"
 #include "kernels/loops.h"
 #include "kernels/low_precision.h"
@@ -60,12 +61,18 @@ void lstm_grads(int64_t m, const T* __restrict i, const T* __restrict f, const T
 }
 
 // The activated gates of units [j0, j0 + m) of one row: i, f, g, o, each m long at stride kBlock.
+// gh null: gx holds the summed gates (lstm_step's a). sums, where set: the row's summed gates
+// are stored there too, before their activation.
 template <class T>
-void gates(const T* gx, const T* gh, int64_t h, int64_t j0, int64_t m, T* act) {
+void gates(const T* gx, const T* gh, int64_t h, int64_t j0, int64_t m, T* act, T* sums = nullptr) {
   for (int64_t k = 0; k < 4; ++k) {
-    const T *x = gx + k * h + j0, *y = gh + k * h + j0;
+    const T* x = gx + k * h + j0;
     T* a = act + k * kBlock;
-    add_to(m, x, y, a);
+    if (gh)
+      add_to(m, x, gh + k * h + j0, a);
+    else
+      std::copy(x, x + m, a);
+    if (sums) std::copy(a, a + m, sums + k * h + j0);
     if (k == 2)
       unary_dense<T>(fn::Tanh{}, a, a, m);
     else
@@ -85,14 +92,17 @@ void for_blocks(int64_t rows, int64_t h, F&& body) {
       /*align=*/1);
 }
 
+// width: out's row is h', c' (2) or h', c', a (6: lstm_step, which stores the summed gates).
 template <class T>
-void forward(const T* gx, const T* gh, const T* c, T* out, int64_t rows, int64_t h) {
+void forward(const T* gx, const T* gh, const T* c, T* out, int64_t rows, int64_t h,
+             int64_t width = 2) {
   for_blocks(rows, h, [&](int64_t r, int64_t j0, int64_t m) {
     alignas(64) T act[4 * kBlock], tc[kBlock];
-    gates(gx + r * 4 * h, gh + r * 4 * h, h, j0, m, act);
+    T* row = out + r * width * h;
+    gates(gx + r * 4 * h, gh + r * 4 * h, h, j0, m, act, width == 6 ? row + 2 * h : nullptr);
     const T *i = act, *f = act + kBlock, *g = act + 2 * kBlock, *o = act + 3 * kBlock;
     const T* cr = c + r * h + j0;
-    T* hn = out + r * 2 * h + j0;
+    T* hn = row + j0;
     T* cn = hn + h;
     lstm_state(m, i, f, g, cr, cn);
     unary_dense<T>(fn::Tanh{}, cn, tc, m);
@@ -100,20 +110,26 @@ void forward(const T* gx, const T* gh, const T* c, T* out, int64_t rows, int64_t
   });
 }
 
+// gh null: gx is lstm_step's a, and grad's row is (h', c', a) (6H), whose a columns are added to
+// the gradient of a.
 template <class T>
 void backward(const T* gx, const T* gh, const T* c, const T* grad, T* out, int64_t rows,
               int64_t h) {
+  const int64_t gw = gh ? 2 : 6;
   for_blocks(rows, h, [&](int64_t r, int64_t j0, int64_t m) {
     alignas(64) T act[4 * kBlock], tc[kBlock];
-    gates(gx + r * 4 * h, gh + r * 4 * h, h, j0, m, act);
+    gates(gx + r * 4 * h, gh ? gh + r * 4 * h : nullptr, h, j0, m, act);
     const T *i = act, *f = act + kBlock, *g = act + 2 * kBlock, *o = act + 3 * kBlock;
     const T* cr = c + r * h + j0;
     lstm_state(m, i, f, g, cr, tc);
     unary_dense<T>(fn::Tanh{}, tc, tc, m);
-    const T *dh = grad + r * 2 * h + j0, *dcn = dh + h;
+    const T *dh = grad + r * gw * h + j0, *dcn = dh + h;
     T* da = out + r * 5 * h + j0;
     lstm_grads(m, i, f, g, o, cr, static_cast<const T*>(tc), dh, dcn, da, da + h, da + 2 * h,
                da + 3 * h, da + 4 * h);
+    if (!gh)
+      for (int64_t k = 0; k < 4; ++k)
+        add_to(m, static_cast<const T*>(da + k * h), dh + 2 * h + k * h, da + k * h);
   });
 }
 
@@ -190,11 +206,10 @@ void gru_backward(const T* gx, const T* gh, const T* hp, const T* grad, T* out, 
 // Every kernel: the operands made dense, then `run` on typed pointers into `out` (or into a
 // dense temporary copied there, should the output be strided).
 template <class Run>
-void run_cell(TensorRefs in, const Tensor& out, Run&& run) {
+void run_cell_on(TensorRefs in, const Tensor& c, const Tensor& out, Run&& run) {
   Tensor tmp[4];
   const Tensor* d[4] = {};
   for (int64_t k = 0; k < in.size(); ++k) d[k] = &dense(in[k], tmp[k]);
-  const Tensor& c = in[2];
   const int64_t h = c.sizes()[c.dim() - 1];
   const int64_t rows = h == 0 ? 0 : c.numel() / h;
   const Tensor o =
@@ -206,6 +221,11 @@ void run_cell(TensorRefs in, const Tensor& out, Run&& run) {
       run(d, static_cast<float*>(o.raw_data()), rows, h, float{});
   }
   if (!out.is_contiguous()) copy_into(o, out);
+}
+
+template <class Run>
+void run_cell(TensorRefs in, const Tensor& out, Run&& run) {
+  run_cell_on(in, in[2], out, run);
 }
 
 template <class T>
@@ -227,6 +247,136 @@ void lstm_cell_backward_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
   });
 }
 
+// lstm_step (Note [LSTM step] in core/ops/rnn.cpp): the products as addmm's kernel computes
+// them (rows of x and h), then the cell, which stores the summed gates beside h' and c'.
+void lstm_step_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
+  const Tensor& c = in[2];
+  const int64_t h = c.sizes()[c.dim() - 1], n_in = in[0].sizes()[in[0].dim() - 1];
+  const int64_t rows = h == 0 ? 0 : c.numel() / h;
+  Tensor tmp[3];
+  const Tensor &x = dense(in[0], tmp[0]), &hp = dense(in[1], tmp[1]), &cs = dense(c, tmp[2]);
+  auto transposed = [](const Tensor& w) {
+    return detail::make_view(w, Shape{w.sizes()[1], w.sizes()[0]},
+                             Strides{w.strides()[1], w.strides()[0]}, w.storage_offset());
+  };
+  const Tensor x2 = detail::make_view(x, Shape{rows, n_in}, Strides{n_in, 1}, x.storage_offset());
+  const Tensor h2 = detail::make_view(hp, Shape{rows, h}, Strides{h, 1}, hp.storage_offset());
+  const Tensor wi = transposed(in[3]), wh = transposed(in[4]);
+  const Tensor gx = detail::empty(Shape{rows, 4 * h}, out.dtype(), out.device());
+  const Tensor gh = detail::empty(Shape{rows, 4 * h}, out.dtype(), out.device());
+  run_kernel(OpId::Addmm, {&in[5], &x2, &wi}, Attrs{}, gx);
+  run_kernel(OpId::Addmm, {&in[6], &h2, &wh}, Attrs{}, gh);
+  const Tensor o =
+      out.is_contiguous() ? out : detail::empty(out.sizes(), out.dtype(), out.device());
+  if (rows > 0) {
+    if (out.dtype() == DType::f64)
+      forward<double>(static_cast<const double*>(gx.raw_data()),
+                      static_cast<const double*>(gh.raw_data()),
+                      static_cast<const double*>(cs.raw_data()), static_cast<double*>(o.raw_data()),
+                      rows, h, 6);
+    else
+      forward<float>(
+          static_cast<const float*>(gx.raw_data()), static_cast<const float*>(gh.raw_data()),
+          static_cast<const float*>(cs.raw_data()), static_cast<float*>(o.raw_data()), rows, h, 6);
+  }
+  if (!out.is_contiguous()) copy_into(o, out);
+}
+
+void lstm_step_backward_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
+  run_cell_on(in, in[1], out,
+              [](const Tensor* const* d, auto* o, int64_t rows, int64_t h, auto zero) {
+                using T = decltype(zero);
+                backward<T>(data<T>(d[0]), nullptr, data<T>(d[1]), data<T>(d[2]), o, rows, h);
+              });
+}
+
+}  // namespace rnn_cpu
+
+// ---- lstm_step composed of other kernels (any device) -----------------------------------------
+
+namespace {
+
+// t as (rows, cols) on its device: itself when contiguous, else a contiguous copy.
+Tensor as_rows(const Tensor& t, int64_t rows, int64_t cols) {
+  Tensor d = t;
+  if (!t.is_contiguous()) {
+    d = detail::empty(t.sizes(), t.dtype(), t.device());
+    copy_on_device(t, d);
+  }
+  return detail::make_view(d, Shape{rows, cols}, Strides{cols, 1}, d.storage_offset());
+}
+// Columns [from, from + n) of the (rows, width) matrix m.
+Tensor columns(const Tensor& m, int64_t from, int64_t n) {
+  return detail::make_view(m, Shape{m.sizes()[0], n}, Strides{m.strides()[0], m.strides()[1]},
+                           m.storage_offset() + from * m.strides()[1]);
+}
+// The contiguous output as (rows, width), or a temporary that `finish` copies into it.
+struct RowsOut {
+  const Tensor& out;
+  Tensor dense, m;
+  RowsOut(const Tensor& o, int64_t rows, int64_t width)
+      : out(o), dense(o.is_contiguous() ? o : detail::empty(o.sizes(), o.dtype(), o.device())) {
+    m = detail::make_view(dense, Shape{rows, width}, Strides{width, 1}, dense.storage_offset());
+  }
+  void finish() {
+    if (!dense.is_same(out)) copy_on_device(dense, out);
+  }
+};
+
+}  // namespace
+
+void lstm_step_composed_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
+  const Tensor& c = in[2];
+  const int64_t h = c.sizes()[c.dim() - 1], n_in = in[0].sizes()[in[0].dim() - 1];
+  const int64_t rows = h == 0 ? 0 : c.numel() / h;
+  if (out.numel() == 0) return;
+  const Tensor x = as_rows(in[0], rows, n_in), hp = as_rows(in[1], rows, h);
+  const Tensor cs = as_rows(c, rows, h);
+  auto transposed = [](const Tensor& w) {
+    return detail::make_view(w, Shape{w.sizes()[1], w.sizes()[0]},
+                             Strides{w.strides()[1], w.strides()[0]}, w.storage_offset());
+  };
+  const Tensor wi = transposed(in[3]), wh = transposed(in[4]);
+  auto make = [&](int64_t cols) {
+    return detail::empty(Shape{rows, cols}, out.dtype(), out.device());
+  };
+  const Tensor gx = make(4 * h), gh = make(4 * h), cell = make(2 * h), a = make(4 * h);
+  run_kernel(OpId::Addmm, {&in[5], &x, &wi}, Attrs{}, gx);
+  run_kernel(OpId::Addmm, {&in[6], &hp, &wh}, Attrs{}, gh);
+  run_kernel(OpId::LstmCell, {&gx, &gh, &cs}, Attrs{}, cell);
+  run_kernel(OpId::Add, {&gx, &gh}, Attrs{}, a);
+  RowsOut o(out, rows, 6 * h);
+  copy_on_device(cell, columns(o.m, 0, 2 * h));
+  copy_on_device(a, columns(o.m, 2 * h, 4 * h));
+  o.finish();
+}
+
+void lstm_step_backward_composed_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
+  const Tensor& c = in[1];
+  const int64_t h = c.sizes()[c.dim() - 1];
+  const int64_t rows = h == 0 ? 0 : c.numel() / h;
+  if (out.numel() == 0) return;
+  const Tensor a = as_rows(in[0], rows, 4 * h), cs = as_rows(c, rows, h);
+  const Tensor g = as_rows(in[2], rows, 6 * h), g2 = columns(g, 0, 2 * h);
+  const Tensor ga = columns(g, 2 * h, 4 * h);
+  auto make = [&](int64_t cols) {
+    return detail::empty(Shape{rows, cols}, out.dtype(), out.device());
+  };
+  const Tensor zero = make(4 * h), r = make(5 * h), da = make(4 * h);
+  Attrs fill;
+  fill.value = 0.0;
+  run_kernel(OpId::Full, {}, fill, zero);
+  run_kernel(OpId::LstmCellBackward, {&a, &zero, &cs, &g2}, Attrs{}, r);
+  const Tensor r_da = columns(r, 0, 4 * h);
+  run_kernel(OpId::Add, {&r_da, &ga}, Attrs{}, da);  // g's own a columns (Note [LSTM step])
+  RowsOut o(out, rows, 5 * h);
+  copy_on_device(da, columns(o.m, 0, 4 * h));
+  copy_on_device(columns(r, 4 * h, h), columns(o.m, 4 * h, h));
+  o.finish();
+}
+
+namespace rnn_cpu {
+
 void gru_cell_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
   run_cell(in, out, [](const Tensor* const* d, auto* o, int64_t rows, int64_t h, auto zero) {
     using T = decltype(zero);
@@ -247,6 +397,9 @@ void register_rnn_kernels(OpDef* t) {
   detail::register_kernel(t, OpId::LstmCell, DeviceType::CPU, via_wide<rnn_cpu::lstm_cell_kernel>);
   detail::register_kernel(t, OpId::LstmCellBackward, DeviceType::CPU,
                           via_wide<rnn_cpu::lstm_cell_backward_kernel>);
+  detail::register_kernel(t, OpId::LstmStep, DeviceType::CPU, via_wide<rnn_cpu::lstm_step_kernel>);
+  detail::register_kernel(t, OpId::LstmStepBackward, DeviceType::CPU,
+                          via_wide<rnn_cpu::lstm_step_backward_kernel>);
   detail::register_kernel(t, OpId::GruCell, DeviceType::CPU, via_wide<rnn_cpu::gru_cell_kernel>);
   detail::register_kernel(t, OpId::GruCellBackward, DeviceType::CPU,
                           via_wide<rnn_cpu::gru_cell_backward_kernel>);

@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "core/autocast.h"
 #include "core/op_table.h"
 #include "core/ops.h"
 #include "nn/init.h"
@@ -319,6 +320,12 @@ std::vector<Tensor> RNNCellBase::step(const Tensor& input, const Tensor& hx, con
   in.reserve(3);
   in.push_back(start(hx, lstm ? "h_0" : "hx"));
   if (lstm) in.push_back(start(cx, "c_0"));
+  // The step with its products as one op (Note [LSTM step] in core/ops/rnn.cpp); under autocast
+  // the products run in the low dtype through linear() instead, and the state stays f32.
+  if (lstm && bias_ih.defined() && !autocast_enabled(x.device())) {
+    auto [h_next, c_next] = lstm_step(x, in[0], in[1], weight_ih, weight_hh, bias_ih, bias_hh);
+    return {h_next, c_next};
+  }
   in.push_back(linear(x, weight_ih, bias_ih));  // all gates (Note [Whole products])
   std::vector<Tensor> out = step_once(mode_, weight_hh, bias_hh, in);
   out.pop_back();  // the per-step result, a copy of h'

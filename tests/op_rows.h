@@ -146,6 +146,8 @@ const std::vector<OpRow>& random_rows();  ///< rand, randn, randint
 /// masked_fill, tril, triu, split, chunk, flip, roll, pad, cumsum, var, std, amax, amin,
 /// max/min_with_indices, sort, argsort, topk, nll_loss, einsum (op_rows_more.cpp)
 const std::vector<OpRow>& more_rows();
+/// lstm_step and its gradient (op_rows_step.cpp), part of more_rows().
+std::vector<OpRow> step_rows();
 /// All of the above.
 const std::vector<OpRow>& op_rows();
 

@@ -772,6 +772,7 @@ const std::vector<OpRow>& more_rows() {
         gru_backward_row({3, 2}, 4),
         gru_backward_row({2}, 300),
     };
+    for (OpRow& s : step_rows()) r.push_back(std::move(s));
     add_pieces(r, "split (5, 3) size 2", {5, 3}, 0, {2, 2, 1},
                [](const Tensor& x) { return split(x, 2, 0); });
     add_pieces(r, "split (2, 4) sizes {1, 3} dim 1", {2, 4}, 1, {1, 3}, [](const Tensor& x) {

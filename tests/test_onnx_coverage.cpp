@@ -37,6 +37,8 @@ const std::map<OpId, const char*>& no_onnx_form() {
        "attention's gradient: training graphs, which inference models omit"},
       {OpId::LstmCellBackward,
        "lstm_cell's gradient: training graphs, which inference models omit"},
+      {OpId::LstmStepBackward,
+       "lstm_step's gradient: training graphs, which inference models omit"},
       {OpId::GruCellBackward, "gru_cell's gradient: training graphs, which inference models omit"},
   };
   return m;

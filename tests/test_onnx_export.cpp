@@ -178,7 +178,7 @@ std::vector<Tensor> doubling(const Tensor& x, const Tensor& limit) {
 // Most primitives at once, under a symbolic batch: the unary, binary and comparison families
 // (with dtype promotion), where, casts, reductions (integer sums in i64), gather, scatter_add,
 // cat, slicing with a step, reshape and mean of symbolic sizes, unfold and fold with stride and
-// padding, arange, argmax and the LSTM and GRU cells.
+// padding, arange, argmax, the LSTM and GRU cells and lstm_step.
 std::vector<Tensor> op_zoo(const Tensor& x, const Tensor& idx, const Tensor& img) {
   const Tensor u = exp(x) + log1p(abs(x)) + expm1(x * 0.1) + rsqrt(abs(x) + 1) + atan(x) + erf(x) +
                    log_sigmoid(x) + floor(x * 3) + sin(x) * cos(x) + sigmoid(x) + tanh(x) +
@@ -201,8 +201,14 @@ std::vector<Tensor> op_zoo(const Tensor& x, const Tensor& idx, const Tensor& img
   const auto [cell_h, cell_c] = fused_lstm_cell(gates, gates * 0.3, x);
   const Tensor gru_gates = slice(gates, 1, 0, 18);  // (batch, 3 * 6)
   const Tensor gru_h = fused_gru_cell(gru_gates, gru_gates * 0.7, x);
+  // lstm_step with its products, on weights (24, 6) and biases (24) made of constants.
+  const Tensor w = reshape(arange(144).to(DType::f32) * 0.01 - 0.7, {24, 6});
+  const Tensor bias = arange(24).to(DType::f32) * 0.05 - 0.5;
+  const auto [step_h, step_c] = lstm_step(x, x * 0.5, x, w, w * -0.5, bias, bias * 0.3);
   return {cell_h,
           cell_c,
+          step_h,
+          step_c,
           gru_h,
           u,
           p,

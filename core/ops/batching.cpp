@@ -255,6 +255,33 @@ BatchedArg leading_rule(const OpDef& def, const std::vector<BatchedArg>& in, con
   return {call_on(def.id, ts, a), 0};
 }
 
+// lstm_step: x, h and c batch at their leading dims under shared weights. Per-sample weights (an
+// ensemble, or an Autobatch group too small to split by weight) make batched products, the cell
+// on their sum, and the result's three parts joined (Note [LSTM step] in core/ops/rnn.cpp).
+BatchedArg lstm_step_rule(const OpDef& def, const std::vector<BatchedArg>& in, const Attrs& a,
+                          int64_t batch) {
+  bool shared = true;
+  for (size_t i = 3; i < in.size(); ++i) shared = shared && in[i].bdim < 0;
+  std::vector<Tensor> ts;
+  for (size_t i = 0; i < in.size(); ++i)
+    ts.push_back(i < 3 || !shared ? batched_first(in[i], batch) : in[i].value);
+  if (shared || symbolic(a)) return {call_on(def.id, ts, a), 0};
+  const Tensor& c = ts[2];
+  const int64_t h = c.size(-1);
+  auto product = [&](int x, int w, int b) {  // (B, rows, 4H)
+    const Tensor rows = reshape(ts[static_cast<size_t>(x)], {batch, -1, ts[x].size(-1)});
+    return call_on(OpId::Add,
+                   {call_on(OpId::MatMul, {rows, transpose(ts[w], 1, 2)}, Attrs{}),
+                    unsqueeze(ts[static_cast<size_t>(b)], 1)},
+                   Attrs{});
+  };
+  const Tensor gx = product(0, 3, 5), gh = product(1, 4, 6);
+  const Tensor cell = call_on(OpId::LstmCell, {gx, gh, reshape(c, {batch, -1, h})}, Attrs{});
+  Shape out = c.sizes();
+  out[out.size() - 1] = 6 * h;
+  return {reshape(cat({cell, call_on(OpId::Add, {gx, gh}, Attrs{})}, -1), out), 0};
+}
+
 // Ops over a batch of images (N, ...) with shared filters (conv2d and its input gradient,
 // unfold, fold): the samples' images become one batch of B * N. Batched filters loop.
 BatchedArg images_rule(const OpDef& def, const std::vector<BatchedArg>& in, const Attrs& a,
@@ -348,8 +375,9 @@ void register_batching_rules(OpDef* t) {
     t[int(op)].batch = view_rule;
   t[int(OpId::OptimizationBarrier)].batch = barrier_rule;
   for (OpId op : {OpId::Attention, OpId::AttentionBackward, OpId::LstmCell, OpId::LstmCellBackward,
-                  OpId::GruCell, OpId::GruCellBackward})
+                  OpId::LstmStepBackward, OpId::GruCell, OpId::GruCellBackward})
     t[int(op)].batch = leading_rule;
+  t[int(OpId::LstmStep)].batch = lstm_step_rule;
   for (OpId op : {OpId::Conv2d, OpId::Conv2dInputGrad, OpId::Unfold, OpId::Fold})
     t[int(op)].batch = images_rule;
   t[int(OpId::Conv2dWeightGrad)].batch = weight_grad_rule;

@@ -118,22 +118,28 @@ Tensor backward_call(OpId op, const GradCtx& ctx, const Tensor& g) {
   return call(op, TensorRefs(in, 4), Attrs());
 }
 
-// The gradient in elementwise ops (create_graph: differentiable again). g: dh' then dc'.
-void composite_grads(const GradCtx& ctx, const Tensor& g, Tensor* gi, int64_t h) {
-  const Tensor& c = ctx.inputs[2];
-  const Tensor a = ctx.inputs[0] + ctx.inputs[1];
+// The cell's gradient in elementwise ops (create_graph: differentiable again), from the summed
+// gates a, the state c and g (dh' then dc'): the gradient of a (where `want_da`) and of c.
+void cell_grads(const Tensor& a, const Tensor& c, const Tensor& g, int64_t h, bool want_da,
+                Tensor& da, Tensor& dc_prev) {
   const Tensor i = sigmoid(last(a, 0, h)), f = sigmoid(last(a, h, 2 * h));
   const Tensor gg = tanh(last(a, 2 * h, 3 * h)), o = sigmoid(last(a, 3 * h, 4 * h));
   const Tensor tc = tanh(f * c + i * gg), dh = last(g, 0, h);
   const Tensor dc = last(g, h, 2 * h) + dh * o * (1 - tc * tc);
-  if (ctx.needs_grad(0) || ctx.needs_grad(1)) {
-    const Tensor da = cat({dc * gg * i * (1 - i), dc * c * f * (1 - f), dc * i * (1 - gg * gg),
-                           dh * tc * o * (1 - o)},
-                          -1);
-    for (int k : {0, 1})
-      if (ctx.needs_grad(k)) gi[k] = da;
-  }
-  if (ctx.needs_grad(2)) gi[2] = dc * f;
+  if (want_da)
+    da = cat({dc * gg * i * (1 - i), dc * c * f * (1 - f), dc * i * (1 - gg * gg),
+              dh * tc * o * (1 - o)},
+             -1);
+  dc_prev = dc * f;
+}
+
+void composite_grads(const GradCtx& ctx, const Tensor& g, Tensor* gi, int64_t h) {
+  Tensor da, dc;
+  cell_grads(ctx.inputs[0] + ctx.inputs[1], ctx.inputs[2], g, h,
+             ctx.needs_grad(0) || ctx.needs_grad(1), da, dc);
+  for (int k : {0, 1})
+    if (ctx.needs_grad(k)) gi[k] = da;
+  if (ctx.needs_grad(2)) gi[2] = dc;
 }
 
 void grad_lstm_cell(const GradCtx& ctx, const Tensor& g, Tensor* gi) {
@@ -169,6 +175,103 @@ void grad_gru_cell(const GradCtx& ctx, const Tensor& g, Tensor* gi) {
     if (ctx.needs_grad(k)) gi[k] = last(r, 3 * k * h, k == 2 ? 7 * h : 3 * (k + 1) * h);
 }
 
+// Note [LSTM step]
+// nn::LSTMCell's step with its products: LstmStep(x, h, c, w_ih, w_hh, b_ih, b_hh) computes
+// a = x w_ih^T + b_ih + h w_hh^T + b_hh and the cell on it, and returns (..., 6H): h', c', then
+// a, which the gradient reads (as Attention keeps its logsumexp, Note [Attention]).
+// LstmStepBackward(a, c, g) -> (..., 5H): the gradient of a (plus g's own a columns, so that the
+// rule is exact for any g), then c's. The products' gradients are matmuls of it.
+int64_t check_step(TensorRefs in) {
+  const Tensor &x = in[0], &hp = in[1], &c = in[2];
+  DUET_CHECK_SHAPE(c.dim() >= 1 && x.dim() == c.dim() && hp.sizes() == c.sizes(),
+                   "[lstm_step] x (..., I), h and c (..., H) must share their leading dims, got "
+                   "{}, {} and {}",
+                   x.sizes(), hp.sizes(), c.sizes());
+  const int64_t h = c.size(-1), n_in = x.size(-1);
+  for (int64_t d = 0; d + 1 < c.dim(); ++d)
+    DUET_CHECK_SHAPE(x.sizes()[d] == c.sizes()[d],
+                     "[lstm_step] x {} and c {} must share their leading dims", x.sizes(),
+                     c.sizes());
+  const Shape want[] = {Shape{4 * h, n_in}, Shape{4 * h, h}, Shape{4 * h}, Shape{4 * h}};
+  const char* names[] = {"w_ih", "w_hh", "b_ih", "b_hh"};
+  for (int k = 0; k < 7; ++k)
+    DUET_CHECK_DTYPE(is_floating(in[k].dtype()) && in[k].dtype() == c.dtype(),
+                     "[lstm_step] operands must share a floating dtype, got {} (input {}) and {} "
+                     "(c)",
+                     in[k].dtype(), k, c.dtype());
+  for (int k = 0; k < 4; ++k)
+    DUET_CHECK_SHAPE(in[3 + k].sizes() == want[k],
+                     "[lstm_step] {} must be {} for x {} and hidden size {}, got {}", names[k],
+                     want[k], x.sizes(), h, in[3 + k].sizes());
+  return h;
+}
+
+void infer_lstm_step(const OpDef& def, TensorRefs in, const Attrs&, TensorMeta& out) {
+  const int64_t h = check_step(in);
+  out.shape = in[2].sizes();
+  out.shape[out.shape.size() - 1] = 6 * h;
+  out.dtype = in[2].dtype();
+  out.device = common_device(def, in);
+}
+void sym_lstm_step(const OpDef&, TensorRefs in, const Attrs&, const TensorMeta&, SymDims& out) {
+  sym_cell(in, 6, out);
+}
+
+void infer_lstm_step_backward(const OpDef& def, TensorRefs in, const Attrs&, TensorMeta& out) {
+  const Tensor &a = in[0], &c = in[1], &g = in[2];
+  DUET_CHECK_SHAPE(c.dim() >= 1, "[lstm_step_backward] c must be (..., H), got {}", c.sizes());
+  const int64_t h = c.size(-1);
+  Shape wa = c.sizes(), wg = c.sizes();
+  wa[wa.size() - 1] = 4 * h;
+  wg[wg.size() - 1] = 6 * h;
+  DUET_CHECK_SHAPE(a.sizes() == wa && g.sizes() == wg,
+                   "[lstm_step_backward] a must be {} and g {} for c {}, got {} and {}", wa, wg,
+                   c.sizes(), a.sizes(), g.sizes());
+  for (int k = 0; k < 3; ++k)
+    DUET_CHECK_DTYPE(is_floating(in[k].dtype()) && in[k].dtype() == c.dtype(),
+                     "[lstm_step_backward] operands must share a floating dtype, got {} (input "
+                     "{}) and {} (c)",
+                     in[k].dtype(), k, c.dtype());
+  out.shape = c.sizes();
+  out.shape[out.shape.size() - 1] = 5 * h;
+  out.dtype = c.dtype();
+  out.device = common_device(def, in);
+}
+void sym_lstm_step_backward(const OpDef&, TensorRefs in, const Attrs&, const TensorMeta&,
+                            SymDims& out) {
+  out = sym_dims(in[1]);
+  out.back() = out.back() * SymInt(5);
+}
+
+void grad_lstm_step(const GradCtx& ctx, const Tensor& g_in, Tensor* gi) {
+  const Tensor &x = ctx.inputs[0], &hp = ctx.inputs[1], &c = ctx.inputs[2];
+  const Tensor &w_ih = ctx.inputs[3], &w_hh = ctx.inputs[4];
+  const int64_t h = c.size(-1);
+  const Tensor g = g_in.dtype() == c.dtype() ? g_in : g_in.to(c.dtype());
+  const Tensor a = last(ctx.output, 2 * h, 6 * h);
+  Tensor da, dc;
+  if (grad_mode()) {
+    cell_grads(a, c, g, h, true, da, dc);
+    da = da + last(g, 2 * h, 6 * h);
+  } else {
+    const Tensor* in[] = {&a, &c, &g};
+    const Tensor r = call(OpId::LstmStepBackward, TensorRefs(in, 3), Attrs());
+    da = last(r, 0, 4 * h);
+    dc = last(r, 4 * h, 5 * h);
+  }
+  if (ctx.needs_grad(0)) gi[0] = matmul(da, w_ih);
+  if (ctx.needs_grad(1)) gi[1] = matmul(da, w_hh);
+  if (ctx.needs_grad(2)) gi[2] = dc;
+  const Tensor rows = reshape(da, {-1, 4 * h});
+  if (ctx.needs_grad(3)) gi[3] = matmul(transpose(rows, 0, 1), reshape(x, {-1, x.size(-1)}));
+  if (ctx.needs_grad(4)) gi[4] = matmul(transpose(rows, 0, 1), reshape(hp, {-1, h}));
+  if (ctx.needs_grad(5) || ctx.needs_grad(6)) {
+    const Tensor db = sum(rows, {0});
+    for (int k : {5, 6})
+      if (ctx.needs_grad(k)) gi[k] = db;
+  }
+}
+
 }  // namespace rnn_rules
 
 void register_rnn_rules(OpDef* t) {
@@ -185,6 +288,13 @@ void register_rnn_rules(OpDef* t) {
   t[int(OpId::GruCellBackward)].infer = infer_gru_cell_backward;
   t[int(OpId::GruCellBackward)].sym_infer = sym_gru_cell_backward;
   set_not_differentiable(t, OpId::GruCellBackward);
+  t[int(OpId::LstmStep)].infer = infer_lstm_step;
+  t[int(OpId::LstmStep)].sym_infer = sym_lstm_step;
+  set_grad(t, OpId::LstmStep, grad_lstm_step,
+           kSaveIn0 | kSaveIn1 | kSaveIn2 | kSaveIn3 | kSaveIn4 | kSaveOut);
+  t[int(OpId::LstmStepBackward)].infer = infer_lstm_step_backward;
+  t[int(OpId::LstmStepBackward)].sym_infer = sym_lstm_step_backward;
+  set_not_differentiable(t, OpId::LstmStepBackward);  // Note [LSTM step]: never with grad mode
 }
 
 }  // namespace detail
@@ -228,6 +338,24 @@ std::tuple<Tensor, Tensor> fused_lstm_cell(const Tensor& gates_x, const Tensor& 
     const int64_t h = c.size(-1);
     h_next = slice(r, -1, 0, h);
     c_next = slice(r, -1, h, 2 * h);
+    return r;
+  });
+  return {h_next, c_next};
+}
+
+std::tuple<Tensor, Tensor> lstm_step(const Tensor& x, const Tensor& h, const Tensor& c,
+                                     const Tensor& w_ih, const Tensor& w_hh, const Tensor& b_ih,
+                                     const Tensor& b_hh, std::source_location loc) {
+  detail::SiteGuard site(loc);
+  Tensor h_next, c_next;
+  detail::as_op("lstm_step", [&]() -> Tensor {
+    const Tensor* in[] = {&x, &h, &c, &w_ih, &w_hh, &b_ih, &b_hh};
+    for (int k = 0; k < 7; ++k)
+      DUET_CHECK_VALUE(in[k]->defined(), "[lstm_step] input {} is an undefined tensor", k);
+    const Tensor r = detail::call(OpId::LstmStep, TensorRefs(in, 7), Attrs());
+    const int64_t hs = c.size(-1);
+    h_next = slice(r, -1, 0, hs);
+    c_next = slice(r, -1, hs, 2 * hs);
     return r;
   });
   return {h_next, c_next};

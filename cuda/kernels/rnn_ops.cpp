@@ -6,6 +6,7 @@
 // temporary by the convert kernel.
 #include "core/ops.h"
 #include "cuda/kernels/adapt.h"
+#include "kernels/composed.h"
 #include "cuda/runtime.h"
 
 namespace duet::cuda::detail {
@@ -103,6 +104,11 @@ void register_rnn(OpDef* t) {
   duet::detail::register_kernel(t, OpId::LstmCell, DeviceType::CUDA, lstm_cell_kernel);
   duet::detail::register_kernel(t, OpId::LstmCellBackward, DeviceType::CUDA,
                                 lstm_cell_backward_kernel);
+  // lstm_step: the products on cuBLAS and the cell's kernel (Note [LSTM step] in core/ops/rnn.cpp).
+  duet::detail::register_kernel(t, OpId::LstmStep, DeviceType::CUDA,
+                                duet::kernels::lstm_step_composed_kernel);
+  duet::detail::register_kernel(t, OpId::LstmStepBackward, DeviceType::CUDA,
+                                duet::kernels::lstm_step_backward_composed_kernel);
   duet::detail::register_kernel(t, OpId::GruCell, DeviceType::CUDA, gru_cell_kernel);
   duet::detail::register_kernel(t, OpId::GruCellBackward, DeviceType::CUDA,
                                 gru_cell_backward_kernel);

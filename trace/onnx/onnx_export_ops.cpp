@@ -110,14 +110,27 @@ std::string Writer::emit_arithmetic(Frame& f, Values& vals, const GraphNode& n) 
       return binary("Max");
     case OpId::Minimum:
       return binary("Min");
-    case OpId::LstmCell: {
-      // The composite it fuses, in its result's dtype, on the summed gates i, f, g and o.
-      const Names gate = gates(binary("Add"), {"gate_i", "gate_f", "gate_g", "gate_o"});
+    case OpId::LstmCell:
+    case OpId::LstmStep: {
+      // The composite it fuses, in its result's dtype, on the summed gates i, f, g and o;
+      // lstm_step's are its products (Note [LSTM step] in core/ops/rnn.cpp), which it returns too.
+      const bool step = n.op == OpId::LstmStep;
+      const auto product = [&](int x, int w, int b) {
+        const std::string wt = emit(f, "Transpose", {arg(w, out.dtype)}, [](NodeProto& p) {
+          attr_ints(p, "perm", {1, 0});
+        });
+        return emit(f, "Add", {emit(f, "MatMul", {arg(x, out.dtype), wt}), arg(b, out.dtype)});
+      };
+      const std::string sum =
+          step ? emit(f, "Add", {product(0, 3, 5), product(1, 4, 6)}) : binary("Add");
+      const Names gate = gates(sum, {"gate_i", "gate_f", "gate_g", "gate_o"});
       const std::string i = emit(f, "Sigmoid", {gate[0]}), forget = emit(f, "Sigmoid", {gate[1]});
       const std::string g = emit(f, "Tanh", {gate[2]}), o = emit(f, "Sigmoid", {gate[3]});
       const std::string c =
           emit(f, "Add", {emit(f, "Mul", {forget, arg(2, out.dtype)}), emit(f, "Mul", {i, g})});
       const std::string h = emit(f, "Mul", {o, emit(f, "Tanh", {c})});
+      if (step)
+        return emit(f, "Concat", {h, c, sum}, [](NodeProto& p) { attr_int(p, "axis", -1); });
       return emit(f, "Concat", {h, c}, [](NodeProto& p) { attr_int(p, "axis", -1); });
     }
     case OpId::GruCell: {
@@ -172,6 +185,7 @@ std::string Writer::emit_op(Frame& f, Values& vals, int32_t v) {
     case OpId::Maximum:
     case OpId::Minimum:
     case OpId::LstmCell:
+    case OpId::LstmStep:
     case OpId::GruCell:
       return emit_arithmetic(f, vals, n);
     case OpId::Lt:
@@ -246,6 +260,7 @@ std::string Writer::emit_op(Frame& f, Values& vals, int32_t v) {
     case OpId::Conv2dWeightGrad:
     case OpId::AttentionBackward:
     case OpId::LstmCellBackward:
+    case OpId::LstmStepBackward:
     case OpId::GruCellBackward:
       no_form(n);
     case OpId::MatMul:
