@@ -187,7 +187,15 @@ static void profile_op(const OpDef& def, ProfiledInputs& p, const Tensor& out) {
   int64_t flops = 0;
   if (def.id == OpId::MatMul)
     flops = 2 * n * p.inner;
-  else if (def.id == OpId::Conv2d || def.id == OpId::Conv2dInputGrad)
+  else if (def.id == OpId::Addmm || def.id == OpId::Addmv)
+    // input + mat1 (m, k) @ mat2, input + mat (n, k) @ vec: the product's, the second input's k.
+    flops = 2 * n * (p.second_dim0 ? p.second_numel / p.second_dim0 : 0);
+  else if (def.id == OpId::LstmStep) {
+    // x (rows, I) and h (rows, H) times 4H gates each (Note [LSTM step] in core/ops/rnn.cpp):
+    // the result is (rows, 6H).
+    const int64_t rows = p.inner ? p.first_numel / p.inner : 0;
+    flops = rows ? 2 * (4 * n / (6 * rows)) * (p.first_numel + p.second_numel) : 0;
+  } else if (def.id == OpId::Conv2d || def.id == OpId::Conv2dInputGrad)
     // 2 * (N, O, Ho, Wo) * (C, kh, kw): the output or in[0] times the weight (in[1]) over O.
     flops = 2 * (def.id == OpId::Conv2d ? n : p.first_numel) *
             (p.second_dim0 ? p.second_numel / p.second_dim0 : 0);

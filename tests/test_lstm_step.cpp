@@ -32,6 +32,11 @@ Step random_step(Shape lead, int64_t in, int64_t hidden, DType dt = DType::f32) 
           randn({4 * hidden}, o)};
 }
 
+Shape with_last(Shape s, int64_t n) {
+  s.push_back(n);
+  return s;
+}
+
 Tensor run_kernel_on(KernelFn k, OpId op, const std::vector<Tensor>& in) {
   std::vector<const Tensor*> p;
   for (const Tensor& t : in) p.push_back(&t);
@@ -120,6 +125,18 @@ TEST_CASE("lstm_step under vmap: shared and per-sample weights, without a loop")
                 step(s.x.select(0, b), s.h.select(0, b), s.c.select(0, b), wi.select(0, b),
                      wh.select(0, b), bi.select(0, b), bh.select(0, b)),
                 1e-5));
+  }
+  // Samples of no rows, and of two dims of rows.
+  for (Shape lead : {Shape{4, 0}, Shape{4, 2, 3}}) {
+    CAPTURE(lead);
+    const Step e = random_step(lead, 3, 2);
+    const Tensor got = func::vmap(step)(e.x, e.h, e.c, wi, wh, bi, bh);
+    REQUIRE(got.sizes() == with_last(lead, 4));
+    for (int64_t b = 0; b < 4; ++b)
+      CHECK(close(got.select(0, b),
+                  step(e.x.select(0, b), e.h.select(0, b), e.c.select(0, b), wi.select(0, b),
+                       wh.select(0, b), bi.select(0, b), bh.select(0, b)),
+                  1e-5));
   }
   CHECK(detail::batch_loop_calls() == before);
 }

@@ -168,6 +168,23 @@ TEST_CASE("profiler: eager ops report shapes, bytes and FLOPs; the JSON parses")
   CHECK((*mm)["args"]["inputs"].array().size() == 2);
 }
 
+TEST_CASE("profiler: the products of addmm, addmv and lstm_step count as FLOPs") {
+  Profiler prof;
+  const Tensor x = ones({8, 16}), w = ones({32, 16}), b = ones({32});
+  (void)linear(x, w, b);           // addmm: (8, 16) @ (16, 32)
+  (void)linear(ones({16}), w, b);  // addmv: (32, 16) @ (16)
+  const Tensor h = ones({8, 4}), c = ones({8, 4});
+  (void)lstm_step(x, h, c, ones({16, 16}), ones({16, 4}), ones({16}), ones({16}));
+  const std::vector<Json> ev = events_of(prof.json());
+  const Json* mm = find_event(ev, "addmm");
+  const Json* mv = find_event(ev, "addmv");
+  const Json* st = find_event(ev, "lstm_step");
+  REQUIRE((mm && mv && st));
+  CHECK((*mm)["args"]["flops"].number() == 2.0 * 8 * 16 * 32);
+  CHECK((*mv)["args"]["flops"].number() == 2.0 * 32 * 16);
+  CHECK((*st)["args"]["flops"].number() == 2.0 * 8 * 16 * (16 + 4));
+}
+
 TEST_CASE("profiler: a compiled call's event encloses its steps' events") {
   auto f = compile([](Tensor x, Tensor w) { return sum(tanh(matmul(x, w)) * 2.0); });
   const Tensor x = ones({8, 16}), w = ones({16, 4});
