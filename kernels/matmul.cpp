@@ -219,6 +219,46 @@ void gemm(const T* a, MatLayout la, const T* b, MatLayout lb, T* c, int64_t m, i
   }
 }
 
+}  // namespace
+
+void gemm_rows(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+               const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {  // (oneDNN refuses an empty inner dim)
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0 ? 0.0f : beta * c[i * ldc + j];
+    return;
+  }
+#if DUET_WITH_OPENBLAS
+  if (m * n * k <= kSmallProduct) {  // (Note [Small products])
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), 1.0f, a,
+                static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c,
+                static_cast<blasint>(ldc));
+    return;
+  }
+#endif
+  const dnnl_status_t st =
+      dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
+  DUET_ASSERT(st == dnnl_success, "dnnl_sgemm failed with status {}", static_cast<int>(st));
+}
+
+void gemm_rows(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const double* a, int64_t lda,
+               const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  using Mat = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  using Stride = Eigen::Stride<Eigen::Dynamic, Eigen::Dynamic>;
+  auto map = [](const double* p, bool t, int64_t ld, int64_t r, int64_t cc) {
+    return t ? Eigen::Map<const Mat, 0, Stride>(p, r, cc, Stride(1, ld))
+             : Eigen::Map<const Mat, 0, Stride>(p, r, cc, Stride(ld, 1));
+  };
+  Eigen::Map<Mat, 0, Eigen::OuterStride<>> C(c, m, n, Eigen::OuterStride<>(ldc));
+  if (beta == 0) C.setZero();
+  C.noalias() += map(a, ta, lda, m, k) * map(b, tb, ldb, k, n);
+}
+
+namespace {
+
 // The last two dims of t as a GEMM operand, read straight from the impl (this runs once per
 // matmul call: small products are dominated by such overheads).
 MatLayout operand_layout(const Tensor& t) {
