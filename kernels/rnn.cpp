@@ -110,26 +110,35 @@ void forward(const T* gx, const T* gh, const T* c, T* out, int64_t rows, int64_t
   });
 }
 
+// An operand's rows: its first element and the stride from one row to the next (its last dim
+// dense).
+template <class T>
+struct Rows {
+  const T* p;
+  int64_t rs;
+  const T* row(int64_t r) const { return p + r * rs; }
+};
+
 // gh null: gx is lstm_step's a, and grad's row is (h', c', a) (6H), whose a columns are added to
 // the gradient of a.
 template <class T>
-void backward(const T* gx, const T* gh, const T* c, const T* grad, T* out, int64_t rows,
-              int64_t h) {
-  const int64_t gw = gh ? 2 : 6;
+void backward(Rows<T> gx, const T* gh, Rows<T> c, Rows<T> grad, T* out, int64_t rows, int64_t h) {
   for_blocks(rows, h, [&](int64_t r, int64_t j0, int64_t m) {
     alignas(64) T act[4 * kBlock], tc[kBlock];
-    gates(gx + r * 4 * h, gh ? gh + r * 4 * h : nullptr, h, j0, m, act);
+    gates(gx.row(r), gh ? gh + r * 4 * h : nullptr, h, j0, m, act);
     const T *i = act, *f = act + kBlock, *g = act + 2 * kBlock, *o = act + 3 * kBlock;
-    const T* cr = c + r * h + j0;
+    const T* cr = c.row(r) + j0;
     lstm_state(m, i, f, g, cr, tc);
     unary_dense<T>(fn::Tanh{}, tc, tc, m);
-    const T *dh = grad + r * gw * h + j0, *dcn = dh + h;
+    const T *dh = grad.row(r) + j0, *dcn = dh + h;
     T* da = out + r * 5 * h + j0;
     lstm_grads(m, i, f, g, o, cr, static_cast<const T*>(tc), dh, dcn, da, da + h, da + 2 * h,
                da + 3 * h, da + 4 * h);
     if (!gh)
-      for (int64_t k = 0; k < 4; ++k)
-        add_to(m, static_cast<const T*>(da + k * h), dh + 2 * h + k * h, da + k * h);
+      for (int64_t k = 0; k < 4; ++k) {
+        const T* ga = dh + 2 * h + k * h;
+        for (int64_t j = 0; j < m; ++j) da[k * h + j] += ga[j];
+      }
   });
 }
 
@@ -243,7 +252,8 @@ void lstm_cell_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
 void lstm_cell_backward_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
   run_cell(in, out, [](const Tensor* const* d, auto* o, int64_t rows, int64_t h, auto zero) {
     using T = decltype(zero);
-    backward<T>(data<T>(d[0]), data<T>(d[1]), data<T>(d[2]), data<T>(d[3]), o, rows, h);
+    backward<T>({data<T>(d[0]), 4 * h}, data<T>(d[1]), {data<T>(d[2]), h}, {data<T>(d[3]), 2 * h},
+                o, rows, h);
   });
 }
 
@@ -263,25 +273,55 @@ void step_gates(T* a, const T* b, int64_t h, int64_t j0, int64_t m, T* act) {
   }
 }
 
-// lstm_step (Note [LSTM step] in core/ops/rnn.cpp) on dense rows: both products summed into the
-// result's a columns (one GEMM, then a second accumulating into it), the biases added there, and
-// the cell on them, without a temporary.
+// lstm_step (Note [LSTM step] in core/ops/rnn.cpp): both products summed into the result's a
+// columns (one GEMM, then a second accumulating into it), the biases added there, and the cell
+// on them, without a temporary. x, h and c are read in place at their row strides (h and c are
+// usually the previous step's result, 6H apart).
 template <class T>
-void step_forward(const T* x, const T* hp, const T* c, const T* wi, const T* wh, const T* b, T* out,
+void step_forward(Rows<T> x, Rows<T> hp, Rows<T> c, const T* wi, const T* wh, const T* b, T* out,
                   int64_t rows, int64_t n_in, int64_t h) {
   const int64_t ld = 6 * h;
-  gemm_rows(false, true, rows, 4 * h, n_in, x, n_in, wi, n_in, T(0), out + 2 * h, ld);
-  gemm_rows(false, true, rows, 4 * h, h, hp, h, wh, h, T(1), out + 2 * h, ld);
+  gemm_rows(false, true, rows, 4 * h, n_in, x.p, x.rs, wi, n_in, T(0), out + 2 * h, ld);
+  gemm_rows(false, true, rows, 4 * h, h, hp.p, hp.rs, wh, h, T(1), out + 2 * h, ld);
   for_blocks(rows, h, [&](int64_t r, int64_t j0, int64_t m) {
     alignas(64) T act[4 * kBlock], tc[kBlock];
     T* row = out + r * ld;
     step_gates(row + 2 * h, b, h, j0, m, act);
     const T *i = act, *f = act + kBlock, *g = act + 2 * kBlock, *o = act + 3 * kBlock;
     T* cn = row + h + j0;
-    lstm_state(m, i, f, g, c + r * h + j0, cn);
+    lstm_state(m, i, f, g, c.row(r) + j0, cn);
     unary_dense<T>(fn::Tanh{}, static_cast<const T*>(cn), tc, m);
     multiply(m, o, static_cast<const T*>(tc), row + j0);
   });
+}
+
+// The stride from one of t's rows (its leading dims flattened) to the next where they step
+// through memory as one dim, each at least a row apart, and its last dim is dense; -1 otherwise.
+int64_t row_stride(const Tensor& t) {
+  const Shape& s = t.sizes();
+  const Strides& st = t.strides();
+  const int64_t last = t.dim() - 1;
+  if (last < 0 || (s[last] > 1 && st[last] != 1)) return -1;
+  int64_t rs = s[last], next = -1, rows = 1;
+  for (int64_t d = last - 1; d >= 0; --d) {
+    rows *= s[d];
+    if (s[d] == 1) continue;
+    if (next < 0)
+      rs = st[d];
+    else if (st[d] != next)
+      return -1;
+    next = st[d] * s[d];
+  }
+  return rows > 1 && rs < s[last] ? -1 : rs;
+}
+
+// t's rows in place where row_stride finds them, else those of a dense copy held in tmp.
+template <class T>
+Rows<T> rows_of(const Tensor& t, Tensor& tmp) {
+  const int64_t rs = row_stride(t);
+  if (rs >= 0) return {static_cast<const T*>(t.raw_data()), rs};
+  tmp = cast_to(t, t.dtype());
+  return {static_cast<const T*>(tmp.raw_data()), t.sizes()[t.dim() - 1]};
 }
 
 void lstm_step_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
@@ -289,18 +329,20 @@ void lstm_step_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
   const int64_t h = c.sizes()[c.dim() - 1], n_in = in[0].sizes()[in[0].dim() - 1];
   const int64_t rows = h == 0 ? 0 : c.numel() / h;
   if (rows == 0 || h == 0) return;
-  Tensor tmp[7];
-  const Tensor* d[7];
-  for (int k = 0; k < 7; ++k) d[k] = &dense(in[k], tmp[k]);
   const Tensor o =
       out.is_contiguous() ? out : detail::empty(out.sizes(), out.dtype(), out.device());
   auto run = [&](auto zero) {
     using T = decltype(zero);
+    Tensor tmp[7];
+    const Rows<T> x = rows_of<T>(in[0], tmp[0]), hp = rows_of<T>(in[1], tmp[1]),
+                  cs = rows_of<T>(c, tmp[2]);
+    const T* w[4];  // w_ih, w_hh, b_ih, b_hh, dense
+    for (int k = 0; k < 4; ++k) w[k] = data<T>(&dense(in[3 + k], tmp[3 + k]));
     thread_local std::vector<T> b;  // the biases' sum
     b.resize(static_cast<size_t>(4 * h));
-    add_to(4 * h, data<T>(d[5]), data<T>(d[6]), b.data());
-    step_forward<T>(data<T>(d[0]), data<T>(d[1]), data<T>(d[2]), data<T>(d[3]), data<T>(d[4]),
-                    static_cast<const T*>(b.data()), static_cast<T*>(o.raw_data()), rows, n_in, h);
+    add_to(4 * h, w[2], w[3], b.data());
+    step_forward<T>(x, hp, cs, w[0], w[1], static_cast<const T*>(b.data()),
+                    static_cast<T*>(o.raw_data()), rows, n_in, h);
   };
   if (out.dtype() == DType::f64)
     run(double{});
@@ -309,12 +351,25 @@ void lstm_step_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
   if (!out.is_contiguous()) copy_into(o, out);
 }
 
+// a, c and g read in place at their row strides (a is the columns of lstm_step's result).
 void lstm_step_backward_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
-  run_cell_on(in, in[1], out,
-              [](const Tensor* const* d, auto* o, int64_t rows, int64_t h, auto zero) {
-                using T = decltype(zero);
-                backward<T>(data<T>(d[0]), nullptr, data<T>(d[1]), data<T>(d[2]), o, rows, h);
-              });
+  const Tensor& c = in[1];
+  const int64_t h = c.sizes()[c.dim() - 1];
+  const int64_t rows = h == 0 ? 0 : c.numel() / h;
+  if (rows == 0 || h == 0) return;
+  const Tensor o =
+      out.is_contiguous() ? out : detail::empty(out.sizes(), out.dtype(), out.device());
+  auto run = [&](auto zero) {
+    using T = decltype(zero);
+    Tensor tmp[3];
+    backward<T>(rows_of<T>(in[0], tmp[0]), nullptr, rows_of<T>(c, tmp[1]),
+                rows_of<T>(in[2], tmp[2]), static_cast<T*>(o.raw_data()), rows, h);
+  };
+  if (out.dtype() == DType::f64)
+    run(double{});
+  else
+    run(float{});
+  if (!out.is_contiguous()) copy_into(o, out);
 }
 
 }  // namespace rnn_cpu

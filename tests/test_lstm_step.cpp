@@ -51,31 +51,40 @@ Tensor run_kernel_on(KernelFn k, OpId op, const std::vector<Tensor>& in) {
 TEST_CASE("lstm_step: the CPU kernels equal the composed kernels of the CUDA backend") {
   for (DType dt : {DType::f32, DType::f64}) {
     CAPTURE(dt);
+    const double tol = dt == DType::f64 ? 1e-12 : 1e-5;
     const Step s = random_step({3, 2}, 5, 4, dt);
     std::vector<Tensor> in = s.all();
     in[0] = randn({5, 2, 3}, Options().dtype(dt)).permute({2, 1, 0});  // a strided x
+    // c read in place at a row stride, as the previous step's result is.
+    in[2] = randn({3, 2, 24}, Options().dtype(dt)).slice(-1, 4, 8);
     const KernelFn cpu = detail::op_def(OpId::LstmStep).kernel[int(DeviceType::CPU)];
     const Tensor a = run_kernel_on(cpu, OpId::LstmStep, in);
-    const Tensor b = run_kernel_on(kernels::lstm_step_composed_kernel, OpId::LstmStep, in);
-    CHECK(close(a, b, dt == DType::f64 ? 1e-12 : 1e-5));
+    CHECK(close(a, run_kernel_on(kernels::lstm_step_composed_kernel, OpId::LstmStep, in), tol));
+    // h as the previous step's rows, and h expanded (rows no stride apart: copied).
+    for (const Tensor& h : {randn({3, 2, 24}, Options().dtype(dt)).slice(-1, 0, 4),
+                            randn({1, 1, 4}, Options().dtype(dt)).expand({3, 2, 4})}) {
+      std::vector<Tensor> v = in;
+      v[1] = h;
+      CHECK(close(run_kernel_on(cpu, OpId::LstmStep, v),
+                  run_kernel_on(kernels::lstm_step_composed_kernel, OpId::LstmStep, v), tol));
+    }
     // The backward, with a gradient whose a columns are not zero (they add to a's gradient).
     const Tensor av = a.slice(-1, 8, 24);
     const Tensor g = randn({3, 2, 24}, Options().dtype(dt));
-    const std::vector<Tensor> bin{av, s.c, g};
+    const std::vector<Tensor> bin{av, in[2], g};
     const KernelFn cpu_b = detail::op_def(OpId::LstmStepBackward).kernel[int(DeviceType::CPU)];
     const Tensor ra = run_kernel_on(cpu_b, OpId::LstmStepBackward, bin);
     const Tensor rb =
         run_kernel_on(kernels::lstm_step_backward_composed_kernel, OpId::LstmStepBackward, bin);
-    CHECK(close(ra, rb, dt == DType::f64 ? 1e-12 : 1e-5));
+    CHECK(close(ra, rb, tol));
     // Without g's a columns, the gradient of a is lstm_cell_backward's on (a, 0).
     const Tensor g2 = cat({g.slice(-1, 0, 8), zeros({3, 2, 16}, Options().dtype(dt))}, -1);
-    const Tensor r0 = run_kernel_on(cpu_b, OpId::LstmStepBackward, {av, s.c, g2});
+    const Tensor r0 = run_kernel_on(cpu_b, OpId::LstmStepBackward, {av, in[2], g2});
     const Tensor want = run_kernel_on(
         detail::op_def(OpId::LstmCellBackward).kernel[int(DeviceType::CPU)], OpId::LstmCellBackward,
-        {av.contiguous(), zeros_like(av), s.c, g.slice(-1, 0, 8)});
-    CHECK(close(r0, want, dt == DType::f64 ? 1e-12 : 1e-5));
-    CHECK(close(ra.slice(-1, 0, 16) - r0.slice(-1, 0, 16), g.slice(-1, 8, 24),
-                dt == DType::f64 ? 1e-12 : 1e-5));
+        {av.contiguous(), zeros_like(av), in[2].contiguous(), g.slice(-1, 0, 8).contiguous()});
+    CHECK(close(r0, want, tol));
+    CHECK(close(ra.slice(-1, 0, 16) - r0.slice(-1, 0, 16), g.slice(-1, 8, 24), tol));
   }
 }
 
