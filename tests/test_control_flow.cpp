@@ -101,6 +101,48 @@ TEST_CASE("scan: length 0 returns the initial carry and empty stacked results") 
   CHECK(r[1].dtype() == DType::f64);
 }
 
+TEST_CASE("cond, scan, while_loop: results are new tensors, eagerly as compiled") {
+  // Each construct hands back an operand unchanged; eagerly that was the operand itself, so a
+  // write through the result reached it (Note [Control flow returns new tensors]).
+  const Tensor zero_steps = zeros({0, 2});
+  auto pass = [](const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0]}; };
+  auto each = [&](const Tensor& x) {
+    return std::vector<Tensor>{
+        cond(scalar(true), pass, pass, {x})[0],
+        scan([](const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0]}; }, {x},
+             {zero_steps})[0],
+        scan([](const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0]}; }, {x},
+             {zeros({3, 2})})[0],
+        while_loop([](const std::vector<Tensor>&) { return std::vector<Tensor>{scalar(false)}; },
+                   pass, {x})[0]};
+  };
+  const Tensor x = ones({2});
+  for (Tensor r : each(x)) {
+    r.add_(1);
+    CHECK(close(x, ones({2})));
+  }
+  // A buffer updated in place from such a result, with the buffer passed as the argument: the
+  // update reads the value the construct returned, in both faces.
+  Tensor buf = ones({2}) * 1.5;
+  auto update = [&](const Tensor& a) {
+    const Tensor r = scan(pass, {a}, {zero_steps})[0];
+    buf.mul_(0.5);
+    buf.add_(r.detach());
+    return r;
+  };
+  auto f = compile(update);
+  const Tensor got = f(buf.clone());  // traced on an argument of its own
+  buf.copy_(ones({2}) * 1.5);
+  const Tensor eager_r = update(buf);
+  const Tensor eager_buf = buf.clone();
+  buf.copy_(ones({2}) * 1.5);
+  const Tensor compiled_r = f(buf);
+  CHECK(close(compiled_r, eager_r));
+  CHECK(close(buf, eager_buf));
+  CHECK(close(eager_buf, ones({2}) * 2.25));  // 0.75 + 1.5: the result is the value before
+  (void)got;
+}
+
 TEST_CASE("scan: a carry that changes shape, or xs of two lengths, is an error") {
   auto grows = [](const std::vector<Tensor>& in) {
     return std::vector<Tensor>{cat({in[0], in[1]}, 0)};

@@ -575,6 +575,27 @@ std::vector<Tensor> traced_while(detail::Tracer& tr, const Fn& cond_fn, const Fn
   return out;
 }
 
+// Note [Control flow returns new tensors]
+// A traced cond, scan or while_loop gives results of its own, values computed from its operands.
+// Eagerly, a construct could hand back an operand as it is: a carry a scan of no steps (or its
+// body) passes through, an operand a branch returns, the state of a loop that ran no iteration.
+// The result then shared memory with the operand, so a later in-place write to one reached the
+// other, and the two faces differed: a program whose argument was the buffer it updates read the
+// update through such a result eagerly and the value before it compiled (the random programs,
+// seed 221656). A result that shares a storage with one of the construct's operands is cloned,
+// so the eager results are new tensors too, as JAX's are and as torch.cond requires.
+void unalias(std::vector<Tensor>& out, const std::vector<Tensor>& operands) {
+  for (Tensor& r : out) {
+    const detail::StorageImpl* s = r.defined() ? r.unsafe_impl()->storage.get() : nullptr;
+    if (!s) continue;
+    for (const Tensor& t : operands)
+      if (t.defined() && t.unsafe_impl()->storage.get() == s) {
+        r = r.clone();
+        break;
+      }
+  }
+}
+
 }  // namespace
 
 std::vector<Tensor> cond(const Tensor& pred, Fn true_fn, Fn false_fn,
@@ -586,6 +607,7 @@ std::vector<Tensor> cond(const Tensor& pred, Fn true_fn, Fn false_fn,
     return traced_cond(*tr, pred, true_fn, false_fn, operands);
   std::vector<Tensor> out = pred.item<bool>() ? true_fn(operands) : false_fn(operands);
   check_defined("cond", "result", out);
+  unalias(out, operands);  // Note [Control flow returns new tensors]
   return out;
 }
 
@@ -634,6 +656,9 @@ std::vector<Tensor> detail::scan_impl(const Fn& fn, std::vector<Tensor> init_car
     carry.assign(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(nc));
   }
   std::vector<Tensor> result = carry;
+  std::vector<Tensor> operands = init_carry;
+  operands.insert(operands.end(), xs.begin(), xs.end());
+  unalias(result, operands);  // Note [Control flow returns new tensors]
   if (length > 0) {
     for (std::vector<Tensor>& y : ys) {
       if (reverse) std::reverse(y.begin(), y.end());
@@ -695,6 +720,7 @@ std::vector<Tensor> while_loop(Fn cond_fn, Fn body_fn, std::vector<Tensor> init)
                    init.size());
       state = std::move(next);
     }
+    unalias(state, init);  // Note [Control flow returns new tensors]
   }
   if (!needs_grad) return state;
   // Each result gets a tape node whose backward is the error: a gradient never silently stops
