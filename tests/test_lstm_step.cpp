@@ -113,6 +113,40 @@ TEST_CASE("lstm_step: second derivatives equal the composite's") {
   }
 }
 
+TEST_CASE("lstm_step compiled: a symbolic batch traces once, values and gradients as eager") {
+  nn::LSTMCell cell(3, 4);
+  const std::vector<Tensor> params = cell.parameters();
+  // Three steps over x (N, 3, 3), then the weights' gradients of a loss of h and c.
+  auto fn = [&](const Tensor& x) {
+    std::optional<nn::LSTMCell::State> s;
+    for (int64_t k = 0; k < 3; ++k) s = cell(x.select(1, k), s);
+    const Tensor loss = (std::get<0>(*s) * std::get<1>(*s)).sum();
+    std::vector<Tensor> out = grad({loss}, params);
+    out.push_back(loss);
+    return out;
+  };
+  auto f = compile(fn);
+  for (int64_t n : {2, 5, 7, 0}) {
+    CAPTURE(n);
+    const Tensor x = randn({n, 3, 3});
+    const std::vector<Tensor> got = f(x), want = fn(x);
+    REQUIRE(got.size() == want.size());
+    for (size_t i = 0; i < got.size(); ++i) CHECK(close(got[i], want[i], 1e-5));
+  }
+  CHECK(f.stats().traces == 2);  // the second batch size makes it symbolic
+}
+
+TEST_CASE("lstm_step: a cell of no hidden units") {
+  const Step s = random_step({2}, 3, 0);
+  std::vector<Tensor> v;
+  for (const Tensor& t : s.all()) v.push_back(t.detach().requires_grad_(true));
+  auto [hn, cn] = lstm_step(v[0], v[1], v[2], v[3], v[4], v[5], v[6]);
+  CHECK(hn.sizes() == Shape{2, 0});
+  const std::vector<Tensor> g = grad({(hn.sum() + cn.sum()) + v[0].sum()}, v);
+  CHECK(close(g[0], ones({2, 3})));
+  CHECK(g[3].sizes() == Shape{0, 3});
+}
+
 TEST_CASE("lstm_step under vmap: shared and per-sample weights, without a loop") {
   const Step s = random_step({4}, 3, 2);
   auto step = [](const Tensor& x, const Tensor& h, const Tensor& c, const Tensor& wi,

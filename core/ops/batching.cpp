@@ -268,20 +268,24 @@ BatchedArg lstm_step_rule(const OpDef& def, const std::vector<BatchedArg>& in, c
   if (shared || symbolic(a)) return {call_on(def.id, ts, a), 0};
   const Tensor& c = ts[2];
   const int64_t h = c.size(-1);
-  int64_t n = 1;  // each sample's rows
-  for (int64_t d = 1; d + 1 < c.dim(); ++d) n *= c.size(d);
+  SymDims lead = sym_dims(c);  // each sample's rows, symbolic where traced so
+  lead.pop_back();
+  lead.erase(lead.begin());
+  const SymInt n = sym_numel(lead);
   auto product = [&](int x, int w, int b) {  // (B, rows, 4H)
-    const Tensor rows = reshape(ts[static_cast<size_t>(x)], {batch, n, ts[x].size(-1)});
+    const Tensor rows =
+        reshape_dims(ts[static_cast<size_t>(x)], SymDims{SymInt(batch), n, SymInt(ts[x].size(-1))});
     return call_on(OpId::Add,
                    {call_on(OpId::MatMul, {rows, transpose(ts[w], 1, 2)}, Attrs{}),
                     unsqueeze(ts[static_cast<size_t>(b)], 1)},
                    Attrs{});
   };
   const Tensor gx = product(0, 3, 5), gh = product(1, 4, 6);
-  const Tensor cell = call_on(OpId::LstmCell, {gx, gh, reshape(c, {batch, n, h})}, Attrs{});
-  Shape out = c.sizes();
-  out[out.size() - 1] = 6 * h;
-  return {reshape(cat({cell, call_on(OpId::Add, {gx, gh}, Attrs{})}, -1), out), 0};
+  const Tensor cell = call_on(
+      OpId::LstmCell, {gx, gh, reshape_dims(c, SymDims{SymInt(batch), n, SymInt(h)})}, Attrs{});
+  SymDims out = sym_dims(c);
+  out.back() = SymInt(6 * h);
+  return {reshape_dims(cat({cell, call_on(OpId::Add, {gx, gh}, Attrs{})}, -1), out), 0};
 }
 
 // Ops over a batch of images (N, ...) with shared filters (conv2d and its input gradient,

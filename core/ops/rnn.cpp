@@ -262,9 +262,14 @@ void grad_lstm_step(const GradCtx& ctx, const Tensor& g_in, Tensor* gi) {
   if (ctx.needs_grad(0)) gi[0] = matmul(da, w_ih);
   if (ctx.needs_grad(1)) gi[1] = matmul(da, w_hh);
   if (ctx.needs_grad(2)) gi[2] = dc;
-  const Tensor rows = reshape(da, {-1, 4 * h});
-  if (ctx.needs_grad(3)) gi[3] = matmul(transpose(rows, 0, 1), reshape(x, {-1, x.size(-1)}));
-  if (ctx.needs_grad(4)) gi[4] = matmul(transpose(rows, 0, 1), reshape(hp, {-1, h}));
+  // The rows, flattened by their count (symbolic where traced so; -1 cannot size empty rows).
+  SymDims lead = sym_dims(c);
+  lead.pop_back();
+  const SymInt n = sym_numel(lead);
+  auto flat = [&](const Tensor& t, int64_t w) { return reshape_dims(t, SymDims{n, SymInt(w)}); };
+  const Tensor rows = flat(da, 4 * h);
+  if (ctx.needs_grad(3)) gi[3] = matmul(transpose(rows, 0, 1), flat(x, x.size(-1)));
+  if (ctx.needs_grad(4)) gi[4] = matmul(transpose(rows, 0, 1), flat(hp, h));
   if (ctx.needs_grad(5) || ctx.needs_grad(6)) {
     const Tensor db = sum(rows, {0});
     for (int k : {5, 6})
