@@ -121,6 +121,12 @@ TEST_CASE("cond, scan, while_loop: results are new tensors, eagerly as compiled"
     r.add_(1);
     CHECK(close(x, ones({2})));
   }
+  // A branch that returns a tensor from outside (a parameter), as it is.
+  const Tensor w = ones({2});
+  auto outside = [&](const std::vector<Tensor>&) { return std::vector<Tensor>{w}; };
+  Tensor rw = cond(scalar(true), outside, outside, {x})[0];
+  rw.add_(1);
+  CHECK(close(w, ones({2})));
   // A buffer updated in place from such a result, with the buffer passed as the argument: the
   // update reads the value the construct returned, in both faces.
   Tensor buf = ones({2}) * 1.5;

@@ -582,17 +582,14 @@ std::vector<Tensor> traced_while(detail::Tracer& tr, const Fn& cond_fn, const Fn
 // The result then shared memory with the operand, so a later in-place write to one reached the
 // other, and the two faces differed: a program whose argument was the buffer it updates read the
 // update through such a result eagerly and the value before it compiled (the random programs,
-// seed 221656). A result that shares a storage with one of the construct's operands is cloned,
-// so the eager results are new tensors too, as JAX's are and as torch.cond requires.
-void unalias(std::vector<Tensor>& out, const std::vector<Tensor>& operands) {
+// seed 221656). So is a tensor from outside that a branch returns (a parameter). A result whose
+// storage is older than the construct (StorageImpl::serial, read as it began) is cloned, so the
+// eager results are new tensors too, as JAX's are and as torch.cond requires.
+uint64_t storages_so_far() { return detail::g_storage_serial.load(std::memory_order_relaxed); }
+void unalias(std::vector<Tensor>& out, uint64_t began) {
   for (Tensor& r : out) {
     const detail::StorageImpl* s = r.defined() ? r.unsafe_impl()->storage.get() : nullptr;
-    if (!s) continue;
-    for (const Tensor& t : operands)
-      if (t.defined() && t.unsafe_impl()->storage.get() == s) {
-        r = r.clone();
-        break;
-      }
+    if (s && s->serial <= began) r = r.clone();
   }
 }
 
@@ -605,9 +602,10 @@ std::vector<Tensor> cond(const Tensor& pred, Fn true_fn, Fn false_fn,
   DUET_CHECK_T(true_fn && false_fn, ValueError, "[cond] both branches must be callable");
   if (detail::Tracer* tr = detail::Tracer::current())
     return traced_cond(*tr, pred, true_fn, false_fn, operands);
+  const uint64_t began = storages_so_far();
   std::vector<Tensor> out = pred.item<bool>() ? true_fn(operands) : false_fn(operands);
   check_defined("cond", "result", out);
-  unalias(out, operands);  // Note [Control flow returns new tensors]
+  unalias(out, began);  // Note [Control flow returns new tensors]
   return out;
 }
 
@@ -629,6 +627,7 @@ std::vector<Tensor> detail::scan_impl(const Fn& fn, std::vector<Tensor> init_car
                  "[scan] every xs tensor is scanned along dim 0, so they need one length; got {}",
                  metas_str(xs));
   if (Tracer* tr = Tracer::current()) return traced_scan(*tr, fn, init_carry, xs, reverse);
+  const uint64_t began = storages_so_far();
   const int64_t length = xs[0].sizes()[0];
   const size_t nc = init_carry.size();
   std::vector<Tensor> carry = init_carry;
@@ -656,9 +655,7 @@ std::vector<Tensor> detail::scan_impl(const Fn& fn, std::vector<Tensor> init_car
     carry.assign(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(nc));
   }
   std::vector<Tensor> result = carry;
-  std::vector<Tensor> operands = init_carry;
-  operands.insert(operands.end(), xs.begin(), xs.end());
-  unalias(result, operands);  // Note [Control flow returns new tensors]
+  unalias(result, began);  // Note [Control flow returns new tensors]
   if (length > 0) {
     for (std::vector<Tensor>& y : ys) {
       if (reverse) std::reverse(y.begin(), y.end());
@@ -701,6 +698,7 @@ std::vector<Tensor> while_loop(Fn cond_fn, Fn body_fn, std::vector<Tensor> init)
   for (const Tensor& t : init) needs_grad = needs_grad || t.requires_grad();
   needs_grad = needs_grad && detail::grad_mode();
   std::vector<Tensor> state = init;
+  const uint64_t began = storages_so_far();
   {
     NoGradGuard ng;  // forward only: no tape across the iterations
     for (int64_t it = 0;; ++it) {
@@ -720,7 +718,7 @@ std::vector<Tensor> while_loop(Fn cond_fn, Fn body_fn, std::vector<Tensor> init)
                    init.size());
       state = std::move(next);
     }
-    unalias(state, init);  // Note [Control flow returns new tensors]
+    unalias(state, began);  // Note [Control flow returns new tensors]
   }
   if (!needs_grad) return state;
   // Each result gets a tape node whose backward is the error: a gradient never silently stops
