@@ -162,18 +162,7 @@ bool low_gemm_onednn(const L* a, MatLayout la, const L* b, MatLayout lb, L* c, i
 
 void sgemm(const float* a, MatLayout la, const float* b, MatLayout lb, float* c, int64_t m,
            int64_t n, int64_t k) {
-#if DUET_WITH_OPENBLAS
-  if (m * n * k <= kSmallProduct) {
-    auto trans = [](const MatLayout& l) { return l.trans == 'T' ? CblasTrans : CblasNoTrans; };
-    cblas_sgemm(CblasRowMajor, trans(la), trans(lb), static_cast<blasint>(m),
-                static_cast<blasint>(n), static_cast<blasint>(k), 1.0f, a,
-                static_cast<blasint>(la.ld), b, static_cast<blasint>(lb.ld), 0.0f, c,
-                static_cast<blasint>(n));
-    return;
-  }
-#endif
-  dnnl_status_t st = dnnl_sgemm(la.trans, lb.trans, m, n, k, 1.0f, a, la.ld, b, lb.ld, 0.0f, c, n);
-  DUET_ASSERT(st == dnnl_success, "dnnl_sgemm failed with status {}", static_cast<int>(st));
+  gemm_rows(la.trans == 'T', lb.trans == 'T', m, n, k, a, la.ld, b, lb.ld, 0.0f, c, n);
 }
 
 // The same product on f32 copies, rounded once (where oneDNN has no low-precision kernel).

@@ -66,9 +66,10 @@ void lstm_grads(int64_t m, const T* __restrict i, const T* __restrict f, const T
 }
 
 // The activated gates of units [j0, j0 + m) of one row: i, f, g, o, each m long at stride kBlock.
-// gh null: gx holds the summed gates (lstm_step's a).
+// gh null: gx holds the summed gates (lstm_step's a). sums, where set, gets the summed gates
+// before their activation (lstm_step adds its biases, gh, into its result's a columns).
 template <class T>
-void gates(const T* gx, const T* gh, int64_t h, int64_t j0, int64_t m, T* act) {
+void gates(const T* gx, const T* gh, int64_t h, int64_t j0, int64_t m, T* act, T* sums = nullptr) {
   for (int64_t k = 0; k < 4; ++k) {
     const T* x = gx + k * h + j0;
     T* a = act + k * kBlock;
@@ -76,6 +77,7 @@ void gates(const T* gx, const T* gh, int64_t h, int64_t j0, int64_t m, T* act) {
       add_to(m, x, gh + k * h + j0, a);
     else
       std::copy(x, x + m, a);
+    if (sums) std::copy(a, a + m, sums + k * h + j0);
     if (k == 2)
       unary_dense<T>(fn::Tanh{}, a, a, m);
     else
@@ -95,18 +97,23 @@ void for_blocks(int64_t rows, int64_t h, F&& body) {
       /*align=*/1);
 }
 
+// h' and c' of units [j0, j0 + m) from their activated gates and c.
+template <class T>
+void cell_out(const T* act, const T* c, T* hn, T* cn, int64_t m) {
+  alignas(64) T tc[kBlock];
+  const T *i = act, *f = act + kBlock, *g = act + 2 * kBlock, *o = act + 3 * kBlock;
+  lstm_state(m, i, f, g, c, cn);
+  unary_dense<T>(fn::Tanh{}, static_cast<const T*>(cn), tc, m);
+  multiply(m, o, static_cast<const T*>(tc), hn);
+}
+
 template <class T>
 void forward(const T* gx, const T* gh, const T* c, T* out, int64_t rows, int64_t h) {
   for_blocks(rows, h, [&](int64_t r, int64_t j0, int64_t m) {
-    alignas(64) T act[4 * kBlock], tc[kBlock];
+    alignas(64) T act[4 * kBlock];
     gates(gx + r * 4 * h, gh + r * 4 * h, h, j0, m, act);
-    const T *i = act, *f = act + kBlock, *g = act + 2 * kBlock, *o = act + 3 * kBlock;
-    const T* cr = c + r * h + j0;
     T* hn = out + r * 2 * h + j0;
-    T* cn = hn + h;
-    lstm_state(m, i, f, g, cr, cn);
-    unary_dense<T>(fn::Tanh{}, cn, tc, m);
-    multiply(m, o, static_cast<const T*>(tc), hn);
+    cell_out(static_cast<const T*>(act), c + r * h + j0, hn, hn + h, m);
   });
 }
 
@@ -212,29 +219,31 @@ void gru_backward(const T* gx, const T* gh, const T* hp, const T* grad, T* out, 
   });
 }
 
-// Every kernel: the operands made dense, then `run` on typed pointers into `out` (or into a
-// dense temporary copied there, should the output be strided).
-template <class Run>
-void run_cell_on(TensorRefs in, const Tensor& c, const Tensor& out, Run&& run) {
-  Tensor tmp[4];
-  const Tensor* d[4] = {};
-  for (int64_t k = 0; k < in.size(); ++k) d[k] = &dense(in[k], tmp[k]);
-  const int64_t h = c.sizes()[c.dim() - 1];
-  const int64_t rows = h == 0 ? 0 : c.numel() / h;
+// Runs body(T{}, p) with p the typed data of `out` (f32 or f64), or of a dense temporary copied
+// into out afterwards, should out be strided.
+template <class Body>
+void on_dense_out(const Tensor& out, Body&& body) {
   const Tensor o =
       out.is_contiguous() ? out : detail::empty(out.sizes(), out.dtype(), out.device());
-  if (rows > 0) {
-    if (out.dtype() == DType::f64)
-      run(d, static_cast<double*>(o.raw_data()), rows, h, double{});
-    else
-      run(d, static_cast<float*>(o.raw_data()), rows, h, float{});
-  }
+  if (out.dtype() == DType::f64)
+    body(double{}, static_cast<double*>(o.raw_data()));
+  else
+    body(float{}, static_cast<float*>(o.raw_data()));
   if (!out.is_contiguous()) copy_into(o, out);
 }
 
+// Every cell kernel: the operands made dense, then `run` on typed pointers into `out`.
 template <class Run>
 void run_cell(TensorRefs in, const Tensor& out, Run&& run) {
-  run_cell_on(in, in[2], out, run);
+  Tensor tmp[4];
+  const Tensor* d[4] = {};
+  for (int64_t k = 0; k < in.size(); ++k) d[k] = &dense(in[k], tmp[k]);
+  const Tensor& c = in[2];
+  const int64_t h = c.sizes()[c.dim() - 1];
+  const int64_t rows = h == 0 ? 0 : c.numel() / h;
+  on_dense_out(out, [&](auto zero, auto* o) {
+    if (rows > 0) run(d, o, rows, h, zero);
+  });
 }
 
 template <class T>
@@ -257,22 +266,6 @@ void lstm_cell_backward_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
   });
 }
 
-// lstm_step's gates of units [j0, j0 + m) of one row: a += b (the biases' sum) where the products
-// left a (the result's a columns), then activated into act, as gates() does.
-template <class T>
-void step_gates(T* a, const T* b, int64_t h, int64_t j0, int64_t m, T* act) {
-  for (int64_t k = 0; k < 4; ++k) {
-    T* s = a + k * h + j0;
-    T* t = act + k * kBlock;
-    add_to(m, static_cast<const T*>(s), b + k * h + j0, t);
-    std::copy(t, t + m, s);
-    if (k == 2)
-      unary_dense<T>(fn::Tanh{}, t, t, m);
-    else
-      unary_dense<T>(fn::Sigmoid{}, t, t, m);
-  }
-}
-
 // lstm_step (Note [LSTM step] in core/ops/rnn.cpp): both products summed into the result's a
 // columns (one GEMM, then a second accumulating into it), the biases added there, and the cell
 // on them, without a temporary. x, h and c are read in place at their row strides (h and c are
@@ -284,14 +277,10 @@ void step_forward(Rows<T> x, Rows<T> hp, Rows<T> c, const T* wi, const T* wh, co
   gemm_rows(false, true, rows, 4 * h, n_in, x.p, x.rs, wi, n_in, T(0), out + 2 * h, ld);
   gemm_rows(false, true, rows, 4 * h, h, hp.p, hp.rs, wh, h, T(1), out + 2 * h, ld);
   for_blocks(rows, h, [&](int64_t r, int64_t j0, int64_t m) {
-    alignas(64) T act[4 * kBlock], tc[kBlock];
+    alignas(64) T act[4 * kBlock];
     T* row = out + r * ld;
-    step_gates(row + 2 * h, b, h, j0, m, act);
-    const T *i = act, *f = act + kBlock, *g = act + 2 * kBlock, *o = act + 3 * kBlock;
-    T* cn = row + h + j0;
-    lstm_state(m, i, f, g, c.row(r) + j0, cn);
-    unary_dense<T>(fn::Tanh{}, static_cast<const T*>(cn), tc, m);
-    multiply(m, o, static_cast<const T*>(tc), row + j0);
+    gates(static_cast<const T*>(row + 2 * h), b, h, j0, m, act, row + 2 * h);  // a += b
+    cell_out(static_cast<const T*>(act), c.row(r) + j0, row + j0, row + h + j0, m);
   });
 }
 
@@ -328,10 +317,8 @@ void lstm_step_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
   const Tensor& c = in[2];
   const int64_t h = c.sizes()[c.dim() - 1], n_in = in[0].sizes()[in[0].dim() - 1];
   const int64_t rows = h == 0 ? 0 : c.numel() / h;
-  if (rows == 0 || h == 0) return;
-  const Tensor o =
-      out.is_contiguous() ? out : detail::empty(out.sizes(), out.dtype(), out.device());
-  auto run = [&](auto zero) {
+  if (rows == 0) return;
+  on_dense_out(out, [&](auto zero, auto* o) {
     using T = decltype(zero);
     Tensor tmp[7];
     const Rows<T> x = rows_of<T>(in[0], tmp[0]), hp = rows_of<T>(in[1], tmp[1]),
@@ -341,14 +328,8 @@ void lstm_step_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
     thread_local std::vector<T> b;  // the biases' sum
     b.resize(static_cast<size_t>(4 * h));
     add_to(4 * h, w[2], w[3], b.data());
-    step_forward<T>(x, hp, cs, w[0], w[1], static_cast<const T*>(b.data()),
-                    static_cast<T*>(o.raw_data()), rows, n_in, h);
-  };
-  if (out.dtype() == DType::f64)
-    run(double{});
-  else
-    run(float{});
-  if (!out.is_contiguous()) copy_into(o, out);
+    step_forward<T>(x, hp, cs, w[0], w[1], static_cast<const T*>(b.data()), o, rows, n_in, h);
+  });
 }
 
 // a, c and g read in place at their row strides (a is the columns of lstm_step's result).
@@ -356,20 +337,13 @@ void lstm_step_backward_kernel(TensorRefs in, const Attrs&, const Tensor& out) {
   const Tensor& c = in[1];
   const int64_t h = c.sizes()[c.dim() - 1];
   const int64_t rows = h == 0 ? 0 : c.numel() / h;
-  if (rows == 0 || h == 0) return;
-  const Tensor o =
-      out.is_contiguous() ? out : detail::empty(out.sizes(), out.dtype(), out.device());
-  auto run = [&](auto zero) {
+  if (rows == 0) return;
+  on_dense_out(out, [&](auto zero, auto* o) {
     using T = decltype(zero);
     Tensor tmp[3];
     backward<T>(rows_of<T>(in[0], tmp[0]), nullptr, rows_of<T>(c, tmp[1]),
-                rows_of<T>(in[2], tmp[2]), static_cast<T*>(o.raw_data()), rows, h);
-  };
-  if (out.dtype() == DType::f64)
-    run(double{});
-  else
-    run(float{});
-  if (!out.is_contiguous()) copy_into(o, out);
+                rows_of<T>(in[2], tmp[2]), o, rows, h);
+  });
 }
 
 }  // namespace rnn_cpu

@@ -37,6 +37,15 @@ Shape with_last(Shape s, int64_t n) {
   return s;
 }
 
+// Each of got equals the same of want within tol.
+void check_each(const std::vector<Tensor>& got, const std::vector<Tensor>& want, double tol) {
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    CAPTURE(i);
+    CHECK(close(got[i], want[i], tol));
+  }
+}
+
 Tensor run_kernel_on(KernelFn k, OpId op, const std::vector<Tensor>& in) {
   std::vector<const Tensor*> p;
   for (const Tensor& t : in) p.push_back(&t);
@@ -105,12 +114,7 @@ TEST_CASE("lstm_step: second derivatives equal the composite's") {
     for (const Tensor& t : g1) norm = norm + (t * t).sum();
     return grad({norm}, v);
   };
-  const std::vector<Tensor> a = second(true), b = second(false);
-  REQUIRE(a.size() == b.size());
-  for (size_t i = 0; i < a.size(); ++i) {
-    CAPTURE(i);
-    CHECK(close(a[i], b[i], 1e-10));
-  }
+  check_each(second(true), second(false), 1e-10);
 }
 
 TEST_CASE("lstm_step compiled: a symbolic batch traces once, values and gradients as eager") {
@@ -129,9 +133,7 @@ TEST_CASE("lstm_step compiled: a symbolic batch traces once, values and gradient
   for (int64_t n : {2, 5, 7, 0}) {
     CAPTURE(n);
     const Tensor x = randn({n, 3, 3});
-    const std::vector<Tensor> got = f(x), want = fn(x);
-    REQUIRE(got.size() == want.size());
-    for (size_t i = 0; i < got.size(); ++i) CHECK(close(got[i], want[i], 1e-5));
+    check_each(f(x), fn(x), 1e-5);
   }
   CHECK(f.stats().traces == 2);  // the second batch size makes it symbolic
 }
@@ -214,11 +216,7 @@ TEST_CASE("lstm_step in an Autobatch scope: two cells' samples, values and gradi
   const int64_t before = detail::batch_loop_calls();
   const std::vector<Tensor> want = run(false), got = run(true);
   CHECK(detail::batch_loop_calls() == before);
-  REQUIRE(got.size() == want.size());
-  for (size_t i = 0; i < got.size(); ++i) {
-    CAPTURE(i);
-    CHECK(close(got[i], want[i], 1e-5));
-  }
+  check_each(got, want, 1e-5);
 }
 
 TEST_CASE("nn::LSTMCell runs lstm_step outside autocast, and the two linears inside it") {
