@@ -15,9 +15,12 @@
 // and f16); atol scales with the tensor's largest
 // magnitude (compare_tensors and compare_grads say why), and in the fusion mix, for the
 // gradients of broadcast operands, with the square root of how many terms each of their elements
-// sums (gradient_widening). On a mismatch the seed, the program (one line per step, with the
-// inputs) and the differences are printed, and the program runs again with every optimization
-// pass disabled, and with each alone, to say whether a pass is involved, and which.
+// sums (gradient_widening). A program that differs is checked again with each element of eager's
+// results allowed a few times how far it moves on inputs nudged by a few ulps, and counted as
+// ill-conditioned, not failed, if it passes so (Note [Ill-conditioned programs]). On a mismatch
+// the seed, the program (one line per step, with the inputs) and the differences are printed,
+// and the program runs again with every optimization pass disabled, and with each alone, to say
+// whether a pass is involved, and which.
 //
 // The same checks run on programs of the fusion mix (random_program.h), built to stress fused
 // kernels and the memory planner; that test also asserts that most of them got fused kernels.
@@ -77,6 +80,25 @@ Tol tolerance(DType d, Loose loose = Loose::None, double widen = 1, bool gradien
   return t;
 }
 
+// Note [Ill-conditioned programs]
+// A fused kernel sums in another order than eager (Note [Inexact values] in
+// random_program_fusion.cpp), so compiled and eager differ by rounding. The fusion mix's
+// generator estimates those errors and rejects the steps that would blow them up; the other mixes
+// have no such model, and rely on the tolerances. A program that amplifies rounding (cos(exp(x))
+// of values near 5, whose gradient moves 1e-3 when a mean of 100 elements rounds the other way:
+// seed 284922) fails them however correct the kernels are. So when a program differs, eager runs
+// it again on its inputs moved by 2^-21 of themselves (about four f32 ulps; up and down in turn,
+// then all up, as test_autobatch_random does), and each element of eager's results may then
+// differ by kNoise times the farthest eager's own element moved (noise_of). A program that
+// passes so is counted as ill-conditioned, not failed. The allowance is per element: an error in
+// a well-conditioned output or gradient beside an ill-conditioned one still fails, and the
+// comparison's self-test (an error of 1e-4, "the comparison notices") runs with it.
+constexpr double kNoise = 4;
+bool allow_noise = true;  // (off in the test of the allowance itself)
+// Per eager result tensor (by its impl), each element's allowance; filled only while a
+// differing program is checked again (ill_conditioned).
+std::map<const void*, std::vector<double>> noise_of;
+
 // Compares a compiled result with the eager one. Floating absolute tolerances scale with the
 // largest magnitude in the eager tensor: an element that cancels to near zero (a - b, a
 // gradient summed over many uses) carries the rounding error of the terms it was computed
@@ -89,6 +111,14 @@ std::string compare_tensors(const Tensor& got, const Tensor& want, const std::st
                        got.sizes(), dtype_name(want.dtype()), want.sizes());
   Tol t = tolerance(want.dtype(), loose, widen, gradient);
   const double scale = is_floating(want.dtype()) ? std::max(1.0, max_abs(want)) : 1.0;
+  if (auto it = noise_of.find(want.unsafe_impl()); it != noise_of.end()) {
+    const std::vector<double> g = values(got), w = values(want);
+    bool within = g.size() == w.size() && it->second.size() == w.size();
+    for (size_t j = 0; within && j < w.size(); ++j)
+      within = std::abs(g[j] - w[j]) <=
+               t.atol * scale + t.rtol * std::abs(w[j]) + kNoise * it->second[j];
+    if (within) return "";
+  }
   std::string d = differences(values(got), values(want), t.rtol, t.atol * scale);
   return d.empty()
              ? ""
@@ -485,6 +515,8 @@ struct Coverage {
   int aliased_eager = 0;      ///< of them, those run eagerly (the others copied it)
   int low = 0;                ///< under autocast: programs with a value in the low dtype
   int seeds = 0;              ///< the seeds run
+  /// programs that differ from eager only within their noise (Note [Ill-conditioned programs])
+  int ill_conditioned = 0;
   std::string failed_seeds;
 };
 
@@ -532,6 +564,71 @@ Program reduce_program(Program p, const Sample& a, const Sample& b) {
     return changed;
   };
   return shrink_program(std::move(p), values, fails, layouts);
+}
+
+// The values with each floating input's elements moved by 2^-21 of themselves: up and down in
+// turn (alternate), or all up (Note [Ill-conditioned programs]).
+Values nudged(const Program& p, const Values& vals, bool alternate) {
+  Values out = vals;
+  for (size_t i = 0; i < out.size() && i < p.inputs.size(); ++i)
+    if (is_floating(p.inputs[i].dtype))
+      for (size_t j = 0; j < out[i].size(); ++j)
+        out[i][j] *= 1 + std::ldexp(alternate && j % 2 ? -1.0 : 1.0, -21);
+  return out;
+}
+
+// Notes, for each floating tensor of eager's run `want`, how far each element moved in the runs
+// on nudged inputs (m1, m2): the allowance of Note [Ill-conditioned programs].
+void note_noise(const EagerRun& want, const EagerRun& m1, const EagerRun& m2) {
+  auto note = [](const Tensor& w, const Tensor& a, const Tensor& b) {
+    if (!w.defined() || !a.defined() || !b.defined() || !is_floating(w.dtype()) ||
+        a.sizes() != w.sizes() || b.sizes() != w.sizes())
+      return;
+    const std::vector<double> wv = values(w), av = values(a), bv = values(b);
+    std::vector<double> n(wv.size());
+    for (size_t j = 0; j < wv.size(); ++j)
+      n[j] = std::max(std::abs(av[j] - wv[j]), std::abs(bv[j] - wv[j]));
+    noise_of[w.unsafe_impl()] = std::move(n);
+  };
+  auto each = [&](const std::vector<Tensor>& w, const std::vector<Tensor>& a,
+                  const std::vector<Tensor>& b) {
+    for (size_t i = 0; i < w.size() && i < a.size() && i < b.size(); ++i) note(w[i], a[i], b[i]);
+  };
+  each(want.ins, m1.ins, m2.ins);
+  each(want.outs, m1.outs, m2.outs);
+  each(want.grads, m1.grads, m2.grads);
+  for (size_t k = 0;
+       k < want.per_output.size() && k < m1.per_output.size() && k < m2.per_output.size(); ++k)
+    each(want.per_output[k], m1.per_output[k], m2.per_output[k]);
+}
+
+// Whether a program that differs passes with the allowance of Note [Ill-conditioned
+// programs]: checked again (with the same perturb), each eager result allowed kNoise times how
+// far it moves on nudged inputs.
+bool ill_conditioned(const Program& p, const Sample& a, const Sample& b, uint64_t seed,
+                     double perturb) {
+  if (!allow_noise) return false;
+  bool passes = false;
+  try {
+    for (const Sample* s : {&a, &b}) {
+      const uint64_t gseed = seed + (s == &a ? 1 : 2);
+      Sample up = *s, turns = *s;
+      turns.values = nudged(p, s->values, true);
+      up.values = nudged(p, s->values, false);
+      const Sample m1 = rerun(p, turns, gseed), m2 = rerun(p, up, gseed);
+      if (!m1.finite || !m2.finite) {
+        noise_of.clear();
+        return false;
+      }
+      note_noise(s->plain, m1.plain, m2.plain);
+      note_noise(s->with_grad, m1.with_grad, m2.with_grad);
+    }
+    passes = check(p, a, b, {}, perturb).empty();
+  } catch (const std::exception&) {
+    passes = false;
+  }
+  noise_of.clear();
+  return passes;
 }
 
 // Builds, runs and checks the program of one seed; returns the failure report ("" if none).
@@ -591,6 +688,10 @@ std::string run_seed(uint64_t seed, Coverage& cov, double perturb = 0, Mix mix =
   cov.aliased_eager += aliased.second;
   cov.fused += fused > 0;
   cov.fused_kernels += fused;
+  if (!err.empty() && ill_conditioned(p, a, b, seed, perturb)) {
+    ++cov.ill_conditioned;
+    return "";
+  }
   if (err.empty() || perturb != 0) return err;
   // Is an optimization pass involved? And which: the passes that, disabled alone, make it pass.
   std::string off = check(p, a, b, CompileOptions{.disable_passes = kPasses, .cache_limit = 8});
@@ -643,9 +744,9 @@ void run_seeds(const std::vector<uint64_t>& seeds, Coverage& cov, Mix mix, bool 
                         cov.aliased, cov.aliased_eager)
                   : "";
   MESSAGE(fmt::format(
-      "{} programs compared ({} steps), {} skipped for non-finite values, {} failed{}; {} with "
-      "fused kernels ({} kernels){}{}{}; steps per op:{}",
-      cov.programs, cov.steps, cov.skipped, cov.failed,
+      "{} programs compared ({} steps), {} skipped for non-finite values, {} ill-conditioned, {} "
+      "failed{}; {} with fused kernels ({} kernels){}{}{}; steps per op:{}",
+      cov.programs, cov.steps, cov.skipped, cov.ill_conditioned, cov.failed,
       cov.failed ? " (seeds" + cov.failed_seeds + ")" : "", cov.fused, cov.fused_kernels, control,
       cast, aliased, ops));
 }
@@ -966,6 +1067,25 @@ TEST_CASE("random programs with a symbolic batch dim") {
     for (Op op : {Op::Sum, Op::Mean, Op::Max, Op::MatMul})  // over the batch dim
       CHECK(cov.batched[size_t(op)] - cov.kept[size_t(op)] >= 5);
   }
+}
+
+// The allowance of Note [Ill-conditioned programs] is per element: each element of an eager
+// result may differ by kNoise times how far that element moved on nudged inputs, and an element
+// that did not move gets the plain tolerance. (Seeds 284922 and 333561 of the mixed mix differ
+// by more than the tolerances only where the generated kernels run, which ctest's runs of this
+// binary switch off; sweeps run them, and count the two as ill-conditioned.)
+TEST_CASE("random programs: the noise allowance is per element") {
+  const Tensor want = tensor({1.0, 2.0, 3.0});
+  auto differs = [&](std::vector<double> got) {
+    return !compare_tensors(tensor(got), want, "allowance").empty();
+  };
+  CHECK(differs({1.0003, 2.0, 2.9997}));  // beyond the tolerance, without an allowance
+  noise_of[want.unsafe_impl()] = {1e-4, 0, 1e-4};
+  CHECK_FALSE(differs({1.0003, 2.0, 2.9997}));  // within kNoise times each element's noise
+  CHECK(differs({1.0003, 2.0001, 3.0}));        // the element that did not move
+  CHECK(differs({1.0006, 2.0, 3.0}));           // beyond kNoise times its noise
+  CHECK_FALSE(differs({1.0, 2.0000001, 3.0}));  // the plain tolerance still holds
+  noise_of.clear();
 }
 
 // The comparison itself: compiled outputs off by 1e-4 (relative and absolute; about 800 f32 ulps;
