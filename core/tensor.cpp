@@ -611,8 +611,10 @@ namespace detail {
 thread_local std::vector<const TensorImpl*>* tls_materialized = nullptr;
 
 void materialize_grad(TensorImpl* t) {
-  if (mode_depth() == 0 || t->trace || !t->requires_grad || (t->autograd && t->autograd->grad) ||
-      (t->autograd && t->autograd->grad_fn))
+  // Only a trace (its ValueReader set) makes the buffer: an Autobatch scope or a kernel counter
+  // is a mode too, but runs eagerly, where a leaf the backward has not reached has no .grad.
+  if (mode_depth() == 0 || value_reader() == nullptr || t->trace || !t->requires_grad ||
+      (t->autograd && t->autograd->grad) || (t->autograd && t->autograd->grad_fn))
     return;
   // docs/design.md, "Missing .grad": while tracing, a captured leaf's missing gradient is a real
   // zero buffer, which the trace captures like any tensor. The graph then reads and writes the

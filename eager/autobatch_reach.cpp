@@ -37,6 +37,7 @@
 // backward from a survivor spent so raises the engine's error, as eagerly; until then the saved
 // values live as long as the results that hold the nodes.
 #include <algorithm>
+#include <iterator>
 
 #include "eager/autobatch_impl.h"
 #include "eager/autograd.h"
@@ -124,6 +125,23 @@ std::shared_ptr<detail::Node> node_over(
 Tensor Autobatch::Impl::gated(const Tensor& x, const int32_t* readers, size_t count) {
   const TensorImpl* xi = x.unsafe_impl();
   if (!xi->requires_grad) return x;  // (callers ask only for groups that record a gradient)
+  // Only readers that record a gradient read x through its gate. A group that records one may
+  // hold ops that do not (one made under NoGradGuard, grouped by rows with ops that do): such an
+  // op sends x nothing eagerly, and a backward that reaches it (through a detached view of its
+  // result, whose storage it made) must not pass the group's zeros on to x. (Autobatch seed
+  // 157334 of the batch mix: a while_loop's copy of its state, under NoGradGuard, in one group
+  // with a scan's copies of its carry, gave x a gradient of zeros where eagerly it has none.)
+  auto records = [&](int32_t r) {
+    return !run_index_ || static_cast<size_t>(r) >= run_index_->grad.size() ||
+           run_index_->grad[static_cast<size_t>(r)];
+  };
+  std::vector<int32_t> recording;  // (made only where some reader does not record)
+  if (!std::all_of(readers, readers + count, records)) {
+    std::copy_if(readers, readers + count, std::back_inserter(recording), records);
+    if (recording.empty()) return x.detach();  // (the group's tape must not reach x through it)
+    readers = recording.data();
+    count = recording.size();
+  }
   auto [it, fresh] = gates_.try_emplace(xi);
   if (fresh) {
     const size_t at = graph_->readers.size();

@@ -88,10 +88,13 @@ Tensor Autobatch::Impl::gather_rows(std::vector<PendingOp>& ops,
     const PendingOp* src = grad ? batch_source(ops, o, items[k].second) : nullptr;
     const Tensor& x = operand(k);
     len[k] = x.unsafe_impl()->shape[0];
-    const void* key = src ? static_cast<const void*>(src->batch) : x.unsafe_impl();
-    auto [it, fresh] = source_at.emplace(key, sources.size());
-    // (A tensor from outside the run comes through its gate, each reader registered.)
+    // (A tensor from outside the run comes through its gate, each reader registered; a reader
+    // that records no gradient gets it detached, a source of its own.)
     const Tensor in = src || !grad ? Tensor() : gated(x, items[k].first);
+    const void* key = src    ? static_cast<const void*>(src->batch)
+                      : grad ? static_cast<const void*>(in.unsafe_impl())
+                             : static_cast<const void*>(x.unsafe_impl());
+    auto [it, fresh] = source_at.emplace(key, sources.size());
     if (fresh) {
       if (!src || src->index < 0)
         sources.push_back(src ? src->batch->value : grad ? in : x);

@@ -4,6 +4,7 @@
 // batches that are views, random ops, traces, and the errors.
 #include <doctest/doctest.h>
 
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -676,6 +677,62 @@ TEST_CASE("autobatch: results outlive their scope and their thread") {
     std::vector<Tensor> again = made(3000);
     CHECK(again[2999].to_vector<float>()[0] == 5999.0f);
   }
+}
+
+// An op made under NoGradGuard may join a group of ops that record a gradient (a copy of a
+// vector beside copies of vectors of other lengths, grouped by rows). Its operand must not be
+// wired into the group's tape: eagerly that operand gets no gradient from it, even where the
+// backward reaches the op's result through a detached view (autobatch seed 157334 of the batch
+// mix: a while_loop's copy of its state beside a scan's copies of its carry; x got zeros).
+TEST_CASE(
+    "autobatch: an op under NoGradGuard in a differentiated group sends its operand nothing") {
+  auto run = [](bool batched) {
+    manual_seed(3);
+    std::vector<Tensor> xs, cs;
+    for (int64_t n : {3, 5, 1}) {
+      xs.push_back(randn({n}).requires_grad_());
+      cs.push_back(randn({n + 1}).requires_grad_());
+    }
+    {
+      std::optional<Autobatch> scope;
+      if (batched) scope.emplace();
+      Tensor loss;
+      for (size_t k = 0; k < xs.size(); ++k) {
+        Tensor y;
+        {
+          NoGradGuard ng;
+          y = xs[k].clone();
+        }
+        Tensor z = cs[k].clone();
+        Tensor l = (z.sum() * y.detach()).sin().sum();  // (a product that records a gradient)
+        loss = loss.defined() ? loss + l : l;
+      }
+      loss.backward();
+    }
+    return std::make_pair(xs, cs);
+  };
+  auto [ex, ec] = run(false);
+  auto [bx, bc] = run(true);
+  for (size_t k = 0; k < ex.size(); ++k) {
+    CHECK_FALSE(ex[k].grad().defined());
+    CHECK_FALSE(bx[k].grad().defined());
+    CHECK(close(bc[k].grad(), ec[k].grad()));
+  }
+}
+
+// docs/design.md, "Missing .grad": only a trace makes a zero .grad for a leaf whose gradient is
+// read; in an Autobatch scope (a mode, but eager) a leaf the backward has not reached has none.
+TEST_CASE("autobatch: reading a leaf's .grad in a scope makes no buffer") {
+  Tensor w = randn({3}).requires_grad_();
+  {
+    Autobatch scope;
+    Tensor a = tensor({1.0, 2.0, 3.0}).requires_grad_();
+    CHECK_FALSE(a.grad().defined());
+    CHECK_FALSE(w.grad().defined());
+    (a * 2).sum().backward();
+    CHECK(a.grad().defined());
+  }
+  CHECK_FALSE(w.grad().defined());
 }
 
 }  // namespace
