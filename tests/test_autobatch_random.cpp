@@ -174,12 +174,8 @@ bool allow_noise = true;  // (off in the test of the allowance itself)
 // the batch mix: one gradient element 0.239 against 0.301, which moves by as much at 2^-12).
 std::vector<Values> nudged(const Program& p, const std::vector<Values>& vals, bool alternate) {
   const int scale = is_low_precision(p.autocast) ? -12 : -21;
-  std::vector<Values> out = vals;
-  for (Values& v : out)
-    for (size_t i = 0; i < v.size() && i < p.inputs.size(); ++i)
-      if (is_floating(p.inputs[i].dtype))
-        for (size_t j = 0; j < v[i].size(); ++j)
-          v[i][j] *= 1 + std::ldexp(alternate && j % 2 ? -1.0 : 1.0, scale);
+  std::vector<Values> out;
+  for (const Values& v : vals) out.push_back(test::nudged(p, v, alternate, scale));
   return out;
 }
 

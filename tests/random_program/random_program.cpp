@@ -47,6 +47,15 @@ Values random_inputs(const Program& p, Rng& rng) {
   return out;
 }
 
+Values nudged(const Program& p, const Values& vals, bool alternate, int scale) {
+  Values out = vals;
+  for (size_t i = 0; i < out.size() && i < p.inputs.size(); ++i)
+    if (is_floating(p.inputs[i].dtype))
+      for (size_t j = 0; j < out[i].size(); ++j)
+        out[i][j] *= 1 + std::ldexp(alternate && j % 2 ? -1.0 : 1.0, scale);
+  return out;
+}
+
 bool can_broadcast(const Shape& a, const Shape& b) {
   const int64_t n = std::max(a.size(), b.size());
   for (int64_t i = 0; i < n; ++i) {

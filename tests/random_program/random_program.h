@@ -212,6 +212,10 @@ using Values = std::vector<std::vector<double>>;
 Program at_batch(const Program& p, int64_t b);
 /// Values for the inputs of p: one draw from its domain, as stored (before expansion).
 Values random_inputs(const Program& p, Rng& rng);
+/// The values with each floating input's elements moved by 2^scale of themselves (-21: about
+/// four f32 ulps): up and down in turn (alternate), or all up. The random-program tests use it
+/// to tell an ill-conditioned program (whose eager results move that much) from a wrong one.
+Values nudged(const Program& p, const Values& vals, bool alternate, int scale = -21);
 
 /// Whether t's dtype is floating.
 bool floating(const Tensor& t);
