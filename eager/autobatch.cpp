@@ -257,6 +257,7 @@ int32_t Autobatch::Impl::record(const OpCall& c, const TensorImplPtr& out, bool 
       if (p < 0) detail::force_lazy(xi->storage.get());  // not this scope's: throws
       depth = std::max(depth, index_.depth[static_cast<size_t>(p)] + 1);
       index_.edges.push_back(p);
+      index_.edge_grad.push_back(xi->requires_grad);
     }
     op.inputs.push_back(x, p);
     if (rows.joined && i > 0) continue;  // (a join's signature holds its first operand only)
@@ -294,7 +295,116 @@ int32_t Autobatch::Impl::record(const OpCall& c, const TensorImplPtr& out, bool 
   return id;
 }
 
-void Autobatch::Impl::run() {
+// Note [Groups on the loss's path]
+// A group may batch samples on a loss's path with samples off it (the abs of two scalars, one
+// summed into the loss, one only read detached). The batched backward then sends the off-path
+// samples zeros, and where a gradient rule gives NaN for a zero gradient (std of equal values:
+// 0 * 0 / 0) behind them, the NaN reaches the inputs through the batches, and through a shared
+// operand's gradient, which the rule sums over all samples; eagerly no gradient reaches that
+// rule at all. Gates (Note [Gradients off the loss's path] in eager/autobatch_reach.cpp) stop
+// zeros only where they enter from a tensor outside the run. So a run that a backward starts
+// (loss.backward() in the scope, the usual end of a step) knows its roots: the ops they reach,
+// through operands that require grad of ops that record a gradient, are on the path, and a
+// group that holds ops on it and ops that record a gradient off it runs as two groups, on the
+// path first. Off-path ops then share no batched tape node with the backward's. A run that
+// starts otherwise (a value read first: loss.item() before backward) cannot know its loss, and
+// batches as before.
+
+namespace autobatch {
+
+// By op: whether a backward from `roots` reaches it (Note [Groups on the loss's path]).
+std::vector<char> reached_from(const std::vector<PendingOp>& ops,
+                               const std::vector<Tensor>& roots) {
+  std::vector<char> on(ops.size(), 0);
+  std::vector<const TensorImpl*> root;
+  for (const Tensor& r : roots)
+    if (r.defined()) root.push_back(r.unsafe_impl());
+  std::sort(root.begin(), root.end());
+  std::vector<int32_t> todo;
+  for (size_t i = 0; i < ops.size() && !root.empty(); ++i)
+    if (ops[i].impl && std::binary_search(root.begin(), root.end(), ops[i].impl.get())) {
+      on[i] = 1;
+      todo.push_back(static_cast<int32_t>(i));
+    }
+  while (!todo.empty()) {
+    const PendingOp& o = ops[static_cast<size_t>(todo.back())];
+    todo.pop_back();
+    if (!o.grad) continue;  // (a comparison's operands get no gradient through it)
+    for (size_t p = 0; p < o.inputs.size(); ++p) {
+      const int32_t q = o.inputs.producer(p);
+      if (q < 0 || on[static_cast<size_t>(q)] || !o.inputs[p].unsafe_impl()->requires_grad)
+        continue;
+      on[static_cast<size_t>(q)] = 1;
+      todo.push_back(q);
+    }
+  }
+  return on;
+}
+
+}  // namespace autobatch
+
+// Runs the group's ops on a backward's path apart from those off it that record a gradient
+// (Note [Groups on the loss's path]), or returns false where the group need not be split.
+template <class Run>
+bool Autobatch::Impl::split_by_path(const std::vector<char>& on_path,
+                                    const std::vector<int32_t>& group, Run&& run_ids) {
+  if (on_path.empty()) return false;
+  bool on = false, off = false;
+  for (int32_t id : group) {
+    const auto i = static_cast<size_t>(id);
+    on = on || on_path[i];
+    off = off || (!on_path[i] && run_index_->grad[i]);
+  }
+  if (!on || !off) return false;
+  std::vector<int32_t> first, second;
+  for (int32_t id : group) (on_path[static_cast<size_t>(id)] ? first : second).push_back(id);
+  run_ids(first);
+  run_ids(second);
+  return true;
+}
+
+namespace autobatch {
+
+// The run's graph (Note [Autobatch]): step 1, dead ops, found newest first, let go of their
+// operands; then how many pending operands each live op waits for, and each op's consumers:
+// op i's are consumer[first_consumer[i]..first_consumer[i + 1]].
+struct RunGraph {
+  std::vector<char> live;
+  std::vector<int32_t> waiting, first_consumer, consumer;
+};
+
+RunGraph run_graph(std::vector<PendingOp>& ops, const OpIndex& index) {
+  const size_t n = ops.size();
+  RunGraph g{
+      std::vector<char>(n, 1), std::vector<int32_t>(n, 0), std::vector<int32_t>(n + 1, 0), {}};
+  for (size_t i = n; i-- > 0;) {
+    // Held by a tensor (the result, a consumer's operand) or a view of the storage.
+    if (ops[i].impl.use_count() > 1 || ops[i].impl->storage.use_count() > 1) continue;
+    g.live[i] = 0;
+    ops[i].inputs.clear();
+  }
+  auto for_each_producer = [&](size_t i, auto&& f) {
+    for (int32_t e = index.edge_at[i]; e < index.edge_at[i + 1]; ++e)
+      f(static_cast<size_t>(index.edges[static_cast<size_t>(e)]));
+  };
+  for (size_t i = 0; i < n; ++i)
+    if (g.live[i]) for_each_producer(i, [&](size_t p) { ++g.first_consumer[p + 1]; });
+  for (size_t i = 0; i < n; ++i) g.first_consumer[i + 1] += g.first_consumer[i];
+  g.consumer.resize(static_cast<size_t>(g.first_consumer[n]));
+  std::vector<int32_t> fill(g.first_consumer.begin(), g.first_consumer.end() - 1);
+  for (size_t i = 0; i < n; ++i)
+    if (g.live[i])
+      for_each_producer(i, [&](size_t p) {
+        DUET_ASSERT(p < n && g.live[p], "a pending op reads a lazy tensor of no pending op");
+        ++g.waiting[i];
+        g.consumer[static_cast<size_t>(fill[p]++)] = static_cast<int32_t>(i);
+      });
+  return g;
+}
+
+}  // namespace autobatch
+
+void Autobatch::Impl::run(const std::vector<Tensor>* roots) {
   if (ops_.empty() || running_) return;
   std::vector<PendingOp> ops;
   ops.swap(ops_);
@@ -333,35 +443,13 @@ void Autobatch::Impl::run() {
     ~KeeperScope() { detail::node_keeper() = prev; }
   } keeping(&keeper);
   const size_t n = ops.size();
-  // Step 1: dead ops, newest first.
-  std::vector<char> live(n, 1);
-  for (size_t i = n; i-- > 0;) {
-    // Held by a tensor (the result, a consumer's operand) or a view of the storage.
-    if (ops[i].impl.use_count() > 1 || ops[i].impl->storage.use_count() > 1) continue;
-    live[i] = 0;
-    ops[i].inputs.clear();
-  }
-  // How many pending operands each op waits for, and each op's consumers (as CSR arrays).
-  std::vector<int32_t> waiting(n, 0), first_consumer(n + 1, 0), consumer;
-  auto for_each_producer = [&](size_t i, auto&& f) {
-    for (int32_t e = index.edge_at[i]; e < index.edge_at[i + 1]; ++e)
-      f(static_cast<size_t>(index.edges[static_cast<size_t>(e)]));
-  };
-  for (size_t i = 0; i < n; ++i)
-    if (live[i]) for_each_producer(i, [&](size_t p) { ++first_consumer[p + 1]; });
-  for (size_t i = 0; i < n; ++i) first_consumer[i + 1] += first_consumer[i];
-  consumer.resize(static_cast<size_t>(first_consumer[n]));
+  RunGraph graph = run_graph(ops, index);
+  const std::vector<char>& live = graph.live;
+  std::vector<int32_t>&waiting = graph.waiting, &first_consumer = graph.first_consumer,
+  &consumer = graph.consumer;
   run_first_consumer_ = first_consumer.data(), run_consumer_ = consumer.data();
-  {
-    std::vector<int32_t> fill(first_consumer.begin(), first_consumer.end() - 1);
-    for (size_t i = 0; i < n; ++i)
-      if (live[i])
-        for_each_producer(i, [&](size_t p) {
-          DUET_ASSERT(p < n && live[p], "a pending op reads a lazy tensor of no pending op");
-          ++waiting[i];
-          consumer[static_cast<size_t>(fill[p]++)] = static_cast<int32_t>(i);
-        });
-  }
+  // Which ops the backward that runs the run reaches (Note [Groups on the loss's path]).
+  const std::vector<char> on_path = roots ? reached_from(ops, *roots) : std::vector<char>();
   // The mean depth of each signature (its ops' sum of depths over their count).
   const size_t nsig = keys.size();
   std::vector<double> depth_sum(nsig, 0);
@@ -407,12 +495,15 @@ void Autobatch::Impl::run() {
     group.swap(ready[best]);
     ready[best].clear();
     const SigKey& key = keys[best];
-    if (key.pick)
-      run_picks(ops, key.attrs, group);
-    else if (key.rows.operands && (key.mixed || key.rows.joined))
-      run_rows(ops, key, group);
-    else  // (calls by rows of one length run by shape)
-      run_group(ops, key.attrs_of_length(key.rows_len), group);
+    auto run_ids = [&](const std::vector<int32_t>& ids) {
+      if (key.pick)
+        run_picks(ops, key.attrs, ids);
+      else if (key.rows.operands && (key.mixed || key.rows.joined))
+        run_rows(ops, key, ids);
+      else  // (calls by rows of one length run by shape)
+        run_group(ops, key.attrs_of_length(key.rows_len), ids);
+    };
+    if (!split_by_path(on_path, group, run_ids)) run_ids(group);
     // Consumers become ready in the order of their operands in the batches (a group split by
     // operand made several): a later group then gathers whole runs of a batch, not samples
     // from alternating ones.

@@ -79,7 +79,8 @@ namespace detail {
 /// statistics. Does nothing elsewhere.
 class AutobatchBackward {
  public:
-  AutobatchBackward();
+  // roots: the backward's roots (Note [Groups on the loss's path] in eager/autobatch.cpp).
+  explicit AutobatchBackward(const std::vector<Tensor>& roots);
   ~AutobatchBackward();
   AutobatchBackward(const AutobatchBackward&) = delete;
   AutobatchBackward& operator=(const AutobatchBackward&) = delete;

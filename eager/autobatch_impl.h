@@ -264,6 +264,7 @@ struct OpIndex {
   std::vector<char> grad;               // whether it records a gradient (PendingOp::grad)
   std::vector<int32_t> edge_at{0};      // its pending operands' producers: edges[edge_at[i]..]
   std::vector<int32_t> edges;
+  std::vector<char> edge_grad;  // by edge: whether the operand requires grad (a gradient can flow)
   void clear() {
     out.clear();
     sig.clear();
@@ -271,15 +272,18 @@ struct OpIndex {
     grad.clear();
     edge_at.assign(1, 0);
     edges.clear();
+    edge_grad.clear();
   }
 };
 
 // A run's per-sample graph, kept for the backward through its batches (Note [Gradients off
 // the loss's path] in eager/autobatch_reach.cpp).
 struct SampleGraph final : detail::Keeper {
-  std::vector<int32_t> edge_at, edges;  // each op's pending operands' producers (as OpIndex's)
-  std::vector<uint64_t> reached;        // by op: the backward (backward_id) that reached it
-  std::vector<char> grad;               // by op: whether it records a gradient (PendingOp::grad)
+  // Each op's pending operands' producers (as OpIndex's), of the operands that require grad: a
+  // detached read sends no gradient, so a backward reaches no op through it.
+  std::vector<int32_t> edge_at, edges;
+  std::vector<uint64_t> reached;  // by op: the backward (backward_id) that reached it
+  std::vector<char> grad;         // by op: whether it records a gradient (PendingOp::grad)
   std::vector<std::vector<int32_t>> readers;  // by gate: the ops that read its tensor
   bool open = false;  // a backward with create_graph ran: every gate passes its gradient on
   std::vector<int32_t> survivors;  // the ops whose results outlived the run with their history
@@ -303,7 +307,11 @@ struct Autobatch::Impl final : DispatchMode, LazyRunner {
   void run_lazy() override { run(); }
   bool resolve(const StorageImpl* st) override;
   void place_sample(PendingOp& o);
-  void run();
+  // roots: a backward's, which ran it (Note [Groups on the loss's path] in eager/autobatch.cpp).
+  void run(const std::vector<Tensor>* roots = nullptr);
+  template <class Run>
+  bool split_by_path(const std::vector<char>& on_path, const std::vector<int32_t>& group,
+                     Run&& run_ids);
 
   int32_t record(const OpCall& c, const TensorImplPtr& out, bool grad);
   Tensor gather_grad(std::vector<PendingOp>& ops, const std::vector<int32_t>& ids, size_t p);

@@ -13,7 +13,8 @@
 //  - a result that outlives the run with its history (Note [The run's end]) gets a mark: a node
 //    between it and its sample of the batch that, when a gradient reaches it, marks its op and
 //    the ops behind it as reached in this backward (SampleGraph::mark), through the operands of
-//    ops that record a gradient only (not through a comparison's, say);
+//    ops that record a gradient only (not through a comparison's, say), and only through
+//    operands that require grad (not through a detached read of a result);
 //  - a gate passes its gradient on only when one of its readers was reached in this backward;
 //    otherwise it gives none, and the engine sends none on (eager/engine.cpp: a node whose
 //    inputs gave no gradient runs no rule, and a leaf that got none keeps the .grad it had).
@@ -176,8 +177,14 @@ void Autobatch::Impl::mark_survivor(PendingOp& o, int32_t id, const Tensor& hist
 }
 
 void Autobatch::Impl::keep_graph(const OpIndex& index) {
-  graph_->edge_at = index.edge_at;
-  graph_->edges = index.edges;
+  graph_->edge_at.assign(1, 0);
+  graph_->edges.clear();
+  for (size_t i = 0; i + 1 < index.edge_at.size(); ++i) {
+    for (int32_t e = index.edge_at[i]; e < index.edge_at[i + 1]; ++e)
+      if (index.edge_grad[static_cast<size_t>(e)])
+        graph_->edges.push_back(index.edges[static_cast<size_t>(e)]);
+    graph_->edge_at.push_back(static_cast<int32_t>(graph_->edges.size()));
+  }
   graph_->grad = index.grad;
   graph_->reached.assign(index.grad.size(), 0);
 }

@@ -278,10 +278,10 @@ struct detail::AutobatchBackward::State {
       : impl(i), runner(r), count(&i->kernels_), before(i->kernels_) {}
 };
 
-detail::AutobatchBackward::AutobatchBackward() {
+detail::AutobatchBackward::AutobatchBackward(const std::vector<Tensor>& roots) {
   Autobatch::Impl* ab = tls_open;
   if (!ab || detail::mode_depth() != 1) return;  // a trace inside the scope records it
-  ab->run();
+  ab->run(&roots);
   state_ = std::make_unique<State>(ab, detail::set_lazy_runner(nullptr));
 }
 

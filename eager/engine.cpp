@@ -667,7 +667,7 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& r
   // Under an Autobatch scope: the pending ops run first, and the tape they made is walked
   // with the scope set aside (Note [Autobatch's tape]).
   std::optional<AutobatchBackward> batched;
-  if (lazy_runner_active()) batched.emplace();
+  if (lazy_runner_active()) batched.emplace(roots);
   GradModeScope mode(create_graph);
   // Gradient rules run in the dtypes their forward ops had (Note [Autocast] in core/autocast.h).
   AutocastOff autocast_off;

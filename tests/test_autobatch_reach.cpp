@@ -160,5 +160,68 @@ TEST_CASE("autobatch: ops by rows read a weight off the loss's path through its 
   CHECK_FALSE(w_off.grad().defined());
 }
 
+// Note [Groups on the loss's path] in eager/autobatch.cpp: three samples of one structure,
+// abs(std(x * w)), the third only read detached, and of equal values (x[2] is all ones, w one
+// number), where std's gradient rule gives NaN for a zero gradient. Batched with the others, it
+// got the batched backward's zeros, which std's rule made NaN, and the NaN reached w through
+// the product's sum over samples. Eagerly no gradient reaches that std at all. (The third x
+// gets no gradient either way: its reader is off the path, and detached reads do not reach it.)
+TEST_CASE("autobatch: samples off the loss's path do not share the backward's groups") {
+  manual_seed(11);
+  Tensor w = randn({1}).requires_grad_(true);
+  std::vector<Tensor> x{randn({3}).requires_grad_(true), randn({3}).requires_grad_(true),
+                        ones({3}).requires_grad_(true)};
+  auto run = [&](bool batched) {
+    w.set_grad(Tensor());
+    for (Tensor& t : x) t.set_grad(Tensor());
+    std::optional<Autobatch> scope;
+    if (batched) scope.emplace();
+    Tensor loss, scale;
+    for (size_t i = 0; i < x.size(); ++i) {
+      const Tensor a = abs(std(x[i] * w));
+      if (i < 2)
+        loss = loss.defined() ? loss + a : a;
+      else
+        scale = (a + 0.5).detach();
+    }
+    (loss * scale).backward();
+    std::vector<Tensor> g{w.grad().clone()};
+    for (const Tensor& t : x) g.push_back(t.grad().defined() ? t.grad().clone() : Tensor());
+    return g;
+  };
+  const std::vector<Tensor> want = run(false), got = run(true);
+  REQUIRE(got.size() == want.size());
+  CHECK_FALSE(want[3].defined());
+  for (size_t k = 0; k < want.size(); ++k) {
+    CAPTURE(k);
+    CHECK(want[k].defined() == got[k].defined());
+    if (want[k].defined() && got[k].defined()) CHECK(close(got[k], want[k], 1e-5));
+  }
+}
+
+// A detached read sends no gradient, so a backward reaches nothing through it: b is read only
+// detached, and the mark of the loss (Note [Gradients off the loss's path]) walked through that
+// read too, so x[1]'s gate passed its zeros on (a gradient where eagerly it has none). The run
+// starts at item(), before the backward, as where a loop logs its loss.
+TEST_CASE("autobatch: a backward reaches nothing through a detached read") {
+  manual_seed(12);
+  std::vector<Tensor> x{randn({3}).requires_grad_(true), randn({3}).requires_grad_(true)};
+  auto run = [&](bool batched) {
+    for (Tensor& t : x) t.set_grad(Tensor());
+    std::optional<Autobatch> scope;
+    if (batched) scope.emplace();
+    const Tensor a = sum(x[0] * 2), b = sum(x[1] * 2).detach();
+    const Tensor loss = a * b;
+    (void)loss.item<float>();
+    loss.backward();
+    return std::make_pair(x[0].grad().clone(), x[1].grad().defined());
+  };
+  const auto [want, want_b] = run(false);
+  const auto [got, got_b] = run(true);
+  CHECK_FALSE(want_b);
+  CHECK_FALSE(got_b);
+  CHECK(close(got, want, 1e-6));
+}
+
 }  // namespace
 }  // namespace duet::test
