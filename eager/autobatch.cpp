@@ -310,39 +310,6 @@ int32_t Autobatch::Impl::record(const OpCall& c, const TensorImplPtr& out, bool 
 // starts otherwise (a value read first: loss.item() before backward) cannot know its loss, and
 // batches as before.
 
-namespace autobatch {
-
-// By op: whether a backward from `roots` reaches it (Note [Groups on the loss's path]).
-std::vector<char> reached_from(const std::vector<PendingOp>& ops,
-                               const std::vector<Tensor>& roots) {
-  std::vector<char> on(ops.size(), 0);
-  std::vector<const TensorImpl*> root;
-  for (const Tensor& r : roots)
-    if (r.defined()) root.push_back(r.unsafe_impl());
-  std::sort(root.begin(), root.end());
-  std::vector<int32_t> todo;
-  for (size_t i = 0; i < ops.size() && !root.empty(); ++i)
-    if (ops[i].impl && std::binary_search(root.begin(), root.end(), ops[i].impl.get())) {
-      on[i] = 1;
-      todo.push_back(static_cast<int32_t>(i));
-    }
-  while (!todo.empty()) {
-    const PendingOp& o = ops[static_cast<size_t>(todo.back())];
-    todo.pop_back();
-    if (!o.grad) continue;  // (a comparison's operands get no gradient through it)
-    for (size_t p = 0; p < o.inputs.size(); ++p) {
-      const int32_t q = o.inputs.producer(p);
-      if (q < 0 || on[static_cast<size_t>(q)] || !o.inputs[p].unsafe_impl()->requires_grad)
-        continue;
-      on[static_cast<size_t>(q)] = 1;
-      todo.push_back(q);
-    }
-  }
-  return on;
-}
-
-}  // namespace autobatch
-
 // Runs the group's ops on a backward's path apart from those off it that record a gradient
 // (Note [Groups on the loss's path]), or returns false where the group need not be split.
 template <class Run>
@@ -435,7 +402,7 @@ void Autobatch::Impl::run(const std::vector<Tensor>* roots) {
   ++stats_.runs;
   // The run's tape nodes keep their saved values while a result not yet reached reads them
   // (Note [Batches shared by losses] in eager/autobatch_reach.cpp).
-  graph_ = std::make_shared<SampleGraph>();
+  start_graph(index);
   std::shared_ptr<detail::Keeper> keeper = graph_;
   struct KeeperScope {
     std::shared_ptr<detail::Keeper>* prev = detail::node_keeper();
@@ -444,12 +411,21 @@ void Autobatch::Impl::run(const std::vector<Tensor>* roots) {
   } keeping(&keeper);
   const size_t n = ops.size();
   RunGraph graph = run_graph(ops, index);
-  const std::vector<char>& live = graph.live;
-  std::vector<int32_t>&waiting = graph.waiting, &first_consumer = graph.first_consumer,
-  &consumer = graph.consumer;
+  auto& [live, waiting, first_consumer, consumer] = graph;
   run_first_consumer_ = first_consumer.data(), run_consumer_ = consumer.data();
   // Which ops the backward that runs the run reaches (Note [Groups on the loss's path]).
-  const std::vector<char> on_path = roots ? reached_from(ops, *roots) : std::vector<char>();
+  std::vector<char> on_path;
+  if (roots) {
+    std::vector<const TensorImpl*> root;
+    for (const Tensor& r : *roots)
+      if (r.defined()) root.push_back(r.unsafe_impl());
+    std::sort(root.begin(), root.end());
+    std::vector<int32_t> root_ops;
+    for (size_t i = 0; i < n && !root.empty(); ++i)
+      if (std::binary_search(root.begin(), root.end(), ops[i].impl.get()))
+        root_ops.push_back(static_cast<int32_t>(i));
+    on_path = graph_->reached_from(root_ops);
+  }
   // The mean depth of each signature (its ops' sum of depths over their count).
   const size_t nsig = keys.size();
   std::vector<double> depth_sum(nsig, 0);
@@ -527,7 +503,7 @@ void Autobatch::Impl::run(const std::vector<Tensor>* roots) {
     }
   }
   end_run(ops);
-  keep_graph(index);
+  keep_graph();
   stats_.kernels_launched += kernels_ - kernels_before;
   tls_stats = stats();
   ops.clear();  // (end_run let go of their results; nothing records while a run runs)

@@ -295,6 +295,9 @@ struct SampleGraph final : detail::Keeper {
   std::vector<char> consumed;  // by survivor: reached by a backward that did not retain
   // Op `op` and the ops behind it were reached in backward `backward`.
   void mark(int32_t op, uint64_t backward);
+  // By op: whether a backward from the ops `roots` reaches it (Note [Groups on the loss's path]
+  // in eager/autobatch.cpp).
+  std::vector<char> reached_from(const std::vector<int32_t>& roots) const;
   // Whether backward `backward` reached one of gate's readers.
   bool read_by_reached(size_t gate, uint64_t backward) const;
 };
@@ -321,11 +324,12 @@ struct Autobatch::Impl final : DispatchMode, LazyRunner {
                       const std::vector<int32_t>* readers = nullptr);
   // Note [Gradients off the loss's path] in eager/autobatch_reach.cpp: a tensor from outside the
   // run through its gate (x itself when it needs none), a survivor's mark, and the run's graph
-  // (graph_, made as the run starts) kept for the backward as the run ends.
+  // (graph_, made as the run starts: start_graph) kept for the backward as the run ends.
   Tensor gated(const Tensor& x, const int32_t* readers, size_t count);
   Tensor gated(const Tensor& x, int32_t reader) { return gated(x, &reader, 1); }
   void mark_survivor(PendingOp& o, int32_t id, const Tensor& history);
-  void keep_graph(const OpIndex& index);
+  void start_graph(const OpIndex& index);
+  void keep_graph();
   void end_run(std::vector<PendingOp>& ops);  // Note [The run's end] in eager/autobatch_tape.cpp
   void run_group(std::vector<PendingOp>& ops, const Attrs& attrs, const std::vector<int32_t>& ids);
   // Note [Joined parts] in eager/autobatch.cpp.

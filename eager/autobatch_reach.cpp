@@ -48,23 +48,43 @@ namespace duet {
 
 namespace autobatch {
 
+// The ops behind those in `todo` (already visited) that a gradient reaches: through the operands
+// that require grad of ops that record a gradient. visit(p) marks op p, or returns false where p
+// was visited already.
+template <class Visit>
+void walk_back(const SampleGraph& g, std::vector<int32_t> todo, Visit&& visit) {
+  while (!todo.empty()) {
+    const auto i = static_cast<size_t>(todo.back());
+    todo.pop_back();
+    if (!g.grad[i]) continue;  // (a comparison's operands get no gradient through it)
+    for (int32_t e = g.edge_at[i]; e < g.edge_at[i + 1]; ++e) {
+      const int32_t p = g.edges[static_cast<size_t>(e)];
+      if (visit(p)) todo.push_back(p);
+    }
+  }
+}
+
 void SampleGraph::mark(int32_t op, uint64_t backward) {
   if (static_cast<size_t>(op) >= reached.size() || reached[static_cast<size_t>(op)] == backward)
     return;
   ++marks;
   reached[static_cast<size_t>(op)] = backward;
-  std::vector<int32_t> todo{op};
-  while (!todo.empty()) {
-    const auto i = static_cast<size_t>(todo.back());
-    todo.pop_back();
-    if (!grad[i]) continue;  // (a comparison's operands get no gradient through it)
-    for (int32_t e = edge_at[i]; e < edge_at[i + 1]; ++e) {
-      const int32_t p = edges[static_cast<size_t>(e)];
-      if (reached[static_cast<size_t>(p)] == backward) continue;
-      reached[static_cast<size_t>(p)] = backward;
-      todo.push_back(p);
-    }
-  }
+  walk_back(*this, {op}, [&](int32_t p) {
+    if (reached[static_cast<size_t>(p)] == backward) return false;
+    reached[static_cast<size_t>(p)] = backward;
+    return true;
+  });
+}
+
+std::vector<char> SampleGraph::reached_from(const std::vector<int32_t>& roots) const {
+  std::vector<char> on(grad.size(), 0);
+  for (int32_t r : roots) on[static_cast<size_t>(r)] = 1;
+  walk_back(*this, roots, [&](int32_t p) {
+    if (on[static_cast<size_t>(p)]) return false;
+    on[static_cast<size_t>(p)] = 1;
+    return true;
+  });
+  return on;
 }
 
 bool SampleGraph::read_by_reached(size_t gate, uint64_t backward) const {
@@ -176,9 +196,9 @@ void Autobatch::Impl::mark_survivor(PendingOp& o, int32_t id, const Tensor& hist
       });
 }
 
-void Autobatch::Impl::keep_graph(const OpIndex& index) {
+void Autobatch::Impl::start_graph(const OpIndex& index) {
+  graph_ = std::make_shared<SampleGraph>();
   graph_->edge_at.assign(1, 0);
-  graph_->edges.clear();
   for (size_t i = 0; i + 1 < index.edge_at.size(); ++i) {
     for (int32_t e = index.edge_at[i]; e < index.edge_at[i + 1]; ++e)
       if (index.edge_grad[static_cast<size_t>(e)])
@@ -186,7 +206,8 @@ void Autobatch::Impl::keep_graph(const OpIndex& index) {
     graph_->edge_at.push_back(static_cast<int32_t>(graph_->edges.size()));
   }
   graph_->grad = index.grad;
-  graph_->reached.assign(index.grad.size(), 0);
 }
+
+void Autobatch::Impl::keep_graph() { graph_->reached.assign(graph_->grad.size(), 0); }
 
 }  // namespace duet
