@@ -247,8 +247,9 @@ const char* kWhileGradError =
 // comparisons), that zero would still flow into its producers' rules, and a rule that is NaN
 // at its point (std of a single element, pow at 0) turns 0 into NaN where eager had nothing.
 // So such an operand gets no gradient at all, as eagerly; so does an input of a scan (an
-// initial carry, xs, a free value) that a result cannot depend on at any number of steps
-// (scan_reach: a carry result is its initial carry after no steps). An operand that only one
+// initial carry, xs, a free value) that a result cannot depend on after the scan's steps, or
+// at any number of steps where that number is symbolic (scan_reach: a carry result is its
+// initial carry after no steps). An operand that only one
 // branch's result depends on still gets zeros when the other branch runs, as in JAX's lax.cond:
 // where its producers' rules are NaN at their point, the compiled gradient is NaN where eager's is
 // finite (docs/eager-vs-compiled.md).
@@ -367,10 +368,60 @@ std::vector<Tensor> traced_cond(detail::Tracer& tr, const Tensor& pred, const Fn
 // Per result k of a scan (its nc carries, then its ny stacked ys) with body `body`, the inputs
 // (carries, xs, free values; n in all) that k can depend on. A carry result is its initial carry
 // after no steps; a carry read at a step is the previous step's carry result, or the initial
-// one, so the carries a result reads close over the carries they read in turn.
-std::vector<std::vector<char>> scan_reach(const Graph& body, size_t nc, size_t ny, size_t n) {
-  std::vector<std::vector<char>> dep(nc + ny), reach(nc + ny, std::vector<char>(n, 0));
+// one, so the carries a result reads close over the carries they read in turn. With a known
+// number of steps the reach is that of those steps exactly, as the eager loop's tape has it: a
+// scan of no steps returns its initial carries and reaches nothing else (random programs, seeds
+// 535022 and 563811: the zeros of a reverse scan of no steps flowed into a var's gradient rule
+// over one element, NaN). Otherwise (a symbolic length, or a reach that has not settled after
+// kExactSteps distinct steps) it is that of any number of steps.
+std::vector<std::vector<char>> scan_reach(const Graph& body, size_t nc, size_t ny, size_t n,
+                                          std::optional<int64_t> steps) {
+  using Reach = std::vector<std::vector<char>>;  // per carry or result, per input
+  Reach dep(nc + ny);
   for (size_t j = 0; j < nc + ny; ++j) dep[j] = reached_inputs(body, j, n);
+  // What result j of one step reaches, given what each carry it reads reached (`carry`).
+  auto through = [&](size_t j, const Reach& carry) {
+    std::vector<char> r(n, 0);
+    for (size_t i = 0; i < n; ++i) {
+      if (!dep[j][i]) continue;
+      if (i >= nc) {
+        r[i] = 1;
+      } else {
+        for (size_t q = 0; q < n; ++q) r[q] |= carry[i][q];
+      }
+    }
+    return r;
+  };
+  constexpr size_t kExactSteps = 256;
+  if (steps) {
+    Reach carry(nc, std::vector<char>(n, 0)), ys(ny, std::vector<char>(n, 0));
+    for (size_t c = 0; c < nc; ++c) carry[c][c] = 1;  // (after no steps)
+    std::vector<Reach> seen{carry};
+    for (int64_t t = 0; t < *steps && seen.size() <= kExactSteps; ++t) {
+      for (size_t k = 0; k < ny; ++k) {
+        const std::vector<char> r = through(nc + k, carry);
+        for (size_t i = 0; i < n; ++i) ys[k][i] |= r[i];
+      }
+      Reach next(nc);
+      for (size_t c = 0; c < nc; ++c) next[c] = through(c, carry);
+      carry = std::move(next);
+      const auto again = std::find(seen.begin(), seen.end(), carry);
+      if (again != seen.end()) {
+        // Periodic from here: every carry reach a later step meets has been met (so the ys
+        // are complete), and the last one is the one `steps` lands on in the cycle.
+        const int64_t first = again - seen.begin(), period = int64_t(seen.size()) - first;
+        carry = seen[size_t(first + (*steps - first) % period)];
+        break;
+      }
+      seen.push_back(carry);
+      if (t + 1 == *steps) break;
+    }
+    if (seen.size() <= kExactSteps) {
+      carry.insert(carry.end(), ys.begin(), ys.end());
+      return carry;
+    }
+  }
+  Reach reach(nc + ny, std::vector<char>(n, 0));
   for (size_t k = 0; k < nc + ny; ++k) {
     std::vector<char>& r = reach[k];
     std::vector<size_t> carries;  // reached, their own dependencies still to add
@@ -447,7 +498,8 @@ std::vector<Tensor> traced_scan(detail::Tracer& tr, const Fn& fn, const std::vec
   std::vector<Tensor> history(all.begin() + static_cast<std::ptrdiff_t>(nc + ny), all.end());
   // Inputs that result k cannot depend on get no gradient from it (Note [Gradients a branch
   // cannot reach]).
-  const std::vector<std::vector<char>> reach_of = scan_reach(cf->graphs[0], nc, ny, inputs.size());
+  const std::vector<std::vector<char>> reach_of =
+      scan_reach(cf->graphs[0], nc, ny, inputs.size(), length.maybe_concrete());
   // The gradient of the results given in gs (undefined: none), as one reverse scan (Note
   // [Results of one construct] in eager/engine.cpp).
   GroupRule vjp = [cf, inputs, history, nc, nx, reach_of](const std::vector<Tensor>& gs,

@@ -236,6 +236,23 @@ std::vector<Tensor> run_values(const Program& p, const std::vector<Tensor>& inpu
 /// an autocast scope when p.autocast says so).
 std::vector<Tensor> run_program(const Program& p, const std::vector<Tensor>& inputs);
 
+/// While one lives (on this thread), a Cond step run eagerly with grad mode on gives its
+/// results the gradient that lax.cond's (and the compiled cond's) has: every floating operand
+/// that the other branch's results reach on the tape gets zeros from the branch that ran, which
+/// then flow into the gradient rules of the ops that made it (Note [Gradients a branch cannot
+/// reach] in trace/control_flow.cpp: the one way the two faces' gradients may differ). The
+/// values are unchanged. test_compile_random compares a differing program with this eager run.
+class CondZerosScope {
+ public:
+  CondZerosScope();
+  ~CondZerosScope();
+  CondZerosScope(const CondZerosScope&) = delete;
+  CondZerosScope& operator=(const CondZerosScope&) = delete;
+
+ private:
+  bool prev_;
+};
+
 /// Per Cond step of p, run eagerly on the inputs `vals`: 1 when it takes the true branch, 0 the
 /// false one, -1 when its predicate's value lies so close to the threshold (1e-3 relative) that
 /// eager and compiled rounding might choose differently. Empty for programs without Cond.

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "eager/node.h"
 #include "random_program.h"
 
 namespace duet::test {
@@ -282,7 +283,72 @@ Fn function_of(const std::vector<Step>* steps, const std::vector<int>* outs,
   };
 }
 
+thread_local bool cond_zeros = false;  // (CondZerosScope)
+
+// The leaves that the tapes of `outs` reach.
+std::vector<const void*> tape_leaves(const std::vector<Tensor>& outs) {
+  std::vector<const void*> leaves;
+  std::vector<const detail::Node*> stack, seen;
+  for (const Tensor& t : outs) {
+    if (!t.defined() || !t.requires_grad()) continue;
+    detail::TensorImpl& impl = *t.unsafe_impl();
+    if (impl.autograd && impl.autograd->grad_fn)
+      stack.push_back(impl.autograd->grad_fn.get());
+    else
+      leaves.push_back(&impl);
+  }
+  while (!stack.empty()) {
+    const detail::Node* n = stack.back();
+    stack.pop_back();
+    if (std::find(seen.begin(), seen.end(), n) != seen.end()) continue;
+    seen.push_back(n);
+    for (const detail::InputEdge& e : n->inputs) {
+      if (e.fn) stack.push_back(e.fn.get());
+      if (e.leaf) leaves.push_back(e.leaf.get());
+    }
+  }
+  return leaves;
+}
+
+// The results r of a cond step st that ran eagerly on its operands ops and free values free,
+// given the gradient of CondZerosScope: the other branch runs on fresh leaves, and each operand
+// or free value that its result k reaches joins result k as a zero (where() of a false mask,
+// whose value is 0 whatever the operand's, NaN too), as the compiled cond's gradient of result k
+// gives it zeros.
+std::vector<Tensor> with_other_branch_zeros(std::vector<Tensor> r, const Step& st, bool taken,
+                                            const std::vector<Tensor>& ops,
+                                            const std::vector<Tensor>& free) {
+  std::vector<Tensor> all = ops, leaves;
+  all.insert(all.end(), free.begin(), free.end());
+  for (const Tensor& o : all) {
+    Tensor l = o.detach().clone();
+    if (floating(o) && o.requires_grad()) l.requires_grad_(true);
+    leaves.push_back(l);
+  }
+  std::vector<Tensor> other;
+  try {
+    const std::vector<Tensor> leaf_ops(leaves.begin(), leaves.begin() + std::ptrdiff_t(ops.size()));
+    const std::vector<Tensor> leaf_free(leaves.begin() + std::ptrdiff_t(ops.size()), leaves.end());
+    other = taken ? function_of(&st.body2, &st.outs2, leaf_free)(leaf_ops)
+                  : function_of(&st.body, &st.outs, leaf_free)(leaf_ops);
+  } catch (const Error&) {
+    return r;  // (no zeros: the comparison with this run then fails as with plain eager)
+  }
+  for (size_t k = 0; k < r.size() && k < other.size(); ++k) {
+    if (!floating(r[k])) continue;
+    const std::vector<const void*> reached = tape_leaves({other[k]});
+    for (size_t i = 0; i < all.size(); ++i)
+      if (std::find(reached.begin(), reached.end(), leaves[i].unsafe_impl()) != reached.end())
+        r[k] = r[k] + sum(where(zeros_like(all[i]).to(DType::b8), all[i], zeros_like(all[i])))
+                          .to(r[k].dtype());
+  }
+  return r;
+}
+
 }  // namespace
+
+CondZerosScope::CondZerosScope() : prev_(cond_zeros) { cond_zeros = true; }
+CondZerosScope::~CondZerosScope() { cond_zeros = prev_; }
 
 /// Runs one step on the values computed so far.
 Tensor apply_step(const Step& st, const std::vector<Tensor>& v, Tuples* more) {
@@ -503,8 +569,11 @@ Tensor apply_step(const Step& st, const std::vector<Tensor>& v, Tuples* more) {
       const size_t nop = size_t(st.ints[0]);
       std::vector<Tensor> ops, free;
       for (size_t i = 1; i < st.args.size(); ++i) (i <= nop ? ops : free).push_back(arg(i));
-      return results(cond(arg(0), function_of(&st.body, &st.outs, free),
-                          function_of(&st.body2, &st.outs2, free), ops));
+      std::vector<Tensor> r = cond(arg(0), function_of(&st.body, &st.outs, free),
+                                   function_of(&st.body2, &st.outs2, free), ops);
+      if (cond_zeros && grad_enabled() && !detail::is_traced(arg(0)))
+        r = with_other_branch_zeros(std::move(r), st, arg(0).item<bool>(), ops, free);
+      return results(std::move(r));
     }
     case Op::Scan: {
       // args: ints[0] carries, ints[1] xs (the first ints[2] of dim 0 when ints[2] >= 0), free.
