@@ -33,6 +33,7 @@
 #include "kernels/composed.h"
 #include "kernels/cpu_kernels.h"
 #include "kernels/low_precision.h"
+#include "kernels/matrices.h"
 
 namespace duet::kernels {
 namespace {
@@ -139,10 +140,10 @@ struct OneDnnConv {
 
 using ConvKey = std::array<int64_t, 16>;
 
-// Below this many FLOPs a convolution runs on the calling thread: oneDNN opens a parallel
-// region for any size, and its fork and join cost more than they save on a few microseconds
-// of work (and far more on a loaded machine, where the second thread waits for a time slice).
-constexpr double kSerialFlops = 4e6;
+// Below kSerialConvFlops (kernels/matrices.h) a convolution runs on the calling thread; its fork
+// and join would cost far more on a loaded machine, where the second thread waits for a time
+// slice.
+constexpr double kSerialFlops = kSerialConvFlops;
 
 // Sets the OpenMP thread count of the calling thread for a scope (oneDNN reads it when it
 // builds a primitive and when it runs one).

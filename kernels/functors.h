@@ -213,17 +213,29 @@ struct Log1p {
   DUET_PACKET(ei::plog1p(x))
 };
 #if !defined(__CUDACC__)
-// IEEE square root, correctly rounded as std::sqrt is: Eigen's AVX-512 psqrt under
-// EIGEN_FAST_MATH is a Newton step from an estimate (sqrt(9.0) gave 3.0000000000000004).
+// IEEE square root, correctly rounded as std::sqrt is: Eigen's psqrt under EIGEN_FAST_MATH is
+// a Newton step from an estimate, for AVX-512 (sqrt(9.0) gave 3.0000000000000004) and for AVX
+// and SSE floats, where it is also NaN at infinity (inf * rsqrt(inf) = inf * 0). So every x86
+// width calls the instruction.
 template <class P>
 inline P exact_sqrt(const P& x) {
-#if defined(__AVX512F__)
   // (Told apart by scalar type and width: naming Packet16f in a template argument drops its
   // vector attribute, and GCC warns.)
   using S = typename Eigen::internal::unpacket_traits<P>::type;
   constexpr int kWidth = Eigen::internal::unpacket_traits<P>::size;
-  if constexpr (DUET_STD::is_same_v<S, float> && kWidth == 16) return _mm512_sqrt_ps(x);
-  if constexpr (DUET_STD::is_same_v<S, double> && kWidth == 8) return _mm512_sqrt_pd(x);
+  [[maybe_unused]] constexpr bool kFloat = DUET_STD::is_same_v<S, float>;
+  [[maybe_unused]] constexpr bool kDouble = DUET_STD::is_same_v<S, double>;
+#if defined(__AVX512F__)
+  if constexpr (kFloat && kWidth == 16) return _mm512_sqrt_ps(x);
+  if constexpr (kDouble && kWidth == 8) return _mm512_sqrt_pd(x);
+#endif
+#if defined(__AVX__)
+  if constexpr (kFloat && kWidth == 8) return _mm256_sqrt_ps(x);
+  if constexpr (kDouble && kWidth == 4) return _mm256_sqrt_pd(x);
+#endif
+#if defined(__SSE2__)
+  if constexpr (kFloat && kWidth == 4) return _mm_sqrt_ps(x);
+  if constexpr (kDouble && kWidth == 2) return _mm_sqrt_pd(x);
 #endif
   return Eigen::internal::psqrt(x);
 }

@@ -12,6 +12,7 @@
 #include <Eigen/Core>
 #include <algorithm>
 #include <array>
+#include <cstring>
 #include <cstdlib>
 #include <exception>
 #include <map>
@@ -19,6 +20,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 
 #include "kernels/cpu_kernels.h"
@@ -463,6 +465,67 @@ void register_matmul_kernels(OpDef* t) {
   detail::register_kernel(t, OpId::MatMul, DeviceType::CPU, with_matrices<matmul_kernel>);
   detail::register_kernel(t, OpId::Addmv, DeviceType::CPU, addmv_kernel);
   detail::register_kernel(t, OpId::Addmm, DeviceType::CPU, addmm_kernel);
+}
+
+}  // namespace duet::kernels
+
+namespace duet::kernels {
+
+// Note [Sums that follow the threads] in trace/plan/plan_build.cpp. The product runs once on the
+// calling thread's OpenMP threads and once alone inside a parallel region (as a plan's wave runs
+// it), in each layout of its operands, on the same values; a difference in any bit says that
+// the library's split of the work (its inner dim too) changes the sums. Cached per shape.
+bool product_sums_follow_threads(DType dt, int64_t m, int64_t n, int64_t k) {
+  const int nt = omp_get_max_threads();
+  if (nt < 2 || omp_in_parallel() || m <= 0 || n <= 0 || k <= 0) return false;
+  using Key = std::tuple<int, int64_t, int64_t, int64_t, int>;
+  static std::mutex lock;
+  static std::map<Key, bool> seen;
+  const Key key{static_cast<int>(dt), m, n, k, nt};
+  {
+    std::lock_guard<std::mutex> g(lock);
+    if (auto it = seen.find(key); it != seen.end()) return it->second;
+  }
+  // An r x c matrix of values in [-1, 1) from a fixed sequence (the user's generator untouched).
+  auto filled = [&](int64_t r, int64_t c, uint32_t s) {
+    Tensor f = detail::empty({r, c}, DType::f32, Device::cpu());
+    float* p = static_cast<float*>(f.unsafe_impl()->data());
+    for (int64_t i = 0; i < r * c; ++i) {
+      s = s * 1664525u + 1013904223u;
+      p[i] = static_cast<float>(static_cast<int32_t>(s >> 8) - (1 << 23)) / float(1 << 23);
+    }
+    if (dt == DType::f32) return f;
+    Tensor t = detail::empty({r, c}, dt, Device::cpu());
+    copy_into(f, t);
+    return t;
+  };
+  auto transposed = [](const Tensor& t) {  // (c x r) read as its transpose (r x c)
+    const Shape& s = t.unsafe_impl()->shape;
+    return detail::make_view(t, Shape{s[1], s[0]}, Strides{1, s[1]}, 0);
+  };
+  bool differ = false;
+  for (int layout = 0; layout < 4 && !differ; ++layout) {
+    const Tensor a = layout & 1 ? transposed(filled(k, m, 1)) : filled(m, k, 1);
+    const Tensor b = layout & 2 ? transposed(filled(n, k, 2)) : filled(k, n, 2);
+    const Tensor all = detail::empty({m, n}, dt, Device::cpu());
+    const Tensor one = detail::empty({m, n}, dt, Device::cpu());
+    run_kernel(OpId::MatMul, {&a, &b}, Attrs{}, all);
+    std::exception_ptr error;
+#pragma omp parallel num_threads(2)
+    if (omp_get_thread_num() == 0) {
+      try {
+        run_kernel(OpId::MatMul, {&a, &b}, Attrs{}, one);
+      } catch (...) {
+        error = std::current_exception();
+      }
+    }
+    if (error) std::rethrow_exception(error);
+    differ = std::memcmp(all.unsafe_impl()->data(), one.unsafe_impl()->data(),
+                         static_cast<size_t>(m * n * itemsize(dt))) != 0;
+  }
+  std::lock_guard<std::mutex> g(lock);
+  seen[key] = differ;
+  return differ;
 }
 
 }  // namespace duet::kernels

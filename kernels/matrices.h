@@ -20,6 +20,16 @@ void addmv_kernel(TensorRefs in, const Attrs& attrs, const Tensor& out);
 /// choose their library by it too.
 inline constexpr int64_t kSmallProduct = int64_t(64) * 64 * 64;
 
+/// Below this many FLOPs a convolution runs on the calling thread (kernels/conv.cpp): oneDNN
+/// opens a parallel region for any size, and its fork and join cost more than they save on a
+/// few microseconds of work.
+inline constexpr double kSerialConvFlops = 4e6;
+
+/// Whether the CPU matmul kernel's sums for (m x k) @ (k x n) of dtype dt depend on the number of
+/// threads it runs on (Note [Sums that follow the threads] in trace/plan/plan_build.cpp): found
+/// by running it both ways, once per shape and thread count, and cached.
+bool product_sums_follow_threads(DType dt, int64_t m, int64_t n, int64_t k);
+
 /// c (m x n, rows ldc apart) = a b + beta c, with a (m x k) and b (k x n) row-major, or read
 /// transposed where ta, tb, with leading dims lda and ldb: on the library the matmul kernel picks
 /// for the shape (f32: OpenBLAS up to kSmallProduct, then oneDNN; f64: Eigen). The calling

@@ -635,9 +635,19 @@ void check_skipped_as_ill_conditioned(uint64_t seed, Mix mix, DType autocast = D
 // a sweep of seeds 0 to 69,999 (with 62200, the only other one) once small f32 products ran on
 // OpenBLAS (Note [Small products] in kernels/matmul.cpp): the seed used before, 6472 (a product
 // of the input's outer product with itself, then sin() of outputs in the hundreds), no longer
-// differs with OpenBLAS's sums.
+// differs with OpenBLAS's sums. Whether a seed's roundings differ depends on the CPU's kernels
+// (on a 2-core AVX2 EPYC 51289 agrees), so the test takes the first of these that differs here.
 TEST_CASE("random programs: an ill-conditioned program is skipped, not failed") {
-  check_skipped_as_ill_conditioned(51289, Mix::Mixed);
+  for (uint64_t seed : {51289, 62200, 6472}) {
+    bool skipped = false;
+    allow_noise = false;
+    const bool differs = !check_seed(seed, Mix::Mixed, &skipped).empty();
+    allow_noise = true;
+    if (!differs) continue;
+    check_skipped_as_ill_conditioned(seed, Mix::Mixed);
+    return;
+  }
+  FAIL("none of seeds 51289, 62200 and 6472 differs beyond the tolerance on this machine");
 }
 
 // Seed 65912 of the batch mix (found by the same sweep) sums exp() of 384 inputs of discrete

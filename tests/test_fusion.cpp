@@ -13,6 +13,7 @@
 
 #include "trace/plan/codegen.h"
 #include "kernels/fused.h"
+#include "kernels/matrices.h"
 #include "long_sums.h"
 #include "trace/compile.h"
 #include "trace/plan/fusion.h"
@@ -607,6 +608,27 @@ TEST_CASE("parallel branches: a two-tower step runs in waves and matches eager")
   auto serial = compile(fn, without({"parallel"}));
   CHECK(near(serial(x), y));
   CHECK(serial.stats().parallel_plans == 0);
+}
+
+// Note [Sums that follow the threads] in trace/plan/plan_build.cpp: on a CPU where oneDNN splits
+// a 64 x 64 product's inner dim (256) over two threads (the 2-core AVX2 EPYC), the two products
+// ran side by side, one thread each, and their sums rounded apart from eager's; their wave now
+// stays in order there. Where oneDNN does not split them, they run side by side and agree all
+// the same.
+TEST_CASE(
+    "parallel branches: products whose sums follow the threads keep compiled equal to eager") {
+  manual_seed(10);
+  const Tensor a = randn({64, 256}), b = randn({256, 64}), c = randn({64, 256}),
+               d = randn({256, 64});
+  auto fn = [&](Tensor x) { return matmul(a * x, b) + matmul(c * x, d); };
+  const Tensor x = randn({64, 256});
+  setenv("DUET_PARALLEL", "always", 1);
+  auto f = compile(fn);
+  const Tensor got = f(x);
+  unsetenv("DUET_PARALLEL");
+  CHECK(bitwise_equal(got, fn(x)));
+  if (kernels::product_sums_follow_threads(DType::f32, 64, 64, 256))
+    CHECK(f.stats().parallel_plans == 0);
 }
 
 TEST_CASE("parallel branches: the cost model runs two small towers side by side, one chain not") {

@@ -116,6 +116,11 @@ struct Plan::GraphState {
 /// Copies src into dst with the Copy kernel (no dispatch, no tape).
 void copy_into(const Tensor& dst, const Tensor& src);
 
+/// Whether a graph node becomes (part of) a step: an op, a control construct or a projection.
+inline bool is_step_node(const GraphNode& g) {
+  return g.kind == NodeKind::Op || g.kind == NodeKind::Control || g.kind == NodeKind::Project;
+}
+
 /// The state of one Plan::build. A value is a node of the graph; a unit is a step to be: each
 /// fusion group (units [0, ng)), and each op node outside groups (unit ng + its node), a Control
 /// node with its Project nodes being one unit.
@@ -173,6 +178,7 @@ struct Plan::Builder {
   void schedule();
   void find_waves();
   double step_cost(int32_t u, double* speedup) const;
+  bool sums_by_threads(int32_t u) const;
   void choose_parallel();
   void place_steps();
   const StorageImpl* storage_of_root(int32_t v) const;
