@@ -394,6 +394,7 @@ void Autobatch::Impl::run(const std::vector<Tensor>* roots) {
       impl.graph_.reset();
       impl.run_ops_ = nullptr;
       impl.run_index_ = nullptr;
+      impl.run_on_path_ = nullptr;
       impl.run_first_consumer_ = impl.run_consumer_ = nullptr;
     }
   } release{*this};
@@ -426,6 +427,7 @@ void Autobatch::Impl::run(const std::vector<Tensor>* roots) {
         root_ops.push_back(static_cast<int32_t>(i));
     on_path = graph_->reached_from(root_ops);
   }
+  run_on_path_ = &on_path;
   // The mean depth of each signature (its ops' sum of depths over their count).
   const size_t nsig = keys.size();
   std::vector<double> depth_sum(nsig, 0);
@@ -632,7 +634,7 @@ BatchedArg Autobatch::Impl::run_rule(std::vector<PendingOp>& ops, const OpDef& d
     else if (shared)
       in.push_back({first.inputs[p], -1});
     else
-      in.push_back({needs ? gather_grad(ops, ids, p) : gather(ops, ids, p), 0});
+      in.push_back({needs ? row_gated(gather_grad(ops, ids, p), ids) : gather(ops, ids, p), 0});
     batched |= !shared;
   }
   if (!batched) {  // every sample computes one value (a weight's transpose): computed once

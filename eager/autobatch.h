@@ -30,9 +30,11 @@ struct AutobatchStats {
   int64_t batches = 0;           ///< groups of more than one op run as one batched op
   int64_t batched_ops = 0;       ///< ops run inside those groups
   int64_t gathers = 0;           ///< operands copied into a batch (the others were views)
-  int64_t pieces = 0;  ///< slices, index_selects and expands that gathered a differentiated
-                       ///< group's operands from parts of batches: each a tape node
-  int64_t runs = 0;    ///< times the pending ops ran (reads, in-place writes, the end)
+  int64_t pieces = 0;     ///< slices, index_selects and expands that gathered a differentiated
+                          ///< group's operands from parts of batches: each a tape node
+  int64_t runs = 0;       ///< times the pending ops ran (reads, in-place writes, the end)
+  int64_t row_gates = 0;  ///< batched operands whose backward sets the rows of samples off its
+                          ///< path to zero (docs/func.md: runs that a read starts)
   /// Per op, the most groups first: where calls did not batch. An op with about as many groups
   /// as calls ran per sample, as its samples' signatures differ (shapes, attributes) or its
   /// calls became ready one at a time (docs/func.md, "Why a scope is slow").

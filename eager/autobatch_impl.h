@@ -327,6 +327,9 @@ struct Autobatch::Impl final : DispatchMode, LazyRunner {
   // (graph_, made as the run starts: start_graph) kept for the backward as the run ends.
   Tensor gated(const Tensor& x, const int32_t* readers, size_t count);
   Tensor gated(const Tensor& x, int32_t reader) { return gated(x, &reader, 1); }
+  // Note [Row gates] in eager/autobatch_reach.cpp: x through a gate that knows the op of each
+  // of its rows along dim 0 (or, with one op, of the whole).
+  Tensor row_gated(const Tensor& x, std::vector<int32_t> row_ops);
   void mark_survivor(PendingOp& o, int32_t id, const Tensor& history);
   void start_graph(const OpIndex& index);
   void keep_graph();
@@ -384,6 +387,8 @@ struct Autobatch::Impl final : DispatchMode, LazyRunner {
   // The run in progress (Note [Placed when read]): its ops and their index.
   std::vector<PendingOp>* run_ops_ = nullptr;
   const OpIndex* run_index_ = nullptr;
+  // By op, whether the backward that started the run reaches it (empty: a read started it).
+  const std::vector<char>* run_on_path_ = nullptr;
   // Its ops' consumers: op i's are run_consumer_[run_first_consumer_[i]..[i + 1]].
   const int32_t* run_first_consumer_ = nullptr;
   const int32_t* run_consumer_ = nullptr;

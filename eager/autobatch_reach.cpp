@@ -117,6 +117,10 @@ const OpDef& gate_def() {
   static const OpDef d = detail::opaque_node_def("autobatch_gate");
   return d;
 }
+const OpDef& row_gate_def() {
+  static const OpDef d = detail::opaque_node_def("autobatch_row_gate");
+  return d;
+}
 const OpDef& mark_def() {
   static const OpDef d = detail::opaque_node_def("autobatch_mark");
   return d;
@@ -183,6 +187,72 @@ Tensor Autobatch::Impl::gated(const Tensor& x, const int32_t* readers, size_t co
   std::vector<int32_t>& r = graph_->readers[it->second.second];
   r.insert(r.end(), readers, readers + count);
   return it->second.first;
+}
+
+// Note [Row gates]
+// Gates stop the zeros of the samples off a backward's path where a tensor from outside the run
+// enters, not inside it: a group that batches samples on the path with samples off it (two abs
+// of one shape, one summed into the loss, one only read detached) sends the off-path samples
+// zeros, and a gradient rule that gives NaN for a zero gradient (std of equal values: 0 * 0 /
+// 0; sqrt at 0) behind them turns those into NaN, which the batches carry to the inputs. Eagerly
+// no gradient reaches that rule at all. A run that a backward starts splits such groups (Note
+// [Groups on the loss's path] in eager/autobatch.cpp); any other run (one that a read started:
+// loss.item() before the backward, a value the step reads) gates each batched operand of a
+// differentiated group: an alias whose tape node knows which op each row along dim 0 belongs
+// to, and which, when the backward reaches it (after every mark behind the group's readers: the
+// group's node ran after them), passes the gradient on where every row's op was reached, none
+// where none was, and otherwise the gradient with the rows of ops not reached set to zero. A
+// NaN that the group's rule made for an off-path row stops there. A group whose ops all lie on
+// the path of the backward that started the run gets no gate (they are reached). What a gate
+// cannot stop: a rule that sums over the samples inside it, for a shared operand (a weight
+// every sample reads), adds the off-path rows' terms in before any gate sees them, so a NaN
+// that one of those terms makes (0 * inf: a sample's NaN or inf value, a division by a
+// sample's zero) still reaches that operand.
+Tensor Autobatch::Impl::row_gated(const Tensor& x, std::vector<int32_t> row_ops) {
+  const TensorImpl* xi = x.unsafe_impl();
+  if (!xi->requires_grad || row_ops.empty() || !graph_) return x;
+  if (run_on_path_ && !run_on_path_->empty() &&
+      std::all_of(row_ops.begin(), row_ops.end(),
+                  [&](int32_t r) { return (*run_on_path_)[static_cast<size_t>(r)] != 0; }))
+    return x;
+  DUET_ASSERT(row_ops.size() == 1 || (x.dim() > 0 && xi->shape[0] == int64_t(row_ops.size())),
+              "autobatch row gate: {} row ops for a batch of shape {}", row_ops.size(),
+              detail::dims_str(detail::sym_dims(x)));
+  ++stats_.row_gates;
+  Tensor alias = detail::make_view(x, xi->shape, xi->strides, xi->offset);
+  alias.unsafe_impl()->requires_grad = true;
+  std::shared_ptr<SampleGraph> held = graph_;
+  std::shared_ptr<detail::Node>& fn = detail::autograd_meta(*alias.unsafe_impl()).grad_fn;
+  fn = node_over(
+      row_gate_def(), x,
+      [held, rows = std::move(row_ops)](const Tensor& grad, const bool* needs, Tensor* gi) {
+        held->open = held->open || detail::grad_mode();
+        if (!needs[0]) return;
+        if (held->open || held->reached.empty()) {
+          gi[0] = grad;
+          return;
+        }
+        const uint64_t backward = detail::backward_id();
+        std::vector<char> on(rows.size());
+        size_t count = 0;
+        for (size_t k = 0; k < rows.size(); ++k) {
+          const auto r = static_cast<size_t>(rows[k]);
+          on[k] = r >= held->reached.size() || held->reached[r] == backward;
+          count += static_cast<size_t>(on[k]);
+        }
+        if (count == 0) return;  // (no gradient: Note [No gradient] in engine.cpp)
+        if (count == rows.size()) {
+          gi[0] = grad;
+          return;
+        }
+        Shape s{static_cast<int64_t>(rows.size())};
+        for (int64_t d = 1; d < grad.dim(); ++d) s.push_back(1);
+        Tensor mask = detail::empty(s, DType::b8, Device::cpu());
+        std::copy(on.begin(), on.end(), static_cast<char*>(mask.unsafe_impl()->data()));
+        gi[0] = where(grad.device().is_cpu() ? mask : mask.to(grad.device()), grad, 0.0);
+      });
+  fn->keeper = held;  // (a later loss's backward may pass it again)
+  return alias;
 }
 
 void Autobatch::Impl::mark_survivor(PendingOp& o, int32_t id, const Tensor& history) {

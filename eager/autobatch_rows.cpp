@@ -228,8 +228,14 @@ void Autobatch::Impl::run_rows(std::vector<PendingOp>& ops, const SigKey& key,
   for (size_t p = 0; p < first.inputs.size(); ++p) {
     if (!key.rows.has(static_cast<int64_t>(p))) continue;
     std::vector<std::pair<int32_t, uint32_t>> items;
-    for (int32_t id : ids) items.emplace_back(id, static_cast<uint32_t>(p));
+    std::vector<int32_t> row_ops;  // (Note [Row gates] in eager/autobatch_reach.cpp)
+    for (int32_t id : ids) {
+      items.emplace_back(id, static_cast<uint32_t>(p));
+      const int64_t n = ops[static_cast<size_t>(id)].inputs[p].unsafe_impl()->shape[0];
+      if (grad) row_ops.insert(row_ops.end(), static_cast<size_t>(n), id);
+    }
     in[p] = gather_rows(ops, items, grad);
+    if (grad) in[p] = row_gated(in[p], std::move(row_ops));
   }
   ++stats_.batches;
   stats_.batched_ops += static_cast<int64_t>(ids.size());

@@ -40,7 +40,8 @@ void Autobatch::Impl::run_each_differentiated(std::vector<PendingOp>& ops, const
     detail::SiteGuard at(o.site);
     const std::vector<int32_t> one{id};
     std::vector<Tensor> in;
-    for (size_t p = 0; p < o.inputs.size(); ++p) in.push_back(with_history(ops, o, p));
+    for (size_t p = 0; p < o.inputs.size(); ++p)
+      in.push_back(row_gated(with_history(ops, o, p), one));  // (Note [Row gates])
     std::vector<const Tensor*> ptrs;
     for (const Tensor& x : in) ptrs.push_back(&x);
     const Tensor r =

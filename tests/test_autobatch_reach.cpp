@@ -160,33 +160,41 @@ TEST_CASE("autobatch: ops by rows read a weight off the loss's path through its 
   CHECK_FALSE(w_off.grad().defined());
 }
 
-// Note [Groups on the loss's path] in eager/autobatch.cpp: three samples of one structure,
-// abs(std(x * w)), the third only read detached, and of equal values (x[2] is all ones, w one
-// number), where std's gradient rule gives NaN for a zero gradient. Batched with the others, it
-// got the batched backward's zeros, which std's rule made NaN, and the NaN reached w through
-// the product's sum over samples. Eagerly no gradient reaches that std at all. (The third x
-// gets no gradient either way: its reader is off the path, and detached reads do not reach it.)
-TEST_CASE("autobatch: samples off the loss's path do not share the backward's groups") {
+// Three samples of one structure, abs(std(x * w)), the third only read detached, and of equal
+// values (x[2] is all ones, w one number), where std's gradient rule gives NaN for a zero
+// gradient. Batched with the others, it got the batched backward's zeros, which std's rule made
+// NaN, and the NaN reached w through the product's sum over samples. Eagerly no gradient reaches
+// that std at all. (The third x gets no gradient either way: its reader is off the path, and
+// detached reads do not reach it.) Checks the gradients of w and each x, eager against the
+// scope, with the loss read before the backward where read_first; returns the scope's row gates.
+int64_t check_std_off_the_path(bool read_first) {
   manual_seed(11);
   Tensor w = randn({1}).requires_grad_(true);
   std::vector<Tensor> x{randn({3}).requires_grad_(true), randn({3}).requires_grad_(true),
                         ones({3}).requires_grad_(true)};
+  int64_t gates = 0;
   auto run = [&](bool batched) {
     w.set_grad(Tensor());
     for (Tensor& t : x) t.set_grad(Tensor());
-    std::optional<Autobatch> scope;
-    if (batched) scope.emplace();
-    Tensor loss, scale;
-    for (size_t i = 0; i < x.size(); ++i) {
-      const Tensor a = abs(std(x[i] * w));
-      if (i < 2)
-        loss = loss.defined() ? loss + a : a;
-      else
-        scale = (a + 0.5).detach();
+    std::vector<Tensor> g;
+    {
+      std::optional<Autobatch> scope;
+      if (batched) scope.emplace();
+      Tensor loss, scale;
+      for (size_t i = 0; i < x.size(); ++i) {
+        const Tensor a = abs(std(x[i] * w));
+        if (i < 2)
+          loss = loss.defined() ? loss + a : a;
+        else
+          scale = (a + 0.5).detach();
+      }
+      const Tensor l = loss * scale;
+      if (read_first) (void)l.item<float>();
+      l.backward();
+      g.push_back(w.grad().clone());
+      for (const Tensor& t : x) g.push_back(t.grad().defined() ? t.grad().clone() : Tensor());
     }
-    (loss * scale).backward();
-    std::vector<Tensor> g{w.grad().clone()};
-    for (const Tensor& t : x) g.push_back(t.grad().defined() ? t.grad().clone() : Tensor());
+    if (batched) gates = autobatch_stats().row_gates;
     return g;
   };
   const std::vector<Tensor> want = run(false), got = run(true);
@@ -197,6 +205,22 @@ TEST_CASE("autobatch: samples off the loss's path do not share the backward's gr
     CHECK(want[k].defined() == got[k].defined());
     if (want[k].defined() && got[k].defined()) CHECK(close(got[k], want[k], 1e-5));
   }
+  return gates;
+}
+
+// Note [Groups on the loss's path] in eager/autobatch.cpp: the backward starts the run, which
+// splits the std's group by the loss's path.
+TEST_CASE("autobatch: samples off the loss's path do not share the backward's groups") {
+  check_std_off_the_path(/*read_first=*/false);
+}
+
+// Note [Row gates] in eager/autobatch_reach.cpp: the run starts at a read of the loss before the
+// backward (as a loop that logs its loss does), so it cannot split its groups by the loss's
+// path. The std's group batches the third sample with the others; its batched operand's gate
+// sets the third row of the gradient to zero after std's rule made it NaN. Without the gates w's
+// gradient is NaN (autobatch seeds 320822 and 585027 of test_autobatch_random).
+TEST_CASE("autobatch: a run that a read starts stops the off-path samples' NaN at its row gates") {
+  CHECK(check_std_off_the_path(/*read_first=*/true) > 0);
 }
 
 // A detached read sends no gradient, so a backward reaches nothing through it: b is read only
