@@ -629,8 +629,8 @@ BatchedArg Autobatch::Impl::run_rule(std::vector<PendingOp>& ops, const OpDef& d
     bool needs = false;  // a gradient flows through this operand
     for (int32_t id : ids)
       needs |= grad && ops[static_cast<size_t>(id)].inputs[p].unsafe_impl()->requires_grad;
-    if (shared && needs)  // one tensor for all, with its history
-      in.push_back({with_history(ops, first, p, &ids), -1});
+    if (shared && needs)  // one tensor for all, with its history (Note [Row gates])
+      in.push_back({shared_gated(ops, ids, p), -1});
     else if (shared)
       in.push_back({first.inputs[p], -1});
     else

@@ -322,14 +322,16 @@ struct Autobatch::Impl final : DispatchMode, LazyRunner {
   // (read by `readers`, or by o alone when null).
   Tensor with_history(std::vector<PendingOp>& ops, const PendingOp& o, size_t p,
                       const std::vector<int32_t>* readers = nullptr);
+  // Operand p shared by the group's ops `ids`, with its history (Note [Row gates]).
+  Tensor shared_gated(std::vector<PendingOp>& ops, const std::vector<int32_t>& ids, size_t p);
   // Note [Gradients off the loss's path] in eager/autobatch_reach.cpp: a tensor from outside the
   // run through its gate (x itself when it needs none), a survivor's mark, and the run's graph
   // (graph_, made as the run starts: start_graph) kept for the backward as the run ends.
   Tensor gated(const Tensor& x, const int32_t* readers, size_t count);
   Tensor gated(const Tensor& x, int32_t reader) { return gated(x, &reader, 1); }
   // Note [Row gates] in eager/autobatch_reach.cpp: x through a gate that knows the op of each
-  // of its rows along dim 0 (or, with one op, of the whole).
-  Tensor row_gated(const Tensor& x, std::vector<int32_t> row_ops);
+  // of its rows along dim 0, or (whole, or one op) the ops that read all of it.
+  Tensor row_gated(const Tensor& x, std::vector<int32_t> row_ops, bool whole = false);
   void mark_survivor(PendingOp& o, int32_t id, const Tensor& history);
   void start_graph(const OpIndex& index);
   void keep_graph();

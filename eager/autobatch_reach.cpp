@@ -202,20 +202,25 @@ Tensor Autobatch::Impl::gated(const Tensor& x, const int32_t* readers, size_t co
 // to, and which, when the backward reaches it (after every mark behind the group's readers: the
 // group's node ran after them), passes the gradient on where every row's op was reached, none
 // where none was, and otherwise the gradient with the rows of ops not reached set to zero. A
-// NaN that the group's rule made for an off-path row stops there. A group whose ops all lie on
-// the path of the backward that started the run gets no gate (they are reached). What a gate
-// cannot stop: a rule that sums over the samples inside it, for a shared operand (a weight
-// every sample reads), adds the off-path rows' terms in before any gate sees them, so a NaN
-// that one of those terms makes (0 * inf: a sample's NaN or inf value, a division by a
-// sample's zero) still reaches that operand.
-Tensor Autobatch::Impl::row_gated(const Tensor& x, std::vector<int32_t> row_ops) {
+// NaN that the group's rule made for an off-path row stops there. A shared operand that the run
+// computed (a value its group computed once for all samples, a sample every op of the group
+// reads) passes through a gate of the whole: the gradient where a reader was reached, none
+// where none was (Autobatch seed 214649: the sqrt of a value computed once, read only by
+// samples off the path, got the zeros of a group that held samples on it, and made them NaN).
+// A group whose ops all lie on the path of the backward that started the run gets no gate
+// (they are reached). What a gate cannot stop: a rule that sums over the samples inside it,
+// for a shared operand (a weight every sample reads), adds the off-path rows' terms in before
+// any gate sees them, so a NaN that one of those terms makes (0 * inf: a sample's NaN or inf
+// value, a division by a sample's zero) still reaches that operand.
+Tensor Autobatch::Impl::row_gated(const Tensor& x, std::vector<int32_t> row_ops, bool whole) {
   const TensorImpl* xi = x.unsafe_impl();
   if (!xi->requires_grad || row_ops.empty() || !graph_) return x;
   if (run_on_path_ && !run_on_path_->empty() &&
       std::all_of(row_ops.begin(), row_ops.end(),
                   [&](int32_t r) { return (*run_on_path_)[static_cast<size_t>(r)] != 0; }))
     return x;
-  DUET_ASSERT(row_ops.size() == 1 || (x.dim() > 0 && xi->shape[0] == int64_t(row_ops.size())),
+  if (row_ops.size() == 1) whole = true;
+  DUET_ASSERT(whole || (x.dim() > 0 && xi->shape[0] == int64_t(row_ops.size())),
               "autobatch row gate: {} row ops for a batch of shape {}", row_ops.size(),
               detail::dims_str(detail::sym_dims(x)));
   ++stats_.row_gates;
@@ -225,7 +230,7 @@ Tensor Autobatch::Impl::row_gated(const Tensor& x, std::vector<int32_t> row_ops)
   std::shared_ptr<detail::Node>& fn = detail::autograd_meta(*alias.unsafe_impl()).grad_fn;
   fn = node_over(
       row_gate_def(), x,
-      [held, rows = std::move(row_ops)](const Tensor& grad, const bool* needs, Tensor* gi) {
+      [held, whole, rows = std::move(row_ops)](const Tensor& grad, const bool* needs, Tensor* gi) {
         held->open = held->open || detail::grad_mode();
         if (!needs[0]) return;
         if (held->open || held->reached.empty()) {
@@ -241,7 +246,7 @@ Tensor Autobatch::Impl::row_gated(const Tensor& x, std::vector<int32_t> row_ops)
           count += static_cast<size_t>(on[k]);
         }
         if (count == 0) return;  // (no gradient: Note [No gradient] in engine.cpp)
-        if (count == rows.size()) {
+        if (count == rows.size() || whole) {
           gi[0] = grad;
           return;
         }

@@ -220,7 +220,7 @@ void Autobatch::Impl::run_rows(std::vector<PendingOp>& ops, const SigKey& key,
     bool needs = false;
     for (int32_t id : ids)
       needs |= grad && ops[static_cast<size_t>(id)].inputs[p].unsafe_impl()->requires_grad;
-    in.push_back(needs ? with_history(ops, first, p, &ids) : first.inputs[p]);
+    in.push_back(needs ? shared_gated(ops, ids, p) : first.inputs[p]);
   }
   const OpDef& def = detail::op_def(first.op);
   detail::SiteGuard at(first.site);  // an error names its first sample's line

@@ -202,6 +202,15 @@ Tensor Autobatch::Impl::with_history(std::vector<PendingOp>& ops, const PendingO
   return gated(o.inputs[p], static_cast<int32_t>(&o - ops.data()));
 }
 
+// Operand p, one tensor for the whole group, with its history; where this run computed it, through
+// a gate of the whole (Note [Row gates] in eager/autobatch_reach.cpp).
+Tensor Autobatch::Impl::shared_gated(std::vector<PendingOp>& ops, const std::vector<int32_t>& ids,
+                                     size_t p) {
+  const PendingOp& first = ops[static_cast<size_t>(ids[0])];
+  Tensor v = with_history(ops, first, p, &ids);
+  return batch_source(ops, first, p) ? row_gated(v, ids, /*whole=*/true) : v;
+}
+
 // Note [Placed when read]
 // A differentiated group's consumers read its samples through its batch (batch_source), not
 // through each sample's storage, so placing each sample (step 5 of Note [Autobatch]: its lazy

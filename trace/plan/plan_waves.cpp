@@ -138,6 +138,7 @@ void Plan::Builder::choose_parallel() {
     std::vector<double> wave_sum(num_waves, 0), wave_max(num_waves, 0), wave_serial(num_waves, 0);
     std::vector<int32_t> wave_count(num_waves, 0);
     std::vector<bool> wave_in_order(num_waves, false);
+    std::vector<std::vector<int32_t>> wave_units(num_waves);
     bool cpu = true;
     for (int32_t u : order) {
       double speedup = 1;
@@ -146,8 +147,7 @@ void Plan::Builder::choose_parallel() {
       // Collectives and prints run in program order on every rank: their waves stay in order.
       for (int32_t v : unit_nodes[u])
         if (has_effect(graph.nodes[v])) wave_in_order[wave_of[u]] = true;
-      // So do products whose sums follow the threads (Note [Sums that follow the threads]).
-      if (sums_by_threads(u)) wave_in_order[wave_of[u]] = true;
+      wave_units[wave_of[u]].push_back(u);
       wave_serial[wave_of[u]] += c / speedup;
       wave_sum[wave_of[u]] += c;
       wave_max[wave_of[u]] = std::max(wave_max[wave_of[u]], c);
@@ -162,8 +162,13 @@ void Plan::Builder::choose_parallel() {
     plan.wave_parallel_.assign(num_waves, false);
     for (int32_t w = 0; w < num_waves; ++w) {
       const double side = std::max(wave_max[w], wave_sum[w] / 2) + kWaveOverheadNs;
-      plan.wave_parallel_[w] =
+      bool side_by_side =
           wave_count[w] > 1 && !wave_in_order[w] && (always || side < 0.85 * wave_serial[w]);
+      // A wave with a product whose sums follow the threads stays in order (Note [Sums that
+      // follow the threads]); asked only of a wave that would run side by side, as it may probe.
+      for (size_t i = 0; side_by_side && i < wave_units[w].size(); ++i)
+        side_by_side = !sums_by_threads(wave_units[w][i]);
+      plan.wave_parallel_[w] = side_by_side;
       serial += wave_serial[w];
       waved += plan.wave_parallel_[w] ? side : wave_serial[w];
     }
