@@ -205,8 +205,32 @@ class MpiComm final : public Comm {
     std::lock_guard<std::mutex> lock(mu_);
     g_mpi = nullptr;
     say_goodbye();
-    // A timed-out or never-waited collective is still posted: MPI_Finalize would hang.
-    if (!broken_.empty() || !in_flight_.empty()) return;
+    // Started collectives that nobody waited for (Note [Overlapped collectives]): those that
+    // have completed are done with. One still posted, or a timed-out collective, would hang
+    // MPI_Finalize, so it is skipped, and the process says why: mpirun reports such a rank as
+    // "exiting improperly", which alone names no cause.
+    // The peers, finalizing too, move them on; a few seconds bound the wait.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (broken_.empty() && !in_flight_.empty()) {
+      for (auto it = in_flight_.begin(); it != in_flight_.end();) {
+        int done = 0;
+        MPI_Testall(static_cast<int>(it->second->reqs.size()), it->second->reqs.data(), &done,
+                    MPI_STATUSES_IGNORE);
+        it = done ? in_flight_.erase(it) : std::next(it);
+      }
+      if (in_flight_.empty() || std::chrono::steady_clock::now() > deadline) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (!broken_.empty() || !in_flight_.empty()) {
+      std::string why = broken_;
+      for (const auto& [dst, f] : in_flight_)
+        why += fmt::format("{}collective #{}, {}, started and never waited for",
+                           why.empty() ? "" : "; ", f->desc[kCallDescLen - 1],
+                           call_str(f->desc.data()));
+      fmt::print(stderr, "duet: warning: [dist.finalize] rank {} leaves MPI unfinalized: {}\n",
+                 rank_, why);
+      return;
+    }
     for (MPI_Request& r : bye_req_)
       if (r != MPI_REQUEST_NULL) {
         MPI_Cancel(&r);
