@@ -494,12 +494,14 @@ Tensor apply_step(const Step& st, const std::vector<Tensor>& v, Tuples* more) {
           break;
         // mul_ and div_ save self's value from before the write, which the gradient with
         // respect to the other operand needs; autograd then fails loudly (by design, see
-        // core/dispatch.cpp), so the other operand is detached.
+        // core/dispatch.cpp), so the other operand is detached, before any op reads it: a
+        // captured operand read only here then leaves the compiled guard alone
+        // (grad_retraces in test_compile_random.cpp; seed 609637).
         case Op::MulInplace:
           scalar ? t.mul_(st.s) : t.mul_(arg(1).detach());
           break;
         default:
-          scalar ? t.div_(st.s) : t.div_(safe(arg(1)).detach());
+          scalar ? t.div_(st.s) : t.div_(safe(arg(1).detach()));
           break;
       }
       return t;
