@@ -56,6 +56,33 @@ Values nudged(const Program& p, const Values& vals, bool alternate, int scale) {
   return out;
 }
 
+namespace {
+void steps_in_f64(std::vector<Step>& steps) {
+  for (Step& st : steps) {
+    if (st.op == Op::Cast && static_cast<DType>(st.mode) == DType::f32)
+      st.mode = static_cast<int>(DType::f64);
+    steps_in_f64(st.body);
+    steps_in_f64(st.body2);
+  }
+}
+}  // namespace
+
+Program in_f64(const Program& p) {
+  Program q = p;
+  for (InputSpec& in : q.inputs)
+    if (in.dtype == DType::f32) in.dtype = DType::f64;
+  steps_in_f64(q.steps);
+  return q;
+}
+
+Values in_f64_values(const Program& p, const Values& vals) {
+  Values out = vals;
+  for (size_t i = 0; i < out.size() && i < p.inputs.size(); ++i)
+    if (p.inputs[i].dtype == DType::f32)
+      for (double& v : out[i]) v = static_cast<double>(static_cast<float>(v));
+  return out;
+}
+
 bool can_broadcast(const Shape& a, const Shape& b) {
   const int64_t n = std::max(a.size(), b.size());
   for (int64_t i = 0; i < n; ++i) {

@@ -216,6 +216,13 @@ Values random_inputs(const Program& p, Rng& rng);
 /// four f32 ulps): up and down in turn (alternate), or all up. The random-program tests use it
 /// to tell an ill-conditioned program (whose eager results move that much) from a wrong one.
 Values nudged(const Program& p, const Values& vals, bool alternate, int scale = -21);
+/// p computing in f64 what it computes in f32: its f32 inputs and its casts to f32 (in the
+/// bodies of control flow too) become f64. Run on in_f64_values(p, vals), its results are closer
+/// to exact than p's own: the random-program tests use them to tell rounding that p's f32 run
+/// itself suffers from a wrong result.
+Program in_f64(const Program& p);
+/// The values of p's f32 inputs rounded to f32, as p's run holds them, for in_f64(p).
+Values in_f64_values(const Program& p, const Values& vals);
 
 /// Whether t's dtype is floating.
 bool floating(const Tensor& t);
