@@ -205,11 +205,10 @@ class MpiComm final : public Comm {
     std::lock_guard<std::mutex> lock(mu_);
     g_mpi = nullptr;
     say_goodbye();
-    // Started collectives that nobody waited for (Note [Overlapped collectives]): those that
-    // have completed are done with. One still posted, or a timed-out collective, would hang
-    // MPI_Finalize, so it is skipped, and the process says why: mpirun reports such a rank as
-    // "exiting improperly", which alone names no cause.
-    // The peers, finalizing too, move them on; a few seconds bound the wait.
+    // Started collectives that nobody waited for (Note [Overlapped collectives]) complete with
+    // the peers, which are finalizing too; a few seconds bound the wait. One still posted, or a
+    // timed-out collective, would hang MPI_Finalize, so it is skipped, and the process says
+    // why: mpirun reports such a rank as "exiting improperly", which alone names no cause.
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
     while (broken_.empty() && !in_flight_.empty()) {
       for (auto it = in_flight_.begin(); it != in_flight_.end();) {

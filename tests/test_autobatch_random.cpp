@@ -682,11 +682,11 @@ TEST_CASE("random programs: an ill-conditioned program is skipped, not failed") 
   FAIL("none of seeds 51289, 62200 and 6472 differs beyond the tolerance on this machine");
 }
 
-// The noise allowance excuses rounding, not errors: an error of 1e-4 planted in the autobatched
-// results is noticed in most programs of both mixes. (Those it is not noticed in hold only
-// integer and boolean outputs, or are ill-conditioned enough that their own f32 results lie
-// that far from the f64 ones.)
-TEST_CASE("random programs: the comparison notices an error of 1e-4") {
+// The noise allowance excuses rounding, not errors: an error of 1e-3 (ten times the f32
+// tolerance) planted in the autobatched results is noticed in most programs of both mixes.
+// (Those it is not noticed in hold only integer and boolean outputs, or are ill-conditioned
+// enough that their own f32 results lie that far from the other runs.)
+TEST_CASE("random programs: the comparison notices an error of 1e-3") {
   for (const Mix mix : {Mix::Batch, Mix::Mixed}) {
     int noticed = 0, compared = 0;
     perturb = 1e-3;
