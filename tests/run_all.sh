@@ -61,9 +61,9 @@ cmake --build build-asan -j "$jobs"
 # The TSan build compiles the library one file at a time, without CUDA: the unity batches above
 # let a file use what another file of its batch included, and a machine without nvcc (the README's
 # first command on a fresh Debian) builds file by file. clang and GCC read the same libstdc++
-# headers, so a missing include fails here as it would there. Its compile jobs took 1,022 s
-# (ninja's log, ccache cold), against 1,514 s for the TSan unity build and a separate GCC build at
-# -O0 file by file, which this replaces.
+# headers, so a missing include fails here as it would there. In ninja's logs (ccache cold, the
+# jobs niced beside the tests) its compile jobs summed to 1,022 s, against 1,514 s for the TSan unity
+# build and the separate GCC -O0 file-by-file build that this replaces.
 cmake -S . -B build-tsan -G Ninja -DCMAKE_CXX_COMPILER="$san_cxx" -DCMAKE_BUILD_TYPE=Debug -DDUET_TSAN=ON -DDUET_CUDA=OFF -DDUET_UNITY_BUILD=OFF \
   -DDUET_BUILD_TESTS=ON -DDUET_BUILD_BENCH=OFF -DDUET_BUILD_SAMPLES=OFF >/dev/null
 cmake -S tests/fuzz -B build-fuzz -G Ninja -DCMAKE_CXX_COMPILER="$san_cxx" \
