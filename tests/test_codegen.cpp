@@ -649,6 +649,46 @@ TEST_CASE("codegen: inner and outer reductions, Sum, Max and Min, with NaN") {
   }
 }
 
+// Note [One body per reduction] in kernels/codegen/cpu.cpp: a long body runs from one place in
+// the loop and a short one unrolled, and both add each row as cascade_packets does, then the
+// row's last partial packet one value at a time. The body is also stored, so the sums can be
+// redone here from its values, bit for bit. The rows cross the cascade's blocks (64 packets) and
+// end in whole groups of four packets, in fewer, and in less than a packet.
+TEST_CASE("codegen: a reduction's body, unrolled or run from one place, adds as the cascade") {
+  setup();
+  using P = Eigen::internal::packet_traits<float>::type;
+  constexpr int64_t W = Eigen::internal::unpacket_traits<P>::size;
+  for (int len : {2, 30}) {
+    CAPTURE(len);
+    Builder b(DType::f32, {DType::f32, DType::f32});
+    int r = b.op(OpId::Mul, 0, 1);
+    for (int k = 1; k < len; ++k)
+      r = k % 3 == 0 ? b.op(OpId::Tanh, r) : b.op(k % 3 == 1 ? OpId::Add : OpId::Mul, r, k % 2);
+    b.out(r, DType::f32);
+    b.reduce(FusedReduce::Inner, OpId::Sum, r);
+    const bool one_body =
+        detail::generate_fused_source(b.p).find("kOneBody = true") != std::string::npos;
+    CHECK(one_body == (len > 2));
+    kernels::DuetFusedFn kernel = compiled(b.p);
+    REQUIRE(reinterpret_cast<void*>(kernel) != nullptr);
+    for (int64_t n : {5, 64, 72, 1000, 2100, 4160}) {
+      CAPTURE(n);
+      Work g = make_work(b.p, {3, n}, {{n, 1}, {n, 1}}, 70 + static_cast<uint64_t>(n), false);
+      const DuetFusedArgs a = g.args();
+      kernel(&a, 0, 3);
+      for (int64_t i = 0; i < 3; ++i) {
+        const float* row = reinterpret_cast<const float*>(g.out[0].data()) + i * n;
+        const int64_t full = n / W * W;
+        float want = fn::fold_lanes<fn::SumOf<float>>(fn::cascade_packets<P, fn::SumOf<float>>(
+            [row](int64_t j) { return Eigen::internal::ploadu<P>(row + j); }, full));
+        for (int64_t j = full; j < n; ++j) want += row[j];
+        CHECK(std::isfinite(want));
+        CHECK(same_bits(red_value<float>(g, i), want));
+      }
+    }
+  }
+}
+
 TEST_CASE("codegen: long f32 sums on generated kernels stay within a few ulps") {
   setup();
   check_long_sums_compiled(Device::cpu(), true);

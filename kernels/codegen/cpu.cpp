@@ -22,6 +22,9 @@ using kernels::FusedReduce;
 
 // The fixed part of every kernel: packet helpers, input and output cursors, and the three loop
 // drivers of Note [Fused iteration]. A program adds `using T`, its Body and the entry point.
+// A reduction whose body has more ops runs it from one place (Note [One body per reduction]).
+constexpr int kOneBodyOps = 16;
+
 constexpr const char* kPreludeHead = R"duet_src(#include <stdint.h>
 
 #include <algorithm>
@@ -176,6 +179,15 @@ DUET_INLINE void f16_to_lanes(const Eigen::half* h, T* a) {
 #endif
 }
 
+// A packet with a NaN rounded to f16 by Eigen's conversion, lane by lane. Out of line and cold:
+// inlined at each rounding op, it made a kernel's code several times larger to compile.
+DUET_TAIL P round_f16_lanes(P x) {
+  alignas(64) T a[W];
+  ei::pstore(a, x);
+  for (int l = 0; l < W; ++l) a[l] = static_cast<T>(Eigen::half(a[l]));
+  return ei::pload<P>(a);
+}
+
 // An op whose result is f16 or bf16 (L) rounds it, as the eager kernel rounds what it stores
 // (Note [Fused registers]): the interpreter's conversion, lane for lane.
 template <class L>
@@ -188,7 +200,7 @@ DUET_INLINE P round_to(const P& x) {
     // In registers: both conversions on the whole packet, Eigen's lanes where a NaN is.
     const __m512 r = _mm512_cvtph_ps(_mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     if (__builtin_expect(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q) == 0, 1)) return r;
-    for (int l = 0; l < W; ++l) a[l] = static_cast<T>(Eigen::half(a[l]));
+    return round_f16_lanes(x);
 #endif
   } else if constexpr (kF16C && std::is_same_v<L, Eigen::half>) {
     alignas(64) Eigen::half h[W];
@@ -398,10 +410,46 @@ void run_none(const DuetFusedArgs* a, int64_t begin, int64_t end) {
 
 // Inner reduction: [begin, end) are rows, each folded into red_out[i]: the row's packets in a
 // cascade, its lanes as a tree (Note [Cascade sums] in duet_functors.h).
+//
+// Note [One body per reduction]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// cascade_packets folds a block's packets into four accumulators, then the rest into the first.
+// Inlined there, the body appears five times (four unrolled, one for the rest): a body of twenty
+// ops with transcendentals took the compiler 5 to 7 s. A body of more than kOneBodyOps ops
+// (B::kOneBody) appears once: each packet goes to a0, and while whole groups of four remain the
+// accumulators rotate, so packet k of a group still meets accumulator k and the rest meet a0:
+// the same sums in the same order. One such kernel of 22 ops compiled in 2.5 s instead of 7.
+// Smaller bodies keep the unrolled loop, which ran faster on short rows: rows of 64 f32 took
+// 2.2 ms unrolled against 3.4 ms once for a body of 18 ops (the rows of 2^20 values, one
+// thread, the best of 300), though 3.9 against 2.5 ms for one of 8; rows of 4,096 were within
+// a few percent either way.
 template <class B, class R>
 DUET_BODY_ONCE P packets_inner(B& b, int64_t n) {
-  return duet::fn::cascade_packets<P, R>(
-      [&b](int64_t j) __attribute__((always_inline)) { return b.step(j); }, n);
+  if constexpr (!B::kOneBody) {
+    return duet::fn::cascade_packets<P, R>(
+        [&b](int64_t j) __attribute__((always_inline)) { return b.step(j); }, n);
+  } else {
+    using duet::fn::kCascadeBlock;
+    const P id = ei::pset1<P>(R::identity());
+    duet::fn::Cascade<P, duet::fn::PacketOf<R>> c;
+    for (int64_t j = 0; j < n;) {
+      const int64_t e = n - j < kCascadeBlock * W ? n : j + kCascadeBlock * W;
+      const int64_t e4 = j + (e - j) / (4 * W) * (4 * W);
+      P a0 = id, a1 = id, a2 = id, a3 = id;
+      for (; j < e; j += W) {
+        a0 = R::packet(a0, b.step(j));
+        if (j < e4) {
+          const P t = a0;
+          a0 = a1;
+          a1 = a2;
+          a2 = a3;
+          a3 = t;
+        }
+      }
+      c.push(R::packet(R::packet(a0, a1), R::packet(a2, a3)));
+    }
+    return c.total(id);
+  }
 }
 template <class B, class R>
 void run_inner(const DuetFusedArgs* a, int64_t begin, int64_t end) {
@@ -505,6 +553,15 @@ std::vector<bool> rounded_at_store(const FusedProgram& p) {
     out[n] = p.dtype == DType::f32 && p.code[n].round == DType::bf16 && stored[n] && !read[n] &&
              !other[n];
   return out;
+}
+
+// The ops of a body's code: one DUET_KEEP each (renames have none).
+int body_ops(const std::string& code) {
+  int n = 0;
+  for (size_t at = code.find("DUET_KEEP("); at != std::string::npos;
+       at = code.find("DUET_KEEP(", at + 1))
+    ++n;
+  return n;
 }
 
 }  // namespace
@@ -636,7 +693,10 @@ std::string generate_fused_source(const FusedProgram& p) {
     pad += fmt::format("    out{}.pad(buf[{}]);\n", k, bufs++);
     unpad += fmt::format("    out{}.unpad(b.out{}, j, n);\n", k, k);
   }
-  s += fmt::format("  static constexpr int kBufs = {};\n", std::max(bufs, 1));
+  s += fmt::format(
+      "  static constexpr int kBufs = {};\n"
+      "  static constexpr bool kOneBody = {};  // Note [One body per reduction]\n",
+      std::max(bufs, 1), body_ops(code) > kOneBodyOps);
   s += fmt::format("  DUET_INLINE void row(const DuetFusedArgs* a, int64_t i) {{\n{}  }}\n", row);
   s += fmt::format(
       "  DUET_INLINE void pad(const Body& b, int64_t j, int n, unsigned char (*buf)[W * 8]) "
