@@ -243,7 +243,8 @@ void sgemm_onednn_mnk(char ta, char tb, int64_t m, int64_t n, int64_t k, const f
                       const float* b, float* c);
 /// The GEMM floors' product (W4, W6, C1, the transformer): the faster library for its shape on
 /// these machines, as duet's own choice (Note [Small products] in kernels/matmul.cpp): OpenBLAS
-/// up to kernels::kSmallProduct multiply-adds, oneDNN above.
+/// up to kernels::kSmallProduct multiply-adds, oneDNN above (and below, where OpenBLAS chose
+/// kernels that do not fit the CPU: kernels::small_products_on_openblas).
 void sgemm_floor_mnk(char ta, char tb, int64_t m, int64_t n, int64_t k, const float* a,
                      const float* b, float* c);
 /// The same on bf16 operands (2-byte elements), f32 accumulation, a bf16 C, the faster way

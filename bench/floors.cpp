@@ -66,7 +66,8 @@ void sgemm_onednn_mnk(char ta, char tb, int64_t m, int64_t n, int64_t k, const f
 
 void sgemm_floor_mnk(char ta, char tb, int64_t m, int64_t n, int64_t k, const float* a,
                      const float* b, float* c) {
-  if (m * n * k > duet::kernels::kSmallProduct) return sgemm_onednn_mnk(ta, tb, m, n, k, a, b, c);
+  if (m * n * k > duet::kernels::kSmallProduct || !duet::kernels::small_products_on_openblas())
+    return sgemm_onednn_mnk(ta, tb, m, n, k, a, b, c);
   auto t = [](char x) { return x == 'N' ? CblasNoTrans : CblasTrans; };
   cblas_sgemm(CblasRowMajor, t(ta), t(tb), static_cast<blasint>(m), static_cast<blasint>(n),
               static_cast<blasint>(k), 1.0f, a, static_cast<blasint>(ta == 'N' ? k : m), b,

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "bench/bench.h"
+#include "kernels/matrices.h"
 #include "duet.h"
 
 namespace {
@@ -110,6 +111,8 @@ int main(int argc, char** argv) {
   bench::set_blas_threads(cfg.threads);
   // Which kernels oneDNN runs here decides the bf16 rows (AMX, AVX512-BF16, or emulation).
   std::fprintf(stderr, "duet_bench: oneDNN dispatches to %s\n", bench::onednn_isa().c_str());
+  std::fprintf(stderr, "duet_bench: small f32 products run on %s\n",
+               duet::kernels::small_product_library().c_str());
   auto want = [&](const char* w) { return only.empty() || only.count(w); };
   std::vector<bench::Result> rs;
   const bool cpu = cfg.device != "cuda";

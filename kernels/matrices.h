@@ -2,6 +2,9 @@
 // core/ops/linalg.cpp).
 #pragma once
 
+#include <string>
+#include <string_view>
+
 #include "core/op_table.h"
 
 namespace duet::kernels {
@@ -19,6 +22,16 @@ void addmv_kernel(TensorRefs in, const Attrs& attrs, const Tensor& out);
 /// rather than on oneDNN (Note [Small products] in kernels/matmul.cpp). The bench's GEMM floors
 /// choose their library by it too.
 inline constexpr int64_t kSmallProduct = int64_t(64) * 64 * 64;
+
+/// Whether f32 products of at most kSmallProduct multiply-adds run on OpenBLAS: where the build
+/// found it and its kernels fit this CPU (Note [OpenBLAS's choice of kernels] in
+/// kernels/matmul.cpp); otherwise on oneDNN. Decided once per process.
+bool small_products_on_openblas();
+/// Whether OpenBLAS's kernels named `core` (as openblas_get_corename names them) fit a CPU with
+/// AVX2 or one without: on a CPU with AVX2, only those that use it do.
+bool openblas_core_fits(std::string_view core, bool cpu_has_avx2);
+/// The library small f32 products run on, in words (the bench prints it).
+std::string small_product_library();
 
 /// Below this many FLOPs a convolution runs on the calling thread (kernels/conv.cpp): oneDNN
 /// opens a parallel region for any size, and its fork and join cost more than they save on a

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/matrices.h"
 #include "long_sums.h"
 #include "op_rows.h"
 
@@ -363,6 +364,22 @@ TEST_CASE("matmul with expanded and offset operands") {
   std::vector<double> vm = values(mid), vt = values(transpose(mid, 1, 2));
   want = ref_matmul(vt, {1, 5, 4}, vm, {1, 4, 5}, &out);
   check_tensor(matmul(transpose(mid, 1, 2), mid), {1, 5, 5}, DType::f32, want, 1e-5, 1e-5);
+}
+
+// Note [OpenBLAS's choice of kernels] in kernels/matmul.cpp: OpenBLAS's generic kernels for an
+// AVX2 CPU it did not recognize ran small products 3 to 8 times slower than its right ones.
+TEST_CASE("matmul: small f32 products stay off OpenBLAS kernels made for older CPUs") {
+  using kernels::openblas_core_fits;
+  CHECK_FALSE(openblas_core_fits("Prescott", true));
+  CHECK_FALSE(openblas_core_fits("Sandybridge", true));
+  CHECK_FALSE(openblas_core_fits("", true));
+  CHECK_FALSE(openblas_core_fits("SkylakeXY", true));
+  for (const char* fits : {"Haswell", "SkylakeX", "Cooperlake", "SapphireRapids", "Zen", "ZEN"})
+    CHECK(openblas_core_fits(fits, true));
+  CHECK(openblas_core_fits("Prescott", false));  // a CPU without AVX2: OpenBLAS's own choice
+  const std::string lib = kernels::small_product_library();
+  INFO(lib);
+  CHECK((lib.rfind("OpenBLAS", 0) == 0) == kernels::small_products_on_openblas());
 }
 
 }  // namespace duet::test
