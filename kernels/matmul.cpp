@@ -223,6 +223,8 @@ void gemm(const T* a, MatLayout la, const T* b, MatLayout lb, T* c, int64_t m, i
 // 4.7 and 6.0 us (one thread, the best of 7 runs of 2,000 calls). Where the CPU has AVX2 and
 // OpenBLAS runs none of its AVX2 kernels, the small products go to oneDNN too, which picks its
 // kernels by the CPU's features: B1's per-sample loop went from 131 to about 250 samples/s.
+// (Eigen, tried instead, matched oneDNN on B1's loop and autobatched steps but took the padded
+// step from 34 to 79 ms: its OpenMP products of a few rows were slow.)
 // OPENBLAS_CORETYPE=SkylakeX (or Haswell), set before the program starts, gives OpenBLAS its
 // right kernels back, and the small products go to it again.
 bool openblas_core_fits(std::string_view core, bool cpu_has_avx2) {

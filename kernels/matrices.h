@@ -45,8 +45,8 @@ bool product_sums_follow_threads(DType dt, int64_t m, int64_t n, int64_t k);
 
 /// c (m x n, rows ldc apart) = a b + beta c, with a (m x k) and b (k x n) row-major, or read
 /// transposed where ta, tb, with leading dims lda and ldb: on the library the matmul kernel picks
-/// for the shape (f32: OpenBLAS up to kSmallProduct, then oneDNN; f64: Eigen). The calling
-/// thread's OpenMP threads run it.
+/// for the shape (f32: OpenBLAS up to kSmallProduct where it fits the CPU, else oneDNN; f64:
+/// Eigen). The calling thread's OpenMP threads run it.
 void gemm_rows(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
                const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 void gemm_rows(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const double* a, int64_t lda,
