@@ -598,7 +598,11 @@ TEST_CASE("parallel branches: a two-tower step runs in waves and matches eager")
   auto f = compile(fn);
   Tensor y = f(x);
   CHECK(near(y, fn(x)));
-  CHECK(f.stats().parallel_plans >= 1);
+  // Waves need two threads: on one core (or under taskset) the plan runs in order.
+  if (get_num_threads() >= 2)
+    CHECK(f.stats().parallel_plans >= 1);
+  else
+    CHECK(f.stats().parallel_plans == 0);
   // Gradients through the compiled backward (also in waves) match eager's.
   std::vector<Tensor> ws = {a[0].first, b[0].first, a[2].second};
   std::vector<Tensor> ge = grad({fn(x)}, ws);
@@ -649,7 +653,7 @@ TEST_CASE("parallel branches: the cost model runs two small towers side by side,
   };
   auto f = compile(two);
   CHECK(near(f(x), two(x)));
-  CHECK(f.stats().parallel_plans == 1);
+  CHECK(f.stats().parallel_plans == (get_num_threads() >= 2 ? 1 : 0));  // waves need two threads
   auto one = [&](Tensor x) {
     for (const Tensor& w : a) x = relu(matmul(x, w));
     return x;
