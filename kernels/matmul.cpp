@@ -252,11 +252,12 @@ bool small_products_on_openblas() {
 std::string small_product_library() {
 #if DUET_WITH_OPENBLAS
   const char* core = openblas_get_corename();
-  if (small_products_on_openblas()) return fmt::format("OpenBLAS ({} kernels)", core);
+  const std::string_view name = core ? core : "unknown";
+  if (small_products_on_openblas()) return fmt::format("OpenBLAS ({} kernels)", name);
   return fmt::format(
       "oneDNN (OpenBLAS chose its {} kernels, made for CPUs without AVX2; "
       "OPENBLAS_CORETYPE names the right ones)",
-      core ? core : "unknown");
+      name);
 #else
   return "oneDNN (the build found no OpenBLAS)";
 #endif
