@@ -248,6 +248,7 @@ int32_t Autobatch::Impl::record(const OpCall& c, const TensorImplPtr& out, bool 
   size_t hash = attrs->hash() ^ static_cast<size_t>(c.op) ^ (pick ? 0x5bd1e995u : 0u) ^
                 (static_cast<size_t>(rows.operands) << 40) ^ (rows.summed ? 0x27d4eb2fu : 0u) ^
                 (rows.joined ? 0x165667b1u : 0u);
+  op.inputs.reserve(static_cast<size_t>(c.inputs.size()));
   for (int64_t i = 0; i < c.inputs.size(); ++i) {
     const Tensor& x = c.inputs[i];
     const TensorImpl* xi = x.unsafe_impl();
@@ -417,14 +418,19 @@ void Autobatch::Impl::run(const std::vector<Tensor>* roots) {
   // Which ops the backward that runs the run reaches (Note [Groups on the loss's path]).
   std::vector<char> on_path;
   if (roots) {
-    std::vector<const TensorImpl*> root;
-    for (const Tensor& r : *roots)
-      if (r.defined()) root.push_back(r.unsafe_impl());
-    std::sort(root.begin(), root.end());
+    // A pending root is the result of the op its lazy storage names (a pass over every op to
+    // find it missed the cache once per op).
     std::vector<int32_t> root_ops;
-    for (size_t i = 0; i < n && !root.empty(); ++i)
-      if (std::binary_search(root.begin(), root.end(), ops[i].impl.get()))
-        root_ops.push_back(static_cast<int32_t>(i));
+    for (const Tensor& r : *roots) {
+      if (!r.defined()) continue;
+      const StorageImpl* st = r.unsafe_impl()->storage.get();
+      const int32_t k = st && st->lazy ? st->lazy_op : -1;
+      if (k >= 0 && static_cast<size_t>(k) < n &&
+          ops[static_cast<size_t>(k)].impl.get() == r.unsafe_impl())
+        root_ops.push_back(k);
+    }
+    std::sort(root_ops.begin(), root_ops.end());
+    root_ops.erase(std::unique(root_ops.begin(), root_ops.end()), root_ops.end());
     on_path = graph_->reached_from(root_ops);
   }
   run_on_path_ = &on_path;

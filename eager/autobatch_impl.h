@@ -102,9 +102,14 @@ inline size_t mix(size_t h, uint64_t v) {
   return h ^ (std::hash<uint64_t>{}(v) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2));
 }
 
-// An op's operands: up to four inline (no allocation per op), the rest (cat's) on the heap.
+// An op's operands: up to four inline (no allocation per op), the rest (lstm_step's weights,
+// cat's operands) in one allocation of the size that reserve() asks for. Kept small: a run
+// passes over every pending op several times, and B2's ops read at most three operands.
 class Operands {
  public:
+  void reserve(size_t n) {
+    if (n > kInline) more_.reserve(n - kInline);
+  }
   // `producer`: the pending op that computes t (-1: t is computed), kept so that a run finds
   // the dependencies without reading each tensor again.
   void push_back(const Tensor& t, int32_t producer) {
@@ -112,20 +117,20 @@ class Operands {
       inline_[n_] = t;
       producer_[n_] = producer;
     } else {
-      more_.push_back(t);
-      more_producers_.push_back(producer);
+      more_.push_back({t, producer});
     }
     ++n_;
   }
   size_t size() const { return n_; }
-  const Tensor& operator[](size_t i) const { return i < kInline ? inline_[i] : more_[i - kInline]; }
+  const Tensor& operator[](size_t i) const {
+    return i < kInline ? inline_[i] : more_[i - kInline].tensor;
+  }
   int32_t producer(size_t i) const {
-    return i < kInline ? producer_[i] : more_producers_[i - kInline];
+    return i < kInline ? producer_[i] : more_[i - kInline].producer;
   }
   void clear() {
     for (size_t i = 0; i < std::min(n_, kInline); ++i) inline_[i] = Tensor();
     more_ = {};
-    more_producers_ = {};
     n_ = 0;
   }
   struct Iter {
@@ -142,11 +147,14 @@ class Operands {
   Iter end() const { return {this, n_}; }
 
  private:
+  struct Spilled {
+    Tensor tensor;
+    int32_t producer;
+  };
   static constexpr size_t kInline = 4;
   Tensor inline_[kInline];
   int32_t producer_[kInline];
-  std::vector<Tensor> more_;
-  std::vector<int32_t> more_producers_;
+  std::vector<Spilled> more_;
   size_t n_ = 0;
 };
 

@@ -214,6 +214,39 @@ TEST_CASE("autobatch: samples off the loss's path do not share the backward's gr
   check_std_off_the_path(/*read_first=*/false);
 }
 
+// A run that the backward starts finds its loss among the pending ops (the op its lazy storage
+// names), so every group on the loss's path runs without row gates; a loss not found would gate
+// every batched operand, the results the same and the run slower.
+TEST_CASE("autobatch: a run that a backward starts finds its loss and gates no rows") {
+  manual_seed(5);
+  Tensor w = randn({3}).requires_grad_(true);
+  std::vector<Tensor> x;
+  for (int i = 0; i < 4; ++i) x.push_back(randn({3}).requires_grad_(true));
+  auto run = [&](bool batched) {
+    w.set_grad(Tensor());
+    for (Tensor& t : x) t.set_grad(Tensor());
+    std::optional<Autobatch> scope;
+    if (batched) scope.emplace();
+    Tensor loss;
+    for (const Tensor& t : x) {
+      const Tensor l = sum(tanh(t * w));
+      loss = loss.defined() ? loss + l : l;
+    }
+    loss.backward();
+    std::vector<Tensor> g{w.grad().clone()};
+    for (const Tensor& t : x) g.push_back(t.grad().clone());
+    return g;
+  };
+  const std::vector<Tensor> want = run(false), got = run(true);
+  const AutobatchStats s = autobatch_stats();
+  CHECK(s.batches > 0);
+  CHECK(s.row_gates == 0);
+  for (size_t k = 0; k < want.size(); ++k) {
+    CAPTURE(k);
+    CHECK(close(got[k], want[k], 1e-5));
+  }
+}
+
 // Note [Row gates] in eager/autobatch_reach.cpp: the run starts at a read of the loss before the
 // backward (as a loop that logs its loss does), so it cannot split its groups by the loss's
 // path. The std's group batches the third sample with the others; its batched operand's gate

@@ -264,13 +264,13 @@ Tensor stack(const std::vector<Tensor>& tensors, int64_t dim, std::source_locati
   detail::SiteGuard site(loc);
   DUET_CHECK_VALUE(!tensors.empty(), "[stack] needs at least one tensor");
   dim = detail::wrap_dim("stack", dim, tensors[0].dim() + 1);
-  std::vector<Tensor> parts;
-  for (size_t i = 0; i < tensors.size(); ++i) {
+  for (size_t i = 1; i < tensors.size(); ++i)
     DUET_CHECK_SHAPE(detail::same_shape(tensors[i], tensors[0], "stack"),
                      "[stack] tensor {} has shape {} but tensor 0 has {}", i, tensors[i].sizes(),
                      tensors[0].sizes());
-    parts.push_back(unsqueeze(tensors[i], dim));
-  }
+  std::vector<Tensor> parts;
+  parts.reserve(tensors.size());
+  for (const Tensor& t : tensors) parts.push_back(unsqueeze(t, dim));
   return cat(parts, dim);
 }
 

@@ -326,6 +326,12 @@ Tensor squeeze(const Tensor& x, int64_t dim, std::source_location loc) {
   detail::SiteGuard site(loc);
   dim = detail::wrap_dim("squeeze", dim, x.dim());
   if (x.dim() == 0) return x;
+  if (x.impl()->sym.empty()) {  // (concrete sizes: the shape built inline, no SymInts)
+    if (x.impl()->shape[dim] != 1) return x;
+    Shape s = x.impl()->shape;
+    s.erase(dim);
+    return reshape(x, s);
+  }
   SymDims s = detail::sym_dims(x);
   if (!detail::sym_decide(s[dim], detail::SymRel::Eq, 1, "squeeze")) return x;
   s.erase(s.begin() + dim);
@@ -343,6 +349,11 @@ Tensor squeeze(const Tensor& x, std::source_location loc) {
 Tensor unsqueeze(const Tensor& x, int64_t dim, std::source_location loc) {
   detail::SiteGuard site(loc);
   dim = detail::wrap_dim("unsqueeze", dim, x.dim() + 1);
+  if (x.impl()->sym.empty()) {  // (as squeeze)
+    Shape s = x.impl()->shape;
+    s.insert(dim, 1);
+    return reshape(x, s);
+  }
   SymDims s = detail::sym_dims(x);
   s.insert(s.begin() + dim, 1);
   return detail::reshape_dims(x, s);
