@@ -121,6 +121,19 @@ uint64_t operand_bits(const TensorImpl* x) {
   return bits;
 }
 
+// The attributes' part of a signature's hash: the fields that tell most calls apart, packed
+// into few mixes (Attrs::hash mixes every field one after another, a tenth of what recording a
+// call cost). Equal attributes hash equally; the table compares whole keys, so the fields left
+// out (a Full's value, a Transfer's device, symbolic sizes) only share a bucket.
+size_t attrs_hash(const Attrs& a) {
+  size_t h = static_cast<size_t>(a.ints.size());
+  for (int64_t v : a.ints) h = mix(h, static_cast<uint64_t>(v));
+  h = mix(h, static_cast<uint64_t>(a.dim) ^ static_cast<uint64_t>(a.step) << 32);
+  h = mix(h, static_cast<uint64_t>(a.start) ^ static_cast<uint64_t>(a.end) << 24 ^
+                 static_cast<uint64_t>(a.dtype) << 52 ^ static_cast<uint64_t>(a.keepdim) << 60);
+  return h;
+}
+
 SigKey make_key(const SigProbe& p) {
   SigKey k{p.op, *p.attrs, {}, p.hash, p.pick, p.rows};
   for (int64_t i = 0; i < p.count(); ++i) {
@@ -140,7 +153,7 @@ bool same_signature(const SigKey& k, const SigProbe& p) {
     const TensorImpl* x = p.inputs[i].unsafe_impl();
     const OperandSig& s = k.in[static_cast<size_t>(i)];
     if (s.dtype != x->dtype || s.wrapped != x->wrapped_number ||
-        s.shape.size() != x->shape.size() || s.device != p.inputs[i].device() ||
+        s.shape.size() != x->shape.size() || s.device != x->device() ||
         (s.wrapped && s.bits != operand_bits(x)))
       return false;
     for (int64_t d = 0; d < x->shape.size(); ++d)
@@ -208,8 +221,23 @@ Tensor Autobatch::Impl::handle(const OpCall& c) {
 }
 
 int32_t Autobatch::Impl::record(const OpCall& c, const TensorImplPtr& out, bool grad) {
+  // A lazy operand that is not this scope's cannot be recorded: force_lazy runs what is pending
+  // and throws. First, before the op is made in ops_, where that run would find it half made.
+  for (int64_t i = 0; i < c.inputs.size(); ++i) {
+    const StorageImpl* st = c.inputs[i].unsafe_impl()->storage.get();
+    if (st && st->lazy && producer(st) < 0) detail::force_lazy(st);
+  }
   const auto id = static_cast<int32_t>(ops_.size());
-  PendingOp op{};
+  // Made in place (a PendingOp moved in and destroyed read its operands once more), and taken
+  // back if the rest fails (an allocation), so that ops_ and index_ stay in step.
+  PendingOp& op = ops_.emplace_back();
+  struct Undo {
+    std::vector<PendingOp>& ops;
+    bool done = false;
+    ~Undo() {
+      if (!done) ops.pop_back();
+    }
+  } undo{ops_};
   op.op = c.op;
   op.site = detail::tls_site;
   op.impl = out;
@@ -219,14 +247,14 @@ int32_t Autobatch::Impl::record(const OpCall& c, const TensorImplPtr& out, bool 
   // signature not seen before. A pick's leaves out its input's length and a slice's start
   // (Note [Picks]).
   const bool pick = is_pick(c);
-  Attrs normalized;
+  std::optional<Attrs> normalized;  // (made only where the signature changes the call's)
   const Attrs* attrs = &c.attrs;
   if (pick && (c.op == OpId::Slice || c.op == OpId::Select)) {
     op.start = c.attrs.start;
-    normalized = c.attrs;
-    normalized.start = 0;
-    normalized.end = c.attrs.end - c.attrs.start;
-    attrs = &normalized;
+    normalized.emplace(c.attrs);
+    normalized->start = 0;
+    normalized->end = c.attrs.end - c.attrs.start;
+    attrs = &*normalized;
   }
   // By rows (Note [Rows]): the signature leaves out the row operands' dim 0, a reshape's size
   // along it, and a join's operands after its first.
@@ -236,16 +264,16 @@ int32_t Autobatch::Impl::record(const OpCall& c, const TensorImplPtr& out, bool 
     if (def.rows) rows = def.rows(c.inputs, c.attrs, c.meta);
   }
   if (rows.operands && c.op == OpId::Reshape) {
-    normalized = c.attrs;
-    normalized.ints[0] = -1;
-    attrs = &normalized;
+    normalized.emplace(c.attrs);
+    normalized->ints[0] = -1;
+    attrs = &*normalized;
   }
   if (rows.joined) {  // (a cat's attributes hold each operand's length)
-    normalized = c.attrs;
-    normalized.ints.clear();
-    attrs = &normalized;
+    normalized.emplace(c.attrs);
+    normalized->ints.clear();
+    attrs = &*normalized;
   }
-  size_t hash = attrs->hash() ^ static_cast<size_t>(c.op) ^ (pick ? 0x5bd1e995u : 0u) ^
+  size_t hash = attrs_hash(*attrs) ^ static_cast<size_t>(c.op) ^ (pick ? 0x5bd1e995u : 0u) ^
                 (static_cast<size_t>(rows.operands) << 40) ^ (rows.summed ? 0x27d4eb2fu : 0u) ^
                 (rows.joined ? 0x165667b1u : 0u);
   op.inputs.reserve(static_cast<size_t>(c.inputs.size()));
@@ -254,8 +282,7 @@ int32_t Autobatch::Impl::record(const OpCall& c, const TensorImplPtr& out, bool 
     const TensorImpl* xi = x.unsafe_impl();
     int32_t p = -1;
     if (xi->storage && xi->storage->lazy) {
-      p = producer(xi->storage.get());
-      if (p < 0) detail::force_lazy(xi->storage.get());  // not this scope's: throws
+      p = producer(xi->storage.get());  // (this scope's: checked above)
       depth = std::max(depth, index_.depth[static_cast<size_t>(p)] + 1);
       index_.edges.push_back(p);
       index_.edge_grad.push_back(xi->requires_grad);
@@ -292,7 +319,7 @@ int32_t Autobatch::Impl::record(const OpCall& c, const TensorImplPtr& out, bool 
   index_.depth.push_back(depth);
   index_.grad.push_back(grad);
   index_.edge_at.push_back(static_cast<int32_t>(index_.edges.size()));
-  ops_.push_back(std::move(op));
+  undo.done = true;
   return id;
 }
 

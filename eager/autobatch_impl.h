@@ -376,10 +376,11 @@ struct Autobatch::Impl final : DispatchMode, LazyRunner {
   // stats_ with by_op made from per_op_.
   const AutobatchStats& stats();
 
-  // The op of a lazy storage of this scope, or -1.
+  // The op of a lazy storage of this scope, or -1 (index_ holds the ops recorded whole; ops_
+  // may hold one more, being recorded).
   int32_t producer(const StorageImpl* st) const {
     const int32_t id = st->lazy_op;
-    return id >= 0 && static_cast<size_t>(id) < ops_.size() &&
+    return id >= 0 && static_cast<size_t>(id) < index_.out.size() &&
                    index_.out[static_cast<size_t>(id)] == st
                ? id
                : -1;

@@ -634,6 +634,25 @@ TEST_CASE("autobatch: a failed run is an Error, and so is reading what it did no
   CHECK_THROWS_AS(r.sum().item<float>(), Error);
 }
 
+// An op recorded on a tensor that a failed run left uncomputed raises, after running what is
+// pending (Autobatch::Impl::record checks its operands before it makes the op): the ops pending
+// then, and those recorded after, compute as before.
+TEST_CASE("autobatch: an op on what a failed run left is an Error, and the scope goes on") {
+  manual_seed(3);
+  Tensor table = randn({4, 3});
+  Tensor bad = full({1}, 9, Options().dtype(DType::i64));
+  Tensor x = randn({3});
+  Autobatch scope;
+  Tensor r = embedding(table, bad) * 2;
+  CHECK_THROWS_AS(scope.flush(), Error);
+  Tensor a = x * 3;  // pending when the next line raises
+  CHECK_THROWS_AS(r + 1, Error);
+  Tensor b = a * 2 + 1;
+  CHECK(close(a, x.detach() * 3, 1e-6));
+  CHECK(close(b, x.detach() * 6 + 1, 1e-6));
+  CHECK(autobatch_stats().ops_recorded >= 1);
+}
+
 TEST_CASE("autobatch: a pending tensor read on another thread is an Error") {
   Autobatch scope;
   Tensor y = randn({3}) * 2;
