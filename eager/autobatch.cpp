@@ -358,47 +358,6 @@ bool Autobatch::Impl::split_by_path(const std::vector<char>& on_path,
   return true;
 }
 
-namespace autobatch {
-
-// The run's graph (Note [Autobatch]): step 1, dead ops, found newest first, let go of their
-// operands; then how many pending operands each live op waits for, and each op's consumers:
-// op i's are consumer[first_consumer[i]..first_consumer[i + 1]].
-struct RunGraph {
-  std::vector<char> live;
-  std::vector<int32_t> waiting, first_consumer, consumer;
-};
-
-RunGraph run_graph(std::vector<PendingOp>& ops, const OpIndex& index) {
-  const size_t n = ops.size();
-  RunGraph g{
-      std::vector<char>(n, 1), std::vector<int32_t>(n, 0), std::vector<int32_t>(n + 1, 0), {}};
-  for (size_t i = n; i-- > 0;) {
-    // Held by a tensor (the result, a consumer's operand) or a view of the storage.
-    if (ops[i].impl.use_count() > 1 || ops[i].impl->storage.use_count() > 1) continue;
-    g.live[i] = 0;
-    ops[i].inputs.clear();
-  }
-  auto for_each_producer = [&](size_t i, auto&& f) {
-    for (int32_t e = index.edge_at[i]; e < index.edge_at[i + 1]; ++e)
-      f(static_cast<size_t>(index.edges[static_cast<size_t>(e)]));
-  };
-  for (size_t i = 0; i < n; ++i)
-    if (g.live[i]) for_each_producer(i, [&](size_t p) { ++g.first_consumer[p + 1]; });
-  for (size_t i = 0; i < n; ++i) g.first_consumer[i + 1] += g.first_consumer[i];
-  g.consumer.resize(static_cast<size_t>(g.first_consumer[n]));
-  std::vector<int32_t> fill(g.first_consumer.begin(), g.first_consumer.end() - 1);
-  for (size_t i = 0; i < n; ++i)
-    if (g.live[i])
-      for_each_producer(i, [&](size_t p) {
-        DUET_ASSERT(p < n && g.live[p], "a pending op reads a lazy tensor of no pending op");
-        ++g.waiting[i];
-        g.consumer[static_cast<size_t>(fill[p]++)] = static_cast<int32_t>(i);
-      });
-  return g;
-}
-
-}  // namespace autobatch
-
 void Autobatch::Impl::run(const std::vector<Tensor>* roots) {
   if (ops_.empty() || running_) return;
   std::vector<PendingOp> ops;
@@ -482,6 +441,7 @@ void Autobatch::Impl::run(const std::vector<Tensor>* roots) {
   detail::AutocastOff no_autocast;
   const int64_t kernels_before = kernels_;
   std::vector<int32_t> group;
+  const std::vector<double> share = shares(graph, index);
   // The signatures with ready ops, the least deep on average on top (ties: the lower id).
   auto deeper = [&](int32_t a, int32_t b) {
     const double x = depth_sum[static_cast<size_t>(a)] *
@@ -505,6 +465,7 @@ void Autobatch::Impl::run(const std::vector<Tensor>* roots) {
     queued[best] = 0;
     group.swap(ready[best]);
     ready[best].clear();
+    order_group(group, keys[best].pick, graph, index, share);
     const SigKey& key = keys[best];
     auto run_ids = [&](const std::vector<int32_t>& ids) {
       if (key.pick)

@@ -284,6 +284,24 @@ struct OpIndex {
   }
 };
 
+// The run's graph (Note [Autobatch]): step 1, dead ops, found newest first, let go of their
+// operands; then how many pending operands each live op waits for, and each op's consumers:
+// op i's are consumer[first_consumer[i]..first_consumer[i + 1]].
+struct RunGraph {
+  std::vector<char> live;
+  std::vector<int32_t> waiting, first_consumer, consumer;
+};
+
+RunGraph run_graph(std::vector<PendingOp>& ops, const OpIndex& index);
+
+// Each live op's share of the work that follows it (Note [Longest chains first] in
+// eager/autobatch_order.cpp).
+std::vector<double> shares(const RunGraph& g, const OpIndex& index);
+
+// A ready group in the row order its batch takes (Note [Longest chains first]).
+void order_group(std::vector<int32_t>& group, bool pick, const RunGraph& g, const OpIndex& index,
+                 const std::vector<double>& share);
+
 // A run's per-sample graph, kept for the backward through its batches (Note [Gradients off
 // the loss's path] in eager/autobatch_reach.cpp).
 struct SampleGraph final : detail::Keeper {

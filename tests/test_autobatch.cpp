@@ -47,6 +47,17 @@ struct Tagger {
   }
 };
 
+// A random sentence of n words (of 30) and its tags (of 4), for the Tagger.
+void add_sentence(std::mt19937& g, int n, std::vector<Tensor>& words, std::vector<Tensor>& tags) {
+  std::vector<double> w, t;
+  for (int k = 0; k < n; ++k) {
+    w.push_back(static_cast<double>(g() % 30));
+    t.push_back(static_cast<double>(g() % 4));
+  }
+  words.push_back(tensor(w, Options().dtype(DType::i64)));
+  tags.push_back(tensor(t, Options().dtype(DType::i64)));
+}
+
 int64_t eager_kernels = 0;  // of the last unbatched step()
 
 // The loss and the parameters' gradients of one step, in an Autobatch scope or not.
@@ -98,14 +109,7 @@ TEST_CASE("autobatch: a BiLSTM tagger over sentences of different lengths") {
   std::mt19937 g(7);
   std::vector<Tensor> words, tags;
   for (int i = 0; i < 8; ++i) {
-    const int n = 2 + static_cast<int>(g() % 6);
-    std::vector<double> w, t;
-    for (int k = 0; k < n; ++k) {
-      w.push_back(static_cast<double>(g() % 30));
-      t.push_back(static_cast<double>(g() % 4));
-    }
-    words.push_back(tensor(w, Options().dtype(DType::i64)));
-    tags.push_back(tensor(t, Options().dtype(DType::i64)));
+    add_sentence(g, 2 + static_cast<int>(g() % 6), words, tags);
   }
   check_same_step(m.parameters(), [&] {
     Tensor total;
@@ -117,6 +121,32 @@ TEST_CASE("autobatch: a BiLSTM tagger over sentences of different lengths") {
   });
   const AutobatchStats s = autobatch_stats();
   CHECK(s.kernels_launched * 3 < eager_kernels);
+}
+
+// Note [Longest chains first]: each step of the cells reads the step before as a slice when
+// the longest sentences come first in its batches, whatever order they were recorded in.
+TEST_CASE("autobatch: sentences recorded shortest first batch as those recorded longest first") {
+  manual_seed(6);
+  Tagger m;
+  std::mt19937 g(9);
+  std::vector<Tensor> words, tags;
+  for (int n : {2, 3, 4, 5, 6, 7, 8, 9}) add_sentence(g, n, words, tags);
+  auto kernels = [&](bool longest_first) {
+    check_same_step(m.parameters(), [&] {
+      Tensor total;
+      for (size_t k = 0; k < words.size(); ++k) {
+        const size_t i = longest_first ? words.size() - 1 - k : k;
+        Tensor l = m.loss(words[i], tags[i]);
+        total = total.defined() ? total + l : l;
+      }
+      return total;
+    });
+    return autobatch_stats().kernels_launched;
+  };
+  // (Recorded shortest first without that order: 452 kernels against 442. The steps' gathers
+  // aside, the order can still move a kernel: 439 against 440.)
+  const int64_t shortest_first = kernels(false), longest_first = kernels(true);
+  CHECK(std::abs(shortest_first - longest_first) <= 2);
 }
 
 TEST_CASE("autobatch: results of one batched op feed the next as views, without gathers") {
