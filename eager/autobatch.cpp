@@ -211,9 +211,16 @@ Tensor Autobatch::Impl::handle(const OpCall& c) {
   TensorImpl* t = p.get();
   t->dtype = c.meta.dtype;
   t->shape = c.meta.shape;
-  t->strides = detail::contiguous_strides(c.meta.shape);
+  // Contiguous strides, made in place (a new TensorImpl is contiguous already); size-0 dims
+  // count as 1, as in contiguous_strides.
+  const int64_t nd = t->shape.size();
+  t->strides.resize(nd);
+  int64_t st = 1;
+  for (int64_t i = nd - 1; i >= 0; --i) {
+    t->strides[i] = st;
+    st *= std::max<int64_t>(t->shape[i], 1);
+  }
   t->storage->lazy = true;
-  t->refresh_contiguous();
   t->requires_grad = grad;
   record(c, p, grad);
   if (grad) detail::claim_autograd();
