@@ -72,6 +72,8 @@ class Dims {
 namespace detail {
 /// Row-major strides of a contiguous tensor of this shape.
 Strides contiguous_strides(const Shape& shape);
+/// The same strides, written into `out` (its memory reused: no allocation for a short shape).
+void set_contiguous_strides(const Shape& shape, Strides& out);
 /// Wraps a possibly negative dim into [0, ndim); throws naming `op` if out of range.
 int64_t wrap_dim(const char* op, int64_t dim, int64_t ndim);
 /// Broadcasts two shapes (PyTorch rules); throws ShapeError naming `op`.

@@ -142,13 +142,18 @@ void check_shape(const char* op, const Shape& shape, int64_t itemsize) {
   }
 }
 
-Strides contiguous_strides(const Shape& shape) {
-  Strides s(shape.size());
+void set_contiguous_strides(const Shape& shape, Strides& out) {
+  out.resize(shape.size());
   int64_t st = 1;
   for (int64_t i = shape.size() - 1; i >= 0; --i) {
-    s[i] = st;
+    out[i] = st;
     st *= std::max<int64_t>(shape[i], 1);
   }
+}
+
+Strides contiguous_strides(const Shape& shape) {
+  Strides s;
+  set_contiguous_strides(shape, s);
   return s;
 }
 

@@ -219,15 +219,7 @@ Tensor Autobatch::Impl::handle(const OpCall& c) {
   TensorImpl* t = p.get();
   t->dtype = c.meta.dtype;
   t->shape = c.meta.shape;
-  // Contiguous strides, made in place (a new TensorImpl is contiguous already); size-0 dims
-  // count as 1, as in contiguous_strides.
-  const int64_t nd = t->shape.size();
-  t->strides.resize(nd);
-  int64_t st = 1;
-  for (int64_t i = nd - 1; i >= 0; --i) {
-    t->strides[i] = st;
-    st *= std::max<int64_t>(t->shape[i], 1);
-  }
+  detail::set_contiguous_strides(t->shape, t->strides);  // (a new TensorImpl is contiguous)
   t->storage->lazy = true;
   t->requires_grad = grad;
   record(c, p, grad);
@@ -326,8 +318,7 @@ int32_t Autobatch::Impl::record(const OpCall& c, const TensorImplPtr& out, bool 
     const auto o = static_cast<size_t>(c.op);
     if (last_sig_.size() <= o) last_sig_.resize(o + 1, -1);
     const int32_t last = last_sig_[o];
-    if (last >= 0 && static_cast<size_t>(last) < keys_.size() &&
-        same_signature(keys_[static_cast<size_t>(last)], probe)) {
+    if (last >= 0 && same_signature(keys_[static_cast<size_t>(last)], probe)) {
       sig = last;
     } else {
       probe.hash = hash();

@@ -423,7 +423,8 @@ struct Autobatch::Impl final : DispatchMode, LazyRunner {
   const int32_t* run_consumer_ = nullptr;
   std::vector<SigKey> keys_;  // by signature id: the op's attributes too
   std::unordered_map<SigKey, int32_t, SigHash, SigEq> sigs_;
-  std::vector<int32_t> last_sig_;       // by op: the signature of its last call (-1: none yet)
+  // By op: the signature its last call found (-1: none), cleared with keys_.
+  std::vector<int32_t> last_sig_;
   std::vector<const char*> addresses_;  // gather's scratch
   // The run's per-sample graph and gates, by the tensor each lets in (Note [Gradients off the
   // loss's path]).
