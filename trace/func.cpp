@@ -369,15 +369,33 @@ void check_argnum(int argnum, size_t args, const std::string& label) {
                    "[grad] {}: argnum {} is out of range for {} arguments", label, argnum, args);
 }
 
+void check_argnums(const std::vector<int>& argnums, size_t args, const std::string& label) {
+  DUET_CHECK_VALUE(!argnums.empty(), "[grad] {}: argnums is empty; name at least one argument",
+                   label);
+  for (size_t i = 0; i < argnums.size(); ++i) {
+    check_argnum(argnums[i], args, label);
+    for (size_t j = 0; j < i; ++j)
+      DUET_CHECK_VALUE(argnums[j] != argnums[i], "[grad] {}: argnums names argument {} twice",
+                       label, argnums[i]);
+  }
+}
+
 void check_scalar_result(const Tensor& y, const std::string& label) {
-  DUET_CHECK_VALUE(y.numel() == 1 && is_floating(y.dtype()),
+  DUET_CHECK_VALUE(y.defined() && y.numel() == 1 && is_floating(y.dtype()),
                    "[grad] {}: the function must return one floating-point element, got shape {} "
                    "({})",
-                   label, y.sizes(), y.dtype());
-  DUET_CHECK_VALUE(y.requires_grad(),
-                   "[grad] {}: the result does not depend on the differentiated argument with "
-                   "grad mode on",
-                   label);
+                   label, y.defined() ? y.sizes() : Shape{}, y.defined() ? y.dtype() : DType::f32);
+}
+
+std::vector<Tensor> value_grads(const Tensor& y, const std::vector<Tensor>& xs,
+                                const std::string& label) {
+  check_scalar_result(y, label);
+  if (y.requires_grad()) return duet::grad({y}, xs, {}, /*create_graph=*/true);
+  // The value does not depend on the arguments (a constant, or computed under a NoGradGuard
+  // inside f): its gradient is zeros, as torch.func's and JAX's.
+  std::vector<Tensor> zeros;
+  for (const Tensor& x : xs) zeros.push_back(zeros_like(x));
+  return zeros;
 }
 
 }  // namespace duet::func::detail

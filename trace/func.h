@@ -7,12 +7,15 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "core/call_site.h"
 #include "core/error.h"
 #include "core/tensor.h"
+#include "core/tensor_tree.h"
 #include "eager/autograd.h"
 
 namespace duet::func {
@@ -32,19 +35,65 @@ std::vector<Tensor> vmap_call(const std::function<std::vector<Tensor>(std::vecto
                               const std::vector<std::optional<int64_t>>& in_dims, int64_t out_dim,
                               Randomness randomness, const std::string& label);
 
-/// grad's checks: argnum in range, and the result one floating-point element.
+/// grad's checks: argnum in range; argnums in range, at least one, and no two the same.
 void check_argnum(int argnum, size_t args, const std::string& label);
+void check_argnums(const std::vector<int>& argnums, size_t args, const std::string& label);
+/// The result one floating-point element.
 void check_scalar_result(const Tensor& y, const std::string& label);
+/// The gradients of y, a function's value (one floating-point element), with respect to xs:
+/// differentiable again, and zeros where y does not depend on an x (as torch.func and JAX).
+std::vector<Tensor> value_grads(const Tensor& y, const std::vector<Tensor>& xs,
+                                const std::string& label);
 
-template <class R>
-std::vector<Tensor> flat_result(const R& r) {
-  if constexpr (std::is_same_v<R, Tensor>) {
-    return {r};
-  } else {
-    static_assert(std::is_same_v<R, std::vector<Tensor>>,
-                  "duet::func::vmap: the function must return a Tensor or a std::vector<Tensor>");
-    return r;
+/// A function's result with an auxiliary value: (value, aux), as torch.func's has_aux.
+template <class T>
+struct is_value_aux : std::false_type {};
+template <class A>
+struct is_value_aux<std::tuple<Tensor, A>> : std::true_type {};
+
+/// f's result on Tensors standing for args, and that result as grad takes it: a (value, aux)
+/// tuple as it is, anything else as the Tensor it converts to.
+template <class F, class... A>
+using raw_result_t =
+    std::decay_t<std::invoke_result_t<const F&, const std::conditional_t<true, Tensor, A>&...>>;
+template <class F, class... A>
+using value_result_t =
+    std::conditional_t<is_value_aux<raw_result_t<F, A...>>::value, raw_result_t<F, A...>, Tensor>;
+
+/// f(args...) with the arguments at `ks` made leaves that require grad (an argument already in
+/// a graph stays in it, so that the gradient is differentiable with respect to it: grad(grad(f))):
+/// the gradients of f's value with respect to them, and f's result. Grad mode is on inside, as
+/// in torch.func.grad.
+template <class F, class... A>
+std::pair<std::vector<Tensor>, value_result_t<F, A...>> grads_and_result(const F& f,
+                                                                         const std::vector<int>& ks,
+                                                                         const std::string& label,
+                                                                         const A&... args) {
+  using R = value_result_t<F, A...>;
+  static_assert(
+      is_value_aux<R>::value || std::is_convertible_v<raw_result_t<F, A...>, Tensor>,
+      "duet::func::grad: the function must return a Tensor (its value) or a std::tuple<Tensor, "
+      "Aux> (its value and an auxiliary result, as torch.func's has_aux)");
+  std::vector<Tensor> a{Tensor(args)...};
+  check_argnums(ks, a.size(), label);
+  for (int k : ks) {
+    Tensor& x = a[static_cast<size_t>(k)];
+    if (!x.requires_grad()) {
+      x = x.detach();
+      x.requires_grad_();
+    }
   }
+  duet::detail::GradModeScope grad_on(true);
+  R r = [&]<size_t... I>(std::index_sequence<I...>) { return R(f(a[I]...)); }
+  (std::index_sequence_for<A...>{});
+  const Tensor* y = nullptr;
+  if constexpr (is_value_aux<R>::value)
+    y = &std::get<0>(r);
+  else
+    y = &r;
+  std::vector<Tensor> xs;
+  for (int k : ks) xs.push_back(a[static_cast<size_t>(k)]);
+  return {value_grads(*y, xs, label), std::move(r)};
 }
 
 }  // namespace detail
@@ -66,20 +115,27 @@ class Vmapped {
   template <class... A>
   auto operator()(const A&... args) const {
     static_assert((std::is_same_v<A, Tensor> && ...), "duet::func::vmap: arguments are Tensors");
-    using R = std::invoke_result_t<const F&, const A&...>;
-    auto fn = [this](std::vector<Tensor> in) { return call(in, std::index_sequence_for<A...>{}); };
+    using R = std::decay_t<std::invoke_result_t<const F&, const A&...>>;
+    static_assert(!std::is_void_v<R>, "duet::func::vmap: the function must return its results");
+    // The result's structure (how many tensors each vector holds) is that of the one traced
+    // call: the batched tensors are put back in its place.
+    std::optional<R> shape;
+    auto fn = [&](std::vector<Tensor> in) {
+      shape.emplace(call(in, std::index_sequence_for<A...>{}));
+      std::vector<Tensor> flat;
+      duet::detail::flatten_result(*shape, flat);
+      return flat;
+    };
     std::vector<Tensor> outs =
         detail::vmap_call(fn, {args...}, in_dims_, out_dim_, randomness_, label_);
-    if constexpr (std::is_same_v<R, Tensor>)
-      return outs.at(0);
-    else
-      return outs;
+    size_t pos = 0;
+    return R(duet::detail::substitute(*shape, outs, pos));
   }
 
  private:
   template <size_t... I>
-  std::vector<Tensor> call(const std::vector<Tensor>& in, std::index_sequence<I...>) const {
-    return detail::flat_result(f_(in[I]...));
+  auto call(const std::vector<Tensor>& in, std::index_sequence<I...>) const {
+    return f_(in[I]...);
   }
   F f_;
   std::vector<std::optional<int64_t>> in_dims_;
@@ -99,24 +155,60 @@ Vmapped<F> vmap(F f, std::vector<std::optional<int64_t>> in_dims = {}, int64_t o
 
 /// grad(f, argnum)(args...): the gradient of f's result (one floating-point element) with respect
 /// to args[argnum], as torch.func.grad. It is differentiable again (grad(grad(f)) works), and
-/// vmap(grad(f)) gives one gradient per sample.
+/// vmap(grad(f)) gives one gradient per sample. A result that does not depend on the argument
+/// has a gradient of zeros. f may return std::tuple<Tensor, Aux>, its value and an auxiliary
+/// result (torch.func's has_aux): grad then returns std::tuple<Tensor, Aux>, the gradient and
+/// the auxiliary result.
 template <class F>
 auto grad(F f, int argnum = 0, DUET_HERE) {
   const std::string label = fmt::format("grad at {}:{}", loc.file_name(), loc.line());
-  return [f = std::move(f), argnum, label](const auto&... args) -> Tensor {
-    std::vector<Tensor> a{Tensor(args)...};
-    detail::check_argnum(argnum, a.size(), label);
-    const auto k = static_cast<size_t>(argnum);
-    // An argument already in a graph (grad(grad(f)): the outer grad's input) stays in it, so
-    // that the gradient is differentiable with respect to it; another becomes a leaf.
-    if (!a[k].requires_grad()) {
-      a[k] = a[k].detach();
-      a[k].requires_grad_();
-    }
-    Tensor y = [&]<size_t... I>(std::index_sequence<I...>) { return Tensor(f(a[I]...)); }
-    (std::index_sequence_for<decltype(args)...>{});
-    detail::check_scalar_result(y, label);
-    return duet::grad({y}, {a[k]}, {}, /*create_graph=*/true)[0];
+  return [f = std::move(f), argnum, label](const auto&... args) {
+    detail::check_argnum(argnum, sizeof...(args), label);
+    auto [g, r] = detail::grads_and_result(f, {argnum}, label, args...);
+    if constexpr (detail::is_value_aux<decltype(r)>::value)
+      return std::tuple(std::move(g[0]), std::move(std::get<1>(r)));
+    else
+      return std::move(g[0]);
+  };
+}
+
+/// grad(f, argnums): the gradients with respect to several arguments, one per argnum in order,
+/// as a std::vector<Tensor> (torch.func.grad's tuple of argnums; JAX's argnums). With an
+/// auxiliary result: std::tuple<std::vector<Tensor>, Aux>. (A braced list of one, {0}, picks
+/// the single-argnum overload; pass std::vector<int>{0} for a vector of one gradient.)
+template <class F>
+auto grad(F f, std::vector<int> argnums, DUET_HERE) {
+  const std::string label = fmt::format("grad at {}:{}", loc.file_name(), loc.line());
+  return [f = std::move(f), argnums = std::move(argnums), label](const auto&... args) {
+    auto [g, r] = detail::grads_and_result(f, argnums, label, args...);
+    if constexpr (detail::is_value_aux<decltype(r)>::value)
+      return std::tuple(std::move(g), std::move(std::get<1>(r)));
+    else
+      return std::move(g);
+  };
+}
+
+/// grad_and_value(f, argnum)(args...): the gradient and f's result at once, as
+/// torch.func.grad_and_value and jax.value_and_grad (in torch's order): std::tuple<Tensor,
+/// Tensor>, the gradient then the value; with argnums, a std::vector<Tensor> of gradients
+/// first. Where f returns (value, aux), the second is that tuple, as torch.func's. The value
+/// keeps the history f gave it.
+template <class F>
+auto grad_and_value(F f, int argnum = 0, DUET_HERE) {
+  const std::string label = fmt::format("grad_and_value at {}:{}", loc.file_name(), loc.line());
+  return [f = std::move(f), argnum, label](const auto&... args) {
+    detail::check_argnum(argnum, sizeof...(args), label);
+    auto [g, r] = detail::grads_and_result(f, {argnum}, label, args...);
+    return std::tuple(std::move(g[0]), std::move(r));
+  };
+}
+
+template <class F>
+auto grad_and_value(F f, std::vector<int> argnums, DUET_HERE) {
+  const std::string label = fmt::format("grad_and_value at {}:{}", loc.file_name(), loc.line());
+  return [f = std::move(f), argnums = std::move(argnums), label](const auto&... args) {
+    auto [g, r] = detail::grads_and_result(f, argnums, label, args...);
+    return std::tuple(std::move(g), std::move(r));
   };
 }
 

@@ -1,0 +1,161 @@
+// func::grad beyond one argument (trace/func.h), as torch.func and JAX: several argnums, an
+// auxiliary result (has_aux), grad_and_value, zeros for a value that does not depend on the
+// argument, grad mode on inside; and vmap of functions that return tuples of them.
+#include <doctest/doctest.h>
+
+#include "op_rows.h"
+
+namespace duet::test {
+
+namespace {
+
+// A loss of three arguments whose gradients are known: sum((x w - y)^2) * s.
+Tensor sq_loss(const Tensor& w, const Tensor& x, const Tensor& y) {
+  Tensor e = matmul(x.reshape({1, 4}), w) - y;
+  return (e * e).sum();
+}
+
+}  // namespace
+
+TEST_CASE("grad: several argnums give one gradient each, in the order named") {
+  manual_seed(611);
+  const Tensor w = randn({4, 1}), x = randn({4}), y = randn({1});
+  const std::vector<Tensor> g = func::grad(sq_loss, {0, 1, 2})(w, x, y);
+  REQUIRE(g.size() == 3);
+  // d/dw = 2 x^T e, d/dx = 2 e w^T, d/dy = -2 e, e = x w - y.
+  const Tensor e = matmul(x.reshape({1, 4}), w) - y;
+  CHECK(close(g[0], matmul(x.reshape({4, 1}), e) * 2.0, 1e-5));
+  CHECK(close(g[1], (matmul(e, w.permute({1, 0})) * 2.0).reshape({4}), 1e-5));
+  CHECK(close(g[2], (e * -2.0).reshape({1}), 1e-5));
+  // Each equals the single-argnum gradient, and the order is the order named.
+  const std::vector<Tensor> r = func::grad(sq_loss, {2, 0})(w, x, y);
+  REQUIRE(r.size() == 2);
+  CHECK(close(r[0], func::grad(sq_loss, 2)(w, x, y), 0));
+  CHECK(close(r[1], func::grad(sq_loss, 0)(w, x, y), 0));
+  CHECK(close(func::grad(sq_loss, std::vector<int>{1})(w, x, y).at(0), g[1], 0));
+  // The arguments themselves are left alone (no .grad, no requires_grad).
+  CHECK(!w.requires_grad());
+  CHECK(!x.grad().defined());
+}
+
+TEST_CASE("grad: an auxiliary result comes back beside the gradient, as has_aux") {
+  manual_seed(612);
+  const Tensor w = randn({3}), x = randn({3});
+  auto f = [](const Tensor& a, const Tensor& b) {
+    Tensor pred = (a * b).sum();
+    return std::tuple(pred * pred, pred);  // (value, aux)
+  };
+  auto [g, aux] = func::grad(f)(w, x);
+  const Tensor pred = (w * x).sum();
+  CHECK(close(aux, pred, 1e-6));
+  CHECK(close(g, x * pred * 2.0, 1e-5));
+  auto [gs, aux2] = func::grad(f, {0, 1})(w, x);
+  REQUIRE(gs.size() == 2);
+  CHECK(close(gs[1], w * pred * 2.0, 1e-5));
+  CHECK(close(aux2, pred, 1e-6));
+  // The auxiliary result may be any value, a tree of tensors or not.
+  auto h = [](const Tensor& a) { return std::tuple((a * a).sum(), std::string("note")); };
+  auto [gh, note] = func::grad(h)(w);
+  CHECK(note == "note");
+  CHECK(close(gh, w * 2.0, 1e-6));
+}
+
+TEST_CASE("grad_and_value: the gradient and the value at once, in torch.func's order") {
+  manual_seed(613);
+  const Tensor w = randn({4, 1}), x = randn({4}), y = randn({1});
+  auto [g, v] = func::grad_and_value(sq_loss)(w, x, y);
+  CHECK(close(g, func::grad(sq_loss)(w, x, y), 0));
+  CHECK(close(v, sq_loss(w, x, y), 0));
+  auto [gs, v2] = func::grad_and_value(sq_loss, {0, 2})(w, x, y);
+  REQUIRE(gs.size() == 2);
+  CHECK(close(gs[1], func::grad(sq_loss, 2)(w, x, y), 0));
+  CHECK(close(v2, v, 0));
+  // With an auxiliary result: (gradient, (value, aux)).
+  auto f = [](const Tensor& a) { return std::tuple((a * a).sum(), a.max()); };
+  auto [ga, va] = func::grad_and_value(f)(x);
+  CHECK(close(ga, x * 2.0, 1e-6));
+  CHECK(close(std::get<0>(va), (x * x).sum(), 0));
+  CHECK(close(std::get<1>(va), x.max(), 0));
+}
+
+TEST_CASE("grad: a value that does not depend on the argument has zero gradients") {
+  // As torch.func.grad and jax.grad: a constant, a path through detach() or a NoGradGuard
+  // inside the function give zeros, not an error.
+  const Tensor x = full({3}, 2.0), w = full({3}, 5.0);
+  auto constant = [](const Tensor&) { return full({}, 1.0); };
+  CHECK(close(func::grad(constant)(x), zeros({3}), 0));
+  auto detached = [](const Tensor& a) { return (a.detach() * a.detach()).sum(); };
+  CHECK(close(func::grad(detached)(x), zeros({3}), 0));
+  auto inside = [](const Tensor& a) {
+    NoGradGuard off;
+    return (a * a).sum();
+  };
+  CHECK(close(func::grad(inside)(x), zeros({3}), 0));
+  // One argnum used, one not: zeros for the second.
+  auto one = [](const Tensor& a, const Tensor&) { return (a * a).sum(); };
+  const std::vector<Tensor> g = func::grad(one, {0, 1})(x, w);
+  CHECK(close(g[0], x * 2.0, 0));
+  CHECK(close(g[1], zeros({3}), 0));
+  // Grad mode off outside does not stop the gradient (torch.func.grad turns it on inside).
+  NoGradGuard off;
+  CHECK(close(func::grad(one)(x, w), x * 2.0, 0));
+}
+
+TEST_CASE("grad: argnums are checked; the result must be one floating-point element") {
+  const Tensor x = randn({3});
+  auto f = [](const Tensor& a, const Tensor& b) { return (a * b).sum(); };
+  CHECK_THROWS_WITH_AS(func::grad(f, std::vector<int>{})(x, x),
+                       doctest::Contains("argnums is empty"), ValueError);
+  CHECK_THROWS_WITH_AS(func::grad(f, {1, 1})(x, x), doctest::Contains("names argument 1 twice"),
+                       ValueError);
+  CHECK_THROWS_WITH_AS(func::grad(f, {0, 2})(x, x),
+                       doctest::Contains("argnum 2 is out of range for 2 arguments"), ValueError);
+  CHECK_THROWS_WITH_AS(func::grad_and_value(f, 3)(x, x),
+                       doctest::Contains("argnum 3 is out of range"), ValueError);
+  auto vec = [](const Tensor& a, const Tensor& b) { return a * b; };
+  CHECK_THROWS_WITH_AS(func::grad_and_value(vec)(x, x),
+                       doctest::Contains("one floating-point element, got shape (3)"), ValueError);
+  auto ints = [](const Tensor& a) { return a.sum().to(DType::i64); };
+  CHECK_THROWS_WITH_AS(func::grad(ints)(x), doctest::Contains("one floating-point element"),
+                       ValueError);
+}
+
+TEST_CASE("vmap: per-sample gradients and values, of several arguments, with tuples") {
+  manual_seed(614);
+  const Tensor w = randn({4, 1}), xs = randn({6, 4}), ys = randn({6, 1});
+  // vmap(grad_and_value(loss)): each sample's gradient and loss.
+  auto [g, v] = func::vmap(func::grad_and_value(sq_loss), {std::nullopt, 0, 0})(w, xs, ys);
+  REQUIRE(g.sizes() == Shape{6, 4, 1});
+  REQUIRE(v.sizes() == Shape{6});
+  // vmap(grad(loss, {0, 1})): the weight's and the input's per-sample gradients.
+  const std::vector<Tensor> gs =
+      func::vmap(func::grad(sq_loss, {0, 1}), {std::nullopt, 0, 0})(w, xs, ys);
+  REQUIRE(gs.size() == 2);
+  for (int64_t b = 0; b < 6; ++b) {
+    const Tensor x = xs.select(0, b), y = ys.select(0, b);
+    CHECK(close(g.select(0, b), func::grad(sq_loss)(w, x, y), 1e-5));
+    CHECK(close(v.select(0, b), sq_loss(w, x, y), 1e-5));
+    CHECK(close(gs[0].select(0, b), func::grad(sq_loss, 0)(w, x, y), 1e-5));
+    CHECK(close(gs[1].select(0, b), func::grad(sq_loss, 1)(w, x, y), 1e-5));
+  }
+  // A function returning a tuple of a tensor and a vector: the structure comes back.
+  auto parts = [](const Tensor& a) {
+    return std::tuple(a.sum(), std::vector<Tensor>{a * 2.0, a.max(), a + 1.0});
+  };
+  auto [total, rest] = func::vmap(parts)(xs);
+  CHECK(close(total, xs.sum(1), 1e-5));
+  REQUIRE(rest.size() == 3);
+  CHECK(close(rest[0], xs * 2.0, 0));
+  CHECK(close(rest[1], xs.amax({1}), 0));
+  CHECK(close(rest[2], xs + 1.0, 0));
+  // Compiled, the same per-sample gradients and values.
+  auto compiled = compile([&](const Tensor& ws, const Tensor& a, const Tensor& b) {
+    auto [cg, cv] = func::vmap(func::grad_and_value(sq_loss), {std::nullopt, 0, 0})(ws, a, b);
+    return std::vector<Tensor>{cg, cv};
+  });
+  const std::vector<Tensor> c = compiled(w, xs, ys);
+  CHECK(close(c.at(0), g, 1e-6));
+  CHECK(close(c.at(1), v, 1e-6));
+}
+
+}  // namespace duet::test
