@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <mutex>
 #include <new>
 #include <unordered_map>
 #include <vector>
@@ -65,16 +66,16 @@ class CpuCachingAllocator final : public Allocator {
     const int c = size_class(nbytes, &rounded);
     DUET_ASSERT(rounded >= nbytes, "allocation of {} bytes is too large", nbytes);
     void* p = nullptr;
-    lock_.lock();
-    auto& fl = list(c, rounded);
-    if (!fl.empty()) {
-      p = fl.back();
-      fl.pop_back();
+    {
+      std::lock_guard<SpinLock> hold(lock_);
+      if (std::vector<void*>* fl = cached(c, rounded); fl && !fl->empty()) {
+        p = fl->back();
+        fl->pop_back();
+      }
+      current_ += static_cast<int64_t>(rounded);
+      peak_ = std::max(peak_, current_);
+      if (!p) reserved_ += static_cast<int64_t>(rounded);
     }
-    current_ += static_cast<int64_t>(rounded);
-    peak_ = std::max(peak_, current_);
-    if (!p) reserved_ += static_cast<int64_t>(rounded);
-    lock_.unlock();
     if (!p) {
       p = std::aligned_alloc(64, rounded);
       if (!p) {
@@ -94,17 +95,28 @@ class CpuCachingAllocator final : public Allocator {
     return p;
   }
 
-  void deallocate(void* p, size_t nbytes) override {
+  // Called from destructors, also while an exception unwinds: it must not throw. Keeping the
+  // block may allocate (a free list's first block of a large size, a list that grows); when
+  // memory is that short, the block goes back to the system instead (a throw here ended the
+  // program through std::terminate, holding the lock).
+  void deallocate(void* p, size_t nbytes) noexcept override {
     if (!p) return;
     size_t rounded;
     const int c = size_class(nbytes, &rounded);
-    lock_.lock();
-    auto& fl = list(c, rounded);
-    const bool keep = c == kLarge || fl.size() < kMaxCachedSmall;
-    if (keep) fl.push_back(p);
-    current_ -= static_cast<int64_t>(rounded);
-    if (!keep) reserved_ -= static_cast<int64_t>(rounded);
-    lock_.unlock();
+    bool keep = false;
+    {
+      std::lock_guard<SpinLock> hold(lock_);
+      try {
+        std::vector<void*>& fl = c == kLarge ? large_[rounded] : free_[c];
+        if (c == kLarge || fl.size() < kMaxCachedSmall) {
+          fl.push_back(p);
+          keep = true;
+        }
+      } catch (const std::bad_alloc&) {
+      }
+      current_ -= static_cast<int64_t>(rounded);
+      if (!keep) reserved_ -= static_cast<int64_t>(rounded);
+    }
     if (!keep) std::free(p);
   }
 
@@ -144,8 +156,11 @@ class CpuCachingAllocator final : public Allocator {
   }
 
   // The free list of a class, or of a large size. Called with lock_ held.
-  std::vector<void*>& list(int c, size_t rounded) {
-    return c == kLarge ? large_[rounded] : free_[c];
+  // The free list of a size, or null where none was made (looked up, never inserted).
+  std::vector<void*>* cached(int c, size_t rounded) {
+    if (c != kLarge) return &free_[c];
+    auto it = large_.find(rounded);
+    return it == large_.end() ? nullptr : &it->second;
   }
 
   mutable SpinLock lock_;

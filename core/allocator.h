@@ -23,7 +23,9 @@ class Allocator {
  public:
   virtual ~Allocator() = default;
   virtual void* allocate(size_t nbytes) = 0;
-  virtual void deallocate(void* p, size_t nbytes) = 0;
+  /// Called from destructors, also while an exception unwinds: never throws (a block it cannot
+  /// cache goes back to the system).
+  virtual void deallocate(void* p, size_t nbytes) noexcept = 0;
   virtual MemoryStats stats() const = 0;
   virtual void reset_peak() = 0;
   /// Returns cached blocks to the system.

@@ -15,6 +15,7 @@
 #include <atomic>
 #include <cstring>
 #include <mutex>
+#include <new>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -136,19 +137,24 @@ class CudaCachingAllocator final : public Allocator {
     return p;
   }
 
-  void deallocate(void* p, size_t nbytes) override {
+  void deallocate(void* p, size_t nbytes) noexcept override {
     if (!p) return;
     const size_t rounded = round_size(nbytes);
     // Reused only by work on this device's stream: see Note [CUDA streams and the cache].
     std::lock_guard<std::mutex> g(mu_);
     current_ -= static_cast<int64_t>(rounded);
-    if (closed_) {  // a graph's pool after the graph is gone: nothing replays into it any more
-      reserved_ -= static_cast<int64_t>(rounded);
-      cudaFree(p);         // never throws: this may run in a destructor
-      cudaGetLastError();  // nor leaves an error for the next kernel's check to report
-      return;
+    if (!closed_) {
+      try {
+        free_[rounded].push_back(p);
+        return;
+      } catch (const std::bad_alloc&) {  // host memory too short to cache it: freed below
+      }
     }
-    free_[rounded].push_back(p);
+    // A graph's pool after the graph is gone (nothing replays into it any more), or a block
+    // that could not be cached. cudaFree waits for the kernels that may still read it.
+    reserved_ -= static_cast<int64_t>(rounded);
+    cudaFree(p);         // never throws: this may run in a destructor
+    cudaGetLastError();  // nor leaves an error for the next kernel's check to report
   }
   /// A graph's private pool when its graph is destroyed: cached blocks go back to the driver now,
   /// blocks still held by tensors when they are freed.
