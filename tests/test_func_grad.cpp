@@ -1,6 +1,7 @@
 // func::grad beyond one argument (trace/func.h), as torch.func and JAX: several argnums, an
 // auxiliary result (has_aux), grad_and_value, zeros for a value that does not depend on the
-// argument, grad mode on inside; and vmap of functions that return tuples of them.
+// argument, grad mode on inside; vmap of functions that return tuples of them; jacrev and
+// hessian.
 #include <doctest/doctest.h>
 
 #include "op_rows.h"
@@ -156,6 +157,44 @@ TEST_CASE("vmap: per-sample gradients and values, of several arguments, with tup
   const std::vector<Tensor> c = compiled(w, xs, ys);
   CHECK(close(c.at(0), g, 1e-6));
   CHECK(close(c.at(1), v, 1e-6));
+}
+
+TEST_CASE("jacrev and hessian: Jacobians of result.shape + argument.shape, batched by vmap") {
+  manual_seed(615);
+  const Tensor w = randn({3, 4}), x = randn({4});
+  auto f = [](const Tensor& m, const Tensor& a) { return matmul(m, a).tanh(); };
+  // d tanh(w x) / dx = (1 - tanh^2) w; d / dw: row i is (1 - y_i^2) x in row i, zeros elsewhere.
+  const Tensor y = f(w, x), dy = 1.0 - y * y;
+  const Tensor jx = func::jacrev(f, 1)(w, x);
+  REQUIRE(jx.sizes() == Shape{3, 4});
+  CHECK(close(jx, dy.unsqueeze(1) * w, 1e-6));
+  const Tensor jw = func::jacrev(f)(w, x);
+  REQUIRE(jw.sizes() == Shape{3, 3, 4});
+  for (int64_t i = 0; i < 3; ++i)
+    for (int64_t r = 0; r < 3; ++r)
+      CHECK(close(jw.select(0, i).select(0, r), r == i ? x * dy.select(0, i) : zeros({4}), 1e-6));
+  // A scalar result: the Jacobian is the gradient.
+  auto g = [](const Tensor& a) { return (a * a * a).sum(); };
+  CHECK(close(func::jacrev(g)(x), func::grad(g)(x), 0));
+  // The Hessian of sum(x^3) is diag(6 x); of a quadratic form x^T A x, A + A^T.
+  const Tensor h = func::hessian(g)(x);
+  REQUIRE(h.sizes() == Shape{4, 4});
+  CHECK(close(h, eye(4) * (x * 6.0).unsqueeze(1), 1e-5));
+  const Tensor a = randn({4, 4});
+  auto quad = [&](const Tensor& v) { return (v * matmul(a, v)).sum(); };
+  CHECK(close(func::hessian(quad)(x), a + a.permute({1, 0}), 1e-5));
+  // Compiled, the same Hessian.
+  auto compiled = compile([&](const Tensor& v) { return func::hessian(quad)(v); });
+  CHECK(close(compiled(x), func::hessian(quad)(x), 1e-6));
+  // A result that does not depend on the argument: zeros. An integer result: an error.
+  CHECK(close(
+      func::jacrev([](const Tensor& v) { return full({2}, 1.0) + 0.0 * v.sum().detach(); })(x),
+      zeros({2, 4}), 0));
+  CHECK_THROWS_WITH_AS(func::jacrev([](const Tensor& v) { return v.to(DType::i64); })(x),
+                       doctest::Contains("must return a floating-point tensor, got i64"),
+                       ValueError);
+  CHECK_THROWS_WITH_AS(func::jacrev(f, 2)(w, x), doctest::Contains("argnum 2 is out of range"),
+                       ValueError);
 }
 
 }  // namespace duet::test

@@ -387,6 +387,12 @@ void check_scalar_result(const Tensor& y, const std::string& label) {
                    label, y.defined() ? y.sizes() : Shape{}, y.defined() ? y.dtype() : DType::f32);
 }
 
+void check_jacobian_result(const Tensor& y, const std::string& label) {
+  DUET_CHECK_VALUE(y.defined() && is_floating(y.dtype()),
+                   "[jacrev] {}: the function must return a floating-point tensor, got {}", label,
+                   y.defined() ? fmt::format("{}", y.dtype()) : std::string("an undefined one"));
+}
+
 std::vector<Tensor> value_grads(const Tensor& y, const std::vector<Tensor>& xs,
                                 const std::string& label) {
   check_scalar_result(y, label);

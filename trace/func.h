@@ -1,7 +1,7 @@
-// duet: function transforms, as torch.func and JAX: vmap (per-sample code run on a batch) and grad
-// (the gradient of a scalar function, as a function). They compose: vmap(grad(loss)) gives
-// per-sample gradients, vmap(vmap(f)) batches twice, and compile(vmap(f)) compiles the batched
-// function (Note [vmap] in trace/func.cpp).
+// duet: function transforms, as torch.func and JAX: vmap (per-sample code run on a batch), grad
+// (the gradient of a scalar function, as a function), grad_and_value, jacrev and hessian. They
+// compose: vmap(grad(loss)) gives per-sample gradients, vmap(vmap(f)) batches twice, and
+// compile(vmap(f)) compiles the batched function (Note [vmap] in trace/func.cpp).
 #pragma once
 
 #include <functional>
@@ -14,6 +14,7 @@
 
 #include "core/call_site.h"
 #include "core/error.h"
+#include "core/ops.h"
 #include "core/tensor.h"
 #include "core/tensor_tree.h"
 #include "eager/autograd.h"
@@ -40,6 +41,8 @@ void check_argnum(int argnum, size_t args, const std::string& label);
 void check_argnums(const std::vector<int>& argnums, size_t args, const std::string& label);
 /// The result one floating-point element.
 void check_scalar_result(const Tensor& y, const std::string& label);
+/// jacrev's: the result a floating-point tensor.
+void check_jacobian_result(const Tensor& y, const std::string& label);
 /// The gradients of y, a function's value (one floating-point element), with respect to xs:
 /// differentiable again, and zeros where y does not depend on an x (as torch.func and JAX).
 std::vector<Tensor> value_grads(const Tensor& y, const std::vector<Tensor>& xs,
@@ -210,6 +213,45 @@ auto grad_and_value(F f, std::vector<int> argnums, DUET_HERE) {
     auto [g, r] = detail::grads_and_result(f, argnums, label, args...);
     return std::tuple(std::move(g), std::move(r));
   };
+}
+
+/// jacrev(f, argnum)(args...): the Jacobian of f's result with respect to args[argnum], as
+/// torch.func.jacrev and jax.jacrev: of shape result.shape + argument.shape. Reverse mode, one
+/// vector-Jacobian product per element of the result, batched into one call by vmap (the rows
+/// of the identity as the cotangents); f also runs once first, with grad mode off, for the
+/// result's shape. f returns a floating-point Tensor.
+template <class F>
+auto jacrev(F f, int argnum = 0, DUET_HERE) {
+  const std::string label = fmt::format("jacrev at {}:{}", loc.file_name(), loc.line());
+  return [f, argnum, label, loc](const auto&... args) -> Tensor {
+    detail::check_argnum(argnum, sizeof...(args), label);
+    Tensor y;
+    {
+      NoGradGuard off;
+      y = Tensor(f(args...));
+    }
+    detail::check_jacobian_result(y, label);
+    const int64_t n = y.numel();
+    Shape rows{n}, shape = y.sizes();
+    for (int64_t d : y.sizes()) rows.push_back(d);
+    const Tensor basis = eye(n, Options().dtype(y.dtype()).device(y.device())).reshape(rows);
+    // The product of the cotangent v and f's Jacobian, as the gradient of sum(f(args) * v).
+    auto vjp = [f](const Tensor& v, const auto&... xs) { return (Tensor(f(xs...)) * v).sum(); };
+    std::vector<std::optional<int64_t>> dims(1 + sizeof...(args), std::nullopt);
+    dims[0] = 0;
+    const Tensor j = vmap(grad(vjp, argnum + 1, loc), dims, 0, Randomness::Error, loc)(
+        basis, Tensor(args)...);  // (n, argument's shape)
+    for (int64_t k = 1; k < j.dim(); ++k) shape.push_back(j.sizes()[k]);
+    return j.reshape(shape);
+  };
+}
+
+/// hessian(f, argnum)(args...): the second derivatives of f's result with respect to
+/// args[argnum], as torch.func.hessian: jacrev(jacrev(f)), of shape result.shape +
+/// argument.shape + argument.shape.
+template <class F>
+auto hessian(F f, int argnum = 0, DUET_HERE) {
+  return jacrev(jacrev(std::move(f), argnum, loc), argnum, loc);
 }
 
 }  // namespace duet::func
