@@ -1,7 +1,7 @@
 // func::grad beyond one argument (trace/func.h), as torch.func and JAX: several argnums, an
 // auxiliary result (has_aux), grad_and_value, zeros for a value that does not depend on the
-// argument, grad mode on inside; vmap of functions that return tuples of them; jacrev and
-// hessian.
+// argument, grad mode on inside; vmap of functions that return tuples of them; vjp, jacrev
+// and hessian.
 #include <doctest/doctest.h>
 
 #include "op_rows.h"
@@ -157,6 +157,33 @@ TEST_CASE("vmap: per-sample gradients and values, of several arguments, with tup
   const std::vector<Tensor> c = compiled(w, xs, ys);
   CHECK(close(c.at(0), g, 1e-6));
   CHECK(close(c.at(1), v, 1e-6));
+}
+
+TEST_CASE("vjp: the result and its vector-Jacobian product, called again and under vmap") {
+  manual_seed(616);
+  const Tensor w = randn({3, 4}), x = randn({4});
+  auto f = [](const Tensor& m, const Tensor& a) { return matmul(m, a).tanh(); };
+  auto [y, vjp_fn] = func::vjp(f, w, x);
+  CHECK(close(y, f(w, x), 0));
+  const Tensor v = randn({3});
+  const std::vector<Tensor> g = vjp_fn(v);
+  REQUIRE(g.size() == 2);
+  // v^T J for each argument: the Jacobians' rows weighted by v.
+  const Tensor jw = func::jacrev(f, 0)(w, x), jx = func::jacrev(f, 1)(w, x);
+  CHECK(close(g[0], (jw * v.reshape({3, 1, 1})).sum(0), 1e-6));
+  CHECK(close(g[1], (jx * v.reshape({3, 1})).sum(0), 1e-6));
+  // Called again with another cotangent; under vmap, one Jacobian row per cotangent.
+  CHECK(close(vjp_fn(v * 2.0)[1], g[1] * 2.0, 1e-6));
+  const std::vector<Tensor> rows = func::vmap(vjp_fn)(eye(3));
+  CHECK(close(rows.at(1), jx, 1e-6));
+  CHECK(close(rows.at(0), jw, 1e-6));
+  // An argument the result does not depend on: zeros. A cotangent of another shape: an error.
+  auto [y2, only_x] = func::vjp([](const Tensor& a, const Tensor&) { return a * 3.0; }, x, w);
+  CHECK(close(only_x(ones({4}))[1], zeros({3, 4}), 0));
+  CHECK(close(only_x(ones({4}))[0], full({4}, 3.0), 0));
+  CHECK_THROWS_WITH_AS(vjp_fn(ones({4})),
+                       doctest::Contains("the cotangent must have the result's shape (3), got (4)"),
+                       ShapeError);
 }
 
 TEST_CASE("jacrev and hessian: Jacobians of result.shape + argument.shape, batched by vmap") {

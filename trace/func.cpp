@@ -393,6 +393,19 @@ void check_jacobian_result(const Tensor& y, const std::string& label) {
                    y.defined() ? fmt::format("{}", y.dtype()) : std::string("an undefined one"));
 }
 
+std::vector<Tensor> vjp_grads(const Tensor& y, const std::vector<Tensor>& xs, const Tensor& v) {
+  DUET_CHECK_SHAPE(v.defined() && v.sizes() == y.sizes(),
+                   "[vjp] the cotangent must have the result's shape {}, got {}", y.sizes(),
+                   v.defined() ? v.sizes().str() : std::string("an undefined tensor"));
+  DUET_CHECK_DTYPE(is_floating(v.dtype()), "[vjp] the cotangent must be floating-point, got {}",
+                   v.dtype());
+  duet::detail::GradModeScope grad_on(true);
+  if (y.requires_grad()) return duet::grad({y}, xs, {v}, /*create_graph=*/true);
+  std::vector<Tensor> zeros;  // (y does not depend on the arguments)
+  for (const Tensor& x : xs) zeros.push_back(zeros_like(x));
+  return zeros;
+}
+
 std::vector<Tensor> value_grads(const Tensor& y, const std::vector<Tensor>& xs,
                                 const std::string& label) {
   check_scalar_result(y, label);

@@ -1,6 +1,6 @@
 // duet: function transforms, as torch.func and JAX: vmap (per-sample code run on a batch), grad
-// (the gradient of a scalar function, as a function), grad_and_value, jacrev and hessian. They
-// compose: vmap(grad(loss)) gives per-sample gradients, vmap(vmap(f)) batches twice, and
+// (the gradient of a scalar function, as a function), grad_and_value, vjp, jacrev and hessian.
+// They compose: vmap(grad(loss)) gives per-sample gradients, vmap(vmap(f)) batches twice, and
 // compile(vmap(f)) compiles the batched function (Note [vmap] in trace/func.cpp).
 #pragma once
 
@@ -41,8 +41,11 @@ void check_argnum(int argnum, size_t args, const std::string& label);
 void check_argnums(const std::vector<int>& argnums, size_t args, const std::string& label);
 /// The result one floating-point element.
 void check_scalar_result(const Tensor& y, const std::string& label);
-/// jacrev's: the result a floating-point tensor.
+/// jacrev's and vjp's: the result a floating-point tensor.
 void check_jacobian_result(const Tensor& y, const std::string& label);
+/// vjp's product: the gradients of sum(y * v) with respect to xs (zeros where y does not
+/// depend on one), differentiable again; v must have y's shape.
+std::vector<Tensor> vjp_grads(const Tensor& y, const std::vector<Tensor>& xs, const Tensor& v);
 /// The gradients of y, a function's value (one floating-point element), with respect to xs:
 /// differentiable again, and zeros where y does not depend on an x (as torch.func and JAX).
 std::vector<Tensor> value_grads(const Tensor& y, const std::vector<Tensor>& xs,
@@ -213,6 +216,32 @@ auto grad_and_value(F f, std::vector<int> argnums, DUET_HERE) {
     auto [g, r] = detail::grads_and_result(f, argnums, label, args...);
     return std::tuple(std::move(g), std::move(r));
   };
+}
+
+/// vjp(f, args...): f's result and its vector-Jacobian product, as torch.func.vjp:
+///     auto [y, vjp_fn] = func::vjp(f, w, x);
+///     std::vector<Tensor> g = vjp_fn(v);  // the gradients of sum(y * v) for w and x
+/// vjp_fn(v) takes v of y's shape and gives one gradient per argument, zeros where y does not
+/// depend on it. It can be called again, is differentiable again, and runs under vmap (one
+/// Jacobian row per cotangent). f returns a floating-point Tensor.
+template <class F, class... A>
+auto vjp(const F& f, const A&... args) {
+  std::vector<Tensor> a{Tensor(args)...};
+  for (Tensor& x : a) {
+    if (!x.requires_grad()) {  // (as grad's: an argument in a graph stays in it)
+      x = x.detach();
+      x.requires_grad_();
+    }
+  }
+  Tensor y;
+  {
+    duet::detail::GradModeScope grad_on(true);
+    y = [&]<size_t... I>(std::index_sequence<I...>) { return Tensor(f(a[I]...)); }
+    (std::index_sequence_for<A...>{});
+  }
+  detail::check_jacobian_result(y, "vjp");
+  auto fn = [y, a](const Tensor& v) { return detail::vjp_grads(y, a, v); };
+  return std::tuple(y, std::move(fn));
 }
 
 /// jacrev(f, argnum)(args...): the Jacobian of f's result with respect to args[argnum], as
