@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
@@ -293,7 +294,9 @@ int free_when_memory_is_exhausted() {
   }
   if (pages == 0) _exit(3);
   const rlim_t cap = static_cast<rlim_t>(pages) * 4096 + (rlim_t(16) << 20);
-  const rlimit lim{cap, cap};
+  rlimit lim{};
+  if (getrlimit(RLIMIT_AS, &lim) != 0) _exit(4);
+  lim.rlim_cur = std::min(cap, lim.rlim_max);  // (the soft limit only: a lower hard one stays)
   if (setrlimit(RLIMIT_AS, &lim) != 0) _exit(4);
   void* chain = nullptr;  // the taken blocks, each holding the address of the one before
   for (size_t size = size_t(1) << 20; size >= 16; size /= 2)
