@@ -387,11 +387,37 @@ void check_scalar_result(const Tensor& y, const std::string& label) {
                    label, y.defined() ? y.sizes() : Shape{}, y.defined() ? y.dtype() : DType::f32);
 }
 
-void check_jacobian_result(const Tensor& y, const std::string& label) {
+void check_jacobian_result(const char* op, const Tensor& y, const std::string& label) {
   DUET_CHECK_VALUE(y.defined() && is_floating(y.dtype()),
-                   "[jacrev] {}: the function must return a floating-point tensor, got {}", label,
+                   "[{}] {}: the function must return a floating-point tensor, got {}", op, label,
                    y.defined() ? fmt::format("{}", y.dtype()) : std::string("an undefined one"));
 }
+
+void make_leaves(std::vector<Tensor>& xs, const std::vector<int>& ks) {
+  for (int k : ks) {
+    Tensor& x = xs[static_cast<size_t>(k)];
+    if (!x.requires_grad()) {
+      x = x.detach();
+      x.requires_grad_();
+    }
+  }
+}
+
+namespace {
+// The gradients of y weighted by v (ones for an undefined v) with respect to xs, differentiable
+// again; where y does not depend on them (a constant, or computed under a NoGradGuard inside
+// f), zeros, as torch.func's and JAX's.
+std::vector<Tensor> grads_or_zeros(const Tensor& y, const std::vector<Tensor>& xs,
+                                   const Tensor& v) {
+  duet::detail::GradModeScope grad_on(true);
+  if (y.requires_grad())
+    return duet::grad({y}, xs, v.defined() ? std::vector<Tensor>{v} : std::vector<Tensor>{},
+                      /*create_graph=*/true);
+  std::vector<Tensor> zeros;
+  for (const Tensor& x : xs) zeros.push_back(zeros_like(x));
+  return zeros;
+}
+}  // namespace
 
 std::vector<Tensor> vjp_grads(const Tensor& y, const std::vector<Tensor>& xs, const Tensor& v) {
   DUET_CHECK_SHAPE(v.defined() && v.sizes() == y.sizes(),
@@ -399,22 +425,13 @@ std::vector<Tensor> vjp_grads(const Tensor& y, const std::vector<Tensor>& xs, co
                    v.defined() ? v.sizes().str() : std::string("an undefined tensor"));
   DUET_CHECK_DTYPE(is_floating(v.dtype()), "[vjp] the cotangent must be floating-point, got {}",
                    v.dtype());
-  duet::detail::GradModeScope grad_on(true);
-  if (y.requires_grad()) return duet::grad({y}, xs, {v}, /*create_graph=*/true);
-  std::vector<Tensor> zeros;  // (y does not depend on the arguments)
-  for (const Tensor& x : xs) zeros.push_back(zeros_like(x));
-  return zeros;
+  return grads_or_zeros(y, xs, v);
 }
 
 std::vector<Tensor> value_grads(const Tensor& y, const std::vector<Tensor>& xs,
                                 const std::string& label) {
   check_scalar_result(y, label);
-  if (y.requires_grad()) return duet::grad({y}, xs, {}, /*create_graph=*/true);
-  // The value does not depend on the arguments (a constant, or computed under a NoGradGuard
-  // inside f): its gradient is zeros, as torch.func's and JAX's.
-  std::vector<Tensor> zeros;
-  for (const Tensor& x : xs) zeros.push_back(zeros_like(x));
-  return zeros;
+  return grads_or_zeros(y, xs, Tensor());
 }
 
 }  // namespace duet::func::detail

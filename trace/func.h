@@ -5,6 +5,7 @@
 #pragma once
 
 #include <functional>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -41,8 +42,11 @@ void check_argnum(int argnum, size_t args, const std::string& label);
 void check_argnums(const std::vector<int>& argnums, size_t args, const std::string& label);
 /// The result one floating-point element.
 void check_scalar_result(const Tensor& y, const std::string& label);
-/// jacrev's and vjp's: the result a floating-point tensor.
-void check_jacobian_result(const Tensor& y, const std::string& label);
+/// jacrev's and vjp's (op): the result a floating-point tensor.
+void check_jacobian_result(const char* op, const Tensor& y, const std::string& label);
+/// xs[k] for each k made a leaf that requires grad, where it does not require grad already (an
+/// argument in a graph stays in it, so that a gradient is differentiable with respect to it).
+void make_leaves(std::vector<Tensor>& xs, const std::vector<int>& ks);
 /// vjp's product: the gradients of sum(y * v) with respect to xs (zeros where y does not
 /// depend on one), differentiable again; v must have y's shape.
 std::vector<Tensor> vjp_grads(const Tensor& y, const std::vector<Tensor>& xs, const Tensor& v);
@@ -82,13 +86,7 @@ std::pair<std::vector<Tensor>, value_result_t<F, A...>> grads_and_result(const F
       "Aux> (its value and an auxiliary result, as torch.func's has_aux)");
   std::vector<Tensor> a{Tensor(args)...};
   check_argnums(ks, a.size(), label);
-  for (int k : ks) {
-    Tensor& x = a[static_cast<size_t>(k)];
-    if (!x.requires_grad()) {
-      x = x.detach();
-      x.requires_grad_();
-    }
-  }
+  make_leaves(a, ks);
   duet::detail::GradModeScope grad_on(true);
   R r = [&]<size_t... I>(std::index_sequence<I...>) { return R(f(a[I]...)); }
   (std::index_sequence_for<A...>{});
@@ -100,6 +98,29 @@ std::pair<std::vector<Tensor>, value_result_t<F, A...>> grads_and_result(const F
   std::vector<Tensor> xs;
   for (int k : ks) xs.push_back(a[static_cast<size_t>(k)]);
   return {value_grads(*y, xs, label), std::move(r)};
+}
+
+/// grad's and grad_and_value's function: the gradients (the one of a single argnum when `One`),
+/// then the value (`WithValue`) or the auxiliary result where f returns (value, aux).
+template <bool One, bool WithValue, class F>
+auto grad_transform(F f, std::vector<int> argnums, std::string label) {
+  return [f = std::move(f), argnums = std::move(argnums),
+          label = std::move(label)](const auto&... args) {
+    auto [g, r] = grads_and_result(f, argnums, label, args...);
+    using G = std::conditional_t<One, Tensor, std::vector<Tensor>>;
+    G grads = [](std::vector<Tensor>& all) -> G {
+      if constexpr (One)
+        return std::move(all[0]);
+      else
+        return std::move(all);
+    }(g);
+    if constexpr (WithValue)
+      return std::tuple(std::move(grads), std::move(r));
+    else if constexpr (is_value_aux<decltype(r)>::value)
+      return std::tuple(std::move(grads), std::move(std::get<1>(r)));
+    else
+      return grads;
+  };
 }
 
 }  // namespace detail
@@ -167,15 +188,8 @@ Vmapped<F> vmap(F f, std::vector<std::optional<int64_t>> in_dims = {}, int64_t o
 /// the auxiliary result.
 template <class F>
 auto grad(F f, int argnum = 0, DUET_HERE) {
-  const std::string label = fmt::format("grad at {}:{}", loc.file_name(), loc.line());
-  return [f = std::move(f), argnum, label](const auto&... args) {
-    detail::check_argnum(argnum, sizeof...(args), label);
-    auto [g, r] = detail::grads_and_result(f, {argnum}, label, args...);
-    if constexpr (detail::is_value_aux<decltype(r)>::value)
-      return std::tuple(std::move(g[0]), std::move(std::get<1>(r)));
-    else
-      return std::move(g[0]);
-  };
+  return detail::grad_transform<true, false>(
+      std::move(f), {argnum}, fmt::format("grad at {}:{}", loc.file_name(), loc.line()));
 }
 
 /// grad(f, argnums): the gradients with respect to several arguments, one per argnum in order,
@@ -184,14 +198,8 @@ auto grad(F f, int argnum = 0, DUET_HERE) {
 /// the single-argnum overload; pass std::vector<int>{0} for a vector of one gradient.)
 template <class F>
 auto grad(F f, std::vector<int> argnums, DUET_HERE) {
-  const std::string label = fmt::format("grad at {}:{}", loc.file_name(), loc.line());
-  return [f = std::move(f), argnums = std::move(argnums), label](const auto&... args) {
-    auto [g, r] = detail::grads_and_result(f, argnums, label, args...);
-    if constexpr (detail::is_value_aux<decltype(r)>::value)
-      return std::tuple(std::move(g), std::move(std::get<1>(r)));
-    else
-      return std::move(g);
-  };
+  return detail::grad_transform<false, false>(
+      std::move(f), std::move(argnums), fmt::format("grad at {}:{}", loc.file_name(), loc.line()));
 }
 
 /// grad_and_value(f, argnum)(args...): the gradient and f's result at once, as
@@ -201,21 +209,15 @@ auto grad(F f, std::vector<int> argnums, DUET_HERE) {
 /// keeps the history f gave it.
 template <class F>
 auto grad_and_value(F f, int argnum = 0, DUET_HERE) {
-  const std::string label = fmt::format("grad_and_value at {}:{}", loc.file_name(), loc.line());
-  return [f = std::move(f), argnum, label](const auto&... args) {
-    detail::check_argnum(argnum, sizeof...(args), label);
-    auto [g, r] = detail::grads_and_result(f, {argnum}, label, args...);
-    return std::tuple(std::move(g[0]), std::move(r));
-  };
+  return detail::grad_transform<true, true>(
+      std::move(f), {argnum}, fmt::format("grad_and_value at {}:{}", loc.file_name(), loc.line()));
 }
 
 template <class F>
 auto grad_and_value(F f, std::vector<int> argnums, DUET_HERE) {
-  const std::string label = fmt::format("grad_and_value at {}:{}", loc.file_name(), loc.line());
-  return [f = std::move(f), argnums = std::move(argnums), label](const auto&... args) {
-    auto [g, r] = detail::grads_and_result(f, argnums, label, args...);
-    return std::tuple(std::move(g), std::move(r));
-  };
+  return detail::grad_transform<false, true>(
+      std::move(f), std::move(argnums),
+      fmt::format("grad_and_value at {}:{}", loc.file_name(), loc.line()));
 }
 
 /// vjp(f, args...): f's result and its vector-Jacobian product, as torch.func.vjp:
@@ -227,19 +229,16 @@ auto grad_and_value(F f, std::vector<int> argnums, DUET_HERE) {
 template <class F, class... A>
 auto vjp(const F& f, const A&... args) {
   std::vector<Tensor> a{Tensor(args)...};
-  for (Tensor& x : a) {
-    if (!x.requires_grad()) {  // (as grad's: an argument in a graph stays in it)
-      x = x.detach();
-      x.requires_grad_();
-    }
-  }
+  std::vector<int> all(a.size());
+  std::iota(all.begin(), all.end(), 0);
+  detail::make_leaves(a, all);
   Tensor y;
   {
     duet::detail::GradModeScope grad_on(true);
     y = [&]<size_t... I>(std::index_sequence<I...>) { return Tensor(f(a[I]...)); }
     (std::index_sequence_for<A...>{});
   }
-  detail::check_jacobian_result(y, "vjp");
+  detail::check_jacobian_result("vjp", y, "func::vjp");
   auto fn = [y, a](const Tensor& v) { return detail::vjp_grads(y, a, v); };
   return std::tuple(y, std::move(fn));
 }
@@ -259,7 +258,7 @@ auto jacrev(F f, int argnum = 0, DUET_HERE) {
       NoGradGuard off;
       y = Tensor(f(args...));
     }
-    detail::check_jacobian_result(y, label);
+    detail::check_jacobian_result("jacrev", y, label);
     const int64_t n = y.numel();
     Shape rows{n}, shape = y.sizes();
     for (int64_t d : y.sizes()) rows.push_back(d);
