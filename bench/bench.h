@@ -241,10 +241,15 @@ void sgemm_openblas(const float* a, const float* b, float* c, int64_t n);
 /// Row-major C = op(A) op(B) on oneDNN (trans 'N' or 'T').
 void sgemm_onednn_mnk(char ta, char tb, int64_t m, int64_t n, int64_t k, const float* a,
                       const float* b, float* c);
+/// Row-major C = op(A) op(B) on oneDNN's f32 matmul primitive, one per shape, made on first use.
+void matmul_onednn_f32_mnk(char ta, char tb, int64_t m, int64_t n, int64_t k, const float* a,
+                           const float* b, float* c);
 /// The GEMM floors' product (W4, W6, C1, the transformer): the faster library for its shape on
 /// these machines, as duet's own choice (Note [Small products] in kernels/matmul.cpp): OpenBLAS
 /// up to kernels::kSmallProduct multiply-adds, oneDNN above (and below, where OpenBLAS chose
-/// kernels that do not fit the CPU: kernels::small_products_on_openblas).
+/// kernels that do not fit the CPU: kernels::small_products_on_openblas); on oneDNN, A B^T from
+/// kernels::kTransposedPrimitiveRows rows of A on runs on its matmul primitive, the rest on its
+/// sgemm (Note [Products read transposed]).
 void sgemm_floor_mnk(char ta, char tb, int64_t m, int64_t n, int64_t k, const float* a,
                      const float* b, float* c);
 /// The same on bf16 operands (2-byte elements), f32 accumulation, a bf16 C, the faster way

@@ -64,31 +64,20 @@ void sgemm_onednn_mnk(char ta, char tb, int64_t m, int64_t n, int64_t k, const f
   dnnl_sgemm(ta, tb, m, n, k, 1.0f, a, ta == 'N' ? k : m, b, tb == 'N' ? n : k, 0.0f, c, n);
 }
 
-void sgemm_floor_mnk(char ta, char tb, int64_t m, int64_t n, int64_t k, const float* a,
-                     const float* b, float* c) {
-  if (m * n * k > duet::kernels::kSmallProduct || !duet::kernels::small_products_on_openblas())
-    return sgemm_onednn_mnk(ta, tb, m, n, k, a, b, c);
-  auto t = [](char x) { return x == 'N' ? CblasNoTrans : CblasTrans; };
-  cblas_sgemm(CblasRowMajor, t(ta), t(tb), static_cast<blasint>(m), static_cast<blasint>(n),
-              static_cast<blasint>(k), 1.0f, a, static_cast<blasint>(ta == 'N' ? k : m), b,
-              static_cast<blasint>(tb == 'N' ? n : k), 0.0f, c, static_cast<blasint>(n));
-}
-
 namespace {
 
-// Row-major C = op(A) op(B) on bf16 operands with f32 accumulation and a bf16 C, on oneDNN's
-// matmul primitive: a transposed operand is the same memory read with swapped strides, as
-// dnnl_sgemm reads it. One primitive per shape and transpose pair, built on first use.
-void bf16_primitive(char ta, char tb, int64_t m, int64_t n, int64_t k, const void* a, const void* b,
-                    void* c) {
+// Row-major C = op(A) op(B) on operands of type t with f32 accumulation and a C of type t, on
+// oneDNN's matmul primitive: a transposed operand is the same memory read with swapped strides,
+// as dnnl_sgemm reads it. One primitive per type, shape and transpose pair, built on first use.
+void on_primitive(dnnl::memory::data_type t, char ta, char tb, int64_t m, int64_t n, int64_t k,
+                  const void* a, const void* b, void* c) {
   using dims = dnnl::memory::dims;
-  using dt = dnnl::memory::data_type;
   static dnnl::engine eng(dnnl::engine::kind::cpu, 0);
-  static std::map<std::tuple<char, char, int64_t, int64_t, int64_t>, dnnl::matmul> prims;
-  const dnnl::memory::desc ad(dims{m, k}, dt::bf16, ta == 'N' ? dims{k, 1} : dims{1, m});
-  const dnnl::memory::desc bd(dims{k, n}, dt::bf16, tb == 'N' ? dims{n, 1} : dims{1, k});
-  const dnnl::memory::desc cd(dims{m, n}, dt::bf16, dims{n, 1});
-  const auto key = std::make_tuple(ta, tb, m, n, k);
+  static std::map<std::tuple<int, char, char, int64_t, int64_t, int64_t>, dnnl::matmul> prims;
+  const dnnl::memory::desc ad(dims{m, k}, t, ta == 'N' ? dims{k, 1} : dims{1, m});
+  const dnnl::memory::desc bd(dims{k, n}, t, tb == 'N' ? dims{n, 1} : dims{1, k});
+  const dnnl::memory::desc cd(dims{m, n}, t, dims{n, 1});
+  const auto key = std::make_tuple(static_cast<int>(t), ta, tb, m, n, k);
   auto it = prims.find(key);
   if (it == prims.end())
     it = prims
@@ -139,10 +128,28 @@ bool onednn_has_bf16_instructions() {
 
 }  // namespace
 
+void matmul_onednn_f32_mnk(char ta, char tb, int64_t m, int64_t n, int64_t k, const float* a,
+                           const float* b, float* c) {
+  on_primitive(dnnl::memory::data_type::f32, ta, tb, m, n, k, a, b, c);
+}
+
+void sgemm_floor_mnk(char ta, char tb, int64_t m, int64_t n, int64_t k, const float* a,
+                     const float* b, float* c) {
+  if (m * n * k > duet::kernels::kSmallProduct || !duet::kernels::small_products_on_openblas()) {
+    if (ta == 'N' && tb == 'T' && m >= duet::kernels::kTransposedPrimitiveRows)
+      return matmul_onednn_f32_mnk(ta, tb, m, n, k, a, b, c);
+    return sgemm_onednn_mnk(ta, tb, m, n, k, a, b, c);
+  }
+  auto t = [](char x) { return x == 'N' ? CblasNoTrans : CblasTrans; };
+  cblas_sgemm(CblasRowMajor, t(ta), t(tb), static_cast<blasint>(m), static_cast<blasint>(n),
+              static_cast<blasint>(k), 1.0f, a, static_cast<blasint>(ta == 'N' ? k : m), b,
+              static_cast<blasint>(tb == 'N' ? n : k), 0.0f, c, static_cast<blasint>(n));
+}
+
 void matmul_onednn_bf16_mnk(char ta, char tb, int64_t m, int64_t n, int64_t k, const void* a,
                             const void* b, void* c) {
   static const bool native = onednn_has_bf16_instructions();
-  if (native) return bf16_primitive(ta, tb, m, n, k, a, b, c);
+  if (native) return on_primitive(dnnl::memory::data_type::bf16, ta, tb, m, n, k, a, b, c);
   bf16_by_sgemm(ta, tb, m, n, k, a, b, c);
 }
 

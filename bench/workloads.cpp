@@ -164,9 +164,59 @@ Ablatable w2_ablatable() {
   return a;
 }
 
+// W3's linear rows: nn::Linear(1024, 1024) forward (no grad) on a batch of 16 and of 64 rows, x
+// W^T + b, eager and compiled, against the same product and a plain loop adding the bias on
+// oneDNN called directly, both ways it has: its sgemm reading W transposed, and its matmul
+// primitive (Note [Products read transposed] in kernels/matmul.cpp). The target is the faster.
+void w3_linear(const Config& c, std::vector<Result>& out) {
+  constexpr int64_t kWidth = 1024;
+  for (int64_t rows : {16, 64}) {
+    duet::manual_seed(7);
+    duet::nn::Linear lin(kWidth, kWidth);
+    const Tensor x = duet::randn({rows, kWidth});
+    const double flop = 2.0 * rows * kWidth * kWidth;
+    const int calls = std::max<int>(1, static_cast<int>(2e9 / flop));
+    auto gflops = [&](double s) { return flop * calls / s / 1e9; };
+    duet::NoGradGuard no_grad;
+    auto f = duet::compile([&](Tensor xs) { return lin(xs); });
+    Tensor y;
+    std::vector<float> yf(static_cast<size_t>(rows * kWidth));
+    const float *px = x.data_ptr<float>(), *pw = lin.weight.data_ptr<float>(),
+                *pb = lin.bias.data_ptr<float>();
+    auto add_bias = [&] {
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < kWidth; ++j) yf[i * kWidth + j] += pb[j];
+    };
+    auto repeat = [&](std::function<void()> g) {
+      return [g, calls] {
+        for (int i = 0; i < calls; ++i) g();
+      };
+    };
+    auto t = time_interleaved(
+        {repeat([&] { y = lin(x); }), repeat([&] { y = f(x); }), repeat([&] {
+           sgemm_onednn_mnk('N', 'T', rows, kWidth, kWidth, px, pw, yf.data());
+           add_bias();
+         }),
+         repeat([&] {
+           matmul_onednn_f32_mnk('N', 'T', rows, kWidth, kWidth, px, pw, yf.data());
+           add_bias();
+         })},
+        c.reps);
+    const char* modes[] = {"eager", "compiled", "floor", "floor"};
+    const char* floors[] = {"", "", " onednn_sgemm", " onednn_matmul"};
+    for (int k = 0; k < 4; ++k) {
+      Result r = base("W3", modes[k], c, "gflops");
+      r.variant = fmt::format("linear batch {}{}", rows, floors[k]);
+      r.n = kWidth;
+      out.push_back(summarize(r, t[k], gflops));
+    }
+  }
+}
+
 // W3: matmul at 1024^3, 256^3, 64^3 against oneDNN and OpenBLAS called directly. The compiled
 // row is a compiled function of one matmul: the same kernel behind a plan replay.
 void run_w3(const Config& c, std::vector<Result>& out) {
+  w3_linear(c, out);
   for (int64_t n : {1024, 256, 64}) {
     Tensor a = duet::reshape(random_f32(n * n, 4), {n, n});
     Tensor b = duet::reshape(random_f32(n * n, 5), {n, n});

@@ -48,7 +48,7 @@ MatLayout layout(int64_t rows, int64_t cols, int64_t s0, int64_t s1) {
   return {'N', 0, false};
 }
 
-// ---- f16 and bf16 ------------------------------------------------------------------------------
+// ---- oneDNN's matmul primitive: f16 and bf16, and f32 read transposed -------------------------
 
 dnnl::memory::data_type dnnl_type(DType dt) {
   return dt == DType::bf16  ? dnnl::memory::data_type::bf16
@@ -56,12 +56,12 @@ dnnl::memory::data_type dnnl_type(DType dt) {
                             : dnnl::memory::data_type::f32;
 }
 
-// One matmul of low operands: their dtype and the result's, the sizes and layouts (transposed,
-// leading dims), whether it accumulates (c += a @ b), the threads it runs on, and whether a bias
-// (n) of the operands' dtype is added to the sums before they are stored (addmm).
-using LowKey = std::array<int64_t, 13>;
-LowKey low_key(DType in, DType out, int64_t m, int64_t n, int64_t k, bool ta, int64_t lda, bool tb,
-               int64_t ldb, int64_t ldc, bool accumulate, bool bias = false) {
+// One matmul on the primitive: the operands' dtype and the result's, the sizes and layouts
+// (transposed, leading dims), whether it accumulates (c += a @ b), the threads it runs on, and
+// whether a bias (n) of the operands' dtype is added to the sums before they are stored (addmm).
+using MatmulKey = std::array<int64_t, 13>;
+MatmulKey matmul_key(DType in, DType out, int64_t m, int64_t n, int64_t k, bool ta, int64_t lda,
+                     bool tb, int64_t ldb, int64_t ldc, bool accumulate, bool bias = false) {
   return {static_cast<int64_t>(in),
           static_cast<int64_t>(out),
           m,
@@ -73,15 +73,17 @@ LowKey low_key(DType in, DType out, int64_t m, int64_t n, int64_t k, bool ta, in
           ldb,
           ldc,
           accumulate,
-          omp_get_max_threads(),
+          omp_in_parallel() ? 1 : omp_get_max_threads(),
           bias};
 }
 
 // Its primitive and its operands' layouts, or nothing where oneDNN has no kernel for it on this
 // CPU (f16 before AVX512-FP16, say).
-struct LowMatmul {
+struct MatmulPrimitive {
   dnnl::matmul prim;
   dnnl::memory a, b, c, bias;  ///< made once, pointed at each call's data (set_data_handle)
+  /// The arguments of execute(), made once: a call then allocates nothing.
+  std::unordered_map<int, dnnl::memory> args;
 };
 
 dnnl::engine& cpu_engine() {
@@ -89,7 +91,7 @@ dnnl::engine& cpu_engine() {
   return eng;
 }
 
-std::optional<LowMatmul> make_low_matmul(const LowKey& key) {
+std::optional<MatmulPrimitive> make_matmul_primitive(const MatmulKey& key) {
   const auto [in, out, m, n, k, ta, lda, tb, ldb, ldc, accumulate, threads, bias] = key;
   (void)threads;
   using dims = dnnl::memory::dims;
@@ -109,38 +111,38 @@ std::optional<LowMatmul> make_low_matmul(const LowKey& key) {
     }
     const dnnl::matmul::desc d =
         bias ? dnnl::matmul::desc(a, b, bias_desc, c) : dnnl::matmul::desc(a, b, c);
-    return LowMatmul{dnnl::matmul(dnnl::matmul::primitive_desc(d, attr, eng)),
-                     dnnl::memory(a, eng, DNNL_MEMORY_NONE), dnnl::memory(b, eng, DNNL_MEMORY_NONE),
-                     dnnl::memory(c, eng, DNNL_MEMORY_NONE),
-                     dnnl::memory(bias_desc, eng, DNNL_MEMORY_NONE)};
+    MatmulPrimitive mm{dnnl::matmul(dnnl::matmul::primitive_desc(d, attr, eng)),
+                       dnnl::memory(a, eng, DNNL_MEMORY_NONE),
+                       dnnl::memory(b, eng, DNNL_MEMORY_NONE),
+                       dnnl::memory(c, eng, DNNL_MEMORY_NONE),
+                       dnnl::memory(bias_desc, eng, DNNL_MEMORY_NONE),
+                       {}};
+    mm.args = {{DNNL_ARG_SRC, mm.a}, {DNNL_ARG_WEIGHTS, mm.b}, {DNNL_ARG_DST, mm.c}};
+    if (bias) mm.args.emplace(DNNL_ARG_BIAS, mm.bias);
+    return mm;
   } catch (const dnnl::error&) {
     return std::nullopt;
   }
 }
 
 // The product of `key` on its primitive, made on first use; false where there is none.
-bool run_low_matmul(const LowKey& key, const void* a, const void* b, void* c,
-                    const void* bias = nullptr) {
+bool run_matmul_primitive(const MatmulKey& key, const void* a, const void* b, void* c,
+                          const void* bias = nullptr) {
   // Per thread (a primitive runs on one thread at a time), bounded like the convolutions'.
-  thread_local std::map<LowKey, std::optional<LowMatmul>> cache;
+  thread_local std::map<MatmulKey, std::optional<MatmulPrimitive>> cache;
   auto it = cache.find(key);
   if (it == cache.end()) {
     if (cache.size() >= 96) cache.clear();
-    it = cache.emplace(key, make_low_matmul(key)).first;
+    it = cache.emplace(key, make_matmul_primitive(key)).first;
   }
   if (!it->second) return false;
-  LowMatmul& mm = *it->second;
+  MatmulPrimitive& mm = *it->second;
   mm.a.set_data_handle(const_cast<void*>(a));
   mm.b.set_data_handle(const_cast<void*>(b));
   mm.c.set_data_handle(c);
   thread_local dnnl::stream s(cpu_engine());
-  std::unordered_map<int, dnnl::memory> args{
-      {DNNL_ARG_SRC, mm.a}, {DNNL_ARG_WEIGHTS, mm.b}, {DNNL_ARG_DST, mm.c}};
-  if (bias) {
-    mm.bias.set_data_handle(const_cast<void*>(bias));
-    args.emplace(DNNL_ARG_BIAS, mm.bias);
-  }
-  mm.prim.execute(s, args);
+  if (bias) mm.bias.set_data_handle(const_cast<void*>(bias));
+  mm.prim.execute(s, mm.args);
   s.wait();
   return true;
 }
@@ -150,8 +152,9 @@ template <class L>
 bool low_gemm_onednn(const L* a, MatLayout la, const L* b, MatLayout lb, L* c, int64_t m, int64_t n,
                      int64_t k) {
   const DType dt = std::is_same_v<L, bf16_t> ? DType::bf16 : DType::f16;
-  return run_low_matmul(
-      low_key(dt, dt, m, n, k, la.trans == 'T', la.ld, lb.trans == 'T', lb.ld, n, false), a, b, c);
+  return run_matmul_primitive(
+      matmul_key(dt, dt, m, n, k, la.trans == 'T', la.ld, lb.trans == 'T', lb.ld, n, false), a, b,
+      c);
 }
 
 // Note [Small products]
@@ -263,6 +266,22 @@ std::string small_product_library() {
 #endif
 }
 
+// Note [Products read transposed]
+// An f32 product a @ b^T, b read transposed (nn::Linear's forward, the LSTM step's products, an
+// attention score Q K^T), runs on oneDNN's matmul primitive rather than its sgemm from
+// kTransposedPrimitiveRows rows of a on. On this project's CPUs sgemm shares such a product
+// poorly between two threads, splitting its inner dim: a (16 x 1024) @ (1024 x 1024)^T took
+// 1,710 us on two threads against 951 on one, and (64 x 64) @ (64 x 256)^T 16.7 against 21.0.
+// The primitive (brgemm kernels) took 289 and 14.1 us. Over 97 shapes of 16 to 512 rows, 64 to
+// 1,024 columns and inner dims of 64 to 1,024, sgemm on two threads took 0.98x to 5.9x the
+// primitive's time (1.58x the median), and the primitive gave the same bits on one thread and
+// two in every one of them, so
+// these products no longer follow the thread count (Note [Sums that follow the threads] in
+// trace/plan/plan_build.cpp). Below 16 rows sgemm is faster (0.54x to 0.96x), and for a @ b
+// and a^T @ b the primitive gained nothing over sgemm (medians 1.05x and 0.99x, as low as
+// 0.42x), so those stay on sgemm. The primitive is made once per shape and layout and kept
+// (run_matmul_primitive); it accumulates (beta 1) as a sum post-op.
+
 void gemm_rows(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
                const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
@@ -280,6 +299,11 @@ void gemm_rows(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a
     return;
   }
 #endif
+  if (!ta && tb && m >= kTransposedPrimitiveRows && (beta == 0 || beta == 1) &&
+      run_matmul_primitive(
+          matmul_key(DType::f32, DType::f32, m, n, k, false, lda, true, ldb, ldc, beta == 1), a, b,
+          c))
+    return;  // (Note [Products read transposed])
   const dnnl_status_t st =
       dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
   DUET_ASSERT(st == dnnl_success, "dnnl_sgemm failed with status {}", static_cast<int>(st));
@@ -451,8 +475,8 @@ bool low_gemm_to_f32(DType dt, bool ta, bool tb, int64_t m, int64_t n, int64_t k
       for (int64_t i = 0; i < m; ++i) std::fill(c + i * ldc, c + i * ldc + n, 0.0f);
     return true;
   }
-  return run_low_matmul(low_key(dt, DType::f32, m, n, k, ta, lda, tb, ldb, ldc, accumulate), a, b,
-                        c);
+  return run_matmul_primitive(
+      matmul_key(dt, DType::f32, m, n, k, ta, lda, tb, ldb, ldc, accumulate), a, b, c);
 }
 
 void run_as_matrices(KernelFn k, TensorRefs in, const Attrs& attrs, const Tensor& out) {
@@ -500,9 +524,9 @@ void addmm_kernel(TensorRefs in, const Attrs& attrs, const Tensor& out) {
   const Tensor &a = as_operand(in[1], ha), &b = as_operand(in[2], hb);
   const Tensor& bias = in[0].is_contiguous() ? in[0] : (hbias = cast_to(in[0], dt));
   const MatLayout la = operand_layout(a), lb = operand_layout(b);
-  if (k > 0 && run_low_matmul(low_key(dt, dt, m, n, k, la.trans == 'T', la.ld, lb.trans == 'T',
-                                      lb.ld, n, false, /*bias=*/true),
-                              a.raw_data(), b.raw_data(), out.raw_data(), bias.raw_data()))
+  if (k > 0 && run_matmul_primitive(matmul_key(dt, dt, m, n, k, la.trans == 'T', la.ld,
+                                               lb.trans == 'T', lb.ld, n, false, /*bias=*/true),
+                                    a.raw_data(), b.raw_data(), out.raw_data(), bias.raw_data()))
     return;
   if (k > 0) return run_wide(addmm_kernel, in, attrs, out);        // (no primitive)
   const bf16_t* pb = static_cast<const bf16_t*>(bias.raw_data());  // no product: the bias rows

@@ -23,6 +23,11 @@ void addmv_kernel(TensorRefs in, const Attrs& attrs, const Tensor& out);
 /// choose their library by it too.
 inline constexpr int64_t kSmallProduct = int64_t(64) * 64 * 64;
 
+/// From this many rows of a on, an f32 product a @ b^T of more than kSmallProduct multiply-adds
+/// runs on oneDNN's matmul primitive rather than its sgemm (Note [Products read transposed] in
+/// kernels/matmul.cpp). The bench's GEMM floors follow it.
+inline constexpr int64_t kTransposedPrimitiveRows = 16;
+
 /// Whether f32 products of at most kSmallProduct multiply-adds run on OpenBLAS: where the build
 /// found it and its kernels fit this CPU (Note [OpenBLAS's choice of kernels] in
 /// kernels/matmul.cpp); otherwise on oneDNN. Decided once per process.

@@ -864,6 +864,12 @@ const std::vector<MatmulRow>& matmul_rows() {
       {"batch of 0", {0, 3, 4}, {4, 5}},
       {"large", {257, 129}, {129, 65}},
       {"large transposed", {257, 129}, {129, 65}, L::Transposed, L::Contiguous},
+      // a @ b^T from 16 rows on runs on oneDNN's matmul primitive (Note [Products read
+      // transposed] in kernels/matmul.cpp); fewer rows on sgemm.
+      {"16 rows, b transposed", {16, 96}, {96, 256}, L::Contiguous, L::Transposed},
+      {"15 rows, b transposed", {15, 96}, {96, 256}, L::Contiguous, L::Transposed},
+      {"large, b transposed", {257, 129}, {129, 130}, L::Contiguous, L::Transposed},
+      {"batched offset, b transposed", {3, 40, 96}, {3, 96, 130}, L::Offset, L::Transposed},
   };
   return rows;
 }
