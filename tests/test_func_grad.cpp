@@ -1,7 +1,7 @@
 // func::grad beyond one argument (trace/func.h), as torch.func and JAX: several argnums, an
 // auxiliary result (has_aux), grad_and_value, zeros for a value that does not depend on the
-// argument, grad mode on inside; vmap of functions that return tuples of them; vjp, jacrev
-// and hessian.
+// argument, grad mode on inside; vmap of functions that return tuples of them; vjp, jvp,
+// jacrev, jacfwd and hessian.
 #include <doctest/doctest.h>
 
 #include "op_rows.h"
@@ -222,6 +222,74 @@ TEST_CASE("jacrev and hessian: Jacobians of result.shape + argument.shape, batch
                        ValueError);
   CHECK_THROWS_WITH_AS(func::jacrev(f, 2)(w, x), doctest::Contains("argnum 2 is out of range"),
                        ValueError);
+}
+
+TEST_CASE("jvp: the result and its Jacobian-vector product, of several arguments, under vmap") {
+  manual_seed(617);
+  const Tensor w = randn({3, 4}, Options().dtype(DType::f64)),
+               x = randn({4}, Options().dtype(DType::f64));
+  const Tensor vw = randn({3, 4}, Options().dtype(DType::f64)),
+               vx = randn({4}, Options().dtype(DType::f64));
+  auto f = [](const Tensor& m, const Tensor& a) { return matmul(m, a).tanh() * a.sum(); };
+  auto [y, jv] = func::jvp(f, {w, x}, {vw, vx});
+  CHECK(close(y, f(w, x), 0));
+  REQUIRE(jv.sizes() == Shape{3});
+  // Against the Jacobians contracted with the tangents: J_w vw + J_x vx.
+  const Tensor jw = func::jacrev(f, 0)(w, x), jx = func::jacrev(f, 1)(w, x);
+  const Tensor want = (jw * vw.unsqueeze(0)).sum({1, 2}) + (jx * vx.unsqueeze(0)).sum(1);
+  CHECK(close(jv, want, 1e-12));
+  // Linear in the tangents: a tangent for x alone, and twice it.
+  auto [y1, jx_vx] = func::jvp(f, {w, x}, {zeros_like(vw), vx});
+  CHECK(close(jx_vx, matmul(jx, vx), 1e-12));
+  CHECK(close(std::get<1>(func::jvp(f, {w, x}, {zeros_like(vw), vx * 2.0})), jx_vx * 2.0, 1e-12));
+  // Under vmap, one product per tangent: the columns of J_x.
+  auto column = [&](const Tensor& t) {
+    return std::get<1>(func::jvp(f, {w, x}, {zeros_like(w), t}));
+  };
+  CHECK(close(func::vmap(column)(eye(4, Options().dtype(DType::f64))), jx.permute({1, 0}), 1e-12));
+  // A result that does not depend on an argument: that tangent adds nothing; on none: zeros.
+  auto only_a = [](const Tensor& a, const Tensor&) { return a * 3.0; };
+  CHECK(close(std::get<1>(func::jvp(only_a, {x, w}, {vx, vw})), vx * 3.0, 0));
+  auto constant = [](const Tensor& a) { return full({2}, 1.0) + 0.0 * a.sum().detach(); };
+  CHECK(close(std::get<1>(func::jvp(constant, {x}, {vx})), zeros({2}), 0));
+  // A tangent of another shape, an integer argument: errors naming jvp.
+  CHECK_THROWS_WITH_AS(
+      func::jvp(f, {w, x}, {vw, ones({3})}),
+      doctest::Contains("[jvp] tangent 1 must have its argument's shape (4), got (3)"), ShapeError);
+  CHECK_THROWS_WITH_AS(func::jvp([](const Tensor& a) { return a * 2.0; },
+                                 {full({2}, 1, Options().dtype(DType::i64))}, {ones({2})}),
+                       doctest::Contains("[jvp] argument 0 and its tangent must be floating-point"),
+                       DTypeError);
+}
+
+TEST_CASE("jacfwd: the Jacobian column by column equals jacrev's; forward over reverse Hessians") {
+  manual_seed(619);
+  const Tensor w = randn({3, 4}, Options().dtype(DType::f64)),
+               x = randn({4}, Options().dtype(DType::f64));
+  auto f = [](const Tensor& m, const Tensor& a) { return matmul(m, a).tanh(); };
+  const Tensor jx = func::jacfwd(f, 1)(w, x), jw = func::jacfwd(f)(w, x);
+  REQUIRE(jx.sizes() == Shape{3, 4});
+  REQUIRE(jw.sizes() == Shape{3, 3, 4});
+  CHECK(close(jx, func::jacrev(f, 1)(w, x), 1e-12));
+  CHECK(close(jw, func::jacrev(f, 0)(w, x), 1e-12));
+  // A matrix result of a matrix argument: result.shape + argument.shape.
+  auto g = [](const Tensor& m) { return matmul(m, m.permute({1, 0})); };
+  const Tensor jm = func::jacfwd(g)(w);
+  REQUIRE(jm.sizes() == Shape{3, 3, 3, 4});
+  CHECK(close(jm, func::jacrev(g)(w), 1e-12));
+  // Forward over reverse, as torch.func.hessian: the Hessian of sum(x^3) is diag(6 x).
+  auto cube = [](const Tensor& a) { return (a * a * a).sum(); };
+  const Tensor h = func::jacfwd(func::jacrev(cube))(x);
+  CHECK(close(h, eye(4, Options().dtype(DType::f64)) * (x * 6.0).unsqueeze(1), 1e-12));
+  CHECK(close(h, func::hessian(cube)(x), 1e-12));
+  // Compiled, the same Jacobian.
+  auto compiled = compile([&](const Tensor& a) { return func::jacfwd(f, 1)(w, a); });
+  CHECK(close(compiled(x), jx, 1e-12));
+  CHECK_THROWS_WITH_AS(func::jacfwd(f, 2)(w, x), doctest::Contains("argnum 2 is out of range"),
+                       ValueError);
+  CHECK_THROWS_WITH_AS(func::jacfwd([](const Tensor& a) { return a * 2.0; })(
+                           full({2}, 1, Options().dtype(DType::i64))),
+                       doctest::Contains("[jacfwd] argument 0 must be floating-point"), DTypeError);
 }
 
 }  // namespace duet::test

@@ -428,6 +428,42 @@ std::vector<Tensor> vjp_grads(const Tensor& y, const std::vector<Tensor>& xs, co
   return grads_or_zeros(y, xs, v);
 }
 
+void check_tangents(const std::vector<Tensor>& xs, const std::vector<Tensor>& vs) {
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const Tensor &x = xs[i], &v = vs[i];
+    DUET_CHECK_SHAPE(x.defined() && v.defined() && v.sizes() == x.sizes(),
+                     "[jvp] tangent {} must have its argument's shape {}, got {}", i,
+                     x.defined() ? x.sizes().str() : std::string("(undefined)"),
+                     v.defined() ? v.sizes().str() : std::string("an undefined tensor"));
+    DUET_CHECK_DTYPE(is_floating(x.dtype()) && is_floating(v.dtype()),
+                     "[jvp] argument {} and its tangent must be floating-point, got {} and {}", i,
+                     x.dtype(), v.dtype());
+  }
+}
+
+// Note [jvp by two vjps]
+// duet differentiates in reverse only, so jvp transposes the vector-Jacobian product, as
+// torch.autograd.functional.jvp does: g(u) = J^T u is linear in the cotangent u, so the gradient
+// of sum(g(u) * v) with respect to u is J v, whatever u is (zeros here). The first product is
+// taken with create_graph, which tapes it as duet ops (gradient rules are written in duet ops),
+// so the second differentiates it like any other function; that second derivative is why the
+// cost is about two backward passes, where forward mode would be one. An argument whose
+// gradient does not depend on u (y does not depend on it) adds nothing, and a y that depends on
+// no argument has a product of zeros.
+Tensor jvp_product(const Tensor& y, const std::vector<Tensor>& xs, const std::vector<Tensor>& vs) {
+  duet::detail::GradModeScope grad_on(true);
+  Tensor u = zeros_like(y).requires_grad_();
+  const std::vector<Tensor> g = grads_or_zeros(y, xs, u);
+  Tensor s;
+  for (size_t i = 0; i < g.size(); ++i) {
+    if (!g[i].requires_grad()) continue;
+    Tensor term = (g[i] * vs[i]).sum();
+    s = s.defined() ? s + term : term;
+  }
+  if (!s.defined()) return zeros_like(y);
+  return grads_or_zeros(s, {u}, Tensor())[0];
+}
+
 std::vector<Tensor> value_grads(const Tensor& y, const std::vector<Tensor>& xs,
                                 const std::string& label) {
   check_scalar_result(y, label);

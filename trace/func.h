@@ -1,5 +1,6 @@
 // duet: function transforms, as torch.func and JAX: vmap (per-sample code run on a batch), grad
-// (the gradient of a scalar function, as a function), grad_and_value, vjp, jacrev and hessian.
+// (the gradient of a scalar function, as a function), grad_and_value, vjp, jvp, jacrev, jacfwd
+// and hessian.
 // They compose: vmap(grad(loss)) gives per-sample gradients, vmap(vmap(f)) batches twice, and
 // compile(vmap(f)) compiles the batched function (Note [vmap] in trace/func.cpp).
 #pragma once
@@ -50,6 +51,11 @@ void make_leaves(std::vector<Tensor>& xs, const std::vector<int>& ks);
 /// vjp's product: the gradients of sum(y * v) with respect to xs (zeros where y does not
 /// depend on one), differentiable again; v must have y's shape.
 std::vector<Tensor> vjp_grads(const Tensor& y, const std::vector<Tensor>& xs, const Tensor& v);
+/// jvp's checks: one tangent per argument, of its shape, floating-point.
+void check_tangents(const std::vector<Tensor>& xs, const std::vector<Tensor>& vs);
+/// jvp's product: the sum over xs of each one's Jacobian of y times its tangent vs[i], of y's
+/// shape (zeros where y depends on none of them), differentiable again.
+Tensor jvp_product(const Tensor& y, const std::vector<Tensor>& xs, const std::vector<Tensor>& vs);
 /// The gradients of y, a function's value (one floating-point element), with respect to xs:
 /// differentiable again, and zeros where y does not depend on an x (as torch.func and JAX).
 std::vector<Tensor> value_grads(const Tensor& y, const std::vector<Tensor>& xs,
@@ -271,6 +277,73 @@ auto jacrev(F f, int argnum = 0, DUET_HERE) {
         basis, Tensor(args)...);  // (n, argument's shape)
     for (int64_t k = 1; k < j.dim(); ++k) shape.push_back(j.sizes()[k]);
     return j.reshape(shape);
+  };
+}
+
+/// jvp(f, {args...}, {tangents...}): f's result and its Jacobian-vector product J v, as
+/// torch.func.jvp(f, primals, tangents): std::tuple<Tensor, Tensor>, the result then the sum
+/// over the arguments of each one's Jacobian times its tangent (of the result's shape):
+///     auto [y, jv] = func::jvp(f, {w, x}, {vw, vx});
+/// duet has no forward mode: the product is the reverse mode's twice (Note [jvp by two vjps] in
+/// trace/func.cpp), as torch.autograd.functional.jvp computes it, about two backward passes of
+/// f. It is differentiable again and runs under vmap. f returns a floating-point Tensor; each
+/// tangent has its argument's shape and a floating dtype.
+template <class F, size_t N>
+auto jvp(const F& f, const Tensor (&primals)[N], const Tensor (&tangents)[N]) {
+  std::vector<Tensor> a(primals, primals + N), v(tangents, tangents + N);
+  std::vector<int> all(N);
+  std::iota(all.begin(), all.end(), 0);
+  detail::check_tangents(a, v);
+  detail::make_leaves(a, all);
+  Tensor y;
+  {
+    duet::detail::GradModeScope grad_on(true);
+    y = [&]<size_t... I>(std::index_sequence<I...>) { return Tensor(f(a[I]...)); }
+    (std::make_index_sequence<N>{});
+  }
+  detail::check_jacobian_result("jvp", y, "func::jvp");
+  return std::tuple(y, detail::jvp_product(y, a, v));
+}
+
+/// jacfwd(f, argnum)(args...): the Jacobian of f's result with respect to args[argnum], as
+/// torch.func.jacfwd and jax.jacfwd: of shape result.shape + argument.shape, one
+/// Jacobian-vector product per element of the argument (the columns of the identity as the
+/// tangents), batched into one call by vmap. Each product is computed as jvp computes it, so
+/// jacrev is the cheaper of the two here, where in a framework with forward mode jacfwd is for
+/// arguments smaller than the result. f returns a floating-point Tensor.
+template <class F>
+auto jacfwd(F f, int argnum = 0, DUET_HERE) {
+  const std::string label = fmt::format("jacfwd at {}:{}", loc.file_name(), loc.line());
+  return [f, argnum, label, loc](const auto&... args) -> Tensor {
+    constexpr size_t kN = sizeof...(args);
+    detail::check_argnum(argnum, kN, label);
+    const Tensor x[kN] = {Tensor(args)...};
+    const Tensor& arg = x[argnum];
+    DUET_CHECK_DTYPE(
+        is_floating(arg.dtype()),
+        "[jacfwd] argument {} must be floating-point to be differentiated, got {} ({})", argnum,
+        arg.dtype(), label);
+    const int64_t n = arg.numel();
+    Shape cols{n};
+    for (int64_t d : arg.sizes()) cols.push_back(d);
+    const Tensor basis = eye(n, Options().dtype(arg.dtype()).device(arg.device())).reshape(cols);
+    // J e for a tangent e of the argument (zeros for the other arguments).
+    auto column = [f, argnum, &x](const Tensor& e) {
+      constexpr size_t count = std::extent_v<std::remove_reference_t<decltype(x)>>;  // (kN)
+      Tensor t[count];
+      for (size_t i = 0; i < count; ++i)
+        t[i] = static_cast<int>(i) == argnum ? e : zeros_like(x[i]);
+      return std::get<1>(jvp(f, x, t));
+    };
+    const Tensor j = vmap(column, {}, 0, Randomness::Error, loc)(basis);  // (n, result's shape)
+    // The argument's elements last: result.shape + argument.shape.
+    std::vector<int64_t> order;
+    for (int64_t d = 1; d < j.dim(); ++d) order.push_back(d);
+    order.push_back(0);
+    Shape shape;
+    for (int64_t d = 1; d < j.dim(); ++d) shape.push_back(j.sizes()[d]);
+    for (int64_t d : arg.sizes()) shape.push_back(d);
+    return permute(j, Dims(order)).reshape(shape);
   };
 }
 
