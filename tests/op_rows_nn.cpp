@@ -62,8 +62,10 @@ OpRow soft_row(Soft kind, Shape xs, int64_t dim) {
   static const OpId ops[] = {OpId::Exp, OpId::LogSoftmax, OpId::Log};
   Shape out = xs;
   if (kind == Soft::LogSumExp && xs.size()) out.erase(wrap(dim, xs.size()));
+  // logsumexp over an empty dim is the empty sum's -inf (Note [jvp by two vjps]).
+  const bool empty_sum = kind == Soft::LogSumExp && xs.size() && xs[wrap(dim, xs.size())] == 0;
   OpRow r{fmt::format("{} {} dim {}", names[int(kind)], xs.str(), dim),
-          ops[int(kind)],
+          empty_sum ? OpId::Sum : ops[int(kind)],
           kind != Soft::LogSoftmax,  // log_softmax is one op (Note [log_softmax])
           {xs},
           [=](const Ins& in) {

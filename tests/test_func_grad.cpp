@@ -287,6 +287,17 @@ TEST_CASE("jacfwd: the Jacobian column by column equals jacrev's; forward over r
   CHECK(close(compiled(x), jx, 1e-12));
   CHECK_THROWS_WITH_AS(func::jacfwd(f, 2)(w, x), doctest::Contains("argnum 2 is out of range"),
                        ValueError);
+  // Several argnums: one Jacobian each, in the order named, both ways.
+  for (const std::vector<Tensor>& js :
+       {func::jacfwd(f, std::vector<int>{1, 0})(w, x), func::jacrev(f, {1, 0})(w, x)}) {
+    REQUIRE(js.size() == 2);
+    CHECK(close(js[0], jx, 1e-12));
+    CHECK(close(js[1], jw, 1e-12));
+  }
+  CHECK_THROWS_WITH_AS(func::jacrev(f, {0, 0})(w, x),
+                       doctest::Contains("argnums names argument 0 twice"), ValueError);
+  CHECK_THROWS_WITH_AS(func::jacrev(f, 5)(w, x), doctest::Contains("[jacrev] jacrev at "),
+                       ValueError);
   CHECK_THROWS_WITH_AS(func::jacfwd([](const Tensor& a) { return a * 2.0; })(
                            full({2}, 1, Options().dtype(DType::i64))),
                        doctest::Contains("[jacfwd] argument 0 must be floating-point"), DTypeError);

@@ -559,6 +559,53 @@ TEST_CASE("op rows: gradcheck on contiguous, transposed, strided and expanded le
   report("op rows not differentiable", outside);
 }
 
+// Note [jvp by two vjps] in trace/func.cpp: jvp differentiates each op's gradient rule again,
+// with respect to the incoming gradient. On every differentiable row, in float64: the product
+// with random tangents for all floating inputs equals J v assembled row by row from reverse mode.
+TEST_CASE("op rows: jvp equals the Jacobian times the tangents, from the vjp differentiated") {
+  Rng rng(31);
+  int checked = 0;
+  for (const OpRow& row : op_rows()) {
+    if (!gradchecked(row)) continue;
+    INFO(row.name);
+    Ins x;
+    std::vector<int> floating;
+    for (size_t i = 0; i < row.shapes.size(); ++i) {
+      const Domain& d = row.domains[std::min(i, row.domains.size() - 1)];
+      x.push_back(leaf(smooth_values(row.shapes[i].numel(), d, int(i), rng), row.shapes[i],
+                       DType::f64, L::Contiguous));
+      if (is_floating(x.back().dtype())) floating.push_back(int(i));
+    }
+    if (floating.empty()) continue;
+    Ins xs, vs;
+    for (int i : floating) {
+      x[size_t(i)] = x[size_t(i)].detach().requires_grad_();
+      xs.push_back(x[size_t(i)]);
+      vs.push_back(randn(x[size_t(i)].sizes(), Options().dtype(DType::f64)));
+    }
+    const Tensor y = row.fn(x);
+    if (!is_floating(y.dtype()) || !y.requires_grad()) continue;
+    const Tensor jv = func::detail::jvp_product(y, xs, vs);
+    REQUIRE(jv.sizes() == y.sizes());
+    // Row k of J v: the gradient of y's element k (a one-hot cotangent) dotted with the tangents.
+    std::vector<double> want;
+    for (int64_t k = 0; k < y.numel(); ++k) {
+      const Tensor e = one_hot(full({}, k, Options().dtype(DType::i64)), y.numel()).to(DType::f64);
+      const Ins g = detail::grad({y}, xs, {e.reshape(y.sizes())}, /*create_graph=*/false,
+                                 /*retain_graph=*/true);
+      double sum = 0;
+      for (size_t i = 0; i < xs.size(); ++i)
+        if (g[i].defined()) sum += (g[i] * vs[i]).sum().item<double>();
+      want.push_back(sum);
+    }
+    CHECK_MESSAGE(differences(values(jv), want, 1e-10, 1e-10).empty(),
+                  differences(values(jv), want, 1e-10, 1e-10));
+    ++checked;
+  }
+  MESSAGE(checked << " op rows: jvp against reverse mode");
+  CHECK(checked > 50);
+}
+
 TEST_CASE("every differentiable op is gradchecked by some row of the sweep") {
   std::vector<int> rows(kNumOps, 0);
   for (const auto& r : elementwise_rows())

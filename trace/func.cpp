@@ -364,19 +364,25 @@ std::vector<Tensor> vmap_call(const std::function<std::vector<Tensor>(std::vecto
   return out;
 }
 
+namespace {
+// The transform a label names ("jacrev at file:line" -> "jacrev"), for its errors.
+std::string transform_of(const std::string& label) { return label.substr(0, label.find(' ')); }
+}  // namespace
+
 void check_argnum(int argnum, size_t args, const std::string& label) {
   DUET_CHECK_VALUE(argnum >= 0 && static_cast<size_t>(argnum) < args,
-                   "[grad] {}: argnum {} is out of range for {} arguments", label, argnum, args);
+                   "[{}] {}: argnum {} is out of range for {} arguments", transform_of(label),
+                   label, argnum, args);
 }
 
 void check_argnums(const std::vector<int>& argnums, size_t args, const std::string& label) {
-  DUET_CHECK_VALUE(!argnums.empty(), "[grad] {}: argnums is empty; name at least one argument",
-                   label);
+  DUET_CHECK_VALUE(!argnums.empty(), "[{}] {}: argnums is empty; name at least one argument",
+                   transform_of(label), label);
   for (size_t i = 0; i < argnums.size(); ++i) {
     check_argnum(argnums[i], args, label);
     for (size_t j = 0; j < i; ++j)
-      DUET_CHECK_VALUE(argnums[j] != argnums[i], "[grad] {}: argnums names argument {} twice",
-                       label, argnums[i]);
+      DUET_CHECK_VALUE(argnums[j] != argnums[i], "[{}] {}: argnums names argument {} twice",
+                       transform_of(label), label, argnums[i]);
   }
 }
 

@@ -249,6 +249,40 @@ auto vjp(const F& f, const A&... args) {
   return std::tuple(y, std::move(fn));
 }
 
+namespace detail {
+/// jacrev's Jacobians, one per argnum (checked), each of shape result.shape + argument.shape.
+template <class F, class... A>
+std::vector<Tensor> jacobians_rev(const F& f, const std::vector<int>& argnums,
+                                  const std::string& label, const std::source_location& loc,
+                                  const A&... args) {
+  check_argnums(argnums, sizeof...(args), label);
+  Tensor y;
+  {
+    NoGradGuard off;
+    y = Tensor(f(args...));
+  }
+  check_jacobian_result("jacrev", y, label);
+  const int64_t n = y.numel();
+  Shape rows{n};
+  for (int64_t d : y.sizes()) rows.push_back(d);
+  const Tensor basis = eye(n, Options().dtype(y.dtype()).device(y.device())).reshape(rows);
+  // The product of the cotangent v and f's Jacobian, as the gradient of sum(f(args) * v).
+  auto vjp = [f](const Tensor& v, const auto&... xs) { return (Tensor(f(xs...)) * v).sum(); };
+  std::vector<std::optional<int64_t>> dims(1 + sizeof...(args), std::nullopt);
+  dims[0] = 0;
+  std::vector<int> shifted;
+  for (int a : argnums) shifted.push_back(a + 1);
+  std::vector<Tensor> js = vmap(grad(vjp, shifted, loc), dims, 0, Randomness::Error, loc)(
+      basis, Tensor(args)...);  // each (n, argument's shape)
+  for (Tensor& j : js) {
+    Shape shape = y.sizes();
+    for (int64_t k = 1; k < j.dim(); ++k) shape.push_back(j.sizes()[k]);
+    j = j.reshape(shape);
+  }
+  return js;
+}
+}  // namespace detail
+
 /// jacrev(f, argnum)(args...): the Jacobian of f's result with respect to args[argnum], as
 /// torch.func.jacrev and jax.jacrev: of shape result.shape + argument.shape. Reverse mode, one
 /// vector-Jacobian product per element of the result, batched into one call by vmap (the rows
@@ -259,24 +293,18 @@ auto jacrev(F f, int argnum = 0, DUET_HERE) {
   const std::string label = fmt::format("jacrev at {}:{}", loc.file_name(), loc.line());
   return [f, argnum, label, loc](const auto&... args) -> Tensor {
     detail::check_argnum(argnum, sizeof...(args), label);
-    Tensor y;
-    {
-      NoGradGuard off;
-      y = Tensor(f(args...));
-    }
-    detail::check_jacobian_result("jacrev", y, label);
-    const int64_t n = y.numel();
-    Shape rows{n}, shape = y.sizes();
-    for (int64_t d : y.sizes()) rows.push_back(d);
-    const Tensor basis = eye(n, Options().dtype(y.dtype()).device(y.device())).reshape(rows);
-    // The product of the cotangent v and f's Jacobian, as the gradient of sum(f(args) * v).
-    auto vjp = [f](const Tensor& v, const auto&... xs) { return (Tensor(f(xs...)) * v).sum(); };
-    std::vector<std::optional<int64_t>> dims(1 + sizeof...(args), std::nullopt);
-    dims[0] = 0;
-    const Tensor j = vmap(grad(vjp, argnum + 1, loc), dims, 0, Randomness::Error, loc)(
-        basis, Tensor(args)...);  // (n, argument's shape)
-    for (int64_t k = 1; k < j.dim(); ++k) shape.push_back(j.sizes()[k]);
-    return j.reshape(shape);
+    return detail::jacobians_rev(f, {argnum}, label, loc, args...)[0];
+  };
+}
+
+/// jacrev(f, argnums)(args...): the Jacobians with respect to several arguments, one per argnum
+/// in order, as a std::vector<Tensor> (torch.func.jacrev's tuple of argnums), from one call of
+/// vmap. (A braced list of one, {0}, picks the single-argnum overload.)
+template <class F>
+auto jacrev(F f, std::vector<int> argnums, DUET_HERE) {
+  const std::string label = fmt::format("jacrev at {}:{}", loc.file_name(), loc.line());
+  return [f, argnums = std::move(argnums), label, loc](const auto&... args) {
+    return detail::jacobians_rev(f, argnums, label, loc, args...);
   };
 }
 
@@ -344,6 +372,21 @@ auto jacfwd(F f, int argnum = 0, DUET_HERE) {
     for (int64_t d = 1; d < j.dim(); ++d) shape.push_back(j.sizes()[d]);
     for (int64_t d : arg.sizes()) shape.push_back(d);
     return permute(j, Dims(order)).reshape(shape);
+  };
+}
+
+/// jacfwd(f, argnums)(args...): the Jacobians with respect to several arguments, one per argnum
+/// in order, as a std::vector<Tensor> (torch.func.jacfwd's tuple of argnums): one vmap of
+/// Jacobian-vector products per argument. (A braced list of one, {0}, picks the single-argnum
+/// overload.)
+template <class F>
+auto jacfwd(F f, std::vector<int> argnums, DUET_HERE) {
+  const std::string label = fmt::format("jacfwd at {}:{}", loc.file_name(), loc.line());
+  return [f, argnums = std::move(argnums), label, loc](const auto&... args) {
+    detail::check_argnums(argnums, sizeof...(args), label);
+    std::vector<Tensor> js;
+    for (int a : argnums) js.push_back(jacfwd(f, a, loc)(args...));
+    return js;
   };
 }
 

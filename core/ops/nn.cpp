@@ -76,6 +76,11 @@ Tensor logsumexp(const Tensor& x_in, int64_t dim, std::source_location loc) {
     const Tensor& x = detail::autocast_f32(x_in, held_x);
     dim = check_soft("logsumexp", x, dim);
     if (is_low_precision(x.dtype())) return logsumexp(x.to(DType::f32), dim).to(x.dtype());
+    // An empty dim sums nothing: -inf, with the empty sum's history. Through log(sum(exp(...)))
+    // the gradient divides by that sum of 0, which reverse mode never shows (the gradient is
+    // empty) but jvp, differentiating the gradient again, did: 0 * inf, NaN where J v is 0
+    // (Note [jvp by two vjps] in trace/func.cpp).
+    if (x.dim() && detail::size_is(x, dim, 0, "logsumexp")) return sum(x, dim) - INFINITY;
     Tensor m = stable_max(x, dim);
     return squeeze(m + log(sum(exp(x - m), dim, /*keepdim=*/true)), dim);
   });
