@@ -565,9 +565,15 @@ void Autobatch::Impl::run_group(std::vector<PendingOp>& ops, const Attrs& attrs,
       if (!grad) return run_each();
       return run_each_differentiated(ops, attrs, ids);
     }
+    if (grad && def.cls == OpClass::View) {  // (Note [Views by source] in autobatch_tape.cpp)
+      if (auto parts = split_by_source(ops, ids); !parts.empty()) {
+        for (const std::vector<int32_t>& part : parts) run_group(ops, attrs, part);
+        return;
+      }
+    }
     if (auto parts = split_by_operand(ops, ids); !parts.empty()) {
       // (Note [Joined parts])
-      if (grad && def.cls != OpClass::View && joins_parts(parts) &&
+      if (grad && def.cls != OpClass::View && joins_parts(ops, parts) &&
           run_parts_joined(ops, def, attrs, parts))
         return;
       for (const std::vector<int32_t>& part : parts) run_group(ops, attrs, part);
@@ -591,16 +597,22 @@ void Autobatch::Impl::run_group(std::vector<PendingOp>& ops, const Attrs& attrs,
 // parts are joined instead: each runs its rule, and one concatenation makes them one batch, in
 // the order of the parts. Its readers then take a slice or one index_select of it. B1 runs 1,933
 // kernels a step where it ran 2,110, and 16 gathers where it ran 134. Parts that no signature
-// reads across stay apart, as a concatenation would copy for nothing.
+// reads across stay apart, as a concatenation would copy for nothing; so do parts that only
+// views read across, which split by source instead (Note [Views by source] in
+// eager/autobatch_tape.cpp).
 
-// Whether one signature reads the results of two of the parts (Note [Joined parts]).
-bool Autobatch::Impl::joins_parts(const std::vector<std::vector<int32_t>>& parts) const {
+// Whether one signature other than a view's reads the results of two of the parts (Note
+// [Joined parts]).
+bool Autobatch::Impl::joins_parts(const std::vector<PendingOp>& ops,
+                                  const std::vector<std::vector<int32_t>>& parts) const {
   const std::vector<int32_t>& sig = run_index_->sig;
   std::vector<std::pair<int32_t, size_t>> seen;  // a reading signature and its first part
   for (size_t q = 0; q < parts.size(); ++q)
     for (int32_t id : parts[q])
       for (int32_t k = run_first_consumer_[id]; k < run_first_consumer_[id + 1]; ++k) {
-        const int32_t s = sig[static_cast<size_t>(run_consumer_[k])];
+        const int32_t c = run_consumer_[k];
+        if (detail::op_def(ops[static_cast<size_t>(c)].op).cls == OpClass::View) continue;
+        const int32_t s = sig[static_cast<size_t>(c)];
         auto it =
             std::find_if(seen.begin(), seen.end(), [&](const auto& e) { return e.first == s; });
         if (it == seen.end())

@@ -263,6 +263,10 @@ bool is_pick(const OpCall& c);
 // operand] in eager/autobatch.cpp).
 std::vector<std::vector<int32_t>> split_by_operand(const std::vector<PendingOp>& ops,
                                                    const std::vector<int32_t>& ids);
+// The group's ops split by the batch that made their first operand, or {} (Note [Views by
+// source] in eager/autobatch_tape.cpp).
+std::vector<std::vector<int32_t>> split_by_source(const std::vector<PendingOp>& ops,
+                                                  const std::vector<int32_t>& ids);
 
 // What recording and a run's passes read of each pending op, in arrays of their own: reading
 // it from the PendingOps (and their result tensors) missed the cache at every op and edge.
@@ -364,7 +368,8 @@ struct Autobatch::Impl final : DispatchMode, LazyRunner {
   void end_run(std::vector<PendingOp>& ops);  // Note [The run's end] in eager/autobatch_tape.cpp
   void run_group(std::vector<PendingOp>& ops, const Attrs& attrs, const std::vector<int32_t>& ids);
   // Note [Joined parts] in eager/autobatch.cpp.
-  bool joins_parts(const std::vector<std::vector<int32_t>>& parts) const;
+  bool joins_parts(const std::vector<PendingOp>& ops,
+                   const std::vector<std::vector<int32_t>>& parts) const;
   bool run_parts_joined(std::vector<PendingOp>& ops, const OpDef& def, const Attrs& attrs,
                         const std::vector<std::vector<int32_t>>& parts);
   void run_picks(std::vector<PendingOp>& ops, const Attrs& attrs, std::vector<int32_t> ids);

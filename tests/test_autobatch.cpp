@@ -332,6 +332,32 @@ TEST_CASE("autobatch: the parts of a group that one signature reads across are j
   });
 }
 
+// Note [Views by source]: views of the results of two weights' batches (a BiLSTM step's h'
+// slices of its forward and backward cells) run as one view per batch, and the next ops split by
+// weight read those views as they lie: nothing is joined or gathered between the two layers.
+TEST_CASE("autobatch: views of several batches split by source, which stay apart") {
+  manual_seed(9);
+  nn::Linear a(5, 7), b(5, 7), a2(4, 3), b2(4, 3);
+  std::vector<Tensor> x, params;
+  for (int i = 0; i < 16; ++i) x.push_back(randn({5}));
+  for (nn::Module* m : std::initializer_list<nn::Module*>{&a, &b, &a2, &b2})
+    for (const Tensor& p : m->parameters()) params.push_back(p);
+  auto loss = [&] {
+    std::vector<Tensor> y;
+    for (int i = 0; i < 16; ++i) {
+      const bool first = i % 3 == 0;
+      const Tensor h = (first ? a : b)(x[static_cast<size_t>(i)]).slice(0, 0, 4);
+      y.push_back(tanh((first ? a2 : b2)(h)));
+    }
+    return stack(y, 0).sum();
+  };
+  check_same_step(params, loss);
+  const AutobatchStats s = autobatch_stats();
+  // The inputs of the first layer's two products, and the stack's rows; joined, the first
+  // layer's batches were concatenated and the second layer's parts gathered their rows.
+  CHECK(s.gathers == 3);
+}
+
 // A detached alias and the tensor itself are one memory read the same way, but only the
 // tensor has a history: ops of one signature reading the alias first and the tensor next ran
 // as one op on the alias (a shared operand), and the tensor's gradient was lost. Autocast's
