@@ -271,16 +271,16 @@ std::string small_product_library() {
 // attention score Q K^T), runs on oneDNN's matmul primitive rather than its sgemm from
 // kTransposedPrimitiveRows rows of a on. On this project's CPUs sgemm shares such a product
 // poorly between two threads, splitting its inner dim: a (16 x 1024) @ (1024 x 1024)^T took
-// 1,710 us on two threads against 951 on one, and (64 x 64) @ (64 x 256)^T 16.7 against 21.0.
-// The primitive (brgemm kernels) took 289 and 14.1 us. Over 97 shapes of 16 to 512 rows, 64 to
-// 1,024 columns and inner dims of 64 to 1,024, sgemm on two threads took 0.98x to 5.9x the
-// primitive's time (1.58x the median), and the primitive gave the same bits on one thread and
-// two in every one of them, so
-// these products no longer follow the thread count (Note [Sums that follow the threads] in
-// trace/plan/plan_build.cpp). Below 16 rows sgemm is faster (0.54x to 0.96x), and for a @ b
-// and a^T @ b the primitive gained nothing over sgemm (medians 1.05x and 0.99x, as low as
-// 0.42x), so those stay on sgemm. The primitive is made once per shape and layout and kept
-// (run_matmul_primitive); it accumulates (beta 1) as a sum post-op.
+// 1,710 us on two threads against 951 on one, and a (64 x 64) @ (64 x 256)^T 16.7 on two
+// against 21.0 on one. The primitive (brgemm kernels) took 289 and 14.1 us on two. Over 97
+// shapes of 16 to 512 rows, 64 to 1,024 columns and inner dims of 64 to 1,024, sgemm on two
+// threads took 0.98x to 5.9x the primitive's time (1.58x the median), and the primitive gave the
+// same bits on one thread and two in every one of them, so these products no longer follow the
+// thread count (Note [Sums that follow the threads] in trace/plan/plan_waves.cpp). Below 16
+// rows sgemm is faster (0.54x to 0.96x), and for a @ b and a^T @ b the primitive gained nothing
+// over sgemm (medians 1.05x and 0.99x, as low as 0.42x), so those stay on sgemm. The primitive
+// is made once per shape and layout and kept (run_matmul_primitive); it accumulates (beta 1) as
+// a sum post-op.
 
 void gemm_rows(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
                const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
@@ -546,7 +546,7 @@ void register_matmul_kernels(OpDef* t) {
 
 namespace duet::kernels {
 
-// Note [Sums that follow the threads] in trace/plan/plan_build.cpp. The product runs once on the
+// Note [Sums that follow the threads] in trace/plan/plan_waves.cpp. The product runs once on the
 // calling thread's OpenMP threads and once alone inside a parallel region (as a plan's wave runs
 // it), in each layout of its operands, on the same values; a difference in any bit says that
 // the library's split of the work (its inner dim too) changes the sums. Cached per shape.

@@ -44,7 +44,7 @@ std::string small_product_library();
 inline constexpr double kSerialConvFlops = 4e6;
 
 /// Whether the CPU matmul kernel's sums for (m x k) @ (k x n) of dtype dt depend on the number of
-/// threads it runs on (Note [Sums that follow the threads] in trace/plan/plan_build.cpp): found
+/// threads it runs on (Note [Sums that follow the threads] in trace/plan/plan_waves.cpp): found
 /// by running it both ways, once per shape and thread count, and cached.
 bool product_sums_follow_threads(DType dt, int64_t m, int64_t n, int64_t k);
 

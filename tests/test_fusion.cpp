@@ -614,7 +614,7 @@ TEST_CASE("parallel branches: a two-tower step runs in waves and matches eager")
   CHECK(serial.stats().parallel_plans == 0);
 }
 
-// Note [Sums that follow the threads] in trace/plan/plan_build.cpp: on a CPU where oneDNN splits
+// Note [Sums that follow the threads] in trace/plan/plan_waves.cpp: on a CPU where oneDNN splits
 // a 64 x 64 product's inner dim (256) over two threads (the 2-core AVX2 EPYC), the two products
 // ran side by side, one thread each, and their sums rounded apart from eager's; their wave now
 // stays in order there. Where oneDNN does not split them, they run side by side and agree all
