@@ -294,6 +294,28 @@ TEST_CASE("jacfwd: the Jacobian column by column equals jacrev's; forward over r
     CHECK(close(js[0], jx, 1e-12));
     CHECK(close(js[1], jw, 1e-12));
   }
+  // An auxiliary result, as has_aux: (Jacobian, aux), the Jacobian of the value alone.
+  auto with_aux = [](const Tensor& m, const Tensor& a) {
+    return std::tuple(matmul(m, a).tanh(), a.sum() * 2.0);
+  };
+  auto [jr, aux_r] = func::jacrev(with_aux, 1)(w, x);
+  auto [jf, aux_f] = func::jacfwd(with_aux, 1)(w, x);
+  CHECK(close(jr, jx, 1e-12));
+  CHECK(close(jf, jx, 1e-12));
+  CHECK(close(aux_r, x.sum() * 2.0, 0));
+  CHECK(close(aux_f, x.sum() * 2.0, 0));
+  auto [jrs, aux_rs] = func::jacrev(with_aux, {0, 1})(w, x);
+  auto [jfs, aux_fs] = func::jacfwd(with_aux, std::vector<int>{0, 1})(w, x);
+  REQUIRE(jrs.size() == 2);
+  REQUIRE(jfs.size() == 2);
+  CHECK(close(jrs[0], jw, 1e-12));
+  CHECK(close(jfs[1], jx, 1e-12));
+  CHECK(close(aux_rs, aux_fs, 0));
+  // hessian passes the aux through: the Hessian of sum(x^3), and the aux.
+  auto cube_aux = [](const Tensor& a) { return std::tuple((a * a * a).sum(), a.max()); };
+  auto [hx, top] = func::hessian(cube_aux)(x);
+  CHECK(close(hx, eye(4, Options().dtype(DType::f64)) * (x * 6.0).unsqueeze(1), 1e-12));
+  CHECK(close(top, x.max(), 0));
   CHECK_THROWS_WITH_AS(func::jacrev(f, {0, 0})(w, x),
                        doctest::Contains("argnums names argument 0 twice"), ValueError);
   CHECK_THROWS_WITH_AS(func::jacrev(f, 5)(w, x), doctest::Contains("[jacrev] jacrev at "),

@@ -281,19 +281,40 @@ std::vector<Tensor> jacobians_rev(const F& f, const std::vector<int>& argnums,
   }
   return js;
 }
+
+/// jac(f) where f returns a Tensor; where f returns (value, aux) (torch.func's has_aux), jac of
+/// the value alone and the aux beside it: std::tuple(jac(value), aux), the aux from one more call
+/// of f, with grad mode off.
+template <class F, class J, class... A>
+auto with_aux(const F& f, const J& jac, const A&... args) {
+  if constexpr (is_value_aux<raw_result_t<F, A...>>::value) {
+    auto value = [f](const auto&... xs) { return std::get<0>(f(xs...)); };
+    auto aux = [&] {
+      NoGradGuard off;
+      return std::get<1>(f(args...));
+    }();
+    return std::tuple(jac(value), std::move(aux));
+  } else {
+    return jac(f);
+  }
+}
 }  // namespace detail
 
 /// jacrev(f, argnum)(args...): the Jacobian of f's result with respect to args[argnum], as
 /// torch.func.jacrev and jax.jacrev: of shape result.shape + argument.shape. Reverse mode, one
 /// vector-Jacobian product per element of the result, batched into one call by vmap (the rows
 /// of the identity as the cotangents); f also runs once first, with grad mode off, for the
-/// result's shape. f returns a floating-point Tensor.
+/// result's shape. f returns a floating-point Tensor, or (value, aux) as torch.func's has_aux:
+/// then jacrev returns std::tuple(Jacobian, aux).
 template <class F>
 auto jacrev(F f, int argnum = 0, DUET_HERE) {
   const std::string label = fmt::format("jacrev at {}:{}", loc.file_name(), loc.line());
-  return [f, argnum, label, loc](const auto&... args) -> Tensor {
+  return [f, argnum, label, loc](const auto&... args) {
     detail::check_argnum(argnum, sizeof...(args), label);
-    return detail::jacobians_rev(f, {argnum}, label, loc, args...)[0];
+    auto jac = [&](const auto& g) {
+      return detail::jacobians_rev(g, {argnum}, label, loc, args...)[0];
+    };
+    return detail::with_aux(f, jac, args...);
   };
 }
 
@@ -304,7 +325,10 @@ template <class F>
 auto jacrev(F f, std::vector<int> argnums, DUET_HERE) {
   const std::string label = fmt::format("jacrev at {}:{}", loc.file_name(), loc.line());
   return [f, argnums = std::move(argnums), label, loc](const auto&... args) {
-    return detail::jacobians_rev(f, argnums, label, loc, args...);
+    auto jac = [&](const auto& g) {
+      return detail::jacobians_rev(g, argnums, label, loc, args...);
+    };
+    return detail::with_aux(f, jac, args...);
   };
 }
 
@@ -333,45 +357,55 @@ auto jvp(const F& f, const Tensor (&primals)[N], const Tensor (&tangents)[N]) {
   return std::tuple(y, detail::jvp_product(y, a, v));
 }
 
+namespace detail {
+/// jacfwd's Jacobian of f's result (a Tensor) with respect to args[argnum] (checked).
+template <class F, class... A>
+Tensor jacobian_fwd(const F& f, int argnum, const std::string& label,
+                    const std::source_location& loc, const A&... args) {
+  constexpr size_t kN = sizeof...(args);
+  check_argnum(argnum, kN, label);
+  const Tensor x[kN] = {Tensor(args)...};
+  const Tensor& arg = x[argnum];
+  DUET_CHECK_DTYPE(is_floating(arg.dtype()),
+                   "[jacfwd] argument {} must be floating-point to be differentiated, got {} ({})",
+                   argnum, arg.dtype(), label);
+  const int64_t n = arg.numel();
+  Shape cols{n};
+  for (int64_t d : arg.sizes()) cols.push_back(d);
+  const Tensor basis = eye(n, Options().dtype(arg.dtype()).device(arg.device())).reshape(cols);
+  // J e for a tangent e of the argument (zeros for the other arguments).
+  auto column = [&f, argnum, &x](const Tensor& e) {
+    constexpr size_t count = std::extent_v<std::remove_reference_t<decltype(x)>>;  // (kN)
+    Tensor t[count];
+    for (size_t i = 0; i < count; ++i) t[i] = static_cast<int>(i) == argnum ? e : zeros_like(x[i]);
+    return std::get<1>(jvp(f, x, t));
+  };
+  const Tensor j = vmap(column, {}, 0, Randomness::Error, loc)(basis);  // (n, result's shape)
+  // The argument's elements last: result.shape + argument.shape.
+  std::vector<int64_t> order;
+  for (int64_t d = 1; d < j.dim(); ++d) order.push_back(d);
+  order.push_back(0);
+  Shape shape;
+  for (int64_t d = 1; d < j.dim(); ++d) shape.push_back(j.sizes()[d]);
+  for (int64_t d : arg.sizes()) shape.push_back(d);
+  return permute(j, Dims(order)).reshape(shape);
+}
+}  // namespace detail
+
 /// jacfwd(f, argnum)(args...): the Jacobian of f's result with respect to args[argnum], as
 /// torch.func.jacfwd and jax.jacfwd: of shape result.shape + argument.shape, one
 /// Jacobian-vector product per element of the argument (the columns of the identity as the
 /// tangents), batched into one call by vmap. Each product is computed as jvp computes it, so
 /// jacrev is the cheaper of the two here, where in a framework with forward mode jacfwd is for
-/// arguments smaller than the result. f returns a floating-point Tensor.
+/// arguments smaller than the result. f returns a floating-point Tensor, or (value, aux) as
+/// torch.func's has_aux: then jacfwd returns std::tuple(Jacobian, aux).
 template <class F>
 auto jacfwd(F f, int argnum = 0, DUET_HERE) {
   const std::string label = fmt::format("jacfwd at {}:{}", loc.file_name(), loc.line());
-  return [f, argnum, label, loc](const auto&... args) -> Tensor {
-    constexpr size_t kN = sizeof...(args);
-    detail::check_argnum(argnum, kN, label);
-    const Tensor x[kN] = {Tensor(args)...};
-    const Tensor& arg = x[argnum];
-    DUET_CHECK_DTYPE(
-        is_floating(arg.dtype()),
-        "[jacfwd] argument {} must be floating-point to be differentiated, got {} ({})", argnum,
-        arg.dtype(), label);
-    const int64_t n = arg.numel();
-    Shape cols{n};
-    for (int64_t d : arg.sizes()) cols.push_back(d);
-    const Tensor basis = eye(n, Options().dtype(arg.dtype()).device(arg.device())).reshape(cols);
-    // J e for a tangent e of the argument (zeros for the other arguments).
-    auto column = [f, argnum, &x](const Tensor& e) {
-      constexpr size_t count = std::extent_v<std::remove_reference_t<decltype(x)>>;  // (kN)
-      Tensor t[count];
-      for (size_t i = 0; i < count; ++i)
-        t[i] = static_cast<int>(i) == argnum ? e : zeros_like(x[i]);
-      return std::get<1>(jvp(f, x, t));
-    };
-    const Tensor j = vmap(column, {}, 0, Randomness::Error, loc)(basis);  // (n, result's shape)
-    // The argument's elements last: result.shape + argument.shape.
-    std::vector<int64_t> order;
-    for (int64_t d = 1; d < j.dim(); ++d) order.push_back(d);
-    order.push_back(0);
-    Shape shape;
-    for (int64_t d = 1; d < j.dim(); ++d) shape.push_back(j.sizes()[d]);
-    for (int64_t d : arg.sizes()) shape.push_back(d);
-    return permute(j, Dims(order)).reshape(shape);
+  return [f, argnum, label, loc](const auto&... args) {
+    detail::check_argnum(argnum, sizeof...(args), label);
+    auto jac = [&](const auto& g) { return detail::jacobian_fwd(g, argnum, label, loc, args...); };
+    return detail::with_aux(f, jac, args...);
   };
 }
 
@@ -384,9 +418,12 @@ auto jacfwd(F f, std::vector<int> argnums, DUET_HERE) {
   const std::string label = fmt::format("jacfwd at {}:{}", loc.file_name(), loc.line());
   return [f, argnums = std::move(argnums), label, loc](const auto&... args) {
     detail::check_argnums(argnums, sizeof...(args), label);
-    std::vector<Tensor> js;
-    for (int a : argnums) js.push_back(jacfwd(f, a, loc)(args...));
-    return js;
+    auto jac = [&](const auto& g) {
+      std::vector<Tensor> js;
+      for (int a : argnums) js.push_back(detail::jacobian_fwd(g, a, label, loc, args...));
+      return js;
+    };
+    return detail::with_aux(f, jac, args...);
   };
 }
 
