@@ -252,6 +252,16 @@ TEST_CASE("jvp: the result and its Jacobian-vector product, of several arguments
   CHECK(close(std::get<1>(func::jvp(only_a, {x, w}, {vx, vw})), vx * 3.0, 0));
   auto constant = [](const Tensor& a) { return full({2}, 1.0) + 0.0 * a.sum().detach(); };
   CHECK(close(std::get<1>(func::jvp(constant, {x}, {vx})), zeros({2}), 0));
+  // An auxiliary result, as has_aux: (y, J v, aux).
+  auto f_aux = [&](const Tensor& m, const Tensor& a) { return std::tuple(f(m, a), a.max()); };
+  auto [ya, jva, aux] = func::jvp(f_aux, {w, x}, {vw, vx});
+  CHECK(close(ya, y, 0));
+  CHECK(close(jva, jv, 1e-12));
+  CHECK(close(aux, x.max(), 0));
+  auto [yv, vjp_aux, auxv] = func::vjp(f_aux, w, x);
+  const Tensor cot = randn({3}, Options().dtype(DType::f64));
+  CHECK(close(vjp_aux(cot)[1], (jx * cot.unsqueeze(1)).sum(0), 1e-12));
+  CHECK(close(auxv, x.max(), 0));
   // A tangent of another shape, an integer argument: errors naming jvp.
   CHECK_THROWS_WITH_AS(
       func::jvp(f, {w, x}, {vw, ones({3})}),

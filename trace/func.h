@@ -66,6 +66,14 @@ template <class T>
 struct is_value_aux : std::false_type {};
 template <class A>
 struct is_value_aux<std::tuple<Tensor, A>> : std::true_type {};
+/// A function's value: the first of (value, aux), or the result as the Tensor it converts to.
+template <class R>
+Tensor value_of(const R& r) {
+  if constexpr (is_value_aux<R>::value)
+    return std::get<0>(r);
+  else
+    return Tensor(r);
+}
 
 /// f's result on Tensors standing for args, and that result as grad takes it: a (value, aux)
 /// tuple as it is, anything else as the Tensor it converts to.
@@ -231,22 +239,26 @@ auto grad_and_value(F f, std::vector<int> argnums, DUET_HERE) {
 ///     std::vector<Tensor> g = vjp_fn(v);  // the gradients of sum(y * v) for w and x
 /// vjp_fn(v) takes v of y's shape and gives one gradient per argument, zeros where y does not
 /// depend on it. It can be called again, is differentiable again, and runs under vmap (one
-/// Jacobian row per cotangent). f returns a floating-point Tensor.
+/// Jacobian row per cotangent). f returns a floating-point Tensor, or (value, aux) as
+/// torch.func's has_aux: then vjp returns std::tuple(y, vjp_fn, aux).
 template <class F, class... A>
 auto vjp(const F& f, const A&... args) {
   std::vector<Tensor> a{Tensor(args)...};
   std::vector<int> all(a.size());
   std::iota(all.begin(), all.end(), 0);
   detail::make_leaves(a, all);
-  Tensor y;
-  {
+  auto r = [&] {
     duet::detail::GradModeScope grad_on(true);
-    y = [&]<size_t... I>(std::index_sequence<I...>) { return Tensor(f(a[I]...)); }
+    return [&]<size_t... I>(std::index_sequence<I...>) { return f(a[I]...); }
     (std::index_sequence_for<A...>{});
-  }
+  }();
+  const Tensor y = detail::value_of(r);
   detail::check_jacobian_result("vjp", y, "func::vjp");
   auto fn = [y, a](const Tensor& v) { return detail::vjp_grads(y, a, v); };
-  return std::tuple(y, std::move(fn));
+  if constexpr (detail::is_value_aux<decltype(r)>::value)
+    return std::tuple(y, std::move(fn), std::get<1>(std::move(r)));
+  else
+    return std::tuple(y, std::move(fn));
 }
 
 namespace detail {
@@ -339,7 +351,8 @@ auto jacrev(F f, std::vector<int> argnums, DUET_HERE) {
 /// duet has no forward mode: the product is the reverse mode's twice (Note [jvp by two vjps] in
 /// trace/func.cpp), as torch.autograd.functional.jvp computes it, about two backward passes of
 /// f. It is differentiable again and runs under vmap. f returns a floating-point Tensor; each
-/// tangent has its argument's shape and a floating dtype.
+/// tangent has its argument's shape and a floating dtype. Where f returns (value, aux), as
+/// torch.func's has_aux, jvp returns std::tuple(y, jv, aux).
 template <class F, size_t N>
 auto jvp(const F& f, const Tensor (&primals)[N], const Tensor (&tangents)[N]) {
   std::vector<Tensor> a(primals, primals + N), v(tangents, tangents + N);
@@ -347,14 +360,17 @@ auto jvp(const F& f, const Tensor (&primals)[N], const Tensor (&tangents)[N]) {
   std::iota(all.begin(), all.end(), 0);
   detail::check_tangents(a, v);
   detail::make_leaves(a, all);
-  Tensor y;
-  {
+  auto r = [&] {
     duet::detail::GradModeScope grad_on(true);
-    y = [&]<size_t... I>(std::index_sequence<I...>) { return Tensor(f(a[I]...)); }
+    return [&]<size_t... I>(std::index_sequence<I...>) { return f(a[I]...); }
     (std::make_index_sequence<N>{});
-  }
+  }();
+  const Tensor y = detail::value_of(r);
   detail::check_jacobian_result("jvp", y, "func::jvp");
-  return std::tuple(y, detail::jvp_product(y, a, v));
+  if constexpr (detail::is_value_aux<decltype(r)>::value)
+    return std::tuple(y, detail::jvp_product(y, a, v), std::get<1>(std::move(r)));
+  else
+    return std::tuple(y, detail::jvp_product(y, a, v));
 }
 
 namespace detail {
