@@ -32,6 +32,13 @@ Tensor w2_expr(const Tensor& x) {
 
 constexpr int64_t kW2N = int64_t(1) << 22;
 
+// f called `calls` times, as one timed body.
+std::function<void()> repeated(int calls, std::function<void()> f) {
+  return [f = std::move(f), calls] {
+    for (int i = 0; i < calls; ++i) f();
+  };
+}
+
 double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   if (a.size() != b.size()) return INFINITY;
   double d = 0;
@@ -187,11 +194,7 @@ void w3_linear(const Config& c, std::vector<Result>& out) {
       for (int64_t i = 0; i < rows; ++i)
         for (int64_t j = 0; j < kWidth; ++j) yf[i * kWidth + j] += pb[j];
     };
-    auto repeat = [&](std::function<void()> g) {
-      return [g, calls] {
-        for (int i = 0; i < calls; ++i) g();
-      };
-    };
+    auto repeat = [calls](std::function<void()> g) { return repeated(calls, std::move(g)); };
     auto t = time_interleaved(
         {repeat([&] { y = lin(x); }), repeat([&] { y = f(x); }), repeat([&] {
            sgemm_onednn_mnk('N', 'T', rows, kWidth, kWidth, px, pw, yf.data());
@@ -229,11 +232,7 @@ void run_w3(const Config& c, std::vector<Result>& out) {
     std::vector<float> c1(n * n), c2(n * n);
     const float* pa = a.data_ptr<float>();
     const float* pb = b.data_ptr<float>();
-    auto repeat = [&](std::function<void()> f) {
-      return [f, calls] {
-        for (int i = 0; i < calls; ++i) f();
-      };
-    };
+    auto repeat = [calls](std::function<void()> g) { return repeated(calls, std::move(g)); };
     auto t =
         time_interleaved({repeat([&] { y = duet::matmul(a, b); }), repeat([&] { y = mm(a, b); }),
                           repeat([&] { sgemm_onednn(pa, pb, c1.data(), n); }),

@@ -66,6 +66,22 @@ template <class T>
 struct is_value_aux : std::false_type {};
 template <class A>
 struct is_value_aux<std::tuple<Tensor, A>> : std::true_type {};
+/// f(a[I]...) with the arguments at `ks` made leaves that require grad (make_leaves) and grad mode
+/// on, as torch.func calls the function it transforms: f's result as f returns it.
+template <class F, size_t... I>
+auto call_on_leaves(const F& f, std::vector<Tensor>& a, const std::vector<int>& ks,
+                    std::index_sequence<I...>) {
+  make_leaves(a, ks);
+  duet::detail::GradModeScope grad_on(true);
+  return f(a[I]...);
+}
+/// 0, 1, ..., n - 1: every argument of n.
+inline std::vector<int> every_index(size_t n) {
+  std::vector<int> all(n);
+  std::iota(all.begin(), all.end(), 0);
+  return all;
+}
+
 /// A function's value: the first of (value, aux), or the result as the Tensor it converts to.
 template <class R>
 Tensor value_of(const R& r) {
@@ -100,10 +116,7 @@ std::pair<std::vector<Tensor>, value_result_t<F, A...>> grads_and_result(const F
       "Aux> (its value and an auxiliary result, as torch.func's has_aux)");
   std::vector<Tensor> a{Tensor(args)...};
   check_argnums(ks, a.size(), label);
-  make_leaves(a, ks);
-  duet::detail::GradModeScope grad_on(true);
-  R r = [&]<size_t... I>(std::index_sequence<I...>) { return R(f(a[I]...)); }
-  (std::index_sequence_for<A...>{});
+  R r(call_on_leaves(f, a, ks, std::index_sequence_for<A...>{}));
   const Tensor* y = nullptr;
   if constexpr (is_value_aux<R>::value)
     y = &std::get<0>(r);
@@ -244,14 +257,8 @@ auto grad_and_value(F f, std::vector<int> argnums, DUET_HERE) {
 template <class F, class... A>
 auto vjp(const F& f, const A&... args) {
   std::vector<Tensor> a{Tensor(args)...};
-  std::vector<int> all(a.size());
-  std::iota(all.begin(), all.end(), 0);
-  detail::make_leaves(a, all);
-  auto r = [&] {
-    duet::detail::GradModeScope grad_on(true);
-    return [&]<size_t... I>(std::index_sequence<I...>) { return f(a[I]...); }
-    (std::index_sequence_for<A...>{});
-  }();
+  auto r =
+      detail::call_on_leaves(f, a, detail::every_index(a.size()), std::index_sequence_for<A...>{});
   const Tensor y = detail::value_of(r);
   detail::check_jacobian_result("vjp", y, "func::vjp");
   auto fn = [y, a](const Tensor& v) { return detail::vjp_grads(y, a, v); };
@@ -356,15 +363,8 @@ auto jacrev(F f, std::vector<int> argnums, DUET_HERE) {
 template <class F, size_t N>
 auto jvp(const F& f, const Tensor (&primals)[N], const Tensor (&tangents)[N]) {
   std::vector<Tensor> a(primals, primals + N), v(tangents, tangents + N);
-  std::vector<int> all(N);
-  std::iota(all.begin(), all.end(), 0);
   detail::check_tangents(a, v);
-  detail::make_leaves(a, all);
-  auto r = [&] {
-    duet::detail::GradModeScope grad_on(true);
-    return [&]<size_t... I>(std::index_sequence<I...>) { return f(a[I]...); }
-    (std::make_index_sequence<N>{});
-  }();
+  auto r = detail::call_on_leaves(f, a, detail::every_index(N), std::make_index_sequence<N>{});
   const Tensor y = detail::value_of(r);
   detail::check_jacobian_result("jvp", y, "func::jvp");
   if constexpr (detail::is_value_aux<decltype(r)>::value)
