@@ -22,7 +22,9 @@
 // [Low-precision products without the instructions] in kernels/matmul.cpp). f16 takes oneDNN's
 // primitives only where DUET_LOW_MATMUL=onednn asks, and the f32 way wherever oneDNN has none.
 //
-// attrs.ints = {kh, kw, sh, sw, ph, pw, H, W} (kernels/image.cpp).
+// attrs.ints = {kh, kw, sh, sw, ph, pw, H, W} (kernels/image.cpp); attrs.step, the groups g
+// (Note [Conv2d] in core/ops/image.cpp): oneDNN takes them as its grouped weights (g, O / g,
+// C / g, kh, kw), the composed kernels as a batched product over the g blocks.
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.hpp>
 
@@ -39,15 +41,19 @@ namespace duet::kernels {
 namespace {
 
 struct ConvGeom {
-  int64_t n, c, h, w, o, kh, kw, sh, sw, ph, pw, ho, wo;
+  int64_t n, c, h, w, o, kh, kw, sh, sw, ph, pw, ho, wo, groups;
   int64_t ckk() const { return c * kh * kw; }
   int64_t l() const { return ho * wo; }
+  // Per group: its input channels' columns and its filters.
+  int64_t gckk() const { return ckk() / groups; }
+  int64_t go() const { return o / groups; }
 };
 
-// x (N, C, H, W) and the filters' (O, kh, kw) from the attributes.
+// x (N, C, H, W) and the filters' (O, kh, kw) from the attributes, C and O all the groups'.
 ConvGeom conv_geom(const Attrs& a, int64_t n, int64_t c, int64_t o) {
-  ConvGeom g{n,         c,         a.ints[6], a.ints[7], o, a.ints[0], a.ints[1],
-             a.ints[2], a.ints[3], a.ints[4], a.ints[5], 0, 0};
+  ConvGeom g{
+      n,         c,         a.ints[6], a.ints[7], o, a.ints[0], a.ints[1],
+      a.ints[2], a.ints[3], a.ints[4], a.ints[5], 0, 0,         std::max<int64_t>(a.step, 1)};
   g.ho = (g.h + 2 * g.ph - g.kh) / g.sh + 1;
   g.wo = (g.w + 2 * g.pw - g.kw) / g.sw + 1;
   return g;
@@ -82,29 +88,36 @@ Tensor columns(const Tensor& x, const ConvGeom& g, const Attrs& a) {
   return cols;
 }
 
-// y (N, O, L) = w (O, C*kh*kw) @ cols (N, C*kh*kw, L).
+// The columns' rows (C*kh*kw, channel by channel) split into the groups' blocks, one after
+// another, and so do the filters (O) and the output channels: each product below is batched
+// over the G = groups blocks (a batch of one without groups).
+
+// y (N, G, O/G, L) = w (G, O/G, C/G*kh*kw) @ cols (N, G, C/G*kh*kw, L).
 void composed_forward(const Tensor& x, const Tensor& w, const Attrs& a, const Tensor& out,
                       const ConvGeom& g) {
   const Tensor cols = columns(x, g, a);
   const Tensor wd = dense(w);
-  const Tensor w2 = rows(wd, Shape{g.o, g.ckk()});
-  const Tensor y3 = rows(out, Shape{g.n, g.o, g.l()});
-  run_kernel(OpId::MatMul, {&w2, &cols}, {}, y3);
+  const Tensor w3 = rows(wd, Shape{g.groups, g.go(), g.gckk()});
+  const Tensor cols4 = rows(cols, Shape{g.n, g.groups, g.gckk(), g.l()});
+  const Tensor y4 = rows(out, Shape{g.n, g.groups, g.go(), g.l()});
+  run_kernel(OpId::MatMul, {&w3, &cols4}, {}, y4);
 }
 
-// dx = fold(w^T (C*kh*kw, O) @ gy (N, O, L)).
+// dx = fold(w^T (G, C/G*kh*kw, O/G) @ gy (N, G, O/G, L)).
 void composed_input_grad(const Tensor& gy, const Tensor& w, const Attrs& a, const Tensor& out,
                          const ConvGeom& g) {
   const Tensor wd = dense(w), gyd = dense(gy);
-  const Tensor wt = view(wd, Shape{g.ckk(), g.o}, Strides{1, g.ckk()});
-  const Tensor gy3 = rows(gyd, Shape{g.n, g.o, g.l()});
+  const Tensor wt =
+      view(wd, Shape{g.groups, g.gckk(), g.go()}, Strides{g.go() * g.gckk(), 1, g.gckk()});
+  const Tensor gy4 = rows(gyd, Shape{g.n, g.groups, g.go(), g.l()});
   const Tensor gcols = detail::empty(Shape{g.n, g.ckk(), g.l()}, out.dtype(), out.device());
-  run_kernel(OpId::MatMul, {&wt, &gy3}, {}, gcols);
+  const Tensor gcols4 = rows(gcols, Shape{g.n, g.groups, g.gckk(), g.l()});
+  run_kernel(OpId::MatMul, {&wt, &gy4}, {}, gcols4);
   run_kernel(OpId::Fold, {&gcols}, a, out);
 }
 
-// dw (O, C*kh*kw) = sum over n of gy_n (O, L) @ cols_n^T: one GEMM over the batch, with gy and
-// the columns copied to (O, N*L) and (C*kh*kw, N*L).
+// dw (G, O/G, C/G*kh*kw) = sum over n of gy_n (G, O/G, L) @ cols_n^T: one GEMM per group over
+// the batch, with gy and the columns copied to (O, N*L) and (C*kh*kw, N*L).
 void composed_weight_grad(const Tensor& x, const Tensor& gy, const Attrs& a, const Tensor& out,
                           const ConvGeom& g) {
   const Tensor cols = columns(x, g, a);
@@ -114,9 +127,9 @@ void composed_weight_grad(const Tensor& x, const Tensor& gy, const Attrs& a, con
   copy_on_device(view(gyd, Shape{g.o, g.n, g.l()}, Strides{g.l(), g.o * g.l(), 1}), gyp);
   const Tensor colsp = detail::empty(Shape{g.ckk(), g.n, g.l()}, out.dtype(), out.device());
   copy_on_device(view(cols, Shape{g.ckk(), g.n, g.l()}, Strides{g.l(), g.ckk() * g.l(), 1}), colsp);
-  const Tensor lhs = rows(gyp, Shape{g.o, nl});
-  const Tensor rhs = view(colsp, Shape{nl, g.ckk()}, Strides{1, nl});
-  const Tensor dw = rows(out, Shape{g.o, g.ckk()});
+  const Tensor lhs = rows(gyp, Shape{g.groups, g.go(), nl});
+  const Tensor rhs = view(colsp, Shape{g.groups, nl, g.gckk()}, Strides{g.gckk() * nl, 1, nl});
+  const Tensor dw = rows(out, Shape{g.groups, g.go(), g.gckk()});
   run_kernel(OpId::MatMul, {&lhs, &rhs}, {}, dw);
 }
 
@@ -138,7 +151,7 @@ struct OneDnnConv {
   memory::desc src, weights, dst;  // diff_src, diff_weights, diff_dst for the gradients
 };
 
-using ConvKey = std::array<int64_t, 16>;
+using ConvKey = std::array<int64_t, 17>;
 
 // Below kSerialConvFlops (kernels/matrices.h) a convolution runs on the calling thread; its fork
 // and join would cost far more on a loaded machine, where the second thread waits for a time
@@ -173,10 +186,16 @@ bool taps_reach_input(const ConvGeom& g) {
   return reach(g.kh, g.sh, g.ph, g.h, g.ho) && reach(g.kw, g.sw, g.pw, g.w, g.wo);
 }
 
+// The filters as oneDNN takes them: (O, C, kh, kw), or grouped (G, O/G, C/G, kh, kw), which is
+// duet's (O, C/G, kh, kw) buffer as it is (goihw).
+memory::dims weight_dims(const ConvGeom& g) {
+  if (g.groups == 1) return {g.o, g.c, g.kh, g.kw};
+  return {g.groups, g.go(), g.c / g.groups, g.kh, g.kw};
+}
+
 // Builds the primitive, or nothing when oneDNN has no implementation for the shape.
 std::optional<OneDnnConv> make_conv(const ConvGeom& g, Pass pass, memory::data_type dt) {
-  const memory::dims xd = {g.n, g.c, g.h, g.w}, wd = {g.o, g.c, g.kh, g.kw},
-                     yd = {g.n, g.o, g.ho, g.wo};
+  const memory::dims xd = {g.n, g.c, g.h, g.w}, wd = weight_dims(g), yd = {g.n, g.o, g.ho, g.wo};
   const memory::dims strides = {g.sh, g.sw}, pad = {g.ph, g.pw};
   // The bottom and right padding oneDNN needs for the output size duet computes (the last
   // window may stop short of the padded edge when the stride does not divide it).
@@ -230,7 +249,8 @@ const OneDnnConv* cached_conv(const ConvGeom& g, Pass pass, int threads, memory:
                        g.sw,    g.ph,
                        g.pw,    g.ho,
                        g.wo,    static_cast<int64_t>(pass),
-                       threads, static_cast<int64_t>(dt)};
+                       threads, static_cast<int64_t>(dt),
+                       g.groups};
   auto it = cache.find(key);
   if (it == cache.end()) {
     if (cache.size() >= kMaxCached) cache.clear();
@@ -272,21 +292,21 @@ bool onednn_conv(Pass pass, const Tensor& a, const Tensor& b, const Tensor& out,
   } else if (dt != DType::f32) {
     return false;
   }
-  const double flops = 2.0 * static_cast<double>(g.n * g.o * g.l()) * static_cast<double>(g.ckk());
+  const double flops = 2.0 * static_cast<double>(g.n * g.o * g.l()) * static_cast<double>(g.gckk());
   const ThreadsGuard threads(flops < kSerialFlops ? 1 : omp_get_max_threads());
   const OneDnnConv* conv = cached_conv(g, pass, omp_get_max_threads(), type);
   if (!conv) return false;
   const Tensor ad = dense(a), bd = dense(b);
   auto ptr = [](const Tensor& t) { return const_cast<void*>(t.raw_data()); };
-  const memory::dims xd = {g.n, g.c, g.h, g.w}, wd = {g.o, g.c, g.kh, g.kw},
-                     yd = {g.n, g.o, g.ho, g.wo};
+  const memory::dims xd = {g.n, g.c, g.h, g.w}, wd = weight_dims(g), yd = {g.n, g.o, g.ho, g.wo};
   dnnl::stream s(cpu_engine());
   // Which tensor is which: (x, w) -> y, (gy, w) -> gx, (x, gy) -> gw.
   void* px = pass == Pass::InputGrad ? out.raw_data() : ptr(ad);
   void* pw = pass == Pass::WeightGrad ? out.raw_data() : ptr(bd);
   void* py = pass == Pass::Forward ? out.raw_data() : pass == Pass::InputGrad ? ptr(ad) : ptr(bd);
   Operand x = operand(conv->src, xd, Tag::nchw, px, pass != Pass::InputGrad, s);
-  Operand w = operand(conv->weights, wd, Tag::oihw, pw, pass != Pass::WeightGrad, s);
+  Operand w = operand(conv->weights, wd, g.groups == 1 ? Tag::oihw : Tag::goihw, pw,
+                      pass != Pass::WeightGrad, s);
   Operand y = operand(conv->dst, yd, Tag::nchw, py, pass != Pass::Forward, s);
   Operand& result = pass == Pass::Forward ? y : pass == Pass::InputGrad ? x : w;
   switch (pass) {
@@ -317,8 +337,8 @@ ConvGeom geometry(Pass pass, TensorRefs in, const Attrs& a) {
   switch (pass) {
     case Pass::Forward:
       return conv_geom(a, p[0], p[1], q[0]);
-    case Pass::InputGrad:
-      return conv_geom(a, p[0], q[1], q[0]);
+    case Pass::InputGrad:  // (the filters hold C/G channels each)
+      return conv_geom(a, p[0], q[1] * std::max<int64_t>(a.step, 1), q[0]);
     case Pass::WeightGrad:
       break;
   }

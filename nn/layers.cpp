@@ -51,26 +51,32 @@ Tensor Linear::forward(const Tensor& x) { return linear(x, weight, bias); }
 // ---- Conv2d ----
 
 Conv2d::Conv2d(int64_t in, int64_t out, int64_t kernel, int64_t stride_, int64_t padding_,
-               bool with_bias)
-    : Module(fmt::format("Conv2d({}, {}, kernel_size={}, stride={}, padding={}{})", in, out, kernel,
-                         stride_, padding_, bias_note(with_bias))),
+               bool with_bias, int64_t groups_)
+    : Module(fmt::format(
+          "Conv2d({}, {}, kernel_size={}, stride={}, padding={}{}{})", in, out, kernel, stride_,
+          padding_, groups_ != 1 ? fmt::format(", groups={}", groups_) : "", bias_note(with_bias))),
       in_channels(in),
       out_channels(out),
       kernel_size(kernel),
       stride(stride_),
-      padding(padding_) {
-  DUET_CHECK_VALUE(in > 0 && out > 0 && kernel > 0 && stride_ > 0 && padding_ >= 0,
-                   "[Conv2d] channels, kernel_size and stride must be positive and padding "
-                   "non-negative, got {}",
+      padding(padding_),
+      groups(groups_) {
+  DUET_CHECK_VALUE(in > 0 && out > 0 && kernel > 0 && stride_ > 0 && padding_ >= 0 && groups_ > 0,
+                   "[Conv2d] channels, kernel_size, stride and groups must be positive and "
+                   "padding non-negative, got {}",
                    name());
-  weight = register_parameter("weight", zeros_param({out, in, kernel, kernel}));
+  DUET_CHECK_VALUE(in % groups_ == 0 && out % groups_ == 0,
+                   "[Conv2d] in_channels ({}) and out_channels ({}) must be divisible by groups "
+                   "({})",
+                   in, out, groups_);
+  weight = register_parameter("weight", zeros_param({out, in / groups_, kernel, kernel}));
   if (with_bias) bias = register_parameter("bias", zeros_param({out}));
   reset_parameters();
 }
 
 void Conv2d::reset_parameters() { default_init(weight, bias); }
 
-Tensor Conv2d::forward(const Tensor& x) { return conv2d(x, weight, bias, stride, padding); }
+Tensor Conv2d::forward(const Tensor& x) { return conv2d(x, weight, bias, stride, padding, groups); }
 
 // ---- Conv1d ----
 

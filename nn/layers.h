@@ -27,16 +27,18 @@ class Linear : public Module {
   Tensor weight, bias;  ///< bias is undefined when constructed with bias = false
 };
 
-/// 2-D convolution over x (N, C, H, W) with a square kernel, stride and zero padding. weight
-/// (out, in, k, k) and bias (out) start as PyTorch's: U(-1/sqrt(fan_in), ..), fan_in = in*k*k.
+/// 2-D convolution over x (N, C, H, W) with a square kernel, stride and zero padding, in
+/// `groups` groups of channels (PyTorch's: in and out divisible by it; groups = in is a
+/// depthwise convolution). weight (out, in / groups, k, k) and bias (out) start as PyTorch's:
+/// U(-1/sqrt(fan_in), ..), fan_in = in / groups * k * k.
 class Conv2d : public Module {
  public:
   Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel_size, int64_t stride = 1,
-         int64_t padding = 0, bool bias = true);
+         int64_t padding = 0, bool bias = true, int64_t groups = 1);
   Tensor forward(const Tensor& x) override;
   void reset_parameters();
 
-  int64_t in_channels, out_channels, kernel_size, stride, padding;
+  int64_t in_channels, out_channels, kernel_size, stride, padding, groups = 1;
   Tensor weight, bias;  ///< bias is undefined when constructed with bias = false
 };
 

@@ -63,54 +63,71 @@ std::vector<double> ref_fold(const std::vector<double>& cols, const Geom& g) {
   return out;
 }
 
-// y[n][o][oh][ow] = b[o] + sum over c, ki, kj of w[o][c][ki][kj] * padded x at the window.
+// In `groups` groups, filter o reads the input channels of its group only: its weight's
+// channel c is input channel first_channel(o) + c, of the cg = C / groups its weight holds.
+struct Groups {
+  int64_t groups, cg, og;  // the groups, and the input and output channels of each
+  int64_t first_channel(int64_t o) const { return o / og * cg; }
+};
+Groups groups_of(const Geom& g, int64_t o_ch, int64_t groups) {
+  return {groups, g.c / groups, std::max<int64_t>(o_ch / groups, 1)};
+}
+
+// y[n][o][oh][ow] = b[o] + sum over c, ki, kj of w[o][c][ki][kj] * padded x at the window
+// (channel c of o's group).
 std::vector<double> ref_conv2d(const std::vector<double>& x, const std::vector<double>& w,
-                               const std::vector<double>* b, const Geom& g, int64_t o_ch) {
+                               const std::vector<double>* b, const Geom& g, int64_t o_ch,
+                               int64_t groups) {
+  const Groups q = groups_of(g, o_ch, groups);
   std::vector<double> out;
   for (int64_t n = 0; n < g.n; ++n)
     for (int64_t o = 0; o < o_ch; ++o)
       for (int64_t oh = 0; oh < g.ho; ++oh)
         for (int64_t ow = 0; ow < g.wo; ++ow) {
           double acc = b ? (*b)[o] : 0;
-          for (int64_t c = 0; c < g.c; ++c)
+          for (int64_t c = 0; c < q.cg; ++c)
             for (int64_t ki = 0; ki < g.k; ++ki)
               for (int64_t kj = 0; kj < g.k; ++kj)
-                acc += w[((o * g.c + c) * g.k + ki) * g.k + kj] *
-                       pixel(x, g, n, c, oh * g.s - g.p + ki, ow * g.s - g.p + kj);
+                acc += w[((o * q.cg + c) * g.k + ki) * g.k + kj] *
+                       pixel(x, g, n, q.first_channel(o) + c, oh * g.s - g.p + ki,
+                             ow * g.s - g.p + kj);
           out.push_back(acc);
         }
   return out;
 }
 
 // dx[n][c][i][j] = sum of gy[n][o][oh][ow] * w[o][c][ki][kj] over the windows and kernel
-// offsets with oh*s - p + ki = i and ow*s - p + kj = j.
+// offsets with oh*s - p + ki = i and ow*s - p + kj = j (over the filters of c's group).
 std::vector<double> ref_conv2d_input_grad(const std::vector<double>& gy,
-                                          const std::vector<double>& w, const Geom& g,
-                                          int64_t o_ch) {
+                                          const std::vector<double>& w, const Geom& g, int64_t o_ch,
+                                          int64_t groups) {
+  const Groups q = groups_of(g, o_ch, groups);
   std::vector<double> out(g.n * g.c * g.h * g.w, 0.0);
   for (int64_t n = 0; n < g.n; ++n)
     for (int64_t o = 0; o < o_ch; ++o)
       for (int64_t oh = 0; oh < g.ho; ++oh)
         for (int64_t ow = 0; ow < g.wo; ++ow)
-          for (int64_t c = 0; c < g.c; ++c)
+          for (int64_t c = 0; c < q.cg; ++c)
             for (int64_t ki = 0; ki < g.k; ++ki)
               for (int64_t kj = 0; kj < g.k; ++kj) {
                 const int64_t i = oh * g.s - g.p + ki, j = ow * g.s - g.p + kj;
                 if (i < 0 || i >= g.h || j < 0 || j >= g.w) continue;
-                out[((n * g.c + c) * g.h + i) * g.w + j] +=
+                out[((n * g.c + q.first_channel(o) + c) * g.h + i) * g.w + j] +=
                     gy[((n * o_ch + o) * g.ho + oh) * g.wo + ow] *
-                    w[((o * g.c + c) * g.k + ki) * g.k + kj];
+                    w[((o * q.cg + c) * g.k + ki) * g.k + kj];
               }
   return out;
 }
 
-// dw[o][c][ki][kj] = sum over n and the windows of gy[n][o][oh][ow] * padded x at the window.
+// dw[o][c][ki][kj] = sum over n and the windows of gy[n][o][oh][ow] * padded x at the window
+// (channel c of o's group).
 std::vector<double> ref_conv2d_weight_grad(const std::vector<double>& x,
                                            const std::vector<double>& gy, const Geom& g,
-                                           int64_t o_ch) {
+                                           int64_t o_ch, int64_t groups) {
+  const Groups q = groups_of(g, o_ch, groups);
   std::vector<double> out;
   for (int64_t o = 0; o < o_ch; ++o)
-    for (int64_t c = 0; c < g.c; ++c)
+    for (int64_t c = 0; c < q.cg; ++c)
       for (int64_t ki = 0; ki < g.k; ++ki)
         for (int64_t kj = 0; kj < g.k; ++kj) {
           double acc = 0;
@@ -118,7 +135,8 @@ std::vector<double> ref_conv2d_weight_grad(const std::vector<double>& x,
             for (int64_t oh = 0; oh < g.ho; ++oh)
               for (int64_t ow = 0; ow < g.wo; ++ow)
                 acc += gy[((n * o_ch + o) * g.ho + oh) * g.wo + ow] *
-                       pixel(x, g, n, c, oh * g.s - g.p + ki, ow * g.s - g.p + kj);
+                       pixel(x, g, n, q.first_channel(o) + c, oh * g.s - g.p + ki,
+                             ow * g.s - g.p + kj);
           out.push_back(acc);
         }
   return out;
@@ -167,18 +185,24 @@ OpRow fold_row(Shape image, int64_t k, int64_t s, int64_t p) {
   return r;
 }
 
-OpRow conv_row(Shape xs, Shape ws, bool bias, int64_t s, int64_t p) {
+// " groups G" where there are several (a row's name).
+std::string groups_name(int64_t groups) {
+  return groups == 1 ? "" : fmt::format(" groups {}", groups);
+}
+
+OpRow conv_row(Shape xs, Shape ws, bool bias, int64_t s, int64_t p, int64_t groups = 1) {
   const Geom g = geom(xs, ws[2], s, p);
   const int64_t o = ws[0];
   std::vector<Shape> shapes = {xs, ws};
   if (bias) shapes.push_back({o});
   OpRow r{
-      fmt::format("conv2d x {} w {}{} s {} p {}", xs.str(), ws.str(), bias ? " bias" : "", s, p),
+      fmt::format("conv2d x {} w {}{} s {} p {}{}", xs.str(), ws.str(), bias ? " bias" : "", s, p,
+                  groups_name(groups)),
       OpId::Conv2d,
       bias,  // with a bias: Conv2d and a broadcast add
       shapes,
-      [=](const Ins& in) { return conv2d(in[0], in[1], bias ? in[2] : Tensor(), s, p); },
-      [=](const Values& v) { return ref_conv2d(v[0], v[1], bias ? &v[2] : nullptr, g, o); },
+      [=](const Ins& in) { return conv2d(in[0], in[1], bias ? in[2] : Tensor(), s, p, groups); },
+      [=](const Values& v) { return ref_conv2d(v[0], v[1], bias ? &v[2] : nullptr, g, o, groups); },
       {g.n, o, g.ho, g.wo}};
   r.dtypes = {DType::f32, DType::f64, DType::i64};
   r.tol32 = 1e-4;
@@ -186,15 +210,16 @@ OpRow conv_row(Shape xs, Shape ws, bool bias, int64_t s, int64_t p) {
 }
 
 // conv2d_input_grad: the gradient of conv2d's input x (xs) for an output gradient.
-OpRow input_grad_row(Shape xs, Shape ws, int64_t s, int64_t p) {
+OpRow input_grad_row(Shape xs, Shape ws, int64_t s, int64_t p, int64_t groups = 1) {
   const Geom g = geom(xs, ws[2], s, p);
   const int64_t o = ws[0];
-  OpRow r{fmt::format("conv2d_input_grad x {} w {} s {} p {}", xs.str(), ws.str(), s, p),
+  OpRow r{fmt::format("conv2d_input_grad x {} w {} s {} p {}{}", xs.str(), ws.str(), s, p,
+                      groups_name(groups)),
           OpId::Conv2dInputGrad,
           false,
           {{g.n, o, g.ho, g.wo}, ws},
-          [=](const Ins& in) { return conv2d_input_grad(in[0], in[1], g.h, g.w, s, p); },
-          [=](const Values& v) { return ref_conv2d_input_grad(v[0], v[1], g, o); },
+          [=](const Ins& in) { return conv2d_input_grad(in[0], in[1], g.h, g.w, s, p, groups); },
+          [=](const Values& v) { return ref_conv2d_input_grad(v[0], v[1], g, o, groups); },
           xs};
   r.dtypes = {DType::f32, DType::f64, DType::i64};
   r.tol32 = 1e-4;
@@ -202,15 +227,16 @@ OpRow input_grad_row(Shape xs, Shape ws, int64_t s, int64_t p) {
 }
 
 // conv2d_weight_grad: the gradient of conv2d's weight (ws) for an output gradient.
-OpRow weight_grad_row(Shape xs, Shape ws, int64_t s, int64_t p) {
+OpRow weight_grad_row(Shape xs, Shape ws, int64_t s, int64_t p, int64_t groups = 1) {
   const Geom g = geom(xs, ws[2], s, p);
   const int64_t o = ws[0];
-  OpRow r{fmt::format("conv2d_weight_grad x {} w {} s {} p {}", xs.str(), ws.str(), s, p),
+  OpRow r{fmt::format("conv2d_weight_grad x {} w {} s {} p {}{}", xs.str(), ws.str(), s, p,
+                      groups_name(groups)),
           OpId::Conv2dWeightGrad,
           false,
           {xs, {g.n, o, g.ho, g.wo}},
-          [=](const Ins& in) { return conv2d_weight_grad(in[0], in[1], g.k, s, p); },
-          [=](const Values& v) { return ref_conv2d_weight_grad(v[0], v[1], g, o); },
+          [=](const Ins& in) { return conv2d_weight_grad(in[0], in[1], g.k, s, p, groups); },
+          [=](const Values& v) { return ref_conv2d_weight_grad(v[0], v[1], g, o, groups); },
           ws};
   r.dtypes = {DType::f32, DType::f64, DType::i64};
   r.tol32 = 1e-4;
@@ -257,16 +283,25 @@ const std::vector<OpRow>& image_rows() {
         conv_row({2, 2, 3, 2}, {1, 2, 2, 2}, true, 3, 1),
         conv_row({0, 2, 3, 3}, {3, 2, 2, 2}, true, 1, 0),
         conv_row({1, 2, 3, 3}, {0, 2, 2, 2}, false, 1, 0),
+        // In groups: two groups of two channels, one filter each; depthwise (a filter per
+        // channel); and two filters per channel, strided.
+        conv_row({1, 4, 2, 2}, {2, 2, 2, 2}, true, 1, 1, 2),
+        conv_row({1, 3, 2, 3}, {3, 1, 2, 2}, false, 1, 1, 3),
+        conv_row({2, 2, 3, 2}, {4, 1, 2, 2}, true, 2, 0, 2),
         input_grad_row({2, 1, 3, 3}, {2, 1, 2, 2}, 1, 0),
         input_grad_row({1, 2, 3, 3}, {3, 2, 2, 2}, 2, 1),
         input_grad_row({1, 1, 4, 4}, {1, 1, 3, 3}, 1, 1),
         input_grad_row({2, 2, 3, 2}, {1, 2, 2, 2}, 3, 1),
         input_grad_row({0, 2, 3, 3}, {3, 2, 2, 2}, 1, 0),
+        input_grad_row({1, 4, 2, 2}, {2, 2, 2, 2}, 1, 1, 2),
+        input_grad_row({1, 3, 3, 3}, {3, 1, 2, 2}, 2, 1, 3),
         weight_grad_row({2, 1, 3, 3}, {2, 1, 2, 2}, 1, 0),
         weight_grad_row({1, 2, 3, 3}, {3, 2, 2, 2}, 2, 1),
         weight_grad_row({1, 1, 4, 4}, {1, 1, 3, 3}, 1, 1),
         weight_grad_row({2, 2, 3, 2}, {1, 2, 2, 2}, 3, 1),
         weight_grad_row({0, 2, 3, 3}, {3, 2, 2, 2}, 1, 0),
+        weight_grad_row({1, 4, 2, 2}, {2, 2, 2, 2}, 1, 1, 2),
+        weight_grad_row({1, 3, 2, 3}, {3, 1, 2, 2}, 2, 1, 3),
         pool_row(true, {1, 1, 4, 4}, 2, 0),
         pool_row(true, {2, 1, 3, 3}, 2, 1),
         pool_row(true, {1, 1, 3, 5}, 3, 2),

@@ -431,7 +431,23 @@ const std::vector<ErrorRow>& error_rows() {
        [] {
          conv2d(f32({1, 2, 5, 5}), f32({3, 2, 3, 2}));
        },
-       Kind::Shape, "[conv2d] weight must be (out, in, k, k), got (3, 2, 3, 2)"},
+       Kind::Shape, "[conv2d] weight must be (out, in / groups, k, k), got (3, 2, 3, 2)"},
+      {"image",
+       [] {
+         conv2d(f32({1, 4, 5, 5}), f32({2, 2, 3, 3}), {}, 1, 0, 3);
+       },
+       Kind::Shape,
+       "[conv2d] input has 4 channels but the weight (2, 2, 3, 3) in 3 groups expects 6"},
+      {"image",
+       [] {
+         conv2d(f32({1, 4, 5, 5}), f32({3, 2, 3, 3}), {}, 1, 0, 2);
+       },
+       Kind::Shape, "[conv2d] 4 input and 3 output channels do not split into 2 groups"},
+      {"image",
+       [] {
+         conv2d(f32({1, 4, 5, 5}), f32({2, 2, 3, 3}), {}, 1, 0, 0);
+       },
+       Kind::Value, "[conv2d] groups must be positive, got 0"},
       {"image",
        [] {
          conv2d(f32({1, 1, 2, 2}), f32({1, 1, 3, 3}));
@@ -632,11 +648,7 @@ const std::vector<ErrorRow>& error_rows() {
       {"random", [] { rand({2}, Options().dtype(D::i64)); }, Kind::DType,
        "[rand] dtype must be floating, got i64"},
       {"random", [] { randn({2}, Options().dtype(D::b8)); }, Kind::DType, "[randn]"},
-      {"random",
-       [] {
-         rand({2, -1});
-       },
-       Kind::Value, "[rand] negative size -1 in shape (2, -1)"},
+      {"random", [] { rand({2, -1}); }, Kind::Value, "[rand] negative size -1 in shape (2, -1)"},
       {"random", [] { randint(0, {2}); }, Kind::Value, "[randint] high must be positive, got 0"},
       {"random", [] { randint(5, {2}, Options().dtype(D::b8)); }, Kind::DType,
        "[randint] dtype must be numeric"},

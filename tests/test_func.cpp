@@ -68,25 +68,29 @@ TEST_CASE("vmap: the op families batch in one call each, not per sample") {
   REQUIRE(pk.sizes() == Shape{2, 4, 3, 3, 3});
   for (int64_t b = 0; b < 2; ++b)
     CHECK(close(pk.select(0, b), func::grad(closs)(k, imgs.select(0, b)), 1e-4));
-  // Per-sample filters (an ensemble of models) have no rule: conv2d loops, over per-sample
-  // images and over images every sample shares, and is still right, with its per-sample
-  // gradients of filters and images.
-  const Tensor ks = randn({2, 4, 3, 3, 3});
-  auto pc = [](const Tensor& a, const Tensor& f) { return conv2d(a, f, {}, 2, 1); };
-  const Tensor pg = func::vmap(pc)(imgs, ks);
-  CHECK(detail::batch_loop_calls() > before);
+  // Per-sample filters (an ensemble of models): one convolution in groups, over per-sample
+  // images and over images every sample shares, with its per-sample gradients of filters and
+  // images; and of a grouped convolution (depthwise, two filters per channel), in groups of
+  // groups.
   const Tensor one = imgs.select(0, 0);
-  const Tensor ps = func::vmap(pc, {std::nullopt, 0})(one, ks);
-  auto ploss = [&](const Tensor& a, const Tensor& f) { return pc(a, f).tanh().sum(); };
-  const Tensor pgx = func::vmap(func::grad(ploss, 0))(imgs, ks);
-  const Tensor pgw = func::vmap(func::grad(ploss, 1))(imgs, ks);
-  for (int64_t b = 0; b < 2; ++b) {
-    const Tensor a = imgs.select(0, b), f = ks.select(0, b);
-    CHECK(close(pg.select(0, b), pc(a, f), 1e-4));
-    CHECK(close(ps.select(0, b), pc(one, f), 1e-4));
-    CHECK(close(pgx.select(0, b), func::grad(ploss, 0)(a, f), 1e-4));
-    CHECK(close(pgw.select(0, b), func::grad(ploss, 1)(a, f), 1e-4));
-  }
+  auto per_sample_filters = [&](const Tensor& ks, int64_t stride, int64_t groups) {
+    CAPTURE(groups);
+    auto pc = [=](const Tensor& a, const Tensor& f) { return conv2d(a, f, {}, stride, 1, groups); };
+    auto ploss = [&](const Tensor& a, const Tensor& f) { return pc(a, f).tanh().sum(); };
+    const Tensor pg = func::vmap(pc)(imgs, ks), ps = func::vmap(pc, {std::nullopt, 0})(one, ks);
+    const Tensor pgx = func::vmap(func::grad(ploss, 0))(imgs, ks);
+    const Tensor pgw = func::vmap(func::grad(ploss, 1))(imgs, ks);
+    for (int64_t b = 0; b < 2; ++b) {
+      const Tensor a = imgs.select(0, b), f = ks.select(0, b);
+      CHECK(close(pg.select(0, b), pc(a, f), 1e-4));
+      CHECK(close(ps.select(0, b), pc(one, f), 1e-4));
+      CHECK(close(pgx.select(0, b), func::grad(ploss, 0)(a, f), 1e-4));
+      CHECK(close(pgw.select(0, b), func::grad(ploss, 1)(a, f), 1e-4));
+    }
+  };
+  per_sample_filters(randn({2, 4, 3, 3, 3}), 2, 1);
+  per_sample_filters(randn({2, 6, 1, 3, 3}), 1, 3);
+  CHECK(detail::batch_loop_calls() == before);
 }
 
 TEST_CASE("vmap: in_dims, out_dim, shared arguments and unbatched results") {

@@ -417,6 +417,8 @@ TEST_CASE("layers: default initialization follows PyTorch's bounds and the seed"
       {"Linear(50, 40)", maker<Linear>(50, 40), 1 / std::sqrt(50.0)},
       {"Conv2d(3, 16, 3)", maker<Conv2d>(3, 16, 3), 1 / std::sqrt(27.0)},
       {"Conv2d(4, 30, 2)", maker<Conv2d>(4, 30, 2), 1 / std::sqrt(16.0)},
+      // (fan_in counts a filter's own channels: 4 / 2 groups times 3 * 3)
+      {"Conv2d(4, 8, 3, groups 2)", maker<Conv2d>(4, 8, 3, 1, 0, true, 2), 1 / std::sqrt(18.0)},
   };
   for (const Row& row : rows) {
     INFO(std::string(row.label));
@@ -460,6 +462,8 @@ TEST_CASE("layers: constructor arguments out of range name the layer") {
       {[] { Conv2d(1, 3, 0); }, "[Conv2d]"},
       {[] { Conv2d(1, 3, 3, 0); }, "[Conv2d]"},
       {[] { Conv2d(1, 3, 3, 1, -1); }, "[Conv2d]"},
+      {[] { Conv2d(3, 4, 3, 1, 0, true, 2); }, "[Conv2d]"},
+      {[] { Conv2d(4, 4, 3, 1, 0, true, 0); }, "[Conv2d]"},
       {[] { MaxPool2d(0); }, "[MaxPool2d]"},
       {[] { MaxPool2d(2, -1); }, "[MaxPool2d]"},
       {[] { AvgPool2d(0); }, "[AvgPool2d]"},
@@ -531,10 +535,32 @@ TEST_CASE("layers: bad inputs raise the op's error") {
   }
 }
 
+TEST_CASE("layers: Conv2d in groups convolves each group of channels with its own filters") {
+  manual_seed(41);
+  Conv2d conv(4, 6, 3, 1, 1, true, 2);
+  REQUIRE(conv.weight.sizes() == Shape{6, 2, 3, 3});
+  const Tensor x = randn({2, 4, 5, 5});
+  const Tensor y = conv(x);
+  // Each group by itself: its two channels, its three filters and biases.
+  for (int64_t g = 0; g < 2; ++g) {
+    const Tensor part =
+        conv2d(slice(x, 1, 2 * g, 2 * g + 2), slice(conv.weight, 0, 3 * g, 3 * g + 3),
+               slice(conv.bias, 0, 3 * g, 3 * g + 3), 1, 1);
+    CHECK(close(slice(y, 1, 3 * g, 3 * g + 3), part, 1e-5));
+  }
+  // A depthwise convolution (a filter per channel) and the channels' errors.
+  Conv2d depthwise(4, 4, 3, 1, 1, false, 4);
+  CHECK(depthwise(x).sizes() == Shape{2, 4, 5, 5});
+  CHECK_THROWS_AS(conv(randn({2, 3, 5, 5})), ShapeError);
+  CHECK_THROWS_AS(conv2d(x, randn({6, 2, 3, 3}), {}, 1, 1, 3), ShapeError);
+}
+
 TEST_CASE("layers: names for messages") {
   CHECK(Linear(784, 1024).name() == "Linear(784, 1024)");
   CHECK(Linear(3, 4, false).name() == "Linear(3, 4, bias=false)");
   CHECK(Conv2d(1, 32, 3).name() == "Conv2d(1, 32, kernel_size=3, stride=1, padding=0)");
+  CHECK(Conv2d(4, 8, 3, 1, 1, true, 4).name() ==
+        "Conv2d(4, 8, kernel_size=3, stride=1, padding=1, groups=4)");
   CHECK(MaxPool2d(2).name() == "MaxPool2d(kernel_size=2, stride=2)");
   CHECK(Dropout(0.25).name() == "Dropout(p=0.25)");
   CHECK(Embedding(10, 3).name() == "Embedding(10, 3)");

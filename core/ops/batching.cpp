@@ -19,9 +19,10 @@
 //  - attention and its gradient: the batch is one more leading dim of every operand;
 //  - ops on a batch of images with shared filters (conv2d, its input gradient, unfold, fold):
 //    the samples' images are one batch of B * N images; conv2d's weight gradient per sample is
-//    one unfold of the B * N images and one batched product;
+//    one unfold of the B * N images and one batched product; per-sample filters (conv2d and its
+//    input gradient) make one convolution in B times the groups;
 // The result of every rule holds the batch at dim 0 (a view's at its input's). An op without a
-// rule, or operands its rule does not take (a per-sample filter),
+// rule, or operands its rule does not take,
 // runs once per sample and the results are stacked
 // (batch_loop), with a warning naming the op the first time. Rules call ops through the
 // dispatcher, so an enclosing trace records the batched calls and autograd differentiates
@@ -289,7 +290,7 @@ BatchedArg lstm_step_rule(const OpDef& def, const std::vector<BatchedArg>& in, c
 }
 
 // Ops over a batch of images (N, ...) with shared filters (conv2d and its input gradient,
-// unfold, fold): the samples' images become one batch of B * N. Batched filters loop.
+// unfold, fold): the samples' images become one batch of B * N.
 BatchedArg images_rule(const OpDef& def, const std::vector<BatchedArg>& in, const Attrs& a,
                        int64_t batch) {
   for (size_t i = 1; i < in.size(); ++i)
@@ -306,21 +307,60 @@ BatchedArg images_rule(const OpDef& def, const std::vector<BatchedArg>& in, cons
   return {reshape(y, out), 0};
 }
 
+// Per-sample filters (an ensemble of models, torch.func's way): conv2d, or its input gradient,
+// of B samples each with its own filters (O, C/G, kh, kw) in G groups is one convolution in
+// B * G groups, over the images with the samples' channels side by side (N, B * C, H, W) and
+// the filters stacked (B * O, C/G, kh, kw); its result (N, B * O, ...), seen as (B, N, O, ...).
+// Unbatched images are read by every sample: without groups, they are the product's own input
+// (the filters stacked along O alone, no copy of the images).
+BatchedArg grouped_images(const OpDef& def, const std::vector<BatchedArg>& in, const Attrs& a,
+                          int64_t batch) {
+  const Tensor w = batch_first(in[1]);  // (B, O, C/G, kh, kw)
+  const Shape& ws = w.sizes();
+  const Tensor w2 = reshape(w, {batch * ws[1], ws[2], ws[3], ws[4]});
+  Attrs b = a;
+  Tensor x;
+  if (in[0].bdim < 0 && a.step == 1 && def.id == OpId::Conv2d) {
+    x = in[0].value;  // (N, C, H, W), each output block of O reading all of it
+  } else {
+    const Tensor xb = batched_first(in[0], batch);  // (B, N, C, H, W)
+    const Shape& xs = xb.sizes();
+    x = reshape(permute(xb, {1, 0, 2, 3, 4}), {xs[1], batch * xs[2], xs[3], xs[4]});
+    b.step = a.step * batch;
+  }
+  const Tensor y = call_on(def.id, {x, w2}, b);  // (N, B * O or B * C, ...)
+  const Shape& ys = y.sizes();
+  return {permute(reshape(y, {ys[0], batch, ys[1] / batch, ys[2], ys[3]}), {1, 0, 2, 3, 4}), 0};
+}
+
+// conv2d and its input gradient: the images rule with shared filters, the groups above with
+// per-sample ones.
+BatchedArg conv_rule(const OpDef& def, const std::vector<BatchedArg>& in, const Attrs& a,
+                     int64_t batch) {
+  if (in[1].bdim < 0) return images_rule(def, in, a, batch);
+  if (symbolic(a)) return batch_loop(def, in, a, batch);
+  return grouped_images(def, in, a, batch);
+}
+
 // conv2d's weight gradient per sample, dw_b = sum over n of gy_b,n (O, L) cols_b,n^T (L, C*kk),
-// with cols the unfolded images: one unfold of all B * N images and one batched product.
+// with cols the unfolded images: one unfold of all B * N images and one batched product, per
+// group of channels (G groups: output block g reads the rows of input block g).
 BatchedArg weight_grad_rule(const OpDef& def, const std::vector<BatchedArg>& in, const Attrs& a,
                             int64_t batch) {
   if (symbolic(a)) return batch_loop(def, in, a, batch);
   const Tensor x = batched_first(in[0], batch), gy = batched_first(in[1], batch);  // (B, N, ...)
   const Shape &xs = x.sizes(), &gs = gy.sizes();
   const int64_t n = xs[1], c = xs[2], o = gs[2], l = gs[3] * gs[4], kk = a.ints[0] * a.ints[1];
-  const Tensor cols = call_on(OpId::Unfold, {reshape(x, {batch * n, c, xs[3], xs[4]})}, a);
-  // (B, O, N * L) times (B, N * L, C * kk)
+  const int64_t g = a.step, cg = c / g, og = o / g;
+  Attrs windows = a;
+  windows.step = 1;  // (unfold's attributes: the window alone)
+  const Tensor cols = call_on(OpId::Unfold, {reshape(x, {batch * n, c, xs[3], xs[4]})}, windows);
+  // (B, G, O/G, N * L) times (B, G, N * L, C/G * kk)
   const Tensor lhs =
-      reshape(permute(reshape(gy, {batch, n, o, l}), {0, 2, 1, 3}), {batch, o, n * l});
-  const Tensor rhs =
-      reshape(permute(reshape(cols, {batch, n, c * kk, l}), {0, 1, 3, 2}), {batch, n * l, c * kk});
-  return {reshape(matmul(lhs, rhs), {batch, o, c, a.ints[0], a.ints[1]}), 0};
+      reshape(permute(reshape(gy, {batch, n, g, og, l}), {0, 2, 3, 1, 4}), {batch, g, og, n * l});
+  const Tensor rhs = reshape(permute(reshape(cols, {batch, n, g, cg * kk, l}), {0, 2, 1, 4, 3}),
+                             {batch, g, n * l, cg * kk});
+  return {reshape(matmul(lhs, rhs), {batch, o, cg, a.ints[0], a.ints[1]}), 0};
 }
 
 // in[0] itself, once in[1] is ready: the result is batched as in[0] is.
@@ -384,8 +424,8 @@ void register_batching_rules(OpDef* t) {
                   OpId::LstmStepBackward, OpId::GruCell, OpId::GruCellBackward})
     t[int(op)].batch = leading_rule;
   t[int(OpId::LstmStep)].batch = lstm_step_rule;
-  for (OpId op : {OpId::Conv2d, OpId::Conv2dInputGrad, OpId::Unfold, OpId::Fold})
-    t[int(op)].batch = images_rule;
+  for (OpId op : {OpId::Conv2d, OpId::Conv2dInputGrad}) t[int(op)].batch = conv_rule;
+  for (OpId op : {OpId::Unfold, OpId::Fold}) t[int(op)].batch = images_rule;
   t[int(OpId::Conv2dWeightGrad)].batch = weight_grad_rule;
 }
 

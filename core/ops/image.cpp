@@ -89,6 +89,10 @@ void infer_fold(const OpDef&, TensorRefs in, const Attrs& a, TensorMeta& out) {
 // and the family is closed under differentiation (gradients of gradients stay in it). That is
 // the one definition; how a device computes each op (oneDNN's convolutions for CPU f32, or
 // unfold + matmul + fold) is the kernel's choice (kernels/conv.cpp).
+// With groups g (attrs.step, as PyTorch's `groups`): the C input and O output channels split
+// into g blocks, and output block i is the convolution of input block i with filters
+// (O / g, C / g, kh, kw); each of the three ops is that, block by block, so the rules above hold
+// with the same g.
 
 // The common checks: 4-D operands of one non-b8 dtype. Returns the window of the image (N, C,
 // H, W) side, whose H and W are the attributes.
@@ -102,44 +106,61 @@ Window conv_window(const char* op, const Shape& image, const Tensor& a, const Te
   return window(op, attrs, image);
 }
 
-// x (N, C, H, W), w (O, C, kh, kw) -> (N, O, Ho, Wo)
+// The groups of a convolution (attrs.step), checked against its input and output channels.
+int64_t conv_groups(const char* op, const Attrs& a, int64_t c, int64_t o) {
+  const int64_t groups = a.step;
+  DUET_CHECK_VALUE(groups >= 1, "[{}] groups must be positive, got {}", op, groups);
+  DUET_CHECK_SHAPE(c % groups == 0 && o % groups == 0,
+                   "[{}] {} input and {} output channels do not split into {} groups", op, c, o,
+                   groups);
+  return groups;
+}
+
+// x (N, C, H, W), w (O, C / g, kh, kw) -> (N, O, Ho, Wo)
 void infer_conv2d(const OpDef&, TensorRefs in, const Attrs& a, TensorMeta& out) {
   const Shape &x = in[0].sizes(), &w = in[1].sizes();
   const Window g = conv_window("conv2d", x, in[0], in[1], a);
-  DUET_CHECK_SHAPE(x[2] == g.h && x[3] == g.w && w[1] == x[1] && w[2] == g.kh && w[3] == g.kw,
-                   "[conv2d] input {} and weight {} do not match a {}x{} kernel over {}x{}", x, w,
-                   g.kh, g.kw, g.h, g.w);
+  const int64_t groups = conv_groups("conv2d", a, x[1], w[0]);
+  DUET_CHECK_SHAPE(
+      x[2] == g.h && x[3] == g.w && w[1] * groups == x[1] && w[2] == g.kh && w[3] == g.kw,
+      "[conv2d] input {} and weight {} do not match a {}x{} kernel over {}x{} in {} "
+      "group(s)",
+      x, w, g.kh, g.kw, g.h, g.w, groups);
   out.shape = Shape{x[0], w[0], g.ho, g.wo};
   out.dtype = in[0].dtype();
   out.device = in[0].device();
 }
 
-// gy (N, O, Ho, Wo), w (O, C, kh, kw) -> (N, C, H, W)
+// gy (N, O, Ho, Wo), w (O, C / g, kh, kw) -> (N, C, H, W)
 void infer_conv2d_input_grad(const OpDef&, TensorRefs in, const Attrs& a, TensorMeta& out) {
   const Shape &gy = in[0].sizes(), &w = in[1].sizes();
   DUET_CHECK_SHAPE(gy.size() == 4 && w.size() == 4,
                    "[conv2d_input_grad] expects 4-D operands, got {} and {}", gy, w);
   DUET_CHECK_VALUE(a.ints.size() == 8, "[conv2d_input_grad] expects 8 window attributes");
+  DUET_CHECK_VALUE(a.step >= 1, "[conv2d_input_grad] groups must be positive, got {}", a.step);
+  const int64_t c = w[1] * a.step;
+  const int64_t groups = conv_groups("conv2d_input_grad", a, c, w[0]);
   const Window g =
-      conv_window("conv2d_input_grad", Shape{gy[0], w[1], a.ints[6], a.ints[7]}, in[0], in[1], a);
+      conv_window("conv2d_input_grad", Shape{gy[0], c, a.ints[6], a.ints[7]}, in[0], in[1], a);
   DUET_CHECK_SHAPE(gy[1] == w[0] && gy[2] == g.ho && gy[3] == g.wo && w[2] == g.kh && w[3] == g.kw,
                    "[conv2d_input_grad] grad {} and weight {} do not match a {}x{} kernel over "
-                   "{}x{}",
-                   gy, w, g.kh, g.kw, g.h, g.w);
-  out.shape = Shape{gy[0], w[1], g.h, g.w};
+                   "{}x{} in {} group(s)",
+                   gy, w, g.kh, g.kw, g.h, g.w, groups);
+  out.shape = Shape{gy[0], c, g.h, g.w};
   out.dtype = in[0].dtype();
   out.device = in[0].device();
 }
 
-// x (N, C, H, W), gy (N, O, Ho, Wo) -> (O, C, kh, kw)
+// x (N, C, H, W), gy (N, O, Ho, Wo) -> (O, C / g, kh, kw)
 void infer_conv2d_weight_grad(const OpDef&, TensorRefs in, const Attrs& a, TensorMeta& out) {
   const Shape &x = in[0].sizes(), &gy = in[1].sizes();
   const Window g = conv_window("conv2d_weight_grad", x, in[0], in[1], a);
+  const int64_t groups = conv_groups("conv2d_weight_grad", a, x[1], gy[1]);
   DUET_CHECK_SHAPE(x[2] == g.h && x[3] == g.w && gy[0] == x[0] && gy[2] == g.ho && gy[3] == g.wo,
                    "[conv2d_weight_grad] input {} and grad {} do not match a {}x{} kernel over "
                    "{}x{}",
                    x, gy, g.kh, g.kw, g.h, g.w);
-  out.shape = Shape{gy[1], x[1], g.kh, g.kw};
+  out.shape = Shape{gy[1], x[1] / groups, g.kh, g.kw};
   out.dtype = in[0].dtype();
   out.device = in[0].device();
 }
@@ -222,7 +243,7 @@ Tensor fold(const Tensor& cols, int64_t height, int64_t width, int64_t kernel, i
 // channels C) stay SymInts, so that a symbolic batch dim stays symbolic; H, W and the weight's
 // sizes are read as integers (the windows need them).
 Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, int64_t stride,
-              int64_t padding, std::source_location loc) {
+              int64_t padding, int64_t groups, std::source_location loc) {
   detail::SiteGuard site(loc);
   return detail::as_op("conv2d", [&]() -> Tensor {
     Tensor held_x;  // Note [Autocast]
@@ -233,15 +254,18 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, int64_
     const Tensor& b = detail::autocast_lower(b_in, held_b);
     DUET_CHECK_SHAPE(x.dim() == 4, "[conv2d] input must be (N, C, H, W), got {}", x.sizes());
     DUET_CHECK_SHAPE(w.dim() == 4 && w.size(2) == w.size(3),
-                     "[conv2d] weight must be (out, in, k, k), got {}", w.sizes());
-    DUET_CHECK_SHAPE(detail::size_is(x, 1, detail::sym_dim(w, 1), "conv2d"),
-                     "[conv2d] input has {} channels but the weight {} expects {}", x.sizes()[1],
-                     w.sizes(), w.sizes()[1]);
+                     "[conv2d] weight must be (out, in / groups, k, k), got {}", w.sizes());
+    DUET_CHECK_VALUE(groups >= 1, "[conv2d] groups must be positive, got {}", groups);
+    DUET_CHECK_SHAPE(detail::size_is(x, 1, detail::sym_dim(w, 1) * SymInt(groups), "conv2d"),
+                     "[conv2d] input has {} channels but the weight {}{} expects {}", x.sizes()[1],
+                     w.sizes(), groups == 1 ? "" : fmt::format(" in {} groups", groups),
+                     w.sizes()[1] * groups);
     DUET_CHECK_DTYPE(x.dtype() == w.dtype(),
                      "[conv2d] input ({}) and weight ({}) must share a dtype", x.dtype(),
                      w.dtype());
     const int64_t o = w.size(0), k = w.size(2);
     Attrs a = detail::window_attrs("conv2d", x, k, stride, padding);
+    a.step = groups;
     Tensor y = detail::conv_call(OpId::Conv2d, x, w, a);
     if (!b.defined()) return y;
     DUET_CHECK_SHAPE(b.dim() == 1 && b.size(0) == o, "[conv2d] bias must be ({}), got {}", o,
@@ -251,19 +275,23 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, int64_
 }
 
 Tensor conv2d_input_grad(const Tensor& grad, const Tensor& w, int64_t height, int64_t width,
-                         int64_t stride, int64_t padding, std::source_location loc) {
+                         int64_t stride, int64_t padding, int64_t groups,
+                         std::source_location loc) {
   detail::SiteGuard site(loc);
   DUET_CHECK_SHAPE(w.dim() == 4 && w.size(2) == w.size(3),
-                   "[conv2d_input_grad] weight must be (out, in, k, k), got {}", w.sizes());
+                   "[conv2d_input_grad] weight must be (out, in / groups, k, k), got {}",
+                   w.sizes());
   Attrs a;
   a.ints = {w.size(2), w.size(2), stride, stride, padding, padding, height, width};
+  a.step = groups;
   return detail::conv_call(OpId::Conv2dInputGrad, grad, w, a);
 }
 
 Tensor conv2d_weight_grad(const Tensor& x, const Tensor& grad, int64_t kernel, int64_t stride,
-                          int64_t padding, std::source_location loc) {
+                          int64_t padding, int64_t groups, std::source_location loc) {
   detail::SiteGuard site(loc);
   Attrs a = detail::window_attrs("conv2d_weight_grad", x, kernel, stride, padding);
+  a.step = groups;
   return detail::conv_call(OpId::Conv2dWeightGrad, x, grad, a);
 }
 

@@ -264,27 +264,29 @@ void sym_fold(const OpDef& def, TensorRefs in, const Attrs& a, const TensorMeta&
 
 // Conv2d and its gradients (core/ops/image.cpp): N, C and O may be symbolic; the image's H and
 // W and the kernel are attributes.
-void sym_conv2d(const OpDef& def, TensorRefs in, const Attrs&, const TensorMeta& m, SymDims& out) {
+// (attrs.step: the groups, which divide the channels.)
+void sym_conv2d(const OpDef& def, TensorRefs in, const Attrs& a, const TensorMeta& m,
+                SymDims& out) {
   const SymDims x = sym_dims(in[0]), w = sym_dims(in[1]);
   concrete_dims(def, x, {2, 3});
-  require_eq(x[1], w[1], def.name);
+  require_eq(x[1], w[1] * SymInt(a.step), def.name);
   out = {x[0], w[0], m.shape[2], m.shape[3]};
 }
 
-void sym_conv2d_input_grad(const OpDef& def, TensorRefs in, const Attrs&, const TensorMeta& m,
+void sym_conv2d_input_grad(const OpDef& def, TensorRefs in, const Attrs& a, const TensorMeta& m,
                            SymDims& out) {
   const SymDims gy = sym_dims(in[0]), w = sym_dims(in[1]);
   concrete_dims(def, gy, {2, 3});
   require_eq(gy[1], w[0], def.name);
-  out = {gy[0], w[1], m.shape[2], m.shape[3]};
+  out = {gy[0], w[1] * SymInt(a.step), m.shape[2], m.shape[3]};
 }
 
-void sym_conv2d_weight_grad(const OpDef& def, TensorRefs in, const Attrs&, const TensorMeta& m,
+void sym_conv2d_weight_grad(const OpDef& def, TensorRefs in, const Attrs& a, const TensorMeta& m,
                             SymDims& out) {
   const SymDims x = sym_dims(in[0]), gy = sym_dims(in[1]);
   concrete_dims(def, x, {2, 3});
   require_eq(x[0], gy[0], def.name);
-  out = {gy[1], x[1], m.shape[2], m.shape[3]};
+  out = {gy[1], floordiv(x[1], a.step), m.shape[2], m.shape[3]};
 }
 
 void sym_gather(const OpDef&, TensorRefs in, const Attrs&, const TensorMeta&, SymDims& out) {

@@ -251,6 +251,7 @@ std::string Writer::emit_op(Frame& f, Values& vals, int32_t v) {
         attr_ints(p, "kernel_shape", {w.kh, w.kw});
         attr_ints(p, "strides", {w.sh, w.sw});
         attr_ints(p, "pads", {w.ph, w.pw, w.ph, w.pw});
+        if (n.attrs.step != 1) attr_int(p, "group", n.attrs.step);
       });
     }
     case OpId::Attention:
