@@ -332,6 +332,38 @@ std::vector<std::string> names_of(const std::vector<std::pair<std::string, Tenso
 
 }  // namespace
 
+TEST_CASE("import: a 2-D Conv that conv2d expresses runs as conv2d, in groups; others as windows") {
+  manual_seed(8);
+  const Tensor w = randn({6, 2, 3, 3}), b = randn({6}), x = randn({2, 4, 6, 6});
+  // (pads: symmetric, conv2d's; asymmetric, the windows' products)
+  for (const std::vector<int64_t>& pads :
+       {std::vector<int64_t>{1, 1, 1, 1}, std::vector<int64_t>{1, 0, 1, 0}}) {
+    CAPTURE(pads[1]);
+    onnx::GraphProto g;
+    add_input(g, "x", onnx::TensorProto::FLOAT, {int64_t(2), int64_t(4), int64_t(6), int64_t(6)});
+    add_initializer(g, "w", w);
+    add_initializer(g, "b", b);
+    onnx::NodeProto* conv = add_node(g, "Conv", {"x", "w", "b"}, {"y"});
+    add_ints_attr(conv, "pads", pads);
+    add_int_attr(conv, "group", 2);
+    add_output(g, "y", onnx::TensorProto::FLOAT);
+    TempFile f("conv_groups.onnx");
+    write_model(std::move(g), f.path);
+    Program p = import_onnx(f.path);
+    Profiler prof;
+    const Tensor y = p.eager({x})[0];
+    const bool conv2d_ran = prof.json().find("\"conv2d\"") != std::string::npos;
+    CHECK(conv2d_ran == (pads[1] == 1));
+    // Each group's two channels and three filters, by duet's conv2d on the padded input.
+    const Tensor xp = pad(x, {pads[1], pads[3], pads[0], pads[2]});
+    for (int64_t k = 0; k < 2; ++k) {
+      const Tensor want = conv2d(slice(xp, 1, 2 * k, 2 * k + 2), slice(w, 0, 3 * k, 3 * k + 3),
+                                 slice(b, 0, 3 * k, 3 * k + 3));
+      CHECK(allclose(slice(y, 1, 3 * k, 3 * k + 3), want, 1e-4, 1e-5));
+    }
+  }
+}
+
 TEST_CASE("an imported batch norm's running statistics are constants, not parameters") {
   manual_seed(6);
   ConvBn m;

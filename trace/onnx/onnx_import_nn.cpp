@@ -182,6 +182,17 @@ std::vector<int64_t> spatial_kernel(const Node& n, const Tensor& x, const Tensor
   return k;
 }
 
+// Whether a Conv is one of duet's conv2d: two spatial dims, a square kernel, one stride and
+// one padding on every side, no dilation, floating.
+bool is_conv2d(const Window& w, const Tensor& x) {
+  auto same = [](const std::vector<int64_t>& v) {
+    return std::all_of(v.begin(), v.end(), [&](int64_t e) { return e == v[0]; });
+  };
+  return w.kernel.size() == 2 && same(w.kernel) && same(w.strides) && w.dilations[0] == 1 &&
+         w.dilations[1] == 1 && same(w.pad_begin) && w.pad_end == w.pad_begin &&
+         is_floating(x.dtype());
+}
+
 V op_conv(const Node& n) {
   const Tensor &x = n.in(0), &wt = n.in(1);
   const std::vector<int64_t> k = spatial_kernel(n, x, &wt);
@@ -190,6 +201,9 @@ V op_conv(const Node& n) {
   const int64_t G = n.attr_i("group", 1), K = prod(k), L = prod(w.out);
   if (C % G || M % G || wt.sizes()[1] != C / G)
     n.fail(fmt::format("input channels {}, weight {} and group {} do not fit", C, wt.sizes(), G));
+  // (The kernels' convolutions, oneDNN's on the CPU, rather than the windows' products below.)
+  if (is_conv2d(w, x) && wt.dtype() == x.dtype())
+    return {conv2d(x, wt, n.has(2) ? n.in(2) : Tensor(), w.strides[0], w.pad_begin[0], G)};
   Tensor s = windows(n, x, w, 0.0);  // (K, N, C, out...)
   s = reshape(s, {K, N, G, C / G, L});
   s = reshape(permute(s, {1, 2, 3, 0, 4}), {N, G, (C / G) * K, L});
