@@ -90,6 +90,14 @@ TEST_CASE("vmap: the op families batch in one call each, not per sample") {
   };
   per_sample_filters(randn({2, 4, 3, 3, 3}), 2, 1);
   per_sample_filters(randn({2, 6, 1, 3, 3}), 1, 3);
+  // No sample at all: the shapes of none, and a backward through them.
+  const Tensor none = randn({0, 4, 3, 3, 3}).requires_grad_(true);
+  auto conv = [](const Tensor& a, const Tensor& f) { return conv2d(a, f, {}, 2, 1); };
+  const Tensor e = func::vmap(conv)(randn({0, 1, 3, 6, 6}), none);
+  CHECK(e.sizes() == Shape{0, 1, 4, 3, 3});
+  CHECK(func::vmap(conv, {std::nullopt, 0})(one, none).sizes() == Shape{0, 1, 4, 3, 3});
+  e.sum().backward();
+  CHECK(none.grad().sizes() == none.sizes());
   CHECK(detail::batch_loop_calls() == before);
 }
 

@@ -317,6 +317,15 @@ BatchedArg grouped_images(const OpDef& def, const std::vector<BatchedArg>& in, c
                           int64_t batch) {
   const Tensor w = batch_first(in[1]);  // (B, O, C/G, kh, kw)
   const Shape& ws = w.sizes();
+  if (batch == 0) {  // no sample: the images through zero filters, shaped as one sample's
+    const Tensor xb = batched_first(in[0], 0);
+    const Shape& xs = xb.sizes();
+    const Tensor f =
+        zeros({ws[1], ws[2], ws[3], ws[4]}, Options().dtype(w.dtype()).device(w.device()));
+    const Tensor y = call_on(def.id, {reshape(xb, {0, xs[2], xs[3], xs[4]}), f}, a);
+    const Shape& ys = y.sizes();
+    return {reshape(y, {0, xs[1], ys[1], ys[2], ys[3]}) + sum(w) * 0.0, 0};  // (w's history)
+  }
   const Tensor w2 = reshape(w, {batch * ws[1], ws[2], ws[3], ws[4]});
   Attrs b = a;
   Tensor x;
