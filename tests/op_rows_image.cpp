@@ -13,11 +13,14 @@ using Ins = std::vector<Tensor>;
 
 const std::vector<DType> kNumeric = {DType::f32, DType::f64, DType::i32, DType::i64};
 
+// (A kernel of kh x kw: k is kh, kw_in -1 a square one.)
 struct Geom {
-  int64_t n, c, h, w, k, s, p, ho, wo;
+  int64_t n, c, h, w, k, s, p, ho, wo, kw;
 };
-Geom geom(const Shape& x, int64_t k, int64_t s, int64_t p) {
-  return {x[0], x[1], x[2], x[3], k, s, p, (x[2] + 2 * p - k) / s + 1, (x[3] + 2 * p - k) / s + 1};
+Geom geom(const Shape& x, int64_t k, int64_t s, int64_t p, int64_t kw_in = -1) {
+  const int64_t kw = kw_in < 0 ? k : kw_in;
+  return {x[0], x[1], x[2], x[3], k, s, p, (x[2] + 2 * p - k) / s + 1, (x[3] + 2 * p - kw) / s + 1,
+          kw};
 }
 
 // The zero-padded image: x[n][c][i][j], 0 outside.
@@ -87,8 +90,8 @@ std::vector<double> ref_conv2d(const std::vector<double>& x, const std::vector<d
           double acc = b ? (*b)[o] : 0;
           for (int64_t c = 0; c < q.cg; ++c)
             for (int64_t ki = 0; ki < g.k; ++ki)
-              for (int64_t kj = 0; kj < g.k; ++kj)
-                acc += w[((o * q.cg + c) * g.k + ki) * g.k + kj] *
+              for (int64_t kj = 0; kj < g.kw; ++kj)
+                acc += w[((o * q.cg + c) * g.k + ki) * g.kw + kj] *
                        pixel(x, g, n, q.first_channel(o) + c, oh * g.s - g.p + ki,
                              ow * g.s - g.p + kj);
           out.push_back(acc);
@@ -109,12 +112,12 @@ std::vector<double> ref_conv2d_input_grad(const std::vector<double>& gy,
         for (int64_t ow = 0; ow < g.wo; ++ow)
           for (int64_t c = 0; c < q.cg; ++c)
             for (int64_t ki = 0; ki < g.k; ++ki)
-              for (int64_t kj = 0; kj < g.k; ++kj) {
+              for (int64_t kj = 0; kj < g.kw; ++kj) {
                 const int64_t i = oh * g.s - g.p + ki, j = ow * g.s - g.p + kj;
                 if (i < 0 || i >= g.h || j < 0 || j >= g.w) continue;
                 out[((n * g.c + q.first_channel(o) + c) * g.h + i) * g.w + j] +=
                     gy[((n * o_ch + o) * g.ho + oh) * g.wo + ow] *
-                    w[((o * q.cg + c) * g.k + ki) * g.k + kj];
+                    w[((o * q.cg + c) * g.k + ki) * g.kw + kj];
               }
   return out;
 }
@@ -129,7 +132,7 @@ std::vector<double> ref_conv2d_weight_grad(const std::vector<double>& x,
   for (int64_t o = 0; o < o_ch; ++o)
     for (int64_t c = 0; c < q.cg; ++c)
       for (int64_t ki = 0; ki < g.k; ++ki)
-        for (int64_t kj = 0; kj < g.k; ++kj) {
+        for (int64_t kj = 0; kj < g.kw; ++kj) {
           double acc = 0;
           for (int64_t n = 0; n < g.n; ++n)
             for (int64_t oh = 0; oh < g.ho; ++oh)
@@ -191,7 +194,7 @@ std::string groups_name(int64_t groups) {
 }
 
 OpRow conv_row(Shape xs, Shape ws, bool bias, int64_t s, int64_t p, int64_t groups = 1) {
-  const Geom g = geom(xs, ws[2], s, p);
+  const Geom g = geom(xs, ws[2], s, p, ws[3]);
   const int64_t o = ws[0];
   std::vector<Shape> shapes = {xs, ws};
   if (bias) shapes.push_back({o});
@@ -211,7 +214,7 @@ OpRow conv_row(Shape xs, Shape ws, bool bias, int64_t s, int64_t p, int64_t grou
 
 // conv2d_input_grad: the gradient of conv2d's input x (xs) for an output gradient.
 OpRow input_grad_row(Shape xs, Shape ws, int64_t s, int64_t p, int64_t groups = 1) {
-  const Geom g = geom(xs, ws[2], s, p);
+  const Geom g = geom(xs, ws[2], s, p, ws[3]);
   const int64_t o = ws[0];
   OpRow r{fmt::format("conv2d_input_grad x {} w {} s {} p {}{}", xs.str(), ws.str(), s, p,
                       groups_name(groups)),
@@ -288,6 +291,9 @@ const std::vector<OpRow>& image_rows() {
         conv_row({1, 4, 2, 2}, {2, 2, 2, 2}, true, 1, 1, 2),
         conv_row({1, 3, 2, 3}, {3, 1, 2, 2}, false, 1, 1, 3),
         conv_row({2, 2, 3, 2}, {4, 1, 2, 2}, true, 2, 0, 2),
+        // Kernels of other heights than widths (as torch.nn.Conv2d's (1, 3) and (3, 1)).
+        conv_row({1, 2, 3, 4}, {2, 2, 1, 3}, true, 1, 1),
+        conv_row({1, 2, 4, 3}, {2, 1, 3, 1}, false, 2, 0, 2),
         input_grad_row({2, 1, 3, 3}, {2, 1, 2, 2}, 1, 0),
         input_grad_row({1, 2, 3, 3}, {3, 2, 2, 2}, 2, 1),
         input_grad_row({1, 1, 4, 4}, {1, 1, 3, 3}, 1, 1),
@@ -295,6 +301,7 @@ const std::vector<OpRow>& image_rows() {
         input_grad_row({0, 2, 3, 3}, {3, 2, 2, 2}, 1, 0),
         input_grad_row({1, 4, 2, 2}, {2, 2, 2, 2}, 1, 1, 2),
         input_grad_row({1, 3, 3, 3}, {3, 1, 2, 2}, 2, 1, 3),
+        input_grad_row({1, 2, 3, 4}, {2, 2, 1, 3}, 1, 0),
         weight_grad_row({2, 1, 3, 3}, {2, 1, 2, 2}, 1, 0),
         weight_grad_row({1, 2, 3, 3}, {3, 2, 2, 2}, 2, 1),
         weight_grad_row({1, 1, 4, 4}, {1, 1, 3, 3}, 1, 1),

@@ -429,9 +429,9 @@ const std::vector<ErrorRow>& error_rows() {
        Kind::Shape, "[conv2d] input must be (N, C, H, W), got (2, 5, 5)"},
       {"image",
        [] {
-         conv2d(f32({1, 2, 5, 5}), f32({3, 2, 3, 2}));
+         conv2d(f32({1, 2, 5, 5}), f32({3, 2, 3}));
        },
-       Kind::Shape, "[conv2d] weight must be (out, in / groups, k, k), got (3, 2, 3, 2)"},
+       Kind::Shape, "[conv2d] weight must be (out, in / groups, kh, kw), got (3, 2, 3)"},
       {"image",
        [] {
          conv2d(f32({1, 4, 5, 5}), f32({2, 2, 3, 3}), {}, 1, 0, 3);

@@ -334,7 +334,7 @@ std::vector<std::string> names_of(const std::vector<std::pair<std::string, Tenso
 
 TEST_CASE("import: a 2-D Conv that conv2d expresses runs as conv2d, in groups; others as windows") {
   manual_seed(8);
-  const Tensor w = randn({6, 2, 3, 3}), b = randn({6}), x = randn({2, 4, 6, 6});
+  const Tensor w = randn({6, 2, 3, 2}), b = randn({6}), x = randn({2, 4, 6, 6});  // (3 x 2)
   // (pads: symmetric, conv2d's; asymmetric, the windows' products)
   for (const std::vector<int64_t>& pads :
        {std::vector<int64_t>{1, 1, 1, 1}, std::vector<int64_t>{1, 0, 1, 0}}) {

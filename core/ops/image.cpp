@@ -193,12 +193,13 @@ void grad_fold(const GradCtx& c, const Tensor& g, Tensor* gi) {
   gi[0] = window_call(OpId::Unfold, g, c.attrs);
 }
 
+// (kw: a kernel of kh x kw; -1, a square one.)
 Attrs window_attrs(const char* op, const Tensor& x, int64_t k, int64_t s, int64_t p,
-                   Window* g = nullptr) {
+                   Window* g = nullptr, int64_t kw = -1) {
   DUET_CHECK_SHAPE(x.dim() == 4, "[{}] input must be (N, C, H, W), got {}", op, x.sizes());
   Attrs a;
   // H and W only: the windows need them concrete, N and C may stay symbolic (a batch dim).
-  a.ints = {k, k, s, s, p, p, x.size(2), x.size(3)};
+  a.ints = {k, kw < 0 ? k : kw, s, s, p, p, x.size(2), x.size(3)};
   const Window w = window(op, a, hint_sizes(x));  // validates with the caller's op name
   if (g) *g = w;
   return a;
@@ -239,7 +240,8 @@ Tensor fold(const Tensor& cols, int64_t height, int64_t width, int64_t kernel, i
   return detail::window_call(OpId::Fold, cols, a);
 }
 
-// The Conv2d primitive (Note [Conv2d]) plus a broadcast bias. The batch size N (and the
+// The Conv2d primitive (Note [Conv2d]) plus a broadcast bias; the kernel (kh, kw) from the
+// weight, the stride and padding the same along both dims. The batch size N (and the
 // channels C) stay SymInts, so that a symbolic batch dim stays symbolic; H, W and the weight's
 // sizes are read as integers (the windows need them).
 Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, int64_t stride,
@@ -253,8 +255,8 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, int64_
     Tensor held_b;  // Note [Autocast]
     const Tensor& b = detail::autocast_lower(b_in, held_b);
     DUET_CHECK_SHAPE(x.dim() == 4, "[conv2d] input must be (N, C, H, W), got {}", x.sizes());
-    DUET_CHECK_SHAPE(w.dim() == 4 && w.size(2) == w.size(3),
-                     "[conv2d] weight must be (out, in / groups, k, k), got {}", w.sizes());
+    DUET_CHECK_SHAPE(w.dim() == 4, "[conv2d] weight must be (out, in / groups, kh, kw), got {}",
+                     w.sizes());
     DUET_CHECK_VALUE(groups >= 1, "[conv2d] groups must be positive, got {}", groups);
     DUET_CHECK_SHAPE(detail::size_is(x, 1, detail::sym_dim(w, 1) * SymInt(groups), "conv2d"),
                      "[conv2d] input has {} channels but the weight {}{} expects {}", x.sizes()[1],
@@ -263,8 +265,8 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, int64_
     DUET_CHECK_DTYPE(x.dtype() == w.dtype(),
                      "[conv2d] input ({}) and weight ({}) must share a dtype", x.dtype(),
                      w.dtype());
-    const int64_t o = w.size(0), k = w.size(2);
-    Attrs a = detail::window_attrs("conv2d", x, k, stride, padding);
+    const int64_t o = w.size(0);
+    Attrs a = detail::window_attrs("conv2d", x, w.size(2), stride, padding, nullptr, w.size(3));
     a.step = groups;
     Tensor y = detail::conv_call(OpId::Conv2d, x, w, a);
     if (!b.defined()) return y;
@@ -278,11 +280,11 @@ Tensor conv2d_input_grad(const Tensor& grad, const Tensor& w, int64_t height, in
                          int64_t stride, int64_t padding, int64_t groups,
                          std::source_location loc) {
   detail::SiteGuard site(loc);
-  DUET_CHECK_SHAPE(w.dim() == 4 && w.size(2) == w.size(3),
-                   "[conv2d_input_grad] weight must be (out, in / groups, k, k), got {}",
+  DUET_CHECK_SHAPE(w.dim() == 4,
+                   "[conv2d_input_grad] weight must be (out, in / groups, kh, kw), got {}",
                    w.sizes());
   Attrs a;
-  a.ints = {w.size(2), w.size(2), stride, stride, padding, padding, height, width};
+  a.ints = {w.size(2), w.size(3), stride, stride, padding, padding, height, width};
   a.step = groups;
   return detail::conv_call(OpId::Conv2dInputGrad, grad, w, a);
 }

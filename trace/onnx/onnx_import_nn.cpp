@@ -182,15 +182,14 @@ std::vector<int64_t> spatial_kernel(const Node& n, const Tensor& x, const Tensor
   return k;
 }
 
-// Whether a Conv is one of duet's conv2d: two spatial dims, a square kernel, one stride and
-// one padding on every side, no dilation, floating.
+// Whether a Conv is one of duet's conv2d: two spatial dims, one stride and one padding on
+// every side, no dilation, floating.
 bool is_conv2d(const Window& w, const Tensor& x) {
   auto same = [](const std::vector<int64_t>& v) {
     return std::all_of(v.begin(), v.end(), [&](int64_t e) { return e == v[0]; });
   };
-  return w.kernel.size() == 2 && same(w.kernel) && same(w.strides) && w.dilations[0] == 1 &&
-         w.dilations[1] == 1 && same(w.pad_begin) && w.pad_end == w.pad_begin &&
-         is_floating(x.dtype());
+  return w.kernel.size() == 2 && same(w.strides) && w.dilations[0] == 1 && w.dilations[1] == 1 &&
+         same(w.pad_begin) && w.pad_end == w.pad_begin && is_floating(x.dtype());
 }
 
 V op_conv(const Node& n) {
