@@ -116,6 +116,11 @@ int64_t conv_groups(const char* op, const Attrs& a, int64_t c, int64_t o) {
   return groups;
 }
 
+// " in G groups" for a message, where there are several.
+std::string in_groups(int64_t groups) {
+  return groups == 1 ? "" : fmt::format(" in {} groups", groups);
+}
+
 // x (N, C, H, W), w (O, C / g, kh, kw) -> (N, O, Ho, Wo)
 void infer_conv2d(const OpDef&, TensorRefs in, const Attrs& a, TensorMeta& out) {
   const Shape &x = in[0].sizes(), &w = in[1].sizes();
@@ -123,9 +128,8 @@ void infer_conv2d(const OpDef&, TensorRefs in, const Attrs& a, TensorMeta& out) 
   const int64_t groups = conv_groups("conv2d", a, x[1], w[0]);
   DUET_CHECK_SHAPE(
       x[2] == g.h && x[3] == g.w && w[1] * groups == x[1] && w[2] == g.kh && w[3] == g.kw,
-      "[conv2d] input {} and weight {} do not match a {}x{} kernel over {}x{} in {} "
-      "group(s)",
-      x, w, g.kh, g.kw, g.h, g.w, groups);
+      "[conv2d] input {} and weight {} do not match a {}x{} kernel over {}x{}{}", x, w, g.kh, g.kw,
+      g.h, g.w, in_groups(groups));
   out.shape = Shape{x[0], w[0], g.ho, g.wo};
   out.dtype = in[0].dtype();
   out.device = in[0].device();
@@ -144,8 +148,8 @@ void infer_conv2d_input_grad(const OpDef&, TensorRefs in, const Attrs& a, Tensor
       conv_window("conv2d_input_grad", Shape{gy[0], c, a.ints[6], a.ints[7]}, in[0], in[1], a);
   DUET_CHECK_SHAPE(gy[1] == w[0] && gy[2] == g.ho && gy[3] == g.wo && w[2] == g.kh && w[3] == g.kw,
                    "[conv2d_input_grad] grad {} and weight {} do not match a {}x{} kernel over "
-                   "{}x{} in {} group(s)",
-                   gy, w, g.kh, g.kw, g.h, g.w, groups);
+                   "{}x{}{}",
+                   gy, w, g.kh, g.kw, g.h, g.w, in_groups(groups));
   out.shape = Shape{gy[0], c, g.h, g.w};
   out.dtype = in[0].dtype();
   out.device = in[0].device();
@@ -260,8 +264,7 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, int64_
     DUET_CHECK_VALUE(groups >= 1, "[conv2d] groups must be positive, got {}", groups);
     DUET_CHECK_SHAPE(detail::size_is(x, 1, detail::sym_dim(w, 1) * SymInt(groups), "conv2d"),
                      "[conv2d] input has {} channels but the weight {}{} expects {}", x.sizes()[1],
-                     w.sizes(), groups == 1 ? "" : fmt::format(" in {} groups", groups),
-                     w.sizes()[1] * groups);
+                     w.sizes(), detail::in_groups(groups), w.sizes()[1] * groups);
     DUET_CHECK_DTYPE(x.dtype() == w.dtype(),
                      "[conv2d] input ({}) and weight ({}) must share a dtype", x.dtype(),
                      w.dtype());
