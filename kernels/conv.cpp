@@ -49,11 +49,11 @@ struct ConvGeom {
   int64_t go() const { return o / groups; }
 };
 
-// x (N, C, H, W) and the filters' (O, kh, kw) from the attributes, C and O all the groups'.
+// x (N, C, H, W) and the filters' (O, kh, kw) from the attributes, C and O all the groups'
+// (attrs.step, at least 1: the shape rules check it).
 ConvGeom conv_geom(const Attrs& a, int64_t n, int64_t c, int64_t o) {
-  ConvGeom g{
-      n,         c,         a.ints[6], a.ints[7], o, a.ints[0], a.ints[1],
-      a.ints[2], a.ints[3], a.ints[4], a.ints[5], 0, 0,         std::max<int64_t>(a.step, 1)};
+  ConvGeom g{n,         c,         a.ints[6], a.ints[7], o, a.ints[0], a.ints[1],
+             a.ints[2], a.ints[3], a.ints[4], a.ints[5], 0, 0,         a.step};
   g.ho = (g.h + 2 * g.ph - g.kh) / g.sh + 1;
   g.wo = (g.w + 2 * g.pw - g.kw) / g.sw + 1;
   return g;
@@ -338,7 +338,7 @@ ConvGeom geometry(Pass pass, TensorRefs in, const Attrs& a) {
     case Pass::Forward:
       return conv_geom(a, p[0], p[1], q[0]);
     case Pass::InputGrad:  // (the filters hold C/G channels each)
-      return conv_geom(a, p[0], q[1] * std::max<int64_t>(a.step, 1), q[0]);
+      return conv_geom(a, p[0], q[1] * a.step, q[0]);
     case Pass::WeightGrad:
       break;
   }

@@ -141,8 +141,7 @@ void infer_conv2d_input_grad(const OpDef&, TensorRefs in, const Attrs& a, Tensor
   DUET_CHECK_SHAPE(gy.size() == 4 && w.size() == 4,
                    "[conv2d_input_grad] expects 4-D operands, got {} and {}", gy, w);
   DUET_CHECK_VALUE(a.ints.size() == 8, "[conv2d_input_grad] expects 8 window attributes");
-  DUET_CHECK_VALUE(a.step >= 1, "[conv2d_input_grad] groups must be positive, got {}", a.step);
-  const int64_t c = w[1] * a.step;
+  const int64_t c = w[1] * a.step;  // (conv_groups refuses a step below 1 first)
   const int64_t groups = conv_groups("conv2d_input_grad", a, c, w[0]);
   const Window g =
       conv_window("conv2d_input_grad", Shape{gy[0], c, a.ints[6], a.ints[7]}, in[0], in[1], a);
