@@ -69,6 +69,15 @@ class Dims {
   detail::SmallVec<int64_t, 6> v_;
 };
 
+/// Two sizes, along the height and the width: conv2d's and unfold's kernel, stride, padding and
+/// dilation. One int stands for both, as PyTorch's int arguments do; {h, w} gives each.
+struct Size2 {
+  int64_t h, w;
+  Size2(int64_t both) : h(both), w(both) {}  // NOLINT(google-explicit-constructor): as an int
+  Size2(int64_t height, int64_t width) : h(height), w(width) {}
+  friend bool operator==(const Size2&, const Size2&) = default;
+};
+
 namespace detail {
 /// Row-major strides of a contiguous tensor of this shape.
 Strides contiguous_strides(const Shape& shape);

@@ -22,7 +22,8 @@
 // [Low-precision products without the instructions] in kernels/matmul.cpp). f16 takes oneDNN's
 // primitives only where DUET_LOW_MATMUL=onednn asks, and the f32 way wherever oneDNN has none.
 //
-// attrs.ints = {kh, kw, sh, sw, ph, pw, H, W} (kernels/image.cpp); attrs.step, the groups g
+// attrs.ints: the window (core/window.h), oneDNN's dilation counted from 0 where duet's and
+// PyTorch's count from 1; attrs.step, the groups g
 // (Note [Conv2d] in core/ops/image.cpp): oneDNN takes them as its grouped weights (g, O / g,
 // C / g, kh, kw), the composed kernels as a batched product over the g blocks.
 #include <omp.h>
@@ -32,6 +33,7 @@
 #include <map>
 #include <optional>
 
+#include "core/window.h"
 #include "kernels/composed.h"
 #include "kernels/cpu_kernels.h"
 #include "kernels/low_precision.h"
@@ -40,8 +42,8 @@
 namespace duet::kernels {
 namespace {
 
-struct ConvGeom {
-  int64_t n, c, h, w, o, kh, kw, sh, sw, ph, pw, ho, wo, groups;
+struct ConvGeom : WindowGeometry {
+  int64_t n, c, o, groups;
   int64_t ckk() const { return c * kh * kw; }
   int64_t l() const { return ho * wo; }
   // Per group: its input channels' columns and its filters.
@@ -52,10 +54,12 @@ struct ConvGeom {
 // x (N, C, H, W) and the filters' (O, kh, kw) from the attributes, C and O all the groups'
 // (attrs.step, at least 1: the shape rules check it).
 ConvGeom conv_geom(const Attrs& a, int64_t n, int64_t c, int64_t o) {
-  ConvGeom g{n,         c,         a.ints[6], a.ints[7], o, a.ints[0], a.ints[1],
-             a.ints[2], a.ints[3], a.ints[4], a.ints[5], 0, 0,         a.step};
-  g.ho = (g.h + 2 * g.ph - g.kh) / g.sh + 1;
-  g.wo = (g.w + 2 * g.pw - g.kw) / g.sw + 1;
+  ConvGeom g;
+  static_cast<WindowGeometry&>(g) = window_geometry(a);
+  g.n = n;
+  g.c = c;
+  g.o = o;
+  g.groups = a.step;
   return g;
 }
 
@@ -151,7 +155,7 @@ struct OneDnnConv {
   memory::desc src, weights, dst;  // diff_src, diff_weights, diff_dst for the gradients
 };
 
-using ConvKey = std::array<int64_t, 17>;
+using ConvKey = std::array<int64_t, 19>;
 
 // Below kSerialConvFlops (kernels/matrices.h) a convolution runs on the calling thread; its fork
 // and join would cost far more on a loaded machine, where the second thread waits for a time
@@ -175,15 +179,16 @@ struct ThreadsGuard {
 // tap that meets only the padding garbage instead of zero, now and then (a 2x2 filter at stride 3
 // and padding 1); such shapes get no low-precision primitive, and take the f32 ones.
 bool taps_reach_input(const ConvGeom& g) {
-  auto reach = [](int64_t k, int64_t s, int64_t p, int64_t in, int64_t out) {
+  auto reach = [](int64_t k, int64_t s, int64_t p, int64_t d, int64_t in, int64_t out) {
     for (int64_t t = 0; t < k; ++t) {
       bool met = false;
-      for (int64_t o = 0; o < out && !met; ++o) met = o * s - p + t >= 0 && o * s - p + t < in;
+      for (int64_t o = 0; o < out && !met; ++o)
+        met = o * s - p + t * d >= 0 && o * s - p + t * d < in;
       if (!met) return false;
     }
     return true;
   };
-  return reach(g.kh, g.sh, g.ph, g.h, g.ho) && reach(g.kw, g.sw, g.pw, g.w, g.wo);
+  return reach(g.kh, g.sh, g.ph, g.dh, g.h, g.ho) && reach(g.kw, g.sw, g.pw, g.dw, g.w, g.wo);
 }
 
 // The filters as oneDNN takes them: (O, C, kh, kw), or grouped (G, O/G, C/G, kh, kw), which is
@@ -196,19 +201,20 @@ memory::dims weight_dims(const ConvGeom& g) {
 // Builds the primitive, or nothing when oneDNN has no implementation for the shape.
 std::optional<OneDnnConv> make_conv(const ConvGeom& g, Pass pass, memory::data_type dt) {
   const memory::dims xd = {g.n, g.c, g.h, g.w}, wd = weight_dims(g), yd = {g.n, g.o, g.ho, g.wo};
-  const memory::dims strides = {g.sh, g.sw}, pad = {g.ph, g.pw};
+  // oneDNN counts the dilation from 0 (taps next to each other), duet from 1 as PyTorch does.
+  const memory::dims strides = {g.sh, g.sw}, pad = {g.ph, g.pw}, dilates = {g.dh - 1, g.dw - 1};
   // The bottom and right padding oneDNN needs for the output size duet computes (the last
   // window may stop short of the padded edge when the stride does not divide it).
-  const memory::dims pad_r = {(g.ho - 1) * g.sh + g.kh - g.h - g.ph,
-                              (g.wo - 1) * g.sw + g.kw - g.w - g.pw};
+  const memory::dims pad_r = {(g.ho - 1) * g.sh + g.span_h() - g.h - g.ph,
+                              (g.wo - 1) * g.sw + g.span_w() - g.w - g.pw};
   if (dt != memory::data_type::f32 && !taps_reach_input(g)) return std::nullopt;
   const memory::desc x(xd, dt, Tag::any), w(wd, dt, Tag::any), y(yd, dt, Tag::any);
   try {
     dnnl::engine& eng = cpu_engine();
     const dnnl::convolution_forward::primitive_desc fwd(
         dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
-                                        dnnl::algorithm::convolution_direct, x, w, y, strides, pad,
-                                        pad_r),
+                                        dnnl::algorithm::convolution_direct, x, w, y, strides,
+                                        dilates, pad, pad_r),
         eng);
     switch (pass) {
       case Pass::Forward:
@@ -217,7 +223,7 @@ std::optional<OneDnnConv> make_conv(const ConvGeom& g, Pass pass, memory::data_t
       case Pass::InputGrad: {
         const dnnl::convolution_backward_data::primitive_desc pd(
             dnnl::convolution_backward_data::desc(dnnl::algorithm::convolution_direct, x, w, y,
-                                                  strides, pad, pad_r),
+                                                  strides, dilates, pad, pad_r),
             eng, fwd);
         return OneDnnConv{dnnl::convolution_backward_data(pd), pd.diff_src_desc(),
                           pd.weights_desc(), pd.diff_dst_desc()};
@@ -225,7 +231,7 @@ std::optional<OneDnnConv> make_conv(const ConvGeom& g, Pass pass, memory::data_t
       case Pass::WeightGrad: {
         const dnnl::convolution_backward_weights::primitive_desc pd(
             dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, x, w, y,
-                                                     strides, pad, pad_r),
+                                                     strides, dilates, pad, pad_r),
             eng, fwd);
         return OneDnnConv{dnnl::convolution_backward_weights(pd), pd.src_desc(),
                           pd.diff_weights_desc(), pd.diff_dst_desc()};
@@ -242,15 +248,16 @@ std::optional<OneDnnConv> make_conv(const ConvGeom& g, Pass pass, memory::data_t
 constexpr size_t kMaxCached = 96;
 const OneDnnConv* cached_conv(const ConvGeom& g, Pass pass, int threads, memory::data_type dt) {
   thread_local std::map<ConvKey, std::optional<OneDnnConv>> cache;
-  const ConvKey key = {g.n,     g.c,
-                       g.h,     g.w,
-                       g.o,     g.kh,
-                       g.kw,    g.sh,
-                       g.sw,    g.ph,
-                       g.pw,    g.ho,
-                       g.wo,    static_cast<int64_t>(pass),
-                       threads, static_cast<int64_t>(dt),
-                       g.groups};
+  const ConvKey key = {g.n,      g.c,
+                       g.h,      g.w,
+                       g.o,      g.kh,
+                       g.kw,     g.sh,
+                       g.sw,     g.ph,
+                       g.pw,     g.ho,
+                       g.wo,     static_cast<int64_t>(pass),
+                       threads,  static_cast<int64_t>(dt),
+                       g.groups, g.dh,
+                       g.dw};
   auto it = cache.find(key);
   if (it == cache.end()) {
     if (cache.size() >= kMaxCached) cache.clear();

@@ -50,42 +50,54 @@ Tensor Linear::forward(const Tensor& x) { return linear(x, weight, bias); }
 
 // ---- Conv2d ----
 
-Conv2d::Conv2d(int64_t in, int64_t out, int64_t kernel, int64_t stride_, int64_t padding_,
-               bool with_bias, int64_t groups_)
-    : Module(fmt::format(
-          "Conv2d({}, {}, kernel_size={}, stride={}, padding={}{}{})", in, out, kernel, stride_,
-          padding_, groups_ != 1 ? fmt::format(", groups={}", groups_) : "", bias_note(with_bias))),
+namespace {
+// A Size2 as the module's name shows it: one int where both dims agree.
+std::string size2_str(Size2 s) {
+  return s.h == s.w ? fmt::format("{}", s.h) : fmt::format("({}, {})", s.h, s.w);
+}
+}  // namespace
+
+Conv2d::Conv2d(int64_t in, int64_t out, Size2 kernel, Size2 stride_, Size2 padding_, bool with_bias,
+               int64_t groups_, Size2 dilation_)
+    : Module(fmt::format("Conv2d({}, {}, kernel_size={}, stride={}, padding={}{}{}{})", in, out,
+                         size2_str(kernel), size2_str(stride_), size2_str(padding_),
+                         dilation_ != Size2(1) ? ", dilation=" + size2_str(dilation_) : "",
+                         groups_ != 1 ? fmt::format(", groups={}", groups_) : "",
+                         bias_note(with_bias))),
       in_channels(in),
       out_channels(out),
       kernel_size(kernel),
       stride(stride_),
       padding(padding_),
-      groups(groups_) {
-  DUET_CHECK_VALUE(in > 0 && out > 0 && kernel > 0 && stride_ > 0 && padding_ >= 0 && groups_ > 0,
-                   "[Conv2d] channels, kernel_size, stride and groups must be positive and "
-                   "padding non-negative, got {}",
+      groups(groups_),
+      dilation(dilation_) {
+  DUET_CHECK_VALUE(in > 0 && out > 0 && kernel.h > 0 && kernel.w > 0 && stride_.h > 0 &&
+                       stride_.w > 0 && padding_.h >= 0 && padding_.w >= 0 && groups_ > 0 &&
+                       dilation_.h > 0 && dilation_.w > 0,
+                   "[Conv2d] channels, kernel_size, stride, dilation and groups must be positive "
+                   "and padding non-negative, got {}",
                    name());
   DUET_CHECK_VALUE(in % groups_ == 0 && out % groups_ == 0,
                    "[Conv2d] in_channels ({}) and out_channels ({}) must be divisible by groups "
                    "({})",
                    in, out, groups_);
-  weight = register_parameter("weight", zeros_param({out, in / groups_, kernel, kernel}));
+  weight = register_parameter("weight", zeros_param({out, in / groups_, kernel.h, kernel.w}));
   if (with_bias) bias = register_parameter("bias", zeros_param({out}));
   reset_parameters();
 }
 
 void Conv2d::reset_parameters() { default_init(weight, bias); }
 
-Tensor Conv2d::forward(const Tensor& x) { return conv2d(x, weight, bias, stride, padding, groups); }
+Tensor Conv2d::forward(const Tensor& x) {
+  return conv2d(x, weight, bias, stride, padding, groups, dilation);
+}
 
 // ---- Conv1d ----
 
 // Note [Conv1d]
-// conv2d takes square kernels only, so a 1-D convolution is written as a composite of public
-// ops instead (im2col by slicing): the k strided slices x[..., j : j + stride * (Lo - 1) + 1 :
-// stride] of the zero-padded input, stacked as (N, C, k, Lo), are the columns, and one matmul
-// with the weight as (O, C * k) gives (N, O, Lo). The batch dim stays a SymInt (the padding is
-// full_dims of it); the length is read as an integer (the window positions need it).
+// A 1-D convolution is conv2d over a height of 1: x (N, C, L) as (N, C, 1, L), the weight
+// (O, C, k) as (O, C, 1, k), the stride and padding along the width only; so it runs on the
+// convolution kernels (oneDNN's on the CPU) and exports as ONNX's Conv.
 Conv1d::Conv1d(int64_t in, int64_t out, int64_t kernel, int64_t stride_, int64_t padding_,
                bool with_bias)
     : Module(fmt::format("Conv1d({}, {}, kernel_size={}, stride={}, padding={}{})", in, out, kernel,
@@ -117,22 +129,12 @@ Tensor Conv1d::forward(const Tensor& input) {
                    "[{}] input ({}) and weight ({}) must share a dtype", op, input.dtype(),
                    weight.dtype());
   const bool batched = input.dim() == 3;
-  Tensor x = batched ? input : unsqueeze(input, 0);
-  const SymInt n = duet::detail::sym_dim(x, 0);
-  const int64_t c = in_channels, k = kernel_size, s = stride, p = padding;
-  if (p > 0) {
-    Tensor z = duet::detail::full_dims({n, c, p}, 0, Options().dtype(x.dtype()).device(x.device()));
-    x = cat({z, x, z}, 2);
-  }
-  const int64_t len = x.size(2);
-  DUET_CHECK_SHAPE(len >= k, "[{}] kernel_size {} is larger than the padded input length {} of {}",
-                   op, k, len, input.sizes());
-  const int64_t lo = (len - k) / s + 1;
-  std::vector<Tensor> taps;
-  for (int64_t j = 0; j < k; ++j) taps.push_back(slice(x, 2, j, j + s * (lo - 1) + 1, s));
-  Tensor cols = duet::detail::reshape_dims(stack(taps, 2), {n, c * k, lo});
-  Tensor y = matmul(reshape(weight, {out_channels, c * k}), cols);
-  if (bias.defined()) y = y + reshape(bias, {out_channels, 1});
+  const Tensor x = unsqueeze(batched ? input : unsqueeze(input, 0), 2);  // (N, C, 1, L)
+  const int64_t len = x.size(3) + 2 * padding;
+  DUET_CHECK_SHAPE(len >= kernel_size,
+                   "[{}] kernel_size {} is larger than the padded input length {} of {}", op,
+                   kernel_size, len, input.sizes());
+  const Tensor y = squeeze(conv2d(x, unsqueeze(weight, 2), bias, {1, stride}, {0, padding}), 2);
   return batched ? y : squeeze(y, 0);
 }
 

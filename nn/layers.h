@@ -27,24 +27,28 @@ class Linear : public Module {
   Tensor weight, bias;  ///< bias is undefined when constructed with bias = false
 };
 
-/// 2-D convolution over x (N, C, H, W) with a square kernel, stride and zero padding, in
-/// `groups` groups of channels (PyTorch's: in and out divisible by it; groups = in is a
-/// depthwise convolution). weight (out, in / groups, k, k) and bias (out) start as PyTorch's:
-/// U(-1/sqrt(fan_in), ..), fan_in = in / groups * k * k.
+/// 2-D convolution over x (N, C, H, W), as torch.nn.Conv2d: a kernel of kh x kw, stride and zero
+/// padding (each one int for both dims or {h, w}), in `groups` groups of channels (in and out
+/// divisible by it; groups = in is a depthwise convolution), with the kernel's taps `dilation`
+/// pixels apart. weight (out, in / groups, kh, kw) and bias (out) start as PyTorch's:
+/// U(-1/sqrt(fan_in), ..), fan_in = in / groups * kh * kw.
 class Conv2d : public Module {
  public:
-  Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel_size, int64_t stride = 1,
-         int64_t padding = 0, bool bias = true, int64_t groups = 1);
+  Conv2d(int64_t in_channels, int64_t out_channels, Size2 kernel_size, Size2 stride = 1,
+         Size2 padding = 0, bool bias = true, int64_t groups = 1, Size2 dilation = 1);
   Tensor forward(const Tensor& x) override;
   void reset_parameters();
 
-  int64_t in_channels, out_channels, kernel_size, stride, padding, groups = 1;
+  int64_t in_channels, out_channels;
+  Size2 kernel_size, stride, padding;
+  int64_t groups = 1;
+  Size2 dilation = 1;
   Tensor weight, bias;  ///< bias is undefined when constructed with bias = false
 };
 
 /// 1-D convolution over x (N, C, L), or unbatched (C, L), with stride and zero padding. weight
-/// (out, in, k) and bias (out) start as PyTorch's: U(-1/sqrt(fan_in), ..), fan_in = in*k. A
-/// composite (Note [Conv1d] in nn/layers.cpp): differentiable and compiled as its ops are.
+/// (out, in, k) and bias (out) start as PyTorch's: U(-1/sqrt(fan_in), ..), fan_in = in*k.
+/// conv2d over a height of 1 (Note [Conv1d] in nn/layers.cpp).
 class Conv1d : public Module {
  public:
   Conv1d(int64_t in_channels, int64_t out_channels, int64_t kernel_size, int64_t stride = 1,

@@ -13,15 +13,26 @@ using Ins = std::vector<Tensor>;
 
 const std::vector<DType> kNumeric = {DType::f32, DType::f64, DType::i32, DType::i64};
 
-// (A kernel of kh x kw: k is kh, kw_in -1 a square one.)
+// A window (the attributes of core/window.h) on plain ints.
 struct Geom {
-  int64_t n, c, h, w, k, s, p, ho, wo, kw;
+  int64_t n, c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo;
+  // The image row (column) that tap ki (kj) of window position oh (ow) reads.
+  int64_t row(int64_t oh, int64_t ki) const { return oh * sh - ph + ki * dh; }
+  int64_t col(int64_t ow, int64_t kj) const { return ow * sw - pw + kj * dw; }
 };
-Geom geom(const Shape& x, int64_t k, int64_t s, int64_t p, int64_t kw_in = -1) {
-  const int64_t kw = kw_in < 0 ? k : kw_in;
-  return {x[0], x[1], x[2], x[3], k, s, p, (x[2] + 2 * p - k) / s + 1, (x[3] + 2 * p - kw) / s + 1,
-          kw};
+Geom geom(const Shape& x, Size2 k, Size2 s, Size2 p, Size2 d = 1) {
+  Geom g{x[0], x[1], x[2], x[3], k.h, k.w, s.h, s.w, p.h, p.w, d.h, d.w, 0, 0};
+  g.ho = (g.h + 2 * g.ph - g.dh * (g.kh - 1) - 1) / g.sh + 1;
+  g.wo = (g.w + 2 * g.pw - g.dw * (g.kw - 1) - 1) / g.sw + 1;
+  return g;
 }
+
+// A row's name for a Size2: "3", or "3x1" where the dims differ.
+std::string str(Size2 v) {
+  return v.h == v.w ? fmt::format("{}", v.h) : fmt::format("{}x{}", v.h, v.w);
+}
+// " d D" where the window is dilated (a row's name).
+std::string dilation_name(Size2 d) { return d == Size2(1) ? "" : " d " + str(d); }
 
 // The zero-padded image: x[n][c][i][j], 0 outside.
 double pixel(const std::vector<double>& x, const Geom& g, int64_t n, int64_t c, int64_t i,
@@ -30,39 +41,34 @@ double pixel(const std::vector<double>& x, const Geom& g, int64_t n, int64_t c, 
   return x[((n * g.c + c) * g.h + i) * g.w + j];
 }
 
-// cols[n][(c, ki, kj)][(oh, ow)] = padded x[n][c][oh*s - p + ki][ow*s - p + kj].
+// cols[n][(c, ki, kj)][(oh, ow)] = padded x[n][c][row(oh, ki)][col(ow, kj)].
 std::vector<double> ref_unfold(const std::vector<double>& x, const Geom& g) {
   std::vector<double> out;
   for (int64_t n = 0; n < g.n; ++n)
     for (int64_t c = 0; c < g.c; ++c)
-      for (int64_t ki = 0; ki < g.k; ++ki)
-        for (int64_t kj = 0; kj < g.k; ++kj)
+      for (int64_t ki = 0; ki < g.kh; ++ki)
+        for (int64_t kj = 0; kj < g.kw; ++kj)
           for (int64_t oh = 0; oh < g.ho; ++oh)
             for (int64_t ow = 0; ow < g.wo; ++ow)
-              out.push_back(pixel(x, g, n, c, oh * g.s - g.p + ki, ow * g.s - g.p + kj));
+              out.push_back(pixel(x, g, n, c, g.row(oh, ki), g.col(ow, kj)));
   return out;
 }
 
-// Pixel (i, j) sums every column entry that reads it: the windows (oh, ow) and kernel offsets
-// (ki, kj) with oh*s - p + ki = i and ow*s - p + kj = j.
+// Unfold's adjoint: each column entry added into the pixel it reads (entries that read the
+// padding dropped).
 std::vector<double> ref_fold(const std::vector<double>& cols, const Geom& g) {
-  std::vector<double> out;
-  const int64_t l = g.ho * g.wo;
+  std::vector<double> out(static_cast<size_t>(g.n * g.c * g.h * g.w), 0.0);
+  size_t at = 0;
   for (int64_t n = 0; n < g.n; ++n)
     for (int64_t c = 0; c < g.c; ++c)
-      for (int64_t i = 0; i < g.h; ++i)
-        for (int64_t j = 0; j < g.w; ++j) {
-          double acc = 0;
-          for (int64_t ki = 0; ki < g.k; ++ki)
-            for (int64_t kj = 0; kj < g.k; ++kj) {
-              const int64_t a = i + g.p - ki, b = j + g.p - kj;
-              if (a < 0 || b < 0 || a % g.s || b % g.s || a / g.s >= g.ho || b / g.s >= g.wo)
-                continue;
-              const int64_t row = (c * g.k + ki) * g.k + kj;
-              acc += cols[(n * g.c * g.k * g.k + row) * l + (a / g.s) * g.wo + b / g.s];
+      for (int64_t ki = 0; ki < g.kh; ++ki)
+        for (int64_t kj = 0; kj < g.kw; ++kj)
+          for (int64_t oh = 0; oh < g.ho; ++oh)
+            for (int64_t ow = 0; ow < g.wo; ++ow, ++at) {
+              const int64_t i = g.row(oh, ki), j = g.col(ow, kj);
+              if (i >= 0 && i < g.h && j >= 0 && j < g.w)
+                out[static_cast<size_t>(((n * g.c + c) * g.h + i) * g.w + j)] += cols[at];
             }
-          out.push_back(acc);
-        }
   return out;
 }
 
@@ -89,18 +95,17 @@ std::vector<double> ref_conv2d(const std::vector<double>& x, const std::vector<d
         for (int64_t ow = 0; ow < g.wo; ++ow) {
           double acc = b ? (*b)[o] : 0;
           for (int64_t c = 0; c < q.cg; ++c)
-            for (int64_t ki = 0; ki < g.k; ++ki)
+            for (int64_t ki = 0; ki < g.kh; ++ki)
               for (int64_t kj = 0; kj < g.kw; ++kj)
-                acc += w[((o * q.cg + c) * g.k + ki) * g.kw + kj] *
-                       pixel(x, g, n, q.first_channel(o) + c, oh * g.s - g.p + ki,
-                             ow * g.s - g.p + kj);
+                acc += w[((o * q.cg + c) * g.kh + ki) * g.kw + kj] *
+                       pixel(x, g, n, q.first_channel(o) + c, g.row(oh, ki), g.col(ow, kj));
           out.push_back(acc);
         }
   return out;
 }
 
-// dx[n][c][i][j] = sum of gy[n][o][oh][ow] * w[o][c][ki][kj] over the windows and kernel
-// offsets with oh*s - p + ki = i and ow*s - p + kj = j (over the filters of c's group).
+// dx[n][c][i][j] = sum of gy[n][o][oh][ow] * w[o][c][ki][kj] over the windows and taps that
+// read pixel (i, j) (over the filters of c's group).
 std::vector<double> ref_conv2d_input_grad(const std::vector<double>& gy,
                                           const std::vector<double>& w, const Geom& g, int64_t o_ch,
                                           int64_t groups) {
@@ -111,13 +116,13 @@ std::vector<double> ref_conv2d_input_grad(const std::vector<double>& gy,
       for (int64_t oh = 0; oh < g.ho; ++oh)
         for (int64_t ow = 0; ow < g.wo; ++ow)
           for (int64_t c = 0; c < q.cg; ++c)
-            for (int64_t ki = 0; ki < g.k; ++ki)
+            for (int64_t ki = 0; ki < g.kh; ++ki)
               for (int64_t kj = 0; kj < g.kw; ++kj) {
-                const int64_t i = oh * g.s - g.p + ki, j = ow * g.s - g.p + kj;
+                const int64_t i = g.row(oh, ki), j = g.col(ow, kj);
                 if (i < 0 || i >= g.h || j < 0 || j >= g.w) continue;
                 out[((n * g.c + q.first_channel(o) + c) * g.h + i) * g.w + j] +=
                     gy[((n * o_ch + o) * g.ho + oh) * g.wo + ow] *
-                    w[((o * q.cg + c) * g.k + ki) * g.kw + kj];
+                    w[((o * q.cg + c) * g.kh + ki) * g.kw + kj];
               }
   return out;
 }
@@ -131,15 +136,14 @@ std::vector<double> ref_conv2d_weight_grad(const std::vector<double>& x,
   std::vector<double> out;
   for (int64_t o = 0; o < o_ch; ++o)
     for (int64_t c = 0; c < q.cg; ++c)
-      for (int64_t ki = 0; ki < g.k; ++ki)
+      for (int64_t ki = 0; ki < g.kh; ++ki)
         for (int64_t kj = 0; kj < g.kw; ++kj) {
           double acc = 0;
           for (int64_t n = 0; n < g.n; ++n)
             for (int64_t oh = 0; oh < g.ho; ++oh)
               for (int64_t ow = 0; ow < g.wo; ++ow)
                 acc += gy[((n * o_ch + o) * g.ho + oh) * g.wo + ow] *
-                       pixel(x, g, n, q.first_channel(o) + c, oh * g.s - g.p + ki,
-                             ow * g.s - g.p + kj);
+                       pixel(x, g, n, q.first_channel(o) + c, g.row(oh, ki), g.col(ow, kj));
           out.push_back(acc);
         }
   return out;
@@ -152,36 +156,38 @@ std::vector<double> ref_pool(bool is_max, const std::vector<double>& x, const Ge
       for (int64_t oh = 0; oh < g.ho; ++oh)
         for (int64_t ow = 0; ow < g.wo; ++ow) {
           double acc = is_max ? -INFINITY : 0;
-          for (int64_t ki = 0; ki < g.k; ++ki)
-            for (int64_t kj = 0; kj < g.k; ++kj) {
-              const double v = pixel(x, g, n, c, oh * g.s + ki, ow * g.s + kj);
-              acc = is_max ? std::max(acc, v) : acc + v / double(g.k * g.k);
+          for (int64_t ki = 0; ki < g.kh; ++ki)
+            for (int64_t kj = 0; kj < g.kw; ++kj) {
+              const double v = pixel(x, g, n, c, g.row(oh, ki), g.col(ow, kj));
+              acc = is_max ? std::max(acc, v) : acc + v / double(g.kh * g.kw);
             }
           out.push_back(acc);
         }
   return out;
 }
 
-OpRow unfold_row(Shape xs, int64_t k, int64_t s, int64_t p) {
-  const Geom g = geom(xs, k, s, p);
-  OpRow r{fmt::format("unfold {} k {} s {} p {}", xs.str(), k, s, p),
-          OpId::Unfold,
-          false,
-          {xs},
-          [=](const Ins& in) { return unfold(in[0], k, s, p); },
-          [=](const Values& v) { return ref_unfold(v[0], g); },
-          {g.n, g.c * k * k, g.ho * g.wo}};
+OpRow unfold_row(Shape xs, Size2 k, Size2 s, Size2 p, Size2 d = 1) {
+  const Geom g = geom(xs, k, s, p, d);
+  OpRow r{
+      fmt::format("unfold {} k {} s {} p {}{}", xs.str(), str(k), str(s), str(p), dilation_name(d)),
+      OpId::Unfold,
+      false,
+      {xs},
+      [=](const Ins& in) { return unfold(in[0], k, s, p, d); },
+      [=](const Values& v) { return ref_unfold(v[0], g); },
+      {g.n, g.c * g.kh * g.kw, g.ho * g.wo}};
   r.dtypes = kNumeric;
   return r;
 }
 
-OpRow fold_row(Shape image, int64_t k, int64_t s, int64_t p) {
-  const Geom g = geom(image, k, s, p);
-  OpRow r{fmt::format("fold to {} k {} s {} p {}", image.str(), k, s, p),
+OpRow fold_row(Shape image, Size2 k, Size2 s, Size2 p, Size2 d = 1) {
+  const Geom g = geom(image, k, s, p, d);
+  OpRow r{fmt::format("fold to {} k {} s {} p {}{}", image.str(), str(k), str(s), str(p),
+                      dilation_name(d)),
           OpId::Fold,
           false,
-          {{g.n, g.c * k * k, g.ho * g.wo}},
-          [=](const Ins& in) { return fold(in[0], g.h, g.w, k, s, p); },
+          {{g.n, g.c * g.kh * g.kw, g.ho * g.wo}},
+          [=](const Ins& in) { return fold(in[0], g.h, g.w, k, s, p, d); },
           [=](const Values& v) { return ref_fold(v[0], g); },
           image};
   r.dtypes = kNumeric;
@@ -193,18 +199,18 @@ std::string groups_name(int64_t groups) {
   return groups == 1 ? "" : fmt::format(" groups {}", groups);
 }
 
-OpRow conv_row(Shape xs, Shape ws, bool bias, int64_t s, int64_t p, int64_t groups = 1) {
-  const Geom g = geom(xs, ws[2], s, p, ws[3]);
+OpRow conv_row(Shape xs, Shape ws, bool bias, Size2 s, Size2 p, int64_t groups = 1, Size2 d = 1) {
+  const Geom g = geom(xs, {ws[2], ws[3]}, s, p, d);
   const int64_t o = ws[0];
   std::vector<Shape> shapes = {xs, ws};
   if (bias) shapes.push_back({o});
   OpRow r{
-      fmt::format("conv2d x {} w {}{} s {} p {}{}", xs.str(), ws.str(), bias ? " bias" : "", s, p,
-                  groups_name(groups)),
+      fmt::format("conv2d x {} w {}{} s {} p {}{}{}", xs.str(), ws.str(), bias ? " bias" : "",
+                  str(s), str(p), groups_name(groups), dilation_name(d)),
       OpId::Conv2d,
       bias,  // with a bias: Conv2d and a broadcast add
       shapes,
-      [=](const Ins& in) { return conv2d(in[0], in[1], bias ? in[2] : Tensor(), s, p, groups); },
+      [=](const Ins& in) { return conv2d(in[0], in[1], bias ? in[2] : Tensor(), s, p, groups, d); },
       [=](const Values& v) { return ref_conv2d(v[0], v[1], bias ? &v[2] : nullptr, g, o, groups); },
       {g.n, o, g.ho, g.wo}};
   r.dtypes = {DType::f32, DType::f64, DType::i64};
@@ -213,15 +219,15 @@ OpRow conv_row(Shape xs, Shape ws, bool bias, int64_t s, int64_t p, int64_t grou
 }
 
 // conv2d_input_grad: the gradient of conv2d's input x (xs) for an output gradient.
-OpRow input_grad_row(Shape xs, Shape ws, int64_t s, int64_t p, int64_t groups = 1) {
-  const Geom g = geom(xs, ws[2], s, p, ws[3]);
+OpRow input_grad_row(Shape xs, Shape ws, Size2 s, Size2 p, int64_t groups = 1, Size2 d = 1) {
+  const Geom g = geom(xs, {ws[2], ws[3]}, s, p, d);
   const int64_t o = ws[0];
-  OpRow r{fmt::format("conv2d_input_grad x {} w {} s {} p {}{}", xs.str(), ws.str(), s, p,
-                      groups_name(groups)),
+  OpRow r{fmt::format("conv2d_input_grad x {} w {} s {} p {}{}{}", xs.str(), ws.str(), str(s),
+                      str(p), groups_name(groups), dilation_name(d)),
           OpId::Conv2dInputGrad,
           false,
           {{g.n, o, g.ho, g.wo}, ws},
-          [=](const Ins& in) { return conv2d_input_grad(in[0], in[1], g.h, g.w, s, p, groups); },
+          [=](const Ins& in) { return conv2d_input_grad(in[0], in[1], g.h, g.w, s, p, groups, d); },
           [=](const Values& v) { return ref_conv2d_input_grad(v[0], v[1], g, o, groups); },
           xs};
   r.dtypes = {DType::f32, DType::f64, DType::i64};
@@ -230,15 +236,16 @@ OpRow input_grad_row(Shape xs, Shape ws, int64_t s, int64_t p, int64_t groups = 
 }
 
 // conv2d_weight_grad: the gradient of conv2d's weight (ws) for an output gradient.
-OpRow weight_grad_row(Shape xs, Shape ws, int64_t s, int64_t p, int64_t groups = 1) {
-  const Geom g = geom(xs, ws[2], s, p);
+OpRow weight_grad_row(Shape xs, Shape ws, Size2 s, Size2 p, int64_t groups = 1, Size2 d = 1) {
+  const Size2 k{ws[2], ws[3]};
+  const Geom g = geom(xs, k, s, p, d);
   const int64_t o = ws[0];
-  OpRow r{fmt::format("conv2d_weight_grad x {} w {} s {} p {}{}", xs.str(), ws.str(), s, p,
-                      groups_name(groups)),
+  OpRow r{fmt::format("conv2d_weight_grad x {} w {} s {} p {}{}{}", xs.str(), ws.str(), str(s),
+                      str(p), groups_name(groups), dilation_name(d)),
           OpId::Conv2dWeightGrad,
           false,
           {xs, {g.n, o, g.ho, g.wo}},
-          [=](const Ins& in) { return conv2d_weight_grad(in[0], in[1], g.k, s, p, groups); },
+          [=](const Ins& in) { return conv2d_weight_grad(in[0], in[1], k, s, p, groups, d); },
           [=](const Values& v) { return ref_conv2d_weight_grad(v[0], v[1], g, o, groups); },
           ws};
   r.dtypes = {DType::f32, DType::f64, DType::i64};
@@ -277,6 +284,11 @@ const std::vector<OpRow>& image_rows() {
         fold_row({1, 1, 2, 4}, 2, 1, 0),
         fold_row({1, 1, 3, 3}, 3, 1, 0),
         fold_row({0, 2, 3, 3}, 2, 1, 0),
+        // Dilated, and with strides and paddings that differ per dim (torch's tuples).
+        unfold_row({1, 1, 4, 4}, 2, 1, 0, 2),
+        unfold_row({1, 1, 3, 5}, {2, 3}, {1, 2}, {1, 0}, {1, 2}),
+        fold_row({1, 1, 4, 4}, 2, 1, 0, 2),
+        fold_row({1, 1, 3, 5}, {2, 3}, {1, 2}, {1, 0}, {1, 2}),
         conv_row({2, 1, 3, 3}, {2, 1, 2, 2}, true, 1, 0),
         conv_row({1, 2, 3, 3}, {3, 2, 2, 2}, false, 2, 1),
         conv_row({1, 1, 4, 4}, {2, 1, 3, 3}, true, 1, 1),
@@ -294,6 +306,10 @@ const std::vector<OpRow>& image_rows() {
         // Kernels of other heights than widths (as torch.nn.Conv2d's (1, 3) and (3, 1)).
         conv_row({1, 2, 3, 4}, {2, 2, 1, 3}, true, 1, 1),
         conv_row({1, 2, 4, 3}, {2, 1, 3, 1}, false, 2, 0, 2),
+        // Dilated (torch's `dilation`), and strides and paddings per dim.
+        conv_row({1, 1, 4, 5}, {2, 1, 2, 2}, true, 1, 1, 1, 2),
+        conv_row({1, 2, 3, 4}, {2, 1, 2, 3}, false, {2, 1}, {1, 0}, 2, {2, 1}),
+        conv_row({1, 1, 3, 4}, {1, 1, 2, 2}, true, {1, 2}, {0, 1}),
         input_grad_row({2, 1, 3, 3}, {2, 1, 2, 2}, 1, 0),
         input_grad_row({1, 2, 3, 3}, {3, 2, 2, 2}, 2, 1),
         input_grad_row({1, 1, 4, 4}, {1, 1, 3, 3}, 1, 1),
@@ -302,6 +318,8 @@ const std::vector<OpRow>& image_rows() {
         input_grad_row({1, 4, 2, 2}, {2, 2, 2, 2}, 1, 1, 2),
         input_grad_row({1, 3, 3, 3}, {3, 1, 2, 2}, 2, 1, 3),
         input_grad_row({1, 2, 3, 4}, {2, 2, 1, 3}, 1, 0),
+        input_grad_row({1, 1, 3, 4}, {2, 1, 2, 2}, 1, 1, 1, 2),
+        input_grad_row({1, 2, 3, 4}, {2, 1, 2, 3}, {2, 1}, {1, 0}, 2, {2, 1}),
         weight_grad_row({2, 1, 3, 3}, {2, 1, 2, 2}, 1, 0),
         weight_grad_row({1, 2, 3, 3}, {3, 2, 2, 2}, 2, 1),
         weight_grad_row({1, 1, 4, 4}, {1, 1, 3, 3}, 1, 1),
@@ -309,6 +327,8 @@ const std::vector<OpRow>& image_rows() {
         weight_grad_row({0, 2, 3, 3}, {3, 2, 2, 2}, 1, 0),
         weight_grad_row({1, 4, 2, 2}, {2, 2, 2, 2}, 1, 1, 2),
         weight_grad_row({1, 3, 2, 3}, {3, 1, 2, 2}, 2, 1, 3),
+        weight_grad_row({1, 1, 3, 4}, {2, 1, 2, 2}, 1, 1, 1, 2),
+        weight_grad_row({1, 2, 3, 4}, {2, 1, 2, 3}, {2, 1}, {1, 0}, 2, {2, 1}),
         pool_row(true, {1, 1, 4, 4}, 2, 0),
         pool_row(true, {2, 1, 3, 3}, 2, 1),
         pool_row(true, {1, 1, 3, 5}, 3, 2),
@@ -322,6 +342,8 @@ const std::vector<OpRow>& image_rows() {
     // Larger images, forward only: many (n, c) planes, across the kernels' parallel grain.
     for (OpRow big : {unfold_row({4, 16, 20, 20}, 3, 1, 1), fold_row({4, 16, 20, 20}, 3, 2, 1),
                       conv_row({2, 3, 9, 9}, {4, 3, 3, 3}, true, 2, 1),
+                      conv_row({2, 3, 9, 9}, {4, 3, 3, 3}, true, 1, 2, 1, 2),
+                      unfold_row({2, 4, 12, 12}, 3, {1, 2}, 2, {2, 3}),
                       input_grad_row({2, 3, 9, 9}, {4, 3, 3, 3}, 2, 1),
                       weight_grad_row({2, 3, 9, 9}, {4, 3, 3, 3}, 2, 1),
                       pool_row(true, {2, 8, 16, 16}, 2, 0)}) {

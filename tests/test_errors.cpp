@@ -470,6 +470,21 @@ const std::vector<ErrorRow>& error_rows() {
        Kind::Value, "[conv2d]"},
       {"image",
        [] {
+         conv2d(f32({1, 1, 4, 4}), f32({1, 1, 3, 3}), {}, 1, 0, 1, {1, 0});
+       },
+       Kind::Value, "[conv2d] dilation 1x0 must be positive"},
+      {"image",
+       [] {
+         conv2d(f32({1, 1, 4, 5}), f32({1, 1, 3, 3}), {}, 1, 0, 1, 2);
+       },
+       Kind::Shape, "[conv2d] kernel 3x3 dilated by 2x2 is larger than the padded input 4x5"},
+      {"image",
+       [] {
+         unfold(f32({1, 1, 4, 4}), 2, 1, 0, -1);
+       },
+       Kind::Value, "[unfold] dilation -1x-1 must be positive"},
+      {"image",
+       [] {
          conv2d(f32({1, 1, 4, 4}), of({1, 1, 3, 3}, D::f64));
        },
        Kind::DType, "[conv2d] input (f32) and weight (f64) must share a dtype"},

@@ -419,6 +419,8 @@ TEST_CASE("layers: default initialization follows PyTorch's bounds and the seed"
       {"Conv2d(4, 30, 2)", maker<Conv2d>(4, 30, 2), 1 / std::sqrt(16.0)},
       // (fan_in counts a filter's own channels: 4 / 2 groups times 3 * 3)
       {"Conv2d(4, 8, 3, groups 2)", maker<Conv2d>(4, 8, 3, 1, 0, true, 2), 1 / std::sqrt(18.0)},
+      // (a kernel of 1 x 5: fan_in 3 * 5)
+      {"Conv2d(3, 8, {1, 5})", maker<Conv2d>(3, 8, Size2(1, 5)), 1 / std::sqrt(15.0)},
   };
   for (const Row& row : rows) {
     INFO(std::string(row.label));
@@ -553,6 +555,25 @@ TEST_CASE("layers: Conv2d in groups convolves each group of channels with its ow
   CHECK(depthwise(x).sizes() == Shape{2, 4, 5, 5});
   CHECK_THROWS_AS(conv(randn({2, 3, 5, 5})), ShapeError);
   CHECK_THROWS_AS(conv2d(x, randn({6, 2, 3, 3}), {}, 1, 1, 3), ShapeError);
+}
+
+// torch.nn.Conv2d(3, 4, (2, 3), stride=(2, 1), padding=(1, 2), dilation=(2, 1)): the weight
+// (4, 3, 2, 3), and the layer is conv2d with those arguments.
+TEST_CASE("layers: Conv2d with a kh x kw kernel, strides and paddings per dim, and dilation") {
+  manual_seed(43);
+  Conv2d conv(3, 4, {2, 3}, {2, 1}, {1, 2}, true, 1, {2, 1});
+  REQUIRE(conv.weight.sizes() == Shape{4, 3, 2, 3});
+  CHECK(conv.kernel_size == Size2(2, 3));
+  CHECK(conv.dilation == Size2(2, 1));
+  const Tensor x = randn({2, 3, 6, 5});
+  const Tensor y = conv(x);
+  // (6 + 2 - 2 * 1 - 1) / 2 + 1 = 3 rows, (5 + 4 - 2 - 1) / 1 + 1 = 7 columns
+  CHECK(y.sizes() == Shape{2, 4, 3, 7});
+  CHECK(bitwise_equal(y, conv2d(x, conv.weight, conv.bias, {2, 1}, {1, 2}, 1, {2, 1})));
+  CHECK(conv.name() ==
+        "Conv2d(3, 4, kernel_size=(2, 3), stride=(2, 1), padding=(1, 2), dilation=(2, 1))");
+  CHECK_THROWS_AS(Conv2d(3, 4, 3, 1, 0, true, 1, 0), ValueError);
+  CHECK_THROWS_AS(Conv2d(3, 4, {3, 0}), ValueError);
 }
 
 TEST_CASE("layers: names for messages") {

@@ -383,6 +383,24 @@ TEST_CASE(
   std::remove(path.c_str());
 }
 
+// Conv's kernel_shape, strides, pads, dilations and group as torch.nn.Conv2d's tuples give them,
+// a dilated unfold (a Gather of the padded plane) and Conv1d (conv2d over a height of 1).
+TEST_CASE(
+    "export_onnx: dilated convolutions with per-dim strides and paddings run in ONNX Runtime" *
+    doctest::skip(skip_ort())) {
+  manual_seed(6);
+  nn::Conv2d a(4, 6, {2, 3}, {2, 1}, {1, 2}, true, 2, {2, 1});
+  nn::Conv1d b(3, 5, 3, 2, 1);
+  auto f = compile([&](const Tensor& x, const Tensor& s) {
+    return std::vector<Tensor>{a(x), unfold(x, {2, 2}, {1, 2}, {0, 1}, {3, 2}), b(s)};
+  });
+  const std::string path = temp("dilated.onnx");
+  const Tensor x = randn({2, 4, 7, 6}), s = randn({2, 3, 9});
+  export_onnx(f, path, OnnxExportOptions(), x, s);
+  run_and_compare(path, {x, s}, f(x, s));
+  std::remove(path.c_str());
+}
+
 TEST_CASE("export_onnx: the DynamicModel's cond runs as If in ONNX Runtime, on both branches" *
           doctest::skip(skip_ort())) {
   manual_seed(3);

@@ -334,17 +334,26 @@ std::vector<std::string> names_of(const std::vector<std::pair<std::string, Tenso
 
 TEST_CASE("import: a 2-D Conv that conv2d expresses runs as conv2d, in groups; others as windows") {
   manual_seed(8);
-  const Tensor w = randn({6, 2, 3, 2}), b = randn({6}), x = randn({2, 4, 6, 6});  // (3 x 2)
-  // (pads: symmetric, conv2d's; asymmetric, the windows' products)
-  for (const std::vector<int64_t>& pads :
-       {std::vector<int64_t>{1, 1, 1, 1}, std::vector<int64_t>{1, 0, 1, 0}}) {
-    CAPTURE(pads[1]);
+  const Tensor w = randn({6, 2, 3, 2}), b = randn({6}), x = randn({2, 4, 7, 7});  // (3 x 2)
+  struct Case {
+    std::vector<int64_t> pads, strides, dilations;
+    bool conv2d;  // whether conv2d expresses it: the same padding before and after each dim
+  };
+  for (const Case& c :
+       {Case{{1, 1, 1, 1}, {1, 1}, {1, 1}, true},
+        Case{{1, 0, 1, 0}, {2, 1}, {1, 2}, true},  // per dim
+        Case{{1, 0, 0, 1}, {1, 1}, {1, 1}, false}, Case{{0, 1, 1, 0}, {1, 2}, {2, 1}, false}}) {
+    CAPTURE(c.pads);
+    CAPTURE(c.strides);
+    CAPTURE(c.dilations);
     onnx::GraphProto g;
-    add_input(g, "x", onnx::TensorProto::FLOAT, {int64_t(2), int64_t(4), int64_t(6), int64_t(6)});
+    add_input(g, "x", onnx::TensorProto::FLOAT, {int64_t(2), int64_t(4), int64_t(7), int64_t(7)});
     add_initializer(g, "w", w);
     add_initializer(g, "b", b);
     onnx::NodeProto* conv = add_node(g, "Conv", {"x", "w", "b"}, {"y"});
-    add_ints_attr(conv, "pads", pads);
+    add_ints_attr(conv, "pads", c.pads);
+    add_ints_attr(conv, "strides", c.strides);
+    add_ints_attr(conv, "dilations", c.dilations);
     add_int_attr(conv, "group", 2);
     add_output(g, "y", onnx::TensorProto::FLOAT);
     TempFile f("conv_groups.onnx");
@@ -353,12 +362,13 @@ TEST_CASE("import: a 2-D Conv that conv2d expresses runs as conv2d, in groups; o
     Profiler prof;
     const Tensor y = p.eager({x})[0];
     const bool conv2d_ran = prof.json().find("\"conv2d\"") != std::string::npos;
-    CHECK(conv2d_ran == (pads[1] == 1));
+    CHECK(conv2d_ran == c.conv2d);
     // Each group's two channels and three filters, by duet's conv2d on the padded input.
-    const Tensor xp = pad(x, {pads[1], pads[3], pads[0], pads[2]});
+    const Tensor xp = pad(x, {c.pads[1], c.pads[3], c.pads[0], c.pads[2]});
     for (int64_t k = 0; k < 2; ++k) {
       const Tensor want = conv2d(slice(xp, 1, 2 * k, 2 * k + 2), slice(w, 0, 3 * k, 3 * k + 3),
-                                 slice(b, 0, 3 * k, 3 * k + 3));
+                                 slice(b, 0, 3 * k, 3 * k + 3), {c.strides[0], c.strides[1]}, 0, 1,
+                                 {c.dilations[0], c.dilations[1]});
       CHECK(allclose(slice(y, 1, 3 * k, 3 * k + 3), want, 1e-4, 1e-5));
     }
   }

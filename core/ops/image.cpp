@@ -2,48 +2,60 @@
 // gradients Conv2dInputGrad and Conv2dWeightGrad, each written with the others (Note [Conv2d]);
 // conv2d (Conv2d plus a broadcast bias), max_pool2d and avg_pool2d composed of them.
 //
-// attrs.ints = {kh, kw, sh, sw, ph, pw, H, W} for all five (see kernels/image.cpp).
+// attrs.ints = {kh, kw, sh, sw, ph, pw, H, W}, and the dilation {dh, dw} where it is not 1, for
+// all five (core/window.h).
 #include "core/autocast.h"
 #include "core/dispatch.h"
 #include "core/op_table.h"
 #include "core/op_errors.h"
 #include "core/ops.h"
+#include "core/window.h"
 
 namespace duet {
 namespace detail {
 namespace {
 
-struct Window {
-  int64_t kh, kw, sh, sw, ph, pw, h, w, ho, wo;
-  int64_t kk;  ///< kh * kw: the elements of one window
-  int64_t l;   ///< ho * wo: the window positions
+struct Window : WindowGeometry {
+  int64_t kk = 0;  ///< kh * kw: the elements of one window
+  int64_t l = 0;   ///< ho * wo: the window positions
 };
 
-// Window sizes come from the caller (kernel, stride, padding, fold's output size), so every
-// product and sum of them is checked (Note [Checked sizes] in core/types.cpp): a ValueError
+// " dilated by dh x dw" for a message, where the window is dilated.
+std::string dilated(const Window& g) {
+  return g.dh == 1 && g.dw == 1 ? "" : fmt::format(" dilated by {}x{}", g.dh, g.dw);
+}
+
+// Window sizes come from the caller (kernel, stride, padding, dilation, fold's output size), so
+// every product and sum of them is checked (Note [Checked sizes] in core/types.cpp): a ValueError
 // naming the op and the input shape, never a wrapped size.
 Window window(const char* op, const Attrs& a, const Shape& input) {
-  DUET_CHECK_VALUE(a.ints.size() == 8, "[{}] expects 8 window attributes", op);
-  Window g{a.ints[0], a.ints[1], a.ints[2], a.ints[3], a.ints[4], a.ints[5],
-           a.ints[6], a.ints[7], 0,         0,         0,         0};
+  DUET_CHECK_VALUE(is_window_attrs(a), "[{}] expects 8 window attributes (10 with a dilation)", op);
+  Window g;
+  g.kh = a.ints[0], g.kw = a.ints[1], g.sh = a.ints[2], g.sw = a.ints[3];
+  g.ph = a.ints[4], g.pw = a.ints[5], g.h = a.ints[6], g.w = a.ints[7];
+  if (a.ints.size() == 10) {
+    g.dh = a.ints[8];
+    g.dw = a.ints[9];
+  }
   DUET_CHECK_VALUE(g.kh > 0 && g.kw > 0 && g.sh > 0 && g.sw > 0 && g.ph >= 0 && g.pw >= 0,
                    "[{}] kernel {}x{} and stride {}x{} must be positive and padding {}x{} "
                    "non-negative",
                    op, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw);
-  int64_t ph2 = 0, pw2 = 0, hp = 0, wp = 0;
+  DUET_CHECK_VALUE(g.dh > 0 && g.dw > 0, "[{}] dilation {}x{} must be positive", op, g.dh, g.dw);
+  int64_t ph2 = 0, pw2 = 0, hp = 0, wp = 0, eh = 0, ew = 0;
   const bool fits =
       !__builtin_mul_overflow(g.ph, 2, &ph2) && !__builtin_mul_overflow(g.pw, 2, &pw2) &&
       !__builtin_add_overflow(g.h, ph2, &hp) && !__builtin_add_overflow(g.w, pw2, &wp) &&
-      !__builtin_mul_overflow(g.kh, g.kw, &g.kk);
+      !__builtin_mul_overflow(g.kh, g.kw, &g.kk) && !__builtin_mul_overflow(g.dh, g.kh - 1, &eh) &&
+      !__builtin_mul_overflow(g.dw, g.kw - 1, &ew);
   DUET_CHECK_VALUE(fits,
-                   "[{}] input {} (size {}x{}) with kernel {}x{} and padding {}x{}: the padded "
+                   "[{}] input {} (size {}x{}) with kernel {}x{}{} and padding {}x{}: the padded "
                    "size or the window size overflows int64",
-                   op, input, g.h, g.w, g.kh, g.kw, g.ph, g.pw);
-  DUET_CHECK_SHAPE(hp >= g.kh && wp >= g.kw,
-                   "[{}] kernel {}x{} is larger than the padded input {}x{}", op, g.kh, g.kw, hp,
-                   wp);
-  g.ho = (hp - g.kh) / g.sh + 1;  // cannot overflow: hp - kh >= 0 and kh >= 1
-  g.wo = (wp - g.kw) / g.sw + 1;
+                   op, input, g.h, g.w, g.kh, g.kw, dilated(g), g.ph, g.pw);
+  DUET_CHECK_SHAPE(hp > eh && wp > ew, "[{}] kernel {}x{}{} is larger than the padded input {}x{}",
+                   op, g.kh, g.kw, dilated(g), hp, wp);
+  g.ho = (hp - 1 - eh) / g.sh + 1;  // cannot overflow: hp - 1 - eh >= 0
+  g.wo = (wp - 1 - ew) / g.sw + 1;
   DUET_CHECK_VALUE(!__builtin_mul_overflow(g.ho, g.wo, &g.l),
                    "[{}] input {} (size {}x{}) with kernel {}x{}, stride {}x{} and padding {}x{}: "
                    "the {}x{} window positions overflow int64",
@@ -140,7 +152,8 @@ void infer_conv2d_input_grad(const OpDef&, TensorRefs in, const Attrs& a, Tensor
   const Shape &gy = in[0].sizes(), &w = in[1].sizes();
   DUET_CHECK_SHAPE(gy.size() == 4 && w.size() == 4,
                    "[conv2d_input_grad] expects 4-D operands, got {} and {}", gy, w);
-  DUET_CHECK_VALUE(a.ints.size() == 8, "[conv2d_input_grad] expects 8 window attributes");
+  DUET_CHECK_VALUE(is_window_attrs(a),
+                   "[conv2d_input_grad] expects 8 window attributes (10 with a dilation)");
   const int64_t c = w[1] * a.step;  // (conv_groups refuses a step below 1 first)
   const int64_t groups = conv_groups("conv2d_input_grad", a, c, w[0]);
   const Window g =
@@ -196,13 +209,12 @@ void grad_fold(const GradCtx& c, const Tensor& g, Tensor* gi) {
   gi[0] = window_call(OpId::Unfold, g, c.attrs);
 }
 
-// (kw: a kernel of kh x kw; -1, a square one.)
-Attrs window_attrs(const char* op, const Tensor& x, int64_t k, int64_t s, int64_t p,
-                   Window* g = nullptr, int64_t kw = -1) {
+Attrs window_attrs(const char* op, const Tensor& x, Size2 k, Size2 s, Size2 p, Window* g = nullptr,
+                   Size2 d = 1) {
   DUET_CHECK_SHAPE(x.dim() == 4, "[{}] input must be (N, C, H, W), got {}", op, x.sizes());
   Attrs a;
   // H and W only: the windows need them concrete, N and C may stay symbolic (a batch dim).
-  a.ints = {k, kw < 0 ? k : kw, s, s, p, p, x.size(2), x.size(3)};
+  set_window_attrs(a, k.h, k.w, s.h, s.w, p.h, p.w, x.size(2), x.size(3), d.h, d.w);
   const Window w = window(op, a, hint_sizes(x));  // validates with the caller's op name
   if (g) *g = w;
   return a;
@@ -228,27 +240,28 @@ void register_image_rules(OpDef* t) {
 
 }  // namespace detail
 
-Tensor unfold(const Tensor& x, int64_t kernel, int64_t stride, int64_t padding,
+Tensor unfold(const Tensor& x, Size2 kernel, Size2 stride, Size2 padding, Size2 dilation,
               std::source_location loc) {
   detail::SiteGuard site(loc);
-  return detail::window_call(OpId::Unfold, x,
-                             detail::window_attrs("unfold", x, kernel, stride, padding));
+  return detail::window_call(
+      OpId::Unfold, x,
+      detail::window_attrs("unfold", x, kernel, stride, padding, nullptr, dilation));
 }
 
-Tensor fold(const Tensor& cols, int64_t height, int64_t width, int64_t kernel, int64_t stride,
-            int64_t padding, std::source_location loc) {
+Tensor fold(const Tensor& cols, int64_t height, int64_t width, Size2 kernel, Size2 stride,
+            Size2 padding, Size2 dilation, std::source_location loc) {
   detail::SiteGuard site(loc);
   Attrs a;
-  a.ints = {kernel, kernel, stride, stride, padding, padding, height, width};
+  set_window_attrs(a, kernel.h, kernel.w, stride.h, stride.w, padding.h, padding.w, height, width,
+                   dilation.h, dilation.w);
   return detail::window_call(OpId::Fold, cols, a);
 }
 
 // The Conv2d primitive (Note [Conv2d]) plus a broadcast bias; the kernel (kh, kw) from the
-// weight, the stride and padding the same along both dims. The batch size N (and the
-// channels C) stay SymInts, so that a symbolic batch dim stays symbolic; H, W and the weight's
-// sizes are read as integers (the windows need them).
-Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, int64_t stride,
-              int64_t padding, int64_t groups, std::source_location loc) {
+// weight. The batch size N (and the channels C) stay SymInts, so that a symbolic batch dim stays
+// symbolic; H, W and the weight's sizes are read as integers (the windows need them).
+Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, Size2 stride,
+              Size2 padding, int64_t groups, Size2 dilation, std::source_location loc) {
   detail::SiteGuard site(loc);
   return detail::as_op("conv2d", [&]() -> Tensor {
     Tensor held_x;  // Note [Autocast]
@@ -268,7 +281,8 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, int64_
                      "[conv2d] input ({}) and weight ({}) must share a dtype", x.dtype(),
                      w.dtype());
     const int64_t o = w.size(0);
-    Attrs a = detail::window_attrs("conv2d", x, w.size(2), stride, padding, nullptr, w.size(3));
+    Attrs a = detail::window_attrs("conv2d", x, Size2(w.size(2), w.size(3)), stride, padding,
+                                   nullptr, dilation);
     a.step = groups;
     Tensor y = detail::conv_call(OpId::Conv2d, x, w, a);
     if (!b.defined()) return y;
@@ -279,22 +293,24 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, int64_
 }
 
 Tensor conv2d_input_grad(const Tensor& grad, const Tensor& w, int64_t height, int64_t width,
-                         int64_t stride, int64_t padding, int64_t groups,
+                         Size2 stride, Size2 padding, int64_t groups, Size2 dilation,
                          std::source_location loc) {
   detail::SiteGuard site(loc);
   DUET_CHECK_SHAPE(w.dim() == 4,
                    "[conv2d_input_grad] weight must be (out, in / groups, kh, kw), got {}",
                    w.sizes());
   Attrs a;
-  a.ints = {w.size(2), w.size(3), stride, stride, padding, padding, height, width};
+  set_window_attrs(a, w.size(2), w.size(3), stride.h, stride.w, padding.h, padding.w, height, width,
+                   dilation.h, dilation.w);
   a.step = groups;
   return detail::conv_call(OpId::Conv2dInputGrad, grad, w, a);
 }
 
-Tensor conv2d_weight_grad(const Tensor& x, const Tensor& grad, int64_t kernel, int64_t stride,
-                          int64_t padding, int64_t groups, std::source_location loc) {
+Tensor conv2d_weight_grad(const Tensor& x, const Tensor& grad, Size2 kernel, Size2 stride,
+                          Size2 padding, int64_t groups, Size2 dilation, std::source_location loc) {
   detail::SiteGuard site(loc);
-  Attrs a = detail::window_attrs("conv2d_weight_grad", x, kernel, stride, padding);
+  Attrs a =
+      detail::window_attrs("conv2d_weight_grad", x, kernel, stride, padding, nullptr, dilation);
   a.step = groups;
   return detail::conv_call(OpId::Conv2dWeightGrad, x, grad, a);
 }

@@ -7,7 +7,7 @@
 namespace duet::cuda::kern {
 namespace {
 
-// out[n, (c, ki, kj), (oh, ow)] = x[n, c, oh*sh - ph + ki, ow*sw - pw + kj] (0 outside).
+// out[n, (c, ki, kj), (oh, ow)] = x[n, c, oh*sh - ph + ki*dh, ow*sw - pw + kj*dw] (0 outside).
 template <class T>
 __global__ void unfold_kernel(WindowArg A) {
   const int64_t L = A.ho * A.wo, rows = A.c * A.kh * A.kw, total = A.n * rows * L;
@@ -17,7 +17,7 @@ __global__ void unfold_kernel(WindowArg A) {
     const int64_t l = i % L, row = (i / L) % rows, n = i / (L * rows);
     const int64_t ow = l % A.wo, oh = l / A.wo;
     const int64_t kj = row % A.kw, ki = (row / A.kw) % A.kh, c = row / (A.kw * A.kh);
-    const int64_t ih = oh * A.sh - A.ph + ki, iw = ow * A.sw - A.pw + kj;
+    const int64_t ih = oh * A.sh - A.ph + ki * A.dh, iw = ow * A.sw - A.pw + kj * A.dw;
     T v = T(0);
     if (ih >= 0 && ih < A.h && iw >= 0 && iw < A.w)
       v = x[n * A.in_strides[0] + c * A.in_strides[1] + ih * A.in_strides[2] +
@@ -26,7 +26,7 @@ __global__ void unfold_kernel(WindowArg A) {
   }
 }
 
-// out[n, c, ih, iw] = sum over (ki, kj) with ih = oh*sh - ph + ki, iw = ow*sw - pw + kj.
+// out[n, c, ih, iw] = sum over (ki, kj) with ih = oh*sh - ph + ki*dh, iw = ow*sw - pw + kj*dw.
 template <class T>
 __global__ void fold_kernel(WindowArg A) {
   const int64_t total = A.n * A.c * A.h * A.w;
@@ -37,12 +37,12 @@ __global__ void fold_kernel(WindowArg A) {
     const int64_t n = i / (A.w * A.h * A.c);
     T acc = T(0);
     for (int64_t ki = 0; ki < A.kh; ++ki) {
-      const int64_t th = ih + A.ph - ki;
+      const int64_t th = ih + A.ph - ki * A.dh;
       if (th < 0 || th % A.sh) continue;
       const int64_t oh = th / A.sh;
       if (oh >= A.ho) continue;
       for (int64_t kj = 0; kj < A.kw; ++kj) {
-        const int64_t tw = iw + A.pw - kj;
+        const int64_t tw = iw + A.pw - kj * A.dw;
         if (tw < 0 || tw % A.sw) continue;
         const int64_t ow = tw / A.sw;
         if (ow >= A.wo) continue;

@@ -1,5 +1,6 @@
 // duet: CUDA adapters of gather, scatter_add, argsort, cat, unfold and fold (kernels in index.cu
 // and image.cu), following kernels/index.cpp and kernels/image.cpp.
+#include "core/window.h"
 #include "kernels/composed.h"
 #include "kernels/low_precision.h"
 #include "cuda/kernels/adapt.h"
@@ -62,7 +63,7 @@ void argsort_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
                                        stream_for(out)));
 }
 
-// attrs.ints = {kh, kw, sh, sw, ph, pw, H, W} (kernels/image.cpp).
+// attrs.ints: the window (core/window.h).
 template <bool kUnfold>
 void window_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
   DUET_ASSERT(out.is_contiguous(), "unfold and fold write a fresh contiguous output");
@@ -73,16 +74,19 @@ void window_kernel(TensorRefs in, const Attrs& a, const Tensor& out) {
   A.out = out.raw_data();
   A.n = image[0];
   A.c = image[1];
-  A.h = a.ints[6];
-  A.w = a.ints[7];
-  A.kh = a.ints[0];
-  A.kw = a.ints[1];
-  A.sh = a.ints[2];
-  A.sw = a.ints[3];
-  A.ph = a.ints[4];
-  A.pw = a.ints[5];
-  A.ho = (A.h + 2 * A.ph - A.kh) / A.sh + 1;
-  A.wo = (A.w + 2 * A.pw - A.kw) / A.sw + 1;
+  const WindowGeometry g = window_geometry(a);
+  A.h = g.h;
+  A.w = g.w;
+  A.kh = g.kh;
+  A.kw = g.kw;
+  A.sh = g.sh;
+  A.sw = g.sw;
+  A.ph = g.ph;
+  A.pw = g.pw;
+  A.dh = g.dh;
+  A.dw = g.dw;
+  A.ho = g.ho;
+  A.wo = g.wo;
   for (int64_t d = 0; d < src.dim() && d < 4; ++d) A.in_strides[d] = src.strides()[d];
   DUET_CHECK_DTYPE(out.dtype() != DType::f16 && out.dtype() != DType::bf16,
                    "[{}] has no CUDA kernel for dtype {}", kUnfold ? "unfold" : "fold",

@@ -134,6 +134,7 @@ struct WindowArg {
   const void* in = nullptr;
   void* out = nullptr;
   int64_t n, c, h, w, kh, kw, sh, sw, ph, pw, ho, wo;
+  int64_t dh = 1, dw = 1;  ///< the dilation (core/window.h)
   int64_t in_strides[4] = {};
 };
 cudaError_t launch_unfold(DT dt, const WindowArg& arg, cudaStream_t s);

@@ -244,13 +244,14 @@ std::string Writer::emit_op(Frame& f, Values& vals, int32_t v) {
       return emit_fold(f, in(0), n);
     case OpId::Conv2d: {
       // ONNX's Conv is the same cross-correlation (floating dtypes only); its output size is
-      // floor((H + 2p - k) / s) + 1, as duet's.
+      // floor((H + 2p - d (k - 1) - 1) / s) + 1, as duet's.
       if (!is_floating(n.meta.dtype)) no_form(n);
       const Window w(n.attrs);
       return emit(f, "Conv", {in(0), in(1)}, [&](NodeProto& p) {
         attr_ints(p, "kernel_shape", {w.kh, w.kw});
         attr_ints(p, "strides", {w.sh, w.sw});
         attr_ints(p, "pads", {w.ph, w.pw, w.ph, w.pw});
+        if (w.dh != 1 || w.dw != 1) attr_ints(p, "dilations", {w.dh, w.dw});
         if (n.attrs.step != 1) attr_int(p, "group", n.attrs.step);
       });
     }

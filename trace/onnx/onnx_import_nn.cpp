@@ -182,14 +182,10 @@ std::vector<int64_t> spatial_kernel(const Node& n, const Tensor& x, const Tensor
   return k;
 }
 
-// Whether a Conv is one of duet's conv2d: two spatial dims, one stride and one padding on
-// every side, no dilation, floating.
+// Whether a Conv is one of duet's conv2d: two spatial dims, the same padding before and after
+// along each (a stride, a padding and a dilation per dim), floating.
 bool is_conv2d(const Window& w, const Tensor& x) {
-  auto same = [](const std::vector<int64_t>& v) {
-    return std::all_of(v.begin(), v.end(), [&](int64_t e) { return e == v[0]; });
-  };
-  return w.kernel.size() == 2 && same(w.strides) && w.dilations[0] == 1 && w.dilations[1] == 1 &&
-         same(w.pad_begin) && w.pad_end == w.pad_begin && is_floating(x.dtype());
+  return w.kernel.size() == 2 && w.pad_end == w.pad_begin && is_floating(x.dtype());
 }
 
 V op_conv(const Node& n) {
@@ -202,7 +198,8 @@ V op_conv(const Node& n) {
     n.fail(fmt::format("input channels {}, weight {} and group {} do not fit", C, wt.sizes(), G));
   // (The kernels' convolutions, oneDNN's on the CPU, rather than the windows' products below.)
   if (is_conv2d(w, x) && wt.dtype() == x.dtype())
-    return {conv2d(x, wt, n.has(2) ? n.in(2) : Tensor(), w.strides[0], w.pad_begin[0], G)};
+    return {conv2d(x, wt, n.has(2) ? n.in(2) : Tensor(), {w.strides[0], w.strides[1]},
+                   {w.pad_begin[0], w.pad_begin[1]}, G, {w.dilations[0], w.dilations[1]})};
   Tensor s = windows(n, x, w, 0.0);  // (K, N, C, out...)
   s = reshape(s, {K, N, G, C / G, L});
   s = reshape(permute(s, {1, 2, 3, 0, 4}), {N, G, (C / G) * K, L});

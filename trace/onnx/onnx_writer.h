@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/ops.h"
+#include "core/window.h"
 #include "trace/control_flow.h"
 #include "trace/onnx/onnx.h"
 #include "trace/onnx/onnx_proto.h"
@@ -65,22 +66,11 @@ struct Values {
   std::map<std::pair<int32_t, int>, std::string> casts;  // (value, dtype) -> the cast
 };
 
-// The sliding windows of Unfold and Fold (attrs.ints = {kh, kw, sh, sw, ph, pw, H, W}).
-struct Window {
-  int64_t kh, kw, sh, sw, ph, pw, h, w, hp, wp, ho, wo;
+// The sliding windows of Unfold and Fold (attrs.ints: core/window.h).
+struct Window : WindowGeometry {
+  int64_t hp, wp;  // the padded plane
   explicit Window(const Attrs& a)
-      : kh(a.ints[0]),
-        kw(a.ints[1]),
-        sh(a.ints[2]),
-        sw(a.ints[3]),
-        ph(a.ints[4]),
-        pw(a.ints[5]),
-        h(a.ints[6]),
-        w(a.ints[7]),
-        hp(h + 2 * ph),
-        wp(w + 2 * pw),
-        ho((hp - kh) / sh + 1),
-        wo((wp - kw) / sw + 1) {}
+      : WindowGeometry(window_geometry(a)), hp(h + 2 * ph), wp(w + 2 * pw) {}
   // The position in the padded plane (flattened, Hp * Wp) of every window element, in
   // unfold's order: row ki * kw + kj, column oh * Wo + ow.
   std::vector<int64_t> positions() const {
@@ -89,7 +79,8 @@ struct Window {
     for (int64_t ki = 0; ki < kh; ++ki)
       for (int64_t kj = 0; kj < kw; ++kj)
         for (int64_t oh = 0; oh < ho; ++oh)
-          for (int64_t ow = 0; ow < wo; ++ow) r.push_back((oh * sh + ki) * wp + ow * sw + kj);
+          for (int64_t ow = 0; ow < wo; ++ow)
+            r.push_back((oh * sh + ki * dh) * wp + ow * sw + kj * dw);
     return r;
   }
 };
