@@ -15,10 +15,11 @@
 namespace duet::kernels {
 namespace {
 
-// Output columns ow whose input column ow*sw - pw + kj*dw lies in [0, w): [lo, hi).
+// Output columns ow whose input column ow*sw - pw + kj*dw lies in [0, w): [lo, hi), within
+// [0, wo) (a padding wider than the image leaves taps that read no column at all).
 inline void valid_cols(const WindowGeometry& g, int64_t kj, int64_t* lo, int64_t* hi) {
   const int64_t first = g.pw - kj * g.dw;  // iw >= 0  <=>  ow*sw >= pw - kj*dw
-  *lo = first <= 0 ? 0 : (first + g.sw - 1) / g.sw;
+  *lo = first <= 0 ? 0 : std::min(g.wo, (first + g.sw - 1) / g.sw);
   const int64_t last = g.w - 1 + g.pw - kj * g.dw;  // iw <= w-1  <=>  ow*sw <= w-1+pw-kj*dw
   *hi = last < 0 ? 0 : std::min(g.wo, last / g.sw + 1);
   if (*hi < *lo) *hi = *lo;

@@ -287,6 +287,11 @@ const std::vector<OpRow>& image_rows() {
         // Dilated, and with strides and paddings that differ per dim (torch's tuples).
         unfold_row({1, 1, 4, 4}, 2, 1, 0, 2),
         unfold_row({1, 1, 3, 5}, {2, 3}, {1, 2}, {1, 0}, {1, 2}),
+        // A padding wider than the image: taps that read no column (the CPU kernels once wrote
+        // past their row there).
+        unfold_row({1, 1, 5, 1}, 5, 1, 2),
+        unfold_row({1, 1, 2, 1}, {1, 5}, {1, 2}, {0, 2}),
+        fold_row({1, 1, 1, 1}, {1, 5}, 1, {0, 2}),
         fold_row({1, 1, 4, 4}, 2, 1, 0, 2),
         fold_row({1, 1, 3, 5}, {2, 3}, {1, 2}, {1, 0}, {1, 2}),
         conv_row({2, 1, 3, 3}, {2, 1, 2, 2}, true, 1, 0),
