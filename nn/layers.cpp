@@ -140,31 +140,78 @@ Tensor Conv1d::forward(const Tensor& input) {
 
 // ---- Pooling ----
 
-MaxPool2d::MaxPool2d(int64_t kernel, int64_t stride_)
-    : Module(
-          fmt::format("MaxPool2d(kernel_size={}, stride={})", kernel, stride_ ? stride_ : kernel)),
+namespace {
+// A stride of 0 along a dim is the kernel's there.
+Size2 pool_stride(Size2 kernel, Size2 stride) {
+  return {stride.h ? stride.h : kernel.h, stride.w ? stride.w : kernel.w};
+}
+void check_pool(const char* module, Size2 kernel, Size2 stride, Size2 padding, Size2 dilation) {
+  DUET_CHECK_VALUE(kernel.h > 0 && kernel.w > 0 && stride.h >= 0 && stride.w >= 0 &&
+                       padding.h >= 0 && padding.w >= 0 && dilation.h > 0 && dilation.w > 0,
+                   "[{}] kernel_size and dilation must be positive, stride (0: the kernel size) "
+                   "and padding non-negative, got kernel_size {}, stride {}, padding {} and "
+                   "dilation {}",
+                   module, size2_str(kernel), size2_str(stride), size2_str(padding),
+                   size2_str(dilation));
+}
+}  // namespace
+
+MaxPool2d::MaxPool2d(Size2 kernel, Size2 stride_, Size2 padding_, Size2 dilation_, bool ceil)
+    : Module(fmt::format("MaxPool2d(kernel_size={}, stride={}{}{}{})", size2_str(kernel),
+                         size2_str(pool_stride(kernel, stride_)),
+                         padding_ != Size2(0) ? ", padding=" + size2_str(padding_) : "",
+                         dilation_ != Size2(1) ? ", dilation=" + size2_str(dilation_) : "",
+                         ceil ? ", ceil_mode=True" : "")),
       kernel_size(kernel),
-      stride(stride_) {
-  DUET_CHECK_VALUE(kernel > 0 && stride_ >= 0,
-                   "[MaxPool2d] kernel_size must be positive and stride non-negative (0: the "
-                   "kernel size), got kernel_size {} and stride {}",
-                   kernel, stride_);
+      stride(pool_stride(kernel, stride_)),
+      padding(padding_),
+      dilation(dilation_),
+      ceil_mode(ceil) {
+  check_pool("MaxPool2d", kernel, stride_, padding_, dilation_);
 }
 
-Tensor MaxPool2d::forward(const Tensor& x) { return max_pool2d(x, kernel_size, stride); }
-
-AvgPool2d::AvgPool2d(int64_t kernel, int64_t stride_)
-    : Module(
-          fmt::format("AvgPool2d(kernel_size={}, stride={})", kernel, stride_ ? stride_ : kernel)),
-      kernel_size(kernel),
-      stride(stride_) {
-  DUET_CHECK_VALUE(kernel > 0 && stride_ >= 0,
-                   "[AvgPool2d] kernel_size must be positive and stride non-negative (0: the "
-                   "kernel size), got kernel_size {} and stride {}",
-                   kernel, stride_);
+Tensor MaxPool2d::forward(const Tensor& x) {
+  return max_pool2d(x, kernel_size, stride, padding, dilation, ceil_mode);
 }
 
-Tensor AvgPool2d::forward(const Tensor& x) { return avg_pool2d(x, kernel_size, stride); }
+AvgPool2d::AvgPool2d(Size2 kernel, Size2 stride_, Size2 padding_, bool ceil, bool count_pad)
+    : Module(fmt::format("AvgPool2d(kernel_size={}, stride={}{}{}{})", size2_str(kernel),
+                         size2_str(pool_stride(kernel, stride_)),
+                         padding_ != Size2(0) ? ", padding=" + size2_str(padding_) : "",
+                         ceil ? ", ceil_mode=True" : "",
+                         count_pad ? "" : ", count_include_pad=False")),
+      kernel_size(kernel),
+      stride(pool_stride(kernel, stride_)),
+      padding(padding_),
+      ceil_mode(ceil),
+      count_include_pad(count_pad) {
+  check_pool("AvgPool2d", kernel, stride_, padding_, 1);
+}
+
+Tensor AvgPool2d::forward(const Tensor& x) {
+  return avg_pool2d(x, kernel_size, stride, padding, ceil_mode, count_include_pad);
+}
+
+namespace {
+// An adaptive pooling's output size, checked positive.
+Size2 adaptive_size(const char* module, Size2 output) {
+  DUET_CHECK_VALUE(output.h > 0 && output.w > 0, "[{}] output_size must be positive, got {}",
+                   module, size2_str(output));
+  return output;
+}
+}  // namespace
+
+AdaptiveAvgPool2d::AdaptiveAvgPool2d(Size2 output)
+    : Module(fmt::format("AdaptiveAvgPool2d(output_size={})", size2_str(output))),
+      output_size(adaptive_size("AdaptiveAvgPool2d", output)) {}
+
+Tensor AdaptiveAvgPool2d::forward(const Tensor& x) { return adaptive_avg_pool2d(x, output_size); }
+
+AdaptiveMaxPool2d::AdaptiveMaxPool2d(Size2 output)
+    : Module(fmt::format("AdaptiveMaxPool2d(output_size={})", size2_str(output))),
+      output_size(adaptive_size("AdaptiveMaxPool2d", output)) {}
+
+Tensor AdaptiveMaxPool2d::forward(const Tensor& x) { return adaptive_max_pool2d(x, output_size); }
 
 // ---- Embedding ----
 

@@ -60,20 +60,42 @@ class Conv1d : public Module {
   Tensor weight, bias;  ///< bias is undefined when constructed with bias = false
 };
 
-/// Max over k x k windows of x (N, C, H, W); stride 0 means stride = kernel.
+/// The max over kh x kw windows of x (N, C, H, W), as torch.nn.MaxPool2d (max_pool2d): each
+/// size one int for both dims or {h, w}; a stride of 0 is the kernel size.
 class MaxPool2d : public Module {
  public:
-  explicit MaxPool2d(int64_t kernel_size, int64_t stride = 0);
+  explicit MaxPool2d(Size2 kernel_size, Size2 stride = 0, Size2 padding = 0, Size2 dilation = 1,
+                     bool ceil_mode = false);
   Tensor forward(const Tensor& x) override;
-  int64_t kernel_size, stride;
+  Size2 kernel_size, stride, padding, dilation;  ///< stride as resolved: never 0
+  bool ceil_mode;
 };
 
-/// Mean over k x k windows of x (N, C, H, W); stride 0 means stride = kernel.
+/// The mean over kh x kw windows of x (N, C, H, W), as torch.nn.AvgPool2d (avg_pool2d).
 class AvgPool2d : public Module {
  public:
-  explicit AvgPool2d(int64_t kernel_size, int64_t stride = 0);
+  explicit AvgPool2d(Size2 kernel_size, Size2 stride = 0, Size2 padding = 0, bool ceil_mode = false,
+                     bool count_include_pad = true);
   Tensor forward(const Tensor& x) override;
-  int64_t kernel_size, stride;
+  Size2 kernel_size, stride, padding;  ///< stride as resolved: never 0
+  bool ceil_mode, count_include_pad;
+};
+
+/// x (N, C, H, W) averaged into output_size cells, as torch.nn.AdaptiveAvgPool2d
+/// (adaptive_avg_pool2d); AdaptiveAvgPool2d(1) is a global average pooling.
+class AdaptiveAvgPool2d : public Module {
+ public:
+  explicit AdaptiveAvgPool2d(Size2 output_size);
+  Tensor forward(const Tensor& x) override;
+  Size2 output_size;
+};
+
+/// The max over adaptive_avg_pool2d's cells, as torch.nn.AdaptiveMaxPool2d (no indices).
+class AdaptiveMaxPool2d : public Module {
+ public:
+  explicit AdaptiveMaxPool2d(Size2 output_size);
+  Tensor forward(const Tensor& x) override;
+  Size2 output_size;
 };
 
 /// A table of num_embeddings vectors of embedding_dim, looked up by i64 indices of any shape

@@ -149,20 +149,64 @@ std::vector<double> ref_conv2d_weight_grad(const std::vector<double>& x,
   return out;
 }
 
-std::vector<double> ref_pool(bool is_max, const std::vector<double>& x, const Geom& g) {
+// PyTorch's pooling, element by element: window positions ho x wo (ceil_mode's included), the
+// padding never the max, avg's divisor the window clipped to the padded input (count_pad) or to
+// the input.
+struct PoolSpec {
+  bool is_max = true, ceil_mode = false, count_pad = true;
+};
+int64_t pool_positions(int64_t n, int64_t k, int64_t s, int64_t p, int64_t d, bool ceil_mode) {
+  const int64_t span = d * (k - 1) + 1, room = n + 2 * p - span;
+  int64_t out = (ceil_mode ? (room + s - 1) / s : room / s) + 1;
+  if (ceil_mode && (out - 1) * s >= n + p) --out;
+  return out;
+}
+std::vector<double> ref_pool(PoolSpec q, const std::vector<double>& x, const Geom& g) {
   std::vector<double> out;
   for (int64_t n = 0; n < g.n; ++n)
     for (int64_t c = 0; c < g.c; ++c)
       for (int64_t oh = 0; oh < g.ho; ++oh)
         for (int64_t ow = 0; ow < g.wo; ++ow) {
-          double acc = is_max ? -INFINITY : 0;
+          double acc = q.is_max ? -INFINITY : 0;
           for (int64_t ki = 0; ki < g.kh; ++ki)
             for (int64_t kj = 0; kj < g.kw; ++kj) {
-              const double v = pixel(x, g, n, c, g.row(oh, ki), g.col(ow, kj));
-              acc = is_max ? std::max(acc, v) : acc + v / double(g.kh * g.kw);
+              const int64_t i = g.row(oh, ki), j = g.col(ow, kj);
+              if (i < 0 || i >= g.h || j < 0 || j >= g.w) continue;
+              const double v = x[((n * g.c + c) * g.h + i) * g.w + j];
+              acc = q.is_max ? std::max(acc, v) : acc + v;
             }
+          if (!q.is_max) {
+            const int64_t i0 = oh * g.sh - g.ph, j0 = ow * g.sw - g.pw;
+            const int64_t i1 = std::min(i0 + g.kh, g.h + g.ph),
+                          j1 = std::min(j0 + g.kw, g.w + g.pw);
+            const int64_t count = q.count_pad ? (i1 - i0) * (j1 - j0)
+                                              : (std::min(i1, g.h) - std::max<int64_t>(i0, 0)) *
+                                                    (std::min(j1, g.w) - std::max<int64_t>(j0, 0));
+            acc /= double(count);
+          }
           out.push_back(acc);
         }
+  return out;
+}
+
+// Adaptive pooling: cell (i, j) reads rows [i h / oh, ceil((i + 1) h / oh)), and so the columns.
+std::vector<double> ref_adaptive(bool is_max, const std::vector<double>& x, const Shape& xs,
+                                 Size2 o) {
+  const int64_t h = xs[2], w = xs[3];
+  std::vector<double> out;
+  for (int64_t nc = 0; nc < xs[0] * xs[1]; ++nc)
+    for (int64_t i = 0; i < o.h; ++i)
+      for (int64_t j = 0; j < o.w; ++j) {
+        const int64_t i0 = i * h / o.h, i1 = ((i + 1) * h + o.h - 1) / o.h;
+        const int64_t j0 = j * w / o.w, j1 = ((j + 1) * w + o.w - 1) / o.w;
+        double acc = is_max ? -INFINITY : 0;
+        for (int64_t r = i0; r < i1; ++r)
+          for (int64_t c = j0; c < j1; ++c) {
+            const double v = x[(nc * h + r) * w + c];
+            acc = is_max ? std::max(acc, v) : acc + v;
+          }
+        out.push_back(is_max ? acc : acc / double((i1 - i0) * (j1 - j0)));
+      }
   return out;
 }
 
@@ -254,15 +298,45 @@ OpRow weight_grad_row(Shape xs, Shape ws, Size2 s, Size2 p, int64_t groups = 1, 
 }
 
 // stride 0: the kernel size, as the builders default.
-OpRow pool_row(bool is_max, Shape xs, int64_t k, int64_t s) {
-  const Geom g = geom(xs, k, s ? s : k, 0);
-  OpRow r{fmt::format("{} {} k {} s {}", is_max ? "max_pool2d" : "avg_pool2d", xs.str(), k, s),
+OpRow pool_row(PoolSpec q, Shape xs, Size2 k, Size2 s0, Size2 p = 0, Size2 d = 1) {
+  const Size2 s{s0.h ? s0.h : k.h, s0.w ? s0.w : k.w};
+  Geom g = geom(xs, k, s, p, d);
+  g.ho = pool_positions(g.h, g.kh, g.sh, g.ph, g.dh, q.ceil_mode);
+  g.wo = pool_positions(g.w, g.kw, g.sw, g.pw, g.dw, q.ceil_mode);
+  OpRow r{fmt::format("{} {} k {} s {}{}{}{}{}", q.is_max ? "max_pool2d" : "avg_pool2d", xs.str(),
+                      str(k), str(s0), p == Size2(0) ? "" : " p " + str(p), dilation_name(d),
+                      q.ceil_mode ? " ceil" : "", q.count_pad ? "" : " without the padding"),
           OpId::Unfold,
           true,
           {xs},
-          [=](const Ins& in) { return is_max ? max_pool2d(in[0], k, s) : avg_pool2d(in[0], k, s); },
-          [=](const Values& v) { return ref_pool(is_max, v[0], g); },
+          [=](const Ins& in) {
+            return q.is_max ? max_pool2d(in[0], k, s0, p, d, q.ceil_mode)
+                            : avg_pool2d(in[0], k, s0, p, q.ceil_mode, q.count_pad);
+          },
+          [=](const Values& v) { return ref_pool(q, v[0], g); },
           {g.n, g.c, g.ho, g.wo}};
+  if (q.is_max) r.dtypes = kNumeric;
+  return r;
+}
+OpRow pool_row(bool is_max, Shape xs, Size2 k, Size2 s) {
+  return pool_row(PoolSpec{is_max}, xs, k, s);
+}
+PoolSpec max_ceil() { return {true, true, true}; }
+PoolSpec avg(bool ceil_mode, bool count_pad) { return {false, ceil_mode, count_pad}; }
+
+// Adaptive pooling into o cells: one pooling where o divides the image (Unfold), slices and their
+// reductions joined (Cat) where it does not.
+OpRow adaptive_row(bool is_max, Shape xs, Size2 o) {
+  const bool even = xs[2] % o.h == 0 && xs[3] % o.w == 0;
+  OpRow r{fmt::format("adaptive_{}_pool2d {} to {}", is_max ? "max" : "avg", xs.str(), str(o)),
+          even ? OpId::Unfold : OpId::Cat,
+          true,
+          {xs},
+          [=](const Ins& in) {
+            return is_max ? adaptive_max_pool2d(in[0], o) : adaptive_avg_pool2d(in[0], o);
+          },
+          [=](const Values& v) { return ref_adaptive(is_max, v[0], xs, o); },
+          {xs[0], xs[1], o.h, o.w}};
   if (is_max) r.dtypes = kNumeric;
   return r;
 }
@@ -343,15 +417,40 @@ const std::vector<OpRow>& image_rows() {
         pool_row(false, {2, 1, 3, 3}, 2, 1),
         pool_row(false, {1, 1, 3, 5}, 3, 2),
         pool_row(false, {0, 2, 4, 4}, 2, 0),
+        // Paddings, dilations, ceil_mode, and the padding outside avg's divisor.
+        pool_row(PoolSpec{}, {1, 1, 4, 4}, 3, 2, 1),
+        pool_row(PoolSpec{}, {1, 1, 5, 4}, {2, 3}, {1, 2}, {1, 1}),
+        pool_row(PoolSpec{}, {1, 1, 4, 5}, 2, 1, 1, 2),
+        pool_row(max_ceil(), {1, 1, 5, 3}, 2, 0),
+        pool_row(max_ceil(), {1, 1, 5, 4}, 3, 2, 1),
+        pool_row(max_ceil(), {1, 1, 6, 4}, 2, {3, 2}, 1, {2, 1}),
+        pool_row(avg(false, true), {1, 1, 4, 4}, 3, 2, 1),
+        pool_row(avg(false, false), {1, 1, 4, 4}, 3, 2, 1),
+        pool_row(avg(false, false), {1, 1, 3, 5}, {2, 3}, 1, {1, 1}),
+        pool_row(avg(true, true), {1, 1, 3, 5}, 2, 0),
+        pool_row(avg(true, true), {1, 1, 5, 4}, 3, 2, 1),
+        pool_row(avg(true, false), {1, 1, 4, 5}, 3, 2, 1),
+        pool_row(avg(true, false), {0, 2, 5, 5}, 2, 0),
+        pool_row(avg(false, true), {1, 1, 5, 1}, 5, 1, 2),  // (the fuzzer's ONNX AveragePool)
+        adaptive_row(false, {1, 1, 4, 6}, {2, 3}),
+        adaptive_row(false, {1, 1, 3, 7}, {3, 4}),
+        adaptive_row(false, {1, 1, 3, 4}, {2, 2}),
+        adaptive_row(false, {1, 2, 3, 3}, 1),
+        adaptive_row(true, {1, 1, 4, 6}, {2, 3}),
+        adaptive_row(true, {1, 1, 3, 7}, {3, 4}),
+        adaptive_row(true, {1, 1, 4, 3}, {4, 2}),
     };
     // Larger images, forward only: many (n, c) planes, across the kernels' parallel grain.
-    for (OpRow big : {unfold_row({4, 16, 20, 20}, 3, 1, 1), fold_row({4, 16, 20, 20}, 3, 2, 1),
-                      conv_row({2, 3, 9, 9}, {4, 3, 3, 3}, true, 2, 1),
-                      conv_row({2, 3, 9, 9}, {4, 3, 3, 3}, true, 1, 2, 1, 2),
-                      unfold_row({2, 4, 12, 12}, 3, {1, 2}, 2, {2, 3}),
-                      input_grad_row({2, 3, 9, 9}, {4, 3, 3, 3}, 2, 1),
-                      weight_grad_row({2, 3, 9, 9}, {4, 3, 3, 3}, 2, 1),
-                      pool_row(true, {2, 8, 16, 16}, 2, 0)}) {
+    for (OpRow big :
+         {unfold_row({4, 16, 20, 20}, 3, 1, 1), fold_row({4, 16, 20, 20}, 3, 2, 1),
+          conv_row({2, 3, 9, 9}, {4, 3, 3, 3}, true, 2, 1),
+          conv_row({2, 3, 9, 9}, {4, 3, 3, 3}, true, 1, 2, 1, 2),
+          unfold_row({2, 4, 12, 12}, 3, {1, 2}, 2, {2, 3}),
+          input_grad_row({2, 3, 9, 9}, {4, 3, 3, 3}, 2, 1),
+          weight_grad_row({2, 3, 9, 9}, {4, 3, 3, 3}, 2, 1), pool_row(true, {2, 8, 16, 16}, 2, 0),
+          pool_row(max_ceil(), {2, 8, 15, 15}, 3, 2, 1),
+          pool_row(avg(true, false), {2, 8, 15, 15}, 3, 2, 1),
+          adaptive_row(false, {2, 8, 15, 13}, {7, 5})}) {
       big.grad = false;
       r.push_back(big);
     }

@@ -515,6 +515,41 @@ const std::vector<ErrorRow>& error_rows() {
        Kind::Shape, "[avg_pool2d]"},
       {"image",
        [] {
+         max_pool2d(f32({1, 1, 6, 6}), 3, 1, {1, 2});
+       },
+       Kind::Value, "[max_pool2d] padding 1x2 must be at most half the kernel 3x3"},
+      {"image",
+       [] {
+         avg_pool2d(f32({1, 1, 6, 6}), {2, 4}, 0, {2, 0}, true);
+       },
+       Kind::Value, "[avg_pool2d] padding 2x0 must be at most half the kernel 2x4"},
+      {"image",
+       [] {
+         max_pool2d(of({1, 1, 4, 4}, D::b8), 2);
+       },
+       Kind::DType, "[max_pool2d] is not defined for b8 input"},
+      {"image",
+       [] {
+         adaptive_avg_pool2d(f32({1, 1, 4, 4}), {2, 0});
+       },
+       Kind::Value, "[adaptive_avg_pool2d] output size 2x0 must be positive"},
+      {"image",
+       [] {
+         adaptive_max_pool2d(f32({1, 3, 0, 4}), 2);
+       },
+       Kind::Shape, "[adaptive_max_pool2d] input (1, 3, 0, 4) has an empty image"},
+      {"image",
+       [] {
+         adaptive_max_pool2d(f32({3, 4, 4}), 2);
+       },
+       Kind::Shape, "[adaptive_max_pool2d] input must be (N, C, H, W), got (3, 4, 4)"},
+      {"image",
+       [] {
+         adaptive_avg_pool2d(of({1, 1, 4, 4}, D::i32), 2);
+       },
+       Kind::DType, "[adaptive_avg_pool2d] needs a floating input, got i32"},
+      {"image",
+       [] {
          unfold(f32({1, 4, 4}), 2);
        },
        Kind::Shape, "[unfold] input must be (N, C, H, W)"},

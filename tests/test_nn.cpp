@@ -211,6 +211,14 @@ TEST_CASE("layers compute what their ops compute") {
   CHECK(conv(img).shape() == Shape{1, 3, 3, 3});
   CHECK(MaxPool2d(2)(img).shape() == Shape{1, 2, 2, 2});
   CHECK(bitwise_equal(AvgPool2d(2, 1)(img), avg_pool2d(img, 2, 1)));
+  // Each pooling argument reaches the function, in PyTorch's order.
+  CHECK(bitwise_equal(MaxPool2d({3, 2}, {2, 1}, {1, 0}, {1, 2}, true)(img),
+                      max_pool2d(img, {3, 2}, {2, 1}, {1, 0}, {1, 2}, true)));
+  CHECK(bitwise_equal(AvgPool2d({3, 2}, {2, 1}, {1, 1}, true, false)(img),
+                      avg_pool2d(img, {3, 2}, {2, 1}, {1, 1}, true, false)));
+  CHECK(AvgPool2d({3, 2}, {2, 1}, {1, 1}, true, false)(img).shape() == Shape{1, 2, 3, 6});
+  CHECK(close(AdaptiveAvgPool2d(1)(img), mean(img, Dims{2, 3}, true), 1e-6));
+  CHECK(bitwise_equal(AdaptiveMaxPool2d({2, 3})(img), adaptive_max_pool2d(img, {2, 3})));
   Embedding emb(5, 3);
   Tensor idx = tensor({4, 0, 4}, Options().dtype(DType::i64));
   CHECK(close(emb(idx), index_select(emb.weight, 0, idx), 0));
@@ -469,6 +477,20 @@ TEST_CASE("layers: constructor arguments out of range name the layer") {
       {[] { MaxPool2d(0); }, "[MaxPool2d]"},
       {[] { MaxPool2d(2, -1); }, "[MaxPool2d]"},
       {[] { AvgPool2d(0); }, "[AvgPool2d]"},
+      {[] { MaxPool2d(2, 2, -1); }, "[MaxPool2d]"},
+      {[] {
+         MaxPool2d(2, 2, 1, {1, 0});
+       },
+       "[MaxPool2d]"},
+      {[] {
+         AvgPool2d(Size2{2, 0});
+       },
+       "[AvgPool2d]"},
+      {[] {
+         AdaptiveAvgPool2d({1, 0});
+       },
+       "[AdaptiveAvgPool2d]"},
+      {[] { AdaptiveMaxPool2d(-1); }, "[AdaptiveMaxPool2d]"},
       {[] { Embedding(0, 3); }, "[Embedding]"},
       {[] { Embedding(3, 0); }, "[Embedding]"},
       {[] { LayerNorm(Shape{}); }, "[LayerNorm]"},
@@ -583,6 +605,12 @@ TEST_CASE("layers: names for messages") {
   CHECK(Conv2d(4, 8, 3, 1, 1, true, 4).name() ==
         "Conv2d(4, 8, kernel_size=3, stride=1, padding=1, groups=4)");
   CHECK(MaxPool2d(2).name() == "MaxPool2d(kernel_size=2, stride=2)");
+  CHECK(MaxPool2d({2, 3}, {0, 1}, {1, 0}, 2, true).name() ==
+        "MaxPool2d(kernel_size=(2, 3), stride=(2, 1), padding=(1, 0), dilation=2, ceil_mode=True)");
+  CHECK(AvgPool2d(3, 2, 1, false, false).name() ==
+        "AvgPool2d(kernel_size=3, stride=2, padding=1, count_include_pad=False)");
+  CHECK(AdaptiveAvgPool2d(1).name() == "AdaptiveAvgPool2d(output_size=1)");
+  CHECK(AdaptiveMaxPool2d({7, 5}).name() == "AdaptiveMaxPool2d(output_size=(7, 5))");
   CHECK(Dropout(0.25).name() == "Dropout(p=0.25)");
   CHECK(Embedding(10, 3).name() == "Embedding(10, 3)");
   CHECK(ReLU().name() == "ReLU()");

@@ -196,6 +196,10 @@ std::vector<Tensor> op_zoo(const Tensor& x, const Tensor& idx, const Tensor& img
   const Tensor cols = unfold(img, 3, 2, 1);
   const Tensor back = fold(cols * 2, 5, 5, 3, 2, 1);
   const Tensor pooled = max_pool2d(img, 2) + avg_pool2d(img, 2);
+  // Pooling over padding, with ceil_mode, and adaptive: pad, windows, and their divisors.
+  const Tensor padded_pools = max_pool2d(img, {3, 2}, 2, 1, 1, true) +
+                              avg_pool2d(img, {3, 2}, 2, 1, true, false) +
+                              adaptive_avg_pool2d(img, {3, 3}) + adaptive_max_pool2d(img, {3, 3});
   const Tensor counted = x + arange(6).to(DType::f32);
   const Tensor gates = cat({x, x * 0.5, x - 1, x * 2}, 1);  // (batch, 4 * 6)
   const auto [cell_h, cell_c] = fused_lstm_cell(gates, gates * 0.3, x);
@@ -220,6 +224,7 @@ std::vector<Tensor> op_zoo(const Tensor& x, const Tensor& idx, const Tensor& img
           cols,
           back,
           pooled,
+          padded_pools,
           counted,
           argmax(x, 1),
           softmax(x, 1),

@@ -374,6 +374,51 @@ TEST_CASE("import: a 2-D Conv that conv2d expresses runs as conv2d, in groups; o
   }
 }
 
+TEST_CASE("import: a 2-D MaxPool or AveragePool that the pooling ops express runs on them") {
+  manual_seed(9);
+  const Tensor x = randn({2, 3, 7, 6});
+  struct Case {
+    const char* op;
+    std::vector<int64_t> kernel, pads, strides, dilations;
+    int64_t ceil_mode, count_include_pad;
+    bool pool2d;  // the same padding before and after, at most half the kernel (avg: undilated)
+  };
+  for (const Case& c : {Case{"MaxPool", {3, 2}, {1, 1, 1, 1}, {2, 1}, {1, 2}, 1, 0, true},
+                        Case{"AveragePool", {3, 3}, {1, 0, 1, 0}, {2, 2}, {1, 1}, 1, 0, true},
+                        Case{"AveragePool", {3, 3}, {1, 1, 1, 1}, {2, 1}, {1, 1}, 0, 1, true},
+                        Case{"MaxPool", {3, 3}, {1, 0, 0, 1}, {1, 1}, {1, 1}, 0, 0, false},
+                        Case{"MaxPool", {2, 2}, {2, 0, 2, 0}, {1, 1}, {1, 1}, 0, 0, false},
+                        Case{"AveragePool", {2, 2}, {0, 0, 0, 0}, {1, 1}, {2, 1}, 0, 0, false}}) {
+    CAPTURE(c.op);
+    CAPTURE(c.pads);
+    onnx::GraphProto g;
+    add_input(g, "x", onnx::TensorProto::FLOAT, {int64_t(2), int64_t(3), int64_t(7), int64_t(6)});
+    onnx::NodeProto* node = add_node(g, c.op, {"x"}, {"y"});
+    add_ints_attr(node, "kernel_shape", c.kernel);
+    add_ints_attr(node, "pads", c.pads);
+    add_ints_attr(node, "strides", c.strides);
+    add_ints_attr(node, "dilations", c.dilations);
+    add_int_attr(node, "ceil_mode", c.ceil_mode);
+    if (std::string(c.op) == "AveragePool")
+      add_int_attr(node, "count_include_pad", c.count_include_pad);
+    add_output(g, "y", onnx::TensorProto::FLOAT);
+    TempFile f("pool2d.onnx");
+    write_model(std::move(g), f.path);
+    Program p = import_onnx(f.path);
+    Profiler prof;
+    const Tensor y = p.eager({x})[0];
+    // One Unfold where the pooling ops ran; one strided slice per kernel offset otherwise.
+    CHECK((prof.json().find("\"unfold\"") != std::string::npos) == c.pool2d);
+    if (!c.pool2d) continue;
+    const Size2 k{c.kernel[0], c.kernel[1]}, s{c.strides[0], c.strides[1]};
+    const Size2 pd{c.pads[0], c.pads[1]}, d{c.dilations[0], c.dilations[1]};
+    const Tensor want = std::string(c.op) == "MaxPool"
+                            ? max_pool2d(x, k, s, pd, d, c.ceil_mode != 0)
+                            : avg_pool2d(x, k, s, pd, c.ceil_mode != 0, c.count_include_pad != 0);
+    CHECK(test::bitwise_equal(y, want));
+  }
+}
+
 TEST_CASE("an imported batch norm's running statistics are constants, not parameters") {
   manual_seed(6);
   ConvBn m;

@@ -315,40 +315,180 @@ Tensor conv2d_weight_grad(const Tensor& x, const Tensor& grad, Size2 kernel, Siz
   return detail::conv_call(OpId::Conv2dWeightGrad, x, grad, a);
 }
 
+namespace detail {
 namespace {
-// The windows of each channel: (N, C, k*k, Ho*Wo), reduced over dim 2 by the caller.
-Tensor pool_windows(const char* op, const Tensor& x, int64_t kernel, int64_t stride, int64_t* ho,
-                    int64_t* wo) {
-  if (stride == 0) stride = kernel;
-  detail::Window g;
-  Attrs a = detail::window_attrs(op, x, kernel, stride, 0, &g);
-  *ho = g.ho;
-  *wo = g.wo;
-  Tensor cols = detail::window_call(OpId::Unfold, x, a);
-  const SymDims xs = detail::sym_dims(x);                        // N and C may be symbolic
-  return detail::reshape_dims(cols, {xs[0], xs[1], g.kk, g.l});  // not -1: N may be 0
-}
-}  // namespace
 
-Tensor max_pool2d(const Tensor& x, int64_t kernel, int64_t stride, std::source_location loc) {
+// Note [Pooling windows]
+// max_pool2d and avg_pool2d are Unfold's windows reduced over dim 2, as PyTorch defines them:
+// - the padding (at most half the kernel) reads as -inf (max) or 0 (avg);
+// - ceil_mode rounds the window positions up, as long as the last window starts inside the
+//   input or its top/left padding (PyTorch's pooling_output_shape). That last window may reach
+//   past the bottom/right padding; the input is padded by that much more (`extra`);
+// - avg_pool2d divides each window's sum by the elements it counts: the whole window where the
+//   padding counts (count_include_pad), but never the extra of ceil_mode; only the input's
+//   elements otherwise. Where every window counts kh * kw, it is a mean, as before there were
+//   paddings in pooling.
+// A pooling without padding nor ceil_mode is the one Unfold it always was.
+struct Pool {
+  Window g;        ///< the window over the input padded by (ph, pw) on each side
+  int64_t ho, wo;  ///< the window positions (ceil_mode's may exceed g's by one)
+  int64_t eh, ew;  ///< ceil_mode's extra padding after the bottom and right padding
+};
+
+// The positions along one dim of size n with ceil_mode: one more than the floor where the
+// window would start inside n + p. `floor_out` is the floor's count, `span` the window's.
+int64_t ceil_positions(int64_t n, int64_t p, int64_t s, int64_t span, int64_t floor_out) {
+  if ((n + 2 * p - span) % s == 0) return floor_out;  // n + 2p: checked by window()
+  int64_t start = 0;
+  if (__builtin_mul_overflow(floor_out, s, &start) || start >= n + p) return floor_out;
+  return floor_out + 1;
+}
+
+Pool pool_geometry(const char* op, const Tensor& x, Size2 k, Size2 s, Size2 p, Size2 d,
+                   bool ceil_mode) {
+  Pool r;
+  window_attrs(op, x, k, Size2(s.h ? s.h : k.h, s.w ? s.w : k.w), p, &r.g, d);
+  DUET_CHECK_VALUE(p.h <= r.g.kh / 2 && p.w <= r.g.kw / 2,
+                   "[{}] padding {}x{} must be at most half the kernel {}x{}", op, p.h, p.w, r.g.kh,
+                   r.g.kw);
+  r.ho = ceil_mode ? ceil_positions(r.g.h, r.g.ph, r.g.sh, r.g.span_h(), r.g.ho) : r.g.ho;
+  r.wo = ceil_mode ? ceil_positions(r.g.w, r.g.pw, r.g.sw, r.g.span_w(), r.g.wo) : r.g.wo;
+  // The last window's end past the padded input: below one stride, so no overflow.
+  r.eh = (r.ho - 1) * r.g.sh + r.g.span_h() - (r.g.h + 2 * r.g.ph);
+  r.ew = (r.wo - 1) * r.g.sw + r.g.span_w() - (r.g.w + 2 * r.g.pw);
+  r.eh = std::max<int64_t>(r.eh, 0);
+  r.ew = std::max<int64_t>(r.ew, 0);
+  return r;
+}
+
+// The windows of each channel, (N, C, kh * kw, ho * wo), the padding read as `fill`; the caller
+// reduces dim 2. One Unfold where its zero padding is the fill and no extra is needed.
+Tensor pool_windows(const Tensor& x, const Pool& q, Scalar fill, bool zero_fill) {
+  const Window& g = q.g;
+  const Size2 k{g.kh, g.kw}, s{g.sh, g.sw}, d{g.dh, g.dw};
+  const bool padded = g.ph > 0 || g.pw > 0 || q.eh > 0 || q.ew > 0;
+  Tensor cols;
+  if (!padded || (zero_fill && q.eh == 0 && q.ew == 0)) {
+    cols = window_call(OpId::Unfold, x,
+                       window_attrs("unfold", x, k, s, Size2{g.ph, g.pw}, nullptr, d));
+  } else {
+    const Tensor xp = pad(x, {g.pw, g.pw + q.ew, g.ph, g.ph + q.eh}, "constant", fill);
+    cols = window_call(OpId::Unfold, xp, window_attrs("unfold", xp, k, s, 0, nullptr, d));
+  }
+  const SymDims xs = sym_dims(x);                                // N and C may be symbolic
+  return reshape_dims(cols, {xs[0], xs[1], g.kk, q.ho * q.wo});  // not -1: N may be 0
+}
+
+// avg_pool2d's count of window elements along one dim, for each position (Note [Pooling
+// windows]).
+std::vector<double> pool_counts(int64_t n, int64_t k, int64_t s, int64_t p, int64_t out,
+                                bool count_pad) {
+  std::vector<double> c(static_cast<size_t>(out));
+  for (int64_t i = 0; i < out; ++i) {
+    const int64_t start = i * s - p, end = std::min(start + k, n + p);
+    c[static_cast<size_t>(i)] =
+        double(count_pad ? end - start : std::min(end, n) - std::max<int64_t>(start, 0));
+  }
+  return c;
+}
+
+// The lowest value of x's dtype: max_pool2d's padding.
+Scalar lowest(DType t) {
+  if (is_floating(t)) return Scalar(-INFINITY);
+  return Scalar(integral_range(t).least);
+}
+
+}  // namespace
+}  // namespace detail
+
+Tensor max_pool2d(const Tensor& x, Size2 kernel, Size2 stride, Size2 padding, Size2 dilation,
+                  bool ceil_mode, std::source_location loc) {
   detail::SiteGuard site(loc);
   return detail::as_op("max_pool2d", [&]() -> Tensor {
-    int64_t ho, wo;
-    Tensor win = pool_windows("max_pool2d", x, kernel, stride, &ho, &wo);
+    DUET_CHECK_DTYPE(x.dtype() != DType::b8, "[max_pool2d] is not defined for b8 input");
+    const detail::Pool q =
+        detail::pool_geometry("max_pool2d", x, kernel, stride, padding, dilation, ceil_mode);
+    Tensor win = detail::pool_windows(x, q, detail::lowest(x.dtype()), false);
     const SymDims xs = detail::sym_dims(x);
-    return detail::reshape_dims(max(win, 2), {xs[0], xs[1], ho, wo});
+    return detail::reshape_dims(max(win, 2), {xs[0], xs[1], q.ho, q.wo});
   });
 }
 
-Tensor avg_pool2d(const Tensor& x, int64_t kernel, int64_t stride, std::source_location loc) {
+Tensor avg_pool2d(const Tensor& x, Size2 kernel, Size2 stride, Size2 padding, bool ceil_mode,
+                  bool count_include_pad, std::source_location loc) {
   detail::SiteGuard site(loc);
   return detail::as_op("avg_pool2d", [&]() -> Tensor {
     DUET_CHECK_DTYPE(is_floating(x.dtype()), "[avg_pool2d] needs a floating input, got {}",
                      x.dtype());
-    int64_t ho, wo;
-    Tensor win = pool_windows("avg_pool2d", x, kernel, stride, &ho, &wo);
+    const detail::Pool q =
+        detail::pool_geometry("avg_pool2d", x, kernel, stride, padding, 1, ceil_mode);
+    const detail::Window& g = q.g;
+    Tensor win = detail::pool_windows(x, q, 0, true);
     const SymDims xs = detail::sym_dims(x);
-    return detail::reshape_dims(mean(win, 2), {xs[0], xs[1], ho, wo});
+    const bool pads = g.ph > 0 || g.pw > 0;
+    if (q.eh == 0 && q.ew == 0 && (count_include_pad || !pads))
+      return detail::reshape_dims(mean(win, 2), {xs[0], xs[1], q.ho, q.wo});
+    const std::vector<double> rows =
+        detail::pool_counts(g.h, g.kh, g.sh, g.ph, q.ho, count_include_pad);
+    const std::vector<double> cols =
+        detail::pool_counts(g.w, g.kw, g.sw, g.pw, q.wo, count_include_pad);
+    std::vector<double> counts;
+    counts.reserve(rows.size() * cols.size());
+    for (double r : rows)
+      for (double c : cols) counts.push_back(r * c);
+    const Tensor divisor = tensor(std::move(counts), Options().dtype(x.dtype()).device(x.device()));
+    return detail::reshape_dims(sum(win, 2) / divisor, {xs[0], xs[1], q.ho, q.wo});
+  });
+}
+
+namespace {
+
+// Note [Adaptive pooling]
+// Output position i of a dim of size n pooled to `out` reads [floor(i n / out), ceil((i + 1) n /
+// out)), as PyTorch's adaptive pooling. Where out divides n, that is a pooling with kernel and
+// stride n / out; otherwise the windows differ in size, and each dim is reduced alone, one
+// window at a time (a max of maxes, or a mean of means of equal counts, is the window's).
+template <class Pool1, class Reduce>
+Tensor adaptive_pool(const char* op, const Tensor& x, Size2 out, Pool1 pool, Reduce reduce) {
+  DUET_CHECK_SHAPE(x.dim() == 4, "[{}] input must be (N, C, H, W), got {}", op, x.sizes());
+  const int64_t h = x.size(2), w = x.size(3);
+  DUET_CHECK_VALUE(out.h > 0 && out.w > 0, "[{}] output size {}x{} must be positive", op, out.h,
+                   out.w);
+  DUET_CHECK_SHAPE(h > 0 && w > 0, "[{}] input {} has an empty image", op, x.sizes());
+  if (h % out.h == 0 && w % out.w == 0) return pool(x, Size2{h / out.h, w / out.w});
+  auto along = [&](const Tensor& t, int64_t dim, int64_t n, int64_t o) {
+    if (n % o == 0) return pool(t, dim == 2 ? Size2{n / o, 1} : Size2{1, n / o});
+    std::vector<Tensor> parts;
+    for (int64_t i = 0; i < o; ++i) {
+      const int64_t start = i * n / o, end = ((i + 1) * n + o - 1) / o;
+      parts.push_back(reduce(slice(t, dim, start, end), dim));
+    }
+    return cat(parts, dim);
+  };
+  return along(along(x, 3, w, out.w), 2, h, out.h);
+}
+
+}  // namespace
+
+Tensor adaptive_avg_pool2d(const Tensor& x, Size2 output_size, std::source_location loc) {
+  detail::SiteGuard site(loc);
+  return detail::as_op("adaptive_avg_pool2d", [&]() -> Tensor {
+    DUET_CHECK_DTYPE(is_floating(x.dtype()), "[adaptive_avg_pool2d] needs a floating input, got {}",
+                     x.dtype());
+    return adaptive_pool(
+        "adaptive_avg_pool2d", x, output_size,
+        [](const Tensor& t, Size2 k) { return avg_pool2d(t, k); },
+        [](const Tensor& t, int64_t dim) { return mean(t, Dims{dim}, true); });
+  });
+}
+
+Tensor adaptive_max_pool2d(const Tensor& x, Size2 output_size, std::source_location loc) {
+  detail::SiteGuard site(loc);
+  return detail::as_op("adaptive_max_pool2d", [&]() -> Tensor {
+    return adaptive_pool(
+        "adaptive_max_pool2d", x, output_size,
+        [](const Tensor& t, Size2 k) { return max_pool2d(t, k); },
+        [](const Tensor& t, int64_t dim) { return max(t, Dims{dim}, true); });
   });
 }
 

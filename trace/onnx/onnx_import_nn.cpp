@@ -250,9 +250,25 @@ Tensor pool_indices(const Node& n, const Tensor& x, const Window& w, const Tenso
   return plane * prod(dims_of(x), 2) + spatial;
 }
 
+// Whether max_pool2d (avg_pool2d: undilated) computes a pooling node: two spatial dims, the
+// same padding before and after each, at most half the kernel (PyTorch's bound); its output
+// sizes follow the same rules as window()'s, ceil_mode's included. (One Unfold, where the
+// windows below are one slice per kernel offset.)
+bool is_pool2d(const Window& w, bool dilated_ok) {
+  if (w.kernel.size() != 2 || w.pad_end != w.pad_begin) return false;
+  for (size_t i = 0; i < 2; ++i)
+    if (w.pad_begin[i] > w.kernel[i] / 2 || (!dilated_ok && w.dilations[i] != 1)) return false;
+  return true;
+}
+
 V op_max_pool(const Node& n) {
   const Tensor& x = n.in(0);
-  const Window w = window(n, x, spatial_kernel(n, x, nullptr), n.attr_i("ceil_mode", 0));
+  const bool ceil_mode = n.attr_i("ceil_mode", 0);
+  const Window w = window(n, x, spatial_kernel(n, x, nullptr), ceil_mode);
+  if (is_pool2d(w, true) && !n.wants(1) && x.dtype() != DType::b8)
+    return {max_pool2d(x, {w.kernel[0], w.kernel[1]}, {w.strides[0], w.strides[1]},
+                       {w.pad_begin[0], w.pad_begin[1]}, {w.dilations[0], w.dilations[1]},
+                       ceil_mode)};
   const double lowest = is_floating(x.dtype())
                             ? -INFINITY
                             : static_cast<double>(detail::integral_range(x.dtype()).least);
@@ -264,7 +280,12 @@ V op_max_pool(const Node& n) {
 
 V op_avg_pool(const Node& n) {
   const Tensor& x = n.in(0);
-  const Window w = window(n, x, spatial_kernel(n, x, nullptr), n.attr_i("ceil_mode", 0));
+  const bool ceil_mode = n.attr_i("ceil_mode", 0);
+  const Window w = window(n, x, spatial_kernel(n, x, nullptr), ceil_mode);
+  if (is_pool2d(w, false) && is_floating(x.dtype()))
+    return {avg_pool2d(x, {w.kernel[0], w.kernel[1]}, {w.strides[0], w.strides[1]},
+                       {w.pad_begin[0], w.pad_begin[1]}, ceil_mode,
+                       n.attr_i("count_include_pad", 0) != 0)};
   Tensor total = sum(windows(n, x, w, 0.0), Dims{0});
   // The divisor: the window's elements inside the input (and its pads, when counted). A window
   // reaching past the pads (ceil mode) never counts what lies beyond them.
