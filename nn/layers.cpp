@@ -92,6 +92,52 @@ Tensor Conv2d::forward(const Tensor& x) {
   return conv2d(x, weight, bias, stride, padding, groups, dilation);
 }
 
+// ---- ConvTranspose2d ----
+
+ConvTranspose2d::ConvTranspose2d(int64_t in, int64_t out, Size2 kernel, Size2 stride_,
+                                 Size2 padding_, Size2 output_padding_, int64_t groups_,
+                                 bool with_bias, Size2 dilation_)
+    : Module(fmt::format(
+          "ConvTranspose2d({}, {}, kernel_size={}, stride={}, padding={}{}{}{}{})", in, out,
+          size2_str(kernel), size2_str(stride_), size2_str(padding_),
+          output_padding_ != Size2(0) ? ", output_padding=" + size2_str(output_padding_) : "",
+          groups_ != 1 ? fmt::format(", groups={}", groups_) : "",
+          dilation_ != Size2(1) ? ", dilation=" + size2_str(dilation_) : "", bias_note(with_bias))),
+      in_channels(in),
+      out_channels(out),
+      kernel_size(kernel),
+      stride(stride_),
+      padding(padding_),
+      output_padding(output_padding_),
+      groups(groups_),
+      dilation(dilation_) {
+  DUET_CHECK_VALUE(in > 0 && out > 0 && kernel.h > 0 && kernel.w > 0 && stride_.h > 0 &&
+                       stride_.w > 0 && padding_.h >= 0 && padding_.w >= 0 &&
+                       output_padding_.h >= 0 && output_padding_.w >= 0 && groups_ > 0 &&
+                       dilation_.h > 0 && dilation_.w > 0,
+                   "[ConvTranspose2d] channels, kernel_size, stride, dilation and groups must be "
+                   "positive and the paddings non-negative, got {}",
+                   name());
+  DUET_CHECK_VALUE(in % groups_ == 0 && out % groups_ == 0,
+                   "[ConvTranspose2d] in_channels ({}) and out_channels ({}) must be divisible "
+                   "by groups ({})",
+                   in, out, groups_);
+  DUET_CHECK_VALUE((output_padding_.h < stride_.h || output_padding_.h < dilation_.h) &&
+                       (output_padding_.w < stride_.w || output_padding_.w < dilation_.w),
+                   "[ConvTranspose2d] output_padding must be below the stride or the dilation, "
+                   "got {}",
+                   name());
+  weight = register_parameter("weight", zeros_param({in, out / groups_, kernel.h, kernel.w}));
+  if (with_bias) bias = register_parameter("bias", zeros_param({out}));
+  reset_parameters();
+}
+
+void ConvTranspose2d::reset_parameters() { default_init(weight, bias); }
+
+Tensor ConvTranspose2d::forward(const Tensor& x) {
+  return conv_transpose2d(x, weight, bias, stride, padding, output_padding, groups, dilation);
+}
+
 // ---- Conv1d ----
 
 // Note [Conv1d]

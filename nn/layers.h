@@ -46,6 +46,25 @@ class Conv2d : public Module {
   Tensor weight, bias;  ///< bias is undefined when constructed with bias = false
 };
 
+/// 2-D transposed convolution, as torch.nn.ConvTranspose2d (same argument order; no
+/// padding_mode): x (N, in, H, W) -> (N, out, (H - 1) sh - 2 ph + dh (kh - 1) + oph + 1, ...).
+/// weight (in, out / groups, kh, kw) and bias (out) start as PyTorch's: U(-1/sqrt(fan_in), ..),
+/// fan_in = out / groups * kh * kw.
+class ConvTranspose2d : public Module {
+ public:
+  ConvTranspose2d(int64_t in_channels, int64_t out_channels, Size2 kernel_size, Size2 stride = 1,
+                  Size2 padding = 0, Size2 output_padding = 0, int64_t groups = 1, bool bias = true,
+                  Size2 dilation = 1);
+  Tensor forward(const Tensor& x) override;
+  void reset_parameters();
+
+  int64_t in_channels, out_channels;
+  Size2 kernel_size, stride, padding, output_padding;
+  int64_t groups = 1;
+  Size2 dilation = 1;
+  Tensor weight, bias;  ///< bias is undefined when constructed with bias = false
+};
+
 /// 1-D convolution over x (N, C, L), or unbatched (C, L), with stride and zero padding. weight
 /// (out, in, k) and bias (out) start as PyTorch's: U(-1/sqrt(fan_in), ..), fan_in = in*k.
 /// conv2d over a height of 1 (Note [Conv1d] in nn/layers.cpp).

@@ -262,6 +262,65 @@ OpRow conv_row(Shape xs, Shape ws, bool bias, Size2 s, Size2 p, int64_t groups =
   return r;
 }
 
+// conv_transpose2d, directly from PyTorch's definition: input pixel (ih, iw) of channel c adds
+// x * w[c][o][ki][kj] to output pixel (ih sh - ph + ki dh, iw sw - pw + kj dw) of channel
+// o + (c's group) * (C_out / groups), where that lies inside the (ho, wo) output.
+struct Transposed {
+  Shape xs, ws;
+  Size2 s, p, op, d;
+  int64_t groups;
+  int64_t out_h() const { return (xs[2] - 1) * s.h - 2 * p.h + d.h * (ws[2] - 1) + op.h + 1; }
+  int64_t out_w() const { return (xs[3] - 1) * s.w - 2 * p.w + d.w * (ws[3] - 1) + op.w + 1; }
+};
+std::vector<double> ref_conv_transpose(const Transposed& t, const std::vector<double>& x,
+                                       const std::vector<double>& w, const std::vector<double>* b) {
+  const int64_t n_ = t.xs[0], c_ = t.xs[1], h = t.xs[2], wd = t.xs[3];
+  const int64_t og = t.ws[1], kh = t.ws[2], kw = t.ws[3], cg = c_ / t.groups;
+  const int64_t oc = og * t.groups, ho = t.out_h(), wo = t.out_w();
+  std::vector<double> out(static_cast<size_t>(n_ * oc * ho * wo), 0.0);
+  for (int64_t n = 0; n < n_; ++n)
+    for (int64_t c = 0; c < c_; ++c)
+      for (int64_t o = 0; o < og; ++o)
+        for (int64_t ih = 0; ih < h; ++ih)
+          for (int64_t iw = 0; iw < wd; ++iw)
+            for (int64_t ki = 0; ki < kh; ++ki)
+              for (int64_t kj = 0; kj < kw; ++kj) {
+                const int64_t i = ih * t.s.h - t.p.h + ki * t.d.h;
+                const int64_t j = iw * t.s.w - t.p.w + kj * t.d.w;
+                if (i < 0 || i >= ho || j < 0 || j >= wo) continue;
+                const int64_t oo = c / cg * og + o;
+                out[static_cast<size_t>(((n * oc + oo) * ho + i) * wo + j)] +=
+                    x[((n * c_ + c) * h + ih) * wd + iw] * w[((c * og + o) * kh + ki) * kw + kj];
+              }
+  if (b)
+    for (size_t e = 0; e < out.size(); ++e)
+      out[e] += (*b)[static_cast<size_t>(int64_t(e) / (ho * wo) % oc)];
+  return out;
+}
+
+OpRow transposed_row(Transposed t, bool bias) {
+  std::vector<Shape> shapes = {t.xs, t.ws};
+  const int64_t oc = t.ws[1] * t.groups;
+  if (bias) shapes.push_back({oc});
+  OpRow r{
+      fmt::format("conv_transpose2d x {} w {}{} s {} p {}{}{}{}", t.xs.str(), t.ws.str(),
+                  bias ? " bias" : "", str(t.s), str(t.p),
+                  t.op == Size2(0) ? "" : " output padding " + str(t.op), groups_name(t.groups),
+                  dilation_name(t.d)),
+      OpId::Conv2dInputGrad,
+      true,
+      shapes,
+      [=](const Ins& in) {
+        return conv_transpose2d(in[0], in[1], bias ? in[2] : Tensor(), t.s, t.p, t.op, t.groups,
+                                t.d);
+      },
+      [=](const Values& v) { return ref_conv_transpose(t, v[0], v[1], bias ? &v[2] : nullptr); },
+      {t.xs[0], oc, t.out_h(), t.out_w()}};
+  r.dtypes = {DType::f32, DType::f64, DType::i64};
+  r.tol32 = 1e-4;
+  return r;
+}
+
 // conv2d_input_grad: the gradient of conv2d's input x (xs) for an output gradient.
 OpRow input_grad_row(Shape xs, Shape ws, Size2 s, Size2 p, int64_t groups = 1, Size2 d = 1) {
   const Geom g = geom(xs, {ws[2], ws[3]}, s, p, d);
@@ -408,6 +467,14 @@ const std::vector<OpRow>& image_rows() {
         weight_grad_row({1, 3, 2, 3}, {3, 1, 2, 2}, 2, 1, 3),
         weight_grad_row({1, 1, 3, 4}, {2, 1, 2, 2}, 1, 1, 1, 2),
         weight_grad_row({1, 2, 3, 4}, {2, 1, 2, 3}, {2, 1}, {1, 0}, 2, {2, 1}),
+        // Transposed: strides, paddings, output paddings below the stride, and one below only
+        // the dilation (the input gradient of an unpadded image, cropped and zero-extended).
+        transposed_row({{1, 2, 2, 2}, {2, 3, 2, 2}, 1, 0, 0, 1, 1}, true),
+        transposed_row({{1, 1, 2, 3}, {1, 2, 3, 3}, 2, 1, 1, 1, 1}, false),
+        transposed_row({{1, 2, 2, 2}, {2, 1, 3, 2}, {2, 1}, {1, 0}, {1, 0}, {1, 2}, 2}, true),
+        transposed_row({{1, 1, 3, 2}, {1, 1, 2, 2}, 1, 1, {1, 0}, {2, 1}, 1}, false),
+        transposed_row({{2, 1, 2, 2}, {1, 2, 2, 1}, {1, 2}, {0, 1}, {1, 1}, {2, 2}, 1}, true),
+        transposed_row({{0, 2, 2, 2}, {2, 1, 2, 2}, 2, 0, 0, 1, 2}, false),
         pool_row(true, {1, 1, 4, 4}, 2, 0),
         pool_row(true, {2, 1, 3, 3}, 2, 1),
         pool_row(true, {1, 1, 3, 5}, 3, 2),

@@ -40,6 +40,10 @@ TEST_CASE("autocast: products run in the low dtype, sensitive ops in f32, the re
     CHECK(matmul(a, b).dtype() == DType::bf16);
     CHECK(bitwise_equal(matmul(a, b), matmul(a.to(DType::bf16), b.to(DType::bf16))));
     CHECK(linear(a, w, bias).dtype() == DType::bf16);
+    const Tensor img = f32({1, 2, 4, 4}, 5), filters = f32({2, 3, 3, 3}, 6);
+    CHECK(conv_transpose2d(img, filters, f32({3}, 7), 2, 1).dtype() == DType::bf16);
+    CHECK(bitwise_equal(conv_transpose2d(img, filters, {}, 2, 1),
+                        conv_transpose2d(img.to(DType::bf16), filters.to(DType::bf16), {}, 2, 1)));
     CHECK(matmul(a.to(DType::f64), b.to(DType::f64)).dtype() == DType::f64);  // f64 stays
     CHECK(exp(low).dtype() == DType::f32);
     CHECK(log(low).dtype() == DType::f32);

@@ -515,6 +515,40 @@ const std::vector<ErrorRow>& error_rows() {
        Kind::Shape, "[avg_pool2d]"},
       {"image",
        [] {
+         conv_transpose2d(f32({1, 3, 4, 4}), f32({2, 3, 3, 3}));
+       },
+       Kind::Shape,
+       "[conv_transpose2d] input has 3 channels but the weight (2, 3, 3, 3) expects 2"},
+      {"image",
+       [] {
+         conv_transpose2d(f32({1, 2, 4, 4}), f32({2, 3, 3, 3}), {}, 2, 0, {1, 2});
+       },
+       Kind::Value,
+       "[conv_transpose2d] output padding 1x2 must be below the stride 2x2 or the dilation 1x1"},
+      {"image",
+       [] {
+         conv_transpose2d(f32({1, 2, 4}), f32({2, 3, 3, 3}));
+       },
+       Kind::Shape, "[conv_transpose2d] input must be (N, C_in, H, W), got (1, 2, 4)"},
+      {"image",
+       [] {
+         conv_transpose2d(f32({1, 2, 4, 4}), f32({2, 3, 3, 3}), f32({2}));
+       },
+       Kind::Shape, "[conv_transpose2d] bias must be (3), got (2)"},
+      {"image",
+       [] {
+         conv_transpose2d(f32({1, 2, 2, 2}), f32({2, 3, 3, 3}), {}, 1, 2);
+       },
+       Kind::Shape,
+       "[conv_transpose2d] input (1, 2, 2, 2) with kernel 3x3, stride 1x1 and padding 2x2 gives "
+       "an empty 0x0 output"},
+      {"image",
+       [] {
+         conv_transpose2d(f32({1, 2, 3, 2}), f32({2, 3, 3, 3}), {}, {int64_t(1) << 62, 1});
+       },
+       Kind::Value, "[conv_transpose2d] input (1, 2, 3, 2) with kernel 3x3, stride"},
+      {"image",
+       [] {
          max_pool2d(f32({1, 1, 6, 6}), 3, 1, {1, 2});
        },
        Kind::Value, "[max_pool2d] padding 1x2 must be at most half the kernel 3x3"},
@@ -672,18 +706,11 @@ const std::vector<ErrorRow>& error_rows() {
          cross_entropy(f32({2, 3}), i64s({0, 3}));
        },
        Kind::Value, "[cross_entropy] index 3 is out of range for dim 1 of size 3 (from gather)"},
-      {"nn",
-       [] {
-         cross_entropy(f32({2, 3}), i64s({-1, 0}));
-       },
-       Kind::Value, "[cross_entropy] index -1 is out of range for dim 1 of size 3 (from gather)"},
+      {"nn", [] { cross_entropy(f32({2, 3}), i64s({-1, 0})); }, Kind::Value,
+       "[cross_entropy] index -1 is out of range for dim 1 of size 3 (from gather)"},
       // Composites name themselves in errors raised inside them (as cross_entropy above).
       {"nn", [] { mse_loss(f32({3}), f32({4})); }, Kind::Shape, "[mse_loss]"},
-      {"nn",
-       [] {
-         log_softmax(f32({2, 3}), 5);
-       },
-       Kind::Value, "[log_softmax]"},
+      {"nn", [] { log_softmax(f32({2, 3}), 5); }, Kind::Value, "[log_softmax]"},
       {"nn", [] { binary_cross_entropy_with_logits(f32({3}), f32({4})); }, Kind::Shape,
        "[binary_cross_entropy_with_logits] logits (3) and targets (4) must have the same shape"},
       {"nn", [] { binary_cross_entropy_with_logits(f32({3}), of({3}, D::i64)); }, Kind::DType,

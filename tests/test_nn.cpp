@@ -429,6 +429,9 @@ TEST_CASE("layers: default initialization follows PyTorch's bounds and the seed"
       {"Conv2d(4, 8, 3, groups 2)", maker<Conv2d>(4, 8, 3, 1, 0, true, 2), 1 / std::sqrt(18.0)},
       // (a kernel of 1 x 5: fan_in 3 * 5)
       {"Conv2d(3, 8, {1, 5})", maker<Conv2d>(3, 8, Size2(1, 5)), 1 / std::sqrt(15.0)},
+      // (weight (in, out / groups, kh, kw): fan_in 6 / 2 groups times 3 * 3, as PyTorch's)
+      {"ConvTranspose2d(4, 6, 3, groups 2)", maker<ConvTranspose2d>(4, 6, 3, 1, 0, 0, 2),
+       1 / std::sqrt(27.0)},
   };
   for (const Row& row : rows) {
     INFO(std::string(row.label));
@@ -596,6 +599,43 @@ TEST_CASE("layers: Conv2d with a kh x kw kernel, strides and paddings per dim, a
         "Conv2d(3, 4, kernel_size=(2, 3), stride=(2, 1), padding=(1, 2), dilation=(2, 1))");
   CHECK_THROWS_AS(Conv2d(3, 4, 3, 1, 0, true, 1, 0), ValueError);
   CHECK_THROWS_AS(Conv2d(3, 4, {3, 0}), ValueError);
+}
+
+TEST_CASE("layers: ConvTranspose2d is conv2d's adjoint, and inverts its shapes") {
+  // <conv2d(x, w), y> = <x, conv_transpose2d(y, w)> for every x and y: the transposed
+  // convolution is the linear map's transpose, with the same stride, padding, groups and
+  // dilation, and the output padding that gives x's size back.
+  manual_seed(44);
+  const Options f64 = Options().dtype(DType::f64);
+  struct Case {
+    Shape x, w;
+    Size2 s, p, d;
+    int64_t groups;
+    Size2 op;  // the output padding that gives x's size back
+  };
+  for (const Case& c : {Case{{2, 3, 7, 7}, {4, 3, 3, 3}, 2, 1, 1, 1, 0},
+                        Case{{1, 4, 8, 6}, {6, 2, 3, 2}, {2, 1}, {1, 0}, {1, 2}, 2, {1, 0}},
+                        Case{{1, 2, 6, 5}, {2, 2, 2, 2}, 1, 1, 2, 1, 0}}) {
+    CAPTURE(c.x);
+    const Tensor x = randn(c.x, f64), w = randn(c.w, f64);
+    const Tensor y = conv2d(x, w, {}, c.s, c.p, c.groups, c.d);
+    const Tensor g = randn(y.sizes(), f64);
+    const Tensor back = conv_transpose2d(g, w, {}, c.s, c.p, c.op, c.groups, c.d);
+    REQUIRE(back.sizes() == x.sizes());
+    CHECK(sum(y * g).item<double>() ==
+          doctest::Approx(sum(x * back).item<double>()).epsilon(1e-12));
+  }
+  ConvTranspose2d up(4, 3, 3, 2, 1, 1);
+  REQUIRE(up.weight.sizes() == Shape{4, 3, 3, 3});
+  const Tensor z = randn({2, 4, 5, 5});
+  CHECK(up(z).sizes() == Shape{2, 3, 10, 10});
+  CHECK(bitwise_equal(up(z), conv_transpose2d(z, up.weight, up.bias, 2, 1, 1)));
+  CHECK(up.name() == "ConvTranspose2d(4, 3, kernel_size=3, stride=2, padding=1, output_padding=1)");
+  CHECK(ConvTranspose2d(4, 8, {2, 3}, 1, 0, 0, 4, false, 2).name() ==
+        "ConvTranspose2d(4, 8, kernel_size=(2, 3), stride=1, padding=0, groups=4, dilation=2, "
+        "bias=false)");
+  CHECK_THROWS_AS(ConvTranspose2d(4, 3, 3, 1, 0, 1), ValueError);     // output padding >= both
+  CHECK_THROWS_AS(ConvTranspose2d(4, 3, 3, 1, 0, 0, 2), ValueError);  // 3 out in 2 groups
 }
 
 TEST_CASE("layers: names for messages") {

@@ -31,7 +31,6 @@ const std::map<OpId, const char*>& no_onnx_form() {
       {OpId::AllGather, "a collective of a multi-process job"},
       {OpId::ReduceScatter, "a collective of a multi-process job"},
       {OpId::CollectiveWait, "a collective of a multi-process job"},
-      {OpId::Conv2dInputGrad, "conv2d's gradient: training graphs, which inference models omit"},
       {OpId::Conv2dWeightGrad, "conv2d's gradient: training graphs, which inference models omit"},
       {OpId::AttentionBackward,
        "attention's gradient: training graphs, which inference models omit"},

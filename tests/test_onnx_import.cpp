@@ -419,6 +419,42 @@ TEST_CASE("import: a 2-D MaxPool or AveragePool that the pooling ops express run
   }
 }
 
+TEST_CASE("import: a 2-D ConvTranspose that conv_transpose2d expresses runs on it") {
+  manual_seed(10);
+  const Tensor x = randn({2, 4, 5, 4}), w = randn({4, 3, 3, 2}), b = randn({6});
+  struct Case {
+    std::vector<int64_t> pads, strides, output_padding, dilations;
+    bool fast;  // the same padding before and after each dim
+  };
+  for (const Case& c : {Case{{1, 0, 1, 0}, {2, 1}, {1, 0}, {1, 2}, true},
+                        Case{{0, 1, 0, 1}, {1, 1}, {1, 0}, {2, 1}, true},
+                        Case{{1, 0, 0, 0}, {2, 2}, {0, 0}, {1, 1}, false}}) {
+    CAPTURE(c.pads);
+    onnx::GraphProto g;
+    add_input(g, "x", onnx::TensorProto::FLOAT, {int64_t(2), int64_t(4), int64_t(5), int64_t(4)});
+    add_initializer(g, "w", w);
+    add_initializer(g, "b", b);
+    onnx::NodeProto* node = add_node(g, "ConvTranspose", {"x", "w", "b"}, {"y"});
+    add_ints_attr(node, "pads", c.pads);
+    add_ints_attr(node, "strides", c.strides);
+    add_ints_attr(node, "output_padding", c.output_padding);
+    add_ints_attr(node, "dilations", c.dilations);
+    add_int_attr(node, "group", 2);
+    add_output(g, "y", onnx::TensorProto::FLOAT);
+    TempFile f("conv_transpose.onnx");
+    write_model(std::move(g), f.path);
+    Program p = import_onnx(f.path);
+    Profiler prof;
+    const Tensor y = p.eager({x})[0];
+    CHECK((prof.json().find("\"conv2d_input_grad\"") != std::string::npos) == c.fast);
+    if (!c.fast) continue;
+    const Tensor want = conv_transpose2d(
+        x, w, b, {c.strides[0], c.strides[1]}, {c.pads[0], c.pads[1]},
+        {c.output_padding[0], c.output_padding[1]}, 2, {c.dilations[0], c.dilations[1]});
+    CHECK(test::bitwise_equal(y, want));
+  }
+}
+
 TEST_CASE("an imported batch norm's running statistics are constants, not parameters") {
   manual_seed(6);
   ConvBn m;

@@ -209,6 +209,17 @@ void grad_fold(const GradCtx& c, const Tensor& g, Tensor* gi) {
   gi[0] = window_call(OpId::Unfold, g, c.attrs);
 }
 
+// A transposed convolution's output along one dim of n: the unpadded image its windows fill,
+// (n - 1) s + d (k - 1) + 1, and that less 2 p plus the output padding; false on an overflow.
+bool transposed_size(int64_t n, int64_t k, int64_t s, int64_t p, int64_t op, int64_t d,
+                     int64_t* full, int64_t* out) {
+  int64_t a = 0, b = 0, p2 = 0;
+  return !__builtin_mul_overflow(n - 1, s, &a) && !__builtin_mul_overflow(d, k - 1, &b) &&
+         !__builtin_add_overflow(a, b, full) && !__builtin_add_overflow(*full, 1, full) &&
+         !__builtin_mul_overflow(p, 2, &p2) && !__builtin_sub_overflow(*full, p2, out) &&
+         !__builtin_add_overflow(*out, op, out);
+}
+
 Attrs window_attrs(const char* op, const Tensor& x, Size2 k, Size2 s, Size2 p, Window* g = nullptr,
                    Size2 d = 1) {
   DUET_CHECK_SHAPE(x.dim() == 4, "[{}] input must be (N, C, H, W), got {}", op, x.sizes());
@@ -313,6 +324,79 @@ Tensor conv2d_weight_grad(const Tensor& x, const Tensor& grad, Size2 kernel, Siz
       detail::window_attrs("conv2d_weight_grad", x, kernel, stride, padding, nullptr, dilation);
   a.step = groups;
   return detail::conv_call(OpId::Conv2dWeightGrad, x, grad, a);
+}
+
+// Note [Transposed convolution]
+// conv_transpose2d is conv2d's input gradient taken as an op of its own (PyTorch's
+// conv_transpose2d): x (N, C_in, H, W) spreads through w (C_in, C_out / groups, kh, kw) into
+// (N, C_out, Ho, Wo) with Ho = (H - 1) sh - 2 ph + dh (kh - 1) + oph + 1. It is Conv2dInputGrad
+// of an image of Ho x Wo, whose windows fit H positions as long as the output padding is below
+// the stride. PyTorch also allows an output padding below the dilation instead: the conv2d over
+// such an image has more window positions than x, so the input gradient is taken over the image
+// unpadded, H positions exactly, and the rows (columns) the output keeps are sliced from it,
+// zeros appended where the output padding reaches past it.
+Tensor conv_transpose2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, Size2 stride,
+                        Size2 padding, Size2 output_padding, int64_t groups, Size2 dilation,
+                        std::source_location loc) {
+  detail::SiteGuard site(loc);
+  return detail::as_op("conv_transpose2d", [&]() -> Tensor {
+    Tensor held_x;  // Note [Autocast]
+    const Tensor& x = detail::autocast_lower(x_in, held_x);
+    Tensor held_w;  // Note [Autocast]
+    const Tensor& w = detail::autocast_lower(w_in, held_w);
+    Tensor held_b;  // Note [Autocast]
+    const Tensor& b = detail::autocast_lower(b_in, held_b);
+    const char* op = "conv_transpose2d";
+    DUET_CHECK_SHAPE(x.dim() == 4, "[{}] input must be (N, C_in, H, W), got {}", op, x.sizes());
+    DUET_CHECK_SHAPE(w.dim() == 4, "[{}] weight must be (in, out / groups, kh, kw), got {}", op,
+                     w.sizes());
+    DUET_CHECK_VALUE(groups >= 1, "[{}] groups must be positive, got {}", op, groups);
+    DUET_CHECK_SHAPE(detail::size_is(x, 1, detail::sym_dim(w, 0), op),
+                     "[{}] input has {} channels but the weight {} expects {}", op, x.sizes()[1],
+                     w.sizes(), w.sizes()[0]);
+    DUET_CHECK_DTYPE(x.dtype() == w.dtype(), "[{}] input ({}) and weight ({}) must share a dtype",
+                     op, x.dtype(), w.dtype());
+    const Size2 k{w.size(2), w.size(3)}, op_pad = output_padding;
+    DUET_CHECK_VALUE(stride.h > 0 && stride.w > 0 && dilation.h > 0 && dilation.w > 0 &&
+                         padding.h >= 0 && padding.w >= 0 && op_pad.h >= 0 && op_pad.w >= 0,
+                     "[{}] stride {}x{} and dilation {}x{} must be positive, padding {}x{} and "
+                     "output padding {}x{} non-negative",
+                     op, stride.h, stride.w, dilation.h, dilation.w, padding.h, padding.w, op_pad.h,
+                     op_pad.w);
+    DUET_CHECK_VALUE((op_pad.h < stride.h || op_pad.h < dilation.h) &&
+                         (op_pad.w < stride.w || op_pad.w < dilation.w),
+                     "[{}] output padding {}x{} must be below the stride {}x{} or the dilation "
+                     "{}x{}",
+                     op, op_pad.h, op_pad.w, stride.h, stride.w, dilation.h, dilation.w);
+    DUET_CHECK_SHAPE(x.size(2) > 0 && x.size(3) > 0, "[{}] input {} has an empty image", op,
+                     x.sizes());
+    // The unpadded image the windows fill exactly, (H - 1) s + d (k - 1) + 1, and the output.
+    int64_t full_h = 0, full_w = 0, ho = 0, wo = 0;
+    const bool fits = detail::transposed_size(x.size(2), k.h, stride.h, padding.h, op_pad.h,
+                                              dilation.h, &full_h, &ho) &&
+                      detail::transposed_size(x.size(3), k.w, stride.w, padding.w, op_pad.w,
+                                              dilation.w, &full_w, &wo);
+    DUET_CHECK_VALUE(fits,
+                     "[{}] input {} with kernel {}x{}, stride {}x{} and dilation {}x{}: the "
+                     "output size overflows int64",
+                     op, x.sizes(), k.h, k.w, stride.h, stride.w, dilation.h, dilation.w);
+    DUET_CHECK_SHAPE(ho > 0 && wo > 0,
+                     "[{}] input {} with kernel {}x{}, stride {}x{} and padding {}x{} gives an "
+                     "empty {}x{} output",
+                     op, x.sizes(), k.h, k.w, stride.h, stride.w, padding.h, padding.w, ho, wo);
+    Tensor y;
+    if (op_pad.h < stride.h && op_pad.w < stride.w) {
+      y = conv2d_input_grad(x, w, ho, wo, stride, padding, groups, dilation);
+    } else {
+      y = conv2d_input_grad(x, w, full_h, full_w, stride, 0, groups, dilation);
+      y = pad(y, {-padding.w, op_pad.w - padding.w, -padding.h, op_pad.h - padding.h});
+    }
+    if (!b.defined()) return y;
+    const int64_t o = w.size(1) * groups;
+    DUET_CHECK_SHAPE(b.dim() == 1 && b.size(0) == o, "[{}] bias must be ({}), got {}", op, o,
+                     b.sizes());
+    return y + reshape(b, {1, o, 1, 1});
+  });
 }
 
 namespace detail {

@@ -242,23 +242,12 @@ std::string Writer::emit_op(Frame& f, Values& vals, int32_t v) {
       return emit_unfold(f, in(0), n);
     case OpId::Fold:
       return emit_fold(f, in(0), n);
-    case OpId::Conv2d: {
-      // ONNX's Conv is the same cross-correlation (floating dtypes only); its output size is
-      // floor((H + 2p - d (k - 1) - 1) / s) + 1, as duet's.
-      if (!is_floating(n.meta.dtype)) no_form(n);
-      const Window w(n.attrs);
-      return emit(f, "Conv", {in(0), in(1)}, [&](NodeProto& p) {
-        attr_ints(p, "kernel_shape", {w.kh, w.kw});
-        attr_ints(p, "strides", {w.sh, w.sw});
-        attr_ints(p, "pads", {w.ph, w.pw, w.ph, w.pw});
-        if (w.dh != 1 || w.dw != 1) attr_ints(p, "dilations", {w.dh, w.dw});
-        if (n.attrs.step != 1) attr_int(p, "group", n.attrs.step);
-      });
-    }
+    case OpId::Conv2d:
+    case OpId::Conv2dInputGrad:
+      return emit_conv(f, in(0), in(1), n);
     case OpId::Attention:
       return emit_attention(f, vals, n);
     // Gradients: training graphs, which an inference model does not hold.
-    case OpId::Conv2dInputGrad:
     case OpId::Conv2dWeightGrad:
     case OpId::AttentionBackward:
     case OpId::LstmCellBackward:
@@ -367,6 +356,29 @@ std::string Writer::emit_reduce(Frame& f, Values& vals, const GraphNode& n) {
 
 // im2col as a Gather of the padded plane: exact for any values (a convolution with one-hot
 // weights would turn an infinity into NaNs of its neighbours) and for any channel count.
+// conv2d as ONNX's Conv, the same cross-correlation (floating dtypes only; its output size is
+// floor((H + 2p - d (k - 1) - 1) / s) + 1, as duet's); conv2d's input gradient, which
+// conv_transpose2d is (Note [Transposed convolution] in core/ops/image.cpp), as ConvTranspose,
+// with the same weight layout (C_in, C_out / group, kh, kw): the image's size beyond what the
+// windows reach, (ho - 1) s - 2 p + d (k - 1) + 1, is its output padding.
+std::string Writer::emit_conv(Frame& f, const std::string& x, const std::string& w,
+                              const GraphNode& n) {
+  if (!is_floating(n.meta.dtype)) no_form(n);
+  const bool transposed = n.op == OpId::Conv2dInputGrad;
+  const Window g(n.attrs);
+  return emit(f, transposed ? "ConvTranspose" : "Conv", {x, w}, [&](NodeProto& p) {
+    attr_ints(p, "kernel_shape", {g.kh, g.kw});
+    attr_ints(p, "strides", {g.sh, g.sw});
+    attr_ints(p, "pads", {g.ph, g.pw, g.ph, g.pw});
+    if (g.dh != 1 || g.dw != 1) attr_ints(p, "dilations", {g.dh, g.dw});
+    if (n.attrs.step != 1) attr_int(p, "group", n.attrs.step);
+    if (!transposed) return;
+    const int64_t oph = g.h - ((g.ho - 1) * g.sh - 2 * g.ph + g.span_h());
+    const int64_t opw = g.w - ((g.wo - 1) * g.sw - 2 * g.pw + g.span_w());
+    if (oph != 0 || opw != 0) attr_ints(p, "output_padding", {oph, opw});
+  });
+}
+
 std::string Writer::emit_unfold(Frame& f, const std::string& x, const GraphNode& n) {
   const Window w(n.attrs);
   std::string padded = x;

@@ -418,6 +418,15 @@ TransposedWindow transposed_window(const Node& n, const Tensor& x, const Tensor&
   return t;
 }
 
+bool is_conv_transpose2d(const TransposedWindow& t) {
+  if (t.kernel.size() != 2 || t.begin != t.end) return false;
+  for (size_t i = 0; i < 2; ++i)
+    if (t.begin[i] < 0 || t.out_pad[i] < 0 ||
+        (t.out_pad[i] >= t.strides[i] && t.out_pad[i] >= t.dilations[i]))
+      return false;
+  return true;
+}
+
 // A transposed convolution is the convolution (stride 1) of the input dilated by the strides
 // and padded by dilation * (kernel - 1) - pad on each side (output_padding more at the end),
 // with the kernel flipped and its in/out channels swapped. Each kernel offset is a slice of the
@@ -430,6 +439,13 @@ V op_conv_transpose(const Node& n) {
   if (G < 1 || C % G || w.sizes()[0] != C)
     n.fail(fmt::format("input channels {}, weight {} and group {} do not fit", C, w.sizes(), G));
   const int64_t Cg = C / G, Mg = w.sizes()[1], M = Mg * G;
+  // (The kernels' transposed convolutions, oneDNN's on the CPU, where conv_transpose2d
+  // expresses the node: two spatial dims, the same padding before and after each, an output
+  // padding below the stride or the dilation.)
+  if (is_conv_transpose2d(t) && is_floating(x.dtype()) && w.dtype() == x.dtype())
+    return {conv_transpose2d(x, w, n.has(2) ? n.in(2) : Tensor(), {t.strides[0], t.strides[1]},
+                             {t.begin[0], t.begin[1]}, {t.out_pad[0], t.out_pad[1]}, G,
+                             {t.dilations[0], t.dilations[1]})};
   Tensor p = x;
   std::vector<int64_t> pads(static_cast<size_t>(2 * x.dim()), 0);
   for (int64_t i = 0; i < D; ++i) {

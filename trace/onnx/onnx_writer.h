@@ -163,6 +163,7 @@ class Writer {
   std::string emit_arithmetic(Frame& f, Values& vals, const GraphNode& n);
   std::string emit_reduce(Frame& f, Values& vals, const GraphNode& n);
   std::string emit_view(Frame& f, const std::string& x, const GraphNode& n);
+  std::string emit_conv(Frame& f, const std::string& x, const std::string& w, const GraphNode& n);
   std::string emit_unfold(Frame& f, const std::string& x, const GraphNode& n);
   std::string emit_fold(Frame& f, const std::string& x, const GraphNode& n);
   std::string emit_slice_scatter(Frame& f, Values& vals, const GraphNode& n);
