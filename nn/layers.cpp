@@ -259,6 +259,26 @@ AdaptiveMaxPool2d::AdaptiveMaxPool2d(Size2 output)
 
 Tensor AdaptiveMaxPool2d::forward(const Tensor& x) { return adaptive_max_pool2d(x, output_size); }
 
+// ---- Upsample ----
+
+Upsample::Upsample(double scale, std::string mode_, bool align)
+    : Module(fmt::format("Upsample(scale_factor={}, mode='{}'{})", scale, mode_,
+                         align ? ", align_corners=True" : "")),
+      scale_factor(scale),
+      mode(std::move(mode_)),
+      align_corners(align) {
+  DUET_CHECK_VALUE(std::isfinite(scale) && scale > 0,
+                   "[Upsample] scale_factor must be positive and finite, got {}", scale);
+  DUET_CHECK_VALUE(mode == "nearest" || mode == "nearest-exact" || mode == "bilinear",
+                   "[Upsample] mode must be \"nearest\", \"nearest-exact\" or \"bilinear\", "
+                   "got \"{}\"",
+                   mode);
+  DUET_CHECK_VALUE(!align || mode == "bilinear",
+                   "[Upsample] align_corners is for mode \"bilinear\", not \"{}\"", mode);
+}
+
+Tensor Upsample::forward(const Tensor& x) { return upsample(x, scale_factor, mode, align_corners); }
+
 // ---- Embedding ----
 
 Embedding::Embedding(int64_t num, int64_t dim)

@@ -117,6 +117,18 @@ class AdaptiveMaxPool2d : public Module {
   Size2 output_size;
 };
 
+/// x (N, C, H, W) resampled by scale_factor, as torch.nn.Upsample(scale_factor=..., mode=...):
+/// upsample() in mode "nearest", "nearest-exact" or "bilinear" (align_corners for bilinear only).
+/// (For an output size, call interpolate().)
+class Upsample : public Module {
+ public:
+  explicit Upsample(double scale_factor, std::string mode = "nearest", bool align_corners = false);
+  Tensor forward(const Tensor& x) override;
+  double scale_factor;
+  std::string mode;
+  bool align_corners;
+};
+
 /// A table of num_embeddings vectors of embedding_dim, looked up by i64 indices of any shape
 /// (the result has shape indices.shape + (embedding_dim)). weight starts N(0, 1).
 class Embedding : public Module {

@@ -92,6 +92,7 @@ const std::vector<LayerRow>& layer_rows() {
        {1, 2, 4, 4}},
       {"AdaptiveAvgPool2d((2, 3))", maker<AdaptiveAvgPool2d>(Size2{2, 3}), {1, 2, 5, 4}},
       {"AdaptiveMaxPool2d(1)", maker<AdaptiveMaxPool2d>(1), {2, 2, 3, 3}},
+      {"Upsample(2, bilinear)", maker<Upsample>(2.0, "bilinear"), {1, 2, 3, 3}},
       {"Embedding(5, 3)", maker<Embedding>(5, 3), {2, 3}, 5},
       {"LayerNorm((4))", maker<LayerNorm>(Shape{4}), {3, 4}},
       {"LayerNorm((2, 3)) without affine", maker<LayerNorm>(Shape{2, 3}, 1e-5, false), {2, 2, 3}},

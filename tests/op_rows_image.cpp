@@ -210,6 +210,72 @@ std::vector<double> ref_adaptive(bool is_max, const std::vector<double>& x, cons
   return out;
 }
 
+// F.interpolate, directly: output pixel (i, j) of each plane from the source rows and columns
+// PyTorch's kernels compute (nearest: floor of i * in / out in float; bilinear: the four
+// neighbours of ((i + 0.5) in / out - 0.5, ...) clamped at 0, or i (in - 1) / (out - 1) with
+// align_corners). `scale`: the scale factor given, or 0 for a size.
+struct Resample {
+  std::string mode;
+  bool align;
+  double scale;
+};
+std::vector<double> ref_resample(const Resample& q, const std::vector<double>& x, const Shape& xs,
+                                 Size2 o) {
+  auto nearest = [&](int64_t i, int64_t in, int64_t out) {
+    const float s = q.scale > 0 ? static_cast<float>(1 / q.scale) : float(in) / float(out);
+    const double src = q.mode == "nearest" ? std::floor(float(i) * s)
+                                           : std::floor(float((double(i) + 0.5) * double(s)));
+    return std::min(static_cast<int64_t>(src), in - 1);
+  };
+  auto source = [&](int64_t i, int64_t in, int64_t out) {
+    if (q.align) return out > 1 ? double(i) * double(in - 1) / double(out - 1) : 0.0;
+    const double s = q.scale > 0 ? 1 / q.scale : double(in) / double(out);
+    return std::max((double(i) + 0.5) * s - 0.5, 0.0);
+  };
+  const int64_t h = xs[2], w = xs[3];
+  std::vector<double> out;
+  for (int64_t p = 0; p < xs[0] * xs[1]; ++p)
+    for (int64_t i = 0; i < o.h; ++i)
+      for (int64_t j = 0; j < o.w; ++j) {
+        const double* plane = x.data() + p * h * w;
+        if (q.mode != "bilinear") {
+          out.push_back(plane[nearest(i, h, o.h) * w + nearest(j, w, o.w)]);
+          continue;
+        }
+        const double sh = source(i, h, o.h), sw = source(j, w, o.w);
+        const auto h0 = static_cast<int64_t>(sh), w0 = static_cast<int64_t>(sw);
+        const int64_t h1 = std::min(h0 + 1, h - 1), w1 = std::min(w0 + 1, w - 1);
+        const double lh = sh - double(h0), lw = sw - double(w0);
+        out.push_back((1 - lh) * ((1 - lw) * plane[h0 * w + w0] + lw * plane[h0 * w + w1]) +
+                      lh * ((1 - lw) * plane[h1 * w + w0] + lw * plane[h1 * w + w1]));
+      }
+  return out;
+}
+
+// interpolate to a size (scale 0), or upsample by a scale factor.
+OpRow resample_row(Resample q, Shape xs, Size2 size) {
+  const Size2 o = q.scale > 0 ? Size2{static_cast<int64_t>(std::floor(double(xs[2]) * q.scale)),
+                                      static_cast<int64_t>(std::floor(double(xs[3]) * q.scale))}
+                              : size;
+  OpRow r{q.scale > 0 ? fmt::format("upsample {} {} by {}{}", q.mode, xs.str(), q.scale,
+                                    q.align ? " align_corners" : "")
+                      : fmt::format("interpolate {} {} to {}{}", q.mode, xs.str(), str(o),
+                                    q.align ? " align_corners" : ""),
+          OpId::Gather,
+          true,
+          {xs},
+          [=](const Ins& in) {
+            return q.scale > 0 ? upsample(in[0], q.scale, q.mode, q.align)
+                               : interpolate(in[0], o, q.mode, q.align);
+          },
+          [=](const Values& v) { return ref_resample(q, v[0], xs, o); },
+          {xs[0], xs[1], o.h, o.w}};
+  if (q.mode != "bilinear") r.dtypes = kNumeric;
+  return r;
+}
+Resample resize(std::string mode, bool align = false) { return {std::move(mode), align, 0}; }
+Resample scaled(std::string mode, double scale) { return {std::move(mode), false, scale}; }
+
 OpRow unfold_row(Shape xs, Size2 k, Size2 s, Size2 p, Size2 d = 1) {
   const Geom g = geom(xs, k, s, p, d);
   OpRow r{
@@ -475,6 +541,16 @@ const std::vector<OpRow>& image_rows() {
         transposed_row({{1, 1, 3, 2}, {1, 1, 2, 2}, 1, 1, {1, 0}, {2, 1}, 1}, false),
         transposed_row({{2, 1, 2, 2}, {1, 2, 2, 1}, {1, 2}, {0, 1}, {1, 1}, {2, 2}, 1}, true),
         transposed_row({{0, 2, 2, 2}, {2, 1, 2, 2}, 2, 0, 0, 1, 2}, false),
+        resample_row(resize("nearest"), {1, 2, 3, 4}, {5, 7}),
+        resample_row(resize("nearest"), {1, 1, 4, 4}, {2, 3}),
+        resample_row(resize("nearest-exact"), {1, 1, 3, 5}, {4, 3}),
+        resample_row(resize("bilinear"), {1, 2, 3, 4}, {5, 6}),
+        resample_row(resize("bilinear"), {1, 1, 5, 4}, {2, 3}),
+        resample_row(resize("bilinear", true), {1, 1, 3, 3}, {4, 5}),
+        resample_row(resize("bilinear", true), {1, 1, 3, 2}, {1, 3}),
+        resample_row(scaled("nearest", 2), {1, 2, 2, 3}, 0),
+        resample_row(scaled("bilinear", 1.5), {1, 1, 3, 4}, 0),
+        resample_row(scaled("nearest-exact", 0.5), {1, 1, 4, 5}, 0),
         pool_row(true, {1, 1, 4, 4}, 2, 0),
         pool_row(true, {2, 1, 3, 3}, 2, 1),
         pool_row(true, {1, 1, 3, 5}, 3, 2),

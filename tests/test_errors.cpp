@@ -549,6 +549,45 @@ const std::vector<ErrorRow>& error_rows() {
        Kind::Value, "[conv_transpose2d] input (1, 2, 3, 2) with kernel 3x3, stride"},
       {"image",
        [] {
+         interpolate(f32({1, 1, 4, 4}), 8, "bicubic");
+       },
+       Kind::Value,
+       "[interpolate] mode must be \"nearest\", \"nearest-exact\" or \"bilinear\", got "
+       "\"bicubic\""},
+      {"image",
+       [] {
+         interpolate(f32({1, 1, 4, 4}), 8, "nearest", true);
+       },
+       Kind::Value,
+       "[interpolate] align_corners is for the interpolating mode \"bilinear\", not "
+       "\"nearest\""},
+      {"image",
+       [] {
+         interpolate(of({1, 1, 4, 4}, D::i64), 8, "bilinear");
+       },
+       Kind::DType, "[interpolate] mode \"bilinear\" needs a floating input, got i64"},
+      {"image",
+       [] {
+         interpolate(f32({1, 4, 4}), 8);
+       },
+       Kind::Shape, "[interpolate] input must be (N, C, H, W), got (1, 4, 4)"},
+      {"image",
+       [] {
+         interpolate(f32({1, 1, 4, 4}), {8, 0});
+       },
+       Kind::Value, "[interpolate] output size 8x0 must be positive"},
+      {"image",
+       [] {
+         upsample(f32({1, 1, 4, 4}), -2);
+       },
+       Kind::Value, "[upsample] scale_factor must be positive and finite, got -2"},
+      {"image",
+       [] {
+         upsample(f32({1, 1, 4, 4}), 0.1);
+       },
+       Kind::Value, "[upsample] output size 0x0 must be positive"},
+      {"image",
+       [] {
          max_pool2d(f32({1, 1, 6, 6}), 3, 1, {1, 2});
        },
        Kind::Value, "[max_pool2d] padding 1x2 must be at most half the kernel 3x3"},
@@ -671,41 +710,20 @@ const std::vector<ErrorRow>& error_rows() {
        Kind::DType, "[layer_norm] needs a floating input"},
       {"nn", [] { mse_loss(f32({3}), f32({4})); }, Kind::Shape,
        "[mse_loss] prediction (3) and target (4) must have the same shape"},
-      {"nn",
-       [] {
-         cross_entropy(f32({2, 3}), of({2}, D::f32));
-       },
-       Kind::Shape,
+      {"nn", [] { cross_entropy(f32({2, 3}), of({2}, D::f32)); }, Kind::Shape,
        "[cross_entropy] class probabilities must have the logits' shape: logits (2, 3) and "
        "targets (2)"},
-      {"nn",
-       [] {
-         cross_entropy(f32({2, 3}), of({2}, D::i32));
-       },
-       Kind::DType,
+      {"nn", [] { cross_entropy(f32({2, 3}), of({2}, D::i32)); }, Kind::DType,
        "[cross_entropy] targets must be i64 class indices or floating class probabilities, got "
        "i32 of shape (2)"},
-      {"nn",
-       [] {
-         cross_entropy(f32({2, 3}), of({3}, D::i64));
-       },
-       Kind::Shape,
+      {"nn", [] { cross_entropy(f32({2, 3}), of({3}, D::i64)); }, Kind::Shape,
        "[cross_entropy] expected logits (N, C, d1, ...) with class indices (N, d1, ...)"},
-      {"nn",
-       [] {
-         cross_entropy(f32({2, 3, 4}), of({2}, D::i64));
-       },
-       Kind::Shape, "[cross_entropy]"},
-      {"nn",
-       [] {
-         cross_entropy(of({2, 3}, D::i64), of({2}, D::i64));
-       },
-       Kind::DType, "[cross_entropy] logits must be floating, got i64"},
-      {"nn",
-       [] {
-         cross_entropy(f32({2, 3}), i64s({0, 3}));
-       },
-       Kind::Value, "[cross_entropy] index 3 is out of range for dim 1 of size 3 (from gather)"},
+      {"nn", [] { cross_entropy(f32({2, 3, 4}), of({2}, D::i64)); }, Kind::Shape,
+       "[cross_entropy]"},
+      {"nn", [] { cross_entropy(of({2, 3}, D::i64), of({2}, D::i64)); }, Kind::DType,
+       "[cross_entropy] logits must be floating, got i64"},
+      {"nn", [] { cross_entropy(f32({2, 3}), i64s({0, 3})); }, Kind::Value,
+       "[cross_entropy] index 3 is out of range for dim 1 of size 3 (from gather)"},
       {"nn", [] { cross_entropy(f32({2, 3}), i64s({-1, 0})); }, Kind::Value,
        "[cross_entropy] index -1 is out of range for dim 1 of size 3 (from gather)"},
       // Composites name themselves in errors raised inside them (as cross_entropy above).

@@ -219,6 +219,11 @@ TEST_CASE("layers compute what their ops compute") {
   CHECK(AvgPool2d({3, 2}, {2, 1}, {1, 1}, true, false)(img).shape() == Shape{1, 2, 3, 6});
   CHECK(close(AdaptiveAvgPool2d(1)(img), mean(img, Dims{2, 3}, true), 1e-6));
   CHECK(bitwise_equal(AdaptiveMaxPool2d({2, 3})(img), adaptive_max_pool2d(img, {2, 3})));
+  CHECK(bitwise_equal(Upsample(2, "bilinear", true)(img), upsample(img, 2, "bilinear", true)));
+  CHECK(Upsample(1.5)(img).shape() == Shape{1, 2, 7, 7});
+  // Upsampling by an integer factor is interpolating to that multiple of the size.
+  CHECK(bitwise_equal(upsample(img, 3, "bilinear"), interpolate(img, {15, 15}, "bilinear")));
+  CHECK(bitwise_equal(upsample(img, 2), interpolate(img, 10)));
   Embedding emb(5, 3);
   Tensor idx = tensor({4, 0, 4}, Options().dtype(DType::i64));
   CHECK(close(emb(idx), index_select(emb.weight, 0, idx), 0));
@@ -494,6 +499,9 @@ TEST_CASE("layers: constructor arguments out of range name the layer") {
        },
        "[AdaptiveAvgPool2d]"},
       {[] { AdaptiveMaxPool2d(-1); }, "[AdaptiveMaxPool2d]"},
+      {[] { Upsample(0); }, "[Upsample]"},
+      {[] { Upsample(2, "bicubic"); }, "[Upsample]"},
+      {[] { Upsample(2, "nearest", true); }, "[Upsample]"},
       {[] { Embedding(0, 3); }, "[Embedding]"},
       {[] { Embedding(3, 0); }, "[Embedding]"},
       {[] { LayerNorm(Shape{}); }, "[LayerNorm]"},
@@ -651,6 +659,9 @@ TEST_CASE("layers: names for messages") {
         "AvgPool2d(kernel_size=3, stride=2, padding=1, count_include_pad=False)");
   CHECK(AdaptiveAvgPool2d(1).name() == "AdaptiveAvgPool2d(output_size=1)");
   CHECK(AdaptiveMaxPool2d({7, 5}).name() == "AdaptiveMaxPool2d(output_size=(7, 5))");
+  CHECK(Upsample(2).name() == "Upsample(scale_factor=2, mode='nearest')");
+  CHECK(Upsample(1.5, "bilinear", true).name() ==
+        "Upsample(scale_factor=1.5, mode='bilinear', align_corners=True)");
   CHECK(Dropout(0.25).name() == "Dropout(p=0.25)");
   CHECK(Embedding(10, 3).name() == "Embedding(10, 3)");
   CHECK(ReLU().name() == "ReLU()");

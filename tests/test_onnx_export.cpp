@@ -200,6 +200,10 @@ std::vector<Tensor> op_zoo(const Tensor& x, const Tensor& idx, const Tensor& img
   const Tensor padded_pools = max_pool2d(img, {3, 2}, 2, 1, 1, true) +
                               avg_pool2d(img, {3, 2}, 2, 1, true, false) +
                               adaptive_avg_pool2d(img, {3, 3}) + adaptive_max_pool2d(img, {3, 3});
+  // Resampling: gathers of rows and columns, and bilinear's weights.
+  const Tensor resampled =
+      interpolate(img, {7, 4}, "bilinear") + interpolate(img, {7, 4}, "bilinear", true);
+  const Tensor upsampled = upsample(slice(img, 2, 0, 5, 2), 2.4, "nearest-exact");
   const Tensor counted = x + arange(6).to(DType::f32);
   const Tensor gates = cat({x, x * 0.5, x - 1, x * 2}, 1);  // (batch, 4 * 6)
   const auto [cell_h, cell_c] = fused_lstm_cell(gates, gates * 0.3, x);
@@ -225,6 +229,8 @@ std::vector<Tensor> op_zoo(const Tensor& x, const Tensor& idx, const Tensor& img
           back,
           pooled,
           padded_pools,
+          resampled,
+          upsampled,
           counted,
           argmax(x, 1),
           softmax(x, 1),
