@@ -58,19 +58,26 @@ std::string size2_str(Size2 s) {
 }  // namespace
 
 Conv2d::Conv2d(int64_t in, int64_t out, Size2 kernel, Size2 stride_, Size2 padding_, bool with_bias,
-               int64_t groups_, Size2 dilation_)
-    : Module(fmt::format("Conv2d({}, {}, kernel_size={}, stride={}, padding={}{}{}{})", in, out,
+               int64_t groups_, Size2 dilation_, std::string padding_mode_)
+    : Module(fmt::format("Conv2d({}, {}, kernel_size={}, stride={}, padding={}{}{}{}{})", in, out,
                          size2_str(kernel), size2_str(stride_), size2_str(padding_),
                          dilation_ != Size2(1) ? ", dilation=" + size2_str(dilation_) : "",
                          groups_ != 1 ? fmt::format(", groups={}", groups_) : "",
-                         bias_note(with_bias))),
+                         bias_note(with_bias),
+                         padding_mode_ != "zeros" ? ", padding_mode='" + padding_mode_ + "'" : "")),
       in_channels(in),
       out_channels(out),
       kernel_size(kernel),
       stride(stride_),
       padding(padding_),
       groups(groups_),
-      dilation(dilation_) {
+      dilation(dilation_),
+      padding_mode(std::move(padding_mode_)) {
+  DUET_CHECK_VALUE(padding_mode == "zeros" || padding_mode == "reflect" ||
+                       padding_mode == "replicate" || padding_mode == "circular",
+                   "[Conv2d] padding_mode must be 'zeros', 'reflect', 'replicate' or 'circular', "
+                   "got '{}'",
+                   padding_mode);
   DUET_CHECK_VALUE(in > 0 && out > 0 && kernel.h > 0 && kernel.w > 0 && stride_.h > 0 &&
                        stride_.w > 0 && padding_.h >= 0 && padding_.w >= 0 && groups_ > 0 &&
                        dilation_.h > 0 && dilation_.w > 0,
@@ -88,8 +95,13 @@ Conv2d::Conv2d(int64_t in, int64_t out, Size2 kernel, Size2 stride_, Size2 paddi
 
 void Conv2d::reset_parameters() { default_init(weight, bias); }
 
+// A padding_mode other than zeros pads x first (pad(), in that mode), and convolves unpadded,
+// as PyTorch's Conv2d.
 Tensor Conv2d::forward(const Tensor& x) {
-  return conv2d(x, weight, bias, stride, padding, groups, dilation);
+  if (padding_mode == "zeros" || padding == Size2(0))
+    return conv2d(x, weight, bias, stride, padding, groups, dilation);
+  const Tensor padded = pad(x, {padding.w, padding.w, padding.h, padding.h}, padding_mode);
+  return conv2d(padded, weight, bias, stride, 0, groups, dilation);
 }
 
 // ---- ConvTranspose2d ----

@@ -27,15 +27,16 @@ class Linear : public Module {
   Tensor weight, bias;  ///< bias is undefined when constructed with bias = false
 };
 
-/// 2-D convolution over x (N, C, H, W), as torch.nn.Conv2d: a kernel of kh x kw, stride and zero
-/// padding (each one int for both dims or {h, w}), in `groups` groups of channels (in and out
-/// divisible by it; groups = in is a depthwise convolution), with the kernel's taps `dilation`
-/// pixels apart. weight (out, in / groups, kh, kw) and bias (out) start as PyTorch's:
-/// U(-1/sqrt(fan_in), ..), fan_in = in / groups * kh * kw.
+/// 2-D convolution over x (N, C, H, W), as torch.nn.Conv2d: a kernel of kh x kw, stride and
+/// padding (each one int for both dims or {h, w}; the padding zeros or padding_mode's), in `groups`
+/// groups of channels (in and out divisible by it; groups = in is a depthwise convolution), with
+/// the kernel's taps `dilation` pixels apart. weight (out, in / groups, kh, kw) and bias (out)
+/// start as PyTorch's: U(-1/sqrt(fan_in), ..), fan_in = in / groups * kh * kw.
 class Conv2d : public Module {
  public:
   Conv2d(int64_t in_channels, int64_t out_channels, Size2 kernel_size, Size2 stride = 1,
-         Size2 padding = 0, bool bias = true, int64_t groups = 1, Size2 dilation = 1);
+         Size2 padding = 0, bool bias = true, int64_t groups = 1, Size2 dilation = 1,
+         std::string padding_mode = "zeros");
   Tensor forward(const Tensor& x) override;
   void reset_parameters();
 
@@ -43,6 +44,8 @@ class Conv2d : public Module {
   Size2 kernel_size, stride, padding;
   int64_t groups = 1;
   Size2 dilation = 1;
+  /// "zeros", or "reflect", "replicate" or "circular": x padded by pad() in that mode first.
+  std::string padding_mode = "zeros";
   Tensor weight, bias;  ///< bias is undefined when constructed with bias = false
 };
 

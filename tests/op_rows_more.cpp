@@ -158,14 +158,15 @@ OpRow roll_row(Shape xs, std::vector<int64_t> shifts, std::vector<int64_t> dims)
   return r;
 }
 
-OpRow pad_row(Shape xs, std::vector<int64_t> pads, bool reflect, double value = 0) {
+// mode: "constant" (value), or the modes that pad with x's own elements.
+OpRow pad_row(Shape xs, std::vector<int64_t> pads, std::string mode, double value = 0) {
   Shape out = xs;
   for (size_t k = 0; k < pads.size() / 2; ++k)
     out[xs.size() - 1 - k] += pads[2 * k] + pads[2 * k + 1];
+  const bool constant = mode == "constant";
   OpRow r = row(
-      fmt::format("pad {} {} {}", xs.str(), Dims(pads).str(), reflect ? "reflect" : "constant"),
-      OpId::Cat, {xs},
-      [=](const Ins& in) { return pad(in[0], pads, reflect ? "reflect" : "constant", value); },
+      fmt::format("pad {} {} {}", xs.str(), Dims(pads).str(), mode), OpId::Cat, {xs},
+      [=](const Ins& in) { return pad(in[0], pads, mode, value); },
       [=](const Values& v) {
         Vec o;
         for (int64_t i = 0; i < out.numel(); ++i) {
@@ -174,9 +175,13 @@ OpRow pad_row(Shape xs, std::vector<int64_t> pads, bool reflect, double value = 
           for (size_t k = 0; k < pads.size() / 2; ++k) {
             const int64_t d = xs.size() - 1 - k, n = xs[d];
             int64_t q = p[d] - pads[2 * k];  // the position in x
-            if (reflect) {
+            if (mode == "reflect") {
               if (q < 0) q = -q;
               if (q >= n) q = 2 * (n - 1) - q;
+            } else if (mode == "replicate") {
+              q = std::clamp<int64_t>(q, 0, n - 1);
+            } else if (mode == "circular") {
+              q = (q % n + n) % n;
             } else if (q < 0 || q >= n) {
               fill = true;
             }
@@ -188,7 +193,7 @@ OpRow pad_row(Shape xs, std::vector<int64_t> pads, bool reflect, double value = 
       },
       out);
   // A fill that is not an integer needs a floating x.
-  r.dtypes = reflect                      ? kAll
+  r.dtypes = !constant                    ? kAll
              : value == std::floor(value) ? kNumeric
                                           : std::vector<DType>{DType::f32, DType::f64};
   return r;
@@ -682,13 +687,19 @@ const std::vector<OpRow>& more_rows() {
         roll_row({4, 2}, {-6}, {0}),
         roll_row({}, {3}, {}),
         roll_row({0, 2}, {1}, {1}),
-        pad_row({2, 3}, {1, 2}, false, 0.5),
-        pad_row({2, 3}, {1, 0, 2, 1}, false),
-        pad_row({3, 4}, {-1, 1, 0, -2}, false, 2),
-        pad_row({0, 2}, {1, 1}, false),
-        pad_row({2, 4}, {2, 1}, true),
-        pad_row({1, 3, 3}, {1, 1, 2, 0}, true),
-        pad_row({5}, {4, 4}, true),
+        pad_row({2, 3}, {1, 2}, "constant", 0.5),
+        pad_row({2, 3}, {1, 0, 2, 1}, "constant"),
+        pad_row({3, 4}, {-1, 1, 0, -2}, "constant", 2),
+        pad_row({0, 2}, {1, 1}, "constant"),
+        pad_row({2, 4}, {2, 1}, "reflect"),
+        pad_row({1, 3, 3}, {1, 1, 2, 0}, "reflect"),
+        pad_row({5}, {4, 4}, "reflect"),
+        pad_row({2, 3}, {2, 1}, "replicate"),
+        pad_row({1, 2, 3}, {0, 3, 2, 1}, "replicate"),
+        pad_row({1}, {2, 3}, "replicate"),
+        pad_row({2, 4}, {4, 1}, "circular"),
+        pad_row({1, 3, 2}, {1, 2, 3, 0}, "circular"),
+        pad_row({0, 3}, {1, 2}, "circular"),
         cumsum_row({3, 5}, 1),
         cumsum_row({4, 3}, 0),
         cumsum_row({7}, 0),

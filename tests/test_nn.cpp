@@ -605,6 +605,15 @@ TEST_CASE("layers: Conv2d with a kh x kw kernel, strides and paddings per dim, a
   CHECK(bitwise_equal(y, conv2d(x, conv.weight, conv.bias, {2, 1}, {1, 2}, 1, {2, 1})));
   CHECK(conv.name() ==
         "Conv2d(3, 4, kernel_size=(2, 3), stride=(2, 1), padding=(1, 2), dilation=(2, 1))");
+  // A padding_mode pads x in that mode first; zeros is conv2d's own padding.
+  for (const char* mode : {"reflect", "replicate", "circular"}) {
+    CAPTURE(mode);
+    Conv2d m(3, 4, {2, 3}, {2, 1}, {1, 2}, true, 1, 1, mode);
+    CHECK(bitwise_equal(m(x), conv2d(pad(x, {2, 2, 1, 1}, mode), m.weight, m.bias, {2, 1}, 0)));
+  }
+  CHECK(Conv2d(3, 4, 3, 1, 1, true, 1, 1, "reflect").name() ==
+        "Conv2d(3, 4, kernel_size=3, stride=1, padding=1, padding_mode='reflect')");
+  CHECK_THROWS_AS(Conv2d(3, 4, 3, 1, 1, true, 1, 1, "same"), ValueError);
   CHECK_THROWS_AS(Conv2d(3, 4, 3, 1, 0, true, 1, 0), ValueError);
   CHECK_THROWS_AS(Conv2d(3, 4, {3, 0}), ValueError);
 }

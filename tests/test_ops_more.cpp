@@ -175,7 +175,10 @@ TEST_CASE("flip, roll, pad: errors name the op; compiled with a symbolic batch")
   check_error<ValueError>("roll", [] { roll(zeros({2, 3}), 1, 3); });
   check_error<ValueError>("pad", [] { pad(zeros({2, 3}), {1}); });
   check_error<ValueError>("pad", [] { pad(zeros({3}), {1, 1, 1, 1}); });
-  check_error<ValueError>("pad", [] { pad(zeros({2, 3}), {1, 1}, "circular"); });
+  check_error<ValueError>("pad", [] { pad(zeros({2, 3}), {1, 1}, "symmetric"); });
+  check_error<ValueError>("pad", [] { pad(zeros({2, 3}), {4, 0}, "circular"); });
+  check_error<ValueError>("pad", [] { pad(zeros({2, 0}), {1, 0}, "replicate"); });
+  check_error<ValueError>("pad", [] { pad(zeros({2, 3}), {1, 0}, "replicate", 2.5); });
   check_error<ValueError>("pad", [] { pad(zeros({2, 3}), {3, 0}, "reflect"); });
   check_error<ValueError>("pad", [] { pad(zeros({2, 3}), {-1, 0}, "reflect"); });
   check_error<ValueError>("pad", [] { pad(zeros({2, 3}), {0, -4}); });

@@ -188,38 +188,75 @@ Tensor roll(const Tensor& x, Dims shifts, Dims dims, std::source_location loc) {
   });
 }
 
+namespace {
+// Note [Padding modes]
+// The pads of one dim made of y's own elements, as torch.nn.functional.pad's modes:
+// - reflect mirrors without the edge: y[left], ..., y[1] before, y[n-2], ... after (each pad
+//   below n);
+// - replicate repeats the edge element (n at least 1);
+// - circular wraps around: y[n-left], ..., y[n-1] before, y[0], ..., y[right-1] after (each pad
+//   at most n).
+// The parts, for cat along d: before, y, after.
+std::vector<Tensor> copied_pads(const Tensor& y, int64_t d, int64_t left, int64_t right,
+                                std::string_view mode, const Tensor& x) {
+  const SymInt n = detail::sym_dim(y, d);
+  const SymInt most(std::max(left, right));
+  const bool fits = mode == "reflect" ? detail::sym_decide(most, detail::SymRel::Lt, n, "pad")
+                    : mode == "circular"
+                        ? detail::sym_decide(most, detail::SymRel::Le, n, "pad")
+                        : detail::sym_decide(SymInt(0), detail::SymRel::Lt, n, "pad");
+  const char* rule = mode == "reflect"    ? "each pad below the dim's size"
+                     : mode == "circular" ? "each pad at most the dim's size"
+                                          : "a dim that is not empty";
+  DUET_CHECK_VALUE(fits, "[pad] {} padding ({}, {}) of dim {} needs {}, got size {} (input {})",
+                   mode, left, right, d, rule, n.str(), detail::dims_str(detail::sym_dims(x)));
+  std::vector<Tensor> parts;
+  auto repeated = [&](const Tensor& edge, int64_t count) {
+    SymDims block = detail::sym_dims(edge);
+    block[d] = count;
+    return detail::expand_dims(edge, block);
+  };
+  if (left > 0) {
+    if (mode == "reflect") parts.push_back(flip(slice(y, d, 1, left + 1), Dims{d}));
+    if (mode == "replicate") parts.push_back(repeated(slice(y, d, 0, 1), left));
+    if (mode == "circular") parts.push_back(slice(y, d, -left, kToEnd));
+  }
+  parts.push_back(y);
+  if (right > 0) {
+    if (mode == "reflect") parts.push_back(flip(slice(y, d, -1 - right, -1), Dims{d}));
+    if (mode == "replicate") parts.push_back(repeated(slice(y, d, -1, kToEnd), right));
+    if (mode == "circular") parts.push_back(slice(y, d, 0, right));
+  }
+  return parts;
+}
+}  // namespace
+
 Tensor pad(const Tensor& x, const std::vector<int64_t>& pads, std::string_view mode, Scalar value,
            std::source_location loc) {
   detail::SiteGuard site(loc);
   return detail::as_op("pad", [&]() -> Tensor {
-    const bool reflect = mode == "reflect";
-    DUET_CHECK_VALUE(mode == "constant" || reflect,
-                     "[pad] mode must be \"constant\" or \"reflect\", got \"{}\"", mode);
+    // reflect, replicate and circular pad with x's own elements (Note [Padding modes]).
+    const bool reflect = mode == "reflect", replicate = mode == "replicate",
+               circular = mode == "circular", copies = reflect || replicate || circular;
+    DUET_CHECK_VALUE(mode == "constant" || copies,
+                     "[pad] mode must be \"constant\", \"reflect\", \"replicate\" or "
+                     "\"circular\", got \"{}\"",
+                     mode);
     DUET_CHECK_VALUE(pads.size() % 2 == 0 && static_cast<int64_t>(pads.size()) <= 2 * x.dim(),
                      "[pad] pads {} must hold a (left, right) pair per padded dim, at most {} "
                      "values for shape {}",
                      Dims(pads).str(), 2 * x.dim(), detail::dims_str(detail::sym_dims(x)));
-    DUET_CHECK_VALUE(!reflect || !value.is_floating() || value.to<double>() == 0,
-                     "[pad] reflect mode takes no value, got {}", value.to<double>());
+    DUET_CHECK_VALUE(!copies || !value.is_floating() || value.to<double>() == 0,
+                     "[pad] {} mode takes no value, got {}", mode, value.to<double>());
     Tensor y = x;
     for (size_t p = 0; p < pads.size() / 2; ++p) {
       const int64_t d = x.dim() - 1 - static_cast<int64_t>(p);
       int64_t left = pads[2 * p], right = pads[2 * p + 1];
-      if (reflect) {
-        DUET_CHECK_VALUE(left >= 0 && right >= 0,
-                         "[pad] reflect padding must be non-negative, got {}", Dims(pads).str());
+      if (copies) {
+        DUET_CHECK_VALUE(left >= 0 && right >= 0, "[pad] {} padding must be non-negative, got {}",
+                         mode, Dims(pads).str());
         if (left == 0 && right == 0) continue;
-        const SymInt n = detail::sym_dim(y, d);
-        DUET_CHECK_VALUE(
-            detail::sym_decide(SymInt(std::max(left, right)), detail::SymRel::Lt, n, "pad"),
-            "[pad] reflect padding ({}, {}) of dim {} must be below its size {} (input {})", left,
-            right, d, n.str(), detail::dims_str(detail::sym_dims(x)));
-        // Mirrors without the edge element: x[left], ..., x[1] before, x[n-2], ... after.
-        std::vector<Tensor> parts;
-        if (left > 0) parts.push_back(flip(slice(y, d, 1, left + 1), Dims{d}));
-        parts.push_back(y);
-        if (right > 0) parts.push_back(flip(slice(y, d, -1 - right, -1), Dims{d}));
-        y = cat(parts, d);
+        y = cat(copied_pads(y, d, left, right, mode, x), d);
         continue;
       }
       // Negative pads crop, the others add a block of value.
