@@ -1,6 +1,7 @@
 // duet: Shape (sizes of a tensor), Dims (dims to reduce or permute), and the helpers on them.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <initializer_list>
 #include <iosfwd>
@@ -77,6 +78,18 @@ struct Size2 {
   Size2(int64_t height, int64_t width) : h(height), w(width) {}
   friend bool operator==(const Size2&, const Size2&) = default;
 };
+
+/// PyTorch's padding="same" (LibTorch's torch::kSame) for conv2d and nn::Conv2d: a type of its
+/// own, so that a padding of 0 stays a Size2. ("valid" is a padding of 0.)
+struct SamePadding {};
+inline constexpr SamePadding kSame{};
+
+/// padding "same" of a stride-1 window, as PyTorch's: {left, right, top, bottom} (pad()'s order),
+/// d (k - 1) along each dim, half before and the rest after.
+inline std::array<int64_t, 4> same_padding(Size2 kernel, Size2 dilation) {
+  const int64_t th = dilation.h * (kernel.h - 1), tw = dilation.w * (kernel.w - 1);
+  return {tw / 2, tw - tw / 2, th / 2, th - th / 2};
+}
 
 namespace detail {
 /// Row-major strides of a contiguous tensor of this shape.

@@ -59,12 +59,22 @@ std::string size2_str(Size2 s) {
 
 Conv2d::Conv2d(int64_t in, int64_t out, Size2 kernel, Size2 stride_, Size2 padding_, bool with_bias,
                int64_t groups_, Size2 dilation_, std::string padding_mode_)
-    : Module(fmt::format("Conv2d({}, {}, kernel_size={}, stride={}, padding={}{}{}{}{})", in, out,
-                         size2_str(kernel), size2_str(stride_), size2_str(padding_),
-                         dilation_ != Size2(1) ? ", dilation=" + size2_str(dilation_) : "",
-                         groups_ != 1 ? fmt::format(", groups={}", groups_) : "",
-                         bias_note(with_bias),
-                         padding_mode_ != "zeros" ? ", padding_mode='" + padding_mode_ + "'" : "")),
+    : Conv2d(in, out, kernel, stride_, padding_, with_bias, groups_, dilation_,
+             std::move(padding_mode_), false) {}
+
+Conv2d::Conv2d(int64_t in, int64_t out, Size2 kernel, Size2 stride_, SamePadding, bool with_bias,
+               int64_t groups_, Size2 dilation_, std::string padding_mode_)
+    : Conv2d(in, out, kernel, stride_, 0, with_bias, groups_, dilation_, std::move(padding_mode_),
+             true) {}
+
+Conv2d::Conv2d(int64_t in, int64_t out, Size2 kernel, Size2 stride_, Size2 padding_, bool with_bias,
+               int64_t groups_, Size2 dilation_, std::string padding_mode_, bool same)
+    : Module(fmt::format(
+          "Conv2d({}, {}, kernel_size={}, stride={}, padding={}{}{}{}{})", in, out,
+          size2_str(kernel), size2_str(stride_), same ? std::string("same") : size2_str(padding_),
+          dilation_ != Size2(1) ? ", dilation=" + size2_str(dilation_) : "",
+          groups_ != 1 ? fmt::format(", groups={}", groups_) : "", bias_note(with_bias),
+          padding_mode_ != "zeros" ? ", padding_mode='" + padding_mode_ + "'" : "")),
       in_channels(in),
       out_channels(out),
       kernel_size(kernel),
@@ -72,7 +82,10 @@ Conv2d::Conv2d(int64_t in, int64_t out, Size2 kernel, Size2 stride_, Size2 paddi
       padding(padding_),
       groups(groups_),
       dilation(dilation_),
-      padding_mode(std::move(padding_mode_)) {
+      padding_mode(std::move(padding_mode_)),
+      padding_same(same) {
+  DUET_CHECK_VALUE(!same || stride_ == Size2(1), "[Conv2d] padding \"same\" needs stride 1, got {}",
+                   size2_str(stride_));
   DUET_CHECK_VALUE(padding_mode == "zeros" || padding_mode == "reflect" ||
                        padding_mode == "replicate" || padding_mode == "circular",
                    "[Conv2d] padding_mode must be 'zeros', 'reflect', 'replicate' or 'circular', "
@@ -98,9 +111,14 @@ void Conv2d::reset_parameters() { default_init(weight, bias); }
 // A padding_mode other than zeros pads x first (pad(), in that mode), and convolves unpadded,
 // as PyTorch's Conv2d.
 Tensor Conv2d::forward(const Tensor& x) {
-  if (padding_mode == "zeros" || padding == Size2(0))
-    return conv2d(x, weight, bias, stride, padding, groups, dilation);
-  const Tensor padded = pad(x, {padding.w, padding.w, padding.h, padding.h}, padding_mode);
+  const std::array<int64_t, 4> p =
+      padding_same ? same_padding(kernel_size, dilation)
+                   : std::array<int64_t, 4>{padding.w, padding.w, padding.h, padding.h};
+  const bool even = p[0] == p[1] && p[2] == p[3];
+  if (even && (padding_mode == "zeros" || (p[0] == 0 && p[2] == 0)))
+    return conv2d(x, weight, bias, stride, Size2{p[2], p[0]}, groups, dilation);
+  const Tensor padded =
+      pad(x, {p[0], p[1], p[2], p[3]}, padding_mode == "zeros" ? "constant" : padding_mode);
   return conv2d(padded, weight, bias, stride, 0, groups, dilation);
 }
 

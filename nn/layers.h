@@ -37,6 +37,10 @@ class Conv2d : public Module {
   Conv2d(int64_t in_channels, int64_t out_channels, Size2 kernel_size, Size2 stride = 1,
          Size2 padding = 0, bool bias = true, int64_t groups = 1, Size2 dilation = 1,
          std::string padding_mode = "zeros");
+  /// padding kSame: PyTorch's padding="same" (stride 1; an output as large as the input).
+  Conv2d(int64_t in_channels, int64_t out_channels, Size2 kernel_size, Size2 stride,
+         SamePadding padding, bool bias = true, int64_t groups = 1, Size2 dilation = 1,
+         std::string padding_mode = "zeros");
   Tensor forward(const Tensor& x) override;
   void reset_parameters();
 
@@ -46,7 +50,13 @@ class Conv2d : public Module {
   Size2 dilation = 1;
   /// "zeros", or "reflect", "replicate" or "circular": x padded by pad() in that mode first.
   std::string padding_mode = "zeros";
+  bool padding_same = false;  ///< kSame: padding unused, the pads follow from the kernel
+
   Tensor weight, bias;  ///< bias is undefined when constructed with bias = false
+
+ private:
+  Conv2d(int64_t in_channels, int64_t out_channels, Size2 kernel_size, Size2 stride, Size2 padding,
+         bool bias, int64_t groups, Size2 dilation, std::string padding_mode, bool same);
 };
 
 /// 2-D transposed convolution, as torch.nn.ConvTranspose2d (same argument order; no

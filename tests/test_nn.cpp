@@ -611,6 +611,24 @@ TEST_CASE("layers: Conv2d with a kh x kw kernel, strides and paddings per dim, a
     Conv2d m(3, 4, {2, 3}, {2, 1}, {1, 2}, true, 1, 1, mode);
     CHECK(bitwise_equal(m(x), conv2d(pad(x, {2, 2, 1, 1}, mode), m.weight, m.bias, {2, 1}, 0)));
   }
+  // padding "same": an output as large as x, the odd pad after (a 2 x 4 kernel dilated 1 x 2:
+  // rows 0 before and 1 after, columns 3 and 3), in every padding_mode.
+  for (const char* mode : {"zeros", "reflect", "circular"}) {
+    CAPTURE(mode);
+    Conv2d same(3, 4, {2, 4}, 1, kSame, true, 1, {1, 2}, mode);
+    const Tensor want =
+        conv2d(pad(x, {3, 3, 0, 1}, std::string(mode) == "zeros" ? "constant" : mode), same.weight,
+               same.bias, 1, 0, 1, {1, 2});
+    CHECK(same(x).sizes() == Shape{2, 4, 6, 5});
+    CHECK(bitwise_equal(same(x), want));
+    if (std::string(mode) == "zeros")
+      CHECK(bitwise_equal(conv2d(x, same.weight, same.bias, 1, kSame, 1, {1, 2}), want));
+  }
+  Conv2d odd(3, 4, 3, 1, kSame);  // an odd kernel: conv2d's own padding of 1
+  CHECK(bitwise_equal(odd(x), conv2d(x, odd.weight, odd.bias, 1, 1)));
+  CHECK(odd.name() == "Conv2d(3, 4, kernel_size=3, stride=1, padding=same)");
+  CHECK_THROWS_AS(Conv2d(3, 4, 3, 2, kSame), ValueError);
+  CHECK_THROWS_AS(conv2d(x, odd.weight, {}, 2, kSame), ValueError);
   CHECK(Conv2d(3, 4, 3, 1, 1, true, 1, 1, "reflect").name() ==
         "Conv2d(3, 4, kernel_size=3, stride=1, padding=1, padding_mode='reflect')");
   CHECK_THROWS_AS(Conv2d(3, 4, 3, 1, 1, true, 1, 1, "same"), ValueError);

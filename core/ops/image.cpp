@@ -303,6 +303,22 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, Size2 
   });
 }
 
+// padding "same": conv2d's own padding where the halves agree, else x zero-padded first.
+Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, Size2 stride, SamePadding,
+              int64_t groups, Size2 dilation, std::source_location loc) {
+  detail::SiteGuard site(loc);
+  return detail::as_op("conv2d", [&]() -> Tensor {
+    DUET_CHECK_VALUE(stride == Size2(1), "[conv2d] padding \"same\" needs stride 1, got {}x{}",
+                     stride.h, stride.w);
+    DUET_CHECK_SHAPE(w.dim() == 4, "[conv2d] weight must be (out, in / groups, kh, kw), got {}",
+                     w.sizes());
+    const std::array<int64_t, 4> p = same_padding({w.size(2), w.size(3)}, dilation);
+    if (p[0] == p[1] && p[2] == p[3])
+      return conv2d(x, w, b, 1, Size2{p[2], p[0]}, groups, dilation);
+    return conv2d(pad(x, {p[0], p[1], p[2], p[3]}), w, b, 1, Size2(0), groups, dilation);
+  });
+}
+
 Tensor conv2d_input_grad(const Tensor& grad, const Tensor& w, int64_t height, int64_t width,
                          Size2 stride, Size2 padding, int64_t groups, Size2 dilation,
                          std::source_location loc) {
