@@ -57,6 +57,23 @@ std::string size2_str(Size2 s) {
 }
 }  // namespace
 
+namespace {
+// The checks Conv2d and ConvTranspose2d share: positive channels, kernel, stride, dilation and
+// groups, a non-negative padding, and channels that the groups divide.
+void check_conv_layer(const char* module, const std::string& name, int64_t in, int64_t out,
+                      Size2 kernel, Size2 stride, Size2 padding, int64_t groups, Size2 dilation) {
+  DUET_CHECK_VALUE(in > 0 && out > 0 && kernel.h > 0 && kernel.w > 0 && stride.h > 0 &&
+                       stride.w > 0 && padding.h >= 0 && padding.w >= 0 && groups > 0 &&
+                       dilation.h > 0 && dilation.w > 0,
+                   "[{}] channels, kernel_size, stride, dilation and groups must be positive and "
+                   "padding non-negative, got {}",
+                   module, name);
+  DUET_CHECK_VALUE(in % groups == 0 && out % groups == 0,
+                   "[{}] in_channels ({}) and out_channels ({}) must be divisible by groups ({})",
+                   module, in, out, groups);
+}
+}  // namespace
+
 Conv2d::Conv2d(int64_t in, int64_t out, Size2 kernel, Size2 stride_, Size2 padding_, bool with_bias,
                int64_t groups_, Size2 dilation_, std::string padding_mode_)
     : Conv2d(in, out, kernel, stride_, padding_, with_bias, groups_, dilation_,
@@ -91,16 +108,7 @@ Conv2d::Conv2d(int64_t in, int64_t out, Size2 kernel, Size2 stride_, Size2 paddi
                    "[Conv2d] padding_mode must be 'zeros', 'reflect', 'replicate' or 'circular', "
                    "got '{}'",
                    padding_mode);
-  DUET_CHECK_VALUE(in > 0 && out > 0 && kernel.h > 0 && kernel.w > 0 && stride_.h > 0 &&
-                       stride_.w > 0 && padding_.h >= 0 && padding_.w >= 0 && groups_ > 0 &&
-                       dilation_.h > 0 && dilation_.w > 0,
-                   "[Conv2d] channels, kernel_size, stride, dilation and groups must be positive "
-                   "and padding non-negative, got {}",
-                   name());
-  DUET_CHECK_VALUE(in % groups_ == 0 && out % groups_ == 0,
-                   "[Conv2d] in_channels ({}) and out_channels ({}) must be divisible by groups "
-                   "({})",
-                   in, out, groups_);
+  check_conv_layer("Conv2d", name(), in, out, kernel, stride_, padding_, groups_, dilation_);
   weight = register_parameter("weight", zeros_param({out, in / groups_, kernel.h, kernel.w}));
   if (with_bias) bias = register_parameter("bias", zeros_param({out}));
   reset_parameters();
@@ -141,21 +149,13 @@ ConvTranspose2d::ConvTranspose2d(int64_t in, int64_t out, Size2 kernel, Size2 st
       output_padding(output_padding_),
       groups(groups_),
       dilation(dilation_) {
-  DUET_CHECK_VALUE(in > 0 && out > 0 && kernel.h > 0 && kernel.w > 0 && stride_.h > 0 &&
-                       stride_.w > 0 && padding_.h >= 0 && padding_.w >= 0 &&
-                       output_padding_.h >= 0 && output_padding_.w >= 0 && groups_ > 0 &&
-                       dilation_.h > 0 && dilation_.w > 0,
-                   "[ConvTranspose2d] channels, kernel_size, stride, dilation and groups must be "
-                   "positive and the paddings non-negative, got {}",
-                   name());
-  DUET_CHECK_VALUE(in % groups_ == 0 && out % groups_ == 0,
-                   "[ConvTranspose2d] in_channels ({}) and out_channels ({}) must be divisible "
-                   "by groups ({})",
-                   in, out, groups_);
-  DUET_CHECK_VALUE((output_padding_.h < stride_.h || output_padding_.h < dilation_.h) &&
+  check_conv_layer("ConvTranspose2d", name(), in, out, kernel, stride_, padding_, groups_,
+                   dilation_);
+  DUET_CHECK_VALUE(output_padding_.h >= 0 && output_padding_.w >= 0 &&
+                       (output_padding_.h < stride_.h || output_padding_.h < dilation_.h) &&
                        (output_padding_.w < stride_.w || output_padding_.w < dilation_.w),
-                   "[ConvTranspose2d] output_padding must be below the stride or the dilation, "
-                   "got {}",
+                   "[ConvTranspose2d] output_padding must be non-negative and below the stride or "
+                   "the dilation, got {}",
                    name());
   weight = register_parameter("weight", zeros_param({in, out / groups_, kernel.h, kernel.w}));
   if (with_bias) bias = register_parameter("bias", zeros_param({out}));
