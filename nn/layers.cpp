@@ -171,47 +171,69 @@ Tensor ConvTranspose2d::forward(const Tensor& x) {
 // ---- Conv1d ----
 
 // Note [Conv1d]
-// A 1-D convolution is conv2d over a height of 1: x (N, C, L) as (N, C, 1, L), the weight
-// (O, C, k) as (O, C, 1, k), the stride and padding along the width only; so it runs on the
-// convolution kernels (oneDNN's on the CPU) and exports as ONNX's Conv.
+// A 1-D convolution is conv1d, which is conv2d over a height of 1 (Note [Sequences as images] in
+// core/ops/window1d.cpp): so it runs on the convolution kernels (oneDNN's on the CPU) and
+// exports as ONNX's Conv. The module's errors name the module: its forward is an op of its own.
 Conv1d::Conv1d(int64_t in, int64_t out, int64_t kernel, int64_t stride_, int64_t padding_,
-               bool with_bias)
-    : Module(fmt::format("Conv1d({}, {}, kernel_size={}, stride={}, padding={}{})", in, out, kernel,
-                         stride_, padding_, bias_note(with_bias))),
+               bool with_bias, int64_t groups_, int64_t dilation_, std::string padding_mode_)
+    : Conv1d(in, out, kernel, stride_, padding_, with_bias, groups_, dilation_,
+             std::move(padding_mode_), false) {}
+
+Conv1d::Conv1d(int64_t in, int64_t out, int64_t kernel, int64_t stride_, SamePadding,
+               bool with_bias, int64_t groups_, int64_t dilation_, std::string padding_mode_)
+    : Conv1d(in, out, kernel, stride_, 0, with_bias, groups_, dilation_, std::move(padding_mode_),
+             true) {}
+
+Conv1d::Conv1d(int64_t in, int64_t out, int64_t kernel, int64_t stride_, int64_t padding_,
+               bool with_bias, int64_t groups_, int64_t dilation_, std::string padding_mode_,
+               bool same)
+    : Module(fmt::format("Conv1d({}, {}, kernel_size={}, stride={}, padding={}{}{}{}{})", in, out,
+                         kernel, stride_, same ? std::string("same") : std::to_string(padding_),
+                         dilation_ != 1 ? fmt::format(", dilation={}", dilation_) : "",
+                         groups_ != 1 ? fmt::format(", groups={}", groups_) : "",
+                         bias_note(with_bias),
+                         padding_mode_ != "zeros" ? ", padding_mode='" + padding_mode_ + "'" : "")),
       in_channels(in),
       out_channels(out),
       kernel_size(kernel),
       stride(stride_),
-      padding(padding_) {
-  DUET_CHECK_VALUE(in > 0 && out > 0 && kernel > 0 && stride_ > 0 && padding_ >= 0,
-                   "[Conv1d] channels, kernel_size and stride must be positive and padding "
-                   "non-negative, got {}",
-                   name());
-  weight = register_parameter("weight", zeros_param({out, in, kernel}));
+      padding(padding_),
+      groups(groups_),
+      dilation(dilation_),
+      padding_mode(std::move(padding_mode_)),
+      padding_same(same) {
+  DUET_CHECK_VALUE(!same || stride_ == 1, "[Conv1d] padding \"same\" needs stride 1, got {}",
+                   stride_);
+  DUET_CHECK_VALUE(padding_mode == "zeros" || padding_mode == "reflect" ||
+                       padding_mode == "replicate" || padding_mode == "circular",
+                   "[Conv1d] padding_mode must be 'zeros', 'reflect', 'replicate' or 'circular', "
+                   "got '{}'",
+                   padding_mode);
+  check_conv_layer("Conv1d", name(), in, out, Size2{1, kernel}, Size2{1, stride_},
+                   Size2{0, padding_}, groups_, Size2{1, dilation_});
+  weight = register_parameter("weight", zeros_param({out, in / groups_, kernel}));
   if (with_bias) bias = register_parameter("bias", zeros_param({out}));
   reset_parameters();
 }
 
 void Conv1d::reset_parameters() { default_init(weight, bias); }
 
+// A padding_mode other than zeros pads x first (pad(), in that mode), as Conv2d's.
 Tensor Conv1d::forward(const Tensor& input) {
-  const char* op = "Conv1d";
-  DUET_CHECK_VALUE(input.defined(), "[{}] the input is an undefined tensor", op);
-  DUET_CHECK_SHAPE((input.dim() == 3 || input.dim() == 2) &&
-                       duet::detail::size_is(input, input.dim() - 2, in_channels, op),
-                   "[{}] input must be (N, {}, L) or unbatched ({}, L), got {}", op, in_channels,
-                   in_channels, input.sizes());
-  DUET_CHECK_DTYPE(input.dtype() == weight.dtype(),
-                   "[{}] input ({}) and weight ({}) must share a dtype", op, input.dtype(),
-                   weight.dtype());
-  const bool batched = input.dim() == 3;
-  const Tensor x = unsqueeze(batched ? input : unsqueeze(input, 0), 2);  // (N, C, 1, L)
-  const int64_t len = x.size(3) + 2 * padding;
-  DUET_CHECK_SHAPE(len >= kernel_size,
-                   "[{}] kernel_size {} is larger than the padded input length {} of {}", op,
-                   kernel_size, len, input.sizes());
-  const Tensor y = squeeze(conv2d(x, unsqueeze(weight, 2), bias, {1, stride}, {0, padding}), 2);
-  return batched ? y : squeeze(y, 0);
+  return duet::detail::as_op("Conv1d", [&] {
+    DUET_CHECK_VALUE(input.defined(), "[Conv1d] the input is an undefined tensor");
+    DUET_CHECK_SHAPE((input.dim() == 3 || input.dim() == 2) &&
+                         duet::detail::size_is(input, input.dim() - 2, in_channels, "Conv1d"),
+                     "[Conv1d] input must be (N, {}, L) or unbatched ({}, L), got {}", in_channels,
+                     in_channels, input.sizes());
+    if (padding_mode == "zeros")
+      return padding_same ? conv1d(input, weight, bias, 1, kSame, groups, dilation)
+                          : conv1d(input, weight, bias, stride, padding, groups, dilation);
+    const std::array<int64_t, 4> same = same_padding({1, kernel_size}, {1, dilation});
+    const Tensor padded = pad(
+        input, {padding_same ? same[0] : padding, padding_same ? same[1] : padding}, padding_mode);
+    return conv1d(padded, weight, bias, stride, 0, groups, dilation);
+  });
 }
 
 // ---- Pooling ----
@@ -229,6 +251,13 @@ void check_pool(const char* module, Size2 kernel, Size2 stride, Size2 padding, S
                    "dilation {}",
                    module, size2_str(kernel), size2_str(stride), size2_str(padding),
                    size2_str(dilation));
+}
+void check_pool1d(const char* module, const std::string& name, int64_t kernel, int64_t stride,
+                  int64_t padding, int64_t dilation) {
+  DUET_CHECK_VALUE(kernel > 0 && stride >= 0 && padding >= 0 && dilation > 0,
+                   "[{}] kernel_size and dilation must be positive, stride (0: the kernel size) "
+                   "and padding non-negative, got {}",
+                   module, name);
 }
 }  // namespace
 
@@ -250,22 +279,65 @@ Tensor MaxPool2d::forward(const Tensor& x) {
   return max_pool2d(x, kernel_size, stride, padding, dilation, ceil_mode);
 }
 
-AvgPool2d::AvgPool2d(Size2 kernel, Size2 stride_, Size2 padding_, bool ceil, bool count_pad)
-    : Module(fmt::format("AvgPool2d(kernel_size={}, stride={}{}{}{})", size2_str(kernel),
+AvgPool2d::AvgPool2d(Size2 kernel, Size2 stride_, Size2 padding_, bool ceil, bool count_pad,
+                     int64_t divisor)
+    : Module(fmt::format("AvgPool2d(kernel_size={}, stride={}{}{}{}{})", size2_str(kernel),
                          size2_str(pool_stride(kernel, stride_)),
                          padding_ != Size2(0) ? ", padding=" + size2_str(padding_) : "",
                          ceil ? ", ceil_mode=True" : "",
-                         count_pad ? "" : ", count_include_pad=False")),
+                         count_pad ? "" : ", count_include_pad=False",
+                         divisor ? fmt::format(", divisor_override={}", divisor) : "")),
       kernel_size(kernel),
       stride(pool_stride(kernel, stride_)),
       padding(padding_),
       ceil_mode(ceil),
-      count_include_pad(count_pad) {
+      count_include_pad(count_pad),
+      divisor_override(divisor) {
   check_pool("AvgPool2d", kernel, stride_, padding_, 1);
+  DUET_CHECK_VALUE(divisor >= 0, "[AvgPool2d] divisor_override must be positive (0: none), got {}",
+                   divisor);
 }
 
 Tensor AvgPool2d::forward(const Tensor& x) {
-  return avg_pool2d(x, kernel_size, stride, padding, ceil_mode, count_include_pad);
+  return avg_pool2d(x, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                    divisor_override);
+}
+
+// The 1-D poolings: their 2-D checks along L (a height of 1).
+MaxPool1d::MaxPool1d(int64_t kernel, int64_t stride_, int64_t padding_, int64_t dilation_,
+                     bool ceil)
+    : Module(fmt::format("MaxPool1d(kernel_size={}, stride={}{}{}{})", kernel,
+                         stride_ ? stride_ : kernel,
+                         padding_ ? fmt::format(", padding={}", padding_) : "",
+                         dilation_ != 1 ? fmt::format(", dilation={}", dilation_) : "",
+                         ceil ? ", ceil_mode=True" : "")),
+      kernel_size(kernel),
+      stride(stride_ ? stride_ : kernel),
+      padding(padding_),
+      dilation(dilation_),
+      ceil_mode(ceil) {
+  check_pool1d("MaxPool1d", name(), kernel, stride_, padding_, dilation_);
+}
+
+Tensor MaxPool1d::forward(const Tensor& x) {
+  return max_pool1d(x, kernel_size, stride, padding, dilation, ceil_mode);
+}
+
+AvgPool1d::AvgPool1d(int64_t kernel, int64_t stride_, int64_t padding_, bool ceil, bool count_pad)
+    : Module(fmt::format(
+          "AvgPool1d(kernel_size={}, stride={}{}{}{})", kernel, stride_ ? stride_ : kernel,
+          padding_ ? fmt::format(", padding={}", padding_) : "", ceil ? ", ceil_mode=True" : "",
+          count_pad ? "" : ", count_include_pad=False")),
+      kernel_size(kernel),
+      stride(stride_ ? stride_ : kernel),
+      padding(padding_),
+      ceil_mode(ceil),
+      count_include_pad(count_pad) {
+  check_pool1d("AvgPool1d", name(), kernel, stride_, padding_, 1);
+}
+
+Tensor AvgPool1d::forward(const Tensor& x) {
+  return avg_pool1d(x, kernel_size, stride, padding, ceil_mode, count_include_pad);
 }
 
 namespace {
@@ -288,6 +360,18 @@ AdaptiveMaxPool2d::AdaptiveMaxPool2d(Size2 output)
       output_size(adaptive_size("AdaptiveMaxPool2d", output)) {}
 
 Tensor AdaptiveMaxPool2d::forward(const Tensor& x) { return adaptive_max_pool2d(x, output_size); }
+
+AdaptiveAvgPool1d::AdaptiveAvgPool1d(int64_t output)
+    : Module(fmt::format("AdaptiveAvgPool1d(output_size={})", output)),
+      output_size(adaptive_size("AdaptiveAvgPool1d", Size2{1, output}).w) {}
+
+Tensor AdaptiveAvgPool1d::forward(const Tensor& x) { return adaptive_avg_pool1d(x, output_size); }
+
+AdaptiveMaxPool1d::AdaptiveMaxPool1d(int64_t output)
+    : Module(fmt::format("AdaptiveMaxPool1d(output_size={})", output)),
+      output_size(adaptive_size("AdaptiveMaxPool1d", Size2{1, output}).w) {}
+
+Tensor AdaptiveMaxPool1d::forward(const Tensor& x) { return adaptive_max_pool1d(x, output_size); }
 
 // ---- Upsample ----
 

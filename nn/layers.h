@@ -78,18 +78,33 @@ class ConvTranspose2d : public Module {
   Tensor weight, bias;  ///< bias is undefined when constructed with bias = false
 };
 
-/// 1-D convolution over x (N, C, L), or unbatched (C, L), with stride and zero padding. weight
-/// (out, in, k) and bias (out) start as PyTorch's: U(-1/sqrt(fan_in), ..), fan_in = in*k.
-/// conv2d over a height of 1 (Note [Conv1d] in nn/layers.cpp).
+/// 1-D convolution over x (N, C, L), or unbatched (C, L), as torch.nn.Conv1d: conv1d with the
+/// stride, padding (zeros, or padding_mode's), groups and dilation of Conv2d along L. weight
+/// (out, in / groups, k) and bias (out) start as PyTorch's: U(-1/sqrt(fan_in), ..), fan_in =
+/// in / groups * k.
 class Conv1d : public Module {
  public:
   Conv1d(int64_t in_channels, int64_t out_channels, int64_t kernel_size, int64_t stride = 1,
-         int64_t padding = 0, bool bias = true);
+         int64_t padding = 0, bool bias = true, int64_t groups = 1, int64_t dilation = 1,
+         std::string padding_mode = "zeros");
+  /// padding kSame: PyTorch's padding="same" (stride 1; an output as long as the input).
+  Conv1d(int64_t in_channels, int64_t out_channels, int64_t kernel_size, int64_t stride,
+         SamePadding padding, bool bias = true, int64_t groups = 1, int64_t dilation = 1,
+         std::string padding_mode = "zeros");
   Tensor forward(const Tensor& x) override;
   void reset_parameters();
 
   int64_t in_channels, out_channels, kernel_size, stride, padding;
-  Tensor weight, bias;  ///< bias is undefined when constructed with bias = false
+  int64_t groups = 1, dilation = 1;
+  /// "zeros", or "reflect", "replicate" or "circular": x padded by pad() in that mode first.
+  std::string padding_mode = "zeros";
+  bool padding_same = false;  ///< kSame: padding unused, the pads follow from the kernel
+  Tensor weight, bias;        ///< bias is undefined when constructed with bias = false
+
+ private:
+  Conv1d(int64_t in_channels, int64_t out_channels, int64_t kernel_size, int64_t stride,
+         int64_t padding, bool bias, int64_t groups, int64_t dilation, std::string padding_mode,
+         bool same);
 };
 
 /// The max over kh x kw windows of x (N, C, H, W), as torch.nn.MaxPool2d (max_pool2d): each
@@ -107,10 +122,11 @@ class MaxPool2d : public Module {
 class AvgPool2d : public Module {
  public:
   explicit AvgPool2d(Size2 kernel_size, Size2 stride = 0, Size2 padding = 0, bool ceil_mode = false,
-                     bool count_include_pad = true);
+                     bool count_include_pad = true, int64_t divisor_override = 0);
   Tensor forward(const Tensor& x) override;
   Size2 kernel_size, stride, padding;  ///< stride as resolved: never 0
   bool ceil_mode, count_include_pad;
+  int64_t divisor_override;  ///< above 0: every window's divisor (0: none)
 };
 
 /// x (N, C, H, W) averaged into output_size cells, as torch.nn.AdaptiveAvgPool2d
@@ -128,6 +144,43 @@ class AdaptiveMaxPool2d : public Module {
   explicit AdaptiveMaxPool2d(Size2 output_size);
   Tensor forward(const Tensor& x) override;
   Size2 output_size;
+};
+
+/// max_pool1d over x (N, C, L) or unbatched (C, L), as torch.nn.MaxPool1d; a stride of 0 is the
+/// kernel size.
+class MaxPool1d : public Module {
+ public:
+  explicit MaxPool1d(int64_t kernel_size, int64_t stride = 0, int64_t padding = 0,
+                     int64_t dilation = 1, bool ceil_mode = false);
+  Tensor forward(const Tensor& x) override;
+  int64_t kernel_size, stride, padding, dilation;  ///< stride as resolved: never 0
+  bool ceil_mode;
+};
+
+/// avg_pool1d over x (N, C, L) or unbatched (C, L), as torch.nn.AvgPool1d.
+class AvgPool1d : public Module {
+ public:
+  explicit AvgPool1d(int64_t kernel_size, int64_t stride = 0, int64_t padding = 0,
+                     bool ceil_mode = false, bool count_include_pad = true);
+  Tensor forward(const Tensor& x) override;
+  int64_t kernel_size, stride, padding;  ///< stride as resolved: never 0
+  bool ceil_mode, count_include_pad;
+};
+
+/// x (N, C, L) averaged into output_size cells, as torch.nn.AdaptiveAvgPool1d.
+class AdaptiveAvgPool1d : public Module {
+ public:
+  explicit AdaptiveAvgPool1d(int64_t output_size);
+  Tensor forward(const Tensor& x) override;
+  int64_t output_size;
+};
+
+/// The max over AdaptiveAvgPool1d's cells, as torch.nn.AdaptiveMaxPool1d (no indices).
+class AdaptiveMaxPool1d : public Module {
+ public:
+  explicit AdaptiveMaxPool1d(int64_t output_size);
+  Tensor forward(const Tensor& x) override;
+  int64_t output_size;
 };
 
 /// x (N, C, H, W) resampled by scale_factor, as torch.nn.Upsample(scale_factor=..., mode=...):

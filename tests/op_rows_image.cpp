@@ -1,5 +1,5 @@
 // Rows of Unfold, Fold, Conv2d and its two gradients, and of the composites conv2d (with a bias),
-// max_pool2d and avg_pool2d, with direct
+// max_pool2d and avg_pool2d (and their 1-D forms over a height of 1), with direct
 // references on plain doubles (see op_rows.h): the convolution and the pooling read the padded
 // image window by window, without building columns.
 #include <cmath>
@@ -154,6 +154,7 @@ std::vector<double> ref_conv2d_weight_grad(const std::vector<double>& x,
 // the input.
 struct PoolSpec {
   bool is_max = true, ceil_mode = false, count_pad = true;
+  int64_t divisor = 0;  // avg's divisor_override (0: none)
 };
 int64_t pool_positions(int64_t n, int64_t k, int64_t s, int64_t p, int64_t d, bool ceil_mode) {
   const int64_t span = d * (k - 1) + 1, room = n + 2 * p - span;
@@ -175,7 +176,9 @@ std::vector<double> ref_pool(PoolSpec q, const std::vector<double>& x, const Geo
               const double v = x[((n * g.c + c) * g.h + i) * g.w + j];
               acc = q.is_max ? std::max(acc, v) : acc + v;
             }
-          if (!q.is_max) {
+          if (!q.is_max && q.divisor) {
+            acc /= double(q.divisor);
+          } else if (!q.is_max) {
             const int64_t i0 = oh * g.sh - g.ph, j0 = ow * g.sw - g.pw;
             const int64_t i1 = std::min(i0 + g.kh, g.h + g.ph),
                           j1 = std::min(j0 + g.kw, g.w + g.pw);
@@ -428,15 +431,16 @@ OpRow pool_row(PoolSpec q, Shape xs, Size2 k, Size2 s0, Size2 p = 0, Size2 d = 1
   Geom g = geom(xs, k, s, p, d);
   g.ho = pool_positions(g.h, g.kh, g.sh, g.ph, g.dh, q.ceil_mode);
   g.wo = pool_positions(g.w, g.kw, g.sw, g.pw, g.dw, q.ceil_mode);
-  OpRow r{fmt::format("{} {} k {} s {}{}{}{}{}", q.is_max ? "max_pool2d" : "avg_pool2d", xs.str(),
+  OpRow r{fmt::format("{} {} k {} s {}{}{}{}{}{}", q.is_max ? "max_pool2d" : "avg_pool2d", xs.str(),
                       str(k), str(s0), p == Size2(0) ? "" : " p " + str(p), dilation_name(d),
-                      q.ceil_mode ? " ceil" : "", q.count_pad ? "" : " without the padding"),
+                      q.ceil_mode ? " ceil" : "", q.count_pad ? "" : " without the padding",
+                      q.divisor ? fmt::format(" divisor {}", q.divisor) : ""),
           OpId::Unfold,
           true,
           {xs},
           [=](const Ins& in) {
             return q.is_max ? max_pool2d(in[0], k, s0, p, d, q.ceil_mode)
-                            : avg_pool2d(in[0], k, s0, p, q.ceil_mode, q.count_pad);
+                            : avg_pool2d(in[0], k, s0, p, q.ceil_mode, q.count_pad, q.divisor);
           },
           [=](const Values& v) { return ref_pool(q, v[0], g); },
           {g.n, g.c, g.ho, g.wo}};
@@ -464,6 +468,99 @@ OpRow adaptive_row(bool is_max, Shape xs, Size2 o) {
           {xs[0], xs[1], o.h, o.w}};
   if (is_max) r.dtypes = kNumeric;
   return r;
+}
+
+// ---- 1-D: the 2-D references over a height of 1 (Note [Sequences as images] in
+// core/ops/window1d.cpp); x (N, C, L), or unbatched (C, L) ----
+
+Shape as_image(const Shape& xs) {
+  return xs.size() == 3 ? Shape{xs[0], xs[1], 1, xs[2]} : Shape{1, xs[0], 1, xs[1]};
+}
+// (N, C', L') or unbatched (C', L').
+Shape seq_out(const Shape& xs, int64_t c, int64_t l) {
+  return xs.size() == 3 ? Shape{xs[0], c, l} : Shape{c, l};
+}
+
+OpRow conv1d_row(Shape xs, Shape ws, bool bias, int64_t s, int64_t p, int64_t groups = 1,
+                 int64_t d = 1) {
+  const Geom g = geom(as_image(xs), {1, ws[2]}, {1, s}, {0, p}, {1, d});
+  const int64_t o = ws[0];
+  std::vector<Shape> shapes = {xs, ws};
+  if (bias) shapes.push_back({o});
+  OpRow r{
+      fmt::format("conv1d x {} w {}{} s {} p {}{}{}", xs.str(), ws.str(), bias ? " bias" : "", s, p,
+                  groups_name(groups), dilation_name(d)),
+      OpId::Conv2d,
+      true,
+      shapes,
+      [=](const Ins& in) { return conv1d(in[0], in[1], bias ? in[2] : Tensor(), s, p, groups, d); },
+      [=](const Values& v) {  // w (O, C / groups, k) holds the values of (.., 1, k)
+        return ref_conv2d(v[0], v[1], bias ? &v[2] : nullptr, g, o, groups);
+      },
+      seq_out(xs, o, g.wo)};
+  r.dtypes = {DType::f32, DType::f64, DType::i64};
+  r.tol32 = 1e-4;
+  return r;
+}
+
+OpRow pool1d_row(PoolSpec q, Shape xs, int64_t k, int64_t s0, int64_t p = 0, int64_t d = 1) {
+  const int64_t s = s0 ? s0 : k;
+  Geom g = geom(as_image(xs), {1, k}, {1, s}, {0, p}, {1, d});
+  g.wo = pool_positions(g.w, g.kw, g.sw, g.pw, g.dw, q.ceil_mode);
+  OpRow r{fmt::format("{} {} k {} s {}{}{}{}{}", q.is_max ? "max_pool1d" : "avg_pool1d", xs.str(),
+                      k, s0, p ? fmt::format(" p {}", p) : "", dilation_name(d),
+                      q.ceil_mode ? " ceil" : "", q.count_pad ? "" : " without the padding"),
+          OpId::Unfold,
+          true,
+          {xs},
+          [=](const Ins& in) {
+            return q.is_max ? max_pool1d(in[0], k, s0, p, d, q.ceil_mode)
+                            : avg_pool1d(in[0], k, s0, p, q.ceil_mode, q.count_pad);
+          },
+          [=](const Values& v) { return ref_pool(q, v[0], g); },
+          seq_out(xs, g.c, g.wo)};
+  if (q.is_max) r.dtypes = kNumeric;
+  return r;
+}
+
+OpRow adaptive1d_row(bool is_max, Shape xs, int64_t o) {
+  const Shape xi = as_image(xs);
+  OpRow r{fmt::format("adaptive_{}_pool1d {} to {}", is_max ? "max" : "avg", xs.str(), o),
+          xi[3] % o == 0 ? OpId::Unfold : OpId::Cat,
+          true,
+          {xs},
+          [=](const Ins& in) {
+            return is_max ? adaptive_max_pool1d(in[0], o) : adaptive_avg_pool1d(in[0], o);
+          },
+          [=](const Values& v) {
+            return ref_adaptive(is_max, v[0], xi, {1, o});
+          },
+          seq_out(xs, xi[1], o)};
+  if (is_max) r.dtypes = kNumeric;
+  return r;
+}
+
+// The 1-D rows: strides, paddings, dilations, groups, ceil_mode, unbatched inputs.
+std::vector<OpRow> sequence_rows() {
+  return {
+      conv1d_row({2, 2, 5}, {3, 2, 2}, true, 1, 0),
+      conv1d_row({1, 2, 6}, {2, 2, 3}, false, 2, 1),
+      conv1d_row({1, 4, 5}, {2, 2, 2}, true, 1, 1, 2),
+      conv1d_row({1, 2, 7}, {2, 1, 2}, false, 2, 1, 2, 3),
+      conv1d_row({3, 6}, {2, 3, 3}, true, 1, 1),
+      conv1d_row({0, 2, 4}, {3, 2, 2}, true, 1, 0),
+      pool1d_row(PoolSpec{}, {2, 2, 5}, 2, 0),
+      pool1d_row(PoolSpec{}, {1, 2, 7}, 3, 2, 1, 2),
+      pool1d_row(max_ceil(), {1, 1, 8}, 3, 2, 1),
+      pool1d_row(PoolSpec{}, {3, 6}, 2, 1),
+      pool1d_row(avg(false, true), {2, 2, 6}, 3, 2, 1),
+      pool1d_row(avg(true, false), {1, 2, 6}, 3, 2, 1),
+      pool1d_row(avg(false, true), {3, 5}, 2, 0),
+      adaptive1d_row(false, {1, 2, 7}, 3),
+      adaptive1d_row(false, {2, 2, 6}, 2),
+      adaptive1d_row(true, {1, 2, 7}, 4),
+      adaptive1d_row(true, {3, 6}, 3),
+  };
 }
 
 }  // namespace
@@ -582,7 +679,11 @@ const std::vector<OpRow>& image_rows() {
         adaptive_row(true, {1, 1, 4, 6}, {2, 3}),
         adaptive_row(true, {1, 1, 3, 7}, {3, 4}),
         adaptive_row(true, {1, 1, 4, 3}, {4, 2}),
+        // avg_pool2d's divisor_override: every window's sum over one divisor.
+        pool_row(PoolSpec{false, false, true, 3}, {1, 1, 4, 4}, 3, 2, 1),
+        pool_row(PoolSpec{false, true, false, 5}, {1, 2, 3, 3}, 2, 0),
     };
+    for (OpRow& seq : sequence_rows()) r.push_back(std::move(seq));
     // Larger images, forward only: many (n, c) planes, across the kernels' parallel grain.
     for (OpRow big :
          {unfold_row({4, 16, 20, 20}, 3, 1, 1), fold_row({4, 16, 20, 20}, 3, 2, 1),

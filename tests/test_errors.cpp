@@ -623,6 +623,76 @@ const std::vector<ErrorRow>& error_rows() {
        Kind::DType, "[adaptive_avg_pool2d] needs a floating input, got i32"},
       {"image",
        [] {
+         avg_pool2d(f32({1, 1, 4, 4}), 2, 0, 0, false, true, -1);
+       },
+       Kind::Value, "[avg_pool2d] divisor_override -1 must be positive (0: none)"},
+      // The 1-D ops check their arguments in 1-D words (core/ops/window1d.cpp).
+      {"sequence",
+       [] {
+         conv1d(f32({2, 4, 9}), f32({6, 3, 3}));
+       },
+       Kind::Shape, "[conv1d] input (2, 4, 9) has 4 channels but the weight (6, 3, 3) expects 3"},
+      {"sequence",
+       [] {
+         conv1d(f32({2, 4, 9}), f32({3, 2, 3}), {}, 1, 0, 2);
+       },
+       Kind::Shape, "[conv1d] the weight (3, 2, 3) has 3 filters, which 2 groups do not divide"},
+      {"sequence",
+       [] {
+         conv1d(f32({2, 4, 9}), f32({6, 4, 3, 1}));
+       },
+       Kind::Shape, "[conv1d] weight must be (out, in / groups, k), got (6, 4, 3, 1)"},
+      {"sequence",
+       [] {
+         conv1d(f32({4, 2}), f32({6, 4, 3}));
+       },
+       Kind::Shape, "[conv1d] kernel_size 3 is larger than the padded input length 2 of (4, 2)"},
+      {"sequence",
+       [] {
+         conv1d(f32({1, 4, 5}), f32({6, 4, 3}), {}, 1, 0, 1, 3);
+       },
+       Kind::Shape,
+       "[conv1d] kernel_size 3 dilated by 3 is larger than the padded input length 5 of (1, 4, "
+       "5)"},
+      {"sequence",
+       [] {
+         conv1d(f32({1, 4, 5}), f32({6, 4, 3}), {}, 0);
+       },
+       Kind::Value,
+       "[conv1d] kernel_size 3, stride 0 and dilation 1 must be positive and padding 0 "
+       "non-negative"},
+      {"sequence",
+       [] {
+         conv1d(f32({1, 4, 5}), f32({6, 4, 3}), {}, 2, kSame);
+       },
+       Kind::Value, "[conv1d] padding \"same\" needs stride 1, got 2"},
+      {"sequence",
+       [] {
+         max_pool1d(f32({2, 3, 4, 5}), 2);
+       },
+       Kind::Shape, "[max_pool1d] input must be (N, C, L) or unbatched (C, L), got (2, 3, 4, 5)"},
+      {"sequence",
+       [] {
+         max_pool1d(f32({2, 6}), 3, 1, 2);
+       },
+       Kind::Value, "[max_pool1d] padding 2 must be at most half the kernel_size 3"},
+      {"sequence",
+       [] {
+         avg_pool1d(of({2, 6}, D::i64), 2);
+       },
+       Kind::DType, "[avg_pool1d] needs a floating input, got i64 (from avg_pool2d)"},
+      {"sequence",
+       [] {
+         adaptive_max_pool1d(f32({2, 0}), 1);
+       },
+       Kind::Shape, "[adaptive_max_pool1d] input (2, 0) is empty along L"},
+      {"sequence",
+       [] {
+         adaptive_avg_pool1d(f32({1, 2, 6}), 0);
+       },
+       Kind::Value, "[adaptive_avg_pool1d] output_size 0 must be positive"},
+      {"image",
+       [] {
          unfold(f32({1, 4, 4}), 2);
        },
        Kind::Shape, "[unfold] input must be (N, C, H, W)"},
@@ -659,55 +729,27 @@ const std::vector<ErrorRow>& error_rows() {
       // Normalizations, linear and losses.
       {"nn", [] { softmax(of({3}, D::i64), 0); }, Kind::DType,
        "[softmax] needs a floating input, got i64"},
-      {"nn",
-       [] {
-         softmax(f32({2, 3}), 2);
-       },
-       Kind::Value, "[softmax] dim 2 is out of range"},
+      {"nn", [] { softmax(f32({2, 3}), 2); }, Kind::Value, "[softmax] dim 2 is out of range"},
       {"nn", [] { log_softmax(of({3}, D::i32), 0); }, Kind::DType, "[log_softmax]"},
       {"nn", [] { log_softmax(f32({3}), -2); }, Kind::Value,
        "[log_softmax] dim -2 is out of range"},
       {"nn", [] { logsumexp(f32({3}), 1); }, Kind::Value, "[logsumexp] dim 1 is out of range"},
-      {"nn",
-       [] {
-         linear(f32({2, 3}), f32({4, 2}));
-       },
-       Kind::Shape, "[linear] input (2, 3) has 3 features but the weight (4, 2) expects 2"},
-      {"nn",
-       [] {
-         linear(f32({2, 3}), f32({3}));
-       },
-       Kind::Shape, "[linear] weight must be (out, in)"},
-      {"nn",
-       [] {
-         linear(f32({2, 3}), f32({4, 3}), f32({3}));
-       },
-       Kind::Shape, "[linear] bias must be (4), got (3)"},
-      {"nn",
-       [] {
-         linear(f32({2, 3}), of({4, 3}, D::f64));
-       },
-       Kind::DType, "[linear] input (f32) and weight (f64) must share a dtype"},
-      {"nn",
-       [] {
-         layer_norm(f32({2, 3}), {2});
-       },
-       Kind::Shape, "[layer_norm] normalized shape (2) does not match the last dims of (2, 3)"},
-      {"nn",
-       [] {
-         layer_norm(f32({3}), {2, 3});
-       },
-       Kind::Shape, "[layer_norm] normalized shape (2, 3) does not fit input (3)"},
-      {"nn",
-       [] {
-         layer_norm(f32({2, 3}), {3}, f32({2}));
-       },
-       Kind::Shape, "[layer_norm] weight (2) must have shape (3)"},
-      {"nn",
-       [] {
-         layer_norm(of({2, 3}, D::i64), {3});
-       },
-       Kind::DType, "[layer_norm] needs a floating input"},
+      {"nn", [] { linear(f32({2, 3}), f32({4, 2})); }, Kind::Shape,
+       "[linear] input (2, 3) has 3 features but the weight (4, 2) expects 2"},
+      {"nn", [] { linear(f32({2, 3}), f32({3})); }, Kind::Shape,
+       "[linear] weight must be (out, in)"},
+      {"nn", [] { linear(f32({2, 3}), f32({4, 3}), f32({3})); }, Kind::Shape,
+       "[linear] bias must be (4), got (3)"},
+      {"nn", [] { linear(f32({2, 3}), of({4, 3}, D::f64)); }, Kind::DType,
+       "[linear] input (f32) and weight (f64) must share a dtype"},
+      {"nn", [] { layer_norm(f32({2, 3}), {2}); }, Kind::Shape,
+       "[layer_norm] normalized shape (2) does not match the last dims of (2, 3)"},
+      {"nn", [] { layer_norm(f32({3}), {2, 3}); }, Kind::Shape,
+       "[layer_norm] normalized shape (2, 3) does not fit input (3)"},
+      {"nn", [] { layer_norm(f32({2, 3}), {3}, f32({2})); }, Kind::Shape,
+       "[layer_norm] weight (2) must have shape (3)"},
+      {"nn", [] { layer_norm(of({2, 3}, D::i64), {3}); }, Kind::DType,
+       "[layer_norm] needs a floating input"},
       {"nn", [] { mse_loss(f32({3}), f32({4})); }, Kind::Shape,
        "[mse_loss] prediction (3) and target (4) must have the same shape"},
       {"nn", [] { cross_entropy(f32({2, 3}), of({2}, D::f32)); }, Kind::Shape,
@@ -843,7 +885,7 @@ TEST_CASE("error rows: the right error type, and a message that starts with [op]
   CHECK(sited == sited_total);
   // At least three bad inputs per op family.
   for (const auto& [family, n] : per_family) CHECK_MESSAGE(n >= 3, family);
-  CHECK(per_family.size() == 14);
+  CHECK(per_family.size() == 15);
 }
 
 // ---- call sites (core/call_site.h) ------------------------------------------------------------

@@ -925,32 +925,37 @@ TEST_CASE("BatchNorm: errors name the layer and the input") {
 
 // ---- Conv1d, Identity ----
 
-TEST_CASE("Conv1d: a direct loop over positions, with stride, padding, bias, unbatched") {
+TEST_CASE("Conv1d: a direct loop over positions, with stride, padding, bias, groups, dilation") {
   struct Case {
     int64_t k, stride, padding;
     bool bias;
+    int64_t groups = 1, dilation = 1;
   };
   for (Case cs : {Case{3, 1, 0, true}, Case{3, 2, 1, false}, Case{1, 1, 0, true},
-                  Case{4, 3, 2, true}, Case{5, 1, 2, true}}) {
-    INFO("k " << cs.k << " stride " << cs.stride << " padding " << cs.padding);
+                  Case{4, 3, 2, true}, Case{5, 1, 2, true}, Case{2, 1, 1, true, 2},
+                  Case{3, 2, 2, false, 1, 2}, Case{2, 1, 0, true, 2, 3}}) {
+    INFO("k " << cs.k << " stride " << cs.stride << " padding " << cs.padding << " groups "
+              << cs.groups << " dilation " << cs.dilation);
     manual_seed(31);
-    Conv1d conv(2, 3, cs.k, cs.stride, cs.padding, cs.bias);
+    const int64_t n = 2, c = 2, len = 7, o = 4, cg = c / cs.groups, og = o / cs.groups;
+    Conv1d conv(c, o, cs.k, cs.stride, cs.padding, cs.bias, cs.groups, cs.dilation);
     conv.to(DType::f64);
-    const int64_t n = 2, c = 2, len = 7, o = 3;
+    CHECK(conv.weight.sizes() == Shape{o, cg, cs.k});
     Tensor x = randn({n, c, len}, f64);
     const std::vector<double> xv = values(x), wv = values(conv.weight);
     const std::vector<double> bv = cs.bias ? values(conv.bias) : std::vector<double>(o, 0.0);
-    const int64_t lo = (len + 2 * cs.padding - cs.k) / cs.stride + 1;
+    const int64_t lo = (len + 2 * cs.padding - cs.dilation * (cs.k - 1) - 1) / cs.stride + 1;
     std::vector<double> want;
     for (int64_t i = 0; i < n; ++i)
       for (int64_t oc = 0; oc < o; ++oc)
         for (int64_t p = 0; p < lo; ++p) {
           double acc = bv[oc];
-          for (int64_t ic = 0; ic < c; ++ic)
+          for (int64_t ic = 0; ic < cg; ++ic)
             for (int64_t j = 0; j < cs.k; ++j) {
-              const int64_t at = p * cs.stride + j - cs.padding;
+              const int64_t at = p * cs.stride + j * cs.dilation - cs.padding;
+              const int64_t channel = oc / og * cg + ic;
               if (at >= 0 && at < len)
-                acc += wv[(oc * c + ic) * cs.k + j] * xv[(i * c + ic) * len + at];
+                acc += wv[(oc * cg + ic) * cs.k + j] * xv[(i * c + channel) * len + at];
             }
           want.push_back(acc);
         }
@@ -980,6 +985,58 @@ TEST_CASE("Conv1d: a direct loop over positions, with stride, padding, bias, unb
   CHECK(contains(e, "[Conv1d] kernel_size 3 is larger than the padded input length 2"));
   e = error_of<ValueError>([] { Conv1d(1, 1, 0); });
   CHECK(contains(e, "[Conv1d]"));
+}
+
+TEST_CASE("Conv1d's padding modes and padding same, and the 1-D poolings, as their functions") {
+  manual_seed(37);
+  Tensor x = randn({2, 4, 9});
+  // padding_mode pads x in that mode, then convolves unpadded; "same" keeps the length.
+  Conv1d circ(4, 6, 3, 1, 2, true, 2, 2, "circular");
+  CHECK(circ.name() ==
+        "Conv1d(4, 6, kernel_size=3, stride=1, padding=2, dilation=2, groups=2, "
+        "padding_mode='circular')");
+  CHECK(bitwise_equal(circ(x),
+                      conv1d(pad(x, {2, 2}, "circular"), circ.weight, circ.bias, 1, 0, 2, 2)));
+  Conv1d refl(4, 3, 2, 2, 1, false, 1, 1, "reflect");
+  CHECK(bitwise_equal(refl(x), conv1d(pad(x, {1, 1}, "reflect"), refl.weight, {}, 2)));
+  Conv1d same(4, 3, 4, 1, kSame);  // an even kernel: 1 before, 2 after
+  CHECK(same.name() == "Conv1d(4, 3, kernel_size=4, stride=1, padding=same)");
+  CHECK(same(x).sizes() == Shape{2, 3, 9});
+  CHECK(bitwise_equal(same(x), conv1d(pad(x, {1, 2}), same.weight, same.bias)));
+  CHECK(bitwise_equal(same(x), conv1d(x, same.weight, same.bias, 1, kSame)));
+  Conv1d same_rep(4, 3, 3, 1, kSame, true, 1, 3, "replicate");
+  CHECK(bitwise_equal(same_rep(x), conv1d(pad(x, {3, 3}, "replicate"), same_rep.weight,
+                                          same_rep.bias, 1, 0, 1, 3)));
+  CHECK(contains(error_of<ValueError>([] { Conv1d(4, 3, 3, 2, kSame); }),
+                 "[Conv1d] padding \"same\" needs stride 1, got 2"));
+  CHECK(contains(error_of<ValueError>([] { Conv1d(4, 3, 3, 1, 0, true, 3); }),
+                 "[Conv1d] in_channels (4) and out_channels (3) must be divisible by groups (3)"));
+  CHECK(contains(error_of<ValueError>([] { Conv1d(4, 3, 3, 1, 0, true, 1, 1, "edge"); }),
+                 "[Conv1d] padding_mode must be"));
+  // Each pooling argument reaches the function, in PyTorch's order.
+  CHECK(bitwise_equal(MaxPool1d(3, 2, 1, 2, true)(x), max_pool1d(x, 3, 2, 1, 2, true)));
+  CHECK(MaxPool1d(3, 0, 1).name() == "MaxPool1d(kernel_size=3, stride=3, padding=1)");
+  CHECK(bitwise_equal(AvgPool1d(3, 2, 1, true, false)(x), avg_pool1d(x, 3, 2, 1, true, false)));
+  CHECK(AvgPool1d(2).name() == "AvgPool1d(kernel_size=2, stride=2)");
+  CHECK(AvgPool1d(2)(x).sizes() == Shape{2, 4, 4});
+  CHECK(bitwise_equal(AdaptiveAvgPool1d(4)(x), adaptive_avg_pool1d(x, 4)));
+  CHECK(bitwise_equal(AdaptiveMaxPool1d(3)(x[0]), adaptive_max_pool1d(x[0], 3)));
+  CHECK(close(AdaptiveAvgPool1d(1)(x), mean(x, Dims{2}, true), 1e-6));
+  // The 1-D ops are the 2-D ones over a height of 1.
+  CHECK(bitwise_equal(max_pool1d(x, 3, 2, 1),
+                      squeeze(max_pool2d(unsqueeze(x, 2), {1, 3}, {1, 2}, {0, 1}), 2)));
+  CHECK(contains(error_of<ValueError>([] { MaxPool1d(0); }),
+                 "[MaxPool1d] kernel_size and dilation must be positive"));
+  CHECK(contains(error_of<ValueError>([] { AvgPool1d(2, -1); }), "[AvgPool1d]"));
+  CHECK(contains(error_of<ValueError>([] { AdaptiveMaxPool1d(0); }),
+                 "[AdaptiveMaxPool1d] output_size must be positive"));
+  // avg_pool2d's divisor_override through AvgPool2d.
+  Tensor img = randn({1, 2, 4, 4});
+  CHECK(AvgPool2d(2, 0, 0, false, true, 3).name() ==
+        "AvgPool2d(kernel_size=2, stride=2, divisor_override=3)");
+  CHECK(close(AvgPool2d(2, 0, 0, false, true, 3)(img), avg_pool2d(img, 2) * (4.0 / 3.0), 1e-6));
+  CHECK(contains(error_of<ValueError>([] { AvgPool2d(2, 0, 0, false, true, -2); }),
+                 "[AvgPool2d] divisor_override must be positive (0: none), got -2"));
 }
 
 TEST_CASE("Identity returns its input") {

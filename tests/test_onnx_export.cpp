@@ -395,7 +395,8 @@ TEST_CASE(
 }
 
 // Conv's kernel_shape, strides, pads, dilations and group as torch.nn.Conv2d's tuples give them,
-// a dilated unfold (a Gather of the padded plane) and Conv1d (conv2d over a height of 1).
+// a dilated unfold (a Gather of the padded plane), and Conv1d and the 1-D poolings (their 2-D
+// ops over a height of 1).
 TEST_CASE(
     "export_onnx: dilated and transposed convolutions with per-dim strides and paddings run in "
     "ONNX Runtime" *
@@ -403,13 +404,20 @@ TEST_CASE(
   manual_seed(6);
   nn::Conv2d a(4, 6, {2, 3}, {2, 1}, {1, 2}, true, 2, {2, 1});
   nn::Conv1d b(3, 5, 3, 2, 1);
+  nn::Conv1d grouped(3, 6, 2, 1, 1, false, 3, 2);  // in groups, dilated
   // Transposed: with an output padding below the stride, and (the output padding below only
   // the dilation) as a crop of the unpadded image.
   nn::ConvTranspose2d up(4, 6, {3, 2}, {2, 1}, {1, 0}, {1, 0}, 2, true, {1, 2});
   nn::ConvTranspose2d wide(4, 3, 2, 1, 1, {1, 0}, 1, false, {2, 1});
   auto f = compile([&](const Tensor& x, const Tensor& s) {
-    return std::vector<Tensor>{a(x), unfold(x, {2, 2}, {1, 2}, {0, 1}, {3, 2}), b(s), up(x),
-                               wide(x)};
+    return std::vector<Tensor>{a(x),
+                               unfold(x, {2, 2}, {1, 2}, {0, 1}, {3, 2}),
+                               b(s),
+                               up(x),
+                               wide(x),
+                               grouped(s),
+                               max_pool1d(s, 3, 2, 1, 1, true) + avg_pool1d(s, 3, 2, 1),
+                               adaptive_avg_pool1d(s, 4) + adaptive_max_pool1d(s, 4)};
   });
   const std::string path = temp("dilated.onnx");
   const Tensor x = randn({2, 4, 7, 6}), s = randn({2, 3, 9});

@@ -515,16 +515,22 @@ Tensor max_pool2d(const Tensor& x, Size2 kernel, Size2 stride, Size2 padding, Si
 }
 
 Tensor avg_pool2d(const Tensor& x, Size2 kernel, Size2 stride, Size2 padding, bool ceil_mode,
-                  bool count_include_pad, std::source_location loc) {
+                  bool count_include_pad, int64_t divisor_override, std::source_location loc) {
   detail::SiteGuard site(loc);
   return detail::as_op("avg_pool2d", [&]() -> Tensor {
     DUET_CHECK_DTYPE(is_floating(x.dtype()), "[avg_pool2d] needs a floating input, got {}",
                      x.dtype());
+    DUET_CHECK_VALUE(divisor_override >= 0,
+                     "[avg_pool2d] divisor_override {} must be positive (0: none)",
+                     divisor_override);
     const detail::Pool q =
         detail::pool_geometry("avg_pool2d", x, kernel, stride, padding, 1, ceil_mode);
     const detail::Window& g = q.g;
     Tensor win = detail::pool_windows(x, q, 0, true);
     const SymDims xs = detail::sym_dims(x);
+    if (divisor_override > 0)
+      return detail::reshape_dims(sum(win, 2) / Scalar(double(divisor_override)),
+                                  {xs[0], xs[1], q.ho, q.wo});
     const bool pads = g.ph > 0 || g.pw > 0;
     if (q.eh == 0 && q.ew == 0 && (count_include_pad || !pads))
       return detail::reshape_dims(mean(win, 2), {xs[0], xs[1], q.ho, q.wo});
