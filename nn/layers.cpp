@@ -375,6 +375,20 @@ Tensor AdaptiveMaxPool1d::forward(const Tensor& x) { return adaptive_max_pool1d(
 
 // ---- Upsample ----
 
+namespace {
+void check_upsample_mode(const std::string& mode, bool align) {
+  DUET_CHECK_VALUE(mode == "nearest" || mode == "nearest-exact" || mode == "bilinear" ||
+                       mode == "bicubic" || mode == "area",
+                   "[Upsample] mode must be \"nearest\", \"nearest-exact\", \"bilinear\", "
+                   "\"bicubic\" or \"area\", got \"{}\"",
+                   mode);
+  DUET_CHECK_VALUE(!align || mode == "bilinear" || mode == "bicubic",
+                   "[Upsample] align_corners is for modes \"bilinear\" and \"bicubic\", not "
+                   "\"{}\"",
+                   mode);
+}
+}  // namespace
+
 Upsample::Upsample(double scale, std::string mode_, bool align)
     : Module(fmt::format("Upsample(scale_factor={}, mode='{}'{})", scale, mode_,
                          align ? ", align_corners=True" : "")),
@@ -383,15 +397,24 @@ Upsample::Upsample(double scale, std::string mode_, bool align)
       align_corners(align) {
   DUET_CHECK_VALUE(std::isfinite(scale) && scale > 0,
                    "[Upsample] scale_factor must be positive and finite, got {}", scale);
-  DUET_CHECK_VALUE(mode == "nearest" || mode == "nearest-exact" || mode == "bilinear",
-                   "[Upsample] mode must be \"nearest\", \"nearest-exact\" or \"bilinear\", "
-                   "got \"{}\"",
-                   mode);
-  DUET_CHECK_VALUE(!align || mode == "bilinear",
-                   "[Upsample] align_corners is for mode \"bilinear\", not \"{}\"", mode);
+  check_upsample_mode(mode, align);
 }
 
-Tensor Upsample::forward(const Tensor& x) { return upsample(x, scale_factor, mode, align_corners); }
+Upsample::Upsample(Size2 size_, std::string mode_, bool align)
+    : Module(fmt::format("Upsample(size={}, mode='{}'{})", size2_str(size_), mode_,
+                         align ? ", align_corners=True" : "")),
+      size(size_),
+      mode(std::move(mode_)),
+      align_corners(align) {
+  DUET_CHECK_VALUE(size_.h > 0 && size_.w > 0, "[Upsample] size must be positive, got {}",
+                   size2_str(size_));
+  check_upsample_mode(mode, align);
+}
+
+Tensor Upsample::forward(const Tensor& x) {
+  return scale_factor > 0 ? upsample(x, scale_factor, mode, align_corners)
+                          : interpolate(x, size, mode, align_corners);
+}
 
 // ---- Embedding ----
 

@@ -183,14 +183,17 @@ class AdaptiveMaxPool1d : public Module {
   int64_t output_size;
 };
 
-/// x (N, C, H, W) resampled by scale_factor, as torch.nn.Upsample(scale_factor=..., mode=...):
-/// upsample() in mode "nearest", "nearest-exact" or "bilinear" (align_corners for bilinear only).
-/// (For an output size, call interpolate().)
+/// x (N, C, H, W) resampled, as torch.nn.Upsample: by scale_factor (upsample()), or to an output
+/// size (interpolate(); a Size2, so Upsample(2) is a scale factor and Upsample(Size2(8)) or
+/// Upsample({8, 6}) a size), in mode "nearest", "nearest-exact", "bilinear", "bicubic" or "area"
+/// (align_corners for bilinear and bicubic only).
 class Upsample : public Module {
  public:
   explicit Upsample(double scale_factor, std::string mode = "nearest", bool align_corners = false);
+  explicit Upsample(Size2 size, std::string mode = "nearest", bool align_corners = false);
   Tensor forward(const Tensor& x) override;
-  double scale_factor;
+  double scale_factor = 0;  ///< 0 where the module resizes to `size`
+  Size2 size = 0;           ///< 0 where it scales by scale_factor
   std::string mode;
   bool align_corners;
 };

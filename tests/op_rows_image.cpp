@@ -2,6 +2,7 @@
 // max_pool2d and avg_pool2d (and their 1-D forms over a height of 1), with direct
 // references on plain doubles (see op_rows.h): the convolution and the pooling read the padded
 // image window by window, without building columns.
+#include <algorithm>
 #include <cmath>
 
 #include "op_rows.h"
@@ -230,17 +231,38 @@ std::vector<double> ref_resample(const Resample& q, const std::vector<double>& x
                                            : std::floor(float((double(i) + 0.5) * double(s)));
     return std::min(static_cast<int64_t>(src), in - 1);
   };
+  const bool cubic = q.mode == "bicubic";
   auto source = [&](int64_t i, int64_t in, int64_t out) {
     if (q.align) return out > 1 ? double(i) * double(in - 1) / double(out - 1) : 0.0;
     const double s = q.scale > 0 ? 1 / q.scale : double(in) / double(out);
-    return std::max((double(i) + 0.5) * s - 0.5, 0.0);
+    const double src = (double(i) + 0.5) * s - 0.5;
+    return cubic ? src : std::max(src, 0.0);  // (bicubic's is not clamped at 0)
+  };
+  // Keys' cubic convolution (a = -0.75) of the distance between a source coordinate and a row.
+  auto keys = [](double d) {
+    const double a = -0.75, t = std::abs(d);
+    return t <= 1 ? (a + 2) * t * t * t - (a + 3) * t * t + 1
+                  : a * t * t * t - 5 * a * t * t + 8 * a * t - 4 * a;
   };
   const int64_t h = xs[2], w = xs[3];
+  if (q.mode == "area") return ref_adaptive(false, x, xs, o);
   std::vector<double> out;
   for (int64_t p = 0; p < xs[0] * xs[1]; ++p)
     for (int64_t i = 0; i < o.h; ++i)
       for (int64_t j = 0; j < o.w; ++j) {
         const double* plane = x.data() + p * h * w;
+        if (cubic) {  // the 4 x 4 rows and columns around the source, clamped into the image
+          const double sh = source(i, h, o.h), sw = source(j, w, o.w);
+          const auto fh = static_cast<int64_t>(std::floor(sh)),
+                     fw = static_cast<int64_t>(std::floor(sw));
+          double acc = 0;
+          for (int64_t a = fh - 1; a <= fh + 2; ++a)
+            for (int64_t b = fw - 1; b <= fw + 2; ++b)
+              acc += keys(sh - double(a)) * keys(sw - double(b)) *
+                     plane[std::clamp<int64_t>(a, 0, h - 1) * w + std::clamp<int64_t>(b, 0, w - 1)];
+          out.push_back(acc);
+          continue;
+        }
         if (q.mode != "bilinear") {
           out.push_back(plane[nearest(i, h, o.h) * w + nearest(j, w, o.w)]);
           continue;
@@ -264,7 +286,9 @@ OpRow resample_row(Resample q, Shape xs, Size2 size) {
                                     q.align ? " align_corners" : "")
                       : fmt::format("interpolate {} {} to {}{}", q.mode, xs.str(), str(o),
                                     q.align ? " align_corners" : ""),
-          OpId::Gather,
+          q.mode != "area"                       ? OpId::Gather
+          : xs[2] % o.h == 0 && xs[3] % o.w == 0 ? OpId::Unfold
+                                                 : OpId::Cat,
           true,
           {xs},
           [=](const Ins& in) {
@@ -273,11 +297,14 @@ OpRow resample_row(Resample q, Shape xs, Size2 size) {
           },
           [=](const Values& v) { return ref_resample(q, v[0], xs, o); },
           {xs[0], xs[1], o.h, o.w}};
-  if (q.mode != "bilinear") r.dtypes = kNumeric;
+  if (q.mode == "nearest" || q.mode == "nearest-exact") r.dtypes = kNumeric;
+  if (q.mode == "bicubic") r.tol32 = 1e-4;  // 16 products, weights rounded to f32
   return r;
 }
 Resample resize(std::string mode, bool align = false) { return {std::move(mode), align, 0}; }
-Resample scaled(std::string mode, double scale) { return {std::move(mode), false, scale}; }
+Resample scaled(std::string mode, double scale, bool align = false) {
+  return {std::move(mode), align, scale};
+}
 
 OpRow unfold_row(Shape xs, Size2 k, Size2 s, Size2 p, Size2 d = 1) {
   const Geom g = geom(xs, k, s, p, d);
@@ -648,6 +675,17 @@ const std::vector<OpRow>& image_rows() {
         resample_row(scaled("nearest", 2), {1, 2, 2, 3}, 0),
         resample_row(scaled("bilinear", 1.5), {1, 1, 3, 4}, 0),
         resample_row(scaled("nearest-exact", 0.5), {1, 1, 4, 5}, 0),
+        // Bicubic (taps clamped into the image, weights past 1 and below 0) and area (the
+        // adaptive average pooling), by size and by scale.
+        resample_row(resize("bicubic"), {1, 2, 3, 4}, {5, 6}),
+        resample_row(resize("bicubic"), {1, 1, 5, 4}, {2, 3}),
+        resample_row(resize("bicubic", true), {1, 1, 3, 3}, {4, 5}),
+        resample_row(resize("bicubic", true), {1, 1, 3, 2}, {1, 3}),
+        resample_row(scaled("bicubic", 1.5), {1, 1, 3, 4}, 0),
+        resample_row(scaled("bicubic", 2, true), {1, 1, 2, 3}, 0),
+        resample_row(resize("area"), {1, 2, 4, 3}, {2, 3}),
+        resample_row(resize("area"), {1, 1, 5, 4}, {3, 3}),
+        resample_row(scaled("area", 0.5), {1, 1, 4, 5}, 0),
         pool_row(true, {1, 1, 4, 4}, 2, 0),
         pool_row(true, {2, 1, 3, 3}, 2, 1),
         pool_row(true, {1, 1, 3, 5}, 3, 2),

@@ -549,18 +549,30 @@ const std::vector<ErrorRow>& error_rows() {
        Kind::Value, "[conv_transpose2d] input (1, 2, 3, 2) with kernel 3x3, stride"},
       {"image",
        [] {
-         interpolate(f32({1, 1, 4, 4}), 8, "bicubic");
+         interpolate(f32({1, 1, 4, 4}), 8, "trilinear");
        },
        Kind::Value,
-       "[interpolate] mode must be \"nearest\", \"nearest-exact\" or \"bilinear\", got "
-       "\"bicubic\""},
+       "[interpolate] mode must be \"nearest\", \"nearest-exact\", \"bilinear\", "
+       "\"bicubic\" or \"area\", got \"trilinear\""},
       {"image",
        [] {
          interpolate(f32({1, 1, 4, 4}), 8, "nearest", true);
        },
        Kind::Value,
-       "[interpolate] align_corners is for the interpolating mode \"bilinear\", not "
-       "\"nearest\""},
+       "[interpolate] align_corners is for the interpolating modes \"bilinear\" and "
+       "\"bicubic\", not \"nearest\""},
+      {"image",
+       [] {
+         interpolate(f32({1, 1, 4, 4}), 2, "area", true);
+       },
+       Kind::Value,
+       "[interpolate] align_corners is for the interpolating modes \"bilinear\" and "
+       "\"bicubic\", not \"area\""},
+      {"image",
+       [] {
+         upsample(of({1, 1, 4, 4}, D::i32), 2, "bicubic");
+       },
+       Kind::DType, "[upsample] mode \"bicubic\" needs a floating input, got i32"},
       {"image",
        [] {
          interpolate(of({1, 1, 4, 4}, D::i64), 8, "bilinear");
@@ -721,11 +733,8 @@ const std::vector<ErrorRow>& error_rows() {
          fold(f32({1, 4, 4}), 1, 1, 2);
        },
        Kind::Shape, "[fold] kernel 2x2 is larger than the padded input 1x1"},
-      {"image",
-       [] {
-         fold(f32({1, 4, 4}), 3, 3, 2, 0);
-       },
-       Kind::Value, "[fold] kernel 2x2 and stride 0x0 must be positive"},
+      {"image", [] { fold(f32({1, 4, 4}), 3, 3, 2, 0); }, Kind::Value,
+       "[fold] kernel 2x2 and stride 0x0 must be positive"},
       // Normalizations, linear and losses.
       {"nn", [] { softmax(of({3}, D::i64), 0); }, Kind::DType,
        "[softmax] needs a floating input, got i64"},

@@ -224,6 +224,20 @@ TEST_CASE("layers compute what their ops compute") {
   // Upsampling by an integer factor is interpolating to that multiple of the size.
   CHECK(bitwise_equal(upsample(img, 3, "bilinear"), interpolate(img, {15, 15}, "bilinear")));
   CHECK(bitwise_equal(upsample(img, 2), interpolate(img, 10)));
+  // By an output size (a Size2), in every mode; "area" is the adaptive average pooling.
+  CHECK(Upsample(Size2{7, 3}, "bicubic", true).name() ==
+        "Upsample(size=(7, 3), mode='bicubic', align_corners=True)");
+  CHECK(bitwise_equal(Upsample(Size2{7, 3}, "bicubic", true)(img),
+                      interpolate(img, {7, 3}, "bicubic", true)));
+  CHECK(bitwise_equal(Upsample(Size2(3), "area")(img), adaptive_avg_pool2d(img, 3)));
+  CHECK(bitwise_equal(Upsample(0.5, "area")(img), adaptive_avg_pool2d(img, 2)));
+  CHECK(Upsample(2).scale_factor == 2);  // an int is a scale factor, as before
+  CHECK(contains(error_of<ValueError>([] {
+                   Upsample(Size2{0, 3});
+                 }),
+                 "[Upsample] size must be positive, got (0, 3)"));
+  CHECK(contains(error_of<ValueError>([] { Upsample(2.0, "area", true); }),
+                 "[Upsample] align_corners is for modes"));
   Embedding emb(5, 3);
   Tensor idx = tensor({4, 0, 4}, Options().dtype(DType::i64));
   CHECK(close(emb(idx), index_select(emb.weight, 0, idx), 0));
@@ -500,7 +514,7 @@ TEST_CASE("layers: constructor arguments out of range name the layer") {
        "[AdaptiveAvgPool2d]"},
       {[] { AdaptiveMaxPool2d(-1); }, "[AdaptiveMaxPool2d]"},
       {[] { Upsample(0); }, "[Upsample]"},
-      {[] { Upsample(2, "bicubic"); }, "[Upsample]"},
+      {[] { Upsample(2, "trilinear"); }, "[Upsample]"},
       {[] { Upsample(2, "nearest", true); }, "[Upsample]"},
       {[] { Embedding(0, 3); }, "[Embedding]"},
       {[] { Embedding(3, 0); }, "[Embedding]"},

@@ -464,6 +464,60 @@ Cases layer_cases() {
   return c;
 }
 
+// ---- convolutions, poolings and resampling ----
+
+// The variants of tools/torch_reference.py's window_cases(), in its order.
+Cases window_cases() {
+  Cases c;
+  c.emplace_back("conv1d_groups_dilation", [](Ref& r) {
+    Conv1d m(4, 6, 3, 2, 1, true, 2, 2);
+    r.load(m);
+    r.out("out", m(r.in("x")));
+  });
+  c.emplace_back("conv1d_same_circular", [](Ref& r) {
+    Conv1d m(4, 6, 3, 1, kSame, true, 1, 3, "circular");
+    r.load(m);
+    r.out("out", m(r.in("x")));
+  });
+  c.emplace_back("conv1d_same_even_kernel",
+                 [](Ref& r) { r.out("out", conv1d(r.in("x"), r.in("w"), r.in("b"), 1, kSame)); });
+  c.emplace_back("max_pool1d",
+                 [](Ref& r) { r.out("out", max_pool1d(r.in("x"), 3, 2, 1, 2, true)); });
+  c.emplace_back("avg_pool1d",
+                 [](Ref& r) { r.out("out", avg_pool1d(r.in("x"), 3, 2, 1, true, false)); });
+  c.emplace_back("adaptive_pool1d", [](Ref& r) {
+    r.out("avg", adaptive_avg_pool1d(r.in("x"), 4));
+    r.out("max", adaptive_max_pool1d(r.in("x"), 4));
+  });
+  c.emplace_back("adaptive_pool2d", [](Ref& r) {
+    r.out("avg", adaptive_avg_pool2d(r.in("x"), {3, 4}));
+    r.out("max", adaptive_max_pool2d(r.in("x"), {3, 4}));
+  });
+  c.emplace_back("max_pool2d", [](Ref& r) {
+    r.out("out", max_pool2d(r.in("x"), {3, 2}, {2, 1}, {1, 0}, {1, 2}, true));
+  });
+  c.emplace_back("avg_pool2d_exclude_pad",
+                 [](Ref& r) { r.out("out", avg_pool2d(r.in("x"), 3, 2, 1, true, false)); });
+  c.emplace_back("avg_pool2d_divisor",
+                 [](Ref& r) { r.out("out", avg_pool2d(r.in("x"), 3, 2, 1, false, true, 4)); });
+  c.emplace_back("conv_transpose2d", [](Ref& r) {
+    ConvTranspose2d m(4, 6, {3, 2}, {2, 1}, {1, 0}, {1, 0}, 2, true, {1, 2});
+    r.load(m);
+    r.out("out", m(r.in("x")));
+  });
+  auto resize = [](Size2 size, const char* mode, bool align = false) {
+    return [=](Ref& r) { r.out("out", interpolate(r.in("x"), size, mode, align)); };
+  };
+  c.emplace_back("interpolate_bicubic", resize({7, 3}, "bicubic"));
+  c.emplace_back("interpolate_bicubic_align", resize({6, 8}, "bicubic", true));
+  c.emplace_back("interpolate_bicubic_scale",
+                 [](Ref& r) { r.out("out", upsample(r.in("x"), 1.5, "bicubic")); });
+  c.emplace_back("interpolate_bilinear", resize({3, 9}, "bilinear"));
+  c.emplace_back("interpolate_nearest_exact", resize({7, 3}, "nearest-exact"));
+  c.emplace_back("interpolate_area", resize({3, 2}, "area"));
+  return c;
+}
+
 // ---- optimizers and schedulers ----
 
 // Five RMSprop steps on mse_loss(linear(x, w, b), y): w and b after each.
@@ -558,11 +612,12 @@ Cases optim_cases() {
 TEST_CASE("torch reference: ops") { run(op_cases()); }
 TEST_CASE("torch reference: gradient clipping") { run(clip_cases()); }
 TEST_CASE("torch reference: layers") { run(layer_cases()); }
+TEST_CASE("torch reference: convolutions, poolings and resampling") { run(window_cases()); }
 TEST_CASE("torch reference: RMSprop and the schedulers") { run(optim_cases()); }
 
 TEST_CASE("torch reference: every folder has a case, every case a folder") {
   std::set<std::string> cases, folders;
-  for (const Cases& cs : {op_cases(), clip_cases(), layer_cases(), optim_cases()})
+  for (const Cases& cs : {op_cases(), clip_cases(), layer_cases(), window_cases(), optim_cases()})
     for (const auto& [name, body] : cs) {
       CHECK_MESSAGE(cases.insert(name).second, "case " << name << " twice");
     }

@@ -2,7 +2,7 @@
 """Reference values from PyTorch for tests/test_torch_reference.cpp: the outputs and gradients of
 the later ops of core/api.def (masked_fill to einsum) and of the newer ops and layers (gelu's
 tanh form, scaled_dot_product_attention, the recurrent layers and cells, batch norm, Conv1d,
-MultiheadAttention), RMSprop's parameters after a few steps, the learning rates of the
+MultiheadAttention, the convolutions, poolings and resampling modes), RMSprop's parameters after a few steps, the learning rates of the
 schedulers, and gradient clipping, on fixed inputs drawn by torch with a fixed seed per case.
 
 Pinned: torch==2.11.0 (the CPU build, or PyPI's wheel run on the CPU) and numpy==2.4.6, the pins
@@ -453,6 +453,59 @@ def layer_cases():
     case("mha_causal", lambda c: mha_case(c, 4, None, mask="causal"))
 
 
+# ---- convolutions, poolings and resampling ----
+
+
+def window_cases():
+    def conv1d_layer(c, stride, padding, groups, dilation, mode="zeros"):
+        m = c.load(nn.Conv1d(4, 6, 3, stride=stride, padding=padding, groups=groups,
+                             dilation=dilation, padding_mode=mode))
+        c.out("out", m(c.randn("x", 2, 4, 11)))
+
+    case("conv1d_groups_dilation", lambda c: conv1d_layer(c, 2, 1, 2, 2))
+    case("conv1d_same_circular", lambda c: conv1d_layer(c, 1, "same", 1, 3, "circular"))
+    case("conv1d_same_even_kernel", lambda c: c.out("out", F.conv1d(
+        c.randn("x", 2, 3, 7), c.randn("w", 2, 3, 4), c.randn("b", 2), padding="same")))
+    case("max_pool1d", lambda c: c.out("out", F.max_pool1d(
+        c.randn("x", 2, 3, 10), 3, 2, 1, 2, ceil_mode=True)))
+    case("avg_pool1d", lambda c: c.out("out", F.avg_pool1d(
+        c.randn("x", 3, 10), 3, 2, 1, ceil_mode=True, count_include_pad=False)))
+
+    def adaptive(c, shape, size, f_avg, f_max):
+        x = c.randn("x", *shape)
+        c.out("avg", f_avg(x, size))
+        c.out("max", f_max(x, size))
+
+    case("adaptive_pool1d", lambda c: adaptive(c, (2, 3, 10), 4, F.adaptive_avg_pool1d,
+                                               F.adaptive_max_pool1d))
+    case("adaptive_pool2d", lambda c: adaptive(c, (1, 2, 7, 9), (3, 4), F.adaptive_avg_pool2d,
+                                               F.adaptive_max_pool2d))
+    case("max_pool2d", lambda c: c.out("out", F.max_pool2d(
+        c.randn("x", 2, 3, 7, 6), (3, 2), (2, 1), (1, 0), (1, 2), ceil_mode=True)))
+    case("avg_pool2d_exclude_pad", lambda c: c.out("out", F.avg_pool2d(
+        c.randn("x", 2, 3, 7, 6), 3, 2, 1, ceil_mode=True, count_include_pad=False)))
+    case("avg_pool2d_divisor", lambda c: c.out("out", F.avg_pool2d(
+        c.randn("x", 1, 2, 6, 7), 3, 2, 1, divisor_override=4)))
+
+    def conv_transpose(c):
+        m = c.load(nn.ConvTranspose2d(4, 6, (3, 2), (2, 1), (1, 0), (1, 0), groups=2,
+                                      dilation=(1, 2)))
+        c.out("out", m(c.randn("x", 2, 4, 4, 3)))
+
+    case("conv_transpose2d", conv_transpose)
+
+    def resample(c, mode, align=None, **kw):
+        x = c.randn("x", 1, 2, 4, 5)
+        c.out("out", F.interpolate(x, mode=mode, align_corners=align, **kw))
+
+    case("interpolate_bicubic", lambda c: resample(c, "bicubic", False, size=(7, 3)))
+    case("interpolate_bicubic_align", lambda c: resample(c, "bicubic", True, size=(6, 8)))
+    case("interpolate_bicubic_scale", lambda c: resample(c, "bicubic", False, scale_factor=1.5))
+    case("interpolate_bilinear", lambda c: resample(c, "bilinear", False, size=(3, 9)))
+    case("interpolate_nearest_exact", lambda c: resample(c, "nearest-exact", size=(7, 3)))
+    case("interpolate_area", lambda c: resample(c, "area", size=(3, 2)))
+
+
 # ---- optimizers and schedulers ----
 
 
@@ -524,6 +577,7 @@ def main():
     os.makedirs(OUT)
     ops_cases()
     layer_cases()
+    window_cases()
     optim_cases()
     scheduler_cases()
     n = len(os.listdir(OUT))

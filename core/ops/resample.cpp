@@ -1,6 +1,8 @@
 // Resampling images: interpolate to a size and upsample by a scale factor, as PyTorch's
-// F.interpolate, in the modes "nearest", "nearest-exact" and "bilinear". Composites of
-// index_select and elementwise products, one image dim at a time (Note [Resampling]).
+// F.interpolate, in the modes "nearest", "nearest-exact", "bilinear", "bicubic" and "area".
+// Composites of index_select and elementwise products, one image dim at a time, or of
+// adaptive_avg_pool2d (Note [Resampling]).
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <string>
@@ -20,85 +22,122 @@ namespace {
 // - "bilinear": src = (i + 0.5) * scale - 0.5 clamped at 0, or i * (in - 1) / (out - 1) with
 //   align_corners; the rows i0 = floor(src) and i0 + 1 (i0 at the last row), weighted 1 - l and
 //   l, l = src - i0. Along the width, then along the height: per output element the sum
-//   h0 (w0 x00 + w1 x01) + h1 (w0 x10 + w1 x11), PyTorch's bilinear formula.
+//   h0 (w0 x00 + w1 x01) + h1 (w0 x10 + w1 x11), PyTorch's bilinear formula;
+// - "bicubic": src as bilinear's but not clamped at 0; the rows floor(src) - 1 .. floor(src) + 2,
+//   each clamped into the image, weighted by Keys' cubic convolution with a = -0.75 at their
+//   distances from src (PyTorch's upsample_bicubic2d), width then height;
+// - "area": the mean over the cells of adaptive_avg_pool2d (PyTorch's area mode is that pooling).
 // The indices and weights depend on the sizes only, so they are constants of a trace.
-enum class Mode { Nearest, NearestExact, Bilinear };
+enum class Mode { Nearest, NearestExact, Bilinear, Bicubic, Area };
 
 Mode parse_mode(const char* op, std::string_view mode, bool align_corners) {
-  const bool known = mode == "nearest" || mode == "nearest-exact" || mode == "bilinear";
+  const bool known = mode == "nearest" || mode == "nearest-exact" || mode == "bilinear" ||
+                     mode == "bicubic" || mode == "area";
   DUET_CHECK_VALUE(known,
-                   "[{}] mode must be \"nearest\", \"nearest-exact\" or \"bilinear\", got \"{}\"",
+                   "[{}] mode must be \"nearest\", \"nearest-exact\", \"bilinear\", "
+                   "\"bicubic\" or \"area\", got \"{}\"",
                    op, mode);
   const Mode m = mode == "nearest"         ? Mode::Nearest
                  : mode == "nearest-exact" ? Mode::NearestExact
-                                           : Mode::Bilinear;
-  DUET_CHECK_VALUE(!align_corners || m == Mode::Bilinear,
-                   "[{}] align_corners is for the interpolating mode \"bilinear\", not \"{}\"", op,
-                   mode);
+                 : mode == "bilinear"      ? Mode::Bilinear
+                 : mode == "bicubic"       ? Mode::Bicubic
+                                           : Mode::Area;
+  DUET_CHECK_VALUE(!align_corners || m == Mode::Bilinear || m == Mode::Bicubic,
+                   "[{}] align_corners is for the interpolating modes \"bilinear\" and "
+                   "\"bicubic\", not \"{}\"",
+                   op, mode);
   return m;
 }
 
+// One dim's taps: output position i reads source rows index[k][i] weighted by weight[k][i], for
+// each tap k (nearest has one and no weights).
 struct Taps {
-  std::vector<double> i0, i1, w0, w1;  // bilinear; nearest uses i0 only
+  std::vector<std::vector<double>> index, weight;
+  explicit Taps(size_t n) : index(n), weight(n) {}
 };
 
-// One dim's source rows, and their weights for bilinear, as PyTorch's kernels compute them: the
-// coordinates scale by 1 / scale_factor where the caller gave one, else by in / out (nearest's
-// in float arithmetic).
+// Keys' cubic convolution kernel with a = -0.75 (PyTorch's), at distance t in [0, 2).
+double cubic(double t) {
+  constexpr double a = -0.75;
+  if (t <= 1) return ((a + 2) * t - (a + 3)) * t * t + 1;
+  return ((a * t - 5 * a) * t + 8 * a) * t - 4 * a;
+}
+
+// One dim's source rows, and their weights, as PyTorch's kernels compute them: the coordinates
+// scale by 1 / scale_factor where the caller gave one, else by in / out (nearest's in float
+// arithmetic).
 Taps taps(Mode m, int64_t in, int64_t out, std::optional<double> scale_factor, bool align_corners) {
-  Taps t;
+  const bool nearest = m == Mode::Nearest || m == Mode::NearestExact;
+  Taps t(nearest ? 1 : m == Mode::Bilinear ? 2 : 4);
   const double scale = scale_factor ? 1 / *scale_factor : double(in) / double(out);
   const float nearest_scale =
       scale_factor ? static_cast<float>(1 / *scale_factor) : float(in) / float(out);
+  auto clamped = [&](int64_t r) { return double(std::clamp<int64_t>(r, 0, in - 1)); };
   for (int64_t i = 0; i < out; ++i) {
-    if (m != Mode::Bilinear) {
+    if (nearest) {
       const float src =
           m == Mode::Nearest
               ? std::floor(static_cast<float>(i) * nearest_scale)
               : std::floor(static_cast<float>((double(i) + 0.5) * double(nearest_scale)));
-      t.i0.push_back(double(std::min(static_cast<int64_t>(src), in - 1)));
+      t.index[0].push_back(double(std::min(static_cast<int64_t>(src), in - 1)));
       continue;
     }
     double src;
     if (align_corners)
       src = out > 1 ? double(i) * double(in - 1) / double(out - 1) : 0;
     else
-      src = std::max((double(i) + 0.5) * scale - 0.5, 0.0);
-    const auto r0 = std::min(static_cast<int64_t>(src), in - 1);
-    const double l = src - double(r0);
-    t.i0.push_back(double(r0));
-    t.i1.push_back(double(r0 < in - 1 ? r0 + 1 : r0));
-    t.w0.push_back(1 - l);
-    t.w1.push_back(l);
+      src = (double(i) + 0.5) * scale - 0.5;
+    if (m == Mode::Bilinear) {
+      src = std::max(src, 0.0);
+      const auto r0 = std::min(static_cast<int64_t>(src), in - 1);
+      const double l = src - double(r0);
+      t.index[0].push_back(double(r0));
+      t.index[1].push_back(double(r0 < in - 1 ? r0 + 1 : r0));
+      t.weight[0].push_back(1 - l);
+      t.weight[1].push_back(l);
+      continue;
+    }
+    const double f = std::floor(src), l = src - f;
+    const auto r = static_cast<int64_t>(f);
+    const double w[4] = {cubic(l + 1), cubic(l), cubic(1 - l), cubic(2 - l)};
+    for (int k = 0; k < 4; ++k) {
+      t.index[size_t(k)].push_back(clamped(r - 1 + k));
+      t.weight[size_t(k)].push_back(w[k]);
+    }
   }
   return t;
 }
 
 // x resampled along dim (2 or 3) by the taps.
-Tensor along(const Tensor& x, int64_t dim, Mode m, const Taps& t) {
+Tensor along(const Tensor& x, int64_t dim, const Taps& t) {
   const Options idx = Options().dtype(DType::i64).device(x.device());
-  const Tensor r0 = index_select(x, dim, tensor(t.i0, idx));
-  if (m != Mode::Bilinear) return r0;
-  const Tensor r1 = index_select(x, dim, tensor(t.i1, idx));
   const Options w = Options().dtype(x.dtype()).device(x.device());
-  const Shape ws = dim == 2 ? Shape{int64_t(t.w0.size()), 1} : Shape{int64_t(t.w0.size())};
-  return r0 * tensor(t.w0, ws, w) + r1 * tensor(t.w1, ws, w);
+  Tensor r;
+  for (size_t k = 0; k < t.index.size(); ++k) {
+    const Tensor rows = index_select(x, dim, tensor(t.index[k], idx));
+    if (t.weight[k].empty()) return rows;  // nearest
+    const int64_t n = int64_t(t.weight[k].size());
+    const Tensor term = rows * tensor(t.weight[k], dim == 2 ? Shape{n, 1} : Shape{n}, w);
+    r = r.defined() ? r + term : term;
+  }
+  return r;
 }
 
 Tensor resample(const char* op, const Tensor& x, Size2 size, std::optional<double> scale_factor,
                 std::string_view mode, bool align_corners) {
   const Mode m = parse_mode(op, mode, align_corners);
   DUET_CHECK_SHAPE(x.dim() == 4, "[{}] input must be (N, C, H, W), got {}", op, x.sizes());
-  DUET_CHECK_DTYPE(m != Mode::Bilinear || is_floating(x.dtype()),
-                   "[{}] mode \"bilinear\" needs a floating input, got {}", op, x.dtype());
+  DUET_CHECK_DTYPE(m == Mode::Nearest || m == Mode::NearestExact || is_floating(x.dtype()),
+                   "[{}] mode \"{}\" needs a floating input, got {}", op, mode, x.dtype());
   DUET_CHECK_DTYPE(x.dtype() != DType::b8, "[{}] is not defined for b8 input", op);
   const int64_t h = x.size(2), w = x.size(3);
   DUET_CHECK_SHAPE(h > 0 && w > 0, "[{}] input {} has an empty image", op, x.sizes());
   DUET_CHECK_VALUE(size.h > 0 && size.w > 0, "[{}] output size {}x{} must be positive", op, size.h,
                    size.w);
+  if (m == Mode::Area) return adaptive_avg_pool2d(x, size);
   const Taps th = taps(m, h, size.h, scale_factor, align_corners);
   const Taps tw = taps(m, w, size.w, scale_factor, align_corners);
-  return along(along(x, 3, m, tw), 2, m, th);
+  return along(along(x, 3, tw), 2, th);
 }
 
 }  // namespace
