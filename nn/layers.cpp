@@ -168,6 +168,26 @@ Tensor ConvTranspose2d::forward(const Tensor& x) {
   return conv_transpose2d(x, weight, bias, stride, padding, output_padding, groups, dilation);
 }
 
+// PyTorch's _output_padding: the output padding that gives output_size, where one does.
+Tensor ConvTranspose2d::forward(const Tensor& x, Size2 output_size) {
+  DUET_CHECK_SHAPE(x.defined() && x.dim() == 4,
+                   "[ConvTranspose2d] input must be (N, {}, H, W) for an output size, got {}",
+                   in_channels, x.defined() ? x.sizes() : Shape{});
+  auto extra = [&](int64_t in, int64_t want, int64_t k, int64_t s, int64_t p, int64_t d,
+                   const char* dim) {
+    const int64_t least = (in - 1) * s - 2 * p + d * (k - 1) + 1;
+    DUET_CHECK_VALUE(want >= least && want <= least + s - 1,
+                     "[ConvTranspose2d] output size {}x{}: its {} {} is not between {} and {} "
+                     "(for the input {})",
+                     output_size.h, output_size.w, dim, want, least, least + s - 1, x.sizes());
+    return want - least;
+  };
+  const Size2 op{
+      extra(x.size(2), output_size.h, kernel_size.h, stride.h, padding.h, dilation.h, "height"),
+      extra(x.size(3), output_size.w, kernel_size.w, stride.w, padding.w, dilation.w, "width")};
+  return conv_transpose2d(x, weight, bias, stride, padding, op, groups, dilation);
+}
+
 // ---- Conv1d ----
 
 // Note [Conv1d]

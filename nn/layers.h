@@ -69,6 +69,9 @@ class ConvTranspose2d : public Module {
                   Size2 padding = 0, Size2 output_padding = 0, int64_t groups = 1, bool bias = true,
                   Size2 dilation = 1);
   Tensor forward(const Tensor& x) override;
+  /// The output (oh, ow) rather than the output_padding, as PyTorch's forward(x, output_size):
+  /// each between the size of no output padding and that plus stride - 1.
+  Tensor forward(const Tensor& x, Size2 output_size);
   void reset_parameters();
 
   int64_t in_channels, out_channels;

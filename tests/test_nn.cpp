@@ -685,6 +685,31 @@ TEST_CASE("layers: ConvTranspose2d is conv2d's adjoint, and inverts its shapes")
         "bias=false)");
   CHECK_THROWS_AS(ConvTranspose2d(4, 3, 3, 1, 0, 1), ValueError);     // output padding >= both
   CHECK_THROWS_AS(ConvTranspose2d(4, 3, 3, 1, 0, 0, 2), ValueError);  // 3 out in 2 groups
+  // An output size in place of the output padding (PyTorch's forward(x, output_size)): a
+  // conv2d's input size back, whichever of the sizes its stride maps to one output it was.
+  ConvTranspose2d down_up(4, 3, {3, 2}, {2, 3}, {1, 0});
+  for (Size2 size : {Size2{9, 14}, Size2{10, 16}, Size2{9, 15}}) {
+    CAPTURE(size.h);
+    CAPTURE(size.w);
+    const Tensor back = down_up.forward(z, size);
+    CHECK(back.sizes() == Shape{2, 3, size.h, size.w});
+    const Size2 op{size.h - 9, size.w - 14};
+    CHECK(
+        bitwise_equal(back, conv_transpose2d(z, down_up.weight, down_up.bias, {2, 3}, {1, 0}, op)));
+  }
+  CHECK(contains(error_of<ValueError>([&] {
+                   down_up.forward(z, {11, 14});
+                 }),
+                 "[ConvTranspose2d] output size 11x14: its height 11 is not between 9 and 10 (for "
+                 "the input (2, 4, 5, 5))"));
+  CHECK(contains(error_of<ValueError>([&] {
+                   down_up.forward(z, {9, 13});
+                 }),
+                 "its width 13 is not between 14 and 16"));
+  CHECK(contains(error_of<ShapeError>([&] {
+                   down_up.forward(randn({4, 5, 5}), {9, 6});
+                 }),
+                 "[ConvTranspose2d] input must be (N, 4, H, W) for an output size"));
 }
 
 TEST_CASE("layers: names for messages") {

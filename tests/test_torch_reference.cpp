@@ -505,6 +505,11 @@ Cases window_cases() {
     r.load(m);
     r.out("out", m(r.in("x")));
   });
+  c.emplace_back("conv_transpose2d_output_size", [](Ref& r) {
+    ConvTranspose2d m(3, 2, 3, {2, 3}, 1);
+    r.load(m);
+    r.out("out", m.forward(r.in("x"), {8, 9}));
+  });
   auto resize = [](Size2 size, const char* mode, bool align = false) {
     return [=](Ref& r) { r.out("out", interpolate(r.in("x"), size, mode, align)); };
   };

@@ -494,6 +494,12 @@ def window_cases():
 
     case("conv_transpose2d", conv_transpose)
 
+    def conv_transpose_size(c):
+        m = c.load(nn.ConvTranspose2d(3, 2, 3, (2, 3), 1))
+        c.out("out", m(c.randn("x", 1, 3, 4, 3), output_size=(8, 9)))
+
+    case("conv_transpose2d_output_size", conv_transpose_size)
+
     def resample(c, mode, align=None, **kw):
         x = c.randn("x", 1, 2, 4, 5)
         c.out("out", F.interpolate(x, mode=mode, align_corners=align, **kw))
