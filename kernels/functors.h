@@ -174,6 +174,25 @@ struct Neg {
   }
   DUET_PACKET(ei::pxor(x, ei::pset1<P>(typename ei::unpacket_traits<P>::type(-0.0))))
 };
+// Note [Eigen's exp below its range]
+// Eigen 3.4's pexp clamps its argument before it computes: in f64, e^x below -709.78 came out
+// e^-709.78 = 5.6e-309 (exp(-inf) too), where std::exp's and PyTorch's are the denormals down to
+// e^-745.13 and 0 below; in f32 it flushes the denormals, below -87.34, to 0. A packet with a lane
+// below the smallest normal's exponent (where pexp is exact to its ulps) computes lane by lane
+// with std::exp: rare (masked softmax lanes at -inf), and one comparison for the others.
+#if !defined(__CUDACC__)
+template <class P>
+P exp_packet(const P& x) {
+  using T = typename ei::unpacket_traits<P>::type;
+  constexpr int n = ei::unpacket_traits<P>::size;
+  const P low = ei::pset1<P>(DUET_STD::is_same_v<T, double> ? T(-708.3) : T(-87.3));
+  if (!ei::predux_any(ei::pcmp_lt(x, low))) return ei::pexp(x);
+  alignas(64) T lanes[n];
+  ei::pstoreu(lanes, x);
+  for (int i = 0; i < n; ++i) lanes[i] = math::exp(lanes[i]);
+  return ei::ploadu<P>(lanes);
+}
+#endif
 struct Exp {
   template <class T>
   static constexpr bool has_packet = is_float_v<T>;
@@ -181,7 +200,7 @@ struct Exp {
   DUET_HD T operator()(T x) const {
     return math::exp(x);
   }
-  DUET_PACKET(ei::pexp(x))
+  DUET_PACKET(exp_packet(x))
 };
 // e^x - 1, accurate near 0.
 struct Expm1 {

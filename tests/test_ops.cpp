@@ -207,6 +207,26 @@ void check_special(const ElementwiseRow& row, const Tensor& got, const Built& b,
 
 }  // namespace
 
+// Note [Eigen's exp below its range] in kernels/functors.h: Eigen's packet exp gave e^-709.78
+// for every f64 below it (exp(-inf) 5.6e-309) and flushed f32's denormals; std::exp's values,
+// eagerly (a packet per 8 or 16 lanes, one lane below the range) and in a fused kernel.
+TEST_CASE("exp underflows as std::exp does: the denormals, then 0") {
+  for (DType dt : {DType::f64, DType::f32}) {
+    CAPTURE(dtype_name(dt));
+    std::vector<double> xs = {-INFINITY, -1e30, -1000, -745.2, -744, -720, -708, -100, -88, 0, 1};
+    xs.resize(40, -1.0);  // whole packets, and lanes of normal values beside them
+    std::vector<double> want;
+    for (double x : xs) want.push_back(dt == DType::f64 ? std::exp(x) : double(std::exp(float(x))));
+    const Tensor x = tensor(xs).to(dt);
+    const double rtol = dt == DType::f64 ? 1e-15 : 1e-7;  // (pexp's ulps; no absolute slack)
+    CHECK(differences(values(exp(x)), want, rtol, 0, Zeros::Signed) == "");
+    auto f = compile([](const Tensor& t) { return exp(t * 1.0) + 0.0; });
+    CHECK(differences(values(f(x)), want, rtol, 0, Zeros::Signed) == "");
+  }
+  // softplus(-inf) is 0, as PyTorch's (it was 5.6e-309 in f64).
+  CHECK(softplus(tensor({-INFINITY}).to(DType::f64)).item<double>() == 0);
+}
+
 TEST_CASE("close() and differences(): a NaN equals only a NaN; zeros signed when asked") {
   const double nan = std::numeric_limits<double>::quiet_NaN();
   const double inf = std::numeric_limits<double>::infinity();
