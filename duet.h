@@ -17,6 +17,7 @@
 #include "eager/autograd.h"
 #include "eager/checkpoint.h"
 #include "nn/data.h"
+#include "nn/activation.h"
 #include "nn/init.h"
 #include "nn/layers.h"
 #include "nn/module.h"

@@ -8,6 +8,7 @@
 // operators.
 #pragma once
 
+#include <optional>
 #include <string_view>
 #include <vector>
 

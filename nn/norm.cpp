@@ -1,4 +1,4 @@
-// duet: BatchNorm1d/2d/3d (Note [Batch norm under compile] in nn/norm.h).
+// duet: BatchNorm1d/2d/3d (Note [Batch norm under compile] in nn/norm.h), GroupNorm and RMSNorm.
 #include "nn/norm.h"
 
 #include "core/op_table.h"
@@ -109,5 +109,51 @@ Tensor BatchNormBase::forward(const Tensor& x) {
   if (weight.defined()) y = y * reshape(weight, per_channel) + reshape(bias, per_channel);
   return y;
 }
+
+// ---- GroupNorm, RMSNorm ----
+
+GroupNorm::GroupNorm(int64_t groups, int64_t channels, double eps_, bool affine)
+    : Module(fmt::format("GroupNorm({}, {}, eps={}, affine={})", groups, channels, eps_, affine)),
+      num_groups(groups),
+      num_channels(channels),
+      eps(eps_) {
+  DUET_CHECK_VALUE(groups > 0 && channels > 0 && channels % groups == 0 && eps_ >= 0,
+                   "[GroupNorm] num_channels must split into num_groups groups (both positive) "
+                   "and eps must be non-negative, got {}",
+                   name());
+  if (affine) {
+    weight = register_parameter("weight", ones({channels}));
+    bias = register_parameter("bias", zeros({channels}));
+  }
+}
+
+void GroupNorm::reset_parameters() {
+  if (weight.defined()) {
+    init::ones_(weight);
+    init::zeros_(bias);
+  }
+}
+
+Tensor GroupNorm::forward(const Tensor& x) { return group_norm(x, num_groups, weight, bias, eps); }
+
+RMSNorm::RMSNorm(Shape shape, std::optional<double> eps_, bool affine)
+    : Module(fmt::format("RMSNorm({}, eps={}, elementwise_affine={})", shape,
+                         eps_ ? fmt::format("{}", *eps_) : std::string("None"), affine)),
+      normalized_shape(shape),
+      eps(eps_) {
+  bool positive = shape.size() > 0;
+  for (int64_t d : shape) positive = positive && d > 0;
+  DUET_CHECK_VALUE(positive && (!eps_ || *eps_ >= 0),
+                   "[RMSNorm] normalized_shape must have at least one dim, all positive, and eps "
+                   "must be non-negative, got {}",
+                   name());
+  if (affine) weight = register_parameter("weight", ones(shape));
+}
+
+void RMSNorm::reset_parameters() {
+  if (weight.defined()) init::ones_(weight);
+}
+
+Tensor RMSNorm::forward(const Tensor& x) { return rms_norm(x, normalized_shape, weight, eps); }
 
 }  // namespace duet::nn

@@ -1,5 +1,6 @@
 // duet: batch normalization (torch.nn's BatchNorm1d, 2d and 3d), with PyTorch's parameters,
-// buffers, defaults and running statistics, so that a PyTorch state dict loads by name.
+// buffers, defaults and running statistics, so that a PyTorch state dict loads by name; and
+// GroupNorm and RMSNorm over group_norm and rms_norm.
 //
 // Note [Batch norm under compile]
 // In training mode with track_running_stats, forward updates the buffers in place, outside
@@ -101,6 +102,37 @@ class BatchNorm3d : public BatchNormBase {
                         .momentum(momentum)
                         .affine(affine)
                         .track_running_stats(track_running_stats)) {}
+};
+
+/// Group norm over (N, C, *), as torch.nn.GroupNorm: group_norm with num_groups groups of
+/// num_channels / num_groups channels; weight (ones) and bias (zeros) of (num_channels), with
+/// affine.
+class GroupNorm : public Module {
+ public:
+  GroupNorm(int64_t num_groups, int64_t num_channels, double eps = 1e-5, bool affine = true);
+  Tensor forward(const Tensor& x) override;
+  /// weight to ones and bias to zeros.
+  void reset_parameters();
+
+  int64_t num_groups, num_channels;
+  double eps;
+  Tensor weight, bias;  ///< undefined without affine
+};
+
+/// RMS norm over the trailing normalized_shape dims, as torch.nn.RMSNorm (LLaMA's): rms_norm with
+/// a weight (ones) of normalized_shape, with elementwise_affine; eps nullopt is the machine
+/// epsilon of the input's dtype, as PyTorch's eps=None.
+class RMSNorm : public Module {
+ public:
+  explicit RMSNorm(Shape normalized_shape, std::optional<double> eps = std::nullopt,
+                   bool elementwise_affine = true);
+  Tensor forward(const Tensor& x) override;
+  /// weight to ones.
+  void reset_parameters();
+
+  Shape normalized_shape;
+  std::optional<double> eps;
+  Tensor weight;  ///< undefined without elementwise_affine
 };
 
 }  // namespace duet::nn

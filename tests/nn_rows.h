@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "nn/activation.h"
 #include "nn/layers.h"
 #include "nn/module.h"
 #include "nn/optim/optim.h"

@@ -46,8 +46,12 @@ struct ElementwiseRow {
   std::vector<Domain> grad_domains = {};
 };
 const std::vector<ElementwiseRow>& elementwise_rows();
-/// The rows of erf, log_sigmoid and the elementwise composites gelu and silu (op_rows_nn.cpp).
+/// The rows of erf, log_sigmoid and the elementwise composites gelu and silu (op_rows_nn.cpp),
+/// and of the piecewise activations (activation_rows()).
 const std::vector<ElementwiseRow>& special_function_rows();
+/// leaky_relu, elu, selu, celu, hardtanh, relu6, hardsigmoid, hardswish, mish
+/// (op_rows_activation.cpp).
+std::vector<ElementwiseRow> activation_rows();
 
 /// Cast and Copy: x converted to another dtype.
 struct ConversionRow {
@@ -139,8 +143,11 @@ struct OpRow {
   double low_rtol_scale = 1;
   bool grad = true;  ///< in the gradient sweep (inputs of at most 24 elements); false: forward only
 };
-const std::vector<OpRow>& index_rows();   ///< gather, scatter_add, cat, argmax and composites
-const std::vector<OpRow>& nn_rows();      ///< softmax family, linear, layer_norm, losses, dropout
+const std::vector<OpRow>& index_rows();  ///< gather, scatter_add, cat, argmax and composites
+const std::vector<OpRow>& nn_rows();     ///< softmax family, linear, layer_norm, losses, dropout
+/// glu, prelu, rms_norm, group_norm, normalize, cosine_similarity, l1_loss, smooth_l1_loss,
+/// huber_loss, kl_div, mse_loss's reductions (op_rows_activation.cpp), part of nn_rows().
+std::vector<OpRow> norm_loss_rows();
 const std::vector<OpRow>& image_rows();   ///< unfold, fold, conv2d, pooling
 const std::vector<OpRow>& random_rows();  ///< rand, randn, randint
 /// masked_fill, tril, triu, split, chunk, flip, roll, pad, cumsum, var, std, amax, amin,

@@ -784,6 +784,51 @@ const std::vector<ErrorRow>& error_rows() {
        "[binary_cross_entropy_with_logits] logits (3) and targets (4) must have the same shape"},
       {"nn", [] { binary_cross_entropy_with_logits(f32({3}), of({3}, D::i64)); }, Kind::DType,
        "[binary_cross_entropy_with_logits] targets must be floating"},
+      // The activations (core/ops/activations.cpp).
+      {"activation", [] { leaky_relu(of({3}, D::i64)); }, Kind::DType,
+       "[leaky_relu] needs a floating input, got i64 (input (3))"},
+      {"activation", [] { elu(f32({3}), INFINITY); }, Kind::Value,
+       "[elu] alpha must be finite, got inf"},
+      {"activation", [] { celu(f32({3}), 0); }, Kind::Value,
+       "[celu] alpha must be finite and nonzero, got 0"},
+      {"activation", [] { hardtanh(f32({3}), 2, 1); }, Kind::Value,
+       "[hardtanh] min_val 2 must be at most max_val 1"},
+      {"activation", [] { glu(f32({3, 5})); }, Kind::Shape,
+       "[glu] dim -1 of (3, 5) must have an even size, got 5"},
+      {"activation", [] { glu(f32({3, 4}), 2); }, Kind::Value,
+       "[glu] dim 2 is out of range for (3, 4)"},
+      {"activation", [] { prelu(f32({2, 3}), f32({2})); }, Kind::Shape,
+       "[prelu] weight (2) must hold 1 value or one per channel (dim 1 of (2, 3))"},
+      // The normalizations (core/ops/norms.cpp).
+      {"norm", [] { rms_norm(f32({2, 3}), {2}); }, Kind::Shape,
+       "[rms_norm] normalized shape (2) does not match the last dims of (2, 3)"},
+      {"norm", [] { rms_norm(f32({2, 3}), {3}, f32({2})); }, Kind::Shape,
+       "[rms_norm] weight (2) must have shape (3)"},
+      {"norm", [] { group_norm(f32({2, 6, 3}), 4); }, Kind::Value,
+       "[group_norm] 6 channels of input (2, 6, 3) do not split into 4 groups"},
+      {"norm", [] { group_norm(f32({6}), 2); }, Kind::Shape,
+       "[group_norm] input must be (N, C, ...), got (6)"},
+      {"norm", [] { group_norm(f32({2, 6}), 2, f32({3})); }, Kind::Shape,
+       "[group_norm] weight and bias must be (6), got (3)"},
+      {"norm", [] { normalize(f32({2, 3}), 0); }, Kind::Value,
+       "[normalize] p must be positive, got 0"},
+      {"norm", [] { cosine_similarity(f32({2, 3}), f32({2, 4})); }, Kind::Shape,
+       "[cosine_similarity] inputs (2, 3) and (2, 4) must have one number of dims"},
+      // The losses (core/ops/losses.cpp).
+      {"loss", [] { l1_loss(f32({3}), f32({4})); }, Kind::Shape,
+       "[l1_loss] input (3) and target (4) must have the same shape"},
+      {"loss", [] { l1_loss(f32({3}), f32({3}), "avg"); }, Kind::Value,
+       "[l1_loss] reduction must be \"none\", \"mean\" or \"sum\", got \"avg\""},
+      {"loss", [] { smooth_l1_loss(f32({3}), f32({3}), "mean", -1); }, Kind::Value,
+       "[smooth_l1_loss] beta must be non-negative and finite, got -1"},
+      {"loss", [] { huber_loss(f32({3}), f32({3}), "mean", 0); }, Kind::Value,
+       "[huber_loss] delta must be positive and finite, got 0"},
+      {"loss", [] { kl_div(f32({3}), of({3}, D::f64)); }, Kind::DType,
+       "[kl_div] needs a floating input and target of one dtype, got f32 and f64"},
+      {"loss", [] { kl_div(f32({3}), f32({3}), "batch"); }, Kind::Value,
+       "[kl_div] reduction must be \"none\", \"mean\", \"batchmean\" or \"sum\""},
+      {"loss", [] { mse_loss(f32({3}), f32({3}), "max"); }, Kind::Value,
+       "[mse_loss] reduction must be \"none\", \"mean\" or \"sum\", got \"max\""},
       // Randomness.
       {"random", [] { dropout(f32({3}), 1.5, true); }, Kind::Value,
        "[dropout] probability must be in [0, 1], got 1.5"},
@@ -894,7 +939,7 @@ TEST_CASE("error rows: the right error type, and a message that starts with [op]
   CHECK(sited == sited_total);
   // At least three bad inputs per op family.
   for (const auto& [family, n] : per_family) CHECK_MESSAGE(n >= 3, family);
-  CHECK(per_family.size() == 15);
+  CHECK(per_family.size() == 18);
 }
 
 // ---- call sites (core/call_site.h) ------------------------------------------------------------

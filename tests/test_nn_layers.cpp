@@ -7,6 +7,7 @@
 #include <optional>
 #include <tuple>
 
+#include "nn/activation.h"
 #include "nn/layers.h"
 #include "nn/norm.h"
 #include "nn/rnn.h"
@@ -1037,6 +1038,64 @@ TEST_CASE("Conv1d's padding modes and padding same, and the 1-D poolings, as the
   CHECK(close(AvgPool2d(2, 0, 0, false, true, 3)(img), avg_pool2d(img, 2) * (4.0 / 3.0), 1e-6));
   CHECK(contains(error_of<ValueError>([] { AvgPool2d(2, 0, 0, false, true, -2); }),
                  "[AvgPool2d] divisor_override must be positive (0: none), got -2"));
+}
+
+TEST_CASE("activation layers, GroupNorm and RMSNorm: their functions, names and parameters") {
+  manual_seed(41);
+  Tensor x = randn({2, 6, 4});
+  // Each layer is its function, with PyTorch's printed name.
+  const std::vector<std::tuple<std::shared_ptr<Module>, Tensor, std::string>> layers = {
+      {std::make_shared<LeakyReLU>(0.2), leaky_relu(x, 0.2), "LeakyReLU(negative_slope=0.2)"},
+      {std::make_shared<ELU>(0.5), elu(x, 0.5), "ELU(alpha=0.5)"},
+      {std::make_shared<SELU>(), selu(x), "SELU()"},
+      {std::make_shared<CELU>(2), celu(x, 2), "CELU(alpha=2)"},
+      {std::make_shared<Hardtanh>(-2, 1), hardtanh(x, -2, 1), "Hardtanh(min_val=-2, max_val=1)"},
+      {std::make_shared<ReLU6>(), relu6(x), "ReLU6()"},
+      {std::make_shared<Hardsigmoid>(), hardsigmoid(x), "Hardsigmoid()"},
+      {std::make_shared<Hardswish>(), hardswish(x), "Hardswish()"},
+      {std::make_shared<Mish>(), mish(x), "Mish()"},
+      {std::make_shared<GLU>(1), glu(x, 1), "GLU(dim=1)"},
+      {std::make_shared<Softmax>(1), softmax(x, 1), "Softmax(dim=1)"},
+      {std::make_shared<LogSoftmax>(-1), log_softmax(x, -1), "LogSoftmax(dim=-1)"},
+  };
+  for (const auto& [m, want, name] : layers) {
+    CAPTURE(name);
+    CHECK(m->name() == name);
+    CHECK(bitwise_equal((*m)(x), want));
+    CHECK(m->parameters().empty());
+  }
+  // PReLU: one learned slope per channel (or one), starting at init.
+  PReLU pr(6, 0.1);
+  CHECK(pr.name() == "PReLU(num_parameters=6)");
+  check_tensor(pr.weight, {6}, DType::f32, std::vector<double>(6, 0.1), 1e-7, 0);
+  CHECK(bitwise_equal(pr(x), prelu(x, pr.weight)));
+  CHECK(pr.state_dict().count("weight") == 1);
+  // GroupNorm: one group is layer_norm over (C, L); C groups normalize each channel alone.
+  GroupNorm one(1, 6), each(6, 6, 1e-3, false);
+  CHECK(one.name() == "GroupNorm(1, 6, eps=1e-05, affine=true)");
+  CHECK(each.parameters().empty());
+  CHECK(close(one(x), layer_norm(x, {6, 4}), 1e-5));
+  CHECK(close(each(x), (x - mean(x, Dims{2}, true)) / sqrt(var(x, Dims{2}, 0, true) + 1e-3), 1e-5));
+  CHECK(one.weight.sizes() == Shape{6});
+  CHECK(one.bias.sizes() == Shape{6});
+  // RMSNorm: weight ones over normalized_shape; eps None is the dtype's machine epsilon.
+  RMSNorm rms(Shape{4});
+  CHECK(rms.name() == "RMSNorm((4), eps=None, elementwise_affine=true)");
+  CHECK(rms.weight.sizes() == Shape{4});
+  CHECK(close(rms(x), x * rsqrt(mean(x * x, Dims{2}, true) + 1.1920928955078125e-07), 1e-6));
+  CHECK(RMSNorm(Shape{6, 4}, 1e-6, false).parameters().empty());
+  const Tensor xd = x.to(DType::f64);
+  CHECK(close(rms_norm(xd, {4}), xd * rsqrt(mean(xd * xd, Dims{2}, true) + 2.220446049250313e-16),
+              1e-12));
+  // Arguments out of range name the layer.
+  CHECK(contains(error_of<ValueError>([] { GroupNorm(4, 6); }), "[GroupNorm]"));
+  CHECK(contains(error_of<ValueError>([] { RMSNorm(Shape{0}); }), "[RMSNorm]"));
+  CHECK(contains(error_of<ValueError>([] { PReLU(0); }), "[PReLU]"));
+  CHECK(contains(error_of<ValueError>([] { Hardtanh(1, -1); }),
+                 "[Hardtanh] min_val 1 must be at most max_val -1"));
+  CHECK(contains(error_of<ValueError>([] { CELU(0); }), "[CELU] alpha must be finite and nonzero"));
+  CHECK(contains(error_of<ShapeError>([&] { PReLU(4)(x); }),
+                 "[prelu] weight (4) must hold 1 value or one per channel (dim 1 of (2, 6, 4))"));
 }
 
 TEST_CASE("Identity returns its input") {

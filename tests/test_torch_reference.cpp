@@ -523,6 +523,60 @@ Cases window_cases() {
   return c;
 }
 
+// ---- activations, normalizations and losses ----
+
+// The variants of tools/torch_reference.py's activation_cases(), in its order.
+Cases activation_cases() {
+  Cases c;
+  auto act = [](std::function<Tensor(const Tensor&)> f) {
+    return [f](Ref& r) { r.out("out", f(r.in("x") * 3)); };
+  };
+  c.emplace_back("leaky_relu", act([](const Tensor& x) { return leaky_relu(x, 0.2); }));
+  c.emplace_back("elu", act([](const Tensor& x) { return elu(x, 0.7); }));
+  c.emplace_back("selu", act([](const Tensor& x) { return selu(x); }));
+  c.emplace_back("celu", act([](const Tensor& x) { return celu(x, 1.5); }));
+  c.emplace_back("hardtanh", act([](const Tensor& x) { return hardtanh(x, -0.5, 2.0); }));
+  c.emplace_back("relu6", act([](const Tensor& x) { return relu6(x * 2); }));
+  c.emplace_back("hardsigmoid", act([](const Tensor& x) { return hardsigmoid(x); }));
+  c.emplace_back("hardswish", act([](const Tensor& x) { return hardswish(x); }));
+  c.emplace_back("mish", act([](const Tensor& x) { return mish(x); }));
+  c.emplace_back("glu", [](Ref& r) { r.out("out", glu(r.in("x"), 1)); });
+  c.emplace_back("prelu", [](Ref& r) {
+    PReLU m(3, 0.1);
+    r.load(m);
+    r.out("out", m(r.in("x")));
+  });
+  auto rms = [](std::optional<double> eps) {
+    return [eps](Ref& r) {
+      RMSNorm m(Shape{3, 4}, eps);
+      r.load(m);
+      r.out("out", m(r.in("x")));
+    };
+  };
+  c.emplace_back("rms_norm", rms(1e-6));
+  c.emplace_back("rms_norm_default_eps", rms(std::nullopt));
+  c.emplace_back("group_norm", [](Ref& r) {
+    GroupNorm m(2, 6);
+    r.load(m);
+    r.out("out", m(r.in("x")));
+  });
+  c.emplace_back("normalize", [](Ref& r) { r.out("out", normalize(r.in("x"), 3.0, 1)); });
+  c.emplace_back("cosine_similarity",
+                 [](Ref& r) { r.out("out", cosine_similarity(r.in("a"), r.in("b"), 1)); });
+  c.emplace_back("l1_loss", [](Ref& r) { r.out("out", l1_loss(r.in("x"), r.in("t"))); });
+  c.emplace_back("smooth_l1_loss",
+                 [](Ref& r) { r.out("out", smooth_l1_loss(r.in("x"), r.in("t"), "sum", 0.5)); });
+  c.emplace_back("huber_loss",
+                 [](Ref& r) { r.out("out", huber_loss(r.in("x"), r.in("t"), "none", 0.7)); });
+  c.emplace_back("mse_loss_sum",
+                 [](Ref& r) { r.out("out", mse_loss(r.in("x"), r.in("t"), "sum")); });
+  c.emplace_back("kl_div_batchmean",
+                 [](Ref& r) { r.out("out", kl_div(r.in("x"), r.in("t"), "batchmean")); });
+  c.emplace_back("kl_div_log_target",
+                 [](Ref& r) { r.out("out", kl_div(r.in("x"), r.in("t"), "none", true)); });
+  return c;
+}
+
 // ---- optimizers and schedulers ----
 
 // Five RMSprop steps on mse_loss(linear(x, w, b), y): w and b after each.
@@ -618,11 +672,13 @@ TEST_CASE("torch reference: ops") { run(op_cases()); }
 TEST_CASE("torch reference: gradient clipping") { run(clip_cases()); }
 TEST_CASE("torch reference: layers") { run(layer_cases()); }
 TEST_CASE("torch reference: convolutions, poolings and resampling") { run(window_cases()); }
+TEST_CASE("torch reference: activations, normalizations and losses") { run(activation_cases()); }
 TEST_CASE("torch reference: RMSprop and the schedulers") { run(optim_cases()); }
 
 TEST_CASE("torch reference: every folder has a case, every case a folder") {
   std::set<std::string> cases, folders;
-  for (const Cases& cs : {op_cases(), clip_cases(), layer_cases(), window_cases(), optim_cases()})
+  for (const Cases& cs :
+       {op_cases(), clip_cases(), layer_cases(), window_cases(), activation_cases(), optim_cases()})
     for (const auto& [name, body] : cs) {
       CHECK_MESSAGE(cases.insert(name).second, "case " << name << " twice");
     }

@@ -2,7 +2,8 @@
 """Reference values from PyTorch for tests/test_torch_reference.cpp: the outputs and gradients of
 the later ops of core/api.def (masked_fill to einsum) and of the newer ops and layers (gelu's
 tanh form, scaled_dot_product_attention, the recurrent layers and cells, batch norm, Conv1d,
-MultiheadAttention, the convolutions, poolings and resampling modes), RMSprop's parameters after a few steps, the learning rates of the
+MultiheadAttention, the convolutions, poolings and resampling modes, the activations,
+normalizations and losses of core/ops/activations.cpp, norms.cpp and losses.cpp), RMSprop's parameters after a few steps, the learning rates of the
 schedulers, and gradient clipping, on fixed inputs drawn by torch with a fixed seed per case.
 
 Pinned: torch==2.11.0 (the CPU build, or PyPI's wheel run on the CPU) and numpy==2.4.6, the pins
@@ -512,6 +513,75 @@ def window_cases():
     case("interpolate_area", lambda c: resample(c, "area", size=(3, 2)))
 
 
+# ---- activations, normalizations and losses ----
+
+
+def activation_cases():
+    def act(c, f):
+        c.out("out", f(3 * c.randn("x", 4, 5)))
+
+    case("leaky_relu", lambda c: act(c, lambda x: F.leaky_relu(x, 0.2)))
+    case("elu", lambda c: act(c, lambda x: F.elu(x, 0.7)))
+    case("selu", lambda c: act(c, F.selu))
+    case("celu", lambda c: act(c, lambda x: F.celu(x, 1.5)))
+    case("hardtanh", lambda c: act(c, lambda x: F.hardtanh(x, -0.5, 2.0)))
+    case("relu6", lambda c: act(c, lambda x: F.relu6(2 * x)))
+    case("hardsigmoid", lambda c: act(c, F.hardsigmoid))
+    case("hardswish", lambda c: act(c, F.hardswish))
+    case("mish", lambda c: act(c, F.mish))
+    case("glu", lambda c: c.out("out", F.glu(c.randn("x", 3, 4, 6), 1)))
+
+    def prelu(c):
+        m = nn.PReLU(3, 0.1)
+        with torch.no_grad():
+            m.weight.copy_(torch.randn(3))
+        c.load(m)
+        c.out("out", m(c.randn("x", 2, 3, 4)))
+
+    case("prelu", prelu)
+
+    def rms(c, eps):
+        m = nn.RMSNorm((3, 4), eps=eps)
+        with torch.no_grad():
+            m.weight.copy_(torch.randn(3, 4))
+        c.load(m)
+        c.out("out", m(c.randn("x", 2, 3, 4)))
+
+    case("rms_norm", lambda c: rms(c, 1e-6))
+    case("rms_norm_default_eps", lambda c: rms(c, None))
+
+    def group(c):
+        m = nn.GroupNorm(2, 6)
+        with torch.no_grad():
+            m.weight.copy_(torch.randn(6))
+            m.bias.copy_(torch.randn(6))
+        c.load(m)
+        c.out("out", m(c.randn("x", 2, 6, 5)))
+
+    case("group_norm", group)
+    case("normalize", lambda c: c.out("out", F.normalize(c.randn("x", 3, 5), p=3.0, dim=1)))
+    case("cosine_similarity", lambda c: c.out("out", F.cosine_similarity(
+        c.randn("a", 3, 5, 2), c.randn("b", 3, 5, 2), dim=1)))
+
+    def loss(c, f, **kw):
+        x, t = c.randn("x", 4, 5), c.randn("t", 4, 5)
+        c.out("out", f(x, t, **kw))
+
+    case("l1_loss", lambda c: loss(c, F.l1_loss))
+    case("smooth_l1_loss", lambda c: loss(c, F.smooth_l1_loss, beta=0.5, reduction="sum"))
+    case("huber_loss", lambda c: loss(c, F.huber_loss, delta=0.7, reduction="none"))
+    case("mse_loss_sum", lambda c: loss(c, F.mse_loss, reduction="sum"))
+
+    def kl(c, log_target, reduction):
+        x = c.inp("x", torch.log_softmax(torch.randn(4, 5), 1))
+        p = torch.softmax(torch.randn(4, 5), 1)
+        t = c.inp("t", p.log() if log_target else p)
+        c.out("out", F.kl_div(x, t, reduction=reduction, log_target=log_target))
+
+    case("kl_div_batchmean", lambda c: kl(c, False, "batchmean"))
+    case("kl_div_log_target", lambda c: kl(c, True, "none"))
+
+
 # ---- optimizers and schedulers ----
 
 
@@ -584,6 +654,7 @@ def main():
     ops_cases()
     layer_cases()
     window_cases()
+    activation_cases()
     optim_cases()
     scheduler_cases()
     n = len(os.listdir(OUT))

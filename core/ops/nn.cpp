@@ -288,7 +288,8 @@ Tensor layer_norm(const Tensor& x_in, Shape normalized, const Tensor& weight_in,
   });
 }
 
-Tensor mse_loss(const Tensor& pred_in, const Tensor& target_in, std::source_location loc) {
+Tensor mse_loss(const Tensor& pred_in, const Tensor& target_in, std::string_view reduction,
+                std::source_location loc) {
   detail::SiteGuard site(loc);
   return detail::as_op("mse_loss", [&]() -> Tensor {
     Tensor held_pred;
@@ -298,8 +299,11 @@ Tensor mse_loss(const Tensor& pred_in, const Tensor& target_in, std::source_loca
     DUET_CHECK_SHAPE(detail::same_shape(pred, target, "mse_loss"),
                      "[mse_loss] prediction {} and target {} must have the same shape",
                      pred.sizes(), target.sizes());
+    DUET_CHECK_VALUE(reduction == "mean" || reduction == "sum" || reduction == "none",
+                     "[mse_loss] reduction must be \"none\", \"mean\" or \"sum\", got \"{}\"",
+                     reduction);
     Tensor d = pred - target;
-    return mean(d * d);
+    return reduction == "mean" ? mean(d * d) : reduction == "sum" ? sum(d * d) : d * d;
   });
 }
 

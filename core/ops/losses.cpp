@@ -1,0 +1,130 @@
+// The elementwise regression and divergence losses of torch.nn.functional: l1_loss,
+// smooth_l1_loss, huber_loss and kl_div, each with PyTorch's reduction argument, composed of
+// elementwise math and a reduction, in f32 under autocast (PyTorch's autocast runs them in f32).
+#include <cmath>
+#include <string>
+
+#include "core/autocast.h"
+#include "core/op_errors.h"
+#include "core/op_table.h"
+#include "core/ops.h"
+
+namespace duet {
+namespace {
+
+// The elementwise loss reduced as `reduction` asks: "none", "mean" (over every element) or
+// "sum"; kl_div also takes "batchmean", the sum over the size of dim 0.
+Tensor reduce_loss(const char* op, const Tensor& loss, std::string_view reduction,
+                   bool batchmean = false) {
+  if (reduction == "none") return loss;
+  if (reduction == "sum") return sum(loss);
+  if (reduction == "mean") return mean(loss);
+  DUET_CHECK_VALUE(batchmean && reduction == "batchmean",
+                   "[{}] reduction must be \"none\", \"mean\"{} or \"sum\", got \"{}\"", op,
+                   batchmean ? ", \"batchmean\"" : "", reduction);
+  if (loss.dim() <= 1) return loss.dim() ? mean(loss) : loss;
+  Dims rest;  // the sum of each sample's terms, averaged over the samples: a symbolic N stays so
+  for (int64_t d = 1; d < loss.dim(); ++d) rest.push_back(d);
+  return mean(sum(loss, rest));
+}
+
+// A prediction and a target of one floating dtype and one shape (after autocast's f32).
+void check_pair(const char* op, const Tensor& pred, const Tensor& target) {
+  DUET_CHECK_VALUE(pred.defined() && target.defined(), "[{}] an input is an undefined tensor", op);
+  DUET_CHECK_DTYPE(is_floating(pred.dtype()) && pred.dtype() == target.dtype(),
+                   "[{}] needs a floating input and target of one dtype, got {} and {}", op,
+                   pred.dtype(), target.dtype());
+  DUET_CHECK_SHAPE(detail::same_shape(pred, target, op),
+                   "[{}] input {} and target {} must have the same shape", op, pred.sizes(),
+                   target.sizes());
+}
+
+// f16 and bf16 compute in f32 and round once (each term's rounding, summed, lost more than the
+// low dtype's precision where the terms cancel, as kl_div's do).
+template <class F>
+Tensor in_f32(const Tensor& pred, const Tensor& target, F f) {
+  if (!is_low_precision(pred.dtype())) return f(pred, target);
+  return f(pred.to(DType::f32), target.to(DType::f32)).to(pred.dtype());
+}
+
+}  // namespace
+
+Tensor l1_loss(const Tensor& pred_in, const Tensor& target_in, std::string_view reduction,
+               std::source_location loc) {
+  detail::SiteGuard site(loc);
+  return detail::as_op("l1_loss", [&]() -> Tensor {
+    Tensor hp, ht;
+    const Tensor& pred = detail::autocast_f32(pred_in, hp);
+    const Tensor& target = detail::autocast_f32(target_in, ht);
+    check_pair("l1_loss", pred, target);
+    return in_f32(pred, target, [&](const Tensor& p, const Tensor& t) {
+      return reduce_loss("l1_loss", abs(p - t), reduction);
+    });
+  });
+}
+
+// 0.5 d^2 / beta below beta, |d| - 0.5 beta above; beta 0 is l1_loss (PyTorch's).
+Tensor smooth_l1_loss(const Tensor& pred_in, const Tensor& target_in, std::string_view reduction,
+                      double beta, std::source_location loc) {
+  detail::SiteGuard site(loc);
+  return detail::as_op("smooth_l1_loss", [&]() -> Tensor {
+    Tensor hp, ht;
+    const Tensor& pred = detail::autocast_f32(pred_in, hp);
+    const Tensor& target = detail::autocast_f32(target_in, ht);
+    check_pair("smooth_l1_loss", pred, target);
+    DUET_CHECK_VALUE(beta >= 0 && std::isfinite(beta),
+                     "[smooth_l1_loss] beta must be non-negative and finite, got {}", beta);
+    return in_f32(pred, target, [&](const Tensor& p, const Tensor& t) {
+      const Tensor d = abs(p - t);
+      if (beta == 0) return reduce_loss("smooth_l1_loss", d, reduction);
+      return reduce_loss("smooth_l1_loss", where(lt(d, beta), d * d * (0.5 / beta), d - 0.5 * beta),
+                         reduction);
+    });
+  });
+}
+
+// 0.5 d^2 up to delta, delta (|d| - 0.5 delta) above (PyTorch's huber_loss).
+Tensor huber_loss(const Tensor& pred_in, const Tensor& target_in, std::string_view reduction,
+                  double delta, std::source_location loc) {
+  detail::SiteGuard site(loc);
+  return detail::as_op("huber_loss", [&]() -> Tensor {
+    Tensor hp, ht;
+    const Tensor& pred = detail::autocast_f32(pred_in, hp);
+    const Tensor& target = detail::autocast_f32(target_in, ht);
+    check_pair("huber_loss", pred, target);
+    DUET_CHECK_VALUE(delta > 0 && std::isfinite(delta),
+                     "[huber_loss] delta must be positive and finite, got {}", delta);
+    return in_f32(pred, target, [&](const Tensor& p, const Tensor& t) {
+      const Tensor d = abs(p - t);
+      return reduce_loss("huber_loss", where(le(d, delta), d * d * 0.5, (d - 0.5 * delta) * delta),
+                         reduction);
+    });
+  });
+}
+
+// target (log target - input), 0 where the target is 0 (PyTorch's xlogy); with log_target, the
+// target is a log-probability: e^target (target - input).
+Tensor kl_div(const Tensor& input_in, const Tensor& target_in, std::string_view reduction,
+              bool log_target, std::source_location loc) {
+  detail::SiteGuard site(loc);
+  return detail::as_op("kl_div", [&]() -> Tensor {
+    Tensor hp, ht;
+    const Tensor& input = detail::autocast_f32(input_in, hp);
+    const Tensor& target = detail::autocast_f32(target_in, ht);
+    check_pair("kl_div", input, target);
+    return in_f32(input, target, [&](const Tensor& x, const Tensor& t) {
+      Tensor loss;
+      if (log_target) {
+        loss = exp(t) * (t - x);
+      } else {
+        // The log reads 1 where the target is 0, whose term is 0 (Note [Piecewise activations]
+        // in core/ops/activations.cpp: the unselected branch takes part in the gradient).
+        const Tensor zero = eq(t, 0);
+        loss = where(zero, 0, t * log(where(zero, 1, t))) - t * x;
+      }
+      return reduce_loss("kl_div", loss, reduction, /*batchmean=*/true);
+    });
+  });
+}
+
+}  // namespace duet

@@ -1,0 +1,159 @@
+// Normalizations beside layer_norm: rms_norm and group_norm (torch.nn.functional's), and the
+// vector norms of normalize and cosine_similarity. Composites of reductions and elementwise
+// math, in f32 for f16 and bf16 inputs and under autocast, as layer_norm.
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "core/autocast.h"
+#include "core/op_errors.h"
+#include "core/op_table.h"
+#include "core/ops.h"
+
+namespace duet {
+namespace {
+
+// The trailing dims of x that `normalized` names, checked as layer_norm checks them.
+Dims trailing_dims(const char* op, const Tensor& x, const Shape& normalized) {
+  const int64_t k = normalized.size(), nd = x.dim();
+  DUET_CHECK_SHAPE(k >= 1 && k <= nd, "[{}] normalized shape {} does not fit input {}", op,
+                   normalized, x.sizes());
+  Dims dims;
+  for (int64_t i = 0; i < k; ++i) {
+    DUET_CHECK_SHAPE(detail::size_is(x, nd - k + i, normalized[i], op),
+                     "[{}] normalized shape {} does not match the last dims of {}", op, normalized,
+                     x.sizes());
+    dims.push_back(nd - k + i);
+  }
+  return dims;
+}
+
+// Note [Norms at zero]
+// The p-norm (sum |x|^p)^(1/p) of an all-zero vector is 0, and its gradient there is 0, as
+// PyTorch's linalg_vector_norm's: the root's derivative is infinite at 0, and the zero gradient
+// of the sum times it was NaN. The root reads 1 where the sum is 0, and the norm is 0 there.
+Tensor vector_norm(const Tensor& x, double p, int64_t dim) {
+  if (std::isinf(p)) return amax(abs(x), {dim}, /*keepdim=*/true);
+  const Tensor s = p == 2 ? sum(x * x, {dim}, true) : sum(pow(abs(x), p), {dim}, true);
+  const Tensor nonzero = gt(s, 0);
+  const Tensor safe = where(nonzero, s, 1);
+  return where(nonzero, p == 2 ? sqrt(safe) : pow(safe, 1 / p), 0);
+}
+
+int64_t wrap_dim(const char* op, int64_t dim, const Tensor& x) {
+  DUET_CHECK_VALUE(dim >= -x.dim() && dim < x.dim(), "[{}] dim {} is out of range for {}", op, dim,
+                   x.sizes());
+  return dim < 0 ? dim + x.dim() : dim;
+}
+
+}  // namespace
+
+Tensor rms_norm(const Tensor& x_in, Shape normalized, const Tensor& weight_in,
+                std::optional<double> eps, std::source_location loc) {
+  detail::SiteGuard site(loc);
+  return detail::as_op("rms_norm", [&]() -> Tensor {
+    DUET_CHECK_VALUE(x_in.defined(), "[rms_norm] the input is an undefined tensor");
+    // PyTorch's default eps: the machine epsilon of the input's own dtype.
+    const double e = eps ? *eps
+                         : (x_in.dtype() == DType::f64    ? std::numeric_limits<double>::epsilon()
+                            : x_in.dtype() == DType::bf16 ? 0.0078125
+                            : x_in.dtype() == DType::f16  ? 0.0009765625
+                                                          : std::numeric_limits<float>::epsilon());
+    Tensor held_x;
+    const Tensor& x = detail::autocast_f32(x_in, held_x);
+    Tensor held_w;
+    const Tensor& weight = detail::autocast_f32(weight_in, held_w);
+    DUET_CHECK_DTYPE(is_floating(x.dtype()), "[rms_norm] needs a floating input, got {}",
+                     x.dtype());
+    DUET_CHECK_VALUE(e >= 0, "[rms_norm] eps must be non-negative, got {}", e);
+    const Dims dims = trailing_dims("rms_norm", x, normalized);
+    if (weight.defined())
+      DUET_CHECK_SHAPE(weight.sizes() == normalized, "[rms_norm] weight {} must have shape {}",
+                       weight.sizes(), normalized);
+    if (is_low_precision(x.dtype()))
+      return rms_norm(x.to(DType::f32), normalized,
+                      weight.defined() ? weight.to(DType::f32) : weight, e)
+          .to(x.dtype());
+    Tensor y = x * rsqrt(mean(x * x, dims, /*keepdim=*/true) + e);
+    return weight.defined() ? y * weight : y;
+  });
+}
+
+Tensor group_norm(const Tensor& x_in, int64_t num_groups, const Tensor& weight_in,
+                  const Tensor& bias_in, double eps, std::source_location loc) {
+  detail::SiteGuard site(loc);
+  return detail::as_op("group_norm", [&]() -> Tensor {
+    DUET_CHECK_VALUE(x_in.defined(), "[group_norm] the input is an undefined tensor");
+    Tensor held_x, held_w, held_b;
+    const Tensor& x = detail::autocast_f32(x_in, held_x);
+    const Tensor& weight = detail::autocast_f32(weight_in, held_w);
+    const Tensor& bias = detail::autocast_f32(bias_in, held_b);
+    DUET_CHECK_DTYPE(is_floating(x.dtype()), "[group_norm] needs a floating input, got {}",
+                     x.dtype());
+    DUET_CHECK_SHAPE(x.dim() >= 2, "[group_norm] input must be (N, C, ...), got {}", x.sizes());
+    const int64_t c = x.size(1);
+    DUET_CHECK_VALUE(num_groups > 0 && c % num_groups == 0,
+                     "[group_norm] {} channels of input {} do not split into {} groups", c,
+                     x.sizes(), num_groups);
+    for (const Tensor* t : {&weight, &bias})
+      if (t->defined())
+        DUET_CHECK_SHAPE(t->dim() == 1 && t->size(0) == c,
+                         "[group_norm] weight and bias must be ({}), got {}", c, t->sizes());
+    if (is_low_precision(x.dtype()))
+      return group_norm(x.to(DType::f32), num_groups,
+                        weight.defined() ? weight.to(DType::f32) : weight,
+                        bias.defined() ? bias.to(DType::f32) : bias, eps)
+          .to(x.dtype());
+    // (N, G, C / G * rest): each group's statistics over its channels and positions.
+    const SymDims xs = detail::sym_dims(x);
+    const Tensor g = detail::reshape_dims(x, {xs[0], SymInt(num_groups), SymInt(-1)});
+    const Tensor mu = mean(g, {2}, /*keepdim=*/true);
+    const Tensor gc = g - mu;
+    const Tensor var = mean(gc * gc, {2}, /*keepdim=*/true);
+    Tensor y = detail::reshape_dims(gc * rsqrt(var + eps), xs);
+    Shape along{c};  // the per-channel affine, (C, 1, ..., 1)
+    for (int64_t d = 2; d < x.dim(); ++d) along.push_back(1);
+    if (weight.defined()) y = y * reshape(weight, along);
+    if (bias.defined()) y = y + reshape(bias, along);
+    return y;
+  });
+}
+
+Tensor normalize(const Tensor& x, double p, int64_t dim, double eps, std::source_location loc) {
+  detail::SiteGuard site(loc);
+  return detail::as_op("normalize", [&]() -> Tensor {
+    DUET_CHECK_VALUE(x.defined(), "[normalize] the input is an undefined tensor");
+    DUET_CHECK_DTYPE(is_floating(x.dtype()), "[normalize] needs a floating input, got {}",
+                     x.dtype());
+    DUET_CHECK_VALUE(p > 0 && !std::isnan(p), "[normalize] p must be positive, got {}", p);
+    DUET_CHECK_SHAPE(x.dim() > 0, "[normalize] needs at least one dim, got a 0-d input");
+    const int64_t d = wrap_dim("normalize", dim, x);
+    return x / clamp(vector_norm(x, p, d), eps, INFINITY);
+  });
+}
+
+Tensor cosine_similarity(const Tensor& a, const Tensor& b, int64_t dim, double eps,
+                         std::source_location loc) {
+  detail::SiteGuard site(loc);
+  return detail::as_op("cosine_similarity", [&]() -> Tensor {
+    DUET_CHECK_VALUE(a.defined() && b.defined(),
+                     "[cosine_similarity] an input is an undefined tensor");
+    DUET_CHECK_DTYPE(is_floating(a.dtype()) && a.dtype() == b.dtype(),
+                     "[cosine_similarity] needs two floating inputs of one dtype, got {} and {}",
+                     a.dtype(), b.dtype());
+    bool fits = a.dim() == b.dim() && a.dim() > 0;
+    for (int64_t i = 0; fits && i < a.dim(); ++i)
+      fits = a.size(i) == b.size(i) || a.size(i) == 1 || b.size(i) == 1;
+    DUET_CHECK_SHAPE(fits,
+                     "[cosine_similarity] inputs {} and {} must have one number of dims (at least "
+                     "1) and broadcast",
+                     a.sizes(), b.sizes());
+    const int64_t d = wrap_dim("cosine_similarity", dim, a);
+    // Each side over its own norm, as PyTorch's: the clamped norms below eps.
+    const Tensor an = a / clamp(vector_norm(a, 2, d), eps, INFINITY);
+    const Tensor bn = b / clamp(vector_norm(b, 2, d), eps, INFINITY);
+    return sum(an * bn, {d});
+  });
+}
+
+}  // namespace duet

@@ -1,0 +1,442 @@
+// Rows of the piecewise activations (core/ops/activations.cpp) as elementwise rows, and of glu,
+// prelu, the normalizations rms_norm, group_norm, normalize and cosine_similarity
+// (core/ops/norms.cpp), and the losses l1_loss, smooth_l1_loss, huber_loss, kl_div and mse_loss's
+// reductions (core/ops/losses.cpp), with float64 references written from PyTorch's formulas.
+#include <cmath>
+
+#include "op_rows.h"
+
+namespace duet::test {
+namespace {
+
+using Ins = std::vector<Tensor>;
+using R = ResultKind;
+const std::vector<DType> kFloat = {DType::f32, DType::f64};
+
+double elu_ref(double x, double alpha) { return x > 0 ? x : alpha * std::expm1(x); }
+// clamp as PyTorch's: -0 at a bound of 0 stays -0.
+double hardtanh_ref(double x, double lo, double hi) { return std::min(std::max(x, lo), hi); }
+double softplus_ref(double x) { return x > 20 ? x : std::log1p(std::exp(x)); }
+
+// ---- normalizations ----
+
+// rms_norm over the trailing `norm` dims, with a weight of that shape where given.
+OpRow rms_norm_row(Shape xs, Shape norm, bool weight, std::optional<double> eps) {
+  std::vector<Shape> shapes = {xs};
+  if (weight) shapes.push_back(norm);
+  OpRow r{fmt::format("rms_norm {} over {}{}{}", xs.str(), norm.str(), weight ? ", weight" : "",
+                      eps ? fmt::format(", eps {}", *eps) : ""),
+          OpId::Rsqrt,
+          true,
+          shapes,
+          [=](const Ins& in) { return rms_norm(in[0], norm, weight ? in[1] : Tensor(), eps); },
+          [=](const Values& v) {
+            // The default eps is the machine epsilon of the dtype: f64's here (the reference is
+            // compared with the f64 run; f32's differs by far less than the f32 tolerance).
+            const double e = eps ? *eps : 2.220446049250313e-16;
+            const int64_t g = norm.numel(), groups = g ? xs.numel() / g : 0;
+            std::vector<double> y(v[0].size());
+            for (int64_t k = 0; k < groups; ++k) {
+              double ms = 0;
+              for (int64_t i = 0; i < g; ++i) ms += v[0][k * g + i] * v[0][k * g + i] / double(g);
+              for (int64_t i = 0; i < g; ++i)
+                y[k * g + i] = v[0][k * g + i] / std::sqrt(ms + e) * (weight ? v[1][i] : 1.0);
+            }
+            return y;
+          },
+          xs};
+  r.tol32 = 1e-4;
+  return r;
+}
+
+// group_norm of (N, C, ...) in `groups` groups, with weight and bias (C) where given.
+OpRow group_norm_row(Shape xs, int64_t groups, bool affine) {
+  std::vector<Shape> shapes = {xs};
+  const int64_t c = xs[1];
+  if (affine) shapes.insert(shapes.end(), {{c}, {c}});
+  OpRow r{fmt::format("group_norm {} in {} groups{}", xs.str(), groups, affine ? ", affine" : ""),
+          OpId::Rsqrt,
+          true,
+          shapes,
+          [=](const Ins& in) {
+            return group_norm(in[0], groups, affine ? in[1] : Tensor(), affine ? in[2] : Tensor());
+          },
+          [=](const Values& v) {
+            const int64_t n = xs[0], rest = c ? xs.numel() / (n * c) : 0, cg = c / groups;
+            const int64_t size = cg * rest;  // one group's elements, contiguous
+            std::vector<double> y(v[0].size());
+            for (int64_t b = 0; b < n * groups; ++b) {
+              const double* x = v[0].data() + b * size;
+              double mu = 0, var = 0;
+              for (int64_t i = 0; i < size; ++i) mu += x[i] / double(size);
+              for (int64_t i = 0; i < size; ++i) var += (x[i] - mu) * (x[i] - mu) / double(size);
+              for (int64_t i = 0; i < size; ++i) {
+                const int64_t ch = (b % groups) * cg + i / rest;
+                double t = (x[i] - mu) / std::sqrt(var + 1e-5);
+                if (affine) t = t * v[1][ch] + v[2][ch];
+                y[b * size + i] = t;
+              }
+            }
+            return y;
+          },
+          xs};
+  r.tol32 = 1e-4;
+  return r;
+}
+
+// The p-norms along `dim` of x (row-major xs), one per position of the other dims, as
+// (outer, len, inner) walks them.
+struct Along {
+  int64_t outer = 1, len = 1, inner = 1;
+  Along(const Shape& s, int64_t dim) {
+    for (int64_t d = 0; d < int64_t(s.size()); ++d)
+      (d < dim ? outer : d == dim ? len : inner) *= s[d];
+  }
+  size_t at(int64_t o, int64_t k, int64_t i) const { return size_t((o * len + k) * inner + i); }
+};
+double norm_ref(const std::vector<double>& x, const Along& a, int64_t o, int64_t i, double p) {
+  double acc = 0;
+  for (int64_t k = 0; k < a.len; ++k) {
+    const double v = std::abs(x[a.at(o, k, i)]);
+    acc = std::isinf(p) ? std::max(acc, v) : acc + std::pow(v, p);
+  }
+  return std::isinf(p) ? acc : std::pow(acc, 1 / p);
+}
+
+OpRow normalize_row(Shape xs, double p, int64_t d) {
+  const int64_t dim = d < 0 ? d + int64_t(xs.size()) : d;
+  OpRow r{fmt::format("normalize {} p {} dim {}", xs.str(), p, d),
+          std::isinf(p) ? OpId::Max : OpId::Sum,
+          true,
+          {xs},
+          [=](const Ins& in) { return normalize(in[0], p, d); },
+          [=](const Values& v) {
+            const Along a(xs, dim);
+            std::vector<double> y(v[0].size());
+            for (int64_t o = 0; o < a.outer; ++o)
+              for (int64_t i = 0; i < a.inner; ++i) {
+                const double nrm = std::max(norm_ref(v[0], a, o, i, p), 1e-12);
+                for (int64_t k = 0; k < a.len; ++k) y[a.at(o, k, i)] = v[0][a.at(o, k, i)] / nrm;
+              }
+            return y;
+          },
+          xs};
+  r.tol32 = 1e-4;
+  return r;
+}
+
+// Inputs of one shape (broadcasting is checked by the layer tests).
+OpRow cosine_row(Shape xs, int64_t dim) {
+  Shape out;
+  for (int64_t d = 0; d < int64_t(xs.size()); ++d)
+    if (d != dim) out.push_back(xs[d]);
+  OpRow r{fmt::format("cosine_similarity {} dim {}", xs.str(), dim),
+          OpId::Sum,
+          true,
+          {xs, xs},
+          [=](const Ins& in) { return cosine_similarity(in[0], in[1], dim); },
+          [=](const Values& v) {
+            const Along a(xs, dim);
+            std::vector<double> y;
+            for (int64_t o = 0; o < a.outer; ++o)
+              for (int64_t i = 0; i < a.inner; ++i) {
+                const double na = std::max(norm_ref(v[0], a, o, i, 2), 1e-8),
+                             nb = std::max(norm_ref(v[1], a, o, i, 2), 1e-8);
+                double dot = 0;
+                for (int64_t k = 0; k < a.len; ++k)
+                  dot += v[0][a.at(o, k, i)] * v[1][a.at(o, k, i)];
+                y.push_back(dot / (na * nb));
+              }
+            return y;
+          },
+          out};
+  r.tol32 = 1e-4;
+  return r;
+}
+
+// ---- losses ----
+
+enum class Loss { L1, SmoothL1, Huber, Kl, KlLogTarget, Mse };
+
+// The loss of one element, PyTorch's formula; `param` is smooth_l1's beta or huber's delta.
+double loss_ref(Loss k, double x, double t, double param) {
+  const double d = std::abs(x - t);
+  switch (k) {
+    case Loss::L1:
+      return d;
+    case Loss::SmoothL1:
+      return param == 0 ? d : d < param ? 0.5 * d * d / param : d - 0.5 * param;
+    case Loss::Huber:
+      return d <= param ? 0.5 * d * d : param * (d - 0.5 * param);
+    case Loss::Kl:
+      return (t == 0 ? 0 : t * std::log(t)) - t * x;
+    case Loss::KlLogTarget:
+      return std::exp(t) * (t - x);
+    case Loss::Mse:
+      return d * d;
+  }
+  return 0;
+}
+
+OpRow loss_row(Loss k, Shape s, std::string reduction, double param = 1) {
+  static const char* names[] = {"l1_loss", "smooth_l1_loss", "huber_loss",
+                                "kl_div",  "kl_div",         "mse_loss"};
+  OpRow r{fmt::format("{} {} {}{}{}", names[int(k)], s.str(), reduction,
+                      k == Loss::SmoothL1 || k == Loss::Huber ? fmt::format(" {}", param) : "",
+                      k == Loss::KlLogTarget ? " log_target" : ""),
+          reduction == "none" ? OpId::Sub : OpId::Sum,
+          true,
+          {s, s},
+          [=](const Ins& in) {
+            switch (k) {
+              case Loss::L1:
+                return l1_loss(in[0], in[1], reduction);
+              case Loss::SmoothL1:
+                return smooth_l1_loss(in[0], in[1], reduction, param);
+              case Loss::Huber:
+                return huber_loss(in[0], in[1], reduction, param);
+              case Loss::Kl:
+                return kl_div(in[0], in[1], reduction);
+              case Loss::KlLogTarget:
+                return kl_div(in[0], in[1], reduction, true);
+              case Loss::Mse:
+                break;
+            }
+            return mse_loss(in[0], in[1], reduction);
+          },
+          [=](const Values& v) {
+            std::vector<double> each;
+            double total = 0;
+            for (size_t i = 0; i < v[0].size(); ++i) {
+              each.push_back(loss_ref(k, v[0][i], v[1][i], param));
+              total += each.back();
+            }
+            if (reduction == "none") return each;
+            if (reduction == "sum") return std::vector<double>{total};
+            const double n =
+                reduction == "batchmean" && s.size() > 0 ? double(s[0]) : double(v[0].size());
+            return std::vector<double>{total / n};
+          },
+          reduction == "none" ? s : Shape{}};
+  // kl_div's targets are probabilities (positive: log reads them); a log-target any value.
+  if (k == Loss::Kl) r.domains = {Domain{-3, 3}, Domain{0.05, 1}};
+  return r;
+}
+
+}  // namespace
+
+std::vector<ElementwiseRow> activation_rows() {
+  return {
+      {"leaky_relu",
+       OpId::Where,
+       true,
+       1,
+       [](const Ins& in) { return leaky_relu(in[0]); },
+       nullptr,
+       nullptr,
+       nullptr,
+       [](const double* x) { return x[0] > 0 ? x[0] : 0.01 * x[0]; },
+       {Domain{-4, 4}},
+       kFloat,
+       R::Same},
+      {"leaky_relu, slope 0.2",
+       OpId::Where,
+       true,
+       1,
+       [](const Ins& in) { return leaky_relu(in[0], 0.2); },
+       nullptr,
+       nullptr,
+       nullptr,
+       [](const double* x) { return x[0] > 0 ? x[0] : 0.2 * x[0]; },
+       {Domain{-4, 4}},
+       kFloat,
+       R::Same},
+      {"elu",
+       OpId::Expm1,
+       true,
+       1,
+       [](const Ins& in) { return elu(in[0]); },
+       nullptr,
+       nullptr,
+       nullptr,
+       [](const double* x) { return elu_ref(x[0], 1); },
+       {Domain{-5, 90}},
+       kFloat,
+       R::Same},
+      {"elu, alpha 0.5",
+       OpId::Expm1,
+       true,
+       1,
+       [](const Ins& in) { return elu(in[0], 0.5); },
+       nullptr,
+       nullptr,
+       nullptr,
+       [](const double* x) { return elu_ref(x[0], 0.5); },
+       {Domain{-5, 5}},
+       kFloat,
+       R::Same},
+      {"selu",
+       OpId::Expm1,
+       true,
+       1,
+       [](const Ins& in) { return selu(in[0]); },
+       nullptr,
+       nullptr,
+       nullptr,
+       [](const double* x) {
+         return 1.0507009873554804934193349852946 *
+                elu_ref(x[0], 1.6732632423543772848170429916717);
+       },
+       {Domain{-5, 5}},
+       kFloat,
+       R::Same},
+      {"celu, alpha 2",
+       OpId::Expm1,
+       true,
+       1,
+       [](const Ins& in) { return celu(in[0], 2); },
+       nullptr,
+       nullptr,
+       nullptr,
+       [](const double* x) { return x[0] > 0 ? x[0] : 2 * std::expm1(x[0] / 2); },
+       {Domain{-5, 5}},
+       kFloat,
+       R::Same},
+      {"hardtanh",
+       OpId::Where,
+       true,
+       1,
+       [](const Ins& in) { return hardtanh(in[0]); },
+       nullptr,
+       nullptr,
+       nullptr,
+       [](const double* x) { return hardtanh_ref(x[0], -1, 1); },
+       {Domain{-3, 3}},
+       kFloat,
+       R::Same},
+      {"hardtanh, -0.5 to 2",
+       OpId::Where,
+       true,
+       1,
+       [](const Ins& in) { return hardtanh(in[0], -0.5, 2); },
+       nullptr,
+       nullptr,
+       nullptr,
+       [](const double* x) { return hardtanh_ref(x[0], -0.5, 2); },
+       {Domain{-3, 3}},
+       kFloat,
+       R::Same},
+      {"relu6",
+       OpId::Where,
+       true,
+       1,
+       [](const Ins& in) { return relu6(in[0]); },
+       nullptr,
+       nullptr,
+       nullptr,
+       [](const double* x) { return hardtanh_ref(x[0], 0, 6); },
+       {Domain{-3, 9}},
+       kFloat,
+       R::Same},
+      {"hardsigmoid",
+       OpId::Where,
+       true,
+       1,
+       [](const Ins& in) { return hardsigmoid(in[0]); },
+       nullptr,
+       nullptr,
+       nullptr,
+       [](const double* x) { return hardtanh_ref(x[0] + 3, 0, 6) / 6; },
+       {Domain{-5, 5}},
+       kFloat,
+       R::Same},
+      {"hardswish",
+       OpId::Where,
+       true,
+       1,
+       [](const Ins& in) { return hardswish(in[0]); },
+       nullptr,
+       nullptr,
+       nullptr,
+       [](const double* x) { return x[0] * hardtanh_ref(x[0] + 3, 0, 6) / 6; },
+       {Domain{-5, 5}},
+       kFloat,
+       R::Same},
+      {"mish",
+       OpId::Tanh,
+       true,
+       1,
+       [](const Ins& in) { return mish(in[0]); },
+       nullptr,
+       nullptr,
+       nullptr,
+       [](const double* x) { return x[0] * std::tanh(softplus_ref(x[0])); },
+       {Domain{-8, 8}},
+       kFloat,
+       R::Same},
+  };
+}
+
+std::vector<OpRow> norm_loss_rows() {
+  std::vector<OpRow> r = {
+      rms_norm_row({3, 4}, {4}, true, 1e-6),
+      rms_norm_row({2, 3, 2}, {3, 2}, false, std::nullopt),
+      rms_norm_row({0, 4}, {4}, true, 1e-5),
+      group_norm_row({2, 4, 3}, 2, true),
+      group_norm_row({1, 6, 2, 2}, 3, false),
+      group_norm_row({3, 2}, 1, true),
+      normalize_row({3, 4}, 2, 1),
+      normalize_row({2, 3, 2}, 1, 0),
+      normalize_row({4, 3}, 3, -1),
+      normalize_row({2, 5}, INFINITY, 1),
+      cosine_row({3, 4}, 1),
+      cosine_row({2, 3, 2}, 0),
+      loss_row(Loss::L1, {3, 4}, "mean"),
+      loss_row(Loss::L1, {2, 3}, "none"),
+      loss_row(Loss::SmoothL1, {3, 4}, "mean"),
+      loss_row(Loss::SmoothL1, {3, 4}, "sum", 0.5),
+      loss_row(Loss::SmoothL1, {5}, "none", 0),
+      loss_row(Loss::Huber, {3, 4}, "mean"),
+      loss_row(Loss::Huber, {2, 3}, "none", 0.3),
+      loss_row(Loss::Kl, {3, 4}, "batchmean"),
+      loss_row(Loss::Kl, {2, 3}, "mean"),
+      loss_row(Loss::Kl, {2, 3}, "none"),
+      loss_row(Loss::KlLogTarget, {3, 4}, "sum"),
+      loss_row(Loss::Mse, {3, 4}, "sum"),
+      loss_row(Loss::Mse, {2, 3}, "none"),
+  };
+  // glu along a dim of even size, and prelu with one slope and with one per channel.
+  r.push_back({"glu (3, 4) dim -1",
+               OpId::Sigmoid,
+               true,
+               {{3, 4}},
+               [](const Ins& in) { return glu(in[0]); },
+               [](const Values& v) {
+                 std::vector<double> y;
+                 for (int64_t i = 0; i < 3; ++i)
+                   for (int64_t j = 0; j < 2; ++j)
+                     y.push_back(v[0][size_t(i * 4 + j)] /
+                                 (1 + std::exp(-v[0][size_t(i * 4 + j + 2)])));
+                 return y;
+               },
+               {3, 2}});
+  for (const Shape& ws : {Shape{1}, Shape{3}}) {
+    r.push_back({fmt::format("prelu (2, 3, 2) weight {}", ws.str()),
+                 OpId::Where,
+                 true,
+                 {{2, 3, 2}, ws},
+                 [](const Ins& in) { return prelu(in[0], in[1]); },
+                 [ws](const Values& v) {
+                   std::vector<double> y;
+                   for (size_t i = 0; i < v[0].size(); ++i) {
+                     const double w = v[1][ws[0] == 1 ? 0 : (i / 2) % 3];
+                     y.push_back(v[0][i] > 0 ? v[0][i] : w * v[0][i]);
+                   }
+                   return y;
+                 },
+                 {2, 3, 2}});
+  }
+  return r;
+}
+
+}  // namespace duet::test
