@@ -175,22 +175,22 @@ struct Neg {
   DUET_PACKET(ei::pxor(x, ei::pset1<P>(typename ei::unpacket_traits<P>::type(-0.0))))
 };
 // Note [Eigen's exp below its range]
-// Eigen 3.4's pexp clamps its argument before it computes: in f64, e^x below -709.78 came out
-// e^-709.78 = 5.6e-309 (exp(-inf) too), where std::exp's and PyTorch's are the denormals down to
-// e^-745.13 and 0 below; in f32 it flushes the denormals, below -87.34, to 0. A packet with a lane
-// below the smallest normal's exponent (where pexp is exact to its ulps) computes lane by lane
-// with std::exp: rare (masked softmax lanes at -inf), and one comparison for the others.
+// Eigen 3.4's pexp clamps its argument before it computes: in f64, every x below -709.78 gave
+// e^-709.78 = 5.6e-309, exp(-inf) included, where std::exp's and PyTorch's fall through the
+// denormals to 0 below -745.13. Lanes below that are set to 0, a comparison and a mask per packet
+// (a lane by lane std::exp where any lane was low cost f32's exp half again and f64's a fifth);
+// so exp(-inf) and the e^x of a masked softmax lane are 0 in every dtype. Results in the
+// denormal range stay Eigen's: f64's between -745.13 and -709.78 are e^-709.78, below the
+// smallest normal, and f32's denormals are flushed to 0.
 #if !defined(__CUDACC__)
 template <class P>
 P exp_packet(const P& x) {
   using T = typename ei::unpacket_traits<P>::type;
-  constexpr int n = ei::unpacket_traits<P>::size;
-  const P low = ei::pset1<P>(DUET_STD::is_same_v<T, double> ? T(-708.3) : T(-87.3));
-  if (!ei::predux_any(ei::pcmp_lt(x, low))) return ei::pexp(x);
-  alignas(64) T lanes[n];
-  ei::pstoreu(lanes, x);
-  for (int i = 0; i < n; ++i) lanes[i] = math::exp(lanes[i]);
-  return ei::ploadu<P>(lanes);
+  if constexpr (DUET_STD::is_same_v<T, double>) {
+    return ei::pandnot(ei::pexp(x), ei::pcmp_lt(x, ei::pset1<P>(-745.2)));
+  } else {
+    return ei::pexp(x);
+  }
 }
 #endif
 struct Exp {
