@@ -438,16 +438,26 @@ Tensor Upsample::forward(const Tensor& x) {
 
 // ---- Embedding ----
 
-Embedding::Embedding(int64_t num, int64_t dim)
-    : Module(fmt::format("Embedding({}, {})", num, dim)), num_embeddings(num), embedding_dim(dim) {
+Embedding::Embedding(int64_t num, int64_t dim, std::optional<int64_t> pad)
+    : Module(fmt::format("Embedding({}, {}{})", num, dim,
+                         pad ? fmt::format(", padding_idx={}", *pad < 0 ? *pad + num : *pad) : "")),
+      num_embeddings(num),
+      embedding_dim(dim) {
   DUET_CHECK_VALUE(num > 0 && dim > 0,
                    "[Embedding] num_embeddings and embedding_dim must be positive, got "
                    "Embedding({}, {})",
                    num, dim);
+  DUET_CHECK_VALUE(!pad || (*pad >= -num && *pad < num),
+                   "[Embedding] padding_idx {} is out of range for {} embeddings", pad.value_or(0),
+                   num);
+  if (pad) padding_idx = *pad < 0 ? *pad + num : *pad;  // PyTorch's, counted from the start
   weight = register_parameter("weight", init::normal_(zeros_param({num, dim})));
+  if (padding_idx) init::zeros_(weight[*padding_idx]);
 }
 
-Tensor Embedding::forward(const Tensor& indices) { return embedding(weight, indices); }
+Tensor Embedding::forward(const Tensor& indices) {
+  return padding_idx ? embedding(weight, indices, *padding_idx) : embedding(weight, indices);
+}
 
 // ---- LayerNorm ----
 

@@ -5,6 +5,7 @@
 
 #include <iterator>
 #include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -205,10 +206,14 @@ class Upsample : public Module {
 /// (the result has shape indices.shape + (embedding_dim)). weight starts N(0, 1).
 class Embedding : public Module {
  public:
-  Embedding(int64_t num_embeddings, int64_t embedding_dim);
+  /// padding_idx: the row (negative: counted from the end) that starts as zeros and gets no
+  /// gradient, as PyTorch's.
+  Embedding(int64_t num_embeddings, int64_t embedding_dim,
+            std::optional<int64_t> padding_idx = std::nullopt);
   Tensor forward(const Tensor& indices) override;
 
   int64_t num_embeddings, embedding_dim;
+  std::optional<int64_t> padding_idx;  ///< counted from the start, as PyTorch keeps it
   Tensor weight;
 };
 

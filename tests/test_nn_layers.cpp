@@ -1098,6 +1098,33 @@ TEST_CASE("activation layers, GroupNorm and RMSNorm: their functions, names and 
                  "[prelu] weight (4) must hold 1 value or one per channel (dim 1 of (2, 6, 4))"));
 }
 
+TEST_CASE("Embedding's padding_idx: a zero row at first, and no gradient through its reads") {
+  manual_seed(43);
+  Embedding emb(6, 3, -2);  // row 4
+  CHECK(emb.name() == "Embedding(6, 3, padding_idx=4)");
+  CHECK(emb.padding_idx == 4);
+  check_tensor(emb.weight[4], {3}, DType::f32, {0, 0, 0});
+  CHECK(values(emb.weight[3]) != std::vector<double>{0, 0, 0});
+  const Tensor idx = tensor({4, 1, 4, 0, 3}, Options().dtype(DType::i64)).reshape({5});
+  const Tensor g = randn({5, 3});
+  auto step = [&](const Tensor& w) { return sum(embedding(w, idx, 4) * g); };
+  // Values as without padding; the padding row's gradient 0, the others' as without.
+  CHECK(bitwise_equal(emb(idx), embedding(emb.weight, idx)));
+  const Tensor w = randn({6, 3}).requires_grad_();
+  const Tensor got = grad({step(w)}, {w})[0];
+  const Tensor plain = grad({sum(embedding(w, idx) * g)}, {w})[0];
+  check_tensor(got[4], {3}, DType::f32, {0, 0, 0});
+  CHECK(values(plain[4]) != std::vector<double>{0, 0, 0});
+  for (int64_t r : {0, 1, 2, 3, 5}) CHECK(bitwise_equal(got[r], plain[r]));
+  // Compiled, the same gradient.
+  auto f = compile([&](const Tensor& wt) { return grad({step(wt)}, {wt})[0]; });
+  CHECK(bitwise_equal(f(w), got));
+  CHECK(contains(error_of<ValueError>([] { Embedding(6, 3, 6); }),
+                 "[Embedding] padding_idx 6 is out of range for 6 embeddings"));
+  CHECK(contains(error_of<ValueError>([&] { embedding(emb.weight, idx, -7); }),
+                 "[embedding] padding_idx -7 is out of range for 6 embeddings"));
+}
+
 TEST_CASE("Identity returns its input") {
   Identity id;
   Tensor x = randn({2, 3});

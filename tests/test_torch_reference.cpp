@@ -574,6 +574,11 @@ Cases activation_cases() {
                  [](Ref& r) { r.out("out", kl_div(r.in("x"), r.in("t"), "batchmean")); });
   c.emplace_back("kl_div_log_target",
                  [](Ref& r) { r.out("out", kl_div(r.in("x"), r.in("t"), "none", true)); });
+  c.emplace_back("embedding_padding_idx", [](Ref& r) {
+    Embedding m(6, 3, 4);
+    r.load(m);
+    r.out("out", m(r.in("i")));
+  });
   return c;
 }
 

@@ -581,6 +581,12 @@ def activation_cases():
     case("kl_div_batchmean", lambda c: kl(c, False, "batchmean"))
     case("kl_div_log_target", lambda c: kl(c, True, "none"))
 
+    def embedding_pad(c):
+        m = c.load(nn.Embedding(6, 3, padding_idx=4))
+        c.out("out", m(c.inp("i", torch.tensor([[4, 1, 4], [0, 3, 4]]))))
+
+    case("embedding_padding_idx", embedding_pad)
+
 
 # ---- optimizers and schedulers ----
 

@@ -243,6 +243,24 @@ Tensor embedding(const Tensor& weight, const Tensor& indices, std::source_locati
   });
 }
 
+// The padding row's reads pass no gradient (their values unchanged): a where over the rows, the
+// padding positions' taken detached, so the default embedding stays one index_select.
+Tensor embedding(const Tensor& weight, const Tensor& indices, int64_t padding_idx,
+                 std::source_location loc) {
+  detail::SiteGuard site(loc);
+  return detail::as_op("embedding", [&]() -> Tensor {
+    DUET_CHECK_SHAPE(weight.dim() == 2, "[embedding] weight must be (num_embeddings, dim), got {}",
+                     weight.sizes());
+    const int64_t n = weight.size(0);
+    DUET_CHECK_VALUE(padding_idx >= -n && padding_idx < n,
+                     "[embedding] padding_idx {} is out of range for {} embeddings", padding_idx,
+                     n);
+    const Tensor rows = embedding(weight, indices);
+    const Tensor pad = unsqueeze(eq(indices, padding_idx < 0 ? padding_idx + n : padding_idx), -1);
+    return where(pad, rows.detach(), rows);
+  });
+}
+
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim, std::source_location loc) {
   detail::SiteGuard site(loc);
   DUET_CHECK_VALUE(!tensors.empty(), "[cat] needs at least one tensor");
