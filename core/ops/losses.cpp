@@ -39,91 +39,78 @@ void check_pair(const char* op, const Tensor& pred, const Tensor& target) {
                    target.sizes());
 }
 
-// f16 and bf16 compute in f32 and round once (each term's rounding, summed, lost more than the
+// The loss of each element, terms(pred, target), reduced: both inputs in f32 under autocast, and
+// f16 and bf16 computed in f32 and rounded once (each term's rounding, summed, lost more than the
 // low dtype's precision where the terms cancel, as kl_div's do).
-template <class F>
-Tensor in_f32(const Tensor& pred, const Tensor& target, F f) {
-  if (!is_low_precision(pred.dtype())) return f(pred, target);
-  return f(pred.to(DType::f32), target.to(DType::f32)).to(pred.dtype());
+template <class Terms>
+Tensor loss_of(const char* op, const Tensor& pred_in, const Tensor& target_in,
+               std::string_view reduction, bool batchmean, Terms terms) {
+  Tensor held_pred, held_target;
+  const Tensor& pred = detail::autocast_f32(pred_in, held_pred);
+  const Tensor& target = detail::autocast_f32(target_in, held_target);
+  check_pair(op, pred, target);
+  if (is_low_precision(pred.dtype()))
+    return loss_of(op, pred.to(DType::f32), target.to(DType::f32), reduction, batchmean, terms)
+        .to(pred.dtype());
+  return reduce_loss(op, terms(pred, target), reduction, batchmean);
 }
 
 }  // namespace
 
-Tensor l1_loss(const Tensor& pred_in, const Tensor& target_in, std::string_view reduction,
+Tensor l1_loss(const Tensor& pred, const Tensor& target, std::string_view reduction,
                std::source_location loc) {
   detail::SiteGuard site(loc);
   return detail::as_op("l1_loss", [&]() -> Tensor {
-    Tensor hp, ht;
-    const Tensor& pred = detail::autocast_f32(pred_in, hp);
-    const Tensor& target = detail::autocast_f32(target_in, ht);
-    check_pair("l1_loss", pred, target);
-    return in_f32(pred, target, [&](const Tensor& p, const Tensor& t) {
-      return reduce_loss("l1_loss", abs(p - t), reduction);
-    });
+    return loss_of("l1_loss", pred, target, reduction, false,
+                   [](const Tensor& p, const Tensor& t) { return abs(p - t); });
   });
 }
 
 // 0.5 d^2 / beta below beta, |d| - 0.5 beta above; beta 0 is l1_loss (PyTorch's).
-Tensor smooth_l1_loss(const Tensor& pred_in, const Tensor& target_in, std::string_view reduction,
+Tensor smooth_l1_loss(const Tensor& pred, const Tensor& target, std::string_view reduction,
                       double beta, std::source_location loc) {
   detail::SiteGuard site(loc);
   return detail::as_op("smooth_l1_loss", [&]() -> Tensor {
-    Tensor hp, ht;
-    const Tensor& pred = detail::autocast_f32(pred_in, hp);
-    const Tensor& target = detail::autocast_f32(target_in, ht);
-    check_pair("smooth_l1_loss", pred, target);
     DUET_CHECK_VALUE(beta >= 0 && std::isfinite(beta),
                      "[smooth_l1_loss] beta must be non-negative and finite, got {}", beta);
-    return in_f32(pred, target, [&](const Tensor& p, const Tensor& t) {
-      const Tensor d = abs(p - t);
-      if (beta == 0) return reduce_loss("smooth_l1_loss", d, reduction);
-      return reduce_loss("smooth_l1_loss", where(lt(d, beta), d * d * (0.5 / beta), d - 0.5 * beta),
-                         reduction);
-    });
+    return loss_of(
+        "smooth_l1_loss", pred, target, reduction, false, [beta](const Tensor& p, const Tensor& t) {
+          const Tensor d = abs(p - t);
+          return beta == 0 ? d : where(lt(d, beta), d * d * (0.5 / beta), d - 0.5 * beta);
+        });
   });
 }
 
 // 0.5 d^2 up to delta, delta (|d| - 0.5 delta) above (PyTorch's huber_loss).
-Tensor huber_loss(const Tensor& pred_in, const Tensor& target_in, std::string_view reduction,
+Tensor huber_loss(const Tensor& pred, const Tensor& target, std::string_view reduction,
                   double delta, std::source_location loc) {
   detail::SiteGuard site(loc);
   return detail::as_op("huber_loss", [&]() -> Tensor {
-    Tensor hp, ht;
-    const Tensor& pred = detail::autocast_f32(pred_in, hp);
-    const Tensor& target = detail::autocast_f32(target_in, ht);
-    check_pair("huber_loss", pred, target);
     DUET_CHECK_VALUE(delta > 0 && std::isfinite(delta),
                      "[huber_loss] delta must be positive and finite, got {}", delta);
-    return in_f32(pred, target, [&](const Tensor& p, const Tensor& t) {
-      const Tensor d = abs(p - t);
-      return reduce_loss("huber_loss", where(le(d, delta), d * d * 0.5, (d - 0.5 * delta) * delta),
-                         reduction);
-    });
+    return loss_of("huber_loss", pred, target, reduction, false,
+                   [delta](const Tensor& p, const Tensor& t) {
+                     const Tensor d = abs(p - t);
+                     return where(le(d, delta), d * d * 0.5, (d - 0.5 * delta) * delta);
+                   });
   });
 }
 
 // target (log target - input), 0 where the target is 0 (PyTorch's xlogy); with log_target, the
 // target is a log-probability: e^target (target - input).
-Tensor kl_div(const Tensor& input_in, const Tensor& target_in, std::string_view reduction,
+Tensor kl_div(const Tensor& input, const Tensor& target, std::string_view reduction,
               bool log_target, std::source_location loc) {
   detail::SiteGuard site(loc);
   return detail::as_op("kl_div", [&]() -> Tensor {
-    Tensor hp, ht;
-    const Tensor& input = detail::autocast_f32(input_in, hp);
-    const Tensor& target = detail::autocast_f32(target_in, ht);
-    check_pair("kl_div", input, target);
-    return in_f32(input, target, [&](const Tensor& x, const Tensor& t) {
-      Tensor loss;
-      if (log_target) {
-        loss = exp(t) * (t - x);
-      } else {
-        // The log reads 1 where the target is 0, whose term is 0 (Note [Piecewise activations]
-        // in core/ops/activations.cpp: the unselected branch takes part in the gradient).
-        const Tensor zero = eq(t, 0);
-        loss = where(zero, 0, t * log(where(zero, 1, t))) - t * x;
-      }
-      return reduce_loss("kl_div", loss, reduction, /*batchmean=*/true);
-    });
+    return loss_of("kl_div", input, target, reduction, /*batchmean=*/true,
+                   [log_target](const Tensor& x, const Tensor& t) {
+                     if (log_target) return exp(t) * (t - x);
+                     // The log reads 1 where the target is 0, whose term is 0 (Note [Piecewise
+                     // activations] in core/ops/activations.cpp: the unselected branch takes
+                     // part in the gradient).
+                     const Tensor zero = eq(t, 0);
+                     return where(zero, 0, t * log(where(zero, 1, t))) - t * x;
+                   });
   });
 }
 
