@@ -1,4 +1,5 @@
-// duet: BatchNorm1d/2d/3d (Note [Batch norm under compile] in nn/norm.h), GroupNorm and RMSNorm.
+// duet: BatchNorm1d/2d/3d (Note [Batch norm under compile] in nn/norm.h), GroupNorm, RMSNorm and
+// InstanceNorm1d/2d/3d.
 #include "nn/norm.h"
 
 #include "core/op_table.h"
@@ -155,5 +156,49 @@ void RMSNorm::reset_parameters() {
 }
 
 Tensor RMSNorm::forward(const Tensor& x) { return rms_norm(x, normalized_shape, weight, eps); }
+
+// ---- InstanceNorm1d/2d/3d ----
+
+InstanceNormBase::InstanceNormBase(const char* kind, int64_t rank, int64_t c, double eps_,
+                                   double momentum_, bool affine, bool track)
+    : Module(fmt::format("{}({}, eps={}, momentum={}, affine={}, track_running_stats={})", kind, c,
+                         eps_, momentum_, affine, track)),
+      num_features(c),
+      eps(eps_),
+      momentum(momentum_),
+      kind_(kind),
+      rank_(rank) {
+  DUET_CHECK_VALUE(c > 0 && eps_ >= 0,
+                   "[{}] num_features must be positive and eps non-negative, "
+                   "got {}",
+                   kind, name());
+  DUET_CHECK_VALUE(!track,
+                   "[{}] track_running_stats = true (running statistics) is not supported; "
+                   "PyTorch's default, false, normalizes every input with its own statistics",
+                   kind);
+  if (affine) {
+    weight = register_parameter("weight", ones({c}));
+    bias = register_parameter("bias", zeros({c}));
+  }
+}
+
+void InstanceNormBase::reset_parameters() {
+  if (weight.defined()) {
+    init::ones_(weight);
+    init::zeros_(bias);
+  }
+}
+
+Tensor InstanceNormBase::forward(const Tensor& x) {
+  DUET_CHECK_VALUE(x.defined(), "[{}] the input is an undefined tensor", kind_);
+  const bool batched = x.dim() == rank_;
+  DUET_CHECK_SHAPE((batched || x.dim() == rank_ - 1) &&
+                       duet::detail::size_is(x, batched ? 1 : 0, num_features, kind_),
+                   "[{}] input must be {}-D (N, {}, ...) or {}-D unbatched ({}, ...), got {}",
+                   kind_, rank_, num_features, rank_ - 1, num_features, x.sizes());
+  const Tensor in = batched ? x : unsqueeze(x, 0);
+  const Tensor y = group_norm(in, num_features, weight, bias, eps);
+  return batched ? y : squeeze(y, 0);
+}
 
 }  // namespace duet::nn

@@ -1,6 +1,6 @@
 // duet: batch normalization (torch.nn's BatchNorm1d, 2d and 3d), with PyTorch's parameters,
 // buffers, defaults and running statistics, so that a PyTorch state dict loads by name; and
-// GroupNorm and RMSNorm over group_norm and rms_norm.
+// GroupNorm, RMSNorm and InstanceNorm1d/2d/3d over group_norm and rms_norm.
 //
 // Note [Batch norm under compile]
 // In training mode with track_running_stats, forward updates the buffers in place, outside
@@ -133,6 +133,58 @@ class RMSNorm : public Module {
   Shape normalized_shape;
   std::optional<double> eps;
   Tensor weight;  ///< undefined without elementwise_affine
+};
+
+/// Instance norm, as torch.nn.InstanceNorm1d/2d/3d with their default track_running_stats =
+/// false: each sample's channels normalized over their own positions (group_norm with a group
+/// per channel), input (N, C, *) or unbatched (C, *); weight (ones) and bias (zeros) of (C) with
+/// affine (false by default, as PyTorch's). Running statistics are not kept: a true
+/// track_running_stats raises a ValueError. momentum is kept for PyTorch's argument order.
+class InstanceNormBase : public Module {
+ public:
+  Tensor forward(const Tensor& x) override;
+  /// weight to ones and bias to zeros.
+  void reset_parameters();
+
+  int64_t num_features;
+  double eps, momentum;
+  Tensor weight, bias;  ///< undefined without affine
+
+ protected:
+  /// `kind` names the layer ("InstanceNorm2d"), whose batched input has `rank` dims.
+  InstanceNormBase(const char* kind, int64_t rank, int64_t num_features, double eps,
+                   double momentum, bool affine, bool track_running_stats);
+
+ private:
+  const char* kind_;
+  int64_t rank_;
+};
+
+/// Instance norm over (N, C, L) or (C, L).
+class InstanceNorm1d : public InstanceNormBase {
+ public:
+  explicit InstanceNorm1d(int64_t num_features, double eps = 1e-5, double momentum = 0.1,
+                          bool affine = false, bool track_running_stats = false)
+      : InstanceNormBase("InstanceNorm1d", 3, num_features, eps, momentum, affine,
+                         track_running_stats) {}
+};
+
+/// Instance norm over (N, C, H, W) or (C, H, W).
+class InstanceNorm2d : public InstanceNormBase {
+ public:
+  explicit InstanceNorm2d(int64_t num_features, double eps = 1e-5, double momentum = 0.1,
+                          bool affine = false, bool track_running_stats = false)
+      : InstanceNormBase("InstanceNorm2d", 4, num_features, eps, momentum, affine,
+                         track_running_stats) {}
+};
+
+/// Instance norm over (N, C, D, H, W) or (C, D, H, W).
+class InstanceNorm3d : public InstanceNormBase {
+ public:
+  explicit InstanceNorm3d(int64_t num_features, double eps = 1e-5, double momentum = 0.1,
+                          bool affine = false, bool track_running_stats = false)
+      : InstanceNormBase("InstanceNorm3d", 5, num_features, eps, momentum, affine,
+                         track_running_stats) {}
 };
 
 }  // namespace duet::nn

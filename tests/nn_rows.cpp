@@ -185,6 +185,8 @@ const std::vector<LayerRow>& layer_rows() {
       {"GroupNorm(2, 4)", maker<GroupNorm>(2, 4), {2, 4, 3}},
       {"RMSNorm((4))", maker<RMSNorm>(Shape{4}), {3, 4}},
       {"RMSNorm((2, 3)) without affine", maker<RMSNorm>(Shape{2, 3}, 1e-6, false), {2, 2, 3}},
+      {"InstanceNorm2d(3, affine)", maker<InstanceNorm2d>(3, 1e-5, 0.1, true), {2, 3, 2, 2}},
+      {"InstanceNorm1d(2), unbatched", maker<InstanceNorm1d>(2), {2, 5}},
       {"Sequential MLP with dropout",
        [] {
          return ModulePtr(

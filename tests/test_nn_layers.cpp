@@ -1087,6 +1087,23 @@ TEST_CASE("activation layers, GroupNorm and RMSNorm: their functions, names and 
   const Tensor xd = x.to(DType::f64);
   CHECK(close(rms_norm(xd, {4}), xd * rsqrt(mean(xd * xd, Dims{2}, true) + 2.220446049250313e-16),
               1e-12));
+  // InstanceNorm: a group per channel; unbatched is the batch of one.
+  InstanceNorm1d inst(6);
+  CHECK(inst.name() ==
+        "InstanceNorm1d(6, eps=1e-05, momentum=0.1, affine=false, track_running_stats=false)");
+  CHECK(inst.parameters().empty());
+  CHECK(bitwise_equal(inst(x), group_norm(x, 6)));
+  CHECK(bitwise_equal(inst(x[1]), group_norm(x, 6)[1]));
+  InstanceNorm2d inst2(6, 1e-3, 0.1, true);
+  CHECK(inst2.weight.sizes() == Shape{6});
+  const Tensor img = randn({2, 6, 3, 2});
+  CHECK(bitwise_equal(inst2(img), group_norm(img, 6, inst2.weight, inst2.bias, 1e-3)));
+  CHECK(contains(error_of<ValueError>([] { InstanceNorm2d(4, 1e-5, 0.1, false, true); }),
+                 "[InstanceNorm2d] track_running_stats = true (running statistics) is not "
+                 "supported"));
+  CHECK(contains(error_of<ShapeError>([&] { InstanceNorm2d(4)(img); }),
+                 "[InstanceNorm2d] input must be 4-D (N, 4, ...) or 3-D unbatched (4, ...), got "
+                 "(2, 6, 3, 2)"));
   // Arguments out of range name the layer.
   CHECK(contains(error_of<ValueError>([] { GroupNorm(4, 6); }), "[GroupNorm]"));
   CHECK(contains(error_of<ValueError>([] { RMSNorm(Shape{0}); }), "[RMSNorm]"));

@@ -560,6 +560,11 @@ Cases activation_cases() {
     r.load(m);
     r.out("out", m(r.in("x")));
   });
+  c.emplace_back("instance_norm2d", [](Ref& r) {
+    InstanceNorm2d m(3, 1e-5, 0.1, true);
+    r.load(m);
+    r.out("out", m(r.in("x")));
+  });
   c.emplace_back("normalize", [](Ref& r) { r.out("out", normalize(r.in("x"), 3.0, 1)); });
   c.emplace_back("cosine_similarity",
                  [](Ref& r) { r.out("out", cosine_similarity(r.in("a"), r.in("b"), 1)); });

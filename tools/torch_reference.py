@@ -559,6 +559,16 @@ def activation_cases():
         c.out("out", m(c.randn("x", 2, 6, 5)))
 
     case("group_norm", group)
+
+    def instance(c):
+        m = nn.InstanceNorm2d(3, affine=True)
+        with torch.no_grad():
+            m.weight.copy_(torch.randn(3))
+            m.bias.copy_(torch.randn(3))
+        c.load(m)
+        c.out("out", m(c.randn("x", 2, 3, 4, 3)))
+
+    case("instance_norm2d", instance)
     case("normalize", lambda c: c.out("out", F.normalize(c.randn("x", 3, 5), p=3.0, dim=1)))
     case("cosine_similarity", lambda c: c.out("out", F.cosine_similarity(
         c.randn("a", 3, 5, 2), c.randn("b", 3, 5, 2), dim=1)))
