@@ -160,15 +160,13 @@ Tensor prelu(const Tensor& x, const Tensor& weight, std::source_location loc) {
     DUET_CHECK_SHAPE(weight.dim() <= 1 && (weight.numel() == 1 || weight.numel() == c),
                      "[prelu] weight {} must hold 1 value or one per channel (dim 1 of {})",
                      weight.sizes(), x.sizes());
-    // The weight laid along the channels: (C, 1, ..., 1) for an input (N, C, ...).
-    Tensor w = weight.dim() == 0 ? weight : reshape(weight, {weight.numel()});
+    // One slope as a 0-d weight; one per channel laid along them: (C, 1, ..., 1).
+    Shape along;
     if (weight.numel() > 1) {
-      Shape s{c};
-      for (int64_t d = 2; d < x.dim(); ++d) s.push_back(1);
-      w = reshape(w, s);
-    } else {
-      w = reshape(w, Shape{});
+      along.push_back(c);
+      for (int64_t d = 2; d < x.dim(); ++d) along.push_back(1);
     }
+    const Tensor w = reshape(weight, along);
     return where(gt(x, 0), x, x * w);
   });
 }

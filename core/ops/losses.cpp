@@ -1,4 +1,4 @@
-// The elementwise regression and divergence losses of torch.nn.functional: l1_loss,
+// The elementwise regression and divergence losses of torch.nn.functional: mse_loss, l1_loss,
 // smooth_l1_loss, huber_loss and kl_div, each with PyTorch's reduction argument, composed of
 // elementwise math and a reduction, in f32 under autocast (PyTorch's autocast runs them in f32).
 #include <cmath>
@@ -56,6 +56,23 @@ Tensor loss_of(const char* op, const Tensor& pred_in, const Tensor& target_in,
 }
 
 }  // namespace
+
+// Its own checks and no f32 for f16 and bf16 (as it computed before the losses above).
+Tensor mse_loss(const Tensor& pred_in, const Tensor& target_in, std::string_view reduction,
+                std::source_location loc) {
+  detail::SiteGuard site(loc);
+  return detail::as_op("mse_loss", [&]() -> Tensor {
+    Tensor held_pred;
+    const Tensor& pred = detail::autocast_f32(pred_in, held_pred);
+    Tensor held_target;
+    const Tensor& target = detail::autocast_f32(target_in, held_target);
+    DUET_CHECK_SHAPE(detail::same_shape(pred, target, "mse_loss"),
+                     "[mse_loss] prediction {} and target {} must have the same shape",
+                     pred.sizes(), target.sizes());
+    const Tensor d = pred - target;
+    return reduce_loss("mse_loss", d * d, reduction);
+  });
+}
 
 Tensor l1_loss(const Tensor& pred, const Tensor& target, std::string_view reduction,
                std::source_location loc) {

@@ -1,5 +1,5 @@
-// Normalizations beside layer_norm: rms_norm and group_norm (torch.nn.functional's), and the
-// vector norms of normalize and cosine_similarity. Composites of reductions and elementwise
+// Normalizations: layer_norm, rms_norm and group_norm (torch.nn.functional's), and the vector
+// norms of normalize and cosine_similarity. Composites of reductions and elementwise
 // math, in f32 for f16 and bf16 inputs and under autocast, as layer_norm.
 #include <cmath>
 #include <limits>
@@ -47,6 +47,43 @@ int64_t wrap_dim(const char* op, int64_t dim, const Tensor& x) {
 }
 
 }  // namespace
+
+Tensor layer_norm(const Tensor& x_in, Shape normalized, const Tensor& weight_in,
+                  const Tensor& bias_in, double eps, std::source_location loc) {
+  detail::SiteGuard site(loc);
+  return detail::as_op("layer_norm", [&]() -> Tensor {
+    Tensor held_x;
+    const Tensor& x = detail::autocast_f32(x_in, held_x);
+    Tensor held_weight;
+    const Tensor& weight = detail::autocast_f32(weight_in, held_weight);
+    Tensor held_bias;
+    const Tensor& bias = detail::autocast_f32(bias_in, held_bias);
+    DUET_CHECK_DTYPE(is_floating(x.dtype()), "[layer_norm] needs a floating input, got {}",
+                     x.dtype());
+    const Dims dims = trailing_dims("layer_norm", x, normalized);
+    // f16 and bf16 compute in f32 and round once (a square overflows f16 above 256).
+    if (is_low_precision(x.dtype()))
+      return layer_norm(x.to(DType::f32), normalized,
+                        weight.defined() ? weight.to(DType::f32) : weight,
+                        bias.defined() ? bias.to(DType::f32) : bias, eps)
+          .to(x.dtype());
+    Tensor mu = mean(x, dims, /*keepdim=*/true);
+    Tensor xc = x - mu;
+    Tensor var = mean(xc * xc, dims, /*keepdim=*/true);
+    Tensor y = xc * rsqrt(var + eps);
+    if (weight.defined()) {
+      DUET_CHECK_SHAPE(weight.sizes() == normalized, "[layer_norm] weight {} must have shape {}",
+                       weight.sizes(), normalized);
+      y = y * weight;
+    }
+    if (bias.defined()) {
+      DUET_CHECK_SHAPE(bias.sizes() == normalized, "[layer_norm] bias {} must have shape {}",
+                       bias.sizes(), normalized);
+      y = y + bias;
+    }
+    return y;
+  });
+}
 
 Tensor rms_norm(const Tensor& x_in, Shape normalized, const Tensor& weight_in,
                 std::optional<double> eps, std::source_location loc) {
