@@ -5,9 +5,12 @@
 // kBlock hidden units in stack buffers, with the vectorized sigmoid and tanh of the elementwise
 // kernels (Eigen's packets for f32), so each element sees the math the elementwise ops would
 // apply. Rows are independent and each is computed the same way wherever it lands, so the bits
-// do not depend on the thread count. The threads take rows in chunks of kParallelGrain / 16 units,
-// as a unit's four or five activations cost about what sixteen elements of an add do: with the
-// elementwise ops' grain a (64, 64) LSTM step ran on one thread, 11.3 us against 7.0 on two.
+// do not depend on the thread count. The threads take rows in chunks of kParallelGrain / 64 units
+// (8 rows of 64), as a row of cells costs far more than its units' elements of an add: with the
+// elementwise ops' grain a (64, 64) LSTM step ran on one thread, 11.3 us against 7.0 on two; at
+// kParallelGrain / 16 a step of 16 to 63 rows (an Autobatch group of cells, whose rows are the
+// sentences still running) ran on one thread, and B1's scope step took about 4% longer (27.9 ms
+// against 26.7, medians of four runs alternating, two threads).
 // Operands that are not contiguous are copied first; f16 and bf16 run in f32 (via_wide).
 // lstm_step multiplies into its result's a columns with gemm_rows, on the library that matmul's
 // kernel picks for the shape, and adds the biases there before the cell.
@@ -89,7 +92,7 @@ void gates(const T* gx, const T* gh, int64_t h, int64_t j0, int64_t m, T* act, T
 template <class F>
 void for_blocks(int64_t rows, int64_t h, F&& body) {
   parallel_for(
-      rows, std::max<int64_t>(1, kParallelGrain / 16 / std::max<int64_t>(h, 1)),
+      rows, std::max<int64_t>(1, kParallelGrain / 64 / std::max<int64_t>(h, 1)),
       [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; ++r)
           for (int64_t j0 = 0; j0 < h; j0 += kBlock) body(r, j0, std::min(kBlock, h - j0));
