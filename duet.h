@@ -18,6 +18,7 @@
 #include "eager/checkpoint.h"
 #include "nn/data.h"
 #include "nn/activation.h"
+#include "nn/loss.h"
 #include "nn/init.h"
 #include "nn/layers.h"
 #include "nn/module.h"

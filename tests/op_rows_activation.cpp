@@ -1,7 +1,8 @@
 // Rows of the piecewise activations (core/ops/activations.cpp) as elementwise rows, and of glu,
 // prelu, the normalizations rms_norm, group_norm, normalize and cosine_similarity
-// (core/ops/norms.cpp), and the losses l1_loss, smooth_l1_loss, huber_loss, kl_div and mse_loss's
-// reductions (core/ops/losses.cpp), with float64 references written from PyTorch's formulas.
+// (core/ops/norms.cpp), and the losses l1_loss, smooth_l1_loss, huber_loss, kl_div, mse_loss's
+// reductions, binary_cross_entropy and binary_cross_entropy_with_logits' weights
+// (core/ops/losses.cpp), with float64 references written from PyTorch's formulas.
 #include <cmath>
 
 #include "op_rows.h"
@@ -223,6 +224,58 @@ OpRow loss_row(Loss k, Shape s, std::string reduction, double param = 1) {
   return r;
 }
 
+// binary_cross_entropy (logits false: of probabilities, each log clamped at -100) or
+// binary_cross_entropy_with_logits, over s with, where asked, a weight and a positive examples'
+// weight along the last dim (PyTorch's formulas).
+OpRow bce_row(bool logits, Shape s, std::string reduction, bool weight, bool pos_weight = false) {
+  std::vector<Shape> shapes = {s, s};
+  const Shape last{s.size() ? s[s.size() - 1] : 1};
+  if (weight) shapes.push_back(last);
+  if (pos_weight) shapes.push_back(last);
+  OpRow r{
+      fmt::format("{} {} {}{}{}",
+                  logits ? "binary_cross_entropy_with_logits" : "binary_cross_entropy", s.str(),
+                  reduction, weight ? " weight" : "", pos_weight ? " pos_weight" : ""),
+      reduction == "none" ? OpId::Neg : OpId::Sum,
+      true,
+      shapes,
+      [=](const Ins& in) {
+        const Tensor w = weight ? in[2] : Tensor();
+        if (!logits) return binary_cross_entropy(in[0], in[1], w, reduction);
+        return binary_cross_entropy_with_logits(in[0], in[1], reduction, w,
+                                                pos_weight ? in[weight ? 3 : 2] : Tensor());
+      },
+      [=](const Values& v) {
+        auto log_sigmoid = [](double x) {
+          return x > 0 ? -std::log1p(std::exp(-x)) : x - std::log1p(std::exp(x));
+        };
+        std::vector<double> each;
+        double total = 0;
+        const size_t n = static_cast<size_t>(last[0]);
+        for (size_t i = 0; i < v[0].size(); ++i) {
+          const double x = v[0][i], t = v[1][i];
+          const double w = weight ? v[2][i % n] : 1.0;
+          double l;
+          if (logits) {
+            const double p = pos_weight ? v[weight ? 3 : 2][i % n] : 1.0;
+            l = -(p * t * log_sigmoid(x) + (1 - t) * log_sigmoid(-x));
+          } else {
+            l = -(t * std::max(std::log(x), -100.0) + (1 - t) * std::max(std::log(1 - x), -100.0));
+          }
+          each.push_back(l * w);
+          total += each.back();
+        }
+        if (reduction == "none") return each;
+        if (reduction == "sum") return std::vector<double>{total};
+        return std::vector<double>{total / double(v[0].size())};
+      },
+      reduction == "none" ? s : Shape{}};
+  // Probabilities inside (0, 1) (the logs' clamps are checked apart), targets in [0, 1],
+  // positive weights.
+  r.domains = {logits ? Domain{-4, 4} : Domain{0.05, 0.95}, Domain{0, 1}, Domain{0.1, 2}};
+  return r;
+}
+
 }  // namespace
 
 std::vector<ElementwiseRow> activation_rows() {
@@ -404,6 +457,12 @@ std::vector<OpRow> norm_loss_rows() {
       loss_row(Loss::KlLogTarget, {3, 4}, "sum"),
       loss_row(Loss::Mse, {3, 4}, "sum"),
       loss_row(Loss::Mse, {2, 3}, "none"),
+      bce_row(false, {3, 4}, "mean", false),
+      bce_row(false, {2, 3}, "none", true),
+      bce_row(false, {5}, "sum", true),
+      bce_row(true, {3, 4}, "mean", false),
+      bce_row(true, {2, 3}, "none", true, true),
+      bce_row(true, {3, 2}, "sum", false, true),
   };
   // glu along a dim of even size, and prelu with one slope and with one per channel.
   r.push_back({"glu (3, 4) dim -1",

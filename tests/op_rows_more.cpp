@@ -405,14 +405,22 @@ OpRow sort_row(int what, Shape xs, int64_t dim, bool descending, int64_t k = 0) 
 
 // ---- nll_loss -----------------------------------------------------------------------------------
 
-OpRow nll_row(Shape ls, Vec target, Shape ts, std::string reduction, int64_t ignore = -100) {
+// weighted: a second input, one weight per class (positive), scales each target's loss and the
+// mean's denominator.
+OpRow nll_row(Shape ls, Vec target, Shape ts, std::string reduction, int64_t ignore = -100,
+              bool weighted = false) {
   Shape out = reduction == "none" ? ts : Shape{};
+  const int64_t classes = ls.size() == 1 ? ls[0] : ls[1];
+  std::vector<Shape> shapes = {ls};
+  if (weighted) shapes.push_back({classes});
   OpRow r = row(
-      fmt::format("nll_loss {} target {} {} {}{}", ls.str(), ts.str(), fmt::join(target, ","),
-                  reduction, ignore != -100 ? " ignore_index" : ""),
-      OpId::Gather, {ls},
+      fmt::format("nll_loss {} target {} {} {}{}{}", ls.str(), ts.str(), fmt::join(target, ","),
+                  reduction, ignore != -100 ? " ignore_index" : "", weighted ? " weight" : ""),
+      OpId::Gather, shapes,
       [=](const Ins& in) {
-        return nll_loss(in[0], make(target, ts, DType::i64), reduction, ignore);
+        const Tensor t = make(target, ts, DType::i64);
+        return weighted ? nll_loss(in[0], t, in[1], reduction, ignore)
+                        : nll_loss(in[0], t, reduction, ignore);
       },
       [=](const Values& v) {
         Vec each;
@@ -424,8 +432,9 @@ OpRow nll_row(Shape ls, Vec target, Shape ts, std::string reduction, int64_t ign
           if (t != ignore) {
             std::vector<int64_t> q = p;
             q.insert(q.begin() + (ls.size() == 1 ? 0 : 1), t);
-            loss = -v[0][ravel(q, ls)];
-            ++count;
+            const double w = weighted ? v[1][static_cast<size_t>(t)] : 1.0;
+            loss = -v[0][ravel(q, ls)] * w;
+            count += w;
           }
           each.push_back(loss);
           total += loss;
@@ -434,6 +443,7 @@ OpRow nll_row(Shape ls, Vec target, Shape ts, std::string reduction, int64_t ign
         return Vec{reduction == "sum" ? total : total / count};
       },
       out);
+  if (weighted) r.domains = {Domain{}, Domain{0.1, 2}};
   return r;
 }
 
@@ -749,6 +759,9 @@ const std::vector<OpRow>& more_rows() {
         nll_row({2, 3, 2}, {0, 2, 1, 1}, {2, 2}, "mean"),
         nll_row({4}, {3}, {}, "none"),
         nll_row({0, 4}, {}, {0}, "sum"),
+        nll_row({3, 4}, {2, 0, 3}, {3}, "mean", -100, true),
+        nll_row({3, 4}, {2, 1, 3}, {3}, "none", 1, true),
+        nll_row({2, 3, 2}, {0, 2, 1, 1}, {2, 2}, "sum", -100, true),
         einsum_row("ij,jk->ik", {{2, 3}, {3, 4}}),
         einsum_row("bij,bjk->bik", {{2, 2, 3}, {2, 3, 2}}),
         einsum_row("i,j->ij", {{3}, {4}}),

@@ -9,6 +9,7 @@
 
 #include "nn/activation.h"
 #include "nn/layers.h"
+#include "nn/loss.h"
 #include "nn/norm.h"
 #include "nn/rnn.h"
 #include "util.h"
@@ -1113,6 +1114,100 @@ TEST_CASE("activation layers, GroupNorm and RMSNorm: their functions, names and 
   CHECK(contains(error_of<ValueError>([] { CELU(0); }), "[CELU] alpha must be finite and nonzero"));
   CHECK(contains(error_of<ShapeError>([&] { PReLU(4)(x); }),
                  "[prelu] weight (4) must hold 1 value or one per channel (dim 1 of (2, 6, 4))"));
+}
+
+TEST_CASE("loss modules: their functions, names, weights as buffers, and errors") {
+  manual_seed(47);
+  const Tensor x = randn({4, 5}), y = randn({4, 5});
+  const Tensor p = sigmoid(randn({4, 5})), t = rand({4, 5});
+  const Tensor lp = log_softmax(randn({4, 5}), 1);
+  const Tensor idx = tensor({1, 0, 4, 2}, Options().dtype(DType::i64)).reshape({4});
+  const Tensor cw = rand({5}) + 0.5;
+  // Each module is its function with the same arguments, and prints as PyTorch's.
+  const std::vector<std::tuple<std::shared_ptr<Loss>, Tensor, Tensor, Tensor, std::string>> losses =
+      {
+          {std::make_shared<MSELoss>(), x, y, mse_loss(x, y), "MSELoss()"},
+          {std::make_shared<L1Loss>("sum"), x, y, l1_loss(x, y, "sum"), "L1Loss()"},
+          {std::make_shared<SmoothL1Loss>("none", 0.5), x, y, smooth_l1_loss(x, y, "none", 0.5),
+           "SmoothL1Loss()"},
+          {std::make_shared<HuberLoss>("mean", 0.3), x, y, huber_loss(x, y, "mean", 0.3),
+           "HuberLoss()"},
+          {std::make_shared<KLDivLoss>("batchmean"), lp, softmax(y, 1),
+           kl_div(lp, softmax(y, 1), "batchmean"), "KLDivLoss()"},
+          {std::make_shared<KLDivLoss>("sum", true), lp, log_softmax(y, 1),
+           kl_div(lp, log_softmax(y, 1), "sum", true), "KLDivLoss()"},
+          {std::make_shared<CrossEntropyLoss>(
+               CrossEntropyOptions().label_smoothing(0.1).weight(cw)),
+           x, idx, cross_entropy(x, idx, CrossEntropyOptions().label_smoothing(0.1).weight(cw)),
+           "CrossEntropyLoss()"},
+          {std::make_shared<NLLLoss>(cw, 2, "sum"), lp, idx, nll_loss(lp, idx, cw, "sum", 2),
+           "NLLLoss()"},
+          {std::make_shared<NLLLoss>(), lp, idx, nll_loss(lp, idx), "NLLLoss()"},
+          {std::make_shared<BCELoss>(cw), p, t, binary_cross_entropy(p, t, cw), "BCELoss()"},
+          {std::make_shared<BCEWithLogitsLoss>(Tensor(), "none", cw), x, t,
+           binary_cross_entropy_with_logits(x, t, "none", Tensor(), cw), "BCEWithLogitsLoss()"},
+      };
+  for (const auto& [m, a, b, want, name] : losses) {
+    CAPTURE(name);
+    CHECK(m->name() == name);
+    CHECK(bitwise_equal((*m)(a, b), want));
+    CHECK(m->parameters().empty());
+  }
+  // A weight is a buffer: in the state dict, and what the loss reads.
+  BCEWithLogitsLoss both(cw, "mean", cw * 2);
+  CHECK(both.buffers().size() == 2);
+  CHECK(both.state_dict().count("weight") == 1);
+  CHECK(both.state_dict().count("pos_weight") == 1);
+  CrossEntropyLoss ce(CrossEntropyOptions().weight(cw).reduction(Reduction::Sum));
+  CHECK(ce.reduction == "sum");
+  CHECK(ce.state_dict().count("weight") == 1);
+  CHECK(ce.options.weight().is_same(ce.buffers()[0]));
+  CHECK(MSELoss().buffers().empty());
+  // The binary losses against their formulas: the weights scale each element, pos_weight the
+  // positive term along the last dim.
+  CHECK(close(binary_cross_entropy(p, t, cw, "none"), -(t * log(p) + (1 - t) * log(1 - p)) * cw,
+              1e-5));
+  CHECK(close(binary_cross_entropy_with_logits(x, t, "sum", cw, cw * 2),
+              -sum((cw * 2 * t * log_sigmoid(x) + (1 - t) * log_sigmoid(-x)) * cw), 1e-4));
+  CHECK(close(binary_cross_entropy_with_logits(x, t, "mean"),
+              binary_cross_entropy_with_logits(x, t), 1e-6));
+  // Logs clamped at -100: probabilities of exactly 0 and 1 give finite losses and gradients.
+  const Tensor edge = tensor({0.0, 1.0, 0.0, 1.0}).requires_grad_();
+  const Tensor hit = tensor({1.0, 0.0, 0.0, 1.0});
+  Tensor l = binary_cross_entropy(edge, hit, Tensor(), "none");
+  check_tensor(l, {4}, DType::f32, {100, 100, 0, 0});
+  sum(l).backward();
+  for (double g : values(edge.grad())) CHECK(std::isfinite(g));
+  // The weighted nll_loss's mean divides by the weights of the targets not ignored.
+  const Tensor each = nll_loss(lp, idx, cw, "none", 2);
+  const std::vector<double> w = values(cw), li = values(idx);
+  double denom = 0;
+  for (double k : li)
+    if (k != 2) denom += w[static_cast<size_t>(k)];
+  CHECK(close(nll_loss(lp, idx, cw, "mean", 2), sum(each) / denom, 1e-6));
+  // Arguments out of range name the module; bad inputs name the function.
+  CHECK(contains(error_of<ValueError>([] { MSELoss("avg"); }),
+                 "[MSELoss] reduction must be \"none\", \"mean\" or \"sum\", got \"avg\""));
+  CHECK(contains(error_of<ValueError>([] { L1Loss("batchmean"); }), "[L1Loss]"));
+  CHECK(KLDivLoss("batchmean").reduction == "batchmean");
+  CHECK(contains(error_of<ValueError>([] { SmoothL1Loss("mean", -1); }),
+                 "[SmoothL1Loss] beta must be non-negative and finite, got -1"));
+  CHECK(contains(error_of<ValueError>([] { HuberLoss("mean", 0); }), "[HuberLoss] delta"));
+  CHECK(contains(
+      error_of<ValueError>([] { CrossEntropyLoss(CrossEntropyOptions().label_smoothing(2)); }),
+      "[CrossEntropyLoss] label_smoothing must be in [0, 1], got 2"));
+  CHECK(contains(error_of<ShapeError>([&] { BCELoss(rand({3}))(p, t); }),
+                 "[binary_cross_entropy] weight (3) must broadcast to the input's shape (4, 5)"));
+  CHECK(contains(error_of<ShapeError>([&] { NLLLoss(rand({3}))(lp, idx); }),
+                 "[nll_loss] weight must be 1-D with one element per class: log_probs (4, 5) have "
+                 "5 classes, weight has shape (3)"));
+  CHECK(contains(
+      error_of<DTypeError>([&] {
+        BCEWithLogitsLoss(Tensor(), "mean", tensor({1, 2}, Options().dtype(DType::i64)))(x, t);
+      }),
+      "[binary_cross_entropy_with_logits] pos_weight must be floating, got i64"));
+  CHECK(contains(error_of<DTypeError>([&] { BCELoss()(p, t.to(DType::f64)); }),
+                 "[binary_cross_entropy] needs a floating input and target of one dtype"));
 }
 
 TEST_CASE("Embedding's padding_idx: a zero row at first, and no gradient through its reads") {

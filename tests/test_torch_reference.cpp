@@ -579,6 +579,34 @@ Cases activation_cases() {
                  [](Ref& r) { r.out("out", kl_div(r.in("x"), r.in("t"), "batchmean")); });
   c.emplace_back("kl_div_log_target",
                  [](Ref& r) { r.out("out", kl_div(r.in("x"), r.in("t"), "none", true)); });
+  // The loss modules, their weights loaded as buffers.
+  for (const char* red : {"mean", "none"}) {
+    c.emplace_back(std::string("bce_loss_") + (red == std::string("mean") ? "weight" : red),
+                   [red](Ref& r) {
+                     BCELoss m(ones({5}), red);
+                     r.load(m);
+                     r.out("out", m(r.in("x"), r.in("t")));
+                   });
+    c.emplace_back(std::string("nll_loss_weight") + (red == std::string("mean") ? "" : "_none"),
+                   [red](Ref& r) {
+                     NLLLoss m(ones({5}), 2, red);
+                     r.load(m);
+                     r.out("out", m(r.in("x"), r.in("t")));
+                   });
+  }
+  for (const char* red : {"sum", "none"})
+    c.emplace_back(std::string("bce_with_logits_") + (red == std::string("sum") ? "weights" : red),
+                   [red](Ref& r) {
+                     BCEWithLogitsLoss m(ones({4, 1}), red, ones({5}));
+                     r.load(m);
+                     r.out("out", m(r.in("x"), r.in("t")));
+                   });
+  c.emplace_back("cross_entropy_loss_module", [](Ref& r) {
+    CrossEntropyLoss m(
+        CrossEntropyOptions().weight(ones({5})).ignore_index(1).label_smoothing(0.2));
+    r.load(m);
+    r.out("out", m(r.in("x"), r.in("t")));
+  });
   c.emplace_back("embedding_padding_idx", [](Ref& r) {
     Embedding m(6, 3, 4);
     r.load(m);

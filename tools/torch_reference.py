@@ -3,7 +3,8 @@
 the later ops of core/api.def (masked_fill to einsum) and of the newer ops and layers (gelu's
 tanh form, scaled_dot_product_attention, the recurrent layers and cells, batch norm, Conv1d,
 MultiheadAttention, the convolutions, poolings and resampling modes, the activations,
-normalizations and losses of core/ops/activations.cpp, norms.cpp and losses.cpp), RMSprop's parameters after a few steps, the learning rates of the
+normalizations and losses of core/ops/activations.cpp, norms.cpp and losses.cpp and the
+loss modules of nn/loss.h), RMSprop's parameters after a few steps, the learning rates of the
 schedulers, and gradient clipping, on fixed inputs drawn by torch with a fixed seed per case.
 
 Pinned: torch==2.11.0 (the CPU build, or PyPI's wheel run on the CPU) and numpy==2.4.6, the pins
@@ -590,6 +591,44 @@ def activation_cases():
 
     case("kl_div_batchmean", lambda c: kl(c, False, "batchmean"))
     case("kl_div_log_target", lambda c: kl(c, True, "none"))
+
+    def bce(c, reduction):
+        m = c.load(nn.BCELoss(weight=torch.rand(5) + 0.5, reduction=reduction))
+        x = c.inp("x", torch.rand(4, 5) * 0.98 + 0.01)
+        t = c.inp("t", torch.rand(4, 5), grad=False)
+        c.out("out", m(x, t))
+
+    case("bce_loss_weight", lambda c: bce(c, "mean"))
+    case("bce_loss_none", lambda c: bce(c, "none"))
+
+    def bce_logits(c, reduction):
+        m = c.load(nn.BCEWithLogitsLoss(weight=torch.rand(4, 1) + 0.5, reduction=reduction,
+                                        pos_weight=torch.rand(5) * 3))
+        x = c.inp("x", torch.randn(4, 5) * 3)
+        t = c.inp("t", torch.rand(4, 5), grad=False)
+        c.out("out", m(x, t))
+
+    case("bce_with_logits_weights", lambda c: bce_logits(c, "sum"))
+    case("bce_with_logits_none", lambda c: bce_logits(c, "none"))
+
+    def nll(c, reduction):
+        m = c.load(nn.NLLLoss(weight=torch.rand(5) + 0.5, ignore_index=2, reduction=reduction))
+        x = c.inp("x", torch.log_softmax(torch.randn(6, 5, 3), 1))
+        t = c.inp("t", torch.tensor([[0, 2, 4], [1, 1, 2], [3, 0, 4], [2, 2, 1], [4, 3, 0],
+                                     [1, 4, 3]]))
+        c.out("out", m(x, t))
+
+    case("nll_loss_weight", lambda c: nll(c, "mean"))
+    case("nll_loss_weight_none", lambda c: nll(c, "none"))
+
+    def ce_module(c):
+        m = c.load(nn.CrossEntropyLoss(weight=torch.rand(5) + 0.5, ignore_index=1,
+                                       label_smoothing=0.2))
+        x = c.randn("x", 6, 5)
+        t = c.inp("t", torch.tensor([0, 1, 4, 3, 1, 2]))
+        c.out("out", m(x, t))
+
+    case("cross_entropy_loss_module", ce_module)
 
     def embedding_pad(c):
         m = c.load(nn.Embedding(6, 3, padding_idx=4))

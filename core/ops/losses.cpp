@@ -1,6 +1,8 @@
-// The elementwise regression and divergence losses of torch.nn.functional: mse_loss, l1_loss,
-// smooth_l1_loss, huber_loss and kl_div, each with PyTorch's reduction argument, composed of
-// elementwise math and a reduction, in f32 under autocast (PyTorch's autocast runs them in f32).
+// The elementwise regression, divergence and binary losses of torch.nn.functional: mse_loss,
+// l1_loss, smooth_l1_loss, huber_loss, kl_div, binary_cross_entropy and
+// binary_cross_entropy_with_logits with its weights, each with PyTorch's reduction argument,
+// composed of elementwise math and a reduction, in f32 under autocast (PyTorch's autocast runs
+// them in f32).
 #include <cmath>
 #include <string>
 
@@ -53,6 +55,34 @@ Tensor loss_of(const char* op, const Tensor& pred_in, const Tensor& target_in,
     return loss_of(op, pred.to(DType::f32), target.to(DType::f32), reduction, batchmean, terms)
         .to(pred.dtype());
   return reduce_loss(op, terms(pred, target), reduction, batchmean);
+}
+
+// An optional weight of a binary loss (`what`: "weight", "pos_weight"): floating, and
+// broadcastable to the input's shape without growing it.
+void check_weight(const char* op, const char* what, const Tensor& w, const Tensor& input) {
+  if (!w.defined()) return;
+  DUET_CHECK_DTYPE(is_floating(w.dtype()), "[{}] {} must be floating, got {}", op, what, w.dtype());
+  bool fits = w.dim() <= input.dim();
+  for (int64_t k = 0; fits && k < w.dim(); ++k) {
+    const int64_t n = w.size(k);
+    fits = n == 1 || detail::size_is(input, input.dim() - w.dim() + k, n, op);
+  }
+  DUET_CHECK_SHAPE(fits, "[{}] {} {} must broadcast to the input's shape {}", op, what, w.sizes(),
+                   detail::dims_str(detail::sym_dims(input)));
+}
+
+// w in the dtype the terms are computed in (f32 for f16 and bf16 inputs), or undefined.
+Tensor weight_as(const Tensor& w, DType dtype) {
+  return !w.defined() || w.dtype() == dtype ? w : w.to(dtype);
+}
+
+// max(log v, -100), as PyTorch clamps binary_cross_entropy's logs: a probability of exactly 0
+// gives -100 with a gradient of 0 (the log reads 1 there, Note [Piecewise activations] in
+// core/ops/activations.cpp, so that no 0 * inf reaches the input).
+Tensor clamped_log(const Tensor& v) {
+  const Tensor positive = gt(v, 0);
+  const Tensor l = where(positive, log(where(positive, v, 1)), -100.0);
+  return where(lt(l, -100.0), -100.0, l);
 }
 
 }  // namespace
@@ -128,6 +158,41 @@ Tensor kl_div(const Tensor& input, const Tensor& target, std::string_view reduct
                      const Tensor zero = eq(t, 0);
                      return where(zero, 0, t * log(where(zero, 1, t))) - t * x;
                    });
+  });
+}
+
+// -w (y log x + (1 - y) log (1 - x)), each log clamped at -100 (PyTorch's formula). An input
+// outside [0, 1] gives NaN (PyTorch checks the values, which reads them: a sync, and no check
+// under compile).
+Tensor binary_cross_entropy(const Tensor& input, const Tensor& target, const Tensor& weight,
+                            std::string_view reduction, std::source_location loc) {
+  detail::SiteGuard site(loc);
+  return detail::as_op("binary_cross_entropy", [&]() -> Tensor {
+    check_weight("binary_cross_entropy", "weight", weight, input);
+    return loss_of("binary_cross_entropy", input, target, reduction, false,
+                   [&](const Tensor& x, const Tensor& y) {
+                     Tensor l = neg(y * clamped_log(x) + (1 - y) * clamped_log(1 - x));
+                     return weight.defined() ? l * weight_as(weight, x.dtype()) : l;
+                   });
+  });
+}
+
+// -w (p y log s(x) + (1 - y) log s(-x)), p the positive examples' weight (PyTorch's formula):
+// log_sigmoid keeps it finite for logits of any size.
+Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& targets,
+                                        std::string_view reduction, const Tensor& weight,
+                                        const Tensor& pos_weight, std::source_location loc) {
+  detail::SiteGuard site(loc);
+  return detail::as_op("binary_cross_entropy_with_logits", [&]() -> Tensor {
+    const char* op = "binary_cross_entropy_with_logits";
+    check_weight(op, "weight", weight, logits);
+    check_weight(op, "pos_weight", pos_weight, logits);
+    return loss_of(op, logits, targets, reduction, false, [&](const Tensor& x, const Tensor& y) {
+      Tensor pos = y * log_sigmoid(x);
+      if (pos_weight.defined()) pos = pos * weight_as(pos_weight, x.dtype());
+      Tensor l = neg(pos + (1 - y) * log_sigmoid(neg(x)));
+      return weight.defined() ? l * weight_as(weight, x.dtype()) : l;
+    });
   });
 }
 

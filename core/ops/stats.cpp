@@ -186,37 +186,70 @@ Tensor one_hot(const Tensor& indices, int64_t num_classes, std::source_location 
   });
 }
 
-Tensor nll_loss(const Tensor& log_probs_in, const Tensor& target, std::string_view reduction,
+namespace {
+
+// nll_loss with an optional weight per class (undefined: 1 for every class).
+Tensor nll_of(const Tensor& log_probs_in, const Tensor& target, const Tensor& weight,
+              std::string_view reduction, int64_t ignore_index) {
+  Tensor held_log_probs;  // Note [Autocast]
+  const Tensor& log_probs = detail::autocast_f32(log_probs_in, held_log_probs);
+  DUET_CHECK_VALUE(reduction == "mean" || reduction == "sum" || reduction == "none",
+                   "[nll_loss] reduction must be \"mean\", \"sum\" or \"none\", got \"{}\"",
+                   reduction);
+  DUET_CHECK_DTYPE(is_floating(log_probs.dtype()), "[nll_loss] log_probs must be floating, got {}",
+                   log_probs.dtype());
+  DUET_CHECK_DTYPE(target.dtype() == DType::i64,
+                   "[nll_loss] target must be i64 class indices, got {} of shape {}",
+                   target.dtype(), detail::dims_str(detail::sym_dims(target)));
+  const SymDims ls = detail::sym_dims(log_probs);
+  bool fits = (log_probs.dim() == 1 && target.dim() == 0) ||
+              (log_probs.dim() >= 2 && target.dim() == log_probs.dim() - 1);
+  for (int64_t d = 0; fits && log_probs.dim() >= 2 && d < target.dim(); ++d)
+    fits = detail::size_is(target, d, ls[d == 0 ? 0 : d + 1], "nll_loss");
+  DUET_CHECK_SHAPE(fits,
+                   "[nll_loss] expected log_probs (N, C, d1, ...) with target (N, d1, ...), or "
+                   "(C) with a 0-d target; got {} and {}",
+                   detail::dims_str(ls), detail::dims_str(detail::sym_dims(target)));
+  const int64_t cdim = log_probs.dim() == 1 ? 0 : 1;
+  if (weight.defined()) {
+    DUET_CHECK_SHAPE(weight.dim() == 1 && detail::size_is(weight, 0, ls[cdim], "nll_loss"),
+                     "[nll_loss] weight must be 1-D with one element per class: log_probs {} "
+                     "have {} classes, weight has shape {}",
+                     detail::dims_str(ls), ls[cdim].str(), weight.sizes());
+    DUET_CHECK_DTYPE(is_floating(weight.dtype()), "[nll_loss] weight must be floating, got {}",
+                     weight.dtype());
+  }
+  Tensor valid = ne(target, ignore_index);
+  Tensor safe = where(valid, target, 0);  // an ignored target reads class 0, then is zeroed
+  Tensor picked = squeeze(gather(log_probs, cdim, unsqueeze(safe, cdim)), cdim);
+  Tensor loss = where(valid, neg(picked), 0.0);
+  // Per target: its class's weight, 0 where ignored (a weighted mean divides by their sum).
+  Tensor wt = valid.to(log_probs.dtype());
+  if (weight.defined()) {
+    const Tensor w = weight.dtype() == log_probs.dtype() ? weight : weight.to(log_probs.dtype());
+    wt = wt * detail::reshape_dims(index_select(w, 0, flatten(safe)), detail::sym_dims(target));
+    loss = loss * wt;
+  }
+  if (reduction == "none") return loss;
+  if (reduction == "sum") return sum(loss);
+  return sum(loss) / sum(wt);
+}
+
+}  // namespace
+
+Tensor nll_loss(const Tensor& log_probs, const Tensor& target, std::string_view reduction,
                 int64_t ignore_index, std::source_location loc) {
   detail::SiteGuard site(loc);
   return detail::as_op("nll_loss", [&]() -> Tensor {
-    Tensor held_log_probs;  // Note [Autocast]
-    const Tensor& log_probs = detail::autocast_f32(log_probs_in, held_log_probs);
-    DUET_CHECK_VALUE(reduction == "mean" || reduction == "sum" || reduction == "none",
-                     "[nll_loss] reduction must be \"mean\", \"sum\" or \"none\", got \"{}\"",
-                     reduction);
-    DUET_CHECK_DTYPE(is_floating(log_probs.dtype()),
-                     "[nll_loss] log_probs must be floating, got {}", log_probs.dtype());
-    DUET_CHECK_DTYPE(target.dtype() == DType::i64,
-                     "[nll_loss] target must be i64 class indices, got {} of shape {}",
-                     target.dtype(), detail::dims_str(detail::sym_dims(target)));
-    const SymDims ls = detail::sym_dims(log_probs);
-    bool fits = (log_probs.dim() == 1 && target.dim() == 0) ||
-                (log_probs.dim() >= 2 && target.dim() == log_probs.dim() - 1);
-    for (int64_t d = 0; fits && log_probs.dim() >= 2 && d < target.dim(); ++d)
-      fits = detail::size_is(target, d, ls[d == 0 ? 0 : d + 1], "nll_loss");
-    DUET_CHECK_SHAPE(fits,
-                     "[nll_loss] expected log_probs (N, C, d1, ...) with target (N, d1, ...), or "
-                     "(C) with a 0-d target; got {} and {}",
-                     detail::dims_str(ls), detail::dims_str(detail::sym_dims(target)));
-    const int64_t cdim = log_probs.dim() == 1 ? 0 : 1;
-    Tensor valid = ne(target, ignore_index);
-    Tensor safe = where(valid, target, 0);  // an ignored target reads class 0, then is zeroed
-    Tensor picked = squeeze(gather(log_probs, cdim, unsqueeze(safe, cdim)), cdim);
-    Tensor loss = where(valid, neg(picked), 0.0);
-    if (reduction == "none") return loss;
-    if (reduction == "sum") return sum(loss);
-    return sum(loss) / sum(valid).to(log_probs.dtype());
+    return nll_of(log_probs, target, Tensor(), reduction, ignore_index);
+  });
+}
+
+Tensor nll_loss(const Tensor& log_probs, const Tensor& target, const Tensor& weight,
+                std::string_view reduction, int64_t ignore_index, std::source_location loc) {
+  detail::SiteGuard site(loc);
+  return detail::as_op("nll_loss", [&]() -> Tensor {
+    return nll_of(log_probs, target, weight, reduction, ignore_index);
   });
 }
 
