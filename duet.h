@@ -25,6 +25,7 @@
 #include "nn/norm.h"
 #include "nn/parallel.h"
 #include "nn/rnn.h"
+#include "nn/transformer.h"
 #include "nn/optim/grad_scaler.h"
 #include "nn/optim/optim.h"
 #include "nn/optim/schedulers.h"

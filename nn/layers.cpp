@@ -2,6 +2,7 @@
 #include "nn/layers.h"
 
 #include <cmath>
+#include <limits>
 
 #include "core/op_errors.h"
 #include "core/op_table.h"
@@ -529,17 +530,19 @@ Tensor Softplus::forward(const Tensor& x) { return softplus(x, beta, threshold);
 
 // ---- MultiheadAttention ----
 
-MultiheadAttention::MultiheadAttention(int64_t e, int64_t heads, bool with_bias)
-    : Module(fmt::format("MultiheadAttention(embed_dim={}, num_heads={}{})", e, heads,
-                         bias_note(with_bias))),
+MultiheadAttention::MultiheadAttention(int64_t e, int64_t heads, bool with_bias, double p)
+    : Module(fmt::format("MultiheadAttention(embed_dim={}, num_heads={}{}{})", e, heads,
+                         p != 0 ? fmt::format(", dropout={}", p) : "", bias_note(with_bias))),
       embed_dim(e),
       num_heads(heads),
       head_dim(heads > 0 ? e / heads : 0),
+      dropout(p),
       out_proj(std::max<int64_t>(e, 1), std::max<int64_t>(e, 1), with_bias) {
   DUET_CHECK_VALUE(e > 0 && heads > 0 && e % heads == 0,
                    "[MultiheadAttention] embed_dim and num_heads must be positive and num_heads "
                    "must divide embed_dim, got {}",
                    name());
+  DUET_CHECK_VALUE(p >= 0 && p <= 1, "[MultiheadAttention] dropout must be in [0, 1], got {}", p);
   in_proj_weight = register_parameter("in_proj_weight", zeros_param({3 * e, e}));
   if (with_bias) in_proj_bias = register_parameter("in_proj_bias", zeros_param({3 * e}));
   out_proj = register_module("out_proj", out_proj);
@@ -555,21 +558,35 @@ void MultiheadAttention::reset_parameters() {
 }
 
 Tensor MultiheadAttention::forward(const Tensor& x) {
-  return attend(x, x, x, {}, false, false).first;
+  return attend(x, x, x, {}, false, {}, false).first;
 }
 
 Tensor MultiheadAttention::forward(const Tensor& query, const Tensor& key, const Tensor& value,
-                                   const Tensor& attn_mask, bool is_causal) {
-  return attend(query, key, value, attn_mask, is_causal, false).first;
+                                   const Tensor& attn_mask, bool is_causal,
+                                   const Tensor& key_padding_mask) {
+  return attend(query, key, value, attn_mask, is_causal, key_padding_mask, false).first;
 }
 
-std::pair<Tensor, Tensor> MultiheadAttention::forward_with_weights(const Tensor& query,
-                                                                   const Tensor& key,
-                                                                   const Tensor& value,
-                                                                   const Tensor& attn_mask,
-                                                                   bool is_causal) {
-  return attend(query, key, value, attn_mask, is_causal, true);
+std::pair<Tensor, Tensor> MultiheadAttention::forward_with_weights(
+    const Tensor& query, const Tensor& key, const Tensor& value, const Tensor& attn_mask,
+    bool is_causal, const Tensor& key_padding_mask) {
+  return attend(query, key, value, attn_mask, is_causal, key_padding_mask, true);
 }
+
+// Note [Attention masks]
+// torch.nn.MultiheadAttention's masks: a b8 attn_mask or key_padding_mask is true where
+// attending is not allowed, a floating one is added to the scores. scaled_dot_product_attention
+// takes a b8 mask true where attending is allowed, or a floating one, broadcast to (N, H, L, S):
+// a b8 mask is flipped, a key padding mask (N, S) becomes (N, 1, 1, S), and two masks become one:
+// both b8, the keys allowed by both; otherwise each as floats (a b8 one 0 where allowed, -inf
+// where not) added, as PyTorch merges them. A row with no allowed key is NaN, as PyTorch's.
+namespace {
+Tensor as_float_mask(const Tensor& allowed_or_added, DType dtype) {
+  if (allowed_or_added.dtype() != DType::b8) return allowed_or_added;
+  const Tensor zero = allowed_or_added.to(dtype) * 0.0;  // (zeros of the mask's shape and dtype)
+  return where(allowed_or_added, zero, -std::numeric_limits<double>::infinity());
+}
+}  // namespace
 
 // The query, key and value projections are three products with row blocks of in_proj_weight
 // (views), not one product split afterwards: the gradient of a block is then the block's own
@@ -577,7 +594,8 @@ std::pair<Tensor, Tensor> MultiheadAttention::forward_with_weights(const Tensor&
 // back through the split.
 std::pair<Tensor, Tensor> MultiheadAttention::attend(const Tensor& query, const Tensor& key,
                                                      const Tensor& value, const Tensor& attn_mask,
-                                                     bool is_causal, bool weights) {
+                                                     bool is_causal, const Tensor& key_padding_mask,
+                                                     bool weights) {
   const char* op = "MultiheadAttention";
   for (const Tensor* t : {&query, &key, &value})
     DUET_CHECK_SHAPE(t->dim() == 3 && duet::detail::size_is(*t, 2, embed_dim, op),
@@ -609,17 +627,41 @@ std::pair<Tensor, Tensor> MultiheadAttention::attend(const Tensor& query, const 
                      "[{}] attn_mask must be (L, S) or (N * num_heads, L, S), got {}", op,
                      mask.sizes());
     if (mask.dim() == 3) mask = duet::detail::reshape_dims(mask, {n, num_heads, l, s});
-    // torch.nn.MultiheadAttention's b8 mask is true where attending is not allowed.
+    // (Note [Attention masks])
     if (mask.dtype() == DType::b8) mask = eq(mask, 0);
+  }
+  if (key_padding_mask.defined()) {
+    const Tensor& kpm = key_padding_mask;
+    DUET_CHECK_DTYPE(kpm.dtype() == DType::b8 || kpm.dtype() == query.dtype(),
+                     "[{}] key_padding_mask must be b8 or the query's dtype {}, got {}", op,
+                     query.dtype(), kpm.dtype());
+    DUET_CHECK_SHAPE(kpm.dim() == 2 && duet::detail::size_is(kpm, 0, n, op) &&
+                         duet::detail::size_is(kpm, 1, s, op),
+                     "[{}] key_padding_mask must be (N, S) = {}, got {}", op,
+                     duet::detail::dims_str({n, s}), kpm.sizes());
+    DUET_CHECK_VALUE(!is_causal,
+                     "[{}] is_causal cannot be combined with a key_padding_mask: pass the causal "
+                     "mask as attn_mask",
+                     op);
+    Tensor keys = duet::detail::reshape_dims(kpm.dtype() == DType::b8 ? eq(kpm, 0) : kpm,
+                                             {n, SymInt(1), SymInt(1), s});
+    if (!mask.defined())
+      mask = keys;
+    else if (mask.dtype() == DType::b8 && keys.dtype() == DType::b8)
+      mask = where(mask, keys, false);
+    else
+      mask = as_float_mask(mask, query.dtype()) + as_float_mask(keys, query.dtype());
   }
   Tensor out;
   Tensor avg;
-  if (!weights) {
+  const bool drop = is_training() && dropout > 0;
+  if (!weights && !drop) {
     out = scaled_dot_product_attention(q, k, v, mask, is_causal);
-  } else {
+  } else {  // (the fused kernel keeps no weights to drop)
     Tensor p = duet::detail::attention_weights(op, q, k, mask, is_causal, 0);
+    if (drop) p = duet::dropout(p, dropout, true);
     out = matmul(p, v);
-    avg = mean(p, {1});
+    if (weights) avg = mean(p, {1});
   }
   // (N, H, L, D) -> (N, L, H, D) -> (N, L, E).
   out = duet::detail::reshape_dims(transpose(out, 1, 2), {n, l, embed_dim});

@@ -307,25 +307,33 @@ class Softplus : public Module {
 /// key_padding_mask, kdim = vdim = E.
 class MultiheadAttention : public Module {
  public:
-  MultiheadAttention(int64_t embed_dim, int64_t num_heads, bool bias = true);
+  /// dropout: the probability of dropping an attention weight in training mode (PyTorch's).
+  MultiheadAttention(int64_t embed_dim, int64_t num_heads, bool bias = true, double dropout = 0);
   /// Self-attention without a mask: forward(x, x, x).
   Tensor forward(const Tensor& x) override;
+  /// key_padding_mask (N, S): b8 true where a key is padding (not attended to), or floating
+  /// (the query's dtype), added to the scores; it combines with attn_mask as PyTorch's does.
   Tensor forward(const Tensor& query, const Tensor& key, const Tensor& value,
-                 const Tensor& attn_mask = {}, bool is_causal = false);
+                 const Tensor& attn_mask = {}, bool is_causal = false,
+                 const Tensor& key_padding_mask = {});
   /// The output and the attention weights (N, L, S), averaged over the heads (PyTorch's
-  /// need_weights=True, average_attn_weights=True).
+  /// need_weights=True, average_attn_weights=True); in training mode with dropout, the weights
+  /// after it, as PyTorch returns them.
   std::pair<Tensor, Tensor> forward_with_weights(const Tensor& query, const Tensor& key,
                                                  const Tensor& value, const Tensor& attn_mask = {},
-                                                 bool is_causal = false);
+                                                 bool is_causal = false,
+                                                 const Tensor& key_padding_mask = {});
   void reset_parameters();
 
   int64_t embed_dim, num_heads, head_dim;
+  double dropout;                       ///< of the attention weights, in training mode
   Tensor in_proj_weight, in_proj_bias;  ///< in_proj_bias is undefined with bias = false
   Linear out_proj;
 
  private:
   std::pair<Tensor, Tensor> attend(const Tensor& query, const Tensor& key, const Tensor& value,
-                                   const Tensor& attn_mask, bool is_causal, bool weights);
+                                   const Tensor& attn_mask, bool is_causal,
+                                   const Tensor& key_padding_mask, bool weights);
 };
 
 /// True for std::shared_ptr to a module class.

@@ -12,6 +12,7 @@
 #include "nn/loss.h"
 #include "nn/norm.h"
 #include "nn/rnn.h"
+#include "nn/transformer.h"
 #include "util.h"
 
 namespace duet::test {
@@ -1208,6 +1209,138 @@ TEST_CASE("loss modules: their functions, names, weights as buffers, and errors"
       "[binary_cross_entropy_with_logits] pos_weight must be floating, got i64"));
   CHECK(contains(error_of<DTypeError>([&] { BCELoss()(p, t.to(DType::f64)); }),
                  "[binary_cross_entropy] needs a floating input and target of one dtype"));
+}
+
+TEST_CASE("MultiheadAttention's key_padding_mask and dropout") {
+  manual_seed(53);
+  MultiheadAttention m(8, 2);
+  const Tensor x = randn({2, 4, 8});
+  // Padded keys take no part: changing their values changes nothing, and a b8 mask equals the
+  // same mask spread over the heads as an attn_mask (N * heads, L, S).
+  const Tensor kpm = tensor({0, 0, 1, 1, 0, 1, 0, 0}).reshape({2, 4}).to(DType::b8);
+  const Tensor y = m.forward(x, x, x, {}, false, kpm);
+  // Key 3 of sample 0 (padding) gets other values.
+  const Tensor at3 = tensor({0, 0, 0, 1, 0, 0, 0, 0}).reshape({2, 4, 1}).to(DType::b8);
+  const Tensor other = where(at3, randn({2, 4, 8}), x);
+  const Tensor y2 = m.forward(x, other, other, {}, false, kpm);
+  CHECK(close(y, y2, 1e-6));
+  const Tensor per_head = expand(kpm.reshape({2, 1, 1, 4}), {2, 2, 4, 4}).reshape({4, 4, 4});
+  CHECK(close(y, m.forward(x, x, x, per_head), 1e-6));
+  // A floating key padding mask is added; with a b8 attn_mask, both apply.
+  const Tensor fk = where(kpm, -1e9, zeros({2, 4}));
+  CHECK(close(m.forward(x, x, x, {}, false, fk), y, 1e-5));
+  const Tensor am = tensor({0, 1, 0, 0}).reshape({1, 4}).to(DType::b8).expand({4, 4});
+  const Tensor both = m.forward(x, x, x, am, false, kpm);
+  const Tensor merged = where(expand(am.reshape({1, 4, 4}), {4, 4, 4}), true, per_head);
+  CHECK(close(both, m.forward(x, x, x, merged), 1e-6));
+  CHECK(close(both, m.forward(x, x, x, am, false, fk), 1e-5));
+  // Dropout drops attention weights in training mode only.
+  MultiheadAttention d(8, 2, true, 0.5);
+  CHECK(d.name() == "MultiheadAttention(embed_dim=8, num_heads=2, dropout=0.5)");
+  d.load_state_dict(m.state_dict());
+  d.train(false);
+  CHECK(close(d(x), m(x), 1e-6));
+  d.train(true);
+  manual_seed(1);
+  const Tensor t1 = d(x);
+  manual_seed(1);
+  CHECK(bitwise_equal(d(x), t1));
+  CHECK(!close(t1, m(x), 1e-3));
+  MultiheadAttention all(8, 2, true, 1.0);
+  all.load_state_dict(m.state_dict());
+  // Every weight dropped: the output is out_proj's bias alone.
+  CHECK(close(all(x), expand(all.out_proj.bias, {2, 4, 8}), 1e-6));
+  // Errors name the layer.
+  CHECK(contains(error_of<ValueError>([] { MultiheadAttention(8, 2, true, 1.5); }),
+                 "[MultiheadAttention] dropout must be in [0, 1], got 1.5"));
+  CHECK(contains(error_of<ShapeError>([&] {
+                   m.forward(x, x, x, {}, false, kpm.reshape({4, 2}));
+                 }),
+                 "[MultiheadAttention] key_padding_mask must be (N, S) = (2, 4), got (4, 2)"));
+  CHECK(contains(error_of<ValueError>([&] { m.forward(x, x, x, {}, true, kpm); }),
+                 "[MultiheadAttention] is_causal cannot be combined with a key_padding_mask"));
+  CHECK(contains(error_of<DTypeError>([&] { m.forward(x, x, x, {}, false, kpm.to(DType::i64)); }),
+                 "[MultiheadAttention] key_padding_mask must be b8 or the query's dtype f32"));
+}
+
+TEST_CASE("TransformerEncoderLayer and TransformerEncoder: PyTorch's structure and equations") {
+  manual_seed(59);
+  TransformerEncoderLayer layer(TransformerEncoderLayerOptions(8, 2).dim_feedforward(16));
+  CHECK(layer.name() ==
+        "TransformerEncoderLayer(d_model=8, nhead=2, dim_feedforward=16, dropout=0.1, "
+        "activation=relu)");
+  // PyTorch's parameter names, in its order.
+  std::vector<std::string> names;
+  for (const auto& [n, p] : layer.named_parameters()) names.push_back(n);
+  CHECK(names == std::vector<std::string>{"self_attn.in_proj_weight", "self_attn.in_proj_bias",
+                                          "self_attn.out_proj.weight", "self_attn.out_proj.bias",
+                                          "linear1.weight", "linear1.bias", "linear2.weight",
+                                          "linear2.bias", "norm1.weight", "norm1.bias",
+                                          "norm2.weight", "norm2.bias"});
+  // Post-norm, sequence first, in eval mode: the equations written out.
+  layer.train(false);
+  const Tensor x = randn({5, 2, 8});
+  const Tensor b = transpose(x, 0, 1);
+  const Tensor h = layer.norm1(b + layer.self_attn(b));
+  const Tensor want = layer.norm2(h + layer.linear2(relu(layer.linear1(h))));
+  CHECK(close(layer(x), transpose(want, 0, 1), 1e-5));
+  // Pre-norm, batch first, gelu.
+  TransformerEncoderLayer pre(TransformerEncoderLayerOptions(8, 2)
+                                  .dim_feedforward(16)
+                                  .norm_first(true)
+                                  .batch_first(true)
+                                  .activation("gelu")
+                                  .dropout(0));
+  pre.load_state_dict(layer.state_dict());
+  Tensor v = b + pre.self_attn(pre.norm1(b));
+  v = v + pre.linear2(gelu(pre.linear1(pre.norm2(v))));
+  CHECK(close(pre(b), v, 1e-5));
+  // Causal: each position sees itself and those before it; compiled, the same.
+  const Tensor causal = pre.forward(b, {}, {}, true);
+  const Tensor at4 = tensor({0, 0, 0, 0, 1}).reshape({1, 5, 1}).to(DType::b8);
+  const Tensor later = where(at4, randn({2, 5, 8}), b);
+  CHECK(close(slice(pre.forward(later, {}, {}, true), 1, 0, 4), slice(causal, 1, 0, 4), 1e-5));
+  auto f = compile([&](Tensor in) { return pre.forward(in, {}, {}, true); });
+  CHECK(close(f(b), causal, 1e-5));
+  // Training mode with dropout draws; the same seed, the same draws.
+  layer.train(true);
+  manual_seed(3);
+  const Tensor t1 = layer(x);
+  manual_seed(3);
+  CHECK(bitwise_equal(layer(x), t1));
+  // The encoder's layers start equal to the layer and own their parameters.
+  TransformerEncoder enc(pre, 3, LayerNorm(Shape{8}));
+  CHECK(enc.name() == "TransformerEncoder(num_layers=3, norm)");
+  CHECK(enc.parameters().size() == 3 * 12 + 2);
+  CHECK(enc.state_dict().count("layers.2.linear2.bias") == 1);
+  CHECK(enc.state_dict().count("norm.weight") == 1);
+  const auto l0 = std::static_pointer_cast<TransformerEncoderLayer>(enc.layers.ptr(0));
+  const auto l1 = std::static_pointer_cast<TransformerEncoderLayer>(enc.layers.ptr(1));
+  CHECK(bitwise_equal(l1->linear1.weight, pre.linear1.weight));
+  CHECK(!l1->linear1.weight.is_same(pre.linear1.weight));
+  {
+    NoGradGuard ng;
+    l0->linear1.weight.add_(1.0);
+  }
+  CHECK(bitwise_equal(l1->linear1.weight, pre.linear1.weight));
+  Tensor e = b;
+  for (const auto& m : enc.layers)
+    e = std::static_pointer_cast<TransformerEncoderLayer>(m)->forward(e);
+  CHECK(close(enc(b), (*enc.norm)(e), 1e-6));
+  // Arguments out of range and bad inputs name the layer.
+  CHECK(
+      contains(error_of<ValueError>([] {
+                 TransformerEncoderLayer(TransformerEncoderLayerOptions(8, 2).activation("tanh"));
+               }),
+               "[TransformerEncoderLayer] activation must be \"relu\" or \"gelu\", got \"tanh\""));
+  CHECK(contains(error_of<ValueError>([] { TransformerEncoderLayer(8, 3); }),
+                 "[MultiheadAttention] embed_dim and num_heads must be positive"));
+  CHECK(contains(error_of<ValueError>([&] { TransformerEncoder(pre, 0); }),
+                 "[TransformerEncoder] num_layers must be positive, got 0"));
+  CHECK(contains(error_of<ShapeError>([&] {
+                   layer(randn({5, 8}));
+                 }),
+                 "[TransformerEncoderLayer] src must be (S, N, E) (3-D), got (5, 8)"));
 }
 
 TEST_CASE("Embedding's padding_idx: a zero row at first, and no gradient through its reads") {

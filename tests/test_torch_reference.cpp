@@ -461,6 +461,41 @@ Cases layer_cases() {
   c.emplace_back("mha_bool_mask", mha());
   c.emplace_back("mha_float_mask", mha());
   c.emplace_back("mha_causal", mha(true));
+  c.emplace_back("mha_key_padding_mask", [](Ref& r) {
+    MultiheadAttention m(8, 2);
+    r.load(m);
+    Tensor q = r.in("q");
+    auto [out, weights] =
+        m.forward_with_weights(q, q, q, r.in("mask"), false, r.in("key_padding_mask"));
+    r.out("out", out);
+    r.out("weights", weights);
+  });
+  // torch's layers in eval mode (dropout 0.1 is then the identity).
+  auto layer = [](bool batch_first, bool norm_first) {
+    TransformerEncoderLayer m(TransformerEncoderLayerOptions(8, 2)
+                                  .dim_feedforward(16)
+                                  .batch_first(batch_first)
+                                  .norm_first(norm_first)
+                                  .activation(norm_first ? "gelu" : "relu"));
+    m.train(false);
+    return m;
+  };
+  c.emplace_back("transformer_encoder_layer", [=](Ref& r) {
+    TransformerEncoderLayer m = layer(false, false);
+    r.load(m);
+    r.out("out", m(r.in("x"), Tensor(), r.in("key_padding_mask")));
+  });
+  c.emplace_back("transformer_encoder_layer_norm_first_gelu", [=](Ref& r) {
+    TransformerEncoderLayer m = layer(true, true);
+    r.load(m);
+    r.out("out", m(r.in("x"), r.in("mask")));
+  });
+  c.emplace_back("transformer_encoder", [=](Ref& r) {
+    TransformerEncoder m(layer(true, false), 2, LayerNorm(Shape{8}));
+    m.train(false);
+    r.load(m);
+    r.out("out", m(r.in("x"), r.in("mask")));
+  });
   return c;
 }
 

@@ -413,6 +413,60 @@ def mha_case(c, l, s, mask=None, weights=True):
         c.out("weights", w)
 
 
+def mha_key_padding(c):
+    m = c.load(nn.MultiheadAttention(8, 2, batch_first=True))
+    q = c.randn("q", 2, 4, 8)
+    kpm = torch.tensor([[False, False, True, True], [False, True, False, False]])
+    am = torch.rand(4, 4) < 0.3
+    am[:, 0] = False
+    out, w = m(q, q, q, key_padding_mask=c.inp("key_padding_mask", kpm),
+               attn_mask=c.inp("mask", am))
+    c.out("out", out)
+    c.out("weights", w)
+
+
+def encoder_layer(batch_first, norm_first):
+    """A layer of d_model 8, 2 heads and a feed-forward of 16, with nonzero biases, in eval."""
+    m = nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.1, batch_first=batch_first,
+                                   norm_first=norm_first,
+                                   activation="gelu" if norm_first else "relu")
+    with torch.no_grad():
+        m.self_attn.in_proj_bias.copy_(0.1 * torch.randn(24))
+        m.self_attn.out_proj.bias.copy_(0.1 * torch.randn(8))
+        for norm in (m.norm1, m.norm2):
+            norm.weight.copy_(1 + 0.1 * torch.randn(8))
+            norm.bias.copy_(0.1 * torch.randn(8))
+    return m.eval()
+
+
+def encoder_case(c, norm_first):
+    """Post-norm with relu, sequence first, and a key padding mask; pre-norm with gelu, batch
+    first, and a floating (causal) mask."""
+    m = c.load(encoder_layer(batch_first=norm_first, norm_first=norm_first))
+    if norm_first:
+        x = c.randn("x", 2, 5, 8)
+        mask = c.inp("mask", torch.triu(torch.full((5, 5), float("-inf")), 1), grad=False)
+        c.out("out", m(x, src_mask=mask))
+    else:
+        x = c.randn("x", 5, 2, 8)
+        kpm = c.inp("key_padding_mask", torch.tensor([[False] * 5, [False, False, False, True,
+                                                                    True]]))
+        c.out("out", m(x, src_key_padding_mask=kpm))
+
+
+def encoder_stack_case(c):
+    layer = encoder_layer(batch_first=True, norm_first=False)
+    m = nn.TransformerEncoder(layer, 2, norm=nn.LayerNorm(8), enable_nested_tensor=False)
+    with torch.no_grad():  # layers that differ
+        for p in m.layers[1].parameters():
+            p.add_(0.05 * torch.randn(p.shape))
+    c.load(m.eval())
+    x = c.randn("x", 2, 4, 8)
+    am = torch.rand(4, 4) < 0.3
+    am[:, 0] = False
+    c.out("out", m(x, mask=c.inp("mask", am)))
+
+
 def layer_cases():
     for kind in ("rnn", "gru", "lstm"):
         kws = [("", {})] if kind != "rnn" else [("_tanh", {}),
@@ -453,6 +507,10 @@ def layer_cases():
     case("mha_bool_mask", lambda c: mha_case(c, 3, 5, mask="bool"))
     case("mha_float_mask", lambda c: mha_case(c, 3, 5, mask="float"))
     case("mha_causal", lambda c: mha_case(c, 4, None, mask="causal"))
+    case("mha_key_padding_mask", mha_key_padding)
+    case("transformer_encoder_layer", lambda c: encoder_case(c, False))
+    case("transformer_encoder_layer_norm_first_gelu", lambda c: encoder_case(c, True))
+    case("transformer_encoder", encoder_stack_case)
 
 
 # ---- convolutions, poolings and resampling ----

@@ -1,0 +1,96 @@
+// duet: torch.nn.TransformerEncoderLayer and TransformerEncoder, with PyTorch's options,
+// defaults, submodule names (so a PyTorch state_dict loads as it is) and equations, over
+// nn::MultiheadAttention (nn/layers.h).
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "nn/layers.h"
+
+namespace duet::nn {
+
+/// The options of a TransformerEncoderLayer, LibTorch's names with PyTorch's defaults.
+struct TransformerEncoderLayerOptions {
+  TransformerEncoderLayerOptions(int64_t d_model, int64_t nhead)
+      : d_model_(d_model), nhead_(nhead) {}
+#define DUET_OPTION(type, name)                  \
+  TransformerEncoderLayerOptions& name(type v) { \
+    name##_ = v;                                 \
+    return *this;                                \
+  }                                              \
+  type name() const { return name##_; }
+  DUET_OPTION(int64_t, d_model)
+  DUET_OPTION(int64_t, nhead)
+  DUET_OPTION(int64_t, dim_feedforward)  ///< the feed-forward's hidden width (2048)
+  DUET_OPTION(double, dropout)           ///< of the attention weights and the three residual
+                                         ///< branches' dropouts (0.1)
+  DUET_OPTION(std::string, activation)   ///< "relu" (the default) or "gelu" (the exact one)
+  DUET_OPTION(double, layer_norm_eps)    ///< 1e-5
+  DUET_OPTION(bool, batch_first)         ///< (N, S, E) when true; (S, N, E), the default, when not
+  DUET_OPTION(bool, norm_first)          ///< pre-norm: x + f(norm(x)); post-norm (the default):
+                                         ///< norm(x + f(x))
+#undef DUET_OPTION
+
+ private:
+  int64_t d_model_, nhead_, dim_feedforward_ = 2048;
+  double dropout_ = 0.1;
+  std::string activation_ = "relu";
+  double layer_norm_eps_ = 1e-5;
+  bool batch_first_ = false, norm_first_ = false;
+};
+
+/// Self-attention and a feed-forward network, each a residual branch with dropout and a layer
+/// norm, as torch.nn.TransformerEncoderLayer: post-norm
+///     x = norm1(x + dropout1(self_attn(x))); x = norm2(x +
+///     dropout2(linear2(dropout(act(linear1(x))))))
+/// or, with norm_first, x = x + dropout1(self_attn(norm1(x))); x = x + dropout2(ff(norm2(x))).
+class TransformerEncoderLayer : public Module {
+ public:
+  explicit TransformerEncoderLayer(const TransformerEncoderLayerOptions& options);
+  TransformerEncoderLayer(int64_t d_model, int64_t nhead)
+      : TransformerEncoderLayer(TransformerEncoderLayerOptions(d_model, nhead)) {}
+  Tensor forward(const Tensor& src) override { return forward(src, {}, {}, false); }
+  /// src_mask: MultiheadAttention's attn_mask, (S, S) or (N * nhead, S, S); src_key_padding_mask:
+  /// (N, S), b8 true where a key is padding (or floating, added to the scores); is_causal: each
+  /// position attends to itself and those before it (not with a src_mask).
+  Tensor forward(const Tensor& src, const Tensor& src_mask, const Tensor& src_key_padding_mask = {},
+                 bool is_causal = false);
+  using Module::operator();
+  Tensor operator()(const Tensor& src, const Tensor& src_mask,
+                    const Tensor& src_key_padding_mask = {}, bool is_causal = false, DUET_HERE) {
+    duet::detail::SiteGuard site(loc);
+    return forward(src, src_mask, src_key_padding_mask, is_causal);
+  }
+
+  TransformerEncoderLayerOptions options;
+  MultiheadAttention self_attn;
+  Linear linear1, linear2;
+  Dropout dropout, dropout1, dropout2;
+  LayerNorm norm1, norm2;
+};
+
+/// num_layers copies of a TransformerEncoderLayer (layers.0, layers.1, ...), then an optional
+/// norm, as torch.nn.TransformerEncoder. Its layers start equal to `layer` (PyTorch deep-copies
+/// it) and train apart: each has parameters of its own.
+class TransformerEncoder : public Module {
+ public:
+  TransformerEncoder(const TransformerEncoderLayer& layer, int64_t num_layers,
+                     std::optional<LayerNorm> norm = std::nullopt);
+  Tensor forward(const Tensor& src) override { return forward(src, {}, {}, false); }
+  /// Each layer's forward with these masks, then the norm.
+  Tensor forward(const Tensor& src, const Tensor& mask, const Tensor& src_key_padding_mask = {},
+                 bool is_causal = false);
+  using Module::operator();
+  Tensor operator()(const Tensor& src, const Tensor& mask, const Tensor& src_key_padding_mask = {},
+                    bool is_causal = false, DUET_HERE) {
+    duet::detail::SiteGuard site(loc);
+    return forward(src, mask, src_key_padding_mask, is_causal);
+  }
+
+  ModuleList layers;
+  std::optional<LayerNorm> norm;
+  int64_t num_layers;
+};
+
+}  // namespace duet::nn
