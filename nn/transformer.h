@@ -1,6 +1,6 @@
-// duet: torch.nn.TransformerEncoderLayer and TransformerEncoder, with PyTorch's options,
-// defaults, submodule names (so a PyTorch state_dict loads as it is) and equations, over
-// nn::MultiheadAttention (nn/layers.h).
+// duet: torch.nn.TransformerEncoderLayer, TransformerEncoder, TransformerDecoderLayer and
+// TransformerDecoder, with PyTorch's options, defaults, submodule names (so a PyTorch state_dict
+// loads as it is) and equations, over nn::MultiheadAttention (nn/layers.h).
 #pragma once
 
 #include <optional>
@@ -10,7 +10,8 @@
 
 namespace duet::nn {
 
-/// The options of a TransformerEncoderLayer, LibTorch's names with PyTorch's defaults.
+/// The options of a TransformerEncoderLayer (and a TransformerDecoderLayer), LibTorch's names
+/// with PyTorch's defaults.
 struct TransformerEncoderLayerOptions {
   TransformerEncoderLayerOptions(int64_t d_model, int64_t nhead)
       : d_model_(d_model), nhead_(nhead) {}
@@ -23,7 +24,7 @@ struct TransformerEncoderLayerOptions {
   DUET_OPTION(int64_t, d_model)
   DUET_OPTION(int64_t, nhead)
   DUET_OPTION(int64_t, dim_feedforward)  ///< the feed-forward's hidden width (2048)
-  DUET_OPTION(double, dropout)           ///< of the attention weights and the three residual
+  DUET_OPTION(double, dropout)           ///< of the attention weights and the residual
                                          ///< branches' dropouts (0.1)
   DUET_OPTION(std::string, activation)   ///< "relu" (the default) or "gelu" (the exact one)
   DUET_OPTION(double, layer_norm_eps)    ///< 1e-5
@@ -39,6 +40,8 @@ struct TransformerEncoderLayerOptions {
   double layer_norm_eps_ = 1e-5;
   bool batch_first_ = false, norm_first_ = false;
 };
+
+using TransformerDecoderLayerOptions = TransformerEncoderLayerOptions;
 
 /// Self-attention and a feed-forward network, each a residual branch with dropout and a layer
 /// norm, as torch.nn.TransformerEncoderLayer: post-norm
@@ -70,10 +73,25 @@ class TransformerEncoderLayer : public Module {
   LayerNorm norm1, norm2;
 };
 
-/// num_layers copies of a TransformerEncoderLayer (layers.0, layers.1, ...), then an optional
-/// norm, as torch.nn.TransformerEncoder. Its layers start equal to `layer` (PyTorch deep-copies
+/// The layers of a TransformerEncoder or TransformerDecoder (layers.0, layers.1, ...) and its
+/// optional final norm. Its layers start equal to the layer it is made from (PyTorch deep-copies
 /// it) and train apart: each has parameters of its own.
-class TransformerEncoder : public Module {
+class TransformerStack : public Module {
+ public:
+  ModuleList layers;
+  std::optional<LayerNorm> norm;
+  int64_t num_layers;
+
+ protected:
+  // cls: the class ("TransformerEncoder"); Layer: its layer's class.
+  template <class Layer>
+  TransformerStack(const char* cls, const Layer& layer, int64_t num_layers,
+                   std::optional<LayerNorm> norm);
+};
+
+/// num_layers copies of a TransformerEncoderLayer, then an optional norm, as
+/// torch.nn.TransformerEncoder.
+class TransformerEncoder : public TransformerStack {
  public:
   TransformerEncoder(const TransformerEncoderLayer& layer, int64_t num_layers,
                      std::optional<LayerNorm> norm = std::nullopt);
@@ -87,10 +105,56 @@ class TransformerEncoder : public Module {
     duet::detail::SiteGuard site(loc);
     return forward(src, mask, src_key_padding_mask, is_causal);
   }
+};
 
-  ModuleList layers;
-  std::optional<LayerNorm> norm;
-  int64_t num_layers;
+/// Self-attention, attention to the encoder's output (memory) and a feed-forward network, each a
+/// residual branch with dropout and a layer norm, as torch.nn.TransformerDecoderLayer: post-norm
+///     x = norm1(x + dropout1(self_attn(x))); x = norm2(x + dropout2(multihead_attn(x, memory)));
+///     x = norm3(x + dropout3(linear2(dropout(act(linear1(x))))))
+/// or, with norm_first, each branch on its norm's output, added to x.
+class TransformerDecoderLayer : public Module {
+ public:
+  explicit TransformerDecoderLayer(const TransformerDecoderLayerOptions& options);
+  TransformerDecoderLayer(int64_t d_model, int64_t nhead)
+      : TransformerDecoderLayer(TransformerDecoderLayerOptions(d_model, nhead)) {}
+  /// tgt_mask and memory_mask: MultiheadAttention's attn_mask for the self-attention (T, T) and
+  /// the attention to memory (T, S); the key padding masks (N, T) and (N, S); tgt_is_causal:
+  /// each target position attends to itself and those before it (not with a tgt_mask).
+  Tensor forward(const Tensor& tgt, const Tensor& memory, const Tensor& tgt_mask = {},
+                 const Tensor& memory_mask = {}, const Tensor& tgt_key_padding_mask = {},
+                 const Tensor& memory_key_padding_mask = {}, bool tgt_is_causal = false,
+                 bool memory_is_causal = false);
+  using Module::operator();
+  Tensor operator()(const Tensor& tgt, const Tensor& memory, const Tensor& tgt_mask = {},
+                    const Tensor& memory_mask = {}, DUET_HERE) {
+    duet::detail::SiteGuard site(loc);
+    return forward(tgt, memory, tgt_mask, memory_mask);
+  }
+
+  TransformerDecoderLayerOptions options;
+  MultiheadAttention self_attn, multihead_attn;
+  Linear linear1, linear2;
+  Dropout dropout, dropout1, dropout2, dropout3;
+  LayerNorm norm1, norm2, norm3;
+};
+
+/// num_layers copies of a TransformerDecoderLayer, then an optional norm, as
+/// torch.nn.TransformerDecoder.
+class TransformerDecoder : public TransformerStack {
+ public:
+  TransformerDecoder(const TransformerDecoderLayer& layer, int64_t num_layers,
+                     std::optional<LayerNorm> norm = std::nullopt);
+  /// Each layer's forward with these masks, then the norm.
+  Tensor forward(const Tensor& tgt, const Tensor& memory, const Tensor& tgt_mask = {},
+                 const Tensor& memory_mask = {}, const Tensor& tgt_key_padding_mask = {},
+                 const Tensor& memory_key_padding_mask = {}, bool tgt_is_causal = false,
+                 bool memory_is_causal = false);
+  using Module::operator();
+  Tensor operator()(const Tensor& tgt, const Tensor& memory, const Tensor& tgt_mask = {},
+                    const Tensor& memory_mask = {}, DUET_HERE) {
+    duet::detail::SiteGuard site(loc);
+    return forward(tgt, memory, tgt_mask, memory_mask);
+  }
 };
 
 }  // namespace duet::nn

@@ -1343,6 +1343,57 @@ TEST_CASE("TransformerEncoderLayer and TransformerEncoder: PyTorch's structure a
                  "[TransformerEncoderLayer] src must be (S, N, E) (3-D), got (5, 8)"));
 }
 
+TEST_CASE("TransformerDecoderLayer and TransformerDecoder: PyTorch's structure and equations") {
+  manual_seed(61);
+  TransformerDecoderLayer layer(
+      TransformerDecoderLayerOptions(8, 2).dim_feedforward(16).batch_first(true));
+  CHECK(layer.name() ==
+        "TransformerDecoderLayer(d_model=8, nhead=2, dim_feedforward=16, dropout=0.1, "
+        "activation=relu, batch_first=true)");
+  std::vector<std::string> names;
+  for (const auto& [n, p] : layer.named_parameters()) names.push_back(n);
+  CHECK(names ==
+        std::vector<std::string>{"self_attn.in_proj_weight", "self_attn.in_proj_bias",
+                                 "self_attn.out_proj.weight", "self_attn.out_proj.bias",
+                                 "multihead_attn.in_proj_weight", "multihead_attn.in_proj_bias",
+                                 "multihead_attn.out_proj.weight", "multihead_attn.out_proj.bias",
+                                 "linear1.weight", "linear1.bias", "linear2.weight", "linear2.bias",
+                                 "norm1.weight", "norm1.bias", "norm2.weight", "norm2.bias",
+                                 "norm3.weight", "norm3.bias"});
+  // Post-norm in eval mode: the equations written out; tgt_is_causal is the causal mask.
+  layer.train(false);
+  const Tensor t = randn({2, 4, 8}), mem = randn({2, 5, 8});
+  Tensor x = layer.norm1(t + layer.self_attn.forward(t, t, t, {}, true));
+  x = layer.norm2(x + layer.multihead_attn.forward(x, mem, mem));
+  x = layer.norm3(x + layer.linear2(relu(layer.linear1(x))));
+  const Tensor got = layer.forward(t, mem, {}, {}, {}, {}, true);
+  CHECK(close(got, x, 1e-5));
+  const Tensor causal = where(triu(ones({4, 4}), 1).to(DType::b8), -INFINITY, zeros({4, 4}));
+  CHECK(close(layer(t, mem, causal), got, 1e-5));
+  auto f = compile([&](Tensor a, Tensor b) { return layer.forward(a, b, {}, {}, {}, {}, true); });
+  CHECK(close(f(t, mem), got, 1e-5));
+  // The decoder's layers: copies with parameters of their own, then the norm.
+  TransformerDecoder dec(layer, 2, LayerNorm(Shape{8}));
+  CHECK(dec.name() == "TransformerDecoder(num_layers=2, norm)");
+  CHECK(dec.parameters().size() == 2 * 18 + 2);
+  const auto l1 = std::static_pointer_cast<TransformerDecoderLayer>(dec.layers.ptr(1));
+  CHECK(bitwise_equal(l1->norm3.weight, layer.norm3.weight));
+  CHECK(!l1->norm3.weight.is_same(layer.norm3.weight));
+  CHECK(close(dec(t, mem), (*dec.norm)(l1->forward(layer.forward(t, mem), mem)), 1e-5));
+  // Errors name the layer.
+  CHECK(contains(error_of<ShapeError>([&] {
+                   layer(randn({4, 8}), mem);
+                 }),
+                 "[TransformerDecoderLayer] tgt and memory must be (N, T, E) and (N, S, E) (3-D), "
+                 "got (4, 8) and (2, 5, 8)"));
+  CHECK(contains(error_of<ValueError>([] {
+                   TransformerDecoderLayer(TransformerDecoderLayerOptions(8, 2).dropout(2));
+                 }),
+                 "[TransformerDecoderLayer] dropout must be in [0, 1], got 2"));
+  CHECK(contains(error_of<ValueError>([&] { TransformerDecoder(layer, -1); }),
+                 "[TransformerDecoder] num_layers must be positive, got -1"));
+}
+
 TEST_CASE("Embedding's padding_idx: a zero row at first, and no gradient through its reads") {
   manual_seed(43);
   Embedding emb(6, 3, -2);  // row 4

@@ -471,14 +471,20 @@ Cases layer_cases() {
     r.out("weights", weights);
   });
   // torch's layers in eval mode (dropout 0.1 is then the identity).
-  auto layer = [](bool batch_first, bool norm_first) {
-    TransformerEncoderLayer m(TransformerEncoderLayerOptions(8, 2)
-                                  .dim_feedforward(16)
-                                  .batch_first(batch_first)
-                                  .norm_first(norm_first)
-                                  .activation(norm_first ? "gelu" : "relu"));
+  auto make = []<class Layer>(bool batch_first, bool norm_first) {
+    Layer m(TransformerEncoderLayerOptions(8, 2)
+                .dim_feedforward(16)
+                .batch_first(batch_first)
+                .norm_first(norm_first)
+                .activation(norm_first ? "gelu" : "relu"));
     m.train(false);
     return m;
+  };
+  auto layer = [=](bool batch_first, bool norm_first) {
+    return make.operator()<TransformerEncoderLayer>(batch_first, norm_first);
+  };
+  auto decoder = [=](bool batch_first, bool norm_first) {
+    return make.operator()<TransformerDecoderLayer>(batch_first, norm_first);
   };
   c.emplace_back("transformer_encoder_layer", [=](Ref& r) {
     TransformerEncoderLayer m = layer(false, false);
@@ -489,6 +495,23 @@ Cases layer_cases() {
     TransformerEncoderLayer m = layer(true, true);
     r.load(m);
     r.out("out", m(r.in("x"), r.in("mask")));
+  });
+  c.emplace_back("transformer_decoder_layer", [=](Ref& r) {
+    TransformerDecoderLayer m = decoder(false, false);
+    r.load(m);
+    r.out("out", m.forward(r.in("tgt"), r.in("memory"), r.in("tgt_mask"), Tensor(), Tensor(),
+                           r.in("memory_key_padding_mask")));
+  });
+  c.emplace_back("transformer_decoder_layer_norm_first_gelu", [=](Ref& r) {
+    TransformerDecoderLayer m = decoder(true, true);
+    r.load(m);
+    r.out("out", m(r.in("tgt"), r.in("memory"), Tensor(), r.in("memory_mask")));
+  });
+  c.emplace_back("transformer_decoder", [=](Ref& r) {
+    TransformerDecoder m(decoder(true, false), 2, LayerNorm(Shape{8}));
+    m.train(false);
+    r.load(m);
+    r.out("out", m(r.in("tgt"), r.in("memory"), r.in("tgt_mask")));
   });
   c.emplace_back("transformer_encoder", [=](Ref& r) {
     TransformerEncoder m(layer(true, false), 2, LayerNorm(Shape{8}));

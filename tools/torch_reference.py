@@ -2,7 +2,7 @@
 """Reference values from PyTorch for tests/test_torch_reference.cpp: the outputs and gradients of
 the later ops of core/api.def (masked_fill to einsum) and of the newer ops and layers (gelu's
 tanh form, scaled_dot_product_attention, the recurrent layers and cells, batch norm, Conv1d,
-MultiheadAttention, the convolutions, poolings and resampling modes, the activations,
+MultiheadAttention, the transformer layers, the convolutions, poolings and resampling modes, the activations,
 normalizations and losses of core/ops/activations.cpp, norms.cpp and losses.cpp and the
 loss modules of nn/loss.h), RMSprop's parameters after a few steps, the learning rates of the
 schedulers, and gradient clipping, on fixed inputs drawn by torch with a fixed seed per case.
@@ -467,6 +467,50 @@ def encoder_stack_case(c):
     c.out("out", m(x, mask=c.inp("mask", am)))
 
 
+def decoder_layer(batch_first, norm_first):
+    """A decoder layer of d_model 8, 2 heads and a feed-forward of 16, nonzero biases, in eval."""
+    m = nn.TransformerDecoderLayer(8, 2, dim_feedforward=16, dropout=0.1, batch_first=batch_first,
+                                   norm_first=norm_first,
+                                   activation="gelu" if norm_first else "relu")
+    with torch.no_grad():
+        for attn in (m.self_attn, m.multihead_attn):
+            attn.in_proj_bias.copy_(0.1 * torch.randn(24))
+            attn.out_proj.bias.copy_(0.1 * torch.randn(8))
+        for norm in (m.norm1, m.norm2, m.norm3):
+            norm.weight.copy_(1 + 0.1 * torch.randn(8))
+            norm.bias.copy_(0.1 * torch.randn(8))
+    return m.eval()
+
+
+def decoder_case(c, norm_first):
+    """Post-norm with relu, sequence first, a causal target mask and a memory padding mask;
+    pre-norm with gelu, batch first, a b8 memory mask."""
+    m = c.load(decoder_layer(batch_first=norm_first, norm_first=norm_first))
+    causal = torch.triu(torch.full((4, 4), float("-inf")), 1)
+    if norm_first:
+        t, mem = c.randn("tgt", 2, 4, 8), c.randn("memory", 2, 5, 8)
+        mm = torch.rand(4, 5) < 0.3
+        mm[:, 0] = False
+        c.out("out", m(t, mem, memory_mask=c.inp("memory_mask", mm)))
+    else:
+        t, mem = c.randn("tgt", 4, 2, 8), c.randn("memory", 5, 2, 8)
+        kpm = torch.tensor([[False] * 5, [False, False, True, False, True]])
+        c.out("out", m(t, mem, tgt_mask=c.inp("tgt_mask", causal, grad=False),
+                       memory_key_padding_mask=c.inp("memory_key_padding_mask", kpm)))
+
+
+def decoder_stack_case(c):
+    m = nn.TransformerDecoder(decoder_layer(batch_first=True, norm_first=False), 2,
+                              norm=nn.LayerNorm(8))
+    with torch.no_grad():  # layers that differ
+        for p in m.layers[1].parameters():
+            p.add_(0.05 * torch.randn(p.shape))
+    c.load(m.eval())
+    t, mem = c.randn("tgt", 2, 4, 8), c.randn("memory", 2, 3, 8)
+    causal = torch.triu(torch.full((4, 4), float("-inf")), 1)
+    c.out("out", m(t, mem, tgt_mask=c.inp("tgt_mask", causal, grad=False)))
+
+
 def layer_cases():
     for kind in ("rnn", "gru", "lstm"):
         kws = [("", {})] if kind != "rnn" else [("_tanh", {}),
@@ -511,6 +555,9 @@ def layer_cases():
     case("transformer_encoder_layer", lambda c: encoder_case(c, False))
     case("transformer_encoder_layer_norm_first_gelu", lambda c: encoder_case(c, True))
     case("transformer_encoder", encoder_stack_case)
+    case("transformer_decoder_layer", lambda c: decoder_case(c, False))
+    case("transformer_decoder_layer_norm_first_gelu", lambda c: decoder_case(c, True))
+    case("transformer_decoder", decoder_stack_case)
 
 
 # ---- convolutions, poolings and resampling ----
