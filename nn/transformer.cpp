@@ -1,7 +1,11 @@
 // duet: the transformer layers of nn/transformer.h.
 #include "nn/transformer.h"
 
+#include <limits>
+
 #include "core/ops.h"
+#include "core/op_table.h"
+#include "nn/init.h"
 
 namespace duet::nn {
 
@@ -195,6 +199,52 @@ Tensor TransformerDecoder::forward(const Tensor& tgt, const Tensor& memory, cons
         x, memory, tgt_mask, memory_mask, tgt_key_padding_mask, memory_key_padding_mask,
         tgt_is_causal, memory_is_causal);
   return norm ? (*norm)(x) : x;
+}
+
+Transformer::Transformer(const TransformerEncoderLayerOptions& o, int64_t encoders,
+                         int64_t decoders)
+    : Module(fmt::format("Transformer(d_model={}, nhead={}, num_encoder_layers={}, "
+                         "num_decoder_layers={})",
+                         o.d_model(), o.nhead(), encoders, decoders)),
+      encoder(TransformerEncoderLayer(o), encoders,
+              LayerNorm(Shape{o.d_model()}, o.layer_norm_eps())),
+      decoder(TransformerDecoderLayer(o), decoders,
+              LayerNorm(Shape{o.d_model()}, o.layer_norm_eps())),
+      d_model(o.d_model()),
+      nhead(o.nhead()),
+      batch_first(o.batch_first()) {
+  encoder = register_module("encoder", encoder);
+  decoder = register_module("decoder", decoder);
+  for (Tensor& p : parameters())
+    if (p.dim() > 1) init::xavier_uniform_(p);
+}
+
+Tensor Transformer::forward(const Tensor& src, const Tensor& tgt, const Tensor& src_mask,
+                            const Tensor& tgt_mask, const Tensor& memory_mask,
+                            const Tensor& src_key_padding_mask, const Tensor& tgt_key_padding_mask,
+                            const Tensor& memory_key_padding_mask, bool src_is_causal,
+                            bool tgt_is_causal, bool memory_is_causal) {
+  const int64_t batch = batch_first ? 0 : 1;
+  const char* op = "Transformer";
+  DUET_CHECK_SHAPE(
+      src.dim() == 3 && tgt.dim() == 3 &&
+          duet::detail::size_is(tgt, batch, duet::detail::sym_dim(src, batch), op) &&
+          duet::detail::size_is(src, 2, d_model, op) && duet::detail::size_is(tgt, 2, d_model, op),
+      "[Transformer] src and tgt must be {} with one batch size and d_model {}, got {} "
+      "and {}",
+      batch_first ? "(N, S, E) and (N, T, E)" : "(S, N, E) and (T, N, E)", d_model, src.sizes(),
+      tgt.sizes());
+  const Tensor memory = encoder.forward(src, src_mask, src_key_padding_mask, src_is_causal);
+  return decoder.forward(tgt, memory, tgt_mask, memory_mask, tgt_key_padding_mask,
+                         memory_key_padding_mask, tgt_is_causal, memory_is_causal);
+}
+
+Tensor Transformer::generate_square_subsequent_mask(int64_t sz, DType dtype) {
+  DUET_CHECK_VALUE(sz >= 0,
+                   "[Transformer] generate_square_subsequent_mask needs a size >= 0, got {}", sz);
+  const Tensor above = triu(ones({sz, sz}), 1).to(DType::b8);
+  return where(above, -std::numeric_limits<double>::infinity(),
+               zeros({sz, sz}, Options().dtype(dtype)));
 }
 
 }  // namespace duet::nn

@@ -1,6 +1,6 @@
-// duet: torch.nn.TransformerEncoderLayer, TransformerEncoder, TransformerDecoderLayer and
-// TransformerDecoder, with PyTorch's options, defaults, submodule names (so a PyTorch state_dict
-// loads as it is) and equations, over nn::MultiheadAttention (nn/layers.h).
+// duet: torch.nn.TransformerEncoderLayer, TransformerEncoder, TransformerDecoderLayer,
+// TransformerDecoder and Transformer, with PyTorch's options, defaults, submodule names (so a
+// PyTorch state_dict loads as it is) and equations, over nn::MultiheadAttention (nn/layers.h).
 #pragma once
 
 #include <optional>
@@ -155,6 +155,36 @@ class TransformerDecoder : public TransformerStack {
     duet::detail::SiteGuard site(loc);
     return forward(tgt, memory, tgt_mask, memory_mask);
   }
+};
+
+/// An encoder and a decoder, each with a final norm, as torch.nn.Transformer: the layers take
+/// the options (PyTorch's Transformer defaults: d_model 512, nhead 8), and every parameter with
+/// two or more dims starts from xavier_uniform_, as PyTorch's _reset_parameters.
+class Transformer : public Module {
+ public:
+  explicit Transformer(const TransformerEncoderLayerOptions& options = {512, 8},
+                       int64_t num_encoder_layers = 6, int64_t num_decoder_layers = 6);
+  /// The encoder's output for src, and the decoder's for tgt on it, with each one's masks
+  /// (memory_mask and memory_key_padding_mask for the decoder's attention to it).
+  Tensor forward(const Tensor& src, const Tensor& tgt, const Tensor& src_mask = {},
+                 const Tensor& tgt_mask = {}, const Tensor& memory_mask = {},
+                 const Tensor& src_key_padding_mask = {}, const Tensor& tgt_key_padding_mask = {},
+                 const Tensor& memory_key_padding_mask = {}, bool src_is_causal = false,
+                 bool tgt_is_causal = false, bool memory_is_causal = false);
+  using Module::operator();
+  Tensor operator()(const Tensor& src, const Tensor& tgt, const Tensor& src_mask = {},
+                    const Tensor& tgt_mask = {}, DUET_HERE) {
+    duet::detail::SiteGuard site(loc);
+    return forward(src, tgt, src_mask, tgt_mask);
+  }
+  /// The (sz, sz) floating mask of a causal self-attention: -inf above the diagonal, 0 on and
+  /// below it (PyTorch's Transformer.generate_square_subsequent_mask).
+  static Tensor generate_square_subsequent_mask(int64_t sz, DType dtype = DType::f32);
+
+  TransformerEncoder encoder;
+  TransformerDecoder decoder;
+  int64_t d_model, nhead;
+  bool batch_first;
 };
 
 }  // namespace duet::nn

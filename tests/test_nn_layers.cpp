@@ -1394,6 +1394,40 @@ TEST_CASE("TransformerDecoderLayer and TransformerDecoder: PyTorch's structure a
                  "[TransformerDecoder] num_layers must be positive, got -1"));
 }
 
+TEST_CASE("Transformer: an encoder and a decoder with their norms, PyTorch's initialization") {
+  manual_seed(67);
+  Transformer t(TransformerEncoderLayerOptions(8, 2).dim_feedforward(16).batch_first(true), 2, 1);
+  CHECK(t.name() == "Transformer(d_model=8, nhead=2, num_encoder_layers=2, num_decoder_layers=1)");
+  CHECK(t.state_dict().count("encoder.layers.1.linear2.weight") == 1);
+  CHECK(t.state_dict().count("decoder.norm.bias") == 1);
+  CHECK(t.parameters().size() == 2 * 12 + 2 + 18 + 2);
+  // xavier_uniform_ on every matrix: linear1's weight (16, 8) within sqrt(6 / 24).
+  for (const auto& [n, p] : t.named_parameters())
+    if (p.dim() > 1) {
+      CAPTURE(n);
+      const double bound = std::sqrt(6.0 / double(p.size(0) + p.size(1)));
+      CHECK(max(abs(p)).item<double>() <= bound);
+    }
+  // ... past Linear's own bound, 1 / sqrt(fan_in) = 0.25 for linear2's (8, 16).
+  for (const auto& [n, p] : t.named_parameters())
+    if (n.find("linear2.weight") != std::string::npos) {
+      CAPTURE(n);
+      CHECK(max(abs(p)).item<double>() > 0.3);
+    }
+  t.train(false);
+  const Tensor src = randn({2, 5, 8}), tgt = randn({2, 3, 8});
+  const Tensor mask = Transformer::generate_square_subsequent_mask(3);
+  check_tensor(mask, {3, 3}, DType::f32, {0, -INFINITY, -INFINITY, 0, 0, -INFINITY, 0, 0, 0});
+  CHECK(close(t(src, tgt, {}, mask), t.decoder(tgt, t.encoder(src), mask), 1e-6));
+  CHECK(
+      close(t.forward(src, tgt, {}, {}, {}, {}, {}, {}, false, true), t(src, tgt, {}, mask), 1e-5));
+  CHECK(contains(error_of<ShapeError>([&] {
+                   t(src, randn({3, 3, 8}));
+                 }),
+                 "[Transformer] src and tgt must be (N, S, E) and (N, T, E) with one batch size "
+                 "and d_model 8, got (2, 5, 8) and (3, 3, 8)"));
+}
+
 TEST_CASE("Embedding's padding_idx: a zero row at first, and no gradient through its reads") {
   manual_seed(43);
   Embedding emb(6, 3, -2);  // row 4

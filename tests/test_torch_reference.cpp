@@ -48,7 +48,9 @@ bool report() {
 
 // Empty when got matches want (shape, dtype, and values within the tolerance); else what differs,
 // with the worst element.
-std::string compare(const Tensor& got, const Tensor& want, const std::string& what) {
+// scale: the tolerance's multiple (Ref::loosen).
+std::string compare(const Tensor& got, const Tensor& want, const std::string& what,
+                    double scale = 1) {
   if (!got.defined()) return "undefined";
   if (got.sizes() != want.sizes() || got.dtype() != want.dtype()) {
     std::ostringstream os;
@@ -61,7 +63,8 @@ std::string compare(const Tensor& got, const Tensor& want, const std::string& wh
   double worst_share = 0;  // |g - w| as a share of the tolerance there
   for (size_t i = 0; i < g.size(); ++i) {
     const double err = std::fabs(g[i] - w[i]);
-    const double share = std::isnan(err) ? INFINITY : err / (kAtol + kRtol * std::fabs(w[i]));
+    const double share =
+        std::isnan(err) ? INFINITY : err / (scale * (kAtol + kRtol * std::fabs(w[i])));
     if (share > 1) ++bad;
     if (worst < 0 || share > worst_share) {
       worst = static_cast<int64_t>(i);
@@ -87,6 +90,10 @@ class Ref {
     for (const auto& e : fs::directory_iterator(dir_)) files_.push_back(e.path().stem().string());
     unread_.insert(files_.begin(), files_.end());
   }
+
+  /// Compares this case within k times the tolerance: for a deep composite whose float32
+  /// rounding, not its math, passes the tolerance (the case says why).
+  void loosen(double k) { scale_ = k; }
 
   /// Input `n` (the same tensor at every call); it requires grad when the folder has its
   /// gradient.
@@ -144,7 +151,8 @@ class Ref {
     return data::read_npy((dir_ / (stem + ".npy")).string());
   }
   void check(const Tensor& got, const Tensor& want, const std::string& what) {
-    const std::string d = compare(got.defined() ? got.detach() : got, want, name_ + " " + what);
+    const std::string d =
+        compare(got.defined() ? got.detach() : got, want, name_ + " " + what, scale_);
     CHECK_MESSAGE(d.empty(), name_ << " " << what << ": " << d);
   }
 
@@ -155,6 +163,7 @@ class Ref {
   std::map<std::string, Tensor> inputs_;
   std::vector<std::pair<std::string, Tensor>> leaves_;
   Tensor loss_;
+  double scale_ = 1;
 };
 
 using Body = std::function<void(Ref&)>;
@@ -512,6 +521,19 @@ Cases layer_cases() {
     m.train(false);
     r.load(m);
     r.out("out", m(r.in("tgt"), r.in("memory"), r.in("tgt_mask")));
+  });
+  c.emplace_back("transformer", [](Ref& r) {
+    Transformer m(TransformerEncoderLayerOptions(8, 2).dim_feedforward(16).batch_first(true), 1, 1);
+    m.train(false);
+    r.load(m);
+    // Five layer norms over 8 features on the way back: in float64 duet and torch agree to 1e-9
+    // of the tolerance, while float32 rounding leaves torch's gradients within 0.4 of it of the
+    // float64 values, duet's within 1.6.
+    r.loosen(3);
+    const Tensor kpm = r.in("src_key_padding_mask");
+    const Tensor mask = r.in("tgt_mask");
+    CHECK(bitwise_equal(Transformer::generate_square_subsequent_mask(4), mask));
+    r.out("out", m.forward(r.in("src"), r.in("tgt"), {}, mask, {}, kpm, {}, kpm));
   });
   c.emplace_back("transformer_encoder", [=](Ref& r) {
     TransformerEncoder m(layer(true, false), 2, LayerNorm(Shape{8}));

@@ -511,6 +511,23 @@ def decoder_stack_case(c):
     c.out("out", m(t, mem, tgt_mask=c.inp("tgt_mask", causal, grad=False)))
 
 
+def transformer_case(c):
+    m = nn.Transformer(d_model=8, nhead=2, num_encoder_layers=1, num_decoder_layers=1,
+                       dim_feedforward=16, batch_first=True)
+    with torch.no_grad():  # nonzero biases and norms that are not the identity
+        for k, p in m.named_parameters():
+            if p.dim() == 1:
+                p.copy_((1 if k.endswith("norm1.weight") or k.endswith("norm.weight") else 0)
+                        + 0.1 * torch.randn(p.shape))
+    c.load(m.eval())
+    src, tgt = c.randn("src", 2, 5, 8), c.randn("tgt", 2, 4, 8)
+    kpm = c.inp("src_key_padding_mask", torch.tensor([[False] * 5, [False, False, False, True,
+                                                                    True]]))
+    tgt_mask = c.inp("tgt_mask", nn.Transformer.generate_square_subsequent_mask(4), grad=False)
+    c.out("out", m(src, tgt, tgt_mask=tgt_mask, src_key_padding_mask=kpm,
+                   memory_key_padding_mask=kpm))
+
+
 def layer_cases():
     for kind in ("rnn", "gru", "lstm"):
         kws = [("", {})] if kind != "rnn" else [("_tanh", {}),
@@ -558,6 +575,7 @@ def layer_cases():
     case("transformer_decoder_layer", lambda c: decoder_case(c, False))
     case("transformer_decoder_layer_norm_first_gelu", lambda c: decoder_case(c, True))
     case("transformer_decoder", decoder_stack_case)
+    case("transformer", transformer_case)
 
 
 # ---- convolutions, poolings and resampling ----
