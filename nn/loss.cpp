@@ -8,11 +8,18 @@
 namespace duet::nn {
 
 Loss::Loss(const char* name, std::string r, bool batchmean)
-    : Module(fmt::format("{}()", name)), reduction(std::move(r)) {
+    : Module(fmt::format("{}()", name)), reduction(std::move(r)), class_(name) {
   DUET_CHECK_VALUE(reduction == "none" || reduction == "mean" || reduction == "sum" ||
                        (batchmean && reduction == "batchmean"),
                    "[{}] reduction must be \"none\", \"mean\"{} or \"sum\", got \"{}\"", name,
                    batchmean ? ", \"batchmean\"" : "", reduction);
+}
+
+Tensor Loss::forward(const Tensor&, const Tensor&) {
+  throw ValueError(fmt::format("[{}] takes three operands: forward(a, b, c)", class_));
+}
+Tensor Loss::forward(const Tensor&, const Tensor&, const Tensor&) {
+  throw ValueError(fmt::format("[{}] takes two operands: forward(input, target)", class_));
 }
 
 Tensor MSELoss::forward(const Tensor& x, const Tensor& y) { return mse_loss(x, y, reduction); }
@@ -80,6 +87,56 @@ BCEWithLogitsLoss::BCEWithLogitsLoss(Tensor w, std::string r, Tensor pw)
 }
 Tensor BCEWithLogitsLoss::forward(const Tensor& x, const Tensor& y) {
   return binary_cross_entropy_with_logits(x, y, reduction, weight, pos_weight);
+}
+
+Tensor MarginRankingLoss::forward(const Tensor& x1, const Tensor& x2, const Tensor& y) {
+  return margin_ranking_loss(x1, x2, y, margin, reduction);
+}
+Tensor HingeEmbeddingLoss::forward(const Tensor& x, const Tensor& y) {
+  return hinge_embedding_loss(x, y, margin, reduction);
+}
+Tensor SoftMarginLoss::forward(const Tensor& x, const Tensor& y) {
+  return soft_margin_loss(x, y, reduction);
+}
+Tensor CosineEmbeddingLoss::forward(const Tensor& x1, const Tensor& x2, const Tensor& y) {
+  return cosine_embedding_loss(x1, x2, y, margin, reduction);
+}
+
+TripletMarginLoss::TripletMarginLoss(double m, double p_, double e, bool s, std::string r)
+    : Loss("TripletMarginLoss", std::move(r)), margin(m), p(p_), eps(e), swap(s) {
+  DUET_CHECK_VALUE(m > 0, "[TripletMarginLoss] margin must be positive, got {}", m);
+}
+Tensor TripletMarginLoss::forward(const Tensor& a, const Tensor& pos, const Tensor& neg) {
+  return triplet_margin_loss(a, pos, neg, margin, p, eps, swap, reduction);
+}
+
+Tensor PoissonNLLLoss::forward(const Tensor& x, const Tensor& y) {
+  return poisson_nll_loss(x, y, log_input, full, eps, reduction);
+}
+
+GaussianNLLLoss::GaussianNLLLoss(bool f, double e, std::string r)
+    : Loss("GaussianNLLLoss", std::move(r)), full(f), eps(e) {
+  DUET_CHECK_VALUE(e > 0, "[GaussianNLLLoss] eps must be positive, got {}", e);
+}
+Tensor GaussianNLLLoss::forward(const Tensor& x, const Tensor& y, const Tensor& var) {
+  return gaussian_nll_loss(x, y, var, full, eps, reduction);
+}
+
+PairwiseDistance::PairwiseDistance(double p_, double e, bool k)
+    : Module(fmt::format("PairwiseDistance(p={}, eps={}, keepdim={})", p_, e, k)),
+      p(p_),
+      eps(e),
+      keepdim(k) {
+  DUET_CHECK_VALUE(p_ >= 0, "[PairwiseDistance] p must be non-negative, got {}", p_);
+}
+Tensor PairwiseDistance::forward(const Tensor& x1, const Tensor& x2) {
+  return pairwise_distance(x1, x2, p, eps, keepdim);
+}
+
+CosineSimilarity::CosineSimilarity(int64_t d, double e)
+    : Module(fmt::format("CosineSimilarity(dim={}, eps={})", d, e)), dim(d), eps(e) {}
+Tensor CosineSimilarity::forward(const Tensor& x1, const Tensor& x2) {
+  return cosine_similarity(x1, x2, dim, eps);
 }
 
 }  // namespace duet::nn

@@ -1,4 +1,5 @@
-// duet: torch.nn's loss modules, each a Module over one loss function (core/ops: losses.cpp,
+// duet: torch.nn's loss modules (and PairwiseDistance, CosineSimilarity), each a Module over one
+// function (core/ops: losses.cpp,
 // nn.cpp, stats.cpp) with PyTorch's argument names, defaults and printed names, called as
 // loss(input, target). A reduction other than those the loss takes, or a parameter out of
 // range, raises a duet::Error naming the module when it is made; bad inputs raise the function's.
@@ -12,10 +13,13 @@
 
 namespace duet::nn {
 
-/// The base of the loss modules: forward(input, target), and `reduction` as PyTorch keeps it.
+/// The base of the loss modules: forward(input, target), or forward(a, b, c) for the losses of
+/// three operands (MarginRankingLoss, CosineEmbeddingLoss, TripletMarginLoss, GaussianNLLLoss),
+/// and `reduction` as PyTorch keeps it. The forward a loss does not take raises a ValueError.
 class Loss : public Module {
  public:
-  virtual Tensor forward(const Tensor& input, const Tensor& target) = 0;
+  virtual Tensor forward(const Tensor& input, const Tensor& target);
+  virtual Tensor forward(const Tensor& a, const Tensor& b, const Tensor& c);
   using Module::forward;
   using Module::operator();
   /// forward(input, target), with the caller's line as the call site of the ops inside.
@@ -23,11 +27,18 @@ class Loss : public Module {
     duet::detail::SiteGuard site(loc);
     return forward(input, target);
   }
+  Tensor operator()(const Tensor& a, const Tensor& b, const Tensor& c, DUET_HERE) {
+    duet::detail::SiteGuard site(loc);
+    return forward(a, b, c);
+  }
   std::string reduction;  ///< "none", "mean" or "sum" (KLDivLoss also "batchmean")
 
  protected:
   // name: the class's ("MSELoss"); checks the reduction against those the loss takes.
   Loss(const char* name, std::string reduction, bool batchmean = false);
+
+ private:
+  const char* class_;
 };
 
 /// mse_loss: (input - target)^2, reduced.
@@ -103,6 +114,108 @@ class BCEWithLogitsLoss : public Loss {
                              Tensor pos_weight = {});
   Tensor forward(const Tensor& input, const Tensor& target) override;
   Tensor weight, pos_weight;
+};
+
+/// margin_ranking_loss(x1, x2, y): forward(x1, x2, y).
+class MarginRankingLoss : public Loss {
+ public:
+  explicit MarginRankingLoss(double margin = 0, std::string reduction = "mean")
+      : Loss("MarginRankingLoss", std::move(reduction)), margin(margin) {}
+  using Loss::forward;
+  Tensor forward(const Tensor& x1, const Tensor& x2, const Tensor& y) override;
+  double margin;
+};
+
+/// hinge_embedding_loss(x, y).
+class HingeEmbeddingLoss : public Loss {
+ public:
+  explicit HingeEmbeddingLoss(double margin = 1, std::string reduction = "mean")
+      : Loss("HingeEmbeddingLoss", std::move(reduction)), margin(margin) {}
+  using Loss::forward;
+  Tensor forward(const Tensor& x, const Tensor& y) override;
+  double margin;
+};
+
+/// soft_margin_loss(x, y).
+class SoftMarginLoss : public Loss {
+ public:
+  explicit SoftMarginLoss(std::string reduction = "mean")
+      : Loss("SoftMarginLoss", std::move(reduction)) {}
+  using Loss::forward;
+  Tensor forward(const Tensor& x, const Tensor& y) override;
+};
+
+/// cosine_embedding_loss(x1, x2, y): forward(x1, x2, y).
+class CosineEmbeddingLoss : public Loss {
+ public:
+  explicit CosineEmbeddingLoss(double margin = 0, std::string reduction = "mean")
+      : Loss("CosineEmbeddingLoss", std::move(reduction)), margin(margin) {}
+  using Loss::forward;
+  Tensor forward(const Tensor& x1, const Tensor& x2, const Tensor& y) override;
+  double margin;
+};
+
+/// triplet_margin_loss(anchor, positive, negative): forward(anchor, positive, negative).
+class TripletMarginLoss : public Loss {
+ public:
+  explicit TripletMarginLoss(double margin = 1, double p = 2, double eps = 1e-6, bool swap = false,
+                             std::string reduction = "mean");
+  using Loss::forward;
+  Tensor forward(const Tensor& anchor, const Tensor& positive, const Tensor& negative) override;
+  double margin, p, eps;
+  bool swap;
+};
+
+/// poisson_nll_loss(input, target).
+class PoissonNLLLoss : public Loss {
+ public:
+  explicit PoissonNLLLoss(bool log_input = true, bool full = false, double eps = 1e-8,
+                          std::string reduction = "mean")
+      : Loss("PoissonNLLLoss", std::move(reduction)), log_input(log_input), full(full), eps(eps) {}
+  using Loss::forward;
+  Tensor forward(const Tensor& input, const Tensor& target) override;
+  bool log_input, full;
+  double eps;
+};
+
+/// gaussian_nll_loss(input, target, var): forward(input, target, var).
+class GaussianNLLLoss : public Loss {
+ public:
+  explicit GaussianNLLLoss(bool full = false, double eps = 1e-6, std::string reduction = "mean");
+  using Loss::forward;
+  Tensor forward(const Tensor& input, const Tensor& target, const Tensor& var) override;
+  bool full;
+  double eps;
+};
+
+/// pairwise_distance(x1, x2, p, eps, keepdim) as a layer: forward(x1, x2).
+class PairwiseDistance : public Module {
+ public:
+  explicit PairwiseDistance(double p = 2, double eps = 1e-6, bool keepdim = false);
+  using Module::operator();
+  Tensor operator()(const Tensor& x1, const Tensor& x2, DUET_HERE) {
+    duet::detail::SiteGuard site(loc);
+    return forward(x1, x2);
+  }
+  using Module::forward;
+  Tensor forward(const Tensor& x1, const Tensor& x2);
+  double p, eps;
+  bool keepdim;
+};
+
+/// cosine_similarity(x1, x2, dim, eps) as a layer: forward(x1, x2).
+class CosineSimilarity : public Module {
+ public:
+  explicit CosineSimilarity(int64_t dim = 1, double eps = 1e-8);
+  using Module::operator();
+  Tensor operator()(const Tensor& x1, const Tensor& x2, DUET_HERE) {
+    duet::detail::SiteGuard site(loc);
+    return forward(x1, x2);
+  }
+  using Module::forward;
+  Tensor forward(const Tensor& x1, const Tensor& x2);
+  int64_t dim;
+  double eps;
 };
 
 }  // namespace duet::nn

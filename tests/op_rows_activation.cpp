@@ -224,6 +224,14 @@ OpRow loss_row(Loss k, Shape s, std::string reduction, double param = 1) {
   return r;
 }
 
+// Each element's loss, reduced: "none" keeps them, "sum" adds them, "mean" averages.
+std::vector<double> reduce_ref(const std::vector<double>& each, const std::string& reduction) {
+  if (reduction == "none") return each;
+  double total = 0;
+  for (double l : each) total += l;
+  return {reduction == "sum" ? total : total / double(each.size())};
+}
+
 // binary_cross_entropy (logits false: of probabilities, each log clamped at -100) or
 // binary_cross_entropy_with_logits, over s with, where asked, a weight and a positive examples'
 // weight along the last dim (PyTorch's formulas).
@@ -250,7 +258,6 @@ OpRow bce_row(bool logits, Shape s, std::string reduction, bool weight, bool pos
           return x > 0 ? -std::log1p(std::exp(-x)) : x - std::log1p(std::exp(x));
         };
         std::vector<double> each;
-        double total = 0;
         const size_t n = static_cast<size_t>(last[0]);
         for (size_t i = 0; i < v[0].size(); ++i) {
           const double x = v[0][i], t = v[1][i];
@@ -263,17 +270,185 @@ OpRow bce_row(bool logits, Shape s, std::string reduction, bool weight, bool pos
             l = -(t * std::max(std::log(x), -100.0) + (1 - t) * std::max(std::log(1 - x), -100.0));
           }
           each.push_back(l * w);
-          total += each.back();
         }
-        if (reduction == "none") return each;
-        if (reduction == "sum") return std::vector<double>{total};
-        return std::vector<double>{total / double(v[0].size())};
+        return reduce_ref(each, reduction);
       },
       reduction == "none" ? s : Shape{}};
   // Probabilities inside (0, 1) (the logs' clamps are checked apart), targets in [0, 1],
   // positive weights.
   r.domains = {logits ? Domain{-4, 4} : Domain{0.05, 0.95}, Domain{0, 1}, Domain{0.1, 2}};
   return r;
+}
+
+// The losses with a +-1 target (fixed: a random one would not be +-1), of inputs over s:
+// margin_ranking_loss (two inputs), hinge_embedding_loss and soft_margin_loss (one), with
+// PyTorch's formulas.
+enum class Margin { Ranking, Hinge, Soft };
+OpRow margin_row(Margin k, Shape s, std::vector<double> y, std::string reduction, double m) {
+  static const char* names[] = {"margin_ranking_loss", "hinge_embedding_loss", "soft_margin_loss"};
+  std::vector<Shape> shapes = {s};
+  if (k == Margin::Ranking) shapes.push_back(s);
+  return {fmt::format("{} {} {} margin {}", names[int(k)], s.str(), reduction, m),
+          k == Margin::Hinge    ? OpId::Where
+          : reduction == "none" ? OpId::Neg
+                                : OpId::Sum,
+          true,
+          shapes,
+          [=](const Ins& in) {
+            const Tensor t = make(y, s, in[0].dtype());
+            if (k == Margin::Ranking) return margin_ranking_loss(in[0], in[1], t, m, reduction);
+            if (k == Margin::Hinge) return hinge_embedding_loss(in[0], t, m, reduction);
+            return soft_margin_loss(in[0], t, reduction);
+          },
+          [=](const Values& v) {
+            std::vector<double> each;
+            for (size_t i = 0; i < v[0].size(); ++i) {
+              const double x = v[0][i], t = y[i];
+              double l;
+              if (k == Margin::Ranking)
+                l = std::max(0.0, -t * (x - v[1][i]) + m);
+              else if (k == Margin::Hinge)
+                l = t == 1 ? x : std::max(0.0, m - x);
+              else
+                l = std::log1p(std::exp(-t * x));
+              each.push_back(l);
+            }
+            return reduce_ref(each, reduction);
+          },
+          reduction == "none" ? s : Shape{}};
+}
+
+// ||a - b + eps||_p over the last dim of each row.
+std::vector<double> ref_distances(const std::vector<double>& a, const std::vector<double>& b,
+                                  int64_t d, double p, double eps) {
+  std::vector<double> out;
+  for (size_t r = 0; r * d < a.size(); ++r) {
+    double acc = 0;
+    for (int64_t j = 0; j < d; ++j) acc += std::pow(std::abs(a[r * d + j] - b[r * d + j] + eps), p);
+    out.push_back(std::pow(acc, 1 / p));
+  }
+  return out;
+}
+
+OpRow triplet_row(Shape s, double margin, double p, bool swap, std::string reduction) {
+  const int64_t d = s[s.size() - 1];
+  return {fmt::format("triplet_margin_loss {} margin {} p {}{} {}", s.str(), margin, p,
+                      swap ? " swap" : "", reduction),
+          OpId::Sum,
+          true,
+          {s, s, s},
+          [=](const Ins& in) {
+            return triplet_margin_loss(in[0], in[1], in[2], margin, p, 1e-6, swap, reduction);
+          },
+          [=](const Values& v) {
+            const auto ap = ref_distances(v[0], v[1], d, p, 1e-6);
+            const auto an = ref_distances(v[0], v[2], d, p, 1e-6);
+            const auto pn = ref_distances(v[1], v[2], d, p, 1e-6);
+            std::vector<double> each;
+            for (size_t i = 0; i < ap.size(); ++i) {
+              const double n = swap ? std::min(an[i], pn[i]) : an[i];
+              each.push_back(std::max(ap[i] - n + margin, 0.0));
+            }
+            return reduce_ref(each, reduction);
+          },
+          reduction == "none" && s.size() > 1 ? Shape{s[0]} : Shape{}};
+}
+
+// cosine_embedding_loss of rows (n, d) with targets y (n).
+OpRow cosine_embedding_row(int64_t n, int64_t d, std::vector<double> y, double margin,
+                           std::string reduction) {
+  return {fmt::format("cosine_embedding_loss ({}, {}) margin {} {}", n, d, margin, reduction),
+          OpId::Sum,
+          true,
+          {{n, d}, {n, d}},
+          [=](const Ins& in) {
+            return cosine_embedding_loss(in[0], in[1], make(y, {n}, in[0].dtype()), margin,
+                                         reduction);
+          },
+          [=](const Values& v) {
+            std::vector<double> each;
+            for (int64_t r = 0; r < n; ++r) {
+              double dot = 0, m1 = 1e-12, m2 = 1e-12;
+              for (int64_t j = 0; j < d; ++j) {
+                const double a = v[0][r * d + j], b = v[1][r * d + j];
+                dot += a * b, m1 += a * a, m2 += b * b;
+              }
+              const double cos = dot / std::sqrt(m1 * m2);
+              each.push_back(y[r] == 1 ? 1 - cos : std::max(0.0, cos - margin));
+            }
+            return reduce_ref(each, reduction);
+          },
+          reduction == "none" ? Shape{n} : Shape{}};
+}
+
+// poisson_nll_loss (target a count: a fixed input of non-negative values) and
+// gaussian_nll_loss (var a third, positive input of the input's shape or one per row).
+OpRow poisson_row(Shape s, bool log_input, bool full, std::string reduction) {
+  std::vector<double> y;
+  for (int64_t i = 0; i < s.numel(); ++i) y.push_back(double(i % 4));  // 0, 1, 2, 3 ...
+  return {fmt::format("poisson_nll_loss {}{}{} {}", s.str(), log_input ? " log_input" : "",
+                      full ? " full" : "", reduction),
+          OpId::Mul,
+          true,
+          {s},
+          [=](const Ins& in) {
+            return poisson_nll_loss(in[0], make(y, s, in[0].dtype()), log_input, full, 1e-8,
+                                    reduction);
+          },
+          [=](const Values& v) {
+            std::vector<double> each;
+            for (size_t i = 0; i < v[0].size(); ++i) {
+              const double x = v[0][i], t = y[i];
+              double l = log_input ? std::exp(x) - t * x : x - t * std::log(x + 1e-8);
+              if (full && t > 1) l += t * std::log(t) - t + 0.5 * std::log(2 * M_PI * t);
+              each.push_back(l);
+            }
+            return reduce_ref(each, reduction);
+          },
+          reduction == "none" ? s : Shape{},
+          {DType::f32, DType::f64},
+          {log_input ? Domain{-2, 2} : Domain{0.2, 3}}};
+}
+
+OpRow gaussian_row(Shape s, bool per_row, bool full, std::string reduction) {
+  Shape vs = s;
+  if (per_row) vs[vs.size() - 1] = 1;
+  const int64_t d = s[s.size() - 1];
+  return {
+      fmt::format("gaussian_nll_loss {} var {}{} {}", s.str(), vs.str(), full ? " full" : "",
+                  reduction),
+      OpId::Log,
+      true,
+      {s, s, vs},
+      [=](const Ins& in) { return gaussian_nll_loss(in[0], in[1], in[2], full, 1e-6, reduction); },
+      [=](const Values& v) {
+        std::vector<double> each;
+        for (size_t i = 0; i < v[0].size(); ++i) {
+          const double var = std::max(v[2][per_row ? i / size_t(d) : i], 1e-6);
+          const double e = v[0][i] - v[1][i];
+          double l = 0.5 * (std::log(var) + e * e / var);
+          if (full) l += 0.5 * std::log(2 * M_PI);
+          each.push_back(l);
+        }
+        return reduce_ref(each, reduction);
+      },
+      reduction == "none" ? s : Shape{},
+      {DType::f32, DType::f64},
+      {Domain{}, Domain{}, Domain{0.2, 2}}};
+}
+
+OpRow pairwise_row(Shape s, double p, bool keepdim) {
+  const int64_t d = s[s.size() - 1];
+  Shape out;
+  for (int64_t i = 0; i + 1 < s.size(); ++i) out.push_back(s[i]);
+  if (keepdim) out.push_back(1);
+  return {fmt::format("pairwise_distance {} p {}{}", s.str(), p, keepdim ? " keepdim" : ""),
+          OpId::Sum,
+          true,
+          {s, s},
+          [=](const Ins& in) { return pairwise_distance(in[0], in[1], p, 1e-6, keepdim); },
+          [=](const Values& v) { return ref_distances(v[0], v[1], d, p, 1e-6); },
+          out};
 }
 
 }  // namespace
@@ -463,6 +638,24 @@ std::vector<OpRow> norm_loss_rows() {
       bce_row(true, {3, 4}, "mean", false),
       bce_row(true, {2, 3}, "none", true, true),
       bce_row(true, {3, 2}, "sum", false, true),
+      margin_row(Margin::Ranking, {2, 3}, {1, -1, 1, -1, -1, 1}, "mean", 0.3),
+      margin_row(Margin::Ranking, {4}, {1, 1, -1, -1}, "none", 0),
+      margin_row(Margin::Hinge, {2, 3}, {1, -1, -1, 1, -1, 1}, "sum", 1),
+      margin_row(Margin::Hinge, {4}, {-1, -1, 1, -1}, "none", 0.5),
+      margin_row(Margin::Soft, {2, 3}, {1, -1, 1, 1, -1, -1}, "mean", 0),
+      triplet_row({3, 4}, 1, 2, false, "mean"),
+      triplet_row({2, 3}, 0.5, 1, true, "none"),
+      triplet_row({4}, 1, 3, false, "sum"),
+      cosine_embedding_row(3, 4, {1, -1, -1}, 0.2, "mean"),
+      cosine_embedding_row(2, 3, {-1, 1}, -0.5, "none"),
+      poisson_row({3, 4}, true, false, "mean"),
+      poisson_row({2, 3}, false, true, "none"),
+      poisson_row({5}, true, true, "sum"),
+      gaussian_row({3, 4}, false, false, "mean"),
+      gaussian_row({2, 3}, true, true, "none"),
+      pairwise_row({3, 4}, 2, false),
+      pairwise_row({2, 3}, 1, true),
+      pairwise_row({4}, 3, false),
   };
   // glu along a dim of even size, and prelu with one slope and with one per channel.
   r.push_back({"glu (3, 4) dim -1",

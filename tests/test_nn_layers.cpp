@@ -1211,6 +1211,52 @@ TEST_CASE("loss modules: their functions, names, weights as buffers, and errors"
                  "[binary_cross_entropy] needs a floating input and target of one dtype"));
 }
 
+TEST_CASE("margin and likelihood loss modules, PairwiseDistance and CosineSimilarity") {
+  manual_seed(71);
+  const Tensor a = randn({4, 5}), b = randn({4, 5}), c = randn({4, 5});
+  const Tensor y = tensor({1, -1, -1, 1}).reshape({4}),
+               y2 = where(gt(randn({4, 5}), 0), 1.0, full({4, 5}, -1.0));
+  const Tensor var = rand({4, 1}) + 0.1, counts = floor(rand({4, 5}) * 4);
+  CHECK(bitwise_equal(MarginRankingLoss(0.2)(a, b, y2), margin_ranking_loss(a, b, y2, 0.2)));
+  CHECK(bitwise_equal(HingeEmbeddingLoss(0.5, "sum")(a, y2),
+                      hinge_embedding_loss(a, y2, 0.5, "sum")));
+  CHECK(bitwise_equal(SoftMarginLoss("none")(a, y2), soft_margin_loss(a, y2, "none")));
+  CHECK(bitwise_equal(CosineEmbeddingLoss(0.1)(a, b, y), cosine_embedding_loss(a, b, y, 0.1)));
+  CHECK(bitwise_equal(TripletMarginLoss(0.5, 1, 1e-6, true)(a, b, c),
+                      triplet_margin_loss(a, b, c, 0.5, 1, 1e-6, true)));
+  CHECK(bitwise_equal(PoissonNLLLoss(true, true)(a, counts),
+                      poisson_nll_loss(a, counts, true, true)));
+  CHECK(bitwise_equal(GaussianNLLLoss(true)(a, b, var), gaussian_nll_loss(a, b, var, true)));
+  CHECK(bitwise_equal(PairwiseDistance(3)(a, b), pairwise_distance(a, b, 3)));
+  CHECK(bitwise_equal(CosineSimilarity(0)(a, b), cosine_similarity(a, b, 0)));
+  CHECK(TripletMarginLoss().name() == "TripletMarginLoss()");
+  CHECK(PairwiseDistance().name() == "PairwiseDistance(p=2, eps=1e-06, keepdim=false)");
+  // gaussian_nll_loss: var of one value per row is that value broadcast; a var below eps is
+  // clamped in value, and its gradient is var's own.
+  CHECK(close(gaussian_nll_loss(a, b, var), gaussian_nll_loss(a, b, expand(var, {4, 5})), 1e-6));
+  CHECK(close(gaussian_nll_loss(a, b, var.reshape({4})), gaussian_nll_loss(a, b, var), 1e-6));
+  const Tensor tiny = full({4, 5}, 1e-9).requires_grad_();
+  const Tensor l = gaussian_nll_loss(a, b, tiny, false, 1e-6, "sum");
+  CHECK(close(l, sum(0.5 * (std::log(1e-6) + (a - b) * (a - b) / 1e-6)), 1e-4));
+  l.backward();
+  CHECK(close(tiny.grad(), 0.5 * (1 / 1e-6 - (a - b) * (a - b) / 1e-12), 1e-4));
+  // A loss of three operands called with two (and the other way) names its module.
+  CHECK(contains(error_of<ValueError>([&] { TripletMarginLoss()(a, b); }),
+                 "[TripletMarginLoss] takes three operands: forward(a, b, c)"));
+  CHECK(contains(error_of<ValueError>([&] { SoftMarginLoss()(a, b, c); }),
+                 "[SoftMarginLoss] takes two operands: forward(input, target)"));
+  CHECK(contains(error_of<ValueError>([] { TripletMarginLoss(0); }),
+                 "[TripletMarginLoss] margin must be positive, got 0"));
+  CHECK(contains(error_of<ShapeError>([&] { cosine_embedding_loss(a, b, y2); }),
+                 "[cosine_embedding_loss] expected inputs (N, D) with a target (N), or (D) with a "
+                 "0-d target; got (4, 5) and (4, 5)"));
+  CHECK(contains(error_of<ShapeError>([&] { gaussian_nll_loss(a, b, rand({5})); }),
+                 "[gaussian_nll_loss] var (5) must have the input's shape (4, 5), or that with its "
+                 "last dim 1 or without it"));
+  CHECK(contains(error_of<ShapeError>([&] { margin_ranking_loss(a, b, y); }),
+                 "[margin_ranking_loss] input1 (4, 5) and target (4) must have the same shape"));
+}
+
 TEST_CASE("MultiheadAttention's key_padding_mask and dropout") {
   manual_seed(53);
   MultiheadAttention m(8, 2);

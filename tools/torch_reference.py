@@ -753,6 +753,38 @@ def activation_cases():
 
     case("cross_entropy_loss_module", ce_module)
 
+    def pm(c, name, n):  # a target of +-1, fixed by the case's seed
+        return c.inp(name, torch.randint(0, 2, (n,)).float() * 2 - 1, grad=False)
+
+    case("margin_ranking_loss", lambda c: c.out("out", nn.MarginRankingLoss(margin=0.2)(
+        c.randn("x1", 6), c.randn("x2", 6), pm(c, "y", 6))))
+    case("hinge_embedding_loss", lambda c: c.out("out", nn.HingeEmbeddingLoss(
+        margin=0.7, reduction="sum")(c.randn("x", 12), pm(c, "y", 12))))
+    case("soft_margin_loss", lambda c: c.out("out", nn.SoftMarginLoss()(
+        c.randn("x", 12), pm(c, "y", 12))))
+    case("cosine_embedding_loss", lambda c: c.out("out", nn.CosineEmbeddingLoss(margin=0.1)(
+        c.randn("x1", 4, 5), c.randn("x2", 4, 5), pm(c, "y", 4))))
+    case("triplet_margin_loss_swap", lambda c: c.out("out", nn.TripletMarginLoss(
+        margin=0.5, swap=True)(c.randn("a", 4, 5), c.randn("p", 4, 5), c.randn("n", 4, 5))))
+
+    def poisson(c):
+        x = c.inp("x", torch.rand(3, 4) * 3 + 0.2)
+        t = c.inp("t", torch.randint(0, 5, (3, 4)).float(), grad=False)
+        c.out("out", nn.PoissonNLLLoss(log_input=False, full=True)(x, t))
+
+    case("poisson_nll_loss_full", poisson)
+
+    def gaussian(c):
+        x, t = c.randn("x", 3, 4), c.randn("t", 3, 4)
+        var = c.inp("var", torch.rand(3, 1) + 0.2)
+        c.out("out", nn.GaussianNLLLoss(full=True)(x, t, var))
+
+    case("gaussian_nll_loss_full", gaussian)
+    case("pairwise_distance", lambda c: c.out("out", nn.PairwiseDistance(p=1.5, keepdim=True)(
+        c.randn("x1", 3, 4), c.randn("x2", 3, 4))))
+    case("cosine_similarity_module", lambda c: c.out("out", nn.CosineSimilarity(dim=0)(
+        c.randn("a", 4, 3), c.randn("b", 4, 3))))
+
     def embedding_pad(c):
         m = c.load(nn.Embedding(6, 3, padding_idx=4))
         c.out("out", m(c.inp("i", torch.tensor([[4, 1, 4], [0, 3, 4]]))))

@@ -196,4 +196,139 @@ Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& targ
   });
 }
 
+// ---- the margin and likelihood losses ----
+
+namespace {
+// A loss's operands of one floating dtype and shape (op: the loss; names for the message).
+void check_same(const char* op, std::initializer_list<std::pair<const char*, const Tensor*>> in) {
+  const Tensor& first = *in.begin()->second;
+  for (const auto& [name, t] : in) {
+    DUET_CHECK_VALUE(t->defined(), "[{}] {} is an undefined tensor", op, name);
+    DUET_CHECK_DTYPE(is_floating(t->dtype()) && t->dtype() == first.dtype(),
+                     "[{}] needs floating operands of one dtype, got {} {} and {} {}", op,
+                     in.begin()->first, first.dtype(), name, t->dtype());
+    DUET_CHECK_SHAPE(detail::same_shape(*t, first, op),
+                     "[{}] {} {} and {} {} must have the same shape", op, in.begin()->first,
+                     first.sizes(), name, t->sizes());
+  }
+}
+}  // namespace
+
+Tensor margin_ranking_loss(const Tensor& x1, const Tensor& x2, const Tensor& y, double margin,
+                           std::string_view reduction, std::source_location loc) {
+  detail::SiteGuard site(loc);
+  return detail::as_op("margin_ranking_loss", [&]() -> Tensor {
+    check_same("margin_ranking_loss", {{"input1", &x1}, {"input2", &x2}, {"target", &y}});
+    return reduce_loss("margin_ranking_loss", relu(neg(y) * (x1 - x2) + margin), reduction);
+  });
+}
+
+// x where y is 1, max(0, margin - x) where y is -1 (PyTorch's: both terms where y is neither).
+Tensor hinge_embedding_loss(const Tensor& x, const Tensor& y, double margin,
+                            std::string_view reduction, std::source_location loc) {
+  detail::SiteGuard site(loc);
+  return detail::as_op("hinge_embedding_loss", [&]() -> Tensor {
+    check_same("hinge_embedding_loss", {{"input", &x}, {"target", &y}});
+    const Tensor l = where(ne(y, 1), relu(margin - x), 0.0) + where(ne(y, -1), x, 0.0);
+    return reduce_loss("hinge_embedding_loss", l, reduction);
+  });
+}
+
+Tensor soft_margin_loss(const Tensor& x, const Tensor& y, std::string_view reduction,
+                        std::source_location loc) {
+  detail::SiteGuard site(loc);
+  return detail::as_op("soft_margin_loss", [&]() -> Tensor {
+    check_same("soft_margin_loss", {{"input", &x}, {"target", &y}});
+    return reduce_loss("soft_margin_loss", neg(log_sigmoid(y * x)), reduction);
+  });
+}
+
+// 1 - cos(x1, x2) where y is 1, max(0, cos - margin) where y is -1, cos over the last dim with
+// PyTorch's 1e-12 added to each squared norm.
+Tensor cosine_embedding_loss(const Tensor& x1, const Tensor& x2, const Tensor& y, double margin,
+                             std::string_view reduction, std::source_location loc) {
+  detail::SiteGuard site(loc);
+  return detail::as_op("cosine_embedding_loss", [&]() -> Tensor {
+    const char* op = "cosine_embedding_loss";
+    check_same(op, {{"input1", &x1}, {"input2", &x2}});
+    DUET_CHECK_SHAPE((x1.dim() == 1 || x1.dim() == 2) && y.dim() == x1.dim() - 1 &&
+                         (y.dim() == 0 || detail::size_is(y, 0, detail::sym_dim(x1, 0), op)),
+                     "[{}] expected inputs (N, D) with a target (N), or (D) with a 0-d target; "
+                     "got {} and {}",
+                     op, x1.sizes(), y.sizes());
+    DUET_CHECK_DTYPE(y.dtype() == x1.dtype(), "[{}] target must have the inputs' dtype {}, got {}",
+                     op, x1.dtype(), y.dtype());
+    const int64_t d = x1.dim() - 1;
+    const Tensor dot = sum(x1 * x2, {d});
+    const Tensor m1 = sum(x1 * x1, {d}) + 1e-12, m2 = sum(x2 * x2, {d}) + 1e-12;
+    const Tensor cos = dot / sqrt(m1 * m2);
+    const Tensor l = where(eq(y, 1), 1 - cos, 0.0) + where(eq(y, -1), relu(cos - margin), 0.0);
+    return reduce_loss(op, l, reduction);
+  });
+}
+
+Tensor triplet_margin_loss(const Tensor& anchor, const Tensor& positive, const Tensor& negative,
+                           double margin, double p, double eps, bool swap,
+                           std::string_view reduction, std::source_location loc) {
+  detail::SiteGuard site(loc);
+  return detail::as_op("triplet_margin_loss", [&]() -> Tensor {
+    check_same("triplet_margin_loss",
+               {{"anchor", &anchor}, {"positive", &positive}, {"negative", &negative}});
+    DUET_CHECK_VALUE(margin > 0, "[triplet_margin_loss] margin must be positive, got {}", margin);
+    const Tensor d_ap = pairwise_distance(anchor, positive, p, eps);
+    Tensor d_an = pairwise_distance(anchor, negative, p, eps);
+    if (swap) d_an = minimum(d_an, pairwise_distance(positive, negative, p, eps));
+    return reduce_loss("triplet_margin_loss", relu(d_ap - d_an + margin), reduction);
+  });
+}
+
+// exp(x) - y x with log_input (x a log rate), else x - y log(x + eps); full adds Stirling's
+// y log y - y + log(2 pi y) / 2 where y > 1 (read as 1 elsewhere, so no NaN reaches a gradient).
+Tensor poisson_nll_loss(const Tensor& input, const Tensor& target, bool log_input, bool full,
+                        double eps, std::string_view reduction, std::source_location loc) {
+  detail::SiteGuard site(loc);
+  return detail::as_op("poisson_nll_loss", [&]() -> Tensor {
+    return loss_of("poisson_nll_loss", input, target, reduction, false,
+                   [&](const Tensor& x, const Tensor& y) {
+                     Tensor l = log_input ? exp(x) - y * x : x - y * log(x + eps);
+                     if (!full) return l;
+                     const Tensor big = gt(y, 1), t = where(big, y, 1.0);
+                     const Tensor stirling = t * log(t) - t + 0.5 * log(2 * M_PI * t);
+                     return l + where(big, stirling, 0.0);
+                   });
+  });
+}
+
+// (log var + (x - y)^2 / var) / 2 (+ log(2 pi) / 2 with full), var clamped below at eps in its
+// value only (PyTorch clamps it without recording: its gradient is var's own). var is the
+// input's shape, or that with its last dim 1 or without it (one variance for a row).
+Tensor gaussian_nll_loss(const Tensor& input, const Tensor& target, const Tensor& var, bool full,
+                         double eps, std::string_view reduction, std::source_location loc) {
+  detail::SiteGuard site(loc);
+  return detail::as_op("gaussian_nll_loss", [&]() -> Tensor {
+    const char* op = "gaussian_nll_loss";
+    check_same(op, {{"input", &input}, {"target", &target}});
+    DUET_CHECK_VALUE(var.defined(), "[{}] var is an undefined tensor", op);
+    DUET_CHECK_DTYPE(var.dtype() == input.dtype(),
+                     "[{}] var must have the input's dtype {}, got {}", op, input.dtype(),
+                     var.dtype());
+    Tensor v = var;
+    if (var.dim() + 1 == input.dim()) v = unsqueeze(var, -1);
+    bool fits = v.dim() == input.dim() && v.dim() > 0;
+    for (int64_t d = 0; fits && d < v.dim(); ++d)
+      fits = d + 1 == v.dim()
+                 ? (v.size(d) == 1 || detail::size_is(v, d, detail::sym_dim(input, d), op))
+                 : detail::size_is(v, d, detail::sym_dim(input, d), op);
+    DUET_CHECK_SHAPE(fits,
+                     "[{}] var {} must have the input's shape {}, or that with its last dim 1 or "
+                     "without it",
+                     op, var.sizes(), input.sizes());
+    DUET_CHECK_VALUE(eps > 0, "[{}] eps must be positive, got {}", op, eps);
+    const Tensor vc = v + (clamp(v, eps, INFINITY) - v).detach();
+    Tensor l = 0.5 * (log(vc) + (input - target) * (input - target) / vc);
+    if (full) l = l + 0.5 * std::log(2 * M_PI);
+    return reduce_loss(op, l, reduction);
+  });
+}
+
 }  // namespace duet

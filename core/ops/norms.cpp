@@ -193,4 +193,25 @@ Tensor cosine_similarity(const Tensor& a, const Tensor& b, int64_t dim, double e
   });
 }
 
+// ||x1 - x2 + eps||_p over the last dim, as torch.nn.functional.pairwise_distance (the eps keeps
+// the norm of equal rows off 0).
+Tensor pairwise_distance(const Tensor& x1, const Tensor& x2, double p, double eps, bool keepdim,
+                         std::source_location loc) {
+  detail::SiteGuard site(loc);
+  return detail::as_op("pairwise_distance", [&]() -> Tensor {
+    DUET_CHECK_VALUE(x1.defined() && x2.defined(),
+                     "[pairwise_distance] an input is an undefined tensor");
+    DUET_CHECK_DTYPE(is_floating(x1.dtype()) && x1.dtype() == x2.dtype(),
+                     "[pairwise_distance] needs two floating inputs of one dtype, got {} and {}",
+                     x1.dtype(), x2.dtype());
+    DUET_CHECK_VALUE(p >= 0, "[pairwise_distance] p must be non-negative, got {}", p);
+    const Tensor d = x1 - x2 + eps;  // (broadcast: mismatched shapes raise sub's error)
+    DUET_CHECK_SHAPE(d.dim() >= 1,
+                     "[pairwise_distance] needs inputs of at least 1 dim, got {} and {}",
+                     x1.sizes(), x2.sizes());
+    const Tensor n = vector_norm(d, p, d.dim() - 1);
+    return keepdim ? n : squeeze(n, d.dim() - 1);
+  });
+}
+
 }  // namespace duet
