@@ -462,7 +462,7 @@ Tensor Embedding::forward(const Tensor& indices) {
 
 // ---- LayerNorm ----
 
-LayerNorm::LayerNorm(Shape shape, double eps_, bool affine)
+LayerNorm::LayerNorm(Shape shape, double eps_, bool affine, bool with_bias)
     : Module(fmt::format("LayerNorm({}, eps={}, elementwise_affine={})", shape, eps_, affine)),
       normalized_shape(shape),
       eps(eps_) {
@@ -474,7 +474,7 @@ LayerNorm::LayerNorm(Shape shape, double eps_, bool affine)
                    name());
   if (affine) {
     weight = register_parameter("weight", ones(shape));
-    bias = register_parameter("bias", zeros(shape));
+    if (with_bias) bias = register_parameter("bias", zeros(shape));
   }
 }
 

@@ -221,12 +221,14 @@ class Embedding : public Module {
 /// scales by weight (ones at first) and shifts by bias (zeros at first).
 class LayerNorm : public Module {
  public:
-  explicit LayerNorm(Shape normalized_shape, double eps = 1e-5, bool elementwise_affine = true);
+  /// bias false: a weight without a bias (PyTorch's bias=False).
+  explicit LayerNorm(Shape normalized_shape, double eps = 1e-5, bool elementwise_affine = true,
+                     bool bias = true);
   Tensor forward(const Tensor& x) override;
 
   Shape normalized_shape;
   double eps;
-  Tensor weight, bias;  ///< undefined without elementwise_affine
+  Tensor weight, bias;  ///< undefined without elementwise_affine (bias: or without bias)
 };
 
 /// In training mode, zeroes each element with probability p and scales the rest by 1/(1-p);

@@ -19,6 +19,7 @@ std::string layer_name(const char* cls, const TransformerEncoderLayerOptions& o)
   if (o.layer_norm_eps() != 1e-5) s += fmt::format(", layer_norm_eps={}", o.layer_norm_eps());
   if (o.batch_first()) s += ", batch_first=true";
   if (o.norm_first()) s += ", norm_first=true";
+  if (!o.bias()) s += ", bias=false";
   return s + ")";
 }
 
@@ -53,14 +54,14 @@ Tensor batch_first(const Tensor& x, const TransformerEncoderLayerOptions& o) {
 TransformerEncoderLayer::TransformerEncoderLayer(const TransformerEncoderLayerOptions& o)
     : Module(layer_name("TransformerEncoderLayer", checked("TransformerEncoderLayer", o))),
       options(o),
-      self_attn(o.d_model(), o.nhead(), true, o.dropout()),
-      linear1(o.d_model(), o.dim_feedforward()),
-      linear2(o.dim_feedforward(), o.d_model()),
+      self_attn(o.d_model(), o.nhead(), o.bias(), o.dropout()),
+      linear1(o.d_model(), o.dim_feedforward(), o.bias()),
+      linear2(o.dim_feedforward(), o.d_model(), o.bias()),
       dropout(o.dropout()),
       dropout1(o.dropout()),
       dropout2(o.dropout()),
-      norm1(Shape{o.d_model()}, o.layer_norm_eps()),
-      norm2(Shape{o.d_model()}, o.layer_norm_eps()) {
+      norm1(Shape{o.d_model()}, o.layer_norm_eps(), true, o.bias()),
+      norm2(Shape{o.d_model()}, o.layer_norm_eps(), true, o.bias()) {
   // PyTorch's names and order (its state_dict's).
   self_attn = register_module("self_attn", self_attn);
   linear1 = register_module("linear1", linear1);
@@ -128,17 +129,17 @@ Tensor TransformerEncoder::forward(const Tensor& src, const Tensor& mask,
 TransformerDecoderLayer::TransformerDecoderLayer(const TransformerDecoderLayerOptions& o)
     : Module(layer_name("TransformerDecoderLayer", checked("TransformerDecoderLayer", o))),
       options(o),
-      self_attn(o.d_model(), o.nhead(), true, o.dropout()),
-      multihead_attn(o.d_model(), o.nhead(), true, o.dropout()),
-      linear1(o.d_model(), o.dim_feedforward()),
-      linear2(o.dim_feedforward(), o.d_model()),
+      self_attn(o.d_model(), o.nhead(), o.bias(), o.dropout()),
+      multihead_attn(o.d_model(), o.nhead(), o.bias(), o.dropout()),
+      linear1(o.d_model(), o.dim_feedforward(), o.bias()),
+      linear2(o.dim_feedforward(), o.d_model(), o.bias()),
       dropout(o.dropout()),
       dropout1(o.dropout()),
       dropout2(o.dropout()),
       dropout3(o.dropout()),
-      norm1(Shape{o.d_model()}, o.layer_norm_eps()),
-      norm2(Shape{o.d_model()}, o.layer_norm_eps()),
-      norm3(Shape{o.d_model()}, o.layer_norm_eps()) {
+      norm1(Shape{o.d_model()}, o.layer_norm_eps(), true, o.bias()),
+      norm2(Shape{o.d_model()}, o.layer_norm_eps(), true, o.bias()),
+      norm3(Shape{o.d_model()}, o.layer_norm_eps(), true, o.bias()) {
   self_attn = register_module("self_attn", self_attn);
   multihead_attn = register_module("multihead_attn", multihead_attn);
   linear1 = register_module("linear1", linear1);
@@ -207,9 +208,9 @@ Transformer::Transformer(const TransformerEncoderLayerOptions& o, int64_t encode
                          "num_decoder_layers={})",
                          o.d_model(), o.nhead(), encoders, decoders)),
       encoder(TransformerEncoderLayer(o), encoders,
-              LayerNorm(Shape{o.d_model()}, o.layer_norm_eps())),
+              LayerNorm(Shape{o.d_model()}, o.layer_norm_eps(), true, o.bias())),
       decoder(TransformerDecoderLayer(o), decoders,
-              LayerNorm(Shape{o.d_model()}, o.layer_norm_eps())),
+              LayerNorm(Shape{o.d_model()}, o.layer_norm_eps(), true, o.bias())),
       d_model(o.d_model()),
       nhead(o.nhead()),
       batch_first(o.batch_first()) {

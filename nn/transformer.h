@@ -31,6 +31,7 @@ struct TransformerEncoderLayerOptions {
   DUET_OPTION(bool, batch_first)         ///< (N, S, E) when true; (S, N, E), the default, when not
   DUET_OPTION(bool, norm_first)          ///< pre-norm: x + f(norm(x)); post-norm (the default):
                                          ///< norm(x + f(x))
+  DUET_OPTION(bool, bias)  ///< the linear layers', the attention's and the norms' biases (true)
 #undef DUET_OPTION
 
  private:
@@ -38,7 +39,7 @@ struct TransformerEncoderLayerOptions {
   double dropout_ = 0.1;
   std::string activation_ = "relu";
   double layer_norm_eps_ = 1e-5;
-  bool batch_first_ = false, norm_first_ = false;
+  bool batch_first_ = false, norm_first_ = false, bias_ = true;
 };
 
 using TransformerDecoderLayerOptions = TransformerEncoderLayerOptions;

@@ -1373,6 +1373,11 @@ TEST_CASE("TransformerEncoderLayer and TransformerEncoder: PyTorch's structure a
   for (const auto& m : enc.layers)
     e = std::static_pointer_cast<TransformerEncoderLayer>(m)->forward(e);
   CHECK(close(enc(b), (*enc.norm)(e), 1e-6));
+  // bias false: no bias anywhere (the projections, the attention, the norms).
+  TransformerEncoderLayer nb(TransformerEncoderLayerOptions(8, 2).dim_feedforward(16).bias(false));
+  for (const auto& [n, p] : nb.named_parameters()) CHECK(n.find("bias") == std::string::npos);
+  CHECK(nb.parameters().size() == 6);
+  CHECK(!LayerNorm(Shape{4}, 1e-5, true, false).bias.defined());
   // Arguments out of range and bad inputs name the layer.
   CHECK(
       contains(error_of<ValueError>([] {

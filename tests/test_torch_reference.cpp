@@ -522,6 +522,13 @@ Cases layer_cases() {
     r.load(m);
     r.out("out", m(r.in("tgt"), r.in("memory"), r.in("tgt_mask")));
   });
+  c.emplace_back("transformer_encoder_layer_no_bias", [](Ref& r) {
+    TransformerEncoderLayer m(
+        TransformerEncoderLayerOptions(8, 2).dim_feedforward(16).batch_first(true).bias(false));
+    m.train(false);
+    r.load(m);
+    r.out("out", m(r.in("x")));
+  });
   c.emplace_back("transformer", [](Ref& r) {
     Transformer m(TransformerEncoderLayerOptions(8, 2).dim_feedforward(16).batch_first(true), 1, 1);
     m.train(false);

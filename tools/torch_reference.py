@@ -528,6 +528,15 @@ def transformer_case(c):
                    memory_key_padding_mask=kpm))
 
 
+def encoder_no_bias_case(c):
+    m = nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, batch_first=True, bias=False)
+    with torch.no_grad():
+        for norm in (m.norm1, m.norm2):
+            norm.weight.copy_(1 + 0.1 * torch.randn(8))
+    c.load(m.eval())
+    c.out("out", m(c.randn("x", 2, 5, 8)))
+
+
 def layer_cases():
     for kind in ("rnn", "gru", "lstm"):
         kws = [("", {})] if kind != "rnn" else [("_tanh", {}),
@@ -576,6 +585,7 @@ def layer_cases():
     case("transformer_decoder_layer_norm_first_gelu", lambda c: decoder_case(c, True))
     case("transformer_decoder", decoder_stack_case)
     case("transformer", transformer_case)
+    case("transformer_encoder_layer_no_bias", encoder_no_bias_case)
 
 
 # ---- convolutions, poolings and resampling ----
