@@ -82,6 +82,12 @@ void check_attention_options(const char* op, const Tensor& q, const Tensor& attn
 /// its path where the fused kernels do not apply: Note [Attention] in core/ops/attention.cpp).
 Tensor attention_composite(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
                            const Tensor& attn_mask, bool is_causal, double scale);
+/// Class-index targets' negative log-likelihoods: -log_probs[.., target, ..] along `cdim`, 0
+/// where the target is ignore_index, each times its class's weight where `weight` is given; and
+/// those weights (1 where not given, 0 where ignored), the weighted mean's denominators.
+/// nll_loss's and cross_entropy's (the targets' shape checked by the caller).
+std::pair<Tensor, Tensor> class_nll(const Tensor& log_probs, const Tensor& target,
+                                    const Tensor& weight, int64_t ignore_index, int64_t cdim);
 /// The largest head dim (E and F) the fused attention kernels take.
 inline constexpr int64_t kMaxHeadDim = 256;
 /// A 0-d tensor of `dtype` holding the size n: a wrapped number when n is concrete (it goes with

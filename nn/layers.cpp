@@ -583,8 +583,8 @@ std::pair<Tensor, Tensor> MultiheadAttention::forward_with_weights(
 namespace {
 Tensor as_float_mask(const Tensor& allowed_or_added, DType dtype) {
   if (allowed_or_added.dtype() != DType::b8) return allowed_or_added;
-  const Tensor zero = allowed_or_added.to(dtype) * 0.0;  // (zeros of the mask's shape and dtype)
-  return where(allowed_or_added, zero, -std::numeric_limits<double>::infinity());
+  return where(allowed_or_added, zeros_like(allowed_or_added, Options().dtype(dtype)),
+               -std::numeric_limits<double>::infinity());
 }
 }  // namespace
 

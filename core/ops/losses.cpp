@@ -72,9 +72,7 @@ void check_weight(const char* op, const char* what, const Tensor& w, const Tenso
 }
 
 // w in the dtype the terms are computed in (f32 for f16 and bf16 inputs), or undefined.
-Tensor weight_as(const Tensor& w, DType dtype) {
-  return !w.defined() || w.dtype() == dtype ? w : w.to(dtype);
-}
+Tensor weight_as(const Tensor& w, DType dtype) { return w.defined() ? w.to(dtype) : w; }
 
 // max(log v, -100), as PyTorch clamps binary_cross_entropy's logs: a probability of exactly 0
 // gives -100 with a gradient of 0 (the log reads 1 there, Note [Piecewise activations] in

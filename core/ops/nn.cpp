@@ -291,20 +291,13 @@ Tensor ce_indices(const Tensor& lp, const Tensor& targets, const CrossEntropyOpt
                    "[cross_entropy] expected logits (N, C, d1, ...) with class indices (N, d1, "
                    "...), or (C) with a 0-d index; got logits {} and targets {}",
                    detail::dims_str(ls), detail::dims_str(detail::sym_dims(targets)));
-  Tensor valid = ne(targets, o.ignore_index());
-  Tensor safe = where(valid, targets, 0);  // an ignored target reads class 0, then is zeroed
-  Tensor nll = where(valid, neg(squeeze(gather(lp, cdim, unsqueeze(safe, cdim)), cdim)), 0.0);
   const Tensor& w = o.weight();
   // Per target: its class's weight, 0 where ignored (the mean's denominator adds them).
-  Tensor wt = valid.to(lp.dtype());
-  if (w.defined()) {
-    wt = wt * detail::reshape_dims(index_select(w, 0, flatten(safe)), detail::sym_dims(targets));
-    nll = nll * wt;
-  }
+  const auto [nll, wt] = detail::class_nll(lp, targets, w, o.ignore_index(), cdim);
   Tensor loss = nll;
   if (const double s = o.label_smoothing(); s > 0) {
     Tensor terms = w.defined() ? lp * weight_along_classes(w, lp, cdim) : lp;
-    Tensor smooth = where(valid, neg(sum(terms, cdim)), 0.0);
+    Tensor smooth = where(ne(targets, o.ignore_index()), neg(sum(terms, cdim)), 0.0);
     loss = nll * (1.0 - s) + smooth * (s / static_cast<double>(lp.size(cdim)));
   }
   return reduced(loss, o.reduction(), [&](const Tensor& l) { return sum(l) / sum(wt); });

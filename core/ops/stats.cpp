@@ -219,23 +219,29 @@ Tensor nll_of(const Tensor& log_probs_in, const Tensor& target, const Tensor& we
     DUET_CHECK_DTYPE(is_floating(weight.dtype()), "[nll_loss] weight must be floating, got {}",
                      weight.dtype());
   }
-  Tensor valid = ne(target, ignore_index);
-  Tensor safe = where(valid, target, 0);  // an ignored target reads class 0, then is zeroed
-  Tensor picked = squeeze(gather(log_probs, cdim, unsqueeze(safe, cdim)), cdim);
-  Tensor loss = where(valid, neg(picked), 0.0);
-  // Per target: its class's weight, 0 where ignored (a weighted mean divides by their sum).
-  Tensor wt = valid.to(log_probs.dtype());
-  if (weight.defined()) {
-    const Tensor w = weight.dtype() == log_probs.dtype() ? weight : weight.to(log_probs.dtype());
-    wt = wt * detail::reshape_dims(index_select(w, 0, flatten(safe)), detail::sym_dims(target));
-    loss = loss * wt;
-  }
+  const auto [loss, wt] = detail::class_nll(log_probs, target, weight, ignore_index, cdim);
   if (reduction == "none") return loss;
   if (reduction == "sum") return sum(loss);
   return sum(loss) / sum(wt);
 }
 
 }  // namespace
+
+std::pair<Tensor, Tensor> detail::class_nll(const Tensor& log_probs, const Tensor& target,
+                                            const Tensor& weight, int64_t ignore_index,
+                                            int64_t cdim) {
+  Tensor valid = ne(target, ignore_index);
+  Tensor safe = where(valid, target, 0);  // an ignored target reads class 0, then is zeroed
+  Tensor picked = squeeze(gather(log_probs, cdim, unsqueeze(safe, cdim)), cdim);
+  Tensor loss = where(valid, neg(picked), 0.0);
+  Tensor wt = valid.to(log_probs.dtype());
+  if (weight.defined()) {
+    wt = wt * detail::reshape_dims(index_select(weight.to(log_probs.dtype()), 0, flatten(safe)),
+                                   detail::sym_dims(target));
+    loss = loss * wt;
+  }
+  return {loss, wt};
+}
 
 Tensor nll_loss(const Tensor& log_probs, const Tensor& target, std::string_view reduction,
                 int64_t ignore_index, std::source_location loc) {
