@@ -293,7 +293,10 @@ Tensor ce_indices(const Tensor& lp, const Tensor& targets, const CrossEntropyOpt
                    detail::dims_str(ls), detail::dims_str(detail::sym_dims(targets)));
   const Tensor& w = o.weight();
   // Per target: its class's weight, 0 where ignored (the mean's denominator adds them).
-  const auto [nll, wt] = detail::class_nll(lp, targets, w, o.ignore_index(), cdim);
+  // (Named, not a structured binding: clang's OpenMP cannot capture one in the lambda below.)
+  const std::pair<Tensor, Tensor> terms_and_weights =
+      detail::class_nll(lp, targets, w, o.ignore_index(), cdim);
+  const Tensor &nll = terms_and_weights.first, &wt = terms_and_weights.second;
   Tensor loss = nll;
   if (const double s = o.label_smoothing(); s > 0) {
     Tensor terms = w.defined() ? lp * weight_along_classes(w, lp, cdim) : lp;
