@@ -122,6 +122,27 @@ Tensor GaussianNLLLoss::forward(const Tensor& x, const Tensor& y, const Tensor& 
   return gaussian_nll_loss(x, y, var, full, eps, reduction);
 }
 
+MultiLabelSoftMarginLoss::MultiLabelSoftMarginLoss(Tensor w, std::string r)
+    : Loss("MultiLabelSoftMarginLoss", std::move(r)) {
+  if (w.defined()) weight = register_buffer("weight", std::move(w));
+}
+Tensor MultiLabelSoftMarginLoss::forward(const Tensor& x, const Tensor& y) {
+  return multilabel_soft_margin_loss(x, y, weight, reduction);
+}
+
+MultiMarginLoss::MultiMarginLoss(int64_t p_, double m, Tensor w, std::string r)
+    : Loss("MultiMarginLoss", std::move(r)), p(p_), margin(m) {
+  DUET_CHECK_VALUE(p_ == 1 || p_ == 2, "[MultiMarginLoss] p must be 1 or 2, got {}", p_);
+  if (w.defined()) weight = register_buffer("weight", std::move(w));
+}
+Tensor MultiMarginLoss::forward(const Tensor& x, const Tensor& y) {
+  return multi_margin_loss(x, y, p, margin, weight, reduction);
+}
+
+Tensor MultiLabelMarginLoss::forward(const Tensor& x, const Tensor& y) {
+  return multilabel_margin_loss(x, y, reduction);
+}
+
 PairwiseDistance::PairwiseDistance(double p_, double e, bool k)
     : Module(fmt::format("PairwiseDistance(p={}, eps={}, keepdim={})", p_, e, k)),
       p(p_),

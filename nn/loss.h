@@ -188,6 +188,33 @@ class GaussianNLLLoss : public Loss {
   double eps;
 };
 
+/// multilabel_soft_margin_loss(input, target, weight), weight a buffer (one per class).
+class MultiLabelSoftMarginLoss : public Loss {
+ public:
+  explicit MultiLabelSoftMarginLoss(Tensor weight = {}, std::string reduction = "mean");
+  Tensor forward(const Tensor& input, const Tensor& target) override;
+  Tensor weight;  ///< undefined: every class weighs 1
+};
+
+/// multi_margin_loss(input, target, p, margin, weight), p 1 or 2, weight a buffer.
+class MultiMarginLoss : public Loss {
+ public:
+  explicit MultiMarginLoss(int64_t p = 1, double margin = 1, Tensor weight = {},
+                           std::string reduction = "mean");
+  Tensor forward(const Tensor& input, const Tensor& target) override;
+  int64_t p;
+  double margin;
+  Tensor weight;  ///< undefined: every class weighs 1
+};
+
+/// multilabel_margin_loss(input, target), target rows of class indices ended by -1.
+class MultiLabelMarginLoss : public Loss {
+ public:
+  explicit MultiLabelMarginLoss(std::string reduction = "mean")
+      : Loss("MultiLabelMarginLoss", std::move(reduction)) {}
+  Tensor forward(const Tensor& input, const Tensor& target) override;
+};
+
 /// pairwise_distance(x1, x2, p, eps, keepdim) as a layer: forward(x1, x2).
 class PairwiseDistance : public Module {
  public:

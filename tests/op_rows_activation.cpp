@@ -605,6 +605,106 @@ std::vector<ElementwiseRow> activation_rows() {
   };
 }
 
+// multilabel_soft_margin_loss over s ((N, C) or (C)) with, where asked, a class weight.
+OpRow multilabel_soft_row(Shape s, bool weight, std::string reduction) {
+  const int64_t c = s[s.size() - 1];
+  std::vector<Shape> shapes = {s, s};
+  if (weight) shapes.push_back({c});
+  OpRow r{fmt::format("multilabel_soft_margin_loss {} {}{}", s.str(), reduction,
+                      weight ? " weight" : ""),
+          OpId::Neg,
+          true,
+          shapes,
+          [=](const Ins& in) {
+            return multilabel_soft_margin_loss(in[0], in[1], weight ? in[2] : Tensor(), reduction);
+          },
+          [=](const Values& v) {
+            auto log_sigmoid = [](double x) {
+              return x > 0 ? -std::log1p(std::exp(-x)) : x - std::log1p(std::exp(x));
+            };
+            std::vector<double> each;
+            for (size_t i = 0; i < v[0].size(); i += size_t(c)) {
+              double l = 0;
+              for (size_t j = 0; j < size_t(c); ++j) {
+                const double x = v[0][i + j], t = v[1][i + j];
+                l += -(t * log_sigmoid(x) + (1 - t) * log_sigmoid(-x)) * (weight ? v[2][j] : 1.0);
+              }
+              each.push_back(l / double(c));
+            }
+            return reduce_ref(each, reduction);
+          },
+          reduction != "none" ? Shape{}
+          : s.size() == 2     ? Shape{s[0]}
+                              : Shape{}};
+  r.domains = {Domain{-3, 3}, Domain{0, 1}, Domain{0.2, 2}};
+  return r;
+}
+
+// multi_margin_loss of scores (n, c) (n 0: one sample (c)) with targets y, p, margin and, where
+// asked, a class weight (PyTorch's formula).
+OpRow multi_margin_row(int64_t n, int64_t c, std::vector<int64_t> y, int64_t p, double margin,
+                       bool weight, std::string reduction) {
+  const Shape s = n ? Shape{n, c} : Shape{c};
+  std::vector<Shape> shapes = {s};
+  if (weight) shapes.push_back({c});
+  return {fmt::format("multi_margin_loss {} p {} margin {} {}{}", s.str(), p, margin, reduction,
+                      weight ? " weight" : ""),
+          OpId::Gather,
+          true,
+          shapes,
+          [=](const Ins& in) {
+            std::vector<double> yd(y.begin(), y.end());
+            const Tensor t = make(yd, n ? Shape{n} : Shape{}, DType::i64);
+            return multi_margin_loss(in[0], t, p, margin, weight ? in[1] : Tensor(), reduction);
+          },
+          [=](const Values& v) {
+            std::vector<double> each;
+            for (size_t k = 0; k < y.size(); ++k) {
+              const double* x = v[0].data() + k * size_t(c);
+              const auto t = size_t(y[k]);
+              double l = 0;
+              for (size_t i = 0; i < size_t(c); ++i) {
+                if (i == t) continue;
+                const double h = std::max(0.0, margin - x[t] + x[i]);
+                l += (p == 2 ? h * h : h) * (weight ? v[1][t] : 1.0);
+              }
+              each.push_back(l / double(c));
+            }
+            return reduce_ref(each, reduction);
+          },
+          reduction == "none" && n ? Shape{n} : Shape{}};
+}
+
+// multilabel_margin_loss of scores (n, c) (n 0: one sample (c)) with target rows t.
+OpRow multilabel_margin_row(int64_t n, int64_t c, std::vector<int64_t> t, std::string reduction) {
+  const Shape s = n ? Shape{n, c} : Shape{c};
+  return {fmt::format("multilabel_margin_loss {} {}", s.str(), reduction),
+          OpId::Gather,
+          true,
+          {s},
+          [=](const Ins& in) {
+            std::vector<double> td(t.begin(), t.end());
+            return multilabel_margin_loss(in[0], make(td, s, DType::i64), reduction);
+          },
+          [=](const Values& v) {
+            std::vector<double> each;
+            for (size_t k = 0; k * size_t(c) < t.size(); ++k) {
+              const double* x = v[0].data() + k * size_t(c);
+              const int64_t* row = t.data() + k * size_t(c);
+              std::vector<char> is_target(size_t(c), 0);
+              size_t m = 0;
+              while (m < size_t(c) && row[m] >= 0) is_target[size_t(row[m++])] = 1;
+              double l = 0;
+              for (size_t j = 0; j < m; ++j)
+                for (size_t i = 0; i < size_t(c); ++i)
+                  if (!is_target[i]) l += std::max(0.0, 1 - (x[row[j]] - x[i]));
+              each.push_back(l / double(c));
+            }
+            return reduce_ref(each, reduction);
+          },
+          reduction == "none" && n ? Shape{n} : Shape{}};
+}
+
 std::vector<OpRow> norm_loss_rows() {
   std::vector<OpRow> r = {
       rms_norm_row({3, 4}, {4}, true, 1e-6),
@@ -656,6 +756,15 @@ std::vector<OpRow> norm_loss_rows() {
       pairwise_row({3, 4}, 2, false),
       pairwise_row({2, 3}, 1, true),
       pairwise_row({4}, 3, false),
+      multilabel_soft_row({3, 4}, false, "mean"),
+      multilabel_soft_row({2, 5}, true, "none"),
+      multilabel_soft_row({4}, true, "sum"),
+      multi_margin_row(4, 5, {0, 3, 4, 3}, 1, 1, false, "mean"),
+      multi_margin_row(3, 4, {2, 0, 1}, 2, 0.5, true, "none"),
+      multi_margin_row(0, 6, {5}, 1, 2, true, "sum"),
+      multilabel_margin_row(3, 5, {3, 0, -1, 1, 2, 1, 2, 4, 0, 3, -1, 2, 2, 2, 2}, "none"),
+      multilabel_margin_row(2, 4, {1, -1, 0, 0, 2, 3, 0, -1}, "mean"),
+      multilabel_margin_row(0, 6, {4, 1, 5, -1, 0, 0}, "sum"),
   };
   // glu along a dim of even size, and prelu with one slope and with one per channel.
   r.push_back({"glu (3, 4) dim -1",

@@ -812,6 +812,15 @@ const std::vector<OpRow>& more_rows() {
                [](const Tensor& x) { return chunk(x, 4, 1); });
     add_pieces(r, "chunk (0, 2) into 2", {0, 2}, 0, {0, 0},
                [](const Tensor& x) { return chunk(x, 2, 0); });
+    // narrow(x, dim, start, length) is the piece [start, start + length).
+    r.push_back(piece_row("narrow (5, 3) dim 0 start 1 length 3", {5, 3}, 0, {1, 3, 1}, 1,
+                          [](const Tensor& x) {
+                            return std::vector<Tensor>{x, narrow(x, 0, 1, 3), x};
+                          }));
+    r.push_back(piece_row("narrow (2, 6) dim -1 start -2 length 2", {2, 6}, -1, {4, 2}, 1,
+                          [](const Tensor& x) {
+                            return std::vector<Tensor>{x, x.narrow(-1, -2, 2)};
+                          }));
     return r;
   }();
   return rows;

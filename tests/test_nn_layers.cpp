@@ -1257,6 +1257,39 @@ TEST_CASE("margin and likelihood loss modules, PairwiseDistance and CosineSimila
                  "[margin_ranking_loss] input1 (4, 5) and target (4) must have the same shape"));
 }
 
+TEST_CASE("multi-class and multi-label margin loss modules") {
+  manual_seed(73);
+  const Tensor x = randn({4, 5}), w = rand({5}) + 0.5;
+  const Tensor y = tensor({0, 3, 4, 3}, Options().dtype(DType::i64));
+  const Tensor labels = floor(rand({4, 5}) * 2);
+  const Tensor rows = tensor({3, 0, -1, 1, 1, 2, 4, 0, 3, 1, -1, 2, 2, 2, 2, 4, 4, -1, 0, 0},
+                             Options().dtype(DType::i64))
+                          .reshape({4, 5});
+  CHECK(bitwise_equal(MultiMarginLoss(2, 0.5, w, "sum")(x, y),
+                      multi_margin_loss(x, y, 2, 0.5, w, "sum")));
+  CHECK(bitwise_equal(MultiLabelSoftMarginLoss(w)(x, labels),
+                      multilabel_soft_margin_loss(x, labels, w)));
+  CHECK(bitwise_equal(MultiLabelMarginLoss("none")(x, rows),
+                      multilabel_margin_loss(x, rows, "none")));
+  CHECK(MultiMarginLoss().name() == "MultiMarginLoss()");
+  CHECK(MultiMarginLoss(1, 1, w).named_buffers().size() == 1);
+  // One sample (C) with a 0-d target is the first row of a batch of one.
+  CHECK(close(multi_margin_loss(x.select(0, 1), y.select(0, 1)),
+              multi_margin_loss(x.narrow(0, 1, 1), y.narrow(0, 1, 1)), 1e-6));
+  CHECK(close(multilabel_margin_loss(x.select(0, 2), rows.select(0, 2)),
+              multilabel_margin_loss(x.narrow(0, 2, 1), rows.narrow(0, 2, 1)), 1e-6));
+  // Entries after a row's -1 are not targets: the first row's are classes 3 and 0.
+  CHECK(close(
+      multilabel_margin_loss(x.narrow(0, 0, 1), rows.narrow(0, 0, 1)),
+      multilabel_margin_loss(x.narrow(0, 0, 1),
+                             tensor({3, 0, -1, 2, 4}, Options().dtype(DType::i64)).reshape({1, 5})),
+      1e-6));
+  CHECK(contains(error_of<ValueError>([] { MultiMarginLoss(3); }),
+                 "[MultiMarginLoss] p must be 1 or 2, got 3"));
+  CHECK(
+      contains(error_of<ValueError>([] { MultiLabelMarginLoss("avg"); }), "MultiLabelMarginLoss"));
+}
+
 TEST_CASE("MultiheadAttention's key_padding_mask and dropout") {
   manual_seed(53);
   MultiheadAttention m(8, 2);

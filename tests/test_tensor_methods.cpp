@@ -167,6 +167,8 @@ std::vector<MethodRow> method_rows() {
   row(
       "slice", [=] { return one(x.slice(1, 1, 4, 2)); }, [=] { return one(slice(x, 1, 1, 4, 2)); });
   row(
+      "narrow", [=] { return one(x.narrow(1, -3, 2)); }, [=] { return one(narrow(x, 1, -3, 2)); });
+  row(
       "select",
       [=] {
         return Results{x.select(1, -2), x[1]};

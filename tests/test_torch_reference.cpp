@@ -707,6 +707,14 @@ Cases activation_cases() {
   c.emplace_back("gaussian_nll_loss_full", [](Ref& r) {
     r.out("out", GaussianNLLLoss(true)(r.in("x"), r.in("t"), r.in("var")));
   });
+  c.emplace_back("multilabel_soft_margin_loss", [](Ref& r) {
+    r.out("out", MultiLabelSoftMarginLoss(r.in("w"))(r.in("x"), r.in("y")));
+  });
+  c.emplace_back("multi_margin_loss", [](Ref& r) {
+    r.out("out", MultiMarginLoss(2, 0.7, r.in("w"))(r.in("x"), r.in("y")));
+  });
+  c.emplace_back("multilabel_margin_loss",
+                 [](Ref& r) { r.out("out", MultiLabelMarginLoss("none")(r.in("x"), r.in("y"))); });
   c.emplace_back("pairwise_distance", [](Ref& r) {
     r.out("out", PairwiseDistance(1.5, 1e-6, true)(r.in("x1"), r.in("x2")));
   });

@@ -790,6 +790,15 @@ def activation_cases():
         c.out("out", nn.GaussianNLLLoss(full=True)(x, t, var))
 
     case("gaussian_nll_loss_full", gaussian)
+    case("multilabel_soft_margin_loss", lambda c: c.out("out", nn.MultiLabelSoftMarginLoss(
+        weight=c.inp("w", torch.rand(5) + 0.5, grad=False))(
+        c.randn("x", 4, 5), c.inp("y", torch.randint(0, 2, (4, 5)).float(), grad=False))))
+    case("multi_margin_loss", lambda c: c.out("out", nn.MultiMarginLoss(
+        p=2, margin=0.7, weight=c.inp("w", torch.rand(5) + 0.5, grad=False))(
+        c.randn("x", 4, 5), c.inp("y", torch.tensor([0, 3, 4, 3])))))
+    case("multilabel_margin_loss", lambda c: c.out("out", nn.MultiLabelMarginLoss(
+        reduction="none")(c.randn("x", 3, 5), c.inp("y", torch.tensor(
+            [[3, 0, -1, 1, 2], [1, 2, 4, 0, 3], [-1, 2, 2, 2, 2]])))))
     case("pairwise_distance", lambda c: c.out("out", nn.PairwiseDistance(p=1.5, keepdim=True)(
         c.randn("x1", 3, 4), c.randn("x2", 3, 4))))
     case("cosine_similarity_module", lambda c: c.out("out", nn.CosineSimilarity(dim=0)(

@@ -1,8 +1,8 @@
-// The elementwise regression, divergence and binary losses of torch.nn.functional: mse_loss,
-// l1_loss, smooth_l1_loss, huber_loss, kl_div, binary_cross_entropy and
-// binary_cross_entropy_with_logits with its weights, each with PyTorch's reduction argument,
-// composed of elementwise math and a reduction, in f32 under autocast (PyTorch's autocast runs
-// them in f32).
+// The losses of torch.nn.functional, each with PyTorch's reduction argument: the elementwise
+// regression, divergence and binary losses (mse_loss, l1_loss, smooth_l1_loss, huber_loss,
+// kl_div, binary_cross_entropy and binary_cross_entropy_with_logits with its weights), composed
+// of elementwise math and a reduction, in f32 under autocast (PyTorch's autocast runs them in
+// f32); the margin and likelihood losses; and the multi-class and multi-label margin losses.
 #include <cmath>
 #include <string>
 
@@ -325,6 +325,114 @@ Tensor gaussian_nll_loss(const Tensor& input, const Tensor& target, const Tensor
     const Tensor vc = v + (clamp(v, eps, INFINITY) - v).detach();
     Tensor l = 0.5 * (log(vc) + (input - target) * (input - target) / vc);
     if (full) l = l + 0.5 * std::log(2 * M_PI);
+    return reduce_loss(op, l, reduction);
+  });
+}
+
+// ---- the multi-class and multi-label margin losses ----
+
+namespace {
+// A multi-class loss's scores: (N, C), or (C) for one sample, of a floating dtype.
+void check_scores(const char* op, const Tensor& x) {
+  DUET_CHECK_VALUE(x.defined(), "[{}] input is an undefined tensor", op);
+  DUET_CHECK_DTYPE(is_floating(x.dtype()), "[{}] input must be floating, got {}", op, x.dtype());
+  DUET_CHECK_SHAPE(x.dim() == 1 || x.dim() == 2, "[{}] input must be (N, C) or (C), got {}", op,
+                   x.sizes());
+}
+// A weight per class: 1-D, C elements, the input's dtype.
+void check_class_weight(const char* op, const Tensor& w, const Tensor& x) {
+  if (!w.defined()) return;
+  const int64_t c = x.dim() - 1;
+  DUET_CHECK_SHAPE(w.dim() == 1 && detail::size_is(w, 0, detail::sym_dim(x, c), op),
+                   "[{}] weight must be 1-D with one element per class ({}), got {}", op, x.size(c),
+                   w.sizes());
+  DUET_CHECK_DTYPE(w.dtype() == x.dtype(), "[{}] weight must have the input's dtype {}, got {}", op,
+                   x.dtype(), w.dtype());
+}
+// An integer target: i64 of the shape `want` describes.
+void check_index_target(const char* op, const Tensor& t, bool fits, const char* want,
+                        const Tensor& x) {
+  DUET_CHECK_VALUE(t.defined(), "[{}] target is an undefined tensor", op);
+  DUET_CHECK_DTYPE(t.dtype() == DType::i64, "[{}] target must be i64 class indices, got {}", op,
+                   t.dtype());
+  DUET_CHECK_SHAPE(fits, "[{}] target must be {} for input {}, got {}", op, want, x.sizes(),
+                   t.sizes());
+}
+}  // namespace
+
+// -(y log sigmoid(x) + (1 - y) log sigmoid(-x)), times the class weight, averaged over the
+// classes: one loss per sample.
+Tensor multilabel_soft_margin_loss(const Tensor& input, const Tensor& target, const Tensor& weight,
+                                   std::string_view reduction, std::source_location loc) {
+  detail::SiteGuard site(loc);
+  return detail::as_op("multilabel_soft_margin_loss", [&]() -> Tensor {
+    const char* op = "multilabel_soft_margin_loss";
+    check_scores(op, input);
+    check_same(op, {{"input", &input}, {"target", &target}});
+    check_class_weight(op, weight, input);
+    Tensor l = neg(target * log_sigmoid(input) + (1 - target) * log_sigmoid(neg(input)));
+    if (weight.defined()) l = l * weight;
+    const int64_t c = input.dim() - 1;
+    return reduce_loss(op, mean(l, {c}), reduction);
+  });
+}
+
+// sum over i != y of w[y] max(0, margin - x[y] + x[i])^p, over the number of classes.
+Tensor multi_margin_loss(const Tensor& input, const Tensor& target, int64_t p, double margin,
+                         const Tensor& weight, std::string_view reduction,
+                         std::source_location loc) {
+  detail::SiteGuard site(loc);
+  return detail::as_op("multi_margin_loss", [&]() -> Tensor {
+    const char* op = "multi_margin_loss";
+    check_scores(op, input);
+    check_index_target(
+        op, target,
+        target.dim() == input.dim() - 1 &&
+            (target.dim() == 0 || detail::size_is(target, 0, detail::sym_dim(input, 0), op)),
+        "(N) for input (N, C), or 0-d for (C)", input);
+    DUET_CHECK_VALUE(p == 1 || p == 2, "[{}] p must be 1 or 2, got {}", op, p);
+    check_class_weight(op, weight, input);
+    const bool one = input.dim() == 1;
+    const Tensor x = one ? unsqueeze(input, 0) : input;
+    const Tensor y = unsqueeze(one ? unsqueeze(target, 0) : target, 1);  // (N, 1)
+    const int64_t classes = x.size(1);
+    Tensor h = relu(margin - gather(x, 1, y) + x);
+    if (p == 2) h = h * h;
+    // The target's own class adds nothing (its term would be margin^p).
+    h = where(eq(arange(classes, Options().dtype(DType::i64).device(x.device())), y), 0.0, h);
+    if (weight.defined()) h = h * unsqueeze(index_select(weight, 0, squeeze(y, 1)), 1);
+    Tensor l = mean(h, {1});
+    if (one) l = squeeze(l, 0);
+    return reduce_loss(op, l, reduction);
+  });
+}
+
+// For each target class j (the leading entries of the target's row, up to the first -1) and
+// each class i that is not a target, max(0, 1 - (x[j] - x[i])), summed, over the classes.
+Tensor multilabel_margin_loss(const Tensor& input, const Tensor& target, std::string_view reduction,
+                              std::source_location loc) {
+  detail::SiteGuard site(loc);
+  return detail::as_op("multilabel_margin_loss", [&]() -> Tensor {
+    const char* op = "multilabel_margin_loss";
+    check_scores(op, input);
+    check_index_target(op, target, detail::same_shape(target, input, op), "the input's shape",
+                       input);
+    const bool one = input.dim() == 1;
+    const Tensor x = one ? unsqueeze(input, 0) : input;
+    const Tensor t = one ? unsqueeze(target, 0) : target;
+    const int64_t classes = x.size(1);
+    // valid: the entries before the row's first -1; their classes, and which classes they are.
+    const Tensor valid = eq(cumsum(eq(t, -1).to(DType::i64), 1), 0);
+    const Tensor y = where(valid, t, 0);
+    const Tensor classes_at =
+        arange(classes, Options().dtype(DType::i64).device(x.device())).reshape({1, 1, classes});
+    const Tensor v = unsqueeze(valid.to(DType::i64), 2);  // (N, J, 1)
+    const Tensor is_target =
+        gt(sum(eq(unsqueeze(y, 2), classes_at).to(DType::i64) * v, {1}), 0);     // (N, C)
+    const Tensor h = relu(1 - unsqueeze(gather(x, 1, y), 2) + unsqueeze(x, 1));  // (N, J, C)
+    const Tensor counted = gt(v * unsqueeze(1 - is_target.to(DType::i64), 1), 0);
+    Tensor l = sum(where(counted, h, 0.0), {1, 2}) / static_cast<double>(classes);
+    if (one) l = squeeze(l, 0);
     return reduce_loss(op, l, reduction);
   });
 }

@@ -483,6 +483,32 @@ Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end, int64_t s
   return detail::view_call(OpId::Slice, x, slice_attrs("slice", x, dim, start, end, step));
 }
 
+// narrow is slice with PyTorch's bound checks (its bounds do not clamp). With a symbolic size
+// the checks are decided at the traced size and guarded, as select's are.
+Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length,
+              std::source_location loc) {
+  detail::SiteGuard site(loc);
+  DUET_CHECK_VALUE(x.dim() > 0, "[narrow] cannot narrow a 0-d {} tensor", x.dtype());
+  dim = detail::wrap_dim("narrow", dim, x.dim());
+  const SymInt n = detail::sym_dim(x, dim);
+  using detail::SymRel;
+  const bool start_fits = start >= 0 ? detail::sym_decide(SymInt(start), SymRel::Le, n, "narrow")
+                                     : detail::sym_decide(SymInt(-start), SymRel::Le, n, "narrow");
+  DUET_CHECK_VALUE(start_fits && length >= 0,
+                   "[narrow] start {} and length {} do not fit dim {} of size {} (shape {}): "
+                   "expected a start in [-{}, {}] and a non-negative length",
+                   start, length, dim, n.str(), x.sizes(), n.str(), n.str());
+  const bool end_fits = start >= 0
+                            ? detail::sym_decide(SymInt(start + length), SymRel::Le, n, "narrow")
+                            : length <= -start;
+  DUET_CHECK_VALUE(end_fits, "[narrow] start {} + length {} exceeds dim {} of size {} (shape {})",
+                   start, length, dim, n.str(), x.sizes());
+  // (a negative start's slice that ends at the end runs to it, not to 0)
+  const int64_t end =
+      start < 0 && start + length == 0 ? std::numeric_limits<int64_t>::max() : start + length;
+  return slice(x, dim, start, end, 1, loc);
+}
+
 // select is one view op, as PyTorch's: index `index` of dim `dim`, that dim dropped (its
 // attributes are those of the slice index:index + 1, whose gradient rule it shares). One op
 // rather than a slice and a reshape, since per-sample code selects a row per token: each view
