@@ -460,6 +460,35 @@ Tensor Embedding::forward(const Tensor& indices) {
   return padding_idx ? embedding(weight, indices, *padding_idx) : embedding(weight, indices);
 }
 
+EmbeddingBag::EmbeddingBag(int64_t num, int64_t dim, std::string m, bool last,
+                           std::optional<int64_t> pad)
+    : Module(fmt::format("EmbeddingBag({}, {}, mode='{}'{})", num, dim, m,
+                         pad ? fmt::format(", padding_idx={}", *pad < 0 ? *pad + num : *pad) : "")),
+      num_embeddings(num),
+      embedding_dim(dim),
+      mode(std::move(m)),
+      include_last_offset(last) {
+  DUET_CHECK_VALUE(num > 0 && dim > 0,
+                   "[EmbeddingBag] num_embeddings and embedding_dim must be positive, got "
+                   "EmbeddingBag({}, {})",
+                   num, dim);
+  DUET_CHECK_VALUE(mode == "sum" || mode == "mean",
+                   "[EmbeddingBag] mode must be \"sum\" or \"mean\", got \"{}\"", mode);
+  DUET_CHECK_VALUE(!pad || (*pad >= -num && *pad < num),
+                   "[EmbeddingBag] padding_idx {} is out of range for {} embeddings",
+                   pad.value_or(0), num);
+  if (pad) padding_idx = *pad < 0 ? *pad + num : *pad;
+  weight = register_parameter("weight", init::normal_(zeros_param({num, dim})));
+  if (padding_idx) init::zeros_(weight[*padding_idx]);
+}
+
+Tensor EmbeddingBag::forward(const Tensor& input) { return forward(input, Tensor(), Tensor()); }
+Tensor EmbeddingBag::forward(const Tensor& input, const Tensor& offsets,
+                             const Tensor& per_sample_weights) {
+  return embedding_bag(input, weight, offsets, mode, per_sample_weights, include_last_offset,
+                       padding_idx);
+}
+
 // ---- LayerNorm ----
 
 LayerNorm::LayerNorm(Shape shape, double eps_, bool affine, bool with_bias)

@@ -217,6 +217,32 @@ class Embedding : public Module {
   Tensor weight;
 };
 
+/// embedding_bag over its weight (num_embeddings, embedding_dim), as torch.nn.EmbeddingBag:
+/// forward(input, offsets, per_sample_weights) sums or averages each bag's rows.
+class EmbeddingBag : public Module {
+ public:
+  /// mode "sum" or "mean"; padding_idx: the row (negative: counted from the end) that starts as
+  /// zeros and that bags leave out.
+  EmbeddingBag(int64_t num_embeddings, int64_t embedding_dim, std::string mode = "mean",
+               bool include_last_offset = false, std::optional<int64_t> padding_idx = std::nullopt);
+  using Module::forward;
+  using Module::operator();
+  /// A 2-D input: each row a bag.
+  Tensor forward(const Tensor& input) override;
+  Tensor forward(const Tensor& input, const Tensor& offsets, const Tensor& per_sample_weights = {});
+  Tensor operator()(const Tensor& input, const Tensor& offsets,
+                    const Tensor& per_sample_weights = {}, DUET_HERE) {
+    duet::detail::SiteGuard site(loc);
+    return forward(input, offsets, per_sample_weights);
+  }
+
+  int64_t num_embeddings, embedding_dim;
+  std::string mode;
+  bool include_last_offset;
+  std::optional<int64_t> padding_idx;  ///< counted from the start, as PyTorch keeps it
+  Tensor weight;
+};
+
 /// Normalizes over the trailing `normalized_shape` dims, then (with elementwise_affine)
 /// scales by weight (ones at first) and shifts by bias (zeros at first).
 class LayerNorm : public Module {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <optional>
 
 #include "core/ops.h"
 #include "op_rows.h"
@@ -100,6 +101,48 @@ OpRow piece_row(std::string name, Shape xs, int64_t dim, std::vector<int64_t> si
       },
       out);
   r.dtypes = kAll;
+  return r;
+}
+
+// embedding_bag of a weight (v, d) over fixed indices in bags starting at `starts` (2-D: rows
+// of `width` indices, no offsets), with, where asked, per-sample weights and a padding index.
+OpRow bag_row(int64_t v, int64_t d, std::vector<int64_t> idx, std::vector<int64_t> starts,
+              int64_t width, std::string mode, bool psw, std::optional<int64_t> pad) {
+  const auto n = static_cast<int64_t>(idx.size());
+  std::vector<Shape> shapes = {{v, d}};
+  if (psw) shapes.push_back({n});
+  const int64_t bags = width ? n / width : static_cast<int64_t>(starts.size());
+  OpRow r = row(
+      fmt::format("embedding_bag ({}, {}) {} indices, {} bags{} {}{}{}", v, d, n, bags,
+                  width ? " 2-D" : "", mode, psw ? " per_sample_weights" : "",
+                  pad ? fmt::format(" padding_idx {}", *pad) : ""),
+      OpId::ScatterAdd, shapes,
+      [=](const Ins& in) {
+        const std::vector<double> id(idx.begin(), idx.end()), st(starts.begin(), starts.end());
+        const Tensor input = make(id, width ? Shape{n / width, width} : Shape{n}, DType::i64);
+        const Tensor offsets = width ? Tensor() : make(st, {bags}, DType::i64);
+        const Tensor w = psw ? in[1].reshape(input.sizes()) : Tensor();
+        return embedding_bag(input, in[0], offsets, mode, w, false, pad);
+      },
+      [=](const Values& vals) {
+        Vec o(size_t(bags * d), 0.0);
+        for (int64_t b = 0; b < bags; ++b) {
+          const int64_t lo = width ? b * width : starts[size_t(b)];
+          const int64_t hi = width ? lo + width : b + 1 < bags ? starts[size_t(b + 1)] : n;
+          int64_t count = 0;
+          for (int64_t i = lo; i < hi; ++i) {
+            const int64_t k = idx[size_t(i)];
+            if (pad && k == *pad) continue;
+            ++count;
+            for (int64_t j = 0; j < d; ++j)
+              o[size_t(b * d + j)] += vals[0][size_t(k * d + j)] * (psw ? vals[1][size_t(i)] : 1.0);
+          }
+          if (mode == "mean" && count)
+            for (int64_t j = 0; j < d; ++j) o[size_t(b * d + j)] /= double(count);
+        }
+        return o;
+      },
+      {bags, d});
   return r;
 }
 
@@ -797,6 +840,10 @@ const std::vector<OpRow>& more_rows() {
         gru_backward_row({2}, 300),
     };
     for (OpRow& s : step_rows()) r.push_back(std::move(s));
+    r.push_back(bag_row(5, 3, {0, 2, 2, 4, 1, 3, 0}, {0, 2, 2, 5}, 0, "sum", true, {}));
+    r.push_back(bag_row(5, 3, {0, 2, 2, 4, 1, 3, 0}, {0, 3}, 0, "mean", false, 2));
+    r.push_back(bag_row(4, 2, {3, 1, 0, 1, 2, 2}, {}, 3, "mean", false, {}));
+    r.push_back(bag_row(4, 2, {3, 1, 0, 1, 2, 2}, {}, 2, "sum", true, 1));
     add_pieces(r, "split (5, 3) size 2", {5, 3}, 0, {2, 2, 1},
                [](const Tensor& x) { return split(x, 2, 0); });
     add_pieces(r, "split (2, 4) sizes {1, 3} dim 1", {2, 4}, 1, {1, 3}, [](const Tensor& x) {

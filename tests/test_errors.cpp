@@ -853,6 +853,22 @@ const std::vector<ErrorRow>& error_rows() {
        "[gaussian_nll_loss] eps must be positive, got 0"},
       {"loss", [] { pairwise_distance(f32({3}), f32({3}), -1); }, Kind::Value,
        "[pairwise_distance] p must be non-negative, got -1"},
+      {"index", [] { embedding_bag(of({4}, D::i64), f32({5, 3}), of({2}, D::i64), "max"); },
+       Kind::Value,
+       "[embedding_bag] mode must be \"sum\" or \"mean\", got \"max\" (\"max\" is not "
+       "supported)"},
+      {"index",
+       [] {
+         embedding_bag(of({4}, D::i64), f32({5, 3}), tensor({1, 2}, Options().dtype(D::i64)));
+       },
+       Kind::Value, "[embedding_bag] offsets must start at 0 and not decrease, up to the input's 4 indices"},
+      {"index",
+       [] { embedding_bag(of({4}, D::i64), f32({5, 3}), of({2}, D::i64), "mean", f32({4})); },
+       Kind::Value, "[embedding_bag] per_sample_weights needs mode \"sum\", got \"mean\""},
+      {"index", [] { embedding_bag(of({2, 2}, D::i64), f32({5, 3}), of({2}, D::i64)); },
+       Kind::Shape,
+       "[embedding_bag] expected a 1-D input with 1-D offsets, or a 2-D input (each row a bag) "
+       "without offsets; got input (2, 2) and offsets (2)"},
       {"loss", [] { narrow(f32({2, 6}), 1, 5, 2); }, Kind::Value,
        "[narrow] start 5 + length 2 exceeds dim 1 of size 6 (shape (2, 6))"},
       {"loss", [] { narrow(f32({2, 6}), 1, -7, 1); }, Kind::Value,

@@ -1290,6 +1290,32 @@ TEST_CASE("multi-class and multi-label margin loss modules") {
       contains(error_of<ValueError>([] { MultiLabelMarginLoss("avg"); }), "MultiLabelMarginLoss"));
 }
 
+TEST_CASE("EmbeddingBag") {
+  manual_seed(79);
+  EmbeddingBag bag(6, 3, "sum", false, -1);
+  CHECK(bag.name() == "EmbeddingBag(6, 3, mode='sum', padding_idx=5)");
+  CHECK(bag.padding_idx == 5);
+  CHECK(bag.parameters().size() == 1);
+  CHECK(bitwise_equal(bag.weight.select(0, 5), zeros({3})));
+  const Options i64 = Options().dtype(DType::i64);
+  const Tensor input = tensor({0, 5, 2, 4, 4}, i64), offsets = tensor({0, 2}, i64);
+  CHECK(bitwise_equal(bag(input, offsets),
+                      embedding_bag(input, bag.weight, offsets, "sum", Tensor(), false, 5)));
+  // A 2-D input's rows are its bags: the same as the flat input with offsets every row.
+  EmbeddingBag mean(6, 3);
+  const Tensor rows = tensor({1, 2, 3, 4, 0, 0}, i64).reshape({2, 3});
+  CHECK(close(mean(rows), mean(rows.reshape({6}), tensor({0, 3}, i64)), 1e-6));
+  // The padding row gets no gradient, and the mean leaves it out of its count.
+  Tensor l = sum(bag(input, offsets));
+  l.backward();
+  CHECK(bitwise_equal(bag.weight.grad().select(0, 5), zeros({3})));
+  EmbeddingBag padded_mean(6, 3, "mean", false, 5);
+  CHECK(close(padded_mean(tensor({5, 1}, i64), tensor({0}, i64)),
+              padded_mean.weight.select(0, 1).unsqueeze(0), 1e-6));
+  CHECK(contains(error_of<ValueError>([] { EmbeddingBag(6, 3, "max"); }),
+                 "[EmbeddingBag] mode must be \"sum\" or \"mean\", got \"max\""));
+}
+
 TEST_CASE("MultiheadAttention's key_padding_mask and dropout") {
   manual_seed(53);
   MultiheadAttention m(8, 2);

@@ -707,6 +707,15 @@ Cases activation_cases() {
   c.emplace_back("gaussian_nll_loss_full", [](Ref& r) {
     r.out("out", GaussianNLLLoss(true)(r.in("x"), r.in("t"), r.in("var")));
   });
+  c.emplace_back("embedding_bag_sum_weighted", [](Ref& r) {
+    r.out("out", embedding_bag(r.in("input"), r.in("weight"), r.in("offsets"), "sum", r.in("psw")));
+  });
+  c.emplace_back("embedding_bag_mean_padding_last_offset", [](Ref& r) {
+    r.out("out",
+          embedding_bag(r.in("input"), r.in("weight"), r.in("offsets"), "mean", Tensor(), true, 1));
+  });
+  c.emplace_back("embedding_bag_2d",
+                 [](Ref& r) { r.out("out", embedding_bag(r.in("input"), r.in("weight"))); });
   c.emplace_back("multilabel_soft_margin_loss", [](Ref& r) {
     r.out("out", MultiLabelSoftMarginLoss(r.in("w"))(r.in("x"), r.in("y")));
   });

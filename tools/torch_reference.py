@@ -799,6 +799,17 @@ def activation_cases():
     case("multilabel_margin_loss", lambda c: c.out("out", nn.MultiLabelMarginLoss(
         reduction="none")(c.randn("x", 3, 5), c.inp("y", torch.tensor(
             [[3, 0, -1, 1, 2], [1, 2, 4, 0, 3], [-1, 2, 2, 2, 2]])))))
+    case("embedding_bag_sum_weighted", lambda c: c.out("out", F.embedding_bag(
+        c.inp("input", torch.tensor([0, 2, 2, 5, 1, 3, 0])), c.randn("weight", 6, 3),
+        c.inp("offsets", torch.tensor([0, 2, 2, 5])), mode="sum",
+        per_sample_weights=c.randn("psw", 7))))
+    case("embedding_bag_mean_padding_last_offset", lambda c: c.out("out", F.embedding_bag(
+        c.inp("input", torch.tensor([1, 2, 1, 4, 1, 3, 0])), c.randn("weight", 6, 3),
+        c.inp("offsets", torch.tensor([0, 3, 3, 4, 7])), mode="mean", padding_idx=1,
+        include_last_offset=True)))
+    case("embedding_bag_2d", lambda c: c.out("out", F.embedding_bag(
+        c.inp("input", torch.tensor([[4, 0, 2, 2], [1, 1, 3, 5], [0, 0, 0, 0]])),
+        c.randn("weight", 6, 3))))
     case("pairwise_distance", lambda c: c.out("out", nn.PairwiseDistance(p=1.5, keepdim=True)(
         c.randn("x1", 3, 4), c.randn("x2", 3, 4))))
     case("cosine_similarity_module", lambda c: c.out("out", nn.CosineSimilarity(dim=0)(

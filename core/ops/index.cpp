@@ -261,6 +261,101 @@ Tensor embedding(const Tensor& weight, const Tensor& indices, int64_t padding_id
   });
 }
 
+// Note [Bags]
+// embedding_bag reads the rows of its indices (embedding), scales them (a padding index's rows
+// by 0, per_sample_weights), and sums each bag's rows with one scatter_add: an index's bag is
+// the number of bag starts at or before it, less one (a cumsum of the starts marked by a
+// scatter_add of ones, so empty bags, repeated starts, take their place). "mean" divides each
+// bag's sum by its rows that are not padding (an empty bag stays 0, as PyTorch's). The offsets'
+// values are checked eagerly (PyTorch checks them too); a traced call takes them as given.
+Tensor embedding_bag(const Tensor& input, const Tensor& weight, const Tensor& offsets,
+                     std::string_view mode, const Tensor& per_sample_weights,
+                     bool include_last_offset, std::optional<int64_t> padding_idx,
+                     std::source_location loc) {
+  detail::SiteGuard site(loc);
+  return detail::as_op("embedding_bag", [&]() -> Tensor {
+    const char* op = "embedding_bag";
+    DUET_CHECK_VALUE(mode == "sum" || mode == "mean",
+                     "[{}] mode must be \"sum\" or \"mean\", got \"{}\" (\"max\" is not "
+                     "supported)",
+                     op, mode);
+    DUET_CHECK_SHAPE(weight.dim() == 2 && is_floating(weight.dtype()),
+                     "[{}] weight must be floating (num_embeddings, dim), got {} {}", op,
+                     weight.dtype(), weight.sizes());
+    DUET_CHECK_DTYPE(input.dtype() == DType::i64, "[{}] input must be i64 indices, got {}", op,
+                     input.dtype());
+    const bool rows_are_bags = input.dim() == 2;
+    DUET_CHECK_SHAPE(rows_are_bags ? !offsets.defined() : input.dim() == 1 && offsets.defined(),
+                     "[{}] expected a 1-D input with 1-D offsets, or a 2-D input (each row a bag) "
+                     "without offsets; got input {} and offsets {}",
+                     op, input.sizes(), offsets.defined() ? offsets.sizes().str() : "undefined");
+    const Tensor flat = rows_are_bags ? reshape(input, {-1}) : input;
+    const int64_t n = flat.size(0);
+    Tensor starts;  // each bag's first index
+    if (rows_are_bags) {
+      starts = arange(input.size(0), Options().device(input.device())) * input.size(1);
+    } else {
+      DUET_CHECK_SHAPE(offsets.dim() == 1 && offsets.dtype() == DType::i64 &&
+                           (!include_last_offset || offsets.size(0) >= 1),
+                       "[{}] offsets must be 1-D i64{}, got {} {}", op,
+                       include_last_offset ? " with the end as its last entry" : "",
+                       offsets.dtype(), offsets.sizes());
+      starts = include_last_offset ? slice(offsets, 0, 0, offsets.size(0) - 1) : offsets;
+      if (!detail::is_traced(offsets)) {
+        const std::vector<int64_t> at = offsets.to_vector<int64_t>();
+        bool ordered = at.empty() || at[0] == 0;
+        for (size_t k = 1; ordered && k < at.size(); ++k) ordered = at[k - 1] <= at[k];
+        ordered =
+            ordered && (at.empty() || at.back() <= n) && (!include_last_offset || at.back() == n);
+        DUET_CHECK_VALUE(ordered,
+                         "[{}] offsets must start at 0 and not decrease, up to the input's {} "
+                         "indices{}",
+                         op, n, include_last_offset ? " (the last one equal to it)" : "");
+      }
+    }
+    const int64_t bags = starts.size(0);
+    Tensor keep;  // 1 for a row the bag counts, 0 for a padding index's
+    if (padding_idx) {
+      const int64_t v = weight.size(0);
+      DUET_CHECK_VALUE(*padding_idx >= -v && *padding_idx < v,
+                       "[{}] padding_idx {} is out of range for {} embeddings", op, *padding_idx,
+                       v);
+      keep = ne(flat, *padding_idx < 0 ? *padding_idx + v : *padding_idx).to(weight.dtype());
+    }
+    Tensor rows = embedding(weight, flat);
+    if (keep.defined()) rows = rows * unsqueeze(keep, 1);
+    if (per_sample_weights.defined()) {
+      DUET_CHECK_VALUE(mode == "sum", "[{}] per_sample_weights needs mode \"sum\", got \"{}\"", op,
+                       mode);
+      DUET_CHECK_SHAPE(per_sample_weights.dim() == input.dim() &&
+                           per_sample_weights.sizes() == input.sizes() &&
+                           per_sample_weights.dtype() == weight.dtype(),
+                       "[{}] per_sample_weights must be the input's shape {} and the weight's "
+                       "dtype {}, got {} {}",
+                       op, input.sizes(), weight.dtype(), per_sample_weights.dtype(),
+                       per_sample_weights.sizes());
+      rows = rows * unsqueeze(reshape(per_sample_weights, {-1}), 1);
+    }
+    const Options i64 = Options().dtype(DType::i64).device(input.device());
+    const Tensor marks =
+        scatter_add(zeros({n + 1}, i64), 0, starts, ones({bags}, i64)).slice(0, 0, n);
+    const Tensor bag = cumsum(marks, 0) - 1;  // (n); -1 only before a first start past 0
+    const int64_t d = weight.size(1);
+    Tensor out =
+        scatter_add(zeros({bags, d}, Options().dtype(weight.dtype()).device(weight.device())), 0,
+                    expand(unsqueeze(bag, 1), {n, d}), rows);
+    if (mode == "mean") {
+      const Tensor counted =
+          keep.defined() ? keep
+                         : ones({n}, Options().dtype(weight.dtype()).device(weight.device()));
+      const Tensor count = scatter_add(
+          zeros({bags}, Options().dtype(weight.dtype()).device(weight.device())), 0, bag, counted);
+      out = out / unsqueeze(clamp(count, 1, INFINITY), 1);
+    }
+    return out;
+  });
+}
+
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim, std::source_location loc) {
   detail::SiteGuard site(loc);
   DUET_CHECK_VALUE(!tensors.empty(), "[cat] needs at least one tensor");
