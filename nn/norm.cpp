@@ -172,13 +172,15 @@ InstanceNormBase::InstanceNormBase(const char* kind, int64_t rank, int64_t c, do
                    "[{}] num_features must be positive and eps non-negative, "
                    "got {}",
                    kind, name());
-  DUET_CHECK_VALUE(!track,
-                   "[{}] track_running_stats = true (running statistics) is not supported; "
-                   "PyTorch's default, false, normalizes every input with its own statistics",
-                   kind);
   if (affine) {
     weight = register_parameter("weight", ones({c}));
     bias = register_parameter("bias", zeros({c}));
+  }
+  if (track) {
+    running_mean = register_buffer("running_mean", zeros({c}));
+    running_var = register_buffer("running_var", ones({c}));
+    num_batches_tracked =
+        register_buffer("num_batches_tracked", zeros({}, Options().dtype(DType::i64)));
   }
 }
 
@@ -197,8 +199,40 @@ Tensor InstanceNormBase::forward(const Tensor& x) {
                    "[{}] input must be {}-D (N, {}, ...) or {}-D unbatched ({}, ...), got {}",
                    kind_, rank_, num_features, rank_ - 1, num_features, x.sizes());
   const Tensor in = batched ? x : unsqueeze(x, 0);
-  const Tensor y = group_norm(in, num_features, weight, bias, eps);
+  Tensor y;
+  if (!running_mean.defined() || is_training()) {
+    y = group_norm(in, num_features, weight, bias, eps);
+    if (running_mean.defined()) track(in);
+  } else {  // the running statistics, per channel (C, 1, ...)
+    Shape per_channel{num_features};
+    for (int64_t d = 2; d < in.dim(); ++d) per_channel.push_back(1);
+    y = (in - reshape(running_mean, per_channel)) * rsqrt(reshape(running_var, per_channel) + eps);
+    if (weight.defined()) y = y * reshape(weight, per_channel) + reshape(bias, per_channel);
+  }
   return batched ? y : squeeze(y, 0);
+}
+
+// PyTorch runs batch_norm over the input as (1, N * C, *) with the running statistics repeated
+// N times, then averages each channel's N updated copies: the same as moving them toward the
+// mean over the batch of the instances' means and unbiased variances.
+void InstanceNormBase::track(const Tensor& in) {
+  NoGradGuard no_grad;
+  const Tensor x = in.detach();
+  Dims spatial;
+  for (int64_t d = 2; d < x.dim(); ++d) spatial.push_back(d);
+  const int64_t count = x.size(0) * num_features == 0 ? 0 : x.numel() / (x.size(0) * num_features);
+  DUET_CHECK_VALUE(count > 1,
+                   "[{}] expected more than 1 spatial element when training with "
+                   "track_running_stats, got input {}",
+                   kind_, x.sizes());
+  const Tensor mu = mean(x, spatial, true);
+  const Tensor centered = x - mu;
+  const Tensor unbiased = sum(centered * centered, spatial) / static_cast<double>(count - 1);
+  const Tensor batch_mean = mean(reshape(mu, {x.size(0), num_features}), {0});
+  const Tensor batch_var = mean(unbiased, {0});
+  running_mean.copy_(batch_mean.to(running_mean.dtype()) * momentum +
+                     running_mean * (1 - momentum));
+  running_var.copy_(batch_var.to(running_var.dtype()) * momentum + running_var * (1 - momentum));
 }
 
 }  // namespace duet::nn

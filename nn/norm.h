@@ -135,11 +135,13 @@ class RMSNorm : public Module {
   Tensor weight;  ///< undefined without elementwise_affine
 };
 
-/// Instance norm, as torch.nn.InstanceNorm1d/2d/3d with their default track_running_stats =
-/// false: each sample's channels normalized over their own positions (group_norm with a group
-/// per channel), input (N, C, *) or unbatched (C, *); weight (ones) and bias (zeros) of (C) with
-/// affine (false by default, as PyTorch's). Running statistics are not kept: a true
-/// track_running_stats raises a ValueError. momentum is kept for PyTorch's argument order.
+/// Instance norm, as torch.nn.InstanceNorm1d/2d/3d: each sample's channels normalized over their
+/// own positions (group_norm with a group per channel), input (N, C, *) or unbatched (C, *);
+/// weight (ones) and bias (zeros) of (C) with affine (false by default, as PyTorch's). With
+/// track_running_stats, training also moves running_mean and running_var (buffers of (C)) by
+/// momentum toward the batch's mean of the instances' means and unbiased variances, as PyTorch
+/// does, and evaluation normalizes with them instead (num_batches_tracked is kept, and stays 0,
+/// as PyTorch's).
 class InstanceNormBase : public Module {
  public:
   Tensor forward(const Tensor& x) override;
@@ -149,6 +151,8 @@ class InstanceNormBase : public Module {
   int64_t num_features;
   double eps, momentum;
   Tensor weight, bias;  ///< undefined without affine
+  /// Undefined without track_running_stats.
+  Tensor running_mean, running_var, num_batches_tracked;
 
  protected:
   /// `kind` names the layer ("InstanceNorm2d"), whose batched input has `rank` dims.
@@ -156,6 +160,8 @@ class InstanceNormBase : public Module {
                    double momentum, bool affine, bool track_running_stats);
 
  private:
+  // Moves the running statistics toward those of `in` (N, C, *) (training, with them).
+  void track(const Tensor& in);
   const char* kind_;
   int64_t rank_;
 };

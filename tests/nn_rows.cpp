@@ -187,6 +187,8 @@ const std::vector<LayerRow>& layer_rows() {
       {"RMSNorm((2, 3)) without affine", maker<RMSNorm>(Shape{2, 3}, 1e-6, false), {2, 2, 3}},
       {"InstanceNorm2d(3, affine)", maker<InstanceNorm2d>(3, 1e-5, 0.1, true), {2, 3, 2, 2}},
       {"InstanceNorm1d(2), unbatched", maker<InstanceNorm1d>(2), {2, 5}},
+      {"InstanceNorm1d(3, affine, track_running_stats)",
+       maker<InstanceNorm1d>(3, 1e-5, 0.1, true, true), {2, 3, 4}},
       {"Sequential MLP with dropout",
        [] {
          return ModulePtr(

@@ -1100,9 +1100,22 @@ TEST_CASE("activation layers, GroupNorm and RMSNorm: their functions, names and 
   CHECK(inst2.weight.sizes() == Shape{6});
   const Tensor img = randn({2, 6, 3, 2});
   CHECK(bitwise_equal(inst2(img), group_norm(img, 6, inst2.weight, inst2.bias, 1e-3)));
-  CHECK(contains(error_of<ValueError>([] { InstanceNorm2d(4, 1e-5, 0.1, false, true); }),
-                 "[InstanceNorm2d] track_running_stats = true (running statistics) is not "
-                 "supported"));
+  // With running statistics: buffers, the training output unchanged, and evaluation by them.
+  InstanceNorm2d tracked(6, 1e-3, 0.5, false, true);
+  CHECK(tracked.named_buffers().size() == 3);
+  CHECK(bitwise_equal(tracked(img), group_norm(img, 6, Tensor(), Tensor(), 1e-3)));
+  CHECK(close(tracked.running_mean, 0.5 * mean(img, {0, 2, 3}), 1e-5));
+  tracked.eval();
+  CHECK(close(tracked(img),
+              (img - tracked.running_mean.reshape({6, 1, 1})) *
+                  rsqrt(tracked.running_var.reshape({6, 1, 1}) + 1e-3),
+              1e-5));
+  tracked.train();
+  CHECK(contains(error_of<ValueError>([&] {
+                   tracked(randn({2, 6, 1, 1}));
+                 }),
+                 "[InstanceNorm2d] expected more than 1 spatial element when training with "
+                 "track_running_stats, got input (2, 6, 1, 1)"));
   CHECK(contains(error_of<ShapeError>([&] { InstanceNorm2d(4)(img); }),
                  "[InstanceNorm2d] input must be 4-D (N, 4, ...) or 3-D unbatched (4, ...), got "
                  "(2, 6, 3, 2)"));

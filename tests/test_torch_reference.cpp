@@ -652,6 +652,19 @@ Cases activation_cases() {
     r.load(m);
     r.out("out", m(r.in("x")));
   });
+  c.emplace_back("instance_norm1d_tracked_train", [](Ref& r) {
+    InstanceNorm1d m(3, 1e-5, 0.2, true, true);
+    r.load(m);
+    r.out("out", m(r.in("x")));
+    r.out("running_mean", m.running_mean);
+    r.out("running_var", m.running_var);
+  });
+  c.emplace_back("instance_norm2d_tracked_eval_unbatched", [](Ref& r) {
+    InstanceNorm2d m(3, 1e-5, 0.2, true, true);
+    r.load(m);
+    m.eval();
+    r.out("out", m(r.in("x")));
+  });
   c.emplace_back("normalize", [](Ref& r) { r.out("out", normalize(r.in("x"), 3.0, 1)); });
   c.emplace_back("cosine_similarity",
                  [](Ref& r) { r.out("out", cosine_similarity(r.in("a"), r.in("b"), 1)); });

@@ -703,6 +703,25 @@ def activation_cases():
         c.out("out", m(c.randn("x", 2, 3, 4, 3)))
 
     case("instance_norm2d", instance)
+
+    def instance_tracked(c, cls, shape, train):
+        m = cls(3, momentum=0.2, affine=True, track_running_stats=True)
+        with torch.no_grad():
+            m.weight.copy_(torch.rand(3) + 0.5)
+            m.bias.copy_(torch.randn(3))
+            m.running_mean.copy_(torch.randn(3))
+            m.running_var.copy_(torch.rand(3) + 0.5)
+        c.load(m)
+        m.train(train)
+        c.out("out", m(c.randn("x", *shape)))
+        if train:
+            c.out("running_mean", m.running_mean)
+            c.out("running_var", m.running_var)
+
+    case("instance_norm1d_tracked_train",
+         lambda c: instance_tracked(c, nn.InstanceNorm1d, (2, 3, 5), True))
+    case("instance_norm2d_tracked_eval_unbatched",
+         lambda c: instance_tracked(c, nn.InstanceNorm2d, (3, 4, 2), False))
     case("normalize", lambda c: c.out("out", F.normalize(c.randn("x", 3, 5), p=3.0, dim=1)))
     case("cosine_similarity", lambda c: c.out("out", F.cosine_similarity(
         c.randn("a", 3, 5, 2), c.randn("b", 3, 5, 2), dim=1)))
