@@ -472,8 +472,8 @@ EmbeddingBag::EmbeddingBag(int64_t num, int64_t dim, std::string m, bool last,
                    "[EmbeddingBag] num_embeddings and embedding_dim must be positive, got "
                    "EmbeddingBag({}, {})",
                    num, dim);
-  DUET_CHECK_VALUE(mode == "sum" || mode == "mean",
-                   "[EmbeddingBag] mode must be \"sum\" or \"mean\", got \"{}\"", mode);
+  DUET_CHECK_VALUE(mode == "sum" || mode == "mean" || mode == "max",
+                   "[EmbeddingBag] mode must be \"sum\", \"mean\" or \"max\", got \"{}\"", mode);
   DUET_CHECK_VALUE(!pad || (*pad >= -num && *pad < num),
                    "[EmbeddingBag] padding_idx {} is out of range for {} embeddings",
                    pad.value_or(0), num);

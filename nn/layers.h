@@ -221,8 +221,8 @@ class Embedding : public Module {
 /// forward(input, offsets, per_sample_weights) sums or averages each bag's rows.
 class EmbeddingBag : public Module {
  public:
-  /// mode "sum" or "mean"; padding_idx: the row (negative: counted from the end) that starts as
-  /// zeros and that bags leave out.
+  /// mode "sum", "mean" or "max"; padding_idx: the row (negative: counted from the end) that starts
+  /// as zeros and that bags leave out.
   EmbeddingBag(int64_t num_embeddings, int64_t embedding_dim, std::string mode = "mean",
                bool include_last_offset = false, std::optional<int64_t> padding_idx = std::nullopt);
   using Module::forward;

@@ -116,7 +116,7 @@ OpRow bag_row(int64_t v, int64_t d, std::vector<int64_t> idx, std::vector<int64_
       fmt::format("embedding_bag ({}, {}) {} indices, {} bags{} {}{}{}", v, d, n, bags,
                   width ? " 2-D" : "", mode, psw ? " per_sample_weights" : "",
                   pad ? fmt::format(" padding_idx {}", *pad) : ""),
-      OpId::ScatterAdd, shapes,
+      mode == "max" ? OpId::Where : OpId::ScatterAdd, shapes,
       [=](const Ins& in) {
         const std::vector<double> id(idx.begin(), idx.end()), st(starts.begin(), starts.end());
         const Tensor input = make(id, width ? Shape{n / width, width} : Shape{n}, DType::i64);
@@ -133,9 +133,12 @@ OpRow bag_row(int64_t v, int64_t d, std::vector<int64_t> idx, std::vector<int64_
           for (int64_t i = lo; i < hi; ++i) {
             const int64_t k = idx[size_t(i)];
             if (pad && k == *pad) continue;
+            for (int64_t j = 0; j < d; ++j) {
+              const double x = vals[0][size_t(k * d + j)] * (psw ? vals[1][size_t(i)] : 1.0);
+              double& y = o[size_t(b * d + j)];
+              y = mode != "max" ? y + x : count ? std::max(y, x) : x;
+            }
             ++count;
-            for (int64_t j = 0; j < d; ++j)
-              o[size_t(b * d + j)] += vals[0][size_t(k * d + j)] * (psw ? vals[1][size_t(i)] : 1.0);
           }
           if (mode == "mean" && count)
             for (int64_t j = 0; j < d; ++j) o[size_t(b * d + j)] /= double(count);
@@ -844,6 +847,8 @@ const std::vector<OpRow>& more_rows() {
     r.push_back(bag_row(5, 3, {0, 2, 2, 4, 1, 3, 0}, {0, 3}, 0, "mean", false, 2));
     r.push_back(bag_row(4, 2, {3, 1, 0, 1, 2, 2}, {}, 3, "mean", false, {}));
     r.push_back(bag_row(4, 2, {3, 1, 0, 1, 2, 2}, {}, 2, "sum", true, 1));
+    r.push_back(bag_row(5, 3, {0, 2, 2, 4, 1, 3, 0}, {0, 2, 2, 5}, 0, "max", false, 4));
+    r.push_back(bag_row(4, 2, {3, 1, 0, 1, 2, 2}, {}, 3, "max", false, {}));
     add_pieces(r, "split (5, 3) size 2", {5, 3}, 0, {2, 2, 1},
                [](const Tensor& x) { return split(x, 2, 0); });
     add_pieces(r, "split (2, 4) sizes {1, 3} dim 1", {2, 4}, 1, {1, 3}, [](const Tensor& x) {

@@ -1325,8 +1325,15 @@ TEST_CASE("EmbeddingBag") {
   EmbeddingBag padded_mean(6, 3, "mean", false, 5);
   CHECK(close(padded_mean(tensor({5, 1}, i64), tensor({0}, i64)),
               padded_mean.weight.select(0, 1).unsqueeze(0), 1e-6));
-  CHECK(contains(error_of<ValueError>([] { EmbeddingBag(6, 3, "max"); }),
-                 "[EmbeddingBag] mode must be \"sum\" or \"mean\", got \"max\""));
+  // "max": each column's largest row of the bag, padding left out; an empty bag is zeros.
+  EmbeddingBag top(6, 3, "max", false, 0);
+  const Tensor picked = top(tensor({0, 1, 2, 0}, i64), tensor({0, 1, 3}, i64));
+  CHECK(bitwise_equal(picked.select(0, 0), zeros({3})));
+  CHECK(bitwise_equal(picked.select(0, 1),
+                      maximum(top.weight.select(0, 1), top.weight.select(0, 2))));
+  CHECK(bitwise_equal(picked.select(0, 2), zeros({3})));
+  CHECK(contains(error_of<ValueError>([] { EmbeddingBag(6, 3, "min"); }),
+                 "[EmbeddingBag] mode must be \"sum\", \"mean\" or \"max\", got \"min\""));
 }
 
 TEST_CASE("MultiheadAttention's key_padding_mask and dropout") {

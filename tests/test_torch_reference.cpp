@@ -727,6 +727,10 @@ Cases activation_cases() {
     r.out("out",
           embedding_bag(r.in("input"), r.in("weight"), r.in("offsets"), "mean", Tensor(), true, 1));
   });
+  c.emplace_back("embedding_bag_max_padding", [](Ref& r) {
+    r.out("out",
+          embedding_bag(r.in("input"), r.in("weight"), r.in("offsets"), "max", Tensor(), false, 1));
+  });
   c.emplace_back("embedding_bag_2d",
                  [](Ref& r) { r.out("out", embedding_bag(r.in("input"), r.in("weight"))); });
   c.emplace_back("multilabel_soft_margin_loss", [](Ref& r) {

@@ -826,6 +826,9 @@ def activation_cases():
         c.inp("input", torch.tensor([1, 2, 1, 4, 1, 3, 0])), c.randn("weight", 6, 3),
         c.inp("offsets", torch.tensor([0, 3, 3, 4, 7])), mode="mean", padding_idx=1,
         include_last_offset=True)))
+    case("embedding_bag_max_padding", lambda c: c.out("out", F.embedding_bag(
+        c.inp("input", torch.tensor([1, 2, 1, 4, 1, 3, 0, 5])), c.randn("weight", 6, 3),
+        c.inp("offsets", torch.tensor([0, 3, 3, 4])), mode="max", padding_idx=1)))
     case("embedding_bag_2d", lambda c: c.out("out", F.embedding_bag(
         c.inp("input", torch.tensor([[4, 0, 2, 2], [1, 1, 3, 5], [0, 0, 0, 0]])),
         c.randn("weight", 6, 3))))

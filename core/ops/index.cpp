@@ -1,6 +1,9 @@
 // Indexing and joining: Gather, ScatterAdd, Cat and Argmax, and the ops composed of them
 // (index_select, embedding, stack, argmin).
 #include <algorithm>
+#include <cmath>
+#include <optional>
+#include <vector>
 
 #include "core/dispatch.h"
 #include "core/op_errors.h"
@@ -267,7 +270,39 @@ Tensor embedding(const Tensor& weight, const Tensor& indices, int64_t padding_id
 // the number of bag starts at or before it, less one (a cumsum of the starts marked by a
 // scatter_add of ones, so empty bags, repeated starts, take their place). "mean" divides each
 // bag's sum by its rows that are not padding (an empty bag stays 0, as PyTorch's). The offsets'
-// values are checked eagerly (PyTorch checks them too); a traced call takes them as given.
+// values are checked eagerly (PyTorch checks them too); a traced call takes them as given, but
+// for "max" (bag_max), whose padded layout reads them.
+namespace {
+// Mode "max" (Note [Bags]): each bag's rows laid out padded as (bags, longest, dim), the places
+// past a bag's end and its padding rows at -inf, and max_with_indices along the bag, whose
+// gradient goes to the first maximum, as PyTorch's; an empty bag is zeros. The layout reads the
+// bags' bounds: `start` holds each bag's first index, and the input has n.
+Tensor bag_max(const Tensor& flat, const Tensor& weight, const std::vector<int64_t>& start,
+               int64_t n, std::optional<int64_t> pad) {
+  const auto bags = static_cast<int64_t>(start.size());
+  auto end = [&](int64_t b) { return b + 1 < bags ? start[size_t(b + 1)] : n; };
+  int64_t longest = 0;
+  for (int64_t b = 0; b < bags; ++b) longest = std::max(longest, end(b) - start[size_t(b)]);
+  const Options w = Options().dtype(weight.dtype()).device(weight.device());
+  if (longest == 0) return zeros({bags, weight.size(1)}, w);
+  std::vector<double> at(size_t(bags * longest), 0), real(size_t(bags * longest), 0);
+  for (int64_t b = 0; b < bags; ++b)
+    for (int64_t j = 0; j < end(b) - start[size_t(b)]; ++j) {
+      at[size_t(b * longest + j)] = static_cast<double>(start[size_t(b)] + j);
+      real[size_t(b * longest + j)] = 1;
+    }
+  const Options i64 = Options().dtype(DType::i64).device(flat.device());
+  const Tensor ids =
+      reshape(index_select(flat, 0, tensor(at, {bags * longest}, i64)), {bags, longest});
+  Tensor valid = tensor(real, {bags, longest}, i64);
+  if (pad) valid = valid * ne(ids, *pad).to(DType::i64);
+  const Tensor counted = gt(valid, 0);
+  const Tensor vals = where(unsqueeze(counted, 2), embedding(weight, ids), -INFINITY);
+  const Tensor top = std::get<0>(max_with_indices(vals, 1));
+  return where(unsqueeze(gt(sum(valid, {1}), 0), 1), top, 0.0);
+}
+}  // namespace
+
 Tensor embedding_bag(const Tensor& input, const Tensor& weight, const Tensor& offsets,
                      std::string_view mode, const Tensor& per_sample_weights,
                      bool include_last_offset, std::optional<int64_t> padding_idx,
@@ -275,10 +310,8 @@ Tensor embedding_bag(const Tensor& input, const Tensor& weight, const Tensor& of
   detail::SiteGuard site(loc);
   return detail::as_op("embedding_bag", [&]() -> Tensor {
     const char* op = "embedding_bag";
-    DUET_CHECK_VALUE(mode == "sum" || mode == "mean",
-                     "[{}] mode must be \"sum\" or \"mean\", got \"{}\" (\"max\" is not "
-                     "supported)",
-                     op, mode);
+    DUET_CHECK_VALUE(mode == "sum" || mode == "mean" || mode == "max",
+                     "[{}] mode must be \"sum\", \"mean\" or \"max\", got \"{}\"", op, mode);
     DUET_CHECK_SHAPE(weight.dim() == 2 && is_floating(weight.dtype()),
                      "[{}] weight must be floating (num_embeddings, dim), got {} {}", op,
                      weight.dtype(), weight.sizes());
@@ -291,9 +324,12 @@ Tensor embedding_bag(const Tensor& input, const Tensor& weight, const Tensor& of
                      op, input.sizes(), offsets.defined() ? offsets.sizes().str() : "undefined");
     const Tensor flat = rows_are_bags ? reshape(input, {-1}) : input;
     const int64_t n = flat.size(0);
-    Tensor starts;  // each bag's first index
+    Tensor starts;            // each bag's first index
+    std::vector<int64_t> at;  // and its value ("max", and the checks of offsets)
     if (rows_are_bags) {
       starts = arange(input.size(0), Options().device(input.device())) * input.size(1);
+      if (mode == "max")
+        for (int64_t b = 0; b < input.size(0); ++b) at.push_back(b * input.size(1));
     } else {
       DUET_CHECK_SHAPE(offsets.dim() == 1 && offsets.dtype() == DType::i64 &&
                            (!include_last_offset || offsets.size(0) >= 1),
@@ -301,8 +337,9 @@ Tensor embedding_bag(const Tensor& input, const Tensor& weight, const Tensor& of
                        include_last_offset ? " with the end as its last entry" : "",
                        offsets.dtype(), offsets.sizes());
       starts = include_last_offset ? slice(offsets, 0, 0, offsets.size(0) - 1) : offsets;
-      if (!detail::is_traced(offsets)) {
-        const std::vector<int64_t> at = offsets.to_vector<int64_t>();
+      // (a traced call reads them only for "max", whose layout needs them)
+      if (!detail::is_traced(offsets) || mode == "max") {
+        at = offsets.to_vector<int64_t>();
         bool ordered = at.empty() || at[0] == 0;
         for (size_t k = 1; ordered && k < at.size(); ++k) ordered = at[k - 1] <= at[k];
         ordered =
@@ -321,6 +358,16 @@ Tensor embedding_bag(const Tensor& input, const Tensor& weight, const Tensor& of
                        "[{}] padding_idx {} is out of range for {} embeddings", op, *padding_idx,
                        v);
       keep = ne(flat, *padding_idx < 0 ? *padding_idx + v : *padding_idx).to(weight.dtype());
+    }
+    if (mode == "max") {
+      DUET_CHECK_VALUE(!per_sample_weights.defined(),
+                       "[{}] per_sample_weights needs mode \"sum\", got \"max\"", op);
+      if (include_last_offset && !at.empty()) at.pop_back();
+      const std::optional<int64_t> pad =
+          padding_idx ? std::optional<int64_t>(*padding_idx < 0 ? *padding_idx + weight.size(0)
+                                                                : *padding_idx)
+                      : std::nullopt;
+      return bag_max(flat, weight, at, n, pad);
     }
     Tensor rows = embedding(weight, flat);
     if (keep.defined()) rows = rows * unsqueeze(keep, 1);
