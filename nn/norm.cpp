@@ -219,8 +219,11 @@ void InstanceNormBase::track(const Tensor& in) {
   NoGradGuard no_grad;
   const Tensor x = in.detach();
   Dims spatial;
-  for (int64_t d = 2; d < x.dim(); ++d) spatial.push_back(d);
-  const int64_t count = x.size(0) * num_features == 0 ? 0 : x.numel() / (x.size(0) * num_features);
+  int64_t count = 1;  // the values per instance
+  for (int64_t d = 2; d < x.dim(); ++d) {
+    spatial.push_back(d);
+    count *= x.size(d);
+  }
   DUET_CHECK_VALUE(count > 1,
                    "[{}] expected more than 1 spatial element when training with "
                    "track_running_stats, got input {}",

@@ -351,24 +351,23 @@ Tensor embedding_bag(const Tensor& input, const Tensor& weight, const Tensor& of
       }
     }
     const int64_t bags = starts.size(0);
-    Tensor keep;  // 1 for a row the bag counts, 0 for a padding index's
+    std::optional<int64_t> pad;  // padding_idx counted from the start
     if (padding_idx) {
       const int64_t v = weight.size(0);
       DUET_CHECK_VALUE(*padding_idx >= -v && *padding_idx < v,
                        "[{}] padding_idx {} is out of range for {} embeddings", op, *padding_idx,
                        v);
-      keep = ne(flat, *padding_idx < 0 ? *padding_idx + v : *padding_idx).to(weight.dtype());
+      pad = *padding_idx < 0 ? *padding_idx + v : *padding_idx;
     }
     if (mode == "max") {
       DUET_CHECK_VALUE(!per_sample_weights.defined(),
                        "[{}] per_sample_weights needs mode \"sum\", got \"max\"", op);
       if (include_last_offset && !at.empty()) at.pop_back();
-      const std::optional<int64_t> pad =
-          padding_idx ? std::optional<int64_t>(*padding_idx < 0 ? *padding_idx + weight.size(0)
-                                                                : *padding_idx)
-                      : std::nullopt;
       return bag_max(flat, weight, at, n, pad);
     }
+    const Options w = Options().dtype(weight.dtype()).device(weight.device());
+    // 1 for a row the bag counts, 0 for a padding index's (undefined: every row counts).
+    const Tensor keep = pad ? ne(flat, *pad).to(weight.dtype()) : Tensor();
     Tensor rows = embedding(weight, flat);
     if (keep.defined()) rows = rows * unsqueeze(keep, 1);
     if (per_sample_weights.defined()) {
@@ -387,16 +386,11 @@ Tensor embedding_bag(const Tensor& input, const Tensor& weight, const Tensor& of
     const Tensor marks =
         scatter_add(zeros({n + 1}, i64), 0, starts, ones({bags}, i64)).slice(0, 0, n);
     const Tensor bag = cumsum(marks, 0) - 1;  // (n); -1 only before a first start past 0
-    const int64_t d = weight.size(1);
-    Tensor out =
-        scatter_add(zeros({bags, d}, Options().dtype(weight.dtype()).device(weight.device())), 0,
-                    expand(unsqueeze(bag, 1), {n, d}), rows);
+    Tensor out = scatter_add(zeros({bags, weight.size(1)}, w), 0,
+                             expand(unsqueeze(bag, 1), {n, weight.size(1)}), rows);
     if (mode == "mean") {
-      const Tensor counted =
-          keep.defined() ? keep
-                         : ones({n}, Options().dtype(weight.dtype()).device(weight.device()));
-      const Tensor count = scatter_add(
-          zeros({bags}, Options().dtype(weight.dtype()).device(weight.device())), 0, bag, counted);
+      const Tensor count =
+          scatter_add(zeros({bags}, w), 0, bag, keep.defined() ? keep : ones({n}, w));
       out = out / unsqueeze(clamp(count, 1, INFINITY), 1);
     }
     return out;
