@@ -30,6 +30,7 @@
 #include "nn/optim/optim.h"
 #include "nn/optim/schedulers.h"
 #include "nn/utils.h"
+#include "nn/volume.h"
 #include "trace/plan/codegen.h"
 #include "trace/compile.h"
 #include "trace/compare.h"

@@ -79,6 +79,15 @@ struct Size2 {
   friend bool operator==(const Size2&, const Size2&) = default;
 };
 
+/// A 3-D window's size, stride, padding or dilation, as PyTorch's int-or-triple arguments: one
+/// int for all three dims, or {d, h, w} (depth, height, width).
+struct Size3 {
+  int64_t d, h, w;
+  Size3(int64_t all) : d(all), h(all), w(all) {}  // NOLINT(google-explicit-constructor): as an int
+  Size3(int64_t depth, int64_t height, int64_t width) : d(depth), h(height), w(width) {}
+  friend bool operator==(const Size3&, const Size3&) = default;
+};
+
 /// PyTorch's padding="same" (LibTorch's torch::kSame) for conv2d and nn::Conv2d: a type of its
 /// own, so that a padding of 0 stays a Size2. ("valid" is a padding of 0.)
 struct SamePadding {};

@@ -8,27 +8,13 @@
 #include "core/op_table.h"
 #include "core/ops.h"
 #include "nn/init.h"
+#include "nn/layer_params.h"
 
 namespace duet::nn {
-namespace {
 
-// Parameters are created as zeros and then drawn by an initializer.
-Tensor zeros_param(Shape shape) { return zeros(std::move(shape)); }
-
-// PyTorch's default for Linear and Conv2d: kaiming_uniform(a = sqrt(5)) on the weight, which is
-// U(-1/sqrt(fan_in), 1/sqrt(fan_in)), and the same bound for the bias.
-void default_init(const Tensor& weight, const Tensor& bias) {
-  init::kaiming_uniform_(weight, std::sqrt(5.0));
-  if (bias.defined()) {
-    const int64_t fan_in = init::calculate_fan_in_and_fan_out(weight).first;
-    const double bound = fan_in > 0 ? 1 / std::sqrt(static_cast<double>(fan_in)) : 0;
-    init::uniform_(bias, -bound, bound);
-  }
-}
-
-const char* bias_note(bool bias) { return bias ? "" : ", bias=false"; }
-
-}  // namespace
+using layer_params::bias_note;
+using layer_params::default_init;
+using layer_params::zeros_param;
 
 // ---- Linear ----
 
@@ -104,11 +90,7 @@ Conv2d::Conv2d(int64_t in, int64_t out, Size2 kernel, Size2 stride_, Size2 paddi
       padding_same(same) {
   DUET_CHECK_VALUE(!same || stride_ == Size2(1), "[Conv2d] padding \"same\" needs stride 1, got {}",
                    size2_str(stride_));
-  DUET_CHECK_VALUE(padding_mode == "zeros" || padding_mode == "reflect" ||
-                       padding_mode == "replicate" || padding_mode == "circular",
-                   "[Conv2d] padding_mode must be 'zeros', 'reflect', 'replicate' or 'circular', "
-                   "got '{}'",
-                   padding_mode);
+  layer_params::check_padding_mode("Conv2d", padding_mode);
   check_conv_layer("Conv2d", name(), in, out, kernel, stride_, padding_, groups_, dilation_);
   weight = register_parameter("weight", zeros_param({out, in / groups_, kernel.h, kernel.w}));
   if (with_bias) bias = register_parameter("bias", zeros_param({out}));
@@ -225,11 +207,7 @@ Conv1d::Conv1d(int64_t in, int64_t out, int64_t kernel, int64_t stride_, int64_t
       padding_same(same) {
   DUET_CHECK_VALUE(!same || stride_ == 1, "[Conv1d] padding \"same\" needs stride 1, got {}",
                    stride_);
-  DUET_CHECK_VALUE(padding_mode == "zeros" || padding_mode == "reflect" ||
-                       padding_mode == "replicate" || padding_mode == "circular",
-                   "[Conv1d] padding_mode must be 'zeros', 'reflect', 'replicate' or 'circular', "
-                   "got '{}'",
-                   padding_mode);
+  layer_params::check_padding_mode("Conv1d", padding_mode);
   check_conv_layer("Conv1d", name(), in, out, Size2{1, kernel}, Size2{1, stride_},
                    Size2{0, padding_}, groups_, Size2{1, dilation_});
   weight = register_parameter("weight", zeros_param({out, in / groups_, kernel}));

@@ -13,6 +13,7 @@
 #include "core/tensor.h"
 #include "nn/activation.h"
 #include "nn/layers.h"
+#include "nn/volume.h"
 #include "nn/module.h"
 #include "nn/optim/optim.h"
 #include "nn/optim/schedulers.h"

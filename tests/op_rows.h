@@ -148,7 +148,9 @@ const std::vector<OpRow>& nn_rows();     ///< softmax family, linear, layer_norm
 /// glu, prelu, rms_norm, group_norm, normalize, cosine_similarity, l1_loss, smooth_l1_loss,
 /// huber_loss, kl_div, mse_loss's reductions (op_rows_activation.cpp), part of nn_rows().
 std::vector<OpRow> norm_loss_rows();
-const std::vector<OpRow>& image_rows();   ///< unfold, fold, conv2d, pooling
+const std::vector<OpRow>& image_rows();  ///< unfold, fold, conv2d, pooling
+/// conv3d and the 3-D poolings (op_rows_volume.cpp), part of image_rows().
+std::vector<OpRow> volume_rows();
 const std::vector<OpRow>& random_rows();  ///< rand, randn, randint
 /// masked_fill, tril, triu, split, chunk, flip, roll, pad, cumsum, var, std, amax, amin,
 /// max/min_with_indices, sort, argsort, topk, nll_loss, einsum (op_rows_more.cpp)

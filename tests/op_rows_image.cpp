@@ -722,6 +722,7 @@ const std::vector<OpRow>& image_rows() {
         pool_row(PoolSpec{false, true, false, 5}, {1, 2, 3, 3}, 2, 0),
     };
     for (OpRow& seq : sequence_rows()) r.push_back(std::move(seq));
+    for (OpRow& vol : volume_rows()) r.push_back(std::move(vol));
     // Larger images, forward only: many (n, c) planes, across the kernels' parallel grain.
     for (OpRow big :
          {unfold_row({4, 16, 20, 20}, 3, 1, 1), fold_row({4, 16, 20, 20}, 3, 2, 1),

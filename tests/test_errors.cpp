@@ -698,6 +698,72 @@ const std::vector<ErrorRow>& error_rows() {
          adaptive_max_pool1d(f32({2, 0}), 1);
        },
        Kind::Shape, "[adaptive_max_pool1d] input (2, 0) is empty along L"},
+      // The 3-D ops check their arguments in 3-D words (core/ops/volume.cpp).
+      {"volume",
+       [] {
+         conv3d(f32({1, 4, 3, 3, 3}), f32({6, 3, 2, 2, 2}));
+       },
+       Kind::Shape, "[conv3d] input has 4 channels but the weight (6, 3, 2, 2, 2) expects 3"},
+      {"volume",
+       [] {
+         conv3d(f32({1, 4, 3, 3, 3}), f32({3, 2, 2, 2, 2}), {}, 1, 0, 2);
+       },
+       Kind::Shape, "[conv3d] the weight (3, 2, 2, 2, 2) has 3 filters, which 2 groups do not divide"},
+      {"volume",
+       [] {
+         conv3d(f32({1, 4, 3, 3}), f32({6, 4, 2, 2}));
+       },
+       Kind::Shape, "[conv3d] weight must be (out, in / groups, kd, kh, kw), got (6, 4, 2, 2)"},
+      {"volume",
+       [] {
+         conv3d(f32({1, 2, 3, 5, 5}), f32({2, 2, 2, 2, 2}), f32({3}));
+       },
+       Kind::Shape, "[conv3d] bias must be (2), got (3)"},
+      {"volume",
+       [] {
+         conv3d(f32({1, 2, 2, 5, 5}), f32({2, 2, 3, 2, 2}));
+       },
+       Kind::Shape,
+       "[conv3d] kernel_size 3x2x2 is larger than the padded input 2x5x5 of (1, 2, 2, 5, 5)"},
+      {"volume",
+       [] {
+         conv3d(f32({1, 2, 4, 4, 4}), f32({2, 2, 2, 2, 2}), {}, Size3{1, 0, 1});
+       },
+       Kind::Value,
+       "[conv3d] kernel_size 2, stride 1x0x1 and dilation 1 must be positive and padding 0 "
+       "non-negative"},
+      {"volume",
+       [] {
+         conv3d(f32({1, 2, 4, 4, 4}), f32({2, 2, 2, 2, 2}), {}, 2, kSame);
+       },
+       Kind::Value, "[conv3d] padding \"same\" needs stride 1, got 2"},
+      {"volume",
+       [] {
+         max_pool3d(f32({2, 3, 4, 5, 6, 7}), 2);
+       },
+       Kind::Shape,
+       "[max_pool3d] input must be (N, C, D, H, W) or unbatched (C, D, H, W), got (2, 3, 4, 5, 6, "
+       "7)"},
+      {"volume",
+       [] {
+         max_pool3d(f32({1, 2, 6, 6, 6}), 3, 1, Size3{1, 2, 1});
+       },
+       Kind::Value, "[max_pool3d] padding 1x2x1 must be at most half the kernel_size 3"},
+      {"volume",
+       [] {
+         avg_pool3d(of({1, 2, 4, 4, 4}, D::i64), 2);
+       },
+       Kind::DType, "[avg_pool3d] needs a floating input, got i64"},
+      {"volume",
+       [] {
+         adaptive_avg_pool3d(f32({2, 0, 3, 3}), 1);
+       },
+       Kind::Shape, "[adaptive_avg_pool3d] input (2, 0, 3, 3) has an empty volume"},
+      {"volume",
+       [] {
+         adaptive_max_pool3d(f32({1, 2, 3, 3, 3}), Size3{1, 0, 1});
+       },
+       Kind::Value, "[adaptive_max_pool3d] output_size 1x0x1 must be positive"},
       {"sequence",
        [] {
          adaptive_avg_pool1d(f32({1, 2, 6}), 0);
@@ -996,7 +1062,7 @@ TEST_CASE("error rows: the right error type, and a message that starts with [op]
   CHECK(sited == sited_total);
   // At least three bad inputs per op family.
   for (const auto& [family, n] : per_family) CHECK_MESSAGE(n >= 3, family);
-  CHECK(per_family.size() == 18);
+  CHECK(per_family.size() == 19);
 }
 
 // ---- call sites (core/call_site.h) ------------------------------------------------------------

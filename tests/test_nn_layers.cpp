@@ -1042,6 +1042,61 @@ TEST_CASE("Conv1d's padding modes and padding same, and the 1-D poolings, as the
                  "[AvgPool2d] divisor_override must be positive (0: none), got -2"));
 }
 
+TEST_CASE("Conv3d and the 3-D poolings: names, padding modes and same, as their functions") {
+  manual_seed(41);
+  Tensor x = randn({2, 4, 5, 4, 6});
+  Conv3d conv(4, 6, {3, 2, 1}, {2, 1, 1}, {1, 0, 0}, true, 2, {1, 2, 1});
+  CHECK(conv.name() ==
+        "Conv3d(4, 6, kernel_size=(3, 2, 1), stride=(2, 1, 1), padding=(1, 0, 0), dilation=(1, 2, "
+        "1), groups=2)");
+  CHECK(conv.weight.sizes() == Shape{6, 2, 3, 2, 1});
+  CHECK(bitwise_equal(conv(x),
+                      conv3d(x, conv.weight, conv.bias, {2, 1, 1}, {1, 0, 0}, 2, {1, 2, 1})));
+  // padding_mode pads x (W, H, then D) in that mode first; "same" keeps the size.
+  Conv3d refl(4, 3, 3, 1, {1, 0, 2}, false, 1, 1, "reflect");
+  CHECK(bitwise_equal(refl(x), conv3d(pad(x, {2, 2, 0, 0, 1, 1}, "reflect"), refl.weight)));
+  Conv3d same(4, 3, {2, 3, 4}, 1, kSame);  // even kernels: the odd pad after
+  CHECK(same.name() == "Conv3d(4, 3, kernel_size=(2, 3, 4), stride=1, padding=same)");
+  CHECK(same(x).sizes() == Shape{2, 3, 5, 4, 6});
+  CHECK(bitwise_equal(same(x), conv3d(pad(x, {1, 2, 1, 1, 0, 1}), same.weight, same.bias)));
+  Conv3d circ(4, 2, 3, 1, kSame, true, 1, 1, "circular");
+  CHECK(bitwise_equal(circ(x[0]),
+                      conv3d(pad(x[0], {1, 1, 1, 1, 1, 1}, "circular"), circ.weight, circ.bias)));
+  CHECK(contains(error_of<ValueError>([] { Conv3d(4, 3, 3, 2, kSame); }),
+                 "[Conv3d] padding \"same\" needs stride 1, got 2"));
+  CHECK(contains(error_of<ValueError>([] { Conv3d(4, 3, 3, 1, 0, true, 3); }),
+                 "[Conv3d] in_channels (4) and out_channels (3) must be divisible by groups (3)"));
+  CHECK(contains(error_of<ValueError>([] { Conv3d(4, 3, 3, 1, 0, true, 1, 1, "edge"); }),
+                 "[Conv3d] padding_mode must be"));
+  CHECK(contains(error_of<ValueError>([] {
+                   Conv3d(4, 3, {3, 0, 3});
+                 }),
+                 "[Conv3d] channels, kernel_size, stride, dilation and groups must be positive"));
+  CHECK(contains(error_of<ShapeError>([&] { Conv3d(3, 2, 2)(x); }),
+                 "[Conv3d] input must be (N, 3, D, H, W) or unbatched (3, D, H, W)"));
+  // Each pooling argument reaches the function, in PyTorch's order.
+  CHECK(bitwise_equal(MaxPool3d({3, 2, 2}, {2, 1, 2}, {1, 1, 0}, {1, 1, 2}, true)(x),
+                      max_pool3d(x, {3, 2, 2}, {2, 1, 2}, {1, 1, 0}, {1, 1, 2}, true)));
+  CHECK(MaxPool3d(2, 0, {1, 0, 1}).name() ==
+        "MaxPool3d(kernel_size=2, stride=2, padding=(1, 0, 1))");
+  CHECK(
+      bitwise_equal(AvgPool3d(3, 2, 1, true, false, 4)(x), avg_pool3d(x, 3, 2, 1, true, false, 4)));
+  CHECK(AvgPool3d(Size3{1, 2, 2}).name() == "AvgPool3d(kernel_size=(1, 2, 2), stride=(1, 2, 2))");
+  CHECK(AvgPool3d(2)(x).sizes() == Shape{2, 4, 2, 2, 3});
+  CHECK(bitwise_equal(AdaptiveAvgPool3d({2, 3, 4})(x), adaptive_avg_pool3d(x, {2, 3, 4})));
+  CHECK(bitwise_equal(AdaptiveMaxPool3d(2)(x[1]), adaptive_max_pool3d(x[1], 2)));
+  CHECK(close(AdaptiveAvgPool3d(1)(x), mean(x, Dims{2, 3, 4}, true), 1e-6));
+  CHECK(close(AdaptiveMaxPool3d(1)(x), amax(x, Dims{2, 3, 4}, true), 0));
+  CHECK(contains(error_of<ValueError>([] { MaxPool3d(2, -1); }),
+                 "[MaxPool3d] kernel_size and dilation must be positive"));
+  CHECK(contains(error_of<ValueError>([] {
+                   AdaptiveAvgPool3d({1, 0, 1});
+                 }),
+                 "[AdaptiveAvgPool3d] output_size must be positive, got (1, 0, 1)"));
+  CHECK(contains(error_of<ValueError>([] { AvgPool3d(2, 0, 0, false, true, -2); }),
+                 "[AvgPool3d] divisor_override must be positive (0: none), got -2"));
+}
+
 TEST_CASE("activation layers, GroupNorm and RMSNorm: their functions, names and parameters") {
   manual_seed(41);
   Tensor x = randn({2, 6, 4});

@@ -646,6 +646,26 @@ def window_cases():
     case("interpolate_nearest_exact", lambda c: resample(c, "nearest-exact", size=(7, 3)))
     case("interpolate_area", lambda c: resample(c, "area", size=(3, 2)))
 
+    def conv3d_layer(c, stride, padding, groups, dilation, mode="zeros", batched=True):
+        m = c.load(nn.Conv3d(4, 6, (3, 2, 3), stride=stride, padding=padding, groups=groups,
+                             dilation=dilation, padding_mode=mode))
+        shape = (2, 4, 7, 6, 8) if batched else (4, 7, 6, 8)
+        c.out("out", m(c.randn("x", *shape)))
+
+    case("conv3d_groups_dilation", lambda c: conv3d_layer(c, (2, 1, 2), (1, 0, 2), 2, (1, 2, 1)))
+    case("conv3d_same_replicate",
+         lambda c: conv3d_layer(c, 1, "same", 1, (2, 1, 1), "replicate", batched=False))
+    case("conv3d_same_even_kernel", lambda c: c.out("out", F.conv3d(
+        c.randn("x", 1, 3, 5, 4, 6), c.randn("w", 2, 3, 2, 3, 4), c.randn("b", 2), padding="same")))
+    case("max_pool3d", lambda c: c.out("out", F.max_pool3d(
+        c.randn("x", 2, 3, 7, 6, 8), (3, 2, 3), (2, 1, 2), (1, 0, 1), (1, 2, 1), ceil_mode=True)))
+    case("avg_pool3d_exclude_pad", lambda c: c.out("out", F.avg_pool3d(
+        c.randn("x", 3, 7, 6, 5), 3, 2, 1, ceil_mode=True, count_include_pad=False)))
+    case("avg_pool3d_divisor", lambda c: c.out("out", F.avg_pool3d(
+        c.randn("x", 1, 2, 5, 6, 7), (2, 3, 3), 2, 1, divisor_override=5)))
+    case("adaptive_pool3d", lambda c: adaptive(c, (1, 2, 5, 7, 9), (2, 3, 4),
+                                               F.adaptive_avg_pool3d, F.adaptive_max_pool3d))
+
 
 # ---- activations, normalizations and losses ----
 
