@@ -116,6 +116,78 @@ Tensor Conv3d::forward(const Tensor& input) {
   });
 }
 
+// ---- ConvTranspose3d ----
+
+ConvTranspose3d::ConvTranspose3d(int64_t in, int64_t out, Size3 kernel, Size3 stride_,
+                                 Size3 padding_, Size3 output_padding_, int64_t groups_,
+                                 bool with_bias, Size3 dilation_)
+    : Module(fmt::format(
+          "ConvTranspose3d({}, {}, kernel_size={}, stride={}, padding={}{}{}{}{})", in, out,
+          size3_str(kernel), size3_str(stride_), size3_str(padding_),
+          output_padding_ != Size3(0) ? ", output_padding=" + size3_str(output_padding_) : "",
+          groups_ != 1 ? fmt::format(", groups={}", groups_) : "",
+          dilation_ != Size3(1) ? ", dilation=" + size3_str(dilation_) : "", bias_note(with_bias))),
+      in_channels(in),
+      out_channels(out),
+      kernel_size(kernel),
+      stride(stride_),
+      padding(padding_),
+      output_padding(output_padding_),
+      groups(groups_),
+      dilation(dilation_) {
+  DUET_CHECK_VALUE(in > 0 && out > 0 && positive(kernel) && positive(stride_) &&
+                       non_negative(padding_) && groups_ > 0 && positive(dilation_),
+                   "[ConvTranspose3d] channels, kernel_size, stride, dilation and groups must be "
+                   "positive and padding non-negative, got {}",
+                   name());
+  DUET_CHECK_VALUE(in % groups_ == 0 && out % groups_ == 0,
+                   "[ConvTranspose3d] in_channels ({}) and out_channels ({}) must be divisible by "
+                   "groups ({})",
+                   in, out, groups_);
+  const Size3 op = output_padding_;
+  DUET_CHECK_VALUE(non_negative(op) && (op.d < stride_.d || op.d < dilation_.d) &&
+                       (op.h < stride_.h || op.h < dilation_.h) &&
+                       (op.w < stride_.w || op.w < dilation_.w),
+                   "[ConvTranspose3d] output_padding must be non-negative and below the stride or "
+                   "the dilation, got {}",
+                   name());
+  weight = register_parameter(
+      "weight", layer_params::zeros_param({in, out / groups_, kernel.d, kernel.h, kernel.w}));
+  if (with_bias) bias = register_parameter("bias", layer_params::zeros_param({out}));
+  reset_parameters();
+}
+
+void ConvTranspose3d::reset_parameters() { layer_params::default_init(weight, bias); }
+
+Tensor ConvTranspose3d::forward(const Tensor& x) {
+  return conv_transpose3d(x, weight, bias, stride, padding, output_padding, groups, dilation);
+}
+
+// PyTorch's _output_padding: the output padding that gives output_size, where one does.
+Tensor ConvTranspose3d::forward(const Tensor& x, Size3 output_size) {
+  DUET_CHECK_SHAPE(x.defined() && (x.dim() == 5 || x.dim() == 4),
+                   "[ConvTranspose3d] input must be (N, {}, D, H, W) or unbatched ({}, D, H, W) "
+                   "for an output size, got {}",
+                   in_channels, in_channels, x.defined() ? x.sizes() : Shape{});
+  const int64_t first = x.dim() - 3;
+  auto extra = [&](int64_t in, int64_t want, int64_t k, int64_t s, int64_t p, int64_t d,
+                   const char* dim) {
+    const int64_t least = (in - 1) * s - 2 * p + d * (k - 1) + 1;
+    DUET_CHECK_VALUE(want >= least && want <= least + s - 1,
+                     "[ConvTranspose3d] output size {}: its {} {} is not between {} and {} (for "
+                     "the input {})",
+                     size3_str(output_size), dim, want, least, least + s - 1, x.sizes());
+    return want - least;
+  };
+  const Size3 op{
+      extra(x.size(first), output_size.d, kernel_size.d, stride.d, padding.d, dilation.d, "depth"),
+      extra(x.size(first + 1), output_size.h, kernel_size.h, stride.h, padding.h, dilation.h,
+            "height"),
+      extra(x.size(first + 2), output_size.w, kernel_size.w, stride.w, padding.w, dilation.w,
+            "width")};
+  return conv_transpose3d(x, weight, bias, stride, padding, op, groups, dilation);
+}
+
 // ---- Pooling ----
 
 MaxPool3d::MaxPool3d(Size3 kernel, Size3 stride_, Size3 padding_, Size3 dilation_, bool ceil)

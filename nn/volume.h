@@ -1,6 +1,6 @@
-// duet: the 3-D layers (torch.nn's Conv3d and 3-D poolings), over volumes x (N, C, D, H, W) or
-// unbatched (C, D, H, W): each forward one op of core/ops/volume.cpp (Note [Volumes as planes]
-// there). Sizes are Size3s: one int for all three dims, or {d, h, w}.
+// duet: the 3-D layers (torch.nn's Conv3d, ConvTranspose3d and 3-D poolings), over volumes x (N, C,
+// D, H, W) or unbatched (C, D, H, W): each forward one op of core/ops/volume.cpp (Note [Volumes as
+// planes] there). Sizes are Size3s: one int for all three dims, or {d, h, w}.
 #pragma once
 
 #include <string>
@@ -37,6 +37,28 @@ class Conv3d : public Module {
  private:
   Conv3d(int64_t in_channels, int64_t out_channels, Size3 kernel_size, Size3 stride, Size3 padding,
          bool bias, int64_t groups, Size3 dilation, std::string padding_mode, bool same);
+};
+
+/// 3-D transposed convolution, as torch.nn.ConvTranspose3d (same argument order; no
+/// padding_mode): x (N, in, D, H, W) -> (N, out, (D - 1) sd - 2 pd + dd (kd - 1) + opd + 1, ...).
+/// weight (in, out / groups, kd, kh, kw) and bias (out) start as PyTorch's: U(-1/sqrt(fan_in), ..),
+/// fan_in = out / groups * kd * kh * kw.
+class ConvTranspose3d : public Module {
+ public:
+  ConvTranspose3d(int64_t in_channels, int64_t out_channels, Size3 kernel_size, Size3 stride = 1,
+                  Size3 padding = 0, Size3 output_padding = 0, int64_t groups = 1, bool bias = true,
+                  Size3 dilation = 1);
+  Tensor forward(const Tensor& x) override;
+  /// The output (od, oh, ow) rather than the output_padding, as PyTorch's forward(x, output_size):
+  /// each between the size of no output padding and that plus stride - 1.
+  Tensor forward(const Tensor& x, Size3 output_size);
+  void reset_parameters();
+
+  int64_t in_channels, out_channels;
+  Size3 kernel_size, stride, padding, output_padding;
+  int64_t groups = 1;
+  Size3 dilation = 1;
+  Tensor weight, bias;  ///< bias is undefined when constructed with bias = false
 };
 
 /// The max over kd x kh x kw windows, as torch.nn.MaxPool3d (max_pool3d); a stride of 0 is the

@@ -1,7 +1,7 @@
-// Rows of the 3-D window ops (core/ops/volume.cpp): conv3d, max_pool3d, avg_pool3d and the
-// adaptive poolings, over (N, C, D, H, W) and unbatched (C, D, H, W) volumes, with direct
-// references on plain doubles that read each 3-D window whole (not as the planes and a depth
-// window the ops are composed of), so that they check that composition.
+// Rows of the 3-D window ops (core/ops/volume.cpp): conv3d, conv_transpose3d, max_pool3d,
+// avg_pool3d and the adaptive poolings, over (N, C, D, H, W) and unbatched (C, D, H, W) volumes,
+// with direct references on plain doubles that read each 3-D window whole (not as the planes and a
+// depth window the ops are composed of), so that they check that composition.
 #include <algorithm>
 #include <cmath>
 
@@ -83,6 +83,69 @@ std::vector<double> ref_conv3d(const std::vector<double>& x, const std::vector<d
             out.push_back(acc);
           }
   return out;
+}
+
+// y = b + each input voxel spread through its filters: input voxel (i, j, l) of channel c reaches
+// output (i s - p + t d, ...) of the filters of c's group, the padding cropped, the output
+// padding (after the last window) zero.
+std::vector<double> ref_conv_transpose3d(const std::vector<double>& x, const std::vector<double>& w,
+                                         const std::vector<double>* b, const Geom3& g, int64_t o_ch,
+                                         int64_t groups) {
+  const int64_t cg = g.c / groups, og = o_ch / groups;
+  const size_t plane = static_cast<size_t>(g.out[0] * g.out[1] * g.out[2]);
+  std::vector<double> out(static_cast<size_t>(g.n * o_ch) * plane, 0.0);
+  for (int64_t n = 0; n < g.n; ++n)
+    for (int64_t c = 0; c < g.c; ++c)
+      for (int64_t i = 0; i < g.in[0]; ++i)
+        for (int64_t j = 0; j < g.in[1]; ++j)
+          for (int64_t l = 0; l < g.in[2]; ++l) {
+            const double v = *voxel(x, g, n, c, i, j, l);
+            for (int64_t q = 0; q < og; ++q) {
+              const int64_t o = c / cg * og + q;
+              for (int64_t t0 = 0; t0 < g.k[0]; ++t0)
+                for (int64_t t1 = 0; t1 < g.k[1]; ++t1)
+                  for (int64_t t2 = 0; t2 < g.k[2]; ++t2) {
+                    const int64_t a = g.at(0, i, t0), e = g.at(1, j, t1), f = g.at(2, l, t2);
+                    if (a < 0 || a >= g.out[0] || e < 0 || e >= g.out[1] || f < 0 || f >= g.out[2])
+                      continue;
+                    out[static_cast<size_t>(n * o_ch + o) * plane +
+                        static_cast<size_t>((a * g.out[1] + e) * g.out[2] + f)] +=
+                        v * w[static_cast<size_t>(
+                                (((c * og + q) * g.k[0] + t0) * g.k[1] + t1) * g.k[2] + t2)];
+                  }
+            }
+          }
+  if (b)
+    for (size_t k = 0; k < out.size(); ++k) out[k] += (*b)[(k / plane) % static_cast<size_t>(o_ch)];
+  return out;
+}
+
+OpRow conv_transpose3d_row(Shape xs, Shape ws, bool bias, Size3 s, Size3 p, Size3 op,
+                           int64_t groups = 1, Size3 d = 1) {
+  Geom3 g = geom3(xs, {ws[2], ws[3], ws[4]}, s, p, d);
+  const int64_t ops[3] = {op.d, op.h, op.w};
+  for (int i = 0; i < 3; ++i)
+    g.out[i] = (g.in[i] - 1) * g.s[i] - 2 * g.p[i] + g.d[i] * (g.k[i] - 1) + ops[i] + 1;
+  const int64_t o = ws[1] * groups;
+  std::vector<Shape> shapes = {xs, ws};
+  if (bias) shapes.push_back({o});
+  OpRow r{fmt::format("conv_transpose3d x {} w {}{} s {} p {} op {}{}{}", xs.str(), ws.str(),
+                      bias ? " bias" : "", str3(s), str3(p), str3(op),
+                      groups > 1 ? fmt::format(" groups {}", groups) : "",
+                      d == Size3(1) ? "" : " d " + str3(d)),
+          OpId::Fold,
+          true,
+          shapes,
+          [=](const Ins& in) {
+            return conv_transpose3d(in[0], in[1], bias ? in[2] : Tensor(), s, p, op, groups, d);
+          },
+          [=](const Values& v) {
+            return ref_conv_transpose3d(v[0], v[1], bias ? &v[2] : nullptr, g, o, groups);
+          },
+          out_shape(xs, o, g)};
+  r.dtypes = {DType::f32, DType::f64};
+  r.tol32 = 1e-4;
+  return r;
 }
 
 struct Pool3 {
@@ -246,6 +309,13 @@ std::vector<OpRow> volume_rows() {
       conv3d_same_row({1, 1, 3, 2, 4}, {1, 1, 3, 1, 3}, 1),  // even pads: conv3d's own
       conv3d_same_row({1, 1, 4, 3, 2}, {2, 1, 3, 2, 1}, 1),  // odd: x padded first
       conv3d_same_row({1, 1, 4, 2, 3}, {1, 1, 2, 1, 2}, {2, 1, 2}),
+      conv_transpose3d_row({1, 2, 2, 2, 3}, {2, 1, 2, 2, 2}, true, 1, 0, 0),
+      conv_transpose3d_row({1, 1, 2, 3, 2}, {1, 2, 2, 2, 2}, false, {2, 1, 2}, {1, 0, 0},
+                           {1, 0, 1}),
+      conv_transpose3d_row({1, 2, 2, 2, 2}, {2, 1, 2, 2, 1}, true, 1, {0, 1, 0}, 0, 2),
+      // An output padding at the stride (below the dilation): a depth no input reaches.
+      conv_transpose3d_row({1, 1, 3, 2, 2}, {1, 1, 2, 2, 1}, false, 1, 0, {1, 0, 0}, 1, {2, 1, 1}),
+      conv_transpose3d_row({2, 2, 2, 3}, {2, 1, 1, 2, 2}, true, {1, 2, 1}, 0, {0, 1, 0}),
       pool3d_row(max3, {1, 1, 3, 2, 4}, 2, 0),
       pool3d_row(max3, {1, 2, 3, 2, 2}, {2, 1, 2}, {1, 1, 2}, {1, 0, 1}),
       pool3d_row(max3_ceil, {1, 1, 4, 3, 2}, {2, 2, 1}, {2, 2, 1}, {1, 1, 0}),

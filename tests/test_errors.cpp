@@ -739,6 +739,24 @@ const std::vector<ErrorRow>& error_rows() {
        Kind::Value, "[conv3d] padding \"same\" needs stride 1, got 2"},
       {"volume",
        [] {
+         conv_transpose3d(f32({1, 4, 3, 3, 3}), f32({3, 2, 2, 2, 2}));
+       },
+       Kind::Shape, "[conv_transpose3d] input has 4 channels but the weight (3, 2, 2, 2, 2) expects 3"},
+      {"volume",
+       [] {
+         conv_transpose3d(f32({1, 4, 3, 3, 3}), f32({4, 2, 2, 2, 2}), {}, 2, 0, {1, 2, 1});
+       },
+       Kind::Value,
+       "[conv_transpose3d] output padding 1x2x1 must be below the stride 2 or the dilation 1"},
+      {"volume",
+       [] {
+         conv_transpose3d(f32({1, 2, 1, 3, 3}), f32({2, 2, 1, 2, 2}), {}, 1, {1, 0, 0});
+       },
+       Kind::Shape,
+       "[conv_transpose3d] input (1, 2, 1, 3, 3) with kernel 1x2x2, stride 1 and padding 1x0x0 "
+       "gives an empty depth -1"},
+      {"volume",
+       [] {
          max_pool3d(f32({2, 3, 4, 5, 6, 7}), 2);
        },
        Kind::Shape,

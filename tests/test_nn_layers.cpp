@@ -1074,6 +1074,25 @@ TEST_CASE("Conv3d and the 3-D poolings: names, padding modes and same, as their 
                  "[Conv3d] channels, kernel_size, stride, dilation and groups must be positive"));
   CHECK(contains(error_of<ShapeError>([&] { Conv3d(3, 2, 2)(x); }),
                  "[Conv3d] input must be (N, 3, D, H, W) or unbatched (3, D, H, W)"));
+  // ConvTranspose3d: PyTorch's weight layout and argument order; an output size picks the
+  // output padding.
+  ConvTranspose3d up(4, 2, {2, 3, 2}, 2, {0, 1, 0}, {1, 0, 0}, 2, true, 1);
+  CHECK(up.name() ==
+        "ConvTranspose3d(4, 2, kernel_size=(2, 3, 2), stride=2, padding=(0, 1, 0), "
+        "output_padding=(1, 0, 0), groups=2)");
+  CHECK(up.weight.sizes() == Shape{4, 1, 2, 3, 2});
+  CHECK(bitwise_equal(up(x), conv_transpose3d(x, up.weight, up.bias, 2, {0, 1, 0}, {1, 0, 0}, 2)));
+  CHECK(up(x).sizes() == Shape{2, 2, 11, 7, 12});
+  CHECK(bitwise_equal(up.forward(x, {10, 8, 13}),
+                      conv_transpose3d(x, up.weight, up.bias, 2, {0, 1, 0}, {0, 1, 1}, 2)));
+  CHECK(
+      contains(error_of<ValueError>([&] {
+                 up.forward(x, {12, 7, 12});
+               }),
+               "[ConvTranspose3d] output size (12, 7, 12): its depth 12 is not between 10 and 11"));
+  CHECK(contains(error_of<ValueError>([] { ConvTranspose3d(4, 2, 3, 1, 0, 1); }),
+                 "[ConvTranspose3d] output_padding must be non-negative and below the stride or "
+                 "the dilation"));
   // Each pooling argument reaches the function, in PyTorch's order.
   CHECK(bitwise_equal(MaxPool3d({3, 2, 2}, {2, 1, 2}, {1, 1, 0}, {1, 1, 2}, true)(x),
                       max_pool3d(x, {3, 2, 2}, {2, 1, 2}, {1, 1, 0}, {1, 1, 2}, true)));

@@ -635,6 +635,16 @@ Cases window_cases() {
     r.out("avg", adaptive_avg_pool3d(r.in("x"), {2, 3, 4}));
     r.out("max", adaptive_max_pool3d(r.in("x"), {2, 3, 4}));
   });
+  c.emplace_back("conv_transpose3d", [](Ref& r) {
+    ConvTranspose3d m(4, 6, {2, 3, 2}, {2, 1, 2}, {1, 1, 0}, {1, 0, 1}, 2, true, {1, 2, 1});
+    r.load(m);
+    r.out("out", m(r.in("x")));
+  });
+  c.emplace_back("conv_transpose3d_output_size", [](Ref& r) {
+    ConvTranspose3d m(3, 2, 3, {2, 1, 3}, {1, 0, 1});
+    r.load(m);
+    r.out("out", m.forward(r.in("x"), {6, 6, 8}));
+  });
   return c;
 }
 

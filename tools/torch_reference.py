@@ -666,6 +666,19 @@ def window_cases():
     case("adaptive_pool3d", lambda c: adaptive(c, (1, 2, 5, 7, 9), (2, 3, 4),
                                                F.adaptive_avg_pool3d, F.adaptive_max_pool3d))
 
+    def conv_transpose3d(c):
+        m = c.load(nn.ConvTranspose3d(4, 6, (2, 3, 2), (2, 1, 2), (1, 1, 0), (1, 0, 1), groups=2,
+                                      dilation=(1, 2, 1)))
+        c.out("out", m(c.randn("x", 2, 4, 3, 4, 3)))
+
+    case("conv_transpose3d", conv_transpose3d)
+
+    def conv_transpose3d_size(c):
+        m = c.load(nn.ConvTranspose3d(3, 2, 3, (2, 1, 3), (1, 0, 1)))
+        c.out("out", m(c.randn("x", 3, 3, 4, 3), output_size=(6, 6, 8)))
+
+    case("conv_transpose3d_output_size", conv_transpose3d_size)
+
 
 # ---- activations, normalizations and losses ----
 

@@ -1,6 +1,7 @@
 // The 3-D window ops over volumes (N, C, D, H, W), or unbatched (C, D, H, W), as PyTorch's
-// conv3d, max_pool3d, avg_pool3d and the adaptive poolings: each composed of its 2-D op over the
-// (H, W) planes and a window along D (Note [Volumes as planes]).
+// conv3d, conv_transpose3d, max_pool3d, avg_pool3d and the adaptive poolings: each composed of
+// its 2-D op over the (H, W) planes and a window along D (Note [Volumes as planes], Note
+// [Transposed volumes]).
 #include <string>
 
 #include "core/op_errors.h"
@@ -73,6 +74,9 @@ void check_window3(const char* op, const Tensor& v, Size3 k, Size3 s, Size3 p, S
         str3(Size3{v.size(2) + 2 * p.d, v.size(3) + 2 * p.h, v.size(4) + 2 * p.w}), v.sizes());
   }
 }
+
+bool positive3(Size3 s) { return s.d > 0 && s.h > 0 && s.w > 0; }
+bool non_negative3(Size3 s) { return s.d >= 0 && s.h >= 0 && s.w >= 0; }
 
 // A stride of 0 along a dim is the kernel's there.
 Size3 pool_stride3(Size3 k, Size3 s) { return {s.d ? s.d : k.d, s.h ? s.h : k.h, s.w ? s.w : k.w}; }
@@ -168,6 +172,94 @@ Tensor conv3d(const Tensor& x, const Tensor& w, const Tensor& b, Size3 stride, S
     const Tensor padded =
         pad(v, {t[2] / 2, t[2] - t[2] / 2, t[1] / 2, t[1] - t[1] / 2, t[0] / 2, t[0] - t[0] / 2});
     return from_volume(conv3d(padded, w, b, 1, 0, groups, dilation), x);
+  });
+}
+
+// Note [Transposed volumes]
+// conv_transpose3d spreads each voxel through the kernel, as conv_transpose2d does a pixel. Its
+// (H, W) part is one conv_transpose2d over every depth's plane at once, with the kd depth taps
+// folded into the output channels (the weight (C_in, C_out / g, kd, kh, kw) read as (C_in,
+// C_out / g kd, kh, kw): output channel o kd + k, and the groups line up as in conv3d). The taps
+// are then laid along D by fold, the adjoint of conv3d's depth gather: tap k of input depth i
+// lands at depth i sd + k dd - pd, overlaps summed, what falls in the padding dropped, and the
+// output padding (after the last window) left zero.
+Tensor conv_transpose3d(const Tensor& x, const Tensor& w, const Tensor& b, Size3 stride,
+                        Size3 padding, Size3 output_padding, int64_t groups, Size3 dilation,
+                        std::source_location loc) {
+  detail::SiteGuard site(loc);
+  return detail::as_op("conv_transpose3d", [&]() -> Tensor {
+    const char* op = "conv_transpose3d";
+    const Tensor v = as_volume(op, x);
+    DUET_CHECK_VALUE(w.defined(), "[{}] the weight is an undefined tensor", op);
+    DUET_CHECK_SHAPE(w.dim() == 5, "[{}] weight must be (in, out / groups, kd, kh, kw), got {}", op,
+                     w.sizes());
+    DUET_CHECK_VALUE(groups >= 1, "[{}] groups must be positive, got {}", op, groups);
+    DUET_CHECK_SHAPE(v.size(1) == w.size(0),
+                     "[{}] input has {} channels but the weight {} expects {}", op, v.size(1),
+                     w.sizes(), w.size(0));
+    DUET_CHECK_SHAPE(w.size(0) % groups == 0,
+                     "[{}] the weight {} has {} input channels, which {} groups do not divide", op,
+                     w.sizes(), w.size(0), groups);
+    DUET_CHECK_DTYPE(v.dtype() == w.dtype(), "[{}] input ({}) and weight ({}) must share a dtype",
+                     op, v.dtype(), w.dtype());
+    const Size3 opad = output_padding;
+    DUET_CHECK_VALUE(
+        positive3(stride) && positive3(dilation) && non_negative3(padding) && non_negative3(opad),
+        "[{}] stride {} and dilation {} must be positive, padding {} and output "
+        "padding {} non-negative",
+        op, str3(stride), str3(dilation), str3(padding), str3(opad));
+    DUET_CHECK_VALUE((opad.d < stride.d || opad.d < dilation.d) &&
+                         (opad.h < stride.h || opad.h < dilation.h) &&
+                         (opad.w < stride.w || opad.w < dilation.w),
+                     "[{}] output padding {} must be below the stride {} or the dilation {}", op,
+                     str3(opad), str3(stride), str3(dilation));
+    DUET_CHECK_SHAPE(v.size(2) > 0 && v.size(3) > 0 && v.size(4) > 0,
+                     "[{}] input {} has an empty volume", op, x.sizes());
+    const int64_t kd = w.size(2), depth = v.size(2);
+    // The output depth, (D - 1) sd + dd (kd - 1) + 1 - 2 pd + opd.
+    int64_t a = 0, c = 0, full = 0, p2 = 0, dout = 0;
+    const bool fits =
+        !__builtin_mul_overflow(depth - 1, stride.d, &a) &&
+        !__builtin_mul_overflow(dilation.d, kd - 1, &c) && !__builtin_add_overflow(a, c, &full) &&
+        !__builtin_add_overflow(full, 1 + opad.d, &full) &&
+        !__builtin_mul_overflow(padding.d, 2, &p2) && !__builtin_sub_overflow(full, p2, &dout);
+    DUET_CHECK_VALUE(fits, "[{}] input {} with kernel depth {}: the output size overflows int64",
+                     op, x.sizes(), kd);
+    DUET_CHECK_SHAPE(dout > 0,
+                     "[{}] input {} with kernel {}, stride {} and padding {} gives an empty "
+                     "depth {}",
+                     op, x.sizes(), str3(Size3{kd, w.size(3), w.size(4)}), str3(stride),
+                     str3(padding), dout);
+    const SymDims s = detail::sym_dims(v);
+    const Tensor planes =
+        detail::reshape_dims(permute(v, {0, 2, 1, 3, 4}), {s[0] * s[2], s[1], s[3], s[4]});
+    const Tensor filters = reshape(w, {w.size(0), w.size(1) * kd, w.size(3), w.size(4)});
+    const Tensor r = conv_transpose2d(planes, filters, {}, Size2{stride.h, stride.w},
+                                      Size2{padding.h, padding.w}, Size2{opad.h, opad.w}, groups,
+                                      Size2{dilation.h, dilation.w});
+    const int64_t o = w.size(1) * groups, ho = r.size(2), wo = r.size(3);
+    // The columns fold reads: (N, C_out Ho Wo kd, D), a row per (channel, pixel, tap).
+    Tensor cols = detail::reshape_dims(
+        permute(
+            detail::reshape_dims(r, {s[0], s[2], SymInt(o), SymInt(kd), SymInt(ho), SymInt(wo)}),
+            {0, 2, 4, 5, 3, 1}),
+        {s[0], SymInt(o * ho * wo * kd), s[2]});
+    // An output padding of a stride or more (below the dilation) adds window positions that no
+    // input depth fills.
+    const int64_t positions = (dout + 2 * padding.d - c - 1) / stride.d + 1;
+    if (positions > depth) cols = pad(cols, {0, positions - depth});
+    const Tensor y = fold(cols, 1, dout, Size2{1, kd}, Size2{1, stride.d}, Size2{0, padding.d},
+                          Size2{1, dilation.d});
+    Tensor vol =
+        permute(detail::reshape_dims(y, {s[0], SymInt(o), SymInt(ho), SymInt(wo), SymInt(dout)}),
+                {0, 1, 4, 2, 3})
+            .contiguous();
+    if (b.defined()) {
+      DUET_CHECK_SHAPE(b.dim() == 1 && b.size(0) == o, "[{}] bias must be ({}), got {}", op, o,
+                       b.sizes());
+      vol = vol + reshape(b, {1, o, 1, 1, 1});
+    }
+    return from_volume(vol, x);
   });
 }
 
