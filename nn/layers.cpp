@@ -376,14 +376,15 @@ Tensor AdaptiveMaxPool1d::forward(const Tensor& x) { return adaptive_max_pool1d(
 
 namespace {
 void check_upsample_mode(const std::string& mode, bool align) {
-  DUET_CHECK_VALUE(mode == "nearest" || mode == "nearest-exact" || mode == "bilinear" ||
-                       mode == "bicubic" || mode == "area",
-                   "[Upsample] mode must be \"nearest\", \"nearest-exact\", \"bilinear\", "
-                   "\"bicubic\" or \"area\", got \"{}\"",
+  const bool interpolating =
+      mode == "linear" || mode == "bilinear" || mode == "bicubic" || mode == "trilinear";
+  DUET_CHECK_VALUE(interpolating || mode == "nearest" || mode == "nearest-exact" || mode == "area",
+                   "[Upsample] mode must be \"nearest\", \"nearest-exact\", \"linear\", "
+                   "\"bilinear\", \"bicubic\", \"trilinear\" or \"area\", got \"{}\"",
                    mode);
-  DUET_CHECK_VALUE(!align || mode == "bilinear" || mode == "bicubic",
-                   "[Upsample] align_corners is for modes \"bilinear\" and \"bicubic\", not "
-                   "\"{}\"",
+  DUET_CHECK_VALUE(!align || interpolating,
+                   "[Upsample] align_corners is for modes \"linear\", \"bilinear\", \"bicubic\" "
+                   "and \"trilinear\", not \"{}\"",
                    mode);
 }
 }  // namespace
@@ -646,10 +647,14 @@ std::pair<Tensor, Tensor> MultiheadAttention::attend(const Tensor& query, const 
                          duet::detail::size_is(kpm, 1, s, op),
                      "[{}] key_padding_mask must be (N, S) = {}, got {}", op,
                      duet::detail::dims_str({n, s}), kpm.sizes());
-    DUET_CHECK_VALUE(!is_causal,
-                     "[{}] is_causal cannot be combined with a key_padding_mask: pass the causal "
-                     "mask as attn_mask",
-                     op);
+    // With is_causal, the causal mask (key j <= query i, from the top left, as the fused path's)
+    // joins the keys' instead (PyTorch's is_causal with both masks given).
+    if (is_causal) {
+      const Options io = Options().dtype(DType::i64).device(query.device());
+      mask = ge(unsqueeze(duet::detail::arange_dims(l, io), 1),
+                unsqueeze(duet::detail::arange_dims(s, io), 0));
+      is_causal = false;
+    }
     Tensor keys = duet::detail::reshape_dims(kpm.dtype() == DType::b8 ? eq(kpm, 0) : kpm,
                                              {n, SymInt(1), SymInt(1), s});
     if (!mask.defined())

@@ -187,10 +187,11 @@ class AdaptiveMaxPool1d : public Module {
   int64_t output_size;
 };
 
-/// x (N, C, H, W) resampled, as torch.nn.Upsample: by scale_factor (upsample()), or to an output
-/// size (interpolate(); a Size2, so Upsample(2) is a scale factor and Upsample(Size2(8)) or
-/// Upsample({8, 6}) a size), in mode "nearest", "nearest-exact", "bilinear", "bicubic" or "area"
-/// (align_corners for bilinear and bicubic only).
+/// x resampled, as torch.nn.Upsample: by scale_factor (upsample(): x (N, C, L), (N, C, H, W) or
+/// (N, C, D, H, W)), or to an output size of an image (interpolate(); a Size2, so Upsample(2) is
+/// a scale factor and Upsample(Size2(8)) or Upsample({8, 6}) a size), in mode "nearest",
+/// "nearest-exact", "linear" (sequences), "bilinear" or "bicubic" (images), "trilinear"
+/// (volumes) or "area" (align_corners for the interpolating modes only).
 class Upsample : public Module {
  public:
   explicit Upsample(double scale_factor, std::string mode = "nearest", bool align_corners = false);
@@ -331,8 +332,8 @@ class Softplus : public Module {
 /// attn_mask follows torch.nn.MultiheadAttention, not scaled_dot_product_attention: a b8 mask is
 /// true where attending is *not* allowed, a floating mask is added; its shape is (L, S) or
 /// (N * num_heads, L, S). is_causal applies the causal mask itself (PyTorch takes it only as a
-/// hint beside an explicit mask); it cannot be combined with attn_mask. No dropout, no
-/// key_padding_mask, kdim = vdim = E.
+/// hint beside an explicit mask); it cannot be combined with attn_mask, but joins a
+/// key_padding_mask. kdim = vdim = E.
 class MultiheadAttention : public Module {
  public:
   /// dropout: the probability of dropping an attention weight in training mode (PyTorch's).

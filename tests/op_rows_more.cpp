@@ -490,6 +490,10 @@ OpRow nll_row(Shape ls, Vec target, Shape ts, std::string reduction, int64_t ign
       },
       out);
   if (weighted) r.domains = {Domain{}, Domain{0.1, 2}};
+  // Weighted, each term is a product rounded to the low dtype, and terms of both signs cancel in
+  // the sum: its error scales with the terms (up to 4 here), not with the result (a draw of
+  // f16 inputs summed to 0.53 with an error of 1.8e-3).
+  if (weighted) r.low_rtol_scale = 4;
   return r;
 }
 

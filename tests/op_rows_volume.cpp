@@ -1,9 +1,11 @@
 // Rows of the 3-D window ops (core/ops/volume.cpp): conv3d, conv_transpose3d, max_pool3d,
-// avg_pool3d and the adaptive poolings, over (N, C, D, H, W) and unbatched (C, D, H, W) volumes,
+// avg_pool3d and the adaptive poolings, and of interpolate and upsample over sequences and
+// volumes, over (N, C, D, H, W) and unbatched (C, D, H, W) volumes,
 // with direct references on plain doubles that read each 3-D window whole (not as the planes and a
 // depth window the ops are composed of), so that they check that composition.
 #include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "op_rows.h"
 
@@ -291,6 +293,103 @@ OpRow adaptive3d_row(bool is_max, Shape xs, Size3 o) {
   return r;
 }
 
+// F.interpolate of 1-D sequences and 3-D volumes, directly: each output element the sum over
+// its source taps along every dim of the product of their weights times x there (nearest: one
+// tap, floor(i * in / out) in float; linear: the two neighbours of (i + 0.5) in / out - 0.5
+// clamped at 0, or of i (in - 1) / (out - 1) with align_corners). `scale`: the scale factor
+// given (its inverse maps the coordinates), or 0 for a size.
+struct Resample3 {
+  std::string mode;
+  bool align;
+  double scale;
+};
+std::vector<double> ref_resample_nd(const Resample3& q, const std::vector<double>& x,
+                                    const Shape& xs, const std::vector<int64_t>& out) {
+  const size_t spatial = out.size();
+  // Per dim, per output position: the (source, weight) taps.
+  std::vector<std::vector<std::vector<std::pair<int64_t, double>>>> taps(spatial);
+  for (size_t d = 0; d < spatial; ++d) {
+    const int64_t in = xs[2 + d];
+    for (int64_t i = 0; i < out[d]; ++i) {
+      std::vector<std::pair<int64_t, double>> t;
+      if (q.mode == "nearest") {
+        const float s = q.scale > 0 ? static_cast<float>(1 / q.scale) : float(in) / float(out[d]);
+        t.push_back({std::min(static_cast<int64_t>(std::floor(float(i) * s)), in - 1), 1.0});
+      } else {
+        double src;
+        if (q.align)
+          src = out[d] > 1 ? double(i) * double(in - 1) / double(out[d] - 1) : 0.0;
+        else
+          src = std::max(
+              (double(i) + 0.5) * (q.scale > 0 ? 1 / q.scale : double(in) / double(out[d])) - 0.5,
+              0.0);
+        const auto r0 = static_cast<int64_t>(src);
+        const int64_t r1 = std::min(r0 + 1, in - 1);
+        t.push_back({r0, 1 - (src - double(r0))});
+        t.push_back({r1, src - double(r0)});
+      }
+      taps[d].push_back(t);
+    }
+  }
+  int64_t planes = xs[0] * xs[1], in_plane = 1, out_plane = 1;
+  for (size_t d = 0; d < spatial; ++d) in_plane *= xs[2 + d], out_plane *= out[d];
+  std::vector<double> y;
+  for (int64_t p = 0; p < planes; ++p)
+    for (int64_t o = 0; o < out_plane; ++o) {
+      // The output position's index along each dim.
+      std::vector<int64_t> at(spatial);
+      for (int64_t rest = o, d = int64_t(spatial) - 1; d >= 0; --d) {
+        at[size_t(d)] = rest % out[size_t(d)];
+        rest /= out[size_t(d)];
+      }
+      // The sum over every combination of taps (one per dim).
+      double acc = 0;
+      std::vector<size_t> pick(spatial, 0);
+      while (true) {
+        double w = 1;
+        int64_t src = 0;
+        for (size_t d = 0; d < spatial; ++d) {
+          const auto& [row, weight] = taps[d][size_t(at[d])][pick[d]];
+          w *= weight;
+          src = src * xs[2 + d] + row;
+        }
+        acc += w * x[size_t(p * in_plane + src)];
+        size_t d = spatial;
+        while (d > 0 && ++pick[d - 1] == taps[d - 1][size_t(at[d - 1])].size()) pick[--d] = 0;
+        if (d == 0) break;
+      }
+      y.push_back(acc);
+    }
+  return y;
+}
+
+OpRow resample_nd_row(Resample3 q, Shape xs, std::vector<int64_t> size) {
+  std::vector<int64_t> out = size;
+  if (q.scale > 0) out.resize(xs.size() - 2);
+  if (q.scale > 0)
+    for (size_t d = 0; d < out.size(); ++d)
+      out[d] = static_cast<int64_t>(std::floor(double(xs[2 + d]) * q.scale));
+  Shape os{xs[0], xs[1]};
+  for (int64_t o : out) os.push_back(o);
+  OpRow r{q.scale > 0 ? fmt::format("upsample {} {} by {}{}", q.mode, xs.str(), q.scale,
+                                    q.align ? " align_corners" : "")
+                      : fmt::format("interpolate {} {} to {}{}", q.mode, xs.str(),
+                                    fmt::join(out, "x"), q.align ? " align_corners" : ""),
+          OpId::Gather,
+          true,
+          {xs},
+          [=](const Ins& in) {
+            if (q.scale > 0) return upsample(in[0], q.scale, q.mode, q.align);
+            if (size.size() == 3)
+              return interpolate(in[0], Size3{size[0], size[1], size[2]}, q.mode, q.align);
+            return interpolate(in[0], size[0], q.mode, q.align);
+          },
+          [=](const Values& v) { return ref_resample_nd(q, v[0], xs, out); },
+          os};
+  if (q.mode == "nearest") r.dtypes = {DType::f32, DType::f64, DType::i32, DType::i64};
+  return r;
+}
+
 Pool3 avg3(bool ceil_mode, bool count_pad, int64_t divisor = 0) {
   return {false, ceil_mode, count_pad, divisor};
 }
@@ -326,6 +425,15 @@ std::vector<OpRow> volume_rows() {
       pool3d_row(avg3(true, true), {1, 1, 4, 3, 2}, 2, 2, 1),
       pool3d_row(avg3(true, false), {1, 1, 3, 4, 2}, 2, {2, 3, 1}, 1),
       pool3d_row(avg3(false, true, 3), {1, 1, 2, 3, 4}, 2, 1, {1, 0, 1}),
+      // Sequences and volumes resampled (the images' rows are in op_rows_image.cpp).
+      resample_nd_row({"linear", false, 0}, {2, 2, 5}, {8}),
+      resample_nd_row({"linear", true, 0}, {1, 2, 6}, {4}),
+      resample_nd_row({"linear", false, 1.5}, {1, 3, 4}, {}),
+      resample_nd_row({"nearest", false, 0}, {2, 2, 3}, {7}),
+      resample_nd_row({"trilinear", false, 0}, {1, 1, 2, 3, 4}, {3, 5, 2}),
+      resample_nd_row({"trilinear", true, 0}, {1, 2, 2, 3, 2}, {4, 2, 3}),
+      resample_nd_row({"trilinear", false, 2}, {1, 1, 2, 2, 3}, {}),
+      resample_nd_row({"nearest", false, 1.5}, {1, 2, 2, 3, 2}, {}),
       adaptive3d_row(false, {1, 1, 2, 3, 4}, {1, 3, 2}),
       adaptive3d_row(false, {1, 2, 3, 2, 2}, {2, 1, 2}),
       adaptive3d_row(true, {1, 1, 3, 2, 4}, {2, 2, 3}),

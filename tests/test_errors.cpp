@@ -549,25 +549,42 @@ const std::vector<ErrorRow>& error_rows() {
        Kind::Value, "[conv_transpose2d] input (1, 2, 3, 2) with kernel 3x3, stride"},
       {"image",
        [] {
-         interpolate(f32({1, 1, 4, 4}), 8, "trilinear");
+         interpolate(f32({1, 1, 4, 4}), 8, "cubic");
        },
        Kind::Value,
-       "[interpolate] mode must be \"nearest\", \"nearest-exact\", \"bilinear\", "
-       "\"bicubic\" or \"area\", got \"trilinear\""},
+       "[interpolate] mode must be \"nearest\", \"nearest-exact\", \"linear\", \"bilinear\", "
+       "\"bicubic\", \"trilinear\" or \"area\", got \"cubic\""},
+      {"image",
+       [] {
+         interpolate(f32({1, 1, 4, 4}), 8, "trilinear");
+       },
+       Kind::Shape,
+       "[interpolate] mode \"trilinear\" needs (N, C, D, H, W) input, got (1, 1, 4, 4)"},
+      {"image",
+       [] {
+         interpolate(f32({1, 1, 4}), Size3{2, 2, 2});
+       },
+       Kind::Shape, "[interpolate] input must be (N, C, D, H, W), got (1, 1, 4)"},
+      {"image",
+       [] {
+         upsample(f32({2, 4}), 2);
+       },
+       Kind::Shape,
+       "[upsample] input must be (N, C, L), (N, C, H, W) or (N, C, D, H, W), got (2, 4)"},
       {"image",
        [] {
          interpolate(f32({1, 1, 4, 4}), 8, "nearest", true);
        },
        Kind::Value,
-       "[interpolate] align_corners is for the interpolating modes \"bilinear\" and "
-       "\"bicubic\", not \"nearest\""},
+       "[interpolate] align_corners is for the interpolating modes \"linear\", \"bilinear\", "
+       "\"bicubic\" and \"trilinear\", not \"nearest\""},
       {"image",
        [] {
          interpolate(f32({1, 1, 4, 4}), 2, "area", true);
        },
        Kind::Value,
-       "[interpolate] align_corners is for the interpolating modes \"bilinear\" and "
-       "\"bicubic\", not \"area\""},
+       "[interpolate] align_corners is for the interpolating modes \"linear\", \"bilinear\", "
+       "\"bicubic\" and \"trilinear\", not \"area\""},
       {"image",
        [] {
          upsample(of({1, 1, 4, 4}, D::i32), 2, "bicubic");
@@ -580,7 +597,7 @@ const std::vector<ErrorRow>& error_rows() {
        Kind::DType, "[interpolate] mode \"bilinear\" needs a floating input, got i64"},
       {"image",
        [] {
-         interpolate(f32({1, 4, 4}), 8);
+         interpolate(f32({1, 4, 4}), {8, 8});
        },
        Kind::Shape, "[interpolate] input must be (N, C, H, W), got (1, 4, 4)"},
       {"image",

@@ -238,6 +238,13 @@ TEST_CASE("layers compute what their ops compute") {
                  "[Upsample] size must be positive, got (0, 3)"));
   CHECK(contains(error_of<ValueError>([] { Upsample(2.0, "area", true); }),
                  "[Upsample] align_corners is for modes"));
+  // By a scale factor, sequences and volumes too, in their interpolating modes.
+  const Tensor seq = randn({2, 3, 5}), vol = randn({1, 2, 3, 4, 2});
+  CHECK(bitwise_equal(Upsample(2.0, "linear", true)(seq), upsample(seq, 2, "linear", true)));
+  CHECK(Upsample(2.0, "trilinear")(vol).sizes() == Shape{1, 2, 6, 8, 4});
+  CHECK(bitwise_equal(Upsample(1.5, "trilinear")(vol), upsample(vol, 1.5, "trilinear")));
+  CHECK(contains(error_of<ShapeError>([&] { Upsample(2.0, "bilinear")(vol); }),
+                 "[upsample] mode \"bilinear\" needs (N, C, H, W) input, got (1, 2, 3, 4, 2)"));
   Embedding emb(5, 3);
   Tensor idx = tensor({4, 0, 4}, Options().dtype(DType::i64));
   CHECK(close(emb(idx), index_select(emb.weight, 0, idx), 0));
@@ -514,7 +521,7 @@ TEST_CASE("layers: constructor arguments out of range name the layer") {
        "[AdaptiveAvgPool2d]"},
       {[] { AdaptiveMaxPool2d(-1); }, "[AdaptiveMaxPool2d]"},
       {[] { Upsample(0); }, "[Upsample]"},
-      {[] { Upsample(2, "trilinear"); }, "[Upsample]"},
+      {[] { Upsample(2, "cubic"); }, "[Upsample]"},
       {[] { Upsample(2, "nearest", true); }, "[Upsample]"},
       {[] { Embedding(0, 3); }, "[Embedding]"},
       {[] { Embedding(3, 0); }, "[Embedding]"},

@@ -1456,8 +1456,9 @@ TEST_CASE("MultiheadAttention's key_padding_mask and dropout") {
                    m.forward(x, x, x, {}, false, kpm.reshape({4, 2}));
                  }),
                  "[MultiheadAttention] key_padding_mask must be (N, S) = (2, 4), got (4, 2)"));
-  CHECK(contains(error_of<ValueError>([&] { m.forward(x, x, x, {}, true, kpm); }),
-                 "[MultiheadAttention] is_causal cannot be combined with a key_padding_mask"));
+  // is_causal joins a key_padding_mask: as the causal mask (true: not allowed) given with it.
+  const Tensor causal = gt(unsqueeze(arange(4), 0), unsqueeze(arange(4), 1));
+  CHECK(close(m.forward(x, x, x, {}, true, kpm), m.forward(x, x, x, causal, false, kpm), 0));
   CHECK(contains(error_of<DTypeError>([&] { m.forward(x, x, x, {}, false, kpm.to(DType::i64)); }),
                  "[MultiheadAttention] key_padding_mask must be b8 or the query's dtype f32"));
 }

@@ -479,6 +479,12 @@ Cases layer_cases() {
     r.out("out", out);
     r.out("weights", weights);
   });
+  c.emplace_back("mha_causal_key_padding_mask", [](Ref& r) {
+    MultiheadAttention m(8, 2);
+    r.load(m);
+    Tensor q = r.in("q");
+    r.out("out", m.forward(q, q, q, {}, true, r.in("key_padding_mask")));
+  });
   // torch's layers in eval mode (dropout 0.1 is then the identity).
   auto make = []<class Layer>(bool batch_first, bool norm_first) {
     Layer m(TransformerEncoderLayerOptions(8, 2)
@@ -644,6 +650,18 @@ Cases window_cases() {
     ConvTranspose3d m(3, 2, 3, {2, 1, 3}, {1, 0, 1});
     r.load(m);
     r.out("out", m.forward(r.in("x"), {6, 6, 8}));
+  });
+  c.emplace_back("interpolate_linear_align",
+                 [](Ref& r) { r.out("out", interpolate(r.in("x"), 11, "linear", true)); });
+  c.emplace_back("interpolate_nearest_1d_scale",
+                 [](Ref& r) { r.out("out", upsample(r.in("x"), 2.5)); });
+  c.emplace_back("interpolate_trilinear", [](Ref& r) {
+    r.out("out", interpolate(r.in("x"), Size3{5, 3, 8}, "trilinear"));
+  });
+  c.emplace_back("interpolate_trilinear_scale",
+                 [](Ref& r) { r.out("out", upsample(r.in("x"), 1.5, "trilinear")); });
+  c.emplace_back("interpolate_area_3d", [](Ref& r) {
+    r.out("out", interpolate(r.in("x"), Size3{2, 3, 4}, "area"));
   });
   return c;
 }

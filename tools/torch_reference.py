@@ -578,6 +578,16 @@ def layer_cases():
     case("mha_float_mask", lambda c: mha_case(c, 3, 5, mask="float"))
     case("mha_causal", lambda c: mha_case(c, 4, None, mask="causal"))
     case("mha_key_padding_mask", mha_key_padding)
+
+    def mha_causal_key_padding(c):
+        m = c.load(nn.MultiheadAttention(8, 2, batch_first=True))
+        q = c.randn("q", 2, 4, 8)
+        kpm = torch.tensor([[False, False, False, True], [False, True, False, False]])
+        out, _ = m(q, q, q, key_padding_mask=c.inp("key_padding_mask", kpm), need_weights=False,
+                   attn_mask=torch.triu(torch.ones(4, 4, dtype=torch.bool), 1), is_causal=True)
+        c.out("out", out)
+
+    case("mha_causal_key_padding_mask", mha_causal_key_padding)
     case("transformer_encoder_layer", lambda c: encoder_case(c, False))
     case("transformer_encoder_layer_norm_first_gelu", lambda c: encoder_case(c, True))
     case("transformer_encoder", encoder_stack_case)
@@ -678,6 +688,19 @@ def window_cases():
         c.out("out", m(c.randn("x", 3, 3, 4, 3), output_size=(6, 6, 8)))
 
     case("conv_transpose3d_output_size", conv_transpose3d_size)
+
+    def resample_nd(c, shape, **kw):
+        c.out("out", F.interpolate(c.randn("x", *shape), **kw))
+
+    case("interpolate_linear_align", lambda c: resample_nd(c, (2, 3, 7), size=11, mode="linear",
+                                                           align_corners=True))
+    case("interpolate_nearest_1d_scale", lambda c: resample_nd(c, (2, 3, 5), scale_factor=2.5))
+    case("interpolate_trilinear", lambda c: resample_nd(c, (1, 2, 3, 4, 5), size=(5, 3, 8),
+                                                        mode="trilinear"))
+    case("interpolate_trilinear_scale", lambda c: resample_nd(c, (1, 2, 3, 4, 2),
+                                                              scale_factor=1.5, mode="trilinear"))
+    case("interpolate_area_3d", lambda c: resample_nd(c, (1, 2, 5, 4, 6), size=(2, 3, 4),
+                                                      mode="area"))
 
 
 # ---- activations, normalizations and losses ----

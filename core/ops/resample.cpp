@@ -1,7 +1,7 @@
-// Resampling images: interpolate to a size and upsample by a scale factor, as PyTorch's
-// F.interpolate, in the modes "nearest", "nearest-exact", "bilinear", "bicubic" and "area".
-// Composites of index_select and elementwise products, one image dim at a time, or of
-// adaptive_avg_pool2d (Note [Resampling]).
+// Resampling sequences, images and volumes: interpolate to a size and upsample by a scale
+// factor, as PyTorch's F.interpolate, in the modes "nearest", "nearest-exact", "linear",
+// "bilinear", "bicubic", "trilinear" and "area". Composites of index_select and elementwise
+// products, one spatial dim at a time, or of the adaptive average poolings (Note [Resampling]).
 #include <algorithm>
 #include <cmath>
 #include <optional>
@@ -19,32 +19,52 @@ namespace {
 // one):
 // - "nearest": floor(i * scale), and "nearest-exact": floor((i + 0.5) * scale), both in float
 //   arithmetic as PyTorch's, clamped to in - 1; one index_select per dim;
-// - "bilinear": src = (i + 0.5) * scale - 0.5 clamped at 0, or i * (in - 1) / (out - 1) with
-//   align_corners; the rows i0 = floor(src) and i0 + 1 (i0 at the last row), weighted 1 - l and
-//   l, l = src - i0. Along the width, then along the height: per output element the sum
-//   h0 (w0 x00 + w1 x01) + h1 (w0 x10 + w1 x11), PyTorch's bilinear formula;
+// - "linear", "bilinear" and "trilinear": src = (i + 0.5) * scale - 0.5 clamped at 0, or
+//   i * (in - 1) / (out - 1) with align_corners; the rows i0 = floor(src) and i0 + 1 (i0 at the
+//   last row), weighted 1 - l and l, l = src - i0. The last dim first, then each before it: per
+//   output element of an image the sum h0 (w0 x00 + w1 x01) + h1 (w0 x10 + w1 x11), PyTorch's
+//   bilinear formula, and a volume's trilinear value likewise (its weights are the products of
+//   the dims');
 // - "bicubic": src as bilinear's but not clamped at 0; the rows floor(src) - 1 .. floor(src) + 2,
 //   each clamped into the image, weighted by Keys' cubic convolution with a = -0.75 at their
 //   distances from src (PyTorch's upsample_bicubic2d), width then height;
-// - "area": the mean over the cells of adaptive_avg_pool2d (PyTorch's area mode is that pooling).
+// - "area": the mean over the cells of the adaptive average pooling of the input's dims
+//   (PyTorch's area mode is that pooling).
 // The indices and weights depend on the sizes only, so they are constants of a trace.
-enum class Mode { Nearest, NearestExact, Bilinear, Bicubic, Area };
 
-Mode parse_mode(const char* op, std::string_view mode, bool align_corners) {
-  const bool known = mode == "nearest" || mode == "nearest-exact" || mode == "bilinear" ||
-                     mode == "bicubic" || mode == "area";
+// "(N, C, L)", "(N, C, H, W)" or "(N, C, D, H, W)": the input of `spatial` dims.
+const char* layout(int64_t spatial) {
+  return spatial == 1 ? "(N, C, L)" : spatial == 2 ? "(N, C, H, W)" : "(N, C, D, H, W)";
+}
+
+enum class Mode { Nearest, NearestExact, Linear, Bicubic, Area };
+
+// The mode, and the spatial dims it is for: PyTorch's "linear", "bilinear" and "trilinear" are
+// one interpolation over the 1, 2 and 3 dims of (N, C, L), (N, C, H, W) and (N, C, D, H, W)
+// inputs, and "bicubic" is for images; the others resample any of the three.
+Mode parse_mode(const char* op, const Tensor& x, std::string_view mode, bool align_corners,
+                int64_t spatial) {
+  const bool known = mode == "nearest" || mode == "nearest-exact" || mode == "linear" ||
+                     mode == "bilinear" || mode == "bicubic" || mode == "trilinear" ||
+                     mode == "area";
   DUET_CHECK_VALUE(known,
-                   "[{}] mode must be \"nearest\", \"nearest-exact\", \"bilinear\", "
-                   "\"bicubic\" or \"area\", got \"{}\"",
+                   "[{}] mode must be \"nearest\", \"nearest-exact\", \"linear\", \"bilinear\", "
+                   "\"bicubic\", \"trilinear\" or \"area\", got \"{}\"",
                    op, mode);
+  const int64_t dims = mode == "linear"                          ? 1
+                       : mode == "bilinear" || mode == "bicubic" ? 2
+                       : mode == "trilinear"                     ? 3
+                                                                 : spatial;
+  DUET_CHECK_SHAPE(dims == spatial, "[{}] mode \"{}\" needs {} input, got {}", op, mode,
+                   layout(dims), x.sizes());
   const Mode m = mode == "nearest"         ? Mode::Nearest
                  : mode == "nearest-exact" ? Mode::NearestExact
-                 : mode == "bilinear"      ? Mode::Bilinear
                  : mode == "bicubic"       ? Mode::Bicubic
-                                           : Mode::Area;
-  DUET_CHECK_VALUE(!align_corners || m == Mode::Bilinear || m == Mode::Bicubic,
-                   "[{}] align_corners is for the interpolating modes \"bilinear\" and "
-                   "\"bicubic\", not \"{}\"",
+                 : mode == "area"          ? Mode::Area
+                                           : Mode::Linear;
+  DUET_CHECK_VALUE(!align_corners || m == Mode::Linear || m == Mode::Bicubic,
+                   "[{}] align_corners is for the interpolating modes \"linear\", \"bilinear\", "
+                   "\"bicubic\" and \"trilinear\", not \"{}\"",
                    op, mode);
   return m;
 }
@@ -68,7 +88,7 @@ double cubic(double t) {
 // arithmetic).
 Taps taps(Mode m, int64_t in, int64_t out, std::optional<double> scale_factor, bool align_corners) {
   const bool nearest = m == Mode::Nearest || m == Mode::NearestExact;
-  Taps t(nearest ? 1 : m == Mode::Bilinear ? 2 : 4);
+  Taps t(nearest ? 1 : m == Mode::Linear ? 2 : 4);
   const double scale = scale_factor ? 1 / *scale_factor : double(in) / double(out);
   const float nearest_scale =
       scale_factor ? static_cast<float>(1 / *scale_factor) : float(in) / float(out);
@@ -87,7 +107,7 @@ Taps taps(Mode m, int64_t in, int64_t out, std::optional<double> scale_factor, b
       src = out > 1 ? double(i) * double(in - 1) / double(out - 1) : 0;
     else
       src = (double(i) + 0.5) * scale - 0.5;
-    if (m == Mode::Bilinear) {
+    if (m == Mode::Linear) {
       src = std::max(src, 0.0);
       const auto r0 = std::min(static_cast<int64_t>(src), in - 1);
       const double l = src - double(r0);
@@ -108,7 +128,7 @@ Taps taps(Mode m, int64_t in, int64_t out, std::optional<double> scale_factor, b
   return t;
 }
 
-// x resampled along dim (2 or 3) by the taps.
+// x resampled along `dim` (a spatial dim) by the taps.
 Tensor along(const Tensor& x, int64_t dim, const Taps& t) {
   const Options idx = Options().dtype(DType::i64).device(x.device());
   const Options w = Options().dtype(x.dtype()).device(x.device());
@@ -116,28 +136,45 @@ Tensor along(const Tensor& x, int64_t dim, const Taps& t) {
   for (size_t k = 0; k < t.index.size(); ++k) {
     const Tensor rows = index_select(x, dim, tensor(t.index[k], idx));
     if (t.weight[k].empty()) return rows;  // nearest
-    const int64_t n = int64_t(t.weight[k].size());
-    const Tensor term = rows * tensor(t.weight[k], dim == 2 ? Shape{n, 1} : Shape{n}, w);
+    // The weights along dim, broadcast over the dims after it.
+    Shape ws{int64_t(t.weight[k].size())};
+    for (int64_t d = dim + 1; d < x.dim(); ++d) ws.push_back(1);
+    const Tensor term = rows * tensor(t.weight[k], ws, w);
     r = r.defined() ? r + term : term;
   }
   return r;
 }
 
-Tensor resample(const char* op, const Tensor& x, Size2 size, std::optional<double> scale_factor,
-                std::string_view mode, bool align_corners) {
-  const Mode m = parse_mode(op, mode, align_corners);
-  DUET_CHECK_SHAPE(x.dim() == 4, "[{}] input must be (N, C, H, W), got {}", op, x.sizes());
+// x (N, C, spatial...) resampled to `size` (one per spatial dim), each dim alone, the last first.
+Tensor resample(const char* op, const Tensor& x, const std::vector<int64_t>& size,
+                std::optional<double> scale_factor, std::string_view mode, bool align_corners) {
+  const auto spatial = static_cast<int64_t>(size.size());
+  DUET_CHECK_SHAPE(x.dim() == spatial + 2, "[{}] input must be {}, got {}", op, layout(spatial),
+                   x.sizes());
+  const Mode m = parse_mode(op, x, mode, align_corners, spatial);
   DUET_CHECK_DTYPE(m == Mode::Nearest || m == Mode::NearestExact || is_floating(x.dtype()),
                    "[{}] mode \"{}\" needs a floating input, got {}", op, mode, x.dtype());
   DUET_CHECK_DTYPE(x.dtype() != DType::b8, "[{}] is not defined for b8 input", op);
-  const int64_t h = x.size(2), w = x.size(3);
-  DUET_CHECK_SHAPE(h > 0 && w > 0, "[{}] input {} has an empty image", op, x.sizes());
-  DUET_CHECK_VALUE(size.h > 0 && size.w > 0, "[{}] output size {}x{} must be positive", op, size.h,
-                   size.w);
-  if (m == Mode::Area) return adaptive_avg_pool2d(x, size);
-  const Taps th = taps(m, h, size.h, scale_factor, align_corners);
-  const Taps tw = taps(m, w, size.w, scale_factor, align_corners);
-  return along(along(x, 3, tw), 2, th);
+  bool empty = false, positive = true;
+  for (int64_t d = 0; d < spatial; ++d) {
+    empty = empty || x.size(2 + d) == 0;
+    positive = positive && size[size_t(d)] > 0;
+  }
+  DUET_CHECK_SHAPE(!empty, "[{}] input {} has an empty {}", op, x.sizes(),
+                   spatial == 1   ? "sequence"
+                   : spatial == 2 ? "image"
+                                  : "volume");
+  DUET_CHECK_VALUE(positive, "[{}] output size {} must be positive", op,
+                   fmt::format("{}", fmt::join(size, "x")));
+  if (m == Mode::Area) {
+    if (spatial == 1) return adaptive_avg_pool1d(x, size[0]);
+    if (spatial == 2) return adaptive_avg_pool2d(x, Size2{size[0], size[1]});
+    return adaptive_avg_pool3d(x, Size3{size[0], size[1], size[2]});
+  }
+  Tensor r = x;
+  for (int64_t d = spatial - 1; d >= 0; --d)
+    r = along(r, 2 + d, taps(m, x.size(2 + d), size[size_t(d)], scale_factor, align_corners));
+  return r;
 }
 
 }  // namespace
@@ -146,7 +183,28 @@ Tensor interpolate(const Tensor& x, Size2 size, std::string_view mode, bool alig
                    std::source_location loc) {
   detail::SiteGuard site(loc);
   return detail::as_op("interpolate", [&]() -> Tensor {
-    return resample("interpolate", x, size, std::nullopt, mode, align_corners);
+    return resample("interpolate", x, {size.h, size.w}, std::nullopt, mode, align_corners);
+  });
+}
+
+Tensor interpolate(const Tensor& x, Size3 size, std::string_view mode, bool align_corners,
+                   std::source_location loc) {
+  detail::SiteGuard site(loc);
+  return detail::as_op("interpolate", [&]() -> Tensor {
+    return resample("interpolate", x, {size.d, size.h, size.w}, std::nullopt, mode, align_corners);
+  });
+}
+
+Tensor interpolate(const Tensor& x, int64_t size, std::string_view mode, bool align_corners,
+                   std::source_location loc) {
+  detail::SiteGuard site(loc);
+  return detail::as_op("interpolate", [&]() -> Tensor {
+    DUET_CHECK_SHAPE(x.dim() >= 3 && x.dim() <= 5,
+                     "[interpolate] input must be (N, C, L), (N, C, H, W) or (N, C, D, H, W), got "
+                     "{}",
+                     x.sizes());
+    return resample("interpolate", x, std::vector<int64_t>(size_t(x.dim() - 2), size), std::nullopt,
+                    mode, align_corners);
   });
 }
 
@@ -156,14 +214,18 @@ Tensor upsample(const Tensor& x, double scale_factor, std::string_view mode, boo
   return detail::as_op("upsample", [&]() -> Tensor {
     DUET_CHECK_VALUE(std::isfinite(scale_factor) && scale_factor > 0,
                      "[upsample] scale_factor must be positive and finite, got {}", scale_factor);
-    DUET_CHECK_SHAPE(x.dim() == 4, "[upsample] input must be (N, C, H, W), got {}", x.sizes());
+    DUET_CHECK_SHAPE(x.dim() >= 3 && x.dim() <= 5,
+                     "[upsample] input must be (N, C, L), (N, C, H, W) or (N, C, D, H, W), got {}",
+                     x.sizes());
     // The output size floor(in * scale), as PyTorch's; the coordinates scale by 1 / scale.
-    const double oh = std::floor(double(x.size(2)) * scale_factor);
-    const double ow = std::floor(double(x.size(3)) * scale_factor);
-    DUET_CHECK_VALUE(oh < 9.0e18 && ow < 9.0e18, "[upsample] input {} scaled by {} overflows int64",
-                     x.sizes(), scale_factor);
-    return resample("upsample", x, {static_cast<int64_t>(oh), static_cast<int64_t>(ow)},
-                    scale_factor, mode, align_corners);
+    std::vector<int64_t> size;
+    for (int64_t d = 2; d < x.dim(); ++d) {
+      const double o = std::floor(double(x.size(d)) * scale_factor);
+      DUET_CHECK_VALUE(o < 9.0e18, "[upsample] input {} scaled by {} overflows int64", x.sizes(),
+                       scale_factor);
+      size.push_back(static_cast<int64_t>(o));
+    }
+    return resample("upsample", x, size, scale_factor, mode, align_corners);
   });
 }
 
