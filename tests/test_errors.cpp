@@ -751,6 +751,12 @@ const std::vector<ErrorRow>& error_rows() {
        "non-negative"},
       {"volume",
        [] {
+         conv3d(f32({1, 1, 2, 2, 2}), f32({1, 1, 1, 1, 1}), {}, 1, Size3{0, 0, int64_t(1) << 62});
+       },
+       Kind::Value,
+       "[conv3d] kernel_size 1 dilated by 1 or padding 0x0x4611686018427387904 overflows int64"},
+      {"volume",
+       [] {
          conv3d(f32({1, 2, 4, 4, 4}), f32({2, 2, 2, 2, 2}), {}, 2, kSame);
        },
        Kind::Value, "[conv3d] padding \"same\" needs stride 1, got 2"},

@@ -47,32 +47,32 @@ Tensor as_volume(const char* op, const Tensor& x) {
 // The 5-D result y in x's layout.
 Tensor from_volume(const Tensor& y, const Tensor& x) { return x.dim() == 5 ? y : squeeze(y, 0); }
 
-// A window of kernel k, stride s (0: the kernel's, where zero_stride), padding p and dilation d
+// A window of kernel k, stride s (for a pooling, 0: the kernel's), padding p and dilation d
 // along each of the volume v's last three dims: positive sizes, a pooling's padding at most half
 // its kernel, and the dilated kernel within the padded size.
 void check_window3(const char* op, const Tensor& v, Size3 k, Size3 s, Size3 p, Size3 d, bool pool) {
   const int64_t ks[3] = {k.d, k.h, k.w}, ss[3] = {s.d, s.h, s.w}, ps[3] = {p.d, p.h, p.w},
                 ds[3] = {d.d, d.h, d.w};
-  for (int i = 0; i < 3; ++i)
+  int64_t reach[3] = {}, padded[3] = {};
+  for (int i = 0; i < 3; ++i) {
     DUET_CHECK_VALUE(ks[i] > 0 && (ss[i] > 0 || (pool && ss[i] == 0)) && ps[i] >= 0 && ds[i] > 0,
                      "[{}] kernel_size {}, stride {}{} and dilation {} must be positive and "
                      "padding {} non-negative",
                      op, str3(k), str3(s), pool ? " (0: the kernel size)" : "", str3(d), str3(p));
-  for (int i = 0; i < 3; ++i) {
     DUET_CHECK_VALUE(!pool || ps[i] <= ks[i] / 2,
                      "[{}] padding {} must be at most half the kernel_size {}", op, str3(p),
                      str3(k));
-    int64_t reach = 0, padded = 0;
-    const bool fits = !__builtin_mul_overflow(ds[i], ks[i] - 1, &reach) &&
-                      !__builtin_mul_overflow(ps[i], 2, &padded) &&
-                      !__builtin_add_overflow(padded, v.size(2 + i), &padded);
+    const bool fits = !__builtin_mul_overflow(ds[i], ks[i] - 1, &reach[i]) &&
+                      !__builtin_mul_overflow(ps[i], 2, &padded[i]) &&
+                      !__builtin_add_overflow(padded[i], v.size(2 + i), &padded[i]);
     DUET_CHECK_VALUE(fits, "[{}] kernel_size {} dilated by {} or padding {} overflows int64", op,
                      str3(k), str3(d), str3(p));
-    DUET_CHECK_SHAPE(
-        reach < padded, "[{}] kernel_size {}{} is larger than the padded input {} of {}", op,
-        str3(k), d == Size3(1) ? std::string() : " dilated by " + str3(d),
-        str3(Size3{v.size(2) + 2 * p.d, v.size(3) + 2 * p.h, v.size(4) + 2 * p.w}), v.sizes());
   }
+  for (int i = 0; i < 3; ++i)
+    DUET_CHECK_SHAPE(reach[i] < padded[i],
+                     "[{}] kernel_size {}{} is larger than the padded input {} of {}", op, str3(k),
+                     d == Size3(1) ? std::string() : " dilated by " + str3(d),
+                     str3(Size3{padded[0], padded[1], padded[2]}), v.sizes());
 }
 
 bool positive3(Size3 s) { return s.d > 0 && s.h > 0 && s.w > 0; }
