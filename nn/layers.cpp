@@ -411,9 +411,21 @@ Upsample::Upsample(Size2 size_, std::string mode_, bool align)
   check_upsample_mode(mode, align);
 }
 
+Upsample::Upsample(Size3 size_, std::string mode_, bool align)
+    : Module(fmt::format("Upsample(size=({}, {}, {}), mode='{}'{})", size_.d, size_.h, size_.w,
+                         mode_, align ? ", align_corners=True" : "")),
+      volume_size(size_),
+      mode(std::move(mode_)),
+      align_corners(align) {
+  DUET_CHECK_VALUE(size_.d > 0 && size_.h > 0 && size_.w > 0,
+                   "[Upsample] size must be positive, got ({}, {}, {})", size_.d, size_.h, size_.w);
+  check_upsample_mode(mode, align);
+}
+
 Tensor Upsample::forward(const Tensor& x) {
-  return scale_factor > 0 ? upsample(x, scale_factor, mode, align_corners)
-                          : interpolate(x, size, mode, align_corners);
+  if (scale_factor > 0) return upsample(x, scale_factor, mode, align_corners);
+  return volume_size.d > 0 ? interpolate(x, volume_size, mode, align_corners)
+                           : interpolate(x, size, mode, align_corners);
 }
 
 // ---- Embedding ----

@@ -188,17 +188,20 @@ class AdaptiveMaxPool1d : public Module {
 };
 
 /// x resampled, as torch.nn.Upsample: by scale_factor (upsample(): x (N, C, L), (N, C, H, W) or
-/// (N, C, D, H, W)), or to an output size of an image (interpolate(); a Size2, so Upsample(2) is
-/// a scale factor and Upsample(Size2(8)) or Upsample({8, 6}) a size), in mode "nearest",
-/// "nearest-exact", "linear" (sequences), "bilinear" or "bicubic" (images), "trilinear"
-/// (volumes) or "area" (align_corners for the interpolating modes only).
+/// (N, C, D, H, W)), or to an output size (interpolate(): an image's a Size2, so Upsample(2) is a
+/// scale factor and Upsample(Size2(8)) or Upsample({8, 6}) a size; a volume's a Size3,
+/// Upsample({4, 8, 6})), in mode "nearest", "nearest-exact", "linear" (sequences), "bilinear" or
+/// "bicubic" (images), "trilinear" (volumes) or "area" (align_corners for the interpolating modes
+/// only).
 class Upsample : public Module {
  public:
   explicit Upsample(double scale_factor, std::string mode = "nearest", bool align_corners = false);
   explicit Upsample(Size2 size, std::string mode = "nearest", bool align_corners = false);
+  explicit Upsample(Size3 size, std::string mode = "nearest", bool align_corners = false);
   Tensor forward(const Tensor& x) override;
-  double scale_factor = 0;  ///< 0 where the module resizes to `size`
-  Size2 size = 0;           ///< 0 where it scales by scale_factor
+  double scale_factor = 0;  ///< 0 where the module resizes to a size
+  Size2 size = 0;           ///< an image's output size; 0 where it scales or resizes a volume
+  Size3 volume_size = 0;    ///< a volume's output size (the Size3 constructor), else 0
   std::string mode;
   bool align_corners;
 };

@@ -243,6 +243,15 @@ TEST_CASE("layers compute what their ops compute") {
   CHECK(bitwise_equal(Upsample(2.0, "linear", true)(seq), upsample(seq, 2, "linear", true)));
   CHECK(Upsample(2.0, "trilinear")(vol).sizes() == Shape{1, 2, 6, 8, 4});
   CHECK(bitwise_equal(Upsample(1.5, "trilinear")(vol), upsample(vol, 1.5, "trilinear")));
+  // A volume by an output size (a Size3).
+  CHECK(Upsample({4, 5, 3}, "trilinear", true).name() ==
+        "Upsample(size=(4, 5, 3), mode='trilinear', align_corners=True)");
+  CHECK(bitwise_equal(Upsample({4, 5, 3}, "trilinear", true)(vol),
+                      interpolate(vol, Size3{4, 5, 3}, "trilinear", true)));
+  CHECK(contains(error_of<ValueError>([] {
+                   Upsample(Size3{2, 0, 2});
+                 }),
+                 "[Upsample] size must be positive, got (2, 0, 2)"));
   CHECK(contains(error_of<ShapeError>([&] { Upsample(2.0, "bilinear")(vol); }),
                  "[upsample] mode \"bilinear\" needs (N, C, H, W) input, got (1, 2, 3, 4, 2)"));
   Embedding emb(5, 3);
