@@ -19,7 +19,8 @@ namespace {
 //    kd slices stacked after the channel dim, (N, C, kd, Do, H, W), are the images (N Do,
 //    C kd, H, W) whose channel c kd + k the weight (O, C / g, kd, kh, kw), read as (O, C / g kd,
 //    kh, kw), multiplies: one conv2d (its groups line up, as group j's channels stay
-//    consecutive), at the cost of kd copies of the input (PyTorch's CPU kernel makes kd kh kw).
+//    consecutive), at the cost of kd copies of the input (a whole im2col of the volume would
+//    make kd kh kw).
 //  - max and mean pool a box, which is separable: the planes are pooled first (every depth at
 //    once, as (N, C D, H, W)), then each (h, w) column along D (as (N, C Ho Wo, 1, D), a 2-D
 //    pool over a height of 1). The max of maxes is the box's, and its gradient goes to the
