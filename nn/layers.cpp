@@ -13,6 +13,7 @@
 namespace duet::nn {
 
 using layer_params::bias_note;
+using layer_params::check_conv_layer;
 using layer_params::default_init;
 using layer_params::zeros_param;
 
@@ -41,23 +42,6 @@ namespace {
 // A Size2 as the module's name shows it: one int where both dims agree.
 std::string size2_str(Size2 s) {
   return s.h == s.w ? fmt::format("{}", s.h) : fmt::format("({}, {})", s.h, s.w);
-}
-}  // namespace
-
-namespace {
-// The checks Conv2d and ConvTranspose2d share: positive channels, kernel, stride, dilation and
-// groups, a non-negative padding, and channels that the groups divide.
-void check_conv_layer(const char* module, const std::string& name, int64_t in, int64_t out,
-                      Size2 kernel, Size2 stride, Size2 padding, int64_t groups, Size2 dilation) {
-  DUET_CHECK_VALUE(in > 0 && out > 0 && kernel.h > 0 && kernel.w > 0 && stride.h > 0 &&
-                       stride.w > 0 && padding.h >= 0 && padding.w >= 0 && groups > 0 &&
-                       dilation.h > 0 && dilation.w > 0,
-                   "[{}] channels, kernel_size, stride, dilation and groups must be positive and "
-                   "padding non-negative, got {}",
-                   module, name);
-  DUET_CHECK_VALUE(in % groups == 0 && out % groups == 0,
-                   "[{}] in_channels ({}) and out_channels ({}) must be divisible by groups ({})",
-                   module, in, out, groups);
 }
 }  // namespace
 
@@ -91,7 +75,9 @@ Conv2d::Conv2d(int64_t in, int64_t out, Size2 kernel, Size2 stride_, Size2 paddi
   DUET_CHECK_VALUE(!same || stride_ == Size2(1), "[Conv2d] padding \"same\" needs stride 1, got {}",
                    size2_str(stride_));
   layer_params::check_padding_mode("Conv2d", padding_mode);
-  check_conv_layer("Conv2d", name(), in, out, kernel, stride_, padding_, groups_, dilation_);
+  check_conv_layer("Conv2d", name(), in, out, groups_,
+                   {kernel.h, kernel.w, stride_.h, stride_.w, dilation_.h, dilation_.w},
+                   {padding_.h, padding_.w});
   weight = register_parameter("weight", zeros_param({out, in / groups_, kernel.h, kernel.w}));
   if (with_bias) bias = register_parameter("bias", zeros_param({out}));
   reset_parameters();
@@ -132,11 +118,11 @@ ConvTranspose2d::ConvTranspose2d(int64_t in, int64_t out, Size2 kernel, Size2 st
       output_padding(output_padding_),
       groups(groups_),
       dilation(dilation_) {
-  check_conv_layer("ConvTranspose2d", name(), in, out, kernel, stride_, padding_, groups_,
-                   dilation_);
-  DUET_CHECK_VALUE(output_padding_.h >= 0 && output_padding_.w >= 0 &&
-                       (output_padding_.h < stride_.h || output_padding_.h < dilation_.h) &&
-                       (output_padding_.w < stride_.w || output_padding_.w < dilation_.w),
+  check_conv_layer("ConvTranspose2d", name(), in, out, groups_,
+                   {kernel.h, kernel.w, stride_.h, stride_.w, dilation_.h, dilation_.w},
+                   {padding_.h, padding_.w});
+  DUET_CHECK_VALUE(layer_params::output_padding_fits(output_padding_.h, stride_.h, dilation_.h) &&
+                       layer_params::output_padding_fits(output_padding_.w, stride_.w, dilation_.w),
                    "[ConvTranspose2d] output_padding must be non-negative and below the stride or "
                    "the dilation, got {}",
                    name());
@@ -156,14 +142,10 @@ Tensor ConvTranspose2d::forward(const Tensor& x, Size2 output_size) {
   DUET_CHECK_SHAPE(x.defined() && x.dim() == 4,
                    "[ConvTranspose2d] input must be (N, {}, H, W) for an output size, got {}",
                    in_channels, x.defined() ? x.sizes() : Shape{});
+  const std::string size = fmt::format("{}x{}", output_size.h, output_size.w);
   auto extra = [&](int64_t in, int64_t want, int64_t k, int64_t s, int64_t p, int64_t d,
                    const char* dim) {
-    const int64_t least = (in - 1) * s - 2 * p + d * (k - 1) + 1;
-    DUET_CHECK_VALUE(want >= least && want <= least + s - 1,
-                     "[ConvTranspose2d] output size {}x{}: its {} {} is not between {} and {} "
-                     "(for the input {})",
-                     output_size.h, output_size.w, dim, want, least, least + s - 1, x.sizes());
-    return want - least;
+    return layer_params::output_padding_for("ConvTranspose2d", size, x, in, want, k, s, p, d, dim);
   };
   const Size2 op{
       extra(x.size(2), output_size.h, kernel_size.h, stride.h, padding.h, dilation.h, "height"),
@@ -208,8 +190,7 @@ Conv1d::Conv1d(int64_t in, int64_t out, int64_t kernel, int64_t stride_, int64_t
   DUET_CHECK_VALUE(!same || stride_ == 1, "[Conv1d] padding \"same\" needs stride 1, got {}",
                    stride_);
   layer_params::check_padding_mode("Conv1d", padding_mode);
-  check_conv_layer("Conv1d", name(), in, out, Size2{1, kernel}, Size2{1, stride_},
-                   Size2{0, padding_}, groups_, Size2{1, dilation_});
+  check_conv_layer("Conv1d", name(), in, out, groups_, {kernel, stride_, dilation_}, {padding_});
   weight = register_parameter("weight", zeros_param({out, in / groups_, kernel}));
   if (with_bias) bias = register_parameter("bias", zeros_param({out}));
   reset_parameters();

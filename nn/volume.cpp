@@ -33,6 +33,12 @@ void check_pool(const char* module, const std::string& name, Size3 kernel, Size3
       "and padding non-negative, got {}",
       module, name);
 }
+// A 3-D convolution layer's checks (layer_params::check_conv_layer) on its Size3s.
+void check_window_layer(const char* module, const std::string& name, int64_t in, int64_t out,
+                        int64_t groups, Size3 k, Size3 s, Size3 p, Size3 d) {
+  layer_params::check_conv_layer(module, name, in, out, groups,
+                                 {k.d, k.h, k.w, s.d, s.h, s.w, d.d, d.h, d.w}, {p.d, p.h, p.w});
+}
 Size3 adaptive_size(const char* module, Size3 output) {
   DUET_CHECK_VALUE(positive(output), "[{}] output_size must be positive, got {}", module,
                    size3_str(output));
@@ -73,15 +79,7 @@ Conv3d::Conv3d(int64_t in, int64_t out, Size3 kernel, Size3 stride_, Size3 paddi
   DUET_CHECK_VALUE(!same || stride_ == Size3(1), "[Conv3d] padding \"same\" needs stride 1, got {}",
                    size3_str(stride_));
   layer_params::check_padding_mode("Conv3d", padding_mode);
-  DUET_CHECK_VALUE(in > 0 && out > 0 && positive(kernel) && positive(stride_) &&
-                       non_negative(padding_) && groups_ > 0 && positive(dilation_),
-                   "[Conv3d] channels, kernel_size, stride, dilation and groups must be positive "
-                   "and padding non-negative, got {}",
-                   name());
-  DUET_CHECK_VALUE(in % groups_ == 0 && out % groups_ == 0,
-                   "[Conv3d] in_channels ({}) and out_channels ({}) must be divisible by groups "
-                   "({})",
-                   in, out, groups_);
+  check_window_layer("Conv3d", name(), in, out, groups_, kernel, stride_, padding_, dilation_);
   weight = register_parameter(
       "weight", layer_params::zeros_param({out, in / groups_, kernel.d, kernel.h, kernel.w}));
   if (with_bias) bias = register_parameter("bias", layer_params::zeros_param({out}));
@@ -135,19 +133,13 @@ ConvTranspose3d::ConvTranspose3d(int64_t in, int64_t out, Size3 kernel, Size3 st
       output_padding(output_padding_),
       groups(groups_),
       dilation(dilation_) {
-  DUET_CHECK_VALUE(in > 0 && out > 0 && positive(kernel) && positive(stride_) &&
-                       non_negative(padding_) && groups_ > 0 && positive(dilation_),
-                   "[ConvTranspose3d] channels, kernel_size, stride, dilation and groups must be "
-                   "positive and padding non-negative, got {}",
-                   name());
-  DUET_CHECK_VALUE(in % groups_ == 0 && out % groups_ == 0,
-                   "[ConvTranspose3d] in_channels ({}) and out_channels ({}) must be divisible by "
-                   "groups ({})",
-                   in, out, groups_);
+  check_window_layer("ConvTranspose3d", name(), in, out, groups_, kernel, stride_, padding_,
+                     dilation_);
   const Size3 op = output_padding_;
-  DUET_CHECK_VALUE(non_negative(op) && (op.d < stride_.d || op.d < dilation_.d) &&
-                       (op.h < stride_.h || op.h < dilation_.h) &&
-                       (op.w < stride_.w || op.w < dilation_.w),
+  using layer_params::output_padding_fits;
+  DUET_CHECK_VALUE(output_padding_fits(op.d, stride_.d, dilation_.d) &&
+                       output_padding_fits(op.h, stride_.h, dilation_.h) &&
+                       output_padding_fits(op.w, stride_.w, dilation_.w),
                    "[ConvTranspose3d] output_padding must be non-negative and below the stride or "
                    "the dilation, got {}",
                    name());
@@ -170,14 +162,10 @@ Tensor ConvTranspose3d::forward(const Tensor& x, Size3 output_size) {
                    "for an output size, got {}",
                    in_channels, in_channels, x.defined() ? x.sizes() : Shape{});
   const int64_t first = x.dim() - 3;
+  const std::string size = size3_str(output_size);
   auto extra = [&](int64_t in, int64_t want, int64_t k, int64_t s, int64_t p, int64_t d,
                    const char* dim) {
-    const int64_t least = (in - 1) * s - 2 * p + d * (k - 1) + 1;
-    DUET_CHECK_VALUE(want >= least && want <= least + s - 1,
-                     "[ConvTranspose3d] output size {}: its {} {} is not between {} and {} (for "
-                     "the input {})",
-                     size3_str(output_size), dim, want, least, least + s - 1, x.sizes());
-    return want - least;
+    return layer_params::output_padding_for("ConvTranspose3d", size, x, in, want, k, s, p, d, dim);
   };
   const Size3 op{
       extra(x.size(first), output_size.d, kernel_size.d, stride.d, padding.d, dilation.d, "depth"),
