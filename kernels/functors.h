@@ -73,35 +73,63 @@ namespace math {
 #define DUET_RTC_MATH(name)                            \
   DUET_HD float name(float x) { return ::name##f(x); } \
   DUET_HD double name(double x) { return ::name(x); }
+DUET_RTC_MATH(acos)
+DUET_RTC_MATH(acosh)
+DUET_RTC_MATH(asin)
+DUET_RTC_MATH(asinh)
 DUET_RTC_MATH(atan)
+DUET_RTC_MATH(atanh)
+DUET_RTC_MATH(ceil)
 DUET_RTC_MATH(cos)
+DUET_RTC_MATH(cosh)
 DUET_RTC_MATH(erf)
 DUET_RTC_MATH(exp)
+DUET_RTC_MATH(exp2)
 DUET_RTC_MATH(expm1)
 DUET_RTC_MATH(fabs)
 DUET_RTC_MATH(floor)
 DUET_RTC_MATH(log)
+DUET_RTC_MATH(log10)
 DUET_RTC_MATH(log1p)
+DUET_RTC_MATH(log2)
+DUET_RTC_MATH(rint)
 DUET_RTC_MATH(sin)
+DUET_RTC_MATH(sinh)
 DUET_RTC_MATH(sqrt)
+DUET_RTC_MATH(tan)
 DUET_RTC_MATH(tanh)
+DUET_RTC_MATH(trunc)
 #undef DUET_RTC_MATH
 DUET_HD float pow(float a, float b) { return ::powf(a, b); }
 DUET_HD double pow(double a, double b) { return ::pow(a, b); }
 #else
+using std::acos;
+using std::acosh;
+using std::asin;
+using std::asinh;
 using std::atan;
+using std::atanh;
+using std::ceil;
 using std::cos;
+using std::cosh;
 using std::erf;
 using std::exp;
+using std::exp2;
 using std::expm1;
 using std::fabs;
 using std::floor;
 using std::log;
+using std::log10;
 using std::log1p;
+using std::log2;
 using std::pow;
+using std::rint;
 using std::sin;
+using std::sinh;
 using std::sqrt;
+using std::tan;
 using std::tanh;
+using std::trunc;
 #endif
 }  // namespace math
 
@@ -353,19 +381,67 @@ struct Relu {
   }
   DUET_PACKET(ei::pselect(ei::pcmp_lt(x, ei::pzero(x)), ei::pzero(x), x))
 };
-// Integers are their own floor.
-struct Floor {
+// The rounding ops: integers are their own floor, ceiling, nearest integer and truncation.
+// Round takes halves to even, as torch.round: rint in the default rounding mode (Eigen's pround
+// rounds halves away from zero; its print is the instruction's current-direction rounding).
+// Trunc's packet is the ceiling below 0 and the floor from 0 (-0.5 gives -0, as std::trunc).
+#define DUET_ROUNDING(Name, fn, ...)                  \
+  struct Name {                                       \
+    template <class T>                                \
+    static constexpr bool has_packet = is_float_v<T>; \
+    template <class T>                                \
+    DUET_HD T operator()(T x) const {                 \
+      if constexpr (is_float_v<T>)                    \
+        return math::fn(x);                           \
+      else                                            \
+        return x;                                     \
+    }                                                 \
+    DUET_PACKET(__VA_ARGS__)                          \
+  };
+DUET_ROUNDING(Floor, floor, ei::pfloor(x))
+DUET_ROUNDING(Ceil, ceil, ei::pceil(x))
+DUET_ROUNDING(Round, rint, ei::print(x))
+DUET_ROUNDING(Trunc, trunc, ei::pselect(ei::pcmp_lt(x, ei::pzero(x)), ei::pceil(x), ei::pfloor(x)))
+#undef DUET_ROUNDING
+// (0 < x) - (x < 0): +0 for both zeros and for NaN, as torch.sign.
+struct Sign {
   template <class T>
   static constexpr bool has_packet = is_float_v<T>;
   template <class T>
   DUET_HD T operator()(T x) const {
-    if constexpr (is_float_v<T>)
-      return math::floor(x);
-    else
-      return x;
+    return static_cast<T>(static_cast<int>(T(0) < x) - static_cast<int>(x < T(0)));
   }
-  DUET_PACKET(ei::pfloor(x))
+#if !defined(__CUDACC__)
+  template <class P>
+  P packet(const P& x) const {
+    const P one = ei::pset1<P>(1), zero = ei::pzero(x);
+    return ei::psub(ei::pand(ei::pcmp_lt(zero, x), one), ei::pand(ei::pcmp_lt(x, zero), one));
+  }
+#endif
 };
+// The standard library's functions, one lane at a time (Eigen 3.4 vectorizes none of them for
+// both float widths; they are rare in hot loops).
+#define DUET_SCALAR_MATH(Name, fn)            \
+  struct Name {                               \
+    template <class T>                        \
+    static constexpr bool has_packet = false; \
+    template <class T>                        \
+    DUET_HD T operator()(T x) const {         \
+      return math::fn(x);                     \
+    }                                         \
+  };
+DUET_SCALAR_MATH(Exp2, exp2)
+DUET_SCALAR_MATH(Log2, log2)
+DUET_SCALAR_MATH(Log10, log10)
+DUET_SCALAR_MATH(Tan, tan)
+DUET_SCALAR_MATH(Asin, asin)
+DUET_SCALAR_MATH(Acos, acos)
+DUET_SCALAR_MATH(Sinh, sinh)
+DUET_SCALAR_MATH(Cosh, cosh)
+DUET_SCALAR_MATH(Asinh, asinh)
+DUET_SCALAR_MATH(Acosh, acosh)
+DUET_SCALAR_MATH(Atanh, atanh)
+#undef DUET_SCALAR_MATH
 
 struct Erf {
   template <class T>

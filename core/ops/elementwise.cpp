@@ -169,8 +169,11 @@ void infer_copy(const OpDef&, TensorRefs in, const Attrs&, TensorMeta& out) {
 DUET_GRAD(Neg, 0) { gi[0] = neg(g); }
 DUET_GRAD(Exp, kSaveOut) { gi[0] = g * c.output; }
 DUET_GRAD(Expm1, kSaveOut) { gi[0] = g * (c.output + 1); }
+DUET_GRAD(Exp2, kSaveOut) { gi[0] = g * c.output * 0.69314718055994530942; }  // ln 2
 DUET_GRAD(Log, kSaveIn0) { gi[0] = g / c.inputs[0]; }
 DUET_GRAD(Log1p, kSaveIn0) { gi[0] = g / (c.inputs[0] + 1); }
+DUET_GRAD(Log2, kSaveIn0) { gi[0] = g / (c.inputs[0] * 0.69314718055994530942); }
+DUET_GRAD(Log10, kSaveIn0) { gi[0] = g / (c.inputs[0] * 2.30258509299404568402); }  // ln 10
 DUET_GRAD(Sqrt, kSaveOut) { gi[0] = g * 0.5 / c.output; }
 DUET_GRAD(Rsqrt, kSaveOut) { gi[0] = g * (c.output * c.output * c.output) * -0.5; }
 DUET_GRAD(Abs, kSaveIn0) {
@@ -179,13 +182,27 @@ DUET_GRAD(Abs, kSaveIn0) {
 }
 DUET_GRAD(Sin, kSaveIn0) { gi[0] = g * cos(c.inputs[0]); }
 DUET_GRAD(Cos, kSaveIn0) { gi[0] = neg(g * sin(c.inputs[0])); }
+DUET_GRAD(Tan, kSaveOut) { gi[0] = g * (c.output * c.output + 1); }
+DUET_GRAD(Asin, kSaveIn0) { gi[0] = g * rsqrt(1 - c.inputs[0] * c.inputs[0]); }
+DUET_GRAD(Acos, kSaveIn0) { gi[0] = neg(g * rsqrt(1 - c.inputs[0] * c.inputs[0])); }
 DUET_GRAD(Atan, kSaveIn0) { gi[0] = g / (c.inputs[0] * c.inputs[0] + 1); }
+DUET_GRAD(Sinh, kSaveIn0) { gi[0] = g * cosh(c.inputs[0]); }
+DUET_GRAD(Cosh, kSaveIn0) { gi[0] = g * sinh(c.inputs[0]); }
 DUET_GRAD(Tanh, kSaveOut) { gi[0] = g * (1 - c.output * c.output); }
+DUET_GRAD(Asinh, kSaveIn0) { gi[0] = g * rsqrt(c.inputs[0] * c.inputs[0] + 1); }
+DUET_GRAD(Acosh, kSaveIn0) { gi[0] = g * rsqrt(c.inputs[0] * c.inputs[0] - 1); }
+DUET_GRAD(Atanh, kSaveIn0) { gi[0] = g / (1 - c.inputs[0] * c.inputs[0]); }
 DUET_GRAD(Sigmoid, kSaveOut) { gi[0] = g * c.output * (1 - c.output); }
 DUET_GRAD(Relu, kSaveOut) { gi[0] = g * gt(c.output, 0); }
-DUET_GRAD(Floor, 0) {  // zero almost everywhere, as in PyTorch: a zero tensor of g's dims
-  gi[0] = full_dims(sym_dims(g), 0, Options().dtype(g.dtype()).device(g.device()));
+// The rounding ops and sign: zero almost everywhere, as in PyTorch: a zero tensor of g's dims.
+Tensor zero_gradient(const Tensor& g) {
+  return full_dims(sym_dims(g), 0, Options().dtype(g.dtype()).device(g.device()));
 }
+DUET_GRAD(Floor, 0) { gi[0] = zero_gradient(g); }
+DUET_GRAD(Ceil, 0) { gi[0] = zero_gradient(g); }
+DUET_GRAD(Round, 0) { gi[0] = zero_gradient(g); }
+DUET_GRAD(Trunc, 0) { gi[0] = zero_gradient(g); }
+DUET_GRAD(Sign, 0) { gi[0] = zero_gradient(g); }
 DUET_GRAD(Erf, kSaveIn0) {
   const Tensor& x = c.inputs[0];
   gi[0] = g * exp(neg(x * x)) * 1.12837916709551257390;  // 2 / sqrt(pi)

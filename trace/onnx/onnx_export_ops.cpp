@@ -20,6 +20,21 @@ const char* compare_op(OpId op) {
   }
 }
 
+// The ops whose ONNX form is the node of the same meaning on the result's dtype, or null.
+const char* same_unary(OpId op) {
+  static constexpr std::pair<OpId, const char*> kSame[] = {
+      {OpId::Neg, "Neg"},     {OpId::Exp, "Exp"},     {OpId::Log, "Log"},
+      {OpId::Sqrt, "Sqrt"},   {OpId::Abs, "Abs"},     {OpId::Sin, "Sin"},
+      {OpId::Cos, "Cos"},     {OpId::Tan, "Tan"},     {OpId::Asin, "Asin"},
+      {OpId::Acos, "Acos"},   {OpId::Atan, "Atan"},   {OpId::Sinh, "Sinh"},
+      {OpId::Cosh, "Cosh"},   {OpId::Tanh, "Tanh"},   {OpId::Asinh, "Asinh"},
+      {OpId::Acosh, "Acosh"}, {OpId::Atanh, "Atanh"}, {OpId::Sigmoid, "Sigmoid"},
+      {OpId::Relu, "Relu"},   {OpId::Erf, "Erf"},     {OpId::Sign, "Sign"}};
+  for (const auto& [id, name] : kSame)
+    if (id == op) return name;
+  return nullptr;
+}
+
 }  // namespace
 
 // The unary and binary arithmetic ops, in the dtype their result has (emit_op's families), and
@@ -42,40 +57,34 @@ std::string Writer::emit_arithmetic(Frame& f, Values& vals, const GraphNode& n) 
     attr_int(split, "axis", -1);
     return parts;
   };
+  if (const char* op = same_unary(n.op)) return unary(op);
   switch (n.op) {
-    case OpId::Neg:
-      return unary("Neg");
-    case OpId::Exp:
-      return unary("Exp");
     case OpId::Expm1:
       return emit(f, "Sub", {unary("Exp"), one()});
-    case OpId::Log:
-      return unary("Log");
     case OpId::Log1p:
       return emit(f, "Log", {emit(f, "Add", {arg(0, out.dtype), one()})});
-    case OpId::Sqrt:
-      return unary("Sqrt");
+    case OpId::Exp2:
+      return emit(f, "Pow", {scalar(f, 2, out.dtype), arg(0, out.dtype)});
+    case OpId::Log2:
+      return emit(f, "Div", {unary("Log"), scalar(f, 0.69314718055994530942, out.dtype)});
+    case OpId::Log10:
+      return emit(f, "Div", {unary("Log"), scalar(f, 2.30258509299404568402, out.dtype)});
     case OpId::Rsqrt:
       return emit(f, "Reciprocal", {unary("Sqrt")});
-    case OpId::Abs:
-      return unary("Abs");
-    case OpId::Sin:
-      return unary("Sin");
-    case OpId::Cos:
-      return unary("Cos");
-    case OpId::Atan:
-      return unary("Atan");
-    case OpId::Tanh:
-      return unary("Tanh");
-    case OpId::Sigmoid:
-      return unary("Sigmoid");
-    case OpId::Relu:
-      return unary("Relu");
     // ONNX's Floor takes floating types only; an integer is its own floor.
     case OpId::Floor:
       return unary(is_floating(out.dtype) ? "Floor" : "Identity");
-    case OpId::Erf:
-      return unary("Erf");
+    case OpId::Ceil:
+      return unary(is_floating(out.dtype) ? "Ceil" : "Identity");
+    case OpId::Round:  // (ONNX's Round takes halves to even, as torch.round)
+      return unary(is_floating(out.dtype) ? "Round" : "Identity");
+    case OpId::Trunc: {  // no Trunc in ONNX: the ceiling below 0, the floor from 0
+      if (!is_floating(out.dtype)) return unary("Identity");
+      const std::string x = arg(0, out.dtype);
+      return emit(f, "Where",
+                  {emit(f, "Less", {x, scalar(f, 0, out.dtype)}), emit(f, "Ceil", {x}),
+                   emit(f, "Floor", {x})});
+    }
     // log(sigmoid(x)) = -softplus(-x), finite for any finite x as duet's kernel.
     case OpId::LogSigmoid:
       return emit(f, "Neg", {emit(f, "Softplus", {emit(f, "Neg", {arg(0, out.dtype)})})});
@@ -158,32 +167,10 @@ std::string Writer::emit_op(Frame& f, Values& vals, int32_t v) {
   // Operand i in the dtype the op computes in (its result's, for the arithmetic families).
   const auto arg = [&](size_t i, DType d) { return as(f, vals, n.inputs[i], d); };
   switch (n.op) {
-    case OpId::Neg:
-    case OpId::Exp:
-    case OpId::Expm1:
-    case OpId::Log:
-    case OpId::Log1p:
-    case OpId::Sqrt:
-    case OpId::Rsqrt:
-    case OpId::Abs:
-    case OpId::Sin:
-    case OpId::Cos:
-    case OpId::Atan:
-    case OpId::Tanh:
-    case OpId::Sigmoid:
-    case OpId::Relu:
-    case OpId::Floor:
-    case OpId::Erf:
-    case OpId::LogSigmoid:
-    case OpId::GeluTanh:
-    case OpId::GeluTanhGrad:
-    case OpId::Add:
-    case OpId::Sub:
-    case OpId::Mul:
-    case OpId::Div:
-    case OpId::Pow:
-    case OpId::Maximum:
-    case OpId::Minimum:
+    // Every unary and binary row of the elementwise family, and the cells that fuse them.
+#define DUET_UNARY(Name, name, math, doc) case OpId::Name:
+#define DUET_BINARY(Name, name, doc) case OpId::Name:
+#include "core/elementwise.def"
     case OpId::LstmCell:
     case OpId::LstmStep:
     case OpId::GruCell:

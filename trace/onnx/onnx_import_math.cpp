@@ -18,8 +18,6 @@ namespace {
 using V = std::vector<Tensor>;
 namespace io = onnx_io;
 
-Tensor trunc(const Tensor& q) { return where(q < 0, neg(floor(neg(q))), floor(q)); }
-
 // ---- elementwise ----
 
 #define UNARY(Name, expr)      \
@@ -35,20 +33,20 @@ UNARY(op_log, log(x))
 UNARY(op_sqrt, sqrt(x))
 UNARY(op_sin, sin(x))
 UNARY(op_cos, cos(x))
-UNARY(op_tan, sin(x) / cos(x))
+UNARY(op_tan, tan(x))
 UNARY(op_atan, atan(x))
-UNARY(op_asin, atan(x / sqrt((1 - x * x))))
-UNARY(op_acos, M_PI / 2 - atan(x / sqrt((1 - x * x))))
-UNARY(op_sinh, (exp(x) - exp(neg(x))) / 2)
-UNARY(op_cosh, (exp(x) + exp(neg(x))) / 2)
-UNARY(op_asinh, log(x + sqrt(x * x + 1)))
-UNARY(op_acosh, log(x + sqrt(x * x - 1)))
-UNARY(op_atanh, log((1 + x) / (1 - x)) / 2)
+UNARY(op_asin, asin(x))
+UNARY(op_acos, acos(x))
+UNARY(op_sinh, sinh(x))
+UNARY(op_cosh, cosh(x))
+UNARY(op_asinh, asinh(x))
+UNARY(op_acosh, acosh(x))
+UNARY(op_atanh, atanh(x))
 UNARY(op_tanh, tanh(x))
 UNARY(op_sigmoid, sigmoid(x))
 UNARY(op_relu, relu(x))
 UNARY(op_floor, floor(x))
-UNARY(op_ceil, neg(floor(neg(x))))
+UNARY(op_ceil, ceil(x))
 UNARY(op_erf, erf(x))
 UNARY(op_reciprocal, 1 / x)
 UNARY(op_identity, x)
@@ -57,20 +55,9 @@ UNARY(op_isnan, isnan(x))
 UNARY(op_not, eq(as(x, DType::i32), 0))
 UNARY(op_softplus, softplus(x))
 UNARY(op_hardswish, x* clamp(x / 6 + 0.5, 0.0, 1.0))
+UNARY(op_sign, sign(x))
+UNARY(op_round, round(x))  // (halves to even, as ONNX's)
 #undef UNARY
-
-V op_sign(const Node& n) {
-  const Tensor& x = n.in(0);
-  return {as(as(gt(x, 0), x.dtype()) - as(lt(x, 0), x.dtype()), x.dtype())};
-}
-
-V op_round(const Node& n) {  // halves to even
-  const Tensor& x = n.in(0);
-  Tensor r = floor(x + 0.5);
-  Tensor half = eq(r - x, 0.5);
-  Tensor odd = ne(r - floor(r / 2) * 2, 0);
-  return {where(logical_and_(half, odd), r - 1, r)};
-}
 
 V op_isinf(const Node& n) {
   const Tensor& x = n.in(0);
