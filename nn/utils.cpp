@@ -9,19 +9,6 @@
 #include "eager/autograd.h"
 
 namespace duet::nn::utils {
-namespace {
-
-/// torch.linalg.vector_norm(x, p) of all elements, a 0-d tensor of x's dtype.
-Tensor vector_norm(const Tensor& x, double p) {
-  if (std::isinf(p)) return p > 0 ? max(abs(x)) : min(abs(x));
-  if (p == 0) return sum(ne(x, 0)).to(x.dtype());
-  if (p == 1) return sum(abs(x));
-  if (p == 2) return sqrt(sum(x * x));
-  return pow(sum(pow(abs(x), p)), 1.0 / p);
-}
-
-}  // namespace
-
 Tensor clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm, double norm_type,
                        bool error_if_nonfinite) {
   DUET_CHECK_VALUE(!std::isnan(norm_type), "[clip_grad_norm_] norm_type is NaN");

@@ -46,12 +46,18 @@ struct ElementwiseRow {
   std::vector<Domain> grad_domains = {};
 };
 const std::vector<ElementwiseRow>& elementwise_rows();
+/// Whether the row's result carries a gradient: its primitive is differentiable and its result
+/// is not b8 (logical_and is a product of b8 truths).
+bool differentiable(const ElementwiseRow& r);
 /// The rows of erf, log_sigmoid and the elementwise composites gelu and silu (op_rows_nn.cpp),
 /// and of the piecewise activations (activation_rows()).
 const std::vector<ElementwiseRow>& special_function_rows();
 /// leaky_relu, elu, selu, celu, hardtanh, relu6, hardsigmoid, hardswish, mish
 /// (op_rows_activation.cpp).
 std::vector<ElementwiseRow> activation_rows();
+/// reciprocal, square, clamp_min, clamp_max, lerp, addcmul, addcdiv and the logical ops
+/// (op_rows_math.cpp), part of special_function_rows().
+std::vector<ElementwiseRow> pointwise_rows();
 
 /// Cast and Copy: x converted to another dtype.
 struct ConversionRow {
@@ -157,6 +163,8 @@ const std::vector<OpRow>& random_rows();  ///< rand, randn, randint
 const std::vector<OpRow>& more_rows();
 /// lstm_step and its gradient (op_rows_step.cpp), part of more_rows().
 std::vector<OpRow> step_rows();
+/// prod, cumprod, all, any, vector_norm, norm and cdist (op_rows_math.cpp), part of more_rows().
+std::vector<OpRow> math_rows();
 /// All of the above.
 const std::vector<OpRow>& op_rows();
 

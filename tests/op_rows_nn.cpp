@@ -650,6 +650,7 @@ const std::vector<ElementwiseRow>& special_function_rows() {
          R::Same},
     };
     for (const ElementwiseRow& act : activation_rows()) r.push_back(act);
+    for (const ElementwiseRow& p : pointwise_rows()) r.push_back(p);
     return r;
   }();
   return rows;

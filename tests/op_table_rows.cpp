@@ -8,6 +8,10 @@
 
 namespace duet::test {
 
+bool differentiable(const ElementwiseRow& r) {
+  return detail::op_def(r.op).differentiable && r.result != ResultKind::Bool;
+}
+
 DType result_dtype(ResultKind kind, DType in) {
   switch (kind) {
     case ResultKind::Same:

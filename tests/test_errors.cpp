@@ -1049,6 +1049,22 @@ const std::vector<ErrorRow>& error_rows() {
        "[fused_gru_cell] needs floating operands, got i64, i64 and i64"},
       {"rnn cells", [] { fused_lstm_cell(Tensor(), randn({8}), randn({2})); }, Kind::Value,
        "[fused_lstm_cell] gates_x, gates_h and c must be defined tensors"},
+      // Pointwise composites, products and norms (core/ops/pointwise.cpp, stats.cpp, norms.cpp).
+      {"math", [] { addcdiv(f32({3}), arange(3), arange(3)); }, Kind::DType,
+       "[addcdiv] integer division (i64 (3) by i64 (3)) is not supported"},
+      {"math", [] { lerp(arange(3), arange(3), 0.5); }, Kind::DType,
+       "[lerp] needs floating operands, got start i64 (3), end i64 (3)"},
+      {"math", [] { vector_norm(arange(3)); }, Kind::DType,
+       "[vector_norm] needs a floating input, got i64 of shape (3)"},
+      {"math", [] { vector_norm(f32({3}), NAN); }, Kind::Value,
+       "[vector_norm] ord must be a number, got NaN"},
+      {"math", [] { cdist(f32({2, 3}), f32({4, 2})); }, Kind::Shape,
+       "[cdist] needs x1 (..., P, M) and x2 (..., R, M) with one M, got (2, 3) and (4, 2)"},
+      {"math", [] { cdist(f32({2, 3}), f32({4, 3}), -1); }, Kind::Value,
+       "[cdist] p must be non-negative, got -1"},
+      {"math", [] { prod(f32({2, 3}), {1, -1}); }, Kind::Value,
+       "[prod] dim 1 appears more than once in (1, -1)"},
+      {"math", [] { cumprod(f32({2, 3}), 2); }, Kind::Any, "[cumprod]"},
   };
   return rows;
 }
@@ -1103,7 +1119,7 @@ TEST_CASE("error rows: the right error type, and a message that starts with [op]
   CHECK(sited == sited_total);
   // At least three bad inputs per op family.
   for (const auto& [family, n] : per_family) CHECK_MESSAGE(n >= 3, family);
-  CHECK(per_family.size() == 19);
+  CHECK(per_family.size() == 20);
 }
 
 // ---- call sites (core/call_site.h) ------------------------------------------------------------

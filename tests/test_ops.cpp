@@ -321,6 +321,46 @@ TEST_CASE("neg flips the sign bit: neg(+0.0) is -0.0, and a NaN's sign flips") {
   }
 }
 
+// What the pointwise composites and products promise beyond their rows' references (PyTorch's
+// behaviour where random inputs do not reach: exact bounds, zeros, dtypes, aliasing).
+TEST_CASE("composites at their edges: bounds, zeros, dtypes and fresh results") {
+  Tensor x = tensor({-1.0, 0.5, 2.0}, Options().dtype(DType::f64)).requires_grad_();
+  // clamp_min and clamp_max pass the whole gradient at the bound itself (maximum splits it).
+  clamp_min(x, 0.5).sum().backward();
+  CHECK(x.grad().to_vector<double>() == std::vector<double>{0, 1, 1});
+  x.set_grad(Tensor());
+  clamp_max(x, 0.5).sum().backward();
+  CHECK(x.grad().to_vector<double>() == std::vector<double>{1, 1, 0});
+  // lerp's weight 1 gives end exactly; the second form is chosen from |weight| = 0.5 up.
+  const Tensor a = tensor({0.1, -3.7}), b = tensor({1e8, 0.3});
+  CHECK(bitwise_equal(lerp(a, b, 1.0), b));
+  CHECK(bitwise_equal(lerp(a, b, ones({2})), b));
+  // b8 squares in i64; integers multiply in i64; an empty product is 1.
+  CHECK(square(tensor({1, 0}).ne(0)).dtype() == DType::i64);
+  CHECK(prod(tensor({3, 4}, Options().dtype(DType::i32))).dtype() == DType::i64);
+  CHECK(prod(zeros({0, 2}), {0}).to_vector<float>() == std::vector<float>{1, 1});
+  // A product with nothing to multiply is a new tensor, not a view of x.
+  const Tensor y = randn({3, 1});
+  Tensor p = prod(y, {1});
+  p.add_(1);
+  CHECK(y.squeeze(1).add(1).to_vector<float>() == p.to_vector<float>());
+  // The logical ops and all/any: b8 for any input, NaN counts as true, empty reductions.
+  const Tensor n = tensor({NAN, 0.0});
+  CHECK(logical_not(n).to_vector<bool>() == std::vector<bool>{false, true});
+  CHECK(all(zeros({0})).item<bool>());
+  CHECK(!any(zeros({0})).item<bool>());
+  // A NaN makes the norm NaN; zeros make it 0, with gradient 0.
+  CHECK(std::isnan(vector_norm(tensor({1.0, NAN})).item<float>()));
+  Tensor z = zeros({3}, Options().dtype(DType::f64)).requires_grad_();
+  for (double ord : {2.0, 3.0, 1.5}) {
+    z.set_grad(Tensor());
+    Tensor v = vector_norm(z, ord);
+    CHECK(v.item<double>() == 0);
+    v.backward();
+    CHECK(z.grad().to_vector<double>() == std::vector<double>{0, 0, 0});
+  }
+}
+
 TEST_CASE("elementwise rows: rvalue operands reuse only buffers nobody else sees") {
   Rng rng(3);
   const Sample& normal = sample("normal");

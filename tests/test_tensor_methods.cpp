@@ -80,6 +80,72 @@ std::vector<MethodRow> method_rows() {
   row(
       "clamp", [=] { return one(x.clamp(-0.5, 0.5)); }, [=] { return one(clamp(x, -0.5, 0.5)); });
   row(
+      "clamp_min", [=] { return one(x.clamp_min(-0.5)); }, [=] { return one(clamp_min(x, -0.5)); });
+  row(
+      "clamp_max", [=] { return one(x.clamp_max(0.5)); }, [=] { return one(clamp_max(x, 0.5)); });
+  row(
+      "reciprocal", [=] { return one(pos.reciprocal()); }, [=] { return one(reciprocal(pos)); });
+  row(
+      "square", [=] { return one(x.square()); }, [=] { return one(square(x)); });
+  row(
+      "lerp",
+      [=] {
+        return Results{x.lerp(y, 0.25), x.lerp(y, pos)};
+      },
+      [=] {
+        return Results{lerp(x, y, 0.25), lerp(x, y, pos)};
+      });
+  row(
+      "addcmul", [=] { return one(x.addcmul(y, pos, 2)); },
+      [=] { return one(addcmul(x, y, pos, 2)); });
+  row(
+      "addcdiv", [=] { return one(x.addcdiv(y, pos)); }, [=] { return one(addcdiv(x, y, pos)); });
+  row(
+      "logical_not", [=] { return one(mask.logical_not()); },
+      [=] { return one(logical_not(mask)); });
+  row(
+      "logical_and", [=] { return one(x.logical_and(mask)); },
+      [=] { return one(logical_and(x, mask)); });
+  row(
+      "logical_or", [=] { return one(mask.logical_or(y)); },
+      [=] { return one(logical_or(mask, y)); });
+  row(
+      "logical_xor", [=] { return one(x.logical_xor(y)); }, [=] { return one(logical_xor(x, y)); });
+  row(
+      "prod",
+      [=] {
+        return Results{pos.prod(), pos.prod({1}, true)};
+      },
+      [=] {
+        return Results{prod(pos), prod(pos, {1}, true)};
+      });
+  row(
+      "all",
+      [=] {
+        return Results{mask.all(), mask.all({0})};
+      },
+      [=] {
+        return Results{all(mask), all(mask, {0})};
+      });
+  row(
+      "any",
+      [=] {
+        return Results{mask.any(), mask.any({1}, true)};
+      },
+      [=] {
+        return Results{any(mask), any(mask, {1}, true)};
+      });
+  row(
+      "cumprod", [=] { return one(pos.cumprod(1)); }, [=] { return one(cumprod(pos, 1)); });
+  row(
+      "norm",
+      [=] {
+        return Results{x.norm(), x.norm(1, {1}, true)};
+      },
+      [=] {
+        return Results{norm(x), norm(x, 1, {1}, true)};
+      });
+  row(
       "sum",
       [=] {
         return Results{x.sum(), x.sum(1, true)};

@@ -231,6 +231,43 @@ Cases op_cases() {
   });
   c.emplace_back("cumsum_0", [](Ref& r) { r.out("out", cumsum(r.in("x"), 0)); });
   c.emplace_back("cumsum_1", [](Ref& r) { r.out("out", cumsum(r.in("x"), 1)); });
+  c.emplace_back("prod_zeros_dim", [](Ref& r) { r.out("out", prod(r.in("x"), {1})); });
+  c.emplace_back("prod_all", [](Ref& r) { r.out("out", prod(r.in("x"))); });
+  c.emplace_back("cumprod_zero", [](Ref& r) { r.out("out", cumprod(r.in("x"), 1)); });
+  c.emplace_back("vector_norm_dims", [](Ref& r) {
+    r.out("out", vector_norm(r.in("x"), 3, {0, 2}, true));
+  });
+  c.emplace_back("vector_norm_zero_row",
+                 [](Ref& r) { r.out("out", vector_norm(r.in("x"), 2, {1})); });
+  c.emplace_back("vector_norm_inf",
+                 [](Ref& r) { r.out("out", vector_norm(r.in("x"), INFINITY, {1})); });
+  c.emplace_back("cdist_equal_rows", [](Ref& r) { r.out("out", cdist(r.in("x1"), r.in("x2"))); });
+  c.emplace_back("cdist_p1", [](Ref& r) { r.out("out", cdist(r.in("x1"), r.in("x2"), 1)); });
+  c.emplace_back("lerp_addc", [](Ref& r) {
+    Tensor a = r.in("a"), b = r.in("b"), t = r.in("t");
+    r.out("lerp", lerp(a, b, r.in("w")));
+    r.out("lerp_scalar", lerp(a, b, 0.75));
+    r.out("addcdiv", addcdiv(a, b, t, 0.5));
+    r.out("addcmul", addcmul(a, b, t, -2));
+  });
+  c.emplace_back("unary_math", [](Ref& r) {
+    Tensor x = r.in("x"), h = r.in("h");
+    r.out("tan", tan(x));
+    r.out("asin", asin(x));
+    r.out("acos", acos(x));
+    r.out("sinh", sinh(x));
+    r.out("cosh", cosh(x));
+    r.out("asinh", asinh(x));
+    r.out("atanh", atanh(x));
+    r.out("exp2", exp2(x));
+    r.out("acosh", acosh(x + 2));
+    r.out("log2", log2(x + 2));
+    r.out("log10", log10(x + 2));
+    r.out("round", round(h));
+    r.out("trunc", trunc(h));
+    r.out("ceil", ceil(h));
+    r.out("sign", sign(h));
+  });
   for (int k : {0, 1}) {
     const std::string s = "_c" + std::to_string(k);
     c.emplace_back("var" + s, [k](Ref& r) { r.out("out", var(r.in("x"), {1}, k)); });

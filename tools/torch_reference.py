@@ -161,6 +161,58 @@ def ops_cases():
     case("like", likes)
     case("cumsum_0", lambda c: c.out("out", torch.cumsum(c.randn("x", 5, 3), 0)))
     case("cumsum_1", lambda c: c.out("out", torch.cumsum(c.randn("x", 2, 7), 1)))
+
+    def with_zeros(c, shape, at):
+        x = torch.randn(*shape)
+        for i in at:
+            x[i] = 0
+        return c.inp("x", x)
+
+    case("prod_zeros_dim", lambda c: c.out(
+        "out", torch.prod(with_zeros(c, (3, 4), [(0, 1), (2, 0), (2, 3)]), 1)))
+    case("prod_all", lambda c: c.out("out", torch.prod(c.randn("x", 2, 3))))
+    case("cumprod_zero", lambda c: c.out(
+        "out", torch.cumprod(with_zeros(c, (2, 5), [(0, 2)]), 1)))
+    case("vector_norm_dims", lambda c: c.out(
+        "out", torch.linalg.vector_norm(c.randn("x", 2, 3, 4), 3, dim=(0, 2), keepdim=True)))
+    case("vector_norm_zero_row", lambda c: c.out(
+        "out", torch.linalg.vector_norm(with_zeros(c, (3, 4), [1]), dim=1)))
+    case("vector_norm_inf", lambda c: c.out(
+        "out", torch.linalg.vector_norm(c.randn("x", 3, 4), float("inf"), dim=1)))
+
+    def cdist_equal(c):
+        a = torch.randn(2, 3, 4)
+        b = torch.randn(2, 5, 4)
+        b[1, 2] = a[1, 0]  # a distance of 0
+        c.out("out", torch.cdist(c.inp("x1", a), c.inp("x2", b)))
+
+    case("cdist_equal_rows", cdist_equal)
+    case("cdist_p1", lambda c: c.out(
+        "out", torch.cdist(c.randn("x1", 4, 3), c.randn("x2", 1, 2, 3), p=1)))
+
+    def lerp_addc(c):
+        a, b = c.randn("a", 3, 4), c.randn("b", 3, 4)
+        w = c.inp("w", torch.rand(3, 4) * 2 - 0.5)
+        c.out("lerp", torch.lerp(a, b, w))
+        c.out("lerp_scalar", torch.lerp(a, b, 0.75))
+        t = c.inp("t", torch.rand(3, 4) + 0.5)
+        c.out("addcdiv", torch.addcdiv(a, b, t, value=0.5))
+        c.out("addcmul", torch.addcmul(a, b, t, value=-2))
+
+    case("lerp_addc", lerp_addc)
+
+    def unary_math(c):
+        x = c.inp("x", torch.rand(3, 4) * 1.8 - 0.9)
+        for name in ("tan", "asin", "acos", "sinh", "cosh", "asinh", "atanh", "exp2"):
+            c.out(name, getattr(torch, name)(x))
+        c.out("acosh", torch.acosh(x + 2))
+        c.out("log2", torch.log2(x + 2))
+        c.out("log10", torch.log10(x + 2))
+        h = c.inp("h", torch.arange(-6, 6).float() / 2 + 0.25 * (torch.arange(12) % 3 == 0))
+        for name in ("round", "trunc", "ceil", "sign"):
+            c.out(name, getattr(torch, name)(h))
+
+    case("unary_math", unary_math)
     for corr in (0, 1):
         case(f"var_c{corr}", lambda c, k=corr: c.out(
             "out", torch.var(c.randn("x", 3, 5), dim=1, correction=k)))

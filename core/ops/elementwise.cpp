@@ -448,19 +448,4 @@ Tensor isfinite(const Tensor& x, std::source_location loc) {
   return lt(abs(x), std::numeric_limits<double>::infinity());
 }
 
-// With lo > hi every element becomes hi, as torch.clamp documents.
-// With where rather than maximum/minimum, the gradient is 1 on the closed interval [lo, hi]
-// (maximum would split it at a boundary), and NaN passes through, as torch.clamp.
-Tensor clamp(const Tensor& x, Scalar lo, Scalar hi, std::source_location loc) {
-  detail::SiteGuard site(loc);
-  // An integer bound beyond the range of an i32 (or narrower) tensor clamps nothing on that side.
-  if (detail::is_narrower_than_i64(x.dtype())) {
-    const auto [least, most] = detail::integral_range(x.dtype());
-    if (lo.is_integral() && lo.to<int64_t>() < least) lo = Scalar(least);
-    if (hi.is_integral() && hi.to<int64_t>() > most) hi = Scalar(most);
-  }
-  Tensor r = where(lt(x, lo), lo, x);
-  return where(gt(r, hi), hi, r);
-}
-
 }  // namespace duet

@@ -32,12 +32,16 @@ Dims trailing_dims(const char* op, const Tensor& x, const Shape& normalized) {
 // The p-norm (sum |x|^p)^(1/p) of an all-zero vector is 0, and its gradient there is 0, as
 // PyTorch's linalg_vector_norm's: the root's derivative is infinite at 0, and the zero gradient
 // of the sum times it was NaN. The root reads 1 where the sum is 0, and the norm is 0 there.
-Tensor vector_norm(const Tensor& x, double p, int64_t dim) {
-  if (std::isinf(p)) return amax(abs(x), {dim}, /*keepdim=*/true);
-  const Tensor s = p == 2 ? sum(x * x, {dim}, true) : sum(pow(abs(x), p), {dim}, true);
-  const Tensor nonzero = gt(s, 0);
-  const Tensor safe = where(nonzero, s, 1);
-  return where(nonzero, p == 2 ? sqrt(safe) : pow(safe, 1 / p), 0);
+// The infinity norms are amax and amin of |x| (the gradient split evenly among ties, as
+// PyTorch's), the 0 "norm" counts the nonzero elements (no gradient), and 1 sums |x|.
+Tensor p_norm(const Tensor& x, double p, const Dims& dims, bool keepdim) {
+  if (std::isinf(p)) return p > 0 ? amax(abs(x), dims, keepdim) : amin(abs(x), dims, keepdim);
+  if (p == 0) return sum(ne(x, 0), dims, keepdim).to(x.dtype());
+  if (p == 1) return sum(abs(x), dims, keepdim);
+  const Tensor s = p == 2 ? sum(x * x, dims, keepdim) : sum(pow(abs(x), p), dims, keepdim);
+  const Tensor zero = eq(s, 0);  // (not s > 0: a NaN sum gives a NaN norm, as PyTorch's)
+  const Tensor safe = where(zero, 1, s);
+  return where(zero, 0, p == 2 ? sqrt(safe) : pow(safe, 1 / p));
 }
 
 int64_t wrap_dim(const char* op, int64_t dim, const Tensor& x) {
@@ -165,7 +169,7 @@ Tensor normalize(const Tensor& x, double p, int64_t dim, double eps, std::source
     DUET_CHECK_VALUE(p > 0 && !std::isnan(p), "[normalize] p must be positive, got {}", p);
     DUET_CHECK_SHAPE(x.dim() > 0, "[normalize] needs at least one dim, got a 0-d input");
     const int64_t d = wrap_dim("normalize", dim, x);
-    return x / clamp(vector_norm(x, p, d), eps, INFINITY);
+    return x / clamp(p_norm(x, p, {d}, true), eps, INFINITY);
   });
 }
 
@@ -187,8 +191,8 @@ Tensor cosine_similarity(const Tensor& a, const Tensor& b, int64_t dim, double e
                      a.sizes(), b.sizes());
     const int64_t d = wrap_dim("cosine_similarity", dim, a);
     // Each side over its own norm, as PyTorch's: the clamped norms below eps.
-    const Tensor an = a / clamp(vector_norm(a, 2, d), eps, INFINITY);
-    const Tensor bn = b / clamp(vector_norm(b, 2, d), eps, INFINITY);
+    const Tensor an = a / clamp(p_norm(a, 2, {d}, true), eps, INFINITY);
+    const Tensor bn = b / clamp(p_norm(b, 2, {d}, true), eps, INFINITY);
     return sum(an * bn, {d});
   });
 }
@@ -209,8 +213,57 @@ Tensor pairwise_distance(const Tensor& x1, const Tensor& x2, double p, double ep
     DUET_CHECK_SHAPE(d.dim() >= 1,
                      "[pairwise_distance] needs inputs of at least 1 dim, got {} and {}",
                      x1.sizes(), x2.sizes());
-    const Tensor n = vector_norm(d, p, d.dim() - 1);
+    const Tensor n = p_norm(d, p, {d.dim() - 1}, true);
     return keepdim ? n : squeeze(n, d.dim() - 1);
+  });
+}
+
+namespace {
+void check_norm_input(const char* op, const Tensor& x) {
+  DUET_CHECK_VALUE(x.defined(), "[{}] the input is an undefined tensor", op);
+  DUET_CHECK_DTYPE(is_floating(x.dtype()),
+                   "[{}] needs a floating input, got {} of shape {}; convert with "
+                   ".to(DType::f32)",
+                   op, x.dtype(), x.sizes());
+}
+}  // namespace
+
+// torch.linalg.vector_norm (Note [Norms at zero]); f16 and bf16 sum in f32 and round once.
+Tensor vector_norm(const Tensor& x_in, double ord, Dims dims, bool keepdim,
+                   std::source_location loc) {
+  detail::SiteGuard site(loc);
+  return detail::as_op("vector_norm", [&]() -> Tensor {
+    check_norm_input("vector_norm", x_in);
+    DUET_CHECK_VALUE(!std::isnan(ord), "[vector_norm] ord must be a number, got NaN");
+    const bool low = x_in.dtype() == DType::f16 || x_in.dtype() == DType::bf16;
+    const Tensor x = low ? x_in.to(DType::f32) : x_in;
+    const Tensor n = p_norm(x, ord, dims, keepdim);
+    return low ? n.to(x_in.dtype()) : n;
+  });
+}
+
+Tensor norm(const Tensor& x, double p, Dims dims, bool keepdim, std::source_location loc) {
+  detail::SiteGuard site(loc);
+  return detail::as_op("norm", [&]() -> Tensor { return vector_norm(x, p, dims, keepdim); });
+}
+
+// Every row of x1 (..., P, M) against every row of x2 (..., R, M): (..., P, R), the batch dims
+// broadcast, as torch.cdist. The differences are formed whole (P R M elements per batch), so
+// the result is exact and its gradient at equal rows is 0 (Note [Norms at zero]).
+Tensor cdist(const Tensor& x1, const Tensor& x2, double p, std::source_location loc) {
+  detail::SiteGuard site(loc);
+  return detail::as_op("cdist", [&]() -> Tensor {
+    check_norm_input("cdist", x1);
+    check_norm_input("cdist", x2);
+    DUET_CHECK_VALUE(p >= 0 && !std::isnan(p), "[cdist] p must be non-negative, got {}", p);
+    DUET_CHECK_SHAPE(
+        x1.dim() >= 2 && x2.dim() >= 2 &&
+            detail::size_is(x2, x2.dim() - 1, detail::sym_dim(x1, x1.dim() - 1), "cdist"),
+        "[cdist] needs x1 (..., P, M) and x2 (..., R, M) with one M, got {} and {}", x1.sizes(),
+        x2.sizes());
+    DUET_CHECK_DTYPE(x1.dtype() == x2.dtype(), "[cdist] x1 ({}) and x2 ({}) must share a dtype",
+                     x1.dtype(), x2.dtype());
+    return vector_norm(unsqueeze(x1, -2) - unsqueeze(x2, -3), p, {-1});
   });
 }
 

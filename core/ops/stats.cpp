@@ -13,6 +13,7 @@
 // row (O(n log n)); the CUDA kernel gives each element its rank among its row in one thread
 // (O(n) per element), which is simple and stable but quadratic in work for very long rows.
 #include <algorithm>
+#include <limits>
 
 #include "core/autocast.h"
 #include "core/dispatch.h"
@@ -44,23 +45,115 @@ std::vector<int64_t> wrap_dims(const char* op, const Tensor& x, const Dims& dims
 // O(n log n) and fuses like any elementwise chain; its gradient, derived by the tape, is the
 // same rounds shifted the other way, the reverse cumsum. Each round's condition k < n is decided
 // with sym_decide, so under compile a symbolic n is guarded to the range (k/2, k] rather than
-// specialized to one size.
-Tensor cumsum(const Tensor& x_in, int64_t dim, std::source_location loc) {
+// specialized to one size. cumprod is the same rounds with products, ones shifted in: its
+// gradient, the tape's through the products, is exact at zeros too (a division by x would not
+// be). Integers and b8 scan in i64, as PyTorch's.
+namespace {
+Tensor log_depth_scan(const char* op, const Tensor& x_in, int64_t dim, bool product) {
+  Tensor held_x;  // Note [Autocast]
+  const Tensor& x = detail::autocast_f32(x_in, held_x);
+  dim = detail::wrap_dim(op, dim, x.dim());
+  Tensor y = is_floating(x.dtype()) ? x : x.to(DType::i64);
+  if (x.dim() == 0) return y.impl() == x.impl() ? x.clone() : y;
+  const SymInt n = detail::sym_dim(y, dim);
+  const Options o = Options().dtype(y.dtype()).device(y.device());
+  for (int64_t k = 1; detail::sym_decide(SymInt(k), detail::SymRel::Lt, n, op); k *= 2) {
+    SymDims first = detail::sym_dims(y);
+    first[dim] = k;
+    const Tensor shifted =
+        cat({detail::full_dims(first, product ? 1 : 0, o), slice(y, dim, 0, -k)}, dim);
+    y = product ? y * shifted : y + shifted;
+  }
+  return y.impl() == x.impl() ? x.clone() : y;
+}
+}  // namespace
+
+Tensor cumsum(const Tensor& x, int64_t dim, std::source_location loc) {
   detail::SiteGuard site(loc);
-  return detail::as_op("cumsum", [&]() -> Tensor {
+  return detail::as_op("cumsum",
+                       [&]() -> Tensor { return log_depth_scan("cumsum", x, dim, false); });
+}
+
+Tensor cumprod(const Tensor& x, int64_t dim, std::source_location loc) {
+  detail::SiteGuard site(loc);
+  return detail::as_op("cumprod",
+                       [&]() -> Tensor { return log_depth_scan("cumprod", x, dim, true); });
+}
+
+namespace {
+// Note [Products by pairs]
+// prod along one dim multiplies neighbours in pairs, halving the dim each round (a one appended
+// where it is odd): ceil(log2 n) rounds of strided slices and one product, O(n) work, and its
+// gradient, the tape's through the products, is exact where x holds zeros (PyTorch's special
+// case of its division by x). A symbolic n cannot choose the rounds when traced: its product is
+// the last element of cumprod instead. The dim stays, of size 1.
+Tensor prod_along(Tensor y, int64_t d) {
+  const SymInt sn = detail::sym_dim(y, d);
+  const Options o = Options().dtype(y.dtype()).device(y.device());
+  SymDims one = detail::sym_dims(y);
+  one[d] = 1;
+  if (!sn.is_concrete()) {
+    if (detail::sym_decide(sn, detail::SymRel::Eq, SymInt(0), "prod"))
+      return sum(y, {d}, true) * 0 + 1;
+    return slice(cumprod(y, d), d, -1, std::numeric_limits<int64_t>::max());
+  }
+  int64_t n = sn.concrete();
+  if (n == 0) return sum(y, {d}, true) * 0 + 1;  // (ones, still read from y: a zero gradient)
+  while (n > 1) {
+    if (n % 2) {
+      y = cat({y, detail::full_dims(one, 1, o)}, d);
+      ++n;
+    }
+    y = slice(y, d, 0, n, 2) * slice(y, d, 1, n, 2);
+    n /= 2;
+  }
+  return y;
+}
+}  // namespace
+
+Tensor prod(const Tensor& x_in, Dims dims, bool keepdim, std::source_location loc) {
+  detail::SiteGuard site(loc);
+  return detail::as_op("prod", [&]() -> Tensor {
     Tensor held_x;  // Note [Autocast]
     const Tensor& x = detail::autocast_f32(x_in, held_x);
-    dim = detail::wrap_dim("cumsum", dim, x.dim());
-    Tensor y = is_floating(x.dtype()) ? x : x.to(DType::i64);  // PyTorch: integers sum in i64
-    if (x.dim() == 0) return y.impl() == x.impl() ? x.clone() : y;
-    const SymInt n = detail::sym_dim(y, dim);
-    const Options o = Options().dtype(y.dtype()).device(y.device());
-    for (int64_t k = 1; detail::sym_decide(SymInt(k), detail::SymRel::Lt, n, "cumsum"); k *= 2) {
-      SymDims zs = detail::sym_dims(y);
-      zs[dim] = k;
-      y = y + cat({detail::full_dims(zs, 0, o), slice(y, dim, 0, -k)}, dim);
+    const std::vector<int64_t> w = wrap_dims("prod", x, dims);
+    Tensor y = is_floating(x.dtype()) ? x : x.to(DType::i64);  // PyTorch: integers in i64
+    // A result that views x (nothing multiplied: every reduced dim of size 1) is copied.
+    auto fresh = [&](const Tensor& r) {
+      return r.impl()->storage == x.impl()->storage ? r.clone() : r;
+    };
+    if (x.dim() == 0) return fresh(y);
+    if (w.empty()) {  // every element: the flat tensor's product, shaped as the reduction's
+      const SymDims xs = detail::sym_dims(y);
+      y = prod_along(detail::reshape_dims(y, {detail::sym_numel(xs)}), 0);
+      SymDims out;
+      if (keepdim) out.assign(xs.size(), SymInt(1));
+      return fresh(detail::reshape_dims(y, out));
     }
-    return y.impl() == x.impl() ? x.clone() : y;
+    std::vector<int64_t> desc = w;  // (squeezed from the last, so that the others keep place)
+    std::sort(desc.begin(), desc.end(), std::greater<>());
+    for (int64_t d : desc) y = prod_along(y, d);
+    if (!keepdim)
+      for (int64_t d : desc) y = squeeze(y, d);
+    return fresh(y);
+  });
+}
+
+// Whether every element (all) or some element (any) over dims is nonzero: b8, by a count of
+// the zeros (all) or the nonzeros (any), so that an empty reduction gives true and false.
+Tensor all(const Tensor& x, Dims dims, bool keepdim, std::source_location loc) {
+  detail::SiteGuard site(loc);
+  return detail::as_op("all", [&]() -> Tensor {
+    DUET_CHECK_VALUE(x.defined(), "[all] the input is an undefined tensor");
+    return eq(sum(eq(x, 0), dims, keepdim), 0);
+  });
+}
+
+Tensor any(const Tensor& x, Dims dims, bool keepdim, std::source_location loc) {
+  detail::SiteGuard site(loc);
+  return detail::as_op("any", [&]() -> Tensor {
+    DUET_CHECK_VALUE(x.defined(), "[any] the input is an undefined tensor");
+    return gt(sum(ne(x, 0), dims, keepdim), 0);
   });
 }
 

@@ -105,20 +105,22 @@ std::string Writer::emit_arithmetic(Frame& f, Values& vals, const GraphNode& n) 
       const std::string ds = mul(s, emit(f, "Sub", {one(), s}));
       return emit(f, "Add", {s, mul(mul(x, ds), du)});
     }
+    // ONNX's arithmetic takes no bool: b8 sums and maxima are disjunctions, products and minima
+    // conjunctions (duet's b8 arithmetic).
     case OpId::Add:
-      return binary("Add");
+      return binary(out.dtype == DType::b8 ? "Or" : "Add");
     case OpId::Sub:
       return binary("Sub");
     case OpId::Mul:
-      return binary("Mul");
+      return binary(out.dtype == DType::b8 ? "And" : "Mul");
     case OpId::Div:
       return binary("Div");  // integers were promoted to a float result
     case OpId::Pow:
       return binary("Pow");
     case OpId::Maximum:
-      return binary("Max");
+      return binary(out.dtype == DType::b8 ? "Or" : "Max");
     case OpId::Minimum:
-      return binary("Min");
+      return binary(out.dtype == DType::b8 ? "And" : "Min");
     case OpId::LstmCell:
     case OpId::LstmStep: {
       // The composite it fuses, in its result's dtype, on the summed gates i, f, g and o;
