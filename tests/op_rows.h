@@ -165,6 +165,10 @@ const std::vector<OpRow>& more_rows();
 std::vector<OpRow> step_rows();
 /// prod, cumprod, all, any, vector_norm, norm and cdist (op_rows_math.cpp), part of more_rows().
 std::vector<OpRow> math_rows();
+/// repeat, tile, repeat_interleave, movedim, swapaxes, swapdims, unflatten, unbind,
+/// broadcast_to, outer, bmm, baddbmm, diag, diag_embed, trace, diff, meshgrid, hstack, vstack
+/// (op_rows_math.cpp), part of more_rows().
+std::vector<OpRow> arrange_rows();
 /// All of the above.
 const std::vector<OpRow>& op_rows();
 

@@ -1,9 +1,14 @@
 // Rows of the pointwise composites (reciprocal, square, clamp_min, clamp_max, lerp, addcmul,
-// addcdiv, the logical ops), of prod, cumprod, all and any, and of the norms vector_norm, norm
-// and cdist, with references on plain doubles written without duet's ops (see op_rows.h).
+// addcdiv, the logical ops), of prod, cumprod, all and any, of the norms vector_norm, norm and
+// cdist, and of the ops that repeat and rearrange (repeat, tile, repeat_interleave, movedim,
+// swapaxes, unflatten, unbind, broadcast_to, outer, bmm, baddbmm, diag, diag_embed, trace, diff,
+// meshgrid, hstack, vstack), with references on plain doubles written without duet's ops (see
+// op_rows.h).
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
+#include <string>
 
 #include "core/ops.h"
 #include "op_rows.h"
@@ -199,6 +204,114 @@ OpRow cdist_row(Shape a, Shape b, double p) {
           },
           out};
   return r;
+}
+
+// ---- repeating and rearranging -----------------------------------------------------------------
+
+// Each output element is input `in`'s element at the row-major index `at(out index)` (-1: zero),
+// or, for outer, bmm and the like, computed from the inputs by `at` directly.
+OpRow place_row(std::string name, OpId op, std::vector<Shape> ins, Shape out,
+                std::function<Tensor(const Ins&)> fn,
+                std::function<double(const Values&, const std::vector<int64_t>&)> at) {
+  OpRow r{std::move(name),
+          op,
+          true,
+          ins,
+          std::move(fn),
+          [=](const Values& v) {
+            Vec o;
+            for (int64_t i = 0; i < out.numel(); ++i) o.push_back(at(v, unravel(i, out)));
+            return o;
+          },
+          out};
+  return r;
+}
+// Input k's element at index p (row-major in shape s).
+double elem(const Values& v, int k, const Shape& s, const std::vector<int64_t>& p) {
+  return v[static_cast<size_t>(k)][static_cast<size_t>(ravel(p, s))];
+}
+
+OpRow repeat_row(bool tile_form, Shape xs, Shape reps) {
+  Shape r;  // (tile: reps padded to x's dims)
+  for (int64_t i = reps.size(); i < xs.size(); ++i) r.push_back(1);
+  for (int64_t v : reps) r.push_back(v);
+  Shape out;
+  const int64_t pad = r.size() - xs.size();
+  for (int64_t i = 0; i < r.size(); ++i) out.push_back(r[i] * (i < pad ? 1 : xs[i - pad]));
+  return place_row(
+      fmt::format("{} {} by {}", tile_form ? "tile" : "repeat", xs.str(), reps.str()), OpId::Copy,
+      {xs}, out, [=](const Ins& in) { return tile_form ? tile(in[0], reps) : in[0].repeat(reps); },
+      [=](const Values& v, const std::vector<int64_t>& p) {
+        std::vector<int64_t> q;
+        for (int64_t i = pad; i < r.size(); ++i) q.push_back(p[i] % xs[i - pad]);
+        return elem(v, 0, xs, q);
+      });
+}
+
+OpRow interleave_row(Shape xs, int64_t repeats, std::optional<int64_t> dim) {
+  const Shape flat{xs.numel()};
+  const Shape src = dim ? xs : flat;
+  const int64_t d = dim ? wrap(*dim, xs.size()) : 0;
+  Shape out = src;
+  out[d] *= repeats;
+  return place_row(
+      fmt::format("repeat_interleave {} by {} dim {}", xs.str(), repeats,
+                  dim ? std::to_string(*dim) : "none"),
+      OpId::Copy, {xs}, out, [=](const Ins& in) { return repeat_interleave(in[0], repeats, dim); },
+      [=](const Values& v, std::vector<int64_t> p) {
+        p[d] /= repeats;
+        return elem(v, 0, src, p);
+      });
+}
+
+OpRow movedim_row(Shape xs, std::vector<int64_t> src, std::vector<int64_t> dst) {
+  // The permutation, written out as torch documents it: the moved dims at their places, the
+  // others in order in the places left.
+  const int64_t n = xs.size();
+  std::vector<int64_t> order(n, -1);
+  std::vector<bool> moved(n, false);
+  for (size_t i = 0; i < src.size(); ++i) {
+    order[wrap(dst[i], n)] = wrap(src[i], n);
+    moved[wrap(src[i], n)] = true;
+  }
+  int64_t next = 0;
+  for (int64_t& o : order) {
+    if (o >= 0) continue;
+    while (moved[next]) ++next;
+    o = next++;
+  }
+  Shape out;
+  for (int64_t o : order) out.push_back(xs[o]);
+  OpRow r = place_row(
+      fmt::format("movedim {} {} to {}", xs.str(), Dims(src).str(), Dims(dst).str()), OpId::Permute,
+      {xs}, out, [=](const Ins& in) { return movedim(in[0], Dims(src), Dims(dst)); },
+      [=](const Values& v, const std::vector<int64_t>& p) {
+        std::vector<int64_t> q(n);
+        for (int64_t i = 0; i < n; ++i) q[order[i]] = p[i];
+        return elem(v, 0, xs, q);
+      });
+  r.dtypes = kAll;
+  return r;
+}
+
+OpRow diag_row(Shape xs, int64_t k) {
+  Shape out;
+  if (xs.size() == 1) {
+    out = {xs[0] + std::abs(k), xs[0] + std::abs(k)};
+  } else {
+    const int64_t len =
+        std::max<int64_t>(0, k >= 0 ? std::min(xs[0], xs[1] - k) : std::min(xs[0] + k, xs[1]));
+    out = {len};
+  }
+  return place_row(
+      fmt::format("diag {} diagonal {}", xs.str(), k), xs.size() == 1 ? OpId::Where : OpId::Slice,
+      {xs}, out, [=](const Ins& in) { return in[0].diag(k); },
+      [=](const Values& v, const std::vector<int64_t>& p) {
+        if (xs.size() == 2)
+          return k >= 0 ? elem(v, 0, xs, {p[0], p[0] + k}) : elem(v, 0, xs, {p[0] - k, p[0]});
+        const int64_t i = k >= 0 ? p[0] : p[1];  // the vector's element on this row or column
+        return p[1] - p[0] == k ? v[0][static_cast<size_t>(i)] : 0.0;
+      });
 }
 
 }  // namespace
@@ -409,6 +522,150 @@ std::vector<OpRow> math_rows() {
       cdist_row({2, 3}, {2, 3}, INFINITY),
       cdist_row({1, 2, 3}, {1, 3, 3}, 3),
   };
+}
+
+std::vector<OpRow> arrange_rows() {
+  using P = std::vector<int64_t>;
+  std::vector<OpRow> r = {
+      repeat_row(false, {2, 3}, {2, 1}),
+      repeat_row(false, {3}, {2, 1, 2}),
+      repeat_row(false, {}, {3}),
+      repeat_row(false, {2, 2}, {1, 1}),
+      repeat_row(false, {2, 0}, {2, 3}),
+      repeat_row(true, {2, 3}, {2}),
+      repeat_row(true, {2}, {2, 2}),
+      interleave_row({2, 3}, 2, 1),
+      interleave_row({3, 2}, 3, 0),
+      interleave_row({2, 2}, 2, std::nullopt),
+      interleave_row({4}, 1, -1),
+      movedim_row({2, 3, 4}, {0}, {2}),
+      movedim_row({2, 3, 4, 1}, {-1, 0}, {0, 1}),
+      diag_row({3}, 0),
+      diag_row({2}, 1),
+      diag_row({3}, -2),
+      diag_row({3, 4}, 0),
+      diag_row({4, 3}, 1),
+      diag_row({3, 4}, -1),
+      diag_row({2, 3}, 5),
+      place_row(
+          "swapaxes (2, 3, 4) 0 2", OpId::Permute, {{2, 3, 4}}, {4, 3, 2},
+          [](const Ins& in) { return in[0].swapaxes(0, 2); },
+          [](const Values& v, const P& p) {
+            return elem(v, 0, {2, 3, 4}, {p[2], p[1], p[0]});
+          }),
+      place_row(
+          "swapdims (2, 3) -1 0", OpId::Permute, {{2, 3}}, {3, 2},
+          [](const Ins& in) { return swapdims(in[0], -1, 0); },
+          [](const Values& v, const P& p) {
+            return elem(v, 0, {2, 3}, {p[1], p[0]});
+          }),
+      place_row(
+          "unflatten (2, 6) dim 1 (3, -1)", OpId::Reshape, {{2, 6}}, {2, 3, 2},
+          [](const Ins& in) {
+            return in[0].unflatten(1, {3, -1});
+          },
+          [](const Values& v, const P& p) {
+            return elem(v, 0, {2, 6}, {p[0], p[1] * 2 + p[2]});
+          }),
+      place_row(
+          "broadcast_to (3, 1) (2, 3, 4)", OpId::Expand, {{3, 1}}, {2, 3, 4},
+          [](const Ins& in) {
+            return in[0].broadcast_to({2, 3, 4});
+          },
+          [](const Values& v, const P& p) {
+            return elem(v, 0, {3, 1}, {p[1], 0});
+          }),
+      place_row(
+          "outer (3) (4)", OpId::Mul, {{3}, {4}}, {3, 4},
+          [](const Ins& in) { return in[0].outer(in[1]); },
+          [](const Values& v, const P& p) { return v[0][p[0]] * v[1][p[1]]; }),
+      place_row(
+          "bmm (2, 3, 2) (2, 2, 4)", OpId::MatMul, {{2, 3, 2}, {2, 2, 4}}, {2, 3, 4},
+          [](const Ins& in) { return in[0].bmm(in[1]); },
+          [](const Values& v, const P& p) {
+            double acc = 0;
+            for (int64_t k = 0; k < 2; ++k)
+              acc +=
+                  elem(v, 0, {2, 3, 2}, {p[0], p[1], k}) * elem(v, 1, {2, 2, 4}, {p[0], k, p[2]});
+            return acc;
+          }),
+      place_row(
+          "baddbmm (3, 1) beta 0.5 alpha -2", OpId::MatMul, {{3, 1}, {2, 3, 2}, {2, 2, 4}},
+          {2, 3, 4}, [](const Ins& in) { return baddbmm(in[0], in[1], in[2], 0.5, -2); },
+          [](const Values& v, const P& p) {
+            double acc = 0;
+            for (int64_t k = 0; k < 2; ++k)
+              acc +=
+                  elem(v, 1, {2, 3, 2}, {p[0], p[1], k}) * elem(v, 2, {2, 2, 4}, {p[0], k, p[2]});
+            return 0.5 * v[0][p[1]] + -2 * acc;
+          }),
+      place_row(
+          "diag_embed (2, 3) offset 1 dims 0 2", OpId::Where, {{2, 3}}, {4, 2, 4},
+          [](const Ins& in) { return diag_embed(in[0], 1, 0, 2); },
+          [](const Values& v, const P& p) {
+            return p[2] - p[0] == 1 ? elem(v, 0, {2, 3}, {p[1], p[0]}) : 0.0;
+          }),
+      place_row(
+          "trace (3, 4)", OpId::Sum, {{3, 4}}, {}, [](const Ins& in) { return in[0].trace(); },
+          [](const Values& v, const P&) { return v[0][0] + v[0][5] + v[0][10]; }),
+      place_row(
+          "diff (2, 5) n 2", OpId::Sub, {{2, 5}}, {2, 3},
+          [](const Ins& in) { return in[0].diff(2); },
+          [](const Values& v, const P& p) {
+            const auto x = [&](int64_t j) { return elem(v, 0, {2, 5}, {p[0], j}); };
+            return x(p[1] + 2) - 2 * x(p[1] + 1) + x(p[1]);
+          }),
+      place_row(
+          "diff (3, 2) dim 0 prepend (1, 2) append (2, 2)", OpId::Sub, {{3, 2}, {1, 2}, {2, 2}},
+          {5, 2}, [](const Ins& in) { return diff(in[0], 1, 0, in[1], in[2]); },
+          [](const Values& v, const P& p) {
+            const auto y = [&](int64_t i) {  // the joined rows: prepend, x, append
+              return i < 1   ? elem(v, 1, {1, 2}, {i, p[1]})
+                     : i < 4 ? elem(v, 0, {3, 2}, {i - 1, p[1]})
+                             : elem(v, 2, {2, 2}, {i - 4, p[1]});
+            };
+            return y(p[0] + 1) - y(p[0]);
+          }),
+      place_row(
+          "hstack (2, 1) (2, 3)", OpId::Cat, {{2, 1}, {2, 3}}, {2, 4},
+          [](const Ins& in) {
+            return hstack({in[0], in[1]});
+          },
+          [](const Values& v, const P& p) {
+            return p[1] < 1 ? elem(v, 0, {2, 1}, p) : elem(v, 1, {2, 3}, {p[0], p[1] - 1});
+          }),
+      place_row(
+          "vstack (3) (2, 3)", OpId::Cat, {{3}, {2, 3}}, {3, 3},
+          [](const Ins& in) {
+            return vstack({in[0], in[1]});
+          },
+          [](const Values& v, const P& p) {
+            return p[0] < 1 ? v[0][p[1]] : elem(v, 1, {2, 3}, {p[0] - 1, p[1]});
+          }),
+  };
+  // The pieces of unbind and the grids of meshgrid, one row each.
+  for (int64_t i = 0; i < 3; ++i)
+    r.push_back(place_row(
+        fmt::format("unbind (2, 3) dim 1 piece {}", i), OpId::Select, {{2, 3}}, {2},
+        [=](const Ins& in) { return in[0].unbind(1)[i]; },
+        [=](const Values& v, const P& p) {
+          return elem(v, 0, {2, 3}, {p[0], i});
+        }));
+  // Both grids of meshgrid, stacked (each reads one input; the row reads both).
+  for (const char* indexing : {"ij", "xy"}) {
+    const bool xy = std::string(indexing) == "xy";
+    r.push_back(place_row(
+        fmt::format("meshgrid (2) (3) {}, grids stacked", indexing), OpId::Expand, {{2}, {3}},
+        xy ? Shape{2, 3, 2} : Shape{2, 2, 3},
+        [=](const Ins& in) {
+          return stack(meshgrid({in[0], in[1]}, indexing), 0);
+        },
+        [=](const Values& v, const P& p) {
+          const int64_t k = p[0], at = xy ? 1 - k : k;  // the grid dim along which input k runs
+          return v[static_cast<size_t>(k)][static_cast<size_t>(p[1 + at])];
+        }));
+  }
+  return r;
 }
 
 }  // namespace duet::test

@@ -878,6 +878,7 @@ const std::vector<OpRow>& more_rows() {
                             return std::vector<Tensor>{x, x.narrow(-1, -2, 2)};
                           }));
     for (OpRow& m : math_rows()) r.push_back(std::move(m));
+    for (OpRow& m : arrange_rows()) r.push_back(std::move(m));
     return r;
   }();
   return rows;

@@ -1065,6 +1065,25 @@ const std::vector<ErrorRow>& error_rows() {
       {"math", [] { prod(f32({2, 3}), {1, -1}); }, Kind::Value,
        "[prod] dim 1 appears more than once in (1, -1)"},
       {"math", [] { cumprod(f32({2, 3}), 2); }, Kind::Any, "[cumprod]"},
+      // Repeating and rearranging (core/ops/arrange.cpp).
+      {"arrange", [] { f32({2, 3}).repeat({2}); }, Kind::Shape,
+       "[repeat] needs a repeat for each of the 2 dims of (2, 3), got 1 ((2))"},
+      {"arrange", [] { tile(f32({2}), {-1}); }, Kind::Value,
+       "[tile] reps must be non-negative, got (-1)"},
+      {"arrange", [] { movedim(f32({2, 3, 4}), {0, 1}, {2, 2}); }, Kind::Value,
+       "[movedim] source (0, 1) and destination (2, 2) must each name a dim once"},
+      {"arrange", [] { unflatten(f32({2, 6}), 1, {4, -1}); }, Kind::Shape,
+       "[unflatten] sizes (4, -1) do not split dim 1 of size 6 (input (2, 6))"},
+      {"arrange", [] { bmm(f32({2, 3, 4}), f32({3, 4, 5})); }, Kind::Shape,
+       "[bmm] needs (B, n, m) and (B, m, p) with one B (no broadcasting), got (2, 3, 4) and (3, 4, "
+       "5)"},
+      {"arrange", [] { diag(f32({2, 2, 2})); }, Kind::Shape,
+       "[diag] needs a vector (a matrix is made of it) or a matrix (its diagonal is taken), got "
+       "(2, 2, 2)"},
+      {"arrange", [] { meshgrid({f32({2})}, "ji"); }, Kind::Value,
+       "[meshgrid] indexing must be \"ij\" or \"xy\", got \"ji\""},
+      {"arrange", [] { outer(f32({2, 2}), f32({2})); }, Kind::Shape,
+       "[outer] needs two 1-D tensors, got (2, 2) and (2)"},
   };
   return rows;
 }
@@ -1119,7 +1138,7 @@ TEST_CASE("error rows: the right error type, and a message that starts with [op]
   CHECK(sited == sited_total);
   // At least three bad inputs per op family.
   for (const auto& [family, n] : per_family) CHECK_MESSAGE(n >= 3, family);
-  CHECK(per_family.size() == 20);
+  CHECK(per_family.size() == 21);
 }
 
 // ---- call sites (core/call_site.h) ------------------------------------------------------------

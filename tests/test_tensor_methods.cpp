@@ -137,6 +137,86 @@ std::vector<MethodRow> method_rows() {
       });
   row(
       "cumprod", [=] { return one(pos.cumprod(1)); }, [=] { return one(cumprod(pos, 1)); });
+  const Tensor b3 = randn({2, 3, 4}, f64()), c3 = randn({2, 4, 2}, f64());
+  row(
+      "repeat",
+      [=] {
+        return one(x.repeat({2, 1, 2}));
+      },
+      [=] {
+        return one(repeat(x, {2, 1, 2}));
+      });
+  row(
+      "tile", [=] { return one(x.tile({2})); }, [=] { return one(tile(x, {2})); });
+  row(
+      "repeat_interleave",
+      [=] {
+        return Results{x.repeat_interleave(2, 1), x.repeat_interleave(3)};
+      },
+      [=] {
+        return Results{repeat_interleave(x, 2, 1), repeat_interleave(x, 3)};
+      });
+  row(
+      "movedim",
+      [=] {
+        return one(b3.movedim({0, 1}, {2, 0}));
+      },
+      [=] {
+        return one(movedim(b3, {0, 1}, {2, 0}));
+      });
+  row(
+      "swapaxes", [=] { return one(b3.swapaxes(0, 2)); }, [=] { return one(swapaxes(b3, 0, 2)); });
+  row(
+      "swapdims", [=] { return one(b3.swapdims(1, -1)); },
+      [=] { return one(swapdims(b3, 1, -1)); });
+  row(
+      "unflatten",
+      [=] {
+        return one(x.unflatten(1, {2, 2}));
+      },
+      [=] {
+        return one(unflatten(x, 1, {2, 2}));
+      });
+  row(
+      "unbind", [=] { return x.unbind(1); }, [=] { return unbind(x, 1); });
+  row(
+      "broadcast_to",
+      [=] {
+        return one(x.broadcast_to({2, 3, 4}));
+      },
+      [=] {
+        return one(broadcast_to(x, {2, 3, 4}));
+      });
+  row(
+      "outer", [=] { return one(x.select(0, 0).outer(y.select(1, 1))); },
+      [=] { return one(outer(x.select(0, 0), y.select(1, 1))); });
+  row(
+      "bmm", [=] { return one(b3.bmm(c3)); }, [=] { return one(bmm(b3, c3)); });
+  row(
+      "baddbmm",
+      [=] { return one(x.select(1, 0).unsqueeze(1).baddbmm(b3.slice(1, 0, 3), c3, 2, 3)); },
+      [=] { return one(baddbmm(x.select(1, 0).unsqueeze(1), b3.slice(1, 0, 3), c3, 2, 3)); });
+  row(
+      "diag",
+      [=] {
+        return Results{x.diag(1), x.select(0, 1).diag(-1)};
+      },
+      [=] {
+        return Results{diag(x, 1), diag(x.select(0, 1), -1)};
+      });
+  row(
+      "diag_embed", [=] { return one(x.diag_embed(1, 0, 2)); },
+      [=] { return one(diag_embed(x, 1, 0, 2)); });
+  row(
+      "trace", [=] { return one(x.trace()); }, [=] { return one(trace(x)); });
+  row(
+      "diff",
+      [=] {
+        return Results{x.diff(), x.diff(2, 0)};
+      },
+      [=] {
+        return Results{diff(x), diff(x, 2, 0)};
+      });
   row(
       "norm",
       [=] {

@@ -268,6 +268,24 @@ Cases op_cases() {
     r.out("ceil", ceil(h));
     r.out("sign", sign(h));
   });
+  c.emplace_back("arrange", [](Ref& r) {
+    Tensor x = r.in("x"), a = r.in("a"), b = r.in("b");
+    r.out("repeat", x.repeat({2, 1, 2}));
+    r.out("tile", tile(x, {2}));
+    r.out("interleave", x.repeat_interleave(2, 1));
+    r.out("interleave_flat", x.repeat_interleave(3));
+    r.out("movedim", r.in("v").movedim({0, 1}, {2, 0}));
+    r.out("diag_vector", diag(r.in("d"), -1));
+    r.out("diag_matrix", diag(x, 1));
+    r.out("diag_embed", diag_embed(x, 1, 0, 2));
+    r.out("trace", r.in("m").trace());
+    r.out("diff", diff(x, 1, 0, r.in("pre"), Tensor()));
+    std::vector<Tensor> g = meshgrid({a, b}, "xy");
+    r.out("mesh_x", g[0]);
+    r.out("mesh_y", g[1]);
+    r.out("baddbmm", baddbmm(r.in("bias"), r.in("b1"), r.in("b2"), 0.5, -2));
+    r.out("outer", outer(a, b));
+  });
   for (int k : {0, 1}) {
     const std::string s = "_c" + std::to_string(k);
     c.emplace_back("var" + s, [k](Ref& r) { r.out("out", var(r.in("x"), {1}, k)); });

@@ -213,6 +213,28 @@ def ops_cases():
             c.out(name, getattr(torch, name)(h))
 
     case("unary_math", unary_math)
+
+    def arrange(c):
+        x = c.randn("x", 2, 3)
+        c.out("repeat", x.repeat(2, 1, 2))
+        c.out("tile", torch.tile(x, (2,)))
+        c.out("interleave", x.repeat_interleave(2, dim=1))
+        c.out("interleave_flat", x.repeat_interleave(3))
+        c.out("movedim", c.randn("v", 2, 3, 4).movedim((0, 1), (2, 0)))
+        c.out("diag_vector", torch.diag(c.randn("d", 3), -1))
+        c.out("diag_matrix", torch.diag(x, 1))
+        c.out("diag_embed", torch.diag_embed(x, 1, 0, 2))
+        c.out("trace", c.randn("m", 3, 4).trace())
+        c.out("diff", torch.diff(x, n=1, dim=0, prepend=c.randn("pre", 1, 3)))
+        a, b = c.randn("a", 2), c.randn("b", 3)
+        gx, gy = torch.meshgrid(a, b, indexing="xy")
+        c.out("mesh_x", gx)
+        c.out("mesh_y", gy)
+        c.out("baddbmm", torch.baddbmm(c.randn("bias", 3, 1), c.randn("b1", 2, 3, 2),
+                                       c.randn("b2", 2, 2, 4), beta=0.5, alpha=-2))
+        c.out("outer", torch.outer(a, b))
+
+    case("arrange", arrange)
     for corr in (0, 1):
         case(f"var_c{corr}", lambda c, k=corr: c.out(
             "out", torch.var(c.randn("x", 3, 5), dim=1, correction=k)))
