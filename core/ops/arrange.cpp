@@ -41,7 +41,8 @@ Tensor repeat_as_expand(const Tensor& x, const Shape& repeats) {
     expanded.insert(expanded.end(), {SymInt(r), s});
     merged.push_back(s * SymInt(r));
   }
-  return detail::reshape_dims(detail::expand_dims(detail::reshape_dims(x, pairs), expanded), merged);
+  return detail::reshape_dims(detail::expand_dims(detail::reshape_dims(x, pairs), expanded),
+                              merged);
 }
 
 }  // namespace
@@ -79,9 +80,8 @@ Tensor repeat_interleave(const Tensor& x, int64_t repeats, std::optional<int64_t
     DUET_CHECK_VALUE(repeats >= 0, "[repeat_interleave] repeats must be non-negative, got {}",
                      repeats);
     // No dim: the flattened x, as PyTorch's (a 0-d x is one element either way).
-    const Tensor y = dim && x.dim() > 0
-                         ? x
-                         : detail::reshape_dims(x, {detail::sym_numel(detail::sym_dims(x))});
+    const Tensor y =
+        dim && x.dim() > 0 ? x : detail::reshape_dims(x, {detail::sym_numel(detail::sym_dims(x))});
     const int64_t d = dim ? detail::wrap_dim("repeat_interleave", *dim, y.dim()) : 0;
     SymDims e = detail::sym_dims(y), merged = e;
     e.insert(e.begin() + d + 1, SymInt(repeats));
@@ -191,11 +191,11 @@ Tensor bmm(const Tensor& a, const Tensor& b, std::source_location loc) {
   return detail::as_op("bmm", [&]() -> Tensor {
     check_defined("bmm", a);
     check_defined("bmm", b);
-    DUET_CHECK_SHAPE(a.dim() == 3 && b.dim() == 3 &&
-                         detail::size_is(b, 0, detail::sym_dim(a, 0), "bmm"),
-                     "[bmm] needs (B, n, m) and (B, m, p) with one B (no broadcasting), got {} "
-                     "and {}",
-                     a.sizes(), b.sizes());
+    DUET_CHECK_SHAPE(
+        a.dim() == 3 && b.dim() == 3 && detail::size_is(b, 0, detail::sym_dim(a, 0), "bmm"),
+        "[bmm] needs (B, n, m) and (B, m, p) with one B (no broadcasting), got {} "
+        "and {}",
+        a.sizes(), b.sizes());
     return matmul(a, b);
   });
 }

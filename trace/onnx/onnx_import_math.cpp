@@ -266,21 +266,8 @@ Tensor reduce_with(Red kind, const Tensor& x, const std::vector<int64_t>& axes, 
       Tensor r = log(sum(exp(x - m), dims, true)) + m;
       return keep ? r : reshape(r, Shape(reduced_shape(x, axes, false)));
     }
-    case Red::Prod: {
-      // The reduced dims last, flattened, then multiplied one slice at a time.
-      std::vector<int64_t> order, kept;
-      for (int64_t i = 0; i < x.dim(); ++i)
-        if (std::find(axes.begin(), axes.end(), i) == axes.end()) order.push_back(i);
-      for (int64_t i : order) kept.push_back(x.sizes()[i]);
-      order.insert(order.end(), axes.begin(), axes.end());
-      std::vector<int64_t> flat = kept;
-      flat.push_back(-1);
-      Tensor t = reshape(permute(x, Dims(order)).contiguous(), Shape(flat));
-      const int64_t k = t.sizes()[t.dim() - 1];
-      Tensor r = full(Shape(kept), 1, like(x));
-      for (int64_t i = 0; i < k; ++i) r = r * squeeze(slice(t, -1, i, i + 1), t.dim() - 1);
-      return reshape(r, Shape(reduced_shape(x, axes, keep)));
-    }
+    case Red::Prod:  // (duet's prod multiplies integers in i64; ONNX keeps the dtype)
+      return prod(x, dims, keep).to(x.dtype());
   }
   return x;
 }

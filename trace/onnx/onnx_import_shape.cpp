@@ -213,15 +213,9 @@ V op_expand(const Node& n) {
 
 V op_tile(const Node& n) {
   const Tensor& x = n.in(0);
-  std::vector<int64_t> r = n.ints(1), d = dims_of(x);
+  const std::vector<int64_t> r = n.ints(1);
   if (static_cast<int64_t>(r.size()) != x.dim()) n.fail("repeats must have one value per dim");
-  std::vector<int64_t> split, big, out;
-  for (size_t i = 0; i < d.size(); ++i) {
-    split.insert(split.end(), {1, d[i]});
-    big.insert(big.end(), {r[i], d[i]});
-    out.push_back(r[i] * d[i]);
-  }
-  return {reshape(expand(reshape(x, Shape(split)), Shape(big)).contiguous(), Shape(out))};
+  return {tile(x, Shape(r))};
 }
 
 V op_range(const Node& n) {
